@@ -1,0 +1,57 @@
+# spgate: the two commands a user needs are `make demo` and `make test`.
+# Both install whatever Debian packages are missing first (sudo when not root).
+
+BUILD_DIR ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Debian 12 packages the build, tests and demo need.
+DEB_PACKAGES := build-essential cmake pkg-config git curl ca-certificates python3 \
+  libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev \
+  libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf
+
+.PHONY: all deps build test test-asan test-tsan demo bench clean
+
+all: build
+
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing $$missing"; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "make deps: all packages present"; fi
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# Sanitizer builds of the suite (separate build trees).
+test-asan: deps
+	cmake -S . -B build-asan -DSPGATE_SANITIZE=address,undefined -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|mpi'
+
+test-tsan: deps
+	cmake -S . -B build-tsan -DSPGATE_SANITIZE=thread -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF
+	cmake --build build-tsan -j $(JOBS)
+	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
+	  ctest --output-on-failure -j $(JOBS) -L tsan
+
+demo: build
+	bash tools/demo.sh $(BUILD_DIR)
+
+bench: build
+	bash bench/run_all.sh $(BUILD_DIR)
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan build-tsan
