@@ -1,0 +1,229 @@
+// The five gates of SPEC §3 in order. Everything the decision depends on is an
+// argument; the returned state is the only thing that changes.
+#include "policy/gate_policy.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace spgate {
+namespace {
+
+absl::Status CheckUnitInterval(const char* field, double value, double upper) {
+  if (!std::isfinite(value) || value <= 0.0 || value > upper) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s must be finite and in (0, %g], got %g", field, upper, value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCount(const char* field, int64_t value) {
+  if (value < 1 || value > 1'000'000) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s must be in [1, 1000000], got %d", field, value));
+  }
+  return absl::OkStatus();
+}
+
+void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
+            double observed, double threshold, std::string detail) {
+  if (trace != nullptr) {
+    trace->push_back(GateCheck{gate, outcome, observed, threshold, std::move(detail)});
+  }
+}
+
+}  // namespace
+
+std::string_view ModeLabel(Mode mode) {
+  return mode == Mode::kSequenceParallel ? "sp" : "tp_only";
+}
+
+std::string_view ReasonLabel(Reason reason) {
+  switch (reason) {
+    case Reason::kGatesPassed: return "gates_passed";
+    case Reason::kLengthCv: return "length_cv";
+    case Reason::kRsWait: return "rs_wait";
+    case Reason::kProbe: return "probe";
+    case Reason::kMemoryRequiresSp: return "memory_requires_sp";
+    case Reason::kMemoryOverBudget: return "memory_over_budget";
+    case Reason::kPinned: return "pinned";
+    case Reason::kControllerUnavailable: return "controller_unavailable";
+    case Reason::kAdaptive: return "adaptive";
+  }
+  return "unspecified";
+}
+
+absl::Status ValidateGateConfig(const GateConfig& c) {
+  for (absl::Status s : {
+           CheckUnitInterval("max_length_cv", c.max_length_cv, 10.0),
+           CheckUnitInterval("max_rs_wait_share", c.max_rs_wait_share, 1.0),
+           CheckUnitInterval("bucket_target_cv", c.bucket_target_cv, 10.0),
+           CheckUnitInterval("rs_wait_reenable_margin", c.rs_wait_reenable_margin, 1.0),
+           CheckCount("probe_interval_steps", c.probe_interval_steps),
+           CheckCount("min_dwell_steps", c.min_dwell_steps),
+           CheckCount("window_steps", c.window_steps),
+           CheckUnitInterval("memory_headroom", c.memory_headroom, 1.0),
+       }) {
+    if (!s.ok()) return s;
+  }
+  // With a margin as large as the threshold the re-enable level is <= 0, so a group in
+  // the RS_WAIT fallback could never return to SP.
+  if (c.rs_wait_reenable_margin >= c.max_rs_wait_share) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rs_wait_reenable_margin (%g) must be less than max_rs_wait_share (%g)",
+        c.rs_wait_reenable_margin, c.max_rs_wait_share));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths) {
+  if (lengths.empty()) {
+    return absl::InvalidArgumentError("lengths: a batch needs at least one sequence");
+  }
+  if (static_cast<int64_t>(lengths.size()) > kMaxSequencesPerBatch) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "lengths: %d sequences, at most %d per batch", lengths.size(), kMaxSequencesPerBatch));
+  }
+  // Sums of x and x^2 in integers: chunks of 1024 keep the 64-bit partial sums exact
+  // (1024 * 2^48 < 2^64) and vectorise; the chunk totals go into 128 bits.
+  unsigned __int128 sum = 0, sum_sq = 0;
+  uint64_t bad = 0;
+  int64_t max_length = 0;
+  const size_t n = lengths.size();
+  for (size_t begin = 0; begin < n; begin += 1024) {
+    const size_t end = std::min(n, begin + 1024);
+    uint64_t s = 0, s2 = 0;
+    int64_t m = 0;
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t x = lengths[i];
+      bad |= static_cast<uint64_t>(x < 1 || x > kMaxSequenceLength);
+      const uint64_t u = static_cast<uint64_t>(x) & ((uint64_t{1} << 25) - 1);
+      s += u;
+      s2 += u * u;
+      m = x > m ? x : m;
+    }
+    sum += s;
+    sum_sq += s2;
+    max_length = std::max(max_length, m);
+  }
+  if (bad != 0) {
+    for (size_t i = 0; i < n; ++i) {
+      if (lengths[i] < 1 || lengths[i] > kMaxSequenceLength) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "lengths[%d] = %d: a sequence length must be in [1, %d]", i, lengths[i],
+            kMaxSequenceLength));
+      }
+    }
+  }
+  LengthStats stats;
+  stats.sequences = static_cast<int64_t>(n);
+  stats.tokens = static_cast<int64_t>(sum);
+  stats.max_length = max_length;
+  stats.mean = static_cast<double>(sum) / static_cast<double>(n);
+  // n^2 * variance = n * sum_sq - sum^2, exact in 128 bits.
+  const unsigned __int128 n2var = static_cast<unsigned __int128>(n) * sum_sq - sum * sum;
+  const double variance = static_cast<double>(n2var) / (static_cast<double>(n) * n);
+  stats.cv = std::sqrt(variance) / stats.mean;
+  return stats;
+}
+
+GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
+                          const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                          std::optional<Mode> pin, std::vector<GateCheck>* trace) {
+  GateOutcome out;
+  out.next = state;
+  GroupGateState& next = out.next;
+  Decision& d = out.decision;
+
+  auto finish = [&](Mode mode, Reason reason) -> GateOutcome& {
+    d.mode = mode;
+    d.reason = reason;
+    if (state.has_decision && state.mode != mode) ++next.mode_switches;
+    next.has_decision = true;
+    next.last_step = batch.step;
+    next.mode = mode;
+    next.reason = reason;
+    if (mode == Mode::kSequenceParallel) next.last_sp_step = batch.step;
+    return out;
+  };
+
+  // 1. Pin.
+  if (pin.has_value()) {
+    Record(trace, "pin", "fire", 0, 0,
+           "operator pin to " + std::string(ModeLabel(*pin)));
+    return finish(*pin, Reason::kPinned);
+  }
+  Record(trace, "pin", "pass", 0, 0, "no pin");
+
+  // 2. Memory: never choose TP-only when it would not fit.
+  if (batch.memory_budget_bytes == 0) {
+    Record(trace, "memory", "skip", 0, 0, "no memory budget in the plan");
+  } else {
+    const double limit = static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
+    const double tp = static_cast<double>(batch.predicted_peak_bytes_tp);
+    const double sp = static_cast<double>(batch.predicted_peak_bytes_sp);
+    if (tp > limit) {
+      const bool sp_fits = sp <= limit;
+      Record(trace, "memory", "fire", tp, limit,
+             sp_fits ? "TP-only would exceed budget x headroom; SP fits"
+                     : "neither mode fits budget x headroom; SP is the smaller");
+      return finish(Mode::kSequenceParallel,
+                    sp_fits ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget);
+    }
+    Record(trace, "memory", "pass", tp, limit, "TP-only fits budget x headroom");
+  }
+
+  // 3. Length CV of this batch.
+  if (batch.length_cv > config.max_length_cv) {
+    Record(trace, "length_cv", "fire", batch.length_cv, config.max_length_cv,
+           "batch length CV above max_length_cv");
+    return finish(Mode::kTensorParallelOnly, Reason::kLengthCv);
+  }
+  Record(trace, "length_cv", "pass", batch.length_cv, config.max_length_cv,
+         "batch length CV within max_length_cv");
+
+  // 4. Rolling reduce-scatter wait share, with hysteresis, probes and dwell.
+  const bool dwell_over = batch.step - state.rs_wait_changed_step >= config.min_dwell_steps;
+  const double reenable_below = config.max_rs_wait_share - config.rs_wait_reenable_margin;
+  if (!state.rs_wait_fallback) {
+    if (rs_wait.samples > 0 && rs_wait.mean > config.max_rs_wait_share) {
+      if (dwell_over) {
+        Record(trace, "rs_wait", "fire", rs_wait.mean, config.max_rs_wait_share,
+               "rolling reduce-scatter wait share above max_rs_wait_share");
+        next.rs_wait_fallback = true;
+        next.rs_wait_changed_step = batch.step;
+        out.reset_rs_wait_window = true;
+        return finish(Mode::kTensorParallelOnly, Reason::kRsWait);
+      }
+      Record(trace, "rs_wait", "pass", rs_wait.mean, config.max_rs_wait_share,
+             "above threshold, but SP resumed less than min_dwell_steps ago");
+    } else {
+      Record(trace, "rs_wait", rs_wait.samples > 0 ? "pass" : "skip", rs_wait.mean,
+             config.max_rs_wait_share,
+             rs_wait.samples > 0 ? "rolling wait share within max_rs_wait_share"
+                                 : "no SP step observed yet");
+    }
+    return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
+  }
+
+  // In the RS_WAIT fallback.
+  if (rs_wait.samples > 0 && rs_wait.mean < reenable_below && dwell_over) {
+    Record(trace, "rs_wait", "pass", rs_wait.mean, reenable_below,
+           "probes measured a wait share below max_rs_wait_share - margin: SP resumes");
+    next.rs_wait_fallback = false;
+    next.rs_wait_changed_step = batch.step;
+    return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
+  }
+  if (batch.step - state.last_sp_step >= config.probe_interval_steps) {
+    Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
+           "in RS_WAIT fallback; probe_interval_steps since the last SP step: probe");
+    return finish(Mode::kSequenceParallel, Reason::kProbe);
+  }
+  Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
+         rs_wait.samples > 0 ? "in RS_WAIT fallback; wait share not below re-enable level"
+                             : "in RS_WAIT fallback; waiting for a probe");
+  return finish(Mode::kTensorParallelOnly, Reason::kRsWait);
+}
+
+}  // namespace spgate

@@ -1,0 +1,71 @@
+// The gate policy (SPEC §3): pin, memory, length CV, reduce-scatter wait (with probes,
+// a re-enable margin and a minimum dwell), otherwise SP. Pure: no I/O, no clock, no
+// locks. The daemon and the worker's fail-static fallback call the same function, so
+// the same (config, state, batch) gives the same decision on both sides.
+//
+// Usage:
+//   spgate::GroupGateState state;                  // one per TP group
+//   auto stats = spgate::ComputeLengthStats(lengths);   // StatusOr<LengthStats>
+//   spgate::BatchFacts facts{.step = 7, .length_cv = stats->cv};
+//   spgate::GateOutcome out = spgate::EvaluateGates(config, state, facts, rs, pin);
+//   state = out.next;                              // keep the advanced state
+//   if (out.reset_rs_wait_window) window.Clear();  // entering the RS_WAIT fallback
+#ifndef SPGATE_POLICY_GATE_POLICY_H_
+#define SPGATE_POLICY_GATE_POLICY_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "policy/types.h"
+
+namespace spgate {
+
+// Range checks of SPEC §3; the error names the offending field.
+absl::Status ValidateGateConfig(const GateConfig& config);
+
+struct LengthStats {
+  int64_t sequences = 0;
+  int64_t tokens = 0;
+  int64_t max_length = 0;
+  double mean = 0.0;
+  double cv = 0.0;  // population stddev / mean; 0 for one sequence
+};
+
+// Lengths must be in [1, kMaxSequenceLength]; an empty batch is invalid. Exact integer
+// moments, so a near-uniform batch gets a CV of exactly 0 instead of rounding noise.
+inline constexpr int64_t kMaxSequenceLength = int64_t{1} << 24;
+inline constexpr int64_t kMaxSequencesPerBatch = int64_t{1} << 20;
+absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths);
+
+// One line of the reason chain that EvaluateGates can record (used by the what-if API).
+struct GateCheck {
+  std::string gate;     // pin, memory, length_cv, rs_wait
+  std::string outcome;  // pass, fire, skip
+  double observed = 0.0;
+  double threshold = 0.0;
+  std::string detail;
+};
+
+struct GateOutcome {
+  Decision decision;
+  GroupGateState next;
+  // True when this decision enters the RS_WAIT fallback: the samples that tripped the
+  // gate are discarded, so that probes measure the present rather than the past.
+  bool reset_rs_wait_window = false;
+};
+
+// Evaluates the gates for `batch` given the group's `state`. `pin` is the active operator
+// pin, if any. `trace`, when not null, receives one GateCheck per gate consulted.
+// Steps must increase; EvaluateGates does not check it (the caller owns idempotency).
+GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
+                          const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                          std::optional<Mode> pin, std::vector<GateCheck>* trace = nullptr);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_GATE_POLICY_H_

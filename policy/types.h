@@ -1,0 +1,86 @@
+// Domain value types shared by the daemon and the worker's fail-static fallback.
+// Plain structs with no I/O: the policy is a pure function over these.
+#ifndef SPGATE_POLICY_TYPES_H_
+#define SPGATE_POLICY_TYPES_H_
+
+#include <cstdint>
+#include <limits>
+#include <string_view>
+
+namespace spgate {
+
+enum class Mode : uint8_t { kSequenceParallel = 1, kTensorParallelOnly = 2 };
+
+// Values match spgate.v1.Reason so conversion is a cast.
+enum class Reason : uint8_t {
+  kGatesPassed = 1,
+  kLengthCv = 2,
+  kRsWait = 3,
+  kProbe = 4,
+  kMemoryRequiresSp = 5,
+  kMemoryOverBudget = 6,
+  kPinned = 7,
+  kControllerUnavailable = 8,
+  kAdaptive = 9,
+};
+inline constexpr int kNumReasons = 10;  // index 0 unused
+
+// Metric label values (SPEC §7): "sp" / "tp_only" and the lower-case enum names.
+std::string_view ModeLabel(Mode mode);
+std::string_view ReasonLabel(Reason reason);
+
+// The gate thresholds with their defaults (SPEC §3).
+struct GateConfig {
+  double max_length_cv = 0.18;
+  double max_rs_wait_share = 0.22;
+  double bucket_target_cv = 0.15;
+  double rs_wait_reenable_margin = 0.03;
+  int64_t probe_interval_steps = 200;
+  int64_t min_dwell_steps = 20;
+  int64_t window_steps = 50;
+  double memory_headroom = 0.90;
+
+  friend bool operator==(const GateConfig&, const GateConfig&) = default;
+};
+
+// What the policy needs from a batch plan. Lengths are summarised by the caller with
+// ComputeLengthStats so the policy itself does no per-sequence work.
+struct BatchFacts {
+  int64_t step = 0;
+  double length_cv = 0.0;
+  uint64_t predicted_peak_bytes_sp = 0;
+  uint64_t predicted_peak_bytes_tp = 0;
+  uint64_t memory_budget_bytes = 0;  // 0: unknown, the memory gate is skipped
+};
+
+// Rolling reduce-scatter wait share of the group (mean over the SP steps observed since
+// the window was last reset, at most window_steps of them).
+struct RsWaitObservation {
+  double mean = 0.0;
+  int64_t samples = 0;
+};
+
+// Per-group state the policy reads and returns updated. Small and trivially copyable,
+// so keeping it by value costs nothing on the decision path.
+struct GroupGateState {
+  bool has_decision = false;
+  int64_t last_step = std::numeric_limits<int64_t>::min();
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  // RS_WAIT hysteresis: true while the group is in the RS_WAIT fallback.
+  bool rs_wait_fallback = false;
+  // Step at which rs_wait_fallback last flipped (for min_dwell_steps).
+  int64_t rs_wait_changed_step = std::numeric_limits<int64_t>::min() / 2;
+  // Last step that ran SP (any reason): probes are due probe_interval_steps after it.
+  int64_t last_sp_step = std::numeric_limits<int64_t>::min() / 2;
+  int64_t mode_switches = 0;
+};
+
+struct Decision {
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+};
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_TYPES_H_

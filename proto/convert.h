@@ -1,0 +1,54 @@
+// Conversions between the wire types (spgate.v1) and the policy's domain types, shared
+// by the daemon and the worker client. GateConfig on the wire is a partial config
+// (every field optional); the domain GateConfig is always complete.
+//
+// Usage:
+//   spgate::GateConfig effective = spgate::LayerGateConfig(spgate::GateConfig{}, file);
+//   absl::Status s = spgate::ApplyFieldMask(update.config(), update.update_mask(), &overrides);
+#ifndef SPGATE_PROTO_CONVERT_H_
+#define SPGATE_PROTO_CONVERT_H_
+
+#include <array>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "google/protobuf/field_mask.pb.h"
+#include "policy/types.h"
+#include "spgate/v1/gate.pb.h"
+
+namespace spgate {
+
+// The GateConfig field names, in proto field order (also the `gate` metric label).
+inline constexpr std::array<std::string_view, 8> kGateFieldNames = {
+    "max_length_cv",    "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
+    "probe_interval_steps", "min_dwell_steps", "window_steps",    "memory_headroom"};
+
+// Returns `base` with every field set in `layer` replaced.
+GateConfig LayerGateConfig(GateConfig base, const v1::GateConfig& layer);
+
+// A wire GateConfig with every field set.
+v1::GateConfig ToProto(const GateConfig& config);
+
+// Value of a field by name (for metrics and tables); NaN for an unknown name.
+double GateFieldValue(const GateConfig& config, std::string_view field);
+
+// Applies `update` to `overrides` for the paths in `mask`: a path whose field is set in
+// `update` overrides it, a path whose field is unset removes the override. An empty
+// mask means every field set in `update`. Unknown paths: INVALID_ARGUMENT naming them.
+absl::Status ApplyFieldMask(const v1::GateConfig& update, const google::protobuf::FieldMask& mask,
+                            v1::GateConfig* overrides);
+
+inline v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(m); }
+inline v1::Reason ToProto(Reason r) { return static_cast<v1::Reason>(r); }
+inline Reason FromProto(v1::Reason r) { return static_cast<Reason>(r); }
+inline Mode FromProto(v1::Mode m) { return static_cast<Mode>(m); }
+inline bool IsValidMode(v1::Mode m) {
+  return m == v1::SEQUENCE_PARALLEL || m == v1::TENSOR_PARALLEL_ONLY;
+}
+inline bool IsValidReason(v1::Reason r) {
+  return r >= v1::GATES_PASSED && r <= v1::ADAPTIVE;
+}
+
+}  // namespace spgate
+
+#endif  // SPGATE_PROTO_CONVERT_H_
