@@ -1,0 +1,253 @@
+// Daemon: wires GateState, the two gRPC services, health, reflection, the metrics
+// exposer and the housekeeping timer together, and shuts them down in order.
+#include "server/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/notification.h"
+#include "prometheus/exposer.h"
+#include "server/gate_state.h"
+#include "server/metrics.h"
+#include "server/persistence.h"
+#include "server/services.h"
+#include "server/status_util.h"
+
+namespace spgate::server {
+namespace {
+
+absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// "0.0.0.0:50061" -> "127.0.0.1", "[::]:1" -> "[::1]", "host:1" -> "host".
+std::string DialHost(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host == "*") return "127.0.0.1";
+  if (host == "[::]") return "[::1]";
+  return host;
+}
+
+void Log(const std::string& line) { std::cerr << "spgated: " << line << std::endl; }
+
+}  // namespace
+
+class Daemon::Impl {
+ public:
+  DaemonOptions opts;
+  std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<GateState> state;
+  StreamRegistry streams;
+  std::unique_ptr<GateServiceImpl> gate_service;
+  std::unique_ptr<AdminServiceImpl> admin_service;
+  std::unique_ptr<grpc::Server> worker_server, admin_server, health_server;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int worker_port = 0, admin_port = 0, metrics_port = 0, health_port = 0;
+  std::thread sweeper;
+  absl::Notification stop_sweeper;
+  absl::Mutex shutdown_mu;
+  bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
+
+  absl::Status Start();
+  absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(
+      const std::string& flag, const std::string& address,
+      std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service, int* port);
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials();
+  void SetServing(bool serving) {
+    for (auto* s : {worker_server.get(), admin_server.get(), health_server.get()}) {
+      if (s != nullptr && s->GetHealthCheckService() != nullptr) {
+        s->GetHealthCheckService()->SetServingStatus(serving);
+      }
+    }
+  }
+};
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Daemon::Impl::Credentials() {
+  if (opts.tls_cert.empty() && opts.tls_key.empty()) {
+    if (!opts.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (opts.tls_cert.empty() || opts.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key must be given together");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(std::string cert, ReadSmallFile("--tls_cert", opts.tls_cert));
+  ASSIGN_OR_RETURN(std::string key, ReadSmallFile("--tls_key", opts.tls_key));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
+  if (!opts.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile("--tls_client_ca", opts.tls_client_ca));
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
+    const std::string& flag, const std::string& address,
+    std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, std::move(creds), port);
+  if (service != nullptr) builder.RegisterService(service);
+  // Workers may keep the stream alive with pings every 10 s even when idle.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || *port == 0) {
+    return absl::UnavailableError(absl::StrCat(flag, "=", address, ": cannot listen there"));
+  }
+  return server;
+}
+
+absl::Status Daemon::Impl::Start() {
+  if (!opts.clock) opts.clock = [] { return absl::Now(); };
+  v1::GateConfig file_layer;
+  if (!opts.config_path.empty()) {
+    ASSIGN_OR_RETURN(file_layer, LoadGateConfigFile(opts.config_path));
+  }
+  AdminAuth auth;
+  if (!opts.admin_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token, ReadSmallFile("--admin_token_file", opts.admin_token_file));
+    auth.token = std::string(absl::StripAsciiWhitespace(token));
+    if (auth.token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--admin_token_file: ", opts.admin_token_file, " is empty"));
+    }
+  }
+  ASSIGN_OR_RETURN(auto creds, Credentials());
+
+  metrics = std::make_unique<Metrics>();
+  StateOptions so;
+  so.clock = opts.clock;
+  so.heartbeat_interval = opts.heartbeat_interval;
+  so.stale_after = opts.stale_after;
+  so.decision_cache_steps = opts.decision_cache_steps;
+  so.max_jobs = opts.max_jobs;
+  so.max_groups_per_job = opts.max_groups_per_job;
+  so.state_dir = opts.state_dir;
+  // The persisted state is restored here, before any port reports SERVING.
+  ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), file_layer));
+
+  gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams);
+  admin_service =
+      std::make_unique<AdminServiceImpl>(state.get(), metrics.get(), &streams, std::move(auth));
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  if (!opts.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(opts.metrics_listen);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_listen=", opts.metrics_listen, ": cannot listen there: ", e.what()));
+    }
+    exposer->RegisterCollectable(metrics->registry());
+    auto ports = exposer->GetListeningPorts();
+    metrics_port = ports.empty() ? 0 : ports.front();
+  }
+  ASSIGN_OR_RETURN(worker_server, Serve("--listen", opts.listen, creds, gate_service.get(),
+                                        &worker_port));
+  ASSIGN_OR_RETURN(admin_server, Serve("--admin_listen", opts.admin_listen, creds,
+                                       admin_service.get(), &admin_port));
+  if (!opts.health_listen.empty()) {
+    ASSIGN_OR_RETURN(health_server, Serve("--health_listen", opts.health_listen,
+                                          grpc::InsecureServerCredentials(), nullptr,
+                                          &health_port));
+  }
+  SetServing(true);
+  const absl::Duration period = std::min(opts.heartbeat_interval, absl::Seconds(1));
+  sweeper = std::thread([this, period] {
+    while (!stop_sweeper.WaitForNotificationWithTimeout(period)) state->Sweep();
+  });
+  Log(absl::StrCat("serving: worker API on port ", worker_port, ", admin API on port ",
+                   admin_port, ", metrics on port ", metrics_port,
+                   health_port ? absl::StrCat(", health on port ", health_port) : ""));
+  return absl::OkStatus();
+}
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Daemon::~Daemon() { Shutdown(absl::Seconds(2)); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto impl = std::make_unique<Impl>();
+  impl->opts = std::move(options);
+  absl::Status s = impl->Start();
+  if (!s.ok()) {
+    impl->stop_sweeper.Notify();
+    if (impl->sweeper.joinable()) impl->sweeper.join();
+    for (auto* srv : {impl->worker_server.get(), impl->admin_server.get(),
+                      impl->health_server.get()}) {
+      if (srv != nullptr) srv->Shutdown(std::chrono::system_clock::now());
+    }
+    return s;
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+int Daemon::worker_port() const { return impl_->worker_port; }
+int Daemon::admin_port() const { return impl_->admin_port; }
+int Daemon::metrics_port() const { return impl_->metrics_port; }
+int Daemon::health_port() const { return impl_->health_port; }
+std::string Daemon::worker_address() const {
+  return absl::StrCat(DialHost(impl_->opts.listen), ":", impl_->worker_port);
+}
+std::string Daemon::admin_address() const {
+  return absl::StrCat(DialHost(impl_->opts.admin_listen), ":", impl_->admin_port);
+}
+
+absl::Status Daemon::ReloadConfig() {
+  if (impl_->opts.config_path.empty()) {
+    return absl::FailedPreconditionError("no --config file to reload");
+  }
+  absl::StatusOr<v1::GateConfig> file = LoadGateConfigFile(impl_->opts.config_path);
+  absl::Status s = file.ok() ? impl_->state->ReloadConfigFile(*file) : file.status();
+  impl_->metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
+  if (!s.ok()) {
+    Log(absl::StrCat("config reload failed, keeping the running config: ", s.message()));
+  } else {
+    Log(absl::StrCat("reloaded ", impl_->opts.config_path));
+  }
+  return s;
+}
+
+void Daemon::Sweep() { impl_->state->Sweep(); }
+
+void Daemon::Shutdown(absl::Duration grace) {
+  Impl& d = *impl_;
+  {
+    absl::MutexLock lock(&d.shutdown_mu);
+    if (d.shut_down) return;
+    d.shut_down = true;
+  }
+  Log("shutting down: NOT_SERVING, draining streams");
+  d.state->BeginDrain();
+  d.SetServing(false);
+  d.streams.DrainAll();
+  const auto deadline = std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace);
+  for (auto* srv : {d.worker_server.get(), d.admin_server.get(), d.health_server.get()}) {
+    if (srv != nullptr) srv->Shutdown(deadline);
+  }
+  d.stop_sweeper.Notify();
+  if (d.sweeper.joinable()) d.sweeper.join();
+  if (absl::Status s = d.state->Flush(); !s.ok()) Log(std::string(s.message()));
+  d.exposer.reset();
+  Log("stopped");
+}
+
+}  // namespace spgate::server

@@ -1,0 +1,91 @@
+// spgated: the gate daemon. Flags per SPEC §5; absl's --flagfile and --fromenv work.
+// Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config.
+#include <csignal>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/daemon.h"
+#include "server/metrics.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "Worker API (spgate.v1.GateService) address");
+ABSL_FLAG(std::string, admin_listen, "127.0.0.1:50062", "Admin API (spgate.v1.AdminService) address");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "Prometheus /metrics address; empty: off");
+ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
+ABSL_FLAG(std::string, state_dir, "", "Directory for operator changes made through the API");
+ABSL_FLAG(std::string, config, "", "Gate config file (spgate.v1.GateConfig, text format)");
+ABSL_FLAG(std::string, admin_token_file, "", "File holding the bearer token for mutating admin calls");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (turns TLS on for both APIs)");
+ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
+ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a cert it signed");
+ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "Heartbeat interval told to workers");
+ABSL_FLAG(absl::Duration, stale_after, absl::Seconds(5), "A rank silent this long counts as stale");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5), "How long shutdown waits for calls");
+ABSL_FLAG(int, max_jobs, 1024, "Most jobs tracked at once (bounds the job_id label)");
+ABSL_FLAG(int, max_groups_per_job, 4096, "Most TP groups per job");
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return "spgated " + std::string(spgate::server::SpgateVersion()) + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage("spgated: decides per batch and TP group between sequence "
+                               "parallel and tensor-parallel-only execution.");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
+    return 2;
+  }
+
+  // Block the signals before any thread starts so that only sigwait below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  spgate::server::DaemonOptions opts;
+  opts.listen = absl::GetFlag(FLAGS_listen);
+  opts.admin_listen = absl::GetFlag(FLAGS_admin_listen);
+  opts.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  opts.health_listen = absl::GetFlag(FLAGS_health_listen);
+  opts.state_dir = absl::GetFlag(FLAGS_state_dir);
+  opts.config_path = absl::GetFlag(FLAGS_config);
+  opts.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  opts.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  opts.tls_key = absl::GetFlag(FLAGS_tls_key);
+  opts.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  opts.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  opts.stale_after = absl::GetFlag(FLAGS_stale_after);
+  opts.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  opts.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
+  if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.stale_after <= absl::ZeroDuration()) {
+    std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
+    return 2;
+  }
+  if (opts.max_jobs < 1 || opts.max_groups_per_job < 1) {
+    std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1\n";
+    return 2;
+  }
+
+  auto daemon = spgate::server::Daemon::Start(opts);
+  if (!daemon.ok()) {
+    std::cerr << "spgated: cannot start: " << daemon.status().message() << "\n";
+    return 1;
+  }
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      (void)(*daemon)->ReloadConfig();
+      continue;
+    }
+    std::cerr << "spgated: received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << "\n";
+    (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+    return 0;
+  }
+}

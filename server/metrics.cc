@@ -1,0 +1,228 @@
+// Builds the SPEC §7 families once and hands out cached children.
+#include "server/metrics.h"
+
+#include "proto/convert.h"
+
+namespace spgate::server {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+namespace {
+
+Histogram::BucketBoundaries CvBuckets() {
+  return {0.02, 0.05, 0.1, 0.15, 0.18, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0};
+}
+Histogram::BucketBoundaries StepBuckets() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1};
+}
+const char* kModeNames[kModeSlots] = {"", "sp", "tp_only"};
+
+}  // namespace
+
+std::string_view SpgateVersion() { return "0.1.0"; }
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      decisions_f(BuildCounter().Name("spgate_decisions_total")
+                      .Help("Decisions sent to TP groups, by mode and reason.")
+                      .Register(*registry_)),
+      local_decisions_f(BuildCounter().Name("spgate_worker_local_decisions_total")
+                            .Help("Decisions workers made with their local policy (daemon late "
+                                  "or unreachable), reported after reconnect; reason is what the "
+                                  "local policy decided.")
+                            .Register(*registry_)),
+      length_cv_f(BuildHistogram().Name("spgate_batch_length_cv")
+                      .Help("Coefficient of variation of sequence lengths per planned batch.")
+                      .Register(*registry_)),
+      rs_wait_f(BuildGauge().Name("spgate_rs_wait_share")
+                    .Help("Rolling mean over SP steps of the group's reduce-scatter wait share "
+                          "(max over ranks of reduce-scatter time / step time).")
+                    .Register(*registry_)),
+      all_gather_f(BuildGauge().Name("spgate_all_gather_tail_seconds")
+                       .Help("Rolling p95 of the per-step all-gather time of the slowest rank.")
+                       .Register(*registry_)),
+      norm_stall_f(BuildGauge().Name("spgate_norm_stall_ratio")
+                       .Help("Rolling mean of the share of step time spent in collectives that "
+                             "exist only because LayerNorm crossed the shard boundary.")
+                       .Register(*registry_)),
+      step_duration_f(BuildHistogram().Name("spgate_step_duration_seconds")
+                          .Help("Step wall time (slowest rank of the group), by mode.")
+                          .Register(*registry_)),
+      effective_tokens_f(BuildCounter().Name("spgate_effective_tokens_total")
+                             .Help("Non-padding tokens processed, by mode.")
+                             .Register(*registry_)),
+      padding_tokens_f(BuildCounter().Name("spgate_padding_tokens_total")
+                           .Help("Padding tokens processed, by mode.")
+                           .Register(*registry_)),
+      peak_memory_f(BuildGauge().Name("spgate_peak_memory_bytes")
+                        .Help("Largest per-step peak device memory over the job's recent steps "
+                              "(max over ranks), by mode.")
+                        .Register(*registry_)),
+      memory_budget_f(BuildGauge().Name("spgate_memory_budget_bytes")
+                          .Help("Device memory budget the job's workers report.")
+                          .Register(*registry_)),
+      current_mode_f(BuildGauge().Name("spgate_current_mode")
+                         .Help("1 for the mode the group's latest decision chose, else 0.")
+                         .Register(*registry_)),
+      mode_switches_f(BuildCounter().Name("spgate_mode_switches_total")
+                          .Help("Times a group's decided mode changed.")
+                          .Register(*registry_)),
+      gate_threshold_f(BuildGauge().Name("spgate_gate_threshold")
+                           .Help("Effective gate thresholds; job_id=\"_default\" is the global "
+                                 "default.")
+                           .Register(*registry_)),
+      config_version_f(BuildGauge().Name("spgate_config_version")
+                           .Help("Version of the effective gate config.")
+                           .Register(*registry_)),
+      config_updates_f(BuildCounter().Name("spgate_config_updates_total")
+                           .Help("Gate config update requests, by result.")
+                           .Register(*registry_)),
+      workers_f(BuildGauge().Name("spgate_workers")
+                    .Help("Registered worker ranks by state (stale: no message within "
+                          "--stale_after).")
+                    .Register(*registry_)),
+      decision_latency_f(BuildHistogram().Name("spgate_decision_latency_seconds")
+                             .Help("Time from a batch plan's arrival to its decision being sent.")
+                             .Register(*registry_)),
+      persist_failures_f(BuildCounter().Name("spgate_state_persist_failures_total")
+                             .Help("Failed writes of the state file in --state_dir.")
+                             .Register(*registry_)),
+      reload_ok_f(BuildGauge().Name("spgate_config_last_reload_successful")
+                      .Help("1 if the last load of --config succeeded, else 0.")
+                      .Register(*registry_)),
+      build_info_f(BuildGauge().Name("spgate_build_info")
+                       .Help("Always 1; the version label is the build.")
+                       .Register(*registry_)),
+      telemetry_f(BuildCounter().Name("spgate_telemetry_records_total")
+                      .Help("Step telemetry records received, by result.")
+                      .Register(*registry_)),
+      watch_dropped_f(BuildCounter().Name("spgate_watch_dropped_decisions_total")
+                          .Help("Decisions not delivered to a WatchDecisions stream that fell "
+                                "behind.")
+                          .Register(*registry_)),
+      config_updates_ok(config_updates_f.Add({{"result", "ok"}})),
+      config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
+      config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
+      config_updates_denied(config_updates_f.Add({{"result", "denied"}})),
+      decision_latency(decision_latency_f.Add({}, LatencyBuckets())),
+      state_persist_failures(persist_failures_f.Add({})),
+      config_last_reload_successful(reload_ok_f.Add({})),
+      telemetry_received(telemetry_f.Add({{"result", "accepted"}})),
+      telemetry_rejected(telemetry_f.Add({{"result", "rejected"}})),
+      watch_dropped(watch_dropped_f.Add({})) {
+  build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
+  config_last_reload_successful.Set(1);
+  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+    global_thresholds_[i] = &gate_threshold_f.Add(
+        {{"job_id", "_default"}, {"gate", std::string(kGateFieldNames[i])}});
+  }
+  global_version_ = &config_version_f.Add({{"job_id", "_default"}});
+}
+
+void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {
+  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+    global_thresholds_[i]->Set(GateFieldValue(config, kGateFieldNames[i]));
+  }
+  global_version_->Set(static_cast<double>(version));
+}
+
+JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(job_id) {
+  length_cv = &m.length_cv_f.Add({{"job_id", job_id}}, CvBuckets());
+  for (int mode = 1; mode < kModeSlots; ++mode) {
+    const prometheus::Labels l = {{"job_id", job_id}, {"mode", kModeNames[mode]}};
+    step_duration[mode] = &m.step_duration_f.Add(l, StepBuckets());
+    effective_tokens[mode] = &m.effective_tokens_f.Add(l);
+    padding_tokens[mode] = &m.padding_tokens_f.Add(l);
+    peak_memory[mode] = &m.peak_memory_f.Add(l);
+  }
+  memory_budget = &m.memory_budget_f.Add({{"job_id", job_id}});
+  workers_active = &m.workers_f.Add({{"job_id", job_id}, {"state", "active"}});
+  workers_stale = &m.workers_f.Add({{"job_id", job_id}, {"state", "stale"}});
+  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+    thresholds_[i] =
+        &m.gate_threshold_f.Add({{"job_id", job_id}, {"gate", std::string(kGateFieldNames[i])}});
+  }
+  config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
+}
+
+JobMetrics::~JobMetrics() {
+  m_.length_cv_f.Remove(length_cv);
+  for (int mode = 1; mode < kModeSlots; ++mode) {
+    m_.step_duration_f.Remove(step_duration[mode]);
+    m_.effective_tokens_f.Remove(effective_tokens[mode]);
+    m_.padding_tokens_f.Remove(padding_tokens[mode]);
+    m_.peak_memory_f.Remove(peak_memory[mode]);
+    for (auto* c : decisions_[mode]) {
+      if (c != nullptr) m_.decisions_f.Remove(c);
+    }
+  }
+  for (auto* c : local_) {
+    if (c != nullptr) m_.local_decisions_f.Remove(c);
+  }
+  m_.memory_budget_f.Remove(memory_budget);
+  m_.workers_f.Remove(workers_active);
+  m_.workers_f.Remove(workers_stale);
+  for (auto* g : thresholds_) m_.gate_threshold_f.Remove(g);
+  m_.config_version_f.Remove(config_version_);
+}
+
+prometheus::Counter& JobMetrics::Decisions(Mode mode, Reason reason) {
+  auto& slot = decisions_[static_cast<int>(mode)][static_cast<int>(reason)];
+  if (slot == nullptr) {
+    slot = &m_.decisions_f.Add({{"job_id", job_id_},
+                                {"mode", kModeNames[static_cast<int>(mode)]},
+                                {"reason", std::string(ReasonLabel(reason))}});
+  }
+  return *slot;
+}
+
+prometheus::Counter& JobMetrics::LocalDecisions(Reason reason) {
+  auto& slot = local_[static_cast<int>(reason)];
+  if (slot == nullptr) {
+    slot = &m_.local_decisions_f.Add(
+        {{"job_id", job_id_}, {"reason", std::string(ReasonLabel(reason))}});
+  }
+  return *slot;
+}
+
+void JobMetrics::SetThresholds(const GateConfig& config, int64_t version) {
+  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+    thresholds_[i]->Set(GateFieldValue(config, kGateFieldNames[i]));
+  }
+  config_version_->Set(static_cast<double>(version));
+}
+
+GroupMetrics::GroupMetrics(Metrics& m, const std::string& job_id, int group) : m_(m) {
+  const prometheus::Labels l = {{"job_id", job_id}, {"group", std::to_string(group)}};
+  rs_wait_share = &m.rs_wait_f.Add(l);
+  all_gather_tail = &m.all_gather_f.Add(l);
+  norm_stall_ratio = &m.norm_stall_f.Add(l);
+  mode_switches = &m.mode_switches_f.Add(l);
+  for (int mode = 1; mode < kModeSlots; ++mode) {
+    prometheus::Labels lm = l;
+    lm["mode"] = kModeNames[mode];
+    current_mode_[mode] = &m.current_mode_f.Add(lm);
+  }
+}
+
+GroupMetrics::~GroupMetrics() {
+  m_.rs_wait_f.Remove(rs_wait_share);
+  m_.all_gather_f.Remove(all_gather_tail);
+  m_.norm_stall_f.Remove(norm_stall_ratio);
+  m_.mode_switches_f.Remove(mode_switches);
+  for (int mode = 1; mode < kModeSlots; ++mode) m_.current_mode_f.Remove(current_mode_[mode]);
+}
+
+void GroupMetrics::SetMode(Mode mode) {
+  for (int m = 1; m < kModeSlots; ++m) {
+    current_mode_[m]->Set(m == static_cast<int>(mode) ? 1.0 : 0.0);
+  }
+}
+
+}  // namespace spgate::server

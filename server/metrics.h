@@ -1,0 +1,134 @@
+// The daemon's Prometheus metrics (SPEC §7). Every family is built once here; callers
+// keep the references that Add() returns (an increment is an atomic add, an Add() is a
+// map lookup under the family's lock), so the decision path never calls Add().
+// Label values are bounded: job ids (bounded by --max_jobs), group indices, modes,
+// reasons and gate names. Never a rank, a step or a request id.
+#ifndef SPGATE_SERVER_METRICS_H_
+#define SPGATE_SERVER_METRICS_H_
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "policy/types.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace spgate::server {
+
+// Index 0 unused so that static_cast<int>(Mode/Reason) indexes directly.
+inline constexpr int kModeSlots = 3;
+
+class Metrics;
+
+// One job's series, created when the job first appears and removed with it.
+class JobMetrics {
+ public:
+  JobMetrics(Metrics& m, const std::string& job_id);
+  ~JobMetrics();
+  JobMetrics(const JobMetrics&) = delete;
+  JobMetrics& operator=(const JobMetrics&) = delete;
+
+  prometheus::Counter& Decisions(Mode mode, Reason reason);  // created on first use
+  prometheus::Counter& LocalDecisions(Reason reason);
+  void SetThresholds(const GateConfig& config, int64_t version);
+
+  prometheus::Histogram* length_cv;
+  std::array<prometheus::Histogram*, kModeSlots> step_duration{};
+  std::array<prometheus::Counter*, kModeSlots> effective_tokens{};
+  std::array<prometheus::Counter*, kModeSlots> padding_tokens{};
+  std::array<prometheus::Gauge*, kModeSlots> peak_memory{};
+  prometheus::Gauge* memory_budget;
+  prometheus::Gauge* workers_active;
+  prometheus::Gauge* workers_stale;
+
+ private:
+  Metrics& m_;
+  std::string job_id_;
+  std::array<std::array<prometheus::Counter*, kNumReasons>, kModeSlots> decisions_{};
+  std::array<prometheus::Counter*, kNumReasons> local_{};
+  std::array<prometheus::Gauge*, 8> thresholds_{};
+  prometheus::Gauge* config_version_;
+};
+
+class GroupMetrics {
+ public:
+  GroupMetrics(Metrics& m, const std::string& job_id, int group);
+  ~GroupMetrics();
+  GroupMetrics(const GroupMetrics&) = delete;
+  GroupMetrics& operator=(const GroupMetrics&) = delete;
+
+  void SetMode(Mode mode);
+
+  prometheus::Gauge* rs_wait_share;
+  prometheus::Gauge* all_gather_tail;
+  prometheus::Gauge* norm_stall_ratio;
+  prometheus::Counter* mode_switches;
+
+ private:
+  Metrics& m_;
+  std::array<prometheus::Gauge*, kModeSlots> current_mode_{};
+};
+
+class Metrics {
+ public:
+  Metrics();
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Global (job_id="_default") thresholds and version.
+  void SetGlobalThresholds(const GateConfig& config, int64_t version);
+
+ private:
+  // Declared first: every reference below is initialised from it.
+  std::shared_ptr<prometheus::Registry> registry_;
+
+ public:
+  prometheus::Family<prometheus::Counter>& decisions_f;
+  prometheus::Family<prometheus::Counter>& local_decisions_f;
+  prometheus::Family<prometheus::Histogram>& length_cv_f;
+  prometheus::Family<prometheus::Gauge>& rs_wait_f;
+  prometheus::Family<prometheus::Gauge>& all_gather_f;
+  prometheus::Family<prometheus::Gauge>& norm_stall_f;
+  prometheus::Family<prometheus::Histogram>& step_duration_f;
+  prometheus::Family<prometheus::Counter>& effective_tokens_f;
+  prometheus::Family<prometheus::Counter>& padding_tokens_f;
+  prometheus::Family<prometheus::Gauge>& peak_memory_f;
+  prometheus::Family<prometheus::Gauge>& memory_budget_f;
+  prometheus::Family<prometheus::Gauge>& current_mode_f;
+  prometheus::Family<prometheus::Counter>& mode_switches_f;
+  prometheus::Family<prometheus::Gauge>& gate_threshold_f;
+  prometheus::Family<prometheus::Gauge>& config_version_f;
+  prometheus::Family<prometheus::Counter>& config_updates_f;
+  prometheus::Family<prometheus::Gauge>& workers_f;
+  prometheus::Family<prometheus::Histogram>& decision_latency_f;
+  prometheus::Family<prometheus::Counter>& persist_failures_f;
+  prometheus::Family<prometheus::Gauge>& reload_ok_f;
+  prometheus::Family<prometheus::Gauge>& build_info_f;
+  prometheus::Family<prometheus::Counter>& telemetry_f;
+  prometheus::Family<prometheus::Counter>& watch_dropped_f;
+
+  prometheus::Counter& config_updates_ok;
+  prometheus::Counter& config_updates_invalid;
+  prometheus::Counter& config_updates_conflict;
+  prometheus::Counter& config_updates_denied;
+  prometheus::Histogram& decision_latency;
+  prometheus::Counter& state_persist_failures;
+  prometheus::Gauge& config_last_reload_successful;
+  // Beyond SPEC §7's table: lost-telemetry accounting and watch back-pressure.
+  prometheus::Counter& telemetry_received;
+  prometheus::Counter& telemetry_rejected;
+  prometheus::Counter& watch_dropped;
+
+ private:
+  std::array<prometheus::Gauge*, 8> global_thresholds_{};
+  prometheus::Gauge* global_version_ = nullptr;
+};
+
+std::string_view SpgateVersion();
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_METRICS_H_

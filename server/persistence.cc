@@ -1,0 +1,168 @@
+// Config and state files; see persistence.h.
+#include "server/persistence.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "policy/gate_policy.h"
+#include "proto/convert.h"
+
+namespace spgate::server {
+namespace {
+
+class CollectErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message);
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, bool* missing = nullptr) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    if (missing != nullptr && errno == ENOENT) {
+      *missing = true;
+      return std::string();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+template <typename Message>
+absl::Status ParseText(const std::string& path, const std::string& text, Message* out) {
+  google::protobuf::TextFormat::Parser parser;
+  CollectErrors errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a valid ", Message::descriptor()->full_name(), " in text format: ",
+        errors.first().empty() ? "parse error" : errors.first()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayered(const std::string& path, const std::string& what,
+                          const v1::GateConfig& layer) {
+  absl::Status s = ValidateGateConfig(LayerGateConfig(GateConfig{}, layer));
+  if (!s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+std::string StateFilePath(const std::string& state_dir) {
+  return absl::StrCat(state_dir, "/", kStateFileName);
+}
+
+absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status();
+  v1::GateConfig config;
+  if (absl::Status s = ParseText(path, *text, &config); !s.ok()) return s;
+  if (absl::Status s = CheckLayered(path, "gate config", config); !s.ok()) return s;
+  return config;
+}
+
+absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& dir) {
+  const std::string path = StateFilePath(dir);
+  bool missing = false;
+  auto text = ReadFile(path, &missing);
+  if (!text.ok()) return text.status();
+  if (missing) return std::optional<v1::PersistedState>();
+  v1::PersistedState state;
+  if (absl::Status s = ParseText(path, *text, &state); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("corrupt state file ", s.message(),
+                                            " (fix or move the file; it is never replaced "
+                                            "by defaults)"));
+  }
+  if (absl::Status s = CheckLayered(path, "global_overrides", state.global_overrides()); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("corrupt state file ", s.message()));
+  }
+  for (const auto& job : state.jobs()) {
+    v1::GateConfig layered = state.global_overrides();
+    layered.MergeFrom(job.overrides());
+    if (job.job_id().empty()) {
+      return absl::DataLossError(absl::StrCat("corrupt state file ", path, ": a job has no job_id"));
+    }
+    if (absl::Status s = CheckLayered(path, absl::StrCat("job ", job.job_id()), layered); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("corrupt state file ", s.message()));
+    }
+  }
+  return std::optional<v1::PersistedState>(std::move(state));
+}
+
+absl::Status SavePersistedState(const std::string& dir, const v1::PersistedState& state) {
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(state, &text)) {
+    return absl::InternalError("cannot serialise the state");
+  }
+  return WriteFileAtomically(StateFilePath(dir),
+                             absl::StrCat("# spgated operator state; written atomically by "
+                                          "spgated. Edit only while spgated is stopped.\n",
+                                          text));
+}
+
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+  if (fd < 0) return Errno("cannot create", tmp);
+  size_t written = 0;
+  while (written < contents.size()) {
+    ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      absl::Status s = Errno("cannot write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return s;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status s = Errno("cannot fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = Errno("cannot rename onto", path);
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  const std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos
+                                             ? 0
+                                             : path.find_last_of('/'));
+  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return Errno("cannot open directory", dir);
+  int rc = ::fsync(dfd);
+  ::close(dfd);
+  if (rc != 0) return Errno("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+}  // namespace spgate::server

@@ -1,0 +1,35 @@
+// Files the daemon reads and writes: the --config file (GateConfig, protobuf text
+// format) and the operator state in --state_dir (PersistedState, text format).
+// The state file is replaced atomically — temp file, fsync, rename, fsync of the
+// directory — so a crash leaves either the old or the new file, never a torn one.
+// A file that does not parse is an error that names the file; it is never replaced
+// by defaults.
+#ifndef SPGATE_SERVER_PERSISTENCE_H_
+#define SPGATE_SERVER_PERSISTENCE_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "spgate/v1/admin.pb.h"
+
+namespace spgate::server {
+
+inline constexpr char kStateFileName[] = "spgated-state.textproto";
+
+std::string StateFilePath(const std::string& state_dir);
+
+// Parses a GateConfig text-format file and validates it layered over the defaults.
+absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path);
+
+// nullopt when the state file does not exist yet.
+absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& state_dir);
+
+absl::Status SavePersistedState(const std::string& state_dir, const v1::PersistedState& state);
+
+// Writes `contents` to `path` atomically (see above).
+absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_PERSISTENCE_H_

@@ -1,0 +1,446 @@
+// Callback services over GateState. Streams are small reactors: one read outstanding,
+// one write outstanding, later messages merged into a pending one (decisions append,
+// the newest config update and ack win), so a slow reader never grows a queue without
+// bound and a burst of decisions goes out in one write.
+#include "server/services.h"
+
+#include <chrono>
+#include <deque>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/status_util.h"
+
+namespace spgate::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+template <typename T>
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, absl::StatusOr<T> result,
+                                T* response) {
+  auto* reactor = ctx->DefaultReactor();
+  if (result.ok()) *response = std::move(*result);
+  reactor->Finish(ToGrpcStatus(result.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  auto* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+class ConnectReactor;
+
+// What GateState holds for a stream: it outlives the reactor safely.
+class ConnectSink final : public SessionSink {
+ public:
+  explicit ConnectSink(ConnectReactor* r) : reactor_(r) {}
+  void PushConfig(const v1::ConfigUpdate& update) override;
+  void Invalidate() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_);
+};
+
+class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>,
+                             public StreamRegistry::Stream {
+ public:
+  ConnectReactor(GateState* state, Metrics* metrics, StreamRegistry* streams)
+      : state_(state), metrics_(metrics), streams_(streams) {
+    sink_ = std::make_shared<ConnectSink>(this);
+    streams_->Add(this);
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side, or the call is gone
+      FinishWhenIdle(grpc::Status::OK);
+      return;
+    }
+    const auto start = Clock::now();
+    if (session_ == nullptr) {
+      auto session = state_->AttachSession(in_.session_id(), sink_);
+      if (!session.ok()) {
+        FinishWhenIdle(ToGrpcStatus(session.status()));
+        return;
+      }
+      session_ = *std::move(session);
+    }
+    v1::DaemonMessage out;
+    for (const v1::BatchPlan& plan : in_.plans()) {
+      absl::Status s;
+      if (plan.job_id() != session_->job_id || plan.group() != session_->group) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "plan: job_id/group (", plan.job_id(), ", ", plan.group(),
+            ") do not match the session's (", session_->job_id, ", ", session_->group, ")"));
+      } else {
+        s = state_->Decide(plan, out.add_decisions());
+        if (!s.ok()) out.mutable_decisions()->RemoveLast();
+      }
+      if (!s.ok()) {
+        auto* rej = out.add_rejections();
+        rej->set_step(plan.step());
+        rej->set_code(static_cast<int>(s.code()));
+        rej->set_message(std::string(s.message()));
+      }
+    }
+    for (const v1::StepTelemetry& t : in_.telemetry()) {
+      (void)state_->RecordTelemetry(*session_, t);  // counted; invalid records are not acked
+    }
+    if (in_.has_heartbeat()) {
+      out.mutable_ack()->set_telemetry_received(state_->Heartbeat(*session_, in_.heartbeat()));
+    } else if (in_.telemetry_size() == 0 && start - last_touch_ > std::chrono::milliseconds(250)) {
+      state_->Touch(*session_);
+      last_touch_ = start;
+    }
+    const int decisions = out.decisions_size();
+    if (decisions > 0 || out.rejections_size() > 0 || out.has_ack()) Send(std::move(out));
+    if (decisions > 0 && metrics_ != nullptr) {
+      const double latency = std::chrono::duration<double>(Clock::now() - start).count();
+      for (int i = 0; i < decisions; ++i) metrics_->decision_latency.Observe(latency);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+    }
+    StartRead(&in_);
+  }
+
+  void Send(v1::DaemonMessage msg) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      if (writing_) {
+        pending_.MergeFrom(msg);
+        has_pending_ = true;
+        return;
+      }
+      writing_ = true;
+      current_ = std::move(msg);
+    }
+    StartWrite(&current_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::optional<grpc::Status> finish;
+    bool write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok && has_pending_ && !finish_requested_) {
+        current_ = std::move(pending_);
+        pending_.Clear();
+        has_pending_ = false;
+        write = true;
+      } else {
+        writing_ = false;
+        if (!ok && !finish_requested_) {
+          finish_requested_ = true;
+          finish_status_ = grpc::Status(grpc::StatusCode::CANCELLED, "write failed");
+        }
+        if (finish_requested_ && !finished_) {
+          finished_ = true;
+          finish = finish_status_;
+        }
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(*finish);
+  }
+
+  void OnCancel() override { FinishWhenIdle(grpc::Status::CANCELLED); }
+
+  void Drain() override {
+    FinishWhenIdle(grpc::Status(grpc::StatusCode::UNAVAILABLE, "spgated is shutting down"));
+  }
+
+  void OnDone() override {
+    sink_->Invalidate();
+    if (session_ != nullptr) state_->DetachSession(*session_, sink_.get());
+    streams_->Remove(this);
+    delete this;
+  }
+
+  void PushConfig(const v1::ConfigUpdate& update) {
+    v1::DaemonMessage msg;
+    *msg.mutable_config_update() = update;
+    Send(std::move(msg));
+  }
+
+ private:
+  void FinishWhenIdle(grpc::Status status) {
+    bool now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      finish_requested_ = true;
+      finish_status_ = std::move(status);
+      if (!writing_) {
+        finished_ = true;
+        now = true;
+      }
+    }
+    if (now) Finish(finish_status_);
+  }
+
+  GateState* const state_;
+  Metrics* const metrics_;
+  StreamRegistry* const streams_;
+  std::shared_ptr<ConnectSink> sink_;
+  std::shared_ptr<Session> session_;  // set by the first message; reactor thread only
+  v1::WorkerMessage in_;
+  Clock::time_point last_touch_{};
+
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  v1::DaemonMessage current_;  // owned by the write in flight
+  v1::DaemonMessage pending_ ABSL_GUARDED_BY(mu_);
+  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_;
+};
+
+void ConnectSink::PushConfig(const v1::ConfigUpdate& update) {
+  absl::MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->PushConfig(update);
+}
+
+// WatchDecisions: a bounded queue per subscriber; when full, the oldest decisions are
+// dropped (and counted) rather than slowing the decision path.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
+                           public StreamRegistry::Stream {
+ public:
+  static constexpr size_t kMaxQueued = 4096;
+
+  class Watcher final : public DecisionWatcher {
+   public:
+    Watcher(std::string job, WatchReactor* r) : DecisionWatcher(std::move(job)), reactor_(r) {}
+    void OnDecision(const v1::Decision& d) override { reactor_->Enqueue(d); }
+
+   private:
+    WatchReactor* reactor_;
+  };
+
+  WatchReactor(GateState* state, Metrics* metrics, StreamRegistry* streams, std::string job)
+      : state_(state), metrics_(metrics), streams_(streams) {
+    watcher_ = std::make_shared<Watcher>(std::move(job), this);
+    streams_->Add(this);
+    state_->AddWatcher(watcher_);
+    StartSendInitialMetadata();
+  }
+
+  void Enqueue(const v1::Decision& d) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      if (writing_) {
+        if (queue_.size() >= kMaxQueued) {
+          queue_.pop_front();
+          if (metrics_ != nullptr) metrics_->watch_dropped.Increment();
+        }
+        queue_.push_back(d);
+        return;
+      }
+      writing_ = true;
+      current_ = d;
+    }
+    StartWrite(&current_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false, write = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ok && !finish_requested_ && !queue_.empty()) {
+        current_ = std::move(queue_.front());
+        queue_.pop_front();
+        write = true;
+      } else {
+        writing_ = false;
+        if (!ok) finish_requested_ = true;
+        if (finish_requested_ && !finished_) finished_ = finish = true;
+      }
+    }
+    if (write) StartWrite(&current_);
+    if (finish) Finish(ok ? status_ : grpc::Status::CANCELLED);
+  }
+
+  void OnCancel() override { RequestFinish(grpc::Status::CANCELLED); }
+  void Drain() override {
+    RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "spgated is shutting down"));
+  }
+  void OnDone() override {
+    state_->RemoveWatcher(watcher_.get());
+    streams_->Remove(this);
+    delete this;
+  }
+
+ private:
+  void RequestFinish(grpc::Status status) {
+    bool now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finish_requested_) return;
+      finish_requested_ = true;
+      status_ = std::move(status);
+      if (!writing_) now = finished_ = true;
+    }
+    if (now) Finish(status_);
+  }
+
+  GateState* const state_;
+  Metrics* const metrics_;
+  StreamRegistry* const streams_;
+  std::shared_ptr<Watcher> watcher_;
+  absl::Mutex mu_;
+  std::deque<v1::Decision> queue_ ABSL_GUARDED_BY(mu_);
+  v1::Decision current_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status status_;
+};
+
+}  // namespace
+
+void StreamRegistry::Add(Stream* s) {
+  bool drain;
+  {
+    absl::MutexLock lock(&mu_);
+    streams_.push_back(s);
+    drain = draining_;
+  }
+  if (drain) s->Drain();
+}
+
+void StreamRegistry::Remove(Stream* s) {
+  absl::MutexLock lock(&mu_);
+  streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+}
+
+void StreamRegistry::DrainAll() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+  // Drain only requests a Finish; OnDone (which calls Remove) runs later on another
+  // thread, so holding the lock here cannot deadlock.
+  for (Stream* s : streams_) s->Drain();
+}
+
+int StreamRegistry::size() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(streams_.size());
+}
+
+// --- GateService -------------------------------------------------------------------
+
+grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
+                                                    const v1::RegisterRequest* request,
+                                                    v1::RegisterResponse* response) {
+  return Reply(ctx, state_->Register(*request), response);
+}
+
+grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
+    grpc::CallbackServerContext* ctx) {
+  return new ConnectReactor(state_, metrics_, streams_);
+}
+
+grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* ctx,
+                                                  const v1::DecideRequest* request,
+                                                  v1::Decision* response) {
+  if (state_->draining()) return Fail(ctx, absl::UnavailableError("spgated is shutting down"));
+  const auto start = Clock::now();
+  absl::Status s = state_->Decide(request->plan(), response);
+  if (s.ok() && metrics_ != nullptr) {
+    metrics_->decision_latency.Observe(
+        std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return Fail(ctx, s);
+}
+
+// --- AdminService ------------------------------------------------------------------
+
+absl::Status AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx) {
+  if (auth_.token.empty()) return absl::OkStatus();
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(
+        "this call changes state and needs the admin token: send metadata "
+        "'authorization: Bearer <token>' (spgatectl --token_file)");
+  }
+  std::string_view value(it->second.data(), it->second.size());
+  if (value.rfind("Bearer ", 0) != 0 ||
+      !ConstantTimeEquals(value.substr(7), auth_.token)) {
+    return absl::PermissionDeniedError("the admin token does not match");
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
+                                                          const v1::GetGateConfigRequest* request,
+                                                          v1::VersionedGateConfig* response) {
+  return Reply(ctx, state_->GetGateConfig(request->job_id()), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
+    grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest* request,
+    v1::VersionedGateConfig* response) {
+  if (absl::Status s = Authorize(ctx); !s.ok()) {
+    if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
+    return Fail(ctx, s);
+  }
+  return Reply(ctx, state_->UpdateGateConfig(*request), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
+                                                     const v1::ListJobsRequest* request,
+                                                     v1::ListJobsResponse* response) {
+  return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(state_->ListJobs()), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetJobRequest* request,
+                                                   v1::Job* response) {
+  return Reply(ctx, state_->GetJob(request->job_id()), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
+                                                    const v1::PinModeRequest* request,
+                                                    v1::Pin* response) {
+  if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
+  return Reply(ctx, state_->PinMode(*request), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
+                                                  const v1::UnpinRequest* request,
+                                                  v1::UnpinResponse* response) {
+  if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
+  return Reply(ctx, state_->Unpin(*request), response);
+}
+
+grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
+    grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) {
+  return new WatchReactor(state_, metrics_, streams_, request->job_id());
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
+                                                          const v1::EvaluateGatesRequest* request,
+                                                          v1::EvaluateGatesResponse* response) {
+  return Reply(ctx, state_->EvaluateGates(*request), response);
+}
+
+}  // namespace spgate::server

@@ -1,0 +1,101 @@
+// The gRPC services: thin callback services that translate proto <-> GateState calls
+// and absl::Status -> grpc::Status. No gate logic lives here.
+#ifndef SPGATE_SERVER_SERVICES_H_
+#define SPGATE_SERVER_SERVICES_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "server/gate_state.h"
+#include "server/metrics.h"
+#include "spgate/v1/admin.grpc.pb.h"
+#include "spgate/v1/gate.grpc.pb.h"
+
+namespace spgate::server {
+
+// Tracks live streams so a graceful shutdown can end them with UNAVAILABLE.
+class StreamRegistry {
+ public:
+  class Stream {
+   public:
+    virtual ~Stream() = default;
+    virtual void Drain() = 0;  // finish with UNAVAILABLE soon; must not block
+  };
+  void Add(Stream* s);
+  void Remove(Stream* s);
+  void DrainAll();
+  int size();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<Stream*> streams_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class GateServiceImpl final : public v1::GateService::CallbackService {
+ public:
+  GateServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams)
+      : state_(state), metrics_(metrics), streams_(streams) {}
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* Connect(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* ctx,
+                                   const v1::DecideRequest* request,
+                                   v1::Decision* response) override;
+
+ private:
+  GateState* state_;
+  Metrics* metrics_;
+  StreamRegistry* streams_;
+};
+
+// Authorization for mutating admin calls: a bearer token (--admin_token_file) and/or
+// mTLS (the TLS layer has already verified the client certificate).
+struct AdminAuth {
+  std::string token;  // empty: no token required
+};
+
+class AdminServiceImpl final : public v1::AdminService::CallbackService {
+ public:
+  AdminServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams, AdminAuth auth)
+      : state_(state), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
+
+  grpc::ServerUnaryReactor* GetGateConfig(grpc::CallbackServerContext* ctx,
+                                          const v1::GetGateConfigRequest* request,
+                                          v1::VersionedGateConfig* response) override;
+  grpc::ServerUnaryReactor* UpdateGateConfig(grpc::CallbackServerContext* ctx,
+                                             const v1::UpdateGateConfigRequest* request,
+                                             v1::VersionedGateConfig* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
+                                   const v1::GetJobRequest* request, v1::Job* response) override;
+  grpc::ServerUnaryReactor* PinMode(grpc::CallbackServerContext* ctx,
+                                    const v1::PinModeRequest* request, v1::Pin* response) override;
+  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
+                                  const v1::UnpinRequest* request,
+                                  v1::UnpinResponse* response) override;
+  grpc::ServerWriteReactor<v1::Decision>* WatchDecisions(
+      grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) override;
+  grpc::ServerUnaryReactor* EvaluateGates(grpc::CallbackServerContext* ctx,
+                                          const v1::EvaluateGatesRequest* request,
+                                          v1::EvaluateGatesResponse* response) override;
+
+ private:
+  absl::Status Authorize(grpc::CallbackServerContext* ctx);
+
+  GateState* state_;
+  Metrics* metrics_;
+  StreamRegistry* streams_;
+  AdminAuth auth_;
+};
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_SERVICES_H_
