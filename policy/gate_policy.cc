@@ -3,6 +3,7 @@
 #include "policy/gate_policy.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +25,18 @@ absl::Status CheckCount(const char* field, int64_t value) {
         absl::StrFormat("%s must be in [1, 1000000], got %d", field, value));
   }
   return absl::OkStatus();
+}
+
+// Steps from `since` to `step`, saturating instead of overflowing: steps come from the
+// wire and may be anywhere in int64, and the "never" sentinels in GroupGateState sit at
+// INT64_MIN / 2, so a plain subtraction is undefined for steps above 2^62.
+int64_t StepsSince(int64_t step, int64_t since) {
+  int64_t d;
+  if (__builtin_sub_overflow(step, since, &d)) {
+    return step > since ? std::numeric_limits<int64_t>::max()
+                        : std::numeric_limits<int64_t>::min();
+  }
+  return d;
 }
 
 void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
@@ -184,7 +197,8 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
          "batch length CV within max_length_cv");
 
   // 4. Rolling reduce-scatter wait share, with hysteresis, probes and dwell.
-  const bool dwell_over = batch.step - state.rs_wait_changed_step >= config.min_dwell_steps;
+  const bool dwell_over =
+      StepsSince(batch.step, state.rs_wait_changed_step) >= config.min_dwell_steps;
   const double reenable_below = config.max_rs_wait_share - config.rs_wait_reenable_margin;
   if (!state.rs_wait_fallback) {
     if (rs_wait.samples > 0 && rs_wait.mean > config.max_rs_wait_share) {
@@ -215,7 +229,7 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
     next.rs_wait_changed_step = batch.step;
     return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
   }
-  if (batch.step - state.last_sp_step >= config.probe_interval_steps) {
+  if (StepsSince(batch.step, state.last_sp_step) >= config.probe_interval_steps) {
     Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
            "in RS_WAIT fallback; probe_interval_steps since the last SP step: probe");
     return finish(Mode::kSequenceParallel, Reason::kProbe);
