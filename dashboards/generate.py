@@ -1,0 +1,514 @@
+#!/usr/bin/env python3
+"""Generates spgate's Grafana dashboards (spgate-overview.json, spgate-job.json).
+
+The JSON files are committed so they can be imported or file-provisioned as they are;
+this script is their source. Edit here, run `python3 dashboards/generate.py`, commit
+both. tests/deploy/dashboards_lint_test.py fails when the JSON and this script disagree.
+
+Rules every panel follows (and the lint test checks): the datasource is the
+`${datasource}` template variable (never `__inputs`, which breaks file provisioning),
+every panel declares a unit, queries use only SPEC §7 metrics and aggregate across
+daemons (one sidecar per pod can export the same job_id), and rates use
+`$__rate_interval`.
+"""
+import json
+import os
+import sys
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "$__rate_interval"
+JOB_DASHBOARD_UID = "spgate-job"
+OVERVIEW_UID = "spgate-overview"
+
+# Series colours used across panels so SP / TP-only read the same everywhere.
+MODE_COLORS = {"sp": "green", "tp_only": "orange"}
+
+
+class Layout:
+    """Places panels left to right in a 24-column grid, opening a new line when full."""
+
+    def __init__(self):
+        self.x, self.y, self.line_h, self.next_id, self.panels = 0, 0, 0, 1, []
+
+    def Row(self, title):
+        self.Newline()
+        self.panels.append({"id": self.next_id, "type": "row", "title": title,
+                            "collapsed": False, "panels": [],
+                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.next_id += 1
+        self.y += 1
+
+    def Newline(self):
+        if self.x:
+            self.x, self.y, self.line_h = 0, self.y + self.line_h, 0
+
+    def Add(self, panel, w, h=8):
+        if self.x + w > 24:
+            self.Newline()
+        panel["id"] = self.next_id
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.next_id += 1
+        self.x += w
+        self.line_h = max(self.line_h, h)
+        self.panels.append(panel)
+
+
+def Target(expr, legend, ref, instant=False):
+    return {"refId": ref, "datasource": DS, "editorMode": "code", "expr": expr,
+            "legendFormat": legend, "range": not instant, "instant": instant}
+
+
+def Targets(queries, instant=False):
+    return [Target(expr, legend, chr(ord("A") + i), instant)
+            for i, (expr, legend) in enumerate(queries)]
+
+
+def ModeOverrides():
+    return [{"matcher": {"id": "byRegexp", "options": f".*\\b{mode}\\b.*"},
+             "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+            for mode, color in MODE_COLORS.items()]
+
+
+def ThresholdLine(ref, color="red"):
+    """Draws query `ref` as a dashed line: a gate threshold or a budget, not data."""
+    return {"matcher": {"id": "byFrameRefID", "options": ref},
+            "properties": [
+                {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                {"id": "custom.fillOpacity", "value": 0},
+                {"id": "custom.stacking", "value": {"mode": "none", "group": "A"}},
+                {"id": "color", "value": {"mode": "fixed", "fixedColor": color}}]}
+
+
+def TimeSeries(title, description, unit, queries, *, stack=False, minimum=0, maximum=None,
+               overrides=(), links=()):
+    defaults = {
+        "unit": unit,
+        "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stack else 5,
+                   "showPoints": "never", "spanNulls": False,
+                   "stacking": {"mode": "normal" if stack else "none", "group": "A"}},
+        "color": {"mode": "palette-classic"},
+        "links": list(links),
+    }
+    if minimum is not None:
+        defaults["min"] = minimum
+    if maximum is not None:
+        defaults["max"] = maximum
+    return {
+        "type": "timeseries", "title": title, "description": description, "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
+        "options": {"legend": {"displayMode": "table", "placement": "bottom",
+                               "calcs": ["lastNotNull", "max"], "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": Targets(queries),
+    }
+
+
+def Stat(title, description, unit, queries, *, mappings=(), thresholds=None, instant=True):
+    return {
+        "type": "stat", "title": title, "description": description, "datasource": DS,
+        "fieldConfig": {"defaults": {
+            "unit": unit, "mappings": list(mappings),
+            "color": {"mode": "thresholds"},
+            "thresholds": thresholds or {"mode": "absolute",
+                                         "steps": [{"color": "green", "value": None}]}},
+            "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                    "colorMode": "value", "graphMode": "none", "textMode": "value_and_name",
+                    "justifyMode": "auto", "orientation": "auto"},
+        "targets": Targets(queries, instant=instant),
+    }
+
+
+def JobLink():
+    return {"title": "Open job ${__field.labels.job_id}",
+            "url": f"/d/{JOB_DASHBOARD_UID}/spgate-job?var-job_id=${{__field.labels.job_id}}"
+                   "&${datasource:queryparam}&${__url_time_range}"}
+
+
+def DatasourceVariable():
+    return {"type": "datasource", "name": "datasource", "label": "Data source",
+            "query": "prometheus", "current": {}, "hide": 0, "includeAll": False,
+            "multi": False, "options": [], "refresh": 1, "regex": "", "skipUrlSync": False}
+
+
+def QueryVariable(name, label, query, *, multi, sort=1):
+    var = {"type": "query", "name": name, "label": label, "datasource": DS,
+           "definition": query,
+           "query": {"query": query, "refId": "PrometheusVariableQueryEditor-VariableQuery"},
+           "refresh": 2, "regex": "", "sort": sort, "hide": 0, "skipUrlSync": False,
+           "options": [], "multi": multi, "includeAll": multi}
+    if multi:
+        var["allValue"] = ".+"
+        var["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
+    else:
+        var["current"] = {}
+    return var
+
+
+def Dashboard(uid, title, description, variables, panels, links):
+    return {
+        "uid": uid, "title": title, "description": description, "id": None,
+        "tags": ["spgate"], "timezone": "browser", "editable": True, "graphTooltip": 1,
+        "schemaVersion": 39, "version": 1, "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"}, "fiscalYearStartMonth": 0,
+        "liveNow": False, "weekStart": "",
+        "annotations": {"list": [{
+            "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+            "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
+            "name": "Annotations & Alerts", "type": "dashboard"}]},
+        "templating": {"list": [DatasourceVariable()] + variables},
+        "links": links,
+        "panels": panels,
+    }
+
+
+# --- spgate-overview.json: every job, side by side ---------------------------------------
+
+def Overview():
+    j = 'job_id=~"$job_id"'
+    jg = 'job_id=~"$job_id",group=~"$group"'
+    thr = 'job_id=~"$job_id|_default"'  # per-job gate values and the global default
+    L = Layout()
+
+    L.Row("Decisions")
+    L.Add(TimeSeries(
+        "Decisions by mode and reason",
+        "Per-batch decisions the daemon made, by the mode chosen and the gate that chose it "
+        "(SPEC §3). TP-only reasons: length_cv, rs_wait. SP reasons: gates_passed, probe, "
+        "memory_requires_sp, memory_over_budget. pinned: an operator pin.",
+        "count:decisions/s",
+        [(f"sum by (mode, reason) (rate(spgate_decisions_total{{{j}}}[{RATE}]))",
+          "{{mode}} · {{reason}}")], stack=True), w=12)
+    L.Add(TimeSeries(
+        "Steps in sequence parallel",
+        "Share of each job's decided group-steps that run sequence parallel.",
+        "percentunit",
+        [(f'sum by (job_id) (rate(spgate_decisions_total{{{j},mode="sp"}}[{RATE}]))'
+          f" / sum by (job_id) (rate(spgate_decisions_total{{{j}}}[{RATE}]))", "{{job_id}}")],
+        maximum=1, links=[JobLink()]), w=6)
+    L.Add(TimeSeries(
+        "Local fallback decisions",
+        "Decisions group leaders made with their local policy because the daemon's answer "
+        "missed the step deadline or the daemon was unreachable (counted after reconnect).",
+        "count:decisions/s",
+        [(f"sum by (job_id, reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
+          "{{job_id}} · {{reason}}")], links=[JobLink()]), w=6)
+
+    L.Row("Throughput and step time")
+    L.Add(TimeSeries(
+        "Effective tokens/s by mode",
+        "Non-padding tokens processed per second, by the mode the steps ran in.",
+        "count:tok/s",
+        [(f"sum by (job_id, mode) (rate(spgate_effective_tokens_total{{{j}}}[{RATE}]))",
+          "{{job_id}} · {{mode}}")], overrides=ModeOverrides(), links=[JobLink()]), w=12)
+    L.Add(TimeSeries(
+        "Step time p95 by mode",
+        "95th percentile of step wall time, by mode. SP should not be slower than TP-only "
+        "once batches are bucketed and LayerNorm stays in the shard.",
+        "s",
+        [(f"histogram_quantile(0.95, sum by (job_id, mode, le) "
+          f"(rate(spgate_step_duration_seconds_bucket{{{j}}}[{RATE}])))",
+          "{{job_id}} · {{mode}}")], overrides=ModeOverrides(), links=[JobLink()]), w=12)
+
+    L.Row("Memory")
+    L.Add(TimeSeries(
+        "Peak memory against budget",
+        "Peak device memory per mode (max over ranks and daemons) and the device budget "
+        "the workers report (dashed).",
+        "bytes",
+        [(f"max by (job_id, mode) (spgate_peak_memory_bytes{{{j}}})", "{{job_id}} · peak {{mode}}"),
+         (f"max by (job_id) (spgate_memory_budget_bytes{{{j}}})", "{{job_id}} · budget")],
+        overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
+    L.Add(TimeSeries(
+        "Peak memory / budget",
+        "Peak memory as a share of the budget, per mode; the dashed line is the "
+        "memory_headroom gate: TP-only above it is not allowed (MEMORY_REQUIRES_SP).",
+        "percentunit",
+        [(f"max by (job_id, mode) (spgate_peak_memory_bytes{{{j}}}) / on (job_id) group_left () "
+          f"(max by (job_id) (spgate_memory_budget_bytes{{{j}}}) > 0)", "{{job_id}} · {{mode}}"),
+         (f'max by (job_id) (spgate_gate_threshold{{gate="memory_headroom",{thr}}})',
+          "{{job_id}} · memory_headroom")],
+        overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
+
+    L.Row("Collectives")
+    L.Add(TimeSeries(
+        "Reduce-scatter wait share against its threshold",
+        "Rolling share of step time spent waiting in reduce-scatter, per TP group (max over "
+        "ranks). Above max_rs_wait_share (dashed) the group falls back to TP-only.",
+        "percentunit",
+        [(f"max by (job_id, group) (spgate_rs_wait_share{{{jg}}})", "{{job_id}} · group {{group}}"),
+         (f'max by (job_id) (spgate_gate_threshold{{gate="max_rs_wait_share",{thr}}})',
+          "{{job_id}} · max_rs_wait_share")],
+        overrides=[ThresholdLine("B")], links=[JobLink()]), w=8)
+    L.Add(TimeSeries(
+        "All-gather tail",
+        "p95 over the window of the slowest rank's all-gather time per step, per TP group.",
+        "ms",
+        [(f"max by (job_id, group) (spgate_all_gather_tail_seconds{{{jg}}}) * 1000",
+          "{{job_id}} · group {{group}}")], links=[JobLink()]), w=8)
+    L.Add(TimeSeries(
+        "Norm stall ratio",
+        "Share of step time spent in collectives that exist only because LayerNorm crossed "
+        "the shard boundary. Should be ~0 with LayerNorm kept in the shard.",
+        "percentunit",
+        [(f"max by (job_id, group) (spgate_norm_stall_ratio{{{jg}}})",
+          "{{job_id}} · group {{group}}")], links=[JobLink()]), w=8)
+
+    L.Row("Control plane")
+    L.Add(TimeSeries(
+        "Mode switches",
+        "SP <-> TP-only switches per minute, summed over the job's TP groups.",
+        "count:switches/min",
+        [(f"sum by (job_id) (rate(spgate_mode_switches_total{{{jg}}}[{RATE}])) * 60",
+          "{{job_id}}")], links=[JobLink()]), w=8)
+    L.Add(TimeSeries(
+        "Workers",
+        "Registered worker ranks, active and stale (no heartbeat).",
+        "count:ranks",
+        [(f"sum by (job_id, state) (spgate_workers{{{j}}})", "{{job_id}} · {{state}}")],
+        overrides=[{"matcher": {"id": "byRegexp", "options": ".*stale.*"},
+                    "properties": [{"id": "color",
+                                    "value": {"mode": "fixed", "fixedColor": "red"}}]}],
+        links=[JobLink()]), w=8)
+    L.Add(TimeSeries(
+        "Decision latency",
+        "Time from a batch plan's arrival to its decision being sent, over all daemons. "
+        "Workers wait 20 ms by default before deciding locally.",
+        "s",
+        [(f"histogram_quantile(0.5, sum by (le) (rate(spgate_decision_latency_seconds_bucket[{RATE}])))",
+          "p50"),
+         (f"histogram_quantile(0.99, sum by (le) (rate(spgate_decision_latency_seconds_bucket[{RATE}])))",
+          "p99")]), w=8)
+    L.Add(Stat(
+        "Config updates in range",
+        "Admin API gate updates over the dashboard's time range, by result.",
+        "count:updates",
+        [("sum by (result) (increase(spgate_config_updates_total[$__range]))", "{{result}}")]),
+        w=6, h=5)
+    L.Add(Stat(
+        "Config reload",
+        "Whether every daemon's last --config (re)load succeeded (SIGHUP).",
+        "none",
+        [("min(spgate_config_last_reload_successful)", "last reload")],
+        mappings=[{"type": "value", "options": {
+            "0": {"text": "failed", "color": "red", "index": 0},
+            "1": {"text": "ok", "color": "green", "index": 1}}}]), w=4, h=5)
+    L.Add(Stat(
+        "State persist failures in range",
+        "Failed writes of --state_dir (operator changes not durable).",
+        "count:failures",
+        [("sum(increase(spgate_state_persist_failures_total[$__range]))", "failures")],
+        thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
+                                                  {"color": "red", "value": 1}]}), w=4, h=5)
+    L.Add(Stat(
+        "Config version",
+        "Version of the effective gate config per job (_default: the global scope).",
+        "none",
+        [(f"max by (job_id) (spgate_config_version{{{thr}}})", "{{job_id}}")]), w=5, h=5)
+    L.Add(Stat(
+        "Daemon versions",
+        "Running spgated daemons by version.",
+        "count:daemons",
+        [("count by (version) (spgate_build_info)", "{{version}}")]), w=5, h=5)
+
+    variables = [
+        QueryVariable("job_id", "Job", "label_values(spgate_workers, job_id)", multi=True),
+        QueryVariable("group", "TP group", 'label_values(spgate_current_mode{job_id=~"$job_id"}, group)',
+                      multi=True, sort=3),
+    ]
+    links = [{"type": "dashboards", "tags": ["spgate"], "asDropdown": False,
+              "includeVars": False, "keepTime": True, "title": "spgate"}]
+    return Dashboard(OVERVIEW_UID, "spgate / Overview",
+                     "spgate decisions, throughput, memory and collectives for every job.",
+                     variables, L.panels, links)
+
+
+# --- spgate-job.json: one job, by TP group ----------------------------------------------
+
+def EffectiveGate(gate, job='"$job_id"'):
+    """The job's value of `gate`: its own series when exported, else the global default."""
+    return (f'(max(spgate_gate_threshold{{gate="{gate}",job_id={job}}})'
+            f' or max(spgate_gate_threshold{{gate="{gate}",job_id="_default"}}))')
+
+
+def Job():
+    j = 'job_id="$job_id"'
+    jg = 'job_id="$job_id",group=~"$group"'
+    L = Layout()
+
+    L.Row("Mode by TP group")
+    L.Add({
+        "type": "state-timeline", "title": "Current mode by TP group",
+        "description": "The mode each TP group runs now (spgate_current_mode).",
+        "datasource": DS,
+        "fieldConfig": {"defaults": {
+            "unit": "none", "color": {"mode": "thresholds"},
+            "thresholds": {"mode": "absolute", "steps": [{"color": "orange", "value": None}]},
+            "mappings": [{"type": "value", "options": {
+                "0": {"text": "TP-only", "color": MODE_COLORS["tp_only"], "index": 0},
+                "1": {"text": "SP", "color": MODE_COLORS["sp"], "index": 1}}}],
+            "custom": {"fillOpacity": 80, "lineWidth": 0}}, "overrides": []},
+        "options": {"showValue": "auto", "mergeValues": True, "rowHeight": 0.9,
+                    "alignValue": "left", "legend": {"showLegend": True, "displayMode": "list",
+                                                     "placement": "bottom"},
+                    "tooltip": {"mode": "single", "sort": "none"}},
+        # 1 = SP, 0 = TP-only, whether the daemon exports both mode series or only the
+        # active one.
+        "targets": Targets([(
+            f'max by (group) (spgate_current_mode{{{jg},mode="sp"}})'
+            f' or max by (group) (spgate_current_mode{{{jg},mode="tp_only"}}) * 0',
+            "group {{group}}")]),
+    }, w=24, h=7)
+    L.Add(TimeSeries(
+        "Decisions by mode and reason",
+        "Per-batch decisions for this job, by mode and the gate that chose it.",
+        "count:decisions/s",
+        [(f"sum by (mode, reason) (rate(spgate_decisions_total{{{j}}}[{RATE}]))",
+          "{{mode}} · {{reason}}")], stack=True), w=12)
+    L.Add(TimeSeries(
+        "Mode switches by TP group",
+        "SP <-> TP-only switches per minute, per TP group.",
+        "count:switches/min",
+        [(f"sum by (group) (rate(spgate_mode_switches_total{{{jg}}}[{RATE}])) * 60",
+          "group {{group}}")]), w=12)
+
+    L.Row("Gates by TP group")
+    L.Add(TimeSeries(
+        "Reduce-scatter wait share by TP group",
+        "Rolling reduce-scatter wait share per group. Above max_rs_wait_share (red) the "
+        "group falls back to TP-only; it resumes SP below max_rs_wait_share - "
+        "rs_wait_reenable_margin (yellow).",
+        "percentunit",
+        [(f"max by (group) (spgate_rs_wait_share{{{jg}}})", "group {{group}}"),
+         (EffectiveGate("max_rs_wait_share"), "max_rs_wait_share"),
+         (f'{EffectiveGate("max_rs_wait_share")} - {EffectiveGate("rs_wait_reenable_margin")}',
+          "re-enable below")],
+        overrides=[ThresholdLine("B"), ThresholdLine("C", "yellow")]), w=12)
+    L.Add(TimeSeries(
+        "Batch length CV",
+        "Coefficient of variation of sequence lengths inside a batch (p50, p95). Above "
+        "max_length_cv (red) the batch runs TP-only; bucketing aims at bucket_target_cv "
+        "(yellow).",
+        "short",
+        [(f"histogram_quantile(0.5, sum by (le) (rate(spgate_batch_length_cv_bucket{{{j}}}[{RATE}])))",
+          "p50"),
+         (f"histogram_quantile(0.95, sum by (le) (rate(spgate_batch_length_cv_bucket{{{j}}}[{RATE}])))",
+          "p95"),
+         (EffectiveGate("max_length_cv"), "max_length_cv"),
+         (EffectiveGate("bucket_target_cv"), "bucket_target_cv")],
+        overrides=[ThresholdLine("C"), ThresholdLine("D", "yellow")]), w=12)
+    L.Add(TimeSeries(
+        "All-gather tail by TP group",
+        "p95 over the window of the slowest rank's all-gather time per step.",
+        "ms",
+        [(f"max by (group) (spgate_all_gather_tail_seconds{{{jg}}}) * 1000", "group {{group}}")]),
+        w=12)
+    L.Add(TimeSeries(
+        "Norm stall ratio by TP group",
+        "Share of step time in collectives that exist only because LayerNorm gathered "
+        "across the shard boundary.",
+        "percentunit",
+        [(f"max by (group) (spgate_norm_stall_ratio{{{jg}}})", "group {{group}}")]), w=12)
+
+    L.Row("Throughput, step time and memory")
+    L.Add(TimeSeries(
+        "Effective tokens/s by mode",
+        "Non-padding tokens per second, by mode.",
+        "count:tok/s",
+        [(f"sum by (mode) (rate(spgate_effective_tokens_total{{{j}}}[{RATE}]))", "{{mode}}")],
+        overrides=ModeOverrides()), w=8)
+    L.Add(TimeSeries(
+        "Padding share by mode",
+        "Padding tokens over all tokens processed, by mode: what bucketing leaves on the "
+        "table.",
+        "percentunit",
+        [(f"sum by (mode) (rate(spgate_padding_tokens_total{{{j}}}[{RATE}]))"
+          f" / (sum by (mode) (rate(spgate_padding_tokens_total{{{j}}}[{RATE}]))"
+          f" + sum by (mode) (rate(spgate_effective_tokens_total{{{j}}}[{RATE}])))", "{{mode}}")],
+        maximum=1, overrides=ModeOverrides()), w=8)
+    L.Add(TimeSeries(
+        "Step time by mode",
+        "Step wall time p50 and p95, by mode.",
+        "s",
+        [(f"histogram_quantile(0.5, sum by (mode, le) (rate(spgate_step_duration_seconds_bucket{{{j}}}[{RATE}])))",
+          "p50 · {{mode}}"),
+         (f"histogram_quantile(0.95, sum by (mode, le) (rate(spgate_step_duration_seconds_bucket{{{j}}}[{RATE}])))",
+          "p95 · {{mode}}")], overrides=ModeOverrides()), w=8)
+    L.Add(TimeSeries(
+        "Peak memory by mode against budget",
+        "Peak device memory per mode, the budget (red) and budget x memory_headroom "
+        "(yellow), the line TP-only may not cross.",
+        "bytes",
+        [(f"max by (mode) (spgate_peak_memory_bytes{{{j}}})", "peak · {{mode}}"),
+         (f"max(spgate_memory_budget_bytes{{{j}}})", "budget"),
+         (f'max(spgate_memory_budget_bytes{{{j}}}) * {EffectiveGate("memory_headroom")}',
+          "budget x memory_headroom")],
+        overrides=ModeOverrides() + [ThresholdLine("B"), ThresholdLine("C", "yellow")]), w=24)
+
+    L.Row("Workers and config")
+    L.Add(TimeSeries(
+        "Workers",
+        "Registered ranks of this job, active and stale (no heartbeat).",
+        "count:ranks",
+        [(f"sum by (state) (spgate_workers{{{j}}})", "{{state}}")],
+        overrides=[{"matcher": {"id": "byName", "options": "stale"},
+                    "properties": [{"id": "color",
+                                    "value": {"mode": "fixed", "fixedColor": "red"}}]}]), w=8)
+    L.Add(TimeSeries(
+        "Local fallback decisions",
+        "Decisions made by the workers' local policy (daemon late or unreachable).",
+        "count:decisions/s",
+        [(f"sum by (reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
+          "{{reason}}")]), w=8)
+    L.Add(Stat(
+        "Config version",
+        "Version of the job's effective gate config.",
+        "none",
+        [('max(spgate_config_version{job_id=~"$job_id|_default"})', "version")]), w=8)
+    L.Add({
+        "type": "bargauge", "title": "Effective gate thresholds",
+        "description": "The gate values this job runs with: its own override where one is "
+                       "set, else the global default (spgatectl gates get --job_id).",
+        "datasource": DS,
+        "fieldConfig": {"defaults": {"unit": "short", "decimals": 3, "min": 0,
+                                     "color": {"mode": "fixed", "fixedColor": "blue"}},
+                        "overrides": []},
+        "options": {"displayMode": "basic", "orientation": "horizontal", "showUnfilled": False,
+                    "valueMode": "text", "namePlacement": "left",
+                    "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
+        "targets": Targets([(
+            'max by (gate) (spgate_gate_threshold{job_id="$job_id"})'
+            ' or max by (gate) (spgate_gate_threshold{job_id="_default"})', "{{gate}}")],
+            instant=True),
+    }, w=24, h=9)
+
+    variables = [
+        QueryVariable("job_id", "Job", "label_values(spgate_workers, job_id)", multi=False),
+        QueryVariable("group", "TP group", 'label_values(spgate_current_mode{job_id="$job_id"}, group)',
+                      multi=True, sort=3),
+    ]
+    links = [{"type": "link", "title": "spgate / Overview", "icon": "dashboard",
+              "url": f"/d/{OVERVIEW_UID}/spgate-overview", "keepTime": True,
+              "includeVars": False, "asDropdown": False, "tags": []}]
+    return Dashboard(JOB_DASHBOARD_UID, "spgate / Job",
+                     "One spgate job by TP group: modes, gates, throughput, memory.",
+                     variables, L.panels, links)
+
+
+DASHBOARDS = {"spgate-overview.json": Overview, "spgate-job.json": Job}
+
+
+def Render(build):
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv):
+    out_dir = argv[1] if len(argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    for name, build in DASHBOARDS.items():
+        with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+            f.write(Render(build))
+        print(f"wrote {os.path.join(out_dir, name)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,106 @@
+"""The metric contract of SPEC §7, as data, for the deploy/dashboard tests.
+
+Dashboards and rules may only query what the daemon promises to export; this module is
+the single copy of that promise inside the repository. When the SPEC file is reachable
+(../shared/SPEC.md next to the checkout, or $SPGATE_SPEC), LoadSpecMetrics() parses its
+§7 table so a test can prove this copy has not drifted from the contract.
+"""
+import os
+import re
+
+# metric -> (type, labels). Labels are the ones the daemon attaches; Prometheus adds
+# `job` and `instance` at scrape time.
+METRICS = {
+    "spgate_decisions_total": ("counter", ("job_id", "mode", "reason")),
+    "spgate_worker_local_decisions_total": ("counter", ("job_id", "reason")),
+    "spgate_batch_length_cv": ("histogram", ("job_id",)),
+    "spgate_rs_wait_share": ("gauge", ("job_id", "group")),
+    "spgate_all_gather_tail_seconds": ("gauge", ("job_id", "group")),
+    "spgate_norm_stall_ratio": ("gauge", ("job_id", "group")),
+    "spgate_step_duration_seconds": ("histogram", ("job_id", "mode")),
+    "spgate_effective_tokens_total": ("counter", ("job_id", "mode")),
+    "spgate_padding_tokens_total": ("counter", ("job_id", "mode")),
+    "spgate_peak_memory_bytes": ("gauge", ("job_id", "mode")),
+    "spgate_memory_budget_bytes": ("gauge", ("job_id",)),
+    "spgate_current_mode": ("gauge", ("job_id", "group", "mode")),
+    "spgate_mode_switches_total": ("counter", ("job_id", "group")),
+    "spgate_gate_threshold": ("gauge", ("job_id", "gate")),
+    "spgate_config_version": ("gauge", ("job_id",)),
+    "spgate_config_updates_total": ("counter", ("result",)),
+    "spgate_workers": ("gauge", ("job_id", "state")),
+    "spgate_decision_latency_seconds": ("histogram", ()),
+    "spgate_state_persist_failures_total": ("counter", ()),
+    "spgate_config_last_reload_successful": ("gauge", ()),
+    "spgate_build_info": ("gauge", ("version",)),
+}
+
+# Closed label value sets (SPEC §6 enums, lower-cased; SPEC §7).
+MODES = ("sp", "tp_only")
+REASONS = ("gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
+           "memory_over_budget", "pinned", "controller_unavailable", "adaptive")
+GATES = ("max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
+         "probe_interval_steps", "min_dwell_steps", "window_steps", "memory_headroom")
+WORKER_STATES = ("active", "stale")
+CONFIG_UPDATE_RESULTS = ("ok", "invalid", "conflict", "denied")
+LABEL_VALUES = {
+    "mode": MODES,
+    "reason": REASONS,
+    "gate": GATES,
+    "state": WORKER_STATES,
+    "result": CONFIG_UPDATE_RESULTS,
+}
+GLOBAL_JOB_ID = "_default"  # spgate_gate_threshold / spgate_config_version global scope
+
+# Labels every scraped series carries in addition to its own.
+TARGET_LABELS = ("job", "instance")
+
+# The Prometheus scrape job name the rules and docs assume.
+SCRAPE_JOB = "spgated"
+
+
+def SeriesNames(metric):
+    """Names of the series a metric family exposes (histograms: _bucket/_sum/_count)."""
+    kind, _ = METRICS[metric]
+    if kind == "histogram":
+        return [metric + "_bucket", metric + "_sum", metric + "_count"]
+    return [metric]
+
+
+def SeriesIndex():
+    """series name -> (family, type, labels), with `le` added to histogram buckets."""
+    index = {}
+    for metric, (kind, labels) in METRICS.items():
+        for name in SeriesNames(metric):
+            extra = ("le",) if name.endswith("_bucket") and kind == "histogram" else ()
+            index[name] = (metric, kind, tuple(labels) + extra)
+    return index
+
+
+def FindSpec():
+    """Path of SPEC.md when reachable, else None."""
+    candidates = [os.environ.get("SPGATE_SPEC", "")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    repo = os.path.dirname(os.path.dirname(here))
+    candidates += [os.path.join(repo, "docs", "SPEC.md"),
+                   os.path.join(os.path.dirname(repo), "shared", "SPEC.md")]
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return path
+    return None
+
+
+def LoadSpecMetrics(path):
+    """Parses SPEC §7's table: {metric: (type, labels)}."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split("## 7.", 1)[1].split("\n## ", 1)[0]
+    metrics = {}
+    for line in section.splitlines():
+        m = re.match(r"\|\s*`(spgate_[a-z_]+)`\s*\|\s*([a-z]+)[^|]*\|\s*([^|]*)\|", line)
+        if not m:
+            continue
+        labels = tuple(l.strip() for l in re.sub(r"\([^)]*\)", "", m.group(3)).split(",")
+                       if l.strip() and l.strip() not in ("—", "-"))
+        labels = tuple(re.sub(r"[`\s]", "", l) for l in labels)
+        metrics[m.group(1)] = (m.group(2), labels)
+    return metrics
