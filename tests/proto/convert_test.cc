@@ -1,0 +1,316 @@
+// proto/convert: a wire GateConfig is a partial config layered over a complete domain
+// GateConfig; ToProto sets every field; ApplyFieldMask applies an admin update to a
+// scope's overrides (set, clear when unset in the update, merge with an empty mask,
+// refuse an unknown path by name without touching the overrides); enums convert by
+// cast, so their numbering and the metric labels must agree with the .proto.
+#include "proto/convert.h"
+
+#include <cctype>
+#include <cmath>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate {
+namespace {
+
+using ::google::protobuf::FieldMask;
+using ::google::protobuf::util::MessageDifferencer;
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// Every field different from the defaults, so a dropped field shows.
+GateConfig Distinct() {
+  GateConfig c;
+  c.max_length_cv = 0.31;
+  c.max_rs_wait_share = 0.41;
+  c.bucket_target_cv = 0.12;
+  c.rs_wait_reenable_margin = 0.05;
+  c.probe_interval_steps = 123;
+  c.min_dwell_steps = 7;
+  c.window_steps = 64;
+  c.memory_headroom = 0.85;
+  return c;
+}
+
+FieldMask Mask(std::initializer_list<const char*> paths) {
+  FieldMask m;
+  for (const char* p : paths) m.add_paths(p);
+  return m;
+}
+
+std::string Lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+TEST(GateFieldNamesTest, MatchTheProtoInFieldOrder) {
+  const auto* desc = v1::GateConfig::descriptor();
+  ASSERT_EQ(desc->field_count(), static_cast<int>(kGateFieldNames.size()));
+  for (int i = 0; i < desc->field_count(); ++i) {
+    EXPECT_EQ(desc->field(i)->name(), kGateFieldNames[i]);
+    EXPECT_EQ(desc->field(i)->number(), i + 1);
+    EXPECT_TRUE(desc->field(i)->has_presence()) << kGateFieldNames[i];  // `optional`
+  }
+}
+
+TEST(ToProtoTest, SetsEveryField) {
+  const v1::GateConfig p = ToProto(Distinct());
+  const auto* refl = p.GetReflection();
+  for (int i = 0; i < v1::GateConfig::descriptor()->field_count(); ++i) {
+    EXPECT_TRUE(refl->HasField(p, v1::GateConfig::descriptor()->field(i))) << i;
+  }
+  EXPECT_EQ(p.max_length_cv(), 0.31);
+  EXPECT_EQ(p.max_rs_wait_share(), 0.41);
+  EXPECT_EQ(p.bucket_target_cv(), 0.12);
+  EXPECT_EQ(p.rs_wait_reenable_margin(), 0.05);
+  EXPECT_EQ(p.probe_interval_steps(), 123);
+  EXPECT_EQ(p.min_dwell_steps(), 7);
+  EXPECT_EQ(p.window_steps(), 64);
+  EXPECT_EQ(p.memory_headroom(), 0.85);
+}
+
+TEST(ToProtoTest, RoundTripsThroughLayering) {
+  for (const GateConfig& c : {GateConfig{}, Distinct()}) {
+    EXPECT_EQ(LayerGateConfig(GateConfig{}, ToProto(c)), c);
+    EXPECT_EQ(LayerGateConfig(Distinct(), ToProto(c)), c);
+  }
+  // Through the bytes on the wire, too.
+  v1::GateConfig parsed;
+  ASSERT_TRUE(parsed.ParseFromString(ToProto(Distinct()).SerializeAsString()));
+  EXPECT_EQ(LayerGateConfig(GateConfig{}, parsed), Distinct());
+}
+
+TEST(LayerGateConfigTest, EmptyLayerKeepsTheBase) {
+  EXPECT_EQ(LayerGateConfig(Distinct(), v1::GateConfig{}), Distinct());
+  EXPECT_EQ(LayerGateConfig(GateConfig{}, v1::GateConfig{}), GateConfig{});
+}
+
+TEST(LayerGateConfigTest, ReplacesOnlyTheFieldsSet) {
+  v1::GateConfig layer;
+  layer.set_max_length_cv(0.25);
+  layer.set_window_steps(10);
+  GateConfig want;
+  want.max_length_cv = 0.25;
+  want.window_steps = 10;
+  EXPECT_EQ(LayerGateConfig(GateConfig{}, layer), want);
+}
+
+// Presence, not value, decides: a field set to 0 replaces the base (validation, not
+// layering, refuses it).
+TEST(LayerGateConfigTest, ExplicitZeroStillReplaces) {
+  v1::GateConfig layer;
+  layer.set_memory_headroom(0.0);
+  layer.set_min_dwell_steps(0);
+  const GateConfig got = LayerGateConfig(GateConfig{}, layer);
+  EXPECT_EQ(got.memory_headroom, 0.0);
+  EXPECT_EQ(got.min_dwell_steps, 0);
+}
+
+TEST(LayerGateConfigTest, EachFieldLayersIndependently) {
+  const GateConfig base;
+  const GateConfig top = Distinct();
+  const v1::GateConfig full = ToProto(top);
+  for (int i = 0; i < v1::GateConfig::descriptor()->field_count(); ++i) {
+    const auto* field = v1::GateConfig::descriptor()->field(i);
+    v1::GateConfig one;
+    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
+      one.GetReflection()->SetDouble(&one, field, full.GetReflection()->GetDouble(full, field));
+    } else {
+      one.GetReflection()->SetInt64(&one, field, full.GetReflection()->GetInt64(full, field));
+    }
+    const GateConfig got = LayerGateConfig(base, one);
+    for (std::string_view name : kGateFieldNames) {
+      const double want =
+          name == field->name() ? GateFieldValue(top, name) : GateFieldValue(base, name);
+      EXPECT_EQ(GateFieldValue(got, name), want) << "layer " << field->name() << ", " << name;
+    }
+  }
+}
+
+// Layers stack: defaults < file < API overrides.
+TEST(LayerGateConfigTest, LayersStackInOrder) {
+  v1::GateConfig file;
+  file.set_max_length_cv(0.2);
+  file.set_probe_interval_steps(100);
+  v1::GateConfig api;
+  api.set_max_length_cv(0.3);
+  const GateConfig got = LayerGateConfig(LayerGateConfig(GateConfig{}, file), api);
+  EXPECT_EQ(got.max_length_cv, 0.3);
+  EXPECT_EQ(got.probe_interval_steps, 100);
+  EXPECT_EQ(got.window_steps, GateConfig{}.window_steps);
+}
+
+TEST(GateFieldValueTest, EveryNameAndUnknown) {
+  const GateConfig c = Distinct();
+  const v1::GateConfig p = ToProto(c);
+  for (int i = 0; i < v1::GateConfig::descriptor()->field_count(); ++i) {
+    const auto* field = v1::GateConfig::descriptor()->field(i);
+    const double want = field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE
+                            ? p.GetReflection()->GetDouble(p, field)
+                            : static_cast<double>(p.GetReflection()->GetInt64(p, field));
+    EXPECT_EQ(GateFieldValue(c, field->name()), want) << field->name();
+  }
+  EXPECT_TRUE(std::isnan(GateFieldValue(c, "max_cv")));
+  EXPECT_TRUE(std::isnan(GateFieldValue(c, "")));
+  EXPECT_TRUE(std::isnan(GateFieldValue(c, "MAX_LENGTH_CV")));
+}
+
+// ---- ApplyFieldMask ----
+
+TEST(ApplyFieldMaskTest, SetsMaskedFieldsFromTheUpdate) {
+  v1::GateConfig overrides;
+  overrides.set_window_steps(30);
+  v1::GateConfig update;
+  update.set_max_length_cv(0.25);
+  update.set_probe_interval_steps(50);
+  update.set_memory_headroom(0.5);  // not in the mask: ignored
+  ASSERT_THAT(ApplyFieldMask(update, Mask({"max_length_cv", "probe_interval_steps"}),
+                             &overrides),
+              IsOk());
+  v1::GateConfig want;
+  want.set_window_steps(30);
+  want.set_max_length_cv(0.25);
+  want.set_probe_interval_steps(50);
+  EXPECT_TRUE(MessageDifferencer::Equals(overrides, want)) << overrides.DebugString();
+}
+
+TEST(ApplyFieldMaskTest, ReplacesAnExistingOverride) {
+  v1::GateConfig overrides;
+  overrides.set_max_length_cv(0.2);
+  overrides.set_min_dwell_steps(5);
+  v1::GateConfig update;
+  update.set_max_length_cv(0.3);
+  update.set_min_dwell_steps(9);
+  ASSERT_THAT(ApplyFieldMask(update, Mask({"max_length_cv", "min_dwell_steps"}), &overrides),
+              IsOk());
+  EXPECT_EQ(overrides.max_length_cv(), 0.3);
+  EXPECT_EQ(overrides.min_dwell_steps(), 9);
+}
+
+TEST(ApplyFieldMaskTest, MaskedButUnsetClearsTheOverride) {
+  v1::GateConfig overrides = ToProto(Distinct());
+  v1::GateConfig update;  // nothing set
+  ASSERT_THAT(ApplyFieldMask(update, Mask({"max_rs_wait_share", "window_steps"}), &overrides),
+              IsOk());
+  EXPECT_FALSE(overrides.has_max_rs_wait_share());
+  EXPECT_FALSE(overrides.has_window_steps());
+  EXPECT_TRUE(overrides.has_max_length_cv());
+  EXPECT_TRUE(overrides.has_memory_headroom());
+  // The cleared fields are inherited again from the layer below.
+  const GateConfig effective = LayerGateConfig(GateConfig{}, overrides);
+  EXPECT_EQ(effective.max_rs_wait_share, GateConfig{}.max_rs_wait_share);
+  EXPECT_EQ(effective.window_steps, GateConfig{}.window_steps);
+  EXPECT_EQ(effective.max_length_cv, Distinct().max_length_cv);
+}
+
+TEST(ApplyFieldMaskTest, ClearingAnAbsentOverrideIsANoOp) {
+  v1::GateConfig overrides;
+  ASSERT_THAT(ApplyFieldMask(v1::GateConfig{}, Mask({"memory_headroom"}), &overrides), IsOk());
+  EXPECT_EQ(overrides.ByteSizeLong(), 0u);
+}
+
+TEST(ApplyFieldMaskTest, EmptyMaskMergesEveryFieldSet) {
+  v1::GateConfig overrides;
+  overrides.set_max_length_cv(0.2);
+  overrides.set_window_steps(30);
+  v1::GateConfig update;
+  update.set_max_length_cv(0.3);
+  update.set_probe_interval_steps(77);
+  ASSERT_THAT(ApplyFieldMask(update, FieldMask{}, &overrides), IsOk());
+  EXPECT_EQ(overrides.max_length_cv(), 0.3);
+  EXPECT_EQ(overrides.probe_interval_steps(), 77);
+  EXPECT_EQ(overrides.window_steps(), 30);  // unset in the update: kept, not cleared
+  EXPECT_FALSE(overrides.has_memory_headroom());
+}
+
+TEST(ApplyFieldMaskTest, EmptyMaskAndEmptyUpdateChangeNothing) {
+  v1::GateConfig overrides = ToProto(Distinct());
+  const v1::GateConfig before = overrides;
+  ASSERT_THAT(ApplyFieldMask(v1::GateConfig{}, FieldMask{}, &overrides), IsOk());
+  EXPECT_TRUE(MessageDifferencer::Equals(overrides, before));
+}
+
+TEST(ApplyFieldMaskTest, EveryFieldByMask) {
+  const v1::GateConfig full = ToProto(Distinct());
+  for (std::string_view name : kGateFieldNames) {
+    v1::GateConfig overrides;
+    FieldMask mask;
+    mask.add_paths(std::string(name));
+    ASSERT_THAT(ApplyFieldMask(full, mask, &overrides), IsOk()) << name;
+    const GateConfig got = LayerGateConfig(GateConfig{}, overrides);
+    EXPECT_EQ(GateFieldValue(got, name), GateFieldValue(Distinct(), name)) << name;
+    // Only that one field is set.
+    std::vector<const google::protobuf::FieldDescriptor*> set;
+    overrides.GetReflection()->ListFields(overrides, &set);
+    ASSERT_EQ(set.size(), 1u) << name;
+    EXPECT_EQ(set[0]->name(), name);
+  }
+}
+
+TEST(ApplyFieldMaskTest, DuplicatePathsAreHarmless) {
+  v1::GateConfig overrides;
+  v1::GateConfig update;
+  update.set_window_steps(12);
+  ASSERT_THAT(ApplyFieldMask(update, Mask({"window_steps", "window_steps"}), &overrides),
+              IsOk());
+  EXPECT_EQ(overrides.window_steps(), 12);
+}
+
+TEST(ApplyFieldMaskTest, UnknownPathIsRefusedByNameAndNothingChanges) {
+  const char* bad[] = {"max_cv", "", "config.max_length_cv", "maxLengthCv", "MAX_LENGTH_CV",
+                       "max_length_cv.value", "job_id"};
+  for (const char* path : bad) {
+    v1::GateConfig overrides;
+    overrides.set_window_steps(30);
+    const v1::GateConfig before = overrides;
+    v1::GateConfig update;
+    update.set_max_length_cv(0.3);
+    // A valid path before the bad one must not be half-applied.
+    EXPECT_THAT(ApplyFieldMask(update, Mask({"max_length_cv", path}), &overrides),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("update_mask"),
+                               HasSubstr("\"" + std::string(path) + "\""))))
+        << path;
+    EXPECT_TRUE(MessageDifferencer::Equals(overrides, before)) << path;
+  }
+}
+
+// ---- Enums ----
+
+TEST(EnumConversionTest, ModesMatchTheProto) {
+  EXPECT_EQ(ToProto(Mode::kSequenceParallel), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(ToProto(Mode::kTensorParallelOnly), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_EQ(FromProto(v1::SEQUENCE_PARALLEL), Mode::kSequenceParallel);
+  EXPECT_EQ(FromProto(v1::TENSOR_PARALLEL_ONLY), Mode::kTensorParallelOnly);
+  EXPECT_FALSE(IsValidMode(v1::MODE_UNSPECIFIED));
+  EXPECT_TRUE(IsValidMode(v1::SEQUENCE_PARALLEL));
+  EXPECT_TRUE(IsValidMode(v1::TENSOR_PARALLEL_ONLY));
+  EXPECT_FALSE(IsValidMode(static_cast<v1::Mode>(3)));
+  EXPECT_FALSE(IsValidMode(static_cast<v1::Mode>(-1)));
+}
+
+// The domain Reason is a cast of the wire Reason, and its metric label is the
+// lower-case proto enum name (SPEC §7).
+TEST(EnumConversionTest, ReasonsMatchTheProtoAndTheLabels) {
+  const auto* desc = v1::Reason_descriptor();
+  EXPECT_EQ(desc->value_count(), kNumReasons);
+  for (int i = 1; i < kNumReasons; ++i) {
+    const auto r = static_cast<v1::Reason>(i);
+    ASSERT_TRUE(v1::Reason_IsValid(i));
+    EXPECT_TRUE(IsValidReason(r));
+    EXPECT_EQ(ToProto(FromProto(r)), r);
+    EXPECT_EQ(std::string(ReasonLabel(FromProto(r))), Lower(v1::Reason_Name(r)));
+  }
+  EXPECT_FALSE(IsValidReason(v1::REASON_UNSPECIFIED));
+  EXPECT_FALSE(IsValidReason(static_cast<v1::Reason>(kNumReasons)));
+  EXPECT_FALSE(IsValidReason(static_cast<v1::Reason>(-1)));
+}
+
+}  // namespace
+}  // namespace spgate
