@@ -1,0 +1,227 @@
+// cuBLAS GEMM wrappers with row-major semantics, the Linear layer's products,
+// bias add and the deterministic bias-gradient column sum. cuBLAS is
+// column-major; a row-major matrix X with leading dimension ld is, to cuBLAS,
+// X^T with the same ld. So row-major C = op(A) op(B) is issued as column-major
+// C^T = op(B)^T op(A)^T: operands swapped, m and n swapped, transposes kept.
+// Every cuBLAS status becomes an absl::Status with file:line of the call.
+#include <cublas_v2.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/gemm.h"
+#include "kernels/internal/check.h"
+#include "kernels/internal/cuda_common.cuh"
+#include "kernels/internal/launch_plan.h"
+
+namespace spgate::kernels {
+namespace {
+
+cublasOperation_t ToCublas(Trans t) { return t == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// y[r, c] += bias[c]
+__global__ void BiasAddKernel(int64_t rows, int64_t cols, const float* __restrict__ bias,
+                              float* __restrict__ y) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % cols];
+  }
+}
+
+// First stage of a column sum: partial[chunk][c] = sum of x[r, c] over the
+// chunk's rows, one column per thread (coalesced across the warp).
+__global__ void ColumnSumPartialKernel(int64_t rows, int64_t cols, int64_t chunk_rows,
+                                       const float* __restrict__ x,
+                                       float* __restrict__ partial) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t r0 = blockIdx.y * chunk_rows;
+  const int64_t r1 = min(rows, r0 + chunk_rows);
+  float acc = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) acc += x[r * cols + c];
+  partial[blockIdx.y * cols + c] = acc;
+}
+
+absl::Status GemmUnchecked(const GemmArgs& g, const GemmBatch* batch, cublasHandle_t blas,
+                           cudaStream_t stream) {
+  if (g.m == 0 || g.n == 0 || (batch != nullptr && batch->count == 0)) return absl::OkStatus();
+  SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(blas, stream));
+  // k == 0 is fine for cuBLAS: C = beta * C.
+  const int m = static_cast<int>(g.m), n = static_cast<int>(g.n), k = static_cast<int>(g.k);
+  if (batch == nullptr) {
+    SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSgemm(blas, ToCublas(g.trans_b), ToCublas(g.trans_a),
+                                              n, m, k, &g.alpha, g.b, static_cast<int>(g.ldb),
+                                              g.a, static_cast<int>(g.lda), &g.beta, g.c,
+                                              static_cast<int>(g.ldc)));
+  } else {
+    SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSgemmStridedBatched(
+        blas, ToCublas(g.trans_b), ToCublas(g.trans_a), n, m, k, &g.alpha, g.b,
+        static_cast<int>(g.ldb), batch->stride_b, g.a, static_cast<int>(g.lda),
+        batch->stride_a, &g.beta, g.c, static_cast<int>(g.ldc), batch->stride_c,
+        static_cast<int>(batch->count)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHandle(const char* op, cublasHandle_t blas) {
+  return internal::CheckNotNull(op, "cublas handle", blas);
+}
+
+}  // namespace
+
+absl::StatusOr<CublasHandle> CublasHandle::Create(bool allow_tf32) {
+  CublasHandle h;
+  SPGATE_CUBLAS_RETURN_IF_ERROR(cublasCreate(&h.handle_));
+  // Pointer mode host (alpha/beta on the host) is the default; keep it explicit.
+  SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSetPointerMode(h.handle_, CUBLAS_POINTER_MODE_HOST));
+  SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(
+      h.handle_, allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  return h;
+}
+
+CublasHandle::~CublasHandle() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+}
+
+CublasHandle::CublasHandle(CublasHandle&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)) {}
+
+CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) cublasDestroy(handle_);
+    handle_ = std::exchange(other.handle_, nullptr);
+  }
+  return *this;
+}
+
+absl::Status Gemm(const GemmArgs& args, cublasHandle_t blas, cudaStream_t stream) {
+  constexpr char kOp[] = "Gemm";
+  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
+  return GemmUnchecked(args, nullptr, blas, stream);
+}
+
+absl::Status GemmStridedBatched(const GemmArgs& args, const GemmBatch& batch,
+                                cublasHandle_t blas, cudaStream_t stream) {
+  constexpr char kOp[] = "GemmStridedBatched";
+  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
+  KERNELS_RETURN_IF_ERROR(ValidateGemmBatch(kOp, batch));
+  return GemmUnchecked(args, &batch, blas, stream);
+}
+
+absl::Status BiasAdd(const BiasAddArgs& a, cudaStream_t stream) {
+  constexpr char kOp[] = "BiasAdd";
+  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  if (a.rows == 0) return absl::OkStatus();
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "bias", a.bias));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
+  constexpr int kThreads = 256;
+  const int grid = static_cast<int>(
+      std::min<int64_t>((a.rows * a.cols + kThreads - 1) / kThreads, 65536));
+  BiasAddKernel<<<grid, kThreads, 0, stream>>>(a.rows, a.cols, a.bias, a.y);
+  SPGATE_CUDA_CHECK_LAUNCH(BiasAddKernel);
+  return absl::OkStatus();
+}
+
+absl::Status LinearFwd(const LinearFwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
+  constexpr char kOp[] = "LinearFwd";
+  const LinearShape& s = a.shape;
+  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
+  if (s.rows == 0) return absl::OkStatus();
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
+  GemmArgs g;
+  g.trans_b = Trans::kYes;
+  g.m = s.rows;
+  g.n = s.out_features;
+  g.k = s.in_features;
+  g.a = a.x;
+  g.lda = s.in_features;
+  g.b = a.weight;
+  g.ldb = s.in_features;
+  g.c = a.y;
+  g.ldc = s.out_features;
+  KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
+  if (a.bias == nullptr) return absl::OkStatus();
+  return BiasAdd(BiasAddArgs{s.rows, s.out_features, a.bias, a.y}, stream);
+}
+
+absl::Status LinearBwdData(const LinearBwdDataArgs& a, cublasHandle_t blas,
+                           cudaStream_t stream) {
+  constexpr char kOp[] = "LinearBwdData";
+  const LinearShape& s = a.shape;
+  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
+  if (s.rows == 0) return absl::OkStatus();
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dx", a.dx));
+  GemmArgs g;
+  g.m = s.rows;
+  g.n = s.in_features;
+  g.k = s.out_features;
+  g.a = a.dy;
+  g.lda = s.out_features;
+  g.b = a.weight;
+  g.ldb = s.in_features;
+  g.beta = a.accumulate ? 1.0f : 0.0f;
+  g.c = a.dx;
+  g.ldc = s.in_features;
+  return GemmUnchecked(g, nullptr, blas, stream);
+}
+
+absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
+                             size_t workspace_bytes, cublasHandle_t blas,
+                             cudaStream_t stream) {
+  constexpr char kOp[] = "LinearBwdWeight";
+  const LinearShape& s = a.shape;
+  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dweight", a.dweight));
+  if (s.rows > 0) {
+    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
+  }
+  const size_t need = a.dbias != nullptr ? LinearBwdWeightWorkspaceBytes(s) : 0;
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
+    return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,
+                                               " bytes, LinearBwdWeightWorkspaceBytes = ",
+                                               need));
+  }
+  GemmArgs g;
+  g.trans_a = Trans::kYes;
+  g.m = s.out_features;
+  g.n = s.in_features;
+  g.k = s.rows;
+  g.a = a.dy;
+  g.lda = s.out_features;
+  g.b = a.x;
+  g.ldb = s.in_features;
+  g.beta = a.accumulate ? 1.0f : 0.0f;
+  g.c = a.dweight;
+  g.ldc = s.in_features;
+  KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
+  if (a.dbias == nullptr) return absl::OkStatus();
+  float* partial = static_cast<float*>(workspace);
+  const int64_t chunks = internal::ColumnReduceChunks(s.rows);
+  if (s.rows > 0) {
+    constexpr int kThreads = 256;
+    const int64_t chunk_rows = (s.rows + chunks - 1) / chunks;
+    const dim3 grid(internal::CeilDiv(s.out_features, kThreads), static_cast<unsigned>(chunks));
+    ColumnSumPartialKernel<<<grid, kThreads, 0, stream>>>(s.rows, s.out_features, chunk_rows,
+                                                          a.dy, partial);
+    SPGATE_CUDA_CHECK_LAUNCH(ColumnSumPartialKernel);
+  }
+  return internal::FinalizeColumnPartials(partial, static_cast<int>(chunks),
+                                          static_cast<int>(s.out_features), 1, a.dbias,
+                                          nullptr, a.accumulate, stream);
+}
+
+}  // namespace spgate::kernels

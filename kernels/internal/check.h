@@ -1,0 +1,65 @@
+// Private helpers for the kernels' argument checks: every public entry point
+// validates shapes and pointers on the host, before touching memory or the
+// device, and answers INVALID_ARGUMENT naming the offending field. Not part of
+// the public API; the macros carry a KERNELS_ prefix so they cannot collide with
+// other folders' RETURN_IF_ERROR.
+#ifndef SPGATE_KERNELS_INTERNAL_CHECK_H_
+#define SPGATE_KERNELS_INTERNAL_CHECK_H_
+
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+#define KERNELS_RETURN_IF_ERROR(expr)              \
+  do {                                             \
+    ::absl::Status kernels_status_ = (expr);       \
+    if (!kernels_status_.ok()) return kernels_status_; \
+  } while (0)
+
+#define KERNELS_CONCAT_INNER_(a, b) a##b
+#define KERNELS_CONCAT_(a, b) KERNELS_CONCAT_INNER_(a, b)
+#define KERNELS_ASSIGN_OR_RETURN(lhs, expr)                              \
+  auto KERNELS_CONCAT_(kernels_or_, __LINE__) = (expr);                  \
+  if (!KERNELS_CONCAT_(kernels_or_, __LINE__).ok())                      \
+    return KERNELS_CONCAT_(kernels_or_, __LINE__).status();              \
+  lhs = std::move(KERNELS_CONCAT_(kernels_or_, __LINE__)).value()
+
+namespace spgate::kernels::internal {
+
+inline absl::Status Invalid(absl::string_view op, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
+}
+
+inline absl::Status CheckPositive(absl::string_view op, absl::string_view field,
+                                  int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return Invalid(op, absl::StrCat(field, " must be > 0, got ", value));
+}
+
+inline absl::Status CheckNonNegative(absl::string_view op, absl::string_view field,
+                                     int64_t value) {
+  if (value >= 0) return absl::OkStatus();
+  return Invalid(op, absl::StrCat(field, " must be >= 0, got ", value));
+}
+
+inline absl::Status CheckNotNull(absl::string_view op, absl::string_view field,
+                                 const void* p) {
+  if (p != nullptr) return absl::OkStatus();
+  return Invalid(op, absl::StrCat(field, " must not be null"));
+}
+
+// BLAS and CUDA grid dimensions are 32-bit; refuse shapes that would overflow.
+inline absl::Status CheckFitsInt32(absl::string_view op, absl::string_view field,
+                                   int64_t value) {
+  if (value <= std::numeric_limits<int32_t>::max()) return absl::OkStatus();
+  return absl::OutOfRangeError(
+      absl::StrCat(op, ": ", field, " = ", value, " exceeds the 32-bit BLAS limit"));
+}
+
+}  // namespace spgate::kernels::internal
+
+#endif  // SPGATE_KERNELS_INTERNAL_CHECK_H_

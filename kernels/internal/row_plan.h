@@ -1,0 +1,51 @@
+// How the row kernels (LayerNorm forward/backward) map a row of `hidden`
+// elements onto one thread block: each thread owns `items` packs of `vec`
+// consecutive elements, at columns (item * threads + thread) * vec, and keeps
+// them in registers for the whole row, so a row is read from memory once.
+// Host-only; shared by the launchers and by tests of the plan itself.
+#ifndef SPGATE_KERNELS_INTERNAL_ROW_PLAN_H_
+#define SPGATE_KERNELS_INTERNAL_ROW_PLAN_H_
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace spgate::kernels::internal {
+
+// At most this many elements per thread live in registers (backward keeps four
+// float arrays of that length).
+inline constexpr int kRowMaxElementsPerThread = 32;
+
+struct RowPlan {
+  int vec = 1;      // elements per pack (1, or 16 bytes' worth)
+  int items = 1;    // packs per thread, a power of two
+  int threads = 32; // multiple of 32, <= 1024
+};
+
+inline absl::StatusOr<RowPlan> PlanRow(int64_t hidden, int vec) {
+  auto round32 = [](int64_t v) { return (v + 31) / 32 * 32; };
+  const int64_t packs = (hidden + vec - 1) / vec;
+  // Aim for ~8 elements per thread: enough bytes in flight, few registers.
+  int64_t threads = std::clamp<int64_t>(round32((hidden + 7) / 8), 32, 1024);
+  const int64_t need = (packs + threads - 1) / threads;
+  int64_t items = 1;
+  while (items < need) items *= 2;
+  if (items * vec > kRowMaxElementsPerThread) {
+    return absl::UnimplementedError(
+        absl::StrCat("hidden = ", hidden, " exceeds the GPU row kernels' limit of ",
+                     1024 * kRowMaxElementsPerThread));
+  }
+  threads = std::clamp<int64_t>(round32((packs + items - 1) / items), 32, 1024);
+  RowPlan plan;
+  plan.vec = vec;
+  plan.items = static_cast<int>(items);
+  plan.threads = static_cast<int>(threads);
+  return plan;
+}
+
+}  // namespace spgate::kernels::internal
+
+#endif  // SPGATE_KERNELS_INTERNAL_ROW_PLAN_H_
