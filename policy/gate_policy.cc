@@ -39,10 +39,12 @@ int64_t StepsSince(int64_t step, int64_t since) {
   return d;
 }
 
+// The strings are built only when a trace is wanted: the decision path (trace null)
+// must not pay for heap-allocated details it never reads.
 void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
-            double observed, double threshold, std::string detail) {
+            double observed, double threshold, const char* detail) {
   if (trace != nullptr) {
-    trace->push_back(GateCheck{gate, outcome, observed, threshold, std::move(detail)});
+    trace->push_back(GateCheck{gate, outcome, observed, threshold, detail});
   }
 }
 
@@ -164,7 +166,7 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
   // 1. Pin.
   if (pin.has_value()) {
     Record(trace, "pin", "fire", 0, 0,
-           "operator pin to " + std::string(ModeLabel(*pin)));
+           *pin == Mode::kSequenceParallel ? "operator pin to sp" : "operator pin to tp_only");
     return finish(*pin, Reason::kPinned);
   }
   Record(trace, "pin", "pass", 0, 0, "no pin");
