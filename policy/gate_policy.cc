@@ -101,25 +101,30 @@ absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths)
         "lengths: %d sequences, at most %d per batch", lengths.size(), kMaxSequencesPerBatch));
   }
   // Sums of x and x^2 in integers: chunks of 1024 keep the 64-bit partial sums exact
-  // (1024 * 2^48 < 2^64) and vectorise; the chunk totals go into 128 bits.
+  // (1024 * 2^50 < 2^64); the chunk totals go into 128 bits. The inner loop uses only
+  // operations baseline x86-64 (SSE2) has for vectors: the range check is a shift
+  // (x - 1 wraps to a huge value for x <= 0, so (x - 1) >> 24 is nonzero exactly when
+  // x is outside [1, 2^24]), the square is a 32x32->64 multiply and the max is 32-bit.
+  static_assert(kMaxSequenceLength == int64_t{1} << 24);
   unsigned __int128 sum = 0, sum_sq = 0;
   uint64_t bad = 0;
-  int64_t max_length = 0;
+  int32_t max_length = 0;
   const size_t n = lengths.size();
   for (size_t begin = 0; begin < n; begin += 1024) {
     const size_t end = std::min(n, begin + 1024);
-    uint64_t s = 0, s2 = 0;
-    int64_t m = 0;
+    uint64_t s = 0, s2 = 0, b = 0;
+    int32_t m = 0;
     for (size_t i = begin; i < end; ++i) {
-      const int64_t x = lengths[i];
-      bad |= static_cast<uint64_t>(x < 1 || x > kMaxSequenceLength);
-      const uint64_t u = static_cast<uint64_t>(x) & ((uint64_t{1} << 25) - 1);
+      const uint64_t x = static_cast<uint64_t>(lengths[i]);
+      b |= (x - 1) >> 24;
+      const uint32_t u = static_cast<uint32_t>(x) & ((uint32_t{1} << 25) - 1);
       s += u;
-      s2 += u * u;
-      m = x > m ? x : m;
+      s2 += static_cast<uint64_t>(u) * u;
+      m = std::max(m, static_cast<int32_t>(u));
     }
     sum += s;
     sum_sq += s2;
+    bad |= b;
     max_length = std::max(max_length, m);
   }
   if (bad != 0) {
