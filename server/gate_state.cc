@@ -191,7 +191,11 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
         "the --config file combined with the persisted global overrides is invalid: ",
         v.message()));
   }
-  if (s.file_layer_.ByteSizeLong() > 0) s.global_version_ = ++s.version_counter_;
+  const bool file_changed =
+      persisted.has_value()
+          ? persisted->file_layer().SerializeAsString() != s.file_layer_.SerializeAsString()
+          : s.file_layer_.ByteSizeLong() > 0;
+  if (file_changed) s.global_version_ = ++s.version_counter_;
   s.global_effective_ = LayerGateConfig(GateConfig{}, global_layer);
   s.global_update_time_ = now;
   if (persisted.has_value()) {
@@ -685,6 +689,7 @@ v1::PersistedState GateState::Snapshot() const {
   s.set_version_counter(version_counter_);
   *s.mutable_global_overrides() = global_overrides_;
   s.set_global_version(global_version_);
+  *s.mutable_file_layer() = file_layer_;
   std::vector<const Job*> jobs;
   for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
   std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });

@@ -1,0 +1,451 @@
+// The daemon end to end: a real spgated (Daemon::Start on 127.0.0.1:0) and real stubs
+// on both ports — register, Connect, plans, decisions, config pushes, admin calls,
+// auth, metrics on a live scrape, restart and graceful shutdown.
+#include "server/daemon.h"
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/persistence.h"
+#include "server/status_util.h"
+#include "spgate/v1/admin.grpc.pb.h"
+#include "spgate/v1/gate.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate::server {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string TempDir() {
+  std::string dir = ::testing::TempDir() + "/daemon_test_XXXXXX";
+  return mkdtemp(dir.data());
+}
+
+std::chrono::system_clock::time_point Deadline(int ms = 5000) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+// GET /metrics over a plain socket (the test must not depend on curl).
+std::string Scrape(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+class DaemonTest : public ::testing::Test {
+ protected:
+  void Start(DaemonOptions opts = {}) {
+    auto d = Daemon::Start(std::move(opts));
+    ASSERT_THAT(d.status(), IsOk());
+    daemon_ = std::move(*d);
+    worker_ = v1::GateService::NewStub(
+        grpc::CreateChannel(daemon_->worker_address(), grpc::InsecureChannelCredentials()));
+    admin_ = v1::AdminService::NewStub(
+        grpc::CreateChannel(daemon_->admin_address(), grpc::InsecureChannelCredentials()));
+  }
+
+  v1::RegisterResponse Register(const std::string& job, int group, int rank, int size) {
+    v1::RegisterRequest r;
+    r.set_job_id(job);
+    r.set_group(group);
+    r.set_rank_in_group(rank);
+    r.set_group_size(size);
+    r.set_global_rank(group * size + rank);
+    r.set_host("localhost");
+    r.set_memory_budget_bytes(80ull << 30);
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    EXPECT_TRUE(worker_->Register(&ctx, r, &resp).ok());
+    return resp;
+  }
+
+  static v1::BatchPlan Plan(const std::string& job, int group, int64_t step,
+                            std::vector<int64_t> lengths) {
+    v1::BatchPlan p;
+    p.set_job_id(job);
+    p.set_group(group);
+    p.set_step(step);
+    for (int64_t l : lengths) p.add_lengths(l);
+    return p;
+  }
+
+  absl::StatusOr<v1::Decision> Decide(const v1::BatchPlan& plan) {
+    v1::DecideRequest req;
+    *req.mutable_plan() = plan;
+    v1::Decision d;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    grpc::Status s = worker_->Decide(&ctx, req, &d);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return d;
+  }
+
+  absl::StatusOr<v1::VersionedGateConfig> Update(const v1::UpdateGateConfigRequest& r,
+                                                 const std::string& token = "") {
+    v1::VersionedGateConfig out;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    grpc::Status s = admin_->UpdateGateConfig(&ctx, r, &out);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return out;
+  }
+
+  std::unique_ptr<Daemon> daemon_;
+  std::unique_ptr<v1::GateService::Stub> worker_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+TEST_F(DaemonTest, RegisterConnectPlanDecision) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 0, 0, 2);
+  ASSERT_FALSE(reg.session_id().empty());
+  EXPECT_DOUBLE_EQ(reg.config().config().max_length_cv(), 0.18);
+  EXPECT_EQ(reg.last_decided_step(), -1);
+
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10000));
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage hello;
+  hello.set_session_id(reg.session_id());
+  *hello.add_plans() = Plan("job1", 0, 0, {1024, 1024, 1000});
+  *hello.add_plans() = Plan("job1", 0, 1, {100, 4000});
+  ASSERT_TRUE(stream->Write(hello));
+  v1::DaemonMessage in;
+  std::vector<v1::Decision> got;
+  while (got.size() < 2 && stream->Read(&in)) {
+    for (const auto& d : in.decisions()) got.push_back(d);
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].step(), 0);
+  EXPECT_EQ(got[0].mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(got[0].reason(), v1::GATES_PASSED);
+  EXPECT_EQ(got[1].mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_EQ(got[1].reason(), v1::LENGTH_CV);
+
+  // A bad plan on the stream is rejected by name; the stream stays up.
+  v1::WorkerMessage bad;
+  *bad.add_plans() = Plan("job1", 0, 2, {});
+  bad.mutable_heartbeat();
+  ASSERT_TRUE(stream->Write(bad));
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_EQ(in.rejections_size(), 1);
+  EXPECT_EQ(in.rejections(0).code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(in.rejections(0).message(), HasSubstr("lengths"));
+  EXPECT_TRUE(in.has_ack());
+
+  // The same step through the unary path: the identical decision.
+  auto again = Decide(Plan("job1", 0, 1, {512}));
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->SerializeAsString(), got[1].SerializeAsString());
+
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage msg;
+  msg.set_session_id(reg.session_id());
+  for (int s = 0; s < 5; ++s) {
+    auto* t = msg.add_telemetry();
+    t->set_job_id("job1");
+    t->set_step(s);
+    t->set_mode(v1::SEQUENCE_PARALLEL);
+    t->set_step_time_s(0.5);
+    t->set_rs_wait_s(0.05);
+    t->set_effective_tokens(8192);
+  }
+  msg.mutable_heartbeat()->set_telemetry_sent(5);
+  ASSERT_TRUE(stream->Write(msg));
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  EXPECT_EQ(in.ack().telemetry_received(), 5);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(Deadline());
+  auto s2 = worker_->Connect(&ctx2);
+  v1::WorkerMessage hello;
+  hello.set_session_id("not-a-session");
+  s2->Write(hello);
+  while (s2->Read(&in)) {
+  }
+  grpc::Status st = s2->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(st.error_message(), HasSubstr("session_id"));
+}
+
+TEST_F(DaemonTest, ConfigUpdatesArePushedWithEffectiveFromStep) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 3, 0, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10000));
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage hello;
+  hello.set_session_id(reg.session_id());
+  *hello.add_plans() = Plan("job1", 3, 7, {64});
+  ASSERT_TRUE(stream->Write(hello));
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_EQ(in.decisions_size(), 1);
+
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("job1");
+  up.mutable_config()->set_max_length_cv(0.5);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  auto updated = Update(up);
+  ASSERT_THAT(updated.status(), IsOk());
+  bool pushed = false;
+  while (!pushed && stream->Read(&in)) {
+    if (in.has_config_update()) {
+      pushed = true;
+      EXPECT_EQ(in.config_update().effective_from_step(), 9);
+      EXPECT_DOUBLE_EQ(in.config_update().config().config().max_length_cv(), 0.5);
+      EXPECT_EQ(in.config_update().config().effective_version(), updated->effective_version());
+    }
+  }
+  EXPECT_TRUE(pushed);
+  ctx.TryCancel();
+  stream->Finish();
+}
+
+TEST_F(DaemonTest, AdminErrorsUseTheRightCodes) {
+  Start();
+  // Invalid fields name the field.
+  v1::UpdateGateConfigRequest bad;
+  bad.mutable_config()->set_max_rs_wait_share(1.5);
+  bad.mutable_update_mask()->add_paths("max_rs_wait_share");
+  EXPECT_THAT(Update(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_rs_wait_share")));
+  // Version conflict.
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.3);
+  up.set_expected_version(12345);
+  EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kAborted, HasSubstr("12345")));
+  // Unknown job.
+  v1::GetJobRequest gj;
+  gj.set_job_id("nobody");
+  v1::Job job;
+  grpc::ClientContext ctx;
+  grpc::Status s = admin_->GetJob(&ctx, gj, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("nobody"));
+  // Unary Decide validates too.
+  EXPECT_THAT(Decide(Plan("job1", 0, 0, {-5})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths[0]")));
+}
+
+TEST_F(DaemonTest, MutatingAdminCallsNeedTheToken) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/token") << "s3cret\n";
+  DaemonOptions opts;
+  opts.admin_token_file = dir + "/token";
+  Start(opts);
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.3);
+  EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(Update(up, "wrong").status(), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(Update(up, "s3cret").status(), IsOk());
+  // Reads need no token.
+  v1::GetGateConfigRequest get;
+  v1::VersionedGateConfig cfg;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(admin_->GetGateConfig(&ctx, get, &cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.config().max_length_cv(), 0.3);
+}
+
+TEST_F(DaemonTest, ConfigSurvivesRestart) {
+  const std::string dir = TempDir();
+  DaemonOptions opts;
+  opts.state_dir = dir;
+  Start(opts);
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.33);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  auto set = Update(up);
+  ASSERT_THAT(set.status(), IsOk());
+  daemon_->Shutdown(absl::Seconds(1));
+  daemon_.reset();
+  Start(opts);
+  v1::VersionedGateConfig cfg;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.config().max_length_cv(), 0.33);
+  EXPECT_EQ(cfg.version(), set->version());
+}
+
+TEST_F(DaemonTest, CorruptStateFileStopsStartupNamingTheFile) {
+  const std::string dir = TempDir();
+  std::ofstream(StateFilePath(dir)) << "this is { not text format";
+  DaemonOptions opts;
+  opts.state_dir = dir;
+  auto d = Daemon::Start(opts);
+  EXPECT_THAT(d.status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(StateFilePath(dir))));
+}
+
+TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/gates.textproto";
+  std::ofstream(path) << "max_length_cv: 12\n";
+  DaemonOptions opts;
+  opts.config_path = path;
+  EXPECT_THAT(Daemon::Start(opts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_length_cv")));
+  std::ofstream(path, std::ios::trunc) << "max_length_cv: 0.25\nwindow_steps: 10\n";
+  Start(opts);
+  std::ofstream(path, std::ios::trunc) << "max_length_cv: nope\n";
+  EXPECT_THAT(daemon_->ReloadConfig(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
+  EXPECT_THAT(Scrape(daemon_->metrics_port()),
+              HasSubstr("spgate_config_last_reload_successful 0"));
+  v1::VersionedGateConfig cfg;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.config().max_length_cv(), 0.25);
+  std::ofstream(path, std::ios::trunc) << "max_length_cv: 0.3\n";
+  EXPECT_THAT(daemon_->ReloadConfig(), IsOk());
+  EXPECT_THAT(Scrape(daemon_->metrics_port()),
+              HasSubstr("spgate_config_last_reload_successful 1"));
+}
+
+TEST_F(DaemonTest, WatchDecisionsStreamsDecisionsAsMade) {
+  Start();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  v1::WatchDecisionsRequest req;
+  req.set_job_id("watched");
+  auto reader = admin_->WatchDecisions(&ctx, req);
+  // The watcher registers asynchronously; drive decisions until one arrives.
+  std::thread driver([this] {
+    for (int s = 0; s < 200; ++s) {
+      (void)Decide(Plan("other", 0, s, {64}));
+      (void)Decide(Plan("watched", 0, s, {64}));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  v1::Decision d;
+  ASSERT_TRUE(reader->Read(&d));
+  EXPECT_EQ(d.job_id(), "watched");
+  ctx.TryCancel();
+  driver.join();
+  reader->Finish();
+}
+
+TEST_F(DaemonTest, ShutdownEndsStreamsWithUnavailable) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage hello;
+  hello.set_session_id(reg.session_id());
+  hello.mutable_heartbeat();
+  ASSERT_TRUE(stream->Write(hello));
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream->Read(&in));  // attached
+  std::thread stopper([this] { daemon_->Shutdown(absl::Seconds(2)); });
+  while (stream->Read(&in)) {
+  }
+  grpc::Status st = stream->Finish();
+  stopper.join();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage msg;
+  msg.set_session_id(reg.session_id());
+  *msg.add_plans() = Plan("job1", 0, 0, {1000, 1000});
+  auto* t = msg.add_telemetry();
+  t->set_job_id("job1");
+  t->set_step(0);
+  t->set_mode(v1::SEQUENCE_PARALLEL);
+  t->set_step_time_s(0.2);
+  t->set_rs_wait_s(0.01);
+  t->set_all_gather_s(0.02);
+  t->set_effective_tokens(2000);
+  t->set_peak_memory_bytes(1 << 30);
+  auto* local = msg.mutable_heartbeat()->add_local_decisions();
+  local->set_reason(v1::GATES_PASSED);
+  local->set_count(2);
+  ASSERT_TRUE(stream->Write(msg));
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  daemon_->Sweep();
+  const std::string text = Scrape(daemon_->metrics_port());
+  for (const char* family :
+       {"spgate_decisions_total", "spgate_worker_local_decisions_total",
+        "spgate_batch_length_cv", "spgate_rs_wait_share", "spgate_all_gather_tail_seconds",
+        "spgate_norm_stall_ratio", "spgate_step_duration_seconds",
+        "spgate_effective_tokens_total", "spgate_padding_tokens_total",
+        "spgate_peak_memory_bytes", "spgate_memory_budget_bytes", "spgate_current_mode",
+        "spgate_mode_switches_total", "spgate_gate_threshold", "spgate_config_version",
+        "spgate_config_updates_total", "spgate_workers", "spgate_decision_latency_seconds",
+        "spgate_state_persist_failures_total", "spgate_config_last_reload_successful",
+        "spgate_build_info"}) {
+    EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + family + " ")) << family;
+  }
+  EXPECT_THAT(text, HasSubstr(
+      "spgate_decisions_total{job_id=\"job1\",mode=\"sp\",reason=\"gates_passed\"} 1"));
+  EXPECT_THAT(text, HasSubstr("spgate_worker_local_decisions_total{job_id=\"job1\",reason=\"gates_passed\"} 2"));
+  EXPECT_THAT(text, HasSubstr("spgate_gate_threshold{gate=\"max_length_cv\",job_id=\"_default\"} 0.18"));
+  EXPECT_THAT(text, HasSubstr("spgate_workers{job_id=\"job1\",state=\"active\"} 1"));
+#ifdef PROMTOOL_BIN
+  const std::string file = TempDir() + "/scrape.txt";
+  std::ofstream(file) << text;
+  const std::string cmd = std::string(PROMTOOL_BIN) + " check metrics < " + file + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  const int rc = pclose(p);
+  EXPECT_EQ(out, "") << "promtool check metrics complained";
+  EXPECT_EQ(rc, 0);
+#else
+  GTEST_SKIP() << "promtool not installed (make deps installs Debian's prometheus package)";
+#endif
+  ctx.TryCancel();
+  stream->Finish();
+}
+
+}  // namespace
+}  // namespace spgate::server

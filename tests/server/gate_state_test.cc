@@ -1,0 +1,447 @@
+// GateState driven by a fake clock: sessions, staleness, idempotent decisions, the
+// rolling window, effective_from_step scheduling, pins, persistence and restore.
+#include "server/gate_state.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/persistence.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate::server {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+class FakeClock {
+ public:
+  absl::Time Now() const { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+};
+
+class RecordingSink : public SessionSink {
+ public:
+  void PushConfig(const v1::ConfigUpdate& update) override { updates.push_back(update); }
+  std::vector<v1::ConfigUpdate> updates;
+};
+
+std::string TempDir() {
+  std::string dir = ::testing::TempDir() + "/gate_state_test_XXXXXX";
+  return mkdtemp(dir.data());
+}
+
+class GateStateTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<GateState> Make(const std::string& state_dir = "",
+                                  v1::GateConfig file_layer = {}) {
+    StateOptions o;
+    o.clock = [this] { return clock_.Now(); };
+    o.stale_after = absl::Seconds(5);
+    o.forget_after = absl::Minutes(10);
+    o.decision_cache_steps = 8;
+    o.state_dir = state_dir;
+    auto s = GateState::Create(o, &metrics_, std::move(file_layer));
+    EXPECT_THAT(s.status(), IsOk());
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  static v1::RegisterRequest Reg(const std::string& job, int group, int rank, int size) {
+    v1::RegisterRequest r;
+    r.set_job_id(job);
+    r.set_group(group);
+    r.set_rank_in_group(rank);
+    r.set_group_size(size);
+    r.set_global_rank(group * size + rank);
+    return r;
+  }
+
+  static v1::BatchPlan Plan(const std::string& job, int group, int64_t step,
+                            std::vector<int64_t> lengths) {
+    v1::BatchPlan p;
+    p.set_job_id(job);
+    p.set_group(group);
+    p.set_step(step);
+    for (int64_t l : lengths) p.add_lengths(l);
+    return p;
+  }
+
+  static v1::StepTelemetry Tel(const std::string& job, int group, int rank, int64_t step,
+                               v1::Mode mode, double step_s, double rs_s) {
+    v1::StepTelemetry t;
+    t.set_job_id(job);
+    t.set_group(group);
+    t.set_rank_in_group(rank);
+    t.set_step(step);
+    t.set_mode(mode);
+    t.set_step_time_s(step_s);
+    t.set_rs_wait_s(rs_s);
+    t.set_effective_tokens(1000);
+    return t;
+  }
+
+  FakeClock clock_;
+  Metrics metrics_;
+};
+
+TEST_F(GateStateTest, RetriedStepGetsTheIdenticalDecision) {
+  auto state = Make();
+  v1::Decision first, again;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {100, 100}), &first), IsOk());
+  // Same step with different lengths: the cache answers, nothing is re-decided.
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {10, 5000}), &again), IsOk());
+  EXPECT_EQ(first.SerializeAsString(), again.SerializeAsString());
+  EXPECT_EQ(again.reason(), v1::GATES_PASSED);
+}
+
+TEST_F(GateStateTest, StepsBehindTheGroupAreRefusedOnceEvicted) {
+  auto state = Make();
+  v1::Decision d;
+  for (int64_t s = 0; s < 20; ++s) ASSERT_THAT(state->Decide(Plan("j", 0, s, {64}), &d), IsOk());
+  EXPECT_THAT(state->Decide(Plan("j", 0, 3, {64}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step")));
+  EXPECT_THAT(state->Decide(Plan("j", 0, 15, {64}), &d), IsOk());  // still cached
+  EXPECT_EQ(d.step(), 15);
+}
+
+TEST_F(GateStateTest, InvalidPlansNameTheField) {
+  auto state = Make();
+  v1::Decision d;
+  EXPECT_THAT(state->Decide(Plan("", 0, 1, {1}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+  EXPECT_THAT(state->Decide(Plan("j", 0, -1, {1}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step")));
+  EXPECT_THAT(state->Decide(Plan("j", 0, 1, {}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths")));
+  EXPECT_THAT(state->Decide(Plan("j", 0, 1, {5, 0}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths[1]")));
+  EXPECT_THAT(state->Decide(Plan("j", -2, 1, {5}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group")));
+  EXPECT_THAT(state->Decide(Plan("bad job", 0, 1, {5}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+}
+
+TEST_F(GateStateTest, HeartbeatsKeepRanksActiveAndSilenceMakesThemStale) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  ASSERT_THAT(r0.status(), IsOk());
+  ASSERT_THAT(r1.status(), IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  auto s0 = state->AttachSession(r0->session_id(), sink);
+  ASSERT_THAT(s0.status(), IsOk());
+  clock_.Advance(absl::Seconds(4));
+  state->Heartbeat(**s0, v1::Heartbeat());
+  clock_.Advance(absl::Seconds(2));  // rank 1 silent for 6 s, rank 0 for 2 s
+  state->Sweep();
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->groups(0).ranks_active(), 1);
+  EXPECT_EQ(job->groups(0).ranks_stale(), 1);
+  EXPECT_EQ(job->summary().ranks_stale(), 1);
+}
+
+TEST_F(GateStateTest, UnknownSessionIsNotFound) {
+  auto state = Make();
+  EXPECT_THAT(state->AttachSession("nope", std::weak_ptr<SessionSink>()).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("session_id")));
+}
+
+TEST_F(GateStateTest, RsWaitWindowRollsOverAndTripsTheGate) {
+  v1::GateConfig file;
+  file.set_window_steps(4);
+  file.set_min_dwell_steps(1);
+  auto state = Make("", file);
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(session.status(), IsOk());
+  v1::Decision d;
+  int64_t step = 0;
+  // Four SP steps with a low wait share fill the window.
+  for (; step < 4; ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, 1.0, 0.1)),
+                IsOk());
+  }
+  // Each high sample replaces the oldest: the mean crosses 0.22 after the third.
+  const double expected_means[] = {0.1, 0.175, 0.25};
+  for (double mean : expected_means) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    EXPECT_NEAR(d.rolling_rs_wait_share(), mean, 1e-12) << "step " << step;
+    EXPECT_EQ(d.mode(), mean > 0.22 ? v1::TENSOR_PARALLEL_ONLY : v1::SEQUENCE_PARALLEL);
+    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, 1.0, 0.4)),
+                IsOk());
+    ++step;
+  }
+  EXPECT_EQ(d.reason(), v1::RS_WAIT);
+  auto job = state->GetJob("j");
+  EXPECT_TRUE(job->groups(0).rs_wait_fallback());
+}
+
+TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.2)), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(**s1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.3)), IsOk());
+  auto job = state->GetJob("j");
+  EXPECT_DOUBLE_EQ(job->groups(0).rolling_rs_wait_share(), 0.3);  // max(0.1, 0.3)
+}
+
+TEST_F(GateStateTest, TelemetryThatDoesNotMatchTheSessionIsRefused) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 1));
+  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  EXPECT_THAT(state->RecordTelemetry(**s0, Tel("j", 1, 0, 0, v1::SEQUENCE_PARALLEL, 1, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("does not match")));
+  EXPECT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 0, 0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step_time_s")));
+  EXPECT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1, -1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rs_wait_s")));
+  EXPECT_EQ((*s0)->telemetry_received.load(), 0);
+}
+
+TEST_F(GateStateTest, ConfigChangeAppliesFromEffectiveFromStep) {
+  auto state = Make();
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto sink = std::make_shared<RecordingSink>();
+  auto session = state->AttachSession(reg->session_id(), sink);
+  ASSERT_THAT(session.status(), IsOk());
+  // CV of {100, 300} is 0.5: TP-only under the default 0.18.
+  v1::Decision d;
+  for (int64_t s = 0; s <= 10; ++s) ASSERT_THAT(state->Decide(Plan("j", 0, s, {100, 300}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::LENGTH_CV);
+
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.6);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  auto updated = state->UpdateGateConfig(up);
+  ASSERT_THAT(updated.status(), IsOk());
+  ASSERT_EQ(sink->updates.size(), 1u);
+  EXPECT_EQ(sink->updates[0].effective_from_step(), 12);  // last decided 10, lead 2
+  EXPECT_DOUBLE_EQ(sink->updates[0].config().config().max_length_cv(), 0.6);
+
+  ASSERT_THAT(state->Decide(Plan("j", 0, 11, {100, 300}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::LENGTH_CV) << "step 11 is before effective_from_step";
+  ASSERT_THAT(state->Decide(Plan("j", 0, 12, {100, 300}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::GATES_PASSED);
+  EXPECT_EQ(d.config_version(), updated->effective_version());
+}
+
+TEST_F(GateStateTest, VersionConflictIsAborted) {
+  auto state = Make();
+  auto current = state->GetGateConfig("");
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.3);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  up.set_expected_version(current->version() + 7);
+  EXPECT_THAT(state->UpdateGateConfig(up).status(),
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("version")));
+  up.set_expected_version(current->version());
+  auto ok = state->UpdateGateConfig(up);
+  ASSERT_THAT(ok.status(), IsOk());
+  EXPECT_GT(ok->version(), current->version());
+  EXPECT_THAT(state->UpdateGateConfig(up).status(), StatusIs(absl::StatusCode::kAborted));
+}
+
+TEST_F(GateStateTest, InvalidUpdatesNameTheFieldAndChangeNothing) {
+  auto state = Make();
+  const auto before = state->GetGateConfig("");
+  struct Case {
+    std::string field;
+    double value;
+  };
+  for (const Case& c : std::vector<Case>{{"max_length_cv", NAN},
+                                          {"max_length_cv", 11},
+                                          {"max_rs_wait_share", 0},
+                                          {"memory_headroom", 1.5},
+                                          {"rs_wait_reenable_margin", 0.5},
+                                          {"window_steps", 0},
+                                          {"probe_interval_steps", 2e6}}) {
+    v1::UpdateGateConfigRequest up;
+    auto* f = v1::GateConfig::descriptor()->FindFieldByName(c.field);
+    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
+      up.mutable_config()->GetReflection()->SetDouble(up.mutable_config(), f, c.value);
+    } else {
+      up.mutable_config()->GetReflection()->SetInt64(up.mutable_config(), f,
+                                                     static_cast<int64_t>(c.value));
+    }
+    up.mutable_update_mask()->add_paths(c.field);
+    EXPECT_THAT(state->UpdateGateConfig(up).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+        << c.field << "=" << c.value;
+  }
+  v1::UpdateGateConfigRequest unknown;
+  unknown.mutable_update_mask()->add_paths("max_cv");
+  EXPECT_THAT(state->UpdateGateConfig(unknown).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_cv")));
+  EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
+}
+
+TEST_F(GateStateTest, UnknownJobIsNotFound) {
+  auto state = Make();
+  EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
+  EXPECT_THAT(state->GetGateConfig("ghost").status(), StatusIs(absl::StatusCode::kNotFound));
+  v1::PinModeRequest pin;
+  pin.set_job_id("ghost");
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(60);
+  EXPECT_THAT(state->PinMode(pin).status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(GateStateTest, PinsWinAndExpire) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(60);
+  ASSERT_THAT(state->PinMode(pin).status(), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::PINNED);
+  EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+  clock_.Advance(absl::Seconds(61));
+  ASSERT_THAT(state->Decide(Plan("j", 0, 2, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::GATES_PASSED);
+
+  pin.mutable_duration()->set_seconds(0);
+  EXPECT_THAT(state->PinMode(pin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duration")));
+  pin.mutable_duration()->set_seconds(60);
+  pin.set_mode(v1::MODE_UNSPECIFIED);
+  EXPECT_THAT(state->PinMode(pin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mode")));
+}
+
+TEST_F(GateStateTest, ApiChangesSurviveARestartAndOutrankTheConfigFile) {
+  const std::string dir = TempDir();
+  v1::GateConfig file;
+  file.set_max_length_cv(0.25);
+  file.set_window_steps(10);
+  int64_t version = 0;
+  {
+    auto state = Make(dir, file);
+    v1::UpdateGateConfigRequest up;
+    up.mutable_config()->set_max_length_cv(0.4);
+    up.mutable_update_mask()->add_paths("max_length_cv");
+    auto r = state->UpdateGateConfig(up);
+    ASSERT_THAT(r.status(), IsOk());
+    version = r->version();
+    v1::UpdateGateConfigRequest job_up;
+    job_up.set_job_id("job-a");
+    job_up.mutable_config()->set_memory_headroom(0.8);
+    ASSERT_THAT(state->UpdateGateConfig(job_up).status(), IsOk());
+  }
+  auto state = Make(dir, file);
+  auto global = state->GetGateConfig("");
+  ASSERT_THAT(global.status(), IsOk());
+  EXPECT_DOUBLE_EQ(global->config().max_length_cv(), 0.4);  // API over file
+  EXPECT_EQ(global->config().window_steps(), 10);           // file over default
+  EXPECT_DOUBLE_EQ(global->config().max_rs_wait_share(), 0.22);
+  EXPECT_EQ(global->version(), version);
+  auto job = state->GetGateConfig("job-a");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_DOUBLE_EQ(job->config().memory_headroom(), 0.8);
+  EXPECT_DOUBLE_EQ(job->config().max_length_cv(), 0.4);
+}
+
+TEST_F(GateStateTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
+  const std::string dir = TempDir();
+  std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: oops }\n";
+  StateOptions o;
+  o.clock = [this] { return clock_.Now(); };
+  o.state_dir = dir;
+  EXPECT_THAT(GateState::Create(o, &metrics_, {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(StateFilePath(dir))));
+  // Out-of-range values are as corrupt as unparsable ones.
+  std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: -1 }\n";
+  EXPECT_THAT(GateState::Create(o, &metrics_, {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("max_length_cv")));
+}
+
+TEST_F(GateStateTest, FailedPersistChangesNothing) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  const auto before = state->GetGateConfig("");
+  // A regular file where the directory was: every write fails, even for root.
+  std::filesystem::remove_all(dir);
+  std::ofstream(dir) << "not a directory";
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.3);
+  auto r = state->UpdateGateConfig(up);
+  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("persist")));
+  EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
+  v1::PinModeRequest pin;
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  pin.set_job_id("j");
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(60);
+  EXPECT_THAT(state->PinMode(pin).status(), StatusIs(absl::StatusCode::kUnavailable));
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::GATES_PASSED) << "a pin that was not persisted must not apply";
+  std::filesystem::remove(dir);
+}
+
+TEST_F(GateStateTest, LocalDecisionsAreCountedOnceFromCumulativeHeartbeats) {
+  auto state = Make();
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+  v1::Heartbeat hb;
+  auto* c = hb.add_local_decisions();
+  c->set_reason(v1::LENGTH_CV);
+  c->set_count(3);
+  state->Heartbeat(**session, hb);
+  c->set_count(5);
+  state->Heartbeat(**session, hb);
+  state->Heartbeat(**session, hb);  // repeated: no increase
+  EXPECT_EQ(state->GetJob("j")->local_decisions(), 5);
+}
+
+TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::EvaluateGatesRequest r;
+  r.set_job_id("j");
+  r.add_lengths(100);
+  r.add_lengths(300);
+  auto e = state->EvaluateGates(r);
+  ASSERT_THAT(e.status(), IsOk());
+  EXPECT_EQ(e->decision().reason(), v1::LENGTH_CV);
+  ASSERT_GE(e->checks_size(), 3);
+  EXPECT_EQ(e->checks(2).gate(), "length_cv");
+  EXPECT_EQ(e->checks(2).outcome(), "fire");
+  r.mutable_config()->set_max_length_cv(0.9);
+  EXPECT_EQ(state->EvaluateGates(r)->decision().reason(), v1::GATES_PASSED);
+  r.mutable_config()->set_max_length_cv(-1);
+  EXPECT_THAT(state->EvaluateGates(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_length_cv")));
+  EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1);
+}
+
+TEST_F(GateStateTest, IdleJobsAreForgotten) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  clock_.Advance(absl::Minutes(11));
+  state->Sweep();
+  EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+}  // namespace
+}  // namespace spgate::server
