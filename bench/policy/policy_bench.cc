@@ -1,0 +1,164 @@
+// Cost of one gate decision: ComputeLengthStats over the batch's lengths plus
+// EvaluateGates, against a plain summation of the same lengths measured in the same run
+// (the memory-read floor: any decision must at least read every length once). Target:
+// under 1 µs per decision for a 1,000-sequence batch (issue 2).
+//
+// The decision runs the longest path (no pin; a memory budget, so the memory gate does
+// its arithmetic; CV and wait share below their thresholds, so every gate is consulted)
+// and carries the group state from one step to the next as the daemon does. Before any
+// timing, ComputeLengthStats is checked against a two-pass reference on the benchmark's
+// own batch, so a fast wrong answer cannot be reported.
+//
+// Build and run:
+//   cmake --build build --target policy_bench
+//   bench/policy/run.sh build out/bench-policy     # JSON + a table with ratios
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "policy/gate_policy.h"
+
+namespace spgate {
+namespace {
+
+// SPEC §5's example distribution: lognormal, mean 4096 tokens, sigma 0.8.
+std::vector<int64_t> Lengths(int64_t n) {
+  std::mt19937_64 rng(20240601 + static_cast<uint64_t>(n));
+  const double sigma = 0.8;
+  std::lognormal_distribution<double> dist(std::log(4096.0) - sigma * sigma / 2, sigma);
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t& x : out) {
+    x = std::clamp<int64_t>(static_cast<int64_t>(dist(rng)), 1, kMaxSequenceLength);
+  }
+  return out;
+}
+
+// False (and the benchmark is skipped) unless ComputeLengthStats matches a two-pass
+// reference on this batch.
+bool CheckStats(benchmark::State& state, const std::vector<int64_t>& lengths) {
+  absl::StatusOr<LengthStats> got = ComputeLengthStats(lengths);
+  long double sum = 0;
+  for (int64_t x : lengths) sum += static_cast<long double>(x);
+  const long double mean = sum / static_cast<long double>(lengths.size());
+  long double ss = 0;
+  for (int64_t x : lengths) ss += (x - mean) * (x - mean);
+  const double cv =
+      static_cast<double>(std::sqrt(ss / static_cast<long double>(lengths.size())) / mean);
+  if (!got.ok() || got->tokens != static_cast<int64_t>(sum) ||
+      std::abs(got->cv - cv) > 1e-12 * std::max(cv, 1e-300)) {
+    state.SkipWithError("ComputeLengthStats does not match the two-pass reference");
+    return false;
+  }
+  return true;
+}
+
+// Baseline: sum the lengths, nothing else. ClobberMemory makes every iteration read them
+// again instead of reusing the previous sum.
+void BM_SumLengths(benchmark::State& state) {
+  const std::vector<int64_t> lengths = Lengths(state.range(0));
+  for (auto _ : state) {
+    int64_t sum = 0;
+    for (int64_t x : lengths) sum += x;
+    benchmark::DoNotOptimize(sum);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.SetBytesProcessed(state.iterations() * state.range(0) *
+                          static_cast<int64_t>(sizeof(int64_t)));
+}
+
+void BM_ComputeLengthStats(benchmark::State& state) {
+  const std::vector<int64_t> lengths = Lengths(state.range(0));
+  if (!CheckStats(state, lengths)) return;
+  for (auto _ : state) {
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+    benchmark::DoNotOptimize(stats);
+    benchmark::ClobberMemory();
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+  state.SetBytesProcessed(state.iterations() * state.range(0) *
+                          static_cast<int64_t>(sizeof(int64_t)));
+}
+
+BatchFacts FactsFor(int64_t step, double cv) {
+  return BatchFacts{.step = step,
+                    .length_cv = cv,
+                    .predicted_peak_bytes_sp = 52'000'000'000,
+                    .predicted_peak_bytes_tp = 64'000'000'000,
+                    .memory_budget_bytes = 80'000'000'000};
+}
+
+// The gates alone, over a precomputed CV.
+void BM_EvaluateGates(benchmark::State& state) {
+  const GateConfig config;
+  GroupGateState group;
+  const RsWaitObservation rs{0.12, 50};
+  int64_t step = 0;
+  for (auto _ : state) {
+    GateOutcome out = EvaluateGates(config, group, FactsFor(step++, 0.11), rs, std::nullopt);
+    group = out.next;
+    benchmark::DoNotOptimize(group);
+  }
+  if (group.reason != Reason::kGatesPassed) state.SkipWithError("expected GATES_PASSED");
+}
+
+// One decision as the daemon makes it: length statistics, then the gates.
+void BM_Decision(benchmark::State& state) {
+  const std::vector<int64_t> lengths = Lengths(state.range(0));
+  if (!CheckStats(state, lengths)) return;
+  GateConfig config;
+  config.max_length_cv = 10.0;  // lognormal(0.8) has CV ~0.9: keep the CV gate passing
+  GroupGateState group;
+  const RsWaitObservation rs{0.12, 50};
+  int64_t step = 0;
+  for (auto _ : state) {
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+    GateOutcome out =
+        EvaluateGates(config, group, FactsFor(step++, stats->cv), rs, std::nullopt);
+    group = out.next;
+    benchmark::DoNotOptimize(group);
+    benchmark::ClobberMemory();
+  }
+  if (group.reason != Reason::kGatesPassed) state.SkipWithError("expected GATES_PASSED");
+  state.SetItemsProcessed(state.iterations());  // decisions
+}
+
+// The what-if path (EvaluateGates RPC): the same, recording the reason chain.
+void BM_DecisionWithTrace(benchmark::State& state) {
+  const std::vector<int64_t> lengths = Lengths(state.range(0));
+  if (!CheckStats(state, lengths)) return;
+  GateConfig config;
+  config.max_length_cv = 10.0;
+  const GroupGateState group;
+  const RsWaitObservation rs{0.12, 50};
+  for (auto _ : state) {
+    std::vector<GateCheck> trace;
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+    GateOutcome out =
+        EvaluateGates(config, group, FactsFor(1, stats->cv), rs, std::nullopt, &trace);
+    benchmark::DoNotOptimize(out);
+    benchmark::DoNotOptimize(trace.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// 1,000 sequences is the target case; the others show how the cost scales.
+void Sizes(benchmark::internal::Benchmark* b) {
+  for (int64_t n : {1, 64, 1000, 16384, 1 << 20}) b->Arg(n);
+  b->ArgName("seqs");
+}
+
+BENCHMARK(BM_SumLengths)->Apply(Sizes);
+BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
+BENCHMARK(BM_EvaluateGates);
+BENCHMARK(BM_Decision)->Apply(Sizes);
+BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
+
+}  // namespace
+}  // namespace spgate
+
+BENCHMARK_MAIN();
