@@ -1,0 +1,282 @@
+// spgatectl's output: tables are aligned and show what an operator needs; JSON uses
+// the proto field names, prints every field and parses back into the same message.
+#include "tools/spgatectl/format.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace spgate::ctl {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+template <typename T>
+T Parse(const std::string& text) {
+  T m;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &m)) << text;
+  return m;
+}
+
+template <typename T>
+void ExpectJsonRoundTrip(const T& message, const std::string& json) {
+  T back;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message, back))
+      << message.DebugString() << "\nvs\n" << back.DebugString();
+}
+
+const absl::Time kNow = absl::FromUnixSeconds(1700000000);  // 2023-11-14T22:13:20Z
+
+TEST(Table, AlignsColumnsAndTrimsTrailingBlanks) {
+  Table t({{"NAME"}, {"COUNT", Table::Align::kRight}, {"NOTE"}});
+  t.AddRow({"a", "1", "x"});
+  t.AddRow({"longer", "12345", ""});
+  t.AddRow({"b"});  // missing cells are blank
+  EXPECT_EQ(t.Render(),
+            "NAME    COUNT  NOTE\n"
+            "a           1  x\n"
+            "longer  12345\n"
+            "b\n");
+}
+
+TEST(Names, ModesReasonsAndCodes) {
+  EXPECT_EQ(ModeName(v1::SEQUENCE_PARALLEL), "sp");
+  EXPECT_EQ(ModeName(v1::TENSOR_PARALLEL_ONLY), "tp_only");
+  EXPECT_EQ(ModeName(v1::MODE_UNSPECIFIED), "-");
+  EXPECT_EQ(ReasonName(v1::MEMORY_REQUIRES_SP), "memory_requires_sp");
+  EXPECT_EQ(ReasonName(v1::REASON_UNSPECIFIED), "-");
+  EXPECT_EQ(StatusCodeName(3), "INVALID_ARGUMENT");
+  EXPECT_EQ(StatusCodeName(10), "ABORTED");
+  EXPECT_EQ(StatusCodeName(16), "UNAUTHENTICATED");
+  EXPECT_EQ(StatusCodeName(99), "CODE_99");
+}
+
+TEST(FormatRpcError, CommandCodeAndServerMessage) {
+  EXPECT_EQ(FormatRpcError("gates set", 3, "max_length_cv: must be in (0, 10], got 11"),
+            "spgatectl: gates set: INVALID_ARGUMENT: max_length_cv: must be in (0, 10], got 11\n");
+  EXPECT_EQ(FormatRpcError("jobs show", 5, ""), "spgatectl: jobs show: NOT_FOUND: (no message)\n");
+}
+
+const char* kJobConfig = R"pb(
+  job_id: "llama"
+  config {
+    max_length_cv: 0.25 max_rs_wait_share: 0.22 bucket_target_cv: 0.15
+    rs_wait_reenable_margin: 0.03 probe_interval_steps: 200 min_dwell_steps: 20
+    window_steps: 50 memory_headroom: 0.9
+  }
+  overrides { max_length_cv: 0.25 }
+  version: 4
+  effective_version: 6
+  update_time { seconds: 1700000000 }
+)pb";
+
+TEST(FormatGateConfig, TableShowsValuesAndWhereTheyComeFrom) {
+  const auto c = Parse<v1::VersionedGateConfig>(kJobConfig);
+  EXPECT_EQ(FormatGateConfig(c, OutputFormat::kTable),
+            "scope    job llama\n"
+            "version  4 (effective 6)\n"
+            "updated  2023-11-14T22:13:20Z\n"
+            "\n"
+            "FIELD                    VALUE  SOURCE\n"
+            "max_length_cv             0.25  override\n"
+            "max_rs_wait_share         0.22  inherited\n"
+            "bucket_target_cv          0.15  inherited\n"
+            "rs_wait_reenable_margin   0.03  inherited\n"
+            "probe_interval_steps       200  inherited\n"
+            "min_dwell_steps             20  inherited\n"
+            "window_steps                50  inherited\n"
+            "memory_headroom            0.9  inherited\n");
+}
+
+TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
+  const std::string out = FormatGateConfig(v1::VersionedGateConfig(), OutputFormat::kTable);
+  EXPECT_THAT(out, HasSubstr("scope    global\n"));
+  EXPECT_THAT(out, HasSubstr("updated  never\n"));
+  EXPECT_THAT(out, HasSubstr("max_length_cv                -  inherited\n"));
+}
+
+TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {
+  const auto c = Parse<v1::VersionedGateConfig>(kJobConfig);
+  const std::string json = FormatGateConfig(c, OutputFormat::kJson);
+  EXPECT_THAT(json, HasSubstr("\"effective_version\": \"6\""));  // int64 as a string
+  EXPECT_THAT(json, HasSubstr("\"max_length_cv\": 0.25"));
+  EXPECT_THAT(json, HasSubstr("\"update_time\": \"2023-11-14T22:13:20Z\""));
+  EXPECT_THAT(json, Not(HasSubstr("effectiveVersion")));
+  ExpectJsonRoundTrip(c, json);
+}
+
+TEST(FormatJobList, TableAndEmpty) {
+  const auto jobs = Parse<v1::ListJobsResponse>(R"pb(
+    jobs { job_id: "llama" groups: 2 ranks_active: 8 steps_decided: 1200 sp_groups: 1
+           tp_groups: 1 config_version: 3 }
+    jobs { job_id: "gpt-long-context" groups: 16 ranks_active: 60 ranks_stale: 4
+           steps_decided: 7 sp_groups: 16 config_version: 12 }
+  )pb");
+  EXPECT_EQ(FormatJobList(jobs, OutputFormat::kTable),
+            "JOB               GROUPS  RANKS  STALE  STEPS  SP  TP_ONLY  VERSION\n"
+            "llama                  2      8      0   1200   1        1        3\n"
+            "gpt-long-context      16     60      4      7  16        0       12\n");
+  EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kTable), "no jobs\n");
+  // Scripts see an empty list rather than a missing key.
+  EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kJson), "{\n \"jobs\": []\n}\n");
+}
+
+const char* kJob = R"pb(
+  summary { job_id: "llama" groups: 2 ranks_active: 7 ranks_stale: 1 steps_decided: 1200
+            sp_groups: 1 tp_groups: 1 config_version: 3 }
+  groups { group: 0 group_size: 4 ranks_active: 4 mode: SEQUENCE_PARALLEL reason: GATES_PASSED
+           last_step: 600 rolling_rs_wait_share: 0.031 all_gather_tail_s: 0.0012
+           norm_stall_ratio: 0.01 mode_switches: 2 }
+  groups { group: 1 group_size: 4 ranks_active: 3 ranks_stale: 1 mode: TENSOR_PARALLEL_ONLY
+           reason: PINNED last_step: 599 rs_wait_fallback: true mode_switches: 1
+           pin { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY
+                 expire_time { seconds: 1700000600 } } }
+  mode_stats { mode: SEQUENCE_PARALLEL steps: 50 effective_tokens_per_s: 123456.7
+               step_time_p95_s: 0.81 peak_memory_bytes: 69793218560 peak_memory_vs_tp: 0.81
+               tokens_per_s_vs_tp: 1.04 step_time_p95_vs_tp: 0.98 }
+  mode_stats { mode: TENSOR_PARALLEL_ONLY steps: 50 effective_tokens_per_s: 118708.4
+               step_time_p95_s: 0.8265 peak_memory_bytes: 86167781376 peak_memory_vs_tp: 1
+               tokens_per_s_vs_tp: 1 step_time_p95_vs_tp: 1 }
+  decisions { mode: SEQUENCE_PARALLEL reason: GATES_PASSED count: 900 }
+  decisions { mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV count: 300 }
+  config { job_id: "llama" overrides { max_length_cv: 0.25 } version: 3 effective_version: 3 }
+  pins { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY expire_time { seconds: 1700000600 } }
+  local_decisions: 5
+)pb";
+
+TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
+  const auto job = Parse<v1::Job>(kJob);
+  EXPECT_EQ(
+      FormatJob(job, OutputFormat::kTable, kNow),
+      "job              llama\n"
+      "groups           2 (1 sp, 1 tp_only)\n"
+      "ranks            7 active, 1 stale\n"
+      "steps decided    1200\n"
+      "local decisions  5\n"
+      "config           version 3, overrides: max_length_cv=0.25\n"
+      "\n"
+      "GROUPS\n"
+      "GROUP  SIZE  ACTIVE  STALE  MODE     REASON        LAST_STEP  RS_WAIT  AG_TAIL_MS  "
+      "NORM_STALL  FALLBACK  SWITCHES  PIN\n"
+      "    0     4       4      0  sp       gates_passed        600    0.031        1.20       "
+      "0.010  -                2  -\n"
+      "    1     4       3      1  tp_only  pinned              599    0.000        0.00       "
+      "0.000  rs_wait          1  tp_only in 10m\n"
+      "\n"
+      "MODES (rolling window; ratios relative to tp_only)\n"
+      "MODE     STEPS  TOKENS/S  vs TP  STEP_P95_S  vs TP  PEAK_MEMORY  vs TP\n"
+      "sp          50    123457  1.04x      0.8100  0.98x     65.0 GiB  0.81x\n"
+      "tp_only     50    118708  1.00x      0.8265  1.00x     80.2 GiB  1.00x\n"
+      "\n"
+      "DECISIONS\n"
+      "MODE     REASON        COUNT\n"
+      "sp       gates_passed    900\n"
+      "tp_only  length_cv       300\n"
+      "\n"
+      "PINS\n"
+      "TARGET   MODE     EXPIRES               LEFT\n"
+      "group 1  tp_only  2023-11-14T22:23:20Z  in 10m\n");
+}
+
+TEST(FormatJob, EmptySectionsSayNone) {
+  const std::string out = FormatJob(Parse<v1::Job>("summary { job_id: \"new\" }"),
+                                    OutputFormat::kTable, kNow);
+  EXPECT_THAT(out, HasSubstr("GROUPS\n(none)\n"));
+  EXPECT_THAT(out, HasSubstr("(no steps observed yet)\n"));
+  EXPECT_THAT(out, HasSubstr("DECISIONS\n(none)\n"));
+  EXPECT_THAT(out, HasSubstr("PINS\n(none)\n"));
+  EXPECT_THAT(out, HasSubstr("overrides: none"));
+}
+
+TEST(FormatJob, RatioWithoutTpStepsIsADash) {
+  const auto job = Parse<v1::Job>(
+      "mode_stats { mode: SEQUENCE_PARALLEL steps: 3 effective_tokens_per_s: 10 }");
+  EXPECT_THAT(FormatJob(job, OutputFormat::kTable, kNow),
+              HasSubstr("sp        3        10      -      0.0000      -          0 B      -\n"));
+}
+
+TEST(FormatJob, JsonParsesBack) {
+  const auto job = Parse<v1::Job>(kJob);
+  const std::string json = FormatJob(job, OutputFormat::kJson, kNow);
+  EXPECT_THAT(json, HasSubstr("\"mode\": \"TENSOR_PARALLEL_ONLY\""));
+  EXPECT_THAT(json, HasSubstr("\"rs_wait_fallback\": true"));
+  ExpectJsonRoundTrip(job, json);
+}
+
+TEST(FormatPin, TableAndJson) {
+  const auto pin = Parse<v1::Pin>(
+      R"pb(job_id: "llama" mode: SEQUENCE_PARALLEL expire_time { seconds: 1700003600 })pb");
+  EXPECT_EQ(FormatPin(pin, OutputFormat::kTable, kNow),
+            "pinned job llama all groups to sp until 2023-11-14T23:13:20Z (in 1h)\n");
+  auto group_pin = pin;
+  group_pin.set_group(2);
+  EXPECT_THAT(FormatPin(group_pin, OutputFormat::kTable, kNow), HasSubstr("job llama group 2 to sp"));
+  EXPECT_THAT(FormatPin(pin, OutputFormat::kTable, kNow + absl::Hours(2)), HasSubstr("(expired)"));
+  ExpectJsonRoundTrip(group_pin, FormatPin(group_pin, OutputFormat::kJson, kNow));
+}
+
+TEST(FormatUnpin, CountsAndTarget) {
+  v1::UnpinRequest req;
+  req.set_job_id("llama");
+  v1::UnpinResponse resp;
+  resp.set_removed(1);
+  EXPECT_EQ(FormatUnpin(req, resp, OutputFormat::kTable), "removed 1 pin of job llama\n");
+  req.set_group(3);
+  resp.set_removed(0);
+  EXPECT_EQ(FormatUnpin(req, resp, OutputFormat::kTable), "removed 0 pins of job llama group 3\n");
+  EXPECT_EQ(FormatUnpin(req, resp, OutputFormat::kJson), "{\n \"removed\": 0\n}\n");
+}
+
+TEST(FormatDecisionLine, OneLineEach) {
+  const auto d = Parse<v1::Decision>(R"pb(
+    job_id: "llama" group: 1 step: 42 mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV
+    config_version: 3 length_cv: 0.4123 rolling_rs_wait_share: 0.031
+    decide_time { seconds: 1700000000 nanos: 123456789 }
+  )pb");
+  EXPECT_EQ(FormatDecisionLine(d, OutputFormat::kTable),
+            "2023-11-14T22:13:20.123Z  job=llama group=1 step=42 mode=tp_only reason=length_cv "
+            "length_cv=0.412 rs_wait=0.031 config_version=3\n");
+  const std::string json = FormatDecisionLine(d, OutputFormat::kJson);
+  EXPECT_EQ(json.find('\n'), json.size() - 1) << "one object per line: " << json;
+  EXPECT_THAT(json, HasSubstr("\"reason\":\"LENGTH_CV\""));
+  ExpectJsonRoundTrip(d, json);
+}
+
+TEST(FormatEvaluation, DecisionAndReasonChain) {
+  const auto r = Parse<v1::EvaluateGatesResponse>(R"pb(
+    decision { mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV length_cv: 0.8612
+               rolling_rs_wait_share: 0.3 config_version: 3 }
+    checks { gate: "pin" outcome: "pass" detail: "no pin" }
+    checks { gate: "memory" outcome: "pass" observed: 75161927680 threshold: 77309411328
+             detail: "TP-only fits" }
+    checks { gate: "length_cv" outcome: "fire" observed: 0.8612 threshold: 0.18
+             detail: "length_cv 0.861 > 0.18" }
+    checks { gate: "rs_wait" outcome: "skip" detail: "not reached" }
+    config_used { max_length_cv: 0.18 max_rs_wait_share: 0.22 bucket_target_cv: 0.15
+                  rs_wait_reenable_margin: 0.03 window_steps: 50 }
+  )pb");
+  EXPECT_EQ(FormatEvaluation(r, OutputFormat::kTable),
+            "decision       tp_only (length_cv)\n"
+            "length_cv      0.8612\n"
+            "rs_wait_share  0.3000 (rolling)\n"
+            "config         version 3\n"
+            "               max_length_cv=0.18 max_rs_wait_share=0.22 bucket_target_cv=0.15 "
+            "rs_wait_reenable_margin=0.03\n"
+            "               window_steps=50\n"
+            "\n"
+            "GATE       OUTCOME  OBSERVED  THRESHOLD  DETAIL\n"
+            "pin        pass            -          -  no pin\n"
+            "memory     pass     70.0 GiB   72.0 GiB  TP-only fits\n"
+            "length_cv  fire       0.8612       0.18  length_cv 0.861 > 0.18\n"
+            "rs_wait    skip            -          -  not reached\n");
+  ExpectJsonRoundTrip(r, FormatEvaluation(r, OutputFormat::kJson));
+}
+
+}  // namespace
+}  // namespace spgate::ctl

@@ -1,0 +1,526 @@
+// spgatectl end to end: a real daemon on port 0 (spgate::server::Daemon) and the real
+// spgatectl binary, run as a subprocess for every command. Checks what an operator
+// sees: the exit status, stdout, and the server's message on stderr for a refusal.
+// Decisions are driven through GateService.Decide, as a simple worker would.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "spgate/v1/admin.pb.h"
+#include "spgate/v1/gate.grpc.pb.h"
+
+#ifndef SPGATECTL_PATH
+#error "SPGATECTL_PATH must name the spgatectl binary"
+#endif
+
+namespace spgate {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::ContainsRegex;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::StartsWith;
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+fs::path MakeTempDir() {
+  std::string tmpl = (fs::temp_directory_path() / "spgatectl_e2e.XXXXXX").string();
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+// One spgatectl process; stdout and stderr go to files so a test can look at them
+// while it runs (watch) and after it ends.
+class CtlProcess {
+ public:
+  CtlProcess(const fs::path& dir, const std::vector<std::string>& args) {
+    static int counter = 0;
+    const std::string stem = absl::StrCat("ctl", ++counter);
+    out_ = dir / (stem + ".out");
+    err_ = dir / (stem + ".err");
+    // Everything the child needs is prepared before fork: after it, only
+    // async-signal-safe calls (this process has gRPC threads).
+    std::vector<std::string> argv_storage = {SPGATECTL_PATH};
+    argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : argv_storage) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const std::string out = out_.string(), err = err_.string();
+    pid_ = fork();
+    if (pid_ == 0) {
+      const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (o < 0 || e < 0) _exit(126);
+      dup2(o, 1);
+      dup2(e, 2);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~CtlProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  // The exit status (128 + signal when killed by one), or -1 if still running after
+  // `timeout`.
+  int Wait(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (Running()) {
+      if (absl::Now() >= deadline) return -1;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return exit_status_;
+  }
+  bool Running() {
+    int status = 0;
+    if (exited_) return false;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+  void Signal(int sig) { kill(pid_, sig); }
+  std::string out() const { return ReadAll(out_); }
+  std::string err() const { return ReadAll(err_); }
+
+ private:
+  fs::path out_, err_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int exit_status_ = -1;
+};
+
+struct CtlResult {
+  int exit_code;
+  std::string out;
+  std::string err;
+};
+
+std::ostream& operator<<(std::ostream& os, const CtlResult& r) {
+  return os << "exit " << r.exit_code << "\n--- stdout\n" << r.out << "--- stderr\n" << r.err;
+}
+
+class SpgatectlE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    StartDaemon(Options());
+  }
+  void TearDown() override {
+    if (daemon_) daemon_->Shutdown(absl::Seconds(2));
+    daemon_.reset();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  server::DaemonOptions Options() {
+    server::DaemonOptions opts;  // loopback, port 0
+    opts.metrics_listen = "";
+    opts.state_dir = (dir_ / "state").string();
+    fs::create_directories(opts.state_dir);
+    return opts;
+  }
+
+  void StartDaemon(server::DaemonOptions opts) {
+    if (daemon_) daemon_->Shutdown(absl::Seconds(2));
+    auto d = server::Daemon::Start(std::move(opts));
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    gate_ = v1::GateService::NewStub(
+        grpc::CreateChannel(daemon_->worker_address(), grpc::InsecureChannelCredentials()));
+  }
+
+  // Runs spgatectl against the daemon's admin port and waits for it.
+  CtlResult Ctl(std::vector<std::string> args) {
+    args.insert(args.begin(), absl::StrCat("--admin=", daemon_->admin_address()));
+    return CtlRaw(args);
+  }
+  CtlResult CtlRaw(const std::vector<std::string>& args) {
+    CtlProcess p(dir_, args);
+    const int code = p.Wait(absl::Seconds(30));
+    return {code, p.out(), p.err()};
+  }
+  std::unique_ptr<CtlProcess> Spawn(std::vector<std::string> args) {
+    args.insert(args.begin(), absl::StrCat("--admin=", daemon_->admin_address()));
+    return std::make_unique<CtlProcess>(dir_, args);
+  }
+
+  // One plan through GateService.Decide.
+  v1::Decision Decide(const std::string& job, int group, int64_t step,
+                      std::vector<int64_t> lengths = {4096, 4096, 4096, 4096}) {
+    v1::DecideRequest req;
+    req.mutable_plan()->set_job_id(job);
+    req.mutable_plan()->set_group(group);
+    req.mutable_plan()->set_step(step);
+    for (int64_t l : lengths) req.mutable_plan()->add_lengths(l);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::Decision d;
+    const grpc::Status s = gate_->Decide(&ctx, req, &d);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return d;
+  }
+
+  fs::path dir_;
+  std::unique_ptr<server::Daemon> daemon_;
+  std::unique_ptr<v1::GateService::Stub> gate_;
+};
+
+template <typename T>
+T ParseJson(const std::string& json) {
+  T m;
+  const auto s = google::protobuf::util::JsonStringToMessage(json, &m);
+  EXPECT_TRUE(s.ok()) << s.ToString() << "\n" << json;
+  return m;
+}
+
+TEST_F(SpgatectlE2eTest, GatesGetShowsTheDefaults) {
+  const CtlResult r = Ctl({"gates", "get"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("scope    global\n"));
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.18  inherited"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  inherited"));
+  EXPECT_THAT(r.err, IsEmpty());
+}
+
+TEST_F(SpgatectlE2eTest, GatesSetThenGetShowsIt) {
+  CtlResult r = Ctl({"gates", "set", "--max_length_cv=0.25", "--window_steps=10"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.25  override"));
+
+  r = Ctl({"gates", "get"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.25  override"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +10  override"));
+  EXPECT_THAT(r.out, ContainsRegex("max_rs_wait_share +0.22  inherited"));
+
+  // A job override on top, then --clear removes it (masked but unset).
+  r = Ctl({"gates", "set", "--job_id=llama", "--max_length_cv=0.5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  r = Ctl({"gates", "get", "--job_id=llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("scope    job llama\n"));
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.5  override"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +10  inherited"));
+
+  r = Ctl({"gates", "set", "--job_id=llama", "--clear=max_length_cv"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.25  inherited"));
+}
+
+TEST_F(SpgatectlE2eTest, InvalidValueIsRefusedWithTheServersMessage) {
+  const CtlResult r = Ctl({"gates", "set", "--max_rs_wait_share=1.5"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: INVALID_ARGUMENT: "));
+  EXPECT_THAT(r.err, HasSubstr("max_rs_wait_share"));
+  EXPECT_THAT(r.out, IsEmpty());
+  // Nothing changed.
+  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_rs_wait_share +0.22  inherited"));
+}
+
+TEST_F(SpgatectlE2eTest, LocalValidationNamesTheFlagAndExitsWithUsage) {
+  const CtlResult r = Ctl({"gates", "set", "--max_length_cv=lots"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: --max_length_cv: \"lots\" is not a number\n"));
+  EXPECT_THAT(r.err, HasSubstr("run 'spgatectl gates set --help' for usage"));
+}
+
+TEST_F(SpgatectlE2eTest, VersionConflictIsAborted) {
+  CtlResult r = Ctl({"--output=json", "gates", "set", "--window_steps=20"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto config = ParseJson<v1::VersionedGateConfig>(r.out);
+  ASSERT_GT(config.version(), 0);
+
+  r = Ctl({"gates", "set", "--window_steps=30",
+           absl::StrCat("--expected_version=", config.version() + 5)});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: ABORTED: "));
+  EXPECT_THAT(r.err, HasSubstr("version"));
+
+  r = Ctl({"gates", "set", "--window_steps=30",
+           absl::StrCat("--expected_version=", config.version())});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +30  override"));
+}
+
+TEST_F(SpgatectlE2eTest, UnknownJobIsNotFound) {
+  CtlResult r = Ctl({"jobs", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "no jobs\n");
+
+  r = Ctl({"jobs", "show", "nope"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: jobs show: NOT_FOUND: "));
+  EXPECT_THAT(r.err, HasSubstr("nope"));
+
+  r = Ctl({"eval", "--lengths=100", "--job_id=nope"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: eval: NOT_FOUND: "));
+}
+
+TEST_F(SpgatectlE2eTest, JobsListAndShowAfterDecisions) {
+  for (int64_t step = 0; step < 3; ++step) Decide("llama", 0, step);
+  Decide("llama", 1, 0, {128, 65536});  // high CV: TP-only
+  CtlResult r = Ctl({"jobs", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("JOB "));
+  EXPECT_THAT(r.out, ContainsRegex("\nllama +2 "));
+
+  r = Ctl({"jobs", "show", "llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("job              llama\n"));
+  EXPECT_THAT(r.out, HasSubstr("\nGROUPS\n"));
+  EXPECT_THAT(r.out, ContainsRegex("\n +0 .* sp +gates_passed +2 "));
+  EXPECT_THAT(r.out, ContainsRegex("\n +1 .* tp_only +length_cv +0 "));
+  EXPECT_THAT(r.out, HasSubstr("\nMODES "));
+  EXPECT_THAT(r.out, ContainsRegex("DECISIONS\nMODE +REASON +COUNT\n"));
+  EXPECT_THAT(r.out, ContainsRegex("sp +gates_passed +3\n"));
+  EXPECT_THAT(r.out, ContainsRegex("tp_only +length_cv +1\n"));
+  EXPECT_THAT(r.out, HasSubstr("PINS\n(none)\n"));
+}
+
+TEST_F(SpgatectlE2eTest, PinAndUnpin) {
+  Decide("llama", 0, 0);
+  CtlResult r = Ctl({"pin", "llama", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("pinned job llama all groups to tp_only until "));
+  EXPECT_THAT(r.out, HasSubstr("(in 9m5"));
+
+  v1::Decision d = Decide("llama", 0, 1);
+  EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_EQ(d.reason(), v1::PINNED);
+
+  r = Ctl({"jobs", "show", "llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("PINS\nTARGET +MODE +EXPIRES +LEFT\nall groups +tp_only "));
+
+  r = Ctl({"pin", "llama", "--group=0", "--mode=sp", "--for=8d"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: pin: INVALID_ARGUMENT: "));
+  EXPECT_THAT(r.err, HasSubstr("duration"));
+
+  r = Ctl({"unpin", "llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "removed 1 pin of job llama\n");
+  d = Decide("llama", 0, 2);
+  EXPECT_NE(d.reason(), v1::PINNED);
+
+  r = Ctl({"--output=json", "unpin", "llama", "--group=0"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ParseJson<v1::UnpinResponse>(r.out).removed(), 0);
+}
+
+TEST_F(SpgatectlE2eTest, EvalPrintsTheDecisionAndReasonChain) {
+  CtlResult r = Ctl({"eval", "--lengths=512,4096,16384"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("decision       tp_only (length_cv)\n"));
+  EXPECT_THAT(r.out, ContainsRegex("\nlength_cv +fire +[0-9.]+ +0.18 "));
+
+  r = Ctl({"eval", "--lengths=4096,4096", "--rs_wait_share=0.3"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("decision       tp_only (rs_wait)\n"));
+
+  // A hypothetical config layered over the live one, for this evaluation only.
+  r = Ctl({"eval", "--lengths=512,4096,16384", "--max_length_cv=5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("decision       sp (gates_passed)\n"));
+  EXPECT_THAT(r.out, HasSubstr("max_length_cv=5 "));
+  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_length_cv +0.18  inherited"));
+
+  // TP-only would not fit: SP whatever the other gates say.
+  r = Ctl({"eval", "--lengths=512,16384", "--budget=80GiB", "--peak_sp=60GiB", "--peak_tp=79GiB"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("decision       sp (memory_requires_sp)\n"));
+
+  r = Ctl({"eval", "--lengths=0"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: eval: INVALID_ARGUMENT: "));
+
+  r = Ctl({"--output=json", "eval", "--lengths=100,200"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto resp = ParseJson<v1::EvaluateGatesResponse>(r.out);
+  EXPECT_GT(resp.checks_size(), 0);
+  EXPECT_TRUE(resp.config_used().has_max_length_cv());
+}
+
+TEST_F(SpgatectlE2eTest, WatchCountStopsAfterNDecisions) {
+  auto watch = Spawn({"watch", "llama", "--count=3"});
+  // The watch may subscribe after the first plans; keep deciding until it has seen 3.
+  int64_t step = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (watch->Running() && absl::Now() < deadline) {
+    Decide("other", 0, step);  // filtered out by the job argument
+    Decide("llama", 0, step++);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(watch->Wait(absl::Seconds(5)), 0) << watch->err();
+  const std::vector<std::string> lines = absl::StrSplit(watch->out(), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << watch->out();
+  for (const std::string& line : lines) {
+    EXPECT_THAT(line, AllOf(HasSubstr("job=llama group=0 step="), HasSubstr(" mode=sp"),
+                            HasSubstr(" reason=gates_passed")));
+  }
+  EXPECT_THAT(watch->err(), IsEmpty());
+}
+
+TEST_F(SpgatectlE2eTest, WatchJsonIsOneDecisionPerLine) {
+  auto watch = Spawn({"--output=json", "watch", "--count=2"});
+  int64_t step = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (watch->Running() && absl::Now() < deadline) {
+    Decide("llama", 3, step++, {100, 50000});
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(watch->Wait(absl::Seconds(5)), 0) << watch->err();
+  const std::vector<std::string> lines = absl::StrSplit(watch->out(), '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << watch->out();
+  for (const std::string& line : lines) {
+    const auto d = ParseJson<v1::Decision>(line);
+    EXPECT_EQ(d.job_id(), "llama");
+    EXPECT_EQ(d.group(), 3);
+    EXPECT_EQ(d.reason(), v1::LENGTH_CV);
+  }
+}
+
+TEST_F(SpgatectlE2eTest, WatchStopsCleanlyOnSigterm) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    auto watch = Spawn({"watch"});
+    int64_t step = 0;
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (watch->out().empty() && watch->Running() && absl::Now() < deadline) {
+      Decide(absl::StrCat("job", sig), 0, step++);
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ASSERT_THAT(watch->out(), HasSubstr("job=job")) << watch->err();
+    watch->Signal(sig);
+    EXPECT_EQ(watch->Wait(absl::Seconds(5)), 0) << "signal " << sig << ": " << watch->err();
+    EXPECT_THAT(watch->err(), IsEmpty());
+  }
+}
+
+TEST_F(SpgatectlE2eTest, JsonOutputParses) {
+  Decide("llama", 0, 0);
+  CtlResult r = Ctl({"--output=json", "gates", "get"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_DOUBLE_EQ(ParseJson<v1::VersionedGateConfig>(r.out).config().max_length_cv(), 0.18);
+
+  r = Ctl({"--output=json", "jobs", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto jobs = ParseJson<v1::ListJobsResponse>(r.out);
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  EXPECT_EQ(jobs.jobs(0).job_id(), "llama");
+
+  r = Ctl({"jobs", "show", "llama", "--output=json"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ParseJson<v1::Job>(r.out).summary().job_id(), "llama");
+  EXPECT_THAT(r.out, HasSubstr("\"steps_decided\""));  // proto field names
+
+  r = Ctl({"--output=json", "pin", "llama", "--mode=sp", "--for=1m", "--group=0"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto pin = ParseJson<v1::Pin>(r.out);
+  EXPECT_EQ(pin.mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(pin.group(), 0);
+}
+
+TEST_F(SpgatectlE2eTest, UnreachableDaemonIsAnRpcError) {
+  const CtlResult r = CtlRaw({"--admin=127.0.0.1:1", "--timeout=2s", "jobs", "list"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: jobs list: UNAVAILABLE: "));
+}
+
+TEST_F(SpgatectlE2eTest, TokenIsSentAsBearerMetadata) {
+  const fs::path token = dir_ / "token", wrong = dir_ / "wrong";
+  std::ofstream(token) << "s3cret\n";
+  std::ofstream(wrong) << "guess\n";
+  server::DaemonOptions opts = Options();
+  opts.admin_token_file = token.string();
+  StartDaemon(opts);
+
+  CtlResult r = Ctl({"gates", "set", "--max_length_cv=0.3"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: UNAUTHENTICATED: "));
+
+  r = Ctl({"gates", "set", "--max_length_cv=0.3", "--token_file=" + wrong.string()});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: PERMISSION_DENIED: "));
+
+  r = Ctl({"gates", "set", "--max_length_cv=0.3", "--token_file=" + token.string()});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.3  override"));
+
+  r = Ctl({"gates", "get", "--token_file=" + (dir_ / "missing").string()});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--token_file: cannot read"));
+}
+
+// mTLS: the daemon requires a client certificate signed by the test CA.
+TEST_F(SpgatectlE2eTest, MutualTls) {
+  if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl CLI";
+  const std::string d = dir_.string();
+  const std::string script = absl::StrCat(
+      "set -e; cd ", d, "; exec > openssl.log 2>&1;",
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key "
+      "-out ca.pem;",
+      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext;",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out "
+      "server.csr;",
+      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+      "-extfile san.ext -out server.pem;",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=operator -keyout client.key -out "
+      "client.csr;",
+      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+      "-out client.pem");
+  ASSERT_EQ(std::system(script.c_str()), 0) << ReadAll(dir_ / "openssl.log");
+
+  server::DaemonOptions opts = Options();
+  opts.tls_cert = d + "/server.pem";
+  opts.tls_key = d + "/server.key";
+  opts.tls_client_ca = d + "/ca.pem";
+  StartDaemon(opts);
+
+  const std::string ca = "--tls_ca=" + d + "/ca.pem";
+  CtlResult r = Ctl({"gates", "get", ca, "--tls_cert=" + d + "/client.pem",
+                     "--tls_key=" + d + "/client.key", "--tls_server_name=localhost"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("scope    global"));
+
+  r = Ctl({"gates", "get", ca, "--tls_server_name=localhost"});  // no client certificate
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates get: UNAVAILABLE: "));
+
+  r = Ctl({"gates", "get"});  // plaintext against a TLS port
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates get: UNAVAILABLE: "));
+}
+
+}  // namespace
+}  // namespace spgate

@@ -1,0 +1,357 @@
+// Tables and JSON for spgatectl; see format.h.
+#include "tools/spgatectl/format.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/util/json_util.h"
+#include "tools/spgatectl/flag_values.h"
+
+namespace spgate::ctl {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using Align = Table::Align;
+
+absl::Time FromProtoTime(const google::protobuf::Timestamp& ts) {
+  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
+}
+
+std::string TimeText(const google::protobuf::Timestamp& ts, bool millis) {
+  if (ts.seconds() == 0 && ts.nanos() == 0) return "-";
+  return absl::FormatTime(millis ? "%Y-%m-%dT%H:%M:%E3SZ" : "%Y-%m-%dT%H:%M:%SZ",
+                          FromProtoTime(ts), absl::UTCTimeZone());
+}
+
+// "in 9m58s" / "expired": what is left until `ts`, to the second.
+std::string RemainingText(const google::protobuf::Timestamp& ts, absl::Time now) {
+  const absl::Duration left = absl::Trunc(FromProtoTime(ts) - now, absl::Seconds(1));
+  if (left <= absl::ZeroDuration()) return "expired";
+  return absl::StrCat("in ", absl::FormatDuration(left));
+}
+
+std::string Fixed(double v, int decimals) { return absl::StrFormat("%.*f", decimals, v); }
+
+// Ratio against TP-only; the server sends 0 when TP-only has no steps to compare with.
+std::string Ratio(double v) { return v == 0 ? "-" : absl::StrFormat("%.2fx", v); }
+
+std::string GateFieldText(const v1::GateConfig& config, const FieldDescriptor* field) {
+  const auto* refl = v1::GateConfig::GetReflection();
+  if (!refl->HasField(config, field)) return "-";
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+    return absl::StrCat(refl->GetDouble(config, field));
+  }
+  return absl::StrCat(refl->GetInt64(config, field));
+}
+
+std::vector<const FieldDescriptor*> GateFields() {
+  std::vector<const FieldDescriptor*> out;
+  const auto* desc = v1::GateConfig::descriptor();
+  for (int i = 0; i < desc->field_count(); ++i) out.push_back(desc->field(i));
+  return out;
+}
+
+// "max_length_cv=0.2 window_steps=10" for the fields set in `config`, `per_line` to a
+// line (0: all on one).
+std::string SetFieldsText(const v1::GateConfig& config, int per_line = 0) {
+  std::vector<std::string> parts;
+  const auto* refl = v1::GateConfig::GetReflection();
+  for (const FieldDescriptor* f : GateFields()) {
+    if (refl->HasField(config, f)) parts.push_back(absl::StrCat(f->name(), "=", GateFieldText(config, f)));
+  }
+  if (parts.empty()) return "none";
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) out += (per_line > 0 && i % per_line == 0) ? "\n" : " ";
+    out += parts[i];
+  }
+  return out;
+}
+
+// Two-column "key  value" block; a value's further lines are indented under its first.
+std::string KeyValues(const std::vector<std::pair<std::string, std::string>>& rows) {
+  size_t width = 0;
+  for (const auto& [k, v] : rows) width = std::max(width, k.size());
+  std::string out;
+  for (const auto& [k, v] : rows) {
+    absl::StrAppend(&out, k, std::string(width - k.size() + 2, ' '),
+                    absl::StrJoin(absl::StrSplit(v, '\n'), absl::StrCat("\n", std::string(width + 2, ' '))),
+                    "\n");
+  }
+  return out;
+}
+
+std::string PinTarget(const v1::Pin& pin) {
+  return pin.has_group() ? absl::StrCat("group ", pin.group()) : "all groups";
+}
+
+}  // namespace
+
+Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
+
+void Table::AddRow(std::vector<std::string> cells) {
+  cells.resize(columns_.size());
+  rows_.push_back(std::move(cells));
+}
+
+std::string Table::Render() const {
+  std::vector<size_t> width(columns_.size());
+  for (size_t c = 0; c < columns_.size(); ++c) {
+    width[c] = columns_[c].name.size();
+    for (const auto& row : rows_) width[c] = std::max(width[c], row[c].size());
+  }
+  auto line = [&](const std::vector<std::string>& cells) {
+    std::string out;
+    for (size_t c = 0; c < columns_.size(); ++c) {
+      const std::string pad(width[c] - cells[c].size(), ' ');
+      if (c > 0) out += "  ";
+      if (columns_[c].align == Align::kRight) {
+        absl::StrAppend(&out, pad, cells[c]);
+      } else {
+        absl::StrAppend(&out, cells[c], pad);
+      }
+    }
+    // Trailing blanks of a left-aligned last column are noise in a terminal and a diff.
+    out.erase(out.find_last_not_of(' ') + 1);
+    return out + "\n";
+  };
+  std::vector<std::string> header;
+  for (const Column& c : columns_) header.push_back(c.name);
+  std::string out = line(header);
+  for (const auto& row : rows_) out += line(row);
+  return out;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool multiline) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = multiline;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) {
+    // Only invalid UTF-8 or out-of-range well-known types get here; say so as JSON.
+    return absl::StrCat("{\"error\": \"cannot print ", message.GetTypeName(), " as JSON\"}\n");
+  }
+  if (out.empty() || out.back() != '\n') out += '\n';
+  return out;
+}
+
+std::string ModeName(v1::Mode mode) {
+  switch (mode) {
+    case v1::SEQUENCE_PARALLEL:
+      return "sp";
+    case v1::TENSOR_PARALLEL_ONLY:
+      return "tp_only";
+    default:
+      return "-";
+  }
+}
+
+std::string ReasonName(v1::Reason reason) {
+  if (reason == v1::REASON_UNSPECIFIED) return "-";
+  const std::string& name = v1::Reason_Name(reason);
+  return name.empty() ? absl::StrCat("reason_", static_cast<int>(reason))
+                      : absl::AsciiStrToLower(name);
+}
+
+std::string StatusCodeName(int code) {
+  static constexpr absl::string_view kNames[] = {
+      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT",
+      "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",   "PERMISSION_DENIED",
+      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",      "DATA_LOSS",
+      "UNAUTHENTICATED"};
+  if (code >= 0 && code < static_cast<int>(std::size(kNames))) return std::string(kNames[code]);
+  return absl::StrCat("CODE_", code);
+}
+
+std::string FormatRpcError(absl::string_view command, int code, absl::string_view message) {
+  return absl::StrCat("spgatectl: ", command, ": ", StatusCodeName(code), ": ",
+                      message.empty() ? "(no message)" : message, "\n");
+}
+
+std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(c);
+  std::string out = KeyValues({
+      {"scope", c.job_id().empty() ? "global" : absl::StrCat("job ", c.job_id())},
+      {"version", absl::StrCat(c.version(), " (effective ", c.effective_version(), ")")},
+      {"updated", c.has_update_time() ? TimeText(c.update_time(), false) : "never"},
+  });
+  Table t({{"FIELD"}, {"VALUE", Align::kRight}, {"SOURCE"}});
+  const auto* refl = v1::GateConfig::GetReflection();
+  for (const FieldDescriptor* f : GateFields()) {
+    t.AddRow({f->name(), GateFieldText(c.config(), f),
+              refl->HasField(c.overrides(), f) ? "override" : "inherited"});
+  }
+  return absl::StrCat(out, "\n", t.Render());
+}
+
+std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(jobs);
+  if (jobs.jobs_size() == 0) return "no jobs\n";
+  Table t({{"JOB"},
+           {"GROUPS", Align::kRight},
+           {"RANKS", Align::kRight},
+           {"STALE", Align::kRight},
+           {"STEPS", Align::kRight},
+           {"SP", Align::kRight},
+           {"TP_ONLY", Align::kRight},
+           {"VERSION", Align::kRight}});
+  for (const v1::JobSummary& j : jobs.jobs()) {
+    t.AddRow({j.job_id(), absl::StrCat(j.groups()), absl::StrCat(j.ranks_active()),
+              absl::StrCat(j.ranks_stale()), absl::StrCat(j.steps_decided()),
+              absl::StrCat(j.sp_groups()), absl::StrCat(j.tp_groups()),
+              absl::StrCat(j.config_version())});
+  }
+  return t.Render();
+}
+
+std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
+  if (format == OutputFormat::kJson) return ToJson(job);
+  const v1::JobSummary& s = job.summary();
+  std::string out = KeyValues({
+      {"job", s.job_id()},
+      {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
+      {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
+      {"steps decided", absl::StrCat(s.steps_decided())},
+      {"local decisions", absl::StrCat(job.local_decisions())},
+      {"config", absl::StrCat("version ", job.config().effective_version(), ", overrides: ",
+                              SetFieldsText(job.config().overrides()))},
+  });
+
+  absl::StrAppend(&out, "\nGROUPS\n");
+  if (job.groups_size() == 0) {
+    absl::StrAppend(&out, "(none)\n");
+  } else {
+    Table t({{"GROUP", Align::kRight},
+             {"SIZE", Align::kRight},
+             {"ACTIVE", Align::kRight},
+             {"STALE", Align::kRight},
+             {"MODE"},
+             {"REASON"},
+             {"LAST_STEP", Align::kRight},
+             {"RS_WAIT", Align::kRight},
+             {"AG_TAIL_MS", Align::kRight},
+             {"NORM_STALL", Align::kRight},
+             {"FALLBACK"},
+             {"SWITCHES", Align::kRight},
+             {"PIN"}});
+    for (const v1::GroupStatus& g : job.groups()) {
+      t.AddRow({absl::StrCat(g.group()), absl::StrCat(g.group_size()),
+                absl::StrCat(g.ranks_active()), absl::StrCat(g.ranks_stale()), ModeName(g.mode()),
+                ReasonName(g.reason()), absl::StrCat(g.last_step()),
+                Fixed(g.rolling_rs_wait_share(), 3), Fixed(g.all_gather_tail_s() * 1e3, 2),
+                Fixed(g.norm_stall_ratio(), 3), g.rs_wait_fallback() ? "rs_wait" : "-",
+                absl::StrCat(g.mode_switches()),
+                g.has_pin() ? absl::StrCat(ModeName(g.pin().mode()), " ",
+                                           RemainingText(g.pin().expire_time(), now))
+                            : "-"});
+    }
+    absl::StrAppend(&out, t.Render());
+  }
+
+  absl::StrAppend(&out, "\nMODES (rolling window; ratios relative to tp_only)\n");
+  if (job.mode_stats_size() == 0) {
+    absl::StrAppend(&out, "(no steps observed yet)\n");
+  } else {
+    Table t({{"MODE"},
+             {"STEPS", Align::kRight},
+             {"TOKENS/S", Align::kRight},
+             {"vs TP", Align::kRight},
+             {"STEP_P95_S", Align::kRight},
+             {"vs TP", Align::kRight},
+             {"PEAK_MEMORY", Align::kRight},
+             {"vs TP", Align::kRight}});
+    for (const v1::ModeStats& m : job.mode_stats()) {
+      t.AddRow({ModeName(m.mode()), absl::StrCat(m.steps()), Fixed(m.effective_tokens_per_s(), 0),
+                Ratio(m.tokens_per_s_vs_tp()), Fixed(m.step_time_p95_s(), 4),
+                Ratio(m.step_time_p95_vs_tp()), FormatBytes(m.peak_memory_bytes()),
+                Ratio(m.peak_memory_vs_tp())});
+    }
+    absl::StrAppend(&out, t.Render());
+  }
+
+  absl::StrAppend(&out, "\nDECISIONS\n");
+  if (job.decisions_size() == 0) {
+    absl::StrAppend(&out, "(none)\n");
+  } else {
+    Table t({{"MODE"}, {"REASON"}, {"COUNT", Align::kRight}});
+    for (const v1::DecisionCount& d : job.decisions()) {
+      t.AddRow({ModeName(d.mode()), ReasonName(d.reason()), absl::StrCat(d.count())});
+    }
+    absl::StrAppend(&out, t.Render());
+  }
+
+  absl::StrAppend(&out, "\nPINS\n");
+  if (job.pins_size() == 0) {
+    absl::StrAppend(&out, "(none)\n");
+  } else {
+    Table t({{"TARGET"}, {"MODE"}, {"EXPIRES"}, {"LEFT"}});
+    for (const v1::Pin& p : job.pins()) {
+      t.AddRow({PinTarget(p), ModeName(p.mode()), TimeText(p.expire_time(), false),
+                RemainingText(p.expire_time(), now)});
+    }
+    absl::StrAppend(&out, t.Render());
+  }
+  return out;
+}
+
+std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now) {
+  if (format == OutputFormat::kJson) return ToJson(pin);
+  return absl::StrCat("pinned job ", pin.job_id(), " ", PinTarget(pin), " to ", ModeName(pin.mode()),
+                      " until ", TimeText(pin.expire_time(), false), " (",
+                      RemainingText(pin.expire_time(), now), ")\n");
+}
+
+std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
+                        OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(response);
+  return absl::StrCat("removed ", response.removed(), response.removed() == 1 ? " pin" : " pins",
+                      " of job ", request.job_id(),
+                      request.has_group() ? absl::StrCat(" group ", request.group()) : "", "\n");
+}
+
+std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(d, /*multiline=*/false);
+  return absl::StrCat(TimeText(d.decide_time(), true), "  job=", d.job_id(), " group=", d.group(),
+                      " step=", d.step(), " mode=", ModeName(d.mode()),
+                      " reason=", ReasonName(d.reason()), " length_cv=", Fixed(d.length_cv(), 3),
+                      " rs_wait=", Fixed(d.rolling_rs_wait_share(), 3),
+                      " config_version=", d.config_version(), "\n");
+}
+
+std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(r);
+  const v1::Decision& d = r.decision();
+  std::string out = KeyValues({
+      {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
+      {"length_cv", Fixed(d.length_cv(), 4)},
+      {"rs_wait_share", absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")},
+      {"config", absl::StrCat("version ", d.config_version(), "\n",
+                              SetFieldsText(r.config_used(), /*per_line=*/4))},
+  });
+  Table t({{"GATE"},
+           {"OUTCOME"},
+           {"OBSERVED", Align::kRight},
+           {"THRESHOLD", Align::kRight},
+           {"DETAIL"}});
+  for (const v1::GateCheck& c : r.checks()) {
+    // A skipped gate measured nothing, and the pin gate has nothing to measure.
+    const bool no_values = c.outcome() == "skip" || (c.observed() == 0 && c.threshold() == 0);
+    auto value = [&](double v) -> std::string {
+      if (no_values) return "-";
+      if (c.gate() == "memory") return FormatBytes(static_cast<uint64_t>(std::max(v, 0.0)));
+      return absl::StrFormat("%.4g", v);
+    };
+    t.AddRow({c.gate(), c.outcome(), value(c.observed()), value(c.threshold()), c.detail()});
+  }
+  return absl::StrCat(out, "\n", t.Render());
+}
+
+}  // namespace spgate::ctl

@@ -1,0 +1,66 @@
+// spgatectl's output: admin API responses rendered as aligned tables for people or as
+// JSON for scripts (protobuf's JSON mapping with the proto field names, every field
+// printed, so a script sees `"removed": 0` rather than a missing key). Pure functions of
+// the response (and of `now` where a table shows "in 9m58s"), so they are unit-tested.
+//
+// Usage:
+//   std::cout << spgate::ctl::FormatGateConfig(response, OutputFormat::kTable);
+//   std::cerr << spgate::ctl::FormatRpcError("gates set", grpc::StatusCode::ABORTED, msg);
+#ifndef SPGATE_TOOLS_SPGATECTL_FORMAT_H_
+#define SPGATE_TOOLS_SPGATECTL_FORMAT_H_
+
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/time/time.h"
+#include "google/protobuf/message.h"
+#include "spgate/v1/admin.pb.h"
+#include "tools/spgatectl/commands.h"
+
+namespace spgate::ctl {
+
+// An aligned text table: columns separated by two spaces, numbers right-aligned.
+class Table {
+ public:
+  enum class Align { kLeft, kRight };
+  struct Column {
+    std::string name;
+    Align align = Align::kLeft;
+  };
+
+  explicit Table(std::vector<Column> columns);
+  void AddRow(std::vector<std::string> cells);  // missing cells are blank
+  std::string Render() const;                   // header + rows, each ending in '\n'
+
+ private:
+  std::vector<Column> columns_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// Protobuf JSON with the proto field names and every field printed. `multiline` adds
+// indentation; without it the object is on one line (watch prints one per decision).
+std::string ToJson(const google::protobuf::Message& message, bool multiline = true);
+
+// "sp", "tp_only" (the metrics' labels) and lower-case reason names ("length_cv").
+std::string ModeName(v1::Mode mode);
+std::string ReasonName(v1::Reason reason);
+// gRPC status code name: "INVALID_ARGUMENT", "ABORTED", ...
+std::string StatusCodeName(int code);
+
+// "spgatectl: <command>: <CODE>: <message>\n" — how a refused call is reported.
+std::string FormatRpcError(absl::string_view command, int code, absl::string_view message);
+
+std::string FormatGateConfig(const v1::VersionedGateConfig& config, OutputFormat format);
+std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format);
+std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now);
+std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now);
+std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
+                        OutputFormat format);
+// One line (ending in '\n') per decision, for watch.
+std::string FormatDecisionLine(const v1::Decision& decision, OutputFormat format);
+std::string FormatEvaluation(const v1::EvaluateGatesResponse& response, OutputFormat format);
+
+}  // namespace spgate::ctl
+
+#endif  // SPGATE_TOOLS_SPGATECTL_FORMAT_H_
