@@ -635,6 +635,34 @@ TEST(RsWaitSequenceTest, PinDoesNotEndTheFallback) {
   EXPECT_EQ(g.Step(100, 0.5).decision.reason, Reason::kRsWait);
 }
 
+// The worked example in docs/gates.md, step by step (telemetry arrives at once here).
+TEST(RsWaitSequenceTest, DocsGatesExample) {
+  GroupSim g(GateConfig{});
+  for (int64_t s = 0; s < 999; ++s) {
+    ASSERT_EQ(g.Step(s, 0.21).decision.reason, Reason::kGatesPassed) << s;
+  }
+  EXPECT_NEAR(g.window().Mean(), 0.21, 1e-12);
+  EXPECT_EQ(g.Step(999, 0.75).decision.reason, Reason::kGatesPassed);  // the straggler
+  EXPECT_NEAR(g.window().Mean(), 0.2208, 1e-12);
+  const GateOutcome trip = g.Step(1000, 0.0);
+  EXPECT_EQ(trip.decision.reason, Reason::kRsWait);
+  EXPECT_TRUE(trip.reset_rs_wait_window);
+  for (int64_t s = 1001; s <= 1198; ++s) {
+    ASSERT_EQ(g.Step(s, 0.0).decision.reason, Reason::kRsWait) << s;
+  }
+  EXPECT_EQ(g.Step(1199, 0.20).decision.reason, Reason::kProbe);
+  for (int64_t s = 1200; s <= 1398; ++s) {
+    ASSERT_EQ(g.Step(s, 0.0).decision.reason, Reason::kRsWait) << s;
+  }
+  EXPECT_EQ(g.Step(1399, 0.12).decision.reason, Reason::kProbe);
+  EXPECT_NEAR(g.window().Mean(), 0.16, 1e-12);
+  EXPECT_EQ(g.Step(1400, 0.9).decision.reason, Reason::kGatesPassed);  // resume
+  for (int64_t s = 1401; s <= 1419; ++s) {
+    ASSERT_EQ(g.Step(s, 0.9).decision.reason, Reason::kGatesPassed) << s;  // held
+  }
+  EXPECT_EQ(g.Step(1420, 0.9).decision.reason, Reason::kRsWait);
+}
+
 TEST(ModeSwitchTest, CountsEveryChangeOfMode) {
   GroupSim g(GateConfig{});
   struct Row {
