@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Static checks of deploy/docker/Dockerfile (no daemon or registry is reachable here, so
+the image is not built by the test suite; docs/deploy.md has the build command).
+
+Checks: multi-stage, every stage on Debian 12 (bookworm), a slim runtime stage; the
+runtime stage runs as a numeric non-root user set before ENTRYPOINT and never switches
+back; exec-form ENTRYPOINT of /usr/local/bin/spgated with CMD flags from SPEC §5 that
+match the Kubernetes sidecar's ports; apt-get with -y --no-install-recommends and the
+package lists removed in the same RUN; no ADD of URLs or `curl | sh`; pipefail for piped
+RUNs; the build stage installs the Makefile's package list (`make deps`) and builds without
+tests; COPY sources exist; the .dockerignore keeps build trees and .git out of the
+context. Runs hadolint too when it is installed.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DOCKERFILE = os.path.join(REPO, "deploy", "docker", "Dockerfile")
+IGNORE = DOCKERFILE + ".dockerignore"
+SPEC_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir", "config",
+              "admin_token_file", "tls_cert", "tls_key", "tls_client_ca"}
+
+problems = []
+
+
+def Instructions(text):
+    """[(instruction, arguments)] with line continuations joined and comments dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not buf and (not stripped or stripped.startswith("#")):
+            continue
+        if buf and stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            buf += stripped[:-1] + " "
+            continue
+        buf += stripped
+        word, _, rest = buf.partition(" ")
+        out.append((word.upper(), rest.strip()))
+        buf = ""
+    return out
+
+
+def main():
+    with open(DOCKERFILE) as f:
+        instructions = Instructions(f.read())
+    args = {}
+    stages = []  # each: {"from": image, "name": ..., "ins": [...]}
+    for ins, rest in instructions:
+        if ins == "ARG" and not stages:
+            k, _, v = rest.partition("=")
+            args[k] = v
+        elif ins == "FROM":
+            image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), rest.split()[0])
+            name = rest.split()[2] if len(rest.split()) == 3 and rest.split()[1].upper() == "AS" else None
+            stages.append({"from": image, "name": name, "ins": []})
+        elif stages:
+            stages[-1]["ins"].append((ins, rest))
+    if len(stages) < 2:
+        problems.append("must be multi-stage (build, runtime)")
+    for s in stages:
+        if not re.fullmatch(r"debian:(bookworm|12)([.\d]*)?(-slim)?(@sha256:[0-9a-f]{64})?", s["from"]):
+            problems.append(f"stage {s['name'] or s['from']}: not Debian 12 ({s['from']})")
+    runtime = stages[-1] if stages else {"from": "", "ins": []}
+    if "-slim" not in runtime["from"]:
+        problems.append("the runtime stage should be debian:bookworm-slim")
+    names = {s["name"] for s in stages if s["name"]}
+    # Per-instruction rules.
+    for s in stages:
+        has_pipefail = False
+        for ins, rest in s["ins"]:
+            if ins == "SHELL" and "pipefail" in rest:
+                has_pipefail = True
+            if ins == "ADD" and re.search(r"https?://", rest):
+                problems.append(f"ADD of a URL: {rest}")
+            if ins != "RUN":
+                continue
+            if re.search(r"curl[^|]*\|\s*(ba)?sh", rest):
+                problems.append(f"curl | sh: {rest}")
+            if "apt-get install" in rest:
+                if "--no-install-recommends" not in rest or " -y" not in rest:
+                    problems.append(f"apt-get install without -y --no-install-recommends: {rest[:80]}")
+            if "apt-get update" in rest and "rm -rf /var/lib/apt/lists" not in rest:
+                problems.append(f"apt-get update without removing the lists in the same RUN: {rest[:80]}")
+            if "make deps" in rest and "rm -rf /var/lib/apt/lists" not in rest:
+                problems.append("`make deps` layer keeps the apt lists")
+            if "|" in rest.replace("||", "") and not has_pipefail and not rest.startswith("["):
+                problems.append(f"piped RUN without SHELL [... pipefail ...]: {rest[:80]}")
+        for ins, rest in s["ins"]:
+            if ins == "COPY":
+                parts = [p for p in rest.split() if not p.startswith("--")]
+                from_stage = re.search(r"--from=(\S+)", rest)
+                if from_stage and from_stage.group(1) not in names:
+                    problems.append(f"COPY --from={from_stage.group(1)}: no such stage")
+                if not from_stage:
+                    for src in parts[:-1]:
+                        if src != "." and not os.path.exists(os.path.join(REPO, src)):
+                            problems.append(f"COPY source {src} does not exist in the repository")
+    build_runs = " ".join(r for s in stages[:-1] for i, r in s["ins"] if i == "RUN")
+    if "make deps" not in build_runs:
+        problems.append("the build stage should install the Makefile's DEB_PACKAGES (make deps)")
+    if "-DSPGATE_BUILD_TESTS=OFF" not in build_runs:
+        problems.append("the image build should not build the test suite")
+    # Runtime user, entrypoint, cmd.
+    users = [(i, r) for i, (ins, r) in enumerate(runtime["ins"]) if ins == "USER"]
+    entry = [(i, r) for i, (ins, r) in enumerate(runtime["ins"]) if ins == "ENTRYPOINT"]
+    if not users:
+        problems.append("the runtime stage has no USER")
+    else:
+        uid = users[-1][1].split(":")[0]
+        if not uid.isdigit() or uid == "0":
+            problems.append(f"USER {users[-1][1]}: must be a numeric non-root uid "
+                            "(Kubernetes runAsNonRoot cannot check a name)")
+        if entry and users[-1][0] > entry[-1][0]:
+            problems.append("USER must come before ENTRYPOINT")
+    if not entry:
+        problems.append("no ENTRYPOINT")
+    else:
+        try:
+            ep = json.loads(entry[-1][1])
+        except json.JSONDecodeError:
+            ep = None
+        if ep != ["/usr/local/bin/spgated"]:
+            problems.append(f"ENTRYPOINT must be exec form [\"/usr/local/bin/spgated\"], is {entry[-1][1]}")
+    cmd = [r for ins, r in runtime["ins"] if ins == "CMD"]
+    flags = {}
+    try:
+        for a in json.loads(cmd[-1]) if cmd else []:
+            k, _, v = a[2:].partition("=")
+            flags[k] = v
+    except json.JSONDecodeError:
+        problems.append("CMD must be exec (JSON) form")
+    if set(flags) - SPEC_FLAGS:
+        problems.append(f"CMD flags not in SPEC §5: {sorted(set(flags) - SPEC_FLAGS)}")
+    exposed = {int(p.split("/")[0]) for ins, r in runtime["ins"] if ins == "EXPOSE" for p in r.split()}
+    for flag in ("listen", "metrics_listen", "health_listen"):
+        port = int(flags.get(flag, ":0").rsplit(":", 1)[1])
+        if port not in exposed:
+            problems.append(f"--{flag} port {port} is not EXPOSEd")
+    if not flags.get("admin_listen", "").startswith("127.0.0.1:"):
+        problems.append("the admin API should stay on loopback by default")
+    # .dockerignore
+    with open(IGNORE) as f:
+        ignored = {l.strip() for l in f if l.strip() and not l.startswith("#")}
+    for must in (".git", "build", "build-*"):
+        if must not in ignored:
+            problems.append(f"{os.path.basename(IGNORE)} should exclude {must}")
+    hadolint = shutil.which("hadolint")
+    if hadolint:
+        r = subprocess.run([hadolint, DOCKERFILE], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            problems.append(f"hadolint:\n{r.stdout}{r.stderr}")
+    if problems:
+        print("FAIL:\n  " + "\n  ".join(problems))
+        return 1
+    print(f"PASS: {len(stages)} stages on Debian 12, non-root runtime"
+          + ("" if hadolint else " (hadolint not installed)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

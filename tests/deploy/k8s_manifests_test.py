@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""Renders deploy/k8s (base, every overlay, the TLS component on the per-job overlay) and
+checks what a cluster would reject or silently get wrong.
+
+Rendering: tests/deploy/kustomize_render.py always; `kubectl kustomize` as well when
+kubectl is installed, and then both renderings must be identical.
+
+Checks on every rendering:
+  - spgated's gRPC probes use numeric ports, equal to its --health_listen port, which is
+    a declared container port and not the (possibly TLS) worker port;
+  - the PodMonitor's port name is a container port name of spgated in every pod template
+    it selects, that port is --metrics_listen's, and some pod template is selected;
+  - --config lies in a directory mount (no subPath, so ConfigMap updates arrive) of the
+    ConfigMap that holds that key, with the content of base/gates.textproto;
+  - --admin_token_file lies in a mount of the admin token Secret; --state_dir is a
+    writable mount;
+  - every container runs non-root with a read-only root filesystem, no privilege
+    escalation, all capabilities dropped, resource requests, and a memory limit;
+  - every image was rewritten by `images:`;
+  - the trainer's --controller reaches a spgated worker API (loopback sidecar, or the
+    Service in the per-job overlay).
+Per shape: native sidecar (initContainer, restartPolicy Always) in the base; an ordinary
+container plus a shared process namespace in legacy-sidecar; no sidecar, a Service whose
+selector and targetPort match the Deployment, and a NetworkPolicy letting the trainers
+in, in per-job-daemon; TLS flags whose files are mounted in the TLS composition.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kustomize_render  # noqa: E402
+import yaml  # noqa: E402  (kustomize_render reported a missing python3-yaml)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# SPGATE_K8S_DIR: check another tree (the mutation self-test uses it).
+K8S = os.environ.get("SPGATE_K8S_DIR", os.path.join(REPO, "deploy", "k8s"))
+SIDECAR = "spgated"
+CONFIGMAP = "spgated-gates"
+ADMIN_SECRET = "spgated-admin-token"
+
+failures = []
+
+
+def Fail(where, msg):
+    failures.append(f"{where}: {msg}")
+
+
+def Flags(container):
+    out = {}
+    for arg in container.get("args", []) + container.get("command", []):
+        m = re.match(r"^--([a-z_]+)=(.*)$", arg)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def Port(address):
+    return int(address.rsplit(":", 1)[1])
+
+
+def PodTemplates(resources):
+    """(resource, template metadata, pod spec) for every workload."""
+    for r in resources:
+        if r["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
+            t = r["spec"]["template"]
+            yield r, t.get("metadata", {}), t["spec"]
+
+
+def AllContainers(spec):
+    return [("initContainers", c) for c in spec.get("initContainers") or []] + \
+           [("containers", c) for c in spec.get("containers") or []]
+
+
+def Find(resources, kind, name=None):
+    return [r for r in resources if r["kind"] == kind and (name is None or r["metadata"]["name"] == name)]
+
+
+def MountFor(container, spec, path):
+    """(mount, volume) whose mountPath is the longest prefix directory of `path`."""
+    best = None
+    for m in container.get("volumeMounts") or []:
+        mp = m["mountPath"].rstrip("/")
+        if path == mp or path.startswith(mp + "/"):
+            if best is None or len(mp) > len(best["mountPath"]):
+                best = m
+    if best is None:
+        return None, None
+    volume = next((v for v in spec.get("volumes") or [] if v["name"] == best["name"]), None)
+    return best, volume
+
+
+def CheckDaemonContainer(where, c, spec, resources, gates_text):
+    flags = Flags(c)
+    for flag in ("listen", "admin_listen", "metrics_listen", "health_listen", "config",
+                 "state_dir", "admin_token_file"):
+        if flag not in flags:
+            Fail(where, f"spgated has no --{flag}")
+    if failures and not all(f in flags for f in ("health_listen", "metrics_listen", "config")):
+        return
+    ports = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
+    health = Port(flags["health_listen"])
+    if health == Port(flags["listen"]):
+        Fail(where, "--health_listen must be its own plaintext port, not the worker API's")
+    if not flags["admin_listen"].startswith("127.0.0.1:"):
+        Fail(where, "--admin_listen should stay on loopback (kubectl port-forward reaches it)")
+    if health not in ports.values():
+        Fail(where, f"health port {health} is not a declared container port")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        p = c.get(probe)
+        if not p:
+            Fail(where, f"spgated has no {probe}")
+            continue
+        if "grpc" not in p:
+            Fail(where, f"{probe} is not a gRPC probe")
+            continue
+        port = p["grpc"].get("port")
+        if not isinstance(port, int) or isinstance(port, bool):
+            Fail(where, f"{probe}.grpc.port must be a number (gRPC probes take no names), is {port!r}")
+        elif port != health:
+            Fail(where, f"{probe} probes port {port}, --health_listen is {health}")
+    if Port(flags["metrics_listen"]) != ports.get("metrics"):
+        Fail(where, f"container port `metrics` ({ports.get('metrics')}) is not "
+                    f"--metrics_listen's ({flags['metrics_listen']})")
+    if not flags["metrics_listen"].startswith("0.0.0.0:"):
+        Fail(where, "--metrics_listen must listen beyond loopback for Prometheus")
+    # --config
+    mount, volume = MountFor(c, spec, flags["config"])
+    if not mount:
+        Fail(where, f"--config {flags['config']} is not inside any volume mount")
+    else:
+        if mount.get("subPath"):
+            Fail(where, "the config mount uses subPath: ConfigMap updates would never arrive")
+        key = os.path.relpath(flags["config"], mount["mountPath"])
+        cm_name = (volume or {}).get("configMap", {}).get("name")
+        if cm_name != CONFIGMAP:
+            Fail(where, f"--config is mounted from {volume}, not ConfigMap {CONFIGMAP}")
+        cms = Find(resources, "ConfigMap", cm_name)
+        if not cms:
+            Fail(where, f"ConfigMap {cm_name} is not in the rendering")
+        elif cms[0].get("data", {}).get(key) != gates_text:
+            Fail(where, f"ConfigMap {cm_name} key {key} is not deploy/k8s/base/gates.textproto")
+    # --admin_token_file
+    mount, volume = MountFor(c, spec, flags["admin_token_file"])
+    if not mount or (volume or {}).get("secret", {}).get("secretName") != ADMIN_SECRET:
+        Fail(where, f"--admin_token_file is not in a mount of Secret {ADMIN_SECRET}")
+    elif os.path.relpath(flags["admin_token_file"], mount["mountPath"]) != "token":
+        Fail(where, "the admin token file must be the Secret's `token` key")
+    # --state_dir
+    mount, volume = MountFor(c, spec, flags["state_dir"])
+    if not mount or mount.get("readOnly"):
+        Fail(where, "--state_dir needs a writable volume (the root filesystem is read-only)")
+    # TLS, when on: files mounted
+    for flag in ("tls_cert", "tls_key", "tls_client_ca"):
+        if flag in flags and not MountFor(c, spec, flags[flag])[0]:
+            Fail(where, f"--{flag} {flags[flag]} is not inside a volume mount")
+    return flags
+
+
+def CheckSecurity(where, c, pod_sc):
+    sc = c.get("securityContext") or {}
+    if sc.get("allowPrivilegeEscalation") is not False:
+        Fail(where, "allowPrivilegeEscalation must be false")
+    if sc.get("readOnlyRootFilesystem") is not True:
+        Fail(where, "readOnlyRootFilesystem must be true")
+    if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
+        Fail(where, "capabilities.drop must contain ALL")
+    if not (sc.get("runAsNonRoot") or pod_sc.get("runAsNonRoot")):
+        Fail(where, "runAsNonRoot must be true")
+    uid = sc.get("runAsUser", pod_sc.get("runAsUser"))
+    if not isinstance(uid, int) or uid == 0:
+        Fail(where, "needs a numeric non-zero runAsUser (runAsNonRoot cannot check a user name)")
+    res = c.get("resources") or {}
+    if not res.get("requests", {}).get("cpu") or not res.get("requests", {}).get("memory"):
+        Fail(where, "needs cpu and memory requests")
+    if not res.get("limits", {}).get("memory"):
+        Fail(where, "needs a memory limit")
+    if not c.get("image", "").startswith("ghcr.io/spgate/spgate:"):
+        Fail(where, f"image {c.get('image')!r} was not set by `images:`")
+
+
+def Selects(selector, labels):
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def Check(name, resources, gates_text):
+    daemons = []  # (where, flags, template labels)
+    trainers = []
+    for r, meta, spec in PodTemplates(resources):
+        pod_sc = spec.get("securityContext") or {}
+        if pod_sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            Fail(f"{name} {r['kind']}/{r['metadata']['name']}", "pod seccompProfile must be RuntimeDefault")
+        for field, c in AllContainers(spec):
+            where = f"{name} {r['kind']}/{r['metadata']['name']} {field}/{c['name']}"
+            CheckSecurity(where, c, pod_sc)
+            if field == "initContainers" and c.get("restartPolicy") not in (None, "Always"):
+                Fail(where, f"init container restartPolicy {c.get('restartPolicy')}")
+            if field == "containers" and "restartPolicy" in c:
+                Fail(where, "ordinary containers may not set restartPolicy")
+            if c["name"] == SIDECAR:
+                flags = CheckDaemonContainer(where, c, spec, resources, gates_text) or {}
+                daemons.append((where, field, c, flags, meta.get("labels") or {}, r))
+            else:
+                trainers.append((where, c, r, meta.get("labels") or {}))
+    if not daemons:
+        Fail(name, "no spgated container rendered")
+    # PodMonitor
+    for pm in Find(resources, "PodMonitor"):
+        selector = pm["spec"]["selector"].get("matchLabels")
+        selected = [d for d in daemons if Selects(selector, d[4])]
+        non_daemon = [t for t in trainers if Selects(selector, t[3]) and not any(
+            d[5] is t[2] for d in daemons)]
+        if not selected:
+            Fail(name, f"PodMonitor {pm['metadata']['name']} selects no pod running spgated")
+        if non_daemon:
+            Fail(name, f"PodMonitor selects pods without spgated: {[t[0] for t in non_daemon]}")
+        for ep in pm["spec"]["podMetricsEndpoints"]:
+            for where, _, c, flags, _, _ in selected:
+                names = {p.get("name"): p["containerPort"] for p in c.get("ports") or []}
+                if ep.get("port") not in names:
+                    Fail(where, f"PodMonitor port {ep.get('port')!r} is not a container port name "
+                                f"of spgated ({sorted(names)})")
+            relabel = ep.get("relabelings") or []
+            if not any(x.get("targetLabel") == "job" and x.get("replacement") == "spgated"
+                       for x in relabel):
+                Fail(name, "PodMonitor must set job=\"spgated\" (the alert rules select it)")
+    # Trainers reach a worker API
+    services = Find(resources, "Service")
+    for where, c, r, _ in trainers:
+        controller = Flags(c).get("controller")
+        if controller is None:
+            Fail(where, "trainer has no --controller")
+            continue
+        host, port = controller.rsplit(":", 1)
+        if host == "127.0.0.1":
+            same_pod = [d for d in daemons if d[5] is r]
+            if not same_pod or Port(same_pod[0][3].get("listen", ":0")) != int(port):
+                Fail(where, f"--controller={controller} but no spgated in the pod listens there")
+        else:
+            svc = next((s for s in services if s["metadata"]["name"] == host), None)
+            if not svc:
+                Fail(where, f"--controller={controller}: no Service {host}")
+                continue
+            sp = next((p for p in svc["spec"]["ports"] if p["port"] == int(port)), None)
+            backends = [d for d in daemons if Selects(svc["spec"]["selector"], d[4])]
+            if not sp or not backends:
+                Fail(where, f"Service {host} has no port {port} or selects no spgated")
+                continue
+            names = {p.get("name"): p["containerPort"] for p in backends[0][2].get("ports") or []}
+            target = sp["targetPort"]
+            target = names.get(target) if isinstance(target, str) else target
+            if target != Port(backends[0][3]["listen"]):
+                Fail(where, f"Service {host}:{port} targets {sp['targetPort']}, spgated "
+                            f"listens on {backends[0][3]['listen']}")
+            if backends[0][3]["listen"].startswith("127.0.0.1:"):
+                Fail(where, "the per-job daemon must listen beyond loopback")
+    return daemons, trainers
+
+
+def CheckShapes(renders):
+    base = renders["base"]
+    d, _ = base["checked"]
+    if not any(field == "initContainers" and c.get("restartPolicy") == "Always"
+               for _, field, c, _, _, _ in d):
+        Fail("base", "spgated must be a native sidecar: initContainers with restartPolicy: Always")
+    if any(Flags(c).get("listen", "").split(":")[0] != "127.0.0.1" for _, _, c, _, _, _ in d):
+        Fail("base", "the sidecar's worker API should listen on loopback only")
+
+    legacy = renders["legacy-sidecar"]
+    d, trainers = legacy["checked"]
+    for where, field, c, _, _, r in d:
+        if field != "containers" or "restartPolicy" in c:
+            Fail(where, "legacy-sidecar: spgated must be an ordinary container")
+        spec = r["spec"]["template"]["spec"]
+        if spec.get("initContainers"):
+            Fail(where, "legacy-sidecar: init containers left behind")
+        if spec.get("shareProcessNamespace") is not True:
+            Fail(where, "legacy-sidecar: the trainer needs shareProcessNamespace to stop spgated")
+    for where, c, _, _ in trainers:
+        script = " ".join(c.get("command", []))
+        if "kill -TERM" not in script or "spgated" not in script:
+            Fail(where, "legacy-sidecar: the trainer must stop spgated when it exits")
+
+    per_job = renders["per-job-daemon"]
+    d, trainers = per_job["checked"]
+    job = Find(per_job["resources"], "Job")[0]
+    spec = job["spec"]["template"]["spec"]
+    if any(c["name"] == SIDECAR for _, c in AllContainers(spec)):
+        Fail("per-job-daemon", "the training Job still runs spgated")
+    if spec.get("volumes"):
+        Fail("per-job-daemon", f"the Job keeps the sidecar's volumes {spec['volumes']}")
+    if [x[5]["kind"] for x in d] != ["Deployment"]:
+        Fail("per-job-daemon", "exactly one spgated, in the Deployment, expected")
+    deploy = Find(per_job["resources"], "Deployment", "spgated")
+    if deploy and (deploy[0]["spec"].get("replicas") != 1
+                   or deploy[0]["spec"].get("strategy", {}).get("type") != "Recreate"):
+        Fail("per-job-daemon", "one replica with the Recreate strategy (one daemon per job)")
+    # The per-job daemon runs with the sidecar's flags, except where it listens.
+    base_flags = dict(renders["base"]["checked"][0][0][3])
+    job_flags = dict(d[0][3]) if d else {}
+    base_flags.pop("listen", None)
+    job_flags.pop("listen", None)
+    if base_flags != job_flags:
+        Fail("per-job-daemon", f"spgated flags differ from the sidecar's: {base_flags} vs {job_flags}")
+    for np in Find(per_job["resources"], "NetworkPolicy"):
+        listen = Port(d[0][3]["listen"]) if d else None
+        trainer_labels = job["spec"]["template"]["metadata"]["labels"]
+        allowed = any(
+            listen in [p.get("port") for p in rule.get("ports", [])]
+            and any(Selects(f.get("podSelector", {}).get("matchLabels"), trainer_labels)
+                    for f in rule.get("from", []))
+            for rule in np["spec"].get("ingress", []))
+        if not allowed:
+            Fail("per-job-daemon", "the NetworkPolicy does not let the trainer pods reach the worker API")
+        metrics_open = any(9461 in [p.get("port") for p in rule.get("ports", [])] and not rule.get("from")
+                           for rule in np["spec"].get("ingress", []))
+        if not metrics_open:
+            Fail("per-job-daemon", "the NetworkPolicy must leave the metrics port open to Prometheus")
+
+    tls = renders["per-job-daemon+tls"]
+    d, _ = tls["checked"]
+    for where, _, c, flags, _, _ in d:
+        if not all(f in flags for f in ("tls_cert", "tls_key", "tls_client_ca")):
+            Fail(where, "TLS component: --tls_cert/--tls_key/--tls_client_ca missing")
+
+
+def RenderAll(tmp):
+    targets = {
+        "base": os.path.join(K8S, "base"),
+        "legacy-sidecar": os.path.join(K8S, "overlays", "legacy-sidecar"),
+        "per-job-daemon": os.path.join(K8S, "overlays", "per-job-daemon"),
+    }
+    # The TLS component composed onto the per-job overlay, the way docs/deploy.md says.
+    copy = os.path.join(tmp, "k8s")
+    shutil.copytree(K8S, copy)
+    compose = os.path.join(copy, "overlays", "per-job-daemon-tls")
+    os.makedirs(compose)
+    with open(os.path.join(compose, "kustomization.yaml"), "w") as f:
+        f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+                "resources:\n  - ../per-job-daemon\ncomponents:\n  - ../../components/tls\n")
+    targets["per-job-daemon+tls"] = compose
+    overlays = sorted(os.listdir(os.path.join(K8S, "overlays")))
+    for overlay in overlays:
+        if overlay not in targets:
+            Fail("deploy/k8s/overlays", f"overlay {overlay} is not covered by this test")
+    return targets
+
+
+def KubectlKustomize(path):
+    kubectl = None if os.environ.get("SPGATE_NO_KUBECTL") else shutil.which("kubectl")
+    if not kubectl:
+        return None
+    r = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"kubectl kustomize {path} failed:\n{r.stderr}")
+    return [d for d in yaml.safe_load_all(r.stdout) if d is not None]
+
+
+def Key(r):
+    return (r.get("apiVersion"), r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"])
+
+
+def main():
+    with open(os.path.join(K8S, "base", "gates.textproto"), encoding="utf-8") as f:
+        gates_text = f.read()
+    renders = {}
+    compared = []
+    with tempfile.TemporaryDirectory(prefix="spgate-k8s-") as tmp:
+        for name, path in RenderAll(tmp).items():
+            try:
+                resources = kustomize_render.Build(path)
+            except kustomize_render.KustomizeError as e:
+                Fail(name, f"render failed: {e}")
+                continue
+            try:
+                theirs = KubectlKustomize(path)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                Fail(name, str(e))
+                theirs = None
+            if theirs is not None:
+                mine = {Key(r): r for r in resources}
+                other = {Key(r): r for r in theirs}
+                if mine != other:
+                    diff = sorted(set(mine) ^ set(other)) or [k for k in mine if mine[k] != other.get(k)]
+                    Fail(name, f"kustomize_render.py and kubectl kustomize disagree on {diff}")
+                compared.append(name)
+            renders[name] = {"resources": resources,
+                             "checked": Check(name, resources, gates_text)}
+    if len(renders) == 4 and not failures:
+        CheckShapes(renders)
+    if failures:
+        print(f"FAIL: {len(failures)} problem(s)")
+        for f in failures:
+            print("  " + f)
+        return 1
+    how = (f"compared with kubectl kustomize: {', '.join(compared)}" if compared else
+           "kubectl not installed: rendered with tests/deploy/kustomize_render.py only")
+    print(f"PASS: rendered {', '.join(renders)} ({how})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""Unit tests of kustomize_render.py: strategic merge and JSON 6902 semantics, target
+selection, generators, images, and the loud refusal of everything it does not implement.
+When kubectl is installed, the strategic-merge list-order cases are also rendered by
+`kubectl kustomize` and must agree (that ordering is kustomize's, not the API server's).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kustomize_render as kr  # noqa: E402
+import yaml  # noqa: E402
+
+# (dest container names, patch elements ('-x' deletes x), expected names afterwards)
+LIST_ORDER_CASES = [
+    ("a,b", "b", "b,a"),
+    ("a,b,c", "b", "b,a,c"),
+    ("a,b", "c", "c,a,b"),
+    ("a,b,c", "c,a", "c,a,b"),
+    ("a,b,c", "d,b", "d,b,a,c"),
+    ("a,b,c", "-b", "a,c"),
+    ("a,b,c", "-b,d", "d,a,c"),
+    ("a,b", "a", "a,b"),
+]
+
+
+def Deployment(containers):
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+            "spec": {"template": {"spec": {"containers": containers}}}}
+
+
+def PatchFor(spec):
+    items = []
+    for n in spec.split(","):
+        items.append({"name": n[1:], "$patch": "delete"} if n.startswith("-")
+                     else {"name": n, "image": "patched"})
+    return Deployment(items)
+
+
+class StrategicMergeTest(unittest.TestCase):
+    def test_list_order_and_delete(self):
+        for dest, patch, want in LIST_ORDER_CASES:
+            with self.subTest(dest=dest, patch=patch):
+                base = Deployment([{"name": n, "image": "base"} for n in dest.split(",")])
+                out = kr.StrategicMerge(base, PatchFor(patch))
+                got = [c["name"] for c in out["spec"]["template"]["spec"]["containers"]]
+                self.assertEqual(got, want.split(","))
+
+    def test_merges_by_key_and_replaces_scalar_lists(self):
+        base = {"containers": [{"name": "a", "args": ["--x=1", "--y=2"],
+                                "volumeMounts": [{"name": "v", "mountPath": "/m"}],
+                                "ports": [{"name": "p", "containerPort": 1}]}]}
+        patch = {"containers": [{"name": "a", "args": ["--z=3"],
+                                 "volumeMounts": [{"name": "w", "mountPath": "/m", "readOnly": True}],
+                                 "ports": [{"name": "q", "containerPort": 2}]}]}
+        out = kr.StrategicMerge(base, patch)["containers"][0]
+        self.assertEqual(out["args"], ["--z=3"])                       # replaced
+        self.assertEqual(out["volumeMounts"], [{"name": "w", "mountPath": "/m", "readOnly": True}])
+        self.assertEqual([p["containerPort"] for p in out["ports"]], [2, 1])
+
+    def test_null_deletes_and_replace_directive(self):
+        base = {"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"x": {"y": 1, "z": 2}}}
+        patch = {"metadata": {"labels": {"a": None}}, "spec": {"x": {"$patch": "replace", "w": 3}}}
+        out = kr.StrategicMerge(base, patch)
+        self.assertEqual(out, {"metadata": {"labels": {"b": "2"}}, "spec": {"x": {"w": 3}}})
+
+    def test_unknown_directives_fail(self):
+        for patch in ({"$retainKeys": ["a"]}, {"containers": [{"name": "a", "$patch": "replace"}]},
+                      {"args": [{"$patch": "delete"}]}):
+            with self.subTest(patch=patch), self.assertRaises(kr.KustomizeError):
+                kr.StrategicMerge({"containers": [{"name": "a"}], "args": []}, patch)
+
+    def test_inputs_are_not_modified(self):
+        base = {"a": {"b": [1]}}
+        kr.StrategicMerge(base, {"a": {"c": 1}})
+        self.assertEqual(base, {"a": {"b": [1]}})
+
+
+class JsonPatchTest(unittest.TestCase):
+    DOC = {"spec": {"init": [{"name": "s", "restartPolicy": "Always"}], "main": [{"name": "t"}],
+                    "labels": {"a/b": "1"}}}
+
+    def test_move_remove_test(self):
+        out = kr.JsonPatch(self.DOC, [
+            {"op": "test", "path": "/spec/init/0/name", "value": "s"},
+            {"op": "move", "from": "/spec/init/0", "path": "/spec/main/0"},
+            {"op": "remove", "path": "/spec/main/0/restartPolicy"},
+            {"op": "remove", "path": "/spec/labels/a~1b"},
+            {"op": "add", "path": "/spec/main/-", "value": {"name": "u"}},
+            {"op": "replace", "path": "/spec/main/1/name", "value": "T"},
+            {"op": "copy", "from": "/spec/main/0", "path": "/spec/copied"},
+        ])
+        self.assertEqual(out["spec"]["init"], [])
+        self.assertEqual(out["spec"]["main"], [{"name": "s"}, {"name": "T"}, {"name": "u"}])
+        self.assertEqual(out["spec"]["labels"], {})
+        self.assertEqual(out["spec"]["copied"], {"name": "s"})
+        self.assertEqual(self.DOC["spec"]["init"][0]["name"], "s")  # input untouched
+
+    def test_failures(self):
+        for ops in ([{"op": "test", "path": "/spec/init/0/name", "value": "x"}],
+                    [{"op": "remove", "path": "/spec/nope"}],
+                    [{"op": "replace", "path": "/spec/main/5", "value": 1}],
+                    [{"op": "add", "path": "spec", "value": 1}],
+                    [{"op": "frobnicate", "path": "/spec"}]):
+            with self.subTest(ops=ops), self.assertRaises(kr.KustomizeError):
+                kr.JsonPatch(self.DOC, ops)
+
+
+class BuildTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="kr-test-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def Write(self, rel, content):
+        path = os.path.join(self.dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(content if isinstance(content, str) else yaml.safe_dump(content))
+        return path
+
+    def test_generator_images_targets(self):
+        self.Write("base/dep.yaml", Deployment([{"name": "a", "image": "img:1"},
+                                                {"name": "b", "image": "other"}]))
+        self.Write("base/cfg.txt", "hello\n")
+        self.Write("base/kustomization.yaml", {
+            "resources": ["dep.yaml"],
+            "configMapGenerator": [{"name": "cm", "files": ["k=cfg.txt"], "literals": ["x=1"]}],
+            "generatorOptions": {"disableNameSuffixHash": True},
+            "images": [{"name": "img", "newName": "reg/img", "newTag": "2"}]})
+        self.Write("comp/kustomization.yaml", {
+            "apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component",
+            "patches": [{"target": {"kind": "Deploy.*", "name": "x"},
+                         "patch": "- op: add\n  path: /metadata/labels\n  value: {c: '1'}\n"}]})
+        self.Write("over/kustomization.yaml", {"resources": ["../base"], "components": ["../comp"]})
+        out = {r["kind"]: r for r in kr.Build(os.path.join(self.dir, "over"))}
+        self.assertEqual(out["ConfigMap"]["data"], {"k": "hello\n", "x": "1"})
+        images = [c["image"] for c in out["Deployment"]["spec"]["template"]["spec"]["containers"]]
+        self.assertEqual(images, ["reg/img:2", "other"])
+        self.assertEqual(out["Deployment"]["metadata"]["labels"], {"c": "1"})
+
+    def test_refuses_what_it_does_not_implement(self):
+        self.Write("r.yaml", Deployment([]))
+        cases = [
+            {"resources": ["r.yaml"], "namePrefix": "p-"},
+            {"resources": ["r.yaml"], "commonLabels": {"a": "b"}},
+            {"resources": ["r.yaml"], "secretGenerator": [{"name": "s", "literals": ["a=b"]}]},
+            {"resources": ["r.yaml"], "configMapGenerator": [{"name": "c", "literals": ["a=b"]}]},
+            {"resources": ["https://github.com/x/y"]},
+            {"resources": ["missing.yaml"]},
+            {"resources": ["r.yaml"], "patches": [{"patch": "- op: add\n  path: /a\n  value: 1\n"}]},
+            {"resources": ["r.yaml"], "patches": [{"target": {"kind": "Service"},
+                                                   "patch": "- op: add\n  path: /a\n  value: 1\n"}]},
+            {"resources": ["r.yaml"], "patches": [{"target": {"labelSelector": "a=b"},
+                                                   "patch": "- op: add\n  path: /a\n  value: 1\n"}]},
+        ]
+        for kust in cases:
+            with self.subTest(kust=kust):
+                self.Write("kustomization.yaml", kust)
+                with self.assertRaises((kr.KustomizeError, OSError)):
+                    kr.Build(self.dir)
+
+
+@unittest.skipUnless(shutil.which("kubectl") and not os.environ.get("SPGATE_NO_KUBECTL"),
+                     "kubectl not installed: list-order cases checked against the table only")
+class AgreesWithKubectlTest(unittest.TestCase):
+    def test_list_order_cases(self):
+        for dest, patch, want in LIST_ORDER_CASES:
+            with self.subTest(dest=dest, patch=patch), tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "dep.yaml"), "w") as f:
+                    yaml.safe_dump(Deployment([{"name": n, "image": "base"}
+                                               for n in dest.split(",")]), f)
+                with open(os.path.join(d, "p.yaml"), "w") as f:
+                    yaml.safe_dump(PatchFor(patch), f)
+                with open(os.path.join(d, "kustomization.yaml"), "w") as f:
+                    f.write("resources: [dep.yaml]\npatches:\n- path: p.yaml\n")
+                r = subprocess.run(["kubectl", "kustomize", d], capture_output=True, text=True,
+                                   timeout=60, check=True)
+                theirs = yaml.safe_load(r.stdout)
+                mine = kr.Build(d)[0]
+                self.assertEqual(mine, theirs)
+
+
+if __name__ == "__main__":
+    unittest.main()
