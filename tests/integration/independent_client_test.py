@@ -37,8 +37,8 @@ def wire(message):
     return message.SerializeToString(deterministic=True)
 
 
-def _daemon(state_dir):
-    return sr.SpgatedProcess(SPGATED, state_dir=state_dir)
+def _daemon(state_dir, extra_args=()):
+    return sr.SpgatedProcess(SPGATED, state_dir=state_dir, extra_args=extra_args)
 
 
 class IndependentClientTest(unittest.TestCase):
@@ -139,6 +139,21 @@ class IndependentClientTest(unittest.TestCase):
         self.assertRpcError(grpc.StatusCode.NOT_FOUND, self.admin.call, "GetGateConfig",
                             job_id="invalid-job")
 
+    def test_invalid_plans_are_refused_naming_the_field(self):
+        cases = [
+            ({"job_id": "plan-job", "step": 0, "lengths": []}, "lengths"),
+            ({"job_id": "plan-job", "step": 0, "lengths": [4096, 0]}, "lengths"),
+            ({"job_id": "plan-job", "step": -1, "lengths": [4096]}, "step"),
+            ({"job_id": "", "step": 0, "lengths": [4096]}, "job_id"),
+            ({"job_id": "no spaces!", "step": 0, "lengths": [4096]}, "job_id"),
+        ]
+        for fields, word in cases:
+            with self.subTest(**fields):
+                request = self.gate.new("DecideRequest", plan=self.gate.new("BatchPlan", **fields))
+                details = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                                              self.gate.call, "Decide", request)
+                self.assertIn(word, details)
+
     def test_version_conflict_is_aborted(self):
         current = self.admin.call("GetGateConfig")
         request = self.admin.new("UpdateGateConfigRequest",
@@ -187,8 +202,8 @@ class StateDirTest(unittest.TestCase):
             d.kill()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def start(self):
-        d = _daemon(self.state_dir)
+    def start(self, extra_args=()):
+        d = _daemon(self.state_dir, extra_args)
         self.daemons.append(d)
         return d.start()
 
@@ -236,6 +251,46 @@ class StateDirTest(unittest.TestCase):
         # optimistic concurrency keeps working against the restored version.
         newer = self.update(admin, expected_version=after_global.version, max_length_cv=0.4)
         self.assertGreater(newer.version, set_job.version)
+        admin.channel.close()
+
+    def test_sigterm_drains_streams_exits_zero_and_keeps_pins(self):
+        daemon = self.start(["--health_listen=127.0.0.1:0"])
+        self.assertIsNotNone(daemon.health_port, daemon.stderr_text)
+        with grpc.insecure_channel(f"127.0.0.1:{daemon.health_port}") as channel:
+            self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
+        gate = sr.connect(daemon.worker_address, "spgate.v1.GateService", CALL_TIMEOUT)
+        admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
+        session = gate.call("Register", job_id="drain-job", group=0, rank_in_group=0,
+                            group_size=1, global_rank=0, host="test").session_id
+        stream = gate.bidi("Connect", timeout=30)
+        hello = gate.new("WorkerMessage", session_id=session)
+        hello.heartbeat.telemetry_sent = 0
+        stream.send(hello)
+        self.assertTrue(stream.recv(CALL_TIMEOUT).HasField("ack"))
+        admin.call("PinMode", admin.new("PinModeRequest", job_id="drain-job", group=0,
+                                        mode="TENSOR_PARALLEL_ONLY",
+                                        duration=admin.new("google.protobuf.Duration",
+                                                           seconds=3600)))
+
+        rc = daemon.terminate(timeout=15)
+        self.assertEqual(rc, 0, daemon.stderr_text)
+        # The open stream was ended by the daemon, with UNAVAILABLE (retry elsewhere).
+        with self.assertRaises(grpc.RpcError) as ended:
+            stream.recv(CALL_TIMEOUT)
+        self.assertEqual(ended.exception.code(), grpc.StatusCode.UNAVAILABLE)
+        gate.channel.close()
+        admin.channel.close()
+
+        daemon = self.start()
+        admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
+        gate = sr.connect(daemon.worker_address, "spgate.v1.GateService", CALL_TIMEOUT)
+        job = admin.call("GetJob", job_id="drain-job")
+        self.assertEqual(len(job.pins), 1, job)
+        self.assertEqual(admin.enum_name("Mode", job.pins[0].mode), "TENSOR_PARALLEL_ONLY")
+        plan = gate.new("BatchPlan", job_id="drain-job", group=0, step=0, lengths=[4096])
+        decision = gate.call("Decide", gate.new("DecideRequest", plan=plan))
+        self.assertEqual(gate.enum_name("Reason", decision.reason), "PINNED")
+        gate.channel.close()
         admin.channel.close()
 
     def test_corrupt_state_file_stops_startup_naming_the_file(self):

@@ -303,7 +303,7 @@ def connect(address, service_name, timeout=5.0):
 # --- the daemon process -------------------------------------------------------------
 
 _SERVING = re.compile(r"spgated: serving: worker API on port (\d+), admin API on port (\d+), "
-                      r"metrics on port (\d+)")
+                      r"metrics on port (\d+)(?:, health on port (\d+))?")
 
 
 def _die_with_parent():
@@ -326,7 +326,7 @@ class SpgatedProcess:
         self.args += list(extra_args)
         self.start_timeout = start_timeout
         self.proc = None
-        self.worker_port = self.admin_port = self.metrics_port = None
+        self.worker_port = self.admin_port = self.metrics_port = self.health_port = None
         self._lines = []
         self._lines_lock = threading.Lock()
         self._serving = threading.Event()
@@ -351,7 +351,8 @@ class SpgatedProcess:
                 self._lines.append(line)
             m = _SERVING.search(line)
             if m:
-                self.worker_port, self.admin_port, self.metrics_port = map(int, m.groups())
+                self.worker_port, self.admin_port, self.metrics_port = map(int, m.groups()[:3])
+                self.health_port = int(m.group(4)) if m.group(4) else None
                 self._serving.set()
 
     def launch(self):
