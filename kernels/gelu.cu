@@ -121,7 +121,7 @@ absl::Status GeluBwdImpl(const GeluBwdArgs<T>& a, void* workspace, size_t worksp
   const int64_t chunks = internal::ColumnReduceChunks(a.rows);
   if (a.rows > 0) {
     constexpr int kThreads = 256;
-    const int64_t chunk_rows = (a.rows + chunks - 1) / chunks;
+    const int64_t chunk_rows = internal::ColumnChunkRows(a.rows);
     const dim3 grid(internal::CeilDiv(a.cols, kThreads), static_cast<unsigned>(chunks));
     GeluBwdKernel<T><<<grid, kThreads, 0, stream>>>(a, chunk_rows, partial);
     SPGATE_CUDA_CHECK_LAUNCH(GeluBwdKernel);

@@ -213,7 +213,7 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
   const int64_t chunks = internal::ColumnReduceChunks(s.rows);
   if (s.rows > 0) {
     constexpr int kThreads = 256;
-    const int64_t chunk_rows = (s.rows + chunks - 1) / chunks;
+    const int64_t chunk_rows = internal::ColumnChunkRows(s.rows);
     const dim3 grid(internal::CeilDiv(s.out_features, kThreads), static_cast<unsigned>(chunks));
     ColumnSumPartialKernel<<<grid, kThreads, 0, stream>>>(s.rows, s.out_features, chunk_rows,
                                                           a.dy, partial);

@@ -21,14 +21,19 @@ inline int64_t LayerNormBwdBlocks(int64_t rows) {
   return std::min<int64_t>(rows, kLayerNormBwdMaxBlocks);
 }
 
-// Generic column sums (GeLU dbias, Linear dbias): chunks of at least
-// kColumnChunkMinRows rows, at most kColumnMaxChunks chunks.
+// Generic column sums (GeLU dbias, Linear dbias): chunks of ColumnChunkRows
+// rows (at least kColumnChunkMinRows), at most kColumnMaxChunks chunks, none
+// empty.
 inline constexpr int64_t kColumnChunkMinRows = 32;
 inline constexpr int64_t kColumnMaxChunks = 128;
+inline int64_t ColumnChunkRows(int64_t rows) {
+  return std::max<int64_t>(kColumnChunkMinRows,
+                           (rows + kColumnMaxChunks - 1) / kColumnMaxChunks);
+}
 inline int64_t ColumnReduceChunks(int64_t rows) {
   if (rows <= 0) return 0;
-  const int64_t by_rows = (rows + kColumnChunkMinRows - 1) / kColumnChunkMinRows;
-  return std::min<int64_t>(by_rows, kColumnMaxChunks);
+  const int64_t chunk_rows = ColumnChunkRows(rows);
+  return (rows + chunk_rows - 1) / chunk_rows;
 }
 inline size_t ColumnReduceWorkspaceBytes(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return 0;
