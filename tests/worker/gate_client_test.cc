@@ -1,0 +1,376 @@
+// GateClient + GroupDecider against the real daemon (Daemon::Start on 127.0.0.1:0):
+// decisions arrive before the deadline on a healthy stream; with the daemon stopped
+// every decision is the local policy's and identical on all ranks; after a restart the
+// client reconnects in bounded time and its local decisions appear in the daemon's
+// metrics; a config update applies exactly at its effective_from_step on every rank; and
+// thousands of steps over several groups with random delays and a restart in the middle
+// give zero disagreements. Ranks are threads, the broadcast is in memory.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/daemon.h"
+#include "spgate/v1/admin.grpc.pb.h"
+#include "tests/testing/policy_printers.h"
+#include "tests/testing/status_matchers.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
+#include "worker/client/in_memory_broadcast.h"
+
+namespace spgate::client {
+namespace {
+
+using ::spgate::testing::IsOk;
+
+const std::vector<int64_t> kEven = {4096, 4096, 4000, 4100};   // CV ~0.01: SP
+const std::vector<int64_t> kMixed = {512, 8192, 1024, 4096};   // CV ~0.8: TP-only
+const std::vector<int64_t> kMid = {3000, 5000, 3000, 5000};    // CV 0.25
+
+// GET /metrics over a plain socket.
+std::string Scrape(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return "";
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)::write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[8192];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  const size_t body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// Value of the sample of `metric` whose labels include every one of `labels`; -1 if none.
+double MetricValue(const std::string& text, const std::string& metric,
+                   const std::vector<std::string>& labels) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, metric + "{")) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && absl::StrContains(line, l);
+    if (!all) continue;
+    double v;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
+  }
+  return -1;
+}
+
+// One TP group: a GateClient per rank (telemetry on every rank, decisions on rank 0),
+// a GroupDecider per rank over one in-memory broadcast. Run() drives all ranks as threads
+// through a range of steps; the leader submits the plan for step n + 1 before deciding n.
+struct Group {
+  std::string job;
+  int index = 0;
+  int size = 0;
+  std::vector<std::unique_ptr<GateClient>> clients;
+  std::unique_ptr<InMemoryBroadcast> broadcast;
+  std::vector<std::unique_ptr<GroupDecider>> deciders;
+  std::vector<std::vector<GateDecision>> seen;  // per rank, in step order
+  int64_t next_plan = 0;
+  // Optional: random delays around the broadcast and the step.
+  std::function<void(int rank, std::mt19937&)> jitter;
+
+  void Init(const std::string& controller, const std::string& job_id, int group, int ranks) {
+    job = job_id;
+    index = group;
+    size = ranks;
+    broadcast = std::make_unique<InMemoryBroadcast>(ranks, absl::Seconds(60));
+    seen.assign(ranks, {});
+    for (int r = 0; r < ranks; ++r) {
+      GateClientOptions o;
+      o.controller = controller;
+      o.job_id = job_id;
+      o.group = group;
+      o.rank_in_group = r;
+      o.group_size = ranks;
+      o.global_rank = group * ranks + r;
+      o.initial_backoff = absl::Milliseconds(50);
+      o.max_backoff = absl::Milliseconds(500);
+      o.seed = static_cast<uint64_t>(o.global_rank + 1);
+      auto c = GateClient::Create(o);
+      ASSERT_THAT(c.status(), IsOk());
+      clients.push_back(std::move(*c));
+      auto d = GroupDecider::Create(clients.back().get(), r, broadcast->ForRank(r));
+      ASSERT_THAT(d.status(), IsOk());
+      deciders.push_back(std::move(*d));
+    }
+  }
+
+  absl::Status WaitConnected() {
+    for (auto& c : clients) {
+      if (absl::Status s = c->WaitUntilConnected(absl::Seconds(20)); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Runs steps [from, to). `lengths(step)` is the batch; `step_time` the simulated work;
+  // `on_leader_step(step)` runs on the leader before it decides `step`.
+  void Run(int64_t from, int64_t to, const std::function<const std::vector<int64_t>&(int64_t)>& lengths,
+           absl::Duration step_time = absl::ZeroDuration(),
+           const std::function<void(int64_t)>& on_leader_step = nullptr) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        std::mt19937 rng(static_cast<uint32_t>(index * 1000 + r));
+        GroupDecider& d = *deciders[r];
+        for (int64_t step = from; step < to; ++step) {
+          if (d.is_leader()) {
+            if (next_plan <= step) {
+              ASSERT_THAT(d.SubmitPlan({.step = step, .lengths = lengths(step)}), IsOk());
+              next_plan = step + 1;
+            }
+            ASSERT_THAT(d.SubmitPlan({.step = step + 1, .lengths = lengths(step + 1)}), IsOk());
+            next_plan = step + 2;
+            if (on_leader_step) on_leader_step(step);
+          }
+          if (jitter) jitter(r, rng);
+          absl::StatusOr<GateDecision> got = d.Decide(step);
+          ASSERT_THAT(got.status(), IsOk()) << "rank " << r << " step " << step;
+          seen[r].push_back(*got);
+          if (step_time > absl::ZeroDuration()) absl::SleepFor(step_time);
+          if (jitter) jitter(r, rng);
+          ASSERT_THAT(clients[r]->ReportTelemetry({.step = step,
+                                                   .mode = got->mode,
+                                                   .reason = got->reason,
+                                                   .step_time_s = 0.1,
+                                                   .rs_wait_s = 0.005,
+                                                   .effective_tokens = 16000}),
+                      IsOk());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+
+  // Steps where ranks disagree (must be 0).
+  int Disagreements() const {
+    int bad = 0;
+    for (size_t i = 0; i < seen[0].size(); ++i) {
+      for (int r = 1; r < size; ++r) {
+        if (seen[r].size() != seen[0].size() || !(seen[r][i] == seen[0][i])) {
+          ++bad;
+          break;
+        }
+      }
+    }
+    return bad;
+  }
+};
+
+class GateClientE2ETest : public ::testing::Test {
+ protected:
+  void StartDaemon(int port = 0) {
+    server::DaemonOptions o;
+    o.listen = absl::StrCat("127.0.0.1:", port);
+    o.heartbeat_interval = absl::Milliseconds(200);
+    auto d = server::Daemon::Start(o);
+    ASSERT_THAT(d.status(), IsOk());
+    daemon_ = std::move(*d);
+    port_ = daemon_->worker_port();
+    controller_ = daemon_->worker_address();
+  }
+  void StopDaemon() {
+    daemon_->Shutdown(absl::Seconds(2));
+    daemon_.reset();
+  }
+  void TearDown() override {
+    if (daemon_) StopDaemon();
+  }
+
+  std::unique_ptr<server::Daemon> daemon_;
+  int port_ = 0;
+  std::string controller_;
+};
+
+TEST_F(GateClientE2ETest, DecisionsArriveBeforeTheDeadlineOnAHealthyStream) {
+  StartDaemon();
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(g.Init(controller_, "e2e-healthy", 0, 2));
+  ASSERT_THAT(g.WaitConnected(), IsOk());
+  auto lengths = [](int64_t step) -> const std::vector<int64_t>& {
+    return step % 4 == 0 ? kMixed : kEven;
+  };
+  ASSERT_NO_FATAL_FAILURE(g.Run(0, 200, lengths, absl::Milliseconds(3)));
+  EXPECT_EQ(g.Disagreements(), 0);
+  int sp = 0, tp = 0;
+  for (const GateDecision& d : g.seen[0]) {
+    EXPECT_EQ(d.source, DecisionSource::kDaemon) << "step " << d.step << " was decided locally";
+    (d.mode == Mode::kSequenceParallel ? sp : tp)++;
+  }
+  EXPECT_EQ(tp, 50);
+  EXPECT_EQ(sp, 150);
+  EXPECT_EQ(g.clients[0]->stats().local_decisions, 0);
+  // Every rank's telemetry reaches the daemon.
+  for (auto& c : g.clients) {
+    ASSERT_THAT(c->Flush(absl::Seconds(10)), IsOk());
+    EXPECT_EQ(c->stats().telemetry_acked, 200);
+  }
+}
+
+TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
+  StartDaemon();
+  const std::string job = "e2e-restart";
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(g.Init(controller_, job, 0, 4));
+  ASSERT_THAT(g.WaitConnected(), IsOk());
+  auto mixed = [](int64_t) -> const std::vector<int64_t>& { return kMixed; };
+  ASSERT_NO_FATAL_FAILURE(g.Run(0, 20, mixed, absl::Milliseconds(2)));
+
+  // Daemon gone: every decision is the local policy's, at once, and identical on all
+  // ranks.
+  StopDaemon();
+  const absl::Time start = absl::Now();
+  ASSERT_NO_FATAL_FAILURE(g.Run(20, 120, mixed));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(100 * 0.020)) << "fallback waited for the daemon";
+  EXPECT_EQ(g.Disagreements(), 0);
+  // Step 20's plan went out during step 19, so the daemon may have answered it in time.
+  for (size_t i = 21; i < 120; ++i) {
+    const GateDecision& d = g.seen[0][i];
+    EXPECT_EQ(d.source, DecisionSource::kFallback) << "step " << d.step;
+    EXPECT_EQ(d.reason, Reason::kControllerUnavailable);
+    EXPECT_EQ(d.policy_reason, Reason::kLengthCv);
+    EXPECT_EQ(d.mode, Mode::kTensorParallelOnly);
+  }
+  const int64_t local_count = g.clients[0]->stats().local_decisions;
+  EXPECT_GE(local_count, 99);
+  EXPECT_LE(local_count, 100);
+
+  // Back on the same port: the clients reconnect (new sessions) in bounded time and the
+  // leader's heartbeat reports its local decisions.
+  StartDaemon(port_);
+  const absl::Time back = absl::Now();
+  ASSERT_THAT(g.WaitConnected(), IsOk());
+  const absl::Duration reconnect = absl::Now() - back;
+  EXPECT_LT(reconnect, absl::Seconds(10));
+  EXPECT_EQ(g.clients[0]->stats().registrations, 2);
+  double local = -1;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < give_up) {
+    local = MetricValue(Scrape(daemon_->metrics_port()), "spgate_worker_local_decisions_total",
+                        {"job_id=\"" + job + "\"", "reason=\"length_cv\""});
+    if (local == static_cast<double>(local_count)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(local, static_cast<double>(local_count))
+      << "local decisions did not reach the daemon's metrics";
+  // And decisions come from the daemon again.
+  ASSERT_NO_FATAL_FAILURE(g.Run(120, 160, mixed, absl::Milliseconds(3)));
+  EXPECT_EQ(g.seen[0].back().source, DecisionSource::kDaemon);
+  EXPECT_EQ(g.Disagreements(), 0);
+}
+
+TEST_F(GateClientE2ETest, ConfigUpdateAppliesExactlyAtEffectiveStepOnEveryRank) {
+  StartDaemon();
+  const std::string job = "e2e-config";
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(g.Init(controller_, job, 0, 3));
+  ASSERT_THAT(g.WaitConnected(), IsOk());
+  auto admin = v1::AdminService::NewStub(
+      grpc::CreateChannel(daemon_->admin_address(), grpc::InsecureChannelCredentials()));
+  // Batches with CV 0.25: TP-only under the default max_length_cv 0.18, SP under 0.5.
+  auto mid = [](int64_t) -> const std::vector<int64_t>& { return kMid; };
+  int64_t new_version = 0;
+  auto update_at_30 = [&](int64_t step) {
+    if (step != 30) return;
+    v1::UpdateGateConfigRequest req;
+    req.set_job_id(job);
+    req.mutable_config()->set_max_length_cv(0.5);
+    req.mutable_update_mask()->add_paths("max_length_cv");
+    v1::VersionedGateConfig resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status s = admin->UpdateGateConfig(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    new_version = resp.effective_version();
+  };
+  ASSERT_NO_FATAL_FAILURE(g.Run(0, 100, mid, absl::Milliseconds(3), update_at_30));
+  EXPECT_EQ(g.Disagreements(), 0);
+  ASSERT_GT(new_version, 0);
+  const ScheduledConfig cfg = g.clients[0]->ConfigFor(99);
+  ASSERT_EQ(cfg.version, new_version) << "the update never reached the leader";
+  const int64_t efs = cfg.effective_from_step;
+  EXPECT_GT(efs, 30);
+  EXPECT_LT(efs, 100);
+  for (int r = 0; r < g.size; ++r) {
+    for (const GateDecision& d : g.seen[r]) {
+      EXPECT_EQ(d.source, DecisionSource::kDaemon) << "rank " << r << " step " << d.step;
+      if (d.step < efs) {
+        EXPECT_NE(d.config_version, new_version) << "rank " << r << " step " << d.step;
+        EXPECT_EQ(d.mode, Mode::kTensorParallelOnly) << "rank " << r << " step " << d.step;
+      } else {
+        EXPECT_EQ(d.config_version, new_version) << "rank " << r << " step " << d.step;
+        EXPECT_EQ(d.mode, Mode::kSequenceParallel) << "rank " << r << " step " << d.step;
+      }
+    }
+  }
+}
+
+TEST_F(GateClientE2ETest, GroupsStayConsistentUnderDelaysAndARestart) {
+  StartDaemon();
+  constexpr int kGroups = 3, kRanks = 4;
+  constexpr int64_t kSteps = 2000, kRestartAt = 600;
+  std::vector<Group> groups(kGroups);
+  for (int i = 0; i < kGroups; ++i) {
+    ASSERT_NO_FATAL_FAILURE(groups[i].Init(controller_, "e2e-chaos", i, kRanks));
+    groups[i].jitter = [](int, std::mt19937& rng) {
+      if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 300));
+    };
+  }
+  for (auto& g : groups) ASSERT_THAT(g.WaitConnected(), IsOk());
+  auto lengths = [](int64_t step) -> const std::vector<int64_t>& {
+    static const std::vector<int64_t>* kinds[] = {&kEven, &kMixed, &kMid, &kEven, &kEven};
+    return *kinds[(step * 7919) % 5];
+  };
+  std::atomic<int64_t> progress{0};
+  std::vector<std::thread> runners;
+  for (int i = 0; i < kGroups; ++i) {
+    runners.emplace_back([&, i] {
+      groups[i].Run(0, kSteps, lengths, absl::Microseconds(300), [&, i](int64_t step) {
+        if (i == 0) progress.store(step);
+      });
+    });
+  }
+  while (progress.load() < kRestartAt) absl::SleepFor(absl::Milliseconds(5));
+  StopDaemon();
+  absl::SleepFor(absl::Milliseconds(200));
+  StartDaemon(port_);
+  for (auto& t : runners) t.join();
+
+  int64_t fallback = 0, daemon = 0;
+  for (auto& g : groups) {
+    EXPECT_EQ(g.Disagreements(), 0) << "group " << g.index;
+    ASSERT_EQ(g.seen[0].size(), static_cast<size_t>(kSteps));
+    for (const GateDecision& d : g.seen[0]) {
+      (d.source == DecisionSource::kFallback ? fallback : daemon)++;
+    }
+  }
+  EXPECT_GT(fallback, 0) << "the restart never forced a local decision";
+  EXPECT_GT(daemon, 0);
+  // Everyone finds the restarted daemon.
+  for (auto& g : groups) {
+    ASSERT_THAT(g.WaitConnected(), IsOk());
+    EXPECT_GE(g.clients[0]->stats().registrations, 2);
+  }
+}
+
+}  // namespace
+}  // namespace spgate::client

@@ -1,0 +1,95 @@
+// ClientRuntime: a timer heap and one thread; see client_runtime.h.
+#include "worker/client/client_runtime.h"
+
+#include <queue>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace spgate::client::internal {
+
+struct ClientRuntime::State {
+  struct Entry {
+    absl::Time when;
+    uint64_t seq;  // FIFO among equal times
+    mutable Task task;
+    bool operator>(const Entry& o) const { return when != o.when ? when > o.when : seq > o.seq; }
+  };
+  absl::Mutex mu;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue ABSL_GUARDED_BY(mu);
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 0;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  // While the loop sleeps, until when: only a task due earlier needs the (syscall-priced)
+  // wake-up.
+  bool sleeping ABSL_GUARDED_BY(mu) = false;
+  absl::Time sleeping_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  absl::CondVar cv;
+};
+
+std::shared_ptr<ClientRuntime> ClientRuntime::Get() {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* current = new std::weak_ptr<ClientRuntime>();
+  absl::MutexLock lock(&mu);
+  std::shared_ptr<ClientRuntime> rt = current->lock();
+  if (rt == nullptr) {
+    rt = std::make_shared<ClientRuntime>();
+    *current = rt;
+  }
+  return rt;
+}
+
+ClientRuntime::ClientRuntime() : state_(std::make_shared<State>()) {
+  thread_ = std::thread([s = state_] { Loop(s); });
+}
+
+ClientRuntime::~ClientRuntime() {
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->stop = true;
+    state_->cv.Signal();
+  }
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+void ClientRuntime::RunAt(absl::Time when, Task task) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  s.queue.push(State::Entry{when, s.next_seq++, std::move(task)});
+  if (s.sleeping && when < s.sleeping_until) {
+    s.sleeping = false;
+    s.cv.Signal();
+  }
+}
+
+void ClientRuntime::Loop(std::shared_ptr<State> state) {
+  State& s = *state;
+  s.mu.Lock();
+  while (!s.stop) {
+    if (!s.queue.empty() && s.queue.top().when <= absl::Now()) {
+      Task task = std::move(s.queue.top().task);
+      s.queue.pop();
+      s.mu.Unlock();
+      std::move(task)();
+      task = nullptr;  // captures are released outside the lock
+      s.mu.Lock();
+      continue;
+    }
+    s.sleeping_until = s.queue.empty() ? absl::InfiniteFuture() : s.queue.top().when;
+    s.sleeping = true;
+    s.cv.WaitWithDeadline(&s.mu, s.sleeping_until);
+    s.sleeping = false;
+  }
+  // Drop pending tasks outside the lock: their captures may own clients.
+  auto pending = std::move(s.queue);
+  s.queue = {};
+  s.mu.Unlock();
+  while (!pending.empty()) pending.pop();
+}
+
+}  // namespace spgate::client::internal

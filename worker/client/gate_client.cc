@@ -1,0 +1,886 @@
+// GateClient: Register + one Connect stream (gRPC callback API), the leader's decision
+// cache and fail-static fallback, and the telemetry buffer. See gate_client.h.
+//
+// Concurrency model. One mutex (mu_) guards all client state. The stream is a
+// ClientBidiReactor whose reactions run on gRPC's threads; at most one write is in flight
+// and its message buffer belongs to the reactor. The reactor holds a "writer hold" until
+// the stream is dead and no write is in flight, so code that saw `reactor_ != nullptr &&
+// !hold_released_` under mu_ may start a write or cancel it: OnDone (which deletes the
+// reactor) cannot run before the hold is removed. gRPC never runs reactions inline from
+// StartWrite/TryCancel (can_inline=false), so calling them under mu_ cannot deadlock.
+#include "worker/client/gate_client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <map>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "policy/gate_policy.h"
+#include "proto/convert.h"
+#include "spgate/v1/gate.grpc.pb.h"
+#include "worker/client/client_runtime.h"
+#include "worker/client/local_policy.h"
+
+namespace spgate::client {
+namespace {
+
+constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
+
+struct PlanRecord {
+  int64_t step = 0;
+  std::vector<int64_t> lengths;
+  double length_cv = 0;
+  uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
+  uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
+};
+
+// What one WorkerMessage carries, gathered under the lock and serialised outside it.
+struct Outgoing {
+  std::string session_id;  // first message of a stream only
+  std::vector<PlanRecord> plans;
+  std::vector<StepTelemetryInput> telemetry;
+  bool heartbeat = false;
+  std::array<int64_t, kNumReasons> local_decisions{};
+  int64_t telemetry_sent = 0;
+  bool empty() const {
+    return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;
+  }
+};
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+int64_t ToMillis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
+
+std::string DefaultHost() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+absl::Status ValidateOptions(const GateClientOptions& o) {
+  auto bad = [](std::string msg) { return absl::InvalidArgumentError(std::move(msg)); };
+  if (!o.controller.empty() && o.job_id.empty()) return bad("job_id must be set");
+  if (o.group < 0) return bad(absl::StrCat("group must be >= 0, got ", o.group));
+  if (o.group_size < 1) return bad(absl::StrCat("group_size must be >= 1, got ", o.group_size));
+  if (o.rank_in_group < 0 || o.rank_in_group >= o.group_size) {
+    return bad(absl::StrFormat("rank_in_group must be in [0, %d), got %d", o.group_size,
+                               o.rank_in_group));
+  }
+  if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) {
+    return bad(absl::StrCat("initial_config: ", s.message()));
+  }
+  if (o.decision_deadline < absl::ZeroDuration()) return bad("decision_deadline must be >= 0");
+  if (o.rpc_timeout <= absl::ZeroDuration()) return bad("rpc_timeout must be > 0");
+  if (o.initial_backoff <= absl::ZeroDuration() || o.max_backoff < o.initial_backoff) {
+    return bad("backoff: need 0 < initial_backoff <= max_backoff");
+  }
+  if (!(o.backoff_jitter >= 0.0 && o.backoff_jitter < 1.0)) {
+    return bad("backoff_jitter must be in [0, 1)");
+  }
+  if (o.keepalive_time < absl::Seconds(1) || o.keepalive_timeout <= absl::ZeroDuration()) {
+    return bad("keepalive_time must be >= 1s and keepalive_timeout > 0");
+  }
+  if (o.telemetry_buffer < 1 || o.max_telemetry_per_message < 1 || o.max_pending_plans < 1) {
+    return bad("telemetry_buffer, max_telemetry_per_message and max_pending_plans must be >= 1");
+  }
+  if (o.telemetry_flush_interval < absl::ZeroDuration()) {
+    return bad("telemetry_flush_interval must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string_view DecisionSourceLabel(DecisionSource source) {
+  switch (source) {
+    case DecisionSource::kDaemon: return "daemon";
+    case DecisionSource::kFallback: return "fallback";
+    case DecisionSource::kLocalOnly: return "local";
+  }
+  return "unknown";
+}
+
+class ConnectReactor;
+
+class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
+ public:
+  explicit Impl(GateClientOptions options);
+
+  void Start();
+  void Shutdown();
+
+  absl::Status SubmitPlan(const BatchPlanInput& plan);
+  absl::StatusOr<GateDecision> AwaitDecision(int64_t step, absl::Time deadline);
+  absl::Status ReportTelemetry(const StepTelemetryInput& t);
+  void ObserveGroupRsWaitShare(int64_t step, Mode mode, double share);
+  absl::Status Flush(absl::Duration timeout);
+  absl::Status WaitUntilConnected(absl::Duration timeout);
+  GateClientStats stats() const;
+  ScheduledConfig ConfigFor(int64_t step) const {
+    absl::MutexLock lock(&mu_);
+    return policy_.ConfigFor(step);
+  }
+  const GateClientOptions& options() const { return opts_; }
+
+  // Reactor callbacks (gRPC threads).
+  void OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessage& msg);
+  void OnStreamBroken(ConnectReactor* r);
+  void OnWriteDone(ConnectReactor* r, bool ok);
+  void OnStreamDone(ConnectReactor* r, const grpc::Status& status);
+
+ private:
+  struct RegisterCall {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    v1::RegisterResponse resp;
+  };
+
+  bool remote() const { return stub_ != nullptr; }
+  bool StreamOpenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return reactor_ != nullptr && !stream_dead_;
+  }
+  bool HasOutgoingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Outgoing GatherLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartWriteLocked(Outgoing out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseHoldIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the runtime thread to write what is pending, unless a write will pick it up.
+  void KickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Pump();
+  void Reconnect();
+  void StartRegister();
+  void OnRegisterDone(const std::shared_ptr<RegisterCall>& call, const grpc::Status& s);
+  void StartStream();
+  void HeartbeatTick(uint64_t stream_id);
+  void EndSessionLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleReconnectLocked(absl::Duration delay) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration BackoffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyConfigLocked(const v1::VersionedGateConfig& vc, int64_t effective_from_step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GateDecision DecideLocallyLocked(const PlanRecord& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void BuildMessage(const Outgoing& out, v1::WorkerMessage* msg) const;
+
+  const GateClientOptions opts_;
+  std::shared_ptr<internal::ClientRuntime> runtime_;  // null without a controller
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::GateService::Stub> stub_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // decisions, stream state changes, acks
+
+  LocalGatePolicy policy_ ABSL_GUARDED_BY(mu_);
+  bool rs_wait_explicit_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<int64_t, PlanRecord> plans_ ABSL_GUARDED_BY(mu_);  // undecided steps
+  absl::flat_hash_map<int64_t, GateDecision> daemon_decisions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> rejected_steps_ ABSL_GUARDED_BY(mu_);  // decide locally
+  int64_t last_decided_step_ ABSL_GUARDED_BY(mu_) = kNoStep;
+  GateDecision last_decision_ ABSL_GUARDED_BY(mu_);
+  std::deque<StepTelemetryInput> telemetry_ ABSL_GUARDED_BY(mu_);
+
+  // Connection.
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::string session_id_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<RegisterCall> register_call_ ABSL_GUARDED_BY(mu_);
+  ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t stream_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stream_dead_ ABSL_GUARDED_BY(mu_) = true;
+  bool confirmed_ ABSL_GUARDED_BY(mu_) = false;  // the daemon answered on this stream
+  bool first_write_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_released_ ABSL_GUARDED_BY(mu_) = true;
+  bool kick_posted_ ABSL_GUARDED_BY(mu_) = false;
+  bool flush_timer_set_ ABSL_GUARDED_BY(mu_) = false;
+  bool heartbeat_due_ ABSL_GUARDED_BY(mu_) = false;
+  bool reconnect_scheduled_ ABSL_GUARDED_BY(mu_) = false;
+  int attempt_ ABSL_GUARDED_BY(mu_) = 0;
+  int not_found_streak_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+
+  // Telemetry accounting: per session (the daemon's ack counts per session) and closed
+  // sessions' totals.
+  int64_t session_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t session_acked_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t closed_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t closed_acked_ ABSL_GUARDED_BY(mu_) = 0;
+  GateClientStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+class ConnectReactor final
+    : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
+ public:
+  explicit ConnectReactor(std::shared_ptr<GateClient::Impl> owner) : owner_(std::move(owner)) {}
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      owner_->OnStreamBroken(this);
+      return;
+    }
+    owner_->OnDaemonMessage(this, in);
+    in.Clear();
+    StartRead(&in);
+  }
+  void OnWriteDone(bool ok) override { owner_->OnWriteDone(this, ok); }
+  void OnDone(const grpc::Status& status) override {
+    std::shared_ptr<GateClient::Impl> owner = std::move(owner_);
+    owner->OnStreamDone(this, status);
+    delete this;
+  }
+
+  grpc::ClientContext ctx;
+  v1::WorkerMessage out;  // the one write in flight
+  v1::DaemonMessage in;
+
+ private:
+  std::shared_ptr<GateClient::Impl> owner_;
+};
+
+GateClient::Impl::Impl(GateClientOptions options)
+    : opts_(std::move(options)),
+      policy_(opts_.initial_config, 0),
+      rng_(opts_.seed != 0 ? opts_.seed : std::random_device{}()) {
+  if (opts_.controller.empty()) return;
+  runtime_ = internal::ClientRuntime::Get();
+  channel_ = opts_.channel;
+  if (channel_ == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ToMillis(opts_.keepalive_time)));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(ToMillis(opts_.keepalive_timeout)));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    // The channel's own connect backoff (default up to 120 s) must not outlast ours, or
+    // a restarted daemon would wait for the channel rather than for the client.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                static_cast<int>(ToMillis(opts_.initial_backoff)));
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+                static_cast<int>(std::max<int64_t>(1000, ToMillis(opts_.initial_backoff))));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(opts_.max_backoff)));
+    channel_ = grpc::CreateCustomChannel(
+        opts_.controller,
+        opts_.credentials != nullptr ? opts_.credentials : grpc::InsecureChannelCredentials(),
+        args);
+  }
+  stub_ = v1::GateService::NewStub(channel_);
+}
+
+void GateClient::Impl::Start() {
+  if (!remote()) return;
+  absl::MutexLock lock(&mu_);
+  ScheduleReconnectLocked(absl::ZeroDuration());
+}
+
+void GateClient::Impl::Shutdown() {
+  if (!remote()) return;
+  absl::MutexLock lock(&mu_);
+  closing_ = true;
+  if (register_call_ != nullptr) register_call_->ctx.TryCancel();
+  if (reactor_ != nullptr && !hold_released_) reactor_->ctx.TryCancel();
+  cv_.SignalAll();
+  // gRPC completes cancelled calls promptly; the bound only guards against a wedged
+  // library (then the callbacks still own the Impl through their shared_ptr).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while ((reactor_ != nullptr || register_call_ != nullptr) && absl::Now() < deadline) {
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+// ---- Connection management -------------------------------------------------------
+
+absl::Duration GateClient::Impl::BackoffLocked() {
+  const int exp = std::min(attempt_, 30);
+  absl::Duration d = std::min(opts_.initial_backoff * static_cast<double>(int64_t{1} << exp),
+                              opts_.max_backoff);
+  std::uniform_real_distribution<double> jitter(1.0 - opts_.backoff_jitter,
+                                                1.0 + opts_.backoff_jitter);
+  ++attempt_;
+  return d * jitter(rng_);
+}
+
+void GateClient::Impl::ScheduleReconnectLocked(absl::Duration delay) {
+  if (closing_ || reconnect_scheduled_) return;
+  reconnect_scheduled_ = true;
+  runtime_->RunAt(absl::Now() + delay, [w = weak_from_this()] {
+    if (auto self = w.lock()) self->Reconnect();
+  });
+}
+
+void GateClient::Impl::Reconnect() {
+  bool need_register;
+  {
+    absl::MutexLock lock(&mu_);
+    reconnect_scheduled_ = false;
+    if (closing_ || reactor_ != nullptr || register_call_ != nullptr) return;
+    need_register = session_id_.empty();
+  }
+  if (need_register) {
+    StartRegister();
+  } else {
+    StartStream();
+  }
+}
+
+void GateClient::Impl::StartRegister() {
+  auto call = std::make_shared<RegisterCall>();
+  v1::RegisterRequest& req = call->req;
+  req.set_job_id(opts_.job_id);
+  req.set_group(opts_.group);
+  req.set_rank_in_group(opts_.rank_in_group);
+  req.set_group_size(opts_.group_size);
+  req.set_global_rank(opts_.global_rank);
+  req.set_host(opts_.host.empty() ? DefaultHost() : opts_.host);
+  v1::ModelShape* m = req.mutable_model();
+  m->set_layers(opts_.model.layers);
+  m->set_hidden(opts_.model.hidden);
+  m->set_heads(opts_.model.heads);
+  m->set_ffn_hidden(opts_.model.ffn_hidden);
+  m->set_tp(opts_.group_size);
+  req.set_memory_budget_bytes(opts_.memory_budget_bytes);
+  call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + opts_.rpc_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return;
+    register_call_ = call;
+  }
+  stub_->async()->Register(&call->ctx, &call->req, &call->resp,
+                           [self = shared_from_this(), call](grpc::Status s) {
+                             self->OnRegisterDone(call, s);
+                           });
+}
+
+void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
+                                         int64_t effective_from_step) {
+  const GateConfig config = LayerGateConfig(GateConfig{}, vc.config());
+  if (absl::Status s = ValidateGateConfig(config); !s.ok()) {
+    // The daemon validates what it serves; a bad config here is a bug there. Keep
+    // deciding with the last good one rather than with nonsense.
+    stats_.last_error = absl::StrCat("ignored invalid config from daemon: ", s.message());
+    return;
+  }
+  // Decisions carry the effective version (global and job scopes share one counter).
+  policy_.ScheduleConfig(config, vc.effective_version(), effective_from_step);
+}
+
+void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
+                                      const grpc::Status& s) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (register_call_ == call) register_call_ = nullptr;
+    cv_.SignalAll();
+    if (closing_) return;
+    if (!s.ok()) {
+      stats_.last_error = absl::StrCat("Register: ", FromGrpc(s).ToString());
+      ScheduleReconnectLocked(BackoffLocked());
+      return;
+    }
+    const v1::RegisterResponse& r = call->resp;
+    session_id_ = r.session_id();
+    session_sent_ = session_acked_ = 0;
+    ++stats_.registrations;
+    stats_.last_decided_step = r.last_decided_step();
+    if (r.has_heartbeat_interval()) {
+      const absl::Duration hb = absl::Seconds(r.heartbeat_interval().seconds()) +
+                                absl::Nanoseconds(r.heartbeat_interval().nanos());
+      heartbeat_interval_ = std::clamp(hb, absl::Milliseconds(50), absl::Seconds(60));
+    }
+    if (r.has_config()) ApplyConfigLocked(r.config(), r.effective_from_step());
+  }
+  StartStream();
+}
+
+void GateClient::Impl::StartStream() {
+  absl::MutexLock lock(&mu_);
+  if (closing_ || reactor_ != nullptr || session_id_.empty()) return;
+  auto* r = new ConnectReactor(shared_from_this());
+  reactor_ = r;
+  ++stream_id_;
+  ++stats_.streams_opened;
+  stream_dead_ = false;
+  confirmed_ = false;
+  hold_released_ = false;
+  first_write_ = true;
+  heartbeat_due_ = true;  // the first message reports local decisions and asks for an ack
+  stub_->async()->Connect(&r->ctx, r);
+  r->AddHold();
+  r->StartRead(&r->in);
+  StartWriteLocked(GatherLocked());
+  r->StartCall();
+  runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id_] {
+    if (auto self = w.lock()) self->HeartbeatTick(id);
+  });
+}
+
+void GateClient::Impl::HeartbeatTick(uint64_t stream_id) {
+  absl::MutexLock lock(&mu_);
+  if (closing_ || stream_id != stream_id_ || !StreamOpenLocked()) return;
+  heartbeat_due_ = true;
+  if (!write_in_flight_) StartWriteLocked(GatherLocked());
+  runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id] {
+    if (auto self = w.lock()) self->HeartbeatTick(id);
+  });
+}
+
+void GateClient::Impl::EndSessionLocked() {
+  closed_sent_ += session_sent_;
+  closed_acked_ += session_acked_;
+  session_sent_ = session_acked_ = 0;
+  session_id_.clear();
+}
+
+void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessage& msg) {
+  absl::MutexLock lock(&mu_);
+  if (r != reactor_) return;
+  confirmed_ = true;
+  attempt_ = 0;
+  not_found_streak_ = 0;
+  for (const v1::Decision& d : msg.decisions()) {
+    if (!IsValidMode(d.mode()) || !IsValidReason(d.reason())) continue;
+    if (d.step() <= last_decided_step_) {
+      ++stats_.late_decisions;  // the group already ran this step with a local decision
+      continue;
+    }
+    if (!plans_.contains(d.step())) continue;  // not ours (dropped plan)
+    GateDecision g;
+    g.step = d.step();
+    g.mode = FromProto(d.mode());
+    g.reason = FromProto(d.reason());
+    g.policy_reason = g.reason;
+    g.source = DecisionSource::kDaemon;
+    g.config_version = d.config_version();
+    daemon_decisions_.insert_or_assign(g.step, g);
+  }
+  for (const v1::PlanRejection& rej : msg.rejections()) {
+    // The daemon refused the plan (it names the field): no answer will come, so the
+    // leader decides this step locally without waiting out the deadline.
+    if (rej.step() <= last_decided_step_) continue;
+    rejected_steps_.insert(rej.step());
+    ++stats_.plans_rejected;
+    stats_.last_error = absl::StrFormat("plan for step %d rejected: %s", rej.step(), rej.message());
+  }
+  if (msg.has_config_update()) {
+    ApplyConfigLocked(msg.config_update().config(), msg.config_update().effective_from_step());
+    ++stats_.config_updates;
+  }
+  if (msg.has_ack()) {
+    session_acked_ = std::max(session_acked_, msg.ack().telemetry_received());
+  }
+  cv_.SignalAll();
+}
+
+void GateClient::Impl::ReleaseHoldIfIdleLocked() {
+  if (reactor_ != nullptr && stream_dead_ && !write_in_flight_ && !hold_released_) {
+    hold_released_ = true;
+    reactor_->RemoveHold();
+  }
+}
+
+void GateClient::Impl::OnStreamBroken(ConnectReactor* r) {
+  absl::MutexLock lock(&mu_);
+  if (r != reactor_) return;
+  stream_dead_ = true;
+  confirmed_ = false;
+  cv_.SignalAll();  // waiters fall back at once
+  ReleaseHoldIfIdleLocked();
+}
+
+void GateClient::Impl::OnWriteDone(ConnectReactor* r, bool ok) {
+  absl::MutexLock lock(&mu_);
+  if (r != reactor_) return;
+  write_in_flight_ = false;
+  if (!ok) {
+    stream_dead_ = true;
+    confirmed_ = false;
+    cv_.SignalAll();
+  }
+  if (stream_dead_) {
+    ReleaseHoldIfIdleLocked();
+    return;
+  }
+  if (HasOutgoingLocked()) StartWriteLocked(GatherLocked());
+}
+
+void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (r != reactor_) return;
+  reactor_ = nullptr;
+  stream_dead_ = true;
+  confirmed_ = false;
+  write_in_flight_ = false;
+  ++stats_.stream_failures;
+  stats_.last_error = absl::StrCat("Connect: ", FromGrpc(status).ToString());
+  cv_.SignalAll();
+  if (closing_) return;
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    // The daemon does not know the session (it restarted): register again, at once the
+    // first time (the daemon is evidently up), with backoff if it keeps happening.
+    EndSessionLocked();
+    ScheduleReconnectLocked(++not_found_streak_ == 1 ? absl::ZeroDuration() : BackoffLocked());
+    return;
+  }
+  ScheduleReconnectLocked(BackoffLocked());
+}
+
+// ---- Writes ----------------------------------------------------------------------
+
+bool GateClient::Impl::HasOutgoingLocked() const {
+  if (heartbeat_due_ || !telemetry_.empty() || first_write_) return true;
+  for (const auto& [step, plan] : plans_) {
+    if (plan.sent_on_stream != stream_id_) return true;
+  }
+  return false;
+}
+
+Outgoing GateClient::Impl::GatherLocked() {
+  Outgoing out;
+  if (first_write_) {
+    out.session_id = session_id_;
+    first_write_ = false;
+  }
+  for (auto& [step, plan] : plans_) {
+    if (plan.sent_on_stream == stream_id_) continue;
+    plan.sent_on_stream = stream_id_;
+    out.plans.push_back(plan);
+  }
+  stats_.plans_sent += static_cast<int64_t>(out.plans.size());
+  const size_t n = std::min<size_t>(telemetry_.size(), opts_.max_telemetry_per_message);
+  out.telemetry.assign(telemetry_.begin(), telemetry_.begin() + n);
+  telemetry_.erase(telemetry_.begin(), telemetry_.begin() + n);
+  session_sent_ += static_cast<int64_t>(n);
+  if (heartbeat_due_) {
+    out.heartbeat = true;
+    heartbeat_due_ = false;
+    out.local_decisions = stats_.local_decisions_by_reason;
+    out.telemetry_sent = session_sent_;
+  }
+  return out;
+}
+
+void GateClient::Impl::BuildMessage(const Outgoing& out, v1::WorkerMessage* msg) const {
+  msg->Clear();
+  if (!out.session_id.empty()) msg->set_session_id(out.session_id);
+  for (const PlanRecord& p : out.plans) {
+    v1::BatchPlan* bp = msg->add_plans();
+    bp->set_job_id(opts_.job_id);
+    bp->set_group(opts_.group);
+    bp->set_step(p.step);
+    bp->mutable_lengths()->Add(p.lengths.begin(), p.lengths.end());
+    bp->set_predicted_peak_bytes_sp(p.peak_sp);
+    bp->set_predicted_peak_bytes_tp(p.peak_tp);
+    bp->set_memory_budget_bytes(p.budget);
+  }
+  for (const StepTelemetryInput& t : out.telemetry) {
+    v1::StepTelemetry* st = msg->add_telemetry();
+    st->set_job_id(opts_.job_id);
+    st->set_group(opts_.group);
+    st->set_rank_in_group(opts_.rank_in_group);
+    st->set_step(t.step);
+    st->set_mode(ToProto(t.mode));
+    st->set_reason(ToProto(t.reason));
+    st->set_step_time_s(t.step_time_s);
+    st->set_rs_wait_s(t.rs_wait_s);
+    st->set_all_gather_s(t.all_gather_s);
+    st->set_norm_stall_s(t.norm_stall_s);
+    st->set_effective_tokens(t.effective_tokens);
+    st->set_padding_tokens(t.padding_tokens);
+    st->set_peak_memory_bytes(t.peak_memory_bytes);
+  }
+  if (out.heartbeat) {
+    v1::Heartbeat* hb = msg->mutable_heartbeat();
+    for (int r = 1; r < kNumReasons; ++r) {
+      if (out.local_decisions[r] == 0) continue;
+      v1::LocalDecisionCount* c = hb->add_local_decisions();
+      c->set_reason(static_cast<v1::Reason>(r));
+      c->set_count(out.local_decisions[r]);
+    }
+    hb->set_telemetry_sent(out.telemetry_sent);
+  }
+}
+
+void GateClient::Impl::StartWriteLocked(Outgoing out) {
+  // Serialising into the reactor's buffer under mu_ keeps one simple invariant (one
+  // writer, one buffer); messages are small (a few plans, <= max_telemetry_per_message
+  // records), so the training thread rarely waits on it.
+  if (out.empty()) return;
+  write_in_flight_ = true;
+  BuildMessage(out, &reactor_->out);
+  reactor_->StartWrite(&reactor_->out);
+}
+
+void GateClient::Impl::KickLocked() {
+  if (!StreamOpenLocked() || write_in_flight_ || kick_posted_) return;
+  kick_posted_ = true;
+  runtime_->Post([w = weak_from_this()] {
+    if (auto self = w.lock()) self->Pump();
+  });
+}
+
+void GateClient::Impl::Pump() {
+  absl::MutexLock lock(&mu_);
+  kick_posted_ = false;
+  if (closing_ || !StreamOpenLocked() || write_in_flight_) return;
+  if (HasOutgoingLocked()) StartWriteLocked(GatherLocked());
+}
+
+// ---- Training-thread API ---------------------------------------------------------
+
+absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
+  if (opts_.rank_in_group != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "SubmitPlan on rank %d of group %d: only the group leader (rank 0) asks for "
+        "decisions",
+        opts_.rank_in_group, opts_.group));
+  }
+  if (plan.step < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
+  }
+  absl::StatusOr<LengthStats> stats = ComputeLengthStats(plan.lengths);
+  if (!stats.ok()) return stats.status();
+  PlanRecord rec;
+  rec.step = plan.step;
+  rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());
+  rec.length_cv = stats->cv;
+  rec.peak_sp = plan.predicted_peak_bytes_sp;
+  rec.peak_tp = plan.predicted_peak_bytes_tp;
+  rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
+
+  absl::MutexLock lock(&mu_);
+  if (plan.step <= last_decided_step_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "plan for step %d: step %d is already decided (steps must increase)", plan.step,
+        last_decided_step_));
+  }
+  if (plans_.contains(plan.step)) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("a plan for step %d was already submitted", plan.step));
+  }
+  if (static_cast<int>(plans_.size()) >= opts_.max_pending_plans) {
+    plans_.erase(plans_.begin());
+    ++stats_.plans_dropped;
+  }
+  plans_.emplace(plan.step, std::move(rec));
+  ++stats_.plans_submitted;
+  if (remote()) KickLocked();
+  return absl::OkStatus();
+}
+
+GateDecision GateClient::Impl::DecideLocallyLocked(const PlanRecord& plan) {
+  BatchFacts facts;
+  facts.step = plan.step;
+  facts.length_cv = plan.length_cv;
+  facts.predicted_peak_bytes_sp = plan.peak_sp;
+  facts.predicted_peak_bytes_tp = plan.peak_tp;
+  facts.memory_budget_bytes = plan.budget;
+  const LocalDecision ld = policy_.Decide(facts);
+  GateDecision d;
+  d.step = plan.step;
+  d.mode = ld.decision.mode;
+  d.policy_reason = ld.decision.reason;
+  d.source = remote() ? DecisionSource::kFallback : DecisionSource::kLocalOnly;
+  d.reason = remote() ? Reason::kControllerUnavailable : d.policy_reason;
+  d.config_version = ld.config_version;
+  ++stats_.local_decisions;
+  ++stats_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
+  return d;
+}
+
+absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl::Time deadline) {
+  if (opts_.rank_in_group != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "AwaitDecision on rank %d of group %d: non-leaders receive the decision from the "
+        "group broadcast (GroupDecider)",
+        opts_.rank_in_group, opts_.group));
+  }
+  absl::MutexLock lock(&mu_);
+  if (step == last_decided_step_) return last_decision_;  // committed: same answer
+  if (step < last_decided_step_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "step %d is before the last decided step %d (steps must increase)", step,
+        last_decided_step_));
+  }
+  auto plan = plans_.find(step);
+  if (plan == plans_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no plan was submitted for step %d (or it was dropped)", step));
+  }
+  if (remote()) {
+    while (!daemon_decisions_.contains(step) && !rejected_steps_.contains(step) &&
+           StreamOpenLocked() && !closing_) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
+    }
+  }
+  GateDecision d;
+  if (auto it = daemon_decisions_.find(step); it != daemon_decisions_.end()) {
+    d = it->second;
+    policy_.Adopt(step, d.mode, d.reason);
+    ++stats_.daemon_decisions;
+  } else {
+    d = DecideLocallyLocked(plan->second);
+  }
+  last_decided_step_ = step;
+  last_decision_ = d;
+  plans_.erase(plans_.begin(), plans_.upper_bound(step));
+  absl::erase_if(daemon_decisions_, [step](const auto& kv) { return kv.first <= step; });
+  absl::erase_if(rejected_steps_, [step](int64_t s) { return s <= step; });
+  return d;
+}
+
+absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
+  // The daemon does not acknowledge invalid records; refusing them here keeps "sent minus
+  // acknowledged" a count of records lost in transit.
+  if (t.step < 0) return absl::InvalidArgumentError("telemetry.step: must be >= 0");
+  if (t.mode != Mode::kSequenceParallel && t.mode != Mode::kTensorParallelOnly) {
+    return absl::InvalidArgumentError("telemetry.mode: must be SP or TP-only");
+  }
+  if (!std::isfinite(t.step_time_s) || t.step_time_s <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("telemetry.step_time_s: must be finite and > 0, got %g", t.step_time_s));
+  }
+  for (double v : {t.rs_wait_s, t.all_gather_s, t.norm_stall_s}) {
+    if (!std::isfinite(v) || v < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "telemetry: rs_wait_s, all_gather_s and norm_stall_s must be finite and >= 0, got %g",
+          v));
+    }
+  }
+  if (t.effective_tokens < 0 || t.padding_tokens < 0) {
+    return absl::InvalidArgumentError("telemetry: token counts must be >= 0");
+  }
+  absl::MutexLock lock(&mu_);
+  ++stats_.telemetry_reported;
+  if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&
+      t.step_time_s > 0) {
+    policy_.ObserveRsWaitShare(t.step, t.mode, t.rs_wait_s / t.step_time_s);
+  }
+  if (!remote()) return absl::OkStatus();
+  telemetry_.push_back(t);
+  if (static_cast<int>(telemetry_.size()) > opts_.telemetry_buffer) {
+    telemetry_.pop_front();
+    ++stats_.telemetry_dropped;
+  }
+  if (!StreamOpenLocked() || write_in_flight_ || kick_posted_) return absl::OkStatus();
+  if (static_cast<int>(telemetry_.size()) >= opts_.max_telemetry_per_message ||
+      opts_.telemetry_flush_interval == absl::ZeroDuration()) {
+    KickLocked();
+  } else if (!flush_timer_set_) {
+    flush_timer_set_ = true;
+    runtime_->RunAt(absl::Now() + opts_.telemetry_flush_interval, [w = weak_from_this()] {
+      if (auto self = w.lock()) {
+        {
+          absl::MutexLock lock(&self->mu_);
+          self->flush_timer_set_ = false;
+        }
+        self->Pump();
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+void GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
+  absl::MutexLock lock(&mu_);
+  rs_wait_explicit_ = true;
+  policy_.ObserveRsWaitShare(step, mode, share);
+}
+
+absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
+  if (!remote()) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (confirmed_ && StreamOpenLocked() && telemetry_.empty() && !write_in_flight_ &&
+        session_acked_ >= session_sent_) {
+      return absl::OkStatus();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline || closing_) break;
+    // Ask for an ack of everything written so far; re-ask periodically in case the
+    // last ack answered a heartbeat that preceded the last telemetry.
+    heartbeat_due_ = true;
+    KickLocked();
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, now + absl::Milliseconds(20)));
+  }
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "flush: %d telemetry records sent, %d acknowledged, %d still buffered, stream %s",
+      closed_sent_ + session_sent_, closed_acked_ + session_acked_, telemetry_.size(),
+      StreamOpenLocked() ? "open" : "down"));
+}
+
+absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
+  if (!remote()) return absl::FailedPreconditionError("no controller configured");
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (!(confirmed_ && StreamOpenLocked())) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) {
+      if (confirmed_ && StreamOpenLocked()) break;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "not connected to ", opts_.controller, " after ", absl::FormatDuration(timeout),
+          stats_.last_error.empty() ? "" : "; last error: ", stats_.last_error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+GateClientStats GateClient::Impl::stats() const {
+  absl::MutexLock lock(&mu_);
+  GateClientStats s = stats_;
+  s.connected = confirmed_ && StreamOpenLocked();
+  s.telemetry_sent = closed_sent_ + session_sent_;
+  s.telemetry_acked = closed_acked_ + session_acked_;
+  return s;
+}
+
+// ---- Public handle ---------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<GateClient>> GateClient::Create(GateClientOptions options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  auto impl = std::make_shared<Impl>(std::move(options));
+  impl->Start();
+  return std::unique_ptr<GateClient>(new GateClient(std::move(impl)));
+}
+
+GateClient::GateClient(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GateClient::~GateClient() {
+  impl_->Shutdown();
+  // gRPC's callback threads drop their references to the Impl just after their last
+  // reaction; let them, so the channel is torn down here rather than on one of gRPC's own
+  // threads (bounded: a wedged callback only delays where the Impl dies).
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  while (impl_.use_count() > 1 && absl::Now() < deadline) absl::SleepFor(absl::Microseconds(200));
+}
+
+absl::Status GateClient::SubmitPlan(const BatchPlanInput& plan) { return impl_->SubmitPlan(plan); }
+absl::StatusOr<GateDecision> GateClient::AwaitDecision(int64_t step, absl::Time deadline) {
+  return impl_->AwaitDecision(step, deadline);
+}
+absl::StatusOr<GateDecision> GateClient::AwaitDecision(int64_t step) {
+  return impl_->AwaitDecision(step, absl::Now() + impl_->options().decision_deadline);
+}
+absl::Status GateClient::ReportTelemetry(const StepTelemetryInput& telemetry) {
+  return impl_->ReportTelemetry(telemetry);
+}
+void GateClient::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
+  impl_->ObserveGroupRsWaitShare(step, mode, share);
+}
+absl::Status GateClient::Flush(absl::Duration timeout) { return impl_->Flush(timeout); }
+absl::Status GateClient::WaitUntilConnected(absl::Duration timeout) {
+  return impl_->WaitUntilConnected(timeout);
+}
+GateClientStats GateClient::stats() const { return impl_->stats(); }
+ScheduledConfig GateClient::ConfigFor(int64_t step) const { return impl_->ConfigFor(step); }
+const GateClientOptions& GateClient::options() const { return impl_->options(); }
+
+}  // namespace spgate::client

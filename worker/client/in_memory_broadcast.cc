@@ -1,0 +1,45 @@
+// InMemoryBroadcast: order-matched slots; see in_memory_broadcast.h.
+#include "worker/client/in_memory_broadcast.h"
+
+#include "absl/strings/str_format.h"
+
+namespace spgate::client {
+
+InMemoryBroadcast::InMemoryBroadcast(int group_size, absl::Duration timeout)
+    : size_(group_size), timeout_(timeout), calls_(group_size, 0) {}
+
+absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root) {
+  if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
+  }
+  absl::MutexLock lock(&mu_);
+  const uint64_t k = calls_[rank]++;
+  if (rank == root) {
+    if (size_ > 1) slots_[k] = Slot{wire, root, size_ - 1};
+    cv_.SignalAll();
+    return absl::OkStatus();
+  }
+  const absl::Time deadline = absl::Now() + timeout_;
+  auto it = slots_.find(k);
+  while (it == slots_.end()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline)) {
+      it = slots_.find(k);
+      if (it != slots_.end()) break;
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "rank %d waited %s for broadcast #%d from root %d", rank,
+          absl::FormatDuration(timeout_), k, root));
+    }
+    it = slots_.find(k);
+  }
+  if (it->second.root != root) {
+    return absl::InternalError(absl::StrFormat(
+        "broadcast #%d: rank %d expected root %d, the sender was rank %d", k, rank, root,
+        it->second.root));
+  }
+  wire = it->second.wire;
+  if (--it->second.remaining == 0) slots_.erase(it);
+  return absl::OkStatus();
+}
+
+}  // namespace spgate::client

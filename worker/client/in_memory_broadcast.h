@@ -1,0 +1,50 @@
+// An in-process "communicator" for GroupDecider: the ranks of one group are threads (or
+// state machines driven by one thread) of the same process. Like a real collective,
+// calls match by order: every rank's k-th Broadcast gets the root's k-th payload. The
+// root never waits; a receiver waits (bounded by `timeout`) until the root has sent.
+// Used by spgate-sim and the tests; thread-safe.
+//
+// Usage:
+//   spgate::client::InMemoryBroadcast group(/*group_size=*/8);
+//   auto decider = GroupDecider::Create(client, rank, group.ForRank(rank));
+#ifndef SPGATE_WORKER_CLIENT_IN_MEMORY_BROADCAST_H_
+#define SPGATE_WORKER_CLIENT_IN_MEMORY_BROADCAST_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/client/group_decider.h"
+
+namespace spgate::client {
+
+class InMemoryBroadcast {
+ public:
+  explicit InMemoryBroadcast(int group_size, absl::Duration timeout = absl::Seconds(60));
+
+  absl::Status Broadcast(int rank, DecisionWire& wire, int root);
+  BroadcastFn ForRank(int rank) {
+    return [this, rank](DecisionWire& w, int root) { return Broadcast(rank, w, root); };
+  }
+
+ private:
+  struct Slot {
+    DecisionWire wire;
+    int root = 0;
+    int remaining = 0;  // receivers that have not taken it yet
+  };
+  const int size_;
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::vector<uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // per rank
+  std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_IN_MEMORY_BROADCAST_H_

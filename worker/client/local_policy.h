@@ -1,0 +1,88 @@
+// The worker's fail-static fallback: the daemon's own gate policy (EvaluateGates) run by
+// the group leader over the group state it keeps in step with the decisions the group
+// actually ran. Invariant: every decision the group runs — the daemon's or a local one —
+// advances this state exactly once and in step order, so a local decision is the one the
+// daemon would make given the same config, state and rolling wait share.
+//
+// The config in force for a step is the newest scheduled config whose
+// effective_from_step is <= the step; a config never applies in the middle of a step
+// because it is looked up once, when the step is decided.
+//
+// The rolling reduce-scatter wait share is fed by ObserveRsWaitShare with the value the
+// leader has for an SP step (the group max when the trainer all-reduces it, otherwise the
+// leader's own share — a lower bound of the group value). See docs/client.md.
+//
+// Not thread-safe: GateClient guards it with its mutex; spgate-sim replay owns one per
+// simulated group.
+//
+// Usage:
+//   spgate::client::LocalGatePolicy policy(spgate::GateConfig{}, /*version=*/0);
+//   policy.ScheduleConfig(new_config, /*version=*/7, /*effective_from_step=*/102);
+//   spgate::client::LocalDecision d = policy.Decide(facts);   // facts.step = 100
+//   policy.ObserveRsWaitShare(100, Mode::kSequenceParallel, 0.08);
+//   policy.Adopt(101, Mode::kTensorParallelOnly, Reason::kLengthCv);  // daemon's answer
+#ifndef SPGATE_WORKER_CLIENT_LOCAL_POLICY_H_
+#define SPGATE_WORKER_CLIENT_LOCAL_POLICY_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+
+#include "policy/gate_policy.h"
+#include "policy/rolling_window.h"
+#include "policy/types.h"
+
+namespace spgate::client {
+
+struct ScheduledConfig {
+  GateConfig config;
+  int64_t version = 0;
+  int64_t effective_from_step = 0;
+};
+
+struct LocalDecision {
+  Decision decision;       // what the policy decided (reason is the gate, never
+                           // CONTROLLER_UNAVAILABLE)
+  int64_t config_version = 0;
+};
+
+class LocalGatePolicy {
+ public:
+  explicit LocalGatePolicy(const GateConfig& initial = GateConfig{}, int64_t version = 0);
+
+  // `config` applies to steps >= effective_from_step. Anything scheduled from that step
+  // on is replaced (a newer update wins); older entries stay for earlier steps.
+  void ScheduleConfig(const GateConfig& config, int64_t version, int64_t effective_from_step);
+
+  // The config in force for `step`.
+  const ScheduledConfig& ConfigFor(int64_t step) const;
+
+  // Decides `facts.step` with the policy and advances the state. An operator pin that was
+  // in force when the daemon was last heard from stays in force (the operator's explicit
+  // choice outlives the daemon's absence; the daemon lifts it when it is back).
+  LocalDecision Decide(const BatchFacts& facts);
+
+  // Advances the state with a decision the daemon made for `step`, exactly as the
+  // daemon's own evaluation advanced its copy (mode, probes, RS_WAIT hysteresis and
+  // dwell, window reset on entering the RS_WAIT fallback).
+  void Adopt(int64_t step, Mode mode, Reason reason);
+
+  // One step's group reduce-scatter wait share. Only SP steps enter the window (SPEC §2).
+  void ObserveRsWaitShare(int64_t step, Mode mode, double share);
+
+  const GroupGateState& state() const { return state_; }
+  RsWaitObservation rs_wait() const { return {window_.Mean(), window_.size()}; }
+  std::optional<Mode> pin() const { return pin_; }
+
+ private:
+  void Prune(int64_t step);
+
+  std::deque<ScheduledConfig> schedule_;  // ascending effective_from_step, never empty
+  GroupGateState state_;
+  RollingWindow window_;
+  std::optional<Mode> pin_;
+};
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_LOCAL_POLICY_H_

@@ -1,0 +1,278 @@
+// The C API over GateClient / GroupDecider; see spgate_client.h. Every entry point
+// catches nothing (the C++ layer does not throw) and turns absl::Status into a code plus
+// a thread-local message.
+#include "worker/client/spgate_client.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "policy/types.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
+
+struct spgate_options {
+  spgate::client::GateClientOptions opts;
+};
+struct spgate_client {
+  std::unique_ptr<spgate::client::GateClient> client;
+};
+struct spgate_decider {
+  std::unique_ptr<spgate::client::GroupDecider> decider;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+spgate_status Report(const absl::Status& s) {
+  if (s.ok()) {
+    last_error.clear();
+    return SPGATE_OK;
+  }
+  last_error = std::string(s.message());
+  return static_cast<spgate_status>(s.code());
+}
+
+spgate_status Null(const char* what) {
+  return Report(absl::InvalidArgumentError(absl::StrCat(what, " is NULL")));
+}
+
+absl::Status SetOption(spgate::client::GateClientOptions& o, const std::string& name,
+                       const std::string& value) {
+  auto as_int = [&](auto* field) -> absl::Status {
+    int64_t v;
+    if (!absl::SimpleAtoi(value, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: \"", value, "\""));
+    }
+    *field = static_cast<std::remove_pointer_t<decltype(field)>>(v);
+    return absl::OkStatus();
+  };
+  auto as_double = [&](double* field) -> absl::Status {
+    if (!absl::SimpleAtod(value, field) || !std::isfinite(*field)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not a number: \"", value, "\""));
+    }
+    return absl::OkStatus();
+  };
+  auto as_ms = [&](absl::Duration* field) -> absl::Status {
+    int64_t v;
+    if (!absl::SimpleAtoi(value, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: \"", value, "\""));
+    }
+    *field = absl::Milliseconds(v);
+    return absl::OkStatus();
+  };
+  spgate::GateConfig& c = o.initial_config;
+  if (name == "controller") { o.controller = value; return absl::OkStatus(); }
+  if (name == "job_id") { o.job_id = value; return absl::OkStatus(); }
+  if (name == "host") { o.host = value; return absl::OkStatus(); }
+  if (name == "group") return as_int(&o.group);
+  if (name == "rank_in_group") return as_int(&o.rank_in_group);
+  if (name == "group_size") return as_int(&o.group_size);
+  if (name == "global_rank") return as_int(&o.global_rank);
+  if (name == "layers") return as_int(&o.model.layers);
+  if (name == "hidden") return as_int(&o.model.hidden);
+  if (name == "heads") return as_int(&o.model.heads);
+  if (name == "ffn_hidden") return as_int(&o.model.ffn_hidden);
+  if (name == "memory_budget_bytes") return as_int(&o.memory_budget_bytes);
+  if (name == "telemetry_buffer") return as_int(&o.telemetry_buffer);
+  if (name == "seed") return as_int(&o.seed);
+  if (name == "decision_deadline_ms") return as_ms(&o.decision_deadline);
+  if (name == "rpc_timeout_ms") return as_ms(&o.rpc_timeout);
+  if (name == "initial_backoff_ms") return as_ms(&o.initial_backoff);
+  if (name == "max_backoff_ms") return as_ms(&o.max_backoff);
+  if (name == "max_length_cv") return as_double(&c.max_length_cv);
+  if (name == "max_rs_wait_share") return as_double(&c.max_rs_wait_share);
+  if (name == "bucket_target_cv") return as_double(&c.bucket_target_cv);
+  if (name == "rs_wait_reenable_margin") return as_double(&c.rs_wait_reenable_margin);
+  if (name == "probe_interval_steps") return as_int(&c.probe_interval_steps);
+  if (name == "min_dwell_steps") return as_int(&c.min_dwell_steps);
+  if (name == "window_steps") return as_int(&c.window_steps);
+  if (name == "memory_headroom") return as_double(&c.memory_headroom);
+  return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
+}
+
+absl::Time Deadline(spgate::client::GateClient* client, int64_t timeout_us) {
+  return absl::Now() + (timeout_us < 0 ? client->options().decision_deadline
+                                       : absl::Microseconds(timeout_us));
+}
+
+void Fill(const spgate::client::GateDecision& d, spgate_decision* out) {
+  out->step = d.step;
+  out->config_version = d.config_version;
+  out->mode = static_cast<int32_t>(d.mode);
+  out->reason = static_cast<int32_t>(d.reason);
+  out->policy_reason = static_cast<int32_t>(d.policy_reason);
+  out->source = static_cast<int32_t>(d.source);
+}
+
+spgate::client::BatchPlanInput Plan(int64_t step, const int64_t* lengths, size_t count,
+                                    uint64_t sp, uint64_t tp, uint64_t budget) {
+  spgate::client::BatchPlanInput p;
+  p.step = step;
+  p.lengths = std::span<const int64_t>(lengths, count);
+  p.predicted_peak_bytes_sp = sp;
+  p.predicted_peak_bytes_tp = tp;
+  p.memory_budget_bytes = budget;
+  return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* spgate_last_error(void) { return last_error.c_str(); }
+const char* spgate_version(void) { return "0.1.0"; }
+
+const char* spgate_mode_name(int32_t mode) {
+  if (mode != 1 && mode != 2) return "unspecified";
+  return spgate::ModeLabel(static_cast<spgate::Mode>(mode)).data();
+}
+
+const char* spgate_reason_name(int32_t reason) {
+  if (reason < 1 || reason >= spgate::kNumReasons) return "unspecified";
+  return spgate::ReasonLabel(static_cast<spgate::Reason>(reason)).data();
+}
+
+spgate_options* spgate_options_create(void) { return new spgate_options(); }
+void spgate_options_destroy(spgate_options* options) { delete options; }
+
+spgate_status spgate_options_set(spgate_options* options, const char* name, const char* value) {
+  if (options == nullptr) return Null("options");
+  if (name == nullptr || value == nullptr) return Null("name or value");
+  return Report(SetOption(options->opts, name, value));
+}
+
+spgate_status spgate_client_create(const spgate_options* options, spgate_client** out) {
+  if (out == nullptr) return Null("out");
+  *out = nullptr;
+  spgate::client::GateClientOptions opts;
+  if (options != nullptr) opts = options->opts;
+  auto client = spgate::client::GateClient::Create(std::move(opts));
+  if (!client.ok()) return Report(client.status());
+  *out = new spgate_client{std::move(*client)};
+  return Report(absl::OkStatus());
+}
+
+void spgate_client_destroy(spgate_client* client) { delete client; }
+
+spgate_status spgate_client_submit_plan(spgate_client* client, int64_t step,
+                                        const int64_t* lengths, size_t count, uint64_t sp,
+                                        uint64_t tp, uint64_t budget) {
+  if (client == nullptr) return Null("client");
+  if (lengths == nullptr && count > 0) return Null("lengths");
+  return Report(client->client->SubmitPlan(Plan(step, lengths, count, sp, tp, budget)));
+}
+
+spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
+                                           int64_t timeout_us, spgate_decision* out) {
+  if (client == nullptr) return Null("client");
+  if (out == nullptr) return Null("out");
+  auto d = client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us));
+  if (!d.ok()) return Report(d.status());
+  Fill(*d, out);
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_client_report_telemetry(spgate_client* client, const spgate_telemetry* t) {
+  if (client == nullptr) return Null("client");
+  if (t == nullptr) return Null("telemetry");
+  if ((t->mode != 1 && t->mode != 2) || t->reason < 1 || t->reason >= spgate::kNumReasons) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("telemetry: invalid mode ", t->mode, " or reason ", t->reason)));
+  }
+  spgate::client::StepTelemetryInput in;
+  in.step = t->step;
+  in.mode = static_cast<spgate::Mode>(t->mode);
+  in.reason = static_cast<spgate::Reason>(t->reason);
+  in.step_time_s = t->step_time_s;
+  in.rs_wait_s = t->rs_wait_s;
+  in.all_gather_s = t->all_gather_s;
+  in.norm_stall_s = t->norm_stall_s;
+  in.effective_tokens = t->effective_tokens;
+  in.padding_tokens = t->padding_tokens;
+  in.peak_memory_bytes = t->peak_memory_bytes;
+  return Report(client->client->ReportTelemetry(in));
+}
+
+spgate_status spgate_client_observe_group_rs_wait(spgate_client* client, int64_t step,
+                                                  int32_t mode, double share) {
+  if (client == nullptr) return Null("client");
+  if (mode != 1 && mode != 2) {
+    return Report(absl::InvalidArgumentError(absl::StrCat("invalid mode ", mode)));
+  }
+  client->client->ObserveGroupRsWaitShare(step, static_cast<spgate::Mode>(mode), share);
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms) {
+  if (client == nullptr) return Null("client");
+  return Report(client->client->Flush(absl::Milliseconds(timeout_ms)));
+}
+
+spgate_status spgate_client_wait_connected(spgate_client* client, int64_t timeout_ms) {
+  if (client == nullptr) return Null("client");
+  return Report(client->client->WaitUntilConnected(absl::Milliseconds(timeout_ms)));
+}
+
+spgate_status spgate_client_get_stats(spgate_client* client, spgate_client_stats* out) {
+  if (client == nullptr) return Null("client");
+  if (out == nullptr) return Null("out");
+  const spgate::client::GateClientStats s = client->client->stats();
+  out->connected = s.connected ? 1 : 0;
+  out->registrations = s.registrations;
+  out->daemon_decisions = s.daemon_decisions;
+  out->local_decisions = s.local_decisions;
+  out->late_decisions = s.late_decisions;
+  out->telemetry_reported = s.telemetry_reported;
+  out->telemetry_sent = s.telemetry_sent;
+  out->telemetry_acked = s.telemetry_acked;
+  out->telemetry_dropped = s.telemetry_dropped;
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_decider_create(spgate_client* client, int32_t rank_in_group,
+                                    spgate_broadcast_fn broadcast, void* user_data,
+                                    spgate_decider** out) {
+  if (out == nullptr) return Null("out");
+  *out = nullptr;
+  if (broadcast == nullptr) return Null("broadcast");
+  auto fn = [broadcast, user_data](spgate::client::DecisionWire& w, int root) -> absl::Status {
+    const int32_t rc = broadcast(&w, sizeof(w), root, user_data);
+    if (rc != 0) return absl::InternalError(absl::StrCat("broadcast callback returned ", rc));
+    return absl::OkStatus();
+  };
+  auto decider = spgate::client::GroupDecider::Create(
+      client != nullptr ? client->client.get() : nullptr, rank_in_group, fn);
+  if (!decider.ok()) return Report(decider.status());
+  *out = new spgate_decider{std::move(*decider)};
+  return Report(absl::OkStatus());
+}
+
+void spgate_decider_destroy(spgate_decider* decider) { delete decider; }
+
+spgate_status spgate_decider_submit_plan(spgate_decider* decider, int64_t step,
+                                         const int64_t* lengths, size_t count, uint64_t sp,
+                                         uint64_t tp, uint64_t budget) {
+  if (decider == nullptr) return Null("decider");
+  if (lengths == nullptr && count > 0) return Null("lengths");
+  return Report(decider->decider->SubmitPlan(Plan(step, lengths, count, sp, tp, budget)));
+}
+
+spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step, int64_t timeout_us,
+                                    spgate_decision* out) {
+  if (decider == nullptr) return Null("decider");
+  if (out == nullptr) return Null("out");
+  absl::StatusOr<spgate::client::GateDecision> d =
+      timeout_us < 0 ? decider->decider->Decide(step)
+                     : decider->decider->Decide(step, absl::Now() + absl::Microseconds(timeout_us));
+  if (!d.ok()) return Report(d.status());
+  Fill(*d, out);
+  return Report(absl::OkStatus());
+}
+
+}  // extern "C"

@@ -1,0 +1,171 @@
+/* spgate worker client, C API: for trainers that are not C++ (Python via ctypes,
+ * PyTorch extensions). A thin layer over spgate::client::GateClient and GroupDecider
+ * (gate_client.h, group_decider.h) with the same semantics: plans and telemetry only
+ * queue; a decision never takes longer than its deadline, falling back to the local
+ * policy (reason SPGATE_REASON_CONTROLLER_UNAVAILABLE) when the daemon is late or away;
+ * spgate_decider_decide gives every rank of a TP group the same decision through the
+ * broadcast callback you provide.
+ *
+ * Errors: every function that can fail returns an spgate_status (0 = OK; otherwise the
+ * absl/gRPC status code) and sets a per-thread message readable with
+ * spgate_last_error(). Handles are opaque; each *_create has a matching *_destroy.
+ * Thread-safety: as in C++ — a client may be used from several threads; a decider
+ * belongs to one rank's training thread. Built as libspgate_client.so.
+ *
+ * Usage:
+ *   spgate_options* o = spgate_options_create();
+ *   spgate_options_set(o, "controller", "127.0.0.1:50061");
+ *   spgate_options_set(o, "job_id", "demo");
+ *   spgate_client* c;
+ *   if (spgate_client_create(o, &c) != SPGATE_OK) puts(spgate_last_error());
+ *   spgate_options_destroy(o);
+ *   int64_t lengths[] = {4096, 4000, 4100};
+ *   spgate_client_submit_plan(c, 1, lengths, 3, 0, 0, 0);
+ *   spgate_decision d;
+ *   spgate_client_await_decision(c, 1, 20000, &d);   // 20 ms
+ *   spgate_client_destroy(c);
+ */
+#ifndef SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
+#define SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define SPGATE_EXPORT __attribute__((visibility("default")))
+#else
+#define SPGATE_EXPORT
+#endif
+
+typedef int32_t spgate_status;
+enum {
+  SPGATE_OK = 0,
+  SPGATE_INVALID_ARGUMENT = 3,
+  SPGATE_DEADLINE_EXCEEDED = 4,
+  SPGATE_NOT_FOUND = 5,
+  SPGATE_ALREADY_EXISTS = 6,
+  SPGATE_FAILED_PRECONDITION = 9,
+  SPGATE_INTERNAL = 13,
+  SPGATE_UNAVAILABLE = 14
+};
+
+/* Values match spgate.v1.Mode / spgate.v1.Reason. */
+enum { SPGATE_MODE_SEQUENCE_PARALLEL = 1, SPGATE_MODE_TENSOR_PARALLEL_ONLY = 2 };
+enum {
+  SPGATE_REASON_GATES_PASSED = 1,
+  SPGATE_REASON_LENGTH_CV = 2,
+  SPGATE_REASON_RS_WAIT = 3,
+  SPGATE_REASON_PROBE = 4,
+  SPGATE_REASON_MEMORY_REQUIRES_SP = 5,
+  SPGATE_REASON_MEMORY_OVER_BUDGET = 6,
+  SPGATE_REASON_PINNED = 7,
+  SPGATE_REASON_CONTROLLER_UNAVAILABLE = 8,
+  SPGATE_REASON_ADAPTIVE = 9
+};
+enum { SPGATE_SOURCE_DAEMON = 1, SPGATE_SOURCE_FALLBACK = 2, SPGATE_SOURCE_LOCAL_ONLY = 3 };
+
+typedef struct spgate_decision {
+  int64_t step;
+  int64_t config_version;
+  int32_t mode;
+  int32_t reason;        /* as run and reported */
+  int32_t policy_reason; /* the gate that decided */
+  int32_t source;
+} spgate_decision;
+
+typedef struct spgate_telemetry {
+  int64_t step;
+  int32_t mode;
+  int32_t reason;
+  double step_time_s;
+  double rs_wait_s;
+  double all_gather_s;
+  double norm_stall_s;
+  int64_t effective_tokens;
+  int64_t padding_tokens;
+  uint64_t peak_memory_bytes;
+} spgate_telemetry;
+
+typedef struct spgate_client_stats {
+  int32_t connected;
+  int64_t registrations;
+  int64_t daemon_decisions;
+  int64_t local_decisions;
+  int64_t late_decisions;
+  int64_t telemetry_reported;
+  int64_t telemetry_sent;
+  int64_t telemetry_acked;
+  int64_t telemetry_dropped;
+} spgate_client_stats;
+
+typedef struct spgate_options spgate_options;
+typedef struct spgate_client spgate_client;
+typedef struct spgate_decider spgate_decider;
+
+/* Broadcast `size` bytes at `buf` from rank `root` of the TP group; on the other ranks
+ * overwrite `buf` with the root's bytes. Return 0 on success. */
+typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, void* user_data);
+
+/* The message of the last failed call on this thread ("" if none). Valid until the next
+ * spgate call on this thread. */
+SPGATE_EXPORT const char* spgate_last_error(void);
+SPGATE_EXPORT const char* spgate_version(void);
+SPGATE_EXPORT const char* spgate_mode_name(int32_t mode);     /* "sp", "tp_only" */
+SPGATE_EXPORT const char* spgate_reason_name(int32_t reason); /* "gates_passed", ... */
+
+/* Options, by name: controller, job_id, group, rank_in_group, group_size, global_rank,
+ * host, layers, hidden, heads, ffn_hidden, memory_budget_bytes, decision_deadline_ms,
+ * rpc_timeout_ms, initial_backoff_ms, max_backoff_ms, telemetry_buffer, seed, and every
+ * GateConfig field of the initial config (max_length_cv, ...). */
+SPGATE_EXPORT spgate_options* spgate_options_create(void);
+SPGATE_EXPORT spgate_status spgate_options_set(spgate_options* options, const char* name,
+                                               const char* value);
+SPGATE_EXPORT void spgate_options_destroy(spgate_options* options);
+
+SPGATE_EXPORT spgate_status spgate_client_create(const spgate_options* options,
+                                                 spgate_client** out);
+SPGATE_EXPORT void spgate_client_destroy(spgate_client* client);
+SPGATE_EXPORT spgate_status spgate_client_submit_plan(spgate_client* client, int64_t step,
+                                                      const int64_t* lengths, size_t count,
+                                                      uint64_t predicted_peak_bytes_sp,
+                                                      uint64_t predicted_peak_bytes_tp,
+                                                      uint64_t memory_budget_bytes);
+/* timeout_us < 0: the client's decision_deadline. */
+SPGATE_EXPORT spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
+                                                         int64_t timeout_us,
+                                                         spgate_decision* out);
+SPGATE_EXPORT spgate_status spgate_client_report_telemetry(spgate_client* client,
+                                                           const spgate_telemetry* telemetry);
+SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* client,
+                                                                int64_t step, int32_t mode,
+                                                                double share);
+SPGATE_EXPORT spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms);
+SPGATE_EXPORT spgate_status spgate_client_wait_connected(spgate_client* client,
+                                                         int64_t timeout_ms);
+SPGATE_EXPORT spgate_status spgate_client_get_stats(spgate_client* client,
+                                                    spgate_client_stats* out);
+
+/* client: required on rank 0 of the group, may be NULL elsewhere. The callback is
+ * called from spgate_decider_decide on the calling thread. */
+SPGATE_EXPORT spgate_status spgate_decider_create(spgate_client* client, int32_t rank_in_group,
+                                                  spgate_broadcast_fn broadcast,
+                                                  void* user_data, spgate_decider** out);
+SPGATE_EXPORT void spgate_decider_destroy(spgate_decider* decider);
+SPGATE_EXPORT spgate_status spgate_decider_submit_plan(spgate_decider* decider, int64_t step,
+                                                       const int64_t* lengths, size_t count,
+                                                       uint64_t predicted_peak_bytes_sp,
+                                                       uint64_t predicted_peak_bytes_tp,
+                                                       uint64_t memory_budget_bytes);
+/* Collective over the group; timeout_us as in spgate_client_await_decision. */
+SPGATE_EXPORT spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step,
+                                                  int64_t timeout_us, spgate_decision* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_ */
