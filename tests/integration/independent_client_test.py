@@ -7,9 +7,11 @@ reflection and builds every message from the descriptors the daemon returns
 and the daemon's address can reproduce. It checks the issue's "done means" list:
 reflection lists both services, invalid thresholds are refused naming the field, a
 threshold set over the API survives `kill -9` and a restart, a corrupt state file stops
-startup naming the file; and the basics a client relies on: health SERVING on both
-ports, NOT_FOUND for an unknown job, ABORTED on a version conflict, the same
-(job, group, step) answered with the same decision.
+startup naming the file; and the basics a client relies on: health SERVING on every
+port, invalid plans refused naming the field, NOT_FOUND for an unknown job, ABORTED on
+a version conflict, the same (job, group, step) answered with the same decision,
+SIGTERM ending open streams with UNAVAILABLE and exiting 0, the admin token guarding
+changes but not reads.
 
 Run: /usr/bin/python3 independent_client_test.py PATH/TO/spgated   (ctest does this)
 Loopback only; every daemon is killed on exit, also when the test fails or is killed.
@@ -291,6 +293,29 @@ class StateDirTest(unittest.TestCase):
         decision = gate.call("Decide", gate.new("DecideRequest", plan=plan))
         self.assertEqual(gate.enum_name("Reason", decision.reason), "PINNED")
         gate.channel.close()
+        admin.channel.close()
+
+    def test_admin_token_guards_changes_not_reads(self):
+        token_file = os.path.join(self.tmp, "admin-token")
+        with open(token_file, "w") as f:
+            f.write("s3cret-token\n")
+        daemon = self.start([f"--admin_token_file={token_file}"])
+        admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
+        version = admin.call("GetGateConfig").version  # reads need no token
+        request = admin.new("UpdateGateConfigRequest",
+                            config=admin.new("GateConfig", max_length_cv=0.25))
+        request.update_mask.paths.append("max_length_cv")
+        for metadata, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
+                               ((("authorization", "Bearer wrong"),),
+                                grpc.StatusCode.PERMISSION_DENIED)):
+            with self.subTest(metadata=metadata):
+                with self.assertRaises(grpc.RpcError) as caught:
+                    admin.call("UpdateGateConfig", request, metadata=metadata)
+                self.assertEqual(caught.exception.code(), code, caught.exception.details())
+        self.assertEqual(admin.call("GetGateConfig").version, version)
+        updated = admin.call("UpdateGateConfig", request,
+                             metadata=(("authorization", "Bearer s3cret-token"),))
+        self.assertAlmostEqual(updated.config.max_length_cv, 0.25)
         admin.channel.close()
 
     def test_corrupt_state_file_stops_startup_naming_the_file(self):
