@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""A plain training loop driving spgate through its C API with ctypes (standard library
+only). One process plays one TP group of --tp ranks, each rank a thread with its own
+spgate client; the group's broadcast is an in-memory one written in Python and handed to
+libspgate_client.so as a callback — in a real trainer it would wrap
+torch.distributed.broadcast on the TP group (see docs/client.md).
+
+Per step, as SPEC §4 asks: the leader submits the plan for step n+1 while step n "runs",
+every rank calls decide(n) (the leader asks the daemon, everyone receives the leader's
+answer), runs the step in that mode, logs it, and reports telemetry. The decision never
+takes longer than the deadline: without a daemon (or with --controller empty) the local
+policy decides.
+
+    python3 examples/python/train_loop.py --lib build/lib/libspgate_client.so \
+        --controller 127.0.0.1:50061 --tp 2 --steps 100
+
+Prints a JSON summary; exits 1 if ranks of the group ever ran different modes.
+"""
+import argparse
+import ctypes
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+
+
+class Decision(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("config_version", ctypes.c_int64),
+                ("mode", ctypes.c_int32), ("reason", ctypes.c_int32),
+                ("policy_reason", ctypes.c_int32), ("source", ctypes.c_int32)]
+
+
+class Telemetry(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_int64), ("mode", ctypes.c_int32), ("reason", ctypes.c_int32),
+                ("step_time_s", ctypes.c_double), ("rs_wait_s", ctypes.c_double),
+                ("all_gather_s", ctypes.c_double), ("norm_stall_s", ctypes.c_double),
+                ("effective_tokens", ctypes.c_int64), ("padding_tokens", ctypes.c_int64),
+                ("peak_memory_bytes", ctypes.c_uint64)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [("connected", ctypes.c_int32), ("registrations", ctypes.c_int64),
+                ("daemon_decisions", ctypes.c_int64), ("local_decisions", ctypes.c_int64),
+                ("late_decisions", ctypes.c_int64), ("telemetry_reported", ctypes.c_int64),
+                ("telemetry_sent", ctypes.c_int64), ("telemetry_acked", ctypes.c_int64),
+                ("telemetry_dropped", ctypes.c_int64)]
+
+
+BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
+                                ctypes.c_void_p)
+SP, TP_ONLY = 1, 2
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    c = ctypes
+    sig = {
+        "spgate_last_error": (c.c_char_p, []),
+        "spgate_mode_name": (c.c_char_p, [c.c_int32]),
+        "spgate_reason_name": (c.c_char_p, [c.c_int32]),
+        "spgate_options_create": (c.c_void_p, []),
+        "spgate_options_set": (c.c_int32, [c.c_void_p, c.c_char_p, c.c_char_p]),
+        "spgate_options_destroy": (None, [c.c_void_p]),
+        "spgate_client_create": (c.c_int32, [c.c_void_p, c.POINTER(c.c_void_p)]),
+        "spgate_client_destroy": (None, [c.c_void_p]),
+        "spgate_client_report_telemetry": (c.c_int32, [c.c_void_p, c.POINTER(Telemetry)]),
+        "spgate_client_flush": (c.c_int32, [c.c_void_p, c.c_int64]),
+        "spgate_client_wait_connected": (c.c_int32, [c.c_void_p, c.c_int64]),
+        "spgate_client_get_stats": (c.c_int32, [c.c_void_p, c.POINTER(Stats)]),
+        "spgate_decider_create": (c.c_int32, [c.c_void_p, c.c_int32, BROADCAST_FN, c.c_void_p,
+                                              c.POINTER(c.c_void_p)]),
+        "spgate_decider_destroy": (None, [c.c_void_p]),
+        "spgate_decider_submit_plan": (c.c_int32, [c.c_void_p, c.c_int64, c.POINTER(c.c_int64),
+                                                   c.c_size_t, c.c_uint64, c.c_uint64,
+                                                   c.c_uint64]),
+        "spgate_decider_decide": (c.c_int32, [c.c_void_p, c.c_int64, c.c_int64,
+                                              c.POINTER(Decision)]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+class SpgateError(RuntimeError):
+    pass
+
+
+def check(lib, rc, what):
+    if rc != 0:
+        raise SpgateError("%s failed (code %d): %s" % (what, rc, lib.spgate_last_error().decode()))
+
+
+class InMemoryBroadcast:
+    """The k-th broadcast of every rank gets the root's k-th payload (like a collective)."""
+
+    def __init__(self, size):
+        self.size = size
+        self.cond = threading.Condition()
+        self.calls = [0] * size
+        self.slots = {}  # k -> [bytes, receivers left]
+
+    def callback_for(self, rank):
+        def bcast(buf, size, root, _user):
+            with self.cond:
+                k = self.calls[rank]
+                self.calls[rank] += 1
+                if rank == root:
+                    self.slots[k] = [ctypes.string_at(buf, size), self.size - 1]
+                    self.cond.notify_all()
+                    return 0
+                if not self.cond.wait_for(lambda: k in self.slots, timeout=60):
+                    return 1
+                data, left = self.slots[k]
+                ctypes.memmove(buf, data, size)
+                if left == 1:
+                    del self.slots[k]
+                else:
+                    self.slots[k][1] = left - 1
+                return 0
+        return BROADCAST_FN(bcast)
+
+
+def next_batch(rng, tokens_per_batch, bucketed):
+    """A batch of lognormal lengths (mean ~4096); a bucketed batch has similar lengths."""
+    if bucketed:
+        center = int(min(32768, max(256, rng.lognormvariate(math.log(4096) - 0.32, 0.8))))
+        lengths = []
+        while sum(lengths) + center <= tokens_per_batch or not lengths:
+            lengths.append(max(1, int(center * rng.uniform(0.9, 1.1))))
+        return lengths
+    lengths = []
+    while True:
+        n = int(min(32768, max(16, rng.lognormvariate(math.log(4096) - 0.32, 0.8))))
+        if lengths and sum(lengths) + n > tokens_per_batch:
+            return lengths
+        lengths.append(min(n, tokens_per_batch))
+
+
+def rank_main(lib, args, rank, broadcast, plans, results, errors):
+    try:
+        opts = lib.spgate_options_create()
+        for key, value in (("controller", args.controller), ("job_id", args.job_id),
+                           ("group", "0"), ("rank_in_group", str(rank)),
+                           ("group_size", str(args.tp)), ("global_rank", str(rank)),
+                           ("decision_deadline_ms", str(args.deadline_ms))):
+            check(lib, lib.spgate_options_set(opts, key.encode(), value.encode()), "options " + key)
+        client = ctypes.c_void_p()
+        check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
+        lib.spgate_options_destroy(opts)
+        callback = broadcast.callback_for(rank)  # keep a reference while the decider lives
+        decider = ctypes.c_void_p()
+        check(lib, lib.spgate_decider_create(client, rank, callback, None, ctypes.byref(decider)),
+              "decider_create")
+        if args.controller and rank == 0:
+            # Not required (decisions fall back locally meanwhile); it makes the demo's
+            # first steps come from the daemon.
+            lib.spgate_client_wait_connected(client, 5000)
+
+        def submit(step):
+            lengths = plans[step]
+            arr = (ctypes.c_int64 * len(lengths))(*lengths)
+            check(lib, lib.spgate_decider_submit_plan(decider, step, arr, len(lengths), 0, 0, 0),
+                  "submit_plan")
+
+        log = []
+        if rank == 0:
+            submit(0)
+        for step in range(args.steps):
+            if rank == 0 and step + 1 < args.steps:
+                submit(step + 1)  # the plan for n+1 goes out while n runs
+            d = Decision()
+            check(lib, lib.spgate_decider_decide(decider, step, -1, ctypes.byref(d)), "decide")
+            log.append((d.step, d.mode, d.reason, d.policy_reason, d.source, d.config_version))
+            started = time.monotonic()
+            time.sleep(args.step_ms / 1000.0)  # the step itself
+            step_time = time.monotonic() - started
+            t = Telemetry(step=step, mode=d.mode, reason=d.reason, step_time_s=step_time,
+                          rs_wait_s=step_time * (0.05 if d.mode == SP else 0.0),
+                          effective_tokens=sum(plans[step]))
+            check(lib, lib.spgate_client_report_telemetry(client, ctypes.byref(t)), "telemetry")
+        flushed = 0
+        if args.controller:
+            flushed = lib.spgate_client_flush(client, 5000)
+        stats = Stats()
+        check(lib, lib.spgate_client_get_stats(client, ctypes.byref(stats)), "get_stats")
+        results[rank] = {"log": log, "stats": stats, "flushed": flushed == 0}
+        lib.spgate_decider_destroy(decider)
+        lib.spgate_client_destroy(client)
+    except Exception as e:  # reported by the main thread
+        errors.append("rank %d: %s" % (rank, e))
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    default_lib = os.environ.get("SPGATE_CLIENT_LIB") or os.path.join(
+        here, "..", "..", "build", "lib", "libspgate_client.so")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lib", default=default_lib, help="path to libspgate_client.so")
+    p.add_argument("--controller", default="", help="spgated worker address; empty: local only")
+    p.add_argument("--job_id", default="python-example")
+    p.add_argument("--tp", type=int, default=2, help="ranks in the TP group (threads)")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--step_ms", type=float, default=2.0, help="simulated step time")
+    p.add_argument("--deadline_ms", type=int, default=20)
+    p.add_argument("--tokens_per_batch", type=int, default=16384)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+
+    lib = load(args.lib)
+    rng = random.Random(args.seed)
+    # Every other batch unbucketed, so both modes show up.
+    plans = [next_batch(rng, args.tokens_per_batch, bucketed=(s % 2 == 0))
+             for s in range(args.steps)]
+    broadcast = InMemoryBroadcast(args.tp)
+    results, errors = [None] * args.tp, []
+    threads = [threading.Thread(target=rank_main,
+                                args=(lib, args, r, broadcast, plans, results, errors))
+               for r in range(args.tp)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 2
+
+    violations = sum(1 for s in range(args.steps)
+                     if len({results[r]["log"][s][:2] for r in range(args.tp)}) > 1)
+    decisions = {}
+    for (_, mode, reason, _, _, _) in results[0]["log"]:
+        m = lib.spgate_mode_name(mode).decode()
+        r = lib.spgate_reason_name(reason).decode()
+        decisions.setdefault(m, {}).setdefault(r, 0)
+        decisions[m][r] += 1
+    leader = results[0]["stats"]
+    summary = {
+        "steps": args.steps,
+        "decisions": decisions,
+        "daemon_decisions": leader.daemon_decisions,
+        "local_decisions": leader.local_decisions,
+        "consistency_violations": violations,
+        "telemetry_sent": sum(results[r]["stats"].telemetry_sent for r in range(args.tp)),
+        "lost_telemetry": sum(results[r]["stats"].telemetry_sent - results[r]["stats"].telemetry_acked
+                              for r in range(args.tp)) if args.controller else 0,
+    }
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
