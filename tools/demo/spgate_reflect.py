@@ -275,10 +275,6 @@ class DynamicService:
         return request_cls, factory(path, request_serializer=request_cls.SerializeToString,
                                     response_deserializer=response_cls.FromString)
 
-    def request(self, method_name, **fields):
-        request_cls, _ = self._callable(method_name, "unary_unary")
-        return request_cls(**fields)
-
     def call(self, method_name, request=None, timeout=None, metadata=None, **fields):
         """Unary call; raises grpc.RpcError on a non-OK status."""
         request_cls, stub = self._callable(method_name, "unary_unary")
