@@ -189,7 +189,8 @@ def Overview():
     L.Add(TimeSeries(
         "Local fallback decisions",
         "Decisions group leaders made with their local policy because the daemon's answer "
-        "missed the step deadline or the daemon was unreachable (counted after reconnect).",
+        "missed the step deadline or the daemon was unreachable (reported after reconnect), "
+        "by the reason the local policy gave.",
         "count:decisions/s",
         [(f"sum by (job_id, reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
           "{{job_id}} · {{reason}}")], links=[JobLink()]), w=6)
@@ -456,7 +457,8 @@ def Job():
                                     "value": {"mode": "fixed", "fixedColor": "red"}}]}]), w=8)
     L.Add(TimeSeries(
         "Local fallback decisions",
-        "Decisions made by the workers' local policy (daemon late or unreachable).",
+        "Decisions made by the workers' local policy (daemon late or unreachable), by the "
+        "reason the local policy gave.",
         "count:decisions/s",
         [(f"sum by (reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
           "{{reason}}")]), w=8)

@@ -70,8 +70,11 @@ class Exposition:
         family("spgate_worker_local_decisions_total", "counter",
                "Decisions workers made with their local policy, reported after reconnect.")
         for job in JOBS:
+            # Labelled with what the local policy decided (docs/metrics.md).
             sample("spgate_worker_local_decisions_total", math.floor(0.2 * t), job_id=job,
-                   reason="controller_unavailable")
+                   reason="gates_passed")
+            sample("spgate_worker_local_decisions_total", math.floor(0.1 * t), job_id=job,
+                   reason="length_cv")
         family("spgate_batch_length_cv", "histogram", "Length CV of planned batches.")
         for job in JOBS:
             histogram("spgate_batch_length_cv", (0.05, 0.1, 0.15, 0.18, 0.25, 0.5, 1, 2),
