@@ -349,8 +349,11 @@ def RenderAll(tmp):
     return targets
 
 
+KUBECTL, WHY_NO_KUBECTL = kustomize_render.KubectlForComparison()
+
+
 def KubectlKustomize(path):
-    kubectl = None if os.environ.get("SPGATE_NO_KUBECTL") else shutil.which("kubectl")
+    kubectl = KUBECTL
     if not kubectl:
         return None
     r = subprocess.run([kubectl, "kustomize", path], capture_output=True, text=True, timeout=60)
@@ -397,7 +400,7 @@ def main():
             print("  " + f)
         return 1
     how = (f"compared with kubectl kustomize: {', '.join(compared)}" if compared else
-           "kubectl not installed: rendered with tests/deploy/kustomize_render.py only")
+           f"{WHY_NO_KUBECTL}: rendered with tests/deploy/kustomize_render.py only")
     print(f"PASS: rendered {', '.join(renders)} ({how})")
     return 0
 

@@ -373,6 +373,32 @@ def ApplyImages(resources, images, directory):
                                 f"@{digest}" if digest else "")
 
 
+# --- the real kustomize, when there is one -----------------------------------------------
+
+def KubectlForComparison():
+    """(kubectl path, None) when `kubectl kustomize` can render these manifests, else
+    (None, why not). Components and `patches:` need kustomize >= 4 (kubectl >= 1.21);
+    Debian 12's kubernetes-client (1.20) embeds kustomize 2. SPGATE_NO_KUBECTL=1 opts out."""
+    import json
+    import shutil
+    import subprocess
+    if os.environ.get("SPGATE_NO_KUBECTL"):
+        return None, "SPGATE_NO_KUBECTL is set"
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        return None, "kubectl is not installed"
+    try:
+        r = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True,
+                           text=True, timeout=30)
+        version = json.loads(r.stdout).get("kustomizeVersion", "")
+    except (OSError, ValueError, subprocess.TimeoutExpired) as e:
+        return None, f"kubectl version failed: {e}"
+    m = re.match(r"v?(\d+)\.", version)
+    if not m or int(m.group(1)) < 4:
+        return None, f"kubectl's kustomize ({version or 'unknown'}) is older than v4"
+    return kubectl, None
+
+
 # --- build -------------------------------------------------------------------------------
 
 def _accumulate(resources, entries, directory):

@@ -166,8 +166,10 @@ class BuildTest(unittest.TestCase):
                     kr.Build(self.dir)
 
 
-@unittest.skipUnless(shutil.which("kubectl") and not os.environ.get("SPGATE_NO_KUBECTL"),
-                     "kubectl not installed: list-order cases checked against the table only")
+KUBECTL, WHY_NO_KUBECTL = kr.KubectlForComparison()
+
+
+@unittest.skipUnless(KUBECTL, f"{WHY_NO_KUBECTL}: list-order cases checked against the table only")
 class AgreesWithKubectlTest(unittest.TestCase):
     def test_list_order_cases(self):
         for dest, patch, want in LIST_ORDER_CASES:
@@ -179,7 +181,7 @@ class AgreesWithKubectlTest(unittest.TestCase):
                     yaml.safe_dump(PatchFor(patch), f)
                 with open(os.path.join(d, "kustomization.yaml"), "w") as f:
                     f.write("resources: [dep.yaml]\npatches:\n- path: p.yaml\n")
-                r = subprocess.run(["kubectl", "kustomize", d], capture_output=True, text=True,
+                r = subprocess.run([KUBECTL, "kustomize", d], capture_output=True, text=True,
                                    timeout=60, check=True)
                 theirs = yaml.safe_load(r.stdout)
                 mine = kr.Build(d)[0]
