@@ -275,7 +275,6 @@ absl::Status SetGateField(const FieldDescriptor* field, absl::string_view value,
 
 absl::Status ApplyGlobalFlag(const RawFlag& f, GlobalOptions* g) {
   if (f.name == "admin") {
-    if (f.value.empty()) return Usage("--admin: empty address");
     g->admin = f.value;
   } else if (f.name == "token_file") {
     g->token_file = f.value;
@@ -599,6 +598,10 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
     }
     for (size_t j = 0; j < i; ++j) {
       if (t.flags[j].name == f.name) return Usage(absl::StrCat("--", f.name, " given twice"));
+    }
+    // No flag means "empty"; an empty --job_id= would silently address the global config.
+    if (f.value.empty()) {
+      return Usage(absl::StrCat("--", f.name, ": empty value (leave the flag out instead)"));
     }
     if (IsGlobalFlag(f.name)) {
       if (absl::Status s = ApplyGlobalFlag(f, &out->global); !s.ok()) return s;

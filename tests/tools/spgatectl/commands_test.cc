@@ -286,7 +286,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"jobs list --timeout=0s", "jobs list", "--timeout: \"0s\" is not positive"},
         BadCase{"jobs list --timeout=5", "jobs list",
                 "--timeout: \"5\" is not a duration (e.g. 30s, 10m, 1h30m, 2d)"},
-        BadCase{"jobs list --admin=", "jobs list", "--admin: empty address"},
+        BadCase{"jobs list --admin=", "jobs list",
+                "--admin: empty value (leave the flag out instead)"},
+        BadCase{"gates set --job_id= --max_length_cv=0.2", "gates set",
+                "--job_id: empty value (leave the flag out instead)"},
         BadCase{"jobs list --tls_cert=/c.pem", "jobs list",
                 "--tls_cert and --tls_key go together (a client certificate needs its key)"}));
 
