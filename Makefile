@@ -10,7 +10,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := build-essential cmake pkg-config git curl ca-certificates python3 \
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf
+  libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf \
+  python3-yaml
 
 .PHONY: all deps build test test-asan test-tsan demo bench clean
 

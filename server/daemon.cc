@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
+#include "server/mutex.h"
 #include "server/metrics.h"
 #include "server/persistence.h"
 #include "server/services.h"
@@ -58,7 +59,7 @@ class Daemon::Impl {
   int worker_port = 0, admin_port = 0, metrics_port = 0, health_port = 0;
   std::thread sweeper;
   absl::Notification stop_sweeper;
-  absl::Mutex shutdown_mu;
+  Mutex shutdown_mu;
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 
   absl::Status Start();
@@ -231,7 +232,7 @@ void Daemon::Sweep() { impl_->state->Sweep(); }
 void Daemon::Shutdown(absl::Duration grace) {
   Impl& d = *impl_;
   {
-    absl::MutexLock lock(&d.shutdown_mu);
+    MutexLock lock(&d.shutdown_mu);
     if (d.shut_down) return;
     d.shut_down = true;
   }

@@ -127,6 +127,13 @@ struct GateState::Group {
   absl::Time last_activity;
   std::unique_ptr<GroupMetrics> metrics;
 
+  // The config in force at `step`, without pruning (telemetry of older steps).
+  const GateConfig& ConfigAt(int64_t step) const {
+    size_t i = schedule.size() - 1;
+    while (i > 0 && schedule[i].from_step > step) --i;
+    return schedule[i].config;
+  }
+
   const ScheduledConfig& ConfigFor(int64_t step) {
     size_t i = schedule.size() - 1;
     while (i > 0 && schedule[i].from_step > step) --i;
@@ -176,7 +183,7 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   }
   std::unique_ptr<GateState> state(new GateState(std::move(options), metrics));
   GateState& s = *state;
-  absl::MutexLock lock(&s.mu_);
+  MutexLock lock(&s.mu_);
   const absl::Time now = s.Now();
   s.file_layer_ = std::move(file_layer);
   if (persisted.has_value()) {
@@ -184,6 +191,9 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
     s.global_overrides_ = persisted->global_overrides();
     s.global_version_ = persisted->global_version();
   }
+  s.global_update_time_ = persisted.has_value() && persisted->has_global_update_time()
+                              ? FromTimestamp(persisted->global_update_time())
+                              : now;
   v1::GateConfig global_layer = s.file_layer_;
   global_layer.MergeFrom(s.global_overrides_);
   if (absl::Status v = ValidateGateConfig(LayerGateConfig(GateConfig{}, global_layer)); !v.ok()) {
@@ -197,13 +207,13 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
           : s.file_layer_.ByteSizeLong() > 0;
   if (file_changed) s.global_version_ = ++s.version_counter_;
   s.global_effective_ = LayerGateConfig(GateConfig{}, global_layer);
-  s.global_update_time_ = now;
+  if (file_changed) s.global_update_time_ = now;
   if (persisted.has_value()) {
     for (const auto& j : persisted->jobs()) {
       ASSIGN_OR_RETURN(Job * job, s.FindOrCreateJob(j.job_id()));
       job->overrides = j.overrides();
       job->version = j.version();
-      job->update_time = now;
+      job->update_time = j.has_update_time() ? FromTimestamp(j.update_time()) : now;
     }
     for (const auto& p : persisted->pins()) {
       const absl::Time expire = FromTimestamp(p.expire_time());
@@ -386,7 +396,7 @@ absl::StatusOr<v1::RegisterResponse> GateState::Register(const v1::RegisterReque
   session->group = r.group();
   session->rank_in_group = r.rank_in_group();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id()));
   ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, r.group()));
   if (g->size != r.group_size()) {
@@ -427,7 +437,7 @@ absl::StatusOr<v1::RegisterResponse> GateState::Register(const v1::RegisterReque
 absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::string& session_id,
                                                                   std::weak_ptr<SessionSink> sink) {
   if (draining()) return absl::UnavailableError("spgated is shutting down");
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -450,7 +460,7 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
 }
 
 void GateState::DetachSession(const Session& session, const SessionSink* sink) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
   if (jit == jobs_.end()) return;
   Job& job = *jit->second;
@@ -467,7 +477,7 @@ void GateState::DetachSession(const Session& session, const SessionSink* sink) {
 }
 
 void GateState::Touch(const Session& session) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
   if (jit == jobs_.end()) return;
   auto git = jit->second->groups.find(session.group);
@@ -488,7 +498,7 @@ absl::Status GateState::Decide(const v1::BatchPlan& plan, v1::Decision* out) {
 
   CachedDecision decision;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(plan.job_id()));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group()));
     CachedDecision& slot =
@@ -538,7 +548,7 @@ absl::Status GateState::Decide(const v1::BatchPlan& plan, v1::Decision* out) {
   }
   SetDecisionProto(plan.job_id(), plan.group(), decision, out);
   if (watcher_count_.load(std::memory_order_relaxed) > 0) {
-    absl::MutexLock lock(&watch_mu_);
+    MutexLock lock(&watch_mu_);
     for (const auto& w : watchers_) {
       if (w->job_filter().empty() || w->job_filter() == plan.job_id()) w->OnDecision(*out);
     }
@@ -582,7 +592,7 @@ absl::Status GateState::RecordTelemetry(Session& session, const v1::StepTelemetr
   session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
   if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
 
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
   if (jit == jobs_.end()) return absl::OkStatus();
   Job& job = *jit->second;
@@ -621,11 +631,16 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
   p.finalized = true;
   const int m = static_cast<int>(p.mode);
   if (p.mode == Mode::kSequenceParallel) {
-    const int64_t window = job.effective.window_steps;
+    const int64_t window = g.ConfigAt(p.step).window_steps;
     g.rs_wait.Resize(window);
     g.all_gather.Resize(window);
     g.norm_stall.Resize(window);
-    g.rs_wait.Push(p.rs_share);
+    // Plans are pipelined, so a step decided before the RS_WAIT fallback began can
+    // report after the window was cleared; its sample belongs to the past, not to the
+    // probes that decide when SP resumes.
+    if (!(g.gate.rs_wait_fallback && p.step < g.gate.rs_wait_changed_step)) {
+      g.rs_wait.Push(p.rs_share);
+    }
     g.all_gather.Push(p.all_gather);
     g.norm_stall.Push(p.norm_share);
     if (g.metrics) {
@@ -647,7 +662,7 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
 }
 
 int64_t GateState::Heartbeat(Session& session, const v1::Heartbeat& hb) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
   if (jit != jobs_.end()) {
     Job& job = *jit->second;
@@ -677,7 +692,7 @@ int64_t GateState::Heartbeat(Session& session, const v1::Heartbeat& hb) {
 // Admin API
 
 absl::StatusOr<v1::VersionedGateConfig> GateState::GetGateConfig(const std::string& job_id) {
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   if (job_id.empty()) return Versioned(nullptr);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
@@ -690,6 +705,7 @@ v1::PersistedState GateState::Snapshot() const {
   *s.mutable_global_overrides() = global_overrides_;
   s.set_global_version(global_version_);
   *s.mutable_file_layer() = file_layer_;
+  *s.mutable_global_update_time() = ToTimestamp(global_update_time_);
   std::vector<const Job*> jobs;
   for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
   std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
@@ -700,6 +716,7 @@ v1::PersistedState GateState::Snapshot() const {
       j->set_job_id(job->id);
       *j->mutable_overrides() = job->overrides;
       j->set_version(job->version);
+      *j->mutable_update_time() = ToTimestamp(job->update_time);
     }
     auto add_pin = [&](const PinState& p, std::optional<int> group) {
       if (p.expire <= now) return;
@@ -730,10 +747,10 @@ absl::Status GateState::Persist(const v1::PersistedState& next) {
 }
 
 absl::Status GateState::Flush() {
-  absl::MutexLock plock(&persist_mu_);
+  MutexLock plock(&persist_mu_);
   v1::PersistedState snapshot;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     snapshot = Snapshot();
   }
   return Persist(snapshot);
@@ -748,12 +765,13 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
   if (!r.job_id().empty()) {
     if (absl::Status s = ValidateJobId(r.job_id()); !s.ok()) return invalid(s);
   }
-  absl::MutexLock plock(&persist_mu_);
+  MutexLock plock(&persist_mu_);
   v1::PersistedState next;
   v1::GateConfig new_overrides;
   int64_t new_version = 0;
+  absl::Time update_time;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     const Job* job = nullptr;
     if (!r.job_id().empty()) {
       auto it = jobs_.find(r.job_id());
@@ -790,17 +808,20 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
       }
     }
     new_version = version_counter_ + 1;
+    update_time = Now();
     next = Snapshot();
     next.set_version_counter(new_version);
     if (r.job_id().empty()) {
       *next.mutable_global_overrides() = new_overrides;
       next.set_global_version(new_version);
+      *next.mutable_global_update_time() = ToTimestamp(update_time);
     } else {
       bool found = false;
       for (auto& j : *next.mutable_jobs()) {
         if (j.job_id() == r.job_id()) {
           *j.mutable_overrides() = new_overrides;
           j.set_version(new_version);
+          *j.mutable_update_time() = ToTimestamp(update_time);
           found = true;
         }
       }
@@ -809,6 +830,7 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
         j->set_job_id(r.job_id());
         *j->mutable_overrides() = new_overrides;
         j->set_version(new_version);
+        *j->mutable_update_time() = ToTimestamp(update_time);
       }
     }
   }
@@ -817,13 +839,12 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
   std::vector<std::pair<std::shared_ptr<SessionSink>, v1::ConfigUpdate>> pushes;
   v1::VersionedGateConfig result;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     version_counter_ = new_version;
-    const absl::Time now = Now();
     if (r.job_id().empty()) {
       global_overrides_ = new_overrides;
       global_version_ = new_version;
-      global_update_time_ = now;
+      global_update_time_ = update_time;
       v1::GateConfig layer = file_layer_;
       layer.MergeFrom(global_overrides_);
       global_effective_ = LayerGateConfig(GateConfig{}, layer);
@@ -834,7 +855,7 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
       ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id()));
       job->overrides = new_overrides;
       job->version = new_version;
-      job->update_time = now;
+      job->update_time = update_time;
       ScheduleConfig(job, &pushes);
       result = Versioned(job);
     }
@@ -845,11 +866,11 @@ absl::StatusOr<v1::VersionedGateConfig> GateState::UpdateGateConfig(
 }
 
 absl::Status GateState::ReloadConfigFile(const v1::GateConfig& file_layer) {
-  absl::MutexLock plock(&persist_mu_);
+  MutexLock plock(&persist_mu_);
   std::vector<std::pair<std::shared_ptr<SessionSink>, v1::ConfigUpdate>> pushes;
   v1::PersistedState next;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     v1::GateConfig layer = file_layer;
     layer.MergeFrom(global_overrides_);
     const GateConfig effective = LayerGateConfig(GateConfig{}, layer);
@@ -905,7 +926,7 @@ void GateState::FillGroupStatus(const Job& job, const Group& g, v1::GroupStatus*
 }
 
 v1::ListJobsResponse GateState::ListJobs() {
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   std::vector<const Job*> jobs;
   for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
   std::sort(jobs.begin(), jobs.end(), [](const Job* a, const Job* b) { return a->id < b->id; });
@@ -937,7 +958,7 @@ v1::ListJobsResponse GateState::ListJobs() {
 absl::StatusOr<v1::Job> GateState::GetJob(const std::string& job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   v1::ListJobsResponse all = ListJobs();
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
   const Job& job = *it->second;
@@ -1001,11 +1022,11 @@ absl::StatusOr<v1::Pin> GateState::PinMode(const v1::PinModeRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat(
         "duration: must be > 0 and at most 7 days, got ", absl::FormatDuration(d)));
   }
-  absl::MutexLock plock(&persist_mu_);
+  MutexLock plock(&persist_mu_);
   v1::PersistedState next;
   v1::Pin pin;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     auto it = jobs_.find(r.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
     if (r.has_group() && !it->second->groups.contains(r.group())) {
@@ -1028,7 +1049,7 @@ absl::StatusOr<v1::Pin> GateState::PinMode(const v1::PinModeRequest& r) {
     *next.add_pins() = pin;
   }
   RETURN_IF_ERROR(Persist(next));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = jobs_.find(r.job_id());
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
   const PinState state{FromProto(r.mode()), FromTimestamp(pin.expire_time())};
@@ -1044,10 +1065,10 @@ absl::StatusOr<v1::Pin> GateState::PinMode(const v1::PinModeRequest& r) {
 
 absl::StatusOr<v1::UnpinResponse> GateState::Unpin(const v1::UnpinRequest& r) {
   RETURN_IF_ERROR(ValidateJobId(r.job_id()));
-  absl::MutexLock plock(&persist_mu_);
+  MutexLock plock(&persist_mu_);
   v1::PersistedState next;
   {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderMutexLock lock(&mu_);
     auto it = jobs_.find(r.job_id());
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
     if (r.has_group() && !it->second->groups.contains(r.group())) {
@@ -1062,7 +1083,7 @@ absl::StatusOr<v1::UnpinResponse> GateState::Unpin(const v1::UnpinRequest& r) {
     }
   }
   RETURN_IF_ERROR(Persist(next));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   v1::UnpinResponse resp;
   auto it = jobs_.find(r.job_id());
   if (it == jobs_.end()) return resp;
@@ -1089,7 +1110,7 @@ absl::StatusOr<v1::EvaluateGatesResponse> GateState::EvaluateGates(
     return absl::InvalidArgumentError(
         absl::StrFormat("rs_wait_share: must be finite and in [0, 1], got %g", r.rs_wait_share()));
   }
-  absl::ReaderMutexLock lock(&mu_);
+  ReaderMutexLock lock(&mu_);
   const Job* job = nullptr;
   if (!r.job_id().empty()) {
     auto it = jobs_.find(r.job_id());
@@ -1139,13 +1160,13 @@ absl::StatusOr<v1::EvaluateGatesResponse> GateState::EvaluateGates(
 }
 
 void GateState::AddWatcher(std::shared_ptr<DecisionWatcher> watcher) {
-  absl::MutexLock lock(&watch_mu_);
+  MutexLock lock(&watch_mu_);
   watchers_.push_back(std::move(watcher));
   watcher_count_.store(static_cast<int>(watchers_.size()));
 }
 
 void GateState::RemoveWatcher(const DecisionWatcher* watcher) {
-  absl::MutexLock lock(&watch_mu_);
+  MutexLock lock(&watch_mu_);
   watchers_.erase(std::remove_if(watchers_.begin(), watchers_.end(),
                                  [&](const auto& w) { return w.get() == watcher; }),
                   watchers_.end());
@@ -1153,7 +1174,7 @@ void GateState::RemoveWatcher(const DecisionWatcher* watcher) {
 }
 
 void GateState::Sweep() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Time now = Now();
   for (auto jit = jobs_.begin(); jit != jobs_.end();) {
     Job& job = *jit->second;

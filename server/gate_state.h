@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "absl/time/time.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"
@@ -157,10 +157,10 @@ class GateState {
   std::atomic<bool> draining_{false};
 
   // Serialises admin mutations with their state-file writes.
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   bool dirty_ ABSL_GUARDED_BY(persist_mu_) = false;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   v1::GateConfig file_layer_ ABSL_GUARDED_BY(mu_);
   v1::GateConfig global_overrides_ ABSL_GUARDED_BY(mu_);
   int64_t version_counter_ ABSL_GUARDED_BY(mu_) = 0;
@@ -170,7 +170,7 @@ class GateState {
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::shared_ptr<DecisionWatcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);
   std::atomic<int> watcher_count_{0};
 };

@@ -47,12 +47,12 @@ class ConnectSink final : public SessionSink {
   explicit ConnectSink(ConnectReactor* r) : reactor_(r) {}
   void PushConfig(const v1::ConfigUpdate& update) override;
   void Invalidate() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     reactor_ = nullptr;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -114,7 +114,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       for (int i = 0; i < decisions; ++i) metrics_->decision_latency.Observe(latency);
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
     }
     StartRead(&in_);
@@ -122,7 +122,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
 
   void Send(v1::DaemonMessage msg) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
       if (writing_) {
         pending_.MergeFrom(msg);
@@ -139,7 +139,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     std::optional<grpc::Status> finish;
     bool write = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (ok && has_pending_ && !finish_requested_) {
         current_ = std::move(pending_);
         pending_.Clear();
@@ -184,7 +184,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   void FinishWhenIdle(grpc::Status status) {
     bool now = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
       finish_requested_ = true;
       finish_status_ = std::move(status);
@@ -204,7 +204,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   v1::WorkerMessage in_;
   Clock::time_point last_touch_{};
 
-  absl::Mutex mu_;
+  Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   v1::DaemonMessage current_;  // owned by the write in flight
   v1::DaemonMessage pending_ ABSL_GUARDED_BY(mu_);
@@ -215,7 +215,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
 };
 
 void ConnectSink::PushConfig(const v1::ConfigUpdate& update) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->PushConfig(update);
 }
 
@@ -245,7 +245,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
 
   void Enqueue(const v1::Decision& d) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
       if (writing_) {
         if (queue_.size() >= kMaxQueued) {
@@ -264,7 +264,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   void OnWriteDone(bool ok) override {
     bool finish = false, write = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (ok && !finish_requested_ && !queue_.empty()) {
         current_ = std::move(queue_.front());
         queue_.pop_front();
@@ -293,7 +293,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   void RequestFinish(grpc::Status status) {
     bool now = false;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (finish_requested_) return;
       finish_requested_ = true;
       status_ = std::move(status);
@@ -306,7 +306,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   Metrics* const metrics_;
   StreamRegistry* const streams_;
   std::shared_ptr<Watcher> watcher_;
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<v1::Decision> queue_ ABSL_GUARDED_BY(mu_);
   v1::Decision current_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -320,7 +320,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
 void StreamRegistry::Add(Stream* s) {
   bool drain;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     streams_.push_back(s);
     drain = draining_;
   }
@@ -328,12 +328,12 @@ void StreamRegistry::Add(Stream* s) {
 }
 
 void StreamRegistry::Remove(Stream* s) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
 }
 
 void StreamRegistry::DrainAll() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
   // Drain only requests a Finish; OnDone (which calls Remove) runs later on another
   // thread, so holding the lock here cannot deadlock.
@@ -341,7 +341,7 @@ void StreamRegistry::DrainAll() {
 }
 
 int StreamRegistry::size() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(streams_.size());
 }
 

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
+#include "server/mutex.h"
 #include "server/gate_state.h"
 #include "server/metrics.h"
 #include "spgate/v1/admin.grpc.pb.h"
@@ -29,7 +29,7 @@ class StreamRegistry {
   int size();
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -1,0 +1,63 @@
+// A mutex ThreadSanitizer can see. Debian's Abseil is not built with TSan, so
+// absl::Mutex's synchronisation happens inside an uninstrumented library and every
+// access it guards would look racy. Under TSan this swaps in std::shared_mutex
+// (pthread_rwlock, which TSan intercepts); otherwise it is absl::Mutex itself. Both
+// carry Abseil's thread-safety annotations, so -Wthread-safety checks the same code.
+//
+// Usage:
+//   spgate::Mutex mu_;
+//   int x_ ABSL_GUARDED_BY(mu_);
+//   { spgate::MutexLock lock(&mu_); ++x_; }
+//   { spgate::ReaderMutexLock lock(&mu_); return x_; }
+#ifndef SPGATE_SERVER_MUTEX_H_
+#define SPGATE_SERVER_MUTEX_H_
+
+#include <shared_mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace spgate {
+
+#if defined(__SANITIZE_THREAD__)
+class ABSL_LOCKABLE Mutex {
+ public:
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  void ReaderLock() ABSL_SHARED_LOCK_FUNCTION() { mu_.lock_shared(); }
+  void ReaderUnlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
+};
+#else
+using Mutex = absl::Mutex;
+#endif
+
+class ABSL_SCOPED_LOCKABLE MutexLock {
+ public:
+  explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
+  ~MutexLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
+ public:
+  explicit ReaderMutexLock(Mutex* mu) ABSL_SHARED_LOCK_FUNCTION(mu) : mu_(mu) {
+    mu_->ReaderLock();
+  }
+  ~ReaderMutexLock() ABSL_UNLOCK_FUNCTION() { mu_->ReaderUnlock(); }
+  ReaderMutexLock(const ReaderMutexLock&) = delete;
+  ReaderMutexLock& operator=(const ReaderMutexLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+}  // namespace spgate
+
+#endif  // SPGATE_SERVER_MUTEX_H_
