@@ -1,0 +1,119 @@
+// Small harness shared by the kernel benchmarks: time a callable until a
+// minimum wall time has passed and take the median, collect rows of
+// (measurement, named baseline measured in the same run, ratio), print them as
+// a table and write the same rows as JSON, so a script never parses the table.
+#ifndef SPGATE_BENCH_KERNELS_BENCH_UTIL_H_
+#define SPGATE_BENCH_KERNELS_BENCH_UTIL_H_
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace spgate::bench {
+
+struct TimingOptions {
+  double min_seconds = 0.3;  // keep repeating until this much time is spent
+  int min_reps = 3;
+  int max_reps = 1000;
+};
+
+// Median seconds per call of `fn` (after one warm-up call).
+inline double MedianSeconds(const std::function<void()>& fn, const TimingOptions& opt) {
+  fn();
+  std::vector<double> times;
+  double total = 0;
+  while ((total < opt.min_seconds || static_cast<int>(times.size()) < opt.min_reps) &&
+         static_cast<int>(times.size()) < opt.max_reps) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(s);
+    total += s;
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+// One line of the result table: `value` in `unit` (GB/s or GFLOP/s or
+// TFLOP/s), against `baseline` (name) = `baseline_value` in the same unit.
+struct Row {
+  std::string name;
+  std::string shape;
+  double seconds = 0;
+  double value = 0;
+  std::string unit;
+  std::string baseline;
+  double baseline_value = 0;
+  double target = 0;  // minimum ratio, 0 = none
+  double ratio() const { return baseline_value > 0 ? value / baseline_value : 0; }
+  bool meets_target() const { return target <= 0 || ratio() >= target; }
+};
+
+inline std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+inline void PrintTable(const std::vector<Row>& rows) {
+  std::printf("%-28s %-34s %10s %12s  %-30s %12s %7s %7s\n", "benchmark", "shape", "ms", "value",
+              "baseline (same run)", "baseline", "ratio", "target");
+  for (const Row& r : rows) {
+    char target[16] = "-";
+    if (r.target > 0) std::snprintf(target, sizeof(target), "%.2f%s", r.target,
+                                    r.meets_target() ? "" : "!");
+    std::printf("%-28s %-34s %10.3f %7.1f %-4s  %-30s %12.1f %7.2f %7s\n", r.name.c_str(),
+                r.shape.c_str(), r.seconds * 1e3, r.value, r.unit.c_str(), r.baseline.c_str(),
+                r.baseline_value, r.ratio(), target);
+  }
+}
+
+inline bool WriteJson(const std::string& path, const std::string& bench,
+                      const std::vector<std::pair<std::string, std::string>>& context,
+                      const std::vector<Row>& rows) {
+  std::ofstream f(path);
+  if (!f) return false;
+  f << "{\n  \"benchmark\": \"" << JsonEscape(bench) << "\",\n  \"context\": {";
+  for (size_t i = 0; i < context.size(); ++i) {
+    f << (i ? ", " : "") << "\"" << JsonEscape(context[i].first) << "\": \""
+      << JsonEscape(context[i].second) << "\"";
+  }
+  f << "},\n  \"results\": [\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    char buf[512];
+    std::snprintf(buf, sizeof(buf),
+                  "    {\"name\": \"%s\", \"shape\": \"%s\", \"seconds\": %.9g, \"value\": %.6g, "
+                  "\"unit\": \"%s\", \"baseline\": \"%s\", \"baseline_value\": %.6g, "
+                  "\"ratio\": %.4f, \"target\": %.3g, \"meets_target\": %s}",
+                  JsonEscape(r.name).c_str(), JsonEscape(r.shape).c_str(), r.seconds, r.value,
+                  r.unit.c_str(), JsonEscape(r.baseline).c_str(), r.baseline_value, r.ratio(),
+                  r.target, r.meets_target() ? "true" : "false");
+    f << buf << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  f << "  ]\n}\n";
+  return static_cast<bool>(f);
+}
+
+// --name=value flags; unknown flags are an error (returns false).
+inline bool ParseFlag(const char* arg, const char* name, std::string* value) {
+  const size_t n = std::strlen(name);
+  if (std::strncmp(arg, name, n) == 0 && arg[n] == '=') {
+    *value = arg + n + 1;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace spgate::bench
+
+#endif  // SPGATE_BENCH_KERNELS_BENCH_UTIL_H_
