@@ -1,6 +1,7 @@
 // ClientRuntime: a timer heap and one thread; see client_runtime.h.
 #include "worker/client/client_runtime.h"
 
+#include <algorithm>
 #include <queue>
 #include <utility>
 #include <vector>
@@ -19,6 +20,9 @@ struct ClientRuntime::State {
   };
   absl::Mutex mu;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue ABSL_GUARDED_BY(mu);
+  std::vector<Task> deferred ABSL_GUARDED_BY(mu);
+  absl::Time last_deferred ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  bool polling ABSL_GUARDED_BY(mu) = false;
   uint64_t next_seq ABSL_GUARDED_BY(mu) = 0;
   bool stop ABSL_GUARDED_BY(mu) = false;
   // While the loop sleeps, until when: only a task due earlier needs the (syscall-priced)
@@ -67,11 +71,32 @@ void ClientRuntime::RunAt(absl::Time when, Task task) {
   }
 }
 
+void ClientRuntime::Defer(Task task) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  s.deferred.push_back(std::move(task));
+  if (s.sleeping && !s.polling) {
+    s.sleeping = false;
+    s.cv.Signal();
+  }
+}
+
 void ClientRuntime::Loop(std::shared_ptr<State> state) {
   State& s = *state;
+  std::vector<Task> batch;
   s.mu.Lock();
   while (!s.stop) {
-    if (!s.queue.empty() && s.queue.top().when <= absl::Now()) {
+    const absl::Time now = absl::Now();
+    if (!s.deferred.empty()) {
+      batch.swap(s.deferred);
+      s.last_deferred = now;
+      s.mu.Unlock();
+      for (Task& task : batch) std::move(task)();
+      batch.clear();  // captures are released outside the lock
+      s.mu.Lock();
+      continue;
+    }
+    if (!s.queue.empty() && s.queue.top().when <= now) {
       Task task = std::move(s.queue.top().task);
       s.queue.pop();
       s.mu.Unlock();
@@ -81,6 +106,8 @@ void ClientRuntime::Loop(std::shared_ptr<State> state) {
       continue;
     }
     s.sleeping_until = s.queue.empty() ? absl::InfiniteFuture() : s.queue.top().when;
+    s.polling = now - s.last_deferred < kPollLinger;
+    if (s.polling) s.sleeping_until = std::min(s.sleeping_until, now + kPollInterval);
     s.sleeping = true;
     s.cv.WaitWithDeadline(&s.mu, s.sleeping_until);
     s.sleeping = false;
@@ -88,8 +115,10 @@ void ClientRuntime::Loop(std::shared_ptr<State> state) {
   // Drop pending tasks outside the lock: their captures may own clients.
   auto pending = std::move(s.queue);
   s.queue = {};
+  std::vector<Task> deferred = std::move(s.deferred);
   s.mu.Unlock();
   while (!pending.empty()) pending.pop();
+  deferred.clear();
 }
 
 }  // namespace spgate::client::internal

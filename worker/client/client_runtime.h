@@ -29,9 +29,19 @@ class ClientRuntime {
   ClientRuntime(const ClientRuntime&) = delete;
   ClientRuntime& operator=(const ClientRuntime&) = delete;
 
-  // Runs `task` on the runtime thread as soon as possible / at `when`.
+  // Runs `task` on the runtime thread as soon as possible / at `when`. Wakes the thread
+  // (a futex syscall) when it would otherwise sleep past `when`.
   void Post(Task task) { RunAt(absl::InfinitePast(), std::move(task)); }
   void RunAt(absl::Time when, Task task);
+
+  // Runs `task` on the runtime thread within kPollInterval. This is the training thread's
+  // path (a plan or telemetry to write): while tasks keep coming the runtime thread polls
+  // every kPollInterval, so deferring costs a lock and a push — no syscall, no context
+  // switch on the caller's core. After kPollLinger without deferred work the thread
+  // sleeps until its next timer, and the next Defer wakes it once.
+  void Defer(Task task);
+  static constexpr absl::Duration kPollInterval = absl::Microseconds(500);
+  static constexpr absl::Duration kPollLinger = absl::Seconds(2);
 
  private:
   struct State;

@@ -7,7 +7,9 @@
 // the stream is dead and no write is in flight, so code that saw `reactor_ != nullptr &&
 // !hold_released_` under mu_ may start a write or cancel it: OnDone (which deletes the
 // reactor) cannot run before the hold is removed. gRPC never runs reactions inline from
-// StartWrite/TryCancel (can_inline=false), so calling them under mu_ cannot deadlock.
+// StartWrite/TryCancel (can_inline=false), so calling them under mu_ cannot deadlock;
+// still, messages are serialised and written outside mu_ (ClaimWriteLocked/IssueWrite),
+// because the training thread takes mu_ and must never wait behind gRPC.
 #include "worker/client/gate_client.h"
 
 #include <unistd.h>
@@ -156,7 +158,15 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   }
   bool HasOutgoingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Outgoing GatherLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void StartWriteLocked(Outgoing out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes are claimed under mu_ (write_in_flight_, the gathered content) and issued
+  // outside it: serialisation and gRPC's StartWrite never run under the lock the
+  // training thread takes. The claimed reactor cannot go away meanwhile (writer hold).
+  struct ClaimedWrite {
+    ConnectReactor* reactor = nullptr;
+    Outgoing out;
+  };
+  ClaimedWrite ClaimWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IssueWrite(ClaimedWrite w);
   void ReleaseHoldIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the runtime thread to write what is pending, unless a write will pick it up.
   void KickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -417,7 +427,7 @@ void GateClient::Impl::StartStream() {
   stub_->async()->Connect(&r->ctx, r);
   r->AddHold();
   r->StartRead(&r->in);
-  StartWriteLocked(GatherLocked());
+  IssueWrite(ClaimWriteLocked());  // once per stream: fine under the lock
   r->StartCall();
   runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id_] {
     if (auto self = w.lock()) self->HeartbeatTick(id);
@@ -425,13 +435,17 @@ void GateClient::Impl::StartStream() {
 }
 
 void GateClient::Impl::HeartbeatTick(uint64_t stream_id) {
-  absl::MutexLock lock(&mu_);
-  if (closing_ || stream_id != stream_id_ || !StreamOpenLocked()) return;
-  heartbeat_due_ = true;
-  if (!write_in_flight_) StartWriteLocked(GatherLocked());
-  runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id] {
-    if (auto self = w.lock()) self->HeartbeatTick(id);
-  });
+  ClaimedWrite w;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || stream_id != stream_id_ || !StreamOpenLocked()) return;
+    heartbeat_due_ = true;
+    w = ClaimWriteLocked();
+    runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id] {
+      if (auto self = w.lock()) self->HeartbeatTick(id);
+    });
+  }
+  IssueWrite(std::move(w));
 }
 
 void GateClient::Impl::EndSessionLocked() {
@@ -462,6 +476,7 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
     g.source = DecisionSource::kDaemon;
     g.config_version = d.config_version();
     daemon_decisions_.insert_or_assign(g.step, g);
+    ++stats_.decisions_received;
   }
   for (const v1::PlanRejection& rej : msg.rejections()) {
     // The daemon refused the plan (it names the field): no answer will come, so the
@@ -498,19 +513,23 @@ void GateClient::Impl::OnStreamBroken(ConnectReactor* r) {
 }
 
 void GateClient::Impl::OnWriteDone(ConnectReactor* r, bool ok) {
-  absl::MutexLock lock(&mu_);
-  if (r != reactor_) return;
-  write_in_flight_ = false;
-  if (!ok) {
-    stream_dead_ = true;
-    confirmed_ = false;
-    cv_.SignalAll();
+  ClaimedWrite w;
+  {
+    absl::MutexLock lock(&mu_);
+    if (r != reactor_) return;
+    write_in_flight_ = false;
+    if (!ok) {
+      stream_dead_ = true;
+      confirmed_ = false;
+      cv_.SignalAll();
+    }
+    if (stream_dead_) {
+      ReleaseHoldIfIdleLocked();
+      return;
+    }
+    w = ClaimWriteLocked();
   }
-  if (stream_dead_) {
-    ReleaseHoldIfIdleLocked();
-    return;
-  }
-  if (HasOutgoingLocked()) StartWriteLocked(GatherLocked());
+  IssueWrite(std::move(w));
 }
 
 void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& status) {
@@ -610,29 +629,41 @@ void GateClient::Impl::BuildMessage(const Outgoing& out, v1::WorkerMessage* msg)
   }
 }
 
-void GateClient::Impl::StartWriteLocked(Outgoing out) {
-  // Serialising into the reactor's buffer under mu_ keeps one simple invariant (one
-  // writer, one buffer); messages are small (a few plans, <= max_telemetry_per_message
-  // records), so the training thread rarely waits on it.
-  if (out.empty()) return;
+GateClient::Impl::ClaimedWrite GateClient::Impl::ClaimWriteLocked() {
+  ClaimedWrite w;
+  if (!StreamOpenLocked() || write_in_flight_ || !HasOutgoingLocked()) return w;
+  w.out = GatherLocked();
+  if (w.out.empty()) return w;
   write_in_flight_ = true;
-  BuildMessage(out, &reactor_->out);
-  reactor_->StartWrite(&reactor_->out);
+  w.reactor = reactor_;
+  return w;
+}
+
+void GateClient::Impl::IssueWrite(ClaimedWrite w) {
+  if (w.reactor == nullptr) return;
+  BuildMessage(w.out, &w.reactor->out);
+  w.reactor->StartWrite(&w.reactor->out);
 }
 
 void GateClient::Impl::KickLocked() {
   if (!StreamOpenLocked() || write_in_flight_ || kick_posted_) return;
   kick_posted_ = true;
-  runtime_->Post([w = weak_from_this()] {
+  // Deferred, not posted: the caller is usually the training thread, which must not pay
+  // for waking another thread; the runtime picks this up within its poll interval.
+  runtime_->Defer([w = weak_from_this()] {
     if (auto self = w.lock()) self->Pump();
   });
 }
 
 void GateClient::Impl::Pump() {
-  absl::MutexLock lock(&mu_);
-  kick_posted_ = false;
-  if (closing_ || !StreamOpenLocked() || write_in_flight_) return;
-  if (HasOutgoingLocked()) StartWriteLocked(GatherLocked());
+  ClaimedWrite w;
+  {
+    absl::MutexLock lock(&mu_);
+    kick_posted_ = false;
+    if (closing_) return;
+    w = ClaimWriteLocked();
+  }
+  IssueWrite(std::move(w));
 }
 
 // ---- Training-thread API ---------------------------------------------------------

@@ -83,9 +83,10 @@ struct GateClientOptions {
   // Telemetry records buffered while the stream is busy or down; beyond this the oldest
   // are dropped and counted (telemetry_dropped).
   int telemetry_buffer = 4096;
-  // Telemetry is flushed at most this long after it is reported (or at once when a
-  // message's worth is pending); plans are written at once.
-  absl::Duration telemetry_flush_interval = absl::Milliseconds(10);
+  // 0: telemetry goes out with the next write, like plans (within the shared runtime's
+  // poll interval, 0.5 ms). > 0: it waits up to this long to be batched (a timer), unless
+  // a message's worth is pending. A write in flight batches whatever queues behind it.
+  absl::Duration telemetry_flush_interval = absl::ZeroDuration();
   int max_telemetry_per_message = 512;
   // Plans kept for steps not yet decided (pipelining depth); older ones are dropped.
   int max_pending_plans = 1024;
@@ -150,6 +151,7 @@ struct GateClientStats {
   int64_t plans_sent = 0;          // includes re-sends after a reconnect
   int64_t plans_dropped = 0;       // over max_pending_plans
   int64_t plans_rejected = 0;      // refused by the daemon (decided locally at once)
+  int64_t decisions_received = 0;  // daemon decisions that arrived for pending plans
   int64_t daemon_decisions = 0;    // AwaitDecision answered by the daemon
   int64_t late_decisions = 0;      // daemon answers that came after a local decision
   int64_t local_decisions = 0;     // fallback + local-only decisions

@@ -1,0 +1,275 @@
+// Per-step cost of the worker client on the training thread (issue 3 target: <= 5 us
+// median): SubmitPlan(n + 1) + AwaitDecision(n) with the daemon's decision already
+// there + ReportTelemetry(n), timed per step with steady_clock, against a real spgated
+// started in this process (Daemon::Start on 127.0.0.1:0). Between the calls the loop
+// "runs the step" (a sleep, untimed), so the decision for n arrives while n - 1 runs —
+// the pipelined shape of SPEC §4.
+//
+// Baselines measured in the same run, with the same batch and loop:
+//   handoff     — the floor of any non-blocking client: copy the lengths into a
+//                 mutex-guarded queue and signal a consumer thread (plan), read a
+//                 decision from a mutex-guarded map (await), push a telemetry record
+//                 (report). No protobuf, no gRPC, no policy.
+//   local_only  — the same GateClient calls without a controller: the local policy
+//                 decides every step (the network hand-off is the difference).
+// Reports median / p99 / p99.9 per step and ratios to `handoff`, and writes JSON.
+//
+//   build/bench/client_step_bench --steps=5000 --step_us=1000 --sequences=16 \
+//       --out=client_step.json
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "server/daemon.h"
+#include "worker/client/gate_client.h"
+
+ABSL_FLAG(int, steps, 5000, "Measured steps per variant");
+ABSL_FLAG(int, warmup, 200, "Unmeasured steps first");
+ABSL_FLAG(int, step_us, 1000,
+          "Simulated step time between the calls (untimed); 0: hot loop that only waits "
+          "for the next decision");
+ABSL_FLAG(int, sequences, 16, "Sequences per batch plan");
+ABSL_FLAG(std::string, out, "", "Write results as JSON here");
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using spgate::client::BatchPlanInput;
+using spgate::client::DecisionSource;
+using spgate::client::GateClient;
+using spgate::client::GateClientOptions;
+using spgate::client::StepTelemetryInput;
+
+struct Result {
+  std::string name;
+  std::vector<double> step_ns, submit_ns, await_ns, report_ns;
+  int64_t not_from_daemon = 0;
+};
+
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
+  return v[i];
+}
+
+std::vector<int64_t> Batch(int n) {
+  std::mt19937 rng(1);
+  std::lognormal_distribution<double> d(std::log(4096.0) - 0.32, 0.8);
+  std::vector<int64_t> v(n);
+  for (auto& x : v) x = std::clamp<int64_t>(static_cast<int64_t>(d(rng)), 16, 32768);
+  return v;
+}
+
+StepTelemetryInput Telemetry(int64_t step, spgate::Mode mode, spgate::Reason reason) {
+  return {.step = step, .mode = mode, .reason = reason, .step_time_s = 0.1, .rs_wait_s = 0.004,
+          .all_gather_s = 0.003, .effective_tokens = 65536, .peak_memory_bytes = 40ull << 30};
+}
+
+// The "handoff" floor: what any client that hands work to a network thread must do.
+class Handoff {
+ public:
+  Handoff() : consumer_([this] { Consume(); }) {}
+  ~Handoff() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      cv_.Signal();
+    }
+    consumer_.join();
+  }
+  void Submit(int64_t step, std::span<const int64_t> lengths) {
+    absl::MutexLock l(&mu_);
+    plans_.emplace_back(step, std::vector<int64_t>(lengths.begin(), lengths.end()));
+    cv_.Signal();
+  }
+  bool Await(int64_t step) {
+    absl::MutexLock l(&mu_);
+    auto it = decisions_.find(step);
+    if (it == decisions_.end()) return false;
+    decisions_.erase(it);
+    return true;
+  }
+  bool Ready(int64_t step) {
+    absl::MutexLock l(&mu_);
+    return decisions_.contains(step);
+  }
+  void Report(const StepTelemetryInput& t) {
+    absl::MutexLock l(&mu_);
+    telemetry_.push_back(t);
+    if (telemetry_.size() > 4096) telemetry_.pop_front();
+  }
+
+ private:
+  void Consume() {
+    absl::MutexLock l(&mu_);
+    while (!stop_) {
+      while (!plans_.empty()) {
+        decisions_[plans_.front().first] = 1;
+        plans_.pop_front();
+      }
+      cv_.Wait(&mu_);
+    }
+  }
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  bool stop_ = false;
+  std::deque<std::pair<int64_t, std::vector<int64_t>>> plans_;
+  absl::flat_hash_map<int64_t, int> decisions_;
+  std::deque<StepTelemetryInput> telemetry_;
+  std::thread consumer_;
+};
+
+// The untimed "step" between iterations: a sleep of --step_us (caches and branch
+// predictors go cold, as across a real training step; 0: none, hot caches), then a yield
+// loop until `ready(n)` says decision n is there — the benchmark times the case where
+// the pipelined decision has arrived, not the daemon's latency.
+template <typename Ready>
+void RunStep(int64_t next, Ready ready) {
+  const int us = absl::GetFlag(FLAGS_step_us);
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  const auto give_up = Clock::now() + std::chrono::seconds(1);
+  while (!ready(next) && Clock::now() < give_up) std::this_thread::yield();
+}
+
+template <typename Submit, typename Await, typename Report, typename Ready>
+void Loop(Result& r, int warmup, int steps, Submit submit, Await await, Report report,
+          Ready ready) {
+  submit(0);
+  RunStep(0, ready);
+  for (int64_t n = 0; n < warmup + steps; ++n) {
+    const auto t0 = Clock::now();
+    submit(n + 1);
+    const auto t1 = Clock::now();
+    await(n);
+    const auto t2 = Clock::now();
+    report(n);
+    const auto t3 = Clock::now();
+    if (n >= warmup) {
+      auto ns = [](auto a, auto b) { return std::chrono::duration<double, std::nano>(b - a).count(); };
+      r.submit_ns.push_back(ns(t0, t1));
+      r.await_ns.push_back(ns(t1, t2));
+      r.report_ns.push_back(ns(t2, t3));
+      r.step_ns.push_back(ns(t0, t1) + ns(t1, t2) + ns(t2, t3));
+    }
+    RunStep(n + 1, ready);  // the step runs; decision n + 1 arrives
+  }
+}
+
+Result RunClient(const std::string& name, const std::string& controller,
+                 const std::vector<int64_t>& lengths, int warmup, int steps) {
+  GateClientOptions o;
+  o.controller = controller;
+  o.job_id = "bench-client";
+  auto client = GateClient::Create(o);
+  if (!client.ok()) {
+    std::fprintf(stderr, "client: %s\n", client.status().ToString().c_str());
+    std::exit(1);
+  }
+  GateClient& c = **client;
+  if (!controller.empty()) {
+    if (absl::Status s = c.WaitUntilConnected(absl::Seconds(10)); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      std::exit(1);
+    }
+  }
+  Result r{name};
+  spgate::Mode mode = spgate::Mode::kSequenceParallel;
+  spgate::Reason reason = spgate::Reason::kGatesPassed;
+  Loop(
+      r, warmup, steps,
+      [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths}); },
+      [&](int64_t step) {
+        auto d = c.AwaitDecision(step, absl::Now() + absl::Milliseconds(20));
+        if (d.ok()) {
+          mode = d->mode;
+          reason = d->reason;
+          if (!controller.empty() && d->source != DecisionSource::kDaemon && step >= warmup) {
+            ++r.not_from_daemon;
+          }
+        }
+      },
+      [&](int64_t step) { (void)c.ReportTelemetry(Telemetry(step, mode, reason)); },
+      [&](int64_t step) {
+        return controller.empty() || c.stats().decisions_received >= step + 1;
+      });
+  if (!controller.empty()) (void)c.Flush(absl::Seconds(5));
+  return r;
+}
+
+Result RunHandoff(const std::vector<int64_t>& lengths, int warmup, int steps) {
+  Handoff h;
+  Result r{"handoff"};
+  Loop(
+      r, warmup, steps, [&](int64_t step) { h.Submit(step, lengths); },
+      [&](int64_t step) { (void)h.Await(step); },
+      [&](int64_t step) {
+        h.Report(Telemetry(step, spgate::Mode::kSequenceParallel, spgate::Reason::kGatesPassed));
+      },
+      [&](int64_t step) { return h.Ready(step); });
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));
+
+  auto daemon = spgate::server::Daemon::Start({});
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<Result> results;
+  results.push_back(RunHandoff(lengths, warmup, steps));
+  results.push_back(RunClient("local_only", "", lengths, warmup, steps));
+  results.push_back(RunClient("gate_client", (*daemon)->worker_address(), lengths, warmup, steps));
+  (*daemon)->Shutdown(absl::Seconds(2));
+
+  const double base = Quantile(results[0].step_ns, 0.5);
+  std::printf("\nper-step client cost on the training thread (%d steps, %d sequences/plan, "
+              "%d us simulated step)\n\n",
+              steps, absl::GetFlag(FLAGS_sequences), absl::GetFlag(FLAGS_step_us));
+  std::printf("| variant | median ns | p99 ns | p99.9 ns | submit p50/p99 | await p50/p99 | "
+              "report p50/p99 | x handoff (median) | not from daemon |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::string json = "{\n  \"benchmark\": \"client_step\",\n  \"baseline\": \"handoff\",\n";
+  json += absl::StrFormat("  \"steps\": %d, \"sequences\": %d, \"step_us\": %d,\n  \"results\": [\n",
+                          steps, absl::GetFlag(FLAGS_sequences), absl::GetFlag(FLAGS_step_us));
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double med = Quantile(r.step_ns, 0.5), p99 = Quantile(r.step_ns, 0.99),
+                 p999 = Quantile(r.step_ns, 0.999);
+    std::printf("| %s | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f | %lld |\n",
+                r.name.c_str(), med, p99, p999, Quantile(r.submit_ns, 0.5),
+                Quantile(r.submit_ns, 0.99), Quantile(r.await_ns, 0.5), Quantile(r.await_ns, 0.99),
+                Quantile(r.report_ns, 0.5), Quantile(r.report_ns, 0.99), med / base,
+                static_cast<long long>(r.not_from_daemon));
+    json += absl::StrFormat(
+        "    {\"name\": \"%s\", \"median_ns\": %.1f, \"p99_ns\": %.1f, \"p999_ns\": %.1f, "
+        "\"submit_p50_ns\": %.1f, \"await_p50_ns\": %.1f, \"report_p50_ns\": %.1f, "
+        "\"ratio_to_baseline\": %.3f, \"not_from_daemon\": %d}%s\n",
+        r.name, med, p99, p999, Quantile(r.submit_ns, 0.5), Quantile(r.await_ns, 0.5),
+        Quantile(r.report_ns, 0.5), med / base, r.not_from_daemon,
+        i + 1 < results.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+  if (!absl::GetFlag(FLAGS_out).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_out)) << json;
+    std::printf("\nwrote %s\n", absl::GetFlag(FLAGS_out).c_str());
+  }
+  return 0;
+}
