@@ -1,0 +1,229 @@
+// spgate-worker: the reference worker. Under mpirun, every rank runs L pre-LN GPT
+// blocks forward and backward on the CPU (MPI collectives) or a GPU (NCCL), in
+// sequence-parallel or tensor-parallel-only mode per batch as spgated (or the local
+// fail-static policy) decides, and world rank 0 prints a summary table and writes
+// --summary_json. See docs/worker.md.
+//
+//   mpirun -np 4 build/bin/spgate-worker --tp=4 --controller=127.0.0.1:50061
+//       --lengths=bimodal:short=256,long=2048,p_long=0.3 --tokens_per_batch=4096 --steps=50
+//
+// Exit status: 0 done; 2 bad flags or an impossible shape (the message names the flag);
+// 1 a runtime failure (the job is aborted so no rank is left waiting in a collective).
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/device.h"
+#include "worker/runtime/mpi_communicator.h"
+#include "worker/runtime/worker.h"
+
+ABSL_FLAG(std::string, backend, "cpu", "cpu (MPI collectives on host memory) or nccl (CUDA + NCCL)");
+ABSL_FLAG(std::string, controller, "", "spgated worker API address host:port; empty: local policy only");
+ABSL_FLAG(std::string, job_id, "spgate-worker", "Job id reported to spgated");
+ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group");
+ABSL_FLAG(int, layers, 2, "Transformer blocks");
+ABSL_FLAG(int, hidden, 128, "Hidden size");
+ABSL_FLAG(int, heads, 4, "Attention heads (divisible by --tp)");
+ABSL_FLAG(int, ffn_hidden, 512, "MLP hidden size (divisible by --tp)");
+ABSL_FLAG(std::string, lengths, "lognormal:mean=1024,sigma=0.8",
+          "Sequence lengths: lognormal:mean=M,sigma=S | bimodal:short=A,long=B,p_long=P"
+          "[,jitter=J] | uniform:min=A,max=B | file:PATH");
+ABSL_FLAG(int64_t, tokens_per_batch, 8192, "Token budget of a batch (per TP group)");
+ABSL_FLAG(int64_t, steps, 20, "Steps to run (ignored when --duration is set)");
+ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "Run this long instead of --steps, e.g. 30s");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the length stream, the weights and the data");
+ABSL_FLAG(bool, bucketing, false, "bucket_by_tokens: keep each batch's length CV under the "
+                                  "daemon's bucket_target_cv");
+ABSL_FLAG(std::string, mode, "auto", "auto (spgated / local policy decides), sp, or tp (forced)");
+ABSL_FLAG(std::string, norm_boundary, "shard", "shard (LayerNorm inside the sequence shard) or "
+                                               "gather (legacy: gather the sequence for LayerNorm)");
+ABSL_FLAG(std::string, decision_log, "", "PREFIX: write PREFIX.rank<N>.csv (step,mode,reason,source) per rank");
+ABSL_FLAG(std::string, summary_json, "", "Write the run summary (world rank 0) to this file");
+ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report the largest "
+                               "difference of outputs and gradients (verify_max_abs_diff)");
+ABSL_FLAG(absl::Duration, decision_deadline, absl::Milliseconds(20),
+          "How long the group leader waits for the daemon's decision before deciding locally");
+ABSL_FLAG(uint64_t, memory_budget, 0, "Device memory budget in bytes for the memory gate; 0: none");
+ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
+
+namespace {
+
+using spgate::runtime::Backend;
+using spgate::runtime::ModeChoice;
+using spgate::runtime::NormBoundary;
+
+// Before MPI_Init the rank is only known from the launcher's environment.
+bool IsFirstRank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::string(v) == "0";
+  }
+  return true;
+}
+
+int Refuse(const std::string& message, bool print) {
+  if (print) std::cerr << "spgate-worker: " << message << "\n";
+  return 2;
+}
+
+bool WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  const bool first = IsFirstRank();
+  if (rest.size() > 1) {
+    return Refuse(absl::StrCat("unexpected argument '", rest[1],
+                               "' (flags take the form --name=value)"),
+                  first);
+  }
+
+  spgate::runtime::WorkerOptions o;
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "cpu") {
+    o.backend = Backend::kCpu;
+  } else if (backend == "nccl") {
+    o.backend = Backend::kNccl;
+  } else {
+    return Refuse(absl::StrCat("--backend=", backend, ": expected cpu or nccl"), first);
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "auto") {
+    o.mode = ModeChoice::kAuto;
+  } else if (mode == "sp") {
+    o.mode = ModeChoice::kSp;
+  } else if (mode == "tp") {
+    o.mode = ModeChoice::kTp;
+  } else {
+    return Refuse(absl::StrCat("--mode=", mode, ": expected auto, sp or tp"), first);
+  }
+  const std::string boundary = absl::GetFlag(FLAGS_norm_boundary);
+  if (boundary == "shard") {
+    o.norm_boundary = NormBoundary::kShard;
+  } else if (boundary == "gather") {
+    o.norm_boundary = NormBoundary::kGather;
+  } else {
+    return Refuse(absl::StrCat("--norm_boundary=", boundary, ": expected shard or gather"), first);
+  }
+  o.controller = absl::GetFlag(FLAGS_controller);
+  o.job_id = absl::GetFlag(FLAGS_job_id);
+  o.tp = absl::GetFlag(FLAGS_tp);
+  o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
+             .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};
+  o.lengths = absl::GetFlag(FLAGS_lengths);
+  o.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.bucketing = absl::GetFlag(FLAGS_bucketing);
+  o.decision_log = absl::GetFlag(FLAGS_decision_log);
+  o.verify = absl::GetFlag(FLAGS_verify);
+  o.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
+  o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
+  o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
+  if (o.tp < 0) return Refuse(absl::StrCat("--tp=", o.tp, " must be >= 0"), first);
+  {
+    // Everything that does not depend on the world size, before MPI starts.
+    spgate::runtime::WorkerOptions check = o;
+    if (check.tp == 0) check.tp = 1;
+    if (absl::Status s = spgate::runtime::ValidateWorkerOptions(check); !s.ok()) {
+      return Refuse(std::string(s.message()), first);
+    }
+  }
+  if (o.backend == Backend::kNccl && !spgate::runtime::HaveNccl()) {
+    return Refuse("--backend=nccl: this build has no NCCL backend (built without CUDA/NCCL)",
+                  first);
+  }
+
+  MPI_Init(&argc, &argv);
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  const bool root = world_rank == 0;
+  if (o.tp == 0) o.tp = world_size;
+  auto finish_refused = [&](const std::string& message) {
+    Refuse(message, root);
+    MPI_Finalize();
+    return 2;
+  };
+  if (absl::Status s = spgate::runtime::ValidateWorkerOptions(o); !s.ok()) {
+    return finish_refused(std::string(s.message()));
+  }
+  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp);
+  if (!grid.ok()) return finish_refused(std::string(grid.status().message()));
+  if (o.backend == Backend::kNccl && spgate::runtime::CudaDevices() == 0) {
+    return finish_refused("--backend=nccl: no CUDA device is visible");
+  }
+
+  auto fail = [&](const absl::Status& s) {
+    std::cerr << "spgate-worker: rank " << world_rank << ": " << s << "\n";
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  };
+  int rc = 0;
+  {
+    std::unique_ptr<spgate::runtime::Device> device;
+    std::unique_ptr<spgate::runtime::Communicator> tp, dp;
+    if (o.backend == Backend::kCpu) {
+      device = spgate::runtime::CreateCpuDevice(/*blas_threads=*/1);
+      auto t = spgate::runtime::CreateMpiCommunicator((*grid)->tp_comm());
+      if (!t.ok()) return fail(t.status());
+      auto d = spgate::runtime::CreateMpiCommunicator((*grid)->dp_comm());
+      if (!d.ok()) return fail(d.status());
+      tp = *std::move(t);
+      dp = *std::move(d);
+    } else {
+      auto dev = spgate::runtime::CreateCudaDevice((*grid)->local_rank() %
+                                                   spgate::runtime::CudaDevices());
+      if (!dev.ok()) return fail(dev.status());
+      device = *std::move(dev);
+      auto t = spgate::runtime::CreateNcclCommunicator((*grid)->tp_comm(), device.get());
+      if (!t.ok()) return fail(t.status());
+      auto d = spgate::runtime::CreateNcclCommunicator((*grid)->dp_comm(), device.get());
+      if (!d.ok()) return fail(d.status());
+      tp = *std::move(t);
+      dp = *std::move(d);
+    }
+    auto result = spgate::runtime::RunWorkerRank(o, **grid, device.get(), tp.get(), dp.get());
+    if (!result.ok()) return fail(result.status());
+    auto summary = spgate::runtime::GatherSummary(o, **grid, *result);
+    if (!summary.ok()) return fail(summary.status());
+    if (root && summary->has_value()) {
+      std::cout << spgate::runtime::SummaryTable(**summary) << std::flush;
+      if (!summary_json.empty() &&
+          !WriteFileAtomically(summary_json, spgate::runtime::SummaryJson(**summary))) {
+        std::cerr << "spgate-worker: --summary_json: cannot write " << summary_json << "\n";
+        rc = 1;
+      }
+    }
+    tp.reset();
+    dp.reset();
+    grid->reset();
+  }
+  MPI_Finalize();
+  return rc;
+}

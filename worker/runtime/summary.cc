@@ -1,0 +1,256 @@
+// Summarize, the JSON writer and the table.
+#include "worker/runtime/summary.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "policy/types.h"
+
+namespace spgate::runtime {
+
+const char* StepSourceLabel(StepSource source) {
+  switch (source) {
+    case StepSource::kDaemon: return "daemon";
+    case StepSource::kFallback: return "fallback";
+    case StepSource::kLocalOnly: return "local";
+    case StepSource::kFlag: return "flag";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::string ModeName(uint8_t mode) { return std::string(ModeLabel(static_cast<Mode>(mode))); }
+
+double P95(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t rank = static_cast<size_t>(std::ceil(0.95 * v.size()));
+  return v[std::max<size_t>(rank, 1) - 1];
+}
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  return absl::StrFormat("%.9g", v);
+}
+
+template <typename Map, typename F>
+std::string Object(const Map& m, F&& value) {
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [k, v] : m) {
+    absl::StrAppend(&out, first ? "" : ", ", Quote(k), ": ", value(v));
+    first = false;
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+RunSummary Summarize(const RunDescription& run,
+                     const std::vector<std::vector<StepRecord>>& records,
+                     const std::vector<RankCounters>& counters) {
+  RunSummary s;
+  s.run = run;
+  const int tp = std::max(run.tp, 1);
+  const int groups = static_cast<int>(records.size()) / tp;
+  s.steps = records.empty() ? 0 : static_cast<int64_t>(records[0].size());
+
+  std::map<std::string, std::vector<double>> step_times;  // group step times by mode
+  std::map<std::string, double> time_sum;
+  std::map<std::string, double> cv_sum;
+  std::vector<double> rs_share, ag_tail, norm_ratio, decision_wait;
+  std::map<std::string, double> rate;  // summed over groups
+  for (int g = 0; g < groups; ++g) {
+    std::map<std::string, double> g_tokens, g_time;
+    for (int64_t i = 0; i < s.steps; ++i) {
+      const StepRecord& lead = records[g * tp][i];
+      const std::string mode = ModeName(lead.mode);
+      double t_max = 0, rs_max = 0, ag_max = 0, ns_max = 0, dec_max = 0;
+      bool consistent = true;
+      for (int r = 0; r < tp; ++r) {
+        const StepRecord& rec = records[g * tp + r][i];
+        consistent = consistent && rec.mode == lead.mode && rec.step == lead.step;
+        t_max = std::max(t_max, rec.step_time_s);
+        if (rec.step_time_s > 0) {
+          rs_max = std::max(rs_max, rec.rs_wait_s / rec.step_time_s);
+          ns_max = std::max(ns_max, rec.norm_stall_s / rec.step_time_s);
+        }
+        ag_max = std::max(ag_max, rec.all_gather_s);
+        dec_max = std::max(dec_max, rec.decision_s);
+        for (const std::string& key : {mode, std::string("all")}) {
+          s.peak_memory_bytes[key] = std::max(s.peak_memory_bytes[key], rec.peak_bytes);
+        }
+        s.predicted_peak_memory_bytes[mode] =
+            std::max(s.predicted_peak_memory_bytes[mode], rec.predicted_peak_bytes);
+        if (rec.peak_bytes > 0 && rec.predicted_peak_bytes > 0) {
+          const double err = std::fabs(static_cast<double>(rec.predicted_peak_bytes) -
+                                       static_cast<double>(rec.peak_bytes)) /
+                             static_cast<double>(rec.peak_bytes);
+          s.memory_prediction_max_rel_error = std::max(s.memory_prediction_max_rel_error, err);
+        }
+        if (rec.verify_diff >= 0) {
+          s.verify_max_abs_diff = std::max(s.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
+        }
+      }
+      if (!consistent) ++s.consistency_violations;
+      s.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
+      s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
+      if (lead.source == static_cast<uint8_t>(StepSource::kFallback) ||
+          lead.source == static_cast<uint8_t>(StepSource::kLocalOnly)) {
+        ++s.local_decisions;
+      }
+      for (const std::string& key : {mode, std::string("all")}) {
+        step_times[key].push_back(t_max);
+        time_sum[key] += t_max;
+        g_tokens[key] += static_cast<double>(lead.tokens);
+        g_time[key] += t_max;
+        s.effective_tokens[key] += lead.tokens;
+        s.padding_tokens[key] += lead.padding_tokens;
+        cv_sum[key] += lead.length_cv;
+        s.steps_by_mode[key] += 1;
+      }
+      if (lead.mode == static_cast<uint8_t>(Mode::kSequenceParallel)) {
+        rs_share.push_back(rs_max);
+        ag_tail.push_back(ag_max);
+        norm_ratio.push_back(ns_max);
+      }
+      decision_wait.push_back(dec_max);
+    }
+    for (const auto& [key, tokens] : g_tokens) {
+      if (g_time[key] > 0) rate[key] += tokens / g_time[key];
+    }
+  }
+  s.effective_tokens_per_s = rate;
+  for (auto& [key, times] : step_times) {
+    s.step_time_p95_s[key] = P95(times);
+    s.step_time_mean_s[key] = time_sum[key] / times.size();
+    s.mean_length_cv[key] = cv_sum[key] / times.size();
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / v.size();
+  };
+  s.rs_wait_share_mean = mean(rs_share);
+  s.all_gather_tail_p95_s = P95(ag_tail);
+  s.norm_stall_ratio_mean = mean(norm_ratio);
+  s.decision_wait_p95_s = P95(decision_wait);
+  for (const RankCounters& c : counters) {
+    s.telemetry_sent += c.telemetry_sent;
+    s.telemetry_acked += c.telemetry_acked;
+  }
+  s.lost_telemetry = std::max<int64_t>(0, s.telemetry_sent - s.telemetry_acked);
+  return s;
+}
+
+std::string SummaryJson(const RunSummary& s) {
+  auto i64 = [](int64_t v) { return absl::StrCat(v); };
+  auto u64 = [](uint64_t v) { return absl::StrCat(v); };
+  auto dbl = [](double v) { return Num(v); };
+  const RunDescription& r = s.run;
+  std::string out = "{\n";
+  auto field = [&](const std::string& key, const std::string& value) {
+    absl::StrAppend(&out, "  ", Quote(key), ": ", value, ",\n");
+  };
+  field("steps", i64(s.steps));
+  field("decisions", Object(s.decisions, [&](const auto& reasons) { return Object(reasons, i64); }));
+  field("decision_sources", Object(s.decision_sources, i64));
+  field("local_decisions", i64(s.local_decisions));
+  field("consistency_violations", i64(s.consistency_violations));
+  field("lost_telemetry", i64(s.lost_telemetry));
+  field("telemetry_sent", i64(s.telemetry_sent));
+  field("telemetry_acked", i64(s.telemetry_acked));
+  field("effective_tokens_per_s", Object(s.effective_tokens_per_s, dbl));
+  field("step_time_p95_s", Object(s.step_time_p95_s, dbl));
+  field("step_time_mean_s", Object(s.step_time_mean_s, dbl));
+  field("peak_memory_bytes", Object(s.peak_memory_bytes, u64));
+  field("predicted_peak_memory_bytes", Object(s.predicted_peak_memory_bytes, u64));
+  field("memory_prediction_max_rel_error", dbl(s.memory_prediction_max_rel_error));
+  field("steps_by_mode", Object(s.steps_by_mode, i64));
+  field("effective_tokens", Object(s.effective_tokens, i64));
+  field("padding_tokens", Object(s.padding_tokens, i64));
+  field("mean_length_cv", Object(s.mean_length_cv, dbl));
+  field("rs_wait_share_mean", dbl(s.rs_wait_share_mean));
+  field("all_gather_tail_p95_s", dbl(s.all_gather_tail_p95_s));
+  field("norm_stall_ratio_mean", dbl(s.norm_stall_ratio_mean));
+  field("decision_wait_p95_s", dbl(s.decision_wait_p95_s));
+  if (s.verify_max_abs_diff) field("verify_max_abs_diff", dbl(*s.verify_max_abs_diff));
+  absl::StrAppend(
+      &out, "  \"run\": {\"world_size\": ", r.world_size, ", \"tp\": ", r.tp, ", \"dp\": ", r.dp,
+      ", \"backend\": ", Quote(r.backend), ", \"job_id\": ", Quote(r.job_id),
+      ", \"controller\": ", Quote(r.controller), ", \"layers\": ", r.layers,
+      ", \"hidden\": ", r.hidden, ", \"heads\": ", r.heads, ", \"ffn_hidden\": ", r.ffn_hidden,
+      ", \"lengths\": ", Quote(r.lengths), ", \"tokens_per_batch\": ", r.tokens_per_batch,
+      ", \"bucketing\": ", r.bucketing ? "true" : "false", ", \"mode\": ", Quote(r.mode),
+      ", \"norm_boundary\": ", Quote(r.norm_boundary),
+      ", \"verify\": ", r.verify ? "true" : "false", "}\n}\n");
+  return out;
+}
+
+std::string SummaryTable(const RunSummary& s) {
+  const RunDescription& r = s.run;
+  std::string out = absl::StrFormat(
+      "spgate-worker: %d ranks (tp=%d, dp=%d), %s backend, %d layers, hidden %d, heads %d, "
+      "ffn %d\n  lengths %s, %d tokens/batch, bucketing %s, mode %s, norm boundary %s\n",
+      r.world_size, r.tp, r.dp, r.backend, r.layers, r.hidden, r.heads, r.ffn_hidden, r.lengths,
+      r.tokens_per_batch, r.bucketing ? "on" : "off", r.mode, r.norm_boundary);
+  absl::StrAppend(&out, absl::StrFormat("\n  %-8s %6s %14s %12s %12s %14s %10s\n", "mode", "steps",
+                                        "eff tokens/s", "step p95 ms", "step mean ms",
+                                        "peak memory", "mean CV"));
+  for (const std::string mode : {"sp", "tp_only", "all"}) {
+    auto it = s.steps_by_mode.find(mode);
+    if (it == s.steps_by_mode.end()) continue;
+    absl::StrAppend(
+        &out, absl::StrFormat("  %-8s %6d %14.0f %12.2f %12.2f %11.2f MiB %10.3f\n", mode,
+                              it->second, s.effective_tokens_per_s.at(mode),
+                              1e3 * s.step_time_p95_s.at(mode), 1e3 * s.step_time_mean_s.at(mode),
+                              s.peak_memory_bytes.at(mode) / 1048576.0,
+                              s.mean_length_cv.at(mode)));
+  }
+  absl::StrAppend(&out, "\n  decisions (mode / reason: steps):\n");
+  for (const auto& [mode, reasons] : s.decisions) {
+    for (const auto& [reason, n] : reasons) {
+      absl::StrAppend(&out, absl::StrFormat("    %-8s %-24s %d\n", mode, reason, n));
+    }
+  }
+  std::string sources;
+  for (const auto& [src, n] : s.decision_sources) {
+    absl::StrAppend(&sources, sources.empty() ? "" : ", ", src, " ", n);
+  }
+  absl::StrAppend(
+      &out, absl::StrFormat("  sources: %s; local decisions %d; consistency violations %d; "
+                            "lost telemetry %d\n",
+                            sources, s.local_decisions, s.consistency_violations,
+                            s.lost_telemetry));
+  absl::StrAppend(
+      &out, absl::StrFormat("  SP steps: rs_wait_share mean %.3f, all-gather tail p95 %.2f ms, "
+                            "norm_stall_ratio mean %.3f; memory prediction max error %.2f%%\n",
+                            s.rs_wait_share_mean, 1e3 * s.all_gather_tail_p95_s,
+                            s.norm_stall_ratio_mean, 100 * s.memory_prediction_max_rel_error));
+  if (s.verify_max_abs_diff) {
+    absl::StrAppend(&out, absl::StrFormat("  verify: max |SP - TP-only| over outputs and "
+                                          "gradients = %.3g\n",
+                                          *s.verify_max_abs_diff));
+  }
+  return out;
+}
+
+}  // namespace spgate::runtime

@@ -1,0 +1,109 @@
+// What a worker run measured, per step and rank, and the run summary built from it on
+// world rank 0 (SPEC §5 --summary_json keys, plus more). Summarize is a pure function
+// of the records, so the aggregation rules are testable without MPI:
+//   - a group step's time is the slowest rank's (the step ends when every rank is done);
+//   - effective_tokens_per_s: per TP group, effective tokens / summed step time, then
+//     summed over the data-parallel groups (they run concurrently);
+//   - step_time_p95_s: p95 (nearest rank) of group step times;
+//   - peak_memory_bytes: max over ranks and steps; decisions: the group leaders' counts;
+//   - consistency_violations: (group, step) pairs whose ranks ran different modes.
+#ifndef SPGATE_WORKER_RUNTIME_SUMMARY_H_
+#define SPGATE_WORKER_RUNTIME_SUMMARY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace spgate::runtime {
+
+// Where a step's mode came from: the client's DecisionSource values, plus the
+// --mode=sp|tp flag.
+enum class StepSource : uint8_t { kDaemon = 1, kFallback = 2, kLocalOnly = 3, kFlag = 4 };
+const char* StepSourceLabel(StepSource source);  // daemon, fallback, local, flag
+
+// One rank's record of one step; trivially copyable so ranks can MPI_Gather it.
+struct StepRecord {
+  int64_t step = 0;
+  uint8_t mode = 0;    // spgate::Mode
+  uint8_t reason = 0;  // spgate::Reason as run
+  uint8_t source = 0;  // StepSource
+  uint8_t pad_ = 0;
+  int32_t sequences = 0;
+  int64_t tokens = 0;          // effective (non-padding)
+  int64_t padding_tokens = 0;  // SP padding to a multiple of t
+  double length_cv = 0;
+  double step_time_s = 0;
+  double decision_s = 0;       // waiting for the group's decision
+  double rs_wait_s = 0;        // reduce-scatter (layer)
+  double all_gather_s = 0;     // all-gather (layer)
+  double all_reduce_s = 0;     // all-reduce (layer, TP-only)
+  double norm_stall_s = 0;     // norm-boundary collectives
+  double grad_sync_s = 0;
+  uint64_t peak_bytes = 0;
+  uint64_t predicted_peak_bytes = 0;
+  double verify_diff = -1;     // < 0: not verified
+};
+static_assert(std::is_trivially_copyable_v<StepRecord>);
+
+// Per rank, besides the steps.
+struct RankCounters {
+  int64_t telemetry_sent = 0;
+  int64_t telemetry_acked = 0;
+  int64_t telemetry_dropped = 0;
+  int64_t daemon_decisions = 0;
+  int64_t late_decisions = 0;
+};
+static_assert(std::is_trivially_copyable_v<RankCounters>);
+
+struct RunDescription {
+  int world_size = 1, tp = 1, dp = 1;
+  std::string backend, lengths, mode, norm_boundary, controller, job_id;
+  int layers = 0, hidden = 0, heads = 0, ffn_hidden = 0;
+  int64_t tokens_per_batch = 0;
+  bool bucketing = false;
+  bool verify = false;
+};
+
+struct RunSummary {
+  RunDescription run;
+  int64_t steps = 0;
+  std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
+  std::map<std::string, int64_t> decision_sources;
+  int64_t local_decisions = 0;
+  int64_t consistency_violations = 0;
+  int64_t lost_telemetry = 0;
+  int64_t telemetry_sent = 0, telemetry_acked = 0;
+  // mode ("sp", "tp_only", and "all" where noted) -> value
+  std::map<std::string, double> effective_tokens_per_s;  // + all
+  std::map<std::string, double> step_time_p95_s;         // + all
+  std::map<std::string, double> step_time_mean_s;        // + all
+  std::map<std::string, uint64_t> peak_memory_bytes;     // + all
+  std::map<std::string, uint64_t> predicted_peak_memory_bytes;
+  std::map<std::string, int64_t> steps_by_mode;
+  std::map<std::string, int64_t> effective_tokens;       // + all
+  std::map<std::string, int64_t> padding_tokens;         // + all
+  std::map<std::string, double> mean_length_cv;          // + all
+  double memory_prediction_max_rel_error = 0;  // max |predicted - measured| / measured
+  double rs_wait_share_mean = 0;      // SP steps, group max per step
+  double all_gather_tail_p95_s = 0;   // SP steps, group max per step
+  double norm_stall_ratio_mean = 0;   // SP steps, group max per step
+  double decision_wait_p95_s = 0;
+  std::optional<double> verify_max_abs_diff;
+};
+
+// records[world_rank] = that rank's steps (every rank the same count, in step order);
+// ranks of TP group g are g * tp .. g * tp + tp - 1.
+RunSummary Summarize(const RunDescription& run,
+                     const std::vector<std::vector<StepRecord>>& records,
+                     const std::vector<RankCounters>& counters);
+
+std::string SummaryJson(const RunSummary& summary);
+// The human table printed at the end of a run.
+std::string SummaryTable(const RunSummary& summary);
+
+}  // namespace spgate::runtime
+
+#endif  // SPGATE_WORKER_RUNTIME_SUMMARY_H_

@@ -1,0 +1,137 @@
+// TransformerStack: L pre-LN GPT blocks (model.h) on one TP rank, forward and backward
+// with activations kept for backward, in either mode for the same weights:
+//   TP-only: every rank holds the full sequence; an all-reduce follows each row-parallel
+//     GEMM in forward and each column-parallel GEMM's input gradient in backward.
+//   SP: the residual stream, LayerNorm and biases work on this rank's block of
+//     padded_tokens / t rows; an all-gather enters each column-parallel GEMM and a
+//     reduce-scatter leaves each row-parallel one (their conjugates in backward), and
+//     LayerNorm outputs are kept as shards and re-gathered in backward (Megatron's
+//     choice: activation memory of the non-GEMM parts drops by t).
+// With NormBoundary::kGather, SP runs LayerNorm the legacy way - all-gather its input,
+// normalise the full sequence, keep this rank's rows - so the extra collectives
+// (CollectivePurpose::kNormBoundary) measure the norm stall.
+//
+// Gradients accumulate across ForwardBackward calls until FinishGradients (SPEC §4):
+// sharded parameters get full-sequence gradients in both modes; replicated parameters
+// (LN gamma/beta, row-parallel output biases) get this rank's partial sum under SP and
+// the full gradient times 1/t under TP-only (and under the gather boundary, for LN), so
+// the one SUM all-reduce in FinishGradients is right for any mix of modes in a window.
+//
+// Usage:
+//   ASSIGN_OR_RETURN(auto stack, TransformerStack::Create(opts, &arena, tp_comm.get()));
+//   RETURN_IF_ERROR(stack->ZeroGrads());
+//   RETURN_IF_ERROR(stack->ForwardBackward({.lengths = lengths, .data_seed = 7},
+//                                          Mode::kSequenceParallel));
+//   RETURN_IF_ERROR(stack->FinishGradients(dp_comm.get()));
+#ifndef SPGATE_WORKER_RUNTIME_TRANSFORMER_STACK_H_
+#define SPGATE_WORKER_RUNTIME_TRANSFORMER_STACK_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "policy/types.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/memory_arena.h"
+#include "worker/runtime/model.h"
+
+namespace spgate::runtime {
+
+// How a batch is laid out on one rank. Sequences are packed back to back; under SP the
+// batch is padded to a multiple of t with one extra "sequence" of padding tokens (which
+// attends only to itself and receives zero gradient, so it changes no real token).
+struct BatchGeometry {
+  int64_t tokens = 0;         // real tokens
+  int64_t padded_tokens = 0;  // SP: tokens rounded up to a multiple of t; TP-only: tokens
+  int64_t rows_local = 0;     // rows of the residual stream on this rank
+  int64_t row_offset = 0;     // first of them, in the padded batch
+  std::vector<int64_t> cu_seqlens;  // over padded_tokens, padding segment included
+  int64_t padding_tokens() const { return padded_tokens - tokens; }
+};
+BatchGeometry MakeBatchGeometry(std::span<const int64_t> lengths, Mode mode, int tp,
+                                int tp_rank);
+
+struct StackOptions {
+  ModelShape shape;
+  int tp = 1;
+  int tp_rank = 0;
+  NormBoundary norm_boundary = NormBoundary::kShard;
+  uint64_t param_seed = 1;
+  int64_t attention_query_block = 1024;  // kernels::AttentionShape::query_block
+};
+
+struct MicroBatch {
+  std::span<const int64_t> lengths;  // tokens per sequence, each >= 1
+  uint64_t data_seed = 0;            // InputValue / OutputGradValue seed
+};
+
+// Optional results of one ForwardBackward, in host memory, for this rank's rows.
+struct StackCapture {
+  BatchGeometry geometry;
+  std::vector<float> output;      // [rows_local, hidden]
+  std::vector<float> input_grad;  // [rows_local, hidden]
+};
+
+class TransformerStack {
+ public:
+  // Allocates and initialises this rank's parameters and gradients in `arena`.
+  // `tp_comm` must have options.tp ranks with this rank at options.tp_rank.
+  static absl::StatusOr<std::unique_ptr<TransformerStack>> Create(const StackOptions& options,
+                                                                  MemoryArena* arena,
+                                                                  Communicator* tp_comm);
+
+  absl::Status ZeroGrads();
+  // One micro-batch forward and backward in `mode`; gradients accumulate. Every rank of
+  // the TP group must call it with the same batch and mode.
+  absl::Status ForwardBackward(const MicroBatch& batch, Mode mode,
+                               StackCapture* capture = nullptr);
+  // Ends an accumulation window: SUM all-reduce of the replicated gradients over the TP
+  // group, then the mean of all gradients over `dp_comm` (may be null or of size 1).
+  absl::Status FinishGradients(Communicator* dp_comm);
+
+  absl::StatusOr<std::vector<float>> DownloadGrads() const;
+  absl::StatusOr<std::vector<float>> DownloadParams() const;
+
+  const ParamLayout& layout() const { return layout_; }
+  const StackOptions& options() const { return options_; }
+  void set_norm_boundary(NormBoundary b) { options_.norm_boundary = b; }
+  // Bytes of parameters plus gradients (the part of the peak every step starts with).
+  uint64_t resident_bytes() const { return params_.bytes() + grads_.bytes(); }
+
+ private:
+  struct Activations;
+  struct Step;
+  TransformerStack(const StackOptions& options, MemoryArena* arena, Communicator* tp_comm);
+  absl::Status InitParams();
+  absl::Status LayerForward(Step& st, int layer, Buffer& z, const float* residual,
+                            Activations& act);
+  absl::Status LayerBackward(Step& st, int layer, Buffer& g, Activations& act);
+  absl::Status LayerNormForward(Step& st, const float* gamma, const float* beta, Buffer& x,
+                                const float* residual, Buffer& s, Buffer& mean, Buffer& rstd,
+                                Buffer& y);
+  absl::Status LayerNormBackward(Step& st, const float* gamma, float* dgamma, float* dbeta,
+                                 const Buffer& dy, const Buffer& s, const Buffer& mean,
+                                 const Buffer& rstd, const float* dresidual, Buffer& dx);
+  absl::Status ColumnSum(Step& st, const float* x, int64_t rows, float alpha, float* acc);
+  // Allocates the full-sequence buffer and all-gathers `shard` into it (SP only).
+  absl::StatusOr<Buffer> Gather(Step& st, const float* shard, int64_t cols,
+                                CollectivePurpose purpose);
+  // Row-parallel output: TP-only all-reduces `partial` in place and returns it; SP
+  // reduce-scatters it into a new shard buffer and frees it.
+  absl::StatusOr<Buffer> ReduceOut(Step& st, Buffer partial, int64_t cols);
+
+  StackOptions options_;
+  ParamLayout layout_;
+  MemoryArena* arena_;
+  Device* device_;
+  Communicator* tp_comm_;
+  Buffer params_;
+  Buffer grads_;
+};
+
+}  // namespace spgate::runtime
+
+#endif  // SPGATE_WORKER_RUNTIME_TRANSFORMER_STACK_H_

@@ -1,0 +1,88 @@
+// The reference worker's step loop (issue 5): on every rank of a dp x tp job,
+//   prefetch batch N+1 (the TP leader builds it and broadcasts its lengths over the TP
+//   communicator) and submit its plan with the predicted peak memory of both modes;
+//   get step N's decision through GroupDecider (the leader asks spgated or decides
+//   locally, fail-static; the decision is broadcast over the TP communicator before
+//   the batch's first collective); run forward + backward in that mode; measure
+//   reduce-scatter, all-gather and norm-stall time, step time, tokens, padding and peak
+//   memory; report telemetry; log the decision.
+// The invariant that matters (SPEC §4): every rank of a TP group runs the mode the
+// leader broadcast for that step, so collectives always match; training never waits on
+// the daemon longer than the decision deadline.
+//
+// Usage (spgate-worker's main, after MPI_Init):
+//   ASSIGN_OR_RETURN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, options.tp));
+//   ASSIGN_OR_RETURN(RankResult result, RunWorkerRank(options, *grid, device, tp, dp));
+//   ASSIGN_OR_RETURN(std::optional<RunSummary> summary, GatherSummary(options, *grid, result));
+#ifndef SPGATE_WORKER_RUNTIME_WORKER_H_
+#define SPGATE_WORKER_RUNTIME_WORKER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "policy/types.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/device.h"
+#include "worker/runtime/model.h"
+#include "worker/runtime/mpi_communicator.h"
+#include "worker/runtime/summary.h"
+
+namespace spgate::runtime {
+
+enum class Backend : uint8_t { kCpu, kNccl };
+enum class ModeChoice : uint8_t { kAuto, kSp, kTp };
+
+struct WorkerOptions {
+  Backend backend = Backend::kCpu;
+  std::string controller;  // empty: local policy only
+  std::string job_id = "spgate-worker";
+  ModelShape shape;
+  int tp = 1;
+  std::string lengths = "lognormal:mean=1024,sigma=0.8";
+  int64_t tokens_per_batch = 8192;
+  int64_t steps = 20;
+  absl::Duration duration = absl::ZeroDuration();  // > 0: run this long instead of `steps`
+  uint64_t seed = 1;
+  bool bucketing = false;
+  ModeChoice mode = ModeChoice::kAuto;
+  NormBoundary norm_boundary = NormBoundary::kShard;
+  std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
+  bool verify = false;
+  absl::Duration decision_deadline = absl::Milliseconds(20);
+  uint64_t memory_budget_bytes = 0;  // 0: no memory gate
+  int grad_accum_steps = 1;
+  int64_t attention_query_block = 1024;
+  GateConfig initial_config;  // until the daemon's arrives (and without one)
+};
+
+// Checks that need no MPI; INVALID_ARGUMENT names the flag.
+absl::Status ValidateWorkerOptions(const WorkerOptions& options);
+const char* ModeChoiceName(ModeChoice mode);  // auto, sp, tp
+
+struct RankResult {
+  std::vector<StepRecord> steps;
+  RankCounters counters;
+};
+
+// The step loop on this rank. Collective over the job's world: every rank calls it with
+// the same options. `tp` / `dp` are this rank's TP- and DP-group communicators on
+// `device`'s memory.
+absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const ProcessGrid& grid,
+                                         Device* device, Communicator* tp, Communicator* dp);
+
+// Collective: gathers every rank's result on world rank 0 and summarises it there
+// (nullopt elsewhere).
+absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& options,
+                                                        const ProcessGrid& grid,
+                                                        const RankResult& result);
+
+RunDescription DescribeRun(const WorkerOptions& options, int world_size);
+
+}  // namespace spgate::runtime
+
+#endif  // SPGATE_WORKER_RUNTIME_WORKER_H_
