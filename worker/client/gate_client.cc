@@ -47,6 +47,7 @@ struct PlanRecord {
   double length_cv = 0;
   uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
+  absl::Time submitted;
 };
 
 // What one WorkerMessage carries, gathered under the lock and serialised outside it.
@@ -108,6 +109,24 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
 
 }  // namespace
 
+std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, bool own_connection) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ToMillis(o.keepalive_time)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(ToMillis(o.keepalive_timeout)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The channel's own connect backoff (default up to 120 s) must not outlast ours, or a
+  // restarted daemon would wait for the channel rather than for the client.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(o.initial_backoff)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::max<int64_t>(1000, ToMillis(o.initial_backoff))));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(o.max_backoff)));
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(
+      o.controller, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(),
+      args);
+}
+
 std::string_view DecisionSourceLabel(DecisionSource source) {
   switch (source) {
     case DecisionSource::kDaemon: return "daemon";
@@ -133,6 +152,10 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Status Flush(absl::Duration timeout);
   absl::Status WaitUntilConnected(absl::Duration timeout);
   GateClientStats stats() const;
+  std::vector<double> TakeDecisionLatencies() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(latencies_, {});
+  }
   ScheduledConfig ConfigFor(int64_t step) const {
     absl::MutexLock lock(&mu_);
     return policy_.ConfigFor(step);
@@ -200,6 +223,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   int64_t last_decided_step_ ABSL_GUARDED_BY(mu_) = kNoStep;
   GateDecision last_decision_ ABSL_GUARDED_BY(mu_);
   std::deque<StepTelemetryInput> telemetry_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> latencies_ ABSL_GUARDED_BY(mu_);
 
   // Connection.
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
@@ -265,26 +289,7 @@ GateClient::Impl::Impl(GateClientOptions options)
       rng_(opts_.seed != 0 ? opts_.seed : std::random_device{}()) {
   if (opts_.controller.empty()) return;
   runtime_ = internal::ClientRuntime::Get();
-  channel_ = opts_.channel;
-  if (channel_ == nullptr) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ToMillis(opts_.keepalive_time)));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                static_cast<int>(ToMillis(opts_.keepalive_timeout)));
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    // The channel's own connect backoff (default up to 120 s) must not outlast ours, or
-    // a restarted daemon would wait for the channel rather than for the client.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-                static_cast<int>(ToMillis(opts_.initial_backoff)));
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-                static_cast<int>(std::max<int64_t>(1000, ToMillis(opts_.initial_backoff))));
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(opts_.max_backoff)));
-    channel_ = grpc::CreateCustomChannel(
-        opts_.controller,
-        opts_.credentials != nullptr ? opts_.credentials : grpc::InsecureChannelCredentials(),
-        args);
-  }
+  channel_ = opts_.channel != nullptr ? opts_.channel : CreateGateChannel(opts_);
   stub_ = v1::GateService::NewStub(channel_);
 }
 
@@ -467,7 +472,11 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
       ++stats_.late_decisions;  // the group already ran this step with a local decision
       continue;
     }
-    if (!plans_.contains(d.step())) continue;  // not ours (dropped plan)
+    auto plan = plans_.find(d.step());
+    if (plan == plans_.end()) continue;  // not ours (dropped plan)
+    if (latencies_.size() < 65536) {
+      latencies_.push_back(absl::ToDoubleSeconds(absl::Now() - plan->second.submitted));
+    }
     GateDecision g;
     g.step = d.step();
     g.mode = FromProto(d.mode());
@@ -687,6 +696,7 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   rec.peak_sp = plan.predicted_peak_bytes_sp;
   rec.peak_tp = plan.predicted_peak_bytes_tp;
   rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
+  rec.submitted = absl::Now();
 
   absl::MutexLock lock(&mu_);
   if (plan.step <= last_decided_step_) {
@@ -911,6 +921,7 @@ absl::Status GateClient::WaitUntilConnected(absl::Duration timeout) {
   return impl_->WaitUntilConnected(timeout);
 }
 GateClientStats GateClient::stats() const { return impl_->stats(); }
+std::vector<double> GateClient::TakeDecisionLatencies() { return impl_->TakeDecisionLatencies(); }
 ScheduledConfig GateClient::ConfigFor(int64_t step) const { return impl_->ConfigFor(step); }
 const GateClientOptions& GateClient::options() const { return impl_->options(); }
 

@@ -36,6 +36,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -165,6 +166,13 @@ struct GateClientStats {
   std::string last_error;          // last RPC / stream failure, for logs
 };
 
+// The channel GateClient creates (keepalive and reconnect settings of `options`), for
+// callers that share one among several clients. `own_connection`: a TCP connection of its
+// own instead of gRPC's process-wide one per target (spgate-sim uses one per group, like
+// one per training pod).
+std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& options,
+                                                 bool own_connection = false);
+
 class GateClient {
  public:
   // Validates the options and starts connecting in the background; never waits for the
@@ -212,6 +220,10 @@ class GateClient {
 
   GateClientStats stats() const;
   const GateClientOptions& options() const;
+
+  // Leader: seconds from SubmitPlan to the daemon's decision arriving, for the decisions
+  // that arrived since the last call (at most 65,536 are kept in between).
+  std::vector<double> TakeDecisionLatencies();
 
   class Impl;
 

@@ -1,0 +1,37 @@
+# spgate-sim replay --sweep over a small trace: exit 0, the sweep table on stderr, and a
+# summary JSON with every SPEC §5 key.
+file(WRITE ${WORK}/trace.txt "# lengths\n")
+foreach(i RANGE 1 400)
+  math(EXPR len "(${i} * 7919) % 8000 + 64")
+  file(APPEND ${WORK}/trace.txt "${len}\n")
+endforeach()
+file(WRITE ${WORK}/gates.txtpb "max_length_cv: 0.3\nwindow_steps: 20\n")
+execute_process(
+  COMMAND ${SIM} replay --config=${WORK}/gates.txtpb --lengths=file:${WORK}/trace.txt
+          --tokens_per_batch=8192 --sweep --sweep_max_length_cv=0.1:0.5:0.2
+          --sweep_max_rs_wait_share=0.1:0.3:0.1 --summary_json=${WORK}/summary.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_VARIABLE out)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "spgate-sim replay failed (${rc}):\n${out}\n${err}")
+endif()
+if(NOT err MATCHES "max_length_cv \\| max_rs_wait_share")
+  message(FATAL_ERROR "no sweep table on stderr:\n${err}")
+endif()
+file(READ ${WORK}/summary.json json)
+foreach(key steps decisions local_decisions consistency_violations lost_telemetry
+            effective_tokens_per_s step_time_p95_s peak_memory_bytes sweep config)
+  string(JSON value ERROR_VARIABLE jerr GET "${json}" ${key})
+  if(jerr)
+    message(FATAL_ERROR "summary.json lacks \"${key}\": ${jerr}\n${json}")
+  endif()
+endforeach()
+string(JSON cv GET "${json}" config max_length_cv)
+if(NOT cv EQUAL 0.3)
+  message(FATAL_ERROR "replay did not use --config (max_length_cv ${cv})")
+endif()
+# Bad flags exit 2 with a message naming the flag.
+execute_process(COMMAND ${SIM} replay --lengths=gamma:k=1 RESULT_VARIABLE rc ERROR_VARIABLE err
+                OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--lengths")
+  message(FATAL_ERROR "bad --lengths: rc ${rc}, ${err}")
+endif()

@@ -1,0 +1,160 @@
+// spgate-sim end to end: the live driver (local-only, and against a real in-process
+// daemon) keeps every group consistent and loses no telemetry; replay is deterministic
+// and exercises every gate; the sweep ranks configs on common random numbers.
+#include "tools/sim/sim.h"
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+#ifdef SPGATE_HAVE_SERVER
+#include "server/daemon.h"
+#endif
+
+namespace spgate::sim {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+SimOptions Small() {
+  SimOptions o;
+  o.groups = 6;
+  o.cost.tp = 4;
+  o.steps = 60;
+  o.steps_per_s = 200;
+  o.bucketing = false;  // both modes
+  o.threads = 2;        // 24 ranks on 2 threads
+  o.cost.layers = 10;   // a pipeline stage: fits 80 GiB at t = 4 in both modes
+  return o;
+}
+
+int64_t Total(const Summary& s) {
+  int64_t n = 0;
+  for (const auto& [m, reasons] : s.decisions) {
+    for (const auto& [r, c] : reasons) n += c;
+  }
+  return n;
+}
+
+TEST(SimRunTest, LocalOnlyGroupsAreConsistent) {
+  absl::StatusOr<Summary> s = RunLive(Small());
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->decide_errors, 0) << s->first_error;
+  EXPECT_EQ(Total(*s), 6 * 60);
+  EXPECT_EQ(s->local_decisions, 6 * 60);
+  EXPECT_EQ(s->threads, 2);
+  EXPECT_GT(s->sp.steps, 0);
+  EXPECT_GT(s->tp_only.steps, 0);
+  EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  const std::string json = s->ToJson();
+  for (const char* key : {"\"steps\"", "\"decisions\"", "\"local_decisions\"",
+                          "\"consistency_violations\"", "\"lost_telemetry\"",
+                          "\"effective_tokens_per_s\"", "\"step_time_p95_s\"",
+                          "\"peak_memory_bytes\""}) {
+    EXPECT_THAT(json, HasSubstr(key));
+  }
+}
+
+#ifdef SPGATE_HAVE_SERVER
+TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
+  server::DaemonOptions d;
+  d.heartbeat_interval = absl::Milliseconds(200);
+  auto daemon = server::Daemon::Start(d);
+  ASSERT_THAT(daemon.status(), IsOk());
+  SimOptions o = Small();
+  o.controller = (*daemon)->worker_address();
+  o.job_id = "sim-test";
+  absl::StatusOr<Summary> s = RunLive(o);
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->decide_errors, 0) << s->first_error;
+  EXPECT_EQ(Total(*s), 6 * 60);
+  EXPECT_GT(s->sources["daemon"], 6 * 60 * 9 / 10) << "most decisions should be the daemon's";
+  EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  EXPECT_EQ(s->telemetry_acked, s->telemetry_reported) << "lost telemetry";
+  EXPECT_FALSE(s->decision_latency_s.empty());
+  (*daemon)->Shutdown(absl::Seconds(2));
+}
+#endif
+
+TEST(SimReplayTest, IsDeterministic) {
+  SimOptions o = Small();
+  o.steps = 500;
+  absl::StatusOr<Summary> a = Replay(o, GateConfig{});
+  absl::StatusOr<Summary> b = Replay(o, GateConfig{});
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_THAT(b.status(), IsOk());
+  a->wall_s = b->wall_s = 0;
+  EXPECT_EQ(a->ToJson(), b->ToJson());
+}
+
+TEST(SimReplayTest, StragglersTripTheWaitShareGateAndProbes) {
+  SimOptions o = Small();
+  o.bucketing = true;
+  o.steps = 3000;
+  o.groups = 1;
+  o.cost.straggler_prob = 0.3;
+  o.cost.straggler_slowdown = 0.6;
+  GateConfig c;
+  c.probe_interval_steps = 20;
+  c.min_dwell_steps = 5;
+  c.window_steps = 10;
+  absl::StatusOr<Summary> s = Replay(o, c);
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_GT(s->decisions["tp_only"]["rs_wait"], 0);
+  EXPECT_GT(s->decisions["sp"]["probe"], 0);
+  EXPECT_GT(s->decisions["sp"]["gates_passed"], 0);
+}
+
+TEST(SimReplayTest, SmallDevicesNeedSp) {
+  SimOptions o = Small();
+  o.steps = 200;
+  o.tokens_per_batch = 32768;
+  // 12.6 GB of weights and optimizer state; activations 26.8 GB under TP-only, 14.3 GB
+  // under SP: only SP fits 32 GiB x 0.9.
+  o.cost.device_memory_gib = 32;
+  absl::StatusOr<Summary> s = Replay(o, GateConfig{});
+  ASSERT_THAT(s.status(), IsOk());
+  // Full batches must run SP; TP-only only ever ran where it fit.
+  EXPECT_GT(s->decisions["sp"]["memory_requires_sp"], s->all.steps / 2);
+  EXPECT_LE(static_cast<double>(s->tp_only.peak_memory), 0.9 * 32 * (1ull << 30));
+  EXPECT_EQ(s->decisions["sp"]["memory_over_budget"], 0);
+}
+
+TEST(SimSweepTest, RanksConfigsByThroughput) {
+  SimOptions o = Small();
+  o.steps = 300;
+  o.groups = 1;
+  auto cv = ParseSweepAxis("sweep_max_length_cv", "0.05:0.45:0.2");
+  auto rs = ParseSweepAxis("sweep_max_rs_wait_share", "0.02:0.3:0.14");
+  ASSERT_THAT(cv.status(), IsOk());
+  ASSERT_THAT(rs.status(), IsOk());
+  absl::StatusOr<std::vector<SweepPoint>> pts = Sweep(o, GateConfig{}, *cv, *rs);
+  ASSERT_THAT(pts.status(), IsOk());
+  // 3 × 3 grid minus max_rs_wait_share 0.02 (not above the 0.03 re-enable margin).
+  EXPECT_EQ(pts->size(), 6u);
+  for (size_t i = 1; i < pts->size(); ++i) {
+    const Summary& a = (*pts)[i - 1].summary;
+    const Summary& b = (*pts)[i].summary;
+    EXPECT_GE(a.all.tokens / a.all.time_s, b.all.tokens / b.all.time_s);
+  }
+  EXPECT_THAT(SweepTable(*pts, 1), HasSubstr("| max_length_cv |"));
+  EXPECT_THAT(ParseSweepAxis("sweep_max_length_cv", "0.5:0.1:0.1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--sweep_max_length_cv")));
+}
+
+TEST(SimRunTest, RejectsBadOptions) {
+  SimOptions o = Small();
+  o.groups = 0;
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--groups")));
+  o = Small();
+  o.lengths = "weird";
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")));
+}
+
+}  // namespace
+}  // namespace spgate::sim

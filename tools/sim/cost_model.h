@@ -1,0 +1,83 @@
+// spgate-sim's cost model: what one step of a TP group costs in each mode, per rank —
+// the telemetry a real worker would measure (SPEC §2) — and the activation memory of
+// each mode (Korthikanti et al. 2022). Documented with its assumptions in docs/sim.md;
+// the invariant that matters: a uniform-length batch shards evenly under SP, and the
+// per-rank imbalance (hence the reduce-scatter wait) grows with the spread of lengths.
+//
+// Usage:
+//   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B, t = 8, H100-like
+//   spgate::sim::MemoryPrediction mem = model.PredictMemory(lengths);
+//   spgate::sim::GroupStep step = model.Step(lengths, Mode::kSequenceParallel, rng);
+//   step.ranks[r].rs_wait_s / step.step_time_s ...
+#ifndef SPGATE_TOOLS_SIM_COST_MODEL_H_
+#define SPGATE_TOOLS_SIM_COST_MODEL_H_
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "policy/types.h"
+
+namespace spgate::sim {
+
+struct CostParams {
+  int tp = 8;
+  int layers = 40;  // layers on this rank (the whole model, or one pipeline stage)
+  int hidden = 5120;
+  int heads = 40;
+  double device_tflops = 989;     // dense bf16 peak (H100 SXM)
+  double mfu = 0.45;              // achieved fraction of peak on GEMMs and attention
+  double hbm_gbps = 3350;         // device memory bandwidth (element-wise region)
+  double link_gbps = 450;         // collective bus bandwidth within the TP group (NVLink)
+  double collective_latency_us = 10;  // fixed cost per collective call
+  double elementwise_bytes_per_token = 16;  // × hidden × 2 bytes, per layer, fwd+bwd
+  // Fraction of a rank's compute that, under SP, runs on its sequence shard with a cost
+  // per token that grows with the token's sequence length (see docs/sim.md): the
+  // source of per-rank imbalance, hence of reduce-scatter wait, on mixed-length batches.
+  double shard_work_fraction = 0.5;
+  bool flash_attention = true;    // no s×s score activations kept (Korthikanti's
+                                  // selective recomputation)
+  double jitter = 0.03;           // per-rank, per-step multiplicative noise (σ)
+  double straggler_prob = 0.0;    // per rank and step: a slow rank (noisy neighbour)
+  double straggler_slowdown = 0.5;
+  double device_memory_gib = 80;
+  double param_bytes_per_param = 16;  // fp16 weights + grads, fp32 master + Adam m, v
+};
+
+struct RankStep {
+  double rs_wait_s = 0;     // inside reduce-scatter calls (transfer + waiting for peers)
+  double all_gather_s = 0;
+  double busy_s = 0;        // this rank's own work
+};
+
+struct GroupStep {
+  Mode mode = Mode::kSequenceParallel;
+  double step_time_s = 0;   // wall time of the step (same on every rank: collectives)
+  std::vector<RankStep> ranks;
+  int64_t effective_tokens = 0;
+  int64_t padding_tokens = 0;  // SP pads the packed batch to a multiple of t
+  uint64_t peak_memory_bytes = 0;
+  double group_rs_wait_share = 0;  // max over ranks of rs_wait / step time (SPEC §2)
+};
+
+struct MemoryPrediction {
+  uint64_t sp = 0, tp = 0;  // predicted peak bytes per rank
+  uint64_t budget = 0;      // device memory
+};
+
+class CostModel {
+ public:
+  explicit CostModel(const CostParams& params) : p_(params) {}
+
+  MemoryPrediction PredictMemory(std::span<const int64_t> lengths) const;
+  GroupStep Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng) const;
+  const CostParams& params() const { return p_; }
+
+ private:
+  CostParams p_;
+};
+
+}  // namespace spgate::sim
+
+#endif  // SPGATE_TOOLS_SIM_COST_MODEL_H_

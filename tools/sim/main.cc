@@ -1,0 +1,232 @@
+// spgate-sim: simulated TP groups speaking spgate's real protocol (SPEC §5).
+//
+//   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10 \
+//       --duration=60s --lengths=lognormal:mean=4096,sigma=0.8 --summary_json=out.json
+//   spgate-sim replay --config=gates.txtpb --lengths=file:trace.txt [--sweep]
+//
+// The first form runs G groups × t ranks against spgated (or, with --controller empty,
+// with the local policy only) and checks that every rank of a group ran the same mode at
+// every step. `replay` runs the same policy offline over a length trace; with --sweep it
+// replays a grid of max_length_cv × max_rs_wait_share and prints the ranking. The cost
+// model and every flag are described in docs/sim.md. Exit status: 0, or 1 when a run
+// saw consistency violations or decision errors, 2 on bad flags.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "google/protobuf/text_format.h"
+#include "policy/gate_policy.h"
+#include "proto/convert.h"
+#include "tools/sim/sim.h"
+
+// Shared job flags (SPEC §5).
+ABSL_FLAG(std::string, controller, "", "spgated worker API address; empty: local policy only");
+ABSL_FLAG(std::string, job_id, "sim", "Job id");
+ABSL_FLAG(std::string, lengths, "lognormal:mean=4096,sigma=0.8",
+          "Length distribution: lognormal:mean=M,sigma=S | bimodal:short=A,long=B,p_long=P | "
+          "uniform:min=A,max=B | file:PATH");
+ABSL_FLAG(int64_t, tokens_per_batch, 16384, "Tokens per batch (packed sequences)");
+ABSL_FLAG(int64_t, steps, 0, "Steps per group (0: --duration x --steps_per_s)");
+ABSL_FLAG(absl::Duration, duration, absl::Seconds(30), "Run length when --steps is 0");
+ABSL_FLAG(uint64_t, seed, 1, "Random seed");
+ABSL_FLAG(std::string, summary_json, "", "Write the JSON summary here (default: stdout)");
+// Simulator flags.
+ABSL_FLAG(int, groups, 4, "TP groups");
+ABSL_FLAG(int, tp, 8, "Ranks per TP group");
+ABSL_FLAG(double, steps_per_s, 10, "Steps per second per group");
+ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
+ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
+ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (sorted pools)");
+ABSL_FLAG(bool, leader_group_rs_wait, true,
+          "Feed the leader's fallback the group's max wait share (else its own)");
+// Cost model (docs/sim.md).
+ABSL_FLAG(int, layers, 40, "Transformer layers on a rank");
+ABSL_FLAG(int, hidden, 5120, "Hidden size");
+ABSL_FLAG(int, heads, 40, "Attention heads");
+ABSL_FLAG(double, device_tflops, 989, "Peak dense TFLOP/s of a device");
+ABSL_FLAG(double, mfu, 0.45, "Achieved fraction of peak");
+ABSL_FLAG(double, hbm_gbps, 3350, "Device memory bandwidth, GB/s");
+ABSL_FLAG(double, link_gbps, 450, "Collective bus bandwidth in the TP group, GB/s");
+ABSL_FLAG(double, device_memory_gib, 80, "Device memory, GiB (the memory gate's budget)");
+ABSL_FLAG(bool, flash_attention, true, "No s x s attention-score activations");
+ABSL_FLAG(double, shard_work_fraction, 0.5,
+          "Fraction of compute that is length-dependent work on the SP shard");
+ABSL_FLAG(double, jitter, 0.03, "Per-rank per-step noise (sigma, relative)");
+ABSL_FLAG(double, straggler_prob, 0.0, "Per-rank per-step probability of a slow rank");
+ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank");
+// replay.
+ABSL_FLAG(std::string, config, "", "replay: GateConfig in protobuf text format");
+ABSL_FLAG(bool, sweep, false, "replay: sweep max_length_cv x max_rs_wait_share");
+ABSL_FLAG(std::string, sweep_max_length_cv, "0.05:0.5:0.05", "replay --sweep: lo:hi:step");
+ABSL_FLAG(std::string, sweep_max_rs_wait_share, "0.1:0.4:0.05", "replay --sweep: lo:hi:step");
+
+namespace {
+
+using spgate::sim::SimOptions;
+
+SimOptions OptionsFromFlags() {
+  SimOptions o;
+  o.controller = absl::GetFlag(FLAGS_controller);
+  o.job_id = absl::GetFlag(FLAGS_job_id);
+  o.lengths = absl::GetFlag(FLAGS_lengths);
+  o.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);
+  o.bucketing = absl::GetFlag(FLAGS_bucketing);
+  o.steps = absl::GetFlag(FLAGS_steps);
+  o.duration = absl::GetFlag(FLAGS_duration);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.groups = absl::GetFlag(FLAGS_groups);
+  o.steps_per_s = absl::GetFlag(FLAGS_steps_per_s);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.deadline = absl::GetFlag(FLAGS_deadline);
+  o.leader_group_rs_wait = absl::GetFlag(FLAGS_leader_group_rs_wait);
+  spgate::sim::CostParams& c = o.cost;
+  c.tp = absl::GetFlag(FLAGS_tp);
+  c.layers = absl::GetFlag(FLAGS_layers);
+  c.hidden = absl::GetFlag(FLAGS_hidden);
+  c.heads = absl::GetFlag(FLAGS_heads);
+  c.device_tflops = absl::GetFlag(FLAGS_device_tflops);
+  c.mfu = absl::GetFlag(FLAGS_mfu);
+  c.hbm_gbps = absl::GetFlag(FLAGS_hbm_gbps);
+  c.link_gbps = absl::GetFlag(FLAGS_link_gbps);
+  c.device_memory_gib = absl::GetFlag(FLAGS_device_memory_gib);
+  c.flash_attention = absl::GetFlag(FLAGS_flash_attention);
+  c.shard_work_fraction = absl::GetFlag(FLAGS_shard_work_fraction);
+  c.jitter = absl::GetFlag(FLAGS_jitter);
+  c.straggler_prob = absl::GetFlag(FLAGS_straggler_prob);
+  c.straggler_slowdown = absl::GetFlag(FLAGS_straggler_slowdown);
+  return o;
+}
+
+absl::StatusOr<spgate::GateConfig> LoadConfig(const std::string& path) {
+  if (path.empty()) return spgate::GateConfig{};
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--config: cannot open ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  spgate::v1::GateConfig layer;
+  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &layer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--config: ", path, " is not a GateConfig in protobuf text format"));
+  }
+  spgate::GateConfig c = spgate::LayerGateConfig(spgate::GateConfig{}, layer);
+  if (absl::Status s = spgate::ValidateGateConfig(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--config: ", path, ": ", s.message()));
+  }
+  return c;
+}
+
+void PrintHuman(const spgate::sim::Summary& s) {
+  std::fprintf(stderr,
+               "spgate-sim %s: %d groups x %d ranks, %lld steps each, %.1f s wall, %d threads\n",
+               s.command.c_str(), s.groups, s.tp, static_cast<long long>(s.steps), s.wall_s,
+               s.threads);
+  for (const auto& [mode, reasons] : s.decisions) {
+    for (const auto& [reason, n] : reasons) {
+      std::fprintf(stderr, "  %-8s %-24s %lld\n", mode.c_str(), reason.c_str(),
+                   static_cast<long long>(n));
+    }
+  }
+  std::fprintf(stderr,
+               "  local decisions %lld, consistency violations %lld, decision errors %lld, "
+               "lost telemetry %lld of %lld\n",
+               static_cast<long long>(s.local_decisions),
+               static_cast<long long>(s.consistency_violations),
+               static_cast<long long>(s.decide_errors),
+               static_cast<long long>(s.telemetry_reported - s.telemetry_acked),
+               static_cast<long long>(s.telemetry_reported));
+  if (!s.decision_latency_s.empty()) {
+    std::fprintf(stderr, "  decision latency (leaders) p50 %.3f ms, p99 %.3f ms, max %.3f ms\n",
+                 1e3 * spgate::sim::Percentile(s.decision_latency_s, 0.5),
+                 1e3 * spgate::sim::Percentile(s.decision_latency_s, 0.99),
+                 1e3 * spgate::sim::Percentile(s.decision_latency_s, 1.0));
+  }
+  if (!s.first_error.empty()) std::fprintf(stderr, "  first error: %s\n", s.first_error.c_str());
+}
+
+int Emit(const spgate::sim::Summary& s) {
+  PrintHuman(s);
+  const std::string json = s.ToJson();
+  const std::string path = absl::GetFlag(FLAGS_summary_json);
+  if (path.empty()) {
+    std::cout << json;
+  } else {
+    std::ofstream out(path);
+    out << json;
+    if (!out) {
+      std::fprintf(stderr, "spgate-sim: cannot write %s\n", path.c_str());
+      return 2;
+    }
+  }
+  return s.consistency_violations > 0 || s.decide_errors > 0 ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "simulated TP groups speaking spgate's protocol.\n"
+      "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"
+      "  spgate-sim replay --config=FILE --lengths=file:TRACE [--sweep]\n"
+      "See docs/sim.md.");
+  bool replay = false;
+  std::vector<char*> args(argv, argv + argc);
+  if (argc > 1 && std::string(argv[1]) == "replay") {
+    replay = true;
+    args.erase(args.begin() + 1);
+  }
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "spgate-sim: unexpected argument \"%s\" (subcommands: replay)\n", rest[1]);
+    return 2;
+  }
+  SimOptions o = OptionsFromFlags();
+  if (!replay) {
+    if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep)) {
+      std::fprintf(stderr, "spgate-sim: --config and --sweep belong to `spgate-sim replay`\n");
+      return 2;
+    }
+    absl::StatusOr<spgate::sim::Summary> s = spgate::sim::RunLive(o);
+    if (!s.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s\n", s.status().ToString().c_str());
+      return 2;
+    }
+    return Emit(*s);
+  }
+  absl::StatusOr<spgate::GateConfig> config = LoadConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  absl::StatusOr<spgate::sim::Summary> s = spgate::sim::Replay(o, *config);
+  if (!s.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", s.status().ToString().c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_sweep)) {
+    auto cv = spgate::sim::ParseSweepAxis("sweep_max_length_cv", absl::GetFlag(FLAGS_sweep_max_length_cv));
+    auto rs = spgate::sim::ParseSweepAxis("sweep_max_rs_wait_share",
+                                          absl::GetFlag(FLAGS_sweep_max_rs_wait_share));
+    if (!cv.ok() || !rs.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s\n", (!cv.ok() ? cv.status() : rs.status()).ToString().c_str());
+      return 2;
+    }
+    absl::StatusOr<std::vector<spgate::sim::SweepPoint>> points =
+        spgate::sim::Sweep(o, *config, *cv, *rs);
+    if (!points.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s\n", points.status().ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "\n%s\n", spgate::sim::SweepTable(*points, o.groups).c_str());
+    s->extra_json = spgate::sim::SweepJson(*points, o.groups);
+  }
+  return Emit(*s);
+}

@@ -1,0 +1,403 @@
+// spgate-sim's drivers; see sim.h and docs/sim.md.
+#include "tools/sim/sim.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <atomic>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "policy/gate_policy.h"
+#include "tools/sim/lengths.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
+#include "worker/client/in_memory_broadcast.h"
+#include "worker/client/local_policy.h"
+
+namespace spgate::sim {
+namespace {
+
+using client::GateClient;
+using client::GateClientOptions;
+using client::GateDecision;
+using client::GroupDecider;
+
+struct SimGroup {
+  int index = 0;
+  std::vector<std::unique_ptr<GateClient>> clients;  // one per rank
+  std::unique_ptr<client::InMemoryBroadcast> broadcast;
+  std::vector<std::unique_ptr<GroupDecider>> deciders;
+  std::unique_ptr<BatchSource> source;
+  std::mt19937_64 rng;
+  std::vector<int64_t> current, next;  // batches for step k and k + 1
+};
+
+uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b = 0) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (a + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+               (b + 1) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+
+absl::Status SubmitNext(SimGroup& g, const CostModel& model, int64_t step) {
+  const MemoryPrediction mem = model.PredictMemory(g.next);
+  return g.deciders[0]->SubmitPlan({.step = step,
+                                    .lengths = g.next,
+                                    .predicted_peak_bytes_sp = mem.sp,
+                                    .predicted_peak_bytes_tp = mem.tp,
+                                    .memory_budget_bytes = mem.budget});
+}
+
+// One group's step k: every rank decides (the leader first: its broadcast is the send,
+// the others' are receives), the cost model runs the mode, every rank reports.
+void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t k,
+               absl::Time deadline, Summary& sum) {
+  const int t = static_cast<int>(g.deciders.size());
+  std::vector<GateDecision> seen(t);
+  for (int r = 0; r < t; ++r) {
+    absl::StatusOr<GateDecision> d = g.deciders[r]->Decide(k, deadline);
+    if (!d.ok()) {
+      ++sum.decide_errors;
+      if (sum.first_error.empty()) {
+        sum.first_error = absl::StrFormat("group %d rank %d step %d: %s", g.index, r, k,
+                                          d.status().ToString());
+      }
+      return;
+    }
+    seen[r] = *d;
+  }
+  bool consistent = true;
+  for (int r = 1; r < t; ++r) consistent = consistent && seen[r].mode == seen[0].mode;
+  if (!consistent) ++sum.consistency_violations;
+  const GateDecision& d = seen[0];
+  const GroupStep step = model.Step(g.current, d.mode, g.rng);
+  for (int r = 0; r < t; ++r) {
+    // Each rank reports the mode it ran (its own copy of the decision).
+    (void)g.clients[r]->ReportTelemetry({.step = k,
+                                         .mode = seen[r].mode,
+                                         .reason = seen[r].reason,
+                                         .step_time_s = step.step_time_s,
+                                         .rs_wait_s = step.ranks[r].rs_wait_s,
+                                         .all_gather_s = step.ranks[r].all_gather_s,
+                                         .norm_stall_s = 0,
+                                         .effective_tokens = step.effective_tokens,
+                                         .padding_tokens = step.padding_tokens,
+                                         .peak_memory_bytes = step.peak_memory_bytes});
+  }
+  if (o.leader_group_rs_wait) {
+    g.clients[0]->ObserveGroupRsWaitShare(k, d.mode, step.group_rs_wait_share);
+  }
+  sum.AddStep(step, d);
+}
+
+int ThreadCount(const SimOptions& o) {
+  if (o.threads > 0) return std::min(o.threads, o.groups);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, std::min({o.groups, 2 * cores, 16}));
+}
+
+absl::Status Validate(const SimOptions& o) {
+  if (o.groups < 1) return absl::InvalidArgumentError("--groups must be >= 1");
+  if (o.cost.tp < 1 || o.cost.tp > 1024) return absl::InvalidArgumentError("--tp must be in [1, 1024]");
+  if (!(o.steps_per_s > 0)) return absl::InvalidArgumentError("--steps_per_s must be > 0");
+  if (o.tokens_per_batch < 1) return absl::InvalidArgumentError("--tokens_per_batch must be >= 1");
+  if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  if (o.steps == 0 && o.duration <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("set --steps or a positive --duration");
+  }
+  if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t StepsFor(const SimOptions& o) {
+  if (o.steps > 0) return o.steps;
+  return std::max<int64_t>(1, static_cast<int64_t>(absl::ToDoubleSeconds(o.duration) * o.steps_per_s));
+}
+
+absl::StatusOr<Summary> RunLive(const SimOptions& o) {
+  if (absl::Status s = Validate(o); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<LengthDistribution>> dist_or = ParseLengths(o.lengths);
+  if (!dist_or.ok()) return dist_or.status();
+  std::shared_ptr<LengthDistribution> dist = std::move(*dist_or);
+  const CostModel model(o.cost);
+  const int t = o.cost.tp;
+  const int64_t steps = StepsFor(o);
+  const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
+
+  // Groups, ranks, clients. A file trace is shared (groups take turns through it);
+  // distributions get a source per group with its own seed.
+  std::vector<std::unique_ptr<SimGroup>> groups;
+  for (int gi = 0; gi < o.groups; ++gi) {
+    auto g = std::make_unique<SimGroup>();
+    g->index = gi;
+    g->rng.seed(Mix(o.seed, gi, 1));
+    g->source = std::make_unique<BatchSource>(dist, bo, Mix(o.seed, gi, 2));
+    g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
+    GateClientOptions base;
+    base.controller = o.controller;
+    base.job_id = o.job_id;
+    base.group = gi;
+    base.group_size = t;
+    base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};
+    base.memory_budget_bytes = model.PredictMemory(std::vector<int64_t>{1}).budget;
+    base.initial_config = o.initial_config;
+    base.decision_deadline = o.deadline;
+    base.host = absl::StrCat("sim-", gi);
+    // One connection per group, like one per training pod.
+    std::shared_ptr<grpc::Channel> channel;
+    if (!o.controller.empty()) channel = client::CreateGateChannel(base, /*own_connection=*/true);
+    for (int r = 0; r < t; ++r) {
+      GateClientOptions co = base;
+      co.rank_in_group = r;
+      co.global_rank = gi * t + r;
+      co.seed = Mix(o.seed, gi, 100 + r);
+      co.channel = channel;
+      absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(co);
+      if (!c.ok()) return c.status();
+      g->clients.push_back(std::move(*c));
+      absl::StatusOr<std::unique_ptr<GroupDecider>> d =
+          GroupDecider::Create(g->clients.back().get(), r, g->broadcast->ForRank(r));
+      if (!d.ok()) return d.status();
+      g->deciders.push_back(std::move(*d));
+    }
+    groups.push_back(std::move(g));
+  }
+  if (!o.controller.empty()) {
+    const absl::Time give_up = absl::Now() + o.connect_timeout;
+    absl::Status connected = [&]() -> absl::Status {
+      for (auto& g : groups) {
+        for (auto& c : g->clients) {
+          if (absl::Status s = c->WaitUntilConnected(give_up - absl::Now()); !s.ok()) return s;
+        }
+      }
+      return absl::OkStatus();
+    }();
+    // Not fatal: the run is fail-static by design, and the summary shows the local
+    // decisions.
+    if (!connected.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s (continuing)\n", connected.ToString().c_str());
+    }
+  }
+
+  // Worker threads: thread w owns groups w, w + W, ...; its ticks are offset by w / W of
+  // a step period so the threads' work interleaves instead of bunching.
+  const int W = ThreadCount(o);
+  std::vector<Summary> partial(W);
+  const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
+  const absl::Time start = absl::Now() + absl::Milliseconds(50);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < W; ++w) {
+    threads.emplace_back([&, w] {
+      Summary& sum = partial[w];
+      std::vector<SimGroup*> mine;
+      for (int gi = w; gi < o.groups; gi += W) mine.push_back(groups[gi].get());
+      for (SimGroup* g : mine) {
+        g->next = g->source->Next();
+        if (absl::Status s = SubmitNext(*g, model, 0); !s.ok()) {
+          ++sum.decide_errors;
+          sum.first_error = s.ToString();
+        }
+      }
+      const absl::Time phase = start + period * (static_cast<double>(w) / W);
+      for (int64_t k = 0; k < steps; ++k) {
+        const absl::Time tick = phase + period * static_cast<double>(k);
+        const absl::Time now = absl::Now();
+        if (now < tick) {
+          absl::SleepFor(tick - now);
+        } else if (now - tick > period / 2) {
+          ++sum.late_steps;
+        }
+        const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
+        // The plan for k + 1 goes out before step k is decided and run (SPEC §4).
+        for (SimGroup* g : mine) {
+          g->current = std::move(g->next);
+          g->next = g->source->Next();
+          if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
+            ++sum.decide_errors;
+            if (sum.first_error.empty()) sum.first_error = s.ToString();
+          }
+        }
+        for (SimGroup* g : mine) StepGroup(*g, model, o, k, deadline, sum);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const absl::Time finished = absl::Now();
+
+  Summary total;
+  for (const Summary& p : partial) total.Merge(p);
+  // Drain telemetry: every client flushes (they drain concurrently; the waits overlap).
+  if (!o.controller.empty()) {
+    const absl::Time give_up = absl::Now() + o.flush_timeout;
+    for (auto& g : groups) {
+      for (auto& c : g->clients) (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
+    }
+  }
+  for (auto& g : groups) {
+    std::vector<double> lat = g->clients[0]->TakeDecisionLatencies();
+    total.decision_latency_s.insert(total.decision_latency_s.end(), lat.begin(), lat.end());
+    for (auto& c : g->clients) {
+      const client::GateClientStats st = c->stats();
+      total.telemetry_reported += st.telemetry_reported;
+      total.telemetry_sent += o.controller.empty() ? st.telemetry_reported : st.telemetry_sent;
+      total.telemetry_acked += o.controller.empty() ? st.telemetry_reported : st.telemetry_acked;
+      total.telemetry_dropped += st.telemetry_dropped;
+    }
+  }
+  const client::ScheduledConfig cfg = groups[0]->clients[0]->ConfigFor(steps);
+  total.config_json = GateConfigJson(cfg.config, cfg.version);
+  total.command = "run";
+  total.steps = steps;
+  total.groups = o.groups;
+  total.tp = t;
+  total.threads = W;
+  total.wall_s = absl::ToDoubleSeconds(finished - start);
+  return total;
+}
+
+absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
+  if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<LengthDistribution>> dist_or = ParseLengths(o.lengths);
+  if (!dist_or.ok()) return dist_or.status();
+  std::shared_ptr<LengthDistribution> dist = std::move(*dist_or);
+  const CostModel model(o.cost);
+  const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
+  // A trace with no --steps is replayed once through.
+  int64_t steps = o.steps;
+  if (steps == 0) {
+    steps = dist->is_trace() ? 0 : 1000;
+    if (dist->is_trace()) {
+      // Count the trace's batches with a throw-away packer.
+      BatchSource probe(dist, bo, o.seed);
+      int64_t seen = 0;
+      while (seen < static_cast<int64_t>(dist->trace_size())) {
+        seen += static_cast<int64_t>(probe.Next().size());
+        ++steps;
+      }
+      absl::StatusOr<std::unique_ptr<LengthDistribution>> fresh = ParseLengths(o.lengths);
+      if (!fresh.ok()) return fresh.status();
+      dist = std::move(*fresh);
+    }
+  }
+  const absl::Time start = absl::Now();
+  Summary sum;
+  for (int gi = 0; gi < o.groups; ++gi) {
+    BatchSource source(dist, bo, Mix(o.seed, gi, 2));
+    std::mt19937_64 rng(Mix(o.seed, gi, 1));
+    client::LocalGatePolicy policy(config, 0);
+    for (int64_t k = 0; k < steps; ++k) {
+      const std::vector<int64_t> lengths = source.Next();
+      absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+      if (!stats.ok()) return stats.status();
+      const MemoryPrediction mem = model.PredictMemory(lengths);
+      const client::LocalDecision ld = policy.Decide({.step = k,
+                                                      .length_cv = stats->cv,
+                                                      .predicted_peak_bytes_sp = mem.sp,
+                                                      .predicted_peak_bytes_tp = mem.tp,
+                                                      .memory_budget_bytes = mem.budget});
+      const GroupStep step = model.Step(lengths, ld.decision.mode, rng);
+      policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
+      GateDecision d;
+      d.step = k;
+      d.mode = ld.decision.mode;
+      d.reason = d.policy_reason = ld.decision.reason;
+      d.source = client::DecisionSource::kLocalOnly;
+      sum.AddStep(step, d);
+    }
+  }
+  sum.command = "replay";
+  sum.steps = steps;
+  sum.groups = o.groups;
+  sum.tp = o.cost.tp;
+  sum.threads = 1;
+  sum.config_json = GateConfigJson(config, 0);
+  sum.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  return sum;
+}
+
+absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::string& value) {
+  std::vector<std::string> parts = absl::StrSplit(value, ':');
+  SweepAxis a;
+  if (parts.size() != 3 || !absl::SimpleAtod(parts[0], &a.lo) ||
+      !absl::SimpleAtod(parts[1], &a.hi) || !absl::SimpleAtod(parts[2], &a.step) ||
+      !(a.step > 0) || a.hi < a.lo || (a.hi - a.lo) / a.step > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "=", value, ": want lo:hi:step with lo <= hi, step > 0, <= 1000 points"));
+  }
+  return a;
+}
+
+absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& o, const GateConfig& base,
+                                              const SweepAxis& cv, const SweepAxis& rs) {
+  std::vector<SweepPoint> points;
+  for (double x = cv.lo; x <= cv.hi + cv.step / 2; x += cv.step) {
+    for (double y = rs.lo; y <= rs.hi + rs.step / 2; y += rs.step) {
+      GateConfig c = base;
+      c.max_length_cv = std::round(x * 1e6) / 1e6;
+      c.max_rs_wait_share = std::round(y * 1e6) / 1e6;
+      if (!ValidateGateConfig(c).ok()) continue;  // e.g. share <= re-enable margin
+      absl::StatusOr<Summary> s = Replay(o, c);
+      if (!s.ok()) return s.status();
+      points.push_back({c, std::move(*s)});
+    }
+  }
+  if (points.empty()) return absl::InvalidArgumentError("the sweep grid has no valid config");
+  std::stable_sort(points.begin(), points.end(), [](const SweepPoint& a, const SweepPoint& b) {
+    const double ta = a.summary.all.time_s > 0 ? a.summary.all.tokens / a.summary.all.time_s : 0;
+    const double tb = b.summary.all.time_s > 0 ? b.summary.all.tokens / b.summary.all.time_s : 0;
+    return ta > tb;
+  });
+  return points;
+}
+
+namespace {
+struct Row {
+  double cv, rs, tps, p95, sp_frac;
+  uint64_t peak;
+};
+Row RowOf(const SweepPoint& p, int groups) {
+  const Summary& s = p.summary;
+  return {p.config.max_length_cv,
+          p.config.max_rs_wait_share,
+          s.all.time_s > 0 ? groups * s.all.tokens / s.all.time_s : 0,
+          Percentile(s.all.step_times, 0.95),
+          s.all.steps > 0 ? static_cast<double>(s.sp.steps) / static_cast<double>(s.all.steps) : 0,
+          std::max(s.sp.peak_memory, s.tp_only.peak_memory)};
+}
+}  // namespace
+
+std::string SweepTable(const std::vector<SweepPoint>& points, int groups) {
+  std::string out =
+      "| max_length_cv | max_rs_wait_share | effective tokens/s | x best | step p95 s | SP share | peak GiB |\n"
+      "|---:|---:|---:|---:|---:|---:|---:|\n";
+  const double best = RowOf(points.front(), groups).tps;
+  for (const SweepPoint& p : points) {
+    const Row r = RowOf(p, groups);
+    absl::StrAppendFormat(&out, "| %.3f | %.3f | %.0f | %.3f | %.3f | %.2f | %.1f |\n", r.cv, r.rs,
+                          r.tps, best > 0 ? r.tps / best : 0, r.p95, r.sp_frac,
+                          static_cast<double>(r.peak) / (1ull << 30));
+  }
+  return out;
+}
+
+std::string SweepJson(const std::vector<SweepPoint>& points, int groups) {
+  std::vector<std::string> rows;
+  for (const SweepPoint& p : points) {
+    const Row r = RowOf(p, groups);
+    rows.push_back(absl::StrFormat(
+        "{\"max_length_cv\": %g, \"max_rs_wait_share\": %g, \"effective_tokens_per_s\": %.1f, "
+        "\"step_time_p95_s\": %.6f, \"sp_share\": %.4f, \"peak_memory_bytes\": %d}",
+        r.cv, r.rs, r.tps, r.p95, r.sp_frac, r.peak));
+  }
+  return "[\n    " + absl::StrJoin(rows, ",\n    ") + "\n  ]";
+}
+
+}  // namespace spgate::sim

@@ -1,0 +1,71 @@
+// spgate-sim: simulated TP groups that speak the real protocol. `RunLive` drives G groups × t
+// ranks, each rank with its own GateClient (telemetry on every rank, decisions on the
+// leader) and GroupDecider over an in-memory broadcast, at --steps_per_s per group, with
+// telemetry from the cost model (cost_model.h). Ranks are state machines driven by a
+// bounded pool of threads (a thread owns whole groups and steps their ranks in turn), so
+// 1,024 ranks do not mean 1,024 threads; each rank still takes its own GroupDecider
+// receive path. `Replay` runs the same policy offline over a length trace (no daemon),
+// and `Sweep` replays a grid of gate settings on the same batches for tuning.
+#ifndef SPGATE_TOOLS_SIM_SIM_H_
+#define SPGATE_TOOLS_SIM_SIM_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "policy/types.h"
+#include "tools/sim/cost_model.h"
+#include "tools/sim/summary.h"
+
+namespace spgate::sim {
+
+struct SimOptions {
+  std::string controller;  // empty: local policy only
+  std::string job_id = "sim";
+  std::string lengths = "lognormal:mean=4096,sigma=0.8";
+  int64_t tokens_per_batch = 16384;
+  bool bucketing = true;
+  int64_t steps = 0;  // per group; 0: duration × steps_per_s
+  absl::Duration duration = absl::Seconds(30);
+  uint64_t seed = 1;
+  int groups = 4;
+  double steps_per_s = 10;
+  int threads = 0;  // 0: min(groups, 2 × cores, 16)
+  absl::Duration deadline = absl::Milliseconds(20);
+  // The leader feeds its fallback's rolling wait share with the group max (true, as a
+  // trainer that all-reduces it would) or with its own rank's share.
+  bool leader_group_rs_wait = true;
+  absl::Duration connect_timeout = absl::Seconds(60);
+  absl::Duration flush_timeout = absl::Seconds(30);
+  GateConfig initial_config;  // before the daemon's arrives (and for replay)
+  CostParams cost;            // cost.tp is the group size
+};
+
+int64_t StepsFor(const SimOptions& o);
+
+absl::StatusOr<Summary> RunLive(const SimOptions& options);
+absl::StatusOr<Summary> Replay(const SimOptions& options, const GateConfig& config);
+
+struct SweepAxis {
+  double lo = 0, hi = 0, step = 0;  // inclusive range
+};
+// "lo:hi:step". INVALID_ARGUMENT names the flag.
+absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::string& value);
+
+struct SweepPoint {
+  GateConfig config;
+  Summary summary;
+};
+// Every valid (max_length_cv, max_rs_wait_share) on the grid, other fields from `base`,
+// replayed over the same batches and the same noise. Sorted by effective tokens/s.
+absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& options, const GateConfig& base,
+                                              const SweepAxis& length_cv,
+                                              const SweepAxis& rs_wait);
+std::string SweepTable(const std::vector<SweepPoint>& points, int groups);
+std::string SweepJson(const std::vector<SweepPoint>& points, int groups);
+
+}  // namespace spgate::sim
+
+#endif  // SPGATE_TOOLS_SIM_SIM_H_

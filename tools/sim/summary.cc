@@ -1,0 +1,155 @@
+// Summary accumulation and JSON; see summary.h.
+#include "tools/sim/summary.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace spgate::sim {
+
+double Percentile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<size_t>(rank, 1, v.size()) - 1];  // nearest rank, like RollingWindow
+}
+
+void ModeTotals::Add(const GroupStep& s) {
+  ++steps;
+  tokens += static_cast<double>(s.effective_tokens);
+  time_s += s.step_time_s;
+  step_times.push_back(s.step_time_s);
+  peak_memory = std::max(peak_memory, s.peak_memory_bytes);
+}
+
+void ModeTotals::Merge(const ModeTotals& o) {
+  steps += o.steps;
+  tokens += o.tokens;
+  time_s += o.time_s;
+  step_times.insert(step_times.end(), o.step_times.begin(), o.step_times.end());
+  peak_memory = std::max(peak_memory, o.peak_memory);
+}
+
+void Summary::AddStep(const GroupStep& step, const client::GateDecision& d) {
+  ++decisions[std::string(ModeLabel(d.mode))][std::string(ReasonLabel(d.reason))];
+  ++sources[std::string(client::DecisionSourceLabel(d.source))];
+  if (d.source != client::DecisionSource::kDaemon) {
+    ++local_decisions;
+    ++local_by_reason[std::string(ReasonLabel(d.policy_reason))];
+  }
+  (step.mode == Mode::kSequenceParallel ? sp : tp_only).Add(step);
+  all.Add(step);
+}
+
+void Summary::Merge(const Summary& o) {
+  for (const auto& [m, reasons] : o.decisions) {
+    for (const auto& [r, n] : reasons) decisions[m][r] += n;
+  }
+  for (const auto& [s, n] : o.sources) sources[s] += n;
+  for (const auto& [r, n] : o.local_by_reason) local_by_reason[r] += n;
+  local_decisions += o.local_decisions;
+  consistency_violations += o.consistency_violations;
+  decide_errors += o.decide_errors;
+  if (first_error.empty()) first_error = o.first_error;
+  telemetry_reported += o.telemetry_reported;
+  telemetry_sent += o.telemetry_sent;
+  telemetry_acked += o.telemetry_acked;
+  telemetry_dropped += o.telemetry_dropped;
+  decision_latency_s.insert(decision_latency_s.end(), o.decision_latency_s.begin(),
+                            o.decision_latency_s.end());
+  sp.Merge(o.sp);
+  tp_only.Merge(o.tp_only);
+  all.Merge(o.all);
+  late_steps += o.late_steps;
+}
+
+std::string GateConfigJson(const GateConfig& c, int64_t version) {
+  return absl::StrFormat(
+      "{\"version\": %d, \"max_length_cv\": %g, \"max_rs_wait_share\": %g, "
+      "\"bucket_target_cv\": %g, \"rs_wait_reenable_margin\": %g, \"probe_interval_steps\": %d, "
+      "\"min_dwell_steps\": %d, \"window_steps\": %d, \"memory_headroom\": %g}",
+      version, c.max_length_cv, c.max_rs_wait_share, c.bucket_target_cv,
+      c.rs_wait_reenable_margin, c.probe_interval_steps, c.min_dwell_steps, c.window_steps,
+      c.memory_headroom);
+}
+
+namespace {
+
+std::string Quote(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) {
+      out += absl::StrFormat("\\u%04x", ch);
+      continue;
+    }
+    out += ch;
+  }
+  return out + "\"";
+}
+
+std::string CountsJson(const std::map<std::string, int64_t>& m) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : m) parts.push_back(absl::StrCat(Quote(k), ": ", v));
+  return "{" + absl::StrJoin(parts, ", ") + "}";
+}
+
+// Throughput of the whole job: each group's tokens / its simulated time, summed over
+// groups (they run concurrently) — i.e. groups × Σ tokens / Σ time.
+double TokensPerS(const ModeTotals& m, int groups) {
+  return m.time_s > 0 ? groups * m.tokens / m.time_s : 0.0;
+}
+
+}  // namespace
+
+std::string Summary::ToJson() const {
+  std::vector<std::string> dec;
+  for (const auto& [m, reasons] : decisions) dec.push_back(Quote(m) + ": " + CountsJson(reasons));
+  std::string j = "{\n";
+  auto field = [&](const std::string& k, const std::string& v) {
+    absl::StrAppend(&j, "  ", Quote(k), ": ", v, ",\n");
+  };
+  field("command", Quote(command));
+  field("steps", absl::StrCat(steps));
+  field("groups", absl::StrCat(groups));
+  field("tp", absl::StrCat(tp));
+  field("ranks", absl::StrCat(groups * tp));
+  field("decisions", "{" + absl::StrJoin(dec, ", ") + "}");
+  field("decision_sources", CountsJson(sources));
+  field("local_decisions", absl::StrCat(local_decisions));
+  field("local_decisions_by_reason", CountsJson(local_by_reason));
+  field("consistency_violations", absl::StrCat(consistency_violations));
+  field("lost_telemetry", absl::StrCat(telemetry_reported - telemetry_acked));
+  field("telemetry", absl::StrFormat(
+                         "{\"reported\": %d, \"sent\": %d, \"acknowledged\": %d, \"dropped\": %d, "
+                         "\"unacknowledged\": %d}",
+                         telemetry_reported, telemetry_sent, telemetry_acked, telemetry_dropped,
+                         telemetry_sent - telemetry_acked));
+  field("effective_tokens_per_s",
+        absl::StrFormat("{\"sp\": %.1f, \"tp_only\": %.1f, \"all\": %.1f}",
+                        TokensPerS(sp, groups), TokensPerS(tp_only, groups), TokensPerS(all, groups)));
+  field("step_time_p95_s",
+        absl::StrFormat("{\"sp\": %.6f, \"tp_only\": %.6f, \"all\": %.6f}",
+                        Percentile(sp.step_times, 0.95), Percentile(tp_only.step_times, 0.95),
+                        Percentile(all.step_times, 0.95)));
+  field("peak_memory_bytes", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.peak_memory,
+                                             tp_only.peak_memory));
+  field("steps_by_mode", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.steps, tp_only.steps));
+  field("decision_latency_s",
+        absl::StrFormat("{\"samples\": %d, \"p50\": %.6f, \"p99\": %.6f, \"max\": %.6f}",
+                        decision_latency_s.size(), Percentile(decision_latency_s, 0.5),
+                        Percentile(decision_latency_s, 0.99), Percentile(decision_latency_s, 1.0)));
+  field("decide_errors", absl::StrCat(decide_errors));
+  if (!first_error.empty()) field("first_error", Quote(first_error));
+  field("late_steps", absl::StrCat(late_steps));
+  field("threads", absl::StrCat(threads));
+  if (!config_json.empty()) field("config", config_json);
+  if (!extra_json.empty()) field("sweep", extra_json);
+  absl::StrAppend(&j, "  \"wall_s\": ", absl::StrFormat("%.3f", wall_s), "\n}\n");
+  return j;
+}
+
+}  // namespace spgate::sim

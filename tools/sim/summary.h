@@ -1,0 +1,60 @@
+// The summary spgate-sim writes (SPEC §5 keys: steps, decisions, local_decisions,
+// consistency_violations, lost_telemetry, effective_tokens_per_s, step_time_p95_s,
+// peak_memory_bytes — plus details). Accumulated per worker thread and merged.
+#ifndef SPGATE_TOOLS_SIM_SUMMARY_H_
+#define SPGATE_TOOLS_SIM_SUMMARY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tools/sim/cost_model.h"
+#include "worker/client/gate_client.h"
+
+namespace spgate::sim {
+
+struct ModeTotals {
+  int64_t steps = 0;         // group-steps
+  double tokens = 0;         // effective tokens
+  double time_s = 0;         // simulated step time
+  std::vector<double> step_times;
+  uint64_t peak_memory = 0;  // max over ranks and steps
+  void Add(const GroupStep& s);
+  void Merge(const ModeTotals& o);
+};
+
+struct Summary {
+  std::string command = "run";  // run | replay
+  int64_t steps = 0;            // per group
+  int groups = 0;
+  int tp = 0;
+  int threads = 0;
+  double wall_s = 0;
+  std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
+  std::map<std::string, int64_t> sources;                           // daemon/fallback/local
+  int64_t local_decisions = 0;
+  std::map<std::string, int64_t> local_by_reason;  // by the gate that decided
+  int64_t consistency_violations = 0;
+  int64_t decide_errors = 0;
+  std::string first_error;
+  // Telemetry, all ranks: produced by the simulated ranks, written to the daemon,
+  // acknowledged, dropped from full buffers. lost = produced - acknowledged.
+  int64_t telemetry_reported = 0, telemetry_sent = 0, telemetry_acked = 0, telemetry_dropped = 0;
+  std::vector<double> decision_latency_s;  // leaders: plan submitted -> decision arrived
+  ModeTotals sp, tp_only, all;
+  int64_t late_steps = 0;  // ticks the driving thread started late (could not keep up)
+  std::string config_json;  // the config in force at the end (replay: the one replayed)
+  std::string extra_json;   // e.g. the sweep table
+
+  void AddStep(const GroupStep& step, const client::GateDecision& d);
+  void Merge(const Summary& o);
+  std::string ToJson() const;
+};
+
+double Percentile(std::vector<double> v, double q);
+std::string GateConfigJson(const GateConfig& c, int64_t version);
+
+}  // namespace spgate::sim
+
+#endif  // SPGATE_TOOLS_SIM_SUMMARY_H_
