@@ -55,6 +55,8 @@ ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report th
                                "difference of outputs and gradients (verify_max_abs_diff)");
 ABSL_FLAG(absl::Duration, decision_deadline, absl::Milliseconds(20),
           "How long the group leader waits for the daemon's decision before deciding locally");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
+          "Before the first step, how long the group leader waits for the daemon's stream");
 ABSL_FLAG(uint64_t, memory_budget, 0, "Device memory budget in bytes for the memory gate; 0: none");
 ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
 
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   o.verify = absl::GetFlag(FLAGS_verify);
   o.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
+  o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
   const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
   if (o.tp < 0) return Refuse(absl::StrCat("--tp=", o.tp, " must be >= 0"), first);

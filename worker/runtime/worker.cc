@@ -224,6 +224,16 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
                                   }));
   }
   ASSIGN_OR_RETURN(auto log, DecisionLog::Open(o.decision_log, grid.world_rank()));
+  if (gate && leader && !o.controller.empty() && o.connect_timeout > absl::ZeroDuration()) {
+    // Start-up only: give the stream a moment so the first steps are the daemon's. A
+    // daemon that is not there costs this once; every step after uses the deadline.
+    if (absl::Status s = gate->WaitUntilConnected(o.connect_timeout); !s.ok()) {
+      std::fprintf(stderr, "spgate-worker: group %d: %s not connected after %s; deciding "
+                           "locally until it answers\n",
+                   grid.group(), o.controller.c_str(),
+                   absl::FormatDuration(o.connect_timeout).c_str());
+    }
+  }
 
   // Data: the leader of each TP group draws its own stream (data parallel groups see
   // different data) and broadcasts each batch to its group.

@@ -54,6 +54,8 @@ struct WorkerOptions {
   std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
   bool verify = false;
   absl::Duration decision_deadline = absl::Milliseconds(20);
+  // Before the first step the leader waits this long for the daemon's stream (once).
+  absl::Duration connect_timeout = absl::Seconds(5);
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
   int grad_accum_steps = 1;
   int64_t attention_query_block = 1024;
