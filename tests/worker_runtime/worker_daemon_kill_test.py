@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""A 4-rank spgate-worker job (one TP group of 4) under spgated; the daemon is killed
+with SIGKILL mid-run. The run must finish, every rank's decision log must be identical
+step by step (SPEC §4: all ranks of a group run the mode the leader broadcast), the
+decisions before the kill come from the daemon and those after it from the fail-static
+fallback (reason controller_unavailable), and the summary reports no consistency
+violation.
+
+Usage: worker_daemon_kill_test.py --worker=BIN --spgated=BIN --mpirun=BIN
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+ARGS = None
+
+
+def start_daemon(spgated, state_dir):
+    proc = subprocess.Popen(
+        [spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+         "--metrics_listen=127.0.0.1:0", f"--state_dir={state_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        m = re.search(r"worker API on port (\d+)", line)
+        if m:
+            # Keep draining its log so the daemon never blocks on a full pipe.
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, int(m.group(1))
+    proc.kill()
+    raise RuntimeError("spgated did not report its port")
+
+
+def data_lines(path):
+    try:
+        with open(path) as f:
+            return f.read().splitlines()[1:]
+    except FileNotFoundError:
+        return []
+
+
+class DaemonKilledMidRunTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spgate-kill-")
+        self.daemon, self.port = start_daemon(ARGS.spgated, self.tmp)
+
+    def tearDown(self):
+        if self.daemon.poll() is None:
+            self.daemon.kill()
+        self.daemon.wait()
+        self.daemon.stderr.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def test_logs_identical_and_run_finishes(self):
+        steps = 80
+        prefix = os.path.join(self.tmp, "decisions")
+        summary = os.path.join(self.tmp, "summary.json")
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OPENBLAS_NUM_THREADS="1")
+        cmd = [ARGS.mpirun, "--oversubscribe", "-np", "4", ARGS.worker, "--tp=4",
+               f"--controller=127.0.0.1:{self.port}", "--job_id=kill-test",
+               "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
+               "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024",
+               f"--steps={steps}", "--decision_deadline=200ms",
+               f"--decision_log={prefix}", f"--summary_json={summary}"]
+        job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+        # Kill the daemon once the job is well under way.
+        deadline = time.time() + 120
+        while len(data_lines(prefix + ".rank0.csv")) < 10:
+            self.assertIsNone(job.poll(), "the job ended before the daemon was killed")
+            self.assertLess(time.time(), deadline, "the job made no progress")
+            time.sleep(0.01)
+        killed_at = len(data_lines(prefix + ".rank0.csv"))
+        self.daemon.send_signal(signal.SIGKILL)
+        self.daemon.wait()
+        out, _ = job.communicate(timeout=240)
+        self.assertEqual(job.returncode, 0, out)
+        self.assertLess(killed_at, steps, "the daemon was not killed mid-run")
+
+        logs = [data_lines(f"{prefix}.rank{r}.csv") for r in range(4)]
+        self.assertEqual(len(logs[0]), steps)
+        for r in range(1, 4):
+            self.assertEqual(logs[r], logs[0], f"rank {r}'s decision log differs from rank 0's")
+        rows = [line.split(",") for line in logs[0]]
+        self.assertEqual([int(r[0]) for r in rows], list(range(steps)))
+        for step, mode, reason, source in rows:
+            self.assertIn(mode, ("sp", "tp_only"))
+            self.assertIn(source, ("daemon", "fallback"))
+            self.assertEqual(source == "fallback", reason == "controller_unavailable", rows)
+        self.assertEqual(rows[0][3], "daemon", "the first decision should be the daemon's")
+        self.assertEqual(rows[-1][3], "fallback", "decisions after the kill must be local")
+        # Once the daemon is gone it never answers again.
+        first_fallback = next(i for i, r in enumerate(rows) if r[3] == "fallback")
+        print(f"daemon decided steps 0..{first_fallback - 1}, killed after {killed_at} logged "
+              f"steps; fallback from step {first_fallback}", file=sys.stderr)
+        self.assertTrue(all(r[3] == "fallback" for r in rows[first_fallback:]), rows)
+
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["steps"], steps)
+        self.assertEqual(s["consistency_violations"], 0)
+        self.assertEqual(s["local_decisions"], steps - first_fallback)
+        self.assertEqual(sum(n for reasons in s["decisions"].values() for n in reasons.values()),
+                         steps)
+        self.assertGreaterEqual(s["lost_telemetry"], 0)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", required=True)
+    parser.add_argument("--spgated", required=True)
+    parser.add_argument("--mpirun", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)

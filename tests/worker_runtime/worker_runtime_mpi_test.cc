@@ -1,0 +1,290 @@
+// Multi-rank tests of the worker runtime, run under `mpirun -np 4` (ctest label mpi):
+//   - the MPI communicator's collectives, checked nccl-tests style (every rank's expected
+//     data is a pure function of (rank, index));
+//   - SP and TP-only outputs and gradients against the single-rank double reference,
+//     for tp = 2 and 4, awkward lengths (padding, one-token sequences), both norm
+//     boundaries;
+//   - a gradient-accumulation window mixing modes, with data parallelism (tp = 2, dp = 2);
+//   - peak memory: SP below TP-only at long lengths, prediction within 5% of measured.
+// Tolerances: tests/worker_runtime/test_util.h.
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker_runtime/reference_model.h"
+#include "tests/worker_runtime/test_util.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/memory_arena.h"
+#include "worker/runtime/memory_model.h"
+#include "worker/runtime/mpi_communicator.h"
+#include "worker/runtime/transformer_stack.h"
+
+namespace spgate::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+
+int WorldSize() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// A rank's view of a dp x tp job on the CPU backend.
+struct Job {
+  std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Communicator> tp, dp;
+  std::unique_ptr<MemoryArena> arena;
+};
+
+absl::StatusOr<Job> MakeJob(int tp) {
+  Job j;
+  auto grid = ProcessGrid::Create(MPI_COMM_WORLD, tp);
+  if (!grid.ok()) return grid.status();
+  j.grid = *std::move(grid);
+  j.device = CreateCpuDevice();
+  auto t = CreateMpiCommunicator(j.grid->tp_comm());
+  if (!t.ok()) return t.status();
+  auto d = CreateMpiCommunicator(j.grid->dp_comm());
+  if (!d.ok()) return d.status();
+  j.tp = *std::move(t);
+  j.dp = *std::move(d);
+  j.arena = std::make_unique<MemoryArena>(j.device.get());
+  return j;
+}
+
+// ---------------------------------------------------------------- communicator
+
+float Expected(int rank, int64_t i) { return static_cast<float>(rank * 1000 + i % 997); }
+
+TEST(MpiCommunicatorTest, CollectivesMoveTheRightDataAndAreTimed) {
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(WorldSize()));
+  Communicator& c = *j.tp;
+  const int n = c.size(), me = c.rank();
+  const int64_t count = 1031;  // per rank, odd on purpose
+  std::vector<float> send(count), all(count * n);
+  for (int64_t i = 0; i < count; ++i) send[i] = Expected(me, i);
+  ASSERT_OK(c.AllGather(send.data(), all.data(), count, CollectivePurpose::kLayer));
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < count; i += 97) EXPECT_EQ(all[r * count + i], Expected(r, i));
+  }
+  // In place: this rank's block already sits in the output.
+  std::vector<float> inplace(count * n, -1.0f);
+  std::copy(send.begin(), send.end(), inplace.begin() + me * count);
+  ASSERT_OK(c.AllGather(inplace.data() + me * count, inplace.data(), count,
+                        CollectivePurpose::kNormBoundary));
+  EXPECT_EQ(inplace, all);
+  // Reduce-scatter of every rank's copy of `all`: block me, times n.
+  std::vector<float> mine(count);
+  ASSERT_OK(c.ReduceScatter(all.data(), mine.data(), count, CollectivePurpose::kLayer));
+  for (int64_t i = 0; i < count; i += 89) EXPECT_EQ(mine[i], n * Expected(me, i));
+  std::vector<float> sum(count, static_cast<float>(me + 1));
+  ASSERT_OK(c.AllReduce(sum.data(), count, CollectivePurpose::kGradSync));
+  EXPECT_EQ(sum[5], n * (n + 1) / 2.0f);
+  int64_t payload[3] = {me == 0 ? 42 : 0, me == 0 ? -7 : 0, me == 0 ? 9 : 0};
+  ASSERT_OK(c.BroadcastHost(payload, sizeof(payload), 0));
+  EXPECT_EQ(payload[0], 42);
+  EXPECT_EQ(payload[1], -7);
+  double mx = me * 0.5;
+  ASSERT_OK(c.AllReduceMaxHost(&mx, 1));
+  EXPECT_EQ(mx, (n - 1) * 0.5);
+  ASSERT_OK(c.Synchronize());
+  const CollectiveStats& s = c.stats();
+  EXPECT_EQ(s.Calls(CollectiveOp::kAllGather, CollectivePurpose::kLayer), 1);
+  EXPECT_EQ(s.Calls(CollectiveOp::kAllGather, CollectivePurpose::kNormBoundary), 1);
+  EXPECT_EQ(s.Calls(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer), 1);
+  EXPECT_GT(s.Seconds(CollectiveOp::kAllGather), 0.0);
+  EXPECT_EQ(s.bytes[static_cast<int>(CollectiveOp::kReduceScatter)][0], count * n * 4u);
+}
+
+TEST(ProcessGridTest, SplitsTheWorldIntoTpAndDpGroups) {
+  const int world = WorldSize();
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(2));
+  EXPECT_EQ(j.grid->tp(), 2);
+  EXPECT_EQ(j.grid->dp(), world / 2);
+  EXPECT_EQ(j.tp->size(), 2);
+  EXPECT_EQ(j.tp->rank(), j.grid->world_rank() % 2);
+  EXPECT_EQ(j.dp->rank(), j.grid->world_rank() / 2);
+  EXPECT_THAT(ProcessGrid::Create(MPI_COMM_WORLD, 3).status(),
+              ::spgate::testing::StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tp=3")));
+}
+
+// ---------------------------------------------------------------- equivalence
+
+struct EquivalenceCase {
+  int tp;
+  NormBoundary boundary;
+  std::vector<int64_t> lengths;
+};
+
+std::string Name(const ::testing::TestParamInfo<EquivalenceCase>& info) {
+  std::string s = absl::StrCat("tp", info.param.tp, "_",
+                               std::string(NormBoundaryName(info.param.boundary)));
+  for (int64_t l : info.param.lengths) absl::StrAppend(&s, "_", l);
+  return s;
+}
+
+class EquivalenceTest : public ::testing::TestWithParam<EquivalenceCase> {};
+
+const ModelShape kShape{.layers = 2, .hidden = 32, .heads = 4, .ffn_hidden = 40};
+
+// Both modes on the same weights and batch: each rank's rows of the output and input
+// gradient, and its (TP-finished) gradient shard, equal the reference's.
+TEST_P(EquivalenceTest, SpAndTpOnlyMatchTheSingleRankReference) {
+  const EquivalenceCase& c = GetParam();
+  if (WorldSize() % c.tp != 0) GTEST_SKIP() << "world size not a multiple of tp";
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(c.tp));
+  ASSERT_OK_AND_ASSIGN(auto stack,
+                       TransformerStack::Create({.shape = kShape, .tp = c.tp,
+                                                 .tp_rank = j.grid->tp_rank(),
+                                                 .norm_boundary = c.boundary, .param_seed = 5,
+                                                 .attention_query_block = 8},
+                                                j.arena.get(), j.tp.get()));
+  ASSERT_OK_AND_ASSIGN(auto ref, reference::RunReference(kShape, 5, c.lengths, 21));
+  const std::vector<double> want_grads =
+      reference::ShardGrads(kShape, c.tp, j.grid->tp_rank(), ref.grads);
+  const int64_t h = kShape.hidden;
+  for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+    SCOPED_TRACE(std::string(ModeLabel(mode)));
+    ASSERT_OK(stack->ZeroGrads());
+    StackCapture cap;
+    ASSERT_OK(stack->ForwardBackward({.lengths = c.lengths, .data_seed = 21}, mode, &cap));
+    ASSERT_OK(stack->FinishGradients(nullptr));
+    const BatchGeometry& g = cap.geometry;
+    std::vector<double> want_out, want_din;
+    std::vector<float> got_out, got_din;
+    for (int64_t i = 0; i < g.rows_local; ++i) {
+      const int64_t token = g.row_offset + i;
+      if (token >= g.tokens) break;  // padding rows have no reference
+      for (int64_t k = 0; k < h; ++k) {
+        got_out.push_back(cap.output[i * h + k]);
+        got_din.push_back(cap.input_grad[i * h + k]);
+        want_out.push_back(ref.output[token * h + k]);
+        want_din.push_back(ref.input_grad[token * h + k]);
+      }
+    }
+    if (mode == Mode::kSequenceParallel) {
+      EXPECT_EQ(g.padded_tokens % c.tp, 0);
+      EXPECT_EQ(g.rows_local, g.padded_tokens / c.tp);
+    } else {
+      EXPECT_EQ(g.rows_local, g.tokens);
+    }
+    EXPECT_ALL_CLOSE(got_out, want_out, "output rows");
+    EXPECT_ALL_CLOSE(got_din, want_din, "input gradient rows");
+    ASSERT_OK_AND_ASSIGN(auto grads, stack->DownloadGrads());
+    EXPECT_ALL_CLOSE(grads, want_grads, "gradient shard");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, EquivalenceTest,
+    ::testing::Values(
+        EquivalenceCase{2, NormBoundary::kShard, {7, 13, 3}},        // 23 tokens: 1 padding
+        EquivalenceCase{2, NormBoundary::kGather, {7, 13, 3}},
+        EquivalenceCase{4, NormBoundary::kShard, {1, 2, 30, 9, 1}},  // 43 tokens: 1 padding
+        EquivalenceCase{4, NormBoundary::kGather, {1, 2, 30, 9, 1}},
+        EquivalenceCase{4, NormBoundary::kShard, {1}},               // fewer tokens than ranks
+        EquivalenceCase{4, NormBoundary::kGather, {2}},
+        EquivalenceCase{4, NormBoundary::kShard, {16, 16}},          // no padding
+        EquivalenceCase{2, NormBoundary::kShard, {33}}),
+    Name);
+
+// SPEC §4: a window with an SP and a TP-only micro-batch, then one SUM all-reduce of the
+// replicated gradients over TP and the mean over DP, equals the reference's gradients
+// summed over the window's micro-batches and averaged over the data-parallel groups.
+TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
+  if (WorldSize() % 2 != 0) GTEST_SKIP();
+  for (NormBoundary boundary : {NormBoundary::kShard, NormBoundary::kGather}) {
+    SCOPED_TRACE(std::string(NormBoundaryName(boundary)));
+    ASSERT_OK_AND_ASSIGN(Job j, MakeJob(2));
+    ASSERT_OK_AND_ASSIGN(auto stack,
+                         TransformerStack::Create({.shape = kShape, .tp = 2,
+                                                   .tp_rank = j.grid->tp_rank(),
+                                                   .norm_boundary = boundary, .param_seed = 9},
+                                                  j.arena.get(), j.tp.get()));
+    const int dp = j.grid->dp();
+    // DP group d runs batches A_d (SP) then B_d (TP-only).
+    auto batch_a = [](int d) { return std::vector<int64_t>{5 + d, 8, 3}; };
+    auto batch_b = [](int d) { return std::vector<int64_t>{11, 1 + 2 * d}; };
+    std::vector<std::vector<std::vector<double>>> want;
+    for (int d = 0; d < dp; ++d) {
+      ASSERT_OK_AND_ASSIGN(auto ra, reference::RunReference(kShape, 9, batch_a(d), 100 + d));
+      ASSERT_OK_AND_ASSIGN(auto rb, reference::RunReference(kShape, 9, batch_b(d), 200 + d));
+      if (want.empty()) {
+        want = ra.grads;
+        reference::AddScaled(want, ra.grads, -1.0);  // zeros of the right shape
+      }
+      reference::AddScaled(want, ra.grads, 1.0 / dp);
+      reference::AddScaled(want, rb.grads, 1.0 / dp);
+    }
+    const int d = j.grid->dp_rank();
+    ASSERT_OK(stack->ZeroGrads());
+    const auto a = batch_a(d), b = batch_b(d);
+    ASSERT_OK(stack->ForwardBackward({.lengths = a, .data_seed = 100u + d},
+                                     Mode::kSequenceParallel));
+    ASSERT_OK(stack->ForwardBackward({.lengths = b, .data_seed = 200u + d},
+                                     Mode::kTensorParallelOnly));
+    ASSERT_OK(stack->FinishGradients(j.dp.get()));
+    ASSERT_OK_AND_ASSIGN(auto grads, stack->DownloadGrads());
+    EXPECT_ALL_CLOSE(grads, reference::ShardGrads(kShape, 2, j.grid->tp_rank(), want),
+                     "accumulated gradient shard");
+    EXPECT_EQ(j.dp->stats().Calls(CollectiveOp::kAllReduce, CollectivePurpose::kGradSync),
+              dp > 1 ? 1 : 0);
+    EXPECT_EQ(j.tp->stats().Calls(CollectiveOp::kAllReduce, CollectivePurpose::kGradSync), 1);
+  }
+}
+
+// ---------------------------------------------------------------- memory
+
+TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
+  const int tp = WorldSize();
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(tp));
+  const ModelShape shape{.layers = 2, .hidden = 64, .heads = 4, .ffn_hidden = 128};
+  struct Measured {
+    uint64_t peak, predicted;
+  };
+  auto run = [&](Mode mode, NormBoundary boundary,
+                 const std::vector<int64_t>& lengths) -> absl::StatusOr<Measured> {
+    auto stack = TransformerStack::Create({.shape = shape, .tp = tp,
+                                           .tp_rank = j.grid->tp_rank(),
+                                           .norm_boundary = boundary, .param_seed = 2,
+                                           .attention_query_block = 128},
+                                          j.arena.get(), j.tp.get());
+    if (!stack.ok()) return stack.status();
+    j.arena->ResetPeak();
+    if (absl::Status s = (*stack)->ForwardBackward({.lengths = lengths, .data_seed = 1}, mode);
+        !s.ok()) {
+      return s;
+    }
+    const uint64_t predicted = PredictPeak({.shape = shape, .tp = tp, .mode = mode,
+                                            .norm_boundary = boundary,
+                                            .attention_query_block = 128},
+                                           lengths)
+                                   .peak_bytes;
+    return Measured{j.arena->peak_bytes(), predicted};
+  };
+  const std::vector<int64_t> long_batch = {1500, 901, 2};
+  const std::vector<int64_t> short_batch = {3, 5};
+  for (const auto& lengths : {long_batch, short_batch}) {
+    ASSERT_OK_AND_ASSIGN(Measured sp, run(Mode::kSequenceParallel, NormBoundary::kShard, lengths));
+    ASSERT_OK_AND_ASSIGN(Measured tpo, run(Mode::kTensorParallelOnly, NormBoundary::kShard, lengths));
+    ASSERT_OK_AND_ASSIGN(Measured ga, run(Mode::kSequenceParallel, NormBoundary::kGather, lengths));
+    for (const Measured& m : {sp, tpo, ga}) {
+      EXPECT_NEAR(static_cast<double>(m.predicted), static_cast<double>(m.peak), 0.05 * m.peak);
+    }
+    if (lengths == long_batch && tp > 1) {
+      EXPECT_LT(sp.peak, tpo.peak);
+      EXPECT_LT(sp.peak, ga.peak);
+      // Activations dominate at this length: SP saves a good part of TP-only's peak.
+      EXPECT_LT(static_cast<double>(sp.peak), 0.75 * static_cast<double>(tpo.peak));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spgate::runtime

@@ -1,0 +1,384 @@
+// Single-process tests of the worker runtime: length sources, packing and
+// bucket_by_tokens, the memory arena and model, flag/shape validation, the summary's
+// aggregation rules, and the stack at tp = 1 (LocalCommunicator) against the double
+// reference. Multi-rank behaviour is in worker_runtime_mpi_test.cc (under mpirun).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker_runtime/reference_model.h"
+#include "tests/worker_runtime/test_util.h"
+#include "worker/runtime/batching.h"
+#include "worker/runtime/communicator.h"
+#include "worker/runtime/lengths.h"
+#include "worker/runtime/memory_arena.h"
+#include "worker/runtime/memory_model.h"
+#include "worker/runtime/model.h"
+#include "worker/runtime/summary.h"
+#include "worker/runtime/transformer_stack.h"
+#include "worker/runtime/worker.h"
+
+namespace spgate::runtime {
+namespace {
+
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::vector<int64_t> Draw(LengthSource& s, int n) {
+  std::vector<int64_t> v(n);
+  for (int64_t& x : v) x = s.Next();
+  return v;
+}
+
+// ---------------------------------------------------------------- length sources
+
+TEST(LengthSourceTest, SameSeedSameStreamAndDifferentSeedDifferentStream) {
+  for (const char* spec : {"lognormal:mean=4096,sigma=0.8",
+                           "bimodal:short=512,long=16384,p_long=0.2",
+                           "uniform:min=128,max=8192"}) {
+    ASSERT_OK_AND_ASSIGN(auto a, ParseLengthSource(spec, 7, 1 << 20));
+    ASSERT_OK_AND_ASSIGN(auto b, ParseLengthSource(spec, 7, 1 << 20));
+    ASSERT_OK_AND_ASSIGN(auto c, ParseLengthSource(spec, 8, 1 << 20));
+    const auto va = Draw(*a, 200);
+    EXPECT_EQ(va, Draw(*b, 200)) << spec;
+    EXPECT_NE(va, Draw(*c, 200)) << spec;
+  }
+}
+
+TEST(LengthSourceTest, DistributionsHaveTheirParameters) {
+  ASSERT_OK_AND_ASSIGN(auto ln, ParseLengthSource("lognormal:mean=4096,sigma=0.5", 1, 1 << 24));
+  double sum = 0;
+  const auto v = Draw(*ln, 20000);
+  for (int64_t x : v) sum += x;
+  EXPECT_NEAR(sum / v.size(), 4096, 4096 * 0.03);  // the arithmetic mean is the parameter
+
+  ASSERT_OK_AND_ASSIGN(auto bi, ParseLengthSource("bimodal:short=100,long=1000,p_long=0.25,jitter=0",
+                                                  1, 1 << 24));
+  int longs = 0;
+  for (int64_t x : Draw(*bi, 8000)) {
+    ASSERT_TRUE(x == 100 || x == 1000) << x;
+    longs += x == 1000;
+  }
+  EXPECT_NEAR(longs / 8000.0, 0.25, 0.02);
+
+  ASSERT_OK_AND_ASSIGN(auto un, ParseLengthSource("uniform:min=3,max=5", 1, 1 << 24));
+  for (int64_t x : Draw(*un, 300)) EXPECT_TRUE(x >= 3 && x <= 5) << x;
+}
+
+TEST(LengthSourceTest, ClampsToTheMaximumLength) {
+  ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("uniform:min=50,max=500", 3, 100));
+  for (int64_t x : Draw(*s, 200)) EXPECT_LE(x, 100);
+}
+
+TEST(LengthSourceTest, FileIsReplayedInOrderAndCycled) {
+  const std::string path = ::testing::TempDir() + "/lengths.txt";
+  {
+    std::ofstream f(path);
+    f << "# a trace\n7\n\n300\n 12 \n";
+  }
+  ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("file:" + path, 99, 1000));
+  EXPECT_EQ(Draw(*s, 7), (std::vector<int64_t>{7, 300, 12, 7, 300, 12, 7}));
+  {
+    std::ofstream f(path);
+    f << "7\nseven\n";
+  }
+  EXPECT_THAT(ParseLengthSource("file:" + path, 1, 1000).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
+  EXPECT_THAT(ParseLengthSource("file:/nonexistent/x", 1, 1000).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("--lengths")));
+}
+
+TEST(LengthSourceTest, BadSpecsNameTheFlagAndTheProblem) {
+  struct Case {
+    const char* spec;
+    const char* message;
+  } cases[] = {
+      {"gaussian:mean=3", "unknown distribution"},
+      {"lognormal:mean=4096", "missing sigma"},
+      {"lognormal:mean=4096,sigma=0.8,skew=1", "unknown parameter skew"},
+      {"lognormal:mean=abc,sigma=1", "not NAME=NUMBER"},
+      {"bimodal:short=512,long=100,p_long=0.2", "short <= long"},
+      {"bimodal:short=512,long=1000,p_long=1.5", "p_long"},
+      {"uniform:min=10,max=5", "min <= max"},
+      {"4096", "KIND:PARAMS"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(ParseLengthSource(c.spec, 1, 1 << 20).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(HasSubstr("--lengths="), HasSubstr(c.message))))
+        << c.spec;
+  }
+}
+
+// ---------------------------------------------------------------- batching
+
+TEST(BatchingTest, PackingKeepsArrivalOrderAndTheBudget) {
+  ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("uniform:min=1,max=900", 5, 1000));
+  ASSERT_OK_AND_ASSIGN(auto ref, ParseLengthSource("uniform:min=1,max=900", 5, 1000));
+  BatchBuilder builder(std::move(s), {.tokens_per_batch = 1000, .bucketing = false});
+  std::vector<int64_t> seen;
+  for (int i = 0; i < 200; ++i) {
+    Batch b = builder.Next(0.15);
+    ASSERT_FALSE(b.lengths.empty());
+    EXPECT_LE(b.tokens, 1000);
+    EXPECT_DOUBLE_EQ(b.length_cv, LengthCv(b.lengths));
+    seen.insert(seen.end(), b.lengths.begin(), b.lengths.end());
+  }
+  EXPECT_EQ(seen, Draw(*ref, static_cast<int>(seen.size())));
+}
+
+TEST(BatchingTest, BucketRatioMakesTheWorstCaseCvExactlyTheTarget) {
+  for (double c : {0.05, 0.15, 0.3}) {
+    const double r = BucketRatio(c);
+    // Two points a and r a with weight 1 / (r + 1) on the top: the largest CV in [a, r a].
+    const double w = 1 / (r + 1), mean = (1 - w) + w * r;
+    const double var = (1 - w) * (1 - mean) * (1 - mean) + w * (r - mean) * (r - mean);
+    EXPECT_NEAR(std::sqrt(var) / mean, c, 1e-12) << c;
+  }
+}
+
+TEST(BatchingTest, BucketingKeepsEveryBatchUnderTheTargetCvAndWithinBudget) {
+  for (double target : {0.05, 0.15}) {
+    ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("lognormal:mean=2048,sigma=0.9", 11, 16384));
+    BatchBuilder builder(std::move(s), {.tokens_per_batch = 16384, .bucketing = true});
+    double plain_cv = 0;
+    for (int i = 0; i < 400; ++i) {
+      Batch b = builder.Next(target);
+      EXPECT_LE(b.length_cv, target + 1e-12) << "batch " << i;
+      EXPECT_LE(b.tokens, 16384);
+      plain_cv += b.length_cv;
+    }
+    EXPECT_LE(builder.waiting_tokens(), 9 * 16384);  // the pool stays bounded
+  }
+}
+
+TEST(BatchingTest, ANewTargetRebucketsWaitingSequences) {
+  ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("lognormal:mean=1024,sigma=1.0", 2, 8192));
+  BatchBuilder builder(std::move(s), {.tokens_per_batch = 8192, .bucketing = true});
+  for (int i = 0; i < 20; ++i) builder.Next(0.3);
+  for (int i = 0; i < 50; ++i) {
+    Batch b = builder.Next(0.02);
+    if (i >= 10) {  // batches cut under the old target drain first
+      EXPECT_LE(b.length_cv, 0.02 + 1e-12) << i;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- validation
+
+TEST(ValidationTest, ImpossibleShapesNameTheFlags) {
+  ModelShape s{.layers = 2, .hidden = 96, .heads = 6, .ffn_hidden = 256};
+  EXPECT_THAT(ValidateModelShape(s, 4), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 ::testing::AllOf(HasSubstr("--heads=6"),
+                                                                  HasSubstr("--tp=4"))));
+  EXPECT_OK(ValidateModelShape(s, 2));
+  s.ffn_hidden = 250;
+  EXPECT_THAT(ValidateModelShape(s, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--heads=6")));
+  s.heads = 4;
+  s.hidden = 64;
+  EXPECT_THAT(ValidateModelShape(s, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--ffn_hidden=250")));
+  s.hidden = 66;
+  EXPECT_THAT(ValidateModelShape(s, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--hidden=66")));
+  s = {.layers = 0};
+  EXPECT_THAT(ValidateModelShape(s, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--layers=0")));
+}
+
+TEST(ValidationTest, WorkerOptionsNameTheFlags) {
+  WorkerOptions o;
+  o.tokens_per_batch = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tokens_per_batch")));
+  o = WorkerOptions{};
+  o.steps = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--steps")));
+  o.duration = absl::Seconds(3);
+  EXPECT_OK(ValidateWorkerOptions(o));
+  o = WorkerOptions{};
+  o.lengths = "lognormal:mean=0,sigma=1";
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")));
+  o = WorkerOptions{};
+  o.grad_accum_steps = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--grad_accum_steps")));
+}
+
+// ---------------------------------------------------------------- memory
+
+TEST(MemoryArenaTest, RecordsLiveAndPeakBytesByCategoryAndReusesBlocks) {
+  auto device = CreateCpuDevice();
+  MemoryArena arena(device.get());
+  {
+    ASSERT_OK_AND_ASSIGN(Buffer p, arena.Allocate(100, MemoryCategory::kParameters));
+    ASSERT_OK_AND_ASSIGN(Buffer a, arena.Allocate(50, MemoryCategory::kActivations));
+    EXPECT_EQ(arena.live().total, 600u);
+    {
+      ASSERT_OK_AND_ASSIGN(Buffer w, arena.Allocate(25, MemoryCategory::kWorkspace));
+      EXPECT_EQ(arena.peak_bytes(), 700u);
+    }
+    EXPECT_EQ(arena.live().total, 600u);
+    EXPECT_EQ(arena.peak().by_category[static_cast<int>(MemoryCategory::kWorkspace)], 100u);
+    arena.ResetPeak();
+    EXPECT_EQ(arena.peak_bytes(), 600u);
+    EXPECT_EQ(arena.cached_bytes(), 100u);
+    ASSERT_OK_AND_ASSIGN(Buffer again, arena.Allocate(25, MemoryCategory::kWorkspace));
+    EXPECT_EQ(arena.cached_bytes(), 0u);  // the cached block came back
+    ASSERT_OK_AND_ASSIGN(Buffer none, arena.Allocate(0, MemoryCategory::kWorkspace));
+    EXPECT_TRUE(none.empty());
+  }
+  EXPECT_EQ(arena.live().total, 0u);
+  arena.TrimCache();
+  arena.TrimCache();  // a block unused for a whole "step" is returned to the device
+  EXPECT_EQ(arena.cached_bytes(), 0u);
+}
+
+TEST(MemoryModelTest, SpKeepsLessThanTpOnlyAtLongLengthsAndGatherCostsMore) {
+  const ModelShape shape{.layers = 4, .hidden = 256, .heads = 8, .ffn_hidden = 1024};
+  const std::vector<int64_t> long_batch = {8192, 8192};
+  auto predict = [&](Mode m, NormBoundary b, int tp, const std::vector<int64_t>& l) {
+    return PredictPeak({.shape = shape, .tp = tp, .mode = m, .norm_boundary = b}, l);
+  };
+  const auto sp = predict(Mode::kSequenceParallel, NormBoundary::kShard, 4, long_batch);
+  const auto tp = predict(Mode::kTensorParallelOnly, NormBoundary::kShard, 4, long_batch);
+  const auto gather = predict(Mode::kSequenceParallel, NormBoundary::kGather, 4, long_batch);
+  EXPECT_LT(sp.peak_bytes, tp.peak_bytes);
+  // Kept per token: TP-only 4H + (4H + 2F)/t + a, SP 4H/t + (4H + 2F)/t + a: 0.57x here.
+  EXPECT_LT(static_cast<double>(sp.activation_bytes), 0.6 * tp.activation_bytes);
+  EXPECT_GT(gather.peak_bytes, sp.peak_bytes);
+  EXPECT_EQ(sp.resident_bytes, tp.resident_bytes);
+  // The closed form of memory_model.h for the kept activations (floats, per layer).
+  const double T = 16384, H = 256, F = 1024, t = 4, a = 2;
+  const double per_layer_sp = 4 * (T / t) * H + 4 * (T / t) + T * (4 * H / t + 2 * F / t + a);
+  const double per_layer_tp = 4 * T * H + 4 * T + T * (4 * H / t + 2 * F / t + a);
+  EXPECT_DOUBLE_EQ(sp.activation_bytes, 4 * 4 * per_layer_sp);
+  EXPECT_DOUBLE_EQ(tp.activation_bytes, 4 * 4 * per_layer_tp);
+  // One rank: the modes are the same computation.
+  EXPECT_EQ(predict(Mode::kSequenceParallel, NormBoundary::kShard, 1, long_batch).peak_bytes,
+            predict(Mode::kTensorParallelOnly, NormBoundary::kShard, 1, long_batch).peak_bytes);
+}
+
+// ---------------------------------------------------------------- stack at tp = 1
+
+TEST(TransformerStackTest, OneRankMatchesTheDoubleReferenceAndThePrediction) {
+  const ModelShape shape{.layers = 2, .hidden = 32, .heads = 4, .ffn_hidden = 48};
+  const std::vector<int64_t> lengths = {5, 1, 17, 9};
+  auto device = CreateCpuDevice();
+  auto comm = CreateLocalCommunicator(device.get());
+  MemoryArena arena(device.get());
+  ASSERT_OK_AND_ASSIGN(auto stack, TransformerStack::Create({.shape = shape, .param_seed = 3},
+                                                            &arena, comm.get()));
+  ASSERT_OK_AND_ASSIGN(auto ref, reference::RunReference(shape, 3, lengths, 11));
+  for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+    SCOPED_TRACE(ModeLabel(mode));
+    ASSERT_OK(stack->ZeroGrads());
+    arena.ResetPeak();
+    StackCapture cap;
+    ASSERT_OK(stack->ForwardBackward({.lengths = lengths, .data_seed = 11}, mode, &cap));
+    ASSERT_OK(stack->FinishGradients(nullptr));
+    EXPECT_EQ(cap.geometry.padding_tokens(), 0);
+    EXPECT_ALL_CLOSE(cap.output, ref.output, "output");
+    EXPECT_ALL_CLOSE(cap.input_grad, ref.input_grad, "input gradient");
+    ASSERT_OK_AND_ASSIGN(auto grads, stack->DownloadGrads());
+    EXPECT_ALL_CLOSE(grads, reference::ShardGrads(shape, 1, 0, ref.grads), "parameter gradients");
+    EXPECT_EQ(arena.peak_bytes(), PredictPeak({.shape = shape, .mode = mode}, lengths).peak_bytes);
+  }
+}
+
+TEST(TransformerStackTest, RefusesMismatchedCommunicatorsAndEmptyBatches) {
+  auto device = CreateCpuDevice();
+  auto comm = CreateLocalCommunicator(device.get());
+  MemoryArena arena(device.get());
+  StackOptions two;
+  two.tp = 2;
+  EXPECT_THAT(TransformerStack::Create(two, &arena, comm.get()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("TP communicator")));
+  ASSERT_OK_AND_ASSIGN(auto stack, TransformerStack::Create({}, &arena, comm.get()));
+  EXPECT_THAT(stack->ForwardBackward({}, Mode::kSequenceParallel),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty batch")));
+}
+
+TEST(BatchGeometryTest, SpPadsToAMultipleOfTWithOneExtraSegment) {
+  const std::vector<int64_t> lengths = {3, 4};
+  BatchGeometry sp = MakeBatchGeometry(lengths, Mode::kSequenceParallel, 4, 3);
+  EXPECT_EQ(sp.padded_tokens, 8);
+  EXPECT_EQ(sp.padding_tokens(), 1);
+  EXPECT_EQ(sp.rows_local, 2);
+  EXPECT_EQ(sp.row_offset, 6);
+  EXPECT_EQ(sp.cu_seqlens, (std::vector<int64_t>{0, 3, 7, 8}));
+  BatchGeometry tp = MakeBatchGeometry(lengths, Mode::kTensorParallelOnly, 4, 3);
+  EXPECT_EQ(tp.padded_tokens, 7);
+  EXPECT_EQ(tp.rows_local, 7);
+  EXPECT_EQ(tp.row_offset, 0);
+  EXPECT_EQ(tp.cu_seqlens, (std::vector<int64_t>{0, 3, 7}));
+}
+
+// ---------------------------------------------------------------- summary
+
+StepRecord Rec(int64_t step, Mode mode, Reason reason, StepSource src, double t, int64_t tokens) {
+  StepRecord r;
+  r.step = step;
+  r.mode = static_cast<uint8_t>(mode);
+  r.reason = static_cast<uint8_t>(reason);
+  r.source = static_cast<uint8_t>(src);
+  r.step_time_s = t;
+  r.tokens = tokens;
+  r.peak_bytes = 1000;
+  r.predicted_peak_bytes = 1040;
+  r.rs_wait_s = t * 0.1;
+  return r;
+}
+
+TEST(SummaryTest, AggregatesGroupsRanksAndModes) {
+  constexpr Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
+  // Two TP groups of two ranks, two steps.
+  std::vector<std::vector<StepRecord>> recs(4);
+  recs[0] = {Rec(0, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 100),
+             Rec(1, kTp, Reason::kLengthCv, StepSource::kFallback, 2.0, 300)};
+  recs[1] = {Rec(0, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.5, 100),   // slower
+             Rec(1, kTp, Reason::kLengthCv, StepSource::kFallback, 2.0, 300)};
+  recs[2] = {Rec(0, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 50),
+             Rec(1, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 50)};
+  recs[3] = {Rec(0, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 50),
+             Rec(1, kTp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 50)};  // disagrees
+  recs[1][0].peak_bytes = 5000;
+  RunDescription run;
+  run.tp = 2;
+  const RunSummary s = Summarize(run, recs, {{.telemetry_sent = 10, .telemetry_acked = 7},
+                                             {.telemetry_sent = 5, .telemetry_acked = 5}});
+  EXPECT_EQ(s.steps, 2);
+  EXPECT_EQ(s.consistency_violations, 1);
+  EXPECT_EQ(s.decisions.at("sp").at("gates_passed"), 3);
+  EXPECT_EQ(s.decisions.at("tp_only").at("length_cv"), 1);
+  EXPECT_EQ(s.local_decisions, 1);
+  EXPECT_EQ(s.lost_telemetry, 3);
+  // Group 0: 100 tokens in 1.5 s (slowest rank) SP, 300 in 2 s TP; group 1: 100 in 2 s SP.
+  EXPECT_DOUBLE_EQ(s.effective_tokens_per_s.at("sp"), 100 / 1.5 + 100 / 2.0);
+  EXPECT_DOUBLE_EQ(s.effective_tokens_per_s.at("tp_only"), 300 / 2.0);
+  EXPECT_DOUBLE_EQ(s.effective_tokens_per_s.at("all"), 400 / 3.5 + 100 / 2.0);
+  EXPECT_DOUBLE_EQ(s.step_time_p95_s.at("sp"), 1.5);
+  EXPECT_DOUBLE_EQ(s.step_time_p95_s.at("all"), 2.0);
+  EXPECT_EQ(s.peak_memory_bytes.at("sp"), 5000u);
+  EXPECT_EQ(s.peak_memory_bytes.at("tp_only"), 1000u);
+  EXPECT_FALSE(s.verify_max_abs_diff.has_value());
+  const std::string json = SummaryJson(s);
+  for (const char* key : {"\"steps\"", "\"decisions\"", "\"local_decisions\"",
+                          "\"consistency_violations\"", "\"lost_telemetry\"",
+                          "\"effective_tokens_per_s\"", "\"step_time_p95_s\"",
+                          "\"peak_memory_bytes\""}) {
+    EXPECT_THAT(json, HasSubstr(key));
+  }
+  EXPECT_THAT(json, HasSubstr("\"decisions\": {\"sp\": {\"gates_passed\": 3}, "
+                              "\"tp_only\": {\"length_cv\": 1}}"));
+}
+
+}  // namespace
+}  // namespace spgate::runtime
