@@ -61,6 +61,7 @@ class Trace final : public LengthDistribution {
   }
   bool is_trace() const override { return true; }
   size_t trace_size() const override { return lengths_.size(); }
+  void Seek(size_t position) override { next_ = position % lengths_.size(); }
 
  private:
   std::vector<int64_t> lengths_;

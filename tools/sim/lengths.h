@@ -22,6 +22,7 @@
 
 namespace spgate::sim {
 
+// Not thread-safe (samplers keep state): one instance per simulated group.
 class LengthDistribution {
  public:
   virtual ~LengthDistribution() = default;
@@ -30,6 +31,8 @@ class LengthDistribution {
   // A file trace is replayed in order (and wraps); distributions are i.i.d.
   virtual bool is_trace() const { return false; }
   virtual size_t trace_size() const { return 0; }
+  // Traces: continue from `position` (mod size). Distributions: no effect.
+  virtual void Seek(size_t position) {}
 };
 
 // "lognormal:mean=M,sigma=S" (mean of the lengths, sigma of the log),

@@ -45,6 +45,8 @@ ABSL_FLAG(int, tp, 8, "Ranks per TP group");
 ABSL_FLAG(double, steps_per_s, 10, "Steps per second per group");
 ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
 ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
+ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(30),
+          "Batch each rank's telemetry for up to this long (0: with the next write)");
 ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (sorted pools)");
 ABSL_FLAG(bool, leader_group_rs_wait, true,
           "Feed the leader's fallback the group's max wait share (else its own)");
@@ -87,6 +89,7 @@ SimOptions OptionsFromFlags() {
   o.steps_per_s = absl::GetFlag(FLAGS_steps_per_s);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.deadline = absl::GetFlag(FLAGS_deadline);
+  o.telemetry_flush = absl::GetFlag(FLAGS_telemetry_flush);
   o.leader_group_rs_wait = absl::GetFlag(FLAGS_leader_group_rs_wait);
   spgate::sim::CostParams& c = o.cost;
   c.tp = absl::GetFlag(FLAGS_tp);

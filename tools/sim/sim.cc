@@ -96,6 +96,15 @@ void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t
   sum.AddStep(step, d);
 }
 
+// Each group samples its own distribution (samplers keep state and groups run on
+// different threads); a file trace is replayed by every group from its own offset.
+absl::StatusOr<std::shared_ptr<LengthDistribution>> GroupLengths(const SimOptions& o, int group) {
+  absl::StatusOr<std::unique_ptr<LengthDistribution>> d = ParseLengths(o.lengths);
+  if (!d.ok()) return d.status();
+  if ((*d)->is_trace()) (*d)->Seek((*d)->trace_size() * group / o.groups);
+  return std::shared_ptr<LengthDistribution>(std::move(*d));
+}
+
 int ThreadCount(const SimOptions& o) {
   if (o.threads > 0) return std::min(o.threads, o.groups);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -124,22 +133,20 @@ int64_t StepsFor(const SimOptions& o) {
 
 absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   if (absl::Status s = Validate(o); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<LengthDistribution>> dist_or = ParseLengths(o.lengths);
-  if (!dist_or.ok()) return dist_or.status();
-  std::shared_ptr<LengthDistribution> dist = std::move(*dist_or);
   const CostModel model(o.cost);
   const int t = o.cost.tp;
   const int64_t steps = StepsFor(o);
   const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
 
-  // Groups, ranks, clients. A file trace is shared (groups take turns through it);
-  // distributions get a source per group with its own seed.
+  // Groups, ranks, clients.
   std::vector<std::unique_ptr<SimGroup>> groups;
   for (int gi = 0; gi < o.groups; ++gi) {
     auto g = std::make_unique<SimGroup>();
     g->index = gi;
     g->rng.seed(Mix(o.seed, gi, 1));
-    g->source = std::make_unique<BatchSource>(dist, bo, Mix(o.seed, gi, 2));
+    absl::StatusOr<std::shared_ptr<LengthDistribution>> dist = GroupLengths(o, gi);
+    if (!dist.ok()) return dist.status();
+    g->source = std::make_unique<BatchSource>(*std::move(dist), bo, Mix(o.seed, gi, 2));
     g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
     GateClientOptions base;
     base.controller = o.controller;
@@ -150,6 +157,7 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     base.memory_budget_bytes = model.PredictMemory(std::vector<int64_t>{1}).budget;
     base.initial_config = o.initial_config;
     base.decision_deadline = o.deadline;
+    base.telemetry_flush_interval = o.telemetry_flush;
     base.host = absl::StrCat("sim-", gi);
     // One connection per group, like one per training pod.
     std::shared_ptr<grpc::Channel> channel;
@@ -265,32 +273,30 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<LengthDistribution>> dist_or = ParseLengths(o.lengths);
-  if (!dist_or.ok()) return dist_or.status();
-  std::shared_ptr<LengthDistribution> dist = std::move(*dist_or);
+  absl::StatusOr<std::shared_ptr<LengthDistribution>> probe_dist = GroupLengths(o, 0);
+  if (!probe_dist.ok()) return probe_dist.status();
   const CostModel model(o.cost);
   const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
-  // A trace with no --steps is replayed once through.
+  // A trace with no --steps is replayed once through; a distribution for 1,000 steps.
   int64_t steps = o.steps;
   if (steps == 0) {
-    steps = dist->is_trace() ? 0 : 1000;
-    if (dist->is_trace()) {
-      // Count the trace's batches with a throw-away packer.
-      BatchSource probe(dist, bo, o.seed);
+    if ((*probe_dist)->is_trace()) {
+      BatchSource probe(*probe_dist, bo, o.seed);
       int64_t seen = 0;
-      while (seen < static_cast<int64_t>(dist->trace_size())) {
+      while (seen < static_cast<int64_t>((*probe_dist)->trace_size())) {
         seen += static_cast<int64_t>(probe.Next().size());
         ++steps;
       }
-      absl::StatusOr<std::unique_ptr<LengthDistribution>> fresh = ParseLengths(o.lengths);
-      if (!fresh.ok()) return fresh.status();
-      dist = std::move(*fresh);
+    } else {
+      steps = 1000;
     }
   }
   const absl::Time start = absl::Now();
   Summary sum;
   for (int gi = 0; gi < o.groups; ++gi) {
-    BatchSource source(dist, bo, Mix(o.seed, gi, 2));
+    absl::StatusOr<std::shared_ptr<LengthDistribution>> dist = GroupLengths(o, gi);
+    if (!dist.ok()) return dist.status();
+    BatchSource source(*std::move(dist), bo, Mix(o.seed, gi, 2));
     std::mt19937_64 rng(Mix(o.seed, gi, 1));
     client::LocalGatePolicy policy(config, 0);
     for (int64_t k = 0; k < steps; ++k) {
