@@ -59,6 +59,9 @@ ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
           "Before the first step, how long the group leader waits for the daemon's stream");
 ABSL_FLAG(uint64_t, memory_budget, 0, "Device memory budget in bytes for the memory gate; 0: none");
 ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
+ABSL_FLAG(int64_t, attention_query_block, 1024,
+          "Query rows whose attention scores are materialised at once (bounds the attention "
+          "workspace to heads/tp * block * max_len floats)");
 
 namespace {
 
@@ -147,6 +150,7 @@ int main(int argc, char** argv) {
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  o.attention_query_block = absl::GetFlag(FLAGS_attention_query_block);
   const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
   if (o.tp < 0) return Refuse(absl::StrCat("--tp=", o.tp, " must be >= 0"), first);
   {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Reproduces SPEC §1's replay table on this machine with the reference worker: 4 ranks
+# (one TP group of 4) on the CPU backend, the same seeded length stream for every row,
+#   pure TP | SP always (gather LN, no bucketing) | SP + bucketing (gather LN) |
+#   SP + bucketing + shard LN | spgate auto (spgated decides, bucketing, shard LN)
+# with peak memory, effective tokens/s and step-time p95 relative to pure TP, all rows
+# measured in the same run (ROUNDS rounds, row order rotated each round; the figures are
+# medians over rounds). Writes OUTDIR/replay_table.md and OUTDIR/replay_table.json and
+# prints the table. See docs/benchmarks.md ("Worker replay table").
+#
+# Usage: bench/replay_table.sh [BUILD_DIR] [OUTDIR]
+# Environment: ROUNDS (2), STEPS (30), MPIRUN (mpirun), WORKER_ARGS (extra worker flags).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+out=${2:-bench/results}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
+exec /usr/bin/env python3 "$root/bench/worker/replay_table.py" --build="$build" --out="$out" \
+  --rounds="${ROUNDS:-2}" --steps="${STEPS:-30}" --mpirun="${MPIRUN:-mpirun}" \
+  --extra="${WORKER_ARGS:-}"
