@@ -4,9 +4,10 @@
 // could not be reached, 2 usage error, 130 interrupted.
 //
 // Ctrl-C and SIGTERM are taken by one thread (sigwait) that cancels the call in
-// flight, so `watch` ends cleanly instead of dying mid-line.
+// flight, so `watch` ends cleanly instead of dying mid-line; a second one exits at once.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <fstream>
@@ -35,12 +36,16 @@ namespace {
 class Interrupter {
  public:
   explicit Interrupter(sigset_t signals) : signals_(signals) {
+    // The thread never returns, so `this` stays reachable until exit.
     std::thread([this] {
-      int sig = 0;
-      sigwait(&signals_, &sig);
-      std::lock_guard<std::mutex> lock(mu_);
-      interrupted_ = true;
-      if (context_ != nullptr) context_->TryCancel();
+      for (int received = 0;; ++received) {
+        int sig = 0;
+        if (sigwait(&signals_, &sig) != 0) continue;
+        if (received > 0) _exit(128 + sig);  // a second Ctrl-C: stop waiting for a clean end
+        std::lock_guard<std::mutex> lock(mu_);
+        interrupted_ = true;
+        if (context_ != nullptr) context_->TryCancel();
+      }
     }).detach();
   }
 
@@ -275,7 +280,7 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // Lives until exit: its thread may still be waiting in sigwait when main returns.
+  // Never deleted: its thread waits in sigwait until the process exits.
   auto* interrupter = new spgate::ctl::Interrupter(signals);
   return spgate::ctl::Main(argc, argv, interrupter);
 }
