@@ -8,12 +8,12 @@
 # the job did not run both modes. The API walkthrough (every gate reason, a live
 # threshold change) is tools/demo_api.sh.
 #
-# Usage: tools/demo.sh BUILD_DIR
+# Usage: tools/demo.sh BUILD_DIR [PATH/TO/spgated]
 # Environment: DEMO_STEPS (default 30), MPIRUN (default mpirun).
 set -euo pipefail
 
 build_dir=${1:-build}
-spgated=$build_dir/bin/spgated
+spgated=${2:-$build_dir/bin/spgated}
 worker=$build_dir/bin/spgate-worker
 mpirun=${MPIRUN:-mpirun}
 steps=${DEMO_STEPS:-30}
