@@ -96,8 +96,8 @@ const std::vector<CommandSpec>& Commands() {
        {{"job_id", "J", "same as the JOB argument"},
         {"count", "N", "stop after N decisions (default: until Ctrl-C or SIGTERM)"}},
        false,
-       "Ctrl-C or SIGTERM ends the stream cleanly (exit 0). With --output=json every\n"
-       "decision is one JSON object on its own line."},
+       "Ctrl-C or SIGTERM ends the stream cleanly (exit 0; a second Ctrl-C exits at once).\n"
+       "With --output=json every decision is one JSON object on its own line."},
       {Command::kEval, "eval",
        "--lengths=L1,L2,... [--rs_wait_share=S] [--job_id=J] [--group=G]\n"
        "                      [--budget=BYTES --peak_sp=BYTES --peak_tp=BYTES] [--FIELD=VALUE ...]",
