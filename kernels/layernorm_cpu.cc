@@ -3,15 +3,19 @@
 // launchers. One row at a time: the row (hidden floats) stays in L1/L2 across the
 // passes, so each activation byte crosses the memory bus once; the inner loops
 // are `omp simd` reductions in float (the statistics of one row need no more).
+// Outputs too large to stay cached are written with non-temporal stores
+// (internal/cpu_stream.h), which saves the read-for-ownership of every line.
 // Rows are independent, so a sequence shard of rows gets bitwise the same
 // results as the same rows inside the full batch.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/internal/check.h"
+#include "kernels/internal/cpu_stream.h"
 #include "kernels/internal/launch_plan.h"
 #include "kernels/layernorm.h"
 
@@ -67,12 +71,66 @@ size_t LayerNormBwdWorkspaceBytes(int64_t rows, int64_t hidden) {
          static_cast<size_t>(hidden) * sizeof(float);
 }
 
-absl::Status LayerNormFwdCpu(const LayerNormFwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormFwdArgs("LayerNormFwdCpu", a));
-  const int64_t h = a.hidden;
+namespace {
+
+// The row loops are compiled for AVX-512, AVX2 and the baseline, picked at load
+// time (GCC function multiversioning); FMA contraction stays off (ISO mode), so
+// the clones differ only in the order of the vector reductions.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KERNELS_CPU_CLONES \
+  __attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+#else
+#define KERNELS_CPU_CLONES
+#endif
+
+// Per-row statistics and gradient sums. Both the cached and the streaming path
+// call these same (not inlined) functions, so they produce the same bits.
+struct RowStats {
+  float mean, rstd;
+};
+
+KERNELS_CPU_CLONES __attribute__((noinline)) RowStats NormStats(const float* s, int64_t h,
+                                                                float eps) {
   const float inv_h = 1.0f / static_cast<float>(h);
-  const float* gamma = a.gamma;
-  const float* beta = a.beta;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < h; ++j) sum += s[j];
+  const float mean = sum * inv_h;
+  // Two-pass variance: no cancellation when |mean| >> stddev.
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t j = 0; j < h; ++j) {
+    const float d = s[j] - mean;
+    sq += d * d;
+  }
+  return {mean, 1.0f / std::sqrt(sq * inv_h + eps)};
+}
+
+struct GradSums {
+  float mean_g, mean_gx;
+};
+
+// Row sums of g = dy * gamma and g * xhat; adds the row's dgamma/dbeta terms.
+KERNELS_CPU_CLONES __attribute__((noinline)) GradSums RowGradSums(
+    const float* dy, const float* x, const float* gamma, float mean, float rstd, int64_t h,
+    float* dgamma, float* dbeta) {
+  float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+  for (int64_t j = 0; j < h; ++j) {
+    const float xhat = (x[j] - mean) * rstd;
+    const float g = dy[j] * gamma[j];
+    sum_g += g;
+    sum_gx += g * xhat;
+    dgamma[j] += dy[j] * xhat;
+    dbeta[j] += dy[j];
+  }
+  const float inv_h = 1.0f / static_cast<float>(h);
+  return {sum_g * inv_h, sum_gx * inv_h};
+}
+
+// ------------------------------------------------------------- cached path
+KERNELS_CPU_CLONES void LayerNormFwdRows(const LayerNormFwdArgs<float>& a) {
+  const int64_t h = a.hidden;
   for (int64_t row = 0; row < a.rows; ++row) {
     const float* s = a.x + row * h;
     if (a.residual != nullptr) {
@@ -83,56 +141,26 @@ absl::Status LayerNormFwdCpu(const LayerNormFwdArgs<float>& a) {
       for (int64_t j = 0; j < h; ++j) out[j] = x[j] + r[j];
       s = out;
     }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < h; ++j) sum += s[j];
-    const float mean = sum * inv_h;
-    // Two-pass variance: no cancellation when |mean| >> stddev.
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t j = 0; j < h; ++j) {
-      const float d = s[j] - mean;
-      sq += d * d;
-    }
-    const float rstd = 1.0f / std::sqrt(sq * inv_h + a.eps);
+    const RowStats st = NormStats(s, h, a.eps);
     float* y = a.y + row * h;
+    const float mean = st.mean, rstd = st.rstd;
 #pragma omp simd
-    for (int64_t j = 0; j < h; ++j) y[j] = (s[j] - mean) * rstd * gamma[j] + beta[j];
+    for (int64_t j = 0; j < h; ++j) y[j] = (s[j] - mean) * rstd * a.gamma[j] + a.beta[j];
     a.mean[row] = mean;
     a.rstd[row] = rstd;
   }
-  return absl::OkStatus();
 }
 
-absl::Status LayerNormBwdCpu(const LayerNormBwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormBwdArgs("LayerNormBwdCpu", a));
+KERNELS_CPU_CLONES void LayerNormBwdRows(const LayerNormBwdArgs<float>& a) {
   const int64_t h = a.hidden;
-  const float inv_h = 1.0f / static_cast<float>(h);
-  float* dgamma = a.dgamma;
-  float* dbeta = a.dbeta;
-  const float* gamma = a.gamma;
-  if (!a.accumulate_param_grads) {
-    std::memset(dgamma, 0, h * sizeof(float));
-    std::memset(dbeta, 0, h * sizeof(float));
-  }
   for (int64_t row = 0; row < a.rows; ++row) {
     const float* dy = a.dy + row * h;
     const float* x = a.x + row * h;
-    const float mean = a.mean[row];
-    const float rstd = a.rstd[row];
-    float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-    for (int64_t j = 0; j < h; ++j) {
-      const float xhat = (x[j] - mean) * rstd;
-      const float g = dy[j] * gamma[j];
-      sum_g += g;
-      sum_gx += g * xhat;
-      dgamma[j] += dy[j] * xhat;
-      dbeta[j] += dy[j];
-    }
-    const float mean_g = sum_g * inv_h;
-    const float mean_gx = sum_gx * inv_h;
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const GradSums gs = RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta);
+    const float mean_g = gs.mean_g, mean_gx = gs.mean_gx;
     float* dx = a.dx + row * h;
+    const float* gamma = a.gamma;
     if (a.dresidual != nullptr) {
       const float* dr = a.dresidual + row * h;
 #pragma omp simd
@@ -148,6 +176,128 @@ absl::Status LayerNormBwdCpu(const LayerNormBwdArgs<float>& a) {
       }
     }
   }
+}
+
+#if KERNELS_HAVE_STREAMING_STORES
+// ---------------------------------------------------------- streaming path
+// For outputs too large to stay cached. Software-pipelined over rows: while row
+// i's outputs are written with non-temporal stores, row i + 1's inputs are
+// copied into an L1-resident scratch row, so reads and writes overlap on the
+// memory bus the way a memcpy's do (a plain row-at-a-time loop alternates read
+// phases and write phases). The arithmetic is the cached path's, operation for
+// operation (SSE, no FMA), so both paths give the same bits.
+
+// scratch = x (+ r), 4 floats at a time.
+inline void LoadRow4(const float* x, const float* r, float* scratch, int64_t j) {
+  __m128 v = _mm_loadu_ps(x + j);
+  if (r != nullptr) v = _mm_add_ps(v, _mm_loadu_ps(r + j));
+  _mm_store_ps(scratch + j, v);
+}
+
+void LayerNormFwdRowsStreaming(const LayerNormFwdArgs<float>& a) {
+  const int64_t h = a.hidden;
+  const bool has_res = a.residual != nullptr;
+  // Two scratch rows (current, next); 64-byte aligned.
+  std::vector<float> buf(2 * h + 16);
+  float* rows[2] = {buf.data() + ((16 - (reinterpret_cast<uintptr_t>(buf.data()) & 63) / 4) & 15),
+                    nullptr};
+  rows[1] = rows[0] + h;
+  for (int64_t j = 0; j < h; j += 4) LoadRow4(a.x, has_res ? a.residual : nullptr, rows[0], j);
+  for (int64_t row = 0; row < a.rows; ++row) {
+    const float* s = rows[row & 1];
+    float* next = rows[(row + 1) & 1];
+    const RowStats st = NormStats(s, h, a.eps);
+    const __m128 m = _mm_set1_ps(st.mean), rs = _mm_set1_ps(st.rstd);
+    float* y = a.y + row * h;
+    float* s_out = has_res ? a.residual_out + row * h : nullptr;
+    const bool more = row + 1 < a.rows;
+    const float* nx = a.x + (row + 1) * h;
+    const float* nr = has_res ? a.residual + (row + 1) * h : nullptr;
+    for (int64_t j = 0; j < h; j += 4) {
+      const __m128 v = _mm_load_ps(s + j);
+      if (s_out != nullptr) _mm_stream_ps(s_out + j, v);
+      const __m128 n = _mm_mul_ps(_mm_mul_ps(_mm_sub_ps(v, m), rs), _mm_loadu_ps(a.gamma + j));
+      _mm_stream_ps(y + j, _mm_add_ps(n, _mm_loadu_ps(a.beta + j)));
+      if (more) LoadRow4(nx, nr, next, j);
+    }
+    a.mean[row] = st.mean;
+    a.rstd[row] = st.rstd;
+  }
+  _mm_sfence();
+}
+
+void LayerNormBwdRowsStreaming(const LayerNormBwdArgs<float>& a) {
+  const int64_t h = a.hidden;
+  // Double-buffered scratch rows of dy and x.
+  std::vector<float> buf(4 * h + 16);
+  float* base = buf.data() + ((16 - (reinterpret_cast<uintptr_t>(buf.data()) & 63) / 4) & 15);
+  float* dy_rows[2] = {base, base + h};
+  float* x_rows[2] = {base + 2 * h, base + 3 * h};
+  for (int64_t j = 0; j < h; j += 4) {
+    LoadRow4(a.dy, nullptr, dy_rows[0], j);
+    LoadRow4(a.x, nullptr, x_rows[0], j);
+  }
+  for (int64_t row = 0; row < a.rows; ++row) {
+    const float* dy = dy_rows[row & 1];
+    const float* x = x_rows[row & 1];
+    const float mean = a.mean[row], rstd = a.rstd[row];
+    const GradSums gs = RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta);
+    const __m128 m = _mm_set1_ps(mean), r = _mm_set1_ps(rstd), mg = _mm_set1_ps(gs.mean_g),
+                 mgx = _mm_set1_ps(gs.mean_gx);
+    const float* dr = a.dresidual != nullptr ? a.dresidual + row * h : nullptr;
+    float* dx = a.dx + row * h;
+    const bool more = row + 1 < a.rows;
+    const float* ndy = a.dy + (row + 1) * h;
+    const float* nx = a.x + (row + 1) * h;
+    float* next_dy = dy_rows[(row + 1) & 1];
+    float* next_x = x_rows[(row + 1) & 1];
+    for (int64_t j = 0; j < h; j += 4) {
+      const __m128 xhat = _mm_mul_ps(_mm_sub_ps(_mm_load_ps(x + j), m), r);
+      const __m128 g = _mm_mul_ps(_mm_load_ps(dy + j), _mm_loadu_ps(a.gamma + j));
+      __m128 v = _mm_mul_ps(r, _mm_sub_ps(_mm_sub_ps(g, mg), _mm_mul_ps(xhat, mgx)));
+      if (dr != nullptr) v = _mm_add_ps(v, _mm_loadu_ps(dr + j));
+      _mm_stream_ps(dx + j, v);
+      if (more) {
+        LoadRow4(ndy, nullptr, next_dy, j);
+        LoadRow4(nx, nullptr, next_x, j);
+      }
+    }
+  }
+  _mm_sfence();
+}
+#endif  // KERNELS_HAVE_STREAMING_STORES
+
+}  // namespace
+
+absl::Status LayerNormFwdCpu(const LayerNormFwdArgs<float>& a) {
+  KERNELS_RETURN_IF_ERROR(ValidateLayerNormFwdArgs("LayerNormFwdCpu", a));
+  if (a.rows == 0) return absl::OkStatus();
+#if KERNELS_HAVE_STREAMING_STORES
+  if (internal::CanStream(a.rows * a.hidden * static_cast<int64_t>(sizeof(float)), a.hidden,
+                          {a.y, a.residual != nullptr ? a.residual_out : nullptr})) {
+    LayerNormFwdRowsStreaming(a);
+    return absl::OkStatus();
+  }
+#endif
+  LayerNormFwdRows(a);
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormBwdCpu(const LayerNormBwdArgs<float>& a) {
+  KERNELS_RETURN_IF_ERROR(ValidateLayerNormBwdArgs("LayerNormBwdCpu", a));
+  if (!a.accumulate_param_grads) {
+    std::memset(a.dgamma, 0, a.hidden * sizeof(float));
+    std::memset(a.dbeta, 0, a.hidden * sizeof(float));
+  }
+  if (a.rows == 0) return absl::OkStatus();
+#if KERNELS_HAVE_STREAMING_STORES
+  if (internal::CanStream(a.rows * a.hidden * static_cast<int64_t>(sizeof(float)), a.hidden,
+                          {a.dx})) {
+    LayerNormBwdRowsStreaming(a);
+    return absl::OkStatus();
+  }
+#endif
+  LayerNormBwdRows(a);
   return absl::OkStatus();
 }
 

@@ -9,18 +9,37 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spgate::bench {
+
+enum class Clock {
+  kWall,       // steady_clock
+  kThreadCpu,  // CPU time of the calling thread: immune to other processes'
+               // load on a shared machine, valid for single-threaded kernels
+};
 
 struct TimingOptions {
   double min_seconds = 0.3;  // keep repeating until this much time is spent
   int min_reps = 3;
   int max_reps = 1000;
+  Clock clock = Clock::kWall;
 };
+
+inline double Now(Clock c) {
+  if (c == Clock::kThreadCpu) {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 // Median seconds per call of `fn` (after one warm-up call).
 inline double MedianSeconds(const std::function<void()>& fn, const TimingOptions& opt) {
@@ -29,15 +48,39 @@ inline double MedianSeconds(const std::function<void()>& fn, const TimingOptions
   double total = 0;
   while ((total < opt.min_seconds || static_cast<int>(times.size()) < opt.min_reps) &&
          static_cast<int>(times.size()) < opt.max_reps) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = Now(opt.clock);
     fn();
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = Now(opt.clock) - t0;
     times.push_back(s);
     total += s;
   }
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   return times[times.size() / 2];
+}
+
+// Medians of `a` and `b` timed alternately (a, b, a, b, ...), so that drift in
+// the machine's load hits the kernel and its baseline alike.
+inline std::pair<double, double> MedianSecondsPair(const std::function<void()>& a,
+                                                   const std::function<void()>& b,
+                                                   const TimingOptions& opt) {
+  a();
+  b();
+  std::vector<double> ta, tb;
+  double total = 0;
+  while ((total < 2 * opt.min_seconds || static_cast<int>(ta.size()) < opt.min_reps) &&
+         static_cast<int>(ta.size()) < opt.max_reps) {
+    double t0 = Now(opt.clock);
+    a();
+    double t1 = Now(opt.clock);
+    b();
+    double t2 = Now(opt.clock);
+    ta.push_back(t1 - t0);
+    tb.push_back(t2 - t1);
+    total += t2 - t0;
+  }
+  std::nth_element(ta.begin(), ta.begin() + ta.size() / 2, ta.end());
+  std::nth_element(tb.begin(), tb.begin() + tb.size() / 2, tb.end());
+  return {ta[ta.size() / 2], tb[tb.size() / 2]};
 }
 
 // One line of the result table: `value` in `unit` (GB/s or GFLOP/s or

@@ -10,11 +10,16 @@
 //     x 2 * head_dim * L(L+1)/2 per head forward, twice that backward) vs
 //     sgemm of the QK^T shape (m = n = L, k = head_dim, all heads).
 // Every timed kernel is checked once against the reference on a sample.
+// Defaults match the worker's CPU backend (one rank per core): one OpenBLAS
+// thread, and times are the calling thread's CPU time, so other processes on a
+// shared machine do not skew the ratios. --blas_threads=N (N > 1) switches to
+// wall-clock time, which multi-threaded BLAS needs.
 //
 // Usage: kernels_cpu_bench [--json=kernels_cpu_bench.json] [--quick]
-//                          [--blas_threads=N]
+//                          [--blas_threads=N] [--timer=cpu|wall]
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -110,15 +115,16 @@ void BenchLayerNorm(int64_t rows, int64_t hidden, const TimingOptions& t, std::v
   if (!CheckClose("layernorm y", y.data(), ref->y, 1e-4)) std::exit(1);
 
   const double fwd_bytes = 4.0 * n * sizeof(float), bwd_bytes = 4.0 * n * sizeof(float);
-  const double t_fwd = MedianSeconds([&] { Check(LayerNormFwdCpu(f), "fwd"); }, t);
-  const double t_bwd = MedianSeconds([&] { Check(LayerNormBwdCpu(b), "bwd"); }, t);
-
-  // memcpy moving the same bytes: copy (fwd + bwd bytes) / 2 (read + write).
-  const size_t copy_bytes = static_cast<size_t>((fwd_bytes + bwd_bytes) / 2);
+  // memcpy moving the same bytes as each pass: copy bytes / 2 (read + write).
+  const size_t copy_bytes = static_cast<size_t>(fwd_bytes / 2);
   std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 0);
-  const double t_copy = MedianSeconds([&] { std::memcpy(dst.data(), src.data(), copy_bytes); }, t);
-  const double copy_gbps = 2.0 * copy_bytes / t_copy / 1e9;
-  const double copy_half_gbps = copy_gbps;  // bandwidth does not depend on which half
+  auto copy = [&] { std::memcpy(dst.data(), src.data(), copy_bytes); };
+  const auto [t_fwd, t_copy1] =
+      MedianSecondsPair([&] { Check(LayerNormFwdCpu(f), "fwd"); }, copy, t);
+  const auto [t_bwd, t_copy2] =
+      MedianSecondsPair([&] { Check(LayerNormBwdCpu(b), "bwd"); }, copy, t);
+  const double copy_gbps = 2.0 * copy_bytes / std::min(t_copy1, t_copy2) / 1e9;
+  const double copy_half_gbps = copy_gbps;
 
   const std::string shape = Shape({{"rows", rows}, {"hidden", hidden}});
   out->push_back({"layernorm_fwd+bwd_fp32", shape, t_fwd + t_bwd,
@@ -128,16 +134,6 @@ void BenchLayerNorm(int64_t rows, int64_t hidden, const TimingOptions& t, std::v
                   "memcpy same bytes", copy_half_gbps, 0});
   out->push_back({"layernorm_bwd_fp32", shape, t_bwd, bwd_bytes / t_bwd / 1e9, "GB/s",
                   "memcpy same bytes", copy_half_gbps, 0});
-}
-
-double SgemmSeconds(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const TimingOptions& t) {
-  std::vector<float> a = Fill(m * k, 7), b = Fill(k * n, 8), c(m * n);
-  return MedianSeconds(
-      [&] {
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    m, n, k, 1.0f, a.data(), ta ? m : k, b.data(), tb ? k : n, 0.0f, c.data(), n);
-      },
-      t);
 }
 
 void BenchLinear(int64_t rows, int64_t in, int64_t out_f, const TimingOptions& t,
@@ -157,15 +153,24 @@ void BenchLinear(int64_t rows, int64_t in, int64_t out_f, const TimingOptions& t
   }
   const double flops = 2.0 * rows * in * out_f;
   const std::string shape = Shape({{"rows", rows}, {"in", in}, {"out", out_f}});
-  const double t_fwd =
-      MedianSeconds([&] { Check(LinearFwdCpu({s, x.data(), w.data(), bias.data(), y.data()}), "f"); }, t);
-  const double t_bd =
-      MedianSeconds([&] { Check(LinearBwdDataCpu({s, dy.data(), w.data(), dx.data(), false}), "d"); }, t);
-  const double t_bw = MedianSeconds(
-      [&] { Check(LinearBwdWeightCpu({s, dy.data(), x.data(), dw.data(), db.data(), false}), "w"); }, t);
-  const double g_fwd = SgemmSeconds(false, true, rows, out_f, in, t);
-  const double g_bd = SgemmSeconds(false, false, rows, in, out_f, t);
-  const double g_bw = SgemmSeconds(true, false, out_f, in, rows, t);
+  // The baseline: the same product as a bare sgemm (same operands, same layout).
+  auto sgemm = [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const std::vector<float>& a,
+                  const std::vector<float>& b, std::vector<float>& c) {
+    return [&, ta, tb, m, n, k] {
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                  m, n, k, 1.0f, a.data(), ta ? m : k, b.data(), tb ? k : n, 0.0f, c.data(), n);
+    };
+  };
+  std::vector<float> c_fwd(rows * out_f), c_bd(rows * in), c_bw(out_f * in);
+  const auto [t_fwd, g_fwd] = MedianSecondsPair(
+      [&] { Check(LinearFwdCpu({s, x.data(), w.data(), bias.data(), y.data()}), "f"); },
+      sgemm(false, true, rows, out_f, in, x, w, c_fwd), t);
+  const auto [t_bd, g_bd] = MedianSecondsPair(
+      [&] { Check(LinearBwdDataCpu({s, dy.data(), w.data(), dx.data(), false}), "d"); },
+      sgemm(false, false, rows, in, out_f, dy, w, c_bd), t);
+  const auto [t_bw, g_bw] = MedianSecondsPair(
+      [&] { Check(LinearBwdWeightCpu({s, dy.data(), x.data(), dw.data(), db.data(), false}), "w"); },
+      sgemm(true, false, out_f, in, rows, dy, x, c_bw), t);
   out->push_back({"linear_fwd (+bias)", shape, t_fwd, flops / t_fwd / 1e9, "GF/s",
                   "sgemm NT same m,n,k", flops / g_fwd / 1e9, 0});
   out->push_back({"linear_bwd_data", shape, t_bd, flops / t_bd / 1e9, "GF/s",
@@ -219,13 +224,17 @@ void BenchAttention(const std::string& name, const std::vector<int64_t>& lengths
     if (!CheckClose("attention out", o.data() + cu[s] * hd, ref->out, 1e-4)) std::exit(1);
   }
   const double fwd_flops = AttentionFwdFlops(shape, cu), bwd_flops = AttentionBwdFlops(shape, cu);
-  const double t_fwd = MedianSeconds([&] { Check(AttentionFwdCpu(f), "fwd"); }, t);
-  const double t_bwd = MedianSeconds([&] { Check(AttentionBwdCpu(b), "bwd"); }, t);
   // Baseline: the QK^T product of the longest sequence without the causal
-  // mask, as a plain sgemm (m = n = L, k = head_dim).
+  // mask, as a plain sgemm (m = n = L, k = head_dim), timed alternately.
   const int64_t lmax = MaxSeqLen(cu);
-  const double g = SgemmSeconds(false, true, lmax, lmax, dim, t);
-  const double g_rate = 2.0 * lmax * lmax * dim / g / 1e9;
+  std::vector<float> ga = Fill(lmax * dim, 15), gb = Fill(lmax * dim, 16), gc(lmax * lmax);
+  auto qk = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, lmax, lmax, dim, 1.0f, ga.data(), dim,
+                gb.data(), dim, 0.0f, gc.data(), lmax);
+  };
+  const auto [t_fwd, g1] = MedianSecondsPair([&] { Check(AttentionFwdCpu(f), "fwd"); }, qk, t);
+  const auto [t_bwd, g2] = MedianSecondsPair([&] { Check(AttentionBwdCpu(b), "bwd"); }, qk, t);
+  const double g_rate = 2.0 * lmax * lmax * dim / std::min(g1, g2) / 1e9;
   std::string sh = Shape({{"tokens", tokens}, {"seqs", static_cast<int64_t>(lengths.size())},
                           {"heads", heads}, {"dim", dim}, {"qblock", query_block}});
   out->push_back({"attention_fwd " + name, sh, t_fwd, fwd_flops / t_fwd / 1e9, "GF/s",
@@ -239,7 +248,7 @@ void BenchAttention(const std::string& name, const std::vector<int64_t>& lengths
 
 int main(int argc, char** argv) {
   using namespace spgate::bench;  // NOLINT
-  std::string json = "kernels_cpu_bench.json", threads_flag;
+  std::string json = "kernels_cpu_bench.json", threads_flag = "1", timer;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string v;
@@ -247,15 +256,26 @@ int main(int argc, char** argv) {
       json = v;
     } else if (ParseFlag(argv[i], "--blas_threads", &v)) {
       threads_flag = v;
+    } else if (ParseFlag(argv[i], "--timer", &v) && (v == "cpu" || v == "wall")) {
+      timer = v;
     } else if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
     } else {
-      std::fprintf(stderr, "usage: %s [--json=PATH] [--quick] [--blas_threads=N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--json=PATH] [--quick] [--blas_threads=N] [--timer=cpu|wall]\n",
+                   argv[0]);
       return 2;
     }
   }
-  if (!threads_flag.empty()) spgate::kernels::SetCpuBlasThreads(std::stoi(threads_flag));
+  const int blas_threads = std::max(1, std::atoi(threads_flag.c_str()));
+  spgate::kernels::SetCpuBlasThreads(blas_threads);
+  if (timer.empty()) timer = blas_threads == 1 ? "cpu" : "wall";
+  if (timer == "cpu" && blas_threads > 1) {
+    std::fprintf(stderr, "--timer=cpu needs --blas_threads=1 (thread CPU time)\n");
+    return 2;
+  }
   TimingOptions t;
+  t.clock = timer == "cpu" ? Clock::kThreadCpu : Clock::kWall;
   if (quick) t.min_seconds = 0.05;
 
   std::vector<Row> rows;
@@ -273,6 +293,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<std::string, std::string>> context = {
       {"blas_threads", std::to_string(spgate::kernels::CpuBlasThreads())},
       {"hardware_threads", std::to_string(std::thread::hardware_concurrency())},
+      {"timer", timer == "cpu" ? "thread_cpu_time" : "wall_clock"},
       {"quick", quick ? "true" : "false"}};
   if (!WriteJson(json, "kernels_cpu", context, rows)) {
     std::fprintf(stderr, "cannot write %s\n", json.c_str());

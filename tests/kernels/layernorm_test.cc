@@ -261,6 +261,80 @@ TEST(LayerNormCpuTest, ShardEqualsShardOfFullLayerNorm) {
   EXPECT_TRUE(AllClose(sum_db, ToDouble(full_db), 1e-5, 1e-5)) << "sum of shard dbeta";
 }
 
+// Outputs of 16 MiB and more are streamed past the cache (non-temporal
+// stores); the values must be bitwise those of the cached path, which small
+// shards of the same rows take. The output pointers are offset by one float so
+// the streaming store's unaligned head is exercised too.
+TEST(LayerNormCpuTest, StreamedLargeOutputsEqualCachedPath) {
+  constexpr int64_t kRows = 1024, kHidden = 4096, kShard = 8;
+  const LnInputs in = MakeInputs(kRows, kHidden, 31);
+  const int64_t n = kRows * kHidden;
+  std::vector<float> sum(n + 1), y(n + 1), mean(kRows), rstd(kRows);
+  LayerNormFwdArgs<float> f;
+  f.rows = kRows;
+  f.hidden = kHidden;
+  f.x = in.x.data();
+  f.residual = in.residual.data();
+  f.gamma = in.gamma.data();
+  f.beta = in.beta.data();
+  f.residual_out = sum.data() + 1;
+  f.y = y.data() + 1;
+  f.mean = mean.data();
+  f.rstd = rstd.data();
+  ASSERT_OK(LayerNormFwdCpu(f));
+  std::vector<float> dx(n + 1), dg(kHidden), db(kHidden);
+  LayerNormBwdArgs<float> b;
+  b.rows = kRows;
+  b.hidden = kHidden;
+  b.dy = in.dy.data();
+  b.x = sum.data() + 1;
+  b.gamma = in.gamma.data();
+  b.mean = mean.data();
+  b.rstd = rstd.data();
+  b.dresidual = in.dresidual.data();
+  b.dx = dx.data() + 1;
+  b.dgamma = dg.data();
+  b.dbeta = db.data();
+  ASSERT_OK(LayerNormBwdCpu(b));
+
+  for (int64_t r0 : {int64_t{0}, kRows / 2 + 3, kRows - kShard}) {
+    const int64_t e0 = r0 * kHidden, m = kShard * kHidden;
+    std::vector<float> s_sum(m), s_y(m), s_mean(kShard), s_rstd(kShard), s_dx(m), s_dg(kHidden),
+        s_db(kHidden);
+    LayerNormFwdArgs<float> sf = f;
+    sf.rows = kShard;
+    sf.x = in.x.data() + e0;
+    sf.residual = in.residual.data() + e0;
+    sf.residual_out = s_sum.data();
+    sf.y = s_y.data();
+    sf.mean = s_mean.data();
+    sf.rstd = s_rstd.data();
+    ASSERT_OK(LayerNormFwdCpu(sf));
+    LayerNormBwdArgs<float> sb = b;
+    sb.rows = kShard;
+    sb.dy = in.dy.data() + e0;
+    sb.x = s_sum.data();
+    sb.mean = s_mean.data();
+    sb.rstd = s_rstd.data();
+    sb.dresidual = in.dresidual.data() + e0;
+    sb.dx = s_dx.data();
+    sb.dgamma = s_dg.data();
+    sb.dbeta = s_db.data();
+    ASSERT_OK(LayerNormBwdCpu(sb));
+    EXPECT_TRUE(BitwiseEqual(s_sum, absl::MakeConstSpan(sum).subspan(1 + e0, m))) << r0;
+    EXPECT_TRUE(BitwiseEqual(s_y, absl::MakeConstSpan(y).subspan(1 + e0, m))) << r0;
+    EXPECT_TRUE(BitwiseEqual(s_dx, absl::MakeConstSpan(dx).subspan(1 + e0, m))) << r0;
+  }
+  // And a sample of rows against the reference.
+  const int64_t m = 4 * kHidden;
+  ASSERT_OK_AND_ASSIGN(
+      LayerNormFwdRefResult want,
+      LayerNormFwdRef(4, kHidden, 1e-5, ToDouble(absl::MakeConstSpan(in.x).subspan(0, m)),
+                      ToDouble(absl::MakeConstSpan(in.residual).subspan(0, m)),
+                      ToDouble(in.gamma), ToDouble(in.beta)));
+  EXPECT_TRUE(AllClose(std::vector<float>(y.begin() + 1, y.begin() + 1 + m), want.y, 2e-5, 2e-5));
+}
+
 TEST(LayerNormCpuTest, ResidualOutMayAliasX) {
   constexpr int64_t kRows = 5, kHidden = 33;
   const LnInputs in = MakeInputs(kRows, kHidden, 7);

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Build spgate with CUDA for sm_90, run the `gpu`-labelled tests and the kernel
+# benchmarks, and leave every log and result file in OUTDIR:
+#   summary.txt              machine, toolchain, what ran and how it ended
+#   build.log                configure + build output
+#   ctest.log, ctest-gpu.xml ctest -L gpu (text and JUnit)
+#   kernels_gpu_bench.{txt,json}, kernels_cpu_bench.{txt,json}
+# Usage: tests/gpu/run.sh OUTDIR
+# Environment: BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), JOBS.
+# The full project is tried first; if it cannot be configured or built (e.g. a
+# GPU box without gRPC), the kernels-only project in tests/gpu/standalone is
+# used instead, and summary.txt says so. Exit status: 0 when the build, every
+# gpu test and both benchmarks succeeded; 1 otherwise.
+set -u -o pipefail
+
+if [ $# -ne 1 ]; then
+  echo "usage: $0 OUTDIR" >&2
+  exit 2
+fi
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+mkdir -p "$1"
+OUT=$(cd "$1" && pwd)
+BUILD=${BUILD_DIR:-build-gpu}
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+ARCH=${CUDA_ARCH:-90}
+JOBS=${JOBS:-$(nproc)}
+SUMMARY="$OUT/summary.txt"
+status=0
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+: > "$SUMMARY"
+{
+  echo "== spgate GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
+  echo "host: $(uname -a)"
+  echo "cpus: $(nproc)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  command -v nvcc >/dev/null && nvcc --version | tail -2
+  cmake --version | head -1
+} >> "$SUMMARY" 2>&1
+
+configure_and_build() {  # $1 = source dir
+  cmake -S "$1" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+    -DSPGATE_BUILD_BENCH=ON -DSPGATE_BUILD_TESTS=ON >> "$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$JOBS" >> "$OUT/build.log" 2>&1
+}
+
+: > "$OUT/build.log"
+if configure_and_build "$ROOT"; then
+  note "build: full project OK ($BUILD, sm_$ARCH)"
+else
+  note "build: full project failed (see build.log); falling back to tests/gpu/standalone"
+  BUILD="$BUILD-kernels"
+  if configure_and_build "$ROOT/tests/gpu/standalone"; then
+    note "build: kernels-only project OK ($BUILD, sm_$ARCH)"
+  else
+    note "build: kernels-only project FAILED (see build.log)"
+    exit 1
+  fi
+fi
+if ! grep -q 'spgate.*: CUDA ON' "$OUT/build.log"; then
+  note "warning: configure did not report CUDA ON; GPU tests may not exist"
+fi
+
+(cd "$BUILD" && ctest -L gpu --no-tests=error --output-on-failure --output-junit "$OUT/ctest-gpu.xml") \
+  > "$OUT/ctest.log" 2>&1
+rc=$?
+note "ctest -L gpu: exit $rc; $(grep -E 'tests passed|No tests were found' "$OUT/ctest.log" | tail -1)"
+if grep -q '(Skipped)' "$OUT/ctest.log"; then
+  note "warning: some gpu tests were SKIPPED (no usable device?)"
+  status=1
+fi
+[ $rc -eq 0 ] || status=1
+
+"$BUILD/bin/kernels_gpu_bench" --json="$OUT/kernels_gpu_bench.json" \
+  > "$OUT/kernels_gpu_bench.txt" 2>&1
+rc=$?
+note "kernels_gpu_bench: exit $rc"
+[ $rc -eq 0 ] || status=1
+
+"$BUILD/bin/kernels_cpu_bench" --json="$OUT/kernels_cpu_bench.json" \
+  > "$OUT/kernels_cpu_bench.txt" 2>&1
+rc=$?
+note "kernels_cpu_bench: exit $rc"
+[ $rc -eq 0 ] || status=1
+
+note "result: $([ $status -eq 0 ] && echo OK || echo FAILED)"
+exit $status
