@@ -180,11 +180,12 @@ int main(int argc, char** argv) {
   if (absl::Status s = spgate::runtime::ValidateWorkerOptions(o); !s.ok()) {
     return finish_refused(std::string(s.message()));
   }
-  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp);
-  if (!grid.ok()) return finish_refused(std::string(grid.status().message()));
   if (o.backend == Backend::kNccl && spgate::runtime::CudaDevices() == 0) {
     return finish_refused("--backend=nccl: no CUDA device is visible");
   }
+  // Owns MPI communicators: it must be gone before MPI_Finalize on every path below.
+  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp);
+  if (!grid.ok()) return finish_refused(std::string(grid.status().message()));
 
   auto fail = [&](const absl::Status& s) {
     std::cerr << "spgate-worker: rank " << world_rank << ": " << s << "\n";
