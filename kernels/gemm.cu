@@ -209,19 +209,36 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
   g.ldc = s.in_features;
   KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
   if (a.dbias == nullptr) return absl::OkStatus();
+  return BiasGrad({s.rows, s.out_features, a.dy, a.dbias, a.accumulate}, workspace,
+                  workspace_bytes, stream);
+}
+
+absl::Status BiasGrad(const BiasGradArgs& a, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream) {
+  constexpr char kOp[] = "BiasGrad";
+  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "cols", a.cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
+  if (a.rows > 0) KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+  const size_t need = BiasGradWorkspaceBytes(a.rows, a.cols);
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
+    return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,
+                                               " bytes, BiasGradWorkspaceBytes = ", need));
+  }
   float* partial = static_cast<float*>(workspace);
-  const int64_t chunks = internal::ColumnReduceChunks(s.rows);
-  if (s.rows > 0) {
+  const int64_t chunks = internal::ColumnReduceChunks(a.rows);
+  if (a.rows > 0) {
     constexpr int kThreads = 256;
-    const int64_t chunk_rows = internal::ColumnChunkRows(s.rows);
-    const dim3 grid(internal::CeilDiv(s.out_features, kThreads), static_cast<unsigned>(chunks));
-    ColumnSumPartialKernel<<<grid, kThreads, 0, stream>>>(s.rows, s.out_features, chunk_rows,
-                                                          a.dy, partial);
+    const int64_t chunk_rows = internal::ColumnChunkRows(a.rows);
+    const dim3 grid(internal::CeilDiv(a.cols, kThreads), static_cast<unsigned>(chunks));
+    ColumnSumPartialKernel<<<grid, kThreads, 0, stream>>>(a.rows, a.cols, chunk_rows, a.dy,
+                                                          partial);
     SPGATE_CUDA_CHECK_LAUNCH(ColumnSumPartialKernel);
   }
   return internal::FinalizeColumnPartials(partial, static_cast<int>(chunks),
-                                          static_cast<int>(s.out_features), 1, a.dbias,
-                                          nullptr, a.accumulate, stream);
+                                          static_cast<int>(a.cols), 1, a.dbias, nullptr,
+                                          a.accumulate, stream);
 }
 
 }  // namespace spgate::kernels

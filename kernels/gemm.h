@@ -100,6 +100,16 @@ struct BiasAddArgs {
   float* y = nullptr;
 };
 
+// dbias[c] (+)= sum over rows of dy[r, c]: the gradient of a bias added with
+// BiasAdd (under SP, a row-parallel layer's bias acts on the token shard, so
+// this sum is the rank's partial gradient).
+struct BiasGradArgs {
+  int64_t rows = 0, cols = 0;
+  const float* dy = nullptr;
+  float* dbias = nullptr;
+  bool accumulate = false;
+};
+
 // ---------------------------------------------------------------- reference
 struct GemmRefArgs {
   Trans trans_a = Trans::kNo;
@@ -136,6 +146,7 @@ absl::Status LinearFwdCpu(const LinearFwdArgs& args);
 absl::Status LinearBwdDataCpu(const LinearBwdDataArgs& args);
 absl::Status LinearBwdWeightCpu(const LinearBwdWeightArgs& args);
 absl::Status BiasAddCpu(const BiasAddArgs& args);
+absl::Status BiasGradCpu(const BiasGradArgs& args);
 // Threads OpenBLAS may use in this process (1 for one MPI rank per core).
 void SetCpuBlasThreads(int threads);
 int CpuBlasThreads();
@@ -172,8 +183,12 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& args, void* workspace,
                              size_t workspace_bytes, cublasHandle_t blas,
                              cudaStream_t stream);
 absl::Status BiasAdd(const BiasAddArgs& args, cudaStream_t stream);
+// workspace: BiasGradWorkspaceBytes(rows, cols) device bytes.
+absl::Status BiasGrad(const BiasGradArgs& args, void* workspace, size_t workspace_bytes,
+                      cudaStream_t stream);
 
 size_t LinearBwdWeightWorkspaceBytes(const LinearShape& shape);
+size_t BiasGradWorkspaceBytes(int64_t rows, int64_t cols);
 
 // Shared validation (CPU path and launchers).
 absl::Status ValidateGemmArgs(const char* op, const GemmArgs& a);

@@ -101,6 +101,10 @@ size_t LinearBwdWeightWorkspaceBytes(const LinearShape& shape) {
   return internal::ColumnReduceWorkspaceBytes(shape.rows, shape.out_features);
 }
 
+size_t BiasGradWorkspaceBytes(int64_t rows, int64_t cols) {
+  return internal::ColumnReduceWorkspaceBytes(rows, cols);
+}
+
 void SetCpuBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
 int CpuBlasThreads() { return openblas_get_num_threads(); }
 
@@ -132,6 +136,22 @@ absl::Status BiasAddCpu(const BiasAddArgs& a) {
     const float* b = a.bias;
 #pragma omp simd
     for (int64_t c = 0; c < a.cols; ++c) y[c] += b[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BiasGradCpu(const BiasGradArgs& a) {
+  constexpr char kOp[] = "BiasGradCpu";
+  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
+  if (a.rows > 0) KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+  float* db = a.dbias;
+  if (!a.accumulate) std::memset(db, 0, a.cols * sizeof(float));
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const float* dy = a.dy + r * a.cols;
+#pragma omp simd
+    for (int64_t c = 0; c < a.cols; ++c) db[c] += dy[c];
   }
   return absl::OkStatus();
 }
@@ -208,16 +228,8 @@ absl::Status LinearBwdWeightCpu(const LinearBwdWeightArgs& a) {
   g.c = a.dweight;
   g.ldc = s.in_features;
   GemmUnchecked(g, g.a, g.b, g.c);  // k == rows == 0 leaves beta * dW
-  if (a.dbias != nullptr) {
-    float* db = a.dbias;
-    if (!a.accumulate) std::memset(db, 0, s.out_features * sizeof(float));
-    for (int64_t r = 0; r < s.rows; ++r) {
-      const float* dy = a.dy + r * s.out_features;
-#pragma omp simd
-      for (int64_t c = 0; c < s.out_features; ++c) db[c] += dy[c];
-    }
-  }
-  return absl::OkStatus();
+  if (a.dbias == nullptr) return absl::OkStatus();
+  return BiasGradCpu({s.rows, s.out_features, a.dy, a.dbias, a.accumulate});
 }
 
 }  // namespace spgate::kernels

@@ -155,6 +155,22 @@ TEST_F(GemmGpuTest, LinearMatchesReference) {
   EXPECT_TRUE(BitwiseEqual(db2, twice)) << "dbias accumulate / determinism";
 }
 
+TEST_F(GemmGpuTest, BiasGradMatchesColumnSums) {
+  constexpr int64_t kRows = 4099, kCols = 229;
+  const std::vector<float> dy = RandomVector(kRows * kCols, 16);
+  std::vector<double> want(kCols, 0.0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) want[c] += dy[r * kCols + c];
+  }
+  ASSERT_OK_AND_ASSIGN(auto d_dy, Upload(dy));
+  ASSERT_OK_AND_ASSIGN(auto d_db, DeviceBuffer<float>::Allocate(kCols));
+  ASSERT_OK_AND_ASSIGN(auto d_ws, DeviceAllocation::Allocate(BiasGradWorkspaceBytes(kRows, kCols)));
+  ASSERT_OK(BiasGrad({kRows, kCols, d_dy.data(), d_db.data(), false}, d_ws.data(), d_ws.bytes(),
+                     stream_));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> db, Download(d_db));
+  EXPECT_TRUE(AllClose(db, want, 2e-5 * std::sqrt(kRows + 1.0), 1e-5));
+}
+
 TEST_F(GemmGpuTest, BiasAddAddsPerColumn) {
   std::vector<float> y = {1, 2, 3, 4, 5, 6};
   const std::vector<float> b = {10, 20, 30};

@@ -80,6 +80,12 @@ TEST(LauncherValidationTest, GemmAndLinear) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("workspace")));
 }
 
+TEST(LauncherValidationTest, BiasGrad) {
+  EXPECT_THAT(BiasGrad({100, 8, FakeDevicePtr(), FakeDevicePtr(), false}, FakeDevicePtr(),
+                       BiasGradWorkspaceBytes(100, 8) - 1, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("BiasGradWorkspaceBytes")));
+}
+
 TEST(LauncherValidationTest, Attention) {
   const std::vector<int64_t> cu = {0, 5, 3};
   AttentionFwdArgs f;

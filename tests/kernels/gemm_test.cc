@@ -279,6 +279,23 @@ TEST(BiasAddCpuTest, AddsPerColumn) {
   EXPECT_THAT(y, ::testing::ElementsAre(11, 22, 33, 14, 25, 36));
 }
 
+TEST(BiasGradCpuTest, ColumnSumsAndAccumulate) {
+  constexpr int64_t kRows = 71, kCols = 229;
+  const std::vector<float> dy = RandomVector(kRows * kCols, 17);
+  std::vector<double> want(kCols, 0.0);
+  for (int64_t r = 0; r < kRows; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) want[c] += dy[r * kCols + c];
+  }
+  std::vector<float> db(kCols, 5.0f);
+  ASSERT_OK(BiasGradCpu({kRows, kCols, dy.data(), db.data(), false}));
+  EXPECT_TRUE(AllClose(db, want, 1e-5, 1e-5));
+  ASSERT_OK(BiasGradCpu({kRows, kCols, dy.data(), db.data(), true}));
+  for (double& v : want) v *= 2;
+  EXPECT_TRUE(AllClose(db, want, 2e-5, 1e-5));
+  EXPECT_THAT(BiasGradCpu({kRows, kCols, dy.data(), nullptr, false}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dbias")));
+}
+
 TEST(CpuBlasThreadsTest, SetAndGet) {
   const int before = CpuBlasThreads();
   SetCpuBlasThreads(1);
