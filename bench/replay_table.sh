@@ -5,16 +5,16 @@
 #   SP + bucketing + shard LN | spgate auto (spgated decides, bucketing, shard LN)
 # with peak memory, effective tokens/s and step-time p95 relative to pure TP, all rows
 # measured in the same run (ROUNDS rounds, row order rotated each round; the figures are
-# medians over rounds). Writes OUTDIR/replay_table.md and OUTDIR/replay_table.json and
+# medians over rounds, with the best round beside them). Writes OUTDIR/replay_table.md and OUTDIR/replay_table.json and
 # prints the table. See docs/benchmarks.md ("Worker replay table").
 #
 # Usage: bench/replay_table.sh [BUILD_DIR] [OUTDIR]
-# Environment: ROUNDS (2), STEPS (30), MPIRUN (mpirun), WORKER_ARGS (extra worker flags).
+# Environment: ROUNDS (5), STEPS (30), MPIRUN (mpirun), WORKER_ARGS (extra worker flags).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 out=${2:-bench/results}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 exec /usr/bin/env python3 "$root/bench/worker/replay_table.py" --build="$build" --out="$out" \
-  --rounds="${ROUNDS:-2}" --steps="${STEPS:-30}" --mpirun="${MPIRUN:-mpirun}" \
+  --rounds="${ROUNDS:-5}" --steps="${STEPS:-30}" --mpirun="${MPIRUN:-mpirun}" \
   --extra="${WORKER_ARGS:-}"

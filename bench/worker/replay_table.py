@@ -62,7 +62,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--mpirun", default="mpirun")
     ap.add_argument("--extra", default="")
@@ -103,19 +103,24 @@ def main():
             daemon.wait()
         load_after = load_average()
 
-    def med(name, key, mode="all"):
-        return statistics.median(s[key][mode] for s in results[name])
+    # Two estimators per row: the median over rounds (what a run here typically sees,
+    # other tenants of the machine included) and the best round (highest tokens/s,
+    # lowest p95: interference only ever slows a run down, so the best round is the
+    # closest to what the configuration itself costs).
+    def stats(name, key, best):
+        vals = [s[key]["all"] for s in results[name]]
+        return statistics.median(vals), best(vals), vals
 
     base = ROWS[0][0]
     base_peak = max(s["peak_memory_bytes"]["all"] for s in results[base])
-    base_tps = med(base, "effective_tokens_per_s")
-    base_p95 = med(base, "step_time_p95_s")
+    base_tps, base_tps_best, _ = stats(base, "effective_tokens_per_s", max)
+    base_p95, base_p95_best, _ = stats(base, "step_time_p95_s", min)
     table = []
     for name, _ in ROWS:
         runs = results[name]
         peak = max(s["peak_memory_bytes"]["all"] for s in runs)
-        tps = med(name, "effective_tokens_per_s")
-        p95 = med(name, "step_time_p95_s")
+        tps, tps_best, tps_all = stats(name, "effective_tokens_per_s", max)
+        p95, p95_best, p95_all = stats(name, "step_time_p95_s", min)
         modes = {}
         for s in runs:
             for mode, reasons in s["decisions"].items():
@@ -126,20 +131,26 @@ def main():
             "configuration": name,
             "peak_memory_bytes": peak,
             "effective_tokens_per_s": tps,
+            "effective_tokens_per_s_best": tps_best,
             "step_time_p95_s": p95,
+            "step_time_p95_s_best": p95_best,
             "peak_memory_rel": peak / base_peak,
             "effective_tokens_per_s_rel": tps / base_tps,
+            "effective_tokens_per_s_best_rel": tps_best / base_tps_best,
             "step_time_p95_rel": p95 / base_p95,
+            "step_time_p95_best_rel": p95_best / base_p95_best,
             "rs_wait_share_mean": statistics.median(s["rs_wait_share_mean"] for s in runs),
             "norm_stall_ratio_mean": statistics.median(s["norm_stall_ratio_mean"] for s in runs),
             "mean_length_cv": statistics.median(s["mean_length_cv"]["all"] for s in runs),
             "decisions": modes,
-            "tokens_per_s_by_round": [s["effective_tokens_per_s"]["all"] for s in runs],
+            "tokens_per_s_by_round": tps_all,
+            "step_time_p95_s_by_round": p95_all,
         })
 
     lines = [
         f"spgate-worker replay: 4 ranks (tp=4), CPU backend, {a.steps} steps x {a.rounds} "
-        f"rounds per row; medians over rounds, relative to pure TP.",
+        f"rounds per row, rows rotated each round; relative to pure TP. Median over rounds, "
+        f"then [best round] (max tokens/s, min p95).",
         f"{' '.join(COMMON)}",
         f"host {platform.node()}, {os.cpu_count()} CPUs, load average "
         f"{load_before[0]:.1f} before / {load_after[0]:.1f} after",
@@ -153,8 +164,10 @@ def main():
         lines.append(
             f"| {row['configuration']} | {row['peak_memory_rel']:.2f}x "
             f"({row['peak_memory_bytes'] / 2**20:.1f} MiB) | "
-            f"{row['effective_tokens_per_s_rel']:.2f}x ({row['effective_tokens_per_s']:.0f}) | "
-            f"{row['step_time_p95_rel']:.2f}x ({1e3 * row['step_time_p95_s']:.0f} ms) | "
+            f"{row['effective_tokens_per_s_rel']:.2f}x [{row['effective_tokens_per_s_best_rel']:.2f}x] "
+            f"({row['effective_tokens_per_s']:.0f}) | "
+            f"{row['step_time_p95_rel']:.2f}x [{row['step_time_p95_best_rel']:.2f}x] "
+            f"({1e3 * row['step_time_p95_s']:.0f} ms) | "
             f"{row['rs_wait_share_mean']:.2f} | {row['norm_stall_ratio_mean']:.2f} | "
             f"{row['mean_length_cv']:.2f} | {decisions} |")
     text = "\n".join(lines) + "\n"
