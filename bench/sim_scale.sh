@@ -65,7 +65,7 @@ echo "== spgate-sim: $groups groups x $tp ranks, $rate steps/s, $duration, again
 cpu0=$(cpu_ticks)
 t0=$(date +%s.%N)
 set +e
-"$sim" --controller="127.0.0.1:$worker_port" --job_id=scale --groups="$groups" --tp="$tp" \
+"$sim" --controller="127.0.0.1:$worker_port" --job_id=scale --groups="$groups" --tp="$tp" ${SIM_FLAGS:-} \
   --steps_per_s="$rate" --duration="$duration" --summary_json="$out/sim_scale_run.json" \
   2>"$tmp/sim.log"
 sim_rc=$?

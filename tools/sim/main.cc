@@ -45,7 +45,7 @@ ABSL_FLAG(int, tp, 8, "Ranks per TP group");
 ABSL_FLAG(double, steps_per_s, 10, "Steps per second per group");
 ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
 ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
-ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(30),
+ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
 ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (sorted pools)");
 ABSL_FLAG(bool, leader_group_rs_wait, true,

@@ -36,7 +36,7 @@ struct SimOptions {
   absl::Duration deadline = absl::Milliseconds(20);
   // GateClientOptions::telemetry_flush_interval: > 0 moves telemetry writes off the
   // moment plans go out (every rank reports right after the decision).
-  absl::Duration telemetry_flush = absl::Milliseconds(30);
+  absl::Duration telemetry_flush = absl::Milliseconds(250);
   // The leader feeds its fallback's rolling wait share with the group max (true, as a
   // trainer that all-reduces it would) or with its own rank's share.
   bool leader_group_rs_wait = true;
