@@ -293,6 +293,27 @@ TEST(TransformerStackTest, OneRankMatchesTheDoubleReferenceAndThePrediction) {
   }
 }
 
+TEST(TransformerStackTest, PreparedBatchDataGivesTheSameStepAsGeneratedData) {
+  const ModelShape shape{.layers = 1, .hidden = 16, .heads = 2, .ffn_hidden = 32};
+  const std::vector<int64_t> lengths = {4, 9};
+  auto device = CreateCpuDevice();
+  auto comm = CreateLocalCommunicator(device.get());
+  MemoryArena arena(device.get());
+  ASSERT_OK_AND_ASSIGN(auto stack, TransformerStack::Create({.shape = shape}, &arena, comm.get()));
+  const BatchData data = MakeBatchData(lengths, 5, shape.hidden);
+  StackCapture generated, prepared;
+  ASSERT_OK(stack->ForwardBackward({.lengths = lengths, .data_seed = 5}, Mode::kSequenceParallel,
+                                   &generated));
+  ASSERT_OK(stack->ForwardBackward({.lengths = lengths, .data_seed = 5, .data = &data},
+                                   Mode::kSequenceParallel, &prepared));
+  EXPECT_EQ(prepared.output, generated.output);
+  EXPECT_EQ(prepared.input_grad, generated.input_grad);
+  const std::vector<int64_t> other = {4};
+  const BatchData wrong = MakeBatchData(other, 5, shape.hidden);
+  EXPECT_THAT(stack->ForwardBackward({.lengths = lengths, .data = &wrong}, Mode::kSequenceParallel),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("batch data")));
+}
+
 TEST(TransformerStackTest, RefusesMismatchedCommunicatorsAndEmptyBatches) {
   auto device = CreateCpuDevice();
   auto comm = CreateLocalCommunicator(device.get());

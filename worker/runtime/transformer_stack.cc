@@ -37,6 +37,21 @@ BatchGeometry MakeBatchGeometry(std::span<const int64_t> lengths, Mode mode, int
   return g;
 }
 
+BatchData MakeBatchData(std::span<const int64_t> lengths, uint64_t data_seed, int64_t hidden) {
+  int64_t tokens = 0;
+  for (int64_t l : lengths) tokens += l;
+  BatchData d;
+  d.input.resize(tokens * hidden);
+  d.output_grad.resize(tokens * hidden);
+  for (int64_t i = 0; i < tokens; ++i) {
+    for (int64_t c = 0; c < hidden; ++c) {
+      d.input[i * hidden + c] = InputValue(data_seed, i, c);
+      d.output_grad[i * hidden + c] = OutputGradValue(data_seed, i, c, tokens);
+    }
+  }
+  return d;
+}
+
 // Activations one layer keeps from forward to backward. Under SP with the gather
 // boundary, s1/s2 (the LayerNorm inputs) and their statistics are full-sequence.
 struct TransformerStack::Activations {
@@ -552,14 +567,31 @@ absl::Status TransformerStack::ForwardBackward(const MicroBatch& batch, Mode mod
   st.attn = {.heads = layout_.heads_local(), .head_dim = layout_.head_dim(),
              .query_block = options_.attention_query_block};
 
-  // The stack input: this rank's rows; padding rows are zero.
-  std::vector<float> host(static_cast<size_t>(st.r * h));
-  for (int64_t i = 0; i < st.r; ++i) {
-    const int64_t token = st.off + i;
-    for (int64_t c = 0; c < h; ++c) {
-      host[i * h + c] = token < st.geo.tokens ? InputValue(batch.data_seed, token, c) : 0.0f;
-    }
+  if (batch.data != nullptr && (batch.data->input.size() != static_cast<size_t>(st.geo.tokens * h) ||
+                                batch.data->output_grad.size() != batch.data->input.size())) {
+    return absl::InvalidArgumentError("ForwardBackward: batch data does not match the lengths");
   }
+  // This rank's rows of the input (kind 0) or output gradient (kind 1); padding rows are
+  // zero.
+  std::vector<float> host(static_cast<size_t>(st.r * h));
+  auto fill_rows = [&](int kind) {
+    for (int64_t i = 0; i < st.r; ++i) {
+      const int64_t token = st.off + i;
+      for (int64_t c = 0; c < h; ++c) {
+        float v = 0.0f;
+        if (token < st.geo.tokens) {
+          if (batch.data != nullptr) {
+            v = (kind == 0 ? batch.data->input : batch.data->output_grad)[token * h + c];
+          } else {
+            v = kind == 0 ? InputValue(batch.data_seed, token, c)
+                          : OutputGradValue(batch.data_seed, token, c, st.geo.tokens);
+          }
+        }
+        host[i * h + c] = v;
+      }
+    }
+  };
+  fill_rows(0);
   std::vector<Activations> acts(options_.shape.layers);
   ASSIGN_OR_RETURN(Buffer z, arena_->Allocate(st.r * h, kAct));
   RETURN_IF_ERROR(device_->Upload(z.data(), host.data(), st.r * h));
@@ -580,14 +612,7 @@ absl::Status TransformerStack::ForwardBackward(const MicroBatch& batch, Mode mod
       RETURN_IF_ERROR(device_->Download(capture->output.data(), out.data(), st.r * h));
     }
   }
-  for (int64_t i = 0; i < st.r; ++i) {
-    const int64_t token = st.off + i;
-    for (int64_t c = 0; c < h; ++c) {
-      host[i * h + c] = token < st.geo.tokens
-                            ? OutputGradValue(batch.data_seed, token, c, st.geo.tokens)
-                            : 0.0f;
-    }
-  }
+  fill_rows(1);
   ASSIGN_OR_RETURN(Buffer g, arena_->Allocate(st.r * h, kWs));
   RETURN_IF_ERROR(device_->Upload(g.data(), host.data(), st.r * h));
   ASSIGN_OR_RETURN(st.ones, arena_->Allocate(st.r, kWs));

