@@ -16,7 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
-#include "server/mutex.h"
+#include "common/mutex.h"
 #include "server/metrics.h"
 #include "server/persistence.h"
 #include "server/services.h"

@@ -25,7 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "server/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "server/mutex.h"
+#include "common/mutex.h"
 #include "server/gate_state.h"
 #include "server/metrics.h"
 #include "spgate/v1/admin.grpc.pb.h"
