@@ -130,13 +130,21 @@ struct GradSums {
 };
 
 // Row sums of g = dy * gamma and g * xhat (blocked, as above); adds the row's
-// dgamma/dbeta terms.
+// dgamma/dbeta terms. When next_dy/next_x are set, the next row's lines are
+// prefetched block by block (the streaming path), which keeps the memory system
+// busy during this compute-only pass without changing any arithmetic.
 KERNELS_CPU_CLONES __attribute__((noinline)) GradSums RowGradSums(
     const float* dy, const float* x, const float* gamma, float mean, float rstd, int64_t h,
-    float* dgamma, float* dbeta) {
+    float* dgamma, float* dbeta, const float* next_dy, const float* next_x) {
   double sum_g = 0.0, sum_gx = 0.0;
   for (int64_t j0 = 0; j0 < h; j0 += kSumBlock) {
     const int64_t n = std::min(kSumBlock, h - j0);
+    if (next_dy != nullptr) {
+      for (int64_t l = 0; l < kSumBlock; l += 16) {  // 16 floats = one 64-byte line
+        __builtin_prefetch(next_dy + j0 + l);
+        __builtin_prefetch(next_x + j0 + l);
+      }
+    }
     const float* dyb = dy + j0;
     const float* xb = x + j0;
     const float* gb = gamma + j0;
@@ -188,7 +196,8 @@ KERNELS_CPU_CLONES void LayerNormBwdRows(const LayerNormBwdArgs<float>& a) {
     const float* dy = a.dy + row * h;
     const float* x = a.x + row * h;
     const float mean = a.mean[row], rstd = a.rstd[row];
-    const GradSums gs = RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta);
+    const GradSums gs =
+        RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta, nullptr, nullptr);
     const float mean_g = gs.mean_g, mean_gx = gs.mean_gx;
     float* dx = a.dx + row * h;
     const float* gamma = a.gamma;
@@ -259,39 +268,25 @@ void LayerNormFwdRowsStreaming(const LayerNormFwdArgs<float>& a) {
 
 void LayerNormBwdRowsStreaming(const LayerNormBwdArgs<float>& a) {
   const int64_t h = a.hidden;
-  // Double-buffered scratch rows of dy and x.
-  std::vector<float> buf(4 * h + 16);
-  float* base = buf.data() + ((16 - (reinterpret_cast<uintptr_t>(buf.data()) & 63) / 4) & 15);
-  float* dy_rows[2] = {base, base + h};
-  float* x_rows[2] = {base + 2 * h, base + 3 * h};
-  for (int64_t j = 0; j < h; j += 4) {
-    LoadRow4(a.dy, nullptr, dy_rows[0], j);
-    LoadRow4(a.x, nullptr, x_rows[0], j);
-  }
+  // Backward reads its rows twice (sums, then dx), so instead of a scratch copy
+  // the next row's dy and x are prefetched during this row's sums pass.
   for (int64_t row = 0; row < a.rows; ++row) {
-    const float* dy = dy_rows[row & 1];
-    const float* x = x_rows[row & 1];
+    const float* dy = a.dy + row * h;
+    const float* x = a.x + row * h;
     const float mean = a.mean[row], rstd = a.rstd[row];
-    const GradSums gs = RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta);
+    const bool more = row + 1 < a.rows;
+    const GradSums gs = RowGradSums(dy, x, a.gamma, mean, rstd, h, a.dgamma, a.dbeta,
+                                    more ? dy + h : nullptr, more ? x + h : nullptr);
     const __m128 m = _mm_set1_ps(mean), r = _mm_set1_ps(rstd), mg = _mm_set1_ps(gs.mean_g),
                  mgx = _mm_set1_ps(gs.mean_gx);
     const float* dr = a.dresidual != nullptr ? a.dresidual + row * h : nullptr;
     float* dx = a.dx + row * h;
-    const bool more = row + 1 < a.rows;
-    const float* ndy = a.dy + (row + 1) * h;
-    const float* nx = a.x + (row + 1) * h;
-    float* next_dy = dy_rows[(row + 1) & 1];
-    float* next_x = x_rows[(row + 1) & 1];
     for (int64_t j = 0; j < h; j += 4) {
-      const __m128 xhat = _mm_mul_ps(_mm_sub_ps(_mm_load_ps(x + j), m), r);
-      const __m128 g = _mm_mul_ps(_mm_load_ps(dy + j), _mm_loadu_ps(a.gamma + j));
+      const __m128 xhat = _mm_mul_ps(_mm_sub_ps(_mm_loadu_ps(x + j), m), r);
+      const __m128 g = _mm_mul_ps(_mm_loadu_ps(dy + j), _mm_loadu_ps(a.gamma + j));
       __m128 v = _mm_mul_ps(r, _mm_sub_ps(_mm_sub_ps(g, mg), _mm_mul_ps(xhat, mgx)));
       if (dr != nullptr) v = _mm_add_ps(v, _mm_loadu_ps(dr + j));
       _mm_stream_ps(dx + j, v);
-      if (more) {
-        LoadRow4(ndy, nullptr, next_dy, j);
-        LoadRow4(nx, nullptr, next_x, j);
-      }
     }
   }
   _mm_sfence();
