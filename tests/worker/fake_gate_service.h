@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
 #include "spgate/v1/gate.grpc.pb.h"
@@ -30,41 +30,41 @@ class FakeGateService final : public v1::GateService::CallbackService {
   };
 
   void set_script(const Script& s) {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     script_ = s;
   }
   // Sessions issued so far are forgotten: their next Connect ends with NOT_FOUND.
   void ForgetSessions() {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     valid_.clear();
   }
   // Ends every open stream with UNAVAILABLE (a daemon restart, as the client sees it).
   void KillStreams() {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     for (Stream* st : streams_) st->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "bye"));
   }
   int registrations() const {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     return registrations_;
   }
   int64_t plans_seen() const {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     return plans_seen_;
   }
   int64_t telemetry_seen() const {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     return telemetry_seen_;
   }
   // Local-decision counts of the last heartbeat, by reason.
   std::map<int, int64_t> last_local_decisions() const {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     return last_local_;
   }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
-    absl::MutexLock l(&mu_);
+    spgate::MutexLock l(&mu_);
     const std::string id = absl::StrCat("s", ++registrations_);
     valid_.insert(id);
     resp->set_session_id(id);
@@ -91,7 +91,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
    public:
     explicit Stream(FakeGateService* svc) : svc_(svc) {
       {
-        absl::MutexLock l(&svc_->mu_);
+        spgate::MutexLock l(&svc_->mu_);
         svc_->streams_.insert(this);
       }
       StartRead(&in_);
@@ -106,7 +106,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
       if (!attached_) {
         bool known;
         {
-          absl::MutexLock l(&svc_->mu_);
+          spgate::MutexLock l(&svc_->mu_);
           known = svc_->valid_.contains(in_.session_id());
         }
         if (!known) {
@@ -116,7 +116,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
         attached_ = true;
       }
       {
-        absl::MutexLock l(&svc_->mu_);
+        spgate::MutexLock l(&svc_->mu_);
         const Script& s = svc_->script_;
         for (const v1::BatchPlan& p : in_.plans()) {
           ++svc_->plans_seen_;
@@ -154,7 +154,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
       StartRead(&in_);
     }
     void OnWriteDone(bool ok) override {
-      absl::MutexLock l(&mu_);
+      spgate::MutexLock l(&mu_);
       writing_ = false;
       if (ok && !queue_.empty() && !finish_requested_) {
         current_ = std::move(queue_.front());
@@ -168,13 +168,13 @@ class FakeGateService final : public v1::GateService::CallbackService {
     }
     void OnDone() override {
       {
-        absl::MutexLock l(&svc_->mu_);
+        spgate::MutexLock l(&svc_->mu_);
         svc_->streams_.erase(this);
       }
       delete this;
     }
     void Send(v1::DaemonMessage m) {
-      absl::MutexLock l(&mu_);
+      spgate::MutexLock l(&mu_);
       if (finish_requested_) return;
       if (writing_) {
         queue_.push_back(std::move(m));
@@ -188,7 +188,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
     friend class FakeGateService;
     // Finish only once no write is in flight (OnWriteDone finishes otherwise).
     void FinishOnce(grpc::Status s) {
-      absl::MutexLock l(&mu_);
+      spgate::MutexLock l(&mu_);
       if (finish_requested_) return;
       finish_requested_ = true;
       finish_status_ = std::move(s);
@@ -201,7 +201,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
     v1::WorkerMessage in_;
     bool attached_ = false;
     int64_t received_ = 0;
-    absl::Mutex mu_;
+    spgate::Mutex mu_;
     bool writing_ = false;
     bool finish_requested_ = false;
     bool finished_ = false;
@@ -210,7 +210,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
     std::deque<v1::DaemonMessage> queue_;
   };
 
-  mutable absl::Mutex mu_;
+  mutable spgate::Mutex mu_;
   Script script_;
   std::set<std::string> valid_;
   std::set<Stream*> streams_;

@@ -12,7 +12,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "policy/gate_policy.h"
 #include "tools/sim/lengths.h"
 #include "worker/client/gate_client.h"

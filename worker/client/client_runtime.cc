@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace spgate::client::internal {
 
@@ -18,7 +18,7 @@ struct ClientRuntime::State {
     mutable Task task;
     bool operator>(const Entry& o) const { return when != o.when ? when > o.when : seq > o.seq; }
   };
-  absl::Mutex mu;
+  spgate::Mutex mu;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> queue ABSL_GUARDED_BY(mu);
   std::vector<Task> deferred ABSL_GUARDED_BY(mu);
   absl::Time last_deferred ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -29,13 +29,13 @@ struct ClientRuntime::State {
   // wake-up.
   bool sleeping ABSL_GUARDED_BY(mu) = false;
   absl::Time sleeping_until ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
-  absl::CondVar cv;
+  spgate::CondVar cv;
 };
 
 std::shared_ptr<ClientRuntime> ClientRuntime::Get() {
-  static absl::Mutex mu(absl::kConstInit);
+  static spgate::Mutex mu(absl::kConstInit);
   static auto* current = new std::weak_ptr<ClientRuntime>();
-  absl::MutexLock lock(&mu);
+  spgate::MutexLock lock(&mu);
   std::shared_ptr<ClientRuntime> rt = current->lock();
   if (rt == nullptr) {
     rt = std::make_shared<ClientRuntime>();
@@ -50,7 +50,7 @@ ClientRuntime::ClientRuntime() : state_(std::make_shared<State>()) {
 
 ClientRuntime::~ClientRuntime() {
   {
-    absl::MutexLock lock(&state_->mu);
+    spgate::MutexLock lock(&state_->mu);
     state_->stop = true;
     state_->cv.Signal();
   }
@@ -63,7 +63,7 @@ ClientRuntime::~ClientRuntime() {
 
 void ClientRuntime::RunAt(absl::Time when, Task task) {
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  spgate::MutexLock lock(&s.mu);
   s.queue.push(State::Entry{when, s.next_seq++, std::move(task)});
   if (s.sleeping && when < s.sleeping_until) {
     s.sleeping = false;
@@ -73,7 +73,7 @@ void ClientRuntime::RunAt(absl::Time when, Task task) {
 
 void ClientRuntime::Defer(Task task) {
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  spgate::MutexLock lock(&s.mu);
   s.deferred.push_back(std::move(task));
   if (s.sleeping && !s.polling) {
     s.sleeping = false;

@@ -28,7 +28,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
@@ -153,11 +153,11 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Status WaitUntilConnected(absl::Duration timeout);
   GateClientStats stats() const;
   std::vector<double> TakeDecisionLatencies() {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     return std::exchange(latencies_, {});
   }
   ScheduledConfig ConfigFor(int64_t step) const {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     return policy_.ConfigFor(step);
   }
   const GateClientOptions& options() const { return opts_; }
@@ -212,8 +212,8 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::GateService::Stub> stub_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;  // decisions, stream state changes, acks
+  mutable spgate::Mutex mu_;
+  spgate::CondVar cv_;  // decisions, stream state changes, acks
 
   LocalGatePolicy policy_ ABSL_GUARDED_BY(mu_);
   bool rs_wait_explicit_ ABSL_GUARDED_BY(mu_) = false;
@@ -295,13 +295,13 @@ GateClient::Impl::Impl(GateClientOptions options)
 
 void GateClient::Impl::Start() {
   if (!remote()) return;
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   ScheduleReconnectLocked(absl::ZeroDuration());
 }
 
 void GateClient::Impl::Shutdown() {
   if (!remote()) return;
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   closing_ = true;
   if (register_call_ != nullptr) register_call_->ctx.TryCancel();
   if (reactor_ != nullptr && !hold_released_) reactor_->ctx.TryCancel();
@@ -337,7 +337,7 @@ void GateClient::Impl::ScheduleReconnectLocked(absl::Duration delay) {
 void GateClient::Impl::Reconnect() {
   bool need_register;
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     reconnect_scheduled_ = false;
     if (closing_ || reactor_ != nullptr || register_call_ != nullptr) return;
     need_register = session_id_.empty();
@@ -367,7 +367,7 @@ void GateClient::Impl::StartRegister() {
   req.set_memory_budget_bytes(opts_.memory_budget_bytes);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + opts_.rpc_timeout));
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     if (closing_) return;
     register_call_ = call;
   }
@@ -393,7 +393,7 @@ void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
 void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
                                       const grpc::Status& s) {
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     if (register_call_ == call) register_call_ = nullptr;
     cv_.SignalAll();
     if (closing_) return;
@@ -418,7 +418,7 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
 }
 
 void GateClient::Impl::StartStream() {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (closing_ || reactor_ != nullptr || session_id_.empty()) return;
   auto* r = new ConnectReactor(shared_from_this());
   reactor_ = r;
@@ -442,7 +442,7 @@ void GateClient::Impl::StartStream() {
 void GateClient::Impl::HeartbeatTick(uint64_t stream_id) {
   ClaimedWrite w;
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     if (closing_ || stream_id != stream_id_ || !StreamOpenLocked()) return;
     heartbeat_due_ = true;
     w = ClaimWriteLocked();
@@ -461,7 +461,7 @@ void GateClient::Impl::EndSessionLocked() {
 }
 
 void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessage& msg) {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (r != reactor_) return;
   confirmed_ = true;
   attempt_ = 0;
@@ -513,7 +513,7 @@ void GateClient::Impl::ReleaseHoldIfIdleLocked() {
 }
 
 void GateClient::Impl::OnStreamBroken(ConnectReactor* r) {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (r != reactor_) return;
   stream_dead_ = true;
   confirmed_ = false;
@@ -524,7 +524,7 @@ void GateClient::Impl::OnStreamBroken(ConnectReactor* r) {
 void GateClient::Impl::OnWriteDone(ConnectReactor* r, bool ok) {
   ClaimedWrite w;
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     if (r != reactor_) return;
     write_in_flight_ = false;
     if (!ok) {
@@ -542,7 +542,7 @@ void GateClient::Impl::OnWriteDone(ConnectReactor* r, bool ok) {
 }
 
 void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& status) {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (r != reactor_) return;
   reactor_ = nullptr;
   stream_dead_ = true;
@@ -667,7 +667,7 @@ void GateClient::Impl::KickLocked() {
 void GateClient::Impl::Pump() {
   ClaimedWrite w;
   {
-    absl::MutexLock lock(&mu_);
+    spgate::MutexLock lock(&mu_);
     kick_posted_ = false;
     if (closing_) return;
     w = ClaimWriteLocked();
@@ -698,7 +698,7 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
   rec.submitted = absl::Now();
 
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (plan.step <= last_decided_step_) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "plan for step %d: step %d is already decided (steps must increase)", plan.step,
@@ -745,7 +745,7 @@ absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl:
         "group broadcast (GroupDecider)",
         opts_.rank_in_group, opts_.group));
   }
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   if (step == last_decided_step_) return last_decision_;  // committed: same answer
   if (step < last_decided_step_) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -800,7 +800,7 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   if (t.effective_tokens < 0 || t.padding_tokens < 0) {
     return absl::InvalidArgumentError("telemetry: token counts must be >= 0");
   }
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   ++stats_.telemetry_reported;
   if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&
       t.step_time_s > 0) {
@@ -821,7 +821,7 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
     runtime_->RunAt(absl::Now() + opts_.telemetry_flush_interval, [w = weak_from_this()] {
       if (auto self = w.lock()) {
         {
-          absl::MutexLock lock(&self->mu_);
+          spgate::MutexLock lock(&self->mu_);
           self->flush_timer_set_ = false;
         }
         self->Pump();
@@ -832,7 +832,7 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
 }
 
 void GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   rs_wait_explicit_ = true;
   policy_.ObserveRsWaitShare(step, mode, share);
 }
@@ -840,7 +840,7 @@ void GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double s
 absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
   if (!remote()) return absl::OkStatus();
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   while (true) {
     if (confirmed_ && StreamOpenLocked() && telemetry_.empty() && !write_in_flight_ &&
         session_acked_ >= session_sent_) {
@@ -863,7 +863,7 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
 absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
   if (!remote()) return absl::FailedPreconditionError("no controller configured");
   const absl::Time deadline = absl::Now() + timeout;
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   while (!(confirmed_ && StreamOpenLocked())) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) {
       if (confirmed_ && StreamOpenLocked()) break;
@@ -876,7 +876,7 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
 }
 
 GateClientStats GateClient::Impl::stats() const {
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   GateClientStats s = stats_;
   s.connected = confirmed_ && StreamOpenLocked();
   s.telemetry_sent = closed_sent_ + session_sent_;

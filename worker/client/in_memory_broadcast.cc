@@ -13,7 +13,7 @@ absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
   }
-  absl::MutexLock lock(&mu_);
+  spgate::MutexLock lock(&mu_);
   const uint64_t k = calls_[rank]++;
   if (rank == root) {
     if (size_ > 1) slots_[k] = Slot{wire, root, size_ - 1};

@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "absl/time/time.h"
 #include "worker/client/group_decider.h"
 
@@ -39,8 +39,8 @@ class InMemoryBroadcast {
   };
   const int size_;
   const absl::Duration timeout_;
-  absl::Mutex mu_;
-  absl::CondVar cv_;
+  spgate::Mutex mu_;
+  spgate::CondVar cv_;
   std::vector<uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // per rank
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
 };
