@@ -86,9 +86,11 @@ def main():
                 for name, flags in order:
                     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
                     summary = os.path.join(runs_dir, f"{slug}.round{rnd}.json")
-                    extra = []
-                    if "--mode=auto" in flags:
-                        extra = [f"--controller=127.0.0.1:{port}", f"--job_id=replay-{rnd}"]
+                    # Every row talks to the daemon (forced rows only report telemetry),
+                    # so every row's ranks have the same threads: with 4 ranks on fewer
+                    # cores, the client's timer wake-ups change how fast a rank spinning
+                    # in MPI gives its core back, worth up to 2x in step time here.
+                    extra = [f"--controller=127.0.0.1:{port}", f"--job_id=replay-{slug}-{rnd}"]
                     cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
                         extra + [f"--summary_json={summary}"]
                     commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags)
