@@ -7,6 +7,11 @@
 //   - step_time_p95_s: p95 (nearest rank) of group step times;
 //   - peak_memory_bytes: max over ranks and steps; decisions: the group leaders' counts;
 //   - consistency_violations: (group, step) pairs whose ranks ran different modes.
+//
+// Usage (world rank 0, after gathering):
+//   RunSummary s = Summarize(DescribeRun(options, world_size), records_by_rank, counters);
+//   std::cout << SummaryTable(s);
+//   WriteFile(path, SummaryJson(s));
 #ifndef SPGATE_WORKER_RUNTIME_SUMMARY_H_
 #define SPGATE_WORKER_RUNTIME_SUMMARY_H_
 
