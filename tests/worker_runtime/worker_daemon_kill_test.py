@@ -101,18 +101,21 @@ class DaemonKilledMidRunTest(unittest.TestCase):
             self.assertIn(source, ("daemon", "fallback"))
             self.assertEqual(source == "fallback", reason == "controller_unavailable", rows)
         self.assertEqual(rows[0][3], "daemon", "the first decision should be the daemon's")
-        self.assertEqual(rows[-1][3], "fallback", "decisions after the kill must be local")
-        # Once the daemon is gone it never answers again.
+        # Once the daemon is dead it never answers again. Answers already on the wire when
+        # it died (plans go out a step ahead) may still be used for the next couple of
+        # steps; from then on every step is the fail-static fallback.
+        for step, _, _, source in rows[killed_at + 3:]:
+            self.assertEqual(source, "fallback", f"step {step} after the kill: {rows}")
+        fallbacks = sum(1 for r in rows if r[3] == "fallback")
         first_fallback = next(i for i, r in enumerate(rows) if r[3] == "fallback")
-        print(f"daemon decided steps 0..{first_fallback - 1}, killed after {killed_at} logged "
-              f"steps; fallback from step {first_fallback}", file=sys.stderr)
-        self.assertTrue(all(r[3] == "fallback" for r in rows[first_fallback:]), rows)
+        print(f"daemon killed after {killed_at} logged steps; first fallback at step "
+              f"{first_fallback}; {fallbacks} fallback steps", file=sys.stderr)
 
         with open(summary) as f:
             s = json.load(f)
         self.assertEqual(s["steps"], steps)
         self.assertEqual(s["consistency_violations"], 0)
-        self.assertEqual(s["local_decisions"], steps - first_fallback)
+        self.assertEqual(s["local_decisions"], fallbacks)
         self.assertEqual(sum(n for reasons in s["decisions"].values() for n in reasons.values()),
                          steps)
         self.assertGreaterEqual(s["lost_telemetry"], 0)
