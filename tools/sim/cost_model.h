@@ -5,7 +5,7 @@
 // per-rank imbalance (hence the reduce-scatter wait) grows with the spread of lengths.
 //
 // Usage:
-//   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B, t = 8, H100-like
+//   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B stage, t = 8, H100-like
 //   spgate::sim::MemoryPrediction mem = model.PredictMemory(lengths);
 //   spgate::sim::GroupStep step = model.Step(lengths, Mode::kSequenceParallel, rng);
 //   step.ranks[r].rs_wait_s / step.step_time_s ...
@@ -23,7 +23,10 @@ namespace spgate::sim {
 
 struct CostParams {
   int tp = 8;
-  int layers = 40;  // layers on this rank (the whole model, or one pipeline stage)
+  // Layers on this rank: by default one pipeline stage (8 of a 40-layer 13B model), which
+  // fits an 80 GiB device at every t from 1 to 8, so the memory gate is opt-in (a
+  // smaller --device_memory_gib, more --tokens_per_batch or --layers).
+  int layers = 8;
   int hidden = 5120;
   int heads = 40;
   double device_tflops = 989;     // dense bf16 peak (H100 SXM)

@@ -51,7 +51,7 @@ ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (sorted pools)");
 ABSL_FLAG(bool, leader_group_rs_wait, true,
           "Feed the leader's fallback the group's max wait share (else its own)");
 // Cost model (docs/sim.md).
-ABSL_FLAG(int, layers, 40, "Transformer layers on a rank");
+ABSL_FLAG(int, layers, 8, "Transformer layers on a rank (default: one of 5 pipeline stages of a 13B model)");
 ABSL_FLAG(int, hidden, 5120, "Hidden size");
 ABSL_FLAG(int, heads, 40, "Attention heads");
 ABSL_FLAG(double, device_tflops, 989, "Peak dense TFLOP/s of a device");
