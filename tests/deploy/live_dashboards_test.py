@@ -8,18 +8,22 @@ Everything runs on 127.0.0.1 in a temporary directory:
   2. Prometheus with deploy/prometheus/prometheus.yml (scrape interval cut to 1 s) and
      deploy/prometheus/spgate-rules.yml;
   3. spgatectl shortens the rolling windows (so RS_WAIT, PROBE and the hysteresis happen
-     within seconds), then spgate-sim runs a two-group job with bimodal lengths;
+     within seconds), then two spgate-sim processes run two jobs against it: the
+     dashboards' job (two groups, bimodal lengths, bucketed so SP passes the gates, and
+     stragglers so the wait-share gate trips and probes), and a memory job (one group,
+     unbucketed mixed lengths on a small device, so batches fit TP-only, need SP or fit
+     neither: LENGTH_CV, MEMORY_REQUIRES_SP, MEMORY_OVER_BUDGET);
   4. while it runs: an operator pin (PINNED), a 1.5 s SIGSTOP of the daemon (the workers'
      deadline passes: local decisions, reported after), a SIGHUP (config reload);
   5. then every panel query of both dashboards (variables substituted as Grafana does:
      All, one job, one group; $__rate_interval = 1m) must return data, every template
      variable must list the job and its groups, every rule must evaluate cleanly and every
      recording rule return data; `promtool check metrics` on a live scrape prints nothing;
-     and the traffic must have fired every reason (ADAPTIVE excepted; CONTROLLER_UNAVAILABLE
-     counts through spgate_worker_local_decisions_total).
+     and the traffic of the two jobs must have fired every reason (ADAPTIVE excepted;
+     CONTROLLER_UNAVAILABLE counts through spgate_worker_local_decisions_total).
 A failure names the dashboard, the panel, the variables and the query.
 
-Usage: live_dashboards_test.py BUILD_DIR [--sim_arg=--flag=value ...] [--duration=40]
+Usage: live_dashboards_test.py BUILD_DIR [--sim_arg=--flag=value ...] [--duration=30]
        [--allow_missing_reasons=a,b] [--keep]
 """
 import argparse
@@ -43,8 +47,21 @@ import spgate_reflect as sr  # noqa: E402  (starts spgated on port 0, reads its 
 import yaml  # noqa: E402
 
 JOB = "live-dash"
+MEMORY_JOB = "live-dash-memory"
+# spgate-sim's cost model (docs/sim.md) at t = 2 and the default 8 layers of h = 5120:
+# 20.1 GB of weights and optimizer state, 0.90 MB a token under TP-only, 0.70 MB under SP.
+# With 31 GiB x 0.9 TP-only fits up to ~10,900 tokens and SP up to ~14,100, and unbucketed
+# uniform 1,000..12,000 lengths packed into 16,384 tokens give batches on all three sides
+# (in 600 steps of `spgate-sim replay`: ~160 fit and pass or trip LENGTH_CV (~40), ~230
+# need SP, ~170 fit neither).
+SIM_FLAGS = {
+    JOB: ["--groups=2", "--tp=2", "--lengths=bimodal:short=512,long=16384,p_long=0.3",
+          "--straggler_prob=0.3", "--straggler_slowdown=0.6"],
+    MEMORY_JOB: ["--groups=1", "--tp=2", "--lengths=uniform:min=1000,max=12000",
+                 "--bucketing=false", "--tokens_per_batch=16384", "--device_memory_gib=31"],
+}
 GROUPS = ["0", "1"]
-CHECK_TIMEOUT_S = 60
+CHECK_TIMEOUT_S = 45
 TOKEN = "live-dashboards-test-token"
 
 
@@ -64,12 +81,13 @@ def PrometheusConfig(metrics_port):
 
 
 def MissingReasons(prom, allowed_missing):
+    jobs = f'job_id=~"{JOB}|{MEMORY_JOB}"'
     fired = {s["metric"]["reason"] for s in prom.Query(
-        f'sum by (reason) (spgate_decisions_total{{job_id="{JOB}"}}) > 0')}
-    if prom.Query(f'sum(spgate_worker_local_decisions_total{{job_id="{JOB}"}}) > 0'):
+        f'sum by (reason) (spgate_decisions_total{{{jobs}}}) > 0')}
+    if prom.Query(f'sum(spgate_worker_local_decisions_total{{{jobs}}}) > 0'):
         fired.add("controller_unavailable")
     modes = {s["metric"]["mode"] for s in prom.Query(
-        f'sum by (mode) (spgate_decisions_total{{job_id="{JOB}"}}) > 0')}
+        f'sum by (mode) (spgate_decisions_total{{{jobs}}}) > 0')}
     want = set(contract.REASONS) - {"adaptive"} - set(allowed_missing)
     problems = [f"the traffic never fired reason {r}" for r in sorted(want - fired)]
     problems += [f"the traffic never ran mode {m}" for m in sorted(set(contract.MODES) - modes)]
@@ -80,8 +98,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("build_dir")
     ap.add_argument("--sim_arg", action="append", default=[],
-                    help="extra spgate-sim flag, e.g. --sim_arg=--tp=4 (repeatable)")
-    ap.add_argument("--duration", type=int, default=40, help="simulated run, seconds")
+                    help="extra flag for both spgate-sim runs, e.g. --sim_arg=--seed=3 (repeatable)")
+    ap.add_argument("--duration", type=int, default=30, help="simulated run, seconds (>= 20)")
     ap.add_argument("--allow_missing_reasons", default="",
                     help="comma-separated reasons the traffic may leave out")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -97,7 +115,8 @@ def main():
     with open(token_file, "w") as f:
         f.write(TOKEN + "\n")
     os.chmod(token_file, 0o600)
-    daemon = prom = sim = None
+    daemon = prom = None
+    sims = {}  # job -> Popen
     problems = []
     try:
         daemon = sr.SpgatedProcess(
@@ -122,22 +141,24 @@ def main():
 
         # Short windows so the RS_WAIT fallback, its probes and recovery fit in the run.
         ctl("gates", "set", "--window_steps=5", "--probe_interval_steps=10", "--min_dwell_steps=2")
-        summary = os.path.join(tmp, "summary.json")
-        sim_cmd = [bins["spgate-sim"], f"--controller={daemon.worker_address}", f"--job_id={JOB}",
-                   f"--groups={len(GROUPS)}", "--tp=2",
-                   "--lengths=bimodal:short=512,long=16384,p_long=0.3", "--steps_per_s=20",
-                   f"--duration={args.duration}s", "--seed=7", f"--summary_json={summary}",
-                   *args.sim_arg]
-        Log("starting " + " ".join(sim_cmd))
-        sim_log = open(os.path.join(tmp, "sim.log"), "w")
-        sim = subprocess.Popen(sim_cmd, stdout=sim_log, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL)
+        for job, flags in SIM_FLAGS.items():
+            sim_cmd = [bins["spgate-sim"], f"--controller={daemon.worker_address}",
+                       f"--job_id={job}", *flags, "--steps_per_s=20",
+                       f"--duration={args.duration}s", "--seed=7",
+                       f"--summary_json={os.path.join(tmp, job + '.summary.json')}",
+                       *args.sim_arg]
+            Log("starting " + " ".join(sim_cmd))
+            with open(os.path.join(tmp, job + ".sim.log"), "w") as sim_log:
+                sims[job] = subprocess.Popen(sim_cmd, stdout=sim_log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL)
         start = time.monotonic()
 
         def at(seconds):
             time.sleep(max(0.0, start + seconds - time.monotonic()))
-            if sim.poll() is not None:
-                raise RuntimeError(f"spgate-sim exited early with {sim.returncode}; see sim.log")
+            for job, sim in sims.items():
+                if sim.poll() is not None:
+                    raise RuntimeError(f"spgate-sim for {job} exited early with "
+                                       f"{sim.returncode}; see {job}.sim.log")
 
         at(4)
         ctl("gates", "set", f"--job_id={JOB}", "--max_length_cv=0.18")  # a per-job override
@@ -150,7 +171,7 @@ def main():
         at(13)
         Log("SIGHUP spgated: reload --config")
         daemon.proc.send_signal(signal.SIGHUP)
-        at(min(25, args.duration - 5))
+        at(min(20, args.duration - 5))
 
         Log("checking every panel, variable and rule (the sim is still running)")
         deadline = time.monotonic() + CHECK_TIMEOUT_S
@@ -173,31 +194,35 @@ def main():
         problems += reason_problems
         Log(f"reasons fired: {sorted(fired)}")
 
-        try:
-            rc = sim.wait(timeout=args.duration + 60)
-        except subprocess.TimeoutExpired:
-            problems.append("spgate-sim did not finish")
-            rc = None
-        if rc not in (0, None):
-            problems.append(f"spgate-sim exited with {rc}")
-        if os.path.exists(summary):
-            with open(summary) as f:
-                s = json.load(f)
-            Log(f"sim summary: steps {s.get('steps')}, decisions {s.get('decisions')}, "
-                f"local {s.get('local_decisions')}, violations {s.get('consistency_violations')}")
+        for job, sim in sims.items():
+            try:
+                rc = sim.wait(timeout=max(5, start + args.duration + 30 - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                problems.append(f"spgate-sim for {job} did not finish")
+                rc = None
+            if rc not in (0, None):
+                problems.append(f"spgate-sim for {job} exited with {rc}")
+            summary = os.path.join(tmp, job + ".summary.json")
+            if os.path.exists(summary):
+                with open(summary) as f:
+                    s = json.load(f)
+                Log(f"{job} summary: steps {s.get('steps')}, decisions {s.get('decisions')}, "
+                    f"local {s.get('local_decisions')}, "
+                    f"violations {s.get('consistency_violations')}")
     except (RuntimeError, TimeoutError, OSError) as e:
         problems.append(str(e))
     finally:
-        if sim and sim.poll() is None:
-            sim.kill()
-            sim.wait(timeout=10)
+        for sim in sims.values():
+            if sim.poll() is None:
+                sim.kill()
+                sim.wait(timeout=10)
         if daemon and daemon.proc and daemon.proc.poll() is None:
             daemon.proc.send_signal(signal.SIGCONT)
             daemon.kill()
         if prom:
             prom.Stop()
         if problems:
-            for name in ("sim.log",):
+            for name in (f"{job}.sim.log" for job in SIM_FLAGS):
                 path = os.path.join(tmp, name)
                 if os.path.exists(path):
                     with open(path) as f:
