@@ -1,7 +1,8 @@
 // Callback services over GateState. Streams are small reactors: one read outstanding,
-// one write outstanding, later messages merged into a pending one (decisions append,
-// the newest config update and ack win), so a slow reader never grows a queue without
-// bound and a burst of decisions goes out in one write.
+// one write outstanding, later messages merged into the pending one (decisions append,
+// the newest ack wins; config updates are never merged with each other, since each has
+// its own effective_from_step), so a burst of decisions goes out in one write and the
+// queue only grows by config updates, which are rare.
 #include "server/services.h"
 
 #include <chrono>
@@ -125,8 +126,14 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       MutexLock lock(&mu_);
       if (finish_requested_) return;
       if (writing_) {
-        pending_.MergeFrom(msg);
-        has_pending_ = true;
+        // Merge behind the write in flight (decisions append, the newest ack wins), but
+        // never merge two config updates: each carries its own effective_from_step.
+        if (!pending_.empty() &&
+            !(pending_.back().has_config_update() && msg.has_config_update())) {
+          pending_.back().MergeFrom(msg);
+        } else {
+          pending_.push_back(std::move(msg));
+        }
         return;
       }
       writing_ = true;
@@ -140,10 +147,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     bool write = false;
     {
       MutexLock lock(&mu_);
-      if (ok && has_pending_ && !finish_requested_) {
-        current_ = std::move(pending_);
-        pending_.Clear();
-        has_pending_ = false;
+      if (ok && !pending_.empty() && !finish_requested_) {
+        current_ = std::move(pending_.front());
+        pending_.pop_front();
         write = true;
       } else {
         writing_ = false;
@@ -207,8 +213,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   v1::DaemonMessage current_;  // owned by the write in flight
-  v1::DaemonMessage pending_ ABSL_GUARDED_BY(mu_);
-  bool has_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::DaemonMessage> pending_ ABSL_GUARDED_BY(mu_);
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_;
