@@ -3,11 +3,14 @@
 // and exercises every gate; the sweep ranks configs on common random numbers.
 #include "tools/sim/sim.h"
 
+#include <fstream>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "worker/runtime/batching.h"
+#include "worker/runtime/lengths.h"
 #ifdef SPGATE_HAVE_SERVER
 #include "server/daemon.h"
 #endif
@@ -80,6 +83,63 @@ TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   (*daemon)->Shutdown(absl::Seconds(2));
 }
 #endif
+
+// ---------------------------------------------------------------- batches
+
+TEST(SimBatchesTest, EachGroupDrawsTheWorkersStreamForTheSameSeed) {
+  for (bool bucketing : {false, true}) {
+    SimOptions o = Small();
+    o.lengths = "bimodal:short=512,long=16384,p_long=0.3";
+    o.tokens_per_batch = 16384;
+    o.bucketing = bucketing;
+    o.seed = 7;
+    for (int group : {0, 3}) {
+      absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> sim = GroupBatches(o, group);
+      ASSERT_THAT(sim.status(), IsOk());
+      // What spgate-worker's leader of TP group `group` builds (worker/runtime/worker.cc).
+      absl::StatusOr<std::unique_ptr<runtime::LengthSource>> src =
+          runtime::ParseLengthSource(o.lengths, o.seed * 1000003 + group, o.tokens_per_batch);
+      ASSERT_THAT(src.status(), IsOk());
+      runtime::BatchBuilder worker(*std::move(src), {.tokens_per_batch = o.tokens_per_batch,
+                                                     .bucketing = o.bucketing});
+      for (int i = 0; i < 50; ++i) {
+        ASSERT_EQ((*sim)->Next(0.15).lengths, worker.Next(0.15).lengths)
+            << "bucketing " << bucketing << " group " << group << " batch " << i;
+      }
+    }
+  }
+}
+
+TEST(SimBatchesTest, SequencesLongerThanABatchAreCut) {
+  SimOptions o = Small();
+  o.lengths = "uniform:min=5000,max=9000";
+  o.tokens_per_batch = 4096;
+  absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, 0);
+  ASSERT_THAT(b.status(), IsOk());
+  for (int i = 0; i < 50; ++i) EXPECT_EQ((*b)->Next(0.15).lengths, std::vector<int64_t>{4096});
+}
+
+TEST(SimBatchesTest, EveryGroupReplaysATraceFromItsOwnOffset) {
+  const std::string path = ::testing::TempDir() + "/sim_trace.txt";
+  std::ofstream(path) << "# a trace\n100\n200\n\n300\n400\n";
+  SimOptions o = Small();
+  o.lengths = "file:" + path;
+  o.groups = 2;
+  o.tokens_per_batch = 250;  // one sequence a batch
+  auto firsts = [&](int group) {
+    std::vector<int64_t> got;
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, group);
+    EXPECT_THAT(b.status(), IsOk());
+    if (!b.ok()) return got;
+    for (int i = 0; i < 4; ++i) got.push_back((*b)->Next(0.15).lengths.at(0));
+    return got;
+  };
+  // Lengths over the budget are cut to it (300, 400 -> 250).
+  EXPECT_EQ(firsts(0), (std::vector<int64_t>{100, 200, 250, 250}));
+  EXPECT_EQ(firsts(1), (std::vector<int64_t>{250, 250, 100, 200}));
+}
+
+// ---------------------------------------------------------------- replay
 
 TEST(SimReplayTest, IsDeterministic) {
   SimOptions o = Small();

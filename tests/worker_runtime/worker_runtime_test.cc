@@ -74,6 +74,14 @@ TEST(LengthSourceTest, ClampsToTheMaximumLength) {
   for (int64_t x : Draw(*s, 200)) EXPECT_LE(x, 100);
 }
 
+TEST(LengthSourceTest, DistributionsHaveNoCycle) {
+  for (const char* spec : {"lognormal:mean=4096,sigma=0.8",
+                           "bimodal:short=512,long=16384,p_long=0.2", "uniform:min=1,max=9"}) {
+    ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource(spec, 1, 1 << 20));
+    EXPECT_EQ(s->cycle_length(), 0) << spec;
+  }
+}
+
 TEST(LengthSourceTest, FileIsReplayedInOrderAndCycled) {
   const std::string path = ::testing::TempDir() + "/lengths.txt";
   {
@@ -82,6 +90,7 @@ TEST(LengthSourceTest, FileIsReplayedInOrderAndCycled) {
   }
   ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("file:" + path, 99, 1000));
   EXPECT_EQ(Draw(*s, 7), (std::vector<int64_t>{7, 300, 12, 7, 300, 12, 7}));
+  EXPECT_EQ(s->cycle_length(), 3);
   {
     std::ofstream f(path);
     f << "7\nseven\n";
@@ -129,6 +138,18 @@ TEST(BatchingTest, PackingKeepsArrivalOrderAndTheBudget) {
     seen.insert(seen.end(), b.lengths.begin(), b.lengths.end());
   }
   EXPECT_EQ(seen, Draw(*ref, static_cast<int>(seen.size())));
+}
+
+// With the budget as the maximum length (as both tools parse --lengths), a sequence
+// longer than a batch is cut to one full batch.
+TEST(BatchingTest, SequencesLongerThanTheBudgetAreCutToOneBatch) {
+  for (bool bucketing : {false, true}) {
+    ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("uniform:min=5000,max=9000", 1, 4096));
+    BatchBuilder builder(std::move(s), {.tokens_per_batch = 4096, .bucketing = bucketing});
+    for (int i = 0; i < 50; ++i) {
+      EXPECT_EQ(builder.Next(0.15).lengths, std::vector<int64_t>{4096}) << bucketing;
+    }
+  }
 }
 
 TEST(BatchingTest, BucketRatioMakesTheWorstCaseCvExactlyTheTarget) {

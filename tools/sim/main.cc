@@ -47,7 +47,7 @@ ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
 ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
 ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
-ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (sorted pools)");
+ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (the worker's bucket_by_tokens)");
 ABSL_FLAG(bool, leader_group_rs_wait, true,
           "Feed the leader's fallback the group's max wait share (else its own)");
 // Cost model (docs/sim.md).

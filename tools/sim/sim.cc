@@ -13,11 +13,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "policy/gate_policy.h"
-#include "tools/sim/lengths.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
 #include "worker/client/in_memory_broadcast.h"
 #include "worker/client/local_policy.h"
+#include "worker/runtime/lengths.h"
 
 namespace spgate::sim {
 namespace {
@@ -32,7 +32,7 @@ struct SimGroup {
   std::vector<std::unique_ptr<GateClient>> clients;  // one per rank
   std::unique_ptr<client::InMemoryBroadcast> broadcast;
   std::vector<std::unique_ptr<GroupDecider>> deciders;
-  std::unique_ptr<BatchSource> source;
+  std::unique_ptr<runtime::BatchBuilder> batches;
   std::mt19937_64 rng;
   std::vector<int64_t> current, next;  // batches for step k and k + 1
 };
@@ -95,15 +95,6 @@ void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t
   sum.AddStep(step, d);
 }
 
-// Each group samples its own distribution (samplers keep state and groups run on
-// different threads); a file trace is replayed by every group from its own offset.
-absl::StatusOr<std::shared_ptr<LengthDistribution>> GroupLengths(const SimOptions& o, int group) {
-  absl::StatusOr<std::unique_ptr<LengthDistribution>> d = ParseLengths(o.lengths);
-  if (!d.ok()) return d.status();
-  if ((*d)->is_trace()) (*d)->Seek((*d)->trace_size() * group / o.groups);
-  return std::shared_ptr<LengthDistribution>(std::move(*d));
-}
-
 int ThreadCount(const SimOptions& o) {
   if (o.threads > 0) return std::min(o.threads, o.groups);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -125,6 +116,27 @@ absl::Status Validate(const SimOptions& o) {
 
 }  // namespace
 
+uint64_t GroupLengthSeed(uint64_t seed, int group) {
+  return seed * 1000003 + static_cast<uint64_t>(group);
+}
+
+absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOptions& o,
+                                                                    int group) {
+  // Lengths are clamped to the budget, so a longer sequence is cut to one full batch.
+  absl::StatusOr<std::unique_ptr<runtime::LengthSource>> source =
+      runtime::ParseLengthSource(o.lengths, GroupLengthSeed(o.seed, group), o.tokens_per_batch);
+  if (!source.ok()) return source.status();
+  // A trace has no seed: each group starts at its own share of it so groups differ.
+  const int64_t cycle = (*source)->cycle_length();
+  for (int64_t i = 0, skip = cycle * group / std::max(1, o.groups); i < skip; ++i) {
+    (*source)->Next();
+  }
+  return std::make_unique<runtime::BatchBuilder>(
+      *std::move(source),
+      runtime::BatchBuilderOptions{.tokens_per_batch = o.tokens_per_batch,
+                                   .bucketing = o.bucketing});
+}
+
 int64_t StepsFor(const SimOptions& o) {
   if (o.steps > 0) return o.steps;
   return std::max<int64_t>(1, static_cast<int64_t>(absl::ToDoubleSeconds(o.duration) * o.steps_per_s));
@@ -135,7 +147,6 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   const CostModel model(o.cost);
   const int t = o.cost.tp;
   const int64_t steps = StepsFor(o);
-  const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
 
   // Groups, ranks, clients.
   std::vector<std::unique_ptr<SimGroup>> groups;
@@ -143,9 +154,9 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     auto g = std::make_unique<SimGroup>();
     g->index = gi;
     g->rng.seed(Mix(o.seed, gi, 1));
-    absl::StatusOr<std::shared_ptr<LengthDistribution>> dist = GroupLengths(o, gi);
-    if (!dist.ok()) return dist.status();
-    g->source = std::make_unique<BatchSource>(*std::move(dist), bo, Mix(o.seed, gi, 2));
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> batches = GroupBatches(o, gi);
+    if (!batches.ok()) return batches.status();
+    g->batches = *std::move(batches);
     g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
     GateClientOptions base;
     base.controller = o.controller;
@@ -206,8 +217,14 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
       Summary& sum = partial[w];
       std::vector<SimGroup*> mine;
       for (int gi = w; gi < o.groups; gi += W) mine.push_back(groups[gi].get());
+      // The leader buckets for the target CV of the config that will be in force, as
+      // spgate-worker does.
+      auto next_batch = [](SimGroup& g, int64_t step) {
+        const double target = g.clients[0]->ConfigFor(step).config.bucket_target_cv;
+        return g.batches->Next(target).lengths;
+      };
       for (SimGroup* g : mine) {
-        g->next = g->source->Next();
+        g->next = next_batch(*g, 0);
         if (absl::Status s = SubmitNext(*g, model, 0); !s.ok()) {
           ++sum.decide_errors;
           sum.first_error = s.ToString();
@@ -226,7 +243,7 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
         // The plan for k + 1 goes out before step k is decided and run (SPEC §4).
         for (SimGroup* g : mine) {
           g->current = std::move(g->next);
-          g->next = g->source->Next();
+          g->next = next_batch(*g, k + 1);
           if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
             ++sum.decide_errors;
             if (sum.first_error.empty()) sum.first_error = s.ToString();
@@ -272,18 +289,20 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
-  absl::StatusOr<std::shared_ptr<LengthDistribution>> probe_dist = GroupLengths(o, 0);
-  if (!probe_dist.ok()) return probe_dist.status();
+  absl::StatusOr<std::unique_ptr<runtime::LengthSource>> probe =
+      runtime::ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch);
+  if (!probe.ok()) return probe.status();
   const CostModel model(o.cost);
-  const BatchOptions bo{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing};
   // A trace with no --steps is replayed once through; a distribution for 1,000 steps.
   int64_t steps = o.steps;
   if (steps == 0) {
-    if ((*probe_dist)->is_trace()) {
-      BatchSource probe(*probe_dist, bo, o.seed);
+    const int64_t trace = (*probe)->cycle_length();
+    if (trace > 0) {
+      runtime::BatchBuilder batches(*std::move(probe), {.tokens_per_batch = o.tokens_per_batch,
+                                                        .bucketing = o.bucketing});
       int64_t seen = 0;
-      while (seen < static_cast<int64_t>((*probe_dist)->trace_size())) {
-        seen += static_cast<int64_t>(probe.Next().size());
+      while (seen < trace) {
+        seen += static_cast<int64_t>(batches.Next(config.bucket_target_cv).lengths.size());
         ++steps;
       }
     } else {
@@ -293,13 +312,12 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   const absl::Time start = absl::Now();
   Summary sum;
   for (int gi = 0; gi < o.groups; ++gi) {
-    absl::StatusOr<std::shared_ptr<LengthDistribution>> dist = GroupLengths(o, gi);
-    if (!dist.ok()) return dist.status();
-    BatchSource source(*std::move(dist), bo, Mix(o.seed, gi, 2));
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> batches = GroupBatches(o, gi);
+    if (!batches.ok()) return batches.status();
     std::mt19937_64 rng(Mix(o.seed, gi, 1));
     client::LocalGatePolicy policy(config, 0);
     for (int64_t k = 0; k < steps; ++k) {
-      const std::vector<int64_t> lengths = source.Next();
+      const std::vector<int64_t> lengths = (*batches)->Next(config.bucket_target_cv).lengths;
       absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
       if (!stats.ok()) return stats.status();
       const MemoryPrediction mem = model.PredictMemory(lengths);

@@ -10,6 +10,7 @@
 #define SPGATE_TOOLS_SIM_SIM_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/summary.h"
+#include "worker/runtime/batching.h"
 
 namespace spgate::sim {
 
@@ -47,6 +49,16 @@ struct SimOptions {
 };
 
 int64_t StepsFor(const SimOptions& o);
+
+// The seed of TP group `group`'s length stream — spgate-worker's (worker/runtime/worker.cc),
+// so for one --seed and --lengths both tools draw the same lengths for the same group.
+uint64_t GroupLengthSeed(uint64_t seed, int group);
+
+// Group `group`'s batches: the worker's length source and BatchBuilder (packing, or
+// bucket_by_tokens with --bucketing), lengths clamped to --tokens_per_batch. A file trace
+// is replayed by every group from its own offset (group / groups of the way in), wrapping.
+absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOptions& options,
+                                                                    int group);
 
 absl::StatusOr<Summary> RunLive(const SimOptions& options);
 absl::StatusOr<Summary> Replay(const SimOptions& options, const GateConfig& config);

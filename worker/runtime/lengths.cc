@@ -112,6 +112,7 @@ class FileLengths final : public LengthSource {
     return std::min(v, max_);
   }
   std::string Describe() const override { return absl::StrCat("file:", path_); }
+  int64_t cycle_length() const override { return static_cast<int64_t>(lengths_.size()); }
 
  private:
   std::string path_;

@@ -29,6 +29,8 @@ class LengthSource {
   virtual int64_t Next() = 0;
   // The spec in canonical form, for logs and summaries.
   virtual std::string Describe() const = 0;
+  // A file replays a cycle of this many lengths; 0 for the (endless) distributions.
+  virtual int64_t cycle_length() const { return 0; }
 };
 
 // INVALID_ARGUMENT naming --lengths and the bad part; NOT_FOUND for a missing file.
