@@ -53,6 +53,11 @@ absl::Status ValidateJobId(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+template <typename Request>
+std::optional<int> GroupOf(const Request& r) {
+  return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+}
+
 bool FiniteNonNegative(double v) { return std::isfinite(v) && v >= 0.0; }
 
 struct CachedDecision {
@@ -309,6 +314,16 @@ std::optional<Mode> GateState::ActivePin(const Job& job, int group) const {
   }
   if (job.pin && job.pin->expire > now) return job.pin->mode;
   return std::nullopt;
+}
+
+absl::StatusOr<GateState::Job*> GateState::FindJob(const std::string& job_id,
+                                                   std::optional<int> group) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  if (group.has_value() && !it->second->groups.contains(*group)) {
+    return absl::NotFoundError(absl::StrFormat("group: job %s has no group %d", job_id, *group));
+  }
+  return it->second.get();
 }
 
 void GateState::ScheduleConfig(
@@ -694,9 +709,8 @@ int64_t GateState::Heartbeat(Session& session, const v1::Heartbeat& hb) {
 absl::StatusOr<v1::VersionedGateConfig> GateState::GetGateConfig(const std::string& job_id) {
   ReaderMutexLock lock(&mu_);
   if (job_id.empty()) return Versioned(nullptr);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
-  return Versioned(it->second.get());
+  ASSIGN_OR_RETURN(const Job* job, FindJob(job_id));
+  return Versioned(job);
 }
 
 v1::PersistedState GateState::Snapshot() const {
@@ -959,9 +973,8 @@ absl::StatusOr<v1::Job> GateState::GetJob(const std::string& job_id) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
   v1::ListJobsResponse all = ListJobs();
   ReaderMutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
-  const Job& job = *it->second;
+  ASSIGN_OR_RETURN(const Job* found, FindJob(job_id));
+  const Job& job = *found;
   v1::Job out;
   for (const auto& s : all.jobs()) {
     if (s.job_id() == job_id) *out.mutable_summary() = s;
@@ -1027,12 +1040,7 @@ absl::StatusOr<v1::Pin> GateState::PinMode(const v1::PinModeRequest& r) {
   v1::Pin pin;
   {
     ReaderMutexLock lock(&mu_);
-    auto it = jobs_.find(r.job_id());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
-    if (r.has_group() && !it->second->groups.contains(r.group())) {
-      return absl::NotFoundError(
-          absl::StrFormat("group: job %s has no group %d", r.job_id(), r.group()));
-    }
+    RETURN_IF_ERROR(FindJob(r.job_id(), GroupOf(r)).status());
     pin.set_job_id(r.job_id());
     if (r.has_group()) pin.set_group(r.group());
     pin.set_mode(r.mode());
@@ -1050,15 +1058,14 @@ absl::StatusOr<v1::Pin> GateState::PinMode(const v1::PinModeRequest& r) {
   }
   RETURN_IF_ERROR(Persist(next));
   MutexLock lock(&mu_);
-  auto it = jobs_.find(r.job_id());
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
+  // Sweep may have forgotten the job while the file was written; the pin is persisted,
+  // so it applies again after a restart either way.
+  ASSIGN_OR_RETURN(Job * job, FindJob(r.job_id(), GroupOf(r)));
   const PinState state{FromProto(r.mode()), FromTimestamp(pin.expire_time())};
   if (r.has_group()) {
-    auto git = it->second->groups.find(r.group());
-    if (git == it->second->groups.end()) return absl::NotFoundError("group vanished");
-    git->second->pin = state;
+    job->groups.at(r.group())->pin = state;
   } else {
-    it->second->pin = state;
+    job->pin = state;
   }
   return pin;
 }
@@ -1069,12 +1076,7 @@ absl::StatusOr<v1::UnpinResponse> GateState::Unpin(const v1::UnpinRequest& r) {
   v1::PersistedState next;
   {
     ReaderMutexLock lock(&mu_);
-    auto it = jobs_.find(r.job_id());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
-    if (r.has_group() && !it->second->groups.contains(r.group())) {
-      return absl::NotFoundError(
-          absl::StrFormat("group: job %s has no group %d", r.job_id(), r.group()));
-    }
+    RETURN_IF_ERROR(FindJob(r.job_id(), GroupOf(r)).status());
     next = Snapshot();
     for (auto pit = next.mutable_pins()->begin(); pit != next.mutable_pins()->end();) {
       const bool match = pit->job_id() == r.job_id() &&
@@ -1113,9 +1115,7 @@ absl::StatusOr<v1::EvaluateGatesResponse> GateState::EvaluateGates(
   ReaderMutexLock lock(&mu_);
   const Job* job = nullptr;
   if (!r.job_id().empty()) {
-    auto it = jobs_.find(r.job_id());
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
-    job = it->second.get();
+    ASSIGN_OR_RETURN(job, FindJob(r.job_id(), GroupOf(r)));
   }
   const GateConfig config = LayerGateConfig(EffectiveConfig(job), r.config());
   RETURN_IF_ERROR(ValidateGateConfig(config));
@@ -1125,11 +1125,7 @@ absl::StatusOr<v1::EvaluateGatesResponse> GateState::EvaluateGates(
   int64_t step = 0;
   if (r.has_group()) {
     if (job == nullptr) return absl::InvalidArgumentError("group: needs job_id");
-    auto git = job->groups.find(r.group());
-    if (git == job->groups.end()) {
-      return absl::NotFoundError(absl::StrFormat("group: job %s has no group %d", job->id, r.group()));
-    }
-    const Group& g = *git->second;
+    const Group& g = *job->groups.at(r.group());
     gate = g.gate;
     rs = {g.rs_wait.Mean(), g.rs_wait.size()};
     pin = ActivePin(*job, r.group());

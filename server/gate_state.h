@@ -136,6 +136,9 @@ class GateState {
   GateConfig EffectiveConfig(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   int64_t EffectiveVersion(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   v1::VersionedGateConfig Versioned(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // NOT_FOUND naming the job (or the group, when given) if it is not tracked.
+  absl::StatusOr<Job*> FindJob(const std::string& job_id, std::optional<int> group = std::nullopt) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::optional<Mode> ActivePin(const Job& job, int group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Recomputes jobs' effective configs, schedules them on every group and collects the
   // pushes for their sessions. `only` restricts the change to one job.

@@ -1,11 +1,12 @@
-// absl::Status helpers: the one place where absl::Status becomes grpc::Status, and the
-// RETURN_IF_ERROR / ASSIGN_OR_RETURN pair (Abseil 20220623 does not ship them).
+// absl::Status helpers: the one place where absl::Status becomes grpc::Status (the
+// RETURN_IF_ERROR / ASSIGN_OR_RETURN pair comes from common/status_macros.h).
 #ifndef SPGATE_SERVER_STATUS_UTIL_H_
 #define SPGATE_SERVER_STATUS_UTIL_H_
 
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
 
 namespace spgate {
 
@@ -21,25 +22,5 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 }
 
 }  // namespace spgate
-
-#define SPGATE_CONCAT_INNER_(a, b) a##b
-#define SPGATE_CONCAT_(a, b) SPGATE_CONCAT_INNER_(a, b)
-
-#ifndef RETURN_IF_ERROR
-#define RETURN_IF_ERROR(expr)                          \
-  do {                                                 \
-    const ::absl::Status spgate_status_ = (expr);      \
-    if (!spgate_status_.ok()) return spgate_status_;   \
-  } while (0)
-#endif
-
-#ifndef ASSIGN_OR_RETURN
-#define ASSIGN_OR_RETURN(lhs, rexpr) \
-  SPGATE_ASSIGN_OR_RETURN_IMPL_(SPGATE_CONCAT_(spgate_statusor_, __LINE__), lhs, rexpr)
-#define SPGATE_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \
-  auto statusor = (rexpr);                                   \
-  if (!statusor.ok()) return std::move(statusor).status();   \
-  lhs = std::move(statusor).value()
-#endif
 
 #endif  // SPGATE_SERVER_STATUS_UTIL_H_

@@ -21,6 +21,7 @@
 #include "server/status_util.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/status_matchers.h"
 
 namespace spgate::server {
@@ -39,26 +40,6 @@ std::chrono::system_clock::time_point Deadline(int ms = 5000) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
 
-// GET /metrics over a plain socket (the test must not depend on curl).
-std::string Scrape(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)::write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[8192];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
 
 class DaemonTest : public ::testing::Test {
  protected:
@@ -330,7 +311,7 @@ TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) 
   Start(opts);
   std::ofstream(path, std::ios::trunc) << "max_length_cv: nope\n";
   EXPECT_THAT(daemon_->ReloadConfig(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(path)));
-  EXPECT_THAT(Scrape(daemon_->metrics_port()),
+  EXPECT_THAT(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
               HasSubstr("spgate_config_last_reload_successful 0"));
   v1::VersionedGateConfig cfg;
   grpc::ClientContext ctx;
@@ -338,7 +319,7 @@ TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) 
   EXPECT_DOUBLE_EQ(cfg.config().max_length_cv(), 0.25);
   std::ofstream(path, std::ios::trunc) << "max_length_cv: 0.3\n";
   EXPECT_THAT(daemon_->ReloadConfig(), IsOk());
-  EXPECT_THAT(Scrape(daemon_->metrics_port()),
+  EXPECT_THAT(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
               HasSubstr("spgate_config_last_reload_successful 1"));
 }
 
@@ -410,7 +391,7 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
   v1::DaemonMessage in;
   ASSERT_TRUE(stream->Read(&in));
   daemon_->Sweep();
-  const std::string text = Scrape(daemon_->metrics_port());
+  const std::string text = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
   for (const char* family :
        {"spgate_decisions_total", "spgate_worker_local_decisions_total",
         "spgate_batch_length_cv", "spgate_rs_wait_share", "spgate_all_gather_tail_seconds",

@@ -26,6 +26,7 @@
 #include "server/daemon.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "tests/testing/policy_printers.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
@@ -40,40 +41,7 @@ const std::vector<int64_t> kEven = {4096, 4096, 4000, 4100};   // CV ~0.01: SP
 const std::vector<int64_t> kMixed = {512, 8192, 1024, 4096};   // CV ~0.8: TP-only
 const std::vector<int64_t> kMid = {3000, 5000, 3000, 5000};    // CV 0.25
 
-// GET /metrics over a plain socket.
-std::string Scrape(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-  (void)::write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[8192];
-  for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) resp.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
 
-// Value of the sample of `metric` whose labels include every one of `labels`; -1 if none.
-double MetricValue(const std::string& text, const std::string& metric,
-                   const std::vector<std::string>& labels) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, metric + "{")) continue;
-    bool all = true;
-    for (const std::string& l : labels) all = all && absl::StrContains(line, l);
-    if (!all) continue;
-    double v;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
-  }
-  return -1;
-}
 
 // One TP group: a GateClient per rank (telemetry on every rank, decisions on rank 0),
 // a GroupDecider per rank over one in-memory broadcast. Run() drives all ranks as threads
@@ -276,7 +244,7 @@ TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
   double local = -1;
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (absl::Now() < give_up) {
-    local = MetricValue(Scrape(daemon_->metrics_port()), "spgate_worker_local_decisions_total",
+    local = ::spgate::testing::MetricValue(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()), "spgate_worker_local_decisions_total",
                         {"job_id=\"" + job + "\"", "reason=\"length_cv\""});
     if (local == static_cast<double>(local_count)) break;
     absl::SleepFor(absl::Milliseconds(50));

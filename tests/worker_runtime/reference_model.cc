@@ -5,7 +5,7 @@
 #include "kernels/gelu.h"
 #include "kernels/gemm.h"
 #include "kernels/layernorm.h"
-#include "worker/runtime/status_macros.h"
+#include "common/status_macros.h"
 
 namespace spgate::runtime::reference {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/device_memory.h"
 #include "worker/runtime/mpi_communicator.h"
-#include "worker/runtime/status_macros.h"
+#include "common/status_macros.h"
 
 namespace spgate::runtime {
 namespace {

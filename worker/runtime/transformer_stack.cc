@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/runtime/status_macros.h"
+#include "common/status_macros.h"
 
 namespace spgate::runtime {
 

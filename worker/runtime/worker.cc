@@ -17,7 +17,7 @@
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/memory_model.h"
-#include "worker/runtime/status_macros.h"
+#include "common/status_macros.h"
 #include "worker/runtime/transformer_stack.h"
 
 namespace spgate::runtime {
