@@ -7,6 +7,7 @@
 #include <cublas_v2.h>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -15,6 +16,7 @@
 #include "kernels/internal/check.h"
 #include "kernels/internal/cuda_common.cuh"
 #include "kernels/internal/launch_plan.h"
+#include "kernels/internal/linear_args.h"
 
 namespace spgate::kernels {
 namespace {
@@ -130,51 +132,22 @@ absl::Status BiasAdd(const BiasAddArgs& a, cudaStream_t stream) {
 
 absl::Status LinearFwd(const LinearFwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
   constexpr char kOp[] = "LinearFwd";
-  const LinearShape& s = a.shape;
   KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  if (s.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
-  GemmArgs g;
-  g.trans_b = Trans::kYes;
-  g.m = s.rows;
-  g.n = s.out_features;
-  g.k = s.in_features;
-  g.a = a.x;
-  g.lda = s.in_features;
-  g.b = a.weight;
-  g.ldb = s.in_features;
-  g.c = a.y;
-  g.ldc = s.out_features;
-  KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
+  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g, internal::LinearFwdGemm(kOp, a));
+  if (!g.has_value()) return absl::OkStatus();
+  KERNELS_RETURN_IF_ERROR(GemmUnchecked(*g, nullptr, blas, stream));
   if (a.bias == nullptr) return absl::OkStatus();
-  return BiasAdd(BiasAddArgs{s.rows, s.out_features, a.bias, a.y}, stream);
+  return BiasAdd(BiasAddArgs{a.shape.rows, a.shape.out_features, a.bias, a.y}, stream);
 }
 
 absl::Status LinearBwdData(const LinearBwdDataArgs& a, cublasHandle_t blas,
                            cudaStream_t stream) {
   constexpr char kOp[] = "LinearBwdData";
-  const LinearShape& s = a.shape;
   KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  if (s.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dx", a.dx));
-  GemmArgs g;
-  g.m = s.rows;
-  g.n = s.in_features;
-  g.k = s.out_features;
-  g.a = a.dy;
-  g.lda = s.out_features;
-  g.b = a.weight;
-  g.ldb = s.in_features;
-  g.beta = a.accumulate ? 1.0f : 0.0f;
-  g.c = a.dx;
-  g.ldc = s.in_features;
-  return GemmUnchecked(g, nullptr, blas, stream);
+  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+                           internal::LinearBwdDataGemm(kOp, a));
+  if (!g.has_value()) return absl::OkStatus();
+  return GemmUnchecked(*g, nullptr, blas, stream);
 }
 
 absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
@@ -183,30 +156,13 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
   constexpr char kOp[] = "LinearBwdWeight";
   const LinearShape& s = a.shape;
   KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dweight", a.dweight));
-  if (s.rows > 0) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
-  }
+  KERNELS_ASSIGN_OR_RETURN(const GemmArgs g, internal::LinearBwdWeightGemm(kOp, a));
   const size_t need = a.dbias != nullptr ? LinearBwdWeightWorkspaceBytes(s) : 0;
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
     return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,
                                                " bytes, LinearBwdWeightWorkspaceBytes = ",
                                                need));
   }
-  GemmArgs g;
-  g.trans_a = Trans::kYes;
-  g.m = s.out_features;
-  g.n = s.in_features;
-  g.k = s.rows;
-  g.a = a.dy;
-  g.lda = s.out_features;
-  g.b = a.x;
-  g.ldb = s.in_features;
-  g.beta = a.accumulate ? 1.0f : 0.0f;
-  g.c = a.dweight;
-  g.ldc = s.in_features;
   KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
   if (a.dbias == nullptr) return absl::OkStatus();
   return BiasGrad({s.rows, s.out_features, a.dy, a.dbias, a.accumulate}, workspace,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -16,6 +17,7 @@
 #include "kernels/gemm.h"
 #include "kernels/internal/check.h"
 #include "kernels/internal/launch_plan.h"
+#include "kernels/internal/linear_args.h"
 
 namespace spgate::kernels {
 namespace {
@@ -157,79 +159,31 @@ absl::Status BiasGradCpu(const BiasGradArgs& a) {
 }
 
 absl::Status LinearFwdCpu(const LinearFwdArgs& a) {
-  constexpr char kOp[] = "LinearFwdCpu";
-  const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  if (s.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
-  GemmArgs g;
-  g.trans_b = Trans::kYes;
-  g.m = s.rows;
-  g.n = s.out_features;
-  g.k = s.in_features;
-  g.a = a.x;
-  g.lda = s.in_features;
-  g.b = a.weight;
-  g.ldb = s.in_features;
-  g.c = a.y;
-  g.ldc = s.out_features;
-  GemmUnchecked(g, g.a, g.b, g.c);
+  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+                           internal::LinearFwdGemm("LinearFwdCpu", a));
+  if (!g.has_value()) return absl::OkStatus();
+  GemmUnchecked(*g, g->a, g->b, g->c);
   if (a.bias != nullptr) {
-    BiasAddArgs b{s.rows, s.out_features, a.bias, a.y};
+    BiasAddArgs b{a.shape.rows, a.shape.out_features, a.bias, a.y};
     return BiasAddCpu(b);
   }
   return absl::OkStatus();
 }
 
 absl::Status LinearBwdDataCpu(const LinearBwdDataArgs& a) {
-  constexpr char kOp[] = "LinearBwdDataCpu";
-  const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  if (s.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dx", a.dx));
-  GemmArgs g;
-  g.m = s.rows;
-  g.n = s.in_features;
-  g.k = s.out_features;
-  g.a = a.dy;
-  g.lda = s.out_features;
-  g.b = a.weight;
-  g.ldb = s.in_features;
-  g.beta = a.accumulate ? 1.0f : 0.0f;
-  g.c = a.dx;
-  g.ldc = s.in_features;
-  GemmUnchecked(g, g.a, g.b, g.c);
+  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+                           internal::LinearBwdDataGemm("LinearBwdDataCpu", a));
+  if (!g.has_value()) return absl::OkStatus();
+  GemmUnchecked(*g, g->a, g->b, g->c);
   return absl::OkStatus();
 }
 
 absl::Status LinearBwdWeightCpu(const LinearBwdWeightArgs& a) {
-  constexpr char kOp[] = "LinearBwdWeightCpu";
-  const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dweight", a.dweight));
-  if (s.rows > 0) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "x", a.x));
-  }
-  GemmArgs g;
-  g.trans_a = Trans::kYes;
-  g.m = s.out_features;
-  g.n = s.in_features;
-  g.k = s.rows;
-  g.a = a.dy;
-  g.lda = s.out_features;
-  g.b = a.x;
-  g.ldb = s.in_features;
-  g.beta = a.accumulate ? 1.0f : 0.0f;
-  g.c = a.dweight;
-  g.ldc = s.in_features;
+  KERNELS_ASSIGN_OR_RETURN(const GemmArgs g,
+                           internal::LinearBwdWeightGemm("LinearBwdWeightCpu", a));
   GemmUnchecked(g, g.a, g.b, g.c);  // k == rows == 0 leaves beta * dW
   if (a.dbias == nullptr) return absl::OkStatus();
-  return BiasGradCpu({s.rows, s.out_features, a.dy, a.dbias, a.accumulate});
+  return BiasGradCpu({a.shape.rows, a.shape.out_features, a.dy, a.dbias, a.accumulate});
 }
 
 }  // namespace spgate::kernels
