@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
 #include "kernels/gemm.h"
+#include "kernels/internal/attention_plan.h"
 #include "kernels/internal/check.h"
 #include "kernels/internal/cuda_common.cuh"
 
@@ -127,92 +128,72 @@ int RowBlocks(int64_t rows) {
 absl::Status AttentionFwd(const AttentionFwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
   KERNELS_RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwd", a));
   KERNELS_RETURN_IF_ERROR(internal::CheckNotNull("AttentionFwd", "cublas handle", blas));
-  const absl::Span<const int64_t> cu = a.cu_seqlens;
-  const int64_t heads = a.shape.heads, dim = a.shape.head_dim;
-  const int64_t hd = heads * dim, ld = 3 * hd;
-  const float scale = ResolvedSoftmaxScale(a.shape);
-  const int64_t qb = std::max<int64_t>(1, std::min(a.shape.query_block, MaxSeqLen(cu)));
+  const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
+  const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   float* ws = static_cast<float*>(a.workspace);
 
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t t0 = cu[s], len = cu[s + 1] - cu[s];
-    const float* q_seq = a.qkv + t0 * ld;
-    const float* k_seq = q_seq + hd;
-    const float* v_seq = q_seq + 2 * hd;
-    for (int64_t q0 = 0; q0 < len; q0 += qb) {
-      const int64_t nq = std::min(qb, len - q0), nk = q0 + nq;
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(false, true, nq, nk, dim, scale, q_seq + q0 * ld, ld, k_seq, ld, 0.0f, ws, nk),
-          Heads(heads, dim, dim, nq * nk), blas, stream));
-      AttentionSoftmaxFwdKernel<<<RowBlocks(heads * nq), 32 * kWarpsPerBlock, 0, stream>>>(
-          ws, static_cast<int>(heads), static_cast<int>(nq), static_cast<int>(nk),
-          static_cast<int>(q0), t0 + q0, a.lse);
-      SPGATE_CUDA_CHECK_LAUNCH(AttentionSoftmaxFwdKernel);
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(false, false, nq, dim, nk, 1.0f, ws, nk, v_seq, ld, 0.0f,
-                   a.out + (t0 + q0) * hd, hd),
-          Heads(heads, nq * nk, dim, dim), blas, stream));
-    }
-  }
-  return absl::OkStatus();
+  return internal::ForEachQueryBlock(pl, a.cu_seqlens, [&](const internal::AttentionBlock& b) {
+    const internal::QkvSlices<const float> seq = internal::SequenceQkv(pl, a.qkv, b.t0);
+    const int64_t t0 = b.t0, q0 = b.q0, nq = b.nq, nk = b.nk;
+    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+        MakeGemm(false, true, nq, nk, dim, pl.scale, seq.q + q0 * ld, ld, seq.k, ld, 0.0f, ws,
+                 nk),
+        Heads(heads, dim, dim, nq * nk), blas, stream));
+    AttentionSoftmaxFwdKernel<<<RowBlocks(heads * nq), 32 * kWarpsPerBlock, 0, stream>>>(
+        ws, static_cast<int>(heads), static_cast<int>(nq), static_cast<int>(nk),
+        static_cast<int>(q0), t0 + q0, a.lse);
+    SPGATE_CUDA_CHECK_LAUNCH(AttentionSoftmaxFwdKernel);
+    return GemmStridedBatched(
+        MakeGemm(false, false, nq, dim, nk, 1.0f, ws, nk, seq.v, ld, 0.0f,
+                 a.out + (t0 + q0) * hd, hd),
+        Heads(heads, nq * nk, dim, dim), blas, stream);
+  });
 }
 
 absl::Status AttentionBwd(const AttentionBwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
   KERNELS_RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwd", a));
   KERNELS_RETURN_IF_ERROR(internal::CheckNotNull("AttentionBwd", "cublas handle", blas));
-  const absl::Span<const int64_t> cu = a.cu_seqlens;
-  const int64_t tokens = cu.back();
-  const int64_t heads = a.shape.heads, dim = a.shape.head_dim;
-  const int64_t hd = heads * dim, ld = 3 * hd;
-  const float scale = ResolvedSoftmaxScale(a.shape);
-  const int64_t max_len = MaxSeqLen(cu);
-  const int64_t qb = std::max<int64_t>(1, std::min(a.shape.query_block, max_len));
+  const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
+  const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
+  const float scale = pl.scale;
   float* ws_p = static_cast<float*>(a.workspace);
-  float* ws_ds = ws_p + heads * qb * max_len;
-  if (tokens > 0) {
+  float* ws_ds = ws_p + pl.ScoreFloats();
+  if (pl.tokens > 0) {
     SPGATE_CUDA_RETURN_IF_ERROR(
-        cudaMemsetAsync(a.dqkv, 0, tokens * ld * sizeof(float), stream));
+        cudaMemsetAsync(a.dqkv, 0, pl.tokens * ld * sizeof(float), stream));
   }
 
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t t0 = cu[s], len = cu[s + 1] - cu[s];
-    const float* q_seq = a.qkv + t0 * ld;
-    const float* k_seq = q_seq + hd;
-    const float* v_seq = q_seq + 2 * hd;
-    float* dq_seq = a.dqkv + t0 * ld;
-    float* dk_seq = dq_seq + hd;
-    float* dv_seq = dq_seq + 2 * hd;
-    for (int64_t q0 = 0; q0 < len; q0 += qb) {
-      const int64_t nq = std::min(qb, len - q0), nk = q0 + nq;
-      const float* q_blk = q_seq + q0 * ld;
-      const float* do_blk = a.dout + (t0 + q0) * hd;
-      const GemmBatch per_head_scores = Heads(heads, dim, dim, nq * nk);
-      const GemmBatch from_scores = Heads(heads, nq * nk, dim, dim);
-      // P <- scale Q K^T (made P by the kernel); dS <- dO V^T (made dS by the kernel).
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(false, true, nq, nk, dim, scale, q_blk, ld, k_seq, ld, 0.0f, ws_p, nk),
-          per_head_scores, blas, stream));
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(false, true, nq, nk, dim, 1.0f, do_blk, hd, v_seq, ld, 0.0f, ws_ds, nk),
-          per_head_scores, blas, stream));
-      AttentionSoftmaxBwdKernel<<<RowBlocks(heads * nq), 32 * kWarpsPerBlock, 0, stream>>>(
-          ws_p, ws_ds, static_cast<int>(heads), static_cast<int>(nq), static_cast<int>(nk),
-          static_cast<int>(q0), t0 + q0, static_cast<int>(dim), a.lse, a.out, a.dout);
-      SPGATE_CUDA_CHECK_LAUNCH(AttentionSoftmaxBwdKernel);
-      // dV[0, nk) += P^T dO;  dQ[blk] = scale dS K;  dK[0, nk) += scale dS^T Q.
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(true, false, nk, dim, nq, 1.0f, ws_p, nk, do_blk, hd, 1.0f, dv_seq, ld),
-          from_scores, blas, stream));
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(false, false, nq, dim, nk, scale, ws_ds, nk, k_seq, ld, 0.0f,
-                   dq_seq + q0 * ld, ld),
-          from_scores, blas, stream));
-      KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
-          MakeGemm(true, false, nk, dim, nq, scale, ws_ds, nk, q_blk, ld, 1.0f, dk_seq, ld),
-          from_scores, blas, stream));
-    }
-  }
-  return absl::OkStatus();
+  return internal::ForEachQueryBlock(pl, a.cu_seqlens, [&](const internal::AttentionBlock& b) {
+    const internal::QkvSlices<const float> seq = internal::SequenceQkv(pl, a.qkv, b.t0);
+    const internal::QkvSlices<float> dseq = internal::SequenceQkv(pl, a.dqkv, b.t0);
+    const int64_t t0 = b.t0, q0 = b.q0, nq = b.nq, nk = b.nk;
+    const float* q_blk = seq.q + q0 * ld;
+    const float* do_blk = a.dout + (t0 + q0) * hd;
+    const GemmBatch per_head_scores = Heads(heads, dim, dim, nq * nk);
+    const GemmBatch from_scores = Heads(heads, nq * nk, dim, dim);
+    // P <- scale Q K^T (made P by the kernel); dS <- dO V^T (made dS by the kernel).
+    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+        MakeGemm(false, true, nq, nk, dim, scale, q_blk, ld, seq.k, ld, 0.0f, ws_p, nk),
+        per_head_scores, blas, stream));
+    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+        MakeGemm(false, true, nq, nk, dim, 1.0f, do_blk, hd, seq.v, ld, 0.0f, ws_ds, nk),
+        per_head_scores, blas, stream));
+    AttentionSoftmaxBwdKernel<<<RowBlocks(heads * nq), 32 * kWarpsPerBlock, 0, stream>>>(
+        ws_p, ws_ds, static_cast<int>(heads), static_cast<int>(nq), static_cast<int>(nk),
+        static_cast<int>(q0), t0 + q0, static_cast<int>(dim), a.lse, a.out, a.dout);
+    SPGATE_CUDA_CHECK_LAUNCH(AttentionSoftmaxBwdKernel);
+    // dV[0, nk) += P^T dO;  dQ[blk] = scale dS K;  dK[0, nk) += scale dS^T Q.
+    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+        MakeGemm(true, false, nk, dim, nq, 1.0f, ws_p, nk, do_blk, hd, 1.0f, dseq.v, ld),
+        from_scores, blas, stream));
+    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+        MakeGemm(false, false, nq, dim, nk, scale, ws_ds, nk, seq.k, ld, 0.0f,
+                 dseq.q + q0 * ld, ld),
+        from_scores, blas, stream));
+    return GemmStridedBatched(
+        MakeGemm(true, false, nk, dim, nq, scale, ws_ds, nk, q_blk, ld, 1.0f, dseq.k, ld),
+        from_scores, blas, stream);
+  });
 }
 
 }  // namespace spgate::kernels

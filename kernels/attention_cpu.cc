@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/attention.h"
+#include "kernels/internal/attention_plan.h"
 #include "kernels/internal/check.h"
 #include "kernels/internal/cpu_math.h"
 
@@ -54,98 +55,79 @@ float MaskedSoftmaxRow(float* row, int64_t valid, int64_t n) {
 
 absl::Status AttentionFwdCpu(const AttentionFwdArgs& a) {
   KERNELS_RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwdCpu", a));
-  const absl::Span<const int64_t> cu = a.cu_seqlens;
-  const int64_t heads = a.shape.heads, dim = a.shape.head_dim;
-  const int64_t hd = heads * dim, ld = 3 * hd;
-  const float scale = ResolvedSoftmaxScale(a.shape);
-  const int64_t qb = std::max<int64_t>(1, std::min(a.shape.query_block, MaxSeqLen(cu)));
+  const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
+  const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   float* ws = static_cast<float*>(a.workspace);
 
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t t0 = cu[s], len = cu[s + 1] - cu[s];
-    const float* q_seq = a.qkv + t0 * ld;
-    const float* k_seq = q_seq + hd;
-    const float* v_seq = q_seq + 2 * hd;
-    for (int64_t q0 = 0; q0 < len; q0 += qb) {
-      const int64_t nq = std::min(qb, len - q0), nk = q0 + nq;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* p = ws + h * nq * nk;
-        Sgemm(false, true, nq, nk, dim, scale, q_seq + q0 * ld + h * dim, ld, k_seq + h * dim,
-              ld, 0.0f, p, nk);
-        for (int64_t r = 0; r < nq; ++r) {
-          a.lse[(t0 + q0 + r) * heads + h] = MaskedSoftmaxRow(p + r * nk, q0 + r + 1, nk);
-        }
-        Sgemm(false, false, nq, dim, nk, 1.0f, p, nk, v_seq + h * dim, ld, 0.0f,
-              a.out + (t0 + q0) * hd + h * dim, hd);
+  return internal::ForEachQueryBlock(pl, a.cu_seqlens, [&](const internal::AttentionBlock& b) {
+    const auto [q_seq, k_seq, v_seq] = internal::SequenceQkv(pl, a.qkv, b.t0);
+    const int64_t t0 = b.t0, q0 = b.q0, nq = b.nq, nk = b.nk;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* p = ws + h * nq * nk;
+      Sgemm(false, true, nq, nk, dim, pl.scale, q_seq + q0 * ld + h * dim, ld, k_seq + h * dim,
+            ld, 0.0f, p, nk);
+      for (int64_t r = 0; r < nq; ++r) {
+        a.lse[(t0 + q0 + r) * heads + h] = MaskedSoftmaxRow(p + r * nk, q0 + r + 1, nk);
       }
+      Sgemm(false, false, nq, dim, nk, 1.0f, p, nk, v_seq + h * dim, ld, 0.0f,
+            a.out + (t0 + q0) * hd + h * dim, hd);
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status AttentionBwdCpu(const AttentionBwdArgs& a) {
   KERNELS_RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwdCpu", a));
-  const absl::Span<const int64_t> cu = a.cu_seqlens;
-  const int64_t tokens = cu.back();
-  const int64_t heads = a.shape.heads, dim = a.shape.head_dim;
-  const int64_t hd = heads * dim, ld = 3 * hd;
-  const float scale = ResolvedSoftmaxScale(a.shape);
-  const int64_t max_len = MaxSeqLen(cu);
-  const int64_t qb = std::max<int64_t>(1, std::min(a.shape.query_block, max_len));
+  const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
+  const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
+  const float scale = pl.scale;
   float* ws_p = static_cast<float*>(a.workspace);
-  float* ws_ds = ws_p + heads * qb * max_len;
-  if (tokens > 0) std::memset(a.dqkv, 0, tokens * ld * sizeof(float));
+  float* ws_ds = ws_p + pl.ScoreFloats();
+  if (pl.tokens > 0) std::memset(a.dqkv, 0, pl.tokens * ld * sizeof(float));
 
-  for (size_t s = 0; s + 1 < cu.size(); ++s) {
-    const int64_t t0 = cu[s], len = cu[s + 1] - cu[s];
-    const float* q_seq = a.qkv + t0 * ld;
-    const float* k_seq = q_seq + hd;
-    const float* v_seq = q_seq + 2 * hd;
-    float* dq_seq = a.dqkv + t0 * ld;
-    float* dk_seq = dq_seq + hd;
-    float* dv_seq = dq_seq + 2 * hd;
-    for (int64_t q0 = 0; q0 < len; q0 += qb) {
-      const int64_t nq = std::min(qb, len - q0), nk = q0 + nq;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* p = ws_p + h * nq * nk;
-        float* ds = ws_ds + h * nq * nk;
-        const float* q_blk = q_seq + q0 * ld + h * dim;
-        const float* do_blk = a.dout + (t0 + q0) * hd + h * dim;
-        const float* o_blk = a.out + (t0 + q0) * hd + h * dim;
-        // P = exp(scale Q K^T - lse), recomputed from forward's statistics.
-        Sgemm(false, true, nq, nk, dim, scale, q_blk, ld, k_seq + h * dim, ld, 0.0f, p, nk);
-        // dP = dO V^T
-        Sgemm(false, true, nq, nk, dim, 1.0f, do_blk, hd, v_seq + h * dim, ld, 0.0f, ds, nk);
-        for (int64_t r = 0; r < nq; ++r) {
-          const int64_t valid = q0 + r + 1;
-          const float lse = a.lse[(t0 + q0 + r) * heads + h];
-          float delta = 0.0f;  // dO_i . O_i = rowsum(P * dP)
-          const float* dor = do_blk + r * hd;
-          const float* orow = o_blk + r * hd;
+  return internal::ForEachQueryBlock(pl, a.cu_seqlens, [&](const internal::AttentionBlock& b) {
+    const auto [q_seq, k_seq, v_seq] = internal::SequenceQkv(pl, a.qkv, b.t0);
+    const auto [dq_seq, dk_seq, dv_seq] = internal::SequenceQkv(pl, a.dqkv, b.t0);
+    const int64_t t0 = b.t0, q0 = b.q0, nq = b.nq, nk = b.nk;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* p = ws_p + h * nq * nk;
+      float* ds = ws_ds + h * nq * nk;
+      const float* q_blk = q_seq + q0 * ld + h * dim;
+      const float* do_blk = a.dout + (t0 + q0) * hd + h * dim;
+      const float* o_blk = a.out + (t0 + q0) * hd + h * dim;
+      // P = exp(scale Q K^T - lse), recomputed from forward's statistics.
+      Sgemm(false, true, nq, nk, dim, scale, q_blk, ld, k_seq + h * dim, ld, 0.0f, p, nk);
+      // dP = dO V^T
+      Sgemm(false, true, nq, nk, dim, 1.0f, do_blk, hd, v_seq + h * dim, ld, 0.0f, ds, nk);
+      for (int64_t r = 0; r < nq; ++r) {
+        const int64_t valid = q0 + r + 1;
+        const float lse = a.lse[(t0 + q0 + r) * heads + h];
+        float delta = 0.0f;  // dO_i . O_i = rowsum(P * dP)
+        const float* dor = do_blk + r * hd;
+        const float* orow = o_blk + r * hd;
 #pragma omp simd reduction(+ : delta)
-          for (int64_t d = 0; d < dim; ++d) delta += dor[d] * orow[d];
-          float* prow = p + r * nk;
-          float* dsrow = ds + r * nk;
+        for (int64_t d = 0; d < dim; ++d) delta += dor[d] * orow[d];
+        float* prow = p + r * nk;
+        float* dsrow = ds + r * nk;
 #pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) {
-            const float pj = internal::FastExp(prow[j] - lse);
-            prow[j] = pj;
-            dsrow[j] = pj * (dsrow[j] - delta);
-          }
-          if (nk > valid) {
-            std::memset(prow + valid, 0, (nk - valid) * sizeof(float));
-            std::memset(dsrow + valid, 0, (nk - valid) * sizeof(float));
-          }
+        for (int64_t j = 0; j < valid; ++j) {
+          const float pj = internal::FastExp(prow[j] - lse);
+          prow[j] = pj;
+          dsrow[j] = pj * (dsrow[j] - delta);
         }
-        // dV[0, nk) += P^T dO;  dQ[blk] = scale dS K;  dK[0, nk) += scale dS^T Q.
-        Sgemm(true, false, nk, dim, nq, 1.0f, p, nk, do_blk, hd, 1.0f, dv_seq + h * dim, ld);
-        Sgemm(false, false, nq, dim, nk, scale, ds, nk, k_seq + h * dim, ld, 0.0f,
-              dq_seq + q0 * ld + h * dim, ld);
-        Sgemm(true, false, nk, dim, nq, scale, ds, nk, q_blk, ld, 1.0f, dk_seq + h * dim, ld);
+        if (nk > valid) {
+          std::memset(prow + valid, 0, (nk - valid) * sizeof(float));
+          std::memset(dsrow + valid, 0, (nk - valid) * sizeof(float));
+        }
       }
+      // dV[0, nk) += P^T dO;  dQ[blk] = scale dS K;  dK[0, nk) += scale dS^T Q.
+      Sgemm(true, false, nk, dim, nq, 1.0f, p, nk, do_blk, hd, 1.0f, dv_seq + h * dim, ld);
+      Sgemm(false, false, nq, dim, nk, scale, ds, nk, k_seq + h * dim, ld, 0.0f,
+            dq_seq + q0 * ld + h * dim, ld);
+      Sgemm(true, false, nk, dim, nq, scale, ds, nk, q_blk, ld, 1.0f, dk_seq + h * dim, ld);
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace spgate::kernels
