@@ -13,6 +13,7 @@
 #include "kernels/attention.h"
 #include "kernels/device_memory.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/attention_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace spgate::kernels {
@@ -22,23 +23,10 @@ using testing::AllClose;
 using testing::GpuTest;
 using testing::RandomVector;
 using testing::ToDouble;
+using testing::Offsets;
 
-std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> cu = {0};
-  for (int64_t l : lengths) cu.push_back(cu.back() + l);
-  return cu;
-}
-
-struct AttnGpuCase {
-  std::string name;
-  std::vector<int64_t> lengths;
-  int64_t heads, head_dim, query_block;
-};
-void PrintTo(const AttnGpuCase& c, std::ostream* os) { *os << c.name; }
-
-struct AttnResult {
-  std::vector<float> out, lse, dqkv;
-};
+using AttnGpuCase = testing::AttnCase;
+using AttnResult = testing::AttnRun;
 
 class AttentionGpuTest : public GpuTest {
  protected:
@@ -97,39 +85,16 @@ class AttentionGpuRefTest : public AttentionGpuTest,
                             public ::testing::WithParamInterface<AttnGpuCase> {};
 
 TEST_P(AttentionGpuRefTest, MatchesReference) {
-  const AttnGpuCase& c = GetParam();
-  const std::vector<int64_t> cu = Offsets(c.lengths);
-  AttentionShape shape;
-  shape.heads = c.heads;
-  shape.head_dim = c.head_dim;
-  shape.query_block = c.query_block;
-  const int64_t hd = c.heads * c.head_dim;
-  const std::vector<float> qkv = RandomVector(cu.back() * 3 * hd, 21, -2.0f, 2.0f);
-  const std::vector<float> dout = RandomVector(cu.back() * hd, 22);
-  ASSERT_OK_AND_ASSIGN(AttnResult got, RunGpu(shape, cu, qkv, dout));
-  ASSERT_OK_AND_ASSIGN(AttentionFwdRefResult want, AttentionFwdRef(shape, cu, ToDouble(qkv)));
-  EXPECT_TRUE(AllClose(got.lse, want.lse, 2e-5, 2e-6)) << "lse";
-  EXPECT_TRUE(AllClose(got.out, want.out, 2e-5, 2e-5)) << "out";
-  ASSERT_OK_AND_ASSIGN(std::vector<double> want_dqkv,
-                       AttentionBwdRef(shape, cu, ToDouble(qkv), ToDouble(dout)));
-  EXPECT_TRUE(AllClose(got.dqkv, want_dqkv, 1e-4, 1e-4)) << "dqkv";
+  const testing::AttnInputs in = testing::MakeAttnInputs(GetParam());
+  ASSERT_OK_AND_ASSIGN(AttnResult got, RunGpu(in.shape, in.cu, in.qkv, in.dout));
+  testing::ExpectMatchesAttentionRef(in, got);
 }
 
 std::vector<AttnGpuCase> Cases() {
-  std::mt19937 gen(5);
-  std::uniform_int_distribution<int64_t> len(1, 12);
-  std::vector<int64_t> many_short(40);
-  for (int64_t& l : many_short) l = len(gen);
-  return {
-      {"one_token", {1}, 2, 4, 1024},
-      {"single_tokens", {1, 1, 1, 1, 1}, 3, 8, 1024},
-      {"one_long", {300}, 2, 16, 1024},
-      {"one_long_blocked", {300}, 2, 16, 64},
-      {"many_short", many_short, 3, 8, 5},
-      {"mixed_with_empty", {5, 0, 130, 1, 64, 0}, 2, 8, 32},
-      {"head_dim_64_long", {700}, 2, 64, 256},
-      {"no_tokens", {}, 2, 8, 16},
-  };
+  std::vector<AttnGpuCase> cases = testing::CommonAttnCases();
+  cases.push_back({"head_dim_64_long", {700}, 2, 64, 256});
+  cases.push_back({"no_tokens", {}, 2, 8, 16});
+  return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, AttentionGpuRefTest, ::testing::ValuesIn(Cases()),
@@ -150,31 +115,10 @@ TEST_F(AttentionGpuTest, LargeBatchMatchesCpuPath) {
   const std::vector<float> dout = RandomVector(cu.back() * hd, 32);
   ASSERT_OK_AND_ASSIGN(AttnResult gpu, RunGpu(shape, cu, qkv, dout));
 
-  std::vector<float> out(cu.back() * hd), lse(cu.back() * 4), dqkv(cu.back() * 3 * hd);
-  std::vector<float> ws(AttentionBwdWorkspaceBytes(shape, MaxSeqLen(cu)) / 4);
-  AttentionFwdArgs f;
-  f.shape = shape;
-  f.cu_seqlens = cu;
-  f.qkv = qkv.data();
-  f.out = out.data();
-  f.lse = lse.data();
-  f.workspace = ws.data();
-  f.workspace_bytes = ws.size() * 4;
-  ASSERT_OK(AttentionFwdCpu(f));
-  AttentionBwdArgs b;
-  b.shape = shape;
-  b.cu_seqlens = cu;
-  b.qkv = qkv.data();
-  b.out = out.data();
-  b.dout = dout.data();
-  b.lse = lse.data();
-  b.dqkv = dqkv.data();
-  b.workspace = ws.data();
-  b.workspace_bytes = ws.size() * 4;
-  ASSERT_OK(AttentionBwdCpu(b));
-  EXPECT_TRUE(AllClose(gpu.lse, ToDouble(lse), 2e-5, 2e-6)) << "lse";
-  EXPECT_TRUE(AllClose(gpu.out, ToDouble(out), 2e-5, 1e-4)) << "out";
-  EXPECT_TRUE(AllClose(gpu.dqkv, ToDouble(dqkv), 2e-4, 1e-3)) << "dqkv";
+  ASSERT_OK_AND_ASSIGN(AttnResult cpu, testing::RunAttentionCpu(shape, cu, qkv, dout));
+  EXPECT_TRUE(AllClose(gpu.lse, ToDouble(cpu.lse), 2e-5, 2e-6)) << "lse";
+  EXPECT_TRUE(AllClose(gpu.out, ToDouble(cpu.out), 2e-5, 1e-4)) << "out";
+  EXPECT_TRUE(AllClose(gpu.dqkv, ToDouble(cpu.dqkv), 2e-4, 1e-3)) << "dqkv";
 }
 
 TEST_F(AttentionGpuTest, PackedBatchEqualsEachSequenceAlone) {

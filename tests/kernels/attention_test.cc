@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/attention.h"
+#include "tests/kernels/attention_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace spgate::kernels {
@@ -26,99 +27,26 @@ using testing::AllClose;
 using testing::BitwiseEqual;
 using testing::RandomVector;
 using testing::ToDouble;
-
-std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
-  std::vector<int64_t> cu = {0};
-  for (int64_t l : lengths) cu.push_back(cu.back() + l);
-  return cu;
-}
-
-struct AttnCase {
-  std::string name;
-  std::vector<int64_t> lengths;
-  int64_t heads;
-  int64_t head_dim;
-  int64_t query_block;
-};
-
-void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
-
-struct AttnRun {
-  std::vector<float> out, lse, dqkv;
-};
-
-absl::StatusOr<AttnRun> RunCpu(const AttentionShape& shape, const std::vector<int64_t>& cu,
-                               const std::vector<float>& qkv, const std::vector<float>& dout) {
-  const int64_t tokens = cu.back(), hd = shape.heads * shape.head_dim;
-  AttnRun r;
-  r.out.resize(tokens * hd);
-  r.lse.resize(tokens * shape.heads);
-  r.dqkv.assign(tokens * 3 * hd, 99.0f);  // must be overwritten
-  std::vector<float> ws(AttentionBwdWorkspaceBytes(shape, MaxSeqLen(cu)) / sizeof(float) + 1);
-  AttentionFwdArgs f;
-  f.shape = shape;
-  f.cu_seqlens = cu;
-  f.qkv = qkv.data();
-  f.out = r.out.data();
-  f.lse = r.lse.data();
-  f.workspace = ws.data();
-  f.workspace_bytes = AttentionFwdWorkspaceBytes(shape, MaxSeqLen(cu));
-  absl::Status s = AttentionFwdCpu(f);
-  if (!s.ok()) return s;
-  AttentionBwdArgs b;
-  b.shape = shape;
-  b.cu_seqlens = cu;
-  b.qkv = qkv.data();
-  b.out = r.out.data();
-  b.dout = dout.data();
-  b.lse = r.lse.data();
-  b.dqkv = r.dqkv.data();
-  b.workspace = ws.data();
-  b.workspace_bytes = AttentionBwdWorkspaceBytes(shape, MaxSeqLen(cu));
-  s = AttentionBwdCpu(b);
-  if (!s.ok()) return s;
-  return r;
-}
+using testing::AttnCase;
+using testing::AttnInputs;
+using testing::AttnRun;
+using testing::Offsets;
+using testing::RunAttentionCpu;
 
 class AttentionCpuTest : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionCpuTest, MatchesReference) {
-  const AttnCase& c = GetParam();
-  const std::vector<int64_t> cu = Offsets(c.lengths);
-  const int64_t tokens = cu.back(), hd = c.heads * c.head_dim;
-  AttentionShape shape;
-  shape.heads = c.heads;
-  shape.head_dim = c.head_dim;
-  shape.query_block = c.query_block;
-  // Scaled up so softmax rows are peaked, not uniform.
-  const std::vector<float> qkv = RandomVector(tokens * 3 * hd, 21, -2.0f, 2.0f);
-  const std::vector<float> dout = RandomVector(tokens * hd, 22);
-  ASSERT_OK_AND_ASSIGN(AttnRun got, RunCpu(shape, cu, qkv, dout));
-
-  ASSERT_OK_AND_ASSIGN(AttentionFwdRefResult want, AttentionFwdRef(shape, cu, ToDouble(qkv)));
-  EXPECT_TRUE(AllClose(got.lse, want.lse, 2e-5, 2e-6)) << "lse";
-  EXPECT_TRUE(AllClose(got.out, want.out, 2e-5, 2e-5)) << "out";
-  ASSERT_OK_AND_ASSIGN(std::vector<double> want_dqkv,
-                       AttentionBwdRef(shape, cu, ToDouble(qkv), ToDouble(dout)));
-  EXPECT_TRUE(AllClose(got.dqkv, want_dqkv, 1e-4, 1e-4)) << "dqkv";
+  const AttnInputs in = testing::MakeAttnInputs(GetParam());
+  ASSERT_OK_AND_ASSIGN(AttnRun got, RunAttentionCpu(in.shape, in.cu, in.qkv, in.dout));
+  testing::ExpectMatchesAttentionRef(in, got);
 }
 
 std::vector<AttnCase> Cases() {
-  std::mt19937 gen(5);
-  std::uniform_int_distribution<int64_t> len(1, 12);
-  std::vector<int64_t> many_short(40);
-  for (int64_t& l : many_short) l = len(gen);
-  return {
-      {"one_token", {1}, 2, 4, 1024},
-      {"single_tokens", {1, 1, 1, 1, 1}, 3, 8, 1024},
-      {"one_long", {300}, 2, 16, 1024},
-      {"one_long_blocked", {300}, 2, 16, 64},
-      {"many_short", many_short, 3, 8, 5},
-      {"mixed_with_empty", {5, 0, 130, 1, 64, 0}, 2, 8, 32},
-      {"query_block_1", {17, 9}, 2, 5, 1},
-      {"head_dim_1", {6, 3}, 4, 1, 4},
-      {"no_tokens", {}, 2, 8, 16},
-  };
+  std::vector<AttnCase> cases = testing::CommonAttnCases();
+  cases.push_back({"query_block_1", {17, 9}, 2, 5, 1});
+  cases.push_back({"head_dim_1", {6, 3}, 4, 1, 4});
+  cases.push_back({"no_tokens", {}, 2, 8, 16});
+  return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, AttentionCpuTest, ::testing::ValuesIn(Cases()),
@@ -170,12 +98,12 @@ TEST(AttentionCpuTest, PackedBatchEqualsEachSequenceAlone) {
   const int64_t hd = 24, ld = 72;
   const std::vector<float> qkv = RandomVector(cu.back() * ld, 41, -2.0f, 2.0f);
   const std::vector<float> dout = RandomVector(cu.back() * hd, 42);
-  ASSERT_OK_AND_ASSIGN(AttnRun packed, RunCpu(shape, cu, qkv, dout));
+  ASSERT_OK_AND_ASSIGN(AttnRun packed, RunAttentionCpu(shape, cu, qkv, dout));
   for (size_t s = 0; s < lengths.size(); ++s) {
     const int64_t t0 = cu[s], len = lengths[s];
     const std::vector<float> q1(qkv.begin() + t0 * ld, qkv.begin() + (t0 + len) * ld);
     const std::vector<float> d1(dout.begin() + t0 * hd, dout.begin() + (t0 + len) * hd);
-    ASSERT_OK_AND_ASSIGN(AttnRun alone, RunCpu(shape, {0, len}, q1, d1));
+    ASSERT_OK_AND_ASSIGN(AttnRun alone, RunAttentionCpu(shape, {0, len}, q1, d1));
     auto slice = [](const std::vector<float>& v, int64_t a, int64_t n) {
       return std::vector<double>(v.begin() + a, v.begin() + a + n);
     };
@@ -199,11 +127,11 @@ TEST(AttentionCpuTest, NoTokenSeesTheFuture) {
   const int64_t hd = 8, ld = 24;
   const std::vector<float> qkv = RandomVector(cu.back() * ld, 51, -2.0f, 2.0f);
   const std::vector<float> dout = RandomVector(cu.back() * hd, 52);
-  ASSERT_OK_AND_ASSIGN(AttnRun base, RunCpu(shape, cu, qkv, dout));
+  ASSERT_OK_AND_ASSIGN(AttnRun base, RunAttentionCpu(shape, cu, qkv, dout));
   constexpr int64_t kChanged = 13;  // in the first sequence
   std::vector<float> changed = qkv;
   for (int64_t c = hd; c < ld; ++c) changed[kChanged * ld + c] += 5.0f;  // its K and V
-  ASSERT_OK_AND_ASSIGN(AttnRun after, RunCpu(shape, cu, changed, dout));
+  ASSERT_OK_AND_ASSIGN(AttnRun after, RunAttentionCpu(shape, cu, changed, dout));
   const std::vector<float> before_out(base.out.begin(), base.out.begin() + kChanged * hd);
   const std::vector<float> after_out(after.out.begin(), after.out.begin() + kChanged * hd);
   EXPECT_TRUE(BitwiseEqual(after_out, before_out)) << "earlier tokens of the sequence";
