@@ -10,6 +10,7 @@
 #include "kernels/device_memory.h"
 #include "kernels/gemm.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/gemm_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace spgate::kernels {
@@ -91,24 +92,10 @@ TEST_F(GemmGpuTest, StridedBatchMatchesLoop) {
   g.ldb = ldb;
   g.c = d_c.data();
   g.ldc = kN;
-  ASSERT_OK(GemmStridedBatched(g, GemmBatch{kCount, kK, kK, kM * kN}, blas_.get(), stream_));
+  const GemmBatch batch{kCount, kK, kK, kM * kN};
+  ASSERT_OK(GemmStridedBatched(g, batch, blas_.get(), stream_));
   ASSERT_OK_AND_ASSIGN(std::vector<float> c, Download(d_c));
-  const std::vector<double> ad = ToDouble(a), bd = ToDouble(b);
-  for (int64_t i = 0; i < kCount; ++i) {
-    GemmRefArgs r;
-    r.trans_b = Trans::kYes;
-    r.m = kM;
-    r.n = kN;
-    r.k = kK;
-    r.a = absl::MakeConstSpan(ad).subspan(i * kK);
-    r.lda = lda;
-    r.b = absl::MakeConstSpan(bd).subspan(i * kK);
-    r.ldb = ldb;
-    r.ldc = kN;
-    ASSERT_OK_AND_ASSIGN(std::vector<double> want, GemmRef(r));
-    std::vector<float> got(c.begin() + i * kM * kN, c.begin() + (i + 1) * kM * kN);
-    EXPECT_TRUE(AllClose(got, want, 1e-5, 1e-5)) << "batch " << i;
-  }
+  testing::ExpectStridedBatchMatchesRef(g, batch, a, b, c);
 }
 
 TEST_F(GemmGpuTest, LinearMatchesReference) {

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/gemm.h"
+#include "tests/kernels/gemm_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace spgate::kernels {
@@ -141,22 +142,7 @@ TEST(GemmCpuTest, StridedBatchMatchesLoop) {
   g.ldc = ldc;
   GemmBatch batch{kCount, kK, kK, kM * kN};
   ASSERT_OK(GemmStridedBatchedCpu(g, batch));
-  const std::vector<double> ad = ToDouble(a), bd = ToDouble(b);
-  for (int64_t i = 0; i < kCount; ++i) {
-    GemmRefArgs r;
-    r.trans_b = Trans::kYes;
-    r.m = kM;
-    r.n = kN;
-    r.k = kK;
-    r.a = absl::MakeConstSpan(ad).subspan(i * kK);
-    r.lda = lda;
-    r.b = absl::MakeConstSpan(bd).subspan(i * kK);
-    r.ldb = ldb;
-    r.ldc = ldc;
-    ASSERT_OK_AND_ASSIGN(std::vector<double> want, GemmRef(r));
-    std::vector<float> got(c.begin() + i * kM * kN, c.begin() + (i + 1) * kM * kN);
-    EXPECT_TRUE(AllClose(got, want, 1e-5, 1e-5)) << "batch " << i;
-  }
+  testing::ExpectStridedBatchMatchesRef(g, batch, a, b, c);
 }
 
 TEST(LinearCpuTest, ForwardAndBackwardMatchReference) {
