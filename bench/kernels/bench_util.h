@@ -1,20 +1,27 @@
 // Small harness shared by the kernel benchmarks: time a callable until a
 // minimum wall time has passed and take the median, collect rows of
 // (measurement, named baseline measured in the same run, ratio), print them as
-// a table and write the same rows as JSON, so a script never parses the table.
+// a table and write the same rows as JSON, so a script never parses the table;
+// plus the drivers' common pieces (seeded inputs, fatal status checks, shape
+// strings, packed offsets).
 #ifndef SPGATE_BENCH_KERNELS_BENCH_UTIL_H_
 #define SPGATE_BENCH_KERNELS_BENCH_UTIL_H_
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "absl/status/status.h"
 
 namespace spgate::bench {
 
@@ -145,6 +152,53 @@ inline bool WriteJson(const std::string& path, const std::string& bench,
   }
   f << "  ]\n}\n";
   return static_cast<bool>(f);
+}
+
+// Reproducible inputs in [lo, hi) (an LCG: cheap for large buffers, and the
+// same on every machine).
+inline std::vector<float> Fill(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = lo + (hi - lo) * static_cast<float>(s >> 8) / 16777216.0f;
+  }
+  return v;
+}
+
+// Exits with the status's message when it is not OK.
+inline void Check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s failed: %s\n", what, std::string(s.message()).c_str());
+    std::exit(1);  // benchmark driver, not library code
+  }
+}
+
+// "k1=v1 k2=v2 ..." for a row's shape column.
+inline std::string Shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
+  std::string s;
+  for (auto [k, v] : dims) s += (s.empty() ? "" : " ") + std::string(k) + "=" + std::to_string(v);
+  return s;
+}
+
+// cu_seqlens of sequences of these lengths.
+inline std::vector<int64_t> Offsets(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> cu = {0};
+  for (int64_t l : lengths) cu.push_back(cu.back() + l);
+  return cu;
+}
+
+// Prints the table, writes the JSON to `path`, and returns main's exit code.
+inline int Report(const std::string& path, const std::string& bench,
+                  const std::vector<std::pair<std::string, std::string>>& context,
+                  const std::vector<Row>& rows) {
+  PrintTable(rows);
+  if (!WriteJson(path, bench, context, rows)) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::printf("results written to %s\n", path.c_str());
+  return 0;
 }
 
 // --name=value flags; unknown flags are an error (returns false).

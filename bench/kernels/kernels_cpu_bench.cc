@@ -40,23 +40,6 @@ namespace {
 
 using namespace spgate::kernels;  // NOLINT: benchmark driver
 
-std::vector<float> Fill(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (float& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = lo + (hi - lo) * static_cast<float>(s >> 8) / 16777216.0f;
-  }
-  return v;
-}
-
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s failed: %s\n", what, std::string(s.message()).c_str());
-    std::exit(1);  // benchmark driver, not library code
-  }
-}
-
 bool CheckClose(const char* what, const float* got, const std::vector<double>& want,
                 double tol) {
   for (size_t i = 0; i < want.size(); ++i) {
@@ -67,12 +50,6 @@ bool CheckClose(const char* what, const float* got, const std::vector<double>& w
     }
   }
   return true;
-}
-
-std::string Shape(std::initializer_list<std::pair<const char*, int64_t>> dims) {
-  std::string s;
-  for (auto [k, v] : dims) s += (s.empty() ? "" : " ") + std::string(k) + "=" + std::to_string(v);
-  return s;
 }
 
 void BenchLayerNorm(int64_t rows, int64_t hidden, const TimingOptions& t, std::vector<Row>* out) {
@@ -182,8 +159,7 @@ void BenchLinear(int64_t rows, int64_t in, int64_t out_f, const TimingOptions& t
 void BenchAttention(const std::string& name, const std::vector<int64_t>& lengths, int64_t heads,
                     int64_t dim, int64_t query_block, const TimingOptions& t,
                     std::vector<Row>* out) {
-  std::vector<int64_t> cu = {0};
-  for (int64_t l : lengths) cu.push_back(cu.back() + l);
+  const std::vector<int64_t> cu = Offsets(lengths);
   const int64_t tokens = cu.back(), hd = heads * dim;
   AttentionShape shape;
   shape.heads = heads;
@@ -289,16 +265,10 @@ int main(int argc, char** argv) {
                    64, 1024, t, &rows);
   }
 
-  PrintTable(rows);
   const std::vector<std::pair<std::string, std::string>> context = {
       {"blas_threads", std::to_string(spgate::kernels::CpuBlasThreads())},
       {"hardware_threads", std::to_string(std::thread::hardware_concurrency())},
       {"timer", timer == "cpu" ? "thread_cpu_time" : "wall_clock"},
       {"quick", quick ? "true" : "false"}};
-  if (!WriteJson(json, "kernels_cpu", context, rows)) {
-    std::fprintf(stderr, "cannot write %s\n", json.c_str());
-    return 1;
-  }
-  std::printf("results written to %s\n", json.c_str());
-  return 0;
+  return Report(json, "kernels_cpu", context, rows);
 }

@@ -42,12 +42,6 @@ namespace {
 
 using namespace spgate::kernels;  // NOLINT: benchmark driver
 
-void Check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s failed: %s\n", what, std::string(s.message()).c_str());
-    std::exit(1);  // benchmark driver, not library code
-  }
-}
 void CheckCuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
     std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
@@ -58,16 +52,6 @@ template <typename T>
 T Value(absl::StatusOr<T> v, const char* what) {
   Check(v.status(), what);
   return *std::move(v);
-}
-
-std::vector<float> Fill(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::vector<float> v(n);
-  uint32_t s = seed * 2654435761u + 1;
-  for (float& x : v) {
-    s = s * 1664525u + 1013904223u;
-    x = lo + (hi - lo) * static_cast<float>(s >> 8) / 16777216.0f;
-  }
-  return v;
 }
 
 template <typename T>
@@ -192,7 +176,7 @@ void BenchLayerNorm(const char* dtype, int64_t rows, int64_t hidden, cudaStream_
   const double t_bwd = GpuSeconds(
       [&] { Check(LayerNormBwd(bw, d_ws.data(), d_ws.bytes(), stream), "bwd"); }, stream, 20);
   const double copy = CopyGbps(static_cast<size_t>(bytes / 2), stream);
-  const std::string shape = "rows=" + std::to_string(rows) + " hidden=" + std::to_string(hidden);
+  const std::string shape = Shape({{"rows", rows}, {"hidden", hidden}});
   out->push_back({std::string("layernorm_fwd_") + dtype, shape, t_fwd, bytes / t_fwd / 1e9,
                   "GB/s", "D2D copy same bytes", copy, 0.8});
   out->push_back({std::string("layernorm_bwd_") + dtype, shape, t_bwd, bytes / t_bwd / 1e9,
@@ -217,7 +201,7 @@ void BenchGelu(const char* dtype, int64_t rows, int64_t cols, cudaStream_t strea
       [&] { Check(GeluBwd(b, d_ws.data(), d_ws.bytes(), stream), "gelu bwd"); }, stream, 20);
   const double fwd_bytes = 2.0 * n * sizeof(T), bwd_bytes = 3.0 * n * sizeof(T);
   const double copy = CopyGbps(static_cast<size_t>(bwd_bytes / 2), stream);
-  const std::string shape = "rows=" + std::to_string(rows) + " cols=" + std::to_string(cols);
+  const std::string shape = Shape({{"rows", rows}, {"cols", cols}});
   out->push_back({std::string("bias_gelu_fwd_") + dtype, shape, t_fwd, fwd_bytes / t_fwd / 1e9,
                   "GB/s", "D2D copy same bytes", copy, 0});
   out->push_back({std::string("bias_gelu_bwd_") + dtype, shape, t_bwd, bwd_bytes / t_bwd / 1e9,
@@ -244,8 +228,7 @@ double SgemmTflops(double flops, const CublasHandle& blas, cudaStream_t stream) 
 void BenchAttention(const std::string& name, const std::vector<int64_t>& lengths, int64_t heads,
                     int64_t dim, bool tf32, cudaStream_t stream, std::vector<Row>* out) {
   CublasHandle blas = Value(CublasHandle::Create(tf32), "cublas");
-  std::vector<int64_t> cu = {0};
-  for (int64_t l : lengths) cu.push_back(cu.back() + l);
+  const std::vector<int64_t> cu = Offsets(lengths);
   const int64_t tokens = cu.back(), hd = heads * dim;
   AttentionShape shape;
   shape.heads = heads;
@@ -285,9 +268,10 @@ void BenchAttention(const std::string& name, const std::vector<int64_t>& lengths
   const double t_bwd =
       GpuSeconds([&] { Check(AttentionBwd(b, blas.get(), stream), "bwd"); }, stream, 3);
   const std::string math = tf32 ? " tf32" : " fp32";
-  const std::string sh = "tokens=" + std::to_string(tokens) + " seqs=" +
-                         std::to_string(lengths.size()) + " heads=" + std::to_string(heads) +
-                         " dim=" + std::to_string(dim);
+  const std::string sh = Shape({{"tokens", tokens},
+                                {"seqs", static_cast<int64_t>(lengths.size())},
+                                {"heads", heads},
+                                {"dim", dim}});
   out->push_back({"attention_fwd " + name + math, sh, t_fwd, ff / t_fwd / 1e12, "TF/s",
                   "sgemm same FLOPs" + math, SgemmTflops(ff, blas, stream), 0});
   out->push_back({"attention_bwd " + name + math, sh, t_bwd, bf / t_bwd / 1e12, "TF/s",
@@ -313,9 +297,8 @@ void BenchLinear(int64_t rows, int64_t in, int64_t out_f, cudaStream_t stream,
       stream, 5);
   const double flops = 2.0 * rows * in * out_f;
   out->push_back({"linear_fwd (+bias) fp32",
-                  "rows=" + std::to_string(rows) + " in=" + std::to_string(in) +
-                      " out=" + std::to_string(out_f),
-                  t, flops / t / 1e12, "TF/s", "cublasSgemm same shape", flops / tg / 1e12, 0});
+                  Shape({{"rows", rows}, {"in", in}, {"out", out_f}}), t, flops / t / 1e12,
+                  "TF/s", "cublasSgemm same shape", flops / tg / 1e12, 0});
 }
 
 }  // namespace
@@ -361,16 +344,11 @@ int main(int argc, char** argv) {
   }
   BenchLinear(tokens, 4096, 4096, stream, &rows);
 
-  PrintTable(rows);
   const std::vector<std::pair<std::string, std::string>> context = {
       {"device", prop.name},
       {"sm", std::to_string(prop.major) + std::to_string(prop.minor)},
       {"quick", quick ? "true" : "false"}};
-  if (!WriteJson(json, "kernels_gpu", context, rows)) {
-    std::fprintf(stderr, "cannot write %s\n", json.c_str());
-    return 1;
-  }
-  std::printf("results written to %s\n", json.c_str());
+  const int rc = Report(json, "kernels_gpu", context, rows);
   cudaStreamDestroy(stream);
-  return 0;
+  return rc;
 }
