@@ -21,7 +21,9 @@ using testing::AllClose;
 using testing::BitwiseEqual;
 using testing::GpuTest;
 using testing::kBf16Rtol;
+using testing::Load;
 using testing::RandomVector;
+using testing::Store;
 using testing::ToDouble;
 
 struct GeluGpuCase {
@@ -30,23 +32,6 @@ struct GeluGpuCase {
   bool bias;
 };
 void PrintTo(const GeluGpuCase& c, std::ostream* os) { *os << c.name; }
-
-template <typename T>
-std::vector<T> Store(const std::vector<float>& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return testing::ToBf16(v);
-  }
-}
-template <typename T>
-std::vector<float> Load(const std::vector<T>& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return testing::ToFloat(v);
-  }
-}
 
 class GeluGpuTest : public GpuTest, public ::testing::WithParamInterface<GeluGpuCase> {
  protected:

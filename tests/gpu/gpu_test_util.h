@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,25 @@ namespace spgate::kernels::testing {
 
 // One bf16 rounding: half an ulp of an 8-bit significand, plus slack.
 inline constexpr double kBf16Rtol = 4e-3;
+
+// Host data as a kernel of storage type T (float or Bfloat16) reads it, and
+// back to float for the comparisons.
+template <typename T>
+std::vector<T> Store(const std::vector<float>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return ToBf16(v);
+  }
+}
+template <typename T>
+std::vector<float> Load(const std::vector<T>& v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return ToFloat(v);
+  }
+}
 
 class GpuTest : public ::testing::Test {
  protected:

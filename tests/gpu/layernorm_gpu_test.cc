@@ -25,7 +25,9 @@ using testing::AllClose;
 using testing::BitwiseEqual;
 using testing::GpuTest;
 using testing::kBf16Rtol;
+using testing::Load;
 using testing::RandomVector;
+using testing::Store;
 using testing::ToDouble;
 
 struct LnGpuCase {
@@ -36,24 +38,6 @@ struct LnGpuCase {
   int64_t offset;  // elements added to every activation pointer (misalignment)
 };
 void PrintTo(const LnGpuCase& c, std::ostream* os) { *os << c.name; }
-
-template <typename T>
-std::vector<T> Store(const std::vector<float>& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return testing::ToBf16(v);
-  }
-}
-
-template <typename T>
-std::vector<float> Load(const std::vector<T>& v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return testing::ToFloat(v);
-  }
-}
 
 // A device copy of `host` starting `off` elements into its allocation.
 template <typename T>
