@@ -73,21 +73,8 @@ TEST_P(GemmCpuTest, MatchesReference) {
   g.ldc = ldc;
   ASSERT_OK(GemmCpu(g));
 
-  GemmRefArgs r;
-  r.trans_a = c.ta;
-  r.trans_b = c.tb;
-  r.m = c.m;
-  r.n = c.n;
-  r.k = c.k;
-  r.alpha = c.alpha;
   const std::vector<double> ad = ToDouble(a), bd = ToDouble(b), cd = ToDouble(c0);
-  r.a = ad;
-  r.lda = lda;
-  r.b = bd;
-  r.ldb = ldb;
-  r.beta = c.beta;
-  r.c = cd;
-  r.ldc = ldc;
+  const GemmRefArgs r = testing::RefArgsLike(g, ad, bd, cd);
   ASSERT_OK_AND_ASSIGN(std::vector<double> want, GemmRef(r));
   // Only the [m, n] block is defined; padding columns are left alone.
   std::vector<float> got_block;
