@@ -72,16 +72,7 @@ TEST(AttentionRefTest, BackwardMatchesFiniteDifferences) {
     return l;
   };
   ASSERT_OK_AND_ASSIGN(std::vector<double> g, AttentionBwdRef(shape, cu, qkv, w));
-  std::vector<double> fd(qkv.size());
-  for (size_t i = 0; i < qkv.size(); ++i) {
-    const double keep = qkv[i];
-    qkv[i] = keep + kStep;
-    const double up = loss();
-    qkv[i] = keep - kStep;
-    const double down = loss();
-    qkv[i] = keep;
-    fd[i] = (up - down) / (2 * kStep);
-  }
+  const std::vector<double> fd = testing::FiniteDifferenceGradient(qkv, loss, kStep);
   EXPECT_TRUE(AllClose(g, fd, 1e-8, 1e-6));
 }
 

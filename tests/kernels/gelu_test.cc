@@ -123,19 +123,9 @@ TEST(GeluRefTest, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < w.size(); ++i) l += w[i] * (*y)[i];
     return l;
   };
-  auto fd = [&](std::vector<double>& v, size_t i) {
-    const double keep = v[i];
-    v[i] = keep + kStep;
-    const double up = loss();
-    v[i] = keep - kStep;
-    const double down = loss();
-    v[i] = keep;
-    return (up - down) / (2 * kStep);
-  };
   ASSERT_OK_AND_ASSIGN(GeluBwdRefResult g, GeluBwdRef(kRows, kCols, w, pre, bias));
-  std::vector<double> fd_pre(pre.size()), fd_bias(kCols);
-  for (size_t i = 0; i < pre.size(); ++i) fd_pre[i] = fd(pre, i);
-  for (int64_t j = 0; j < kCols; ++j) fd_bias[j] = fd(bias, j);
+  const std::vector<double> fd_pre = testing::FiniteDifferenceGradient(pre, loss, kStep);
+  const std::vector<double> fd_bias = testing::FiniteDifferenceGradient(bias, loss, kStep);
   EXPECT_TRUE(AllClose(g.dpre, fd_pre, 1e-8, 1e-6)) << "dpre";
   EXPECT_TRUE(AllClose(g.dbias, fd_bias, 1e-8, 1e-6)) << "dbias";
 }

@@ -193,17 +193,7 @@ TEST(LinearRefTest, BackwardMatchesFiniteDifferences) {
     return l;
   };
   auto fd = [&](std::vector<double>& v) {
-    std::vector<double> g(v.size());
-    for (size_t i = 0; i < v.size(); ++i) {
-      const double keep = v[i];
-      v[i] = keep + kStep;
-      const double up = loss();
-      v[i] = keep - kStep;
-      const double down = loss();
-      v[i] = keep;
-      g[i] = (up - down) / (2 * kStep);
-    }
-    return g;
+    return testing::FiniteDifferenceGradient(v, loss, kStep);
   };
   ASSERT_OK_AND_ASSIGN(LinearBwdRefResult g, LinearBwdRef(s, wy, x, w));
   EXPECT_TRUE(AllClose(g.dx, fd(x), 1e-8, 1e-6)) << "dx";

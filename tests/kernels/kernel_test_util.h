@@ -125,6 +125,24 @@ inline ::testing::AssertionResult AllClose(const std::vector<double>& got,
   return AllClose<double>(absl::MakeConstSpan(got), absl::MakeConstSpan(want), atol, rtol);
 }
 
+// Central finite differences of loss() with respect to every element of v:
+// each is moved by +step and -step in place (and restored), loss() re-evaluated.
+template <typename Loss>
+std::vector<double> FiniteDifferenceGradient(std::vector<double>& v, Loss&& loss,
+                                             double step) {
+  std::vector<double> g(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double keep = v[i];
+    v[i] = keep + step;
+    const double up = loss();
+    v[i] = keep - step;
+    const double down = loss();
+    v[i] = keep;
+    g[i] = (up - down) / (2 * step);
+  }
+  return g;
+}
+
 // Bitwise equality of two float ranges (same rows computed in two ways that
 // must not differ at all).
 inline ::testing::AssertionResult BitwiseEqual(absl::Span<const float> got,

@@ -166,26 +166,16 @@ TEST(LayerNormRefTest, BackwardMatchesFiniteDifferences) {
     for (size_t i = 0; i < wy.size(); ++i) l += wy[i] * f->y[i] + wr[i] * f->residual_out[i];
     return l;
   };
-  auto fd = [&](std::vector<double>& v, size_t i) {
-    const double keep = v[i];
-    v[i] = keep + kStep;
-    const double up = loss();
-    v[i] = keep - kStep;
-    const double down = loss();
-    v[i] = keep;
-    return (up - down) / (2 * kStep);
-  };
 
   ASSERT_OK_AND_ASSIGN(LayerNormFwdRefResult f,
                        LayerNormFwdRef(kRows, kHidden, kEps, x, res, gamma, beta));
   ASSERT_OK_AND_ASSIGN(LayerNormBwdRefResult g,
                        LayerNormBwdRef(kRows, kHidden, wy, f.residual_out, gamma, f.mean,
                                        f.rstd, wr));
-  std::vector<double> fd_x(x.size()), fd_res(res.size()), fd_gamma(kHidden), fd_beta(kHidden);
-  for (size_t i = 0; i < x.size(); ++i) fd_x[i] = fd(x, i);
-  for (size_t i = 0; i < res.size(); ++i) fd_res[i] = fd(res, i);
-  for (int64_t j = 0; j < kHidden; ++j) fd_gamma[j] = fd(gamma, j);
-  for (int64_t j = 0; j < kHidden; ++j) fd_beta[j] = fd(beta, j);
+  const std::vector<double> fd_x = testing::FiniteDifferenceGradient(x, loss, kStep);
+  const std::vector<double> fd_res = testing::FiniteDifferenceGradient(res, loss, kStep);
+  const std::vector<double> fd_gamma = testing::FiniteDifferenceGradient(gamma, loss, kStep);
+  const std::vector<double> fd_beta = testing::FiniteDifferenceGradient(beta, loss, kStep);
   // dx is the gradient of both addends of the residual sum.
   EXPECT_TRUE(AllClose(g.dx, fd_x, 1e-7, 1e-6)) << "dx vs d/dx";
   EXPECT_TRUE(AllClose(g.dx, fd_res, 1e-7, 1e-6)) << "dx vs d/dresidual";
