@@ -41,13 +41,6 @@ absl::Status ValidateShapeAndOffsets(const char* op, const AttentionShape& s,
   return absl::OkStatus();
 }
 
-absl::Status CheckSize(const char* op, const char* field, absl::Span<const double> v,
-                       int64_t want) {
-  if (static_cast<int64_t>(v.size()) == want) return absl::OkStatus();
-  return internal::Invalid(op, absl::StrCat(field, " has ", v.size(),
-                                            " elements, want ", want));
-}
-
 absl::Status CheckWorkspace(const char* op, const void* ws, size_t have, size_t need) {
   if (have >= need && (need == 0 || ws != nullptr)) return absl::OkStatus();
   return internal::Invalid(op, absl::StrCat("workspace has ", have,
@@ -122,7 +115,7 @@ absl::StatusOr<AttentionFwdRefResult> AttentionFwdRef(const AttentionShape& shap
   KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
   const int64_t tokens = cu.back();
   const int64_t heads = shape.heads, dim = shape.head_dim, hd = heads * dim, ld = 3 * hd;
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "qkv", qkv, tokens * ld));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
   const double scale = ResolvedSoftmaxScale(shape);
 
   AttentionFwdRefResult r;
@@ -165,8 +158,8 @@ absl::StatusOr<std::vector<double>> AttentionBwdRef(const AttentionShape& shape,
   KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
   const int64_t tokens = cu.back();
   const int64_t heads = shape.heads, dim = shape.head_dim, hd = heads * dim, ld = 3 * hd;
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "qkv", qkv, tokens * ld));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "dout", dout, tokens * hd));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dout", dout, tokens * hd));
   const double scale = ResolvedSoftmaxScale(shape);
 
   std::vector<double> dqkv(tokens * ld, 0.0);

@@ -18,13 +18,6 @@ namespace {
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kCubic = 0.044715;
 
-absl::Status CheckSize(const char* op, const char* field, absl::Span<const double> v,
-                       int64_t want) {
-  if (static_cast<int64_t>(v.size()) == want) return absl::OkStatus();
-  return internal::Invalid(op, absl::StrCat(field, " has ", v.size(),
-                                            " elements, want ", want));
-}
-
 }  // namespace
 
 double GeluTanhRef(double u) {
@@ -44,8 +37,8 @@ absl::StatusOr<std::vector<double>> GeluFwdRef(int64_t rows, int64_t cols,
   constexpr char kOp[] = "GeluFwdRef";
   KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
   KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "pre", pre, rows * cols));
-  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "bias", bias, cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
+  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
   std::vector<double> y(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
@@ -63,9 +56,9 @@ absl::StatusOr<GeluBwdRefResult> GeluBwdRef(int64_t rows, int64_t cols,
   constexpr char kOp[] = "GeluBwdRef";
   KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
   KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "dy", dy, rows * cols));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "pre", pre, rows * cols));
-  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "bias", bias, cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * cols));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
+  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
   GeluBwdRefResult r;
   r.dpre.resize(rows * cols);
   r.dbias.assign(cols, 0.0);

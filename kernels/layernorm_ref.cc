@@ -15,17 +15,6 @@
 #include "kernels/layernorm.h"
 
 namespace spgate::kernels {
-namespace {
-
-absl::Status CheckSize(const char* op, const char* field, absl::Span<const double> v,
-                       int64_t want) {
-  if (static_cast<int64_t>(v.size()) == want) return absl::OkStatus();
-  return internal::Invalid(op, absl::StrCat(field, " has ", v.size(),
-                                            " elements, want ", want));
-}
-
-}  // namespace
-
 absl::StatusOr<LayerNormFwdRefResult> LayerNormFwdRef(
     int64_t rows, int64_t hidden, double eps, absl::Span<const double> x,
     absl::Span<const double> residual, absl::Span<const double> gamma,
@@ -33,12 +22,12 @@ absl::StatusOr<LayerNormFwdRefResult> LayerNormFwdRef(
   constexpr char kOp[] = "LayerNormFwdRef";
   KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
   KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "x", x, rows * hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
   if (!residual.empty()) {
-    KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "residual", residual, rows * hidden));
+    KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "residual", residual, rows * hidden));
   }
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "gamma", gamma, hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "beta", beta, hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "beta", beta, hidden));
 
   LayerNormFwdRefResult r;
   r.residual_out.assign(x.begin(), x.end());
@@ -73,13 +62,13 @@ absl::StatusOr<LayerNormBwdRefResult> LayerNormBwdRef(
   constexpr char kOp[] = "LayerNormBwdRef";
   KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
   KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "dy", dy, rows * hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "x", x, rows * hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "gamma", gamma, hidden));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "mean", mean, rows));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "rstd", rstd, rows));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "mean", mean, rows));
+  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "rstd", rstd, rows));
   if (!dresidual.empty()) {
-    KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "dresidual", dresidual, rows * hidden));
+    KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dresidual", dresidual, rows * hidden));
   }
 
   LayerNormBwdRefResult r;

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 
 #define KERNELS_RETURN_IF_ERROR(expr)              \
   do {                                             \
@@ -58,6 +59,13 @@ inline absl::Status CheckFitsInt32(absl::string_view op, absl::string_view field
   if (value <= std::numeric_limits<int32_t>::max()) return absl::OkStatus();
   return absl::OutOfRangeError(
       absl::StrCat(op, ": ", field, " = ", value, " exceeds the 32-bit BLAS limit"));
+}
+
+// The references' input sizes: exactly `want` elements.
+inline absl::Status CheckSize(absl::string_view op, absl::string_view field,
+                              absl::Span<const double> v, int64_t want) {
+  if (static_cast<int64_t>(v.size()) == want) return absl::OkStatus();
+  return Invalid(op, absl::StrCat(field, " has ", v.size(), " elements, want ", want));
 }
 
 }  // namespace spgate::kernels::internal
