@@ -83,6 +83,15 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
   Mutex* const mu_;
 };
 
+// Turns off absl::Mutex's deadlock detection for the whole process. Abseil built without
+// NDEBUG (Debian's is) leaves it on, and then every Lock records lock-order edges in one
+// process-wide graph under a global spinlock — gRPC's locks included. spgate's binaries
+// call this first thing in main (it was 4-6 % of spgated's and spgate-sim's CPU at 1,024
+// ranks); tests keep detection on. A trainer embedding the client may call it too.
+inline void DisableMutexDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+}
+
 }  // namespace spgate
 
 #endif  // SPGATE_COMMON_MUTEX_H_

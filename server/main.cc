@@ -9,6 +9,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "server/daemon.h"
 #include "server/metrics.h"
 
@@ -29,6 +30,7 @@ ABSL_FLAG(int, max_jobs, 1024, "Most jobs tracked at once (bounds the job_id lab
 ABSL_FLAG(int, max_groups_per_job, 4096, "Most TP groups per job");
 
 int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
   absl::FlagsUsageConfig usage;
   usage.version_string = [] { return "spgated " + std::string(spgate::server::SpgateVersion()) + "\n"; };
   absl::SetFlagsUsageConfig(usage);

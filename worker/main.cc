@@ -24,6 +24,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/mpi_communicator.h"
@@ -96,6 +97,7 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);

@@ -14,7 +14,7 @@
 //                 decides every step (the network hand-off is the difference).
 // Reports median / p99 / p99.9 per step and ratios to `handoff`, and writes JSON.
 //
-//   build/bench/client_step_bench --steps=5000 --step_us=1000 --sequences=16 \
+//   build/bench/client_step_bench --steps=5000 --step_us=1000 --sequences=16
 //       --out=client_step.json
 #include <algorithm>
 #include <chrono>
@@ -30,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "server/daemon.h"
 #include "worker/client/gate_client.h"
 
@@ -40,6 +41,10 @@ ABSL_FLAG(int, step_us, 1000,
           "for the next decision");
 ABSL_FLAG(int, sequences, 16, "Sequences per batch plan");
 ABSL_FLAG(std::string, out, "", "Write results as JSON here");
+ABSL_FLAG(bool, mutex_deadlock_detection, true,
+          "Leave Abseil's mutex deadlock detection as the library left it (on in Debian's "
+          "build, as in a trainer that does not turn it off); false: "
+          "spgate::DisableMutexDeadlockDetection() first");
 
 namespace {
 
@@ -183,7 +188,8 @@ Result RunClient(const std::string& name, const std::string& controller,
       std::exit(1);
     }
   }
-  Result r{name};
+  Result r;
+  r.name = name;
   spgate::Mode mode = spgate::Mode::kSequenceParallel;
   spgate::Reason reason = spgate::Reason::kGatesPassed;
   Loop(
@@ -209,7 +215,8 @@ Result RunClient(const std::string& name, const std::string& controller,
 
 Result RunHandoff(const std::vector<int64_t>& lengths, int warmup, int steps) {
   Handoff h;
-  Result r{"handoff"};
+  Result r;
+  r.name = "handoff";
   Loop(
       r, warmup, steps, [&](int64_t step) { h.Submit(step, lengths); },
       [&](int64_t step) { (void)h.Await(step); },
@@ -224,6 +231,7 @@ Result RunHandoff(const std::vector<int64_t>& lengths, int warmup, int steps) {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) spgate::DisableMutexDeadlockDetection();
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));

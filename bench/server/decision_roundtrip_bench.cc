@@ -24,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/mutex.h"
 #include "server/daemon.h"
 #include "spgate/v1/gate.grpc.pb.h"
 
@@ -177,6 +178,7 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
 }  // namespace
 
 int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();  // as in spgated's main
   absl::ParseCommandLine(argc, argv);
   std::vector<int> group_counts;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_groups), ',')) {

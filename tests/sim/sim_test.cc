@@ -19,6 +19,7 @@ namespace spgate::sim {
 namespace {
 
 using ::spgate::testing::IsOk;
+using ::spgate::testing::IsOkAndHolds;
 using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -57,9 +58,47 @@ TEST(SimRunTest, LocalOnlyGroupsAreConsistent) {
   for (const char* key : {"\"steps\"", "\"decisions\"", "\"local_decisions\"",
                           "\"consistency_violations\"", "\"lost_telemetry\"",
                           "\"effective_tokens_per_s\"", "\"step_time_p95_s\"",
-                          "\"peak_memory_bytes\""}) {
+                          "\"peak_memory_bytes\"", "\"group_phase\": \"random\""}) {
     EXPECT_THAT(json, HasSubstr(key));
   }
+}
+
+TEST(SimRunTest, GroupsTickAtTheirOwnPhaseOrAllAtOnce) {
+  SimOptions o = Small();
+  o.groups = 64;
+  o.steps_per_s = 10;
+  const std::vector<absl::Duration> random = GroupPhases(o);
+  ASSERT_EQ(random.size(), 64u);
+  int first_half = 0;
+  for (absl::Duration d : random) {
+    EXPECT_GE(d, absl::ZeroDuration());
+    EXPECT_LT(d, absl::Milliseconds(100));
+    if (d < absl::Milliseconds(50)) ++first_half;
+  }
+  // Spread over the period, not bunched (binomial(64, 1/2): 16..48 is > 99.99 %).
+  EXPECT_GT(first_half, 16);
+  EXPECT_LT(first_half, 48);
+  EXPECT_EQ(GroupPhases(o), random) << "phases are seeded";
+  o.seed = 2;
+  EXPECT_NE(GroupPhases(o), random);
+  o.group_phase = SimOptions::GroupPhase::kAligned;
+  for (absl::Duration d : GroupPhases(o)) EXPECT_EQ(d, absl::ZeroDuration());
+
+  EXPECT_THAT(ParseGroupPhase("random"), IsOkAndHolds(SimOptions::GroupPhase::kRandom));
+  EXPECT_THAT(ParseGroupPhase("aligned"), IsOkAndHolds(SimOptions::GroupPhase::kAligned));
+  EXPECT_THAT(ParseGroupPhase("sync"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--group_phase")));
+}
+
+TEST(SimRunTest, AlignedGroupsAreConsistentToo) {
+  SimOptions o = Small();
+  o.group_phase = SimOptions::GroupPhase::kAligned;
+  absl::StatusOr<Summary> s = RunLive(o);
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->decide_errors, 0) << s->first_error;
+  EXPECT_EQ(Total(*s), 6 * 60);
+  EXPECT_THAT(s->ToJson(), HasSubstr("\"group_phase\": \"aligned\""));
 }
 
 #ifdef SPGATE_HAVE_SERVER

@@ -1,6 +1,6 @@
 // spgate-sim: simulated TP groups speaking spgate's real protocol (SPEC §5).
 //
-//   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10 \
+//   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10
 //       --duration=60s --lengths=lognormal:mean=4096,sigma=0.8 --summary_json=out.json
 //   spgate-sim replay --config=gates.txtpb --lengths=file:trace.txt [--sweep]
 //
@@ -24,6 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "google/protobuf/text_format.h"
+#include "common/mutex.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
 #include "tools/sim/sim.h"
@@ -44,6 +45,9 @@ ABSL_FLAG(int, groups, 4, "TP groups");
 ABSL_FLAG(int, tp, 8, "Ranks per TP group");
 ABSL_FLAG(double, steps_per_s, 10, "Steps per second per group");
 ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
+ABSL_FLAG(std::string, group_phase, "random",
+          "When groups tick within the step period: random (each group its own seeded phase) "
+          "or aligned (all at once, like one data-parallel job; the daemon's worst burst)");
 ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
 ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
@@ -175,6 +179,7 @@ int Emit(const spgate::sim::Summary& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
   absl::SetProgramUsageMessage(
       "simulated TP groups speaking spgate's protocol.\n"
       "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"
@@ -192,6 +197,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   SimOptions o = OptionsFromFlags();
+  absl::StatusOr<SimOptions::GroupPhase> phase =
+      spgate::sim::ParseGroupPhase(absl::GetFlag(FLAGS_group_phase));
+  if (!phase.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", std::string(phase.status().message()).c_str());
+    return 2;
+  }
+  o.group_phase = *phase;
   if (!replay) {
     if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep)) {
       std::fprintf(stderr, "spgate-sim: --config and --sweep belong to `spgate-sim replay`\n");

@@ -137,6 +137,28 @@ absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOpt
                                    .bucketing = o.bucketing});
 }
 
+absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value) {
+  if (value == "random") return SimOptions::GroupPhase::kRandom;
+  if (value == "aligned") return SimOptions::GroupPhase::kAligned;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--group_phase=", value, ": want random or aligned"));
+}
+
+const char* GroupPhaseName(SimOptions::GroupPhase phase) {
+  return phase == SimOptions::GroupPhase::kAligned ? "aligned" : "random";
+}
+
+std::vector<absl::Duration> GroupPhases(const SimOptions& o) {
+  std::vector<absl::Duration> phase(static_cast<size_t>(std::max(0, o.groups)));
+  if (o.group_phase == SimOptions::GroupPhase::kAligned || !(o.steps_per_s > 0)) return phase;
+  const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
+  for (size_t gi = 0; gi < phase.size(); ++gi) {
+    const double u = static_cast<double>(Mix(o.seed, gi, 2) >> 11) * 0x1.0p-53;  // [0, 1)
+    phase[gi] = period * u;
+  }
+  return phase;
+}
+
 int64_t StepsFor(const SimOptions& o) {
   if (o.steps > 0) return o.steps;
   return std::max<int64_t>(1, static_cast<int64_t>(absl::ToDoubleSeconds(o.duration) * o.steps_per_s));
@@ -205,51 +227,61 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     }
   }
 
-  // Worker threads: thread w owns groups w, w + W, ...; its ticks are offset by w / W of
-  // a step period so the threads' work interleaves instead of bunching.
+  // Driver threads: thread w owns groups w, w + W, ... Each group ticks at its phase in
+  // the period (SimOptions::GroupPhase); a thread serves its groups' ticks in time order,
+  // the groups that share an instant together (all plans first, then the steps).
   const int W = ThreadCount(o);
   std::vector<Summary> partial(W);
   const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
-  const absl::Time start = absl::Now() + absl::Milliseconds(50);
+  const std::vector<absl::Duration> phase = GroupPhases(o);
+  const absl::Time start = absl::Now() + absl::Milliseconds(50) + period;
   std::vector<std::thread> threads;
   for (int w = 0; w < W; ++w) {
     threads.emplace_back([&, w] {
       Summary& sum = partial[w];
-      std::vector<SimGroup*> mine;
-      for (int gi = w; gi < o.groups; gi += W) mine.push_back(groups[gi].get());
+      struct Slot {
+        absl::Duration offset;
+        std::vector<SimGroup*> groups;
+      };
+      std::vector<Slot> slots;
+      for (int gi = w; gi < o.groups; gi += W) {
+        auto it = std::find_if(slots.begin(), slots.end(),
+                               [&](const Slot& s) { return s.offset == phase[gi]; });
+        if (it == slots.end()) it = slots.insert(slots.end(), Slot{phase[gi], {}});
+        it->groups.push_back(groups[gi].get());
+      }
+      std::sort(slots.begin(), slots.end(),
+                [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
       // The leader buckets for the target CV of the config that will be in force, as
       // spgate-worker does.
       auto next_batch = [](SimGroup& g, int64_t step) {
         const double target = g.clients[0]->ConfigFor(step).config.bucket_target_cv;
         return g.batches->Next(target).lengths;
       };
-      for (SimGroup* g : mine) {
-        g->next = next_batch(*g, 0);
-        if (absl::Status s = SubmitNext(*g, model, 0); !s.ok()) {
-          ++sum.decide_errors;
-          sum.first_error = s.ToString();
-        }
-      }
-      const absl::Time phase = start + period * (static_cast<double>(w) / W);
-      for (int64_t k = 0; k < steps; ++k) {
-        const absl::Time tick = phase + period * static_cast<double>(k);
-        const absl::Time now = absl::Now();
-        if (now < tick) {
-          absl::SleepFor(tick - now);
-        } else if (now - tick > period / 2) {
-          ++sum.late_steps;
-        }
-        const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
-        // The plan for k + 1 goes out before step k is decided and run (SPEC §4).
-        for (SimGroup* g : mine) {
-          g->current = std::move(g->next);
-          g->next = next_batch(*g, k + 1);
-          if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
-            ++sum.decide_errors;
-            if (sum.first_error.empty()) sum.first_error = s.ToString();
+      // Tick k submits the plan for k + 1 and runs step k; tick -1, a period before the
+      // first step, only submits the plan for step 0 (a trainer plans before it starts).
+      for (int64_t k = -1; k < steps; ++k) {
+        for (const Slot& slot : slots) {
+          const absl::Time tick = start + slot.offset + period * static_cast<double>(k);
+          const absl::Time now = absl::Now();
+          if (now < tick) {
+            absl::SleepFor(tick - now);
+          } else if (k >= 0 && now - tick > period / 2) {
+            ++sum.late_steps;
           }
+          const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
+          // The plan for k + 1 goes out before step k is decided and run (SPEC §4).
+          for (SimGroup* g : slot.groups) {
+            g->current = std::move(g->next);
+            g->next = next_batch(*g, k + 1);
+            if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
+              ++sum.decide_errors;
+              if (sum.first_error.empty()) sum.first_error = s.ToString();
+            }
+          }
+          if (k < 0) continue;
+          for (SimGroup* g : slot.groups) StepGroup(*g, model, o, k, deadline, sum);
         }
-        for (SimGroup* g : mine) StepGroup(*g, model, o, k, deadline, sum);
       }
     });
   }
@@ -283,6 +315,7 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   total.groups = o.groups;
   total.tp = t;
   total.threads = W;
+  total.group_phase = GroupPhaseName(o.group_phase);
   total.wall_s = absl::ToDoubleSeconds(finished - start);
   return total;
 }

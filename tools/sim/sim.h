@@ -35,6 +35,13 @@ struct SimOptions {
   int groups = 4;
   double steps_per_s = 10;
   int threads = 0;  // 0: min(groups, 2 × cores, 16)
+  // When in the step period each group ticks. kRandom: every group at its own seeded
+  // phase, as independent jobs or pipeline stages would — plans reach the daemon spread
+  // over the period. kAligned: every group at the same instant, as the groups of one
+  // data-parallel job after each gradient all-reduce — the daemon gets all G plans in one
+  // burst (the worst case for decision latency).
+  enum class GroupPhase { kRandom, kAligned };
+  GroupPhase group_phase = GroupPhase::kRandom;
   absl::Duration deadline = absl::Milliseconds(20);
   // GateClientOptions::telemetry_flush_interval: > 0 moves telemetry writes off the
   // moment plans go out (every rank reports right after the decision).
@@ -49,6 +56,14 @@ struct SimOptions {
 };
 
 int64_t StepsFor(const SimOptions& o);
+
+// Each group's tick offset within the step period, per options.group_phase: all zero when
+// aligned; otherwise seeded uniform draws in [0, period).
+std::vector<absl::Duration> GroupPhases(const SimOptions& options);
+
+// "random" or "aligned"; INVALID_ARGUMENT names --group_phase.
+absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value);
+const char* GroupPhaseName(SimOptions::GroupPhase phase);
 
 // The seed of TP group `group`'s length stream — spgate-worker's (worker/runtime/worker.cc),
 // so for one --seed and --lengths both tools draw the same lengths for the same group.

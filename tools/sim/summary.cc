@@ -146,6 +146,7 @@ std::string Summary::ToJson() const {
   if (!first_error.empty()) field("first_error", Quote(first_error));
   field("late_steps", absl::StrCat(late_steps));
   field("threads", absl::StrCat(threads));
+  if (!group_phase.empty()) field("group_phase", Quote(group_phase));
   if (!config_json.empty()) field("config", config_json);
   if (!extra_json.empty()) field("sweep", extra_json);
   absl::StrAppend(&j, "  \"wall_s\": ", absl::StrFormat("%.3f", wall_s), "\n}\n");

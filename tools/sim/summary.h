@@ -30,6 +30,7 @@ struct Summary {
   int groups = 0;
   int tp = 0;
   int threads = 0;
+  std::string group_phase;  // run: random | aligned
   double wall_s = 0;
   std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
   std::map<std::string, int64_t> sources;                           // daemon/fallback/local
