@@ -11,7 +11,10 @@
 #   - lost telemetry: records the simulated ranks produced minus those the daemon
 #     acknowledged (sim summary), and the daemon's own accepted-record counter
 #     (spgate_telemetry_records_total{result="accepted"}) - they must be equal;
-#   - decision latency as seen by the leaders (plan submitted -> decision arrived), p50/p99;
+#   - decision latency as seen by the leaders (plan submitted -> decision arrived), p50/p99,
+#     and the part of it a plan spent queued in the sim process before its client's
+#     writer took it (1,024 clients share one writer thread here, unlike a real cluster)
+#     and the rest (writer -> decision arrived);
 #   - daemon CPU (utime+stime over the run, as cores) and peak RSS (VmHWM);
 # and once, the baseline of the same run with --controller empty (local policy only), so
 # the sim's own cost and schedule are visible apart from the daemon's.
@@ -123,6 +126,10 @@ for phase in phases:
         "daemon_telemetry_accepted": int(accepted),
         "decision_latency_p50_ms": lat["p50"] * 1e3, "decision_latency_p99_ms": lat["p99"] * 1e3,
         "decision_latency_max_ms": lat["max"] * 1e3, "decision_latency_samples": lat["samples"],
+        "plan_queued_p50_ms": run["plan_queued_s"]["p50"] * 1e3,
+        "plan_queued_p99_ms": run["plan_queued_s"]["p99"] * 1e3,
+        "from_write_p50_ms": run["decision_latency_from_write_s"]["p50"] * 1e3,
+        "from_write_p99_ms": run["decision_latency_from_write_s"]["p99"] * 1e3,
         "daemon_cpu_s": cpu_s, "daemon_cpu_cores": cpu_s / wall if wall > 0 else 0,
         "daemon_peak_rss_mib": int(rss_kb) / 1024, "sim_wall_s": wall,
         "late_ticks": run["late_steps"],
@@ -138,13 +145,15 @@ json.dump(result, open(out + "/sim_scale.json", "w"), indent=2)
 md = (f"{result['ranks']} ranks ({groups} groups x {tp}) at {rate} steps/s, {duration}; "
       f"local-only baseline: {local['late_steps']} late ticks, "
       f"{local['consistency_violations']} consistency violations\n\n"
-      "| group phase | consistency violations | decisions by source | telemetry reported / acked / daemon accepted | lost | leader latency p50 / p99 / max | daemon CPU | daemon peak RSS | late ticks |\n"
-      "|---|---:|---|---|---:|---|---:|---:|---:|\n")
+      "| group phase | consistency violations | decisions by source | telemetry reported / acked / daemon accepted | lost | leader latency p50 / p99 / max | queued in the sim p50 / p99 | from the write p50 / p99 | daemon CPU | daemon peak RSS | late ticks |\n"
+      "|---|---:|---|---|---:|---|---|---|---:|---:|---:|\n")
 for r in runs:
     md += (f"| {r['group_phase']} | {r['consistency_violations']} | {r['decision_sources']} | "
            f"{r['telemetry_reported']} / {r['telemetry_acknowledged']} / {r['daemon_telemetry_accepted']} | "
            f"{r['lost_telemetry']} | {r['decision_latency_p50_ms']:.2f} / {r['decision_latency_p99_ms']:.2f} / "
-           f"{r['decision_latency_max_ms']:.2f} ms | {r['daemon_cpu_cores']:.2f} cores | "
+           f"{r['decision_latency_max_ms']:.2f} ms | "
+           f"{r['plan_queued_p50_ms']:.2f} / {r['plan_queued_p99_ms']:.2f} ms | "
+           f"{r['from_write_p50_ms']:.2f} / {r['from_write_p99_ms']:.2f} ms | {r['daemon_cpu_cores']:.2f} cores | "
            f"{r['daemon_peak_rss_mib']:.0f} MiB | {r['late_ticks']} |\n")
 open(out + "/sim_scale.md", "w").write(md)
 print(md)

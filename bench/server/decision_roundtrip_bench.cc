@@ -6,7 +6,7 @@
 // machine noise hits both; the report is p50/p99 latency and decisions/s as ratios to
 // echo. Loopback only; every loop is bounded by --seconds.
 //
-//   build/bin/decision_roundtrip_bench --groups=1,16,128 --seconds=3 --rounds=3 \
+//   build/bin/decision_roundtrip_bench --groups=1,16,128 --seconds=3 --rounds=3
 //       --out=decision_roundtrip.json
 #include <grpcpp/grpcpp.h>
 

@@ -194,10 +194,16 @@ TEST_F(GateClientE2ETest, DecisionsArriveBeforeTheDeadlineOnAHealthyStream) {
   EXPECT_EQ(sp, 150);
   EXPECT_EQ(g.clients[0]->stats().local_decisions, 0);
   // The answers themselves came well inside the default 20 ms deadline.
-  std::vector<double> lat = g.clients[0]->TakeDecisionLatencies();
+  std::vector<double> lat;
+  for (const GateClient::DecisionLatency& l : g.clients[0]->TakeDecisionLatencies()) {
+    EXPECT_GE(l.queued_s, 0);
+    EXPECT_LE(l.queued_s, l.total_s);
+    lat.push_back(l.total_s);
+  }
   ASSERT_GE(lat.size(), 200u);  // plus step 200's, submitted during step 199
   std::sort(lat.begin(), lat.end());
   EXPECT_LT(lat[lat.size() / 2], 0.020) << "median plan-to-decision latency";
+  EXPECT_TRUE(g.clients[0]->TakeDecisionLatencies().empty()) << "taken once";
   // Every rank's telemetry reaches the daemon.
   for (auto& c : g.clients) {
     ASSERT_THAT(c->Flush(absl::Seconds(10)), IsOk());

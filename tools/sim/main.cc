@@ -155,6 +155,13 @@ void PrintHuman(const spgate::sim::Summary& s) {
                  1e3 * spgate::sim::Percentile(s.decision_latency_s, 0.5),
                  1e3 * spgate::sim::Percentile(s.decision_latency_s, 0.99),
                  1e3 * spgate::sim::Percentile(s.decision_latency_s, 1.0));
+    std::fprintf(stderr,
+                 "    queued in this process before the write p50 %.3f ms, p99 %.3f ms; "
+                 "from the write p50 %.3f ms, p99 %.3f ms\n",
+                 1e3 * spgate::sim::Percentile(s.plan_queued_s, 0.5),
+                 1e3 * spgate::sim::Percentile(s.plan_queued_s, 0.99),
+                 1e3 * spgate::sim::Percentile(s.from_write_s, 0.5),
+                 1e3 * spgate::sim::Percentile(s.from_write_s, 0.99));
   }
   if (!s.first_error.empty()) std::fprintf(stderr, "  first error: %s\n", s.first_error.c_str());
 }

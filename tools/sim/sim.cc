@@ -298,8 +298,11 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     }
   }
   for (auto& g : groups) {
-    std::vector<double> lat = g->clients[0]->TakeDecisionLatencies();
-    total.decision_latency_s.insert(total.decision_latency_s.end(), lat.begin(), lat.end());
+    for (const GateClient::DecisionLatency& l : g->clients[0]->TakeDecisionLatencies()) {
+      total.decision_latency_s.push_back(l.total_s);
+      total.plan_queued_s.push_back(l.queued_s);
+      total.from_write_s.push_back(l.total_s - l.queued_s);
+    }
     for (auto& c : g->clients) {
       const client::GateClientStats st = c->stats();
       total.telemetry_reported += st.telemetry_reported;

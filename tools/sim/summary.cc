@@ -60,6 +60,8 @@ void Summary::Merge(const Summary& o) {
   telemetry_dropped += o.telemetry_dropped;
   decision_latency_s.insert(decision_latency_s.end(), o.decision_latency_s.begin(),
                             o.decision_latency_s.end());
+  plan_queued_s.insert(plan_queued_s.end(), o.plan_queued_s.begin(), o.plan_queued_s.end());
+  from_write_s.insert(from_write_s.end(), o.from_write_s.begin(), o.from_write_s.end());
   sp.Merge(o.sp);
   tp_only.Merge(o.tp_only);
   all.Merge(o.all);
@@ -138,10 +140,13 @@ std::string Summary::ToJson() const {
   field("peak_memory_bytes", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.peak_memory,
                                              tp_only.peak_memory));
   field("steps_by_mode", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.steps, tp_only.steps));
-  field("decision_latency_s",
-        absl::StrFormat("{\"samples\": %d, \"p50\": %.6f, \"p99\": %.6f, \"max\": %.6f}",
-                        decision_latency_s.size(), Percentile(decision_latency_s, 0.5),
-                        Percentile(decision_latency_s, 0.99), Percentile(decision_latency_s, 1.0)));
+  auto latency = [](const std::vector<double>& v) {
+    return absl::StrFormat("{\"samples\": %d, \"p50\": %.6f, \"p99\": %.6f, \"max\": %.6f}",
+                           v.size(), Percentile(v, 0.5), Percentile(v, 0.99), Percentile(v, 1.0));
+  };
+  field("decision_latency_s", latency(decision_latency_s));
+  field("plan_queued_s", latency(plan_queued_s));
+  field("decision_latency_from_write_s", latency(from_write_s));
   field("decide_errors", absl::StrCat(decide_errors));
   if (!first_error.empty()) field("first_error", Quote(first_error));
   field("late_steps", absl::StrCat(late_steps));

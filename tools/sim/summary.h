@@ -43,6 +43,8 @@ struct Summary {
   // acknowledged, dropped from full buffers. lost = produced - acknowledged.
   int64_t telemetry_reported = 0, telemetry_sent = 0, telemetry_acked = 0, telemetry_dropped = 0;
   std::vector<double> decision_latency_s;  // leaders: plan submitted -> decision arrived
+  std::vector<double> plan_queued_s;       // the part before the client's writer took it
+  std::vector<double> from_write_s;        // the rest: writer took it -> decision arrived
   ModeTotals sp, tp_only, all;
   int64_t late_steps = 0;  // ticks the driving thread started late (could not keep up)
   std::string config_json;  // the config in force at the end (replay: the one replayed)

@@ -48,6 +48,7 @@ struct PlanRecord {
   uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
   absl::Time submitted;
+  absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
 };
 
 // What one WorkerMessage carries, gathered under the lock and serialised outside it.
@@ -152,7 +153,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Status Flush(absl::Duration timeout);
   absl::Status WaitUntilConnected(absl::Duration timeout);
   GateClientStats stats() const;
-  std::vector<double> TakeDecisionLatencies() {
+  std::vector<GateClient::DecisionLatency> TakeDecisionLatencies() {
     spgate::MutexLock lock(&mu_);
     return std::exchange(latencies_, {});
   }
@@ -223,7 +224,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   int64_t last_decided_step_ ABSL_GUARDED_BY(mu_) = kNoStep;
   GateDecision last_decision_ ABSL_GUARDED_BY(mu_);
   std::deque<StepTelemetryInput> telemetry_ ABSL_GUARDED_BY(mu_);
-  std::vector<double> latencies_ ABSL_GUARDED_BY(mu_);
+  std::vector<GateClient::DecisionLatency> latencies_ ABSL_GUARDED_BY(mu_);
 
   // Connection.
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
@@ -475,7 +476,9 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
     auto plan = plans_.find(d.step());
     if (plan == plans_.end()) continue;  // not ours (dropped plan)
     if (latencies_.size() < 65536) {
-      latencies_.push_back(absl::ToDoubleSeconds(absl::Now() - plan->second.submitted));
+      const PlanRecord& p = plan->second;
+      latencies_.push_back({.total_s = absl::ToDoubleSeconds(absl::Now() - p.submitted),
+                            .queued_s = absl::ToDoubleSeconds(p.taken - p.submitted)});
     }
     GateDecision g;
     g.step = d.step();
@@ -581,6 +584,7 @@ Outgoing GateClient::Impl::GatherLocked() {
   for (auto& [step, plan] : plans_) {
     if (plan.sent_on_stream == stream_id_) continue;
     plan.sent_on_stream = stream_id_;
+    plan.taken = absl::Now();  // the writer's thread, not the training thread
     out.plans.push_back(plan);
   }
   stats_.plans_sent += static_cast<int64_t>(out.plans.size());
@@ -921,7 +925,9 @@ absl::Status GateClient::WaitUntilConnected(absl::Duration timeout) {
   return impl_->WaitUntilConnected(timeout);
 }
 GateClientStats GateClient::stats() const { return impl_->stats(); }
-std::vector<double> GateClient::TakeDecisionLatencies() { return impl_->TakeDecisionLatencies(); }
+std::vector<GateClient::DecisionLatency> GateClient::TakeDecisionLatencies() {
+  return impl_->TakeDecisionLatencies();
+}
 ScheduledConfig GateClient::ConfigFor(int64_t step) const { return impl_->ConfigFor(step); }
 const GateClientOptions& GateClient::options() const { return impl_->options(); }
 

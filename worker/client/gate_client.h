@@ -221,9 +221,17 @@ class GateClient {
   GateClientStats stats() const;
   const GateClientOptions& options() const;
 
-  // Leader: seconds from SubmitPlan to the daemon's decision arriving, for the decisions
-  // that arrived since the last call (at most 65,536 are kept in between).
-  std::vector<double> TakeDecisionLatencies();
+  // Leader: for each daemon decision that arrived since the last call (at most 65,536 are
+  // kept in between), seconds from SubmitPlan to the decision arriving (`total_s`), and
+  // the part of it the plan spent queued in this process before the client's writer took
+  // it for the stream (`queued_s`: the runtime thread's pickup, and its queue when many
+  // clients share the process, as in spgate-sim). The rest is serialisation, the network,
+  // the daemon and the reply.
+  struct DecisionLatency {
+    double total_s = 0;
+    double queued_s = 0;
+  };
+  std::vector<DecisionLatency> TakeDecisionLatencies();
 
   class Impl;
 
