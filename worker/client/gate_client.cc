@@ -477,8 +477,9 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
     if (plan == plans_.end()) continue;  // not ours (dropped plan)
     if (latencies_.size() < 65536) {
       const PlanRecord& p = plan->second;
+      const double queued = absl::ToDoubleSeconds(p.taken - p.submitted);
       latencies_.push_back({.total_s = absl::ToDoubleSeconds(absl::Now() - p.submitted),
-                            .queued_s = absl::ToDoubleSeconds(p.taken - p.submitted)});
+                            .queued_s = std::max(0.0, queued)});
     }
     GateDecision g;
     g.step = d.step();
