@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
                       impl->health_server.get()}) {
       if (srv != nullptr) srv->Shutdown(std::chrono::system_clock::now());
     }
+    SyncWithFinishedCallbacks();
     return s;
   }
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
@@ -244,6 +245,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   for (auto* srv : {d.worker_server.get(), d.admin_server.get(), d.health_server.get()}) {
     if (srv != nullptr) srv->Shutdown(deadline);
   }
+  SyncWithFinishedCallbacks();
   d.stop_sweeper.Notify();
   if (d.sweeper.joinable()) d.sweeper.join();
   if (absl::Status s = d.state->Flush(); !s.ok()) Log(std::string(s.message()));

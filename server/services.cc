@@ -19,9 +19,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// See SyncWithFinishedCallbacks (services.h). Declared first thing in a callback, so its
+// release comes after everything the callback did.
+#if defined(__SANITIZE_THREAD__)
+std::atomic<uint64_t> callbacks_finished{0};
+class CallbackScope {
+ public:
+  ~CallbackScope() { callbacks_finished.fetch_add(1, std::memory_order_release); }
+};
+#else
+class CallbackScope {};
+#endif
+
 template <typename T>
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, absl::StatusOr<T> result,
                                 T* response) {
+  [[maybe_unused]] CallbackScope scope;
   auto* reactor = ctx->DefaultReactor();
   if (result.ok()) *response = std::move(*result);
   reactor->Finish(ToGrpcStatus(result.status()));
@@ -29,6 +42,7 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, absl::StatusOr
 }
 
 grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  [[maybe_unused]] CallbackScope scope;
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
@@ -77,6 +91,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
  public:
   ConnectReactor(GateState* state, Metrics* metrics, StreamRegistry* streams)
       : state_(state), metrics_(metrics), streams_(streams) {
+    [[maybe_unused]] CallbackScope scope;
     sink_ = std::make_shared<ConnectSink>(this);
     Publish();
     streams_->Add(this);
@@ -84,6 +99,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
   void OnReadDone(bool ok) override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     if (!ok) {  // the worker closed its side, or the call is gone
       FinishWhenIdle(grpc::Status::OK);
@@ -160,6 +176,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
   void OnWriteDone(bool ok) override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     std::optional<grpc::Status> finish;
     bool write = false;
@@ -186,6 +203,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
   void OnCancel() override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     FinishWhenIdle(grpc::Status::CANCELLED);
   }
@@ -195,6 +213,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
   void OnDone() override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     sink_->Invalidate();
     if (session_ != nullptr) state_->DetachSession(*session_, sink_.get());
@@ -265,6 +284,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
 
   WatchReactor(GateState* state, Metrics* metrics, StreamRegistry* streams, std::string job)
       : state_(state), metrics_(metrics), streams_(streams) {
+    [[maybe_unused]] CallbackScope scope;
     watcher_ = std::make_shared<Watcher>(std::move(job), this);
     Publish();
     streams_->Add(this);
@@ -291,6 +311,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   }
 
   void OnWriteDone(bool ok) override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     bool finish = false, write = false;
     {
@@ -310,6 +331,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   }
 
   void OnCancel() override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     RequestFinish(grpc::Status::CANCELLED);
   }
@@ -317,6 +339,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     RequestFinish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "spgated is shutting down"));
   }
   void OnDone() override {
+    [[maybe_unused]] CallbackScope scope;
     Acquire();
     state_->RemoveWatcher(watcher_.get());
     streams_->Remove(this);
@@ -475,6 +498,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerCo
                                                           const v1::EvaluateGatesRequest* request,
                                                           v1::EvaluateGatesResponse* response) {
   return Reply(ctx, state_->EvaluateGates(*request), response);
+}
+
+void SyncWithFinishedCallbacks() {
+#if defined(__SANITIZE_THREAD__)
+  (void)callbacks_finished.load(std::memory_order_acquire);
+#endif
 }
 
 }  // namespace spgate::server

@@ -96,6 +96,14 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   AdminAuth auth_;
 };
 
+// Call after every server's Shutdown has returned, before freeing what the services use.
+// Shutdown returns only once every callback has returned, but it learns that through
+// gRPC's uninstrumented queues, so ThreadSanitizer would see the daemon freeing its
+// state (Metrics, the services) as racing with the last callbacks. Under TSan every
+// handler, reactor callback and reactor constructor ends with a release on one counter,
+// and this acquires it; without TSan it compiles to nothing.
+void SyncWithFinishedCallbacks();
+
 }  // namespace spgate::server
 
 #endif  // SPGATE_SERVER_SERVICES_H_
