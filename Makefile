@@ -36,10 +36,11 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # Sanitizer builds of the suite (separate build trees, no CUDA, no benchmarks).
-# ASan+UBSan runs every test but the GPU ones, the deploy checks (Python and promtool
-# only) and the multi-rank MPI ones (OpenMPI's own allocations in its dlopen'd
-# components show up as unsymbolizable leaks, and 4 ASan ranks on 2 cores outrun the
-# tests' timeouts; run them with `make test-asan-mpi`). TSan runs the tests labelled
+# ASan+UBSan runs every test but the GPU ones and the deploy checks (Python and promtool
+# only); `make test-asan` leaves out the multi-rank MPI ones too, which
+# `make test-asan-mpi` then runs one at a time with leak checking off (OpenMPI's own
+# allocations in its dlopen'd components show up as unsymbolizable leaks; the ASan
+# ranks still check every access). CI runs test-asan-mpi. TSan runs the tests labelled
 # `tsan` (the daemon's and the client's concurrent paths) with suppressions scoped to
 # uninstrumented Debian libraries.
 SAN_FLAGS := -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
