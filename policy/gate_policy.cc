@@ -1,4 +1,4 @@
-// The five gates of SPEC §3 in order. Everything the decision depends on is an
+// The five gates of docs/design.md §3 in order. Everything the decision depends on is an
 // argument; the returned state is the only thing that changes.
 #include "policy/gate_policy.h"
 
@@ -10,22 +10,6 @@
 
 namespace spgate {
 namespace {
-
-absl::Status CheckUnitInterval(const char* field, double value, double upper) {
-  if (!std::isfinite(value) || value <= 0.0 || value > upper) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s must be finite and in (0, %g], got %g", field, upper, value));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckCount(const char* field, int64_t value) {
-  if (value < 1 || value > 1'000'000) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s must be in [1, 1000000], got %d", field, value));
-  }
-  return absl::OkStatus();
-}
 
 // Steps from `since` to `step`, saturating instead of overflowing: steps come from the
 // wire and may be anywhere in int64, and the "never" sentinels in GroupGateState sit at
@@ -67,29 +51,6 @@ std::string_view ReasonLabel(Reason reason) {
     case Reason::kAdaptive: return "adaptive";
   }
   return "unspecified";
-}
-
-absl::Status ValidateGateConfig(const GateConfig& c) {
-  for (absl::Status s : {
-           CheckUnitInterval("max_length_cv", c.max_length_cv, 10.0),
-           CheckUnitInterval("max_rs_wait_share", c.max_rs_wait_share, 1.0),
-           CheckUnitInterval("bucket_target_cv", c.bucket_target_cv, 10.0),
-           CheckUnitInterval("rs_wait_reenable_margin", c.rs_wait_reenable_margin, 1.0),
-           CheckCount("probe_interval_steps", c.probe_interval_steps),
-           CheckCount("min_dwell_steps", c.min_dwell_steps),
-           CheckCount("window_steps", c.window_steps),
-           CheckUnitInterval("memory_headroom", c.memory_headroom, 1.0),
-       }) {
-    if (!s.ok()) return s;
-  }
-  // With a margin as large as the threshold the re-enable level is <= 0, so a group in
-  // the RS_WAIT fallback could never return to SP.
-  if (c.rs_wait_reenable_margin >= c.max_rs_wait_share) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rs_wait_reenable_margin (%g) must be less than max_rs_wait_share (%g)",
-        c.rs_wait_reenable_margin, c.max_rs_wait_share));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths) {
@@ -148,24 +109,50 @@ absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths)
   return stats;
 }
 
+GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision) {
+  GateOutcome out;
+  out.decision = decision;
+  GroupGateState& s = out.next;
+  s = state;
+  if (s.has_decision && s.mode != decision.mode) ++s.mode_switches;
+  s.has_decision = true;
+  s.last_step = step;
+  s.mode = decision.mode;
+  s.reason = decision.reason;
+  if (decision.mode == Mode::kSequenceParallel) s.last_sp_step = step;
+  switch (decision.reason) {
+    case Reason::kRsWait:
+    case Reason::kProbe:
+      if (!s.rs_wait_fallback) {
+        // Entering the fallback. The samples that tripped the gate are discarded, so that
+        // probes measure the present rather than the past. (The gates only probe while in
+        // the fallback; a PROBE seen outside it means this copy of the state missed the
+        // entry, and the window is left alone.)
+        s.rs_wait_fallback = true;
+        s.rs_wait_changed_step = step;
+        out.reset_rs_wait_window = decision.reason == Reason::kRsWait;
+      }
+      break;
+    case Reason::kGatesPassed:
+      if (s.rs_wait_fallback) {  // SP resumes: the dwell counts from here
+        s.rs_wait_fallback = false;
+        s.rs_wait_changed_step = step;
+      }
+      break;
+    default:
+      // Pin, memory, length-CV (and adaptive) decisions leave the RS_WAIT hysteresis as
+      // it was.
+      break;
+  }
+  return out;
+}
+
 GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
                           const BatchFacts& batch, const RsWaitObservation& rs_wait,
                           std::optional<Mode> pin, std::vector<GateCheck>* trace) {
-  GateOutcome out;
-  out.next = state;
-  GroupGateState& next = out.next;
-  Decision& d = out.decision;
 
-  auto finish = [&](Mode mode, Reason reason) -> GateOutcome& {
-    d.mode = mode;
-    d.reason = reason;
-    if (state.has_decision && state.mode != mode) ++next.mode_switches;
-    next.has_decision = true;
-    next.last_step = batch.step;
-    next.mode = mode;
-    next.reason = reason;
-    if (mode == Mode::kSequenceParallel) next.last_sp_step = batch.step;
-    return out;
+  auto finish = [&](Mode mode, Reason reason) {
+    return AdvanceGroupState(state, batch.step, Decision{mode, reason});
   };
 
   // 1. Pin.
@@ -212,9 +199,6 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
       if (dwell_over) {
         Record(trace, "rs_wait", "fire", rs_wait.mean, config.max_rs_wait_share,
                "rolling reduce-scatter wait share above max_rs_wait_share");
-        next.rs_wait_fallback = true;
-        next.rs_wait_changed_step = batch.step;
-        out.reset_rs_wait_window = true;
         return finish(Mode::kTensorParallelOnly, Reason::kRsWait);
       }
       Record(trace, "rs_wait", "pass", rs_wait.mean, config.max_rs_wait_share,
@@ -232,8 +216,6 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
   if (rs_wait.samples > 0 && rs_wait.mean < reenable_below && dwell_over) {
     Record(trace, "rs_wait", "pass", rs_wait.mean, reenable_below,
            "probes measured a wait share below max_rs_wait_share - margin: SP resumes");
-    next.rs_wait_fallback = false;
-    next.rs_wait_changed_step = batch.step;
     return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
   }
   if (StepsSince(batch.step, state.last_sp_step) >= config.probe_interval_steps) {

@@ -1,4 +1,4 @@
-// The gate policy (SPEC §3): pin, memory, length CV, reduce-scatter wait (with probes,
+// The gate policy (docs/design.md §3): pin, memory, length CV, reduce-scatter wait (with probes,
 // a re-enable margin and a minimum dwell), otherwise SP. Pure: no I/O, no clock, no
 // locks. The daemon and the worker's fail-static fallback call the same function, so
 // the same (config, state, batch) gives the same decision on both sides.
@@ -24,9 +24,6 @@
 #include "policy/types.h"
 
 namespace spgate {
-
-// Range checks of SPEC §3; the error names the offending field.
-absl::Status ValidateGateConfig(const GateConfig& config);
 
 struct LengthStats {
   int64_t sequences = 0;
@@ -58,6 +55,13 @@ struct GateOutcome {
   // gate are discarded, so that probes measure the present rather than the past.
   bool reset_rs_wait_window = false;
 };
+
+// Advances a group's state by one decided step: the one rule, shared by EvaluateGates
+// and by a fallback adopting a decision someone else made (the daemon's), for how a
+// decision moves the state (mode, switches, the last SP step, the RS_WAIT hysteresis and
+// its dwell, and whether the rolling wait-share window restarts). Because the transition
+// depends only on (state, step, decision), the daemon and the worker's copy stay equal.
+GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision);
 
 // Evaluates the gates for `batch` given the group's `state`. `pin` is the active operator
 // pin, if any. `trace`, when not null, receives one GateCheck per gate consulted.

@@ -1,4 +1,4 @@
-// Rolling statistics over the last N samples (SPEC §2: rolling rs_wait_share is a mean
+// Rolling statistics over the last N samples (docs/design.md §2: rolling rs_wait_share is a mean
 // over the last window_steps SP steps, all_gather_tail and step_time are p95s).
 // A fixed ring: Push is O(1) and allocation-free once the window is full; Mean is O(1)
 // (a running sum, re-summed once per lap so rounding cannot accumulate); Quantile is

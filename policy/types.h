@@ -7,6 +7,8 @@
 #include <limits>
 #include <string_view>
 
+#include "policy/gate_config.h"
+
 namespace spgate {
 
 enum class Mode : uint8_t { kSequenceParallel = 1, kTensorParallelOnly = 2 };
@@ -25,23 +27,9 @@ enum class Reason : uint8_t {
 };
 inline constexpr int kNumReasons = 10;  // index 0 unused
 
-// Metric label values (SPEC §7): "sp" / "tp_only" and the lower-case enum names.
+// Metric label values (docs/design.md §7): "sp" / "tp_only" and the lower-case enum names.
 std::string_view ModeLabel(Mode mode);
 std::string_view ReasonLabel(Reason reason);
-
-// The gate thresholds with their defaults (SPEC §3).
-struct GateConfig {
-  double max_length_cv = 0.18;
-  double max_rs_wait_share = 0.22;
-  double bucket_target_cv = 0.15;
-  double rs_wait_reenable_margin = 0.03;
-  int64_t probe_interval_steps = 200;
-  int64_t min_dwell_steps = 20;
-  int64_t window_steps = 50;
-  double memory_headroom = 0.90;
-
-  friend bool operator==(const GateConfig&, const GateConfig&) = default;
-};
 
 // What the policy needs from a batch plan. Lengths are summarised by the caller with
 // ComputeLengthStats so the policy itself does no per-sequence work.
@@ -79,6 +67,7 @@ struct GroupGateState {
 struct Decision {
   Mode mode = Mode::kSequenceParallel;
   Reason reason = Reason::kGatesPassed;
+  friend bool operator==(const Decision&, const Decision&) = default;
 };
 
 }  // namespace spgate

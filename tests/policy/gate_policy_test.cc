@@ -1,4 +1,4 @@
-// EvaluateGates (SPEC §3): pin, memory, length CV, rolling reduce-scatter wait share
+// EvaluateGates (docs/design.md §3): pin, memory, length CV, rolling reduce-scatter wait share
 // (trip, probes, re-enable margin, minimum dwell), otherwise SP. The first half is a
 // table of single decisions, one row per rule and per boundary (exactly at a threshold
 // passes, the next double fires); the second half drives one group through hundreds of

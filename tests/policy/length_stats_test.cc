@@ -1,4 +1,4 @@
-// ComputeLengthStats (SPEC §2 length_cv): population stddev / mean of the batch's
+// ComputeLengthStats (docs/design.md §2 length_cv): population stddev / mean of the batch's
 // lengths, 0 for one sequence; lengths must be in [1, kMaxSequenceLength] and a batch
 // must not be empty. The implementation sums x and x^2 in integers, in chunks of 1024;
 // these tests check it against a two-pass reference in long double, on sizes that

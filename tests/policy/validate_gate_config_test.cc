@@ -1,4 +1,4 @@
-// ValidateGateConfig (SPEC §3): every share/CV/headroom finite and in (0, upper] (upper
+// ValidateGateConfig (docs/design.md §3): every share/CV/headroom finite and in (0, upper] (upper
 // is 10 for the CVs, 1 otherwise), every count in [1, 1e6], the re-enable margin below
 // max_rs_wait_share; anything else is INVALID_ARGUMENT naming the field. Each field is
 // swept over the same table of values, so a field added later gets every edge for free.

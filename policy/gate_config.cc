@@ -1,0 +1,68 @@
+// The gate field table's helpers and validation; see gate_config.h.
+#include "policy/gate_config.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+
+namespace spgate {
+
+const GateField* FindGateField(std::string_view name) {
+  for (const GateField& f : kGateFields) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+double GateFieldValue(const GateConfig& config, const GateField& field) {
+  return field.is_count() ? static_cast<double>(config.*field.count) : config.*field.real;
+}
+
+double GateFieldValue(const GateConfig& config, std::string_view name) {
+  const GateField* f = FindGateField(name);
+  return f == nullptr ? std::numeric_limits<double>::quiet_NaN() : GateFieldValue(config, *f);
+}
+
+std::string_view GateFieldRangeText(GateFieldRange range) {
+  switch (range) {
+    case GateFieldRange::kShare: return "(0, 1]";
+    case GateFieldRange::kCv: return "(0, 10]";
+    case GateFieldRange::kCount: return "[1, 1000000]";
+  }
+  return "?";
+}
+
+absl::Status CheckGateField(const GateConfig& config, const GateField& field) {
+  if (field.is_count()) {
+    const int64_t v = config.*field.count;
+    if (v < 1 || v > 1'000'000) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s must be in [1, 1000000], got %d", field.name, v));
+    }
+    return absl::OkStatus();
+  }
+  const double v = config.*field.real;
+  const double upper = field.range == GateFieldRange::kCv ? 10.0 : 1.0;
+  if (!std::isfinite(v) || v <= 0.0 || v > upper) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s must be finite and in (0, %g], got %g", field.name, upper, v));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGateConfig(const GateConfig& c) {
+  for (const GateField& f : kGateFields) {
+    if (absl::Status s = CheckGateField(c, f); !s.ok()) return s;
+  }
+  // With a margin as large as the threshold the re-enable level is <= 0, so a group in
+  // the RS_WAIT fallback could never return to SP.
+  if (c.rs_wait_reenable_margin >= c.max_rs_wait_share) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rs_wait_reenable_margin (%g) must be less than max_rs_wait_share (%g)",
+        c.rs_wait_reenable_margin, c.max_rs_wait_share));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace spgate

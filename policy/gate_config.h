@@ -1,0 +1,118 @@
+// The gate configuration and the one table of its fields (docs/design.md §3). Every
+// consumer of "the list of gate fields" reads it from here: the GateConfig struct itself,
+// validation, the wire conversion and field masks (proto/convert.cc, matched to
+// spgate.v1.GateConfig by name), the `spgate_gate_threshold` metric, spgatectl's flags
+// and help, the C API's options and the simulator's summary. Adding a field is one line
+// in SPGATE_GATE_FIELDS plus the proto field of the same name.
+//
+// Invariant: a GateConfig is always complete (every field has a value); partial configs
+// (a file, an API override) exist only on the wire and are layered over a complete one.
+//
+// Usage:
+//   for (const spgate::GateField& f : spgate::kGateFields) {
+//     std::cout << f.name << " = " << spgate::GateFieldValue(config, f) << "\n";
+//   }
+//   const spgate::GateField* f = spgate::FindGateField("max_length_cv");  // null if unknown
+#ifndef SPGATE_POLICY_GATE_CONFIG_H_
+#define SPGATE_POLICY_GATE_CONFIG_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace spgate {
+
+// Allowed values of a field. Validation refuses anything else with INVALID_ARGUMENT
+// naming the field (docs/design.md §3).
+enum class GateFieldRange : uint8_t {
+  kShare,  // a share or fraction: finite, in (0, 1]
+  kCv,     // a coefficient of variation: finite, in (0, 10]
+  kCount,  // a step count: an integer in [1, 1e6]
+};
+
+// X(type, name, default, range, help) — in spgate.v1.GateConfig field order.
+#define SPGATE_GATE_FIELDS(X)                                                              \
+  X(double, max_length_cv, 0.18, kCv, "batch length CV above this: TP-only")               \
+  X(double, max_rs_wait_share, 0.22, kShare,                                               \
+    "rolling reduce-scatter wait share above this: TP-only")                               \
+  X(double, bucket_target_cv, 0.15, kCv, "CV the workers' length bucketing aims for")      \
+  X(double, rs_wait_reenable_margin, 0.03, kShare,                                         \
+    "SP resumes below max_rs_wait_share minus this")                                       \
+  X(int64_t, probe_interval_steps, 200, kCount,                                            \
+    "steps between SP probes in the RS_WAIT fallback")                                     \
+  X(int64_t, min_dwell_steps, 20, kCount, "steps a resumed mode is held at least")         \
+  X(int64_t, window_steps, 50, kCount, "steps in the rolling windows")                     \
+  X(double, memory_headroom, 0.90, kShare, "fraction of the device budget a mode may use")
+
+// The gate thresholds, every field with its default.
+struct GateConfig {
+#define SPGATE_GATE_CONFIG_MEMBER_(type, name, def, range, help) type name = def;
+  SPGATE_GATE_FIELDS(SPGATE_GATE_CONFIG_MEMBER_)
+#undef SPGATE_GATE_CONFIG_MEMBER_
+
+  friend bool operator==(const GateConfig&, const GateConfig&) = default;
+};
+
+// One row of the field table. Exactly one of the member pointers is set.
+struct GateField {
+  std::string_view name;
+  GateFieldRange range;
+  double GateConfig::*real = nullptr;
+  int64_t GateConfig::*count = nullptr;
+  std::string_view help;
+
+  bool is_count() const { return count != nullptr; }
+};
+
+namespace internal {
+template <typename T>
+struct GateFieldMember;
+template <>
+struct GateFieldMember<double> {
+  static constexpr GateField Make(std::string_view n, GateFieldRange r, double GateConfig::*m,
+                                  std::string_view h) {
+    return GateField{n, r, m, nullptr, h};
+  }
+};
+template <>
+struct GateFieldMember<int64_t> {
+  static constexpr GateField Make(std::string_view n, GateFieldRange r, int64_t GateConfig::*m,
+                                  std::string_view h) {
+    return GateField{n, r, nullptr, m, h};
+  }
+};
+}  // namespace internal
+
+#define SPGATE_GATE_FIELD_ROW_(type, name, def, range, help)                    \
+  ::spgate::internal::GateFieldMember<type>::Make(#name, GateFieldRange::range, \
+                                                  &GateConfig::name, help),
+inline constexpr auto kGateFields = std::to_array<GateField>({
+    SPGATE_GATE_FIELDS(SPGATE_GATE_FIELD_ROW_)
+});
+#undef SPGATE_GATE_FIELD_ROW_
+inline constexpr size_t kNumGateFields = kGateFields.size();
+
+// The row named `name`; null for an unknown name.
+const GateField* FindGateField(std::string_view name);
+
+// The field's value as a double (counts are at most 1e6 once valid, so exact).
+double GateFieldValue(const GateConfig& config, const GateField& field);
+
+// The value of the field named `name`; NaN for an unknown name.
+double GateFieldValue(const GateConfig& config, std::string_view name);
+
+// "(0, 1]", "(0, 10]" or "[1, 1000000]": for help texts and error messages.
+std::string_view GateFieldRangeText(GateFieldRange range);
+
+// The field's range check; the error names the field and the value.
+absl::Status CheckGateField(const GateConfig& config, const GateField& field);
+
+// Every field's range, then the rules between fields; the error names the field.
+absl::Status ValidateGateConfig(const GateConfig& config);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_GATE_CONFIG_H_

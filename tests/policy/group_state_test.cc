@@ -1,0 +1,176 @@
+// The shared per-group rules: AdvanceGroupState (how a decision moves a group's state),
+// GroupPolicyState (the wait-share window's admission rule), ConfigSchedule and the step
+// telemetry checks. Table-driven, pure.
+#include "policy/group_state.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/config_schedule.h"
+#include "policy/telemetry.h"
+#include "tests/testing/policy_printers.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+struct AdvanceCase {
+  const char* name;
+  bool in_fallback;
+  Decision decision;
+  bool want_fallback;
+  bool want_flip;  // rs_wait_changed_step moves to this step
+  bool want_reset;
+};
+
+class AdvanceGroupStateTest : public ::testing::TestWithParam<AdvanceCase> {};
+
+TEST_P(AdvanceGroupStateTest, TransitionDependsOnlyOnStateAndDecision) {
+  const AdvanceCase& c = GetParam();
+  GroupGateState s;
+  s.has_decision = true;
+  s.last_step = 9;
+  s.mode = c.in_fallback ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+  s.rs_wait_fallback = c.in_fallback;
+  s.rs_wait_changed_step = 3;
+  const GateOutcome out = AdvanceGroupState(s, 10, c.decision);
+  EXPECT_EQ(out.decision, c.decision);
+  EXPECT_EQ(out.next.last_step, 10);
+  EXPECT_EQ(out.next.mode, c.decision.mode);
+  EXPECT_EQ(out.next.reason, c.decision.reason);
+  EXPECT_EQ(out.next.rs_wait_fallback, c.want_fallback);
+  EXPECT_EQ(out.next.rs_wait_changed_step, c.want_flip ? 10 : 3);
+  EXPECT_EQ(out.reset_rs_wait_window, c.want_reset);
+  EXPECT_EQ(out.next.mode_switches, s.mode != c.decision.mode ? 1 : 0);
+  EXPECT_EQ(out.next.last_sp_step,
+            c.decision.mode == Mode::kSequenceParallel ? 10 : s.last_sp_step);
+}
+
+constexpr Mode kSp = Mode::kSequenceParallel;
+constexpr Mode kTp = Mode::kTensorParallelOnly;
+
+INSTANTIATE_TEST_SUITE_P(
+    Reasons, AdvanceGroupStateTest,
+    ::testing::Values(
+        AdvanceCase{"EnterOnRsWait", false, {kTp, Reason::kRsWait}, true, true, true},
+        AdvanceCase{"StayOnRsWait", true, {kTp, Reason::kRsWait}, true, false, false},
+        AdvanceCase{"ProbeInFallback", true, {kSp, Reason::kProbe}, true, false, false},
+        AdvanceCase{"ProbeOutsideEntersWithoutReset", false, {kSp, Reason::kProbe}, true, true,
+                    false},
+        AdvanceCase{"ResumeOnGatesPassed", true, {kSp, Reason::kGatesPassed}, false, true, false},
+        AdvanceCase{"GatesPassedOutside", false, {kSp, Reason::kGatesPassed}, false, false, false},
+        AdvanceCase{"LengthCvKeepsFallback", true, {kTp, Reason::kLengthCv}, true, false, false},
+        AdvanceCase{"PinKeepsFallback", true, {kSp, Reason::kPinned}, true, false, false},
+        AdvanceCase{"MemoryOutside", false, {kSp, Reason::kMemoryRequiresSp}, false, false,
+                    false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(GroupPolicyStateTest, OnlySpStepsAndNotStaleOnesEnterTheWindow) {
+  GateConfig c;
+  c.window_steps = 4;
+  GroupPolicyState g;
+  g.ObserveRsWaitShare(0, Mode::kTensorParallelOnly, 0.9, c.window_steps);
+  EXPECT_EQ(g.rs_wait().samples, 0);
+  for (int64_t s = 0; s < 3; ++s) g.ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.5, 4);
+  // Step 5 enters the RS_WAIT fallback: the window restarts.
+  const GateOutcome out = g.Decide(c, BatchFacts{.step = 5}, std::nullopt);
+  ASSERT_EQ(out.decision.reason, Reason::kRsWait);
+  EXPECT_EQ(g.rs_wait().samples, 0);
+  // Step 4 was decided before the fallback began; its late sample is not a probe's.
+  g.ObserveRsWaitShare(4, Mode::kSequenceParallel, 0.5, 4);
+  EXPECT_EQ(g.rs_wait().samples, 0);
+  g.ObserveRsWaitShare(6, Mode::kSequenceParallel, 0.01, 4);
+  EXPECT_EQ(g.rs_wait().samples, 1);
+}
+
+TEST(GroupPolicyStateTest, AdoptMovesTheStateAsDecideWould) {
+  GateConfig c;
+  c.window_steps = 4;
+  GroupPolicyState decided, adopted;
+  for (GroupPolicyState* g : {&decided, &adopted}) {
+    for (int64_t s = 0; s < 3; ++s) g->ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.5, 4);
+  }
+  const GateOutcome out = decided.Decide(c, BatchFacts{.step = 3}, std::nullopt);
+  adopted.Adopt(3, out.decision, c.window_steps);
+  EXPECT_EQ(adopted.gate().rs_wait_fallback, decided.gate().rs_wait_fallback);
+  EXPECT_EQ(adopted.gate().rs_wait_changed_step, decided.gate().rs_wait_changed_step);
+  EXPECT_EQ(adopted.rs_wait().samples, decided.rs_wait().samples);
+}
+
+TEST(GroupPolicyStateTest, PeekChangesNothing) {
+  GroupPolicyState g;
+  g.ObserveRsWaitShare(0, Mode::kSequenceParallel, 0.9, 50);
+  const GateOutcome peek = g.Peek(GateConfig{}, BatchFacts{.step = 1}, std::nullopt);
+  EXPECT_EQ(peek.decision.reason, Reason::kRsWait);
+  EXPECT_FALSE(g.gate().has_decision);
+  EXPECT_EQ(g.rs_wait().samples, 1);
+}
+
+TEST(ConfigScheduleTest, LookupPruneAndReplace) {
+  GateConfig a, b, c;
+  b.max_length_cv = 0.3;
+  c.max_length_cv = 0.4;
+  ConfigSchedule s(a, 1);
+  s.Schedule(b, 2, 10);
+  s.Schedule(c, 3, 20);
+  EXPECT_EQ(s.At(9).version, 1);
+  EXPECT_EQ(s.At(10).version, 2);
+  EXPECT_EQ(s.At(25).version, 3);
+  s.Schedule(b, 4, 15);  // a newer update from 15 on replaces the one from 20
+  EXPECT_EQ(s.At(25).version, 4);
+  EXPECT_EQ(s.size(), 3u);
+  s.Prune(16);
+  EXPECT_EQ(s.size(), 1u);
+  EXPECT_EQ(s.At(0).version, 4) << "older steps get the oldest config kept";
+  EXPECT_EQ(s.latest().effective_from_step, 15);
+}
+
+TEST(ValidateStepTelemetryTest, EveryRuleNamesItsField) {
+  const StepTelemetryValues ok{.step = 1, .mode = 1, .step_time_s = 0.5};
+  EXPECT_THAT(ValidateStepTelemetry(ok), IsOk());
+  struct Case {
+    StepTelemetryValues v;
+    const char* field;
+  };
+  auto with = [&](auto f) {
+    StepTelemetryValues v = ok;
+    f(v);
+    return v;
+  };
+  for (const Case& c : std::vector<Case>{
+           {with([](auto& v) { v.step = -1; }), "telemetry.step"},
+           {with([](auto& v) { v.mode = 0; }), "telemetry.mode"},
+           {with([](auto& v) { v.mode = 7; }), "telemetry.mode"},
+           {with([](auto& v) { v.step_time_s = 0; }), "telemetry.step_time_s"},
+           {with([](auto& v) { v.step_time_s = NAN; }), "telemetry.step_time_s"},
+           {with([](auto& v) { v.rs_wait_s = -1; }), "telemetry.rs_wait_s"},
+           {with([](auto& v) { v.all_gather_s = INFINITY; }), "telemetry.all_gather_s"},
+           {with([](auto& v) { v.norm_stall_s = NAN; }), "telemetry.norm_stall_s"},
+           {with([](auto& v) { v.effective_tokens = -1; }), "telemetry.effective_tokens"},
+           {with([](auto& v) { v.padding_tokens = -2; }), "telemetry.padding_tokens"},
+       }) {
+    EXPECT_THAT(ValidateStepTelemetry(c.v),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+        << c.field;
+  }
+}
+
+TEST(GateFieldTableTest, DefaultsRangesAndLookup) {
+  const GateConfig d;
+  EXPECT_EQ(GateFieldValue(d, "max_length_cv"), 0.18);
+  EXPECT_EQ(GateFieldValue(d, "window_steps"), 50);
+  EXPECT_TRUE(std::isnan(GateFieldValue(d, "nope")));
+  EXPECT_EQ(FindGateField("nope"), nullptr);
+  for (const GateField& f : kGateFields) {
+    EXPECT_EQ(FindGateField(f.name), &f);
+    EXPECT_FALSE(f.help.empty()) << f.name;
+    EXPECT_THAT(CheckGateField(d, f), IsOk()) << f.name;
+    EXPECT_EQ(f.is_count(), f.range == GateFieldRange::kCount) << f.name;
+  }
+}
+
+}  // namespace
+}  // namespace spgate
