@@ -1,6 +1,8 @@
 // Conversions between the wire types (spgate.v1) and the policy's domain types, shared
 // by the daemon and the worker client. GateConfig on the wire is a partial config
-// (every field optional); the domain GateConfig is always complete.
+// (every field optional); the domain GateConfig is always complete. The fields are
+// matched by name with the one field table (policy/gate_config.h), so no field is
+// spelled out here.
 //
 // Usage:
 //   spgate::GateConfig effective = spgate::LayerGateConfig(spgate::GateConfig{}, file);
@@ -8,29 +10,23 @@
 #ifndef SPGATE_PROTO_CONVERT_H_
 #define SPGATE_PROTO_CONVERT_H_
 
-#include <array>
-#include <string_view>
-
 #include "absl/status/status.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/field_mask.pb.h"
 #include "policy/types.h"
 #include "spgate/v1/gate.pb.h"
 
 namespace spgate {
 
-// The GateConfig field names, in proto field order (also the `gate` metric label).
-inline constexpr std::array<std::string_view, 8> kGateFieldNames = {
-    "max_length_cv",    "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
-    "probe_interval_steps", "min_dwell_steps", "window_steps",    "memory_headroom"};
-
 // Returns `base` with every field set in `layer` replaced.
 GateConfig LayerGateConfig(GateConfig base, const v1::GateConfig& layer);
 
+// The spgate.v1.GateConfig field of a row of kGateFields (null only if the proto lacks
+// it, which tests/proto/convert_test.cc refuses).
+const google::protobuf::FieldDescriptor* WireGateField(const GateField& field);
+
 // A wire GateConfig with every field set.
 v1::GateConfig ToProto(const GateConfig& config);
-
-// Value of a field by name (for metrics and tables); NaN for an unknown name.
-double GateFieldValue(const GateConfig& config, std::string_view field);
 
 // Applies `update` to `overrides` for the paths in `mask`: a path whose field is set in
 // `update` overrides it, a path whose field is unset removes the override. An empty

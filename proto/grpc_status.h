@@ -1,7 +1,8 @@
-// absl::Status helpers: the one place where absl::Status becomes grpc::Status (the
-// RETURN_IF_ERROR / ASSIGN_OR_RETURN pair comes from common/status_macros.h).
-#ifndef SPGATE_SERVER_STATUS_UTIL_H_
-#define SPGATE_SERVER_STATUS_UTIL_H_
+// The one conversion between absl::Status and grpc::Status, for both ends of the wire
+// (the daemon's services and the worker client). The RETURN_IF_ERROR / ASSIGN_OR_RETURN
+// pair comes along from common/status_macros.h.
+#ifndef SPGATE_PROTO_GRPC_STATUS_H_
+#define SPGATE_PROTO_GRPC_STATUS_H_
 
 #include <grpcpp/support/status.h>
 
@@ -23,4 +24,4 @@ inline absl::Status FromGrpcStatus(const grpc::Status& s) {
 
 }  // namespace spgate
 
-#endif  // SPGATE_SERVER_STATUS_UTIL_H_
+#endif  // SPGATE_PROTO_GRPC_STATUS_H_
