@@ -16,11 +16,12 @@
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
+#include "server/operator_store.h"
 #include "common/mutex.h"
 #include "server/metrics.h"
 #include "server/persistence.h"
 #include "server/services.h"
-#include "server/status_util.h"
+#include "proto/grpc_status.h"
 
 namespace spgate::server {
 namespace {
@@ -50,6 +51,7 @@ class Daemon::Impl {
  public:
   DaemonOptions opts;
   std::unique_ptr<Metrics> metrics;
+  std::unique_ptr<OperatorStore> store;
   std::unique_ptr<GateState> state;
   StreamRegistry streams;
   std::unique_ptr<GateServiceImpl> gate_service;
@@ -133,6 +135,13 @@ absl::Status Daemon::Impl::Start() {
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
   metrics = std::make_unique<Metrics>();
+  // The persisted state is restored here, before any port reports SERVING.
+  StoreOptions store_options;
+  store_options.state_dir = opts.state_dir;
+  store_options.clock = opts.clock;
+  store_options.max_job_scopes = opts.max_jobs;
+  store_options.on_persist_failure = [m = metrics.get()] { m->state_persist_failures.Increment(); };
+  ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
   StateOptions so;
   so.clock = opts.clock;
   so.heartbeat_interval = opts.heartbeat_interval;
@@ -140,13 +149,12 @@ absl::Status Daemon::Impl::Start() {
   so.decision_cache_steps = opts.decision_cache_steps;
   so.max_jobs = opts.max_jobs;
   so.max_groups_per_job = opts.max_groups_per_job;
-  so.state_dir = opts.state_dir;
-  // The persisted state is restored here, before any port reports SERVING.
-  ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), file_layer));
+  ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), store.get()));
+  store->SetListener(state.get());
 
   gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams);
-  admin_service =
-      std::make_unique<AdminServiceImpl>(state.get(), metrics.get(), &streams, std::move(auth));
+  admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), metrics.get(),
+                                                     &streams, std::move(auth));
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
@@ -218,7 +226,7 @@ absl::Status Daemon::ReloadConfig() {
     return absl::FailedPreconditionError("no --config file to reload");
   }
   absl::StatusOr<v1::GateConfig> file = LoadGateConfigFile(impl_->opts.config_path);
-  absl::Status s = file.ok() ? impl_->state->ReloadConfigFile(*file) : file.status();
+  absl::Status s = file.ok() ? impl_->store->ReloadConfigFile(*file) : file.status();
   impl_->metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
   if (!s.ok()) {
     Log(absl::StrCat("config reload failed, keeping the running config: ", s.message()));
@@ -248,7 +256,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   SyncWithFinishedCallbacks();
   d.stop_sweeper.Notify();
   if (d.sweeper.joinable()) d.sweeper.join();
-  if (absl::Status s = d.state->Flush(); !s.ok()) Log(std::string(s.message()));
+  if (absl::Status s = d.store->Flush(); !s.ok()) Log(std::string(s.message()));
   d.exposer.reset();
   Log("stopped");
 }

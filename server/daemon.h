@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/defaults.h"
 
 namespace spgate::server {
 
@@ -32,7 +33,7 @@ struct DaemonOptions {
   std::string tls_cert, tls_key, tls_client_ca;  // PEM files; cert+key turn TLS on
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);  // no message for this long: stale
-  int64_t decision_cache_steps = 4096;            // per group, for idempotent retries
+  int64_t decision_cache_steps = kDefaultDecisionCacheSteps;  // per group, for retries
   int max_jobs = 1024;
   int max_groups_per_job = 4096;
   // Injected clock, "intended for testing". Defaults to absl::Now.

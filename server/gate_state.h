@@ -1,51 +1,68 @@
-// The daemon's state: jobs -> TP groups -> ranks, per-group gate state and rolling
-// statistics, the idempotent decision cache, the layered gate config with versions and
-// effective_from_step scheduling, pins, and sessions. One mutex guards it all; the
-// critical sections are short (a decision is a cache probe, one EvaluateGates call and a
-// few counter increments) and nothing blocking runs under it: persistence has its own
-// lock, and pushes to streams and watchers happen after the state lock is released.
-// Time comes from an injected clock, so tests drive heartbeats and staleness.
+// The daemon's live state: jobs -> TP groups -> ranks, each group's policy state
+// (policy/group_state.h), config schedule and rolling statistics, the idempotent
+// decision cache, and the workers' sessions. Domain types only: the services translate
+// the wire messages (services.cc, job_views.cc). What operators set (configs, pins)
+// lives in the OperatorStore; this state reads it through JobOperatorView and is told
+// when it changes (OnOperatorChange).
 //
-// Invariants:
+// One mutex guards it all; the critical sections are short (a decision is a cache probe,
+// one policy step and a few counter increments) and nothing blocking runs under it:
+// pushes to streams and watchers happen after the lock is released. Time comes from an
+// injected clock, so tests drive heartbeats and staleness.
+//
+// Invariants (docs/design.md §4):
 //  - the same (job, group, step) always gets the same decision (the cache answers
-//    retries; a step older than the cache or behind the group's last step is refused);
-//  - a config change applies to a group from effective_from_step = last decided step + 2
-//    on, never to a step already decided;
-//  - API changes are persisted before they take effect; a failed write changes nothing.
+//    retries; a step behind the group's last step and no longer cached is refused);
+//  - a config change applies to a group from effective_from_step = last decided step +
+//    config_lead_steps on, never to a step already decided;
+//  - lock order: the store's persist lock, then mu_, then the store's data lock.
 #ifndef SPGATE_SERVER_GATE_STATE_H_
 #define SPGATE_SERVER_GATE_STATE_H_
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "common/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "policy/gate_policy.h"
-#include "policy/rolling_window.h"
+#include "policy/telemetry.h"
+#include "server/defaults.h"
 #include "server/metrics.h"
-#include "spgate/v1/admin.pb.h"
-#include "spgate/v1/gate.pb.h"
+#include "server/operator_view.h"
+
+namespace spgate::v1 {
+class VersionedGateConfig;
+}  // namespace spgate::v1
 
 namespace spgate::server {
+
+class OperatorStore;
 
 struct StateOptions {
   std::function<absl::Time()> clock;  // required
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);
   absl::Duration forget_after = absl::Minutes(30);  // stale ranks and idle jobs dropped
-  int64_t decision_cache_steps = 256;
+  int64_t decision_cache_steps = kDefaultDecisionCacheSteps;
   int max_jobs = 1024;
   int max_groups_per_job = 4096;
   int max_group_size = 1024;
   int64_t config_lead_steps = 2;
-  std::string state_dir;  // empty: not persisted
+};
+
+// A config update for one Connect stream.
+struct ConfigPush {
+  std::shared_ptr<const v1::VersionedGateConfig> config;
+  int64_t effective_from_step = 0;
 };
 
 // Where the state pushes config updates for a Connect stream. Implementations must not
@@ -53,14 +70,27 @@ struct StateOptions {
 class SessionSink {
  public:
   virtual ~SessionSink() = default;
-  virtual void PushConfig(const v1::ConfigUpdate& update) = 0;
+  virtual void PushConfig(const ConfigPush& push) = 0;
+};
+
+// One decision as made (or answered from the cache).
+struct DecisionRecord {
+  std::string job_id;
+  int group = 0;
+  int64_t step = 0;
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  int64_t config_version = 0;
+  double length_cv = 0;
+  double rolling_rs_wait_share = 0;
+  absl::Time time;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
 class DecisionWatcher {
  public:
   virtual ~DecisionWatcher() = default;
-  virtual void OnDecision(const v1::Decision& decision) = 0;
+  virtual void OnDecision(const DecisionRecord& decision) = 0;
   const std::string& job_filter() const { return job_filter_; }
 
  protected:
@@ -81,46 +111,163 @@ struct Session {
   int64_t local_seen[kNumReasons] = {};
 };
 
-class GateState {
+struct RegisterInput {
+  std::string job_id;
+  int group = 0;
+  int rank_in_group = 0;
+  int group_size = 1;
+  int global_rank = 0;
+  std::string host;
+  uint64_t memory_budget_bytes = 0;
+};
+
+struct RegisterResult {
+  std::string session_id;
+  std::shared_ptr<const v1::VersionedGateConfig> config;
+  int64_t effective_from_step = 0;
+  absl::Duration heartbeat_interval;
+  int64_t last_decided_step = -1;
+};
+
+struct PlanInput {
+  std::string_view job_id;
+  int group = 0;
+  int64_t step = 0;
+  std::span<const int64_t> lengths;
+  uint64_t predicted_peak_bytes_sp = 0;
+  uint64_t predicted_peak_bytes_tp = 0;
+  uint64_t memory_budget_bytes = 0;
+};
+
+struct TelemetryRecord {
+  std::string_view job_id;
+  int group = 0;
+  int rank_in_group = 0;
+  StepTelemetryValues values;
+  uint64_t peak_memory_bytes = 0;
+};
+
+// A what-if: the gates for a hypothetical batch, against a job's live group or none.
+struct WhatIfInput {
+  std::string job_id;  // empty: no job (global config, fresh group state)
+  std::optional<int> group;
+  GateConfig config;   // the config to evaluate under (already layered by the caller)
+  int64_t config_version = 0;
+  std::span<const int64_t> lengths;
+  std::optional<double> rs_wait_share;
+  uint64_t predicted_peak_bytes_sp = 0;
+  uint64_t predicted_peak_bytes_tp = 0;
+  uint64_t memory_budget_bytes = 0;
+};
+
+struct WhatIfResult {
+  DecisionRecord decision;
+  std::vector<GateCheck> checks;
+};
+
+// Admin views, in domain types (job_views.h turns them into the wire's).
+struct PinView {
+  std::string job_id;
+  std::optional<int> group;
+  Mode mode = Mode::kSequenceParallel;
+  absl::Time expire;
+};
+
+struct GroupView {
+  int group = 0;
+  int group_size = 1;
+  int ranks_active = 0;
+  int ranks_stale = 0;
+  bool has_decision = false;
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  int64_t last_step = -1;
+  double rolling_rs_wait_share = 0;
+  double all_gather_tail_s = 0;
+  double norm_stall_ratio = 0;
+  bool rs_wait_fallback = false;
+  int64_t mode_switches = 0;
+  std::optional<PinView> pin;
+};
+
+struct JobSummaryView {
+  std::string job_id;
+  int groups = 0;
+  int ranks_active = 0;
+  int ranks_stale = 0;
+  int64_t steps_decided = 0;
+  int64_t sp_groups = 0;
+  int64_t tp_groups = 0;
+  int64_t config_version = 0;
+};
+
+struct ModeStatsView {
+  Mode mode = Mode::kSequenceParallel;
+  int64_t steps = 0;
+  double effective_tokens_per_s = 0;
+  double step_time_p95_s = 0;
+  uint64_t peak_memory_bytes = 0;
+  bool compared_to_tp = false;  // both this mode and TP-only have steps in the window
+  double peak_memory_vs_tp = 0;
+  double tokens_per_s_vs_tp = 0;
+  double step_time_p95_vs_tp = 0;
+};
+
+struct DecisionCountView {
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  int64_t count = 0;
+};
+
+struct JobView {
+  JobSummaryView summary;
+  std::vector<GroupView> groups;
+  std::vector<ModeStatsView> mode_stats;
+  std::vector<DecisionCountView> decisions;
+  std::vector<PinView> pins;
+  int64_t local_decisions = 0;
+};
+
+class GateState final : public OperatorListener {
  public:
-  // `file_layer` is the parsed --config (empty message when none). Loads the state dir.
+  // Reads the operator settings from `store` (and creates the jobs that have any).
   static absl::StatusOr<std::unique_ptr<GateState>> Create(StateOptions options, Metrics* metrics,
-                                                           v1::GateConfig file_layer);
-  ~GateState();
+                                                           const OperatorStore* store);
+  ~GateState() override;
 
   // --- worker API ---
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::StatusOr<RegisterResult> Register(const RegisterInput& request);
   // Binds a Connect stream to a registered session (NOT_FOUND for an unknown id).
   absl::StatusOr<std::shared_ptr<Session>> AttachSession(const std::string& session_id,
                                                          std::weak_ptr<SessionSink> sink);
   void DetachSession(const Session& session, const SessionSink* sink);
   // Decides (or returns the cached decision for) the plan's (job, group, step).
-  absl::Status Decide(const v1::BatchPlan& plan, v1::Decision* decision);
-  absl::Status RecordTelemetry(Session& session, const v1::StepTelemetry& telemetry);
-  // Returns the telemetry records accepted on the session so far.
-  int64_t Heartbeat(Session& session, const v1::Heartbeat& heartbeat);
+  absl::StatusOr<DecisionRecord> Decide(const PlanInput& plan);
+  absl::Status RecordTelemetry(Session& session, const TelemetryRecord& telemetry);
+  // Adds the increase of the worker's cumulative local-decision counts (by reason, index
+  // = Reason value) and returns the telemetry records accepted on the session so far.
+  int64_t Heartbeat(Session& session, const std::array<int64_t, kNumReasons>& local_decisions);
   void Touch(const Session& session);
 
-  // --- admin API ---
-  absl::StatusOr<v1::VersionedGateConfig> GetGateConfig(const std::string& job_id);
-  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r);
-  absl::Status ReloadConfigFile(const v1::GateConfig& file_layer);
-  v1::ListJobsResponse ListJobs();
-  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
-  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& request);
-  absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& request);
-  absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGates(const v1::EvaluateGatesRequest& r);
+  // --- admin views ---
+  // NOT_FOUND naming the job (or the group, when given) if it is not tracked.
+  absl::Status CheckJob(const std::string& job_id, std::optional<int> group = std::nullopt) const;
+  std::vector<JobSummaryView> ListJobs() const;
+  absl::StatusOr<JobView> GetJob(const std::string& job_id) const;
+  absl::StatusOr<WhatIfResult> WhatIf(const WhatIfInput& input) const;
 
   void AddWatcher(std::shared_ptr<DecisionWatcher> watcher);
   void RemoveWatcher(const DecisionWatcher* watcher);
+
+  // OperatorListener: re-reads the job's (or, for "", every job's) effective config and
+  // pins, schedules the config on every group and pushes it to the job's streams.
+  void OnOperatorChange(const std::string& job_id) override;
 
   // Staleness, pin expiry, forgetting idle jobs, worker gauges.
   void Sweep();
   // Refuses new sessions and streams with UNAVAILABLE (graceful shutdown).
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
-  // Writes the state file if anything changed since the last write.
-  absl::Status Flush();
 
   absl::Time Now() const { return options_.clock(); }
   const StateOptions& options() const { return options_; }
@@ -129,47 +276,27 @@ class GateState {
   struct Group;
 
  private:
-  GateState(StateOptions options, Metrics* metrics);
+  GateState(StateOptions options, Metrics* metrics, const OperatorStore* store);
 
   absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  GateConfig EffectiveConfig(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  int64_t EffectiveVersion(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  v1::VersionedGateConfig Versioned(const Job* job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // NOT_FOUND naming the job (or the group, when given) if it is not tracked.
-  absl::StatusOr<Job*> FindJob(const std::string& job_id, std::optional<int> group = std::nullopt) const
+  absl::StatusOr<const Job*> FindJob(const std::string& job_id, std::optional<int> group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::optional<Mode> ActivePin(const Job& job, int group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Recomputes jobs' effective configs, schedules them on every group and collects the
-  // pushes for their sessions. `only` restricts the change to one job.
-  void ScheduleConfig(const Job* only, std::vector<std::pair<std::shared_ptr<SessionSink>,
-                                                             v1::ConfigUpdate>>* pushes)
+  // Takes the job's operator view; when its effective config changed, schedules it on
+  // every group and collects the pushes for its sessions.
+  void RefreshJob(Job& job, std::vector<std::pair<std::shared_ptr<SessionSink>, ConfigPush>>* pushes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ValidateAllJobs(const v1::GateConfig& global_layer) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  v1::PersistedState Snapshot() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Persists `next` (under persist_mu_); on failure counts it and returns the error.
-  absl::Status Persist(const v1::PersistedState& next) ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillGroupStatus(const Job& job, const Group& group, v1::GroupStatus* out) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  void Deliver(std::vector<std::pair<std::shared_ptr<SessionSink>, v1::ConfigUpdate>>& pushes);
+  GroupView ViewOfGroup(const Job& job, const Group& group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  JobSummaryView SummaryOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const StateOptions options_;
   Metrics* const metrics_;  // may be null in tests
+  const OperatorStore* const store_;
   std::atomic<bool> draining_{false};
 
-  // Serialises admin mutations with their state-file writes.
-  Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  bool dirty_ ABSL_GUARDED_BY(persist_mu_) = false;
-
   mutable Mutex mu_;
-  v1::GateConfig file_layer_ ABSL_GUARDED_BY(mu_);
-  v1::GateConfig global_overrides_ ABSL_GUARDED_BY(mu_);
-  int64_t version_counter_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t global_version_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time global_update_time_ ABSL_GUARDED_BY(mu_);
-  GateConfig global_effective_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 

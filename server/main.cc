@@ -1,4 +1,4 @@
-// spgated: the gate daemon. Flags per SPEC §5; absl's --flagfile and --fromenv work.
+// spgated: the gate daemon. Flags per docs/design.md §5; absl's --flagfile and --fromenv work.
 // Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config.
 #include <csignal>
 #include <iostream>
@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "server/daemon.h"
+#include "server/defaults.h"
 #include "server/metrics.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "Worker API (spgate.v1.GateService) address");
@@ -28,6 +29,8 @@ ABSL_FLAG(absl::Duration, stale_after, absl::Seconds(5), "A rank silent this lon
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5), "How long shutdown waits for calls");
 ABSL_FLAG(int, max_jobs, 1024, "Most jobs tracked at once (bounds the job_id label)");
 ABSL_FLAG(int, max_groups_per_job, 4096, "Most TP groups per job");
+ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
+          "Decisions each TP group keeps to answer retried plans idempotently");
 
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
@@ -65,12 +68,15 @@ int main(int argc, char** argv) {
   opts.stale_after = absl::GetFlag(FLAGS_stale_after);
   opts.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   opts.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
+  opts.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.stale_after <= absl::ZeroDuration()) {
     std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
     return 2;
   }
-  if (opts.max_jobs < 1 || opts.max_groups_per_job < 1) {
-    std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1\n";
+  if (opts.max_jobs < 1 || opts.max_groups_per_job < 1 || opts.decision_cache_steps < 1 ||
+      opts.decision_cache_steps > 1'000'000) {
+    std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1, "
+                 "--decision_cache_steps in [1, 1000000]\n";
     return 2;
   }
 

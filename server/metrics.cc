@@ -1,7 +1,8 @@
-// Builds the SPEC §7 families once and hands out cached children.
+// Builds the docs/design.md §7 families once and hands out cached children.
 #include "server/metrics.h"
 
-#include "proto/convert.h"
+#include "common/version.h"
+#include "policy/gate_config.h"
 
 namespace spgate::server {
 
@@ -25,7 +26,7 @@ const char* kModeNames[kModeSlots] = {"", "sp", "tp_only"};
 
 }  // namespace
 
-std::string_view SpgateVersion() { return "0.1.0"; }
+std::string_view SpgateVersion() { return kVersion; }
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
@@ -118,16 +119,16 @@ Metrics::Metrics()
       watch_dropped(watch_dropped_f.Add({})) {
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
-  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+  for (size_t i = 0; i < kNumGateFields; ++i) {
     global_thresholds_[i] = &gate_threshold_f.Add(
-        {{"job_id", "_default"}, {"gate", std::string(kGateFieldNames[i])}});
+        {{"job_id", "_default"}, {"gate", std::string(kGateFields[i].name)}});
   }
   global_version_ = &config_version_f.Add({{"job_id", "_default"}});
 }
 
 void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {
-  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
-    global_thresholds_[i]->Set(GateFieldValue(config, kGateFieldNames[i]));
+  for (size_t i = 0; i < kNumGateFields; ++i) {
+    global_thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
   }
   global_version_->Set(static_cast<double>(version));
 }
@@ -144,11 +145,19 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
   memory_budget = &m.memory_budget_f.Add({{"job_id", job_id}});
   workers_active = &m.workers_f.Add({{"job_id", job_id}, {"state", "active"}});
   workers_stale = &m.workers_f.Add({{"job_id", job_id}, {"state", "stale"}});
-  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
+  for (size_t i = 0; i < kNumGateFields; ++i) {
     thresholds_[i] =
-        &m.gate_threshold_f.Add({{"job_id", job_id}, {"gate", std::string(kGateFieldNames[i])}});
+        &m.gate_threshold_f.Add({{"job_id", job_id}, {"gate", std::string(kGateFields[i].name)}});
   }
   config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
+  // Counters whose label set is known up front start at 0, so rate() over them is 0
+  // rather than empty and a panel shows 0 rather than "No data". Local decisions carry
+  // the local policy's reason (never CONTROLLER_UNAVAILABLE).
+  for (int r = 1; r < kNumReasons; ++r) {
+    if (static_cast<Reason>(r) != Reason::kControllerUnavailable) {
+      LocalDecisions(static_cast<Reason>(r));
+    }
+  }
 }
 
 JobMetrics::~JobMetrics() {
@@ -192,8 +201,8 @@ prometheus::Counter& JobMetrics::LocalDecisions(Reason reason) {
 }
 
 void JobMetrics::SetThresholds(const GateConfig& config, int64_t version) {
-  for (size_t i = 0; i < kGateFieldNames.size(); ++i) {
-    thresholds_[i]->Set(GateFieldValue(config, kGateFieldNames[i]));
+  for (size_t i = 0; i < kNumGateFields; ++i) {
+    thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
   }
   config_version_->Set(static_cast<double>(version));
 }

@@ -1,4 +1,4 @@
-// The daemon's Prometheus metrics (SPEC §7). Every family is built once here; callers
+// The daemon's Prometheus metrics (docs/design.md §7). Every family is built once here; callers
 // keep the references that Add() returns (an increment is an atomic add, an Add() is a
 // map lookup under the family's lock), so the decision path never calls Add().
 // Label values are bounded: job ids (bounded by --max_jobs), group indices, modes,
@@ -50,7 +50,7 @@ class JobMetrics {
   std::string job_id_;
   std::array<std::array<prometheus::Counter*, kNumReasons>, kModeSlots> decisions_{};
   std::array<prometheus::Counter*, kNumReasons> local_{};
-  std::array<prometheus::Gauge*, 8> thresholds_{};
+  std::array<prometheus::Gauge*, kNumGateFields> thresholds_{};
   prometheus::Gauge* config_version_;
 };
 
@@ -117,13 +117,13 @@ class Metrics {
   prometheus::Histogram& decision_latency;
   prometheus::Counter& state_persist_failures;
   prometheus::Gauge& config_last_reload_successful;
-  // Beyond SPEC §7's table: lost-telemetry accounting and watch back-pressure.
+  // Beyond docs/design.md §7's table: lost-telemetry accounting and watch back-pressure.
   prometheus::Counter& telemetry_received;
   prometheus::Counter& telemetry_rejected;
   prometheus::Counter& watch_dropped;
 
  private:
-  std::array<prometheus::Gauge*, 8> global_thresholds_{};
+  std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};
   prometheus::Gauge* global_version_ = nullptr;
 };
 

@@ -12,7 +12,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/status_util.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+#include "server/job_views.h"
 
 namespace spgate::server {
 namespace {
@@ -74,7 +76,7 @@ class PublishedReactor {
 class ConnectSink final : public SessionSink {
  public:
   explicit ConnectSink(ConnectReactor* r) : reactor_(r) {}
-  void PushConfig(const v1::ConfigUpdate& update) override;
+  void PushConfig(const ConfigPush& push) override;
   void Invalidate() {
     MutexLock lock(&mu_);
     reactor_ = nullptr;
@@ -122,8 +124,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
             "plan: job_id/group (", plan.job_id(), ", ", plan.group(),
             ") do not match the session's (", session_->job_id, ", ", session_->group, ")"));
       } else {
-        s = state_->Decide(plan, out.add_decisions());
-        if (!s.ok()) out.mutable_decisions()->RemoveLast();
+        absl::StatusOr<DecisionRecord> d = state_->Decide(PlanFromProto(plan));
+        if (d.ok()) ToProto(*d, out.add_decisions());
+        s = d.status();
       }
       if (!s.ok()) {
         auto* rej = out.add_rejections();
@@ -133,10 +136,12 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
     }
     for (const v1::StepTelemetry& t : in_.telemetry()) {
-      (void)state_->RecordTelemetry(*session_, t);  // counted; invalid records are not acked
+      // Counted; invalid records are not acknowledged.
+      (void)state_->RecordTelemetry(*session_, TelemetryFromProto(t));
     }
     if (in_.has_heartbeat()) {
-      out.mutable_ack()->set_telemetry_received(state_->Heartbeat(*session_, in_.heartbeat()));
+      out.mutable_ack()->set_telemetry_received(
+          state_->Heartbeat(*session_, LocalDecisionsFromProto(in_.heartbeat())));
     } else if (in_.telemetry_size() == 0 && start - last_touch_ > std::chrono::milliseconds(250)) {
       state_->Touch(*session_);
       last_touch_ = start;
@@ -221,9 +226,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     delete this;
   }
 
-  void PushConfig(const v1::ConfigUpdate& update) {
+  void PushConfig(const ConfigPush& push) {
     v1::DaemonMessage msg;
-    *msg.mutable_config_update() = update;
+    *msg.mutable_config_update() = ToProto(push);
     Send(std::move(msg));
   }
 
@@ -260,9 +265,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   grpc::Status finish_status_;
 };
 
-void ConnectSink::PushConfig(const v1::ConfigUpdate& update) {
+void ConnectSink::PushConfig(const ConfigPush& push) {
   MutexLock lock(&mu_);
-  if (reactor_ != nullptr) reactor_->PushConfig(update);
+  if (reactor_ != nullptr) reactor_->PushConfig(push);
 }
 
 // WatchDecisions: a bounded queue per subscriber; when full, the oldest decisions are
@@ -276,7 +281,11 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   class Watcher final : public DecisionWatcher {
    public:
     Watcher(std::string job, WatchReactor* r) : DecisionWatcher(std::move(job)), reactor_(r) {}
-    void OnDecision(const v1::Decision& d) override { reactor_->Enqueue(d); }
+    void OnDecision(const DecisionRecord& d) override {
+      v1::Decision out;
+      ToProto(d, &out);
+      reactor_->Enqueue(out);
+    }
 
    private:
     WatchReactor* reactor_;
@@ -407,7 +416,9 @@ int StreamRegistry::size() {
 grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                     const v1::RegisterRequest* request,
                                                     v1::RegisterResponse* response) {
-  return Reply(ctx, state_->Register(*request), response);
+  absl::StatusOr<RegisterResult> result = state_->Register(RegisterFromProto(*request));
+  if (!result.ok()) return Fail(ctx, result.status());
+  return Reply(ctx, absl::StatusOr<v1::RegisterResponse>(ToProto(*result)), response);
 }
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
@@ -420,7 +431,9 @@ grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* c
                                                   v1::Decision* response) {
   if (state_->draining()) return Fail(ctx, absl::UnavailableError("spgated is shutting down"));
   const auto start = Clock::now();
-  absl::Status s = state_->Decide(request->plan(), response);
+  absl::StatusOr<DecisionRecord> d = state_->Decide(PlanFromProto(request->plan()));
+  if (d.ok()) ToProto(*d, response);
+  const absl::Status s = d.status();
   if (s.ok() && metrics_ != nullptr) {
     metrics_->decision_latency.Observe(
         std::chrono::duration<double>(Clock::now() - start).count());
@@ -450,7 +463,7 @@ absl::Status AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx) {
 grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
                                                           const v1::GetGateConfigRequest* request,
                                                           v1::VersionedGateConfig* response) {
-  return Reply(ctx, state_->GetGateConfig(request->job_id()), response);
+  return Reply(ctx, GetGateConfigView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
@@ -460,33 +473,53 @@ grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
     if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
     return Fail(ctx, s);
   }
-  return Reply(ctx, state_->UpdateGateConfig(*request), response);
+  absl::StatusOr<v1::VersionedGateConfig> result = store_->UpdateGateConfig(*request);
+  if (metrics_ != nullptr) {
+    switch (result.status().code()) {
+      case absl::StatusCode::kOk: metrics_->config_updates_ok.Increment(); break;
+      case absl::StatusCode::kInvalidArgument: metrics_->config_updates_invalid.Increment(); break;
+      case absl::StatusCode::kAborted: metrics_->config_updates_conflict.Increment(); break;
+      default: break;
+    }
+  }
+  return Reply(ctx, std::move(result), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                      const v1::ListJobsRequest* request,
                                                      v1::ListJobsResponse* response) {
-  return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(state_->ListJobs()), response);
+  return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(ListJobsView(*state_)), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                    const v1::GetJobRequest* request,
                                                    v1::Job* response) {
-  return Reply(ctx, state_->GetJob(request->job_id()), response);
+  return Reply(ctx, GetJobView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
                                                     const v1::PinModeRequest* request,
                                                     v1::Pin* response) {
   if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
-  return Reply(ctx, state_->PinMode(*request), response);
+  if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Fail(ctx, s);
+  const std::optional<int> group =
+      request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
+  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
+  return Reply(ctx, store_->PinMode(*request), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
                                                   const v1::UnpinRequest* request,
                                                   v1::UnpinResponse* response) {
   if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
-  return Reply(ctx, state_->Unpin(*request), response);
+  const std::optional<int> group =
+      request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
+  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
+  absl::StatusOr<int> removed = store_->Unpin(*request);
+  if (!removed.ok()) return Fail(ctx, removed.status());
+  v1::UnpinResponse resp;
+  resp.set_removed(*removed);
+  return Reply(ctx, absl::StatusOr<v1::UnpinResponse>(std::move(resp)), response);
 }
 
 grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
@@ -497,7 +530,7 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
 grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
                                                           const v1::EvaluateGatesRequest* request,
                                                           v1::EvaluateGatesResponse* response) {
-  return Reply(ctx, state_->EvaluateGates(*request), response);
+  return Reply(ctx, EvaluateGatesView(*state_, *store_, *request), response);
 }
 
 void SyncWithFinishedCallbacks() {

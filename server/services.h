@@ -1,5 +1,6 @@
-// The gRPC services: thin callback services that translate proto <-> GateState calls
-// and absl::Status -> grpc::Status. No gate logic lives here.
+// The gRPC services: thin callback services that translate proto <-> the live state
+// (GateState) and the operator store (OperatorStore), and absl::Status -> grpc::Status
+// (proto/grpc_status.h). No gate logic lives here; admin views are built in job_views.h.
 #ifndef SPGATE_SERVER_SERVICES_H_
 #define SPGATE_SERVER_SERVICES_H_
 
@@ -10,6 +11,7 @@
 #include "common/mutex.h"
 #include "server/gate_state.h"
 #include "server/metrics.h"
+#include "server/operator_store.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
 
@@ -62,8 +64,9 @@ struct AdminAuth {
 
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
-  AdminServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams, AdminAuth auth)
-      : state_(state), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
+  AdminServiceImpl(GateState* state, OperatorStore* store, Metrics* metrics,
+                   StreamRegistry* streams, AdminAuth auth)
+      : state_(state), store_(store), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* GetGateConfig(grpc::CallbackServerContext* ctx,
                                           const v1::GetGateConfigRequest* request,
@@ -91,6 +94,7 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   absl::Status Authorize(grpc::CallbackServerContext* ctx);
 
   GateState* state_;
+  OperatorStore* store_;
   Metrics* metrics_;
   StreamRegistry* streams_;
   AdminAuth auth_;

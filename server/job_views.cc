@@ -1,0 +1,204 @@
+// Admin views; see job_views.h.
+#include "server/job_views.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/time_util.h"
+#include "proto/convert.h"
+
+namespace spgate::server {
+namespace {
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+void ToProto(const PinView& p, v1::Pin* out) {
+  out->set_job_id(p.job_id);
+  if (p.group) out->set_group(*p.group);
+  out->set_mode(spgate::ToProto(p.mode));
+  *out->mutable_expire_time() = ToTimestamp(p.expire);
+}
+
+void ToProto(const JobSummaryView& s, v1::JobSummary* out) {
+  out->set_job_id(s.job_id);
+  out->set_groups(s.groups);
+  out->set_ranks_active(s.ranks_active);
+  out->set_ranks_stale(s.ranks_stale);
+  out->set_steps_decided(s.steps_decided);
+  out->set_sp_groups(s.sp_groups);
+  out->set_tp_groups(s.tp_groups);
+  out->set_config_version(s.config_version);
+}
+
+void ToProto(const GroupView& g, v1::GroupStatus* out) {
+  out->set_group(g.group);
+  out->set_group_size(g.group_size);
+  out->set_ranks_active(g.ranks_active);
+  out->set_ranks_stale(g.ranks_stale);
+  if (g.has_decision) {
+    out->set_mode(spgate::ToProto(g.mode));
+    out->set_reason(spgate::ToProto(g.reason));
+  }
+  out->set_last_step(g.last_step);
+  out->set_rolling_rs_wait_share(g.rolling_rs_wait_share);
+  out->set_all_gather_tail_s(g.all_gather_tail_s);
+  out->set_norm_stall_ratio(g.norm_stall_ratio);
+  out->set_rs_wait_fallback(g.rs_wait_fallback);
+  out->set_mode_switches(g.mode_switches);
+  if (g.pin) ToProto(*g.pin, out->mutable_pin());
+}
+
+void ToProto(const ModeStatsView& m, v1::ModeStats* out) {
+  out->set_mode(spgate::ToProto(m.mode));
+  out->set_steps(m.steps);
+  out->set_effective_tokens_per_s(m.effective_tokens_per_s);
+  out->set_step_time_p95_s(m.step_time_p95_s);
+  out->set_peak_memory_bytes(m.peak_memory_bytes);
+  if (m.compared_to_tp) {
+    out->set_tokens_per_s_vs_tp(m.tokens_per_s_vs_tp);
+    out->set_step_time_p95_vs_tp(m.step_time_p95_vs_tp);
+    out->set_peak_memory_vs_tp(m.peak_memory_vs_tp);
+  }
+}
+
+template <typename Request>
+std::optional<int> GroupOf(const Request& r) {
+  return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+}
+
+}  // namespace
+
+PlanInput PlanFromProto(const v1::BatchPlan& p) {
+  return PlanInput{.job_id = p.job_id(),
+                   .group = p.group(),
+                   .step = p.step(),
+                   .lengths = std::span<const int64_t>(p.lengths().data(),
+                                                       static_cast<size_t>(p.lengths_size())),
+                   .predicted_peak_bytes_sp = p.predicted_peak_bytes_sp(),
+                   .predicted_peak_bytes_tp = p.predicted_peak_bytes_tp(),
+                   .memory_budget_bytes = p.memory_budget_bytes()};
+}
+
+TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
+  return TelemetryRecord{.job_id = t.job_id(),
+                         .group = t.group(),
+                         .rank_in_group = t.rank_in_group(),
+                         .values = {.step = t.step(),
+                                    .mode = static_cast<int32_t>(t.mode()),
+                                    .step_time_s = t.step_time_s(),
+                                    .rs_wait_s = t.rs_wait_s(),
+                                    .all_gather_s = t.all_gather_s(),
+                                    .norm_stall_s = t.norm_stall_s(),
+                                    .effective_tokens = t.effective_tokens(),
+                                    .padding_tokens = t.padding_tokens()},
+                         .peak_memory_bytes = t.peak_memory_bytes()};
+}
+
+RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
+  return RegisterInput{r.job_id(),      r.group(), r.rank_in_group(), r.group_size(),
+                       r.global_rank(), r.host(),  r.memory_budget_bytes()};
+}
+
+v1::RegisterResponse ToProto(const RegisterResult& r) {
+  v1::RegisterResponse resp;
+  resp.set_session_id(r.session_id);
+  if (r.config) *resp.mutable_config() = *r.config;
+  resp.set_effective_from_step(r.effective_from_step);
+  resp.mutable_heartbeat_interval()->set_seconds(absl::ToInt64Seconds(r.heartbeat_interval));
+  resp.mutable_heartbeat_interval()->set_nanos(
+      static_cast<int32_t>(absl::ToInt64Nanoseconds(r.heartbeat_interval) % 1'000'000'000));
+  resp.set_last_decided_step(r.last_decided_step);
+  return resp;
+}
+
+std::array<int64_t, kNumReasons> LocalDecisionsFromProto(const v1::Heartbeat& hb) {
+  std::array<int64_t, kNumReasons> local{};
+  for (const auto& c : hb.local_decisions()) {
+    if (IsValidReason(c.reason())) local[c.reason()] = c.count();
+  }
+  return local;
+}
+
+v1::ConfigUpdate ToProto(const ConfigPush& push) {
+  v1::ConfigUpdate update;
+  if (push.config) *update.mutable_config() = *push.config;
+  update.set_effective_from_step(push.effective_from_step);
+  return update;
+}
+
+void ToProto(const DecisionRecord& d, v1::Decision* out) {
+  out->set_job_id(d.job_id);
+  out->set_group(d.group);
+  out->set_step(d.step);
+  out->set_mode(spgate::ToProto(d.mode));
+  out->set_reason(spgate::ToProto(d.reason));
+  out->set_config_version(d.config_version);
+  out->set_length_cv(d.length_cv);
+  out->set_rolling_rs_wait_share(d.rolling_rs_wait_share);
+  *out->mutable_decide_time() = ToTimestamp(d.time);
+}
+
+absl::StatusOr<v1::VersionedGateConfig> GetGateConfigView(const GateState& state,
+                                                           const OperatorStore& store,
+                                                           const std::string& job_id) {
+  if (!job_id.empty() && !store.HasJobScope(job_id)) RETURN_IF_ERROR(state.CheckJob(job_id));
+  return store.GetGateConfig(job_id);
+}
+
+v1::ListJobsResponse ListJobsView(const GateState& state) {
+  v1::ListJobsResponse out;
+  for (const JobSummaryView& s : state.ListJobs()) ToProto(s, out.add_jobs());
+  return out;
+}
+
+absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& store,
+                                   const std::string& job_id) {
+  ASSIGN_OR_RETURN(const JobView view, state.GetJob(job_id));
+  v1::Job out;
+  ToProto(view.summary, out.mutable_summary());
+  for (const GroupView& g : view.groups) ToProto(g, out.add_groups());
+  for (const ModeStatsView& m : view.mode_stats) ToProto(m, out.add_mode_stats());
+  for (const DecisionCountView& d : view.decisions) {
+    auto* c = out.add_decisions();
+    c->set_mode(spgate::ToProto(d.mode));
+    c->set_reason(spgate::ToProto(d.reason));
+    c->set_count(d.count);
+  }
+  *out.mutable_config() = store.GetGateConfig(job_id);
+  for (const PinView& p : view.pins) ToProto(p, out.add_pins());
+  out.set_local_decisions(view.local_decisions);
+  return out;
+}
+
+absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGatesView(const GateState& state,
+                                                            const OperatorStore& store,
+                                                            const v1::EvaluateGatesRequest& r) {
+  WhatIfInput in;
+  in.job_id = r.job_id();
+  in.group = GroupOf(r);
+  if (!r.job_id().empty()) RETURN_IF_ERROR(state.CheckJob(r.job_id(), in.group));
+  const JobOperatorView op = store.ViewForJob(r.job_id());
+  in.config = LayerGateConfig(op.effective, r.config());
+  in.config_version = r.job_id().empty() ? store.GlobalVersion() : op.effective_version;
+  in.lengths = std::span<const int64_t>(r.lengths().data(), static_cast<size_t>(r.lengths_size()));
+  if (r.has_rs_wait_share()) in.rs_wait_share = r.rs_wait_share();
+  in.predicted_peak_bytes_sp = r.predicted_peak_bytes_sp();
+  in.predicted_peak_bytes_tp = r.predicted_peak_bytes_tp();
+  in.memory_budget_bytes = r.memory_budget_bytes();
+  ASSIGN_OR_RETURN(const WhatIfResult result, state.WhatIf(in));
+  v1::EvaluateGatesResponse resp;
+  ToProto(result.decision, resp.mutable_decision());
+  for (const GateCheck& c : result.checks) {
+    auto* out = resp.add_checks();
+    out->set_gate(c.gate);
+    out->set_outcome(c.outcome);
+    out->set_observed(c.observed);
+    out->set_threshold(c.threshold);
+    out->set_detail(c.detail);
+  }
+  *resp.mutable_config_used() = spgate::ToProto(in.config);
+  return resp;
+}
+
+}  // namespace spgate::server

@@ -1,0 +1,431 @@
+// The operator's settings and their persistence; see operator_store.h.
+#include "server/operator_store.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/time_util.h"
+#include "proto/convert.h"
+#include "common/status_macros.h"
+#include "server/job_id.h"
+#include "server/persistence.h"
+
+namespace spgate::server {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t) {
+  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
+  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(ts));
+}
+
+absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
+  const absl::Duration d =
+      absl::Seconds(duration.seconds()) + absl::Nanoseconds(duration.nanos());
+  if (d <= absl::ZeroDuration() || d > absl::Hours(24 * 7)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "duration: must be > 0 and at most 7 days, got ", absl::FormatDuration(d)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+v1::GateConfig OperatorStore::GlobalLayer(const v1::GateConfig& file_layer,
+                                          const v1::GateConfig& global_overrides) {
+  v1::GateConfig layer = file_layer;
+  layer.MergeFrom(global_overrides);
+  return layer;
+}
+
+absl::Status OperatorStore::ValidateJobs(const Layers& layers, const GateConfig& global) {
+  for (const auto& [id, job] : layers.jobs) {
+    if (job.overrides.ByteSizeLong() == 0) continue;
+    absl::Status s = ValidateGateConfig(LayerGateConfig(global, job.overrides));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(s.message(), " (effective config of job ", id, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OperatorStore::Layers> OperatorStore::FromPersisted(const v1::PersistedState& p,
+                                                                   absl::Time now) {
+  Layers l;
+  l.version_counter = p.version_counter();
+  l.global_overrides = p.global_overrides();
+  l.global_version = p.global_version();
+  l.global_update_time = p.has_global_update_time() ? FromTimestamp(p.global_update_time()) : now;
+  for (const auto& j : p.jobs()) {
+    RETURN_IF_ERROR(ValidateJobId(j.job_id()));
+    JobScope& scope = l.jobs[j.job_id()];
+    scope.overrides = j.overrides();
+    scope.version = j.version();
+    scope.update_time = j.has_update_time() ? FromTimestamp(j.update_time()) : now;
+  }
+  for (const auto& pin : p.pins()) {
+    const absl::Time expire = FromTimestamp(pin.expire_time());
+    if (expire <= now || !IsValidMode(pin.mode())) continue;
+    RETURN_IF_ERROR(ValidateJobId(pin.job_id()));
+    JobScope& scope = l.jobs[pin.job_id()];
+    const PinState state{FromProto(pin.mode()), expire};
+    if (pin.has_group()) {
+      scope.group_pins[pin.group()] = state;
+    } else {
+      scope.pin = state;
+    }
+  }
+  return l;
+}
+
+absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOptions options,
+                                                                     v1::GateConfig file_layer) {
+  if (!options.clock) options.clock = [] { return absl::Now(); };
+  std::optional<v1::PersistedState> persisted;
+  if (!options.state_dir.empty()) {
+    if (::mkdir(options.state_dir.c_str(), 0750) != 0 && errno != EEXIST) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--state_dir ", options.state_dir, ": cannot create: ", std::strerror(errno)));
+    }
+    ASSIGN_OR_RETURN(persisted, LoadPersistedState(options.state_dir));
+  }
+  std::unique_ptr<OperatorStore> store(new OperatorStore(std::move(options)));
+  const absl::Time now = store->Now();
+  Layers l;
+  if (persisted.has_value()) {
+    absl::StatusOr<Layers> loaded = FromPersisted(*persisted, now);
+    if (!loaded.ok()) {
+      return absl::DataLossError(absl::StrCat(StateFilePath(store->options_.state_dir), ": ",
+                                              loaded.status().message()));
+    }
+    l = *std::move(loaded);
+  } else {
+    l.global_update_time = now;
+  }
+  // Only a changed file bumps the version (the state remembers the file last applied).
+  const bool file_changed =
+      persisted.has_value()
+          ? persisted->file_layer().SerializeAsString() != file_layer.SerializeAsString()
+          : file_layer.ByteSizeLong() > 0;
+  l.file_layer = std::move(file_layer);
+  const v1::GateConfig global_layer = GlobalLayer(l.file_layer, l.global_overrides);
+  l.global_effective = LayerGateConfig(GateConfig{}, global_layer);
+  if (absl::Status v = ValidateGateConfig(l.global_effective); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the --config file combined with the persisted global overrides is invalid: ",
+        v.message()));
+  }
+  if (file_changed) {
+    l.global_version = ++l.version_counter;
+    l.global_update_time = now;
+  }
+  if (absl::Status v = ValidateJobs(l, l.global_effective); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "persisted job overrides are invalid under the current --config: ", v.message()));
+  }
+  MutexLock lock(&store->data_mu_);
+  store->layers_ = std::move(l);
+  return store;
+}
+
+void OperatorStore::SetListener(OperatorListener* listener) {
+  MutexLock lock(&persist_mu_);
+  listener_ = listener;
+}
+
+OperatorStore::Layers OperatorStore::Copy() const {
+  ReaderMutexLock lock(&data_mu_);
+  return layers_;
+}
+
+v1::VersionedGateConfig OperatorStore::Versioned(const Layers& l, const std::string& job_id) const {
+  v1::VersionedGateConfig out;
+  auto it = job_id.empty() ? l.jobs.end() : l.jobs.find(job_id);
+  const JobScope* job = it == l.jobs.end() ? nullptr : &it->second;
+  if (!job_id.empty()) out.set_job_id(job_id);
+  if (job_id.empty()) {
+    *out.mutable_config() = ToProto(l.global_effective);
+    *out.mutable_overrides() = l.global_overrides;
+    out.set_version(l.global_version);
+    out.set_effective_version(l.global_version);
+    *out.mutable_update_time() = ToTimestamp(l.global_update_time);
+    return out;
+  }
+  const int64_t version = job != nullptr ? job->version : 0;
+  *out.mutable_config() = ToProto(job != nullptr
+                                      ? LayerGateConfig(l.global_effective, job->overrides)
+                                      : l.global_effective);
+  if (job != nullptr) *out.mutable_overrides() = job->overrides;
+  out.set_version(version);
+  out.set_effective_version(std::max(l.global_version, version));
+  *out.mutable_update_time() =
+      ToTimestamp(version == 0 ? l.global_update_time : job->update_time);
+  return out;
+}
+
+v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
+  v1::PersistedState s;
+  s.set_version_counter(l.version_counter);
+  *s.mutable_global_overrides() = l.global_overrides;
+  s.set_global_version(l.global_version);
+  *s.mutable_file_layer() = l.file_layer;
+  *s.mutable_global_update_time() = ToTimestamp(l.global_update_time);
+  const absl::Time now = Now();
+  for (const auto& [id, job] : l.jobs) {
+    if (job.version > 0) {
+      auto* j = s.add_jobs();
+      j->set_job_id(id);
+      *j->mutable_overrides() = job.overrides;
+      j->set_version(job.version);
+      *j->mutable_update_time() = ToTimestamp(job.update_time);
+    }
+    auto add_pin = [&](const PinState& p, std::optional<int> group) {
+      if (p.expire <= now) return;
+      auto* pin = s.add_pins();
+      pin->set_job_id(id);
+      if (group) pin->set_group(*group);
+      pin->set_mode(ToProto(p.mode));
+      *pin->mutable_expire_time() = ToTimestamp(p.expire);
+    };
+    if (job.pin) add_pin(*job.pin, std::nullopt);
+    for (const auto& [g, p] : job.group_pins) add_pin(p, g);
+  }
+  return s;
+}
+
+absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job) {
+  if (!options_.state_dir.empty()) {
+    absl::Status s = SavePersistedState(options_.state_dir, Snapshot(next));
+    if (!s.ok()) {
+      if (options_.on_persist_failure) options_.on_persist_failure();
+      return absl::UnavailableError(absl::StrCat(
+          "could not persist the change to ", StateFilePath(options_.state_dir), ": ",
+          s.message(), "; nothing was changed"));
+    }
+  }
+  {
+    MutexLock lock(&data_mu_);
+    layers_ = std::move(next);
+  }
+  if (listener_ != nullptr) listener_->OnOperatorChange(changed_job);
+  return absl::OkStatus();
+}
+
+v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) const {
+  ReaderMutexLock lock(&data_mu_);
+  return Versioned(layers_, job_id);
+}
+
+absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
+    const v1::UpdateGateConfigRequest& r) {
+  if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  const bool global = r.job_id().empty();
+  auto it = global ? next.jobs.end() : next.jobs.find(r.job_id());
+  if (!global && it == next.jobs.end() &&
+      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
+        options_.max_job_scopes));
+  }
+  const int64_t scope_version =
+      global ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
+  if (r.has_expected_version() && r.expected_version() != scope_version) {
+    return absl::AbortedError(absl::StrFormat(
+        "version conflict: expected_version %d, but the %s config is at version %d; "
+        "read it again and retry",
+        r.expected_version(), global ? "global" : "job " + r.job_id(), scope_version));
+  }
+  v1::GateConfig overrides = global ? next.global_overrides
+                                    : (it == next.jobs.end() ? v1::GateConfig()
+                                                             : it->second.overrides);
+  RETURN_IF_ERROR(ApplyFieldMask(r.config(), r.update_mask(), &overrides));
+  const int64_t version = next.version_counter + 1;
+  const absl::Time now = Now();
+  if (global) {
+    const GateConfig effective =
+        LayerGateConfig(GateConfig{}, GlobalLayer(next.file_layer, overrides));
+    RETURN_IF_ERROR(ValidateGateConfig(effective));
+    RETURN_IF_ERROR(ValidateJobs(next, effective));
+    next.global_overrides = std::move(overrides);
+    next.global_version = version;
+    next.global_update_time = now;
+    next.global_effective = effective;
+  } else {
+    RETURN_IF_ERROR(ValidateGateConfig(LayerGateConfig(next.global_effective, overrides)));
+    JobScope& scope = next.jobs[r.job_id()];
+    scope.overrides = std::move(overrides);
+    scope.version = version;
+    scope.update_time = now;
+  }
+  next.version_counter = version;
+  v1::VersionedGateConfig result = Versioned(next, r.job_id());
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  return result;
+}
+
+absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  const GateConfig effective =
+      LayerGateConfig(GateConfig{}, GlobalLayer(file_layer, next.global_overrides));
+  if (absl::Status s = ValidateGateConfig(effective); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("with the API's global overrides on top: ", s.message()));
+  }
+  RETURN_IF_ERROR(ValidateJobs(next, effective));
+  next.file_layer = file_layer;
+  if (effective == next.global_effective) {
+    // Nothing served changes; remember the file without a new version.
+    MutexLock lock(&data_mu_);
+    layers_.file_layer = file_layer;
+    return absl::OkStatus();
+  }
+  next.global_effective = effective;
+  next.global_version = ++next.version_counter;
+  next.global_update_time = Now();
+  // The file is the source of truth here, so the new config applies even if the state
+  // file cannot be written; the write keeps the persisted version counter ahead of every
+  // version served, and a failure is counted.
+  if (!options_.state_dir.empty() &&
+      !SavePersistedState(options_.state_dir, Snapshot(next)).ok() &&
+      options_.on_persist_failure) {
+    options_.on_persist_failure();
+  }
+  {
+    MutexLock lock(&data_mu_);
+    layers_ = std::move(next);
+  }
+  if (listener_ != nullptr) listener_->OnOperatorChange("");
+  return absl::OkStatus();
+}
+
+absl::Status OperatorStore::ValidatePinRequest(const v1::PinModeRequest& r) {
+  RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  if (!IsValidMode(r.mode())) {
+    return absl::InvalidArgumentError("mode: must be SEQUENCE_PARALLEL or TENSOR_PARALLEL_ONLY");
+  }
+  return ValidateDuration(r.duration());
+}
+
+absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r) {
+  RETURN_IF_ERROR(ValidatePinRequest(r));
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  if (!next.jobs.contains(r.job_id()) &&
+      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
+        options_.max_job_scopes));
+  }
+  const absl::Duration d =
+      absl::Seconds(r.duration().seconds()) + absl::Nanoseconds(r.duration().nanos());
+  const PinState state{FromProto(r.mode()), Now() + d};
+  JobScope& scope = next.jobs[r.job_id()];
+  if (r.has_group()) {
+    scope.group_pins[r.group()] = state;
+  } else {
+    scope.pin = state;
+  }
+  v1::Pin pin;
+  pin.set_job_id(r.job_id());
+  if (r.has_group()) pin.set_group(r.group());
+  pin.set_mode(r.mode());
+  *pin.mutable_expire_time() = ToTimestamp(state.expire);
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  return pin;
+}
+
+absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r) {
+  RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  auto it = next.jobs.find(r.job_id());
+  int removed = 0;
+  if (it != next.jobs.end()) {
+    const absl::Time now = Now();
+    JobScope& scope = it->second;
+    auto drop = [&](std::optional<PinState>& p) {
+      if (p && p->expire > now) ++removed;
+      p.reset();
+    };
+    if (!r.has_group()) {
+      drop(scope.pin);
+      for (const auto& [g, p] : scope.group_pins) removed += p.expire > now ? 1 : 0;
+      scope.group_pins.clear();
+    } else if (auto git = scope.group_pins.find(r.group()); git != scope.group_pins.end()) {
+      removed += git->second.expire > now ? 1 : 0;
+      scope.group_pins.erase(git);
+    }
+    if (scope.empty()) next.jobs.erase(it);
+  }
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  return removed;
+}
+
+absl::Status OperatorStore::Flush() {
+  MutexLock plock(&persist_mu_);
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  const Layers current = Copy();
+  absl::Status s = SavePersistedState(options_.state_dir, Snapshot(current));
+  if (!s.ok()) {
+    if (options_.on_persist_failure) options_.on_persist_failure();
+    return absl::UnavailableError(absl::StrCat("could not write ",
+                                               StateFilePath(options_.state_dir), ": ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
+JobOperatorView OperatorStore::ViewForJob(const std::string& job_id) const {
+  ReaderMutexLock lock(&data_mu_);
+  JobOperatorView view;
+  auto it = layers_.jobs.find(job_id);
+  const JobScope* job = it == layers_.jobs.end() ? nullptr : &it->second;
+  view.effective = job != nullptr ? LayerGateConfig(layers_.global_effective, job->overrides)
+                                  : layers_.global_effective;
+  view.effective_version = std::max(layers_.global_version, job != nullptr ? job->version : 0);
+  view.served = std::make_shared<const v1::VersionedGateConfig>(Versioned(layers_, job_id));
+  if (job != nullptr) {
+    view.pin = job->pin;
+    view.group_pins = job->group_pins;
+    view.has_overrides = job->version > 0;
+  }
+  return view;
+}
+
+GateConfig OperatorStore::GlobalEffective() const {
+  ReaderMutexLock lock(&data_mu_);
+  return layers_.global_effective;
+}
+
+int64_t OperatorStore::GlobalVersion() const {
+  ReaderMutexLock lock(&data_mu_);
+  return layers_.global_version;
+}
+
+bool OperatorStore::HasJobScope(const std::string& job_id) const {
+  ReaderMutexLock lock(&data_mu_);
+  return layers_.jobs.contains(job_id);
+}
+
+std::vector<std::string> OperatorStore::JobsWithOperatorState() const {
+  ReaderMutexLock lock(&data_mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, job] : layers_.jobs) {
+    if (!job.empty()) out.push_back(id);
+  }
+  return out;
+}
+
+}  // namespace spgate::server

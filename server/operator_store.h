@@ -1,0 +1,126 @@
+// Everything an operator owns, and the only place it changes: the --config file layer,
+// the global and per-job overrides made through the API, their versions, and the pins.
+// It is persisted in --state_dir and restored before the daemon serves (docs/design.md
+// §5). The live state (gate_state.h) reads it through JobOperatorView and is told when
+// it changes (OperatorListener); it never writes here.
+//
+// Invariants:
+//  - persist before apply: a change is written to the state file first and applied to
+//    memory only once the write succeeded; a failed write changes nothing and fails the
+//    call (UNAVAILABLE naming the file);
+//  - one lock order: persist_mu_ (held across a whole change, the write and the listener
+//    call) before the live state's lock, before data_mu_ (a leaf: readers take only it);
+//  - versions come from one counter, so a job's effective version is the larger of the
+//    global and the job scope's versions; an update that changes nothing keeps them.
+//
+// Usage:
+//   ASSIGN_OR_RETURN(auto store, OperatorStore::Create(options, file_layer));
+//   store->SetListener(&live_state);
+//   ASSIGN_OR_RETURN(v1::VersionedGateConfig v, store->UpdateGateConfig(request));
+//   JobOperatorView view = store->ViewForJob("llama-13b");   // effective config, pins
+#ifndef SPGATE_SERVER_OPERATOR_STORE_H_
+#define SPGATE_SERVER_OPERATOR_STORE_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "policy/types.h"
+#include "spgate/v1/admin.pb.h"
+#include "spgate/v1/gate.pb.h"
+#include "server/operator_view.h"
+
+namespace spgate::server {
+
+struct StoreOptions {
+  std::string state_dir;                // empty: changes are not persisted
+  std::function<absl::Time()> clock;    // required
+  int max_job_scopes = 1024;            // jobs with their own overrides
+  std::function<void()> on_persist_failure;  // e.g. a metric; may be empty
+};
+
+class OperatorStore {
+ public:
+  // Loads the state dir (a corrupt file is an error naming it) and checks that the
+  // --config layer and the persisted overrides make valid configs together.
+  static absl::StatusOr<std::unique_ptr<OperatorStore>> Create(StoreOptions options,
+                                                               v1::GateConfig file_layer);
+
+  void SetListener(OperatorListener* listener);
+
+  // --- admin API (each mutation: validate, persist, apply, tell the listener) ---
+  v1::VersionedGateConfig GetGateConfig(const std::string& job_id) const;
+  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r);
+  // A new --config layer (SIGHUP). Invalid with the API's overrides on top: error, and
+  // the running config stays.
+  absl::Status ReloadConfigFile(const v1::GateConfig& file_layer);
+  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r);
+  // PinMode's argument checks alone (job id, mode, duration), for callers that look the
+  // job up in between.
+  static absl::Status ValidatePinRequest(const v1::PinModeRequest& r);
+  // Removes the matching pins; returns how many of them were still in force.
+  absl::StatusOr<int> Unpin(const v1::UnpinRequest& r);
+  // Writes the state file (drops expired pins from it).
+  absl::Status Flush();
+
+  // --- reads for the live state (leaf lock) ---
+  JobOperatorView ViewForJob(const std::string& job_id) const;
+  GateConfig GlobalEffective() const;
+  int64_t GlobalVersion() const;
+  bool HasJobScope(const std::string& job_id) const;
+  std::vector<std::string> JobsWithOperatorState() const;
+
+ private:
+  struct JobScope {
+    v1::GateConfig overrides;
+    int64_t version = 0;  // 0: no overrides ever set
+    absl::Time update_time;
+    std::optional<PinState> pin;
+    std::map<int, PinState> group_pins;
+    bool empty() const { return version == 0 && !pin && group_pins.empty(); }
+  };
+  struct Layers {
+    v1::GateConfig file_layer;
+    v1::GateConfig global_overrides;
+    int64_t version_counter = 0;
+    int64_t global_version = 0;
+    absl::Time global_update_time;
+    GateConfig global_effective;
+    std::map<std::string, JobScope> jobs;
+  };
+
+  explicit OperatorStore(StoreOptions options) : options_(std::move(options)) {}
+  absl::Time Now() const { return options_.clock(); }
+
+  // The merged global layer: the file, then the API's global overrides.
+  static v1::GateConfig GlobalLayer(const v1::GateConfig& file_layer,
+                                    const v1::GateConfig& global_overrides);
+  // Every job override still valid over `global`; the error names the job.
+  static absl::Status ValidateJobs(const Layers& layers, const GateConfig& global);
+  v1::VersionedGateConfig Versioned(const Layers& layers, const std::string& job_id) const;
+  v1::PersistedState Snapshot(const Layers& layers) const;
+  static absl::StatusOr<Layers> FromPersisted(const v1::PersistedState& persisted,
+                                              absl::Time now);
+  // Persist `next`, then make it current and tell the listener. Requires persist_mu_.
+  absl::Status Commit(Layers next, const std::string& changed_job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  Layers Copy() const;
+
+  const StoreOptions options_;
+  OperatorListener* listener_ = nullptr;
+
+  Mutex persist_mu_;
+  mutable Mutex data_mu_ ABSL_ACQUIRED_AFTER(persist_mu_);
+  Layers layers_ ABSL_GUARDED_BY(data_mu_);
+};
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_OPERATOR_STORE_H_

@@ -1,0 +1,48 @@
+// What the live state (gate_state.h) sees of the operator's settings, without the wire
+// types: the OperatorStore (operator_store.h) produces these views and tells its
+// listener when they change. See docs/design.md §5.
+#ifndef SPGATE_SERVER_OPERATOR_VIEW_H_
+#define SPGATE_SERVER_OPERATOR_VIEW_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "policy/types.h"
+
+namespace spgate::v1 {
+class VersionedGateConfig;
+}  // namespace spgate::v1
+
+namespace spgate::server {
+
+struct PinState {
+  Mode mode = Mode::kSequenceParallel;
+  absl::Time expire;
+};
+
+// What the live state needs to know of one job's operator settings.
+struct JobOperatorView {
+  GateConfig effective;
+  int64_t effective_version = 0;
+  // The config as served to workers (effective values, this scope's overrides, versions).
+  std::shared_ptr<const v1::VersionedGateConfig> served;
+  std::optional<PinState> pin;          // the whole job
+  std::map<int, PinState> group_pins;   // single groups
+  bool has_overrides = false;           // the job has its own config overrides
+};
+
+// Told about changes after they are persisted and applied, with persist_mu_ held (so
+// changes arrive in order). `job_id` empty: the global scope changed (every job's
+// effective config may have). Must not call back into the store's mutating methods.
+class OperatorListener {
+ public:
+  virtual ~OperatorListener() = default;
+  virtual void OnOperatorChange(const std::string& job_id) = 0;
+};
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_OPERATOR_VIEW_H_
