@@ -1,5 +1,7 @@
-// GateClient: Register + one Connect stream (gRPC callback API), the leader's decision
-// cache and fail-static fallback, and the telemetry buffer. See gate_client.h.
+// GateClient: Register + one Connect stream (gRPC callback API) and the telemetry
+// buffer, around the leader's decision book (decision_book.h: plans, daemon answers and
+// the fail-static fallback). Messages and the channel are built in wire.h. See
+// gate_client.h.
 //
 // Concurrency model. One mutex (mu_) guards all client state. The stream is a
 // ClientBidiReactor whose reactions run on gRPC's threads; at most one write is in flight
@@ -31,50 +33,16 @@
 #include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "policy/gate_policy.h"
+#include "policy/telemetry.h"
 #include "proto/convert.h"
+#include "proto/grpc_status.h"
 #include "spgate/v1/gate.grpc.pb.h"
 #include "worker/client/client_runtime.h"
-#include "worker/client/local_policy.h"
+#include "worker/client/decision_book.h"
+#include "worker/client/wire.h"
 
 namespace spgate::client {
 namespace {
-
-constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
-
-struct PlanRecord {
-  int64_t step = 0;
-  std::vector<int64_t> lengths;
-  double length_cv = 0;
-  uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
-  uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
-  absl::Time submitted;
-  absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
-};
-
-// What one WorkerMessage carries, gathered under the lock and serialised outside it.
-struct Outgoing {
-  std::string session_id;  // first message of a stream only
-  std::vector<PlanRecord> plans;
-  std::vector<StepTelemetryInput> telemetry;
-  bool heartbeat = false;
-  std::array<int64_t, kNumReasons> local_decisions{};
-  int64_t telemetry_sent = 0;
-  bool empty() const {
-    return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;
-  }
-};
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-int64_t ToMillis(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
-
-std::string DefaultHost() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
 
 absl::Status ValidateOptions(const GateClientOptions& o) {
   auto bad = [](std::string msg) { return absl::InvalidArgumentError(std::move(msg)); };
@@ -110,24 +78,6 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, bool own_connection) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(ToMillis(o.keepalive_time)));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(ToMillis(o.keepalive_timeout)));
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // The channel's own connect backoff (default up to 120 s) must not outlast ours, or a
-  // restarted daemon would wait for the channel rather than for the client.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(o.initial_backoff)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-              static_cast<int>(std::max<int64_t>(1000, ToMillis(o.initial_backoff))));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(ToMillis(o.max_backoff)));
-  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(
-      o.controller, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(),
-      args);
-}
-
 std::string_view DecisionSourceLabel(DecisionSource source) {
   switch (source) {
     case DecisionSource::kDaemon: return "daemon";
@@ -159,7 +109,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   }
   ScheduledConfig ConfigFor(int64_t step) const {
     spgate::MutexLock lock(&mu_);
-    return policy_.ConfigFor(step);
+    return book_.ConfigFor(step);
   }
   const GateClientOptions& options() const { return opts_; }
 
@@ -205,8 +155,6 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Duration BackoffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyConfigLocked(const v1::VersionedGateConfig& vc, int64_t effective_from_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  GateDecision DecideLocallyLocked(const PlanRecord& plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void BuildMessage(const Outgoing& out, v1::WorkerMessage* msg) const;
 
   const GateClientOptions opts_;
   std::shared_ptr<internal::ClientRuntime> runtime_;  // null without a controller
@@ -216,13 +164,8 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   mutable spgate::Mutex mu_;
   spgate::CondVar cv_;  // decisions, stream state changes, acks
 
-  LocalGatePolicy policy_ ABSL_GUARDED_BY(mu_);
+  DecisionBook book_ ABSL_GUARDED_BY(mu_);
   bool rs_wait_explicit_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<int64_t, PlanRecord> plans_ ABSL_GUARDED_BY(mu_);  // undecided steps
-  absl::flat_hash_map<int64_t, GateDecision> daemon_decisions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<int64_t> rejected_steps_ ABSL_GUARDED_BY(mu_);  // decide locally
-  int64_t last_decided_step_ ABSL_GUARDED_BY(mu_) = kNoStep;
-  GateDecision last_decision_ ABSL_GUARDED_BY(mu_);
   std::deque<StepTelemetryInput> telemetry_ ABSL_GUARDED_BY(mu_);
   std::vector<GateClient::DecisionLatency> latencies_ ABSL_GUARDED_BY(mu_);
 
@@ -286,7 +229,8 @@ class ConnectReactor final
 
 GateClient::Impl::Impl(GateClientOptions options)
     : opts_(std::move(options)),
-      policy_(opts_.initial_config, 0),
+      book_(opts_.initial_config, opts_.max_pending_plans,
+            opts_.controller.empty() ? DecisionSource::kLocalOnly : DecisionSource::kFallback),
       rng_(opts_.seed != 0 ? opts_.seed : std::random_device{}()) {
   if (opts_.controller.empty()) return;
   runtime_ = internal::ClientRuntime::Get();
@@ -352,20 +296,7 @@ void GateClient::Impl::Reconnect() {
 
 void GateClient::Impl::StartRegister() {
   auto call = std::make_shared<RegisterCall>();
-  v1::RegisterRequest& req = call->req;
-  req.set_job_id(opts_.job_id);
-  req.set_group(opts_.group);
-  req.set_rank_in_group(opts_.rank_in_group);
-  req.set_group_size(opts_.group_size);
-  req.set_global_rank(opts_.global_rank);
-  req.set_host(opts_.host.empty() ? DefaultHost() : opts_.host);
-  v1::ModelShape* m = req.mutable_model();
-  m->set_layers(opts_.model.layers);
-  m->set_hidden(opts_.model.hidden);
-  m->set_heads(opts_.model.heads);
-  m->set_ffn_hidden(opts_.model.ffn_hidden);
-  m->set_tp(opts_.group_size);
-  req.set_memory_budget_bytes(opts_.memory_budget_bytes);
+  call->req = BuildRegisterRequest(opts_);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + opts_.rpc_timeout));
   {
     spgate::MutexLock lock(&mu_);
@@ -388,7 +319,7 @@ void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
     return;
   }
   // Decisions carry the effective version (global and job scopes share one counter).
-  policy_.ScheduleConfig(config, vc.effective_version(), effective_from_step);
+  book_.ScheduleConfig(config, vc.effective_version(), effective_from_step);
 }
 
 void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
@@ -399,7 +330,7 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
     cv_.SignalAll();
     if (closing_) return;
     if (!s.ok()) {
-      stats_.last_error = absl::StrCat("Register: ", FromGrpc(s).ToString());
+      stats_.last_error = absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
       ScheduleReconnectLocked(BackoffLocked());
       return;
     }
@@ -467,36 +398,20 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
   confirmed_ = true;
   attempt_ = 0;
   not_found_streak_ = 0;
-  for (const v1::Decision& d : msg.decisions()) {
-    if (!IsValidMode(d.mode()) || !IsValidReason(d.reason())) continue;
-    if (d.step() <= last_decided_step_) {
-      ++stats_.late_decisions;  // the group already ran this step with a local decision
-      continue;
-    }
-    auto plan = plans_.find(d.step());
-    if (plan == plans_.end()) continue;  // not ours (dropped plan)
-    if (latencies_.size() < 65536) {
-      const PlanRecord& p = plan->second;
-      const double queued = absl::ToDoubleSeconds(p.taken - p.submitted);
-      latencies_.push_back({.total_s = absl::ToDoubleSeconds(absl::Now() - p.submitted),
+  for (const v1::Decision& wire : msg.decisions()) {
+    const std::optional<GateDecision> d = DecisionFromProto(wire);
+    if (!d.has_value()) continue;
+    const PlanRecord* p = book_.OnDaemonDecision(*d);
+    if (p != nullptr && latencies_.size() < 65536) {
+      const double queued = absl::ToDoubleSeconds(p->taken - p->submitted);
+      latencies_.push_back({.total_s = absl::ToDoubleSeconds(absl::Now() - p->submitted),
                             .queued_s = std::max(0.0, queued)});
     }
-    GateDecision g;
-    g.step = d.step();
-    g.mode = FromProto(d.mode());
-    g.reason = FromProto(d.reason());
-    g.policy_reason = g.reason;
-    g.source = DecisionSource::kDaemon;
-    g.config_version = d.config_version();
-    daemon_decisions_.insert_or_assign(g.step, g);
-    ++stats_.decisions_received;
   }
   for (const v1::PlanRejection& rej : msg.rejections()) {
     // The daemon refused the plan (it names the field): no answer will come, so the
     // leader decides this step locally without waiting out the deadline.
-    if (rej.step() <= last_decided_step_) continue;
-    rejected_steps_.insert(rej.step());
-    ++stats_.plans_rejected;
+    if (!book_.OnRejection(rej.step())) continue;
     stats_.last_error = absl::StrFormat("plan for step %d rejected: %s", rej.step(), rej.message());
   }
   if (msg.has_config_update()) {
@@ -553,7 +468,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
   confirmed_ = false;
   write_in_flight_ = false;
   ++stats_.stream_failures;
-  stats_.last_error = absl::StrCat("Connect: ", FromGrpc(status).ToString());
+  stats_.last_error = absl::StrCat("Connect: ", FromGrpcStatus(status).ToString());
   cv_.SignalAll();
   if (closing_) return;
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -570,7 +485,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
 
 bool GateClient::Impl::HasOutgoingLocked() const {
   if (heartbeat_due_ || !telemetry_.empty() || first_write_) return true;
-  for (const auto& [step, plan] : plans_) {
+  for (const auto& [step, plan] : book_.plans()) {
     if (plan.sent_on_stream != stream_id_) return true;
   }
   return false;
@@ -582,7 +497,7 @@ Outgoing GateClient::Impl::GatherLocked() {
     out.session_id = session_id_;
     first_write_ = false;
   }
-  for (auto& [step, plan] : plans_) {
+  for (auto& [step, plan] : book_.plans()) {
     if (plan.sent_on_stream == stream_id_) continue;
     plan.sent_on_stream = stream_id_;
     plan.taken = absl::Now();  // the writer's thread, not the training thread
@@ -596,51 +511,10 @@ Outgoing GateClient::Impl::GatherLocked() {
   if (heartbeat_due_) {
     out.heartbeat = true;
     heartbeat_due_ = false;
-    out.local_decisions = stats_.local_decisions_by_reason;
+    out.local_decisions = book_.counters().local_decisions_by_reason;
     out.telemetry_sent = session_sent_;
   }
   return out;
-}
-
-void GateClient::Impl::BuildMessage(const Outgoing& out, v1::WorkerMessage* msg) const {
-  msg->Clear();
-  if (!out.session_id.empty()) msg->set_session_id(out.session_id);
-  for (const PlanRecord& p : out.plans) {
-    v1::BatchPlan* bp = msg->add_plans();
-    bp->set_job_id(opts_.job_id);
-    bp->set_group(opts_.group);
-    bp->set_step(p.step);
-    bp->mutable_lengths()->Add(p.lengths.begin(), p.lengths.end());
-    bp->set_predicted_peak_bytes_sp(p.peak_sp);
-    bp->set_predicted_peak_bytes_tp(p.peak_tp);
-    bp->set_memory_budget_bytes(p.budget);
-  }
-  for (const StepTelemetryInput& t : out.telemetry) {
-    v1::StepTelemetry* st = msg->add_telemetry();
-    st->set_job_id(opts_.job_id);
-    st->set_group(opts_.group);
-    st->set_rank_in_group(opts_.rank_in_group);
-    st->set_step(t.step);
-    st->set_mode(ToProto(t.mode));
-    st->set_reason(ToProto(t.reason));
-    st->set_step_time_s(t.step_time_s);
-    st->set_rs_wait_s(t.rs_wait_s);
-    st->set_all_gather_s(t.all_gather_s);
-    st->set_norm_stall_s(t.norm_stall_s);
-    st->set_effective_tokens(t.effective_tokens);
-    st->set_padding_tokens(t.padding_tokens);
-    st->set_peak_memory_bytes(t.peak_memory_bytes);
-  }
-  if (out.heartbeat) {
-    v1::Heartbeat* hb = msg->mutable_heartbeat();
-    for (int r = 1; r < kNumReasons; ++r) {
-      if (out.local_decisions[r] == 0) continue;
-      v1::LocalDecisionCount* c = hb->add_local_decisions();
-      c->set_reason(static_cast<v1::Reason>(r));
-      c->set_count(out.local_decisions[r]);
-    }
-    hb->set_telemetry_sent(out.telemetry_sent);
-  }
 }
 
 GateClient::Impl::ClaimedWrite GateClient::Impl::ClaimWriteLocked() {
@@ -655,7 +529,7 @@ GateClient::Impl::ClaimedWrite GateClient::Impl::ClaimWriteLocked() {
 
 void GateClient::Impl::IssueWrite(ClaimedWrite w) {
   if (w.reactor == nullptr) return;
-  BuildMessage(w.out, &w.reactor->out);
+  BuildWorkerMessage(opts_, w.out, &w.reactor->out);
   w.reactor->StartWrite(&w.reactor->out);
 }
 
@@ -704,43 +578,9 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   rec.submitted = absl::Now();
 
   spgate::MutexLock lock(&mu_);
-  if (plan.step <= last_decided_step_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "plan for step %d: step %d is already decided (steps must increase)", plan.step,
-        last_decided_step_));
-  }
-  if (plans_.contains(plan.step)) {
-    return absl::AlreadyExistsError(
-        absl::StrFormat("a plan for step %d was already submitted", plan.step));
-  }
-  if (static_cast<int>(plans_.size()) >= opts_.max_pending_plans) {
-    plans_.erase(plans_.begin());
-    ++stats_.plans_dropped;
-  }
-  plans_.emplace(plan.step, std::move(rec));
-  ++stats_.plans_submitted;
+  RETURN_IF_ERROR(book_.AddPlan(std::move(rec)));
   if (remote()) KickLocked();
   return absl::OkStatus();
-}
-
-GateDecision GateClient::Impl::DecideLocallyLocked(const PlanRecord& plan) {
-  BatchFacts facts;
-  facts.step = plan.step;
-  facts.length_cv = plan.length_cv;
-  facts.predicted_peak_bytes_sp = plan.peak_sp;
-  facts.predicted_peak_bytes_tp = plan.peak_tp;
-  facts.memory_budget_bytes = plan.budget;
-  const LocalDecision ld = policy_.Decide(facts);
-  GateDecision d;
-  d.step = plan.step;
-  d.mode = ld.decision.mode;
-  d.policy_reason = ld.decision.reason;
-  d.source = remote() ? DecisionSource::kFallback : DecisionSource::kLocalOnly;
-  d.reason = remote() ? Reason::kControllerUnavailable : d.policy_reason;
-  d.config_version = ld.config_version;
-  ++stats_.local_decisions;
-  ++stats_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
-  return d;
 }
 
 absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl::Time deadline) {
@@ -751,65 +591,32 @@ absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl:
         opts_.rank_in_group, opts_.group));
   }
   spgate::MutexLock lock(&mu_);
-  if (step == last_decided_step_) return last_decision_;  // committed: same answer
-  if (step < last_decided_step_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "step %d is before the last decided step %d (steps must increase)", step,
-        last_decided_step_));
-  }
-  auto plan = plans_.find(step);
-  if (plan == plans_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("no plan was submitted for step %d (or it was dropped)", step));
-  }
+  ASSIGN_OR_RETURN(std::optional<GateDecision> committed, book_.Lookup(step));
+  if (committed.has_value()) return *committed;  // committed: same answer
   if (remote()) {
-    while (!daemon_decisions_.contains(step) && !rejected_steps_.contains(step) &&
-           StreamOpenLocked() && !closing_) {
+    while (!book_.Answered(step) && StreamOpenLocked() && !closing_) {
       if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
     }
   }
-  GateDecision d;
-  if (auto it = daemon_decisions_.find(step); it != daemon_decisions_.end()) {
-    d = it->second;
-    policy_.Adopt(step, d.mode, d.reason);
-    ++stats_.daemon_decisions;
-  } else {
-    d = DecideLocallyLocked(plan->second);
-  }
-  last_decided_step_ = step;
-  last_decision_ = d;
-  plans_.erase(plans_.begin(), plans_.upper_bound(step));
-  absl::erase_if(daemon_decisions_, [step](const auto& kv) { return kv.first <= step; });
-  absl::erase_if(rejected_steps_, [step](int64_t s) { return s <= step; });
-  return d;
+  return book_.Commit(step);
 }
 
 absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
-  // The daemon does not acknowledge invalid records; refusing them here keeps "sent minus
-  // acknowledged" a count of records lost in transit.
-  if (t.step < 0) return absl::InvalidArgumentError("telemetry.step: must be >= 0");
-  if (t.mode != Mode::kSequenceParallel && t.mode != Mode::kTensorParallelOnly) {
-    return absl::InvalidArgumentError("telemetry.mode: must be SP or TP-only");
-  }
-  if (!std::isfinite(t.step_time_s) || t.step_time_s <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("telemetry.step_time_s: must be finite and > 0, got %g", t.step_time_s));
-  }
-  for (double v : {t.rs_wait_s, t.all_gather_s, t.norm_stall_s}) {
-    if (!std::isfinite(v) || v < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "telemetry: rs_wait_s, all_gather_s and norm_stall_s must be finite and >= 0, got %g",
-          v));
-    }
-  }
-  if (t.effective_tokens < 0 || t.padding_tokens < 0) {
-    return absl::InvalidArgumentError("telemetry: token counts must be >= 0");
-  }
+  // The daemon does not acknowledge invalid records; refusing them here, by the same
+  // rules, keeps "sent minus acknowledged" a count of records lost in transit.
+  RETURN_IF_ERROR(ValidateStepTelemetry({.step = t.step,
+                                         .mode = static_cast<int32_t>(t.mode),
+                                         .step_time_s = t.step_time_s,
+                                         .rs_wait_s = t.rs_wait_s,
+                                         .all_gather_s = t.all_gather_s,
+                                         .norm_stall_s = t.norm_stall_s,
+                                         .effective_tokens = t.effective_tokens,
+                                         .padding_tokens = t.padding_tokens}));
   spgate::MutexLock lock(&mu_);
   ++stats_.telemetry_reported;
   if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&
       t.step_time_s > 0) {
-    policy_.ObserveRsWaitShare(t.step, t.mode, t.rs_wait_s / t.step_time_s);
+    book_.ObserveRsWaitShare(t.step, t.mode, t.rs_wait_s / t.step_time_s);
   }
   if (!remote()) return absl::OkStatus();
   telemetry_.push_back(t);
@@ -839,7 +646,7 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
 void GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
   spgate::MutexLock lock(&mu_);
   rs_wait_explicit_ = true;
-  policy_.ObserveRsWaitShare(step, mode, share);
+  book_.ObserveRsWaitShare(step, mode, share);
 }
 
 absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
@@ -883,6 +690,15 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
 GateClientStats GateClient::Impl::stats() const {
   spgate::MutexLock lock(&mu_);
   GateClientStats s = stats_;
+  const DecisionBookCounters& c = book_.counters();
+  s.plans_submitted = c.plans_submitted;
+  s.plans_dropped = c.plans_dropped;
+  s.plans_rejected = c.plans_rejected;
+  s.decisions_received = c.decisions_received;
+  s.daemon_decisions = c.daemon_decisions;
+  s.late_decisions = c.late_decisions;
+  s.local_decisions = c.local_decisions;
+  s.local_decisions_by_reason = c.local_decisions_by_reason;
   s.connected = confirmed_ && StreamOpenLocked();
   s.telemetry_sent = closed_sent_ + session_sent_;
   s.telemetry_acked = closed_acked_ + session_acked_;

@@ -1,4 +1,4 @@
-// GateClient: one training rank's connection to spgated (SPEC §4, §6). The leader of a TP
+// GateClient: one training rank's connection to spgated (docs/design.md §4, §6). The leader of a TP
 // group submits each batch's plan ahead of time and picks up the decision when the step
 // starts; every rank reports its step telemetry. The invariant that matters: the calling
 // (training) thread never waits on the daemon longer than the deadline it passes —
@@ -68,7 +68,7 @@ struct GateClientOptions {
 
   // Config used until the daemon's arrives (and forever without a daemon).
   GateConfig initial_config;
-  // Deadline AwaitDecision(step) uses when the caller passes none (SPEC §4: 20 ms).
+  // Deadline AwaitDecision(step) uses when the caller passes none (docs/design.md §4: 20 ms).
   absl::Duration decision_deadline = absl::Milliseconds(20);
   // Deadline of each Register call.
   absl::Duration rpc_timeout = absl::Seconds(2);
@@ -102,7 +102,7 @@ struct GateClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
-// One batch's plan (SPEC §3 memory gate inputs plus the sequence lengths).
+// One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths).
 struct BatchPlanInput {
   int64_t step = 0;
   std::span<const int64_t> lengths;  // tokens per sequence, each in [1, 2^24]
@@ -129,7 +129,7 @@ struct GateDecision {
   friend bool operator==(const GateDecision&, const GateDecision&) = default;
 };
 
-// One rank's measurements of one step (SPEC §2); the client adds job, group and rank.
+// One rank's measurements of one step (docs/design.md §2); the client adds job, group and rank.
 struct StepTelemetryInput {
   int64_t step = 0;
   Mode mode = Mode::kSequenceParallel;

@@ -1,4 +1,4 @@
-// GroupDecider: one decision per (TP group, step), identical on every rank (SPEC §4).
+// GroupDecider: one decision per (TP group, step), identical on every rank (docs/design.md §4).
 // The leader (rank 0 of the group) asks its GateClient — the daemon's answer or the
 // fail-static local one — and broadcasts it over the group's own communicator before the
 // batch's first collective; the other ranks only receive. Non-leaders never ask the

@@ -25,20 +25,16 @@
 #define SPGATE_WORKER_CLIENT_LOCAL_POLICY_H_
 
 #include <cstdint>
-#include <deque>
 #include <optional>
 
+#include "policy/config_schedule.h"
 #include "policy/gate_policy.h"
-#include "policy/rolling_window.h"
+#include "policy/group_state.h"
 #include "policy/types.h"
 
 namespace spgate::client {
 
-struct ScheduledConfig {
-  GateConfig config;
-  int64_t version = 0;
-  int64_t effective_from_step = 0;
-};
+using ScheduledConfig = spgate::ScheduledConfig;
 
 struct LocalDecision {
   Decision decision;       // what the policy decided (reason is the gate, never
@@ -48,14 +44,16 @@ struct LocalDecision {
 
 class LocalGatePolicy {
  public:
-  explicit LocalGatePolicy(const GateConfig& initial = GateConfig{}, int64_t version = 0);
+  explicit LocalGatePolicy(const GateConfig& initial = GateConfig{}, int64_t version = 0)
+      : schedule_(initial, version) {}
 
-  // `config` applies to steps >= effective_from_step. Anything scheduled from that step
-  // on is replaced (a newer update wins); older entries stay for earlier steps.
-  void ScheduleConfig(const GateConfig& config, int64_t version, int64_t effective_from_step);
+  // `config` applies to steps >= effective_from_step (see policy/config_schedule.h).
+  void ScheduleConfig(const GateConfig& config, int64_t version, int64_t effective_from_step) {
+    schedule_.Schedule(config, version, effective_from_step);
+  }
 
   // The config in force for `step`.
-  const ScheduledConfig& ConfigFor(int64_t step) const;
+  const ScheduledConfig& ConfigFor(int64_t step) const { return schedule_.At(step); }
 
   // Decides `facts.step` with the policy and advances the state. An operator pin that was
   // in force when the daemon was last heard from stays in force (the operator's explicit
@@ -63,23 +61,22 @@ class LocalGatePolicy {
   LocalDecision Decide(const BatchFacts& facts);
 
   // Advances the state with a decision the daemon made for `step`, exactly as the
-  // daemon's own evaluation advanced its copy (mode, probes, RS_WAIT hysteresis and
-  // dwell, window reset on entering the RS_WAIT fallback).
+  // daemon's own evaluation advanced its copy (policy/group_state.h).
   void Adopt(int64_t step, Mode mode, Reason reason);
 
-  // One step's group reduce-scatter wait share. Only SP steps enter the window (SPEC §2).
-  void ObserveRsWaitShare(int64_t step, Mode mode, double share);
+  // One step's group reduce-scatter wait share. Only SP steps enter the window
+  // (docs/design.md §2).
+  void ObserveRsWaitShare(int64_t step, Mode mode, double share) {
+    group_.ObserveRsWaitShare(step, mode, share, schedule_.At(step).config.window_steps);
+  }
 
-  const GroupGateState& state() const { return state_; }
-  RsWaitObservation rs_wait() const { return {window_.Mean(), window_.size()}; }
+  const GroupGateState& state() const { return group_.gate(); }
+  RsWaitObservation rs_wait() const { return group_.rs_wait(); }
   std::optional<Mode> pin() const { return pin_; }
 
  private:
-  void Prune(int64_t step);
-
-  std::deque<ScheduledConfig> schedule_;  // ascending effective_from_step, never empty
-  GroupGateState state_;
-  RollingWindow window_;
+  ConfigSchedule schedule_;
+  GroupPolicyState group_;
   std::optional<Mode> pin_;
 };
 

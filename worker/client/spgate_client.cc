@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
+#include "policy/gate_config.h"
 #include "policy/types.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
@@ -85,14 +87,10 @@ absl::Status SetOption(spgate::client::GateClientOptions& o, const std::string& 
   if (name == "rpc_timeout_ms") return as_ms(&o.rpc_timeout);
   if (name == "initial_backoff_ms") return as_ms(&o.initial_backoff);
   if (name == "max_backoff_ms") return as_ms(&o.max_backoff);
-  if (name == "max_length_cv") return as_double(&c.max_length_cv);
-  if (name == "max_rs_wait_share") return as_double(&c.max_rs_wait_share);
-  if (name == "bucket_target_cv") return as_double(&c.bucket_target_cv);
-  if (name == "rs_wait_reenable_margin") return as_double(&c.rs_wait_reenable_margin);
-  if (name == "probe_interval_steps") return as_int(&c.probe_interval_steps);
-  if (name == "min_dwell_steps") return as_int(&c.min_dwell_steps);
-  if (name == "window_steps") return as_int(&c.window_steps);
-  if (name == "memory_headroom") return as_double(&c.memory_headroom);
+  // The initial config's fields, by their names in the one field table.
+  if (const spgate::GateField* f = spgate::FindGateField(name)) {
+    return f->is_count() ? as_int(&(c.*f->count)) : as_double(&(c.*f->real));
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
 }
 
@@ -126,7 +124,7 @@ spgate::client::BatchPlanInput Plan(int64_t step, const int64_t* lengths, size_t
 extern "C" {
 
 const char* spgate_last_error(void) { return last_error.c_str(); }
-const char* spgate_version(void) { return "0.1.0"; }
+const char* spgate_version(void) { return spgate::kVersion.data(); }
 
 const char* spgate_mode_name(int32_t mode) {
   if (mode != 1 && mode != 2) return "unspecified";

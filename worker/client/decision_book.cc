@@ -1,0 +1,95 @@
+// The leader's decision book; see decision_book.h.
+#include "worker/client/decision_book.h"
+
+#include "absl/strings/str_format.h"
+
+namespace spgate::client {
+
+DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
+                           DecisionSource local_source)
+    : policy_(initial, 0), max_pending_plans_(max_pending_plans), local_source_(local_source) {}
+
+absl::Status DecisionBook::AddPlan(PlanRecord plan) {
+  if (plan.step <= last_step_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "plan for step %d: step %d is already decided (steps must increase)", plan.step,
+        last_step_));
+  }
+  if (plans_.contains(plan.step)) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("a plan for step %d was already submitted", plan.step));
+  }
+  if (static_cast<int>(plans_.size()) >= max_pending_plans_) {
+    plans_.erase(plans_.begin());
+    ++counters_.plans_dropped;
+  }
+  const int64_t step = plan.step;
+  plans_.emplace(step, std::move(plan));
+  ++counters_.plans_submitted;
+  return absl::OkStatus();
+}
+
+const PlanRecord* DecisionBook::OnDaemonDecision(const GateDecision& d) {
+  if (d.step <= last_step_) {
+    ++counters_.late_decisions;  // the group already ran this step with a local decision
+    return nullptr;
+  }
+  auto plan = plans_.find(d.step);
+  if (plan == plans_.end()) return nullptr;  // not ours (a dropped plan)
+  daemon_.insert_or_assign(d.step, d);
+  ++counters_.decisions_received;
+  return &plan->second;
+}
+
+bool DecisionBook::OnRejection(int64_t step) {
+  if (step <= last_step_) return false;
+  rejected_.insert(step);
+  ++counters_.plans_rejected;
+  return true;
+}
+
+absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) const {
+  if (step == last_step_) return std::optional<GateDecision>(last_);  // same answer
+  if (step < last_step_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "step %d is before the last decided step %d (steps must increase)", step, last_step_));
+  }
+  if (!plans_.contains(step)) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("no plan was submitted for step %d (or it was dropped)", step));
+  }
+  return std::optional<GateDecision>();
+}
+
+GateDecision DecisionBook::Commit(int64_t step) {
+  GateDecision d;
+  if (auto it = daemon_.find(step); it != daemon_.end()) {
+    d = it->second;
+    policy_.Adopt(step, d.mode, d.reason);
+    ++counters_.daemon_decisions;
+  } else {
+    const PlanRecord& plan = plans_.at(step);
+    const LocalDecision ld = policy_.Decide(BatchFacts{.step = plan.step,
+                                                       .length_cv = plan.length_cv,
+                                                       .predicted_peak_bytes_sp = plan.peak_sp,
+                                                       .predicted_peak_bytes_tp = plan.peak_tp,
+                                                       .memory_budget_bytes = plan.budget});
+    d.step = step;
+    d.mode = ld.decision.mode;
+    d.policy_reason = ld.decision.reason;
+    d.source = local_source_;
+    d.reason = local_source_ == DecisionSource::kFallback ? Reason::kControllerUnavailable
+                                                          : d.policy_reason;
+    d.config_version = ld.config_version;
+    ++counters_.local_decisions;
+    ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
+  }
+  last_step_ = step;
+  last_ = d;
+  plans_.erase(plans_.begin(), plans_.upper_bound(step));
+  absl::erase_if(daemon_, [step](const auto& kv) { return kv.first <= step; });
+  absl::erase_if(rejected_, [step](int64_t s) { return s <= step; });
+  return d;
+}
+
+}  // namespace spgate::client

@@ -1,0 +1,126 @@
+// The leader's decision book: the plans it submitted and not yet decided, the daemon's
+// answers and refusals as they arrive, and the commit of each step in step order — the
+// daemon's answer when it is there, otherwise the local fail-static policy's
+// (local_policy.h). No lock, no gRPC, no clock: GateClient guards it with its mutex and
+// feeds it; tests drive it directly (tests/worker/decision_book_test.cc).
+//
+// Invariants (docs/design.md §4):
+//  - steps are committed in increasing order, each exactly once; committing advances the
+//    fallback's group state with the decision actually run, so a later local decision
+//    is the one the daemon would make;
+//  - asking again for the last committed step returns the same decision;
+//  - an answer for a step already committed is counted as late and changes nothing.
+//
+// Usage:
+//   DecisionBook book(GateConfig{}, /*max_pending_plans=*/1024, DecisionSource::kFallback);
+//   RETURN_IF_ERROR(book.AddPlan(std::move(plan)));        // step 7
+//   book.OnDaemonDecision(daemon_answer);                  // maybe, from the stream
+//   ASSIGN_OR_RETURN(auto committed, book.Lookup(7));      // nullopt: not committed yet
+//   GateDecision d = book.Commit(7);                       // daemon's or local
+#ifndef SPGATE_WORKER_CLIENT_DECISION_BOOK_H_
+#define SPGATE_WORKER_CLIENT_DECISION_BOOK_H_
+
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "policy/types.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/local_policy.h"
+
+namespace spgate::client {
+
+// One submitted plan. The transport fields (sent_on_stream, taken) belong to the
+// client's writer; the book only keeps them with the plan.
+struct PlanRecord {
+  int64_t step = 0;
+  std::vector<int64_t> lengths;
+  double length_cv = 0;
+  uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
+  uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
+  absl::Time submitted;
+  absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
+};
+
+struct DecisionBookCounters {
+  int64_t plans_submitted = 0;
+  int64_t plans_dropped = 0;       // over max_pending_plans
+  int64_t plans_rejected = 0;      // refused by the daemon
+  int64_t decisions_received = 0;  // daemon answers for pending plans
+  int64_t daemon_decisions = 0;    // commits that used the daemon's answer
+  int64_t late_decisions = 0;      // daemon answers for steps already committed
+  int64_t local_decisions = 0;     // commits decided by the local policy
+  std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
+};
+
+class DecisionBook {
+ public:
+  static constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
+
+  // `local_source`: how a local decision is labelled (kFallback with a daemon, reason
+  // CONTROLLER_UNAVAILABLE; kLocalOnly without one, the gate's own reason).
+  DecisionBook(const GateConfig& initial, int max_pending_plans, DecisionSource local_source);
+
+  // FAILED_PRECONDITION for a step at or below the last committed one, ALREADY_EXISTS
+  // for a step already submitted. Over max_pending_plans the oldest plan is dropped.
+  absl::Status AddPlan(PlanRecord plan);
+
+  // The daemon's answer for d.step. Returns the plan it answers (e.g. for latency), or
+  // null when the step is already committed (counted late) or has no plan.
+  const PlanRecord* OnDaemonDecision(const GateDecision& d);
+  // The daemon refused the plan for `step`: it will be decided locally without waiting.
+  // False when the step is already committed.
+  bool OnRejection(int64_t step);
+
+  // Whether Commit(step) would use an answer from the daemon side (decision or refusal),
+  // i.e. there is nothing left to wait for.
+  bool Answered(int64_t step) const {
+    return daemon_.contains(step) || rejected_.contains(step);
+  }
+
+  // The committed decision when `step` is the last committed step; nullopt when `step`
+  // has a plan and is not committed yet; FAILED_PRECONDITION for an older step or a step
+  // without a plan.
+  absl::StatusOr<std::optional<GateDecision>> Lookup(int64_t step) const;
+
+  // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one, else
+  // the local policy's. Forgets everything at or below `step`.
+  GateDecision Commit(int64_t step);
+
+  // The fallback's inputs.
+  void ScheduleConfig(const GateConfig& config, int64_t version, int64_t effective_from_step) {
+    policy_.ScheduleConfig(config, version, effective_from_step);
+  }
+  void ObserveRsWaitShare(int64_t step, Mode mode, double share) {
+    policy_.ObserveRsWaitShare(step, mode, share);
+  }
+  const ScheduledConfig& ConfigFor(int64_t step) const { return policy_.ConfigFor(step); }
+
+  // Undecided plans by step (the writer marks what it sent).
+  std::map<int64_t, PlanRecord>& plans() { return plans_; }
+  const std::map<int64_t, PlanRecord>& plans() const { return plans_; }
+  const DecisionBookCounters& counters() const { return counters_; }
+  int64_t last_committed_step() const { return last_step_; }
+
+ private:
+  LocalGatePolicy policy_;
+  const int max_pending_plans_;
+  const DecisionSource local_source_;
+  std::map<int64_t, PlanRecord> plans_;
+  absl::flat_hash_map<int64_t, GateDecision> daemon_;
+  absl::flat_hash_set<int64_t> rejected_;
+  int64_t last_step_ = kNoStep;
+  GateDecision last_;
+  DecisionBookCounters counters_;
+};
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_DECISION_BOOK_H_

@@ -1,0 +1,112 @@
+// Channel and messages of the worker client; see wire.h.
+#include "worker/client/wire.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "grpcpp/grpcpp.h"
+#include "proto/convert.h"
+
+namespace spgate::client {
+namespace {
+
+int ToMillis(absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); }
+
+std::string DefaultHost() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, bool own_connection) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, ToMillis(o.keepalive_time));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ToMillis(o.keepalive_timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The channel's own connect backoff (default up to 120 s) must not outlast ours, or a
+  // restarted daemon would wait for the channel rather than for the client.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(o.initial_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(1000, ToMillis(o.initial_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(o.max_backoff));
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(
+      o.controller, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(),
+      args);
+}
+
+v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
+  v1::RegisterRequest req;
+  req.set_job_id(o.job_id);
+  req.set_group(o.group);
+  req.set_rank_in_group(o.rank_in_group);
+  req.set_group_size(o.group_size);
+  req.set_global_rank(o.global_rank);
+  req.set_host(o.host.empty() ? DefaultHost() : o.host);
+  v1::ModelShape* m = req.mutable_model();
+  m->set_layers(o.model.layers);
+  m->set_hidden(o.model.hidden);
+  m->set_heads(o.model.heads);
+  m->set_ffn_hidden(o.model.ffn_hidden);
+  m->set_tp(o.group_size);
+  req.set_memory_budget_bytes(o.memory_budget_bytes);
+  return req;
+}
+
+void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::WorkerMessage* msg) {
+  msg->Clear();
+  if (!out.session_id.empty()) msg->set_session_id(out.session_id);
+  for (const PlanRecord& p : out.plans) {
+    v1::BatchPlan* bp = msg->add_plans();
+    bp->set_job_id(o.job_id);
+    bp->set_group(o.group);
+    bp->set_step(p.step);
+    bp->mutable_lengths()->Add(p.lengths.begin(), p.lengths.end());
+    bp->set_predicted_peak_bytes_sp(p.peak_sp);
+    bp->set_predicted_peak_bytes_tp(p.peak_tp);
+    bp->set_memory_budget_bytes(p.budget);
+  }
+  for (const StepTelemetryInput& t : out.telemetry) {
+    v1::StepTelemetry* st = msg->add_telemetry();
+    st->set_job_id(o.job_id);
+    st->set_group(o.group);
+    st->set_rank_in_group(o.rank_in_group);
+    st->set_step(t.step);
+    st->set_mode(ToProto(t.mode));
+    st->set_reason(ToProto(t.reason));
+    st->set_step_time_s(t.step_time_s);
+    st->set_rs_wait_s(t.rs_wait_s);
+    st->set_all_gather_s(t.all_gather_s);
+    st->set_norm_stall_s(t.norm_stall_s);
+    st->set_effective_tokens(t.effective_tokens);
+    st->set_padding_tokens(t.padding_tokens);
+    st->set_peak_memory_bytes(t.peak_memory_bytes);
+  }
+  if (out.heartbeat) {
+    v1::Heartbeat* hb = msg->mutable_heartbeat();
+    for (int r = 1; r < kNumReasons; ++r) {
+      if (out.local_decisions[r] == 0) continue;
+      v1::LocalDecisionCount* c = hb->add_local_decisions();
+      c->set_reason(static_cast<v1::Reason>(r));
+      c->set_count(out.local_decisions[r]);
+    }
+    hb->set_telemetry_sent(out.telemetry_sent);
+  }
+}
+
+std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
+  if (!IsValidMode(d.mode()) || !IsValidReason(d.reason())) return std::nullopt;
+  GateDecision g;
+  g.step = d.step();
+  g.mode = FromProto(d.mode());
+  g.reason = FromProto(d.reason());
+  g.policy_reason = g.reason;
+  g.source = DecisionSource::kDaemon;
+  g.config_version = d.config_version();
+  return g;
+}
+
+}  // namespace spgate::client

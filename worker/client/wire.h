@@ -1,0 +1,44 @@
+// The client's side of the wire: the gRPC channel it dials and the messages it builds
+// and reads (spgate.v1). GateClient gathers what to send under its lock into Outgoing
+// and serialises it here, outside the lock; nothing here holds state.
+//
+// Usage:
+//   std::shared_ptr<grpc::Channel> ch = CreateGateChannel(options);
+//   v1::RegisterRequest req = BuildRegisterRequest(options);
+//   BuildWorkerMessage(options, outgoing, &reactor->out);
+#ifndef SPGATE_WORKER_CLIENT_WIRE_H_
+#define SPGATE_WORKER_CLIENT_WIRE_H_
+
+#include <array>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spgate/v1/gate.pb.h"
+#include "worker/client/decision_book.h"
+#include "worker/client/gate_client.h"
+
+namespace spgate::client {
+
+// What one WorkerMessage carries, gathered under the client's lock.
+struct Outgoing {
+  std::string session_id;  // first message of a stream only
+  std::vector<PlanRecord> plans;
+  std::vector<StepTelemetryInput> telemetry;
+  bool heartbeat = false;
+  std::array<int64_t, kNumReasons> local_decisions{};
+  int64_t telemetry_sent = 0;
+  bool empty() const {
+    return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;
+  }
+};
+
+v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& options);
+void BuildWorkerMessage(const GateClientOptions& options, const Outgoing& out,
+                        v1::WorkerMessage* msg);
+// A daemon decision as the client keeps it; nullopt for an unknown mode or reason.
+std::optional<GateDecision> DecisionFromProto(const v1::Decision& d);
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_WIRE_H_
