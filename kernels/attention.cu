@@ -126,8 +126,8 @@ int RowBlocks(int64_t rows) {
 }  // namespace
 
 absl::Status AttentionFwd(const AttentionFwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
-  KERNELS_RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwd", a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull("AttentionFwd", "cublas handle", blas));
+  RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwd", a));
+  RETURN_IF_ERROR(internal::CheckNotNull("AttentionFwd", "cublas handle", blas));
   const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
   const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   float* ws = static_cast<float*>(a.workspace);
@@ -135,7 +135,7 @@ absl::Status AttentionFwd(const AttentionFwdArgs& a, cublasHandle_t blas, cudaSt
   return internal::ForEachQueryBlock(pl, a.cu_seqlens, [&](const internal::AttentionBlock& b) {
     const internal::QkvSlices<const float> seq = internal::SequenceQkv(pl, a.qkv, b.t0);
     const int64_t t0 = b.t0, q0 = b.q0, nq = b.nq, nk = b.nk;
-    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+    RETURN_IF_ERROR(GemmStridedBatched(
         MakeGemm(false, true, nq, nk, dim, pl.scale, seq.q + q0 * ld, ld, seq.k, ld, 0.0f, ws,
                  nk),
         Heads(heads, dim, dim, nq * nk), blas, stream));
@@ -151,8 +151,8 @@ absl::Status AttentionFwd(const AttentionFwdArgs& a, cublasHandle_t blas, cudaSt
 }
 
 absl::Status AttentionBwd(const AttentionBwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
-  KERNELS_RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwd", a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull("AttentionBwd", "cublas handle", blas));
+  RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwd", a));
+  RETURN_IF_ERROR(internal::CheckNotNull("AttentionBwd", "cublas handle", blas));
   const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
   const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   const float scale = pl.scale;
@@ -172,10 +172,10 @@ absl::Status AttentionBwd(const AttentionBwdArgs& a, cublasHandle_t blas, cudaSt
     const GemmBatch per_head_scores = Heads(heads, dim, dim, nq * nk);
     const GemmBatch from_scores = Heads(heads, nq * nk, dim, dim);
     // P <- scale Q K^T (made P by the kernel); dS <- dO V^T (made dS by the kernel).
-    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+    RETURN_IF_ERROR(GemmStridedBatched(
         MakeGemm(false, true, nq, nk, dim, scale, q_blk, ld, seq.k, ld, 0.0f, ws_p, nk),
         per_head_scores, blas, stream));
-    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+    RETURN_IF_ERROR(GemmStridedBatched(
         MakeGemm(false, true, nq, nk, dim, 1.0f, do_blk, hd, seq.v, ld, 0.0f, ws_ds, nk),
         per_head_scores, blas, stream));
     AttentionSoftmaxBwdKernel<<<RowBlocks(heads * nq), 32 * kWarpsPerBlock, 0, stream>>>(
@@ -183,10 +183,10 @@ absl::Status AttentionBwd(const AttentionBwdArgs& a, cublasHandle_t blas, cudaSt
         static_cast<int>(q0), t0 + q0, static_cast<int>(dim), a.lse, a.out, a.dout);
     SPGATE_CUDA_CHECK_LAUNCH(AttentionSoftmaxBwdKernel);
     // dV[0, nk) += P^T dO;  dQ[blk] = scale dS K;  dK[0, nk) += scale dS^T Q.
-    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+    RETURN_IF_ERROR(GemmStridedBatched(
         MakeGemm(true, false, nk, dim, nq, 1.0f, ws_p, nk, do_blk, hd, 1.0f, dseq.v, ld),
         from_scores, blas, stream));
-    KERNELS_RETURN_IF_ERROR(GemmStridedBatched(
+    RETURN_IF_ERROR(GemmStridedBatched(
         MakeGemm(false, false, nq, dim, nk, scale, ws_ds, nk, seq.k, ld, 0.0f,
                  dseq.q + q0 * ld, ld),
         from_scores, blas, stream));

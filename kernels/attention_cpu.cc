@@ -54,7 +54,7 @@ float MaskedSoftmaxRow(float* row, int64_t valid, int64_t n) {
 }  // namespace
 
 absl::Status AttentionFwdCpu(const AttentionFwdArgs& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwdCpu", a));
+  RETURN_IF_ERROR(ValidateAttentionFwdArgs("AttentionFwdCpu", a));
   const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
   const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   float* ws = static_cast<float*>(a.workspace);
@@ -77,7 +77,7 @@ absl::Status AttentionFwdCpu(const AttentionFwdArgs& a) {
 }
 
 absl::Status AttentionBwdCpu(const AttentionBwdArgs& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwdCpu", a));
+  RETURN_IF_ERROR(ValidateAttentionBwdArgs("AttentionBwdCpu", a));
   const internal::AttentionPlan pl = internal::MakeAttentionPlan(a.shape, a.cu_seqlens);
   const int64_t heads = pl.heads, dim = pl.dim, hd = pl.hd, ld = pl.ld;
   const float scale = pl.scale;

@@ -21,9 +21,9 @@ namespace {
 
 absl::Status ValidateShapeAndOffsets(const char* op, const AttentionShape& s,
                                      absl::Span<const int64_t> cu) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "heads", s.heads));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "head_dim", s.head_dim));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "query_block", s.query_block));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "heads", s.heads));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "head_dim", s.head_dim));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "query_block", s.query_block));
   if (!std::isfinite(s.softmax_scale)) {
     return internal::Invalid(op, "softmax_scale must be finite");
   }
@@ -85,25 +85,25 @@ float ResolvedSoftmaxScale(const AttentionShape& s) {
 }
 
 absl::Status ValidateAttentionFwdArgs(const char* op, const AttentionFwdArgs& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(op, a.shape, a.cu_seqlens));
+  RETURN_IF_ERROR(ValidateShapeAndOffsets(op, a.shape, a.cu_seqlens));
   if (a.cu_seqlens.back() == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "tokens", a.cu_seqlens.back()));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "qkv", a.qkv));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "out", a.out));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "lse", a.lse));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "tokens", a.cu_seqlens.back()));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "qkv", a.qkv));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "out", a.out));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "lse", a.lse));
   return CheckWorkspace(op, a.workspace, a.workspace_bytes,
                         AttentionFwdWorkspaceBytes(a.shape, MaxSeqLen(a.cu_seqlens)));
 }
 
 absl::Status ValidateAttentionBwdArgs(const char* op, const AttentionBwdArgs& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(op, a.shape, a.cu_seqlens));
+  RETURN_IF_ERROR(ValidateShapeAndOffsets(op, a.shape, a.cu_seqlens));
   if (a.cu_seqlens.back() == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "tokens", a.cu_seqlens.back()));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "qkv", a.qkv));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "out", a.out));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dout", a.dout));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "lse", a.lse));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dqkv", a.dqkv));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "tokens", a.cu_seqlens.back()));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "qkv", a.qkv));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "out", a.out));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dout", a.dout));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "lse", a.lse));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dqkv", a.dqkv));
   return CheckWorkspace(op, a.workspace, a.workspace_bytes,
                         AttentionBwdWorkspaceBytes(a.shape, MaxSeqLen(a.cu_seqlens)));
 }
@@ -112,10 +112,10 @@ absl::StatusOr<AttentionFwdRefResult> AttentionFwdRef(const AttentionShape& shap
                                                       absl::Span<const int64_t> cu,
                                                       absl::Span<const double> qkv) {
   constexpr char kOp[] = "AttentionFwdRef";
-  KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
+  RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
   const int64_t tokens = cu.back();
   const int64_t heads = shape.heads, dim = shape.head_dim, hd = heads * dim, ld = 3 * hd;
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
   const double scale = ResolvedSoftmaxScale(shape);
 
   AttentionFwdRefResult r;
@@ -155,11 +155,11 @@ absl::StatusOr<std::vector<double>> AttentionBwdRef(const AttentionShape& shape,
                                                     absl::Span<const double> qkv,
                                                     absl::Span<const double> dout) {
   constexpr char kOp[] = "AttentionBwdRef";
-  KERNELS_RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
+  RETURN_IF_ERROR(ValidateShapeAndOffsets(kOp, shape, cu));
   const int64_t tokens = cu.back();
   const int64_t heads = shape.heads, dim = shape.head_dim, hd = heads * dim, ld = 3 * hd;
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dout", dout, tokens * hd));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "qkv", qkv, tokens * ld));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "dout", dout, tokens * hd));
   const double scale = ResolvedSoftmaxScale(shape);
 
   std::vector<double> dqkv(tokens * ld, 0.0);

@@ -86,7 +86,7 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 template <typename T>
 absl::Status GeluFwdImpl(const GeluFwdArgs<T>& a, cudaStream_t stream) {
   constexpr char kOp[] = "GeluFwd";
-  KERNELS_RETURN_IF_ERROR(ValidateGeluFwdArgs(kOp, a));
+  RETURN_IF_ERROR(ValidateGeluFwdArgs(kOp, a));
   if (a.rows == 0) return absl::OkStatus();
   constexpr int kWide = 16 / sizeof(T);
   const bool wide = a.cols % kWide == 0 && Aligned16(a.pre) && Aligned16(a.y) &&
@@ -107,8 +107,8 @@ template <typename T>
 absl::Status GeluBwdImpl(const GeluBwdArgs<T>& a, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream) {
   constexpr char kOp[] = "GeluBwd";
-  KERNELS_RETURN_IF_ERROR(ValidateGeluBwdArgs(kOp, a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(ValidateGeluBwdArgs(kOp, a));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "cols", a.cols));
   float* partial = nullptr;
   if (a.dbias != nullptr) {
     const size_t need = GeluBwdWorkspaceBytes(a.rows, a.cols);

@@ -47,25 +47,25 @@ void GeluBwdRow(const float* dy, const float* pre, const float* bias, float* dpr
 
 template <typename T>
 absl::Status ValidateGeluFwdArgs(const char* op, const GeluFwdArgs<T>& a) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "cols", a.cols));
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "pre", a.pre));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "y", a.y));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "pre", a.pre));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "y", a.y));
   return absl::OkStatus();
 }
 
 template <typename T>
 absl::Status ValidateGeluBwdArgs(const char* op, const GeluBwdArgs<T>& a) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "cols", a.cols));
   if (a.dbias != nullptr && a.bias == nullptr) {
     return internal::Invalid(op, "dbias is set but bias is null");
   }
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dy", a.dy));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "pre", a.pre));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dpre", a.dpre));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dy", a.dy));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "pre", a.pre));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dpre", a.dpre));
   return absl::OkStatus();
 }
 
@@ -79,7 +79,7 @@ size_t GeluBwdWorkspaceBytes(int64_t rows, int64_t cols) {
 }
 
 absl::Status GeluFwdCpu(const GeluFwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateGeluFwdArgs("GeluFwdCpu", a));
+  RETURN_IF_ERROR(ValidateGeluFwdArgs("GeluFwdCpu", a));
   for (int64_t r = 0; r < a.rows; ++r) {
     const float* pre = a.pre + r * a.cols;
     float* y = a.y + r * a.cols;
@@ -93,7 +93,7 @@ absl::Status GeluFwdCpu(const GeluFwdArgs<float>& a) {
 }
 
 absl::Status GeluBwdCpu(const GeluBwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateGeluBwdArgs("GeluBwdCpu", a));
+  RETURN_IF_ERROR(ValidateGeluBwdArgs("GeluBwdCpu", a));
   const int64_t n = a.cols;
   float* dbias = a.dbias;
   if (dbias != nullptr && !a.accumulate_bias_grad) std::memset(dbias, 0, n * sizeof(float));

@@ -35,10 +35,10 @@ absl::StatusOr<std::vector<double>> GeluFwdRef(int64_t rows, int64_t cols,
                                                absl::Span<const double> pre,
                                                absl::Span<const double> bias) {
   constexpr char kOp[] = "GeluFwdRef";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
-  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
+  if (!bias.empty()) RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
   std::vector<double> y(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) {
@@ -54,11 +54,11 @@ absl::StatusOr<GeluBwdRefResult> GeluBwdRef(int64_t rows, int64_t cols,
                                             absl::Span<const double> pre,
                                             absl::Span<const double> bias) {
   constexpr char kOp[] = "GeluBwdRef";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
-  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", cols));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * cols));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "pre", pre, rows * cols));
+  if (!bias.empty()) RETURN_IF_ERROR(internal::CheckSize(kOp, "bias", bias, cols));
   GeluBwdRefResult r;
   r.dpre.resize(rows * cols);
   r.dbias.assign(cols, 0.0);

@@ -101,27 +101,27 @@ CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
 
 absl::Status Gemm(const GemmArgs& args, cublasHandle_t blas, cudaStream_t stream) {
   constexpr char kOp[] = "Gemm";
-  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
+  RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
   return GemmUnchecked(args, nullptr, blas, stream);
 }
 
 absl::Status GemmStridedBatched(const GemmArgs& args, const GemmBatch& batch,
                                 cublasHandle_t blas, cudaStream_t stream) {
   constexpr char kOp[] = "GemmStridedBatched";
-  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
-  KERNELS_RETURN_IF_ERROR(ValidateGemmBatch(kOp, batch));
+  RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  RETURN_IF_ERROR(ValidateGemmArgs(kOp, args));
+  RETURN_IF_ERROR(ValidateGemmBatch(kOp, batch));
   return GemmUnchecked(args, &batch, blas, stream);
 }
 
 absl::Status BiasAdd(const BiasAddArgs& a, cudaStream_t stream) {
   constexpr char kOp[] = "BiasAdd";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "bias", a.bias));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "bias", a.bias));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
   constexpr int kThreads = 256;
   const int grid = static_cast<int>(
       std::min<int64_t>((a.rows * a.cols + kThreads - 1) / kThreads, 65536));
@@ -132,10 +132,10 @@ absl::Status BiasAdd(const BiasAddArgs& a, cudaStream_t stream) {
 
 absl::Status LinearFwd(const LinearFwdArgs& a, cublasHandle_t blas, cudaStream_t stream) {
   constexpr char kOp[] = "LinearFwd";
-  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g, internal::LinearFwdGemm(kOp, a));
+  RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  ASSIGN_OR_RETURN(const std::optional<GemmArgs> g, internal::LinearFwdGemm(kOp, a));
   if (!g.has_value()) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(GemmUnchecked(*g, nullptr, blas, stream));
+  RETURN_IF_ERROR(GemmUnchecked(*g, nullptr, blas, stream));
   if (a.bias == nullptr) return absl::OkStatus();
   return BiasAdd(BiasAddArgs{a.shape.rows, a.shape.out_features, a.bias, a.y}, stream);
 }
@@ -143,8 +143,8 @@ absl::Status LinearFwd(const LinearFwdArgs& a, cublasHandle_t blas, cudaStream_t
 absl::Status LinearBwdData(const LinearBwdDataArgs& a, cublasHandle_t blas,
                            cudaStream_t stream) {
   constexpr char kOp[] = "LinearBwdData";
-  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+  RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
                            internal::LinearBwdDataGemm(kOp, a));
   if (!g.has_value()) return absl::OkStatus();
   return GemmUnchecked(*g, nullptr, blas, stream);
@@ -155,15 +155,15 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
                              cudaStream_t stream) {
   constexpr char kOp[] = "LinearBwdWeight";
   const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(CheckHandle(kOp, blas));
-  KERNELS_ASSIGN_OR_RETURN(const GemmArgs g, internal::LinearBwdWeightGemm(kOp, a));
+  RETURN_IF_ERROR(CheckHandle(kOp, blas));
+  ASSIGN_OR_RETURN(const GemmArgs g, internal::LinearBwdWeightGemm(kOp, a));
   const size_t need = a.dbias != nullptr ? LinearBwdWeightWorkspaceBytes(s) : 0;
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
     return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,
                                                " bytes, LinearBwdWeightWorkspaceBytes = ",
                                                need));
   }
-  KERNELS_RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
+  RETURN_IF_ERROR(GemmUnchecked(g, nullptr, blas, stream));
   if (a.dbias == nullptr) return absl::OkStatus();
   return BiasGrad({s.rows, s.out_features, a.dy, a.dbias, a.accumulate}, workspace,
                   workspace_bytes, stream);
@@ -172,11 +172,11 @@ absl::Status LinearBwdWeight(const LinearBwdWeightArgs& a, void* workspace,
 absl::Status BiasGrad(const BiasGradArgs& a, void* workspace, size_t workspace_bytes,
                       cudaStream_t stream) {
   constexpr char kOp[] = "BiasGrad";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "cols", a.cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
-  if (a.rows > 0) KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
+  if (a.rows > 0) RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
   const size_t need = BiasGradWorkspaceBytes(a.rows, a.cols);
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
     return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,

@@ -59,43 +59,43 @@ void GemmUnchecked(const GemmArgs& g, const float* a, const float* b, float* c) 
 }  // namespace
 
 absl::Status ValidateGemmArgs(const char* op, const GemmArgs& g) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "m", g.m));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "n", g.n));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "k", g.k));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "m", g.m));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "n", g.n));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "k", g.k));
   for (auto [name, v] : {std::pair<const char*, int64_t>{"m", g.m}, {"n", g.n}, {"k", g.k},
                          {"lda", g.lda}, {"ldb", g.ldb}, {"ldc", g.ldc}}) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, name, v));
+    RETURN_IF_ERROR(internal::CheckFitsInt32(op, name, v));
   }
   const bool ta = g.trans_a == Trans::kYes;
   const bool tb = g.trans_b == Trans::kYes;
-  KERNELS_RETURN_IF_ERROR(CheckLd(op, "lda", g.lda, ta ? g.m : g.k));
-  KERNELS_RETURN_IF_ERROR(CheckLd(op, "ldb", g.ldb, tb ? g.k : g.n));
-  KERNELS_RETURN_IF_ERROR(CheckLd(op, "ldc", g.ldc, g.n));
+  RETURN_IF_ERROR(CheckLd(op, "lda", g.lda, ta ? g.m : g.k));
+  RETURN_IF_ERROR(CheckLd(op, "ldb", g.ldb, tb ? g.k : g.n));
+  RETURN_IF_ERROR(CheckLd(op, "ldc", g.ldc, g.n));
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "c", g.c));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "c", g.c));
   if (g.k > 0) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "a", g.a));
-    KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "b", g.b));
+    RETURN_IF_ERROR(internal::CheckNotNull(op, "a", g.a));
+    RETURN_IF_ERROR(internal::CheckNotNull(op, "b", g.b));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateGemmBatch(const char* op, const GemmBatch& b) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.count", b.count));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "batch.count", b.count));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_a", b.stride_a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_b", b.stride_b));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_c", b.stride_c));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.count", b.count));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "batch.count", b.count));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_a", b.stride_a));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_b", b.stride_b));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "batch.stride_c", b.stride_c));
   return absl::OkStatus();
 }
 
 absl::Status ValidateLinearShape(const char* op, const LinearShape& s) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", s.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "in_features", s.in_features));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "out_features", s.out_features));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "rows", s.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "in_features", s.in_features));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(op, "out_features", s.out_features));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", s.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "in_features", s.in_features));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "out_features", s.out_features));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "rows", s.rows));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "in_features", s.in_features));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(op, "out_features", s.out_features));
   return absl::OkStatus();
 }
 
@@ -111,14 +111,14 @@ void SetCpuBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threa
 int CpuBlasThreads() { return openblas_get_num_threads(); }
 
 absl::Status GemmCpu(const GemmArgs& g) {
-  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs("GemmCpu", g));
+  RETURN_IF_ERROR(ValidateGemmArgs("GemmCpu", g));
   GemmUnchecked(g, g.a, g.b, g.c);
   return absl::OkStatus();
 }
 
 absl::Status GemmStridedBatchedCpu(const GemmArgs& g, const GemmBatch& batch) {
-  KERNELS_RETURN_IF_ERROR(ValidateGemmArgs("GemmStridedBatchedCpu", g));
-  KERNELS_RETURN_IF_ERROR(ValidateGemmBatch("GemmStridedBatchedCpu", batch));
+  RETURN_IF_ERROR(ValidateGemmArgs("GemmStridedBatchedCpu", g));
+  RETURN_IF_ERROR(ValidateGemmBatch("GemmStridedBatchedCpu", batch));
   for (int64_t i = 0; i < batch.count; ++i) {
     GemmUnchecked(g, g.a + i * batch.stride_a, g.b + i * batch.stride_b,
                   g.c + i * batch.stride_c);
@@ -128,11 +128,11 @@ absl::Status GemmStridedBatchedCpu(const GemmArgs& g, const GemmBatch& batch) {
 
 absl::Status BiasAddCpu(const BiasAddArgs& a) {
   constexpr char kOp[] = "BiasAddCpu";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "bias", a.bias));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "bias", a.bias));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "y", a.y));
   for (int64_t r = 0; r < a.rows; ++r) {
     float* y = a.y + r * a.cols;
     const float* b = a.bias;
@@ -144,10 +144,10 @@ absl::Status BiasAddCpu(const BiasAddArgs& a) {
 
 absl::Status BiasGradCpu(const BiasGradArgs& a) {
   constexpr char kOp[] = "BiasGradCpu";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
-  if (a.rows > 0) KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "cols", a.cols));
+  RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dbias", a.dbias));
+  if (a.rows > 0) RETURN_IF_ERROR(internal::CheckNotNull(kOp, "dy", a.dy));
   float* db = a.dbias;
   if (!a.accumulate) std::memset(db, 0, a.cols * sizeof(float));
   for (int64_t r = 0; r < a.rows; ++r) {
@@ -159,7 +159,7 @@ absl::Status BiasGradCpu(const BiasGradArgs& a) {
 }
 
 absl::Status LinearFwdCpu(const LinearFwdArgs& a) {
-  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+  ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
                            internal::LinearFwdGemm("LinearFwdCpu", a));
   if (!g.has_value()) return absl::OkStatus();
   GemmUnchecked(*g, g->a, g->b, g->c);
@@ -171,7 +171,7 @@ absl::Status LinearFwdCpu(const LinearFwdArgs& a) {
 }
 
 absl::Status LinearBwdDataCpu(const LinearBwdDataArgs& a) {
-  KERNELS_ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
+  ASSIGN_OR_RETURN(const std::optional<GemmArgs> g,
                            internal::LinearBwdDataGemm("LinearBwdDataCpu", a));
   if (!g.has_value()) return absl::OkStatus();
   GemmUnchecked(*g, g->a, g->b, g->c);
@@ -179,7 +179,7 @@ absl::Status LinearBwdDataCpu(const LinearBwdDataArgs& a) {
 }
 
 absl::Status LinearBwdWeightCpu(const LinearBwdWeightArgs& a) {
-  KERNELS_ASSIGN_OR_RETURN(const GemmArgs g,
+  ASSIGN_OR_RETURN(const GemmArgs g,
                            internal::LinearBwdWeightGemm("LinearBwdWeightCpu", a));
   GemmUnchecked(g, g.a, g.b, g.c);  // k == rows == 0 leaves beta * dW
   if (a.dbias == nullptr) return absl::OkStatus();

@@ -31,16 +31,16 @@ int64_t Extent(int64_t rows, int64_t cols, int64_t ld) {
 
 absl::StatusOr<std::vector<double>> GemmRef(const GemmRefArgs& g) {
   constexpr char kOp[] = "GemmRef";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "m", g.m));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "n", g.n));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "k", g.k));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "m", g.m));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "n", g.n));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "k", g.k));
   const bool ta = g.trans_a == Trans::kYes;
   const bool tb = g.trans_b == Trans::kYes;
-  KERNELS_RETURN_IF_ERROR(
+  RETURN_IF_ERROR(
       CheckSize(kOp, "a", g.a, ta ? Extent(g.k, g.m, g.lda) : Extent(g.m, g.k, g.lda)));
-  KERNELS_RETURN_IF_ERROR(
+  RETURN_IF_ERROR(
       CheckSize(kOp, "b", g.b, tb ? Extent(g.n, g.k, g.ldb) : Extent(g.k, g.n, g.ldb)));
-  if (g.beta != 0.0) KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "c", g.c, Extent(g.m, g.n, g.ldc)));
+  if (g.beta != 0.0) RETURN_IF_ERROR(CheckSize(kOp, "c", g.c, Extent(g.m, g.n, g.ldc)));
 
   std::vector<double> c(Extent(g.m, g.n, g.ldc), 0.0);
   if (!g.c.empty()) {
@@ -66,10 +66,10 @@ absl::StatusOr<std::vector<double>> LinearFwdRef(const LinearShape& s,
                                                  absl::Span<const double> weight,
                                                  absl::Span<const double> bias) {
   constexpr char kOp[] = "LinearFwdRef";
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "x", x, s.rows * s.in_features));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "weight", weight, s.out_features * s.in_features));
-  if (!bias.empty()) KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "bias", bias, s.out_features));
+  RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
+  RETURN_IF_ERROR(CheckSize(kOp, "x", x, s.rows * s.in_features));
+  RETURN_IF_ERROR(CheckSize(kOp, "weight", weight, s.out_features * s.in_features));
+  if (!bias.empty()) RETURN_IF_ERROR(CheckSize(kOp, "bias", bias, s.out_features));
   std::vector<double> y(s.rows * s.out_features);
   for (int64_t r = 0; r < s.rows; ++r) {
     for (int64_t o = 0; o < s.out_features; ++o) {
@@ -88,10 +88,10 @@ absl::StatusOr<LinearBwdRefResult> LinearBwdRef(const LinearShape& s,
                                                 absl::Span<const double> x,
                                                 absl::Span<const double> weight) {
   constexpr char kOp[] = "LinearBwdRef";
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "dy", dy, s.rows * s.out_features));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "x", x, s.rows * s.in_features));
-  KERNELS_RETURN_IF_ERROR(CheckSize(kOp, "weight", weight, s.out_features * s.in_features));
+  RETURN_IF_ERROR(ValidateLinearShape(kOp, s));
+  RETURN_IF_ERROR(CheckSize(kOp, "dy", dy, s.rows * s.out_features));
+  RETURN_IF_ERROR(CheckSize(kOp, "x", x, s.rows * s.in_features));
+  RETURN_IF_ERROR(CheckSize(kOp, "weight", weight, s.out_features * s.in_features));
   const int64_t in = s.in_features, out = s.out_features;
   LinearBwdRefResult r;
   r.dx.assign(s.rows * in, 0.0);

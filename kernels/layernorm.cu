@@ -296,8 +296,8 @@ absl::Status WithOp(const char* op, const absl::Status& s) {
 template <typename T>
 absl::Status LayerNormFwdImpl(const LayerNormFwdArgs<T>& a, cudaStream_t stream) {
   constexpr char kOp[] = "LayerNormFwd";
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormFwdArgs(kOp, a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "hidden", a.hidden));
+  RETURN_IF_ERROR(ValidateLayerNormFwdArgs(kOp, a));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "hidden", a.hidden));
   if (a.rows == 0) return absl::OkStatus();
   const int vec =
       ChooseVec<T>(a.hidden, {a.x, a.residual, a.residual_out, a.y, a.gamma, a.beta});
@@ -311,8 +311,8 @@ template <typename T>
 absl::Status LayerNormBwdImpl(const LayerNormBwdArgs<T>& a, void* workspace,
                               size_t workspace_bytes, cudaStream_t stream) {
   constexpr char kOp[] = "LayerNormBwd";
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormBwdArgs(kOp, a));
-  KERNELS_RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "hidden", a.hidden));
+  RETURN_IF_ERROR(ValidateLayerNormBwdArgs(kOp, a));
+  RETURN_IF_ERROR(internal::CheckFitsInt32(kOp, "hidden", a.hidden));
   const size_t need = LayerNormBwdWorkspaceBytes(a.rows, a.hidden);
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
     return internal::Invalid(kOp, absl::StrCat("workspace has ", workspace_bytes,
@@ -324,7 +324,7 @@ absl::Status LayerNormBwdImpl(const LayerNormBwdArgs<T>& a, void* workspace,
     const int vec = ChooseVec<T>(a.hidden, {a.dy, a.x, a.dresidual, a.dx, a.gamma});
     absl::StatusOr<internal::RowPlan> plan = internal::PlanRow(a.hidden, vec);
     if (!plan.ok()) return WithOp(kOp, plan.status());
-    KERNELS_RETURN_IF_ERROR(DispatchRowPlan<T>(
+    RETURN_IF_ERROR(DispatchRowPlan<T>(
         *plan, BwdLaunch<T>{a, partial, blocks, plan->threads, stream}));
   }
   return internal::FinalizeColumnPartials(partial, blocks, static_cast<int>(a.hidden), 2,

@@ -24,18 +24,18 @@ namespace spgate::kernels {
 
 template <typename T>
 absl::Status ValidateLayerNormFwdArgs(const char* op, const LayerNormFwdArgs<T>& a) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "hidden", a.hidden));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "hidden", a.hidden));
   if (!(std::isfinite(a.eps) && a.eps >= 0.0f)) {
     return internal::Invalid(op, absl::StrCat("eps must be finite and >= 0, got ", a.eps));
   }
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "x", a.x));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "gamma", a.gamma));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "beta", a.beta));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "y", a.y));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "mean", a.mean));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "rstd", a.rstd));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "x", a.x));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "gamma", a.gamma));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "beta", a.beta));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "y", a.y));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "mean", a.mean));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "rstd", a.rstd));
   if (a.residual != nullptr && a.residual_out == nullptr) {
     return internal::Invalid(op, "residual_out must be set when residual is set");
   }
@@ -44,17 +44,17 @@ absl::Status ValidateLayerNormFwdArgs(const char* op, const LayerNormFwdArgs<T>&
 
 template <typename T>
 absl::Status ValidateLayerNormBwdArgs(const char* op, const LayerNormBwdArgs<T>& a) {
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(op, "hidden", a.hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dgamma", a.dgamma));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dbeta", a.dbeta));
+  RETURN_IF_ERROR(internal::CheckNonNegative(op, "rows", a.rows));
+  RETURN_IF_ERROR(internal::CheckPositive(op, "hidden", a.hidden));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dgamma", a.dgamma));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dbeta", a.dbeta));
   if (a.rows == 0) return absl::OkStatus();
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dy", a.dy));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "x", a.x));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "gamma", a.gamma));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "mean", a.mean));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "rstd", a.rstd));
-  KERNELS_RETURN_IF_ERROR(internal::CheckNotNull(op, "dx", a.dx));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dy", a.dy));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "x", a.x));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "gamma", a.gamma));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "mean", a.mean));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "rstd", a.rstd));
+  RETURN_IF_ERROR(internal::CheckNotNull(op, "dx", a.dx));
   return absl::OkStatus();
 }
 
@@ -296,7 +296,7 @@ void LayerNormBwdRowsStreaming(const LayerNormBwdArgs<float>& a) {
 }  // namespace
 
 absl::Status LayerNormFwdCpu(const LayerNormFwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormFwdArgs("LayerNormFwdCpu", a));
+  RETURN_IF_ERROR(ValidateLayerNormFwdArgs("LayerNormFwdCpu", a));
   if (a.rows == 0) return absl::OkStatus();
 #if KERNELS_HAVE_STREAMING_STORES
   if (internal::CanStream(a.rows * a.hidden * static_cast<int64_t>(sizeof(float)), a.hidden,
@@ -310,7 +310,7 @@ absl::Status LayerNormFwdCpu(const LayerNormFwdArgs<float>& a) {
 }
 
 absl::Status LayerNormBwdCpu(const LayerNormBwdArgs<float>& a) {
-  KERNELS_RETURN_IF_ERROR(ValidateLayerNormBwdArgs("LayerNormBwdCpu", a));
+  RETURN_IF_ERROR(ValidateLayerNormBwdArgs("LayerNormBwdCpu", a));
   if (!a.accumulate_param_grads) {
     std::memset(a.dgamma, 0, a.hidden * sizeof(float));
     std::memset(a.dbeta, 0, a.hidden * sizeof(float));

@@ -20,14 +20,14 @@ absl::StatusOr<LayerNormFwdRefResult> LayerNormFwdRef(
     absl::Span<const double> residual, absl::Span<const double> gamma,
     absl::Span<const double> beta) {
   constexpr char kOp[] = "LayerNormFwdRef";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
   if (!residual.empty()) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "residual", residual, rows * hidden));
+    RETURN_IF_ERROR(internal::CheckSize(kOp, "residual", residual, rows * hidden));
   }
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "beta", beta, hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "beta", beta, hidden));
 
   LayerNormFwdRefResult r;
   r.residual_out.assign(x.begin(), x.end());
@@ -60,15 +60,15 @@ absl::StatusOr<LayerNormBwdRefResult> LayerNormBwdRef(
     absl::Span<const double> mean, absl::Span<const double> rstd,
     absl::Span<const double> dresidual) {
   constexpr char kOp[] = "LayerNormBwdRef";
-  KERNELS_RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "mean", mean, rows));
-  KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "rstd", rstd, rows));
+  RETURN_IF_ERROR(internal::CheckNonNegative(kOp, "rows", rows));
+  RETURN_IF_ERROR(internal::CheckPositive(kOp, "hidden", hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "dy", dy, rows * hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "x", x, rows * hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "gamma", gamma, hidden));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "mean", mean, rows));
+  RETURN_IF_ERROR(internal::CheckSize(kOp, "rstd", rstd, rows));
   if (!dresidual.empty()) {
-    KERNELS_RETURN_IF_ERROR(internal::CheckSize(kOp, "dresidual", dresidual, rows * hidden));
+    RETURN_IF_ERROR(internal::CheckSize(kOp, "dresidual", dresidual, rows * hidden));
   }
 
   LayerNormBwdRefResult r;

@@ -15,11 +15,11 @@ namespace spgate::kernels::internal {
 absl::StatusOr<std::optional<GemmArgs>> LinearFwdGemm(const char* op,
                                                       const LinearFwdArgs& a) {
   const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(op, s));
+  RETURN_IF_ERROR(ValidateLinearShape(op, s));
   if (s.rows == 0) return std::nullopt;
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "x", a.x));
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "y", a.y));
+  RETURN_IF_ERROR(CheckNotNull(op, "x", a.x));
+  RETURN_IF_ERROR(CheckNotNull(op, "weight", a.weight));
+  RETURN_IF_ERROR(CheckNotNull(op, "y", a.y));
   GemmArgs g;
   g.trans_b = Trans::kYes;
   g.m = s.rows;
@@ -37,11 +37,11 @@ absl::StatusOr<std::optional<GemmArgs>> LinearFwdGemm(const char* op,
 absl::StatusOr<std::optional<GemmArgs>> LinearBwdDataGemm(const char* op,
                                                           const LinearBwdDataArgs& a) {
   const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(op, s));
+  RETURN_IF_ERROR(ValidateLinearShape(op, s));
   if (s.rows == 0) return std::nullopt;
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "dy", a.dy));
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "weight", a.weight));
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "dx", a.dx));
+  RETURN_IF_ERROR(CheckNotNull(op, "dy", a.dy));
+  RETURN_IF_ERROR(CheckNotNull(op, "weight", a.weight));
+  RETURN_IF_ERROR(CheckNotNull(op, "dx", a.dx));
   GemmArgs g;
   g.m = s.rows;
   g.n = s.in_features;
@@ -58,11 +58,11 @@ absl::StatusOr<std::optional<GemmArgs>> LinearBwdDataGemm(const char* op,
 
 absl::StatusOr<GemmArgs> LinearBwdWeightGemm(const char* op, const LinearBwdWeightArgs& a) {
   const LinearShape& s = a.shape;
-  KERNELS_RETURN_IF_ERROR(ValidateLinearShape(op, s));
-  KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "dweight", a.dweight));
+  RETURN_IF_ERROR(ValidateLinearShape(op, s));
+  RETURN_IF_ERROR(CheckNotNull(op, "dweight", a.dweight));
   if (s.rows > 0) {
-    KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "dy", a.dy));
-    KERNELS_RETURN_IF_ERROR(CheckNotNull(op, "x", a.x));
+    RETURN_IF_ERROR(CheckNotNull(op, "dy", a.dy));
+    RETURN_IF_ERROR(CheckNotNull(op, "x", a.x));
   }
   GemmArgs g;
   g.trans_a = Trans::kYes;

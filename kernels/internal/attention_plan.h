@@ -74,7 +74,7 @@ absl::Status ForEachQueryBlock(const AttentionPlan& p, absl::Span<const int64_t>
     const int64_t t0 = cu[s], len = cu[s + 1] - cu[s];
     for (int64_t q0 = 0; q0 < len; q0 += p.qb) {
       const int64_t nq = std::min(p.qb, len - q0);
-      KERNELS_RETURN_IF_ERROR(fn(AttentionBlock{t0, q0, nq, q0 + nq}));
+      RETURN_IF_ERROR(fn(AttentionBlock{t0, q0, nq, q0 + nq}));
     }
   }
   return absl::OkStatus();

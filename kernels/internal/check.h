@@ -1,8 +1,8 @@
 // Private helpers for the kernels' argument checks: every public entry point
 // validates shapes and pointers on the host, before touching memory or the
 // device, and answers INVALID_ARGUMENT naming the offending field. Not part of
-// the public API; the macros carry a KERNELS_ prefix so they cannot collide with
-// other folders' RETURN_IF_ERROR.
+// the public API. RETURN_IF_ERROR / ASSIGN_OR_RETURN are the project's one pair
+// (common/status_macros.h).
 #ifndef SPGATE_KERNELS_INTERNAL_CHECK_H_
 #define SPGATE_KERNELS_INTERNAL_CHECK_H_
 
@@ -14,20 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-
-#define KERNELS_RETURN_IF_ERROR(expr)              \
-  do {                                             \
-    ::absl::Status kernels_status_ = (expr);       \
-    if (!kernels_status_.ok()) return kernels_status_; \
-  } while (0)
-
-#define KERNELS_CONCAT_INNER_(a, b) a##b
-#define KERNELS_CONCAT_(a, b) KERNELS_CONCAT_INNER_(a, b)
-#define KERNELS_ASSIGN_OR_RETURN(lhs, expr)                              \
-  auto KERNELS_CONCAT_(kernels_or_, __LINE__) = (expr);                  \
-  if (!KERNELS_CONCAT_(kernels_or_, __LINE__).ok())                      \
-    return KERNELS_CONCAT_(kernels_or_, __LINE__).status();              \
-  lhs = std::move(KERNELS_CONCAT_(kernels_or_, __LINE__)).value()
+#include "common/status_macros.h"
 
 namespace spgate::kernels::internal {
 

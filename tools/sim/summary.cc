@@ -69,13 +69,16 @@ void Summary::Merge(const Summary& o) {
 }
 
 std::string GateConfigJson(const GateConfig& c, int64_t version) {
-  return absl::StrFormat(
-      "{\"version\": %d, \"max_length_cv\": %g, \"max_rs_wait_share\": %g, "
-      "\"bucket_target_cv\": %g, \"rs_wait_reenable_margin\": %g, \"probe_interval_steps\": %d, "
-      "\"min_dwell_steps\": %d, \"window_steps\": %d, \"memory_headroom\": %g}",
-      version, c.max_length_cv, c.max_rs_wait_share, c.bucket_target_cv,
-      c.rs_wait_reenable_margin, c.probe_interval_steps, c.min_dwell_steps, c.window_steps,
-      c.memory_headroom);
+  std::string out = absl::StrFormat("{\"version\": %d", version);
+  for (const GateField& f : kGateFields) {
+    if (f.is_count()) {
+      absl::StrAppendFormat(&out, ", \"%s\": %d", f.name, c.*f.count);
+    } else {
+      absl::StrAppendFormat(&out, ", \"%s\": %g", f.name, c.*f.real);
+    }
+  }
+  out += "}";
+  return out;
 }
 
 namespace {

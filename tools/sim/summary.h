@@ -1,4 +1,4 @@
-// The summary spgate-sim writes (SPEC §5 keys: steps, decisions, local_decisions,
+// The summary spgate-sim writes (docs/design.md §5 keys: steps, decisions, local_decisions,
 // consistency_violations, lost_telemetry, effective_tokens_per_s, step_time_p95_s,
 // peak_memory_bytes — plus details). Accumulated per worker thread and merged.
 #ifndef SPGATE_TOOLS_SIM_SUMMARY_H_

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
+#include "policy/gate_config.h"
 #include "tools/spgatectl/flag_values.h"
 
 namespace spgate::ctl {
@@ -44,18 +45,12 @@ constexpr FlagSpec kGlobalFlags[] = {
     {"output", "table|json", "table (default) or json (proto field names; one object per line for watch)"},
 };
 
-// Short descriptions of the GateConfig fields for --help (ranges as SPEC §3 has them;
-// the server is the judge).
-absl::string_view GateFieldHelp(absl::string_view field) {
-  if (field == "max_length_cv") return "batch length CV above this: TP-only (0, 10]";
-  if (field == "max_rs_wait_share") return "rolling reduce-scatter wait share above this: TP-only (0, 1]";
-  if (field == "bucket_target_cv") return "CV the workers' length bucketing aims for (0, 10]";
-  if (field == "rs_wait_reenable_margin") return "SP resumes below max_rs_wait_share minus this (0, 1]";
-  if (field == "probe_interval_steps") return "steps between SP probes in the RS_WAIT fallback [1, 1e6]";
-  if (field == "min_dwell_steps") return "steps a resumed mode is held at least [1, 1e6]";
-  if (field == "window_steps") return "steps in the rolling window [1, 1e6]";
-  if (field == "memory_headroom") return "fraction of the budget a mode may use (0, 1]";
-  return "GateConfig field";
+// A GateConfig field's --help line, from the one field table (the server is the judge
+// of ranges; the text only tells the user what it will accept).
+std::string GateFieldHelp(absl::string_view field) {
+  const GateField* f = FindGateField(std::string_view(field.data(), field.size()));
+  if (f == nullptr) return "GateConfig field";
+  return absl::StrCat(std::string(f->help), " ", std::string(GateFieldRangeText(f->range)));
 }
 
 const std::vector<CommandSpec>& Commands() {
@@ -81,7 +76,7 @@ const std::vector<CommandSpec>& Commands() {
       {Command::kJobsShow, "jobs show", "JOB",
        "one job: groups, per-mode comparison, decision counts, pins", {}, false,
        "The per-mode table compares the modes over the rolling window, relative to\n"
-       "TP-only (the table of SPEC §1 computed from live observations)."},
+       "TP-only (the table of docs/design.md §1 computed from live observations)."},
       {Command::kPin, "pin", "JOB [--group=G] --mode=sp|tp --for=DURATION",
        "force a mode for a job or one of its groups, for a while",
        {{"group", "G", "pin only this TP group (default: the whole job)"},
@@ -171,7 +166,7 @@ std::string CommandHelp(const CommandSpec& c) {
     for (const FieldDescriptor* f : GateFields()) {
       const bool integer = f->cpp_type() == FieldDescriptor::CPPTYPE_INT64;
       lines.emplace_back(absl::StrCat("--", f->name(), "=", integer ? "N" : "X"),
-                         std::string(GateFieldHelp(f->name())));
+                         GateFieldHelp(f->name()));
     }
   }
   if (!lines.empty()) {

@@ -1,4 +1,4 @@
-// spgatectl: the operator CLI of spgated (SPEC §5). Parsing and formatting live in
+// spgatectl: the operator CLI of spgated (docs/design.md §5). Parsing and formatting live in
 // commands.cc and format.cc; this file only dials the admin API, sends the one request
 // the command line asked for, and prints. Exit status: 0 ok, 1 the daemon refused or
 // could not be reached, 2 usage error, 130 interrupted.
