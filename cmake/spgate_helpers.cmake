@@ -1,13 +1,26 @@
 # Small helpers shared by the folders' CMakeLists.
 
-# spgate_test(NAME SOURCES... LIBS... [LABELS ...]) — one gtest binary registered with ctest.
+# spgate_test(NAME SOURCES... LIBS... [LABELS ...] [PER_CASE]) — one gtest binary
+# registered with ctest: as one test, or with PER_CASE as one ctest test per gtest case
+# (listed when ctest runs), so a case that GTEST_SKIPs is reported skipped on its own
+# and never hides a failing case of the same binary (the GPU tests without a device).
 function(spgate_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "PER_CASE" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)
+  endif()
+  if(T_PER_CASE)
+    set(props TIMEOUT ${T_TIMEOUT})
+    if(T_LABELS)
+      list(APPEND props LABELS "${T_LABELS}")
+    endif()
+    # gtest_discover_tests marks each case skipped (not passed) when it GTEST_SKIPs.
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
+                         PROPERTIES ${props})
+    return()
   endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT})

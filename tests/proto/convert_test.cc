@@ -49,13 +49,21 @@ std::string Lower(std::string s) {
   return s;
 }
 
-TEST(GateFieldNamesTest, MatchTheProtoInFieldOrder) {
+// The one field table (policy/gate_config.h) and the proto must list the same fields,
+// in the same order, with matching types: every conversion goes by these names.
+TEST(GateFieldTableTest, MatchesTheProtoInFieldOrder) {
   const auto* desc = v1::GateConfig::descriptor();
-  ASSERT_EQ(desc->field_count(), static_cast<int>(kGateFieldNames.size()));
+  ASSERT_EQ(desc->field_count(), static_cast<int>(kNumGateFields));
   for (int i = 0; i < desc->field_count(); ++i) {
-    EXPECT_EQ(desc->field(i)->name(), kGateFieldNames[i]);
+    const GateField& row = kGateFields[static_cast<size_t>(i)];
+    EXPECT_EQ(desc->field(i)->name(), row.name);
     EXPECT_EQ(desc->field(i)->number(), i + 1);
-    EXPECT_TRUE(desc->field(i)->has_presence()) << kGateFieldNames[i];  // `optional`
+    EXPECT_TRUE(desc->field(i)->has_presence()) << row.name;  // `optional`
+    EXPECT_EQ(desc->field(i)->cpp_type(),
+              row.is_count() ? google::protobuf::FieldDescriptor::CPPTYPE_INT64
+                             : google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE)
+        << row.name;
+    EXPECT_EQ(WireGateField(row), desc->field(i)) << row.name;
   }
 }
 
@@ -125,7 +133,8 @@ TEST(LayerGateConfigTest, EachFieldLayersIndependently) {
       one.GetReflection()->SetInt64(&one, field, full.GetReflection()->GetInt64(full, field));
     }
     const GateConfig got = LayerGateConfig(base, one);
-    for (std::string_view name : kGateFieldNames) {
+    for (const GateField& f : kGateFields) {
+      const std::string_view name = f.name;
       const double want =
           name == field->name() ? GateFieldValue(top, name) : GateFieldValue(base, name);
       EXPECT_EQ(GateFieldValue(got, name), want) << "layer " << field->name() << ", " << name;
@@ -238,7 +247,8 @@ TEST(ApplyFieldMaskTest, EmptyMaskAndEmptyUpdateChangeNothing) {
 
 TEST(ApplyFieldMaskTest, EveryFieldByMask) {
   const v1::GateConfig full = ToProto(Distinct());
-  for (std::string_view name : kGateFieldNames) {
+  for (const GateField& f : kGateFields) {
+    const std::string_view name = f.name;
     v1::GateConfig overrides;
     FieldMask mask;
     mask.add_paths(std::string(name));
@@ -296,7 +306,7 @@ TEST(EnumConversionTest, ModesMatchTheProto) {
 }
 
 // The domain Reason is a cast of the wire Reason, and its metric label is the
-// lower-case proto enum name (SPEC §7).
+// lower-case proto enum name (docs/design.md §7).
 TEST(EnumConversionTest, ReasonsMatchTheProtoAndTheLabels) {
   const auto* desc = v1::Reason_descriptor();
   EXPECT_EQ(desc->value_count(), kNumReasons);

@@ -2,6 +2,7 @@
 // rolling window, effective_from_step scheduling, pins, persistence and restore.
 #include "server/gate_state.h"
 
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/persistence.h"
+#include "tests/server/state_harness.h"
 #include "tests/testing/status_matchers.h"
 
 namespace spgate::server {
@@ -27,12 +29,6 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
 };
 
-class RecordingSink : public SessionSink {
- public:
-  void PushConfig(const v1::ConfigUpdate& update) override { updates.push_back(update); }
-  std::vector<v1::ConfigUpdate> updates;
-};
-
 std::string TempDir() {
   std::string dir = ::testing::TempDir() + "/gate_state_test_XXXXXX";
   return mkdtemp(dir.data());
@@ -40,15 +36,16 @@ std::string TempDir() {
 
 class GateStateTest : public ::testing::Test {
  protected:
-  std::unique_ptr<GateState> Make(const std::string& state_dir = "",
-                                  v1::GateConfig file_layer = {}) {
+  std::unique_ptr<StateHarness> Make(const std::string& state_dir = "",
+                                     v1::GateConfig file_layer = {}) {
     StateOptions o;
     o.clock = [this] { return clock_.Now(); };
     o.stale_after = absl::Seconds(5);
     o.forget_after = absl::Minutes(10);
     o.decision_cache_steps = 8;
-    o.state_dir = state_dir;
-    auto s = GateState::Create(o, &metrics_, std::move(file_layer));
+    StoreOptions so;
+    so.state_dir = state_dir;
+    auto s = StateHarness::Create(o, so, &metrics_, std::move(file_layer));
     EXPECT_THAT(s.status(), IsOk());
     return s.ok() ? std::move(*s) : nullptr;
   }
@@ -362,14 +359,14 @@ TEST_F(GateStateTest, ApiChangesSurviveARestartAndOutrankTheConfigFile) {
 TEST_F(GateStateTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
   const std::string dir = TempDir();
   std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: oops }\n";
-  StateOptions o;
+  StoreOptions o;
   o.clock = [this] { return clock_.Now(); };
   o.state_dir = dir;
-  EXPECT_THAT(GateState::Create(o, &metrics_, {}).status(),
+  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr(StateFilePath(dir))));
   // Out-of-range values are as corrupt as unparsable ones.
   std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: -1 }\n";
-  EXPECT_THAT(GateState::Create(o, &metrics_, {}).status(),
+  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("max_length_cv")));
 }
 

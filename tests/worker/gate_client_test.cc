@@ -196,8 +196,10 @@ TEST_F(GateClientE2ETest, DecisionsArriveBeforeTheDeadlineOnAHealthyStream) {
   // The answers themselves came well inside the default 20 ms deadline.
   std::vector<double> lat;
   for (const GateClient::DecisionLatency& l : g.clients[0]->TakeDecisionLatencies()) {
-    EXPECT_GE(l.queued_s, 0);
-    EXPECT_LE(l.queued_s, l.total_s);
+    // Every plan waits for the client's writer a little (it is taken on another thread
+    // after SubmitPlan returns), and then for the network and the daemon.
+    EXPECT_GT(l.queued_s, 0);
+    EXPECT_LT(l.queued_s, l.total_s);
     lat.push_back(l.total_s);
   }
   ASSERT_GE(lat.size(), 200u);  // plus step 200's, submitted during step 199

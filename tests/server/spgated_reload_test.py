@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""spgated re-reads --config on SIGHUP, through the real binary and its signal handling
+(docs/design.md §5): a valid file changes the served thresholds (seen on /metrics), an
+invalid one keeps the running config and sets spgate_config_last_reload_successful to 0,
+and the next valid one sets it back to 1.
+
+Usage: spgated_reload_test.py --spgated=BIN
+"""
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+import urllib.request
+
+ARGS = None
+
+
+def scrape(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def metric(text, name, labels=None):
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in (labels or {}).items()):
+            return float(value)
+    return None
+
+
+class SighupReloadTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spgate-reload-")
+        self.config = os.path.join(self.tmp, "gates.textproto")
+        self.write("max_length_cv: 0.25\n")
+        self.proc = subprocess.Popen(
+            [ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+             "--metrics_listen=127.0.0.1:0", f"--config={self.config}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        deadline = time.time() + 30
+        self.metrics_port = None
+        while time.time() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"metrics on port (\d+)", line)
+            if m:
+                self.metrics_port = int(m.group(1))
+                break
+        if self.metrics_port is None:
+            self.proc.kill()
+            self.fail("spgated did not report its ports")
+        threading.Thread(target=self.drain, daemon=True).start()
+
+    def drain(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def tearDown(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def write(self, text):
+        with open(self.config, "w") as f:
+            f.write(text)
+
+    def threshold(self):
+        return metric(scrape(self.metrics_port), "spgate_gate_threshold",
+                      {"gate": "max_length_cv", "job_id": "_default"})
+
+    def reload_ok(self):
+        return metric(scrape(self.metrics_port), "spgate_config_last_reload_successful")
+
+    def wait_for(self, what, want, timeout=10):
+        deadline = time.time() + timeout
+        got = what()
+        while got != want and time.time() < deadline:
+            time.sleep(0.05)
+            got = what()
+        return got
+
+    def test_sighup_reloads_and_a_bad_file_keeps_the_running_config(self):
+        self.assertEqual(self.threshold(), 0.25)
+        self.assertEqual(self.reload_ok(), 1)
+        version = metric(scrape(self.metrics_port), "spgate_config_version", {"job_id": "_default"})
+
+        self.write("max_length_cv: 0.3\n")
+        self.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.wait_for(self.threshold, 0.3), 0.3, "".join(self.log))
+        self.assertEqual(self.reload_ok(), 1)
+        self.assertGreater(
+            metric(scrape(self.metrics_port), "spgate_config_version", {"job_id": "_default"}),
+            version)
+
+        self.write("max_length_cv: nope\n")
+        self.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.wait_for(self.reload_ok, 0), 0, "".join(self.log))
+        self.assertEqual(self.threshold(), 0.3, "an invalid file must not change the config")
+        self.assertTrue(any("config reload failed" in l for l in self.log), "".join(self.log))
+
+        self.write("max_length_cv: 20\n")  # parses, but out of range
+        self.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        self.assertEqual(self.reload_ok(), 0)
+        self.assertEqual(self.threshold(), 0.3)
+
+        self.write("max_length_cv: 0.35\n")
+        self.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.wait_for(self.reload_ok, 1), 1, "".join(self.log))
+        self.assertEqual(self.threshold(), 0.35)
+        self.assertIsNone(self.proc.poll(), "spgated must survive every reload")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spgated", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest)

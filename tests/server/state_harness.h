@@ -1,0 +1,114 @@
+// The daemon's two halves, the operator store and the live state, wired as the daemon
+// wires them, behind the wire-typed calls the services make (server/job_views.h does the
+// converting). Tests drive a real state with a fake clock through the same conversions
+// the gRPC handlers use, without a server.
+//
+// Usage:
+//   auto h = StateHarness::Create(options, store_options, &metrics, file_layer);
+//   v1::Decision d;
+//   ASSERT_THAT((*h)->Decide(plan, &d), IsOk());
+#ifndef SPGATE_TESTS_SERVER_STATE_HARNESS_H_
+#define SPGATE_TESTS_SERVER_STATE_HARNESS_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status_macros.h"
+#include "server/gate_state.h"
+#include "server/job_views.h"
+#include "server/operator_store.h"
+
+namespace spgate::server {
+
+class StateHarness {
+ public:
+  static absl::StatusOr<std::unique_ptr<StateHarness>> Create(StateOptions options,
+                                                              StoreOptions store_options,
+                                                              Metrics* metrics,
+                                                              v1::GateConfig file_layer = {}) {
+    auto h = std::unique_ptr<StateHarness>(new StateHarness());
+    if (!store_options.clock) store_options.clock = options.clock;
+    if (metrics != nullptr && !store_options.on_persist_failure) {
+      store_options.on_persist_failure = [metrics] { metrics->state_persist_failures.Increment(); };
+    }
+    ASSIGN_OR_RETURN(h->store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
+    ASSIGN_OR_RETURN(h->state, GateState::Create(std::move(options), metrics, h->store.get()));
+    h->store->SetListener(h->state.get());
+    return h;
+  }
+
+  // --- worker API ---
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& r) {
+    ASSIGN_OR_RETURN(RegisterResult result, state->Register(RegisterFromProto(r)));
+    return ToProto(result);
+  }
+  absl::StatusOr<std::shared_ptr<Session>> AttachSession(const std::string& id,
+                                                         std::weak_ptr<SessionSink> sink) {
+    return state->AttachSession(id, std::move(sink));
+  }
+  absl::Status Decide(const v1::BatchPlan& plan, v1::Decision* out) {
+    ASSIGN_OR_RETURN(DecisionRecord d, state->Decide(PlanFromProto(plan)));
+    ToProto(d, out);
+    return absl::OkStatus();
+  }
+  absl::Status RecordTelemetry(Session& session, const v1::StepTelemetry& t) {
+    return state->RecordTelemetry(session, TelemetryFromProto(t));
+  }
+  int64_t Heartbeat(Session& session, const v1::Heartbeat& hb) {
+    return state->Heartbeat(session, LocalDecisionsFromProto(hb));
+  }
+
+  // --- admin API ---
+  absl::StatusOr<v1::VersionedGateConfig> GetGateConfig(const std::string& job_id) {
+    return GetGateConfigView(*state, *store, job_id);
+  }
+  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r) {
+    return store->UpdateGateConfig(r);
+  }
+  absl::Status ReloadConfigFile(const v1::GateConfig& file_layer) {
+    return store->ReloadConfigFile(file_layer);
+  }
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id) {
+    return GetJobView(*state, *store, job_id);
+  }
+  v1::ListJobsResponse ListJobs() { return ListJobsView(*state); }
+  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r) {
+    RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
+    RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
+    return store->PinMode(r);
+  }
+  absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& r) {
+    RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
+    ASSIGN_OR_RETURN(int removed, store->Unpin(r));
+    v1::UnpinResponse resp;
+    resp.set_removed(removed);
+    return resp;
+  }
+  absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGates(const v1::EvaluateGatesRequest& r) {
+    return EvaluateGatesView(*state, *store, r);
+  }
+  void Sweep() { state->Sweep(); }
+  absl::Status Flush() { return store->Flush(); }
+
+  std::unique_ptr<OperatorStore> store;
+  std::unique_ptr<GateState> state;
+
+ private:
+  StateHarness() = default;
+  template <typename R>
+  static std::optional<int> Group(const R& r) {
+    return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+  }
+};
+
+// Records the config pushes a stream would send, as the wire messages.
+class RecordingSink : public SessionSink {
+ public:
+  void PushConfig(const ConfigPush& push) override { updates.push_back(ToProto(push)); }
+  std::vector<v1::ConfigUpdate> updates;
+};
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_TESTS_SERVER_STATE_HARNESS_H_
