@@ -25,7 +25,7 @@
 namespace spgate {
 namespace {
 
-// SPEC §5's example distribution: lognormal, mean 4096 tokens, sigma 0.8.
+// The --lengths example of docs/design.md §5: lognormal, mean 4096 tokens, sigma 0.8.
 std::vector<int64_t> Lengths(int64_t n) {
   std::mt19937_64 rng(20240601 + static_cast<uint64_t>(n));
   const double sigma = 0.8;

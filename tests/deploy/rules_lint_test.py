@@ -2,7 +2,8 @@
 """Checks deploy/prometheus/spgate-rules.yml beyond what promtool checks.
 
 - recording rules are named level:metric:operations, the level made of label names;
-- every expression uses only SPEC §7 metrics, labels and label values (promql_lint);
+- every expression uses only docs/design.md §7 metrics, labels and label values
+  (promql_lint);
 - every alert has a severity, summary, description and a runbook_url whose section
   exists in docs/operations-runbooks.md;
 - the alerts issue 6 asks for exist;

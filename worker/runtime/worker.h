@@ -6,8 +6,8 @@
 //   the batch's first collective); run forward + backward in that mode; measure
 //   reduce-scatter, all-gather and norm-stall time, step time, tokens, padding and peak
 //   memory; report telemetry; log the decision.
-// The invariant that matters (SPEC §4): every rank of a TP group runs the mode the
-// leader broadcast for that step, so collectives always match; training never waits on
+// The invariant that matters (docs/design.md §4): every rank of a TP group runs the mode
+// the leader broadcast for that step, so collectives always match; training never waits on
 // the daemon longer than the decision deadline.
 //
 // Usage (spgate-worker's main, after MPI_Init):
