@@ -1,7 +1,7 @@
 // Cost of one gate decision: ComputeLengthStats over the batch's lengths plus
 // EvaluateGates, against a plain summation of the same lengths measured in the same run
 // (the memory-read floor: any decision must at least read every length once). Target:
-// under 1 µs per decision for a 1,000-sequence batch (issue 2).
+// under 1 µs per decision for a 1,000-sequence batch.
 //
 // The decision runs the longest path (no pin; a memory budget, so the memory gate does
 // its arithmetic; CV and wait share below their thresholds, so every gate is consulted)

@@ -1,4 +1,4 @@
-// The reference worker's step loop (issue 5): on every rank of a dp x tp job,
+// The reference worker's step loop: on every rank of a dp x tp job,
 //   prefetch batch N+1 (the TP leader builds it and broadcasts its lengths over the TP
 //   communicator) and submit its plan with the predicted peak memory of both modes;
 //   get step N's decision through GroupDecider (the leader asks spgated or decides
