@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Reproduces SPEC §1's replay table on this machine with the reference worker: 4 ranks
-# (one TP group of 4) on the CPU backend, the same seeded length stream for every row,
+# Reproduces the replay table of docs/design.md §1 on this machine with the reference
+# worker: 4 ranks (one TP group of 4) on the CPU backend, the same seeded length stream
+# for every row,
 #   pure TP | SP always (gather LN, no bucketing) | SP + bucketing (gather LN) |
 #   SP + bucketing + shard LN | spgate auto (spgated decides, bucketing, shard LN)
 # with peak memory, effective tokens/s and step-time p95 relative to pure TP, all rows

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# spgate-sim at cluster scale against one spgated process (issue 3): by default 128 TP
+# spgate-sim at cluster scale against one spgated process: by default 128 TP
 # groups x 8 ranks (1,024 GateClients, one Connect stream each) at 10 steps/s per group
 # for 60 s, once per arrival pattern (SIM_PHASES, default "random aligned"), each against
 # a freshly started spgated:

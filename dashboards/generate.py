@@ -7,8 +7,8 @@ both. tests/deploy/dashboards_lint_test.py fails when the JSON and this script d
 
 Rules every panel follows (and the lint test checks): the datasource is the
 `${datasource}` template variable (never `__inputs`, which breaks file provisioning),
-every panel declares a unit, queries use only SPEC §7 metrics and aggregate across
-daemons (one sidecar per pod can export the same job_id), and rates use
+every panel declares a unit, queries use only docs/design.md §7 metrics and aggregate
+across daemons (one sidecar per pod can export the same job_id), and rates use
 `$__rate_interval`.
 """
 import json
@@ -174,8 +174,8 @@ def Overview():
     L.Add(TimeSeries(
         "Decisions by mode and reason",
         "Per-batch decisions the daemon made, by the mode chosen and the gate that chose it "
-        "(SPEC §3). TP-only reasons: length_cv, rs_wait. SP reasons: gates_passed, probe, "
-        "memory_requires_sp, memory_over_budget. pinned: an operator pin.",
+        "(docs/design.md §3). TP-only reasons: length_cv, rs_wait. SP reasons: gates_passed, "
+        "probe, memory_requires_sp, memory_over_budget. pinned: an operator pin.",
         "count:decisions/s",
         [(f"sum by (mode, reason) (rate(spgate_decisions_total{{{j}}}[{RATE}]))",
           "{{mode}} · {{reason}}")], stack=True), w=12)

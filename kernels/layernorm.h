@@ -7,7 +7,7 @@
 // matters: LayerNorm is per token (per row), so a rank that holds a sequence
 // shard of the rows computes exactly the rows the full LayerNorm would - no
 // communication. Only dgamma/dbeta are sums over rows; under sequence parallelism
-// each rank's are partial and the group sums them (SPEC.md section 4).
+// each rank's are partial and the group sums them (docs/design.md §4).
 //
 // Layouts: activations row-major [rows = tokens, hidden]; gamma, beta, dgamma,
 // dbeta [hidden] in fp32; mean, rstd [rows] in fp32. The GPU launchers take fp32

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# make demo (SPEC §9): starts spgated on loopback (temporary state dir, port 0), runs a
-# 4-rank CPU spgate-worker job under mpirun against it - 2 TP groups of 2 ranks running
-# real transformer layers forward and backward - whose bimodal length mix makes the
-# daemon choose both modes (mixed batches: TP-only for LENGTH_CV; uniform ones: SP),
-# prints the worker's decision and throughput summary and the daemon's own decision
-# counters, and stops the daemon with SIGTERM. Exits non-zero if any of that fails or
-# the job did not run both modes. The API walkthrough (every gate reason, a live
-# threshold change) is tools/demo_api.sh.
+# make demo (docs/design.md §9): starts spgated on loopback (temporary state dir, port 0),
+# runs a 4-rank CPU spgate-worker job under mpirun against it - 2 TP groups of 2 ranks
+# running real transformer layers forward and backward - whose bimodal length mix makes the
+# daemon choose both modes (mixed batches: TP-only for LENGTH_CV; uniform ones: SP), prints
+# the worker's decision and throughput summary and the daemon's own decision counters, and
+# stops the daemon with SIGTERM. Exits non-zero if any of that fails or the job did not run
+# both modes. The API walkthrough (every gate reason, a live threshold change) is
+# tools/demo_api.sh.
 #
 # Usage: tools/demo.sh BUILD_DIR [PATH/TO/spgated]
 # Environment: DEMO_STEPS (default 30), MPIRUN (default mpirun).

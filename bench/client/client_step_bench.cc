@@ -1,9 +1,9 @@
-// Per-step cost of the worker client on the training thread (issue 3 target: <= 5 us
-// median): SubmitPlan(n + 1) + AwaitDecision(n) with the daemon's decision already
-// there + ReportTelemetry(n), timed per step with steady_clock, against a real spgated
+// Per-step cost of the worker client on the training thread (target: <= 5 us median):
+// SubmitPlan(n + 1) + AwaitDecision(n) with the daemon's decision already there +
+// ReportTelemetry(n), timed per step with steady_clock, against a real spgated
 // started in this process (Daemon::Start on 127.0.0.1:0). Between the calls the loop
 // "runs the step" (a sleep, untimed), so the decision for n arrives while n - 1 runs —
-// the pipelined shape of SPEC §4.
+// the pipelined shape of docs/design.md §4.
 //
 // Baselines measured in the same run, with the same batch and loop:
 //   handoff     — the floor of any non-blocking client: copy the lengths into a

@@ -1,7 +1,7 @@
 // Cost of one gate decision: ComputeLengthStats over the batch's lengths plus
 // EvaluateGates, against a plain summation of the same lengths measured in the same run
 // (the memory-read floor: any decision must at least read every length once). Target:
-// under 1 µs per decision for a 1,000-sequence batch (issue 2).
+// under 1 µs per decision for a 1,000-sequence batch.
 //
 // The decision runs the longest path (no pin; a memory budget, so the memory gate does
 // its arithmetic; CV and wait share below their thresholds, so every gate is consulted)
@@ -25,7 +25,7 @@
 namespace spgate {
 namespace {
 
-// SPEC §5's example distribution: lognormal, mean 4096 tokens, sigma 0.8.
+// The --lengths example of docs/design.md §5: lognormal, mean 4096 tokens, sigma 0.8.
 std::vector<int64_t> Lengths(int64_t n) {
   std::mt19937_64 rng(20240601 + static_cast<uint64_t>(n));
   const double sigma = 0.8;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Driver of bench/replay_table.sh: runs spgate-worker under mpirun once per row and
-round, reads each run's --summary_json, and prints SPEC §1's table with every figure
-relative to the pure-TP row of the same round set.
+round, reads each run's --summary_json, and prints the table of docs/design.md §1 with
+every figure relative to the pure-TP row of the same round set.
 
 Every row sees the same length stream (--seed, --lengths): rows without bucketing pack
 it in arrival order, rows with bucketing regroup it with bucket_by_tokens, so they run

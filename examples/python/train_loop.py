@@ -5,11 +5,11 @@ spgate client; the group's broadcast is an in-memory one written in Python and h
 libspgate_client.so as a callback — in a real trainer it would wrap
 torch.distributed.broadcast on the TP group (see docs/client.md).
 
-Per step, as SPEC §4 asks: the leader submits the plan for step n+1 while step n "runs",
-every rank calls decide(n) (the leader asks the daemon, everyone receives the leader's
-answer), runs the step in that mode, logs it, and reports telemetry. The decision never
-takes longer than the deadline: without a daemon (or with --controller empty) the local
-policy decides.
+Per step, as docs/design.md §4 asks: the leader submits the plan for step n+1 while step n
+"runs", every rank calls decide(n) (the leader asks the daemon, everyone receives the
+leader's answer), runs the step in that mode, logs it, and reports telemetry. The decision
+never takes longer than the deadline: without a daemon (or with --controller empty) the
+local policy decides.
 
     python3 examples/python/train_loop.py --lib build/lib/libspgate_client.so \
         --controller 127.0.0.1:50061 --tp 2 --steps 100

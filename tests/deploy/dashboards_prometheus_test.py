@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Every dashboard query and every rule, run by a real Prometheus against the contract.
 
-A stand-in exporter (fake_spgated.py) serves every SPEC §7 family on 127.0.0.1; a real
-Prometheus discovers it through the relabelling of deploy/prometheus/scrape-kubernetes.yml
-(kubernetes_sd swapped for file_sd carrying the same __meta_kubernetes_* labels, plus a
-decoy container that must be dropped), scrapes it every second and evaluates
-deploy/prometheus/spgate-rules.yml. Then:
+A stand-in exporter (fake_spgated.py) serves every docs/design.md §7 family on 127.0.0.1; a
+real Prometheus discovers it through the relabelling of
+deploy/prometheus/scrape-kubernetes.yml (kubernetes_sd swapped for file_sd carrying the
+same __meta_kubernetes_* labels, plus a decoy container that must be dropped), scrapes it
+every second and evaluates deploy/prometheus/spgate-rules.yml. Then:
   - every panel query of both dashboards, with the template variables substituted the way
     Grafana does (All, one job, one group), must return data — a failure names the panel;
   - every template variable query must list the job and its groups;

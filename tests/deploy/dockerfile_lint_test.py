@@ -2,14 +2,14 @@
 """Static checks of deploy/docker/Dockerfile (no daemon or registry is reachable here, so
 the image is not built by the test suite; docs/deploy.md has the build command).
 
-Checks: multi-stage, every stage on Debian 12 (bookworm), a slim runtime stage; the
-runtime stage runs as a numeric non-root user set before ENTRYPOINT and never switches
-back; exec-form ENTRYPOINT of /usr/local/bin/spgated with CMD flags from SPEC §5 that
+Checks: multi-stage, every stage on Debian 12 (bookworm), a slim runtime stage; the runtime
+stage runs as a numeric non-root user set before ENTRYPOINT and never switches back;
+exec-form ENTRYPOINT of /usr/local/bin/spgated with CMD flags from docs/design.md §5 that
 match the Kubernetes sidecar's ports; apt-get with -y --no-install-recommends and the
 package lists removed in the same RUN; no ADD of URLs or `curl | sh`; pipefail for piped
 RUNs; the build stage installs the Makefile's package list (`make deps`) and builds without
-tests; COPY sources exist; the .dockerignore keeps build trees and .git out of the
-context. Runs hadolint too when it is installed.
+tests; COPY sources exist; the .dockerignore keeps build trees and .git out of the context.
+Runs hadolint too when it is installed.
 """
 import json
 import os
@@ -21,8 +21,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCKERFILE = os.path.join(REPO, "deploy", "docker", "Dockerfile")
 IGNORE = DOCKERFILE + ".dockerignore"
-SPEC_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir", "config",
-              "admin_token_file", "tls_cert", "tls_key", "tls_client_ca"}
+CONTRACT_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir",
+                  "config", "admin_token_file", "tls_cert", "tls_key", "tls_client_ca"}
 
 problems = []
 
@@ -135,8 +135,9 @@ def main():
             flags[k] = v
     except json.JSONDecodeError:
         problems.append("CMD must be exec (JSON) form")
-    if set(flags) - SPEC_FLAGS:
-        problems.append(f"CMD flags not in SPEC §5: {sorted(set(flags) - SPEC_FLAGS)}")
+    if set(flags) - CONTRACT_FLAGS:
+        problems.append(
+            f"CMD flags not in docs/design.md §5: {sorted(set(flags) - CONTRACT_FLAGS)}")
     exposed = {int(p.split("/")[0]) for ins, r in runtime["ins"] if ins == "EXPOSE" for p in r.split()}
     for flag in ("listen", "metrics_listen", "health_listen"):
         port = int(flags.get(flag, ":0").rsplit(":", 1)[1])

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A stand-in for spgated's /metrics endpoint: every SPEC §7 family, with live values.
+"""A stand-in for spgated's /metrics endpoint: every docs/design.md §7 family, live values.
 
 Used to prove the dashboards and rules against a real Prometheus without the daemon
 (tests/deploy/dashboards_prometheus_test.py). It models the *exposition*, not the policy:
 two jobs with two TP groups each, every mode and reason, counters that grow with time,
-histograms with real buckets. It must pass `promtool check metrics` cleanly, as SPEC §7
-requires of the daemon.
+histograms with real buckets. It must pass `promtool check metrics` cleanly, as
+docs/design.md §7 requires of the daemon.
 
 Run alone: fake_spgated.py [PORT]   (serves http://127.0.0.1:PORT/metrics)
 """

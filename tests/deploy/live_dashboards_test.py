@@ -188,7 +188,7 @@ def main():
                                       timeout=5).read().decode()
         lint = promlive.PromtoolCheckMetrics(text)
         if lint:
-            problems.append(f"promtool check metrics on a live scrape (SPEC §7: must be silent):\n{lint}")
+            problems.append(f"promtool check metrics on a live scrape (docs/design.md §7: must be silent):\n{lint}")
         allowed = [r for r in args.allow_missing_reasons.split(",") if r]
         reason_problems, fired = MissingReasons(prom, allowed)
         problems += reason_problems

@@ -215,7 +215,7 @@ def RuleProblems(prom):
 
 
 def PromtoolCheckMetrics(text):
-    """`promtool check metrics` output for an exposition (SPEC §7: must be empty)."""
+    """`promtool check metrics` output for an exposition (docs/design.md §7: must be empty)."""
     promtool = shutil.which("promtool")
     if not promtool:
         return "promtool not found"

@@ -1,4 +1,4 @@
-"""A small PromQL checker for spgate's dashboards and rules against the SPEC §7 contract.
+"""A small PromQL checker for spgate's dashboards and rules against docs/design.md §7.
 
 It is not a PromQL parser (promtool checks syntax); it walks the token stream far enough
 to find every series selector and label list, and proves that each one names a metric the
@@ -148,7 +148,7 @@ def Lint(expr, recorded=()):
         elif name == "up":
             labels = ()
         else:
-            problems.append(f"unknown metric {name} (not in SPEC §7, not a recording rule)")
+            problems.append(f"unknown metric {name} (not in docs/design.md §7, not a recording rule)")
             continue
         allowed = set(labels) | set(contract.TARGET_LABELS)
         available |= allowed

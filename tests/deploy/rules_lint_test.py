@@ -2,10 +2,11 @@
 """Checks deploy/prometheus/spgate-rules.yml beyond what promtool checks.
 
 - recording rules are named level:metric:operations, the level made of label names;
-- every expression uses only SPEC §7 metrics, labels and label values (promql_lint);
+- every expression uses only docs/design.md §7 metrics, labels and label values
+  (promql_lint);
 - every alert has a severity, summary, description and a runbook_url whose section
   exists in docs/operations-runbooks.md;
-- the alerts issue 6 asks for exist;
+- an alert exists for each condition operators must hear about (REQUIRED_ALERTS);
 - tests/deploy/prometheus/spgate_rules_test.yml has, for every alert, a case where it
   fires and a case where it stays quiet, and an expression test for every recording rule.
 """
@@ -28,7 +29,7 @@ RULE_TESTS = os.path.join(HERE, "prometheus", "spgate_rules_test.yml")
 RUNBOOKS = os.path.join(REPO, "docs", "operations-runbooks.md")
 RUNBOOK_DOC = "docs/operations-runbooks.md"
 
-# Issue 6's alert list -> the alert that covers it.
+# Conditions operators must be alerted on -> the alert that covers each.
 REQUIRED_ALERTS = {
     "sustained RS_WAIT fallbacks": "SpgateRsWaitFallbackSustained",
     "memory over budget": "SpgateMemoryOverBudget",

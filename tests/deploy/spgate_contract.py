@@ -1,9 +1,8 @@
-"""The metric contract of SPEC §7, as data, for the deploy/dashboard tests.
+"""The metric contract of docs/design.md §7, as data, for the deploy/dashboard tests.
 
 Dashboards and rules may only query what the daemon promises to export; this module is
-the single copy of that promise inside the repository. When the SPEC file is reachable
-(../shared/SPEC.md next to the checkout, or $SPGATE_SPEC), LoadSpecMetrics() parses its
-§7 table so a test can prove this copy has not drifted from the contract.
+the copy of that promise the tests use. LoadDesignMetrics() parses the table in
+docs/design.md §7 so a test can prove this copy and the document have not drifted apart.
 """
 import os
 import re
@@ -34,7 +33,7 @@ METRICS = {
     "spgate_build_info": ("gauge", ("version",)),
 }
 
-# Closed label value sets (SPEC §6 enums, lower-cased; SPEC §7).
+# Closed label value sets (docs/design.md §6 enums, lower-cased; docs/design.md §7).
 MODES = ("sp", "tp_only")
 REASONS = ("gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
            "memory_over_budget", "pinned", "controller_unavailable", "adaptive")
@@ -76,21 +75,15 @@ def SeriesIndex():
     return index
 
 
-def FindSpec():
-    """Path of SPEC.md when reachable, else None."""
-    candidates = [os.environ.get("SPGATE_SPEC", "")]
+def DesignDocPath():
+    """Path of docs/design.md in this checkout."""
     here = os.path.dirname(os.path.abspath(__file__))
     repo = os.path.dirname(os.path.dirname(here))
-    candidates += [os.path.join(repo, "docs", "SPEC.md"),
-                   os.path.join(os.path.dirname(repo), "shared", "SPEC.md")]
-    for path in candidates:
-        if path and os.path.isfile(path):
-            return path
-    return None
+    return os.path.join(repo, "docs", "design.md")
 
 
-def LoadSpecMetrics(path):
-    """Parses SPEC §7's table: {metric: (type, labels)}."""
+def LoadDesignMetrics(path):
+    """Parses the metric table of docs/design.md §7: {metric: (type, labels)}."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     section = text.split("## 7.", 1)[1].split("\n## ", 1)[0]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""deploy/systemd/spgated.service: consistent with the flag file and SPEC §5, accepted by
-`systemd-analyze verify`, and hardened (`systemd-analyze security --offline` exposure at
-most 2.0, systemd's "OK" band).
+"""deploy/systemd/spgated.service: consistent with the flag file and docs/design.md §5,
+accepted by `systemd-analyze verify`, and hardened (`systemd-analyze security --offline`
+exposure at most 2.0, systemd's "OK" band).
 
 Usage: systemd_unit_test.py [BUILD_DIR]   (verifies ExecStart against BUILD_DIR/bin/spgated
 when it exists, else against a stub executable; the unit's path is not installed here)
@@ -18,9 +18,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 UNIT = os.path.join(REPO, "deploy", "systemd", "spgated.service")
 FLAGS = os.path.join(REPO, "deploy", "systemd", "spgated.flags")
 BINARY = "/usr/local/bin/spgated"
-SPEC_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir", "config",
-              "admin_token_file", "tls_cert", "tls_key", "tls_client_ca", "version", "flagfile",
-              "fromenv"}
+CONTRACT_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir",
+                  "config", "admin_token_file", "tls_cert", "tls_key", "tls_client_ca",
+                  "version", "flagfile", "fromenv"}
 MAX_EXPOSURE = 2.0
 
 problems = []
@@ -64,9 +64,9 @@ def StaticChecks(unit_text):
                 problems.append(f"spgated.flags: not a --flag=value line: {line!r}")
                 continue
             flags[m.group(1)] = m.group(2)
-    unknown = set(flags) - SPEC_FLAGS
+    unknown = set(flags) - CONTRACT_FLAGS
     if unknown:
-        problems.append(f"spgated.flags: flags not in SPEC §5: {sorted(unknown)}")
+        problems.append(f"spgated.flags: flags not in docs/design.md §5: {sorted(unknown)}")
     if flags.get("state_dir") != "/var/lib/spgate":
         problems.append("--state_dir must be /var/lib/spgate (StateDirectory=spgate)")
     if flags.get("config") != "/etc/spgate/gates.textproto":
@@ -75,7 +75,7 @@ def StaticChecks(unit_text):
         problems.append("--admin_listen should stay on loopback")
     for flag, port in {"listen": 50061, "admin_listen": 50062, "metrics_listen": 9461}.items():
         if not flags.get(flag, "").endswith(f":{port}"):
-            problems.append(f"--{flag} should use SPEC §5's default port {port}")
+            problems.append(f"--{flag} should use docs/design.md §5's default port {port}")
 
 
 def main():

@@ -4,7 +4,7 @@
 The client has no spgate-generated code. It finds the services through server
 reflection and builds every message from the descriptors the daemon returns
 (tools/demo/spgate_reflect.py), so each check here is something anyone with grpcurl
-and the daemon's address can reproduce. It checks the issue's "done means" list:
+and the daemon's address can reproduce. It checks what a new user meets first:
 reflection lists both services, invalid thresholds are refused naming the field, a
 threshold set over the API survives `kill -9` and a restart, a corrupt state file stops
 startup naming the file; and the basics a client relies on: health SERVING on every

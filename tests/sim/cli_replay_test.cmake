@@ -1,5 +1,5 @@
 # spgate-sim replay --sweep over a small trace: exit 0, the sweep table on stderr, and a
-# summary JSON with every SPEC §5 key.
+# summary JSON with every docs/design.md §5 key.
 file(WRITE ${WORK}/trace.txt "# lengths\n")
 foreach(i RANGE 1 400)
   math(EXPR len "(${i} * 7919) % 8000 + 64")

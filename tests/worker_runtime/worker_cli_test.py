@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """spgate-worker end to end, without a daemon: bad flags and impossible shapes are
 refused with exit status 2 and a message naming the flag; a 4-rank job (tp=2, dp=2)
-under mpirun with --verify writes the SPEC §5 summary keys, runs both modes on a
-bimodal length mix with the local policy, keeps every TP group consistent, matches SP
-to TP-only within tolerance, and writes one decision log per global rank.
+under mpirun with --verify writes the summary keys of docs/design.md §5, runs both
+modes on a bimodal length mix with the local policy, keeps every TP group consistent,
+matches SP to TP-only within tolerance, and writes one decision log per global rank.
 
 Usage: worker_cli_test.py --worker=BIN --mpirun=BIN
 """

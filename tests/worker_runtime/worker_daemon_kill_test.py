@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """A 4-rank spgate-worker job (one TP group of 4) under spgated; the daemon is killed
 with SIGKILL mid-run. The run must finish, every rank's decision log must be identical
-step by step (docs/design.md §4: all ranks of a group run the mode the leader broadcast), the
-decisions before the kill come from the daemon and those after it from the fail-static
-fallback (reason controller_unavailable), and the summary reports no consistency
-violation.
+step by step (docs/design.md §4: all ranks of a group run the mode the leader
+broadcast), the decisions before the kill come from the daemon and those after it from
+the fail-static fallback (reason controller_unavailable), and the summary reports no
+consistency violation.
 
 Usage: worker_daemon_kill_test.py --worker=BIN --spgated=BIN --mpirun=BIN
 """

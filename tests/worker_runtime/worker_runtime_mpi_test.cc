@@ -194,9 +194,10 @@ INSTANTIATE_TEST_SUITE_P(
         EquivalenceCase{2, NormBoundary::kShard, {33}}),
     Name);
 
-// SPEC §4: a window with an SP and a TP-only micro-batch, then one SUM all-reduce of the
-// replicated gradients over TP and the mean over DP, equals the reference's gradients
-// summed over the window's micro-batches and averaged over the data-parallel groups.
+// docs/design.md §4: a window with an SP and a TP-only micro-batch, then one SUM
+// all-reduce of the replicated gradients over TP and the mean over DP, equals the
+// reference's gradients summed over the window's micro-batches and averaged over the
+// data-parallel groups.
 TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
   if (WorldSize() % 2 != 0) GTEST_SKIP();
   for (NormBoundary boundary : {NormBoundary::kShard, NormBoundary::kGather}) {

@@ -1,8 +1,9 @@
 // spgate-sim's cost model: what one step of a TP group costs in each mode, per rank —
-// the telemetry a real worker would measure (SPEC §2) — and the activation memory of
-// each mode (Korthikanti et al. 2022). Documented with its assumptions in docs/sim.md;
-// the invariant that matters: a uniform-length batch shards evenly under SP, and the
-// per-rank imbalance (hence the reduce-scatter wait) grows with the spread of lengths.
+// the telemetry a real worker would measure (docs/design.md §2) — and the activation
+// memory of each mode (Korthikanti et al. 2022). Documented with its assumptions in
+// docs/sim.md; the invariant that matters: a uniform-length batch shards evenly under SP,
+// and the per-rank imbalance (hence the reduce-scatter wait) grows with the spread of
+// lengths.
 //
 // Usage:
 //   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B stage, t = 8, H100-like
@@ -61,7 +62,7 @@ struct GroupStep {
   int64_t effective_tokens = 0;
   int64_t padding_tokens = 0;  // SP pads the packed batch to a multiple of t
   uint64_t peak_memory_bytes = 0;
-  double group_rs_wait_share = 0;  // max over ranks of rs_wait / step time (SPEC §2)
+  double group_rs_wait_share = 0;  // max over ranks of rs_wait / step time (docs/design.md §2)
 };
 
 struct MemoryPrediction {

@@ -1,4 +1,4 @@
-// spgate-sim: simulated TP groups speaking spgate's real protocol (SPEC §5).
+// spgate-sim: simulated TP groups speaking spgate's real protocol (docs/design.md §5).
 //
 //   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10
 //       --duration=60s --lengths=lognormal:mean=4096,sigma=0.8 --summary_json=out.json
@@ -29,7 +29,7 @@
 #include "proto/convert.h"
 #include "tools/sim/sim.h"
 
-// Shared job flags (SPEC §5).
+// Shared job flags (docs/design.md §5).
 ABSL_FLAG(std::string, controller, "", "spgated worker API address; empty: local policy only");
 ABSL_FLAG(std::string, job_id, "sim", "Job id");
 ABSL_FLAG(std::string, lengths, "lognormal:mean=4096,sigma=0.8",

@@ -270,7 +270,8 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
             ++sum.late_steps;
           }
           const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
-          // The plan for k + 1 goes out before step k is decided and run (SPEC §4).
+          // The plan for k + 1 goes out before step k is decided and run
+          // (docs/design.md §4).
           for (SimGroup* g : slot.groups) {
             g->current = std::move(g->next);
             g->next = next_batch(*g, k + 1);

@@ -1,7 +1,7 @@
 // Batches from a length stream, on the TP group leader: plain packing (sequences in
 // arrival order until the next one would pass the token budget) or bucket_by_tokens,
 // which keeps every batch's length CV at or under a target (the daemon's
-// bucket_target_cv, SPEC §1/§3) so the length-CV gate passes and SP runs.
+// bucket_target_cv, docs/design.md §1/§3) so the length-CV gate passes and SP runs.
 //
 // bucket_by_tokens puts each sequence in a geometric length bucket [r^k, r^(k+1)) and
 // emits a bucket as a batch when the next sequence would not fit its budget. For values
@@ -29,10 +29,10 @@ namespace spgate::runtime {
 struct Batch {
   std::vector<int64_t> lengths;
   int64_t tokens = 0;
-  double length_cv = 0.0;  // population stddev / mean (SPEC §2)
+  double length_cv = 0.0;  // population stddev / mean (docs/design.md §2)
 };
 
-// SPEC §2 length CV (0 for one sequence or none).
+// docs/design.md §2 length CV (0 for one sequence or none).
 double LengthCv(const std::vector<int64_t>& lengths);
 
 // The bucket ratio r for a target CV (see above).

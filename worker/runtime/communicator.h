@@ -4,13 +4,13 @@
 // along the sequence dimension of row-major [tokens, hidden] activations, so a rank's
 // shard is a contiguous block of rows and all-gather / reduce-scatter are plain
 // block collectives. Every call is timed (launch to completion, i.e. including the wait
-// for the slowest peer, SPEC §2) and filed under its operation and purpose, which is how
-// the worker measures rs_wait, all-gather time and norm stalls.
+// for the slowest peer, docs/design.md §2) and filed under its operation and purpose,
+// which is how the worker measures rs_wait, all-gather time and norm stalls.
 //
 // Collectives are blocking from the caller's point of view on host backends; on a
 // device backend they are enqueued on the device's stream and their times land in
 // stats() at the next Synchronize(). All ranks of the communicator must make the same
-// calls in the same order (SPEC §4).
+// calls in the same order (docs/design.md §4).
 //
 // Usage:
 //   comm->AllGather(shard, full, shard_rows * hidden, CollectivePurpose::kLayer);

@@ -1,4 +1,4 @@
-// Sequence-length sources for the worker and the simulator (SPEC §5 --lengths=DIST):
+// Sequence-length sources for worker and simulator (--lengths=DIST, docs/design.md §5):
 //   lognormal:mean=4096,sigma=0.8            arithmetic mean and log-space sigma
 //   bimodal:short=512,long=16384,p_long=0.2  two modes, each with +-jitter (default 0.1)
 //   uniform:min=128,max=8192                 integers, both ends included

@@ -1,9 +1,9 @@
 // MemoryArena: every tensor the worker runtime holds comes from here, so the arena's
 // byte count is the runtime's memory: parameters and their gradients, activations kept
-// for backward, and transient workspaces (SPEC §2 peak_memory). It records the peak of
-// live bytes since the last ResetPeak, overall and by category at that moment. Freed
-// blocks are cached by exact size and reused (the same shapes recur every step); cached
-// bytes are not live and are not counted, as with a framework's caching allocator's
+// for backward, and transient workspaces (docs/design.md §2 peak_memory). It records the
+// peak of live bytes since the last ResetPeak, overall and by category at that moment.
+// Freed blocks are cached by exact size and reused (the same shapes recur every step);
+// cached bytes are not live and are not counted, as with a framework's caching allocator's
 // "allocated" (not "reserved") figure.
 //
 // Not thread-safe: one arena per rank, used by the training thread.

@@ -1,7 +1,7 @@
 // PredictPeak: the peak bytes a rank's MemoryArena will hold while running one batch in
 // a mode, computed from the batch's lengths and the model shape before the batch runs.
 // The leader puts the SP and TP-only predictions in the batch plan, so the daemon's
-// memory gate (SPEC §3) can refuse TP-only where it would not fit.
+// memory gate (docs/design.md §3) can refuse TP-only where it would not fit.
 //
 // The model replays TransformerStack's buffer schedule (what is allocated and freed, in
 // order) on a counter, so it is exact by construction as long as the two agree; the test

@@ -9,7 +9,7 @@
 // single-rank reference can build the full tensors - no weight broadcast needed.
 //
 // Per-rank parameter memory is laid out as one buffer: first the replicated parameters
-// of every layer (LN gammas and betas, the row-parallel output biases; SPEC §4's
+// of every layer (LN gammas and betas, the row-parallel output biases; docs/design.md §4's
 // "replicated parameters that act on sequence-sharded activations"), then each layer's
 // sharded ones. One SUM all-reduce over the replicated prefix finishes a TP group's
 // gradients.

@@ -3,7 +3,7 @@
 // mapping; DP groups join the ranks with the same TP rank) and the MPI communicator
 // backend, which runs the collectives on host buffers. The invariant that matters: a
 // TP group's communicator contains exactly the ranks that must agree on every batch's
-// mode (SPEC §4), and the group leader is its rank 0.
+// mode (docs/design.md §4), and the group leader is its rank 0.
 //
 // Usage:
 //   MPI_Init(&argc, &argv);

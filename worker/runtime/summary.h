@@ -1,6 +1,6 @@
 // What a worker run measured, per step and rank, and the run summary built from it on
-// world rank 0 (SPEC §5 --summary_json keys, plus more). Summarize is a pure function
-// of the records, so the aggregation rules are testable without MPI:
+// world rank 0 (docs/design.md §5 --summary_json keys, plus more). Summarize is a pure
+// function of the records, so the aggregation rules are testable without MPI:
 //   - a group step's time is the slowest rank's (the step ends when every rank is done);
 //   - effective_tokens_per_s: per TP group, effective tokens / summed step time, then
 //     summed over the data-parallel groups (they run concurrently);

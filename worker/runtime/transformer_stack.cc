@@ -278,7 +278,8 @@ absl::Status TransformerStack::LayerNormForward(Step& st, const float* gamma,
 
 // LN backward into `dx` (allocated here, this rank's rows): the gradient of s, i.e. of
 // both the sublayer output and the incoming residual. Param grads: partial (SP shard)
-// accumulate directly; full ones (TP-only, gather) are scaled by 1/t first (SPEC §4).
+// accumulate directly; full ones (TP-only, gather) are scaled by 1/t first
+// (docs/design.md §4).
 absl::Status TransformerStack::LayerNormBackward(Step& st, const float* gamma, float* dgamma,
                                                  float* dbeta, const Buffer& dy,
                                                  const Buffer& s, const Buffer& mean,

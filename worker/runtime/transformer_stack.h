@@ -11,11 +11,12 @@
 // normalise the full sequence, keep this rank's rows - so the extra collectives
 // (CollectivePurpose::kNormBoundary) measure the norm stall.
 //
-// Gradients accumulate across ForwardBackward calls until FinishGradients (SPEC §4):
-// sharded parameters get full-sequence gradients in both modes; replicated parameters
-// (LN gamma/beta, row-parallel output biases) get this rank's partial sum under SP and
-// the full gradient times 1/t under TP-only (and under the gather boundary, for LN), so
-// the one SUM all-reduce in FinishGradients is right for any mix of modes in a window.
+// Gradients accumulate across ForwardBackward calls until FinishGradients
+// (docs/design.md §4): sharded parameters get full-sequence gradients in both modes;
+// replicated parameters (LN gamma/beta, row-parallel output biases) get this rank's
+// partial sum under SP and the full gradient times 1/t under TP-only (and under the gather
+// boundary, for LN), so the one SUM all-reduce in FinishGradients is right for any mix of
+// modes in a window.
 //
 // Usage:
 //   ASSIGN_OR_RETURN(auto stack, TransformerStack::Create(opts, &arena, tp_comm.get()));

@@ -335,8 +335,8 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     rec.peak_bytes = arena.peak_bytes();
     rec.predicted_peak_bytes = Predict(o, d.mode, space, current.lengths);
 
-    // The group's reduce-scatter wait share (max over ranks, SPEC §2) for the leader's
-    // fail-static window; the daemon computes its own from telemetry.
+    // The group's reduce-scatter wait share (max over ranks, docs/design.md §2) for the
+    // leader's fail-static window; the daemon computes its own from telemetry.
     if (decider && o.tp > 1) {
       double share = step_s > 0 ? rec.rs_wait_s / step_s : 0;
       RETURN_IF_ERROR(cx.tp->AllReduceMaxHost(&share, 1));

@@ -1,4 +1,4 @@
-// The reference worker's step loop (issue 5): on every rank of a dp x tp job,
+// The reference worker's step loop: on every rank of a dp x tp job,
 //   prefetch batch N+1 (the TP leader builds it and broadcasts its lengths over the TP
 //   communicator) and submit its plan with the predicted peak memory of both modes;
 //   get step N's decision through GroupDecider (the leader asks spgated or decides
@@ -6,8 +6,8 @@
 //   the batch's first collective); run forward + backward in that mode; measure
 //   reduce-scatter, all-gather and norm-stall time, step time, tokens, padding and peak
 //   memory; report telemetry; log the decision.
-// The invariant that matters (SPEC §4): every rank of a TP group runs the mode the
-// leader broadcast for that step, so collectives always match; training never waits on
+// The invariant that matters (docs/design.md §4): every rank of a TP group runs the mode
+// the leader broadcast for that step, so collectives always match; training never waits on
 // the daemon longer than the decision deadline.
 //
 // Usage (spgate-worker's main, after MPI_Init):
