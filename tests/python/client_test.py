@@ -19,7 +19,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import spgate
-    from spgate import _spgate  # noqa: F401  (the native module must be there)
+    from spgate import _spgate  # the native module must be there
 except ImportError as e:
     print(f"skipped: spgate's native module is not built ({e})")
     sys.exit(77)
@@ -84,6 +84,24 @@ class LocalClientTest(unittest.TestCase):
         self.assertEqual(int(Reason.ADAPTIVE), 9)
         self.assertEqual(Source.FALLBACK.label, "fallback")
         self.assertRegex(spgate.__version__, r"^\d+\.\d+\.\d+$")
+
+    def test_type_stubs_cover_the_module(self):
+        import ast
+        stub = os.path.join(os.path.dirname(spgate.__file__), "_spgate.pyi")
+        tree = ast.parse(open(stub).read())
+        stubbed = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        stubbed |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+        native = {n for n in dir(_spgate) if not n.startswith("_")}
+        self.assertEqual(native - stubbed, set(), "names without type hints")
+        self.assertEqual(stubbed - native - {"TlsOptions", "__version__"}, set(),
+                         "stubs of missing names")
+        for cls in ("Client", "GroupDecider", "GateDecision", "StepTelemetry", "BatchPlan"):
+            node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+            hinted = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            hinted |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+            public = {n for n in dir(getattr(_spgate, cls)) if not n.startswith("_")}
+            self.assertEqual(public - hinted, set(), f"{cls}: members without type hints")
 
     def test_plans_decisions_and_telemetry(self):
         c = spgate.Client(job_id="local")
@@ -234,6 +252,24 @@ class LocalClientTest(unittest.TestCase):
         self.assertEqual((d.source, d.reason, d.policy_reason),
                          (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
         c.close()
+
+
+class InstallTest(unittest.TestCase):
+    @unittest.skipUnless(os.environ.get("SPGATE_BUILD_DIR"), "SPGATE_BUILD_DIR not set")
+    def test_cmake_install(self):
+        with tempfile.TemporaryDirectory(prefix="spgate-install-") as prefix:
+            subprocess.run(["cmake", "--install", os.environ["SPGATE_BUILD_DIR"], "--prefix", prefix,
+                            "--component", "python"], check=True, timeout=120,
+                           stdout=subprocess.DEVNULL)
+            found = [root for root, _, files in os.walk(prefix) if "_spgate.pyi" in files]
+            self.assertEqual(len(found), 1, found)
+            code = ("import spgate, spgate.torch.parallel; c = spgate.Client(job_id='i'); "
+                    "c.submit_plan(0, [8, 8]); print(spgate.__file__, c.await_decision(0).mode.label)")
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(found[0]))
+            out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
+                                 stdout=subprocess.PIPE, text=True, cwd=prefix).stdout
+            self.assertTrue(out.startswith(prefix), out)
+            self.assertTrue(out.strip().endswith(" sp"), out)
 
 
 class DaemonClientTest(unittest.TestCase):
