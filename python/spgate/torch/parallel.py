@@ -243,6 +243,31 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):
         return ctx.tp.all_gather_rows(grad), None
 
 
+class ColumnParallelLinearSP(torch.autograd.Function):
+    """A column-parallel linear under SP, fused with its all-gather: forward gathers the
+    sequence shards and multiplies; backward gathers them again for the weight gradient
+    (instead of keeping the gathered input: activation memory stays sharded, Megatron's
+    choice and the C++ reference's) and reduce-scatters the input gradient."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, tp: TensorParallel):
+        ctx.tp = tp
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(tp.all_gather_rows(x), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        tp = ctx.tp
+        total = tp.all_gather_rows(x)
+        g2 = grad.reshape(-1, grad.shape[-1])
+        grad_weight = g2.t().matmul(total.reshape(-1, total.shape[-1]))
+        grad_bias = g2.sum(0) if ctx.has_bias else None
+        grad_x = tp.reduce_scatter_rows(grad.matmul(weight))
+        return grad_x, grad_weight, grad_bias, None
+
+
 class ScaleGrad(torch.autograd.Function):
     """Identity forward; multiplies the gradient by `scale` (TP-only replicated params)."""
 
@@ -366,11 +391,9 @@ class ColumnParallelLinear(nn.Module):
         self.bias.spgate_shard = ("rows", rows)
 
     def forward(self, x: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
-        if sequence_parallel:
-            x = GatherFromSequenceParallel.apply(x, self.tp)
-        else:
-            x = CopyToTensorParallel.apply(x, self.tp)
-        return F.linear(x, self.weight, self.bias)
+        if sequence_parallel and self.tp.size > 1:
+            return ColumnParallelLinearSP.apply(x, self.weight, self.bias, self.tp)
+        return F.linear(CopyToTensorParallel.apply(x, self.tp), self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
