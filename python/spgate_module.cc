@@ -11,8 +11,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -273,6 +275,67 @@ std::string DecisionRepr(const GateDecision& d) {
                       std::string(ReasonLabel(d.policy_reason)), ", source=",
                       std::string(client::DecisionSourceLabel(d.source)), ", config_version=",
                       d.config_version, ")");
+}
+
+// The C++ path of bench/python/client_step_bench.py, run on the same Client in the same
+// process: SubmitPlan(n + 1) + AwaitDecision(n) + ReportTelemetry(n) timed per call with
+// steady_clock (bench/client/client_step_bench.cc's loop); between steps, untimed, a sleep
+// of step_us and a yield loop until decision n + 1 has arrived.
+py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
+                     std::vector<int64_t> lengths, int step_us) {
+  GateClient& c = self.Get("_cxx_step_loop");
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> submit_ns, await_ns, report_ns;
+  int64_t not_from_daemon = 0;
+  const bool remote = !c.options().controller.empty();
+  {
+    py::gil_scoped_release release;
+    const int64_t base_received = c.stats().decisions_received;
+    auto ready = [&](int64_t n) {
+      if (step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+      const auto give_up = Clock::now() + std::chrono::seconds(1);
+      while (remote && c.stats().decisions_received < base_received + (n - first_step) + 1 &&
+             Clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+    };
+    Mode mode = Mode::kSequenceParallel;
+    Reason reason = Reason::kGatesPassed;
+    (void)c.SubmitPlan({.step = first_step, .lengths = lengths});
+    ready(first_step);
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      const int64_t n = first_step + i;
+      const auto t0 = Clock::now();
+      (void)c.SubmitPlan({.step = n + 1, .lengths = lengths});
+      const auto t1 = Clock::now();
+      auto d = c.AwaitDecision(n, absl::Now() + absl::Milliseconds(20));
+      const auto t2 = Clock::now();
+      if (d.ok()) {
+        mode = d->mode;
+        reason = d->reason;
+        if (remote && d->source != client::DecisionSource::kDaemon && i >= warmup) ++not_from_daemon;
+      }
+      (void)c.ReportTelemetry({.step = n, .mode = mode, .reason = reason, .step_time_s = 0.1,
+                               .rs_wait_s = 0.004, .all_gather_s = 0.003,
+                               .effective_tokens = 65536, .peak_memory_bytes = 40ull << 30});
+      const auto t3 = Clock::now();
+      if (i >= warmup) {
+        auto ns = [](auto a, auto b) {
+          return std::chrono::duration<double, std::nano>(b - a).count();
+        };
+        submit_ns.push_back(ns(t0, t1));
+        await_ns.push_back(ns(t1, t2));
+        report_ns.push_back(ns(t2, t3));
+      }
+      ready(n + 1);
+    }
+  }
+  py::dict out;
+  out["submit_ns"] = submit_ns;
+  out["await_ns"] = await_ns;
+  out["report_ns"] = report_ns;
+  out["not_from_daemon"] = not_from_daemon;
+  return out;
 }
 
 }  // namespace
@@ -543,6 +606,9 @@ PYBIND11_MODULE(_spgate, m) {
           py::arg("memory_budget_bytes") = 0)
       .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none());
 
+  m.def("_cxx_step_loop", &CxxStepLoop, py::arg("client"), py::arg("first_step"),
+        py::arg("warmup"), py::arg("steps"), py::arg("lengths"), py::arg("step_us"),
+        "Benchmark helper (bench/python): the C++ client's per-step loop on this client.");
   m.def("wire_failure",
         [](int64_t step, int code) {
           client::DecisionWire w;
