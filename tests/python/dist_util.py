@@ -5,6 +5,7 @@ import datetime
 import os
 import socket
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -35,7 +36,6 @@ def run_ranks(world: int, fn, *args, timeout_s: float = 240):
     with tempfile.TemporaryDirectory(prefix="spgate-py-") as out_dir:
         ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args, out_dir),
                                  nprocs=world, join=False, start_method="spawn")
-        import time
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:

@@ -51,7 +51,9 @@ from torch import nn
 __all__ = [
     "CollectiveTimer", "TensorParallel", "PackedBatch", "ColumnParallelLinear",
     "RowParallelLinear", "ParallelTransformerBlock", "ParallelGPT", "finish_gradients",
-    "replicated", "is_sequence_parallel",
+    "replicated", "is_sequence_parallel", "gather_full", "varlen_causal_attention",
+    "CopyToTensorParallel", "ReduceFromTensorParallel", "GatherFromSequenceParallel",
+    "ReduceScatterToSequenceParallel", "ColumnParallelLinearSP", "ScaleGrad",
 ]
 
 
