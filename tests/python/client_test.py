@@ -31,31 +31,36 @@ MIXED = [128, 8192, 512, 4096]  # length CV > 0.18 -> TP-only (LENGTH_CV)
 
 
 class Spinner:
-    """A Python thread counting while the main thread is inside a native call: it can
-    count only if that call released the GIL."""
+    """A Python thread that counts while the main thread is inside a native call, noting
+    the time every 1,000 iterations. It can run inside the call's window only if the
+    call released the GIL (after the call it may run anyway, so only the window's inner
+    part counts)."""
 
     def __enter__(self):
-        self.count, self.stop = 0, False
+        self.stamps, self.stop = [], False
         self.thread = threading.Thread(target=self.run)
         self.thread.start()
         time.sleep(0.05)  # running before the call starts
-        self.start = self.count
         return self
 
     def run(self):
+        n = 0
         while not self.stop:
-            self.count += 1
+            n += 1
+            if n % 1000 == 0:
+                self.stamps.append(time.monotonic())
 
     def __exit__(self, *exc):
-        self.during = self.count - self.start
         self.stop = True
         self.thread.join(timeout=10)
         return False
 
+    def progress_within(self, t0, t1, margin=0.1):
+        """Thousands of iterations done strictly inside (t0 + margin, t1 - margin)."""
+        return sum(1 for t in self.stamps if t0 + margin < t < t1 - margin)
 
-class LocalClientTest(unittest.TestCase):
-    """No controller: the local policy decides (source LOCAL_ONLY)."""
 
+class SpgateTestCase(unittest.TestCase):
     def assertRaisesCode(self, exc_class, code, pattern):
         ctx = self.assertRaisesRegex(exc_class, pattern)
         test = self
@@ -70,6 +75,10 @@ class LocalClientTest(unittest.TestCase):
                 test.assertIsInstance(ctx.exception, spgate.Error)
                 return handled
         return Wrapper()
+
+
+class LocalClientTest(SpgateTestCase):
+    """No controller: the local policy decides (source LOCAL_ONLY)."""
 
     def test_enums(self):
         self.assertEqual(int(Mode.SEQUENCE_PARALLEL), 1)
@@ -243,15 +252,91 @@ class LocalClientTest(unittest.TestCase):
             t0 = time.monotonic()
             with self.assertRaisesCode(spgate.DeadlineExceededError, 4, ""):
                 c.wait_until_connected(0.5)
-            waited = time.monotonic() - t0
-        self.assertGreaterEqual(waited, 0.45)
-        self.assertGreater(spin.during, 10000, "a Python thread made no progress")
+            t1 = time.monotonic()
+        self.assertGreaterEqual(t1 - t0, 0.45)
+        self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
         # With no stream open a decision does not wait: the fallback decides at once.
         c.submit_plan(0, MIXED)
         d = c.await_decision(0, timeout=5.0)
         self.assertEqual((d.source, d.reason, d.policy_reason),
                          (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
         c.close()
+
+
+class NativeGroupDeciderTest(SpgateTestCase):
+    """spgate.GroupDecider (the C++ decider over a Python broadcast callback) without
+    torch: its error paths. spgate.torch.GroupDecider is this plus torch.distributed."""
+
+    def test_construction_errors(self):
+        c = spgate.Client(job_id="x")
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "broadcast"):
+            spgate.GroupDecider(c, 0, "not callable")
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "client"):
+            spgate.GroupDecider(None, 0, lambda buf, root: None)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "rank_in_group"):
+            spgate.GroupDecider(None, -1, lambda buf, root: None)
+        other = spgate.Client(job_id="x", rank_in_group=1, group_size=2)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "created for rank 1"):
+            spgate.GroupDecider(other, 0, lambda buf, root: None)
+        c.close()
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "open Client"):
+            spgate.GroupDecider(c, 0, lambda buf, root: None)
+
+    def test_leader_broadcasts_what_it_decided(self):
+        sent = []
+        c = spgate.Client(job_id="x", group_size=2)
+        dec = spgate.GroupDecider(c, 0, lambda buf, root: sent.append((bytes(buf), root)))
+        self.assertTrue(dec.is_leader)
+        dec.submit_plan(0, MIXED)
+        d = dec.decide(0)
+        self.assertEqual(sent, [(d.to_wire(), 0)])
+        # No plan for step 1: the leader broadcasts the failure, then raises it.
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "no plan"):
+            dec.decide(1)
+        self.assertEqual(sent[1][0], spgate.wire_failure(1, 9))
+        c.close()
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
+            dec.decide(2)
+
+    def test_broadcast_failures_raise_internal(self):
+        c = spgate.Client(job_id="x", group_size=2)
+
+        def boom(buf, root):
+            raise RuntimeError("boom")
+        dec = spgate.GroupDecider(c, 0, boom)
+        dec.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.Error, 13, "broadcast failed.*boom"):
+            dec.decide(0)
+        dec2 = spgate.GroupDecider(None, 1, lambda buf, root: buf.clear())
+        with self.assertRaisesCode(spgate.Error, 13, "24-byte"):
+            dec2.decide(0)
+        c.close()
+
+    def test_follower_receives(self):
+        leader_d = spgate.GateDecision(step=4, mode=Mode.TENSOR_PARALLEL_ONLY,
+                                       reason=Reason.CONTROLLER_UNAVAILABLE,
+                                       policy_reason=Reason.LENGTH_CV, source=Source.FALLBACK,
+                                       config_version=2)
+        payload = [leader_d.to_wire()]
+
+        def receive(buf, root):
+            self.assertEqual(root, 0)
+            buf[:] = payload[0]
+        f = spgate.GroupDecider(None, 1, receive)
+        self.assertFalse(f.is_leader)
+        f.submit_plan(4, UNIFORM)  # no-op on a follower
+        self.assertEqual(f.decide(4), leader_d)
+        with self.assertRaisesCode(spgate.Error, 13, "out of step"):
+            f.decide(5)  # the leader's bytes are still for step 4
+        payload[0] = spgate.wire_failure(6, 4)
+        with self.assertRaisesCode(spgate.DeadlineExceededError, 4, "could not decide step 6"):
+            f.decide(6)
+        bad = bytearray(leader_d.to_wire())
+        bad[0] = 7  # step 7
+        bad[16] = 9  # mode 9
+        payload[0] = bytes(bad)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "not a decision"):
+            f.decide(7)
 
 
 class InstallTest(unittest.TestCase):
@@ -272,7 +357,7 @@ class InstallTest(unittest.TestCase):
             self.assertTrue(out.strip().endswith(" sp"), out)
 
 
-class DaemonClientTest(unittest.TestCase):
+class DaemonClientTest(SpgateTestCase):
     def setUp(self):
         self.daemon = Daemon()
 
@@ -316,14 +401,26 @@ class DaemonClientTest(unittest.TestCase):
             with Spinner() as spin:
                 t0 = time.monotonic()
                 d = c.await_decision(0, timeout=1.0)
-                waited = time.monotonic() - t0
+                t1 = time.monotonic()
+            # The same through GroupDecider.decide (its broadcast callback takes the GIL
+            # back only to run).
+            dec = spgate.GroupDecider(c, 0, lambda buf, root: None)
+            dec.submit_plan(1, MIXED)
+            with Spinner() as spin2:
+                t2 = time.monotonic()
+                d2 = dec.decide(1, timeout=1.0)
+                t3 = time.monotonic()
         finally:
             self.daemon.signal(signal.SIGCONT)
-        self.assertGreaterEqual(waited, 0.9)
-        self.assertLess(waited, 5.0)
+        for w in (t1 - t0, t3 - t2):
+            self.assertGreaterEqual(w, 0.9)
+            self.assertLess(w, 5.0)
         self.assertEqual((d.source, d.reason, d.policy_reason),
                          (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.GATES_PASSED))
-        self.assertGreater(spin.during, 10000, "a Python thread made no progress")
+        self.assertEqual((d2.source, d2.reason, d2.policy_reason),
+                         (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
+        self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
+        self.assertGreater(spin2.progress_within(t2, t3), 10, "a Python thread made no progress")
         c.close()
 
 
