@@ -204,6 +204,13 @@ def run_rank(rank, world, args, port):
         times = tp.timer.totals()
         group_loss = float(tp.all_reduce(loss.detach()) if batch.sequence_parallel else loss)
         peak = state_bytes + saved.bytes
+        if batch.sequence_parallel and tp_size > 1:
+            # The group's wait share is the max over its ranks (SPEC §2): hand it to the
+            # leader's fail-static fallback, which otherwise only sees its own rank's.
+            share = torch.tensor([times["reduce_scatter"] / step_time])
+            dist.all_reduce(share, op=dist.ReduceOp.MAX, group=tp_pg)
+            if tp_rank == 0:
+                client.observe_group_rs_wait_share(step, d.mode, float(share))
         client.report_telemetry(spgate.StepTelemetry(
             step=step, mode=d.mode, reason=d.reason, step_time_s=step_time,
             rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
