@@ -11,9 +11,9 @@ DEB_PACKAGES := build-essential cmake pkg-config git curl ca-certificates python
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf \
-  python3-yaml openssl
+  python3-yaml openssl python3-torch pybind11-dev python3-dev
 
-.PHONY: all deps build test test-asan test-asan-mpi test-tsan demo bench clean
+.PHONY: all deps build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
 
 all: build
 
@@ -63,6 +63,11 @@ test-tsan: deps
 
 demo: build
 	bash tools/demo.sh $(BUILD_DIR)
+
+# The same job in PyTorch: examples/torch/train.py (4 processes, 2 TP groups of 2, gloo)
+# against a spgated it starts on loopback (docs/pytorch.md).
+torch-demo: build
+	bash examples/torch/demo.sh $(BUILD_DIR)
 
 bench: build
 	bash bench/run_all.sh $(BUILD_DIR)

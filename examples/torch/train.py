@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""A small GPT trained on CPU by 4 processes - 2 tensor-parallel (TP) groups of 2 ranks,
+data parallel across the groups - with spgate choosing, batch by batch and per TP group,
+sequence parallel (SP) or TP-only (SPEC §4):
+
+  - the group leader submits the plan (sequence lengths) for step n+1 while step n runs;
+  - every rank calls GroupDecider.decide(n) (the leader asks spgated; past the deadline or
+    without a daemon it decides locally; everyone gets the leader's decision over the TP
+    group's gloo broadcast), logs it, and runs step n in that mode through
+    spgate.torch.parallel's layers (SP chosen per forward call);
+  - every rank reports its telemetry (step time, reduce-scatter and all-gather time,
+    effective tokens, peak memory); at the end rank 0 prints the summary JSON with the
+    keys spgate-worker writes (steps, decisions, local_decisions, consistency_violations,
+    lost_telemetry, effective_tokens_per_s, step_time_p95_s, peak_memory_bytes).
+
+Start it with torch.multiprocessing (this script spawns the ranks itself): Debian 12's
+torchrun (torch 1.13) fails on Python 3.11, so `python3 train.py ...` is the way to run it
+(a real job launched by torchrun or Slurm would call run_rank with its own rank/world).
+
+    PYTHONPATH=build/python python3 examples/torch/train.py --controller=127.0.0.1:50061 \
+        --job_id=torch-demo --steps=30 --summary_json=/tmp/summary.json
+
+Batches are packed variable-length sequences from a bimodal length mix, so some batches
+pass the length-CV gate (SP) and others do not (TP-only). Exits 1 on a consistency
+violation.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import random
+import socket
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--controller", default="", help="spgated worker API; empty: local policy only")
+    p.add_argument("--job_id", required=True)
+    p.add_argument("--world", type=int, default=4, help="processes (ranks)")
+    p.add_argument("--tp", type=int, default=2, help="ranks per TP group")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--ffn_hidden", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--tokens_per_batch", type=int, default=1024)
+    p.add_argument("--short", type=int, default=64, help="bimodal lengths: short")
+    p.add_argument("--long", type=int, default=512, help="bimodal lengths: long")
+    p.add_argument("--p_long", type=float, default=0.3)
+    p.add_argument("--decision_deadline_ms", type=float, default=20.0)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--summary_json", default="")
+    p.add_argument("--decision_log", default="",
+                   help="PREFIX: one CSV per rank, PREFIX.rank<N>.csv (step,mode,reason,source)")
+    args = p.parse_args(argv)
+    if args.world % args.tp:
+        p.error("--world must be a multiple of --tp")
+    return args
+
+
+# ---- data -------------------------------------------------------------------------------
+
+def batch_lengths(args, group, step):
+    """The packed batch of TP group `group` at `step`: a pure function, so every rank of
+    the group (and the leader, a step early, for the plan) builds the same one."""
+    rng = random.Random((args.seed * 1_000_003 + group) * 1_000_003 + step)
+    if rng.random() < 0.5:  # a bucketed batch: similar lengths (low CV)
+        n = args.long if rng.random() < args.p_long else args.short
+        lengths = [max(1, int(n * rng.uniform(0.9, 1.1)))]
+        while sum(lengths) + lengths[0] <= args.tokens_per_batch:
+            lengths.append(max(1, int(n * rng.uniform(0.9, 1.1))))
+        return lengths
+    lengths = []
+    while True:
+        n = args.long if rng.random() < args.p_long else args.short
+        if lengths and sum(lengths) + n > args.tokens_per_batch:
+            return lengths
+        lengths.append(min(n, args.tokens_per_batch))
+
+
+def batch_tokens(args, group, step, lengths):
+    """Sequences of x[i+1] = (5 x[i] + 3) mod vocab from a random start: learnable."""
+    import torch
+    g = torch.Generator()
+    g.manual_seed(args.seed * 7 + group * 100_003 + step)
+    seqs = []
+    for n in lengths:
+        x = int(torch.randint(0, args.vocab, (1,), generator=g))
+        seq = []
+        for _ in range(n):
+            seq.append(x)
+            x = (5 * x + 3) % args.vocab
+        seqs.append(seq)
+    tokens = torch.tensor([t for s in seqs for t in s])
+    targets = torch.tensor([t for s in seqs for t in (s[1:] + [-100])])
+    return tokens, targets
+
+
+# ---- one rank ---------------------------------------------------------------------------
+
+class SavedBytes:
+    """Bytes of activations autograd keeps for backward (storages counted once)."""
+
+    def __init__(self):
+        self.seen, self.bytes = set(), 0
+
+    def pack(self, t):
+        try:
+            key = t.untyped_storage().data_ptr()
+            size = t.untyped_storage().nbytes()
+        except AttributeError:  # torch < 2.0
+            key = t.storage().data_ptr()
+            size = t.storage().nbytes()
+        if key not in self.seen:
+            self.seen.add(key)
+            self.bytes += size
+        return t
+
+
+def run_rank(rank, world, args, port):
+    import torch
+    import torch.distributed as dist
+    import spgate
+    from spgate.torch import GroupDecider
+    from spgate.torch import parallel as P
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    tp_size, groups = args.tp, world // args.tp
+    group, tp_rank = rank // tp_size, rank % tp_size
+    # Every rank creates every group, in the same order (torch.distributed's rule).
+    tp_groups = [dist.new_group(list(range(g * tp_size, (g + 1) * tp_size))) for g in range(groups)]
+    dp_groups = [dist.new_group(list(range(r, world, tp_size))) for r in range(tp_size)]
+    tp_pg, dp_pg = tp_groups[group], dp_groups[tp_rank]
+
+    tp = P.TensorParallel(tp_pg)
+    torch.manual_seed(args.seed)
+    model = P.ParallelGPT(vocab=args.vocab, hidden=args.hidden, heads=args.heads,
+                          ffn_hidden=args.ffn_hidden, layers=args.layers,
+                          max_positions=max(args.long, args.short) + 64, tp=tp, seed=args.seed,
+                          dropout=args.dropout)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # Peak memory of a step (SPEC §2): parameters, gradients and Adam's two moments (4x the
+    # parameter bytes), plus the activations autograd keeps for backward (measured).
+    state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+    client = spgate.Client(controller=args.controller, job_id=args.job_id, group=group,
+                           rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
+                           decision_deadline=args.decision_deadline_ms / 1000.0,
+                           seed=args.seed + rank)
+    if args.controller and tp_rank == 0:
+        try:  # not required (decisions fall back meanwhile); the first steps then come from the daemon
+            client.wait_until_connected(5.0)
+        except spgate.Error as e:
+            print(f"rank {rank}: spgated not reachable yet ({e}); deciding locally", file=sys.stderr)
+    dist.barrier()
+    decider = GroupDecider(client, tp_pg)
+
+    log_file = None
+    if args.decision_log:
+        log_file = open(f"{args.decision_log}.rank{rank}.csv", "w")
+        log_file.write("step,mode,reason,source\n")
+
+    records = []
+    decider.submit_plan(0, batch_lengths(args, group, 0))
+    for step in range(args.steps):
+        lengths = batch_lengths(args, group, step)
+        tokens, targets = batch_tokens(args, group, step, lengths)  # prefetched data
+        if step + 1 < args.steps:  # the plan for n+1 goes out while n runs
+            decider.submit_plan(step + 1, batch_lengths(args, group, step + 1))
+        t0 = time.perf_counter()
+        d = decider.decide(step)
+        t1 = time.perf_counter()
+        if log_file:
+            log_file.write(f"{step},{d.mode.label},{d.reason.label},{d.source.label}\n")
+
+        batch = P.PackedBatch.make(lengths, tp, d.mode, dropout_seed=args.seed * 1009 + step)
+        tp.timer.reset()
+        saved = SavedBytes()
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+            loss = model(tokens, targets, batch)
+        loss.backward()
+        P.finish_gradients(model, tp)        # replicated grads: SUM over the TP group
+        if groups > 1:                       # data parallel: mean over the TP groups
+            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            dist.all_reduce(flat, group=dp_pg)
+            flat /= groups
+            off = 0
+            for p in model.parameters():
+                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        step_time = time.perf_counter() - t1
+        times = tp.timer.totals()
+        group_loss = float(tp.all_reduce(loss.detach()) if batch.sequence_parallel else loss)
+        peak = state_bytes + saved.bytes
+        if batch.sequence_parallel and tp_size > 1:
+            # The group's wait share is the max over its ranks (SPEC §2): hand it to the
+            # leader's fail-static fallback, which otherwise only sees its own rank's.
+            share = torch.tensor([times["reduce_scatter"] / step_time])
+            dist.all_reduce(share, op=dist.ReduceOp.MAX, group=tp_pg)
+            if tp_rank == 0:
+                client.observe_group_rs_wait_share(step, d.mode, float(share))
+        client.report_telemetry(spgate.StepTelemetry(
+            step=step, mode=d.mode, reason=d.reason, step_time_s=step_time,
+            rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
+            effective_tokens=batch.tokens, padding_tokens=batch.padding_tokens,
+            peak_memory_bytes=peak))
+        records.append({"step": step, "mode": d.mode.label, "reason": d.reason.label,
+                        "source": d.source.label, "tokens": batch.tokens,
+                        "padding": batch.padding_tokens, "step_time_s": step_time,
+                        "decision_s": t1 - t0, "rs_s": times["reduce_scatter"],
+                        "ag_s": times["all_gather"], "ar_s": times["all_reduce"],
+                        "peak": peak, "loss": group_loss,
+                        "length_cv": _cv(lengths)})
+    if log_file:
+        log_file.close()
+    flushed = True
+    if args.controller:
+        try:
+            client.flush(10.0)
+        except spgate.Error:
+            flushed = False
+    s = client.stats()
+    counters = {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
+                "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
+                "late_decisions": s.late_decisions, "flushed": flushed}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
+    client.close()
+    summary = None
+    if rank == 0:
+        summary = summarize(args, world, gathered)
+        text = json.dumps(summary, indent=2, sort_keys=True)
+        print(text)
+        if args.summary_json:
+            with open(args.summary_json, "w") as f:
+                f.write(text + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    if summary is not None and summary["consistency_violations"]:
+        sys.exit(1)
+
+
+def _cv(lengths):
+    mean = sum(lengths) / len(lengths)
+    return math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths)) / mean
+
+
+def _p95(values):
+    """Nearest-rank p95, as the C++ summary."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    return v[max(0, math.ceil(0.95 * len(v)) - 1)]
+
+
+def summarize(args, world, per_rank):
+    """The run summary with spgate-worker's rules (worker/runtime/summary.h): a group's
+    step time is its slowest rank's; tokens/s per group summed over the groups;
+    decisions are the leaders'; a consistency violation is a (group, step) whose ranks
+    ran different modes."""
+    tp, groups = args.tp, world // args.tp
+    decisions, sources, by_mode_steps = {}, {}, {}
+    tokens, times, step_times = {}, {}, {}
+    peaks, violations, padding, cvs = {}, 0, {}, {}
+    for g in range(groups):
+        ranks = [per_rank[g * tp + r]["records"] for r in range(tp)]
+        for step in range(args.steps):
+            recs = [ranks[r][step] for r in range(tp)]
+            if len({r["mode"] for r in recs}) > 1:
+                violations += 1
+            lead = recs[0]
+            mode = lead["mode"]
+            decisions.setdefault(mode, {}).setdefault(lead["reason"], 0)
+            decisions[mode][lead["reason"]] += 1
+            sources[lead["source"]] = sources.get(lead["source"], 0) + 1
+            t = max(r["step_time_s"] for r in recs)
+            for key in (mode, "all"):
+                by_mode_steps[key] = by_mode_steps.get(key, 0) + 1
+                tokens.setdefault(key, {}).setdefault(g, 0)
+                tokens[key][g] += lead["tokens"]
+                times.setdefault(key, {}).setdefault(g, 0.0)
+                times[key][g] += t
+                step_times.setdefault(key, []).append(t)
+                peaks[key] = max(peaks.get(key, 0), max(r["peak"] for r in recs))
+                padding[key] = padding.get(key, 0) + lead["padding"]
+                cvs.setdefault(key, []).append(lead["length_cv"])
+    counters = [r["counters"] for r in per_rank]
+    losses = [per_rank[0]["records"][s]["loss"] for s in range(args.steps)]
+    rs = [max(per_rank[g * tp + r]["records"][s]["rs_s"] / per_rank[g * tp + r]["records"][s]["step_time_s"]
+              for r in range(tp))
+          for g in range(groups) for s in range(args.steps)
+          if per_rank[g * tp]["records"][s]["mode"] == "sp"]
+    return {
+        "steps": args.steps,
+        "decisions": decisions,
+        "decision_sources": sources,
+        "local_decisions": sum(counters[g * tp]["local_decisions"] for g in range(groups)),
+        "daemon_decisions": sum(counters[g * tp]["daemon_decisions"] for g in range(groups)),
+        "consistency_violations": violations,
+        "lost_telemetry": sum(c["telemetry_sent"] - c["telemetry_acked"] for c in counters)
+                          if args.controller else 0,
+        "telemetry_sent": sum(c["telemetry_sent"] for c in counters),
+        "telemetry_acked": sum(c["telemetry_acked"] for c in counters),
+        "effective_tokens_per_s": {k: sum(tokens[k][g] / times[k][g] for g in tokens[k])
+                                   for k in tokens},
+        "step_time_p95_s": {k: _p95(v) for k, v in step_times.items()},
+        "peak_memory_bytes": peaks,
+        "steps_by_mode": by_mode_steps,
+        "padding_tokens": padding,
+        "mean_length_cv": {k: sum(v) / len(v) for k, v in cvs.items()},
+        "rs_wait_share_mean": sum(rs) / len(rs) if rs else 0.0,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "run": {"world_size": world, "tp": tp, "dp": groups, "backend": "gloo",
+                "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+                "ffn_hidden": args.ffn_hidden, "tokens_per_batch": args.tokens_per_batch,
+                "controller": args.controller, "job_id": args.job_id},
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        mp.start_processes(run_rank, args=(args.world, args, port), nprocs=args.world,
+                           join=True, start_method="spawn")
+    except mp.ProcessExitedException as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

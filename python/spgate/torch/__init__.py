@@ -1,0 +1,11 @@
+"""spgate.torch: spgate in a PyTorch trainer. GroupDecider gives every rank of a TP group
+the same decision over its torch.distributed group (gloo or NCCL); parallel holds the
+Megatron-style TP transformer layers whose sequence parallelism is chosen per forward."""
+
+
+def __getattr__(name):
+    # Lazy, so that spgate.torch.parallel works without the native module.
+    if name == "GroupDecider":
+        from spgate.torch.group_decider import GroupDecider
+        return GroupDecider
+    raise AttributeError(name)

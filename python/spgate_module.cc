@@ -1,0 +1,623 @@
+// spgate._spgate: the Python binding of the C++ worker client (worker/client/gate_client.h,
+// group_decider.h). Names follow C++: Client (GateClient), BatchPlan, GateDecision,
+// StepTelemetry, Mode, Reason, DecisionSource, ClientStats, GroupDecider. Every failed
+// absl::Status becomes spgate.Error (or a subclass by code) carrying .code, .code_name and
+// the message; the semantics are the C++ ones (docs/client.md).
+//
+// Invariant: no call holds the GIL while it may wait - await_decision, flush,
+// wait_until_connected, close and GroupDecider.decide release it (decide's broadcast
+// callback takes it back only to run the Python broadcast) - so other Python threads,
+// and the other ranks' processes' progress, never stall on spgate.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/security/credentials.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
+
+namespace py = pybind11;
+
+namespace spgate::python {
+namespace {
+
+using client::GateClient;
+using client::GateClientOptions;
+using client::GateDecision;
+
+// ---- errors ---------------------------------------------------------------------------
+
+struct Errors {
+  py::object base, invalid_argument, failed_precondition, deadline_exceeded, unavailable;
+};
+Errors* errors = nullptr;  // created once in the module init, never freed (like the module)
+
+[[noreturn]] void Raise(const absl::Status& status, const std::string& context = {}) {
+  py::object cls = errors->base;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument: cls = errors->invalid_argument; break;
+    case absl::StatusCode::kFailedPrecondition: cls = errors->failed_precondition; break;
+    case absl::StatusCode::kDeadlineExceeded: cls = errors->deadline_exceeded; break;
+    case absl::StatusCode::kUnavailable: cls = errors->unavailable; break;
+    default: break;
+  }
+  std::string message(status.message());
+  if (!context.empty()) message = context + ": " + message;
+  py::object exc = cls(message);
+  exc.attr("code") = static_cast<int>(status.code());
+  exc.attr("code_name") = absl::StatusCodeToString(status.code());
+  exc.attr("message") = message;
+  PyErr_SetObject(cls.ptr(), exc.ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status, const std::string& context = {}) {
+  if (!status.ok()) Raise(status, context);
+}
+
+py::object MakeError(const char* name, const char* doc, py::handle bases) {
+  PyObject* cls = PyErr_NewExceptionWithDoc(name, doc, bases.ptr(), nullptr);
+  if (cls == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(cls);
+}
+
+// ---- value types ----------------------------------------------------------------------
+
+// BatchPlanInput holds a span; the Python BatchPlan owns its lengths.
+struct BatchPlan {
+  int64_t step = 0;
+  std::vector<int64_t> lengths;
+  uint64_t predicted_peak_bytes_sp = 0;
+  uint64_t predicted_peak_bytes_tp = 0;
+  uint64_t memory_budget_bytes = 0;
+
+  client::BatchPlanInput Input() const {
+    return {.step = step, .lengths = lengths, .predicted_peak_bytes_sp = predicted_peak_bytes_sp,
+            .predicted_peak_bytes_tp = predicted_peak_bytes_tp,
+            .memory_budget_bytes = memory_budget_bytes};
+  }
+};
+
+std::string ReadPem(const py::object& tls, const char* key) {
+  py::object value = py::none();
+  if (py::isinstance<py::dict>(tls)) {
+    py::dict d = tls.cast<py::dict>();
+    if (d.contains(key)) value = d[key];
+  } else if (py::hasattr(tls, key)) {
+    value = tls.attr(key);
+  }
+  if (value.is_none()) return "";
+  std::string path = py::str(value);
+  if (path.empty()) return "";
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  if (!f || ss.str().empty()) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("tls.", key, ": cannot read PEM file '", path, "'")));
+  }
+  return ss.str();
+}
+
+// tls: None, or a dict / object with ca, cert, key (PEM paths) - the same as the
+// worker's --tls_ca / --tls_cert / --tls_key.
+std::shared_ptr<grpc::ChannelCredentials> TlsCredentials(const py::object& tls) {
+  if (tls.is_none()) return nullptr;
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = ReadPem(tls, "ca");
+  ssl.pem_cert_chain = ReadPem(tls, "cert");
+  ssl.pem_private_key = ReadPem(tls, "key");
+  if (ssl.pem_cert_chain.empty() != ssl.pem_private_key.empty()) {
+    Raise(absl::InvalidArgumentError("tls: cert and key go together (mTLS needs both)"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
+absl::Duration Seconds(double s, const char* name) {
+  if (!std::isfinite(s) || s < 0) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(name, " must be a finite number of seconds >= 0, got ", s)));
+  }
+  return absl::Seconds(s);
+}
+
+// ---- the client -------------------------------------------------------------------------
+
+class Client {
+ public:
+  explicit Client(GateClientOptions options) {
+    absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(std::move(options));
+    Check(c.status());
+    client_ = std::move(*c);
+  }
+
+  GateClient& Get(const char* what) const {
+    if (!client_) {
+      Raise(absl::FailedPreconditionError(absl::StrCat(what, ": the client is closed")));
+    }
+    return *client_;
+  }
+  GateClient* raw() const { return client_.get(); }
+  bool closed() const { return client_ == nullptr; }
+
+  void Close() {
+    std::unique_ptr<GateClient> c = std::move(client_);
+    py::gil_scoped_release release;
+    c.reset();
+  }
+
+ private:
+  std::unique_ptr<GateClient> client_;
+};
+
+void SubmitPlan(Client& self, const BatchPlan& plan) {
+  Check(self.Get("submit_plan").SubmitPlan(plan.Input()));
+}
+
+GateDecision AwaitDecision(Client& self, int64_t step, std::optional<double> timeout) {
+  GateClient& c = self.Get("await_decision");
+  absl::Time deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
+                                               : c.options().decision_deadline);
+  absl::StatusOr<GateDecision> d;
+  {
+    py::gil_scoped_release release;
+    d = c.AwaitDecision(step, deadline);
+  }
+  Check(d.status());
+  return *d;
+}
+
+// ---- the group decider ------------------------------------------------------------------
+
+// C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray of 24 bytes, root)
+// fills buf with the root's bytes on the other ranks. A Python exception in it becomes
+// INTERNAL with the exception's text.
+class Decider {
+ public:
+  Decider(Client* client, int rank_in_group, py::object broadcast)
+      : client_(client), broadcast_(std::move(broadcast)) {
+    if (!PyCallable_Check(broadcast_.ptr())) {
+      Raise(absl::InvalidArgumentError("broadcast must be callable(buf, root)"));
+    }
+    if (rank_in_group == 0 && (client == nullptr || client->closed())) {
+      Raise(absl::InvalidArgumentError("client: the group leader (rank 0) needs an open Client"));
+    }
+    auto fn = [this](client::DecisionWire& wire, int root) -> absl::Status {
+      py::gil_scoped_acquire gil;
+      try {
+        py::bytearray buf(reinterpret_cast<const char*>(&wire), sizeof(wire));
+        broadcast_(buf, root);
+        const Py_ssize_t n = PyByteArray_Size(buf.ptr());
+        if (n != static_cast<Py_ssize_t>(sizeof(wire))) {
+          return absl::InternalError(
+              absl::StrCat("broadcast left ", n, " bytes in the 24-byte buffer"));
+        }
+        std::memcpy(&wire, PyByteArray_AsString(buf.ptr()), sizeof(wire));
+        return absl::OkStatus();
+      } catch (py::error_already_set& e) {
+        return absl::InternalError(absl::StrCat("broadcast failed: ", e.what()));
+      }
+    };
+    auto d = client::GroupDecider::Create(rank_in_group == 0 ? client->raw() : nullptr,
+                                          rank_in_group, std::move(fn));
+    Check(d.status());
+    decider_ = std::move(*d);
+  }
+
+  bool is_leader() const { return decider_->is_leader(); }
+
+  void SubmitPlan(const BatchPlan& plan) {
+    if (!is_leader()) return;
+    client_->Get("submit_plan");
+    Check(decider_->SubmitPlan(plan.Input()));
+  }
+
+  GateDecision Decide(int64_t step, std::optional<double> timeout) {
+    absl::Time deadline = absl::InfiniteFuture();
+    if (is_leader()) {
+      GateClient& c = client_->Get("decide");
+      deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
+                                        : c.options().decision_deadline);
+    }
+    absl::StatusOr<GateDecision> d;
+    {
+      py::gil_scoped_release release;
+      d = decider_->Decide(step, deadline);
+    }
+    Check(d.status());
+    return *d;
+  }
+
+ private:
+  Client* client_;
+  py::object broadcast_;
+  std::unique_ptr<client::GroupDecider> decider_;
+};
+
+py::bytes ToWireBytes(const GateDecision& d) {
+  client::DecisionWire w = client::ToWire(d);
+  return py::bytes(reinterpret_cast<const char*>(&w), sizeof(w));
+}
+
+GateDecision FromWireBytes(const py::bytes& b) {
+  std::string s = b;
+  if (s.size() != sizeof(client::DecisionWire)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat("wire: expected 24 bytes, got ", s.size())));
+  }
+  client::DecisionWire w;
+  std::memcpy(&w, s.data(), sizeof(w));
+  if (w.status_code != 0) {
+    Raise(absl::Status(static_cast<absl::StatusCode>(w.status_code),
+                       absl::StrCat("the group leader could not decide step ", w.step)));
+  }
+  absl::StatusOr<GateDecision> d = client::FromWire(w);
+  Check(d.status());
+  return *d;
+}
+
+std::string DecisionRepr(const GateDecision& d) {
+  return absl::StrCat("GateDecision(step=", d.step, ", mode=", std::string(ModeLabel(d.mode)),
+                      ", reason=", std::string(ReasonLabel(d.reason)), ", policy_reason=",
+                      std::string(ReasonLabel(d.policy_reason)), ", source=",
+                      std::string(client::DecisionSourceLabel(d.source)), ", config_version=",
+                      d.config_version, ")");
+}
+
+// The C++ path of bench/python/client_step_bench.py, run on the same Client in the same
+// process: SubmitPlan(n + 1) + AwaitDecision(n) + ReportTelemetry(n) timed per call with
+// steady_clock (bench/client/client_step_bench.cc's loop); between steps, untimed, a sleep
+// of step_us and a yield loop until decision n + 1 has arrived.
+py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
+                     std::vector<int64_t> lengths, int step_us) {
+  GateClient& c = self.Get("_cxx_step_loop");
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> submit_ns, await_ns, report_ns;
+  int64_t not_from_daemon = 0;
+  const bool remote = !c.options().controller.empty();
+  {
+    py::gil_scoped_release release;
+    const int64_t base_received = c.stats().decisions_received;
+    auto ready = [&](int64_t n) {
+      if (step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_us));
+      const auto give_up = Clock::now() + std::chrono::seconds(1);
+      while (remote && c.stats().decisions_received < base_received + (n - first_step) + 1 &&
+             Clock::now() < give_up) {
+        std::this_thread::yield();
+      }
+    };
+    Mode mode = Mode::kSequenceParallel;
+    Reason reason = Reason::kGatesPassed;
+    (void)c.SubmitPlan({.step = first_step, .lengths = lengths});
+    ready(first_step);
+    for (int64_t i = 0; i < warmup + steps; ++i) {
+      const int64_t n = first_step + i;
+      const auto t0 = Clock::now();
+      (void)c.SubmitPlan({.step = n + 1, .lengths = lengths});
+      const auto t1 = Clock::now();
+      auto d = c.AwaitDecision(n, absl::Now() + absl::Milliseconds(20));
+      const auto t2 = Clock::now();
+      if (d.ok()) {
+        mode = d->mode;
+        reason = d->reason;
+        if (remote && d->source != client::DecisionSource::kDaemon && i >= warmup) ++not_from_daemon;
+      }
+      (void)c.ReportTelemetry({.step = n, .mode = mode, .reason = reason, .step_time_s = 0.1,
+                               .rs_wait_s = 0.004, .all_gather_s = 0.003,
+                               .effective_tokens = 65536, .peak_memory_bytes = 40ull << 30});
+      const auto t3 = Clock::now();
+      if (i >= warmup) {
+        auto ns = [](auto a, auto b) {
+          return std::chrono::duration<double, std::nano>(b - a).count();
+        };
+        submit_ns.push_back(ns(t0, t1));
+        await_ns.push_back(ns(t1, t2));
+        report_ns.push_back(ns(t2, t3));
+      }
+      ready(n + 1);
+    }
+  }
+  py::dict out;
+  out["submit_ns"] = submit_ns;
+  out["await_ns"] = await_ns;
+  out["report_ns"] = report_ns;
+  out["not_from_daemon"] = not_from_daemon;
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_spgate, m) {
+  m.doc() = "spgate worker client (pybind11 over worker/client); see spgate/__init__.py";
+  m.attr("__version__") = SPGATE_VERSION;
+
+  errors = new Errors;
+  errors->base = MakeError("spgate.Error",
+                           "A failed spgate call: .code (absl/gRPC status code), .code_name, "
+                           ".message.",
+                           PyExc_RuntimeError);
+  errors->invalid_argument = MakeError(
+      "spgate.InvalidArgumentError", "INVALID_ARGUMENT: the message names the argument.",
+      py::make_tuple(errors->base, py::handle(PyExc_ValueError)));
+  errors->failed_precondition = MakeError("spgate.FailedPreconditionError",
+                                          "FAILED_PRECONDITION (e.g. a non-leader submitting "
+                                          "a plan, a closed client).",
+                                          errors->base);
+  errors->deadline_exceeded =
+      MakeError("spgate.DeadlineExceededError", "DEADLINE_EXCEEDED.", errors->base);
+  errors->unavailable = MakeError("spgate.UnavailableError", "UNAVAILABLE.", errors->base);
+  m.attr("Error") = errors->base;
+  m.attr("InvalidArgumentError") = errors->invalid_argument;
+  m.attr("FailedPreconditionError") = errors->failed_precondition;
+  m.attr("DeadlineExceededError") = errors->deadline_exceeded;
+  m.attr("UnavailableError") = errors->unavailable;
+
+  py::enum_<Mode> mode(m, "Mode");
+  mode.value("SEQUENCE_PARALLEL", Mode::kSequenceParallel)
+      .value("TENSOR_PARALLEL_ONLY", Mode::kTensorParallelOnly)
+      .def_property_readonly("label", [](Mode v) { return std::string(ModeLabel(v)); });
+  py::enum_<Reason>(m, "Reason")
+      .value("GATES_PASSED", Reason::kGatesPassed)
+      .value("LENGTH_CV", Reason::kLengthCv)
+      .value("RS_WAIT", Reason::kRsWait)
+      .value("PROBE", Reason::kProbe)
+      .value("MEMORY_REQUIRES_SP", Reason::kMemoryRequiresSp)
+      .value("MEMORY_OVER_BUDGET", Reason::kMemoryOverBudget)
+      .value("PINNED", Reason::kPinned)
+      .value("CONTROLLER_UNAVAILABLE", Reason::kControllerUnavailable)
+      .value("ADAPTIVE", Reason::kAdaptive)
+      .def_property_readonly("label", [](Reason v) { return std::string(ReasonLabel(v)); });
+  py::enum_<client::DecisionSource>(m, "DecisionSource")
+      .value("DAEMON", client::DecisionSource::kDaemon)
+      .value("FALLBACK", client::DecisionSource::kFallback)
+      .value("LOCAL_ONLY", client::DecisionSource::kLocalOnly)
+      .def_property_readonly("label", [](client::DecisionSource v) {
+        return std::string(client::DecisionSourceLabel(v));
+      });
+
+  py::class_<BatchPlan>(m, "BatchPlan")
+      .def(py::init([](int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
+                       uint64_t budget) {
+             return BatchPlan{step, std::move(lengths), sp, tp, budget};
+           }),
+           py::arg("step"), py::arg("lengths"), py::arg("predicted_peak_bytes_sp") = 0,
+           py::arg("predicted_peak_bytes_tp") = 0, py::arg("memory_budget_bytes") = 0)
+      .def_readwrite("step", &BatchPlan::step)
+      .def_readwrite("lengths", &BatchPlan::lengths)
+      .def_readwrite("predicted_peak_bytes_sp", &BatchPlan::predicted_peak_bytes_sp)
+      .def_readwrite("predicted_peak_bytes_tp", &BatchPlan::predicted_peak_bytes_tp)
+      .def_readwrite("memory_budget_bytes", &BatchPlan::memory_budget_bytes)
+      .def("__repr__", [](const BatchPlan& p) {
+        return absl::StrCat("BatchPlan(step=", p.step, ", lengths=<", p.lengths.size(),
+                            " sequences>)");
+      });
+
+  py::class_<GateDecision>(m, "GateDecision")
+      .def(py::init([](int64_t step, Mode mode, Reason reason, std::optional<Reason> policy_reason,
+                       client::DecisionSource source, int64_t config_version) {
+             return GateDecision{step, mode, reason, policy_reason.value_or(reason), source,
+                                 config_version};
+           }),
+           py::arg("step"), py::arg("mode"), py::arg("reason"),
+           py::arg("policy_reason") = py::none(),
+           py::arg("source") = client::DecisionSource::kDaemon, py::arg("config_version") = 0)
+      .def_readonly("step", &GateDecision::step)
+      .def_readonly("mode", &GateDecision::mode)
+      .def_readonly("reason", &GateDecision::reason)
+      .def_readonly("policy_reason", &GateDecision::policy_reason)
+      .def_readonly("source", &GateDecision::source)
+      .def_readonly("config_version", &GateDecision::config_version)
+      .def_property_readonly("sequence_parallel",
+                             [](const GateDecision& d) { return d.mode == Mode::kSequenceParallel; })
+      .def("to_wire", &ToWireBytes, "The 24-byte DecisionWire that GroupDecider broadcasts.")
+      .def_static("from_wire", &FromWireBytes, py::arg("wire"),
+                  "Decodes a DecisionWire; raises the leader's error if it carries one.")
+      .def("__eq__", [](const GateDecision& a, const GateDecision& b) { return a == b; })
+      .def("__repr__", &DecisionRepr);
+
+  py::class_<client::StepTelemetryInput>(m, "StepTelemetry")
+      .def(py::init([](int64_t step, Mode mode, Reason reason, double step_time_s, double rs_wait_s,
+                       double all_gather_s, double norm_stall_s, int64_t effective_tokens,
+                       int64_t padding_tokens, uint64_t peak_memory_bytes) {
+             return client::StepTelemetryInput{step, mode, reason, step_time_s, rs_wait_s,
+                                               all_gather_s, norm_stall_s, effective_tokens,
+                                               padding_tokens, peak_memory_bytes};
+           }),
+           py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
+           py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
+           py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
+           py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0)
+      .def_readwrite("step", &client::StepTelemetryInput::step)
+      .def_readwrite("mode", &client::StepTelemetryInput::mode)
+      .def_readwrite("reason", &client::StepTelemetryInput::reason)
+      .def_readwrite("step_time_s", &client::StepTelemetryInput::step_time_s)
+      .def_readwrite("rs_wait_s", &client::StepTelemetryInput::rs_wait_s)
+      .def_readwrite("all_gather_s", &client::StepTelemetryInput::all_gather_s)
+      .def_readwrite("norm_stall_s", &client::StepTelemetryInput::norm_stall_s)
+      .def_readwrite("effective_tokens", &client::StepTelemetryInput::effective_tokens)
+      .def_readwrite("padding_tokens", &client::StepTelemetryInput::padding_tokens)
+      .def_readwrite("peak_memory_bytes", &client::StepTelemetryInput::peak_memory_bytes);
+
+  py::class_<client::GateClientStats>(m, "ClientStats")
+      .def_readonly("connected", &client::GateClientStats::connected)
+      .def_readonly("registrations", &client::GateClientStats::registrations)
+      .def_readonly("streams_opened", &client::GateClientStats::streams_opened)
+      .def_readonly("stream_failures", &client::GateClientStats::stream_failures)
+      .def_readonly("plans_submitted", &client::GateClientStats::plans_submitted)
+      .def_readonly("plans_sent", &client::GateClientStats::plans_sent)
+      .def_readonly("plans_rejected", &client::GateClientStats::plans_rejected)
+      .def_readonly("decisions_received", &client::GateClientStats::decisions_received)
+      .def_readonly("daemon_decisions", &client::GateClientStats::daemon_decisions)
+      .def_readonly("late_decisions", &client::GateClientStats::late_decisions)
+      .def_readonly("local_decisions", &client::GateClientStats::local_decisions)
+      .def_readonly("config_updates", &client::GateClientStats::config_updates)
+      .def_readonly("telemetry_reported", &client::GateClientStats::telemetry_reported)
+      .def_readonly("telemetry_sent", &client::GateClientStats::telemetry_sent)
+      .def_readonly("telemetry_acked", &client::GateClientStats::telemetry_acked)
+      .def_readonly("telemetry_dropped", &client::GateClientStats::telemetry_dropped)
+      .def_readonly("last_decided_step", &client::GateClientStats::last_decided_step)
+      .def_readonly("last_error", &client::GateClientStats::last_error);
+
+  py::class_<Client>(m, "Client")
+      .def(py::init([](std::string job_id, std::string controller, int group, int rank_in_group,
+                       int group_size, int global_rank, std::string host,
+                       uint64_t memory_budget_bytes, double decision_deadline,
+                       double rpc_timeout, double initial_backoff, double max_backoff,
+                       int telemetry_buffer, uint64_t seed, py::object tls) {
+             GateClientOptions o;
+             o.controller = std::move(controller);
+             o.job_id = std::move(job_id);
+             o.group = group;
+             o.rank_in_group = rank_in_group;
+             o.group_size = group_size;
+             o.global_rank = global_rank;
+             o.host = std::move(host);
+             o.memory_budget_bytes = memory_budget_bytes;
+             o.decision_deadline = Seconds(decision_deadline, "decision_deadline");
+             o.rpc_timeout = Seconds(rpc_timeout, "rpc_timeout");
+             o.initial_backoff = Seconds(initial_backoff, "initial_backoff");
+             o.max_backoff = Seconds(max_backoff, "max_backoff");
+             o.telemetry_buffer = telemetry_buffer;
+             o.seed = seed;
+             o.credentials = TlsCredentials(tls);
+             return std::make_unique<Client>(std::move(o));
+           }),
+           py::kw_only(), py::arg("job_id"), py::arg("controller") = "", py::arg("group") = 0,
+           py::arg("rank_in_group") = 0, py::arg("group_size") = 1, py::arg("global_rank") = 0,
+           py::arg("host") = "", py::arg("memory_budget_bytes") = 0,
+           py::arg("decision_deadline") = 0.020, py::arg("rpc_timeout") = 2.0,
+           py::arg("initial_backoff") = 0.1, py::arg("max_backoff") = 5.0,
+           py::arg("telemetry_buffer") = 4096, py::arg("seed") = 0,
+           py::arg("tls") = py::none())
+      .def("submit_plan", &SubmitPlan, py::arg("plan"))
+      .def(
+          "submit_plan",
+          [](Client& self, int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
+             uint64_t budget) { SubmitPlan(self, BatchPlan{step, std::move(lengths), sp, tp, budget}); },
+          py::arg("step"), py::arg("lengths"), py::kw_only(),
+          py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
+          py::arg("memory_budget_bytes") = 0)
+      .def("await_decision", &AwaitDecision, py::arg("step"), py::arg("timeout") = py::none())
+      .def("report_telemetry",
+           [](Client& self, const client::StepTelemetryInput& t) {
+             Check(self.Get("report_telemetry").ReportTelemetry(t));
+           },
+           py::arg("telemetry"))
+      .def("observe_group_rs_wait_share",
+           [](Client& self, int64_t step, Mode mode, double share) {
+             self.Get("observe_group_rs_wait_share").ObserveGroupRsWaitShare(step, mode, share);
+           },
+           py::arg("step"), py::arg("mode"), py::arg("share"))
+      .def("flush",
+           [](Client& self, double timeout) {
+             GateClient& c = self.Get("flush");
+             absl::Duration d = Seconds(timeout, "timeout");
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.Flush(d);
+             }
+             Check(s);
+           },
+           py::arg("timeout") = 5.0)
+      .def("wait_until_connected",
+           [](Client& self, double timeout) {
+             GateClient& c = self.Get("wait_until_connected");
+             absl::Duration d = Seconds(timeout, "timeout");
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.WaitUntilConnected(d);
+             }
+             Check(s);
+           },
+           py::arg("timeout"))
+      .def("stats", [](Client& self) { return self.Get("stats").stats(); })
+      .def("config_for",
+           [](Client& self, int64_t step) {
+             client::ScheduledConfig sc = self.Get("config_for").ConfigFor(step);
+             const GateConfig& c = sc.config;
+             py::dict d;
+             d["version"] = sc.version;
+             d["effective_from_step"] = sc.effective_from_step;
+             d["max_length_cv"] = c.max_length_cv;
+             d["max_rs_wait_share"] = c.max_rs_wait_share;
+             d["bucket_target_cv"] = c.bucket_target_cv;
+             d["rs_wait_reenable_margin"] = c.rs_wait_reenable_margin;
+             d["probe_interval_steps"] = c.probe_interval_steps;
+             d["min_dwell_steps"] = c.min_dwell_steps;
+             d["window_steps"] = c.window_steps;
+             d["memory_headroom"] = c.memory_headroom;
+             return d;
+           },
+           py::arg("step"))
+      .def("take_decision_latencies",
+           [](Client& self) {
+             std::vector<std::pair<double, double>> out;
+             for (const auto& l : self.Get("take_decision_latencies").TakeDecisionLatencies()) {
+               out.emplace_back(l.total_s, l.queued_s);
+             }
+             return out;
+           })
+      .def_property_readonly("is_leader",
+                             [](Client& self) { return self.Get("is_leader").options().rank_in_group == 0; })
+      .def_property_readonly("job_id", [](Client& self) { return self.Get("job_id").options().job_id; })
+      .def_property_readonly("group", [](Client& self) { return self.Get("group").options().group; })
+      .def_property_readonly("rank_in_group",
+                             [](Client& self) { return self.Get("rank_in_group").options().rank_in_group; })
+      .def_property_readonly("group_size",
+                             [](Client& self) { return self.Get("group_size").options().group_size; })
+      .def_property_readonly("closed", &Client::closed)
+      .def("close", &Client::Close)
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](Client& self, py::args) {
+        self.Close();
+        return false;
+      });
+
+  py::class_<Decider>(m, "GroupDecider")
+      .def(py::init([](py::object client, int rank_in_group, py::object broadcast) {
+             Client* c = client.is_none() ? nullptr : client.cast<Client*>();
+             return std::make_unique<Decider>(c, rank_in_group, std::move(broadcast));
+           }),
+           py::arg("client"), py::arg("rank_in_group"), py::arg("broadcast"),
+           py::keep_alive<1, 2>())
+      .def_property_readonly("is_leader", &Decider::is_leader)
+      .def("submit_plan", &Decider::SubmitPlan, py::arg("plan"))
+      .def(
+          "submit_plan",
+          [](Decider& self, int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
+             uint64_t budget) { self.SubmitPlan(BatchPlan{step, std::move(lengths), sp, tp, budget}); },
+          py::arg("step"), py::arg("lengths"), py::kw_only(),
+          py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
+          py::arg("memory_budget_bytes") = 0)
+      .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none());
+
+  m.def("_cxx_step_loop", &CxxStepLoop, py::arg("client"), py::arg("first_step"),
+        py::arg("warmup"), py::arg("steps"), py::arg("lengths"), py::arg("step_us"),
+        "Benchmark helper (bench/python): the C++ client's per-step loop on this client.");
+  m.def("wire_failure",
+        [](int64_t step, int code) {
+          client::DecisionWire w;
+          w.step = step;
+          w.status_code = code;
+          return py::bytes(reinterpret_cast<const char*>(&w), sizeof(w));
+        },
+        py::arg("step"), py::arg("code"),
+        "A DecisionWire carrying a leader's failure (tests, custom broadcasts).");
+}
+
+}  // namespace spgate::python

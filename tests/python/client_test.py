@@ -1,0 +1,472 @@
+"""The spgate Python package (spgate._spgate over the C++ client): every call, every error
+path (exception class, status code, the argument named in the message), context-manager
+close, the 24-byte wire, a live spgated on loopback (daemon decisions, telemetry
+acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with generated
+certificates, and the GIL released while await_decision and wait_until_connected wait.
+
+Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/client_test.py
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    import spgate
+    from spgate import _spgate  # the native module must be there
+except ImportError as e:
+    print(f"skipped: spgate's native module is not built ({e})")
+    sys.exit(77)
+from daemon_util import Daemon  # noqa: E402
+
+Mode, Reason, Source = spgate.Mode, spgate.Reason, spgate.DecisionSource
+UNIFORM = [4096] * 4           # length CV 0: the gates pass -> SP
+MIXED = [128, 8192, 512, 4096]  # length CV > 0.18 -> TP-only (LENGTH_CV)
+
+
+class Spinner:
+    """A Python thread that counts while the main thread is inside a native call, noting
+    the time every 1,000 iterations. It can run inside the call's window only if the
+    call released the GIL (after the call it may run anyway, so only the window's inner
+    part counts)."""
+
+    def __enter__(self):
+        self.stamps, self.stop = [], False
+        self.thread = threading.Thread(target=self.run)
+        self.thread.start()
+        time.sleep(0.05)  # running before the call starts
+        return self
+
+    def run(self):
+        n = 0
+        while not self.stop:
+            n += 1
+            if n % 1000 == 0:
+                self.stamps.append(time.monotonic())
+
+    def __exit__(self, *exc):
+        self.stop = True
+        self.thread.join(timeout=10)
+        return False
+
+    def progress_within(self, t0, t1, margin=0.1):
+        """Thousands of iterations done strictly inside (t0 + margin, t1 - margin)."""
+        return sum(1 for t in self.stamps if t0 + margin < t < t1 - margin)
+
+
+class SpgateTestCase(unittest.TestCase):
+    def assertRaisesCode(self, exc_class, code, pattern):
+        ctx = self.assertRaisesRegex(exc_class, pattern)
+        test = self
+
+        class Wrapper:
+            def __enter__(self):
+                return ctx.__enter__()
+
+            def __exit__(self, *exc):
+                handled = ctx.__exit__(*exc)
+                test.assertEqual(ctx.exception.code, code, str(ctx.exception))
+                test.assertIsInstance(ctx.exception, spgate.Error)
+                return handled
+        return Wrapper()
+
+
+class LocalClientTest(SpgateTestCase):
+    """No controller: the local policy decides (source LOCAL_ONLY)."""
+
+    def test_enums(self):
+        self.assertEqual(int(Mode.SEQUENCE_PARALLEL), 1)
+        self.assertEqual(int(Mode.TENSOR_PARALLEL_ONLY), 2)
+        self.assertEqual(Mode.TENSOR_PARALLEL_ONLY.label, "tp_only")
+        self.assertEqual([r.label for r in (Reason.GATES_PASSED, Reason.LENGTH_CV, Reason.RS_WAIT,
+                                            Reason.PROBE, Reason.MEMORY_REQUIRES_SP,
+                                            Reason.MEMORY_OVER_BUDGET, Reason.PINNED,
+                                            Reason.CONTROLLER_UNAVAILABLE, Reason.ADAPTIVE)],
+                         ["gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
+                          "memory_over_budget", "pinned", "controller_unavailable", "adaptive"])
+        self.assertEqual(int(Reason.ADAPTIVE), 9)
+        self.assertEqual(Source.FALLBACK.label, "fallback")
+        self.assertRegex(spgate.__version__, r"^\d+\.\d+\.\d+$")
+
+    def test_type_stubs_cover_the_module(self):
+        import ast
+        stub = os.path.join(os.path.dirname(spgate.__file__), "_spgate.pyi")
+        tree = ast.parse(open(stub).read())
+        stubbed = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+        stubbed |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                    for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
+        native = {n for n in dir(_spgate) if not n.startswith("_")}
+        self.assertEqual(native - stubbed, set(), "names without type hints")
+        self.assertEqual(stubbed - native - {"TlsOptions", "__version__"}, set(),
+                         "stubs of missing names")
+        for cls in ("Client", "GroupDecider", "GateDecision", "StepTelemetry", "BatchPlan"):
+            node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+            hinted = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+            hinted |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
+            public = {n for n in dir(getattr(_spgate, cls)) if not n.startswith("_")}
+            self.assertEqual(public - hinted, set(), f"{cls}: members without type hints")
+
+    def test_plans_decisions_and_telemetry(self):
+        c = spgate.Client(job_id="local")
+        self.assertTrue(c.is_leader)
+        self.assertEqual((c.job_id, c.group, c.rank_in_group, c.group_size), ("local", 0, 0, 1))
+        c.submit_plan(0, UNIFORM)
+        c.submit_plan(spgate.BatchPlan(step=1, lengths=MIXED))
+        # TP-only would need 95 of 100 bytes (> 0.9 headroom): the memory gate wants SP.
+        c.submit_plan(2, MIXED, predicted_peak_bytes_sp=50, predicted_peak_bytes_tp=95,
+                      memory_budget_bytes=100)
+        d0 = c.await_decision(0)
+        self.assertEqual((d0.step, d0.mode, d0.reason, d0.policy_reason, d0.source),
+                         (0, Mode.SEQUENCE_PARALLEL, Reason.GATES_PASSED, Reason.GATES_PASSED,
+                          Source.LOCAL_ONLY))
+        self.assertTrue(d0.sequence_parallel)
+        d1 = c.await_decision(1, timeout=0.5)
+        self.assertEqual((d1.mode, d1.reason), (Mode.TENSOR_PARALLEL_ONLY, Reason.LENGTH_CV))
+        self.assertFalse(d1.sequence_parallel)
+        self.assertEqual(c.await_decision(1), d1)  # committed: the same answer again
+        d2 = c.await_decision(2)
+        self.assertEqual((d2.mode, d2.reason), (Mode.SEQUENCE_PARALLEL, Reason.MEMORY_REQUIRES_SP))
+        self.assertIn("mode=sp", repr(d2))
+        c.report_telemetry(spgate.StepTelemetry(step=0, mode=d0.mode, reason=d0.reason,
+                                                step_time_s=0.01, rs_wait_s=0.001,
+                                                effective_tokens=16384))
+        c.observe_group_rs_wait_share(0, Mode.SEQUENCE_PARALLEL, 0.1)
+        c.flush(timeout=1.0)  # no controller: OK at once
+        s = c.stats()
+        self.assertEqual((s.local_decisions, s.daemon_decisions, s.telemetry_reported,
+                          s.plans_submitted, s.connected), (3, 0, 1, 3, False))
+        cfg = c.config_for(0)
+        self.assertEqual((cfg["max_length_cv"], cfg["window_steps"], cfg["memory_headroom"]),
+                         (0.18, 50, 0.9))
+        self.assertEqual(c.take_decision_latencies(), [])
+        c.close()
+
+    def test_constructor_errors_name_the_argument(self):
+        E = spgate.InvalidArgumentError
+        cases = [
+            (dict(group_size=0), "group_size"),
+            (dict(group_size=2, rank_in_group=2), "rank_in_group"),
+            (dict(group=-1), "group"),
+            (dict(decision_deadline=-1.0), "decision_deadline"),
+            (dict(decision_deadline=float("nan")), "decision_deadline"),
+            (dict(rpc_timeout=0.0), "rpc_timeout"),
+            (dict(initial_backoff=2.0, max_backoff=1.0), "initial_backoff"),
+            (dict(telemetry_buffer=0), "telemetry_buffer"),
+            (dict(tls={"ca": "/nonexistent/ca.pem"}), r"tls\.ca"),
+            (dict(tls={"cert": __file__}), "cert and key"),
+        ]
+        for kwargs, pattern in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesCode(E, 3, pattern):
+                    spgate.Client(job_id="x", **kwargs)
+        with self.assertRaisesCode(E, 3, "job_id"):
+            spgate.Client(job_id="", controller="127.0.0.1:1")
+        with self.assertRaises(ValueError):  # InvalidArgumentError is a ValueError too
+            spgate.Client(job_id="x", group_size=0)
+        with self.assertRaisesRegex(TypeError, "job_id"):
+            spgate.Client()
+        with self.assertRaisesRegex(TypeError, "incompatible"):
+            spgate.Client(job_id="x", no_such_option=1)
+
+    def test_call_errors(self):
+        c = spgate.Client(job_id="x")
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "step"):
+            c.submit_plan(-1, UNIFORM)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "length"):
+            c.submit_plan(0, [])
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "length"):
+            c.submit_plan(0, [10, 0])
+        with self.assertRaisesRegex(TypeError, "incompatible"):
+            c.submit_plan(0, ["a"])
+        c.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.Error, 6, "already submitted"):
+            c.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "no plan"):
+            c.await_decision(5)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "timeout"):
+            c.await_decision(0, timeout=-1)
+        c.await_decision(0)
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "already decided"):
+            c.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "step_time"):
+            c.report_telemetry(spgate.StepTelemetry(step=0, mode=Mode.SEQUENCE_PARALLEL,
+                                                    reason=Reason.GATES_PASSED, step_time_s=0))
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "telemetry.step"):
+            c.report_telemetry(spgate.StepTelemetry(step=-1, mode=Mode.SEQUENCE_PARALLEL,
+                                                    reason=Reason.GATES_PASSED, step_time_s=1))
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "no controller"):
+            c.wait_until_connected(0.1)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "timeout"):
+            c.flush(timeout=-2)
+        c.close()
+
+    def test_non_leader(self):
+        c = spgate.Client(job_id="x", rank_in_group=1, group_size=2)
+        self.assertFalse(c.is_leader)
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "only the group leader"):
+            c.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "non-leaders"):
+            c.await_decision(0)
+        c.report_telemetry(spgate.StepTelemetry(step=0, mode=Mode.TENSOR_PARALLEL_ONLY,
+                                                reason=Reason.LENGTH_CV, step_time_s=0.5))
+        self.assertEqual(c.stats().telemetry_reported, 1)
+        c.close()
+
+    def test_close_and_context_manager(self):
+        with spgate.Client(job_id="x") as c:
+            self.assertFalse(c.closed)
+            c.submit_plan(0, UNIFORM)
+        self.assertTrue(c.closed)
+        for call in (lambda: c.submit_plan(1, UNIFORM), lambda: c.await_decision(0),
+                     lambda: c.stats(), lambda: c.flush(), lambda: c.job_id):
+            with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
+                call()
+        c.close()  # twice is fine
+
+    def test_wire(self):
+        d = spgate.GateDecision(step=7, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
+                                source=Source.FALLBACK, config_version=3)
+        w = d.to_wire()
+        self.assertEqual(len(w), 24)
+        self.assertEqual(spgate.GateDecision.from_wire(w), d)
+        self.assertEqual(d.policy_reason, Reason.LENGTH_CV)
+        with self.assertRaisesCode(spgate.UnavailableError, 14, "could not decide step 5"):
+            spgate.GateDecision.from_wire(spgate.wire_failure(5, 14))
+        bad = bytearray(w)
+        bad[16] = 7  # mode 7
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "not a decision"):
+            spgate.GateDecision.from_wire(bytes(bad))
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "24 bytes"):
+            spgate.GateDecision.from_wire(b"\0" * 8)
+
+    def test_gil_released_while_waiting_to_connect(self):
+        # Nothing listens on port 1: the wait runs to its timeout.
+        c = spgate.Client(job_id="x", controller="127.0.0.1:1")
+        with Spinner() as spin:
+            t0 = time.monotonic()
+            with self.assertRaisesCode(spgate.DeadlineExceededError, 4, ""):
+                c.wait_until_connected(0.5)
+            t1 = time.monotonic()
+        self.assertGreaterEqual(t1 - t0, 0.45)
+        self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
+        # With no stream open a decision does not wait: the fallback decides at once.
+        c.submit_plan(0, MIXED)
+        d = c.await_decision(0, timeout=5.0)
+        self.assertEqual((d.source, d.reason, d.policy_reason),
+                         (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
+        c.close()
+
+
+class NativeGroupDeciderTest(SpgateTestCase):
+    """spgate.GroupDecider (the C++ decider over a Python broadcast callback) without
+    torch: its error paths. spgate.torch.GroupDecider is this plus torch.distributed."""
+
+    def test_construction_errors(self):
+        c = spgate.Client(job_id="x")
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "broadcast"):
+            spgate.GroupDecider(c, 0, "not callable")
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "client"):
+            spgate.GroupDecider(None, 0, lambda buf, root: None)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "rank_in_group"):
+            spgate.GroupDecider(None, -1, lambda buf, root: None)
+        other = spgate.Client(job_id="x", rank_in_group=1, group_size=2)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "created for rank 1"):
+            spgate.GroupDecider(other, 0, lambda buf, root: None)
+        c.close()
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "open Client"):
+            spgate.GroupDecider(c, 0, lambda buf, root: None)
+
+    def test_leader_broadcasts_what_it_decided(self):
+        sent = []
+        c = spgate.Client(job_id="x", group_size=2)
+        dec = spgate.GroupDecider(c, 0, lambda buf, root: sent.append((bytes(buf), root)))
+        self.assertTrue(dec.is_leader)
+        dec.submit_plan(0, MIXED)
+        d = dec.decide(0)
+        self.assertEqual(sent, [(d.to_wire(), 0)])
+        # No plan for step 1: the leader broadcasts the failure, then raises it.
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "no plan"):
+            dec.decide(1)
+        self.assertEqual(sent[1][0], spgate.wire_failure(1, 9))
+        c.close()
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
+            dec.decide(2)
+
+    def test_broadcast_failures_raise_internal(self):
+        c = spgate.Client(job_id="x", group_size=2)
+
+        def boom(buf, root):
+            raise RuntimeError("boom")
+        dec = spgate.GroupDecider(c, 0, boom)
+        dec.submit_plan(0, UNIFORM)
+        with self.assertRaisesCode(spgate.Error, 13, "broadcast failed.*boom"):
+            dec.decide(0)
+        dec2 = spgate.GroupDecider(None, 1, lambda buf, root: buf.clear())
+        with self.assertRaisesCode(spgate.Error, 13, "24-byte"):
+            dec2.decide(0)
+        c.close()
+
+    def test_follower_receives(self):
+        leader_d = spgate.GateDecision(step=4, mode=Mode.TENSOR_PARALLEL_ONLY,
+                                       reason=Reason.CONTROLLER_UNAVAILABLE,
+                                       policy_reason=Reason.LENGTH_CV, source=Source.FALLBACK,
+                                       config_version=2)
+        payload = [leader_d.to_wire()]
+
+        def receive(buf, root):
+            self.assertEqual(root, 0)
+            buf[:] = payload[0]
+        f = spgate.GroupDecider(None, 1, receive)
+        self.assertFalse(f.is_leader)
+        f.submit_plan(4, UNIFORM)  # no-op on a follower
+        self.assertEqual(f.decide(4), leader_d)
+        with self.assertRaisesCode(spgate.Error, 13, "out of step"):
+            f.decide(5)  # the leader's bytes are still for step 4
+        payload[0] = spgate.wire_failure(6, 4)
+        with self.assertRaisesCode(spgate.DeadlineExceededError, 4, "could not decide step 6"):
+            f.decide(6)
+        bad = bytearray(leader_d.to_wire())
+        bad[0] = 7  # step 7
+        bad[16] = 9  # mode 9
+        payload[0] = bytes(bad)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "not a decision"):
+            f.decide(7)
+
+
+class InstallTest(unittest.TestCase):
+    @unittest.skipUnless(os.environ.get("SPGATE_BUILD_DIR"), "SPGATE_BUILD_DIR not set")
+    def test_cmake_install(self):
+        with tempfile.TemporaryDirectory(prefix="spgate-install-") as prefix:
+            subprocess.run(["cmake", "--install", os.environ["SPGATE_BUILD_DIR"], "--prefix", prefix,
+                            "--component", "python"], check=True, timeout=120,
+                           stdout=subprocess.DEVNULL)
+            found = [root for root, _, files in os.walk(prefix) if "_spgate.pyi" in files]
+            self.assertEqual(len(found), 1, found)
+            code = ("import spgate, spgate.torch.parallel; c = spgate.Client(job_id='i'); "
+                    "c.submit_plan(0, [8, 8]); print(spgate.__file__, c.await_decision(0).mode.label)")
+            env = dict(os.environ, PYTHONPATH=os.path.dirname(found[0]))
+            out = subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60,
+                                 stdout=subprocess.PIPE, text=True, cwd=prefix).stdout
+            self.assertTrue(out.startswith(prefix), out)
+            self.assertTrue(out.strip().endswith(" sp"), out)
+
+
+class DaemonClientTest(SpgateTestCase):
+    def setUp(self):
+        self.daemon = Daemon()
+
+    def tearDown(self):
+        self.daemon.stop()
+
+    def test_daemon_decisions_telemetry_and_metrics(self):
+        with spgate.Client(controller=self.daemon.address, job_id="py-live") as c:
+            c.wait_until_connected(10)
+            self.assertTrue(c.stats().connected)
+            lengths = [UNIFORM, MIXED, UNIFORM, MIXED, UNIFORM]
+            for step, ls in enumerate(lengths):
+                c.submit_plan(step, ls)
+            got = [c.await_decision(step, timeout=5.0) for step in range(len(lengths))]
+            for step, d in enumerate(got):
+                self.assertEqual(d.source, Source.DAEMON, d)
+                self.assertEqual(d.reason, Reason.GATES_PASSED if step % 2 == 0 else
+                                 Reason.LENGTH_CV)
+                c.report_telemetry(spgate.StepTelemetry(step=step, mode=d.mode, reason=d.reason,
+                                                        step_time_s=0.01,
+                                                        effective_tokens=sum(lengths[step])))
+            c.flush(timeout=10)
+            s = c.stats()
+            self.assertEqual((s.daemon_decisions, s.local_decisions), (5, 0))
+            self.assertEqual(s.telemetry_acked, 5)
+            self.assertEqual(s.telemetry_sent, 5)
+            lat = c.take_decision_latencies()
+            self.assertEqual(len(lat), 5)
+            self.assertTrue(all(total >= queued >= 0 for total, queued in lat))
+        self.assertEqual(self.daemon.decisions_total("py-live"),
+                         {"sp": {"gates_passed": 3}, "tp_only": {"length_cv": 2}})
+
+    def test_gil_released_while_await_decision_waits(self):
+        c = spgate.Client(controller=self.daemon.address, job_id="py-gil")
+        c.wait_until_connected(10)
+        # A frozen daemon keeps the stream open but never answers: the leader waits until
+        # the deadline, then falls back.
+        self.daemon.freeze()
+        try:
+            c.submit_plan(0, UNIFORM)
+            with Spinner() as spin:
+                t0 = time.monotonic()
+                d = c.await_decision(0, timeout=1.0)
+                t1 = time.monotonic()
+            # The same through GroupDecider.decide (its broadcast callback takes the GIL
+            # back only to run).
+            dec = spgate.GroupDecider(c, 0, lambda buf, root: None)
+            dec.submit_plan(1, MIXED)
+            with Spinner() as spin2:
+                t2 = time.monotonic()
+                d2 = dec.decide(1, timeout=1.0)
+                t3 = time.monotonic()
+        finally:
+            self.daemon.signal(signal.SIGCONT)
+        for w in (t1 - t0, t3 - t2):
+            self.assertGreaterEqual(w, 0.9)
+            self.assertLess(w, 5.0)
+        self.assertEqual((d.source, d.reason, d.policy_reason),
+                         (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.GATES_PASSED))
+        self.assertEqual((d2.source, d2.reason, d2.policy_reason),
+                         (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
+        self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
+        self.assertGreater(spin2.progress_within(t2, t3), 10, "a Python thread made no progress")
+        c.close()
+
+
+class TlsClientTest(unittest.TestCase):
+    def setUp(self):
+        if shutil.which("openssl") is None:
+            self.skipTest("no openssl CLI")
+        self.dir = tempfile.mkdtemp(prefix="spgate-tls-")
+        script = (
+            "set -e; exec > openssl.log 2>&1;"
+            "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key -out ca.pem;"
+            "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext;"
+            "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr;"
+            "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+            "-extfile san.ext -out server.pem;"
+            "openssl req -newkey rsa:2048 -nodes -subj /CN=worker -keyout client.key -out client.csr;"
+            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+            "-out client.pem")
+        subprocess.run(["bash", "-c", script], cwd=self.dir, check=True, timeout=60)
+        p = lambda name: os.path.join(self.dir, name)  # noqa: E731
+        self.daemon = Daemon(extra_args=[f"--tls_cert={p('server.pem')}",
+                                         f"--tls_key={p('server.key')}",
+                                         f"--tls_client_ca={p('ca.pem')}"])
+        self.p = p
+
+    def tearDown(self):
+        self.daemon.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_mtls(self):
+        class Tls:  # an object with attributes works as well as a dict
+            ca, cert, key = self.p("ca.pem"), self.p("client.pem"), self.p("client.key")
+        with spgate.Client(controller=self.daemon.address, job_id="py-tls", tls=Tls) as c:
+            c.wait_until_connected(10)
+            c.submit_plan(0, UNIFORM)
+            self.assertEqual(c.await_decision(0, timeout=5.0).source, Source.DAEMON)
+        # Without a client certificate the daemon refuses the connection.
+        with spgate.Client(controller=self.daemon.address, job_id="py-tls2",
+                           tls={"ca": self.p("ca.pem")}) as c:
+            with self.assertRaises(spgate.DeadlineExceededError):
+                c.wait_until_connected(1.0)
+        # Plaintext against a TLS port does not connect either.
+        with spgate.Client(controller=self.daemon.address, job_id="py-plain") as c:
+            with self.assertRaises(spgate.DeadlineExceededError):
+                c.wait_until_connected(1.0)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,92 @@
+"""Start a real spgated on loopback with port 0 for the Python tests (it logs the ports it
+bound), scrape its /metrics, and stop it."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def default_spgated():
+    return os.environ.get("SPGATED", os.path.join(os.path.dirname(__file__), "..", "..",
+                                                  "build", "bin", "spgated"))
+
+
+class Daemon:
+    def __init__(self, spgated=None, extra_args=()):
+        self.state_dir = tempfile.mkdtemp(prefix="spgate-pyd-")
+        self.proc = subprocess.Popen(
+            [spgated or default_spgated(), "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+             "--metrics_listen=127.0.0.1:0", f"--state_dir={self.state_dir}", *extra_args],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                break
+            m = re.search(r"worker API on port (\d+), admin API on port (\d+), metrics on port (\d+)",
+                          line)
+            if m:
+                self.port, self.admin_port, self.metrics_port = map(int, m.groups())
+                self.address = f"127.0.0.1:{self.port}"
+                # Keep draining its log so the daemon never blocks on a full pipe.
+                threading.Thread(target=self.proc.stderr.read, daemon=True).start()
+                return
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("spgated did not report its ports")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                    timeout=10) as r:
+            return r.read().decode()
+
+    def decisions_total(self, job_id):
+        """spgate_decisions_total{job_id} as {mode: {reason: count}}."""
+        out = {}
+        for line in self.metrics().splitlines():
+            if not line.startswith("spgate_decisions_total{"):
+                continue
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
+            if labels.get("job_id") != job_id:
+                continue
+            n = int(float(line.rsplit(" ", 1)[1]))
+            if n:
+                out.setdefault(labels["mode"], {})[labels["reason"]] = n
+        return out
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def freeze(self):
+        """SIGSTOP, and wait (bounded) until the kernel reports the daemon stopped: the
+        signal is asynchronous, and a daemon still running can answer in microseconds."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+            time.sleep(0.001)
+        raise RuntimeError("spgated did not stop on SIGSTOP")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stderr.close()
+        shutil.rmtree(self.state_dir, ignore_errors=True)

@@ -1,0 +1,46 @@
+"""Helpers for the Python tests: start t torch.distributed ranks (gloo, loopback only)
+as processes with torch.multiprocessing, each bounded in time, and collect what each
+rank returns."""
+import datetime
+import os
+import socket
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, out_dir):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    try:
+        result = fn(rank, world, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world: int, fn, *args, timeout_s: float = 240):
+    """Runs fn(rank, world, *args) on `world` gloo ranks; returns [result of rank r]."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    with tempfile.TemporaryDirectory(prefix="spgate-py-") as out_dir:
+        ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args, out_dir),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                raise TimeoutError(f"{world} ranks did not finish in {timeout_s} s")
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(world)]
