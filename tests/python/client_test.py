@@ -21,8 +21,8 @@ try:
     import spgate
     from spgate import _spgate  # the native module must be there
 except ImportError as e:
-    print(f"skipped: spgate's native module is not built ({e})")
-    sys.exit(77)
+    print(f"FAILED: spgate's native module is registered but does not import ({e})")
+    sys.exit(1)
 from daemon_util import Daemon  # noqa: E402
 
 Mode, Reason, Source = spgate.Mode, spgate.Reason, spgate.DecisionSource

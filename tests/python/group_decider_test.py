@@ -19,8 +19,8 @@ try:
     import spgate
     from spgate import _spgate  # noqa: F401
 except ImportError as e:
-    print(f"skipped: needs PyTorch and spgate's native module ({e})")
-    sys.exit(77)
+    print(f"FAILED: needs PyTorch (make deps installs python3-torch) and spgate's native module ({e})")
+    sys.exit(1)
 from daemon_util import Daemon  # noqa: E402
 from dist_util import run_ranks  # noqa: E402
 

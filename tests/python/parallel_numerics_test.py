@@ -17,8 +17,8 @@ import unittest
 try:
     import torch
 except ImportError:
-    print("skipped: PyTorch (python3-torch) is not installed")
-    sys.exit(77)
+    print("FAILED: PyTorch is not importable; `make deps` installs python3-torch")
+    sys.exit(1)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dist_util import run_ranks  # noqa: E402
