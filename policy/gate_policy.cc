@@ -149,35 +149,47 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
 
 GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
                           const BatchFacts& batch, const RsWaitObservation& rs_wait,
-                          std::optional<Mode> pin, std::vector<GateCheck>* trace) {
+                          std::optional<PinDirective> pin, std::vector<GateCheck>* trace) {
 
   auto finish = [&](Mode mode, Reason reason) {
     return AdvanceGroupState(state, batch.step, Decision{mode, reason});
   };
 
-  // 1. Pin.
+  // The memory gate's verdict is needed first by an unforced TP-only pin.
+  const bool has_budget = batch.memory_budget_bytes != 0;
+  const double limit = static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
+  const double tp = static_cast<double>(batch.predicted_peak_bytes_tp);
+  const double sp = static_cast<double>(batch.predicted_peak_bytes_sp);
+  const bool tp_over = has_budget && tp > limit;
+
+  // 1. Pin. A TP-only pin that is not forced yields to the memory gate.
   if (pin.has_value()) {
-    Record(trace, "pin", "fire", 0, 0,
-           *pin == Mode::kSequenceParallel ? "operator pin to sp" : "operator pin to tp_only");
-    return finish(*pin, Reason::kPinned);
+    if (pin->mode == Mode::kTensorParallelOnly && !pin->force && tp_over) {
+      Record(trace, "pin", "skip", tp, limit,
+             "operator pin to tp_only yields: TP-only would exceed budget x headroom "
+             "(pin with force to override)");
+    } else {
+      Record(trace, "pin", "fire", 0, 0,
+             pin->mode == Mode::kSequenceParallel ? "operator pin to sp"
+             : pin->force                         ? "operator pin to tp_only (forced)"
+                                                  : "operator pin to tp_only");
+      return finish(pin->mode, Reason::kPinned);
+    }
+  } else {
+    Record(trace, "pin", "pass", 0, 0, "no pin");
   }
-  Record(trace, "pin", "pass", 0, 0, "no pin");
 
   // 2. Memory: never choose TP-only when it would not fit.
-  if (batch.memory_budget_bytes == 0) {
+  if (!has_budget) {
     Record(trace, "memory", "skip", 0, 0, "no memory budget in the plan");
+  } else if (tp_over) {
+    const bool sp_fits = sp <= limit;
+    Record(trace, "memory", "fire", tp, limit,
+           sp_fits ? "TP-only would exceed budget x headroom; SP fits"
+                   : "neither mode fits budget x headroom; SP is the smaller");
+    return finish(Mode::kSequenceParallel,
+                  sp_fits ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget);
   } else {
-    const double limit = static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
-    const double tp = static_cast<double>(batch.predicted_peak_bytes_tp);
-    const double sp = static_cast<double>(batch.predicted_peak_bytes_sp);
-    if (tp > limit) {
-      const bool sp_fits = sp <= limit;
-      Record(trace, "memory", "fire", tp, limit,
-             sp_fits ? "TP-only would exceed budget x headroom; SP fits"
-                     : "neither mode fits budget x headroom; SP is the smaller");
-      return finish(Mode::kSequenceParallel,
-                    sp_fits ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget);
-    }
     Record(trace, "memory", "pass", tp, limit, "TP-only fits budget x headroom");
   }
 

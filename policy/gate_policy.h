@@ -68,7 +68,7 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
 // Steps must increase; EvaluateGates does not check it (the caller owns idempotency).
 GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
                           const BatchFacts& batch, const RsWaitObservation& rs_wait,
-                          std::optional<Mode> pin, std::vector<GateCheck>* trace = nullptr);
+                          std::optional<PinDirective> pin, std::vector<GateCheck>* trace = nullptr);
 
 }  // namespace spgate
 

@@ -38,7 +38,7 @@ class GroupPolicyState {
   GroupPolicyState() : window_(GateConfig{}.window_steps) {}
 
   // Evaluates the gates for `batch` under `config` and advances the state.
-  GateOutcome Decide(const GateConfig& config, const BatchFacts& batch, std::optional<Mode> pin,
+  GateOutcome Decide(const GateConfig& config, const BatchFacts& batch, std::optional<PinDirective> pin,
                      std::vector<GateCheck>* trace = nullptr) {
     window_.Resize(config.window_steps);
     GateOutcome out = EvaluateGates(config, gate_, batch, rs_wait(), pin, trace);
@@ -47,7 +47,7 @@ class GroupPolicyState {
   }
 
   // The gates' answer for `batch` without changing anything (what-if).
-  GateOutcome Peek(const GateConfig& config, const BatchFacts& batch, std::optional<Mode> pin,
+  GateOutcome Peek(const GateConfig& config, const BatchFacts& batch, std::optional<PinDirective> pin,
                    std::vector<GateCheck>* trace = nullptr) const {
     RollingWindow w = window_;
     w.Resize(config.window_steps);

@@ -64,6 +64,15 @@ struct GroupGateState {
   int64_t mode_switches = 0;
 };
 
+// An operator pin as the gates see it (docs/design.md §3). A TP-only pin yields to the
+// memory gate unless forced: a pin must not OOM a job by accident.
+struct PinDirective {
+  PinDirective(Mode m, bool f = false) : mode(m), force(f) {}  // NOLINT: a Mode is a pin
+  Mode mode;
+  bool force;
+  friend bool operator==(const PinDirective&, const PinDirective&) = default;
+};
+
 struct Decision {
   Mode mode = Mode::kSequenceParallel;
   Reason reason = Reason::kGatesPassed;

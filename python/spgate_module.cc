@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "worker/client/gate_client.h"
+#include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
 
 namespace py = pybind11;
@@ -476,10 +477,15 @@ PYBIND11_MODULE(_spgate, m) {
                        int group_size, int global_rank, std::string host,
                        uint64_t memory_budget_bytes, double decision_deadline,
                        double rpc_timeout, double initial_backoff, double max_backoff,
-                       int telemetry_buffer, uint64_t seed, py::object tls) {
+                       int telemetry_buffer, uint64_t seed, py::object tls,
+                       std::string incarnation, std::string worker_token) {
              GateClientOptions o;
              o.controller = std::move(controller);
              o.job_id = std::move(job_id);
+             // One launch of the job, equal on every rank: given, or the launcher's.
+             o.incarnation = incarnation.empty() ? client::IncarnationFromEnvironment()
+                                                 : std::move(incarnation);
+             o.worker_token = std::move(worker_token);
              o.group = group;
              o.rank_in_group = rank_in_group;
              o.group_size = group_size;
@@ -501,7 +507,8 @@ PYBIND11_MODULE(_spgate, m) {
            py::arg("decision_deadline") = 0.020, py::arg("rpc_timeout") = 2.0,
            py::arg("initial_backoff") = 0.1, py::arg("max_backoff") = 5.0,
            py::arg("telemetry_buffer") = 4096, py::arg("seed") = 0,
-           py::arg("tls") = py::none())
+           py::arg("tls") = py::none(), py::arg("incarnation") = "",
+           py::arg("worker_token") = "")
       .def("submit_plan", &SubmitPlan, py::arg("plan"))
       .def(
           "submit_plan",

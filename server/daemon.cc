@@ -149,10 +149,22 @@ absl::Status Daemon::Impl::Start() {
   so.decision_cache_steps = opts.decision_cache_steps;
   so.max_jobs = opts.max_jobs;
   so.max_groups_per_job = opts.max_groups_per_job;
+  so.max_plan_lead_steps = opts.max_plan_lead_steps;
   ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), store.get()));
   store->SetListener(state.get());
 
-  gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams);
+  std::string worker_token;
+  if (!opts.worker_token_file.empty()) {
+    ASSIGN_OR_RETURN(std::string token,
+                     ReadSmallFile("--worker_token_file", opts.worker_token_file));
+    worker_token = std::string(absl::StripAsciiWhitespace(token));
+    if (worker_token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--worker_token_file: ", opts.worker_token_file, " is empty"));
+    }
+  }
+  gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams,
+                                                   std::move(worker_token));
   admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), metrics.get(),
                                                      &streams, std::move(auth));
   grpc::EnableDefaultHealthCheckService(true);

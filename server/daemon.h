@@ -36,6 +36,8 @@ struct DaemonOptions {
   int64_t decision_cache_steps = kDefaultDecisionCacheSteps;  // per group, for retries
   int max_jobs = 1024;
   int max_groups_per_job = 4096;
+  int64_t max_plan_lead_steps = 4096;          // plans further ahead are refused
+  std::string worker_token_file;               // empty: the worker API needs no token
   // Injected clock, "intended for testing". Defaults to absl::Now.
   std::function<absl::Time()> clock;
 };

@@ -52,6 +52,26 @@ bool Active(const std::optional<PinState>& pin, absl::Time now) {
   return pin.has_value() && pin->expire > now;
 }
 
+constexpr size_t kMaxIncarnationLength = 128;
+constexpr size_t kRetiredIncarnationsKept = 16;
+
+absl::Status ValidateIncarnation(std::string_view incarnation) {
+  if (incarnation.empty()) {
+    return absl::InvalidArgumentError(
+        "incarnation: required (one value per launch of the job, the same on every rank)");
+  }
+  if (incarnation.size() > kMaxIncarnationLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "incarnation: at most %d characters, got %d", kMaxIncarnationLength, incarnation.size()));
+  }
+  for (char c : incarnation) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("incarnation: printable ASCII without spaces only");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct GateState::Group {
@@ -77,6 +97,8 @@ struct GateState::Group {
 
 struct GateState::Job {
   std::string id;
+  std::string incarnation;                  // the launch whose live state this is
+  std::deque<std::string> retired;          // launches it replaced, newest last
   JobOperatorView op;  // effective config and pins, from the operator store
   std::map<int, std::unique_ptr<Group>> groups;
   ModeWindow modes[kModeSlots];
@@ -159,18 +181,78 @@ absl::StatusOr<const GateState::Job*> GateState::FindJob(const std::string& job_
   return it->second.get();
 }
 
+absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) {
+  auto it = jobs_.find(session.job_id);
+  if (it == jobs_.end()) {
+    if (metrics_ != nullptr) metrics_->refused_unknown_session.Increment();
+    return absl::NotFoundError(
+        absl::StrCat("job ", session.job_id, " was forgotten; register again"));
+  }
+  if (it->second->incarnation != session.incarnation) {
+    if (metrics_ != nullptr) metrics_->refused_stale_incarnation.Increment();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "incarnation: this session belongs to launch \"%s\" of job %s, which launch \"%s\" "
+        "replaced",
+        session.incarnation, session.job_id, it->second->incarnation));
+  }
+  return it->second.get();
+}
+
+void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
+  if (!job.incarnation.empty()) {
+    job.retired.push_back(job.incarnation);
+    if (job.retired.size() > kRetiredIncarnationsKept) job.retired.pop_front();
+  }
+  job.incarnation = incarnation;
+  // Live state of the old launch: its groups (decisions, caches, windows, ranks), its
+  // per-mode windows and counts, and its streams. Operator settings (job.op) stay; the
+  // Prometheus counters keep counting (they are monotonic per job).
+  job.groups.clear();
+  for (ModeWindow& w : job.modes) w = ModeWindow{};
+  for (auto& row : job.decisions) std::fill(std::begin(row), std::end(row), 0);
+  job.local_decisions = 0;
+  job.sinks.clear();
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (it->second->job_id == job.id && it->second->incarnation != incarnation) {
+      sessions_.erase(it++);  // their later calls find no session or a stale one
+    } else {
+      ++it;
+    }
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> GateState::FindSession(const std::string& session_id) {
+  if (session_id.empty()) {
+    return absl::UnauthenticatedError(
+        "session_id: required; Register first and send the session it returns");
+  }
+  MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    if (metrics_ != nullptr) metrics_->refused_unknown_session.Increment();
+    return absl::NotFoundError("session_id: unknown session (register again)");
+  }
+  RETURN_IF_ERROR(JobOfSession(*it->second).status());
+  return it->second;
+}
+
 absl::Status GateState::CheckJob(const std::string& job_id, std::optional<int> group) const {
   RETURN_IF_ERROR(ValidateJobId(job_id));
   ReaderMutexLock lock(&mu_);
   return FindJob(job_id, group).status();
 }
 
-std::optional<Mode> GateState::ActivePin(const Job& job, int group) const {
+std::optional<PinState> GateState::ActivePin(const Job& job, int group) const {
   const absl::Time now = Now();
   auto it = job.op.group_pins.find(group);
-  if (it != job.op.group_pins.end() && it->second.expire > now) return it->second.mode;
-  if (Active(job.op.pin, now)) return job.op.pin->mode;
+  if (it != job.op.group_pins.end() && it->second.expire > now) return it->second;
+  if (Active(job.op.pin, now)) return job.op.pin;
   return std::nullopt;
+}
+
+static std::optional<PinDirective> AsDirective(const std::optional<PinState>& pin) {
+  if (!pin) return std::nullopt;
+  return PinDirective(pin->mode, pin->force);
 }
 
 void GateState::RefreshJob(Job& job,
@@ -231,6 +313,7 @@ void GateState::OnOperatorChange(const std::string& job_id) {
 absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   if (draining()) return absl::UnavailableError("spgated is shutting down");
   RETURN_IF_ERROR(ValidateJobId(r.job_id));
+  RETURN_IF_ERROR(ValidateIncarnation(r.incarnation));
   if (r.group_size < 1 || r.group_size > options_.max_group_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "group_size: must be in [1, %d], got %d", options_.max_group_size, r.group_size));
@@ -248,11 +331,22 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   session->id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
                                 absl::Uniform<uint64_t>(gen));
   session->job_id = r.job_id;
+  session->incarnation = r.incarnation;
   session->group = r.group;
   session->rank_in_group = r.rank_in_group;
 
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
+  if (job->incarnation != r.incarnation) {
+    if (std::find(job->retired.begin(), job->retired.end(), r.incarnation) != job->retired.end()) {
+      if (metrics_ != nullptr) metrics_->refused_stale_incarnation.Increment();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "incarnation: launch \"%s\" of job %s was replaced by launch \"%s\"; a rank of "
+          "the old launch cannot rejoin",
+          r.incarnation, r.job_id, job->incarnation));
+    }
+    StartIncarnation(*job, r.incarnation);
+  }
   ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, r.group));
   const absl::Time now = Now();
   if (g->size != r.group_size) {
@@ -296,11 +390,8 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
         "session_id: unknown session \"", session_id, "\" (register again)"));
   }
   std::shared_ptr<Session> session = it->second;
-  auto jit = jobs_.find(session->job_id);
-  if (jit == jobs_.end()) {
-    return absl::NotFoundError(absl::StrCat("job ", session->job_id, " was forgotten; register again"));
-  }
-  Job& job = *jit->second;
+  ASSIGN_OR_RETURN(Job * found, JobOfSession(*session));
+  Job& job = *found;
   job.sinks[session_id] = std::move(sink);
   auto git = job.groups.find(session->group);
   if (git != job.groups.end()) {
@@ -338,19 +429,29 @@ void GateState::Touch(const Session& session) {
   if (rit != git->second->ranks.end()) rit->second.last_seen = Now();
 }
 
-absl::StatusOr<DecisionRecord> GateState::Decide(const PlanInput& plan) {
-  RETURN_IF_ERROR(ValidateJobId(plan.job_id));
+absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
+  if (plan.job_id != session.job_id || plan.group != session.group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "plan: job_id/group (%s, %d) do not match the session's (%s, %d)", plan.job_id,
+        plan.group, session.job_id, session.group));
+  }
+  if (session.rank_in_group != 0) {
+    if (metrics_ != nullptr) metrics_->refused_not_leader.Increment();
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "plan: only group %d's leader (rank 0) sends plans; this session is rank %d",
+        session.group, session.rank_in_group));
+  }
   if (plan.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
   }
   // The per-sequence work happens before the lock.
   ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
-  const std::string job_id(plan.job_id);
+  const std::string& job_id = session.job_id;
 
   DecisionRecord decision;
   {
     MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(job_id));
+    ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
     if (const DecisionRecord* cached = g->Cached(plan.step)) return *cached;  // a retry
     const GroupGateState& gate = g->policy.gate();
@@ -359,6 +460,13 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const PlanInput& plan) {
           "step: %d is not after group %d's last decided step %d and is no longer cached; "
           "steps must increase",
           plan.step, plan.group, gate.last_step));
+    }
+    if (gate.has_decision && plan.step - gate.last_step > options_.max_plan_lead_steps) {
+      if (metrics_ != nullptr) metrics_->refused_step_too_far.Increment();
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "step: %d is more than %d steps after group %d's last decided step %d "
+          "(--max_plan_lead_steps); nothing was decided",
+          plan.step, options_.max_plan_lead_steps, plan.group, gate.last_step));
     }
     const ScheduledConfig& config = g->schedule.At(plan.step);
     const BatchFacts facts{.step = plan.step,
@@ -369,12 +477,16 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const PlanInput& plan) {
     const Mode previous = gate.mode;
     const bool had_decision = gate.has_decision;
     const double rs_mean = g->policy.rs_wait().mean;
-    const GateOutcome outcome =
-        g->policy.Decide(config.config, facts, ActivePin(*job, plan.group));
+    const std::optional<PinState> pin = ActivePin(*job, plan.group);
+    const GateOutcome outcome = g->policy.Decide(config.config, facts, AsDirective(pin));
     decision = DecisionRecord{job_id,           plan.group,  plan.step,
                               outcome.decision.mode, outcome.decision.reason,
                               config.version,   stats.cv,    rs_mean,
                               Now()};
+    if (decision.reason == Reason::kPinned) {
+      decision.pin_expire = pin->expire;
+      decision.pin_forced = pin->force;
+    }
     g->schedule.Prune(plan.step);
     g->cache.push_back(decision);
     if (static_cast<int64_t>(g->cache.size()) > options_.decision_cache_steps) {
@@ -418,13 +530,13 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
         session.rank_in_group)));
   }
   if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
-  session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-  if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
 
   MutexLock lock(&mu_);
-  auto jit = jobs_.find(session.job_id);
-  if (jit == jobs_.end()) return absl::OkStatus();
-  Job& job = *jit->second;
+  absl::StatusOr<Job*> found = JobOfSession(session);
+  if (!found.ok()) return reject(found.status());
+  session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
+  Job& job = **found;
   auto git = job.groups.find(session.group);
   if (git == job.groups.end()) return absl::OkStatus();
   Group& g = *git->second;
@@ -484,12 +596,12 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
   }
 }
 
-int64_t GateState::Heartbeat(Session& session,
-                             const std::array<int64_t, kNumReasons>& local_decisions) {
+absl::StatusOr<int64_t> GateState::Heartbeat(
+    Session& session, const std::array<int64_t, kNumReasons>& local_decisions) {
   MutexLock lock(&mu_);
-  auto jit = jobs_.find(session.job_id);
-  if (jit != jobs_.end()) {
-    Job& job = *jit->second;
+  {
+    ASSIGN_OR_RETURN(Job * found, JobOfSession(session));
+    Job& job = *found;
     for (int r = 1; r < kNumReasons; ++r) {
       const int64_t count = local_decisions[r];
       if (count < 0) continue;
@@ -538,7 +650,7 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
   out.mode_switches = gate.mode_switches;
   if (auto it = job.op.group_pins.find(g.index);
       it != job.op.group_pins.end() && it->second.expire > now) {
-    out.pin = PinView{job.id, g.index, it->second.mode, it->second.expire};
+    out.pin = PinView{job.id, g.index, it->second.mode, it->second.expire, it->second.force};
   }
   return out;
 }
@@ -546,6 +658,7 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
 JobSummaryView GateState::SummaryOf(const Job& job) const {
   JobSummaryView s;
   s.job_id = job.id;
+  s.incarnation = job.incarnation;
   s.groups = static_cast<int>(job.groups.size());
   for (int m = 1; m < kModeSlots; ++m) {
     for (int r = 0; r < kNumReasons; ++r) s.steps_decided += job.decisions[m][r];
@@ -606,12 +719,15 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
   }
   const absl::Time now = Now();
   if (Active(job.op.pin, now)) {
-    out.pins.push_back(PinView{job.id, std::nullopt, job.op.pin->mode, job.op.pin->expire});
+    out.pins.push_back(
+        PinView{job.id, std::nullopt, job.op.pin->mode, job.op.pin->expire, job.op.pin->force});
   }
   // Every pin in force, also for groups that have not registered (yet, or again after a
   // restart): an operator may pin a group before its ranks come back.
   for (const auto& [group, pin] : job.op.group_pins) {
-    if (pin.expire > now) out.pins.push_back(PinView{job.id, group, pin.mode, pin.expire});
+    if (pin.expire > now) {
+      out.pins.push_back(PinView{job.id, group, pin.mode, pin.expire, pin.force});
+    }
   }
   out.local_decisions = job.local_decisions;
   return out;
@@ -631,14 +747,14 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   ReaderMutexLock lock(&mu_);
   GroupPolicyState fresh;
   const GroupPolicyState* policy = &fresh;
-  std::optional<Mode> pin;
+  std::optional<PinDirective> pin;
   int64_t step = 0;
   if (!in.job_id.empty()) {
     ASSIGN_OR_RETURN(const Job* job, FindJob(in.job_id, in.group));
     if (in.group.has_value()) {
       const Group& g = *job->groups.at(*in.group);
       policy = &g.policy;
-      pin = ActivePin(*job, *in.group);
+      pin = AsDirective(ActivePin(*job, *in.group));
       step = g.policy.gate().has_decision ? g.policy.gate().last_step + 1 : 0;
     }
   }

@@ -57,6 +57,10 @@ struct StateOptions {
   int max_groups_per_job = 4096;
   int max_group_size = 1024;
   int64_t config_lead_steps = 2;
+  // A plan more than this many steps after its group's last decided step is refused
+  // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
+  // daemon. Must exceed the workers' pipelining depth.
+  int64_t max_plan_lead_steps = 4096;
 };
 
 // A config update for one Connect stream.
@@ -84,6 +88,9 @@ struct DecisionRecord {
   double length_cv = 0;
   double rolling_rs_wait_share = 0;
   absl::Time time;
+  // PINNED decisions: the pin's end (so a worker's fallback forgets it then) and force.
+  std::optional<absl::Time> pin_expire;
+  bool pin_forced = false;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -104,6 +111,7 @@ class DecisionWatcher {
 struct Session {
   std::string id;
   std::string job_id;
+  std::string incarnation;
   int group = 0;
   int rank_in_group = 0;
   std::atomic<int64_t> telemetry_received{0};
@@ -113,6 +121,7 @@ struct Session {
 
 struct RegisterInput {
   std::string job_id;
+  std::string incarnation;
   int group = 0;
   int rank_in_group = 0;
   int group_size = 1;
@@ -171,6 +180,7 @@ struct PinView {
   std::optional<int> group;
   Mode mode = Mode::kSequenceParallel;
   absl::Time expire;
+  bool force = false;
 };
 
 struct GroupView {
@@ -192,6 +202,7 @@ struct GroupView {
 
 struct JobSummaryView {
   std::string job_id;
+  std::string incarnation;
   int groups = 0;
   int ranks_active = 0;
   int ranks_stale = 0;
@@ -237,16 +248,25 @@ class GateState final : public OperatorListener {
 
   // --- worker API ---
   absl::StatusOr<RegisterResult> Register(const RegisterInput& request);
-  // Binds a Connect stream to a registered session (NOT_FOUND for an unknown id).
+  // Binds a Connect stream to a registered session (NOT_FOUND for an unknown id,
+  // FAILED_PRECONDITION for a session of a replaced incarnation).
   absl::StatusOr<std::shared_ptr<Session>> AttachSession(const std::string& session_id,
                                                          std::weak_ptr<SessionSink> sink);
+  // The session behind a token, for calls without a stream (unary Decide): UNAUTHENTICATED
+  // without one, NOT_FOUND for an unknown one, FAILED_PRECONDITION for a replaced launch.
+  absl::StatusOr<std::shared_ptr<Session>> FindSession(const std::string& session_id);
   void DetachSession(const Session& session, const SessionSink* sink);
-  // Decides (or returns the cached decision for) the plan's (job, group, step).
-  absl::StatusOr<DecisionRecord> Decide(const PlanInput& plan);
+  // Decides (or returns the cached decision for) the plan's (job, incarnation, group,
+  // step). Only the session of the group's registered leader may send plans
+  // (PERMISSION_DENIED); the plan's job and group must be the session's (INVALID_ARGUMENT),
+  // and a step too far ahead of the group is refused without changing anything.
+  absl::StatusOr<DecisionRecord> Decide(const Session& session, const PlanInput& plan);
   absl::Status RecordTelemetry(Session& session, const TelemetryRecord& telemetry);
   // Adds the increase of the worker's cumulative local-decision counts (by reason, index
   // = Reason value) and returns the telemetry records accepted on the session so far.
-  int64_t Heartbeat(Session& session, const std::array<int64_t, kNumReasons>& local_decisions);
+  // FAILED_PRECONDITION when the session's incarnation was replaced.
+  absl::StatusOr<int64_t> Heartbeat(Session& session,
+                                    const std::array<int64_t, kNumReasons>& local_decisions);
   void Touch(const Session& session);
 
   // --- admin views ---
@@ -282,7 +302,14 @@ class GateState final : public OperatorListener {
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Job*> FindJob(const std::string& job_id, std::optional<int> group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  std::optional<Mode> ActivePin(const Job& job, int group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The session's job if the session belongs to its current incarnation, else
+  // FAILED_PRECONDITION (counted).
+  absl::StatusOr<Job*> JobOfSession(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the job's live state afresh for a new launch; operator settings stay.
+  void StartIncarnation(Job& job, const std::string& incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The pin in force for the group (its own, else the job's), if any.
+  std::optional<PinState> ActivePin(const Job& job, int group) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Takes the job's operator view; when its effective config changed, schedules it on
   // every group and collects the pushes for its sessions.
   void RefreshJob(Job& job, std::vector<std::pair<std::shared_ptr<SessionSink>, ConfigPush>>* pushes)

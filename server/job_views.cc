@@ -18,10 +18,12 @@ void ToProto(const PinView& p, v1::Pin* out) {
   if (p.group) out->set_group(*p.group);
   out->set_mode(spgate::ToProto(p.mode));
   *out->mutable_expire_time() = ToTimestamp(p.expire);
+  out->set_force(p.force);
 }
 
 void ToProto(const JobSummaryView& s, v1::JobSummary* out) {
   out->set_job_id(s.job_id);
+  out->set_incarnation(s.incarnation);
   out->set_groups(s.groups);
   out->set_ranks_active(s.ranks_active);
   out->set_ranks_stale(s.ranks_stale);
@@ -96,8 +98,8 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
 }
 
 RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
-  return RegisterInput{r.job_id(),      r.group(), r.rank_in_group(), r.group_size(),
-                       r.global_rank(), r.host(),  r.memory_budget_bytes()};
+  return RegisterInput{r.job_id(),      r.incarnation(), r.group(), r.rank_in_group(),
+                       r.group_size(),  r.global_rank(), r.host(),  r.memory_budget_bytes()};
 }
 
 v1::RegisterResponse ToProto(const RegisterResult& r) {
@@ -137,6 +139,8 @@ void ToProto(const DecisionRecord& d, v1::Decision* out) {
   out->set_length_cv(d.length_cv);
   out->set_rolling_rs_wait_share(d.rolling_rs_wait_share);
   *out->mutable_decide_time() = ToTimestamp(d.time);
+  if (d.pin_expire) *out->mutable_pin_expire_time() = ToTimestamp(*d.pin_expire);
+  out->set_pin_forced(d.pin_forced);
 }
 
 absl::StatusOr<v1::VersionedGateConfig> GetGateConfigView(const GateState& state,

@@ -29,6 +29,10 @@ ABSL_FLAG(absl::Duration, stale_after, absl::Seconds(5), "A rank silent this lon
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5), "How long shutdown waits for calls");
 ABSL_FLAG(int, max_jobs, 1024, "Most jobs tracked at once (bounds the job_id label)");
 ABSL_FLAG(int, max_groups_per_job, 4096, "Most TP groups per job");
+ABSL_FLAG(int64_t, max_plan_lead_steps, 4096,
+          "Plans more than this many steps after their group's last decided step are refused");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding a bearer token every worker call must carry (shared worker credential)");
 ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
           "Decisions each TP group keeps to answer retried plans idempotently");
 
@@ -69,6 +73,12 @@ int main(int argc, char** argv) {
   opts.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   opts.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
   opts.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
+  opts.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
+  opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  if (opts.max_plan_lead_steps < 1) {
+    std::cerr << "spgated: --max_plan_lead_steps must be >= 1\n";
+    return 2;
+  }
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.stale_after <= absl::ZeroDuration()) {
     std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
     return 2;

@@ -107,6 +107,11 @@ Metrics::Metrics()
                           .Help("Decisions not delivered to a WatchDecisions stream that fell "
                                 "behind.")
                           .Register(*registry_)),
+      worker_refusals_f(BuildCounter().Name("spgate_worker_refusals_total")
+                            .Help("Worker requests refused for their sender: a session of a "
+                                  "replaced incarnation, a plan from a non-leader, a plan too far "
+                                  "ahead of its group, an unknown session.")
+                            .Register(*registry_)),
       config_updates_ok(config_updates_f.Add({{"result", "ok"}})),
       config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
       config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
@@ -116,7 +121,11 @@ Metrics::Metrics()
       config_last_reload_successful(reload_ok_f.Add({})),
       telemetry_received(telemetry_f.Add({{"result", "accepted"}})),
       telemetry_rejected(telemetry_f.Add({{"result", "rejected"}})),
-      watch_dropped(watch_dropped_f.Add({})) {
+      watch_dropped(watch_dropped_f.Add({})),
+      refused_stale_incarnation(worker_refusals_f.Add({{"reason", "stale_incarnation"}})),
+      refused_not_leader(worker_refusals_f.Add({{"reason", "not_leader"}})),
+      refused_step_too_far(worker_refusals_f.Add({{"reason", "step_too_far"}})),
+      refused_unknown_session(worker_refusals_f.Add({{"reason", "unknown_session"}})) {
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
   for (size_t i = 0; i < kNumGateFields; ++i) {

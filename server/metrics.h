@@ -109,6 +109,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& build_info_f;
   prometheus::Family<prometheus::Counter>& telemetry_f;
   prometheus::Family<prometheus::Counter>& watch_dropped_f;
+  prometheus::Family<prometheus::Counter>& worker_refusals_f;
 
   prometheus::Counter& config_updates_ok;
   prometheus::Counter& config_updates_invalid;
@@ -121,6 +122,11 @@ class Metrics {
   prometheus::Counter& telemetry_received;
   prometheus::Counter& telemetry_rejected;
   prometheus::Counter& watch_dropped;
+  // Worker requests refused for who sent them (docs/design.md §10), by reason.
+  prometheus::Counter& refused_stale_incarnation;
+  prometheus::Counter& refused_not_leader;
+  prometheus::Counter& refused_step_too_far;
+  prometheus::Counter& refused_unknown_session;
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};

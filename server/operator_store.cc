@@ -77,7 +77,7 @@ absl::StatusOr<OperatorStore::Layers> OperatorStore::FromPersisted(const v1::Per
     if (expire <= now || !IsValidMode(pin.mode())) continue;
     RETURN_IF_ERROR(ValidateJobId(pin.job_id()));
     JobScope& scope = l.jobs[pin.job_id()];
-    const PinState state{FromProto(pin.mode()), expire};
+    const PinState state{FromProto(pin.mode()), expire, pin.force()};
     if (pin.has_group()) {
       scope.group_pins[pin.group()] = state;
     } else {
@@ -195,6 +195,7 @@ v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
       if (group) pin->set_group(*group);
       pin->set_mode(ToProto(p.mode));
       *pin->mutable_expire_time() = ToTimestamp(p.expire);
+      if (p.force) pin->set_force(true);
     };
     if (job.pin) add_pin(*job.pin, std::nullopt);
     for (const auto& [g, p] : job.group_pins) add_pin(p, g);
@@ -330,7 +331,8 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r) {
   }
   const absl::Duration d =
       absl::Seconds(r.duration().seconds()) + absl::Nanoseconds(r.duration().nanos());
-  const PinState state{FromProto(r.mode()), Now() + d};
+  const PinState state{FromProto(r.mode()), Now() + d,
+                       r.force() && r.mode() == v1::TENSOR_PARALLEL_ONLY};
   JobScope& scope = next.jobs[r.job_id()];
   if (r.has_group()) {
     scope.group_pins[r.group()] = state;
@@ -342,6 +344,7 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r) {
   if (r.has_group()) pin.set_group(r.group());
   pin.set_mode(r.mode());
   *pin.mutable_expire_time() = ToTimestamp(state.expire);
+  pin.set_force(state.force);
   RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
   return pin;
 }

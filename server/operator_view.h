@@ -21,6 +21,7 @@ namespace spgate::server {
 struct PinState {
   Mode mode = Mode::kSequenceParallel;
   absl::Time expire;
+  bool force = false;  // a TP-only pin that does not yield to the memory gate
 };
 
 // What the live state needs to know of one job's operator settings.

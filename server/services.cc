@@ -117,17 +117,14 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       session_ = *std::move(session);
     }
     v1::DaemonMessage out;
+    // A session whose launch was replaced (docs/design.md §10) gets its stream ended
+    // with FAILED_PRECONDITION: the worker falls back locally, and nothing it sends counts.
+    absl::Status ended;
     for (const v1::BatchPlan& plan : in_.plans()) {
-      absl::Status s;
-      if (plan.job_id() != session_->job_id || plan.group() != session_->group) {
-        s = absl::InvalidArgumentError(absl::StrCat(
-            "plan: job_id/group (", plan.job_id(), ", ", plan.group(),
-            ") do not match the session's (", session_->job_id, ", ", session_->group, ")"));
-      } else {
-        absl::StatusOr<DecisionRecord> d = state_->Decide(PlanFromProto(plan));
-        if (d.ok()) ToProto(*d, out.add_decisions());
-        s = d.status();
-      }
+      absl::StatusOr<DecisionRecord> d = state_->Decide(*session_, PlanFromProto(plan));
+      if (d.ok()) ToProto(*d, out.add_decisions());
+      const absl::Status s = d.status();
+      if (s.code() == absl::StatusCode::kFailedPrecondition) ended = s;
       if (!s.ok()) {
         auto* rej = out.add_rejections();
         rej->set_step(plan.step());
@@ -137,14 +134,24 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     }
     for (const v1::StepTelemetry& t : in_.telemetry()) {
       // Counted; invalid records are not acknowledged.
-      (void)state_->RecordTelemetry(*session_, TelemetryFromProto(t));
+      const absl::Status s = state_->RecordTelemetry(*session_, TelemetryFromProto(t));
+      if (s.code() == absl::StatusCode::kFailedPrecondition) ended = s;
     }
     if (in_.has_heartbeat()) {
-      out.mutable_ack()->set_telemetry_received(
-          state_->Heartbeat(*session_, LocalDecisionsFromProto(in_.heartbeat())));
+      absl::StatusOr<int64_t> acked =
+          state_->Heartbeat(*session_, LocalDecisionsFromProto(in_.heartbeat()));
+      if (acked.ok()) {
+        out.mutable_ack()->set_telemetry_received(*acked);
+      } else {
+        ended = acked.status();
+      }
     } else if (in_.telemetry_size() == 0 && start - last_touch_ > std::chrono::milliseconds(250)) {
       state_->Touch(*session_);
       last_touch_ = start;
+    }
+    if (!ended.ok()) {
+      FinishWhenIdle(ToGrpcStatus(ended));
+      return;
     }
     const int decisions = out.decisions_size();
     if (decisions > 0 || out.rejections_size() > 0 || out.has_ack()) Send(std::move(out));
@@ -411,11 +418,46 @@ int StreamRegistry::size() {
   return static_cast<int>(streams_.size());
 }
 
+// A Connect call refused before it starts (a missing or wrong worker token).
+class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
+ public:
+  explicit RefusedStream(const absl::Status& s) {
+    [[maybe_unused]] CallbackScope scope;
+    Finish(ToGrpcStatus(s));
+  }
+  void OnDone() override {
+    [[maybe_unused]] CallbackScope scope;
+    delete this;
+  }
+};
+
+// "authorization: Bearer <token>" against `want`; the error says which, never the token.
+absl::Status CheckBearer(grpc::CallbackServerContext* ctx, std::string_view want,
+                         const std::string& what) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "this call needs the ", what, ": send metadata 'authorization: Bearer <token>'"));
+  }
+  std::string_view value(it->second.data(), it->second.size());
+  if (value.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(value.substr(7), want)) {
+    return absl::PermissionDeniedError(absl::StrCat("the ", what, " does not match"));
+  }
+  return absl::OkStatus();
+}
+
 // --- GateService -------------------------------------------------------------------
+
+absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx) const {
+  if (worker_token_.empty()) return absl::OkStatus();
+  return CheckBearer(ctx, worker_token_, "worker token (--worker_token_file)");
+}
 
 grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                     const v1::RegisterRequest* request,
                                                     v1::RegisterResponse* response) {
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Fail(ctx, s);
   absl::StatusOr<RegisterResult> result = state_->Register(RegisterFromProto(*request));
   if (!result.ok()) return Fail(ctx, result.status());
   return Reply(ctx, absl::StatusOr<v1::RegisterResponse>(ToProto(*result)), response);
@@ -423,6 +465,7 @@ grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext*
 
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return new RefusedStream(s);
   return new ConnectReactor(state_, metrics_, streams_);
 }
 
@@ -430,8 +473,11 @@ grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* c
                                                   const v1::DecideRequest* request,
                                                   v1::Decision* response) {
   if (state_->draining()) return Fail(ctx, absl::UnavailableError("spgated is shutting down"));
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Fail(ctx, s);
   const auto start = Clock::now();
-  absl::StatusOr<DecisionRecord> d = state_->Decide(PlanFromProto(request->plan()));
+  absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(request->session_id());
+  if (!session.ok()) return Fail(ctx, session.status());
+  absl::StatusOr<DecisionRecord> d = state_->Decide(**session, PlanFromProto(request->plan()));
   if (d.ok()) ToProto(*d, response);
   const absl::Status s = d.status();
   if (s.ok() && metrics_ != nullptr) {

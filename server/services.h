@@ -38,8 +38,10 @@ class StreamRegistry {
 
 class GateServiceImpl final : public v1::GateService::CallbackService {
  public:
-  GateServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams)
-      : state_(state), metrics_(metrics), streams_(streams) {}
+  // `worker_token`: when not empty, every call must carry "authorization: Bearer <it>".
+  GateServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams,
+                  std::string worker_token = "")
+      : state_(state), metrics_(metrics), streams_(streams), worker_token_(std::move(worker_token)) {}
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* request,
@@ -51,9 +53,12 @@ class GateServiceImpl final : public v1::GateService::CallbackService {
                                    v1::Decision* response) override;
 
  private:
+  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx) const;
+
   GateState* state_;
   Metrics* metrics_;
   StreamRegistry* streams_;
+  std::string worker_token_;
 };
 
 // Authorization for mutating admin calls: a bearer token (--admin_token_file) and/or

@@ -28,11 +28,18 @@
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/mpi_communicator.h"
+#include "worker/client/identity.h"
 #include "worker/runtime/worker.h"
 
 ABSL_FLAG(std::string, backend, "cpu", "cpu (MPI collectives on host memory) or nccl (CUDA + NCCL)");
 ABSL_FLAG(std::string, controller, "", "spgated worker API address host:port; empty: local policy only");
-ABSL_FLAG(std::string, job_id, "spgate-worker", "Job id reported to spgated");
+ABSL_FLAG(std::string, job_id, "",
+          "Job id reported to spgated; required with --controller unless the environment "
+          "has SPGATE_JOB_ID (or Slurm's SLURM_JOB_NAME)");
+ABSL_FLAG(std::string, incarnation, "",
+          "This launch of the job, equal on every rank; empty: the launcher's "
+          "(SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, SLURM_JOB_ID+restart count, the MPI job), "
+          "else one made by world rank 0");
 ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
 ABSL_FLAG(int, hidden, 128, "Hidden size");
@@ -137,6 +144,8 @@ int main(int argc, char** argv) {
   }
   o.controller = absl::GetFlag(FLAGS_controller);
   o.job_id = absl::GetFlag(FLAGS_job_id);
+  if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
+  o.incarnation = absl::GetFlag(FLAGS_incarnation);
   o.tp = absl::GetFlag(FLAGS_tp);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import random
+import uuid
 import sys
 import threading
 import time
@@ -144,6 +145,7 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
     try:
         opts = lib.spgate_options_create()
         for key, value in (("controller", args.controller), ("job_id", args.job_id),
+                           ("incarnation", args.incarnation),
                            ("group", "0"), ("rank_in_group", str(rank)),
                            ("group_size", str(args.tp)), ("global_rank", str(rank)),
                            ("decision_deadline_ms", str(args.deadline_ms))):
@@ -202,6 +204,10 @@ def main():
     p.add_argument("--lib", default=default_lib, help="path to libspgate_client.so")
     p.add_argument("--controller", default="", help="spgated worker address; empty: local only")
     p.add_argument("--job_id", default="python-example")
+    # One launch of the job, the same on every rank: the ranks here are threads of one
+    # process, so one value made at start-up serves them all (a multi-process trainer takes
+    # the launcher's run id, or has rank 0 make one and broadcast it).
+    p.add_argument("--incarnation", default=os.environ.get("SPGATE_INCARNATION") or uuid.uuid4().hex)
     p.add_argument("--tp", type=int, default=2, help="ranks in the TP group (threads)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--step_ms", type=float, default=2.0, help="simulated step time")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small GPT trained on CPU by 4 processes - 2 tensor-parallel (TP) groups of 2 ranks,
 data parallel across the groups - with spgate choosing, batch by batch and per TP group,
-sequence parallel (SP) or TP-only (SPEC §4):
+sequence parallel (SP) or TP-only (docs/design.md §4):
 
   - the group leader submits the plan (sequence lengths) for step n+1 while step n runs;
   - every rank calls GroupDecider.decide(n) (the leader asks spgated; past the deadline or
@@ -31,6 +31,7 @@ import math
 import os
 import random
 import socket
+import uuid
 import sys
 import time
 
@@ -39,6 +40,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--controller", default="", help="spgated worker API; empty: local policy only")
     p.add_argument("--job_id", required=True)
+    p.add_argument("--incarnation", default="",
+                   help="this launch of the job, the same on every rank; default: the "
+                        "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
+                        "one made here, before the ranks start")
     p.add_argument("--world", type=int, default=4, help="processes (ranks)")
     p.add_argument("--tp", type=int, default=2, help="ranks per TP group")
     p.add_argument("--steps", type=int, default=30)
@@ -149,11 +154,12 @@ def run_rank(rank, world, args, port):
                           dropout=args.dropout)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    # Peak memory of a step (SPEC §2): parameters, gradients and Adam's two moments (4x the
+    # Peak memory of a step (docs/design.md §2): parameters, gradients and Adam's two moments (4x the
     # parameter bytes), plus the activations autograd keeps for backward (measured).
     state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
-    client = spgate.Client(controller=args.controller, job_id=args.job_id, group=group,
+    client = spgate.Client(controller=args.controller, job_id=args.job_id,
+                           incarnation=args.incarnation, group=group,
                            rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
                            decision_deadline=args.decision_deadline_ms / 1000.0,
                            seed=args.seed + rank)
@@ -205,7 +211,7 @@ def run_rank(rank, world, args, port):
         group_loss = float(tp.all_reduce(loss.detach()) if batch.sequence_parallel else loss)
         peak = state_bytes + saved.bytes
         if batch.sequence_parallel and tp_size > 1:
-            # The group's wait share is the max over its ranks (SPEC §2): hand it to the
+            # The group's wait share is the max over its ranks (docs/design.md §2): hand it to the
             # leader's fail-static fallback, which otherwise only sees its own rank's.
             share = torch.tensor([times["reduce_scatter"] / step_time])
             dist.all_reduce(share, op=dist.ReduceOp.MAX, group=tp_pg)
@@ -332,6 +338,11 @@ def summarize(args, world, per_rank):
 
 def main(argv=None):
     args = parse_args(argv)
+    # One launch, one incarnation, made once here and handed to every rank (the daemon
+    # starts a new launch's state afresh and never mixes it with an earlier run's).
+    if not args.incarnation:
+        args.incarnation = (os.environ.get("SPGATE_INCARNATION")
+                            or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex)
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

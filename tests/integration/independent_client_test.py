@@ -43,6 +43,15 @@ def _daemon(state_dir, extra_args=()):
     return sr.SpgatedProcess(SPGATED, state_dir=state_dir, extra_args=extra_args)
 
 
+INCARNATION = "independent-client-1"
+
+
+def leader_session(gate, job_id, group):
+    """Register as rank 0 of a one-rank group: Decide needs the leader's session."""
+    return gate.call("Register", job_id=job_id, incarnation=INCARNATION, group=group,
+                     rank_in_group=0, group_size=1, global_rank=0, host="test").session_id
+
+
 class IndependentClientTest(unittest.TestCase):
     """One daemon for the read-mostly checks."""
 
@@ -149,9 +158,11 @@ class IndependentClientTest(unittest.TestCase):
             ({"job_id": "", "step": 0, "lengths": [4096]}, "job_id"),
             ({"job_id": "no spaces!", "step": 0, "lengths": [4096]}, "job_id"),
         ]
+        session = leader_session(self.gate, "plan-job", 0)
         for fields, word in cases:
             with self.subTest(**fields):
-                request = self.gate.new("DecideRequest", plan=self.gate.new("BatchPlan", **fields))
+                request = self.gate.new("DecideRequest", plan=self.gate.new("BatchPlan", **fields),
+                                        session_id=session)
                 details = self.assertRpcError(grpc.StatusCode.INVALID_ARGUMENT,
                                               self.gate.call, "Decide", request)
                 self.assertIn(word, details)
@@ -172,10 +183,13 @@ class IndependentClientTest(unittest.TestCase):
         self.assertIn("no-such-job", details)
 
     def test_same_job_group_step_gets_the_same_decision(self):
+        session = leader_session(self.gate, "idempotent-job", 3)
+
         def decide(step, lengths):
             plan = self.gate.new("BatchPlan", job_id="idempotent-job", group=3, step=step,
                                  lengths=lengths)
-            return self.gate.call("Decide", self.gate.new("DecideRequest", plan=plan))
+            return self.gate.call("Decide", self.gate.new("DecideRequest", plan=plan,
+                                                          session_id=session))
 
         uniform, mixed = [4096, 4096, 4000, 4200], [512, 16384, 1024, 8192]
         first = decide(5, uniform)
@@ -262,7 +276,8 @@ class StateDirTest(unittest.TestCase):
             self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
         gate = sr.connect(daemon.worker_address, "spgate.v1.GateService", CALL_TIMEOUT)
         admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
-        session = gate.call("Register", job_id="drain-job", group=0, rank_in_group=0,
+        session = gate.call("Register", job_id="drain-job", incarnation=INCARNATION, group=0,
+                            rank_in_group=0,
                             group_size=1, global_rank=0, host="test").session_id
         stream = gate.bidi("Connect", timeout=30)
         hello = gate.new("WorkerMessage", session_id=session)
@@ -290,7 +305,8 @@ class StateDirTest(unittest.TestCase):
         self.assertEqual(len(job.pins), 1, job)
         self.assertEqual(admin.enum_name("Mode", job.pins[0].mode), "TENSOR_PARALLEL_ONLY")
         plan = gate.new("BatchPlan", job_id="drain-job", group=0, step=0, lengths=[4096])
-        decision = gate.call("Decide", gate.new("DecideRequest", plan=plan))
+        decision = gate.call("Decide", gate.new("DecideRequest", plan=plan,
+                                                session_id=leader_session(gate, "drain-job", 0)))
         self.assertEqual(gate.enum_name("Reason", decision.reason), "PINNED")
         gate.channel.close()
         admin.channel.close()

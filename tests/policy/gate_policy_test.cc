@@ -84,7 +84,7 @@ struct GateCase {
   GroupGateState state;
   BatchFacts batch;
   RsWaitObservation rs;
-  std::optional<Mode> pin;
+  std::optional<PinDirective> pin;
   Mode mode;
   Reason reason;
   bool reset = false;  // reset_rs_wait_window expected
@@ -104,8 +104,16 @@ std::vector<GateCase> GateCases() {
       // ---- order: pin > memory > CV > RS ----
       {"pin_sp_beats_everything", d, {}, Memory(3 * kGB, 3 * kGB, kGB, 0.9), Rs(0.9), kSp,
        kSp, Reason::kPinned},
-      {"pin_tp_beats_memory_requires_sp", d, {}, Memory(kGB / 10, 2 * kGB, kGB), Rs(0.1), kTp,
-       kTp, Reason::kPinned},
+      // A TP-only pin must not OOM the job: unforced, it yields to the memory gate; forced,
+      // it wins (the operator said so, and it is audited).
+      {"pin_tp_yields_to_memory_requires_sp", d, {}, Memory(kGB / 10, 2 * kGB, kGB), Rs(0.1),
+       kTp, kSp, Reason::kMemoryRequiresSp},
+      {"pin_tp_yields_to_memory_over_budget", d, {}, Memory(2 * kGB, 3 * kGB, kGB), Rs(0.1),
+       kTp, kSp, Reason::kMemoryOverBudget},
+      {"forced_pin_tp_beats_memory_requires_sp", d, {}, Memory(kGB / 10, 2 * kGB, kGB),
+       Rs(0.1), PinDirective(kTp, /*force=*/true), kTp, Reason::kPinned},
+      {"pin_tp_that_fits_holds", d, {}, Memory(kGB / 10, kGB / 2, kGB), Rs(0.9), kTp, kTp,
+       Reason::kPinned},
       {"pin_tp_in_fallback_with_probe_due", d, Fallback(500, 500), Batch(), Rs(0, 0), kTp, kTp,
        Reason::kPinned},
       {"pin_sp_in_fallback", d, Fallback(5, 5), Batch(), Rs(0.9), kSp, kSp, Reason::kPinned},

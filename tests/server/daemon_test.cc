@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -44,6 +45,7 @@ std::chrono::system_clock::time_point Deadline(int ms = 5000) {
 class DaemonTest : public ::testing::Test {
  protected:
   void Start(DaemonOptions opts = {}) {
+    leaders_.clear();  // sessions die with the daemon
     auto d = Daemon::Start(std::move(opts));
     ASSERT_THAT(d.status(), IsOk());
     daemon_ = std::move(*d);
@@ -53,9 +55,11 @@ class DaemonTest : public ::testing::Test {
         grpc::CreateChannel(daemon_->admin_address(), grpc::InsecureChannelCredentials()));
   }
 
-  v1::RegisterResponse Register(const std::string& job, int group, int rank, int size) {
+  v1::RegisterResponse Register(const std::string& job, int group, int rank, int size,
+                                const std::string& incarnation = "launch-1") {
     v1::RegisterRequest r;
     r.set_job_id(job);
+    r.set_incarnation(incarnation);
     r.set_group(group);
     r.set_rank_in_group(rank);
     r.set_group_size(size);
@@ -66,6 +70,7 @@ class DaemonTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline());
     EXPECT_TRUE(worker_->Register(&ctx, r, &resp).ok());
+    if (rank == 0) leaders_[{job, group}] = resp.session_id();
     return resp;
   }
 
@@ -79,9 +84,12 @@ class DaemonTest : public ::testing::Test {
     return p;
   }
 
+  // As the group's leader (registering a one-rank group first when the test did not).
   absl::StatusOr<v1::Decision> Decide(const v1::BatchPlan& plan) {
+    if (!leaders_.contains({plan.job_id(), plan.group()})) Register(plan.job_id(), plan.group(), 0, 1);
     v1::DecideRequest req;
     *req.mutable_plan() = plan;
+    req.set_session_id(leaders_[{plan.job_id(), plan.group()}]);
     v1::Decision d;
     grpc::ClientContext ctx;
     ctx.set_deadline(Deadline());
@@ -101,6 +109,7 @@ class DaemonTest : public ::testing::Test {
     return out;
   }
 
+  std::map<std::pair<std::string, int>, std::string> leaders_;  // (job, group) -> session
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::GateService::Stub> worker_;
   std::unique_ptr<v1::AdminService::Stub> admin_;

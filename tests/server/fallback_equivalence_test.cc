@@ -13,9 +13,12 @@
 // The real book then either adopts the daemon's answer or commits its own (a step run on
 // the fallback), at random.
 //
-// What a fallback cannot know is compared honestly, not papered over: a worker learns of
-// an operator pin (or unpin) only from a daemon decision made under it, so the one step
-// after a pin change is adopted from the daemon rather than compared (counted below).
+// Pins come and go (job or group scope, TP-only ones forced or not, each with a short
+// expiry): a worker's fallback learns a pin, its end and its force from the PINNED
+// decisions it adopts, honours it until it ends, and — unforced — lets it yield to the
+// memory gate as the daemon does. What a fallback cannot know is not papered over: it
+// learns of a new pin (or an unpin) only from a daemon decision made under it, so after a
+// pin change the steps up to that decision are adopted rather than compared (counted).
 #include <random>
 
 #include "gmock/gmock.h"
@@ -136,7 +139,9 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
   constexpr int64_t kSteps = 12'000;
   int64_t compared = 0, adopted_for_pin = 0, local_commits = 0, config_changes = 0;
   std::map<std::pair<int, int>, int64_t> seen;  // (mode, reason) -> count
-  bool pin_changed = false;
+  // After a pin change: the worker must first adopt a decision that shows it.
+  enum class PinNews { kNone, kPinned, kUnpinned } pin_news = PinNews::kNone;
+  std::optional<absl::Time> known_pin_expire;  // of the last PINNED decision adopted
   double drift = 0.1;  // the group's wait share wanders across the threshold
   for (int64_t step = 0; step < kSteps; ++step) {
     now_ += absl::Milliseconds(50);
@@ -152,14 +157,15 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
       pin.set_job_id(kJob);
       if (u(rng) < 0.5) pin.set_group(0);
       pin.set_mode(u(rng) < 0.5 ? v1::SEQUENCE_PARALLEL : v1::TENSOR_PARALLEL_ONLY);
-      pin.mutable_duration()->set_seconds(3600);
+      pin.set_force(u(rng) < 0.5);
+      pin.mutable_duration()->set_seconds(1 + static_cast<int64_t>(u(rng) * 20));
       ASSERT_THAT(h.PinMode(pin).status(), IsOk());
-      pin_changed = true;
+      pin_news = PinNews::kPinned;
     } else if (u(rng) < 0.006) {
       v1::UnpinRequest unpin;
       unpin.set_job_id(kJob);
       ASSERT_THAT(h.Unpin(unpin).status(), IsOk());
-      pin_changed = true;
+      pin_news = PinNews::kUnpinned;
     }
     apply_pushes();
 
@@ -194,29 +200,45 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
     ++seen[{daemon.mode(), daemon.reason()}];
 
     GateDecision ran;
-    if (pin_changed) {
-      // The worker hears of the pin change only through this decision.
+    // A pin the worker has not seen: a new one, or a job pin that takes over when a
+    // group pin ends first (the worker learns each pin from a decision made under it).
+    const std::optional<GateDecision> wire = client::DecisionFromProto(daemon);
+    ASSERT_TRUE(wire.has_value());
+    if (daemon.reason() == v1::PINNED && wire->pin_expire != known_pin_expire) {
+      pin_news = PinNews::kPinned;
+    }
+    if (pin_news != PinNews::kNone) {
+      // The worker hears of the pin change only through the daemon's decisions.
       ++adopted_for_pin;
-      pin_changed = false;
+      const bool pinned = daemon.reason() == v1::PINNED;
+      const bool memory = daemon.reason() == v1::MEMORY_REQUIRES_SP ||
+                          daemon.reason() == v1::MEMORY_OVER_BUDGET;
+      if ((pin_news == PinNews::kPinned && pinned) ||
+          (pin_news == PinNews::kUnpinned && !pinned && !memory)) {
+        pin_news = PinNews::kNone;
+      }
       book.OnDaemonDecision(*client::DecisionFromProto(daemon));
-      ran = book.Commit(step);
+      ran = book.Commit(step, now_);
     } else {
       DecisionBook shadow = book;
-      const GateDecision local = shadow.Commit(step);
+      const GateDecision local = shadow.Commit(step, now_);
       ASSERT_EQ(local.source, DecisionSource::kFallback);
       ASSERT_EQ(ToProto(local.mode), daemon.mode()) << "step " << step;
       ASSERT_EQ(ToProto(local.policy_reason), daemon.reason()) << "step " << step;
       ASSERT_EQ(local.config_version, daemon.config_version()) << "step " << step;
       ++compared;
       if (u(rng) < 0.3) {
-        ran = book.Commit(step);  // the daemon was late: the group ran the local decision
+        ran = book.Commit(step, now_);  // the daemon was late: the group ran the local decision
         ++local_commits;
       } else {
         book.OnDaemonDecision(*client::DecisionFromProto(daemon));
-        ran = book.Commit(step);
+        ran = book.Commit(step, now_);
       }
     }
     ASSERT_EQ(ToProto(ran.mode), daemon.mode());
+    if (ran.source == DecisionSource::kDaemon && ran.reason == Reason::kPinned) {
+      known_pin_expire = ran.pin_expire;
+    }
 
     // Telemetry of earlier steps that was late arrives now; this step's may be late too.
     for (const PendingTelemetry& t : late) deliver(t);

@@ -9,6 +9,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
 #include "tests/testing/status_matchers.h"
@@ -53,6 +54,7 @@ class GateStateTest : public ::testing::Test {
   static v1::RegisterRequest Reg(const std::string& job, int group, int rank, int size) {
     v1::RegisterRequest r;
     r.set_job_id(job);
+    r.set_incarnation(StateHarness::kIncarnation);
     r.set_group(group);
     r.set_rank_in_group(rank);
     r.set_group_size(size);
@@ -438,6 +440,153 @@ TEST_F(GateStateTest, IdleJobsAreForgotten) {
   clock_.Advance(absl::Minutes(11));
   state->Sweep();
   EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// ---- job identity and sessions (docs/design.md §10) ----
+
+TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings) {
+  auto state = Make();
+  v1::RegisterRequest a0 = Reg("j", 0, 0, 2), a1 = Reg("j", 0, 1, 2);
+  a0.set_incarnation("launch-A");
+  a1.set_incarnation("launch-A");
+  auto ra0 = state->Register(a0), ra1 = state->Register(a1);
+  ASSERT_THAT(ra0.status(), IsOk());
+  ASSERT_THAT(ra1.status(), IsOk());
+  auto leader_a = state->state->FindSession(ra0->session_id());
+  auto rank1_a = state->state->FindSession(ra1->session_id());
+  ASSERT_THAT(leader_a.status(), IsOk());
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.5);
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  for (int64_t s = 0; s < 10; ++s) {
+    ASSERT_THAT(state->state->Decide(**leader_a, PlanFromProto(Plan("j", 0, s, {64, 64})))
+                    .status(),
+                IsOk());
+  }
+
+  // The relaunch: same job id, new incarnation. Step 3 is decided afresh for its batch
+  // (the old launch's cached answer for step 3 was for another batch).
+  v1::RegisterRequest b0 = Reg("j", 0, 0, 1);
+  b0.set_incarnation("launch-B");
+  auto rb0 = state->Register(b0);
+  ASSERT_THAT(rb0.status(), IsOk());
+  EXPECT_EQ(rb0->last_decided_step(), -1) << "the new launch starts afresh";
+  EXPECT_DOUBLE_EQ(rb0->config().config().max_length_cv(), 0.5) << "operator settings stay";
+  auto leader_b = state->state->FindSession(rb0->session_id());
+  ASSERT_THAT(leader_b.status(), IsOk());
+  auto fresh = state->state->Decide(**leader_b, PlanFromProto(Plan("j", 0, 3, {100, 5000})));
+  ASSERT_THAT(fresh.status(), IsOk());
+  EXPECT_EQ(fresh->reason, Reason::kLengthCv);
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-B");
+  EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1);
+
+  // The old launch's sessions are refused, clearly, and change nothing.
+  EXPECT_THAT(state->state->FindSession(ra0->session_id()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(state->state->Decide(**leader_a, PlanFromProto(Plan("j", 0, 11, {64}))).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("launch-B")));
+  EXPECT_THAT(state->RecordTelemetry(**rank1_a, Tel("j", 0, 1, 9, v1::SEQUENCE_PARALLEL, 1, 0.1)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("incarnation")));
+  EXPECT_THAT(state->Heartbeat(**rank1_a, v1::Heartbeat()).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // A rank of the old launch cannot rejoin and flip the job back.
+  EXPECT_THAT(state->Register(a1).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("replaced")));
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-B");
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"stale_incarnation\"} 4"));
+}
+
+TEST_F(GateStateTest, RegisterNeedsAnIncarnation) {
+  auto state = Make();
+  v1::RegisterRequest r = Reg("j", 0, 0, 1);
+  r.set_incarnation(std::string(200, 'x'));
+  EXPECT_THAT(state->Register(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation")));
+  r.set_incarnation("has space");
+  EXPECT_THAT(state->Register(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation")));
+  EXPECT_THAT(state->state->Register(RegisterInput{.job_id = "j", .group_size = 1}).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("incarnation: required")));
+}
+
+TEST_F(GateStateTest, OnlyTheLeaderPlansAndNeverTooFarAhead) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  auto leader = state->state->FindSession(r0->session_id());
+  auto follower = state->state->FindSession(r1->session_id());
+  ASSERT_THAT(follower.status(), IsOk());
+  EXPECT_THAT(state->state->Decide(**follower, PlanFromProto(Plan("j", 0, 0, {64}))).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("leader")));
+  EXPECT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("other", 0, 0, {64}))).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+  ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 0, {64}))).status(),
+              IsOk());
+  // One plan far in the future must not take the group away from the daemon.
+  const int64_t far = 1'000'000'000'000'000;
+  EXPECT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, far, {64}))).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_plan_lead_steps")));
+  auto next = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 1, {64})));
+  ASSERT_THAT(next.status(), IsOk()) << "the group is still the daemon's";
+  EXPECT_EQ(next->step, 1);
+  EXPECT_EQ(state->GetJob("j")->groups(0).last_step(), 1);
+  EXPECT_THAT(state->state->FindSession("").status(),
+              StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(state->state->FindSession("0123456789abcdef").status(),
+              StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(GateStateTest, AnUnforcedTpPinYieldsToMemoryAForcedOneDoesNot) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(60);
+  ASSERT_THAT(state->PinMode(pin).status(), IsOk());
+  v1::BatchPlan tight = Plan("j", 0, 1, {64});
+  tight.set_memory_budget_bytes(1000);
+  tight.set_predicted_peak_bytes_tp(950);  // over 0.9 x budget
+  tight.set_predicted_peak_bytes_sp(600);
+  ASSERT_THAT(state->Decide(tight, &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::MEMORY_REQUIRES_SP);
+  EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+  pin.set_force(true);
+  auto forced = state->PinMode(pin);
+  ASSERT_THAT(forced.status(), IsOk());
+  EXPECT_TRUE(forced->force());
+  tight.set_step(2);
+  ASSERT_THAT(state->Decide(tight, &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::PINNED);
+  EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_TRUE(d.pin_forced());
+  EXPECT_EQ(d.pin_expire_time().seconds(), absl::ToUnixSeconds(clock_.Now() + absl::Seconds(60)));
+  EXPECT_TRUE(state->GetJob("j")->pins(0).force());
+}
+
+TEST_F(GateStateTest, APinEndsWhenItExpires) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_group(0);
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(30);
+  ASSERT_THAT(state->PinMode(pin).status(), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::PINNED);
+  clock_.Advance(absl::Seconds(29));
+  ASSERT_THAT(state->Decide(Plan("j", 0, 2, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::PINNED);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_THAT(state->Decide(Plan("j", 0, 3, {64}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::GATES_PASSED);
+  EXPECT_EQ(state->GetJob("j")->pins_size(), 0);
 }
 
 }  // namespace

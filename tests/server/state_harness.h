@@ -10,6 +10,7 @@
 #ifndef SPGATE_TESTS_SERVER_STATE_HARNESS_H_
 #define SPGATE_TESTS_SERVER_STATE_HARNESS_H_
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,24 +39,41 @@ class StateHarness {
     return h;
   }
 
+  // The incarnation Register uses when a request names none, and Decide's own sessions.
+  static constexpr char kIncarnation[] = "launch-1";
+
   // --- worker API ---
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& r) {
+  absl::StatusOr<v1::RegisterResponse> Register(v1::RegisterRequest r) {
+    if (r.incarnation().empty()) r.set_incarnation(kIncarnation);
     ASSIGN_OR_RETURN(RegisterResult result, state->Register(RegisterFromProto(r)));
+    if (r.rank_in_group() == 0) leaders_[{r.job_id(), r.group()}] = result.session_id;
     return ToProto(result);
   }
   absl::StatusOr<std::shared_ptr<Session>> AttachSession(const std::string& id,
                                                          std::weak_ptr<SessionSink> sink) {
     return state->AttachSession(id, std::move(sink));
   }
+  // As the group's leader: the session of the last rank 0 registered through this harness
+  // for (job, group), or a new one-rank group's when there is none.
   absl::Status Decide(const v1::BatchPlan& plan, v1::Decision* out) {
-    ASSIGN_OR_RETURN(DecisionRecord d, state->Decide(PlanFromProto(plan)));
+    auto it = leaders_.find({plan.job_id(), plan.group()});
+    if (it == leaders_.end()) {
+      v1::RegisterRequest r;
+      r.set_job_id(plan.job_id());
+      r.set_group(plan.group());
+      r.set_group_size(1);
+      RETURN_IF_ERROR(Register(r).status());
+      it = leaders_.find({plan.job_id(), plan.group()});
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<Session> session, state->FindSession(it->second));
+    ASSIGN_OR_RETURN(DecisionRecord d, state->Decide(*session, PlanFromProto(plan)));
     ToProto(d, out);
     return absl::OkStatus();
   }
   absl::Status RecordTelemetry(Session& session, const v1::StepTelemetry& t) {
     return state->RecordTelemetry(session, TelemetryFromProto(t));
   }
-  int64_t Heartbeat(Session& session, const v1::Heartbeat& hb) {
+  absl::StatusOr<int64_t> Heartbeat(Session& session, const v1::Heartbeat& hb) {
     return state->Heartbeat(session, LocalDecisionsFromProto(hb));
   }
 
@@ -96,6 +114,7 @@ class StateHarness {
 
  private:
   StateHarness() = default;
+  std::map<std::pair<std::string, int>, std::string> leaders_;  // (job, group) -> session
   template <typename R>
   static std::optional<int> Group(const R& r) {
     return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;

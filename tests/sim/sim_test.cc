@@ -110,6 +110,7 @@ TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   SimOptions o = Small();
   o.controller = (*daemon)->worker_address();
   o.job_id = "sim-test";
+  o.incarnation = "test-launch";
   absl::StatusOr<Summary> s = RunLive(o);
   ASSERT_THAT(s.status(), IsOk());
   EXPECT_EQ(s->consistency_violations, 0);

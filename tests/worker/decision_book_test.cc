@@ -14,6 +14,8 @@ using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 
+const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
 PlanRecord Plan(int64_t step, double cv = 0.0) {
   PlanRecord p;
   p.step = step;
@@ -37,7 +39,7 @@ TEST(DecisionBookTest, PlansMustIncreaseAndBeUnique) {
   DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
   ASSERT_THAT(book.AddPlan(Plan(3)), IsOk());
   EXPECT_THAT(book.AddPlan(Plan(3)), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("3")));
-  (void)book.Commit(3);
+  (void)book.Commit(3, kNow);
   EXPECT_THAT(book.AddPlan(Plan(2)),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already decided")));
   EXPECT_THAT(book.AddPlan(Plan(3)), StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -63,8 +65,8 @@ TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
   book.OnDaemonDecision(Daemon(0, Mode::kSequenceParallel, Reason::kGatesPassed));
   ASSERT_NE(book.OnDaemonDecision(Daemon(1, Mode::kTensorParallelOnly, Reason::kRsWait)), nullptr);
   EXPECT_TRUE(book.Answered(1));
-  EXPECT_EQ(book.Commit(0).reason, Reason::kGatesPassed);
-  const GateDecision d = book.Commit(1);
+  EXPECT_EQ(book.Commit(0, kNow).reason, Reason::kGatesPassed);
+  const GateDecision d = book.Commit(1, kNow);
   EXPECT_EQ(d.source, DecisionSource::kDaemon);
   EXPECT_EQ(d.reason, Reason::kRsWait);
   EXPECT_EQ(d.config_version, 5);
@@ -72,7 +74,7 @@ TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
   // SP step at 0, so a local decision of step 2 (no new wait share, the next probe due at
   // step 200) stays TP-only for RS_WAIT.
   ASSERT_THAT(book.AddPlan(Plan(2)), IsOk());
-  const GateDecision local = book.Commit(2);
+  const GateDecision local = book.Commit(2, kNow);
   EXPECT_EQ(local.source, DecisionSource::kFallback);
   EXPECT_EQ(local.mode, Mode::kTensorParallelOnly);
   EXPECT_EQ(local.reason, Reason::kControllerUnavailable);
@@ -88,7 +90,7 @@ TEST(DecisionBookTest, LookupReturnsTheCommittedDecisionAgainAndRefusesOlderStep
   auto before = book.Lookup(7);
   ASSERT_THAT(before.status(), IsOk());
   EXPECT_FALSE(before->has_value());
-  const GateDecision d = book.Commit(7);
+  const GateDecision d = book.Commit(7, kNow);
   EXPECT_EQ(d.policy_reason, Reason::kLengthCv);
   auto again = book.Lookup(7);
   ASSERT_THAT(again.status(), IsOk());
@@ -101,7 +103,7 @@ TEST(DecisionBookTest, LookupReturnsTheCommittedDecisionAgainAndRefusesOlderStep
 TEST(DecisionBookTest, AnswersForCommittedStepsAreLateAndChangeNothing) {
   DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
   ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
-  const GateDecision local = book.Commit(0);
+  const GateDecision local = book.Commit(0, kNow);
   EXPECT_EQ(book.OnDaemonDecision(Daemon(0, Mode::kTensorParallelOnly, Reason::kPinned)), nullptr);
   EXPECT_EQ(book.counters().late_decisions, 1);
   EXPECT_EQ(**book.Lookup(0), local);
@@ -115,7 +117,7 @@ TEST(DecisionBookTest, RejectionMeansDecideLocallyWithoutWaiting) {
   ASSERT_THAT(book.AddPlan(Plan(4)), IsOk());
   EXPECT_TRUE(book.OnRejection(4));
   EXPECT_TRUE(book.Answered(4));
-  EXPECT_EQ(book.Commit(4).source, DecisionSource::kFallback);
+  EXPECT_EQ(book.Commit(4, kNow).source, DecisionSource::kFallback);
   EXPECT_FALSE(book.OnRejection(4)) << "a refusal for a committed step is ignored";
   EXPECT_EQ(book.counters().plans_rejected, 1);
 }
@@ -125,17 +127,17 @@ TEST(DecisionBookTest, CommitForgetsEverythingUpToTheStep) {
   for (int64_t s : {1, 2, 3}) ASSERT_THAT(book.AddPlan(Plan(s)), IsOk());
   book.OnDaemonDecision(Daemon(1, Mode::kSequenceParallel, Reason::kGatesPassed));
   book.OnDaemonDecision(Daemon(3, Mode::kTensorParallelOnly, Reason::kLengthCv));
-  (void)book.Commit(2);  // 1 was skipped by the trainer
+  (void)book.Commit(2, kNow);  // 1 was skipped by the trainer
   EXPECT_EQ(book.plans().size(), 1u);
   EXPECT_FALSE(book.Answered(1));
   EXPECT_TRUE(book.Answered(3));
-  EXPECT_EQ(book.Commit(3).reason, Reason::kLengthCv);
+  EXPECT_EQ(book.Commit(3, kNow).reason, Reason::kLengthCv);
 }
 
 TEST(DecisionBookTest, WithoutAControllerLocalDecisionsKeepTheGatesReason) {
   DecisionBook book(GateConfig{}, 16, DecisionSource::kLocalOnly);
   ASSERT_THAT(book.AddPlan(Plan(0, /*cv=*/0.5)), IsOk());
-  const GateDecision d = book.Commit(0);
+  const GateDecision d = book.Commit(0, kNow);
   EXPECT_EQ(d.source, DecisionSource::kLocalOnly);
   EXPECT_EQ(d.reason, Reason::kLengthCv);
 }
@@ -147,12 +149,44 @@ TEST(DecisionBookTest, ScheduledConfigAppliesFromItsStep) {
   book.ScheduleConfig(loose, 8, /*effective_from_step=*/2);
   ASSERT_THAT(book.AddPlan(Plan(1, 0.5)), IsOk());
   ASSERT_THAT(book.AddPlan(Plan(2, 0.5)), IsOk());
-  const GateDecision d1 = book.Commit(1);
-  const GateDecision d2 = book.Commit(2);
+  const GateDecision d1 = book.Commit(1, kNow);
+  const GateDecision d2 = book.Commit(2, kNow);
   EXPECT_EQ(d1.policy_reason, Reason::kLengthCv);
   EXPECT_EQ(d1.config_version, 0);
   EXPECT_EQ(d2.policy_reason, Reason::kGatesPassed);
   EXPECT_EQ(d2.config_version, 8);
+}
+
+TEST(DecisionBookTest, APinHeardFromTheDaemonHoldsUntilItEndsThenTheGatesDecide) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  for (int64_t s = 0; s < 4; ++s) ASSERT_THAT(book.AddPlan(Plan(s, /*cv=*/0.0)), IsOk());
+  GateDecision pinned = Daemon(0, Mode::kTensorParallelOnly, Reason::kPinned);
+  pinned.pin_expire = kNow + absl::Minutes(10);
+  book.OnDaemonDecision(pinned);
+  ASSERT_EQ(book.Commit(0, kNow).reason, Reason::kPinned);
+  // The daemon is away: the pin still holds while it lasts...
+  EXPECT_EQ(book.Commit(1, kNow + absl::Minutes(9)).policy_reason, Reason::kPinned);
+  // ...and not after, when the gates decide again (CV 0: SP).
+  const GateDecision after = book.Commit(2, kNow + absl::Minutes(10));
+  EXPECT_EQ(after.policy_reason, Reason::kGatesPassed);
+  EXPECT_EQ(after.mode, Mode::kSequenceParallel);
+}
+
+TEST(DecisionBookTest, AnUnforcedTpPinHeardFromTheDaemonYieldsToMemoryLocallyToo) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
+  PlanRecord big = Plan(1);
+  big.budget = 1000;
+  big.peak_tp = 950;  // over 0.9 x budget
+  big.peak_sp = 500;
+  ASSERT_THAT(book.AddPlan(big), IsOk());
+  GateDecision pinned = Daemon(0, Mode::kTensorParallelOnly, Reason::kPinned);
+  pinned.pin_expire = kNow + absl::Hours(1);
+  book.OnDaemonDecision(pinned);
+  (void)book.Commit(0, kNow);
+  const GateDecision local = book.Commit(1, kNow);
+  EXPECT_EQ(local.mode, Mode::kSequenceParallel);
+  EXPECT_EQ(local.policy_reason, Reason::kMemoryRequiresSp);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@ GateClientOptions Options(const std::string& controller) {
   GateClientOptions o;
   o.controller = controller;
   o.job_id = "proto-test";
+  o.incarnation = "test-launch";
   o.group_size = 1;
   o.initial_backoff = absl::Milliseconds(20);
   o.max_backoff = absl::Milliseconds(200);

@@ -72,6 +72,7 @@ struct Group {
       GateClientOptions o;
       o.controller = controller;
       o.job_id = job_id;
+      o.incarnation = "test-launch";
       o.group = group;
       o.rank_in_group = r;
       o.group_size = ranks;

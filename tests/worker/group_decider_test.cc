@@ -23,6 +23,7 @@ using ::testing::HasSubstr;
 std::unique_ptr<GateClient> LocalClient(int rank = 0, int size = 4) {
   GateClientOptions o;
   o.job_id = "j";
+  o.incarnation = "test-launch";
   o.rank_in_group = rank;
   o.group_size = size;
   auto c = GateClient::Create(o);
@@ -184,6 +185,7 @@ TEST(GateClientLocalTest, OptionsAreValidated) {
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                               HasSubstr("job_id")));
   o.job_id = "j";
+  o.incarnation = "test-launch";
   o.rank_in_group = 4;
   o.group_size = 4;
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,

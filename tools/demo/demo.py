@@ -32,12 +32,15 @@ import shutil
 import sys
 import tempfile
 import traceback
+import uuid
 
 import grpc
 
 import spgate_reflect as sr
 
 JOB = "demo-job"
+# One launch of the demo job (the daemon keys live state by job and launch).
+INCARNATION = uuid.uuid4().hex
 GIB = 1 << 30
 RECV_TIMEOUT = 5.0
 EXPECTED = ["GATES_PASSED", "LENGTH_CV", "RS_WAIT", "PROBE", "MEMORY_REQUIRES_SP",
@@ -92,9 +95,16 @@ class Demo:
     # --- the API ---------------------------------------------------------------------
 
     def decide(self, group, step, lengths, **memory):
+        """Unary Decide as the group's leader (its session from Register, made once)."""
+        sessions = self.__dict__.setdefault("leader_sessions", {})
+        if group not in sessions:
+            sessions[group] = self.gate.call(
+                "Register", job_id=JOB, incarnation=INCARNATION, group=group, rank_in_group=0,
+                group_size=1, global_rank=0, host="demo-host").session_id
         plan = self.gate.new("BatchPlan", job_id=JOB, group=group, step=step, lengths=lengths,
                              **memory)
-        return self.gate.call("Decide", self.gate.new("DecideRequest", plan=plan))
+        return self.gate.call("Decide", self.gate.new("DecideRequest", plan=plan,
+                                                      session_id=sessions[group]))
 
     def config(self):
         return self.admin.call("GetGateConfig").config
@@ -265,7 +275,8 @@ class Rank:
     def __init__(self, demo, group, rank, size):
         self.demo, self.gate = demo, demo.gate
         self.group, self.rank = group, rank
-        reg = self.gate.call("Register", job_id=JOB, group=group, rank_in_group=rank,
+        reg = self.gate.call("Register", job_id=JOB, incarnation=INCARNATION, group=group,
+                             rank_in_group=rank,
                              group_size=size, global_rank=group * size + rank,
                              host="demo-host", memory_budget_bytes=80 * GIB)
         self.session_id = reg.session_id

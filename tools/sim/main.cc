@@ -28,10 +28,15 @@
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
 #include "tools/sim/sim.h"
+#include "worker/client/identity.h"
 
 // Shared job flags (docs/design.md §5).
 ABSL_FLAG(std::string, controller, "", "spgated worker API address; empty: local policy only");
-ABSL_FLAG(std::string, job_id, "sim", "Job id");
+ABSL_FLAG(std::string, job_id, "",
+          "Job id; required with --controller unless SPGATE_JOB_ID is set");
+ABSL_FLAG(std::string, incarnation, "",
+          "This launch of the simulated job; empty: the launcher's (SPGATE_INCARNATION, ...) "
+          "or a new one");
 ABSL_FLAG(std::string, lengths, "lognormal:mean=4096,sigma=0.8",
           "Length distribution: lognormal:mean=M,sigma=S | bimodal:short=A,long=B,p_long=P | "
           "uniform:min=A,max=B | file:PATH");
@@ -83,6 +88,8 @@ SimOptions OptionsFromFlags() {
   SimOptions o;
   o.controller = absl::GetFlag(FLAGS_controller);
   o.job_id = absl::GetFlag(FLAGS_job_id);
+  if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
+  o.incarnation = absl::GetFlag(FLAGS_incarnation);
   o.lengths = absl::GetFlag(FLAGS_lengths);
   o.tokens_per_batch = absl::GetFlag(FLAGS_tokens_per_batch);
   o.bucketing = absl::GetFlag(FLAGS_bucketing);

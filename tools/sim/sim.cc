@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "policy/gate_policy.h"
 #include "worker/client/gate_client.h"
+#include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
 #include "worker/client/in_memory_broadcast.h"
 #include "worker/client/local_policy.h"
@@ -102,6 +103,11 @@ int ThreadCount(const SimOptions& o) {
 }
 
 absl::Status Validate(const SimOptions& o) {
+  if (!o.controller.empty() && o.job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_id: required with --controller (or set SPGATE_JOB_ID); the daemon keys "
+        "decisions by job");
+  }
   if (o.groups < 1) return absl::InvalidArgumentError("--groups must be >= 1");
   if (o.cost.tp < 1 || o.cost.tp > 1024) return absl::InvalidArgumentError("--tp must be in [1, 1024]");
   if (!(o.steps_per_s > 0)) return absl::InvalidArgumentError("--steps_per_s must be > 0");
@@ -165,6 +171,10 @@ int64_t StepsFor(const SimOptions& o) {
 }
 
 absl::StatusOr<Summary> RunLive(const SimOptions& o) {
+  // One launch of the simulated job: the same for every simulated rank.
+  std::string incarnation = o.incarnation;
+  if (incarnation.empty()) incarnation = client::IncarnationFromEnvironment();
+  if (incarnation.empty()) incarnation = client::NewIncarnation();
   if (absl::Status s = Validate(o); !s.ok()) return s;
   const CostModel model(o.cost);
   const int t = o.cost.tp;
@@ -183,6 +193,7 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     GateClientOptions base;
     base.controller = o.controller;
     base.job_id = o.job_id;
+    base.incarnation = incarnation;
     base.group = gi;
     base.group_size = t;
     base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};

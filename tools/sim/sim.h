@@ -25,7 +25,11 @@ namespace spgate::sim {
 
 struct SimOptions {
   std::string controller;  // empty: local policy only
-  std::string job_id = "sim";
+  // With a controller: required (no default job id, docs/design.md §10).
+  std::string job_id;
+  // This launch; empty: the launcher's (IncarnationFromEnvironment), else a new one (the
+  // simulator is one process, so it is its own world rank 0).
+  std::string incarnation;
   std::string lengths = "lognormal:mean=4096,sigma=0.8";
   int64_t tokens_per_batch = 16384;
   bool bucketing = true;

@@ -61,11 +61,11 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
   return std::optional<GateDecision>();
 }
 
-GateDecision DecisionBook::Commit(int64_t step) {
+GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   GateDecision d;
   if (auto it = daemon_.find(step); it != daemon_.end()) {
     d = it->second;
-    policy_.Adopt(step, d.mode, d.reason);
+    policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
     ++counters_.daemon_decisions;
   } else {
     const PlanRecord& plan = plans_.at(step);
@@ -73,7 +73,8 @@ GateDecision DecisionBook::Commit(int64_t step) {
                                                        .length_cv = plan.length_cv,
                                                        .predicted_peak_bytes_sp = plan.peak_sp,
                                                        .predicted_peak_bytes_tp = plan.peak_tp,
-                                                       .memory_budget_bytes = plan.budget});
+                                                       .memory_budget_bytes = plan.budget},
+                                            now);
     d.step = step;
     d.mode = ld.decision.mode;
     d.policy_reason = ld.decision.reason;

@@ -91,8 +91,8 @@ class DecisionBook {
   absl::StatusOr<std::optional<GateDecision>> Lookup(int64_t step) const;
 
   // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one, else
-  // the local policy's. Forgets everything at or below `step`.
-  GateDecision Commit(int64_t step);
+  // the local policy's, with pins judged at `now`. Forgets everything at or below `step`.
+  GateDecision Commit(int64_t step, absl::Time now);
 
   // The fallback's inputs.
   void ScheduleConfig(const GateConfig& config, int64_t version, int64_t effective_from_step) {

@@ -47,6 +47,10 @@ namespace {
 absl::Status ValidateOptions(const GateClientOptions& o) {
   auto bad = [](std::string msg) { return absl::InvalidArgumentError(std::move(msg)); };
   if (!o.controller.empty() && o.job_id.empty()) return bad("job_id must be set");
+  if (!o.controller.empty() && o.incarnation.empty()) {
+    return bad("incarnation must be set: one value per launch of the job, the same on every "
+               "rank (IncarnationFromEnvironment(), or one made by world rank 0 and broadcast)");
+  }
   if (o.group < 0) return bad(absl::StrCat("group must be >= 0, got ", o.group));
   if (o.group_size < 1) return bad(absl::StrCat("group_size must be >= 1, got ", o.group_size));
   if (o.rank_in_group < 0 || o.rank_in_group >= o.group_size) {
@@ -298,6 +302,9 @@ void GateClient::Impl::StartRegister() {
   auto call = std::make_shared<RegisterCall>();
   call->req = BuildRegisterRequest(opts_);
   call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + opts_.rpc_timeout));
+  if (!opts_.worker_token.empty()) {
+    call->ctx.AddMetadata("authorization", "Bearer " + opts_.worker_token);
+  }
   {
     spgate::MutexLock lock(&mu_);
     if (closing_) return;
@@ -361,6 +368,9 @@ void GateClient::Impl::StartStream() {
   hold_released_ = false;
   first_write_ = true;
   heartbeat_due_ = true;  // the first message reports local decisions and asks for an ack
+  if (!opts_.worker_token.empty()) {
+    r->ctx.AddMetadata("authorization", "Bearer " + opts_.worker_token);
+  }
   stub_->async()->Connect(&r->ctx, r);
   r->AddHold();
   r->StartRead(&r->in);
@@ -598,7 +608,7 @@ absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl:
       if (cv_.WaitWithDeadline(&mu_, deadline)) break;  // timed out
     }
   }
-  return book_.Commit(step);
+  return book_.Commit(step, absl::Now());
 }
 
 absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {

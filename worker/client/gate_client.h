@@ -34,6 +34,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,12 @@ struct GateClientOptions {
   // every step with the local policy (source kLocalOnly, reason = the gate's reason).
   std::string controller;
   std::string job_id;
+  // One launch of the job (docs/design.md §10): the same on every rank, new on every
+  // relaunch — IncarnationFromEnvironment() (identity.h) reads the launcher's, else world
+  // rank 0 makes one (NewIncarnation()) and broadcasts it. Required with a controller.
+  std::string incarnation;
+  // Shared worker credential of a daemon run with --worker_token_file; empty: none.
+  std::string worker_token;
   int group = 0;          // TP group index
   int rank_in_group = 0;  // 0 is the leader: only the leader submits plans
   int group_size = 1;     // t
@@ -126,6 +133,10 @@ struct GateDecision {
                                                 // unless reason is CONTROLLER_UNAVAILABLE)
   DecisionSource source = DecisionSource::kDaemon;
   int64_t config_version = 0;
+  // PINNED decisions from the daemon: when the pin ends and whether it was forced, so a
+  // fallback that keeps honouring the pin while the daemon is away stops on time.
+  std::optional<absl::Time> pin_expire;
+  bool pin_forced = false;
   friend bool operator==(const GateDecision&, const GateDecision&) = default;
 };
 

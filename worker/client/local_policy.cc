@@ -4,16 +4,27 @@
 
 namespace spgate::client {
 
-LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts) {
+LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, absl::Time now) {
   const ScheduledConfig sc = schedule_.At(facts.step);
-  const GateOutcome out = group_.Decide(sc.config, facts, pin_);
+  const GateOutcome out = group_.Decide(sc.config, facts, pin(now));
   schedule_.Prune(facts.step);
   return LocalDecision{out.decision, sc.version};
 }
 
-void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason) {
+void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason,
+                            std::optional<absl::Time> pin_expire, bool pin_forced) {
   group_.Adopt(step, Decision{mode, reason}, schedule_.At(step).config.window_steps);
-  pin_ = reason == Reason::kPinned ? std::optional<Mode>(mode) : std::nullopt;
+  // The daemon's latest word on pins: PINNED carries the pin; any other reason means no
+  // pin applied at that step (an unforced TP-only pin the memory gate overruled is
+  // learned at the next PINNED decision).
+  if (reason == Reason::kPinned) {
+    pin_ = PinDirective(mode, pin_forced);
+    pin_expire_ = pin_expire;
+  } else if (!(pin_ && reason == Reason::kMemoryRequiresSp) &&
+             !(pin_ && reason == Reason::kMemoryOverBudget)) {
+    pin_.reset();
+    pin_expire_.reset();
+  }
   schedule_.Prune(step);
 }
 

@@ -30,6 +30,7 @@
 #include "policy/config_schedule.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
+#include "absl/time/time.h"
 #include "policy/types.h"
 
 namespace spgate::client {
@@ -56,13 +57,15 @@ class LocalGatePolicy {
   const ScheduledConfig& ConfigFor(int64_t step) const { return schedule_.At(step); }
 
   // Decides `facts.step` with the policy and advances the state. An operator pin that was
-  // in force when the daemon was last heard from stays in force (the operator's explicit
-  // choice outlives the daemon's absence; the daemon lifts it when it is back).
-  LocalDecision Decide(const BatchFacts& facts);
+  // in force when the daemon was last heard from stays in force until it expires at `now`
+  // (the operator's explicit choice outlives the daemon's absence, not its own end).
+  LocalDecision Decide(const BatchFacts& facts, absl::Time now = absl::InfinitePast());
 
   // Advances the state with a decision the daemon made for `step`, exactly as the
-  // daemon's own evaluation advanced its copy (policy/group_state.h).
-  void Adopt(int64_t step, Mode mode, Reason reason);
+  // daemon's own evaluation advanced its copy (policy/group_state.h). A PINNED decision
+  // carries the pin's end and force, which the fallback keeps.
+  void Adopt(int64_t step, Mode mode, Reason reason,
+             std::optional<absl::Time> pin_expire = std::nullopt, bool pin_forced = false);
 
   // One step's group reduce-scatter wait share. Only SP steps enter the window
   // (docs/design.md §2).
@@ -72,12 +75,17 @@ class LocalGatePolicy {
 
   const GroupGateState& state() const { return group_.gate(); }
   RsWaitObservation rs_wait() const { return group_.rs_wait(); }
-  std::optional<Mode> pin() const { return pin_; }
+  // The pin the fallback honours at `now`, if any.
+  std::optional<PinDirective> pin(absl::Time now = absl::InfinitePast()) const {
+    if (!pin_ || (pin_expire_ && now >= *pin_expire_)) return std::nullopt;
+    return pin_;
+  }
 
  private:
   ConfigSchedule schedule_;
   GroupPolicyState group_;
-  std::optional<Mode> pin_;
+  std::optional<PinDirective> pin_;
+  std::optional<absl::Time> pin_expire_;  // none: a pin heard of without an end
 };
 
 }  // namespace spgate::client

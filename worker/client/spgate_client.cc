@@ -71,6 +71,8 @@ absl::Status SetOption(spgate::client::GateClientOptions& o, const std::string& 
   spgate::GateConfig& c = o.initial_config;
   if (name == "controller") { o.controller = value; return absl::OkStatus(); }
   if (name == "job_id") { o.job_id = value; return absl::OkStatus(); }
+  if (name == "incarnation") { o.incarnation = value; return absl::OkStatus(); }
+  if (name == "worker_token") { o.worker_token = value; return absl::OkStatus(); }
   if (name == "host") { o.host = value; return absl::OkStatus(); }
   if (name == "group") return as_int(&o.group);
   if (name == "rank_in_group") return as_int(&o.rank_in_group);

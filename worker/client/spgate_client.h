@@ -117,7 +117,8 @@ SPGATE_EXPORT const char* spgate_version(void);
 SPGATE_EXPORT const char* spgate_mode_name(int32_t mode);     /* "sp", "tp_only" */
 SPGATE_EXPORT const char* spgate_reason_name(int32_t reason); /* "gates_passed", ... */
 
-/* Options, by name: controller, job_id, group, rank_in_group, group_size, global_rank,
+/* Options, by name: controller, job_id, incarnation (one launch of the job, equal on
+ * every rank; required with a controller), worker_token, group, rank_in_group, group_size, global_rank,
  * host, layers, hidden, heads, ffn_hidden, memory_budget_bytes, decision_deadline_ms,
  * rpc_timeout_ms, initial_backoff_ms, max_backoff_ms, telemetry_buffer, seed, and every
  * GateConfig field of the initial config (max_length_cv, ...). */

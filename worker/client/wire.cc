@@ -41,6 +41,7 @@ std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, boo
 v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   v1::RegisterRequest req;
   req.set_job_id(o.job_id);
+  req.set_incarnation(o.incarnation);
   req.set_group(o.group);
   req.set_rank_in_group(o.rank_in_group);
   req.set_group_size(o.group_size);
@@ -106,6 +107,11 @@ std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
   g.policy_reason = g.reason;
   g.source = DecisionSource::kDaemon;
   g.config_version = d.config_version();
+  if (d.has_pin_expire_time()) {
+    g.pin_expire = absl::FromUnixSeconds(d.pin_expire_time().seconds()) +
+                   absl::Nanoseconds(d.pin_expire_time().nanos());
+  }
+  g.pin_forced = d.pin_forced();
   return g;
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "policy/gate_policy.h"
 #include "worker/client/gate_client.h"
+#include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
@@ -44,7 +45,11 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.duration < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--duration must not be negative");
   }
-  if (o.job_id.empty()) return absl::InvalidArgumentError("--job_id must not be empty");
+  if (!o.controller.empty() && o.job_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--job_id: required with --controller (or set SPGATE_JOB_ID, or run under Slurm "
+        "with a job name); the daemon keys decisions by job");
+  }
   if (o.decision_deadline <= absl::ZeroDuration() || o.decision_deadline > absl::Seconds(60)) {
     return absl::InvalidArgumentError("--decision_deadline must be in (0, 60s]");
   }
@@ -124,7 +129,23 @@ struct RankContext {
   Device* device;
   Communicator* tp;
   Communicator* dp;
+  std::string incarnation;  // the same on every rank (see AgreeOnIncarnation)
 };
+
+// The launch's incarnation, equal on every rank: the option, else the launcher's, else one
+// world rank 0 makes and broadcasts (docs/design.md §10).
+absl::StatusOr<std::string> AgreeOnIncarnation(const WorkerOptions& o, const ProcessGrid& grid) {
+  if (!o.incarnation.empty()) return o.incarnation;
+  std::string mine = client::IncarnationFromEnvironment();
+  if (o.controller.empty()) return mine;
+  char buf[129] = {};
+  if (grid.world_rank() == 0) {
+    if (mine.empty()) mine = client::NewIncarnation();
+    mine.copy(buf, sizeof(buf) - 1);
+  }
+  SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, grid.world()));
+  return std::string(buf);
+}
 
 // The leader's batch (lengths) reaches every rank of the TP group.
 absl::Status BroadcastBatch(Communicator* tp, Batch& batch) {
@@ -203,6 +224,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     client::GateClientOptions co;
     co.controller = o.controller;
     co.job_id = o.job_id;
+    co.incarnation = cx.incarnation;
     co.group = grid.group();
     co.rank_in_group = grid.tp_rank();
     co.group_size = o.tp;
@@ -382,7 +404,8 @@ absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const Pro
   if (tp == nullptr || dp == nullptr || tp->size() != grid.tp() || dp->size() != grid.dp()) {
     return absl::InvalidArgumentError("RunWorkerRank: communicators do not match the grid");
   }
-  return Run({options, grid, device, tp, dp});
+  ASSIGN_OR_RETURN(std::string incarnation, AgreeOnIncarnation(options, grid));
+  return Run({options, grid, device, tp, dp, std::move(incarnation)});
 }
 
 absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& options,

@@ -40,7 +40,11 @@ enum class ModeChoice : uint8_t { kAuto, kSp, kTp };
 struct WorkerOptions {
   Backend backend = Backend::kCpu;
   std::string controller;  // empty: local policy only
-  std::string job_id = "spgate-worker";
+  // With a controller: required (the flag or the launcher's environment; no default).
+  std::string job_id;
+  // One launch of the job; empty: the launcher's (IncarnationFromEnvironment), else one
+  // that world rank 0 makes and broadcasts at start-up.
+  std::string incarnation;
   ModelShape shape;
   int tp = 1;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";

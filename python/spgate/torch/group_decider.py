@@ -1,5 +1,5 @@
 """spgate.torch.GroupDecider: one decision per (TP group, step), identical on every rank,
-broadcast over the group's own torch.distributed process group (SPEC §4).
+broadcast over the group's own torch.distributed process group (docs/design.md §4).
 
 This is the C++ GroupDecider (worker/client/group_decider.h) with a torch.distributed
 broadcast plugged in, so the semantics are the same code: the leader (rank 0 of the group)

@@ -1,7 +1,7 @@
 """Megatron-style tensor-parallel (TP) transformer layers in plain PyTorch whose sequence
 parallelism (SP) is chosen per forward call, so spgate's per-batch decision can switch it.
 
-The same weights run in either mode (SPEC §1, §4; the C++ reference is
+The same weights run in either mode (docs/design.md §1, §4; the C++ reference is
 worker/runtime/transformer_stack.h):
   TP-only: every rank holds the full sequence. A column-parallel linear takes the full
     input (its input gradient is all-reduced in backward); a row-parallel linear's
@@ -285,7 +285,7 @@ class ScaleGrad(torch.autograd.Function):
 
 def replicated(param: torch.Tensor, sequence_parallel: bool, tp: TensorParallel) -> torch.Tensor:
     """`param` as used by a forward: under TP-only with t > 1 its gradient is scaled by 1/t
-    (SPEC §4) so that finish_gradients' SUM is right for any mix of modes."""
+    (docs/design.md §4) so that finish_gradients' SUM is right for any mix of modes."""
     if sequence_parallel or tp.size == 1:
         return param
     return ScaleGrad.apply(param, 1.0 / tp.size)

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -151,6 +152,7 @@ class SpgatectlE2eTest : public ::testing::Test {
   }
 
   void StartDaemon(server::DaemonOptions opts) {
+    leaders_.clear();  // sessions die with the daemon
     if (daemon_) daemon_->Shutdown(absl::Seconds(2));
     auto d = server::Daemon::Start(std::move(opts));
     ASSERT_TRUE(d.ok()) << d.status();
@@ -174,10 +176,25 @@ class SpgatectlE2eTest : public ::testing::Test {
     return std::make_unique<CtlProcess>(dir_, args);
   }
 
-  // One plan through GateService.Decide.
+  // One plan through GateService.Decide, as the group's leader (registered once).
   v1::Decision Decide(const std::string& job, int group, int64_t step,
                       std::vector<int64_t> lengths = {4096, 4096, 4096, 4096}) {
+    std::string& session = leaders_[{job, group}];
+    if (session.empty()) {
+      v1::RegisterRequest r;
+      r.set_job_id(job);
+      r.set_incarnation("spgatectl-e2e");
+      r.set_group(group);
+      r.set_group_size(1);
+      v1::RegisterResponse resp;
+      grpc::ClientContext rctx;
+      rctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      const grpc::Status rs = gate_->Register(&rctx, r, &resp);
+      EXPECT_TRUE(rs.ok()) << rs.error_message();
+      session = resp.session_id();
+    }
     v1::DecideRequest req;
+    req.set_session_id(session);
     req.mutable_plan()->set_job_id(job);
     req.mutable_plan()->set_group(group);
     req.mutable_plan()->set_step(step);
@@ -190,6 +207,7 @@ class SpgatectlE2eTest : public ::testing::Test {
     return d;
   }
 
+  std::map<std::pair<std::string, int>, std::string> leaders_;  // (job, group) -> session
   fs::path dir_;
   std::unique_ptr<server::Daemon> daemon_;
   std::unique_ptr<v1::GateService::Stub> gate_;
