@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"

@@ -378,14 +378,17 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
 };
 
 // A WatchDecisions call refused before it started (authorization): ends at once.
-class RefusedWatch final : public grpc::ServerWriteReactor<v1::Decision> {
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::Decision>,
+                           private PublishedReactor {
  public:
   explicit RefusedWatch(const grpc::Status& status) {
     [[maybe_unused]] CallbackScope scope;
+    Publish();
     Finish(status);
   }
   void OnDone() override {
     [[maybe_unused]] CallbackScope scope;
+    Acquire();
     delete this;
   }
 };
