@@ -47,6 +47,28 @@ absl::StatusOr<std::string> ReadAuthFile(const std::string& flag, const std::str
 
 }  // namespace
 
+std::optional<CallKind> AdminCallKind(absl::string_view method) {
+  static constexpr struct {
+    absl::string_view method;
+    CallKind kind;
+  } kKinds[] = {
+      {"GetGateConfig", CallKind::kRead},
+      {"ListJobs", CallKind::kRead},
+      {"GetJob", CallKind::kRead},
+      {"WatchDecisions", CallKind::kRead},
+      {"EvaluateGates", CallKind::kRead},
+      {"ListConfigHistory", CallKind::kRead},
+      {"UpdateGateConfig", CallKind::kMutation},
+      {"PinMode", CallKind::kMutation},
+      {"Unpin", CallKind::kMutation},
+      {"RollbackGateConfig", CallKind::kMutation},
+  };
+  for (const auto& k : kKinds) {
+    if (k.method == method) return k.kind;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
                                              const CallerCredentials& caller, CallKind kind) {
   if (!auth.configured()) return Principal{"anonymous", Role::kAdmin};

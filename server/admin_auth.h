@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace spgate::server {
 
@@ -61,6 +62,11 @@ struct Principal {
 
 absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
                                              const CallerCredentials& caller, CallKind kind);
+
+// Whether an AdminService method (by its proto name, "PinMode") reads or mutates; nullopt
+// for a name not in the table. The test holds the table against the service descriptor,
+// so a new RPC cannot go unclassified.
+std::optional<CallKind> AdminCallKind(absl::string_view method);
 
 // A token file: one credential per non-empty line, `NAME:TOKEN`, or a bare `TOKEN`
 // (no ':'), which is named after the file's basename; '#' starts a comment line. NAME

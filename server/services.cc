@@ -456,7 +456,11 @@ grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* c
 // --- AdminService ------------------------------------------------------------------
 
 absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx,
-                                                     CallKind kind) {
+                                                     absl::string_view method) {
+  const std::optional<CallKind> kind = AdminCallKind(method);
+  if (!kind.has_value()) {
+    return absl::InternalError(absl::StrCat(method, " has no entry in AdminCallKind"));
+  }
   CallerCredentials caller;
   const auto& md = ctx->client_metadata();
   if (auto it = md.find("authorization"); it != md.end()) {
@@ -471,20 +475,20 @@ absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContex
       }
     }
   }
-  return AuthorizeAdminCall(auth_, caller, kind);
+  return AuthorizeAdminCall(auth_, caller, *kind);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
                                                           const v1::GetGateConfigRequest* request,
                                                           v1::VersionedGateConfig* response) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "GetGateConfig"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, GetGateConfigView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
     grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest* request,
     v1::VersionedGateConfig* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, CallKind::kMutation);
+  absl::StatusOr<Principal> who = Authorize(ctx, "UpdateGateConfig");
   if (!who.ok()) {
     if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
     return Fail(ctx, who.status());
@@ -509,21 +513,21 @@ void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
 grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                      const v1::ListJobsRequest* request,
                                                      v1::ListJobsResponse* response) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "ListJobs"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(ListJobsView(*state_)), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                    const v1::GetJobRequest* request,
                                                    v1::Job* response) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "GetJob"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, GetJobView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
                                                     const v1::PinModeRequest* request,
                                                     v1::Pin* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, CallKind::kMutation);
+  absl::StatusOr<Principal> who = Authorize(ctx, "PinMode");
   if (!who.ok()) return Fail(ctx, who.status());
   if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Fail(ctx, s);
   const std::optional<int> group =
@@ -535,7 +539,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
                                                   const v1::UnpinRequest* request,
                                                   v1::UnpinResponse* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, CallKind::kMutation);
+  absl::StatusOr<Principal> who = Authorize(ctx, "Unpin");
   if (!who.ok()) return Fail(ctx, who.status());
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
@@ -549,7 +553,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* c
 
 grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
     grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) {
+  if (auto who = Authorize(ctx, "WatchDecisions"); !who.ok()) {
     return new RefusedWatch(ToGrpcStatus(who.status()));
   }
   return new WatchReactor(state_, metrics_, streams_, request->job_id());
@@ -558,21 +562,21 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
 grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
                                                           const v1::EvaluateGatesRequest* request,
                                                           v1::EvaluateGatesResponse* response) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "EvaluateGates"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, EvaluateGatesView(*state_, *store_, *request), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListConfigHistory(
     grpc::CallbackServerContext* ctx, const v1::ListConfigHistoryRequest* request,
     v1::ListConfigHistoryResponse* response) {
-  if (auto who = Authorize(ctx, CallKind::kRead); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "ListConfigHistory"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, store_->ListConfigHistory(*request), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
     grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest* request,
     v1::VersionedGateConfig* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, CallKind::kMutation);
+  absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
   if (!who.ok()) {
     if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
     return Fail(ctx, who.status());

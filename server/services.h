@@ -93,8 +93,8 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
 
  private:
   // The caller's credentials from the metadata and the TLS handshake, judged by
-  // AuthorizeAdminCall (server/admin_auth.h).
-  absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, CallKind kind);
+  // AuthorizeAdminCall (server/admin_auth.h) for `method`'s kind (AdminCallKind).
+  absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, absl::string_view method);
   // spgate_config_updates_total by result, for UpdateGateConfig and RollbackGateConfig.
   void CountConfigUpdate(const absl::Status& status);
 

@@ -2,7 +2,12 @@
 // and without credentials configured; and the token and subjects file formats.
 #include "server/admin_auth.h"
 
+#include <set>
+#include <string>
+
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "spgate/v1/admin.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
@@ -83,6 +88,45 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"reader_dns_mutation", true, Cert({"dash.example.com"}), kMutation, kDenied, ""},
         Case{"unlisted_cert", true, Cert({"CN=stranger"}), kRead, kDenied, ""}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Role x RPC: every method of spgate.v1.AdminService has a kind, and each kind of caller
+// gets the expected code on it.
+TEST(AdminAuthTest, EveryAdminRpcAgainstEveryRole) {
+  const auto* service = v1::AuditEntry::descriptor()->file()->FindServiceByName("AdminService");
+  ASSERT_NE(service, nullptr);
+  const std::set<std::string> mutations = {"UpdateGateConfig", "PinMode", "Unpin",
+                                           "RollbackGateConfig"};
+  struct Caller {
+    const char* name;
+    CallerCredentials creds;
+    absl::StatusCode read, mutation;
+  };
+  const Caller callers[] = {
+      {"none", {}, kUnauthenticated, kUnauthenticated},
+      {"wrong token", Bearer("nope"), kDenied, kDenied},
+      {"reader token", Bearer("reader-secret"), kOk, kDenied},
+      {"admin token", Bearer("admin-secret"), kOk, kOk},
+      {"reader cert", Cert({"dash.example.com"}), kOk, kDenied},
+      {"admin cert", Cert({"CN=ops-admin,O=ml"}), kOk, kOk},
+      {"unlisted cert", Cert({"CN=stranger"}), kDenied, kDenied},
+  };
+  ASSERT_EQ(service->method_count(), 10);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string method = service->method(i)->name();
+    const std::optional<CallKind> kind = AdminCallKind(method);
+    ASSERT_TRUE(kind.has_value()) << method << " is missing from AdminCallKind";
+    const bool mutation = mutations.contains(method);
+    EXPECT_EQ(*kind, mutation ? kMutation : kRead) << method;
+    for (const Caller& c : callers) {
+      EXPECT_THAT(AuthorizeAdminCall(Configured(), c.creds, *kind).status(),
+                  StatusIs(mutation ? c.mutation : c.read))
+          << method << " as " << c.name;
+      EXPECT_THAT(AuthorizeAdminCall(AdminAuthConfig{}, c.creds, *kind).status(), IsOk())
+          << method << " as " << c.name << " with nothing configured";
+    }
+  }
+  EXPECT_EQ(AdminCallKind("Frobnicate"), std::nullopt);
+}
 
 TEST(AdminAuthTest, CertificatesCountOnlyWithASubjectsFile) {
   AdminAuthConfig auth;
