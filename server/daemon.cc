@@ -6,13 +6,17 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
@@ -45,6 +49,40 @@ std::string DialHost(const std::string& listen) {
 
 void Log(const std::string& line) { std::cerr << "spgated: " << line << std::endl; }
 
+// What identifies one version of the config file. stat() follows symlinks, so a
+// kubelet's `..data` symlink swap or a rename over the file shows as a new inode; the
+// content hash catches an in-place rewrite within the mtime's resolution and lets an
+// identical replacement pass without a reload.
+struct ConfigFingerprint {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  int64_t mtime_ns = 0;
+  int64_t size = -1;
+  size_t content_hash = 0;
+  bool SameFile(const ConfigFingerprint& o) const {
+    return dev == o.dev && ino == o.ino && mtime_ns == o.mtime_ns && size == o.size;
+  }
+};
+
+// nullopt when the file cannot be stat'ed or read (e.g. in the middle of a swap).
+std::optional<ConfigFingerprint> Fingerprint(const std::string& path, bool hash_contents) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  ConfigFingerprint f;
+  f.dev = st.st_dev;
+  f.ino = st.st_ino;
+  f.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  f.size = st.st_size;
+  if (hash_contents) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return std::nullopt;
+    std::stringstream ss;
+    ss << in.rdbuf();
+    f.content_hash = std::hash<std::string>{}(ss.str());
+  }
+  return f;
+}
+
 }  // namespace
 
 class Daemon::Impl {
@@ -60,7 +98,10 @@ class Daemon::Impl {
   std::unique_ptr<prometheus::Exposer> exposer;
   int worker_port = 0, admin_port = 0, metrics_port = 0, health_port = 0;
   std::thread sweeper;
+  std::thread config_poller;
   absl::Notification stop_sweeper;
+  Mutex poll_mu;  // one poll at a time; the fingerprint of the file last looked at
+  std::optional<ConfigFingerprint> config_seen ABSL_GUARDED_BY(poll_mu);
   Mutex shutdown_mu;
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 
@@ -69,6 +110,8 @@ class Daemon::Impl {
       const std::string& flag, const std::string& address,
       std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service, int* port);
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials();
+  bool PollConfig();
+  absl::Status Reload();  // ReloadConfig's rules, without touching the fingerprint
   void SetServing(bool serving) {
     for (auto* s : {worker_server.get(), admin_server.get(), health_server.get()}) {
       if (s != nullptr && s->GetHealthCheckService() != nullptr) {
@@ -123,14 +166,16 @@ absl::Status Daemon::Impl::Start() {
   if (!opts.config_path.empty()) {
     ASSIGN_OR_RETURN(file_layer, LoadGateConfigFile(opts.config_path));
   }
-  AdminAuth auth;
-  if (!opts.admin_token_file.empty()) {
-    ASSIGN_OR_RETURN(std::string token, ReadSmallFile("--admin_token_file", opts.admin_token_file));
-    auth.token = std::string(absl::StripAsciiWhitespace(token));
-    if (auth.token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--admin_token_file: ", opts.admin_token_file, " is empty"));
-    }
+  if (!opts.config_path.empty()) {
+    MutexLock lock(&poll_mu);
+    config_seen = Fingerprint(opts.config_path, /*hash_contents=*/true);
+  }
+  ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(opts.admin_token_file,
+                                                       opts.reader_token_file,
+                                                       opts.admin_subjects_file));
+  if (!auth.subjects.empty() && opts.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_subjects_file maps client certificates to roles and needs --tls_client_ca");
   }
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
@@ -195,6 +240,13 @@ absl::Status Daemon::Impl::Start() {
   sweeper = std::thread([this, period] {
     while (!stop_sweeper.WaitForNotificationWithTimeout(period)) state->Sweep();
   });
+  if (!opts.config_path.empty() && opts.config_poll_interval > absl::ZeroDuration()) {
+    config_poller = std::thread([this] {
+      while (!stop_sweeper.WaitForNotificationWithTimeout(opts.config_poll_interval)) {
+        (void)PollConfig();
+      }
+    });
+  }
   Log(absl::StrCat("serving: worker API on port ", worker_port, ", admin API on port ",
                    admin_port, ", metrics on port ", metrics_port,
                    health_port ? absl::StrCat(", health on port ", health_port) : ""));
@@ -212,6 +264,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   if (!s.ok()) {
     impl->stop_sweeper.Notify();
     if (impl->sweeper.joinable()) impl->sweeper.join();
+    if (impl->config_poller.joinable()) impl->config_poller.join();
     for (auto* srv : {impl->worker_server.get(), impl->admin_server.get(),
                       impl->health_server.get()}) {
       if (srv != nullptr) srv->Shutdown(std::chrono::system_clock::now());
@@ -237,13 +290,43 @@ absl::Status Daemon::ReloadConfig() {
   if (impl_->opts.config_path.empty()) {
     return absl::FailedPreconditionError("no --config file to reload");
   }
-  absl::StatusOr<v1::GateConfig> file = LoadGateConfigFile(impl_->opts.config_path);
-  absl::Status s = file.ok() ? impl_->store->ReloadConfigFile(*file) : file.status();
-  impl_->metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
+  {
+    // A SIGHUP reload counts as having seen this version of the file.
+    MutexLock lock(&impl_->poll_mu);
+    impl_->config_seen = Fingerprint(impl_->opts.config_path, /*hash_contents=*/true);
+  }
+  return impl_->Reload();
+}
+
+bool Daemon::PollConfig() { return impl_->PollConfig(); }
+
+bool Daemon::Impl::PollConfig() {
+  if (opts.config_path.empty()) return false;
+  {
+    MutexLock lock(&poll_mu);
+    std::optional<ConfigFingerprint> now = Fingerprint(opts.config_path, /*hash_contents=*/false);
+    if (!now.has_value()) return false;  // gone for a moment (a swap): look again later
+    if (config_seen.has_value() && config_seen->SameFile(*now)) return false;
+    now = Fingerprint(opts.config_path, /*hash_contents=*/true);
+    if (!now.has_value()) return false;
+    const bool same_contents =
+        config_seen.has_value() && config_seen->content_hash == now->content_hash;
+    config_seen = now;
+    if (same_contents) return false;
+  }
+  Log(absl::StrCat(opts.config_path, " changed on disk; reloading"));
+  (void)Reload();
+  return true;
+}
+
+absl::Status Daemon::Impl::Reload() {
+  absl::StatusOr<v1::GateConfig> file = LoadGateConfigFile(opts.config_path);
+  absl::Status s = file.ok() ? store->ReloadConfigFile(*file) : file.status();
+  metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
   if (!s.ok()) {
     Log(absl::StrCat("config reload failed, keeping the running config: ", s.message()));
   } else {
-    Log(absl::StrCat("reloaded ", impl_->opts.config_path));
+    Log(absl::StrCat("reloaded ", opts.config_path));
   }
   return s;
 }
@@ -268,6 +351,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   SyncWithFinishedCallbacks();
   d.stop_sweeper.Notify();
   if (d.sweeper.joinable()) d.sweeper.join();
+  if (d.config_poller.joinable()) d.config_poller.join();
   if (absl::Status s = d.store->Flush(); !s.ok()) Log(std::string(s.message()));
   d.exposer.reset();
   Log("stopped");

@@ -29,7 +29,14 @@ struct DaemonOptions {
   std::string health_listen;                   // plaintext health-only port; empty: off
   std::string state_dir;                       // empty: API changes are not persisted
   std::string config_path;                     // GateConfig text format; empty: none
-  std::string admin_token_file;                // empty: no token required
+  // Admin credentials (server/admin_auth.h, docs/security.md). None set: every admin
+  // call is open; any set: every admin call needs a credential of a high enough role.
+  std::string admin_token_file;                // admin role: NAME:TOKEN lines
+  std::string reader_token_file;               // read-only role: NAME:TOKEN lines
+  std::string admin_subjects_file;             // mTLS identities -> roles: ROLE IDENTITY lines
+  // How often the --config file is checked for a new version (a ConfigMap swap needs no
+  // SIGHUP); zero: only SIGHUP reloads.
+  absl::Duration config_poll_interval = absl::Seconds(5);
   std::string tls_cert, tls_key, tls_client_ca;  // PEM files; cert+key turn TLS on
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);  // no message for this long: stale
@@ -59,6 +66,11 @@ class Daemon {
   // Re-reads the config file (SIGHUP). On error the running config stays and
   // spgate_config_last_reload_successful is set to 0.
   absl::Status ReloadConfig();
+
+  // Reloads the config file if its identity (device, inode, mtime, size) and contents
+  // changed since the last look, with ReloadConfig's rules; true if it reloaded. Runs
+  // every config_poll_interval on its own thread; tests may call it directly.
+  bool PollConfig();
 
   // Runs housekeeping now (stale ranks, pin expiry, gauges); also runs on a timer.
   void Sweep();

@@ -1,5 +1,6 @@
 // spgated: the gate daemon. Flags per docs/design.md §5; absl's --flagfile and --fromenv work.
-// Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config.
+// Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config (which is also
+// polled every --config_poll_interval).
 #include <csignal>
 #include <iostream>
 
@@ -20,7 +21,14 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "Prometheus /metrics addr
 ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
 ABSL_FLAG(std::string, state_dir, "", "Directory for operator changes made through the API");
 ABSL_FLAG(std::string, config, "", "Gate config file (spgate.v1.GateConfig, text format)");
-ABSL_FLAG(std::string, admin_token_file, "", "File holding the bearer token for mutating admin calls");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "Admin-role bearer tokens, one NAME:TOKEN (or bare TOKEN) per line");
+ABSL_FLAG(std::string, reader_token_file, "",
+          "Read-only-role bearer tokens, one NAME:TOKEN (or bare TOKEN) per line");
+ABSL_FLAG(std::string, admin_subjects_file, "",
+          "mTLS client identities (cert subject, CN or DNS SAN) mapped to roles: ROLE IDENTITY per line");
+ABSL_FLAG(absl::Duration, config_poll_interval, absl::Seconds(5),
+          "How often --config is checked for a new file (ConfigMap swaps); 0: SIGHUP only");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (turns TLS on for both APIs)");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_client_ca, "", "PEM CA bundle; when set, clients must present a cert it signed");
@@ -65,6 +73,9 @@ int main(int argc, char** argv) {
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
   opts.config_path = absl::GetFlag(FLAGS_config);
   opts.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
+  opts.reader_token_file = absl::GetFlag(FLAGS_reader_token_file);
+  opts.admin_subjects_file = absl::GetFlag(FLAGS_admin_subjects_file);
+  opts.config_poll_interval = absl::GetFlag(FLAGS_config_poll_interval);
   opts.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   opts.tls_key = absl::GetFlag(FLAGS_tls_key);
   opts.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -77,6 +88,10 @@ int main(int argc, char** argv) {
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   if (opts.max_plan_lead_steps < 1) {
     std::cerr << "spgated: --max_plan_lead_steps must be >= 1\n";
+    return 2;
+  }
+  if (opts.config_poll_interval < absl::ZeroDuration()) {
+    std::cerr << "spgated: --config_poll_interval must be >= 0 (0 turns polling off)\n";
     return 2;
   }
   if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.stale_after <= absl::ZeroDuration()) {

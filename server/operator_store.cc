@@ -7,11 +7,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/convert.h"
 #include "common/status_macros.h"
+#include "google/protobuf/descriptor.h"
+#include "server/audit_log.h"
 #include "server/job_id.h"
 #include "server/persistence.h"
 
@@ -35,6 +38,41 @@ absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
         "duration: must be > 0 and at most 7 days, got ", absl::FormatDuration(d)));
   }
   return absl::OkStatus();
+}
+
+v1::FieldValue FieldValueOf(const v1::GateConfig& config,
+                            const google::protobuf::FieldDescriptor* f) {
+  using google::protobuf::FieldDescriptor;
+  const auto* refl = v1::GateConfig::GetReflection();
+  v1::FieldValue v;
+  if (!refl->HasField(config, f)) return v;
+  v.set_set(true);
+  v.set_value(f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE
+                  ? refl->GetDouble(config, f)
+                  : static_cast<double>(refl->GetInt64(config, f)));
+  return v;
+}
+
+// The overrides that differ between `before` and `after`, in field order.
+void AddChanges(const v1::GateConfig& before, const v1::GateConfig& after, v1::AuditEntry* e) {
+  const auto* desc = v1::GateConfig::descriptor();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const v1::FieldValue old_value = FieldValueOf(before, desc->field(i));
+    const v1::FieldValue new_value = FieldValueOf(after, desc->field(i));
+    if (old_value.SerializeAsString() == new_value.SerializeAsString()) continue;
+    v1::FieldChange* c = e->add_changes();
+    c->set_field(desc->field(i)->name());
+    *c->mutable_old_value() = old_value;
+    *c->mutable_new_value() = new_value;
+  }
+}
+
+bool IsConfigChange(const v1::AuditEntry& e) {
+  return e.rpc() == "UpdateGateConfig" || e.rpc() == "RollbackGateConfig";
+}
+
+std::string ScopeName(const std::string& job_id) {
+  return job_id.empty() ? "the global config" : absl::StrCat("job ", job_id, "'s config");
 }
 
 }  // namespace
@@ -203,14 +241,29 @@ v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
   return s;
 }
 
-absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job) {
+absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
+                                   v1::AuditEntry entry, const AuditContext& audit) {
   if (!options_.state_dir.empty()) {
+    // The audit line first, then the state file; if the state cannot be written the
+    // line is taken back, so the log records exactly the changes that were made.
+    *entry.mutable_time() = ToTimestamp(Now());
+    entry.set_principal(audit.principal);
+    const std::string audit_path = AuditLogPath(options_.state_dir);
+    absl::StatusOr<AuditAppend> line = AuditAppend::Start(audit_path, entry);
+    if (!line.ok()) {
+      if (options_.on_persist_failure) options_.on_persist_failure();
+      return absl::UnavailableError(absl::StrCat("could not persist the change to the audit log ",
+                                                 audit_path, ": ", line.status().message(),
+                                                 "; nothing was changed"));
+    }
     absl::Status s = SavePersistedState(options_.state_dir, Snapshot(next));
     if (!s.ok()) {
       if (options_.on_persist_failure) options_.on_persist_failure();
+      const absl::Status undo = line->Undo();
       return absl::UnavailableError(absl::StrCat(
           "could not persist the change to ", StateFilePath(options_.state_dir), ": ",
-          s.message(), "; nothing was changed"));
+          s.message(), "; nothing was changed",
+          undo.ok() ? "" : absl::StrCat(" (but ", undo.message(), ")")));
     }
   }
   {
@@ -221,13 +274,44 @@ absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job) 
   return absl::OkStatus();
 }
 
+absl::Status OperatorStore::SetScopeOverrides(Layers& next, const std::string& job_id,
+                                              v1::GateConfig overrides,
+                                              v1::AuditEntry* entry) const {
+  const int64_t version = next.version_counter + 1;
+  const absl::Time now = Now();
+  entry->set_job_id(job_id);
+  if (job_id.empty()) {
+    const GateConfig effective =
+        LayerGateConfig(GateConfig{}, GlobalLayer(next.file_layer, overrides));
+    RETURN_IF_ERROR(ValidateGateConfig(effective));
+    RETURN_IF_ERROR(ValidateJobs(next, effective));
+    AddChanges(next.global_overrides, overrides, entry);
+    next.global_overrides = std::move(overrides);
+    next.global_version = version;
+    next.global_update_time = now;
+    next.global_effective = effective;
+    *entry->mutable_overrides() = next.global_overrides;
+  } else {
+    RETURN_IF_ERROR(ValidateGateConfig(LayerGateConfig(next.global_effective, overrides)));
+    JobScope& scope = next.jobs[job_id];
+    AddChanges(scope.overrides, overrides, entry);
+    scope.overrides = std::move(overrides);
+    scope.version = version;
+    scope.update_time = now;
+    *entry->mutable_overrides() = scope.overrides;
+  }
+  next.version_counter = version;
+  entry->set_version(version);
+  return absl::OkStatus();
+}
+
 v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) const {
   ReaderMutexLock lock(&data_mu_);
   return Versioned(layers_, job_id);
 }
 
 absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
-    const v1::UpdateGateConfigRequest& r) {
+    const v1::UpdateGateConfigRequest& r, const AuditContext& audit) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
@@ -251,28 +335,112 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
                                     : (it == next.jobs.end() ? v1::GateConfig()
                                                              : it->second.overrides);
   RETURN_IF_ERROR(ApplyFieldMask(r.config(), r.update_mask(), &overrides));
-  const int64_t version = next.version_counter + 1;
-  const absl::Time now = Now();
-  if (global) {
-    const GateConfig effective =
-        LayerGateConfig(GateConfig{}, GlobalLayer(next.file_layer, overrides));
-    RETURN_IF_ERROR(ValidateGateConfig(effective));
-    RETURN_IF_ERROR(ValidateJobs(next, effective));
-    next.global_overrides = std::move(overrides);
-    next.global_version = version;
-    next.global_update_time = now;
-    next.global_effective = effective;
-  } else {
-    RETURN_IF_ERROR(ValidateGateConfig(LayerGateConfig(next.global_effective, overrides)));
-    JobScope& scope = next.jobs[r.job_id()];
-    scope.overrides = std::move(overrides);
-    scope.version = version;
-    scope.update_time = now;
-  }
-  next.version_counter = version;
+  v1::AuditEntry entry;
+  entry.set_rpc("UpdateGateConfig");
+  RETURN_IF_ERROR(SetScopeOverrides(next, r.job_id(), std::move(overrides), &entry));
   v1::VersionedGateConfig result = Versioned(next, r.job_id());
-  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return result;
+}
+
+absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackGateConfig(
+    const v1::RollbackGateConfigRequest& r, const AuditContext& audit) {
+  if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  if (r.to_version() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("to_version: must be > 0, got ", r.to_version()));
+  }
+  if (options_.state_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "rollback reads the audit log, and spgated runs without --state_dir");
+  }
+  MutexLock plock(&persist_mu_);
+  const std::string path = AuditLogPath(options_.state_dir);
+  ASSIGN_OR_RETURN(std::vector<AuditRecord> records, ReadAuditLog(path));
+  const v1::AuditEntry* target = nullptr;
+  for (auto rec = records.rbegin(); rec != records.rend() && target == nullptr; ++rec) {
+    if (IsConfigChange(rec->entry) && rec->entry.version() == r.to_version()) {
+      target = &rec->entry;
+    }
+  }
+  if (target == nullptr) {
+    return absl::NotFoundError(absl::StrFormat(
+        "version %d is not an audited config change in the last %d MiB of %s",
+        r.to_version(), kMaxAuditReadBytes >> 20, path));
+  }
+  if (target->job_id() != r.job_id()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "to_version: version %d changed %s, not %s", r.to_version(),
+        ScopeName(target->job_id()), ScopeName(r.job_id())));
+  }
+  Layers next = Copy();
+  const bool global = r.job_id().empty();
+  auto it = global ? next.jobs.end() : next.jobs.find(r.job_id());
+  if (!global && it == next.jobs.end() &&
+      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
+        options_.max_job_scopes));
+  }
+  const int64_t scope_version =
+      global ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
+  if (r.has_expected_version() && r.expected_version() != scope_version) {
+    return absl::AbortedError(absl::StrFormat(
+        "version conflict: expected_version %d, but %s is at version %d; read it again "
+        "and retry",
+        r.expected_version(), ScopeName(r.job_id()), scope_version));
+  }
+  v1::AuditEntry entry;
+  entry.set_rpc("RollbackGateConfig");
+  entry.set_rolled_back_to(r.to_version());
+  RETURN_IF_ERROR(SetScopeOverrides(next, r.job_id(), target->overrides(), &entry));
+  v1::VersionedGateConfig result = Versioned(next, r.job_id());
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
+  return result;
+}
+
+absl::StatusOr<v1::ListConfigHistoryResponse> OperatorStore::ListConfigHistory(
+    const v1::ListConfigHistoryRequest& r) {
+  if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  if (r.page_size() < 0 || r.page_size() > kMaxHistoryPageSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "page_size: must be in [0, %d] (0: %d), got %d", kMaxHistoryPageSize,
+        kDefaultHistoryPageSize, r.page_size()));
+  }
+  int64_t before = -1;
+  if (!r.page_token().empty() &&
+      (!absl::SimpleAtoi(r.page_token(), &before) || before < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token: \"", r.page_token(), "\" is not a token this call returned"));
+  }
+  if (options_.state_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "spgated runs without --state_dir, so there is no audit log to list");
+  }
+  const int page = r.page_size() == 0 ? kDefaultHistoryPageSize : r.page_size();
+  std::vector<AuditRecord> records;
+  {
+    // Under the persist lock, so no line is being appended or taken back meanwhile.
+    MutexLock plock(&persist_mu_);
+    ASSIGN_OR_RETURN(records, ReadAuditLog(AuditLogPath(options_.state_dir), before));
+  }
+  v1::ListConfigHistoryResponse out;
+  int64_t last_offset = -1;  // of the oldest entry returned
+  for (auto rec = records.rbegin(); rec != records.rend(); ++rec) {
+    if (!r.job_id().empty() && rec->entry.job_id() != r.job_id()) continue;
+    if (out.entries_size() == page) {
+      // Older entries exist: the next page ends where the oldest one returned starts.
+      out.set_next_page_token(absl::StrCat(last_offset));
+      return out;
+    }
+    last_offset = rec->offset;
+    *out.add_entries() = std::move(rec->entry);
+  }
+  // The read was bounded: older lines may lie before the window.
+  if (!records.empty() && records.front().offset > 0) {
+    out.set_next_page_token(absl::StrCat(records.front().offset));
+  }
+  return out;
 }
 
 absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
@@ -319,7 +487,8 @@ absl::Status OperatorStore::ValidatePinRequest(const v1::PinModeRequest& r) {
   return ValidateDuration(r.duration());
 }
 
-absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r) {
+absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
+                                               const AuditContext& audit) {
   RETURN_IF_ERROR(ValidatePinRequest(r));
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
@@ -345,11 +514,19 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r) {
   pin.set_mode(r.mode());
   *pin.mutable_expire_time() = ToTimestamp(state.expire);
   pin.set_force(state.force);
-  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  v1::AuditEntry entry;
+  entry.set_rpc("PinMode");
+  entry.set_job_id(r.job_id());
+  if (r.has_group()) entry.set_group(r.group());
+  entry.set_mode(r.mode());
+  *entry.mutable_expire_time() = pin.expire_time();
+  entry.set_force(state.force);
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return pin;
 }
 
-absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r) {
+absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r,
+                                         const AuditContext& audit) {
   RETURN_IF_ERROR(ValidateJobId(r.job_id()));
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
@@ -372,7 +549,12 @@ absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r) {
     }
     if (scope.empty()) next.jobs.erase(it);
   }
-  RETURN_IF_ERROR(Commit(std::move(next), r.job_id()));
+  v1::AuditEntry entry;
+  entry.set_rpc("Unpin");
+  entry.set_job_id(r.job_id());
+  if (r.has_group()) entry.set_group(r.group());
+  entry.set_removed(removed);
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return removed;
 }
 

@@ -5,9 +5,10 @@
 // it changes (OperatorListener); it never writes here.
 //
 // Invariants:
-//  - persist before apply: a change is written to the state file first and applied to
-//    memory only once the write succeeded; a failed write changes nothing and fails the
-//    call (UNAVAILABLE naming the file);
+//  - persist before apply: a change is appended to the audit log and written to the
+//    state file first, and applied to memory only once both succeeded; a failure
+//    changes nothing, leaves no audit line and fails the call (UNAVAILABLE naming the
+//    file);
 //  - one lock order: persist_mu_ (held across a whole change, the write and the listener
 //    call) before the live state's lock, before data_mu_ (a leaf: readers take only it);
 //  - versions come from one counter, so a job's effective version is the larger of the
@@ -16,7 +17,8 @@
 // Usage:
 //   ASSIGN_OR_RETURN(auto store, OperatorStore::Create(options, file_layer));
 //   store->SetListener(&live_state);
-//   ASSIGN_OR_RETURN(v1::VersionedGateConfig v, store->UpdateGateConfig(request));
+//   ASSIGN_OR_RETURN(v1::VersionedGateConfig v,
+//                    store->UpdateGateConfig(request, AuditContext{"alice"}));
 //   JobOperatorView view = store->ViewForJob("llama-13b");   // effective config, pins
 #ifndef SPGATE_SERVER_OPERATOR_STORE_H_
 #define SPGATE_SERVER_OPERATOR_STORE_H_
@@ -46,6 +48,16 @@ struct StoreOptions {
   std::function<void()> on_persist_failure;  // e.g. a metric; may be empty
 };
 
+// Who asks for a change, for the audit log: a credential's name or a certificate
+// identity (server/admin_auth.h), never a secret.
+struct AuditContext {
+  std::string principal;
+};
+
+// Most entries one ListConfigHistory page returns, and the page size when none is asked.
+inline constexpr int kMaxHistoryPageSize = 500;
+inline constexpr int kDefaultHistoryPageSize = 50;
+
 class OperatorStore {
  public:
   // Loads the state dir (a corrupt file is an error naming it) and checks that the
@@ -57,16 +69,25 @@ class OperatorStore {
 
   // --- admin API (each mutation: validate, persist, apply, tell the listener) ---
   v1::VersionedGateConfig GetGateConfig(const std::string& job_id) const;
-  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r);
+  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r,
+                                                           const AuditContext& audit);
+  // Restores the scope's overrides as they were right after r.to_version(), found in the
+  // audit log, as a new version. NOT_FOUND: no such audited version; INVALID_ARGUMENT:
+  // the version belongs to another scope; FAILED_PRECONDITION: no --state_dir.
+  absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
+      const v1::RollbackGateConfigRequest& r, const AuditContext& audit);
+  // The audit log, newest first, one bounded page.
+  absl::StatusOr<v1::ListConfigHistoryResponse> ListConfigHistory(
+      const v1::ListConfigHistoryRequest& r);
   // A new --config layer (SIGHUP). Invalid with the API's overrides on top: error, and
   // the running config stays.
   absl::Status ReloadConfigFile(const v1::GateConfig& file_layer);
-  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r);
+  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r, const AuditContext& audit);
   // PinMode's argument checks alone (job id, mode, duration), for callers that look the
   // job up in between.
   static absl::Status ValidatePinRequest(const v1::PinModeRequest& r);
   // Removes the matching pins; returns how many of them were still in force.
-  absl::StatusOr<int> Unpin(const v1::UnpinRequest& r);
+  absl::StatusOr<int> Unpin(const v1::UnpinRequest& r, const AuditContext& audit);
   // Writes the state file (drops expired pins from it).
   absl::Status Flush();
 
@@ -108,9 +129,14 @@ class OperatorStore {
   v1::PersistedState Snapshot(const Layers& layers) const;
   static absl::StatusOr<Layers> FromPersisted(const v1::PersistedState& persisted,
                                               absl::Time now);
-  // Persist `next`, then make it current and tell the listener. Requires persist_mu_.
-  absl::Status Commit(Layers next, const std::string& changed_job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  // Sets the overrides of one scope (empty job_id: global) in `next` as a new version,
+  // validating the layered result; fills the audit entry's scope, changes and version.
+  absl::Status SetScopeOverrides(Layers& next, const std::string& job_id,
+                                 v1::GateConfig overrides, v1::AuditEntry* entry) const;
+  // Append `entry` to the audit log and persist `next`, then make it current and tell
+  // the listener. Requires persist_mu_.
+  absl::Status Commit(Layers next, const std::string& changed_job, v1::AuditEntry entry,
+                      const AuditContext& audit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   Layers Copy() const;
 
   const StoreOptions options_;

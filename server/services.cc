@@ -5,6 +5,9 @@
 // queue only grows by config updates, which are rare.
 #include "server/services.h"
 
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/auth_context.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -14,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
+#include "server/admin_auth.h"
 #include "server/job_views.h"
 
 namespace spgate::server {
@@ -48,13 +52,6 @@ grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const absl::Sta
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
-}
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 class ConnectReactor;
@@ -388,6 +385,22 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   grpc::Status status_;
 };
 
+// A WatchDecisions call refused before it started (authorization): ends at once.
+class RefusedWatch final : public grpc::ServerWriteReactor<v1::Decision>,
+                           private PublishedReactor {
+ public:
+  explicit RefusedWatch(const grpc::Status& status) {
+    [[maybe_unused]] CallbackScope scope;
+    Publish();
+    Finish(status);
+  }
+  void OnDone() override {
+    [[maybe_unused]] CallbackScope scope;
+    Acquire();
+    delete this;
+  }
+};
+
 }  // namespace
 
 void StreamRegistry::Add(Stream* s) {
@@ -432,7 +445,7 @@ class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1
 };
 
 // "authorization: Bearer <token>" against `want`; the error says which, never the token.
-absl::Status CheckBearer(grpc::CallbackServerContext* ctx, std::string_view want,
+absl::Status CheckBearer(grpc::CallbackServerContext* ctx, absl::string_view want,
                          const std::string& what) {
   const auto& md = ctx->client_metadata();
   auto it = md.find("authorization");
@@ -440,8 +453,8 @@ absl::Status CheckBearer(grpc::CallbackServerContext* ctx, std::string_view want
     return absl::UnauthenticatedError(absl::StrCat(
         "this call needs the ", what, ": send metadata 'authorization: Bearer <token>'"));
   }
-  std::string_view value(it->second.data(), it->second.size());
-  if (value.rfind("Bearer ", 0) != 0 || !ConstantTimeEquals(value.substr(7), want)) {
+  absl::string_view value(it->second.data(), it->second.size());
+  if (!absl::StartsWith(value, "Bearer ") || !ConstantTimeEquals(value.substr(7), want)) {
     return absl::PermissionDeniedError(absl::StrCat("the ", what, " does not match"));
   }
   return absl::OkStatus();
@@ -489,79 +502,96 @@ grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* c
 
 // --- AdminService ------------------------------------------------------------------
 
-absl::Status AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx) {
-  if (auth_.token.empty()) return absl::OkStatus();
+absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx,
+                                                     absl::string_view method) {
+  const std::optional<CallKind> kind = AdminCallKind(method);
+  if (!kind.has_value()) {
+    return absl::InternalError(absl::StrCat(method, " has no entry in AdminCallKind"));
+  }
+  CallerCredentials caller;
   const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError(
-        "this call changes state and needs the admin token: send metadata "
-        "'authorization: Bearer <token>' (spgatectl --token_file)");
+  if (auto it = md.find("authorization"); it != md.end()) {
+    caller.authorization = std::string(it->second.data(), it->second.size());
   }
-  std::string_view value(it->second.data(), it->second.size());
-  if (value.rfind("Bearer ", 0) != 0 ||
-      !ConstantTimeEquals(value.substr(7), auth_.token)) {
-    return absl::PermissionDeniedError("the admin token does not match");
+  const std::shared_ptr<const grpc::AuthContext> auth_context = ctx->auth_context();
+  if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
+    for (const char* property : {GRPC_X509_SUBJECT_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME,
+                                 GRPC_PEER_DNS_PROPERTY_NAME}) {
+      for (const grpc::string_ref& v : auth_context->FindPropertyValues(property)) {
+        caller.peer_identities.emplace_back(v.data(), v.size());
+      }
+    }
   }
-  return absl::OkStatus();
+  return AuthorizeAdminCall(auth_, caller, *kind);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
                                                           const v1::GetGateConfigRequest* request,
                                                           v1::VersionedGateConfig* response) {
+  if (auto who = Authorize(ctx, "GetGateConfig"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, GetGateConfigView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
     grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest* request,
     v1::VersionedGateConfig* response) {
-  if (absl::Status s = Authorize(ctx); !s.ok()) {
+  absl::StatusOr<Principal> who = Authorize(ctx, "UpdateGateConfig");
+  if (!who.ok()) {
     if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
-    return Fail(ctx, s);
+    return Fail(ctx, who.status());
   }
-  absl::StatusOr<v1::VersionedGateConfig> result = store_->UpdateGateConfig(*request);
+  absl::StatusOr<v1::VersionedGateConfig> result =
+      store_->UpdateGateConfig(*request, AuditContext{who->name});
+  CountConfigUpdate(result.status());
+  return Reply(ctx, std::move(result), response);
+}
+
+void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
   if (metrics_ != nullptr) {
-    switch (result.status().code()) {
+    switch (status.code()) {
       case absl::StatusCode::kOk: metrics_->config_updates_ok.Increment(); break;
       case absl::StatusCode::kInvalidArgument: metrics_->config_updates_invalid.Increment(); break;
       case absl::StatusCode::kAborted: metrics_->config_updates_conflict.Increment(); break;
       default: break;
     }
   }
-  return Reply(ctx, std::move(result), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                      const v1::ListJobsRequest* request,
                                                      v1::ListJobsResponse* response) {
+  if (auto who = Authorize(ctx, "ListJobs"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(ListJobsView(*state_)), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                    const v1::GetJobRequest* request,
                                                    v1::Job* response) {
+  if (auto who = Authorize(ctx, "GetJob"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, GetJobView(*state_, *store_, request->job_id()), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
                                                     const v1::PinModeRequest* request,
                                                     v1::Pin* response) {
-  if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
+  absl::StatusOr<Principal> who = Authorize(ctx, "PinMode");
+  if (!who.ok()) return Fail(ctx, who.status());
   if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Fail(ctx, s);
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
   if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
-  return Reply(ctx, store_->PinMode(*request), response);
+  return Reply(ctx, store_->PinMode(*request, AuditContext{who->name}), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
                                                   const v1::UnpinRequest* request,
                                                   v1::UnpinResponse* response) {
-  if (absl::Status s = Authorize(ctx); !s.ok()) return Fail(ctx, s);
+  absl::StatusOr<Principal> who = Authorize(ctx, "Unpin");
+  if (!who.ok()) return Fail(ctx, who.status());
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
   if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
-  absl::StatusOr<int> removed = store_->Unpin(*request);
+  absl::StatusOr<int> removed = store_->Unpin(*request, AuditContext{who->name});
   if (!removed.ok()) return Fail(ctx, removed.status());
   v1::UnpinResponse resp;
   resp.set_removed(*removed);
@@ -570,13 +600,38 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* c
 
 grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
     grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) {
+  if (auto who = Authorize(ctx, "WatchDecisions"); !who.ok()) {
+    return new RefusedWatch(ToGrpcStatus(who.status()));
+  }
   return new WatchReactor(state_, metrics_, streams_, request->job_id());
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
                                                           const v1::EvaluateGatesRequest* request,
                                                           v1::EvaluateGatesResponse* response) {
+  if (auto who = Authorize(ctx, "EvaluateGates"); !who.ok()) return Fail(ctx, who.status());
   return Reply(ctx, EvaluateGatesView(*state_, *store_, *request), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::ListConfigHistory(
+    grpc::CallbackServerContext* ctx, const v1::ListConfigHistoryRequest* request,
+    v1::ListConfigHistoryResponse* response) {
+  if (auto who = Authorize(ctx, "ListConfigHistory"); !who.ok()) return Fail(ctx, who.status());
+  return Reply(ctx, store_->ListConfigHistory(*request), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
+    grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest* request,
+    v1::VersionedGateConfig* response) {
+  absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
+  if (!who.ok()) {
+    if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
+    return Fail(ctx, who.status());
+  }
+  absl::StatusOr<v1::VersionedGateConfig> result =
+      store_->RollbackGateConfig(*request, AuditContext{who->name});
+  CountConfigUpdate(result.status());
+  return Reply(ctx, std::move(result), response);
 }
 
 void SyncWithFinishedCallbacks() {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/mutex.h"
+#include "server/admin_auth.h"
 #include "server/gate_state.h"
 #include "server/metrics.h"
 #include "server/operator_store.h"
@@ -61,16 +62,10 @@ class GateServiceImpl final : public v1::GateService::CallbackService {
   std::string worker_token_;
 };
 
-// Authorization for mutating admin calls: a bearer token (--admin_token_file) and/or
-// mTLS (the TLS layer has already verified the client certificate).
-struct AdminAuth {
-  std::string token;  // empty: no token required
-};
-
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
   AdminServiceImpl(GateState* state, OperatorStore* store, Metrics* metrics,
-                   StreamRegistry* streams, AdminAuth auth)
+                   StreamRegistry* streams, AdminAuthConfig auth)
       : state_(state), store_(store), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
 
   grpc::ServerUnaryReactor* GetGateConfig(grpc::CallbackServerContext* ctx,
@@ -94,15 +89,25 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* EvaluateGates(grpc::CallbackServerContext* ctx,
                                           const v1::EvaluateGatesRequest* request,
                                           v1::EvaluateGatesResponse* response) override;
+  grpc::ServerUnaryReactor* ListConfigHistory(grpc::CallbackServerContext* ctx,
+                                              const v1::ListConfigHistoryRequest* request,
+                                              v1::ListConfigHistoryResponse* response) override;
+  grpc::ServerUnaryReactor* RollbackGateConfig(grpc::CallbackServerContext* ctx,
+                                               const v1::RollbackGateConfigRequest* request,
+                                               v1::VersionedGateConfig* response) override;
 
  private:
-  absl::Status Authorize(grpc::CallbackServerContext* ctx);
+  // The caller's credentials from the metadata and the TLS handshake, judged by
+  // AuthorizeAdminCall (server/admin_auth.h) for `method`'s kind (AdminCallKind).
+  absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, absl::string_view method);
+  // spgate_config_updates_total by result, for UpdateGateConfig and RollbackGateConfig.
+  void CountConfigUpdate(const absl::Status& status);
 
   GateState* state_;
   OperatorStore* store_;
   Metrics* metrics_;
   StreamRegistry* streams_;
-  AdminAuth auth_;
+  const AdminAuthConfig auth_;
 };
 
 // Call after every server's Shutdown has returned, before freeing what the services use.

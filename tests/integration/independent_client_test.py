@@ -10,8 +10,8 @@ threshold set over the API survives `kill -9` and a restart, a corrupt state fil
 startup naming the file; and the basics a client relies on: health SERVING on every
 port, invalid plans refused naming the field, NOT_FOUND for an unknown job, ABORTED on
 a version conflict, the same (job, group, step) answered with the same decision,
-SIGTERM ending open streams with UNAVAILABLE and exiting 0, the admin token guarding
-changes but not reads.
+SIGTERM ending open streams with UNAVAILABLE and exiting 0, the admin roles (no
+credential, a wrong token, a reader's token on a change) and the audit trail's principal.
 
 Run: /usr/bin/python3 independent_client_test.py PATH/TO/spgated   (ctest does this)
 Loopback only; every daemon is killed on exit, also when the test fails or is killed.
@@ -311,27 +311,43 @@ class StateDirTest(unittest.TestCase):
         gate.channel.close()
         admin.channel.close()
 
-    def test_admin_token_guards_changes_not_reads(self):
-        token_file = os.path.join(self.tmp, "admin-token")
-        with open(token_file, "w") as f:
-            f.write("s3cret-token\n")
-        daemon = self.start([f"--admin_token_file={token_file}"])
+    def test_admin_roles_guard_reads_and_changes(self):
+        admin_file = os.path.join(self.tmp, "admin-token")
+        with open(admin_file, "w") as f:
+            f.write("s3cret-token\n")  # a bare token: named after the file
+        reader_file = os.path.join(self.tmp, "reader-tokens")
+        with open(reader_file, "w") as f:
+            f.write("grafana:reader-token\n")
+        daemon = self.start([f"--admin_token_file={admin_file}",
+                             f"--reader_token_file={reader_file}"])
         admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
-        version = admin.call("GetGateConfig").version  # reads need no token
+        as_reader = (("authorization", "Bearer reader-token"),)
+        as_admin = (("authorization", "Bearer s3cret-token"),)
+        with self.assertRaises(grpc.RpcError) as caught:
+            admin.call("GetGateConfig")  # with credentials configured, reads need one
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        version = admin.call("GetGateConfig", metadata=as_reader).version
         request = admin.new("UpdateGateConfigRequest",
                             config=admin.new("GateConfig", max_length_cv=0.25))
         request.update_mask.paths.append("max_length_cv")
         for metadata, code in ((None, grpc.StatusCode.UNAUTHENTICATED),
                                ((("authorization", "Bearer wrong"),),
-                                grpc.StatusCode.PERMISSION_DENIED)):
+                                grpc.StatusCode.PERMISSION_DENIED),
+                               (as_reader, grpc.StatusCode.PERMISSION_DENIED)):
             with self.subTest(metadata=metadata):
                 with self.assertRaises(grpc.RpcError) as caught:
                     admin.call("UpdateGateConfig", request, metadata=metadata)
                 self.assertEqual(caught.exception.code(), code, caught.exception.details())
-        self.assertEqual(admin.call("GetGateConfig").version, version)
-        updated = admin.call("UpdateGateConfig", request,
-                             metadata=(("authorization", "Bearer s3cret-token"),))
+        self.assertEqual(admin.call("GetGateConfig", metadata=as_reader).version, version)
+        updated = admin.call("UpdateGateConfig", request, metadata=as_admin)
         self.assertAlmostEqual(updated.config.max_length_cv, 0.25)
+        # The audit trail names the principal (the token file's name), never the token.
+        history = admin.call("ListConfigHistory", metadata=as_reader)
+        self.assertEqual(len(history.entries), 1, history)
+        self.assertEqual(history.entries[0].principal, "admin-token")
+        self.assertEqual(history.entries[0].version, updated.version)
+        with open(os.path.join(self.state_dir, "audit.log")) as f:
+            self.assertNotIn("s3cret", f.read())
         admin.channel.close()
 
     def test_corrupt_state_file_stops_startup_naming_the_file(self):
@@ -341,7 +357,7 @@ class StateDirTest(unittest.TestCase):
         admin.channel.close()
         daemon.kill()
         files = [f for f in os.listdir(self.state_dir)
-                 if os.path.isfile(os.path.join(self.state_dir, f))]
+                 if os.path.isfile(os.path.join(self.state_dir, f)) and f != "audit.log"]
         self.assertEqual(len(files), 1, f"expected one state file, found {files}")
         path = os.path.join(self.state_dir, files[0])
         corruptions = {

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <set>
@@ -271,12 +273,143 @@ TEST_F(DaemonTest, MutatingAdminCallsNeedTheToken) {
   EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(Update(up, "wrong").status(), StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(Update(up, "s3cret").status(), IsOk());
-  // Reads need no token.
+  // With a credential configured, reads need one too (a reader's or an admin's).
   v1::GetGateConfigRequest get;
   v1::VersionedGateConfig cfg;
+  grpc::ClientContext anonymous;
+  EXPECT_EQ(admin_->GetGateConfig(&anonymous, get, &cfg).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
   grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer s3cret");
   EXPECT_TRUE(admin_->GetGateConfig(&ctx, get, &cfg).ok());
   EXPECT_DOUBLE_EQ(cfg.config().max_length_cv(), 0.3);
+}
+
+// Every admin RPC on a real server, called with no credential, a wrong token, the
+// reader's token and the admin's: reads are open to both roles, mutations to the admin
+// only; denied config updates are counted; the audit log names the principal and never
+// holds a secret.
+TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/admin-tokens") << "alice:admin-secret\n";
+  std::ofstream(dir + "/reader-tokens") << "ci:reader-secret\n";
+  DaemonOptions opts;
+  opts.state_dir = dir + "/state";
+  opts.admin_token_file = dir + "/admin-tokens";
+  opts.reader_token_file = dir + "/reader-tokens";
+  Start(opts);
+  Register("job1", 0, 0, 1);  // PinMode and Unpin need a known job
+
+  using Call = std::function<grpc::Status(grpc::ClientContext*)>;
+  int64_t admin_version = 0;
+  auto unary = [&](auto method, auto request, auto response) -> Call {
+    return [this, method, request, response](grpc::ClientContext* ctx) mutable {
+      return ((*admin_).*method)(ctx, request, &response);
+    };
+  };
+  v1::GetJobRequest get_job;
+  get_job.set_job_id("job1");
+  v1::EvaluateGatesRequest eval;
+  eval.add_lengths(100);
+  v1::UpdateGateConfigRequest update;
+  update.mutable_config()->set_max_length_cv(0.3);
+  update.mutable_update_mask()->add_paths("max_length_cv");
+  v1::PinModeRequest pin;
+  pin.set_job_id("job1");
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(60);
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("job1");
+  struct Rpc {
+    std::string name;
+    bool mutation;
+    Call call;
+  };
+  const std::vector<Rpc> rpcs = {
+      {"GetGateConfig", false,
+       unary(&v1::AdminService::Stub::GetGateConfig, v1::GetGateConfigRequest(),
+             v1::VersionedGateConfig())},
+      {"ListJobs", false,
+       unary(&v1::AdminService::Stub::ListJobs, v1::ListJobsRequest(), v1::ListJobsResponse())},
+      {"GetJob", false, unary(&v1::AdminService::Stub::GetJob, get_job, v1::Job())},
+      {"EvaluateGates", false,
+       unary(&v1::AdminService::Stub::EvaluateGates, eval, v1::EvaluateGatesResponse())},
+      {"ListConfigHistory", false,
+       unary(&v1::AdminService::Stub::ListConfigHistory, v1::ListConfigHistoryRequest(),
+             v1::ListConfigHistoryResponse())},
+      {"WatchDecisions", false,
+       [this](grpc::ClientContext* ctx) {
+         // An admitted watch stays open until its deadline.
+         ctx->set_deadline(Deadline(300));
+         auto reader = admin_->WatchDecisions(ctx, v1::WatchDecisionsRequest());
+         v1::Decision d;
+         while (reader->Read(&d)) {
+         }
+         grpc::Status s = reader->Finish();
+         return s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? grpc::Status::OK : s;
+       }},
+      {"UpdateGateConfig", true,
+       [&](grpc::ClientContext* ctx) {
+         v1::VersionedGateConfig out;
+         grpc::Status s = admin_->UpdateGateConfig(ctx, update, &out);
+         if (s.ok()) admin_version = out.version();
+         return s;
+       }},
+      {"PinMode", true, unary(&v1::AdminService::Stub::PinMode, pin, v1::Pin())},
+      {"Unpin", true, unary(&v1::AdminService::Stub::Unpin, unpin, v1::UnpinResponse())},
+      {"RollbackGateConfig", true,
+       [&](grpc::ClientContext* ctx) {
+         v1::RollbackGateConfigRequest rb;
+         rb.set_to_version(admin_version);
+         v1::VersionedGateConfig out;
+         return admin_->RollbackGateConfig(ctx, rb, &out);
+       }},
+  };
+  struct Caller {
+    std::string name, token;
+    grpc::StatusCode read, mutation;
+  };
+  const std::vector<Caller> callers = {
+      {"none", "", grpc::StatusCode::UNAUTHENTICATED, grpc::StatusCode::UNAUTHENTICATED},
+      {"wrong", "nope", grpc::StatusCode::PERMISSION_DENIED, grpc::StatusCode::PERMISSION_DENIED},
+      {"reader", "reader-secret", grpc::StatusCode::OK, grpc::StatusCode::PERMISSION_DENIED},
+      {"admin", "admin-secret", grpc::StatusCode::OK, grpc::StatusCode::OK},
+  };
+  for (const Rpc& rpc : rpcs) {
+    for (const Caller& caller : callers) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(Deadline());
+      if (!caller.token.empty()) ctx.AddMetadata("authorization", "Bearer " + caller.token);
+      const grpc::Status s = rpc.call(&ctx);
+      EXPECT_EQ(s.error_code(), rpc.mutation ? caller.mutation : caller.read)
+          << rpc.name << " as " << caller.name << ": " << s.error_message();
+    }
+  }
+  const std::string metrics = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
+  EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_config_updates_total",
+                                           {"result=\"denied\""}),
+            6);  // UpdateGateConfig and RollbackGateConfig, three refused callers each
+  std::ifstream in(opts.state_dir + "/audit.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string audit = ss.str();
+  EXPECT_THAT(audit, HasSubstr("\"principal\":\"alice\""));
+  EXPECT_THAT(audit, ::testing::Not(HasSubstr("secret")));
+  EXPECT_EQ(std::count(audit.begin(), audit.end(), '\n'), 4);
+}
+
+TEST_F(DaemonTest, BadCredentialFilesStopStartup) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/empty") << "\n";
+  DaemonOptions opts;
+  opts.reader_token_file = dir + "/empty";
+  EXPECT_THAT(Daemon::Start(opts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--reader_token_file")));
+  std::ofstream(dir + "/subjects") << "admin CN=ops\n";
+  opts.reader_token_file.clear();
+  opts.admin_subjects_file = dir + "/subjects";
+  EXPECT_THAT(Daemon::Start(opts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tls_client_ca")));
 }
 
 TEST_F(DaemonTest, ConfigSurvivesRestart) {
@@ -314,6 +447,7 @@ TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) 
   std::ofstream(path) << "max_length_cv: 12\n";
   DaemonOptions opts;
   opts.config_path = path;
+  opts.config_poll_interval = absl::ZeroDuration();  // this test reloads by hand
   EXPECT_THAT(Daemon::Start(opts).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_length_cv")));
   std::ofstream(path, std::ios::trunc) << "max_length_cv: 0.25\nwindow_steps: 10\n";
@@ -330,6 +464,78 @@ TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) 
   EXPECT_THAT(daemon_->ReloadConfig(), IsOk());
   EXPECT_THAT(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
               HasSubstr("spgate_config_last_reload_successful 1"));
+}
+
+double ConfigCv(v1::AdminService::Stub* admin) {
+  v1::VersionedGateConfig cfg;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  if (!admin->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &cfg).ok()) return -1;
+  return cfg.config().max_length_cv();
+}
+
+// Polls `cond` every 20 ms for up to 5 s.
+bool Eventually(const std::function<bool()>& cond) {
+  for (int i = 0; i < 250; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return cond();
+}
+
+// The kubelet's way of updating a ConfigMap file: a new file under a temporary name,
+// renamed over the old one. No SIGHUP: the daemon notices by polling.
+TEST_F(DaemonTest, ConfigFileReplacedByRenameIsPickedUpWithoutSignal) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/gates.textproto";
+  std::ofstream(path) << "max_length_cv: 0.25\n";
+  DaemonOptions opts;
+  opts.config_path = path;
+  opts.config_poll_interval = absl::Milliseconds(50);
+  Start(opts);
+  ASSERT_DOUBLE_EQ(ConfigCv(admin_.get()), 0.25);
+  auto replace = [&](const std::string& text) {
+    std::ofstream(dir + "/.gates.tmp") << text;
+    std::filesystem::rename(dir + "/.gates.tmp", path);
+  };
+  replace("max_length_cv: 0.4\n");
+  EXPECT_TRUE(Eventually([&] { return ConfigCv(admin_.get()) == 0.4; }));
+  // An invalid replacement keeps the running config and sets the reload gauge to 0.
+  replace("max_length_cv: nope\n");
+  EXPECT_TRUE(Eventually([&] {
+    return ::spgate::testing::ScrapeMetrics(daemon_->metrics_port())
+               .find("spgate_config_last_reload_successful 0") != std::string::npos;
+  }));
+  EXPECT_DOUBLE_EQ(ConfigCv(admin_.get()), 0.4);
+  replace("max_length_cv: 0.5\n");
+  EXPECT_TRUE(Eventually([&] { return ConfigCv(admin_.get()) == 0.5; }));
+  EXPECT_THAT(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
+              HasSubstr("spgate_config_last_reload_successful 1"));
+  // The same contents under a new inode is no change: no reload.
+  replace("max_length_cv: 0.5\n");
+  EXPECT_FALSE(daemon_->PollConfig());
+}
+
+// A ConfigMap volume: config -> ..data/gates.textproto, ..data -> ..2024_a (a directory
+// symlink). An update makes ..2024_b and swaps ..data atomically with a rename.
+TEST_F(DaemonTest, ConfigMapDataSymlinkSwapIsPickedUp) {
+  namespace fs = std::filesystem;
+  const std::string dir = TempDir();
+  fs::create_directory(dir + "/..2024_a");
+  std::ofstream(dir + "/..2024_a/gates.textproto") << "max_length_cv: 0.25\n";
+  fs::create_directory_symlink("..2024_a", dir + "/..data");
+  fs::create_symlink("..data/gates.textproto", dir + "/gates.textproto");
+  DaemonOptions opts;
+  opts.config_path = dir + "/gates.textproto";
+  opts.config_poll_interval = absl::Milliseconds(50);
+  Start(opts);
+  ASSERT_DOUBLE_EQ(ConfigCv(admin_.get()), 0.25);
+  fs::create_directory(dir + "/..2024_b");
+  std::ofstream(dir + "/..2024_b/gates.textproto") << "max_length_cv: 0.35\n";
+  fs::create_directory_symlink("..2024_b", dir + "/..data_tmp");
+  fs::rename(dir + "/..data_tmp", dir + "/..data");
+  fs::remove_all(dir + "/..2024_a");
+  EXPECT_TRUE(Eventually([&] { return ConfigCv(admin_.get()) == 0.35; }));
 }
 
 TEST_F(DaemonTest, WatchDecisionsStreamsDecisionsAsMade) {

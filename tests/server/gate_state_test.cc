@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "server/audit_log.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
 #include "tests/testing/status_matchers.h"
@@ -33,6 +35,13 @@ class FakeClock {
 std::string TempDir() {
   std::string dir = ::testing::TempDir() + "/gate_state_test_XXXXXX";
   return mkdtemp(dir.data());
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 class GateStateTest : public ::testing::Test {
@@ -393,7 +402,217 @@ TEST_F(GateStateTest, FailedPersistChangesNothing) {
   EXPECT_THAT(state->PinMode(pin).status(), StatusIs(absl::StatusCode::kUnavailable));
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::GATES_PASSED) << "a pin that was not persisted must not apply";
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("j");
+  EXPECT_THAT(state->Unpin(unpin).status(), StatusIs(absl::StatusCode::kUnavailable));
+  v1::RollbackGateConfigRequest rb;
+  rb.set_to_version(1);
+  EXPECT_THAT(state->RollbackGateConfig(rb).status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
+  EXPECT_EQ(ReadAll(dir), "not a directory") << "no audit line anywhere";
   std::filesystem::remove(dir);
+}
+
+v1::UpdateGateConfigRequest SetCv(double cv, const std::string& job = "") {
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id(job);
+  up.mutable_config()->set_max_length_cv(cv);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  return up;
+}
+
+TEST_F(GateStateTest, EveryChangeIsAuditedWithItsPrincipal) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  auto global = state->UpdateGateConfig(SetCv(0.3), AuditContext{"alice"});
+  ASSERT_THAT(global.status(), IsOk());
+  v1::UpdateGateConfigRequest job = SetCv(0.5, "j");
+  job.mutable_config()->set_window_steps(10);
+  job.mutable_update_mask()->add_paths("window_steps");
+  auto job_v = state->UpdateGateConfig(job, AuditContext{"bob"});
+  ASSERT_THAT(job_v.status(), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_group(0);
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.mutable_duration()->set_seconds(600);
+  ASSERT_THAT(state->PinMode(pin, AuditContext{"CN=ops"}).status(), IsOk());
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("j");
+  ASSERT_THAT(state->Unpin(unpin, AuditContext{"carol"}).status(), IsOk());
+
+  auto records = ReadAuditLog(AuditLogPath(dir));
+  ASSERT_THAT(records.status(), IsOk());
+  ASSERT_EQ(records->size(), 4u);
+  const v1::AuditEntry& e0 = (*records)[0].entry;
+  EXPECT_EQ(e0.principal(), "alice");
+  EXPECT_EQ(e0.rpc(), "UpdateGateConfig");
+  EXPECT_EQ(e0.job_id(), "");
+  EXPECT_EQ(e0.version(), global->version());
+  EXPECT_EQ(absl::FromUnixSeconds(e0.time().seconds()), clock_.Now());
+  ASSERT_EQ(e0.changes_size(), 1);
+  EXPECT_EQ(e0.changes(0).field(), "max_length_cv");
+  EXPECT_FALSE(e0.changes(0).old_value().set());
+  EXPECT_DOUBLE_EQ(e0.changes(0).new_value().value(), 0.3);
+  const v1::AuditEntry& e1 = (*records)[1].entry;
+  EXPECT_EQ(e1.job_id(), "j");
+  EXPECT_EQ(e1.version(), job_v->version());
+  EXPECT_EQ(e1.changes_size(), 2);
+  EXPECT_DOUBLE_EQ(e1.overrides().max_length_cv(), 0.5);
+  EXPECT_EQ(e1.overrides().window_steps(), 10);
+  const v1::AuditEntry& e2 = (*records)[2].entry;
+  EXPECT_EQ(e2.rpc(), "PinMode");
+  EXPECT_EQ(e2.principal(), "CN=ops");
+  EXPECT_EQ(e2.group(), 0);
+  EXPECT_TRUE(e2.has_group());
+  EXPECT_EQ(e2.mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_EQ(absl::FromUnixSeconds(e2.expire_time().seconds()), clock_.Now() + absl::Minutes(10));
+  const v1::AuditEntry& e3 = (*records)[3].entry;
+  EXPECT_EQ(e3.rpc(), "Unpin");
+  EXPECT_EQ(e3.removed(), 1);
+  // One JSON object per line.
+  const std::string text = ReadAll(AuditLogPath(dir));
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4);
+  EXPECT_THAT(text, HasSubstr("\"principal\":\"alice\""));
+
+  // History: newest first, filtered by job, paged.
+  v1::ListConfigHistoryRequest h;
+  auto all = state->ListConfigHistory(h);
+  ASSERT_THAT(all.status(), IsOk());
+  ASSERT_EQ(all->entries_size(), 4);
+  EXPECT_EQ(all->entries(0).rpc(), "Unpin");
+  EXPECT_EQ(all->next_page_token(), "");
+  h.set_job_id("j");
+  h.set_page_size(2);
+  auto page1 = state->ListConfigHistory(h);
+  ASSERT_THAT(page1.status(), IsOk());
+  ASSERT_EQ(page1->entries_size(), 2);
+  EXPECT_EQ(page1->entries(1).rpc(), "PinMode");
+  ASSERT_NE(page1->next_page_token(), "");
+  h.set_page_token(page1->next_page_token());
+  auto page2 = state->ListConfigHistory(h);
+  ASSERT_THAT(page2.status(), IsOk());
+  ASSERT_EQ(page2->entries_size(), 1);
+  EXPECT_EQ(page2->entries(0).principal(), "bob");
+  EXPECT_EQ(page2->next_page_token(), "");
+  h.set_page_size(kMaxHistoryPageSize + 1);
+  EXPECT_THAT(state->ListConfigHistory(h).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_size")));
+  h.set_page_size(0);
+  h.set_page_token("x");
+  EXPECT_THAT(state->ListConfigHistory(h).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_token")));
+}
+
+TEST_F(GateStateTest, RollbackRestoresTheOverridesOfThatVersion) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  auto v1 = state->UpdateGateConfig(SetCv(0.3));
+  ASSERT_THAT(v1.status(), IsOk());
+  v1::UpdateGateConfigRequest second = SetCv(0.4);
+  second.mutable_config()->set_window_steps(10);
+  second.mutable_update_mask()->add_paths("window_steps");
+  auto v2 = state->UpdateGateConfig(second);
+  ASSERT_THAT(v2.status(), IsOk());
+  auto job_v = state->UpdateGateConfig(SetCv(0.6, "j"));
+  ASSERT_THAT(job_v.status(), IsOk());
+
+  v1::RollbackGateConfigRequest rb;
+  rb.set_to_version(v1->version());
+  auto back = state->RollbackGateConfig(rb, AuditContext{"alice"});
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_GT(back->version(), job_v->version());
+  EXPECT_DOUBLE_EQ(back->config().max_length_cv(), 0.3);
+  EXPECT_FALSE(back->overrides().has_window_steps());
+  EXPECT_EQ(back->config().window_steps(), 50);  // the default again
+  // The rollback is audited, as a new version with its changes.
+  v1::ListConfigHistoryRequest h;
+  h.set_page_size(1);
+  auto newest = state->ListConfigHistory(h);
+  ASSERT_THAT(newest.status(), IsOk());
+  ASSERT_EQ(newest->entries_size(), 1);
+  EXPECT_EQ(newest->entries(0).rpc(), "RollbackGateConfig");
+  EXPECT_EQ(newest->entries(0).rolled_back_to(), v1->version());
+  EXPECT_EQ(newest->entries(0).version(), back->version());
+  EXPECT_EQ(newest->entries(0).changes_size(), 2);
+  // A rollback to a rollback's version works too (it is a config change).
+  rb.set_to_version(v2->version());
+  ASSERT_THAT(state->RollbackGateConfig(rb).status(), IsOk());
+  EXPECT_EQ(state->GetGateConfig("")->config().window_steps(), 10);
+
+  rb.set_to_version(999);
+  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("version 999")));
+  rb.set_to_version(job_v->version());
+  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job j's config")));
+  rb.set_job_id("j");
+  rb.set_to_version(v1->version());
+  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the global config")));
+  rb.set_to_version(job_v->version());
+  rb.set_expected_version(1);
+  EXPECT_THAT(state->RollbackGateConfig(rb).status(), StatusIs(absl::StatusCode::kAborted));
+
+  auto memory_only = Make();
+  rb.clear_expected_version();
+  EXPECT_THAT(memory_only->RollbackGateConfig(rb).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
+  EXPECT_THAT(memory_only->ListConfigHistory({}).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
+}
+
+// Both halves of persist before apply fail in turn: the audit append (audit.log is a
+// directory) and the state write after a good append (the state file is a directory, so
+// the rename fails). Every mutation is UNAVAILABLE naming the file, the config in force
+// stays, and the audit log keeps exactly the lines it had.
+TEST_F(GateStateTest, PersistFailureLeavesConfigAndAuditLogAlone) {
+  for (const bool audit_fails : {true, false}) {
+    SCOPED_TRACE(audit_fails ? "audit.log unwritable" : "state file unwritable");
+    const std::string dir = TempDir();
+    auto state = Make(dir);
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+    auto v = state->UpdateGateConfig(SetCv(0.3));
+    ASSERT_THAT(v.status(), IsOk());
+    v1::PinModeRequest pin;
+    pin.set_job_id("j");
+    pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+    pin.mutable_duration()->set_seconds(60);
+    ASSERT_THAT(state->PinMode(pin).status(), IsOk());
+    const auto before = state->GetGateConfig("");
+    const std::string log_before = ReadAll(AuditLogPath(dir));
+    std::string broken;
+    if (audit_fails) {
+      broken = AuditLogPath(dir);
+      std::filesystem::rename(broken, dir + "/audit.saved");
+      std::filesystem::create_directory(broken);
+    } else {
+      broken = StateFilePath(dir);
+      std::filesystem::remove(broken);
+      std::filesystem::create_directories(broken + "/occupied");
+    }
+    const auto unavailable = StatusIs(absl::StatusCode::kUnavailable, HasSubstr(broken));
+    EXPECT_THAT(state->UpdateGateConfig(SetCv(0.5)).status(), unavailable);
+    pin.set_mode(v1::SEQUENCE_PARALLEL);
+    EXPECT_THAT(state->PinMode(pin).status(), unavailable);
+    v1::UnpinRequest unpin;
+    unpin.set_job_id("j");
+    EXPECT_THAT(state->Unpin(unpin).status(), unavailable);
+    v1::RollbackGateConfigRequest rb;
+    rb.set_to_version(v->version());
+    if (!audit_fails) {  // the rollback reads the log first, so it needs a readable one
+      EXPECT_THAT(state->RollbackGateConfig(rb).status(), unavailable);
+    }
+    EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
+    ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+    EXPECT_EQ(d.reason(), v1::PINNED) << "the first pin stays, unchanged";
+    EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+    EXPECT_EQ(ReadAll(audit_fails ? dir + "/audit.saved" : AuditLogPath(dir)), log_before);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST_F(GateStateTest, LocalDecisionsAreCountedOnceFromCumulativeHeartbeats) {

@@ -2,7 +2,9 @@
 """spgated re-reads --config on SIGHUP, through the real binary and its signal handling
 (docs/design.md §5): a valid file changes the served thresholds (seen on /metrics), an
 invalid one keeps the running config and sets spgate_config_last_reload_successful to 0,
-and the next valid one sets it back to 1.
+and the next valid one sets it back to 1. Without any signal, --config_poll_interval
+notices a file renamed over the config (as the kubelet and most tools replace files) and
+applies the same rules.
 
 Usage: spgated_reload_test.py --spgated=BIN
 """
@@ -39,14 +41,18 @@ def metric(text, name, labels=None):
     return None
 
 
-class SighupReloadTest(unittest.TestCase):
+class ReloadHarness(unittest.TestCase):
+    """One spgated with --config; subclasses pick --config_poll_interval."""
+    POLL = "0"
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="spgate-reload-")
         self.config = os.path.join(self.tmp, "gates.textproto")
         self.write("max_length_cv: 0.25\n")
         self.proc = subprocess.Popen(
             [ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
-             "--metrics_listen=127.0.0.1:0", f"--config={self.config}"],
+             "--metrics_listen=127.0.0.1:0", f"--config={self.config}",
+             f"--config_poll_interval={self.POLL}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.log = []
         deadline = time.time() + 30
@@ -81,6 +87,13 @@ class SighupReloadTest(unittest.TestCase):
         with open(self.config, "w") as f:
             f.write(text)
 
+    def replace(self, text):
+        """A new file under a temporary name, renamed over the config."""
+        tmp = os.path.join(self.tmp, ".gates.textproto.new")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.rename(tmp, self.config)
+
     def threshold(self):
         return metric(scrape(self.metrics_port), "spgate_gate_threshold",
                       {"gate": "max_length_cv", "job_id": "_default"})
@@ -95,6 +108,10 @@ class SighupReloadTest(unittest.TestCase):
             time.sleep(0.05)
             got = what()
         return got
+
+
+class SighupReloadTest(ReloadHarness):
+    POLL = "0"  # signals only, so every reload below is the signal's
 
     def test_sighup_reloads_and_a_bad_file_keeps_the_running_config(self):
         self.assertEqual(self.threshold(), 0.25)
@@ -126,6 +143,22 @@ class SighupReloadTest(unittest.TestCase):
         self.assertEqual(self.wait_for(self.reload_ok, 1), 1, "".join(self.log))
         self.assertEqual(self.threshold(), 0.35)
         self.assertIsNone(self.proc.poll(), "spgated must survive every reload")
+
+
+class PollReloadTest(ReloadHarness):
+    POLL = "100ms"
+
+    def test_a_renamed_file_is_reloaded_without_a_signal(self):
+        self.assertEqual(self.threshold(), 0.25)
+        self.replace("max_length_cv: 0.4\n")
+        self.assertEqual(self.wait_for(self.threshold, 0.4), 0.4, "".join(self.log))
+        self.replace("max_length_cv: nope\n")
+        self.assertEqual(self.wait_for(self.reload_ok, 0), 0, "".join(self.log))
+        self.assertEqual(self.threshold(), 0.4, "an invalid file must not change the config")
+        self.replace("max_length_cv: 0.45\n")
+        self.assertEqual(self.wait_for(self.reload_ok, 1), 1, "".join(self.log))
+        self.assertEqual(self.threshold(), 0.45)
+        self.assertTrue(any("changed on disk" in l for l in self.log), "".join(self.log))
 
 
 if __name__ == "__main__":

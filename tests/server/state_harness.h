@@ -81,8 +81,17 @@ class StateHarness {
   absl::StatusOr<v1::VersionedGateConfig> GetGateConfig(const std::string& job_id) {
     return GetGateConfigView(*state, *store, job_id);
   }
-  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r) {
-    return store->UpdateGateConfig(r);
+  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(const v1::UpdateGateConfigRequest& r,
+                                                           const AuditContext& audit = {"test"}) {
+    return store->UpdateGateConfig(r, audit);
+  }
+  absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
+      const v1::RollbackGateConfigRequest& r, const AuditContext& audit = {"test"}) {
+    return store->RollbackGateConfig(r, audit);
+  }
+  absl::StatusOr<v1::ListConfigHistoryResponse> ListConfigHistory(
+      const v1::ListConfigHistoryRequest& r) {
+    return store->ListConfigHistory(r);
   }
   absl::Status ReloadConfigFile(const v1::GateConfig& file_layer) {
     return store->ReloadConfigFile(file_layer);
@@ -91,14 +100,16 @@ class StateHarness {
     return GetJobView(*state, *store, job_id);
   }
   v1::ListJobsResponse ListJobs() { return ListJobsView(*state); }
-  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r) {
+  absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r,
+                                  const AuditContext& audit = {"test"}) {
     RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
     RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
-    return store->PinMode(r);
+    return store->PinMode(r, audit);
   }
-  absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& r) {
+  absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& r,
+                                          const AuditContext& audit = {"test"}) {
     RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
-    ASSIGN_OR_RETURN(int removed, store->Unpin(r));
+    ASSIGN_OR_RETURN(int removed, store->Unpin(r, audit));
     v1::UnpinResponse resp;
     resp.set_removed(removed);
     return resp;

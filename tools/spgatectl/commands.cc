@@ -72,6 +72,23 @@ const std::vector<CommandSpec>& Commands() {
        "Only the fields given are sent, as the update mask; the others keep their\n"
        "values. The server checks the ranges and names the field it refuses.\n"
        "Example: spgatectl gates set --job_id=llama-70b --max_length_cv=0.25 --clear=window_steps"},
+      {Command::kGatesHistory, "gates history", "[--job_id=J] [--limit=N] [--page_token=T]",
+       "the audit log of operator changes, newest first",
+       {{"job_id", "J", "only this job's entries (default: every scope)"},
+        {"limit", "N", "at most N entries (default 50, at most 500)"},
+        {"page_token", "T", "continue where the previous page ended"}},
+       false,
+       "Every config change, rollback, pin and unpin, with who made it (the credential's\n"
+       "name or the client certificate's identity), the fields changed and the new version.\n"
+       "Needs spgated --state_dir (the log is <state_dir>/audit.log)."},
+      {Command::kGatesRollback, "gates rollback", "[--job_id=J] --to_version=N [--expected_version=N]",
+       "restore a scope's overrides as they were right after version N",
+       {{"job_id", "J", "roll back this job's overrides (default: the global ones)"},
+        {"to_version", "N", "a version from 'gates history' of the same scope"},
+        {"expected_version", "N", "refuse (ABORTED) unless the scope is still at version N"}},
+       false,
+       "The rollback is itself a new version and is audited. A version of another scope is\n"
+       "INVALID_ARGUMENT; one the audit log does not hold is NOT_FOUND. Needs the admin role."},
       {Command::kJobsList, "jobs list", "", "list the jobs the daemon knows", {}, false, ""},
       {Command::kJobsShow, "jobs show", "JOB",
        "one job: groups, per-mode comparison, decision counts, pins", {}, false,
@@ -450,6 +467,34 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
     case Command::kGatesSet:
       if (absl::Status s = CheckPositionals(args, 0, 0, ""); !s.ok()) return s;
       return BuildGatesSet(flags, &out->gates_set);
+    case Command::kGatesHistory:
+      if (absl::Status s = CheckPositionals(args, 0, 0, ""); !s.ok()) return s;
+      if (auto job = flags.Get("job_id")) out->gates_history.set_job_id(*job);
+      if (auto t = flags.Get("page_token")) out->gates_history.set_page_token(*t);
+      if (auto l = flags.Get("limit")) {
+        absl::StatusOr<int32_t> n = ParseInt32Flag("limit", *l);
+        if (!n.ok()) return n.status();
+        if (*n < 1) return Usage(absl::StrCat("--limit: \"", *l, "\" is not at least 1"));
+        out->gates_history.set_page_size(*n);
+      }
+      return absl::OkStatus();
+    case Command::kGatesRollback: {
+      if (absl::Status s = CheckPositionals(args, 0, 0, ""); !s.ok()) return s;
+      v1::RollbackGateConfigRequest& req = out->gates_rollback;
+      if (auto job = flags.Get("job_id")) req.set_job_id(*job);
+      auto to = flags.Get("to_version");
+      if (!to) return Usage("--to_version is required (a version from 'spgatectl gates history')");
+      absl::StatusOr<int64_t> n = ParseInt64Flag("to_version", *to);
+      if (!n.ok()) return n.status();
+      if (*n < 1) return Usage(absl::StrCat("--to_version: \"", *to, "\" is not at least 1"));
+      req.set_to_version(*n);
+      if (auto v = flags.Get("expected_version")) {
+        absl::StatusOr<int64_t> e = ParseInt64Flag("expected_version", *v);
+        if (!e.ok()) return e.status();
+        req.set_expected_version(*e);
+      }
+      return absl::OkStatus();
+    }
     case Command::kJobsList:
       return CheckPositionals(args, 0, 0, "");
     case Command::kJobsShow:

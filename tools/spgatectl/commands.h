@@ -59,6 +59,8 @@ enum class Command {
   kUnpin,
   kWatch,
   kEval,
+  kGatesHistory,
+  kGatesRollback,
 };
 
 // One parsed command line. Only the request of `command` is filled in.
@@ -77,6 +79,8 @@ struct Invocation {
   v1::WatchDecisionsRequest watch;
   int64_t watch_count = 0;  // stop after this many decisions; 0: until interrupted
   v1::EvaluateGatesRequest eval;
+  v1::ListConfigHistoryRequest gates_history;
+  v1::RollbackGateConfigRequest gates_rollback;
 };
 
 // Parses argv[1..] into `out`. On a usage error returns INVALID_ARGUMENT whose message

@@ -1,6 +1,7 @@
 // Flag value parsers for spgatectl; see flag_values.h.
 #include "tools/spgatectl/flag_values.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -178,6 +179,23 @@ std::string FormatBytes(uint64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f %s", v, kUnits[unit].data());
   return buf;
+}
+
+absl::StatusOr<std::string> TokenFromFileText(absl::string_view path, absl::string_view text) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (const size_t colon = line.find(':'); colon != absl::string_view::npos && colon > 0) {
+      const absl::string_view name = line.substr(0, colon);
+      const bool is_name = std::all_of(name.begin(), name.end(), [](char c) {
+        return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '@' || c == '-';
+      });
+      if (is_name) line = absl::StripAsciiWhitespace(line.substr(colon + 1));
+    }
+    if (line.empty()) break;
+    return std::string(line);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("--token_file: \"", path, "\" holds no token"));
 }
 
 }  // namespace spgate::ctl

@@ -326,6 +326,58 @@ std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
                       " config_version=", d.config_version(), "\n");
 }
 
+namespace {
+
+std::string FieldValueText(const v1::FieldValue& v) {
+  return v.set() ? absl::StrCat(v.value()) : "-";
+}
+
+// "max_length_cv 0.18->0.3, window_steps -->10" ('-': no override at this scope).
+std::string ChangesText(const v1::AuditEntry& e) {
+  std::vector<std::string> parts;
+  for (const v1::FieldChange& c : e.changes()) {
+    parts.push_back(absl::StrCat(c.field(), " ", FieldValueText(c.old_value()), "->",
+                                 FieldValueText(c.new_value())));
+  }
+  return parts.empty() ? "no change" : absl::StrJoin(parts, ", ");
+}
+
+std::string AuditChangeText(const v1::AuditEntry& e) {
+  const std::string group = e.has_group() ? absl::StrCat("group ", e.group(), " ") : "";
+  if (e.rpc() == "PinMode") {
+    return absl::StrCat(group, ModeName(e.mode()), " until ", TimeText(e.expire_time(), false),
+                        e.force() ? " (force)" : "");
+  }
+  if (e.rpc() == "Unpin") return absl::StrCat(group, "removed ", e.removed());
+  if (e.rpc() == "RollbackGateConfig") {
+    return absl::StrCat("to version ", e.rolled_back_to(), ": ", ChangesText(e));
+  }
+  return ChangesText(e);
+}
+
+}  // namespace
+
+std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(history);
+  if (history.entries_size() == 0) return "(no audited changes)\n";
+  Table t({{"TIME"},
+           {"VERSION", Align::kRight},
+           {"SCOPE"},
+           {"PRINCIPAL"},
+           {"CALL"},
+           {"CHANGE"}});
+  for (const v1::AuditEntry& e : history.entries()) {
+    t.AddRow({TimeText(e.time(), false), e.version() > 0 ? absl::StrCat(e.version()) : "-",
+              e.job_id().empty() ? "global" : absl::StrCat("job ", e.job_id()), e.principal(),
+              e.rpc(), AuditChangeText(e)});
+  }
+  std::string out = t.Render();
+  if (!history.next_page_token().empty()) {
+    absl::StrAppend(&out, "older entries: --page_token=", history.next_page_token(), "\n");
+  }
+  return out;
+}
+
 std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
   if (format == OutputFormat::kJson) return ToJson(r);
   const v1::Decision& d = r.decision();

@@ -59,6 +59,9 @@ std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse
                         OutputFormat format);
 // One line (ending in '\n') per decision, for watch.
 std::string FormatDecisionLine(const v1::Decision& decision, OutputFormat format);
+// The audit log page: a table (TIME, VERSION, SCOPE, PRINCIPAL, CALL, CHANGE) and, when
+// older entries exist, the --page_token to ask for them.
+std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFormat format);
 std::string FormatEvaluation(const v1::EvaluateGatesResponse& response, OutputFormat format);
 
 }  // namespace spgate::ctl

@@ -26,6 +26,7 @@
 #include "grpcpp/grpcpp.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "tools/spgatectl/commands.h"
+#include "tools/spgatectl/flag_values.h"
 #include "tools/spgatectl/format.h"
 
 namespace spgate::ctl {
@@ -130,6 +131,18 @@ class Client {
         return Unary<v1::EvaluateGatesResponse>(
             [&](auto* ctx, auto* resp) { return stub_->EvaluateGates(ctx, inv_.eval, resp); },
             [&](const auto& resp) { return FormatEvaluation(resp, fmt); });
+      case Command::kGatesHistory:
+        return Unary<v1::ListConfigHistoryResponse>(
+            [&](auto* ctx, auto* resp) {
+              return stub_->ListConfigHistory(ctx, inv_.gates_history, resp);
+            },
+            [&](const auto& resp) { return FormatHistory(resp, fmt); });
+      case Command::kGatesRollback:
+        return Unary<v1::VersionedGateConfig>(
+            [&](auto* ctx, auto* resp) {
+              return stub_->RollbackGateConfig(ctx, inv_.gates_rollback, resp);
+            },
+            [&](const auto& resp) { return FormatGateConfig(resp, fmt); });
       case Command::kWatch:
         return Watch();
       case Command::kHelp:
@@ -247,8 +260,9 @@ int Main(int argc, char** argv, Interrupter* interrupter) {
   if (!g.token_file.empty()) {
     absl::StatusOr<std::string> t = ReadFile("token_file", g.token_file);
     if (!t.ok()) return UsageError(inv, t.status().message());
-    token = std::string(absl::StripAsciiWhitespace(*t));
-    if (token.empty()) return UsageError(inv, absl::StrCat("--token_file: \"", g.token_file, "\" is empty"));
+    absl::StatusOr<std::string> parsed = TokenFromFileText(g.token_file, *t);
+    if (!parsed.ok()) return UsageError(inv, parsed.status().message());
+    token = *std::move(parsed);
   }
 
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();

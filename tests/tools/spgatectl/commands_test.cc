@@ -37,6 +37,8 @@ std::string RequestText(const Invocation& inv) {
     case Command::kUnpin: m = &inv.unpin; break;
     case Command::kWatch: m = &inv.watch; break;
     case Command::kEval: m = &inv.eval; break;
+    case Command::kGatesHistory: m = &inv.gates_history; break;
+    case Command::kGatesRollback: m = &inv.gates_rollback; break;
     case Command::kHelp: return "help";
   }
   google::protobuf::TextFormat::Printer printer;
@@ -87,6 +89,15 @@ INSTANTIATE_TEST_SUITE_P(
                  "\"max_length_cv\" paths: \"min_dwell_steps\" }"},
         GoodCase{"gates set --max_length_cv=-1", Command::kGatesSet, "gates set",
                  "config { max_length_cv: -1 } update_mask { paths: \"max_length_cv\" }"},
+        GoodCase{"gates history", Command::kGatesHistory, "gates history", ""},
+        GoodCase{"gates history --job_id=j1 --limit=20 --page_token=1234",
+                 Command::kGatesHistory, "gates history",
+                 "job_id: \"j1\" page_size: 20 page_token: \"1234\""},
+        GoodCase{"gates rollback --to_version=7", Command::kGatesRollback, "gates rollback",
+                 "to_version: 7"},
+        GoodCase{"gates rollback --job_id=j1 --to_version=7 --expected_version=9",
+                 Command::kGatesRollback, "gates rollback",
+                 "job_id: \"j1\" to_version: 7 expected_version: 9"},
         GoodCase{"jobs list", Command::kJobsList, "jobs list", ""},
         GoodCase{"jobs show llama", Command::kJobsShow, "jobs show", "job_id: \"llama\""},
         GoodCase{"pin llama --mode=sp --for=10m", Command::kPin, "pin",
@@ -222,8 +233,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"", "", "missing command (one of gates, jobs, pin, unpin, watch, eval; see --help)"},
         BadCase{"frobnicate", "",
                 "unknown command \"frobnicate\" (one of gates, jobs, pin, unpin, watch, eval)"},
-        BadCase{"gates", "gates", "missing subcommand (one of get, set)"},
-        BadCase{"gates put", "gates", "unknown subcommand \"put\" (one of get, set)"},
+        BadCase{"gates", "gates", "missing subcommand (one of get, set, history, rollback)"},
+        BadCase{"gates put", "gates",
+                "unknown subcommand \"put\" (one of get, set, history, rollback)"},
+        BadCase{"gates rollback", "gates rollback",
+                "--to_version is required (a version from 'spgatectl gates history')"},
+        BadCase{"gates rollback --to_version=0", "gates rollback",
+                "--to_version: \"0\" is not at least 1"},
+        BadCase{"gates history --limit=0", "gates history", "--limit: \"0\" is not at least 1"},
         BadCase{"jobs", "jobs", "missing subcommand (one of list, show)"},
         BadCase{"help nope", "", "help: unknown command \"nope\""},
         // Unknown flags, with a suggestion when one is close.

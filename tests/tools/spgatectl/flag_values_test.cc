@@ -132,5 +132,15 @@ TEST(FormatBytes, Table) {
   EXPECT_EQ(FormatBytes(uint64_t{80} << 30), "80.0 GiB");
 }
 
+TEST(TokenFromFileText, BareOrNamedFirstCredential) {
+  EXPECT_THAT(TokenFromFileText("/t", "s3cret\n"), IsOkAndHolds(std::string("s3cret")));
+  EXPECT_THAT(TokenFromFileText("/t", "# ops\n\nalice:s3cret\nbob:other\n"),
+              IsOkAndHolds(std::string("s3cret")));
+  EXPECT_THAT(TokenFromFileText("/t", "  \n# nothing\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--token_file: \"/t\" holds no token"));
+  EXPECT_THAT(TokenFromFileText("/t", "alice:\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--token_file: \"/t\" holds no token"));
+}
+
 }  // namespace
 }  // namespace spgate::ctl

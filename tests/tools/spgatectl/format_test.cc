@@ -233,6 +233,41 @@ TEST(FormatUnpin, CountsAndTarget) {
   EXPECT_EQ(FormatUnpin(req, resp, OutputFormat::kJson), "{\n \"removed\": 0\n}\n");
 }
 
+TEST(FormatHistory, OneRowPerEntryNewestFirst) {
+  const auto history = Parse<v1::ListConfigHistoryResponse>(R"pb(
+    entries {
+      time { seconds: 1700000000 } principal: "alice" rpc: "RollbackGateConfig" version: 9
+      rolled_back_to: 7
+      changes { field: "window_steps" old_value { set: true value: 10 } new_value {} }
+    }
+    entries {
+      time { seconds: 1699999000 } principal: "CN=ops" rpc: "PinMode" job_id: "llama"
+      group: 2 mode: TENSOR_PARALLEL_ONLY expire_time { seconds: 1700003600 }
+    }
+    entries {
+      time { seconds: 1699998000 } principal: "ci" rpc: "Unpin" job_id: "llama" removed: 1
+    }
+    entries {
+      time { seconds: 1699997000 } principal: "alice" rpc: "UpdateGateConfig" version: 7
+      changes { field: "max_length_cv" old_value {} new_value { set: true value: 0.3 } }
+    }
+    next_page_token: "4096"
+  )pb");
+  const std::string table = FormatHistory(history, OutputFormat::kTable);
+  EXPECT_THAT(table, HasSubstr("TIME"));
+  EXPECT_THAT(table, HasSubstr("PRINCIPAL"));
+  EXPECT_THAT(table, HasSubstr("to version 7: window_steps 10->-"));
+  EXPECT_THAT(table, HasSubstr("job llama  CN=ops"));
+  EXPECT_THAT(table, HasSubstr("group 2 tp_only until 2023-11-14T23:13:20Z"));
+  EXPECT_THAT(table, HasSubstr("group"));
+  EXPECT_THAT(table, HasSubstr("removed 1"));
+  EXPECT_THAT(table, HasSubstr("max_length_cv -->0.3"));
+  EXPECT_THAT(table, HasSubstr("older entries: --page_token=4096\n"));
+  EXPECT_LT(table.find("RollbackGateConfig"), table.find("UpdateGateConfig"));
+  ExpectJsonRoundTrip(history, FormatHistory(history, OutputFormat::kJson));
+  EXPECT_EQ(FormatHistory({}, OutputFormat::kTable), "(no audited changes)\n");
+}
+
 TEST(FormatDecisionLine, OneLineEach) {
   const auto d = Parse<v1::Decision>(R"pb(
     job_id: "llama" group: 1 step: 42 mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV

@@ -39,6 +39,7 @@ using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 std::string ReadAll(const fs::path& path) {
@@ -498,6 +499,80 @@ TEST_F(SpgatectlE2eTest, TokenIsSentAsBearerMetadata) {
   r = Ctl({"gates", "get", "--token_file=" + (dir_ / "missing").string()});
   EXPECT_EQ(r.exit_code, 2) << r;
   EXPECT_THAT(r.err, HasSubstr("--token_file: cannot read"));
+
+  // With a credential configured, reads need one as well.
+  r = Ctl({"gates", "get"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates get: UNAUTHENTICATED: "));
+}
+
+// Two roles: the reader's token reads but cannot change anything; the admin's named
+// token (the daemon's own NAME:TOKEN file works as spgatectl's --token_file) can, and
+// the history names who did it.
+TEST_F(SpgatectlE2eTest, ReaderAndAdminRoles) {
+  const fs::path admin = dir_ / "admin-tokens", reader = dir_ / "reader-tokens";
+  std::ofstream(admin) << "alice:admin-secret\n";
+  std::ofstream(reader) << "ci:reader-secret\n";
+  server::DaemonOptions opts = Options();
+  opts.admin_token_file = admin.string();
+  opts.reader_token_file = reader.string();
+  StartDaemon(opts);
+  const std::string as_reader = "--token_file=" + reader.string();
+  const std::string as_admin = "--token_file=" + admin.string();
+
+  CtlResult r = Ctl({"gates", "get", as_reader});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  r = Ctl({"gates", "set", "--max_length_cv=0.3", as_reader});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: PERMISSION_DENIED: ci has the reader role"));
+  r = Ctl({"gates", "set", "--max_length_cv=0.3", as_admin});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  r = Ctl({"gates", "rollback", "--to_version=1", as_reader});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates rollback: PERMISSION_DENIED: "));
+  r = Ctl({"gates", "history", as_reader});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("global +alice +UpdateGateConfig +max_length_cv -->0.3"));
+  EXPECT_THAT(ReadAll(dir_ / "state" / "audit.log"), Not(HasSubstr("secret")));
+}
+
+TEST_F(SpgatectlE2eTest, HistoryAndRollback) {
+  CtlResult r = Ctl({"--output=json", "gates", "set", "--max_length_cv=0.3"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const int64_t first = ParseJson<v1::VersionedGateConfig>(r.out).version();
+  r = Ctl({"gates", "set", "--max_length_cv=0.4", "--window_steps=10"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  r = Ctl({"gates", "set", "--job_id=llama", "--min_dwell_steps=5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+
+  r = Ctl({"gates", "history"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("VERSION +SCOPE +PRINCIPAL +CALL +CHANGE"));
+  EXPECT_THAT(r.out, HasSubstr("max_length_cv 0.3->0.4, window_steps -->10"));
+  EXPECT_LT(r.out.find("job llama"), r.out.find("global"));  // newest first
+
+  r = Ctl({"--output=json", "gates", "history", "--job_id=llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const auto history = ParseJson<v1::ListConfigHistoryResponse>(r.out);
+  ASSERT_EQ(history.entries_size(), 1);
+  EXPECT_EQ(history.entries(0).job_id(), "llama");
+  EXPECT_EQ(history.entries(0).principal(), "anonymous");
+
+  r = Ctl({"gates", "rollback", absl::StrCat("--to_version=", first)});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.3  override"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  inherited"));
+  r = Ctl({"gates", "history", "--limit=1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("RollbackGateConfig  to version ", first)));
+  EXPECT_THAT(r.out, HasSubstr("older entries: --page_token="));
+
+  r = Ctl({"gates", "rollback", "--to_version=999"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates rollback: NOT_FOUND: version 999"));
+  r = Ctl({"gates", "rollback", "--job_id=llama", absl::StrCat("--to_version=", first)});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates rollback: INVALID_ARGUMENT: "));
 }
 
 // mTLS: the daemon requires a client certificate signed by the test CA.
@@ -519,7 +594,11 @@ TEST_F(SpgatectlE2eTest, MutualTls) {
       "openssl req -newkey rsa:2048 -nodes -subj /CN=operator -keyout client.key -out "
       "client.csr;",
       "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-      "-out client.pem");
+      "-out client.pem;",
+      "openssl req -newkey rsa:2048 -nodes -subj /CN=viewer -keyout viewer.key -out "
+      "viewer.csr;",
+      "openssl x509 -req -in viewer.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
+      "-out viewer.pem");
   ASSERT_EQ(std::system(script.c_str()), 0) << ReadAll(dir_ / "openssl.log");
 
   server::DaemonOptions opts = Options();
@@ -541,6 +620,31 @@ TEST_F(SpgatectlE2eTest, MutualTls) {
   r = Ctl({"gates", "get"});  // plaintext against a TLS port
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, StartsWith("spgatectl: gates get: UNAVAILABLE: "));
+
+  // Certificates mapped to roles: CN=operator is an admin, CN=viewer a reader.
+  std::ofstream(dir_ / "subjects") << "admin operator\nreader viewer\n";
+  opts.admin_subjects_file = d + "/subjects";
+  StartDaemon(opts);
+  const std::vector<std::string> viewer = {ca, "--tls_cert=" + d + "/viewer.pem",
+                                           "--tls_key=" + d + "/viewer.key",
+                                           "--tls_server_name=localhost"};
+  const std::vector<std::string> operator_cert = {ca, "--tls_cert=" + d + "/client.pem",
+                                                  "--tls_key=" + d + "/client.key",
+                                                  "--tls_server_name=localhost"};
+  auto with = [](std::vector<std::string> args, const std::vector<std::string>& creds) {
+    args.insert(args.end(), creds.begin(), creds.end());
+    return args;
+  };
+  r = Ctl(with({"gates", "get"}, viewer));
+  EXPECT_EQ(r.exit_code, 0) << r;
+  r = Ctl(with({"gates", "set", "--max_length_cv=0.3"}, viewer));
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: PERMISSION_DENIED: viewer has the reader"));
+  r = Ctl(with({"gates", "set", "--max_length_cv=0.3"}, operator_cert));
+  EXPECT_EQ(r.exit_code, 0) << r;
+  r = Ctl(with({"--output=json", "gates", "history", "--limit=1"}, viewer));
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ParseJson<v1::ListConfigHistoryResponse>(r.out).entries(0).principal(), "operator");
 }
 
 }  // namespace

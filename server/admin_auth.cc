@@ -1,0 +1,212 @@
+// Admin roles and credentials; see admin_auth.h.
+#include "server/admin_auth.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace spgate::server {
+
+// Compares every byte whatever the first difference, so the time taken does not tell
+// how much of a guess was right.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+namespace {
+
+bool IsValidName(absl::string_view name) {
+  if (name.empty() || name.size() > 128) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '@' && c != '-') return false;
+  }
+  return true;
+}
+
+const char* RoleName(Role role) { return role == Role::kAdmin ? "admin" : "reader"; }
+
+std::string Basename(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+absl::StatusOr<std::string> ReadAuthFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::FailedPreconditionError(absl::StrCat(flag, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::optional<CallKind> AdminCallKind(absl::string_view method) {
+  static constexpr struct {
+    absl::string_view method;
+    CallKind kind;
+  } kKinds[] = {
+      {"GetGateConfig", CallKind::kRead},
+      {"ListJobs", CallKind::kRead},
+      {"GetJob", CallKind::kRead},
+      {"WatchDecisions", CallKind::kRead},
+      {"EvaluateGates", CallKind::kRead},
+      {"ListConfigHistory", CallKind::kRead},
+      {"UpdateGateConfig", CallKind::kMutation},
+      {"PinMode", CallKind::kMutation},
+      {"Unpin", CallKind::kMutation},
+      {"RollbackGateConfig", CallKind::kMutation},
+  };
+  for (const auto& k : kKinds) {
+    if (k.method == method) return k.kind;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
+                                             const CallerCredentials& caller, CallKind kind) {
+  if (!auth.configured()) return Principal{"anonymous", Role::kAdmin};
+  std::optional<Principal> who;
+  if (caller.authorization.has_value()) {
+    absl::string_view value = *caller.authorization;
+    if (!absl::ConsumePrefix(&value, "Bearer ")) {
+      return absl::PermissionDeniedError(
+          "the authorization metadata is not 'Bearer <token>'");
+    }
+    const TokenCredential* match = nullptr;
+    for (const TokenCredential& t : auth.tokens) {  // no early exit: constant time
+      if (ConstantTimeEquals(value, t.secret) && match == nullptr) match = &t;
+    }
+    if (match == nullptr) return absl::PermissionDeniedError("the token does not match");
+    who = Principal{match->name, match->role};
+  } else if (!caller.peer_identities.empty() && !auth.subjects.empty()) {
+    for (const SubjectCredential& s : auth.subjects) {
+      for (const std::string& id : caller.peer_identities) {
+        if (id == s.identity && (!who || s.role > who->role)) who = Principal{id, s.role};
+      }
+    }
+    if (!who) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "the client certificate (", caller.peer_identities.front(),
+          ") is not listed in --admin_subjects_file"));
+    }
+  }
+  if (!who) {
+    return absl::UnauthenticatedError(
+        "this call needs a credential: send metadata 'authorization: Bearer <token>' "
+        "(spgatectl --token_file) or a client certificate listed for a role");
+  }
+  if (kind == CallKind::kMutation && who->role != Role::kAdmin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        who->name, " has the ", RoleName(who->role),
+        " role; this call changes state and needs the admin role"));
+  }
+  return *who;
+}
+
+absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& flag,
+                                                            const std::string& path,
+                                                            const std::string& text, Role role) {
+  std::vector<TokenCredential> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    TokenCredential cred{Basename(path), std::string(line), role};
+    if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
+      cred.name = std::string(absl::StripAsciiWhitespace(line.substr(0, colon)));
+      cred.secret = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
+      if (!IsValidName(cred.name)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            flag, ": ", path, " line ", line_no,
+            ": the name before ':' must be [A-Za-z0-9._@-]+ (the line is NAME:TOKEN)"));
+      }
+    }
+    if (cred.secret.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": ", path, " line ", line_no, ": empty token"));
+    }
+    out.push_back(std::move(cred));
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
+  return out;
+}
+
+absl::StatusOr<std::vector<SubjectCredential>> ParseSubjectsFile(const std::string& path,
+                                                                 const std::string& text) {
+  std::vector<SubjectCredential> out;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.find_first_of(" \t");
+    const absl::string_view role = line.substr(0, space);
+    const absl::string_view identity =
+        space == absl::string_view::npos ? "" : absl::StripAsciiWhitespace(line.substr(space));
+    SubjectCredential s{std::string(identity), Role::kReader};
+    if (role == "admin") {
+      s.role = Role::kAdmin;
+    } else if (role != "reader") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--admin_subjects_file: ", path, " line ", line_no, ": role \"", role,
+          "\" is not admin or reader (the line is ROLE IDENTITY)"));
+    }
+    if (s.identity.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--admin_subjects_file: ", path, " line ",
+                                                     line_no, ": no identity after the role"));
+    }
+    out.push_back(std::move(s));
+  }
+  if (out.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--admin_subjects_file: ", path, " is empty"));
+  }
+  return out;
+}
+
+absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_file,
+                                              const std::string& reader_token_file,
+                                              const std::string& subjects_file) {
+  AdminAuthConfig auth;
+  const struct {
+    const char* flag;
+    const std::string& path;
+    Role role;
+  } token_files[] = {{"--admin_token_file", admin_token_file, Role::kAdmin},
+                     {"--reader_token_file", reader_token_file, Role::kReader}};
+  for (const auto& f : token_files) {
+    if (f.path.empty()) continue;
+    auto text = ReadAuthFile(f.flag, f.path);
+    if (!text.ok()) return text.status();
+    auto tokens = ParseTokenFile(f.flag, f.path, *text, f.role);
+    if (!tokens.ok()) return tokens.status();
+    for (TokenCredential& t : *tokens) {
+      for (const TokenCredential& other : auth.tokens) {
+        if (other.secret == t.secret) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              f.flag, ": ", f.path, ": the token of ", t.name, " is also the token of ",
+              other.name, "; every credential needs its own token"));
+        }
+      }
+      auth.tokens.push_back(std::move(t));
+    }
+  }
+  if (!subjects_file.empty()) {
+    auto text = ReadAuthFile("--admin_subjects_file", subjects_file);
+    if (!text.ok()) return text.status();
+    auto subjects = ParseSubjectsFile(subjects_file, *text);
+    if (!subjects.ok()) return subjects.status();
+    auth.subjects = *std::move(subjects);
+  }
+  return auth;
+}
+
+}  // namespace spgate::server
