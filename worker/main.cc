@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "worker/client/tls_flags.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/mpi_communicator.h"
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
   }
   o.controller = absl::GetFlag(FLAGS_controller);
   o.job_id = absl::GetFlag(FLAGS_job_id);
+  o.tls = spgate::client::TlsOptionsFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};

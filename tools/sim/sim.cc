@@ -17,6 +17,7 @@
 #include "worker/client/group_decider.h"
 #include "worker/client/in_memory_broadcast.h"
 #include "worker/client/local_policy.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/lengths.h"
 
 namespace spgate::sim {
@@ -166,6 +167,10 @@ int64_t StepsFor(const SimOptions& o) {
 
 absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   if (absl::Status s = Validate(o); !s.ok()) return s;
+  // The TLS files are read once (and refused naming --tls_*) before any group dials.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
+  if (!credentials.ok()) return credentials.status();
   const CostModel model(o.cost);
   const int t = o.cost.tp;
   const int64_t steps = StepsFor(o);
@@ -182,6 +187,8 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
     GateClientOptions base;
     base.controller = o.controller;
+    base.credentials = *credentials;
+    base.tls_server_name = o.tls.server_name;
     base.job_id = o.job_id;
     base.group = gi;
     base.group_size = t;

@@ -19,12 +19,14 @@
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/summary.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/batching.h"
 
 namespace spgate::sim {
 
 struct SimOptions {
   std::string controller;  // empty: local policy only
+  client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   std::string job_id = "sim";
   std::string lengths = "lognormal:mean=4096,sigma=0.8";
   int64_t tokens_per_batch = 16384;

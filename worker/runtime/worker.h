@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/model.h"
@@ -40,6 +41,7 @@ enum class ModeChoice : uint8_t { kAuto, kSp, kTp };
 struct WorkerOptions {
   Backend backend = Backend::kCpu;
   std::string controller;  // empty: local policy only
+  client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   std::string job_id = "spgate-worker";
   ModelShape shape;
   int tp = 1;
