@@ -15,10 +15,8 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
-#include <fstream>
 #include <limits>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +29,7 @@
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
+#include "worker/client/tls.h"
 
 namespace py = pybind11;
 
@@ -94,7 +93,8 @@ struct BatchPlan {
   }
 };
 
-std::string ReadPem(const py::object& tls, const char* key) {
+// tls.<key> of a dict or an object with attributes; "" when absent or None.
+std::string TlsSetting(const py::object& tls, const char* key) {
   py::object value = py::none();
   if (py::isinstance<py::dict>(tls)) {
     py::dict d = tls.cast<py::dict>();
@@ -102,31 +102,26 @@ std::string ReadPem(const py::object& tls, const char* key) {
   } else if (py::hasattr(tls, key)) {
     value = tls.attr(key);
   }
-  if (value.is_none()) return "";
-  std::string path = py::str(value);
-  if (path.empty()) return "";
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  if (!f || ss.str().empty()) {
-    Raise(absl::InvalidArgumentError(
-        absl::StrCat("tls.", key, ": cannot read PEM file '", path, "'")));
-  }
-  return ss.str();
+  return value.is_none() ? "" : std::string(py::str(value));
 }
 
-// tls: None, or a dict / object with ca, cert, key (PEM paths) - the same as the
-// worker's --tls_ca / --tls_cert / --tls_key.
-std::shared_ptr<grpc::ChannelCredentials> TlsCredentials(const py::object& tls) {
-  if (tls.is_none()) return nullptr;
-  grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = ReadPem(tls, "ca");
-  ssl.pem_cert_chain = ReadPem(tls, "cert");
-  ssl.pem_private_key = ReadPem(tls, "key");
-  if (ssl.pem_cert_chain.empty() != ssl.pem_private_key.empty()) {
-    Raise(absl::InvalidArgumentError("tls: cert and key go together (mTLS needs both)"));
-  }
-  return grpc::SslCredentials(ssl);
+// tls: None (plaintext), or a dict / object with ca, cert, key (PEM paths) and
+// server_name - spgate-worker's --tls_ca / --tls_cert / --tls_key / --tls_server_name,
+// checked by the same helper (worker/client/tls.h). A tls= without ca or cert still
+// means TLS, trusting the system's roots.
+void ApplyTls(const py::object& tls, GateClientOptions* o) {
+  if (tls.is_none()) return;
+  constexpr client::TlsOptionNames kNames = {"tls.ca", "tls.cert", "tls.key", "tls.server_name"};
+  const client::TlsClientOptions t{.ca = TlsSetting(tls, "ca"),
+                                   .cert = TlsSetting(tls, "cert"),
+                                   .key = TlsSetting(tls, "key"),
+                                   .server_name = TlsSetting(tls, "server_name"),
+                                   .force_tls = true};
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client::TlsChannelCredentials(t, kNames);
+  if (!credentials.ok()) Raise(credentials.status());
+  o->credentials = *std::move(credentials);
+  o->tls_server_name = t.server_name;
 }
 
 absl::Duration Seconds(double s, const char* name) {
@@ -498,7 +493,7 @@ PYBIND11_MODULE(_spgate, m) {
              o.max_backoff = Seconds(max_backoff, "max_backoff");
              o.telemetry_buffer = telemetry_buffer;
              o.seed = seed;
-             o.credentials = TlsCredentials(tls);
+             ApplyTls(tls, &o);
              return std::make_unique<Client>(std::move(o));
            }),
            py::kw_only(), py::arg("job_id"), py::arg("controller") = "", py::arg("group") = 0,

@@ -1,10 +1,15 @@
 // Daemon: wires GateState, the two gRPC services, health, reflection, the metrics
-// exposer and the housekeeping timer together, and shuts them down in order.
+// exposer and the housekeeping timer together, and shuts them down in order. The
+// worker and admin ports serve their API, health and reflection; the plaintext
+// --health_listen port serves grpc.health.v1.Health and nothing else (docs/design.md §6).
 #include "server/daemon.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 
 #include <sys/stat.h>
 
@@ -83,6 +88,24 @@ std::optional<ConfigFingerprint> Fingerprint(const std::string& path, bool hash_
   return f;
 }
 
+// Server reflection on one builder, or none on it. Loading grpc++_reflection registers
+// its plugin for every ServerBuilder in the process (a static initialiser), so a server
+// without reflection has to take that plugin out, not merely not add one.
+class ReflectionOption : public grpc::ServerBuilderOption {
+ public:
+  explicit ReflectionOption(bool enabled) : enabled_(enabled) {}
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    auto reflection = std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>();
+    const std::string name = reflection->name();
+    std::erase_if(*plugins, [&](const auto& p) { return p->name() == name; });
+    if (enabled_) plugins->push_back(std::move(reflection));
+  }
+
+ private:
+  bool enabled_;
+};
+
 }  // namespace
 
 class Daemon::Impl {
@@ -94,6 +117,10 @@ class Daemon::Impl {
   StreamRegistry streams;
   std::unique_ptr<GateServiceImpl> gate_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
+  // The health-only port's answer to every method but Health: UNIMPLEMENTED. (A server
+  // needs one callback or sync service to start; this is it, and it serves nothing.)
+  // Declared before the servers, so it outlives them.
+  grpc::CallbackGenericService unimplemented;
   std::unique_ptr<grpc::Server> worker_server, admin_server, health_server;
   std::unique_ptr<prometheus::Exposer> exposer;
   int worker_port = 0, admin_port = 0, metrics_port = 0, health_port = 0;
@@ -147,7 +174,13 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
     std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service, int* port) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, std::move(creds), port);
-  if (service != nullptr) builder.RegisterService(service);
+  if (service != nullptr) {
+    builder.RegisterService(service);
+  } else {
+    // The health-only port: the default health service, and UNIMPLEMENTED for the rest.
+    builder.RegisterCallbackGenericService(&unimplemented);
+  }
+  builder.SetOption(std::make_unique<ReflectionOption>(/*enabled=*/service != nullptr));
   // Workers may keep the stream alive with pings every 10 s even when idle.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -213,7 +246,6 @@ absl::Status Daemon::Impl::Start() {
   admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), metrics.get(),
                                                      &streams, std::move(auth));
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   if (!opts.metrics_listen.empty()) {
     try {

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "worker/client/tls_flags.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/mpi_communicator.h"
@@ -146,6 +147,7 @@ int main(int argc, char** argv) {
   o.job_id = absl::GetFlag(FLAGS_job_id);
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);
+  o.tls = spgate::client::TlsOptionsFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};

@@ -14,6 +14,10 @@ local policy decides.
     python3 examples/python/train_loop.py --lib build/lib/libspgate_client.so \
         --controller 127.0.0.1:50061 --tp 2 --steps 100
 
+Against a daemon with TLS, add the worker's flags (docs/security.md): --tls_ca (mTLS:
+also --tls_cert and --tls_key; --tls_server_name when the address is not the name in the
+daemon's certificate). They become the C API options of the same names.
+
 Prints a JSON summary; exits 1 if ranks of the group ever ran different modes.
 """
 import argparse
@@ -53,6 +57,8 @@ class Stats(ctypes.Structure):
 BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
                                 ctypes.c_void_p)
 SP, TP_ONLY = 1, 2
+# C API options and flags of this script, named as spgate-worker's TLS flags.
+TLS_OPTIONS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
 
 
 def load(path):
@@ -148,7 +154,9 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
                            ("incarnation", args.incarnation),
                            ("group", "0"), ("rank_in_group", str(rank)),
                            ("group_size", str(args.tp)), ("global_rank", str(rank)),
-                           ("decision_deadline_ms", str(args.deadline_ms))):
+                           ("decision_deadline_ms", str(args.deadline_ms)),
+                           *((name, getattr(args, name)) for name in TLS_OPTIONS
+                             if getattr(args, name))):
             check(lib, lib.spgate_options_set(opts, key.encode(), value.encode()), "options " + key)
         client = ctypes.c_void_p()
         check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
@@ -214,6 +222,11 @@ def main():
     p.add_argument("--deadline_ms", type=int, default=20)
     p.add_argument("--tokens_per_batch", type=int, default=16384)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--tls_ca", default="", help="PEM roots that sign the daemon's certificate")
+    p.add_argument("--tls_cert", default="", help="PEM client certificate (mTLS; needs --tls_key)")
+    p.add_argument("--tls_key", default="", help="PEM private key of --tls_cert")
+    p.add_argument("--tls_server_name", default="",
+                   help="name to check in the daemon's certificate (default: host of --controller)")
     args = p.parse_args()
 
     lib = load(args.lib)

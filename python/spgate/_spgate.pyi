@@ -119,7 +119,7 @@ class ClientStats:
     last_error: str
 
 
-TlsOptions = Union[Mapping[str, str], Any]  # ca / cert / key: PEM file paths
+TlsOptions = Union[Mapping[str, str], Any]  # ca / cert / key: PEM file paths; server_name
 
 
 class Client:

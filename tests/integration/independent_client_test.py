@@ -11,7 +11,9 @@ startup naming the file; and the basics a client relies on: health SERVING on ev
 port, invalid plans refused naming the field, NOT_FOUND for an unknown job, ABORTED on
 a version conflict, the same (job, group, step) answered with the same decision,
 SIGTERM ending open streams with UNAVAILABLE and exiting 0, the admin roles (no
-credential, a wrong token, a reader's token on a change) and the audit trail's principal.
+credential, a wrong token, a reader's token on a change) and the audit trail's principal,
+and the plaintext --health_listen port serving Health and nothing else (no reflection, no
+API).
 
 Run: /usr/bin/python3 independent_client_test.py PATH/TO/spgated   (ctest does this)
 Loopback only; every daemon is killed on exit, also when the test fails or is killed.
@@ -268,6 +270,29 @@ class StateDirTest(unittest.TestCase):
         newer = self.update(admin, expected_version=after_global.version, max_length_cv=0.4)
         self.assertGreater(newer.version, set_job.version)
         admin.channel.close()
+
+    def test_health_port_serves_health_and_nothing_else(self):
+        daemon = self.start(["--health_listen=127.0.0.1:0"])
+        self.assertIsNotNone(daemon.health_port, daemon.stderr_text)
+        identity = lambda b: b  # noqa: E731
+        with grpc.insecure_channel(f"127.0.0.1:{daemon.health_port}") as channel:
+            self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
+            # The plaintext port must not describe the API (reflection) or serve it.
+            for call in (lambda: sr.Reflection(channel, CALL_TIMEOUT).list_services(),
+                         lambda: channel.unary_unary(
+                             "/spgate.v1.AdminService/GetGateConfig",
+                             request_serializer=identity,
+                             response_deserializer=identity)(b"", timeout=CALL_TIMEOUT)):
+                with self.assertRaises(grpc.RpcError) as refused:
+                    call()
+                self.assertEqual(refused.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        # The same daemon's API ports still answer reflection.
+        for address, service in ((daemon.worker_address, "spgate.v1.GateService"),
+                                 (daemon.admin_address, "spgate.v1.AdminService")):
+            with grpc.insecure_channel(address) as channel:
+                listed = sr.Reflection(channel, CALL_TIMEOUT).list_services()
+            self.assertIn(service, listed, address)
+            self.assertIn("grpc.reflection.v1alpha.ServerReflection", listed, address)
 
     def test_sigterm_drains_streams_exits_zero_and_keeps_pins(self):
         daemon = self.start(["--health_listen=127.0.0.1:0"])

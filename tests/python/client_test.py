@@ -159,7 +159,8 @@ class LocalClientTest(SpgateTestCase):
             (dict(initial_backoff=2.0, max_backoff=1.0), "initial_backoff"),
             (dict(telemetry_buffer=0), "telemetry_buffer"),
             (dict(tls={"ca": "/nonexistent/ca.pem"}), r"tls\.ca"),
-            (dict(tls={"cert": __file__}), "cert and key"),
+            (dict(tls={"cert": __file__}), r"tls\.cert and tls\.key go together"),
+            (dict(tls={"ca": os.devnull}), r"tls\.ca: .* is empty"),
         ]
         for kwargs, pattern in cases:
             with self.subTest(kwargs=kwargs):
@@ -426,20 +427,12 @@ class DaemonClientTest(SpgateTestCase):
 
 class TlsClientTest(unittest.TestCase):
     def setUp(self):
-        if shutil.which("openssl") is None:
-            self.skipTest("no openssl CLI")
+        # make_test_certs.sh fails without the openssl CLI (make deps installs it), and so
+        # does this test: it must not pass without having tried TLS.
         self.dir = tempfile.mkdtemp(prefix="spgate-tls-")
-        script = (
-            "set -e; exec > openssl.log 2>&1;"
-            "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key -out ca.pem;"
-            "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext;"
-            "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr;"
-            "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-            "-extfile san.ext -out server.pem;"
-            "openssl req -newkey rsa:2048 -nodes -subj /CN=worker -keyout client.key -out client.csr;"
-            "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-            "-out client.pem")
-        subprocess.run(["bash", "-c", script], cwd=self.dir, check=True, timeout=60)
+        subprocess.run(["bash", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                             "testing", "make_test_certs.sh"), self.dir],
+                       check=True, timeout=60)
         p = lambda name: os.path.join(self.dir, name)  # noqa: E731
         self.daemon = Daemon(extra_args=[f"--tls_cert={p('server.pem')}",
                                          f"--tls_key={p('server.key')}",
@@ -457,6 +450,15 @@ class TlsClientTest(unittest.TestCase):
             c.wait_until_connected(10)
             c.submit_plan(0, UNIFORM)
             self.assertEqual(c.await_decision(0, timeout=5.0).source, Source.DAEMON)
+        # server_name: the name checked in the daemon's certificate (it names localhost).
+        tls = {"ca": self.p("ca.pem"), "cert": self.p("client.pem"), "key": self.p("client.key")}
+        with spgate.Client(controller=self.daemon.address, job_id="py-tls-name",
+                           tls=dict(tls, server_name="localhost")) as c:
+            c.wait_until_connected(10)
+        with spgate.Client(controller=self.daemon.address, job_id="py-tls-wrong-name",
+                           tls=dict(tls, server_name="not-the-daemon.example")) as c:
+            with self.assertRaises(spgate.DeadlineExceededError):
+                c.wait_until_connected(1.0)
         # Without a client certificate the daemon refuses the connection.
         with spgate.Client(controller=self.daemon.address, job_id="py-tls2",
                            tls={"ca": self.p("ca.pem")}) as c:

@@ -1,15 +1,22 @@
 // The C API (spgate_client.h): error codes with messages, a decider over a C broadcast
-// callback, and the ctypes example (examples/python/train_loop.py) run against a real
-// in-process daemon.
+// callback, the TLS options against a real in-process mTLS daemon, and the ctypes example
+// (examples/python/train_loop.py) run against a real in-process daemon, with and without
+// mTLS.
 #include "worker/client/spgate_client.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/test_certs.h"
 #ifdef SPGATE_HAVE_SERVER
 #include "server/daemon.h"
 #endif
@@ -75,6 +82,44 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   spgate_client_destroy(c);
 }
 
+std::string MakeTempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "c_api_test.XXXXXX").string();
+  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
+  return tmpl;
+}
+
+// Bad TLS options are refused by spgate_client_create, naming the option, before
+// anything is dialled.
+TEST(CApiTest, BadTlsOptionsAreRefusedNamingTheOption) {
+  const std::string dir = MakeTempDir();
+  const std::string empty = dir + "/empty.pem";
+  ASSERT_EQ(std::system(("touch " + empty).c_str()), 0);
+  struct Case {
+    std::vector<std::pair<const char*, std::string>> set;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{{"tls_cert", empty}}, "tls_cert and tls_key go together"},
+      {{{"tls_key", empty}}, "tls_cert and tls_key go together"},
+      {{{"tls_ca", dir + "/missing.pem"}}, "tls_ca: cannot read"},
+      {{{"tls_ca", empty}}, "tls_ca: \""},
+      {{{"tls_server_name", "localhost"}}, "tls_server_name needs TLS"},
+  };
+  for (const Case& c : cases) {
+    spgate_options* o = spgate_options_create();
+    ASSERT_EQ(spgate_options_set(o, "controller", "127.0.0.1:1"), SPGATE_OK);
+    for (const auto& [name, value] : c.set) {
+      ASSERT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK) << spgate_last_error();
+    }
+    spgate_client* client = nullptr;
+    EXPECT_EQ(spgate_client_create(o, &client), SPGATE_INVALID_ARGUMENT) << c.message;
+    EXPECT_THAT(spgate_last_error(), HasSubstr(c.message));
+    EXPECT_EQ(client, nullptr);
+    spgate_options_destroy(o);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 std::string RunCommand(const std::string& cmd, int* rc) {
   std::string out;
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");
@@ -88,13 +133,19 @@ std::string RunCommand(const std::string& cmd, int* rc) {
   return out;
 }
 
+#ifdef PYTHON3_BIN
+// The ctypes example's command line with these flags.
+std::string TrainLoop(const std::string& flags) {
+  return absl::StrCat(PYTHON3_BIN, " ", TRAIN_LOOP_PY, " --lib ", SPGATE_CLIENT_LIB, " ", flags);
+}
+#endif
+
 #if defined(SPGATE_HAVE_SERVER) && defined(PYTHON3_BIN)
 TEST(CApiTest, PythonCtypesExampleAgainstTheDaemon) {
   auto daemon = spgate::server::Daemon::Start({});
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   const std::string cmd =
-      absl::StrCat(PYTHON3_BIN, " ", TRAIN_LOOP_PY, " --lib ", SPGATE_CLIENT_LIB,
-                   " --controller ", (*daemon)->worker_address(), " --tp 4 --steps 100");
+      TrainLoop(absl::StrCat("--controller ", (*daemon)->worker_address(), " --tp 4 --steps 100"));
   int rc = 0;
   const std::string out = RunCommand(cmd, &rc);
   ASSERT_EQ(rc, 0) << cmd << "\n" << out;
@@ -106,10 +157,92 @@ TEST(CApiTest, PythonCtypesExampleAgainstTheDaemon) {
 }
 #endif
 
+#ifdef SPGATE_HAVE_SERVER
+// An mTLS daemon: with tls_ca, tls_cert, tls_key (and tls_server_name, since the client
+// dials 127.0.0.1 and checks "localhost") the decision is the daemon's; without the
+// client certificate the daemon refuses the connection and the client decides locally.
+class CApiTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    const absl::Status certs = spgate::testing::MakeTestCertificates(dir_);
+    ASSERT_TRUE(certs.ok()) << certs;
+    spgate::server::DaemonOptions opts;
+    opts.tls_cert = dir_ + "/server.pem";
+    opts.tls_key = dir_ + "/server.key";
+    opts.tls_client_ca = dir_ + "/ca.pem";
+    auto daemon = spgate::server::Daemon::Start(opts);
+    ASSERT_TRUE(daemon.ok()) << daemon.status();
+    daemon_ = *std::move(daemon);
+  }
+  void TearDown() override {
+    if (daemon_) daemon_->Shutdown(absl::Seconds(2));
+    std::filesystem::remove_all(dir_);
+  }
+
+  // Submits a plan for step 0 and returns its decision after waiting for the stream.
+  spgate_decision DecideOnce(const std::vector<std::pair<const char*, std::string>>& tls) {
+    spgate_options* o = spgate_options_create();
+    EXPECT_EQ(spgate_options_set(o, "controller", daemon_->worker_address().c_str()), SPGATE_OK);
+    EXPECT_EQ(spgate_options_set(o, "job_id", "c-api-tls"), SPGATE_OK);
+    for (const auto& [name, value] : tls) {
+      EXPECT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK) << spgate_last_error();
+    }
+    spgate_client* c = nullptr;
+    EXPECT_EQ(spgate_client_create(o, &c), SPGATE_OK) << spgate_last_error();
+    spgate_options_destroy(o);
+    spgate_decision d{};
+    if (c == nullptr) return d;
+    connected_ = spgate_client_wait_connected(c, 1500);
+    const int64_t lengths[] = {4096, 4000, 4100};
+    EXPECT_EQ(spgate_client_submit_plan(c, 0, lengths, 3, 0, 0, 0), SPGATE_OK);
+    EXPECT_EQ(spgate_client_await_decision(c, 0, 2000000, &d), SPGATE_OK) << spgate_last_error();
+    spgate_client_destroy(c);
+    return d;
+  }
+
+  std::string dir_;
+  std::unique_ptr<spgate::server::Daemon> daemon_;
+  spgate_status connected_ = SPGATE_OK;
+};
+
+TEST_F(CApiTlsTest, MutualTlsGetsTheDaemonsDecision) {
+  const spgate_decision d = DecideOnce({{"tls_ca", dir_ + "/ca.pem"},
+                                        {"tls_cert", dir_ + "/client.pem"},
+                                        {"tls_key", dir_ + "/client.key"},
+                                        {"tls_server_name", "localhost"}});
+  EXPECT_EQ(connected_, SPGATE_OK);
+  EXPECT_EQ(d.source, SPGATE_SOURCE_DAEMON);
+}
+
+TEST_F(CApiTlsTest, WithoutAClientCertificateTheClientDecidesLocally) {
+  const spgate_decision d =
+      DecideOnce({{"tls_ca", dir_ + "/ca.pem"}, {"tls_server_name", "localhost"}});
+  EXPECT_EQ(connected_, SPGATE_DEADLINE_EXCEEDED);
+  EXPECT_EQ(d.source, SPGATE_SOURCE_FALLBACK);
+  EXPECT_EQ(d.reason, SPGATE_REASON_CONTROLLER_UNAVAILABLE);
+}
+
+#ifdef PYTHON3_BIN
+TEST_F(CApiTlsTest, PythonCtypesExampleWithMutualTls) {
+  // A generous deadline: this is about the handshake, not about latency on a busy machine.
+  const std::string cmd = TrainLoop(absl::StrCat(
+      "--controller ", daemon_->worker_address(), " --tp 2 --steps 30 --deadline_ms 2000",
+      " --tls_ca ", dir_, "/ca.pem --tls_cert ", dir_, "/client.pem --tls_key ", dir_,
+      "/client.key --tls_server_name localhost"));
+  int rc = 0;
+  const std::string out = RunCommand(cmd, &rc);
+  ASSERT_EQ(rc, 0) << cmd << "\n" << out;
+  EXPECT_THAT(out, HasSubstr("\"consistency_violations\": 0"));
+  EXPECT_THAT(out, HasSubstr("\"local_decisions\": 0"));
+  EXPECT_THAT(out, HasSubstr("\"daemon_decisions\": 30"));
+}
+#endif
+#endif
+
 #ifdef PYTHON3_BIN
 TEST(CApiTest, PythonCtypesExampleWithoutADaemon) {
-  const std::string cmd = absl::StrCat(PYTHON3_BIN, " ", TRAIN_LOOP_PY, " --lib ",
-                                       SPGATE_CLIENT_LIB, " --tp 3 --steps 60");
+  const std::string cmd = TrainLoop("--tp 3 --steps 60");
   int rc = 0;
   const std::string out = RunCommand(cmd, &rc);
   ASSERT_EQ(rc, 0) << cmd << "\n" << out;

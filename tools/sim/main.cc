@@ -29,6 +29,7 @@
 #include "proto/convert.h"
 #include "tools/sim/sim.h"
 #include "worker/client/identity.h"
+#include "worker/client/tls_flags.h"
 
 // Shared job flags (docs/design.md §5).
 ABSL_FLAG(std::string, controller, "", "spgated worker API address; empty: local policy only");
@@ -54,6 +55,8 @@ ABSL_FLAG(std::string, group_phase, "random",
           "When groups tick within the step period: random (each group its own seeded phase) "
           "or aligned (all at once, like one data-parallel job; the daemon's worst burst)");
 ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
+          "Before the first step, how long to wait for every rank's stream to the daemon");
 ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
 ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (the worker's bucket_by_tokens)");
@@ -87,6 +90,7 @@ using spgate::sim::SimOptions;
 SimOptions OptionsFromFlags() {
   SimOptions o;
   o.controller = absl::GetFlag(FLAGS_controller);
+  o.tls = spgate::client::TlsOptionsFromFlags();
   o.job_id = absl::GetFlag(FLAGS_job_id);
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);
@@ -100,6 +104,7 @@ SimOptions OptionsFromFlags() {
   o.steps_per_s = absl::GetFlag(FLAGS_steps_per_s);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.deadline = absl::GetFlag(FLAGS_deadline);
+  o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.telemetry_flush = absl::GetFlag(FLAGS_telemetry_flush);
   o.leader_group_rs_wait = absl::GetFlag(FLAGS_leader_group_rs_wait);
   spgate::sim::CostParams& c = o.cost;

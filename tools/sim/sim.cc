@@ -18,6 +18,7 @@
 #include "worker/client/group_decider.h"
 #include "worker/client/in_memory_broadcast.h"
 #include "worker/client/local_policy.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/lengths.h"
 
 namespace spgate::sim {
@@ -176,6 +177,10 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   if (incarnation.empty()) incarnation = client::IncarnationFromEnvironment();
   if (incarnation.empty()) incarnation = client::NewIncarnation();
   if (absl::Status s = Validate(o); !s.ok()) return s;
+  // The TLS files are read once (and refused naming --tls_*) before any group dials.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
+  if (!credentials.ok()) return credentials.status();
   const CostModel model(o.cost);
   const int t = o.cost.tp;
   const int64_t steps = StepsFor(o);
@@ -192,6 +197,8 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
     GateClientOptions base;
     base.controller = o.controller;
+    base.credentials = *credentials;
+    base.tls_server_name = o.tls.server_name;
     base.job_id = o.job_id;
     base.incarnation = incarnation;
     base.group = gi;

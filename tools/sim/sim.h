@@ -19,6 +19,7 @@
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/summary.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/batching.h"
 
 namespace spgate::sim {
@@ -30,6 +31,7 @@ struct SimOptions {
   // This launch; empty: the launcher's (IncarnationFromEnvironment), else a new one (the
   // simulator is one process, so it is its own world rank 0).
   std::string incarnation;
+  client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   std::string lengths = "lognormal:mean=4096,sigma=0.8";
   int64_t tokens_per_batch = 16384;
   bool bucketing = true;

@@ -28,6 +28,7 @@
 #include "tools/spgatectl/commands.h"
 #include "tools/spgatectl/flag_values.h"
 #include "tools/spgatectl/format.h"
+#include "worker/client/tls.h"
 
 namespace spgate::ctl {
 namespace {
@@ -265,23 +266,14 @@ int Main(int argc, char** argv, Interrupter* interrupter) {
     token = *std::move(parsed);
   }
 
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  const client::TlsClientOptions tls{
+      .ca = g.tls_ca, .cert = g.tls_cert, .key = g.tls_key, .server_name = g.tls_server_name};
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      client::TlsChannelCredentials(tls, client::kTlsFlagNames);
+  if (!creds.ok()) return UsageError(inv, creds.status().message());
   grpc::ChannelArguments channel_args;
-  if (g.UseTls()) {
-    grpc::SslCredentialsOptions ssl;
-    const std::pair<absl::string_view, const std::string*> files[] = {
-        {"tls_ca", &g.tls_ca}, {"tls_cert", &g.tls_cert}, {"tls_key", &g.tls_key}};
-    std::string* targets[] = {&ssl.pem_root_certs, &ssl.pem_cert_chain, &ssl.pem_private_key};
-    for (int i = 0; i < 3; ++i) {
-      if (files[i].second->empty()) continue;
-      absl::StatusOr<std::string> pem = ReadFile(files[i].first, *files[i].second);
-      if (!pem.ok()) return UsageError(inv, pem.status().message());
-      *targets[i] = *std::move(pem);
-    }
-    creds = grpc::SslCredentials(ssl);
-    if (!g.tls_server_name.empty()) channel_args.SetSslTargetNameOverride(g.tls_server_name);
-  }
-  Client client(inv, token, grpc::CreateCustomChannel(g.admin, creds, channel_args), interrupter);
+  if (!tls.server_name.empty()) channel_args.SetSslTargetNameOverride(tls.server_name);
+  Client client(inv, token, grpc::CreateCustomChannel(g.admin, *creds, channel_args), interrupter);
   return client.Run();
 }
 

@@ -104,9 +104,12 @@ struct GateClientOptions {
   // Seed of the backoff jitter; 0: random.
   uint64_t seed = 0;
   // Optional: a channel to use (e.g. shared by the ranks of one simulated process);
-  // otherwise one is created with `credentials` (insecure when null).
+  // otherwise one is created with `credentials` (insecure when null; TlsChannelCredentials
+  // in tls.h builds them from the --tls_* settings) and, when set, `tls_server_name` as
+  // the name checked in the daemon's certificate instead of the host of `controller`.
   std::shared_ptr<grpc::Channel> channel;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string tls_server_name;
 };
 
 // One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths).

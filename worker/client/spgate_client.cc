@@ -16,9 +16,11 @@
 #include "policy/types.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
+#include "worker/client/tls.h"
 
 struct spgate_options {
   spgate::client::GateClientOptions opts;
+  spgate::client::TlsClientOptions tls;  // files are read by spgate_client_create
 };
 struct spgate_client {
   std::unique_ptr<spgate::client::GateClient> client;
@@ -44,7 +46,8 @@ spgate_status Null(const char* what) {
   return Report(absl::InvalidArgumentError(absl::StrCat(what, " is NULL")));
 }
 
-absl::Status SetOption(spgate::client::GateClientOptions& o, const std::string& name,
+absl::Status SetOption(spgate::client::GateClientOptions& o,
+                       spgate::client::TlsClientOptions& tls, const std::string& name,
                        const std::string& value) {
   auto as_int = [&](auto* field) -> absl::Status {
     int64_t v;
@@ -69,6 +72,10 @@ absl::Status SetOption(spgate::client::GateClientOptions& o, const std::string& 
     return absl::OkStatus();
   };
   spgate::GateConfig& c = o.initial_config;
+  if (name == "tls_ca") { tls.ca = value; return absl::OkStatus(); }
+  if (name == "tls_cert") { tls.cert = value; return absl::OkStatus(); }
+  if (name == "tls_key") { tls.key = value; return absl::OkStatus(); }
+  if (name == "tls_server_name") { tls.server_name = value; return absl::OkStatus(); }
   if (name == "controller") { o.controller = value; return absl::OkStatus(); }
   if (name == "job_id") { o.job_id = value; return absl::OkStatus(); }
   if (name == "incarnation") { o.incarnation = value; return absl::OkStatus(); }
@@ -144,14 +151,21 @@ void spgate_options_destroy(spgate_options* options) { delete options; }
 spgate_status spgate_options_set(spgate_options* options, const char* name, const char* value) {
   if (options == nullptr) return Null("options");
   if (name == nullptr || value == nullptr) return Null("name or value");
-  return Report(SetOption(options->opts, name, value));
+  return Report(SetOption(options->opts, options->tls, name, value));
 }
 
 spgate_status spgate_client_create(const spgate_options* options, spgate_client** out) {
   if (out == nullptr) return Null("out");
   *out = nullptr;
   spgate::client::GateClientOptions opts;
-  if (options != nullptr) opts = options->opts;
+  if (options != nullptr) {
+    opts = options->opts;
+    auto credentials =
+        spgate::client::TlsChannelCredentials(options->tls, spgate::client::kTlsOptionNames);
+    if (!credentials.ok()) return Report(credentials.status());
+    opts.credentials = *std::move(credentials);
+    opts.tls_server_name = options->tls.server_name;
+  }
   auto client = spgate::client::GateClient::Create(std::move(opts));
   if (!client.ok()) return Report(client.status());
   *out = new spgate_client{std::move(*client)};

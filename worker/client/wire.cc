@@ -33,6 +33,7 @@ std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, boo
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(1000, ToMillis(o.initial_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, ToMillis(o.max_backoff));
   if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (!o.tls_server_name.empty()) args.SetSslTargetNameOverride(o.tls_server_name);
   return grpc::CreateCustomChannel(
       o.controller, o.credentials != nullptr ? o.credentials : grpc::InsecureChannelCredentials(),
       args);

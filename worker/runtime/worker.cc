@@ -14,6 +14,7 @@
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/memory_arena.h"
@@ -61,6 +62,8 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError("--attention_query_block must be >= 1");
   }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
+  // The TLS files are read (and refused naming --tls_*) before any rank dials.
+  RETURN_IF_ERROR(client::ReadTlsFiles(o.tls, client::kTlsFlagNames).status());
   // The length spec is parsed (and refused naming --lengths) here too.
   return ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch).status();
 }
@@ -234,6 +237,8 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     co.initial_config = o.initial_config;
     co.decision_deadline = o.decision_deadline;
     co.seed = o.seed * 7919 + grid.world_rank() + 1;
+    ASSIGN_OR_RETURN(co.credentials, client::TlsChannelCredentials(o.tls, client::kTlsFlagNames));
+    co.tls_server_name = o.tls.server_name;
     ASSIGN_OR_RETURN(gate, client::GateClient::Create(co));
   }
   std::unique_ptr<client::GroupDecider> decider;

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
+#include "worker/client/tls.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/model.h"
@@ -45,6 +46,7 @@ struct WorkerOptions {
   // One launch of the job; empty: the launcher's (IncarnationFromEnvironment), else one
   // that world rank 0 makes and broadcasts at start-up.
   std::string incarnation;
+  client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   ModelShape shape;
   int tp = 1;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";

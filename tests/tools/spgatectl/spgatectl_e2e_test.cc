@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/daemon.h"
+#include "tests/testing/test_certs.h"
 #include "spgate/v1/admin.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
 
@@ -579,27 +580,10 @@ TEST_F(SpgatectlE2eTest, HistoryAndRollback) {
 TEST_F(SpgatectlE2eTest, MutualTls) {
   // `make deps` installs the openssl CLI; without it this test cannot make its CA, and
   // that is a failure of the set-up, not a reason to pass.
-  ASSERT_EQ(std::system("openssl version > /dev/null 2>&1"), 0)
-      << "no openssl CLI (make deps installs Debian's openssl package)";
   const std::string d = dir_.string();
-  const std::string script = absl::StrCat(
-      "set -e; cd ", d, "; exec > openssl.log 2>&1;",
-      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=test-ca -keyout ca.key "
-      "-out ca.pem;",
-      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n' > san.ext;",
-      "openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out "
-      "server.csr;",
-      "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-      "-extfile san.ext -out server.pem;",
-      "openssl req -newkey rsa:2048 -nodes -subj /CN=operator -keyout client.key -out "
-      "client.csr;",
-      "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-      "-out client.pem;",
-      "openssl req -newkey rsa:2048 -nodes -subj /CN=viewer -keyout viewer.key -out "
-      "viewer.csr;",
-      "openssl x509 -req -in viewer.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 "
-      "-out viewer.pem");
-  ASSERT_EQ(std::system(script.c_str()), 0) << ReadAll(dir_ / "openssl.log");
+  // client.pem: CN=operator; viewer.pem: CN=viewer, a second identity.
+  const absl::Status certs = testing::MakeTestCertificates(d, "operator", {"viewer"});
+  ASSERT_TRUE(certs.ok()) << certs;
 
   server::DaemonOptions opts = Options();
   opts.tls_cert = d + "/server.pem";
@@ -645,6 +629,22 @@ TEST_F(SpgatectlE2eTest, MutualTls) {
   r = Ctl(with({"--output=json", "gates", "history", "--limit=1"}, viewer));
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_EQ(ParseJson<v1::ListConfigHistoryResponse>(r.out).entries(0).principal(), "operator");
+}
+
+// The TLS flags go through the clients' one rule (worker/client/tls.h): a bad one is a
+// usage error naming the flag, before anything is dialled.
+TEST_F(SpgatectlE2eTest, BadTlsFlagsAreUsageErrors) {
+  const std::string empty = (dir_ / "empty.pem").string();
+  std::ofstream{empty};
+  CtlResult r = Ctl({"gates", "get", "--tls_ca=" + empty});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--tls_ca: \"" + empty + "\" is empty"));
+  r = Ctl({"gates", "get", "--tls_ca=" + (dir_ / "missing.pem").string()});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--tls_ca: cannot read"));
+  r = Ctl({"gates", "get", "--tls_server_name=localhost"});  // no TLS to check it in
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--tls_server_name needs TLS"));
 }
 
 }  // namespace

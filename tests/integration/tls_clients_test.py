@@ -1,0 +1,191 @@
+#!/usr/bin/python3
+"""TLS and mTLS in the client binaries (docs/security.md): one real spgated on 127.0.0.1
+with --tls_cert, --tls_key and --tls_client_ca (certificates made for this run with the
+openssl CLI by tests/testing/make_test_certs.sh; no openssl is a failure, not a skip),
+and the real spgate-worker (2 ranks under mpirun) and spgate-sim dialling it with the
+same four flags, --tls_ca, --tls_cert, --tls_key, --tls_server_name:
+
+- with the client certificate every decision is the daemon's (0 local decisions);
+- with only --tls_ca the daemon refuses the handshake, every step falls back locally and
+  the run still finishes (fail-static, docs/design.md §4);
+- bad TLS flags (a cert without its key, a key without its cert, an unreadable or empty
+  file, a server name without TLS) are refused at start-up with exit status 2 and a
+  message naming the flag.
+
+Usage: tls_clients_test.py --spgated=BIN --worker=BIN --sim=BIN --mpirun=BIN
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "demo"))
+import spgate_reflect as sr  # noqa: E402
+
+ARGS = None
+MAKE_CERTS = os.path.join(HERE, "..", "testing", "make_test_certs.sh")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMPI_MCA_rmaps_base_oversubscribe="1",
+           OMPI_MCA_btl_vader_single_copy_mechanism="none", OPENBLAS_NUM_THREADS="1")
+WORKER_SMALL = ["--tp=2", "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
+                "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024"]
+STEPS = 12
+
+
+def make_certs(directory):
+    r = subprocess.run(["bash", MAKE_CERTS, directory], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"make_test_certs.sh failed ({r.returncode}): {r.stderr}")
+
+
+def decision_rows(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "step,mode,reason,source", lines[0]
+    return [line.split(",") for line in lines[1:]]
+
+
+class TlsClientsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="spgate-tls-clients-")
+        make_certs(cls.tmp)
+        cls.daemon = sr.SpgatedProcess(ARGS.spgated, extra_args=[
+            f"--tls_cert={cls.p('server.pem')}", f"--tls_key={cls.p('server.key')}",
+            f"--tls_client_ca={cls.p('ca.pem')}"]).start()
+        # The daemon is dialled at 127.0.0.1; its certificate names localhost (and the IP).
+        cls.mtls = [f"--tls_ca={cls.p('ca.pem')}", f"--tls_cert={cls.p('client.pem')}",
+                    f"--tls_key={cls.p('client.key')}", "--tls_server_name=localhost"]
+        cls.no_client_cert = [f"--tls_ca={cls.p('ca.pem')}", "--tls_server_name=localhost"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.kill()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def p(cls, name):
+        return os.path.join(cls.tmp, name)
+
+    def run_worker(self, name, tls_flags, extra):
+        prefix, summary = self.p(f"{name}.decisions"), self.p(f"{name}.summary.json")
+        cmd = [ARGS.mpirun, "--oversubscribe", "-np", "2", ARGS.worker, *WORKER_SMALL,
+               f"--controller={self.daemon.worker_address}", f"--job_id={name}",
+               f"--steps={STEPS}", f"--decision_log={prefix}", f"--summary_json={summary}",
+               *tls_flags, *extra]
+        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
+        with open(summary) as f:
+            s = json.load(f)
+        logs = [decision_rows(f"{prefix}.rank{rank}.csv") for rank in range(2)]
+        self.assertEqual(logs[1], logs[0], "the two ranks of the group ran different decisions")
+        self.assertEqual(s["steps"], STEPS)
+        self.assertEqual(s["consistency_violations"], 0)
+        self.assertEqual(len(logs[0]), STEPS)
+        return s, logs[0], r.stderr
+
+    def run_sim(self, name, tls_flags, extra):
+        summary = self.p(f"{name}.sim.json")
+        cmd = [ARGS.sim, f"--controller={self.daemon.worker_address}", f"--job_id={name}",
+               "--groups=2", "--tp=2", f"--steps={STEPS}", "--steps_per_s=40",
+               f"--summary_json={summary}", *tls_flags, *extra]
+        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
+        with open(summary) as f:
+            s = json.load(f)
+        self.assertEqual(s["consistency_violations"], 0)
+        decided = sum(n for reasons in s["decisions"].values() for n in reasons.values())
+        self.assertEqual(decided, 2 * STEPS, s["decisions"])  # one decision per group and step
+        return s, decided, r.stderr
+
+    def test_worker_with_mtls_gets_the_daemons_decisions(self):
+        # A generous deadline: on a loaded machine a late answer would be a (correct)
+        # fallback, and this test is about the handshake, not latency.
+        s, rows, err = self.run_worker("tls-worker", self.mtls,
+                                       ["--decision_deadline=5s", "--connect_timeout=30s"])
+        self.assertEqual(s["local_decisions"], 0, err)
+        self.assertEqual({row[3] for row in rows}, {"daemon"}, rows)
+
+    def test_worker_without_a_client_certificate_is_refused_and_falls_back(self):
+        s, rows, err = self.run_worker("tls-worker-nocert", self.no_client_cert,
+                                       ["--decision_deadline=50ms", "--connect_timeout=1s"])
+        self.assertEqual(s["local_decisions"], STEPS, err)
+        self.assertEqual({(row[2], row[3]) for row in rows},
+                         {("controller_unavailable", "fallback")}, rows)
+        self.assertIn("not connected", err)
+
+    def test_sim_with_mtls_gets_the_daemons_decisions(self):
+        s, decided, err = self.run_sim("tls-sim", self.mtls,
+                                       ["--deadline=5s", "--connect_timeout=30s"])
+        self.assertEqual(s["local_decisions"], 0, err)
+        self.assertEqual(s["decision_sources"], {"daemon": decided}, err)
+
+    def test_sim_without_a_client_certificate_is_refused_and_falls_back(self):
+        s, decided, err = self.run_sim("tls-sim-nocert", self.no_client_cert,
+                                       ["--deadline=50ms", "--connect_timeout=1s"])
+        self.assertEqual(s["local_decisions"], decided, err)
+        self.assertEqual(s["decision_sources"], {"fallback": decided}, err)
+
+
+class BadTlsFlagsTest(unittest.TestCase):
+    """Refused before anything is dialled (and, for the worker, before MPI starts)."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spgate-tls-flags-")
+        make_certs(self.tmp)
+        open(os.path.join(self.tmp, "empty.pem"), "w").close()
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def cases(self):
+        p = lambda name: os.path.join(self.tmp, name)  # noqa: E731
+        return [
+            ([f"--tls_cert={p('client.pem')}"], "--tls_cert and --tls_key go together"),
+            ([f"--tls_ca={p('ca.pem')}", f"--tls_key={p('client.key')}"],
+             "--tls_cert and --tls_key go together"),
+            ([f"--tls_ca={p('missing.pem')}"], f"--tls_ca: cannot read \"{p('missing.pem')}\""),
+            ([f"--tls_ca={p('empty.pem')}"], f"--tls_ca: \"{p('empty.pem')}\" is empty"),
+            ([f"--tls_ca={p('ca.pem')}", f"--tls_cert={p('client.pem')}",
+              f"--tls_key={p('missing.key')}"], "--tls_key: cannot read"),
+            (["--tls_server_name=localhost"], "--tls_server_name needs TLS"),
+        ]
+
+    def check(self, cmd, message):
+        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, f"{cmd}\n{r.stdout}\n{r.stderr}")
+        self.assertIn(message, r.stderr, cmd)
+
+    def test_worker_refuses_bad_tls_flags(self):
+        for flags, message in self.cases():
+            with self.subTest(flags=flags):
+                self.check([ARGS.worker, "--controller=127.0.0.1:1", "--steps=1", *flags], message)
+        # Under mpirun too, as a job is really started.
+        flags, message = self.cases()[0]
+        self.check([ARGS.mpirun, "--oversubscribe", "-np", "2", ARGS.worker, *WORKER_SMALL,
+                    "--controller=127.0.0.1:1", "--steps=1", *flags], message)
+
+    def test_sim_refuses_bad_tls_flags(self):
+        for flags, message in self.cases():
+            with self.subTest(flags=flags):
+                self.check([ARGS.sim, "--controller=127.0.0.1:1", "--groups=1", "--tp=2",
+                            "--steps=1", *flags], message)
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    for flag in ("spgated", "worker", "sim", "mpirun"):
+        parser.add_argument(f"--{flag}", required=True)
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()

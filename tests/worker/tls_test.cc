@@ -1,0 +1,99 @@
+// The clients' one TLS rule (worker/client/tls.h): which combinations are refused, how
+// the refusal names the setting in each spelling, and that files are read and checked
+// before anything is dialled. Table-driven; the handshake itself is tested end to end
+// (c_api_test, tests/integration/tls_clients_test.py).
+#include "worker/client/tls.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate::client {
+namespace {
+
+namespace fs = std::filesystem;
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::NotNull;
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "tls_test.XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    std::ofstream(dir_ / "a.pem") << "-----BEGIN CERTIFICATE-----\nroots\n";
+    std::ofstream(dir_ / "c.pem") << "chain";
+    std::ofstream(dir_ / "k.pem") << "key";
+    std::ofstream(dir_ / "empty.pem");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string P(const char* name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+TEST_F(TlsTest, FilesAreReadAsGiven) {
+  absl::StatusOr<TlsPem> pem =
+      ReadTlsFiles({.ca = P("a.pem"), .cert = P("c.pem"), .key = P("k.pem")});
+  ASSERT_THAT(pem, IsOk());
+  EXPECT_EQ(pem->roots, "-----BEGIN CERTIFICATE-----\nroots\n");
+  EXPECT_EQ(pem->cert_chain, "chain");
+  EXPECT_EQ(pem->private_key, "key");
+  // Roots alone (TLS, no client certificate) and nothing at all (plaintext) are fine.
+  EXPECT_THAT(ReadTlsFiles({.ca = P("a.pem"), .server_name = "spgated"}), IsOk());
+  EXPECT_THAT(ReadTlsFiles({}), IsOk());
+}
+
+TEST_F(TlsTest, BadCombinationsAndFilesAreRefusedNamingTheSetting) {
+  struct Case {
+    TlsClientOptions options;
+    std::string flag_message;    // kTlsFlagNames
+    std::string option_message;  // kTlsOptionNames
+  };
+  const Case cases[] = {
+      {{.cert = P("c.pem")}, "--tls_cert and --tls_key go together", "tls_cert and tls_key go"},
+      {{.ca = P("a.pem"), .key = P("k.pem")}, "--tls_cert and --tls_key go together",
+       "tls_cert and tls_key go"},
+      {{.server_name = "spgated"}, "--tls_server_name needs TLS: give --tls_ca",
+       "tls_server_name needs TLS: give tls_ca"},
+      {{.ca = P("missing.pem")}, "--tls_ca: cannot read \"" + P("missing.pem") + "\"",
+       "tls_ca: cannot read"},
+      {{.ca = P("empty.pem")}, "--tls_ca: \"" + P("empty.pem") + "\" is empty",
+       "tls_ca: \"" + P("empty.pem") + "\" is empty"},
+      {{.cert = P("c.pem"), .key = P("missing.pem")}, "--tls_key: cannot read",
+       "tls_key: cannot read"},
+      {{.cert = P("empty.pem"), .key = P("k.pem")}, "--tls_cert: \"", "tls_cert: \""},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(ReadTlsFiles(c.options, kTlsFlagNames),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.flag_message)));
+    EXPECT_THAT(ReadTlsFiles(c.options, kTlsOptionNames),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.option_message)));
+    EXPECT_THAT(TlsChannelCredentials(c.options, kTlsFlagNames),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.flag_message)));
+  }
+}
+
+// Which kind they are shows only in a handshake (the end-to-end tests); here: every
+// valid combination, also the force switch (Python's tls={}: the system's roots), yields
+// credentials.
+TEST_F(TlsTest, ValidCombinationsYieldCredentials) {
+  for (const TlsClientOptions& o :
+       {TlsClientOptions{}, TlsClientOptions{.ca = P("a.pem")}, TlsClientOptions{.force_tls = true},
+        TlsClientOptions{.cert = P("c.pem"), .key = P("k.pem"), .server_name = "spgated"}}) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds = TlsChannelCredentials(o);
+    ASSERT_THAT(creds, IsOk());
+    EXPECT_THAT(*creds, NotNull());
+  }
+}
+
+}  // namespace
+}  // namespace spgate::client
