@@ -66,7 +66,9 @@ ABSL_FLAG(absl::Duration, decision_deadline, absl::Milliseconds(20),
           "How long the group leader waits for the daemon's decision before deciding locally");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
           "Before the first step, how long the group leader waits for the daemon's stream");
-ABSL_FLAG(uint64_t, memory_budget, 0, "Device memory budget in bytes for the memory gate; 0: none");
+ABSL_FLAG(uint64_t, memory_budget, 0,
+          "Memory budget in bytes for the memory gate; 0: the device's (a CUDA device's total "
+          "memory; on CPU the host's physical memory shared by the node's ranks)");
 ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
 ABSL_FLAG(int64_t, attention_query_block, 1024,
           "Query rows whose attention scores are materialised at once (bounds the attention "

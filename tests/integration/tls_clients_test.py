@@ -165,16 +165,16 @@ class BadTlsFlagsTest(unittest.TestCase):
     def test_worker_refuses_bad_tls_flags(self):
         for flags, message in self.cases():
             with self.subTest(flags=flags):
-                self.check([ARGS.worker, "--controller=127.0.0.1:1", "--steps=1", *flags], message)
+                self.check([ARGS.worker, "--controller=127.0.0.1:1", "--job_id=tls-flags", "--steps=1", *flags], message)
         # Under mpirun too, as a job is really started.
         flags, message = self.cases()[0]
         self.check([ARGS.mpirun, "--oversubscribe", "-np", "2", ARGS.worker, *WORKER_SMALL,
-                    "--controller=127.0.0.1:1", "--steps=1", *flags], message)
+                    "--controller=127.0.0.1:1", "--job_id=tls-flags", "--steps=1", *flags], message)
 
     def test_sim_refuses_bad_tls_flags(self):
         for flags, message in self.cases():
             with self.subTest(flags=flags):
-                self.check([ARGS.sim, "--controller=127.0.0.1:1", "--groups=1", "--tp=2",
+                self.check([ARGS.sim, "--controller=127.0.0.1:1", "--job_id=tls-flags", "--groups=1", "--tp=2",
                             "--steps=1", *flags], message)
 
 

@@ -122,6 +122,33 @@ TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   EXPECT_FALSE(s->decision_latency_s.empty());
   (*daemon)->Shutdown(absl::Seconds(2));
 }
+
+// A relaunched job under the same job id gets decisions for its own batches, not the
+// previous launch's cached answers for the same (group, step) (docs/design.md §10). The
+// first launch runs near-uniform batches (SP everywhere); the second, same job id and a
+// new incarnation (each RunLive makes its own), a bimodal mix that trips the CV gate —
+// before job incarnations it got the first launch's 100% "sp / gates_passed".
+TEST(SimRunTest, ARelaunchUnderTheSameJobIdIsDecidedAfresh) {
+  auto daemon = server::Daemon::Start({});
+  ASSERT_THAT(daemon.status(), IsOk());
+  SimOptions o = Small();
+  o.controller = (*daemon)->worker_address();
+  o.job_id = "relaunched";
+  o.deadline = absl::Milliseconds(200);
+  o.bucketing = false;
+  o.lengths = "uniform:min=4000,max=4096";
+  absl::StatusOr<Summary> first = RunLive(o);
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(first->decisions["tp_only"]["length_cv"], 0);
+  o.lengths = "bimodal:short=256,long=16000,p_long=0.5";
+  absl::StatusOr<Summary> second = RunLive(o);
+  ASSERT_THAT(second.status(), IsOk());
+  EXPECT_GT(second->decisions["tp_only"]["length_cv"], Total(*second) / 4)
+      << "the relaunch must be decided for its own batches";
+  EXPECT_GT(second->sources["daemon"], Total(*second) * 9 / 10);
+  EXPECT_EQ(second->consistency_violations, 0);
+  (*daemon)->Shutdown(absl::Seconds(2));
+}
 #endif
 
 // ---------------------------------------------------------------- batches

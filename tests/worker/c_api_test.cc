@@ -185,6 +185,7 @@ class CApiTlsTest : public ::testing::Test {
     spgate_options* o = spgate_options_create();
     EXPECT_EQ(spgate_options_set(o, "controller", daemon_->worker_address().c_str()), SPGATE_OK);
     EXPECT_EQ(spgate_options_set(o, "job_id", "c-api-tls"), SPGATE_OK);
+    EXPECT_EQ(spgate_options_set(o, "incarnation", "c-api-launch"), SPGATE_OK);
     for (const auto& [name, value] : tls) {
       EXPECT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK) << spgate_last_error();
     }

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include <unistd.h>
+
 #include "worker/runtime/device.h"
 
 namespace spgate::runtime {
@@ -13,6 +15,14 @@ class CpuDevice final : public Device {
  public:
   MemorySpace space() const override { return MemorySpace::kHost; }
   std::string name() const override { return "cpu"; }
+  absl::StatusOr<uint64_t> TotalMemoryBytes() const override {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) {
+      return absl::UnavailableError("cannot read the host's physical memory size (sysconf)");
+    }
+    return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+  }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;

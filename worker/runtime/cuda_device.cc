@@ -39,6 +39,11 @@ class CudaDevice final : public Device {
 
   MemorySpace space() const override { return MemorySpace::kCuda; }
   std::string name() const override { return absl::StrCat("cuda:", ordinal_); }
+  absl::StatusOr<uint64_t> TotalMemoryBytes() const override {
+    size_t free = 0, total = 0;
+    SPGATE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
+    return static_cast<uint64_t>(total);
+  }
   cudaStream_t stream() const override { return stream_; }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override {

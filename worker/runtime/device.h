@@ -44,6 +44,9 @@ class Device {
 
   virtual MemorySpace space() const = 0;
   virtual std::string name() const = 0;
+  // The memory this device has in all: a CUDA device's total memory, the host's physical
+  // memory for the CPU device. The worker's default memory budget comes from it.
+  virtual absl::StatusOr<uint64_t> TotalMemoryBytes() const = 0;
   // The CUDA stream every operation is enqueued on (null on the CPU).
   virtual cudaStream_t stream() const { return nullptr; }
 

@@ -204,6 +204,23 @@ absl::StatusOr<double> VerifyBatch(TransformerStack& stack, const MicroBatch& mb
   return diff;
 }
 
+// The memory budget every plan carries, so the memory gate always applies: the flag's,
+// else the device's — a CUDA device's total memory, or the host's physical memory shared
+// by the ranks on this node (docs/design.md §3: never TP-only when it does not fit).
+absl::StatusOr<uint64_t> MemoryBudget(const RankContext& cx) {
+  if (cx.o.memory_budget_bytes > 0) return cx.o.memory_budget_bytes;
+  ASSIGN_OR_RETURN(const uint64_t total, cx.device->TotalMemoryBytes());
+  if (cx.device->space() == MemorySpace::kCuda) return total;
+  MPI_Comm node;
+  SPGATE_MPI_RETURN_IF_ERROR(
+      MPI_Comm_split_type(cx.grid.world(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 1;
+  const int rc = MPI_Comm_size(node, &local);
+  MPI_Comm_free(&node);
+  SPGATE_MPI_RETURN_IF_ERROR(rc);
+  return total / static_cast<uint64_t>(std::max(local, 1));
+}
+
 absl::StatusOr<RankResult> Run(const RankContext& cx) {
   const WorkerOptions& o = cx.o;
   const ProcessGrid& grid = cx.grid;
@@ -211,6 +228,8 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
   const bool auto_mode = o.mode == ModeChoice::kAuto;
   const MemorySpace space = cx.device->space();
 
+  // Collective (node-local ranks): every rank computes it, before anything else.
+  ASSIGN_OR_RETURN(const uint64_t budget, MemoryBudget(cx));
   MemoryArena arena(cx.device);
   ASSIGN_OR_RETURN(auto stack,
                    TransformerStack::Create({.shape = o.shape, .tp = o.tp,
@@ -233,7 +252,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     co.group_size = o.tp;
     co.global_rank = grid.world_rank();
     co.model = {o.shape.layers, o.shape.hidden, o.shape.heads, o.shape.ffn_hidden};
-    co.memory_budget_bytes = o.memory_budget_bytes;
+    co.memory_budget_bytes = budget;
     co.initial_config = o.initial_config;
     co.decision_deadline = o.decision_deadline;
     co.seed = o.seed * 7919 + grid.world_rank() + 1;
@@ -285,7 +304,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
           {.step = step, .lengths = batch.lengths,
            .predicted_peak_bytes_sp = Predict(o, Mode::kSequenceParallel, space, batch.lengths),
            .predicted_peak_bytes_tp = Predict(o, Mode::kTensorParallelOnly, space, batch.lengths),
-           .memory_budget_bytes = o.memory_budget_bytes}));
+           .memory_budget_bytes = budget}));
     }
     return absl::OkStatus();
   };
