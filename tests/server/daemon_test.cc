@@ -236,6 +236,74 @@ TEST_F(DaemonTest, ConfigUpdatesArePushedWithEffectiveFromStep) {
   stream->Finish();
 }
 
+// One unauthenticated call used to take a group out of the daemon's hands: a unary
+// Decide for the group with step 10^15 made the daemon refuse every later plan. Now a
+// plan needs the leader's session, and a plan too far ahead is refused without changing
+// anything: the group keeps getting the daemon's decisions.
+TEST_F(DaemonTest, ForeignOrFarFuturePlansCannotTakeAGroupAway) {
+  Start();
+  Register("job1", 0, 0, 2);
+  const v1::RegisterResponse follower = Register("job1", 0, 1, 2);
+  for (int64_t step = 0; step < 5; ++step) {
+    ASSERT_THAT(Decide(Plan("job1", 0, step, {4096})).status(), IsOk());
+  }
+  const int64_t far = 1'000'000'000'000'000;
+  auto unary = [&](const std::string& session, int64_t step) {
+    v1::DecideRequest req;
+    *req.mutable_plan() = Plan("job1", 0, step, {4096});
+    req.set_session_id(session);
+    v1::Decision d;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    return FromGrpcStatus(worker_->Decide(&ctx, req, &d));
+  };
+  EXPECT_THAT(unary("", far), StatusIs(absl::StatusCode::kUnauthenticated));
+  EXPECT_THAT(unary("0000000000000000ffffffffffffffff", far),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(unary(follower.session_id(), far),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("leader")));
+  EXPECT_THAT(Decide(Plan("job1", 0, far, {4096})).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_plan_lead_steps")));
+  // A plan for a job the session does not belong to creates nothing.
+  EXPECT_THAT(unary(follower.session_id(), 0), StatusIs(absl::StatusCode::kPermissionDenied));
+  auto next = Decide(Plan("job1", 0, 5, {4096}));
+  ASSERT_THAT(next.status(), IsOk()) << "the group must still be the daemon's";
+  EXPECT_EQ(next->step(), 5);
+  const std::string text = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"not_leader\"} 2"));
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"step_too_far\"} 1"));
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"unknown_session\"} 1"));
+}
+
+TEST_F(DaemonTest, WorkerTokenGuardsEveryWorkerCall) {
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/worker-token") << "s3cret\n";
+  DaemonOptions opts;
+  opts.worker_token_file = dir + "/worker-token";
+  Start(opts);
+  v1::RegisterRequest r;
+  r.set_job_id("tenant");
+  r.set_incarnation("launch-1");
+  r.set_group_size(1);
+  auto call = [&](const std::string& token) {
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    return FromGrpcStatus(worker_->Register(&ctx, r, &resp));
+  };
+  EXPECT_THAT(call(""), StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("worker token")));
+  EXPECT_THAT(call("guess"), StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(call("s3cret"), IsOk());
+  // The stream too: refused before it starts.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = worker_->Connect(&ctx);
+  v1::DaemonMessage in;
+  EXPECT_FALSE(stream->Read(&in));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
 TEST_F(DaemonTest, AdminErrorsUseTheRightCodes) {
   Start();
   // Invalid fields name the field.
