@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/convert.h"
 #include "common/status_macros.h"
@@ -334,7 +335,13 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
   v1::GateConfig overrides = global ? next.global_overrides
                                     : (it == next.jobs.end() ? v1::GateConfig()
                                                              : it->second.overrides);
+  const v1::GateConfig before = overrides;
   RETURN_IF_ERROR(ApplyFieldMask(r.config(), r.update_mask(), &overrides));
+  if (google::protobuf::util::MessageDifferencer::Equals(before, overrides)) {
+    // Nothing changes (an empty mask with no fields, or the values already set): no new
+    // version, no write, no audit line, nothing pushed to workers.
+    return Versioned(next, r.job_id());
+  }
   v1::AuditEntry entry;
   entry.set_rpc("UpdateGateConfig");
   RETURN_IF_ERROR(SetScopeOverrides(next, r.job_id(), std::move(overrides), &entry));

@@ -661,6 +661,36 @@ TEST_F(GateStateTest, IdleJobsAreForgotten) {
   EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
 }
 
+TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(reg->session_id(), sink).status(), IsOk());
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.3);
+  auto first = state->UpdateGateConfig(up);
+  ASSERT_THAT(first.status(), IsOk());
+  const size_t pushes = sink->updates.size();
+  ASSERT_EQ(pushes, 1u);
+  std::ifstream in(StateFilePath(dir));
+  const std::string file_before((std::istreambuf_iterator<char>(in)), {});
+  const int64_t global_before = state->GetGateConfig("")->version();
+  auto again = state->UpdateGateConfig(up);  // the value it already has
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->version(), first->version());
+  auto empty = state->UpdateGateConfig(v1::UpdateGateConfigRequest());  // no mask, no fields
+  ASSERT_THAT(empty.status(), IsOk());
+  EXPECT_EQ(empty->version(), global_before);
+  EXPECT_EQ(state->GetGateConfig("")->version(), global_before);
+  EXPECT_EQ(state->GetGateConfig("j")->version(), first->version()) << "no new version";
+  EXPECT_EQ(sink->updates.size(), pushes) << "nothing pushed to workers";
+  std::ifstream in2(StateFilePath(dir));
+  const std::string file_after((std::istreambuf_iterator<char>(in2)), {});
+  EXPECT_EQ(file_after, file_before) << "nothing written";
+}
+
 // ---- job identity and sessions (docs/design.md §10) ----
 
 TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings) {
