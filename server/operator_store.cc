@@ -311,6 +311,26 @@ v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) 
   return Versioned(layers_, job_id);
 }
 
+absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::string& job_id,
+                                              std::optional<int64_t> expected_version) const {
+  auto it = job_id.empty() ? next.jobs.end() : next.jobs.find(job_id);
+  if (!job_id.empty() && it == next.jobs.end() &&
+      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", job_id,
+        options_.max_job_scopes));
+  }
+  const int64_t scope_version =
+      job_id.empty() ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
+  if (expected_version.has_value() && *expected_version != scope_version) {
+    return absl::AbortedError(absl::StrFormat(
+        "version conflict: expected_version %d, but %s is at version %d; read it again "
+        "and retry",
+        *expected_version, ScopeName(job_id), scope_version));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
     const v1::UpdateGateConfigRequest& r, const AuditContext& audit) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
@@ -318,20 +338,10 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
   Layers next = Copy();
   const bool global = r.job_id().empty();
   auto it = global ? next.jobs.end() : next.jobs.find(r.job_id());
-  if (!global && it == next.jobs.end() &&
-      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
-        options_.max_job_scopes));
-  }
-  const int64_t scope_version =
-      global ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
-  if (r.has_expected_version() && r.expected_version() != scope_version) {
-    return absl::AbortedError(absl::StrFormat(
-        "version conflict: expected_version %d, but the %s config is at version %d; "
-        "read it again and retry",
-        r.expected_version(), global ? "global" : "job " + r.job_id(), scope_version));
-  }
+  RETURN_IF_ERROR(CheckScopeWritable(next, r.job_id(),
+                                     r.has_expected_version()
+                                         ? std::optional<int64_t>(r.expected_version())
+                                         : std::nullopt));
   v1::GateConfig overrides = global ? next.global_overrides
                                     : (it == next.jobs.end() ? v1::GateConfig()
                                                              : it->second.overrides);
@@ -381,22 +391,10 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackGateConfig(
         ScopeName(target->job_id()), ScopeName(r.job_id())));
   }
   Layers next = Copy();
-  const bool global = r.job_id().empty();
-  auto it = global ? next.jobs.end() : next.jobs.find(r.job_id());
-  if (!global && it == next.jobs.end() &&
-      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
-        options_.max_job_scopes));
-  }
-  const int64_t scope_version =
-      global ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
-  if (r.has_expected_version() && r.expected_version() != scope_version) {
-    return absl::AbortedError(absl::StrFormat(
-        "version conflict: expected_version %d, but %s is at version %d; read it again "
-        "and retry",
-        r.expected_version(), ScopeName(r.job_id()), scope_version));
-  }
+  RETURN_IF_ERROR(CheckScopeWritable(next, r.job_id(),
+                                     r.has_expected_version()
+                                         ? std::optional<int64_t>(r.expected_version())
+                                         : std::nullopt));
   v1::AuditEntry entry;
   entry.set_rpc("RollbackGateConfig");
   entry.set_rolled_back_to(r.to_version());

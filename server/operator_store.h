@@ -138,6 +138,10 @@ class OperatorStore {
   absl::Status Commit(Layers next, const std::string& changed_job, v1::AuditEntry entry,
                       const AuditContext& audit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   Layers Copy() const;
+  // A change to the scope of `job_id` ("" = global) is allowed: the job-scope cap, and the
+  // caller's expected version (ABORTED on a mismatch).
+  absl::Status CheckScopeWritable(const Layers& next, const std::string& job_id,
+                                  std::optional<int64_t> expected_version) const;
 
   const StoreOptions options_;
   OperatorListener* listener_ = nullptr;

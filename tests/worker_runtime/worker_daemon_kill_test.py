@@ -25,7 +25,7 @@ import urllib.request
 ARGS = None
 
 
-def start_daemon(spgated, state_dir, with_metrics=False):
+def start_daemon(spgated, state_dir):
     proc = subprocess.Popen(
         [spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
          "--metrics_listen=127.0.0.1:0", f"--state_dir={state_dir}"],
@@ -39,9 +39,7 @@ def start_daemon(spgated, state_dir, with_metrics=False):
         if m:
             # Keep draining its log so the daemon never blocks on a full pipe.
             threading.Thread(target=proc.stderr.read, daemon=True).start()
-            if with_metrics:
-                return proc, int(m.group(1)), int(m.group(2))
-            return proc, int(m.group(1))
+            return proc, int(m.group(1)), int(m.group(2))
     proc.kill()
     raise RuntimeError("spgated did not report its port")
 
@@ -54,10 +52,20 @@ def data_lines(path):
         return []
 
 
-class DaemonKilledMidRunTest(unittest.TestCase):
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OPENBLAS_NUM_THREADS="1")
+# A small 4-rank job: 1 layer, hidden 64, a bimodal length mix (both modes).
+SMALL_JOB = ["--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
+             "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024",
+             "--decision_deadline=200ms"]
+
+
+class DaemonTestCase(unittest.TestCase):
+    """A spgated on loopback for each test, killed and cleaned up after it."""
+
     def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="spgate-kill-")
-        self.daemon, self.port = start_daemon(ARGS.spgated, self.tmp)
+        self.tmp = tempfile.mkdtemp(prefix="spgate-worker-daemon-")
+        self.daemon, self.port, self.metrics_port = start_daemon(ARGS.spgated, self.tmp)
 
     def tearDown(self):
         if self.daemon.poll() is None:
@@ -66,18 +74,17 @@ class DaemonKilledMidRunTest(unittest.TestCase):
         self.daemon.stderr.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+
+class DaemonKilledMidRunTest(DaemonTestCase):
+
     def test_logs_identical_and_run_finishes(self):
         steps = 80
         prefix = os.path.join(self.tmp, "decisions")
         summary = os.path.join(self.tmp, "summary.json")
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OPENBLAS_NUM_THREADS="1")
+        env = ENV
         cmd = [ARGS.mpirun, "--oversubscribe", "-np", "4", ARGS.worker, "--tp=4",
-               f"--controller=127.0.0.1:{self.port}", "--job_id=kill-test",
-               "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
-               "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024",
-               f"--steps={steps}", "--decision_deadline=200ms",
-               f"--decision_log={prefix}", f"--summary_json={summary}"]
+               f"--controller=127.0.0.1:{self.port}", "--job_id=kill-test", *SMALL_JOB,
+               f"--steps={steps}", f"--decision_log={prefix}", f"--summary_json={summary}"]
         job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
         # Kill the daemon once the job is well under way.
@@ -143,33 +150,17 @@ def metric(text, name, labels):
     return None
 
 
-class LiveDaemonTelemetryTest(unittest.TestCase):
+class LiveDaemonTelemetryTest(DaemonTestCase):
     """With the daemon up for the whole run, no telemetry is lost, and the worker's
     count of it agrees with the daemon's own."""
-
-    def setUp(self):
-        self.tmp = tempfile.mkdtemp(prefix="spgate-live-")
-        self.daemon, self.port, self.metrics_port = start_daemon(
-            ARGS.spgated, self.tmp, with_metrics=True)
-
-    def tearDown(self):
-        if self.daemon.poll() is None:
-            self.daemon.kill()
-        self.daemon.wait()
-        self.daemon.stderr.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def test_no_telemetry_lost(self):
         steps = 30
         summary = os.path.join(self.tmp, "summary.json")
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   OPENBLAS_NUM_THREADS="1")
         cmd = [ARGS.mpirun, "--oversubscribe", "-np", "4", ARGS.worker, "--tp=2",
-               f"--controller=127.0.0.1:{self.port}", "--job_id=live-telemetry",
-               "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
-               "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024",
-               f"--steps={steps}", "--decision_deadline=200ms", f"--summary_json={summary}"]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+               f"--controller=127.0.0.1:{self.port}", "--job_id=live-telemetry", *SMALL_JOB,
+               f"--steps={steps}", f"--summary_json={summary}"]
+        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(summary) as f:
             s = json.load(f)
