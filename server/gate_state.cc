@@ -1,4 +1,6 @@
-// The daemon's live state; see gate_state.h for the invariants.
+// The daemon's live state: the worker path, sessions and launches, operator changes,
+// housekeeping. See gate_state.h for the invariants; the admin views are in
+// gate_state_views.cc.
 #include "server/gate_state.h"
 
 #include <algorithm>
@@ -13,44 +15,20 @@
 #include "common/status_macros.h"
 #include "policy/config_schedule.h"
 #include "policy/group_state.h"
+#include "server/gate_state_internal.h"
 #include "server/job_id.h"
 #include "server/operator_store.h"
 
 namespace spgate::server {
 namespace {
 
-constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
-constexpr int kPendingSlots = 16;
-constexpr int64_t kModeWindowSteps = 512;
-
-// One step's telemetry while the group's ranks report it (max over ranks, docs/design.md
-// §2); finalized once every rank reported or a newer step needs the slot.
-struct PendingStep {
-  int64_t step = kNoStep;
-  bool finalized = false;
-  int reported = 0;
-  Mode mode = Mode::kSequenceParallel;
-  double step_time = 0, rs_share = 0, all_gather = 0, norm_share = 0;
-  int64_t tokens = 0, padding = 0;
-  uint64_t peak = 0;
-};
-
-struct Rank {
-  int global_rank = 0;
-  std::string host;
-  absl::Time last_seen;
-  int streams = 0;
-};
-
-struct ModeWindow {
-  RollingWindow step_time{kModeWindowSteps};
-  RollingWindow tokens{kModeWindowSteps};
-  RollingWindow peak{kModeWindowSteps};
-};
-
-bool Active(const std::optional<PinState>& pin, absl::Time now) {
-  return pin.has_value() && pin->expire > now;
-}
+using gate_state_internal::Active;
+using gate_state_internal::AsDirective;
+using gate_state_internal::kNoStep;
+using gate_state_internal::kPendingSlots;
+using gate_state_internal::ModeWindow;
+using gate_state_internal::PendingStep;
+using gate_state_internal::Rank;
 
 constexpr size_t kMaxIncarnationLength = 128;
 constexpr size_t kRetiredIncarnationsKept = 16;
@@ -73,42 +51,6 @@ absl::Status ValidateIncarnation(std::string_view incarnation) {
 }
 
 }  // namespace
-
-struct GateState::Group {
-  int index = 0;
-  int size = 1;
-  GroupPolicyState policy;
-  ConfigSchedule schedule;
-  RollingWindow all_gather{50}, norm_stall{50};
-  // The newest decisions, ascending by step (steps strictly increase per group), so a
-  // retry is a binary search. Grows with use up to decision_cache_steps entries.
-  std::deque<DecisionRecord> cache;
-  PendingStep pending[kPendingSlots];
-  std::map<int, Rank> ranks;
-  absl::Time last_activity;
-  std::unique_ptr<GroupMetrics> metrics;
-
-  const DecisionRecord* Cached(int64_t step) const {
-    auto it = std::lower_bound(cache.begin(), cache.end(), step,
-                               [](const DecisionRecord& d, int64_t s) { return d.step < s; });
-    return it != cache.end() && it->step == step ? &*it : nullptr;
-  }
-};
-
-struct GateState::Job {
-  std::string id;
-  std::string incarnation;                  // the launch whose live state this is
-  std::deque<std::string> retired;          // launches it replaced, newest last
-  JobOperatorView op;  // effective config and pins, from the operator store
-  std::map<int, std::unique_ptr<Group>> groups;
-  ModeWindow modes[kModeSlots];
-  int64_t decisions[kModeSlots][kNumReasons] = {};
-  int64_t local_decisions = 0;
-  absl::flat_hash_map<std::string, std::weak_ptr<SessionSink>> sinks;
-  uint64_t memory_budget = 0;
-  absl::Time last_activity;
-  std::unique_ptr<JobMetrics> metrics;
-};
 
 GateState::GateState(StateOptions options, Metrics* metrics, const OperatorStore* store)
     : options_(std::move(options)), metrics_(metrics), store_(store) {}
@@ -250,10 +192,6 @@ std::optional<PinState> GateState::ActivePin(const Job& job, int group) const {
   return std::nullopt;
 }
 
-static std::optional<PinDirective> AsDirective(const std::optional<PinState>& pin) {
-  if (!pin) return std::nullopt;
-  return PinDirective(pin->mode, pin->force);
-}
 
 void GateState::RefreshJob(Job& job,
                            std::vector<std::pair<std::shared_ptr<SessionSink>, ConfigPush>>* pushes) {
@@ -479,10 +417,17 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     const double rs_mean = g->policy.rs_wait().mean;
     const std::optional<PinState> pin = ActivePin(*job, plan.group);
     const GateOutcome outcome = g->policy.Decide(config.config, facts, AsDirective(pin));
-    decision = DecisionRecord{job_id,           plan.group,  plan.step,
-                              outcome.decision.mode, outcome.decision.reason,
-                              config.version,   stats.cv,    rs_mean,
-                              Now()};
+    decision = DecisionRecord{.job_id = job_id,
+                              .group = plan.group,
+                              .step = plan.step,
+                              .mode = outcome.decision.mode,
+                              .reason = outcome.decision.reason,
+                              .config_version = config.version,
+                              .length_cv = stats.cv,
+                              .rolling_rs_wait_share = rs_mean,
+                              .time = Now(),
+                              .pin_expire = std::nullopt,
+                              .pin_forced = false};
     if (decision.reason == Reason::kPinned) {
       decision.pin_expire = pin->expire;
       decision.pin_forced = pin->force;
@@ -623,159 +568,6 @@ absl::StatusOr<int64_t> GateState::Heartbeat(
     }
   }
   return session.telemetry_received.load(std::memory_order_relaxed);
-}
-
-// ---------------------------------------------------------------------------------------
-// Admin views
-
-GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
-  const absl::Time now = Now();
-  GroupView out;
-  out.group = g.index;
-  out.group_size = g.size;
-  for (const auto& [r, rank] : g.ranks) {
-    (now - rank.last_seen > options_.stale_after ? out.ranks_stale : out.ranks_active)++;
-  }
-  const GroupGateState& gate = g.policy.gate();
-  out.has_decision = gate.has_decision;
-  if (gate.has_decision) {
-    out.mode = gate.mode;
-    out.reason = gate.reason;
-    out.last_step = gate.last_step;
-  }
-  out.rolling_rs_wait_share = g.policy.rs_wait().mean;
-  out.all_gather_tail_s = g.all_gather.Quantile(0.95);
-  out.norm_stall_ratio = g.norm_stall.Mean();
-  out.rs_wait_fallback = gate.rs_wait_fallback;
-  out.mode_switches = gate.mode_switches;
-  if (auto it = job.op.group_pins.find(g.index);
-      it != job.op.group_pins.end() && it->second.expire > now) {
-    out.pin = PinView{job.id, g.index, it->second.mode, it->second.expire, it->second.force};
-  }
-  return out;
-}
-
-JobSummaryView GateState::SummaryOf(const Job& job) const {
-  JobSummaryView s;
-  s.job_id = job.id;
-  s.incarnation = job.incarnation;
-  s.groups = static_cast<int>(job.groups.size());
-  for (int m = 1; m < kModeSlots; ++m) {
-    for (int r = 0; r < kNumReasons; ++r) s.steps_decided += job.decisions[m][r];
-  }
-  for (const auto& [gi, g] : job.groups) {
-    const GroupView v = ViewOfGroup(job, *g);
-    s.ranks_active += v.ranks_active;
-    s.ranks_stale += v.ranks_stale;
-    if (v.has_decision) ++(v.mode == Mode::kSequenceParallel ? s.sp_groups : s.tp_groups);
-  }
-  s.config_version = job.op.effective_version;
-  return s;
-}
-
-std::vector<JobSummaryView> GateState::ListJobs() const {
-  ReaderMutexLock lock(&mu_);
-  std::vector<JobSummaryView> out;
-  out.reserve(jobs_.size());
-  for (const auto& [id, job] : jobs_) out.push_back(SummaryOf(*job));
-  std::sort(out.begin(), out.end(),
-            [](const JobSummaryView& a, const JobSummaryView& b) { return a.job_id < b.job_id; });
-  return out;
-}
-
-absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  ReaderMutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(const Job* found, FindJob(job_id, std::nullopt));
-  const Job& job = *found;
-  JobView out;
-  out.summary = SummaryOf(job);
-  for (const auto& [gi, g] : job.groups) out.groups.push_back(ViewOfGroup(job, *g));
-  const ModeWindow& tp = job.modes[static_cast<int>(Mode::kTensorParallelOnly)];
-  const double tp_tps = tp.step_time.Sum() > 0 ? tp.tokens.Sum() / tp.step_time.Sum() : 0;
-  const double tp_p95 = tp.step_time.Quantile(0.95);
-  const double tp_peak = tp.peak.Max();
-  for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
-    const ModeWindow& w = job.modes[static_cast<int>(mode)];
-    ModeStatsView ms;
-    ms.mode = mode;
-    ms.steps = w.step_time.size();
-    ms.effective_tokens_per_s = w.step_time.Sum() > 0 ? w.tokens.Sum() / w.step_time.Sum() : 0;
-    ms.step_time_p95_s = w.step_time.Quantile(0.95);
-    ms.peak_memory_bytes = static_cast<uint64_t>(w.peak.Max());
-    if (!tp.step_time.empty() && !w.step_time.empty()) {
-      ms.compared_to_tp = true;
-      ms.tokens_per_s_vs_tp = tp_tps > 0 ? ms.effective_tokens_per_s / tp_tps : 0;
-      ms.step_time_p95_vs_tp = tp_p95 > 0 ? ms.step_time_p95_s / tp_p95 : 0;
-      ms.peak_memory_vs_tp = tp_peak > 0 ? w.peak.Max() / tp_peak : 0;
-    }
-    out.mode_stats.push_back(ms);
-  }
-  for (int m = 1; m < kModeSlots; ++m) {
-    for (int r = 1; r < kNumReasons; ++r) {
-      if (job.decisions[m][r] == 0) continue;
-      out.decisions.push_back({static_cast<Mode>(m), static_cast<Reason>(r), job.decisions[m][r]});
-    }
-  }
-  const absl::Time now = Now();
-  if (Active(job.op.pin, now)) {
-    out.pins.push_back(
-        PinView{job.id, std::nullopt, job.op.pin->mode, job.op.pin->expire, job.op.pin->force});
-  }
-  // Every pin in force, also for groups that have not registered (yet, or again after a
-  // restart): an operator may pin a group before its ranks come back.
-  for (const auto& [group, pin] : job.op.group_pins) {
-    if (pin.expire > now) {
-      out.pins.push_back(PinView{job.id, group, pin.mode, pin.expire, pin.force});
-    }
-  }
-  out.local_decisions = job.local_decisions;
-  return out;
-}
-
-absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
-  ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(in.lengths));
-  if (in.rs_wait_share.has_value() &&
-      (!std::isfinite(*in.rs_wait_share) || *in.rs_wait_share < 0 || *in.rs_wait_share > 1)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rs_wait_share: must be finite and in [0, 1], got %g", *in.rs_wait_share));
-  }
-  RETURN_IF_ERROR(ValidateGateConfig(in.config));
-  if (in.group.has_value() && in.job_id.empty()) {
-    return absl::InvalidArgumentError("group: needs job_id");
-  }
-  ReaderMutexLock lock(&mu_);
-  GroupPolicyState fresh;
-  const GroupPolicyState* policy = &fresh;
-  std::optional<PinDirective> pin;
-  int64_t step = 0;
-  if (!in.job_id.empty()) {
-    ASSIGN_OR_RETURN(const Job* job, FindJob(in.job_id, in.group));
-    if (in.group.has_value()) {
-      const Group& g = *job->groups.at(*in.group);
-      policy = &g.policy;
-      pin = AsDirective(ActivePin(*job, *in.group));
-      step = g.policy.gate().has_decision ? g.policy.gate().last_step + 1 : 0;
-    }
-  }
-  const BatchFacts facts{.step = step,
-                         .length_cv = stats.cv,
-                         .predicted_peak_bytes_sp = in.predicted_peak_bytes_sp,
-                         .predicted_peak_bytes_tp = in.predicted_peak_bytes_tp,
-                         .memory_budget_bytes = in.memory_budget_bytes};
-  WhatIfResult out;
-  GateOutcome outcome;
-  double rs_mean = policy->rs_wait().mean;
-  if (in.rs_wait_share.has_value()) {
-    rs_mean = *in.rs_wait_share;
-    outcome = EvaluateGates(in.config, policy->gate(), facts, {rs_mean, 1}, pin, &out.checks);
-  } else {
-    outcome = policy->Peek(in.config, facts, pin, &out.checks);
-  }
-  out.decision = DecisionRecord{in.job_id,         in.group.value_or(0),    step,
-                                outcome.decision.mode, outcome.decision.reason, in.config_version,
-                                stats.cv,          rs_mean,                 Now()};
-  return out;
 }
 
 void GateState::AddWatcher(std::shared_ptr<DecisionWatcher> watcher) {

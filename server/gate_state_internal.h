@@ -1,0 +1,104 @@
+// The live state's private parts, shared by its two implementation files:
+// gate_state.cc (the worker path, sessions, operator changes, housekeeping) and
+// gate_state_views.cc (the admin views and what-if). Not for other users: everything
+// here is guarded by GateState's mutex (docs/design.md §4, §8).
+#ifndef SPGATE_SERVER_GATE_STATE_INTERNAL_H_
+#define SPGATE_SERVER_GATE_STATE_INTERNAL_H_
+
+#include <deque>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "policy/config_schedule.h"
+#include "policy/group_state.h"
+#include "policy/rolling_window.h"
+#include "server/gate_state.h"
+#include "server/metrics.h"
+
+namespace spgate::server {
+namespace gate_state_internal {
+
+constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
+constexpr int kPendingSlots = 16;
+constexpr int64_t kModeWindowSteps = 512;
+
+// One step's telemetry while the group's ranks report it (max over ranks, docs/design.md
+// §2); finalized once every rank reported or a newer step needs the slot.
+struct PendingStep {
+  int64_t step = kNoStep;
+  bool finalized = false;
+  int reported = 0;
+  Mode mode = Mode::kSequenceParallel;
+  double step_time = 0, rs_share = 0, all_gather = 0, norm_share = 0;
+  int64_t tokens = 0, padding = 0;
+  uint64_t peak = 0;
+};
+
+struct Rank {
+  int global_rank = 0;
+  std::string host;
+  absl::Time last_seen;
+  int streams = 0;
+};
+
+struct ModeWindow {
+  RollingWindow step_time{kModeWindowSteps};
+  RollingWindow tokens{kModeWindowSteps};
+  RollingWindow peak{kModeWindowSteps};
+};
+
+inline bool Active(const std::optional<PinState>& pin, absl::Time now) {
+  return pin.has_value() && pin->expire > now;
+}
+
+inline std::optional<PinDirective> AsDirective(const std::optional<PinState>& pin) {
+  if (!pin) return std::nullopt;
+  return PinDirective(pin->mode, pin->force);
+}
+
+}  // namespace gate_state_internal
+
+struct GateState::Group {
+  int index = 0;
+  int size = 1;
+  GroupPolicyState policy;
+  ConfigSchedule schedule;
+  RollingWindow all_gather{50}, norm_stall{50};
+  // The newest decisions, ascending by step (steps strictly increase per group), so a
+  // retry is a binary search. Grows with use up to decision_cache_steps entries.
+  std::deque<DecisionRecord> cache;
+  gate_state_internal::PendingStep pending[gate_state_internal::kPendingSlots];
+  std::map<int, gate_state_internal::Rank> ranks;
+  absl::Time last_activity;
+  std::unique_ptr<GroupMetrics> metrics;
+
+  const DecisionRecord* Cached(int64_t step) const {
+    auto it = std::lower_bound(cache.begin(), cache.end(), step,
+                               [](const DecisionRecord& d, int64_t s) { return d.step < s; });
+    return it != cache.end() && it->step == step ? &*it : nullptr;
+  }
+};
+
+struct GateState::Job {
+  std::string id;
+  std::string incarnation;                  // the launch whose live state this is
+  std::deque<std::string> retired;          // launches it replaced, newest last
+  JobOperatorView op;  // effective config and pins, from the operator store
+  std::map<int, std::unique_ptr<Group>> groups;
+  gate_state_internal::ModeWindow modes[kModeSlots];
+  int64_t decisions[kModeSlots][kNumReasons] = {};
+  int64_t local_decisions = 0;
+  absl::flat_hash_map<std::string, std::weak_ptr<SessionSink>> sinks;
+  uint64_t memory_budget = 0;
+  absl::Time last_activity;
+  std::unique_ptr<JobMetrics> metrics;
+};
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_GATE_STATE_INTERNAL_H_
