@@ -22,6 +22,8 @@
 namespace spgate::server {
 namespace {
 
+constexpr int64_t kMaxVersionCounter = int64_t{1} << 62;
+
 using google::protobuf::util::TimeUtil;
 
 google::protobuf::Timestamp ToTimestamp(absl::Time t) {
@@ -100,6 +102,12 @@ absl::Status OperatorStore::ValidateJobs(const Layers& layers, const GateConfig&
 absl::StatusOr<OperatorStore::Layers> OperatorStore::FromPersisted(const v1::PersistedState& p,
                                                                    absl::Time now) {
   Layers l;
+  // Every change adds one to the counter; one that no daemon could have reached (or a
+  // negative one) would overflow or repeat versions, so the file is refused.
+  if (p.version_counter() < 0 || p.version_counter() > kMaxVersionCounter) {
+    return absl::InvalidArgumentError(absl::StrCat("version_counter ", p.version_counter(),
+                                                   " out of range [0, ", kMaxVersionCounter, "]"));
+  }
   l.version_counter = p.version_counter();
   l.global_overrides = p.global_overrides();
   l.global_version = p.global_version();
@@ -227,10 +235,12 @@ v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
       j->set_version(job.version);
       *j->mutable_update_time() = ToTimestamp(job.update_time);
     }
+    // A named reference: clang before 16 cannot capture a structured binding.
+    const std::string& job_id = id;
     auto add_pin = [&](const PinState& p, std::optional<int> group) {
       if (p.expire <= now) return;
       auto* pin = s.add_pins();
-      pin->set_job_id(id);
+      pin->set_job_id(job_id);
       if (group) pin->set_group(*group);
       pin->set_mode(ToProto(p.mode));
       *pin->mutable_expire_time() = ToTimestamp(p.expire);

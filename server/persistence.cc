@@ -81,9 +81,14 @@ std::string StateFilePath(const std::string& state_dir) {
 absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path) {
   auto text = ReadFile(path);
   if (!text.ok()) return text.status();
+  return ParseGateConfigText(path, *text);
+}
+
+absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
+                                                   const std::string& text) {
   v1::GateConfig config;
-  if (absl::Status s = ParseText(path, *text, &config); !s.ok()) return s;
-  if (absl::Status s = CheckLayered(path, "gate config", config); !s.ok()) return s;
+  if (absl::Status s = ParseText(source, text, &config); !s.ok()) return s;
+  if (absl::Status s = CheckLayered(source, "gate config", config); !s.ok()) return s;
   return config;
 }
 

@@ -21,6 +21,9 @@ std::string StateFilePath(const std::string& state_dir);
 
 // Parses a GateConfig text-format file and validates it layered over the defaults.
 absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path);
+// The same for text already read; `source` names it in errors (the file's path).
+absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
+                                                   const std::string& text);
 
 // nullopt when the state file does not exist yet.
 absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& state_dir);

@@ -379,6 +379,12 @@ TEST_F(GateStateTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
   std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: -1 }\n";
   EXPECT_THAT(OperatorStore::Create(o, {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("max_length_cv")));
+  // A version counter no daemon reaches: the next change would overflow it (found by
+  // tests/fuzz/state_file_fuzz, corpus/state_file_fuzz/12-counter-max.textproto).
+  std::ofstream(StateFilePath(dir))
+      << "version_counter: 9223372036854775807\nfile_layer { window_steps: 10 }\n";
+  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version_counter")));
 }
 
 TEST_F(GateStateTest, FailedPersistChangesNothing) {
