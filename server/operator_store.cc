@@ -29,8 +29,10 @@ using google::protobuf::util::TimeUtil;
 google::protobuf::Timestamp ToTimestamp(absl::Time t) {
   return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
 }
+// Seconds and nanoseconds separately: a far-future time in a state file would overflow a
+// count of nanoseconds (absl::Time saturates instead).
 absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
-  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(ts));
+  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
 }
 
 absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
