@@ -123,14 +123,19 @@ TlsOptions = Union[Mapping[str, str], Any]  # ca / cert / key: PEM file paths; s
 
 
 class Client:
-    """GateClient: one rank's session with spgated. Times are in seconds."""
+    """GateClient: one rank's session with spgated. Times are in seconds.
+
+    With a controller, `incarnation` names this launch of the job and must be the same on
+    every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...).
+    """
     def __init__(self, *, job_id: str, controller: str = "", group: int = 0,
                  rank_in_group: int = 0, group_size: int = 1, global_rank: int = 0,
                  host: str = "", memory_budget_bytes: int = 0,
                  decision_deadline: float = 0.020, rpc_timeout: float = 2.0,
                  initial_backoff: float = 0.1, max_backoff: float = 5.0,
                  telemetry_buffer: int = 4096, seed: int = 0,
-                 tls: Optional[TlsOptions] = None) -> None: ...
+                 tls: Optional[TlsOptions] = None, incarnation: str = "",
+                 worker_token: str = "") -> None: ...
     def submit_plan(self, step: Union[int, BatchPlan], lengths: Sequence[int] = ..., *,
                     predicted_peak_bytes_sp: int = 0, predicted_peak_bytes_tp: int = 0,
                     memory_budget_bytes: int = 0) -> None: ...
