@@ -343,7 +343,8 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
 void GateState::DetachSession(const Session& session, const SessionSink* sink) {
   MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
-  if (jit == jobs_.end()) return;
+  // A stream of a replaced launch: the live state it counted in is gone.
+  if (jit == jobs_.end() || jit->second->incarnation != session.incarnation) return;
   Job& job = *jit->second;
   auto sit = job.sinks.find(session.id);
   if (sit != job.sinks.end()) {
@@ -360,7 +361,7 @@ void GateState::DetachSession(const Session& session, const SessionSink* sink) {
 void GateState::Touch(const Session& session) {
   MutexLock lock(&mu_);
   auto jit = jobs_.find(session.job_id);
-  if (jit == jobs_.end()) return;
+  if (jit == jobs_.end() || jit->second->incarnation != session.incarnation) return;
   auto git = jit->second->groups.find(session.group);
   if (git == jit->second->groups.end()) return;
   auto rit = git->second->ranks.find(session.rank_in_group);

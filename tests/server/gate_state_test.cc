@@ -745,6 +745,10 @@ TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings)
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("incarnation")));
   EXPECT_THAT(state->Heartbeat(**rank1_a, v1::Heartbeat()).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Its streams ending later do not touch the new launch's ranks.
+  state->state->DetachSession(**rank1_a, nullptr);
+  state->state->Touch(**rank1_a);
+  EXPECT_EQ(state->GetJob("j")->groups(0).ranks_active(), 1);
   // A rank of the old launch cannot rejoin and flip the job back.
   EXPECT_THAT(state->Register(a1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("replaced")));
