@@ -41,26 +41,8 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== starting spgated on loopback"
-mkdir -p "$tmp/state"
-"$spgated" --listen=127.0.0.1:0 --admin_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
-  --state_dir="$tmp/state" 2>"$tmp/spgated.log" &
-daemon_pid=$!
-port="" metrics_port=""
-for _ in $(seq 1 200); do
-  line=$(grep -m1 "serving: worker API on port" "$tmp/spgated.log" || true)
-  if [ -n "$line" ]; then
-    port=$(sed -E 's/.*worker API on port ([0-9]+).*/\1/' <<<"$line")
-    metrics_port=$(sed -E 's/.*metrics on port ([0-9]+).*/\1/' <<<"$line")
-    break
-  fi
-  kill -0 "$daemon_pid" 2>/dev/null || break
-  sleep 0.05
-done
-if [ -z "$port" ]; then
-  echo "demo: spgated did not start:" >&2
-  cat "$tmp/spgated.log" >&2
-  exit 1
-fi
+source "$(dirname "$0")/start_spgated.sh"
+start_spgated "$spgated" "$tmp/state" "$tmp/spgated.log" demo
 echo "   $line"
 
 echo
