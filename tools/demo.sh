@@ -29,19 +29,9 @@ if ! command -v "$mpirun" >/dev/null; then
   exit 2
 fi
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/spgate-demo.XXXXXX")
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/start_spgated.sh" demo
 
 echo "== starting spgated on loopback"
-source "$(dirname "$0")/start_spgated.sh"
 start_spgated "$spgated" "$tmp/state" "$tmp/spgated.log" demo
 echo "   $line"
 

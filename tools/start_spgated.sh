@@ -1,7 +1,19 @@
-# Sourced by the demo scripts: start spgated on loopback (every port 0) and learn the
-# ports it bound from its log. Sets daemon_pid, port (worker API), metrics_port and line
-# (the log line); on failure prints the log and exits 1.
-# Usage: source tools/start_spgated.sh; start_spgated SPGATED STATE_DIR LOG NAME
+# Sourced by the demo scripts. Sourcing it makes a temp dir ($tmp) and a trap that stops
+# the daemon and removes $tmp on exit. start_spgated starts spgated on loopback (every
+# port 0) and learns the ports it bound from its log: it sets daemon_pid, port (worker
+# API), metrics_port and line (the log line); on failure it prints the log and exits 1.
+# Usage: source tools/start_spgated.sh NAME; start_spgated SPGATED STATE_DIR LOG NAME
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/spgate-${1:-demo}.XXXXXX")
+daemon_pid=""
+cleanup() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -TERM "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
 start_spgated() {
   local spgated=$1 state_dir=$2 log=$3 name=$4
   mkdir -p "$state_dir"

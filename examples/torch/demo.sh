@@ -25,19 +25,9 @@ if ! "$python" -c 'import torch' 2>/dev/null; then
   exit 2
 fi
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/spgate-torch-demo.XXXXXX")
-daemon_pid=""
-cleanup() {
-  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    kill -TERM "$daemon_pid" 2>/dev/null || true
-    wait "$daemon_pid" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/../../tools/start_spgated.sh" torch-demo
 
 echo "== starting spgated on loopback"
-source "$(dirname "$0")/../../tools/start_spgated.sh"
 start_spgated "$spgated" "$tmp" "$tmp/spgated.log" torch-demo
 echo "   $line"
 
