@@ -354,12 +354,14 @@ bool Daemon::Impl::PollConfig() {
 absl::Status Daemon::Impl::Reload() {
   absl::StatusOr<v1::GateConfig> file = LoadGateConfigFile(opts.config_path);
   absl::Status s = file.ok() ? store->ReloadConfigFile(*file) : file.status();
-  metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
+  // Log before the gauge moves: whoever watches the gauge (an alert, a test) finds the
+  // reason already in the log.
   if (!s.ok()) {
     Log(absl::StrCat("config reload failed, keeping the running config: ", s.message()));
   } else {
     Log(absl::StrCat("reloaded ", opts.config_path));
   }
+  metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
   return s;
 }
 

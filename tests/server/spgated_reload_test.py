@@ -130,7 +130,8 @@ class SighupReloadTest(ReloadHarness):
         self.proc.send_signal(signal.SIGHUP)
         self.assertEqual(self.wait_for(self.reload_ok, 0), 0, "".join(self.log))
         self.assertEqual(self.threshold(), 0.3, "an invalid file must not change the config")
-        self.assertTrue(any("config reload failed" in l for l in self.log), "".join(self.log))
+        self.assertTrue(self.wait_for(lambda: any("config reload failed" in l for l in self.log),
+                                      True), "".join(self.log))
 
         self.write("max_length_cv: 20\n")  # parses, but out of range
         self.proc.send_signal(signal.SIGHUP)
