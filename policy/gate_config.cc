@@ -4,6 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace spgate {
@@ -15,8 +18,58 @@ const GateField* FindGateField(std::string_view name) {
   return nullptr;
 }
 
+std::string_view GatePolicyName(GatePolicyKind kind) {
+  switch (kind) {
+    case GatePolicyKind::kStatic: return "STATIC";
+    case GatePolicyKind::kAdaptive: return "ADAPTIVE";
+  }
+  return "POLICY_UNSPECIFIED";
+}
+
+absl::StatusOr<GatePolicyKind> ParseGatePolicy(std::string_view field, std::string_view text) {
+  std::string lower = absl::AsciiStrToLower(absl::string_view(text.data(), text.size()));
+  if (lower == "static") return GatePolicyKind::kStatic;
+  if (lower == "adaptive") return GatePolicyKind::kAdaptive;
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s: \"%s\" is not a policy (STATIC or ADAPTIVE)", std::string(field), std::string(text)));
+}
+
 double GateFieldValue(const GateConfig& config, const GateField& field) {
+  if (field.is_choice()) return static_cast<double>(config.*field.choice);
   return field.is_count() ? static_cast<double>(config.*field.count) : config.*field.real;
+}
+
+std::string GateFieldText(const GateConfig& config, const GateField& field) {
+  if (field.is_choice()) return std::string(GatePolicyName(config.*field.choice));
+  if (field.is_count()) return absl::StrCat(config.*field.count);
+  return absl::StrCat(config.*field.real);
+}
+
+absl::Status SetGateFieldFromText(GateConfig& config, const GateField& field,
+                                  std::string_view text) {
+  const absl::string_view t(text.data(), text.size());
+  if (field.is_choice()) {
+    absl::StatusOr<GatePolicyKind> kind = ParseGatePolicy(field.name, text);
+    if (!kind.ok()) return kind.status();
+    config.*field.choice = *kind;
+    return absl::OkStatus();
+  }
+  if (field.is_count()) {
+    int64_t v;
+    if (!absl::SimpleAtoi(t, &v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: not an integer: \"%s\"", std::string(field.name), std::string(t)));
+    }
+    config.*field.count = v;
+    return absl::OkStatus();
+  }
+  double v;
+  if (!absl::SimpleAtod(t, &v) || !std::isfinite(v)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: not a finite number: \"%s\"", std::string(field.name), std::string(t)));
+  }
+  config.*field.real = v;
+  return absl::OkStatus();
 }
 
 double GateFieldValue(const GateConfig& config, std::string_view name) {
@@ -29,11 +82,20 @@ std::string_view GateFieldRangeText(GateFieldRange range) {
     case GateFieldRange::kShare: return "(0, 1]";
     case GateFieldRange::kCv: return "(0, 10]";
     case GateFieldRange::kCount: return "[1, 1000000]";
+    case GateFieldRange::kPolicy: return "STATIC|ADAPTIVE";
   }
   return "?";
 }
 
 absl::Status CheckGateField(const GateConfig& config, const GateField& field) {
+  if (field.is_choice()) {
+    const GatePolicyKind v = config.*field.choice;
+    if (v != GatePolicyKind::kStatic && v != GatePolicyKind::kAdaptive) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s must be STATIC or ADAPTIVE, got %d", field.name, static_cast<int>(v)));
+    }
+    return absl::OkStatus();
+  }
   if (field.is_count()) {
     const int64_t v = config.*field.count;
     if (v < 1 || v > 1'000'000) {

@@ -22,15 +22,29 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace spgate {
+
+// Which policy decides a job's batches (docs/design.md §3, §11). Values match
+// spgate.v1.GateConfig.Policy so conversion is a cast.
+enum class GatePolicyKind : uint8_t {
+  kStatic = 1,    // the gates of §3 with their thresholds
+  kAdaptive = 2,  // learned per-band throughput of each mode; the gates are its prior
+};
+
+// "STATIC" / "ADAPTIVE" (the proto enum names).
+std::string_view GatePolicyName(GatePolicyKind kind);
+// Case-insensitive "static" / "adaptive"; INVALID_ARGUMENT naming `field` otherwise.
+absl::StatusOr<GatePolicyKind> ParseGatePolicy(std::string_view field, std::string_view text);
 
 // Allowed values of a field. Validation refuses anything else with INVALID_ARGUMENT
 // naming the field (docs/design.md §3).
 enum class GateFieldRange : uint8_t {
-  kShare,  // a share or fraction: finite, in (0, 1]
-  kCv,     // a coefficient of variation: finite, in (0, 10]
-  kCount,  // a step count: an integer in [1, 1e6]
+  kShare,   // a share or fraction: finite, in (0, 1]
+  kCv,      // a coefficient of variation: finite, in (0, 10]
+  kCount,   // a step count: an integer in [1, 1e6]
+  kPolicy,  // a GatePolicyKind: STATIC or ADAPTIVE
 };
 
 // X(type, name, default, range, help) — in spgate.v1.GateConfig field order.
@@ -45,7 +59,21 @@ enum class GateFieldRange : uint8_t {
     "steps between SP probes in the RS_WAIT fallback")                                     \
   X(int64_t, min_dwell_steps, 20, kCount, "steps a resumed mode is held at least")         \
   X(int64_t, window_steps, 50, kCount, "steps in the rolling windows")                     \
-  X(double, memory_headroom, 0.90, kShare, "fraction of the device budget a mode may use")
+  X(double, memory_headroom, 0.90, kShare, "fraction of the device budget a mode may use")    \
+  X(GatePolicyKind, policy, GatePolicyKind::kStatic, kPolicy,                              \
+    "STATIC: the gates decide; ADAPTIVE: each mode's learned tokens/s decides")            \
+  X(double, adaptive_cv_band_width, 0.05, kCv,                                             \
+    "ADAPTIVE: width of the length-CV bands (8 bands, the last open)")                     \
+  X(int64_t, adaptive_tokens_band_base, 8192, kCount,                                      \
+    "ADAPTIVE: token-count band edges at 1x, 2x and 4x this (4 bands)")                    \
+  X(int64_t, adaptive_half_life_steps, 2000, kCount,                                        \
+    "ADAPTIVE: steps after which a throughput sample weighs half")                         \
+  X(int64_t, adaptive_min_samples, 8, kCount,                                              \
+    "ADAPTIVE: weighted samples each mode needs in a band before the band decides")        \
+  X(double, adaptive_margin, 0.01, kShare,                                                 \
+    "ADAPTIVE: TP-only only when its tokens/s beats SP's by more than this share")         \
+  X(double, adaptive_explore_share, 0.03, kShare,                                          \
+    "ADAPTIVE: at most this share of steps run the less-sampled mode (PROBE)")
 
 // The gate thresholds, every field with its default.
 struct GateConfig {
@@ -62,9 +90,12 @@ struct GateField {
   GateFieldRange range;
   double GateConfig::*real = nullptr;
   int64_t GateConfig::*count = nullptr;
+  GatePolicyKind GateConfig::*choice = nullptr;
   std::string_view help;
 
   bool is_count() const { return count != nullptr; }
+  // An enum field (the policy): not a threshold, shown and parsed by name.
+  bool is_choice() const { return choice != nullptr; }
 };
 
 namespace internal {
@@ -74,14 +105,21 @@ template <>
 struct GateFieldMember<double> {
   static constexpr GateField Make(std::string_view n, GateFieldRange r, double GateConfig::*m,
                                   std::string_view h) {
-    return GateField{n, r, m, nullptr, h};
+    return GateField{n, r, m, nullptr, nullptr, h};
   }
 };
 template <>
 struct GateFieldMember<int64_t> {
   static constexpr GateField Make(std::string_view n, GateFieldRange r, int64_t GateConfig::*m,
                                   std::string_view h) {
-    return GateField{n, r, nullptr, m, h};
+    return GateField{n, r, nullptr, m, nullptr, h};
+  }
+};
+template <>
+struct GateFieldMember<GatePolicyKind> {
+  static constexpr GateField Make(std::string_view n, GateFieldRange r,
+                                  GatePolicyKind GateConfig::*m, std::string_view h) {
+    return GateField{n, r, nullptr, nullptr, m, h};
   }
 };
 }  // namespace internal
@@ -98,13 +136,22 @@ inline constexpr size_t kNumGateFields = kGateFields.size();
 // The row named `name`; null for an unknown name.
 const GateField* FindGateField(std::string_view name);
 
-// The field's value as a double (counts are at most 1e6 once valid, so exact).
+// The field's value as a double (counts are at most 1e6 once valid, so exact; a choice
+// is its enum value).
 double GateFieldValue(const GateConfig& config, const GateField& field);
+
+// The value as text: "0.18", "50", "ADAPTIVE".
+std::string GateFieldText(const GateConfig& config, const GateField& field);
+
+// Sets the field from text (a number, or a policy name); INVALID_ARGUMENT naming the
+// field when the text is not one. The range is checked by CheckGateField, not here.
+absl::Status SetGateFieldFromText(GateConfig& config, const GateField& field,
+                                  std::string_view text);
 
 // The value of the field named `name`; NaN for an unknown name.
 double GateFieldValue(const GateConfig& config, std::string_view name);
 
-// "(0, 1]", "(0, 10]" or "[1, 1000000]": for help texts and error messages.
+// "(0, 1]", "(0, 10]", "[1, 1000000]" or "STATIC|ADAPTIVE": for help texts and errors.
 std::string_view GateFieldRangeText(GateFieldRange range);
 
 // The field's range check; the error names the field and the value.

@@ -109,7 +109,8 @@ absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths)
   return stats;
 }
 
-GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision) {
+GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision,
+                              GatePolicyKind policy) {
   GateOutcome out;
   out.decision = decision;
   GroupGateState& s = out.next;
@@ -121,8 +122,11 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   s.reason = decision.reason;
   if (decision.mode == Mode::kSequenceParallel) s.last_sp_step = step;
   switch (decision.reason) {
-    case Reason::kRsWait:
     case Reason::kProbe:
+      // ADAPTIVE exploration is not the RS_WAIT fallback's probe.
+      if (policy == GatePolicyKind::kAdaptive) break;
+      [[fallthrough]];
+    case Reason::kRsWait:
       if (!s.rs_wait_fallback) {
         // Entering the fallback. The samples that tripped the gate are discarded, so that
         // probes measure the present rather than the past. (The gates only probe while in
@@ -147,14 +151,9 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   return out;
 }
 
-GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
-                          const BatchFacts& batch, const RsWaitObservation& rs_wait,
-                          std::optional<PinDirective> pin, std::vector<GateCheck>* trace) {
-
-  auto finish = [&](Mode mode, Reason reason) {
-    return AdvanceGroupState(state, batch.step, Decision{mode, reason});
-  };
-
+std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchFacts& batch,
+                                          std::optional<PinDirective> pin,
+                                          std::vector<GateCheck>* trace) {
   // The memory gate's verdict is needed first by an unforced TP-only pin.
   const bool has_budget = batch.memory_budget_bytes != 0;
   const double limit = static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
@@ -173,7 +172,7 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
              pin->mode == Mode::kSequenceParallel ? "operator pin to sp"
              : pin->force                         ? "operator pin to tp_only (forced)"
                                                   : "operator pin to tp_only");
-      return finish(pin->mode, Reason::kPinned);
+      return Decision{pin->mode, Reason::kPinned};
     }
   } else {
     Record(trace, "pin", "pass", 0, 0, "no pin");
@@ -187,17 +186,22 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
     Record(trace, "memory", "fire", tp, limit,
            sp_fits ? "TP-only would exceed budget x headroom; SP fits"
                    : "neither mode fits budget x headroom; SP is the smaller");
-    return finish(Mode::kSequenceParallel,
-                  sp_fits ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget);
+    return Decision{Mode::kSequenceParallel,
+                    sp_fits ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
   } else {
     Record(trace, "memory", "pass", tp, limit, "TP-only fits budget x headroom");
   }
+  return std::nullopt;
+}
 
+Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
+                        const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                        std::vector<GateCheck>* trace) {
   // 3. Length CV of this batch.
   if (batch.length_cv > config.max_length_cv) {
     Record(trace, "length_cv", "fire", batch.length_cv, config.max_length_cv,
            "batch length CV above max_length_cv");
-    return finish(Mode::kTensorParallelOnly, Reason::kLengthCv);
+    return {Mode::kTensorParallelOnly, Reason::kLengthCv};
   }
   Record(trace, "length_cv", "pass", batch.length_cv, config.max_length_cv,
          "batch length CV within max_length_cv");
@@ -211,7 +215,7 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
       if (dwell_over) {
         Record(trace, "rs_wait", "fire", rs_wait.mean, config.max_rs_wait_share,
                "rolling reduce-scatter wait share above max_rs_wait_share");
-        return finish(Mode::kTensorParallelOnly, Reason::kRsWait);
+        return {Mode::kTensorParallelOnly, Reason::kRsWait};
       }
       Record(trace, "rs_wait", "pass", rs_wait.mean, config.max_rs_wait_share,
              "above threshold, but SP resumed less than min_dwell_steps ago");
@@ -221,24 +225,32 @@ GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
              rs_wait.samples > 0 ? "rolling wait share within max_rs_wait_share"
                                  : "no SP step observed yet");
     }
-    return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
+    return {Mode::kSequenceParallel, Reason::kGatesPassed};
   }
 
   // In the RS_WAIT fallback.
   if (rs_wait.samples > 0 && rs_wait.mean < reenable_below && dwell_over) {
     Record(trace, "rs_wait", "pass", rs_wait.mean, reenable_below,
            "probes measured a wait share below max_rs_wait_share - margin: SP resumes");
-    return finish(Mode::kSequenceParallel, Reason::kGatesPassed);
+    return {Mode::kSequenceParallel, Reason::kGatesPassed};
   }
   if (StepsSince(batch.step, state.last_sp_step) >= config.probe_interval_steps) {
     Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
            "in RS_WAIT fallback; probe_interval_steps since the last SP step: probe");
-    return finish(Mode::kSequenceParallel, Reason::kProbe);
+    return {Mode::kSequenceParallel, Reason::kProbe};
   }
   Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
          rs_wait.samples > 0 ? "in RS_WAIT fallback; wait share not below re-enable level"
                              : "in RS_WAIT fallback; waiting for a probe");
-  return finish(Mode::kTensorParallelOnly, Reason::kRsWait);
+  return {Mode::kTensorParallelOnly, Reason::kRsWait};
+}
+
+GateOutcome EvaluateGates(const GateConfig& config, const GroupGateState& state,
+                          const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                          std::optional<PinDirective> pin, std::vector<GateCheck>* trace) {
+  const std::optional<Decision> first = PinAndMemoryGates(config, batch, pin, trace);
+  const Decision d = first ? *first : ThresholdGates(config, state, batch, rs_wait, trace);
+  return AdvanceGroupState(state, batch.step, d, GatePolicyKind::kStatic);
 }
 
 }  // namespace spgate

@@ -54,14 +54,31 @@ struct GateOutcome {
   // True when this decision enters the RS_WAIT fallback: the samples that tripped the
   // gate are discarded, so that probes measure the present rather than the past.
   bool reset_rs_wait_window = false;
+  // ADAPTIVE only (policy/adaptive_policy.h): the batch's band, and, when the band's
+  // estimates decided, the mode the STATIC gates would have run for this batch.
+  int band = -1;
+  std::optional<Mode> static_choice;
+  bool explored = false;  // an ADAPTIVE exploration step (reason PROBE)
 };
 
 // Advances a group's state by one decided step: the one rule, shared by EvaluateGates
 // and by a fallback adopting a decision someone else made (the daemon's), for how a
 // decision moves the state (mode, switches, the last SP step, the RS_WAIT hysteresis and
 // its dwell, and whether the rolling wait-share window restarts). Because the transition
-// depends only on (state, step, decision), the daemon and the worker's copy stay equal.
-GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision);
+// depends only on (state, step, decision, policy), the daemon and the worker's copy stay
+// equal. Under ADAPTIVE a PROBE is exploration and leaves the RS_WAIT hysteresis alone.
+GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision,
+                              GatePolicyKind policy = GatePolicyKind::kStatic);
+
+// The two halves of the gates, shared with the ADAPTIVE policy. PinAndMemoryGates: gates
+// 1-2, a decision when a pin or the memory gate decides. ThresholdGates: gates 3-5 (length
+// CV, wait share with its probes and dwell, otherwise SP), given that 1-2 did not decide.
+std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchFacts& batch,
+                                          std::optional<PinDirective> pin,
+                                          std::vector<GateCheck>* trace);
+Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
+                        const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                        std::vector<GateCheck>* trace);
 
 // Evaluates the gates for `batch` given the group's `state`. `pin` is the active operator
 // pin, if any. `trace`, when not null, receives one GateCheck per gate consulted.

@@ -20,13 +20,14 @@
 //   spgate::GroupPolicyState group;
 //   spgate::Decision d = group.Decide(config, facts, pin).decision;
 //   group.ObserveRsWaitShare(facts.step, d.mode, /*share=*/0.08, config.window_steps);
-//   group.Adopt(facts.step + 1, daemon_decision, config.window_steps);
+//   group.Adopt(facts.step + 1, daemon_decision, config);
 #ifndef SPGATE_POLICY_GROUP_STATE_H_
 #define SPGATE_POLICY_GROUP_STATE_H_
 
 #include <optional>
 #include <vector>
 
+#include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"
 #include "policy/types.h"
@@ -37,28 +38,31 @@ class GroupPolicyState {
  public:
   GroupPolicyState() : window_(GateConfig{}.window_steps) {}
 
-  // Evaluates the gates for `batch` under `config` and advances the state.
-  GateOutcome Decide(const GateConfig& config, const BatchFacts& batch, std::optional<PinDirective> pin,
+  // Evaluates config.policy for `batch` and advances the state. `table` is the job's
+  // learned throughput (ADAPTIVE; null: nothing learned).
+  GateOutcome Decide(const GateConfig& config, const BatchFacts& batch,
+                     std::optional<PinDirective> pin, const ThroughputTable* table = nullptr,
                      std::vector<GateCheck>* trace = nullptr) {
     window_.Resize(config.window_steps);
-    GateOutcome out = EvaluateGates(config, gate_, batch, rs_wait(), pin, trace);
+    GateOutcome out = EvaluatePolicy(config, gate_, batch, rs_wait(), pin, table, trace);
     Apply(out);
     return out;
   }
 
-  // The gates' answer for `batch` without changing anything (what-if).
-  GateOutcome Peek(const GateConfig& config, const BatchFacts& batch, std::optional<PinDirective> pin,
+  // The policy's answer for `batch` without changing anything (what-if).
+  GateOutcome Peek(const GateConfig& config, const BatchFacts& batch,
+                   std::optional<PinDirective> pin, const ThroughputTable* table = nullptr,
                    std::vector<GateCheck>* trace = nullptr) const {
     RollingWindow w = window_;
     w.Resize(config.window_steps);
-    return EvaluateGates(config, gate_, batch, {w.Mean(), w.size()}, pin, trace);
+    return EvaluatePolicy(config, gate_, batch, {w.Mean(), w.size()}, pin, table, trace);
   }
 
-  // Advances the state with a decision made elsewhere for `step`, exactly as Decide
-  // would have advanced it had it made that decision.
-  void Adopt(int64_t step, Decision decision, int64_t window_steps) {
-    window_.Resize(window_steps);
-    Apply(AdvanceGroupState(gate_, step, decision));
+  // Advances the state with a decision made elsewhere for `step` under `config`, exactly
+  // as Decide would have advanced it had it made that decision.
+  void Adopt(int64_t step, Decision decision, const GateConfig& config) {
+    window_.Resize(config.window_steps);
+    Apply(AdvanceGroupState(gate_, step, decision, config.policy));
   }
 
   // One step's group reduce-scatter wait share (max over the group's ranks).

@@ -36,6 +36,7 @@ std::string_view ReasonLabel(Reason reason);
 struct BatchFacts {
   int64_t step = 0;
   double length_cv = 0.0;
+  int64_t tokens = 0;  // the batch's tokens (the ADAPTIVE policy's band)
   uint64_t predicted_peak_bytes_sp = 0;
   uint64_t predicted_peak_bytes_tp = 0;
   uint64_t memory_budget_bytes = 0;  // 0: unknown, the memory gate is skipped

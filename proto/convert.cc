@@ -1,7 +1,10 @@
 // Wire <-> domain conversions; see convert.h.
 #include "proto/convert.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -35,7 +38,10 @@ GateConfig LayerGateConfig(GateConfig c, const v1::GateConfig& layer) {
   for (const GateField& f : kGateFields) {
     const FieldDescriptor* w = WireGateField(f);
     if (w == nullptr || !refl->HasField(layer, w)) continue;
-    if (f.is_count()) {
+    if (f.is_choice()) {
+      // An unknown or UNSPECIFIED value stays as it is, for validation to name.
+      c.*f.choice = static_cast<GatePolicyKind>(refl->GetEnumValue(layer, w));
+    } else if (f.is_count()) {
       c.*f.count = refl->GetInt64(layer, w);
     } else {
       c.*f.real = refl->GetDouble(layer, w);
@@ -50,7 +56,9 @@ v1::GateConfig ToProto(const GateConfig& c) {
   for (const GateField& f : kGateFields) {
     const FieldDescriptor* w = WireGateField(f);
     if (w == nullptr) continue;
-    if (f.is_count()) {
+    if (f.is_choice()) {
+      refl->SetEnumValue(&p, w, static_cast<int>(c.*f.choice));
+    } else if (f.is_count()) {
       refl->SetInt64(&p, w, c.*f.count);
     } else {
       refl->SetDouble(&p, w, c.*f.real);
@@ -96,6 +104,41 @@ absl::Status ApplyFieldMask(const v1::GateConfig& update, const google::protobuf
   }
   *overrides = std::move(result);
   return absl::OkStatus();
+}
+
+v1::LearnedTable ToProto(const ThroughputTable& table) {
+  v1::LearnedTable out;
+  for (int band = 0; band < kBands; ++band) {
+    for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      const ThroughputCell& c = table.cell(band, mode);
+      if (c.last_step < 0) continue;
+      v1::LearnedCell* w = out.add_cells();
+      w->set_band(band);
+      w->set_mode(ToProto(mode));
+      w->set_tokens(c.tokens);
+      w->set_seconds(c.seconds);
+      w->set_weight(c.weight);
+      w->set_last_step(c.last_step);
+    }
+  }
+  return out;
+}
+
+ThroughputTable FromProto(const v1::LearnedTable& table) {
+  ThroughputTable out;
+  for (const v1::LearnedCell& w : table.cells()) {
+    if (w.band() < 0 || w.band() >= kBands || !IsValidMode(w.mode()) || w.last_step() < 0) {
+      continue;
+    }
+    const double sums[] = {w.tokens(), w.seconds(), w.weight()};
+    if (!std::all_of(std::begin(sums), std::end(sums),
+                     [](double x) { return std::isfinite(x) && x >= 0; })) {
+      continue;
+    }
+    out.SetCell(w.band(), FromProto(w.mode()),
+                ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step()});
+  }
+  return out;
 }
 
 }  // namespace spgate

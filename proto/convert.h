@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/field_mask.pb.h"
+#include "policy/adaptive_policy.h"
 #include "policy/types.h"
 #include "spgate/v1/gate.pb.h"
 
@@ -33,6 +34,11 @@ v1::GateConfig ToProto(const GateConfig& config);
 // mask means every field set in `update`. Unknown paths: INVALID_ARGUMENT naming them.
 absl::Status ApplyFieldMask(const v1::GateConfig& update, const google::protobuf::FieldMask& mask,
                             v1::GateConfig* overrides);
+
+// The learned table on the wire (cells with data only) and back. Cells with a bad band,
+// a bad mode or non-finite / negative sums are dropped, never trusted.
+v1::LearnedTable ToProto(const ThroughputTable& table);
+ThroughputTable FromProto(const v1::LearnedTable& table);
 
 inline v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(m); }
 inline v1::Reason ToProto(Reason r) { return static_cast<v1::Reason>(r); }

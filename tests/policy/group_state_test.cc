@@ -94,7 +94,7 @@ TEST(GroupPolicyStateTest, AdoptMovesTheStateAsDecideWould) {
     for (int64_t s = 0; s < 3; ++s) g->ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.5, 4);
   }
   const GateOutcome out = decided.Decide(c, BatchFacts{.step = 3}, std::nullopt);
-  adopted.Adopt(3, out.decision, c.window_steps);
+  adopted.Adopt(3, out.decision, c);
   EXPECT_EQ(adopted.gate().rs_wait_fallback, decided.gate().rs_wait_fallback);
   EXPECT_EQ(adopted.gate().rs_wait_changed_step, decided.gate().rs_wait_changed_step);
   EXPECT_EQ(adopted.rs_wait().samples, decided.rs_wait().samples);
@@ -169,7 +169,37 @@ TEST(GateFieldTableTest, DefaultsRangesAndLookup) {
     EXPECT_FALSE(f.help.empty()) << f.name;
     EXPECT_THAT(CheckGateField(d, f), IsOk()) << f.name;
     EXPECT_EQ(f.is_count(), f.range == GateFieldRange::kCount) << f.name;
+    EXPECT_EQ(f.is_choice(), f.range == GateFieldRange::kPolicy) << f.name;
   }
+}
+
+// Text in and out of every field, and errors that name the field.
+TEST(GateFieldTableTest, TextRoundTripsAndBadTextIsRefusedByName) {
+  GateConfig c;
+  const GateField* policy = FindGateField("policy");
+  ASSERT_NE(policy, nullptr);
+  EXPECT_EQ(GateFieldText(c, *policy), "STATIC");
+  EXPECT_THAT(SetGateFieldFromText(c, *policy, "adaptive"), IsOk());
+  EXPECT_EQ(c.policy, GatePolicyKind::kAdaptive);
+  EXPECT_EQ(GateFieldText(c, *policy), "ADAPTIVE");
+  EXPECT_THAT(SetGateFieldFromText(c, *policy, "Static"), IsOk());
+  EXPECT_EQ(c.policy, GatePolicyKind::kStatic);
+  EXPECT_THAT(SetGateFieldFromText(c, *policy, "dynamic"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy")));
+  EXPECT_EQ(c.policy, GatePolicyKind::kStatic);  // unchanged
+  const GateField* window = FindGateField("window_steps");
+  EXPECT_THAT(SetGateFieldFromText(c, *window, "64"), IsOk());
+  EXPECT_EQ(GateFieldText(c, *window), "64");
+  EXPECT_THAT(SetGateFieldFromText(c, *window, "6.5"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("window_steps")));
+  const GateField* margin = FindGateField("adaptive_margin");
+  EXPECT_THAT(SetGateFieldFromText(c, *margin, "0.05"), IsOk());
+  EXPECT_EQ(c.adaptive_margin, 0.05);
+  EXPECT_THAT(SetGateFieldFromText(c, *margin, "nan"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("adaptive_margin")));
+  c.policy = static_cast<GatePolicyKind>(0);
+  EXPECT_THAT(ValidateGateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("policy must be STATIC or ADAPTIVE")));
 }
 
 }  // namespace

@@ -35,7 +35,41 @@ GateConfig Distinct() {
   c.min_dwell_steps = 7;
   c.window_steps = 64;
   c.memory_headroom = 0.85;
+  c.policy = GatePolicyKind::kAdaptive;
+  c.adaptive_cv_band_width = 0.07;
+  c.adaptive_tokens_band_base = 4096;
+  c.adaptive_half_life_steps = 333;
+  c.adaptive_min_samples = 5;
+  c.adaptive_margin = 0.04;
+  c.adaptive_explore_share = 0.05;
   return c;
+}
+
+// Copies one field's value between two messages, whatever its type.
+void CopyField(const v1::GateConfig& from, const google::protobuf::FieldDescriptor* field,
+               v1::GateConfig* to) {
+  const auto* r = from.GetReflection();
+  switch (field->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+      r->SetDouble(to, field, r->GetDouble(from, field));
+      break;
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+      r->SetInt64(to, field, r->GetInt64(from, field));
+      break;
+    default:
+      r->SetEnumValue(to, field, r->GetEnumValue(from, field));
+  }
+}
+
+// A field's wire value as a double (an enum as its number).
+double WireValue(const v1::GateConfig& p, const google::protobuf::FieldDescriptor* field) {
+  const auto* r = p.GetReflection();
+  switch (field->cpp_type()) {
+    case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE: return r->GetDouble(p, field);
+    case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+      return static_cast<double>(r->GetInt64(p, field));
+    default: return r->GetEnumValue(p, field);
+  }
 }
 
 FieldMask Mask(std::initializer_list<const char*> paths) {
@@ -60,8 +94,9 @@ TEST(GateFieldTableTest, MatchesTheProtoInFieldOrder) {
     EXPECT_EQ(desc->field(i)->number(), i + 1);
     EXPECT_TRUE(desc->field(i)->has_presence()) << row.name;  // `optional`
     EXPECT_EQ(desc->field(i)->cpp_type(),
-              row.is_count() ? google::protobuf::FieldDescriptor::CPPTYPE_INT64
-                             : google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE)
+              row.is_choice()  ? google::protobuf::FieldDescriptor::CPPTYPE_ENUM
+              : row.is_count() ? google::protobuf::FieldDescriptor::CPPTYPE_INT64
+                               : google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE)
         << row.name;
     EXPECT_EQ(WireGateField(row), desc->field(i)) << row.name;
   }
@@ -127,11 +162,7 @@ TEST(LayerGateConfigTest, EachFieldLayersIndependently) {
   for (int i = 0; i < v1::GateConfig::descriptor()->field_count(); ++i) {
     const auto* field = v1::GateConfig::descriptor()->field(i);
     v1::GateConfig one;
-    if (field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
-      one.GetReflection()->SetDouble(&one, field, full.GetReflection()->GetDouble(full, field));
-    } else {
-      one.GetReflection()->SetInt64(&one, field, full.GetReflection()->GetInt64(full, field));
-    }
+    CopyField(full, field, &one);
     const GateConfig got = LayerGateConfig(base, one);
     for (const GateField& f : kGateFields) {
       const std::string_view name = f.name;
@@ -160,9 +191,7 @@ TEST(GateFieldValueTest, EveryNameAndUnknown) {
   const v1::GateConfig p = ToProto(c);
   for (int i = 0; i < v1::GateConfig::descriptor()->field_count(); ++i) {
     const auto* field = v1::GateConfig::descriptor()->field(i);
-    const double want = field->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE
-                            ? p.GetReflection()->GetDouble(p, field)
-                            : static_cast<double>(p.GetReflection()->GetInt64(p, field));
+    const double want = WireValue(p, field);
     EXPECT_EQ(GateFieldValue(c, field->name()), want) << field->name();
   }
   EXPECT_TRUE(std::isnan(GateFieldValue(c, "max_cv")));
@@ -320,6 +349,27 @@ TEST(EnumConversionTest, ReasonsMatchTheProtoAndTheLabels) {
   EXPECT_FALSE(IsValidReason(v1::REASON_UNSPECIFIED));
   EXPECT_FALSE(IsValidReason(static_cast<v1::Reason>(kNumReasons)));
   EXPECT_FALSE(IsValidReason(static_cast<v1::Reason>(-1)));
+}
+
+// The policy is the table's enum field: its domain values are the wire values and its
+// names the proto names; an unknown or UNSPECIFIED wire value survives layering for
+// validation to refuse by name.
+TEST(EnumConversionTest, GatePolicyMatchesTheProtoAndBadValuesAreRefused) {
+  EXPECT_EQ(static_cast<int>(GatePolicyKind::kStatic), v1::GateConfig::STATIC);
+  EXPECT_EQ(static_cast<int>(GatePolicyKind::kAdaptive), v1::GateConfig::ADAPTIVE);
+  EXPECT_EQ(GatePolicyName(GatePolicyKind::kAdaptive), v1::GateConfig::Policy_Name(v1::GateConfig::ADAPTIVE));
+  EXPECT_EQ(GatePolicyName(GatePolicyKind::kStatic), v1::GateConfig::Policy_Name(v1::GateConfig::STATIC));
+  for (int bad : {0, 3, 77, -1}) {
+    v1::GateConfig layer;
+    layer.set_policy(static_cast<v1::GateConfig::Policy>(bad));
+    const GateConfig c = LayerGateConfig(GateConfig{}, layer);
+    EXPECT_THAT(ValidateGateConfig(c),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy"))) << bad;
+  }
+  v1::GateConfig layer;
+  layer.set_policy(v1::GateConfig::ADAPTIVE);
+  EXPECT_EQ(LayerGateConfig(GateConfig{}, layer).policy, GatePolicyKind::kAdaptive);
+  EXPECT_EQ(ToProto(LayerGateConfig(GateConfig{}, layer)).policy(), v1::GateConfig::ADAPTIVE);
 }
 
 }  // namespace

@@ -1,0 +1,127 @@
+// The ADAPTIVE policy (docs/design.md §11): each mode's effective tokens/s, learned from
+// telemetry per band of (length CV, tokens), decides instead of fixed thresholds. Pure
+// like the gates (no I/O, no clock, no locks): the learned table is an argument, and
+// the daemon and the worker's fallback evaluate the same function over it.
+//
+// Decision order:
+//   1. pin and 2. memory, exactly as the gates (memory stays absolute);
+//   3. when both modes have at least adaptive_min_samples (weighted) in the batch's
+//      band, the mode with the higher estimate — TP-only only when it beats SP by more
+//      than adaptive_margin (within the margin SP wins: it holds less memory), reason
+//      ADAPTIVE; otherwise the static gates decide (the prior);
+//   4. exploration: on steps with step % ceil(1/adaptive_explore_share) == 0, while the
+//      band's less-sampled mode has fewer than 2 × adaptive_min_samples, that mode runs
+//      instead (reason PROBE): a group never explores more than that share of its steps,
+//      and the mode not chosen is measured again as its samples fade.
+//
+// The table forgets: a sample's weight halves every adaptive_half_life_steps steps, so
+// the estimates follow a length distribution that shifts.
+//
+// Usage:
+//   spgate::ThroughputTable table;                       // one per job, pooled
+//   spgate::GateOutcome out = spgate::EvaluatePolicy(config, state, facts, rs, pin, &table);
+//   ... after the step ran ...
+//   table.Observe(out.band, mode, facts.step, tokens, group_step_seconds,
+//                 config.adaptive_half_life_steps);
+#ifndef SPGATE_POLICY_ADAPTIVE_POLICY_H_
+#define SPGATE_POLICY_ADAPTIVE_POLICY_H_
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "policy/gate_policy.h"
+#include "policy/types.h"
+
+namespace spgate {
+
+inline constexpr int kCvBands = 8;
+inline constexpr int kTokenBands = 4;
+inline constexpr int kBands = kCvBands * kTokenBands;
+
+// The band of a batch: length-CV band (edges at 1, 2, …, 7 × adaptive_cv_band_width) ×
+// token band (edges at 1, 2, 4 × adaptive_tokens_band_base). In [0, kBands).
+int BandOf(const GateConfig& config, double length_cv, int64_t tokens);
+
+// "cv0.tok2": a bounded metric label. Out-of-range bands give "none".
+std::string BandLabel(int band);
+// "cv [0.1, 0.2) tokens [8192, 16384)": for tables.
+std::string BandRangeText(const GateConfig& config, int band);
+
+// One (band, mode) estimate: forgetting-weighted sums of the tokens and the seconds of
+// the steps observed, and the weight (the effective number of samples).
+struct ThroughputCell {
+  double tokens = 0;
+  double seconds = 0;
+  double weight = 0;
+  int64_t last_step = -1;  // newest step folded in; -1: never
+
+  double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
+  friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
+};
+
+// What a cell says at a step: its estimate and its weight decayed to that step.
+struct CellView {
+  double tokens_per_s = 0;
+  double samples = 0;
+};
+
+// The learned table of one job: kBands × 2 cells. Small (a few hundred bytes) and
+// copyable; the daemon pools every group's steps into one, and sends a copy to workers.
+class ThroughputTable {
+ public:
+  // Folds in one step of a group: `tokens` effective tokens in `seconds` (the group's
+  // step time, the max over its ranks). Samples may arrive out of step order (groups are
+  // pooled); an older one enters with the weight it would have now. Non-finite or
+  // non-positive seconds, negative tokens and bad bands are ignored.
+  void Observe(int band, Mode mode, int64_t step, double tokens, double seconds,
+               int64_t half_life_steps);
+
+  // The cell's estimate, its weight decayed to `step`.
+  CellView At(int band, Mode mode, int64_t step, int64_t half_life_steps) const;
+
+  const ThroughputCell& cell(int band, Mode mode) const { return cells_[Index(band, mode)]; }
+  // Replaces a cell (a table received from the daemon). Bad bands are ignored.
+  void SetCell(int band, Mode mode, const ThroughputCell& cell);
+  // Newest step folded into any cell; -1 when empty.
+  int64_t newest_step() const { return newest_step_; }
+  bool empty() const { return newest_step_ < 0; }
+  void Clear() { *this = ThroughputTable{}; }
+
+  // Two bits per band: whether the band, at `step`, has the samples to decide, and
+  // whether it then prefers TP-only (ahead by more than the margin). Changes of this are what the daemon
+  // tells workers about.
+  uint64_t PreferenceBits(const GateConfig& config, int64_t step) const;
+
+  friend bool operator==(const ThroughputTable&, const ThroughputTable&) = default;
+
+ private:
+  static int Index(int band, Mode mode) {
+    return band * 2 + (mode == Mode::kTensorParallelOnly ? 1 : 0);
+  }
+  std::array<ThroughputCell, kBands * 2> cells_{};
+  int64_t newest_step_ = -1;
+};
+
+// The ADAPTIVE policy for `batch` (see the top of this file). `table` null: empty.
+// The outcome's band is the batch's; static_choice is what the STATIC gates would have
+// run for the same batch, set when the band decided (for the gain estimate).
+GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
+                             const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                             std::optional<PinDirective> pin, const ThroughputTable* table,
+                             std::vector<GateCheck>* trace = nullptr);
+
+// config.policy's function: EvaluateGates for STATIC, EvaluateAdaptive for ADAPTIVE.
+GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state,
+                           const BatchFacts& batch, const RsWaitObservation& rs_wait,
+                           std::optional<PinDirective> pin, const ThroughputTable* table,
+                           std::vector<GateCheck>* trace = nullptr);
+
+// The exploration period: a group explores on steps that are multiples of it.
+int64_t ExplorePeriod(const GateConfig& config);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_ADAPTIVE_POLICY_H_
