@@ -154,6 +154,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   for (auto& row : job.decisions) std::fill(std::begin(row), std::end(row), 0);
   job.local_decisions = 0;
   job.sinks.clear();
+  ClearLearned(job);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second->job_id == job.id && it->second->incarnation != incarnation) {
       sessions_.erase(it++);  // their later calls find no session or a stale one
@@ -321,22 +322,32 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
 absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::string& session_id,
                                                                   std::weak_ptr<SessionSink> sink) {
   if (draining()) return absl::UnavailableError("spgated is shutting down");
-  MutexLock lock(&mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "session_id: unknown session \"", session_id, "\" (register again)"));
+  std::shared_ptr<Session> session;
+  std::vector<std::shared_ptr<SessionSink>> learned_sinks;
+  ThroughputTable learned;
+  {
+    MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "session_id: unknown session \"", session_id, "\" (register again)"));
+    }
+    session = it->second;
+    ASSIGN_OR_RETURN(Job * found, JobOfSession(*session));
+    Job& job = *found;
+    job.sinks[session_id] = std::move(sink);
+    auto git = job.groups.find(session->group);
+    if (git != job.groups.end()) {
+      Rank& rank = git->second->ranks[session->rank_in_group];
+      ++rank.streams;
+      rank.last_seen = Now();
+    }
+    // A leader that (re)connects gets the learned table at once, for its fallback.
+    if (!job.learned.empty()) {
+      CollectLearnedPushes(job, /*force=*/true, &session_id, &learned_sinks, &learned);
+    }
   }
-  std::shared_ptr<Session> session = it->second;
-  ASSIGN_OR_RETURN(Job * found, JobOfSession(*session));
-  Job& job = *found;
-  job.sinks[session_id] = std::move(sink);
-  auto git = job.groups.find(session->group);
-  if (git != job.groups.end()) {
-    Rank& rank = git->second->ranks[session->rank_in_group];
-    ++rank.streams;
-    rank.last_seen = Now();
-  }
+  for (const auto& s : learned_sinks) s->PushLearned(learned);
   return session;
 }
 
@@ -408,8 +419,10 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
           plan.step, options_.max_plan_lead_steps, plan.group, gate.last_step));
     }
     const ScheduledConfig& config = g->schedule.At(plan.step);
+    KeepBandsOf(*job, config.config);
     const BatchFacts facts{.step = plan.step,
                            .length_cv = stats.cv,
+                           .tokens = stats.tokens,
                            .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp,
                            .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp,
                            .memory_budget_bytes = plan.memory_budget_bytes};
@@ -417,7 +430,8 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     const bool had_decision = gate.has_decision;
     const double rs_mean = g->policy.rs_wait().mean;
     const std::optional<PinState> pin = ActivePin(*job, plan.group);
-    const GateOutcome outcome = g->policy.Decide(config.config, facts, AsDirective(pin));
+    const GateOutcome outcome =
+        g->policy.Decide(config.config, facts, AsDirective(pin), &job->learned);
     decision = DecisionRecord{.job_id = job_id,
                               .group = plan.group,
                               .step = plan.step,
@@ -428,7 +442,25 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
                               .rolling_rs_wait_share = rs_mean,
                               .time = Now(),
                               .pin_expire = std::nullopt,
-                              .pin_forced = false};
+                              .pin_forced = false,
+                              .band = BandOf(config.config, stats.cv, stats.tokens)};
+    if (outcome.explored) {
+      ++job->exploration_steps;
+      if (job->metrics) job->metrics->exploration_steps->Increment();
+    }
+    if (outcome.static_choice.has_value()) {
+      // What ADAPTIVE's choice and the STATIC gates' would take for this batch, at the
+      // learned rates (both are known: the band decided).
+      const int64_t h = config.config.adaptive_half_life_steps;
+      const double run = job->learned.At(outcome.band, decision.mode, plan.step, h).tokens_per_s;
+      const double gates =
+          job->learned.At(outcome.band, *outcome.static_choice, plan.step, h).tokens_per_s;
+      if (run > 0 && gates > 0) {
+        job->gain_adaptive_s += static_cast<double>(stats.tokens) / run;
+        job->gain_static_s += static_cast<double>(stats.tokens) / gates;
+        if (job->metrics) job->metrics->adaptive_gain->Set(job->gain_static_s / job->gain_adaptive_s);
+      }
+    }
     if (decision.reason == Reason::kPinned) {
       decision.pin_expire = pin->expire;
       decision.pin_forced = pin->force;
@@ -477,39 +509,46 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
   }
   if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
 
-  MutexLock lock(&mu_);
-  absl::StatusOr<Job*> found = JobOfSession(session);
-  if (!found.ok()) return reject(found.status());
-  session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-  if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
-  Job& job = **found;
-  auto git = job.groups.find(session.group);
-  if (git == job.groups.end()) return absl::OkStatus();
-  Group& g = *git->second;
-  auto rit = g.ranks.find(session.rank_in_group);
-  if (rit != g.ranks.end()) rit->second.last_seen = Now();
+  std::vector<std::shared_ptr<SessionSink>> learned_sinks;
+  ThroughputTable learned;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<Job*> found = JobOfSession(session);
+    if (!found.ok()) return reject(found.status());
+    session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+    if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
+    Job& job = **found;
+    auto git = job.groups.find(session.group);
+    if (git == job.groups.end()) return absl::OkStatus();
+    Group& g = *git->second;
+    auto rit = g.ranks.find(session.rank_in_group);
+    if (rit != g.ranks.end()) rit->second.last_seen = Now();
 
-  const StepTelemetryValues& v = t.values;
-  const int slot = static_cast<int>(v.step % kPendingSlots);
-  PendingStep& p = g.pending[slot];
-  if (p.step != v.step) {
-    if (p.step > v.step) return absl::OkStatus();  // older than the aggregation window
-    if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot);
-    p = PendingStep{};
-    p.step = v.step;
-  } else if (p.finalized) {
-    return absl::OkStatus();  // every rank already reported; a duplicate
+    const StepTelemetryValues& v = t.values;
+    const int slot = static_cast<int>(v.step % kPendingSlots);
+    PendingStep& p = g.pending[slot];
+    if (p.step != v.step) {
+      if (p.step > v.step) return absl::OkStatus();  // older than the aggregation window
+      if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot);
+      p = PendingStep{};
+      p.step = v.step;
+    } else if (p.finalized) {
+      return absl::OkStatus();  // every rank already reported; a duplicate
+    }
+    ++p.reported;
+    p.mode = static_cast<Mode>(v.mode);
+    p.step_time = std::max(p.step_time, v.step_time_s);
+    p.rs_share = std::max(p.rs_share, std::min(1.0, v.rs_wait_s / v.step_time_s));
+    p.all_gather = std::max(p.all_gather, v.all_gather_s);
+    p.norm_share = std::max(p.norm_share, std::min(1.0, v.norm_stall_s / v.step_time_s));
+    p.tokens = std::max(p.tokens, v.effective_tokens);
+    p.padding = std::max(p.padding, v.padding_tokens);
+    p.peak = std::max(p.peak, t.peak_memory_bytes);
+    if (p.reported >= g.size) FinalizeStep(job, g, slot);
+    CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_sinks, &learned);
   }
-  ++p.reported;
-  p.mode = static_cast<Mode>(v.mode);
-  p.step_time = std::max(p.step_time, v.step_time_s);
-  p.rs_share = std::max(p.rs_share, std::min(1.0, v.rs_wait_s / v.step_time_s));
-  p.all_gather = std::max(p.all_gather, v.all_gather_s);
-  p.norm_share = std::max(p.norm_share, std::min(1.0, v.norm_stall_s / v.step_time_s));
-  p.tokens = std::max(p.tokens, v.effective_tokens);
-  p.padding = std::max(p.padding, v.padding_tokens);
-  p.peak = std::max(p.peak, t.peak_memory_bytes);
-  if (p.reported >= g.size) FinalizeStep(job, g, slot);
+  // Outside the lock: a sink only queues the message.
+  for (const auto& sink : learned_sinks) sink->PushLearned(learned);
   return absl::OkStatus();
 }
 
@@ -530,6 +569,23 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
       g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
     }
   }
+  // The ADAPTIVE policy's table learns from every step the daemon decided, whatever the
+  // policy in force, so switching a job to ADAPTIVE starts from what STATIC ran.
+  if (const DecisionRecord* d = g.Cached(p.step); d != nullptr && d->band >= 0) {
+    const GateConfig& config = g.schedule.At(p.step).config;
+    job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
+                        config.adaptive_half_life_steps);
+    if (job.metrics) {
+      const CellView v =
+          job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
+      job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
+    }
+    const uint64_t bits = job.learned.PreferenceBits(config, job.learned.newest_step());
+    if (bits != job.learned_bits) {
+      job.learned_bits = bits;
+      job.learned_push_due = true;
+    }
+  }
   ModeWindow& w = job.modes[m];
   w.step_time.Push(p.step_time);
   w.tokens.Push(static_cast<double>(p.tokens));
@@ -539,6 +595,49 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
     job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
     job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));
     job.metrics->peak_memory[m]->Set(w.peak.Max());
+  }
+}
+
+void GateState::KeepBandsOf(Job& job, const GateConfig& config) {
+  if (config.adaptive_cv_band_width == job.learned_cv_band_width &&
+      config.adaptive_tokens_band_base == job.learned_tokens_band_base) {
+    return;
+  }
+  ClearLearned(job);
+  job.learned_cv_band_width = config.adaptive_cv_band_width;
+  job.learned_tokens_band_base = config.adaptive_tokens_band_base;
+}
+
+void GateState::ClearLearned(Job& job) {
+  const bool had = !job.learned.empty();
+  job.learned.Clear();
+  job.learned_bits = 0;
+  job.learned_push_due = had;  // leaders drop the old table too
+  job.gain_adaptive_s = job.gain_static_s = 0;
+  job.exploration_steps = 0;
+  if (job.metrics) {
+    job.metrics->RemoveLearned();
+    job.metrics->adaptive_gain->Set(0);
+  }
+}
+
+void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,
+                                     std::vector<std::shared_ptr<SessionSink>>* sinks,
+                                     ThroughputTable* table) {
+  const absl::Time now = Now();
+  if (!force && (!job.learned_push_due || now - job.learned_pushed < options_.learned_push_interval)) {
+    return;
+  }
+  for (auto it = job.sinks.begin(); it != job.sinks.end(); ++it) {
+    if (only != nullptr && it->first != *only) continue;
+    auto sit = sessions_.find(it->first);
+    if (sit == sessions_.end() || sit->second->rank_in_group != 0) continue;  // leaders only
+    if (std::shared_ptr<SessionSink> sink = it->second.lock()) sinks->push_back(std::move(sink));
+  }
+  *table = job.learned;
+  if (only == nullptr) {
+    job.learned_push_due = false;
+    job.learned_pushed = now;
   }
 }
 

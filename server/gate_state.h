@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 #include "policy/telemetry.h"
 #include "server/defaults.h"
@@ -61,6 +62,8 @@ struct StateOptions {
   // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
   // daemon. Must exceed the workers' pipelining depth.
   int64_t max_plan_lead_steps = 4096;
+  // At most one learned-table push per job per this interval (docs/design.md §11).
+  absl::Duration learned_push_interval = absl::Seconds(1);
 };
 
 // A config update for one Connect stream.
@@ -75,6 +78,8 @@ class SessionSink {
  public:
   virtual ~SessionSink() = default;
   virtual void PushConfig(const ConfigPush& push) = 0;
+  // The job's learned table (ADAPTIVE's fallback), to group leaders only.
+  virtual void PushLearned(const ThroughputTable& /*table*/) {}
 };
 
 // One decision as made (or answered from the cache).
@@ -91,6 +96,9 @@ struct DecisionRecord {
   // PINNED decisions: the pin's end (so a worker's fallback forgets it then) and force.
   std::optional<absl::Time> pin_expire;
   bool pin_forced = false;
+  // The batch's band and tokens (docs/design.md §11): the step's telemetry is learned
+  // into this band when it arrives.
+  int band = -1;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -230,7 +238,17 @@ struct DecisionCountView {
   int64_t count = 0;
 };
 
+// The job's learned table (docs/design.md §11) and what ADAPTIVE made of it.
+struct LearnedView {
+  GateConfig config;          // the job's effective config (band edges, thresholds)
+  ThroughputTable table;
+  int64_t at_step = -1;       // the table's newest step; weights are decayed to it
+  double gain_ratio = 0;      // ADAPTIVE's learned throughput / STATIC's; 0: none yet
+  int64_t exploration_steps = 0;
+};
+
 struct JobView {
+  LearnedView learned;
   JobSummaryView summary;
   std::vector<GroupView> groups;
   std::vector<ModeStatsView> mode_stats;
@@ -315,6 +333,15 @@ class GateState final : public OperatorListener {
   void RefreshJob(Job& job, std::vector<std::pair<std::shared_ptr<SessionSink>, ConfigPush>>* pushes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the job's learned table afresh when the band edges in `config` differ from
+  // the ones it was learned with.
+  void KeepBandsOf(Job& job, const GateConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's leaders' sinks with a copy of the table, when a push is due (and marks it
+  // sent); `only` limits it to one session.
+  void CollectLearnedPushes(Job& job, bool force, const std::string* only,
+                            std::vector<std::shared_ptr<SessionSink>>* sinks,
+                            ThroughputTable* table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GroupView ViewOfGroup(const Job& job, const Group& group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   JobSummaryView SummaryOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

@@ -97,6 +97,17 @@ struct GateState::Job {
   uint64_t memory_budget = 0;
   absl::Time last_activity;
   std::unique_ptr<JobMetrics> metrics;
+  // The ADAPTIVE policy's learned table, pooled over the groups (docs/design.md §11),
+  // the band edges it was learned with, and what was last told to the leaders.
+  ThroughputTable learned;
+  double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
+  int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
+  uint64_t learned_bits = 0;
+  bool learned_push_due = false;
+  absl::Time learned_pushed = absl::InfinitePast();
+  // Learned seconds of ADAPTIVE's choices and of the STATIC gates' for the same batches.
+  double gain_adaptive_s = 0, gain_static_s = 0;
+  int64_t exploration_steps = 0;
 };
 
 }  // namespace spgate::server

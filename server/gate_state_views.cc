@@ -116,6 +116,11 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
     }
   }
   out.local_decisions = job.local_decisions;
+  out.learned.config = job.op.effective;
+  out.learned.table = job.learned;
+  out.learned.at_step = job.learned.newest_step();
+  out.learned.gain_ratio = job.gain_adaptive_s > 0 ? job.gain_static_s / job.gain_adaptive_s : 0;
+  out.learned.exploration_steps = job.exploration_steps;
   return out;
 }
 
@@ -133,10 +138,13 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   ReaderMutexLock lock(&mu_);
   GroupPolicyState fresh;
   const GroupPolicyState* policy = &fresh;
+  const ThroughputTable* table = nullptr;
   std::optional<PinDirective> pin;
   int64_t step = 0;
   if (!in.job_id.empty()) {
     ASSIGN_OR_RETURN(const Job* job, FindJob(in.job_id, in.group));
+    table = &job->learned;
+    step = std::max<int64_t>(0, job->learned.newest_step() + 1);
     if (in.group.has_value()) {
       const Group& g = *job->groups.at(*in.group);
       policy = &g.policy;
@@ -146,6 +154,7 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   }
   const BatchFacts facts{.step = step,
                          .length_cv = stats.cv,
+                         .tokens = stats.tokens,
                          .predicted_peak_bytes_sp = in.predicted_peak_bytes_sp,
                          .predicted_peak_bytes_tp = in.predicted_peak_bytes_tp,
                          .memory_budget_bytes = in.memory_budget_bytes};
@@ -154,9 +163,10 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   double rs_mean = policy->rs_wait().mean;
   if (in.rs_wait_share.has_value()) {
     rs_mean = *in.rs_wait_share;
-    outcome = EvaluateGates(in.config, policy->gate(), facts, {rs_mean, 1}, pin, &out.checks);
+    outcome = EvaluatePolicy(in.config, policy->gate(), facts, {rs_mean, 1}, pin, table,
+                             &out.checks);
   } else {
-    outcome = policy->Peek(in.config, facts, pin, &out.checks);
+    outcome = policy->Peek(in.config, facts, pin, table, &out.checks);
   }
   out.decision = DecisionRecord{.job_id = in.job_id,
                                 .group = in.group.value_or(0),

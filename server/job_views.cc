@@ -172,6 +172,10 @@ absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& 
   *out.mutable_config() = store.GetGateConfig(job_id);
   for (const PinView& p : view.pins) ToProto(p, out.add_pins());
   out.set_local_decisions(view.local_decisions);
+  *out.mutable_learned() = ToProto(view.learned.table);
+  out.set_learned_at_step(view.learned.at_step);
+  out.set_adaptive_gain_ratio(view.learned.gain_ratio);
+  out.set_exploration_steps(view.learned.exploration_steps);
   return out;
 }
 

@@ -2,6 +2,7 @@
 #include "server/metrics.h"
 
 #include "common/version.h"
+#include "policy/adaptive_policy.h"
 #include "policy/gate_config.h"
 
 namespace spgate::server {
@@ -23,6 +24,16 @@ Histogram::BucketBoundaries LatencyBuckets() {
   return {25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1};
 }
 const char* kModeNames[kModeSlots] = {"", "sp", "tp_only"};
+
+std::string PolicyLabel(GatePolicyKind kind) {
+  return kind == GatePolicyKind::kAdaptive ? "adaptive" : "static";
+}
+
+void SetPolicy(const std::array<prometheus::Gauge*, 3>& gauges, GatePolicyKind kind) {
+  for (int k = 1; k < 3; ++k) {
+    if (gauges[k] != nullptr) gauges[k]->Set(k == static_cast<int>(kind) ? 1.0 : 0.0);
+  }
+}
 
 }  // namespace
 
@@ -112,6 +123,25 @@ Metrics::Metrics()
                                   "replaced incarnation, a plan from a non-leader, a plan too far "
                                   "ahead of its group, an unknown session.")
                             .Register(*registry_)),
+      gate_policy_f(BuildGauge().Name("spgate_gate_policy")
+                        .Help("1 for the policy in force (static, adaptive), else 0; "
+                              "job_id=\"_default\" is the global default.")
+                        .Register(*registry_)),
+      adaptive_rate_f(BuildGauge().Name("spgate_adaptive_tokens_per_second")
+                          .Help("Learned effective tokens/s of a mode in a band of (length CV, "
+                                "tokens), pooled over the job's groups.")
+                          .Register(*registry_)),
+      adaptive_samples_f(BuildGauge().Name("spgate_adaptive_samples")
+                             .Help("Forgetting-weighted samples behind each learned estimate.")
+                             .Register(*registry_)),
+      exploration_f(BuildCounter().Name("spgate_adaptive_exploration_steps_total")
+                        .Help("ADAPTIVE steps that ran the less-sampled mode (reason probe).")
+                        .Register(*registry_)),
+      adaptive_gain_f(BuildGauge().Name("spgate_adaptive_gain_ratio")
+                          .Help("Learned throughput of the ADAPTIVE choices over that of the "
+                                "STATIC gates' choices for the same batches; 0 until a band "
+                                "has decided.")
+                          .Register(*registry_)),
       config_updates_ok(config_updates_f.Add({{"result", "ok"}})),
       config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
       config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
@@ -129,16 +159,24 @@ Metrics::Metrics()
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
   for (size_t i = 0; i < kNumGateFields; ++i) {
+    if (kGateFields[i].is_choice()) continue;  // the policy: spgate_gate_policy
     global_thresholds_[i] = &gate_threshold_f.Add(
         {{"job_id", "_default"}, {"gate", std::string(kGateFields[i].name)}});
+  }
+  for (GatePolicyKind k : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {
+    global_policy_[static_cast<int>(k)] =
+        &gate_policy_f.Add({{"job_id", "_default"}, {"policy", PolicyLabel(k)}});
   }
   global_version_ = &config_version_f.Add({{"job_id", "_default"}});
 }
 
 void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {
   for (size_t i = 0; i < kNumGateFields; ++i) {
-    global_thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
+    if (global_thresholds_[i] != nullptr) {
+      global_thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
+    }
   }
+  SetPolicy(global_policy_, config.policy);
   global_version_->Set(static_cast<double>(version));
 }
 
@@ -155,9 +193,16 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
   workers_active = &m.workers_f.Add({{"job_id", job_id}, {"state", "active"}});
   workers_stale = &m.workers_f.Add({{"job_id", job_id}, {"state", "stale"}});
   for (size_t i = 0; i < kNumGateFields; ++i) {
+    if (kGateFields[i].is_choice()) continue;
     thresholds_[i] =
         &m.gate_threshold_f.Add({{"job_id", job_id}, {"gate", std::string(kGateFields[i].name)}});
   }
+  for (GatePolicyKind k : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {
+    policy_[static_cast<int>(k)] =
+        &m.gate_policy_f.Add({{"job_id", job_id}, {"policy", PolicyLabel(k)}});
+  }
+  exploration_steps = &m.exploration_f.Add({{"job_id", job_id}});
+  adaptive_gain = &m.adaptive_gain_f.Add({{"job_id", job_id}});
   config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
   // Counters whose label set is known up front start at 0, so rate() over them is 0
   // rather than empty and a panel shows 0 rather than "No data". Local decisions carry
@@ -186,7 +231,15 @@ JobMetrics::~JobMetrics() {
   m_.memory_budget_f.Remove(memory_budget);
   m_.workers_f.Remove(workers_active);
   m_.workers_f.Remove(workers_stale);
-  for (auto* g : thresholds_) m_.gate_threshold_f.Remove(g);
+  for (auto* g : thresholds_) {
+    if (g != nullptr) m_.gate_threshold_f.Remove(g);
+  }
+  for (auto* g : policy_) {
+    if (g != nullptr) m_.gate_policy_f.Remove(g);
+  }
+  m_.exploration_f.Remove(exploration_steps);
+  m_.adaptive_gain_f.Remove(adaptive_gain);
+  RemoveLearned();
   m_.config_version_f.Remove(config_version_);
 }
 
@@ -211,9 +264,39 @@ prometheus::Counter& JobMetrics::LocalDecisions(Reason reason) {
 
 void JobMetrics::SetThresholds(const GateConfig& config, int64_t version) {
   for (size_t i = 0; i < kNumGateFields; ++i) {
-    thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
+    if (thresholds_[i] != nullptr) thresholds_[i]->Set(GateFieldValue(config, kGateFields[i]));
   }
+  SetPolicy(policy_, config.policy);
   config_version_->Set(static_cast<double>(version));
+}
+
+void JobMetrics::SetLearned(int band, Mode mode, double tokens_per_s, double samples) {
+  if (band < 0 || band >= static_cast<int>(learned_rate_.size())) return;
+  const int m = static_cast<int>(mode);
+  if (learned_rate_[band][m] == nullptr) {
+    const prometheus::Labels l = {{"job_id", job_id_},
+                                  {"band", BandLabel(band)},
+                                  {"mode", kModeNames[m]}};
+    learned_rate_[band][m] = &m_.adaptive_rate_f.Add(l);
+    learned_samples_[band][m] = &m_.adaptive_samples_f.Add(l);
+  }
+  learned_rate_[band][m]->Set(tokens_per_s);
+  learned_samples_[band][m]->Set(samples);
+}
+
+void JobMetrics::RemoveLearned() {
+  for (auto& row : learned_rate_) {
+    for (auto*& g : row) {
+      if (g != nullptr) m_.adaptive_rate_f.Remove(g);
+      g = nullptr;
+    }
+  }
+  for (auto& row : learned_samples_) {
+    for (auto*& g : row) {
+      if (g != nullptr) m_.adaptive_samples_f.Remove(g);
+      g = nullptr;
+    }
+  }
 }
 
 GroupMetrics::GroupMetrics(Metrics& m, const std::string& job_id, int group) : m_(m) {

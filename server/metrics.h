@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "policy/adaptive_policy.h"
 #include "policy/types.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -35,6 +36,10 @@ class JobMetrics {
   prometheus::Counter& Decisions(Mode mode, Reason reason);  // created on first use
   prometheus::Counter& LocalDecisions(Reason reason);
   void SetThresholds(const GateConfig& config, int64_t version);
+  // The ADAPTIVE policy's learned table (docs/design.md §11): one estimate and one
+  // sample weight per (band, mode) that has data, created on first use.
+  void SetLearned(int band, Mode mode, double tokens_per_s, double samples);
+  void RemoveLearned();  // the table was reset (new launch, new band edges)
 
   prometheus::Histogram* length_cv;
   std::array<prometheus::Histogram*, kModeSlots> step_duration{};
@@ -44,14 +49,19 @@ class JobMetrics {
   prometheus::Gauge* memory_budget;
   prometheus::Gauge* workers_active;
   prometheus::Gauge* workers_stale;
+  prometheus::Counter* exploration_steps;
+  prometheus::Gauge* adaptive_gain;
 
  private:
   Metrics& m_;
   std::string job_id_;
   std::array<std::array<prometheus::Counter*, kNumReasons>, kModeSlots> decisions_{};
   std::array<prometheus::Counter*, kNumReasons> local_{};
-  std::array<prometheus::Gauge*, kNumGateFields> thresholds_{};
+  std::array<prometheus::Gauge*, kNumGateFields> thresholds_{};  // null for the policy
+  std::array<prometheus::Gauge*, 3> policy_{};  // by GatePolicyKind
   prometheus::Gauge* config_version_;
+  std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_rate_{};
+  std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_samples_{};
 };
 
 class GroupMetrics {
@@ -110,6 +120,11 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& telemetry_f;
   prometheus::Family<prometheus::Counter>& watch_dropped_f;
   prometheus::Family<prometheus::Counter>& worker_refusals_f;
+  prometheus::Family<prometheus::Gauge>& gate_policy_f;
+  prometheus::Family<prometheus::Gauge>& adaptive_rate_f;
+  prometheus::Family<prometheus::Gauge>& adaptive_samples_f;
+  prometheus::Family<prometheus::Counter>& exploration_f;
+  prometheus::Family<prometheus::Gauge>& adaptive_gain_f;
 
   prometheus::Counter& config_updates_ok;
   prometheus::Counter& config_updates_invalid;
@@ -130,6 +145,7 @@ class Metrics {
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};
+  std::array<prometheus::Gauge*, 3> global_policy_{};
   prometheus::Gauge* global_version_ = nullptr;
 };
 

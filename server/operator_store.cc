@@ -52,9 +52,20 @@ v1::FieldValue FieldValueOf(const v1::GateConfig& config,
   v1::FieldValue v;
   if (!refl->HasField(config, f)) return v;
   v.set_set(true);
-  v.set_value(f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE
-                  ? refl->GetDouble(config, f)
-                  : static_cast<double>(refl->GetInt64(config, f)));
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      v.set_value(refl->GetDouble(config, f));
+      break;
+    case FieldDescriptor::CPPTYPE_ENUM: {
+      const int number = refl->GetEnumValue(config, f);
+      v.set_value(number);
+      const auto* value = f->enum_type()->FindValueByNumber(number);
+      v.set_name(value != nullptr ? value->name() : absl::StrCat(number));
+      break;
+    }
+    default:
+      v.set_value(static_cast<double>(refl->GetInt64(config, f)));
+  }
   return v;
 }
 

@@ -74,6 +74,7 @@ class ConnectSink final : public SessionSink {
  public:
   explicit ConnectSink(ConnectReactor* r) : reactor_(r) {}
   void PushConfig(const ConfigPush& push) override;
+  void PushLearned(const ThroughputTable& table) override;
   void Invalidate() {
     MutexLock lock(&mu_);
     reactor_ = nullptr;
@@ -236,6 +237,12 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     Send(std::move(msg));
   }
 
+  void PushLearned(const ThroughputTable& table) {
+    v1::DaemonMessage msg;
+    *msg.mutable_learned() = spgate::ToProto(table);
+    Send(std::move(msg));
+  }
+
  private:
   void FinishWhenIdle(grpc::Status status) {
     bool now = false;
@@ -272,6 +279,11 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
 void ConnectSink::PushConfig(const ConfigPush& push) {
   MutexLock lock(&mu_);
   if (reactor_ != nullptr) reactor_->PushConfig(push);
+}
+
+void ConnectSink::PushLearned(const ThroughputTable& table) {
+  MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->PushLearned(table);
 }
 
 // WatchDecisions: a bounded queue per subscriber; when full, the oldest decisions are

@@ -181,9 +181,10 @@ std::string CommandHelp(const CommandSpec& c) {
   }
   if (c.gate_flags) {
     for (const FieldDescriptor* f : GateFields()) {
-      const bool integer = f->cpp_type() == FieldDescriptor::CPPTYPE_INT64;
-      lines.emplace_back(absl::StrCat("--", f->name(), "=", integer ? "N" : "X"),
-                         GateFieldHelp(f->name()));
+      const char* value = f->cpp_type() == FieldDescriptor::CPPTYPE_INT64  ? "N"
+                          : f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM ? "POLICY"
+                                                                           : "X";
+      lines.emplace_back(absl::StrCat("--", f->name(), "=", value), GateFieldHelp(f->name()));
     }
   }
   if (!lines.empty()) {
@@ -273,7 +274,12 @@ absl::Status Usage(std::string message) { return absl::InvalidArgumentError(std:
 absl::Status SetGateField(const FieldDescriptor* field, absl::string_view value,
                           v1::GateConfig* config) {
   const auto* refl = v1::GateConfig::GetReflection();
-  if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {  // --policy=adaptive
+    absl::StatusOr<GatePolicyKind> kind =
+        ParseGatePolicy(absl::StrCat("--", field->name()), std::string_view(value.data(), value.size()));
+    if (!kind.ok()) return kind.status();
+    refl->SetEnumValue(config, field, static_cast<int>(*kind));
+  } else if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
     absl::StatusOr<double> v = ParseDoubleFlag(field->name(), value);
     if (!v.ok()) return v.status();
     refl->SetDouble(config, field, *v);

@@ -10,6 +10,8 @@
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
+#include "policy/adaptive_policy.h"
+#include "proto/convert.h"
 #include "tools/spgatectl/flag_values.h"
 
 namespace spgate::ctl {
@@ -43,6 +45,9 @@ std::string Ratio(double v) { return v == 0 ? "-" : absl::StrFormat("%.2fx", v);
 std::string GateFieldText(const v1::GateConfig& config, const FieldDescriptor* field) {
   const auto* refl = v1::GateConfig::GetReflection();
   if (!refl->HasField(config, field)) return "-";
+  if (field->cpp_type() == FieldDescriptor::CPPTYPE_ENUM) {
+    return refl->GetEnum(config, field)->name();
+  }
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
     return absl::StrCat(refl->GetDouble(config, field));
   }
@@ -212,6 +217,56 @@ std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format)
   return t.Render();
 }
 
+namespace {
+
+// The ADAPTIVE policy's learned table (docs/design.md §11): one row per band with data,
+// each mode's estimate and weighted samples at the table's newest step, and what the band
+// prefers under the job's margin and min_samples.
+std::string LearnedText(const v1::Job& job) {
+  const GateConfig config = LayerGateConfig(GateConfig{}, job.config().config());
+  const ThroughputTable table = FromProto(job.learned());
+  const int64_t at = job.learned_at_step();
+  if (table.empty()) {
+    return absl::StrFormat("\nLEARNED (policy %s)\n(nothing learned yet)\n",
+                           GatePolicyName(config.policy));
+  }
+  std::string out = absl::StrFormat(
+      "\nLEARNED (policy %s; tokens/s and weighted samples at step %d; gain vs static %s; "
+      "%d exploration steps)\n",
+      GatePolicyName(config.policy), at, Ratio(job.adaptive_gain_ratio()),
+      job.exploration_steps());
+  Table t({{"BAND"},
+           {"RANGE"},
+           {"SP_TOK/S", Align::kRight},
+           {"SP_N", Align::kRight},
+           {"TP_TOK/S", Align::kRight},
+           {"TP_N", Align::kRight},
+           {"TP/SP", Align::kRight},
+           {"PREFERRED"}});
+  const auto min = static_cast<double>(config.adaptive_min_samples);
+  for (int band = 0; band < kBands; ++band) {
+    const CellView sp = table.At(band, Mode::kSequenceParallel, at, config.adaptive_half_life_steps);
+    const CellView tp =
+        table.At(band, Mode::kTensorParallelOnly, at, config.adaptive_half_life_steps);
+    if (sp.samples == 0 && tp.samples == 0) continue;
+    const bool known = sp.samples >= min && tp.samples >= min && sp.tokens_per_s > 0;
+    const double ratio = sp.tokens_per_s > 0 && tp.tokens_per_s > 0
+                             ? tp.tokens_per_s / sp.tokens_per_s : 0;
+    std::string preferred = "static gates (too few samples)";
+    if (known) {
+      preferred = tp.tokens_per_s > sp.tokens_per_s * (1 + config.adaptive_margin) ? "tp_only"
+                                                                                   : "sp";
+    }
+    t.AddRow({BandLabel(band), BandRangeText(config, band),
+              sp.samples > 0 ? Fixed(sp.tokens_per_s, 0) : "-", Fixed(sp.samples, 1),
+              tp.samples > 0 ? Fixed(tp.tokens_per_s, 0) : "-", Fixed(tp.samples, 1),
+              ratio > 0 ? absl::StrFormat("%.3f", ratio) : "-", preferred});
+  }
+  return absl::StrCat(out, t.Render());
+}
+
+}  // namespace
+
 std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
   if (format == OutputFormat::kJson) return ToJson(job);
   const v1::JobSummary& s = job.summary();
@@ -288,6 +343,8 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
     absl::StrAppend(&out, t.Render());
   }
 
+  absl::StrAppend(&out, LearnedText(job));
+
   absl::StrAppend(&out, "\nPINS\n");
   if (job.pins_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
@@ -329,7 +386,8 @@ std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
 namespace {
 
 std::string FieldValueText(const v1::FieldValue& v) {
-  return v.set() ? absl::StrCat(v.value()) : "-";
+  if (!v.set()) return "-";
+  return v.name().empty() ? absl::StrCat(v.value()) : v.name();
 }
 
 // "max_length_cv 0.18->0.3, window_steps -->10" ('-': no override at this scope).
@@ -378,8 +436,19 @@ std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFo
   return out;
 }
 
-std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(r);
+std::string FormatEvaluation(
+    const v1::EvaluateGatesResponse& r, OutputFormat format,
+    const std::vector<std::pair<std::string, v1::EvaluateGatesResponse>>& per_policy) {
+  if (format == OutputFormat::kJson) {
+    if (per_policy.empty()) return ToJson(r);
+    // {"evaluation": {...}, "policies": {"STATIC": {...}, "ADAPTIVE": {...}}}
+    std::string out = absl::StrCat("{\"evaluation\": ", ToJson(r, false), ", \"policies\": {");
+    for (size_t i = 0; i < per_policy.size(); ++i) {
+      absl::StrAppend(&out, i ? ", " : "", "\"", per_policy[i].first,
+                      "\": ", ToJson(per_policy[i].second.decision(), false));
+    }
+    return absl::StrCat(out, "}}\n");
+  }
   const v1::Decision& d = r.decision();
   std::string out = KeyValues({
       {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
@@ -403,7 +472,16 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
     };
     t.AddRow({c.gate(), c.outcome(), value(c.observed()), value(c.threshold()), c.detail()});
   }
-  return absl::StrCat(out, "\n", t.Render());
+  absl::StrAppend(&out, "\n", t.Render());
+  if (!per_policy.empty()) {
+    absl::StrAppend(&out, "\nPOLICIES (the same batch under each)\n");
+    Table p({{"POLICY"}, {"MODE"}, {"REASON"}});
+    for (const auto& [name, e] : per_policy) {
+      p.AddRow({name, ModeName(e.decision().mode()), ReasonName(e.decision().reason())});
+    }
+    absl::StrAppend(&out, p.Render());
+  }
+  return out;
 }
 
 }  // namespace spgate::ctl

@@ -71,6 +71,7 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     const PlanRecord& plan = plans_.at(step);
     const LocalDecision ld = policy_.Decide(BatchFacts{.step = plan.step,
                                                        .length_cv = plan.length_cv,
+                                                       .tokens = plan.tokens,
                                                        .predicted_peak_bytes_sp = plan.peak_sp,
                                                        .predicted_peak_bytes_tp = plan.peak_tp,
                                                        .memory_budget_bytes = plan.budget},

@@ -43,6 +43,7 @@ struct PlanRecord {
   int64_t step = 0;
   std::vector<int64_t> lengths;
   double length_cv = 0;
+  int64_t tokens = 0;
   uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
   absl::Time submitted;
@@ -101,6 +102,9 @@ class DecisionBook {
   void ObserveRsWaitShare(int64_t step, Mode mode, double share) {
     policy_.ObserveRsWaitShare(step, mode, share);
   }
+  // The learned throughput the daemon last sent (ADAPTIVE's fallback uses it).
+  void SetLearnedTable(const ThroughputTable& table) { policy_.SetLearnedTable(table); }
+  const ThroughputTable& learned_table() const { return policy_.learned_table(); }
   const ScheduledConfig& ConfigFor(int64_t step) const { return policy_.ConfigFor(step); }
 
   // Undecided plans by step (the writer marks what it sent).

@@ -428,6 +428,11 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
     ApplyConfigLocked(msg.config_update().config(), msg.config_update().effective_from_step());
     ++stats_.config_updates;
   }
+  if (msg.has_learned()) {
+    // The ADAPTIVE fallback's table (docs/design.md §11); replaced whole.
+    book_.SetLearnedTable(FromProto(msg.learned()));
+    ++stats_.learned_tables;
+  }
   if (msg.has_ack()) {
     session_acked_ = std::max(session_acked_, msg.ack().telemetry_received());
   }
@@ -582,6 +587,7 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   rec.step = plan.step;
   rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());
   rec.length_cv = stats->cv;
+  rec.tokens = stats->tokens;
   rec.peak_sp = plan.predicted_peak_bytes_sp;
   rec.peak_tp = plan.predicted_peak_bytes_tp;
   rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;

@@ -172,6 +172,7 @@ struct GateClientStats {
   int64_t local_decisions = 0;     // fallback + local-only decisions
   std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
   int64_t config_updates = 0;
+  int64_t learned_tables = 0;      // ADAPTIVE learned tables received (the fallback's)
   int64_t telemetry_reported = 0;  // ReportTelemetry calls accepted
   int64_t telemetry_sent = 0;      // written to a stream (all sessions)
   int64_t telemetry_acked = 0;     // acknowledged by the daemon (all sessions)

@@ -6,14 +6,14 @@ namespace spgate::client {
 
 LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, absl::Time now) {
   const ScheduledConfig sc = schedule_.At(facts.step);
-  const GateOutcome out = group_.Decide(sc.config, facts, pin(now));
+  const GateOutcome out = group_.Decide(sc.config, facts, pin(now), &learned_);
   schedule_.Prune(facts.step);
   return LocalDecision{out.decision, sc.version};
 }
 
 void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason,
                             std::optional<absl::Time> pin_expire, bool pin_forced) {
-  group_.Adopt(step, Decision{mode, reason}, schedule_.At(step).config.window_steps);
+  group_.Adopt(step, Decision{mode, reason}, schedule_.At(step).config);
   // The daemon's latest word on pins: PINNED carries the pin; any other reason means no
   // pin applied at that step (an unforced TP-only pin the memory gate overruled is
   // learned at the next PINNED decision).

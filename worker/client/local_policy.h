@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "policy/adaptive_policy.h"
 #include "policy/config_schedule.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
@@ -73,6 +74,12 @@ class LocalGatePolicy {
     group_.ObserveRsWaitShare(step, mode, share, schedule_.At(step).config.window_steps);
   }
 
+  // The job's learned throughput as the daemon last sent it: under ADAPTIVE the fallback
+  // decides with it, so a daemon outage does not take the group back to thresholds the
+  // job had learned were wrong. It is not updated locally (docs/design.md §11).
+  void SetLearnedTable(const ThroughputTable& table) { learned_ = table; }
+  const ThroughputTable& learned_table() const { return learned_; }
+
   const GroupGateState& state() const { return group_.gate(); }
   RsWaitObservation rs_wait() const { return group_.rs_wait(); }
   // The pin the fallback honours at `now`, if any.
@@ -84,6 +91,7 @@ class LocalGatePolicy {
  private:
   ConfigSchedule schedule_;
   GroupPolicyState group_;
+  ThroughputTable learned_;
   std::optional<PinDirective> pin_;
   std::optional<absl::Time> pin_expire_;  // none: a pin heard of without an end
 };

@@ -98,6 +98,7 @@ absl::Status SetOption(spgate::client::GateClientOptions& o,
   if (name == "max_backoff_ms") return as_ms(&o.max_backoff);
   // The initial config's fields, by their names in the one field table.
   if (const spgate::GateField* f = spgate::FindGateField(name)) {
+    if (f->is_choice()) return spgate::SetGateFieldFromText(c, *f, value);  // "adaptive"
     return f->is_count() ? as_int(&(c.*f->count)) : as_double(&(c.*f->real));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));

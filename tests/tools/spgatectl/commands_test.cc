@@ -87,6 +87,13 @@ INSTANTIATE_TEST_SUITE_P(
                  Command::kGatesSet, "gates set",
                  "config { memory_headroom: 0.8 } update_mask { paths: \"memory_headroom\" paths: "
                  "\"max_length_cv\" paths: \"min_dwell_steps\" }"},
+        // The policy is set by name, either case.
+        GoodCase{"gates set --job_id=j1 --policy=adaptive --adaptive_margin=0.05",
+                 Command::kGatesSet, "gates set",
+                 "job_id: \"j1\" config { policy: ADAPTIVE adaptive_margin: 0.05 } update_mask "
+                 "{ paths: \"policy\" paths: \"adaptive_margin\" }"},
+        GoodCase{"gates set --policy=STATIC", Command::kGatesSet, "gates set",
+                 "config { policy: STATIC } update_mask { paths: \"policy\" }"},
         GoodCase{"gates set --max_length_cv=-1", Command::kGatesSet, "gates set",
                  "config { max_length_cv: -1 } update_mask { paths: \"max_length_cv\" }"},
         GoodCase{"gates history", Command::kGatesHistory, "gates history", ""},
@@ -267,7 +274,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"gates set --clear=speed", "gates set",
                 "--clear: \"speed\" is not a GateConfig field (one of max_length_cv, "
                 "max_rs_wait_share, bucket_target_cv, rs_wait_reenable_margin, "
-                "probe_interval_steps, min_dwell_steps, window_steps, memory_headroom)"},
+                "probe_interval_steps, min_dwell_steps, window_steps, memory_headroom, policy, "
+                "adaptive_cv_band_width, adaptive_tokens_band_base, adaptive_half_life_steps, "
+                "adaptive_min_samples, adaptive_margin, adaptive_explore_share)"},
+        BadCase{"gates set --policy=dynamic", "gates set",
+                "--policy: \"dynamic\" is not a policy (STATIC or ADAPTIVE)"},
         BadCase{"gates set --clear=max_length_cv --max_length_cv=0.3", "gates set",
                 "--clear: max_length_cv is also given as --max_length_cv=...; set it or clear it, "
                 "not both"},

@@ -68,9 +68,9 @@ const char* kJobConfig = R"pb(
   config {
     max_length_cv: 0.25 max_rs_wait_share: 0.22 bucket_target_cv: 0.15
     rs_wait_reenable_margin: 0.03 probe_interval_steps: 200 min_dwell_steps: 20
-    window_steps: 50 memory_headroom: 0.9
+    window_steps: 50 memory_headroom: 0.9 policy: ADAPTIVE
   }
-  overrides { max_length_cv: 0.25 }
+  overrides { max_length_cv: 0.25 policy: ADAPTIVE }
   version: 4
   effective_version: 6
   update_time { seconds: 1700000000 }
@@ -83,22 +83,29 @@ TEST(FormatGateConfig, TableShowsValuesAndWhereTheyComeFrom) {
             "version  4 (effective 6)\n"
             "updated  2023-11-14T22:13:20Z\n"
             "\n"
-            "FIELD                    VALUE  SOURCE\n"
-            "max_length_cv             0.25  override\n"
-            "max_rs_wait_share         0.22  inherited\n"
-            "bucket_target_cv          0.15  inherited\n"
-            "rs_wait_reenable_margin   0.03  inherited\n"
-            "probe_interval_steps       200  inherited\n"
-            "min_dwell_steps             20  inherited\n"
-            "window_steps                50  inherited\n"
-            "memory_headroom            0.9  inherited\n");
+            "FIELD                         VALUE  SOURCE\n"
+            "max_length_cv                  0.25  override\n"
+            "max_rs_wait_share              0.22  inherited\n"
+            "bucket_target_cv               0.15  inherited\n"
+            "rs_wait_reenable_margin        0.03  inherited\n"
+            "probe_interval_steps            200  inherited\n"
+            "min_dwell_steps                  20  inherited\n"
+            "window_steps                     50  inherited\n"
+            "memory_headroom                 0.9  inherited\n"
+            "policy                     ADAPTIVE  override\n"
+            "adaptive_cv_band_width            -  inherited\n"
+            "adaptive_tokens_band_base         -  inherited\n"
+            "adaptive_half_life_steps          -  inherited\n"
+            "adaptive_min_samples              -  inherited\n"
+            "adaptive_margin                   -  inherited\n"
+            "adaptive_explore_share            -  inherited\n");
 }
 
 TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
   const std::string out = FormatGateConfig(v1::VersionedGateConfig(), OutputFormat::kTable);
   EXPECT_THAT(out, HasSubstr("scope    global\n"));
   EXPECT_THAT(out, HasSubstr("updated  never\n"));
-  EXPECT_THAT(out, HasSubstr("max_length_cv                -  inherited\n"));
+  EXPECT_THAT(out, HasSubstr("max_length_cv                  -  inherited\n"));
 }
 
 TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {
@@ -145,7 +152,19 @@ const char* kJob = R"pb(
                tokens_per_s_vs_tp: 1 step_time_p95_vs_tp: 1 }
   decisions { mode: SEQUENCE_PARALLEL reason: GATES_PASSED count: 900 }
   decisions { mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV count: 300 }
-  config { job_id: "llama" overrides { max_length_cv: 0.25 } version: 3 effective_version: 3 }
+  config { job_id: "llama" overrides { max_length_cv: 0.25 } version: 3 effective_version: 3
+           config { policy: ADAPTIVE adaptive_min_samples: 8 adaptive_margin: 0.02
+                    adaptive_half_life_steps: 500 adaptive_cv_band_width: 0.1
+                    adaptive_tokens_band_base: 8192 } }
+  learned { cells { band: 1 mode: SEQUENCE_PARALLEL tokens: 1000000 seconds: 10 weight: 20
+                    last_step: 1199 }
+            cells { band: 1 mode: TENSOR_PARALLEL_ONLY tokens: 1100000 seconds: 10 weight: 9
+                    last_step: 1199 }
+            cells { band: 6 mode: SEQUENCE_PARALLEL tokens: 500000 seconds: 5 weight: 3
+                    last_step: 1199 } }
+  learned_at_step: 1199
+  adaptive_gain_ratio: 1.07
+  exploration_steps: 35
   pins { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY expire_time { seconds: 1700000600 } }
   local_decisions: 5
 )pb";
@@ -178,6 +197,15 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "MODE     REASON        COUNT\n"
       "sp       gates_passed    900\n"
       "tp_only  length_cv       300\n"
+      "\n"
+      "LEARNED (policy ADAPTIVE; tokens/s and weighted samples at step 1199; gain vs static "
+      "1.07x; 35 exploration steps)\n"
+      "BAND      RANGE                                 SP_TOK/S  SP_N  TP_TOK/S  TP_N  TP/SP  "
+      "PREFERRED\n"
+      "cv0.tok1  cv [0, 0.1), tokens [8192, 16384)       100000  20.0    110000   9.0  1.100  "
+      "tp_only\n"
+      "cv1.tok2  cv [0.1, 0.2), tokens [16384, 32768)    100000   3.0         -   0.0      -  "
+      "static gates (too few samples)\n"
       "\n"
       "PINS\n"
       "TARGET   MODE     EXPIRES               LEFT\n"
