@@ -85,5 +85,25 @@ TEST(CostModelTest, SpPadsTheBatchToAMultipleOfT) {
   EXPECT_EQ(m.Step(std::vector<int64_t>{1001}, Mode::kTensorParallelOnly, rng).padding_tokens, 0);
 }
 
+// Straggler bursts: slow ranks only inside the bursts; the draws per call do not depend
+// on the step or the mode, so calls from one generator state see the same noise.
+TEST(CostModelTest, StragglersComeInBurstsAndNoiseIsCommon) {
+  CostParams p = Quiet();
+  p.straggler_prob = 1.0;  // every rank slow, inside a burst
+  p.straggler_burst_every = 100;
+  p.straggler_burst_steps = 10;
+  const CostModel m(p);
+  const std::vector<int64_t> even(8, 1024);
+  std::mt19937_64 a(3), b(3);
+  const double in = m.Step(even, Mode::kTensorParallelOnly, a, 205).step_time_s;
+  const double out = m.Step(even, Mode::kTensorParallelOnly, b, 250).step_time_s;
+  EXPECT_GT(in, out * 1.3);
+  EXPECT_EQ(a(), b());  // the same number of draws in and out of a burst
+  std::mt19937_64 c(5), d(5);
+  (void)m.Step(even, Mode::kSequenceParallel, c, 1);
+  (void)m.Step(even, Mode::kTensorParallelOnly, d, 1);
+  EXPECT_EQ(c(), d());  // and in either mode
+}
+
 }  // namespace
 }  // namespace spgate::sim

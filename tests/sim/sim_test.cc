@@ -2,6 +2,7 @@
 // daemon) keeps every group consistent and loses no telemetry; replay is deterministic
 // and exercises every gate; the sweep ranks configs on common random numbers.
 #include "tools/sim/sim.h"
+#include "tools/sim/compare.h"
 
 #include <fstream>
 #include <thread>
@@ -12,7 +13,9 @@
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
 #ifdef SPGATE_HAVE_SERVER
+#include "grpcpp/grpcpp.h"
 #include "server/daemon.h"
+#include "spgate/v1/admin.grpc.pb.h"
 #endif
 
 namespace spgate::sim {
@@ -149,6 +152,62 @@ TEST(SimRunTest, ARelaunchUnderTheSameJobIdIsDecidedAfresh) {
   EXPECT_EQ(second->consistency_violations, 0);
   (*daemon)->Shutdown(absl::Seconds(2));
 }
+
+// A job under the ADAPTIVE policy against the real daemon (docs/design.md §11): the
+// policy is switched on at run time through the admin API, the daemon learns from the
+// sim's telemetry, exploits (reason ADAPTIVE) and explores (PROBE), every group stays
+// consistent, and the learned table is in GetJob and was sent to the leaders.
+TEST(SimRunTest, AdaptiveAgainstTheDaemonIsConsistentAndLearns) {
+  auto daemon = server::Daemon::Start({});
+  ASSERT_THAT(daemon.status(), IsOk());
+  auto admin = v1::AdminService::NewStub(
+      grpc::CreateChannel((*daemon)->admin_address(), grpc::InsecureChannelCredentials()));
+  v1::UpdateGateConfigRequest update;
+  update.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  update.mutable_config()->set_adaptive_min_samples(3);
+  update.mutable_config()->set_adaptive_explore_share(0.1);
+  update.mutable_config()->set_adaptive_half_life_steps(100);
+  for (const char* path : {"policy", "adaptive_min_samples", "adaptive_explore_share",
+                           "adaptive_half_life_steps"}) {
+    update.mutable_update_mask()->add_paths(path);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::VersionedGateConfig out;
+    ASSERT_TRUE(admin->UpdateGateConfig(&ctx, update, &out).ok());
+    ASSERT_EQ(out.config().policy(), v1::GateConfig::ADAPTIVE);
+  }
+  SimOptions o = Small();
+  o.controller = (*daemon)->worker_address();
+  o.job_id = "adaptive";
+  o.incarnation = "adaptive-launch";
+  o.steps = 240;
+  o.deadline = absl::Milliseconds(200);
+  o.lengths = "bimodal:short=256,long=8000,p_long=0.4";
+  absl::StatusOr<Summary> s = RunLive(o);
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->decide_errors, 0) << s->first_error;
+  EXPECT_EQ(Total(*s), 6 * 240);
+  EXPECT_GT(s->sources["daemon"], Total(*s) * 9 / 10);
+  int64_t adaptive = 0, probes = 0;
+  for (auto& [mode, reasons] : s->decisions) {
+    adaptive += reasons["adaptive"];
+    probes += reasons["probe"];
+  }
+  EXPECT_GT(adaptive, Total(*s) / 4) << "bands should have learned and decided";
+  EXPECT_GT(probes, 0);
+  EXPECT_LE(probes, Total(*s) / 10 + 6) << "exploration is bounded by the share";
+  grpc::ClientContext ctx;
+  v1::GetJobRequest req;
+  req.set_job_id("adaptive");
+  v1::Job job;
+  ASSERT_TRUE(admin->GetJob(&ctx, req, &job).ok());
+  EXPECT_GT(job.learned().cells_size(), 1);
+  EXPECT_GT(job.exploration_steps(), 0);
+  EXPECT_GT(job.adaptive_gain_ratio(), 0.0);
+  (*daemon)->Shutdown(absl::Seconds(2));
+}
 #endif
 
 // ---------------------------------------------------------------- batches
@@ -250,6 +309,51 @@ TEST(SimReplayTest, SmallDevicesNeedSp) {
   EXPECT_GT(s->decisions["sp"]["memory_requires_sp"], s->all.steps / 2);
   EXPECT_LE(static_cast<double>(s->tp_only.peak_memory), 0.9 * 32 * (1ull << 30));
   EXPECT_EQ(s->decisions["sp"]["memory_over_budget"], 0);
+}
+
+// --compare runs five policies on common random numbers: every policy runs the same
+// batches (same effective tokens), the oracle takes each step's shorter mode so nothing
+// beats it, the static row is exactly plain replay, and the adaptive policy learns on a
+// workload where the static gates' threshold is wrong.
+TEST(SimCompareTest, OracleBoundsEveryPolicyAndStaticIsReplay) {
+  SimOptions o = Small();
+  o.steps = 600;
+  o.groups = 3;
+  o.lengths = "bimodal:short=256,long=8000,p_long=0.4";
+  absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 100);
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_EQ(r->policies.size(), 5u);
+  const PolicyResult* oracle = r->Find("oracle");
+  ASSERT_NE(oracle, nullptr);
+  EXPECT_DOUBLE_EQ(oracle->ratio_to_oracle, 1.0);
+  for (const PolicyResult& p : r->policies) {
+    EXPECT_LE(p.effective_tokens_per_s, oracle->effective_tokens_per_s * (1 + 1e-12)) << p.name;
+    EXPECT_EQ(p.sp_steps + p.tp_steps, 3 * 600) << p.name;
+    EXPECT_EQ(p.series.size(), 6u) << p.name;
+  }
+  EXPECT_EQ(r->Find("sp")->tp_steps, 0);
+  EXPECT_EQ(r->Find("tp_only")->sp_steps, 0);  // it all fits: no memory override
+  EXPECT_GT(r->Find("adaptive")->probe_steps, 0);
+  // The static row is plain replay, step for step.
+  absl::StatusOr<Summary> replay = Replay(o, GateConfig{});
+  ASSERT_THAT(replay.status(), IsOk());
+  EXPECT_DOUBLE_EQ(r->Find("static")->effective_tokens_per_s,
+                   3 * replay->all.tokens / replay->all.time_s);
+  // Deterministic.
+  absl::StatusOr<CompareResult> again = Compare(o, GateConfig{}, 100);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(CompareJson(*again), CompareJson(*r));
+  EXPECT_THAT(CompareJson(*r), HasSubstr("\"adaptive\": {\"effective_tokens_per_s\""));
+  EXPECT_THAT(CompareTable(*r), HasSubstr("| oracle |"));
+  EXPECT_THAT(CompareSeriesCsv(*r), HasSubstr("step,sp,tp_only,static,adaptive,oracle\n"));
+  // Plain replay of an ADAPTIVE config learns too: it exploits after a while.
+  GateConfig a;
+  a.policy = GatePolicyKind::kAdaptive;
+  absl::StatusOr<Summary> learned = Replay(o, a);
+  ASSERT_THAT(learned.status(), IsOk());
+  int64_t adaptive = 0;
+  for (auto& [mode, reasons] : learned->decisions) adaptive += reasons["adaptive"];
+  EXPECT_GT(adaptive, 3 * 600 / 3) << "bands should learn within the run and then decide";
 }
 
 TEST(SimSweepTest, RanksConfigsByThroughput) {

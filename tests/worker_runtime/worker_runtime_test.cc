@@ -101,6 +101,23 @@ TEST(LengthSourceTest, FileIsReplayedInOrderAndCycled) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("--lengths")));
 }
 
+// shift: the first N lengths from one source, the rest from the other; bad specs named.
+TEST(LengthSourceTest, ShiftSwitchesSourcesAfterN) {
+  ASSERT_OK_AND_ASSIGN(auto s, ParseLengthSource("shift:after=5|uniform:min=3,max=3|uniform:min=9,max=9",
+                                                 1, 1000));
+  EXPECT_EQ(Draw(*s, 8), (std::vector<int64_t>{3, 3, 3, 3, 3, 9, 9, 9}));
+  EXPECT_EQ(s->cycle_length(), 0);
+  EXPECT_EQ(s->Describe(), "shift:after=5|uniform:min=3,max=3|uniform:min=9,max=9");
+  for (const char* bad : {"shift:after=5|uniform:min=3,max=3", "shift:after=-1|uniform:min=3,max=3|"
+                          "uniform:min=9,max=9", "shift:5|uniform:min=3,max=3|uniform:min=9,max=9",
+                          "shift:after=5|uniform:min=3,max=3|gamma:k=1",
+                          "shift:after=5|shift:after=1|a|b|uniform:min=9,max=9"}) {
+    EXPECT_THAT(ParseLengthSource(bad, 1, 1000).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")))
+        << bad;
+  }
+}
+
 TEST(LengthSourceTest, BadSpecsNameTheFlagAndTheProblem) {
   struct Case {
     const char* spec;

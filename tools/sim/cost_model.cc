@@ -71,7 +71,8 @@ MemoryPrediction CostModel::PredictMemory(std::span<const int64_t> lengths) cons
   return m;
 }
 
-GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng) const {
+GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng,
+                          int64_t step) const {
   const int t = p_.tp;
   const BatchShape b = Shape(lengths, t);
   const double h = p_.hidden, L = p_.layers;
@@ -109,9 +110,13 @@ GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19
   out.mode = mode;
   out.ranks.resize(t);
   double slowest = 0;
+  const bool in_burst = p_.straggler_burst_every <= 0 ||
+                        step % p_.straggler_burst_every < p_.straggler_burst_steps;
   for (int r = 0; r < t; ++r) {
     double factor = std::max(0.5, 1.0 + noise(rng));
-    if (p_.straggler_prob > 0 && u(rng) < p_.straggler_prob) factor += p_.straggler_slowdown;
+    if (p_.straggler_prob > 0 && u(rng) < p_.straggler_prob && in_burst) {
+      factor += p_.straggler_slowdown;
+    }
     const double compute = gemm + attn;
     const double f = p_.shard_work_fraction;
     out.ranks[r].busy_s = (compute * (1.0 - f) + compute * f * weights[r] + elem) * factor;

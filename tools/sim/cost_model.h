@@ -45,6 +45,11 @@ struct CostParams {
   double jitter = 0.03;           // per-rank, per-step multiplicative noise (σ)
   double straggler_prob = 0.0;    // per rank and step: a slow rank (noisy neighbour)
   double straggler_slowdown = 0.5;
+  // Bursts: with straggler_burst_every > 0, stragglers happen only on steps k with
+  // k % straggler_burst_every < straggler_burst_steps (a neighbour's job that comes and
+  // goes), at straggler_prob. Needs the step passed to Step.
+  int64_t straggler_burst_every = 0;
+  int64_t straggler_burst_steps = 0;
   double device_memory_gib = 80;
   double param_bytes_per_param = 16;  // fp16 weights + grads, fp32 master + Adam m, v
 };
@@ -75,7 +80,11 @@ class CostModel {
   explicit CostModel(const CostParams& params) : p_(params) {}
 
   MemoryPrediction PredictMemory(std::span<const int64_t> lengths) const;
-  GroupStep Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng) const;
+  // `step` places the step in the straggler bursts (ignored without bursts). The number
+  // of draws from `rng` is the same whatever the mode and the step, so two calls from
+  // one generator state see the same noise.
+  GroupStep Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng,
+                 int64_t step = 0) const;
   const CostParams& params() const { return p_; }
 
  private:

@@ -2,7 +2,7 @@
 //
 //   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10
 //       --duration=60s --lengths=lognormal:mean=4096,sigma=0.8 --summary_json=out.json
-//   spgate-sim replay --config=gates.txtpb --lengths=file:trace.txt [--sweep]
+//   spgate-sim replay --config=gates.txtpb --lengths=file:trace.txt [--sweep] [--compare]
 //
 // The first form runs G groups × t ranks against spgated (or, with --controller empty,
 // with the local policy only) and checks that every rank of a group ran the same mode at
@@ -27,6 +27,7 @@
 #include "common/mutex.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
+#include "tools/sim/compare.h"
 #include "tools/sim/sim.h"
 #include "worker/client/identity.h"
 #include "worker/client/tls_flags.h"
@@ -77,11 +78,19 @@ ABSL_FLAG(double, shard_work_fraction, 0.5,
 ABSL_FLAG(double, jitter, 0.03, "Per-rank per-step noise (sigma, relative)");
 ABSL_FLAG(double, straggler_prob, 0.0, "Per-rank per-step probability of a slow rank");
 ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank");
+ABSL_FLAG(int64_t, straggler_burst_every, 0,
+          "Stragglers only in bursts: a burst starts every this many steps (0: always)");
+ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
 // replay.
 ABSL_FLAG(std::string, config, "", "replay: GateConfig in protobuf text format");
 ABSL_FLAG(bool, sweep, false, "replay: sweep max_length_cv x max_rs_wait_share");
 ABSL_FLAG(std::string, sweep_max_length_cv, "0.05:0.5:0.05", "replay --sweep: lo:hi:step");
 ABSL_FLAG(std::string, sweep_max_rs_wait_share, "0.1:0.4:0.05", "replay --sweep: lo:hi:step");
+ABSL_FLAG(bool, compare, false,
+          "replay: the same batches and noise under sp, tp_only, static, adaptive and the "
+          "per-batch oracle (JSON key compare)");
+ABSL_FLAG(std::string, compare_series, "", "replay --compare: write tokens/s per window as CSV");
+ABSL_FLAG(int64_t, compare_window, 0, "replay --compare: steps per series point (0: steps/50)");
 
 namespace {
 
@@ -122,6 +131,8 @@ SimOptions OptionsFromFlags() {
   c.jitter = absl::GetFlag(FLAGS_jitter);
   c.straggler_prob = absl::GetFlag(FLAGS_straggler_prob);
   c.straggler_slowdown = absl::GetFlag(FLAGS_straggler_slowdown);
+  c.straggler_burst_every = absl::GetFlag(FLAGS_straggler_burst_every);
+  c.straggler_burst_steps = absl::GetFlag(FLAGS_straggler_burst_steps);
   return o;
 }
 
@@ -224,8 +235,10 @@ int main(int argc, char** argv) {
   }
   o.group_phase = *phase;
   if (!replay) {
-    if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep)) {
-      std::fprintf(stderr, "spgate-sim: --config and --sweep belong to `spgate-sim replay`\n");
+    if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep) ||
+        absl::GetFlag(FLAGS_compare)) {
+      std::fprintf(stderr,
+                   "spgate-sim: --config, --sweep and --compare belong to `spgate-sim replay`\n");
       return 2;
     }
     absl::StatusOr<spgate::sim::Summary> s = spgate::sim::RunLive(o);
@@ -260,7 +273,26 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::fprintf(stderr, "\n%s\n", spgate::sim::SweepTable(*points, o.groups).c_str());
-    s->extra_json = spgate::sim::SweepJson(*points, o.groups);
+    s->extra_json["sweep"] = spgate::sim::SweepJson(*points, o.groups);
+  }
+  if (absl::GetFlag(FLAGS_compare)) {
+    absl::StatusOr<spgate::sim::CompareResult> r =
+        spgate::sim::Compare(o, *config, absl::GetFlag(FLAGS_compare_window));
+    if (!r.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
+      return 2;
+    }
+    std::fprintf(stderr, "\n%s\n", spgate::sim::CompareTable(*r).c_str());
+    s->extra_json["compare"] = spgate::sim::CompareJson(*r);
+    const std::string series = absl::GetFlag(FLAGS_compare_series);
+    if (!series.empty()) {
+      std::ofstream out(series);
+      out << spgate::sim::CompareSeriesCsv(*r);
+      if (!out) {
+        std::fprintf(stderr, "spgate-sim: cannot write --compare_series=%s\n", series.c_str());
+        return 2;
+      }
+    }
   }
   return Emit(*s);
 }

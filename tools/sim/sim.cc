@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <thread>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
@@ -77,7 +79,7 @@ void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t
   for (int r = 1; r < t; ++r) consistent = consistent && seen[r].mode == seen[0].mode;
   if (!consistent) ++sum.consistency_violations;
   const GateDecision& d = seen[0];
-  const GroupStep step = model.Step(g.current, d.mode, g.rng);
+  const GroupStep step = model.Step(g.current, d.mode, g.rng, k);
   for (int r = 0; r < t; ++r) {
     // Each rank reports the mode it ran (its own copy of the decision).
     (void)g.clients[r]->ReportTelemetry({.step = k,
@@ -342,12 +344,12 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   return total;
 }
 
-absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
-  if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+uint64_t GroupNoiseSeed(uint64_t seed, int group) { return Mix(seed, group, 1); }
+
+absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& config) {
   absl::StatusOr<std::unique_ptr<runtime::LengthSource>> probe =
       runtime::ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch);
   if (!probe.ok()) return probe.status();
-  const CostModel model(o.cost);
   // A trace with no --steps is replayed once through; a distribution for 1,000 steps.
   int64_t steps = o.steps;
   if (steps == 0) {
@@ -364,25 +366,64 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       steps = 1000;
     }
   }
+  return steps;
+}
+
+absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
+  if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+  absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
+  if (!replay_steps.ok()) return replay_steps.status();
+  const int64_t steps = *replay_steps;
+  const CostModel model(o.cost);
   const absl::Time start = absl::Now();
   Summary sum;
+  std::vector<std::unique_ptr<runtime::BatchBuilder>> batches;
+  std::vector<std::mt19937_64> rngs;
+  std::vector<client::LocalGatePolicy> policies;
   for (int gi = 0; gi < o.groups; ++gi) {
-    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> batches = GroupBatches(o, gi);
-    if (!batches.ok()) return batches.status();
-    std::mt19937_64 rng(Mix(o.seed, gi, 1));
-    client::LocalGatePolicy policy(config, 0);
-    for (int64_t k = 0; k < steps; ++k) {
-      const std::vector<int64_t> lengths = (*batches)->Next(config.bucket_target_cv).lengths;
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, gi);
+    if (!b.ok()) return b.status();
+    batches.push_back(*std::move(b));
+    rngs.emplace_back(GroupNoiseSeed(o.seed, gi));
+    policies.emplace_back(config, 0);
+  }
+  // ADAPTIVE learns as the daemon would: one table pooled over the groups, a step's
+  // sample visible kReplayLearnLagSteps later. Step-major, so no group sees another's
+  // future.
+  const bool adaptive = config.policy == GatePolicyKind::kAdaptive;
+  ThroughputTable learned;
+  struct Sample {
+    int64_t step;
+    int band;
+    Mode mode;
+    double tokens, seconds;
+  };
+  std::deque<Sample> pending;
+  for (int64_t k = 0; k < steps; ++k) {
+    while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
+      const Sample& x = pending.front();
+      learned.Observe(x.band, x.mode, x.step, x.tokens, x.seconds, config.adaptive_half_life_steps);
+      pending.pop_front();
+    }
+    for (int gi = 0; gi < o.groups; ++gi) {
+      client::LocalGatePolicy& policy = policies[gi];
+      if (adaptive) policy.SetLearnedTable(learned);
+      const std::vector<int64_t> lengths = batches[gi]->Next(config.bucket_target_cv).lengths;
       absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
       if (!stats.ok()) return stats.status();
       const MemoryPrediction mem = model.PredictMemory(lengths);
       const client::LocalDecision ld = policy.Decide({.step = k,
                                                       .length_cv = stats->cv,
+                                                      .tokens = stats->tokens,
                                                       .predicted_peak_bytes_sp = mem.sp,
                                                       .predicted_peak_bytes_tp = mem.tp,
                                                       .memory_budget_bytes = mem.budget});
-      const GroupStep step = model.Step(lengths, ld.decision.mode, rng);
+      const GroupStep step = model.Step(lengths, ld.decision.mode, rngs[gi], k);
       policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
+      if (adaptive) {
+        pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
+                           static_cast<double>(step.effective_tokens), step.step_time_s});
+      }
       GateDecision d;
       d.step = k;
       d.mode = ld.decision.mode;

@@ -81,6 +81,15 @@ uint64_t GroupLengthSeed(uint64_t seed, int group);
 absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOptions& options,
                                                                     int group);
 
+// Replay's ADAPTIVE learning sees a step's telemetry this many steps after the step (in
+// a live job it arrives after the next plans went out).
+inline constexpr int64_t kReplayLearnLagSteps = 2;
+
+// The seed of group `group`'s cost-model noise in replay (and --compare).
+uint64_t GroupNoiseSeed(uint64_t seed, int group);
+// Steps per group that replay runs: --steps, else once through a file trace, else 1,000.
+absl::StatusOr<int64_t> ReplaySteps(const SimOptions& options, const GateConfig& config);
+
 absl::StatusOr<Summary> RunLive(const SimOptions& options);
 absl::StatusOr<Summary> Replay(const SimOptions& options, const GateConfig& config);
 

@@ -71,7 +71,9 @@ void Summary::Merge(const Summary& o) {
 std::string GateConfigJson(const GateConfig& c, int64_t version) {
   std::string out = absl::StrFormat("{\"version\": %d", version);
   for (const GateField& f : kGateFields) {
-    if (f.is_count()) {
+    if (f.is_choice()) {
+      absl::StrAppendFormat(&out, ", \"%s\": \"%s\"", f.name, GateFieldText(c, f));
+    } else if (f.is_count()) {
       absl::StrAppendFormat(&out, ", \"%s\": %d", f.name, c.*f.count);
     } else {
       absl::StrAppendFormat(&out, ", \"%s\": %g", f.name, c.*f.real);
@@ -156,7 +158,7 @@ std::string Summary::ToJson() const {
   field("threads", absl::StrCat(threads));
   if (!group_phase.empty()) field("group_phase", Quote(group_phase));
   if (!config_json.empty()) field("config", config_json);
-  if (!extra_json.empty()) field("sweep", extra_json);
+  for (const auto& [key, value] : extra_json) field(key.c_str(), value);
   absl::StrAppend(&j, "  \"wall_s\": ", absl::StrFormat("%.3f", wall_s), "\n}\n");
   return j;
 }

@@ -48,7 +48,8 @@ struct Summary {
   ModeTotals sp, tp_only, all;
   int64_t late_steps = 0;  // ticks the driving thread started late (could not keep up)
   std::string config_json;  // the config in force at the end (replay: the one replayed)
-  std::string extra_json;   // e.g. the sweep table
+  // More top-level keys, each a JSON value: "sweep", "compare".
+  std::map<std::string, std::string> extra_json;
 
   void AddStep(const GroupStep& step, const client::GateDecision& d);
   void Merge(const Summary& o);

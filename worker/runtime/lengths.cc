@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -121,6 +122,23 @@ class FileLengths final : public LengthSource {
   int64_t max_;
 };
 
+// The first `after` lengths from one source, then the other's: a length mix that shifts.
+class ShiftLengths final : public LengthSource {
+ public:
+  ShiftLengths(int64_t after, std::unique_ptr<LengthSource> first,
+               std::unique_ptr<LengthSource> then)
+      : after_(after), first_(std::move(first)), then_(std::move(then)) {}
+  int64_t Next() override { return drawn_++ < after_ ? first_->Next() : then_->Next(); }
+  std::string Describe() const override {
+    return absl::StrCat("shift:after=", after_, "|", first_->Describe(), "|", then_->Describe());
+  }
+
+ private:
+  int64_t after_;
+  int64_t drawn_ = 0;
+  std::unique_ptr<LengthSource> first_, then_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LengthSource>> ParseLengthSource(std::string_view spec_in,
@@ -130,10 +148,31 @@ absl::StatusOr<std::unique_ptr<LengthSource>> ParseLengthSource(std::string_view
   if (max_length < 1) return Bad(spec, "the maximum length must be >= 1");
   const size_t colon = spec.find(':');
   if (colon == absl::string_view::npos) {
-    return Bad(spec, "expected KIND:PARAMS with KIND one of lognormal, bimodal, uniform, file");
+    return Bad(spec,
+               "expected KIND:PARAMS with KIND one of lognormal, bimodal, uniform, file, shift");
   }
   const absl::string_view kind = spec.substr(0, colon);
   const absl::string_view rest = spec.substr(colon + 1);
+  if (kind == "shift") {
+    std::vector<absl::string_view> parts = absl::StrSplit(rest, '|');
+    int64_t after = 0;
+    if (parts.size() != 3 || !absl::ConsumePrefix(&parts[0], "after=") ||
+        !absl::SimpleAtoi(parts[0], &after) || after < 0) {
+      return Bad(spec, "expected shift:after=N|FIRST|THEN with N >= 0 lengths");
+    }
+    if (absl::StartsWith(parts[1], "shift:") || absl::StartsWith(parts[2], "shift:")) {
+      return Bad(spec, "a shift cannot nest another shift");
+    }
+    absl::StatusOr<std::unique_ptr<LengthSource>> first =
+        ParseLengthSource(std::string_view(parts[1].data(), parts[1].size()), seed, max_length);
+    if (!first.ok()) return first.status();
+    absl::StatusOr<std::unique_ptr<LengthSource>> then =
+        ParseLengthSource(std::string_view(parts[2].data(), parts[2].size()),
+                          seed ^ 0x5DEECE66Dull, max_length);
+    if (!then.ok()) return then.status();
+    return std::unique_ptr<LengthSource>(
+        new ShiftLengths(after, *std::move(first), *std::move(then)));
+  }
   if (kind == "file") {
     std::ifstream in{std::string(rest)};
     if (rest.empty() || !in) {
@@ -217,7 +256,7 @@ absl::StatusOr<std::unique_ptr<LengthSource>> ParseLengthSource(std::string_view
         static_cast<int64_t>(lo), static_cast<int64_t>(hi), seed, max_length));
   }
   return Bad(spec, absl::StrCat("unknown distribution '", kind,
-                                "' (lognormal, bimodal, uniform, file)"));
+                                "' (lognormal, bimodal, uniform, file, shift)"));
 }
 
 }  // namespace spgate::runtime

@@ -3,6 +3,9 @@
 //   bimodal:short=512,long=16384,p_long=0.2  two modes, each with +-jitter (default 0.1)
 //   uniform:min=128,max=8192                 integers, both ends included
 //   file:PATH                                one length per line, replayed in order, cycled
+//   shift:after=N|FIRST|THEN                 N lengths from FIRST, then THEN's (a mix that
+//                                            shifts), e.g. shift:after=20000|lognormal:
+//                                            mean=4096,sigma=0.3|bimodal:short=512,...
 // Every source is a pure function of its spec and seed (its own generator, no
 // std::*_distribution, whose output differs between standard libraries), so ranks and
 // reruns see the same stream. Lengths are clamped to [1, max_length].

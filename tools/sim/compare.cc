@@ -1,0 +1,231 @@
+// The decision-quality comparison; see compare.h and docs/sim.md.
+#include "tools/sim/compare.h"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "policy/adaptive_policy.h"
+#include "policy/gate_policy.h"
+#include "policy/group_state.h"
+#include "tools/sim/cost_model.h"
+
+namespace spgate::sim {
+namespace {
+
+// One policy's run over every group: its per-group state, its pooled learned table (with
+// the lag), and its totals.
+struct Run {
+  enum class Kind { kSp, kTpOnly, kStatic, kAdaptive, kOracle };
+  struct Sample {
+    int64_t step;
+    int band;
+    Mode mode;
+    double tokens, seconds;
+  };
+
+  Kind kind;
+  GateConfig config;
+  std::vector<GroupPolicyState> groups;
+  std::vector<std::optional<Mode>> last_mode;
+  ThroughputTable table;
+  std::deque<Sample> pending;  // not yet visible to the policy
+  PolicyResult result;
+  double tokens = 0, time_s = 0;
+  std::vector<double> step_times;
+  double window_tokens = 0, window_time = 0;  // summed over groups for the current window
+};
+
+bool TpOverBudget(const GateConfig& c, const MemoryPrediction& m) {
+  return m.budget != 0 &&
+         static_cast<double>(m.tp) > static_cast<double>(m.budget) * c.memory_headroom;
+}
+
+}  // namespace
+
+const PolicyResult* CompareResult::Find(const std::string& name) const {
+  for (const PolicyResult& p : policies) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& config,
+                                      int64_t series_window) {
+  if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+  absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
+  if (!replay_steps.ok()) return replay_steps.status();
+  const int64_t steps = *replay_steps;
+  if (series_window <= 0) series_window = std::max<int64_t>(1, steps / 50);
+  const CostModel model(o.cost);
+
+  std::vector<std::unique_ptr<runtime::BatchBuilder>> batches;
+  std::vector<std::mt19937_64> rngs;
+  for (int gi = 0; gi < o.groups; ++gi) {
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, gi);
+    if (!b.ok()) return b.status();
+    batches.push_back(*std::move(b));
+    rngs.emplace_back(GroupNoiseSeed(o.seed, gi));
+  }
+
+  GateConfig static_config = config;
+  static_config.policy = GatePolicyKind::kStatic;
+  GateConfig adaptive_config = config;
+  adaptive_config.policy = GatePolicyKind::kAdaptive;
+  const std::pair<const char*, Run::Kind> kinds[] = {
+      {"sp", Run::Kind::kSp},           {"tp_only", Run::Kind::kTpOnly},
+      {"static", Run::Kind::kStatic},   {"adaptive", Run::Kind::kAdaptive},
+      {"oracle", Run::Kind::kOracle}};
+  std::vector<Run> runs;
+  for (const auto& [name, kind] : kinds) {
+    Run r;
+    r.kind = kind;
+    r.config = kind == Run::Kind::kAdaptive ? adaptive_config : static_config;
+    r.groups.resize(o.groups);
+    r.last_mode.resize(o.groups);
+    r.result.name = name;
+    runs.push_back(std::move(r));
+  }
+
+  for (int64_t k = 0; k < steps; ++k) {
+    for (int gi = 0; gi < o.groups; ++gi) {
+      const std::vector<int64_t> lengths = batches[gi]->Next(config.bucket_target_cv).lengths;
+      absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+      if (!stats.ok()) return stats.status();
+      const MemoryPrediction mem = model.PredictMemory(lengths);
+      // Both modes' costs from one generator state: every policy sees the same noise.
+      std::mt19937_64 for_tp = rngs[gi];
+      const GroupStep sp_step = model.Step(lengths, Mode::kSequenceParallel, rngs[gi], k);
+      const GroupStep tp_step = model.Step(lengths, Mode::kTensorParallelOnly, for_tp, k);
+      const BatchFacts facts{.step = k,
+                             .length_cv = stats->cv,
+                             .tokens = stats->tokens,
+                             .predicted_peak_bytes_sp = mem.sp,
+                             .predicted_peak_bytes_tp = mem.tp,
+                             .memory_budget_bytes = mem.budget};
+      const bool tp_over = TpOverBudget(config, mem);
+      for (Run& r : runs) {
+        Decision d;
+        int band = -1;
+        switch (r.kind) {
+          case Run::Kind::kSp:
+            d = {Mode::kSequenceParallel, Reason::kPinned};
+            break;
+          case Run::Kind::kTpOnly:
+            d = tp_over ? Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}
+                        : Decision{Mode::kTensorParallelOnly, Reason::kPinned};
+            break;
+          case Run::Kind::kOracle:
+            d = !tp_over && tp_step.step_time_s < sp_step.step_time_s
+                    ? Decision{Mode::kTensorParallelOnly, Reason::kAdaptive}
+                    : Decision{Mode::kSequenceParallel, Reason::kAdaptive};
+            break;
+          case Run::Kind::kStatic:
+          case Run::Kind::kAdaptive: {
+            while (!r.pending.empty() && r.pending.front().step + kReplayLearnLagSteps <= k) {
+              const Run::Sample& s = r.pending.front();
+              r.table.Observe(s.band, s.mode, s.step, s.tokens, s.seconds,
+                              r.config.adaptive_half_life_steps);
+              r.pending.pop_front();
+            }
+            const GateOutcome out = r.groups[gi].Decide(r.config, facts, std::nullopt, &r.table);
+            d = out.decision;
+            band = out.band;
+            break;
+          }
+        }
+        const GroupStep& step = d.mode == Mode::kSequenceParallel ? sp_step : tp_step;
+        if (r.kind == Run::Kind::kStatic || r.kind == Run::Kind::kAdaptive) {
+          r.groups[gi].ObserveRsWaitShare(k, d.mode, step.group_rs_wait_share,
+                                          r.config.window_steps);
+        }
+        if (band >= 0) {
+          r.pending.push_back({k, band, d.mode, static_cast<double>(step.effective_tokens),
+                               step.step_time_s});
+        }
+        if (r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode) ++r.result.switches;
+        r.last_mode[gi] = d.mode;
+        if (d.reason == Reason::kProbe) ++r.result.probe_steps;
+        (d.mode == Mode::kSequenceParallel ? r.result.sp_steps : r.result.tp_steps)++;
+        r.tokens += static_cast<double>(step.effective_tokens);
+        r.time_s += step.step_time_s;
+        r.step_times.push_back(step.step_time_s);
+        r.result.peak_memory_bytes = std::max(r.result.peak_memory_bytes, step.peak_memory_bytes);
+        r.window_tokens += static_cast<double>(step.effective_tokens);
+        r.window_time += step.step_time_s;
+      }
+    }
+    if ((k + 1) % series_window == 0 || k + 1 == steps) {
+      for (Run& r : runs) {
+        r.result.series.push_back(r.window_time > 0 ? o.groups * r.window_tokens / r.window_time
+                                                    : 0);
+        r.window_tokens = r.window_time = 0;
+      }
+    }
+  }
+
+  CompareResult out;
+  out.steps = steps;
+  out.groups = o.groups;
+  out.series_window = series_window;
+  for (Run& r : runs) {
+    r.result.effective_tokens_per_s = r.time_s > 0 ? o.groups * r.tokens / r.time_s : 0;
+    r.result.step_time_p95_s = Percentile(std::move(r.step_times), 0.95);
+    out.policies.push_back(std::move(r.result));
+  }
+  const double oracle = out.policies.back().effective_tokens_per_s;
+  for (PolicyResult& p : out.policies) {
+    p.ratio_to_oracle = oracle > 0 ? p.effective_tokens_per_s / oracle : 0;
+  }
+  return out;
+}
+
+std::string CompareTable(const CompareResult& r) {
+  std::string out = absl::StrFormat(
+      "%d groups x %d steps, same batches and noise for every policy\n"
+      "| policy | effective tokens/s | x oracle | step p95 s | peak GiB | SP steps | "
+      "TP-only steps | switches | probe steps |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      r.groups, r.steps);
+  for (const PolicyResult& p : r.policies) {
+    absl::StrAppendFormat(&out, "| %s | %.0f | %.4f | %.4f | %.2f | %d | %d | %d | %d |\n", p.name,
+                          p.effective_tokens_per_s, p.ratio_to_oracle, p.step_time_p95_s,
+                          static_cast<double>(p.peak_memory_bytes) / (1ull << 30), p.sp_steps,
+                          p.tp_steps, p.switches, p.probe_steps);
+  }
+  return out;
+}
+
+std::string CompareJson(const CompareResult& r) {
+  std::vector<std::string> rows;
+  for (const PolicyResult& p : r.policies) {
+    rows.push_back(absl::StrFormat(
+        "\"%s\": {\"effective_tokens_per_s\": %.3f, \"step_time_p95_s\": %.6f, "
+        "\"peak_memory_bytes\": %d, \"ratio_to_oracle\": %.6f, \"switches\": %d, "
+        "\"probe_steps\": %d, \"sp_steps\": %d, \"tp_only_steps\": %d}",
+        p.name, p.effective_tokens_per_s, p.step_time_p95_s, p.peak_memory_bytes,
+        p.ratio_to_oracle, p.switches, p.probe_steps, p.sp_steps, p.tp_steps));
+  }
+  return "{\n    " + absl::StrJoin(rows, ",\n    ") + "\n  }";
+}
+
+std::string CompareSeriesCsv(const CompareResult& r) {
+  std::string out = "step";
+  for (const PolicyResult& p : r.policies) absl::StrAppend(&out, ",", p.name);
+  out += "\n";
+  const size_t n = r.policies.empty() ? 0 : r.policies.front().series.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t step = std::min<int64_t>(r.steps, static_cast<int64_t>(i + 1) * r.series_window);
+    absl::StrAppend(&out, step);
+    for (const PolicyResult& p : r.policies) absl::StrAppendFormat(&out, ",%.1f", p.series[i]);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace spgate::sim

@@ -1,0 +1,63 @@
+// `spgate-sim replay --compare`: the decision-quality benchmark (docs/sim.md). The same
+// batches with the same noise (common random numbers: every step's cost under both modes
+// is drawn once, from one generator state) run under five policies:
+//   sp        always SP;
+//   tp_only   always TP-only — except where the memory gate forces SP (a fixed TP-only
+//             job would not fit those batches at all);
+//   static    the gates with the given config (policy STATIC);
+//   adaptive  the given config with policy ADAPTIVE, learning from the steps it ran, the
+//             table pooled over the groups like the daemon's and each step's sample
+//             visible kReplayLearnLagSteps steps later (telemetry arrives after later plans);
+//   oracle    for each batch, the mode whose simulated step is shorter, subject to the
+//             memory gate — the best any per-batch choice can do on these batches.
+//
+// Usage:
+//   absl::StatusOr<CompareResult> r = Compare(options, config, /*series_window=*/50);
+//   std::cerr << CompareTable(*r);  json["compare"] = CompareJson(*r);
+#ifndef SPGATE_TOOLS_SIM_COMPARE_H_
+#define SPGATE_TOOLS_SIM_COMPARE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "policy/types.h"
+#include "tools/sim/sim.h"
+
+namespace spgate::sim {
+
+
+struct PolicyResult {
+  std::string name;  // sp, tp_only, static, adaptive, oracle
+  double effective_tokens_per_s = 0;  // groups × Σ tokens / Σ step time
+  double step_time_p95_s = 0;
+  uint64_t peak_memory_bytes = 0;
+  double ratio_to_oracle = 0;
+  int64_t switches = 0;     // mode changes, summed over groups
+  int64_t probe_steps = 0;  // group-steps with reason PROBE
+  int64_t sp_steps = 0, tp_steps = 0;
+  std::vector<double> series;  // effective tokens/s per window of series_window steps
+};
+
+struct CompareResult {
+  int64_t steps = 0;  // per group
+  int groups = 0;
+  int64_t series_window = 0;
+  std::vector<PolicyResult> policies;  // in the order above
+
+  const PolicyResult* Find(const std::string& name) const;
+};
+
+// `config` is the static policy's; the adaptive one is the same with policy ADAPTIVE.
+// `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1).
+absl::StatusOr<CompareResult> Compare(const SimOptions& options, const GateConfig& config,
+                                      int64_t series_window = 0);
+
+std::string CompareTable(const CompareResult& result);  // markdown
+std::string CompareJson(const CompareResult& result);   // the value of the "compare" key
+std::string CompareSeriesCsv(const CompareResult& result);  // step,sp,tp_only,...
+
+}  // namespace spgate::sim
+
+#endif  // SPGATE_TOOLS_SIM_COMPARE_H_
