@@ -28,6 +28,20 @@ const char* kModeNames[kModeSlots] = {"", "sp", "tp_only"};
 
 std::string_view SpgateVersion() { return kVersion; }
 
+std::string_view LimitLabel(Limit limit) {
+  switch (limit) {
+    case Limit::kJobs: return "jobs";
+    case Limit::kSessionsPerJob: return "sessions_per_job";
+    case Limit::kGroupsPerJob: return "groups_per_job";
+    case Limit::kSequencesPerPlan: return "sequences_per_plan";
+    case Limit::kPlanRate: return "plan_rate";
+    case Limit::kTelemetryRate: return "telemetry_rate";
+    case Limit::kStreams: return "streams";
+    case Limit::kWatchStreams: return "watch_streams";
+  }
+  return "unknown";
+}
+
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       decisions_f(BuildCounter().Name("spgate_decisions_total")
@@ -112,6 +126,10 @@ Metrics::Metrics()
                                   "replaced incarnation, a plan from a non-leader, a plan too far "
                                   "ahead of its group, an unknown session.")
                             .Register(*registry_)),
+      limit_refusals_f(BuildCounter().Name("spgate_limit_refusals_total")
+                           .Help("Requests refused because a limit (a spgated flag) was "
+                                 "reached, by limit.")
+                           .Register(*registry_)),
       config_updates_ok(config_updates_f.Add({{"result", "ok"}})),
       config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
       config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
@@ -133,6 +151,10 @@ Metrics::Metrics()
         {{"job_id", "_default"}, {"gate", std::string(kGateFields[i].name)}});
   }
   global_version_ = &config_version_f.Add({{"job_id", "_default"}});
+  for (int i = 0; i < kNumLimits; ++i) {
+    limit_refusals_[i] =
+        &limit_refusals_f.Add({{"limit", std::string(LimitLabel(static_cast<Limit>(i)))}});
+  }
 }
 
 void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {

@@ -159,6 +159,13 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     {
       MutexLock lock(&mu_);
       if (finish_requested_) return;
+      // A worker that does not read its replies gets no more of its messages read
+      // until the replies queued for it have gone out: the queue stays bounded, and
+      // the worker, which never waits for the daemon, decides locally meanwhile.
+      if (PendingDecisionsLocked() > kMaxPendingDecisions) {
+        read_paused_ = true;
+        return;
+      }
     }
     StartRead(&in_);
   }
@@ -188,9 +195,14 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     [[maybe_unused]] CallbackScope scope;
     Acquire();
     std::optional<grpc::Status> finish;
-    bool write = false;
+    bool write = false, read = false;
     {
       MutexLock lock(&mu_);
+      if (ok && read_paused_ && !finish_requested_ &&
+          PendingDecisionsLocked() <= kMaxPendingDecisions) {
+        read_paused_ = false;
+        read = true;
+      }
       if (ok && !pending_.empty() && !finish_requested_) {
         current_ = std::move(pending_.front());
         pending_.pop_front();
@@ -208,6 +220,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
     }
     if (write) StartWrite(&current_);
+    if (read) StartRead(&in_);
     if (finish) Finish(*finish);
   }
 
@@ -226,7 +239,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     Acquire();
     sink_->Invalidate();
     if (session_ != nullptr) state_->DetachSession(*session_, sink_.get());
-    streams_->Remove(this);
+    streams_->Remove(this, StreamRegistry::Kind::kConnect);
     delete this;
   }
 
@@ -237,6 +250,15 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
  private:
+  // Decisions queued behind the write in flight before reading stops.
+  static constexpr int kMaxPendingDecisions = 4096;
+
+  int PendingDecisionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int n = 0;
+    for (const v1::DaemonMessage& m : pending_) n += m.decisions_size() + m.rejections_size();
+    return n;
+  }
+
   void FinishWhenIdle(grpc::Status status) {
     bool now = false;
     {
@@ -266,6 +288,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   std::deque<v1::DaemonMessage> pending_ ABSL_GUARDED_BY(mu_);
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_;
 };
 
@@ -355,7 +378,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     [[maybe_unused]] CallbackScope scope;
     Acquire();
     state_->RemoveWatcher(watcher_.get());
-    streams_->Remove(this);
+    streams_->Remove(this, StreamRegistry::Kind::kWatch);
     delete this;
   }
 
@@ -413,9 +436,28 @@ void StreamRegistry::Add(Stream* s) {
   if (drain) s->Drain();
 }
 
-void StreamRegistry::Remove(Stream* s) {
+void StreamRegistry::SetLimits(int max_streams, int max_watch_streams) {
+  MutexLock lock(&mu_);
+  max_streams_ = max_streams;
+  max_watch_streams_ = max_watch_streams;
+}
+
+std::optional<Limit> StreamRegistry::Admit(Kind kind) {
+  MutexLock lock(&mu_);
+  if (admitted_ >= max_streams_) return Limit::kStreams;
+  if (kind == Kind::kWatch) {
+    if (admitted_watch_ >= max_watch_streams_) return Limit::kWatchStreams;
+    ++admitted_watch_;
+  }
+  ++admitted_;
+  return std::nullopt;
+}
+
+void StreamRegistry::Remove(Stream* s, Kind kind) {
   MutexLock lock(&mu_);
   streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  --admitted_;
+  if (kind == Kind::kWatch) --admitted_watch_;
 }
 
 void StreamRegistry::DrainAll() {
@@ -479,6 +521,12 @@ grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext*
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
   if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return new RefusedStream(s);
+  if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kConnect)) {
+    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    return new RefusedStream(absl::ResourceExhaustedError(
+        "spgated has as many streams open as --max_streams allows; decide locally and "
+        "retry later"));
+  }
   return new ConnectReactor(state_, metrics_, streams_);
 }
 
@@ -603,6 +651,13 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
   if (auto who = Authorize(ctx, "WatchDecisions"); !who.ok()) {
     return new RefusedWatch(ToGrpcStatus(who.status()));
   }
+  if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
+    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    return new RefusedWatch(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        "spgated has as many WatchDecisions streams open as --max_watch_streams (or "
+        "streams as --max_streams) allows"));
+  }
   return new WatchReactor(state_, metrics_, streams_, request->job_id());
 }
 
@@ -632,6 +687,14 @@ grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
       store_->RollbackGateConfig(*request, AuditContext{who->name});
   CountConfigUpdate(result.status());
   return Reply(ctx, std::move(result), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::ForgetJob(grpc::CallbackServerContext* ctx,
+                                                      const v1::ForgetJobRequest* request,
+                                                      v1::ForgetJobResponse* response) {
+  absl::StatusOr<Principal> who = Authorize(ctx, "ForgetJob");
+  if (!who.ok()) return Fail(ctx, who.status());
+  return Reply(ctx, store_->ForgetJob(*request, AuditContext{who->name}), response);
 }
 
 void SyncWithFinishedCallbacks() {
