@@ -710,8 +710,10 @@ void GateState::Sweep() {
         job.op.has_overrides || Active(job.op.pin, now) ||
         std::any_of(job.op.group_pins.begin(), job.op.group_pins.end(),
                     [&](const auto& kv) { return kv.second.expire > now; });
-    const std::string id = job.id;
-    EraseSessions([&](const Session& s) { return s.job_id == id; });
+    if (job.sessions > 0) {  // only then is the scan worth it (Sweep runs every second)
+      const std::string id = job.id;
+      EraseSessions([&](const Session& s) { return s.job_id == id; });
+    }
     if (operator_state) {
       // Settings keep the job listed, but not its live state: that goes like any idle
       // job's, so a job configured once does not hold its groups forever.

@@ -38,6 +38,7 @@ std::string_view LimitLabel(Limit limit) {
     case Limit::kTelemetryRate: return "telemetry_rate";
     case Limit::kStreams: return "streams";
     case Limit::kWatchStreams: return "watch_streams";
+    case Limit::kItemsPerMessage: return "items_per_message";
   }
   return "unknown";
 }

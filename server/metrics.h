@@ -35,8 +35,9 @@ enum class Limit {
   kTelemetryRate,
   kStreams,
   kWatchStreams,
+  kItemsPerMessage,
 };
-inline constexpr int kNumLimits = 8;
+inline constexpr int kNumLimits = 9;
 std::string_view LimitLabel(Limit limit);
 
 // One job's series, created when the job first appears and removed with it.

@@ -113,6 +113,16 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
       session_ = *std::move(session);
     }
+    if (in_.plans_size() > kMaxItemsPerMessage || in_.telemetry_size() > kMaxItemsPerMessage) {
+      // The shipped clients send at most 1024 plans and 512 records a message; more is
+      // not a worker, and answering each would multiply the message's size.
+      if (metrics_ != nullptr) metrics_->LimitRefusals(Limit::kItemsPerMessage).Increment();
+      FinishWhenIdle(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("more than ", kMaxItemsPerMessage,
+                       " plans or telemetry records in one message")));
+      return;
+    }
     v1::DaemonMessage out;
     // A session whose launch was replaced (docs/design.md §10) gets its stream ended
     // with FAILED_PRECONDITION: the worker falls back locally, and nothing it sends counts.
@@ -252,6 +262,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
  private:
   // Decisions queued behind the write in flight before reading stops.
   static constexpr int kMaxPendingDecisions = 4096;
+  // Plans, and telemetry records, one message may carry.
+  static constexpr int kMaxItemsPerMessage = 4096;
 
   int PendingDecisionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     int n = 0;
@@ -600,6 +612,10 @@ void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
       case absl::StatusCode::kOk: metrics_->config_updates_ok.Increment(); break;
       case absl::StatusCode::kInvalidArgument: metrics_->config_updates_invalid.Increment(); break;
       case absl::StatusCode::kAborted: metrics_->config_updates_conflict.Increment(); break;
+      // A new job scope past --max_jobs.
+      case absl::StatusCode::kResourceExhausted:
+        metrics_->LimitRefusals(Limit::kJobs).Increment();
+        break;
       default: break;
     }
   }
@@ -628,7 +644,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext*
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
   if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
-  return Reply(ctx, store_->PinMode(*request, AuditContext{who->name}), response);
+  absl::StatusOr<v1::Pin> pinned = store_->PinMode(*request, AuditContext{who->name});
+  if (pinned.status().code() == absl::StatusCode::kResourceExhausted && metrics_ != nullptr) {
+    metrics_->LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
+  }
+  return Reply(ctx, std::move(pinned), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,

@@ -332,6 +332,27 @@ class Campaign:
             except TimeoutError:
                 pass
 
+    def oversized_stream_message_case(self):
+        """One Connect message with more plans than any worker sends (4096): the stream
+        ends with RESOURCE_EXHAUSTED instead of the daemon answering each."""
+        s = self.leader()
+        stream = self.gate.bidi("Connect", timeout=10)
+        stream.send(self.gate.new("WorkerMessage", session_id=s[2], plans=[
+            self.plan(s[0], s[1], s[3] + k, [64]) for k in range(4097)]))
+        self.t.plan_items += 4097
+        try:
+            stream.recv(timeout=8)
+            got = OK
+        except grpc.RpcError as e:
+            got = e.code()
+        except TimeoutError:
+            got = None
+        self.t.record("Connect/more than 4096 plans in one message", C.RESOURCE_EXHAUSTED, got)
+        try:
+            stream.close(2)
+        except TimeoutError:
+            pass
+
     def rate_burst_case(self):
         """One message of 600 plans from a fresh session: the burst (400) is decided, the
         rest refused with RESOURCE_EXHAUSTED (the worker decides those locally)."""
@@ -689,6 +710,7 @@ def main():
                         camp.stream_open_cases()
                     if i % 25 == 0:
                         camp.oversized_cases()
+                        camp.oversized_stream_message_case()
                     if i % 10 == 0 and len(never_read) < 8:
                         # A leader that floods plans and never reads a reply.
                         # On a connection of its own, as a hostile client would be: a
@@ -802,7 +824,7 @@ def main():
             failures.append(f"the daemon took over 10 ms for more than 1% of its decisions: "
                             f"{daemon_latency}")
         for limit in ("sessions_per_job", "sequences_per_plan", "plan_rate", "telemetry_rate",
-                      "streams", "watch_streams"):
+                      "streams", "watch_streams", "items_per_message"):
             if metrics.get(limit, 0) < 1:
                 failures.append(f"spgate_limit_refusals_total{{limit=\"{limit}\"}} is "
                                 f"{metrics.get(limit)}: the campaign should have reached it")
