@@ -866,6 +866,8 @@ def main():
             sim.kill()
         if daemon is not None:
             daemon.kill()
+            if failures:
+                failures.append("spgated's stderr (tail):\n" + daemon.stderr_text[-6000:])
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
         print("FAIL:\n" + "\n".join(failures), file=sys.stderr)
