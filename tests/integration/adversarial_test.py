@@ -593,6 +593,29 @@ def ping_flood_case(address, tally):
     channel.close()
 
 
+def polite_ping_case(address, tally, seconds=14.0):
+    """A client pinging every 6 s without data (more often than the shipped clients' 10 s,
+    less often than --min_ping_interval allows) keeps its connection: its long call runs
+    until its own deadline."""
+    options = [("grpc.keepalive_time_ms", 6000), ("grpc.keepalive_timeout_ms", 5000),
+               ("grpc.keepalive_permit_without_calls", 1),
+               ("grpc.http2.max_pings_without_data", 0),
+               ("grpc.http2.min_time_between_pings_ms", 6000)]
+    channel = grpc.insecure_channel(address, options=options)
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                 request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)
+    call = watch(b"", timeout=seconds)
+    try:
+        for _ in call:
+            pass
+        got = OK
+    except grpc.RpcError as e:
+        got = e.code()
+    tally.record("Health.Watch/pings every 6 s are accepted", C.DEADLINE_EXCEEDED, got)
+    channel.close()
+
+
 def worker_token_cases(spgated, tmp, tally):
     """A daemon that requires a worker credential: missing and wrong ones."""
     token_file = os.path.join(tmp, "worker-token")
@@ -697,6 +720,8 @@ def main():
         camp.watch_cases(held_watches)
         pinger = threading.Thread(target=ping_flood_case, args=(daemon.admin_address, tally))
         pinger.start()
+        polite = threading.Thread(target=polite_ping_case, args=(daemon.worker_address, tally))
+        polite.start()
         worker_token_cases(args.spgated, tmp, tally)
         never_read = []   # Connect streams whose replies are never read
         never_read_lock = threading.Lock()
@@ -763,6 +788,7 @@ def main():
             th.join(30)
         failures.extend(thread_errors)
         pinger.join(15)
+        polite.join(30)
         campaign_s = time.monotonic() - t_start
         rss_max = max(rss_max, vm_rss_kib(pid))
 
