@@ -63,6 +63,7 @@ std::optional<CallKind> AdminCallKind(absl::string_view method) {
       {"PinMode", CallKind::kMutation},
       {"Unpin", CallKind::kMutation},
       {"RollbackGateConfig", CallKind::kMutation},
+      {"ForgetJob", CallKind::kMutation},
   };
   for (const auto& k : kKinds) {
     if (k.method == method) return k.kind;

@@ -181,8 +181,19 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
     builder.RegisterCallbackGenericService(&unimplemented);
   }
   builder.SetOption(std::make_unique<ReflectionOption>(/*enabled=*/service != nullptr));
-  // Workers may keep the stream alive with pings every 10 s even when idle.
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  // Limits (docs/design.md §10). A larger message is refused by gRPC with
+  // RESOURCE_EXHAUSTED before any handler runs; streams over the per-connection cap wait
+  // in the client's HTTP/2 layer.
+  builder.SetMaxReceiveMessageSize(opts.max_receive_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             opts.max_concurrent_streams_per_connection);
+  // Keepalive enforcement: the shipped clients ping every 10 s, also when idle
+  // (worker/client/wire.cc), which is accepted; a client pinging more often than
+  // --min_ping_interval gets a strike per ping, and after --max_ping_strikes the
+  // connection is closed (GOAWAY "too_many_pings").
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             opts.min_ping_interval_ms);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, opts.max_ping_strikes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
@@ -228,6 +239,11 @@ absl::Status Daemon::Impl::Start() {
   so.max_jobs = opts.max_jobs;
   so.max_groups_per_job = opts.max_groups_per_job;
   so.max_plan_lead_steps = opts.max_plan_lead_steps;
+  so.forget_after = opts.forget_after;
+  so.max_sessions_per_job = opts.max_sessions_per_job;
+  so.max_sequences_per_plan = opts.max_sequences_per_plan;
+  so.max_plans_per_second = opts.max_plans_per_second;
+  so.max_telemetry_per_second = opts.max_telemetry_per_second;
   ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), store.get()));
   store->SetListener(state.get());
 
@@ -241,6 +257,7 @@ absl::Status Daemon::Impl::Start() {
           absl::StrCat("--worker_token_file: ", opts.worker_token_file, " is empty"));
     }
   }
+  streams.SetLimits(opts.max_streams, opts.max_watch_streams);
   gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams,
                                                    std::move(worker_token));
   admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), metrics.get(),

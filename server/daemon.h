@@ -45,6 +45,18 @@ struct DaemonOptions {
   int max_groups_per_job = 4096;
   int64_t max_plan_lead_steps = 4096;          // plans further ahead are refused
   std::string worker_token_file;               // empty: the worker API needs no token
+  // Limits (docs/design.md §10; defaults in server/defaults.h).
+  absl::Duration forget_after = absl::Minutes(30);  // idle ranks, groups, jobs dropped
+  int max_receive_message_bytes = kDefaultMaxReceiveMessageBytes;  // both gRPC ports
+  int max_concurrent_streams_per_connection = kDefaultMaxConcurrentStreamsPerConnection;
+  int max_streams = kDefaultMaxStreams;              // Connect + WatchDecisions, in total
+  int max_watch_streams = kDefaultMaxWatchStreams;
+  int max_sessions_per_job = kDefaultMaxSessionsPerJob;
+  int max_sequences_per_plan = kDefaultMaxSequencesPerPlan;
+  double max_plans_per_second = kDefaultMaxPlansPerSecond;          // per session; 0: off
+  double max_telemetry_per_second = kDefaultMaxTelemetryPerSecond;  // per session; 0: off
+  int min_ping_interval_ms = kDefaultMinPingIntervalMs;  // pings without data, from clients
+  int max_ping_strikes = kDefaultMaxPingStrikes;         // then GOAWAY; 0: never
   // Injected clock, "intended for testing". Defaults to absl::Now.
   std::function<absl::Time()> clock;
 };

@@ -1,5 +1,5 @@
 // Defaults shared by the daemon's options, its flags and its live state, so each is
-// written once.
+// written once. The limits are explained in docs/design.md §10 ("Limits").
 #ifndef SPGATE_SERVER_DEFAULTS_H_
 #define SPGATE_SERVER_DEFAULTS_H_
 
@@ -12,6 +12,31 @@ namespace spgate::server {
 // its side, i.e. within its pipelining depth, so this is generous. The cache grows with
 // use up to this size (about 80 bytes a decision).
 inline constexpr int64_t kDefaultDecisionCacheSteps = 512;
+
+// --- Limits: what one client can make the daemon hold or do (docs/design.md §10) ---
+// The largest message either gRPC port accepts. A plan of the most sequences allowed
+// below takes at most 3 bytes a length on the wire (lengths are at most 2^24).
+inline constexpr int kDefaultMaxReceiveMessageBytes = 4 << 20;
+// HTTP/2 streams one connection may have open at once (a worker process needs one
+// Connect stream and a few unary calls).
+inline constexpr int kDefaultMaxConcurrentStreamsPerConnection = 64;
+// Connect and WatchDecisions streams open at once over the whole daemon.
+inline constexpr int kDefaultMaxStreams = 16384;
+inline constexpr int kDefaultMaxWatchStreams = 64;
+// Worker sessions (registered ranks) one job may hold.
+inline constexpr int kDefaultMaxSessionsPerJob = 16384;
+// Sequences in one batch plan (the policy's own bound on a batch is 2^20).
+inline constexpr int kDefaultMaxSequencesPerPlan = 65536;
+// Per session: plans and telemetry records a second, with bursts of twice that. A
+// leader plans once a step and a rank reports once a step; the bursts cover a client
+// re-sending its pending plans (at most 1024) and telemetry buffer (4096) on reconnect.
+inline constexpr double kDefaultMaxPlansPerSecond = 1000;
+inline constexpr double kDefaultMaxTelemetryPerSecond = 5000;
+// Pings a client may send without data: at least this far apart (the shipped clients
+// ping every 10 s), and how many closer ones the daemon forgives before it closes the
+// connection (GOAWAY, "too_many_pings").
+inline constexpr int kDefaultMinPingIntervalMs = 5000;
+inline constexpr int kDefaultMaxPingStrikes = 2;
 
 }  // namespace spgate::server
 

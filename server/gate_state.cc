@@ -78,6 +78,7 @@ absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& jo
   if (it != jobs_.end()) return it->second.get();
   RETURN_IF_ERROR(ValidateJobId(job_id));
   if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+    CountLimit(Limit::kJobs);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "job %s: the daemon already tracks %d jobs (--max_jobs)", job_id, options_.max_jobs));
   }
@@ -98,6 +99,7 @@ absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int gro
   auto it = job.groups.find(group);
   if (it != job.groups.end()) return it->second.get();
   if (group < 0 || group >= options_.max_groups_per_job) {
+    if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
     return absl::InvalidArgumentError(absl::StrFormat(
         "group: must be in [0, %d), got %d", options_.max_groups_per_job, group));
   }
@@ -125,7 +127,9 @@ absl::StatusOr<const GateState::Job*> GateState::FindJob(const std::string& job_
 
 absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) {
   auto it = jobs_.find(session.job_id);
-  if (it == jobs_.end()) {
+  // No live launch: the job's live state was forgotten (ForgetJob, or idle), though its
+  // operator settings keep it listed.
+  if (it == jobs_.end() || it->second->incarnation.empty()) {
     if (metrics_ != nullptr) metrics_->refused_unknown_session.Increment();
     return absl::NotFoundError(
         absl::StrCat("job ", session.job_id, " was forgotten; register again"));
@@ -141,7 +145,7 @@ absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) 
 }
 
 void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
-  if (!job.incarnation.empty()) {
+  if (!job.incarnation.empty() && !incarnation.empty()) {
     job.retired.push_back(job.incarnation);
     if (job.retired.size() > kRetiredIncarnationsKept) job.retired.pop_front();
   }
@@ -155,13 +159,25 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   job.local_decisions = 0;
   job.sinks.clear();
   ClearLearned(job);
+  // Their later calls find no session or a stale one.
+  EraseSessions([&](const Session& s) { return s.job_id == job.id && s.incarnation != incarnation; });
+}
+
+template <typename Pred>
+int GateState::EraseSessions(Pred drop) {
+  int erased = 0;
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (it->second->job_id == job.id && it->second->incarnation != incarnation) {
-      sessions_.erase(it++);  // their later calls find no session or a stale one
-    } else {
+    if (!drop(*it->second)) {
       ++it;
+      continue;
     }
+    if (auto jit = jobs_.find(it->second->job_id); jit != jobs_.end()) {
+      --jit->second->sessions;
+    }
+    sessions_.erase(it++);
+    ++erased;
   }
+  return erased;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> GateState::FindSession(const std::string& session_id) {
@@ -274,6 +290,15 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   session->group = r.group;
   session->rank_in_group = r.rank_in_group;
 
+  absl::Time now = Now();
+  {
+    MutexLock limiter(&session->limiter_mu);
+    session->plan_tokens =
+        TokenBucket(options_.max_plans_per_second, 2 * options_.max_plans_per_second, now);
+    session->telemetry_tokens = TokenBucket(options_.max_telemetry_per_second,
+                                            2 * options_.max_telemetry_per_second, now);
+  }
+
   MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
   if (job->incarnation != r.incarnation) {
@@ -286,8 +311,23 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     }
     StartIncarnation(*job, r.incarnation);
   }
+  // A rank that registers again replaces its own session, so re-registering never grows
+  // the job's sessions; a new rank needs room under --max_sessions_per_job.
+  std::string replaced;
+  if (auto git = job->groups.find(r.group); git != job->groups.end()) {
+    if (auto rit = git->second->ranks.find(r.rank_in_group); rit != git->second->ranks.end() &&
+                                                            sessions_.contains(rit->second.session_id)) {
+      replaced = rit->second.session_id;
+    }
+  }
+  if (replaced.empty() && job->sessions >= options_.max_sessions_per_job) {
+    CountLimit(Limit::kSessionsPerJob);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s already has %d worker sessions (--max_sessions_per_job)", r.job_id,
+        options_.max_sessions_per_job));
+  }
   ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, r.group));
-  const absl::Time now = Now();
+  now = Now();
   if (g->size != r.group_size) {
     const bool others_alive = std::any_of(g->ranks.begin(), g->ranks.end(), [&](const auto& kv) {
       return kv.first != r.rank_in_group && now - kv.second.last_seen < options_.stale_after;
@@ -303,6 +343,13 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   rank.global_rank = r.global_rank;
   rank.host = r.host;
   rank.last_seen = now;
+  if (!replaced.empty()) {
+    // The old session's stream (if any) keeps running until it ends; its calls by token
+    // get NOT_FOUND from now on.
+    EraseSessions([&](const Session& s) { return s.id == replaced; });
+  }
+  rank.session_id = session->id;
+  ++job->sessions;
   g->last_activity = job->last_activity = now;
   if (r.memory_budget_bytes > 0) {
     job->memory_budget = r.memory_budget_bytes;
@@ -393,6 +440,22 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
   }
   if (plan.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
+  }
+  if (static_cast<int64_t>(plan.lengths.size()) > options_.max_sequences_per_plan) {
+    CountLimit(Limit::kSequencesPerPlan);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "lengths: %d sequences in one plan, more than %d (--max_sequences_per_plan)",
+        plan.lengths.size(), options_.max_sequences_per_plan));
+  }
+  {
+    MutexLock limiter(&session.limiter_mu);
+    if (!session.plan_tokens.TryTake(Now())) {
+      CountLimit(Limit::kPlanRate);
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "plan: this session sends more than %g plans a second "
+          "(--max_plans_per_second); decide this step locally",
+          options_.max_plans_per_second));
+    }
   }
   // The per-sequence work happens before the lock.
   ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
@@ -508,6 +571,16 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
         session.rank_in_group)));
   }
   if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
+  {
+    MutexLock limiter(&session.limiter_mu);
+    if (!session.telemetry_tokens.TryTake(Now())) {
+      CountLimit(Limit::kTelemetryRate);
+      return reject(absl::ResourceExhaustedError(absl::StrFormat(
+          "telemetry: this session sends more than %g records a second "
+          "(--max_telemetry_per_second)",
+          options_.max_telemetry_per_second)));
+    }
+  }
 
   std::vector<std::shared_ptr<SessionSink>> learned_sinks;
   ThroughputTable learned;
@@ -684,54 +757,78 @@ void GateState::RemoveWatcher(const DecisionWatcher* watcher) {
   watcher_count_.store(static_cast<int>(watchers_.size()));
 }
 
+bool GateState::TracksJob(const std::string& job_id) const {
+  ReaderMutexLock lock(&mu_);
+  return jobs_.contains(job_id);
+}
+
+int GateState::OnJobForgotten(const std::string& job_id) {
+  MutexLock lock(&mu_);
+  const int ended = EraseSessions([&](const Session& s) { return s.job_id == job_id; });
+  jobs_.erase(job_id);  // its groups, caches, windows and metric series with it
+  // Settings that stay keep the job listed (as for a job configured before it starts).
+  if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
+  return ended;
+}
+
 void GateState::Sweep() {
   MutexLock lock(&mu_);
   const absl::Time now = Now();
   for (auto jit = jobs_.begin(); jit != jobs_.end();) {
     Job& job = *jit->second;
     int active = 0, stale = 0, ranks = 0;
-    for (auto& [gi, g] : job.groups) {
-      for (auto rit = g->ranks.begin(); rit != g->ranks.end();) {
+    for (auto git = job.groups.begin(); git != job.groups.end();) {
+      Group& g = *git->second;
+      for (auto rit = g.ranks.begin(); rit != g.ranks.end();) {
         const absl::Duration silent = now - rit->second.last_seen;
         if (rit->second.streams == 0 && silent > options_.forget_after) {
-          rit = g->ranks.erase(rit);
+          rit = g.ranks.erase(rit);
           continue;
         }
         (silent > options_.stale_after ? stale : active)++;
         ++ranks;
         ++rit;
       }
+      // A group whose ranks are all gone is dropped once it has been idle as long.
+      if (g.ranks.empty() && now - g.last_activity > options_.forget_after) {
+        git = job.groups.erase(git);
+        continue;
+      }
+      ++git;
     }
     if (job.metrics) {
       job.metrics->workers_active->Set(active);
       job.metrics->workers_stale->Set(stale);
     }
+    const bool idle = ranks == 0 && now - job.last_activity > options_.forget_after;
+    if (!idle) {
+      ++jit;
+      continue;
+    }
     const bool operator_state =
         job.op.has_overrides || Active(job.op.pin, now) ||
         std::any_of(job.op.group_pins.begin(), job.op.group_pins.end(),
                     [&](const auto& kv) { return kv.second.expire > now; });
-    if (ranks == 0 && !operator_state && now - job.last_activity > options_.forget_after) {
-      for (auto sit = sessions_.begin(); sit != sessions_.end();) {
-        if (sit->second->job_id == job.id) sessions_.erase(sit++);
-        else ++sit;
-      }
-      jobs_.erase(jit++);
+    if (job.sessions > 0) {  // only then is the scan worth it (Sweep runs every second)
+      const std::string id = job.id;
+      EraseSessions([&](const Session& s) { return s.job_id == id; });
+    }
+    if (operator_state) {
+      // Settings keep the job listed, but not its live state: that goes like any idle
+      // job's, so a job configured once does not hold its groups forever.
+      if (!job.incarnation.empty() || !job.groups.empty()) StartIncarnation(job, "");
+      ++jit;
       continue;
     }
-    ++jit;
+    jobs_.erase(jit++);
   }
   // Sessions whose rank was forgotten.
-  for (auto sit = sessions_.begin(); sit != sessions_.end();) {
-    const Session& s = *sit->second;
+  EraseSessions([&](const Session& s) {
     auto jit = jobs_.find(s.job_id);
-    bool keep = false;
-    if (jit != jobs_.end()) {
-      auto git = jit->second->groups.find(s.group);
-      keep = git != jit->second->groups.end() && git->second->ranks.contains(s.rank_in_group);
-    }
-    if (keep) ++sit;
-    else sessions_.erase(sit++);
-  }
+    if (jit == jobs_.end()) return true;
+    auto git = jit->second->groups.find(s.group);
+    return git == jit->second->groups.end() || !git->second->ranks.contains(s.rank_in_group);
+  });
 }
 
 }  // namespace spgate::server

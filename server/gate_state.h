@@ -39,6 +39,7 @@
 #include "server/defaults.h"
 #include "server/metrics.h"
 #include "server/operator_view.h"
+#include "server/token_bucket.h"
 
 namespace spgate::v1 {
 class VersionedGateConfig;
@@ -52,11 +53,19 @@ struct StateOptions {
   std::function<absl::Time()> clock;  // required
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);
-  absl::Duration forget_after = absl::Minutes(30);  // stale ranks and idle jobs dropped
+  // Ranks silent this long (with no stream), groups without ranks and jobs without
+  // groups are dropped; a job with operator settings keeps only those.
+  absl::Duration forget_after = absl::Minutes(30);
   int64_t decision_cache_steps = kDefaultDecisionCacheSteps;
   int max_jobs = 1024;
   int max_groups_per_job = 4096;
   int max_group_size = 1024;
+  // Limits (docs/design.md §10); each refusal is RESOURCE_EXHAUSTED and counted in
+  // spgate_limit_refusals_total. A rate <= 0 turns that limit off.
+  int max_sessions_per_job = kDefaultMaxSessionsPerJob;
+  int max_sequences_per_plan = kDefaultMaxSequencesPerPlan;
+  double max_plans_per_second = kDefaultMaxPlansPerSecond;          // per session
+  double max_telemetry_per_second = kDefaultMaxTelemetryPerSecond;  // records, per session
   int64_t config_lead_steps = 2;
   // A plan more than this many steps after its group's last decided step is refused
   // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
@@ -125,6 +134,12 @@ struct Session {
   std::atomic<int64_t> telemetry_received{0};
   // Last cumulative local-decision counts seen, by reason (guarded by GateState's lock).
   int64_t local_seen[kNumReasons] = {};
+  // Rate limits (docs/design.md §10). Their own small lock, so that a refused plan is
+  // refused before its lengths are read and without the state's lock; mutable because
+  // taking a token is not a change to the session a caller sees.
+  mutable Mutex limiter_mu;
+  mutable TokenBucket plan_tokens ABSL_GUARDED_BY(limiter_mu);
+  mutable TokenBucket telemetry_tokens ABSL_GUARDED_BY(limiter_mu);
 };
 
 struct RegisterInput {
@@ -301,7 +316,15 @@ class GateState final : public OperatorListener {
   // pins, schedules the config on every group and pushes it to the job's streams.
   void OnOperatorChange(const std::string& job_id) override;
 
-  // Staleness, pin expiry, forgetting idle jobs, worker gauges.
+  // OperatorListener: a job the live state holds (ForgetJob looks before it audits).
+  bool TracksJob(const std::string& job_id) const override;
+  // OperatorListener: drops the job's live state (groups, caches, windows, counts, its
+  // sessions: their next calls get NOT_FOUND and the workers register again). A job that
+  // still has operator settings stays listed, with no live state. Returns the sessions
+  // ended.
+  int OnJobForgotten(const std::string& job_id) override;
+
+  // Staleness, pin expiry, forgetting idle ranks, groups and jobs, worker gauges.
   void Sweep();
   // Refuses new sessions and streams with UNAVAILABLE (graceful shutdown).
   void BeginDrain() { draining_.store(true); }
@@ -323,8 +346,15 @@ class GateState final : public OperatorListener {
   // The session's job if the session belongs to its current incarnation, else
   // FAILED_PRECONDITION (counted).
   absl::StatusOr<Job*> JobOfSession(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the job's live state afresh for a new launch; operator settings stay.
+  // Starts the job's live state afresh for a new launch (an empty incarnation: no launch,
+  // the live state is dropped); operator settings stay.
   void StartIncarnation(Job& job, const std::string& incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases the sessions `drop` selects, keeping each job's session count.
+  template <typename Pred>
+  int EraseSessions(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountLimit(Limit limit) const {
+    if (metrics_ != nullptr) metrics_->LimitRefusals(limit).Increment();
+  }
   // The pin in force for the group (its own, else the job's), if any.
   std::optional<PinState> ActivePin(const Job& job, int group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

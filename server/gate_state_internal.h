@@ -44,6 +44,7 @@ struct Rank {
   std::string host;
   absl::Time last_seen;
   int streams = 0;
+  std::string session_id;  // its newest session; registering again replaces it
 };
 
 struct ModeWindow {
@@ -95,6 +96,7 @@ struct GateState::Job {
   int64_t local_decisions = 0;
   absl::flat_hash_map<std::string, std::weak_ptr<SessionSink>> sinks;
   uint64_t memory_budget = 0;
+  int sessions = 0;  // entries of GateState::sessions_ for this job
   absl::Time last_activity;
   std::unique_ptr<JobMetrics> metrics;
   // The ADAPTIVE policy's learned table, pooled over the groups (docs/design.md §11),

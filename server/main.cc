@@ -44,6 +44,35 @@ ABSL_FLAG(std::string, worker_token_file, "",
 ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
           "Decisions each TP group keeps to answer retried plans idempotently");
 
+// Limits (docs/design.md §10): each refusal is RESOURCE_EXHAUSTED and counted in
+// spgate_limit_refusals_total{limit=...}.
+ABSL_FLAG(absl::Duration, forget_after, absl::Minutes(30),
+          "Ranks silent this long (no stream), groups without ranks and idle jobs are dropped "
+          "from the live state");
+ABSL_FLAG(int, max_receive_message_bytes, spgate::server::kDefaultMaxReceiveMessageBytes,
+          "Largest message either gRPC port accepts (larger: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int, max_concurrent_streams_per_connection,
+          spgate::server::kDefaultMaxConcurrentStreamsPerConnection,
+          "HTTP/2 streams one client connection may have open at once");
+ABSL_FLAG(int, max_streams, spgate::server::kDefaultMaxStreams,
+          "Connect and WatchDecisions streams open at once, in total");
+ABSL_FLAG(int, max_watch_streams, spgate::server::kDefaultMaxWatchStreams,
+          "WatchDecisions streams open at once");
+ABSL_FLAG(int, max_sessions_per_job, spgate::server::kDefaultMaxSessionsPerJob,
+          "Worker sessions (registered ranks) per job");
+ABSL_FLAG(int, max_sequences_per_plan, spgate::server::kDefaultMaxSequencesPerPlan,
+          "Sequences in one batch plan (at most 1048576)");
+ABSL_FLAG(double, max_plans_per_second, spgate::server::kDefaultMaxPlansPerSecond,
+          "Plans a second per session, bursts of twice that; 0: no limit");
+ABSL_FLAG(double, max_telemetry_per_second, spgate::server::kDefaultMaxTelemetryPerSecond,
+          "Telemetry records a second per session, bursts of twice that; 0: no limit");
+ABSL_FLAG(absl::Duration, min_ping_interval,
+          absl::Milliseconds(spgate::server::kDefaultMinPingIntervalMs),
+          "Shortest interval between a client's pings without data that is not a strike");
+ABSL_FLAG(int, max_ping_strikes, spgate::server::kDefaultMaxPingStrikes,
+          "Pings closer than --min_ping_interval forgiven before the connection is closed; "
+          "0: never closed");
+
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
   absl::FlagsUsageConfig usage;
@@ -86,6 +115,32 @@ int main(int argc, char** argv) {
   opts.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
   opts.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  opts.forget_after = absl::GetFlag(FLAGS_forget_after);
+  opts.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
+  opts.max_concurrent_streams_per_connection =
+      absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
+  opts.max_streams = absl::GetFlag(FLAGS_max_streams);
+  opts.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
+  opts.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
+  opts.max_sequences_per_plan = absl::GetFlag(FLAGS_max_sequences_per_plan);
+  opts.max_plans_per_second = absl::GetFlag(FLAGS_max_plans_per_second);
+  opts.max_telemetry_per_second = absl::GetFlag(FLAGS_max_telemetry_per_second);
+  opts.min_ping_interval_ms =
+      static_cast<int>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_min_ping_interval)));
+  opts.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
+  if (opts.forget_after <= absl::ZeroDuration() || opts.max_receive_message_bytes < 1024 ||
+      opts.max_concurrent_streams_per_connection < 1 || opts.max_streams < 1 ||
+      opts.max_watch_streams < 0 || opts.max_sessions_per_job < 1 ||
+      opts.max_sequences_per_plan < 1 || opts.max_sequences_per_plan > (1 << 20) ||
+      !(opts.max_plans_per_second >= 0) || !(opts.max_telemetry_per_second >= 0) ||
+      opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
+    std::cerr << "spgated: a limit flag is out of range: --forget_after > 0, "
+                 "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
+                 "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
+                 "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "
+                 "--min_ping_interval >= 0, --max_ping_strikes >= 0\n";
+    return 2;
+  }
   if (opts.max_plan_lead_steps < 1) {
     std::cerr << "spgated: --max_plan_lead_steps must be >= 1\n";
     return 2;

@@ -39,6 +39,21 @@ void SetPolicy(const std::array<prometheus::Gauge*, 3>& gauges, GatePolicyKind k
 
 std::string_view SpgateVersion() { return kVersion; }
 
+std::string_view LimitLabel(Limit limit) {
+  switch (limit) {
+    case Limit::kJobs: return "jobs";
+    case Limit::kSessionsPerJob: return "sessions_per_job";
+    case Limit::kGroupsPerJob: return "groups_per_job";
+    case Limit::kSequencesPerPlan: return "sequences_per_plan";
+    case Limit::kPlanRate: return "plan_rate";
+    case Limit::kTelemetryRate: return "telemetry_rate";
+    case Limit::kStreams: return "streams";
+    case Limit::kWatchStreams: return "watch_streams";
+    case Limit::kItemsPerMessage: return "items_per_message";
+  }
+  return "unknown";
+}
+
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       decisions_f(BuildCounter().Name("spgate_decisions_total")
@@ -142,6 +157,10 @@ Metrics::Metrics()
                                 "STATIC gates' choices for the same batches; 0 until a band "
                                 "has decided.")
                           .Register(*registry_)),
+      limit_refusals_f(BuildCounter().Name("spgate_limit_refusals_total")
+                           .Help("Requests refused because a limit (a spgated flag) was "
+                                 "reached, by limit.")
+                           .Register(*registry_)),
       config_updates_ok(config_updates_f.Add({{"result", "ok"}})),
       config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
       config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
@@ -168,6 +187,10 @@ Metrics::Metrics()
         &gate_policy_f.Add({{"job_id", "_default"}, {"policy", PolicyLabel(k)}});
   }
   global_version_ = &config_version_f.Add({{"job_id", "_default"}});
+  for (int i = 0; i < kNumLimits; ++i) {
+    limit_refusals_[i] =
+        &limit_refusals_f.Add({{"limit", std::string(LimitLabel(static_cast<Limit>(i)))}});
+  }
 }
 
 void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {

@@ -25,6 +25,22 @@ inline constexpr int kModeSlots = 3;
 
 class Metrics;
 
+// The limits a client can run into (docs/design.md §10), the `limit` label of
+// spgate_limit_refusals_total; every value is created at 0.
+enum class Limit {
+  kJobs,
+  kSessionsPerJob,
+  kGroupsPerJob,
+  kSequencesPerPlan,
+  kPlanRate,
+  kTelemetryRate,
+  kStreams,
+  kWatchStreams,
+  kItemsPerMessage,
+};
+inline constexpr int kNumLimits = 9;
+std::string_view LimitLabel(Limit limit);
+
 // One job's series, created when the job first appears and removed with it.
 class JobMetrics {
  public:
@@ -91,6 +107,10 @@ class Metrics {
   // Global (job_id="_default") thresholds and version.
   void SetGlobalThresholds(const GateConfig& config, int64_t version);
 
+  prometheus::Counter& LimitRefusals(Limit limit) {
+    return *limit_refusals_[static_cast<int>(limit)];
+  }
+
  private:
   // Declared first: every reference below is initialised from it.
   std::shared_ptr<prometheus::Registry> registry_;
@@ -125,6 +145,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& adaptive_samples_f;
   prometheus::Family<prometheus::Counter>& exploration_f;
   prometheus::Family<prometheus::Gauge>& adaptive_gain_f;
+  prometheus::Family<prometheus::Counter>& limit_refusals_f;
 
   prometheus::Counter& config_updates_ok;
   prometheus::Counter& config_updates_invalid;
@@ -146,6 +167,7 @@ class Metrics {
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};
   std::array<prometheus::Gauge*, 3> global_policy_{};
+  std::array<prometheus::Counter*, kNumLimits> limit_refusals_{};
   prometheus::Gauge* global_version_ = nullptr;
 };
 

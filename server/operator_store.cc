@@ -266,7 +266,8 @@ v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
 }
 
 absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
-                                   v1::AuditEntry entry, const AuditContext& audit) {
+                                   v1::AuditEntry entry, const AuditContext& audit,
+                                   bool notify_listener) {
   if (!options_.state_dir.empty()) {
     // The audit line first, then the state file; if the state cannot be written the
     // line is taken back, so the log records exactly the changes that were made.
@@ -294,7 +295,7 @@ absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
     MutexLock lock(&data_mu_);
     layers_ = std::move(next);
   }
-  if (listener_ != nullptr) listener_->OnOperatorChange(changed_job);
+  if (listener_ != nullptr && notify_listener) listener_->OnOperatorChange(changed_job);
   return absl::OkStatus();
 }
 
@@ -584,6 +585,39 @@ absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r,
   entry.set_removed(removed);
   RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return removed;
+}
+
+absl::StatusOr<v1::ForgetJobResponse> OperatorStore::ForgetJob(const v1::ForgetJobRequest& r,
+                                                              const AuditContext& audit) {
+  RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  auto it = next.jobs.find(r.job_id());
+  const bool live = listener_ != nullptr && listener_->TracksJob(r.job_id());
+  if (!live && it == next.jobs.end()) {
+    return absl::NotFoundError(absl::StrCat("job ", r.job_id(), " is unknown"));
+  }
+  v1::ForgetJobResponse out;
+  out.set_had_live_state(live);
+  v1::AuditEntry entry;
+  entry.set_rpc("ForgetJob");
+  entry.set_job_id(r.job_id());
+  if (r.forget_operator_settings() && it != next.jobs.end()) {
+    const absl::Time now = Now();
+    const JobScope& scope = it->second;
+    AddChanges(scope.overrides, v1::GateConfig(), &entry);
+    int pins = scope.pin && scope.pin->expire > now ? 1 : 0;
+    for (const auto& [g, p] : scope.group_pins) pins += p.expire > now ? 1 : 0;
+    entry.set_removed(pins);
+    entry.set_forgot_operator_settings(true);
+    out.set_removed_operator_settings(true);
+    next.jobs.erase(it);
+  }
+  // Persisted and audited first; the live state is dropped after, as for every change.
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit,
+                         /*notify_listener=*/false));
+  if (listener_ != nullptr) out.set_sessions_ended(listener_->OnJobForgotten(r.job_id()));
+  return out;
 }
 
 absl::Status OperatorStore::Flush() {

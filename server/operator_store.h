@@ -88,6 +88,11 @@ class OperatorStore {
   static absl::Status ValidatePinRequest(const v1::PinModeRequest& r);
   // Removes the matching pins; returns how many of them were still in force.
   absl::StatusOr<int> Unpin(const v1::UnpinRequest& r, const AuditContext& audit);
+  // Forgets a job: its live state (through the listener, after the change is persisted
+  // and audited) and, with r.forget_operator_settings(), its overrides and pins.
+  // NOT_FOUND when neither the listener nor this store holds anything for the job.
+  absl::StatusOr<v1::ForgetJobResponse> ForgetJob(const v1::ForgetJobRequest& r,
+                                                  const AuditContext& audit);
   // Writes the state file (drops expired pins from it).
   absl::Status Flush();
 
@@ -136,7 +141,8 @@ class OperatorStore {
   // Append `entry` to the audit log and persist `next`, then make it current and tell
   // the listener. Requires persist_mu_.
   absl::Status Commit(Layers next, const std::string& changed_job, v1::AuditEntry entry,
-                      const AuditContext& audit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+                      const AuditContext& audit, bool notify_listener = true)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   Layers Copy() const;
   // A change to the scope of `job_id` ("" = global) is allowed: the job-scope cap, and the
   // caller's expected version (ABORTED on a mismatch).

@@ -42,6 +42,10 @@ class OperatorListener {
  public:
   virtual ~OperatorListener() = default;
   virtual void OnOperatorChange(const std::string& job_id) = 0;
+  // Whether the listener holds live state for the job, and dropping it (ForgetJob,
+  // after the change is persisted); returns what was dropped, e.g. sessions ended.
+  virtual bool TracksJob(const std::string& job_id) const { return false; }
+  virtual int OnJobForgotten(const std::string& job_id) { return 0; }
 };
 
 }  // namespace spgate::server

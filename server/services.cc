@@ -114,6 +114,16 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
       session_ = *std::move(session);
     }
+    if (in_.plans_size() > kMaxItemsPerMessage || in_.telemetry_size() > kMaxItemsPerMessage) {
+      // The shipped clients send at most 1024 plans and 512 records a message; more is
+      // not a worker, and answering each would multiply the message's size.
+      if (metrics_ != nullptr) metrics_->LimitRefusals(Limit::kItemsPerMessage).Increment();
+      FinishWhenIdle(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("more than ", kMaxItemsPerMessage,
+                       " plans or telemetry records in one message")));
+      return;
+    }
     v1::DaemonMessage out;
     // A session whose launch was replaced (docs/design.md §10) gets its stream ended
     // with FAILED_PRECONDITION: the worker falls back locally, and nothing it sends counts.
@@ -160,6 +170,13 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     {
       MutexLock lock(&mu_);
       if (finish_requested_) return;
+      // A worker that does not read its replies gets no more of its messages read
+      // until the replies queued for it have gone out: the queue stays bounded, and
+      // the worker, which never waits for the daemon, decides locally meanwhile.
+      if (PendingDecisionsLocked() > kMaxPendingDecisions) {
+        read_paused_ = true;
+        return;
+      }
     }
     StartRead(&in_);
   }
@@ -189,9 +206,14 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     [[maybe_unused]] CallbackScope scope;
     Acquire();
     std::optional<grpc::Status> finish;
-    bool write = false;
+    bool write = false, read = false;
     {
       MutexLock lock(&mu_);
+      if (ok && read_paused_ && !finish_requested_ &&
+          PendingDecisionsLocked() <= kMaxPendingDecisions) {
+        read_paused_ = false;
+        read = true;
+      }
       if (ok && !pending_.empty() && !finish_requested_) {
         current_ = std::move(pending_.front());
         pending_.pop_front();
@@ -209,6 +231,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
     }
     if (write) StartWrite(&current_);
+    if (read) StartRead(&in_);
     if (finish) Finish(*finish);
   }
 
@@ -227,7 +250,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     Acquire();
     sink_->Invalidate();
     if (session_ != nullptr) state_->DetachSession(*session_, sink_.get());
-    streams_->Remove(this);
+    streams_->Remove(this, StreamRegistry::Kind::kConnect);
     delete this;
   }
 
@@ -244,6 +267,17 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
  private:
+  // Decisions queued behind the write in flight before reading stops.
+  static constexpr int kMaxPendingDecisions = 4096;
+  // Plans, and telemetry records, one message may carry.
+  static constexpr int kMaxItemsPerMessage = 4096;
+
+  int PendingDecisionsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int n = 0;
+    for (const v1::DaemonMessage& m : pending_) n += m.decisions_size() + m.rejections_size();
+    return n;
+  }
+
   void FinishWhenIdle(grpc::Status status) {
     bool now = false;
     {
@@ -273,6 +307,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   std::deque<v1::DaemonMessage> pending_ ABSL_GUARDED_BY(mu_);
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status finish_status_;
 };
 
@@ -367,7 +402,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     [[maybe_unused]] CallbackScope scope;
     Acquire();
     state_->RemoveWatcher(watcher_.get());
-    streams_->Remove(this);
+    streams_->Remove(this, StreamRegistry::Kind::kWatch);
     delete this;
   }
 
@@ -425,9 +460,28 @@ void StreamRegistry::Add(Stream* s) {
   if (drain) s->Drain();
 }
 
-void StreamRegistry::Remove(Stream* s) {
+void StreamRegistry::SetLimits(int max_streams, int max_watch_streams) {
+  MutexLock lock(&mu_);
+  max_streams_ = max_streams;
+  max_watch_streams_ = max_watch_streams;
+}
+
+std::optional<Limit> StreamRegistry::Admit(Kind kind) {
+  MutexLock lock(&mu_);
+  if (admitted_ >= max_streams_) return Limit::kStreams;
+  if (kind == Kind::kWatch) {
+    if (admitted_watch_ >= max_watch_streams_) return Limit::kWatchStreams;
+    ++admitted_watch_;
+  }
+  ++admitted_;
+  return std::nullopt;
+}
+
+void StreamRegistry::Remove(Stream* s, Kind kind) {
   MutexLock lock(&mu_);
   streams_.erase(std::remove(streams_.begin(), streams_.end(), s), streams_.end());
+  --admitted_;
+  if (kind == Kind::kWatch) --admitted_watch_;
 }
 
 void StreamRegistry::DrainAll() {
@@ -491,6 +545,12 @@ grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext*
 grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
     grpc::CallbackServerContext* ctx) {
   if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return new RefusedStream(s);
+  if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kConnect)) {
+    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    return new RefusedStream(absl::ResourceExhaustedError(
+        "spgated has as many streams open as --max_streams allows; decide locally and "
+        "retry later"));
+  }
   return new ConnectReactor(state_, metrics_, streams_);
 }
 
@@ -564,6 +624,10 @@ void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
       case absl::StatusCode::kOk: metrics_->config_updates_ok.Increment(); break;
       case absl::StatusCode::kInvalidArgument: metrics_->config_updates_invalid.Increment(); break;
       case absl::StatusCode::kAborted: metrics_->config_updates_conflict.Increment(); break;
+      // A new job scope past --max_jobs.
+      case absl::StatusCode::kResourceExhausted:
+        metrics_->LimitRefusals(Limit::kJobs).Increment();
+        break;
       default: break;
     }
   }
@@ -592,7 +656,11 @@ grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext*
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
   if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
-  return Reply(ctx, store_->PinMode(*request, AuditContext{who->name}), response);
+  absl::StatusOr<v1::Pin> pinned = store_->PinMode(*request, AuditContext{who->name});
+  if (pinned.status().code() == absl::StatusCode::kResourceExhausted && metrics_ != nullptr) {
+    metrics_->LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
+  }
+  return Reply(ctx, std::move(pinned), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
@@ -614,6 +682,13 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
     grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) {
   if (auto who = Authorize(ctx, "WatchDecisions"); !who.ok()) {
     return new RefusedWatch(ToGrpcStatus(who.status()));
+  }
+  if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
+    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    return new RefusedWatch(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        "spgated has as many WatchDecisions streams open as --max_watch_streams (or "
+        "streams as --max_streams) allows"));
   }
   return new WatchReactor(state_, metrics_, streams_, request->job_id());
 }
@@ -644,6 +719,14 @@ grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
       store_->RollbackGateConfig(*request, AuditContext{who->name});
   CountConfigUpdate(result.status());
   return Reply(ctx, std::move(result), response);
+}
+
+grpc::ServerUnaryReactor* AdminServiceImpl::ForgetJob(grpc::CallbackServerContext* ctx,
+                                                      const v1::ForgetJobRequest* request,
+                                                      v1::ForgetJobResponse* response) {
+  absl::StatusOr<Principal> who = Authorize(ctx, "ForgetJob");
+  if (!who.ok()) return Fail(ctx, who.status());
+  return Reply(ctx, store_->ForgetJob(*request, AuditContext{who->name}), response);
 }
 
 void SyncWithFinishedCallbacks() {

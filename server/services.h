@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/mutex.h"
@@ -18,7 +19,9 @@
 
 namespace spgate::server {
 
-// Tracks live streams so a graceful shutdown can end them with UNAVAILABLE.
+// Tracks live streams so a graceful shutdown can end them with UNAVAILABLE, and admits
+// new ones under the stream limits (docs/design.md §10): Connect and WatchDecisions
+// streams together at most `max_streams`, WatchDecisions at most `max_watch_streams`.
 class StreamRegistry {
  public:
   class Stream {
@@ -26,8 +29,14 @@ class StreamRegistry {
     virtual ~Stream() = default;
     virtual void Drain() = 0;  // finish with UNAVAILABLE soon; must not block
   };
+  enum class Kind { kConnect, kWatch };
+
+  void SetLimits(int max_streams, int max_watch_streams);
+  // Reserves a slot for a new stream: nullopt, or the limit that is reached (nothing
+  // reserved). Every admitted stream gives its slot back with Remove.
+  std::optional<Limit> Admit(Kind kind);
   void Add(Stream* s);
-  void Remove(Stream* s);
+  void Remove(Stream* s, Kind kind);
   void DrainAll();
   int size();
 
@@ -35,6 +44,10 @@ class StreamRegistry {
   Mutex mu_;
   std::vector<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  int admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  int admitted_watch_ ABSL_GUARDED_BY(mu_) = 0;
+  int max_streams_ ABSL_GUARDED_BY(mu_) = 1 << 30;
+  int max_watch_streams_ ABSL_GUARDED_BY(mu_) = 1 << 30;
 };
 
 class GateServiceImpl final : public v1::GateService::CallbackService {
@@ -95,6 +108,9 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   grpc::ServerUnaryReactor* RollbackGateConfig(grpc::CallbackServerContext* ctx,
                                                const v1::RollbackGateConfigRequest* request,
                                                v1::VersionedGateConfig* response) override;
+  grpc::ServerUnaryReactor* ForgetJob(grpc::CallbackServerContext* ctx,
+                                      const v1::ForgetJobRequest* request,
+                                      v1::ForgetJobResponse* response) override;
 
  private:
   // The caller's credentials from the metadata and the TLS handshake, judged by

@@ -20,6 +20,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
+#include "server/metrics.h"
 #include "server/persistence.h"
 #include "proto/grpc_status.h"
 #include "spgate/v1/admin.grpc.pb.h"
@@ -432,6 +434,13 @@ TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
          v1::VersionedGateConfig out;
          return admin_->RollbackGateConfig(ctx, rb, &out);
        }},
+      {"ForgetJob", true,
+       [&](grpc::ClientContext* ctx) {
+         v1::ForgetJobRequest forget;
+         forget.set_job_id("job1");
+         v1::ForgetJobResponse out;
+         return admin_->ForgetJob(ctx, forget, &out);
+       }},
   };
   struct Caller {
     std::string name, token;
@@ -463,7 +472,8 @@ TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
   const std::string audit = ss.str();
   EXPECT_THAT(audit, HasSubstr("\"principal\":\"alice\""));
   EXPECT_THAT(audit, ::testing::Not(HasSubstr("secret")));
-  EXPECT_EQ(std::count(audit.begin(), audit.end(), '\n'), 4);
+  EXPECT_EQ(std::count(audit.begin(), audit.end(), '\n'), 5);
+  EXPECT_THAT(audit, HasSubstr("\"rpc\":\"ForgetJob\""));
 }
 
 TEST_F(DaemonTest, BadCredentialFilesStopStartup) {
@@ -684,7 +694,7 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
         "spgate_mode_switches_total", "spgate_gate_threshold", "spgate_config_version",
         "spgate_config_updates_total", "spgate_workers", "spgate_decision_latency_seconds",
         "spgate_state_persist_failures_total", "spgate_config_last_reload_successful",
-        "spgate_build_info"}) {
+        "spgate_build_info", "spgate_limit_refusals_total"}) {
     EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + family + " ")) << family;
   }
   EXPECT_THAT(text, HasSubstr(
@@ -692,6 +702,12 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
   EXPECT_THAT(text, HasSubstr("spgate_worker_local_decisions_total{job_id=\"job1\",reason=\"gates_passed\"} 2"));
   EXPECT_THAT(text, HasSubstr("spgate_gate_threshold{gate=\"max_length_cv\",job_id=\"_default\"} 0.18"));
   EXPECT_THAT(text, HasSubstr("spgate_workers{job_id=\"job1\",state=\"active\"} 1"));
+  // Every limit's series exists from the start, at 0.
+  for (int i = 0; i < kNumLimits; ++i) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat("spgate_limit_refusals_total{limit=\"",
+                                             std::string(LimitLabel(static_cast<Limit>(i))),
+                                             "\"} 0")));
+  }
 #ifdef PROMTOOL_BIN
   const std::string file = TempDir() + "/scrape.txt";
   std::ofstream(file) << text;
@@ -710,6 +726,89 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
 #endif
   ctx.TryCancel();
   stream->Finish();
+}
+
+// ---- limits (docs/design.md §10) ----
+
+TEST_F(DaemonTest, StreamLimitsRefuseWithResourceExhaustedAndFreeTheirSlot) {
+  DaemonOptions opts;
+  opts.max_streams = 2;
+  opts.max_watch_streams = 1;
+  Start(opts);
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  auto open_watch = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(Deadline(10000));
+    return admin_->WatchDecisions(ctx, v1::WatchDecisionsRequest());
+  };
+  grpc::ClientContext w1;
+  auto watch1 = open_watch(&w1);
+  watch1->WaitForInitialMetadata();  // admitted
+  grpc::ClientContext w2;
+  auto watch2 = open_watch(&w2);
+  v1::Decision d;
+  EXPECT_FALSE(watch2->Read(&d));
+  grpc::Status s = watch2->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("--max_watch_streams"));
+
+  auto connect = [&](grpc::ClientContext* ctx) {
+    ctx->set_deadline(Deadline(10000));
+    auto stream = worker_->Connect(ctx);
+    v1::WorkerMessage hello;
+    hello.set_session_id(reg.session_id());
+    hello.mutable_heartbeat();
+    stream->Write(hello);
+    return stream;
+  };
+  grpc::ClientContext c1;
+  auto stream1 = connect(&c1);
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream1->Read(&in));  // the second slot: admitted, acknowledged
+  grpc::ClientContext c2;
+  auto stream2 = connect(&c2);
+  EXPECT_FALSE(stream2->Read(&in));
+  s = stream2->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("--max_streams"));
+
+  // A closed stream gives its slot back.
+  w1.TryCancel();
+  watch1->Finish();
+  EXPECT_TRUE(Eventually([&] {
+    grpc::ClientContext c3;
+    auto stream3 = connect(&c3);
+    const bool ok = stream3->Read(&in);
+    c3.TryCancel();
+    stream3->Finish();
+    return ok;
+  }));
+  const std::string metrics = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
+  EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_limit_refusals_total",
+                                           {"limit=\"watch_streams\""}),
+            1);
+  EXPECT_GE(::spgate::testing::MetricValue(metrics, "spgate_limit_refusals_total",
+                                           {"limit=\"streams\""}),
+            1);
+  c1.TryCancel();
+  stream1->Finish();
+}
+
+TEST_F(DaemonTest, AnOversizedMessageIsResourceExhaustedOnBothPorts) {
+  DaemonOptions opts;
+  opts.max_receive_message_bytes = 64 << 10;
+  Start(opts);
+  v1::BatchPlan big = Plan("job1", 0, 0, {});
+  for (int i = 0; i < 40000; ++i) big.add_lengths(4096);  // ~120 KiB on the wire
+  EXPECT_THAT(Decide(big).status(), StatusIs(absl::StatusCode::kResourceExhausted));
+  v1::EvaluateGatesRequest eval;
+  *eval.mutable_lengths() = big.lengths();
+  v1::EvaluateGatesResponse out;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  EXPECT_EQ(admin_->EvaluateGates(&ctx, eval, &out).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // The daemon goes on serving: a normal plan is decided.
+  EXPECT_THAT(Decide(Plan("job1", 0, 0, {4096, 4096})).status(), IsOk());
 }
 
 }  // namespace

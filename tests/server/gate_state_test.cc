@@ -47,12 +47,14 @@ std::string ReadAll(const std::string& path) {
 class GateStateTest : public ::testing::Test {
  protected:
   std::unique_ptr<StateHarness> Make(const std::string& state_dir = "",
-                                     v1::GateConfig file_layer = {}) {
+                                     v1::GateConfig file_layer = {},
+                                     const std::function<void(StateOptions&)>& tweak = {}) {
     StateOptions o;
     o.clock = [this] { return clock_.Now(); };
     o.stale_after = absl::Seconds(5);
     o.forget_after = absl::Minutes(10);
     o.decision_cache_steps = 8;
+    if (tweak) tweak(o);
     StoreOptions so;
     so.state_dir = state_dir;
     auto s = StateHarness::Create(o, so, &metrics_, std::move(file_layer));
@@ -695,6 +697,16 @@ TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing)
   std::ifstream in2(StateFilePath(dir));
   const std::string file_after((std::istreambuf_iterator<char>(in2)), {});
   EXPECT_EQ(file_after, file_before) << "nothing written";
+  // An empty mask for the job's own scope changes nothing either, and no call above
+  // left an audit line beyond the first update's.
+  v1::UpdateGateConfigRequest empty_job;
+  empty_job.set_job_id("j");
+  ASSERT_THAT(state->UpdateGateConfig(empty_job).status(), IsOk());
+  EXPECT_EQ(state->GetGateConfig("j")->version(), first->version());
+  EXPECT_EQ(sink->updates.size(), pushes);
+  auto records = ReadAuditLog(AuditLogPath(dir));
+  ASSERT_THAT(records.status(), IsOk());
+  EXPECT_EQ(records->size(), 1u) << "no audit line for an update that changes nothing";
 }
 
 // ---- job identity and sessions (docs/design.md §10) ----
@@ -846,6 +858,229 @@ TEST_F(GateStateTest, APinEndsWhenItExpires) {
   ASSERT_THAT(state->Decide(Plan("j", 0, 3, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::GATES_PASSED);
   EXPECT_EQ(state->GetJob("j")->pins_size(), 0);
+}
+
+// ---- limits and bounded memory (docs/design.md §10) ----
+
+TEST(TokenBucketTest, RefillsAtTheRateUpToTheBurst) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  struct Case {
+    const char* name;
+    double rate, burst;
+    std::vector<std::pair<absl::Duration, bool>> takes;  // (time since t0, expected)
+  };
+  const Case cases[] = {
+      {"a full burst, then empty", 10, 3,
+       {{absl::ZeroDuration(), true}, {absl::ZeroDuration(), true},
+        {absl::ZeroDuration(), true}, {absl::ZeroDuration(), false}}},
+      {"one token per 1/rate", 10, 1,
+       {{absl::ZeroDuration(), true}, {absl::Milliseconds(50), false},
+        {absl::Milliseconds(100), true}, {absl::Milliseconds(150), false}}},
+      {"a long pause refills only to the burst", 100, 2,
+       {{absl::ZeroDuration(), true}, {absl::ZeroDuration(), true},
+        {absl::Hours(1), true}, {absl::Hours(1), true}, {absl::Hours(1), false}}},
+      {"a clock going backwards adds nothing", 10, 1,
+       {{absl::Seconds(5), true}, {absl::Seconds(1), false}, {absl::Seconds(5), false}}},
+      {"rate 0 is no limit", 0, 1,
+       {{absl::ZeroDuration(), true}, {absl::ZeroDuration(), true},
+        {absl::ZeroDuration(), true}}},
+  };
+  for (const Case& c : cases) {
+    TokenBucket bucket(c.rate, c.burst, t0);
+    for (size_t i = 0; i < c.takes.size(); ++i) {
+      EXPECT_EQ(bucket.TryTake(t0 + c.takes[i].first), c.takes[i].second)
+          << c.name << ", take " << i;
+    }
+  }
+}
+
+double LimitCount(Metrics& m, Limit limit) { return m.LimitRefusals(limit).Value(); }
+
+TEST_F(GateStateTest, SessionsPerJobAreCappedAndRegisteringAgainReplacesTheRanksSession) {
+  auto state = Make("", {}, [](StateOptions& o) { o.max_sessions_per_job = 2; });
+  auto first = state->Register(Reg("j", 0, 0, 2));
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_THAT(state->Register(Reg("j", 0, 1, 2)).status(), IsOk());
+  EXPECT_THAT(state->Register(Reg("j", 1, 0, 1)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_sessions_per_job")));
+  EXPECT_EQ(LimitCount(metrics_, Limit::kSessionsPerJob), 1);
+  // A rank registering again (a restarted process, a reconnect) is not a new session:
+  // it replaces its own, and the old token stops working.
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_THAT(state->Register(Reg("j", 0, 0, 2)).status(), IsOk()) << i;
+  }
+  EXPECT_THAT(state->state->FindSession(first->session_id()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_EQ(LimitCount(metrics_, Limit::kSessionsPerJob), 1);
+  // Other jobs have their own room.
+  EXPECT_THAT(state->Register(Reg("k", 0, 0, 1)).status(), IsOk());
+  // Once the job's ranks are forgotten their sessions go, and room comes back.
+  clock_.Advance(absl::Minutes(11));
+  state->Sweep();
+  EXPECT_THAT(state->Register(Reg("j", 1, 0, 1)).status(), IsOk());
+}
+
+TEST_F(GateStateTest, PlansWithTooManySequencesAreRefusedBeforeTheyAreRead) {
+  auto state = Make("", {}, [](StateOptions& o) { o.max_sequences_per_plan = 4; });
+  v1::Decision d;
+  EXPECT_THAT(state->Decide(Plan("j", 0, 0, {64, 64, 64, 64}), &d), IsOk());
+  EXPECT_THAT(state->Decide(Plan("j", 0, 1, {64, 64, 64, 64, 64}), &d),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("--max_sequences_per_plan")));
+  EXPECT_EQ(LimitCount(metrics_, Limit::kSequencesPerPlan), 1);
+  EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1) << "nothing decided";
+}
+
+TEST_F(GateStateTest, PlansAndTelemetryAreRateLimitedPerSession) {
+  auto state = Make("", {}, [](StateOptions& o) {
+    o.max_plans_per_second = 5;        // bursts of 10
+    o.max_telemetry_per_second = 2;    // bursts of 4
+  });
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  ASSERT_THAT(reg.status(), IsOk());
+  auto session = state->state->FindSession(reg->session_id());
+  ASSERT_THAT(session.status(), IsOk());
+  int decided = 0, refused = 0;
+  for (int64_t step = 0; step < 15; ++step) {
+    absl::StatusOr<DecisionRecord> d =
+        state->state->Decide(**session, PlanFromProto(Plan("j", 0, step, {64})));
+    if (d.ok()) {
+      ++decided;
+    } else {
+      EXPECT_THAT(d.status(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                       HasSubstr("decide this step locally")));
+      ++refused;
+    }
+  }
+  EXPECT_EQ(decided, 10) << "the burst";
+  EXPECT_EQ(refused, 5);
+  EXPECT_EQ(LimitCount(metrics_, Limit::kPlanRate), 5);
+  // Another session of the same job has its own bucket.
+  auto other = state->Register(Reg("j", 1, 0, 1));
+  auto other_session = state->state->FindSession(other->session_id());
+  EXPECT_THAT(state->state->Decide(**other_session, PlanFromProto(Plan("j", 1, 0, {64}))).status(),
+              IsOk());
+  // 1 s later: 5 more tokens.
+  clock_.Advance(absl::Seconds(1));
+  for (int64_t step = 20; step < 25; ++step) {
+    EXPECT_THAT(state->state->Decide(**session, PlanFromProto(Plan("j", 0, step, {64}))).status(),
+                IsOk())
+        << step;
+  }
+  EXPECT_THAT(state->state->Decide(**session, PlanFromProto(Plan("j", 0, 25, {64}))).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted));
+
+  int accepted = 0;
+  for (int64_t step = 0; step < 6; ++step) {
+    absl::Status s =
+        state->RecordTelemetry(**session, Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, 1, 0.1));
+    if (s.ok()) ++accepted;
+    else EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("telemetry")));
+  }
+  EXPECT_EQ(accepted, 4);
+  EXPECT_EQ(LimitCount(metrics_, Limit::kTelemetryRate), 2);
+  EXPECT_EQ((*session)->telemetry_received.load(), 4) << "refused records are not acknowledged";
+}
+
+TEST_F(GateStateTest, AJobWithOnlyOperatorSettingsDropsItsLiveStateWhenIdle) {
+  auto state = Make();
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.5);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  EXPECT_EQ(state->GetJob("j")->groups_size(), 1);
+
+  clock_.Advance(absl::Minutes(11));
+  state->Sweep();
+  absl::StatusOr<v1::Job> job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk()) << "the settings keep it listed";
+  EXPECT_EQ(job->groups_size(), 0) << "but its live state is gone";
+  EXPECT_EQ(job->summary().steps_decided(), 0);
+  EXPECT_EQ(job->summary().incarnation(), "");
+  EXPECT_DOUBLE_EQ(job->config().config().max_length_cv(), 0.5);
+  EXPECT_THAT(state->state->FindSession(reg->session_id()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  // The same launch may come back and starts afresh.
+  auto again = state->Register(Reg("j", 0, 0, 1));
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->last_decided_step(), -1);
+}
+
+TEST_F(GateStateTest, GroupsWithoutRanksAreDroppedWhenIdle) {
+  auto state = Make();
+  ASSERT_THAT(state->Register(Reg("j", 0, 0, 1)).status(), IsOk());
+  ASSERT_THAT(state->Register(Reg("j", 1, 0, 1)).status(), IsOk());
+  clock_.Advance(absl::Minutes(6));
+  ASSERT_THAT(state->Register(Reg("j", 1, 0, 1)).status(), IsOk());  // group 1 stays alive
+  clock_.Advance(absl::Minutes(6));
+  state->Sweep();
+  absl::StatusOr<v1::Job> job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_EQ(job->groups_size(), 1);
+  EXPECT_EQ(job->groups(0).group(), 1);
+}
+
+TEST_F(GateStateTest, ForgetJobDropsLiveStateAndOnRequestTheSettingsAudited) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.5);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  auto leader = state->state->FindSession(r0->session_id());
+  ASSERT_THAT(leader.status(), IsOk());
+
+  v1::ForgetJobRequest forget;
+  forget.set_job_id("j");
+  absl::StatusOr<v1::ForgetJobResponse> out = state->store->ForgetJob(forget, {"alice"});
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_TRUE(out->had_live_state());
+  EXPECT_EQ(out->sessions_ended(), 2);
+  EXPECT_FALSE(out->removed_operator_settings());
+  absl::StatusOr<v1::Job> job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk()) << "its settings keep it listed";
+  EXPECT_EQ(job->groups_size(), 0);
+  EXPECT_DOUBLE_EQ(job->config().config().max_length_cv(), 0.5);
+  EXPECT_THAT(state->state->FindSession(r1->session_id()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  // A stream still holding the old session is told to register again.
+  EXPECT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 1, {64}))).status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("register again")));
+
+  forget.set_forget_operator_settings(true);
+  out = state->store->ForgetJob(forget, {"alice"});
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_TRUE(out->removed_operator_settings());
+  EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(state->GetGateConfig("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(state->store->ForgetJob(forget, {"alice"}).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+
+  auto records = ReadAuditLog(AuditLogPath(dir));
+  ASSERT_THAT(records.status(), IsOk());
+  ASSERT_EQ(records->size(), 3u);  // the update and two forgets; not the refused one
+  const v1::AuditEntry& last = records->back().entry;
+  EXPECT_EQ(last.rpc(), "ForgetJob");
+  EXPECT_EQ(last.principal(), "alice");
+  EXPECT_TRUE(last.forgot_operator_settings());
+  ASSERT_EQ(last.changes_size(), 1);
+  EXPECT_EQ(last.changes(0).field(), "max_length_cv");
+  EXPECT_FALSE(last.changes(0).new_value().set());
+  // A restart does not bring the settings back.
+  state.reset();
+  auto restarted = Make(dir);
+  EXPECT_THAT(restarted->GetGateConfig("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(restarted->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

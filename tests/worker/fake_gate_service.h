@@ -23,6 +23,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
   struct Script {
     bool answer_plans = true;     // false: read and say nothing (black hole)
     bool reject_plans = false;    // answer every plan with a PlanRejection
+    int reject_code = 3;          // ... with this code (3: INVALID_ARGUMENT)
     bool ack_heartbeats = true;
     int64_t decision_config_version = 42;
     double max_length_cv = 0.18;  // served config
@@ -123,8 +124,10 @@ class FakeGateService final : public v1::GateService::CallbackService {
           if (s.reject_plans) {
             auto* rej = out.add_rejections();
             rej->set_step(p.step());
-            rej->set_code(3);
-            rej->set_message("lengths: rejected by the fake");
+            rej->set_code(s.reject_code);
+            rej->set_message(s.reject_code == 8 ? "plan: more than 1000 plans a second "
+                                                  "(--max_plans_per_second)"
+                                                : "lengths: rejected by the fake");
             send = true;
           } else if (s.answer_plans) {
             v1::Decision* d = out.add_decisions();

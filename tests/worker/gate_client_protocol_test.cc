@@ -109,6 +109,33 @@ TEST(GateClientProtocolTest, RejectedPlanIsDecidedLocallyWithoutWaiting) {
   EXPECT_THAT(c->stats().last_error, ::testing::HasSubstr("rejected"));
 }
 
+// A plan refused by a daemon limit (RESOURCE_EXHAUSTED: a rate, the sequences per plan)
+// is like any refusal: decided locally at once, counted, and the stream stays up.
+TEST(GateClientProtocolTest, PlanRefusedByALimitIsDecidedLocallyWithoutWaiting) {
+  FakeGateServer server;
+  FakeGateService::Script s;
+  s.reject_plans = true;
+  s.reject_code = 8;  // RESOURCE_EXHAUSTED
+  server.service().set_script(s);
+  auto c = MakeClient(Options(server.address()));
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_THAT(c->SubmitPlan({.step = step, .lengths = kEven}), IsOk());
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (c->stats().plans_rejected < step && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    const absl::Time start = absl::Now();
+    auto d = c->AwaitDecision(step, start + absl::Seconds(5));
+    ASSERT_THAT(d.status(), IsOk());
+    EXPECT_LT(absl::Now() - start, absl::Milliseconds(100)) << "waited on a refusal";
+    EXPECT_EQ(d->source, DecisionSource::kFallback);
+  }
+  EXPECT_EQ(c->stats().plans_rejected, 3);
+  EXPECT_THAT(c->stats().last_error, ::testing::HasSubstr("--max_plans_per_second"));
+  EXPECT_EQ(server.service().registrations(), 1) << "a refused plan does not end the session";
+}
+
 TEST(GateClientProtocolTest, ForgottenSessionMeansRegisterAgain) {
   FakeGateServer server;
   auto c = MakeClient(Options(server.address()));

@@ -94,6 +94,14 @@ const std::vector<CommandSpec>& Commands() {
        "one job: groups, per-mode comparison, decision counts, pins", {}, false,
        "The per-mode table compares the modes over the rolling window, relative to\n"
        "TP-only (the table of docs/design.md §1 computed from live observations)."},
+      {Command::kJobsForget, "jobs forget", "JOB [--operator_settings=true]",
+       "drop a job's live state (and, with the flag, its overrides and pins)",
+       {{"operator_settings", "true|false",
+         "also drop the job's config overrides and pins (default false)"}},
+       false,
+       "The job's groups, decision caches, rolling windows and worker sessions go; its\n"
+       "workers' next calls get NOT_FOUND and they register again. Audited; needs the\n"
+       "admin role. NOT_FOUND when the daemon holds nothing for the job."},
       {Command::kPin, "pin", "JOB [--group=G] --mode=sp|tp --for=DURATION",
        "force a mode for a job or one of its groups, for a while",
        {{"group", "G", "pin only this TP group (default: the whole job)"},
@@ -506,6 +514,17 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
     case Command::kJobsShow:
       if (absl::Status s = CheckPositionals(args, 1, 1, "JOB"); !s.ok()) return s;
       out->jobs_show.set_job_id(args[0]);
+      return absl::OkStatus();
+    case Command::kJobsForget:
+      if (absl::Status s = CheckPositionals(args, 1, 1, "JOB"); !s.ok()) return s;
+      out->jobs_forget.set_job_id(args[0]);
+      if (auto v = flags.Get("operator_settings")) {
+        if (*v == "true" || *v == "1") {
+          out->jobs_forget.set_forget_operator_settings(true);
+        } else if (*v != "false" && *v != "0") {
+          return Usage(absl::StrCat("--operator_settings: \"", *v, "\" is not true or false"));
+        }
+      }
       return absl::OkStatus();
     case Command::kPin:
       return BuildPin(args, flags, &out->pin);

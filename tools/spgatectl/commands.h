@@ -55,6 +55,7 @@ enum class Command {
   kGatesSet,
   kJobsList,
   kJobsShow,
+  kJobsForget,
   kPin,
   kUnpin,
   kWatch,
@@ -74,6 +75,7 @@ struct Invocation {
   v1::UpdateGateConfigRequest gates_set;
   v1::ListJobsRequest jobs_list;
   v1::GetJobRequest jobs_show;
+  v1::ForgetJobRequest jobs_forget;
   v1::PinModeRequest pin;
   v1::UnpinRequest unpin;
   v1::WatchDecisionsRequest watch;

@@ -374,6 +374,16 @@ std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse
                       request.has_group() ? absl::StrCat(" group ", request.group()) : "", "\n");
 }
 
+std::string FormatForgetJob(const v1::ForgetJobRequest& request,
+                            const v1::ForgetJobResponse& response, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(response);
+  return absl::StrCat("forgot job ", request.job_id(), ": ",
+                      response.had_live_state() ? "live state dropped" : "no live state",
+                      ", ", response.sessions_ended(), " worker sessions ended",
+                      response.removed_operator_settings() ? ", overrides and pins removed" : "",
+                      "\n");
+}
+
 std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
   if (format == OutputFormat::kJson) return ToJson(d, /*multiline=*/false);
   return absl::StrCat(TimeText(d.decide_time(), true), "  job=", d.job_id(), " group=", d.group(),
@@ -407,6 +417,11 @@ std::string AuditChangeText(const v1::AuditEntry& e) {
                         e.force() ? " (force)" : "");
   }
   if (e.rpc() == "Unpin") return absl::StrCat(group, "removed ", e.removed());
+  if (e.rpc() == "ForgetJob") {
+    return e.forgot_operator_settings()
+               ? absl::StrCat("live state and settings (", e.removed(), " pins): ", ChangesText(e))
+               : "live state";
+  }
   if (e.rpc() == "RollbackGateConfig") {
     return absl::StrCat("to version ", e.rolled_back_to(), ": ", ChangesText(e));
   }

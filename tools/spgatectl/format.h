@@ -58,6 +58,8 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now);
 std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now);
 std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
                         OutputFormat format);
+std::string FormatForgetJob(const v1::ForgetJobRequest& request,
+                            const v1::ForgetJobResponse& response, OutputFormat format);
 // One line (ending in '\n') per decision, for watch.
 std::string FormatDecisionLine(const v1::Decision& decision, OutputFormat format);
 // The audit log page: a table (TIME, VERSION, SCOPE, PRINCIPAL, CALL, CHANGE) and, when

@@ -120,6 +120,10 @@ class Client {
         return Unary<v1::Job>(
             [&](auto* ctx, auto* resp) { return stub_->GetJob(ctx, inv_.jobs_show, resp); },
             [&](const auto& resp) { return FormatJob(resp, fmt, absl::Now()); });
+      case Command::kJobsForget:
+        return Unary<v1::ForgetJobResponse>(
+            [&](auto* ctx, auto* resp) { return stub_->ForgetJob(ctx, inv_.jobs_forget, resp); },
+            [&](const auto& resp) { return FormatForgetJob(inv_.jobs_forget, resp, fmt); });
       case Command::kPin:
         return Unary<v1::Pin>(
             [&](auto* ctx, auto* resp) { return stub_->PinMode(ctx, inv_.pin, resp); },

@@ -33,6 +33,7 @@ std::string RequestText(const Invocation& inv) {
     case Command::kGatesSet: m = &inv.gates_set; break;
     case Command::kJobsList: m = &inv.jobs_list; break;
     case Command::kJobsShow: m = &inv.jobs_show; break;
+    case Command::kJobsForget: m = &inv.jobs_forget; break;
     case Command::kPin: m = &inv.pin; break;
     case Command::kUnpin: m = &inv.unpin; break;
     case Command::kWatch: m = &inv.watch; break;
@@ -113,6 +114,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "job_id: \"llama\" group: 3 mode: TENSOR_PARALLEL_ONLY duration { seconds: 1 "
                  "nanos: 500000000 }"},
         GoodCase{"unpin llama", Command::kUnpin, "unpin", "job_id: \"llama\""},
+        GoodCase{"jobs forget llama", Command::kJobsForget, "jobs forget", "job_id: \"llama\""},
+        GoodCase{"jobs forget llama --operator_settings=true", Command::kJobsForget,
+                 "jobs forget", "job_id: \"llama\" forget_operator_settings: true"},
         GoodCase{"unpin llama --group=0", Command::kUnpin, "unpin", "job_id: \"llama\" group: 0"},
         GoodCase{"watch", Command::kWatch, "watch", ""},
         GoodCase{"watch llama --count=3", Command::kWatch, "watch", "job_id: \"llama\""},
@@ -248,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"gates rollback --to_version=0", "gates rollback",
                 "--to_version: \"0\" is not at least 1"},
         BadCase{"gates history --limit=0", "gates history", "--limit: \"0\" is not at least 1"},
-        BadCase{"jobs", "jobs", "missing subcommand (one of list, show)"},
+        BadCase{"jobs", "jobs", "missing subcommand (one of list, show, forget)"},
         BadCase{"help nope", "", "help: unknown command \"nope\""},
         // Unknown flags, with a suggestion when one is close.
         BadCase{"gates set --max_lenght_cv=0.2", "gates set",
@@ -294,6 +298,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "--for: \"10minutes\" is not a duration (e.g. 30s, 10m, 1h30m, 2d)"},
         BadCase{"pin j --mode=tp --for=1m --group=x", "pin", "--group: \"x\" is not a 32-bit integer"},
         BadCase{"unpin", "unpin", "missing JOB argument"},
+        BadCase{"jobs forget", "jobs forget", "missing JOB argument"},
+        BadCase{"jobs forget j --operator_settings=yes", "jobs forget",
+                "--operator_settings: \"yes\" is not true or false"},
         BadCase{"unpin j --group=1.0", "unpin", "--group: \"1.0\" is not a 32-bit integer"},
         BadCase{"watch a b", "watch", "unexpected argument \"b\""},
         BadCase{"watch a --job_id=b", "watch", "--job_id=b and the JOB argument \"a\" disagree"},
