@@ -75,6 +75,11 @@ def check(cond, what):
         raise CampaignError(what)
 
 
+def mentions(text, value):
+    """Whether `text` holds `value` as a whole number (0.1001 is not in 0.10012)."""
+    return re.search(re.escape(f"{value:g}") + r"(?![0-9])", text) is not None
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -224,12 +229,14 @@ class Campaign:
                        "restored_in_flight_write": 0}
         self.acked = {}  # scope -> (value, version) of the last acknowledged write
         self.value_seq = 0
-        self.failed_values = []
+        self.write_s = []  # spgatectl gates set, start to exit, writes with no fault
 
     # ---- spgatectl -------------------------------------------------------------
     def ctl(self, *args, timeout=30):
+        # A generous --timeout: on a saturated machine an fsync'd write can take seconds,
+        # and a write the client gave up on is neither acknowledged nor refused.
         cmd = [self.a.spgatectl, f"--admin=127.0.0.1:{self.daemon.admin_port}",
-               "--output=json", *args]
+               "--output=json", "--timeout=30s", *args]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def ctl_run(self, *args, timeout=30):
@@ -266,6 +273,15 @@ class Campaign:
         check(r.returncode == 0, "state file does not parse as PersistedState: "
               f"{r.stderr.decode()}\n{text.decode()}")
         self.report["state_file_checks"] += 1
+        # The audit log is appended before the state file is written: every line whole.
+        audit = os.path.join(self.state_dir, "audit.log")
+        if os.path.exists(audit):
+            with open(audit) as f:
+                for n, line in enumerate(f, 1):
+                    try:
+                        json.loads(line)
+                    except ValueError:
+                        raise CampaignError(f"audit.log line {n} is torn: {line!r}")
         return text.decode()
 
     # ---- the jobs --------------------------------------------------------------
@@ -327,9 +343,20 @@ class Campaign:
     def count(self, kind):
         self.report["faults"][kind] = self.report["faults"].get(kind, 0) + 1
 
+    def temp_files(self):
+        return [n for n in os.listdir(self.state_dir)
+                if n.startswith("spgated-state.textproto.tmp.")]
+
     def restart(self, what):
         self.parse_state_file()  # never torn, whatever the kill interrupted
+        left = len(self.temp_files())
         up = self.daemon.start()
+        # A kill between the temp file and the rename leaves the temp file; the next
+        # daemon removes it (only a write of its own may be in flight now).
+        mine = f"spgated-state.textproto.tmp.{self.daemon.proc.pid}"
+        stale = [n for n in self.temp_files() if n != mine]
+        check(not stale, f"temp files of killed daemons left after restart: {stale}")
+        self.report["temp_files_removed"] = self.report.get("temp_files_removed", 0) + left
         self.report["reconnect_s"].append(round(self.wait_registered(up, what), 3))
 
     def fault_kill(self):
@@ -369,7 +396,9 @@ class Campaign:
         self.count("state dir unwritable during gates set")
         check(rc == 1 and "UNAVAILABLE" in out, f"a write to an unwritable state dir: {rc} {out}")
         self.report["config_writes"]["refused"] += 1
-        self.failed_values.append(value)
+        audit = os.path.join(self.state_dir, "audit.log")
+        if os.path.exists(audit):
+            check(not mentions(open(audit).read(), value), "a refused write left an audit line")
         check(self.served() == (value_before, version_before),
               "a refused write changed the served config")
         failures = metric_sum(self.daemon.metrics(), "spgate_state_persist_failures_total", {})
@@ -380,7 +409,7 @@ class Campaign:
         rc, out = self.ctl_run("gates", "set", f"--max_length_cv={value}")
         check(rc == 0, f"a write after the state dir recovered: {out}")
         self.note_acked("", value, out)
-        check(f"{value:g}" in self.parse_state_file(), "the recovered write is not persisted")
+        check(mentions(self.parse_state_file(), value), "the recovered write is not persisted")
 
     def note_acked(self, scope, value, out):
         c = json.loads(out)
@@ -397,14 +426,17 @@ class Campaign:
             self.jobs_alive()
             value = self.next_value()
             kill = self.rng.random() < self.p["kill_share"]
+            sent = time.monotonic()
             p = self.ctl("gates", "set", f"--job_id={scope}", f"--max_length_cv={value}")
             if kill:
                 time.sleep(self.rng.uniform(0, 0.06))  # spgatectl's start-up to its reply
                 self.daemon.kill()
                 self.count("kill -9 during a config write, restart")
-            out, _ = p.communicate(timeout=30)
+            out, _ = p.communicate(timeout=60)
             if p.returncode == 0:
                 self.note_acked(scope, value, out)
+                if not kill:
+                    self.write_s.append(time.monotonic() - sent)
             else:
                 check(kill, f"write {i} failed without a fault: {out}")
                 self.report["config_writes"]["killed"] += 1
@@ -418,7 +450,7 @@ class Campaign:
                 elif got == value:
                     # Persisted before the kill; its reply was lost. Allowed, counted.
                     self.report["restored_in_flight_write"] += 1
-                    check(f"{value:g}" in restored_state, "in-flight value served but not in the file")
+                    check(mentions(restored_state, value), "in-flight value served but not in the file")
                 else:
                     check(got == last, f"restored {got}, last acknowledged {last}")
                 check(version >= last_version, f"version went back: {version} < {last_version}")
@@ -441,6 +473,9 @@ class Campaign:
         for _ in range(p["readonly_writes"]):
             self.fault_readonly()
         self.fault_writes()
+        w = sorted(self.write_s)
+        self.report["write_s"] = {"samples": len(w), "p50": round(w[len(w) // 2], 3),
+                                  "max": round(w[-1], 3)} if w else {}
         schedule_s = time.monotonic() - self.t_jobs
         self.report["schedule_s"] = round(schedule_s, 1)
         check(schedule_s < p["duration_s"] - 4,
