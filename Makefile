@@ -59,7 +59,8 @@ test: build
 #   - ASan replays each fuzz corpus with 20,000 deterministic mutations instead of the
 #     200,000 of `make test` (which still runs them all, uninstrumented); the long
 #     libFuzzer runs under ASan/UBSan are bench/fuzz.sh.
-# Every test that ran in a suite before still runs in it.
+# .ci/run also builds the main tree with line tables only (CMAKE_FLAGS, -O2 -g1 for
+# -O2 -g). Every test that ran in a suite before still runs in it.
 SAN_BUILD := -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 SAN_FLAGS := -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF $(SAN_BUILD)
