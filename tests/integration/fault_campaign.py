@@ -178,15 +178,16 @@ class UnwritableDir:
     file put at its path (every open under it then fails with ENOTDIR); without root,
     chmod 0500. The way used is recorded in the report."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, way="auto"):
+        self.path, self.way = path, way
         self.how = None
 
     def __enter__(self):
-        if os.geteuid() != 0:
+        if self.way == "chmod" or (self.way == "auto" and os.geteuid() != 0):
             os.chmod(self.path, 0o500)
             self.how = "chmod 0500"
-        elif subprocess.run(["chattr", "+i", self.path], capture_output=True).returncode == 0:
+        elif self.way in ("auto", "chattr") and subprocess.run(
+                ["chattr", "+i", self.path], capture_output=True).returncode == 0:
             self.how = "chattr +i"
         else:
             os.rename(self.path, self.path + ".away")
@@ -390,7 +391,7 @@ class Campaign:
         failures0 = metric_sum(self.daemon.metrics(), "spgate_state_persist_failures_total", {})
         value_before, version_before = self.served()
         value = self.next_value()
-        with UnwritableDir(self.state_dir) as u:
+        with UnwritableDir(self.state_dir, self.a.unwritable) as u:
             self.report["unwritable_how"] = u.how
             rc, out = self.ctl_run("gates", "set", f"--max_length_cv={value}")
         self.count("state dir unwritable during gates set")
@@ -580,6 +581,9 @@ def main():
                     help="scheduling allowance over the deadline on a loaded machine")
     ap.add_argument("--reconnect_bound", type=float, default=10.0,
                     help="seconds within which every rank must be registered again")
+    ap.add_argument("--unwritable", choices=("auto", "chattr", "swap", "chmod"), default="auto",
+                    help="how to make the state dir unwritable (auto: chattr +i as root, "
+                         "else chmod 0500; swap: a plain file in its place)")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--report", help="write the figures as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, state)")
