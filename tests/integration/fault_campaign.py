@@ -233,7 +233,7 @@ class Campaign:
         self.write_s = []  # spgatectl gates set, start to exit, writes with no fault
 
     # ---- spgatectl -------------------------------------------------------------
-    def ctl(self, *args, timeout=30):
+    def ctl(self, *args):
         # A generous --timeout: on a saturated machine an fsync'd write can take seconds,
         # and a write the client gave up on is neither acknowledged nor refused.
         cmd = [self.a.spgatectl, f"--admin=127.0.0.1:{self.daemon.admin_port}",
