@@ -40,24 +40,45 @@ test: build
 # only); `make test-asan` leaves out the multi-rank MPI ones too, which
 # `make test-asan-mpi` then runs one at a time with leak checking off (OpenMPI's own
 # allocations in its dlopen'd components show up as unsymbolizable leaks; the ASan
-# ranks still check every access). CI runs test-asan-mpi. TSan runs the tests labelled
+# ranks still check every access). The fault campaign (label `faults`) runs in `make
+# test` only: it holds timings (the decision deadline, the reconnect bound) that ASan's
+# slowdown on two cores would break; its paths run under ASan in worker_daemon_kill_test,
+# daemon_test and gate_state_test. CI runs test-asan-mpi. TSan runs the tests labelled
 # `tsan` (the daemon's and the client's concurrent paths) with suppressions scoped to
 # uninstrumented Debian libraries.
-SAN_FLAGS := -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+#
+# CI time (.ci/run on a 2-core machine: make test, test-tsan, test-asan-mpi; 2307 s
+# before; docs/reliability.md, "Sanitizer suites"): the three builds are most of it, so
+# the sanitizer trees
+#   - compile at -O1 with line tables only (-g1): every report still has file:line
+#     stacks, for about half the compile CPU of -O2 -g and half the object size (ASan's
+#     own advice is -O1);
+#   - TSan builds only what its tests run (target tests_tsan: the binaries labelled
+#     `tsan` and what they link and depend on), not the kernels, the worker runtime,
+#     spgatectl, spgate-worker and the other tests of its folders;
+#   - ASan replays each fuzz corpus with 20,000 deterministic mutations instead of the
+#     200,000 of `make test` (which still runs them all, uninstrumented); the long
+#     libFuzzer runs under ASan/UBSan are bench/fuzz.sh.
+# .ci/run also builds the main tree with line tables only (CMAKE_FLAGS, -O2 -g1 for
+# -O2 -g). Every test that ran in a suite before still runs in it.
+SAN_BUILD := -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
+SAN_FLAGS := -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF $(SAN_BUILD)
 
 test-asan: deps
-	cmake -S . -B build-asan $(SAN_FLAGS) -DSPGATE_SANITIZE=address,undefined
+	cmake -S . -B build-asan $(SAN_FLAGS) -DSPGATE_SANITIZE=address,undefined \
+	  -DSPGATE_FUZZ_REPLAY_MUTATIONS=20000
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi'
 
 test-asan-mpi: test-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j 1 -L mpi --timeout 900
+	  ctest --output-on-failure -j 1 -L mpi -LE faults --timeout 900
 
 test-tsan: deps
 	cmake -S . -B build-tsan $(SAN_FLAGS) -DSPGATE_SANITIZE=thread -DSPGATE_TEST_DIRS="server;worker;sim"
-	cmake --build build-tsan -j $(JOBS)
+	cmake --build build-tsan -j $(JOBS) --target tests_tsan
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -L tsan
 

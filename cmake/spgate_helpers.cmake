@@ -4,9 +4,15 @@
 # registered with ctest: as one test, or with PER_CASE as one ctest test per gtest case
 # (listed when ctest runs), so a case that GTEST_SKIPs is reported skipped on its own
 # and never hides a failing case of the same binary (the GPU tests without a device).
+# The binary is also listed under each of its labels, so that `tests_tsan` builds exactly
+# the binaries `ctest -L tsan` runs.
 function(spgate_test name)
   cmake_parse_arguments(T "PER_CASE" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
+  # Per label, for the tests_<label> targets (top-level CMakeLists.txt).
+  foreach(label ${T_LABELS})
+    set_property(GLOBAL APPEND PROPERTY SPGATE_TEST_TARGETS_${label} ${name})
+  endforeach()
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   if(NOT T_TIMEOUT)

@@ -156,6 +156,8 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
       return absl::FailedPreconditionError(absl::StrCat(
           "--state_dir ", options.state_dir, ": cannot create: ", std::strerror(errno)));
     }
+    // Temp files of earlier daemons killed mid-write (docs/design.md §5): never read.
+    RemoveStaleTempFiles(StateFilePath(options.state_dir));
     ASSIGN_OR_RETURN(persisted, LoadPersistedState(options.state_dir));
   }
   std::unique_ptr<OperatorStore> store(new OperatorStore(std::move(options)));

@@ -1,7 +1,9 @@
 // Config and state files; see persistence.h.
 #include "server/persistence.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,6 +11,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/tokenizer.h"
@@ -129,6 +133,30 @@ absl::Status SavePersistedState(const std::string& dir, const v1::PersistedState
                              absl::StrCat("# spgated operator state; written atomically by "
                                           "spgated. Edit only while spgated is stopped.\n",
                                           text));
+}
+
+int RemoveStaleTempFiles(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  const std::string prefix =
+      absl::StrCat(slash == std::string::npos ? path : path.substr(slash + 1), ".tmp.");
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const absl::string_view name = e->d_name;
+    if (!absl::StartsWith(name, prefix)) continue;
+    int64_t pid = 0;
+    if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0 || pid > INT32_MAX) {
+      continue;  // not a name WriteFileAtomically makes
+    }
+    if (pid == ::getpid()) continue;
+    // kill(pid, 0) fails with ESRCH only when no such process exists.
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (::unlinkat(::dirfd(d), e->d_name, 0) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {

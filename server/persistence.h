@@ -30,8 +30,14 @@ absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::
 
 absl::Status SavePersistedState(const std::string& state_dir, const v1::PersistedState& state);
 
-// Writes `contents` to `path` atomically (see above).
+// Writes `contents` to `path` atomically (see above), through `path`.tmp.<pid>.
 absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
+
+// A writer killed between creating its temp file and the rename leaves `path`.tmp.<pid>
+// behind, one per crash, never read again. Removes those whose <pid> is not a live
+// process (a write another process has in flight is left alone); returns how many. The
+// daemon calls it at start-up, before it loads the state file.
+int RemoveStaleTempFiles(const std::string& path);
 
 }  // namespace spgate::server
 

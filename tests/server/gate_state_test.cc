@@ -2,12 +2,15 @@
 // rolling window, effective_from_step scheduling, pins, persistence and restore.
 #include "server/gate_state.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -387,6 +390,35 @@ TEST_F(GateStateTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
       << "version_counter: 9223372036854775807\nfile_layer { window_steps: 10 }\n";
   EXPECT_THAT(OperatorStore::Create(o, {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version_counter")));
+}
+
+TEST_F(GateStateTest, StartUpRemovesTempFilesOfDeadWritersOnly) {
+  const std::string dir = TempDir();
+  { auto state = Make(dir); }
+  const std::string path = StateFilePath(dir);
+  const std::string state_text = ReadAll(path);
+  // A child that has exited stands for a daemon killed between its temp file and the
+  // rename; this process for a writer still running.
+  const pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
+  const std::string stale = absl::StrCat(path, ".tmp.", dead);
+  const std::string live = absl::StrCat(path, ".tmp.", getppid());
+  const std::string other = absl::StrCat(path, ".tmp.notapid");
+  for (const std::string& f : {stale, live, other}) std::ofstream(f) << "version_counter: 1\n";
+
+  EXPECT_EQ(RemoveStaleTempFiles(path), 1);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live));
+  EXPECT_TRUE(std::filesystem::exists(other));
+  EXPECT_EQ(ReadAll(path), state_text);
+
+  // The store does it at start-up.
+  std::ofstream(stale) << "version_counter: 1\n";
+  auto state = Make(dir);
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_EQ(ReadAll(path), state_text);
 }
 
 TEST_F(GateStateTest, FailedPersistChangesNothing) {

@@ -64,7 +64,9 @@ void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t
   const int t = static_cast<int>(g.deciders.size());
   std::vector<GateDecision> seen(t);
   for (int r = 0; r < t; ++r) {
+    const absl::Time asked = absl::Now();
     absl::StatusOr<GateDecision> d = g.deciders[r]->Decide(k, deadline);
+    if (r == 0) sum.decide_wait_s.push_back(absl::ToDoubleSeconds(absl::Now() - asked));
     if (!d.ok()) {
       ++sum.decide_errors;
       if (sum.first_error.empty()) {

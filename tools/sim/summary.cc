@@ -62,6 +62,7 @@ void Summary::Merge(const Summary& o) {
                             o.decision_latency_s.end());
   plan_queued_s.insert(plan_queued_s.end(), o.plan_queued_s.begin(), o.plan_queued_s.end());
   from_write_s.insert(from_write_s.end(), o.from_write_s.begin(), o.from_write_s.end());
+  decide_wait_s.insert(decide_wait_s.end(), o.decide_wait_s.begin(), o.decide_wait_s.end());
   sp.Merge(o.sp);
   tp_only.Merge(o.tp_only);
   all.Merge(o.all);
@@ -152,6 +153,7 @@ std::string Summary::ToJson() const {
   field("decision_latency_s", latency(decision_latency_s));
   field("plan_queued_s", latency(plan_queued_s));
   field("decision_latency_from_write_s", latency(from_write_s));
+  field("decide_wait_s", latency(decide_wait_s));
   field("decide_errors", absl::StrCat(decide_errors));
   if (!first_error.empty()) field("first_error", Quote(first_error));
   field("late_steps", absl::StrCat(late_steps));

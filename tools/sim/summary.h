@@ -45,6 +45,9 @@ struct Summary {
   std::vector<double> decision_latency_s;  // leaders: plan submitted -> decision arrived
   std::vector<double> plan_queued_s;       // the part before the client's writer took it
   std::vector<double> from_write_s;        // the rest: writer took it -> decision arrived
+  // Leaders: how long each step waited in Decide for its decision (bounded by --deadline
+  // whatever the daemon does; the fault campaign holds it to that).
+  std::vector<double> decide_wait_s;
   ModeTotals sp, tp_only, all;
   int64_t late_steps = 0;  // ticks the driving thread started late (could not keep up)
   std::string config_json;  // the config in force at the end (replay: the one replayed)

@@ -133,6 +133,7 @@ RunSummary Summarize(const RunDescription& run,
         norm_ratio.push_back(ns_max);
       }
       decision_wait.push_back(dec_max);
+      s.leader_decision_wait_max_s = std::max(s.leader_decision_wait_max_s, lead.decision_s);
     }
     for (const auto& [key, tokens] : g_tokens) {
       if (g_time[key] > 0) rate[key] += tokens / g_time[key];
@@ -192,6 +193,7 @@ std::string SummaryJson(const RunSummary& s) {
   field("all_gather_tail_p95_s", dbl(s.all_gather_tail_p95_s));
   field("norm_stall_ratio_mean", dbl(s.norm_stall_ratio_mean));
   field("decision_wait_p95_s", dbl(s.decision_wait_p95_s));
+  field("leader_decision_wait_max_s", dbl(s.leader_decision_wait_max_s));
   if (s.verify_max_abs_diff) field("verify_max_abs_diff", dbl(*s.verify_max_abs_diff));
   absl::StrAppend(
       &out, "  \"run\": {\"world_size\": ", r.world_size, ", \"tp\": ", r.tp, ", \"dp\": ", r.dp,

@@ -96,6 +96,9 @@ struct RunSummary {
   double all_gather_tail_p95_s = 0;   // SP steps, group max per step
   double norm_stall_ratio_mean = 0;   // SP steps, group max per step
   double decision_wait_p95_s = 0;
+  // The longest any group leader waited for a step's decision: what --decision_deadline
+  // bounds (the other ranks' waits also include reaching the leader's broadcast).
+  double leader_decision_wait_max_s = 0;
   std::optional<double> verify_max_abs_diff;
 };
 
