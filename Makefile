@@ -40,10 +40,11 @@ test: build
 # only); `make test-asan` leaves out the multi-rank MPI ones too, which
 # `make test-asan-mpi` then runs one at a time with leak checking off (OpenMPI's own
 # allocations in its dlopen'd components show up as unsymbolizable leaks; the ASan
-# ranks still check every access). The fault campaign (label `faults`) runs in `make
-# test` only: it holds timings (the decision deadline, the reconnect bound) that ASan's
-# slowdown on two cores would break; its paths run under ASan in worker_daemon_kill_test,
-# daemon_test and gate_state_test. CI runs test-asan-mpi. TSan runs the tests labelled
+# ranks still check every access). The fault and adversarial campaigns (label `faults`)
+# run in `make test` only: they hold timings (the decision deadline, the reconnect bound)
+# and an RSS bound that ASan's slowdown and shadow memory would break; their paths run
+# under ASan in worker_daemon_kill_test, daemon_test, gate_state_test and the fuzz
+# replays. CI runs test-asan-mpi. TSan runs the tests labelled
 # `tsan` (the daemon's and the client's concurrent paths) with suppressions scoped to
 # uninstrumented Debian libraries.
 #
@@ -70,7 +71,7 @@ test-asan: deps
 	  -DSPGATE_FUZZ_REPLAY_MUTATIONS=20000
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi'
+	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi|faults'
 
 test-asan-mpi: test-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

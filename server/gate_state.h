@@ -195,6 +195,8 @@ struct WhatIfInput {
 struct WhatIfResult {
   DecisionRecord decision;
   std::vector<GateCheck> checks;
+  // The same batch under each policy (the config's other fields as given).
+  std::vector<std::pair<GatePolicyKind, Decision>> by_policy;
 };
 
 // Admin views, in domain types (job_views.h turns them into the wire's).

@@ -152,6 +152,9 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
       step = g.policy.gate().has_decision ? g.policy.gate().last_step + 1 : 0;
     }
   }
+  // Without a group there is no real next step: ask about one that is not an ADAPTIVE
+  // exploration step, so the answer is what the policy makes of the batch itself.
+  if (!in.group.has_value() && step % ExplorePeriod(in.config) == 0) ++step;
   const BatchFacts facts{.step = step,
                          .length_cv = stats.cv,
                          .tokens = stats.tokens,
@@ -159,14 +162,17 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
                          .predicted_peak_bytes_tp = in.predicted_peak_bytes_tp,
                          .memory_budget_bytes = in.memory_budget_bytes};
   WhatIfResult out;
-  GateOutcome outcome;
-  double rs_mean = policy->rs_wait().mean;
-  if (in.rs_wait_share.has_value()) {
-    rs_mean = *in.rs_wait_share;
-    outcome = EvaluatePolicy(in.config, policy->gate(), facts, {rs_mean, 1}, pin, table,
-                             &out.checks);
-  } else {
-    outcome = policy->Peek(in.config, facts, pin, table, &out.checks);
+  const RsWaitObservation rs = in.rs_wait_share.has_value()
+                                   ? RsWaitObservation{*in.rs_wait_share, 1}
+                                   : policy->rs_wait();
+  const double rs_mean = rs.mean;
+  const GateOutcome outcome =
+      EvaluatePolicy(in.config, policy->gate(), facts, rs, pin, table, &out.checks);
+  for (GatePolicyKind kind : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {
+    GateConfig c = in.config;
+    c.policy = kind;
+    out.by_policy.emplace_back(
+        kind, EvaluatePolicy(c, policy->gate(), facts, rs, pin, table, nullptr).decision);
   }
   out.decision = DecisionRecord{.job_id = in.job_id,
                                 .group = in.group.value_or(0),

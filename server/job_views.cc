@@ -206,6 +206,12 @@ absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGatesView(const GateState& sta
     out->set_detail(c.detail);
   }
   *resp.mutable_config_used() = spgate::ToProto(in.config);
+  for (const auto& [kind, d] : result.by_policy) {
+    v1::PolicyDecision* p = resp.add_by_policy();
+    p->set_policy(static_cast<v1::GateConfig::Policy>(kind));
+    p->set_mode(spgate::ToProto(d.mode));
+    p->set_reason(spgate::ToProto(d.reason));
+  }
   return resp;
 }
 

@@ -17,8 +17,17 @@ CONTRACT_DEFAULTS = {"max_length_cv": 0.18, "max_rs_wait_share": 0.22,
                      "bucket_target_cv": 0.15, "rs_wait_reenable_margin": 0.03,
                      "probe_interval_steps": 200, "min_dwell_steps": 20, "window_steps": 50,
                      "memory_headroom": 0.90}
-CV_FIELDS = {"max_length_cv", "bucket_target_cv"}            # (0, 10]
-COUNT_FIELDS = {"probe_interval_steps", "min_dwell_steps", "window_steps"}  # [1, 1e6]
+# The policy and ADAPTIVE's tuning (docs/design.md §11; defaults in docs/gates.md).
+ADAPTIVE_DEFAULTS = {"policy": 1, "adaptive_cv_band_width": 0.05,
+                     "adaptive_tokens_band_base": 8192, "adaptive_half_life_steps": 2000,
+                     "adaptive_min_samples": 8, "adaptive_margin": 0.01,
+                     "adaptive_explore_share": 0.03}
+DEFAULTS = {**CONTRACT_DEFAULTS, **ADAPTIVE_DEFAULTS}
+CV_FIELDS = {"max_length_cv", "bucket_target_cv", "adaptive_cv_band_width"}  # (0, 10]
+COUNT_FIELDS = {"probe_interval_steps", "min_dwell_steps", "window_steps",
+                "adaptive_tokens_band_base", "adaptive_half_life_steps",
+                "adaptive_min_samples"}  # [1, 1e6]
+ENUM_FIELDS = {"policy": {1, 2}}  # STATIC, ADAPTIVE
 
 
 def main():
@@ -52,23 +61,24 @@ def main():
                 print(f"FAIL: {TEXTPROTO} is not a GateConfig: {e}")
                 return 1
         fields = [f.name for f in gate_pb2.GateConfig.DESCRIPTOR.fields]
-        if set(fields) != set(CONTRACT_DEFAULTS):
+        if set(fields) != set(DEFAULTS):
             problems.append(f"GateConfig fields {sorted(fields)} are not those of "
-                            f"docs/design.md §3: {sorted(CONTRACT_DEFAULTS)}")
+                            f"docs/design.md §3 and §11: {sorted(DEFAULTS)}")
         for name in fields:
             if not config.HasField(name):
                 problems.append(f"{name} is not set (the shipped file spells out every gate)")
                 continue
             value = getattr(config, name)
-            if name in COUNT_FIELDS:
+            if name in ENUM_FIELDS:
+                ok = value in ENUM_FIELDS[name]
+            elif name in COUNT_FIELDS:
                 ok = 1 <= value <= 1_000_000
             else:
                 ok = math.isfinite(value) and 0 < value <= (10 if name in CV_FIELDS else 1)
             if not ok:
                 problems.append(f"{name} = {value} fails docs/design.md §3 validation")
-            if name in CONTRACT_DEFAULTS and not math.isclose(value, CONTRACT_DEFAULTS[name]):
-                problems.append(f"{name} = {value}, the docs/design.md §3 default is "
-                                f"{CONTRACT_DEFAULTS[name]}")
+            if name in DEFAULTS and not math.isclose(value, DEFAULTS[name]):
+                problems.append(f"{name} = {value}, the default is {DEFAULTS[name]}")
         if config.rs_wait_reenable_margin >= config.max_rs_wait_share:
             problems.append("rs_wait_reenable_margin must be below max_rs_wait_share")
     if problems:

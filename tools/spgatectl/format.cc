@@ -451,19 +451,8 @@ std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFo
   return out;
 }
 
-std::string FormatEvaluation(
-    const v1::EvaluateGatesResponse& r, OutputFormat format,
-    const std::vector<std::pair<std::string, v1::EvaluateGatesResponse>>& per_policy) {
-  if (format == OutputFormat::kJson) {
-    if (per_policy.empty()) return ToJson(r);
-    // {"evaluation": {...}, "policies": {"STATIC": {...}, "ADAPTIVE": {...}}}
-    std::string out = absl::StrCat("{\"evaluation\": ", ToJson(r, false), ", \"policies\": {");
-    for (size_t i = 0; i < per_policy.size(); ++i) {
-      absl::StrAppend(&out, i ? ", " : "", "\"", per_policy[i].first,
-                      "\": ", ToJson(per_policy[i].second.decision(), false));
-    }
-    return absl::StrCat(out, "}}\n");
-  }
+std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
+  if (format == OutputFormat::kJson) return ToJson(r);
   const v1::Decision& d = r.decision();
   std::string out = KeyValues({
       {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
@@ -488,11 +477,12 @@ std::string FormatEvaluation(
     t.AddRow({c.gate(), c.outcome(), value(c.observed()), value(c.threshold()), c.detail()});
   }
   absl::StrAppend(&out, "\n", t.Render());
-  if (!per_policy.empty()) {
+  if (r.by_policy_size() > 0) {
     absl::StrAppend(&out, "\nPOLICIES (the same batch under each)\n");
     Table p({{"POLICY"}, {"MODE"}, {"REASON"}});
-    for (const auto& [name, e] : per_policy) {
-      p.AddRow({name, ModeName(e.decision().mode()), ReasonName(e.decision().reason())});
+    for (const v1::PolicyDecision& d : r.by_policy()) {
+      p.AddRow({v1::GateConfig::Policy_Name(d.policy()), ModeName(d.mode()),
+                ReasonName(d.reason())});
     }
     absl::StrAppend(&out, p.Render());
   }

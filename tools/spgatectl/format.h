@@ -65,11 +65,9 @@ std::string FormatDecisionLine(const v1::Decision& decision, OutputFormat format
 // The audit log page: a table (TIME, VERSION, SCOPE, PRINCIPAL, CALL, CHANGE) and, when
 // older entries exist, the --page_token to ask for them.
 std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFormat format);
-// `per_policy`: the same batch evaluated under each policy (spgatectl eval without
-// --policy), shown as a table under the main answer.
-std::string FormatEvaluation(
-    const v1::EvaluateGatesResponse& response, OutputFormat format,
-    const std::vector<std::pair<std::string, v1::EvaluateGatesResponse>>& per_policy = {});
+// The decision, the reason chain and, when the daemon sent them, the same batch under
+// each policy.
+std::string FormatEvaluation(const v1::EvaluateGatesResponse& response, OutputFormat format);
 
 }  // namespace spgate::ctl
 

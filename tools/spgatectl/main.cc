@@ -133,7 +133,9 @@ class Client {
             [&](auto* ctx, auto* resp) { return stub_->Unpin(ctx, inv_.unpin, resp); },
             [&](const auto& resp) { return FormatUnpin(inv_.unpin, resp, fmt); });
       case Command::kEval:
-        return Eval(fmt);
+        return Unary<v1::EvaluateGatesResponse>(
+            [&](auto* ctx, auto* resp) { return stub_->EvaluateGates(ctx, inv_.eval, resp); },
+            [&](const auto& resp) { return FormatEvaluation(resp, fmt); });
       case Command::kGatesHistory:
         return Unary<v1::ListConfigHistoryResponse>(
             [&](auto* ctx, auto* resp) {
@@ -182,32 +184,6 @@ class Client {
     if (!status.ok()) return Fail(status);
     std::cout << format(response) << std::flush;
     return kExitOk;
-  }
-
-  // The what-if under the job's config, then (unless --policy chose one) what each policy
-  // would decide for the same batch: the table under the main answer.
-  int Eval(OutputFormat fmt) {
-    v1::EvaluateGatesResponse main;
-    if (grpc::Status s = EvalOnce(inv_.eval, &main); !s.ok()) return Fail(s);
-    std::vector<std::pair<std::string, v1::EvaluateGatesResponse>> per_policy;
-    if (!inv_.eval.config().has_policy()) {
-      for (auto policy : {v1::GateConfig::STATIC, v1::GateConfig::ADAPTIVE}) {
-        v1::EvaluateGatesRequest req = inv_.eval;
-        req.mutable_config()->set_policy(policy);
-        v1::EvaluateGatesResponse resp;
-        if (grpc::Status s = EvalOnce(req, &resp); !s.ok()) return Fail(s);
-        per_policy.emplace_back(v1::GateConfig::Policy_Name(policy), std::move(resp));
-      }
-    }
-    std::cout << FormatEvaluation(main, fmt, per_policy) << std::flush;
-    return kExitOk;
-  }
-
-  grpc::Status EvalOnce(const v1::EvaluateGatesRequest& req, v1::EvaluateGatesResponse* resp) {
-    grpc::ClientContext ctx;
-    Prepare(&ctx, /*deadline=*/true);
-    Scope scope(interrupter_, &ctx);
-    return stub_->EvaluateGates(&ctx, req, resp);
   }
 
   // Waits up to --timeout for the channel to connect. A channel that fails to connect is
