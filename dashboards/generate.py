@@ -446,6 +446,36 @@ def Job():
           "budget x memory_headroom")],
         overrides=ModeOverrides() + [ThresholdLine("B"), ThresholdLine("C", "yellow")]), w=24)
 
+    L.Row("Adaptive policy")
+    L.Add(Stat(
+        "Policy in force",
+        "STATIC: the gates' thresholds decide; ADAPTIVE: each mode's learned tokens/s per "
+        "band of (length CV, tokens) decides (docs/design.md §11).",
+        "none",
+        [(f'max by (policy) (spgate_gate_policy{{{j}}}) == 1', "{{policy}}")]), w=4)
+    L.Add(TimeSeries(
+        "Estimated gain over the static gates",
+        "Over the batches a band decided: learned throughput of ADAPTIVE's choices over "
+        "that of the static gates' choices for the same batches (1 = no gain; 0 = no band "
+        "has decided yet; an estimate from the learned table).",
+        "suffix:x",
+        [(f"max(spgate_adaptive_gain_ratio{{{j}}})", "gain")], minimum=None), w=6)
+    L.Add(TimeSeries(
+        "Exploration share",
+        "Steps ADAPTIVE spent on the less-sampled mode (reason probe), over all decisions; "
+        "bounded by adaptive_explore_share.",
+        "percentunit",
+        [(f"sum(rate(spgate_adaptive_exploration_steps_total{{{j}}}[{RATE}]))"
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "exploration")],
+        maximum=1), w=6)
+    L.Add(TimeSeries(
+        "Learned tokens/s by band and mode",
+        "The learned table: each band's estimate per mode, pooled over the job's groups "
+        "(spgatectl jobs show has the weights and the preferred mode).",
+        "count:tok/s",
+        [(f"max by (band, mode) (spgate_adaptive_tokens_per_second{{{j}}})",
+          "{{band}} · {{mode}}")]), w=8)
+
     L.Row("Workers and config")
     L.Add(TimeSeries(
         "Workers",

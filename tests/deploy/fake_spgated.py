@@ -119,7 +119,10 @@ class Exposition:
         family("spgate_gate_threshold", "gauge", "Gate thresholds in effect.")
         defaults = {"max_length_cv": 0.18, "max_rs_wait_share": 0.22, "bucket_target_cv": 0.15,
                     "rs_wait_reenable_margin": 0.03, "probe_interval_steps": 200,
-                    "min_dwell_steps": 20, "window_steps": 50, "memory_headroom": 0.9}
+                    "min_dwell_steps": 20, "window_steps": 50, "memory_headroom": 0.9,
+                    "adaptive_cv_band_width": 0.05, "adaptive_tokens_band_base": 8192,
+                    "adaptive_half_life_steps": 2000, "adaptive_min_samples": 8,
+                    "adaptive_margin": 0.01, "adaptive_explore_share": 0.03}
         for gate in contract.GATES:
             sample("spgate_gate_threshold", defaults[gate], job_id=contract.GLOBAL_JOB_ID, gate=gate)
         sample("spgate_gate_threshold", 0.25, job_id=JOBS[0], gate="max_rs_wait_share")
@@ -140,6 +143,27 @@ class Exposition:
         sample("spgate_state_persist_failures_total", 0)
         family("spgate_config_last_reload_successful", "gauge", "1 if the last config load succeeded.")
         sample("spgate_config_last_reload_successful", 1)
+        family("spgate_gate_policy", "gauge", "1 for the policy in force.")
+        for job in (contract.GLOBAL_JOB_ID,) + JOBS:
+            adaptive = job == JOBS[0]
+            sample("spgate_gate_policy", 0 if adaptive else 1, job_id=job, policy="static")
+            sample("spgate_gate_policy", 1 if adaptive else 0, job_id=job, policy="adaptive")
+        family("spgate_adaptive_tokens_per_second", "gauge", "Learned tokens/s by band and mode.")
+        for band, sp, tp in (("cv0.tok1", 120000, 110000), ("cv5.tok1", 90000, 101000)):
+            sample("spgate_adaptive_tokens_per_second", sp, job_id=JOBS[0], band=band, mode="sp")
+            sample("spgate_adaptive_tokens_per_second", tp, job_id=JOBS[0], band=band,
+                   mode="tp_only")
+        family("spgate_adaptive_samples", "gauge", "Weighted samples behind each estimate.")
+        for band in ("cv0.tok1", "cv5.tok1"):
+            sample("spgate_adaptive_samples", 40, job_id=JOBS[0], band=band, mode="sp")
+            sample("spgate_adaptive_samples", 12, job_id=JOBS[0], band=band, mode="tp_only")
+        family("spgate_adaptive_exploration_steps_total", "counter", "ADAPTIVE exploration steps.")
+        for job in JOBS:
+            sample("spgate_adaptive_exploration_steps_total",
+                   math.floor(0.05 * t) if job == JOBS[0] else 0, job_id=job)
+        family("spgate_adaptive_gain_ratio", "gauge", "ADAPTIVE's learned gain over STATIC.")
+        for job in JOBS:
+            sample("spgate_adaptive_gain_ratio", 1.02 if job == JOBS[0] else 0, job_id=job)
         family("spgate_build_info", "gauge", "Build information; always 1.")
         sample("spgate_build_info", 1, version="0.0.0-fake")
         return "\n".join(out) + "\n"

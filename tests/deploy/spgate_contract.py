@@ -31,6 +31,11 @@ METRICS = {
     "spgate_state_persist_failures_total": ("counter", ()),
     "spgate_config_last_reload_successful": ("gauge", ()),
     "spgate_build_info": ("gauge", ("version",)),
+    "spgate_gate_policy": ("gauge", ("job_id", "policy")),
+    "spgate_adaptive_tokens_per_second": ("gauge", ("job_id", "band", "mode")),
+    "spgate_adaptive_samples": ("gauge", ("job_id", "band", "mode")),
+    "spgate_adaptive_exploration_steps_total": ("counter", ("job_id",)),
+    "spgate_adaptive_gain_ratio": ("gauge", ("job_id",)),
 }
 
 # Closed label value sets (docs/design.md §6 enums, lower-cased; docs/design.md §7).
@@ -38,8 +43,13 @@ MODES = ("sp", "tp_only")
 REASONS = ("gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
            "memory_over_budget", "pinned", "controller_unavailable", "adaptive")
 GATES = ("max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
-         "probe_interval_steps", "min_dwell_steps", "window_steps", "memory_headroom")
+         "probe_interval_steps", "min_dwell_steps", "window_steps", "memory_headroom",
+         "adaptive_cv_band_width", "adaptive_tokens_band_base", "adaptive_half_life_steps",
+         "adaptive_min_samples", "adaptive_margin", "adaptive_explore_share")
 WORKER_STATES = ("active", "stale")
+POLICIES = ("static", "adaptive")
+# ADAPTIVE's bands (docs/design.md §11): 8 length-CV bands x 4 token bands.
+BANDS = tuple(f"cv{c}.tok{t}" for c in range(8) for t in range(4))
 CONFIG_UPDATE_RESULTS = ("ok", "invalid", "conflict", "denied")
 LABEL_VALUES = {
     "mode": MODES,
@@ -47,6 +57,8 @@ LABEL_VALUES = {
     "gate": GATES,
     "state": WORKER_STATES,
     "result": CONFIG_UPDATE_RESULTS,
+    "policy": POLICIES,
+    "band": BANDS,
 }
 GLOBAL_JOB_ID = "_default"  # spgate_gate_threshold / spgate_config_version global scope
 
