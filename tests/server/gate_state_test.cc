@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
+#include "proto/convert.h"
 #include "server/audit_log.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
@@ -739,6 +740,71 @@ TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing)
   auto records = ReadAuditLog(AuditLogPath(dir));
   ASSERT_THAT(records.status(), IsOk());
   EXPECT_EQ(records->size(), 1u) << "no audit line for an update that changes nothing";
+}
+
+// ---- the ADAPTIVE policy's learning (docs/design.md §11) ----
+
+// The daemon learns each (band, mode)'s tokens/s from the group's step time (the max
+// over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
+// group's leader only, when a band's preference changes and at most once per interval;
+// and an ADAPTIVE job then decides with it (reason ADAPTIVE) and explores (PROBE).
+TEST_F(GateStateTest, LearnsThroughputFromTelemetryAndTellsTheLeader) {
+  auto state = Make("", {}, [](StateOptions& o) { o.decision_cache_steps = 64; });
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  auto leader = std::make_shared<RecordingSink>();
+  auto other = std::make_shared<RecordingSink>();
+  auto s0 = state->AttachSession(r0->session_id(), leader);
+  auto s1 = state->AttachSession(r1->session_id(), other);
+  ASSERT_THAT(s0.status(), IsOk());
+  ASSERT_THAT(s1.status(), IsOk());
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  up.mutable_config()->set_adaptive_min_samples(4);
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  // Uniform batches (CV 0): SP 2 s per step (rank 1 the slowest), TP-only 1 s: TP-only
+  // learns twice SP's tokens/s. The prior (the gates) runs SP; exploration (steps that
+  // are multiples of 34) runs TP-only.
+  int64_t adaptive = 0, probes = 0;
+  for (int64_t step = 0; step < 200; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk()) << step;
+    adaptive += d.reason() == v1::ADAPTIVE;
+    probes += d.reason() == v1::PROBE;
+    const bool sp = d.mode() == v1::SEQUENCE_PARALLEL;
+    v1::StepTelemetry t0 = Tel("j", 0, 0, step, d.mode(), sp ? 1.5 : 1.0, 0);
+    v1::StepTelemetry t1 = Tel("j", 0, 1, step, d.mode(), sp ? 2.0 : 0.5, 0);
+    ASSERT_THAT(state->RecordTelemetry(**s0, t0), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(**s1, t1), IsOk());
+    clock_.Advance(absl::Milliseconds(100));
+  }
+  EXPECT_GT(probes, 0);
+  EXPECT_GT(adaptive, 50) << "the band learned and decided";
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  const ThroughputTable table = spgate::FromProto(job->learned());
+  const GateConfig c = spgate::LayerGateConfig(GateConfig{}, job->config().config());
+  const int band = BandOf(c, 0.0, 1000);
+  EXPECT_DOUBLE_EQ(table.cell(band, Mode::kSequenceParallel).tokens_per_s(), 500.0);  // 1000 / 2
+  EXPECT_DOUBLE_EQ(table.cell(band, Mode::kTensorParallelOnly).tokens_per_s(), 1000.0);
+  EXPECT_GT(job->exploration_steps(), 0);
+  EXPECT_DOUBLE_EQ(job->adaptive_gain_ratio(), 2.0) << "static would run SP at half the rate";
+  // The leader heard of it; the other rank did not; no more than once a second.
+  ASSERT_FALSE(leader->learned.empty());
+  EXPECT_TRUE(other->learned.empty());
+  EXPECT_LE(leader->learned.size(), 20u + 1u);  // 20 s of steps
+  EXPECT_NEAR(leader->learned.back().cell(band, Mode::kTensorParallelOnly).tokens_per_s(), 1000.0,
+              1e-6);
+  // A leader that reconnects gets the table at once.
+  auto again = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(r0->session_id(), again).status(), IsOk());
+  ASSERT_EQ(again->learned.size(), 1u);
+  // A new launch starts the table afresh.
+  v1::RegisterRequest relaunch = Reg("j", 0, 0, 2);
+  relaunch.set_incarnation("launch-2");
+  ASSERT_THAT(state->Register(relaunch).status(), IsOk());
+  EXPECT_EQ(state->GetJob("j")->learned().cells_size(), 0);
 }
 
 // ---- job identity and sessions (docs/design.md §10) ----

@@ -136,7 +136,9 @@ class StateHarness {
 class RecordingSink : public SessionSink {
  public:
   void PushConfig(const ConfigPush& push) override { updates.push_back(ToProto(push)); }
+  void PushLearned(const ThroughputTable& table) override { learned.push_back(table); }
   std::vector<v1::ConfigUpdate> updates;
+  std::vector<ThroughputTable> learned;
 };
 
 }  // namespace spgate::server

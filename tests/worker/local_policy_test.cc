@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"
 #include "tests/testing/policy_printers.h"
@@ -180,6 +181,35 @@ TEST(LocalGatePolicyTest, LocalAndAdoptedDecisionsInterleave) {
     leader.ObserveRsWaitShare(step, d.mode, share);
   }
   ExpectSameState(leader.state(), daemon.state, 3000);
+}
+
+// The fallback under ADAPTIVE decides with the last table the daemon sent, exactly as
+// EvaluateAdaptive does over that table: a daemon outage keeps the learned choice (TP-only
+// here, where the static gates would run SP), and without a table it is the gates.
+TEST(LocalGatePolicyTest, AdaptiveFallbackUsesTheLearnedTable) {
+  GateConfig c;
+  c.policy = GatePolicyKind::kAdaptive;
+  const int band = BandOf(c, 0.05, 4096);
+  ThroughputTable t;
+  for (int i = 0; i < 50; ++i) {
+    t.Observe(band, Mode::kSequenceParallel, 99 - i, 1000, 1.0, c.adaptive_half_life_steps);
+    t.Observe(band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0, c.adaptive_half_life_steps);
+  }
+  LocalGatePolicy without(c, 1);
+  LocalGatePolicy with(c, 1);
+  with.SetLearnedTable(t);
+  GroupGateState reference;
+  for (int64_t step = 101; step < 130; ++step) {
+    const BatchFacts f{.step = step, .length_cv = 0.05, .tokens = 4096};
+    const GateOutcome want = EvaluateAdaptive(c, reference, f, {}, std::nullopt, &t);
+    reference = want.next;
+    EXPECT_EQ(with.Decide(f).decision, want.decision) << step;
+    const Decision prior = without.Decide(f).decision;
+    EXPECT_EQ(prior.reason, step % ExplorePeriod(c) == 0 ? Reason::kProbe : Reason::kGatesPassed)
+        << step;
+  }
+  EXPECT_EQ(with.Decide({.step = 131, .length_cv = 0.05, .tokens = 4096}).decision,
+            (Decision{Mode::kTensorParallelOnly, Reason::kAdaptive}));
 }
 
 }  // namespace
