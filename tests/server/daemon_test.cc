@@ -730,6 +730,42 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
 
 // ---- limits (docs/design.md §10) ----
 
+// --max_concurrent_streams_per_connection is HTTP/2's own limit: a call over it waits
+// (the client queues it) rather than failing, on that connection only; a call on another
+// connection goes through, and the queued one runs once a slot frees.
+TEST_F(DaemonTest, StreamsPerConnectionAreCappedOnThatConnectionOnly) {
+  DaemonOptions opts;
+  opts.max_concurrent_streams_per_connection = 1;
+  Start(opts);
+  grpc::ClientContext w;
+  w.set_deadline(Deadline(10000));
+  auto watch = admin_->WatchDecisions(&w, v1::WatchDecisionsRequest());
+  watch->WaitForInitialMetadata();  // holds the connection's one stream
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(500));
+    v1::VersionedGateConfig out;
+    const grpc::Status s = admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &out);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  }
+  {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+    auto other = v1::AdminService::NewStub(grpc::CreateCustomChannel(
+        daemon_->admin_address(), grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(5000));
+    v1::VersionedGateConfig out;
+    EXPECT_TRUE(other->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &out).ok());
+  }
+  w.TryCancel();
+  watch->Finish();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(5000));
+  v1::VersionedGateConfig out;
+  EXPECT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &out).ok());
+}
+
 TEST_F(DaemonTest, StreamLimitsRefuseWithResourceExhaustedAndFreeTheirSlot) {
   DaemonOptions opts;
   opts.max_streams = 2;
