@@ -35,3 +35,37 @@ execute_process(COMMAND ${SIM} replay --lengths=gamma:k=1 RESULT_VARIABLE rc ERR
 if(NOT rc EQUAL 2 OR NOT err MATCHES "--lengths")
   message(FATAL_ERROR "bad --lengths: rc ${rc}, ${err}")
 endif()
+# replay --compare: the five policies under JSON key "compare", the table on stderr and
+# the series CSV.
+execute_process(
+  COMMAND ${SIM} replay --lengths=bimodal:short=256,long=8000,p_long=0.4 --bucketing=false
+          --steps=200 --groups=2 --compare --compare_series=${WORK}/series.csv
+          --summary_json=${WORK}/compare.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "\\| oracle \\|")
+  message(FATAL_ERROR "spgate-sim replay --compare failed (${rc}):\n${err}")
+endif()
+file(READ ${WORK}/compare.json json)
+foreach(policy sp tp_only static adaptive oracle)
+  foreach(key effective_tokens_per_s step_time_p95_s peak_memory_bytes ratio_to_oracle switches
+              probe_steps)
+    string(JSON value ERROR_VARIABLE jerr GET "${json}" compare ${policy} ${key})
+    if(jerr)
+      message(FATAL_ERROR "compare.${policy} lacks \"${key}\": ${jerr}\n${json}")
+    endif()
+  endforeach()
+endforeach()
+string(JSON oracle GET "${json}" compare oracle ratio_to_oracle)
+if(NOT oracle EQUAL 1)
+  message(FATAL_ERROR "the oracle's ratio to itself is ${oracle}")
+endif()
+file(STRINGS ${WORK}/series.csv series)
+list(GET series 0 header)
+if(NOT header STREQUAL "step,sp,tp_only,static,adaptive,oracle")
+  message(FATAL_ERROR "series.csv header: ${header}")
+endif()
+# --compare belongs to replay.
+execute_process(COMMAND ${SIM} --compare RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--compare")
+  message(FATAL_ERROR "spgate-sim --compare without replay: rc ${rc}, ${err}")
+endif()
