@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -22,6 +23,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
@@ -55,7 +58,9 @@ ABSL_FLAG(absl::Duration, duration, absl::ZeroDuration(), "Run this long instead
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the length stream, the weights and the data");
 ABSL_FLAG(bool, bucketing, false, "bucket_by_tokens: keep each batch's length CV under the "
                                   "daemon's bucket_target_cv");
-ABSL_FLAG(std::string, mode, "auto", "auto (spgated / local policy decides), sp, or tp (forced)");
+ABSL_FLAG(std::string, mode, "auto",
+          "auto (spgated / local policy decides), sp or tp (forced), or alternate:N (forced, "
+          "SP and TP-only in turns of N steps: what a switch costs)");
 ABSL_FLAG(std::string, norm_boundary, "shard", "shard (LayerNorm inside the sequence shard) or "
                                                "gather (legacy: gather the sequence for LayerNorm)");
 ABSL_FLAG(std::string, decision_log, "", "PREFIX: write PREFIX.rank<N>.csv (step,mode,reason,source) per rank");
@@ -134,8 +139,13 @@ int main(int argc, char** argv) {
     o.mode = ModeChoice::kSp;
   } else if (mode == "tp") {
     o.mode = ModeChoice::kTp;
+  } else if (absl::StartsWith(mode, "alternate:") &&
+             absl::SimpleAtoi(mode.substr(strlen("alternate:")), &o.alternate_steps) &&
+             o.alternate_steps >= 1) {
+    o.mode = ModeChoice::kAlternate;
   } else {
-    return Refuse(absl::StrCat("--mode=", mode, ": expected auto, sp or tp"), first);
+    return Refuse(absl::StrCat("--mode=", mode, ": expected auto, sp, tp or alternate:N (N >= 1)"),
+                  first);
   }
   const std::string boundary = absl::GetFlag(FLAGS_norm_boundary);
   if (boundary == "shard") {

@@ -396,6 +396,31 @@ StepRecord Rec(int64_t step, Mode mode, Reason reason, StepSource src, double t,
   return r;
 }
 
+// The switch cost: per token, the first step after a switch against the mode's others.
+TEST(SummaryTest, SwitchCostIsTheFirstStepAfterASwitchPerTokenOverTheRest) {
+  constexpr Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
+  const auto f = StepSource::kFlag;
+  const auto r = Reason::kPinned;
+  // One group of one rank: SP SP TP TP TP SP SP. Switches at steps 2 (to TP) and 5 (to SP).
+  std::vector<std::vector<StepRecord>> recs(1);
+  recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 2.0, 200),
+             Rec(2, kTp, r, f, 3.0, 100),  // 0.03 s/token after the switch
+             Rec(3, kTp, r, f, 1.0, 100), Rec(4, kTp, r, f, 2.0, 200),  // 0.01 steady
+             Rec(5, kSp, r, f, 1.5, 100),  // 0.015 after the switch
+             Rec(6, kSp, r, f, 1.0, 100)};  // steady SP: 0.01 (step 0 has no previous step)
+  RunDescription run;
+  run.tp = 1;
+  const RunSummary s = Summarize(run, recs, {{}});
+  EXPECT_DOUBLE_EQ(s.switch_cost_ratio.at("tp_only"), 3.0);
+  EXPECT_DOUBLE_EQ(s.switch_cost_ratio.at("sp"), 1.5);
+  EXPECT_EQ(s.switch_steps.at("tp_only"), 1);
+  EXPECT_EQ(s.switch_steps.at("sp"), 1);
+  EXPECT_THAT(SummaryJson(s), HasSubstr("\"switch_cost_ratio\": {\"sp\": 1.5"));
+  // A run that never switches has no switch figures.
+  recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 1.0, 100)};
+  EXPECT_TRUE(Summarize(run, recs, {{}}).switch_cost_ratio.empty());
+}
+
 TEST(SummaryTest, AggregatesGroupsRanksAndModes) {
   constexpr Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
   // Two TP groups of two ranks, two steps.

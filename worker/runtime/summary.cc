@@ -78,6 +78,8 @@ RunSummary Summarize(const RunDescription& run,
   std::map<std::string, double> cv_sum;
   std::vector<double> rs_share, ag_tail, norm_ratio, decision_wait;
   std::map<std::string, double> rate;  // summed over groups
+  // Step seconds per token, by mode: first steps after a switch, and the others.
+  std::map<std::string, std::pair<double, int64_t>> per_token_switch, per_token_steady;
   for (int g = 0; g < groups; ++g) {
     std::map<std::string, double> g_tokens, g_time;
     for (int64_t i = 0; i < s.steps; ++i) {
@@ -111,6 +113,12 @@ RunSummary Summarize(const RunDescription& run,
         }
       }
       if (!consistent) ++s.consistency_violations;
+      if (i > 0 && lead.tokens > 0) {
+        const bool switched = records[g * tp][i - 1].mode != lead.mode;
+        auto& bucket = switched ? per_token_switch[mode] : per_token_steady[mode];
+        bucket.first += t_max / static_cast<double>(lead.tokens);
+        bucket.second += 1;
+      }
       s.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
       s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
       if (lead.source == static_cast<uint8_t>(StepSource::kFallback) ||
@@ -140,6 +148,14 @@ RunSummary Summarize(const RunDescription& run,
     }
   }
   s.effective_tokens_per_s = rate;
+  for (const auto& [mode, sw] : per_token_switch) {
+    s.switch_steps[mode] = sw.second;
+    const auto it = per_token_steady.find(mode);
+    s.switch_cost_ratio[mode] = it != per_token_steady.end() && it->second.second > 0 &&
+                                        it->second.first > 0
+                                    ? (sw.first / sw.second) / (it->second.first / it->second.second)
+                                    : 0.0;
+  }
   for (auto& [key, times] : step_times) {
     s.step_time_p95_s[key] = P95(times);
     s.step_time_mean_s[key] = time_sum[key] / times.size();
@@ -182,6 +198,8 @@ std::string SummaryJson(const RunSummary& s) {
   field("effective_tokens_per_s", Object(s.effective_tokens_per_s, dbl));
   field("step_time_p95_s", Object(s.step_time_p95_s, dbl));
   field("step_time_mean_s", Object(s.step_time_mean_s, dbl));
+  field("switch_cost_ratio", Object(s.switch_cost_ratio, dbl));
+  field("switch_steps", Object(s.switch_steps, i64));
   field("peak_memory_bytes", Object(s.peak_memory_bytes, u64));
   field("predicted_peak_memory_bytes", Object(s.predicted_peak_memory_bytes, u64));
   field("memory_prediction_max_rel_error", dbl(s.memory_prediction_max_rel_error));

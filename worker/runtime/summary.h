@@ -88,6 +88,11 @@ struct RunSummary {
   std::map<std::string, uint64_t> peak_memory_bytes;     // + all
   std::map<std::string, uint64_t> predicted_peak_memory_bytes;
   std::map<std::string, int64_t> steps_by_mode;
+  // What switching costs, by the mode switched to: the mean step time per token of the
+  // first step after a switch over that of the mode's other steps (1: free; 0: no
+  // switch, or no steady step), and how many switch steps there were.
+  std::map<std::string, double> switch_cost_ratio;
+  std::map<std::string, int64_t> switch_steps;
   std::map<std::string, int64_t> effective_tokens;       // + all
   std::map<std::string, int64_t> padding_tokens;         // + all
   std::map<std::string, double> mean_length_cv;          // + all

@@ -29,6 +29,7 @@ const char* ModeChoiceName(ModeChoice mode) {
     case ModeChoice::kAuto: return "auto";
     case ModeChoice::kSp: return "sp";
     case ModeChoice::kTp: return "tp";
+    case ModeChoice::kAlternate: return "alternate";
   }
   return "unknown";
 }
@@ -343,7 +344,10 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
       source = static_cast<StepSource>(d.source);
     } else {
       d.step = n;
-      d.mode = o.mode == ModeChoice::kSp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
+      const bool sp = o.mode == ModeChoice::kSp ||
+                      (o.mode == ModeChoice::kAlternate &&
+                       (n / std::max<int64_t>(o.alternate_steps, 1)) % 2 == 0);
+      d.mode = sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
       d.reason = Reason::kPinned;
     }
     const double decision_s = Since(t0);

@@ -36,7 +36,9 @@
 namespace spgate::runtime {
 
 enum class Backend : uint8_t { kCpu, kNccl };
-enum class ModeChoice : uint8_t { kAuto, kSp, kTp };
+// kAlternate: SP and TP-only in turns of alternate_steps steps (forced, like kSp/kTp):
+// measures what a mode switch itself costs (the summary's switch_cost_ratio).
+enum class ModeChoice : uint8_t { kAuto, kSp, kTp, kAlternate };
 
 struct WorkerOptions {
   Backend backend = Backend::kCpu;
@@ -56,6 +58,7 @@ struct WorkerOptions {
   uint64_t seed = 1;
   bool bucketing = false;
   ModeChoice mode = ModeChoice::kAuto;
+  int64_t alternate_steps = 0;  // kAlternate: steps per turn (>= 1)
   NormBoundary norm_boundary = NormBoundary::kShard;
   std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
   bool verify = false;
