@@ -390,6 +390,19 @@ TEST_F(SpgatectlE2eTest, EvalPrintsTheDecisionAndReasonChain) {
   const auto resp = ParseJson<v1::EvaluateGatesResponse>(r.out);
   EXPECT_GT(resp.checks_size(), 0);
   EXPECT_TRUE(resp.config_used().has_max_length_cv());
+  // The same batch under each policy: CV 0.33 is TP-only for the gates and, with nothing
+  // learned, for ADAPTIVE's prior too (the evaluation avoids an exploration step).
+  ASSERT_EQ(resp.by_policy_size(), 2);
+  EXPECT_EQ(resp.by_policy(0).policy(), v1::GateConfig::STATIC);
+  EXPECT_EQ(resp.by_policy(1).policy(), v1::GateConfig::ADAPTIVE);
+  for (const auto& p : resp.by_policy()) {
+    EXPECT_EQ(p.mode(), v1::TENSOR_PARALLEL_ONLY);
+    EXPECT_EQ(p.reason(), v1::LENGTH_CV);
+  }
+  r = Ctl({"eval", "--lengths=100,100"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("POLICIES (the same batch under each)"));
+  EXPECT_THAT(r.out, ContainsRegex("ADAPTIVE +sp +gates_passed"));
 }
 
 TEST_F(SpgatectlE2eTest, WatchCountStopsAfterNDecisions) {
