@@ -34,7 +34,14 @@ ROWS = [
     ("SP + bucketing + LayerNorm kept in shard", ["--mode=sp", "--norm_boundary=shard",
                                                   "--bucketing=true"]),
     ("spgate auto", ["--mode=auto", "--norm_boundary=shard", "--bucketing=true"]),
+    ("spgate adaptive", ["--mode=auto", "--norm_boundary=shard", "--bucketing=true"]),
 ]
+# The ADAPTIVE row's job config, set on the daemon (spgatectl gates set --job_id=...)
+# before its run. A run is tens of steps, shorter than learning takes at the defaults
+# (8 samples per mode per band, 3 % exploration), so it explores more and decides sooner;
+# a long job would keep the defaults.
+ADAPTIVE_FLAGS = ["--policy=adaptive", "--adaptive_min_samples=2",
+                  "--adaptive_explore_share=0.15"]
 
 
 def start_daemon(build, state_dir):
@@ -43,10 +50,10 @@ def start_daemon(build, state_dir):
          "--admin_listen=127.0.0.1:0", "--metrics_listen=", f"--state_dir={state_dir}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
-        m = re.search(r"worker API on port (\d+)", line)
+        m = re.search(r"worker API on port (\d+), admin API on port (\d+)", line)
         if m:
             threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1))
+            return proc, int(m.group(1)), int(m.group(2))
     proc.kill()
     sys.exit("replay_table: spgated did not start")
 
@@ -76,7 +83,8 @@ def main():
     common = COMMON + [f"--steps={a.steps}"] + shlex.split(a.extra)
 
     with tempfile.TemporaryDirectory(prefix="spgate-replay-") as tmp:
-        daemon, port = start_daemon(a.build, tmp)
+        daemon, port, admin_port = start_daemon(a.build, tmp)
+        spgatectl = os.path.join(a.build, "bin", "spgatectl")
         results = {name: [] for name, _ in ROWS}
         commands = {}
         load_before = load_average()
@@ -90,7 +98,12 @@ def main():
                     # so every row's ranks have the same threads: with 4 ranks on fewer
                     # cores, the client's timer wake-ups change how fast a rank spinning
                     # in MPI gives its core back, worth up to 2x in step time here.
-                    extra = [f"--controller=127.0.0.1:{port}", f"--job_id=replay-{slug}-{rnd}"]
+                    job = f"replay-{slug}-{rnd}"
+                    extra = [f"--controller=127.0.0.1:{port}", f"--job_id={job}"]
+                    if name == "spgate adaptive":
+                        subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates",
+                                        "set", f"--job_id={job}"] + ADAPTIVE_FLAGS,
+                                       check=True, capture_output=True, timeout=30)
                     cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
                         extra + [f"--summary_json={summary}"]
                     commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags)
@@ -178,7 +191,8 @@ def main():
         f.write(text)
     with open(os.path.join(a.out, "replay_table.json"), "w") as f:
         json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "common_flags": COMMON, "steps": a.steps, "rounds": a.rounds,
+                   "common_flags": COMMON, "adaptive_job_flags": ADAPTIVE_FLAGS,
+                   "steps": a.steps, "rounds": a.rounds,
                    "load_average": [load_before, load_after], "commands": commands,
                    "rows": table}, f, indent=2)
 
