@@ -145,6 +145,23 @@ class SighupReloadTest(ReloadHarness):
         self.assertEqual(self.threshold(), 0.35)
         self.assertIsNone(self.proc.poll(), "spgated must survive every reload")
 
+    def test_the_policy_is_set_by_name_in_the_file(self):
+        def policy(name):
+            return metric(scrape(self.metrics_port), "spgate_gate_policy",
+                          {"job_id": "_default", "policy": name})
+        self.assertEqual(policy("static"), 1)
+        self.assertEqual(policy("adaptive"), 0)
+        self.write("max_length_cv: 0.25\npolicy: ADAPTIVE\nadaptive_margin: 0.05\n")
+        self.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.wait_for(lambda: policy("adaptive"), 1), 1, "".join(self.log))
+        self.assertEqual(policy("static"), 0)
+        self.assertEqual(metric(scrape(self.metrics_port), "spgate_gate_threshold",
+                                {"job_id": "_default", "gate": "adaptive_margin"}), 0.05)
+        self.write("policy: SOMETIMES\n")  # not a policy: refused, ADAPTIVE stays
+        self.proc.send_signal(signal.SIGHUP)
+        self.assertEqual(self.wait_for(self.reload_ok, 0), 0, "".join(self.log))
+        self.assertEqual(policy("adaptive"), 1)
+
 
 class PollReloadTest(ReloadHarness):
     POLL = "100ms"
