@@ -506,7 +506,9 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
                               .time = Now(),
                               .pin_expire = std::nullopt,
                               .pin_forced = false,
-                              .band = BandOf(config.config, stats.cv, stats.tokens)};
+                              .band = outcome.band >= 0
+                                          ? outcome.band  // ADAPTIVE computed it
+                                          : BandOf(config.config, stats.cv, stats.tokens)};
     if (outcome.explored) {
       ++job->exploration_steps;
       if (job->metrics) job->metrics->exploration_steps->Increment();
