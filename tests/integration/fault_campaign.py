@@ -49,6 +49,10 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "testing"))
+import proc_util  # noqa: E402
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
@@ -86,12 +90,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def data_lines(path):
-    try:
-        with open(path) as f:
-            return f.read().splitlines()[1:]
-    except FileNotFoundError:
-        return []
+data_lines = proc_util.data_lines
 
 
 class Daemon:
@@ -132,14 +131,10 @@ class Daemon:
         self.proc.wait()
 
     def freeze(self):
-        self.proc.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                    return
-            time.sleep(0.001)
-        raise CampaignError("spgated did not stop on SIGSTOP")
+        try:
+            proc_util.freeze(self.proc)
+        except RuntimeError as e:
+            raise CampaignError(str(e)) from e
 
     def thaw(self):
         self.proc.send_signal(signal.SIGCONT)

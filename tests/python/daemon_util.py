@@ -5,10 +5,15 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "testing"))
+import proc_util  # noqa: E402
 
 
 def default_spgated():
@@ -63,16 +68,7 @@ class Daemon:
         self.proc.send_signal(sig)
 
     def freeze(self):
-        """SIGSTOP, and wait (bounded) until the kernel reports the daemon stopped: the
-        signal is asynchronous, and a daemon still running can answer in microseconds."""
-        self.proc.send_signal(signal.SIGSTOP)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            with open(f"/proc/{self.proc.pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "T":
-                    return
-            time.sleep(0.001)
-        raise RuntimeError("spgated did not stop on SIGSTOP")
+        proc_util.freeze(self.proc)
 
     def kill(self):
         if self.proc.poll() is None:

@@ -22,6 +22,10 @@ import time
 import unittest
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "testing"))
+import proc_util  # noqa: E402
+
 ARGS = None
 
 
@@ -44,12 +48,7 @@ def start_daemon(spgated, state_dir):
     raise RuntimeError("spgated did not report its port")
 
 
-def data_lines(path):
-    try:
-        with open(path) as f:
-            return f.read().splitlines()[1:]
-    except FileNotFoundError:
-        return []
+data_lines = proc_util.data_lines
 
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
