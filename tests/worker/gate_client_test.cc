@@ -241,6 +241,16 @@ TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
   const int64_t local_count = g.clients[0]->stats().local_decisions;
   EXPECT_GE(local_count, 99);
   EXPECT_LE(local_count, 100);
+  // While the daemon is away the clients try to reconnect (with backoff; several tries
+  // in this second and a half). Each try opens a stream whose first write fails, and the
+  // telemetry reported meanwhile must stay buffered through them, not go out on those
+  // doomed writes: at most what was in flight when the daemon stopped counts as sent.
+  absl::SleepFor(absl::Milliseconds(1500));
+  for (auto& c : g.clients) {
+    const GateClientStats st = c->stats();
+    EXPECT_GE(st.streams_opened, 3) << "the clients did not retry while the daemon was away";
+    EXPECT_LE(st.telemetry_sent, 22) << "records went out on streams the daemon never answered";
+  }
 
   // Back on the same port: the clients reconnect (new sessions) in bounded time and the
   // leader's heartbeat reports its local decisions.
@@ -264,6 +274,16 @@ TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
   ASSERT_NO_FATAL_FAILURE(g.Run(120, 160, mixed, absl::Milliseconds(3)));
   EXPECT_EQ(g.seen[0].back().source, DecisionSource::kDaemon);
   EXPECT_EQ(g.Disagreements(), 0);
+  // The records of the outage reached the daemon once it was back. Unacknowledged
+  // (lost) can only be records the first daemon had before it stopped (steps 0-19; it
+  // acknowledges with each 200 ms heartbeat, and those steps took tens of ms).
+  for (auto& c : g.clients) {
+    ASSERT_THAT(c->Flush(absl::Seconds(10)), IsOk());
+    const GateClientStats st = c->stats();
+    EXPECT_EQ(st.telemetry_dropped, 0);
+    EXPECT_LE(st.telemetry_sent - st.telemetry_acked, 20);
+    EXPECT_GE(st.telemetry_acked, 140) << "steps 20-159, reported after the first daemon left";
+  }
 }
 
 TEST_F(GateClientE2ETest, ConfigUpdateAppliesExactlyAtEffectiveStepOnEveryRank) {

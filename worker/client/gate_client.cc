@@ -405,6 +405,7 @@ void GateClient::Impl::EndSessionLocked() {
 void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessage& msg) {
   spgate::MutexLock lock(&mu_);
   if (r != reactor_) return;
+  if (!confirmed_ && !telemetry_.empty()) KickLocked();  // what waited for the answer
   confirmed_ = true;
   attempt_ = 0;
   not_found_streak_ = 0;
@@ -499,7 +500,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
 // ---- Writes ----------------------------------------------------------------------
 
 bool GateClient::Impl::HasOutgoingLocked() const {
-  if (heartbeat_due_ || !telemetry_.empty() || first_write_) return true;
+  if (heartbeat_due_ || first_write_ || (confirmed_ && !telemetry_.empty())) return true;
   for (const auto& [step, plan] : book_.plans()) {
     if (plan.sent_on_stream != stream_id_) return true;
   }
@@ -519,7 +520,12 @@ Outgoing GateClient::Impl::GatherLocked() {
     out.plans.push_back(plan);
   }
   stats_.plans_sent += static_cast<int64_t>(out.plans.size());
-  const size_t n = std::min<size_t>(telemetry_.size(), opts_.max_telemetry_per_message);
+  // Telemetry leaves the buffer only on a stream the daemon has answered: a stream
+  // opened while the daemon is down fails its first write, and what that write carried
+  // would be lost. Until the answer, records wait here (plans are simply sent again on
+  // the next stream).
+  const size_t n =
+      confirmed_ ? std::min<size_t>(telemetry_.size(), opts_.max_telemetry_per_message) : 0;
   out.telemetry.assign(telemetry_.begin(), telemetry_.begin() + n);
   telemetry_.erase(telemetry_.begin(), telemetry_.begin() + n);
   session_sent_ += static_cast<int64_t>(n);
