@@ -75,6 +75,9 @@ ABSL_FLAG(uint64_t, memory_budget, 0,
           "Memory budget in bytes for the memory gate; 0: the device's (a CUDA device's total "
           "memory; on CPU the host's physical memory shared by the node's ranks)");
 ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
+ABSL_FLAG(std::string, arena_cache, "classes",
+          "How freed blocks are reused: classes (size classes, kept 64 unused steps) or exact "
+          "(exact sizes, kept one step: the baseline of bench/switch_cost.sh)");
 ABSL_FLAG(int64_t, attention_query_block, 1024,
           "Query rows whose attention scores are materialised at once (bounds the attention "
           "workspace to heads/tp * block * max_len floats)");
@@ -146,6 +149,11 @@ int main(int argc, char** argv) {
   } else {
     return Refuse(absl::StrCat("--mode=", mode, ": expected auto, sp, tp or alternate:N (N >= 1)"),
                   first);
+  }
+  if (const std::string cache = absl::GetFlag(FLAGS_arena_cache); cache == "exact") {
+    o.arena = spgate::runtime::ArenaOptions::Exact();
+  } else if (cache != "classes") {
+    return Refuse(absl::StrCat("--arena_cache=", cache, ": expected classes or exact"), first);
   }
   const std::string boundary = absl::GetFlag(FLAGS_norm_boundary);
   if (boundary == "shard") {

@@ -258,7 +258,7 @@ TEST(MemoryArenaTest, RecordsLiveAndPeakBytesByCategoryAndReusesBlocks) {
   {
     ASSERT_OK_AND_ASSIGN(Buffer p, arena.Allocate(100, MemoryCategory::kParameters));
     ASSERT_OK_AND_ASSIGN(Buffer a, arena.Allocate(50, MemoryCategory::kActivations));
-    EXPECT_EQ(arena.live().total, 600u);
+    EXPECT_EQ(arena.live().total, 600u);  // bytes asked for, not the class slack
     {
       ASSERT_OK_AND_ASSIGN(Buffer w, arena.Allocate(25, MemoryCategory::kWorkspace));
       EXPECT_EQ(arena.peak_bytes(), 700u);
@@ -267,16 +267,50 @@ TEST(MemoryArenaTest, RecordsLiveAndPeakBytesByCategoryAndReusesBlocks) {
     EXPECT_EQ(arena.peak().by_category[static_cast<int>(MemoryCategory::kWorkspace)], 100u);
     arena.ResetPeak();
     EXPECT_EQ(arena.peak_bytes(), 600u);
-    EXPECT_EQ(arena.cached_bytes(), 100u);
+    EXPECT_EQ(arena.cached_bytes(), 256u);  // 100 bytes come from the 256-byte class
+    const uint64_t taken = arena.device_allocated_bytes();
     ASSERT_OK_AND_ASSIGN(Buffer again, arena.Allocate(25, MemoryCategory::kWorkspace));
     EXPECT_EQ(arena.cached_bytes(), 0u);  // the cached block came back
+    EXPECT_EQ(arena.device_allocated_bytes(), taken);
     ASSERT_OK_AND_ASSIGN(Buffer none, arena.Allocate(0, MemoryCategory::kWorkspace));
     EXPECT_TRUE(none.empty());
   }
   EXPECT_EQ(arena.live().total, 0u);
-  arena.TrimCache();
-  arena.TrimCache();  // a block unused for a whole "step" is returned to the device
+  EXPECT_EQ(arena.cached_bytes(), 416u + 256 + 256);  // 400 bytes: the 416-byte class
+  arena.TrimCache();  // the end of the step that released them
+  for (uint64_t i = 0; i + 1 < ArenaOptions{}.trim_after_steps; ++i) arena.TrimCache();
+  EXPECT_EQ(arena.cached_bytes(), 416u + 256 + 256);  // unused for trim_after_steps - 1 steps
+  arena.TrimCache();  // unused for trim_after_steps steps: back to the device
   EXPECT_EQ(arena.cached_bytes(), 0u);
+}
+
+TEST(MemoryArenaTest, SizeClassesAreAtMostAnEighthLargerAndServeNearbySizes) {
+  EXPECT_EQ(MemoryArena::SizeClass(1), 256u);
+  EXPECT_EQ(MemoryArena::SizeClass(256), 256u);
+  EXPECT_EQ(MemoryArena::SizeClass(257), 288u);
+  EXPECT_EQ(MemoryArena::SizeClass(4096), 4096u);
+  EXPECT_EQ(MemoryArena::SizeClass(4097), 4608u);
+  for (size_t bytes = 1; bytes < (size_t{1} << 26); bytes = bytes * 3 / 2 + 7) {
+    const size_t c = MemoryArena::SizeClass(bytes);
+    EXPECT_GE(c, bytes);
+    EXPECT_LE(static_cast<double>(c), std::max(256.0, 1.125 * static_cast<double>(bytes)));
+    EXPECT_EQ(MemoryArena::SizeClass(c), c) << "a class is its own class";
+  }
+  // A batch a little shorter than the last one reuses its block: no device allocation.
+  auto device = CreateCpuDevice();
+  MemoryArena arena(device.get());
+  { ASSERT_OK_AND_ASSIGN(Buffer x, arena.Allocate(1000 * 64, MemoryCategory::kActivations)); }
+  arena.TrimCache();
+  const uint64_t taken = arena.device_allocated_bytes();
+  { ASSERT_OK_AND_ASSIGN(Buffer y, arena.Allocate(960 * 64, MemoryCategory::kActivations)); }
+  EXPECT_EQ(arena.device_allocated_bytes(), taken);
+  // The exact-size cache (the baseline) cannot: a new size is a new block.
+  MemoryArena exact(device.get(), ArenaOptions::Exact());
+  { ASSERT_OK_AND_ASSIGN(Buffer x, exact.Allocate(1000 * 64, MemoryCategory::kActivations)); }
+  exact.TrimCache();
+  const uint64_t exact_taken = exact.device_allocated_bytes();
+  { ASSERT_OK_AND_ASSIGN(Buffer y, exact.Allocate(960 * 64, MemoryCategory::kActivations)); }
+  EXPECT_EQ(exact.device_allocated_bytes(), exact_taken + 960 * 64 * sizeof(float));
 }
 
 TEST(MemoryModelTest, SpKeepsLessThanTpOnlyAtLongLengthsAndGatherCostsMore) {
@@ -401,13 +435,17 @@ TEST(SummaryTest, SwitchCostIsTheFirstStepAfterASwitchPerTokenOverTheRest) {
   constexpr Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
   const auto f = StepSource::kFlag;
   const auto r = Reason::kPinned;
-  // One group of one rank: SP SP TP TP TP SP SP. Switches at steps 2 (to TP) and 5 (to SP).
+  // One group of one rank: SP SP TP TP TP TP SP SP. Switches at steps 2 (to TP) and 6 (to
+  // SP). Medians: the preempted TP step 5 (0.1 s/token) does not move the steady figure.
   std::vector<std::vector<StepRecord>> recs(1);
   recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 2.0, 200),
              Rec(2, kTp, r, f, 3.0, 100),  // 0.03 s/token after the switch
              Rec(3, kTp, r, f, 1.0, 100), Rec(4, kTp, r, f, 2.0, 200),  // 0.01 steady
-             Rec(5, kSp, r, f, 1.5, 100),  // 0.015 after the switch
-             Rec(6, kSp, r, f, 1.0, 100)};  // steady SP: 0.01 (step 0 has no previous step)
+             Rec(5, kTp, r, f, 10.0, 100),  // an outlier
+             Rec(6, kSp, r, f, 1.5, 100),  // 0.015 after the switch
+             Rec(7, kSp, r, f, 1.0, 100)};  // steady SP: 0.01 (step 0 has no previous step)
+  recs[0][2].device_allocated_bytes = 4096;  // the switch step took new blocks
+  recs[0][3].device_allocated_bytes = 1024;
   RunDescription run;
   run.tp = 1;
   const RunSummary s = Summarize(run, recs, {{}});
@@ -415,6 +453,9 @@ TEST(SummaryTest, SwitchCostIsTheFirstStepAfterASwitchPerTokenOverTheRest) {
   EXPECT_DOUBLE_EQ(s.switch_cost_ratio.at("sp"), 1.5);
   EXPECT_EQ(s.switch_steps.at("tp_only"), 1);
   EXPECT_EQ(s.switch_steps.at("sp"), 1);
+  EXPECT_DOUBLE_EQ(s.switch_device_alloc_bytes.at("tp_only"), 4096);
+  EXPECT_DOUBLE_EQ(s.steady_device_alloc_bytes.at("tp_only"), 1024.0 / 3);
+  EXPECT_DOUBLE_EQ(s.switch_device_alloc_bytes.at("sp"), 0);
   EXPECT_THAT(SummaryJson(s), HasSubstr("\"switch_cost_ratio\": {\"sp\": 1.5"));
   // A run that never switches has no switch figures.
   recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 1.0, 100)};

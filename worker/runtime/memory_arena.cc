@@ -1,6 +1,7 @@
-// MemoryArena: live-byte accounting with a peak, in front of an exact-size block cache.
+// MemoryArena: live-byte accounting with a peak, in front of a size-class block cache.
 #include "worker/runtime/memory_arena.h"
 
+#include <bit>
 #include <cassert>
 
 namespace spgate::runtime {
@@ -21,6 +22,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     arena_ = std::exchange(other.arena_, nullptr);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    block_bytes_ = std::exchange(other.block_bytes_, 0);
     category_ = other.category_;
   }
   return *this;
@@ -31,39 +33,52 @@ void Buffer::Reset() {
   arena_ = nullptr;
   data_ = nullptr;
   size_ = 0;
+  block_bytes_ = 0;
 }
 
 MemoryArena::~MemoryArena() {
   assert(live_.total == 0 && "a Buffer outlived its MemoryArena");
-  for (auto& [bytes, blocks] : cache_) {
-    for (const CachedBlock& b : blocks) device_->Free(b.ptr, bytes);
-  }
+  ReleaseCache();
+}
+
+size_t MemoryArena::SizeClass(size_t bytes) {
+  constexpr size_t kMinClass = 256;  // also keeps every block 256-byte aligned in size
+  if (bytes <= kMinClass) return kMinClass;
+  // Eight classes per power of two: round up to a multiple of 2^(floor(log2 bytes) - 3).
+  const size_t step = std::bit_floor(bytes) >> 3;
+  return (bytes + step - 1) / step * step;
 }
 
 absl::StatusOr<Buffer> MemoryArena::Allocate(int64_t count, MemoryCategory category) {
   Buffer buffer;
   if (count <= 0) return buffer;
   const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  size_t block = options_.size_classes ? SizeClass(bytes) : bytes;
   void* ptr = nullptr;
-  auto it = cache_.find(bytes);
-  if (it != cache_.end() && !it->second.empty()) {
+  // Best fit: the smallest cached block of this class or one up to a quarter larger.
+  auto it = cache_.lower_bound(block);
+  const size_t largest = options_.size_classes ? block + block / 4 : block;
+  if (it != cache_.end() && it->first <= largest) {
     ptr = it->second.back().ptr;
     it->second.pop_back();
-    cached_bytes_ -= bytes;
+    cached_bytes_ -= it->first;
+    block = it->first;
+    if (it->second.empty()) cache_.erase(it);
   } else {
-    absl::StatusOr<void*> fresh = device_->Allocate(bytes);
+    absl::StatusOr<void*> fresh = device_->Allocate(block);
     if (!fresh.ok() && cached_bytes_ > 0) {
       // Out of memory with blocks parked in the cache: give them back and retry once.
-      epoch_ += 2;
-      TrimCache();
-      fresh = device_->Allocate(bytes);
+      ReleaseCache();
+      fresh = device_->Allocate(block);
     }
     if (!fresh.ok()) return fresh.status();
     ptr = *fresh;
+    device_allocated_bytes_ += block;
   }
   buffer.arena_ = this;
   buffer.data_ = static_cast<float*>(ptr);
   buffer.size_ = count;
+  buffer.block_bytes_ = block;
   buffer.category_ = category;
   live_.total += bytes;
   live_.by_category[static_cast<int>(category)] += bytes;
@@ -73,10 +88,11 @@ absl::StatusOr<Buffer> MemoryArena::Allocate(int64_t count, MemoryCategory categ
 
 void MemoryArena::Release(Buffer& buffer) {
   const size_t bytes = buffer.bytes();
+  const size_t block = buffer.block_bytes_;
   live_.total -= bytes;
   live_.by_category[static_cast<int>(buffer.category_)] -= bytes;
-  cache_[bytes].push_back({buffer.data_, epoch_});
-  cached_bytes_ += bytes;
+  cache_[block].push_back({buffer.data_, epoch_});
+  cached_bytes_ += block;
 }
 
 void MemoryArena::TrimCache() {
@@ -84,7 +100,7 @@ void MemoryArena::TrimCache() {
     std::vector<CachedBlock>& blocks = it->second;
     size_t kept = 0;
     for (const CachedBlock& b : blocks) {
-      if (b.epoch == epoch_) {  // released since the last trim
+      if (epoch_ - b.epoch < options_.trim_after_steps) {  // used lately
         blocks[kept++] = b;
       } else {
         device_->Free(b.ptr, it->first);
@@ -95,6 +111,14 @@ void MemoryArena::TrimCache() {
     it = blocks.empty() ? cache_.erase(it) : std::next(it);
   }
   ++epoch_;
+}
+
+void MemoryArena::ReleaseCache() {
+  for (auto& [block, blocks] : cache_) {
+    for (const CachedBlock& b : blocks) device_->Free(b.ptr, block);
+  }
+  cache_.clear();
+  cached_bytes_ = 0;
 }
 
 }  // namespace spgate::runtime

@@ -31,6 +31,14 @@ double P95(std::vector<double> v) {
   return v[std::max<size_t>(rank, 1) - 1];
 }
 
+// The median (the mean of the middle two for an even count); 0 for none.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
 std::string Quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -79,18 +87,22 @@ RunSummary Summarize(const RunDescription& run,
   std::vector<double> rs_share, ag_tail, norm_ratio, decision_wait;
   std::map<std::string, double> rate;  // summed over groups
   // Step seconds per token, by mode: first steps after a switch, and the others.
-  std::map<std::string, std::pair<double, int64_t>> per_token_switch, per_token_steady;
+  std::map<std::string, std::vector<double>> per_token_switch, per_token_steady;
+  // Bytes the step took from the device (max over ranks), the same two ways.
+  std::map<std::string, double> alloc_switch, alloc_steady;
   for (int g = 0; g < groups; ++g) {
     std::map<std::string, double> g_tokens, g_time;
     for (int64_t i = 0; i < s.steps; ++i) {
       const StepRecord& lead = records[g * tp][i];
       const std::string mode = ModeName(lead.mode);
       double t_max = 0, rs_max = 0, ag_max = 0, ns_max = 0, dec_max = 0;
+      uint64_t alloc_max = 0;
       bool consistent = true;
       for (int r = 0; r < tp; ++r) {
         const StepRecord& rec = records[g * tp + r][i];
         consistent = consistent && rec.mode == lead.mode && rec.step == lead.step;
         t_max = std::max(t_max, rec.step_time_s);
+        alloc_max = std::max(alloc_max, rec.device_allocated_bytes);
         if (rec.step_time_s > 0) {
           rs_max = std::max(rs_max, rec.rs_wait_s / rec.step_time_s);
           ns_max = std::max(ns_max, rec.norm_stall_s / rec.step_time_s);
@@ -116,8 +128,8 @@ RunSummary Summarize(const RunDescription& run,
       if (i > 0 && lead.tokens > 0) {
         const bool switched = records[g * tp][i - 1].mode != lead.mode;
         auto& bucket = switched ? per_token_switch[mode] : per_token_steady[mode];
-        bucket.first += t_max / static_cast<double>(lead.tokens);
-        bucket.second += 1;
+        bucket.push_back(t_max / static_cast<double>(lead.tokens));
+        (switched ? alloc_switch : alloc_steady)[mode] += static_cast<double>(alloc_max);
       }
       s.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
       s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
@@ -148,13 +160,16 @@ RunSummary Summarize(const RunDescription& run,
     }
   }
   s.effective_tokens_per_s = rate;
-  for (const auto& [mode, sw] : per_token_switch) {
-    s.switch_steps[mode] = sw.second;
-    const auto it = per_token_steady.find(mode);
-    s.switch_cost_ratio[mode] = it != per_token_steady.end() && it->second.second > 0 &&
-                                        it->second.first > 0
-                                    ? (sw.first / sw.second) / (it->second.first / it->second.second)
-                                    : 0.0;
+  for (auto& [mode, sw] : per_token_switch) {
+    const auto n = static_cast<int64_t>(sw.size());
+    s.switch_steps[mode] = n;
+    std::vector<double>& steady = per_token_steady[mode];
+    const double steady_median = Median(steady);
+    s.switch_cost_ratio[mode] = steady_median > 0 ? Median(sw) / steady_median : 0.0;
+    s.switch_device_alloc_bytes[mode] = alloc_switch[mode] / static_cast<double>(n);
+    if (!steady.empty()) {
+      s.steady_device_alloc_bytes[mode] = alloc_steady[mode] / static_cast<double>(steady.size());
+    }
   }
   for (auto& [key, times] : step_times) {
     s.step_time_p95_s[key] = P95(times);
@@ -200,6 +215,8 @@ std::string SummaryJson(const RunSummary& s) {
   field("step_time_mean_s", Object(s.step_time_mean_s, dbl));
   field("switch_cost_ratio", Object(s.switch_cost_ratio, dbl));
   field("switch_steps", Object(s.switch_steps, i64));
+  field("switch_device_alloc_bytes", Object(s.switch_device_alloc_bytes, dbl));
+  field("steady_device_alloc_bytes", Object(s.steady_device_alloc_bytes, dbl));
   field("peak_memory_bytes", Object(s.peak_memory_bytes, u64));
   field("predicted_peak_memory_bytes", Object(s.predicted_peak_memory_bytes, u64));
   field("memory_prediction_max_rel_error", dbl(s.memory_prediction_max_rel_error));

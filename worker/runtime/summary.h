@@ -49,6 +49,7 @@ struct StepRecord {
   double grad_sync_s = 0;
   uint64_t peak_bytes = 0;
   uint64_t predicted_peak_bytes = 0;
+  uint64_t device_allocated_bytes = 0;  // arena cache misses during the step
   double verify_diff = -1;     // < 0: not verified
 };
 static_assert(std::is_trivially_copyable_v<StepRecord>);
@@ -88,11 +89,16 @@ struct RunSummary {
   std::map<std::string, uint64_t> peak_memory_bytes;     // + all
   std::map<std::string, uint64_t> predicted_peak_memory_bytes;
   std::map<std::string, int64_t> steps_by_mode;
-  // What switching costs, by the mode switched to: the mean step time per token of the
-  // first step after a switch over that of the mode's other steps (1: free; 0: no
-  // switch, or no steady step), and how many switch steps there were.
+  // What switching costs, by the mode switched to: the median step time per token of the
+  // first steps after a switch over that of the mode's other steps (1: free; 0: no
+  // switch, or no steady step), and how many switch steps there were. Medians, because
+  // one preempted step on a shared machine would otherwise decide a mean of ten.
   std::map<std::string, double> switch_cost_ratio;
   std::map<std::string, int64_t> switch_steps;
+  // Mean bytes a step took from the device (arena cache misses, max over the group's
+  // ranks): first steps after a switch to the mode, and the mode's other steps.
+  std::map<std::string, double> switch_device_alloc_bytes;
+  std::map<std::string, double> steady_device_alloc_bytes;
   std::map<std::string, int64_t> effective_tokens;       // + all
   std::map<std::string, int64_t> padding_tokens;         // + all
   std::map<std::string, double> mean_length_cv;          // + all

@@ -231,7 +231,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
 
   // Collective (node-local ranks): every rank computes it, before anything else.
   ASSIGN_OR_RETURN(const uint64_t budget, MemoryBudget(cx));
-  MemoryArena arena(cx.device);
+  MemoryArena arena(cx.device, o.arena);
   ASSIGN_OR_RETURN(auto stack,
                    TransformerStack::Create({.shape = o.shape, .tp = o.tp,
                                              .tp_rank = grid.tp_rank(),
@@ -336,6 +336,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     cx.tp->ResetStats();
     cx.dp->ResetStats();
     arena.ResetPeak();
+    const uint64_t allocated_before = arena.device_allocated_bytes();
     const auto t0 = Clock::now();
     client::GateDecision d;
     StepSource source = StepSource::kFlag;
@@ -384,6 +385,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
                       cx.dp->stats().Seconds(CollectivePurpose::kGradSync);
     rec.peak_bytes = arena.peak_bytes();
     rec.predicted_peak_bytes = Predict(o, d.mode, space, current.lengths);
+    rec.device_allocated_bytes = arena.device_allocated_bytes() - allocated_before;
 
     // The group's reduce-scatter wait share (max over ranks, docs/design.md §2) for the
     // leader's fail-static window; the daemon computes its own from telemetry.

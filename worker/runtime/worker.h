@@ -28,6 +28,7 @@
 #include "policy/types.h"
 #include "worker/client/tls.h"
 #include "worker/runtime/communicator.h"
+#include "worker/runtime/memory_arena.h"
 #include "worker/runtime/device.h"
 #include "worker/runtime/model.h"
 #include "worker/runtime/mpi_communicator.h"
@@ -68,6 +69,7 @@ struct WorkerOptions {
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
   int grad_accum_steps = 1;
   int64_t attention_query_block = 1024;
+  ArenaOptions arena;  // --arena_cache
   GateConfig initial_config;  // until the daemon's arrives (and without one)
 };
 
