@@ -26,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "policy/gate_config.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
@@ -361,11 +362,11 @@ PYBIND11_MODULE(_spgate, m) {
   m.attr("DeadlineExceededError") = errors->deadline_exceeded;
   m.attr("UnavailableError") = errors->unavailable;
 
-  py::enum_<Mode> mode(m, "Mode");
+  py::enum_<Mode> mode(m, "Mode", py::arithmetic());
   mode.value("SEQUENCE_PARALLEL", Mode::kSequenceParallel)
       .value("TENSOR_PARALLEL_ONLY", Mode::kTensorParallelOnly)
       .def_property_readonly("label", [](Mode v) { return std::string(ModeLabel(v)); });
-  py::enum_<Reason>(m, "Reason")
+  py::enum_<Reason>(m, "Reason", py::arithmetic())
       .value("GATES_PASSED", Reason::kGatesPassed)
       .value("LENGTH_CV", Reason::kLengthCv)
       .value("RS_WAIT", Reason::kRsWait)
@@ -376,7 +377,7 @@ PYBIND11_MODULE(_spgate, m) {
       .value("CONTROLLER_UNAVAILABLE", Reason::kControllerUnavailable)
       .value("ADAPTIVE", Reason::kAdaptive)
       .def_property_readonly("label", [](Reason v) { return std::string(ReasonLabel(v)); });
-  py::enum_<client::DecisionSource>(m, "DecisionSource")
+  py::enum_<client::DecisionSource>(m, "DecisionSource", py::arithmetic())
       .value("DAEMON", client::DecisionSource::kDaemon)
       .value("FALLBACK", client::DecisionSource::kFallback)
       .value("LOCAL_ONLY", client::DecisionSource::kLocalOnly)
@@ -555,14 +556,16 @@ PYBIND11_MODULE(_spgate, m) {
              py::dict d;
              d["version"] = sc.version;
              d["effective_from_step"] = sc.effective_from_step;
-             d["max_length_cv"] = c.max_length_cv;
-             d["max_rs_wait_share"] = c.max_rs_wait_share;
-             d["bucket_target_cv"] = c.bucket_target_cv;
-             d["rs_wait_reenable_margin"] = c.rs_wait_reenable_margin;
-             d["probe_interval_steps"] = c.probe_interval_steps;
-             d["min_dwell_steps"] = c.min_dwell_steps;
-             d["window_steps"] = c.window_steps;
-             d["memory_headroom"] = c.memory_headroom;
+             for (const GateField& f : kGateFields) {  // every field, from the one table
+               const std::string name(f.name);
+               if (f.is_choice()) {
+                 d[name.c_str()] = GateFieldText(c, f);
+               } else if (f.is_count()) {
+                 d[name.c_str()] = c.*f.count;
+               } else {
+                 d[name.c_str()] = c.*f.real;
+               }
+             }
              return d;
            },
            py::arg("step"))
