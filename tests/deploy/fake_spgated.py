@@ -117,14 +117,9 @@ class Exposition:
             for g in GROUPS:
                 sample("spgate_mode_switches_total", math.floor(t / 5), job_id=job, group=g)
         family("spgate_gate_threshold", "gauge", "Gate thresholds in effect.")
-        defaults = {"max_length_cv": 0.18, "max_rs_wait_share": 0.22, "bucket_target_cv": 0.15,
-                    "rs_wait_reenable_margin": 0.03, "probe_interval_steps": 200,
-                    "min_dwell_steps": 20, "window_steps": 50, "memory_headroom": 0.9,
-                    "adaptive_cv_band_width": 0.05, "adaptive_tokens_band_base": 8192,
-                    "adaptive_half_life_steps": 2000, "adaptive_min_samples": 8,
-                    "adaptive_margin": 0.01, "adaptive_explore_share": 0.03}
         for gate in contract.GATES:
-            sample("spgate_gate_threshold", defaults[gate], job_id=contract.GLOBAL_JOB_ID, gate=gate)
+            sample("spgate_gate_threshold", contract.GATE_DEFAULTS[gate],
+                   job_id=contract.GLOBAL_JOB_ID, gate=gate)
         sample("spgate_gate_threshold", 0.25, job_id=JOBS[0], gate="max_rs_wait_share")
         family("spgate_config_version", "gauge", "Version of the effective gate config.")
         sample("spgate_config_version", 3, job_id=contract.GLOBAL_JOB_ID)

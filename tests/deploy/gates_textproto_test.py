@@ -1,33 +1,41 @@
 #!/usr/bin/env python3
 """deploy/k8s/base/gates.textproto is a valid spgate.v1.GateConfig (protobuf text format,
 parsed with protoc-generated Python from proto/spgate/v1/gate.proto), sets every field,
-every value passes the validation of docs/design.md §3, and the values are the defaults
-listed there (the file documents the defaults; a change to either must be deliberate)."""
+every value passes the validation of docs/design.md §3, and the values are the built-in
+defaults (the file documents the defaults; a change to either must be deliberate).
+
+Fields, defaults and ranges are not copied here: they come from their one source, the
+SPGATE_GATE_FIELDS table in policy/gate_config.h (tests/deploy/gate_fields.py parses it).
+The table is checked against the proto (same fields in the same order, the same range in
+each field's comment, the same policy enum values) and against the defaults table of
+docs/design.md §3, so none of the three can drift from the others."""
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gate_fields  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXTPROTO = os.path.join(REPO, "deploy", "k8s", "base", "gates.textproto")
+DESIGN = os.path.join(REPO, "docs", "design.md")
+# A floor on what the parser must find, so a parser that reads nothing cannot pass: the
+# eight gates of docs/design.md §3 and the policy of §11 exist since 0.1.
+REQUIRED = {"max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
+            "probe_interval_steps", "min_dwell_steps", "window_steps", "memory_headroom",
+            "policy"}
 
-CONTRACT_DEFAULTS = {"max_length_cv": 0.18, "max_rs_wait_share": 0.22,
-                     "bucket_target_cv": 0.15, "rs_wait_reenable_margin": 0.03,
-                     "probe_interval_steps": 200, "min_dwell_steps": 20, "window_steps": 50,
-                     "memory_headroom": 0.90}
-# The policy and ADAPTIVE's tuning (docs/design.md §11; defaults in docs/gates.md).
-ADAPTIVE_DEFAULTS = {"policy": 1, "adaptive_cv_band_width": 0.05,
-                     "adaptive_tokens_band_base": 8192, "adaptive_half_life_steps": 2000,
-                     "adaptive_min_samples": 8, "adaptive_margin": 0.01,
-                     "adaptive_explore_share": 0.03}
-DEFAULTS = {**CONTRACT_DEFAULTS, **ADAPTIVE_DEFAULTS}
-CV_FIELDS = {"max_length_cv", "bucket_target_cv", "adaptive_cv_band_width"}  # (0, 10]
-COUNT_FIELDS = {"probe_interval_steps", "min_dwell_steps", "window_steps",
-                "adaptive_tokens_band_base", "adaptive_half_life_steps",
-                "adaptive_min_samples"}  # [1, 1e6]
-ENUM_FIELDS = {"policy": {1, 2}}  # STATIC, ADAPTIVE
+
+def DesignDefaults():
+    """{field: default} from the `| field | default | valid |` table of docs/design.md §3."""
+    with open(DESIGN, encoding="utf-8") as f:
+        section = f.read().split("\n## 3.", 1)[1].split("\n## ", 1)[0]
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r"^\|\s*`(\w+)`\s*\|\s*([0-9.]+)\s*\|", section, re.M)}
 
 
 def main():
@@ -60,32 +68,56 @@ def main():
             except text_format.ParseError as e:
                 print(f"FAIL: {TEXTPROTO} is not a GateConfig: {e}")
                 return 1
+        try:
+            table = gate_fields.Load()
+            proto_ranges = gate_fields.ProtoRanges()
+            policies = gate_fields.PolicyValues()
+        except (gate_fields.ParseError, OSError) as e:
+            print(f"FAIL: reading the gate field table: {e}")
+            return 1
         fields = [f.name for f in gate_pb2.GateConfig.DESCRIPTOR.fields]
-        if set(fields) != set(DEFAULTS):
-            problems.append(f"GateConfig fields {sorted(fields)} are not those of "
-                            f"docs/design.md §3 and §11: {sorted(DEFAULTS)}")
-        for name in fields:
+        names = [f.name for f in table]
+        if not REQUIRED <= set(names):
+            problems.append(f"policy/gate_config.h's SPGATE_GATE_FIELDS lacks {sorted(REQUIRED - set(names))}")
+        if fields != names:
+            problems.append(f"GateConfig fields {fields} are not SPGATE_GATE_FIELDS's, in its "
+                            f"order: {names}")
+        if proto_ranges != [(f.name, f.range) for f in table]:
+            problems.append(f"gate.proto's range comments {proto_ranges} disagree with "
+                            f"SPGATE_GATE_FIELDS {[(f.name, f.range) for f in table]}")
+        proto_policies = {v.name: v.number for v in
+                          gate_pb2.GateConfig.DESCRIPTOR.enum_types_by_name["Policy"].values
+                          if v.number != 0}
+        if proto_policies != policies:
+            problems.append(f"GateConfig.Policy {proto_policies} is not GatePolicyKind {policies}")
+        design = DesignDefaults()
+        if not design:
+            problems.append("docs/design.md §3 has no defaults table")
+        for name, value in design.items():
+            row = next((f for f in table if f.name == name), None)
+            if row is None or not math.isclose(value, row.default):
+                problems.append(f"docs/design.md §3 says {name} defaults to {value}, "
+                                f"SPGATE_GATE_FIELDS {row.default if row else 'has no such field'}")
+        for f in table:
+            name = f.name
+            if name not in fields:
+                continue
             if not config.HasField(name):
                 problems.append(f"{name} is not set (the shipped file spells out every gate)")
                 continue
             value = getattr(config, name)
-            if name in ENUM_FIELDS:
-                ok = value in ENUM_FIELDS[name]
-            elif name in COUNT_FIELDS:
-                ok = 1 <= value <= 1_000_000
-            else:
-                ok = math.isfinite(value) and 0 < value <= (10 if name in CV_FIELDS else 1)
-            if not ok:
-                problems.append(f"{name} = {value} fails docs/design.md §3 validation")
-            if name in DEFAULTS and not math.isclose(value, DEFAULTS[name]):
-                problems.append(f"{name} = {value}, the default is {DEFAULTS[name]}")
+            if not gate_fields.Valid(f, value, policies):
+                problems.append(f"{name} = {value} fails docs/design.md §3 validation "
+                                f"({gate_fields.RANGES[f.range]})")
+            if not math.isclose(value, f.default):
+                problems.append(f"{name} = {value}, the default is {f.default}")
         if config.rs_wait_reenable_margin >= config.max_rs_wait_share:
             problems.append("rs_wait_reenable_margin must be below max_rs_wait_share")
     if problems:
         print("FAIL:\n  " + "\n  ".join(problems))
         return 1
     print(f"PASS: {os.path.relpath(TEXTPROTO, REPO)} is a complete, valid GateConfig with "
-          "the defaults of docs/design.md §3")
+          f"the {len(table)} defaults of policy/gate_config.h (= gate.proto, docs/design.md §3)")
     return 0
 
 

@@ -18,11 +18,18 @@ Checks on every rendering:
     escalation, all capabilities dropped, resource requests, and a memory limit;
   - every image was rewritten by `images:`;
   - the trainer's --controller reaches a spgated worker API (loopback sidecar, or the
-    Service in the per-job overlay).
+    Service in the per-job overlay);
+  - the trainer speaks what that spgated serves: no TLS flags against a plaintext daemon;
+    against a TLS daemon --tls_ca, and --tls_cert/--tls_key when it requires client
+    certificates (--tls_client_ca), each the matching key (ca.crt, tls.crt, tls.key) of
+    one client Secret mounted in the trainer (not the daemon's own Secret), and
+    --tls_server_name equal to the Service it dials (the name the daemon's certificate
+    must carry). Without them every step would go to the local fallback.
 Per shape: native sidecar (initContainer, restartPolicy Always) in the base; an ordinary
 container plus a shared process namespace in legacy-sidecar; no sidecar, a Service whose
 selector and targetPort match the Deployment, and a NetworkPolicy letting the trainers
-in, in per-job-daemon; TLS flags whose files are mounted in the TLS composition.
+in, in per-job-daemon; TLS flags whose files are mounted in the TLS composition, on
+spgated and on the trainer.
 """
 import os
 import re
@@ -41,6 +48,10 @@ K8S = os.environ.get("SPGATE_K8S_DIR", os.path.join(REPO, "deploy", "k8s"))
 SIDECAR = "spgated"
 CONFIGMAP = "spgated-gates"
 ADMIN_SECRET = "spgated-admin-token"
+# The client TLS flags of spgate-sim / spgate-worker (worker/client/tls.h kTlsFlagNames)
+# and the key each takes from a cert-manager style Secret.
+TRAINER_TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
+TRAINER_TLS_FLAGS = tuple(TRAINER_TLS_KEYS) + ("tls_server_name",)
 
 failures = []
 
@@ -182,6 +193,49 @@ def CheckSecurity(where, c, pod_sc):
         Fail(where, f"image {c.get('image')!r} was not set by `images:`")
 
 
+def SecretOf(container, spec, path):
+    """(secret name, key) of the Secret volume mount holding `path`, or (None, None)."""
+    mount, volume = MountFor(container, spec, path)
+    if not mount or mount.get("subPath"):
+        return None, None
+    return (volume or {}).get("secret", {}).get("secretName"), os.path.relpath(path, mount["mountPath"])
+
+
+def CheckTrainerTls(where, c, spec, host, daemon, daemon_spec):
+    """The trainer's TLS flags against what the spgated it dials (`daemon`) serves."""
+    flags = Flags(c)
+    daemon_flags = Flags(daemon)
+    mine = sorted(f for f in TRAINER_TLS_FLAGS if f in flags)
+    if "tls_cert" not in daemon_flags:
+        if mine:
+            Fail(where, f"trainer sets {['--' + f for f in mine]} but spgated serves plaintext")
+        return
+    need = ["tls_ca"] + (["tls_cert", "tls_key"] if "tls_client_ca" in daemon_flags else [])
+    need.append("tls_server_name")
+    for f in need:
+        if f not in flags:
+            Fail(where, f"spgated serves {'mTLS' if 'tls_client_ca' in daemon_flags else 'TLS'} "
+                        f"but the trainer has no --{f}: every step would fall back to local decisions")
+    daemon_secret, _ = SecretOf(daemon, daemon_spec, daemon_flags["tls_cert"])
+    secrets = set()
+    for f, want_key in TRAINER_TLS_KEYS.items():
+        if f not in flags:
+            continue
+        secret, key = SecretOf(c, spec, flags[f])
+        if not secret:
+            Fail(where, f"--{f} {flags[f]} is not inside a Secret volume mount of the trainer")
+            continue
+        if key != want_key:
+            Fail(where, f"--{f} reads key {key!r} of Secret {secret}, expected {want_key!r}")
+        secrets.add(secret)
+    if len(secrets) > 1:
+        Fail(where, f"the trainer's CA, certificate and key come from different Secrets {sorted(secrets)}")
+    if daemon_secret and daemon_secret in secrets:
+        Fail(where, f"the trainer mounts the daemon's own Secret {daemon_secret} (its private key)")
+    if "tls_server_name" in flags and host != "127.0.0.1" and flags["tls_server_name"] != host:
+        Fail(where, f"--tls_server_name={flags['tls_server_name']} is not the Service dialled ({host})")
+
+
 def Selects(selector, labels):
     return all(labels.get(k) == v for k, v in (selector or {}).items())
 
@@ -239,6 +293,9 @@ def Check(name, resources, gates_text):
             same_pod = [d for d in daemons if d[5] is r]
             if not same_pod or Port(same_pod[0][3].get("listen", ":0")) != int(port):
                 Fail(where, f"--controller={controller} but no spgated in the pod listens there")
+                continue
+            spec = r["spec"]["template"]["spec"]
+            CheckTrainerTls(where, c, spec, host, same_pod[0][2], spec)
         else:
             svc = next((s for s in services if s["metadata"]["name"] == host), None)
             if not svc:
@@ -257,6 +314,8 @@ def Check(name, resources, gates_text):
                             f"listens on {backends[0][3]['listen']}")
             if backends[0][3]["listen"].startswith("127.0.0.1:"):
                 Fail(where, "the per-job daemon must listen beyond loopback")
+            CheckTrainerTls(where, c, r["spec"]["template"]["spec"], host, backends[0][2],
+                            backends[0][5]["spec"]["template"]["spec"])
     return daemons, trainers
 
 
@@ -321,10 +380,22 @@ def CheckShapes(renders):
             Fail("per-job-daemon", "the NetworkPolicy must leave the metrics port open to Prometheus")
 
     tls = renders["per-job-daemon+tls"]
-    d, _ = tls["checked"]
+    d, trainers = tls["checked"]
     for where, _, c, flags, _, _ in d:
         if not all(f in flags for f in ("tls_cert", "tls_key", "tls_client_ca")):
             Fail(where, "TLS component: --tls_cert/--tls_key/--tls_client_ca missing")
+    # The TLS component must reach the trainer too (mTLS: CA, certificate, key, name);
+    # CheckTrainerTls above checked where the files come from.
+    if not trainers:
+        Fail("per-job-daemon+tls", "no trainer rendered")
+    for where, c, _, _ in trainers:
+        missing = [f for f in TRAINER_TLS_FLAGS if f not in Flags(c)]
+        if missing:
+            Fail(where, f"TLS component: the trainer lacks {['--' + f for f in missing]}")
+    for name in ("base", "legacy-sidecar", "per-job-daemon"):
+        for where, c, _, _ in renders[name]["checked"][1]:
+            if any(f in Flags(c) for f in TRAINER_TLS_FLAGS):
+                Fail(where, "TLS flags on a trainer without the TLS component")
 
 
 def RenderAll(tmp):

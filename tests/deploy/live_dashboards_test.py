@@ -29,6 +29,7 @@ Usage: live_dashboards_test.py BUILD_DIR [--sim_arg=--flag=value ...] [--duratio
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -189,6 +190,16 @@ def main():
         lint = promlive.PromtoolCheckMetrics(text)
         if lint:
             problems.append(f"promtool check metrics on a live scrape (docs/design.md §7: must be silent):\n{lint}")
+        # The daemon exports a threshold for every field of SPGATE_GATE_FIELDS but the policy
+        # (what spgate_contract.GATES derives from the table), and nothing else.
+        live_gates = set(re.findall(
+            r'^spgate_gate_threshold\{[^}]*job_id="' + re.escape(contract.GLOBAL_JOB_ID)
+            + r'"[^}]*gate="(\w+)"', text, re.M) + re.findall(
+            r'^spgate_gate_threshold\{[^}]*gate="(\w+)"[^}]*job_id="'
+            + re.escape(contract.GLOBAL_JOB_ID) + r'"', text, re.M))
+        if live_gates != set(contract.GATES):
+            problems.append(f"spgated's global spgate_gate_threshold gates {sorted(live_gates)} "
+                            f"are not policy/gate_config.h's thresholds {sorted(contract.GATES)}")
         allowed = [r for r in args.allow_missing_reasons.split(",") if r]
         reason_problems, fired = MissingReasons(prom, allowed)
         problems += reason_problems

@@ -7,6 +7,8 @@ docs/design.md §7 so a test can prove this copy and the document have not drift
 import os
 import re
 
+import gate_fields
+
 # metric -> (type, labels). Labels are the ones the daemon attaches; Prometheus adds
 # `job` and `instance` at scrape time.
 METRICS = {
@@ -42,12 +44,14 @@ METRICS = {
 MODES = ("sp", "tp_only")
 REASONS = ("gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
            "memory_over_budget", "pinned", "controller_unavailable", "adaptive")
-GATES = ("max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
-         "probe_interval_steps", "min_dwell_steps", "window_steps", "memory_headroom",
-         "adaptive_cv_band_width", "adaptive_tokens_band_base", "adaptive_half_life_steps",
-         "adaptive_min_samples", "adaptive_margin", "adaptive_explore_share")
+# The gate fields come from their one source, SPGATE_GATE_FIELDS in policy/gate_config.h
+# (gate_fields.py parses it): spgate_gate_threshold has a `gate` for every field but the
+# policy, an enum exported as spgate_gate_policy{policy} instead.
+GATES = tuple(f.name for f in gate_fields.Thresholds())
+GATE_DEFAULTS = {f.name: f.default for f in gate_fields.Thresholds()}
 WORKER_STATES = ("active", "stale")
-POLICIES = ("static", "adaptive")
+POLICIES = tuple(name.lower() for name, _ in
+                 sorted(gate_fields.PolicyValues().items(), key=lambda kv: kv[1]))
 # ADAPTIVE's bands (docs/design.md §11): 8 length-CV bands x 4 token bands.
 BANDS = tuple(f"cv{c}.tok{t}" for c in range(8) for t in range(4))
 CONFIG_UPDATE_RESULTS = ("ok", "invalid", "conflict", "denied")

@@ -101,6 +101,10 @@ class ReloadHarness(unittest.TestCase):
     def reload_ok(self):
         return metric(scrape(self.metrics_port), "spgate_config_last_reload_successful")
 
+    def failure_lines(self):
+        """The daemon's "config reload failed" log lines so far, oldest first."""
+        return [line for line in list(self.log) if "config reload failed" in line]
+
     def wait_for(self, what, want, timeout=10):
         deadline = time.time() + timeout
         got = what()
@@ -133,11 +137,17 @@ class SighupReloadTest(ReloadHarness):
         self.assertTrue(self.wait_for(lambda: any("config reload failed" in l for l in self.log),
                                       True), "".join(self.log))
 
-        self.write("max_length_cv: 20\n")  # parses, but out of range
+        # Parses, but out of range. The gauge is already 0 and the threshold must not move,
+        # so neither can show that this reload happened: wait for its own failure line
+        # (one more than so far, naming the field) before checking that nothing changed.
+        failed_so_far = len(self.failure_lines())
+        self.write("max_length_cv: 20\n")
         self.proc.send_signal(signal.SIGHUP)
-        time.sleep(0.5)
+        self.assertTrue(self.wait_for(lambda: len(self.failure_lines()) > failed_so_far, True),
+                        "no reload-failure line for the out-of-range file:\n" + "".join(self.log))
+        self.assertIn("max_length_cv", self.failure_lines()[-1])
         self.assertEqual(self.reload_ok(), 0)
-        self.assertEqual(self.threshold(), 0.3)
+        self.assertEqual(self.threshold(), 0.3, "an out-of-range file must not change the config")
 
         self.write("max_length_cv: 0.35\n")
         self.proc.send_signal(signal.SIGHUP)

@@ -52,6 +52,28 @@ class RefusalTest(unittest.TestCase):
                 self.assertEqual(r.returncode, 2, r.stderr)
                 self.assertIn(message, r.stderr)
 
+    # Where spgate-worker takes a job id from when --job_id is not given
+    # (worker/client/identity.cc, JobIdFromEnvironment).
+    JOB_ID_ENV = ("SPGATE_JOB_ID", "SLURM_JOB_NAME")
+
+    def test_controller_without_job_id_is_refused(self):
+        # No silent default job id: two jobs sharing one would get each other's decisions.
+        env = {k: v for k, v in ENV.items() if k not in self.JOB_ID_ENV}
+        cmd = [ARGS.worker, "--controller=127.0.0.1:1", "--connect_timeout=0", "--steps=1",
+               *SMALL]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("--job_id", r.stderr)
+        self.assertNotIn("sources:", r.stdout, "refused at start-up, before any step")
+        # The launcher's name stands in for the flag (the controller is unreachable, so
+        # the step is the fallback's; what matters is that it is not refused).
+        for var in self.JOB_ID_ENV:
+            with self.subTest(env=var):
+                r = subprocess.run(cmd, env=dict(env, **{var: "from-launcher"}),
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertNotIn("--job_id", r.stderr)
+
     def test_unknown_flag_is_named(self):
         r = run(["--tensor_parallel=2"])
         self.assertNotEqual(r.returncode, 0)
