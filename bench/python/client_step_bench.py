@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Per-step cost of spgate's Python path on the training thread, against the C++
-client's, measured in the same run on the same daemon (issue 14 target: the Python path
-costs <= 30 us median on top of the C++ path).
+client's, measured in the same run on the same daemon (target: the Python Client path -
+plan + decide + report - costs <= 30 us median on top of the C++ path; the GroupDecider
+variant adds a torch.distributed broadcast and is reported, not held to that target).
 
 Each variant runs bench/client/client_step_bench.cc's loop - SubmitPlan(n + 1) +
 AwaitDecision(n) with the daemon's decision already there + ReportTelemetry(n), each call

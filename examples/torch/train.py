@@ -9,16 +9,23 @@ sequence parallel (SP) or TP-only (docs/design.md §4):
     group's gloo broadcast), logs it, and runs step n in that mode through
     spgate.torch.parallel's layers (SP chosen per forward call);
   - every rank reports its telemetry (step time, reduce-scatter and all-gather time,
-    effective tokens, peak memory); at the end rank 0 prints the summary JSON with the
-    keys spgate-worker writes (steps, decisions, local_decisions, consistency_violations,
-    lost_telemetry, effective_tokens_per_s, step_time_p95_s, peak_memory_bytes).
+    effective tokens, peak memory); at the end rank 0 prints the summary JSON with every
+    top-level key spgate-worker writes (worker/runtime/summary.cc) and its rules - those
+    whose quantity this example does not have (device allocations on CPU, predicted
+    memory, norm-boundary stalls) are present but empty (docs/pytorch.md).
 
 Start it with torch.multiprocessing (this script spawns the ranks itself): Debian 12's
 torchrun (torch 1.13) fails on Python 3.11, so `python3 train.py ...` is the way to run it
-(a real job launched by torchrun or Slurm would call run_rank with its own rank/world).
+(all ranks on this machine: run_rank rendezvouses at tcp://127.0.0.1, so mpirun and
+multi-node runs are not supported as written; a job started by its own launcher runs
+run_rank's body after init_process_group(init_method="env://"), docs/pytorch.md).
 
     PYTHONPATH=build/python python3 examples/torch/train.py --controller=127.0.0.1:50061 \
         --job_id=torch-demo --steps=30 --summary_json=/tmp/summary.json
+
+Against a daemon with TLS and a worker token, add spgate-worker's TLS flags and the token
+file: --tls_ca=ca.pem [--tls_cert=worker.pem --tls_key=worker.key] [--tls_server_name=...]
+--worker_token_file=token.
 
 Batches are packed variable-length sequences from a bimodal length mix, so some batches
 pass the length-CV gate (SP) and others do not (TP-only). Exits 1 on a consistency
@@ -63,10 +70,44 @@ def parse_args(argv=None):
     p.add_argument("--summary_json", default="")
     p.add_argument("--decision_log", default="",
                    help="PREFIX: one CSV per rank, PREFIX.rank<N>.csv (step,mode,reason,source)")
+    # TLS: the names and meaning of spgate-worker's flags (worker/client/tls_flags.cc).
+    p.add_argument("--tls_ca", default="",
+                   help="PEM roots that sign the daemon's certificate; turns TLS on")
+    p.add_argument("--tls_cert", default="",
+                   help="PEM client certificate for mTLS (needs --tls_key); turns TLS on")
+    p.add_argument("--tls_key", default="", help="PEM private key of --tls_cert")
+    p.add_argument("--tls_server_name", default="",
+                   help="name to check in the daemon's certificate (default: the host of "
+                        "--controller)")
+    p.add_argument("--worker_token_file", default="",
+                   help="file holding the worker token of a daemon run with "
+                        "--worker_token_file (surrounding whitespace ignored, as the daemon "
+                        "reads it); sent as 'authorization: Bearer <token>'")
     args = p.parse_args(argv)
     if args.world % args.tp:
         p.error("--world must be a multiple of --tp")
+    if (args.tls_key or args.tls_server_name) and not (args.tls_ca or args.tls_cert):
+        p.error("--tls_key and --tls_server_name need --tls_ca or --tls_cert (TLS is off "
+                "without them)")
+    args.worker_token = ""
+    if args.worker_token_file:
+        try:
+            with open(args.worker_token_file) as f:
+                args.worker_token = f.read().strip()
+        except OSError as e:
+            p.error(f"--worker_token_file: {e}")
+        if not args.worker_token:
+            p.error(f"--worker_token_file: {args.worker_token_file} is empty")
     return args
+
+
+def tls_options(args):
+    """spgate.Client's tls= from the --tls_* flags: None (plaintext) unless --tls_ca or
+    --tls_cert is given, as in spgate-worker."""
+    if not (args.tls_ca or args.tls_cert):
+        return None
+    return {"ca": args.tls_ca, "cert": args.tls_cert, "key": args.tls_key,
+            "server_name": args.tls_server_name}
 
 
 # ---- data -------------------------------------------------------------------------------
@@ -162,7 +203,8 @@ def run_rank(rank, world, args, port):
                            incarnation=args.incarnation, group=group,
                            rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
                            decision_deadline=args.decision_deadline_ms / 1000.0,
-                           seed=args.seed + rank)
+                           seed=args.seed + rank, tls=tls_options(args),
+                           worker_token=args.worker_token)
     if args.controller and tp_rank == 0:
         try:  # not required (decisions fall back meanwhile); the first steps then come from the daemon
             client.wait_until_connected(5.0)
@@ -195,6 +237,9 @@ def run_rank(rank, world, args, port):
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
             loss = model(tokens, targets, batch)
         loss.backward()
+        # Norm-boundary collectives: none here. spgate.torch.parallel runs LayerNorm on the
+        # sequence shard under SP (spgate-worker's --norm_boundary=shard), so there is no
+        # gather/scatter around the norms to time and norm_stall_s is not reported.
         P.finish_gradients(model, tp)        # replicated grads: SUM over the TP group
         if groups > 1:                       # data parallel: mean over the TP groups
             flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -222,7 +267,9 @@ def run_rank(rank, world, args, port):
             rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
             effective_tokens=batch.tokens, padding_tokens=batch.padding_tokens,
             peak_memory_bytes=peak))
-        records.append({"step": step, "mode": d.mode.label, "reason": d.reason.label,
+        # "step" is the decision's own step, so the summary's consistency check compares
+        # the step each rank ran as well as the mode (as spgate-worker's does).
+        records.append({"step": d.step, "mode": d.mode.label, "reason": d.reason.label,
                         "source": d.source.label, "tokens": batch.tokens,
                         "padding": batch.padding_tokens, "step_time_s": step_time,
                         "decision_s": t1 - t0, "rs_s": times["reduce_scatter"],
@@ -271,68 +318,134 @@ def _p95(values):
     return v[max(0, math.ceil(0.95 * len(v)) - 1)]
 
 
+def lengths_description(args):
+    """run.lengths, in the spirit of spgate-worker's --lengths spec."""
+    return (f"bimodal:short={args.short},long={args.long},p_long={args.p_long}"
+            f" (half the batches one length +-10%)")
+
+
 def summarize(args, world, per_rank):
-    """The run summary with spgate-worker's rules (worker/runtime/summary.h): a group's
-    step time is its slowest rank's; tokens/s per group summed over the groups;
-    decisions are the leaders'; a consistency violation is a (group, step) whose ranks
-    ran different modes."""
+    """The run summary with spgate-worker's keys and rules (worker/runtime/summary.cc,
+    Summarize and SummaryJson): a group's step time is its slowest rank's; tokens/s per
+    group summed over the groups; decisions, sources and local decisions are the
+    leaders'; a consistency violation is a (group, step) whose ranks ran different modes
+    or different steps; switch costs compare a mode's first step after a switch with its
+    other steps, per token. Keys whose quantity does not exist in this example are
+    present but empty ({} for a per-mode map, null for a number): see the comments below
+    and docs/pytorch.md. Extra keys: daemon_decisions, loss_first, loss_last."""
     tp, groups = args.tp, world // args.tp
     decisions, sources, by_mode_steps = {}, {}, {}
-    tokens, times, step_times = {}, {}, {}
-    peaks, violations, padding, cvs = {}, 0, {}, {}
+    step_times, time_sum, peaks, padding, eff_tokens, cv_sum = {}, {}, {}, {}, {}, {}
+    rate = {}
+    per_token_switch, per_token_steady = {}, {}  # mode -> [seconds per token summed, steps]
+    rs_share, ag_tail, decision_wait = [], [], []
+    violations, local, leader_wait_max = 0, 0, 0.0
     for g in range(groups):
         ranks = [per_rank[g * tp + r]["records"] for r in range(tp)]
-        for step in range(args.steps):
-            recs = [ranks[r][step] for r in range(tp)]
-            if len({r["mode"] for r in recs}) > 1:
-                violations += 1
+        g_tokens, g_time = {}, {}
+        for i in range(args.steps):
+            recs = [ranks[r][i] for r in range(tp)]
             lead = recs[0]
             mode = lead["mode"]
+            if any(r["mode"] != mode or r["step"] != lead["step"] for r in recs) \
+                    or lead["step"] != i:
+                violations += 1
+            t_max = max(r["step_time_s"] for r in recs)
+            rs_max = max((r["rs_s"] / r["step_time_s"] for r in recs if r["step_time_s"] > 0),
+                         default=0.0)
+            ag_max = max(r["ag_s"] for r in recs)
+            dec_max = max(r["decision_s"] for r in recs)
+            for key in (mode, "all"):
+                peaks[key] = max(peaks.get(key, 0), max(r["peak"] for r in recs))
+            if i > 0 and lead["tokens"] > 0:
+                switched = ranks[0][i - 1]["mode"] != mode
+                bucket = (per_token_switch if switched else per_token_steady).setdefault(
+                    mode, [0.0, 0])
+                bucket[0] += t_max / lead["tokens"]
+                bucket[1] += 1
             decisions.setdefault(mode, {}).setdefault(lead["reason"], 0)
             decisions[mode][lead["reason"]] += 1
             sources[lead["source"]] = sources.get(lead["source"], 0) + 1
-            t = max(r["step_time_s"] for r in recs)
+            if lead["source"] in ("fallback", "local"):
+                local += 1
             for key in (mode, "all"):
-                by_mode_steps[key] = by_mode_steps.get(key, 0) + 1
-                tokens.setdefault(key, {}).setdefault(g, 0)
-                tokens[key][g] += lead["tokens"]
-                times.setdefault(key, {}).setdefault(g, 0.0)
-                times[key][g] += t
-                step_times.setdefault(key, []).append(t)
-                peaks[key] = max(peaks.get(key, 0), max(r["peak"] for r in recs))
+                step_times.setdefault(key, []).append(t_max)
+                time_sum[key] = time_sum.get(key, 0.0) + t_max
+                g_tokens[key] = g_tokens.get(key, 0) + lead["tokens"]
+                g_time[key] = g_time.get(key, 0.0) + t_max
+                eff_tokens[key] = eff_tokens.get(key, 0) + lead["tokens"]
                 padding[key] = padding.get(key, 0) + lead["padding"]
-                cvs.setdefault(key, []).append(lead["length_cv"])
+                cv_sum[key] = cv_sum.get(key, 0.0) + lead["length_cv"]
+                by_mode_steps[key] = by_mode_steps.get(key, 0) + 1
+            if mode == "sp":
+                rs_share.append(rs_max)
+                ag_tail.append(ag_max)
+            decision_wait.append(dec_max)
+            leader_wait_max = max(leader_wait_max, lead["decision_s"])
+        for key, n in g_tokens.items():
+            if g_time[key] > 0:
+                rate[key] = rate.get(key, 0.0) + n / g_time[key]
+    switch_steps, switch_cost = {}, {}
+    for mode, (sec, n) in per_token_switch.items():
+        switch_steps[mode] = n
+        steady = per_token_steady.get(mode)
+        switch_cost[mode] = ((sec / n) / (steady[0] / steady[1])
+                             if steady and steady[1] > 0 and steady[0] > 0 else 0.0)
     counters = [r["counters"] for r in per_rank]
+    sent = sum(c["telemetry_sent"] for c in counters)
+    acked = sum(c["telemetry_acked"] for c in counters)
     losses = [per_rank[0]["records"][s]["loss"] for s in range(args.steps)]
-    rs = [max(per_rank[g * tp + r]["records"][s]["rs_s"] / per_rank[g * tp + r]["records"][s]["step_time_s"]
-              for r in range(tp))
-          for g in range(groups) for s in range(args.steps)
-          if per_rank[g * tp]["records"][s]["mode"] == "sp"]
     return {
         "steps": args.steps,
         "decisions": decisions,
         "decision_sources": sources,
-        "local_decisions": sum(counters[g * tp]["local_decisions"] for g in range(groups)),
+        "local_decisions": local,
         "daemon_decisions": sum(counters[g * tp]["daemon_decisions"] for g in range(groups)),
         "consistency_violations": violations,
-        "lost_telemetry": sum(c["telemetry_sent"] - c["telemetry_acked"] for c in counters)
-                          if args.controller else 0,
-        "telemetry_sent": sum(c["telemetry_sent"] for c in counters),
-        "telemetry_acked": sum(c["telemetry_acked"] for c in counters),
-        "effective_tokens_per_s": {k: sum(tokens[k][g] / times[k][g] for g in tokens[k])
-                                   for k in tokens},
+        "lost_telemetry": max(0, sent - acked),
+        "telemetry_sent": sent,
+        "telemetry_acked": acked,
+        "effective_tokens_per_s": rate,
         "step_time_p95_s": {k: _p95(v) for k, v in step_times.items()},
+        "step_time_mean_s": {k: time_sum[k] / len(v) for k, v in step_times.items()},
+        "switch_cost_ratio": switch_cost,
+        "switch_steps": switch_steps,
+        # Bytes a step took from the device allocator (spgate-worker: its arena's cache
+        # misses). This example trains on CPU, where PyTorch keeps no allocator
+        # statistics (torch.cuda.memory_stats exists for CUDA only), so nothing is
+        # measured: empty.
+        "switch_device_alloc_bytes": {},
+        "steady_device_alloc_bytes": {},
         "peak_memory_bytes": peaks,
+        # The example submits its plans without a memory prediction (no
+        # predicted_peak_bytes_sp/_tp), so there is no predicted peak and no prediction
+        # error to report: empty ({}) and null.
+        "predicted_peak_memory_bytes": {},
+        "memory_prediction_max_rel_error": None,
         "steps_by_mode": by_mode_steps,
+        "effective_tokens": eff_tokens,
         "padding_tokens": padding,
-        "mean_length_cv": {k: sum(v) / len(v) for k, v in cvs.items()},
-        "rs_wait_share_mean": sum(rs) / len(rs) if rs else 0.0,
+        "mean_length_cv": {k: cv_sum[k] / len(v) for k, v in step_times.items()},
+        "rs_wait_share_mean": sum(rs_share) / len(rs_share) if rs_share else 0.0,
+        "all_gather_tail_p95_s": _p95(ag_tail),
+        # Norm-boundary stalls do not exist here: LayerNorm runs on the sequence shard
+        # (run.norm_boundary "shard") and no collective surrounds it, so nothing is
+        # timed: null rather than a made-up 0.
+        "norm_stall_ratio_mean": None,
+        "decision_wait_p95_s": _p95(decision_wait),
+        "leader_decision_wait_max_s": leader_wait_max,
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "run": {"world_size": world, "tp": tp, "dp": groups, "backend": "gloo",
+                "job_id": args.job_id, "controller": args.controller,
                 "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
-                "ffn_hidden": args.ffn_hidden, "tokens_per_batch": args.tokens_per_batch,
-                "controller": args.controller, "job_id": args.job_id},
+                "ffn_hidden": args.ffn_hidden, "lengths": lengths_description(args),
+                "tokens_per_batch": args.tokens_per_batch,
+                # The batches come as they are (no bucket_by_tokens), the mode is chosen
+                # per batch (spgated or the local policy: spgate-worker's --mode=auto),
+                # LayerNorm runs on the shard, and there is no --verify pass.
+                "bucketing": False, "mode": "auto", "norm_boundary": "shard",
+                "verify": False},
     }
 
 

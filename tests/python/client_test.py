@@ -2,7 +2,10 @@
 path (exception class, status code, the argument named in the message), context-manager
 close, the 24-byte wire, a live spgated on loopback (daemon decisions, telemetry
 acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with generated
-certificates, and the GIL released while await_decision and wait_until_connected wait.
+certificates, the worker token of a daemon run with --worker_token_file, a missing
+incarnation named in the error, the type stubs against the module (by introspection), the
+enums' int behaviour, and the GIL released while await_decision, wait_until_connected and
+flush wait.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/client_test.py
 """
@@ -94,23 +97,124 @@ class LocalClientTest(SpgateTestCase):
         self.assertEqual(Source.FALLBACK.label, "fallback")
         self.assertRegex(spgate.__version__, r"^\d+\.\d+\.\d+$")
 
+    def test_enums_are_arithmetic(self):
+        """py::arithmetic(): members are ints for comparison, hashing and indexing, but
+        the classes are not enum.IntEnum (what the stubs say)."""
+        import enum
+        import operator
+        for cls, members in ((Mode, {"SEQUENCE_PARALLEL": 1, "TENSOR_PARALLEL_ONLY": 2}),
+                             (Source, {"DAEMON": 1, "FALLBACK": 2, "LOCAL_ONLY": 3}),
+                             (Reason, {"GATES_PASSED": 1, "ADAPTIVE": 9})):
+            self.assertFalse(issubclass(cls, enum.Enum), cls)
+            for name, value in members.items():
+                m = getattr(cls, name)
+                self.assertEqual((m.name, m.value, int(m), operator.index(m)),
+                                 (name, value, value, value))
+                self.assertTrue(m == value and value == m and not m != value, f"{cls}.{name}")
+                self.assertEqual(hash(m), hash(value))
+                self.assertIs(cls.__members__[name], m)
+                self.assertLess(m, value + 1)
+        self.assertEqual({Mode.SEQUENCE_PARALLEL: "x"}.get(1), "x")
+        self.assertEqual(["", "sp", "tp"][Mode.TENSOR_PARALLEL_ONLY], "tp")
+        self.assertNotEqual(Mode.SEQUENCE_PARALLEL, Mode.TENSOR_PARALLEL_ONLY)
+
     def test_type_stubs_cover_the_module(self):
+        """_spgate.pyi against the runtime module, by introspection: the same public
+        names; per class the same public members, enum members with their values,
+        read-only attributes stubbed as properties and writable ones as plain
+        attributes, unhashable classes stubbed with __hash__: ClassVar[None], and every
+        method's parameter names (each overload's) as the runtime signature has them."""
         import ast
+        import re
         stub = os.path.join(os.path.dirname(spgate.__file__), "_spgate.pyi")
-        tree = ast.parse(open(stub).read())
+        with open(stub) as f:
+            source = f.read()
+        tree = ast.parse(source)
         stubbed = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
         stubbed |= {t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}
         native = {n for n in dir(_spgate) if not n.startswith("_")}
         self.assertEqual(native - stubbed, set(), "names without type hints")
-        self.assertEqual(stubbed - native - {"TlsOptions", "__version__"}, set(),
+        # Private (underscore) names are typing-only aliases, e.g. _TlsOptions.
+        self.assertEqual({n for n in stubbed - native if not n.startswith("_")}, set(),
                          "stubs of missing names")
-        for cls in ("Client", "GroupDecider", "GateDecision", "StepTelemetry", "BatchPlan"):
-            node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
-            hinted = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-            hinted |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign)}
-            public = {n for n in dir(getattr(_spgate, cls)) if not n.startswith("_")}
-            self.assertEqual(public - hinted, set(), f"{cls}: members without type hints")
+        self.assertFalse(hasattr(_spgate, "TlsOptions"))
+
+        def decorated(fn, name):
+            return any(isinstance(d, ast.Name) and d.id == name for d in fn.decorator_list)
+
+        def runtime_params(fn):
+            """Parameter names of each overload, from pybind11's signature lines."""
+            sigs = re.findall(r"^(?:\d+\. )?\w+\((.*)\) -> ", fn.__doc__ or "", re.M)
+            sigs = [s for s in sigs if s != "*args, **kwargs"]
+            out = []
+            for sig in sigs:
+                names = [p.split(":")[0].split("=")[0].strip().lstrip("*") for p in
+                         re.split(r", (?![^\[]*\])", sig)]
+                out.append([n for n in names if n and n != "self"])
+            return out
+
+        checked_dunders = {"__init__", "__eq__", "__ne__", "__hash__", "__int__", "__index__",
+                           "__lt__", "__le__", "__gt__", "__ge__", "__enter__", "__exit__",
+                           "__members__"}
+        for node in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            runtime = getattr(_spgate, node.name)
+            if issubclass(runtime, BaseException):
+                continue
+            with self.subTest(cls=node.name):
+                fns = [n for n in node.body if isinstance(n, ast.FunctionDef)]
+                props = {f.name for f in fns if decorated(f, "property")}
+                methods = {f.name for f in fns} - props
+                attrs = {n.target.id: n for n in node.body if isinstance(n, ast.AnnAssign)}
+                classvars = {k for k, v in attrs.items() if "ClassVar" in ast.unparse(v.annotation)}
+                hinted = props | methods | set(attrs)
+                public = {n for n in dir(runtime) if not n.startswith("_")}
+                public |= {n for n in checked_dunders if n in runtime.__dict__
+                           or (n == "__members__" and hasattr(runtime, n))}
+                # A class without a constructor has only CPython's tp_init slot wrapper.
+                if not (runtime.__init__.__doc__ or "").startswith("__init__("):
+                    public.discard("__init__")
+                if runtime.__dict__.get("__hash__", 0) is None:
+                    public.add("__hash__")
+                self.assertEqual(public - hinted, set(), "members without type hints")
+                for name in hinted - {"__hash__"}:
+                    self.assertTrue(hasattr(runtime, name), f"stub of a missing member {name}")
+                for name in props:
+                    attr = getattr(runtime, name)
+                    self.assertIsInstance(attr, property, name)
+                    self.assertIsNone(attr.fset, f"{name} is writable: stub it as an attribute")
+                for name in set(attrs) - classvars:
+                    attr = getattr(runtime, name)
+                    self.assertTrue(isinstance(attr, property) and attr.fset is not None,
+                                    f"{name} is read-only: stub it as a @property")
+                if "__hash__" in attrs:
+                    self.assertEqual(ast.unparse(attrs["__hash__"].annotation), "ClassVar[None]")
+                    self.assertIsNone(runtime.__hash__, "stubbed unhashable but hashable")
+                elif runtime.__dict__.get("__hash__", 0) is None:
+                    self.fail("unhashable at runtime: stub __hash__: ClassVar[None]")
+                if hasattr(runtime, "__members__"):  # a pybind11 enum
+                    lines = source.splitlines()
+                    stub_members = {}
+                    for name in classvars - {"__members__"}:
+                        m = re.search(r"# value (\d+)", lines[attrs[name].lineno - 1])
+                        self.assertIsNotNone(m, f"{name}: no '# value N' comment")
+                        stub_members[name] = int(m.group(1))
+                    self.assertEqual(stub_members, {k: int(v) for k, v in
+                                                    runtime.__members__.items()})
+                by_name = {}
+                for f in fns:
+                    if f.name in props or f.name.startswith("__") and f.name != "__init__":
+                        continue
+                    a = f.args
+                    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                    by_name.setdefault(f.name, []).append(
+                        [n for n in names if n != "self"] + ([a.vararg.arg] if a.vararg else []))
+                    if len(by_name[f.name]) > 1:
+                        self.assertTrue(all(decorated(g, "overload") for g in fns
+                                            if g.name == f.name), f"{f.name}: @overload missing")
+                for name, stub_sigs in by_name.items():
+                    self.assertEqual(sorted(stub_sigs), sorted(runtime_params(getattr(runtime, name))),
+                                     f"{node.name}.{name} parameters")
 
     def test_plans_decisions_and_telemetry(self):
         c = spgate.Client(job_id="local")
@@ -144,6 +248,13 @@ class LocalClientTest(SpgateTestCase):
         cfg = c.config_for(0)
         self.assertEqual((cfg["max_length_cv"], cfg["window_steps"], cfg["memory_headroom"]),
                          (0.18, 50, 0.9))
+        # Every gate field (policy/gate_config.h's table, defaults here), the policy by name.
+        self.assertEqual({k: v for k, v in cfg.items() if k == "policy" or k.startswith("adaptive_")},
+                         {"policy": "STATIC", "adaptive_cv_band_width": 0.05,
+                          "adaptive_tokens_band_base": 8192, "adaptive_half_life_steps": 2000,
+                          "adaptive_min_samples": 8, "adaptive_margin": 0.01,
+                          "adaptive_explore_share": 0.03})
+        self.assertEqual(len(cfg), 2 + 15, sorted(cfg))  # version, effective_from_step + fields
         self.assertEqual(c.take_decision_latencies(), [])
         c.close()
 
@@ -262,6 +373,38 @@ class LocalClientTest(SpgateTestCase):
         self.assertEqual((d.source, d.reason, d.policy_reason),
                          (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
         c.close()
+
+
+class IncarnationTest(unittest.TestCase):
+    def test_missing_incarnation_is_named(self):
+        """With a controller, no incarnation= and none in the environment, Client raises
+        InvalidArgumentError naming `incarnation` (run in a child without the launcher
+        variables the client reads: ctest sets SPGATE_INCARNATION for these tests)."""
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("SPGATE_INCARNATION", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+                            "SLURM_RESTART_COUNT", "PMIX_NAMESPACE")}
+        code = """
+import spgate
+try:
+    spgate.Client(job_id="no-incarnation", controller="127.0.0.1:1")
+except spgate.InvalidArgumentError as e:
+    print("refused", e.code, e)
+else:
+    print("accepted")
+spgate.Client(job_id="given", controller="127.0.0.1:1", incarnation="launch-1").close()
+print("explicit ok")
+"""
+        out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stdout)
+        lines = out.stdout.splitlines()
+        self.assertRegex(lines[0], r"^refused 3 .*incarnation", out.stdout)
+        self.assertEqual(lines[1], "explicit ok")
+        # The environment's value is taken when none is passed.
+        env["SPGATE_INCARNATION"] = "from-env"
+        out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=60)
+        self.assertEqual(out.stdout.splitlines()[0], "accepted", out.stdout)
 
 
 class NativeGroupDeciderTest(SpgateTestCase):
@@ -387,9 +530,40 @@ class DaemonClientTest(SpgateTestCase):
             self.assertEqual(s.telemetry_sent, 5)
             lat = c.take_decision_latencies()
             self.assertEqual(len(lat), 5)
-            self.assertTrue(all(total >= queued >= 0 for total, queued in lat))
+            # Every decision spent some time queued in the client before await_decision
+            # took it, and no more than its total.
+            for total, queued in lat:
+                self.assertGreater(queued, 0.0, lat)
+                self.assertGreaterEqual(total, queued, lat)
         self.assertEqual(self.daemon.decisions_total("py-live"),
                          {"sp": {"gates_passed": 3}, "tp_only": {"length_cv": 2}})
+
+    def test_gil_released_while_flush_waits(self):
+        c = spgate.Client(controller=self.daemon.address, job_id="py-gil-flush")
+        c.wait_until_connected(10)
+        c.submit_plan(0, UNIFORM)
+        d = c.await_decision(0, timeout=5.0)
+        self.assertEqual(d.source, Source.DAEMON)
+        # A frozen daemon never acknowledges: flush waits for its whole timeout.
+        self.daemon.freeze()
+        try:
+            c.report_telemetry(spgate.StepTelemetry(step=0, mode=d.mode, reason=d.reason,
+                                                    step_time_s=0.01))
+            with Spinner() as spin:
+                t0 = time.monotonic()
+                with self.assertRaisesCode(spgate.DeadlineExceededError, 4, ""):
+                    c.flush(timeout=1.0)
+                t1 = time.monotonic()
+            acked_while_frozen = c.stats().telemetry_acked
+        finally:
+            self.daemon.signal(signal.SIGCONT)
+        self.assertGreaterEqual(t1 - t0, 0.9)
+        self.assertLess(t1 - t0, 5.0)
+        self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
+        self.assertEqual(acked_while_frozen, 0)
+        c.flush(timeout=10)  # thawed: acknowledged after all
+        self.assertEqual(c.stats().telemetry_acked, 1)
+        c.close()
 
     def test_gil_released_while_await_decision_waits(self):
         c = spgate.Client(controller=self.daemon.address, job_id="py-gil")
@@ -423,6 +597,49 @@ class DaemonClientTest(SpgateTestCase):
         self.assertGreater(spin.progress_within(t0, t1), 10, "a Python thread made no progress")
         self.assertGreater(spin2.progress_within(t2, t3), 10, "a Python thread made no progress")
         c.close()
+
+
+class WorkerTokenTest(SpgateTestCase):
+    """A daemon run with --worker_token_file (the file's text, whitespace stripped, is
+    the token): worker_token= right gets daemon decisions; wrong is PERMISSION_DENIED,
+    missing UNAUTHENTICATED - the client never connects (wait_until_connected raises
+    DeadlineExceededError carrying the daemon's refusal) and decisions fall back."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="spgate-token-")
+        token_file = os.path.join(self.dir, "token")
+        with open(token_file, "w") as f:
+            f.write("\n  py-secret-token \n")
+        self.daemon = Daemon(extra_args=[f"--worker_token_file={token_file}"])
+
+    def tearDown(self):
+        self.daemon.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_right_token(self):
+        with spgate.Client(controller=self.daemon.address, job_id="py-token",
+                           worker_token="py-secret-token") as c:
+            c.wait_until_connected(10)
+            c.submit_plan(0, UNIFORM)
+            self.assertEqual(c.await_decision(0, timeout=5.0).source, Source.DAEMON)
+        self.assertEqual(self.daemon.decisions_total("py-token"), {"sp": {"gates_passed": 1}})
+
+    def test_wrong_or_missing_token(self):
+        for job, token, refusal in (("py-wrong", "py-secret-tokeN", "PERMISSION_DENIED"),
+                                    ("py-none", "", "UNAUTHENTICATED")):
+            with self.subTest(job=job):
+                with spgate.Client(controller=self.daemon.address, job_id=job,
+                                   worker_token=token) as c:
+                    with self.assertRaisesCode(spgate.DeadlineExceededError, 4,
+                                               f"Register: {refusal}.*worker.token"):
+                        c.wait_until_connected(1.5)
+                    self.assertFalse(c.stats().connected)
+                    self.assertIn(refusal, c.stats().last_error)
+                    c.submit_plan(0, UNIFORM)
+                    d = c.await_decision(0, timeout=1.0)
+                    self.assertEqual((d.source, d.reason),
+                                     (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE))
+                self.assertEqual(self.daemon.decisions_total(job), {})
 
 
 class TlsClientTest(unittest.TestCase):

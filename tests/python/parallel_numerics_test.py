@@ -203,10 +203,31 @@ class ParallelNumericsTest(unittest.TestCase):
                     self.check_within(v, f"rank {rank} {mode} grad {name}")
 
     def test_single_process_modes_agree(self):
-        # t = 1: SP and TP-only are the same computation, no padding.
+        # t = 1 (no process group): SP and TP-only are the same computation, no padding,
+        # and the stack's outputs, input gradients and every parameter's gradient agree
+        # (same tolerance) in both modes, with no collective called in either.
         tp = P.TensorParallel(None)
         b = P.PackedBatch.make([3, 4], tp, "sp")
         self.assertEqual((b.padded_tokens, b.rows_local, b.cu_seqlens), (7, 7, [0, 3, 7]))
+        res = {}
+        for mode in ("sp", "tp"):
+            stack = make_stack(tp, dropout=0.1)
+            stack.train()
+            tp.timer.reset()
+            y, dx, calls = run_stack(stack, tp, LENGTHS, mode, 11)
+            P.finish_gradients(stack, tp)
+            res[mode] = (y, dx, calls, {n: p.grad.clone() for n, p in stack.named_parameters()})
+        (y_sp, dx_sp, calls_sp, g_sp), (y_tp, dx_tp, calls_tp, g_tp) = res["sp"], res["tp"]
+        self.assertEqual(tuple(y_sp.shape), (sum(LENGTHS), HIDDEN))
+        self.check_within(max_violation(y_sp, y_tp), "t=1 SP vs TP-only output")
+        self.check_within(max_violation(dx_sp, dx_tp), "t=1 SP vs TP-only input grad")
+        self.assertEqual(set(g_sp), set(g_tp))
+        self.assertEqual(len(g_sp), 12 * LAYERS)
+        for name in g_sp:
+            self.assertGreater(float(g_tp[name].abs().max()), 0.0, f"{name}: zero gradient")
+            self.check_within(max_violation(g_sp[name], g_tp[name]), f"t=1 grad {name}")
+        for calls in (calls_sp, calls_tp):
+            self.assertEqual(sum(calls.values()), 0, calls)
 
     def test_geometry_pads_to_multiple_of_t(self):
         class FakeTP:
