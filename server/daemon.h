@@ -42,8 +42,8 @@ struct DaemonOptions {
   absl::Duration stale_after = absl::Seconds(5);  // no message for this long: stale
   int64_t decision_cache_steps = kDefaultDecisionCacheSteps;  // per group, for retries
   int max_jobs = 1024;
-  int max_groups_per_job = 4096;
-  int64_t max_plan_lead_steps = 4096;          // plans further ahead are refused
+  int max_groups_per_job = kDefaultMaxGroupsPerJob;
+  int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;      // plans further ahead are refused
   std::string worker_token_file;               // empty: the worker API needs no token
   // Limits (docs/design.md §10; defaults in server/defaults.h).
   absl::Duration forget_after = absl::Minutes(30);  // idle ranks, groups, jobs dropped

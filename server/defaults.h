@@ -13,6 +13,11 @@ namespace spgate::server {
 // use up to this size (about 80 bytes a decision).
 inline constexpr int64_t kDefaultDecisionCacheSteps = 512;
 
+// TP groups one job may register, and how far ahead of a group's last decided step a
+// plan may be (further is refused: a far-future plan would block the group's real ones).
+inline constexpr int kDefaultMaxGroupsPerJob = 4096;
+inline constexpr int64_t kDefaultMaxPlanLeadSteps = 4096;
+
 // --- Limits: what one client can make the daemon hold or do (docs/design.md §10) ---
 // The largest message either gRPC port accepts. A plan of the most sequences allowed
 // below takes at most 3 bytes a length on the wire (lengths are at most 2^24).

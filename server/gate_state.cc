@@ -9,14 +9,13 @@
 #include <limits>
 #include <map>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "policy/config_schedule.h"
 #include "policy/group_state.h"
 #include "server/gate_state_internal.h"
-#include "server/job_id.h"
+#include "server/identity.h"
 #include "server/operator_store.h"
 
 namespace spgate::server {
@@ -30,25 +29,7 @@ using gate_state_internal::ModeWindow;
 using gate_state_internal::PendingStep;
 using gate_state_internal::Rank;
 
-constexpr size_t kMaxIncarnationLength = 128;
 constexpr size_t kRetiredIncarnationsKept = 16;
-
-absl::Status ValidateIncarnation(std::string_view incarnation) {
-  if (incarnation.empty()) {
-    return absl::InvalidArgumentError(
-        "incarnation: required (one value per launch of the job, the same on every rank)");
-  }
-  if (incarnation.size() > kMaxIncarnationLength) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "incarnation: at most %d characters, got %d", kMaxIncarnationLength, incarnation.size()));
-  }
-  for (char c : incarnation) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError("incarnation: printable ASCII without spaces only");
-    }
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -142,6 +123,14 @@ absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) 
         session.incarnation, session.job_id, it->second->incarnation));
   }
   return it->second.get();
+}
+
+int GateState::OpenStreams(const Job& job) const {
+  int open = 0;
+  for (const auto& [id, group] : job.groups) {
+    for (const auto& [rank_in_group, rank] : group->ranks) open += rank.streams;
+  }
+  return open;
 }
 
 void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
@@ -281,10 +270,8 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     return absl::InvalidArgumentError(
         absl::StrFormat("global_rank: must be >= 0, got %d", r.global_rank));
   }
-  absl::BitGen gen;
   auto session = std::make_shared<Session>();
-  session->id = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
-                                absl::Uniform<uint64_t>(gen));
+  ASSIGN_OR_RETURN(session->id, NewSessionId());
   session->job_id = r.job_id;
   session->incarnation = r.incarnation;
   session->group = r.group;
@@ -308,6 +295,17 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
           "incarnation: launch \"%s\" of job %s was replaced by launch \"%s\"; a rank of "
           "the old launch cannot rejoin",
           r.incarnation, r.job_id, job->incarnation));
+    }
+    // One launch at a time: a second launch under the same job id while the first still
+    // holds streams is either a mistake or someone taking the job over, and the running
+    // launch keeps it. A launch that ended (its processes exited, so its streams closed)
+    // hands over at once; the new launch's ranks retry until then (docs/design.md §10).
+    if (const int live = OpenStreams(*job); live > 0) {
+      if (metrics_ != nullptr) metrics_->refused_live_incarnation.Increment();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "incarnation: job %s is running as launch \"%s\" (%d open streams); launch \"%s\" "
+          "is accepted once they have closed",
+          r.job_id, job->incarnation, live, r.incarnation));
     }
     StartIncarnation(*job, r.incarnation);
   }
@@ -644,23 +642,7 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
       g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
     }
   }
-  // The ADAPTIVE policy's table learns from every step the daemon decided, whatever the
-  // policy in force, so switching a job to ADAPTIVE starts from what STATIC ran.
-  if (const DecisionRecord* d = g.Cached(p.step); d != nullptr && d->band >= 0) {
-    const GateConfig& config = g.schedule.At(p.step).config;
-    job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
-                        config.adaptive_half_life_steps);
-    if (job.metrics) {
-      const CellView v =
-          job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
-      job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    }
-    const uint64_t bits = job.learned.PreferenceBits(config, job.learned.newest_step());
-    if (bits != job.learned_bits) {
-      job.learned_bits = bits;
-      job.learned_push_due = true;
-    }
-  }
+  LearnFromStep(job, g, slot);
   ModeWindow& w = job.modes[m];
   w.step_time.Push(p.step_time);
   w.tokens.Push(static_cast<double>(p.tokens));
@@ -670,49 +652,6 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
     job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
     job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));
     job.metrics->peak_memory[m]->Set(w.peak.Max());
-  }
-}
-
-void GateState::KeepBandsOf(Job& job, const GateConfig& config) {
-  if (config.adaptive_cv_band_width == job.learned_cv_band_width &&
-      config.adaptive_tokens_band_base == job.learned_tokens_band_base) {
-    return;
-  }
-  ClearLearned(job);
-  job.learned_cv_band_width = config.adaptive_cv_band_width;
-  job.learned_tokens_band_base = config.adaptive_tokens_band_base;
-}
-
-void GateState::ClearLearned(Job& job) {
-  const bool had = !job.learned.empty();
-  job.learned.Clear();
-  job.learned_bits = 0;
-  job.learned_push_due = had;  // leaders drop the old table too
-  job.gain_adaptive_s = job.gain_static_s = 0;
-  job.exploration_steps = 0;
-  if (job.metrics) {
-    job.metrics->RemoveLearned();
-    job.metrics->adaptive_gain->Set(0);
-  }
-}
-
-void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,
-                                     std::vector<std::shared_ptr<SessionSink>>* sinks,
-                                     ThroughputTable* table) {
-  const absl::Time now = Now();
-  if (!force && (!job.learned_push_due || now - job.learned_pushed < options_.learned_push_interval)) {
-    return;
-  }
-  for (auto it = job.sinks.begin(); it != job.sinks.end(); ++it) {
-    if (only != nullptr && it->first != *only) continue;
-    auto sit = sessions_.find(it->first);
-    if (sit == sessions_.end() || sit->second->rank_in_group != 0) continue;  // leaders only
-    if (std::shared_ptr<SessionSink> sink = it->second.lock()) sinks->push_back(std::move(sink));
-  }
-  *table = job.learned;
-  if (only == nullptr) {
-    job.learned_push_due = false;
-    job.learned_pushed = now;
   }
 }
 

@@ -58,7 +58,7 @@ struct StateOptions {
   absl::Duration forget_after = absl::Minutes(30);
   int64_t decision_cache_steps = kDefaultDecisionCacheSteps;
   int max_jobs = 1024;
-  int max_groups_per_job = 4096;
+  int max_groups_per_job = kDefaultMaxGroupsPerJob;
   int max_group_size = 1024;
   // Limits (docs/design.md §10); each refusal is RESOURCE_EXHAUSTED and counted in
   // spgate_limit_refusals_total. A rate <= 0 turns that limit off.
@@ -70,7 +70,7 @@ struct StateOptions {
   // A plan more than this many steps after its group's last decided step is refused
   // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
   // daemon. Must exceed the workers' pipelining depth.
-  int64_t max_plan_lead_steps = 4096;
+  int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;
   // At most one learned-table push per job per this interval (docs/design.md §11).
   absl::Duration learned_push_interval = absl::Seconds(1);
 };
@@ -351,6 +351,8 @@ class GateState final : public OperatorListener {
   // Starts the job's live state afresh for a new launch (an empty incarnation: no launch,
   // the live state is dropped); operator settings stay.
   void StartIncarnation(Job& job, const std::string& incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Connect streams open on the job's ranks (of its current launch).
+  int OpenStreams(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases the sessions `drop` selects, keeping each job's session count.
   template <typename Pred>
   int EraseSessions(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -367,6 +369,8 @@ class GateState final : public OperatorListener {
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the job's learned table afresh when the band edges in `config` differ from
   // the ones it was learned with.
+  // The finalized step `slot` of `group` into the job's learned table (gate_state_learned.cc).
+  void LearnFromStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KeepBandsOf(Job& job, const GateConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's leaders' sinks with a copy of the table, when a push is due (and marks it

@@ -36,8 +36,8 @@ ABSL_FLAG(absl::Duration, heartbeat_interval, absl::Seconds(1), "Heartbeat inter
 ABSL_FLAG(absl::Duration, stale_after, absl::Seconds(5), "A rank silent this long counts as stale");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5), "How long shutdown waits for calls");
 ABSL_FLAG(int, max_jobs, 1024, "Most jobs tracked at once (bounds the job_id label)");
-ABSL_FLAG(int, max_groups_per_job, 4096, "Most TP groups per job");
-ABSL_FLAG(int64_t, max_plan_lead_steps, 4096,
+ABSL_FLAG(int, max_groups_per_job, spgate::server::kDefaultMaxGroupsPerJob, "Most TP groups per job");
+ABSL_FLAG(int64_t, max_plan_lead_steps, spgate::server::kDefaultMaxPlanLeadSteps,
           "Plans more than this many steps after their group's last decided step are refused");
 ABSL_FLAG(std::string, worker_token_file, "",
           "File holding a bearer token every worker call must carry (shared worker credential)");

@@ -172,6 +172,7 @@ Metrics::Metrics()
       telemetry_rejected(telemetry_f.Add({{"result", "rejected"}})),
       watch_dropped(watch_dropped_f.Add({})),
       refused_stale_incarnation(worker_refusals_f.Add({{"reason", "stale_incarnation"}})),
+      refused_live_incarnation(worker_refusals_f.Add({{"reason", "live_incarnation"}})),
       refused_not_leader(worker_refusals_f.Add({{"reason", "not_leader"}})),
       refused_step_too_far(worker_refusals_f.Add({{"reason", "step_too_far"}})),
       refused_unknown_session(worker_refusals_f.Add({{"reason", "unknown_session"}})) {

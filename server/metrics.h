@@ -160,6 +160,7 @@ class Metrics {
   prometheus::Counter& watch_dropped;
   // Worker requests refused for who sent them (docs/design.md §10), by reason.
   prometheus::Counter& refused_stale_incarnation;
+  prometheus::Counter& refused_live_incarnation;
   prometheus::Counter& refused_not_leader;
   prometheus::Counter& refused_step_too_far;
   prometheus::Counter& refused_unknown_session;

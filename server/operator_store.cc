@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
 #include "server/audit_log.h"
-#include "server/job_id.h"
+#include "server/identity.h"
 #include "server/persistence.h"
 
 namespace spgate::server {

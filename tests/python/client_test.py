@@ -98,8 +98,10 @@ class LocalClientTest(SpgateTestCase):
         self.assertRegex(spgate.__version__, r"^\d+\.\d+\.\d+$")
 
     def test_enums_are_arithmetic(self):
-        """py::arithmetic(): members are ints for comparison, hashing and indexing, but
-        the classes are not enum.IntEnum (what the stubs say)."""
+        """py::arithmetic(): members convert to their int (int(), operator.index, hash)
+        and order among themselves; they equal members, not ints (pybind11 compares a
+        C++ `enum class` strictly); the classes are not enum.IntEnum (what the stubs
+        say)."""
         import enum
         import operator
         for cls, members in ((Mode, {"SEQUENCE_PARALLEL": 1, "TENSOR_PARALLEL_ONLY": 2}),
@@ -110,11 +112,12 @@ class LocalClientTest(SpgateTestCase):
                 m = getattr(cls, name)
                 self.assertEqual((m.name, m.value, int(m), operator.index(m)),
                                  (name, value, value, value))
-                self.assertTrue(m == value and value == m and not m != value, f"{cls}.{name}")
+                self.assertTrue(m == cls(value) and not m != cls(value), f"{cls}.{name}")
+                self.assertFalse(m == value, f"{cls}.{name} is not an int")
                 self.assertEqual(hash(m), hash(value))
                 self.assertIs(cls.__members__[name], m)
-                self.assertLess(m, value + 1)
-        self.assertEqual({Mode.SEQUENCE_PARALLEL: "x"}.get(1), "x")
+        self.assertLess(Mode.SEQUENCE_PARALLEL, Mode.TENSOR_PARALLEL_ONLY)
+        self.assertEqual({Mode.SEQUENCE_PARALLEL: "x"}.get(Mode(1)), "x")
         self.assertEqual(["", "sp", "tp"][Mode.TENSOR_PARALLEL_ONLY], "tp")
         self.assertNotEqual(Mode.SEQUENCE_PARALLEL, Mode.TENSOR_PARALLEL_ONLY)
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -25,7 +26,9 @@ namespace {
 
 using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
 
 class FakeClock {
  public:
@@ -800,7 +803,10 @@ TEST_F(GateStateTest, LearnsThroughputFromTelemetryAndTellsTheLeader) {
   auto again = std::make_shared<RecordingSink>();
   ASSERT_THAT(state->AttachSession(r0->session_id(), again).status(), IsOk());
   ASSERT_EQ(again->learned.size(), 1u);
-  // A new launch starts the table afresh.
+  // A new launch, once this one's streams have closed, starts the table afresh.
+  state->state->DetachSession(**s0, leader.get());
+  state->state->DetachSession(**s0, again.get());
+  state->state->DetachSession(**s1, other.get());
   v1::RegisterRequest relaunch = Reg("j", 0, 0, 2);
   relaunch.set_incarnation("launch-2");
   ASSERT_THAT(state->Register(relaunch).status(), IsOk());
@@ -866,6 +872,74 @@ TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings)
   const std::string text =
       prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
   EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"stale_incarnation\"} 4"));
+}
+
+// A second launch under a running job's id is refused while the first holds streams, so
+// a stray or hostile Register cannot take the job away; once the first launch's streams
+// have closed (its processes exited) the new one takes over. A rank that restarts inside
+// its launch resumes after the group's last decided step, and pins outlive launches.
+TEST_F(GateStateTest, ALaunchWithOpenStreamsKeepsItsJobAndARestartedRankResumes) {
+  auto state = Make();
+  v1::RegisterRequest a0 = Reg("j", 0, 0, 1);
+  a0.set_incarnation("launch-A");
+  auto ra0 = state->Register(a0);
+  ASSERT_THAT(ra0.status(), IsOk());
+  EXPECT_EQ(ra0->last_decided_step(), -1);
+  auto sink = std::make_shared<RecordingSink>();
+  auto leader = state->state->AttachSession(ra0->session_id(), sink);
+  ASSERT_THAT(leader.status(), IsOk());
+  for (int64_t s = 0; s < 5; ++s) {
+    ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {64, 64}))).status(),
+                IsOk());
+  }
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(3600);
+  ASSERT_THAT(state->PinMode(pin).status(), IsOk());
+
+  v1::RegisterRequest b0 = Reg("j", 0, 0, 1);
+  b0.set_incarnation("launch-B");
+  EXPECT_THAT(state->Register(b0).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("running as launch \"launch-A\""), HasSubstr("1 open"))));
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-A");
+  // The running launch is untouched: its session decides on, after step 4.
+  auto d5 = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 5, {64, 64})));
+  ASSERT_THAT(d5.status(), IsOk());
+  EXPECT_EQ(d5->reason, Reason::kPinned);
+
+  // The leader restarts inside launch A: it resumes after the group's last decided step.
+  auto again = state->Register(a0);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->last_decided_step(), 5);
+
+  // Launch A's stream closes (its processes are gone): launch B takes over, afresh, and
+  // the operator's pin still holds.
+  state->state->DetachSession(**leader, sink.get());
+  auto rb0 = state->Register(b0);
+  ASSERT_THAT(rb0.status(), IsOk());
+  EXPECT_EQ(rb0->last_decided_step(), -1);
+  auto leader_b = state->state->FindSession(rb0->session_id());
+  ASSERT_THAT(leader_b.status(), IsOk());
+  auto d0 = state->state->Decide(**leader_b, PlanFromProto(Plan("j", 0, 0, {100, 5000})));
+  ASSERT_THAT(d0.status(), IsOk());
+  EXPECT_EQ(d0->reason, Reason::kPinned) << "pins are the operator's: they outlive a launch";
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"live_incarnation\"} 1"));
+}
+
+TEST_F(GateStateTest, SessionIdsAreLongAndUnrelated) {
+  auto state = Make();
+  std::set<std::string> seen;
+  for (int r = 0; r < 64; ++r) {
+    auto reg = state->Register(Reg("j", r, 0, 1));
+    ASSERT_THAT(reg.status(), IsOk());
+    EXPECT_THAT(reg->session_id(), MatchesRegex("[0-9a-f]{32}"));
+    seen.insert(reg->session_id());
+  }
+  EXPECT_EQ(seen.size(), 64u);
 }
 
 TEST_F(GateStateTest, RegisterNeedsAnIncarnation) {

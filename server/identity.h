@@ -1,12 +1,15 @@
-// The rule for job ids, shared by the live state and the operator store: they become a
-// metric label value and a key in the state file (docs/design.md §7, §10).
-#ifndef SPGATE_SERVER_JOB_ID_H_
-#define SPGATE_SERVER_JOB_ID_H_
+// Who a worker is (docs/design.md §10): the rules for job ids, shared by the live state
+// and the operator store (an id becomes a metric label value and a key in the state
+// file), for launch incarnations, and the worker sessions' tokens.
+#ifndef SPGATE_SERVER_IDENTITY_H_
+#define SPGATE_SERVER_IDENTITY_H_
 
 #include <cctype>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 
 namespace spgate::server {
@@ -32,6 +35,15 @@ inline absl::Status ValidateJobId(std::string_view job_id) {
   return absl::OkStatus();
 }
 
+// 1-128 printable ASCII characters without spaces: one value per launch of the job, the
+// same on every rank.
+absl::Status ValidateIncarnation(std::string_view incarnation);
+
+// A new session token: 128 bits from the kernel's random source (getrandom), as 32 hex
+// digits. It is the session's only credential, so it must not be guessable from others.
+// INTERNAL when the kernel gives no randomness (never on a working Linux).
+absl::StatusOr<std::string> NewSessionId();
+
 }  // namespace spgate::server
 
-#endif  // SPGATE_SERVER_JOB_ID_H_
+#endif  // SPGATE_SERVER_IDENTITY_H_

@@ -1,0 +1,48 @@
+// Incarnation rules and session tokens (docs/design.md §10).
+#include "server/identity.h"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+namespace spgate::server {
+namespace {
+constexpr size_t kMaxIncarnationLength = 128;
+}  // namespace
+
+absl::Status ValidateIncarnation(std::string_view incarnation) {
+  if (incarnation.empty()) {
+    return absl::InvalidArgumentError(
+        "incarnation: required (one value per launch of the job, the same on every rank)");
+  }
+  if (incarnation.size() > kMaxIncarnationLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "incarnation: at most %d characters, got %d", kMaxIncarnationLength, incarnation.size()));
+  }
+  for (char c : incarnation) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("incarnation: printable ASCII without spaces only");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> NewSessionId() {
+  uint64_t words[2];
+  size_t got = 0;
+  auto* bytes = reinterpret_cast<unsigned char*>(words);
+  while (got < sizeof(words)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(words) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrFormat("session id: getrandom failed: %s", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%016x%016x", words[0], words[1]);
+}
+
+}  // namespace spgate::server
