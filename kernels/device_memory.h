@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 
 namespace spgate::kernels {
 
@@ -86,17 +87,14 @@ class DeviceBuffer {
   }
 
   static absl::StatusOr<DeviceBuffer<T>> Allocate(size_t count) {
-    absl::StatusOr<DeviceAllocation> a = DeviceAllocation::Allocate(count * sizeof(T));
-    if (!a.ok()) return a.status();
-    return DeviceBuffer<T>(*std::move(a), count);
+    ASSIGN_OR_RETURN(DeviceAllocation a, DeviceAllocation::Allocate(count * sizeof(T)));
+    return DeviceBuffer<T>(std::move(a), count);
   }
 
   static absl::StatusOr<DeviceBuffer<T>> FromHost(absl::Span<const T> host,
                                                   cudaStream_t stream = nullptr) {
-    absl::StatusOr<DeviceBuffer<T>> b = Allocate(host.size());
-    if (!b.ok()) return b.status();
-    absl::Status s = b->CopyFromHost(host, stream);
-    if (!s.ok()) return s;
+    ASSIGN_OR_RETURN(DeviceBuffer<T> b, Allocate(host.size()));
+    RETURN_IF_ERROR(b.CopyFromHost(host, stream));
     return b;
   }
 
@@ -114,8 +112,7 @@ class DeviceBuffer {
   }
   absl::StatusOr<std::vector<T>> ToHost(cudaStream_t stream = nullptr) const {
     std::vector<T> host(count_);
-    absl::Status s = CopyToHost(absl::MakeSpan(host), stream);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CopyToHost(absl::MakeSpan(host), stream));
     return host;
   }
   absl::Status SetZero(cudaStream_t stream = nullptr) { return alloc_.SetZero(stream); }

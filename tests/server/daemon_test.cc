@@ -35,6 +35,7 @@ namespace {
 using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string TempDir() {
   std::string dir = ::testing::TempDir() + "/daemon_test_XXXXXX";
@@ -700,6 +701,12 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
   EXPECT_THAT(text, HasSubstr(
       "spgate_decisions_total{job_id=\"job1\",mode=\"sp\",reason=\"gates_passed\"} 1"));
   EXPECT_THAT(text, HasSubstr("spgate_worker_local_decisions_total{job_id=\"job1\",reason=\"gates_passed\"} 2"));
+  // Reasons the job's workers never reported exist from registration on, at 0.
+  EXPECT_THAT(text, HasSubstr("spgate_worker_local_decisions_total{job_id=\"job1\",reason=\"length_cv\"} 0"));
+  EXPECT_THAT(text, HasSubstr("spgate_worker_local_decisions_total{job_id=\"job1\",reason=\"rs_wait\"} 0"));
+  EXPECT_THAT(text, Not(HasSubstr(
+                        "local_decisions_total{job_id=\"job1\",reason=\"controller_unavailable\"}")))
+      << "a local decision carries the local policy's reason";
   EXPECT_THAT(text, HasSubstr("spgate_gate_threshold{gate=\"max_length_cv\",job_id=\"_default\"} 0.18"));
   EXPECT_THAT(text, HasSubstr("spgate_workers{job_id=\"job1\",state=\"active\"} 1"));
   // Every limit's series exists from the start, at 0.
