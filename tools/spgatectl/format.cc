@@ -410,13 +410,28 @@ std::string ChangesText(const v1::AuditEntry& e) {
   return parts.empty() ? "no change" : absl::StrJoin(parts, ", ");
 }
 
+// "tp until 2026-01-02 10:00:00 (force)"
+std::string PinText(v1::Mode mode, const google::protobuf::Timestamp& expire, bool force) {
+  return absl::StrCat(ModeName(mode), " until ", TimeText(expire, false), force ? " (force)" : "");
+}
+
 std::string AuditChangeText(const v1::AuditEntry& e) {
   const std::string group = e.has_group() ? absl::StrCat("group ", e.group(), " ") : "";
   if (e.rpc() == "PinMode") {
-    return absl::StrCat(group, ModeName(e.mode()), " until ", TimeText(e.expire_time(), false),
-                        e.force() ? " (force)" : "");
+    const std::string now = PinText(e.mode(), e.expire_time(), e.force());
+    if (!e.has_replaced_pin()) return group + now;
+    const v1::Pin& old = e.replaced_pin();
+    return absl::StrCat(group, PinText(old.mode(), old.expire_time(), old.force()), " -> ", now);
   }
-  if (e.rpc() == "Unpin") return absl::StrCat(group, "removed ", e.removed());
+  if (e.rpc() == "Unpin") {
+    std::vector<std::string> pins;
+    for (const v1::Pin& p : e.removed_pins()) {
+      pins.push_back(absl::StrCat(p.has_group() ? absl::StrCat("group ", p.group(), " ") : "",
+                                  PinText(p.mode(), p.expire_time(), p.force())));
+    }
+    return absl::StrCat(group, "removed ", e.removed(),
+                        pins.empty() ? "" : absl::StrCat(": ", absl::StrJoin(pins, ", ")));
+  }
   if (e.rpc() == "ForgetJob") {
     return e.forgot_operator_settings()
                ? absl::StrCat("live state and settings (", e.removed(), " pins): ", ChangesText(e))
