@@ -351,7 +351,8 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
   } else {
     Table t({{"TARGET"}, {"MODE"}, {"EXPIRES"}, {"LEFT"}});
     for (const v1::Pin& p : job.pins()) {
-      t.AddRow({PinTarget(p), ModeName(p.mode()), TimeText(p.expire_time(), false),
+      t.AddRow({PinTarget(p), absl::StrCat(ModeName(p.mode()), p.force() ? " (force)" : ""),
+                TimeText(p.expire_time(), false),
                 RemainingText(p.expire_time(), now)});
     }
     absl::StrAppend(&out, t.Render());
@@ -363,7 +364,8 @@ std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now) {
   if (format == OutputFormat::kJson) return ToJson(pin);
   return absl::StrCat("pinned job ", pin.job_id(), " ", PinTarget(pin), " to ", ModeName(pin.mode()),
                       " until ", TimeText(pin.expire_time(), false), " (",
-                      RemainingText(pin.expire_time(), now), ")\n");
+                      RemainingText(pin.expire_time(), now), ")",
+                      pin.force() ? ", forced past the memory gate" : "", "\n");
 }
 
 std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
