@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);
   o.tls = spgate::client::TlsOptionsFromFlags();
+  o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};
