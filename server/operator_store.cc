@@ -510,6 +510,20 @@ absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
   return absl::OkStatus();
 }
 
+namespace {
+
+v1::Pin PinToProto(const std::string& job_id, std::optional<int> group, const PinState& p) {
+  v1::Pin pin;
+  pin.set_job_id(job_id);
+  if (group) pin.set_group(*group);
+  pin.set_mode(ToProto(p.mode));
+  *pin.mutable_expire_time() = ToTimestamp(p.expire);
+  if (p.force) pin.set_force(true);
+  return pin;
+}
+
+}  // namespace
+
 absl::Status OperatorStore::ValidatePinRequest(const v1::PinModeRequest& r) {
   RETURN_IF_ERROR(ValidateJobId(r.job_id()));
   if (!IsValidMode(r.mode())) {
@@ -534,17 +548,21 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
   const PinState state{FromProto(r.mode()), Now() + d,
                        r.force() && r.mode() == v1::TENSOR_PARALLEL_ONLY};
   JobScope& scope = next.jobs[r.job_id()];
-  if (r.has_group()) {
-    scope.group_pins[r.group()] = state;
+  const std::optional<int> group =
+      r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+  // The pin this one replaces, for the audit entry's old value; an expired one is gone.
+  std::optional<PinState> replaced;
+  if (group) {
+    if (auto it = scope.group_pins.find(*group); it != scope.group_pins.end()) {
+      replaced = it->second;
+    }
+    scope.group_pins[*group] = state;
   } else {
+    replaced = scope.pin;
     scope.pin = state;
   }
-  v1::Pin pin;
-  pin.set_job_id(r.job_id());
-  if (r.has_group()) pin.set_group(r.group());
-  pin.set_mode(r.mode());
-  *pin.mutable_expire_time() = ToTimestamp(state.expire);
-  pin.set_force(state.force);
+  if (replaced && replaced->expire <= Now()) replaced.reset();
+  const v1::Pin pin = PinToProto(r.job_id(), group, state);
   v1::AuditEntry entry;
   entry.set_rpc("PinMode");
   entry.set_job_id(r.job_id());
@@ -552,6 +570,7 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
   entry.set_mode(r.mode());
   *entry.mutable_expire_time() = pin.expire_time();
   entry.set_force(state.force);
+  if (replaced) *entry.mutable_replaced_pin() = PinToProto(r.job_id(), group, *replaced);
   RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return pin;
 }
@@ -562,25 +581,28 @@ absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r,
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
   auto it = next.jobs.find(r.job_id());
+  v1::AuditEntry entry;
   int removed = 0;
   if (it != next.jobs.end()) {
     const absl::Time now = Now();
     JobScope& scope = it->second;
-    auto drop = [&](std::optional<PinState>& p) {
-      if (p && p->expire > now) ++removed;
-      p.reset();
+    // Pins still in force are what the call removed: counted and named in the entry.
+    auto record = [&](const PinState& p, std::optional<int> group) {
+      if (p.expire <= now) return;
+      ++removed;
+      *entry.add_removed_pins() = PinToProto(r.job_id(), group, p);
     };
     if (!r.has_group()) {
-      drop(scope.pin);
-      for (const auto& [g, p] : scope.group_pins) removed += p.expire > now ? 1 : 0;
+      if (scope.pin) record(*scope.pin, std::nullopt);
+      scope.pin.reset();
+      for (const auto& [g, p] : scope.group_pins) record(p, g);
       scope.group_pins.clear();
     } else if (auto git = scope.group_pins.find(r.group()); git != scope.group_pins.end()) {
-      removed += git->second.expire > now ? 1 : 0;
+      record(git->second, r.group());
       scope.group_pins.erase(git);
     }
     if (scope.empty()) next.jobs.erase(it);
   }
-  v1::AuditEntry entry;
   entry.set_rpc("Unpin");
   entry.set_job_id(r.job_id());
   if (r.has_group()) entry.set_group(r.group());

@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, job_id, "",
           "has SPGATE_JOB_ID (or Slurm's SLURM_JOB_NAME)");
 ABSL_FLAG(std::string, incarnation, "",
           "This launch of the job, equal on every rank; empty: the launcher's "
-          "(SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, SLURM_JOB_ID+restart count, the MPI job), "
+          "(SPGATE_INCARNATION, TORCHELASTIC_RUN_ID+restart count, SLURM_JOB_ID+restart count, "
+          "the MPI job), "
           "else one made by world rank 0");
 ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
@@ -168,6 +169,7 @@ int main(int argc, char** argv) {
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);
   o.tls = spgate::client::TlsOptionsFromFlags();
+  o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};

@@ -454,8 +454,13 @@ def main(argv=None):
     # One launch, one incarnation, made once here and handed to every rank (the daemon
     # starts a new launch's state afresh and never mixes it with an earlier run's).
     if not args.incarnation:
-        args.incarnation = (os.environ.get("SPGATE_INCARNATION")
-                            or os.environ.get("TORCHELASTIC_RUN_ID") or uuid.uuid4().hex)
+        # TorchElastic keeps the run id across restarts ("none" without --rdzv-id), so
+        # the restart count is part of the launch, as in worker/client/identity.cc.
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+        elastic = ("torchelastic-%s-%s" % (run_id, os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0")
+                   if run_id not in ("", "none") else "")
+        args.incarnation = (os.environ.get("SPGATE_INCARNATION") or elastic
+                            or uuid.uuid4().hex)
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

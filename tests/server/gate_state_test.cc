@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -548,6 +549,93 @@ TEST_F(GateStateTest, EveryChangeIsAuditedWithItsPrincipal) {
   h.set_page_token("x");
   EXPECT_THAT(state->ListConfigHistory(h).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_token")));
+}
+
+v1::PinModeRequest PinRequest(const std::string& job, std::optional<int> group, v1::Mode mode,
+                              absl::Duration d, bool force = false) {
+  v1::PinModeRequest r;
+  r.set_job_id(job);
+  if (group) r.set_group(*group);
+  r.set_mode(mode);
+  r.mutable_duration()->set_seconds(absl::ToInt64Seconds(d));
+  r.set_force(force);
+  return r;
+}
+
+// A pin's audit entry reads old -> new: the pin it replaced at the same scope (only one
+// still in force), and an unpin names every pin it removed.
+TEST_F(GateStateTest, PinAuditRecordsTheReplacedAndRemovedPins) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  v1::Decision d;
+  for (int g = 0; g < 3; ++g) {  // pins need a known job and group
+    ASSERT_THAT(state->Decide(Plan("j", g, 0, {64}), &d), IsOk());
+  }
+  const AuditContext ops{"ops"};
+  const absl::Time t0 = clock_.Now();
+  // 1: job pin, nothing before it.
+  ASSERT_THAT(state->PinMode(PinRequest("j", std::nullopt, v1::SEQUENCE_PARALLEL,
+                                        absl::Minutes(10)), ops).status(), IsOk());
+  // 2: job pin replacing 1, forced.
+  ASSERT_THAT(state->PinMode(PinRequest("j", std::nullopt, v1::TENSOR_PARALLEL_ONLY,
+                                        absl::Minutes(20), /*force=*/true), ops).status(), IsOk());
+  // 3: group 1's pin does not replace the job's.
+  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::SEQUENCE_PARALLEL, absl::Minutes(1)), ops)
+                  .status(), IsOk());
+  // 4: group 1 again after its pin expired: nothing in force was replaced.
+  clock_.Advance(absl::Minutes(2));
+  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::TENSOR_PARALLEL_ONLY, absl::Minutes(5)), ops)
+                  .status(), IsOk());
+  // 5: group 1 replaced while in force.
+  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::SEQUENCE_PARALLEL, absl::Minutes(30)), ops)
+                  .status(), IsOk());
+  // 6: group 2, then 7: unpin group 2 alone, 8: unpin the job (job pin + group 1).
+  ASSERT_THAT(state->PinMode(PinRequest("j", 2, v1::SEQUENCE_PARALLEL, absl::Minutes(1)), ops)
+                  .status(), IsOk());
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("j");
+  unpin.set_group(2);
+  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
+  unpin.clear_group();
+  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
+  // 9: unpin with nothing left.
+  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
+
+  auto records = ReadAuditLog(AuditLogPath(dir));
+  ASSERT_THAT(records.status(), IsOk());
+  ASSERT_EQ(records->size(), 9u);
+  auto entry = [&](int i) -> const v1::AuditEntry& { return (*records)[i].entry; };
+  auto expire = [](const v1::Pin& p) { return absl::FromUnixSeconds(p.expire_time().seconds()); };
+
+  EXPECT_FALSE(entry(0).has_replaced_pin());
+  ASSERT_TRUE(entry(1).has_replaced_pin());
+  EXPECT_TRUE(entry(1).force());
+  EXPECT_EQ(entry(1).replaced_pin().job_id(), "j");
+  EXPECT_FALSE(entry(1).replaced_pin().has_group());
+  EXPECT_EQ(entry(1).replaced_pin().mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_FALSE(entry(1).replaced_pin().force());
+  EXPECT_EQ(expire(entry(1).replaced_pin()), t0 + absl::Minutes(10));
+  EXPECT_FALSE(entry(2).has_replaced_pin());
+  EXPECT_FALSE(entry(3).has_replaced_pin());
+  ASSERT_TRUE(entry(4).has_replaced_pin());
+  EXPECT_EQ(entry(4).replaced_pin().group(), 1);
+  EXPECT_EQ(entry(4).replaced_pin().mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_EQ(expire(entry(4).replaced_pin()), t0 + absl::Minutes(7));
+
+  EXPECT_EQ(entry(6).rpc(), "Unpin");
+  EXPECT_EQ(entry(6).removed(), 1);
+  ASSERT_EQ(entry(6).removed_pins_size(), 1);
+  EXPECT_EQ(entry(6).removed_pins(0).group(), 2);
+  EXPECT_EQ(entry(7).removed(), 2);
+  ASSERT_EQ(entry(7).removed_pins_size(), 2);
+  EXPECT_FALSE(entry(7).removed_pins(0).has_group());
+  EXPECT_EQ(entry(7).removed_pins(0).mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_TRUE(entry(7).removed_pins(0).force());
+  EXPECT_EQ(expire(entry(7).removed_pins(0)), t0 + absl::Minutes(20));
+  EXPECT_EQ(entry(7).removed_pins(1).group(), 1);
+  EXPECT_EQ(entry(7).removed_pins(1).mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(entry(8).removed(), 0);
+  EXPECT_EQ(entry(8).removed_pins_size(), 0);
 }
 
 TEST_F(GateStateTest, RollbackRestoresTheOverridesOfThatVersion) {

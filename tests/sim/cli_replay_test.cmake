@@ -35,6 +35,28 @@ execute_process(COMMAND ${SIM} replay --lengths=gamma:k=1 RESULT_VARIABLE rc ERR
 if(NOT rc EQUAL 2 OR NOT err MATCHES "--lengths")
   message(FATAL_ERROR "bad --lengths: rc ${rc}, ${err}")
 endif()
+# With a controller and neither --job_id nor a job id in the environment, start-up fails
+# naming the flag (the daemon is never dialled: nothing listens on port 1).
+execute_process(
+  COMMAND ${CMAKE_COMMAND} -E env --unset=SPGATE_JOB_ID --unset=SLURM_JOB_NAME
+          ${SIM} --controller=127.0.0.1:1 --groups=1 --tp=1 --steps=1
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--job_id: required with --controller")
+  message(FATAL_ERROR "no --job_id with --controller: rc ${rc}, ${err}")
+endif()
+# An unreadable or empty --worker_token_file is refused at start-up, naming the flag.
+file(WRITE ${WORK}/empty_token "\n")
+foreach(case "missing_token;cannot read" "empty_token;is empty")
+  list(GET case 0 file)
+  list(GET case 1 want)
+  execute_process(
+    COMMAND ${SIM} --controller=127.0.0.1:1 --job_id=cli --worker_token_file=${WORK}/${file}
+            --groups=1 --tp=1 --steps=1
+    RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "--worker_token_file: .*${want}")
+    message(FATAL_ERROR "--worker_token_file=${file}: rc ${rc}, ${err}")
+  endif()
+endforeach()
 # replay --compare: the five policies under JSON key "compare", the table on stderr and
 # the series CSV.
 execute_process(

@@ -385,6 +385,16 @@ TEST(SimRunTest, RejectsBadOptions) {
   o = Small();
   o.lengths = "weird";
   EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")));
+  // No silent default job id against a daemon (docs/design.md §10).
+  o = Small();
+  o.controller = "127.0.0.1:1";
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("--job_id: required with --controller")));
+  // The worker token file is read before any group dials.
+  o = Small();
+  o.worker_token_file = "/nonexistent/spgate-token";
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("--worker_token_file: cannot read")));
 }
 
 }  // namespace

@@ -82,6 +82,27 @@ TEST_F(TlsTest, BadCombinationsAndFilesAreRefusedNamingTheSetting) {
   }
 }
 
+// The worker token file is read as spgated reads its own: whitespace around the token is
+// stripped; an unreadable or blank file is refused naming the setting.
+TEST_F(TlsTest, WorkerTokenFileIsStrippedAndChecked) {
+  std::ofstream(dir_ / "token") << "  s3cret-token\r\n\n";
+  std::ofstream(dir_ / "blank") << " \n\t\n";
+  EXPECT_THAT(ReadWorkerTokenFile(P("token")), IsOk());
+  EXPECT_EQ(*ReadWorkerTokenFile(P("token")), "s3cret-token");
+  EXPECT_EQ(*ReadWorkerTokenFile(""), "");  // no file: no token
+  EXPECT_THAT(ReadWorkerTokenFile(P("missing")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--worker_token_file: cannot read \"" + P("missing") + "\"")));
+  EXPECT_THAT(ReadWorkerTokenFile(P("blank")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--worker_token_file: \"" + P("blank") + "\" is empty")));
+  EXPECT_THAT(ReadWorkerTokenFile(P("blank"), "worker_token_file"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("worker_token_file: \"")));
+  // A directory cannot be read as a token either.
+  EXPECT_THAT(ReadWorkerTokenFile(dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--worker_token_file: ")));
+}
+
 // Which kind they are shows only in a handshake (the end-to-end tests); here: every
 // valid combination, also the force switch (Python's tls={}: the system's roots), yields
 // credentials.

@@ -100,6 +100,7 @@ SimOptions OptionsFromFlags() {
   SimOptions o;
   o.controller = absl::GetFlag(FLAGS_controller);
   o.tls = spgate::client::TlsOptionsFromFlags();
+  o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
   o.job_id = absl::GetFlag(FLAGS_job_id);
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);

@@ -185,6 +185,8 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
   if (!credentials.ok()) return credentials.status();
+  absl::StatusOr<std::string> worker_token = client::ReadWorkerTokenFile(o.worker_token_file);
+  if (!worker_token.ok()) return worker_token.status();
   const CostModel model(o.cost);
   const int t = o.cost.tp;
   const int64_t steps = StepsFor(o);
@@ -203,6 +205,7 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
     base.controller = o.controller;
     base.credentials = *credentials;
     base.tls_server_name = o.tls.server_name;
+    base.worker_token = *worker_token;
     base.job_id = o.job_id;
     base.incarnation = incarnation;
     base.group = gi;

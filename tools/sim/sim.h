@@ -32,6 +32,8 @@ struct SimOptions {
   // simulator is one process, so it is its own world rank 0).
   std::string incarnation;
   client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
+  // The daemon's shared worker token, read by client::ReadWorkerTokenFile; empty: none.
+  std::string worker_token_file;
   std::string lengths = "lognormal:mean=4096,sigma=0.8";
   int64_t tokens_per_batch = 16384;
   bool bucketing = true;

@@ -18,6 +18,9 @@ namespace {
 
 using google::protobuf::FieldDescriptor;
 
+// Flags that are true when given bare ("--force"); "--force=false" is accepted too.
+constexpr absl::string_view kBareFlags[] = {"force"};
+
 struct FlagSpec {
   absl::string_view name;
   absl::string_view value;  // placeholder in help: "J", "DURATION"
@@ -102,12 +105,16 @@ const std::vector<CommandSpec>& Commands() {
        "The job's groups, decision caches, rolling windows and worker sessions go; its\n"
        "workers' next calls get NOT_FOUND and they register again. Audited; needs the\n"
        "admin role. NOT_FOUND when the daemon holds nothing for the job."},
-      {Command::kPin, "pin", "JOB [--group=G] --mode=sp|tp --for=DURATION",
+      {Command::kPin, "pin", "JOB [--group=G] --mode=sp|tp --for=DURATION [--force]",
        "force a mode for a job or one of its groups, for a while",
        {{"group", "G", "pin only this TP group (default: the whole job)"},
         {"mode", "sp|tp", "the mode to force"},
-        {"for", "DURATION", "how long the pin lasts (e.g. 30s, 10m, 2h, 1d)"}},
-       false, ""},
+        {"for", "DURATION", "how long the pin lasts (e.g. 30s, 10m, 2h, 1d)"},
+        {"force", "", "with --mode=tp: TP-only even where it would not fit the memory budget"}},
+       false,
+       "A TP-only pin yields to the memory gate: a batch that would not fit TP-only runs SP\n"
+       "(docs/design.md §3). --force takes that safety away for this pin; the audit log and\n"
+       "'gates history' record that it was forced. An SP pin cannot be forced."},
       {Command::kUnpin, "unpin", "JOB [--group=G]", "remove pins",
        {{"group", "G", "remove only this group's pin (default: every pin of the job)"}}, false,
        ""},
@@ -185,7 +192,8 @@ std::string CommandHelp(const CommandSpec& c) {
   if (!c.details.empty()) absl::StrAppend(&out, "\n", c.details, "\n");
   std::vector<std::pair<std::string, std::string>> lines;
   for (const FlagSpec& f : c.flags) {
-    lines.emplace_back(absl::StrCat("--", f.name, "=", f.value), std::string(f.help));
+    lines.emplace_back(f.value.empty() ? absl::StrCat("--", f.name) : absl::StrCat("--", f.name, "=", f.value),
+                       std::string(f.help));
   }
   if (c.gate_flags) {
     for (const FieldDescriptor* f : GateFields()) {
@@ -266,6 +274,9 @@ Tokens Tokenize(const std::vector<std::string>& args) {
     }
     if (eq != absl::string_view::npos) {
       flag.value = std::string(body.substr(eq + 1));
+    } else if (std::find(std::begin(kBareFlags), std::end(kBareFlags), flag.name) !=
+               std::end(kBareFlags)) {
+      flag.value = "true";  // never takes the next argument: "pin --force JOB" keeps JOB
     } else if (i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
       flag.value = args[++i];  // "--flag value"
     } else if (t.error.empty()) {
@@ -420,6 +431,17 @@ absl::Status BuildPin(const std::vector<std::string>& args, const CommandFlags& 
   absl::StatusOr<v1::Mode> m = ParseModeFlag("mode", *mode);
   if (!m.ok()) return m.status();
   req->set_mode(*m);
+  if (auto force = flags.Get("force")) {
+    if (*force == "true" || *force == "1") {
+      if (*m != v1::TENSOR_PARALLEL_ONLY) {
+        return Usage("--force applies only to --mode=tp (it lets a TP-only pin override the "
+                     "memory gate); an SP pin always fits");
+      }
+      req->set_force(true);
+    } else if (*force != "false" && *force != "0") {
+      return Usage(absl::StrCat("--force: \"", *force, "\" is not true or false"));
+    }
+  }
   auto duration = flags.Get("for");
   if (!duration) return Usage("--for is required (how long the pin lasts, e.g. --for=10m)");
   absl::StatusOr<absl::Duration> d = ParseDurationFlag("for", *duration);
@@ -648,6 +670,9 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
   for (size_t i = 0; i < t.flags.size(); ++i) {
     const RawFlag& f = t.flags[i];
     if (std::find(known.begin(), known.end(), f.name) == known.end()) {
+      if (spec->command == Command::kUnpin && f.name == "force") {
+        return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
+      }
       std::string message = absl::StrCat("unknown flag --", f.name);
       absl::string_view best;
       size_t best_distance = 3;

@@ -351,7 +351,8 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
   } else {
     Table t({{"TARGET"}, {"MODE"}, {"EXPIRES"}, {"LEFT"}});
     for (const v1::Pin& p : job.pins()) {
-      t.AddRow({PinTarget(p), ModeName(p.mode()), TimeText(p.expire_time(), false),
+      t.AddRow({PinTarget(p), absl::StrCat(ModeName(p.mode()), p.force() ? " (force)" : ""),
+                TimeText(p.expire_time(), false),
                 RemainingText(p.expire_time(), now)});
     }
     absl::StrAppend(&out, t.Render());
@@ -363,7 +364,8 @@ std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now) {
   if (format == OutputFormat::kJson) return ToJson(pin);
   return absl::StrCat("pinned job ", pin.job_id(), " ", PinTarget(pin), " to ", ModeName(pin.mode()),
                       " until ", TimeText(pin.expire_time(), false), " (",
-                      RemainingText(pin.expire_time(), now), ")\n");
+                      RemainingText(pin.expire_time(), now), ")",
+                      pin.force() ? ", forced past the memory gate" : "", "\n");
 }
 
 std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
@@ -410,13 +412,28 @@ std::string ChangesText(const v1::AuditEntry& e) {
   return parts.empty() ? "no change" : absl::StrJoin(parts, ", ");
 }
 
+// "tp until 2026-01-02 10:00:00 (force)"
+std::string PinText(v1::Mode mode, const google::protobuf::Timestamp& expire, bool force) {
+  return absl::StrCat(ModeName(mode), " until ", TimeText(expire, false), force ? " (force)" : "");
+}
+
 std::string AuditChangeText(const v1::AuditEntry& e) {
   const std::string group = e.has_group() ? absl::StrCat("group ", e.group(), " ") : "";
   if (e.rpc() == "PinMode") {
-    return absl::StrCat(group, ModeName(e.mode()), " until ", TimeText(e.expire_time(), false),
-                        e.force() ? " (force)" : "");
+    const std::string now = PinText(e.mode(), e.expire_time(), e.force());
+    if (!e.has_replaced_pin()) return group + now;
+    const v1::Pin& old = e.replaced_pin();
+    return absl::StrCat(group, PinText(old.mode(), old.expire_time(), old.force()), " -> ", now);
   }
-  if (e.rpc() == "Unpin") return absl::StrCat(group, "removed ", e.removed());
+  if (e.rpc() == "Unpin") {
+    std::vector<std::string> pins;
+    for (const v1::Pin& p : e.removed_pins()) {
+      pins.push_back(absl::StrCat(p.has_group() ? absl::StrCat("group ", p.group(), " ") : "",
+                                  PinText(p.mode(), p.expire_time(), p.force())));
+    }
+    return absl::StrCat(group, "removed ", e.removed(),
+                        pins.empty() ? "" : absl::StrCat(": ", absl::StrJoin(pins, ", ")));
+  }
   if (e.rpc() == "ForgetJob") {
     return e.forgot_operator_settings()
                ? absl::StrCat("live state and settings (", e.removed(), " pins): ", ChangesText(e))

@@ -18,7 +18,13 @@ std::string Env(const char* name) {
 
 std::string IncarnationFromEnvironment() {
   if (std::string v = Env("SPGATE_INCARNATION"); !v.empty()) return v;
-  if (std::string v = Env("TORCHELASTIC_RUN_ID"); !v.empty()) return "torchelastic-" + v;
+  // torchrun's --rdzv-id is "none" unless given (or --standalone made one), so "none"
+  // names no run; and an elastic restart keeps the run id, so the restart count is what
+  // makes the relaunch new.
+  if (std::string v = Env("TORCHELASTIC_RUN_ID"); !v.empty() && v != "none") {
+    const std::string restarts = Env("TORCHELASTIC_RESTART_COUNT");
+    return "torchelastic-" + v + "-" + (restarts.empty() ? "0" : restarts);
+  }
   if (std::string v = Env("SLURM_JOB_ID"); !v.empty()) {
     const std::string restarts = Env("SLURM_RESTART_COUNT");
     return "slurm-" + v + (restarts.empty() ? "" : "." + restarts);

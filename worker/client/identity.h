@@ -17,7 +17,10 @@ namespace spgate::client {
 
 // The launcher's run identity, first found of:
 //   SPGATE_INCARNATION                        set by hand or by a wrapper
-//   TORCHELASTIC_RUN_ID                       torchrun / TorchElastic (new per rendezvous run)
+//   TORCHELASTIC_RUN_ID + "-" TORCHELASTIC_RESTART_COUNT
+//                                             torchrun / TorchElastic; a restart keeps the
+//                                             run id, and "none" (torchrun's default
+//                                             --rdzv-id) counts as unset
 //   SLURM_JOB_ID [+ "." SLURM_RESTART_COUNT]  Slurm (a requeued job keeps its id)
 //   PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid   the MPI job (Open MPI / PMIx launchers)
 // Empty when none is set.

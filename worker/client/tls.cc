@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/credentials.h"
 
@@ -53,6 +54,18 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsChannelCredentials(
   ssl.pem_cert_chain = std::move(pem->cert_chain);
   ssl.pem_private_key = std::move(pem->private_key);
   return grpc::SslCredentials(ssl);
+}
+
+absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path, const char* name) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot read \"", path, "\""));
+  std::string token(absl::StripAsciiWhitespace(text.str()));
+  // An empty token would be sent as "Bearer " and refused at every call, far from the cause.
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": \"", path, "\" is empty"));
+  return token;
 }
 
 }  // namespace spgate::client

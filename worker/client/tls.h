@@ -13,6 +13,9 @@
 // GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, which the caller sets on its channel
 // (GateClientOptions::tls_server_name does it for the worker client's channel).
 //
+// The shared worker credential (a daemon's --worker_token_file) is read here too, by the
+// same rules: ReadWorkerTokenFile.
+//
 // Usage:
 //   TlsClientOptions tls{.ca = "ca.pem", .cert = "worker.pem", .key = "worker.key"};
 //   ASSIGN_OR_RETURN(options.credentials, TlsChannelCredentials(tls, kTlsFlagNames));
@@ -68,6 +71,13 @@ absl::StatusOr<TlsPem> ReadTlsFiles(const TlsClientOptions& options,
 // SSL credentials from ReadTlsFiles when options.enabled(), else insecure ones.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsChannelCredentials(
     const TlsClientOptions& options, const TlsOptionNames& names = kTlsFlagNames);
+
+// The worker token in `path` (GateClientOptions::worker_token): the file's text with
+// leading and trailing whitespace stripped, as spgated reads its own --worker_token_file,
+// so the daemon's file works for the clients unchanged. "" when `path` is empty; a file
+// that cannot be read, or holds only whitespace, is INVALID_ARGUMENT naming `name`.
+absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path,
+                                                const char* name = "--worker_token_file");
 
 }  // namespace spgate::client
 

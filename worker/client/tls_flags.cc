@@ -11,6 +11,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "Name to check in the daemon's certificate (default: the host of --controller)");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "File holding the worker token of a spgated run with --worker_token_file (sent as "
+          "'authorization: Bearer <token>'; surrounding whitespace is stripped)");
 
 namespace spgate::client {
 
@@ -20,5 +23,7 @@ TlsClientOptions TlsOptionsFromFlags() {
           .key = absl::GetFlag(FLAGS_tls_key),
           .server_name = absl::GetFlag(FLAGS_tls_server_name)};
 }
+
+std::string WorkerTokenFileFromFlags() { return absl::GetFlag(FLAGS_worker_token_file); }
 
 }  // namespace spgate::client

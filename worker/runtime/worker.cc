@@ -65,6 +65,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
   // The TLS files are read (and refused naming --tls_*) before any rank dials.
   RETURN_IF_ERROR(client::ReadTlsFiles(o.tls, client::kTlsFlagNames).status());
+  RETURN_IF_ERROR(client::ReadWorkerTokenFile(o.worker_token_file).status());
   // The length spec is parsed (and refused naming --lengths) here too.
   return ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch).status();
 }
@@ -259,6 +260,7 @@ absl::StatusOr<RankResult> Run(const RankContext& cx) {
     co.seed = o.seed * 7919 + grid.world_rank() + 1;
     ASSIGN_OR_RETURN(co.credentials, client::TlsChannelCredentials(o.tls, client::kTlsFlagNames));
     co.tls_server_name = o.tls.server_name;
+    ASSIGN_OR_RETURN(co.worker_token, client::ReadWorkerTokenFile(o.worker_token_file));
     ASSIGN_OR_RETURN(gate, client::GateClient::Create(co));
   }
   std::unique_ptr<client::GroupDecider> decider;

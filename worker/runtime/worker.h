@@ -50,6 +50,8 @@ struct WorkerOptions {
   // that world rank 0 makes and broadcasts at start-up.
   std::string incarnation;
   client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
+  // The daemon's shared worker token, read by client::ReadWorkerTokenFile; empty: none.
+  std::string worker_token_file;
   ModelShape shape;
   int tp = 1;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";

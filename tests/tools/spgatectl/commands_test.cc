@@ -113,6 +113,15 @@ INSTANTIATE_TEST_SUITE_P(
         GoodCase{"pin llama --group=3 --mode=tp --for=1.5s", Command::kPin, "pin",
                  "job_id: \"llama\" group: 3 mode: TENSOR_PARALLEL_ONLY duration { seconds: 1 "
                  "nanos: 500000000 }"},
+        GoodCase{"pin llama --mode=tp --for=10m --force", Command::kPin, "pin",
+                 "job_id: \"llama\" mode: TENSOR_PARALLEL_ONLY duration { seconds: 600 } "
+                 "force: true"},
+        // A bare --force never swallows the next argument.
+        GoodCase{"pin --force llama --mode=tp --for=10m", Command::kPin, "pin",
+                 "job_id: \"llama\" mode: TENSOR_PARALLEL_ONLY duration { seconds: 600 } "
+                 "force: true"},
+        GoodCase{"pin llama --mode=tp --for=10m --force=false", Command::kPin, "pin",
+                 "job_id: \"llama\" mode: TENSOR_PARALLEL_ONLY duration { seconds: 600 }"},
         GoodCase{"unpin llama", Command::kUnpin, "unpin", "job_id: \"llama\""},
         GoodCase{"jobs forget llama", Command::kJobsForget, "jobs forget", "job_id: \"llama\""},
         GoodCase{"jobs forget llama --operator_settings=true", Command::kJobsForget,
@@ -193,7 +202,8 @@ INSTANTIATE_TEST_SUITE_P(
         HelpCase{"help gates set",
                  "Usage: spgatectl gates set [--job_id=J] [--FIELD=VALUE ...] [--clear=FIELD,...] "
                  "[--expected_version=N]"},
-        HelpCase{"pin -h", "Usage: spgatectl pin JOB [--group=G] --mode=sp|tp --for=DURATION"},
+        HelpCase{"pin -h",
+                 "Usage: spgatectl pin JOB [--group=G] --mode=sp|tp --for=DURATION [--force]"},
         HelpCase{"jobs show --help", "Usage: spgatectl jobs show JOB"},
         HelpCase{"watch --help", "Usage: spgatectl watch [JOB] [--count=N]"},
         // --help wins over errors elsewhere on the line.
@@ -208,6 +218,13 @@ TEST(ParseCommandLine, GroupHelpListsSubcommands) {
   EXPECT_THAT(inv.help, HasSubstr("gates set"));
   ASSERT_THAT(ParseCommandLine(Args("help jobs"), &inv), IsOk());
   EXPECT_THAT(inv.help, HasSubstr("jobs show"));
+}
+
+TEST(ParseCommandLine, PinHelpExplainsForce) {
+  Invocation inv;
+  ASSERT_THAT(ParseCommandLine(Args("pin --help"), &inv), IsOk());
+  EXPECT_THAT(inv.help, HasSubstr("--force  "));
+  EXPECT_THAT(inv.help, HasSubstr("memory gate"));
 }
 
 TEST(ParseCommandLine, GatesSetHelpListsEveryGateConfigField) {
@@ -297,7 +314,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"pin j --mode=tp --for=10minutes", "pin",
                 "--for: \"10minutes\" is not a duration (e.g. 30s, 10m, 1h30m, 2d)"},
         BadCase{"pin j --mode=tp --for=1m --group=x", "pin", "--group: \"x\" is not a 32-bit integer"},
+        BadCase{"pin j --mode=sp --for=1m --force", "pin",
+                "--force applies only to --mode=tp (it lets a TP-only pin override the memory "
+                "gate); an SP pin always fits"},
+        BadCase{"pin j --mode=tp --for=1m --force=yes", "pin",
+                "--force: \"yes\" is not true or false"},
         BadCase{"unpin", "unpin", "missing JOB argument"},
+        BadCase{"unpin j --force", "unpin",
+                "--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force"},
         BadCase{"jobs forget", "jobs forget", "missing JOB argument"},
         BadCase{"jobs forget j --operator_settings=yes", "jobs forget",
                 "--operator_settings: \"yes\" is not true or false"},

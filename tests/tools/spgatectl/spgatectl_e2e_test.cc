@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -587,6 +588,57 @@ TEST_F(SpgatectlE2eTest, HistoryAndRollback) {
   r = Ctl({"gates", "rollback", "--job_id=llama", absl::StrCat("--to_version=", first)});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, StartsWith("spgatectl: gates rollback: INVALID_ARGUMENT: "));
+}
+
+// A forced TP-only pin says so in its reply, in the history and in the audit log; an
+// unforced one does not; a pin that replaces another records the old one, and an unpin
+// what it removed.
+TEST_F(SpgatectlE2eTest, ForcedPinIsAudited) {
+  Decide("llama", 0, 0);
+  CtlResult r = Ctl({"pin", "llama", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, Not(HasSubstr("forced")));
+  r = Ctl({"gates", "history", "--job_id=llama", "--limit=1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("PinMode +tp_only until [^\n]*\n"));
+  EXPECT_THAT(r.out, Not(HasSubstr("force")));
+  EXPECT_THAT(r.out, Not(HasSubstr("->")));
+
+  r = Ctl({"pin", "llama", "--mode=tp", "--for=20m", "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(", forced past the memory gate\n"));
+  r = Ctl({"gates", "history", "--job_id=llama", "--limit=1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("PinMode +tp_only until [^ ]+ -> tp_only until [^ ]+ \\(force\\)"));
+
+  r = Ctl({"--output=json", "gates", "history", "--job_id=llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  auto history = ParseJson<v1::ListConfigHistoryResponse>(r.out);
+  ASSERT_EQ(history.entries_size(), 2);
+  EXPECT_TRUE(history.entries(0).force());
+  ASSERT_TRUE(history.entries(0).has_replaced_pin());
+  EXPECT_EQ(history.entries(0).replaced_pin().mode(), v1::TENSOR_PARALLEL_ONLY);
+  EXPECT_FALSE(history.entries(0).replaced_pin().force());
+  EXPECT_FALSE(history.entries(1).force());
+  EXPECT_FALSE(history.entries(1).has_replaced_pin());
+  const std::string log = ReadAll(dir_ / "state" / "audit.log");
+  EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 2) << log;
+  EXPECT_THAT(log.substr(0, log.find('\n')), Not(HasSubstr("\"force\":true")));
+  EXPECT_THAT(log.substr(log.find('\n')), HasSubstr("\"force\":true"));
+
+  // --force is refused where it means nothing, before anything is sent.
+  r = Ctl({"pin", "llama", "--mode=sp", "--for=10m", "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--force applies only to --mode=tp"));
+  r = Ctl({"unpin", "llama", "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("unpin removes pins and has no --force"));
+
+  r = Ctl({"unpin", "llama"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  r = Ctl({"gates", "history", "--job_id=llama", "--limit=1"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("Unpin +removed 1: tp_only until [^ ]+ \\(force\\)"));
 }
 
 // mTLS: the daemon requires a client certificate signed by the test CA.
