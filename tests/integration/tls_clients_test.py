@@ -15,7 +15,6 @@ same four flags, --tls_ca, --tls_cert, --tls_key, --tls_server_name:
 Usage: tls_clients_test.py --spgated=BIN --worker=BIN --sim=BIN --mpirun=BIN
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -26,15 +25,10 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "demo"))
 import spgate_reflect as sr  # noqa: E402
+from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns  # noqa: E402
 
 ARGS = None
 MAKE_CERTS = os.path.join(HERE, "..", "testing", "make_test_certs.sh")
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OPENBLAS_NUM_THREADS="1")
-WORKER_SMALL = ["--tp=2", "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
-                "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024"]
-STEPS = 12
 
 
 def make_certs(directory):
@@ -44,16 +38,11 @@ def make_certs(directory):
         raise RuntimeError(f"make_test_certs.sh failed ({r.returncode}): {r.stderr}")
 
 
-def decision_rows(path):
-    with open(path) as f:
-        lines = f.read().splitlines()
-    assert lines[0] == "step,mode,reason,source", lines[0]
-    return [line.split(",") for line in lines[1:]]
 
-
-class TlsClientsTest(unittest.TestCase):
+class TlsClientsTest(ClientRuns, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        cls.args = ARGS
         cls.tmp = tempfile.mkdtemp(prefix="spgate-tls-clients-")
         make_certs(cls.tmp)
         cls.daemon = sr.SpgatedProcess(ARGS.spgated, extra_args=[
@@ -73,62 +62,32 @@ class TlsClientsTest(unittest.TestCase):
     def p(cls, name):
         return os.path.join(cls.tmp, name)
 
-    def run_worker(self, name, tls_flags, extra):
-        prefix, summary = self.p(f"{name}.decisions"), self.p(f"{name}.summary.json")
-        cmd = [ARGS.mpirun, "--oversubscribe", "-np", "2", ARGS.worker, *WORKER_SMALL,
-               f"--controller={self.daemon.worker_address}", f"--job_id={name}",
-               f"--steps={STEPS}", f"--decision_log={prefix}", f"--summary_json={summary}",
-               *tls_flags, *extra]
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
-        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
-        with open(summary) as f:
-            s = json.load(f)
-        logs = [decision_rows(f"{prefix}.rank{rank}.csv") for rank in range(2)]
-        self.assertEqual(logs[1], logs[0], "the two ranks of the group ran different decisions")
-        self.assertEqual(s["steps"], STEPS)
-        self.assertEqual(s["consistency_violations"], 0)
-        self.assertEqual(len(logs[0]), STEPS)
-        return s, logs[0], r.stderr
-
-    def run_sim(self, name, tls_flags, extra):
-        summary = self.p(f"{name}.sim.json")
-        cmd = [ARGS.sim, f"--controller={self.daemon.worker_address}", f"--job_id={name}",
-               "--groups=2", "--tp=2", f"--steps={STEPS}", "--steps_per_s=40",
-               f"--summary_json={summary}", *tls_flags, *extra]
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
-        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
-        with open(summary) as f:
-            s = json.load(f)
-        self.assertEqual(s["consistency_violations"], 0)
-        decided = sum(n for reasons in s["decisions"].values() for n in reasons.values())
-        self.assertEqual(decided, 2 * STEPS, s["decisions"])  # one decision per group and step
-        return s, decided, r.stderr
-
     def test_worker_with_mtls_gets_the_daemons_decisions(self):
         # A generous deadline: on a loaded machine a late answer would be a (correct)
         # fallback, and this test is about the handshake, not latency.
-        s, rows, err = self.run_worker("tls-worker", self.mtls,
-                                       ["--decision_deadline=5s", "--connect_timeout=30s"])
+        s, rows, err = self.run_worker(
+            "tls-worker", [*self.mtls, "--decision_deadline=5s", "--connect_timeout=30s"])
         self.assertEqual(s["local_decisions"], 0, err)
         self.assertEqual({row[3] for row in rows}, {"daemon"}, rows)
 
     def test_worker_without_a_client_certificate_is_refused_and_falls_back(self):
-        s, rows, err = self.run_worker("tls-worker-nocert", self.no_client_cert,
-                                       ["--decision_deadline=50ms", "--connect_timeout=1s"])
+        s, rows, err = self.run_worker(
+            "tls-worker-nocert",
+            [*self.no_client_cert, "--decision_deadline=50ms", "--connect_timeout=1s"])
         self.assertEqual(s["local_decisions"], STEPS, err)
         self.assertEqual({(row[2], row[3]) for row in rows},
                          {("controller_unavailable", "fallback")}, rows)
         self.assertIn("not connected", err)
 
     def test_sim_with_mtls_gets_the_daemons_decisions(self):
-        s, decided, err = self.run_sim("tls-sim", self.mtls,
-                                       ["--deadline=5s", "--connect_timeout=30s"])
+        s, decided, err = self.run_sim(
+            "tls-sim", [*self.mtls, "--deadline=5s", "--connect_timeout=30s"])
         self.assertEqual(s["local_decisions"], 0, err)
         self.assertEqual(s["decision_sources"], {"daemon": decided}, err)
 
     def test_sim_without_a_client_certificate_is_refused_and_falls_back(self):
-        s, decided, err = self.run_sim("tls-sim-nocert", self.no_client_cert,
-                                       ["--deadline=50ms", "--connect_timeout=1s"])
+        s, decided, err = self.run_sim(
+            "tls-sim-nocert", [*self.no_client_cert, "--deadline=50ms", "--connect_timeout=1s"])
         self.assertEqual(s["local_decisions"], decided, err)
         self.assertEqual(s["decision_sources"], {"fallback": decided}, err)
 

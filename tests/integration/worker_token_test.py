@@ -13,7 +13,6 @@ and spgate-sim dialling it with --worker_token_file:
 Usage: worker_token_test.py --spgated=BIN --worker=BIN --sim=BIN --mpirun=BIN
 """
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -24,26 +23,16 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "demo"))
 import spgate_reflect as sr  # noqa: E402
+from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns  # noqa: E402
 
 ARGS = None
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1",
-           OMPI_MCA_btl_vader_single_copy_mechanism="none", OPENBLAS_NUM_THREADS="1")
-WORKER_SMALL = ["--tp=2", "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
-                "--lengths=bimodal:short=64,long=512,p_long=0.3", "--tokens_per_batch=1024"]
-STEPS = 12
 
 
-def decision_rows(path):
-    with open(path) as f:
-        lines = f.read().splitlines()
-    assert lines[0] == "step,mode,reason,source", lines[0]
-    return [line.split(",") for line in lines[1:]]
 
-
-class WorkerTokenTest(unittest.TestCase):
+class WorkerTokenTest(ClientRuns, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        cls.args = ARGS
         cls.tmp = tempfile.mkdtemp(prefix="spgate-worker-token-")
         with open(cls.p("token"), "w") as f:
             f.write("tenant-a-0123456789abcdef\n")
@@ -62,36 +51,6 @@ class WorkerTokenTest(unittest.TestCase):
     @classmethod
     def p(cls, name):
         return os.path.join(cls.tmp, name)
-
-    def run_worker(self, name, extra):
-        prefix, summary = self.p(f"{name}.decisions"), self.p(f"{name}.summary.json")
-        cmd = [ARGS.mpirun, "--oversubscribe", "-np", "2", ARGS.worker, *WORKER_SMALL,
-               f"--controller={self.daemon.worker_address}", f"--job_id={name}",
-               f"--steps={STEPS}", f"--decision_log={prefix}", f"--summary_json={summary}",
-               *extra]
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
-        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
-        with open(summary) as f:
-            s = json.load(f)
-        logs = [decision_rows(f"{prefix}.rank{rank}.csv") for rank in range(2)]
-        self.assertEqual(logs[1], logs[0], "the two ranks of the group ran different decisions")
-        self.assertEqual(s["steps"], STEPS)
-        self.assertEqual(len(logs[0]), STEPS)
-        return s, logs[0], r.stderr
-
-    def run_sim(self, name, extra):
-        summary = self.p(f"{name}.sim.json")
-        cmd = [ARGS.sim, f"--controller={self.daemon.worker_address}", f"--job_id={name}",
-               "--groups=2", "--tp=2", f"--steps={STEPS}", "--steps_per_s=40",
-               f"--summary_json={summary}", *extra]
-        r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=180)
-        self.assertEqual(r.returncode, 0, f"{cmd}\n{r.stdout}\n{r.stderr}")
-        with open(summary) as f:
-            s = json.load(f)
-        self.assertEqual(s["consistency_violations"], 0)
-        decided = sum(n for reasons in s["decisions"].values() for n in reasons.values())
-        self.assertEqual(decided, 2 * STEPS, s["decisions"])
-        return s, decided, r.stderr
 
     def test_worker_with_the_token_gets_the_daemons_decisions(self):
         s, rows, err = self.run_worker("token-worker", [
