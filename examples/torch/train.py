@@ -38,6 +38,7 @@ import math
 import os
 import random
 import socket
+import statistics
 import uuid
 import sys
 import time
@@ -337,7 +338,7 @@ def summarize(args, world, per_rank):
     decisions, sources, by_mode_steps = {}, {}, {}
     step_times, time_sum, peaks, padding, eff_tokens, cv_sum = {}, {}, {}, {}, {}, {}
     rate = {}
-    per_token_switch, per_token_steady = {}, {}  # mode -> [seconds per token summed, steps]
+    per_token_switch, per_token_steady = {}, {}  # mode -> [seconds per token of each step]
     rs_share, ag_tail, decision_wait = [], [], []
     violations, local, leader_wait_max = 0, 0, 0.0
     for g in range(groups):
@@ -359,10 +360,8 @@ def summarize(args, world, per_rank):
                 peaks[key] = max(peaks.get(key, 0), max(r["peak"] for r in recs))
             if i > 0 and lead["tokens"] > 0:
                 switched = ranks[0][i - 1]["mode"] != mode
-                bucket = (per_token_switch if switched else per_token_steady).setdefault(
-                    mode, [0.0, 0])
-                bucket[0] += t_max / lead["tokens"]
-                bucket[1] += 1
+                (per_token_switch if switched else per_token_steady).setdefault(
+                    mode, []).append(t_max / lead["tokens"])
             decisions.setdefault(mode, {}).setdefault(lead["reason"], 0)
             decisions[mode][lead["reason"]] += 1
             sources[lead["source"]] = sources.get(lead["source"], 0) + 1
@@ -386,11 +385,11 @@ def summarize(args, world, per_rank):
             if g_time[key] > 0:
                 rate[key] = rate.get(key, 0.0) + n / g_time[key]
     switch_steps, switch_cost = {}, {}
-    for mode, (sec, n) in per_token_switch.items():
-        switch_steps[mode] = n
-        steady = per_token_steady.get(mode)
-        switch_cost[mode] = ((sec / n) / (steady[0] / steady[1])
-                             if steady and steady[1] > 0 and steady[0] > 0 else 0.0)
+    for mode, firsts in per_token_switch.items():
+        # Medians, as spgate-worker: one preempted step must not decide the figure.
+        switch_steps[mode] = len(firsts)
+        steady = statistics.median(per_token_steady[mode]) if per_token_steady.get(mode) else 0
+        switch_cost[mode] = statistics.median(firsts) / steady if steady > 0 else 0.0
     counters = [r["counters"] for r in per_rank]
     sent = sum(c["telemetry_sent"] for c in counters)
     acked = sum(c["telemetry_acked"] for c in counters)
