@@ -225,6 +225,8 @@ TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
 
   // Daemon gone: every decision is the local policy's, at once, and identical on all
   // ranks.
+  std::vector<int64_t> opened_before;
+  for (auto& c : g.clients) opened_before.push_back(c->stats().streams_opened);
   StopDaemon();
   const absl::Time start = absl::Now();
   ASSERT_NO_FATAL_FAILURE(g.Run(20, 120, mixed));
@@ -241,15 +243,18 @@ TEST_F(GateClientE2ETest, DaemonAwayThenBack) {
   const int64_t local_count = g.clients[0]->stats().local_decisions;
   EXPECT_GE(local_count, 99);
   EXPECT_LE(local_count, 100);
-  // While the daemon is away the clients try to reconnect (with backoff; several tries
-  // in this second and a half). Each try opens a stream whose first write fails, and the
-  // telemetry reported meanwhile must stay buffered through them, not go out on those
-  // doomed writes: at most what was in flight when the daemon stopped counts as sent.
+  // While the daemon is away the clients try to reconnect (backoff 0.1 s, 0.2 s, 0.4 s, ...:
+  // about three tries in this second and a half). Each try opens a stream whose first
+  // write fails, and the telemetry reported meanwhile must stay buffered through them, not
+  // go out on those doomed writes: at most what was in flight when the daemon stopped
+  // counts as sent.
   absl::SleepFor(absl::Milliseconds(1500));
-  for (auto& c : g.clients) {
-    const GateClientStats st = c->stats();
-    EXPECT_GE(st.streams_opened, 3) << "the clients did not retry while the daemon was away";
-    EXPECT_LE(st.telemetry_sent, 22) << "records went out on streams the daemon never answered";
+  for (size_t r = 0; r < g.clients.size(); ++r) {
+    const GateClientStats st = g.clients[r]->stats();
+    EXPECT_GT(st.streams_opened, opened_before[r])
+        << "rank " << r << " did not retry while the daemon was away";
+    EXPECT_LE(st.telemetry_sent, 22) << "rank " << r
+                                     << ": records went out on streams the daemon never answered";
   }
 
   // Back on the same port: the clients reconnect (new sessions) in bounded time and the
