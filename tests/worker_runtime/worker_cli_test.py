@@ -149,6 +149,35 @@ class LocalRunTest(unittest.TestCase):
             self.assertEqual(s["decisions"], {label: {"pinned": 4}})
             self.assertEqual(s["local_decisions"], 0)
 
+    def test_memory_budget_gates_tp_only(self):
+        # The same seeded batches three ways (tp=2, one group, local policy). First forced
+        # SP, for the largest SP peak the memory model predicts for them; then with a
+        # budget whose headroom (0.9, the default memory_headroom) just holds that: SP
+        # always fits, TP-only (full-sequence activations) only on the smaller batches, so
+        # the memory gate must turn some of the length gate's TP-only choices into SP and
+        # no step may go over; then with a budget nothing fits.
+        common = SMALL + ["--tp=2", "--lengths=bimodal:short=40,long=400,p_long=0.25,jitter=0.05",
+                          "--tokens_per_batch=800", "--steps=16", "--seed=5"]
+        def summary_of(name, extra):
+            path = os.path.join(self.tmp, f"{name}.json")
+            r = run(common + extra + [f"--summary_json={path}"], np=2)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(path) as f:
+                return json.load(f)
+        sp = summary_of("sp", ["--mode=sp"])
+        max_sp = sp["predicted_peak_memory_bytes"]["sp"]
+        budget = int(max_sp / 0.9) + 1
+        s = summary_of("budget", [f"--memory_budget={budget}"])
+        self.assertEqual(s["consistency_violations"], 0)
+        self.assertGreater(s["decisions"]["sp"].get("memory_requires_sp", 0), 0, s["decisions"])
+        self.assertNotIn("memory_over_budget", s["decisions"].get("sp", {}))
+        # Measured, not predicted: no step's peak went over budget x headroom.
+        self.assertLessEqual(s["peak_memory_bytes"]["all"], 0.9 * budget, s["peak_memory_bytes"])
+        for reason in s["decisions"].get("tp_only", {}):  # a threshold gate chose it
+            self.assertIn(reason, ("length_cv", "rs_wait"), s["decisions"])
+        tiny = summary_of("tiny", ["--memory_budget=1024"])
+        self.assertEqual(tiny["decisions"], {"sp": {"memory_over_budget": 16}})
+
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
