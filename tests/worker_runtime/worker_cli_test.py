@@ -3,7 +3,8 @@
 refused with exit status 2 and a message naming the flag; a 4-rank job (tp=2, dp=2)
 under mpirun with --verify writes the summary keys of docs/design.md §5, runs both
 modes on a bimodal length mix with the local policy, keeps every TP group consistent,
-matches SP to TP-only within tolerance, and writes one decision log per global rank.
+matches SP to TP-only within tolerance, and writes one decision log per global rank;
+with --memory_budget the memory gate keeps every step's measured peak under budget.
 
 Usage: worker_cli_test.py --worker=BIN --mpirun=BIN
 """
