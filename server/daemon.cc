@@ -285,9 +285,13 @@ absl::Status Daemon::Impl::Start() {
                                           &health_port));
   }
   SetServing(true);
-  const absl::Duration period = std::min(opts.heartbeat_interval, absl::Seconds(1));
+  const absl::Duration period =
+      std::min({opts.heartbeat_interval, opts.first_message_timeout / 2, absl::Seconds(1)});
   sweeper = std::thread([this, period] {
-    while (!stop_sweeper.WaitForNotificationWithTimeout(period)) state->Sweep();
+    while (!stop_sweeper.WaitForNotificationWithTimeout(period)) {
+      state->Sweep();
+      streams.ExpireSilent(absl::Now() - opts.first_message_timeout, metrics.get());
+    }
   });
   if (!opts.config_path.empty() && opts.config_poll_interval > absl::ZeroDuration()) {
     config_poller = std::thread([this] {

@@ -51,6 +51,7 @@ struct DaemonOptions {
   int max_concurrent_streams_per_connection = kDefaultMaxConcurrentStreamsPerConnection;
   int max_streams = kDefaultMaxStreams;              // Connect + WatchDecisions, in total
   int max_watch_streams = kDefaultMaxWatchStreams;
+  absl::Duration first_message_timeout = kDefaultFirstMessageTimeout;  // Connect streams
   int max_sessions_per_job = kDefaultMaxSessionsPerJob;
   int max_sequences_per_plan = kDefaultMaxSequencesPerPlan;
   double max_plans_per_second = kDefaultMaxPlansPerSecond;          // per session; 0: off

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "absl/time/time.h"
+
 namespace spgate::server {
 
 // Decisions each TP group keeps for idempotent retries (the newest ones; a retry of an
@@ -28,6 +30,9 @@ inline constexpr int kDefaultMaxConcurrentStreamsPerConnection = 64;
 // Connect and WatchDecisions streams open at once over the whole daemon.
 inline constexpr int kDefaultMaxStreams = 16384;
 inline constexpr int kDefaultMaxWatchStreams = 64;
+// A Connect stream must name its session in its first message within this long, or it
+// is ended (DEADLINE_EXCEEDED): a shipped client sends it as the stream opens.
+inline constexpr absl::Duration kDefaultFirstMessageTimeout = absl::Seconds(10);
 // Worker sessions (registered ranks) one job may hold.
 inline constexpr int kDefaultMaxSessionsPerJob = 16384;
 // Sequences in one batch plan (the policy's own bound on a batch is 2^20).

@@ -58,6 +58,8 @@ ABSL_FLAG(int, max_streams, spgate::server::kDefaultMaxStreams,
           "Connect and WatchDecisions streams open at once, in total");
 ABSL_FLAG(int, max_watch_streams, spgate::server::kDefaultMaxWatchStreams,
           "WatchDecisions streams open at once");
+ABSL_FLAG(absl::Duration, first_message_timeout, spgate::server::kDefaultFirstMessageTimeout,
+          "A Connect stream that names no session within this long is ended");
 ABSL_FLAG(int, max_sessions_per_job, spgate::server::kDefaultMaxSessionsPerJob,
           "Worker sessions (registered ranks) per job");
 ABSL_FLAG(int, max_sequences_per_plan, spgate::server::kDefaultMaxSequencesPerPlan,
@@ -121,6 +123,7 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
   opts.max_streams = absl::GetFlag(FLAGS_max_streams);
   opts.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
+  opts.first_message_timeout = absl::GetFlag(FLAGS_first_message_timeout);
   opts.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
   opts.max_sequences_per_plan = absl::GetFlag(FLAGS_max_sequences_per_plan);
   opts.max_plans_per_second = absl::GetFlag(FLAGS_max_plans_per_second);
@@ -128,13 +131,15 @@ int main(int argc, char** argv) {
   opts.min_ping_interval_ms =
       static_cast<int>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_min_ping_interval)));
   opts.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
-  if (opts.forget_after <= absl::ZeroDuration() || opts.max_receive_message_bytes < 1024 ||
+  if (opts.forget_after <= absl::ZeroDuration() ||
+      opts.first_message_timeout <= absl::ZeroDuration() || opts.max_receive_message_bytes < 1024 ||
       opts.max_concurrent_streams_per_connection < 1 || opts.max_streams < 1 ||
       opts.max_watch_streams < 0 || opts.max_sessions_per_job < 1 ||
       opts.max_sequences_per_plan < 1 || opts.max_sequences_per_plan > (1 << 20) ||
       !(opts.max_plans_per_second >= 0) || !(opts.max_telemetry_per_second >= 0) ||
       opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
     std::cerr << "spgated: a limit flag is out of range: --forget_after > 0, "
+                 "--first_message_timeout > 0, "
                  "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
                  "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
                  "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "

@@ -50,6 +50,7 @@ std::string_view LimitLabel(Limit limit) {
     case Limit::kStreams: return "streams";
     case Limit::kWatchStreams: return "watch_streams";
     case Limit::kItemsPerMessage: return "items_per_message";
+    case Limit::kFirstMessage: return "first_message";
   }
   return "unknown";
 }

@@ -37,8 +37,9 @@ enum class Limit {
   kStreams,
   kWatchStreams,
   kItemsPerMessage,
+  kFirstMessage,
 };
-inline constexpr int kNumLimits = 9;
+inline constexpr int kNumLimits = 10;
 std::string_view LimitLabel(Limit limit);
 
 // One job's series, created when the job first appears and removed with it.

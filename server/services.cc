@@ -113,6 +113,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
         return;
       }
       session_ = *std::move(session);
+      attached_.store(true, std::memory_order_release);
     }
     if (in_.plans_size() > kMaxItemsPerMessage || in_.telemetry_size() > kMaxItemsPerMessage) {
       // The shipped clients send at most 1024 plans and 512 records a message; more is
@@ -245,6 +246,15 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     FinishWhenIdle(grpc::Status(grpc::StatusCode::UNAVAILABLE, "spgated is shutting down"));
   }
 
+  // A stream holds one of --max_streams from its start; one that never names its session
+  // would hold it until its connection closes (docs/design.md §10).
+  bool ExpireIfSilentSince(absl::Time cutoff) override {
+    if (attached_.load(std::memory_order_acquire) || opened_ >= cutoff) return false;
+    return FinishWhenIdle(grpc::Status(
+        grpc::StatusCode::DEADLINE_EXCEEDED,
+        "no first message (the session id) within --first_message_timeout"));
+  }
+
   void OnDone() override {
     [[maybe_unused]] CallbackScope scope;
     Acquire();
@@ -278,11 +288,12 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     return n;
   }
 
-  void FinishWhenIdle(grpc::Status status) {
+  // False when a finish was already requested.
+  bool FinishWhenIdle(grpc::Status status) {
     bool now = false;
     {
       MutexLock lock(&mu_);
-      if (finish_requested_) return;
+      if (finish_requested_) return false;
       finish_requested_ = true;
       finish_status_ = std::move(status);
       if (!writing_) {
@@ -291,6 +302,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       }
     }
     if (now) Finish(finish_status_);
+    return true;
   }
 
   GateState* const state_;
@@ -298,6 +310,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   StreamRegistry* const streams_;
   std::shared_ptr<ConnectSink> sink_;
   std::shared_ptr<Session> session_;  // set by the first message; reactor thread only
+  std::atomic<bool> attached_{false};  // session_ is set (read by the sweeper)
+  const absl::Time opened_ = absl::Now();
   v1::WorkerMessage in_;
   Clock::time_point last_touch_{};
 
@@ -490,6 +504,19 @@ void StreamRegistry::DrainAll() {
   // Drain only requests a Finish; OnDone (which calls Remove) runs later on another
   // thread, so holding the lock here cannot deadlock.
   for (Stream* s : streams_) s->Drain();
+}
+
+int StreamRegistry::ExpireSilent(absl::Time cutoff, Metrics* metrics) {
+  int expired = 0;
+  {
+    MutexLock lock(&mu_);
+    // As in DrainAll: expiring only requests a Finish, so the lock cannot deadlock.
+    for (Stream* s : streams_) expired += s->ExpireIfSilentSince(cutoff) ? 1 : 0;
+  }
+  if (metrics != nullptr && expired > 0) {
+    metrics->LimitRefusals(Limit::kFirstMessage).Increment(expired);
+  }
+  return expired;
 }
 
 int StreamRegistry::size() {

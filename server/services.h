@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/time/time.h"
 #include "common/mutex.h"
 #include "server/admin_auth.h"
 #include "server/gate_state.h"
@@ -28,6 +29,9 @@ class StreamRegistry {
    public:
     virtual ~Stream() = default;
     virtual void Drain() = 0;  // finish with UNAVAILABLE soon; must not block
+    // Ends the stream (soon; must not block) when it was opened before `cutoff` and has
+    // not yet named its session; true when it did.
+    virtual bool ExpireIfSilentSince(absl::Time cutoff) { return false; }
   };
   enum class Kind { kConnect, kWatch };
 
@@ -38,6 +42,9 @@ class StreamRegistry {
   void Add(Stream* s);
   void Remove(Stream* s, Kind kind);
   void DrainAll();
+  // Ends the streams opened before `cutoff` that have sent no first message, and counts
+  // them (limit="first_message"); returns how many (docs/design.md §10).
+  int ExpireSilent(absl::Time cutoff, Metrics* metrics);
   int size();
 
  private:

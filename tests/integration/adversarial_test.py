@@ -65,6 +65,7 @@ LIMITS = {
     "max_plans_per_second": 200,        # bursts of 400
     "max_telemetry_per_second": 1000,
     "max_jobs": 256,
+    "first_message_timeout": "2s",
 }
 
 
@@ -419,21 +420,37 @@ class Campaign:
 
     def stream_cap_case(self):
         """Half-open Connect streams (opened, nothing ever sent) until --max_streams
-        refuses one; they are admitted when the call starts. Then they are closed."""
+        refuses one; they are admitted when the call starts. The admitted ones are ended
+        by --first_message_timeout (2 s here), freeing their slots."""
         channel = grpc.insecure_channel(self.d.worker_address)
         gate = sr.DynamicService(channel, self.gate.reflection, "spgate.v1.GateService")
+        opened = time.monotonic()
         streams = [gate.bidi("Connect", timeout=30) for _ in range(LIMITS["max_streams"] + 4)]
         time.sleep(1.0)   # admitted ones stay silent; refused ones end at once
-        admitted, refused, other = 0, 0, []
+        admitted, refused, other, held = 0, 0, [], []
         for st in streams:
             try:
                 st.recv(timeout=0.01)
                 other.append("a message")
             except TimeoutError:
                 admitted += 1
+                held.append(st)
             except grpc.RpcError as e:
                 if e.code() == C.RESOURCE_EXHAUSTED:
                     refused += 1
+                else:
+                    other.append(e.code().name)
+        # Past the timeout (plus the sweeper's period), each silent stream has ended.
+        expired = 0
+        for st in held:
+            try:
+                st.recv(timeout=max(0.1, opened + 5.0 - time.monotonic()))
+                other.append("a message")
+            except TimeoutError:
+                other.append("still open after --first_message_timeout")
+            except grpc.RpcError as e:
+                if e.code() == C.DEADLINE_EXCEEDED and "first_message_timeout" in (e.details() or ""):
+                    expired += 1
                 else:
                     other.append(e.code().name)
         for st in streams:
@@ -441,7 +458,7 @@ class Campaign:
         channel.close()
         self.t.record("Connect/half-open streams past --max_streams", OK,
                       OK if refused >= 1 and admitted >= 1 and not other else C.UNKNOWN,
-                      f"admitted={admitted} refused={refused} other={other}")
+                      f"admitted={admitted} refused={refused} expired={expired} other={other}")
         time.sleep(0.5)   # their slots come back as the daemon sees the cancels
         return admitted, refused
 
@@ -856,7 +873,7 @@ def main():
             failures.append(f"the daemon took over 10 ms for more than 1% of its decisions: "
                             f"{daemon_latency}")
         for limit in ("sessions_per_job", "sequences_per_plan", "plan_rate", "telemetry_rate",
-                      "streams", "watch_streams", "items_per_message"):
+                      "streams", "watch_streams", "items_per_message", "first_message"):
             if metrics.get(limit, 0) < 1:
                 failures.append(f"spgate_limit_refusals_total{{limit=\"{limit}\"}} is "
                                 f"{metrics.get(limit)}: the campaign should have reached it")

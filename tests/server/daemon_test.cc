@@ -773,6 +773,52 @@ TEST_F(DaemonTest, StreamsPerConnectionAreCappedOnThatConnectionOnly) {
   EXPECT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &out).ok());
 }
 
+// A Connect stream that never names its session is ended after --first_message_timeout,
+// and its slot under --max_streams comes back; a stream that names it stays.
+TEST_F(DaemonTest, ASilentStreamIsEndedAndGivesBackItsSlot) {
+  DaemonOptions opts;
+  opts.max_streams = 1;
+  opts.first_message_timeout = absl::Milliseconds(300);
+  Start(opts);
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  grpc::ClientContext silent_ctx;
+  silent_ctx.set_deadline(Deadline(10000));
+  const absl::Time opened = absl::Now();
+  auto silent = worker_->Connect(&silent_ctx);  // admitted: it holds the only slot
+  v1::DaemonMessage in;
+  EXPECT_FALSE(silent->Read(&in));
+  grpc::Status s = silent->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("--first_message_timeout"));
+  EXPECT_GE(absl::Now() - opened, absl::Milliseconds(250));
+  EXPECT_LT(absl::Now() - opened, absl::Seconds(5));
+
+  // The slot is free again, and a stream that names its session outlives the timeout.
+  ASSERT_TRUE(Eventually([&] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(Deadline(10000));
+    auto st = worker_->Connect(c.get());
+    v1::WorkerMessage hello;
+    hello.set_session_id(reg.session_id());
+    hello.mutable_heartbeat();
+    st->Write(hello);
+    if (!st->Read(&in)) {
+      st->Finish();
+      return false;
+    }
+    absl::SleepFor(absl::Milliseconds(900));  // three timeouts
+    hello.clear_session_id();
+    const bool alive = st->Write(hello) && st->Read(&in) && in.has_ack();
+    c->TryCancel();
+    st->Finish();
+    return alive;
+  }));
+  const std::string metrics = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
+  EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_limit_refusals_total",
+                                           {"limit=\"first_message\""}),
+            1);
+}
+
 TEST_F(DaemonTest, StreamLimitsRefuseWithResourceExhaustedAndFreeTheirSlot) {
   DaemonOptions opts;
   opts.max_streams = 2;
