@@ -10,11 +10,11 @@
 # switch costs").
 #
 # Usage: bench/switch_cost.sh [BUILD_DIR] [OUTDIR]
-# Environment: ROUNDS (6), STEPS (160), TURN (8), MPIRUN (mpirun).
+# Environment: ROUNDS (8), STEPS (160), TURN (8), MPIRUN (mpirun).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 out=${2:-bench/results}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 exec /usr/bin/env python3 "$root/bench/worker/switch_cost.py" --build="$build" --out="$out" \
-  --rounds="${ROUNDS:-6}" --steps="${STEPS:-160}" --turn="${TURN:-8}" --mpirun="${MPIRUN:-mpirun}"
+  --rounds="${ROUNDS:-8}" --steps="${STEPS:-160}" --turn="${TURN:-8}" --mpirun="${MPIRUN:-mpirun}"

@@ -44,7 +44,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=160)
     ap.add_argument("--turn", type=int, default=8)
     ap.add_argument("--mpirun", default="mpirun")
