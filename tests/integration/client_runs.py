@@ -7,6 +7,7 @@ decisions, every step and group was decided, no consistency violation).
 A test class using ClientRuns sets `args` (with .worker, .sim, .mpirun), `daemon` (with
 .worker_address) and a `p(name)` path helper.
 """
+import argparse
 import json
 import os
 import subprocess
@@ -59,3 +60,12 @@ class ClientRuns:
         decided = sum(n for reasons in s["decisions"].values() for n in reasons.values())
         self.assertEqual(decided, 2 * STEPS, s["decisions"])  # one per group and step
         return s, decided, r.stderr
+
+
+def parse_binaries(argv):
+    """--spgated, --worker, --sim and --mpirun from `argv` (CMake passes the built
+    binaries); returns (those, the arguments left for unittest)."""
+    parser = argparse.ArgumentParser()
+    for flag in ("spgated", "worker", "sim", "mpirun"):
+        parser.add_argument(f"--{flag}", required=True)
+    return parser.parse_known_args(argv)

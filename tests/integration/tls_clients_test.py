@@ -14,7 +14,6 @@ same four flags, --tls_ca, --tls_cert, --tls_key, --tls_server_name:
 
 Usage: tls_clients_test.py --spgated=BIN --worker=BIN --sim=BIN --mpirun=BIN
 """
-import argparse
 import os
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "demo"))
 import spgate_reflect as sr  # noqa: E402
-from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns  # noqa: E402
+from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns, parse_binaries  # noqa: E402
 
 ARGS = None
 MAKE_CERTS = os.path.join(HERE, "..", "testing", "make_test_certs.sh")
@@ -139,10 +138,7 @@ class BadTlsFlagsTest(unittest.TestCase):
 
 def main():
     global ARGS
-    parser = argparse.ArgumentParser()
-    for flag in ("spgated", "worker", "sim", "mpirun"):
-        parser.add_argument(f"--{flag}", required=True)
-    ARGS, rest = parser.parse_known_args()
+    ARGS, rest = parse_binaries(sys.argv[1:])
     unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
 
 
