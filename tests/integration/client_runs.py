@@ -4,12 +4,14 @@ spgate-worker (2 ranks, one TP group) or spgate-sim against `self.daemon` and re
 the summary after the checks every such run must pass (the ranks ran the same
 decisions, every step and group was decided, no consistency violation).
 
-A test class using ClientRuns sets `args` (with .worker, .sim, .mpirun), `daemon` (with
-.worker_address) and a `p(name)` path helper.
+A test class using ClientRuns sets `args` (with .worker, .sim, .mpirun), `tmp` (a
+folder it owns) and `daemon` (with .worker_address and .kill()) in setUpClass; the mixin
+provides `p(name)` and the tearDownClass that kills the daemon and removes `tmp`.
 """
 import argparse
 import json
 import os
+import shutil
 import subprocess
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -28,6 +30,16 @@ def decision_rows(path):
 
 
 class ClientRuns:
+    @classmethod
+    def tearDownClass(cls):
+        cls.daemon.kill()
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    @classmethod
+    def p(cls, name):
+        """A path in the class's temporary folder (`cls.tmp`)."""
+        return os.path.join(cls.tmp, name)
+
     def run_worker(self, name, extra):
         """Returns (summary, rank 0's decision rows, stderr)."""
         prefix, summary = self.p(f"{name}.decisions"), self.p(f"{name}.summary.json")

@@ -140,14 +140,8 @@ class Daemon:
         self.proc.send_signal(signal.SIGCONT)
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc:
+            proc_util.stop(self.proc)
 
     def metrics(self):
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",

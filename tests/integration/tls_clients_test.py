@@ -52,15 +52,6 @@ class TlsClientsTest(ClientRuns, unittest.TestCase):
                     f"--tls_key={cls.p('client.key')}", "--tls_server_name=localhost"]
         cls.no_client_cert = [f"--tls_ca={cls.p('ca.pem')}", "--tls_server_name=localhost"]
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.kill()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    @classmethod
-    def p(cls, name):
-        return os.path.join(cls.tmp, name)
-
     def test_worker_with_mtls_gets_the_daemons_decisions(self):
         # A generous deadline: on a loaded machine a late answer would be a (correct)
         # fallback, and this test is about the handshake, not latency.

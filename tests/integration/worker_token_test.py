@@ -13,7 +13,6 @@ and spgate-sim dialling it with --worker_token_file:
 Usage: worker_token_test.py --spgated=BIN --worker=BIN --sim=BIN --mpirun=BIN
 """
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,15 +40,6 @@ class WorkerTokenTest(ClientRuns, unittest.TestCase):
             f.write(" \n")
         cls.daemon = sr.SpgatedProcess(ARGS.spgated, extra_args=[
             f"--worker_token_file={cls.p('token')}"]).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.daemon.kill()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
-
-    @classmethod
-    def p(cls, name):
-        return os.path.join(cls.tmp, name)
 
     def test_worker_with_the_token_gets_the_daemons_decisions(self):
         s, rows, err = self.run_worker("token-worker", [

@@ -76,13 +76,6 @@ class Daemon:
         self.proc.wait()
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        proc_util.stop(self.proc)
         self.proc.stderr.close()
         shutil.rmtree(self.state_dir, ignore_errors=True)

@@ -5,6 +5,7 @@ Import with the folder on sys.path:
     import proc_util
 """
 import signal
+import subprocess
 import time
 
 
@@ -30,3 +31,17 @@ def data_lines(path):
             return f.read().splitlines()[1:]
     except FileNotFoundError:
         return []
+
+
+def stop(proc, timeout=20):
+    """Ends `proc` if it still runs: SIGCONT (it may be frozen), SIGTERM, and SIGKILL if it
+    has not exited within `timeout` s."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGCONT)
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
