@@ -56,6 +56,23 @@ def merge_flags(trace_flags, regime_flags):
     return trace_flags + [f for f in regime_flags if f.split("=")[0] not in names]
 
 
+def set_shift(steps):
+    """Places the shifting trace's change halfway through a run of `steps` steps (about
+    four sequences per 16k-token batch at mean 4096); returns the sequence it shifts at."""
+    shift_after = steps * 4 // 2
+    TRACES["shift"] = ([f"--lengths=shift:after={shift_after}|lognormal:mean=4096,sigma=0.3|"
+                        "bimodal:short=512,long=12000,p_long=0.4"], TRACES["shift"][1])
+    return shift_after
+
+
+def grid():
+    """Every cell: (batching, trace, regime, spgate-sim flags). Call set_shift first."""
+    for bname, bflags in BATCHING.items():
+        for tname, (tflags, _) in TRACES.items():
+            for rname, rflags in REGIMES.items():
+                yield bname, tname, rname, merge_flags(tflags, rflags) + bflags
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", required=True)
@@ -64,45 +81,39 @@ def main():
     ap.add_argument("--groups", type=int, default=8)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    # About four sequences per 16k-token batch at mean 4096: the shift lands halfway.
-    shift_after = a.steps * 4 // 2
-    TRACES["shift"] = ([f"--lengths=shift:after={shift_after}|lognormal:mean=4096,sigma=0.3|"
-                        "bimodal:short=512,long=12000,p_long=0.4"], TRACES["shift"][1])
+    shift_after = set_shift(a.steps)
 
     cells, rows = [], []
     misses = 0
-    for bname, bflags in BATCHING.items():
-      for tname, (tflags, _) in TRACES.items():
-        for rname, rflags in REGIMES.items():
-            series = (os.path.join(a.out, "shift_series.csv")
-                      if (bname, tname, rname) == ("packed", "shift", "default") else None)
-            cmp, cmd = run_cell(a.sim, merge_flags(tflags, rflags) + bflags, a.steps, a.groups,
-                                series)
-            tps = {p: cmp[p]["effective_tokens_per_s"] for p in POLICIES}
-            best_fixed_name = max(["sp", "tp_only", "static"], key=lambda p: tps[p])
-            best_fixed = tps[best_fixed_name]
-            oracle_gain = tps["oracle"] / best_fixed - 1
-            captured = (tps["adaptive"] - best_fixed) / (tps["oracle"] - best_fixed) if tps["oracle"] > best_fixed else None
-            p95 = cmp["adaptive"]["step_time_p95_s"] / cmp["static"]["step_time_p95_s"]
-            checks = {
-                ">=0.98 best fixed": tps["adaptive"] >= 0.98 * best_fixed,
-                ">= static": tps["adaptive"] >= tps["static"],
-                "half the gap": captured is None or oracle_gain < 0.03 or captured >= 0.5,
-                "p95 <= 1.02 static": p95 <= 1.02,
-            }
-            miss = [k for k, ok in checks.items() if not ok]
-            misses += bool(miss)
-            cells.append({"batching": bname, "trace": tname, "regime": rname, "command": cmd,
-                          "compare": cmp})
-            rows.append("| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %.4f | %s | %.3f | %d / %d | %s |" % (
-                bname, tname, rname,
-                *("%.4f" % (tps[p] / tps["oracle"]) for p in ["sp", "tp_only", "static", "adaptive"]),
-                "%.4f" % (tps["adaptive"] / best_fixed), best_fixed_name, oracle_gain,
-                # The share of the gap only means something where there is a gap.
-                "%.2f" % captured if captured is not None and oracle_gain >= 0.01 else "-", p95,
-                cmp["adaptive"]["probe_steps"], cmp["adaptive"]["sp_steps"] + cmp["adaptive"]["tp_only_steps"],
-                "all met" if not miss else "MISSED: " + ", ".join(miss)))
-            print(rows[-1], flush=True)
+    for bname, tname, rname, flags in grid():
+        series = (os.path.join(a.out, "shift_series.csv")
+                  if (bname, tname, rname) == ("packed", "shift", "default") else None)
+        cmp, cmd = run_cell(a.sim, flags, a.steps, a.groups, series)
+        tps = {p: cmp[p]["effective_tokens_per_s"] for p in POLICIES}
+        best_fixed_name = max(["sp", "tp_only", "static"], key=lambda p: tps[p])
+        best_fixed = tps[best_fixed_name]
+        oracle_gain = tps["oracle"] / best_fixed - 1
+        captured = (tps["adaptive"] - best_fixed) / (tps["oracle"] - best_fixed) if tps["oracle"] > best_fixed else None
+        p95 = cmp["adaptive"]["step_time_p95_s"] / cmp["static"]["step_time_p95_s"]
+        checks = {
+            ">=0.98 best fixed": tps["adaptive"] >= 0.98 * best_fixed,
+            ">= static": tps["adaptive"] >= tps["static"],
+            "half the gap": captured is None or oracle_gain < 0.03 or captured >= 0.5,
+            "p95 <= 1.02 static": p95 <= 1.02,
+        }
+        miss = [k for k, ok in checks.items() if not ok]
+        misses += bool(miss)
+        cells.append({"batching": bname, "trace": tname, "regime": rname, "command": cmd,
+                      "compare": cmp})
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s (%s) | %.4f | %s | %.3f | %d / %d | %s |" % (
+            bname, tname, rname,
+            *("%.4f" % (tps[p] / tps["oracle"]) for p in ["sp", "tp_only", "static", "adaptive"]),
+            "%.4f" % (tps["adaptive"] / best_fixed), best_fixed_name, oracle_gain,
+            # The share of the gap only means something where there is a gap.
+            "%.2f" % captured if captured is not None and oracle_gain >= 0.01 else "-", p95,
+            cmp["adaptive"]["probe_steps"], cmp["adaptive"]["sp_steps"] + cmp["adaptive"]["tp_only_steps"],
+            "all met" if not miss else "MISSED: " + ", ".join(miss)))
+        print(rows[-1], flush=True)
 
     head = ("| batches | trace | regime | sp | tp_only | static | adaptive | adaptive / best fixed (which) "
             "| oracle gain over best fixed | share of that gap adaptive captured | adaptive p95 / static p95 "

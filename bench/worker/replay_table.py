@@ -10,6 +10,7 @@ the same sequences in different batches.
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -26,6 +27,11 @@ COMMON = ["--tp=4", "--layers=2", "--hidden=64", "--heads=4", "--ffn_hidden=256"
           # as with a fused (flash) kernel, so peak memory shows what SP changes.
           "--attention_query_block=128"]
 
+ADAPTIVE_SP_MEMORY = "spgate adaptive, memory budget at SP's peak"
+# memory_headroom's default (policy/gate_config.h): the gate lets a mode use this share of
+# the budget.
+MEMORY_HEADROOM = 0.90
+
 ROWS = [
     ("pure TP", ["--mode=tp", "--bucketing=false"]),
     ("SP always (gather LN, no bucketing)", ["--mode=sp", "--norm_boundary=gather",
@@ -35,7 +41,13 @@ ROWS = [
                                                   "--bucketing=true"]),
     ("spgate auto", ["--mode=auto", "--norm_boundary=shard", "--bucketing=true"]),
     ("spgate adaptive", ["--mode=auto", "--norm_boundary=shard", "--bucketing=true"]),
+    # The same, with the memory gate's budget where SP's largest step just fits: TP-only
+    # runs (learned, probe or prior) only on batches small enough that it needs no more
+    # than that. The budget comes from a sizing run before the rounds (SP_BUDGET_ROW).
+    (ADAPTIVE_SP_MEMORY, ["--mode=auto", "--norm_boundary=shard", "--bucketing=true"]),
 ]
+ADAPTIVE_ROWS = ("spgate adaptive", ADAPTIVE_SP_MEMORY)
+SP_BUDGET_ROW = "SP + bucketing + LayerNorm kept in shard"
 # The ADAPTIVE row's job config, set on the daemon (spgatectl gates set --job_id=...)
 # before its run. A run is tens of steps, shorter than learning takes at the defaults
 # (8 samples per mode per band, 3 % exploration), so it explores more and decides sooner;
@@ -56,6 +68,33 @@ def start_daemon(build, state_dir):
             return proc, int(m.group(1)), int(m.group(2))
     proc.kill()
     sys.exit("replay_table: spgated did not start")
+
+
+def median_ci(values):
+    """The median of `values` and a distribution-free confidence interval for it: the
+    order statistics x(k), x(n+1-k) with the largest k whose binomial coverage is at
+    least 95 % (for 12 values: x(3) and x(10), 96 %). None when n < 6 (no k qualifies)."""
+    xs = sorted(values)
+    n = len(xs)
+    best = None
+    for k in range(1, n // 2 + 1):
+        # P(x(k) <= median <= x(n+1-k)) = 1 - 2 * P(Binomial(n, 1/2) < k)
+        tail = sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if 1 - 2 * tail >= 0.95:
+            best = (xs[k - 1], xs[n - k], 1 - 2 * tail)
+    return statistics.median(xs), best
+
+
+def tie_verdict(ci, band=0.03):
+    """Whether a paired ratio's interval says "ties within +-band", "apart", or neither."""
+    if ci is None:
+        return "too few rounds"
+    lo, hi, _ = ci
+    if lo >= 1 - band and hi <= 1 + band:
+        return f"tie (within +-{band:.0%})"
+    if hi < 1 - band or lo > 1 + band:
+        return f"apart (by more than {band:.0%})"
+    return "not separated"
 
 
 def load_average():
@@ -88,7 +127,26 @@ def main():
         results = {name: [] for name, _ in ROWS}
         commands = {}
         load_before = load_average()
+
+        def run(name, flags, extra, summary):
+            cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
+                extra + [f"--summary_json={summary}"]
+            commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags + extra[2:])
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"replay_table: {name} failed:\n{r.stdout}\n{r.stderr}")
+            with open(summary) as f:
+                return json.load(f)
+
         try:
+            # Sizing: SP's largest step on this stream, measured, then the budget at which
+            # the memory gate lets a mode use exactly that much.
+            print("[sizing] " + SP_BUDGET_ROW, file=sys.stderr, flush=True)
+            sizing = run("sizing", dict(ROWS)[SP_BUDGET_ROW],
+                         [f"--controller=127.0.0.1:{port}", "--job_id=replay-sizing"],
+                         os.path.join(runs_dir, "sizing.json"))
+            sp_peak = sizing["peak_memory_bytes"]["sp"]
+            sp_budget = math.ceil(sp_peak / MEMORY_HEADROOM)
             for rnd in range(a.rounds):
                 order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
                 for name, flags in order:
@@ -100,19 +158,14 @@ def main():
                     # in MPI gives its core back, worth up to 2x in step time here.
                     job = f"replay-{slug}-{rnd}"
                     extra = [f"--controller=127.0.0.1:{port}", f"--job_id={job}"]
-                    if name == "spgate adaptive":
+                    if name == ADAPTIVE_SP_MEMORY:
+                        extra.append(f"--memory_budget={sp_budget}")
+                    if name in ADAPTIVE_ROWS:
                         subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates",
                                         "set", f"--job_id={job}"] + ADAPTIVE_FLAGS,
                                        check=True, capture_output=True, timeout=30)
-                    cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
-                        extra + [f"--summary_json={summary}"]
-                    commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags)
                     print(f"[round {rnd + 1}/{a.rounds}] {name}", file=sys.stderr, flush=True)
-                    r = subprocess.run(cmd, capture_output=True, text=True)
-                    if r.returncode != 0:
-                        sys.exit(f"replay_table: {name} failed:\n{r.stdout}\n{r.stderr}")
-                    with open(summary) as f:
-                        results[name].append(json.load(f))
+                    results[name].append(run(name, flags, extra, summary))
         finally:
             daemon.terminate()
             daemon.wait()
@@ -136,6 +189,8 @@ def main():
         peak = max(s["peak_memory_bytes"]["all"] for s in runs)
         tps, tps_best, tps_all = stats(name, "effective_tokens_per_s", max)
         p95, p95_best, p95_all = stats(name, "step_time_p95_s", min)
+        base_all = [s["effective_tokens_per_s"]["all"] for s in results[base]]
+        paired, ci = median_ci([x / b for x, b in zip(tps_all, base_all)])
         modes = {}
         for s in runs:
             for mode, reasons in s["decisions"].items():
@@ -159,6 +214,11 @@ def main():
             "mean_length_cv": statistics.median(s["mean_length_cv"]["all"] for s in runs),
             "decisions": modes,
             "tokens_per_s_by_round": tps_all,
+            # Paired by round (this row over pure TP in the same round, rows rotated), so
+            # load that moves a whole round cancels; median and its 95 % interval.
+            "tokens_per_s_paired_ratio": paired,
+            "tokens_per_s_paired_ratio_ci": ci,
+            "tokens_per_s_vs_pure_tp": tie_verdict(ci),
             "step_time_p95_s_by_round": p95_all,
         })
 
@@ -185,6 +245,38 @@ def main():
             f"({1e3 * row['step_time_p95_s']:.0f} ms) | "
             f"{row['rs_wait_share_mean']:.2f} | {row['norm_stall_ratio_mean']:.2f} | "
             f"{row['mean_length_cv']:.2f} | {decisions} |")
+    lines += ["", "Tokens/s paired by round (each row over pure TP in the same round): median, "
+              "then its distribution-free 95 % interval.", "",
+              "| configuration | paired ratio to pure TP | 95 % interval | vs pure TP |",
+              "|---|---:|---|---|"]
+    for row in table[1:]:
+        ci = row["tokens_per_s_paired_ratio_ci"]
+        interval = f"[{ci[0]:.2f}x, {ci[1]:.2f}x] ({ci[2]:.0%})" if ci else "-"
+        lines.append(f"| {row['configuration']} | {row['tokens_per_s_paired_ratio']:.2f}x | "
+                     f"{interval} | {row['tokens_per_s_vs_pure_tp']} |")
+    by_name = {row["configuration"]: row for row in table}
+    if "spgate adaptive" in by_name:
+        # The worker targets: ADAPTIVE's median tokens/s at least 0.97x the best static
+        # row's; and, where its SP mode (bucketing, LayerNorm in the shard) ties pure TP
+        # on throughput, its peak at most 0.75x pure TP's.
+        adaptive = by_name["spgate adaptive"]
+        static_rows = [r for r in table if r["configuration"] not in ADAPTIVE_ROWS]
+        best = max(static_rows, key=lambda r: r["effective_tokens_per_s"])
+        sp_mode = by_name["SP + bucketing + LayerNorm kept in shard"]
+        verdict = sp_mode["tokens_per_s_vs_pure_tp"]
+        ratio = adaptive["effective_tokens_per_s"] / best["effective_tokens_per_s"]
+        lines += ["", f"Targets: ADAPTIVE's median tokens/s is {ratio:.2f}x the best static row's "
+                  f"({best['configuration']}): {'met' if ratio >= 0.97 else 'MISSED'} (>= 0.97x). "
+                  f"Its SP mode (bucketing, LayerNorm in the shard) against pure TP: {verdict}. "
+                  f"Peak {adaptive['peak_memory_rel']:.2f}x pure TP's: "
+                  f"{'met' if adaptive['peak_memory_rel'] <= 0.75 else 'MISSED'} (<= 0.75x), "
+                  + ("and the modes tie, so the target applies." if verdict.startswith("tie") else
+                     "a target that applies where the modes tie, which this run does not show.")]
+        capped = by_name[ADAPTIVE_SP_MEMORY]
+        lines.append(f"With the memory budget at SP's peak ({capped['configuration']}): peak "
+                     f"{capped['peak_memory_rel']:.2f}x pure TP's, median tokens/s "
+                     f"{capped['effective_tokens_per_s'] / best['effective_tokens_per_s']:.2f}x the "
+                     f"best static row's.")
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(a.out, "replay_table.md"), "w") as f:
@@ -192,7 +284,8 @@ def main():
     with open(os.path.join(a.out, "replay_table.json"), "w") as f:
         json.dump({"date": datetime.datetime.now().isoformat(timespec="seconds"),
                    "common_flags": COMMON, "adaptive_job_flags": ADAPTIVE_FLAGS,
-                   "steps": a.steps, "rounds": a.rounds,
+                   "steps": a.steps, "rounds": a.rounds, "sp_peak_bytes": sp_peak,
+                   "sp_memory_budget": sp_budget,
                    "load_average": [load_before, load_after], "commands": commands,
                    "rows": table}, f, indent=2)
 
