@@ -12,7 +12,6 @@ near-ties). Writes OUT/adaptive_ablation.{md,json}.
 
 Usage: adaptive_ablation.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
 """
-import argparse
 import json
 import os
 import sys
@@ -55,14 +54,7 @@ def summarize(cells):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sim", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=4000)
-    ap.add_argument("--groups", type=int, default=8)
-    a = ap.parse_args()
-    os.makedirs(a.out, exist_ok=True)
-    dq.set_shift(a.steps)
+    a, _ = dq.grid_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="spgate-ablation-") as tmp:
         for label, text in VARIANTS:

@@ -73,7 +73,9 @@ def grid():
                 yield bname, tname, rname, merge_flags(tflags, rflags) + bflags
 
 
-def main():
+def grid_args():
+    """The grid drivers' command line (--sim, --out, --steps, --groups); makes --out and
+    places the shifting trace's change for --steps. Returns (args, shift_after)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", required=True)
     ap.add_argument("--out", required=True)
@@ -81,7 +83,11 @@ def main():
     ap.add_argument("--groups", type=int, default=8)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    shift_after = set_shift(a.steps)
+    return a, set_shift(a.steps)
+
+
+def main():
+    a, shift_after = grid_args()
 
     cells, rows = [], []
     misses = 0
