@@ -36,8 +36,9 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # Sanitizer builds of the suite (separate build trees, no CUDA, no benchmarks).
-# ASan+UBSan runs every test but the GPU ones and the deploy checks (Python and promtool
-# only); `make test-asan` leaves out the multi-rank MPI ones too, which
+# ASan+UBSan runs every test but the GPU ones, the deploy checks (Python and promtool
+# only) and the benchmark drivers' checks (label `bench`: Python arithmetic over
+# simulator runs that sim_test already covers); `make test-asan` leaves out the multi-rank MPI ones too, which
 # `make test-asan-mpi` then runs one at a time with leak checking off (OpenMPI's own
 # allocations in its dlopen'd components show up as unsymbolizable leaks; the ASan
 # ranks still check every access). The fault and adversarial campaigns (label `faults`)
@@ -72,7 +73,7 @@ test-asan: deps
 	  -DSPGATE_FUZZ_REPLAY_MUTATIONS=20000
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi|faults'
+	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi|faults|bench'
 
 test-asan-mpi: test-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

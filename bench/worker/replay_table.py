@@ -28,8 +28,8 @@ COMMON = ["--tp=4", "--layers=2", "--hidden=64", "--heads=4", "--ffn_hidden=256"
           "--attention_query_block=128"]
 
 ADAPTIVE_SP_MEMORY = "spgate adaptive, memory budget at SP's peak"
-# memory_headroom's default (policy/gate_config.h): the gate lets a mode use this share of
-# the budget.
+# The gate lets a mode use this share of the budget; set on that row's job explicitly, so
+# a daemon default elsewhere cannot change what the budget means.
 MEMORY_HEADROOM = 0.90
 
 ROWS = [
@@ -86,7 +86,9 @@ def median_ci(values):
 
 
 def tie_verdict(ci, band=0.03):
-    """Whether a paired ratio's interval says "ties within +-band", "apart", or neither."""
+    """What a paired ratio's interval shows against 1 +- band: a tie (inside the band), apart
+    (outside it), slower or faster (on one side of 1, not clear of the band), or not
+    separated (it spans 1 and leaves the band)."""
     if ci is None:
         return "too few rounds"
     lo, hi, _ = ci
@@ -94,83 +96,16 @@ def tie_verdict(ci, band=0.03):
         return f"tie (within +-{band:.0%})"
     if hi < 1 - band or lo > 1 + band:
         return f"apart (by more than {band:.0%})"
+    if hi < 1:
+        return "slower (not shown to be by more than %.0f%%)" % (100 * band)
+    if lo > 1:
+        return "faster (not shown to be by more than %.0f%%)" % (100 * band)
     return "not separated"
 
 
-def load_average():
-    try:
-        return os.getloadavg()
-    except OSError:
-        return (float("nan"),) * 3
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build")
-    ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--mpirun", default="mpirun")
-    ap.add_argument("--extra", default="")
-    a = ap.parse_args()
-    worker = os.path.join(a.build, "bin", "spgate-worker")
-    if not os.access(worker, os.X_OK):
-        sys.exit(f"replay_table: {worker} not found; build first")
-    os.makedirs(a.out, exist_ok=True)
-    runs_dir = os.path.join(a.out, "replay_runs")
-    os.makedirs(runs_dir, exist_ok=True)
-    common = COMMON + [f"--steps={a.steps}"] + shlex.split(a.extra)
-
-    with tempfile.TemporaryDirectory(prefix="spgate-replay-") as tmp:
-        daemon, port, admin_port = start_daemon(a.build, tmp)
-        spgatectl = os.path.join(a.build, "bin", "spgatectl")
-        results = {name: [] for name, _ in ROWS}
-        commands = {}
-        load_before = load_average()
-
-        def run(name, flags, extra, summary):
-            cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
-                extra + [f"--summary_json={summary}"]
-            commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags + extra[2:])
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                sys.exit(f"replay_table: {name} failed:\n{r.stdout}\n{r.stderr}")
-            with open(summary) as f:
-                return json.load(f)
-
-        try:
-            # Sizing: SP's largest step on this stream, measured, then the budget at which
-            # the memory gate lets a mode use exactly that much.
-            print("[sizing] " + SP_BUDGET_ROW, file=sys.stderr, flush=True)
-            sizing = run("sizing", dict(ROWS)[SP_BUDGET_ROW],
-                         [f"--controller=127.0.0.1:{port}", "--job_id=replay-sizing"],
-                         os.path.join(runs_dir, "sizing.json"))
-            sp_peak = sizing["peak_memory_bytes"]["sp"]
-            sp_budget = math.ceil(sp_peak / MEMORY_HEADROOM)
-            for rnd in range(a.rounds):
-                order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
-                for name, flags in order:
-                    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
-                    summary = os.path.join(runs_dir, f"{slug}.round{rnd}.json")
-                    # Every row talks to the daemon (forced rows only report telemetry),
-                    # so every row's ranks have the same threads: with 4 ranks on fewer
-                    # cores, the client's timer wake-ups change how fast a rank spinning
-                    # in MPI gives its core back, worth up to 2x in step time here.
-                    job = f"replay-{slug}-{rnd}"
-                    extra = [f"--controller=127.0.0.1:{port}", f"--job_id={job}"]
-                    if name == ADAPTIVE_SP_MEMORY:
-                        extra.append(f"--memory_budget={sp_budget}")
-                    if name in ADAPTIVE_ROWS:
-                        subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates",
-                                        "set", f"--job_id={job}"] + ADAPTIVE_FLAGS,
-                                       check=True, capture_output=True, timeout=30)
-                    print(f"[round {rnd + 1}/{a.rounds}] {name}", file=sys.stderr, flush=True)
-                    results[name].append(run(name, flags, extra, summary))
-        finally:
-            daemon.terminate()
-            daemon.wait()
-        load_after = load_average()
-
+def build_table(results):
+    """The table's rows, in ROWS order, from results[name][round] (each run's summary
+    JSON). Rounds pair across rows by index: every row ran once per round."""
     # Two estimators per row: the median over rounds (what a run here typically sees,
     # other tenants of the machine included) and the best round (highest tokens/s,
     # lowest p95: interference only ever slows a run down, so the best round is the
@@ -222,6 +157,126 @@ def main():
             "step_time_p95_s_by_round": p95_all,
         })
 
+    return table
+
+
+def report_lines(table):
+    """The paired-ratio table and the worker targets, as markdown lines."""
+    lines = ["", "Tokens/s paired by round (each row over pure TP in the same round): median, "
+             "then its distribution-free 95 % interval.", "",
+             "| configuration | paired ratio to pure TP | 95 % interval | vs pure TP |",
+             "|---|---:|---|---|"]
+    for row in table[1:]:
+        ci = row["tokens_per_s_paired_ratio_ci"]
+        interval = f"[{ci[0]:.3f}x, {ci[1]:.3f}x] ({ci[2]:.0%})" if ci else "-"
+        lines.append(f"| {row['configuration']} | {row['tokens_per_s_paired_ratio']:.3f}x | "
+                     f"{interval} | {row['tokens_per_s_vs_pure_tp']} |")
+    # The worker targets: ADAPTIVE's median tokens/s at least 0.97x the best static row's;
+    # and, where its SP mode (bucketing, LayerNorm in the shard) ties pure TP on
+    # throughput, its peak at most 0.75x pure TP's.
+    by_name = {row["configuration"]: row for row in table}
+    adaptive = by_name["spgate adaptive"]
+    static_rows = [r for r in table if r["configuration"] not in ADAPTIVE_ROWS]
+    best = max(static_rows, key=lambda r: r["effective_tokens_per_s"])
+    sp_mode = by_name[SP_BUDGET_ROW]
+    verdict = sp_mode["tokens_per_s_vs_pure_tp"]
+    ratio = adaptive["effective_tokens_per_s"] / best["effective_tokens_per_s"]
+    lines += ["", f"Targets: ADAPTIVE's median tokens/s is {ratio:.2f}x the best static row's "
+              f"({best['configuration']}): {'met' if ratio >= 0.97 else 'MISSED'} (>= 0.97x). "
+              f"Its SP mode (bucketing, LayerNorm in the shard) against pure TP: {verdict}. "
+              f"Peak {adaptive['peak_memory_rel']:.2f}x pure TP's: "
+              f"{'met' if adaptive['peak_memory_rel'] <= 0.75 else 'MISSED'} (<= 0.75x), "
+              + ("and the modes tie, so the target applies." if verdict.startswith("tie") else
+                 "a target that applies where the modes tie, which this run does not show.")]
+    capped = by_name[ADAPTIVE_SP_MEMORY]
+    lines.append(f"With the memory budget at SP's peak: peak {capped['peak_memory_rel']:.2f}x "
+                 f"pure TP's, median tokens/s "
+                 f"{capped['effective_tokens_per_s'] / best['effective_tokens_per_s']:.2f}x the "
+                 f"best static row's and "
+                 f"{capped['effective_tokens_per_s'] / sp_mode['effective_tokens_per_s']:.2f}x "
+                 f"SP's with the same memory ({SP_BUDGET_ROW}).")
+    return lines
+
+
+def load_average():
+    try:
+        return os.getloadavg()
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--mpirun", default="mpirun")
+    ap.add_argument("--extra", default="")
+    a = ap.parse_args()
+    worker = os.path.join(a.build, "bin", "spgate-worker")
+    if not os.access(worker, os.X_OK):
+        sys.exit(f"replay_table: {worker} not found; build first")
+    os.makedirs(a.out, exist_ok=True)
+    runs_dir = os.path.join(a.out, "replay_runs")
+    os.makedirs(runs_dir, exist_ok=True)
+    common = COMMON + [f"--steps={a.steps}"] + shlex.split(a.extra)
+
+    with tempfile.TemporaryDirectory(prefix="spgate-replay-") as tmp:
+        daemon, port, admin_port = start_daemon(a.build, tmp)
+        spgatectl = os.path.join(a.build, "bin", "spgatectl")
+        results = {name: [] for name, _ in ROWS}
+        commands = {}
+        load_before = load_average()
+
+        def run(name, flags, extra, summary):
+            cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
+                extra + [f"--summary_json={summary}"]
+            commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags + extra[2:])
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                sys.exit(f"replay_table: {name} failed:\n{r.stdout}\n{r.stderr}")
+            with open(summary) as f:
+                return json.load(f)
+
+        try:
+            # Sizing: SP's largest step on this stream as the worker predicts it (the
+            # figure the memory gate compares with the budget), then the budget at which
+            # the gate lets a mode use exactly that much.
+            print("[sizing] " + SP_BUDGET_ROW, file=sys.stderr, flush=True)
+            sizing = run("sizing", dict(ROWS)[SP_BUDGET_ROW],
+                         [f"--controller=127.0.0.1:{port}", "--job_id=replay-sizing"],
+                         os.path.join(runs_dir, "sizing.json"))
+            sp_peak = sizing["predicted_peak_memory_bytes"]["sp"]
+            sp_budget = math.ceil(sp_peak / MEMORY_HEADROOM)
+            for rnd in range(a.rounds):
+                order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
+                for name, flags in order:
+                    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+                    summary = os.path.join(runs_dir, f"{slug}.round{rnd}.json")
+                    # Every row talks to the daemon (forced rows only report telemetry),
+                    # so every row's ranks have the same threads: with 4 ranks on fewer
+                    # cores, the client's timer wake-ups change how fast a rank spinning
+                    # in MPI gives its core back, worth up to 2x in step time here.
+                    job = f"replay-{slug}-{rnd}"
+                    extra = [f"--controller=127.0.0.1:{port}", f"--job_id={job}"]
+                    if name == ADAPTIVE_SP_MEMORY:
+                        extra.append(f"--memory_budget={sp_budget}")
+                    if name in ADAPTIVE_ROWS:
+                        job_flags = ADAPTIVE_FLAGS + (
+                            [f"--memory_headroom={MEMORY_HEADROOM}"]
+                            if name == ADAPTIVE_SP_MEMORY else [])
+                        subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates",
+                                        "set", f"--job_id={job}"] + job_flags,
+                                       check=True, capture_output=True, timeout=30)
+                    print(f"[round {rnd + 1}/{a.rounds}] {name}", file=sys.stderr, flush=True)
+                    results[name].append(run(name, flags, extra, summary))
+        finally:
+            daemon.terminate()
+            daemon.wait()
+        load_after = load_average()
+
+    table = build_table(results)
     lines = [
         f"spgate-worker replay: 4 ranks (tp=4), CPU backend, {a.steps} steps x {a.rounds} "
         f"rounds per row, rows rotated each round; relative to pure TP. Median over rounds, "
@@ -245,38 +300,7 @@ def main():
             f"({1e3 * row['step_time_p95_s']:.0f} ms) | "
             f"{row['rs_wait_share_mean']:.2f} | {row['norm_stall_ratio_mean']:.2f} | "
             f"{row['mean_length_cv']:.2f} | {decisions} |")
-    lines += ["", "Tokens/s paired by round (each row over pure TP in the same round): median, "
-              "then its distribution-free 95 % interval.", "",
-              "| configuration | paired ratio to pure TP | 95 % interval | vs pure TP |",
-              "|---|---:|---|---|"]
-    for row in table[1:]:
-        ci = row["tokens_per_s_paired_ratio_ci"]
-        interval = f"[{ci[0]:.2f}x, {ci[1]:.2f}x] ({ci[2]:.0%})" if ci else "-"
-        lines.append(f"| {row['configuration']} | {row['tokens_per_s_paired_ratio']:.2f}x | "
-                     f"{interval} | {row['tokens_per_s_vs_pure_tp']} |")
-    by_name = {row["configuration"]: row for row in table}
-    if "spgate adaptive" in by_name:
-        # The worker targets: ADAPTIVE's median tokens/s at least 0.97x the best static
-        # row's; and, where its SP mode (bucketing, LayerNorm in the shard) ties pure TP
-        # on throughput, its peak at most 0.75x pure TP's.
-        adaptive = by_name["spgate adaptive"]
-        static_rows = [r for r in table if r["configuration"] not in ADAPTIVE_ROWS]
-        best = max(static_rows, key=lambda r: r["effective_tokens_per_s"])
-        sp_mode = by_name["SP + bucketing + LayerNorm kept in shard"]
-        verdict = sp_mode["tokens_per_s_vs_pure_tp"]
-        ratio = adaptive["effective_tokens_per_s"] / best["effective_tokens_per_s"]
-        lines += ["", f"Targets: ADAPTIVE's median tokens/s is {ratio:.2f}x the best static row's "
-                  f"({best['configuration']}): {'met' if ratio >= 0.97 else 'MISSED'} (>= 0.97x). "
-                  f"Its SP mode (bucketing, LayerNorm in the shard) against pure TP: {verdict}. "
-                  f"Peak {adaptive['peak_memory_rel']:.2f}x pure TP's: "
-                  f"{'met' if adaptive['peak_memory_rel'] <= 0.75 else 'MISSED'} (<= 0.75x), "
-                  + ("and the modes tie, so the target applies." if verdict.startswith("tie") else
-                     "a target that applies where the modes tie, which this run does not show.")]
-        capped = by_name[ADAPTIVE_SP_MEMORY]
-        lines.append(f"With the memory budget at SP's peak ({capped['configuration']}): peak "
-                     f"{capped['peak_memory_rel']:.2f}x pure TP's, median tokens/s "
-                     f"{capped['effective_tokens_per_s'] / best['effective_tokens_per_s']:.2f}x the "
-                     f"best static row's.")
+    lines += report_lines(table)
     text = "\n".join(lines) + "\n"
     print(text)
     with open(os.path.join(a.out, "replay_table.md"), "w") as f:
