@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The benchmark drivers whose figures docs/benchmarks.md quotes: the replay table's
-paired statistics (bench/worker/replay_table.py) and the ADAPTIVE ablation over the
+paired statistics and report (bench/worker/replay_table.py), the decision-quality
+targets per cell (bench/sim/decision_quality.py) and the ADAPTIVE ablation over the
 decision-quality grid (bench/sim/adaptive_ablation.py), on a short grid.
 
 Usage: bench_drivers_test.py --sim=BUILD/bin/spgate-sim
@@ -121,6 +122,36 @@ class ReplayTableReportTest(unittest.TestCase):
         self.assertIn("0.95x the best static row's (pure TP): MISSED", targets)
         self.assertIn("Peak 0.68x pure TP's: met", targets)
         self.assertIn("which this run does not show", targets)
+
+
+class DecisionQualityTargetsTest(unittest.TestCase):
+    """decision_quality.evaluate's per-cell target checks."""
+
+    def cmp(self, sp, tp, static, adaptive, oracle, p95_static=1.0, p95_adaptive=1.0):
+        c = {p: {"effective_tokens_per_s": v} for p, v in
+             (("sp", sp), ("tp_only", tp), ("static", static), ("adaptive", adaptive),
+              ("oracle", oracle))}
+        c["static"]["step_time_p95_s"] = p95_static
+        c["adaptive"].update(step_time_p95_s=p95_adaptive, probe_steps=1, sp_steps=5,
+                             tp_only_steps=5)
+        return c
+
+    def test_half_the_gap_applies_from_three_percent(self):
+        dq = adaptive_ablation.dq
+        # Oracle 4 % over the best fixed (sp, 100): capturing 1 of 4 misses, 2 of 4 meets.
+        _, miss = dq.evaluate(self.cmp(100, 95, 96, 101, 104), "packed", "t", "r")
+        self.assertEqual(miss, ["half the gap"])
+        _, miss = dq.evaluate(self.cmp(100, 95, 96, 102, 104), "packed", "t", "r")
+        self.assertEqual(miss, [])
+        # A 2.5 % gap: capturing none of it misses nothing (the target does not apply).
+        _, miss = dq.evaluate(self.cmp(100, 95, 100, 100, 102.5), "packed", "t", "r")
+        self.assertEqual(miss, [])
+
+    def test_static_and_p95(self):
+        row, miss = adaptive_ablation.dq.evaluate(
+            self.cmp(95, 96, 100, 99.9, 101, p95_static=1.0, p95_adaptive=1.03), "b", "t", "r")
+        self.assertEqual(miss, [">= static", "p95 <= 1.02 static"])
+        self.assertIn("MISSED: >= static, p95 <= 1.02 static", row)
 
 
 class AblationTest(unittest.TestCase):
