@@ -38,10 +38,10 @@ test: build
 # Sanitizer builds of the suite (separate build trees, no CUDA, no benchmarks).
 # ASan+UBSan runs every test but the GPU ones, the deploy checks (Python and promtool
 # only) and the benchmark drivers' checks (label `bench`: Python arithmetic over
-# simulator runs that sim_test already covers); `make test-asan` leaves out the multi-rank MPI ones too, which
-# `make test-asan-mpi` then runs one at a time with leak checking off (OpenMPI's own
-# allocations in its dlopen'd components show up as unsymbolizable leaks; the ASan
-# ranks still check every access). The fault and adversarial campaigns (label `faults`)
+# simulator runs that sim_test already covers); `make test-asan` leaves out the
+# multi-rank MPI ones too, which `make test-asan-mpi` then runs one at a time with leak
+# checking off (OpenMPI's own allocations in its dlopen'd components show up as
+# unsymbolizable leaks; the ASan ranks still check every access). The fault and adversarial campaigns (label `faults`)
 # run in `make test` only: they hold timings (the decision deadline, the reconnect bound)
 # and an RSS bound that ASan's slowdown and shadow memory would break; their paths run
 # under ASan in worker_daemon_kill_test, daemon_test, gate_state_test and the fuzz

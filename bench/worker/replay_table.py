@@ -118,13 +118,13 @@ def build_table(results):
     base_peak = max(s["peak_memory_bytes"]["all"] for s in results[base])
     base_tps, base_tps_best, _ = stats(base, "effective_tokens_per_s", max)
     base_p95, base_p95_best, _ = stats(base, "step_time_p95_s", min)
+    base_all = [s["effective_tokens_per_s"]["all"] for s in results[base]]
     table = []
     for name, _ in ROWS:
         runs = results[name]
         peak = max(s["peak_memory_bytes"]["all"] for s in runs)
         tps, tps_best, tps_all = stats(name, "effective_tokens_per_s", max)
         p95, p95_best, p95_all = stats(name, "step_time_p95_s", min)
-        base_all = [s["effective_tokens_per_s"]["all"] for s in results[base]]
         paired, ci = median_ci([x / b for x, b in zip(tps_all, base_all)])
         modes = {}
         for s in runs:
@@ -156,7 +156,6 @@ def build_table(results):
             "tokens_per_s_vs_pure_tp": tie_verdict(ci),
             "step_time_p95_s_by_round": p95_all,
         })
-
     return table
 
 
@@ -232,6 +231,7 @@ def main():
         def run(name, flags, extra, summary):
             cmd = [a.mpirun, "--oversubscribe", "-np", "4", worker] + common + flags + \
                 extra + [f"--summary_json={summary}"]
+            # The command without the per-run parts (controller, job id, summary path).
             commands[name] = " ".join(shlex.quote(c) for c in cmd[:5] + common + flags + extra[2:])
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
