@@ -87,9 +87,9 @@ def grid_args():
 
 
 # Cells picked for a large oracle gain over the best fixed policy, where the target
-# "capture at least half of a >= 3 % gap" can apply: the largest gains found in a
-# hand search over TP size, shard work fraction, link speed, jitter, stragglers, flash
-# attention and batch size with the grid's traces (docs/benchmarks.md). All packed.
+# "capture at least half of a >= 3 % gap" can apply: from a hand search over TP size,
+# shard work fraction, link speed, jitter, stragglers, flash attention and batch size,
+# with heavier-tailed traces than the grid's (docs/benchmarks.md). All packed.
 STRESS = {
     "tp16_imbalance": (["--lengths=lognormal:mean=4096,sigma=1.2", "--tp=16",
                         "--shard_work_fraction=0.9"],

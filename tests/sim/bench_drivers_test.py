@@ -143,6 +143,9 @@ class DecisionQualityTargetsTest(unittest.TestCase):
         self.assertEqual(miss, ["half the gap"])
         _, miss = dq.evaluate(self.cmp(100, 95, 96, 102, 104), "packed", "t", "r")
         self.assertEqual(miss, [])
+        # Exactly 3 %: the target applies; capturing none of it misses.
+        _, miss = dq.evaluate(self.cmp(100, 95, 100, 100, 103), "packed", "t", "r")
+        self.assertEqual(miss, ["half the gap"])
         # A 2.5 % gap: capturing none of it misses nothing (the target does not apply).
         _, miss = dq.evaluate(self.cmp(100, 95, 100, 100, 102.5), "packed", "t", "r")
         self.assertEqual(miss, [])
