@@ -78,9 +78,12 @@ def main():
                 "switch_cost_ratio": med(c, "switch_cost_ratio", m),
                 "switch_device_alloc_bytes": med(c, "switch_device_alloc_bytes", m),
                 "steady_device_alloc_bytes": med(c, "steady_device_alloc_bytes", m),
+                # A run with turns of one step has no steady steps, hence no ratio.
                 "switch_cost_ratio_range": [
-                    min(s["switch_cost_ratio"][m] for s in per[c]),
-                    max(s["switch_cost_ratio"][m] for s in per[c])],
+                    min((s["switch_cost_ratio"][m] for s in per[c] if m in s["switch_cost_ratio"]),
+                        default=float("nan")),
+                    max((s["switch_cost_ratio"][m] for s in per[c] if m in s["switch_cost_ratio"]),
+                        default=float("nan"))],
             })
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),

@@ -388,8 +388,10 @@ def summarize(args, world, per_rank):
     for mode, firsts in per_token_switch.items():
         # Medians, as spgate-worker: one preempted step must not decide the figure.
         switch_steps[mode] = len(firsts)
+        # A ratio needs both sides: a mode that never ran two steps in a row has none.
         steady = statistics.median(per_token_steady[mode]) if per_token_steady.get(mode) else 0
-        switch_cost[mode] = statistics.median(firsts) / steady if steady > 0 else 0.0
+        if steady > 0:
+            switch_cost[mode] = statistics.median(firsts) / steady
     counters = [r["counters"] for r in per_rank]
     sent = sum(c["telemetry_sent"] for c in counters)
     acked = sum(c["telemetry_acked"] for c in counters)

@@ -460,6 +460,16 @@ TEST(SummaryTest, SwitchCostIsTheFirstStepAfterASwitchPerTokenOverTheRest) {
   // A run that never switches has no switch figures.
   recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 1.0, 100)};
   EXPECT_TRUE(Summarize(run, recs, {{}}).switch_cost_ratio.empty());
+  // A mode that only ever ran right after a switch has no steady steps to compare with:
+  // its switches are counted, and it has no ratio (not 0, which would read as free).
+  recs[0] = {Rec(0, kSp, r, f, 1.0, 100), Rec(1, kSp, r, f, 1.0, 100),
+             Rec(2, kTp, r, f, 3.0, 100), Rec(3, kSp, r, f, 1.5, 100),
+             Rec(4, kTp, r, f, 3.0, 100), Rec(5, kSp, r, f, 1.0, 100)};
+  const RunSummary alternating = Summarize(run, recs, {{}});
+  EXPECT_EQ(alternating.switch_steps.at("tp_only"), 2);
+  EXPECT_EQ(alternating.switch_steps.at("sp"), 2);
+  EXPECT_EQ(alternating.switch_cost_ratio.count("tp_only"), 0u);
+  EXPECT_DOUBLE_EQ(alternating.switch_cost_ratio.at("sp"), 1.25);  // median(1.5, 1.0) / 1.0
 }
 
 TEST(SummaryTest, AggregatesGroupsRanksAndModes) {

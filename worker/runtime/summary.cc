@@ -164,8 +164,9 @@ RunSummary Summarize(const RunDescription& run,
     const auto n = static_cast<int64_t>(sw.size());
     s.switch_steps[mode] = n;
     std::vector<double>& steady = per_token_steady[mode];
-    const double steady_median = Median(steady);
-    s.switch_cost_ratio[mode] = steady_median > 0 ? Median(sw) / steady_median : 0.0;
+    // A ratio needs both sides: a mode that never ran two steps in a row has none.
+    const double steady_median = steady.empty() ? 0.0 : Median(steady);
+    if (steady_median > 0) s.switch_cost_ratio[mode] = Median(sw) / steady_median;
     s.switch_device_alloc_bytes[mode] = alloc_switch[mode] / static_cast<double>(n);
     if (!steady.empty()) {
       s.steady_device_alloc_bytes[mode] = alloc_steady[mode] / static_cast<double>(steady.size());
