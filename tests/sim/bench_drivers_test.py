@@ -98,14 +98,18 @@ class ReplayTableReportTest(unittest.TestCase):
         self.assertTrue(sp["tokens_per_s_vs_pure_tp"].startswith("apart"))
         self.assertAlmostEqual(sp["peak_memory_rel"], 0.68)
 
+    def report(self, factor, peaks):
+        """The report's lines, and its Targets line."""
+        lines = replay_table.report_lines(replay_table.build_table(self.results(factor, peaks)))
+        return lines, next(l for l in lines if l.startswith("Targets:"))
+
     def test_targets_when_the_modes_tie(self):
         factor, peaks = self.base()
         factor["SP + bucketing + LayerNorm kept in shard"] = 1.0
         factor["spgate auto"] = 1.02      # the best static row
         factor["spgate adaptive"] = 1.05  # not static: never the row to beat
         peaks["spgate adaptive"] = 100
-        lines = replay_table.report_lines(replay_table.build_table(self.results(factor, peaks)))
-        targets = next(l for l in lines if l.startswith("Targets:"))
+        lines, targets = self.report(factor, peaks)
         self.assertIn("1.03x the best static row's (spgate auto): met", targets)
         self.assertIn("tie (within", targets)
         self.assertIn("Peak 1.00x pure TP's: MISSED", targets)
@@ -117,8 +121,7 @@ class ReplayTableReportTest(unittest.TestCase):
     def test_targets_when_the_modes_do_not_tie(self):
         factor, peaks = self.base()
         factor["spgate adaptive"] = 0.95
-        lines = replay_table.report_lines(replay_table.build_table(self.results(factor, peaks)))
-        targets = next(l for l in lines if l.startswith("Targets:"))
+        _, targets = self.report(factor, peaks)
         self.assertIn("0.95x the best static row's (pure TP): MISSED", targets)
         self.assertIn("Peak 0.68x pure TP's: met", targets)
         self.assertIn("which this run does not show", targets)
