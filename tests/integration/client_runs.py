@@ -13,6 +13,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import unittest
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1",
@@ -81,3 +83,10 @@ def parse_binaries(argv):
     for flag in ("spgated", "worker", "sim", "mpirun"):
         parser.add_argument(f"--{flag}", required=True)
     return parser.parse_known_args(argv)
+
+
+def main(module):
+    """A client-binary test file's entry point: the binaries from the command line into
+    `module.ARGS`, then its tests."""
+    module.ARGS, rest = parse_binaries(sys.argv[1:])
+    unittest.main(module=module, argv=[sys.argv[0]] + rest, verbosity=2)

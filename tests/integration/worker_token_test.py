@@ -21,7 +21,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "demo"))
 import spgate_reflect as sr  # noqa: E402
-from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns, parse_binaries  # noqa: E402
+import client_runs  # noqa: E402
+from client_runs import ENV, STEPS, WORKER_SMALL, ClientRuns  # noqa: E402
 
 ARGS = None
 
@@ -99,11 +100,5 @@ class WorkerTokenTest(ClientRuns, unittest.TestCase):
                            "--worker_token_file: cannot read")
 
 
-def main():
-    global ARGS
-    ARGS, rest = parse_binaries(sys.argv[1:])
-    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
-
-
 if __name__ == "__main__":
-    main()
+    client_runs.main(sys.modules[__name__])
