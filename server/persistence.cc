@@ -2,7 +2,6 @@
 #include "server/persistence.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "policy/gate_policy.h"
@@ -70,10 +70,6 @@ absl::Status CheckLayered(const std::string& path, const std::string& what,
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ", s.message()));
   }
   return absl::OkStatus();
-}
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -157,45 +153,6 @@ int RemoveStaleTempFiles(const std::string& path) {
   }
   ::closedir(d);
   return removed;
-}
-
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-  if (fd < 0) return Errno("cannot create", tmp);
-  size_t written = 0;
-  while (written < contents.size()) {
-    ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      absl::Status s = Errno("cannot write", tmp);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    written += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    absl::Status s = Errno("cannot fsync", tmp);
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = Errno("cannot rename onto", path);
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  const std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos
-                                             ? 0
-                                             : path.find_last_of('/'));
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return Errno("cannot open directory", dir);
-  int rc = ::fsync(dfd);
-  ::close(dfd);
-  if (rc != 0) return Errno("cannot fsync directory", dir);
-  return absl::OkStatus();
 }
 
 }  // namespace spgate::server

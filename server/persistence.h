@@ -1,7 +1,8 @@
 // Files the daemon reads and writes: the --config file (GateConfig, protobuf text
 // format) and the operator state in --state_dir (PersistedState, text format).
 // The state file is replaced atomically — temp file, fsync, rename, fsync of the
-// directory — so a crash leaves either the old or the new file, never a torn one.
+// directory (spgate::WriteFileAtomically, common/file_util.h) — so a crash leaves either
+// the old or the new file, never a torn one.
 // A file that does not parse is an error that names the file; it is never replaced
 // by defaults.
 #ifndef SPGATE_SERVER_PERSISTENCE_H_
@@ -30,13 +31,11 @@ absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::
 
 absl::Status SavePersistedState(const std::string& state_dir, const v1::PersistedState& state);
 
-// Writes `contents` to `path` atomically (see above), through `path`.tmp.<pid>.
-absl::Status WriteFileAtomically(const std::string& path, const std::string& contents);
-
 // A writer killed between creating its temp file and the rename leaves `path`.tmp.<pid>
-// behind, one per crash, never read again. Removes those whose <pid> is not a live
-// process (a write another process has in flight is left alone); returns how many. The
-// daemon calls it at start-up, before it loads the state file.
+// (WriteFileAtomically's temp name) behind, one per crash, never read again. Removes
+// those whose <pid> is not a live process (a write another process has in flight is left
+// alone); returns how many. The daemon calls it at start-up, before it loads the state
+// file.
 int RemoveStaleTempFiles(const std::string& path);
 
 }  // namespace spgate::server

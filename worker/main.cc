@@ -10,12 +10,10 @@
 // Exit status: 0 done; 2 bad flags or an impossible shape (the message names the flag);
 // 1 a runtime failure (the job is aborted so no rank is left waiting in a collective).
 #include <mpi.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -27,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/file_util.h"
 #include "common/mutex.h"
 #include "worker/client/tls_flags.h"
 #include "worker/runtime/communicator.h"
@@ -100,17 +99,6 @@ bool IsFirstRank() {
 int Refuse(const std::string& message, bool print) {
   if (print) std::cerr << "spgate-worker: " << message << "\n";
   return 2;
-}
-
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
 }  // namespace
@@ -257,10 +245,15 @@ int main(int argc, char** argv) {
     if (!summary.ok()) return fail(summary.status());
     if (root && summary->has_value()) {
       std::cout << spgate::runtime::SummaryTable(**summary) << std::flush;
-      if (!summary_json.empty() &&
-          !WriteFileAtomically(summary_json, spgate::runtime::SummaryJson(**summary))) {
-        std::cerr << "spgate-worker: --summary_json: cannot write " << summary_json << "\n";
-        rc = 1;
+      if (!summary_json.empty()) {
+        // 0666 before the umask, like any file the user asks for (not the daemon's 0640).
+        if (absl::Status s = spgate::WriteFileAtomically(
+                summary_json, spgate::runtime::SummaryJson(**summary), 0666);
+            !s.ok()) {
+          std::cerr << "spgate-worker: --summary_json: cannot write " << summary_json << ": "
+                    << s.message() << "\n";
+          rc = 1;
+        }
       }
     }
     tp.reset();
