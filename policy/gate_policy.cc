@@ -32,7 +32,17 @@ void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome
   }
 }
 
+// What either mode's predicted peak may reach: budget x memory_headroom.
+double MemoryLimitBytes(const GateConfig& config, const BatchFacts& batch) {
+  return static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
+}
+
 }  // namespace
+
+bool TpOnlyOverBudget(const GateConfig& config, const BatchFacts& batch) {
+  return batch.memory_budget_bytes != 0 &&
+         static_cast<double>(batch.predicted_peak_bytes_tp) > MemoryLimitBytes(config, batch);
+}
 
 std::string_view ModeLabel(Mode mode) {
   return mode == Mode::kSequenceParallel ? "sp" : "tp_only";
@@ -156,10 +166,10 @@ std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchF
                                           std::vector<GateCheck>* trace) {
   // The memory gate's verdict is needed first by an unforced TP-only pin.
   const bool has_budget = batch.memory_budget_bytes != 0;
-  const double limit = static_cast<double>(batch.memory_budget_bytes) * config.memory_headroom;
+  const double limit = MemoryLimitBytes(config, batch);
   const double tp = static_cast<double>(batch.predicted_peak_bytes_tp);
   const double sp = static_cast<double>(batch.predicted_peak_bytes_sp);
-  const bool tp_over = has_budget && tp > limit;
+  const bool tp_over = TpOnlyOverBudget(config, batch);
 
   // 1. Pin. A TP-only pin that is not forced yields to the memory gate.
   if (pin.has_value()) {

@@ -39,6 +39,13 @@ inline constexpr int64_t kMaxSequenceLength = int64_t{1} << 24;
 inline constexpr int64_t kMaxSequencesPerBatch = int64_t{1} << 20;
 absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths);
 
+// The memory gate's rule (gate 2), the one definition of "TP-only does not fit": the plan
+// carries a budget (0 means unknown, and the gate is skipped) and TP-only's predicted peak
+// is above budget x memory_headroom. The gates ask it, so does an unforced TP-only pin
+// (which yields when it holds), and so do tools that model a fixed TP-only job.
+//   if (spgate::TpOnlyOverBudget(config, facts)) { /* only SP may run this batch */ }
+bool TpOnlyOverBudget(const GateConfig& config, const BatchFacts& batch);
+
 // One line of the reason chain that EvaluateGates can record (used by the what-if API).
 struct GateCheck {
   std::string gate;     // pin, memory, length_cv, rs_wait

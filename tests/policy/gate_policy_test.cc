@@ -253,6 +253,40 @@ INSTANTIATE_TEST_SUITE_P(Gates, GateTableTest, ::testing::ValuesIn(GateCases()),
                            return info.param.name;
                          });
 
+// ---- TpOnlyOverBudget: the memory gate's rule on its own ----
+
+TEST(TpOnlyOverBudgetTest, IsOverBudgetTimesHeadroom) {
+  const struct {
+    const char* name;
+    GateConfig config;
+    BatchFacts batch;
+    bool over;
+  } rows[] = {
+      {"no_budget_never", Headroom(0.5), Memory(0, std::numeric_limits<uint64_t>::max(), 0),
+       false},
+      {"tp_exactly_at_limit_fits", Headroom(0.5), Memory(0, 500, 1000), false},
+      {"tp_one_byte_over", Headroom(0.5), Memory(0, 501, 1000), true},
+      {"sp_is_not_consulted", Headroom(0.5), Memory(5000, 400, 1000), false},
+      {"headroom_one_at_budget", Headroom(1.0), Memory(0, 1000, 1000), false},
+      {"headroom_one_byte_over", Headroom(1.0), Memory(0, 1001, 1000), true},
+  };
+  for (const auto& row : rows) {
+    EXPECT_EQ(TpOnlyOverBudget(row.config, row.batch), row.over) << row.name;
+  }
+}
+
+// The gates' memory verdict is this function's: on every unpinned row of the table the
+// memory gate fires exactly when TpOnlyOverBudget holds.
+TEST(TpOnlyOverBudgetTest, IsWhatTheMemoryGateFiresOn) {
+  for (const GateCase& tc : GateCases()) {
+    if (tc.pin.has_value()) continue;
+    const GateOutcome out = EvaluateGates(tc.config, tc.state, tc.batch, tc.rs, tc.pin);
+    const bool memory_fired = out.decision.reason == Reason::kMemoryRequiresSp ||
+                              out.decision.reason == Reason::kMemoryOverBudget;
+    EXPECT_EQ(TpOnlyOverBudget(tc.config, tc.batch), memory_fired) << tc.name;
+  }
+}
+
 // ---- The reason chain (what the what-if API shows) ----
 
 MATCHER_P2(Check, gate, outcome, "") { return arg.gate == gate && arg.outcome == outcome; }
