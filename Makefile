@@ -80,7 +80,7 @@ test-asan-mpi: test-asan
 	  ctest --output-on-failure -j 1 -L mpi -LE faults --timeout 900
 
 test-tsan: deps
-	cmake -S . -B build-tsan $(SAN_FLAGS) -DSPGATE_SANITIZE=thread -DSPGATE_TEST_DIRS="server;worker;sim"
+	cmake -S . -B build-tsan $(SAN_FLAGS) -DSPGATE_SANITIZE=thread -DSPGATE_TEST_DIRS="server;worker;tools"
 	cmake --build build-tsan -j $(JOBS) --target tests_tsan
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -L tsan

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import unittest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bench", "worker"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "sim"))
 import adaptive_ablation  # noqa: E402
