@@ -1,18 +1,14 @@
 // GateState driven by a fake clock: sessions, staleness, idempotent decisions, the
-// rolling window, effective_from_step scheduling, pins, persistence and restore.
+// rolling window, effective_from_step scheduling, pins, and what operator changes made
+// through the real store do to live groups and streams (persist-before-apply included).
+// The operator store on its own is operator_store_test.cc.
 #include "server/gate_state.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -20,6 +16,7 @@
 #include "server/audit_log.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
+#include "tests/server/test_util.h"
 #include "tests/testing/status_matchers.h"
 
 namespace spgate::server {
@@ -30,27 +27,6 @@ using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
-
-class FakeClock {
- public:
-  absl::Time Now() const { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
-};
-
-std::string TempDir() {
-  std::string dir = ::testing::TempDir() + "/gate_state_test_XXXXXX";
-  return mkdtemp(dir.data());
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class GateStateTest : public ::testing::Test {
  protected:
@@ -259,56 +235,6 @@ TEST_F(GateStateTest, ConfigChangeAppliesFromEffectiveFromStep) {
   EXPECT_EQ(d.config_version(), updated->effective_version());
 }
 
-TEST_F(GateStateTest, VersionConflictIsAborted) {
-  auto state = Make();
-  auto current = state->GetGateConfig("");
-  v1::UpdateGateConfigRequest up;
-  up.mutable_config()->set_max_length_cv(0.3);
-  up.mutable_update_mask()->add_paths("max_length_cv");
-  up.set_expected_version(current->version() + 7);
-  EXPECT_THAT(state->UpdateGateConfig(up).status(),
-              StatusIs(absl::StatusCode::kAborted, HasSubstr("version")));
-  up.set_expected_version(current->version());
-  auto ok = state->UpdateGateConfig(up);
-  ASSERT_THAT(ok.status(), IsOk());
-  EXPECT_GT(ok->version(), current->version());
-  EXPECT_THAT(state->UpdateGateConfig(up).status(), StatusIs(absl::StatusCode::kAborted));
-}
-
-TEST_F(GateStateTest, InvalidUpdatesNameTheFieldAndChangeNothing) {
-  auto state = Make();
-  const auto before = state->GetGateConfig("");
-  struct Case {
-    std::string field;
-    double value;
-  };
-  for (const Case& c : std::vector<Case>{{"max_length_cv", NAN},
-                                          {"max_length_cv", 11},
-                                          {"max_rs_wait_share", 0},
-                                          {"memory_headroom", 1.5},
-                                          {"rs_wait_reenable_margin", 0.5},
-                                          {"window_steps", 0},
-                                          {"probe_interval_steps", 2e6}}) {
-    v1::UpdateGateConfigRequest up;
-    auto* f = v1::GateConfig::descriptor()->FindFieldByName(c.field);
-    if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE) {
-      up.mutable_config()->GetReflection()->SetDouble(up.mutable_config(), f, c.value);
-    } else {
-      up.mutable_config()->GetReflection()->SetInt64(up.mutable_config(), f,
-                                                     static_cast<int64_t>(c.value));
-    }
-    up.mutable_update_mask()->add_paths(c.field);
-    EXPECT_THAT(state->UpdateGateConfig(up).status(),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
-        << c.field << "=" << c.value;
-  }
-  v1::UpdateGateConfigRequest unknown;
-  unknown.mutable_update_mask()->add_paths("max_cv");
-  EXPECT_THAT(state->UpdateGateConfig(unknown).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_cv")));
-  EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
-}
-
 TEST_F(GateStateTest, UnknownJobIsNotFound) {
   auto state = Make();
   EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
@@ -345,87 +271,6 @@ TEST_F(GateStateTest, PinsWinAndExpire) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mode")));
 }
 
-TEST_F(GateStateTest, ApiChangesSurviveARestartAndOutrankTheConfigFile) {
-  const std::string dir = TempDir();
-  v1::GateConfig file;
-  file.set_max_length_cv(0.25);
-  file.set_window_steps(10);
-  int64_t version = 0;
-  {
-    auto state = Make(dir, file);
-    v1::UpdateGateConfigRequest up;
-    up.mutable_config()->set_max_length_cv(0.4);
-    up.mutable_update_mask()->add_paths("max_length_cv");
-    auto r = state->UpdateGateConfig(up);
-    ASSERT_THAT(r.status(), IsOk());
-    version = r->version();
-    v1::UpdateGateConfigRequest job_up;
-    job_up.set_job_id("job-a");
-    job_up.mutable_config()->set_memory_headroom(0.8);
-    ASSERT_THAT(state->UpdateGateConfig(job_up).status(), IsOk());
-  }
-  auto state = Make(dir, file);
-  auto global = state->GetGateConfig("");
-  ASSERT_THAT(global.status(), IsOk());
-  EXPECT_DOUBLE_EQ(global->config().max_length_cv(), 0.4);  // API over file
-  EXPECT_EQ(global->config().window_steps(), 10);           // file over default
-  EXPECT_DOUBLE_EQ(global->config().max_rs_wait_share(), 0.22);
-  EXPECT_EQ(global->version(), version);
-  auto job = state->GetGateConfig("job-a");
-  ASSERT_THAT(job.status(), IsOk());
-  EXPECT_DOUBLE_EQ(job->config().memory_headroom(), 0.8);
-  EXPECT_DOUBLE_EQ(job->config().max_length_cv(), 0.4);
-}
-
-TEST_F(GateStateTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
-  const std::string dir = TempDir();
-  std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: oops }\n";
-  StoreOptions o;
-  o.clock = [this] { return clock_.Now(); };
-  o.state_dir = dir;
-  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(StateFilePath(dir))));
-  // Out-of-range values are as corrupt as unparsable ones.
-  std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: -1 }\n";
-  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("max_length_cv")));
-  // A version counter no daemon reaches: the next change would overflow it (found by
-  // tests/fuzz/state_file_fuzz, corpus/state_file_fuzz/12-counter-max.textproto).
-  std::ofstream(StateFilePath(dir))
-      << "version_counter: 9223372036854775807\nfile_layer { window_steps: 10 }\n";
-  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
-              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version_counter")));
-}
-
-TEST_F(GateStateTest, StartUpRemovesTempFilesOfDeadWritersOnly) {
-  const std::string dir = TempDir();
-  { auto state = Make(dir); }
-  const std::string path = StateFilePath(dir);
-  const std::string state_text = ReadAll(path);
-  // A child that has exited stands for a daemon killed between its temp file and the
-  // rename; this process for a writer still running.
-  const pid_t dead = fork();
-  if (dead == 0) _exit(0);
-  ASSERT_GT(dead, 0);
-  ASSERT_EQ(waitpid(dead, nullptr, 0), dead);
-  const std::string stale = absl::StrCat(path, ".tmp.", dead);
-  const std::string live = absl::StrCat(path, ".tmp.", getppid());
-  const std::string other = absl::StrCat(path, ".tmp.notapid");
-  for (const std::string& f : {stale, live, other}) std::ofstream(f) << "version_counter: 1\n";
-
-  EXPECT_EQ(RemoveStaleTempFiles(path), 1);
-  EXPECT_FALSE(std::filesystem::exists(stale));
-  EXPECT_TRUE(std::filesystem::exists(live));
-  EXPECT_TRUE(std::filesystem::exists(other));
-  EXPECT_EQ(ReadAll(path), state_text);
-
-  // The store does it at start-up.
-  std::ofstream(stale) << "version_counter: 1\n";
-  auto state = Make(dir);
-  EXPECT_FALSE(std::filesystem::exists(stale));
-  EXPECT_EQ(ReadAll(path), state_text);
-}
-
 TEST_F(GateStateTest, FailedPersistChangesNothing) {
   const std::string dir = TempDir();
   auto state = Make(dir);
@@ -456,244 +301,6 @@ TEST_F(GateStateTest, FailedPersistChangesNothing) {
   EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
   EXPECT_EQ(ReadAll(dir), "not a directory") << "no audit line anywhere";
   std::filesystem::remove(dir);
-}
-
-v1::UpdateGateConfigRequest SetCv(double cv, const std::string& job = "") {
-  v1::UpdateGateConfigRequest up;
-  up.set_job_id(job);
-  up.mutable_config()->set_max_length_cv(cv);
-  up.mutable_update_mask()->add_paths("max_length_cv");
-  return up;
-}
-
-TEST_F(GateStateTest, EveryChangeIsAuditedWithItsPrincipal) {
-  const std::string dir = TempDir();
-  auto state = Make(dir);
-  v1::Decision d;
-  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
-  auto global = state->UpdateGateConfig(SetCv(0.3), AuditContext{"alice"});
-  ASSERT_THAT(global.status(), IsOk());
-  v1::UpdateGateConfigRequest job = SetCv(0.5, "j");
-  job.mutable_config()->set_window_steps(10);
-  job.mutable_update_mask()->add_paths("window_steps");
-  auto job_v = state->UpdateGateConfig(job, AuditContext{"bob"});
-  ASSERT_THAT(job_v.status(), IsOk());
-  v1::PinModeRequest pin;
-  pin.set_job_id("j");
-  pin.set_group(0);
-  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
-  pin.mutable_duration()->set_seconds(600);
-  ASSERT_THAT(state->PinMode(pin, AuditContext{"CN=ops"}).status(), IsOk());
-  v1::UnpinRequest unpin;
-  unpin.set_job_id("j");
-  ASSERT_THAT(state->Unpin(unpin, AuditContext{"carol"}).status(), IsOk());
-
-  auto records = ReadAuditLog(AuditLogPath(dir));
-  ASSERT_THAT(records.status(), IsOk());
-  ASSERT_EQ(records->size(), 4u);
-  const v1::AuditEntry& e0 = (*records)[0].entry;
-  EXPECT_EQ(e0.principal(), "alice");
-  EXPECT_EQ(e0.rpc(), "UpdateGateConfig");
-  EXPECT_EQ(e0.job_id(), "");
-  EXPECT_EQ(e0.version(), global->version());
-  EXPECT_EQ(absl::FromUnixSeconds(e0.time().seconds()), clock_.Now());
-  ASSERT_EQ(e0.changes_size(), 1);
-  EXPECT_EQ(e0.changes(0).field(), "max_length_cv");
-  EXPECT_FALSE(e0.changes(0).old_value().set());
-  EXPECT_DOUBLE_EQ(e0.changes(0).new_value().value(), 0.3);
-  const v1::AuditEntry& e1 = (*records)[1].entry;
-  EXPECT_EQ(e1.job_id(), "j");
-  EXPECT_EQ(e1.version(), job_v->version());
-  EXPECT_EQ(e1.changes_size(), 2);
-  EXPECT_DOUBLE_EQ(e1.overrides().max_length_cv(), 0.5);
-  EXPECT_EQ(e1.overrides().window_steps(), 10);
-  const v1::AuditEntry& e2 = (*records)[2].entry;
-  EXPECT_EQ(e2.rpc(), "PinMode");
-  EXPECT_EQ(e2.principal(), "CN=ops");
-  EXPECT_EQ(e2.group(), 0);
-  EXPECT_TRUE(e2.has_group());
-  EXPECT_EQ(e2.mode(), v1::TENSOR_PARALLEL_ONLY);
-  EXPECT_EQ(absl::FromUnixSeconds(e2.expire_time().seconds()), clock_.Now() + absl::Minutes(10));
-  const v1::AuditEntry& e3 = (*records)[3].entry;
-  EXPECT_EQ(e3.rpc(), "Unpin");
-  EXPECT_EQ(e3.removed(), 1);
-  // One JSON object per line.
-  const std::string text = ReadAll(AuditLogPath(dir));
-  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4);
-  EXPECT_THAT(text, HasSubstr("\"principal\":\"alice\""));
-
-  // History: newest first, filtered by job, paged.
-  v1::ListConfigHistoryRequest h;
-  auto all = state->ListConfigHistory(h);
-  ASSERT_THAT(all.status(), IsOk());
-  ASSERT_EQ(all->entries_size(), 4);
-  EXPECT_EQ(all->entries(0).rpc(), "Unpin");
-  EXPECT_EQ(all->next_page_token(), "");
-  h.set_job_id("j");
-  h.set_page_size(2);
-  auto page1 = state->ListConfigHistory(h);
-  ASSERT_THAT(page1.status(), IsOk());
-  ASSERT_EQ(page1->entries_size(), 2);
-  EXPECT_EQ(page1->entries(1).rpc(), "PinMode");
-  ASSERT_NE(page1->next_page_token(), "");
-  h.set_page_token(page1->next_page_token());
-  auto page2 = state->ListConfigHistory(h);
-  ASSERT_THAT(page2.status(), IsOk());
-  ASSERT_EQ(page2->entries_size(), 1);
-  EXPECT_EQ(page2->entries(0).principal(), "bob");
-  EXPECT_EQ(page2->next_page_token(), "");
-  h.set_page_size(kMaxHistoryPageSize + 1);
-  EXPECT_THAT(state->ListConfigHistory(h).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_size")));
-  h.set_page_size(0);
-  h.set_page_token("x");
-  EXPECT_THAT(state->ListConfigHistory(h).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_token")));
-}
-
-v1::PinModeRequest PinRequest(const std::string& job, std::optional<int> group, v1::Mode mode,
-                              absl::Duration d, bool force = false) {
-  v1::PinModeRequest r;
-  r.set_job_id(job);
-  if (group) r.set_group(*group);
-  r.set_mode(mode);
-  r.mutable_duration()->set_seconds(absl::ToInt64Seconds(d));
-  r.set_force(force);
-  return r;
-}
-
-// A pin's audit entry reads old -> new: the pin it replaced at the same scope (only one
-// still in force), and an unpin names every pin it removed.
-TEST_F(GateStateTest, PinAuditRecordsTheReplacedAndRemovedPins) {
-  const std::string dir = TempDir();
-  auto state = Make(dir);
-  v1::Decision d;
-  for (int g = 0; g < 3; ++g) {  // pins need a known job and group
-    ASSERT_THAT(state->Decide(Plan("j", g, 0, {64}), &d), IsOk());
-  }
-  const AuditContext ops{"ops"};
-  const absl::Time t0 = clock_.Now();
-  // 1: job pin, nothing before it.
-  ASSERT_THAT(state->PinMode(PinRequest("j", std::nullopt, v1::SEQUENCE_PARALLEL,
-                                        absl::Minutes(10)), ops).status(), IsOk());
-  // 2: job pin replacing 1, forced.
-  ASSERT_THAT(state->PinMode(PinRequest("j", std::nullopt, v1::TENSOR_PARALLEL_ONLY,
-                                        absl::Minutes(20), /*force=*/true), ops).status(), IsOk());
-  // 3: group 1's pin does not replace the job's.
-  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::SEQUENCE_PARALLEL, absl::Minutes(1)), ops)
-                  .status(), IsOk());
-  // 4: group 1 again after its pin expired: nothing in force was replaced.
-  clock_.Advance(absl::Minutes(2));
-  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::TENSOR_PARALLEL_ONLY, absl::Minutes(5)), ops)
-                  .status(), IsOk());
-  // 5: group 1 replaced while in force.
-  ASSERT_THAT(state->PinMode(PinRequest("j", 1, v1::SEQUENCE_PARALLEL, absl::Minutes(30)), ops)
-                  .status(), IsOk());
-  // 6: group 2, then 7: unpin group 2 alone, 8: unpin the job (job pin + group 1).
-  ASSERT_THAT(state->PinMode(PinRequest("j", 2, v1::SEQUENCE_PARALLEL, absl::Minutes(1)), ops)
-                  .status(), IsOk());
-  v1::UnpinRequest unpin;
-  unpin.set_job_id("j");
-  unpin.set_group(2);
-  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
-  unpin.clear_group();
-  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
-  // 9: unpin with nothing left.
-  ASSERT_THAT(state->Unpin(unpin, ops).status(), IsOk());
-
-  auto records = ReadAuditLog(AuditLogPath(dir));
-  ASSERT_THAT(records.status(), IsOk());
-  ASSERT_EQ(records->size(), 9u);
-  auto entry = [&](int i) -> const v1::AuditEntry& { return (*records)[i].entry; };
-  auto expire = [](const v1::Pin& p) { return absl::FromUnixSeconds(p.expire_time().seconds()); };
-
-  EXPECT_FALSE(entry(0).has_replaced_pin());
-  ASSERT_TRUE(entry(1).has_replaced_pin());
-  EXPECT_TRUE(entry(1).force());
-  EXPECT_EQ(entry(1).replaced_pin().job_id(), "j");
-  EXPECT_FALSE(entry(1).replaced_pin().has_group());
-  EXPECT_EQ(entry(1).replaced_pin().mode(), v1::SEQUENCE_PARALLEL);
-  EXPECT_FALSE(entry(1).replaced_pin().force());
-  EXPECT_EQ(expire(entry(1).replaced_pin()), t0 + absl::Minutes(10));
-  EXPECT_FALSE(entry(2).has_replaced_pin());
-  EXPECT_FALSE(entry(3).has_replaced_pin());
-  ASSERT_TRUE(entry(4).has_replaced_pin());
-  EXPECT_EQ(entry(4).replaced_pin().group(), 1);
-  EXPECT_EQ(entry(4).replaced_pin().mode(), v1::TENSOR_PARALLEL_ONLY);
-  EXPECT_EQ(expire(entry(4).replaced_pin()), t0 + absl::Minutes(7));
-
-  EXPECT_EQ(entry(6).rpc(), "Unpin");
-  EXPECT_EQ(entry(6).removed(), 1);
-  ASSERT_EQ(entry(6).removed_pins_size(), 1);
-  EXPECT_EQ(entry(6).removed_pins(0).group(), 2);
-  EXPECT_EQ(entry(7).removed(), 2);
-  ASSERT_EQ(entry(7).removed_pins_size(), 2);
-  EXPECT_FALSE(entry(7).removed_pins(0).has_group());
-  EXPECT_EQ(entry(7).removed_pins(0).mode(), v1::TENSOR_PARALLEL_ONLY);
-  EXPECT_TRUE(entry(7).removed_pins(0).force());
-  EXPECT_EQ(expire(entry(7).removed_pins(0)), t0 + absl::Minutes(20));
-  EXPECT_EQ(entry(7).removed_pins(1).group(), 1);
-  EXPECT_EQ(entry(7).removed_pins(1).mode(), v1::SEQUENCE_PARALLEL);
-  EXPECT_EQ(entry(8).removed(), 0);
-  EXPECT_EQ(entry(8).removed_pins_size(), 0);
-}
-
-TEST_F(GateStateTest, RollbackRestoresTheOverridesOfThatVersion) {
-  const std::string dir = TempDir();
-  auto state = Make(dir);
-  auto v1 = state->UpdateGateConfig(SetCv(0.3));
-  ASSERT_THAT(v1.status(), IsOk());
-  v1::UpdateGateConfigRequest second = SetCv(0.4);
-  second.mutable_config()->set_window_steps(10);
-  second.mutable_update_mask()->add_paths("window_steps");
-  auto v2 = state->UpdateGateConfig(second);
-  ASSERT_THAT(v2.status(), IsOk());
-  auto job_v = state->UpdateGateConfig(SetCv(0.6, "j"));
-  ASSERT_THAT(job_v.status(), IsOk());
-
-  v1::RollbackGateConfigRequest rb;
-  rb.set_to_version(v1->version());
-  auto back = state->RollbackGateConfig(rb, AuditContext{"alice"});
-  ASSERT_THAT(back.status(), IsOk());
-  EXPECT_GT(back->version(), job_v->version());
-  EXPECT_DOUBLE_EQ(back->config().max_length_cv(), 0.3);
-  EXPECT_FALSE(back->overrides().has_window_steps());
-  EXPECT_EQ(back->config().window_steps(), 50);  // the default again
-  // The rollback is audited, as a new version with its changes.
-  v1::ListConfigHistoryRequest h;
-  h.set_page_size(1);
-  auto newest = state->ListConfigHistory(h);
-  ASSERT_THAT(newest.status(), IsOk());
-  ASSERT_EQ(newest->entries_size(), 1);
-  EXPECT_EQ(newest->entries(0).rpc(), "RollbackGateConfig");
-  EXPECT_EQ(newest->entries(0).rolled_back_to(), v1->version());
-  EXPECT_EQ(newest->entries(0).version(), back->version());
-  EXPECT_EQ(newest->entries(0).changes_size(), 2);
-  // A rollback to a rollback's version works too (it is a config change).
-  rb.set_to_version(v2->version());
-  ASSERT_THAT(state->RollbackGateConfig(rb).status(), IsOk());
-  EXPECT_EQ(state->GetGateConfig("")->config().window_steps(), 10);
-
-  rb.set_to_version(999);
-  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
-              StatusIs(absl::StatusCode::kNotFound, HasSubstr("version 999")));
-  rb.set_to_version(job_v->version());
-  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job j's config")));
-  rb.set_job_id("j");
-  rb.set_to_version(v1->version());
-  EXPECT_THAT(state->RollbackGateConfig(rb).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("the global config")));
-  rb.set_to_version(job_v->version());
-  rb.set_expected_version(1);
-  EXPECT_THAT(state->RollbackGateConfig(rb).status(), StatusIs(absl::StatusCode::kAborted));
-
-  auto memory_only = Make();
-  rb.clear_expected_version();
-  EXPECT_THAT(memory_only->RollbackGateConfig(rb).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
-  EXPECT_THAT(memory_only->ListConfigHistory({}).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
 }
 
 // Both halves of persist before apply fail in turn: the audit append (audit.log is a
