@@ -4,8 +4,9 @@
 // gradients bitwise reproducible, unlike float atomics.
 #include "kernels/internal/cuda_common.cuh"
 
-namespace spgate::kernels::internal {
+namespace spgate::kernels {
 
+// Declared in kernels/cublas_status.h, the header kernels_cuda's users share.
 absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr,
                                  const char* file, int line) {
   std::string msg = absl::StrCat(file, ":", line, ": ", expr, ": ",
@@ -25,6 +26,9 @@ absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr,
   }
 }
 
+}  // namespace spgate::kernels
+
+namespace spgate::kernels::internal {
 namespace {
 
 __global__ void ColumnPartialsFinalizeKernel(const float* __restrict__ partial,

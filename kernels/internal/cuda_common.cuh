@@ -1,9 +1,10 @@
 // Device-side building blocks shared by the .cu files: storage-type mapping
 // (the public Bfloat16 is __nv_bfloat16 on the device), vectorised loads that
 // widen to float, warp/block sums, the ordered column-partial reduction, and the
-// cuBLAS / kernel-launch error checks. The invariant that matters: all
-// arithmetic is fp32 whatever the storage type, and every reduction adds in an
-// order fixed by the launch plan, so results are identical run to run.
+// kernel-launch error check (the cuBLAS one is kernels/cublas_status.h). The
+// invariant that matters: all arithmetic is fp32 whatever the storage type, and
+// every reduction adds in an order fixed by the launch plan, so results are
+// identical run to run.
 #ifndef SPGATE_KERNELS_INTERNAL_CUDA_COMMON_CUH_
 #define SPGATE_KERNELS_INTERNAL_CUDA_COMMON_CUH_
 
@@ -16,22 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/common.h"
+#include "kernels/cublas_status.h"  // SPGATE_CUBLAS_RETURN_IF_ERROR
 #include "kernels/device_memory.h"
 
 namespace spgate::kernels::internal {
-
-absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr,
-                                 const char* file, int line);
-
-#define SPGATE_CUBLAS_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                              \
-    const cublasStatus_t spgate_cublas_status_ = (expr);                            \
-    if (spgate_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                           \
-      return ::spgate::kernels::internal::CublasErrorToStatus(spgate_cublas_status_, \
-                                                              #expr, __FILE__,     \
-                                                              __LINE__);           \
-    }                                                                               \
-  } while (0)
 
 // After a <<<...>>> launch: configuration errors surface here, at the launcher.
 #define SPGATE_CUDA_CHECK_LAUNCH(kernel_name) \

@@ -6,19 +6,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cublas_status.h"
 #include "kernels/device_memory.h"
 #include "worker/runtime/device.h"
 #include "common/status_macros.h"
 
 namespace spgate::runtime {
 namespace {
-
-absl::Status CublasStatus(cublasStatus_t s, const char* call, const char* file, int line) {
-  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(file, ":", line, ": ", call, ": cuBLAS status ",
-                                          static_cast<int>(s)));
-}
-#define CUBLAS_RETURN_IF_ERROR(call) RETURN_IF_ERROR(CublasStatus((call), #call, __FILE__, __LINE__))
 
 class CudaDevice final : public Device {
  public:
@@ -27,7 +21,7 @@ class CudaDevice final : public Device {
     std::unique_ptr<CudaDevice> d(new CudaDevice(ordinal));
     SPGATE_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking));
     ASSIGN_OR_RETURN(d->blas_, kernels::CublasHandle::Create(/*allow_tf32=*/false));
-    CUBLAS_RETURN_IF_ERROR(cublasSetStream(d->blas_.get(), d->stream_));
+    SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSetStream(d->blas_.get(), d->stream_));
     return std::unique_ptr<Device>(std::move(d));
   }
   ~CudaDevice() override {
@@ -86,12 +80,13 @@ class CudaDevice final : public Device {
   }
   absl::Status Axpy(float alpha, const float* x, float* y, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    CUBLAS_RETURN_IF_ERROR(cublasSaxpy(blas_.get(), static_cast<int>(n), &alpha, x, 1, y, 1));
+    SPGATE_CUBLAS_RETURN_IF_ERROR(
+        cublasSaxpy(blas_.get(), static_cast<int>(n), &alpha, x, 1, y, 1));
     return absl::OkStatus();
   }
   absl::Status Scale(float alpha, float* x, int64_t n) override {
     if (n <= 0) return absl::OkStatus();
-    CUBLAS_RETURN_IF_ERROR(cublasSscal(blas_.get(), static_cast<int>(n), &alpha, x, 1));
+    SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSscal(blas_.get(), static_cast<int>(n), &alpha, x, 1));
     return absl::OkStatus();
   }
   absl::Status Synchronize() override {

@@ -1,0 +1,36 @@
+// cuBLAS errors as absl::Status, for every spgate::kernels_cuda user (the kernels'
+// launchers and the worker runtime's CUDA device): the one converter, so a cuBLAS failure
+// reads and maps the same wherever it happens. The invariant that matters: library code
+// never exits on a cuBLAS error; it returns a Status carrying file:line of the call.
+//
+//   SPGATE_CUBLAS_RETURN_IF_ERROR(cublasSaxpy(handle, n, &alpha, x, 1, y, 1));
+//
+// Like device_memory.h, this header includes a CUDA header (cublas_v2.h).
+#ifndef SPGATE_KERNELS_CUBLAS_STATUS_H_
+#define SPGATE_KERNELS_CUBLAS_STATUS_H_
+
+#include <cublas_v2.h>
+
+#include "absl/status/status.h"
+
+namespace spgate::kernels {
+
+// Maps a cuBLAS status to a Status: ALLOC_FAILED -> RESOURCE_EXHAUSTED, INVALID_VALUE ->
+// INVALID_ARGUMENT, NOT_INITIALIZED / ARCH_MISMATCH / NOT_SUPPORTED ->
+// FAILED_PRECONDITION, anything else -> INTERNAL. The message is
+// "file:line: expr: CUBLAS_STATUS_X: text". Defined in kernels/internal/cuda_common.cu.
+absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr, const char* file,
+                                 int line);
+
+#define SPGATE_CUBLAS_RETURN_IF_ERROR(expr)                                          \
+  do {                                                                              \
+    const cublasStatus_t spgate_cublas_status_ = (expr);                            \
+    if (spgate_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                           \
+      return ::spgate::kernels::CublasErrorToStatus(spgate_cublas_status_, #expr,    \
+                                                    __FILE__, __LINE__);            \
+    }                                                                               \
+  } while (0)
+
+}  // namespace spgate::kernels
+
+#endif  // SPGATE_KERNELS_CUBLAS_STATUS_H_
