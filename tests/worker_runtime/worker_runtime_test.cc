@@ -206,6 +206,25 @@ TEST(BatchingTest, ANewTargetRebucketsWaitingSequences) {
   }
 }
 
+// SP pads a batch to a multiple of t; the step record's padding and the stack's geometry
+// both come from SpPaddedTokens.
+TEST(BatchingTest, MakeBatchAndSpPadding) {
+  const Batch b = MakeBatch({3, 5, 9});
+  EXPECT_EQ(b.tokens, 17);
+  EXPECT_EQ(TokenCount(b.lengths), 17);
+  EXPECT_DOUBLE_EQ(b.length_cv, LengthCv(b.lengths));
+  EXPECT_EQ(MakeBatch({}).tokens, 0);
+  EXPECT_EQ(SpPaddedTokens(17, 1), 17);
+  EXPECT_EQ(SpPaddedTokens(17, 4), 20);
+  EXPECT_EQ(SpPaddedTokens(16, 4), 16);
+  EXPECT_EQ(SpPaddedTokens(1, 8), 8);
+  for (int t : {1, 2, 3, 4, 8}) {
+    EXPECT_EQ(MakeBatchGeometry(b.lengths, Mode::kSequenceParallel, t, 0).padded_tokens,
+              SpPaddedTokens(b.tokens, t))
+        << t;
+  }
+}
+
 // ---------------------------------------------------------------- validation
 
 TEST(ValidationTest, ImpossibleShapesNameTheFlags) {

@@ -20,6 +20,22 @@ double LengthCv(const std::vector<int64_t>& lengths) {
   return mean > 0 ? static_cast<double>(std::sqrt(var) / mean) : 0.0;
 }
 
+int64_t TokenCount(std::span<const int64_t> lengths) {
+  int64_t tokens = 0;
+  for (int64_t l : lengths) tokens += l;
+  return tokens;
+}
+
+Batch MakeBatch(std::vector<int64_t> lengths) {
+  Batch b;
+  b.tokens = TokenCount(lengths);
+  b.length_cv = LengthCv(lengths);
+  b.lengths = std::move(lengths);
+  return b;
+}
+
+int64_t SpPaddedTokens(int64_t tokens, int tp) { return (tokens + tp - 1) / tp * tp; }
+
 double BucketRatio(double target_cv) {
   const double c = std::max(target_cv, 1e-3);
   const double s = c + std::sqrt(c * c + 1.0);
@@ -29,14 +45,6 @@ double BucketRatio(double target_cv) {
 BatchBuilder::BatchBuilder(std::unique_ptr<LengthSource> source, BatchBuilderOptions options)
     : source_(std::move(source)), options_(options) {}
 
-Batch BatchBuilder::Emit(std::vector<int64_t> lengths) {
-  Batch b;
-  for (int64_t l : lengths) b.tokens += l;
-  b.length_cv = LengthCv(lengths);
-  b.lengths = std::move(lengths);
-  return b;
-}
-
 void BatchBuilder::Insert(int64_t len) {
   // Bucket of [r^k, r^(k+1)); a small epsilon keeps exact powers in their own bucket.
   const int64_t k = static_cast<int64_t>(std::floor(std::log(static_cast<double>(len)) /
@@ -44,7 +52,7 @@ void BatchBuilder::Insert(int64_t len) {
   Bucket& b = buckets_[k];
   if (b.tokens + len > options_.tokens_per_batch && !b.lengths.empty()) {
     pool_tokens_ -= b.tokens;
-    ready_.push_back(Emit(std::move(b.lengths)));
+    ready_.push_back(MakeBatch(std::move(b.lengths)));
     b = Bucket{};
   }
   b.lengths.push_back(len);
@@ -52,7 +60,7 @@ void BatchBuilder::Insert(int64_t len) {
   pool_tokens_ += len;
   if (b.tokens >= options_.tokens_per_batch) {
     pool_tokens_ -= b.tokens;
-    ready_.push_back(Emit(std::move(b.lengths)));
+    ready_.push_back(MakeBatch(std::move(b.lengths)));
     buckets_.erase(k);
   }
 }
@@ -64,7 +72,7 @@ void BatchBuilder::FlushFullest() {
   }
   if (fullest == buckets_.end()) return;
   pool_tokens_ -= fullest->second.tokens;
-  ready_.push_back(Emit(std::move(fullest->second.lengths)));
+  ready_.push_back(MakeBatch(std::move(fullest->second.lengths)));
   buckets_.erase(fullest);
 }
 
@@ -83,7 +91,7 @@ Batch BatchBuilder::Next(double target_cv) {
       tokens += len;
       if (tokens >= budget) break;
     }
-    return Emit(std::move(lengths));
+    return MakeBatch(std::move(lengths));
   }
   if (target_cv != target_cv_) {
     // New target: re-bucket whatever waits (ready batches were cut under the old one

@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "worker/runtime/lengths.h"
@@ -34,6 +35,17 @@ struct Batch {
 
 // docs/design.md §2 length CV (0 for one sequence or none).
 double LengthCv(const std::vector<int64_t>& lengths);
+
+// The batch's real tokens: the sum of its lengths.
+int64_t TokenCount(std::span<const int64_t> lengths);
+
+// A batch of these lengths, its tokens and length CV filled in.
+Batch MakeBatch(std::vector<int64_t> lengths);
+
+// The tokens a batch of `tokens` real ones occupies under SP on `tp` ranks: SP gives every
+// rank an equal block of rows, so the batch is padded up to a multiple of tp (TP-only
+// runs the batch as it is). The padding is SpPaddedTokens(tokens, tp) - tokens.
+int64_t SpPaddedTokens(int64_t tokens, int tp);
 
 // The bucket ratio r for a target CV (see above).
 double BucketRatio(double target_cv);
@@ -56,7 +68,6 @@ class BatchBuilder {
   int64_t waiting_tokens() const { return pool_tokens_; }
 
  private:
-  Batch Emit(std::vector<int64_t> lengths);
   void Insert(int64_t len);
   void FlushFullest();
 

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/runtime/batching.h"
 
 namespace spgate::runtime {
 
@@ -25,7 +26,7 @@ BatchGeometry MakeBatchGeometry(std::span<const int64_t> lengths, Mode mode, int
     g.cu_seqlens.push_back(g.tokens);
   }
   if (mode == Mode::kSequenceParallel) {
-    g.padded_tokens = (g.tokens + tp - 1) / tp * tp;
+    g.padded_tokens = SpPaddedTokens(g.tokens, tp);
     if (g.padded_tokens > g.tokens) g.cu_seqlens.push_back(g.padded_tokens);
     g.rows_local = g.padded_tokens / tp;
     g.row_offset = g.rows_local * tp_rank;
@@ -38,8 +39,7 @@ BatchGeometry MakeBatchGeometry(std::span<const int64_t> lengths, Mode mode, int
 }
 
 BatchData MakeBatchData(std::span<const int64_t> lengths, uint64_t data_seed, int64_t hidden) {
-  int64_t tokens = 0;
-  for (int64_t l : lengths) tokens += l;
+  const int64_t tokens = TokenCount(lengths);
   BatchData d;
   d.input.resize(tokens * hidden);
   d.output_grad.resize(tokens * hidden);
