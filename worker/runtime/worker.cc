@@ -158,9 +158,7 @@ absl::Status BroadcastBatch(Communicator* tp, Batch& batch) {
   RETURN_IF_ERROR(tp->BroadcastHost(&n, sizeof(n), 0));
   batch.lengths.resize(n);
   RETURN_IF_ERROR(tp->BroadcastHost(batch.lengths.data(), n * sizeof(int64_t), 0));
-  batch.tokens = 0;
-  for (int64_t l : batch.lengths) batch.tokens += l;
-  batch.length_cv = LengthCv(batch.lengths);
+  batch = MakeBatch(std::move(batch.lengths));
   return absl::OkStatus();
 }
 
@@ -223,210 +221,302 @@ absl::StatusOr<uint64_t> MemoryBudget(const RankContext& cx) {
   return total / static_cast<uint64_t>(std::max(local, 1));
 }
 
-absl::StatusOr<RankResult> Run(const RankContext& cx) {
-  const WorkerOptions& o = cx.o;
-  const ProcessGrid& grid = cx.grid;
-  const bool leader = grid.is_group_leader();
-  const bool auto_mode = o.mode == ModeChoice::kAuto;
-  const MemorySpace space = cx.device->space();
+// One rank's run: what it sets up once (in SetUp's order) and the steps each iteration
+// takes (in RunStep's order). Every rank of the job calls the same collectives in the same
+// order: the node split in MemoryBudget and the first batch's broadcast, then per step the
+// stop broadcast of a timed run, the next batch's broadcast, the decision broadcast, the
+// layers' and the gradients' collectives, and the group's wait-share all-reduce.
+class RankRun {
+ public:
+  explicit RankRun(RankContext cx)
+      : cx_(std::move(cx)), o_(cx_.o), grid_(cx_.grid), leader_(cx_.grid.is_group_leader()),
+        space_(cx_.device->space()) {}
 
-  // Collective (node-local ranks): every rank computes it, before anything else.
-  ASSIGN_OR_RETURN(const uint64_t budget, MemoryBudget(cx));
-  MemoryArena arena(cx.device, o.arena);
-  ASSIGN_OR_RETURN(auto stack,
-                   TransformerStack::Create({.shape = o.shape, .tp = o.tp,
-                                             .tp_rank = grid.tp_rank(),
-                                             .norm_boundary = o.norm_boundary,
-                                             .param_seed = o.seed,
-                                             .attention_query_block = o.attention_query_block},
-                                            &arena, cx.tp));
+  absl::StatusOr<RankResult> Run() {
+    RETURN_IF_ERROR(SetUp());
+    RankResult result;
+    const auto start = Clock::now();
+    Batch current, next;
+    RETURN_IF_ERROR(Prefetch(0, current));
+    for (int64_t n = 0;; ++n) {
+      ASSIGN_OR_RETURN(const bool done, DoneBefore(n, start));
+      if (done) break;
+      const bool has_next = timed_run() || n + 1 < o_.steps;
+      if (has_next) RETURN_IF_ERROR(Prefetch(n + 1, next));
+      ASSIGN_OR_RETURN(StepRecord rec, RunStep(n, current, has_next));
+      result.steps.push_back(rec);
+      arena_->TrimCache();
+      if (has_next) current = std::move(next);
+    }
+    FinishGate(result.counters);
+    return result;
+  }
+
+ private:
+  // Per step: the time a step's clock measured, and the arena before it started.
+  struct StepClock {
+    double decision_s = 0;
+    double step_s = 0;
+    uint64_t allocated_before = 0;
+  };
+
+  bool timed_run() const { return o_.duration > absl::ZeroDuration(); }
+  bool auto_mode() const { return o_.mode == ModeChoice::kAuto; }
+
+  // ---- Set-up ----
+
+  absl::Status SetUp() {
+    // Collective (node-local ranks): every rank computes it, before anything else.
+    ASSIGN_OR_RETURN(budget_, MemoryBudget(cx_));
+    arena_ = std::make_unique<MemoryArena>(cx_.device, o_.arena);
+    ASSIGN_OR_RETURN(stack_,
+                     TransformerStack::Create({.shape = o_.shape, .tp = o_.tp,
+                                               .tp_rank = grid_.tp_rank(),
+                                               .norm_boundary = o_.norm_boundary,
+                                               .param_seed = o_.seed,
+                                               .attention_query_block = o_.attention_query_block},
+                                              arena_.get(), cx_.tp));
+    RETURN_IF_ERROR(CreateGate());
+    RETURN_IF_ERROR(CreateDecider());
+    ASSIGN_OR_RETURN(log_, DecisionLog::Open(o_.decision_log, grid_.world_rank()));
+    WaitForDaemon();
+    return CreateBatchBuilder();
+  }
 
   // The gate client: the leader's decides (daemon or local policy); every rank reports
   // telemetry when there is a daemon.
-  std::unique_ptr<client::GateClient> gate;
-  if ((auto_mode && leader) || !o.controller.empty()) {
+  absl::Status CreateGate() {
+    if (!((auto_mode() && leader_) || !o_.controller.empty())) return absl::OkStatus();
     client::GateClientOptions co;
-    co.controller = o.controller;
-    co.job_id = o.job_id;
-    co.incarnation = cx.incarnation;
-    co.group = grid.group();
-    co.rank_in_group = grid.tp_rank();
-    co.group_size = o.tp;
-    co.global_rank = grid.world_rank();
-    co.model = {o.shape.layers, o.shape.hidden, o.shape.heads, o.shape.ffn_hidden};
-    co.memory_budget_bytes = budget;
-    co.initial_config = o.initial_config;
-    co.decision_deadline = o.decision_deadline;
-    co.seed = o.seed * 7919 + grid.world_rank() + 1;
-    ASSIGN_OR_RETURN(co.credentials, client::TlsChannelCredentials(o.tls, client::kTlsFlagNames));
-    co.tls_server_name = o.tls.server_name;
-    ASSIGN_OR_RETURN(co.worker_token, client::ReadWorkerTokenFile(o.worker_token_file));
-    ASSIGN_OR_RETURN(gate, client::GateClient::Create(co));
+    co.controller = o_.controller;
+    co.job_id = o_.job_id;
+    co.incarnation = cx_.incarnation;
+    co.group = grid_.group();
+    co.rank_in_group = grid_.tp_rank();
+    co.group_size = o_.tp;
+    co.global_rank = grid_.world_rank();
+    co.model = {o_.shape.layers, o_.shape.hidden, o_.shape.heads, o_.shape.ffn_hidden};
+    co.memory_budget_bytes = budget_;
+    co.initial_config = o_.initial_config;
+    co.decision_deadline = o_.decision_deadline;
+    co.seed = o_.seed * 7919 + grid_.world_rank() + 1;
+    ASSIGN_OR_RETURN(co.credentials,
+                     client::TlsChannelCredentials(o_.tls, client::kTlsFlagNames));
+    co.tls_server_name = o_.tls.server_name;
+    ASSIGN_OR_RETURN(co.worker_token, client::ReadWorkerTokenFile(o_.worker_token_file));
+    ASSIGN_OR_RETURN(gate_, client::GateClient::Create(co));
+    return absl::OkStatus();
   }
-  std::unique_ptr<client::GroupDecider> decider;
-  if (auto_mode) {
-    Communicator* tp = cx.tp;
-    ASSIGN_OR_RETURN(decider, client::GroupDecider::Create(
-                                  leader ? gate.get() : nullptr, grid.tp_rank(),
-                                  [tp](client::DecisionWire& w, int root) {
-                                    return tp->BroadcastHost(&w, sizeof(w), root);
-                                  }));
+
+  // With --mode=auto every rank takes the leader's decision through a GroupDecider.
+  absl::Status CreateDecider() {
+    if (!auto_mode()) return absl::OkStatus();
+    Communicator* tp = cx_.tp;
+    ASSIGN_OR_RETURN(decider_, client::GroupDecider::Create(
+                                   leader_ ? gate_.get() : nullptr, grid_.tp_rank(),
+                                   [tp](client::DecisionWire& w, int root) {
+                                     return tp->BroadcastHost(&w, sizeof(w), root);
+                                   }));
+    return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(auto log, DecisionLog::Open(o.decision_log, grid.world_rank()));
-  if (gate && leader && !o.controller.empty() && o.connect_timeout > absl::ZeroDuration()) {
+
+  void WaitForDaemon() {
+    if (!gate_ || !leader_ || o_.controller.empty() ||
+        o_.connect_timeout <= absl::ZeroDuration()) {
+      return;
+    }
     // Start-up only: give the stream a moment so the first steps are the daemon's. A
     // daemon that is not there costs this once; every step after uses the deadline.
-    if (absl::Status s = gate->WaitUntilConnected(o.connect_timeout); !s.ok()) {
+    if (absl::Status s = gate_->WaitUntilConnected(o_.connect_timeout); !s.ok()) {
       std::fprintf(stderr, "spgate-worker: group %d: %s not connected after %s; deciding "
                            "locally until it answers\n",
-                   grid.group(), o.controller.c_str(),
-                   absl::FormatDuration(o.connect_timeout).c_str());
+                   grid_.group(), o_.controller.c_str(),
+                   absl::FormatDuration(o_.connect_timeout).c_str());
     }
   }
 
   // Data: the leader of each TP group draws its own stream (data parallel groups see
   // different data) and broadcasts each batch to its group.
-  std::unique_ptr<BatchBuilder> builder;
-  if (leader) {
+  absl::Status CreateBatchBuilder() {
+    if (!leader_) return absl::OkStatus();
     ASSIGN_OR_RETURN(auto source,
-                     ParseLengthSource(o.lengths, o.seed * 1000003 + grid.group(),
-                                       o.tokens_per_batch));
-    builder = std::make_unique<BatchBuilder>(
+                     ParseLengthSource(o_.lengths, o_.seed * 1000003 + grid_.group(),
+                                       o_.tokens_per_batch));
+    builder_ = std::make_unique<BatchBuilder>(
         std::move(source),
-        BatchBuilderOptions{.tokens_per_batch = o.tokens_per_batch, .bucketing = o.bucketing});
-  }
-  auto target_cv = [&](int64_t step) {
-    return gate ? gate->ConfigFor(step).config.bucket_target_cv
-                : o.initial_config.bucket_target_cv;
-  };
-  auto prefetch = [&](int64_t step, Batch& batch) -> absl::Status {
-    if (leader) batch = builder->Next(target_cv(step));
-    RETURN_IF_ERROR(BroadcastBatch(cx.tp, batch));
-    if (decider) {
-      RETURN_IF_ERROR(decider->SubmitPlan(
-          {.step = step, .lengths = batch.lengths,
-           .predicted_peak_bytes_sp = Predict(o, Mode::kSequenceParallel, space, batch.lengths),
-           .predicted_peak_bytes_tp = Predict(o, Mode::kTensorParallelOnly, space, batch.lengths),
-           .memory_budget_bytes = budget}));
-    }
+        BatchBuilderOptions{.tokens_per_batch = o_.tokens_per_batch, .bucketing = o_.bucketing});
     return absl::OkStatus();
-  };
+  }
 
-  RankResult result;
-  const auto start = Clock::now();
-  const bool timed_run = o.duration > absl::ZeroDuration();
-  Batch current, next;
-  RETURN_IF_ERROR(prefetch(0, current));
-  for (int64_t n = 0;; ++n) {
-    if (timed_run) {
-      // World rank 0 decides for everyone, so all ranks run the same number of steps.
-      uint8_t stop = Since(start) >= absl::ToDoubleSeconds(o.duration) ? 1 : 0;
-      SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(&stop, 1, MPI_UINT8_T, 0, grid.world()));
-      if (stop) break;
-    } else if (n >= o.steps) {
-      break;
-    }
-    const bool has_next = timed_run || n + 1 < o.steps;
-    if (has_next) RETURN_IF_ERROR(prefetch(n + 1, next));
+  // ---- The steps ----
 
+  // Whether the run ends before step n. In a timed run world rank 0 decides for everyone
+  // (collective), so all ranks run the same number of steps.
+  absl::StatusOr<bool> DoneBefore(int64_t n, Clock::time_point start) const {
+    if (!timed_run()) return n >= o_.steps;
+    uint8_t stop = Since(start) >= absl::ToDoubleSeconds(o_.duration) ? 1 : 0;
+    SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(&stop, 1, MPI_UINT8_T, 0, grid_.world()));
+    return stop != 0;
+  }
+
+  // Batch `step` reaches every rank of the group, and its plan goes to the decider.
+  absl::Status Prefetch(int64_t step, Batch& batch) {
+    if (leader_) batch = builder_->Next(TargetCv(step));
+    RETURN_IF_ERROR(BroadcastBatch(cx_.tp, batch));
+    if (!decider_) return absl::OkStatus();
+    return decider_->SubmitPlan(
+        {.step = step, .lengths = batch.lengths,
+         .predicted_peak_bytes_sp = Predict(o_, Mode::kSequenceParallel, space_, batch.lengths),
+         .predicted_peak_bytes_tp = Predict(o_, Mode::kTensorParallelOnly, space_, batch.lengths),
+         .memory_budget_bytes = budget_});
+  }
+
+  // The bucketing target of the config in force at `step`.
+  double TargetCv(int64_t step) const {
+    return gate_ ? gate_->ConfigFor(step).config.bucket_target_cv
+                 : o_.initial_config.bucket_target_cv;
+  }
+
+  // Step n on `batch`: decide, train, measure, report (and --verify).
+  absl::StatusOr<StepRecord> RunStep(int64_t n, const Batch& batch, bool has_next) {
     // The batch's data, made before the clock starts (a data loader's job).
-    const uint64_t data_seed = o.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
-                               static_cast<uint64_t>(grid.group());
-    const BatchData data = MakeBatchData(current.lengths, data_seed, o.shape.hidden);
-    const MicroBatch mb{.lengths = current.lengths, .data_seed = data_seed, .data = &data};
+    const uint64_t data_seed = o_.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
+                               static_cast<uint64_t>(grid_.group());
+    const BatchData data = MakeBatchData(batch.lengths, data_seed, o_.shape.hidden);
+    const MicroBatch mb{.lengths = batch.lengths, .data_seed = data_seed, .data = &data};
 
-    cx.tp->ResetStats();
-    cx.dp->ResetStats();
-    arena.ResetPeak();
-    const uint64_t allocated_before = arena.device_allocated_bytes();
+    cx_.tp->ResetStats();
+    cx_.dp->ResetStats();
+    arena_->ResetPeak();
+    StepClock clock;
+    clock.allocated_before = arena_->device_allocated_bytes();
     const auto t0 = Clock::now();
-    client::GateDecision d;
     StepSource source = StepSource::kFlag;
-    if (decider) {
-      ASSIGN_OR_RETURN(d, decider->Decide(n, absl::Now() + o.decision_deadline));
-      source = static_cast<StepSource>(d.source);
-    } else {
-      d.step = n;
-      const bool sp = o.mode == ModeChoice::kSp ||
-                      (o.mode == ModeChoice::kAlternate &&
-                       (n / std::max<int64_t>(o.alternate_steps, 1)) % 2 == 0);
-      d.mode = sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
-      d.reason = Reason::kPinned;
-    }
-    const double decision_s = Since(t0);
-    const bool window_start = n % o.grad_accum_steps == 0;
-    const bool window_end = (n + 1) % o.grad_accum_steps == 0 || !has_next;
-    if (window_start) RETURN_IF_ERROR(stack->ZeroGrads());
-    RETURN_IF_ERROR(stack->ForwardBackward(mb, d.mode));
-    if (window_end) RETURN_IF_ERROR(stack->FinishGradients(cx.dp));
-    RETURN_IF_ERROR(cx.device->Synchronize());
-    RETURN_IF_ERROR(cx.tp->Synchronize());
-    RETURN_IF_ERROR(cx.dp->Synchronize());
-    const double step_s = Since(t0);
+    ASSIGN_OR_RETURN(const client::GateDecision d, Decide(n, &source));
+    clock.decision_s = Since(t0);
+    const bool window_end = (n + 1) % o_.grad_accum_steps == 0 || !has_next;
+    RETURN_IF_ERROR(Train(mb, d.mode, n % o_.grad_accum_steps == 0, window_end));
+    clock.step_s = Since(t0);
 
+    StepRecord rec = Measure(n, batch, d, source, clock);
+    RETURN_IF_ERROR(Report(n, d, source, rec));
+    if (o_.verify && window_end) {
+      ASSIGN_OR_RETURN(rec.verify_diff, VerifyBatch(*stack_, mb));
+    }
+    return rec;
+  }
+
+  // The leader's decision through the GroupDecider (auto), else the flag's mode.
+  absl::StatusOr<client::GateDecision> Decide(int64_t n, StepSource* source) {
+    if (decider_) {
+      ASSIGN_OR_RETURN(client::GateDecision d,
+                       decider_->Decide(n, absl::Now() + o_.decision_deadline));
+      *source = static_cast<StepSource>(d.source);
+      return d;
+    }
+    client::GateDecision d;
+    d.step = n;
+    const bool sp = o_.mode == ModeChoice::kSp ||
+                    (o_.mode == ModeChoice::kAlternate &&
+                     (n / std::max<int64_t>(o_.alternate_steps, 1)) % 2 == 0);
+    d.mode = sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
+    d.reason = Reason::kPinned;
+    return d;
+  }
+
+  // Forward and backward in `mode`, gradients zeroed at a window's start and finished
+  // (over the DP group) at its end; returns when the device and both groups are idle.
+  absl::Status Train(const MicroBatch& mb, Mode mode, bool window_start, bool window_end) {
+    if (window_start) RETURN_IF_ERROR(stack_->ZeroGrads());
+    RETURN_IF_ERROR(stack_->ForwardBackward(mb, mode));
+    if (window_end) RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
+    RETURN_IF_ERROR(cx_.device->Synchronize());
+    RETURN_IF_ERROR(cx_.tp->Synchronize());
+    return cx_.dp->Synchronize();
+  }
+
+  StepRecord Measure(int64_t n, const Batch& batch, const client::GateDecision& d,
+                     StepSource source, const StepClock& clock) const {
     StepRecord rec;
-    const CollectiveStats& ts = cx.tp->stats();
+    const CollectiveStats& ts = cx_.tp->stats();
     rec.step = n;
     rec.mode = static_cast<uint8_t>(d.mode);
     rec.reason = static_cast<uint8_t>(d.reason);
     rec.source = static_cast<uint8_t>(source);
-    rec.sequences = static_cast<int32_t>(current.lengths.size());
-    rec.tokens = current.tokens;
-    const int64_t padded = d.mode == Mode::kSequenceParallel
-                               ? (current.tokens + o.tp - 1) / o.tp * o.tp
-                               : current.tokens;
-    rec.padding_tokens = padded - current.tokens;
-    rec.length_cv = current.length_cv;
-    rec.step_time_s = step_s;
-    rec.decision_s = decision_s;
+    rec.sequences = static_cast<int32_t>(batch.lengths.size());
+    rec.tokens = batch.tokens;
+    rec.padding_tokens = d.mode == Mode::kSequenceParallel
+                             ? SpPaddedTokens(batch.tokens, o_.tp) - batch.tokens
+                             : 0;
+    rec.length_cv = batch.length_cv;
+    rec.step_time_s = clock.step_s;
+    rec.decision_s = clock.decision_s;
     rec.rs_wait_s = ts.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
     rec.all_gather_s = ts.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
     rec.all_reduce_s = ts.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer);
     rec.norm_stall_s = ts.Seconds(CollectivePurpose::kNormBoundary);
     rec.grad_sync_s = ts.Seconds(CollectivePurpose::kGradSync) +
-                      cx.dp->stats().Seconds(CollectivePurpose::kGradSync);
-    rec.peak_bytes = arena.peak_bytes();
-    rec.predicted_peak_bytes = Predict(o, d.mode, space, current.lengths);
-    rec.device_allocated_bytes = arena.device_allocated_bytes() - allocated_before;
+                      cx_.dp->stats().Seconds(CollectivePurpose::kGradSync);
+    rec.peak_bytes = arena_->peak_bytes();
+    rec.predicted_peak_bytes = Predict(o_, d.mode, space_, batch.lengths);
+    rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
+    return rec;
+  }
 
+  // The group's wait share to the leader's fallback, telemetry to the daemon, the log line.
+  absl::Status Report(int64_t n, const client::GateDecision& d, StepSource source,
+                      const StepRecord& rec) {
+    const double step_s = rec.step_time_s;
     // The group's reduce-scatter wait share (max over ranks, docs/design.md §2) for the
     // leader's fail-static window; the daemon computes its own from telemetry.
-    if (decider && o.tp > 1) {
+    if (decider_ && o_.tp > 1) {
       double share = step_s > 0 ? rec.rs_wait_s / step_s : 0;
-      RETURN_IF_ERROR(cx.tp->AllReduceMaxHost(&share, 1));
-      if (leader) gate->ObserveGroupRsWaitShare(n, d.mode, share);
+      RETURN_IF_ERROR(cx_.tp->AllReduceMaxHost(&share, 1));
+      if (leader_) gate_->ObserveGroupRsWaitShare(n, d.mode, share);
     }
-    if (gate && !o.controller.empty()) {
+    if (gate_ && !o_.controller.empty()) {
       // Telemetry never blocks; a refusal is a bug worth surfacing.
-      RETURN_IF_ERROR(gate->ReportTelemetry({.step = n, .mode = d.mode, .reason = d.reason,
-                                             .step_time_s = std::max(step_s, 1e-9),
-                                             .rs_wait_s = rec.rs_wait_s,
-                                             .all_gather_s = rec.all_gather_s,
-                                             .norm_stall_s = rec.norm_stall_s,
-                                             .effective_tokens = rec.tokens,
-                                             .padding_tokens = rec.padding_tokens,
-                                             .peak_memory_bytes = rec.peak_bytes}));
+      RETURN_IF_ERROR(gate_->ReportTelemetry({.step = n, .mode = d.mode, .reason = d.reason,
+                                              .step_time_s = std::max(step_s, 1e-9),
+                                              .rs_wait_s = rec.rs_wait_s,
+                                              .all_gather_s = rec.all_gather_s,
+                                              .norm_stall_s = rec.norm_stall_s,
+                                              .effective_tokens = rec.tokens,
+                                              .padding_tokens = rec.padding_tokens,
+                                              .peak_memory_bytes = rec.peak_bytes}));
     }
-    if (log) log->Write(n, d.mode, d.reason, source);
-    if (o.verify && window_end) {
-      ASSIGN_OR_RETURN(rec.verify_diff, VerifyBatch(*stack, mb));
-    }
-    result.steps.push_back(rec);
-    arena.TrimCache();
-    if (has_next) current = std::move(next);
+    if (log_) log_->Write(n, d.mode, d.reason, source);
+    return absl::OkStatus();
   }
 
-  if (gate) {
-    if (!o.controller.empty()) (void)gate->Flush(absl::Seconds(2));  // counts say what was lost
-    const client::GateClientStats s = gate->stats();
-    result.counters.telemetry_sent = s.telemetry_sent;
-    result.counters.telemetry_acked = s.telemetry_acked;
-    result.counters.telemetry_dropped = s.telemetry_dropped;
-    result.counters.daemon_decisions = s.daemon_decisions;
-    result.counters.late_decisions = s.late_decisions;
+  // ---- After the last step ----
+
+  void FinishGate(RankCounters& counters) {
+    if (!gate_) return;
+    if (!o_.controller.empty()) (void)gate_->Flush(absl::Seconds(2));  // counts say what was lost
+    const client::GateClientStats s = gate_->stats();
+    counters.telemetry_sent = s.telemetry_sent;
+    counters.telemetry_acked = s.telemetry_acked;
+    counters.telemetry_dropped = s.telemetry_dropped;
+    counters.daemon_decisions = s.daemon_decisions;
+    counters.late_decisions = s.late_decisions;
   }
-  return result;
-}
+
+  const RankContext cx_;
+  const WorkerOptions& o_;
+  const ProcessGrid& grid_;
+  const bool leader_;
+  const MemorySpace space_;
+  uint64_t budget_ = 0;
+  // Made in this order by SetUp and destroyed in reverse: the stack's buffers go back to
+  // the arena before it closes, and the decider lets go of the gate before it closes.
+  std::unique_ptr<MemoryArena> arena_;
+  std::unique_ptr<TransformerStack> stack_;
+  std::unique_ptr<client::GateClient> gate_;
+  std::unique_ptr<client::GroupDecider> decider_;
+  std::unique_ptr<DecisionLog> log_;
+  std::unique_ptr<BatchBuilder> builder_;  // the leader's only
+};
 
 }  // namespace
 
@@ -437,7 +527,7 @@ absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const Pro
     return absl::InvalidArgumentError("RunWorkerRank: communicators do not match the grid");
   }
   ASSIGN_OR_RETURN(std::string incarnation, AgreeOnIncarnation(options, grid));
-  return Run({options, grid, device, tp, dp, std::move(incarnation)});
+  return RankRun({options, grid, device, tp, dp, std::move(incarnation)}).Run();
 }
 
 absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& options,
