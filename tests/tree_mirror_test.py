@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Tests mirror the source tree (docs/design.md §8): every unit of a source folder has its
+test beside the folder's mirror under tests/, or an entry below that says which test
+covers it and why it has none of its own.
+
+A unit is a .cc or .cu file's stem (in kernels/, `x_ref.cc`, `x_cpu.cc` and `x.cu` are the
+one op `x`, as docs/design.md §8 lays kernels out); its test is tests/<folder>/<unit>_test.cc
+or <unit>_test.py. The check fails, naming each, on
+  - a unit with neither a test nor an exception;
+  - a source file in a folder this check does not know (add the folder to SOURCE_FOLDERS
+    or NOT_SOURCE);
+  - an exception that no longer holds: its unit has gone or now has its own test, or the
+    test it names as covering it does not exist;
+  - a transitional mirror or folder entry whose real mirror now exists.
+Pure file listing, no build; run as ctest `tree_mirror_test` (label `layout`) or directly:
+`python3 tests/tree_mirror_test.py [--root=DIR]` (another checkout, e.g. to try the check).
+"""
+import argparse
+import os
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+# Folders whose .cc/.cu files are units, each mirrored by tests/<folder>.
+SOURCE_FOLDERS = [
+    "common", "policy", "proto", "server", "kernels", "kernels/internal", "worker",
+    "worker/client", "worker/runtime", "tools/sim", "tools/spgatectl", "python",
+]
+
+# Top-level folders with C++ that is not a unit to mirror.
+NOT_SOURCE = {
+    "tests": "the tests themselves",
+    "bench": "benchmarks, outside the default ctest run; bench/ checks its own drivers",
+    "examples": "example programs, run by tests/python/torch_example_test.py",
+}
+
+# Until tests/worker and tests/worker_runtime move to tests/worker/client and
+# tests/worker/runtime (issue 19 item 4, under way): where these folders' tests are now.
+# Remove an entry once its real mirror exists (the check says when).
+TRANSITIONAL_MIRRORS = {
+    "worker/client": "tests/worker",
+    "worker/runtime": "tests/worker_runtime",
+}
+
+# TEMPORARY, with the move above: worker/runtime's units are tested one suite per unit
+# inside tests/worker_runtime/worker_runtime_test.cc (LengthSourceTest, BatchingTest,
+# MemoryArenaTest, MemoryModelTest, TransformerStackTest, SummaryTest, ...), the
+# communicators in worker_runtime_mpi_test.cc and the devices in worker_runtime_gpu_test.cc,
+# until they are split into tests/worker/runtime/<unit>_test.cc. Units here are not
+# checked one by one. Remove the entry with the split (the check says when).
+TRANSITIONAL_FOLDERS = {
+    "worker/runtime": "tests/worker/runtime",
+}
+
+# Units with no test of their own: unit path -> (the test that covers it, why).
+EXCEPTIONS = {
+    # server/: GateState is one class over three files, tested as one.
+    "server/gate_state_learned.cc": ("tests/server/gate_state_test.cc",
+                                     "GateState's throughput learning (the same class)"),
+    "server/gate_state_views.cc": ("tests/server/gate_state_test.cc",
+                                   "GateState's read views (the same class)"),
+    "server/audit_log.cc": ("tests/server/operator_store_test.cc",
+                            "the store's audit log: every change's entry, history, rollback"),
+    "server/persistence.cc": ("tests/server/operator_store_test.cc",
+                              "the state file through the store: restart, corrupt files, "
+                              "stale temp files; also tests/fuzz/state_file_fuzz.cc"),
+    "server/identity.cc": ("tests/server/gate_state_test.cc",
+                           "incarnation and session-id rules, through Register"),
+    "server/job_views.cc": ("tests/server/gate_state_test.cc",
+                            "proto <-> domain for the admin views, through state_harness.h "
+                            "and the real services in daemon_test.cc"),
+    "server/metrics.cc": ("tests/server/daemon_test.cc",
+                          "the families, scraped from a real daemon's /metrics"),
+    "server/services.cc": ("tests/server/daemon_test.cc",
+                           "the gRPC services and stream reactors, on a real daemon on port 0"),
+    "server/main.cc": ("tests/server/spgated_reload_test.py",
+                       "spgated's flags and signals, through the real binary"),
+    # policy/
+    "policy/gate_config.cc": ("tests/policy/validate_gate_config_test.cc",
+                              "the gate field table's validation and layering"),
+    "policy/telemetry.cc": ("tests/policy/group_state_test.cc",
+                            "the telemetry range rules, table-driven with the group state"),
+    # kernels/
+    "kernels/device_memory.cc": ("tests/gpu/device_memory_gpu_test.cc", "needs a device"),
+    "kernels/linear_args.cc": ("tests/kernels/gemm_test.cc",
+                               "the Linear products' GEMM mapping and argument checks"),
+    "kernels/internal/cuda_common.cu": ("tests/gpu/gemm_gpu_test.cc",
+                                        "cuBLAS status conversion and the ordered column "
+                                        "reductions, on a device (all tests/gpu)"),
+    # python/
+    "python/spgate_module.cc": ("tests/python/client_test.py",
+                                "the pybind module, driven from Python"),
+    # tools/
+    "tools/sim/compare.cc": ("tests/tools/sim/sim_test.cc",
+                             "the decision-quality comparison, over simulator runs"),
+    "tools/sim/summary.cc": ("tests/tools/sim/sim_test.cc",
+                             "the simulator's summary, read back from its runs"),
+    "tools/sim/main.cc": ("tests/tools/sim/cli_replay_test.cmake",
+                          "spgate-sim's command line, through the real binary"),
+    "tools/spgatectl/main.cc": ("tests/tools/spgatectl/spgatectl_e2e_test.cc",
+                                "the real spgatectl against a real daemon"),
+    # worker/
+    "worker/main.cc": ("tests/worker_runtime/worker_cli_test.py",
+                       "spgate-worker's flags, through the real binary"),
+    # worker/client/: TEMPORARY, until tests/worker/client has one <unit>_test.cc per unit.
+    "worker/client/client_runtime.cc": ("tests/worker/gate_client_test.cc",
+                                        "GateClient's timer thread, through GateClient"),
+    "worker/client/in_memory_broadcast.cc": ("tests/worker/group_decider_test.cc",
+                                             "the broadcast GroupDecider's tests run over"),
+    "worker/client/spgate_client.cc": ("tests/worker/c_api_test.cc", "the C API"),
+    "worker/client/tls_flags.cc": ("tests/integration/tls_clients_test.py",
+                                   "the clients' TLS flags, through the real binaries"),
+    "worker/client/wire.cc": ("tests/worker/gate_client_test.cc",
+                              "channel and messages, through GateClient against a server"),
+}
+
+KERNEL_SUFFIXES = ("_ref", "_cpu")
+
+
+def units(folder):
+    """{unit: [source files]} for the .cc/.cu files directly in folder."""
+    out = {}
+    for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+        stem, ext = os.path.splitext(name)
+        if ext not in (".cc", ".cu"):
+            continue
+        unit = stem
+        if folder == "kernels":
+            for suffix in KERNEL_SUFFIXES:
+                if unit.endswith(suffix):
+                    unit = unit[: -len(suffix)]
+        out.setdefault(unit, []).append(f"{folder}/{name}")
+    return out
+
+
+def exists(path):
+    return os.path.exists(os.path.join(ROOT, path))
+
+
+def unknown_folders():
+    """Folders with .cc/.cu files that are neither in SOURCE_FOLDERS nor under NOT_SOURCE."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel = os.path.relpath(dirpath, ROOT)
+        # Hidden folders, build trees and the not-source folders are not walked.
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")
+                       and not os.path.exists(os.path.join(dirpath, d, "CMakeCache.txt"))
+                       and not (rel == "." and d in NOT_SOURCE)]
+        if rel == "." or rel in SOURCE_FOLDERS:
+            continue
+        if any(f.endswith((".cc", ".cu")) for f in filenames):
+            found.append(rel)
+    return found
+
+
+def problems():
+    out = []
+    for folder in unknown_folders():
+        out.append(f"{folder}/: C++ sources in a folder the check does not know; add it to "
+                   "SOURCE_FOLDERS (and give its units tests) or to NOT_SOURCE with a reason")
+    for folder, real in TRANSITIONAL_FOLDERS.items():
+        if exists(real):
+            out.append(f"{real} exists: drop TRANSITIONAL_FOLDERS[{folder!r}] and let the "
+                       f"check hold {folder}'s units")
+    for folder, old in TRANSITIONAL_MIRRORS.items():
+        if exists(f"tests/{folder}"):
+            out.append(f"tests/{folder} exists: drop TRANSITIONAL_MIRRORS[{folder!r}] "
+                       f"(was {old})")
+    seen_exceptions = set()
+    for folder in SOURCE_FOLDERS:
+        if not exists(folder):
+            out.append(f"{folder}/: listed in SOURCE_FOLDERS but missing")
+            continue
+        mirror = f"tests/{folder}"
+        if not exists(mirror) and folder in TRANSITIONAL_MIRRORS:
+            mirror = TRANSITIONAL_MIRRORS[folder]
+        skip_units = folder in TRANSITIONAL_FOLDERS and not exists(TRANSITIONAL_FOLDERS[folder])
+        for unit, sources in units(folder).items():
+            tests = [f"{mirror}/{unit}_test{ext}" for ext in (".cc", ".py")]
+            has_test = any(exists(t) for t in tests)
+            excepted = [s for s in sources if s in EXCEPTIONS]
+            seen_exceptions.update(excepted)
+            if has_test:
+                for s in excepted:
+                    out.append(f"{s}: has its own test now; drop its entry in EXCEPTIONS")
+            elif not excepted and not skip_units:
+                out.append(f"{', '.join(sources)}: no {tests[0]} (or .py); write it, or add "
+                           "an entry to EXCEPTIONS naming the test that covers it and why")
+    for source, (covering, _why) in EXCEPTIONS.items():
+        if source not in seen_exceptions:
+            out.append(f"{source}: in EXCEPTIONS but not a unit of a SOURCE_FOLDERS folder "
+                       "(gone or moved); drop or fix the entry")
+        if not exists(covering):
+            out.append(f"{source}: EXCEPTIONS names {covering} as its test, which does not "
+                       "exist")
+    return out
+
+
+def main():
+    global ROOT
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", default=ROOT, help="the source tree to check")
+    ROOT = os.path.abspath(parser.parse_args().root)
+    found = problems()
+    for p in found:
+        print(f"tree_mirror_test: {p}")
+    if found:
+        print(f"tree_mirror_test: {len(found)} problem(s); tests mirror the source tree "
+              "(docs/design.md §8)")
+        return 1
+    print("tree_mirror_test: every unit has its test beside its mirror or a named exception")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
