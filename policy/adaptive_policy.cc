@@ -99,17 +99,41 @@ void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
 uint64_t ThroughputTable::PreferenceBits(const GateConfig& config, int64_t step) const {
   static_assert(2 * kBands <= 64);
   uint64_t bits = 0;
-  const auto min = static_cast<double>(config.adaptive_min_samples);
   for (int b = 0; b < kBands; ++b) {
-    const CellView sp = At(b, Mode::kSequenceParallel, step, config.adaptive_half_life_steps);
-    const CellView tp = At(b, Mode::kTensorParallelOnly, step, config.adaptive_half_life_steps);
-    if (sp.samples < min || tp.samples < min || sp.tokens_per_s <= 0) continue;
+    const BandEstimate e = EstimateBand(config, this, b, step);
+    if (!e.known) continue;
     bits |= uint64_t{1} << (2 * b);
-    if (tp.tokens_per_s > sp.tokens_per_s * (1.0 + config.adaptive_margin)) {
-      bits |= uint64_t{2} << (2 * b);
-    }
+    if (e.preferred == Mode::kTensorParallelOnly) bits |= uint64_t{2} << (2 * b);
   }
   return bits;
+}
+
+BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
+                          int64_t step) {
+  BandEstimate e;
+  if (table == nullptr) return e;
+  const int64_t h = config.adaptive_half_life_steps;
+  e.sp = table->At(band, Mode::kSequenceParallel, step, h);
+  e.tp = table->At(band, Mode::kTensorParallelOnly, step, h);
+  const auto min = static_cast<double>(config.adaptive_min_samples);
+  e.known = e.sp.samples >= min && e.tp.samples >= min && e.sp.tokens_per_s > 0;
+  if (e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) e.ratio = e.tp.tokens_per_s / e.sp.tokens_per_s;
+  if (e.known && e.tp.tokens_per_s > e.sp.tokens_per_s * (1.0 + config.adaptive_margin)) {
+    e.preferred = Mode::kTensorParallelOnly;
+  }
+  return e;
+}
+
+bool AdaptiveGainLedger::Add(const GateConfig& config, const ThroughputTable& table,
+                             const GateOutcome& outcome, int64_t step, int64_t tokens) {
+  if (!outcome.static_choice.has_value()) return false;
+  const int64_t h = config.adaptive_half_life_steps;
+  const double ran = table.At(outcome.band, outcome.decision.mode, step, h).tokens_per_s;
+  const double gates = table.At(outcome.band, *outcome.static_choice, step, h).tokens_per_s;
+  if (!(ran > 0) || !(gates > 0)) return false;
+  adaptive_s_ += static_cast<double>(tokens) / ran;
+  static_s_ += static_cast<double>(tokens) / gates;
+  return true;
 }
 
 int64_t ExplorePeriod(const GateConfig& config) {
@@ -137,16 +161,16 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   if (std::optional<Decision> d = PinAndMemoryGates(config, batch, pin, trace)) return finish(*d);
 
   // 3. The band's estimates, or the gates while the band has too few samples.
-  const int64_t h = config.adaptive_half_life_steps;
-  const CellView sp = table ? table->At(band, Mode::kSequenceParallel, batch.step, h) : CellView{};
-  const CellView tp = table ? table->At(band, Mode::kTensorParallelOnly, batch.step, h) : CellView{};
+  const BandEstimate e = EstimateBand(config, table, band, batch.step);
+  const CellView& sp = e.sp;
+  const CellView& tp = e.tp;
   const auto min = static_cast<double>(config.adaptive_min_samples);
+  const double need = 1.0 + config.adaptive_margin;
   Decision choice;
-  if (sp.samples >= min && tp.samples >= min && sp.tokens_per_s > 0) {
+  if (e.known) {
     static_choice = ThresholdGates(config, state, batch, rs_wait, nullptr).mode;
     const double ratio = tp.tokens_per_s / sp.tokens_per_s;
-    const double need = 1.0 + config.adaptive_margin;
-    if (ratio > need) {
+    if (e.preferred == Mode::kTensorParallelOnly) {
       Record(trace, "adaptive", "fire", ratio, need,
              absl::StrFormat("band %s: TP-only's learned tokens/s is %.3fx SP's, above "
                              "1 + adaptive_margin",

@@ -105,6 +105,42 @@ class ThroughputTable {
   int64_t newest_step_ = -1;
 };
 
+// What one band's learned estimates say at a step: the rule of step 3 above, written
+// once for the policy, the preference bits and spgatectl's table.
+struct BandEstimate {
+  CellView sp;
+  CellView tp;
+  // Both modes have adaptive_min_samples and SP has a positive estimate.
+  bool known = false;
+  // When known: TP-only, if its estimate beats SP's by more than adaptive_margin, else SP.
+  Mode preferred = Mode::kSequenceParallel;
+  // TP-only's estimate over SP's; 0 when either has none.
+  double ratio = 0;
+};
+// `table` null: an empty table.
+BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
+                          int64_t step);
+
+// ADAPTIVE's gain over the STATIC gates (docs/design.md §11): the learned seconds of the
+// batches ADAPTIVE decided from its estimates, at the rate of the mode it ran and at the
+// rate of the mode the gates would have run. The daemon keeps one per job.
+class AdaptiveGainLedger {
+ public:
+  // Adds one decided batch of `tokens` tokens at `step`. Counts only outcomes whose band
+  // decided (static_choice set) and whose two modes both have a learned rate; returns
+  // whether it counted.
+  bool Add(const GateConfig& config, const ThroughputTable& table, const GateOutcome& outcome,
+           int64_t step, int64_t tokens);
+  // STATIC's seconds over ADAPTIVE's for the same batches (above 1: ADAPTIVE gained);
+  // 0 before anything was counted.
+  double ratio() const { return adaptive_s_ > 0 ? static_s_ / adaptive_s_ : 0.0; }
+  void Clear() { *this = AdaptiveGainLedger{}; }
+
+ private:
+  double adaptive_s_ = 0;
+  double static_s_ = 0;
+};
+
 // The ADAPTIVE policy for `batch` (see the top of this file). `table` null: empty.
 // The outcome's band is the batch's; static_choice is what the STATIC gates would have
 // run for the same batch, set when the band decided (for the gain estimate).

@@ -352,5 +352,74 @@ TEST(PreferenceBitsTest, ChangeWhenABandsPreferenceChanges) {
   EXPECT_EQ(Learned(kBands - 1, 100, 110).PreferenceBits(c, kStep), uint64_t{3} << 62);
 }
 
+// EstimateBand is the one place the band rule lives (the policy, the preference bits and
+// spgatectl's LEARNED table read it): known only with min_samples of both modes and a
+// positive SP rate; TP-only only above the margin.
+TEST(EstimateBandTest, SamplesAndMarginDecide) {
+  const GateConfig c = Adaptive();  // margin 0.02, min_samples 8
+  const int band = 9;  // cv [0.10, 0.15), tokens [8192, 16384)
+  struct Case {
+    const char* what;
+    ThroughputTable table;
+    bool known;
+    Mode preferred;
+    double ratio;
+  } cases[] = {
+      {"empty", ThroughputTable{}, false, kSp, 0},
+      {"7 samples each", Learned(band, 100, 150, 7), false, kSp, 1.5},
+      {"9 samples each, within the margin", Learned(band, 100, 101.5, 9), true, kSp, 1.015},
+      {"above the margin", Learned(band, 100, 102.5), true, kTp, 1.025},
+      {"TP-only slower", Learned(band, 100, 80), true, kSp, 0.8},
+      {"no SP rate", Learned(band, 0, 100), false, kSp, 0},
+  };
+  for (const Case& k : cases) {
+    const BandEstimate e = EstimateBand(c, &k.table, band, kStep);
+    EXPECT_EQ(e.known, k.known) << k.what;
+    EXPECT_EQ(e.preferred, k.preferred) << k.what;
+    EXPECT_NEAR(e.ratio, k.ratio, 1e-9) << k.what;
+    // The decision agrees with the estimate on a non-exploration step.
+    const GateOutcome out =
+        EvaluateAdaptive(c, GroupGateState{}, Batch(0.12, 8192), {}, std::nullopt, &k.table);
+    ASSERT_EQ(out.band, band) << k.what;
+    if (k.known) EXPECT_EQ(out.decision, (Decision{k.preferred, Reason::kAdaptive})) << k.what;
+    if (!k.known) EXPECT_NE(out.decision.reason, Reason::kAdaptive) << k.what;
+  }
+  EXPECT_FALSE(EstimateBand(c, nullptr, band, kStep).known);
+}
+
+// The ledger adds a batch's learned seconds under the mode run and under the static
+// gates' choice, only when the band decided and both rates are known.
+TEST(AdaptiveGainLedgerTest, CountsOnlyDecidedBandsWithBothRates) {
+  const GateConfig c = Adaptive();
+  const int band = BandOf(c, 0.05, 4096);
+  const ThroughputTable t = Learned(band, 100, 200);  // TP-only twice SP's tokens/s
+  AdaptiveGainLedger ledger;
+  EXPECT_EQ(ledger.ratio(), 0.0);
+
+  GateOutcome gates_decided;  // no static_choice: the prior decided, nothing to compare
+  gates_decided.band = band;
+  gates_decided.decision = {kTp, Reason::kLengthCv};
+  EXPECT_FALSE(ledger.Add(c, t, gates_decided, kStep, 1000));
+
+  GateOutcome learned = gates_decided;
+  learned.decision = {kTp, Reason::kAdaptive};
+  learned.static_choice = kSp;
+  ASSERT_TRUE(ledger.Add(c, t, learned, kStep, 1000));  // 5 s under TP-only, 10 s under SP
+  EXPECT_NEAR(ledger.ratio(), 2.0, 1e-9);
+
+  GateOutcome same = learned;  // ADAPTIVE and the gates agree: 10 s each
+  same.decision = {kSp, Reason::kAdaptive};
+  ASSERT_TRUE(ledger.Add(c, t, same, kStep, 2000));
+  EXPECT_NEAR(ledger.ratio(), (10.0 + 20.0) / (5.0 + 20.0), 1e-9);
+
+  GateOutcome unknown_band = learned;  // a band with no rates
+  unknown_band.band = band + 1;
+  EXPECT_FALSE(ledger.Add(c, t, unknown_band, kStep, 1000));
+  EXPECT_NEAR(ledger.ratio(), 30.0 / 25.0, 1e-9);
+
+  ledger.Clear();
+  EXPECT_EQ(ledger.ratio(), 0.0);
+}
+
 }  // namespace
 }  // namespace spgate

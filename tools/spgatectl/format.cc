@@ -148,14 +148,7 @@ std::string ToJson(const google::protobuf::Message& message, bool multiline) {
 }
 
 std::string ModeName(v1::Mode mode) {
-  switch (mode) {
-    case v1::SEQUENCE_PARALLEL:
-      return "sp";
-    case v1::TENSOR_PARALLEL_ONLY:
-      return "tp_only";
-    default:
-      return "-";
-  }
+  return IsValidMode(mode) ? std::string(ModeLabel(FromProto(mode))) : "-";
 }
 
 std::string ReasonName(v1::Reason reason) {
@@ -243,24 +236,17 @@ std::string LearnedText(const v1::Job& job) {
            {"TP_N", Align::kRight},
            {"TP/SP", Align::kRight},
            {"PREFERRED"}});
-  const auto min = static_cast<double>(config.adaptive_min_samples);
   for (int band = 0; band < kBands; ++band) {
-    const CellView sp = table.At(band, Mode::kSequenceParallel, at, config.adaptive_half_life_steps);
-    const CellView tp =
-        table.At(band, Mode::kTensorParallelOnly, at, config.adaptive_half_life_steps);
+    const BandEstimate e = EstimateBand(config, &table, band, at);
+    const CellView& sp = e.sp;
+    const CellView& tp = e.tp;
     if (sp.samples == 0 && tp.samples == 0) continue;
-    const bool known = sp.samples >= min && tp.samples >= min && sp.tokens_per_s > 0;
-    const double ratio = sp.tokens_per_s > 0 && tp.tokens_per_s > 0
-                             ? tp.tokens_per_s / sp.tokens_per_s : 0;
-    std::string preferred = "static gates (too few samples)";
-    if (known) {
-      preferred = tp.tokens_per_s > sp.tokens_per_s * (1 + config.adaptive_margin) ? "tp_only"
-                                                                                   : "sp";
-    }
+    const std::string preferred =
+        e.known ? std::string(ModeLabel(e.preferred)) : "static gates (too few samples)";
     t.AddRow({BandLabel(band), BandRangeText(config, band),
               sp.samples > 0 ? Fixed(sp.tokens_per_s, 0) : "-", Fixed(sp.samples, 1),
               tp.samples > 0 ? Fixed(tp.tokens_per_s, 0) : "-", Fixed(tp.samples, 1),
-              ratio > 0 ? absl::StrFormat("%.3f", ratio) : "-", preferred});
+              e.ratio > 0 ? absl::StrFormat("%.3f", e.ratio) : "-", preferred});
   }
   return absl::StrCat(out, t.Render());
 }
