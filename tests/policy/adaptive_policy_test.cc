@@ -381,8 +381,11 @@ TEST(EstimateBandTest, SamplesAndMarginDecide) {
     const GateOutcome out =
         EvaluateAdaptive(c, GroupGateState{}, Batch(0.12, 8192), {}, std::nullopt, &k.table);
     ASSERT_EQ(out.band, band) << k.what;
-    if (k.known) EXPECT_EQ(out.decision, (Decision{k.preferred, Reason::kAdaptive})) << k.what;
-    if (!k.known) EXPECT_NE(out.decision.reason, Reason::kAdaptive) << k.what;
+    if (k.known) {
+      EXPECT_EQ(out.decision, (Decision{k.preferred, Reason::kAdaptive})) << k.what;
+    } else {
+      EXPECT_NE(out.decision.reason, Reason::kAdaptive) << k.what;
+    }
   }
   EXPECT_FALSE(EstimateBand(c, nullptr, band, kStep).known);
 }
