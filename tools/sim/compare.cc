@@ -41,11 +41,6 @@ struct Run {
   double window_tokens = 0, window_time = 0;  // summed over groups for the current window
 };
 
-bool TpOverBudget(const GateConfig& c, const MemoryPrediction& m) {
-  return m.budget != 0 &&
-         static_cast<double>(m.tp) > static_cast<double>(m.budget) * c.memory_headroom;
-}
-
 }  // namespace
 
 const PolicyResult* CompareResult::Find(const std::string& name) const {
@@ -108,7 +103,7 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
                              .predicted_peak_bytes_sp = mem.sp,
                              .predicted_peak_bytes_tp = mem.tp,
                              .memory_budget_bytes = mem.budget};
-      const bool tp_over = TpOverBudget(config, mem);
+      const bool tp_over = TpOnlyOverBudget(config, facts);
       for (Run& r : runs) {
         Decision d;
         int band = -1;
