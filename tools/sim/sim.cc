@@ -175,161 +175,207 @@ int64_t StepsFor(const SimOptions& o) {
   return std::max<int64_t>(1, static_cast<int64_t>(absl::ToDoubleSeconds(o.duration) * o.steps_per_s));
 }
 
-absl::StatusOr<Summary> RunLive(const SimOptions& o) {
+namespace {
+
+// ---- RunLive's steps ----
+
+// What every simulated rank's client shares: the launch's incarnation, the TLS credentials
+// and the worker token.
+struct LiveIdentity {
+  std::string incarnation;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string worker_token;
+};
+
+// The options checked and the shared files read once (refused naming --tls_* and
+// --worker_token_file) before any group dials.
+absl::StatusOr<LiveIdentity> PrepareLive(const SimOptions& o) {
+  LiveIdentity id;
   // One launch of the simulated job: the same for every simulated rank.
-  std::string incarnation = o.incarnation;
-  if (incarnation.empty()) incarnation = client::IncarnationFromEnvironment();
-  if (incarnation.empty()) incarnation = client::NewIncarnation();
+  id.incarnation = o.incarnation;
+  if (id.incarnation.empty()) id.incarnation = client::IncarnationFromEnvironment();
+  if (id.incarnation.empty()) id.incarnation = client::NewIncarnation();
   if (absl::Status s = Validate(o); !s.ok()) return s;
-  // The TLS files are read once (and refused naming --tls_*) before any group dials.
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
   if (!credentials.ok()) return credentials.status();
+  id.credentials = *std::move(credentials);
   absl::StatusOr<std::string> worker_token = client::ReadWorkerTokenFile(o.worker_token_file);
   if (!worker_token.ok()) return worker_token.status();
-  const CostModel model(o.cost);
+  id.worker_token = *std::move(worker_token);
+  return id;
+}
+
+// The options every rank of group `gi` shares.
+GateClientOptions GroupClientOptions(const SimOptions& o, const CostModel& model,
+                                     const LiveIdentity& id, int gi) {
+  GateClientOptions base;
+  base.controller = o.controller;
+  base.credentials = id.credentials;
+  base.tls_server_name = o.tls.server_name;
+  base.worker_token = id.worker_token;
+  base.job_id = o.job_id;
+  base.incarnation = id.incarnation;
+  base.group = gi;
+  base.group_size = o.cost.tp;
+  base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};
+  base.memory_budget_bytes = model.PredictMemory(std::vector<int64_t>{1}).budget;
+  base.initial_config = o.initial_config;
+  base.decision_deadline = o.deadline;
+  base.telemetry_flush_interval = o.telemetry_flush;
+  base.host = absl::StrCat("sim-", gi);
+  return base;
+}
+
+// Group `gi`: its batches, its broadcast, and per rank a client and a GroupDecider; one
+// connection for the group, like one per training pod.
+absl::StatusOr<std::unique_ptr<SimGroup>> MakeGroup(const SimOptions& o, const CostModel& model,
+                                                    const LiveIdentity& id, int gi) {
   const int t = o.cost.tp;
-  const int64_t steps = StepsFor(o);
-
-  // Groups, ranks, clients.
-  std::vector<std::unique_ptr<SimGroup>> groups;
-  for (int gi = 0; gi < o.groups; ++gi) {
-    auto g = std::make_unique<SimGroup>();
-    g->index = gi;
-    g->rng.seed(Mix(o.seed, gi, 1));
-    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> batches = GroupBatches(o, gi);
-    if (!batches.ok()) return batches.status();
-    g->batches = *std::move(batches);
-    g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
-    GateClientOptions base;
-    base.controller = o.controller;
-    base.credentials = *credentials;
-    base.tls_server_name = o.tls.server_name;
-    base.worker_token = *worker_token;
-    base.job_id = o.job_id;
-    base.incarnation = incarnation;
-    base.group = gi;
-    base.group_size = t;
-    base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};
-    base.memory_budget_bytes = model.PredictMemory(std::vector<int64_t>{1}).budget;
-    base.initial_config = o.initial_config;
-    base.decision_deadline = o.deadline;
-    base.telemetry_flush_interval = o.telemetry_flush;
-    base.host = absl::StrCat("sim-", gi);
-    // One connection per group, like one per training pod.
-    std::shared_ptr<grpc::Channel> channel;
-    if (!o.controller.empty()) channel = client::CreateGateChannel(base, /*own_connection=*/true);
-    for (int r = 0; r < t; ++r) {
-      GateClientOptions co = base;
-      co.rank_in_group = r;
-      co.global_rank = gi * t + r;
-      co.seed = Mix(o.seed, gi, 100 + r);
-      co.channel = channel;
-      absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(co);
-      if (!c.ok()) return c.status();
-      g->clients.push_back(std::move(*c));
-      absl::StatusOr<std::unique_ptr<GroupDecider>> d =
-          GroupDecider::Create(g->clients.back().get(), r, g->broadcast->ForRank(r));
-      if (!d.ok()) return d.status();
-      g->deciders.push_back(std::move(*d));
-    }
-    groups.push_back(std::move(g));
+  auto g = std::make_unique<SimGroup>();
+  g->index = gi;
+  g->rng.seed(Mix(o.seed, gi, 1));
+  absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> batches = GroupBatches(o, gi);
+  if (!batches.ok()) return batches.status();
+  g->batches = *std::move(batches);
+  g->broadcast = std::make_unique<client::InMemoryBroadcast>(t, absl::Seconds(60));
+  const GateClientOptions base = GroupClientOptions(o, model, id, gi);
+  std::shared_ptr<grpc::Channel> channel;
+  if (!o.controller.empty()) channel = client::CreateGateChannel(base, /*own_connection=*/true);
+  for (int r = 0; r < t; ++r) {
+    GateClientOptions co = base;
+    co.rank_in_group = r;
+    co.global_rank = gi * t + r;
+    co.seed = Mix(o.seed, gi, 100 + r);
+    co.channel = channel;
+    absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(co);
+    if (!c.ok()) return c.status();
+    g->clients.push_back(std::move(*c));
+    absl::StatusOr<std::unique_ptr<GroupDecider>> d =
+        GroupDecider::Create(g->clients.back().get(), r, g->broadcast->ForRank(r));
+    if (!d.ok()) return d.status();
+    g->deciders.push_back(std::move(*d));
   }
-  if (!o.controller.empty()) {
-    const absl::Time give_up = absl::Now() + o.connect_timeout;
-    absl::Status connected = [&]() -> absl::Status {
-      for (auto& g : groups) {
-        for (auto& c : g->clients) {
-          if (absl::Status s = c->WaitUntilConnected(give_up - absl::Now()); !s.ok()) return s;
-        }
+  return g;
+}
+
+// With a daemon: every client's stream, within --connect_timeout in all. Not fatal: the run
+// is fail-static by design, and the summary shows the local decisions.
+void WaitForDaemon(const SimOptions& o, const std::vector<std::unique_ptr<SimGroup>>& groups) {
+  if (o.controller.empty()) return;
+  const absl::Time give_up = absl::Now() + o.connect_timeout;
+  absl::Status connected = [&]() -> absl::Status {
+    for (const auto& g : groups) {
+      for (const auto& c : g->clients) {
+        if (absl::Status s = c->WaitUntilConnected(give_up - absl::Now()); !s.ok()) return s;
       }
-      return absl::OkStatus();
-    }();
-    // Not fatal: the run is fail-static by design, and the summary shows the local
-    // decisions.
-    if (!connected.ok()) {
-      std::fprintf(stderr, "spgate-sim: %s (continuing)\n", connected.ToString().c_str());
+    }
+    return absl::OkStatus();
+  }();
+  if (!connected.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s (continuing)\n", connected.ToString().c_str());
+  }
+}
+
+// The groups of one driver thread that tick at the same offset in the period.
+struct Slot {
+  absl::Duration offset;
+  std::vector<SimGroup*> groups;
+};
+
+// Driver thread w of W owns groups w, w + W, ...; its slots in time order.
+std::vector<Slot> SlotsOf(int w, int W, const std::vector<absl::Duration>& phase,
+                          const std::vector<std::unique_ptr<SimGroup>>& groups) {
+  std::vector<Slot> slots;
+  for (int gi = w; gi < static_cast<int>(groups.size()); gi += W) {
+    auto it = std::find_if(slots.begin(), slots.end(),
+                           [&](const Slot& s) { return s.offset == phase[gi]; });
+    if (it == slots.end()) it = slots.insert(slots.end(), Slot{phase[gi], {}});
+    it->groups.push_back(groups[gi].get());
+  }
+  std::sort(slots.begin(), slots.end(),
+            [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
+  return slots;
+}
+
+// The leader buckets for the target CV of the config that will be in force, as
+// spgate-worker does.
+std::vector<int64_t> NextBatch(SimGroup& g, int64_t step) {
+  const double target = g.clients[0]->ConfigFor(step).config.bucket_target_cv;
+  return g.batches->Next(target).lengths;
+}
+
+// When the driver threads tick: tick k of a slot is at start + offset + k periods.
+struct LiveClock {
+  absl::Time start;
+  absl::Duration period;
+};
+
+// Tick k of one slot: wait for its instant (more than half a period late counts as a late
+// step), send each group's plan for k + 1 before step k is decided and run
+// (docs/design.md §4), then run step k. Tick -1 only plans.
+void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock,
+             const Slot& slot, int64_t k, Summary& sum) {
+  const absl::Time tick = clock.start + slot.offset + clock.period * static_cast<double>(k);
+  const absl::Time now = absl::Now();
+  if (now < tick) {
+    absl::SleepFor(tick - now);
+  } else if (k >= 0 && now - tick > clock.period / 2) {
+    ++sum.late_steps;
+  }
+  const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
+  for (SimGroup* g : slot.groups) {
+    g->current = std::move(g->next);
+    g->next = NextBatch(*g, k + 1);
+    if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
+      ++sum.decide_errors;
+      if (sum.first_error.empty()) sum.first_error = s.ToString();
     }
   }
+  if (k < 0) return;
+  for (SimGroup* g : slot.groups) StepGroup(*g, model, o, k, deadline, sum);
+}
 
-  // Driver threads: thread w owns groups w, w + W, ... Each group ticks at its phase in
-  // the period (SimOptions::GroupPhase); a thread serves its groups' ticks in time order,
-  // the groups that share an instant together (all plans first, then the steps).
-  const int W = ThreadCount(o);
+// W driver threads over the groups, each serving its slots' ticks in time order, the groups
+// that share an instant together (all plans first, then the steps); one Summary per thread.
+// Tick -1, a period before the first step, plans step 0 (a trainer plans before it starts).
+std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
+                                 const std::vector<std::unique_ptr<SimGroup>>& groups, int W,
+                                 int64_t steps, const LiveClock& clock) {
   std::vector<Summary> partial(W);
-  const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
   const std::vector<absl::Duration> phase = GroupPhases(o);
-  const absl::Time start = absl::Now() + absl::Milliseconds(50) + period;
   std::vector<std::thread> threads;
   for (int w = 0; w < W; ++w) {
     threads.emplace_back([&, w] {
-      Summary& sum = partial[w];
-      struct Slot {
-        absl::Duration offset;
-        std::vector<SimGroup*> groups;
-      };
-      std::vector<Slot> slots;
-      for (int gi = w; gi < o.groups; gi += W) {
-        auto it = std::find_if(slots.begin(), slots.end(),
-                               [&](const Slot& s) { return s.offset == phase[gi]; });
-        if (it == slots.end()) it = slots.insert(slots.end(), Slot{phase[gi], {}});
-        it->groups.push_back(groups[gi].get());
-      }
-      std::sort(slots.begin(), slots.end(),
-                [](const Slot& a, const Slot& b) { return a.offset < b.offset; });
-      // The leader buckets for the target CV of the config that will be in force, as
-      // spgate-worker does.
-      auto next_batch = [](SimGroup& g, int64_t step) {
-        const double target = g.clients[0]->ConfigFor(step).config.bucket_target_cv;
-        return g.batches->Next(target).lengths;
-      };
-      // Tick k submits the plan for k + 1 and runs step k; tick -1, a period before the
-      // first step, only submits the plan for step 0 (a trainer plans before it starts).
+      const std::vector<Slot> slots = SlotsOf(w, W, phase, groups);
       for (int64_t k = -1; k < steps; ++k) {
-        for (const Slot& slot : slots) {
-          const absl::Time tick = start + slot.offset + period * static_cast<double>(k);
-          const absl::Time now = absl::Now();
-          if (now < tick) {
-            absl::SleepFor(tick - now);
-          } else if (k >= 0 && now - tick > period / 2) {
-            ++sum.late_steps;
-          }
-          const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
-          // The plan for k + 1 goes out before step k is decided and run
-          // (docs/design.md §4).
-          for (SimGroup* g : slot.groups) {
-            g->current = std::move(g->next);
-            g->next = next_batch(*g, k + 1);
-            if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
-              ++sum.decide_errors;
-              if (sum.first_error.empty()) sum.first_error = s.ToString();
-            }
-          }
-          if (k < 0) continue;
-          for (SimGroup* g : slot.groups) StepGroup(*g, model, o, k, deadline, sum);
-        }
+        for (const Slot& slot : slots) RunTick(o, model, clock, slot, k, partial[w]);
       }
     });
   }
   for (auto& th : threads) th.join();
-  const absl::Time finished = absl::Now();
+  return partial;
+}
 
-  Summary total;
-  for (const Summary& p : partial) total.Merge(p);
-  // Drain telemetry: every client flushes (they drain concurrently; the waits overlap).
+// After the run: every client flushes its telemetry (they drain concurrently; the waits
+// overlap), then the leaders' decision latencies and every client's counters join `total`.
+void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGroup>>& groups,
+                    Summary& total) {
   if (!o.controller.empty()) {
     const absl::Time give_up = absl::Now() + o.flush_timeout;
-    for (auto& g : groups) {
-      for (auto& c : g->clients) (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
+    for (const auto& g : groups) {
+      for (const auto& c : g->clients) {
+        (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
+      }
     }
   }
-  for (auto& g : groups) {
+  for (const auto& g : groups) {
     for (const GateClient::DecisionLatency& l : g->clients[0]->TakeDecisionLatencies()) {
       total.decision_latency_s.push_back(l.total_s);
       total.plan_queued_s.push_back(l.queued_s);
       total.from_write_s.push_back(l.total_s - l.queued_s);
     }
-    for (auto& c : g->clients) {
+    for (const auto& c : g->clients) {
       const client::GateClientStats st = c->stats();
       total.telemetry_reported += st.telemetry_reported;
       total.telemetry_sent += o.controller.empty() ? st.telemetry_reported : st.telemetry_sent;
@@ -337,15 +383,42 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
       total.telemetry_dropped += st.telemetry_dropped;
     }
   }
+}
+
+}  // namespace
+
+absl::StatusOr<Summary> RunLive(const SimOptions& o) {
+  absl::StatusOr<LiveIdentity> id = PrepareLive(o);
+  if (!id.ok()) return id.status();
+  const CostModel model(o.cost);
+  const int64_t steps = StepsFor(o);
+  std::vector<std::unique_ptr<SimGroup>> groups;
+  for (int gi = 0; gi < o.groups; ++gi) {
+    absl::StatusOr<std::unique_ptr<SimGroup>> g = MakeGroup(o, model, *id, gi);
+    if (!g.ok()) return g.status();
+    groups.push_back(*std::move(g));
+  }
+  WaitForDaemon(o, groups);
+
+  const int W = ThreadCount(o);
+  const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
+  const LiveClock clock{.start = absl::Now() + absl::Milliseconds(50) + period,
+                        .period = period};
+  const std::vector<Summary> partial = DriveGroups(o, model, groups, W, steps, clock);
+  const absl::Time finished = absl::Now();
+
+  Summary total;
+  for (const Summary& p : partial) total.Merge(p);
+  CollectClients(o, groups, total);
   const client::ScheduledConfig cfg = groups[0]->clients[0]->ConfigFor(steps);
   total.config_json = GateConfigJson(cfg.config, cfg.version);
   total.command = "run";
   total.steps = steps;
   total.groups = o.groups;
-  total.tp = t;
+  total.tp = o.cost.tp;
   total.threads = W;
   total.group_phase = GroupPhaseName(o.group_phase);
-  total.wall_s = absl::ToDoubleSeconds(finished - start);
+  total.wall_s = absl::ToDoubleSeconds(finished - clock.start);
   return total;
 }
 
