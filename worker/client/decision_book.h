@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
-#include "worker/client/gate_client.h"
+#include "worker/client/client_types.h"
 #include "worker/client/local_policy.h"
 
 namespace spgate::client {

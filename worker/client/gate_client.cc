@@ -82,15 +82,6 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
 
 }  // namespace
 
-std::string_view DecisionSourceLabel(DecisionSource source) {
-  switch (source) {
-    case DecisionSource::kDaemon: return "daemon";
-    case DecisionSource::kFallback: return "fallback";
-    case DecisionSource::kLocalOnly: return "local";
-  }
-  return "unknown";
-}
-
 class ConnectReactor;
 
 class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {

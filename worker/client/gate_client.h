@@ -34,8 +34,6 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -43,119 +41,19 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
+#include "worker/client/client_options.h"
+#include "worker/client/client_types.h"
 #include "worker/client/local_policy.h"
 
 namespace grpc {
 class Channel;
-class ChannelCredentials;
 }  // namespace grpc
 
 namespace spgate::client {
 
-struct GateClientOptions {
-  // Worker API address of spgated ("host:port"). Empty: no daemon; the leader decides
-  // every step with the local policy (source kLocalOnly, reason = the gate's reason).
-  std::string controller;
-  std::string job_id;
-  // One launch of the job (docs/design.md §10): the same on every rank, new on every
-  // relaunch — IncarnationFromEnvironment() (identity.h) reads the launcher's, else world
-  // rank 0 makes one (NewIncarnation()) and broadcasts it. Required with a controller.
-  std::string incarnation;
-  // Shared worker credential of a daemon run with --worker_token_file; empty: none.
-  std::string worker_token;
-  int group = 0;          // TP group index
-  int rank_in_group = 0;  // 0 is the leader: only the leader submits plans
-  int group_size = 1;     // t
-  int global_rank = 0;
-  std::string host;       // defaults to the host name
-  struct Model {
-    int layers = 0, hidden = 0, heads = 0, ffn_hidden = 0;
-  } model;
-  uint64_t memory_budget_bytes = 0;
-
-  // Config used until the daemon's arrives (and forever without a daemon).
-  GateConfig initial_config;
-  // Deadline AwaitDecision(step) uses when the caller passes none (docs/design.md §4: 20 ms).
-  absl::Duration decision_deadline = absl::Milliseconds(20);
-  // Deadline of each Register call.
-  absl::Duration rpc_timeout = absl::Seconds(2);
-  // Reconnect backoff: initial * 2^attempt, capped, times a uniform jitter in
-  // [1 - jitter, 1 + jitter].
-  absl::Duration initial_backoff = absl::Milliseconds(100);
-  absl::Duration max_backoff = absl::Seconds(5);
-  double backoff_jitter = 0.2;
-  // HTTP/2 keepalive. The daemon accepts pings every >= 5 s, also without calls; 10 s
-  // detects a dead peer in ~15 s on a quiet stream (heartbeats usually notice sooner).
-  absl::Duration keepalive_time = absl::Seconds(10);
-  absl::Duration keepalive_timeout = absl::Seconds(5);
-  // Telemetry records buffered while the stream is busy or down; beyond this the oldest
-  // are dropped and counted (telemetry_dropped).
-  int telemetry_buffer = 4096;
-  // 0: telemetry goes out with the next write, like plans (within the shared runtime's
-  // poll interval, 0.5 ms). > 0: it waits up to this long to be batched (a timer), unless
-  // a message's worth is pending. A write in flight batches whatever queues behind it.
-  absl::Duration telemetry_flush_interval = absl::ZeroDuration();
-  int max_telemetry_per_message = 512;
-  // Plans kept for steps not yet decided (pipelining depth); older ones are dropped.
-  int max_pending_plans = 1024;
-  // Feed the fallback's rolling wait share with this rank's own telemetry until the
-  // trainer calls ObserveGroupRsWaitShare (see local_policy.h).
-  bool rs_wait_from_own_telemetry = true;
-  // Seed of the backoff jitter; 0: random.
-  uint64_t seed = 0;
-  // Optional: a channel to use (e.g. shared by the ranks of one simulated process);
-  // otherwise one is created with `credentials` (insecure when null; TlsChannelCredentials
-  // in tls.h builds them from the --tls_* settings) and, when set, `tls_server_name` as
-  // the name checked in the daemon's certificate instead of the host of `controller`.
-  std::shared_ptr<grpc::Channel> channel;
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  std::string tls_server_name;
-};
-
-// One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths).
-struct BatchPlanInput {
-  int64_t step = 0;
-  std::span<const int64_t> lengths;  // tokens per sequence, each in [1, 2^24]
-  uint64_t predicted_peak_bytes_sp = 0;
-  uint64_t predicted_peak_bytes_tp = 0;
-  uint64_t memory_budget_bytes = 0;  // 0: the client's option; both 0: no memory gate
-};
-
-enum class DecisionSource : uint8_t {
-  kDaemon = 1,     // the daemon's answer arrived before the deadline
-  kFallback = 2,   // late or unreachable daemon: local policy, CONTROLLER_UNAVAILABLE
-  kLocalOnly = 3,  // no controller configured: local policy, the gate's own reason
-};
-std::string_view DecisionSourceLabel(DecisionSource source);  // daemon, fallback, local
-
-struct GateDecision {
-  int64_t step = 0;
-  Mode mode = Mode::kSequenceParallel;
-  Reason reason = Reason::kGatesPassed;         // as run and reported
-  Reason policy_reason = Reason::kGatesPassed;  // the gate that decided (== reason
-                                                // unless reason is CONTROLLER_UNAVAILABLE)
-  DecisionSource source = DecisionSource::kDaemon;
-  int64_t config_version = 0;
-  // PINNED decisions from the daemon: when the pin ends and whether it was forced, so a
-  // fallback that keeps honouring the pin while the daemon is away stops on time.
-  std::optional<absl::Time> pin_expire;
-  bool pin_forced = false;
-  friend bool operator==(const GateDecision&, const GateDecision&) = default;
-};
-
-// One rank's measurements of one step (docs/design.md §2); the client adds job, group and rank.
-struct StepTelemetryInput {
-  int64_t step = 0;
-  Mode mode = Mode::kSequenceParallel;
-  Reason reason = Reason::kGatesPassed;
-  double step_time_s = 0;
-  double rs_wait_s = 0;
-  double all_gather_s = 0;
-  double norm_stall_s = 0;
-  int64_t effective_tokens = 0;
-  int64_t padding_tokens = 0;
-  uint64_t peak_memory_bytes = 0;
-};
+// GateClientOptions (client_options.h, the one table of the options), BatchPlanInput,
+// GateDecision, DecisionSource and StepTelemetryInput (client_types.h) are the facade's
+// value types.
 
 struct GateClientStats {
   bool connected = false;          // a stream is open and the daemon has answered on it

@@ -3,17 +3,16 @@
 // a thread-local message.
 #include "worker/client/spgate_client.h"
 
-#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
 #include "policy/gate_config.h"
 #include "policy/types.h"
+#include "worker/client/client_options.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
 #include "worker/client/tls.h"
@@ -46,60 +45,20 @@ spgate_status Null(const char* what) {
   return Report(absl::InvalidArgumentError(absl::StrCat(what, " is NULL")));
 }
 
+// By name: the TLS settings, then the client's option table (client_options.h), then the
+// initial config's fields by their names in the gate field table.
 absl::Status SetOption(spgate::client::GateClientOptions& o,
                        spgate::client::TlsClientOptions& tls, const std::string& name,
                        const std::string& value) {
-  auto as_int = [&](auto* field) -> absl::Status {
-    int64_t v;
-    if (!absl::SimpleAtoi(value, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: \"", value, "\""));
-    }
-    *field = static_cast<std::remove_pointer_t<decltype(field)>>(v);
-    return absl::OkStatus();
-  };
-  auto as_double = [&](double* field) -> absl::Status {
-    if (!absl::SimpleAtod(value, field) || !std::isfinite(*field)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": not a number: \"", value, "\""));
-    }
-    return absl::OkStatus();
-  };
-  auto as_ms = [&](absl::Duration* field) -> absl::Status {
-    int64_t v;
-    if (!absl::SimpleAtoi(value, &v)) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": not an integer: \"", value, "\""));
-    }
-    *field = absl::Milliseconds(v);
-    return absl::OkStatus();
-  };
-  spgate::GateConfig& c = o.initial_config;
   if (name == "tls_ca") { tls.ca = value; return absl::OkStatus(); }
   if (name == "tls_cert") { tls.cert = value; return absl::OkStatus(); }
   if (name == "tls_key") { tls.key = value; return absl::OkStatus(); }
   if (name == "tls_server_name") { tls.server_name = value; return absl::OkStatus(); }
-  if (name == "controller") { o.controller = value; return absl::OkStatus(); }
-  if (name == "job_id") { o.job_id = value; return absl::OkStatus(); }
-  if (name == "incarnation") { o.incarnation = value; return absl::OkStatus(); }
-  if (name == "worker_token") { o.worker_token = value; return absl::OkStatus(); }
-  if (name == "host") { o.host = value; return absl::OkStatus(); }
-  if (name == "group") return as_int(&o.group);
-  if (name == "rank_in_group") return as_int(&o.rank_in_group);
-  if (name == "group_size") return as_int(&o.group_size);
-  if (name == "global_rank") return as_int(&o.global_rank);
-  if (name == "layers") return as_int(&o.model.layers);
-  if (name == "hidden") return as_int(&o.model.hidden);
-  if (name == "heads") return as_int(&o.model.heads);
-  if (name == "ffn_hidden") return as_int(&o.model.ffn_hidden);
-  if (name == "memory_budget_bytes") return as_int(&o.memory_budget_bytes);
-  if (name == "telemetry_buffer") return as_int(&o.telemetry_buffer);
-  if (name == "seed") return as_int(&o.seed);
-  if (name == "decision_deadline_ms") return as_ms(&o.decision_deadline);
-  if (name == "rpc_timeout_ms") return as_ms(&o.rpc_timeout);
-  if (name == "initial_backoff_ms") return as_ms(&o.initial_backoff);
-  if (name == "max_backoff_ms") return as_ms(&o.max_backoff);
-  // The initial config's fields, by their names in the one field table.
+  if (const spgate::client::ClientOption* row = spgate::client::FindCApiOption(name)) {
+    return spgate::client::SetClientOptionFromText(o, *row, value);
+  }
   if (const spgate::GateField* f = spgate::FindGateField(name)) {
-    if (f->is_choice()) return spgate::SetGateFieldFromText(c, *f, value);  // "adaptive"
-    return f->is_count() ? as_int(&(c.*f->count)) : as_double(&(c.*f->real));
+    return spgate::SetGateFieldFromText(o.initial_config, *f, value);  // "adaptive" too
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
 }

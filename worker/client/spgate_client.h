@@ -117,15 +117,18 @@ SPGATE_EXPORT const char* spgate_version(void);
 SPGATE_EXPORT const char* spgate_mode_name(int32_t mode);     /* "sp", "tp_only" */
 SPGATE_EXPORT const char* spgate_reason_name(int32_t reason); /* "gates_passed", ... */
 
-/* Options, by name: controller, job_id, incarnation (one launch of the job, equal on
- * every rank; required with a controller), worker_token, group, rank_in_group, group_size, global_rank,
- * host, layers, hidden, heads, ffn_hidden, memory_budget_bytes, decision_deadline_ms,
- * rpc_timeout_ms, initial_backoff_ms, max_backoff_ms, telemetry_buffer, seed, every
- * GateConfig field of the initial config (max_length_cv, ...), and TLS as spgate-worker's
- * flags: tls_ca (PEM roots; turns TLS on), tls_cert + tls_key (client certificate for
- * mTLS; together), tls_server_name (name checked in the daemon's certificate). The TLS
- * files are read by spgate_client_create, which refuses a cert without its key or an
- * unreadable or empty file with SPGATE_INVALID_ARGUMENT naming the option. */
+/* Options, by name: every row of the client's option table (worker/client/client_options.h,
+ * SPGATE_CLIENT_OPTIONS) exposed to the C API — controller, job_id, incarnation (one launch
+ * of the job, equal on every rank; required with a controller), worker_token, group,
+ * rank_in_group, group_size, global_rank, host, memory_budget_bytes, telemetry_buffer,
+ * seed, the model's layers, hidden, heads, ffn_hidden, and the durations as integer
+ * milliseconds: decision_deadline_ms, rpc_timeout_ms, initial_backoff_ms, max_backoff_ms —
+ * every GateConfig field of the initial config (max_length_cv, ...), and TLS as
+ * spgate-worker's flags: tls_ca (PEM roots; turns TLS on), tls_cert + tls_key (client
+ * certificate for mTLS; together), tls_server_name (name checked in the daemon's
+ * certificate). The TLS files are read by spgate_client_create, which refuses a cert
+ * without its key or an unreadable or empty file with SPGATE_INVALID_ARGUMENT naming the
+ * option. */
 SPGATE_EXPORT spgate_options* spgate_options_create(void);
 SPGATE_EXPORT spgate_status spgate_options_set(spgate_options* options, const char* name,
                                                const char* value);

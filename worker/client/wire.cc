@@ -7,6 +7,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
+#include "worker/client/gate_client.h"  // declares CreateGateChannel, for callers sharing one
 
 namespace spgate::client {
 namespace {

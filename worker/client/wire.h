@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "spgate/v1/gate.pb.h"
+#include "worker/client/client_options.h"
+#include "worker/client/client_types.h"
 #include "worker/client/decision_book.h"
-#include "worker/client/gate_client.h"
 
 namespace spgate::client {
 

@@ -1,0 +1,84 @@
+// The worker client's value types: what a trainer hands GateClient (options, a batch's
+// plan, a step's telemetry) and what it gets back (a decision and who made it). Kept
+// below the facade (gate_client.h) so that the client's own parts — the decision book,
+// the wire conversion — use them without including the class they serve.
+//
+// Invariant: plain values only (no gRPC, no state); a GateDecision compares equal on
+// every rank of a group that ran the same step the same way.
+//
+// Usage:
+//   spgate::client::GateDecision d{.step = 7, .mode = spgate::Mode::kTensorParallelOnly,
+//                                  .reason = spgate::Reason::kLengthCv,
+//                                  .policy_reason = spgate::Reason::kLengthCv};
+//   std::cout << DecisionSourceLabel(d.source);  // "daemon"
+#ifndef SPGATE_WORKER_CLIENT_CLIENT_TYPES_H_
+#define SPGATE_WORKER_CLIENT_CLIENT_TYPES_H_
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "policy/types.h"
+#include "worker/client/client_options.h"  // GateClientOptions, with its table
+
+namespace spgate::client {
+
+// One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths).
+struct BatchPlanInput {
+  int64_t step = 0;
+  std::span<const int64_t> lengths;  // tokens per sequence, each in [1, 2^24]
+  uint64_t predicted_peak_bytes_sp = 0;
+  uint64_t predicted_peak_bytes_tp = 0;
+  uint64_t memory_budget_bytes = 0;  // 0: the client's option; both 0: no memory gate
+};
+
+enum class DecisionSource : uint8_t {
+  kDaemon = 1,     // the daemon's answer arrived before the deadline
+  kFallback = 2,   // late or unreachable daemon: local policy, CONTROLLER_UNAVAILABLE
+  kLocalOnly = 3,  // no controller configured: local policy, the gate's own reason
+};
+
+// "daemon", "fallback", "local".
+inline std::string_view DecisionSourceLabel(DecisionSource source) {
+  switch (source) {
+    case DecisionSource::kDaemon: return "daemon";
+    case DecisionSource::kFallback: return "fallback";
+    case DecisionSource::kLocalOnly: return "local";
+  }
+  return "unknown";
+}
+
+struct GateDecision {
+  int64_t step = 0;
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;         // as run and reported
+  Reason policy_reason = Reason::kGatesPassed;  // the gate that decided (== reason
+                                                // unless reason is CONTROLLER_UNAVAILABLE)
+  DecisionSource source = DecisionSource::kDaemon;
+  int64_t config_version = 0;
+  // PINNED decisions from the daemon: when the pin ends and whether it was forced, so a
+  // fallback that keeps honouring the pin while the daemon is away stops on time.
+  std::optional<absl::Time> pin_expire;
+  bool pin_forced = false;
+  friend bool operator==(const GateDecision&, const GateDecision&) = default;
+};
+
+// One rank's measurements of one step (docs/design.md §2); the client adds job, group and rank.
+struct StepTelemetryInput {
+  int64_t step = 0;
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  double step_time_s = 0;
+  double rs_wait_s = 0;
+  double all_gather_s = 0;
+  double norm_stall_s = 0;
+  int64_t effective_tokens = 0;
+  int64_t padding_tokens = 0;
+  uint64_t peak_memory_bytes = 0;
+};
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_CLIENT_TYPES_H_
