@@ -13,11 +13,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <array>
 #include <cstring>
-#include <thread>
 #include <limits>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,6 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "policy/gate_config.h"
+#include "worker/client/client_options.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
@@ -274,6 +278,80 @@ std::string DecisionRepr(const GateDecision& d) {
                       d.config_version, ")");
 }
 
+// ---- Client(...)'s keyword arguments, from the option table ------------------------------
+
+// The rows of kClientOptions that spgate.Client takes, in table order.
+constexpr auto kPythonOptions = [] {
+  constexpr size_t n = [] {
+    size_t k = 0;
+    for (const client::ClientOption& row : client::kClientOptions) k += row.in_python();
+    return k;
+  }();
+  std::array<size_t, n> rows{};
+  size_t k = 0;
+  for (size_t i = 0; i < client::kClientOptions.size(); ++i) {
+    if (client::kClientOptions[i].in_python()) rows[k++] = i;
+  }
+  return rows;
+}();
+
+constexpr const client::ClientOption& PythonRow(size_t i) {
+  return client::kClientOptions[kPythonOptions[i]];
+}
+
+// A row's type as Python passes it: durations are seconds.
+template <client::ClientOptionType T>
+using PythonType = std::conditional_t<T == client::ClientOptionType::kDuration, double,
+                                      typename client::ClientOptionCxx<T>::type>;
+
+// Required in Python although the C++ default is empty: a job must say who it is.
+constexpr std::string_view kRequiredInPython = "job_id";
+
+// py::arg(name) = the table's default (a duration in seconds), or a bare py::arg for the
+// one required keyword.
+template <size_t I>
+auto PythonArg() {
+  constexpr const client::ClientOption& row = PythonRow(I);
+  if constexpr (row.name == kRequiredInPython) {
+    return py::arg(row.name.data());
+  } else {
+    using Cxx = typename client::ClientOptionCxx<row.type>::type;
+    static const GateClientOptions kDefaults;
+    const Cxx& def = client::ClientOptionRef<Cxx>(kDefaults, row);
+    if constexpr (row.type == client::ClientOptionType::kDuration) {
+      return py::arg(row.name.data()) = absl::ToDoubleSeconds(def);
+    } else {
+      return py::arg(row.name.data()) = def;
+    }
+  }
+}
+
+template <size_t I>
+void SetFromPython(GateClientOptions& o, PythonType<PythonRow(I).type> value) {
+  constexpr const client::ClientOption& row = PythonRow(I);
+  if constexpr (row.type == client::ClientOptionType::kDuration) {
+    client::ClientOptionRef<absl::Duration>(o, row) = Seconds(value, row.name.data());
+  } else {
+    client::ClientOptionRef<typename client::ClientOptionCxx<row.type>::type>(o, row) =
+        std::move(value);
+  }
+}
+
+// Client(*, <every Python row of the table>, tls=None): one keyword per row, typed and
+// defaulted by the table, so the signature pybind11 reports is the table's.
+template <size_t... I>
+void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
+  cls.def(py::init([](PythonType<PythonRow(I).type>... values, py::object tls) {
+            GateClientOptions o;
+            (SetFromPython<I>(o, std::move(values)), ...);
+            // One launch of the job, equal on every rank: given, or the launcher's.
+            if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
+            ApplyTls(tls, &o);
+            return std::make_unique<Client>(std::move(o));
+          }),
+          py::kw_only(), PythonArg<I>()..., py::arg("tls") = py::none());
+}
+
 // The C++ path of bench/python/client_step_bench.py, run on the same Client in the same
 // process: SubmitPlan(n + 1) + AwaitDecision(n) + ReportTelemetry(n) timed per call with
 // steady_clock (bench/client/client_step_bench.cc's loop); between steps, untimed, a sleep
@@ -468,43 +546,9 @@ PYBIND11_MODULE(_spgate, m) {
       .def_readonly("last_decided_step", &client::GateClientStats::last_decided_step)
       .def_readonly("last_error", &client::GateClientStats::last_error);
 
-  py::class_<Client>(m, "Client")
-      .def(py::init([](std::string job_id, std::string controller, int group, int rank_in_group,
-                       int group_size, int global_rank, std::string host,
-                       uint64_t memory_budget_bytes, double decision_deadline,
-                       double rpc_timeout, double initial_backoff, double max_backoff,
-                       int telemetry_buffer, uint64_t seed, py::object tls,
-                       std::string incarnation, std::string worker_token) {
-             GateClientOptions o;
-             o.controller = std::move(controller);
-             o.job_id = std::move(job_id);
-             // One launch of the job, equal on every rank: given, or the launcher's.
-             o.incarnation = incarnation.empty() ? client::IncarnationFromEnvironment()
-                                                 : std::move(incarnation);
-             o.worker_token = std::move(worker_token);
-             o.group = group;
-             o.rank_in_group = rank_in_group;
-             o.group_size = group_size;
-             o.global_rank = global_rank;
-             o.host = std::move(host);
-             o.memory_budget_bytes = memory_budget_bytes;
-             o.decision_deadline = Seconds(decision_deadline, "decision_deadline");
-             o.rpc_timeout = Seconds(rpc_timeout, "rpc_timeout");
-             o.initial_backoff = Seconds(initial_backoff, "initial_backoff");
-             o.max_backoff = Seconds(max_backoff, "max_backoff");
-             o.telemetry_buffer = telemetry_buffer;
-             o.seed = seed;
-             ApplyTls(tls, &o);
-             return std::make_unique<Client>(std::move(o));
-           }),
-           py::kw_only(), py::arg("job_id"), py::arg("controller") = "", py::arg("group") = 0,
-           py::arg("rank_in_group") = 0, py::arg("group_size") = 1, py::arg("global_rank") = 0,
-           py::arg("host") = "", py::arg("memory_budget_bytes") = 0,
-           py::arg("decision_deadline") = 0.020, py::arg("rpc_timeout") = 2.0,
-           py::arg("initial_backoff") = 0.1, py::arg("max_backoff") = 5.0,
-           py::arg("telemetry_buffer") = 4096, py::arg("seed") = 0,
-           py::arg("tls") = py::none(), py::arg("incarnation") = "",
-           py::arg("worker_token") = "")
+  py::class_<Client> client_class(m, "Client");
+  DefClientInit(client_class, std::make_index_sequence<kPythonOptions.size()>());
+  client_class
       .def("submit_plan", &SubmitPlan, py::arg("plan"))
       .def(
           "submit_plan",

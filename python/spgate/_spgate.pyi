@@ -204,14 +204,16 @@ class Client:
     With a controller, `incarnation` names this launch of the job and must be the same on
     every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...).
     """
-    def __init__(self, *, job_id: str, controller: str = "", group: int = 0,
-                 rank_in_group: int = 0, group_size: int = 1, global_rank: int = 0,
-                 host: str = "", memory_budget_bytes: int = 0,
-                 decision_deadline: float = 0.020, rpc_timeout: float = 2.0,
-                 initial_backoff: float = 0.1, max_backoff: float = 5.0,
-                 telemetry_buffer: int = 4096, seed: int = 0,
-                 tls: Optional[_TlsOptions] = None, incarnation: str = "",
-                 worker_token: str = "") -> None: ...
+    # The keywords are the rows of the client's option table (worker/client/
+    # client_options.h) that Python takes, in its order, then tls;
+    # tests/python/stub_check_test.py fails when this signature and the module's drift.
+    def __init__(self, *, job_id: str, controller: str = "", incarnation: str = "",
+                 worker_token: str = "", group: int = 0, rank_in_group: int = 0,
+                 group_size: int = 1, global_rank: int = 0, host: str = "",
+                 memory_budget_bytes: int = 0, decision_deadline: float = 0.02,
+                 rpc_timeout: float = 2.0, initial_backoff: float = 0.1,
+                 max_backoff: float = 5.0, telemetry_buffer: int = 4096, seed: int = 0,
+                 tls: Optional[_TlsOptions] = None) -> None: ...
     @overload
     def submit_plan(self, plan: BatchPlan) -> None: ...
     @overload
