@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/file_util.h"
 #include "common/mutex.h"
+#include "worker/client/client_options.h"
 #include "worker/client/tls_flags.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/device.h"
@@ -35,15 +36,20 @@
 #include "worker/runtime/worker.h"
 
 ABSL_FLAG(std::string, backend, "cpu", "cpu (MPI collectives on host memory) or nccl (CUDA + NCCL)");
-ABSL_FLAG(std::string, controller, "", "spgated worker API address host:port; empty: local policy only");
-ABSL_FLAG(std::string, job_id, "",
-          "Job id reported to spgated; required with --controller unless the environment "
-          "has SPGATE_JOB_ID (or Slurm's SLURM_JOB_NAME)");
-ABSL_FLAG(std::string, incarnation, "",
-          "This launch of the job, equal on every rank; empty: the launcher's "
-          "(SPGATE_INCARNATION, TORCHELASTIC_RUN_ID+restart count, SLURM_JOB_ID+restart count, "
-          "the MPI job), "
-          "else one made by world rank 0");
+// The flags that hand a client option on take its default and help from the option table
+// (worker/client/client_options.h), adding only what the worker does with them.
+const spgate::client::GateClientOptions kClientDefaults;
+ABSL_FLAG(std::string, controller, kClientDefaults.controller,
+          spgate::client::ClientOptionHelp("controller"));
+ABSL_FLAG(std::string, job_id, kClientDefaults.job_id,
+          absl::StrCat(spgate::client::ClientOptionHelp("job_id"),
+                       "; required with --controller unless the environment has "
+                       "SPGATE_JOB_ID (or Slurm's SLURM_JOB_NAME)"));
+ABSL_FLAG(std::string, incarnation, kClientDefaults.incarnation,
+          absl::StrCat(spgate::client::ClientOptionHelp("incarnation"),
+                       "; empty: the launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID+restart "
+                       "count, SLURM_JOB_ID+restart count, the MPI job), else one made by "
+                       "world rank 0"));
 ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
 ABSL_FLAG(int, hidden, 128, "Hidden size");
@@ -67,8 +73,8 @@ ABSL_FLAG(std::string, decision_log, "", "PREFIX: write PREFIX.rank<N>.csv (step
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary (world rank 0) to this file");
 ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report the largest "
                                "difference of outputs and gradients (verify_max_abs_diff)");
-ABSL_FLAG(absl::Duration, decision_deadline, absl::Milliseconds(20),
-          "How long the group leader waits for the daemon's decision before deciding locally");
+ABSL_FLAG(absl::Duration, decision_deadline, kClientDefaults.decision_deadline,
+          spgate::client::ClientOptionHelp("decision_deadline"));
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
           "Before the first step, how long the group leader waits for the daemon's stream");
 ABSL_FLAG(uint64_t, memory_budget, 0,
