@@ -12,25 +12,21 @@
 #include <cublas_v2.h>
 
 #include "absl/status/status.h"
+#include "common/status_macros.h"
 
 namespace spgate::kernels {
 
-// Maps a cuBLAS status to a Status: ALLOC_FAILED -> RESOURCE_EXHAUSTED, INVALID_VALUE ->
-// INVALID_ARGUMENT, NOT_INITIALIZED / ARCH_MISMATCH / NOT_SUPPORTED ->
+// Maps a cuBLAS status to a Status: SUCCESS -> OK, ALLOC_FAILED -> RESOURCE_EXHAUSTED,
+// INVALID_VALUE -> INVALID_ARGUMENT, NOT_INITIALIZED / ARCH_MISMATCH / NOT_SUPPORTED ->
 // FAILED_PRECONDITION, anything else -> INTERNAL. The message is
 // "file:line: expr: CUBLAS_STATUS_X: text". Defined in kernels/internal/cuda_common.cu.
 absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr, const char* file,
                                  int line);
 
-#define SPGATE_CUBLAS_RETURN_IF_ERROR(expr)                                          \
-  do {                                                                              \
-    const cublasStatus_t spgate_cublas_status_ = (expr);                            \
-    if (spgate_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                           \
-      return ::spgate::kernels::CublasErrorToStatus(spgate_cublas_status_, #expr,    \
-                                                    __FILE__, __LINE__);            \
-    }                                                                               \
-  } while (0)
-
 }  // namespace spgate::kernels
+
+// Returns from the enclosing function with the Status above when `expr` fails.
+#define SPGATE_CUBLAS_RETURN_IF_ERROR(expr) \
+  RETURN_IF_ERROR(::spgate::kernels::CublasErrorToStatus((expr), #expr, __FILE__, __LINE__))
 
 #endif  // SPGATE_KERNELS_CUBLAS_STATUS_H_

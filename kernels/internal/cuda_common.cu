@@ -9,6 +9,7 @@ namespace spgate::kernels {
 // Declared in kernels/cublas_status.h, the header kernels_cuda's users share.
 absl::Status CublasErrorToStatus(cublasStatus_t status, const char* expr,
                                  const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   std::string msg = absl::StrCat(file, ":", line, ": ", expr, ": ",
                                  cublasGetStatusName(status), ": ",
                                  cublasGetStatusString(status));
