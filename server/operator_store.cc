@@ -93,17 +93,25 @@ std::string ScopeName(const std::string& job_id) {
 
 }  // namespace
 
-v1::GateConfig OperatorStore::GlobalLayer(const v1::GateConfig& file_layer,
+GateConfig OperatorStore::GlobalEffective(const v1::GateConfig& file_layer,
                                           const v1::GateConfig& global_overrides) {
   v1::GateConfig layer = file_layer;
   layer.MergeFrom(global_overrides);
-  return layer;
+  return LayerGateConfig(GateConfig{}, layer);
+}
+
+GateConfig OperatorStore::JobEffective(const GateConfig& global, const JobScope* job) {
+  return job != nullptr ? LayerGateConfig(global, job->overrides) : global;
+}
+
+int64_t OperatorStore::JobEffectiveVersion(const Layers& l, const JobScope* job) {
+  return std::max(l.global_version, job != nullptr ? job->version : 0);
 }
 
 absl::Status OperatorStore::ValidateJobs(const Layers& layers, const GateConfig& global) {
   for (const auto& [id, job] : layers.jobs) {
     if (job.overrides.ByteSizeLong() == 0) continue;
-    absl::Status s = ValidateGateConfig(LayerGateConfig(global, job.overrides));
+    absl::Status s = ValidateGateConfig(JobEffective(global, &job));
     if (!s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(s.message(), " (effective config of job ", id, ")"));
@@ -179,8 +187,7 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
           ? persisted->file_layer().SerializeAsString() != file_layer.SerializeAsString()
           : file_layer.ByteSizeLong() > 0;
   l.file_layer = std::move(file_layer);
-  const v1::GateConfig global_layer = GlobalLayer(l.file_layer, l.global_overrides);
-  l.global_effective = LayerGateConfig(GateConfig{}, global_layer);
+  l.global_effective = GlobalEffective(l.file_layer, l.global_overrides);
   if (absl::Status v = ValidateGateConfig(l.global_effective); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the --config file combined with the persisted global overrides is invalid: ",
@@ -223,12 +230,10 @@ v1::VersionedGateConfig OperatorStore::Versioned(const Layers& l, const std::str
     return out;
   }
   const int64_t version = job != nullptr ? job->version : 0;
-  *out.mutable_config() = ToProto(job != nullptr
-                                      ? LayerGateConfig(l.global_effective, job->overrides)
-                                      : l.global_effective);
+  *out.mutable_config() = ToProto(JobEffective(l.global_effective, job));
   if (job != nullptr) *out.mutable_overrides() = job->overrides;
   out.set_version(version);
-  out.set_effective_version(std::max(l.global_version, version));
+  out.set_effective_version(JobEffectiveVersion(l, job));
   *out.mutable_update_time() =
       ToTimestamp(version == 0 ? l.global_update_time : job->update_time);
   return out;
@@ -308,8 +313,7 @@ absl::Status OperatorStore::SetScopeOverrides(Layers& next, const std::string& j
   const absl::Time now = Now();
   entry->set_job_id(job_id);
   if (job_id.empty()) {
-    const GateConfig effective =
-        LayerGateConfig(GateConfig{}, GlobalLayer(next.file_layer, overrides));
+    const GateConfig effective = GlobalEffective(next.file_layer, overrides);
     RETURN_IF_ERROR(ValidateGateConfig(effective));
     RETURN_IF_ERROR(ValidateJobs(next, effective));
     AddChanges(next.global_overrides, overrides, entry);
@@ -319,10 +323,12 @@ absl::Status OperatorStore::SetScopeOverrides(Layers& next, const std::string& j
     next.global_effective = effective;
     *entry->mutable_overrides() = next.global_overrides;
   } else {
-    RETURN_IF_ERROR(ValidateGateConfig(LayerGateConfig(next.global_effective, overrides)));
+    JobScope candidate;  // only its overrides matter to the effective config
+    candidate.overrides = std::move(overrides);
+    RETURN_IF_ERROR(ValidateGateConfig(JobEffective(next.global_effective, &candidate)));
     JobScope& scope = next.jobs[job_id];
-    AddChanges(scope.overrides, overrides, entry);
-    scope.overrides = std::move(overrides);
+    AddChanges(scope.overrides, candidate.overrides, entry);
+    scope.overrides = std::move(candidate.overrides);
     scope.version = version;
     scope.update_time = now;
     *entry->mutable_overrides() = scope.overrides;
@@ -477,8 +483,7 @@ absl::StatusOr<v1::ListConfigHistoryResponse> OperatorStore::ListConfigHistory(
 absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
-  const GateConfig effective =
-      LayerGateConfig(GateConfig{}, GlobalLayer(file_layer, next.global_overrides));
+  const GateConfig effective = GlobalEffective(file_layer, next.global_overrides);
   if (absl::Status s = ValidateGateConfig(effective); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("with the API's global overrides on top: ", s.message()));
@@ -663,9 +668,8 @@ JobOperatorView OperatorStore::ViewForJob(const std::string& job_id) const {
   JobOperatorView view;
   auto it = layers_.jobs.find(job_id);
   const JobScope* job = it == layers_.jobs.end() ? nullptr : &it->second;
-  view.effective = job != nullptr ? LayerGateConfig(layers_.global_effective, job->overrides)
-                                  : layers_.global_effective;
-  view.effective_version = std::max(layers_.global_version, job != nullptr ? job->version : 0);
+  view.effective = JobEffective(layers_.global_effective, job);
+  view.effective_version = JobEffectiveVersion(layers_, job);
   view.served = std::make_shared<const v1::VersionedGateConfig>(Versioned(layers_, job_id));
   if (job != nullptr) {
     view.pin = job->pin;

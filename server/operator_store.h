@@ -125,9 +125,14 @@ class OperatorStore {
   explicit OperatorStore(StoreOptions options) : options_(std::move(options)) {}
   absl::Time Now() const { return options_.clock(); }
 
-  // The merged global layer: the file, then the API's global overrides.
-  static v1::GateConfig GlobalLayer(const v1::GateConfig& file_layer,
+  // The global scope's effective config: the defaults, the file, then the API's global
+  // overrides (docs/design.md §5).
+  static GateConfig GlobalEffective(const v1::GateConfig& file_layer,
                                     const v1::GateConfig& global_overrides);
+  // A job's effective config and version: the global effective config, then the job's
+  // overrides; `job` null (no scope): the global's.
+  static GateConfig JobEffective(const GateConfig& global, const JobScope* job);
+  static int64_t JobEffectiveVersion(const Layers& layers, const JobScope* job);
   // Every job override still valid over `global`; the error names the job.
   static absl::Status ValidateJobs(const Layers& layers, const GateConfig& global);
   v1::VersionedGateConfig Versioned(const Layers& layers, const std::string& job_id) const;
