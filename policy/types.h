@@ -12,6 +12,8 @@
 namespace spgate {
 
 enum class Mode : uint8_t { kSequenceParallel = 1, kTensorParallelOnly = 2 };
+// Arrays indexed by static_cast<int>(Mode) (index 0 unused).
+inline constexpr int kModeSlots = 3;
 
 // Values match spgate.v1.Reason so conversion is a cast.
 enum class Reason : uint8_t {

@@ -205,7 +205,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
 }
 
 absl::Status Daemon::Impl::Start() {
-  if (!opts.clock) opts.clock = [] { return absl::Now(); };
+  if (!opts.state.clock) opts.state.clock = [] { return absl::Now(); };
   v1::GateConfig file_layer;
   if (!opts.config_path.empty()) {
     ASSIGN_OR_RETURN(file_layer, LoadGateConfigFile(opts.config_path));
@@ -227,24 +227,11 @@ absl::Status Daemon::Impl::Start() {
   // The persisted state is restored here, before any port reports SERVING.
   StoreOptions store_options;
   store_options.state_dir = opts.state_dir;
-  store_options.clock = opts.clock;
-  store_options.max_job_scopes = opts.max_jobs;
+  store_options.clock = opts.state.clock;
+  store_options.max_job_scopes = opts.state.max_jobs;
   store_options.on_persist_failure = [m = metrics.get()] { m->state_persist_failures.Increment(); };
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
-  StateOptions so;
-  so.clock = opts.clock;
-  so.heartbeat_interval = opts.heartbeat_interval;
-  so.stale_after = opts.stale_after;
-  so.decision_cache_steps = opts.decision_cache_steps;
-  so.max_jobs = opts.max_jobs;
-  so.max_groups_per_job = opts.max_groups_per_job;
-  so.max_plan_lead_steps = opts.max_plan_lead_steps;
-  so.forget_after = opts.forget_after;
-  so.max_sessions_per_job = opts.max_sessions_per_job;
-  so.max_sequences_per_plan = opts.max_sequences_per_plan;
-  so.max_plans_per_second = opts.max_plans_per_second;
-  so.max_telemetry_per_second = opts.max_telemetry_per_second;
-  ASSIGN_OR_RETURN(state, GateState::Create(so, metrics.get(), store.get()));
+  ASSIGN_OR_RETURN(state, GateState::Create(opts.state, *metrics, store.get()));
   store->SetListener(state.get());
 
   std::string worker_token;
@@ -258,9 +245,9 @@ absl::Status Daemon::Impl::Start() {
     }
   }
   streams.SetLimits(opts.max_streams, opts.max_watch_streams);
-  gate_service = std::make_unique<GateServiceImpl>(state.get(), metrics.get(), &streams,
+  gate_service = std::make_unique<GateServiceImpl>(state.get(), *metrics, &streams,
                                                    std::move(worker_token));
-  admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), metrics.get(),
+  admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), *metrics,
                                                      &streams, std::move(auth));
   grpc::EnableDefaultHealthCheckService(true);
 
@@ -286,11 +273,11 @@ absl::Status Daemon::Impl::Start() {
   }
   SetServing(true);
   const absl::Duration period =
-      std::min({opts.heartbeat_interval, opts.first_message_timeout / 2, absl::Seconds(1)});
+      std::min({opts.state.heartbeat_interval, opts.first_message_timeout / 2, absl::Seconds(1)});
   sweeper = std::thread([this, period] {
     while (!stop_sweeper.WaitForNotificationWithTimeout(period)) {
       state->Sweep();
-      streams.ExpireSilent(absl::Now() - opts.first_message_timeout, metrics.get());
+      streams.ExpireSilent(absl::Now() - opts.first_message_timeout, *metrics);
     }
   });
   if (!opts.config_path.empty() && opts.config_poll_interval > absl::ZeroDuration()) {

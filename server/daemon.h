@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "server/defaults.h"
+#include "server/state_options.h"
 
 namespace spgate::server {
 
@@ -38,28 +39,18 @@ struct DaemonOptions {
   // SIGHUP); zero: only SIGHUP reloads.
   absl::Duration config_poll_interval = absl::Seconds(5);
   std::string tls_cert, tls_key, tls_client_ca;  // PEM files; cert+key turn TLS on
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  absl::Duration stale_after = absl::Seconds(5);  // no message for this long: stale
-  int64_t decision_cache_steps = kDefaultDecisionCacheSteps;  // per group, for retries
-  int max_jobs = 1024;
-  int max_groups_per_job = kDefaultMaxGroupsPerJob;
-  int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;      // plans further ahead are refused
   std::string worker_token_file;               // empty: the worker API needs no token
+  // The live state's options: heartbeats, staleness, caches, the job/group/session and
+  // rate limits, the plan lead and the clock (injected for tests; empty: absl::Now).
+  StateOptions state;
   // Limits (docs/design.md §10; defaults in server/defaults.h).
-  absl::Duration forget_after = absl::Minutes(30);  // idle ranks, groups, jobs dropped
   int max_receive_message_bytes = kDefaultMaxReceiveMessageBytes;  // both gRPC ports
   int max_concurrent_streams_per_connection = kDefaultMaxConcurrentStreamsPerConnection;
   int max_streams = kDefaultMaxStreams;              // Connect + WatchDecisions, in total
   int max_watch_streams = kDefaultMaxWatchStreams;
   absl::Duration first_message_timeout = kDefaultFirstMessageTimeout;  // Connect streams
-  int max_sessions_per_job = kDefaultMaxSessionsPerJob;
-  int max_sequences_per_plan = kDefaultMaxSequencesPerPlan;
-  double max_plans_per_second = kDefaultMaxPlansPerSecond;          // per session; 0: off
-  double max_telemetry_per_second = kDefaultMaxTelemetryPerSecond;  // per session; 0: off
   int min_ping_interval_ms = kDefaultMinPingIntervalMs;  // pings without data, from clients
   int max_ping_strikes = kDefaultMaxPingStrikes;         // then GOAWAY; 0: never
-  // Injected clock, "intended for testing". Defaults to absl::Now.
-  std::function<absl::Time()> clock;
 };
 
 class Daemon {

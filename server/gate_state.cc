@@ -33,20 +33,18 @@ constexpr size_t kRetiredIncarnationsKept = 16;
 
 }  // namespace
 
-GateState::GateState(StateOptions options, Metrics* metrics, const OperatorStore* store)
+GateState::GateState(StateOptions options, Metrics& metrics, const OperatorStore* store)
     : options_(std::move(options)), metrics_(metrics), store_(store) {}
 
 GateState::~GateState() = default;
 
 absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions options,
-                                                             Metrics* metrics,
+                                                             Metrics& metrics,
                                                              const OperatorStore* store) {
   if (!options.clock) options.clock = [] { return absl::Now(); };
   if (options.decision_cache_steps < 1) options.decision_cache_steps = 1;
   std::unique_ptr<GateState> state(new GateState(std::move(options), metrics, store));
-  if (metrics != nullptr) {
-    metrics->SetGlobalThresholds(store->GlobalEffective(), store->GlobalVersion());
-  }
+  metrics.SetGlobalThresholds(store->GlobalEffective(), store->GlobalVersion());
   MutexLock lock(&state->mu_);
   for (const std::string& job_id : store->JobsWithOperatorState()) {
     RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
@@ -67,10 +65,8 @@ absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& jo
   job->id = job_id;
   job->op = store_->ViewForJob(job_id);
   job->last_activity = Now();
-  if (metrics_ != nullptr) {
-    job->metrics = std::make_unique<JobMetrics>(*metrics_, job_id);
-    job->metrics->SetThresholds(job->op.effective, job->op.effective_version);
-  }
+  job->metrics = std::make_unique<JobMetrics>(metrics_, job_id);
+  job->metrics->SetThresholds(job->op.effective, job->op.effective_version);
   Job* raw = job.get();
   jobs_.emplace(job_id, std::move(job));
   return raw;
@@ -90,7 +86,7 @@ absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int gro
   g->all_gather.Resize(job.op.effective.window_steps);
   g->norm_stall.Resize(job.op.effective.window_steps);
   g->last_activity = Now();
-  if (metrics_ != nullptr) g->metrics = std::make_unique<GroupMetrics>(*metrics_, job.id, group);
+  g->metrics = std::make_unique<GroupMetrics>(metrics_, job.id, group);
   Group* raw = g.get();
   job.groups.emplace(group, std::move(g));
   return raw;
@@ -111,12 +107,12 @@ absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) 
   // No live launch: the job's live state was forgotten (ForgetJob, or idle), though its
   // operator settings keep it listed.
   if (it == jobs_.end() || it->second->incarnation.empty()) {
-    if (metrics_ != nullptr) metrics_->refused_unknown_session.Increment();
+    metrics_.refused_unknown_session.Increment();
     return absl::NotFoundError(
         absl::StrCat("job ", session.job_id, " was forgotten; register again"));
   }
   if (it->second->incarnation != session.incarnation) {
-    if (metrics_ != nullptr) metrics_->refused_stale_incarnation.Increment();
+    metrics_.refused_stale_incarnation.Increment();
     return absl::FailedPreconditionError(absl::StrFormat(
         "incarnation: this session belongs to launch \"%s\" of job %s, which launch \"%s\" "
         "replaced",
@@ -177,7 +173,7 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::FindSession(const std::strin
   MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
-    if (metrics_ != nullptr) metrics_->refused_unknown_session.Increment();
+    metrics_.refused_unknown_session.Increment();
     return absl::NotFoundError("session_id: unknown session (register again)");
   }
   RETURN_IF_ERROR(JobOfSession(*it->second).status());
@@ -206,7 +202,7 @@ void GateState::RefreshJob(Job& job,
                        view.effective_version != job.op.effective_version;
   job.op = std::move(view);
   if (!changed) return;
-  if (job.metrics) job.metrics->SetThresholds(job.op.effective, job.op.effective_version);
+  job.metrics->SetThresholds(job.op.effective, job.op.effective_version);
   for (auto& [gi, g] : job.groups) {
     const GroupGateState& gate = g->policy.gate();
     const int64_t from = gate.has_decision ? gate.last_step + options_.config_lead_steps
@@ -236,9 +232,7 @@ void GateState::OnOperatorChange(const std::string& job_id) {
   {
     MutexLock lock(&mu_);
     if (job_id.empty()) {
-      if (metrics_ != nullptr) {
-        metrics_->SetGlobalThresholds(store_->GlobalEffective(), store_->GlobalVersion());
-      }
+      metrics_.SetGlobalThresholds(store_->GlobalEffective(), store_->GlobalVersion());
       for (auto& [id, job] : jobs_) RefreshJob(*job, &pushes);
     } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
       RefreshJob(*it->second, &pushes);
@@ -290,7 +284,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
   if (job->incarnation != r.incarnation) {
     if (std::find(job->retired.begin(), job->retired.end(), r.incarnation) != job->retired.end()) {
-      if (metrics_ != nullptr) metrics_->refused_stale_incarnation.Increment();
+      metrics_.refused_stale_incarnation.Increment();
       return absl::FailedPreconditionError(absl::StrFormat(
           "incarnation: launch \"%s\" of job %s was replaced by launch \"%s\"; a rank of "
           "the old launch cannot rejoin",
@@ -301,7 +295,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     // launch keeps it. A launch that ended (its processes exited, so its streams closed)
     // hands over at once; the new launch's ranks retry until then (docs/design.md §10).
     if (const int live = OpenStreams(*job); live > 0) {
-      if (metrics_ != nullptr) metrics_->refused_live_incarnation.Increment();
+      metrics_.refused_live_incarnation.Increment();
       return absl::FailedPreconditionError(absl::StrFormat(
           "incarnation: job %s is running as launch \"%s\" (%d open streams); launch \"%s\" "
           "is accepted once they have closed",
@@ -351,7 +345,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   g->last_activity = job->last_activity = now;
   if (r.memory_budget_bytes > 0) {
     job->memory_budget = r.memory_budget_bytes;
-    if (job->metrics) job->metrics->memory_budget->Set(static_cast<double>(job->memory_budget));
+    job->metrics->memory_budget->Set(static_cast<double>(job->memory_budget));
   }
   sessions_[session->id] = session;
 
@@ -424,14 +418,32 @@ void GateState::Touch(const Session& session) {
   if (rit != git->second->ranks.end()) rit->second.last_seen = Now();
 }
 
+// Validate -> cache -> policy -> record (docs/design.md §4). The checks that need no
+// state run before the lock, and so does the per-sequence work.
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
+  RETURN_IF_ERROR(CheckPlan(session, plan));
+  ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
+  DecisionRecord decision;
+  {
+    MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
+    ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
+    if (const DecisionRecord* cached = g->Cached(plan.step)) return *cached;  // a retry
+    RETURN_IF_ERROR(CheckStepWindow(*g, plan));
+    decision = DecideStep(*job, *g, plan, stats);
+  }
+  NotifyWatchers(decision);
+  return decision;
+}
+
+absl::Status GateState::CheckPlan(const Session& session, const PlanInput& plan) {
   if (plan.job_id != session.job_id || plan.group != session.group) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "plan: job_id/group (%s, %d) do not match the session's (%s, %d)", plan.job_id,
         plan.group, session.job_id, session.group));
   }
   if (session.rank_in_group != 0) {
-    if (metrics_ != nullptr) metrics_->refused_not_leader.Increment();
+    metrics_.refused_not_leader.Increment();
     return absl::PermissionDeniedError(absl::StrFormat(
         "plan: only group %d's leader (rank 0) sends plans; this session is rank %d",
         session.group, session.rank_in_group));
@@ -445,121 +457,98 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
         "lengths: %d sequences in one plan, more than %d (--max_sequences_per_plan)",
         plan.lengths.size(), options_.max_sequences_per_plan));
   }
-  {
-    MutexLock limiter(&session.limiter_mu);
-    if (!session.plan_tokens.TryTake(Now())) {
-      CountLimit(Limit::kPlanRate);
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "plan: this session sends more than %g plans a second "
-          "(--max_plans_per_second); decide this step locally",
-          options_.max_plans_per_second));
-    }
+  MutexLock limiter(&session.limiter_mu);
+  if (!session.plan_tokens.TryTake(Now())) {
+    CountLimit(Limit::kPlanRate);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "plan: this session sends more than %g plans a second "
+        "(--max_plans_per_second); decide this step locally",
+        options_.max_plans_per_second));
   }
-  // The per-sequence work happens before the lock.
-  ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
-  const std::string& job_id = session.job_id;
+  return absl::OkStatus();
+}
 
-  DecisionRecord decision;
-  {
-    MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
-    ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
-    if (const DecisionRecord* cached = g->Cached(plan.step)) return *cached;  // a retry
-    const GroupGateState& gate = g->policy.gate();
-    if (gate.has_decision && plan.step <= gate.last_step) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step: %d is not after group %d's last decided step %d and is no longer cached; "
-          "steps must increase",
-          plan.step, plan.group, gate.last_step));
-    }
-    if (gate.has_decision && plan.step - gate.last_step > options_.max_plan_lead_steps) {
-      if (metrics_ != nullptr) metrics_->refused_step_too_far.Increment();
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step: %d is more than %d steps after group %d's last decided step %d "
-          "(--max_plan_lead_steps); nothing was decided",
-          plan.step, options_.max_plan_lead_steps, plan.group, gate.last_step));
-    }
-    const ScheduledConfig& config = g->schedule.At(plan.step);
-    KeepBandsOf(*job, config.config);
-    const BatchFacts facts{.step = plan.step,
-                           .length_cv = stats.cv,
-                           .tokens = stats.tokens,
-                           .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp,
-                           .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp,
-                           .memory_budget_bytes = plan.memory_budget_bytes};
-    const Mode previous = gate.mode;
-    const bool had_decision = gate.has_decision;
-    const double rs_mean = g->policy.rs_wait().mean;
-    const std::optional<PinState> pin = ActivePin(*job, plan.group);
-    const GateOutcome outcome =
-        g->policy.Decide(config.config, facts, AsDirective(pin), &job->learned);
-    decision = DecisionRecord{.job_id = job_id,
-                              .group = plan.group,
-                              .step = plan.step,
-                              .mode = outcome.decision.mode,
-                              .reason = outcome.decision.reason,
-                              .config_version = config.version,
-                              .length_cv = stats.cv,
-                              .rolling_rs_wait_share = rs_mean,
-                              .time = Now(),
-                              .pin_expire = std::nullopt,
-                              .pin_forced = false,
-                              .band = outcome.band >= 0
-                                          ? outcome.band  // ADAPTIVE computed it
-                                          : BandOf(config.config, stats.cv, stats.tokens)};
-    if (outcome.explored) {
-      ++job->exploration_steps;
-      if (job->metrics) job->metrics->exploration_steps->Increment();
-    }
-    if (outcome.static_choice.has_value()) {
-      // What ADAPTIVE's choice and the STATIC gates' would take for this batch, at the
-      // learned rates (both are known: the band decided).
-      const int64_t h = config.config.adaptive_half_life_steps;
-      const double run = job->learned.At(outcome.band, decision.mode, plan.step, h).tokens_per_s;
-      const double gates =
-          job->learned.At(outcome.band, *outcome.static_choice, plan.step, h).tokens_per_s;
-      if (run > 0 && gates > 0) {
-        job->gain_adaptive_s += static_cast<double>(stats.tokens) / run;
-        job->gain_static_s += static_cast<double>(stats.tokens) / gates;
-        if (job->metrics) job->metrics->adaptive_gain->Set(job->gain_static_s / job->gain_adaptive_s);
-      }
-    }
-    if (decision.reason == Reason::kPinned) {
-      decision.pin_expire = pin->expire;
-      decision.pin_forced = pin->force;
-    }
-    g->schedule.Prune(plan.step);
-    g->cache.push_back(decision);
-    if (static_cast<int64_t>(g->cache.size()) > options_.decision_cache_steps) {
-      g->cache.pop_front();
-    }
-    g->last_activity = job->last_activity = decision.time;
-    ++job->decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
-    if (plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job->memory_budget) {
-      job->memory_budget = plan.memory_budget_bytes;
-      if (job->metrics) job->metrics->memory_budget->Set(static_cast<double>(job->memory_budget));
-    }
-    if (job->metrics) {
-      job->metrics->Decisions(decision.mode, decision.reason).Increment();
-      job->metrics->length_cv->Observe(stats.cv);
-    }
-    if (g->metrics && (!had_decision || previous != decision.mode)) {
-      g->metrics->SetMode(decision.mode);
-      if (had_decision) g->metrics->mode_switches->Increment();
-    }
+absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
+  const GroupGateState& gate = g.policy.gate();
+  if (!gate.has_decision) return absl::OkStatus();
+  if (plan.step <= gate.last_step) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "step: %d is not after group %d's last decided step %d and is no longer cached; "
+        "steps must increase",
+        plan.step, plan.group, gate.last_step));
   }
-  if (watcher_count_.load(std::memory_order_relaxed) > 0) {
-    MutexLock lock(&watch_mu_);
-    for (const auto& w : watchers_) {
-      if (w->job_filter().empty() || w->job_filter() == decision.job_id) w->OnDecision(decision);
-    }
+  if (plan.step - gate.last_step > options_.max_plan_lead_steps) {
+    metrics_.refused_step_too_far.Increment();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "step: %d is more than %d steps after group %d's last decided step %d "
+        "(--max_plan_lead_steps); nothing was decided",
+        plan.step, options_.max_plan_lead_steps, plan.group, gate.last_step));
   }
+  return absl::OkStatus();
+}
+
+DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
+                                     const LengthStats& stats) {
+  const ScheduledConfig& config = g.schedule.At(plan.step);
+  KeepBandsOf(job, config.config);
+  const BatchFacts facts{.step = plan.step,
+                         .length_cv = stats.cv,
+                         .tokens = stats.tokens,
+                         .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp,
+                         .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp,
+                         .memory_budget_bytes = plan.memory_budget_bytes};
+  DecisionSample sample{.length_cv = stats.cv};
+  if (g.policy.gate().has_decision) sample.previous_mode = g.policy.gate().mode;
+  const double rs_mean = g.policy.rs_wait().mean;
+  const std::optional<PinState> pin = ActivePin(job, plan.group);
+  const GateOutcome outcome = g.policy.Decide(config.config, facts, AsDirective(pin), &job.learned);
+
+  const DecisionRecord decision{
+      .job_id = job.id,
+      .group = plan.group,
+      .step = plan.step,
+      .mode = outcome.decision.mode,
+      .reason = outcome.decision.reason,
+      .config_version = config.version,
+      .length_cv = stats.cv,
+      .rolling_rs_wait_share = rs_mean,
+      .time = Now(),
+      .pin_expire = outcome.decision.reason == Reason::kPinned
+                        ? std::optional<absl::Time>(pin->expire) : std::nullopt,
+      .pin_forced = outcome.decision.reason == Reason::kPinned && pin->force,
+      .band = outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
+                                : BandOf(config.config, stats.cv, stats.tokens)};
+  g.schedule.Prune(plan.step);
+  g.cache.push_back(decision);
+  if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
+  g.last_activity = job.last_activity = decision.time;
+  ++job.decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
+  if (outcome.explored) ++job.exploration_steps;
+  if (job.gain.Add(config.config, job.learned, outcome, plan.step, stats.tokens)) {
+    sample.adaptive_gain = job.gain.ratio();
+  }
+  if (plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job.memory_budget) {
+    job.memory_budget = plan.memory_budget_bytes;
+    sample.memory_budget = job.memory_budget;
+  }
+  sample.mode = decision.mode;
+  sample.reason = decision.reason;
+  sample.explored = outcome.explored;
+  job.metrics->RecordDecision(sample, *g.metrics);
   return decision;
+}
+
+void GateState::NotifyWatchers(const DecisionRecord& decision) {
+  if (watcher_count_.load(std::memory_order_relaxed) == 0) return;
+  MutexLock lock(&watch_mu_);
+  for (const auto& w : watchers_) {
+    if (w->job_filter().empty() || w->job_filter() == decision.job_id) w->OnDecision(decision);
+  }
 }
 
 absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord& t) {
   auto reject = [&](absl::Status s) {
-    if (metrics_ != nullptr) metrics_->telemetry_rejected.Increment();
+    metrics_.telemetry_rejected.Increment();
     return s;
   };
   if (t.job_id != session.job_id || t.group != session.group ||
@@ -589,7 +578,7 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     absl::StatusOr<Job*> found = JobOfSession(session);
     if (!found.ok()) return reject(found.status());
     session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-    if (metrics_ != nullptr) metrics_->telemetry_received.Increment();
+    metrics_.telemetry_received.Increment();
     Job& job = **found;
     auto git = job.groups.find(session.group);
     if (git == job.groups.end()) return absl::OkStatus();
@@ -636,23 +625,19 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
     g.norm_stall.Resize(window);
     g.all_gather.Push(p.all_gather);
     g.norm_stall.Push(p.norm_share);
-    if (g.metrics) {
-      g.metrics->rs_wait_share->Set(g.policy.rs_wait().mean);
-      g.metrics->all_gather_tail->Set(g.all_gather.Quantile(0.95));
-      g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
-    }
+    g.metrics->rs_wait_share->Set(g.policy.rs_wait().mean);
+    g.metrics->all_gather_tail->Set(g.all_gather.Quantile(0.95));
+    g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
   }
   LearnFromStep(job, g, slot);
   ModeWindow& w = job.modes[m];
   w.step_time.Push(p.step_time);
   w.tokens.Push(static_cast<double>(p.tokens));
   w.peak.Push(static_cast<double>(p.peak));
-  if (job.metrics) {
-    job.metrics->step_duration[m]->Observe(p.step_time);
-    job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
-    job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));
-    job.metrics->peak_memory[m]->Set(w.peak.Max());
-  }
+  job.metrics->step_duration[m]->Observe(p.step_time);
+  job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
+  job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));
+  job.metrics->peak_memory[m]->Set(w.peak.Max());
 }
 
 absl::StatusOr<int64_t> GateState::Heartbeat(
@@ -670,9 +655,7 @@ absl::StatusOr<int64_t> GateState::Heartbeat(
       seen = count;
       if (delta > 0) {
         job.local_decisions += delta;
-        if (job.metrics) {
-          job.metrics->LocalDecisions(static_cast<Reason>(r)).Increment(static_cast<double>(delta));
-        }
+        job.metrics->LocalDecisions(static_cast<Reason>(r)).Increment(static_cast<double>(delta));
       }
     }
     auto git = job.groups.find(session.group);
@@ -737,10 +720,8 @@ void GateState::Sweep() {
       }
       ++git;
     }
-    if (job.metrics) {
-      job.metrics->workers_active->Set(active);
-      job.metrics->workers_stale->Set(stale);
-    }
+    job.metrics->workers_active->Set(active);
+    job.metrics->workers_stale->Set(stale);
     const bool idle = ranks == 0 && now - job.last_activity > options_.forget_after;
     if (!idle) {
       ++jit;

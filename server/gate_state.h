@@ -39,6 +39,7 @@
 #include "server/defaults.h"
 #include "server/metrics.h"
 #include "server/operator_view.h"
+#include "server/state_options.h"
 #include "server/token_bucket.h"
 
 namespace spgate::v1 {
@@ -48,32 +49,6 @@ class VersionedGateConfig;
 namespace spgate::server {
 
 class OperatorStore;
-
-struct StateOptions {
-  std::function<absl::Time()> clock;  // required
-  absl::Duration heartbeat_interval = absl::Seconds(1);
-  absl::Duration stale_after = absl::Seconds(5);
-  // Ranks silent this long (with no stream), groups without ranks and jobs without
-  // groups are dropped; a job with operator settings keeps only those.
-  absl::Duration forget_after = absl::Minutes(30);
-  int64_t decision_cache_steps = kDefaultDecisionCacheSteps;
-  int max_jobs = 1024;
-  int max_groups_per_job = kDefaultMaxGroupsPerJob;
-  int max_group_size = 1024;
-  // Limits (docs/design.md §10); each refusal is RESOURCE_EXHAUSTED and counted in
-  // spgate_limit_refusals_total. A rate <= 0 turns that limit off.
-  int max_sessions_per_job = kDefaultMaxSessionsPerJob;
-  int max_sequences_per_plan = kDefaultMaxSequencesPerPlan;
-  double max_plans_per_second = kDefaultMaxPlansPerSecond;          // per session
-  double max_telemetry_per_second = kDefaultMaxTelemetryPerSecond;  // records, per session
-  int64_t config_lead_steps = 2;
-  // A plan more than this many steps after its group's last decided step is refused
-  // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
-  // daemon. Must exceed the workers' pipelining depth.
-  int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;
-  // At most one learned-table push per job per this interval (docs/design.md §11).
-  absl::Duration learned_push_interval = absl::Seconds(1);
-};
 
 // A config update for one Connect stream.
 struct ConfigPush {
@@ -277,7 +252,7 @@ struct JobView {
 class GateState final : public OperatorListener {
  public:
   // Reads the operator settings from `store` (and creates the jobs that have any).
-  static absl::StatusOr<std::unique_ptr<GateState>> Create(StateOptions options, Metrics* metrics,
+  static absl::StatusOr<std::unique_ptr<GateState>> Create(StateOptions options, Metrics& metrics,
                                                            const OperatorStore* store);
   ~GateState() override;
 
@@ -339,7 +314,7 @@ class GateState final : public OperatorListener {
   struct Group;
 
  private:
-  GateState(StateOptions options, Metrics* metrics, const OperatorStore* store);
+  GateState(StateOptions options, Metrics& metrics, const OperatorStore* store);
 
   absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -356,9 +331,7 @@ class GateState final : public OperatorListener {
   // Erases the sessions `drop` selects, keeping each job's session count.
   template <typename Pred>
   int EraseSessions(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountLimit(Limit limit) const {
-    if (metrics_ != nullptr) metrics_->LimitRefusals(limit).Increment();
-  }
+  void CountLimit(Limit limit) const { metrics_.LimitRefusals(limit).Increment(); }
   // The pin in force for the group (its own, else the job's), if any.
   std::optional<PinState> ActivePin(const Job& job, int group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -366,6 +339,14 @@ class GateState final : public OperatorListener {
   // every group and collects the pushes for its sessions.
   void RefreshJob(Job& job, std::vector<std::pair<std::shared_ptr<SessionSink>, ConfigPush>>* pushes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Decide's steps: the checks that need no state (identity, size, rate), the group's step
+  // window, the policy and its record (cache, counts, metrics), the watchers' fan-out.
+  absl::Status CheckPlan(const Session& session, const PlanInput& plan);
+  absl::Status CheckStepWindow(const Group& group, const PlanInput& plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  DecisionRecord DecideStep(Job& job, Group& group, const PlanInput& plan,
+                            const LengthStats& stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the job's learned table afresh when the band edges in `config` differ from
   // the ones it was learned with.
@@ -382,7 +363,7 @@ class GateState final : public OperatorListener {
   JobSummaryView SummaryOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const StateOptions options_;
-  Metrics* const metrics_;  // may be null in tests
+  Metrics& metrics_;
   const OperatorStore* const store_;
   std::atomic<bool> draining_{false};
 

@@ -76,7 +76,7 @@ struct GateState::Group {
   gate_state_internal::PendingStep pending[gate_state_internal::kPendingSlots];
   std::map<int, gate_state_internal::Rank> ranks;
   absl::Time last_activity;
-  std::unique_ptr<GroupMetrics> metrics;
+  std::unique_ptr<GroupMetrics> metrics;  // never null
 
   const DecisionRecord* Cached(int64_t step) const {
     auto it = std::lower_bound(cache.begin(), cache.end(), step,
@@ -98,7 +98,7 @@ struct GateState::Job {
   uint64_t memory_budget = 0;
   int sessions = 0;  // entries of GateState::sessions_ for this job
   absl::Time last_activity;
-  std::unique_ptr<JobMetrics> metrics;
+  std::unique_ptr<JobMetrics> metrics;  // never null
   // The ADAPTIVE policy's learned table, pooled over the groups (docs/design.md §11),
   // the band edges it was learned with, and what was last told to the leaders.
   ThroughputTable learned;
@@ -107,8 +107,7 @@ struct GateState::Job {
   uint64_t learned_bits = 0;
   bool learned_push_due = false;
   absl::Time learned_pushed = absl::InfinitePast();
-  // Learned seconds of ADAPTIVE's choices and of the STATIC gates' for the same batches.
-  double gain_adaptive_s = 0, gain_static_s = 0;
+  AdaptiveGainLedger gain;  // ADAPTIVE's learned gain over the STATIC gates
   int64_t exploration_steps = 0;
 };
 

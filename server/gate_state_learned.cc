@@ -16,11 +16,8 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
     const GateConfig& config = g.schedule.At(p.step).config;
     job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
                         config.adaptive_half_life_steps);
-    if (job.metrics) {
-      const CellView v =
-          job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
-      job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    }
+    const CellView v = job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
+    job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
     const uint64_t bits = job.learned.PreferenceBits(config, job.learned.newest_step());
     if (bits != job.learned_bits) {
       job.learned_bits = bits;
@@ -44,12 +41,10 @@ void GateState::ClearLearned(Job& job) {
   job.learned.Clear();
   job.learned_bits = 0;
   job.learned_push_due = had;  // leaders drop the old table too
-  job.gain_adaptive_s = job.gain_static_s = 0;
+  job.gain.Clear();
   job.exploration_steps = 0;
-  if (job.metrics) {
-    job.metrics->RemoveLearned();
-    job.metrics->adaptive_gain->Set(0);
-  }
+  job.metrics->RemoveLearned();
+  job.metrics->adaptive_gain->Set(0);
 }
 
 void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,

@@ -119,7 +119,7 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
   out.learned.config = job.op.effective;
   out.learned.table = job.learned;
   out.learned.at_step = job.learned.newest_step();
-  out.learned.gain_ratio = job.gain_adaptive_s > 0 ? job.gain_static_s / job.gain_adaptive_s : 0;
+  out.learned.gain_ratio = job.gain.ratio();
   out.learned.exploration_steps = job.exploration_steps;
   return out;
 }

@@ -110,33 +110,33 @@ int main(int argc, char** argv) {
   opts.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   opts.tls_key = absl::GetFlag(FLAGS_tls_key);
   opts.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
-  opts.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
-  opts.stale_after = absl::GetFlag(FLAGS_stale_after);
-  opts.max_jobs = absl::GetFlag(FLAGS_max_jobs);
-  opts.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
-  opts.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
-  opts.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
+  opts.state.heartbeat_interval = absl::GetFlag(FLAGS_heartbeat_interval);
+  opts.state.stale_after = absl::GetFlag(FLAGS_stale_after);
+  opts.state.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  opts.state.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
+  opts.state.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
+  opts.state.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
-  opts.forget_after = absl::GetFlag(FLAGS_forget_after);
+  opts.state.forget_after = absl::GetFlag(FLAGS_forget_after);
   opts.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
   opts.max_concurrent_streams_per_connection =
       absl::GetFlag(FLAGS_max_concurrent_streams_per_connection);
   opts.max_streams = absl::GetFlag(FLAGS_max_streams);
   opts.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
   opts.first_message_timeout = absl::GetFlag(FLAGS_first_message_timeout);
-  opts.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
-  opts.max_sequences_per_plan = absl::GetFlag(FLAGS_max_sequences_per_plan);
-  opts.max_plans_per_second = absl::GetFlag(FLAGS_max_plans_per_second);
-  opts.max_telemetry_per_second = absl::GetFlag(FLAGS_max_telemetry_per_second);
+  opts.state.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
+  opts.state.max_sequences_per_plan = absl::GetFlag(FLAGS_max_sequences_per_plan);
+  opts.state.max_plans_per_second = absl::GetFlag(FLAGS_max_plans_per_second);
+  opts.state.max_telemetry_per_second = absl::GetFlag(FLAGS_max_telemetry_per_second);
   opts.min_ping_interval_ms =
       static_cast<int>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_min_ping_interval)));
   opts.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
-  if (opts.forget_after <= absl::ZeroDuration() ||
+  if (opts.state.forget_after <= absl::ZeroDuration() ||
       opts.first_message_timeout <= absl::ZeroDuration() || opts.max_receive_message_bytes < 1024 ||
       opts.max_concurrent_streams_per_connection < 1 || opts.max_streams < 1 ||
-      opts.max_watch_streams < 0 || opts.max_sessions_per_job < 1 ||
-      opts.max_sequences_per_plan < 1 || opts.max_sequences_per_plan > (1 << 20) ||
-      !(opts.max_plans_per_second >= 0) || !(opts.max_telemetry_per_second >= 0) ||
+      opts.max_watch_streams < 0 || opts.state.max_sessions_per_job < 1 ||
+      opts.state.max_sequences_per_plan < 1 || opts.state.max_sequences_per_plan > (1 << 20) ||
+      !(opts.state.max_plans_per_second >= 0) || !(opts.state.max_telemetry_per_second >= 0) ||
       opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
     std::cerr << "spgated: a limit flag is out of range: --forget_after > 0, "
                  "--first_message_timeout > 0, "
@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
                  "--min_ping_interval >= 0, --max_ping_strikes >= 0\n";
     return 2;
   }
-  if (opts.max_plan_lead_steps < 1) {
+  if (opts.state.max_plan_lead_steps < 1) {
     std::cerr << "spgated: --max_plan_lead_steps must be >= 1\n";
     return 2;
   }
@@ -154,12 +154,12 @@ int main(int argc, char** argv) {
     std::cerr << "spgated: --config_poll_interval must be >= 0 (0 turns polling off)\n";
     return 2;
   }
-  if (opts.heartbeat_interval <= absl::ZeroDuration() || opts.stale_after <= absl::ZeroDuration()) {
+  if (opts.state.heartbeat_interval <= absl::ZeroDuration() || opts.state.stale_after <= absl::ZeroDuration()) {
     std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
     return 2;
   }
-  if (opts.max_jobs < 1 || opts.max_groups_per_job < 1 || opts.decision_cache_steps < 1 ||
-      opts.decision_cache_steps > 1'000'000) {
+  if (opts.state.max_jobs < 1 || opts.state.max_groups_per_job < 1 || opts.state.decision_cache_steps < 1 ||
+      opts.state.decision_cache_steps > 1'000'000) {
     std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1, "
                  "--decision_cache_steps in [1, 1000000]\n";
     return 2;

@@ -23,7 +23,9 @@ Histogram::BucketBoundaries StepBuckets() {
 Histogram::BucketBoundaries LatencyBuckets() {
   return {25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1};
 }
-const char* kModeNames[kModeSlots] = {"", "sp", "tp_only"};
+
+// The `mode` label of a mode slot (policy/types.h: index = static_cast<int>(Mode)).
+std::string ModeText(int mode) { return std::string(ModeLabel(static_cast<Mode>(mode))); }
 
 std::string PolicyLabel(GatePolicyKind kind) {
   return kind == GatePolicyKind::kAdaptive ? "adaptive" : "static";
@@ -208,7 +210,7 @@ void Metrics::SetGlobalThresholds(const GateConfig& config, int64_t version) {
 JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(job_id) {
   length_cv = &m.length_cv_f.Add({{"job_id", job_id}}, CvBuckets());
   for (int mode = 1; mode < kModeSlots; ++mode) {
-    const prometheus::Labels l = {{"job_id", job_id}, {"mode", kModeNames[mode]}};
+    const prometheus::Labels l = {{"job_id", job_id}, {"mode", ModeText(mode)}};
     step_duration[mode] = &m.step_duration_f.Add(l, StepBuckets());
     effective_tokens[mode] = &m.effective_tokens_f.Add(l);
     padding_tokens[mode] = &m.padding_tokens_f.Add(l);
@@ -272,7 +274,7 @@ prometheus::Counter& JobMetrics::Decisions(Mode mode, Reason reason) {
   auto& slot = decisions_[static_cast<int>(mode)][static_cast<int>(reason)];
   if (slot == nullptr) {
     slot = &m_.decisions_f.Add({{"job_id", job_id_},
-                                {"mode", kModeNames[static_cast<int>(mode)]},
+                                {"mode", std::string(ModeLabel(mode))},
                                 {"reason", std::string(ReasonLabel(reason))}});
   }
   return *slot;
@@ -295,13 +297,25 @@ void JobMetrics::SetThresholds(const GateConfig& config, int64_t version) {
   config_version_->Set(static_cast<double>(version));
 }
 
+void JobMetrics::RecordDecision(const DecisionSample& d, GroupMetrics& group) {
+  Decisions(d.mode, d.reason).Increment();
+  length_cv->Observe(d.length_cv);
+  if (d.explored) exploration_steps->Increment();
+  if (d.adaptive_gain.has_value()) adaptive_gain->Set(*d.adaptive_gain);
+  if (d.memory_budget.has_value()) memory_budget->Set(static_cast<double>(*d.memory_budget));
+  if (!d.previous_mode.has_value() || *d.previous_mode != d.mode) {
+    group.SetMode(d.mode);
+    if (d.previous_mode.has_value()) group.mode_switches->Increment();
+  }
+}
+
 void JobMetrics::SetLearned(int band, Mode mode, double tokens_per_s, double samples) {
   if (band < 0 || band >= static_cast<int>(learned_rate_.size())) return;
   const int m = static_cast<int>(mode);
   if (learned_rate_[band][m] == nullptr) {
     const prometheus::Labels l = {{"job_id", job_id_},
                                   {"band", BandLabel(band)},
-                                  {"mode", kModeNames[m]}};
+                                  {"mode", ModeText(m)}};
     learned_rate_[band][m] = &m_.adaptive_rate_f.Add(l);
     learned_samples_[band][m] = &m_.adaptive_samples_f.Add(l);
   }
@@ -332,7 +346,7 @@ GroupMetrics::GroupMetrics(Metrics& m, const std::string& job_id, int group) : m
   mode_switches = &m.mode_switches_f.Add(l);
   for (int mode = 1; mode < kModeSlots; ++mode) {
     prometheus::Labels lm = l;
-    lm["mode"] = kModeNames[mode];
+    lm["mode"] = ModeText(mode);
     current_mode_[mode] = &m.current_mode_f.Add(lm);
   }
 }

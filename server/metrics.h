@@ -8,6 +8,7 @@
 
 #include <array>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "policy/adaptive_policy.h"
@@ -19,9 +20,6 @@
 #include "prometheus/registry.h"
 
 namespace spgate::server {
-
-// Index 0 unused so that static_cast<int>(Mode/Reason) indexes directly.
-inline constexpr int kModeSlots = 3;
 
 class Metrics;
 
@@ -42,6 +40,19 @@ enum class Limit {
 inline constexpr int kNumLimits = 10;
 std::string_view LimitLabel(Limit limit);
 
+class GroupMetrics;
+
+// What one decision of the daemon changes in its job's and its group's series.
+struct DecisionSample {
+  Mode mode = Mode::kSequenceParallel;
+  Reason reason = Reason::kGatesPassed;
+  double length_cv = 0;
+  bool explored = false;                  // an ADAPTIVE exploration step
+  std::optional<double> adaptive_gain;    // the job's gain ratio, when it changed
+  std::optional<uint64_t> memory_budget;  // the job's memory budget, when it changed
+  std::optional<Mode> previous_mode;      // the group's mode before; none: its first
+};
+
 // One job's series, created when the job first appears and removed with it.
 class JobMetrics {
  public:
@@ -52,6 +63,9 @@ class JobMetrics {
 
   prometheus::Counter& Decisions(Mode mode, Reason reason);  // created on first use
   prometheus::Counter& LocalDecisions(Reason reason);
+  // Every series one decision touches: the decision and length-CV counts, exploration,
+  // gain and budget, and the group's current mode and switches.
+  void RecordDecision(const DecisionSample& decision, GroupMetrics& group);
   void SetThresholds(const GateConfig& config, int64_t version);
   // The ADAPTIVE policy's learned table (docs/design.md §11): one estimate and one
   // sample weight per (band, mode) that has data, created on first use.

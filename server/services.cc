@@ -47,7 +47,8 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, absl::StatusOr
   return reactor;
 }
 
-grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+// Ends a unary call with `s`, an error or OK (the response already filled in).
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   [[maybe_unused]] CallbackScope scope;
   auto* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
@@ -89,7 +90,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
                              public StreamRegistry::Stream,
                              private PublishedReactor {
  public:
-  ConnectReactor(GateState* state, Metrics* metrics, StreamRegistry* streams)
+  ConnectReactor(GateState* state, Metrics& metrics, StreamRegistry* streams)
       : state_(state), metrics_(metrics), streams_(streams) {
     [[maybe_unused]] CallbackScope scope;
     sink_ = std::make_shared<ConnectSink>(this);
@@ -118,7 +119,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     if (in_.plans_size() > kMaxItemsPerMessage || in_.telemetry_size() > kMaxItemsPerMessage) {
       // The shipped clients send at most 1024 plans and 512 records a message; more is
       // not a worker, and answering each would multiply the message's size.
-      if (metrics_ != nullptr) metrics_->LimitRefusals(Limit::kItemsPerMessage).Increment();
+      metrics_.LimitRefusals(Limit::kItemsPerMessage).Increment();
       FinishWhenIdle(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("more than ", kMaxItemsPerMessage,
@@ -164,9 +165,9 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     }
     const int decisions = out.decisions_size();
     if (decisions > 0 || out.rejections_size() > 0 || out.has_ack()) Send(std::move(out));
-    if (decisions > 0 && metrics_ != nullptr) {
+    if (decisions > 0) {
       const double latency = std::chrono::duration<double>(Clock::now() - start).count();
-      for (int i = 0; i < decisions; ++i) metrics_->decision_latency.Observe(latency);
+      for (int i = 0; i < decisions; ++i) metrics_.decision_latency.Observe(latency);
     }
     {
       MutexLock lock(&mu_);
@@ -306,7 +307,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   }
 
   GateState* const state_;
-  Metrics* const metrics_;
+  Metrics& metrics_;
   StreamRegistry* const streams_;
   std::shared_ptr<ConnectSink> sink_;
   std::shared_ptr<Session> session_;  // set by the first message; reactor thread only
@@ -356,7 +357,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     WatchReactor* reactor_;
   };
 
-  WatchReactor(GateState* state, Metrics* metrics, StreamRegistry* streams, std::string job)
+  WatchReactor(GateState* state, Metrics& metrics, StreamRegistry* streams, std::string job)
       : state_(state), metrics_(metrics), streams_(streams) {
     [[maybe_unused]] CallbackScope scope;
     watcher_ = std::make_shared<Watcher>(std::move(job), this);
@@ -373,7 +374,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
       if (writing_) {
         if (queue_.size() >= kMaxQueued) {
           queue_.pop_front();
-          if (metrics_ != nullptr) metrics_->watch_dropped.Increment();
+          metrics_.watch_dropped.Increment();
         }
         queue_.push_back(d);
         return;
@@ -434,7 +435,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   }
 
   GateState* const state_;
-  Metrics* const metrics_;
+  Metrics& metrics_;
   StreamRegistry* const streams_;
   std::shared_ptr<Watcher> watcher_;
   Mutex mu_;
@@ -506,16 +507,14 @@ void StreamRegistry::DrainAll() {
   for (Stream* s : streams_) s->Drain();
 }
 
-int StreamRegistry::ExpireSilent(absl::Time cutoff, Metrics* metrics) {
+int StreamRegistry::ExpireSilent(absl::Time cutoff, Metrics& metrics) {
   int expired = 0;
   {
     MutexLock lock(&mu_);
     // As in DrainAll: expiring only requests a Finish, so the lock cannot deadlock.
     for (Stream* s : streams_) expired += s->ExpireIfSilentSince(cutoff) ? 1 : 0;
   }
-  if (metrics != nullptr && expired > 0) {
-    metrics->LimitRefusals(Limit::kFirstMessage).Increment(expired);
-  }
+  if (expired > 0) metrics.LimitRefusals(Limit::kFirstMessage).Increment(expired);
   return expired;
 }
 
@@ -563,9 +562,9 @@ absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx) 
 grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                     const v1::RegisterRequest* request,
                                                     v1::RegisterResponse* response) {
-  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Fail(ctx, s);
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Finish(ctx, s);
   absl::StatusOr<RegisterResult> result = state_->Register(RegisterFromProto(*request));
-  if (!result.ok()) return Fail(ctx, result.status());
+  if (!result.ok()) return Finish(ctx, result.status());
   return Reply(ctx, absl::StatusOr<v1::RegisterResponse>(ToProto(*result)), response);
 }
 
@@ -573,7 +572,7 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::
     grpc::CallbackServerContext* ctx) {
   if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return new RefusedStream(s);
   if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kConnect)) {
-    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    metrics_.LimitRefusals(*full).Increment();
     return new RefusedStream(absl::ResourceExhaustedError(
         "spgated has as many streams open as --max_streams allows; decide locally and "
         "retry later"));
@@ -584,19 +583,19 @@ grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::
 grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* ctx,
                                                   const v1::DecideRequest* request,
                                                   v1::Decision* response) {
-  if (state_->draining()) return Fail(ctx, absl::UnavailableError("spgated is shutting down"));
-  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Fail(ctx, s);
+  if (state_->draining()) return Finish(ctx, absl::UnavailableError("spgated is shutting down"));
+  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Finish(ctx, s);
   const auto start = Clock::now();
   absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(request->session_id());
-  if (!session.ok()) return Fail(ctx, session.status());
+  if (!session.ok()) return Finish(ctx, session.status());
   absl::StatusOr<DecisionRecord> d = state_->Decide(**session, PlanFromProto(request->plan()));
   if (d.ok()) ToProto(*d, response);
   const absl::Status s = d.status();
-  if (s.ok() && metrics_ != nullptr) {
-    metrics_->decision_latency.Observe(
+  if (s.ok()) {
+    metrics_.decision_latency.Observe(
         std::chrono::duration<double>(Clock::now() - start).count());
   }
-  return Fail(ctx, s);
+  return Finish(ctx, s);
 }
 
 // --- AdminService ------------------------------------------------------------------
@@ -627,7 +626,7 @@ absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
                                                           const v1::GetGateConfigRequest* request,
                                                           v1::VersionedGateConfig* response) {
-  if (auto who = Authorize(ctx, "GetGateConfig"); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "GetGateConfig"); !who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, GetGateConfigView(*state_, *store_, request->job_id()), response);
 }
 
@@ -636,8 +635,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
     v1::VersionedGateConfig* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "UpdateGateConfig");
   if (!who.ok()) {
-    if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
-    return Fail(ctx, who.status());
+    metrics_.config_updates_denied.Increment();
+    return Finish(ctx, who.status());
   }
   absl::StatusOr<v1::VersionedGateConfig> result =
       store_->UpdateGateConfig(*request, AuditContext{who->name});
@@ -646,31 +645,29 @@ grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
 }
 
 void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
-  if (metrics_ != nullptr) {
-    switch (status.code()) {
-      case absl::StatusCode::kOk: metrics_->config_updates_ok.Increment(); break;
-      case absl::StatusCode::kInvalidArgument: metrics_->config_updates_invalid.Increment(); break;
-      case absl::StatusCode::kAborted: metrics_->config_updates_conflict.Increment(); break;
-      // A new job scope past --max_jobs.
-      case absl::StatusCode::kResourceExhausted:
-        metrics_->LimitRefusals(Limit::kJobs).Increment();
-        break;
-      default: break;
-    }
+  switch (status.code()) {
+    case absl::StatusCode::kOk: metrics_.config_updates_ok.Increment(); break;
+    case absl::StatusCode::kInvalidArgument: metrics_.config_updates_invalid.Increment(); break;
+    case absl::StatusCode::kAborted: metrics_.config_updates_conflict.Increment(); break;
+    // A new job scope past --max_jobs.
+    case absl::StatusCode::kResourceExhausted:
+      metrics_.LimitRefusals(Limit::kJobs).Increment();
+      break;
+    default: break;
   }
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
                                                      const v1::ListJobsRequest* request,
                                                      v1::ListJobsResponse* response) {
-  if (auto who = Authorize(ctx, "ListJobs"); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "ListJobs"); !who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(ListJobsView(*state_)), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
                                                    const v1::GetJobRequest* request,
                                                    v1::Job* response) {
-  if (auto who = Authorize(ctx, "GetJob"); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "GetJob"); !who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, GetJobView(*state_, *store_, request->job_id()), response);
 }
 
@@ -678,14 +675,14 @@ grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext*
                                                     const v1::PinModeRequest* request,
                                                     v1::Pin* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "PinMode");
-  if (!who.ok()) return Fail(ctx, who.status());
-  if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Fail(ctx, s);
+  if (!who.ok()) return Finish(ctx, who.status());
+  if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Finish(ctx, s);
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
-  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
+  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Finish(ctx, s);
   absl::StatusOr<v1::Pin> pinned = store_->PinMode(*request, AuditContext{who->name});
-  if (pinned.status().code() == absl::StatusCode::kResourceExhausted && metrics_ != nullptr) {
-    metrics_->LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
+  if (pinned.status().code() == absl::StatusCode::kResourceExhausted) {
+    metrics_.LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
   }
   return Reply(ctx, std::move(pinned), response);
 }
@@ -694,12 +691,12 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* c
                                                   const v1::UnpinRequest* request,
                                                   v1::UnpinResponse* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "Unpin");
-  if (!who.ok()) return Fail(ctx, who.status());
+  if (!who.ok()) return Finish(ctx, who.status());
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
-  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Fail(ctx, s);
+  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Finish(ctx, s);
   absl::StatusOr<int> removed = store_->Unpin(*request, AuditContext{who->name});
-  if (!removed.ok()) return Fail(ctx, removed.status());
+  if (!removed.ok()) return Finish(ctx, removed.status());
   v1::UnpinResponse resp;
   resp.set_removed(*removed);
   return Reply(ctx, absl::StatusOr<v1::UnpinResponse>(std::move(resp)), response);
@@ -711,7 +708,7 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
     return new RefusedWatch(ToGrpcStatus(who.status()));
   }
   if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
-    if (metrics_ != nullptr) metrics_->LimitRefusals(*full).Increment();
+    metrics_.LimitRefusals(*full).Increment();
     return new RefusedWatch(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         "spgated has as many WatchDecisions streams open as --max_watch_streams (or "
@@ -723,14 +720,14 @@ grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
 grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
                                                           const v1::EvaluateGatesRequest* request,
                                                           v1::EvaluateGatesResponse* response) {
-  if (auto who = Authorize(ctx, "EvaluateGates"); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "EvaluateGates"); !who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, EvaluateGatesView(*state_, *store_, *request), response);
 }
 
 grpc::ServerUnaryReactor* AdminServiceImpl::ListConfigHistory(
     grpc::CallbackServerContext* ctx, const v1::ListConfigHistoryRequest* request,
     v1::ListConfigHistoryResponse* response) {
-  if (auto who = Authorize(ctx, "ListConfigHistory"); !who.ok()) return Fail(ctx, who.status());
+  if (auto who = Authorize(ctx, "ListConfigHistory"); !who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, store_->ListConfigHistory(*request), response);
 }
 
@@ -739,8 +736,8 @@ grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
     v1::VersionedGateConfig* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
   if (!who.ok()) {
-    if (metrics_ != nullptr) metrics_->config_updates_denied.Increment();
-    return Fail(ctx, who.status());
+    metrics_.config_updates_denied.Increment();
+    return Finish(ctx, who.status());
   }
   absl::StatusOr<v1::VersionedGateConfig> result =
       store_->RollbackGateConfig(*request, AuditContext{who->name});
@@ -752,7 +749,7 @@ grpc::ServerUnaryReactor* AdminServiceImpl::ForgetJob(grpc::CallbackServerContex
                                                       const v1::ForgetJobRequest* request,
                                                       v1::ForgetJobResponse* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "ForgetJob");
-  if (!who.ok()) return Fail(ctx, who.status());
+  if (!who.ok()) return Finish(ctx, who.status());
   return Reply(ctx, store_->ForgetJob(*request, AuditContext{who->name}), response);
 }
 

@@ -44,7 +44,7 @@ class StreamRegistry {
   void DrainAll();
   // Ends the streams opened before `cutoff` that have sent no first message, and counts
   // them (limit="first_message"); returns how many (docs/design.md §10).
-  int ExpireSilent(absl::Time cutoff, Metrics* metrics);
+  int ExpireSilent(absl::Time cutoff, Metrics& metrics);
   int size();
 
  private:
@@ -60,7 +60,7 @@ class StreamRegistry {
 class GateServiceImpl final : public v1::GateService::CallbackService {
  public:
   // `worker_token`: when not empty, every call must carry "authorization: Bearer <it>".
-  GateServiceImpl(GateState* state, Metrics* metrics, StreamRegistry* streams,
+  GateServiceImpl(GateState* state, Metrics& metrics, StreamRegistry* streams,
                   std::string worker_token = "")
       : state_(state), metrics_(metrics), streams_(streams), worker_token_(std::move(worker_token)) {}
 
@@ -77,14 +77,14 @@ class GateServiceImpl final : public v1::GateService::CallbackService {
   absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx) const;
 
   GateState* state_;
-  Metrics* metrics_;
+  Metrics& metrics_;
   StreamRegistry* streams_;
   std::string worker_token_;
 };
 
 class AdminServiceImpl final : public v1::AdminService::CallbackService {
  public:
-  AdminServiceImpl(GateState* state, OperatorStore* store, Metrics* metrics,
+  AdminServiceImpl(GateState* state, OperatorStore* store, Metrics& metrics,
                    StreamRegistry* streams, AdminAuthConfig auth)
       : state_(state), store_(store), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
 
@@ -128,7 +128,7 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
 
   GateState* state_;
   OperatorStore* store_;
-  Metrics* metrics_;
+  Metrics& metrics_;
   StreamRegistry* streams_;
   const AdminAuthConfig auth_;
 };

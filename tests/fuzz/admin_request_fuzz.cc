@@ -49,7 +49,7 @@ int Run(const uint8_t* data, size_t size) {
   server::StateOptions options;
   options.clock = [&now] { return now; };
   absl::StatusOr<std::unique_ptr<StateHarness>> harness =
-      StateHarness::Create(options, server::StoreOptions{}, /*metrics=*/nullptr);
+      StateHarness::Create(options, server::StoreOptions{}, &server::SharedMetrics());
   if (!harness.ok()) Finding("harness: " + harness.status().ToString());
   StateHarness& h = **harness;
   for (int group : {0, 1}) {

@@ -62,7 +62,7 @@ int Run(const uint8_t* data, size_t size) {
   server::StateOptions options;
   options.clock = [&now] { return now; };
   absl::StatusOr<std::unique_ptr<StateHarness>> harness =
-      StateHarness::Create(options, server::StoreOptions{}, /*metrics=*/nullptr);
+      StateHarness::Create(options, server::StoreOptions{}, &server::SharedMetrics());
   if (!harness.ok()) Finding("harness: " + harness.status().ToString());
   StateHarness& h = **harness;
   std::shared_ptr<Session> leader = RegisterRank(h, 0);

@@ -5,6 +5,7 @@
 //
 // Usage:
 //   auto h = StateHarness::Create(options, store_options, &metrics, file_layer);
+//   (metrics null: the harness makes its own)
 //   v1::Decision d;
 //   ASSERT_THAT((*h)->Decide(plan, &d), IsOk());
 #ifndef SPGATE_TESTS_SERVER_STATE_HARNESS_H_
@@ -29,12 +30,16 @@ class StateHarness {
                                                               Metrics* metrics,
                                                               v1::GateConfig file_layer = {}) {
     auto h = std::unique_ptr<StateHarness>(new StateHarness());
+    if (metrics == nullptr) {  // the test reads no metric: the state still keeps real ones
+      h->own_metrics_ = std::make_unique<Metrics>();
+      metrics = h->own_metrics_.get();
+    }
     if (!store_options.clock) store_options.clock = options.clock;
-    if (metrics != nullptr && !store_options.on_persist_failure) {
+    if (!store_options.on_persist_failure) {
       store_options.on_persist_failure = [metrics] { metrics->state_persist_failures.Increment(); };
     }
     ASSIGN_OR_RETURN(h->store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
-    ASSIGN_OR_RETURN(h->state, GateState::Create(std::move(options), metrics, h->store.get()));
+    ASSIGN_OR_RETURN(h->state, GateState::Create(std::move(options), *metrics, h->store.get()));
     h->store->SetListener(h->state.get());
     return h;
   }
@@ -120,6 +125,10 @@ class StateHarness {
   void Sweep() { state->Sweep(); }
   absl::Status Flush() { return store->Flush(); }
 
+ private:
+  std::unique_ptr<Metrics> own_metrics_;  // before the state: destroyed after it
+
+ public:
   std::unique_ptr<OperatorStore> store;
   std::unique_ptr<GateState> state;
 
@@ -131,6 +140,13 @@ class StateHarness {
     return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
   }
 };
+
+// One Metrics for a process that builds many harnesses (the fuzzers build one per input):
+// a job's series go with its state, so nothing piles up across harnesses.
+inline Metrics& SharedMetrics() {
+  static Metrics* const metrics = new Metrics();
+  return *metrics;
+}
 
 // Records the config pushes a stream would send, as the wire messages.
 class RecordingSink : public SessionSink {

@@ -156,7 +156,7 @@ class GateClientE2ETest : public ::testing::Test {
   void StartDaemon(int port = 0) {
     server::DaemonOptions o;
     o.listen = absl::StrCat("127.0.0.1:", port);
-    o.heartbeat_interval = absl::Milliseconds(200);
+    o.state.heartbeat_interval = absl::Milliseconds(200);
     auto d = server::Daemon::Start(o);
     ASSERT_THAT(d.status(), IsOk());
     daemon_ = std::move(*d);

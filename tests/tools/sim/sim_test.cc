@@ -107,7 +107,7 @@ TEST(SimRunTest, AlignedGroupsAreConsistentToo) {
 #ifdef SPGATE_HAVE_SERVER
 TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   server::DaemonOptions d;
-  d.heartbeat_interval = absl::Milliseconds(200);
+  d.state.heartbeat_interval = absl::Milliseconds(200);
   auto daemon = server::Daemon::Start(d);
   ASSERT_THAT(daemon.status(), IsOk());
   SimOptions o = Small();
