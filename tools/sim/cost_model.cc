@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "worker/runtime/batching.h"
+
 namespace spgate::sim {
 namespace {
 
@@ -20,7 +22,7 @@ BatchShape Shape(std::span<const int64_t> lengths, int t) {
     b.sum_sq += static_cast<double>(s) * static_cast<double>(s);
   }
   const auto T = static_cast<int64_t>(b.tokens);
-  b.padded = (T + t - 1) / t * t;
+  b.padded = runtime::SpPaddedTokens(T, t);  // the worker's padding
   return b;
 }
 
