@@ -11,7 +11,6 @@ or <unit>_test.py. The check fails, naming each, on
     or NOT_SOURCE);
   - an exception that no longer holds: its unit has gone or now has its own test, or the
     test it names as covering it does not exist;
-  - a transitional mirror or folder entry whose real mirror now exists.
 Pure file listing, no build; run as ctest `tree_mirror_test` (label `layout`) or directly:
 `python3 tests/tree_mirror_test.py [--root=DIR]` (another checkout, e.g. to try the check).
 """
@@ -32,24 +31,6 @@ NOT_SOURCE = {
     "tests": "the tests themselves",
     "bench": "benchmarks, outside the default ctest run; bench/ checks its own drivers",
     "examples": "example programs, run by tests/python/torch_example_test.py",
-}
-
-# Until tests/worker and tests/worker_runtime move to tests/worker/client and
-# tests/worker/runtime (issue 19 item 4, under way): where these folders' tests are now.
-# Remove an entry once its real mirror exists (the check says when).
-TRANSITIONAL_MIRRORS = {
-    "worker/client": "tests/worker",
-    "worker/runtime": "tests/worker_runtime",
-}
-
-# TEMPORARY, with the move above: worker/runtime's units are tested one suite per unit
-# inside tests/worker_runtime/worker_runtime_test.cc (LengthSourceTest, BatchingTest,
-# MemoryArenaTest, MemoryModelTest, TransformerStackTest, SummaryTest, ...), the
-# communicators in worker_runtime_mpi_test.cc and the devices in worker_runtime_gpu_test.cc,
-# until they are split into tests/worker/runtime/<unit>_test.cc. Units here are not
-# checked one by one. Remove the entry with the split (the check says when).
-TRANSITIONAL_FOLDERS = {
-    "worker/runtime": "tests/worker/runtime",
 }
 
 # Units with no test of their own: unit path -> (the test that covers it, why).
@@ -100,18 +81,35 @@ EXCEPTIONS = {
     "tools/spgatectl/main.cc": ("tests/tools/spgatectl/spgatectl_e2e_test.cc",
                                 "the real spgatectl against a real daemon"),
     # worker/
-    "worker/main.cc": ("tests/worker_runtime/worker_cli_test.py",
+    "worker/main.cc": ("tests/worker/runtime/worker_cli_test.py",
                        "spgate-worker's flags, through the real binary"),
-    # worker/client/: TEMPORARY, until tests/worker/client has one <unit>_test.cc per unit.
-    "worker/client/client_runtime.cc": ("tests/worker/gate_client_test.cc",
+    # worker/client/
+    "worker/client/client_runtime.cc": ("tests/worker/client/gate_client_test.cc",
                                         "GateClient's timer thread, through GateClient"),
-    "worker/client/in_memory_broadcast.cc": ("tests/worker/group_decider_test.cc",
+    "worker/client/in_memory_broadcast.cc": ("tests/worker/client/group_decider_test.cc",
                                              "the broadcast GroupDecider's tests run over"),
-    "worker/client/spgate_client.cc": ("tests/worker/c_api_test.cc", "the C API"),
+    "worker/client/spgate_client.cc": ("tests/worker/client/c_api_test.cc", "the C API"),
     "worker/client/tls_flags.cc": ("tests/integration/tls_clients_test.py",
                                    "the clients' TLS flags, through the real binaries"),
-    "worker/client/wire.cc": ("tests/worker/gate_client_test.cc",
+    "worker/client/wire.cc": ("tests/worker/client/gate_client_test.cc",
                               "channel and messages, through GateClient against a server"),
+    # worker/runtime/: the communicators and devices need ranks or a GPU.
+    "worker/runtime/communicator.cc": ("tests/worker/runtime/transformer_stack_test.cc",
+                                       "the one-rank communicator the tp = 1 stack runs on; "
+                                       "the statistics also in worker_runtime_mpi_test.cc"),
+    "worker/runtime/mpi_communicator.cc": ("tests/worker/runtime/worker_runtime_mpi_test.cc",
+                                           "needs MPI ranks: runs under mpirun (label mpi)"),
+    "worker/runtime/cpu_device.cc": ("tests/worker/runtime/memory_arena_test.cc",
+                                     "the CPU device under the arena and every CPU stack test"),
+    "worker/runtime/cuda_device.cc": ("tests/worker/runtime/worker_runtime_gpu_test.cc",
+                                      "needs a device (label gpu)"),
+    "worker/runtime/nccl_communicator.cc": ("tests/worker/runtime/worker_runtime_gpu_test.cc",
+                                            "needs devices (label gpu)"),
+    "worker/runtime/cuda_stub.cc": ("tests/worker/runtime/worker_runtime_gpu_test.cc",
+                                    "a build without CUDA: one UNIMPLEMENTED, which the GPU "
+                                    "test's skip reads"),
+    "worker/runtime/nccl_stub.cc": ("tests/worker/runtime/worker_runtime_gpu_test.cc",
+                                    "a build without NCCL: one UNIMPLEMENTED"),
 }
 
 KERNEL_SUFFIXES = ("_ref", "_cpu")
@@ -158,23 +156,12 @@ def problems():
     for folder in unknown_folders():
         out.append(f"{folder}/: C++ sources in a folder the check does not know; add it to "
                    "SOURCE_FOLDERS (and give its units tests) or to NOT_SOURCE with a reason")
-    for folder, real in TRANSITIONAL_FOLDERS.items():
-        if exists(real):
-            out.append(f"{real} exists: drop TRANSITIONAL_FOLDERS[{folder!r}] and let the "
-                       f"check hold {folder}'s units")
-    for folder, old in TRANSITIONAL_MIRRORS.items():
-        if exists(f"tests/{folder}"):
-            out.append(f"tests/{folder} exists: drop TRANSITIONAL_MIRRORS[{folder!r}] "
-                       f"(was {old})")
     seen_exceptions = set()
     for folder in SOURCE_FOLDERS:
         if not exists(folder):
             out.append(f"{folder}/: listed in SOURCE_FOLDERS but missing")
             continue
         mirror = f"tests/{folder}"
-        if not exists(mirror) and folder in TRANSITIONAL_MIRRORS:
-            mirror = TRANSITIONAL_MIRRORS[folder]
-        skip_units = folder in TRANSITIONAL_FOLDERS and not exists(TRANSITIONAL_FOLDERS[folder])
         for unit, sources in units(folder).items():
             tests = [f"{mirror}/{unit}_test{ext}" for ext in (".cc", ".py")]
             has_test = any(exists(t) for t in tests)
@@ -183,7 +170,7 @@ def problems():
             if has_test:
                 for s in excepted:
                     out.append(f"{s}: has its own test now; drop its entry in EXCEPTIONS")
-            elif not excepted and not skip_units:
+            elif not excepted:
                 out.append(f"{', '.join(sources)}: no {tests[0]} (or .py); write it, or add "
                            "an entry to EXCEPTIONS naming the test that covers it and why")
     for source, (covering, _why) in EXCEPTIONS.items():

@@ -2,7 +2,7 @@
 // answers and refusals as they arrive, and the commit of each step in step order — the
 // daemon's answer when it is there, otherwise the local fail-static policy's
 // (local_policy.h). No lock, no gRPC, no clock: GateClient guards it with its mutex and
-// feeds it; tests drive it directly (tests/worker/decision_book_test.cc).
+// feeds it; tests drive it directly (tests/worker/client/decision_book_test.cc).
 //
 // Invariants (docs/design.md §4):
 //  - steps are committed in increasing order, each exactly once; committing advances the

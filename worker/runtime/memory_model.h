@@ -5,7 +5,7 @@
 //
 // The model replays TransformerStack's buffer schedule (what is allocated and freed, in
 // order) on a counter, so it is exact by construction as long as the two agree; the test
-// in tests/worker_runtime holds them to within 5%. In closed form, per layer, with
+// in tests/worker/runtime holds them to within 5%. In closed form, per layer, with
 // T = tokens, t = tp, H = hidden, F = ffn_hidden, a = heads / t, and T' = T / t under SP
 // (T' = T under TP-only), the floats kept for backward are
 //   4 T' H + 4 T'  (LN inputs and outputs, statistics)  +  T (4 H/t + 2 F/t + a)

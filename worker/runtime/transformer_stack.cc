@@ -1,6 +1,6 @@
 // TransformerStack: the SP / TP-only block, forward and backward. Buffer lifetimes here
 // are what memory_model.cc predicts; change one, change the other (the test
-// tests/worker_runtime checks prediction against the arena's measured peak).
+// tests/worker/runtime checks prediction against the arena's measured peak).
 #include "worker/runtime/transformer_stack.h"
 
 #include <utility>

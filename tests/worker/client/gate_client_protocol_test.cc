@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/policy_printers.h"
 #include "tests/testing/status_matchers.h"
-#include "tests/worker/fake_gate_service.h"
+#include "tests/worker/client/fake_gate_service.h"
 #include "worker/client/gate_client.h"
 
 namespace spgate::client {

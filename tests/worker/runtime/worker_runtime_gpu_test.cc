@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/worker_runtime/reference_model.h"
-#include "tests/worker_runtime/test_util.h"
+#include "tests/worker/runtime/reference_model.h"
+#include "tests/worker/runtime/test_util.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/memory_model.h"

@@ -1,5 +1,5 @@
 // The double-precision single-rank reference model.
-#include "tests/worker_runtime/reference_model.h"
+#include "tests/worker/runtime/reference_model.h"
 
 #include "kernels/attention.h"
 #include "kernels/gelu.h"

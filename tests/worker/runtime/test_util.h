@@ -1,5 +1,6 @@
-// Helpers for the worker runtime tests: ASSERT_OK_AND_ASSIGN, and an all-close check
-// that reports the worst element (index, both values, the bound) rather than the first.
+// Helpers for the worker runtime tests: ASSERT_OK_AND_ASSIGN, Draw (the next n lengths of
+// a source), and an all-close check that reports the worst element (index, both values,
+// the bound) rather than the first.
 //
 // Tolerance used against the double reference: |got - want| <= kAtol + kRtol * |want|.
 // The stack runs in fp32 with fp32 accumulation (OpenBLAS sgemm, fp32 reductions); at
@@ -11,6 +12,7 @@
 #define SPGATE_TESTS_WORKER_RUNTIME_TEST_UTIL_H_
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,18 @@
   ASSERT_TRUE(WR_CONCAT_(wr_or_, __LINE__).ok())                      \
       << WR_CONCAT_(wr_or_, __LINE__).status();                       \
   lhs = std::move(WR_CONCAT_(wr_or_, __LINE__)).value()
+
+namespace spgate::runtime {
+
+// The next `n` lengths of a LengthSource (worker/runtime/lengths.h).
+template <typename Source>
+std::vector<int64_t> Draw(Source& source, int n) {
+  std::vector<int64_t> v(n);
+  for (int64_t& x : v) x = source.Next();
+  return v;
+}
+
+}  // namespace spgate::runtime
 
 namespace spgate::runtime::reference {
 

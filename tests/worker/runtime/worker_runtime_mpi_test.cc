@@ -6,7 +6,7 @@
 //     boundaries;
 //   - a gradient-accumulation window mixing modes, with data parallelism (tp = 2, dp = 2);
 //   - peak memory: SP below TP-only at long lengths, prediction within 5% of measured.
-// Tolerances: tests/worker_runtime/test_util.h.
+// Tolerances: tests/worker/runtime/test_util.h.
 #include <mpi.h>
 
 #include <string>
@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/worker_runtime/reference_model.h"
-#include "tests/worker_runtime/test_util.h"
+#include "tests/worker/runtime/reference_model.h"
+#include "tests/worker/runtime/test_util.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/memory_model.h"

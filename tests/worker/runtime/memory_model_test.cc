@@ -1,0 +1,41 @@
+// The memory model (worker/runtime/memory_model.h): SP keeps less than TP-only, its
+// closed form; the stack's measured peaks against it are in transformer_stack_test.cc
+// and worker_runtime_mpi_test.cc.
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker/runtime/test_util.h"
+#include "worker/runtime/memory_model.h"
+#include "worker/runtime/model.h"
+
+namespace spgate::runtime {
+namespace {
+
+TEST(MemoryModelTest, SpKeepsLessThanTpOnlyAtLongLengthsAndGatherCostsMore) {
+  const ModelShape shape{.layers = 4, .hidden = 256, .heads = 8, .ffn_hidden = 1024};
+  const std::vector<int64_t> long_batch = {8192, 8192};
+  auto predict = [&](Mode m, NormBoundary b, int tp, const std::vector<int64_t>& l) {
+    return PredictPeak({.shape = shape, .tp = tp, .mode = m, .norm_boundary = b}, l);
+  };
+  const auto sp = predict(Mode::kSequenceParallel, NormBoundary::kShard, 4, long_batch);
+  const auto tp = predict(Mode::kTensorParallelOnly, NormBoundary::kShard, 4, long_batch);
+  const auto gather = predict(Mode::kSequenceParallel, NormBoundary::kGather, 4, long_batch);
+  EXPECT_LT(sp.peak_bytes, tp.peak_bytes);
+  // Kept per token: TP-only 4H + (4H + 2F)/t + a, SP 4H/t + (4H + 2F)/t + a: 0.57x here.
+  EXPECT_LT(static_cast<double>(sp.activation_bytes), 0.6 * tp.activation_bytes);
+  EXPECT_GT(gather.peak_bytes, sp.peak_bytes);
+  EXPECT_EQ(sp.resident_bytes, tp.resident_bytes);
+  // The closed form of memory_model.h for the kept activations (floats, per layer).
+  const double T = 16384, H = 256, F = 1024, t = 4, a = 2;
+  const double per_layer_sp = 4 * (T / t) * H + 4 * (T / t) + T * (4 * H / t + 2 * F / t + a);
+  const double per_layer_tp = 4 * T * H + 4 * T + T * (4 * H / t + 2 * F / t + a);
+  EXPECT_DOUBLE_EQ(sp.activation_bytes, 4 * 4 * per_layer_sp);
+  EXPECT_DOUBLE_EQ(tp.activation_bytes, 4 * 4 * per_layer_tp);
+  // One rank: the modes are the same computation.
+  EXPECT_EQ(predict(Mode::kSequenceParallel, NormBoundary::kShard, 1, long_batch).peak_bytes,
+            predict(Mode::kTensorParallelOnly, NormBoundary::kShard, 1, long_batch).peak_bytes);
+}
+
+}  // namespace
+}  // namespace spgate::runtime

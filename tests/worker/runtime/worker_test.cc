@@ -1,0 +1,38 @@
+// The worker's options (worker/runtime/worker.h): bad flags are refused naming them.
+// The run itself is tested over MPI (worker_runtime_mpi_test.cc) and through the binary
+// (worker_cli_test.py).
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/worker/runtime/test_util.h"
+#include "worker/runtime/worker.h"
+
+namespace spgate::runtime {
+namespace {
+
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(ValidationTest, WorkerOptionsNameTheFlags) {
+  WorkerOptions o;
+  o.tokens_per_batch = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--tokens_per_batch")));
+  o = WorkerOptions{};
+  o.steps = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--steps")));
+  o.duration = absl::Seconds(3);
+  EXPECT_OK(ValidateWorkerOptions(o));
+  o = WorkerOptions{};
+  o.lengths = "lognormal:mean=0,sigma=1";
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")));
+  o = WorkerOptions{};
+  o.grad_accum_steps = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--grad_accum_steps")));
+}
+
+}  // namespace
+}  // namespace spgate::runtime
