@@ -55,7 +55,8 @@ ABSL_FLAG(int, threads, 0, "Driver threads (0: min(groups, 2 x cores, 16))");
 ABSL_FLAG(std::string, group_phase, "random",
           "When groups tick within the step period: random (each group its own seeded phase) "
           "or aligned (all at once, like one data-parallel job; the daemon's worst burst)");
-ABSL_FLAG(absl::Duration, deadline, absl::Milliseconds(20), "Decision deadline per step");
+ABSL_FLAG(absl::Duration, deadline, spgate::sim::SimOptions{}.deadline,
+          "Decision deadline per step (the client's decision_deadline)");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "Before the first step, how long to wait for every rank's stream to the daemon");
 ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),

@@ -19,6 +19,7 @@
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/summary.h"
+#include "worker/client/client_options.h"
 #include "worker/client/tls.h"
 #include "worker/runtime/batching.h"
 
@@ -50,7 +51,7 @@ struct SimOptions {
   // burst (the worst case for decision latency).
   enum class GroupPhase { kRandom, kAligned };
   GroupPhase group_phase = GroupPhase::kRandom;
-  absl::Duration deadline = absl::Milliseconds(20);
+  absl::Duration deadline = client::GateClientOptions{}.decision_deadline;
   // GateClientOptions::telemetry_flush_interval: > 0 moves telemetry writes off the
   // moment plans go out (every rank reports right after the decision).
   absl::Duration telemetry_flush = absl::Milliseconds(250);

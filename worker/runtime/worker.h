@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
+#include "worker/client/client_options.h"
 #include "worker/client/tls.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/memory_arena.h"
@@ -65,7 +66,7 @@ struct WorkerOptions {
   NormBoundary norm_boundary = NormBoundary::kShard;
   std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
   bool verify = false;
-  absl::Duration decision_deadline = absl::Milliseconds(20);
+  absl::Duration decision_deadline = client::GateClientOptions{}.decision_deadline;
   // Before the first step the leader waits this long for the daemon's stream (once).
   absl::Duration connect_timeout = absl::Seconds(5);
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
