@@ -198,6 +198,9 @@ int main(int argc, char** argv) {
   }
 
   spgate::server::DaemonOptions opts;  // loopback, port 0
+  // The benchmark measures the decision path: a closed-loop leader sends far more plans a
+  // second than --max_plans_per_second allows a real one, so the limiter is off here.
+  opts.state.max_plans_per_second = 0;
   auto daemon = spgate::server::Daemon::Start(opts);
   if (!daemon.ok()) {
     std::cerr << "cannot start spgated: " << daemon.status() << "\n";
