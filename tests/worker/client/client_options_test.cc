@@ -1,13 +1,21 @@
 // The client's option table (worker/client/client_options.h): every row reachable by its
 // C API name exactly when it is in the C API, no name shadowing a gate field or a TLS
-// setting, text parsed per type with errors naming the option, and the defaults as the
-// C API spells them.
+// setting, text parsed per type with errors naming the option, the defaults as the
+// C API spells them; docs/client.md's table of defaults held to the table.
 #include "worker/client/client_options.h"
 
+#include <fstream>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/gate_config.h"
@@ -101,6 +109,49 @@ TEST(ClientOptionsTest, SetFromTextPerType) {
   EXPECT_FALSE(o.rs_wait_from_own_telemetry);
   ASSERT_OK(SetClientOptionFromText(o, *FindClientOption("hidden"), "4096"));
   EXPECT_EQ(o.model.hidden, 4096);  // the model rows reach the nested struct
+}
+
+// docs/client.md's table of defaults says what the option table says: each documented
+// default, read in its unit (ms, s; thousands commas), equals the row's default as the C
+// API spells it. A default changed in one place only fails here.
+TEST(ClientOptionsTest, DocumentedDefaultsAreTheTables) {
+  std::ifstream in(CLIENT_MD);
+  ASSERT_TRUE(in.good()) << CLIENT_MD;
+  std::string line;
+  bool in_table = false;
+  int checked = 0;
+  while (std::getline(in, line)) {
+    if (absl::StrContains(line, "The defaults below are the table's")) in_table = true;
+    if (!in_table) continue;
+    if (checked > 0 && !absl::StartsWith(line, "|")) break;  // the table's end
+    if (!absl::StartsWith(line, "| `")) continue;
+    const std::vector<std::string> cells = absl::StrSplit(line, '|');
+    ASSERT_GE(cells.size(), 3u) << line;
+    const std::vector<std::string> names =
+        absl::StrSplit(absl::StripAsciiWhitespace(cells[1]), ", ");
+    const std::vector<std::string> values =
+        absl::StrSplit(absl::StripAsciiWhitespace(cells[2]), ", ");
+    ASSERT_EQ(names.size(), values.size()) << line;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string name(absl::StripPrefix(absl::StripSuffix(names[i], "`"), "`"));
+      SCOPED_TRACE(name);
+      const ClientOption* row = FindClientOption(name);
+      ASSERT_NE(row, nullptr) << "docs/client.md documents an option the table lacks";
+      std::string value = absl::StrReplaceAll(values[i], {{",", ""}});
+      if (row->type == ClientOptionType::kDuration) {  // "20 ms", "5 s", "0": as ms
+        double number = 0;
+        std::string unit = "ms";
+        const std::vector<std::string> parts = absl::StrSplit(value, ' ');
+        ASSERT_TRUE(absl::SimpleAtod(parts[0], &number)) << value;
+        if (parts.size() > 1) unit = parts[1];
+        ASSERT_TRUE(unit == "ms" || unit == "s") << value;
+        value = absl::StrCat(static_cast<int64_t>(unit == "s" ? number * 1000 : number));
+      }
+      EXPECT_EQ(value, ClientOptionDefaultText(*row));
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 10) << "the table of defaults was not found in " << CLIENT_MD;
 }
 
 }  // namespace
