@@ -118,7 +118,9 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
   const auto min = static_cast<double>(config.adaptive_min_samples);
   e.known = e.sp.samples >= min && e.tp.samples >= min && e.sp.tokens_per_s > 0;
   if (e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) e.ratio = e.tp.tokens_per_s / e.sp.tokens_per_s;
-  if (e.known && e.tp.tokens_per_s > e.sp.tokens_per_s * (1.0 + config.adaptive_margin)) {
+  // The decision's form of the test (a ratio against 1 + margin), so that moving the rule
+  // here changed no decision.
+  if (e.known && e.tp.tokens_per_s / e.sp.tokens_per_s > 1.0 + config.adaptive_margin) {
     e.preferred = Mode::kTensorParallelOnly;
   }
   return e;

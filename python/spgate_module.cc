@@ -383,7 +383,7 @@ py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
       const auto t0 = Clock::now();
       (void)c.SubmitPlan({.step = n + 1, .lengths = lengths});
       const auto t1 = Clock::now();
-      auto d = c.AwaitDecision(n, absl::Now() + absl::Milliseconds(20));
+      auto d = c.AwaitDecision(n, absl::Now() + c.options().decision_deadline);
       const auto t2 = Clock::now();
       if (d.ok()) {
         mode = d->mode;

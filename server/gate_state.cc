@@ -418,7 +418,7 @@ void GateState::Touch(const Session& session) {
   if (rit != git->second->ranks.end()) rit->second.last_seen = Now();
 }
 
-// Validate -> cache -> policy -> record (docs/design.md §4). The checks that need no
+// Validate -> cache -> policy -> record (docs/design.md §8; the rules they keep: §4). The checks that need no
 // state run before the lock, and so does the per-sequence work.
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
   RETURN_IF_ERROR(CheckPlan(session, plan));

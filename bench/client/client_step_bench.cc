@@ -197,7 +197,7 @@ Result RunClient(const std::string& name, const std::string& controller,
       r, warmup, steps,
       [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths}); },
       [&](int64_t step) {
-        auto d = c.AwaitDecision(step, absl::Now() + absl::Milliseconds(20));
+        auto d = c.AwaitDecision(step, absl::Now() + c.options().decision_deadline);
         if (d.ok()) {
           mode = d->mode;
           reason = d->reason;
