@@ -31,6 +31,21 @@ using gate_state_internal::Rank;
 
 constexpr size_t kRetiredIncarnationsKept = 16;
 
+// A token longer than any NewSessionId makes is refused before a lookup (and before an
+// error message would echo it).
+absl::Status CheckSessionIdLength(const std::string& session_id) {
+  if (session_id.size() <= kMaxSessionIdLength) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "session_id: at most %d characters, got %d; not a session token", kMaxSessionIdLength,
+      session_id.size()));
+}
+
+// a + b for counts that are never negative, at INT64_MAX instead of past it.
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max()
+                                                     : a + b;
+}
+
 }  // namespace
 
 GateState::GateState(StateOptions options, Metrics& metrics, const OperatorStore* store)
@@ -170,6 +185,7 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::FindSession(const std::strin
     return absl::UnauthenticatedError(
         "session_id: required; Register first and send the session it returns");
   }
+  RETURN_IF_ERROR(CheckSessionIdLength(session_id));
   MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
@@ -263,6 +279,10 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   if (r.global_rank < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("global_rank: must be >= 0, got %d", r.global_rank));
+  }
+  if (r.host.size() > kMaxHostLength) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "host: at most %d characters, got %d", kMaxHostLength, r.host.size()));
   }
   auto session = std::make_shared<Session>();
   ASSIGN_OR_RETURN(session->id, NewSessionId());
@@ -361,6 +381,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
 absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::string& session_id,
                                                                   std::weak_ptr<SessionSink> sink) {
   if (draining()) return absl::UnavailableError("spgated is shutting down");
+  RETURN_IF_ERROR(CheckSessionIdLength(session_id));
   std::shared_ptr<Session> session;
   std::vector<std::shared_ptr<SessionSink>> learned_sinks;
   ThroughputTable learned;
@@ -654,7 +675,7 @@ absl::StatusOr<int64_t> GateState::Heartbeat(
       const int64_t delta = count >= seen ? count - seen : count;
       seen = count;
       if (delta > 0) {
-        job.local_decisions += delta;
+        job.local_decisions = SaturatingAdd(job.local_decisions, delta);
         job.metrics->LocalDecisions(static_cast<Reason>(r)).Increment(static_cast<double>(delta));
       }
     }

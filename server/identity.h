@@ -15,6 +15,10 @@
 namespace spgate::server {
 
 inline constexpr size_t kMaxJobIdLength = 128;
+// RegisterRequest.host: a DNS name is at most 253 characters.
+inline constexpr size_t kMaxHostLength = 255;
+// A session token is 32 hex digits (NewSessionId); anything longer is not one.
+inline constexpr size_t kMaxSessionIdLength = 64;
 
 // 1-128 characters from [A-Za-z0-9._-], and not "_default" (the global scope's label).
 inline absl::Status ValidateJobId(std::string_view job_id) {

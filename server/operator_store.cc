@@ -36,6 +36,17 @@ absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
 }
 
 absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
+  // google.protobuf.Duration's own rules: |nanos| < 1e9, and nanos of the seconds' sign.
+  if (duration.nanos() <= -1'000'000'000 || duration.nanos() >= 1'000'000'000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "duration: nanos must be in (-1e9, 1e9), got ", duration.nanos()));
+  }
+  if ((duration.seconds() > 0 && duration.nanos() < 0) ||
+      (duration.seconds() < 0 && duration.nanos() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "duration: seconds (", duration.seconds(), ") and nanos (", duration.nanos(),
+        ") must have the same sign"));
+  }
   const absl::Duration d =
       absl::Seconds(duration.seconds()) + absl::Nanoseconds(duration.nanos());
   if (d <= absl::ZeroDuration() || d > absl::Hours(24 * 7)) {
@@ -529,8 +540,23 @@ v1::Pin PinToProto(const std::string& job_id, std::optional<int> group, const Pi
 
 }  // namespace
 
+// A group index, as Register checks it (the upper bound, --max_groups_per_job, is the
+// live state's: a pin for a group past it is NOT_FOUND there).
+absl::Status ValidatePinGroup(bool has_group, int group) {
+  if (has_group && group < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("group: must be >= 0, got ", group));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OperatorStore::ValidateUnpinRequest(const v1::UnpinRequest& r) {
+  RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  return ValidatePinGroup(r.has_group(), r.group());
+}
+
 absl::Status OperatorStore::ValidatePinRequest(const v1::PinModeRequest& r) {
   RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  RETURN_IF_ERROR(ValidatePinGroup(r.has_group(), r.group()));
   if (!IsValidMode(r.mode())) {
     return absl::InvalidArgumentError("mode: must be SEQUENCE_PARALLEL or TENSOR_PARALLEL_ONLY");
   }
@@ -582,7 +608,7 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
 
 absl::StatusOr<int> OperatorStore::Unpin(const v1::UnpinRequest& r,
                                          const AuditContext& audit) {
-  RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  RETURN_IF_ERROR(ValidateUnpinRequest(r));
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
   auto it = next.jobs.find(r.job_id());

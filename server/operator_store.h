@@ -86,6 +86,9 @@ class OperatorStore {
   // PinMode's argument checks alone (job id, mode, duration), for callers that look the
   // job up in between.
   static absl::Status ValidatePinRequest(const v1::PinModeRequest& r);
+  // The job id and group of an Unpin (the service checks them before the live state's
+  // NOT_FOUND).
+  static absl::Status ValidateUnpinRequest(const v1::UnpinRequest& r);
   // Removes the matching pins; returns how many of them were still in force.
   absl::StatusOr<int> Unpin(const v1::UnpinRequest& r, const AuditContext& audit);
   // Forgets a job: its live state (through the listener, after the change is persisted

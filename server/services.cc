@@ -585,6 +585,9 @@ grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* c
                                                   v1::Decision* response) {
   if (state_->draining()) return Finish(ctx, absl::UnavailableError("spgated is shutting down"));
   if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Finish(ctx, s);
+  if (!request->has_plan()) {
+    return Finish(ctx, absl::InvalidArgumentError("plan: required (the batch plan to decide)"));
+  }
   const auto start = Clock::now();
   absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(request->session_id());
   if (!session.ok()) return Finish(ctx, session.status());
@@ -692,6 +695,9 @@ grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* c
                                                   v1::UnpinResponse* response) {
   absl::StatusOr<Principal> who = Authorize(ctx, "Unpin");
   if (!who.ok()) return Finish(ctx, who.status());
+  if (absl::Status s = OperatorStore::ValidateUnpinRequest(*request); !s.ok()) {
+    return Finish(ctx, s);
+  }
   const std::optional<int> group =
       request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
   if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Finish(ctx, s);

@@ -182,7 +182,9 @@ class Campaign:
         r("Register/global_rank negative", C.INVALID_ARGUMENT, global_rank=-7)
         r("Register/group negative", C.INVALID_ARGUMENT, group=-1)
         r("Register/group past --max_groups_per_job", C.INVALID_ARGUMENT, group=2**31 - 1)
-        r("Register/huge budget and host", OK, job_id="adv-huge", memory_budget_bytes=UINT64_MAX,
+        r("Register/huge budget, host at its 255-character maximum", OK, job_id="adv-huge",
+          memory_budget_bytes=UINT64_MAX, host="h" * 255)
+        r("Register/host past 255 characters", C.INVALID_ARGUMENT, job_id="adv-huge",
           host="h" * 10000)
 
     def decide_cases(self):
@@ -217,6 +219,9 @@ class Campaign:
         d("Decide/no session", C.UNAUTHENTICATED, s, self.plan(job, group, nxt, [64]),
           session_id="")
         d("Decide/empty plan", C.INVALID_ARGUMENT, s, self.gate.new("BatchPlan"))
+        d("Decide/no plan", C.INVALID_ARGUMENT, s, None)
+        d("Decide/session id of 100,000 characters", C.INVALID_ARGUMENT, s,
+          self.plan(job, group, nxt, [64]), session_id="a" * 100000)
         d("Decide/valid after the refusals", OK, s, self.plan(job, group, nxt, [100, 200]))
         s[3] = nxt + 1
 
@@ -520,12 +525,17 @@ class Campaign:
           duration=D(60))
         U("PinMode/unknown group", C.NOT_FOUND, "PinMode", job_id=self.d0, group=2**31 - 1,
           mode=1, duration=D(60))
+        U("PinMode/negative group", C.INVALID_ARGUMENT, "PinMode", job_id=self.d0, group=-1,
+          mode=1, duration=D(60))
+        U("PinMode/duration nanos 2e9", C.INVALID_ARGUMENT, "PinMode", job_id=self.d0, mode=1,
+          duration=a.new("google.protobuf.Duration", seconds=60, nanos=2 * 10**9))
         U("PinMode/reader", C.PERMISSION_DENIED, "PinMode", md=READER, job_id=self.d0, mode=1,
           duration=D(60))
         if i % 10 == 0:
             U("PinMode/valid", OK, "PinMode", job_id=self.d0, mode=2, duration=D(1))
             U("Unpin/valid", OK, "Unpin", job_id=self.d0)
         U("Unpin/unknown job", C.NOT_FOUND, "Unpin", job_id="adv-nobody")
+        U("Unpin/negative group", C.INVALID_ARGUMENT, "Unpin", job_id=self.d0, group=-1)
         U("Unpin/no credential", C.UNAUTHENTICATED, "Unpin", md=None, job_id=self.d0)
         E = lambda case, want, **f: U(case, want, "EvaluateGates", md=READER, **f)  # noqa: E731
         E("EvaluateGates/valid", OK, lengths=[512, 4096])

@@ -239,6 +239,20 @@ TEST_F(DaemonTest, ConfigUpdatesArePushedWithEffectiveFromStep) {
   stream->Finish();
 }
 
+// A unary Decide without a plan is INVALID_ARGUMENT saying so (it once read "job_id/group
+// (, 0) do not match the session's").
+TEST_F(DaemonTest, DecideWithoutAPlanSaysThePlanIsRequired) {
+  Start();
+  const v1::RegisterResponse leader = Register("job1", 0, 0, 1);
+  v1::DecideRequest req;
+  req.set_session_id(leader.session_id());
+  v1::Decision d;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  EXPECT_THAT(FromGrpcStatus(worker_->Decide(&ctx, req, &d)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("plan: required")));
+}
+
 // One unauthenticated call used to take a group out of the daemon's hands: a unary
 // Decide for the group with step 10^15 made the daemon refuse every later plan. Now a
 // plan needs the leader's session, and a plan too far ahead is refused without changing

@@ -6,14 +6,17 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "proto/convert.h"
 #include "server/audit_log.h"
+#include "server/identity.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
 #include "tests/server/test_util.h"
@@ -367,6 +370,76 @@ TEST_F(GateStateTest, LocalDecisionsAreCountedOnceFromCumulativeHeartbeats) {
   state->Heartbeat(**session, hb);
   state->Heartbeat(**session, hb);  // repeated: no increase
   EXPECT_EQ(state->GetJob("j")->local_decisions(), 5);
+}
+
+// Every string a worker sends is bounded (docs/design.md §10) and refused past its
+// maximum with INVALID_ARGUMENT naming the field, before anything is stored: 250
+// Registers with a 4 MiB host once grew the daemon by a gigabyte.
+TEST_F(GateStateTest, ClientStringsPastTheirMaximumAreRefusedNamingTheField) {
+  auto state = Make();
+  v1::RegisterRequest r = Reg("j", 0, 0, 1);
+  r.set_host(std::string(kMaxHostLength + 1, 'h'));
+  EXPECT_THAT(state->Register(r).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("host")));
+  EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  r.set_host(std::string(kMaxHostLength, 'h'));
+  ASSERT_THAT(state->Register(r).status(), IsOk());
+  // A session id longer than any the daemon makes is refused without a lookup.
+  const std::string long_id(1 << 20, 'a');
+  EXPECT_THAT(state->state->FindSession(long_id).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session_id")));
+  EXPECT_THAT(state->AttachSession(long_id, std::weak_ptr<SessionSink>()).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("session_id")));
+}
+
+// Cumulative local-decision counts near INT64_MAX from two sessions saturate the job's
+// total instead of wrapping it negative.
+TEST_F(GateStateTest, LocalDecisionCountsSaturate) {
+  auto state = Make();
+  v1::Heartbeat hb;
+  auto* c = hb.add_local_decisions();
+  c->set_reason(v1::LENGTH_CV);
+  c->set_count(std::numeric_limits<int64_t>::max());
+  for (int rank : {0, 1}) {
+    auto reg = state->Register(Reg("j", 0, rank, 2));
+    ASSERT_THAT(reg.status(), IsOk());
+    auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+    ASSERT_THAT(session.status(), IsOk());
+    ASSERT_THAT(state->Heartbeat(**session, hb).status(), IsOk());
+  }
+  EXPECT_EQ(state->GetJob("j")->local_decisions(), std::numeric_limits<int64_t>::max());
+}
+
+// PinMode and Unpin validate a group index and a Duration as Register and the wire do:
+// a negative group is INVALID_ARGUMENT (not NOT_FOUND), and so are nanos outside
+// [0, 1e9) or of the other sign than the seconds.
+TEST_F(GateStateTest, PinRequestsValidateGroupAndDurationLikeTheOtherRpcs) {
+  auto state = Make();
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(60);
+  pin.set_group(-1);
+  EXPECT_THAT(state->PinMode(pin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group")));
+  pin.clear_group();
+  pin.mutable_duration()->set_nanos(2'000'000'000);
+  EXPECT_THAT(state->PinMode(pin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nanos")));
+  pin.mutable_duration()->set_seconds(-1);
+  pin.mutable_duration()->set_nanos(500'000'000);
+  EXPECT_THAT(state->PinMode(pin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("duration")));
+  pin.mutable_duration()->set_seconds(0);
+  pin.mutable_duration()->set_nanos(999'999'999);
+  EXPECT_THAT(state->PinMode(pin).status(), IsOk());  // just under a second
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("j");
+  unpin.set_group(-1);
+  EXPECT_THAT(state->Unpin(unpin).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group")));
 }
 
 TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {

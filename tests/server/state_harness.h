@@ -113,6 +113,7 @@ class StateHarness {
   }
   absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& r,
                                           const AuditContext& audit = {"test"}) {
+    RETURN_IF_ERROR(OperatorStore::ValidateUnpinRequest(r));
     RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
     ASSIGN_OR_RETURN(int removed, store->Unpin(r, audit));
     v1::UnpinResponse resp;
