@@ -19,9 +19,12 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
@@ -139,11 +142,23 @@ class Daemon::Impl {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials();
   bool PollConfig();
   absl::Status Reload();  // ReloadConfig's rules, without touching the fingerprint
+  // grpc.health.v1 on every server: "" (the whole server) and, by name, the services it
+  // stands for — each API port its own, the health-only port both — so a checker set up
+  // per service gets an answer rather than NOT_FOUND. The per-name statuses follow the
+  // server's (SetServingStatus(bool) sets them all).
   void SetServing(bool serving) {
-    for (auto* s : {worker_server.get(), admin_server.get(), health_server.get()}) {
-      if (s != nullptr && s->GetHealthCheckService() != nullptr) {
-        s->GetHealthCheckService()->SetServingStatus(serving);
+    const std::string gate = v1::GateService::service_full_name();
+    const std::string admin = v1::AdminService::service_full_name();
+    const std::pair<grpc::Server*, std::vector<std::string>> servers[] = {
+        {worker_server.get(), {gate}},
+        {admin_server.get(), {admin}},
+        {health_server.get(), {gate, admin}}};
+    for (const auto& [s, names] : servers) {
+      if (s == nullptr || s->GetHealthCheckService() == nullptr) continue;
+      for (const std::string& name : names) {
+        s->GetHealthCheckService()->SetServingStatus(name, serving);
       }
+      s->GetHealthCheckService()->SetServingStatus(serving);
     }
   }
 };
@@ -287,9 +302,15 @@ absl::Status Daemon::Impl::Start() {
       }
     });
   }
+  // Which listeners are off, so that an empty flag never reads as "port 0".
+  std::vector<std::string> off;
+  if (metrics_port == 0) off.push_back("metrics (--metrics_listen)");
+  if (health_port == 0) off.push_back("health-only port (--health_listen)");
   Log(absl::StrCat("serving: worker API on port ", worker_port, ", admin API on port ",
-                   admin_port, ", metrics on port ", metrics_port,
-                   health_port ? absl::StrCat(", health on port ", health_port) : ""));
+                   admin_port,
+                   metrics_port ? absl::StrCat(", metrics on port ", metrics_port) : "",
+                   health_port ? absl::StrCat(", health on port ", health_port) : "",
+                   off.empty() ? "" : absl::StrCat("; off: ", absl::StrJoin(off, ", "))));
   return absl::OkStatus();
 }
 

@@ -110,10 +110,17 @@ class IndependentClientTest(unittest.TestCase):
                          {"Register", "Connect", "Decide"})
 
     def test_health_is_serving_on_both_ports(self):
-        for address in (self.daemon.worker_address, self.daemon.admin_address):
+        for address, service in ((self.daemon.worker_address, "spgate.v1.GateService"),
+                                 (self.daemon.admin_address, "spgate.v1.AdminService")):
             with grpc.insecure_channel(address) as channel:
                 self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT),
                                  sr.HEALTH_SERVING, address)
+                # By service name too, as a health checker configured per service asks.
+                self.assertEqual(sr.health_check(channel, service, timeout=CALL_TIMEOUT),
+                                 sr.HEALTH_SERVING, f"{address} {service}")
+                with self.assertRaises(grpc.RpcError) as unknown:
+                    sr.health_check(channel, "spgate.v1.NoSuchService", timeout=CALL_TIMEOUT)
+                self.assertEqual(unknown.exception.code(), grpc.StatusCode.NOT_FOUND, address)
 
     def test_invalid_thresholds_are_refused_naming_the_field(self):
         before = self.admin.call("GetGateConfig")
@@ -271,12 +278,27 @@ class StateDirTest(unittest.TestCase):
         self.assertGreater(newer.version, set_job.version)
         admin.channel.close()
 
+    def test_startup_line_names_the_listeners_that_are_off(self):
+        daemon = self.start(["--metrics_listen="])
+        line = next(l for l in daemon.stderr_text.splitlines() if "serving:" in l)
+        self.assertIsNone(daemon.metrics_port, line)
+        self.assertNotIn("metrics on port", line)  # was "metrics on port 0"
+        self.assertIn("; off: metrics (--metrics_listen), health-only port (--health_listen)",
+                      line)
+        daemon = self.start(["--health_listen=127.0.0.1:0"])
+        line = next(l for l in daemon.stderr_text.splitlines() if "serving:" in l)
+        self.assertIsNotNone(daemon.metrics_port, line)
+        self.assertNotIn("off:", line)
+
     def test_health_port_serves_health_and_nothing_else(self):
         daemon = self.start(["--health_listen=127.0.0.1:0"])
         self.assertIsNotNone(daemon.health_port, daemon.stderr_text)
         identity = lambda b: b  # noqa: E731
         with grpc.insecure_channel(f"127.0.0.1:{daemon.health_port}") as channel:
             self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
+            for service in ("spgate.v1.GateService", "spgate.v1.AdminService"):
+                self.assertEqual(sr.health_check(channel, service, timeout=CALL_TIMEOUT),
+                                 sr.HEALTH_SERVING, service)
             # The plaintext port must not describe the API (reflection) or serve it.
             for call in (lambda: sr.Reflection(channel, CALL_TIMEOUT).list_services(),
                          lambda: channel.unary_unary(

@@ -298,8 +298,10 @@ def connect(address, service_name, timeout=5.0):
 
 # --- the daemon process -------------------------------------------------------------
 
-_SERVING = re.compile(r"spgated: serving: worker API on port (\d+), admin API on port (\d+), "
-                      r"metrics on port (\d+)(?:, health on port (\d+))?")
+# Metrics and the health-only port are each optional (an empty flag turns one off, and the
+# line then names it after "; off:").
+_SERVING = re.compile(r"spgated: serving: worker API on port (\d+), admin API on port (\d+)"
+                      r"(?:, metrics on port (\d+))?(?:, health on port (\d+))?")
 
 
 def _die_with_parent():
@@ -347,7 +349,8 @@ class SpgatedProcess:
                 self._lines.append(line)
             m = _SERVING.search(line)
             if m:
-                self.worker_port, self.admin_port, self.metrics_port = map(int, m.groups()[:3])
+                self.worker_port, self.admin_port = int(m.group(1)), int(m.group(2))
+                self.metrics_port = int(m.group(3)) if m.group(3) else None
                 self.health_port = int(m.group(4)) if m.group(4) else None
                 self._serving.set()
 
