@@ -212,6 +212,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // A connection that has not finished its handshake (TLS, then HTTP/2's SETTINGS) by
+  // then is closed.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(opts.handshake_timeout)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     return absl::UnavailableError(absl::StrCat(flag, "=", address, ": cannot listen there"));

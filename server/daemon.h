@@ -49,6 +49,7 @@ struct DaemonOptions {
   int max_streams = kDefaultMaxStreams;              // Connect + WatchDecisions, in total
   int max_watch_streams = kDefaultMaxWatchStreams;
   absl::Duration first_message_timeout = kDefaultFirstMessageTimeout;  // Connect streams
+  absl::Duration handshake_timeout = kDefaultHandshakeTimeout;  // TLS + HTTP/2 preface, all ports
   int min_ping_interval_ms = kDefaultMinPingIntervalMs;  // pings without data, from clients
   int max_ping_strikes = kDefaultMaxPingStrikes;         // then GOAWAY; 0: never
 };

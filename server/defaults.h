@@ -33,6 +33,10 @@ inline constexpr int kDefaultMaxWatchStreams = 64;
 // A Connect stream must name its session in its first message within this long, or it
 // is ended (DEADLINE_EXCEEDED): a shipped client sends it as the stream opens.
 inline constexpr absl::Duration kDefaultFirstMessageTimeout = absl::Seconds(10);
+// A connection must finish its TLS handshake and send HTTP/2's preface and SETTINGS
+// within this long, or it is closed: a socket that never speaks does not hold a file
+// descriptor for gRPC's default two minutes.
+inline constexpr absl::Duration kDefaultHandshakeTimeout = absl::Seconds(10);
 // Worker sessions (registered ranks) one job may hold.
 inline constexpr int kDefaultMaxSessionsPerJob = 16384;
 // Sequences in one batch plan (the policy's own bound on a batch is 2^20).

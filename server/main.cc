@@ -60,6 +60,9 @@ ABSL_FLAG(int, max_watch_streams, spgate::server::kDefaultMaxWatchStreams,
           "WatchDecisions streams open at once");
 ABSL_FLAG(absl::Duration, first_message_timeout, spgate::server::kDefaultFirstMessageTimeout,
           "A Connect stream that names no session within this long is ended");
+ABSL_FLAG(absl::Duration, handshake_timeout, spgate::server::kDefaultHandshakeTimeout,
+          "A connection that has not finished its TLS and HTTP/2 handshake this long after "
+          "it opened is closed");
 ABSL_FLAG(int, max_sessions_per_job, spgate::server::kDefaultMaxSessionsPerJob,
           "Worker sessions (registered ranks) per job");
 ABSL_FLAG(int, max_sequences_per_plan, spgate::server::kDefaultMaxSequencesPerPlan,
@@ -124,6 +127,7 @@ int main(int argc, char** argv) {
   opts.max_streams = absl::GetFlag(FLAGS_max_streams);
   opts.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
   opts.first_message_timeout = absl::GetFlag(FLAGS_first_message_timeout);
+  opts.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
   opts.state.max_sessions_per_job = absl::GetFlag(FLAGS_max_sessions_per_job);
   opts.state.max_sequences_per_plan = absl::GetFlag(FLAGS_max_sequences_per_plan);
   opts.state.max_plans_per_second = absl::GetFlag(FLAGS_max_plans_per_second);
@@ -132,14 +136,16 @@ int main(int argc, char** argv) {
       static_cast<int>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_min_ping_interval)));
   opts.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
   if (opts.state.forget_after <= absl::ZeroDuration() ||
-      opts.first_message_timeout <= absl::ZeroDuration() || opts.max_receive_message_bytes < 1024 ||
+      opts.first_message_timeout <= absl::ZeroDuration() ||
+      opts.handshake_timeout <= absl::ZeroDuration() || opts.handshake_timeout > absl::Hours(1) ||
+      opts.max_receive_message_bytes < 1024 ||
       opts.max_concurrent_streams_per_connection < 1 || opts.max_streams < 1 ||
       opts.max_watch_streams < 0 || opts.state.max_sessions_per_job < 1 ||
       opts.state.max_sequences_per_plan < 1 || opts.state.max_sequences_per_plan > (1 << 20) ||
       !(opts.state.max_plans_per_second >= 0) || !(opts.state.max_telemetry_per_second >= 0) ||
       opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
     std::cerr << "spgated: a limit flag is out of range: --forget_after > 0, "
-                 "--first_message_timeout > 0, "
+                 "--first_message_timeout > 0, --handshake_timeout in (0, 1h], "
                  "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
                  "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
                  "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "

@@ -22,8 +22,10 @@ import faulthandler
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
+import time
 import unittest
 
 import grpc
@@ -277,6 +279,28 @@ class StateDirTest(unittest.TestCase):
         newer = self.update(admin, expected_version=after_global.version, max_length_cv=0.4)
         self.assertGreater(newer.version, set_job.version)
         admin.channel.close()
+
+    def test_sockets_that_never_speak_http2_are_closed_at_the_handshake_timeout(self):
+        daemon = self.start(["--handshake_timeout=1s", "--health_listen=127.0.0.1:0"])
+        for port in (daemon.worker_port, daemon.admin_port, daemon.health_port):
+            with socket.create_connection(("127.0.0.1", port), timeout=CALL_TIMEOUT) as s:
+                s.settimeout(10)  # bounded: a daemon that holds the socket fails, not hangs
+                start = time.monotonic()
+                closed = False
+                try:
+                    # The server speaks first (its SETTINGS): read until it hangs up.
+                    while not closed:
+                        closed = s.recv(4096) == b""
+                except ConnectionResetError:
+                    closed = True
+                except socket.timeout:
+                    pass
+                held = time.monotonic() - start
+            self.assertTrue(closed, f"port {port}: a silent socket was still open after {held:.1f} s")
+            self.assertLess(held, 5, f"port {port}")
+        # A real client still gets through.
+        with grpc.insecure_channel(daemon.worker_address) as channel:
+            self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
 
     def test_startup_line_names_the_listeners_that_are_off(self):
         daemon = self.start(["--metrics_listen="])
