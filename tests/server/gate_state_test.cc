@@ -70,6 +70,14 @@ class GateStateTest : public ::testing::Test {
     return p;
   }
 
+  static v1::PinModeRequest Pin(const std::string& job, v1::Mode mode, int64_t seconds) {
+    v1::PinModeRequest p;
+    p.set_job_id(job);
+    p.set_mode(mode);
+    p.mutable_duration()->set_seconds(seconds);
+    return p;
+  }
+
   static v1::StepTelemetry Tel(const std::string& job, int group, int rank, int64_t step,
                                v1::Mode mode, double step_s, double rs_s) {
     v1::StepTelemetry t;
@@ -242,10 +250,7 @@ TEST_F(GateStateTest, UnknownJobIsNotFound) {
   auto state = Make();
   EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
   EXPECT_THAT(state->GetGateConfig("ghost").status(), StatusIs(absl::StatusCode::kNotFound));
-  v1::PinModeRequest pin;
-  pin.set_job_id("ghost");
-  pin.set_mode(v1::SEQUENCE_PARALLEL);
-  pin.mutable_duration()->set_seconds(60);
+  v1::PinModeRequest pin = Pin("ghost", v1::SEQUENCE_PARALLEL, 60);
   EXPECT_THAT(state->PinMode(pin).status(), StatusIs(absl::StatusCode::kNotFound));
 }
 
@@ -253,10 +258,7 @@ TEST_F(GateStateTest, PinsWinAndExpire) {
   auto state = Make();
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
-  v1::PinModeRequest pin;
-  pin.set_job_id("j");
-  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
-  pin.mutable_duration()->set_seconds(60);
+  v1::PinModeRequest pin = Pin("j", v1::TENSOR_PARALLEL_ONLY, 60);
   ASSERT_THAT(state->PinMode(pin).status(), IsOk());
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::PINNED);
@@ -319,10 +321,7 @@ TEST_F(GateStateTest, PersistFailureLeavesConfigAndAuditLogAlone) {
     ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
     auto v = state->UpdateGateConfig(SetCv(0.3));
     ASSERT_THAT(v.status(), IsOk());
-    v1::PinModeRequest pin;
-    pin.set_job_id("j");
-    pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
-    pin.mutable_duration()->set_seconds(60);
+    v1::PinModeRequest pin = Pin("j", v1::TENSOR_PARALLEL_ONLY, 60);
     ASSERT_THAT(state->PinMode(pin).status(), IsOk());
     const auto before = state->GetGateConfig("");
     const std::string log_before = ReadAll(AuditLogPath(dir));
@@ -417,10 +416,7 @@ TEST_F(GateStateTest, PinRequestsValidateGroupAndDurationLikeTheOtherRpcs) {
   auto state = Make();
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
-  v1::PinModeRequest pin;
-  pin.set_job_id("j");
-  pin.set_mode(v1::SEQUENCE_PARALLEL);
-  pin.mutable_duration()->set_seconds(60);
+  v1::PinModeRequest pin = Pin("j", v1::SEQUENCE_PARALLEL, 60);
   pin.set_group(-1);
   EXPECT_THAT(state->PinMode(pin).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group")));
@@ -660,10 +656,7 @@ TEST_F(GateStateTest, ALaunchWithOpenStreamsKeepsItsJobAndARestartedRankResumes)
     ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {64, 64}))).status(),
                 IsOk());
   }
-  v1::PinModeRequest pin;
-  pin.set_job_id("j");
-  pin.set_mode(v1::SEQUENCE_PARALLEL);
-  pin.mutable_duration()->set_seconds(3600);
+  v1::PinModeRequest pin = Pin("j", v1::SEQUENCE_PARALLEL, 3600);
   ASSERT_THAT(state->PinMode(pin).status(), IsOk());
 
   v1::RegisterRequest b0 = Reg("j", 0, 0, 1);
@@ -754,10 +747,7 @@ TEST_F(GateStateTest, AnUnforcedTpPinYieldsToMemoryAForcedOneDoesNot) {
   auto state = Make();
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
-  v1::PinModeRequest pin;
-  pin.set_job_id("j");
-  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
-  pin.mutable_duration()->set_seconds(60);
+  v1::PinModeRequest pin = Pin("j", v1::TENSOR_PARALLEL_ONLY, 60);
   ASSERT_THAT(state->PinMode(pin).status(), IsOk());
   v1::BatchPlan tight = Plan("j", 0, 1, {64});
   tight.set_memory_budget_bytes(1000);
