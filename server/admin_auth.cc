@@ -12,18 +12,7 @@
 
 namespace spgate::server {
 
-// Compares every byte whatever the first difference, so the time taken does not tell
-// how much of a guess was right.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-namespace {
-
-bool IsValidName(absl::string_view name) {
+bool IsValidCredentialName(absl::string_view name) {
   if (name.empty() || name.size() > 128) return false;
   for (char c : name) {
     if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '@' && c != '-') return false;
@@ -31,20 +20,22 @@ bool IsValidName(absl::string_view name) {
   return true;
 }
 
-const char* RoleName(Role role) { return role == Role::kAdmin ? "admin" : "reader"; }
-
-std::string Basename(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-absl::StatusOr<std::string> ReadAuthFile(const std::string& flag, const std::string& path) {
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::FailedPreconditionError(absl::StrCat(flag, ": cannot read ", path));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+std::string CredentialFileBasename(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+namespace {
+
+const char* RoleName(Role role) { return role == Role::kAdmin ? "admin" : "reader"; }
 
 }  // namespace
 
@@ -75,28 +66,25 @@ absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
                                              const CallerCredentials& caller, CallKind kind) {
   if (!auth.configured()) return Principal{"anonymous", Role::kAdmin};
   std::optional<Principal> who;
-  if (caller.authorization.has_value()) {
-    absl::string_view value = *caller.authorization;
-    if (!absl::ConsumePrefix(&value, "Bearer ")) {
-      return absl::PermissionDeniedError(
-          "the authorization metadata is not 'Bearer <token>'");
-    }
+  absl::StatusOr<std::optional<absl::string_view>> token = BearerToken(caller);
+  if (!token.ok()) return token.status();
+  if (token->has_value()) {
     const TokenCredential* match = nullptr;
     for (const TokenCredential& t : auth.tokens) {  // no early exit: constant time
-      if (ConstantTimeEquals(value, t.secret) && match == nullptr) match = &t;
+      if (ConstantTimeEquals(**token, t.secret) && match == nullptr) match = &t;
     }
     if (match == nullptr) return absl::PermissionDeniedError("the token does not match");
     who = Principal{match->name, match->role};
-  } else if (!caller.peer_identities.empty() && !auth.subjects.empty()) {
+  } else if (caller.has_certificate && !auth.subjects.empty()) {
     for (const SubjectCredential& s : auth.subjects) {
-      for (const std::string& id : caller.peer_identities) {
-        if (id == s.identity && (!who || s.role > who->role)) who = Principal{id, s.role};
+      if (s.identity.Matches(caller) && (!who || s.role > who->role)) {
+        who = Principal{s.identity.name(), s.role};
       }
     }
     if (!who) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "the client certificate (", caller.peer_identities.front(),
-          ") is not listed in --admin_subjects_file"));
+      return absl::PermissionDeniedError(absl::StrCat("the client certificate (",
+                                                      DescribeCertificate(caller),
+                                                      ") is not listed in --admin_subjects_file"));
     }
   }
   if (!who) {
@@ -121,11 +109,11 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
-    TokenCredential cred{Basename(path), std::string(line), role};
+    TokenCredential cred{CredentialFileBasename(path), std::string(line), role};
     if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
       cred.name = std::string(absl::StripAsciiWhitespace(line.substr(0, colon)));
       cred.secret = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
-      if (!IsValidName(cred.name)) {
+      if (!IsValidCredentialName(cred.name)) {
         return absl::InvalidArgumentError(absl::StrCat(
             flag, ": ", path, " line ", line_no,
             ": the name before ':' must be [A-Za-z0-9._@-]+ (the line is NAME:TOKEN)"));
@@ -149,23 +137,31 @@ absl::StatusOr<std::vector<SubjectCredential>> ParseSubjectsFile(const std::stri
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
+    const std::string where =
+        absl::StrCat("--admin_subjects_file: ", path, " line ", line_no, ": ");
     const size_t space = line.find_first_of(" \t");
-    const absl::string_view role = line.substr(0, space);
+    const absl::string_view role_text = line.substr(0, space);
     const absl::string_view identity =
         space == absl::string_view::npos ? "" : absl::StripAsciiWhitespace(line.substr(space));
-    SubjectCredential s{std::string(identity), Role::kReader};
-    if (role == "admin") {
-      s.role = Role::kAdmin;
-    } else if (role != "reader") {
+    Role role = Role::kReader;
+    if (role_text == "admin") {
+      role = Role::kAdmin;
+    } else if (role_text != "reader") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--admin_subjects_file: ", path, " line ", line_no, ": role \"", role,
-          "\" is not admin or reader (the line is ROLE IDENTITY)"));
+          where, "role \"", role_text, "\" is not admin or reader (the line is ROLE IDENTITY)"));
     }
-    if (s.identity.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--admin_subjects_file: ", path, " line ",
-                                                     line_no, ": no identity after the role"));
+    if (identity.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, "no identity after the role"));
     }
-    out.push_back(std::move(s));
+    absl::StatusOr<CertIdentity> id = CertIdentity::Parse(identity);
+    if (!id.ok()) return absl::InvalidArgumentError(absl::StrCat(where, id.status().message()));
+    for (const SubjectCredential& other : out) {
+      if (other.identity.name() == id->name()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, id->name(), " is listed twice; give each identity one role"));
+      }
+    }
+    out.push_back({*std::move(id), role});
   }
   if (out.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("--admin_subjects_file: ", path, " is empty"));
@@ -185,7 +181,7 @@ absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_fil
                      {"--reader_token_file", reader_token_file, Role::kReader}};
   for (const auto& f : token_files) {
     if (f.path.empty()) continue;
-    auto text = ReadAuthFile(f.flag, f.path);
+    auto text = ReadCredentialFile(f.flag, f.path);
     if (!text.ok()) return text.status();
     auto tokens = ParseTokenFile(f.flag, f.path, *text, f.role);
     if (!tokens.ok()) return tokens.status();
@@ -201,7 +197,7 @@ absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_fil
     }
   }
   if (!subjects_file.empty()) {
-    auto text = ReadAuthFile("--admin_subjects_file", subjects_file);
+    auto text = ReadCredentialFile("--admin_subjects_file", subjects_file);
     if (!text.ok()) return text.status();
     auto subjects = ParseSubjectsFile(subjects_file, *text);
     if (!subjects.ok()) return subjects.status();

@@ -1,21 +1,24 @@
 // Who may call which admin RPC (docs/design.md §6, docs/security.md). Two roles: a
 // reader may call the reads, an admin everything. Credentials are bearer tokens
-// (--reader_token_file, --admin_token_file) and certificate identities from an mTLS
-// handshake mapped to roles (--admin_subjects_file). AuthorizeAdminCall is a pure
-// function of the configured credentials, what the caller presented and the kind of
-// call; the service only gathers the caller's side from the gRPC context.
+// (--reader_token_file, --admin_token_file) and typed certificate identities from an
+// mTLS handshake mapped to roles (--admin_subjects_file: `admin cn:ops-admin`,
+// `reader subject:CN=dash,O=ml`; server/call_credentials.h). AuthorizeAdminCall is a
+// pure function of the configured credentials, what the caller presented and the kind of
+// call; the service only gathers the caller's side from the gRPC context
+// (CallerCredentialsOf).
 //
 // Invariants:
 //  - nothing configured: every call is allowed, as before roles existed;
 //  - anything configured: a call presenting no credential is UNAUTHENTICATED, a wrong
 //    token PERMISSION_DENIED, a valid credential whose role is too low PERMISSION_DENIED;
 //  - a presented token decides alone (a wrong token is refused even with a good cert);
-//  - the principal is a credential's name or the matched certificate identity, never a
-//    secret, so it can go to logs and the audit file.
+//  - a subjects entry matches only the certificate field its kind names;
+//  - the principal is a credential's name or the matched identity ("cn:ops-admin"),
+//    never a secret, so it can go to logs and the audit file.
 //
 // Usage:
 //   ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(admin_file, reader_file, subjects));
-//   CallerCredentials caller{.authorization = header, .peer_identities = {"CN=ops"}};
+//   CallerCredentials caller = CallerCredentialsOf(*ctx);
 //   absl::StatusOr<Principal> who = AuthorizeAdminCall(auth, caller, CallKind::kMutation);
 #ifndef SPGATE_SERVER_ADMIN_AUTH_H_
 #define SPGATE_SERVER_ADMIN_AUTH_H_
@@ -26,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "server/call_credentials.h"
 
 namespace spgate::server {
 
@@ -39,7 +43,7 @@ struct TokenCredential {
 };
 
 struct SubjectCredential {
-  std::string identity;  // matched exactly against the peer's subject, CN or DNS SANs
+  CertIdentity identity;  // matches only the certificate field of its kind
   Role role;
 };
 
@@ -49,20 +53,10 @@ struct AdminAuthConfig {
   bool configured() const { return !tokens.empty() || !subjects.empty(); }
 };
 
-// What the caller presented.
-struct CallerCredentials {
-  std::optional<std::string> authorization;  // the "authorization" metadata, verbatim
-  std::vector<std::string> peer_identities;  // verified cert subject, CN, DNS SANs
-};
-
 struct Principal {
   std::string name;  // "anonymous" when nothing is configured
   Role role;
 };
-
-// Equal strings, compared in time that does not depend on where they first differ (for
-// secrets: tokens on the admin and worker APIs).
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
                                              const CallerCredentials& caller, CallKind kind);
@@ -79,10 +73,19 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
                                                             const std::string& path,
                                                             const std::string& text, Role role);
 // A subjects file: one `ROLE IDENTITY` per non-empty line, ROLE `admin` or `reader`,
-// IDENTITY the rest of the line (e.g. `admin CN=ops-admin,O=ml` or
-// `reader ci.example.com`); '#' starts a comment line.
+// IDENTITY the rest of the line, typed (CertIdentity::Parse: `admin cn:ops-admin`,
+// `admin subject:CN=ops-admin,O=ml`, `reader dns:ci.example.com`,
+// `admin uri:spiffe://cluster/ns/ml/sa/ops`); '#' starts a comment line. An untyped
+// identity is refused naming the file, the line and the fix.
 absl::StatusOr<std::vector<SubjectCredential>> ParseSubjectsFile(const std::string& path,
                                                                  const std::string& text);
+
+// Shared with the worker credential files (worker_auth.h). A credential's name is
+// [A-Za-z0-9._@-]{1,128}; a file that cannot be read is FAILED_PRECONDITION naming the
+// flag and the file; a bare token is named after its file's basename.
+bool IsValidCredentialName(absl::string_view name);
+absl::StatusOr<std::string> ReadCredentialFile(const std::string& flag, const std::string& path);
+std::string CredentialFileBasename(const std::string& path);
 
 // Reads the files (an empty path: none). Errors name the flag and the file.
 absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_file,

@@ -2,7 +2,17 @@
 // exposer and the housekeeping timer together, and shuts them down in order. The
 // worker and admin ports serve their API, health and reflection; the plaintext
 // --health_listen port serves grpc.health.v1.Health and nothing else (docs/design.md §6).
+// Everything a flag can get wrong — credential files, TLS files that are not PEM of
+// their kind or a key that does not match its certificate, a worker API open beyond
+// loopback without a worker credential — stops Start before any port is bound
+// (docs/security.md).
 #include "server/daemon.h"
+
+#include <arpa/inet.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/generic/async_generic_service.h>
@@ -23,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -33,6 +44,7 @@
 #include "server/metrics.h"
 #include "server/persistence.h"
 #include "server/services.h"
+#include "server/worker_auth.h"
 #include "proto/grpc_status.h"
 
 namespace spgate::server {
@@ -56,6 +68,114 @@ std::string DialHost(const std::string& listen) {
 }
 
 void Log(const std::string& line) { std::cerr << "spgated: " << line << std::endl; }
+
+// Where an empty --listen puts the worker API (docs/security.md, "Worker credentials").
+constexpr int kDefaultWorkerPort = 50061;
+
+// OpenSSL's password callback: no passphrase. A key that needs one is refused (gRPC
+// could not use it either) instead of prompting on a terminal.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
+template <typename T, void (*Free)(T*)>
+struct OpenSslDeleter {
+  void operator()(T* p) const { Free(p); }
+};
+using BioPtr = std::unique_ptr<BIO, OpenSslDeleter<BIO, BIO_free_all>>;
+using X509Ptr = std::unique_ptr<X509, OpenSslDeleter<X509, X509_free>>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, OpenSslDeleter<EVP_PKEY, EVP_PKEY_free>>;
+
+BioPtr MemoryBio(const std::string& pem) {
+  return BioPtr(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// The first certificate of a PEM text (other PEM blocks before it are skipped).
+X509Ptr FirstCertificate(const std::string& pem) {
+  BioPtr bio = MemoryBio(pem);
+  X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr) : nullptr);
+  ERR_clear_error();  // the thread's OpenSSL error queue is gRPC's too
+  return cert;
+}
+
+// What gRPC would otherwise report, much later, as "cannot listen there": the files are
+// PEM of their kind and the key belongs to the certificate.
+absl::Status CheckTlsFiles(const DaemonOptions& opts, const std::string& cert_pem,
+                           const std::string& key_pem, const std::string& client_ca_pem) {
+  X509Ptr cert = FirstCertificate(cert_pem);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_cert: ", opts.tls_cert, " holds no PEM certificate"));
+  }
+  BioPtr bio = MemoryBio(key_pem);
+  KeyPtr key(bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr) : nullptr);
+  ERR_clear_error();
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: ", opts.tls_key,
+        " holds no PEM private key (an unencrypted -----BEGIN PRIVATE KEY----- block)"));
+  }
+  const bool matches = X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  if (!matches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_key: the private key does not match the certificate in --tls_cert (key ",
+        opts.tls_key, ", certificate ", opts.tls_cert, ")"));
+  }
+  if (!opts.tls_client_ca.empty() && FirstCertificate(client_ca_pem) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_client_ca: ", opts.tls_client_ca, " holds no PEM certificate"));
+  }
+  return absl::OkStatus();
+}
+
+// A token that is both a worker's and an operator's would make every worker holding it
+// an operator.
+absl::Status CheckWorkerTokensAreNotAdminTokens(const WorkerAuthConfig& workers,
+                                                const AdminAuthConfig& admins) {
+  for (const WorkerToken& w : workers.tokens) {
+    for (const TokenCredential& a : admins.tokens) {
+      if (w.secret == a.secret) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--worker_token_file: the token of ", w.name, " is also the token of ", a.name,
+            " in ", a.role == Role::kAdmin ? "--admin_token_file" : "--reader_token_file",
+            "; workers and operators need their own tokens"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Resolves an empty --listen and refuses a worker API open beyond loopback that takes
+// no credential: anyone who reached it could register any job id and steer its
+// decisions (docs/security.md, "Worker credentials").
+absl::Status ResolveWorkerListen(DaemonOptions& opts) {
+  std::vector<std::string> credentials;
+  if (!opts.worker_token_file.empty()) credentials.push_back("--worker_token_file");
+  if (!opts.tls_client_ca.empty()) credentials.push_back("client certificates (--tls_client_ca)");
+  const std::string what = absl::StrJoin(credentials, " and ");
+  if (opts.listen.empty()) {
+    opts.listen = absl::StrCat(credentials.empty() ? "127.0.0.1:" : "0.0.0.0:", kDefaultWorkerPort);
+    Log(credentials.empty()
+            ? absl::StrCat("worker API on ", opts.listen,
+                           ": loopback only, since no worker credential is configured "
+                           "(--worker_token_file or --tls_client_ca opens it to other hosts)")
+            : absl::StrCat("worker API on ", opts.listen, ": all interfaces, workers present ",
+                           what));
+    return absl::OkStatus();
+  }
+  if (!credentials.empty() || IsLoopbackListenAddress(opts.listen)) return absl::OkStatus();
+  if (!opts.allow_unauthenticated_workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen=", opts.listen,
+        " is not a loopback address and no worker credential is configured: anyone who "
+        "can reach it could register any job and steer its decisions. Give "
+        "--worker_token_file or --tls_client_ca (mTLS), listen on 127.0.0.1, or accept "
+        "this with --allow_unauthenticated_workers (docs/security.md)"));
+  }
+  Log(absl::StrCat("WARNING: the worker API on ", opts.listen,
+                   " takes no credential (--allow_unauthenticated_workers): whoever can "
+                   "reach it can register any job id and steer its decisions"));
+  return absl::OkStatus();
+}
 
 // What identifies one version of the config file. stat() follows symlinks, so a
 // kubelet's `..data` symlink swap or a rename over the file shows as a new inode; the
@@ -110,6 +230,30 @@ class ReflectionOption : public grpc::ServerBuilderOption {
 };
 
 }  // namespace
+
+bool IsLoopbackListenAddress(absl::string_view address) {
+  // gRPC's unix sockets are reachable only from this host.
+  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
+    return true;
+  }
+  const size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos) return false;
+  std::string host(address.substr(0, colon));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  unsigned char addr[16];
+  if (inet_pton(AF_INET, host.c_str(), addr) == 1) return addr[0] == 127;
+  if (inet_pton(AF_INET6, host.c_str(), addr) == 1) {
+    static constexpr unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0,
+                                                     0, 0, 0, 0, 0, 0, 0, 1};
+    static constexpr unsigned char kMapped4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return std::equal(addr, addr + 16, kLoopback6) ||
+           (std::equal(addr, addr + 12, kMapped4) && addr[12] == 127);
+  }
+  return false;
+}
 
 class Daemon::Impl {
  public:
@@ -176,11 +320,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Daemon::Impl::Credentia
   grpc::SslServerCredentialsOptions ssl;
   ASSIGN_OR_RETURN(std::string cert, ReadSmallFile("--tls_cert", opts.tls_cert));
   ASSIGN_OR_RETURN(std::string key, ReadSmallFile("--tls_key", opts.tls_key));
-  ssl.pem_key_cert_pairs.push_back({key, cert});
   if (!opts.tls_client_ca.empty()) {
     ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadSmallFile("--tls_client_ca", opts.tls_client_ca));
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
+  RETURN_IF_ERROR(CheckTlsFiles(opts, cert, key, ssl.pem_root_certs));
+  ssl.pem_key_cert_pairs.push_back({key, cert});
   return grpc::SslServerCredentials(ssl);
 }
 
@@ -233,13 +378,22 @@ absl::Status Daemon::Impl::Start() {
     MutexLock lock(&poll_mu);
     config_seen = Fingerprint(opts.config_path, /*hash_contents=*/true);
   }
-  ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(opts.admin_token_file,
-                                                       opts.reader_token_file,
-                                                       opts.admin_subjects_file));
-  if (!auth.subjects.empty() && opts.tls_client_ca.empty()) {
+  // Flag combinations first: they need no file read to be wrong.
+  if (!opts.admin_subjects_file.empty() && opts.tls_client_ca.empty()) {
     return absl::InvalidArgumentError(
         "--admin_subjects_file maps client certificates to roles and needs --tls_client_ca");
   }
+  if (!opts.worker_subjects_file.empty() && opts.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker_subjects_file maps client certificates to job ids and needs --tls_client_ca");
+  }
+  ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(opts.admin_token_file,
+                                                       opts.reader_token_file,
+                                                       opts.admin_subjects_file));
+  ASSIGN_OR_RETURN(WorkerAuthConfig worker_auth,
+                   LoadWorkerAuth(opts.worker_token_file, opts.worker_subjects_file));
+  RETURN_IF_ERROR(CheckWorkerTokensAreNotAdminTokens(worker_auth, auth));
+  RETURN_IF_ERROR(ResolveWorkerListen(opts));
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
   metrics = std::make_unique<Metrics>();
@@ -250,22 +404,13 @@ absl::Status Daemon::Impl::Start() {
   store_options.max_job_scopes = opts.state.max_jobs;
   store_options.on_persist_failure = [m = metrics.get()] { m->state_persist_failures.Increment(); };
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
+  opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
   ASSIGN_OR_RETURN(state, GateState::Create(opts.state, *metrics, store.get()));
   store->SetListener(state.get());
 
-  std::string worker_token;
-  if (!opts.worker_token_file.empty()) {
-    ASSIGN_OR_RETURN(std::string token,
-                     ReadSmallFile("--worker_token_file", opts.worker_token_file));
-    worker_token = std::string(absl::StripAsciiWhitespace(token));
-    if (worker_token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--worker_token_file: ", opts.worker_token_file, " is empty"));
-    }
-  }
   streams.SetLimits(opts.max_streams, opts.max_watch_streams);
   gate_service = std::make_unique<GateServiceImpl>(state.get(), *metrics, &streams,
-                                                   std::move(worker_token));
+                                                   std::move(worker_auth));
   admin_service = std::make_unique<AdminServiceImpl>(state.get(), store.get(), *metrics,
                                                      &streams, std::move(auth));
   grpc::EnableDefaultHealthCheckService(true);

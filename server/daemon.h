@@ -17,6 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/defaults.h"
 #include "server/state_options.h"
@@ -24,7 +25,11 @@
 namespace spgate::server {
 
 struct DaemonOptions {
-  std::string listen = "127.0.0.1:0";          // worker API
+  // Worker API. Empty: port 50061, on 127.0.0.1 without a worker credential (no
+  // worker_token_file, no tls_client_ca) and on 0.0.0.0 with one. A non-loopback
+  // address without a worker credential is refused unless allow_unauthenticated_workers
+  // (docs/security.md, "Worker credentials").
+  std::string listen = "127.0.0.1:0";
   std::string admin_listen = "127.0.0.1:0";    // admin API
   std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: off
   std::string health_listen;                   // plaintext health-only port; empty: off
@@ -38,8 +43,14 @@ struct DaemonOptions {
   // How often the --config file is checked for a new version (a ConfigMap swap needs no
   // SIGHUP); zero: only SIGHUP reloads.
   absl::Duration config_poll_interval = absl::Seconds(5);
-  std::string tls_cert, tls_key, tls_client_ca;  // PEM files; cert+key turn TLS on
-  std::string worker_token_file;               // empty: the worker API needs no token
+  // PEM files; cert+key turn TLS on. The key must match the certificate, and every file
+  // must hold PEM of its kind, or Start fails naming the flag before any port is bound.
+  std::string tls_cert, tls_key, tls_client_ca;
+  // Worker credentials (server/worker_auth.h, docs/security.md), each scoped to job-id
+  // patterns. None set: any worker may act for any job.
+  std::string worker_token_file;     // NAME:TOKEN JOB_PATTERN[,...] lines, or one bare TOKEN
+  std::string worker_subjects_file;  // mTLS identities -> jobs: IDENTITY JOB_PATTERN[,...]
+  bool allow_unauthenticated_workers = false;  // a non-loopback `listen` without a credential
   // The live state's options: heartbeats, staleness, caches, the job/group/session and
   // rate limits, the plan lead and the clock (injected for tests; empty: absl::Now).
   StateOptions state;
@@ -53,6 +64,10 @@ struct DaemonOptions {
   int min_ping_interval_ms = kDefaultMinPingIntervalMs;  // pings without data, from clients
   int max_ping_strikes = kDefaultMaxPingStrikes;         // then GOAWAY; 0: never
 };
+
+// Whether a listen address reaches only this host: 127.0.0.0/8, ::1, localhost, or a
+// unix socket. (Exposed for tests.)
+bool IsLoopbackListenAddress(absl::string_view address);
 
 class Daemon {
  public:

@@ -16,9 +16,13 @@ namespace spgate::server {
 inline constexpr int64_t kDefaultDecisionCacheSteps = 512;
 
 // TP groups one job may register, and how far ahead of a group's last decided step a
-// plan may be (further is refused: a far-future plan would block the group's real ones).
+// plan may be. Further is refused: a far-future plan would make the group's real plans
+// for the steps before it "not after the last decided step". The shipped clients plan
+// one step ahead (the plan for step N+1 while step N runs), so 16 leaves room for a
+// trainer that skips a few step numbers and bounds what one bad plan can cost the group
+// to 15 steps decided locally (docs/design.md §10).
 inline constexpr int kDefaultMaxGroupsPerJob = 4096;
-inline constexpr int64_t kDefaultMaxPlanLeadSteps = 4096;
+inline constexpr int64_t kDefaultMaxPlanLeadSteps = 16;
 
 // --- Limits: what one client can make the daemon hold or do (docs/design.md §10) ---
 // The largest message either gRPC port accepts. A plan of the most sequences allowed

@@ -9,14 +9,19 @@
 #include <limits>
 #include <map>
 
+#include "absl/hash/hash.h"
+#include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "policy/config_schedule.h"
 #include "policy/group_state.h"
+#include "server/admin_auth.h"  // ConstantTimeEquals
 #include "server/gate_state_internal.h"
 #include "server/identity.h"
 #include "server/operator_store.h"
+#include "server/persistence.h"
+#include "spgate/v1/admin.pb.h"
 
 namespace spgate::server {
 namespace {
@@ -46,6 +51,25 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
                                                      : a + b;
 }
 
+// The increase of a worker's cumulative count since `seen` (a restarted worker process
+// starts again from zero: then all of it), and the new `seen`. Negative counts are
+// ignored.
+int64_t CumulativeIncrease(int64_t count, int64_t& seen) {
+  if (count < 0) return 0;
+  const int64_t delta = count >= seen ? count - seen : count;
+  seen = count;
+  return delta;
+}
+
+// What a cached decision must match to answer a plan: its lengths, in order, and its
+// memory facts. absl::Hash is seeded per process, so a digest cannot be matched by a
+// plan crafted offline; a collision would need a session of the group's leader anyway.
+uint64_t PlanDigest(const PlanInput& plan) {
+  return absl::HashOf(absl::MakeConstSpan(plan.lengths.data(), plan.lengths.size()),
+                      plan.predicted_peak_bytes_sp, plan.predicted_peak_bytes_tp,
+                      plan.memory_budget_bytes);
+}
+
 }  // namespace
 
 GateState::GateState(StateOptions options, Metrics& metrics, const OperatorStore* store)
@@ -64,7 +88,61 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   for (const std::string& job_id : store->JobsWithOperatorState()) {
     RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
   }
+  RETURN_IF_ERROR(state->RestoreLaunches());
   return state;
+}
+
+absl::Status GateState::RestoreLaunches() {
+  if (options_.state_dir.empty()) return absl::OkStatus();
+  RemoveStaleTempFiles(LaunchesFilePath(options_.state_dir));
+  ASSIGN_OR_RETURN(std::optional<v1::PersistedLaunches> launches,
+                   LoadPersistedLaunches(options_.state_dir));
+  if (!launches.has_value()) return absl::OkStatus();
+  for (const v1::PersistedLaunch& l : launches->launches()) {
+    absl::StatusOr<Job*> job = FindOrCreateJob(l.job_id());
+    if (!job.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          LaunchesFilePath(options_.state_dir), ": job ", l.job_id(), ": ",
+          job.status().message()));
+    }
+    (*job)->incarnation = l.incarnation();
+    (*job)->credential_digest = l.credential_sha256();
+    (*job)->launch_start =
+        l.has_start_time() ? absl::FromUnixSeconds(l.start_time().seconds()) : Now();
+    (*job)->retired.assign(l.retired().begin(), l.retired().end());
+    (*job)->restored_hold_until = Now() + options_.restored_launch_hold;
+  }
+  return absl::OkStatus();
+}
+
+v1::PersistedLaunches GateState::LaunchesWith(const std::string& job_id,
+                                              const std::string& incarnation,
+                                              const std::string& digest) const {
+  v1::PersistedLaunches out;
+  auto add = [&](const std::string& id, const Job* job) {
+    const bool replaced = id == job_id;
+    v1::PersistedLaunch* l = out.add_launches();
+    l->set_job_id(id);
+    l->set_incarnation(replaced ? incarnation : job->incarnation);
+    l->set_credential_sha256(replaced ? digest : job->credential_digest);
+    if (job != nullptr) {
+      for (const std::string& r : job->retired) l->add_retired(r);
+      if (replaced && !job->incarnation.empty()) l->add_retired(job->incarnation);
+    }
+    const absl::Time start = replaced || job == nullptr ? Now() : job->launch_start;
+    l->mutable_start_time()->set_seconds(absl::ToUnixSeconds(start));
+    if (l->retired_size() > static_cast<int>(kRetiredIncarnationsKept)) {
+      l->mutable_retired()->DeleteSubrange(0, l->retired_size() - kRetiredIncarnationsKept);
+    }
+  };
+  bool seen = false;
+  for (const auto& [id, job] : jobs_) {
+    if (id == job_id) seen = true;
+    if (id != job_id && job->incarnation.empty()) continue;  // no launch to keep
+    add(id, job.get());
+  }
+  if (!seen && !job_id.empty()) add(job_id, nullptr);
+  return out;
 }
 
 absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id) {
@@ -128,28 +206,40 @@ absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) 
   }
   if (it->second->incarnation != session.incarnation) {
     metrics_.refused_stale_incarnation.Increment();
+    // Names only what the caller sent: never the launch that replaced it.
     return absl::FailedPreconditionError(absl::StrFormat(
-        "incarnation: this session belongs to launch \"%s\" of job %s, which launch \"%s\" "
-        "replaced",
-        session.incarnation, session.job_id, it->second->incarnation));
+        "incarnation: launch \"%s\" of job %s was replaced by a newer launch; this session "
+        "has ended",
+        session.incarnation, session.job_id));
   }
   return it->second.get();
 }
 
-int GateState::OpenStreams(const Job& job) const {
-  int open = 0;
+bool GateState::LaunchHolds(const Job& job) const {
+  const absl::Time now = Now();
+  // Just read back after a restart: its ranks have not had the time to come back.
+  if (now < job.restored_hold_until) return true;
   for (const auto& [id, group] : job.groups) {
-    for (const auto& [rank_in_group, rank] : group->ranks) open += rank.streams;
+    for (const auto& [rank_in_group, rank] : group->ranks) {
+      // A crashed launch's streams close with its processes: it lets go at once. A
+      // stream alone does not hold a job: its rank must also be heard from.
+      if (now - rank.last_seen < options_.stale_after && (rank.streams > 0 || !rank.streamed)) {
+        return true;
+      }
+    }
   }
-  return open;
+  return false;
 }
 
-void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
+void GateState::StartIncarnation(Job& job, const std::string& incarnation,
+                                 const std::string& credential_digest) {
   if (!job.incarnation.empty() && !incarnation.empty()) {
     job.retired.push_back(job.incarnation);
     if (job.retired.size() > kRetiredIncarnationsKept) job.retired.pop_front();
   }
   job.incarnation = incarnation;
+  job.credential_digest = credential_digest;
+  job.launch_start = Now();
   // Live state of the old launch: its groups (decisions, caches, windows, ranks), its
   // per-mode windows and counts, and its streams. Operator settings (job.op) stay; the
   // Prometheus counters keep counting (they are monotonic per job).
@@ -157,6 +247,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   for (ModeWindow& w : job.modes) w = ModeWindow{};
   for (auto& row : job.decisions) std::fill(std::begin(row), std::end(row), 0);
   job.local_decisions = 0;
+  job.memory_overrides = 0;
   job.sinks.clear();
   ClearLearned(job);
   // Their later calls find no session or a stale one.
@@ -268,6 +359,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   if (draining()) return absl::UnavailableError("spgated is shutting down");
   RETURN_IF_ERROR(ValidateJobId(r.job_id));
   RETURN_IF_ERROR(ValidateIncarnation(r.incarnation));
+  RETURN_IF_ERROR(ValidateLaunchCredential(r.launch_credential));
   if (r.group_size < 1 || r.group_size > options_.max_group_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "group_size: must be in [1, %d], got %d", options_.max_group_size, r.group_size));
@@ -284,15 +376,15 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "host: at most %d characters, got %d", kMaxHostLength, r.host.size()));
   }
+  const std::string digest = LaunchCredentialDigest(r.launch_credential);
   auto session = std::make_shared<Session>();
   ASSIGN_OR_RETURN(session->id, NewSessionId());
   session->job_id = r.job_id;
   session->incarnation = r.incarnation;
   session->group = r.group;
   session->rank_in_group = r.rank_in_group;
-
-  absl::Time now = Now();
   {
+    const absl::Time now = Now();
     MutexLock limiter(&session->limiter_mu);
     session->plan_tokens =
         TokenBucket(options_.max_plans_per_second, 2 * options_.max_plans_per_second, now);
@@ -300,46 +392,120 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
                                             2 * options_.max_telemetry_per_second, now);
   }
 
-  MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
-  if (job->incarnation != r.incarnation) {
-    if (std::find(job->retired.begin(), job->retired.end(), r.incarnation) != job->retired.end()) {
-      metrics_.refused_stale_incarnation.Increment();
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "incarnation: launch \"%s\" of job %s was replaced by launch \"%s\"; a rank of "
-          "the old launch cannot rejoin",
-          r.incarnation, r.job_id, job->incarnation));
+  std::vector<std::shared_ptr<SessionSink>> ended;
+  auto end_replaced = [&ended, &r] {
+    // Outside the lock: a sink only asks its stream to finish.
+    for (const auto& sink : ended) {
+      sink->End(absl::AbortedError(absl::StrFormat(
+          "session replaced: rank %d of group %d of this launch registered again; this "
+          "stream's session has ended",
+          r.rank_in_group, r.group)));
     }
-    // One launch at a time: a second launch under the same job id while the first still
-    // holds streams is either a mistake or someone taking the job over, and the running
-    // launch keeps it. A launch that ended (its processes exited, so its streams closed)
-    // hands over at once; the new launch's ranks retry until then (docs/design.md §10).
-    if (const int live = OpenStreams(*job); live > 0) {
-      metrics_.refused_live_incarnation.Increment();
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "incarnation: job %s is running as launch \"%s\" (%d open streams); launch \"%s\" "
-          "is accepted once they have closed",
-          r.job_id, job->incarnation, live, r.incarnation));
-    }
-    StartIncarnation(*job, r.incarnation);
+  };
+  // The common case, a rank joining its job's live launch, takes only mu_.
+  std::optional<absl::StatusOr<RegisterResult>> joined;
+  {
+    MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
+    ASSIGN_OR_RETURN(LaunchStep step, CheckLaunch(r, digest));
+    if (step == LaunchStep::kJoin) joined = Seat(*job, r, session, &ended);
   }
+  if (joined.has_value()) {
+    end_replaced();
+    return *std::move(joined);
+  }
+  // A new launch: checked again, persisted, then applied, under launch_mu_ so that no
+  // other launch change interleaves; the file is written without mu_, so decisions for
+  // other jobs do not wait for the disk.
+  MutexLock launch(&launch_mu_);
+  v1::PersistedLaunches launches;
+  {
+    MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
+    ASSIGN_OR_RETURN(LaunchStep step, CheckLaunch(r, digest));
+    if (step == LaunchStep::kJoin) {  // another rank of the launch started it meanwhile
+      joined = Seat(*job, r, session, &ended);
+    } else if (!options_.state_dir.empty()) {
+      launches = LaunchesWith(r.job_id, r.incarnation, digest);
+    }
+  }
+  if (!joined.has_value() && !options_.state_dir.empty()) {
+    if (absl::Status s = SavePersistedLaunches(options_.state_dir, launches); !s.ok()) {
+      metrics_.state_persist_failures.Increment();
+      return absl::UnavailableError(absl::StrCat(
+          "cannot persist the new launch of job ", r.job_id, " (nothing changed; retry): ",
+          s.message()));
+    }
+  }
+  if (!joined.has_value()) {
+    MutexLock lock(&mu_);
+    // Only launch changes (all under launch_mu_) could have changed what CheckLaunch
+    // saw; the job itself may have been dropped meanwhile (ForgetJob takes launch_mu_
+    // too, the idle sweep as well), so it is looked up again.
+    ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
+    if (job->incarnation != r.incarnation) StartIncarnation(*job, r.incarnation, digest);
+    joined = Seat(*job, r, session, &ended);
+  }
+  end_replaced();
+  return *std::move(joined);
+}
+
+absl::StatusOr<GateState::LaunchStep> GateState::CheckLaunch(const RegisterInput& r,
+                                                             const std::string& digest) {
+  Job& job = *jobs_.at(r.job_id);
+  if (job.incarnation == r.incarnation) {
+    if (!ConstantTimeEquals(job.credential_digest, digest)) {
+      metrics_.refused_launch_credential.Increment();
+      return absl::PermissionDeniedError(absl::StrFormat(
+          "launch_credential: does not match the credential launch \"%s\" of job %s "
+          "registered with; every rank of a launch presents the one its world rank 0 made",
+          r.incarnation, r.job_id));
+    }
+    return LaunchStep::kJoin;
+  }
+  if (std::find(job.retired.begin(), job.retired.end(), r.incarnation) != job.retired.end()) {
+    metrics_.refused_stale_incarnation.Increment();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "incarnation: launch \"%s\" of job %s was replaced by a newer launch; a rank of a "
+        "replaced launch cannot rejoin",
+        r.incarnation, r.job_id));
+  }
+  // One launch at a time: a second launch under the same job id while the first still
+  // runs is a mistake or someone taking the job over, and the running launch keeps it.
+  // A launch that ended (its streams closed, or its ranks silent for stale_after) hands
+  // over; the new launch's ranks retry until then (docs/security.md). The message names
+  // nothing the caller did not send.
+  if (!job.incarnation.empty() && LaunchHolds(job)) {
+    metrics_.refused_live_incarnation.Increment();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "incarnation: job %s is held by another launch whose ranks are still running; "
+        "launch \"%s\" is accepted once they have closed their streams or been silent for "
+        "%s (--stale_after)",
+        r.job_id, r.incarnation, absl::FormatDuration(options_.stale_after)));
+  }
+  return LaunchStep::kStart;
+}
+
+absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
+                                               std::shared_ptr<Session> session,
+                                               std::vector<std::shared_ptr<SessionSink>>* ended) {
   // A rank that registers again replaces its own session, so re-registering never grows
   // the job's sessions; a new rank needs room under --max_sessions_per_job.
   std::string replaced;
-  if (auto git = job->groups.find(r.group); git != job->groups.end()) {
+  if (auto git = job.groups.find(r.group); git != job.groups.end()) {
     if (auto rit = git->second->ranks.find(r.rank_in_group); rit != git->second->ranks.end() &&
                                                             sessions_.contains(rit->second.session_id)) {
       replaced = rit->second.session_id;
     }
   }
-  if (replaced.empty() && job->sessions >= options_.max_sessions_per_job) {
+  if (replaced.empty() && job.sessions >= options_.max_sessions_per_job) {
     CountLimit(Limit::kSessionsPerJob);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "job %s already has %d worker sessions (--max_sessions_per_job)", r.job_id,
         options_.max_sessions_per_job));
   }
-  ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, r.group));
-  now = Now();
+  ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(job, r.group));
+  const absl::Time now = Now();
   if (g->size != r.group_size) {
     const bool others_alive = std::any_of(g->ranks.begin(), g->ranks.end(), [&](const auto& kv) {
       return kv.first != r.rank_in_group && now - kv.second.last_seen < options_.stale_after;
@@ -355,23 +521,29 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   rank.global_rank = r.global_rank;
   rank.host = r.host;
   rank.last_seen = now;
+  rank.last_telemetry_step = kNoStep;  // a restarted process may report from an older step
   if (!replaced.empty()) {
-    // The old session's stream (if any) keeps running until it ends; its calls by token
-    // get NOT_FOUND from now on.
+    // The old session's stream is ended (ABORTED, after the lock) and its calls by token
+    // get NOT_FOUND: a seat has one holder.
+    if (auto sit = job.sinks.find(replaced); sit != job.sinks.end()) {
+      if (std::shared_ptr<SessionSink> sink = sit->second.lock()) ended->push_back(std::move(sink));
+      job.sinks.erase(sit);
+    }
     EraseSessions([&](const Session& s) { return s.id == replaced; });
   }
   rank.session_id = session->id;
-  ++job->sessions;
-  g->last_activity = job->last_activity = now;
+  ++job.sessions;
+  if (r.rank_in_group == 0) g->resume_allowed = true;  // a (re)started leader may resume
+  g->last_activity = job.last_activity = now;
   if (r.memory_budget_bytes > 0) {
-    job->memory_budget = r.memory_budget_bytes;
-    job->metrics->memory_budget->Set(static_cast<double>(job->memory_budget));
+    job.memory_budget = r.memory_budget_bytes;
+    job.metrics->memory_budget->Set(static_cast<double>(job.memory_budget));
   }
   sessions_[session->id] = session;
 
   RegisterResult out;
   out.session_id = session->id;
-  out.config = job->op.served;
+  out.config = job.op.served;
   out.effective_from_step = std::max<int64_t>(0, g->schedule.latest().effective_from_step);
   out.heartbeat_interval = options_.heartbeat_interval;
   out.last_decided_step = g->policy.gate().has_decision ? g->policy.gate().last_step : -1;
@@ -385,22 +557,28 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
   std::shared_ptr<Session> session;
   std::vector<std::shared_ptr<SessionSink>> learned_sinks;
   ThroughputTable learned;
+  std::shared_ptr<SessionSink> superseded;
   {
     MutexLock lock(&mu_);
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "session_id: unknown session \"", session_id, "\" (register again)"));
+      return absl::NotFoundError("session_id: unknown session (register again)");
     }
     session = it->second;
     ASSIGN_OR_RETURN(Job * found, JobOfSession(*session));
     Job& job = *found;
-    job.sinks[session_id] = std::move(sink);
+    // One stream per session: a newer one (a client reconnecting before the daemon saw
+    // its old connection die) takes over, and the older is ended.
+    std::weak_ptr<SessionSink>& slot = job.sinks[session_id];
+    superseded = slot.lock();
+    slot = std::move(sink);
     auto git = job.groups.find(session->group);
     if (git != job.groups.end()) {
       Rank& rank = git->second->ranks[session->rank_in_group];
       ++rank.streams;
+      rank.streamed = true;
       rank.last_seen = Now();
+      if (session->rank_in_group == 0) git->second->resume_allowed = true;
     }
     // A leader that (re)connects gets the learned table at once, for its fallback.
     if (!job.learned.empty()) {
@@ -408,6 +586,11 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
     }
   }
   for (const auto& s : learned_sinks) s->PushLearned(learned);
+  if (superseded != nullptr) {
+    superseded->End(absl::AbortedError(
+        "session replaced: a newer Connect stream of this session took its place (a "
+        "session has one stream)"));
+  }
   return session;
 }
 
@@ -444,14 +627,27 @@ void GateState::Touch(const Session& session) {
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
   RETURN_IF_ERROR(CheckPlan(session, plan));
   ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
+  const uint64_t digest = PlanDigest(plan);
   DecisionRecord decision;
   {
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
-    if (const DecisionRecord* cached = g->Cached(plan.step)) return *cached;  // a retry
+    if (const DecisionRecord* cached = g->Cached(plan.step)) {
+      // A retry gets the same answer, but only for the plan it was made for: a decision
+      // made for other memory facts says nothing about whether this plan fits.
+      if (cached->plan_digest == digest) return *cached;
+      metrics_.refused_plan_mismatch.Increment();
+      return absl::AlreadyExistsError(absl::StrFormat(
+          "step: %d of group %d was decided for a different plan (its lengths or memory "
+          "facts differ); a decided step is final, decide this one locally",
+          plan.step, plan.group));
+    }
     RETURN_IF_ERROR(CheckStepWindow(*g, plan));
-    decision = DecideStep(*job, *g, plan, stats);
+    decision = DecideStep(*job, *g, plan, stats, digest);
+    if (auto rit = g->ranks.find(session.rank_in_group); rit != g->ranks.end()) {
+      rit->second.last_seen = decision.time;  // a unary-only leader holds its launch too
+    }
   }
   NotifyWatchers(decision);
   return decision;
@@ -498,7 +694,11 @@ absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
         "steps must increase",
         plan.step, plan.group, gate.last_step));
   }
-  if (plan.step - gate.last_step > options_.max_plan_lead_steps) {
+  // A group resumes further ahead only as its leader (re)attaches or after a silence
+  // (it ran on its fallback meanwhile); otherwise one plan far ahead would make every
+  // real plan before it "not after the last decided step" (docs/design.md §10).
+  const bool resuming = g.resume_allowed || Now() - g.last_plan_time >= options_.stale_after;
+  if (plan.step - gate.last_step > options_.max_plan_lead_steps && !resuming) {
     metrics_.refused_step_too_far.Increment();
     return absl::InvalidArgumentError(absl::StrFormat(
         "step: %d is more than %d steps after group %d's last decided step %d "
@@ -509,7 +709,7 @@ absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
 }
 
 DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
-                                     const LengthStats& stats) {
+                                     const LengthStats& stats, uint64_t plan_digest) {
   const ScheduledConfig& config = g.schedule.At(plan.step);
   KeepBandsOf(job, config.config);
   const BatchFacts facts{.step = plan.step,
@@ -538,11 +738,13 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
                         ? std::optional<absl::Time>(pin->expire) : std::nullopt,
       .pin_forced = outcome.decision.reason == Reason::kPinned && pin->force,
       .band = outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
-                                : BandOf(config.config, stats.cv, stats.tokens)};
+                                : BandOf(config.config, stats.cv, stats.tokens),
+      .plan_digest = plan_digest};
   g.schedule.Prune(plan.step);
   g.cache.push_back(decision);
   if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
-  g.last_activity = job.last_activity = decision.time;
+  g.last_activity = job.last_activity = g.last_plan_time = decision.time;
+  g.resume_allowed = false;
   ++job.decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
   if (outcome.explored) ++job.exploration_steps;
   if (job.gain.Add(config.config, job.learned, outcome, plan.step, stats.tokens)) {
@@ -598,16 +800,40 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     MutexLock lock(&mu_);
     absl::StatusOr<Job*> found = JobOfSession(session);
     if (!found.ok()) return reject(found.status());
+    Job& job = **found;
+    const StepTelemetryValues& v = t.values;
+    // Only steps the group has decided: a record for a step it has not reached would be
+    // learned from (and could force RS_WAIT on steps that have not run).
+    auto git = job.groups.find(session.group);
+    const GroupGateState* gate = git == job.groups.end() ? nullptr : &git->second->policy.gate();
+    if (gate == nullptr || !gate->has_decision || v.step > gate->last_step) {
+      // Acknowledged, though not taken: it did reach the daemon, so "sent minus
+      // acknowledged" stays the count lost in transit (after a daemon restart the ranks'
+      // buffered records for steps before its first decision land here, and the clients'
+      // Flush waits for acknowledgements).
+      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+      metrics_.refused_undecided_step.Increment();
+      return reject(absl::InvalidArgumentError(
+          gate == nullptr || !gate->has_decision
+              ? absl::StrFormat("telemetry: step %d of group %d: the group has no decided step "
+                                "yet; only decided steps are reported",
+                                v.step, session.group)
+              : absl::StrFormat("telemetry: step %d of group %d is after its last decided step "
+                                "%d; only decided steps are reported",
+                                v.step, session.group, gate->last_step)));
+    }
     session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
     metrics_.telemetry_received.Increment();
-    Job& job = **found;
-    auto git = job.groups.find(session.group);
-    if (git == job.groups.end()) return absl::OkStatus();
     Group& g = *git->second;
     auto rit = g.ranks.find(session.rank_in_group);
-    if (rit != g.ranks.end()) rit->second.last_seen = Now();
+    if (rit != g.ranks.end()) {
+      rit->second.last_seen = Now();
+      // A rank's records arrive in step order on its one stream: one for a step it has
+      // already reported is a duplicate, acknowledged and counted once.
+      if (v.step <= rit->second.last_telemetry_step) return absl::OkStatus();
+      rit->second.last_telemetry_step = v.step;
+    }
 
-    const StepTelemetryValues& v = t.values;
     const int slot = static_cast<int>(v.step % kPendingSlots);
     PendingStep& p = g.pending[slot];
     if (p.step != v.step) {
@@ -661,23 +887,23 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
   job.metrics->peak_memory[m]->Set(w.peak.Max());
 }
 
-absl::StatusOr<int64_t> GateState::Heartbeat(
-    Session& session, const std::array<int64_t, kNumReasons>& local_decisions) {
+absl::StatusOr<int64_t> GateState::Heartbeat(Session& session, const HeartbeatInput& hb) {
   MutexLock lock(&mu_);
   {
     ASSIGN_OR_RETURN(Job * found, JobOfSession(session));
     Job& job = *found;
     for (int r = 1; r < kNumReasons; ++r) {
-      const int64_t count = local_decisions[r];
-      if (count < 0) continue;
-      int64_t& seen = session.local_seen[r];
-      // A restarted worker process starts again from zero: count it all.
-      const int64_t delta = count >= seen ? count - seen : count;
-      seen = count;
+      const int64_t delta = CumulativeIncrease(hb.local_decisions[r], session.local_seen[r]);
       if (delta > 0) {
         job.local_decisions = SaturatingAdd(job.local_decisions, delta);
         job.metrics->LocalDecisions(static_cast<Reason>(r)).Increment(static_cast<double>(delta));
       }
+    }
+    if (const int64_t delta =
+            CumulativeIncrease(hb.memory_overrides, session.memory_overrides_seen);
+        delta > 0) {
+      job.memory_overrides = SaturatingAdd(job.memory_overrides, delta);
+      job.metrics->memory_overrides->Increment(static_cast<double>(delta));
     }
     auto git = job.groups.find(session.group);
     if (git != job.groups.end()) {
@@ -708,15 +934,28 @@ bool GateState::TracksJob(const std::string& job_id) const {
 }
 
 int GateState::OnJobForgotten(const std::string& job_id) {
-  MutexLock lock(&mu_);
-  const int ended = EraseSessions([&](const Session& s) { return s.job_id == job_id; });
-  jobs_.erase(job_id);  // its groups, caches, windows and metric series with it
-  // Settings that stay keep the job listed (as for a job configured before it starts).
-  if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
+  MutexLock launch(&launch_mu_);
+  int ended = 0;
+  v1::PersistedLaunches launches;
+  {
+    MutexLock lock(&mu_);
+    ended = EraseSessions([&](const Session& s) { return s.job_id == job_id; });
+    jobs_.erase(job_id);  // its groups, caches, windows and metric series with it
+    // Settings that stay keep the job listed (as for a job configured before it starts).
+    if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
+    if (!options_.state_dir.empty()) launches = LaunchesWith("", "", "");
+  }
+  // Forgotten means forgotten after a restart too. The store has already applied the
+  // forget, so a failure here is counted, not returned: the job's last launch would then
+  // come back after a restart, still needing its credential.
+  if (!options_.state_dir.empty() && !SavePersistedLaunches(options_.state_dir, launches).ok()) {
+    metrics_.state_persist_failures.Increment();
+  }
   return ended;
 }
 
 void GateState::Sweep() {
+  MutexLock launch(&launch_mu_);  // idle jobs lose their launch
   MutexLock lock(&mu_);
   const absl::Time now = Now();
   for (auto jit = jobs_.begin(); jit != jobs_.end();) {
@@ -759,7 +998,7 @@ void GateState::Sweep() {
     if (operator_state) {
       // Settings keep the job listed, but not its live state: that goes like any idle
       // job's, so a job configured once does not hold its groups forever.
-      if (!job.incarnation.empty() || !job.groups.empty()) StartIncarnation(job, "");
+      if (!job.incarnation.empty() || !job.groups.empty()) StartIncarnation(job, "", "");
       ++jit;
       continue;
     }

@@ -10,12 +10,18 @@
 // pushes to streams and watchers happen after the lock is released. Time comes from an
 // injected clock, so tests drive heartbeats and staleness.
 //
-// Invariants (docs/design.md §4):
-//  - the same (job, group, step) always gets the same decision (the cache answers
-//    retries; a step behind the group's last step and no longer cached is refused);
+// Invariants (docs/design.md §4, §10):
+//  - the same (job, group, step) always gets the same decision, and only for the plan it
+//    was made for (the cache answers retries of the identical plan; a different plan for
+//    a decided step, or a step behind the group's last step and no longer cached, is
+//    refused);
+//  - a launch (job, incarnation) is joined only with its credential, and a new launch
+//    takes a job only from a launch whose ranks have gone (docs/security.md);
+//  - telemetry only for steps the group has decided; plans only a small lead ahead;
 //  - a config change applies to a group from effective_from_step = last decided step +
 //    config_lead_steps on, never to a step already decided;
-//  - lock order: the store's persist lock, then mu_, then the store's data lock.
+//  - lock order: the store's persist lock, then launch_mu_, then mu_, then the store's
+//    data lock.
 #ifndef SPGATE_SERVER_GATE_STATE_H_
 #define SPGATE_SERVER_GATE_STATE_H_
 
@@ -44,6 +50,7 @@
 
 namespace spgate::v1 {
 class VersionedGateConfig;
+class PersistedLaunches;
 }  // namespace spgate::v1
 
 namespace spgate::server {
@@ -64,6 +71,9 @@ class SessionSink {
   virtual void PushConfig(const ConfigPush& push) = 0;
   // The job's learned table (ADAPTIVE's fallback), to group leaders only.
   virtual void PushLearned(const ThroughputTable& /*table*/) {}
+  // Ends the stream with `status` (its session was replaced, or a newer stream of the
+  // same session took its place).
+  virtual void End(const absl::Status& /*status*/) {}
 };
 
 // One decision as made (or answered from the cache).
@@ -83,6 +93,9 @@ struct DecisionRecord {
   // The batch's band and tokens (docs/design.md §11): the step's telemetry is learned
   // into this band when it arrives.
   int band = -1;
+  // PlanDigest of the plan this decision answers: a retry gets the cached decision only
+  // for the identical plan.
+  uint64_t plan_digest = 0;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -107,8 +120,10 @@ struct Session {
   int group = 0;
   int rank_in_group = 0;
   std::atomic<int64_t> telemetry_received{0};
-  // Last cumulative local-decision counts seen, by reason (guarded by GateState's lock).
+  // Last cumulative local-decision and memory-override counts seen (guarded by
+  // GateState's lock).
   int64_t local_seen[kNumReasons] = {};
+  int64_t memory_overrides_seen = 0;
   // Rate limits (docs/design.md §10). Their own small lock, so that a refused plan is
   // refused before its lengths are read and without the state's lock; mutable because
   // taking a token is not a change to the session a caller sees.
@@ -126,6 +141,7 @@ struct RegisterInput {
   int global_rank = 0;
   std::string host;
   uint64_t memory_budget_bytes = 0;
+  std::string launch_credential;  // never stored: only its digest is
 };
 
 struct RegisterResult {
@@ -144,6 +160,12 @@ struct PlanInput {
   uint64_t predicted_peak_bytes_sp = 0;
   uint64_t predicted_peak_bytes_tp = 0;
   uint64_t memory_budget_bytes = 0;
+};
+
+// A heartbeat's cumulative counts (the daemon adds their increase).
+struct HeartbeatInput {
+  std::array<int64_t, kNumReasons> local_decisions{};  // by reason, index = Reason value
+  int64_t memory_overrides = 0;
 };
 
 struct TelemetryRecord {
@@ -247,6 +269,7 @@ struct JobView {
   std::vector<DecisionCountView> decisions;
   std::vector<PinView> pins;
   int64_t local_decisions = 0;
+  int64_t memory_overrides = 0;
 };
 
 class GateState final : public OperatorListener {
@@ -257,9 +280,16 @@ class GateState final : public OperatorListener {
   ~GateState() override;
 
   // --- worker API ---
+  // Seats a rank in its job's launch (docs/security.md, "Launch credentials"): the first
+  // Register of a launch sets its credential, later ones must present it (UNAUTHENTICATED
+  // without one, PERMISSION_DENIED for another); a new launch replaces the job's live one
+  // only when that one's ranks are gone (FAILED_PRECONDITION otherwise) and is persisted
+  // before it is applied (UNAVAILABLE if it cannot be); a rank that registers again
+  // replaces its own session and the old session's stream is ended (ABORTED).
   absl::StatusOr<RegisterResult> Register(const RegisterInput& request);
   // Binds a Connect stream to a registered session (NOT_FOUND for an unknown id,
-  // FAILED_PRECONDITION for a session of a replaced incarnation).
+  // FAILED_PRECONDITION for a session of a replaced incarnation). A session has one
+  // stream: a newer one ends the older (ABORTED).
   absl::StatusOr<std::shared_ptr<Session>> AttachSession(const std::string& session_id,
                                                          std::weak_ptr<SessionSink> sink);
   // The session behind a token, for calls without a stream (unary Decide): UNAUTHENTICATED
@@ -275,8 +305,7 @@ class GateState final : public OperatorListener {
   // Adds the increase of the worker's cumulative local-decision counts (by reason, index
   // = Reason value) and returns the telemetry records accepted on the session so far.
   // FAILED_PRECONDITION when the session's incarnation was replaced.
-  absl::StatusOr<int64_t> Heartbeat(Session& session,
-                                    const std::array<int64_t, kNumReasons>& local_decisions);
+  absl::StatusOr<int64_t> Heartbeat(Session& session, const HeartbeatInput& heartbeat);
   void Touch(const Session& session);
 
   // --- admin views ---
@@ -323,11 +352,30 @@ class GateState final : public OperatorListener {
   // The session's job if the session belongs to its current incarnation, else
   // FAILED_PRECONDITION (counted).
   absl::StatusOr<Job*> JobOfSession(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the job's live state afresh for a new launch (an empty incarnation: no launch,
-  // the live state is dropped); operator settings stay.
-  void StartIncarnation(Job& job, const std::string& incarnation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Connect streams open on the job's ranks (of its current launch).
-  int OpenStreams(const Job& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the job's live state afresh for a new launch with the credential's digest (an
+  // empty incarnation: no launch, the live state is dropped); operator settings stay.
+  void StartIncarnation(Job& job, const std::string& incarnation,
+                        const std::string& credential_digest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's live launch still holds it against a new launch: some rank seen
+  // within stale_after that has an open stream or never used one (docs/security.md).
+  bool LaunchHolds(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Which launch a Register joins: its job's live one (kJoin), or a new one (kStart),
+  // or an error (refused, nothing changed).
+  enum class LaunchStep { kJoin, kStart };
+  absl::StatusOr<LaunchStep> CheckLaunch(const RegisterInput& r, const std::string& digest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Seats the rank in its (joined or started) launch: the rest of Register, under mu_.
+  // Sinks of replaced sessions go to `ended`, to be ended after the lock.
+  absl::StatusOr<RegisterResult> Seat(Job& job, const RegisterInput& r,
+                                      std::shared_ptr<Session> session,
+                                      std::vector<std::shared_ptr<SessionSink>>* ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every job's launch as persisted, with `job_id`'s replaced by (incarnation, digest)
+  // (an empty `job_id`: each as it is).
+  v1::PersistedLaunches LaunchesWith(const std::string& job_id, const std::string& incarnation,
+                                     const std::string& digest) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status RestoreLaunches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Erases the sessions `drop` selects, keeping each job's session count.
   template <typename Pred>
   int EraseSessions(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -345,7 +393,8 @@ class GateState final : public OperatorListener {
   absl::Status CheckStepWindow(const Group& group, const PlanInput& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DecisionRecord DecideStep(Job& job, Group& group, const PlanInput& plan,
-                            const LengthStats& stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            const LengthStats& stats, uint64_t plan_digest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the job's learned table afresh when the band edges in `config` differ from
@@ -367,6 +416,9 @@ class GateState final : public OperatorListener {
   const OperatorStore* const store_;
   std::atomic<bool> draining_{false};
 
+  // Held across a launch change (check, persist, apply) so that no two interleave; the
+  // decision path never takes it.
+  Mutex launch_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

@@ -44,7 +44,11 @@ struct Rank {
   std::string host;
   absl::Time last_seen;
   int streams = 0;
+  bool streamed = false;   // has attached a Connect stream (else a unary-only client)
   std::string session_id;  // its newest session; registering again replaces it
+  // The newest step this rank reported: a record for it or an older step again is a
+  // duplicate and counts once (a step is final once every rank reported).
+  int64_t last_telemetry_step = kNoStep;
 };
 
 struct ModeWindow {
@@ -76,6 +80,11 @@ struct GateState::Group {
   gate_state_internal::PendingStep pending[gate_state_internal::kPendingSlots];
   std::map<int, gate_state_internal::Rank> ranks;
   absl::Time last_activity;
+  // The step window (docs/design.md §10): a plan may resume further than
+  // max_plan_lead_steps ahead only as the first after its leader (re)attached, or after
+  // the group sent no plan for stale_after.
+  bool resume_allowed = true;
+  absl::Time last_plan_time = absl::InfinitePast();
   std::unique_ptr<GroupMetrics> metrics;  // never null
 
   const DecisionRecord* Cached(int64_t step) const {
@@ -88,12 +97,17 @@ struct GateState::Group {
 struct GateState::Job {
   std::string id;
   std::string incarnation;                  // the launch whose live state this is
+  std::string credential_digest;            // LaunchCredentialDigest of its credential
+  absl::Time launch_start;
+  // A launch read back after a restart holds its job until then (restored_launch_hold).
+  absl::Time restored_hold_until = absl::InfinitePast();
   std::deque<std::string> retired;          // launches it replaced, newest last
   JobOperatorView op;  // effective config and pins, from the operator store
   std::map<int, std::unique_ptr<Group>> groups;
   gate_state_internal::ModeWindow modes[kModeSlots];
   int64_t decisions[kModeSlots][kNumReasons] = {};
   int64_t local_decisions = 0;
+  int64_t memory_overrides = 0;  // daemon answers its workers' memory gates refused
   absl::flat_hash_map<std::string, std::weak_ptr<SessionSink>> sinks;
   uint64_t memory_budget = 0;
   int sessions = 0;  // entries of GateState::sessions_ for this job

@@ -116,6 +116,7 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
     }
   }
   out.local_decisions = job.local_decisions;
+  out.memory_overrides = job.memory_overrides;
   out.learned.config = job.op.effective;
   out.learned.table = job.learned;
   out.learned.at_step = job.learned.newest_step();

@@ -43,6 +43,16 @@ inline absl::Status ValidateJobId(std::string_view job_id) {
 // same on every rank.
 absl::Status ValidateIncarnation(std::string_view incarnation);
 
+// A launch credential (docs/security.md, "Launch credentials"): 16-128 printable ASCII
+// characters without spaces. The shipped clients send 32 hex digits (128 random bits)
+// made by world rank 0, or SPGATE_LAUNCH_CREDENTIAL. UNAUTHENTICATED when empty (the
+// caller presented nothing), INVALID_ARGUMENT when malformed; the message never echoes it.
+absl::Status ValidateLaunchCredential(std::string_view credential);
+
+// The SHA-256 of a credential as 64 lower-case hex digits: all the daemon keeps, in
+// memory and in --state_dir, so the state never holds a secret a worker could present.
+std::string LaunchCredentialDigest(std::string_view credential);
+
 // A new session token: 128 bits from the kernel's random source (getrandom), as 32 hex
 // digits. It is the session's only credential, so it must not be guessable from others.
 // INTERNAL when the kernel gives no randomness (never on a working Linux).

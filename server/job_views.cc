@@ -98,8 +98,15 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
 }
 
 RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
-  return RegisterInput{r.job_id(),      r.incarnation(), r.group(), r.rank_in_group(),
-                       r.group_size(),  r.global_rank(), r.host(),  r.memory_budget_bytes()};
+  return RegisterInput{.job_id = r.job_id(),
+                       .incarnation = r.incarnation(),
+                       .group = r.group(),
+                       .rank_in_group = r.rank_in_group(),
+                       .group_size = r.group_size(),
+                       .global_rank = r.global_rank(),
+                       .host = r.host(),
+                       .memory_budget_bytes = r.memory_budget_bytes(),
+                       .launch_credential = r.launch_credential()};
 }
 
 v1::RegisterResponse ToProto(const RegisterResult& r) {
@@ -114,12 +121,13 @@ v1::RegisterResponse ToProto(const RegisterResult& r) {
   return resp;
 }
 
-std::array<int64_t, kNumReasons> LocalDecisionsFromProto(const v1::Heartbeat& hb) {
-  std::array<int64_t, kNumReasons> local{};
+HeartbeatInput HeartbeatFromProto(const v1::Heartbeat& hb) {
+  HeartbeatInput in;
   for (const auto& c : hb.local_decisions()) {
-    if (IsValidReason(c.reason())) local[c.reason()] = c.count();
+    if (IsValidReason(c.reason())) in.local_decisions[c.reason()] = c.count();
   }
-  return local;
+  in.memory_overrides = hb.memory_overrides();
+  return in;
 }
 
 v1::ConfigUpdate ToProto(const ConfigPush& push) {
@@ -172,6 +180,7 @@ absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& 
   *out.mutable_config() = store.GetGateConfig(job_id);
   for (const PinView& p : view.pins) ToProto(p, out.add_pins());
   out.set_local_decisions(view.local_decisions);
+  out.set_memory_overrides(view.memory_overrides);
   *out.mutable_learned() = ToProto(view.learned.table);
   out.set_learned_at_step(view.learned.at_step);
   out.set_adaptive_gain_ratio(view.learned.gain_ratio);

@@ -22,7 +22,7 @@ PlanInput PlanFromProto(const v1::BatchPlan& plan);
 TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& telemetry);
 RegisterInput RegisterFromProto(const v1::RegisterRequest& request);
 v1::RegisterResponse ToProto(const RegisterResult& result);
-std::array<int64_t, kNumReasons> LocalDecisionsFromProto(const v1::Heartbeat& heartbeat);
+HeartbeatInput HeartbeatFromProto(const v1::Heartbeat& heartbeat);
 v1::ConfigUpdate ToProto(const ConfigPush& push);
 void ToProto(const DecisionRecord& d, v1::Decision* out);
 

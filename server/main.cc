@@ -1,4 +1,6 @@
 // spgated: the gate daemon. Flags per docs/design.md §5; absl's --flagfile and --fromenv work.
+// Without a worker credential the worker API stays on loopback (docs/security.md,
+// "Worker credentials"); every flag mistake stops start-up before a port is bound.
 // Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config (which is also
 // polled every --config_poll_interval).
 #include <csignal>
@@ -15,7 +17,9 @@
 #include "server/defaults.h"
 #include "server/metrics.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "Worker API (spgate.v1.GateService) address");
+ABSL_FLAG(std::string, listen, "",
+          "Worker API (spgate.v1.GateService) address; empty: 127.0.0.1:50061 without a worker "
+          "credential, 0.0.0.0:50061 with --worker_token_file or --tls_client_ca");
 ABSL_FLAG(std::string, admin_listen, "127.0.0.1:50062", "Admin API (spgate.v1.AdminService) address");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "Prometheus /metrics address; empty: off");
 ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
@@ -26,7 +30,8 @@ ABSL_FLAG(std::string, admin_token_file, "",
 ABSL_FLAG(std::string, reader_token_file, "",
           "Read-only-role bearer tokens, one NAME:TOKEN (or bare TOKEN) per line");
 ABSL_FLAG(std::string, admin_subjects_file, "",
-          "mTLS client identities (cert subject, CN or DNS SAN) mapped to roles: ROLE IDENTITY per line");
+          "mTLS client identities mapped to roles: ROLE IDENTITY per line, IDENTITY one of "
+          "cn:NAME, dns:NAME, uri:URI, subject:DN");
 ABSL_FLAG(absl::Duration, config_poll_interval, absl::Seconds(5),
           "How often --config is checked for a new file (ConfigMap swaps); 0: SIGHUP only");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (turns TLS on for both APIs)");
@@ -40,7 +45,14 @@ ABSL_FLAG(int, max_groups_per_job, spgate::server::kDefaultMaxGroupsPerJob, "Mos
 ABSL_FLAG(int64_t, max_plan_lead_steps, spgate::server::kDefaultMaxPlanLeadSteps,
           "Plans more than this many steps after their group's last decided step are refused");
 ABSL_FLAG(std::string, worker_token_file, "",
-          "File holding a bearer token every worker call must carry (shared worker credential)");
+          "Worker bearer tokens scoped to job ids: NAME:TOKEN JOB_PATTERN[,JOB_PATTERN...] per "
+          "line, or one bare TOKEN (every job); every worker call must carry one");
+ABSL_FLAG(std::string, worker_subjects_file, "",
+          "mTLS client identities mapped to job ids: IDENTITY JOB_PATTERN[,JOB_PATTERN...] per "
+          "line, IDENTITY one of cn:NAME, dns:NAME, uri:URI, subject:DN; needs --tls_client_ca");
+ABSL_FLAG(bool, allow_unauthenticated_workers, false,
+          "Start with a non-loopback --listen although no worker credential is configured "
+          "(anyone who reaches the port can register any job); logs a WARNING");
 ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
           "Decisions each TP group keeps to answer retried plans idempotently");
 
@@ -120,6 +132,8 @@ int main(int argc, char** argv) {
   opts.state.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
   opts.state.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
+  opts.worker_subjects_file = absl::GetFlag(FLAGS_worker_subjects_file);
+  opts.allow_unauthenticated_workers = absl::GetFlag(FLAGS_allow_unauthenticated_workers);
   opts.state.forget_after = absl::GetFlag(FLAGS_forget_after);
   opts.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
   opts.max_concurrent_streams_per_connection =

@@ -67,6 +67,12 @@ Metrics::Metrics()
                                   "or unreachable), reported after reconnect; reason is what the "
                                   "local policy decided.")
                             .Register(*registry_)),
+      memory_overrides_f(BuildCounter().Name("spgate_worker_memory_overrides_total")
+                             .Help("Daemon answers workers did not run because their own "
+                                   "memory gate forbade TP-only for the plan answered (they "
+                                   "ran SP); reported in heartbeats. Never expected: a "
+                                   "config mismatch, a daemon bug or a forged answer.")
+                             .Register(*registry_)),
       length_cv_f(BuildHistogram().Name("spgate_batch_length_cv")
                       .Help("Coefficient of variation of sequence lengths per planned batch.")
                       .Register(*registry_)),
@@ -138,8 +144,10 @@ Metrics::Metrics()
                           .Register(*registry_)),
       worker_refusals_f(BuildCounter().Name("spgate_worker_refusals_total")
                             .Help("Worker requests refused for their sender: a session of a "
-                                  "replaced incarnation, a plan from a non-leader, a plan too far "
-                                  "ahead of its group, an unknown session.")
+                                  "replaced incarnation, a new launch while the job's live one "
+                                  "runs, a wrong launch credential, a plan from a non-leader, a "
+                                  "plan too far ahead of its group, another plan for a decided "
+                                  "step, telemetry for an undecided step, an unknown session.")
                             .Register(*registry_)),
       gate_policy_f(BuildGauge().Name("spgate_gate_policy")
                         .Help("1 for the policy in force (static, adaptive), else 0; "
@@ -178,7 +186,10 @@ Metrics::Metrics()
       refused_live_incarnation(worker_refusals_f.Add({{"reason", "live_incarnation"}})),
       refused_not_leader(worker_refusals_f.Add({{"reason", "not_leader"}})),
       refused_step_too_far(worker_refusals_f.Add({{"reason", "step_too_far"}})),
-      refused_unknown_session(worker_refusals_f.Add({{"reason", "unknown_session"}})) {
+      refused_unknown_session(worker_refusals_f.Add({{"reason", "unknown_session"}})),
+      refused_launch_credential(worker_refusals_f.Add({{"reason", "launch_credential"}})),
+      refused_plan_mismatch(worker_refusals_f.Add({{"reason", "plan_mismatch"}})),
+      refused_undecided_step(worker_refusals_f.Add({{"reason", "undecided_step"}})) {
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
   for (size_t i = 0; i < kNumGateFields; ++i) {
@@ -229,6 +240,7 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
         &m.gate_policy_f.Add({{"job_id", job_id}, {"policy", PolicyLabel(k)}});
   }
   exploration_steps = &m.exploration_f.Add({{"job_id", job_id}});
+  memory_overrides = &m.memory_overrides_f.Add({{"job_id", job_id}});
   adaptive_gain = &m.adaptive_gain_f.Add({{"job_id", job_id}});
   config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
   // Counters whose label set is known up front start at 0, so rate() over them is 0
@@ -256,6 +268,7 @@ JobMetrics::~JobMetrics() {
     if (c != nullptr) m_.local_decisions_f.Remove(c);
   }
   m_.memory_budget_f.Remove(memory_budget);
+  m_.memory_overrides_f.Remove(memory_overrides);
   m_.workers_f.Remove(workers_active);
   m_.workers_f.Remove(workers_stale);
   for (auto* g : thresholds_) {

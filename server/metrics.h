@@ -82,6 +82,9 @@ class JobMetrics {
   prometheus::Gauge* workers_stale;
   prometheus::Counter* exploration_steps;
   prometheus::Gauge* adaptive_gain;
+  // Daemon answers the job's workers did not run: their own memory gate forbade TP-only
+  // for the plan answered (docs/security.md, "Memory is checked on both sides").
+  prometheus::Counter* memory_overrides;
 
  private:
   Metrics& m_;
@@ -133,6 +136,7 @@ class Metrics {
  public:
   prometheus::Family<prometheus::Counter>& decisions_f;
   prometheus::Family<prometheus::Counter>& local_decisions_f;
+  prometheus::Family<prometheus::Counter>& memory_overrides_f;
   prometheus::Family<prometheus::Histogram>& length_cv_f;
   prometheus::Family<prometheus::Gauge>& rs_wait_f;
   prometheus::Family<prometheus::Gauge>& all_gather_f;
@@ -179,6 +183,9 @@ class Metrics {
   prometheus::Counter& refused_not_leader;
   prometheus::Counter& refused_step_too_far;
   prometheus::Counter& refused_unknown_session;
+  prometheus::Counter& refused_launch_credential;  // a wrong credential for a live launch
+  prometheus::Counter& refused_plan_mismatch;      // another plan for a decided step
+  prometheus::Counter& refused_undecided_step;     // telemetry for a step not decided
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};

@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -78,6 +80,10 @@ std::string StateFilePath(const std::string& state_dir) {
   return absl::StrCat(state_dir, "/", kStateFileName);
 }
 
+std::string LaunchesFilePath(const std::string& state_dir) {
+  return absl::StrCat(state_dir, "/", kLaunchesFileName);
+}
+
 absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path) {
   auto text = ReadFile(path);
   if (!text.ok()) return text.status();
@@ -128,6 +134,44 @@ absl::Status SavePersistedState(const std::string& dir, const v1::PersistedState
   return WriteFileAtomically(StateFilePath(dir),
                              absl::StrCat("# spgated operator state; written atomically by "
                                           "spgated. Edit only while spgated is stopped.\n",
+                                          text));
+}
+
+absl::StatusOr<std::optional<v1::PersistedLaunches>> LoadPersistedLaunches(
+    const std::string& dir) {
+  const std::string path = LaunchesFilePath(dir);
+  bool missing = false;
+  auto text = ReadFile(path, &missing);
+  if (!text.ok()) return text.status();
+  if (missing) return std::optional<v1::PersistedLaunches>();
+  v1::PersistedLaunches launches;
+  auto corrupt = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("corrupt launches file ", what,
+                                            " (fix or move the file; it is never replaced "
+                                            "by an empty one)"));
+  };
+  if (absl::Status s = ParseText(path, *text, &launches); !s.ok()) return corrupt(s.message());
+  for (const v1::PersistedLaunch& l : launches.launches()) {
+    const bool hex_digest =
+        l.credential_sha256().size() == 64 &&
+        std::all_of(l.credential_sha256().begin(), l.credential_sha256().end(),
+                    [](char c) { return absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'); });
+    if (l.job_id().empty() || l.incarnation().empty() || !hex_digest) {
+      return corrupt(absl::StrCat(path, ": a launch needs job_id, incarnation and a 64-digit "
+                                        "credential_sha256 (job \"", l.job_id(), "\")"));
+    }
+  }
+  return std::optional<v1::PersistedLaunches>(std::move(launches));
+}
+
+absl::Status SavePersistedLaunches(const std::string& dir, const v1::PersistedLaunches& launches) {
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(launches, &text)) {
+    return absl::InternalError("cannot serialise the launches");
+  }
+  return WriteFileAtomically(LaunchesFilePath(dir),
+                             absl::StrCat("# spgated job launches (credential digests, never "
+                                          "credentials); written atomically by spgated.\n",
                                           text));
 }
 

@@ -17,8 +17,13 @@
 namespace spgate::server {
 
 inline constexpr char kStateFileName[] = "spgated-state.textproto";
+// Who owns each job id: its live launch (incarnation, credential digest) and the
+// launches it replaced (PersistedLaunches). Written by the live state when a launch
+// starts, apart from the operator state, which has its own lock and writer.
+inline constexpr char kLaunchesFileName[] = "spgated-launches.textproto";
 
 std::string StateFilePath(const std::string& state_dir);
+std::string LaunchesFilePath(const std::string& state_dir);
 
 // Parses a GateConfig text-format file and validates it layered over the defaults.
 absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path);
@@ -30,6 +35,13 @@ absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
 absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& state_dir);
 
 absl::Status SavePersistedState(const std::string& state_dir, const v1::PersistedState& state);
+
+// nullopt when the launches file does not exist yet; DATA_LOSS naming the file when it
+// does not parse or a launch lacks its job id, incarnation or a well-formed digest.
+absl::StatusOr<std::optional<v1::PersistedLaunches>> LoadPersistedLaunches(
+    const std::string& state_dir);
+absl::Status SavePersistedLaunches(const std::string& state_dir,
+                                   const v1::PersistedLaunches& launches);
 
 // A writer killed between creating its temp file and the rename leaves `path`.tmp.<pid>
 // (WriteFileAtomically's temp name) behind, one per crash, never read again. Removes

@@ -5,9 +5,6 @@
 // queue only grows by config updates, which are rare.
 #include "server/services.h"
 
-#include <grpc/grpc_security_constants.h>
-#include <grpcpp/security/auth_context.h>
-
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -15,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "server/admin_auth.h"
@@ -25,50 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// See SyncWithFinishedCallbacks (services.h). Declared first thing in a callback, so its
-// release comes after everything the callback did.
-#if defined(__SANITIZE_THREAD__)
-std::atomic<uint64_t> callbacks_finished{0};
-class CallbackScope {
- public:
-  ~CallbackScope() { callbacks_finished.fetch_add(1, std::memory_order_release); }
-};
-#else
-class CallbackScope {};
-#endif
-
-template <typename T>
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, absl::StatusOr<T> result,
-                                T* response) {
-  [[maybe_unused]] CallbackScope scope;
-  auto* reactor = ctx->DefaultReactor();
-  if (result.ok()) *response = std::move(*result);
-  reactor->Finish(ToGrpcStatus(result.status()));
-  return reactor;
-}
-
-// Ends a unary call with `s`, an error or OK (the response already filled in).
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  [[maybe_unused]] CallbackScope scope;
-  auto* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
-
 class ConnectReactor;
-
-// gRPC hands a reactor from the thread that built it to the threads that run its
-// callbacks through its own queues, which ThreadSanitizer cannot see (Debian's gRPC is
-// not instrumented). This release/acquire pair makes the hand-off visible; it costs one
-// uncontended atomic load per callback.
-class PublishedReactor {
- protected:
-  void Publish() { published_.store(true, std::memory_order_release); }
-  void Acquire() const { (void)published_.load(std::memory_order_acquire); }
-
- private:
-  std::atomic<bool> published_{false};
-};
 
 // What GateState holds for a stream: it outlives the reactor safely.
 class ConnectSink final : public SessionSink {
@@ -76,6 +31,7 @@ class ConnectSink final : public SessionSink {
   explicit ConnectSink(ConnectReactor* r) : reactor_(r) {}
   void PushConfig(const ConfigPush& push) override;
   void PushLearned(const ThroughputTable& table) override;
+  void End(const absl::Status& status) override;
   void Invalidate() {
     MutexLock lock(&mu_);
     reactor_ = nullptr;
@@ -86,17 +42,19 @@ class ConnectSink final : public SessionSink {
   ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_);
 };
 
-class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>,
+class ConnectReactor final : public RawReactor,
                              public StreamRegistry::Stream,
                              private PublishedReactor {
  public:
-  ConnectReactor(GateState* state, Metrics& metrics, StreamRegistry* streams)
-      : state_(state), metrics_(metrics), streams_(streams) {
+  // `authorize`: whether the caller's credential may act for a job (the session's).
+  ConnectReactor(GateState* state, Metrics& metrics, StreamRegistry* streams,
+                 std::function<absl::Status(std::string_view job_id)> authorize)
+      : state_(state), metrics_(metrics), streams_(streams), authorize_(std::move(authorize)) {
     [[maybe_unused]] CallbackScope scope;
     sink_ = std::make_shared<ConnectSink>(this);
     Publish();
     streams_->Add(this);
-    StartRead(&in_);
+    StartRead(&in_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -107,8 +65,18 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       return;
     }
     const auto start = Clock::now();
+    if (!ParseMessage(&in_bytes_, &in_)) {
+      FinishWhenIdle(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  UnparseableMessage(v1::WorkerMessage::descriptor()->full_name())));
+      return;
+    }
     if (session_ == nullptr) {
-      auto session = state_->AttachSession(in_.session_id(), sink_);
+      // The credential must cover the session's job before the stream is bound to it.
+      absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(in_.session_id());
+      if (session.ok()) {
+        if (absl::Status s = authorize_((*session)->job_id); !s.ok()) session = s;
+      }
+      if (session.ok()) session = state_->AttachSession(in_.session_id(), sink_);
       if (!session.ok()) {
         FinishWhenIdle(ToGrpcStatus(session.status()));
         return;
@@ -149,7 +117,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     }
     if (in_.has_heartbeat()) {
       absl::StatusOr<int64_t> acked =
-          state_->Heartbeat(*session_, LocalDecisionsFromProto(in_.heartbeat()));
+          state_->Heartbeat(*session_, HeartbeatFromProto(in_.heartbeat()));
       if (acked.ok()) {
         out.mutable_ack()->set_telemetry_received(*acked);
       } else {
@@ -180,7 +148,7 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
         return;
       }
     }
-    StartRead(&in_);
+    StartRead(&in_bytes_);
   }
 
   void Send(v1::DaemonMessage msg) {
@@ -201,7 +169,14 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
       writing_ = true;
       current_ = std::move(msg);
     }
-    StartWrite(&current_);
+    WriteCurrent();
+  }
+
+  // The message the write in flight owns, as bytes (outside mu_: serialising a burst of
+  // decisions does not hold up the training-side callers of the state's sinks).
+  void WriteCurrent() {
+    SerializeMessage(current_, &current_bytes_);
+    StartWrite(&current_bytes_);
   }
 
   void OnWriteDone(bool ok) override {
@@ -232,8 +207,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
         }
       }
     }
-    if (write) StartWrite(&current_);
-    if (read) StartRead(&in_);
+    if (write) WriteCurrent();
+    if (read) StartRead(&in_bytes_);
     if (finish) Finish(*finish);
   }
 
@@ -277,6 +252,8 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
     Send(std::move(msg));
   }
 
+  void End(const absl::Status& status) { FinishWhenIdle(ToGrpcStatus(status)); }
+
  private:
   // Decisions queued behind the write in flight before reading stops.
   static constexpr int kMaxPendingDecisions = 4096;
@@ -309,16 +286,19 @@ class ConnectReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v
   GateState* const state_;
   Metrics& metrics_;
   StreamRegistry* const streams_;
+  const std::function<absl::Status(std::string_view)> authorize_;
   std::shared_ptr<ConnectSink> sink_;
   std::shared_ptr<Session> session_;  // set by the first message; reactor thread only
   std::atomic<bool> attached_{false};  // session_ is set (read by the sweeper)
   const absl::Time opened_ = absl::Now();
+  grpc::ByteBuffer in_bytes_;
   v1::WorkerMessage in_;
   Clock::time_point last_touch_{};
 
   Mutex mu_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   v1::DaemonMessage current_;  // owned by the write in flight
+  grpc::ByteBuffer current_bytes_;
   std::deque<v1::DaemonMessage> pending_ ABSL_GUARDED_BY(mu_);
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -336,13 +316,24 @@ void ConnectSink::PushLearned(const ThroughputTable& table) {
   if (reactor_ != nullptr) reactor_->PushLearned(table);
 }
 
-// WatchDecisions: a bounded queue per subscriber; when full, the oldest decisions are
-// dropped (and counted) rather than slowing the decision path.
-class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
+void ConnectSink::End(const absl::Status& status) {
+  MutexLock lock(&mu_);
+  if (reactor_ != nullptr) reactor_->End(status);
+}
+
+// WatchDecisions: reads its request (within --first_message_timeout), is authorized and
+// admitted, then streams decisions. A bounded queue per subscriber; when full, the
+// oldest decisions are dropped (and counted) rather than slowing the decision path.
+class WatchReactor final : public RawReactor,
                            public StreamRegistry::Stream,
+                           public PendingCalls::Call,
                            private PublishedReactor {
  public:
   static constexpr size_t kMaxQueued = 4096;
+  // Authorizes the request and reserves a stream slot (StreamRegistry::Admit), or says
+  // why not.
+  using Start = std::function<absl::Status(grpc::CallbackServerContext*,
+                                           const v1::WatchDecisionsRequest&)>;
 
   class Watcher final : public DecisionWatcher {
    public:
@@ -350,24 +341,61 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     void OnDecision(const DecisionRecord& d) override {
       v1::Decision out;
       ToProto(d, &out);
-      reactor_->Enqueue(out);
+      reactor_->Enqueue(std::move(out));
     }
 
    private:
     WatchReactor* reactor_;
   };
 
-  WatchReactor(GateState* state, Metrics& metrics, StreamRegistry* streams, std::string job)
-      : state_(state), metrics_(metrics), streams_(streams) {
+  WatchReactor(grpc::CallbackServerContext* ctx, GateState* state, Metrics& metrics,
+               StreamRegistry* streams, const Start* start)
+      : ctx_(ctx), state_(state), metrics_(metrics), streams_(streams), start_(start) {
     [[maybe_unused]] CallbackScope scope;
-    watcher_ = std::make_shared<Watcher>(std::move(job), this);
     Publish();
+    streams_->pending_calls().Add(this);
+    StartRead(&in_bytes_);
+  }
+
+  void OnReadDone(bool ok) override {
+    [[maybe_unused]] CallbackScope scope;
+    Acquire();
+    if (request_claimed_.exchange(true)) return;  // expired meanwhile
+    streams_->pending_calls().Remove(this);
+    v1::WatchDecisionsRequest request;
+    if (!ok) {
+      RequestFinish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "spgate.v1.WatchDecisionsRequest: the call ended without its "
+                                 "request message"));
+      return;
+    }
+    if (!ParseMessage(&in_bytes_, &request)) {
+      RequestFinish(grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          UnparseableMessage(v1::WatchDecisionsRequest::descriptor()->full_name())));
+      return;
+    }
+    if (absl::Status s = (*start_)(ctx_, request); !s.ok()) {
+      RequestFinish(ToGrpcStatus(s));
+      return;
+    }
+    watcher_ = std::make_shared<Watcher>(request.job_id(), this);
+    watching_.store(true, std::memory_order_release);
     streams_->Add(this);
     state_->AddWatcher(watcher_);
     StartSendInitialMetadata();
   }
 
-  void Enqueue(const v1::Decision& d) {
+  bool ExpireIfSilentSince(absl::Time cutoff) override {
+    Acquire();
+    if (opened_ >= cutoff || request_claimed_.exchange(true)) return false;
+    RequestFinish(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                               "no spgate.v1.WatchDecisionsRequest arrived within "
+                               "--first_message_timeout of the call's start"));
+    return true;
+  }
+
+  void Enqueue(v1::Decision d) {
     {
       MutexLock lock(&mu_);
       if (finish_requested_) return;
@@ -376,13 +404,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
           queue_.pop_front();
           metrics_.watch_dropped.Increment();
         }
-        queue_.push_back(d);
+        queue_.push_back(std::move(d));
         return;
       }
       writing_ = true;
-      current_ = d;
+      current_ = std::move(d);
     }
-    StartWrite(&current_);
+    WriteCurrent();
   }
 
   void OnWriteDone(bool ok) override {
@@ -401,13 +429,14 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
         if (finish_requested_ && !finished_) finished_ = finish = true;
       }
     }
-    if (write) StartWrite(&current_);
+    if (write) WriteCurrent();
     if (finish) Finish(ok ? status_ : grpc::Status::CANCELLED);
   }
 
   void OnCancel() override {
     [[maybe_unused]] CallbackScope scope;
     Acquire();
+    request_claimed_.store(true);
     RequestFinish(grpc::Status::CANCELLED);
   }
   void Drain() override {
@@ -416,12 +445,20 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
   void OnDone() override {
     [[maybe_unused]] CallbackScope scope;
     Acquire();
-    state_->RemoveWatcher(watcher_.get());
-    streams_->Remove(this, StreamRegistry::Kind::kWatch);
+    streams_->pending_calls().Remove(this);
+    if (watching_.load(std::memory_order_acquire)) {
+      state_->RemoveWatcher(watcher_.get());
+      streams_->Remove(this, StreamRegistry::Kind::kWatch);
+    }
     delete this;
   }
 
  private:
+  void WriteCurrent() {
+    SerializeMessage(current_, &current_bytes_);
+    StartWrite(&current_bytes_);
+  }
+
   void RequestFinish(grpc::Status status) {
     bool now = false;
     {
@@ -434,33 +471,24 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::Decision>,
     if (now) Finish(status_);
   }
 
+  grpc::CallbackServerContext* const ctx_;
   GateState* const state_;
   Metrics& metrics_;
   StreamRegistry* const streams_;
+  const Start* const start_;
+  const absl::Time opened_ = absl::Now();
+  std::atomic<bool> request_claimed_{false};  // by its read, its expiry or a cancel
+  std::atomic<bool> watching_{false};         // admitted: a watcher and a stream slot
+  grpc::ByteBuffer in_bytes_;
   std::shared_ptr<Watcher> watcher_;
   Mutex mu_;
   std::deque<v1::Decision> queue_ ABSL_GUARDED_BY(mu_);
-  v1::Decision current_;
+  v1::Decision current_;  // owned by the write in flight
+  grpc::ByteBuffer current_bytes_;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status status_;
-};
-
-// A WatchDecisions call refused before it started (authorization): ends at once.
-class RefusedWatch final : public grpc::ServerWriteReactor<v1::Decision>,
-                           private PublishedReactor {
- public:
-  explicit RefusedWatch(const grpc::Status& status) {
-    [[maybe_unused]] CallbackScope scope;
-    Publish();
-    Finish(status);
-  }
-  void OnDone() override {
-    [[maybe_unused]] CallbackScope scope;
-    Acquire();
-    delete this;
-  }
 };
 
 }  // namespace
@@ -508,7 +536,7 @@ void StreamRegistry::DrainAll() {
 }
 
 int StreamRegistry::ExpireSilent(absl::Time cutoff, Metrics& metrics) {
-  int expired = 0;
+  int expired = pending_.ExpireSilent(cutoff);
   {
     MutexLock lock(&mu_);
     // As in DrainAll: expiring only requests a Finish, so the lock cannot deadlock.
@@ -523,85 +551,160 @@ int StreamRegistry::size() {
   return static_cast<int>(streams_.size());
 }
 
-// A Connect call refused before it starts (a missing or wrong worker token).
-class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage> {
+// A call refused as it starts (a missing or wrong credential, a stream limit).
+class RefusedCall final : public RawReactor, private PublishedReactor {
  public:
-  explicit RefusedStream(const absl::Status& s) {
+  explicit RefusedCall(const absl::Status& s) {
     [[maybe_unused]] CallbackScope scope;
+    Publish();
     Finish(ToGrpcStatus(s));
   }
   void OnDone() override {
     [[maybe_unused]] CallbackScope scope;
+    Acquire();
     delete this;
   }
 };
 
-// "authorization: Bearer <token>" against `want`; the error says which, never the token.
-absl::Status CheckBearer(grpc::CallbackServerContext* ctx, absl::string_view want,
-                         const std::string& what) {
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "this call needs the ", what, ": send metadata 'authorization: Bearer <token>'"));
-  }
-  absl::string_view value(it->second.data(), it->second.size());
-  if (!absl::StartsWith(value, "Bearer ") || !ConstantTimeEquals(value.substr(7), want)) {
-    return absl::PermissionDeniedError(absl::StrCat("the ", what, " does not match"));
-  }
-  return absl::OkStatus();
-}
-
 // --- GateService -------------------------------------------------------------------
 
-absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx) const {
-  if (worker_token_.empty()) return absl::OkStatus();
-  return CheckBearer(ctx, worker_token_, "worker token (--worker_token_file)");
+GateServiceImpl::GateServiceImpl(GateState* state, Metrics& metrics, StreamRegistry* streams,
+                                 WorkerAuthConfig worker_auth)
+    : RawService(v1::GateService::service_full_name(), &streams->pending_calls()),
+      state_(state),
+      metrics_(metrics),
+      streams_(streams),
+      worker_auth_(std::move(worker_auth)) {
+  AddUnary<v1::RegisterRequest, v1::RegisterResponse>(
+      "Register", [this](grpc::CallbackServerContext* ctx, const v1::RegisterRequest& r) {
+        return Register(ctx, r);
+      });
+  AddStream("Connect", [this](grpc::CallbackServerContext* ctx) { return Connect(ctx); });
+  AddUnary<v1::DecideRequest, v1::Decision>(
+      "Decide", [this](grpc::CallbackServerContext* ctx, const v1::DecideRequest& r) {
+        return Decide(ctx, r);
+      });
 }
 
-grpc::ServerUnaryReactor* GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
-                                                    const v1::RegisterRequest* request,
-                                                    v1::RegisterResponse* response) {
-  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Finish(ctx, s);
-  absl::StatusOr<RegisterResult> result = state_->Register(RegisterFromProto(*request));
-  if (!result.ok()) return Finish(ctx, result.status());
-  return Reply(ctx, absl::StatusOr<v1::RegisterResponse>(ToProto(*result)), response);
+absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx,
+                                              std::string_view job_id) const {
+  return AuthorizeWorkerCall(worker_auth_, CallerCredentialsOf(*ctx), job_id);
 }
 
-grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* GateServiceImpl::Connect(
-    grpc::CallbackServerContext* ctx) {
-  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return new RefusedStream(s);
+absl::Status GateServiceImpl::AuthenticateWorker(grpc::CallbackServerContext* ctx) const {
+  return server::AuthenticateWorker(worker_auth_, CallerCredentialsOf(*ctx)).status();
+}
+
+absl::StatusOr<v1::RegisterResponse> GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
+                                                               const v1::RegisterRequest& r) {
+  RETURN_IF_ERROR(AuthorizeWorker(ctx, r.job_id()));
+  ASSIGN_OR_RETURN(RegisterResult result, state_->Register(RegisterFromProto(r)));
+  return ToProto(result);
+}
+
+RawReactor* GateServiceImpl::Connect(grpc::CallbackServerContext* ctx) {
+  if (absl::Status s = AuthenticateWorker(ctx); !s.ok()) return new RefusedCall(s);
   if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kConnect)) {
     metrics_.LimitRefusals(*full).Increment();
-    return new RefusedStream(absl::ResourceExhaustedError(
+    return new RefusedCall(absl::ResourceExhaustedError(
         "spgated has as many streams open as --max_streams allows; decide locally and "
         "retry later"));
   }
-  return new ConnectReactor(state_, metrics_, streams_);
+  // The caller's credential, judged again for the session's job once it is named.
+  return new ConnectReactor(
+      state_, metrics_, streams_,
+      [this, caller = CallerCredentialsOf(*ctx)](std::string_view job_id) {
+        return AuthorizeWorkerCall(worker_auth_, caller, job_id);
+      });
 }
 
-grpc::ServerUnaryReactor* GateServiceImpl::Decide(grpc::CallbackServerContext* ctx,
-                                                  const v1::DecideRequest* request,
-                                                  v1::Decision* response) {
-  if (state_->draining()) return Finish(ctx, absl::UnavailableError("spgated is shutting down"));
-  if (absl::Status s = AuthorizeWorker(ctx); !s.ok()) return Finish(ctx, s);
-  if (!request->has_plan()) {
-    return Finish(ctx, absl::InvalidArgumentError("plan: required (the batch plan to decide)"));
-  }
+absl::StatusOr<v1::Decision> GateServiceImpl::Decide(grpc::CallbackServerContext* ctx,
+                                                     const v1::DecideRequest& r) {
+  if (state_->draining()) return absl::UnavailableError("spgated is shutting down");
+  RETURN_IF_ERROR(AuthenticateWorker(ctx));
+  if (!r.has_plan()) return absl::InvalidArgumentError("plan: required (the batch plan to decide)");
   const auto start = Clock::now();
-  absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(request->session_id());
-  if (!session.ok()) return Finish(ctx, session.status());
-  absl::StatusOr<DecisionRecord> d = state_->Decide(**session, PlanFromProto(request->plan()));
-  if (d.ok()) ToProto(*d, response);
-  const absl::Status s = d.status();
-  if (s.ok()) {
-    metrics_.decision_latency.Observe(
-        std::chrono::duration<double>(Clock::now() - start).count());
-  }
-  return Finish(ctx, s);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, state_->FindSession(r.session_id()));
+  RETURN_IF_ERROR(AuthorizeWorker(ctx, session->job_id));
+  ASSIGN_OR_RETURN(DecisionRecord d, state_->Decide(*session, PlanFromProto(r.plan())));
+  v1::Decision out;
+  ToProto(d, &out);
+  metrics_.decision_latency.Observe(std::chrono::duration<double>(Clock::now() - start).count());
+  return out;
 }
 
 // --- AdminService ------------------------------------------------------------------
+
+AdminServiceImpl::AdminServiceImpl(GateState* state, OperatorStore* store, Metrics& metrics,
+                                   StreamRegistry* streams, AdminAuthConfig auth)
+    : RawService(v1::AdminService::service_full_name(), &streams->pending_calls()),
+      state_(state),
+      store_(store),
+      metrics_(metrics),
+      streams_(streams),
+      auth_(std::move(auth)) {
+  using Ctx = grpc::CallbackServerContext;
+  AddUnary<v1::GetGateConfigRequest, v1::VersionedGateConfig>(
+      "GetGateConfig", [this](Ctx* ctx, const v1::GetGateConfigRequest& r)
+                           -> absl::StatusOr<v1::VersionedGateConfig> {
+        RETURN_IF_ERROR(Authorize(ctx, "GetGateConfig").status());
+        return GetGateConfigView(*state_, *store_, r.job_id());
+      });
+  AddUnary<v1::UpdateGateConfigRequest, v1::VersionedGateConfig>(
+      "UpdateGateConfig", [this](Ctx* ctx, const v1::UpdateGateConfigRequest& r) {
+        return UpdateGateConfig(ctx, r);
+      });
+  AddUnary<v1::ListJobsRequest, v1::ListJobsResponse>(
+      "ListJobs",
+      [this](Ctx* ctx, const v1::ListJobsRequest&) -> absl::StatusOr<v1::ListJobsResponse> {
+        RETURN_IF_ERROR(Authorize(ctx, "ListJobs").status());
+        return ListJobsView(*state_);
+      });
+  AddUnary<v1::GetJobRequest, v1::Job>(
+      "GetJob", [this](Ctx* ctx, const v1::GetJobRequest& r) -> absl::StatusOr<v1::Job> {
+        RETURN_IF_ERROR(Authorize(ctx, "GetJob").status());
+        return GetJobView(*state_, *store_, r.job_id());
+      });
+  AddUnary<v1::PinModeRequest, v1::Pin>(
+      "PinMode", [this](Ctx* ctx, const v1::PinModeRequest& r) { return PinMode(ctx, r); });
+  AddUnary<v1::UnpinRequest, v1::UnpinResponse>(
+      "Unpin", [this](Ctx* ctx, const v1::UnpinRequest& r) { return Unpin(ctx, r); });
+  watch_start_ = [this](Ctx* ctx, const v1::WatchDecisionsRequest&) -> absl::Status {
+    RETURN_IF_ERROR(Authorize(ctx, "WatchDecisions").status());
+    if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
+      metrics_.LimitRefusals(*full).Increment();
+      return absl::ResourceExhaustedError(
+          "spgated has as many WatchDecisions streams open as --max_watch_streams (or "
+          "streams as --max_streams) allows");
+    }
+    return absl::OkStatus();
+  };
+  AddStream("WatchDecisions", [this](Ctx* ctx) -> RawReactor* {
+    return new WatchReactor(ctx, state_, metrics_, streams_, &watch_start_);
+  });
+  AddUnary<v1::EvaluateGatesRequest, v1::EvaluateGatesResponse>(
+      "EvaluateGates", [this](Ctx* ctx, const v1::EvaluateGatesRequest& r)
+                           -> absl::StatusOr<v1::EvaluateGatesResponse> {
+        RETURN_IF_ERROR(Authorize(ctx, "EvaluateGates").status());
+        return EvaluateGatesView(*state_, *store_, r);
+      });
+  AddUnary<v1::ListConfigHistoryRequest, v1::ListConfigHistoryResponse>(
+      "ListConfigHistory", [this](Ctx* ctx, const v1::ListConfigHistoryRequest& r)
+                               -> absl::StatusOr<v1::ListConfigHistoryResponse> {
+        RETURN_IF_ERROR(Authorize(ctx, "ListConfigHistory").status());
+        return store_->ListConfigHistory(r);
+      });
+  AddUnary<v1::RollbackGateConfigRequest, v1::VersionedGateConfig>(
+      "RollbackGateConfig", [this](Ctx* ctx, const v1::RollbackGateConfigRequest& r) {
+        return RollbackGateConfig(ctx, r);
+      });
+  AddUnary<v1::ForgetJobRequest, v1::ForgetJobResponse>(
+      "ForgetJob", [this](Ctx* ctx, const v1::ForgetJobRequest& r)
+                       -> absl::StatusOr<v1::ForgetJobResponse> {
+        ASSIGN_OR_RETURN(Principal who, Authorize(ctx, "ForgetJob"));
+        return store_->ForgetJob(r, AuditContext{who.name});
+      });
+}
 
 absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContext* ctx,
                                                      absl::string_view method) {
@@ -609,42 +712,33 @@ absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContex
   if (!kind.has_value()) {
     return absl::InternalError(absl::StrCat(method, " has no entry in AdminCallKind"));
   }
-  CallerCredentials caller;
-  const auto& md = ctx->client_metadata();
-  if (auto it = md.find("authorization"); it != md.end()) {
-    caller.authorization = std::string(it->second.data(), it->second.size());
-  }
-  const std::shared_ptr<const grpc::AuthContext> auth_context = ctx->auth_context();
-  if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
-    for (const char* property : {GRPC_X509_SUBJECT_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME,
-                                 GRPC_PEER_DNS_PROPERTY_NAME}) {
-      for (const grpc::string_ref& v : auth_context->FindPropertyValues(property)) {
-        caller.peer_identities.emplace_back(v.data(), v.size());
-      }
-    }
-  }
-  return AuthorizeAdminCall(auth_, caller, *kind);
+  return AuthorizeAdminCall(auth_, CallerCredentialsOf(*ctx), *kind);
 }
 
-grpc::ServerUnaryReactor* AdminServiceImpl::GetGateConfig(grpc::CallbackServerContext* ctx,
-                                                          const v1::GetGateConfigRequest* request,
-                                                          v1::VersionedGateConfig* response) {
-  if (auto who = Authorize(ctx, "GetGateConfig"); !who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, GetGateConfigView(*state_, *store_, request->job_id()), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::UpdateGateConfig(
-    grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest* request,
-    v1::VersionedGateConfig* response) {
+absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::UpdateGateConfig(
+    grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest& r) {
   absl::StatusOr<Principal> who = Authorize(ctx, "UpdateGateConfig");
   if (!who.ok()) {
     metrics_.config_updates_denied.Increment();
-    return Finish(ctx, who.status());
+    return who.status();
   }
   absl::StatusOr<v1::VersionedGateConfig> result =
-      store_->UpdateGateConfig(*request, AuditContext{who->name});
+      store_->UpdateGateConfig(r, AuditContext{who->name});
   CountConfigUpdate(result.status());
-  return Reply(ctx, std::move(result), response);
+  return result;
+}
+
+absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::RollbackGateConfig(
+    grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest& r) {
+  absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
+  if (!who.ok()) {
+    metrics_.config_updates_denied.Increment();
+    return who.status();
+  }
+  absl::StatusOr<v1::VersionedGateConfig> result =
+      store_->RollbackGateConfig(r, AuditContext{who->name});
+  CountConfigUpdate(result.status());
+  return result;
 }
 
 void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
@@ -660,109 +754,29 @@ void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
   }
 }
 
-grpc::ServerUnaryReactor* AdminServiceImpl::ListJobs(grpc::CallbackServerContext* ctx,
-                                                     const v1::ListJobsRequest* request,
-                                                     v1::ListJobsResponse* response) {
-  if (auto who = Authorize(ctx, "ListJobs"); !who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, absl::StatusOr<v1::ListJobsResponse>(ListJobsView(*state_)), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::GetJob(grpc::CallbackServerContext* ctx,
-                                                   const v1::GetJobRequest* request,
-                                                   v1::Job* response) {
-  if (auto who = Authorize(ctx, "GetJob"); !who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, GetJobView(*state_, *store_, request->job_id()), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
-                                                    const v1::PinModeRequest* request,
-                                                    v1::Pin* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "PinMode");
-  if (!who.ok()) return Finish(ctx, who.status());
-  if (absl::Status s = OperatorStore::ValidatePinRequest(*request); !s.ok()) return Finish(ctx, s);
-  const std::optional<int> group =
-      request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
-  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Finish(ctx, s);
-  absl::StatusOr<v1::Pin> pinned = store_->PinMode(*request, AuditContext{who->name});
+absl::StatusOr<v1::Pin> AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
+                                                  const v1::PinModeRequest& r) {
+  ASSIGN_OR_RETURN(Principal who, Authorize(ctx, "PinMode"));
+  RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
+  const std::optional<int> group = r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+  RETURN_IF_ERROR(state_->CheckJob(r.job_id(), group));
+  absl::StatusOr<v1::Pin> pinned = store_->PinMode(r, AuditContext{who.name});
   if (pinned.status().code() == absl::StatusCode::kResourceExhausted) {
     metrics_.LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
   }
-  return Reply(ctx, std::move(pinned), response);
+  return pinned;
 }
 
-grpc::ServerUnaryReactor* AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
-                                                  const v1::UnpinRequest* request,
-                                                  v1::UnpinResponse* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "Unpin");
-  if (!who.ok()) return Finish(ctx, who.status());
-  if (absl::Status s = OperatorStore::ValidateUnpinRequest(*request); !s.ok()) {
-    return Finish(ctx, s);
-  }
-  const std::optional<int> group =
-      request->has_group() ? std::optional<int>(request->group()) : std::nullopt;
-  if (absl::Status s = state_->CheckJob(request->job_id(), group); !s.ok()) return Finish(ctx, s);
-  absl::StatusOr<int> removed = store_->Unpin(*request, AuditContext{who->name});
-  if (!removed.ok()) return Finish(ctx, removed.status());
+absl::StatusOr<v1::UnpinResponse> AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
+                                                          const v1::UnpinRequest& r) {
+  ASSIGN_OR_RETURN(Principal who, Authorize(ctx, "Unpin"));
+  RETURN_IF_ERROR(OperatorStore::ValidateUnpinRequest(r));
+  const std::optional<int> group = r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+  RETURN_IF_ERROR(state_->CheckJob(r.job_id(), group));
+  ASSIGN_OR_RETURN(int removed, store_->Unpin(r, AuditContext{who.name}));
   v1::UnpinResponse resp;
-  resp.set_removed(*removed);
-  return Reply(ctx, absl::StatusOr<v1::UnpinResponse>(std::move(resp)), response);
-}
-
-grpc::ServerWriteReactor<v1::Decision>* AdminServiceImpl::WatchDecisions(
-    grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) {
-  if (auto who = Authorize(ctx, "WatchDecisions"); !who.ok()) {
-    return new RefusedWatch(ToGrpcStatus(who.status()));
-  }
-  if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
-    metrics_.LimitRefusals(*full).Increment();
-    return new RefusedWatch(grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        "spgated has as many WatchDecisions streams open as --max_watch_streams (or "
-        "streams as --max_streams) allows"));
-  }
-  return new WatchReactor(state_, metrics_, streams_, request->job_id());
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::EvaluateGates(grpc::CallbackServerContext* ctx,
-                                                          const v1::EvaluateGatesRequest* request,
-                                                          v1::EvaluateGatesResponse* response) {
-  if (auto who = Authorize(ctx, "EvaluateGates"); !who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, EvaluateGatesView(*state_, *store_, *request), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::ListConfigHistory(
-    grpc::CallbackServerContext* ctx, const v1::ListConfigHistoryRequest* request,
-    v1::ListConfigHistoryResponse* response) {
-  if (auto who = Authorize(ctx, "ListConfigHistory"); !who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, store_->ListConfigHistory(*request), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::RollbackGateConfig(
-    grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest* request,
-    v1::VersionedGateConfig* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
-  if (!who.ok()) {
-    metrics_.config_updates_denied.Increment();
-    return Finish(ctx, who.status());
-  }
-  absl::StatusOr<v1::VersionedGateConfig> result =
-      store_->RollbackGateConfig(*request, AuditContext{who->name});
-  CountConfigUpdate(result.status());
-  return Reply(ctx, std::move(result), response);
-}
-
-grpc::ServerUnaryReactor* AdminServiceImpl::ForgetJob(grpc::CallbackServerContext* ctx,
-                                                      const v1::ForgetJobRequest* request,
-                                                      v1::ForgetJobResponse* response) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "ForgetJob");
-  if (!who.ok()) return Finish(ctx, who.status());
-  return Reply(ctx, store_->ForgetJob(*request, AuditContext{who->name}), response);
-}
-
-void SyncWithFinishedCallbacks() {
-#if defined(__SANITIZE_THREAD__)
-  (void)callbacks_finished.load(std::memory_order_acquire);
-#endif
+  resp.set_removed(removed);
+  return resp;
 }
 
 }  // namespace spgate::server

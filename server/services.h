@@ -1,10 +1,13 @@
 // The gRPC services: thin callback services that translate proto <-> the live state
 // (GateState) and the operator store (OperatorStore), and absl::Status -> grpc::Status
 // (proto/grpc_status.h). No gate logic lives here; admin views are built in job_views.h.
+// Every method parses its own requests (raw_service.h), so a request that does not parse
+// is INVALID_ARGUMENT naming its message and a call that never sends one is ended.
 #ifndef SPGATE_SERVER_SERVICES_H_
 #define SPGATE_SERVER_SERVICES_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,6 +18,8 @@
 #include "server/gate_state.h"
 #include "server/metrics.h"
 #include "server/operator_store.h"
+#include "server/raw_service.h"
+#include "server/worker_auth.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
 
@@ -42,12 +47,16 @@ class StreamRegistry {
   void Add(Stream* s);
   void Remove(Stream* s, Kind kind);
   void DrainAll();
-  // Ends the streams opened before `cutoff` that have sent no first message, and counts
-  // them (limit="first_message"); returns how many (docs/design.md §10).
+  // Ends the streams opened before `cutoff` that have sent no first message, and the
+  // calls that have sent no request, and counts them (limit="first_message"); returns
+  // how many (docs/design.md §10).
   int ExpireSilent(absl::Time cutoff, Metrics& metrics);
   int size();
+  // Unary calls (and WatchDecisions) waiting for their request.
+  PendingCalls& pending_calls() { return pending_; }
 
  private:
+  PendingCalls pending_;
   Mutex mu_;
   std::vector<Stream*> streams_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
@@ -57,72 +66,48 @@ class StreamRegistry {
   int max_watch_streams_ ABSL_GUARDED_BY(mu_) = 1 << 30;
 };
 
-class GateServiceImpl final : public v1::GateService::CallbackService {
+// GateService: Register, Connect, Decide, each parsing its own requests (raw_service.h).
+class GateServiceImpl final : public RawService {
  public:
-  // `worker_token`: when not empty, every call must carry "authorization: Bearer <it>".
+  // `worker_auth`: who may act for which job (server/worker_auth.h); empty: anyone.
   GateServiceImpl(GateState* state, Metrics& metrics, StreamRegistry* streams,
-                  std::string worker_token = "")
-      : state_(state), metrics_(metrics), streams_(streams), worker_token_(std::move(worker_token)) {}
-
-  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
-  grpc::ServerBidiReactor<v1::WorkerMessage, v1::DaemonMessage>* Connect(
-      grpc::CallbackServerContext* ctx) override;
-  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* ctx,
-                                   const v1::DecideRequest* request,
-                                   v1::Decision* response) override;
+                  WorkerAuthConfig worker_auth = {});
 
  private:
-  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx) const;
+  absl::StatusOr<v1::RegisterResponse> Register(grpc::CallbackServerContext* ctx,
+                                                const v1::RegisterRequest& request);
+  RawReactor* Connect(grpc::CallbackServerContext* ctx);
+  absl::StatusOr<v1::Decision> Decide(grpc::CallbackServerContext* ctx,
+                                      const v1::DecideRequest& request);
+  // The caller's credentials (CallerCredentialsOf) judged by AuthorizeWorkerCall for
+  // `job_id`, the job the call acts for.
+  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx, std::string_view job_id) const;
+  // Only who the caller is (AuthenticateWorker), where the job is not known yet.
+  absl::Status AuthenticateWorker(grpc::CallbackServerContext* ctx) const;
 
   GateState* state_;
   Metrics& metrics_;
   StreamRegistry* streams_;
-  std::string worker_token_;
+  const WorkerAuthConfig worker_auth_;
 };
 
-class AdminServiceImpl final : public v1::AdminService::CallbackService {
+// AdminService, each method parsing its own requests (raw_service.h).
+class AdminServiceImpl final : public RawService {
  public:
   AdminServiceImpl(GateState* state, OperatorStore* store, Metrics& metrics,
-                   StreamRegistry* streams, AdminAuthConfig auth)
-      : state_(state), store_(store), metrics_(metrics), streams_(streams), auth_(std::move(auth)) {}
-
-  grpc::ServerUnaryReactor* GetGateConfig(grpc::CallbackServerContext* ctx,
-                                          const v1::GetGateConfigRequest* request,
-                                          v1::VersionedGateConfig* response) override;
-  grpc::ServerUnaryReactor* UpdateGateConfig(grpc::CallbackServerContext* ctx,
-                                             const v1::UpdateGateConfigRequest* request,
-                                             v1::VersionedGateConfig* response) override;
-  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
-  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
-                                   const v1::GetJobRequest* request, v1::Job* response) override;
-  grpc::ServerUnaryReactor* PinMode(grpc::CallbackServerContext* ctx,
-                                    const v1::PinModeRequest* request, v1::Pin* response) override;
-  grpc::ServerUnaryReactor* Unpin(grpc::CallbackServerContext* ctx,
-                                  const v1::UnpinRequest* request,
-                                  v1::UnpinResponse* response) override;
-  grpc::ServerWriteReactor<v1::Decision>* WatchDecisions(
-      grpc::CallbackServerContext* ctx, const v1::WatchDecisionsRequest* request) override;
-  grpc::ServerUnaryReactor* EvaluateGates(grpc::CallbackServerContext* ctx,
-                                          const v1::EvaluateGatesRequest* request,
-                                          v1::EvaluateGatesResponse* response) override;
-  grpc::ServerUnaryReactor* ListConfigHistory(grpc::CallbackServerContext* ctx,
-                                              const v1::ListConfigHistoryRequest* request,
-                                              v1::ListConfigHistoryResponse* response) override;
-  grpc::ServerUnaryReactor* RollbackGateConfig(grpc::CallbackServerContext* ctx,
-                                               const v1::RollbackGateConfigRequest* request,
-                                               v1::VersionedGateConfig* response) override;
-  grpc::ServerUnaryReactor* ForgetJob(grpc::CallbackServerContext* ctx,
-                                      const v1::ForgetJobRequest* request,
-                                      v1::ForgetJobResponse* response) override;
+                   StreamRegistry* streams, AdminAuthConfig auth);
 
  private:
   // The caller's credentials from the metadata and the TLS handshake, judged by
   // AuthorizeAdminCall (server/admin_auth.h) for `method`'s kind (AdminCallKind).
   absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, absl::string_view method);
+  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(grpc::CallbackServerContext* ctx,
+                                                           const v1::UpdateGateConfigRequest& r);
+  absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
+      grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest& r);
+  absl::StatusOr<v1::Pin> PinMode(grpc::CallbackServerContext* ctx, const v1::PinModeRequest& r);
+  absl::StatusOr<v1::UnpinResponse> Unpin(grpc::CallbackServerContext* ctx,
+                                          const v1::UnpinRequest& r);
   // spgate_config_updates_total by result, for UpdateGateConfig and RollbackGateConfig.
   void CountConfigUpdate(const absl::Status& status);
 
@@ -131,15 +116,12 @@ class AdminServiceImpl final : public v1::AdminService::CallbackService {
   Metrics& metrics_;
   StreamRegistry* streams_;
   const AdminAuthConfig auth_;
+  // WatchDecisions' authorization and admission, run once its request has arrived.
+  std::function<absl::Status(grpc::CallbackServerContext*, const v1::WatchDecisionsRequest&)>
+      watch_start_;
 };
 
-// Call after every server's Shutdown has returned, before freeing what the services use.
-// Shutdown returns only once every callback has returned, but it learns that through
-// gRPC's uninstrumented queues, so ThreadSanitizer would see the daemon freeing its
-// state (Metrics, the services) as racing with the last callbacks. Under TSan every
-// handler, reactor callback and reactor constructor ends with a release on one counter,
-// and this acquires it; without TSan it compiles to nothing.
-void SyncWithFinishedCallbacks();
+// SyncWithFinishedCallbacks (call it after every server's Shutdown): raw_service.h.
 
 }  // namespace spgate::server
 

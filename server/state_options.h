@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/time/time.h"
 #include "server/defaults.h"
@@ -14,8 +15,16 @@ namespace spgate::server {
 struct StateOptions {
   // Injected clock, for tests; empty: absl::Now.
   std::function<absl::Time()> clock;
+  // Where the job launches are persisted (persistence.h, kLaunchesFileName); empty: in
+  // memory only, so a restart forgets who owns each job id.
+  std::string state_dir;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);
+  // After a restart, a launch read back from the launches file holds its job this long
+  // (or until its ranks are heard from) even though no rank of it is known yet: its
+  // clients reconnect within their backoff (at most 6 s with the shipped defaults), and
+  // no other launch may take the job in that window (docs/security.md).
+  absl::Duration restored_launch_hold = absl::Seconds(15);
   // Ranks silent this long (with no stream), groups without ranks and jobs without
   // groups are dropped; a job with operator settings keeps only those.
   absl::Duration forget_after = absl::Minutes(30);
@@ -31,8 +40,10 @@ struct StateOptions {
   double max_telemetry_per_second = kDefaultMaxTelemetryPerSecond;  // records, per session
   int64_t config_lead_steps = 2;
   // A plan more than this many steps after its group's last decided step is refused
-  // (INVALID_ARGUMENT, no state change): one bad plan cannot take a group away from the
-  // daemon. Must exceed the workers' pipelining depth.
+  // (INVALID_ARGUMENT, no state change), unless the group's leader has just (re)attached
+  // or the group was silent for stale_after (docs/design.md §10, "Steps a group can be
+  // at"). Must exceed the workers' pipelining depth (the shipped clients plan one step
+  // ahead).
   int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;
   // At most one learned-table push per job per this interval (docs/design.md §11).
   absl::Duration learned_push_interval = absl::Seconds(1);

@@ -119,6 +119,7 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
         v1::RegisterRequest r;
         r.set_job_id(job);
         r.set_incarnation(job + "-bench");
+        r.set_launch_credential("test-launch-credential-0001");
         r.set_group(g);
         r.set_group_size(1);
         v1::RegisterResponse resp;

@@ -138,9 +138,11 @@ void WorkerMessages(Corpus c) {
   r.set_group(1);
   r.set_group_size(2);
   r.set_incarnation("launch-1");
+  r.set_launch_credential("test-launch-credential-0001");
   c.Add("register-group-1", Record(3, Bytes(r)));
   r.set_group(0);
   r.set_incarnation("launch-2");
+  r.set_launch_credential("test-launch-credential-0001");
   c.Add("register-relaunch", Record(3, Bytes(r)) + Record(0, [&] {
     v1::WorkerMessage w;
     *w.add_plans() = Plan(0, even);

@@ -1,10 +1,13 @@
 // AuthorizeAdminCall as a table: every kind of caller against reads and mutations, with
-// and without credentials configured; and the token and subjects file formats.
+// and without credentials configured; typed certificate identities that match only
+// their own field (the look-alike CN and the borrowed DNS SAN of docs/security.md); and
+// the token and subjects file formats.
 #include "server/admin_auth.h"
 
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "spgate/v1/admin.pb.h"
@@ -19,15 +22,32 @@ using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+CertIdentity Id(absl::string_view text) {
+  absl::StatusOr<CertIdentity> id = CertIdentity::Parse(text);
+  EXPECT_THAT(id.status(), IsOk()) << text;
+  return *std::move(id);
+}
+
 AdminAuthConfig Configured() {
   AdminAuthConfig auth;
   auth.tokens = {{"alice", "admin-secret", Role::kAdmin}, {"ci", "reader-secret", Role::kReader}};
-  auth.subjects = {{"CN=ops-admin,O=ml", Role::kAdmin}, {"dash.example.com", Role::kReader}};
+  auth.subjects = {{Id("subject:CN=ops-admin,O=ml"), Role::kAdmin},
+                   {Id("dns:dash.example.com"), Role::kReader}};
   return auth;
 }
 
-CallerCredentials Bearer(const std::string& token) { return {"Bearer " + token, {}}; }
-CallerCredentials Cert(std::vector<std::string> ids) { return {std::nullopt, std::move(ids)}; }
+CallerCredentials Bearer(const std::string& token) { return {.authorization = "Bearer " + token}; }
+// A verified client certificate as CallerCredentialsOf reports it: the RFC 2253 subject,
+// the CN's text, DNS and URI SANs.
+CallerCredentials Cert(std::string subject, std::string cn, std::vector<std::string> dns = {},
+                       std::vector<std::string> uris = {}) {
+  return {.has_certificate = true,
+          .subject = std::move(subject),
+          .common_name = std::move(cn),
+          .dns_names = std::move(dns),
+          .uris = std::move(uris)};
+}
+CallerCredentials OpsAdmin() { return Cert("CN=ops-admin,O=ml", "ops-admin"); }
 
 struct Case {
   const char* name;
@@ -76,17 +96,30 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"wrong_token_read", true, Bearer("nope"), kRead, kDenied, ""},
         Case{"wrong_token_mutation", true, Bearer("nope"), kMutation, kDenied, ""},
         Case{"prefix_of_token", true, Bearer("admin-secre"), kMutation, kDenied, ""},
-        Case{"not_bearer", true, {"Basic admin-secret", {}}, kRead, kDenied, ""},
+        Case{"not_bearer", true, {.authorization = "Basic admin-secret"}, kRead, kDenied, ""},
         // A wrong token is refused even with an admin certificate.
-        Case{"wrong_token_good_cert", true, {"Bearer nope", {"CN=ops-admin,O=ml"}}, kRead,
-             kDenied, ""},
-        // Certificates.
-        Case{"admin_cert_mutation", true, Cert({"CN=ops-admin,O=ml", "ops-admin"}), kMutation,
-             kOk, "CN=ops-admin,O=ml"},
-        Case{"reader_dns_read", true, Cert({"CN=dash", "dash", "dash.example.com"}), kRead, kOk,
-             "dash.example.com"},
-        Case{"reader_dns_mutation", true, Cert({"dash.example.com"}), kMutation, kDenied, ""},
-        Case{"unlisted_cert", true, Cert({"CN=stranger"}), kRead, kDenied, ""}),
+        Case{"wrong_token_good_cert", true,
+             [] {
+               CallerCredentials c = OpsAdmin();
+               c.authorization = "Bearer nope";
+               return c;
+             }(),
+             kRead, kDenied, ""},
+        // Certificates; the principal is the typed identity that matched.
+        Case{"admin_cert_mutation", true, OpsAdmin(), kMutation, kOk,
+             "subject:CN=ops-admin,O=ml"},
+        Case{"reader_dns_read", true, Cert("CN=dash", "dash", {"dash.example.com"}), kRead, kOk,
+             "dns:dash.example.com"},
+        Case{"reader_dns_mutation", true, Cert("CN=dash", "dash", {"dash.example.com"}),
+             kMutation, kDenied, ""},
+        Case{"unlisted_cert", true, Cert("CN=stranger", "stranger"), kRead, kDenied, ""},
+        // The review's look-alike: a CN whose text is the admin's subject. Its subject
+        // is one RDN (CN=CN=ops-admin\,O=ml as OpenSSL prints it), not two.
+        Case{"lookalike_cn", true, Cert("CN=CN=ops-admin\\,O=ml", "CN=ops-admin,O=ml"),
+             kRead, kDenied, ""},
+        // A dns: entry is not a CN: a CN that spells the DNS name does not match.
+        Case{"dns_name_as_cn", true, Cert("CN=dash.example.com", "dash.example.com"), kRead,
+             kDenied, ""}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // Role x RPC: every method of spgate.v1.AdminService has a kind, and each kind of caller
@@ -106,9 +139,9 @@ TEST(AdminAuthTest, EveryAdminRpcAgainstEveryRole) {
       {"wrong token", Bearer("nope"), kDenied, kDenied},
       {"reader token", Bearer("reader-secret"), kOk, kDenied},
       {"admin token", Bearer("admin-secret"), kOk, kOk},
-      {"reader cert", Cert({"dash.example.com"}), kOk, kDenied},
-      {"admin cert", Cert({"CN=ops-admin,O=ml"}), kOk, kOk},
-      {"unlisted cert", Cert({"CN=stranger"}), kDenied, kDenied},
+      {"reader cert", Cert("CN=dash", "dash", {"dash.example.com"}), kOk, kDenied},
+      {"admin cert", OpsAdmin(), kOk, kOk},
+      {"unlisted cert", Cert("CN=stranger", "stranger"), kDenied, kDenied},
   };
   ASSERT_EQ(service->method_count(), 11);
   for (int i = 0; i < service->method_count(); ++i) {
@@ -131,8 +164,35 @@ TEST(AdminAuthTest, EveryAdminRpcAgainstEveryRole) {
 TEST(AdminAuthTest, CertificatesCountOnlyWithASubjectsFile) {
   AdminAuthConfig auth;
   auth.tokens = {{"alice", "admin-secret", Role::kAdmin}};
-  EXPECT_THAT(AuthorizeAdminCall(auth, Cert({"CN=ops-admin,O=ml"}), kRead).status(),
+  EXPECT_THAT(AuthorizeAdminCall(auth, OpsAdmin(), kRead).status(),
               StatusIs(kUnauthenticated, HasSubstr("authorization: Bearer")));
+}
+
+// The review's second case: `admin ops-admin` used to match a certificate CN=evil that
+// carries the SAN DNS:ops-admin. Typed, each entry matches its own field only.
+TEST(AdminAuthTest, IdentitiesMatchOnlyTheirOwnField) {
+  AdminAuthConfig auth;
+  auth.subjects = {{Id("cn:ops-admin"), Role::kAdmin},
+                   {Id("uri:spiffe://cluster/ns/ml/sa/ops"), Role::kReader}};
+  const CallerCredentials evil =
+      Cert("CN=evil", "evil", {"ops-admin"}, {"spiffe://cluster/ns/ml/sa/ops"});
+  EXPECT_THAT(
+      AuthorizeAdminCall(auth, evil, kMutation).status(),
+      StatusIs(kDenied, HasSubstr("uri:spiffe://cluster/ns/ml/sa/ops has the reader role")));
+  auto read = AuthorizeAdminCall(auth, evil, kRead);
+  ASSERT_THAT(read.status(), IsOk());
+  EXPECT_EQ(read->name, "uri:spiffe://cluster/ns/ml/sa/ops");
+  auto admin = AuthorizeAdminCall(auth, OpsAdmin(), kMutation);
+  ASSERT_THAT(admin.status(), IsOk());
+  EXPECT_EQ(admin->name, "cn:ops-admin");
+  // The highest role of the entries that match wins.
+  CallerCredentials both = OpsAdmin();
+  both.uris = {"spiffe://cluster/ns/ml/sa/ops"};
+  EXPECT_EQ(AuthorizeAdminCall(auth, both, kMutation)->role, Role::kAdmin);
+  // Without a certificate nothing matches, whatever the fields say.
+  CallerCredentials unverified = OpsAdmin();
+  unverified.has_certificate = false;
+  EXPECT_THAT(AuthorizeAdminCall(auth, unverified, kRead).status(), StatusIs(kUnauthenticated));
 }
 
 TEST(AdminAuthTest, MessagesNameTheRoleNotTheSecret) {
@@ -166,18 +226,53 @@ TEST(TokenFileTest, RefusalsNameTheFlagFileAndLine) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1: empty token")));
 }
 
-TEST(SubjectsFileTest, RolesAndIdentities) {
-  auto s = ParseSubjectsFile("/s", "admin CN=ops-admin,O=ml\n# ci\nreader   ci.example.com\n");
+TEST(SubjectsFileTest, RolesAndTypedIdentities) {
+  auto s = ParseSubjectsFile("/s",
+                             "admin subject:CN=ops-admin,O=ml\n# ci\nreader   dns:ci.example.com\n"
+                             "admin cn:ops\nreader uri:spiffe://cluster/ns/ml/sa/ops\n");
   ASSERT_THAT(s.status(), IsOk());
-  ASSERT_EQ(s->size(), 2u);
-  EXPECT_EQ((*s)[0].identity, "CN=ops-admin,O=ml");
+  ASSERT_EQ(s->size(), 4u);
+  EXPECT_EQ((*s)[0].identity.name(), "subject:CN=ops-admin,O=ml");
+  EXPECT_EQ((*s)[0].identity.kind(), IdentityKind::kSubject);
   EXPECT_EQ((*s)[0].role, Role::kAdmin);
-  EXPECT_EQ((*s)[1].identity, "ci.example.com");
+  EXPECT_EQ((*s)[1].identity.name(), "dns:ci.example.com");
   EXPECT_EQ((*s)[1].role, Role::kReader);
-  EXPECT_THAT(ParseSubjectsFile("/s", "owner CN=x\n").status(),
+  EXPECT_EQ((*s)[2].identity.kind(), IdentityKind::kCommonName);
+  EXPECT_EQ((*s)[3].identity.kind(), IdentityKind::kUri);
+  EXPECT_THAT(ParseSubjectsFile("/s", "owner cn:x\n").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("role \"owner\"")));
   EXPECT_THAT(ParseSubjectsFile("/s", "admin\n").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no identity")));
+}
+
+// An untyped identity matched the subject, the CN and every DNS SAN alike; now it stops
+// start-up naming the flag, the file, the line and the fix.
+TEST(SubjectsFileTest, UntypedOrAmbiguousIdentitiesAreRefusedWithTheFix) {
+  const struct {
+    const char* line;
+    const char* message;
+  } cases[] = {
+      {"admin ops-admin",
+       "--admin_subjects_file: /s line 2: \"ops-admin\" does not say which field of the "
+       "certificate it names; write cn:ops-admin or dns:ops-admin"},
+      {"admin CN=ops-admin,O=ml", "/s line 2: \"CN=ops-admin,O=ml\" does not say which field of "
+                                  "the certificate it names; write subject:CN=ops-admin,O=ml"},
+      {"reader spiffe://cluster/ns/ml/sa/ops", "write uri:spiffe://cluster/ns/ml/sa/ops"},
+      // A CN with '=' is the look-alike of a subject.
+      {"admin cn:CN=ops-admin,O=ml", "write subject:CN=ops-admin,O=ml"},
+      {"admin dns:spiffe://x/y", "is not a DNS name"},
+      {"admin uri:no scheme", "is not a URI"},
+      {"admin subject:CN=a;O=b", "not a distinguished name"},
+      {"admin cn:", "nothing after \"cn:\""},
+  };
+  for (const auto& c : cases) {
+    EXPECT_THAT(ParseSubjectsFile("/s", absl::StrCat("# header\n", c.line, "\n")).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.line;
+  }
+  EXPECT_THAT(
+      ParseSubjectsFile("/s", "admin cn:a\nreader cn:a\n").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2: cn:a is listed twice")));
 }
 
 TEST(LoadAdminAuthTest, OneTokenCannotHaveTwoRoles) {

@@ -4,6 +4,7 @@
 #include "server/daemon.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <fstream>
 #include <map>
 #include <set>
@@ -65,6 +67,7 @@ class DaemonTest : public ::testing::Test {
     v1::RegisterRequest r;
     r.set_job_id(job);
     r.set_incarnation(incarnation);
+    r.set_launch_credential("test-launch-credential-0001");
     r.set_group(group);
     r.set_rank_in_group(rank);
     r.set_group_size(size);
@@ -158,10 +161,13 @@ TEST_F(DaemonTest, RegisterConnectPlanDecision) {
   EXPECT_THAT(in.rejections(0).message(), HasSubstr("lengths"));
   EXPECT_TRUE(in.has_ack());
 
-  // The same step through the unary path: the identical decision.
-  auto again = Decide(Plan("job1", 0, 1, {512}));
+  // The same plan through the unary path: the identical decision; another plan for the
+  // decided step is refused (it was not decided for that plan).
+  auto again = Decide(Plan("job1", 0, 1, {100, 4000}));
   ASSERT_THAT(again.status(), IsOk());
   EXPECT_EQ(again->SerializeAsString(), got[1].SerializeAsString());
+  EXPECT_THAT(Decide(Plan("job1", 0, 1, {512})).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("different plan")));
 
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
@@ -175,7 +181,9 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
   auto stream = worker_->Connect(&ctx);
   v1::WorkerMessage msg;
   msg.set_session_id(reg.session_id());
-  for (int s = 0; s < 5; ++s) {
+  // Telemetry is taken for decided steps only (docs/design.md §10): decide steps 0-4.
+  for (int s = 0; s < 5; ++s) *msg.add_plans() = Plan("job1", 0, s, {512});
+  for (int s = 0; s < 6; ++s) {
     auto* t = msg.add_telemetry();
     t->set_job_id("job1");
     t->set_step(s);
@@ -184,11 +192,16 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
     t->set_rs_wait_s(0.05);
     t->set_effective_tokens(8192);
   }
-  msg.mutable_heartbeat()->set_telemetry_sent(5);
+  msg.mutable_heartbeat()->set_telemetry_sent(6);
   ASSERT_TRUE(stream->Write(msg));
   v1::DaemonMessage in;
   ASSERT_TRUE(stream->Read(&in));
-  EXPECT_EQ(in.ack().telemetry_received(), 5);
+  EXPECT_EQ(in.decisions_size(), 5);
+  // Step 5 was never decided: acknowledged as received, not taken (the refusal counts).
+  EXPECT_EQ(in.ack().telemetry_received(), 6);
+  EXPECT_EQ(testing::MetricValue(testing::ScrapeMetrics(daemon_->metrics_port()),
+                                 "spgate_worker_refusals_total", {"reason=\"undecided_step\""}),
+            1);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
 
@@ -301,6 +314,7 @@ TEST_F(DaemonTest, WorkerTokenGuardsEveryWorkerCall) {
   v1::RegisterRequest r;
   r.set_job_id("tenant");
   r.set_incarnation("launch-1");
+  r.set_launch_credential("test-launch-credential-0001");
   r.set_group_size(1);
   auto call = [&](const std::string& token) {
     v1::RegisterResponse resp;
@@ -785,6 +799,137 @@ TEST_F(DaemonTest, StreamsPerConnectionAreCappedOnThatConnectionOnly) {
   ctx.set_deadline(Deadline(5000));
   v1::VersionedGateConfig out;
   EXPECT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &out).ok());
+}
+
+// ---- requests that do not parse, calls that never send one (docs/design.md §6) ----
+
+// A raw call: the method's path and the request's bytes as sent, the status back.
+grpc::Status RawUnary(const std::string& address, const std::string& method,
+                      const std::string& bytes, std::string* details_out = nullptr) {
+  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10000));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) { done.set_value(std::move(s)); });
+  return done.get_future().get();
+}
+
+TEST_F(DaemonTest, RequestsThatDoNotParseAreInvalidArgumentNamingTheMessage) {
+  Start();
+  // Bytes that are no protobuf at all, and a RegisterRequest whose job_id (field 1) is
+  // not UTF-8 (0xff 0xfe).
+  const std::string garbage = "\xff\xff\xff\xff\x0f garbage";
+  const std::string bad_utf8("\x0a\x02\xff\xfe", 4);
+  struct Case {
+    std::string address, method, bytes, message;
+  };
+  const std::vector<Case> cases = {
+      {daemon_->worker_address(), "/spgate.v1.GateService/Register", garbage,
+       "spgate.v1.RegisterRequest"},
+      {daemon_->worker_address(), "/spgate.v1.GateService/Register", bad_utf8,
+       "spgate.v1.RegisterRequest"},
+      {daemon_->worker_address(), "/spgate.v1.GateService/Decide", garbage,
+       "spgate.v1.DecideRequest"},
+      {daemon_->admin_address(), "/spgate.v1.AdminService/UpdateGateConfig", garbage,
+       "spgate.v1.UpdateGateConfigRequest"},
+      {daemon_->admin_address(), "/spgate.v1.AdminService/GetJob", bad_utf8,
+       "spgate.v1.GetJobRequest"},
+      {daemon_->admin_address(), "/spgate.v1.AdminService/WatchDecisions", garbage,
+       "spgate.v1.WatchDecisionsRequest"},
+  };
+  for (const Case& c : cases) {
+    const grpc::Status s = RawUnary(c.address, c.method, c.bytes);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.method << ": "
+                                                                 << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message + ": the request does not parse"))
+        << c.method;
+  }
+  // A method the services do not have is still UNIMPLEMENTED.
+  EXPECT_EQ(RawUnary(daemon_->worker_address(), "/spgate.v1.GateService/Nope", "").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  // A Connect stream whose message does not parse is ended naming WorkerMessage.
+  grpc::GenericStub stub(
+      grpc::CreateChannel(daemon_->worker_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline(10000));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, "/spgate.v1.GateService/Connect", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok) && ok);
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer msg(&slice, 1);
+  call->Write(msg, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("spgate.v1.WorkerMessage"));
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+// A unary call that sends its headers and never its request is ended after
+// --first_message_timeout rather than held until its connection closes.
+TEST_F(DaemonTest, AUnaryCallThatNeverSendsItsRequestIsEnded) {
+  DaemonOptions opts;
+  opts.first_message_timeout = absl::Milliseconds(300);
+  Start(opts);
+  for (const auto& [address, method] :
+       std::vector<std::pair<std::string, std::string>>{
+           {daemon_->worker_address(), "/spgate.v1.GateService/Register"},
+           {daemon_->admin_address(), "/spgate.v1.AdminService/ListJobs"},
+           {daemon_->admin_address(), "/spgate.v1.AdminService/WatchDecisions"}}) {
+    grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(20000));
+    grpc::CompletionQueue cq;
+    const absl::Time opened = absl::Now();
+    auto call = stub.PrepareCall(&ctx, method, &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(2));  // no request, no half-close
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << method;
+    EXPECT_THAT(status.error_message(), HasSubstr("--first_message_timeout")) << method;
+    EXPECT_LT(absl::Now() - opened, absl::Seconds(5)) << method;
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+  // A call that half-closes without a request is told so at once.
+  const grpc::Status empty_close = [&] {
+    grpc::GenericStub stub(
+        grpc::CreateChannel(daemon_->worker_address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline(10000));
+    grpc::CompletionQueue cq;
+    auto call = stub.PrepareCall(&ctx, "/spgate.v1.GateService/Decide", &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    call->WritesDone(reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return status;
+  }();
+  EXPECT_EQ(empty_close.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(empty_close.error_message(), HasSubstr("without its request message"));
 }
 
 // A Connect stream that never names its session is ended after --first_message_timeout,

@@ -4,6 +4,8 @@
 // The operator store on its own is operator_store_test.cc.
 #include "server/gate_state.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -30,6 +32,7 @@ using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::Not;
 
 class GateStateTest : public ::testing::Test {
  protected:
@@ -41,6 +44,7 @@ class GateStateTest : public ::testing::Test {
     o.stale_after = absl::Seconds(5);
     o.forget_after = absl::Minutes(10);
     o.decision_cache_steps = 8;
+    o.state_dir = state_dir;
     if (tweak) tweak(o);
     StoreOptions so;
     so.state_dir = state_dir;
@@ -100,8 +104,11 @@ TEST_F(GateStateTest, RetriedStepGetsTheIdenticalDecision) {
   auto state = Make();
   v1::Decision first, again;
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {100, 100}), &first), IsOk());
-  // Same step with different lengths: the cache answers, nothing is re-decided.
-  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {10, 5000}), &again), IsOk());
+  // The same plan again (a retry after a reconnect): the cache answers, nothing is
+  // re-decided. Another plan for the step is refused
+  // (ACachedDecisionAnswersOnlyThePlanItWasMadeFor).
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {100, 100}), &again), IsOk());
   EXPECT_EQ(first.SerializeAsString(), again.SerializeAsString());
   EXPECT_EQ(again.reason(), v1::GATES_PASSED);
 }
@@ -280,6 +287,8 @@ TEST_F(GateStateTest, FailedPersistChangesNothing) {
   const std::string dir = TempDir();
   auto state = Make(dir);
   const auto before = state->GetGateConfig("");
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());  // the job's launch, persisted
   // A regular file where the directory was: every write fails, even for root.
   std::filesystem::remove_all(dir);
   std::ofstream(dir) << "not a directory";
@@ -289,8 +298,6 @@ TEST_F(GateStateTest, FailedPersistChangesNothing) {
   EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("persist")));
   EXPECT_EQ(state->GetGateConfig("")->SerializeAsString(), before->SerializeAsString());
   v1::PinModeRequest pin;
-  v1::Decision d;
-  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
   pin.set_job_id("j");
   pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
   pin.mutable_duration()->set_seconds(60);
@@ -600,8 +607,10 @@ TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings)
                 IsOk());
   }
 
-  // The relaunch: same job id, new incarnation. Step 3 is decided afresh for its batch
-  // (the old launch's cached answer for step 3 was for another batch).
+  // The relaunch: same job id, new incarnation, once launch A's ranks have gone quiet.
+  // Step 3 is decided afresh for its batch (the old launch's cached answer for step 3
+  // was for another batch).
+  clock_.Advance(absl::Seconds(5));
   v1::RegisterRequest b0 = Reg("j", 0, 0, 1);
   b0.set_incarnation("launch-B");
   auto rb0 = state->Register(b0);
@@ -619,8 +628,11 @@ TEST_F(GateStateTest, ANewIncarnationStartsTheJobAfreshAndKeepsOperatorSettings)
   // The old launch's sessions are refused, clearly, and change nothing.
   EXPECT_THAT(state->state->FindSession(ra0->session_id()).status(),
               StatusIs(absl::StatusCode::kNotFound));
+  // ... without naming the launch that replaced them (the caller did not send it).
   EXPECT_THAT(state->state->Decide(**leader_a, PlanFromProto(Plan("j", 0, 11, {64}))).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("launch-B")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("launch-A"), HasSubstr("replaced"),
+                             Not(HasSubstr("launch-B")))));
   EXPECT_THAT(state->RecordTelemetry(**rank1_a, Tel("j", 0, 1, 9, v1::SEQUENCE_PARALLEL, 1, 0.1)),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("incarnation")));
   EXPECT_THAT(state->Heartbeat(**rank1_a, v1::Heartbeat()).status(),
@@ -663,7 +675,8 @@ TEST_F(GateStateTest, ALaunchWithOpenStreamsKeepsItsJobAndARestartedRankResumes)
   b0.set_incarnation("launch-B");
   EXPECT_THAT(state->Register(b0).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       AllOf(HasSubstr("running as launch \"launch-A\""), HasSubstr("1 open"))));
+                       AllOf(HasSubstr("held by another launch"), HasSubstr("launch-B"),
+                             Not(HasSubstr("launch-A")))));
   EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-A");
   // The running launch is untouched: its session decides on, after step 4.
   auto d5 = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 5, {64, 64})));
@@ -788,6 +801,292 @@ TEST_F(GateStateTest, APinEndsWhenItExpires) {
   ASSERT_THAT(state->Decide(Plan("j", 0, 3, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::GATES_PASSED);
   EXPECT_EQ(state->GetJob("j")->pins_size(), 0);
+}
+
+// ---- launch credentials, the step window and plans answered from their own facts
+// (docs/security.md, docs/design.md §10) ----
+
+TEST_F(GateStateTest, ALaunchIsJoinedOnlyWithItsCredential) {
+  auto state = Make();
+  v1::RegisterRequest r0 = Reg("j", 0, 0, 2), r1 = Reg("j", 0, 1, 2);
+  r0.set_launch_credential("0123456789abcdef0123456789abcdef");
+  auto first = state->Register(r0);
+  ASSERT_THAT(first.status(), IsOk());
+  // The launch's other ranks must present the credential its first Register set.
+  r1.clear_launch_credential();
+  EXPECT_THAT(state->state->Register(RegisterFromProto(r1)).status(),
+              StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("launch_credential: required")));
+  r1.set_launch_credential("not-the-launch-credential");
+  EXPECT_THAT(state->Register(r1).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("launch_credential: does not match"),
+                             Not(HasSubstr("0123456789abcdef")))));
+  r1.set_launch_credential("short");
+  EXPECT_THAT(state->Register(r1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("16 to 128 characters")));
+  r1.set_launch_credential("0123456789abcdef0123456789abcde f");
+  EXPECT_THAT(state->Register(r1).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("printable ASCII")));
+  // The same seat, taken over by someone who knows only the launch's public names, is
+  // refused: the leader's session and its stream stay.
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(first->session_id(), sink).status(), IsOk());
+  v1::RegisterRequest attacker = Reg("j", 0, 0, 2);
+  attacker.set_launch_credential("guessed-guessed-guessed-guessed");
+  EXPECT_THAT(state->Register(attacker).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(state->state->FindSession(first->session_id()).status(), IsOk());
+  EXPECT_TRUE(sink->ended.empty());
+  r1.set_launch_credential("0123456789abcdef0123456789abcdef");
+  ASSERT_THAT(state->Register(r1).status(), IsOk());
+  // The leader's process restarts and registers again with the credential: it takes its
+  // own seat back, and the old session's stream is ended saying so.
+  auto again = state->Register(r0);
+  ASSERT_THAT(again.status(), IsOk());
+  ASSERT_EQ(sink->ended.size(), 1u);
+  EXPECT_THAT(sink->ended[0],
+              StatusIs(absl::StatusCode::kAborted, HasSubstr("session replaced")));
+  EXPECT_THAT(state->state->FindSession(first->session_id()).status(),
+              StatusIs(absl::StatusCode::kNotFound));
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"launch_credential\"} 2"));
+}
+
+// Holding a stream open is not holding a job: a launch lets go once its ranks have sent
+// nothing for stale_after (or closed their streams), so a squatter that registered a
+// job id first cannot keep the real launch out. A unary-only launch (no stream) holds
+// its job while it decides.
+TEST_F(GateStateTest, ALaunchHoldsItsJobOnlyWhileItsRanksAreHeardFrom) {
+  auto state = Make();
+  v1::RegisterRequest squat = Reg("j", 0, 0, 1);
+  squat.set_incarnation("squatter");
+  auto sq = state->Register(squat);
+  ASSERT_THAT(sq.status(), IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(sq->session_id(), sink).status(), IsOk());
+  v1::RegisterRequest real = Reg("j", 0, 0, 1);
+  real.set_incarnation("slurm-4711.0");
+  EXPECT_THAT(state->Register(real).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  clock_.Advance(absl::Seconds(5));  // the squatter's stream is open but silent
+  ASSERT_THAT(state->Register(real).status(), IsOk());
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "slurm-4711.0");
+
+  // A unary-only launch: deciding keeps it; silence releases it.
+  v1::Decision d;
+  auto unary = state->Register(Reg("u", 0, 0, 1));
+  ASSERT_THAT(unary.status(), IsOk());
+  auto s = state->state->FindSession(unary->session_id());
+  ASSERT_THAT(s.status(), IsOk());
+  v1::RegisterRequest next = Reg("u", 0, 0, 1);
+  next.set_incarnation("launch-2");
+  for (int64_t step = 0; step < 3; ++step) {
+    clock_.Advance(absl::Seconds(4));
+    ASSERT_THAT(state->state->Decide(**s, PlanFromProto(Plan("u", 0, step, {64}))).status(),
+                IsOk());
+    EXPECT_THAT(state->Register(next).status(), StatusIs(absl::StatusCode::kFailedPrecondition))
+        << "a unary-only job that decides every 4 s keeps its launch";
+  }
+  clock_.Advance(absl::Seconds(5));
+  EXPECT_THAT(state->Register(next).status(), IsOk());
+}
+
+TEST_F(GateStateTest, LaunchesAndTheirCredentialsSurviveARestart) {
+  const std::string dir = TempDir();
+  const std::string credential = "launch-A-credential-0123456789";
+  {
+    auto state = Make(dir);
+    v1::RegisterRequest a = Reg("j", 0, 0, 1);
+    a.set_incarnation("launch-A");
+    a.set_launch_credential(credential);
+    ASSERT_THAT(state->Register(a).status(), IsOk());
+  }
+  // The file holds the digest, never the credential.
+  EXPECT_THAT(ReadAll(LaunchesFilePath(dir)), AllOf(HasSubstr("launch-A"), HasSubstr(LaunchCredentialDigest(credential)),
+                          Not(HasSubstr(credential))));
+  {
+    // After a restart (kill -9 leaves the same files) the first registrant of launch A
+    // must still present its credential.
+    auto state = Make(dir);
+    v1::RegisterRequest a = Reg("j", 0, 1, 2);
+    a.set_incarnation("launch-A");
+    a.set_launch_credential("someone-else-entirely-0000");
+    EXPECT_THAT(state->Register(a).status(), StatusIs(absl::StatusCode::kPermissionDenied));
+    EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-A");
+    a.set_launch_credential(credential);
+    ASSERT_THAT(state->Register(a).status(), IsOk());
+    // No other launch takes the job while A's ranks may still be coming back after the
+    // restart (restored_launch_hold, 15 s), even once the one that came back is silent.
+    v1::RegisterRequest b = Reg("j", 0, 0, 1);
+    b.set_incarnation("launch-B");
+    clock_.Advance(absl::Seconds(6));
+    EXPECT_THAT(state->Register(b).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+    // Launch B replaces A once the hold is over and A's ranks are silent.
+    clock_.Advance(absl::Seconds(10));
+    ASSERT_THAT(state->Register(b).status(), IsOk());
+  }
+  {
+    // ... and A stays replaced across the next restart.
+    auto state = Make(dir);
+    v1::RegisterRequest a = Reg("j", 0, 0, 1);
+    a.set_incarnation("launch-A");
+    a.set_launch_credential(credential);
+    EXPECT_THAT(state->Register(a).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("replaced")));
+    EXPECT_EQ(state->GetJob("j")->summary().incarnation(), "launch-B");
+  }
+  // A launches file that does not parse stops start-up; it is never replaced.
+  std::ofstream(LaunchesFilePath(dir)) << "launches { job_id: ";
+  StateOptions o;
+  o.clock = [this] { return clock_.Now(); };
+  o.state_dir = dir;
+  StoreOptions so;
+  so.state_dir = dir;
+  EXPECT_THAT(StateHarness::Create(o, so, &metrics_).status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr(kLaunchesFileName)));
+}
+
+TEST_F(GateStateTest, ANewLaunchThatCannotBePersistedChangesNothing) {
+  const std::string dir = TempDir();
+  auto state = Make(dir);
+  ASSERT_THAT(state->Register(Reg("j", 0, 0, 1)).status(), IsOk());
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_read |
+                                        std::filesystem::perms::owner_exec);
+  if (::geteuid() == 0) {
+    // root writes regardless of permissions: make the file's name a directory instead.
+    std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+    std::filesystem::remove(LaunchesFilePath(dir));
+    std::filesystem::create_directory(LaunchesFilePath(dir));
+  }
+  clock_.Advance(absl::Seconds(6));
+  v1::RegisterRequest b = Reg("j", 0, 0, 1);
+  b.set_incarnation("launch-2");
+  EXPECT_THAT(state->Register(b).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot persist")));
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), StateHarness::kIncarnation);
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
+}
+
+TEST_F(GateStateTest, ACachedDecisionAnswersOnlyThePlanItWasMadeFor) {
+  auto state = Make();
+  v1::BatchPlan plan = Plan("j", 0, 0, {4096, 4096});
+  plan.set_memory_budget_bytes(80'000'000'000);
+  plan.set_predicted_peak_bytes_sp(50'000'000'000);
+  plan.set_predicted_peak_bytes_tp(79'000'000'000);  // TP-only does not fit 0.9 x budget
+  v1::Decision first, again;
+  ASSERT_THAT(state->Decide(plan, &first), IsOk());
+  EXPECT_EQ(first.reason(), v1::MEMORY_REQUIRES_SP);
+  ASSERT_THAT(state->Decide(plan, &again), IsOk());
+  EXPECT_EQ(again.SerializeAsString(), first.SerializeAsString()) << "a retry, answered alike";
+  // The same step with other facts (say, one that left out the memory facts) is refused:
+  // the cached answer says nothing about whether that plan fits.
+  v1::BatchPlan other = plan;
+  other.clear_predicted_peak_bytes_tp();
+  EXPECT_THAT(state->Decide(other, &again),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("different plan")));
+  other = plan;
+  other.set_lengths(0, 4097);
+  EXPECT_THAT(state->Decide(other, &again),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("different plan")));
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"plan_mismatch\"} 2"));
+  EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1);
+}
+
+TEST_F(GateStateTest, TelemetryIsTakenOnlyForDecidedStepsAndOncePerRank) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 4));
+  auto r1 = state->Register(Reg("j", 0, 1, 4));
+  auto leader = state->state->FindSession(r0->session_id());
+  auto rank1 = state->state->FindSession(r1->session_id());
+  ASSERT_THAT(rank1.status(), IsOk());
+  EXPECT_THAT(state->RecordTelemetry(**rank1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1, 0.9)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no decided step")));
+  ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 0, {64}))).status(),
+              IsOk());
+  // 2,000 future steps of a 90 % reduce-scatter wait: none is taken.
+  for (int64_t s = 1; s <= 2000; ++s) {
+    EXPECT_THAT(state->RecordTelemetry(**rank1, Tel("j", 0, 1, s, v1::SEQUENCE_PARALLEL, 1, 0.9)),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("after its last decided")));
+  }
+  // One rank repeating its record for a decided step does not stand in for the others.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_THAT(state->RecordTelemetry(**rank1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1, 0.9)),
+                IsOk());
+  }
+  EXPECT_DOUBLE_EQ(state->GetJob("j")->groups(0).rolling_rs_wait_share(), 0.0)
+      << "the step is not final until every rank reported it";
+  for (int64_t s = 1; s <= 120; ++s) {
+    auto d = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {64})));
+    ASSERT_THAT(d.status(), IsOk());
+    EXPECT_EQ(d->reason, Reason::kGatesPassed) << s;
+  }
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"undecided_step\"} 2001"));
+}
+
+// One plan far ahead costs the group at most the lead; a leader that (re)attaches, or a
+// group that was silent (it ran on its fallback), resumes wherever it is.
+TEST_F(GateStateTest, OnePlanAheadCostsAtMostTheLeadAndAReattachedLeaderResumes) {
+  auto state = Make("", {}, [](StateOptions& o) { o.max_plan_lead_steps = 16; });
+  auto r0 = state->Register(Reg("j", 0, 0, 1));
+  auto leader = state->state->FindSession(r0->session_id());
+  ASSERT_THAT(leader.status(), IsOk());
+  auto decide = [&](int64_t step) {
+    return state->state->Decide(**leader, PlanFromProto(Plan("j", 0, step, {64}))).status();
+  };
+  ASSERT_THAT(decide(0), IsOk());
+  EXPECT_THAT(decide(17), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("--max_plan_lead_steps")));
+  ASSERT_THAT(decide(16), IsOk());
+  int refused = 0;
+  for (int64_t s = 1; s < 16; ++s) refused += decide(s).ok() ? 0 : 1;
+  EXPECT_EQ(refused, 15);
+  ASSERT_THAT(decide(17), IsOk()) << "the group is the daemon's again";
+  // The leader reconnects after running 1,000 steps on its fallback.
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(r0->session_id(), sink).status(), IsOk());
+  ASSERT_THAT(decide(1017), IsOk());
+  EXPECT_THAT(decide(5000), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A unary leader silent for stale_after resumes too.
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_THAT(decide(5000), IsOk());
+}
+
+TEST_F(GateStateTest, ASessionHasOneStreamAndANewerOneEndsTheOlder) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 1));
+  auto first = std::make_shared<RecordingSink>(), second = std::make_shared<RecordingSink>();
+  ASSERT_THAT(state->AttachSession(r0->session_id(), first).status(), IsOk());
+  ASSERT_THAT(state->AttachSession(r0->session_id(), second).status(), IsOk());
+  ASSERT_EQ(first->ended.size(), 1u);
+  EXPECT_THAT(first->ended[0], StatusIs(absl::StatusCode::kAborted, HasSubstr("newer")));
+  EXPECT_TRUE(second->ended.empty());
+  // Config pushes go to the newer stream only.
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_length_cv(0.4);
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  EXPECT_TRUE(first->updates.empty());
+  EXPECT_EQ(second->updates.size(), 1u);
+}
+
+TEST_F(GateStateTest, MemoryOverridesAreCountedFromCumulativeHeartbeats) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 1));
+  auto s0 = state->state->FindSession(r0->session_id());
+  ASSERT_THAT(s0.status(), IsOk());
+  v1::Heartbeat hb;
+  for (int64_t count : {2, 2, 5, 1 /* a restarted process */}) {
+    hb.set_memory_overrides(count);
+    ASSERT_THAT(state->Heartbeat(**s0, hb).status(), IsOk());
+  }
+  EXPECT_EQ(state->GetJob("j")->memory_overrides(), 6);
+  const std::string text =
+      prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_worker_memory_overrides_total{job_id=\"j\"} 6"));
 }
 
 // ---- limits and bounded memory (docs/design.md §10) ----

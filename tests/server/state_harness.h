@@ -44,12 +44,15 @@ class StateHarness {
     return h;
   }
 
-  // The incarnation Register uses when a request names none, and Decide's own sessions.
+  // The incarnation and launch credential Register uses when a request names none, and
+  // Decide's own sessions.
   static constexpr char kIncarnation[] = "launch-1";
+  static constexpr char kLaunchCredential[] = "test-launch-credential-0001";
 
   // --- worker API ---
   absl::StatusOr<v1::RegisterResponse> Register(v1::RegisterRequest r) {
     if (r.incarnation().empty()) r.set_incarnation(kIncarnation);
+    if (r.launch_credential().empty()) r.set_launch_credential(kLaunchCredential);
     ASSIGN_OR_RETURN(RegisterResult result, state->Register(RegisterFromProto(r)));
     if (r.rank_in_group() == 0) leaders_[{r.job_id(), r.group()}] = result.session_id;
     return ToProto(result);
@@ -79,7 +82,7 @@ class StateHarness {
     return state->RecordTelemetry(session, TelemetryFromProto(t));
   }
   absl::StatusOr<int64_t> Heartbeat(Session& session, const v1::Heartbeat& hb) {
-    return state->Heartbeat(session, LocalDecisionsFromProto(hb));
+    return state->Heartbeat(session, HeartbeatFromProto(hb));
   }
 
   // --- admin API ---
@@ -154,8 +157,10 @@ class RecordingSink : public SessionSink {
  public:
   void PushConfig(const ConfigPush& push) override { updates.push_back(ToProto(push)); }
   void PushLearned(const ThroughputTable& table) override { learned.push_back(table); }
+  void End(const absl::Status& status) override { ended.push_back(status); }
   std::vector<v1::ConfigUpdate> updates;
   std::vector<ThroughputTable> learned;
+  std::vector<absl::Status> ended;  // what the stream would have been finished with
 };
 
 }  // namespace spgate::server

@@ -6,7 +6,11 @@
 #   server.pem, server.key   CN=localhost, SAN DNS:localhost and IP:127.0.0.1 (spgated's)
 #   client.pem, client.key   CN=CLIENT_CN (default "worker"): a client certificate for mTLS
 #   NAME.pem, NAME.key       CN=NAME for each further NAME (more clients, e.g. another role)
-# Usage: make_test_certs.sh DIR [CLIENT_CN [NAME...]]   (openssl's output: DIR/openssl.log)
+#                            or, for an argument NAME|SUBJECT|SANS, that subject (openssl's
+#                            -subj form, "/O=ml/CN=ops-admin") and subjectAltNames ("DNS:a,
+#                            URI:spiffe://c/ns/ml/sa/ops"; empty: none): typed identities
+# Usage: make_test_certs.sh DIR [CLIENT_CN [NAME | NAME|SUBJECT|SANS ...]]
+#        (openssl's output: DIR/openssl.log)
 set -euo pipefail
 dir=$1
 client_cn=${2:-worker}
@@ -27,8 +31,15 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 
 openssl req "${key[@]}" -subj "/CN=${client_cn}" -keyout client.key -out client.csr
 openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
   -out client.pem
-for name in "${@:3}"; do
-  openssl req "${key[@]}" -subj "/CN=${name}" -keyout "${name}.key" -out "${name}.csr"
+for spec in "${@:3}"; do
+  IFS='|' read -r name subject sans <<< "${spec}"
+  subject=${subject:-/CN=${name}}
+  ext=()
+  if [[ -n "${sans}" ]]; then
+    printf 'subjectAltName=%s\n' "${sans}" > "${name}.ext"
+    ext=(-extfile "${name}.ext")
+  fi
+  openssl req "${key[@]}" -subj "${subject}" -keyout "${name}.key" -out "${name}.csr"
   openssl x509 -req -in "${name}.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
-    -out "${name}.pem"
+    "${ext[@]}" -out "${name}.pem"
 done
