@@ -346,6 +346,11 @@ void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
             (SetFromPython<I>(o, std::move(values)), ...);
             // One launch of the job, equal on every rank: given, or the launcher's.
             if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
+            // Its secret: given (spgate.torch.agree_on_launch), or SPGATE_LAUNCH_CREDENTIAL;
+            // never made here, where it could not reach the other ranks.
+            if (o.launch_credential.empty()) {
+              o.launch_credential = client::LaunchCredentialFromEnvironment();
+            }
             ApplyTls(tls, &o);
             return std::make_unique<Client>(std::move(o));
           }),
@@ -459,6 +464,7 @@ PYBIND11_MODULE(_spgate, m) {
       .value("DAEMON", client::DecisionSource::kDaemon)
       .value("FALLBACK", client::DecisionSource::kFallback)
       .value("LOCAL_ONLY", client::DecisionSource::kLocalOnly)
+      .value("MEMORY_OVERRIDE", client::DecisionSource::kMemoryOverride)
       .def_property_readonly("label", [](client::DecisionSource v) {
         return std::string(client::DecisionSourceLabel(v));
       });
@@ -538,12 +544,14 @@ PYBIND11_MODULE(_spgate, m) {
       .def_readonly("daemon_decisions", &client::GateClientStats::daemon_decisions)
       .def_readonly("late_decisions", &client::GateClientStats::late_decisions)
       .def_readonly("local_decisions", &client::GateClientStats::local_decisions)
+      .def_readonly("memory_overrides", &client::GateClientStats::memory_overrides)
       .def_readonly("config_updates", &client::GateClientStats::config_updates)
       .def_readonly("telemetry_reported", &client::GateClientStats::telemetry_reported)
       .def_readonly("telemetry_sent", &client::GateClientStats::telemetry_sent)
       .def_readonly("telemetry_acked", &client::GateClientStats::telemetry_acked)
       .def_readonly("telemetry_dropped", &client::GateClientStats::telemetry_dropped)
       .def_readonly("last_decided_step", &client::GateClientStats::last_decided_step)
+      .def_readonly("session_replaced", &client::GateClientStats::session_replaced)
       .def_readonly("last_error", &client::GateClientStats::last_error);
 
   py::class_<Client> client_class(m, "Client");
@@ -658,6 +666,30 @@ PYBIND11_MODULE(_spgate, m) {
   m.def("_cxx_step_loop", &CxxStepLoop, py::arg("client"), py::arg("first_step"),
         py::arg("warmup"), py::arg("steps"), py::arg("lengths"), py::arg("step_us"),
         "Benchmark helper (bench/python): the C++ client's per-step loop on this client.");
+  m.def("new_launch_credential",
+        [] {
+          absl::StatusOr<std::string> c = client::NewLaunchCredential();
+          Check(c.status());
+          return *c;
+        },
+        "A new launch credential: 128 bits from the kernel's random source as 32 hex "
+        "digits. World rank 0 makes it and broadcasts it (spgate.torch.agree_on_launch).");
+  m.def("read_worker_token_file",
+        [](const std::string& path) {
+          absl::StatusOr<std::string> token = client::ReadWorkerTokenFile(path, "worker_token_file");
+          Check(token.status());
+          return *token;
+        },
+        py::arg("path"),
+        "The token to send from a worker token file, as every client reads it: the first "
+        "credential line's first field, only the part after NAME: (docs/security.md). "
+        "InvalidArgumentError naming the file when it is unreadable or holds none.");
+  m.def("launch_credential_from_environment", &client::LaunchCredentialFromEnvironment,
+        "SPGATE_LAUNCH_CREDENTIAL, or \"\" when unset.");
+  m.def("incarnation_from_environment", &client::IncarnationFromEnvironment,
+        "The launcher's run identity (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID with the "
+        "restart count, Slurm's job id, the MPI job), or \"\" when there is none: what "
+        "Client(incarnation=\"\") uses.");
   m.def("wire_failure",
         [](int64_t step, int code) {
           client::DecisionWire w;

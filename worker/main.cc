@@ -162,6 +162,9 @@ int main(int argc, char** argv) {
   o.job_id = absl::GetFlag(FLAGS_job_id);
   if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
   o.incarnation = absl::GetFlag(FLAGS_incarnation);
+  // The launch's secret from a wrapper, never from a flag (a command line is visible to
+  // other users); without one world rank 0 makes it and broadcasts it (worker.h).
+  o.launch_credential = spgate::client::LaunchCredentialFromEnvironment();
   o.tls = spgate::client::TlsOptionsFromFlags();
   o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);

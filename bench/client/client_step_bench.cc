@@ -177,6 +177,7 @@ Result RunClient(const std::string& name, const std::string& controller,
   o.controller = controller;
   o.job_id = "bench-client";
   o.incarnation = "test-launch";
+  o.launch_credential = "client-step-bench-launch";
   auto client = GateClient::Create(o);
   if (!client.ok()) {
     std::fprintf(stderr, "client: %s\n", client.status().ToString().c_str());

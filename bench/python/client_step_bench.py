@@ -84,7 +84,8 @@ def python_loop(client, decide, submit, warmup, steps, lengths, step_us):
 
 def run_variant(name, daemon, args, lengths):
     client = spgate.Client(controller=daemon.address, job_id=f"bench-{name}",
-                           incarnation=f"bench-{name}-{os.getpid()}")
+                           incarnation=f"bench-{name}-{os.getpid()}",
+                           launch_credential=spgate.new_launch_credential())
     client.wait_until_connected(10)
     if name == "cxx":
         r = _spgate._cxx_step_loop(client, 0, args.warmup, args.steps, lengths, args.step_us)

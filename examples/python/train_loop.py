@@ -18,6 +18,12 @@ Against a daemon with TLS, add the worker's flags (docs/security.md): --tls_ca (
 also --tls_cert and --tls_key; --tls_server_name when the address is not the name in the
 daemon's certificate). They become the C API options of the same names.
 
+The launch's credential (docs/design.md §10) is SPGATE_LAUNCH_CREDENTIAL, or
+--launch_credential, or one this process makes with spgate_new_launch_credential: the
+ranks here are threads of one process, the whole "job", so that is world rank 0 making it
+and every rank receiving it. (A flag is visible to other users in `ps`; prefer the
+variable.)
+
 Prints a JSON summary; exits 1 if ranks of the group ever ran different modes.
 """
 import argparse
@@ -51,7 +57,8 @@ class Stats(ctypes.Structure):
                 ("daemon_decisions", ctypes.c_int64), ("local_decisions", ctypes.c_int64),
                 ("late_decisions", ctypes.c_int64), ("telemetry_reported", ctypes.c_int64),
                 ("telemetry_sent", ctypes.c_int64), ("telemetry_acked", ctypes.c_int64),
-                ("telemetry_dropped", ctypes.c_int64)]
+                ("telemetry_dropped", ctypes.c_int64), ("memory_overrides", ctypes.c_int64),
+                ("session_replaced", ctypes.c_int32)]
 
 
 BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
@@ -68,6 +75,7 @@ def load(path):
         "spgate_last_error": (c.c_char_p, []),
         "spgate_mode_name": (c.c_char_p, [c.c_int32]),
         "spgate_reason_name": (c.c_char_p, [c.c_int32]),
+        "spgate_new_launch_credential": (c.c_int32, [c.c_char_p, c.c_size_t]),
         "spgate_options_create": (c.c_void_p, []),
         "spgate_options_set": (c.c_int32, [c.c_void_p, c.c_char_p, c.c_char_p]),
         "spgate_options_destroy": (None, [c.c_void_p]),
@@ -152,6 +160,7 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
         opts = lib.spgate_options_create()
         for key, value in (("controller", args.controller), ("job_id", args.job_id),
                            ("incarnation", args.incarnation),
+                           ("launch_credential", args.launch_credential),
                            ("group", "0"), ("rank_in_group", str(rank)),
                            ("group_size", str(args.tp)), ("global_rank", str(rank)),
                            ("decision_deadline_ms", str(args.deadline_ms)),
@@ -216,6 +225,9 @@ def main():
     # process, so one value made at start-up serves them all (a multi-process trainer takes
     # the launcher's run id, or has rank 0 make one and broadcast it).
     p.add_argument("--incarnation", default=os.environ.get("SPGATE_INCARNATION") or uuid.uuid4().hex)
+    p.add_argument("--launch_credential", default=os.environ.get("SPGATE_LAUNCH_CREDENTIAL", ""),
+                   help="the launch's secret, 16-128 printable ASCII characters; default: "
+                        "SPGATE_LAUNCH_CREDENTIAL, else a new one made here")
     p.add_argument("--tp", type=int, default=2, help="ranks in the TP group (threads)")
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--step_ms", type=float, default=2.0, help="simulated step time")
@@ -230,6 +242,10 @@ def main():
     args = p.parse_args()
 
     lib = load(args.lib)
+    if not args.launch_credential:
+        buf = ctypes.create_string_buffer(33)  # SPGATE_LAUNCH_CREDENTIAL_BUFFER
+        check(lib, lib.spgate_new_launch_credential(buf, len(buf)), "new_launch_credential")
+        args.launch_credential = buf.value.decode()
     rng = random.Random(args.seed)
     # Every other batch unbucketed, so both modes show up.
     plans = [next_batch(rng, args.tokens_per_batch, bucketed=(s % 2 == 0))
@@ -261,6 +277,7 @@ def main():
         "decisions": decisions,
         "daemon_decisions": leader.daemon_decisions,
         "local_decisions": leader.local_decisions,
+        "memory_overrides": leader.memory_overrides,
         "consistency_violations": violations,
         "telemetry_sent": sum(results[r]["stats"].telemetry_sent for r in range(args.tp)),
         "lost_telemetry": sum(results[r]["stats"].telemetry_sent - results[r]["stats"].telemetry_acked

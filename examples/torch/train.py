@@ -27,6 +27,11 @@ Against a daemon with TLS and a worker token, add spgate-worker's TLS flags and 
 file: --tls_ca=ca.pem [--tls_cert=worker.pem --tls_key=worker.key] [--tls_server_name=...]
 --worker_token_file=token.
 
+The launch's incarnation and credential (docs/design.md §10) need no configuration: after
+init_process_group every rank calls spgate.torch.agree_on_launch, and world rank 0's
+(--incarnation or the launcher's run id or a new one; SPGATE_LAUNCH_CREDENTIAL or a new
+one) reach every rank over the job's own process group, as under torchrun or srun.
+
 Batches are packed variable-length sequences from a bimodal length mix, so some batches
 pass the length-CV gate (SP) and others do not (TP-only). Exits 1 on a consistency
 violation.
@@ -39,7 +44,6 @@ import os
 import random
 import socket
 import statistics
-import uuid
 import sys
 import time
 
@@ -51,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--incarnation", default="",
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
-                        "one made here, before the ranks start")
+                        "one made by world rank 0 (spgate.torch.agree_on_launch)")
     p.add_argument("--world", type=int, default=4, help="processes (ranks)")
     p.add_argument("--tp", type=int, default=2, help="ranks per TP group")
     p.add_argument("--steps", type=int, default=30)
@@ -81,9 +85,9 @@ def parse_args(argv=None):
                    help="name to check in the daemon's certificate (default: the host of "
                         "--controller)")
     p.add_argument("--worker_token_file", default="",
-                   help="file holding the worker token of a daemon run with "
-                        "--worker_token_file (surrounding whitespace ignored, as the daemon "
-                        "reads it); sent as 'authorization: Bearer <token>'")
+                   help="worker token file: its first credential line's token (the part "
+                        "after NAME:, as every spgate client reads it); sent as "
+                        "'authorization: Bearer <token>'")
     args = p.parse_args(argv)
     if args.world % args.tp:
         p.error("--world must be a multiple of --tp")
@@ -92,13 +96,11 @@ def parse_args(argv=None):
                 "without them)")
     args.worker_token = ""
     if args.worker_token_file:
+        import spgate  # the one rule every client reads the file by (worker/client/tls.h)
         try:
-            with open(args.worker_token_file) as f:
-                args.worker_token = f.read().strip()
-        except OSError as e:
+            args.worker_token = spgate.read_worker_token_file(args.worker_token_file)
+        except spgate.Error as e:
             p.error(f"--worker_token_file: {e}")
-        if not args.worker_token:
-            p.error(f"--worker_token_file: {args.worker_token_file} is empty")
     return args
 
 
@@ -174,7 +176,7 @@ def run_rank(rank, world, args, port):
     import torch
     import torch.distributed as dist
     import spgate
-    from spgate.torch import GroupDecider
+    from spgate.torch import GroupDecider, agree_on_launch
     from spgate.torch import parallel as P
 
     torch.set_num_threads(1)
@@ -187,6 +189,8 @@ def run_rank(rank, world, args, port):
     tp_groups = [dist.new_group(list(range(g * tp_size, (g + 1) * tp_size))) for g in range(groups)]
     dp_groups = [dist.new_group(list(range(r, world, tp_size))) for r in range(tp_size)]
     tp_pg, dp_pg = tp_groups[group], dp_groups[tp_rank]
+    # One launch: world rank 0's incarnation and credential, broadcast to every rank.
+    launch = agree_on_launch(incarnation=args.incarnation) if args.controller else None
 
     tp = P.TensorParallel(tp_pg)
     torch.manual_seed(args.seed)
@@ -201,7 +205,9 @@ def run_rank(rank, world, args, port):
     state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
     client = spgate.Client(controller=args.controller, job_id=args.job_id,
-                           incarnation=args.incarnation, group=group,
+                           incarnation=launch.incarnation if launch else args.incarnation,
+                           launch_credential=launch.launch_credential if launch else "",
+                           group=group,
                            rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
                            decision_deadline=args.decision_deadline_ms / 1000.0,
                            seed=args.seed + rank, tls=tls_options(args),
@@ -288,7 +294,8 @@ def run_rank(rank, world, args, port):
     s = client.stats()
     counters = {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
                 "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
-                "late_decisions": s.late_decisions, "flushed": flushed}
+                "late_decisions": s.late_decisions, "memory_overrides": s.memory_overrides,
+                "flushed": flushed}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
     client.close()
@@ -401,6 +408,9 @@ def summarize(args, world, per_rank):
         "decisions": decisions,
         "decision_sources": sources,
         "local_decisions": local,
+        # Daemon TP-only answers the leaders' memory gate refused (SP ran); the example's
+        # plans carry no memory prediction, so there are none here.
+        "memory_overrides": sum(c["memory_overrides"] for c in counters),
         "daemon_decisions": sum(counters[g * tp]["daemon_decisions"] for g in range(groups)),
         "consistency_violations": violations,
         "lost_telemetry": max(0, sent - acked),
@@ -452,16 +462,6 @@ def summarize(args, world, per_rank):
 
 def main(argv=None):
     args = parse_args(argv)
-    # One launch, one incarnation, made once here and handed to every rank (the daemon
-    # starts a new launch's state afresh and never mixes it with an earlier run's).
-    if not args.incarnation:
-        # TorchElastic keeps the run id across restarts ("none" without --rdzv-id), so
-        # the restart count is part of the launch, as in worker/client/identity.cc.
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-        elastic = ("torchelastic-%s-%s" % (run_id, os.environ.get("TORCHELASTIC_RESTART_COUNT") or "0")
-                   if run_id not in ("", "none") else "")
-        args.incarnation = (os.environ.get("SPGATE_INCARNATION") or elastic
-                            or uuid.uuid4().hex)
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

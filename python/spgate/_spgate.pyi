@@ -81,6 +81,7 @@ class DecisionSource:
     DAEMON: ClassVar[DecisionSource]  # value 1
     FALLBACK: ClassVar[DecisionSource]  # value 2
     LOCAL_ONLY: ClassVar[DecisionSource]  # value 3
+    MEMORY_OVERRIDE: ClassVar[DecisionSource]  # value 4
     __members__: ClassVar[Dict[str, DecisionSource]]
     def __init__(self, value: int) -> None: ...
     @property
@@ -88,7 +89,7 @@ class DecisionSource:
     @property
     def value(self) -> int: ...
     @property
-    def label(self) -> str: ...  # "daemon" / "fallback" / "local"
+    def label(self) -> str: ...  # "daemon" / "fallback" / "local" / "memory_override"
     def __int__(self) -> int: ...
     def __index__(self) -> int: ...
     def __eq__(self, other: object) -> bool: ...  # members only: Mode(1) == Mode.SEQUENCE_PARALLEL, not 1
@@ -178,6 +179,8 @@ class ClientStats:
     @property
     def local_decisions(self) -> int: ...
     @property
+    def memory_overrides(self) -> int: ...  # daemon TP-only answers the memory gate forbade
+    @property
     def config_updates(self) -> int: ...
     @property
     def telemetry_reported(self) -> int: ...
@@ -189,6 +192,8 @@ class ClientStats:
     def telemetry_dropped(self) -> int: ...
     @property
     def last_decided_step(self) -> int: ...
+    @property
+    def session_replaced(self) -> bool: ...  # another process holds this rank's seat
     @property
     def last_error(self) -> str: ...
 
@@ -202,15 +207,17 @@ class Client:
     """GateClient: one rank's session with spgated. Times are in seconds.
 
     With a controller, `incarnation` names this launch of the job and must be the same on
-    every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...).
+    every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...), and
+    `launch_credential` is the launch's secret, also the same on every rank ("" reads
+    SPGATE_LAUNCH_CREDENTIAL; spgate.torch.agree_on_launch has rank 0 make one).
     """
     # The keywords are the rows of the client's option table (worker/client/
     # client_options.h) that Python takes, in its order, then tls;
     # tests/python/stub_check_test.py fails when this signature and the module's drift.
     def __init__(self, *, job_id: str, controller: str = "", incarnation: str = "",
-                 worker_token: str = "", group: int = 0, rank_in_group: int = 0,
-                 group_size: int = 1, global_rank: int = 0, host: str = "",
-                 memory_budget_bytes: int = 0, decision_deadline: float = 0.02,
+                 launch_credential: str = "", worker_token: str = "", group: int = 0,
+                 rank_in_group: int = 0, group_size: int = 1, global_rank: int = 0,
+                 host: str = "", memory_budget_bytes: int = 0, decision_deadline: float = 0.02,
                  rpc_timeout: float = 2.0, initial_backoff: float = 0.1,
                  max_backoff: float = 5.0, telemetry_buffer: int = 4096, seed: int = 0,
                  tls: Optional[_TlsOptions] = None) -> None: ...
@@ -264,3 +271,7 @@ class GroupDecider:
 
 
 def wire_failure(step: int, code: int) -> bytes: ...
+def new_launch_credential() -> str: ...  # 32 hex digits from the kernel's random source
+def launch_credential_from_environment() -> str: ...  # SPGATE_LAUNCH_CREDENTIAL or ""
+def read_worker_token_file(path: str) -> str: ...  # the token a worker token file gives
+def incarnation_from_environment() -> str: ...  # the launcher's run id or ""

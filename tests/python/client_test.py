@@ -3,11 +3,14 @@ path (exception class, status code, the argument named in the message), context-
 close, the 24-byte wire, a live spgated on loopback (daemon decisions, telemetry
 acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with generated
 certificates, the worker token of a daemon run with --worker_token_file, a missing
-incarnation named in the error, the type stubs against the module (by introspection), the
-enums' int behaviour, and the GIL released while await_decision, wait_until_connected and
-flush wait.
+incarnation or launch credential named in the error, the type stubs against the module
+(by introspection), the enums' int behaviour, the GIL released while await_decision,
+wait_until_connected and flush wait, and - against a scripted daemon (fake_gated) - a
+TP-only answer the worker's memory gate forbids running SP, counted and reported, and a
+replaced session never taken back.
 
-Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/client_test.py
+Run: PYTHONPATH=build/python SPGATED=build/bin/spgated FAKE_GATED=build/tests/fake_gated \
+     SPGATE_LAUNCH_CREDENTIAL=0123456789abcdef0123456789abcdef python3 tests/python/client_test.py
 """
 import os
 import shutil
@@ -95,6 +98,7 @@ class LocalClientTest(SpgateTestCase):
                           "memory_over_budget", "pinned", "controller_unavailable", "adaptive"])
         self.assertEqual(int(Reason.ADAPTIVE), 9)
         self.assertEqual(Source.FALLBACK.label, "fallback")
+        self.assertEqual(Source.MEMORY_OVERRIDE.label, "memory_override")
         self.assertRegex(spgate.__version__, r"^\d+\.\d+\.\d+$")
 
     def test_enums_are_arithmetic(self):
@@ -105,7 +109,8 @@ class LocalClientTest(SpgateTestCase):
         import enum
         import operator
         for cls, members in ((Mode, {"SEQUENCE_PARALLEL": 1, "TENSOR_PARALLEL_ONLY": 2}),
-                             (Source, {"DAEMON": 1, "FALLBACK": 2, "LOCAL_ONLY": 3}),
+                             (Source, {"DAEMON": 1, "FALLBACK": 2, "LOCAL_ONLY": 3,
+                                       "MEMORY_OVERRIDE": 4}),
                              (Reason, {"GATES_PASSED": 1, "ADAPTIVE": 9})):
             self.assertFalse(issubclass(cls, enum.Enum), cls)
             for name, value in members.items():
@@ -248,6 +253,7 @@ class LocalClientTest(SpgateTestCase):
         s = c.stats()
         self.assertEqual((s.local_decisions, s.daemon_decisions, s.telemetry_reported,
                           s.plans_submitted, s.connected), (3, 0, 1, 3, False))
+        self.assertEqual((s.memory_overrides, s.session_replaced), (0, False))
         cfg = c.config_for(0)
         self.assertEqual((cfg["max_length_cv"], cfg["window_steps"], cfg["memory_headroom"]),
                          (0.18, 50, 0.9))
@@ -408,6 +414,149 @@ print("explicit ok")
         out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=60)
         self.assertEqual(out.stdout.splitlines()[0], "accepted", out.stdout)
+
+
+class LaunchCredentialTest(SpgateTestCase):
+    """The launch's secret (docs/design.md §10): made from the kernel's random source, read
+    only from SPGATE_LAUNCH_CREDENTIAL, required with a controller and checked, its value
+    never in the message."""
+
+    def test_new_credentials_are_32_hex_digits_and_fresh(self):
+        made = [spgate.new_launch_credential() for _ in range(200)]
+        for c in made:
+            self.assertRegex(c, r"^[0-9a-f]{32}$")
+        self.assertEqual(len(set(made)), len(made))
+
+    def test_required_with_a_controller_and_checked(self):
+        saved = os.environ.pop("SPGATE_LAUNCH_CREDENTIAL", None)
+        try:
+            self.assertEqual(spgate.launch_credential_from_environment(), "")
+            args = dict(job_id="py-cred", controller="127.0.0.1:1", incarnation="launch-1")
+            with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                       "launch_credential must be set"):
+                spgate.Client(**args)
+            for bad, pattern in (("too-short", r"launch_credential: must be 16 to 128 "
+                                               r"characters, got 9"),
+                                 ("x" * 129, "got 129"),
+                                 ("secret secret secret", r"without spaces only \(character 7")):
+                with self.subTest(bad=bad[:20]):
+                    with self.assertRaisesCode(spgate.InvalidArgumentError, 3, pattern) as ctx:
+                        spgate.Client(launch_credential=bad, **args)
+                    self.assertNotIn(bad, str(ctx.exception))
+            spgate.Client(launch_credential=spgate.new_launch_credential(), **args).close()
+            # Without a controller nothing is sent, so nothing is needed.
+            spgate.Client(job_id="py-cred").close()
+            # Passed as none, the environment's is taken.
+            os.environ["SPGATE_LAUNCH_CREDENTIAL"] = "from-the-wrapper-0123"
+            self.assertEqual(spgate.launch_credential_from_environment(), "from-the-wrapper-0123")
+            spgate.Client(**args).close()
+        finally:
+            if saved is None:
+                os.environ.pop("SPGATE_LAUNCH_CREDENTIAL", None)
+            else:
+                os.environ["SPGATE_LAUNCH_CREDENTIAL"] = saved
+
+
+class FakeDaemon:
+    """fake_gated (tests/worker/client/fake_gated.cc): the C++ tests' scripted daemon as a
+    process, commanded over stdin."""
+
+    def __init__(self, *args):
+        path = os.environ.get("FAKE_GATED") or os.path.join(
+            os.path.dirname(__file__), "..", "..", "build", "tests", "fake_gated")
+        self.proc = subprocess.Popen([path, *args], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("address "):
+            self.stop()
+            raise RuntimeError(f"fake_gated did not report its address: {line!r}")
+        self.address = line.split()[1]
+
+    def command(self, cmd):
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stats(self):
+        words = self.command("stats").split()
+        out = {k: int(v) for k, v in zip(words[0:6:2], words[1:6:2])}
+        out["credentials"] = words[7].split(",") if len(words) > 7 else []
+        return out
+
+    def wait_for(self, pred, timeout=10.0):
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            s = self.stats()
+            if pred(s):
+                return s
+            time.sleep(0.02)
+        return self.stats()
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+class ScriptedDaemonTest(SpgateTestCase):
+    CREDENTIAL = "py-credential-0123456789"
+
+    def setUp(self):
+        self.fake = FakeDaemon("--answer=tp_only")
+
+    def tearDown(self):
+        self.fake.stop()
+
+    def client(self):
+        return spgate.Client(controller=self.fake.address, job_id="py-fake",
+                             launch_credential=self.CREDENTIAL, initial_backoff=0.02,
+                             max_backoff=0.1)
+
+    def test_a_tp_only_answer_over_budget_runs_sp_and_is_reported(self):
+        """The daemon answers TP-only to every plan; a plan whose TP-only peak (950 of a
+        1,000-byte budget, headroom 0.9) does not fit runs SP with the worker's memory-gate
+        reason, counted in stats and sent in the heartbeat; one that fits runs TP-only."""
+        with self.client() as c:
+            c.wait_until_connected(10)
+            c.submit_plan(0, MIXED, predicted_peak_bytes_sp=500, predicted_peak_bytes_tp=950,
+                          memory_budget_bytes=1000)
+            c.submit_plan(1, MIXED, predicted_peak_bytes_sp=500, predicted_peak_bytes_tp=800,
+                          memory_budget_bytes=1000)
+            d0 = c.await_decision(0, timeout=5.0)
+            self.assertEqual((d0.mode, d0.reason, d0.policy_reason, d0.source),
+                             (Mode.SEQUENCE_PARALLEL, Reason.MEMORY_REQUIRES_SP,
+                              Reason.MEMORY_REQUIRES_SP, Source.MEMORY_OVERRIDE))
+            self.assertIn("source=memory_override", repr(d0))
+            d1 = c.await_decision(1, timeout=5.0)
+            self.assertEqual((d1.mode, d1.source), (Mode.TENSOR_PARALLEL_ONLY, Source.DAEMON))
+            s = c.stats()
+            self.assertEqual((s.memory_overrides, s.daemon_decisions, s.local_decisions),
+                             (1, 1, 0))
+            seen = self.fake.wait_for(lambda st: st["memory_overrides"] == 1)
+            self.assertEqual(seen["memory_overrides"], 1, seen)
+            self.assertEqual(seen["credentials"], [self.CREDENTIAL])
+
+    def test_a_replaced_session_is_not_taken_back(self):
+        with self.client() as c:
+            c.wait_until_connected(10)
+            self.assertEqual(self.fake.command("replace"), "replaced")
+            give_up = time.monotonic() + 10
+            while not c.stats().session_replaced and time.monotonic() < give_up:
+                time.sleep(0.01)
+            time.sleep(0.5)  # many backoff periods: a client that reconnects would have
+            s = c.stats()
+            self.assertTrue(s.session_replaced)
+            self.assertFalse(s.connected)
+            self.assertRegex(s.last_error, r"session replaced.*not reconnecting")
+            self.assertEqual(self.fake.stats()["registrations"], 1)
+            self.assertEqual(self.fake.stats()["streams"], 0)
+            c.submit_plan(0, MIXED)
+            t0 = time.monotonic()
+            d = c.await_decision(0, timeout=5.0)
+            self.assertLess(time.monotonic() - t0, 0.5)
+            self.assertEqual((d.source, d.reason, d.policy_reason),
+                             (Source.FALLBACK, Reason.CONTROLLER_UNAVAILABLE, Reason.LENGTH_CV))
+            with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "session was replaced"):
+                c.flush(timeout=5.0)
 
 
 class NativeGroupDeciderTest(SpgateTestCase):

@@ -4,7 +4,9 @@ every rank raises the same code (and the group goes on with the next step); bad
 construction names the argument; with a live spgated killed (SIGKILL) mid-run, a group of
 4 ranks switches to the same fail-static decisions (CONTROLLER_UNAVAILABLE), step for
 step. (The leader's deadline is 1 s: a live daemon always answers in time, and a dead one
-ends the wait at once, when its stream breaks.)
+ends the wait at once, when its stream breaks.) spgate.torch.agree_on_launch: every rank
+gets world rank 0's incarnation and credential, whatever its own environment says, and a
+new launch gets a new credential.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/group_decider_test.py
 """
@@ -95,7 +97,30 @@ def daemon_rank(rank, world, address, progress_path, steps):
     return log
 
 
+def launch_rank(rank, world):
+    from spgate.torch import agree_on_launch
+    # Each rank's environment differs (as it may on other hosts): rank 0's wins.
+    os.environ.pop("SPGATE_LAUNCH_CREDENTIAL", None)
+    os.environ["SPGATE_INCARNATION"] = f"env-of-rank-{rank}"
+    made = agree_on_launch()
+    again = agree_on_launch()
+    os.environ["SPGATE_LAUNCH_CREDENTIAL"] = f"wrapper-credential-of-rank-{rank}"
+    given = agree_on_launch(incarnation=f"given-by-rank-{rank}")
+    return [tuple(made), tuple(again), tuple(given)]
+
+
 class GroupDeciderTest(unittest.TestCase):
+    def test_every_rank_agrees_on_world_rank_zeros_launch(self):
+        results = run_ranks(3, launch_rank)
+        for rank, r in enumerate(results[1:], start=1):
+            self.assertEqual(r, results[0], f"rank {rank} has another launch identity")
+        made, again, given = results[0]
+        self.assertEqual(made[0], "env-of-rank-0")
+        self.assertRegex(made[1], r"^[0-9a-f]{32}$")
+        self.assertEqual(again[0], "env-of-rank-0")
+        self.assertNotEqual(again[1], made[1], "a new launch needs a new credential")
+        self.assertEqual(given, ("given-by-rank-0", "wrapper-credential-of-rank-0"))
+
     def check_local(self, world):
         steps = 12
         results = run_ranks(world, local_rank, steps)

@@ -102,8 +102,11 @@ class TorchExampleTest(unittest.TestCase):
         cmd = [sys.executable, TRAIN, f"--controller={self.daemon.address}",
                "--job_id=torch-e2e", f"--steps={STEPS}", "--decision_deadline_ms=2000",
                f"--summary_json={summary_path}", f"--decision_log={prefix}"]
+        # No credential in the environment: world rank 0 makes the launch's and every
+        # rank gets it over the job's process group (spgate.torch.agree_on_launch).
+        env = {k: v for k, v in os.environ.items() if k != "SPGATE_LAUNCH_CREDENTIAL"}
         run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             timeout=240)
+                             timeout=240, env=env)
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         with open(summary_path) as f:
             s = json.load(f)
@@ -115,6 +118,7 @@ class TorchExampleTest(unittest.TestCase):
         self.assertEqual(s["lost_telemetry"], 0)
         self.assertEqual(s["telemetry_acked"], 4 * STEPS)
         self.assertEqual(s["local_decisions"], 0)
+        self.assertEqual(s["memory_overrides"], 0)
         self.assertEqual(s["decision_sources"], {"daemon": 2 * STEPS})
         for key in ("sp", "tp_only", "all"):
             self.assertGreater(s["effective_tokens_per_s"][key], 0)
@@ -194,7 +198,8 @@ class TorchExampleTest(unittest.TestCase):
             return {"step": step, "mode": mode, "reason": "gates_passed", "source": "local",
                     "tokens": 10, "padding": 0, "step_time_s": 0.1, "decision_s": 0.001,
                     "rs_s": 0.01, "ag_s": 0.01, "peak": 100, "loss": 1.0, "length_cv": 0.1}
-        counters = {"telemetry_sent": 0, "telemetry_acked": 0, "daemon_decisions": 0}
+        counters = {"telemetry_sent": 0, "telemetry_acked": 0, "daemon_decisions": 0,
+                    "memory_overrides": 0}
 
         def violations(rank1):
             per_rank = [{"records": [rec(0, "sp"), rec(1, "sp")], "counters": counters},

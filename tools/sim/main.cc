@@ -168,9 +168,10 @@ void PrintHuman(const spgate::sim::Summary& s) {
     }
   }
   std::fprintf(stderr,
-               "  local decisions %lld, consistency violations %lld, decision errors %lld, "
-               "lost telemetry %lld of %lld\n",
+               "  local decisions %lld, memory overrides %lld, consistency violations %lld, "
+               "decision errors %lld, lost telemetry %lld of %lld\n",
                static_cast<long long>(s.local_decisions),
+               static_cast<long long>(s.memory_overrides),
                static_cast<long long>(s.consistency_violations),
                static_cast<long long>(s.decide_errors),
                static_cast<long long>(s.telemetry_reported - s.telemetry_acked),

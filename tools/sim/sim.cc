@@ -179,10 +179,11 @@ namespace {
 
 // ---- RunLive's steps ----
 
-// What every simulated rank's client shares: the launch's incarnation, the TLS credentials
-// and the worker token.
+// What every simulated rank's client shares: the launch's incarnation and credential, the
+// TLS credentials and the worker token.
 struct LiveIdentity {
   std::string incarnation;
+  std::string launch_credential;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string worker_token;
 };
@@ -196,6 +197,24 @@ absl::StatusOr<LiveIdentity> PrepareLive(const SimOptions& o) {
   if (id.incarnation.empty()) id.incarnation = client::IncarnationFromEnvironment();
   if (id.incarnation.empty()) id.incarnation = client::NewIncarnation();
   if (absl::Status s = Validate(o); !s.ok()) return s;
+  // Its secret: the simulator is the whole launch, so it is world rank 0 and makes it.
+  if (!o.controller.empty()) {
+    id.launch_credential = o.launch_credential;
+    const char* source = "launch_credential";
+    if (id.launch_credential.empty()) {
+      id.launch_credential = client::LaunchCredentialFromEnvironment();
+      source = "SPGATE_LAUNCH_CREDENTIAL";
+    }
+    if (id.launch_credential.empty()) {
+      absl::StatusOr<std::string> made = client::NewLaunchCredential();
+      if (!made.ok()) return made.status();
+      id.launch_credential = *std::move(made);
+    }
+    if (absl::Status s = CheckLaunchCredential(id.launch_credential, source);
+        !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
   if (!credentials.ok()) return credentials.status();
@@ -216,6 +235,7 @@ GateClientOptions GroupClientOptions(const SimOptions& o, const CostModel& model
   base.worker_token = id.worker_token;
   base.job_id = o.job_id;
   base.incarnation = id.incarnation;
+  base.launch_credential = id.launch_credential;
   base.group = gi;
   base.group_size = o.cost.tp;
   base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};

@@ -32,6 +32,10 @@ struct SimOptions {
   // This launch; empty: the launcher's (IncarnationFromEnvironment), else a new one (the
   // simulator is one process, so it is its own world rank 0).
   std::string incarnation;
+  // The launch's secret (docs/design.md §10), one per run, shared by every simulated rank;
+  // empty: SPGATE_LAUNCH_CREDENTIAL, else a new one (never a flag: a command line is
+  // visible to other users).
+  std::string launch_credential;
   client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   // The daemon's shared worker token, read by client::ReadWorkerTokenFile; empty: none.
   std::string worker_token_file;

@@ -36,7 +36,9 @@ void ModeTotals::Merge(const ModeTotals& o) {
 void Summary::AddStep(const GroupStep& step, const client::GateDecision& d) {
   ++decisions[std::string(ModeLabel(d.mode))][std::string(ReasonLabel(d.reason))];
   ++sources[std::string(client::DecisionSourceLabel(d.source))];
-  if (d.source != client::DecisionSource::kDaemon) {
+  if (d.source == client::DecisionSource::kMemoryOverride) {
+    ++memory_overrides;  // the daemon answered; its answer did not fit
+  } else if (d.source != client::DecisionSource::kDaemon) {
     ++local_decisions;
     ++local_by_reason[std::string(ReasonLabel(d.policy_reason))];
   }
@@ -51,6 +53,7 @@ void Summary::Merge(const Summary& o) {
   for (const auto& [s, n] : o.sources) sources[s] += n;
   for (const auto& [r, n] : o.local_by_reason) local_by_reason[r] += n;
   local_decisions += o.local_decisions;
+  memory_overrides += o.memory_overrides;
   consistency_violations += o.consistency_violations;
   decide_errors += o.decide_errors;
   if (first_error.empty()) first_error = o.first_error;
@@ -129,6 +132,7 @@ std::string Summary::ToJson() const {
   field("decision_sources", CountsJson(sources));
   field("local_decisions", absl::StrCat(local_decisions));
   field("local_decisions_by_reason", CountsJson(local_by_reason));
+  field("memory_overrides", absl::StrCat(memory_overrides));
   field("consistency_violations", absl::StrCat(consistency_violations));
   field("lost_telemetry", absl::StrCat(telemetry_reported - telemetry_acked));
   field("telemetry", absl::StrFormat(

@@ -1,6 +1,8 @@
 // The summary spgate-sim writes (docs/design.md §5 keys: steps, decisions, local_decisions,
 // consistency_violations, lost_telemetry, effective_tokens_per_s, step_time_p95_s,
-// peak_memory_bytes — plus details). Accumulated per worker thread and merged.
+// peak_memory_bytes — plus details, memory_overrides among them). Accumulated per worker
+// thread and merged. A group step counts by what its leader's client ran: a daemon answer,
+// a local decision, or a memory override (the daemon's TP-only refused, SP run), never two.
 #ifndef SPGATE_TOOLS_SIM_SUMMARY_H_
 #define SPGATE_TOOLS_SIM_SUMMARY_H_
 
@@ -33,8 +35,10 @@ struct Summary {
   std::string group_phase;  // run: random | aligned
   double wall_s = 0;
   std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
-  std::map<std::string, int64_t> sources;                           // daemon/fallback/local
+  // daemon/fallback/local/memory_override
+  std::map<std::string, int64_t> sources;
   int64_t local_decisions = 0;
+  int64_t memory_overrides = 0;  // group steps: daemon TP-only the memory gate refused
   std::map<std::string, int64_t> local_by_reason;  // by the gate that decided
   int64_t consistency_violations = 0;
   int64_t decide_errors = 0;

@@ -55,6 +55,10 @@ enum class ClientOptionSurface : uint8_t {
   X(std::string, incarnation, "", "", kCApiPython,                                           \
     "one launch of the job (docs/design.md §10): the same on every rank, new on every "       \
     "relaunch; required with a controller")                                                  \
+  X(std::string, launch_credential, "", "", kCApiPython,                                     \
+    "the launch's secret (docs/design.md §10): 16-128 printable ASCII characters, the same "  \
+    "on every rank, made by world rank 0 (NewLaunchCredential) and broadcast unless "        \
+    "SPGATE_LAUNCH_CREDENTIAL sets it; required with a controller")                          \
   X(std::string, worker_token, "", "", kCApiPython,                                          \
     "shared worker credential of a daemon run with --worker_token_file; empty: none")        \
   X(int, group, 0, "", kCApiPython, "TP group index")                                         \

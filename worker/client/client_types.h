@@ -38,14 +38,19 @@ enum class DecisionSource : uint8_t {
   kDaemon = 1,     // the daemon's answer arrived before the deadline
   kFallback = 2,   // late or unreachable daemon: local policy, CONTROLLER_UNAVAILABLE
   kLocalOnly = 3,  // no controller configured: local policy, the gate's own reason
+  // The daemon answered TP-only for a plan whose TP-only peak the worker's own memory gate
+  // says does not fit (and no operator forced it): SP ran instead, with that gate's reason
+  // (decision_book.h).
+  kMemoryOverride = 4,
 };
 
-// "daemon", "fallback", "local".
+// "daemon", "fallback", "local", "memory_override".
 inline std::string_view DecisionSourceLabel(DecisionSource source) {
   switch (source) {
     case DecisionSource::kDaemon: return "daemon";
     case DecisionSource::kFallback: return "fallback";
     case DecisionSource::kLocalOnly: return "local";
+    case DecisionSource::kMemoryOverride: return "memory_override";
   }
   return "unknown";
 }

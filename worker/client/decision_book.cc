@@ -2,8 +2,34 @@
 #include "worker/client/decision_book.h"
 
 #include "absl/strings/str_format.h"
+#include "policy/gate_policy.h"
 
 namespace spgate::client {
+namespace {
+
+BatchFacts FactsOf(const PlanRecord& plan) {
+  return BatchFacts{.step = plan.step,
+                    .length_cv = plan.length_cv,
+                    .tokens = plan.tokens,
+                    .predicted_peak_bytes_sp = plan.peak_sp,
+                    .predicted_peak_bytes_tp = plan.peak_tp,
+                    .memory_budget_bytes = plan.budget};
+}
+
+// What the worker's own memory gate runs instead of the daemon's answer `d`, if it
+// forbids it: TP-only that does not fit budget x memory_headroom under `config`, unless an
+// operator forced it. The gate's rule and reason are the policy's own (PinAndMemoryGates
+// without a pin: MEMORY_REQUIRES_SP, or MEMORY_OVER_BUDGET when SP does not fit either),
+// so the worker and the daemon can never disagree on what "fits" means. A few
+// comparisons; the gate records nothing without a trace.
+std::optional<Decision> MemoryGateForbids(const GateDecision& d, const GateConfig& config,
+                                          const BatchFacts& facts) {
+  if (d.mode != Mode::kTensorParallelOnly) return std::nullopt;
+  if (d.reason == Reason::kPinned && d.pin_forced) return std::nullopt;
+  return PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr);
+}
+
+}  // namespace
 
 DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
                            DecisionSource local_source)
@@ -63,19 +89,25 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
 
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   GateDecision d;
+  const BatchFacts facts = FactsOf(plans_.at(step));
   if (auto it = daemon_.find(step); it != daemon_.end()) {
-    d = it->second;
-    policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
-    ++counters_.daemon_decisions;
+    const ScheduledConfig& sc = policy_.ConfigFor(step);
+    if (const std::optional<Decision> sp = MemoryGateForbids(it->second, sc.config, facts)) {
+      d.step = step;
+      d.mode = sp->mode;
+      d.reason = d.policy_reason = sp->reason;
+      d.source = DecisionSource::kMemoryOverride;
+      d.config_version = sc.version;  // the config the override was judged under
+      // The fallback stands where the group does: on the SP step it ran.
+      policy_.Adopt(step, d.mode, d.reason);
+      ++counters_.memory_overrides;
+    } else {
+      d = it->second;
+      policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
+      ++counters_.daemon_decisions;
+    }
   } else {
-    const PlanRecord& plan = plans_.at(step);
-    const LocalDecision ld = policy_.Decide(BatchFacts{.step = plan.step,
-                                                       .length_cv = plan.length_cv,
-                                                       .tokens = plan.tokens,
-                                                       .predicted_peak_bytes_sp = plan.peak_sp,
-                                                       .predicted_peak_bytes_tp = plan.peak_tp,
-                                                       .memory_budget_bytes = plan.budget},
-                                            now);
+    const LocalDecision ld = policy_.Decide(facts, now);
     d.step = step;
     d.mode = ld.decision.mode;
     d.policy_reason = ld.decision.reason;

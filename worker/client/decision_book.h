@@ -9,7 +9,13 @@
 //    fallback's group state with the decision actually run, so a later local decision
 //    is the one the daemon would make;
 //  - asking again for the last committed step returns the same decision;
-//  - an answer for a step already committed is counted as late and changes nothing.
+//  - an answer for a step already committed is counted as late and changes nothing;
+//  - the group never runs TP-only for a plan whose TP-only peak the worker's own memory
+//    gate says does not fit (TpOnlyOverBudget under the config in force for the step),
+//    whoever answered, unless an operator forced it (PINNED with pin_forced): such a
+//    daemon answer runs SP with the memory gate's reason instead, source
+//    kMemoryOverride, and is counted (memory_overrides). A daemon that is wrong, or not
+//    the daemon, can then cost throughput but never an out-of-memory.
 //
 // Usage:
 //   DecisionBook book(GateConfig{}, /*max_pending_plans=*/1024, DecisionSource::kFallback);
@@ -55,9 +61,12 @@ struct DecisionBookCounters {
   int64_t plans_dropped = 0;       // over max_pending_plans
   int64_t plans_rejected = 0;      // refused by the daemon
   int64_t decisions_received = 0;  // daemon answers for pending plans
-  int64_t daemon_decisions = 0;    // commits that used the daemon's answer
+  int64_t daemon_decisions = 0;    // commits that ran the daemon's answer
   int64_t late_decisions = 0;      // daemon answers for steps already committed
   int64_t local_decisions = 0;     // commits decided by the local policy
+  // Commits whose daemon answer (TP-only) the memory gate forbade; SP ran instead. Every
+  // commit is exactly one of daemon, local, memory override.
+  int64_t memory_overrides = 0;
   std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
 };
 
@@ -91,8 +100,9 @@ class DecisionBook {
   // without a plan.
   absl::StatusOr<std::optional<GateDecision>> Lookup(int64_t step) const;
 
-  // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one, else
-  // the local policy's, with pins judged at `now`. Forgets everything at or below `step`.
+  // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one and the
+  // memory gate allows it (else SP, kMemoryOverride), otherwise the local policy's, with
+  // pins judged at `now`. Forgets everything at or below `step`.
   GateDecision Commit(int64_t step, absl::Time now);
 
   // The fallback's inputs.

@@ -39,6 +39,7 @@
 #include "spgate/v1/gate.grpc.pb.h"
 #include "worker/client/client_runtime.h"
 #include "worker/client/decision_book.h"
+#include "worker/client/identity.h"
 #include "worker/client/wire.h"
 
 namespace spgate::client {
@@ -50,6 +51,14 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
   if (!o.controller.empty() && o.incarnation.empty()) {
     return bad("incarnation must be set: one value per launch of the job, the same on every "
                "rank (IncarnationFromEnvironment(), or one made by world rank 0 and broadcast)");
+  }
+  if (!o.controller.empty()) {
+    if (o.launch_credential.empty()) {
+      return bad("launch_credential must be set: the launch's secret, the same on every rank "
+                 "(SPGATE_LAUNCH_CREDENTIAL, or NewLaunchCredential() on world rank 0, "
+                 "broadcast over the job's communicator)");
+    }
+    RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential));
   }
   if (o.group < 0) return bad(absl::StrCat("group must be >= 0, got ", o.group));
   if (o.group_size < 1) return bad(absl::StrCat("group_size must be >= 1, got ", o.group_size));
@@ -150,6 +159,11 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Duration BackoffLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyConfigLocked(const v1::VersionedGateConfig& vc, int64_t effective_from_step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SessionReplacedLocked(const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": this rank's session was replaced (", stats_.last_error, ")"));
+  }
 
   const GateClientOptions opts_;
   std::shared_ptr<internal::ClientRuntime> runtime_;  // null without a controller
@@ -166,6 +180,8 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
 
   // Connection.
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // Another process holds this rank's seat (OnStreamDone): no stream, no Register, ever.
+  bool session_replaced_ ABSL_GUARDED_BY(mu_) = false;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RegisterCall> register_call_ ABSL_GUARDED_BY(mu_);
   ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
@@ -267,7 +283,7 @@ absl::Duration GateClient::Impl::BackoffLocked() {
 }
 
 void GateClient::Impl::ScheduleReconnectLocked(absl::Duration delay) {
-  if (closing_ || reconnect_scheduled_) return;
+  if (closing_ || reconnect_scheduled_ || session_replaced_) return;
   reconnect_scheduled_ = true;
   runtime_->RunAt(absl::Now() + delay, [w = weak_from_this()] {
     if (auto self = w.lock()) self->Reconnect();
@@ -478,6 +494,23 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
   stats_.last_error = absl::StrCat("Connect: ", FromGrpcStatus(status).ToString());
   cv_.SignalAll();
   if (closing_) return;
+  if (status.error_code() == grpc::StatusCode::ABORTED) {
+    // The daemon replaced this session: another process registered as this rank of the
+    // launch (it had the launch's credential) or opened a second stream on the session.
+    // That process holds the seat now. Registering again would take it back, and the
+    // other would do the same, forever; so this client leaves the daemon to it and
+    // decides every later step locally (docs/design.md §10).
+    session_replaced_ = true;
+    stats_.session_replaced = true;
+    stats_.telemetry_dropped += static_cast<int64_t>(telemetry_.size());  // never to go out
+    telemetry_.clear();
+    EndSessionLocked();
+    stats_.last_error = absl::StrFormat(
+        "Connect: %s: another process now holds rank %d of group %d in this launch; not "
+        "reconnecting, every later step is decided locally",
+        FromGrpcStatus(status).ToString(), opts_.rank_in_group, opts_.group);
+    return;
+  }
   if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
     // The daemon does not know the session (it restarted): register again, at once the
     // first time (the daemon is evidently up), with backoff if it keeps happening.
@@ -524,6 +557,7 @@ Outgoing GateClient::Impl::GatherLocked() {
     out.heartbeat = true;
     heartbeat_due_ = false;
     out.local_decisions = book_.counters().local_decisions_by_reason;
+    out.memory_overrides = book_.counters().memory_overrides;
     out.telemetry_sent = session_sent_;
   }
   return out;
@@ -631,7 +665,7 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
       t.step_time_s > 0) {
     book_.ObserveRsWaitShare(t.step, t.mode, t.rs_wait_s / t.step_time_s);
   }
-  if (!remote()) return absl::OkStatus();
+  if (!remote() || session_replaced_) return absl::OkStatus();
   telemetry_.push_back(t);
   if (static_cast<int>(telemetry_.size()) > opts_.telemetry_buffer) {
     telemetry_.pop_front();
@@ -667,6 +701,7 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   spgate::MutexLock lock(&mu_);
   while (true) {
+    if (session_replaced_) return SessionReplacedLocked("flush");
     if (confirmed_ && StreamOpenLocked() && telemetry_.empty() && !write_in_flight_ &&
         session_acked_ >= session_sent_) {
       return absl::OkStatus();
@@ -690,6 +725,7 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   spgate::MutexLock lock(&mu_);
   while (!(confirmed_ && StreamOpenLocked())) {
+    if (session_replaced_) return SessionReplacedLocked("not connected");
     if (cv_.WaitWithDeadline(&mu_, deadline)) {
       if (confirmed_ && StreamOpenLocked()) break;
       return absl::DeadlineExceededError(absl::StrCat(
@@ -712,6 +748,7 @@ GateClientStats GateClient::Impl::stats() const {
   s.late_decisions = c.late_decisions;
   s.local_decisions = c.local_decisions;
   s.local_decisions_by_reason = c.local_decisions_by_reason;
+  s.memory_overrides = c.memory_overrides;
   s.connected = confirmed_ && StreamOpenLocked();
   s.telemetry_sent = closed_sent_ + session_sent_;
   s.telemetry_acked = closed_acked_ + session_acked_;

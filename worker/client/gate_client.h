@@ -5,7 +5,8 @@
 // SubmitPlan and ReportTelemetry only queue, and AwaitDecision falls back to the same
 // policy the daemon runs (policy/gate_policy.h) under the last config in force for that
 // step, reason CONTROLLER_UNAVAILABLE, when the daemon's answer is late or the daemon is
-// unreachable.
+// unreachable. Whoever answered, the group never runs TP-only for a plan whose TP-only
+// peak the worker's own memory gate says does not fit (decision_book.h).
 //
 // Decisions must reach every rank of the group identically: use GroupDecider
 // (group_decider.h), which asks this client on the leader and broadcasts the answer.
@@ -21,6 +22,8 @@
 //   spgate::client::GateClientOptions opts;
 //   opts.controller = "127.0.0.1:50061";
 //   opts.job_id = "llama-13b";
+//   opts.incarnation = run_id;            // this launch, the same on every rank
+//   opts.launch_credential = credential;  // world rank 0's, broadcast (identity.h)
 //   opts.group = 3; opts.rank_in_group = 0; opts.group_size = 8;
 //   ASSIGN_OR_RETURN(auto client, spgate::client::GateClient::Create(opts));
 //   client->SubmitPlan({.step = n + 1, .lengths = next_lengths});     // while step n runs
@@ -68,14 +71,20 @@ struct GateClientStats {
   int64_t daemon_decisions = 0;    // AwaitDecision answered by the daemon
   int64_t late_decisions = 0;      // daemon answers that came after a local decision
   int64_t local_decisions = 0;     // fallback + local-only decisions
+  int64_t memory_overrides = 0;    // daemon TP-only answers the memory gate forbade (SP ran)
   std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
   int64_t config_updates = 0;
   int64_t learned_tables = 0;      // ADAPTIVE learned tables received (the fallback's)
   int64_t telemetry_reported = 0;  // ReportTelemetry calls accepted
   int64_t telemetry_sent = 0;      // written to a stream (all sessions)
   int64_t telemetry_acked = 0;     // acknowledged by the daemon (all sessions)
-  int64_t telemetry_dropped = 0;   // buffer overflow
+  int64_t telemetry_dropped = 0;   // buffer overflow, or buffered when the session was replaced
   int64_t last_decided_step = -1;  // from the last Register (-1: none)
+  // The daemon ended this client's stream with ABORTED: its session was replaced, so
+  // another process now holds this rank's seat in the launch. The client stops
+  // reconnecting (two processes would otherwise take the seat from each other forever),
+  // decides every later step locally and sends nothing more; last_error says so.
+  bool session_replaced = false;
   std::string last_error;          // last RPC / stream failure, for logs
 };
 
@@ -120,10 +129,12 @@ class GateClient {
 
   // Sends everything queued with a heartbeat and waits until the daemon has
   // acknowledged every telemetry record sent. DEADLINE_EXCEEDED (with the counts) if
-  // that does not happen in `timeout`; OK at once without a controller.
+  // that does not happen in `timeout`; OK at once without a controller;
+  // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent).
   absl::Status Flush(absl::Duration timeout);
 
-  // Waits until a stream is open and answered (tests, start-up logs). DEADLINE_EXCEEDED.
+  // Waits until a stream is open and answered (tests, start-up logs). DEADLINE_EXCEEDED;
+  // FAILED_PRECONDITION at once without a controller or once the session was replaced.
   absl::Status WaitUntilConnected(absl::Duration timeout);
 
   // The gate config in force for `step` as this client knows it (the daemon's, once

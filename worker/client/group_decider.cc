@@ -20,7 +20,8 @@ DecisionWire ToWire(const GateDecision& d) {
 absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
   auto valid_reason = [](uint8_t r) { return r >= 1 && r < kNumReasons; };
   if ((w.mode != 1 && w.mode != 2) || !valid_reason(w.reason) || !valid_reason(w.policy_reason) ||
-      w.source < 1 || w.source > 3) {
+      w.source < static_cast<uint8_t>(DecisionSource::kDaemon) ||
+      w.source > static_cast<uint8_t>(DecisionSource::kMemoryOverride)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "broadcast payload for step %d is not a decision (mode %d, reason %d, source %d)",
         w.step, w.mode, w.reason, w.source));

@@ -1,7 +1,12 @@
-// Job identity from the launcher; see identity.h.
+// Job identity and the launch credential from the launcher; see identity.h.
 #include "worker/client/identity.h"
 
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_format.h"
@@ -25,9 +30,13 @@ std::string IncarnationFromEnvironment() {
     const std::string restarts = Env("TORCHELASTIC_RESTART_COUNT");
     return "torchelastic-" + v + "-" + (restarts.empty() ? "0" : restarts);
   }
+  // Every srun of one allocation shares the job id: its step id is what makes each a
+  // launch of its own (each makes its own credential, and a launch name is used once).
   if (std::string v = Env("SLURM_JOB_ID"); !v.empty()) {
+    const std::string step = Env("SLURM_STEP_ID");
     const std::string restarts = Env("SLURM_RESTART_COUNT");
-    return "slurm-" + v + (restarts.empty() ? "" : "." + restarts);
+    return "slurm-" + v + (step.empty() ? "" : "-step" + step) +
+           (restarts.empty() ? "" : "." + restarts);
   }
   if (std::string v = Env("PMIX_NAMESPACE"); !v.empty()) return "pmix-" + v;
   if (std::string v = Env("OMPI_MCA_orte_ess_jobid"); !v.empty()) return "ompi-" + v;
@@ -42,6 +51,26 @@ std::string NewIncarnation() {
 std::string JobIdFromEnvironment() {
   if (std::string v = Env("SPGATE_JOB_ID"); !v.empty()) return v;
   return Env("SLURM_JOB_NAME");
+}
+
+std::string LaunchCredentialFromEnvironment() { return Env("SPGATE_LAUNCH_CREDENTIAL"); }
+
+absl::StatusOr<std::string> NewLaunchCredential() {
+  // Not absl::BitGen: its seed and state are not meant to resist someone guessing the
+  // output, and this value is the launch's only secret.
+  uint64_t words[2];
+  auto* bytes = reinterpret_cast<unsigned char*>(words);
+  size_t got = 0;
+  while (got < sizeof(words)) {
+    const ssize_t n = getrandom(bytes + got, sizeof(words) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrFormat("launch_credential: getrandom failed: %s", std::strerror(errno)));
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%016x%016x", words[0], words[1]);
 }
 
 }  // namespace spgate::client

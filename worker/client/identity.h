@@ -1,17 +1,36 @@
-// A job's identity as the daemon keys it (docs/design.md §10): (job_id, incarnation).
-// The job id names the job; the incarnation names one launch of it and must be the same
-// on every rank and new on every relaunch, so that a relaunched job never receives the
-// previous launch's cached decisions. Launchers already have such a value; these helpers
-// read it, and make one where there is none (world rank 0 then broadcasts it).
+// A job's identity as the daemon keys it (docs/design.md §10): (job_id, incarnation), and
+// the launch's credential. The job id names the job; the incarnation names one launch of
+// it and must be the same on every rank and new on every relaunch, so that a relaunched
+// job never receives the previous launch's cached decisions. Launchers already have such a
+// value; these helpers read it, and make one where there is none (world rank 0 then
+// broadcasts it).
+//
+// The launch credential is what makes a Register come from the launch rather than from
+// anyone who can reach the worker port: the first Register of a launch sets it, every
+// later one must present it. Launcher variables (SLURM_JOB_ID, TORCHELASTIC_RUN_ID, the
+// MPI namespace) are visible to other users of the machine, so they are never the
+// credential: it is SPGATE_LAUNCH_CREDENTIAL when a wrapper set one, else 128 bits from
+// the kernel's random source made by world rank 0 and broadcast over the job's own
+// communicator, which only the launch's processes share.
 //
 // Usage:
 //   std::string inc = spgate::client::IncarnationFromEnvironment();  // "" if none
-//   if (inc.empty() && world_rank == 0) inc = spgate::client::NewIncarnation();
-//   ... broadcast inc from world rank 0 ...
+//   std::string cred = spgate::client::LaunchCredentialFromEnvironment();
+//   if (world_rank == 0) {
+//     if (inc.empty()) inc = spgate::client::NewIncarnation();
+//     if (cred.empty()) ASSIGN_OR_RETURN(cred, spgate::client::NewLaunchCredential());
+//   }
+//   ... broadcast inc and cred from world rank 0 ...
 #ifndef SPGATE_WORKER_CLIENT_IDENTITY_H_
 #define SPGATE_WORKER_CLIENT_IDENTITY_H_
 
+#include <cstddef>
 #include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/launch_credential.h"  // CheckLaunchCredential, the one format rule
 
 namespace spgate::client {
 
@@ -21,7 +40,9 @@ namespace spgate::client {
 //                                             torchrun / TorchElastic; a restart keeps the
 //                                             run id, and "none" (torchrun's default
 //                                             --rdzv-id) counts as unset
-//   SLURM_JOB_ID [+ "." SLURM_RESTART_COUNT]  Slurm (a requeued job keeps its id)
+//   SLURM_JOB_ID [+ "-step" SLURM_STEP_ID] [+ "." SLURM_RESTART_COUNT]
+//                                             Slurm: each srun of an allocation is a
+//                                             launch; a requeued job keeps its id
 //   PMIX_NAMESPACE, OMPI_MCA_orte_ess_jobid   the MPI job (Open MPI / PMIx launchers)
 // Empty when none is set.
 std::string IncarnationFromEnvironment();
@@ -31,6 +52,18 @@ std::string NewIncarnation();
 
 // The job id from the environment: SPGATE_JOB_ID, else SLURM_JOB_NAME; empty if neither.
 std::string JobIdFromEnvironment();
+
+// SPGATE_LAUNCH_CREDENTIAL; empty when unset. Nothing else in the environment is a
+// credential (see above).
+std::string LaunchCredentialFromEnvironment();
+
+// A new launch credential: 128 bits from the kernel's random source (getrandom), as 32
+// lower-case hex digits. INTERNAL when the kernel gives no randomness (never on a working
+// Linux).
+absl::StatusOr<std::string> NewLaunchCredential();
+
+// The credential's format is spgate::CheckLaunchCredential (common/launch_credential.h),
+// the daemon's own rule.
 
 }  // namespace spgate::client
 

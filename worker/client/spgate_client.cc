@@ -15,6 +15,7 @@
 #include "worker/client/client_options.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
+#include "worker/client/identity.h"
 #include "worker/client/tls.h"
 
 struct spgate_options {
@@ -103,6 +104,18 @@ const char* spgate_mode_name(int32_t mode) {
 const char* spgate_reason_name(int32_t reason) {
   if (reason < 1 || reason >= spgate::kNumReasons) return "unspecified";
   return spgate::ReasonLabel(static_cast<spgate::Reason>(reason)).data();
+}
+
+spgate_status spgate_new_launch_credential(char* buf, size_t size) {
+  if (buf == nullptr) return Null("buf");
+  if (size < SPGATE_LAUNCH_CREDENTIAL_BUFFER) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "size: need ", static_cast<int>(SPGATE_LAUNCH_CREDENTIAL_BUFFER), " bytes, got ", size)));
+  }
+  absl::StatusOr<std::string> credential = spgate::client::NewLaunchCredential();
+  if (!credential.ok()) return Report(credential.status());
+  std::memcpy(buf, credential->c_str(), credential->size() + 1);
+  return Report(absl::OkStatus());
 }
 
 spgate_options* spgate_options_create(void) { return new spgate_options(); }
@@ -206,6 +219,8 @@ spgate_status spgate_client_get_stats(spgate_client* client, spgate_client_stats
   out->telemetry_sent = s.telemetry_sent;
   out->telemetry_acked = s.telemetry_acked;
   out->telemetry_dropped = s.telemetry_dropped;
+  out->memory_overrides = s.memory_overrides;
+  out->session_replaced = s.session_replaced ? 1 : 0;
   return Report(absl::OkStatus());
 }
 

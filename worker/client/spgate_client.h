@@ -16,6 +16,10 @@
  *   spgate_options* o = spgate_options_create();
  *   spgate_options_set(o, "controller", "127.0.0.1:50061");
  *   spgate_options_set(o, "job_id", "demo");
+ *   spgate_options_set(o, "incarnation", run_id);          equal on every rank
+ *   char cred[SPGATE_LAUNCH_CREDENTIAL_BUFFER];
+ *   spgate_new_launch_credential(cred, sizeof(cred));      world rank 0, then broadcast
+ *   spgate_options_set(o, "launch_credential", cred);
  *   spgate_client* c;
  *   if (spgate_client_create(o, &c) != SPGATE_OK) puts(spgate_last_error());
  *   spgate_options_destroy(o);
@@ -66,7 +70,16 @@ enum {
   SPGATE_REASON_CONTROLLER_UNAVAILABLE = 8,
   SPGATE_REASON_ADAPTIVE = 9
 };
-enum { SPGATE_SOURCE_DAEMON = 1, SPGATE_SOURCE_FALLBACK = 2, SPGATE_SOURCE_LOCAL_ONLY = 3 };
+/* MEMORY_OVERRIDE: the daemon said TP-only, the worker's memory gate forbade it, SP ran. */
+enum {
+  SPGATE_SOURCE_DAEMON = 1,
+  SPGATE_SOURCE_FALLBACK = 2,
+  SPGATE_SOURCE_LOCAL_ONLY = 3,
+  SPGATE_SOURCE_MEMORY_OVERRIDE = 4
+};
+
+/* Bytes spgate_new_launch_credential needs: 32 hex digits and the NUL. */
+enum { SPGATE_LAUNCH_CREDENTIAL_BUFFER = 33 };
 
 typedef struct spgate_decision {
   int64_t step;
@@ -100,6 +113,9 @@ typedef struct spgate_client_stats {
   int64_t telemetry_sent;
   int64_t telemetry_acked;
   int64_t telemetry_dropped;
+  /* Appended (earlier fields keep their offsets): */
+  int64_t memory_overrides; /* daemon TP-only answers the memory gate forbade; SP ran */
+  int32_t session_replaced; /* 1: another process holds this rank's seat; all local now */
 } spgate_client_stats;
 
 typedef struct spgate_options spgate_options;
@@ -117,9 +133,17 @@ SPGATE_EXPORT const char* spgate_version(void);
 SPGATE_EXPORT const char* spgate_mode_name(int32_t mode);     /* "sp", "tp_only" */
 SPGATE_EXPORT const char* spgate_reason_name(int32_t reason); /* "gates_passed", ... */
 
+/* A new launch credential (128 bits from the kernel's random source, 32 hex digits and a
+ * NUL) into `buf` of `size` >= SPGATE_LAUNCH_CREDENTIAL_BUFFER bytes. World rank 0 makes
+ * one and broadcasts it over the job's communicator; every rank sets it as the option
+ * "launch_credential". */
+SPGATE_EXPORT spgate_status spgate_new_launch_credential(char* buf, size_t size);
+
 /* Options, by name: every row of the client's option table (worker/client/client_options.h,
  * SPGATE_CLIENT_OPTIONS) exposed to the C API — controller, job_id, incarnation (one launch
- * of the job, equal on every rank; required with a controller), worker_token, group,
+ * of the job, equal on every rank; required with a controller), launch_credential (the
+ * launch's secret, 16-128 printable ASCII characters, equal on every rank; required with a
+ * controller), worker_token, group,
  * rank_in_group, group_size, global_rank, host, memory_budget_bytes, telemetry_buffer,
  * seed, the model's layers, hidden, heads, ffn_hidden, and the durations as integer
  * milliseconds: decision_deadline_ms, rpc_timeout_ms, initial_backoff_ms, max_backoff_ms —

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/security/credentials.h"
 
 namespace spgate::client {
@@ -62,10 +63,22 @@ absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path, const c
   std::stringstream text;
   text << in.rdbuf();
   if (!in) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot read \"", path, "\""));
-  std::string token(absl::StripAsciiWhitespace(text.str()));
-  // An empty token would be sent as "Bearer " and refused at every call, far from the cause.
-  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(name, ": \"", path, "\" is empty"));
-  return token;
+  for (absl::string_view line : absl::StrSplit(text.str(), '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    // The credential is the first field; job patterns may follow (the daemon's).
+    absl::string_view token = line.substr(0, line.find_first_of(" \t"));
+    if (const size_t colon = token.find(':'); colon != absl::string_view::npos) {
+      token.remove_prefix(colon + 1);  // NAME:TOKEN: only TOKEN is sent
+    }
+    // An empty token would be sent as "Bearer " and refused at every call, far from the cause.
+    if (token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": \"", path, "\": the first credential line has an empty token"));
+    }
+    return std::string(token);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(name, ": \"", path, "\" is empty"));
 }
 
 }  // namespace spgate::client

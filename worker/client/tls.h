@@ -13,8 +13,8 @@
 // GRPC_SSL_TARGET_NAME_OVERRIDE_ARG, which the caller sets on its channel
 // (GateClientOptions::tls_server_name does it for the worker client's channel).
 //
-// The shared worker credential (a daemon's --worker_token_file) is read here too, by the
-// same rules: ReadWorkerTokenFile.
+// The worker credential (a line of a daemon's --worker_token_file) is read here too, by
+// one rule for every client: ReadWorkerTokenFile.
 //
 // Usage:
 //   TlsClientOptions tls{.ca = "ca.pem", .cert = "worker.pem", .key = "worker.key"};
@@ -72,10 +72,14 @@ absl::StatusOr<TlsPem> ReadTlsFiles(const TlsClientOptions& options,
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsChannelCredentials(
     const TlsClientOptions& options, const TlsOptionNames& names = kTlsFlagNames);
 
-// The worker token in `path` (GateClientOptions::worker_token): the file's text with
-// leading and trailing whitespace stripped, as spgated reads its own --worker_token_file,
-// so the daemon's file works for the clients unchanged. "" when `path` is empty; a file
-// that cannot be read, or holds only whitespace, is INVALID_ARGUMENT naming `name`.
+// The worker token in `path` (GateClientOptions::worker_token), read from a file in
+// spgated's --worker_token_file format (docs/security.md, "Worker credentials"): the
+// first credential line, '#' comment and blank lines skipped; of `NAME:TOKEN
+// JOB_PATTERN[,...]` only TOKEN (the patterns are the daemon's business), of a bare
+// `TOKEN` line the token. So an operator can hand a worker its own line, and a one-token
+// file works for the daemon and the clients alike. "" when `path` is empty; a file that
+// cannot be read, holds no credential line, or whose line has an empty token is
+// INVALID_ARGUMENT naming `name`.
 absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path,
                                                 const char* name = "--worker_token_file");
 

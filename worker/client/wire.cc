@@ -44,6 +44,7 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   v1::RegisterRequest req;
   req.set_job_id(o.job_id);
   req.set_incarnation(o.incarnation);
+  req.set_launch_credential(o.launch_credential);
   req.set_group(o.group);
   req.set_rank_in_group(o.rank_in_group);
   req.set_group_size(o.group_size);
@@ -97,6 +98,7 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
       c->set_count(out.local_decisions[r]);
     }
     hb->set_telemetry_sent(out.telemetry_sent);
+    hb->set_memory_overrides(out.memory_overrides);
   }
 }
 

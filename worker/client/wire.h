@@ -28,6 +28,7 @@ struct Outgoing {
   std::vector<StepTelemetryInput> telemetry;
   bool heartbeat = false;
   std::array<int64_t, kNumReasons> local_decisions{};
+  int64_t memory_overrides = 0;  // cumulative, like local_decisions
   int64_t telemetry_sent = 0;
   bool empty() const {
     return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;

@@ -15,6 +15,7 @@ const char* StepSourceLabel(StepSource source) {
     case StepSource::kDaemon: return "daemon";
     case StepSource::kFallback: return "fallback";
     case StepSource::kLocalOnly: return "local";
+    case StepSource::kMemoryOverride: return "memory_override";
     case StepSource::kFlag: return "flag";
   }
   return "unknown";
@@ -189,6 +190,7 @@ RunSummary Summarize(const RunDescription& run,
   for (const RankCounters& c : counters) {
     s.telemetry_sent += c.telemetry_sent;
     s.telemetry_acked += c.telemetry_acked;
+    s.memory_overrides += c.memory_overrides;
   }
   s.lost_telemetry = std::max<int64_t>(0, s.telemetry_sent - s.telemetry_acked);
   return s;
@@ -207,6 +209,7 @@ std::string SummaryJson(const RunSummary& s) {
   field("decisions", Object(s.decisions, [&](const auto& reasons) { return Object(reasons, i64); }));
   field("decision_sources", Object(s.decision_sources, i64));
   field("local_decisions", i64(s.local_decisions));
+  field("memory_overrides", i64(s.memory_overrides));
   field("consistency_violations", i64(s.consistency_violations));
   field("lost_telemetry", i64(s.lost_telemetry));
   field("telemetry_sent", i64(s.telemetry_sent));
@@ -274,10 +277,10 @@ std::string SummaryTable(const RunSummary& s) {
     absl::StrAppend(&sources, sources.empty() ? "" : ", ", src, " ", n);
   }
   absl::StrAppend(
-      &out, absl::StrFormat("  sources: %s; local decisions %d; consistency violations %d; "
-                            "lost telemetry %d\n",
-                            sources, s.local_decisions, s.consistency_violations,
-                            s.lost_telemetry));
+      &out, absl::StrFormat("  sources: %s; local decisions %d; memory overrides %d; "
+                            "consistency violations %d; lost telemetry %d\n",
+                            sources, s.local_decisions, s.memory_overrides,
+                            s.consistency_violations, s.lost_telemetry));
   absl::StrAppend(
       &out, absl::StrFormat("  SP steps: rs_wait_share mean %.3f, all-gather tail p95 %.2f ms, "
                             "norm_stall_ratio mean %.3f; memory prediction max error %.2f%%\n",

@@ -6,6 +6,7 @@
 //     summed over the data-parallel groups (they run concurrently);
 //   - step_time_p95_s: p95 (nearest rank) of group step times;
 //   - peak_memory_bytes: max over ranks and steps; decisions: the group leaders' counts;
+//   - memory_overrides: summed over ranks (only group leaders decide, so over groups);
 //   - consistency_violations: (group, step) pairs whose ranks ran different modes.
 //
 // Usage (world rank 0, after gathering):
@@ -26,8 +27,15 @@ namespace spgate::runtime {
 
 // Where a step's mode came from: the client's DecisionSource values, plus the
 // --mode=sp|tp flag.
-enum class StepSource : uint8_t { kDaemon = 1, kFallback = 2, kLocalOnly = 3, kFlag = 4 };
-const char* StepSourceLabel(StepSource source);  // daemon, fallback, local, flag
+enum class StepSource : uint8_t {
+  kDaemon = 1,
+  kFallback = 2,
+  kLocalOnly = 3,
+  kMemoryOverride = 4,
+  kFlag = 5,
+};
+// daemon, fallback, local, memory_override, flag
+const char* StepSourceLabel(StepSource source);
 
 // One rank's record of one step; trivially copyable so ranks can MPI_Gather it.
 struct StepRecord {
@@ -61,6 +69,7 @@ struct RankCounters {
   int64_t telemetry_dropped = 0;
   int64_t daemon_decisions = 0;
   int64_t late_decisions = 0;
+  int64_t memory_overrides = 0;  // the leader's: daemon TP-only answers its memory gate forbade
 };
 static_assert(std::is_trivially_copyable_v<RankCounters>);
 
@@ -79,6 +88,8 @@ struct RunSummary {
   std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
   std::map<std::string, int64_t> decision_sources;
   int64_t local_decisions = 0;
+  // Daemon TP-only answers the group leaders' memory gate forbade (SP ran), over all ranks.
+  int64_t memory_overrides = 0;
   int64_t consistency_violations = 0;
   int64_t lost_telemetry = 0;
   int64_t telemetry_sent = 0, telemetry_acked = 0;

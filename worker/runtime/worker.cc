@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,10 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         "--job_id: required with --controller (or set SPGATE_JOB_ID, or run under Slurm "
         "with a job name); the daemon keys decisions by job");
+  }
+  if (!o.controller.empty() && !o.launch_credential.empty()) {
+    RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential,
+                                                     "SPGATE_LAUNCH_CREDENTIAL"));
   }
   if (o.decision_deadline <= absl::ZeroDuration() || o.decision_deadline > absl::Seconds(60)) {
     return absl::InvalidArgumentError("--decision_deadline must be in (0, 60s]");
@@ -128,29 +134,44 @@ class DecisionLog {
   std::FILE* f_;
 };
 
+// What world rank 0 broadcasts (AgreeOnLaunch): its launch identity, or the code of why it
+// has none, so no rank waits alone and all fail alike. The daemon takes at most 128
+// characters of the incarnation and of the credential.
+constexpr size_t kMaxLaunchValue = 128;
+struct LaunchWire {
+  int32_t status_code = 0;
+  char incarnation[kMaxLaunchValue + 1] = {};
+  char launch_credential[kMaxLaunchValue + 1] = {};
+};
+static_assert(std::is_trivially_copyable_v<LaunchWire>);
+
+// World rank 0's identity of the launch: the options', else the launcher's incarnation
+// and a new credential. Both must fit the broadcast (the daemon takes at most 128
+// characters of either), never be cut to fit.
+absl::StatusOr<LaunchIdentity> RootLaunch(const WorkerOptions& o) {
+  LaunchIdentity id{o.incarnation, o.launch_credential};
+  if (id.incarnation.empty()) id.incarnation = client::IncarnationFromEnvironment();
+  if (id.incarnation.empty()) id.incarnation = client::NewIncarnation();
+  if (id.launch_credential.empty()) {
+    ASSIGN_OR_RETURN(id.launch_credential, client::NewLaunchCredential());
+  }
+  if (id.incarnation.size() > kMaxLaunchValue) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "incarnation: at most 128 characters, got ", id.incarnation.size()));
+  }
+  RETURN_IF_ERROR(CheckLaunchCredential(id.launch_credential,
+                                                   "SPGATE_LAUNCH_CREDENTIAL"));
+  return id;
+}
+
 struct RankContext {
   const WorkerOptions& o;
   const ProcessGrid& grid;
   Device* device;
   Communicator* tp;
   Communicator* dp;
-  std::string incarnation;  // the same on every rank (see AgreeOnIncarnation)
+  LaunchIdentity launch;  // the same on every rank (see AgreeOnLaunch)
 };
-
-// The launch's incarnation, equal on every rank: the option, else the launcher's, else one
-// world rank 0 makes and broadcasts (docs/design.md §10).
-absl::StatusOr<std::string> AgreeOnIncarnation(const WorkerOptions& o, const ProcessGrid& grid) {
-  if (!o.incarnation.empty()) return o.incarnation;
-  std::string mine = client::IncarnationFromEnvironment();
-  if (o.controller.empty()) return mine;
-  char buf[129] = {};
-  if (grid.world_rank() == 0) {
-    if (mine.empty()) mine = client::NewIncarnation();
-    mine.copy(buf, sizeof(buf) - 1);
-  }
-  SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(buf, sizeof(buf), MPI_CHAR, 0, grid.world()));
-  return std::string(buf);
-}
 
 // The leader's batch (lengths) reaches every rank of the TP group.
 absl::Status BroadcastBatch(Communicator* tp, Batch& batch) {
@@ -290,7 +311,8 @@ class RankRun {
     client::GateClientOptions co;
     co.controller = o_.controller;
     co.job_id = o_.job_id;
-    co.incarnation = cx_.incarnation;
+    co.incarnation = cx_.launch.incarnation;
+    co.launch_credential = cx_.launch.launch_credential;
     co.group = grid_.group();
     co.rank_in_group = grid_.tp_rank();
     co.group_size = o_.tp;
@@ -500,6 +522,11 @@ class RankRun {
     counters.telemetry_dropped = s.telemetry_dropped;
     counters.daemon_decisions = s.daemon_decisions;
     counters.late_decisions = s.late_decisions;
+    counters.memory_overrides = s.memory_overrides;
+    if (s.session_replaced) {
+      std::fprintf(stderr, "spgate-worker: group %d rank %d: %s\n", grid_.group(),
+                   grid_.tp_rank(), s.last_error.c_str());
+    }
   }
 
   const RankContext cx_;
@@ -520,14 +547,40 @@ class RankRun {
 
 }  // namespace
 
+absl::StatusOr<LaunchIdentity> AgreeOnLaunch(const WorkerOptions& o, const ProcessGrid& grid) {
+  if (o.controller.empty()) {
+    return LaunchIdentity{
+        o.incarnation.empty() ? client::IncarnationFromEnvironment() : o.incarnation, ""};
+  }
+  LaunchWire wire;
+  absl::Status root_status;
+  if (grid.world_rank() == 0) {
+    absl::StatusOr<LaunchIdentity> id = RootLaunch(o);
+    if (id.ok()) {
+      id->incarnation.copy(wire.incarnation, sizeof(wire.incarnation) - 1);
+      id->launch_credential.copy(wire.launch_credential, sizeof(wire.launch_credential) - 1);
+    } else {
+      root_status = id.status();
+      wire.status_code = static_cast<int32_t>(root_status.code());
+    }
+  }
+  SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(&wire, sizeof(wire), MPI_BYTE, 0, grid.world()));
+  if (!root_status.ok()) return root_status;
+  if (wire.status_code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
+                        "world rank 0 could not set up the launch's identity (its log says why)");
+  }
+  return LaunchIdentity{wire.incarnation, wire.launch_credential};
+}
+
 absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const ProcessGrid& grid,
                                          Device* device, Communicator* tp, Communicator* dp) {
   RETURN_IF_ERROR(ValidateWorkerOptions(options));
   if (tp == nullptr || dp == nullptr || tp->size() != grid.tp() || dp->size() != grid.dp()) {
     return absl::InvalidArgumentError("RunWorkerRank: communicators do not match the grid");
   }
-  ASSIGN_OR_RETURN(std::string incarnation, AgreeOnIncarnation(options, grid));
-  return RankRun({options, grid, device, tp, dp, std::move(incarnation)}).Run();
+  ASSIGN_OR_RETURN(LaunchIdentity launch, AgreeOnLaunch(options, grid));
+  return RankRun({options, grid, device, tp, dp, std::move(launch)}).Run();
 }
 
 absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& options,

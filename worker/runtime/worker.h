@@ -50,6 +50,10 @@ struct WorkerOptions {
   // One launch of the job; empty: the launcher's (IncarnationFromEnvironment), else one
   // that world rank 0 makes and broadcasts at start-up.
   std::string incarnation;
+  // The launch's secret (docs/design.md §10); spgate-worker reads SPGATE_LAUNCH_CREDENTIAL
+  // (never a flag: a command line is visible to other users). Empty: one that world rank
+  // 0 makes and broadcasts with the incarnation. Either way every rank uses rank 0's.
+  std::string launch_credential;
   client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
   // The daemon's shared worker token, read by client::ReadWorkerTokenFile; empty: none.
   std::string worker_token_file;
@@ -79,6 +83,21 @@ struct WorkerOptions {
 // Checks that need no MPI; INVALID_ARGUMENT names the flag.
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 const char* ModeChoiceName(ModeChoice mode);  // auto, sp, tp
+
+// The launch as the daemon knows it, besides the job id (docs/design.md §10).
+struct LaunchIdentity {
+  std::string incarnation;
+  std::string launch_credential;
+};
+
+// Collective over the job's world: world rank 0's incarnation (the option's, else the
+// launcher's, else a new one) and credential (the option's, else a new one from the
+// kernel's random source), broadcast over the job's own communicator, which only this
+// launch's processes share; every rank returns the same, including rank 0's error. The
+// launcher's variables are never the credential: other users can read them. Without a
+// controller nothing is broadcast: the incarnation is the option's or the launcher's and
+// the credential is empty.
+absl::StatusOr<LaunchIdentity> AgreeOnLaunch(const WorkerOptions& options, const ProcessGrid& grid);
 
 struct RankResult {
   std::vector<StepRecord> steps;

@@ -1,6 +1,7 @@
-"""spgate.torch: spgate in a PyTorch trainer. GroupDecider gives every rank of a TP group
-the same decision over its torch.distributed group (gloo or NCCL); parallel holds the
-Megatron-style TP transformer layers whose sequence parallelism is chosen per forward."""
+"""spgate.torch: spgate in a PyTorch trainer. agree_on_launch gives every rank the launch's
+incarnation and credential (world rank 0's, broadcast); GroupDecider gives every rank of a
+TP group the same decision over its torch.distributed group (gloo or NCCL); parallel holds
+the Megatron-style TP transformer layers whose sequence parallelism is chosen per forward."""
 
 
 def __getattr__(name):
@@ -8,4 +9,7 @@ def __getattr__(name):
     if name == "GroupDecider":
         from spgate.torch.group_decider import GroupDecider
         return GroupDecider
+    if name in ("agree_on_launch", "LaunchIdentity"):
+        from spgate.torch import launch
+        return getattr(launch, name)
     raise AttributeError(name)

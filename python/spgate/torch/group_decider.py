@@ -14,8 +14,10 @@ Invariant: decide(step) is a collective - every rank of the group calls it for e
 step, in the same order.
 
 Usage:
-    client = spgate.Client(controller=addr, job_id="llama", group=g, rank_in_group=r,
-                           group_size=t, global_rank=dist.get_rank())
+    launch = spgate.torch.agree_on_launch()          # every rank, once (launch.py)
+    client = spgate.Client(controller=addr, job_id="llama", incarnation=launch.incarnation,
+                           launch_credential=launch.launch_credential, group=g,
+                           rank_in_group=r, group_size=t, global_rank=dist.get_rank())
     decider = spgate.torch.GroupDecider(client, tp_group)
     decider.submit_plan(step + 1, next_lengths)      # leader only; no-op elsewhere
     d = decider.decide(step)                         # every rank

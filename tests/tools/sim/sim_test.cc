@@ -1,6 +1,8 @@
 // spgate-sim end to end: the live driver (local-only, and against a real in-process
-// daemon) keeps every group consistent and loses no telemetry; replay is deterministic
-// and exercises every gate; the sweep ranks configs on common random numbers.
+// daemon) keeps every group consistent and loses no telemetry; against a scripted daemon
+// that answers TP-only whatever the memory, every simulated leader runs SP instead and the
+// summary counts it, and all ranks of a run share one new launch credential; replay is
+// deterministic and exercises every gate; the sweep ranks configs on common random numbers.
 #include "tools/sim/sim.h"
 #include "tools/sim/compare.h"
 
@@ -10,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/client/fake_gate_service.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
 #ifdef SPGATE_HAVE_SERVER
@@ -102,6 +105,65 @@ TEST(SimRunTest, AlignedGroupsAreConsistentToo) {
   EXPECT_EQ(s->decide_errors, 0) << s->first_error;
   EXPECT_EQ(Total(*s), 6 * 60);
   EXPECT_THAT(s->ToJson(), HasSubstr("\"group_phase\": \"aligned\""));
+}
+
+// The daemon (scripted) answers TP-only to every plan, and TP-only does not fit: the
+// device holds SP's predicted peak but not TP-only's, for every batch. The simulated
+// leaders are GateClients, so each runs SP with the memory gate's reason; the summary
+// counts those group steps as memory overrides, neither daemon nor local decisions, and
+// the cost model ran SP. Every rank registered with the run's one credential, and the
+// next run makes a new one.
+TEST(SimRunTest, SimulatedLeadersRefuseATpOnlyAnswerThatDoesNotFit) {
+  client::testing::FakeGateServer server;
+  client::testing::FakeGateService::Script script;
+  script.answer_mode = v1::TENSOR_PARALLEL_ONLY;
+  script.answer_reason = v1::LENGTH_CV;
+  server.service().set_script(script);
+  SimOptions o = Small();
+  o.controller = server.address();
+  o.job_id = "sim-memory";
+  o.groups = 2;
+  o.steps = 30;
+  o.deadline = absl::Milliseconds(500);
+  o.lengths = "uniform:min=4000,max=4096";
+  // Budget x 0.9 halfway between SP's and TP-only's peak (TP-only's is about twice SP's
+  // at t = 4), measured on the batches the groups will draw.
+  uint64_t sp_max = 0, tp_min = ~uint64_t{0};
+  const CostModel model(o.cost);
+  for (int g = 0; g < o.groups; ++g) {
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, g);
+    ASSERT_THAT(b.status(), IsOk());
+    for (int i = 0; i < o.steps + 2; ++i) {
+      const MemoryPrediction m = model.PredictMemory((*b)->Next(0.15).lengths);
+      sp_max = std::max(sp_max, m.sp);
+      tp_min = std::min(tp_min, m.tp);
+    }
+  }
+  ASSERT_LT(sp_max, tp_min);
+  o.cost.device_memory_gib = (sp_max + tp_min) / 2.0 / 0.9 / static_cast<double>(1ull << 30);
+  absl::StatusOr<Summary> s = RunLive(o);
+  ASSERT_THAT(s.status(), IsOk());
+  const int64_t total = o.groups * o.steps;
+  EXPECT_EQ(Total(*s), total);
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->decide_errors, 0) << s->first_error;
+  EXPECT_EQ(s->tp_only.steps, 0) << "a TP-only step ran that does not fit";
+  EXPECT_EQ(s->memory_overrides + s->local_decisions, total);
+  EXPECT_GT(s->memory_overrides, total * 9 / 10) << "most answers should be the daemon's";
+  EXPECT_EQ(s->sources["memory_override"], s->memory_overrides);
+  EXPECT_EQ(s->sources["daemon"], 0);
+  EXPECT_EQ(s->decisions["sp"]["memory_requires_sp"], total);
+  EXPECT_THAT(s->ToJson(), HasSubstr(absl::StrCat("\"memory_overrides\": ", s->memory_overrides,
+                                                  ",")));
+  const std::vector<std::string> first = server.service().launch_credentials();
+  ASSERT_EQ(first.size(), static_cast<size_t>(o.groups * o.cost.tp));
+  for (const std::string& c : first) EXPECT_EQ(c, first[0]);
+  EXPECT_EQ(first[0].size(), 32u);
+  o.steps = 1;
+  ASSERT_THAT(RunLive(o).status(), IsOk());
+  const std::vector<std::string> both = server.service().launch_credentials();
+  ASSERT_GT(both.size(), first.size());
+  EXPECT_NE(both.back(), first[0]) << "a new run is a new launch with a new credential";
 }
 
 #ifdef SPGATE_HAVE_SERVER

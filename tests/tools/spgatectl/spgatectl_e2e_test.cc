@@ -187,6 +187,7 @@ class SpgatectlE2eTest : public ::testing::Test {
       v1::RegisterRequest r;
       r.set_job_id(job);
       r.set_incarnation("spgatectl-e2e");
+      r.set_launch_credential("test-launch-credential-0001");
       r.set_group(group);
       r.set_group_size(1);
       v1::RegisterResponse resp;
@@ -671,7 +672,7 @@ TEST_F(SpgatectlE2eTest, MutualTls) {
   EXPECT_THAT(r.err, StartsWith("spgatectl: gates get: UNAVAILABLE: "));
 
   // Certificates mapped to roles: CN=operator is an admin, CN=viewer a reader.
-  std::ofstream(dir_ / "subjects") << "admin operator\nreader viewer\n";
+  std::ofstream(dir_ / "subjects") << "admin cn:operator\nreader cn:viewer\n";
   opts.admin_subjects_file = d + "/subjects";
   StartDaemon(opts);
   const std::vector<std::string> viewer = {ca, "--tls_cert=" + d + "/viewer.pem",
@@ -688,12 +689,12 @@ TEST_F(SpgatectlE2eTest, MutualTls) {
   EXPECT_EQ(r.exit_code, 0) << r;
   r = Ctl(with({"gates", "set", "--max_length_cv=0.3"}, viewer));
   EXPECT_EQ(r.exit_code, 1) << r;
-  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: PERMISSION_DENIED: viewer has the reader"));
+  EXPECT_THAT(r.err, StartsWith("spgatectl: gates set: PERMISSION_DENIED: cn:viewer has the reader"));
   r = Ctl(with({"gates", "set", "--max_length_cv=0.3"}, operator_cert));
   EXPECT_EQ(r.exit_code, 0) << r;
   r = Ctl(with({"--output=json", "gates", "history", "--limit=1"}, viewer));
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_EQ(ParseJson<v1::ListConfigHistoryResponse>(r.out).entries(0).principal(), "operator");
+  EXPECT_EQ(ParseJson<v1::ListConfigHistoryResponse>(r.out).entries(0).principal(), "cn:operator");
 }
 
 // The TLS flags go through the clients' one rule (worker/client/tls.h): a bad one is a

@@ -1,5 +1,7 @@
 // The C API (spgate_client.h): error codes with messages, a decider over a C broadcast
-// callback, the TLS options against a real in-process mTLS daemon, and the ctypes example
+// callback, the launch credential (made, required, checked), a memory override and a
+// replaced session in the stats (against the scripted daemon of fake_gate_service.h), the
+// TLS options against a real in-process mTLS daemon, and the ctypes example
 // (examples/python/train_loop.py) run against a real in-process daemon, with and without
 // mTLS.
 #include "worker/client/spgate_client.h"
@@ -17,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
+#include "tests/worker/client/fake_gate_service.h"
 #ifdef SPGATE_HAVE_SERVER
 #include "server/daemon.h"
 #endif
@@ -80,6 +83,96 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   EXPECT_EQ(spgate_client_report_telemetry(c, &t), SPGATE_INVALID_ARGUMENT);
   spgate_decider_destroy(d);
   spgate_client_destroy(c);
+}
+
+TEST(CApiTest, LaunchCredentialIsMadeRequiredAndChecked) {
+  char cred[SPGATE_LAUNCH_CREDENTIAL_BUFFER];
+  ASSERT_EQ(spgate_new_launch_credential(cred, sizeof(cred)), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(std::string(cred).size(), 32u);
+  EXPECT_EQ(std::string(cred).find_first_not_of("0123456789abcdef"), std::string::npos) << cred;
+  char other[SPGATE_LAUNCH_CREDENTIAL_BUFFER];
+  ASSERT_EQ(spgate_new_launch_credential(other, sizeof(other)), SPGATE_OK);
+  EXPECT_STRNE(cred, other);
+  char small[32];
+  EXPECT_EQ(spgate_new_launch_credential(small, sizeof(small)), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("size: need 33 bytes, got 32"));
+  EXPECT_EQ(spgate_new_launch_credential(nullptr, 64), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("buf is NULL"));
+
+  struct Case {
+    const char* credential;  // null: not set
+    spgate_status want;
+    const char* message;
+  };
+  const Case cases[] = {
+      {nullptr, SPGATE_INVALID_ARGUMENT, "launch_credential must be set"},
+      {"too-short", SPGATE_INVALID_ARGUMENT, "launch_credential: must be 16 to 128 characters"},
+      {cred, SPGATE_OK, ""},
+  };
+  for (const Case& c : cases) {
+    spgate_options* o = spgate_options_create();
+    ASSERT_EQ(spgate_options_set(o, "controller", "127.0.0.1:1"), SPGATE_OK);
+    ASSERT_EQ(spgate_options_set(o, "job_id", "c-api-cred"), SPGATE_OK);
+    ASSERT_EQ(spgate_options_set(o, "incarnation", "c-api-launch"), SPGATE_OK);
+    if (c.credential != nullptr) {
+      ASSERT_EQ(spgate_options_set(o, "launch_credential", c.credential), SPGATE_OK);
+    }
+    spgate_client* client = nullptr;
+    EXPECT_EQ(spgate_client_create(o, &client), c.want) << spgate_last_error();
+    EXPECT_THAT(spgate_last_error(), HasSubstr(c.message));
+    spgate_client_destroy(client);
+    spgate_options_destroy(o);
+  }
+}
+
+// Against a scripted daemon that answers TP-only whatever the plan: a plan whose TP-only
+// peak is over budget x headroom runs SP (source MEMORY_OVERRIDE) and is counted; then the
+// daemon replaces the session, and the stats say so.
+TEST(CApiTest, StatsCountMemoryOverridesAndSayWhenTheSessionWasReplaced) {
+  spgate::client::testing::FakeGateServer server;
+  spgate::client::testing::FakeGateService::Script script;
+  script.answer_mode = spgate::v1::TENSOR_PARALLEL_ONLY;
+  script.answer_reason = spgate::v1::LENGTH_CV;
+  server.service().set_script(script);
+  spgate_options* o = spgate_options_create();
+  for (const auto& [name, value] :
+       std::vector<std::pair<const char*, std::string>>{
+           {"controller", server.address()}, {"job_id", "c-api-memory"},
+           {"incarnation", "c-api-launch"},
+           {"launch_credential", "0123456789abcdef0123456789abcdef"},
+           {"initial_backoff_ms", "20"}, {"max_backoff_ms", "100"}}) {
+    ASSERT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK) << spgate_last_error();
+  }
+  spgate_client* c = nullptr;
+  ASSERT_EQ(spgate_client_create(o, &c), SPGATE_OK) << spgate_last_error();
+  spgate_options_destroy(o);
+  ASSERT_EQ(spgate_client_wait_connected(c, 10000), SPGATE_OK) << spgate_last_error();
+  const int64_t lengths[] = {4096, 4000, 4100};
+  ASSERT_EQ(spgate_client_submit_plan(c, 0, lengths, 3, /*sp=*/500, /*tp=*/950, /*budget=*/1000),
+            SPGATE_OK);
+  spgate_decision d{};
+  ASSERT_EQ(spgate_client_await_decision(c, 0, 5000000, &d), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(d.mode, SPGATE_MODE_SEQUENCE_PARALLEL);
+  EXPECT_EQ(d.reason, SPGATE_REASON_MEMORY_REQUIRES_SP);
+  EXPECT_EQ(d.source, SPGATE_SOURCE_MEMORY_OVERRIDE);
+  spgate_client_stats st{};
+  ASSERT_EQ(spgate_client_get_stats(c, &st), SPGATE_OK);
+  EXPECT_EQ(st.memory_overrides, 1);
+  EXPECT_EQ(st.daemon_decisions, 0);
+  EXPECT_EQ(st.session_replaced, 0);
+
+  server.service().ReplaceSessions();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (st.session_replaced == 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_EQ(spgate_client_get_stats(c, &st), SPGATE_OK);
+  }
+  EXPECT_EQ(st.session_replaced, 1);
+  EXPECT_EQ(st.connected, 0);
+  EXPECT_EQ(spgate_client_flush(c, 1000), SPGATE_FAILED_PRECONDITION);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("session was replaced"));
+  spgate_client_destroy(c);
+  EXPECT_EQ(server.service().registrations(), 1);
 }
 
 std::string MakeTempDir() {
@@ -186,6 +279,9 @@ class CApiTlsTest : public ::testing::Test {
     EXPECT_EQ(spgate_options_set(o, "controller", daemon_->worker_address().c_str()), SPGATE_OK);
     EXPECT_EQ(spgate_options_set(o, "job_id", "c-api-tls"), SPGATE_OK);
     EXPECT_EQ(spgate_options_set(o, "incarnation", "c-api-launch"), SPGATE_OK);
+    char cred[SPGATE_LAUNCH_CREDENTIAL_BUFFER];
+    EXPECT_EQ(spgate_new_launch_credential(cred, sizeof(cred)), SPGATE_OK);
+    EXPECT_EQ(spgate_options_set(o, "launch_credential", cred), SPGATE_OK);
     for (const auto& [name, value] : tls) {
       EXPECT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK) << spgate_last_error();
     }

@@ -1,5 +1,6 @@
-// DecisionBook: the leader's plans, the daemon's answers and refusals, and the commit of
-// each step in order — driven directly, no gRPC, no threads (worker/client/decision_book.h).
+// DecisionBook: the leader's plans, the daemon's answers and refusals, the commit of each
+// step in order, and the worker's memory gate over the daemon's TP-only answers — driven
+// directly, no gRPC, no threads (worker/client/decision_book.h).
 #include "worker/client/decision_book.h"
 
 #include "gmock/gmock.h"
@@ -187,6 +188,131 @@ TEST(DecisionBookTest, AnUnforcedTpPinHeardFromTheDaemonYieldsToMemoryLocallyToo
   const GateDecision local = book.Commit(1, kNow);
   EXPECT_EQ(local.mode, Mode::kSequenceParallel);
   EXPECT_EQ(local.policy_reason, Reason::kMemoryRequiresSp);
+}
+
+// ---- The worker's memory gate over the daemon's answers ----
+
+// A plan with a 1,000-byte budget: under the default memory_headroom (0.9) either mode
+// fits when its predicted peak is at most 900 bytes.
+PlanRecord MemoryPlan(int64_t step, uint64_t peak_sp, uint64_t peak_tp, uint64_t budget = 1000) {
+  PlanRecord p = Plan(step);
+  p.peak_sp = peak_sp;
+  p.peak_tp = peak_tp;
+  p.budget = budget;
+  return p;
+}
+
+TEST(DecisionBookMemoryGateTest, ADaemonTpOnlyAnswerRunsOnlyWhenItFits) {
+  struct Case {
+    const char* name;
+    uint64_t peak_sp, peak_tp, budget;
+    Mode answer_mode;
+    Reason answer_reason;
+    bool pin_forced;
+    // What runs:
+    Mode mode;
+    Reason reason;
+    DecisionSource source;
+  };
+  const Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
+  const DecisionSource kDaemon = DecisionSource::kDaemon;
+  const DecisionSource kOverride = DecisionSource::kMemoryOverride;
+  const Case cases[] = {
+      {"TP-only that fits runs", 500, 800, 1000, kTp, Reason::kLengthCv, false,
+       kTp, Reason::kLengthCv, kDaemon},
+      {"TP-only at exactly budget x headroom fits", 500, 900, 1000, kTp, Reason::kRsWait, false,
+       kTp, Reason::kRsWait, kDaemon},
+      {"TP-only over the limit runs SP", 500, 950, 1000, kTp, Reason::kLengthCv, false,
+       kSp, Reason::kMemoryRequiresSp, kOverride},
+      {"neither fits: SP, over budget", 920, 950, 1000, kTp, Reason::kLengthCv, false,
+       kSp, Reason::kMemoryOverBudget, kOverride},
+      {"an unforced TP-only pin over the limit runs SP", 500, 950, 1000, kTp, Reason::kPinned,
+       false, kSp, Reason::kMemoryRequiresSp, kOverride},
+      {"a forced TP-only pin runs as forced", 500, 950, 1000, kTp, Reason::kPinned, true,
+       kTp, Reason::kPinned, kDaemon},
+      {"an SP answer is unchanged", 920, 950, 1000, kSp, Reason::kGatesPassed, false,
+       kSp, Reason::kGatesPassed, kDaemon},
+      {"no budget: no memory gate", 500, uint64_t{1} << 50, 0, kTp, Reason::kLengthCv, false,
+       kTp, Reason::kLengthCv, kDaemon},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+    ASSERT_THAT(book.AddPlan(MemoryPlan(3, c.peak_sp, c.peak_tp, c.budget)), IsOk());
+    GateDecision answer = Daemon(3, c.answer_mode, c.answer_reason, /*version=*/5);
+    answer.pin_forced = c.pin_forced;
+    if (c.answer_reason == Reason::kPinned) answer.pin_expire = kNow + absl::Hours(1);
+    ASSERT_NE(book.OnDaemonDecision(answer), nullptr);
+    const GateDecision d = book.Commit(3, kNow);
+    EXPECT_EQ(d.step, 3);
+    EXPECT_EQ(d.mode, c.mode);
+    EXPECT_EQ(d.reason, c.reason);
+    EXPECT_EQ(d.policy_reason, c.reason);
+    EXPECT_EQ(d.source, c.source);
+    const bool overridden = c.source == kOverride;
+    EXPECT_EQ(book.counters().memory_overrides, overridden ? 1 : 0);
+    EXPECT_EQ(book.counters().daemon_decisions, overridden ? 0 : 1);
+    EXPECT_EQ(book.counters().local_decisions, 0);
+    if (overridden) {
+      EXPECT_EQ(d.config_version, 0) << "the worker's config judged it";
+      EXPECT_EQ(d.pin_expire, std::nullopt);
+      EXPECT_FALSE(d.pin_forced);
+    } else {
+      EXPECT_EQ(d, answer);
+    }
+    EXPECT_EQ(**book.Lookup(3), d) << "asking again gives what ran";
+  }
+}
+
+// The limit is budget x memory_headroom of the config in force for the step (the one a
+// local decision of that step would use), not of the config at the time of the answer.
+TEST(DecisionBookMemoryGateTest, TheConfigInForceForTheStepSetsTheLimit) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  GateConfig roomy;
+  roomy.memory_headroom = 0.99;
+  book.ScheduleConfig(roomy, 9, /*effective_from_step=*/2);
+  ASSERT_THAT(book.AddPlan(MemoryPlan(1, 500, 950)), IsOk());
+  ASSERT_THAT(book.AddPlan(MemoryPlan(2, 500, 950)), IsOk());
+  book.OnDaemonDecision(Daemon(1, Mode::kTensorParallelOnly, Reason::kLengthCv, 9));
+  book.OnDaemonDecision(Daemon(2, Mode::kTensorParallelOnly, Reason::kLengthCv, 9));
+  const GateDecision d1 = book.Commit(1, kNow);  // 950 > 0.9 x 1000
+  EXPECT_EQ(d1.mode, Mode::kSequenceParallel);
+  EXPECT_EQ(d1.source, DecisionSource::kMemoryOverride);
+  EXPECT_EQ(d1.config_version, 0);
+  const GateDecision d2 = book.Commit(2, kNow);  // 950 <= 0.99 x 1000
+  EXPECT_EQ(d2.mode, Mode::kTensorParallelOnly);
+  EXPECT_EQ(d2.source, DecisionSource::kDaemon);
+  EXPECT_EQ(book.counters().memory_overrides, 1);
+}
+
+// The fallback's group state adopts the SP step that ran, not the daemon's TP-only: had it
+// adopted the daemon's RS_WAIT answer it would be in the RS_WAIT fallback with its last SP
+// step at 0, and its next local decision (CV 0, no wait samples, the next probe due at
+// step 200) would be TP-only for RS_WAIT, as in DaemonAnswerIsCommittedAndAdvancesTheFallback.
+TEST(DecisionBookMemoryGateTest, TheFallbackAdoptsWhatRan) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
+  ASSERT_THAT(book.AddPlan(MemoryPlan(1, 500, 950)), IsOk());
+  ASSERT_THAT(book.AddPlan(Plan(2)), IsOk());
+  book.OnDaemonDecision(Daemon(0, Mode::kSequenceParallel, Reason::kGatesPassed));
+  book.OnDaemonDecision(Daemon(1, Mode::kTensorParallelOnly, Reason::kRsWait));
+  ASSERT_EQ(book.Commit(0, kNow).source, DecisionSource::kDaemon);
+  ASSERT_EQ(book.Commit(1, kNow).source, DecisionSource::kMemoryOverride);
+  const GateDecision local = book.Commit(2, kNow);
+  EXPECT_EQ(local.source, DecisionSource::kFallback);
+  EXPECT_EQ(local.mode, Mode::kSequenceParallel);
+  EXPECT_EQ(local.policy_reason, Reason::kGatesPassed);
+}
+
+// A local decision never needs the override: the fallback runs the same memory gate.
+TEST(DecisionBookMemoryGateTest, LocalDecisionsAreNotOverrides) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  ASSERT_THAT(book.AddPlan(MemoryPlan(1, 500, 950)), IsOk());
+  const GateDecision d = book.Commit(1, kNow);
+  EXPECT_EQ(d.source, DecisionSource::kFallback);
+  EXPECT_EQ(d.policy_reason, Reason::kMemoryRequiresSp);
+  EXPECT_EQ(book.counters().memory_overrides, 0);
+  EXPECT_EQ(book.counters().local_decisions, 1);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // A scriptable in-process GateService for the client's protocol tests: it can answer
-// plans, stay silent (a "black hole" daemon), reject plans, forget sessions, and it
-// records what the client sent. The real daemon is exercised in gate_client_test.cc.
+// plans (SP, or any mode and reason it is told, even ones the real daemon's memory gate
+// would never give), stay silent (a "black hole" daemon), reject plans, forget sessions,
+// replace them (the stream ends ABORTED, as when another process registered as the same
+// rank), and it records what the client sent. The real daemon is exercised in
+// gate_client_test.cc.
 #ifndef SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 #define SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 
@@ -9,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/mutex.h"
@@ -23,6 +27,10 @@ class FakeGateService final : public v1::GateService::CallbackService {
   struct Script {
     bool answer_plans = true;     // false: read and say nothing (black hole)
     bool reject_plans = false;    // answer every plan with a PlanRejection
+    // What an answer says.
+    v1::Mode answer_mode = v1::SEQUENCE_PARALLEL;
+    v1::Reason answer_reason = v1::GATES_PASSED;
+    bool answer_pin_forced = false;
     int reject_code = 3;          // ... with this code (3: INVALID_ARGUMENT)
     bool ack_heartbeats = true;
     int64_t decision_config_version = 42;
@@ -44,9 +52,32 @@ class FakeGateService final : public v1::GateService::CallbackService {
     spgate::MutexLock l(&mu_);
     for (Stream* st : streams_) st->FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "bye"));
   }
+  // Ends every open stream with ABORTED "session replaced", as the daemon does when the
+  // rank registers again from another process (its sessions stay known).
+  void ReplaceSessions() {
+    spgate::MutexLock l(&mu_);
+    for (Stream* st : streams_) {
+      st->FinishOnce(grpc::Status(grpc::StatusCode::ABORTED,
+                                  "session replaced: the rank registered again"));
+    }
+  }
   int registrations() const {
     spgate::MutexLock l(&mu_);
     return registrations_;
+  }
+  // The launch_credential of every Register, in order.
+  std::vector<std::string> launch_credentials() const {
+    spgate::MutexLock l(&mu_);
+    return credentials_;
+  }
+  int open_streams() const {
+    spgate::MutexLock l(&mu_);
+    return static_cast<int>(streams_.size());
+  }
+  // Heartbeat.memory_overrides of the last heartbeat (-1: no heartbeat yet).
+  int64_t last_memory_overrides() const {
+    spgate::MutexLock l(&mu_);
+    return last_memory_overrides_;
   }
   int64_t plans_seen() const {
     spgate::MutexLock l(&mu_);
@@ -66,6 +97,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
     spgate::MutexLock l(&mu_);
+    credentials_.push_back(req->launch_credential());
     const std::string id = absl::StrCat("s", ++registrations_);
     valid_.insert(id);
     resp->set_session_id(id);
@@ -134,8 +166,9 @@ class FakeGateService final : public v1::GateService::CallbackService {
             d->set_job_id(p.job_id());
             d->set_group(p.group());
             d->set_step(p.step());
-            d->set_mode(v1::SEQUENCE_PARALLEL);
-            d->set_reason(v1::GATES_PASSED);
+            d->set_mode(s.answer_mode);
+            d->set_reason(s.answer_reason);
+            d->set_pin_forced(s.answer_pin_forced);
             d->set_config_version(s.decision_config_version);
             send = true;
           }
@@ -147,6 +180,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
           for (const auto& c : in_.heartbeat().local_decisions()) {
             svc_->last_local_[c.reason()] = c.count();
           }
+          svc_->last_memory_overrides_ = in_.heartbeat().memory_overrides();
           if (s.ack_heartbeats) {
             out.mutable_ack()->set_telemetry_received(received_);
             send = true;
@@ -218,6 +252,8 @@ class FakeGateService final : public v1::GateService::CallbackService {
   std::set<std::string> valid_;
   std::set<Stream*> streams_;
   int registrations_ = 0;
+  std::vector<std::string> credentials_;
+  int64_t last_memory_overrides_ = -1;
   int64_t plans_seen_ = 0;
   int64_t telemetry_seen_ = 0;
   std::map<int, int64_t> last_local_;

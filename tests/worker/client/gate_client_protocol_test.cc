@@ -1,7 +1,9 @@
 // GateClient against a scripted GateService (fake_gate_service.h): the deadline bounds
 // every wait, an unreachable or silent daemon costs nothing beyond it, rejected plans and
-// forgotten sessions are handled, heartbeats carry local decisions by reason, and the
-// telemetry buffer is bounded.
+// forgotten sessions are handled, heartbeats carry local decisions by reason and memory
+// overrides, the telemetry buffer is bounded, every Register carries the launch
+// credential (required with a controller), a daemon's TP-only answer the worker's memory
+// gate forbids runs SP, and a replaced session is never taken back.
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -21,12 +23,14 @@ using testing::FakeGateService;
 
 constexpr int64_t kMixed[] = {512, 8192, 1024, 4096};  // CV ~0.8: LENGTH_CV
 constexpr int64_t kEven[] = {4096, 4096, 4096};         // CV 0: GATES_PASSED
+constexpr char kCredential[] = "0123456789abcdef0123456789abcdef";  // a fixed test credential
 
 GateClientOptions Options(const std::string& controller) {
   GateClientOptions o;
   o.controller = controller;
   o.job_id = "proto-test";
   o.incarnation = "test-launch";
+  o.launch_credential = kCredential;
   o.group_size = 1;
   o.initial_backoff = absl::Milliseconds(20);
   o.max_backoff = absl::Milliseconds(200);
@@ -211,6 +215,144 @@ TEST(GateClientProtocolTest, TelemetryBufferIsBoundedAndDropsAreCounted) {
   EXPECT_EQ(c->stats().telemetry_dropped, 12);
   EXPECT_THAT(c->Flush(absl::Milliseconds(50)),
               StatusIs(absl::StatusCode::kDeadlineExceeded, ::testing::HasSubstr("buffered")));
+}
+
+// The credential is checked before anything dials, and named; its value is a secret and
+// never appears in the message.
+TEST(GateClientProtocolTest, ALaunchCredentialIsRequiredWithAController) {
+  struct Case {
+    const char* name;
+    std::string credential;
+    const char* error;  // null: accepted
+  };
+  const Case cases[] = {
+      {"missing", "", "launch_credential must be set"},
+      {"too short", "0123456789abcde", "launch_credential: must be 16 to 128 characters, got 15"},
+      {"too long", std::string(129, 'k'),
+       "launch_credential: must be 16 to 128 characters, got 129"},
+      {"a space", "0123456789 abcdef", "launch_credential: printable ASCII without spaces only "
+                                       "(character 11 is not)"},
+      {"a control character", "0123456789abcdef\n", "(character 17 is not)"},
+      {"not ASCII", "0123456789abcdef\xc3\xa9", "(character 17 is not)"},
+      {"16 characters", "0123456789abcdef", nullptr},
+      {"128 characters", std::string(128, '~'), nullptr},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GateClientOptions o = Options("127.0.0.1:1");
+    o.launch_credential = c.credential;
+    absl::StatusOr<std::unique_ptr<GateClient>> client = GateClient::Create(o);
+    if (c.error == nullptr) {
+      EXPECT_THAT(client.status(), IsOk());
+      continue;
+    }
+    EXPECT_THAT(client.status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr(c.error)));
+    if (c.credential.size() >= 8) {
+      EXPECT_THAT(std::string(client.status().message()),
+                  ::testing::Not(::testing::HasSubstr(c.credential)));
+    }
+  }
+  // Without a controller nothing is sent, so nothing is required.
+  GateClientOptions local = Options("");
+  local.launch_credential = "";
+  EXPECT_THAT(GateClient::Create(local).status(), IsOk());
+}
+
+TEST(GateClientProtocolTest, EveryRegisterCarriesTheLaunchCredential) {
+  FakeGateServer server;
+  auto c = MakeClient(Options(server.address()));
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  server.service().ForgetSessions();
+  server.service().KillStreams();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (server.service().registrations() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_THAT(server.service().launch_credentials(),
+              ::testing::ElementsAre(kCredential, kCredential));
+}
+
+// End to end: a daemon (here a fake one: the real daemon's own memory gate never says
+// this) answers TP-only for a plan whose TP-only peak is over budget x headroom. The
+// group runs SP with the worker's memory-gate reason, the override is counted, and the
+// next heartbeat carries the count; an answer that fits still runs as answered.
+TEST(GateClientProtocolTest, ADaemonTpOnlyAnswerOverBudgetRunsSpAndIsReported) {
+  FakeGateServer server;
+  FakeGateService::Script s;
+  s.answer_mode = v1::TENSOR_PARALLEL_ONLY;
+  s.answer_reason = v1::LENGTH_CV;
+  s.heartbeat_ms = 50;
+  server.service().set_script(s);
+  auto c = MakeClient(Options(server.address()));
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  // Budget 1,000 bytes, memory_headroom 0.9 (the served config): TP-only's 950 does not
+  // fit, SP's 500 does.
+  ASSERT_THAT(c->SubmitPlan({.step = 1, .lengths = kMixed, .predicted_peak_bytes_sp = 500,
+                             .predicted_peak_bytes_tp = 950, .memory_budget_bytes = 1000}),
+              IsOk());
+  ASSERT_THAT(c->SubmitPlan({.step = 2, .lengths = kMixed, .predicted_peak_bytes_sp = 500,
+                             .predicted_peak_bytes_tp = 800, .memory_budget_bytes = 1000}),
+              IsOk());
+  auto d1 = c->AwaitDecision(1, absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(d1.status(), IsOk());
+  EXPECT_EQ(d1->mode, Mode::kSequenceParallel);
+  EXPECT_EQ(d1->reason, Reason::kMemoryRequiresSp);
+  EXPECT_EQ(d1->source, DecisionSource::kMemoryOverride);
+  EXPECT_EQ(DecisionSourceLabel(d1->source), "memory_override");
+  auto d2 = c->AwaitDecision(2, absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(d2.status(), IsOk());
+  EXPECT_EQ(d2->mode, Mode::kTensorParallelOnly);
+  EXPECT_EQ(d2->source, DecisionSource::kDaemon);
+  const GateClientStats st = c->stats();
+  EXPECT_EQ(st.memory_overrides, 1);
+  EXPECT_EQ(st.daemon_decisions, 1);
+  EXPECT_EQ(st.local_decisions, 0);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (server.service().last_memory_overrides() != 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server.service().last_memory_overrides(), 1);
+}
+
+// The daemon ends the stream ABORTED: another process registered as this rank (with the
+// launch's credential) and holds the seat now. The client does not take it back — no
+// Register, no stream, however long it lives — and decides every later step locally, at
+// once, saying why.
+TEST(GateClientProtocolTest, AReplacedSessionIsNotTakenBack) {
+  FakeGateServer server;
+  auto c = MakeClient(Options(server.address()));
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  ASSERT_FALSE(c->stats().session_replaced);
+  server.service().ReplaceSessions();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!c->stats().session_replaced && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // Many backoff periods (20 to 200 ms): a client that reconnects would have by now.
+  absl::SleepFor(absl::Milliseconds(600));
+  const GateClientStats st = c->stats();
+  EXPECT_TRUE(st.session_replaced);
+  EXPECT_FALSE(st.connected);
+  EXPECT_THAT(st.last_error, ::testing::HasSubstr("ABORTED: session replaced"));
+  EXPECT_THAT(st.last_error, ::testing::HasSubstr("another process now holds rank 0 of group 0"));
+  EXPECT_EQ(server.service().registrations(), 1);
+  EXPECT_EQ(server.service().open_streams(), 0);
+  ASSERT_THAT(c->SubmitPlan({.step = 1, .lengths = kMixed}), IsOk());
+  const absl::Time start = absl::Now();
+  auto d = c->AwaitDecision(1, start + absl::Seconds(5));
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(100)) << "waited for a daemon it left";
+  EXPECT_EQ(d->source, DecisionSource::kFallback);
+  EXPECT_EQ(d->policy_reason, Reason::kLengthCv);
+  ASSERT_THAT(c->ReportTelemetry({.step = 1, .step_time_s = 0.1}), IsOk());
+  EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("session was replaced")));
+  EXPECT_THAT(c->Flush(absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       ::testing::HasSubstr("session was replaced")));
+  EXPECT_EQ(server.service().registrations(), 1);
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // client reconnects in bounded time and its local decisions appear in the daemon's
 // metrics; a config update applies exactly at its effective_from_step on every rank; and
 // thousands of steps over several groups with random delays and a restart in the middle
-// give zero disagreements. Ranks are threads, the broadcast is in memory.
+// give zero disagreements; a second process taking a rank's seat with the launch's
+// credential ends the first one's session for good (no tug of war), and a wrong
+// credential is refused. Ranks are threads, the broadcast is in memory.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -73,6 +75,7 @@ struct Group {
       o.controller = controller;
       o.job_id = job_id;
       o.incarnation = "test-launch";
+      o.launch_credential = "0123456789abcdef0123456789abcdef";  // a fixed test credential
       o.group = group;
       o.rank_in_group = r;
       o.group_size = ranks;
@@ -212,6 +215,62 @@ TEST_F(GateClientE2ETest, DecisionsArriveBeforeTheDeadlineOnAHealthyStream) {
     ASSERT_THAT(c->Flush(absl::Seconds(10)), IsOk());
     EXPECT_EQ(c->stats().telemetry_acked, 200);
   }
+}
+
+// Rank 0 of group 0 registers again from "another process" (a second client, the same
+// launch and credential): the daemon ends the first session's stream ABORTED, and the
+// first client leaves the seat to the second — it neither reconnects nor registers again,
+// so the second keeps its session and the daemon's answers — and decides locally. A
+// client with another credential for the launch is refused and never connects.
+TEST_F(GateClientE2ETest, ASeatTakenWithTheCredentialIsNotFoughtOver) {
+  StartDaemon();
+  auto options = [&](const std::string& credential) {
+    GateClientOptions o;
+    o.controller = controller_;
+    o.job_id = "e2e-seat";
+    o.incarnation = "test-launch";
+    o.launch_credential = credential;
+    o.initial_backoff = absl::Milliseconds(20);
+    o.max_backoff = absl::Milliseconds(100);
+    o.decision_deadline = absl::Milliseconds(500);
+    return o;
+  };
+  const std::string credential = "0123456789abcdef0123456789abcdef";
+  auto first = GateClient::Create(options(credential));
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_THAT((*first)->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  auto second = GateClient::Create(options(credential));
+  ASSERT_THAT(second.status(), IsOk());
+  ASSERT_THAT((*second)->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!(*first)->stats().session_replaced && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // many backoff periods
+  const GateClientStats a = (*first)->stats(), b = (*second)->stats();
+  EXPECT_TRUE(a.session_replaced);
+  EXPECT_THAT(a.last_error, ::testing::HasSubstr("ABORTED: session replaced"));
+  EXPECT_EQ(a.registrations, 1);
+  EXPECT_FALSE(a.connected);
+  EXPECT_FALSE(b.session_replaced);
+  EXPECT_TRUE(b.connected);
+  EXPECT_EQ(b.registrations, 1);
+  EXPECT_EQ(b.streams_opened, 1) << "the second client's session was taken back";
+  ASSERT_THAT((*first)->SubmitPlan({.step = 0, .lengths = kMixed}), IsOk());
+  ASSERT_THAT((*second)->SubmitPlan({.step = 0, .lengths = kMixed}), IsOk());
+  auto da = (*first)->AwaitDecision(0);
+  auto db = (*second)->AwaitDecision(0);
+  ASSERT_THAT(da.status(), IsOk());
+  ASSERT_THAT(db.status(), IsOk());
+  EXPECT_EQ(da->source, DecisionSource::kFallback);
+  EXPECT_EQ(db->source, DecisionSource::kDaemon);
+
+  auto stranger = GateClient::Create(options("fedcba9876543210fedcba9876543210"));
+  ASSERT_THAT(stranger.status(), IsOk());
+  EXPECT_THAT((*stranger)->WaitUntilConnected(absl::Seconds(1)),
+              ::spgate::testing::StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                          ::testing::HasSubstr("PERMISSION_DENIED")));
+  EXPECT_TRUE((*second)->stats().connected) << "a wrong credential took the seat";
 }
 
 TEST_F(GateClientE2ETest, DaemonAwayThenBack) {

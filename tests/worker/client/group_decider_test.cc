@@ -45,6 +45,20 @@ TEST(DecisionWireTest, RoundTripsAndRejectsGarbage) {
   junk.mode = 7;
   EXPECT_THAT(FromWire(junk), StatusIs(absl::StatusCode::kInvalidArgument,
                                        HasSubstr("not a decision")));
+  // Every rank learns that the leader's memory gate overrode the daemon.
+  GateDecision overridden{.step = 78,
+                          .mode = Mode::kSequenceParallel,
+                          .reason = Reason::kMemoryRequiresSp,
+                          .policy_reason = Reason::kMemoryRequiresSp,
+                          .source = DecisionSource::kMemoryOverride,
+                          .config_version = 9};
+  auto back2 = FromWire(ToWire(overridden));
+  ASSERT_THAT(back2.status(), IsOk());
+  EXPECT_EQ(*back2, overridden);
+  DecisionWire unknown_source = ToWire(overridden);
+  unknown_source.source = 5;
+  EXPECT_THAT(FromWire(unknown_source), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                 HasSubstr("source 5")));
 }
 
 TEST(GroupDeciderTest, CreateChecksTheLeaderHasAClient) {
@@ -186,6 +200,9 @@ TEST(GateClientLocalTest, OptionsAreValidated) {
                                               HasSubstr("job_id")));
   o.job_id = "j";
   o.incarnation = "test-launch";
+  EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("launch_credential must be set")));
+  o.launch_credential = "0123456789abcdef0123456789abcdef";
   o.rank_in_group = 4;
   o.group_size = 4;
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,

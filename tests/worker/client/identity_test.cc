@@ -1,21 +1,30 @@
 // IncarnationFromEnvironment: the launcher sources in their documented order
 // (worker/client/identity.h), each set and unset in the process environment. A relaunch
 // must read as a new incarnation, so TorchElastic's restart count is part of the value
-// and torchrun's default run id "none" names nothing.
+// and torchrun's default run id "none" names nothing. The launch credential: only
+// SPGATE_LAUNCH_CREDENTIAL is one (the launcher's ids are visible to other users), new
+// ones are 32 lower-case hex digits from the kernel and never repeat, and the rule the
+// daemon applies is checked without echoing the secret.
 #include "worker/client/identity.h"
 
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace spgate::client {
 namespace {
 
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+
 constexpr const char* kSources[] = {
     "SPGATE_INCARNATION",  "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-    "SLURM_JOB_ID",        "SLURM_RESTART_COUNT", "PMIX_NAMESPACE",
+    "SLURM_JOB_ID",        "SLURM_RESTART_COUNT", "SLURM_STEP_ID",     "PMIX_NAMESPACE",
     "OMPI_MCA_orte_ess_jobid",
 };
 
@@ -30,7 +39,7 @@ struct Case {
   std::string want;
 };
 
-class IncarnationFromEnvironmentTest : public testing::Test {
+class IncarnationFromEnvironmentTest : public ::testing::Test {
  protected:
   void SetUp() override { ClearAll(); }
   void TearDown() override { ClearAll(); }
@@ -66,6 +75,11 @@ TEST_F(IncarnationFromEnvironmentTest, SourcesInOrder) {
        "pmix-ns"},
       {"slurm", {{"SLURM_JOB_ID", "77"}}, "slurm-77"},
       {"slurm requeued", {{"SLURM_JOB_ID", "77"}, {"SLURM_RESTART_COUNT", "2"}}, "slurm-77.2"},
+      {"each srun of an allocation is a launch", {{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}},
+       "slurm-77-step3"},
+      {"srun step of a requeued job", {{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"},
+                                       {"SLURM_RESTART_COUNT", "1"}},
+       "slurm-77-step0.1"},
       {"slurm wins over mpi", {{"SLURM_JOB_ID", "77"}, {"PMIX_NAMESPACE", "ns"}}, "slurm-77"},
       {"pmix", {{"PMIX_NAMESPACE", "ns"}, {"OMPI_MCA_orte_ess_jobid", "9"}}, "pmix-ns"},
       {"ompi", {{"OMPI_MCA_orte_ess_jobid", "9"}}, "ompi-9"},
@@ -82,6 +96,45 @@ TEST(NewIncarnationTest, ThirtyTwoHexDigitsAndFresh) {
   EXPECT_EQ(a.size(), 32u);
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos) << a;
   EXPECT_NE(a, NewIncarnation());
+}
+
+TEST_F(IncarnationFromEnvironmentTest, OnlySpgateLaunchCredentialIsACredential) {
+  unsetenv("SPGATE_LAUNCH_CREDENTIAL");
+  for (const char* n : kSources) setenv(n, "visible-to-everyone", /*overwrite=*/1);
+  EXPECT_EQ(LaunchCredentialFromEnvironment(), "");
+  setenv("SPGATE_LAUNCH_CREDENTIAL", "0123456789abcdef-wrapper", /*overwrite=*/1);
+  EXPECT_EQ(LaunchCredentialFromEnvironment(), "0123456789abcdef-wrapper");
+  unsetenv("SPGATE_LAUNCH_CREDENTIAL");
+}
+
+TEST(NewLaunchCredentialTest, ThirtyTwoLowerCaseHexDigitsNeverRepeated) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    absl::StatusOr<std::string> c = NewLaunchCredential();
+    ASSERT_THAT(c.status(), IsOk());
+    ASSERT_EQ(c->size(), 32u) << *c;
+    ASSERT_EQ(c->find_first_not_of("0123456789abcdef"), std::string::npos) << *c;
+    ASSERT_THAT(CheckLaunchCredential(*c), IsOk());
+    seen.insert(*c);
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+}
+
+TEST(ValidateLaunchCredentialTest, SixteenToOneHundredTwentyEightPrintableCharacters) {
+  EXPECT_THAT(CheckLaunchCredential(std::string(16, '!')), IsOk());
+  EXPECT_THAT(CheckLaunchCredential(std::string(128, '~')), IsOk());
+  EXPECT_THAT(CheckLaunchCredential(""),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "launch_credential: must be 16 to 128 characters, got 0"));
+  EXPECT_THAT(CheckLaunchCredential(std::string(129, 'a'), "SPGATE_LAUNCH_CREDENTIAL"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "SPGATE_LAUNCH_CREDENTIAL: must be 16 to 128 characters, got 129"));
+  EXPECT_THAT(CheckLaunchCredential("secret-secret secret"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "launch_credential: printable ASCII without spaces only (character 14 "
+                       "is not)"));
+  EXPECT_THAT(CheckLaunchCredential(std::string("secret-secret-secret\x7f")),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("character 21")));
 }
 
 }  // namespace

@@ -19,6 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::spgate::testing::IsOk;
+using ::spgate::testing::IsOkAndHolds;
 using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 using ::testing::NotNull;
@@ -101,6 +102,32 @@ TEST_F(TlsTest, WorkerTokenFileIsStrippedAndChecked) {
   // A directory cannot be read as a token either.
   EXPECT_THAT(ReadWorkerTokenFile(dir_.string()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--worker_token_file: ")));
+}
+
+// The daemon's scoped format (docs/security.md, "Worker credentials"): a worker handed
+// its own line, or the whole file, sends the first credential's TOKEN — not its name,
+// not its job patterns.
+TEST_F(TlsTest, WorkerTokenFileInTheScopedFormatSendsTheFirstToken) {
+  const struct {
+    const char* text;
+    const char* token;
+  } cases[] = {
+      {"tenant-a:tok-a llama-*,gpt-*\n", "tok-a"},
+      {"# this worker's line\n\n  tenant-a:tok-a\tllama-*\r\ntenant-b:tok-b bert\n", "tok-a"},
+      {"tenant-a:tok-a\n", "tok-a"},  // without patterns: the daemon refuses, the client sends
+      {"# one shared token\ns3cret\n", "s3cret"},
+  };
+  for (const auto& c : cases) {
+    std::ofstream(dir_ / "scoped") << c.text;
+    EXPECT_THAT(ReadWorkerTokenFile(P("scoped")), IsOkAndHolds(c.token)) << c.text;
+  }
+  std::ofstream(dir_ / "comments") << "# nothing but comments\n\n";
+  EXPECT_THAT(ReadWorkerTokenFile(P("comments")),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is empty")));
+  std::ofstream(dir_ / "no-token") << "tenant-a: llama-*\n";
+  EXPECT_THAT(ReadWorkerTokenFile(P("no-token")),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("the first credential line has an empty token")));
 }
 
 // Which kind they are shows only in a handshake (the end-to-end tests); here: every

@@ -1,5 +1,5 @@
 // The run summary (worker/runtime/summary.h): switch costs, aggregation over groups,
-// ranks and modes, and its JSON keys.
+// ranks and modes, memory overrides, and its JSON keys.
 #include <string>
 #include <vector>
 
@@ -111,6 +111,32 @@ TEST(SummaryTest, AggregatesGroupsRanksAndModes) {
   }
   EXPECT_THAT(json, HasSubstr("\"decisions\": {\"sp\": {\"gates_passed\": 3}, "
                               "\"tp_only\": {\"length_cv\": 1}}"));
+}
+
+// A leader that ran SP instead of the daemon's TP-only: its step's source says so (and is
+// not a local decision), and memory_overrides totals the ranks' counts.
+TEST(SummaryTest, MemoryOverridesAreTotalledAndNotLocalDecisions) {
+  constexpr Mode kSp = Mode::kSequenceParallel;
+  std::vector<std::vector<StepRecord>> recs(4);
+  for (int r = 0; r < 4; ++r) {
+    recs[r] = {Rec(0, kSp, Reason::kMemoryRequiresSp, StepSource::kMemoryOverride, 1.0, 100),
+               Rec(1, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 100)};
+  }
+  RunDescription run;
+  run.tp = 2;
+  // Group leaders (ranks 0 and 2) count; the others decide nothing.
+  const RunSummary s =
+      Summarize(run, recs, {{.memory_overrides = 1}, {}, {.memory_overrides = 1}, {}});
+  EXPECT_EQ(s.memory_overrides, 2);
+  EXPECT_EQ(s.local_decisions, 0);
+  EXPECT_EQ(s.decision_sources.at("memory_override"), 2);
+  EXPECT_EQ(s.decisions.at("sp").at("memory_requires_sp"), 2);
+  EXPECT_THAT(SummaryJson(s), HasSubstr("\"memory_overrides\": 2,"));
+  EXPECT_THAT(SummaryJson(s),
+              HasSubstr("\"decision_sources\": {\"daemon\": 2, \"memory_override\": 2}"));
+  EXPECT_THAT(SummaryTable(s), HasSubstr("memory overrides 2"));
+  EXPECT_STREQ(StepSourceLabel(StepSource::kMemoryOverride), "memory_override");
+  EXPECT_STREQ(StepSourceLabel(StepSource::kFlag), "flag");
 }
 
 }  // namespace

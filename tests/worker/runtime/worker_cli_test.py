@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""spgate-worker end to end, without a daemon: bad flags and impossible shapes are
-refused with exit status 2 and a message naming the flag; a 4-rank job (tp=2, dp=2)
+"""spgate-worker end to end, without a daemon: bad flags, impossible shapes and an invalid
+SPGATE_LAUNCH_CREDENTIAL are refused with exit status 2 and a message naming the flag (or
+variable); a 4-rank job (tp=2, dp=2)
 under mpirun with --verify writes the summary keys of docs/design.md §5, runs both
 modes on a bimodal length mix with the local policy, keeps every TP group consistent,
 matches SP to TP-only within tolerance, and writes one decision log per global rank;
@@ -74,6 +75,23 @@ class RefusalTest(unittest.TestCase):
                                    capture_output=True, text=True, timeout=60)
                 self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
                 self.assertNotIn("--job_id", r.stderr)
+
+    def test_invalid_launch_credential_is_refused_naming_the_variable(self):
+        # The credential comes from the environment only; a bad one is refused before MPI
+        # starts, its value never printed. Without a controller it is not used.
+        cmd = [ARGS.worker, "--controller=127.0.0.1:1", "--job_id=cred", "--connect_timeout=0",
+               "--steps=1", *SMALL]
+        for bad in ("too-short", "a credential with spaces"):
+            with self.subTest(credential=bad):
+                r = subprocess.run(cmd, env=dict(ENV, SPGATE_LAUNCH_CREDENTIAL=bad),
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("SPGATE_LAUNCH_CREDENTIAL: ", r.stderr)
+                self.assertNotIn(bad, r.stderr)
+        r = subprocess.run([ARGS.worker, "--steps=1", *SMALL],
+                           env=dict(ENV, SPGATE_LAUNCH_CREDENTIAL="too-short"),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_unknown_flag_is_named(self):
         r = run(["--tensor_parallel=2"])

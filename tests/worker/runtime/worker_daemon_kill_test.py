@@ -4,9 +4,12 @@ with SIGKILL mid-run. The run must finish, every rank's decision log must be ide
 step by step (docs/design.md §4: all ranks of a group run the mode the leader
 broadcast), the decisions before the kill come from the daemon and those after it from
 the fail-static fallback (reason controller_unavailable), and the summary reports no
-consistency violation.
+consistency violation. With the daemon up, no telemetry is lost. Against a scripted
+daemon (fake_gated) that answers TP-only to every plan whose TP-only peak does not fit the
+budget, every group runs SP instead (source memory_override), the summary counts it, and
+the 4 ranks registered with the one launch credential world rank 0 made and broadcast.
 
-Usage: worker_daemon_kill_test.py --worker=BIN --spgated=BIN --mpirun=BIN
+Usage: worker_daemon_kill_test.py --worker=BIN --spgated=BIN --mpirun=BIN --fake_gated=BIN
 """
 import argparse
 import json
@@ -191,10 +194,86 @@ class LiveDaemonTelemetryTest(DaemonTestCase):
         self.assertEqual(daemon_decided, 2 * steps)
 
 
+class ScriptedDaemonMemoryTest(unittest.TestCase):
+    """fake_gated answers TP-only to every plan, whatever it costs; the worker's budget
+    lies between the plans' predicted SP and TP-only peaks."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="spgate-worker-memory-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def worker(self, np, *args):
+        cmd = [ARGS.mpirun, "--oversubscribe", "-np", str(np), ARGS.worker, "--tp=2",
+               "--layers=1", "--hidden=64", "--heads=4", "--ffn_hidden=128",
+               # Every batch the same, so are its predicted peaks.
+               "--lengths=uniform:min=1024,max=1024", "--tokens_per_batch=4096",
+               "--decision_deadline=500ms", *args]
+        env = {k: v for k, v in ENV.items() if k != "SPGATE_LAUNCH_CREDENTIAL"}
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r
+
+    def summary(self, name, np, *args):
+        path = os.path.join(self.tmp, name + ".json")
+        self.worker(np, f"--summary_json={path}", *args)
+        with open(path) as f:
+            return json.load(f)
+
+    def test_tp_only_answers_that_do_not_fit_run_sp(self):
+        predicted = "predicted_peak_memory_bytes"
+        sp = self.summary("sp", 2, "--mode=sp", "--steps=2")[predicted]["sp"]
+        tp = self.summary("tp", 2, "--mode=tp", "--steps=2")[predicted]["tp_only"]
+        self.assertLess(sp, tp)
+        budget = int((sp + tp) / 2 / 0.9)  # budget x memory_headroom (0.9) between the two
+        fake = subprocess.Popen([ARGS.fake_gated, "--answer=tp_only"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            address = fake.stdout.readline().split()[1]
+            steps = 12
+            prefix = os.path.join(self.tmp, "decisions")
+            s = self.summary("run", 4, f"--controller={address}", "--job_id=memory",
+                             f"--memory_budget={budget}", f"--steps={steps}",
+                             f"--decision_log={prefix}")
+            fake.stdin.write("stats\n")
+            fake.stdin.flush()
+            stats = fake.stdout.readline().split()
+        finally:
+            fake.stdin.close()
+            fake.wait(timeout=30)
+        # Two groups, every step SP: the daemon's TP-only refused by the leaders' memory
+        # gate (or, had an answer been late, decided locally by the same gate).
+        self.assertEqual(s["consistency_violations"], 0, s)
+        self.assertEqual(s["steps_by_mode"], {"sp": 2 * steps, "all": 2 * steps}, s)
+        self.assertEqual(s["memory_overrides"] + s["local_decisions"], 2 * steps, s)
+        self.assertGreaterEqual(s["memory_overrides"], 2 * steps - 2, s)
+        self.assertEqual(s["decision_sources"].get("memory_override", 0), s["memory_overrides"])
+        self.assertNotIn("daemon", s["decision_sources"])
+        reasons = {"memory_requires_sp": s["memory_overrides"]}
+        if s["local_decisions"]:
+            reasons["controller_unavailable"] = s["local_decisions"]
+        self.assertEqual(s["decisions"], {"sp": reasons}, s)
+        for r in range(4):
+            rows = [line.split(",") for line in data_lines(f"{prefix}.rank{r}.csv")]
+            self.assertEqual(len(rows), steps)
+            for step, mode, reason, source in rows:
+                self.assertEqual(mode, "sp", rows)
+                if source == "memory_override":
+                    self.assertEqual(reason, "memory_requires_sp", rows)
+        # registrations N memory_overrides M streams S credentials C1,...
+        self.assertEqual(stats[1], "4", stats)
+        credentials = stats[7].split(",")
+        self.assertEqual(len(credentials), 4, stats)
+        self.assertEqual(len(set(credentials)), 1, "the ranks registered with other credentials")
+        self.assertRegex(credentials[0], r"^[0-9a-f]{32}$")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", required=True)
     parser.add_argument("--spgated", required=True)
     parser.add_argument("--mpirun", required=True)
+    parser.add_argument("--fake_gated", required=True)
     ARGS, rest = parser.parse_known_args()
     unittest.main(argv=[sys.argv[0]] + rest)

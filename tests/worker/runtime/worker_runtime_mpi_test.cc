@@ -5,7 +5,9 @@
 //     for tp = 2 and 4, awkward lengths (padding, one-token sequences), both norm
 //     boundaries;
 //   - a gradient-accumulation window mixing modes, with data parallelism (tp = 2, dp = 2);
-//   - peak memory: SP below TP-only at long lengths, prediction within 5% of measured.
+//   - peak memory: SP below TP-only at long lengths, prediction within 5% of measured;
+//   - the launch's identity: world rank 0's incarnation and credential on every rank,
+//     and rank 0's error on every rank.
 // Tolerances: tests/worker/runtime/test_util.h.
 #include <mpi.h>
 
@@ -22,10 +24,12 @@
 #include "worker/runtime/memory_model.h"
 #include "worker/runtime/mpi_communicator.h"
 #include "worker/runtime/transformer_stack.h"
+#include "worker/runtime/worker.h"
 
 namespace spgate::runtime {
 namespace {
 
+using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 
 int WorldSize() {
@@ -56,6 +60,65 @@ absl::StatusOr<Job> MakeJob(int tp) {
   j.dp = *std::move(d);
   j.arena = std::make_unique<MemoryArena>(j.device.get());
   return j;
+}
+
+// ---------------------------------------------------------------- the launch
+
+// Every rank starts with its own values (as if each read a different environment): all
+// end with world rank 0's. Without them rank 0 makes both; a credential is 32 hex digits.
+TEST(AgreeOnLaunchTest, EveryRankGetsWorldRankZerosIdentity) {
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(WorldSize()));
+  const int me = j.grid->world_rank();
+  WorkerOptions o;
+  o.controller = "127.0.0.1:1";
+  o.incarnation = absl::StrCat("launch-of-rank-", me);
+  o.launch_credential = absl::StrCat("credential-of-rank-", me);
+  ASSERT_OK_AND_ASSIGN(LaunchIdentity given, AgreeOnLaunch(o, *j.grid));
+  EXPECT_EQ(given.incarnation, "launch-of-rank-0");
+  EXPECT_EQ(given.launch_credential, "credential-of-rank-0");
+
+  o.incarnation = "";
+  o.launch_credential = "";
+  setenv("SPGATE_INCARNATION", absl::StrCat("env-of-rank-", me).c_str(), 1);
+  ASSERT_OK_AND_ASSIGN(LaunchIdentity made, AgreeOnLaunch(o, *j.grid));
+  unsetenv("SPGATE_INCARNATION");
+  EXPECT_EQ(made.incarnation, "env-of-rank-0");
+  ASSERT_EQ(made.launch_credential.size(), 32u);
+  EXPECT_EQ(made.launch_credential.find_first_not_of("0123456789abcdef"), std::string::npos);
+  // The same on every rank: gather rank 0's view of everyone's.
+  std::vector<char> all(32 * WorldSize());
+  ASSERT_EQ(MPI_Allgather(made.launch_credential.data(), 32, MPI_CHAR, all.data(), 32, MPI_CHAR,
+                          MPI_COMM_WORLD),
+            MPI_SUCCESS);
+  for (int r = 0; r < WorldSize(); ++r) {
+    EXPECT_EQ(std::string(all.data() + 32 * r, 32), made.launch_credential) << "rank " << r;
+  }
+  // A new launch, a new credential.
+  ASSERT_OK_AND_ASSIGN(LaunchIdentity again, AgreeOnLaunch(o, *j.grid));
+  EXPECT_NE(again.launch_credential, made.launch_credential);
+
+  // Without a controller nothing is agreed or made.
+  o.controller = "";
+  o.incarnation = "local";
+  ASSERT_OK_AND_ASSIGN(LaunchIdentity local, AgreeOnLaunch(o, *j.grid));
+  EXPECT_EQ(local.incarnation, "local");
+  EXPECT_EQ(local.launch_credential, "");
+}
+
+// Rank 0's values are refused rather than cut to fit; every rank gets the refusal.
+TEST(AgreeOnLaunchTest, RankZerosErrorReachesEveryRank) {
+  ASSERT_OK_AND_ASSIGN(Job j, MakeJob(WorldSize()));
+  WorkerOptions o;
+  o.controller = "127.0.0.1:1";
+  o.incarnation = std::string(129, 'i');
+  EXPECT_THAT(AgreeOnLaunch(o, *j.grid).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       j.grid->world_rank() == 0 ? HasSubstr("incarnation: at most 128")
+                                                 : HasSubstr("world rank 0 could not")));
+  o.incarnation = "ok";
+  o.launch_credential = j.grid->world_rank() == 0 ? "short" : "long-enough-elsewhere";
+  EXPECT_THAT(AgreeOnLaunch(o, *j.grid).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 // ---------------------------------------------------------------- communicator

@@ -34,5 +34,20 @@ TEST(ValidationTest, WorkerOptionsNameTheFlags) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--grad_accum_steps")));
 }
 
+// The credential comes from the environment (never a flag), and is named by its variable;
+// without a controller it is not used, so not checked.
+TEST(ValidationTest, ALaunchCredentialIsCheckedWithAController) {
+  WorkerOptions o;
+  o.launch_credential = "short";
+  EXPECT_OK(ValidateWorkerOptions(o));
+  o.controller = "127.0.0.1:1";
+  o.job_id = "j";
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "SPGATE_LAUNCH_CREDENTIAL: must be 16 to 128 characters, got 5"));
+  o.launch_credential = "";  // world rank 0 makes one
+  EXPECT_OK(ValidateWorkerOptions(o));
+}
+
 }  // namespace
 }  // namespace spgate::runtime
