@@ -11,7 +11,7 @@ DEB_PACKAGES := build-essential cmake pkg-config git curl ca-certificates python
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev \
   libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf \
-  python3-yaml openssl python3-torch pybind11-dev python3-dev systemd
+  python3-yaml openssl libssl-dev python3-torch pybind11-dev python3-dev systemd
 
 .PHONY: all deps build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
 

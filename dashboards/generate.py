@@ -231,6 +231,26 @@ def Overview():
           "{{job_id}} · memory_headroom")],
         overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
 
+    L.Row("Safety checks")
+    L.Add(TimeSeries(
+        "Memory overrides",
+        "Daemon answers the job's group leaders did not run because their own memory gate "
+        "forbade TP-only for the plan (they ran SP, source memory_override), summed over "
+        "daemons. Should stay 0: a config mismatch, a daemon bug or an answer that was not "
+        "the daemon's (alert SpgateWorkerMemoryOverride).",
+        "count:overrides/min",
+        [(f"sum by (job_id) (rate(spgate_worker_memory_overrides_total{{{j}}}[{RATE}])) * 60",
+          "{{job_id}}")], links=[JobLink()]), w=12)
+    L.Add(TimeSeries(
+        "Worker requests refused",
+        "Worker requests the daemons refused for who sent them, by reason, over all jobs "
+        "(the counter has no job_id). launch_credential: a Register without the running "
+        "launch's credential (alert SpgateLaunchCredentialRefusals); undecided_step: a few "
+        "after a daemon pause or restart are normal (docs/metrics.md).",
+        "count:refusals/min",
+        [(f"sum by (reason) (rate(spgate_worker_refusals_total[{RATE}])) * 60",
+          "{{reason}}")]), w=12)
+
     L.Row("Collectives")
     L.Add(TimeSeries(
         "Reduce-scatter wait share against its threshold",
@@ -484,19 +504,29 @@ def Job():
         [(f"sum by (state) (spgate_workers{{{j}}})", "{{state}}")],
         overrides=[{"matcher": {"id": "byName", "options": "stale"},
                     "properties": [{"id": "color",
-                                    "value": {"mode": "fixed", "fixedColor": "red"}}]}]), w=8)
+                                    "value": {"mode": "fixed", "fixedColor": "red"}}]}]), w=6)
     L.Add(TimeSeries(
         "Local fallback decisions",
         "Decisions made by the workers' local policy (daemon late or unreachable), by the "
         "reason the local policy gave.",
         "count:decisions/s",
         [(f"sum by (reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
-          "{{reason}}")]), w=8)
+          "{{reason}}")]), w=6)
+    L.Add(TimeSeries(
+        "Memory overrides",
+        "Daemon answers this job's group leaders did not run because their own memory gate "
+        "forbade TP-only for the plan (they ran SP; decision log source memory_override). "
+        "Should stay 0 (alert SpgateWorkerMemoryOverride).",
+        "count:overrides/min",
+        [(f"sum(rate(spgate_worker_memory_overrides_total{{{j}}}[{RATE}])) * 60", "overrides")],
+        overrides=[{"matcher": {"id": "byName", "options": "overrides"},
+                    "properties": [{"id": "color",
+                                    "value": {"mode": "fixed", "fixedColor": "red"}}]}]), w=6)
     L.Add(Stat(
         "Config version",
         "Version of the job's effective gate config.",
         "none",
-        [('max(spgate_config_version{job_id=~"$job_id|_default"})', "version")]), w=8)
+        [('max(spgate_config_version{job_id=~"$job_id|_default"})', "version")]), w=6)
     L.Add({
         "type": "bargauge", "title": "Effective gate thresholds",
         "description": "The gate values this job runs with: its own override where one is "

@@ -5,7 +5,9 @@ the image is not built by the test suite; docs/deploy.md has the build command).
 Checks: multi-stage, every stage on Debian 12 (bookworm), a slim runtime stage; the runtime
 stage runs as a numeric non-root user set before ENTRYPOINT and never switches back;
 exec-form ENTRYPOINT of /usr/local/bin/spgated with CMD flags from docs/design.md §5 that
-match the Kubernetes sidecar's ports; apt-get with -y --no-install-recommends and the
+match the Kubernetes sidecar's ports, and that spgated accepts: a worker API beyond
+loopback only with a worker credential, never --allow_unauthenticated_workers (an empty
+--listen is 127.0.0.1:50061 without one; docs/security.md, "Worker credentials"); apt-get with -y --no-install-recommends and the
 package lists removed in the same RUN; no ADD of URLs or `curl | sh`; pipefail for piped
 RUNs; the build stage installs the Makefile's package list (`make deps`) and builds without
 tests; COPY sources exist; the .dockerignore keeps build trees and .git out of the context.
@@ -22,7 +24,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DOCKERFILE = os.path.join(REPO, "deploy", "docker", "Dockerfile")
 IGNORE = DOCKERFILE + ".dockerignore"
 CONTRACT_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir",
-                  "config", "admin_token_file", "tls_cert", "tls_key", "tls_client_ca"}
+                  "config", "admin_token_file", "tls_cert", "tls_key", "tls_client_ca",
+                  "worker_token_file", "worker_subjects_file"}
+DEFAULT_WORKER_PORT = 50061  # an empty --listen (docs/design.md §5)
 
 problems = []
 
@@ -140,9 +144,18 @@ def main():
             f"CMD flags not in docs/design.md §5: {sorted(set(flags) - CONTRACT_FLAGS)}")
     exposed = {int(p.split("/")[0]) for ins, r in runtime["ins"] if ins == "EXPOSE" for p in r.split()}
     for flag in ("listen", "metrics_listen", "health_listen"):
-        port = int(flags.get(flag, ":0").rsplit(":", 1)[1])
+        default = f":{DEFAULT_WORKER_PORT}" if flag == "listen" else ":0"
+        port = int((flags.get(flag) or default).rsplit(":", 1)[1])
         if port not in exposed:
             problems.append(f"--{flag} port {port} is not EXPOSEd")
+    host = flags.get("listen", "").rsplit(":", 1)[0].strip("[]")
+    credential = any(f in flags for f in ("worker_token_file", "tls_client_ca"))
+    if flags.get("listen") and not credential and not (
+            host in ("localhost", "::1") or host.startswith("127.")):
+        problems.append(f"CMD --listen={flags['listen']} is beyond loopback without a worker "
+                        "credential: spgated refuses to start (leave --listen empty)")
+    if "allow_unauthenticated_workers" in flags:
+        problems.append("CMD must not pass --allow_unauthenticated_workers")
     if not flags.get("admin_listen", "").startswith("127.0.0.1:"):
         problems.append("the admin API should stay on loopback by default")
     # .dockerignore

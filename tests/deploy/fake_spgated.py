@@ -75,6 +75,10 @@ class Exposition:
                    reason="gates_passed")
             sample("spgate_worker_local_decisions_total", math.floor(0.1 * t), job_id=job,
                    reason="length_cv")
+        family("spgate_worker_memory_overrides_total", "counter",
+               "Daemon answers workers did not run because their memory gate forbade TP-only.")
+        for job in JOBS:
+            sample("spgate_worker_memory_overrides_total", 0, job_id=job)  # should stay 0
         family("spgate_batch_length_cv", "histogram", "Length CV of planned batches.")
         for job in JOBS:
             histogram("spgate_batch_length_cv", (0.05, 0.1, 0.15, 0.18, 0.25, 0.5, 1, 2),
@@ -159,6 +163,11 @@ class Exposition:
         family("spgate_adaptive_gain_ratio", "gauge", "ADAPTIVE's learned gain over STATIC.")
         for job in JOBS:
             sample("spgate_adaptive_gain_ratio", 1.02 if job == JOBS[0] else 0, job_id=job)
+        family("spgate_worker_refusals_total", "counter",
+               "Worker requests refused for their sender.")
+        for reason in contract.WORKER_REFUSAL_REASONS:  # every reason exists from the start
+            sample("spgate_worker_refusals_total",
+                   math.floor(0.1 * t) if reason == "undecided_step" else 0, reason=reason)
         family("spgate_build_info", "gauge", "Build information; always 1.")
         sample("spgate_build_info", 1, version="0.0.0-fake")
         return "\n".join(out) + "\n"

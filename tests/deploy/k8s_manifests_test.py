@@ -14,6 +14,10 @@ Checks on every rendering:
     ConfigMap that holds that key, with the content of base/gates.textproto;
   - --admin_token_file lies in a mount of the admin token Secret; --state_dir is a
     writable mount;
+  - a worker API listening beyond loopback has a worker credential (--worker_token_file,
+    from key `tokens` of Secret spgated-worker-tokens, or mTLS's --tls_client_ca) and no
+    --allow_unauthenticated_workers: spgated refuses to start without one, and must not
+    be shipped open (docs/security.md, "Worker credentials");
   - every container runs non-root with a read-only root filesystem, no privilege
     escalation, all capabilities dropped, resource requests, and a memory limit;
   - every image was rewritten by `images:`;
@@ -24,7 +28,10 @@ Checks on every rendering:
     certificates (--tls_client_ca), each the matching key (ca.crt, tls.crt, tls.key) of
     one client Secret mounted in the trainer (not the daemon's own Secret), and
     --tls_server_name equal to the Service it dials (the name the daemon's certificate
-    must carry). Without them every step would go to the local fallback.
+    must carry). Without them every step would go to the local fallback;
+  - the trainer sends a worker token exactly when its spgated requires one: its own
+    --worker_token_file from key `token` of a Secret mounted in the trainer, never the
+    daemon's token file (every tenant's tokens).
 Per shape: native sidecar (initContainer, restartPolicy Always) in the base; an ordinary
 container plus a shared process namespace in legacy-sidecar; no sidecar, a Service whose
 selector and targetPort match the Deployment, and a NetworkPolicy letting the trainers
@@ -48,6 +55,9 @@ K8S = os.environ.get("SPGATE_K8S_DIR", os.path.join(REPO, "deploy", "k8s"))
 SIDECAR = "spgated"
 CONFIGMAP = "spgated-gates"
 ADMIN_SECRET = "spgated-admin-token"
+# The daemon's worker tokens (NAME:TOKEN JOB_PATTERN lines) and the trainer's own line.
+WORKER_SECRET, WORKER_KEY = "spgated-worker-tokens", "tokens"
+TRAINER_TOKEN_KEY = "token"
 # The client TLS flags of spgate-sim / spgate-worker (worker/client/tls.h kTlsFlagNames)
 # and the key each takes from a cert-manager style Secret.
 TRAINER_TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
@@ -63,14 +73,20 @@ def Fail(where, msg):
 def Flags(container):
     out = {}
     for arg in container.get("args", []) + container.get("command", []):
-        m = re.match(r"^--([a-z_]+)=(.*)$", arg)
-        if m:
-            out[m.group(1)] = m.group(2)
+        m = re.match(r"^--([a-z_]+)(?:=(.*))?$", arg)
+        if m:  # a bare --flag is a boolean set to true
+            out[m.group(1)] = "true" if m.group(2) is None else m.group(2)
     return out
 
 
 def Port(address):
     return int(address.rsplit(":", 1)[1])
+
+
+def IsLoopback(address):
+    """Whether a listen address reaches only its host (spgated's IsLoopbackListenAddress)."""
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
+    return host == "localhost" or host == "::1" or re.match(r"^127\.\d+\.\d+\.\d+$", host) is not None
 
 
 def PodTemplates(resources):
@@ -168,6 +184,19 @@ def CheckDaemonContainer(where, c, spec, resources, gates_text):
     for flag in ("tls_cert", "tls_key", "tls_client_ca"):
         if flag in flags and not MountFor(c, spec, flags[flag])[0]:
             Fail(where, f"--{flag} {flags[flag]} is not inside a volume mount")
+    # The worker API beyond loopback: a worker credential, never shipped open.
+    if "allow_unauthenticated_workers" in flags:
+        Fail(where, "--allow_unauthenticated_workers must not ship: it opens the worker API to anyone")
+    if not IsLoopback(flags["listen"]) and not any(
+            f in flags for f in ("worker_token_file", "tls_client_ca")):
+        Fail(where, f"--listen={flags['listen']} is beyond loopback without --worker_token_file or "
+                    "--tls_client_ca: spgated refuses to start, and anyone reaching it could "
+                    "register any job")
+    if "worker_token_file" in flags:
+        secret, key = SecretOf(c, spec, flags["worker_token_file"])
+        if (secret, key) != (WORKER_SECRET, WORKER_KEY):
+            Fail(where, f"--worker_token_file must be key `{WORKER_KEY}` of a mount of Secret "
+                        f"{WORKER_SECRET}, is {(secret, key)}")
     return flags
 
 
@@ -236,6 +265,31 @@ def CheckTrainerTls(where, c, spec, host, daemon, daemon_spec):
         Fail(where, f"--tls_server_name={flags['tls_server_name']} is not the Service dialled ({host})")
 
 
+def CheckTrainerToken(where, c, spec, daemon, daemon_spec):
+    """The trainer's worker token against what the spgated it dials (`daemon`) requires."""
+    flags = Flags(c)
+    daemon_flags = Flags(daemon)
+    if "worker_token_file" not in daemon_flags:
+        if "worker_token_file" in flags:
+            Fail(where, "the trainer sends a worker token but spgated requires none")
+        return
+    if "worker_token_file" not in flags:
+        Fail(where, "spgated requires a worker token but the trainer has no --worker_token_file: "
+                    "every call would be refused and every step fall back to local decisions")
+        return
+    secret, key = SecretOf(c, spec, flags["worker_token_file"])
+    daemon_secret, _ = SecretOf(daemon, daemon_spec, daemon_flags["worker_token_file"])
+    if not secret:
+        Fail(where, f"--worker_token_file {flags['worker_token_file']} is not inside a Secret "
+                    "volume mount of the trainer")
+    elif secret == daemon_secret:
+        Fail(where, f"the trainer mounts the daemon's Secret {secret} (every tenant's token); "
+                    "give it its own line in its own Secret")
+    elif key != TRAINER_TOKEN_KEY:
+        Fail(where, f"--worker_token_file reads key {key!r} of Secret {secret}, expected "
+                    f"{TRAINER_TOKEN_KEY!r}")
+
+
 def Selects(selector, labels):
     return all(labels.get(k) == v for k, v in (selector or {}).items())
 
@@ -296,6 +350,7 @@ def Check(name, resources, gates_text):
                 continue
             spec = r["spec"]["template"]["spec"]
             CheckTrainerTls(where, c, spec, host, same_pod[0][2], spec)
+            CheckTrainerToken(where, c, spec, same_pod[0][2], spec)
         else:
             svc = next((s for s in services if s["metadata"]["name"] == host), None)
             if not svc:
@@ -316,6 +371,8 @@ def Check(name, resources, gates_text):
                 Fail(where, "the per-job daemon must listen beyond loopback")
             CheckTrainerTls(where, c, r["spec"]["template"]["spec"], host, backends[0][2],
                             backends[0][5]["spec"]["template"]["spec"])
+            CheckTrainerToken(where, c, r["spec"]["template"]["spec"], backends[0][2],
+                              backends[0][5]["spec"]["template"]["spec"])
     return daemons, trainers
 
 
@@ -349,19 +406,27 @@ def CheckShapes(renders):
     spec = job["spec"]["template"]["spec"]
     if any(c["name"] == SIDECAR for _, c in AllContainers(spec)):
         Fail("per-job-daemon", "the training Job still runs spgated")
-    if spec.get("volumes"):
-        Fail("per-job-daemon", f"the Job keeps the sidecar's volumes {spec['volumes']}")
+    base_job = Find(renders["base"]["resources"], "Job")[0]
+    sidecar_volumes = {v["name"] for v in base_job["spec"]["template"]["spec"].get("volumes") or []}
+    kept = [v["name"] for v in spec.get("volumes") or [] if v["name"] in sidecar_volumes]
+    if kept:
+        Fail("per-job-daemon", f"the Job keeps the sidecar's volumes {kept}")
     if [x[5]["kind"] for x in d] != ["Deployment"]:
         Fail("per-job-daemon", "exactly one spgated, in the Deployment, expected")
     deploy = Find(per_job["resources"], "Deployment", "spgated")
     if deploy and (deploy[0]["spec"].get("replicas") != 1
                    or deploy[0]["spec"].get("strategy", {}).get("type") != "Recreate"):
         Fail("per-job-daemon", "one replica with the Recreate strategy (one daemon per job)")
-    # The per-job daemon runs with the sidecar's flags, except where it listens.
+    # The per-job daemon runs with the sidecar's flags, except where it listens and the
+    # worker credential that listening beyond loopback takes.
     base_flags = dict(renders["base"]["checked"][0][0][3])
     job_flags = dict(d[0][3]) if d else {}
-    base_flags.pop("listen", None)
-    job_flags.pop("listen", None)
+    if d and "worker_token_file" not in job_flags:
+        Fail("per-job-daemon", "the per-job daemon's worker API is on the pod network: it must "
+                               "ship with --worker_token_file")
+    for flag in ("listen", "worker_token_file"):
+        base_flags.pop(flag, None)
+        job_flags.pop(flag, None)
     if base_flags != job_flags:
         Fail("per-job-daemon", f"spgated flags differ from the sidecar's: {base_flags} vs {job_flags}")
     for np in Find(per_job["resources"], "NetworkPolicy"):
@@ -384,6 +449,8 @@ def CheckShapes(renders):
     for where, _, c, flags, _, _ in d:
         if not all(f in flags for f in ("tls_cert", "tls_key", "tls_client_ca")):
             Fail(where, "TLS component: --tls_cert/--tls_key/--tls_client_ca missing")
+        if "worker_token_file" not in flags:
+            Fail(where, "TLS component: the per-job overlay's worker token must stay on")
     # The TLS component must reach the trainer too (mTLS: CA, certificate, key, name);
     # CheckTrainerTls above checked where the files come from.
     if not trainers:

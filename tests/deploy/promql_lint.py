@@ -132,8 +132,9 @@ def Lint(expr, recorded=()):
         problems.append("no series selector")
     for sel in selectors:
         name = sel["name"]
+        family = None  # recording rules and `up`: values by label name alone
         if name in index:
-            _, kind, labels = index[name]
+            family, kind, labels = index[name]
             # Histogram _bucket/_sum/_count series are counters too.
             is_counter_series = kind in ("counter", "histogram")
             if sel["direct"] in COUNTER_FUNCS and not is_counter_series:
@@ -159,7 +160,7 @@ def Lint(expr, recorded=()):
             if label not in allowed:
                 problems.append(f"{name} has no label {label!r} (has {sorted(labels)})")
                 continue
-            values = contract.LABEL_VALUES.get(label)
+            values = contract.LabelValues(family, label)
             if values is None:
                 continue
             if op in ("=", "!="):

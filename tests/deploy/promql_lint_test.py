@@ -20,6 +20,10 @@ GOOD = [
     'max by (group) (spgate_current_mode{job_id="a",mode="sp"}) or max by (group) (spgate_current_mode{mode="tp_only"}) * 0',
     'count by (version) (spgate_build_info)',
     'increase(spgate_state_persist_failures_total[10m]) > 0',
+    'sum by (job_id) (increase(spgate_worker_memory_overrides_total[10m])) > 0',
+    # `reason` takes the refusal reasons on this family, the decision reasons elsewhere.
+    'sum without (reason) (increase(spgate_worker_refusals_total{reason="launch_credential"}[5m]))',
+    'sum by (reason) (rate(spgate_worker_refusals_total{reason=~"plan_mismatch|undecided_step"}[1m]))',
 ]
 
 BAD = [  # (expr, fragment of the expected complaint)
@@ -37,6 +41,11 @@ BAD = [  # (expr, fragment of the expected complaint)
     ('spgate_gate_threshold{gate="max_cv"}', "not one of"),
     ('spgate_workers{state=~"active|dead"}', "'dead' not one of"),
     ('job_id:spgate_unknown:rate5m', "unknown metric"),
+    ('rate(spgate_worker_refusals_total{reason="rs_wait"}[5m])', "not one of"),
+    ('rate(spgate_decisions_total{reason="launch_credential"}[5m])', "not one of"),
+    ('job_id_mode_reason:spgate_decisions:rate5m{reason="plan_mismatch"}', "not one of"),
+    ('sum by (job_id) (rate(spgate_worker_refusals_total[5m]))', "by(job_id)"),
+    ('spgate_worker_memory_overrides_total{job_id="a"}', "without rate()"),
 ]
 
 

@@ -37,6 +37,8 @@ REQUIRED_ALERTS = {
     "stale workers": "SpgateWorkersStale",
     "workers deciding locally": "SpgateWorkersDecidingLocally",
     "daemon absent": "SpgateDaemonAbsent",
+    "daemon answers the workers' memory gate refused": "SpgateWorkerMemoryOverride",
+    "Registers without the launch's credential": "SpgateLaunchCredentialRefusals",
 }
 RECORD_NAME = re.compile(r"^[a-z][a-z_]*:spgate_[a-z0-9_]+:[a-z0-9_]+$")
 

@@ -14,6 +14,7 @@ import gate_fields
 METRICS = {
     "spgate_decisions_total": ("counter", ("job_id", "mode", "reason")),
     "spgate_worker_local_decisions_total": ("counter", ("job_id", "reason")),
+    "spgate_worker_memory_overrides_total": ("counter", ("job_id",)),
     "spgate_batch_length_cv": ("histogram", ("job_id",)),
     "spgate_rs_wait_share": ("gauge", ("job_id", "group")),
     "spgate_all_gather_tail_seconds": ("gauge", ("job_id", "group")),
@@ -38,6 +39,7 @@ METRICS = {
     "spgate_adaptive_samples": ("gauge", ("job_id", "band", "mode")),
     "spgate_adaptive_exploration_steps_total": ("counter", ("job_id",)),
     "spgate_adaptive_gain_ratio": ("gauge", ("job_id",)),
+    "spgate_worker_refusals_total": ("counter", ("reason",)),
 }
 
 # Closed label value sets (docs/design.md §6 enums, lower-cased; docs/design.md §7).
@@ -64,6 +66,14 @@ LABEL_VALUES = {
     "policy": POLICIES,
     "band": BANDS,
 }
+# A label whose values depend on the family: spgate_worker_refusals_total's `reason` says
+# why a worker request was refused (docs/metrics.md), not which gate decided.
+WORKER_REFUSAL_REASONS = ("stale_incarnation", "live_incarnation", "not_leader",
+                          "step_too_far", "unknown_session", "launch_credential",
+                          "plan_mismatch", "undecided_step")
+FAMILY_LABEL_VALUES = {
+    "spgate_worker_refusals_total": {"reason": WORKER_REFUSAL_REASONS},
+}
 GLOBAL_JOB_ID = "_default"  # spgate_gate_threshold / spgate_config_version global scope
 
 # Labels every scraped series carries in addition to its own.
@@ -71,6 +81,12 @@ TARGET_LABELS = ("job", "instance")
 
 # The Prometheus scrape job name the rules and docs assume.
 SCRAPE_JOB = "spgated"
+
+
+def LabelValues(family, label):
+    """The closed set of values `label` takes on `family` (None: any value). `family`
+    None (a recording rule) falls back to the set the label has everywhere else."""
+    return FAMILY_LABEL_VALUES.get(family, {}).get(label, LABEL_VALUES.get(label))
 
 
 def SeriesNames(metric):

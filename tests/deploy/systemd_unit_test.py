@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """deploy/systemd/spgated.service: consistent with the flag file and docs/design.md §5,
 accepted by `systemd-analyze verify`, and hardened (`systemd-analyze security --offline`
-exposure at most 2.0, systemd's "OK" band).
+exposure at most 2.0, systemd's "OK" band). A worker API listening beyond loopback ships
+with a worker credential (the worker tokens as a systemd credential, or mTLS) and never
+with --allow_unauthenticated_workers (docs/security.md, "Worker credentials").
 
 Usage: systemd_unit_test.py [BUILD_DIR]   (verifies ExecStart against BUILD_DIR/bin/spgated
 when it exists, else against a stub executable; the unit's path is not installed here)
@@ -22,7 +24,7 @@ FLAGS = os.path.join(REPO, "deploy", "systemd", "spgated.flags")
 BINARY = "/usr/local/bin/spgated"
 CONTRACT_FLAGS = {"listen", "admin_listen", "metrics_listen", "health_listen", "state_dir",
                   "config", "admin_token_file", "tls_cert", "tls_key", "tls_client_ca",
-                  "version", "flagfile", "fromenv"}
+                  "worker_token_file", "worker_subjects_file", "version", "flagfile", "fromenv"}
 MAX_EXPOSURE = 2.0
 
 problems = []
@@ -49,6 +51,10 @@ def StaticChecks(unit_text):
     if args.get("admin_token_file") != "%d/admin-token" or not any(
             c.startswith("admin-token:") for c in d.get("LoadCredential", [])):
         problems.append("the admin token must come from LoadCredential=admin-token:... as %d/admin-token")
+    if "worker_token_file" in args and (args["worker_token_file"] != "%d/worker-tokens" or not any(
+            c.startswith("worker-tokens:") for c in d.get("LoadCredential", []))):
+        problems.append("the worker tokens must come from LoadCredential=worker-tokens:... as "
+                        "%d/worker-tokens")
     for key, want in {"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict",
                       "StateDirectory": "spgate", "CapabilityBoundingSet": ""}.items():
         if d.get(key, [None])[-1] != want:
@@ -61,11 +67,11 @@ def StaticChecks(unit_text):
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            m = re.match(r"^--([a-z_]+)=(.*)$", line)
+            m = re.match(r"^--([a-z_]+)(?:=(.*))?$", line)
             if not m:
                 problems.append(f"spgated.flags: not a --flag=value line: {line!r}")
                 continue
-            flags[m.group(1)] = m.group(2)
+            flags[m.group(1)] = "true" if m.group(2) is None else m.group(2)
     unknown = set(flags) - CONTRACT_FLAGS
     if unknown:
         problems.append(f"spgated.flags: flags not in docs/design.md §5: {sorted(unknown)}")
@@ -78,6 +84,16 @@ def StaticChecks(unit_text):
     for flag, port in {"listen": 50061, "admin_listen": 50062, "metrics_listen": 9461}.items():
         if not flags.get(flag, "").endswith(f":{port}"):
             problems.append(f"--{flag} should use docs/design.md §5's default port {port}")
+    # spgated refuses a worker API beyond loopback without a worker credential.
+    if "allow_unauthenticated_workers" in flags or "allow_unauthenticated_workers" in args:
+        problems.append("--allow_unauthenticated_workers must not ship: it opens the worker API")
+    host = flags.get("listen", "").rsplit(":", 1)[0].strip("[]")
+    loopback = host in ("localhost", "::1") or host.startswith("127.")
+    credential = any(f in flags for f in ("worker_token_file", "tls_client_ca")) or \
+        "worker_token_file" in args
+    if not loopback and not credential:
+        problems.append(f"--listen={flags.get('listen')} is beyond loopback without a worker "
+                        "credential (--worker_token_file or --tls_client_ca): spgated refuses to start")
 
 
 def main():
