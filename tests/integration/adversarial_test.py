@@ -50,6 +50,9 @@ UINT64_MAX = 2**64 - 1
 ADMIN_TOKEN = "adv-admin-secret"
 READER_TOKEN = "adv-reader-secret"
 WORKER_TOKEN = "adv-worker-secret"
+# The campaign's own launches' credential (docs/security.md, "Launch credentials"); the
+# real job's is its own, made by spgate-sim, and the campaign never learns it.
+LAUNCH_CREDENTIAL = "adv-campaign-launch-credential"
 # Generous: the campaign shares two cores with the daemon, the real job and whatever else
 # the machine runs; a late answer is not what this test is about (the real job's
 # deadline and the daemon's own latency histogram are).
@@ -66,6 +69,8 @@ LIMITS = {
     "max_telemetry_per_second": 1000,
     "max_jobs": 256,
     "first_message_timeout": "2s",
+    # A launch lets go of its job after its ranks were silent this long (the squat case).
+    "stale_after": "2s",
 }
 
 
@@ -138,7 +143,8 @@ class Campaign:
 
     def register(self, case, expected, metadata=None, **fields):
         defaults = dict(job_id="adv-w", incarnation="adv-1", group=0, rank_in_group=0,
-                        group_size=1, global_rank=0, host="adversary")
+                        group_size=1, global_rank=0, host="adversary",
+                        launch_credential=LAUNCH_CREDENTIAL)
         defaults.update(fields)
         return unary(self.t, case, expected, self.gate, "Register", metadata=metadata,
                      **defaults)
@@ -186,6 +192,15 @@ class Campaign:
           memory_budget_bytes=UINT64_MAX, host="h" * 255)
         r("Register/host past 255 characters", C.INVALID_ARGUMENT, job_id="adv-huge",
           host="h" * 10000)
+        # A seat in a launch needs the launch's credential.
+        r("Register/no launch credential", C.UNAUTHENTICATED, job_id="adv-huge",
+          launch_credential="")
+        r("Register/launch credential too short", C.INVALID_ARGUMENT, job_id="adv-huge",
+          launch_credential="short")
+        r("Register/launch credential with a space", C.INVALID_ARGUMENT, job_id="adv-huge",
+          launch_credential="a credential with spaces")
+        r("Register/wrong launch credential", C.PERMISSION_DENIED, job_id="adv-huge",
+          launch_credential="guessed-guessed-guessed-0000")
 
     def decide_cases(self):
         s = self.leader()
@@ -193,7 +208,14 @@ class Campaign:
         step = s[3]
         d = self.decide
         d("Decide/valid", OK, s, self.plan(job, group, step, [512, 4096, 128]))
-        d("Decide/retry is idempotent", OK, s, self.plan(job, group, step, [7]))
+        d("Decide/retry is idempotent", OK, s, self.plan(job, group, step, [512, 4096, 128]))
+        # A decided step answers only the plan it was decided for: one without the memory
+        # facts (or with other lengths) is refused, never answered from the cache.
+        d("Decide/another plan for a decided step", C.ALREADY_EXISTS, s,
+          self.plan(job, group, step, [7]))
+        d("Decide/the decided plan with other memory facts", C.ALREADY_EXISTS, s,
+          self.plan(job, group, step, [512, 4096, 128], memory_budget_bytes=80 << 30,
+                    predicted_peak_bytes_tp=79 << 30, predicted_peak_bytes_sp=50 << 30))
         d("Decide/huge memory predictions", OK, s,
           self.plan(job, group, step + 2, [1024, 1024], predicted_peak_bytes_sp=UINT64_MAX,
                     predicted_peak_bytes_tp=UINT64_MAX, memory_budget_bytes=UINT64_MAX))
@@ -272,15 +294,21 @@ class Campaign:
             self.gate.new("StepTelemetry", job_id="adv-foreign", group=group, step=5, mode=1,
                           step_time_s=0.1),
         ]
+        # Telemetry is taken only for steps the group has decided: one for the step this
+        # message decides, and none for a step it has not reached (or one far ahead).
         good = tel(step=s[3], mode=1, step_time_s=0.1, rs_wait_s=0.01, effective_tokens=1000)
+        hostile += [tel(step=s[3] + 1, mode=1, step_time_s=0.1, rs_wait_s=0.09,
+                        effective_tokens=10),
+                    tel(step=s[3] + 2000, mode=1, step_time_s=0.1, rs_wait_s=0.09,
+                        effective_tokens=10)]
         hb = self.gate.new("Heartbeat")
-        stream.send(W(session_id=sid, telemetry=hostile + [good], heartbeat=hb))
         plans = [self.plan(job, group, s[3], [64, 64]),                 # ok
                  self.plan(job, group, -1, [64]),                        # INVALID_ARGUMENT
                  self.plan(job, group, s[3] + 1, []),                    # INVALID_ARGUMENT
                  self.plan(job, group, s[3] + 2, [1] * (LIMITS["max_sequences_per_plan"] + 1))]
         expected_rejections = [C.INVALID_ARGUMENT, C.INVALID_ARGUMENT, C.RESOURCE_EXHAUSTED]
-        stream.send(W(plans=plans, heartbeat=hb))
+        # Plans are decided before the message's telemetry is read.
+        stream.send(W(session_id=sid, plans=plans, telemetry=hostile + [good], heartbeat=hb))
         self.t.plan_items += len(plans)
         s[4] += len(plans)
         acked, decisions, rejections = None, 0, []
@@ -297,9 +325,11 @@ class Campaign:
                 acked = msg.ack.telemetry_received
             decisions += len(msg.decisions)
             rejections += [code_of(r.code) for r in msg.rejections]
-        # Only the one good record is acknowledged (the ack is the session's running
-        # count): NaN, Inf, negative, unknown enum and foreign records are refused.
-        s[5] += 1
+        # The good record and the two for undecided steps are acknowledged (the ack is the
+        # session's running count of records received and judged: the undecided ones are
+        # refused without being lost in transit); NaN, Inf, negative, unknown enum and
+        # foreign records are refused unacknowledged.
+        s[5] += 3
         self.t.record("Connect/hostile telemetry, one good record acked", OK,
                       OK if acked == s[5] else C.UNKNOWN, f"acked={acked}, want {s[5]}")
         self.t.record("Connect/plans: one decided", OK, OK if decisions == 1 else C.UNKNOWN,
@@ -322,7 +352,7 @@ class Campaign:
         """How a stream can open wrong: unknown session, no session, a leader's burst."""
         for case, sid, want in (("Connect/unknown session", "%032x" % self.rng.getrandbits(128),
                                  C.NOT_FOUND),
-                                ("Connect/no session", "", C.NOT_FOUND)):
+                                ("Connect/no session", "", C.UNAUTHENTICATED)):
             stream = self.gate.bidi("Connect", timeout=10)
             stream.send(self.gate.new("WorkerMessage", session_id=sid))
             try:
@@ -346,8 +376,13 @@ class Campaign:
         stream.send(self.gate.new("WorkerMessage", session_id=s[2], plans=[
             self.plan(s[0], s[1], s[3] + k, [64]) for k in range(4097)]))
         self.t.plan_items += 4097
+        got = None
         try:
-            stream.recv(timeout=8)
+            # A leader that attaches may first get the job's learned table (ADAPTIVE's
+            # fallback); the stream's end is what is checked.
+            deadline = time.monotonic() + 8
+            while stream.recv(timeout=max(0.01, deadline - time.monotonic())) is not None:
+                pass
             got = OK
         except grpc.RpcError as e:
             got = e.code()
@@ -396,7 +431,9 @@ class Campaign:
         # The same for telemetry: 1.5 bursts of valid records in one message; the ack
         # counts what was taken.
         tel_burst = 2 * LIMITS["max_telemetry_per_second"]
-        records = [self.gate.new("StepTelemetry", job_id=job, group=0, step=k, mode=1,
+        # Step 0 over and over: it is decided, so each record is taken (and, being the
+        # same rank's same step, counted once by the group).
+        records = [self.gate.new("StepTelemetry", job_id=job, group=0, step=0, mode=1,
                                  step_time_s=0.1, rs_wait_s=0.01, effective_tokens=100)
                    for k in range(tel_burst * 3 // 2)]
         t0 = time.monotonic()
@@ -466,6 +503,136 @@ class Campaign:
                       f"admitted={admitted} refused={refused} expired={expired} other={other}")
         time.sleep(0.5)   # their slots come back as the daemon sees the cancels
         return admitted, refused
+
+    # --- launches, seats and streams (docs/security.md) ------------------------------------
+
+    def launch_cases(self, job, incarnation):
+        """What someone who knows a running job's id and launch name (a Slurm job id is
+        visible to every cluster user) can do to it: nothing. They cannot start a second
+        launch under the job id, the refusal does not name the running launch, and a seat
+        in it needs its credential."""
+        r = self.register
+        try:
+            self.gate.call("Register", job_id=job, incarnation="made-up-launch", group=0,
+                           rank_in_group=0, group_size=2, global_rank=0, host="adversary",
+                           launch_credential=LAUNCH_CREDENTIAL)
+            got, details = OK, ""
+        except grpc.RpcError as e:
+            got, details = e.code(), e.details() or ""
+        self.t.record("Register/a new launch of a running job", C.FAILED_PRECONDITION, got,
+                      details)
+        self.t.record("Register/the refusal names nothing the caller did not send", OK,
+                      OK if incarnation not in details else C.UNKNOWN, details)
+        r("Register/a seat in the running launch, no credential", C.UNAUTHENTICATED,
+          job_id=job, incarnation=incarnation, group_size=2, launch_credential="")
+        r("Register/a seat in the running launch, a guessed credential", C.PERMISSION_DENIED,
+          job_id=job, incarnation=incarnation, group_size=2)
+        r("Register/a follower's seat in the running launch, a guessed credential",
+          C.PERMISSION_DENIED, job_id=job, incarnation=incarnation, group=1, rank_in_group=1,
+          group_size=2, global_rank=3)
+
+    def squat_case(self):
+        """A job id registered first under a made-up launch, its stream held open and
+        silent: the real launch is refused only until the squatter has been silent for
+        --stale_after (2 s here), then takes the job."""
+        job = f"adv-{self.name}-squat"
+        squat = self.register("Register/squatter", OK, job_id=job, incarnation="squatter")
+        stream = self.gate.bidi("Connect", timeout=15)
+        stream.send(self.gate.new("WorkerMessage", session_id=squat.session_id,
+                                  heartbeat=self.gate.new("Heartbeat")))
+        try:
+            stream.recv(timeout=5)
+        except (TimeoutError, grpc.RpcError):
+            pass
+        self.register("Register/real launch while the squatter was just heard from",
+                      C.FAILED_PRECONDITION, job_id=job, incarnation="slurm-4711.0")
+        time.sleep(3.2)  # --stale_after (2 s) of silence on the open stream
+        self.register("Register/real launch once the squatter is silent", OK, job_id=job,
+                      incarnation="slurm-4711.0")
+        try:
+            stream.close(2)
+        except TimeoutError:
+            pass
+
+    def one_stream_per_session_case(self):
+        """Three Connect streams on one session: each new one ends the one before it
+        (ABORTED, "session replaced"), so one session holds one stream slot."""
+        s = self.leader()
+        streams, aborted = [], 0
+        for _ in range(3):
+            st = self.gate.bidi("Connect", timeout=10)
+            st.send(self.gate.new("WorkerMessage", session_id=s[2],
+                                  heartbeat=self.gate.new("Heartbeat")))
+            try:
+                st.recv(timeout=5)   # the ack: this stream is attached
+            except (TimeoutError, grpc.RpcError):
+                pass
+            streams.append(st)
+        for st in streams[:2]:
+            try:
+                while st.recv(timeout=5) is not None:
+                    pass
+                got = OK
+            except grpc.RpcError as e:
+                got = e.code()
+                aborted += 1 if "session replaced" in (e.details() or "") else 0
+            except TimeoutError:
+                got = None
+            self.t.record("Connect/an older stream of the session is ended", C.ABORTED, got)
+        self.t.record("Connect/ended saying the session was replaced", OK,
+                      OK if aborted == 2 else C.UNKNOWN, f"aborted={aborted}")
+        try:
+            streams[2].close(2)
+        except TimeoutError:
+            pass
+
+    def raw_cases(self):
+        """Requests that do not parse are INVALID_ARGUMENT naming their message; a unary
+        call that never sends its request is ended after --first_message_timeout."""
+        channel = grpc.insecure_channel(self.d.worker_address)
+        admin_channel = grpc.insecure_channel(self.d.admin_address)
+        for ch, method, message in ((channel, "/spgate.v1.GateService/Register",
+                                     "spgate.v1.RegisterRequest"),
+                                    (channel, "/spgate.v1.GateService/Decide",
+                                     "spgate.v1.DecideRequest"),
+                                    (admin_channel, "/spgate.v1.AdminService/GetJob",
+                                     "spgate.v1.GetJobRequest")):
+            for label, raw in (("garbage", b"\xff\xff\xff\xff\x0f garbage"),
+                               ("invalid UTF-8 in a string", b"\x0a\x02\xff\xfe")):
+                call = ch.unary_unary(method)
+                try:
+                    call(raw, timeout=CALL_TIMEOUT, metadata=READER)
+                    got, details = OK, ""
+                except grpc.RpcError as e:
+                    got, details = e.code(), e.details() or ""
+                self.t.record(f"{method.rsplit('/', 1)[1]}/request that does not parse, "
+                              f"{label}", C.INVALID_ARGUMENT, got, details)
+                self.t.record(f"{method.rsplit('/', 1)[1]}/the refusal names the message", OK,
+                              OK if message in details else C.UNKNOWN, details)
+        # Headers and no request, the stream left open.
+        release = threading.Event()
+
+        def nothing():
+            release.wait(20)
+            return
+            yield  # noqa: unreachable - a generator that sends nothing
+
+        t0 = time.monotonic()
+        call = channel.stream_stream("/spgate.v1.GateService/Register")(nothing(), timeout=20)
+        try:
+            for _ in call:
+                pass
+            got, details = OK, ""
+        except grpc.RpcError as e:
+            got, details = e.code(), e.details() or ""
+        release.set()
+        waited = time.monotonic() - t0
+        self.t.record("Register/headers and no request", C.DEADLINE_EXCEEDED, got, details)
+        self.t.record("Register/ended by the daemon within seconds", OK,
+                      OK if "first_message_timeout" in details and waited < 8 else C.UNKNOWN,
+                      f"{waited:.1f} s: {details}")
+        channel.close()
+        admin_channel.close()
 
     # --- AdminService --------------------------------------------------------------------
 
@@ -650,7 +817,8 @@ def worker_token_cases(spgated, tmp, tally):
         f.write(WORKER_TOKEN + "\n")
     with sr.SpgatedProcess(spgated, extra_args=[f"--worker_token_file={token_file}"]) as d:
         gate = sr.connect(d.worker_address, "spgate.v1.GateService", CALL_TIMEOUT)
-        fields = dict(job_id="adv-t", incarnation="t-1", group=0, rank_in_group=0, group_size=1)
+        fields = dict(job_id="adv-t", incarnation="t-1", group=0, rank_in_group=0, group_size=1,
+                      launch_credential=LAUNCH_CREDENTIAL)
         for _ in range(20):
             unary(tally, "Register/no worker token", C.UNAUTHENTICATED, gate, "Register", **fields)
             unary(tally, "Register/wrong worker token", C.PERMISSION_DENIED, gate, "Register",
@@ -736,6 +904,23 @@ def main():
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
         camp = Campaign(args, daemon, tally, rng)
+        # The real job's launch, as anyone with read access (or the cluster's job list)
+        # sees it; then what can be done to it without its credential.
+        incarnation = ""
+        wait_until = time.monotonic() + 20
+        while not incarnation and time.monotonic() < wait_until:
+            try:
+                incarnation = camp.admin.call("GetJob", metadata=READER,
+                                              job_id="real-job").summary.incarnation
+            except grpc.RpcError:
+                time.sleep(0.1)
+        if not incarnation:
+            failures.append("the real job did not register within 20 s")
+        else:
+            camp.launch_cases("real-job", incarnation)
+        camp.squat_case()
+        camp.one_stream_per_session_case()
+        camp.raw_cases()
         held_watches = []
         rss_max = rss_start
         health_checks = 0

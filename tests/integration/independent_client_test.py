@@ -48,11 +48,13 @@ def _daemon(state_dir, extra_args=()):
 
 
 INCARNATION = "independent-client-1"
+# The launch's secret (docs/security.md): every Register of the launch presents it.
+LAUNCH_CREDENTIAL = "independent-client-launch-secret-1"
 
 
 def leader_session(gate, job_id, group):
     """Register as rank 0 of a one-rank group: Decide needs the leader's session."""
-    return gate.call("Register", job_id=job_id, incarnation=INCARNATION, group=group,
+    return gate.call("Register", job_id=job_id, incarnation=INCARNATION, launch_credential=LAUNCH_CREDENTIAL, group=group,
                      rank_in_group=0, group_size=1, global_rank=0, host="test").session_id
 
 
@@ -209,8 +211,10 @@ class IndependentClientTest(unittest.TestCase):
         self.assertEqual(first.SerializeToString(deterministic=True),
                          retry.SerializeToString(deterministic=True))
         self.assertEqual(self.gate.enum_name("Reason", first.reason), "GATES_PASSED")
-        # A retry is answered from the record, not re-decided, even if the plan changed.
-        self.assertEqual(decide(5, mixed), first)
+        # A retry is answered from the record only for the plan it was made for: another
+        # plan for a decided step is refused, naming the step (docs/security.md).
+        details = self.assertRpcError(grpc.StatusCode.ALREADY_EXISTS, decide, 5, mixed)
+        self.assertIn("different plan", details)
         # ...while the next step with those lengths is decided on its own merits.
         self.assertEqual(self.gate.enum_name("Reason", decide(6, mixed).reason), "LENGTH_CV")
         self.assertEqual(decide(5, uniform), first)
@@ -347,7 +351,7 @@ class StateDirTest(unittest.TestCase):
             self.assertEqual(sr.health_check(channel, timeout=CALL_TIMEOUT), sr.HEALTH_SERVING)
         gate = sr.connect(daemon.worker_address, "spgate.v1.GateService", CALL_TIMEOUT)
         admin = sr.connect(daemon.admin_address, "spgate.v1.AdminService", CALL_TIMEOUT)
-        session = gate.call("Register", job_id="drain-job", incarnation=INCARNATION, group=0,
+        session = gate.call("Register", job_id="drain-job", incarnation=INCARNATION, launch_credential=LAUNCH_CREDENTIAL, group=0,
                             rank_in_group=0,
                             group_size=1, global_rank=0, host="test").session_id
         stream = gate.bidi("Connect", timeout=30)

@@ -28,6 +28,7 @@ import argparse
 import collections
 import faulthandler
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -41,6 +42,8 @@ import spgate_reflect as sr
 JOB = "demo-job"
 # One launch of the demo job (the daemon keys live state by job and launch).
 INCARNATION = uuid.uuid4().hex
+# The launch's secret, the same on every rank of this launch (docs/security.md).
+LAUNCH_CREDENTIAL = secrets.token_hex(16)
 GIB = 1 << 30
 RECV_TIMEOUT = 5.0
 EXPECTED = ["GATES_PASSED", "LENGTH_CV", "RS_WAIT", "PROBE", "MEMORY_REQUIRES_SP",
@@ -99,7 +102,7 @@ class Demo:
         sessions = self.__dict__.setdefault("leader_sessions", {})
         if group not in sessions:
             sessions[group] = self.gate.call(
-                "Register", job_id=JOB, incarnation=INCARNATION, group=group, rank_in_group=0,
+                "Register", job_id=JOB, incarnation=INCARNATION, launch_credential=LAUNCH_CREDENTIAL, group=group, rank_in_group=0,
                 group_size=1, global_rank=0, host="demo-host").session_id
         plan = self.gate.new("BatchPlan", job_id=JOB, group=group, step=step, lengths=lengths,
                              **memory)
@@ -275,7 +278,7 @@ class Rank:
     def __init__(self, demo, group, rank, size):
         self.demo, self.gate = demo, demo.gate
         self.group, self.rank = group, rank
-        reg = self.gate.call("Register", job_id=JOB, incarnation=INCARNATION, group=group,
+        reg = self.gate.call("Register", job_id=JOB, incarnation=INCARNATION, launch_credential=LAUNCH_CREDENTIAL, group=group,
                              rank_in_group=rank,
                              group_size=size, global_rank=group * size + rank,
                              host="demo-host", memory_budget_bytes=80 * GIB)

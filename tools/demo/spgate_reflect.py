@@ -197,10 +197,10 @@ class BidiStream:
 
     _END = object()
 
-    def __init__(self, multicallable, timeout):
+    def __init__(self, multicallable, timeout, metadata=None):
         self._outbox = queue.Queue()
         self._inbox = queue.Queue()
-        self._call = multicallable(self._requests(), timeout=timeout)
+        self._call = multicallable(self._requests(), timeout=timeout, metadata=metadata)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -282,9 +282,9 @@ class DynamicService:
             request = request_cls(**fields)
         return stub(request, timeout=timeout or self.timeout, metadata=metadata)
 
-    def bidi(self, method_name, timeout=30.0):
+    def bidi(self, method_name, timeout=30.0, metadata=None):
         _, stub = self._callable(method_name, "stream_stream")
-        return BidiStream(stub, timeout)
+        return BidiStream(stub, timeout, metadata)
 
 
 def connect(address, service_name, timeout=5.0):
