@@ -2,13 +2,9 @@
 #include "server/identity.h"
 
 #include <openssl/sha.h>
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstdint>
-#include <cstring>
 
 #include "common/launch_credential.h"
+#include "common/secure_random.h"
 
 namespace spgate::server {
 namespace {
@@ -50,20 +46,6 @@ absl::Status ValidateIncarnation(std::string_view incarnation) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> NewSessionId() {
-  uint64_t words[2];
-  size_t got = 0;
-  auto* bytes = reinterpret_cast<unsigned char*>(words);
-  while (got < sizeof(words)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(words) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrFormat("session id: getrandom failed: %s", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
-  }
-  return absl::StrFormat("%016x%016x", words[0], words[1]);
-}
+absl::StatusOr<std::string> NewSessionId() { return RandomHex128("session id"); }
 
 }  // namespace spgate::server

@@ -652,7 +652,9 @@ AdminServiceImpl::AdminServiceImpl(GateState* state, OperatorStore* store, Metri
       });
   AddUnary<v1::UpdateGateConfigRequest, v1::VersionedGateConfig>(
       "UpdateGateConfig", [this](Ctx* ctx, const v1::UpdateGateConfigRequest& r) {
-        return UpdateGateConfig(ctx, r);
+        return ChangeConfig(ctx, "UpdateGateConfig", [&](const AuditContext& audit) {
+          return store_->UpdateGateConfig(r, audit);
+        });
       });
   AddUnary<v1::ListJobsRequest, v1::ListJobsResponse>(
       "ListJobs",
@@ -696,7 +698,9 @@ AdminServiceImpl::AdminServiceImpl(GateState* state, OperatorStore* store, Metri
       });
   AddUnary<v1::RollbackGateConfigRequest, v1::VersionedGateConfig>(
       "RollbackGateConfig", [this](Ctx* ctx, const v1::RollbackGateConfigRequest& r) {
-        return RollbackGateConfig(ctx, r);
+        return ChangeConfig(ctx, "RollbackGateConfig", [&](const AuditContext& audit) {
+          return store_->RollbackGateConfig(r, audit);
+        });
       });
   AddUnary<v1::ForgetJobRequest, v1::ForgetJobResponse>(
       "ForgetJob", [this](Ctx* ctx, const v1::ForgetJobRequest& r)
@@ -715,28 +719,15 @@ absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContex
   return AuthorizeAdminCall(auth_, CallerCredentialsOf(*ctx), *kind);
 }
 
-absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::UpdateGateConfig(
-    grpc::CallbackServerContext* ctx, const v1::UpdateGateConfigRequest& r) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "UpdateGateConfig");
+absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::ChangeConfig(
+    grpc::CallbackServerContext* ctx, absl::string_view method,
+    const std::function<absl::StatusOr<v1::VersionedGateConfig>(const AuditContext&)>& change) {
+  absl::StatusOr<Principal> who = Authorize(ctx, method);
   if (!who.ok()) {
     metrics_.config_updates_denied.Increment();
     return who.status();
   }
-  absl::StatusOr<v1::VersionedGateConfig> result =
-      store_->UpdateGateConfig(r, AuditContext{who->name});
-  CountConfigUpdate(result.status());
-  return result;
-}
-
-absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::RollbackGateConfig(
-    grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest& r) {
-  absl::StatusOr<Principal> who = Authorize(ctx, "RollbackGateConfig");
-  if (!who.ok()) {
-    metrics_.config_updates_denied.Increment();
-    return who.status();
-  }
-  absl::StatusOr<v1::VersionedGateConfig> result =
-      store_->RollbackGateConfig(r, AuditContext{who->name});
+  absl::StatusOr<v1::VersionedGateConfig> result = change(AuditContext{who->name});
   CountConfigUpdate(result.status());
   return result;
 }

@@ -101,10 +101,11 @@ class AdminServiceImpl final : public RawService {
   // The caller's credentials from the metadata and the TLS handshake, judged by
   // AuthorizeAdminCall (server/admin_auth.h) for `method`'s kind (AdminCallKind).
   absl::StatusOr<Principal> Authorize(grpc::CallbackServerContext* ctx, absl::string_view method);
-  absl::StatusOr<v1::VersionedGateConfig> UpdateGateConfig(grpc::CallbackServerContext* ctx,
-                                                           const v1::UpdateGateConfigRequest& r);
-  absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
-      grpc::CallbackServerContext* ctx, const v1::RollbackGateConfigRequest& r);
+  // UpdateGateConfig and RollbackGateConfig: authorize `method` (a refusal counts as
+  // result="denied"), run `change` as the principal, count its result.
+  absl::StatusOr<v1::VersionedGateConfig> ChangeConfig(
+      grpc::CallbackServerContext* ctx, absl::string_view method,
+      const std::function<absl::StatusOr<v1::VersionedGateConfig>(const AuditContext&)>& change);
   absl::StatusOr<v1::Pin> PinMode(grpc::CallbackServerContext* ctx, const v1::PinModeRequest& r);
   absl::StatusOr<v1::UnpinResponse> Unpin(grpc::CallbackServerContext* ctx,
                                           const v1::UnpinRequest& r);

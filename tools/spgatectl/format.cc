@@ -262,6 +262,8 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
       {"steps decided", absl::StrCat(s.steps_decided())},
       {"local decisions", absl::StrCat(job.local_decisions())},
+      // Daemon answers the workers refused on memory (docs/security.md): should be 0.
+      {"memory overrides", absl::StrCat(job.memory_overrides())},
       {"config", absl::StrCat("version ", job.config().effective_version(), ", overrides: ",
                               SetFieldsText(job.config().overrides()))},
   });

@@ -1,15 +1,11 @@
 // Job identity and the launch credential from the launcher; see identity.h.
 #include "worker/client/identity.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_format.h"
+#include "common/secure_random.h"
 
 namespace spgate::client {
 namespace {
@@ -56,21 +52,7 @@ std::string JobIdFromEnvironment() {
 std::string LaunchCredentialFromEnvironment() { return Env("SPGATE_LAUNCH_CREDENTIAL"); }
 
 absl::StatusOr<std::string> NewLaunchCredential() {
-  // Not absl::BitGen: its seed and state are not meant to resist someone guessing the
-  // output, and this value is the launch's only secret.
-  uint64_t words[2];
-  auto* bytes = reinterpret_cast<unsigned char*>(words);
-  size_t got = 0;
-  while (got < sizeof(words)) {
-    const ssize_t n = getrandom(bytes + got, sizeof(words) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrFormat("launch_credential: getrandom failed: %s", std::strerror(errno)));
-    }
-    got += static_cast<size_t>(n);
-  }
-  return absl::StrFormat("%016x%016x", words[0], words[1]);
+  return RandomHex128("launch_credential");  // the launch's only secret: the kernel's CSPRNG
 }
 
 }  // namespace spgate::client

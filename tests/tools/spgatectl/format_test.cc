@@ -167,18 +167,20 @@ const char* kJob = R"pb(
   exploration_steps: 35
   pins { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY expire_time { seconds: 1700000600 } }
   local_decisions: 5
+  memory_overrides: 2
 )pb";
 
 TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
   const auto job = Parse<v1::Job>(kJob);
   EXPECT_EQ(
       FormatJob(job, OutputFormat::kTable, kNow),
-      "job              llama\n"
-      "groups           2 (1 sp, 1 tp_only)\n"
-      "ranks            7 active, 1 stale\n"
-      "steps decided    1200\n"
-      "local decisions  5\n"
-      "config           version 3, overrides: max_length_cv=0.25\n"
+      "job               llama\n"
+      "groups            2 (1 sp, 1 tp_only)\n"
+      "ranks             7 active, 1 stale\n"
+      "steps decided     1200\n"
+      "local decisions   5\n"
+      "memory overrides  2\n"
+      "config            version 3, overrides: max_length_cv=0.25\n"
       "\n"
       "GROUPS\n"
       "GROUP  SIZE  ACTIVE  STALE  MODE     REASON        LAST_STEP  RS_WAIT  AG_TAIL_MS  "

@@ -319,7 +319,7 @@ TEST_F(SpgatectlE2eTest, JobsListAndShowAfterDecisions) {
 
   r = Ctl({"jobs", "show", "llama"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_THAT(r.out, HasSubstr("job              llama\n"));
+  EXPECT_THAT(r.out, HasSubstr("job               llama\n"));
   EXPECT_THAT(r.out, HasSubstr("\nGROUPS\n"));
   EXPECT_THAT(r.out, ContainsRegex("\n +0 .* sp +gates_passed +2 "));
   EXPECT_THAT(r.out, ContainsRegex("\n +1 .* tp_only +length_cv +0 "));
