@@ -6,25 +6,47 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-# Debian 12 packages the build, tests and demo need.
-DEB_PACKAGES := build-essential cmake pkg-config git curl ca-certificates python3 \
+# Debian 12 packages, by purpose. `make deps` installs them all (a developer's machine,
+# CI); the image's build stage runs `make deps-build` and gets only the first list.
+#   build: compiling spgated, spgatectl and spgate-sim (the image's build stage);
+#   test:  the rest of the tree (worker runtime, Python module, benchmarks) and the suite;
+#   demo:  `make demo`, `make torch-demo`, `make bench` beyond that;
+#   image: `make image` and the image test (podman from Debian, base images made with
+#          debootstrap; runc, iptables and uidmap for podman on this VM kind).
+DEB_BUILD_PACKAGES := build-essential cmake pkg-config python3 \
   libgrpc++-dev libgrpc-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev \
-  libopenmpi-dev openmpi-bin libopenblas-dev prometheus python3-grpcio python3-protobuf \
-  python3-yaml openssl libssl-dev python3-torch pybind11-dev python3-dev systemd
+  libabsl-dev prometheus-cpp-dev libssl-dev libopenblas-dev
+DEB_TEST_PACKAGES := git ca-certificates libgtest-dev libgmock-dev libbenchmark-dev \
+  libopenmpi-dev openmpi-bin prometheus python3-grpcio python3-protobuf python3-yaml \
+  openssl python3-torch pybind11-dev python3-dev systemd
+DEB_DEMO_PACKAGES := curl
+DEB_IMAGE_PACKAGES := podman runc netavark aardvark-dns iptables uidmap debootstrap
+DEB_PACKAGES := $(DEB_BUILD_PACKAGES) $(DEB_TEST_PACKAGES) $(DEB_DEMO_PACKAGES) \
+  $(DEB_IMAGE_PACKAGES)
 
-.PHONY: all deps build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
+.PHONY: all deps deps-build deps-image image build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
 
 all: build
 
-deps:
-	@missing=$$(for p in $(DEB_PACKAGES); do \
+# install_missing(PACKAGES): apt-get install whichever are not installed yet.
+define install_missing
+	@missing=$$(for p in $(1); do \
 	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "make deps: installing $$missing"; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "make deps: all packages present"; fi
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+
+deps-build:
+	$(call install_missing,$(DEB_BUILD_PACKAGES))
+
+deps-image:
+	$(call install_missing,$(DEB_IMAGE_PACKAGES))
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS)
@@ -84,6 +106,15 @@ test-tsan: deps
 	cmake --build build-tsan -j $(JOBS) --target tests_tsan
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
 	  ctest --output-on-failure -j $(JOBS) -L tsan
+
+# The container image (deploy/docker/Dockerfile): docker when its daemon answers, else
+# podman from Debian; base images made locally when no registry is reachable. Tagged
+# $(IMAGE):<spgated --version> (docs/deploy.md, "The container image").
+IMAGE ?= ghcr.io/spgate/spgate
+image:
+	@if ! (command -v docker >/dev/null && docker info >/dev/null 2>&1); then \
+	  $(MAKE) --no-print-directory deps-image; fi
+	IMAGE=$(IMAGE) bash tools/image/build_image.sh
 
 demo: build
 	bash tools/demo.sh $(BUILD_DIR)

@@ -4,8 +4,8 @@
 // --health_listen port serves grpc.health.v1.Health and nothing else (docs/design.md §6).
 // Everything a flag can get wrong — credential files, TLS files that are not PEM of
 // their kind or a key that does not match its certificate, a worker API open beyond
-// loopback without a worker credential — stops Start before any port is bound
-// (docs/security.md).
+// loopback without a worker credential, a --state_dir this process cannot write — stops
+// Start before any port is bound (docs/security.md, docs/operations.md).
 #include "server/daemon.h"
 
 #include <arpa/inet.h>
@@ -21,8 +21,12 @@
 #include <grpcpp/impl/server_builder_option.h>
 #include <grpcpp/impl/server_builder_plugin.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -229,6 +233,27 @@ class ReflectionOption : public grpc::ServerBuilderOption {
   bool enabled_;
 };
 
+// Creates and removes a probe file in `dir`: the one test of writability that holds for
+// every reason a write can fail (ownership, mode, a read-only mount, an ACL, SELinux).
+absl::Status CheckStateDirWritable(const std::string& dir) {
+  const std::string probe = absl::StrCat(dir, "/.spgated-write-probe-", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir ", dir, " is not writable by uid ", ::geteuid(), " (creating a file there: ",
+        std::strerror(err), "); give the directory to that user (the container image runs as "
+        "uid 65532), or pass --allow_read_only_state_dir to serve with API changes refused"));
+  }
+  ::close(fd);
+  if (::unlink(probe.c_str()) != 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state_dir ", dir, ": cannot remove the probe file ", probe, ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool IsLoopbackListenAddress(absl::string_view address) {
@@ -404,6 +429,11 @@ absl::Status Daemon::Impl::Start() {
   store_options.max_job_scopes = opts.state.max_jobs;
   store_options.on_persist_failure = [m = metrics.get()] { m->state_persist_failures.Increment(); };
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
+  // After Create (which makes the directory), before any port reports SERVING: an
+  // unwritable directory would otherwise show up only as UNAVAILABLE on the first change.
+  if (!opts.state_dir.empty() && !opts.allow_read_only_state_dir) {
+    RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
+  }
   opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
   ASSIGN_OR_RETURN(state, GateState::Create(opts.state, *metrics, store.get()));
   store->SetListener(state.get());

@@ -34,6 +34,10 @@ struct DaemonOptions {
   std::string metrics_listen = "127.0.0.1:0";  // Prometheus /metrics; empty: off
   std::string health_listen;                   // plaintext health-only port; empty: off
   std::string state_dir;                       // empty: API changes are not persisted
+  // A state_dir this process cannot write stops Start (naming --state_dir) before any
+  // port is bound, unless a read-only one is allowed on purpose: then the persisted state
+  // is loaded and every API change is refused with UNAVAILABLE, as a failed write is.
+  bool allow_read_only_state_dir = false;
   std::string config_path;                     // GateConfig text format; empty: none
   // Admin credentials (server/admin_auth.h, docs/security.md). None set: every admin
   // call is open; any set: every admin call needs a credential of a high enough role.

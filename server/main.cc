@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, admin_listen, "127.0.0.1:50062", "Admin API (spgate.v1.Ad
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "Prometheus /metrics address; empty: off");
 ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
 ABSL_FLAG(std::string, state_dir, "", "Directory for operator changes made through the API");
+ABSL_FLAG(bool, allow_read_only_state_dir, false,
+          "Start even when --state_dir is not writable (its state is loaded; every API "
+          "change is then refused with UNAVAILABLE). Without it such a directory stops start-up");
 ABSL_FLAG(std::string, config, "", "Gate config file (spgate.v1.GateConfig, text format)");
 ABSL_FLAG(std::string, admin_token_file, "",
           "Admin-role bearer tokens, one NAME:TOKEN (or bare TOKEN) per line");
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
   opts.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   opts.health_listen = absl::GetFlag(FLAGS_health_listen);
   opts.state_dir = absl::GetFlag(FLAGS_state_dir);
+  opts.allow_read_only_state_dir = absl::GetFlag(FLAGS_allow_read_only_state_dir);
   opts.config_path = absl::GetFlag(FLAGS_config);
   opts.admin_token_file = absl::GetFlag(FLAGS_admin_token_file);
   opts.reader_token_file = absl::GetFlag(FLAGS_reader_token_file);

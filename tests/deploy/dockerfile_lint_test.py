@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Static checks of deploy/docker/Dockerfile (no daemon or registry is reachable here, so
-the image is not built by the test suite; docs/deploy.md has the build command).
+"""Static checks of deploy/docker/Dockerfile (the image itself is built and run by
+image_test.sh, label `image`; docs/deploy.md has the build commands).
 
 Checks: multi-stage, every stage on Debian 12 (bookworm), a slim runtime stage; the runtime
 stage runs as a numeric non-root user set before ENTRYPOINT and never switches back;
@@ -8,9 +8,13 @@ exec-form ENTRYPOINT of /usr/local/bin/spgated with CMD flags from docs/design.m
 match the Kubernetes sidecar's ports, and that spgated accepts: a worker API beyond
 loopback only with a worker credential, never --allow_unauthenticated_workers (an empty
 --listen is 127.0.0.1:50061 without one; docs/security.md, "Worker credentials"); apt-get with -y --no-install-recommends and the
-package lists removed in the same RUN; no ADD of URLs or `curl | sh`; pipefail for piped
-RUNs; the build stage installs the Makefile's package list (`make deps`) and builds without
-tests; COPY sources exist; the .dockerignore keeps build trees and .git out of the context.
+package lists removed in the same RUN; no ADD of URLs or `curl | sh`; no pipeline in any
+RUN and no SHELL to rely on (the OCI image format, podman's default, ignores SHELL, so a
+pipeline would lose its failures under /bin/sh); no `# syntax` line (BuildKit would fetch a
+frontend image from a registry); no `useradd/groupadd --system` (uid 65532 is outside the
+system range and warns); the build stage installs only the Makefile's build packages
+(`make deps-build`), builds without tests and runs deploy/docker/runtime_packages.sh;
+COPY sources exist; the .dockerignore keeps build trees and .git out of the context.
 Runs hadolint too when it is installed.
 """
 import json
@@ -52,7 +56,11 @@ def Instructions(text):
 
 def main():
     with open(DOCKERFILE) as f:
-        instructions = Instructions(f.read())
+        text = f.read()
+    instructions = Instructions(text)
+    if re.search(r"(?im)^#\s*syntax\s*=", text):
+        problems.append("a `# syntax=` line makes BuildKit fetch a frontend image from a "
+                        "registry; nothing here needs it")
     args = {}
     stages = []  # each: {"from": image, "name": ..., "ins": [...]}
     for ins, rest in instructions:
@@ -76,10 +84,10 @@ def main():
     names = {s["name"] for s in stages if s["name"]}
     # Per-instruction rules.
     for s in stages:
-        has_pipefail = False
         for ins, rest in s["ins"]:
-            if ins == "SHELL" and "pipefail" in rest:
-                has_pipefail = True
+            if ins == "SHELL":
+                problems.append(f"SHELL {rest}: the OCI image format ignores it, so no RUN "
+                                "may depend on it")
             if ins == "ADD" and re.search(r"https?://", rest):
                 problems.append(f"ADD of a URL: {rest}")
             if ins != "RUN":
@@ -93,8 +101,11 @@ def main():
                 problems.append(f"apt-get update without removing the lists in the same RUN: {rest[:80]}")
             if "make deps" in rest and "rm -rf /var/lib/apt/lists" not in rest:
                 problems.append("`make deps` layer keeps the apt lists")
-            if "|" in rest.replace("||", "") and not has_pipefail and not rest.startswith("["):
-                problems.append(f"piped RUN without SHELL [... pipefail ...]: {rest[:80]}")
+            if "|" in rest.replace("||", "") and not rest.startswith("["):
+                problems.append(f"RUN with a pipeline (under /bin/sh a failing step is lost; "
+                                f"write to a file and check it): {rest[:80]}")
+            if re.search(r"\b(useradd|groupadd)\b[^&;]*--system", rest):
+                problems.append("useradd/groupadd --system with uid 65532 warns on every build")
         for ins, rest in s["ins"]:
             if ins == "COPY":
                 parts = [p for p in rest.split() if not p.startswith("--")]
@@ -106,8 +117,12 @@ def main():
                         if src != "." and not os.path.exists(os.path.join(REPO, src)):
                             problems.append(f"COPY source {src} does not exist in the repository")
     build_runs = " ".join(r for s in stages[:-1] for i, r in s["ins"] if i == "RUN")
-    if "make deps" not in build_runs:
-        problems.append("the build stage should install the Makefile's DEB_PACKAGES (make deps)")
+    if not re.search(r"make deps-build\b", build_runs):
+        problems.append("the build stage should install only the Makefile's build packages "
+                        "(make deps-build)")
+    if "deploy/docker/runtime_packages.sh" not in build_runs:
+        problems.append("the build stage should find the runtime packages with "
+                        "deploy/docker/runtime_packages.sh (it fails on an unowned library)")
     if "-DSPGATE_BUILD_TESTS=OFF" not in build_runs:
         problems.append("the image build should not build the test suite")
     # Runtime user, entrypoint, cmd.

@@ -36,6 +36,7 @@ namespace {
 
 using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -546,6 +547,40 @@ TEST_F(DaemonTest, CorruptStateFileStopsStartupNamingTheFile) {
   opts.state_dir = dir;
   auto d = Daemon::Start(opts);
   EXPECT_THAT(d.status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr(StateFilePath(dir))));
+}
+
+// A directory this process cannot write: a mode-0555 one, or /proc for root, whom modes
+// do not stop (the probe's create fails there for everyone).
+std::string UnwritableDir() {
+  if (::geteuid() == 0) return "/proc";
+  const std::string dir = TempDir();
+  std::filesystem::permissions(dir, std::filesystem::perms(0555));
+  return dir;
+}
+
+TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
+  DaemonOptions opts;
+  opts.state_dir = UnwritableDir();
+  EXPECT_THAT(Daemon::Start(opts).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("--state_dir " + opts.state_dir + " is not writable"),
+                             HasSubstr("--allow_read_only_state_dir"))));
+  // Allowed on purpose: it serves, and a change is refused as any failed write is.
+  opts.allow_read_only_state_dir = true;
+  Start(opts);
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.33);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnavailable));
+  // A writable directory passes the probe and keeps no trace of it.
+  daemon_.reset();
+  const std::string dir = TempDir();
+  opts = {};
+  opts.state_dir = dir;
+  Start(opts);
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr("probe")));
+  }
 }
 
 TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) {
