@@ -72,8 +72,9 @@ test: build
 # uninstrumented Debian libraries.
 #
 # CI time (.ci/run on a 2-core machine: make test, test-tsan, test-asan-mpi; 2307 s
-# before, 1449 s measured after; docs/reliability.md, "CI time"): the three builds are
-# most of it, so
+# before, 1449 s measured after, 1563 s on 2026-12-01; the container image test and the
+# serial campaigns add about 10 min, docs/reliability.md, "CI time"): the three builds
+# are most of it, so
 # the sanitizer trees
 #   - compile at -O1 with line tables only (-g1): every report still has file:line
 #     stacks, for about half the compile CPU of -O2 -g and half the object size (ASan's
