@@ -64,12 +64,14 @@ class ConnectReactor final : public RawReactor,
       FinishWhenIdle(grpc::Status::OK);
       return;
     }
-    const auto start = Clock::now();
     if (!ParseMessage(&in_bytes_, &in_)) {
       FinishWhenIdle(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                   UnparseableMessage(v1::WorkerMessage::descriptor()->full_name())));
       return;
     }
+    // A plan is "received" once its message is parsed, as when gRPC parsed it for us:
+    // spgate_decision_latency_seconds keeps its meaning.
+    const auto start = Clock::now();
     if (session_ == nullptr) {
       // The credential must cover the session's job before the stream is bound to it.
       absl::StatusOr<std::shared_ptr<Session>> session = state_->FindSession(in_.session_id());
