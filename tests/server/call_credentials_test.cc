@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "spgate/v1/gate.grpc.pb.h"
+#include "tests/server/test_util.h"  // TempDir
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 
@@ -208,8 +209,7 @@ std::string Read(const std::string& path) {
 class RealCertificatesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string dir = ::testing::TempDir() + "/call_credentials_test_XXXXXX";
-    dir_ = mkdtemp(dir.data());
+    dir_ = TempDir();
     ASSERT_THAT(::spgate::testing::MakeTestCertificates(
                     dir_, "worker", {},
                     {{"ops", "/O=ml/CN=ops-admin", ""},

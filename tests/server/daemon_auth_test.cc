@@ -22,6 +22,7 @@
 #include "server/daemon.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
+#include "tests/server/test_util.h"  // TempDir, ReadAll
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 
@@ -36,18 +37,6 @@ using ::testing::Not;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 constexpr auto kDenied = absl::StatusCode::kPermissionDenied;
-
-std::string TempDir() {
-  std::string dir = ::testing::TempDir() + "/daemon_auth_test_XXXXXX";
-  return mkdtemp(dir.data());
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string Write(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
@@ -107,9 +96,9 @@ class DaemonAuthTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> Channel(const std::string& address, const std::string& cert) {
     if (cert.empty()) return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
     grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = Read(dir_ + "/ca.pem");
-    ssl.pem_private_key = Read(dir_ + "/" + cert + ".key");
-    ssl.pem_cert_chain = Read(dir_ + "/" + cert + ".pem");
+    ssl.pem_root_certs = ReadAll(dir_ + "/ca.pem");
+    ssl.pem_private_key = ReadAll(dir_ + "/" + cert + ".key");
+    ssl.pem_cert_chain = ReadAll(dir_ + "/" + cert + ".pem");
     grpc::ChannelArguments args;
     args.SetSslTargetNameOverride("localhost");
     return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
