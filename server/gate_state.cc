@@ -372,6 +372,12 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     return absl::InvalidArgumentError(
         absl::StrFormat("global_rank: must be >= 0, got %d", r.global_rank));
   }
+  if (r.group_session && r.rank_in_group != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group_session: only the group's leader (rank_in_group 0) speaks for the group, got "
+        "rank_in_group %d",
+        r.rank_in_group));
+  }
   if (r.host.size() > kMaxHostLength) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "host: at most %d characters, got %d", kMaxHostLength, r.host.size()));
@@ -383,6 +389,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   session->incarnation = r.incarnation;
   session->group = r.group;
   session->rank_in_group = r.rank_in_group;
+  session->group_session = r.group_session;
   {
     const absl::Time now = Now();
     MutexLock limiter(&session->limiter_mu);
@@ -522,6 +529,8 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
   rank.host = r.host;
   rank.last_seen = now;
   rank.last_telemetry_step = kNoStep;  // a restarted process may report from an older step
+  rank.covers = r.group_session ? r.group_size : 1;
+  if (r.rank_in_group == 0) g->group_session = r.group_session;
   if (!replaced.empty()) {
     // The old session's stream is ended (ABORTED, after the lock) and its calls by token
     // get NOT_FOUND: a seat has one holder.
@@ -783,6 +792,26 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
         session.rank_in_group)));
   }
   if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
+  const bool group_record = t.ranks > 1;
+  if (t.ranks < 0 || t.ranks > options_.max_group_size) {
+    return reject(absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry: ranks must be 0 or 1 (this rank's record) or the group's size, got %d",
+        t.ranks)));
+  }
+  if (group_record) {
+    if (session.rank_in_group != 0) {
+      return reject(absl::InvalidArgumentError(absl::StrFormat(
+          "telemetry: a group record (ranks=%d) comes only from the group's leader, not "
+          "rank_in_group %d",
+          t.ranks, session.rank_in_group)));
+    }
+    if (t.slowest_rank < 0 || t.slowest_rank >= t.ranks || t.peak_memory_rank < 0 ||
+        t.peak_memory_rank >= t.ranks) {
+      return reject(absl::InvalidArgumentError(absl::StrFormat(
+          "telemetry: slowest_rank %d and peak_memory_rank %d must be in [0, ranks=%d)",
+          t.slowest_rank, t.peak_memory_rank, t.ranks)));
+    }
+  }
   {
     MutexLock limiter(&session.limiter_mu);
     if (!session.telemetry_tokens.TryTake(Now())) {
@@ -822,9 +851,15 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
                                 "%d; only decided steps are reported",
                                 v.step, session.group, gate->last_step)));
     }
+    Group& g = *git->second;
+    if (group_record && t.ranks != g.size) {
+      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+      return reject(absl::InvalidArgumentError(absl::StrFormat(
+          "telemetry: a group record of %d ranks for group %d, which has %d", t.ranks,
+          session.group, g.size)));
+    }
     session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
     metrics_.telemetry_received.Increment();
-    Group& g = *git->second;
     auto rit = g.ranks.find(session.rank_in_group);
     if (rit != g.ranks.end()) {
       rit->second.last_seen = Now();
@@ -844,8 +879,15 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     } else if (p.finalized) {
       return absl::OkStatus();  // every rank already reported; a duplicate
     }
-    ++p.reported;
+    // A group record is every rank's at once (each value already the largest of its ranks).
+    p.reported += group_record ? g.size : 1;
     p.mode = static_cast<Mode>(v.mode);
+    if (p.slowest_rank < 0 || v.step_time_s > p.step_time) {
+      p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
+    }
+    if (p.peak_rank < 0 || t.peak_memory_bytes > p.peak) {
+      p.peak_rank = group_record ? t.peak_memory_rank : session.rank_in_group;
+    }
     p.step_time = std::max(p.step_time, v.step_time_s);
     p.rs_share = std::max(p.rs_share, std::min(1.0, v.rs_wait_s / v.step_time_s));
     p.all_gather = std::max(p.all_gather, v.all_gather_s);
@@ -865,6 +907,13 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
   PendingStep& p = g.pending[slot];
   p.finalized = true;
   const int m = static_cast<int>(p.mode);
+  if (p.step >= g.slowest_step) {  // a step finalized late does not overwrite a newer one
+    g.slowest_step = p.step;
+    g.slowest_rank = p.slowest_rank;
+    g.slowest_step_time = p.step_time;
+    g.peak_rank = p.peak_rank;
+    g.metrics->slowest_rank->Set(p.slowest_rank);
+  }
   if (p.mode == Mode::kSequenceParallel) {
     const int64_t window = g.schedule.At(p.step).config.window_steps;
     g.policy.ObserveRsWaitShare(p.step, p.mode, p.rs_share, window);
@@ -969,10 +1018,13 @@ void GateState::Sweep() {
           rit = g.ranks.erase(rit);
           continue;
         }
-        (silent > options_.stale_after ? stale : active)++;
         ++ranks;
         ++rit;
       }
+      const gate_state_internal::RankCounts counts =
+          gate_state_internal::CountRanks(g.ranks, g.size, now, options_.stale_after);
+      active += counts.active;
+      stale += counts.stale;
       // A group whose ranks are all gone is dropped once it has been idle as long.
       if (g.ranks.empty() && now - g.last_activity > options_.forget_after) {
         git = job.groups.erase(git);

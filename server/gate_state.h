@@ -119,6 +119,7 @@ struct Session {
   std::string incarnation;
   int group = 0;
   int rank_in_group = 0;
+  bool group_session = false;  // the leader's session speaks for its group
   std::atomic<int64_t> telemetry_received{0};
   // Last cumulative local-decision and memory-override counts seen (guarded by
   // GateState's lock).
@@ -142,6 +143,7 @@ struct RegisterInput {
   std::string host;
   uint64_t memory_budget_bytes = 0;
   std::string launch_credential;  // never stored: only its digest is
+  bool group_session = false;     // the leader speaks for the group (docs/design.md §2)
 };
 
 struct RegisterResult {
@@ -174,6 +176,11 @@ struct TelemetryRecord {
   int rank_in_group = 0;
   StepTelemetryValues values;
   uint64_t peak_memory_bytes = 0;
+  // 0 or 1: the rank's own record; the group's size: the leader's record for the group,
+  // each value the largest over its ranks (docs/design.md §2).
+  int ranks = 0;
+  int slowest_rank = 0;       // group records: the rank with the longest step time
+  int peak_memory_rank = 0;   // group records: the rank with the highest peak memory
 };
 
 // A what-if: the gates for a hypothetical batch, against a job's live group or none.
@@ -220,6 +227,11 @@ struct GroupView {
   bool rs_wait_fallback = false;
   int64_t mode_switches = 0;
   std::optional<PinView> pin;
+  // The last complete step's slowest rank (and its time) and peak-memory rank; -1: none.
+  int slowest_rank = -1;
+  double slowest_step_time_s = 0;
+  int peak_memory_rank = -1;
+  bool group_session = false;
 };
 
 struct JobSummaryView {

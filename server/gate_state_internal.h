@@ -5,6 +5,7 @@
 #ifndef SPGATE_SERVER_GATE_STATE_INTERNAL_H_
 #define SPGATE_SERVER_GATE_STATE_INTERNAL_H_
 
+#include <algorithm>
 #include <deque>
 #include <limits>
 #include <map>
@@ -37,6 +38,7 @@ struct PendingStep {
   double step_time = 0, rs_share = 0, all_gather = 0, norm_share = 0;
   int64_t tokens = 0, padding = 0;
   uint64_t peak = 0;
+  int slowest_rank = -1, peak_rank = -1;  // rank_in_group of the largest step time, peak
 };
 
 struct Rank {
@@ -46,6 +48,9 @@ struct Rank {
   int streams = 0;
   bool streamed = false;   // has attached a Connect stream (else a unary-only client)
   std::string session_id;  // its newest session; registering again replaces it
+  // Ranks this one's session stands for: the group's size for a leader's group session
+  // (its followers never register), else 1.
+  int covers = 1;
   // The newest step this rank reported: a record for it or an older step again is a
   // duplicate and counts once (a step is final once every rank reported).
   int64_t last_telemetry_step = kNoStep;
@@ -56,6 +61,23 @@ struct ModeWindow {
   RollingWindow tokens{kModeWindowSteps};
   RollingWindow peak{kModeWindowSteps};
 };
+
+// A group's ranks seen within `stale_after` of `now` and the others, each session counting
+// the ranks it covers (a leader's group session: the whole group), capped at the group's
+// size (a group session and per-rank sessions of the same group may overlap).
+struct RankCounts {
+  int active = 0, stale = 0;
+};
+template <typename Ranks>
+RankCounts CountRanks(const Ranks& ranks, int size, absl::Time now, absl::Duration stale_after) {
+  RankCounts c;
+  for (const auto& [r, rank] : ranks) {
+    (now - rank.last_seen > stale_after ? c.stale : c.active) += rank.covers;
+  }
+  c.active = std::min(c.active, size);
+  c.stale = std::min(c.stale, size - c.active);
+  return c;
+}
 
 inline bool Active(const std::optional<PinState>& pin, absl::Time now) {
   return pin.has_value() && pin->expire > now;
@@ -86,6 +108,12 @@ struct GateState::Group {
   bool resume_allowed = true;
   absl::Time last_plan_time = absl::InfinitePast();
   std::unique_ptr<GroupMetrics> metrics;  // never null
+  // The last complete step's slowest rank, its step time, and its peak-memory rank.
+  int64_t slowest_step = gate_state_internal::kNoStep;
+  int slowest_rank = -1;
+  double slowest_step_time = 0;
+  int peak_rank = -1;
+  bool group_session = false;  // its leader registered for the whole group
 
   const DecisionRecord* Cached(int64_t step) const {
     auto it = std::lower_bound(cache.begin(), cache.end(), step,

@@ -19,9 +19,14 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
   GroupView out;
   out.group = g.index;
   out.group_size = g.size;
-  for (const auto& [r, rank] : g.ranks) {
-    (now - rank.last_seen > options_.stale_after ? out.ranks_stale : out.ranks_active)++;
-  }
+  const gate_state_internal::RankCounts ranks =
+      gate_state_internal::CountRanks(g.ranks, g.size, now, options_.stale_after);
+  out.ranks_active = ranks.active;
+  out.ranks_stale = ranks.stale;
+  out.slowest_rank = g.slowest_rank;
+  out.slowest_step_time_s = g.slowest_step_time;
+  out.peak_memory_rank = g.peak_rank;
+  out.group_session = g.group_session;
   const GroupGateState& gate = g.policy.gate();
   out.has_decision = gate.has_decision;
   if (gate.has_decision) {

@@ -49,6 +49,10 @@ void ToProto(const GroupView& g, v1::GroupStatus* out) {
   out->set_rs_wait_fallback(g.rs_wait_fallback);
   out->set_mode_switches(g.mode_switches);
   if (g.pin) ToProto(*g.pin, out->mutable_pin());
+  out->set_slowest_rank(g.slowest_rank);
+  out->set_slowest_step_time_s(g.slowest_step_time_s);
+  out->set_peak_memory_rank(g.peak_memory_rank);
+  out->set_group_session(g.group_session);
 }
 
 void ToProto(const ModeStatsView& m, v1::ModeStats* out) {
@@ -94,7 +98,10 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
                                     .norm_stall_s = t.norm_stall_s(),
                                     .effective_tokens = t.effective_tokens(),
                                     .padding_tokens = t.padding_tokens()},
-                         .peak_memory_bytes = t.peak_memory_bytes()};
+                         .peak_memory_bytes = t.peak_memory_bytes(),
+                         .ranks = t.ranks(),
+                         .slowest_rank = t.slowest_rank(),
+                         .peak_memory_rank = t.peak_memory_rank()};
 }
 
 RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
@@ -106,7 +113,8 @@ RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
                        .global_rank = r.global_rank(),
                        .host = r.host(),
                        .memory_budget_bytes = r.memory_budget_bytes(),
-                       .launch_credential = r.launch_credential()};
+                       .launch_credential = r.launch_credential(),
+                       .group_session = r.group_session()};
 }
 
 v1::RegisterResponse ToProto(const RegisterResult& r) {

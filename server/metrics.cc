@@ -83,6 +83,10 @@ Metrics::Metrics()
       all_gather_f(BuildGauge().Name("spgate_all_gather_tail_seconds")
                        .Help("Rolling p95 of the per-step all-gather time of the slowest rank.")
                        .Register(*registry_)),
+      slowest_rank_f(BuildGauge().Name("spgate_slowest_rank")
+                         .Help("rank_in_group of the group's slowest rank (longest step time) "
+                               "in its last complete step.")
+                         .Register(*registry_)),
       norm_stall_f(BuildGauge().Name("spgate_norm_stall_ratio")
                        .Help("Rolling mean of the share of step time spent in collectives that "
                              "exist only because LayerNorm crossed the shard boundary.")
@@ -356,6 +360,8 @@ GroupMetrics::GroupMetrics(Metrics& m, const std::string& job_id, int group) : m
   rs_wait_share = &m.rs_wait_f.Add(l);
   all_gather_tail = &m.all_gather_f.Add(l);
   norm_stall_ratio = &m.norm_stall_f.Add(l);
+  slowest_rank = &m.slowest_rank_f.Add(l);
+  slowest_rank->Set(-1);
   mode_switches = &m.mode_switches_f.Add(l);
   for (int mode = 1; mode < kModeSlots; ++mode) {
     prometheus::Labels lm = l;
@@ -368,6 +374,7 @@ GroupMetrics::~GroupMetrics() {
   m_.rs_wait_f.Remove(rs_wait_share);
   m_.all_gather_f.Remove(all_gather_tail);
   m_.norm_stall_f.Remove(norm_stall_ratio);
+  m_.slowest_rank_f.Remove(slowest_rank);
   m_.mode_switches_f.Remove(mode_switches);
   for (int mode = 1; mode < kModeSlots; ++mode) m_.current_mode_f.Remove(current_mode_[mode]);
 }

@@ -110,6 +110,7 @@ class GroupMetrics {
   prometheus::Gauge* rs_wait_share;
   prometheus::Gauge* all_gather_tail;
   prometheus::Gauge* norm_stall_ratio;
+  prometheus::Gauge* slowest_rank;  // -1 until a step is complete
   prometheus::Counter* mode_switches;
 
  private:
@@ -140,6 +141,7 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>& length_cv_f;
   prometheus::Family<prometheus::Gauge>& rs_wait_f;
   prometheus::Family<prometheus::Gauge>& all_gather_f;
+  prometheus::Family<prometheus::Gauge>& slowest_rank_f;
   prometheus::Family<prometheus::Gauge>& norm_stall_f;
   prometheus::Family<prometheus::Histogram>& step_duration_f;
   prometheus::Family<prometheus::Counter>& effective_tokens_f;

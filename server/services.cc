@@ -100,6 +100,13 @@ class ConnectReactor final : public RawReactor,
     // A session whose launch was replaced (docs/design.md §10) gets its stream ended
     // with FAILED_PRECONDITION: the worker falls back locally, and nothing it sends counts.
     absl::Status ended;
+    // Telemetry first: a plan in the same message (a client sends a step's record with the
+    // next plan) is decided knowing it.
+    for (const v1::StepTelemetry& t : in_.telemetry()) {
+      // Counted; invalid records are not acknowledged.
+      const absl::Status s = state_->RecordTelemetry(*session_, TelemetryFromProto(t));
+      if (s.code() == absl::StatusCode::kFailedPrecondition) ended = s;
+    }
     for (const v1::BatchPlan& plan : in_.plans()) {
       absl::StatusOr<DecisionRecord> d = state_->Decide(*session_, PlanFromProto(plan));
       if (d.ok()) ToProto(*d, out.add_decisions());
@@ -111,11 +118,6 @@ class ConnectReactor final : public RawReactor,
         rej->set_code(static_cast<int>(s.code()));
         rej->set_message(std::string(s.message()));
       }
-    }
-    for (const v1::StepTelemetry& t : in_.telemetry()) {
-      // Counted; invalid records are not acknowledged.
-      const absl::Status s = state_->RecordTelemetry(*session_, TelemetryFromProto(t));
-      if (s.code() == absl::StatusCode::kFailedPrecondition) ended = s;
     }
     if (in_.has_heartbeat()) {
       absl::StatusOr<int64_t> acked =

@@ -91,6 +91,10 @@ class Exposition:
             for job in JOBS:
                 for g in GROUPS:
                     sample(name, base * (1 + 0.5 * math.sin(t / 7 + int(g))) + 1e-6, job_id=job, group=g)
+        family("spgate_slowest_rank", "gauge", "Slowest rank of the group's last step.")
+        for job in JOBS:
+            for g in GROUPS:
+                sample("spgate_slowest_rank", (int(g) + int(t) // 30) % 8, job_id=job, group=g)
         family("spgate_step_duration_seconds", "histogram", "Step wall time by mode.")
         for job in JOBS:
             for mode in contract.MODES:

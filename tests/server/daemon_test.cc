@@ -182,8 +182,17 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
   auto stream = worker_->Connect(&ctx);
   v1::WorkerMessage msg;
   msg.set_session_id(reg.session_id());
-  // Telemetry is taken for decided steps only (docs/design.md §10): decide steps 0-4.
+  // Telemetry is taken for decided steps only (docs/design.md §10): decide steps 0-4
+  // first. A message's records are taken before its plans (a client sends a step's record
+  // with the next plan), so steps decided in the same message would be too early.
   for (int s = 0; s < 5; ++s) *msg.add_plans() = Plan("job1", 0, s, {512});
+  ASSERT_TRUE(stream->Write(msg));
+  v1::DaemonMessage decided;
+  ASSERT_TRUE(stream->Read(&decided));
+  EXPECT_EQ(decided.decisions_size(), 5);
+  msg.clear_session_id();
+  msg.clear_plans();
+  *msg.add_plans() = Plan("job1", 0, 5, {512});  // decided after this message's records
   for (int s = 0; s < 6; ++s) {
     auto* t = msg.add_telemetry();
     t->set_job_id("job1");
@@ -197,8 +206,9 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
   ASSERT_TRUE(stream->Write(msg));
   v1::DaemonMessage in;
   ASSERT_TRUE(stream->Read(&in));
-  EXPECT_EQ(in.decisions_size(), 5);
-  // Step 5 was never decided: acknowledged as received, not taken (the refusal counts).
+  EXPECT_EQ(in.decisions_size(), 1);
+  // Step 5 was not decided when its record came: acknowledged as received, not taken (the
+  // refusal counts).
   EXPECT_EQ(in.ack().telemetry_received(), 6);
   EXPECT_EQ(testing::MetricValue(testing::ScrapeMetrics(daemon_->metrics_port()),
                                  "spgate_worker_refusals_total", {"reason=\"undecided_step\""}),

@@ -212,6 +212,76 @@ TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
   EXPECT_DOUBLE_EQ(job->groups(0).rolling_rs_wait_share(), 0.3);  // max(0.1, 0.3)
 }
 
+// A leader's group session speaks for its group: one session counts the group's ranks,
+// one record (the group's, reduced in the group) completes a step with the group's
+// values, and the slowest and peak-memory ranks it names are the group's.
+TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
+  auto state = Make();
+  v1::RegisterRequest follower = Reg("j", 0, 3, 4);
+  follower.set_group_session(true);
+  EXPECT_THAT(state->Register(follower).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("only the group's leader (rank_in_group 0)")));
+  v1::RegisterRequest leader = Reg("j", 0, 0, 4);
+  leader.set_group_session(true);
+  auto r0 = state->Register(leader);
+  ASSERT_THAT(r0.status(), IsOk());
+  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(s0.status(), IsOk());
+  state->Sweep();
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_TRUE(job->groups(0).group_session());
+  EXPECT_EQ(job->groups(0).ranks_active(), 4) << "one session for the group's four ranks";
+  EXPECT_EQ(job->summary().ranks_active(), 4);
+  EXPECT_EQ(job->groups(0).slowest_rank(), -1) << "no step complete yet";
+
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  v1::StepTelemetry t = Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.6);
+  t.set_ranks(4);
+  t.set_slowest_rank(2);
+  t.set_peak_memory_rank(1);
+  t.set_peak_memory_bytes(5000);
+  ASSERT_THAT(state->RecordTelemetry(**s0, t), IsOk());
+  job = state->GetJob("j");
+  EXPECT_DOUBLE_EQ(job->groups(0).rolling_rs_wait_share(), 0.3) << "complete at once: 0.6 / 2.0";
+  EXPECT_EQ(job->groups(0).slowest_rank(), 2);
+  EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 2.0);
+  EXPECT_EQ(job->groups(0).peak_memory_rank(), 1);
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
+              HasSubstr("spgate_slowest_rank{group=\"0\",job_id=\"j\"} 2"));
+
+  // Group records must name the group's size and ranks inside it.
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  v1::StepTelemetry wrong = Tel("j", 0, 0, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.1);
+  wrong.set_ranks(8);
+  EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("which has 4")));
+  wrong.set_ranks(4);
+  wrong.set_slowest_rank(4);
+  EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, ranks=4)")));
+  wrong.set_ranks(-1);
+  EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks must be")));
+  job = state->GetJob("j");
+  EXPECT_EQ(job->groups(0).slowest_rank(), 2) << "refused records change nothing";
+
+  // A follower with a session of its own (per-rank) cannot send the group's record.
+  auto r1 = state->Register(Reg("j", 0, 1, 4));
+  ASSERT_THAT(r1.status(), IsOk());
+  auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(s1.status(), IsOk());
+  v1::StepTelemetry from_follower = Tel("j", 0, 1, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.1);
+  from_follower.set_ranks(4);
+  EXPECT_THAT(state->RecordTelemetry(**s1, from_follower),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only from the group's leader")));
+  state->Sweep();
+  job = state->GetJob("j");
+  EXPECT_EQ(job->groups(0).ranks_active(), 4) << "overlapping sessions count at most the group";
+}
+
 TEST_F(GateStateTest, TelemetryThatDoesNotMatchTheSessionIsRefused) {
   auto state = Make();
   auto r0 = state->Register(Reg("j", 0, 0, 1));
