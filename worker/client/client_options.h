@@ -66,6 +66,11 @@ enum class ClientOptionSurface : uint8_t {
     "rank in the TP group; 0 is the leader, the only rank that submits plans")               \
   X(int, group_size, 1, "ranks", kCApiPython, "ranks in the TP group (t)")                   \
   X(int, global_rank, 0, "", kCApiPython, "world rank")                                       \
+  X(bool, group_session, true, "", kCApiPython,                                             \
+    "the leader's session speaks for its TP group (docs/design.md §2): one session and one " \
+    "telemetry record per step for the group, reduced in the group by "                     \
+    "GroupDecider::ReportTelemetry, so the other ranks need no client; false: every rank "   \
+    "registers and reports its own record (per-rank sessions)")                              \
   X(std::string, host, "", "", kCApiPython, "host reported to spgated; empty: the host name") \
   X(uint64_t, memory_budget_bytes, 0, "bytes", kCApiPython,                                  \
     "device memory budget of the memory gate for plans that carry none; 0: none")            \

@@ -82,6 +82,13 @@ struct StepTelemetryInput {
   int64_t effective_tokens = 0;
   int64_t padding_tokens = 0;
   uint64_t peak_memory_bytes = 0;
+  // 0 or 1: this rank's own record. The group's size: the group's record, which only the
+  // leader sends (GroupDecider::ReportTelemetry makes it): each value the largest of the
+  // group's ranks, rs_wait_s and norm_stall_s the largest rank's share times step_time_s
+  // (docs/design.md §2), with the ranks that had the longest step and the highest peak.
+  int ranks = 0;
+  int slowest_rank = 0;
+  int peak_memory_rank = 0;
 };
 
 }  // namespace spgate::client

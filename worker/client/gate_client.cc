@@ -66,6 +66,13 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
     return bad(absl::StrFormat("rank_in_group must be in [0, %d), got %d", o.group_size,
                                o.rank_in_group));
   }
+  if (o.group_session && o.rank_in_group != 0 && !o.controller.empty()) {
+    return bad(absl::StrFormat(
+        "rank_in_group %d: with group_session (the default) only the group's leader talks to "
+        "spgated; give this rank's telemetry to GroupDecider::ReportTelemetry and create no "
+        "client here, or set group_session=false for a session per rank",
+        o.rank_in_group));
+  }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) {
     return bad(absl::StrCat("initial_config: ", s.message()));
   }
@@ -198,6 +205,10 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   int attempt_ ABSL_GUARDED_BY(mu_) = 0;
   int not_found_streak_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  // When the last heartbeat went out. A write with plans or telemetry carries one once
+  // half an interval has passed, and the timer sends one of its own only after 1.5
+  // intervals without, so a client that writes anyway adds no message for heartbeats.
+  absl::Time last_heartbeat_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 
   // Telemetry accounting: per session (the daemon's ack counts per session) and closed
@@ -393,9 +404,18 @@ void GateClient::Impl::HeartbeatTick(uint64_t stream_id) {
   {
     spgate::MutexLock lock(&mu_);
     if (closing_ || stream_id != stream_id_ || !StreamOpenLocked()) return;
-    heartbeat_due_ = true;
-    w = ClaimWriteLocked();
-    runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id] {
+    // A heartbeat of its own only after 1.5 intervals without one: a client whose writes
+    // come once an interval (a step a second) carries every heartbeat on them, whichever
+    // of its timer and its writes comes first in a given interval.
+    const absl::Time now = absl::Now();
+    const absl::Duration quiet = heartbeat_interval_ * 1.5;
+    absl::Time next = last_heartbeat_ + quiet;
+    if (now >= next) {
+      heartbeat_due_ = true;
+      w = ClaimWriteLocked();
+      next = now + quiet;
+    }
+    runtime_->RunAt(next, [w = weak_from_this(), id = stream_id] {
       if (auto self = w.lock()) self->HeartbeatTick(id);
     });
   }
@@ -553,7 +573,13 @@ Outgoing GateClient::Impl::GatherLocked() {
   out.telemetry.assign(telemetry_.begin(), telemetry_.begin() + n);
   telemetry_.erase(telemetry_.begin(), telemetry_.begin() + n);
   session_sent_ += static_cast<int64_t>(n);
+  const absl::Time now = absl::Now();
+  if (!heartbeat_due_ && (n > 0 || !out.plans.empty()) &&
+      now - last_heartbeat_ >= heartbeat_interval_ / 2) {
+    heartbeat_due_ = true;  // rides on this write instead of a write of its own
+  }
   if (heartbeat_due_) {
+    last_heartbeat_ = now;
     out.heartbeat = true;
     heartbeat_due_ = false;
     out.local_decisions = book_.counters().local_decisions_by_reason;
@@ -659,6 +685,25 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
                                          .norm_stall_s = t.norm_stall_s,
                                          .effective_tokens = t.effective_tokens,
                                          .padding_tokens = t.padding_tokens}));
+  if (t.ranks < 0 || (t.ranks > 1 && t.ranks != opts_.group_size)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry: ranks must be 0 or 1 (this rank's record) or group_size=%d (the group's), "
+        "got %d",
+        opts_.group_size, t.ranks));
+  }
+  if (t.ranks > 1) {
+    if (opts_.rank_in_group != 0 || !opts_.group_session) {
+      return absl::FailedPreconditionError(
+          "telemetry: a group record comes only from the leader's group session "
+          "(rank_in_group 0, group_session)");
+    }
+    if (t.slowest_rank < 0 || t.slowest_rank >= t.ranks || t.peak_memory_rank < 0 ||
+        t.peak_memory_rank >= t.ranks) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "telemetry: slowest_rank %d and peak_memory_rank %d must be in [0, ranks=%d)",
+          t.slowest_rank, t.peak_memory_rank, t.ranks));
+    }
+  }
   spgate::MutexLock lock(&mu_);
   ++stats_.telemetry_reported;
   if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&

@@ -2,9 +2,122 @@
 // group_decider.h.
 #include "worker/client/group_decider.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
 #include "absl/strings/str_format.h"
+#include "policy/telemetry.h"
 
 namespace spgate::client {
+namespace {
+
+// TelemetryWire's slots. Each is reduced with MAX; a value whose smallest over the ranks
+// matters too is also sent negated.
+enum TelemetrySlot : int {
+  kStep, kNegStep, kMode, kNegMode, kReason, kNegReason, kRefused,
+  kStepTimeKey,  // step_time_s with the rank in its low bits
+  kRsShare, kAllGather, kNormShare, kTokens, kPadding,
+  kPeakKey,      // peak_memory_bytes with the rank in its low bits
+};
+static_assert(kPeakKey + 1 == TelemetryWire::kSlots);
+
+// A rank rides in the low mantissa bits of a non-negative value: for such doubles the
+// bit pattern orders as the value does, so the maximum of the keys is the largest value
+// (to 2^-40 of itself) and, among equal ones, the highest rank. Integers below 2^40
+// (peak bytes under 1 TiB) come back exactly after rounding.
+constexpr int kRankBits = 12;
+static_assert((1 << kRankBits) == kMaxTelemetryWireRanks);
+constexpr uint64_t kRankMask = (uint64_t{1} << kRankBits) - 1;
+
+double WithRank(double value, int rank) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  bits = (bits & ~kRankMask) | static_cast<uint64_t>(rank);
+  std::memcpy(&value, &bits, sizeof(bits));
+  return value;
+}
+
+std::pair<double, int> SplitRank(double key) {
+  uint64_t bits;
+  std::memcpy(&bits, &key, sizeof(bits));
+  const int rank = static_cast<int>(bits & kRankMask);
+  bits &= ~kRankMask;
+  double value;
+  std::memcpy(&value, &bits, sizeof(bits));
+  return {value, rank};
+}
+
+double Share(double part_s, double step_s) {
+  return step_s > 0 ? std::clamp(part_s / step_s, 0.0, 1.0) : 0.0;
+}
+
+}  // namespace
+
+TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bool valid) {
+  TelemetryWire w;
+  const double step = static_cast<double>(t.step);
+  const double mode = static_cast<double>(t.mode);
+  const double reason = static_cast<double>(t.reason);
+  w.v[kStep] = step;
+  w.v[kNegStep] = -step;
+  w.v[kMode] = mode;
+  w.v[kNegMode] = -mode;
+  w.v[kReason] = reason;
+  w.v[kNegReason] = -reason;
+  w.v[kRefused] = valid ? 0 : 1;
+  if (!valid) return w;  // only the step and the refusal are read
+  const int rank = std::clamp(rank_in_group, 0, kMaxTelemetryWireRanks - 1);
+  w.v[kStepTimeKey] = WithRank(t.step_time_s, rank);
+  w.v[kRsShare] = Share(t.rs_wait_s, t.step_time_s);
+  w.v[kAllGather] = t.all_gather_s;
+  w.v[kNormShare] = Share(t.norm_stall_s, t.step_time_s);
+  w.v[kTokens] = static_cast<double>(t.effective_tokens);
+  w.v[kPadding] = static_cast<double>(t.padding_tokens);
+  w.v[kPeakKey] = WithRank(static_cast<double>(t.peak_memory_bytes), rank);
+  return w;
+}
+
+absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r,
+                                                          int group_size) {
+  const int64_t step = static_cast<int64_t>(r.v[kStep]);
+  if (r.v[kStep] != -r.v[kNegStep]) {
+    return absl::InternalError(absl::StrFormat(
+        "group telemetry: the ranks reported steps %d to %d at once: the group's ranks are out "
+        "of step",
+        static_cast<int64_t>(-r.v[kNegStep]), step));
+  }
+  if (r.v[kRefused] != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group telemetry: a rank's record for step %d was refused (see that rank's error); "
+        "the group's record was not sent",
+        step));
+  }
+  if (r.v[kMode] != -r.v[kNegMode] || r.v[kReason] != -r.v[kNegReason]) {
+    return absl::InternalError(absl::StrFormat(
+        "group telemetry: the ranks ran step %d in different modes or for different reasons "
+        "(modes %g to %g): the group's decision did not reach every rank alike",
+        step, -r.v[kNegMode], r.v[kMode]));
+  }
+  const auto [step_time, slowest] = SplitRank(r.v[kStepTimeKey]);
+  const auto [peak, peak_rank] = SplitRank(r.v[kPeakKey]);
+  StepTelemetryInput t;
+  t.step = step;
+  t.mode = static_cast<Mode>(static_cast<int>(r.v[kMode]));
+  t.reason = static_cast<Reason>(static_cast<int>(r.v[kReason]));
+  t.step_time_s = step_time;
+  t.rs_wait_s = r.v[kRsShare] * step_time;
+  t.all_gather_s = r.v[kAllGather];
+  t.norm_stall_s = r.v[kNormShare] * step_time;
+  t.effective_tokens = static_cast<int64_t>(r.v[kTokens]);
+  t.padding_tokens = static_cast<int64_t>(r.v[kPadding]);
+  t.peak_memory_bytes = static_cast<uint64_t>(std::round(peak));
+  t.ranks = group_size;
+  t.slowest_rank = std::min(slowest, group_size - 1);
+  t.peak_memory_rank = std::min(peak_rank, group_size - 1);
+  return t;
+}
 
 DecisionWire ToWire(const GateDecision& d) {
   DecisionWire w;
@@ -38,7 +151,8 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
 
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
                                                                    int rank_in_group,
-                                                                   BroadcastFn broadcast) {
+                                                                   BroadcastFn broadcast,
+                                                                   MaxReduceFn reduce) {
   if (rank_in_group < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank_in_group must be >= 0, got %d", rank_in_group));
@@ -52,9 +166,65 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
       return absl::InvalidArgumentError(absl::StrFormat(
           "the leader's GateClient was created for rank %d", client->options().rank_in_group));
     }
+    const GateClientOptions& o = client->options();
+    if (o.group_session && o.group_size > 1 && !o.controller.empty() && !reduce) {
+      return absl::InvalidArgumentError(
+          "the leader's client speaks for its group (group_session): pass the group's "
+          "max-reduce so that the group's telemetry reaches it, or set group_session=false");
+    }
+    if (!o.group_session && o.group_size > 1 && reduce) {
+      return absl::InvalidArgumentError(
+          "a max-reduce was given, but the leader's client has a session of its own "
+          "(group_session=false): each rank reports through its own client then");
+    }
+    if (o.group_size > kMaxTelemetryWireRanks && reduce) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "group_size %d: the in-group telemetry names at most %d ranks", o.group_size,
+          kMaxTelemetryWireRanks));
+    }
+  } else if (client != nullptr && client->options().rank_in_group != rank_in_group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "rank %d's GateClient was created for rank %d", rank_in_group,
+        client->options().rank_in_group));
   }
   return std::unique_ptr<GroupDecider>(
-      new GroupDecider(rank_in_group == 0 ? client : nullptr, rank_in_group, std::move(broadcast)));
+      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
+}
+
+absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
+  if (!reduce_) {
+    if (client_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "rank %d has neither the group's max-reduce nor a client of its own to report "
+          "telemetry with",
+          rank_in_group_));
+    }
+    return client_->ReportTelemetry(t);
+  }
+  // A refused record still takes part in the reduction: the others are (or will be) in it.
+  const absl::Status valid = t.ranks > 1
+                                 ? absl::InvalidArgumentError(
+                                       "telemetry: give GroupDecider each rank's own record "
+                                       "(ranks 0 or 1); it makes the group's")
+                                 : ValidateStepTelemetry({.step = t.step,
+                                                          .mode = static_cast<int32_t>(t.mode),
+                                                          .step_time_s = t.step_time_s,
+                                                          .rs_wait_s = t.rs_wait_s,
+                                                          .all_gather_s = t.all_gather_s,
+                                                          .norm_stall_s = t.norm_stall_s,
+                                                          .effective_tokens = t.effective_tokens,
+                                                          .padding_tokens = t.padding_tokens});
+  TelemetryWire wire = ToTelemetryWire(t, rank_in_group_, valid.ok());
+  if (absl::Status s = reduce_(wire, 0); !s.ok()) return s;
+  if (!valid.ok() || !is_leader()) return valid;
+  absl::StatusOr<StepTelemetryInput> group =
+      GroupTelemetryFromWire(wire, client_->options().group_size);
+  if (!group.ok()) return group.status();
+  // The group's wait share for the fallback's window (what ObserveGroupRsWaitShare takes).
+  client_->ObserveGroupRsWaitShare(group->step, group->mode,
+                                   Share(group->rs_wait_s, group->step_time_s));
+  if (group->ranks <= 1) group->ranks = 0;  // a group of one: the leader's own record
+  return client_->ReportTelemetry(*group);
 }
 
 absl::Status GroupDecider::SubmitPlan(const BatchPlanInput& plan) {

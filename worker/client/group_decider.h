@@ -18,10 +18,18 @@
 //     int rc = MPI_Bcast(&w, sizeof(w), MPI_BYTE, root, comm);
 //     return rc == MPI_SUCCESS ? absl::OkStatus() : absl::InternalError("MPI_Bcast");
 //   };
+//   auto reduce = [comm](spgate::client::TelemetryWire& w, int root) -> absl::Status {
+//     int rank; MPI_Comm_rank(comm, &rank);
+//     int rc = MPI_Reduce(rank == root ? MPI_IN_PLACE : w.v, w.v, w.kSlots, MPI_DOUBLE,
+//                         MPI_MAX, root, comm);
+//     return rc == MPI_SUCCESS ? absl::OkStatus() : absl::InternalError("MPI_Reduce");
+//   };
 //   ASSIGN_OR_RETURN(auto decider, GroupDecider::Create(leader ? client.get() : nullptr,
-//                                                       rank_in_group, bcast));
+//                                                       rank_in_group, bcast, reduce));
 //   decider->SubmitPlan({.step = n + 1, .lengths = next});   // no-op on non-leaders
 //   ASSIGN_OR_RETURN(GateDecision d, decider->Decide(n));     // every rank
+//   ... run step n ...
+//   RETURN_IF_ERROR(decider->ReportTelemetry({.step = n, .mode = d.mode, ...}));  // every rank
 #ifndef SPGATE_WORKER_CLIENT_GROUP_DECIDER_H_
 #define SPGATE_WORKER_CLIENT_GROUP_DECIDER_H_
 
@@ -57,13 +65,45 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w);
 // other ranks it is overwritten with the root's bytes.
 using BroadcastFn = std::function<absl::Status(DecisionWire& wire, int root)>;
 
+// The in-group telemetry payload (docs/design.md §2): 14 doubles, 112 bytes. Every rank
+// packs its own record and the group takes the element-wise maximum, which yields each
+// value's largest over the ranks, with the rank that had the longest step and the
+// highest peak memory carried in the low bits of those two values, and the largest and
+// smallest step, mode and reason (so a group whose ranks disagree is caught).
+struct TelemetryWire {
+  static constexpr int kSlots = 14;
+  double v[kSlots] = {};
+};
+static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWire) == 112);
+// The largest group the payload's rank bits can name.
+inline constexpr int kMaxTelemetryWireRanks = 4096;
+
+// Rank `rank_in_group`'s record as a payload; `valid` false marks it as refused (the
+// group's record is then not sent, and every rank learns why).
+TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bool valid = true);
+// The group's record from the reduced payload of `group_size` ranks: ranks = group_size,
+// each value the largest, rs_wait_s and norm_stall_s the largest share times step_time_s.
+// INVALID_ARGUMENT when a rank's record was refused; INTERNAL when the ranks reported
+// different steps, modes or reasons (the ranks are out of step, or ran different modes).
+absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& reduced,
+                                                          int group_size);
+
+// Reduces `wire` over the group's ranks with an element-wise maximum into rank `root`'s
+// (MPI_Reduce or an all-reduce with MAX over TelemetryWire::kSlots doubles); the other
+// ranks' `wire` may be left as it was.
+using MaxReduceFn = std::function<absl::Status(TelemetryWire& wire, int root)>;
+
 class GroupDecider {
  public:
-  // `client` is required on the leader (rank_in_group 0; it may be a local-only client)
-  // and ignored elsewhere.
+  // `client` is required on the leader (rank_in_group 0; it may be a local-only client).
+  // Elsewhere it is only for per-rank sessions (group_session=false), whose ranks report
+  // through their own clients. `reduce` gathers the group's telemetry for the leader's
+  // group session: required when the leader's client speaks for a group of more than one
+  // rank with a daemon, and then given on every rank.
   static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(GateClient* client,
                                                               int rank_in_group,
-                                                              BroadcastFn broadcast);
+                                                              BroadcastFn broadcast,
+                                                              MaxReduceFn reduce = {});
 
   bool is_leader() const { return rank_in_group_ == 0; }
 
@@ -75,13 +115,27 @@ class GroupDecider {
   absl::StatusOr<GateDecision> Decide(int64_t step);
   absl::StatusOr<GateDecision> Decide(int64_t step, absl::Time deadline);
 
+  // This rank's measurements of a step it ran. With `reduce`, a collective: every rank
+  // calls it for every step it reports, in the same order; the values are reduced into the
+  // leader, which queues one record for the group and feeds the group's reduce-scatter
+  // wait share to its fallback. A rank whose record is refused still takes part, so no
+  // rank is left waiting: it returns its error, and the leader sends nothing for the step
+  // (INVALID_ARGUMENT); a group whose ranks reported different steps or modes is INTERNAL
+  // on the leader. Without `reduce`, the rank's own client queues the record
+  // (FAILED_PRECONDITION without one).
+  absl::Status ReportTelemetry(const StepTelemetryInput& telemetry);
+
  private:
-  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast)
-      : client_(client), rank_in_group_(rank_in_group), broadcast_(std::move(broadcast)) {}
+  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce)
+      : client_(client),
+        rank_in_group_(rank_in_group),
+        broadcast_(std::move(broadcast)),
+        reduce_(std::move(reduce)) {}
 
   GateClient* client_;
   int rank_in_group_;
   BroadcastFn broadcast_;
+  MaxReduceFn reduce_;
 };
 
 }  // namespace spgate::client

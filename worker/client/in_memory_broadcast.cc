@@ -1,12 +1,14 @@
 // InMemoryBroadcast: order-matched slots; see in_memory_broadcast.h.
 #include "worker/client/in_memory_broadcast.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
 
 namespace spgate::client {
 
 InMemoryBroadcast::InMemoryBroadcast(int group_size, absl::Duration timeout)
-    : size_(group_size), timeout_(timeout), calls_(group_size, 0) {}
+    : size_(group_size), timeout_(timeout), calls_(group_size, 0), reduce_calls_(group_size, 0) {}
 
 absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root) {
   if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
@@ -39,6 +41,43 @@ absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root
   }
   wire = it->second.wire;
   if (--it->second.remaining == 0) slots_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int root) {
+  if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
+  }
+  spgate::MutexLock lock(&mu_);
+  const uint64_t k = reduce_calls_[rank]++;
+  ReduceSlot& slot = reduce_slots_[k];
+  if (slot.arrived == 0) {
+    slot.acc = wire;
+    slot.root = root;
+  } else {
+    if (slot.root != root) {
+      return absl::InternalError(absl::StrFormat(
+          "reduction #%d: rank %d reduces into rank %d, an earlier rank into rank %d", k, rank,
+          root, slot.root));
+    }
+    for (int i = 0; i < TelemetryWire::kSlots; ++i) {
+      slot.acc.v[i] = std::max(slot.acc.v[i], wire.v[i]);
+    }
+  }
+  ++slot.arrived;
+  cv_.SignalAll();
+  if (rank != root) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout_;
+  while (reduce_slots_[k].arrived < size_) {
+    if (cv_.WaitWithDeadline(&mu_, deadline) && reduce_slots_[k].arrived < size_) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "rank %d waited %s for reduction #%d: %d of %d ranks arrived", rank,
+          absl::FormatDuration(timeout_), k, reduce_slots_[k].arrived, size_));
+    }
+  }
+  wire = reduce_slots_[k].acc;
+  reduce_slots_.erase(k);
   return absl::OkStatus();
 }
 

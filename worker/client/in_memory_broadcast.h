@@ -1,12 +1,15 @@
 // An in-process "communicator" for GroupDecider: the ranks of one group are threads (or
 // state machines driven by one thread) of the same process. Like a real collective,
-// calls match by order: every rank's k-th Broadcast gets the root's k-th payload. The
-// root never waits; a receiver waits (bounded by `timeout`) until the root has sent.
+// calls match by order: every rank's k-th Broadcast gets the root's k-th payload, and
+// every rank's k-th MaxReduce goes into the root's k-th. The sender side never waits: a
+// broadcast's root and a reduction's contributors; the other side waits (bounded by
+// `timeout`) for them.
 // Used by spgate-sim and the tests; thread-safe.
 //
 // Usage:
 //   spgate::client::InMemoryBroadcast group(/*group_size=*/8);
-//   auto decider = GroupDecider::Create(client, rank, group.ForRank(rank));
+//   auto decider = GroupDecider::Create(client, rank, group.ForRank(rank),
+//                                       group.ReduceForRank(rank));
 #ifndef SPGATE_WORKER_CLIENT_IN_MEMORY_BROADCAST_H_
 #define SPGATE_WORKER_CLIENT_IN_MEMORY_BROADCAST_H_
 
@@ -31,6 +34,14 @@ class InMemoryBroadcast {
     return [this, rank](DecisionWire& w, int root) { return Broadcast(rank, w, root); };
   }
 
+  // Element-wise max into the root's `wire`, matched by call order like Broadcast. A
+  // non-root contributes and returns at once; the root waits (bounded by `timeout`) for
+  // the others, so one thread may drive every rank, the root last.
+  absl::Status MaxReduce(int rank, TelemetryWire& wire, int root);
+  MaxReduceFn ReduceForRank(int rank) {
+    return [this, rank](TelemetryWire& w, int root) { return MaxReduce(rank, w, root); };
+  }
+
  private:
   struct Slot {
     DecisionWire wire;
@@ -43,6 +54,13 @@ class InMemoryBroadcast {
   spgate::CondVar cv_;
   std::vector<uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // per rank
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
+  struct ReduceSlot {
+    TelemetryWire acc;
+    int root = 0;
+    int arrived = 0;
+  };
+  std::vector<uint64_t> reduce_calls_ ABSL_GUARDED_BY(mu_);  // per rank
+  std::map<uint64_t, ReduceSlot> reduce_slots_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace spgate::client

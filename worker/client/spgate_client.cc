@@ -89,6 +89,32 @@ spgate::client::BatchPlanInput Plan(int64_t step, const int64_t* lengths, size_t
   return p;
 }
 
+bool ValidModeAndReason(const spgate_telemetry& t) {
+  return (t.mode == 1 || t.mode == 2) && t.reason >= 1 && t.reason < spgate::kNumReasons;
+}
+
+absl::Status BadModeOrReason(const spgate_telemetry& t) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("telemetry: invalid mode ", t.mode, " or reason ", t.reason));
+}
+
+// The record as C++ takes it. Only a record whose mode and reason are valid
+// (ValidModeAndReason) can be accepted; mode 0 is one that is refused.
+spgate::client::StepTelemetryInput Telemetry(const spgate_telemetry& t) {
+  spgate::client::StepTelemetryInput in;
+  in.step = t.step;
+  in.mode = static_cast<spgate::Mode>(t.mode);
+  in.reason = static_cast<spgate::Reason>(t.reason);
+  in.step_time_s = t.step_time_s;
+  in.rs_wait_s = t.rs_wait_s;
+  in.all_gather_s = t.all_gather_s;
+  in.norm_stall_s = t.norm_stall_s;
+  in.effective_tokens = t.effective_tokens;
+  in.padding_tokens = t.padding_tokens;
+  in.peak_memory_bytes = t.peak_memory_bytes;
+  return in;
+}
+
 }  // namespace
 
 extern "C" {
@@ -168,22 +194,8 @@ spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
 spgate_status spgate_client_report_telemetry(spgate_client* client, const spgate_telemetry* t) {
   if (client == nullptr) return Null("client");
   if (t == nullptr) return Null("telemetry");
-  if ((t->mode != 1 && t->mode != 2) || t->reason < 1 || t->reason >= spgate::kNumReasons) {
-    return Report(absl::InvalidArgumentError(
-        absl::StrCat("telemetry: invalid mode ", t->mode, " or reason ", t->reason)));
-  }
-  spgate::client::StepTelemetryInput in;
-  in.step = t->step;
-  in.mode = static_cast<spgate::Mode>(t->mode);
-  in.reason = static_cast<spgate::Reason>(t->reason);
-  in.step_time_s = t->step_time_s;
-  in.rs_wait_s = t->rs_wait_s;
-  in.all_gather_s = t->all_gather_s;
-  in.norm_stall_s = t->norm_stall_s;
-  in.effective_tokens = t->effective_tokens;
-  in.padding_tokens = t->padding_tokens;
-  in.peak_memory_bytes = t->peak_memory_bytes;
-  return Report(client->client->ReportTelemetry(in));
+  if (!ValidModeAndReason(*t)) return Report(BadModeOrReason(*t));
+  return Report(client->client->ReportTelemetry(Telemetry(*t)));
 }
 
 spgate_status spgate_client_observe_group_rs_wait(spgate_client* client, int64_t step,
@@ -227,6 +239,13 @@ spgate_status spgate_client_get_stats(spgate_client* client, spgate_client_stats
 spgate_status spgate_decider_create(spgate_client* client, int32_t rank_in_group,
                                     spgate_broadcast_fn broadcast, void* user_data,
                                     spgate_decider** out) {
+  return spgate_decider_create_group(client, rank_in_group, broadcast, nullptr, user_data, out);
+}
+
+spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in_group,
+                                          spgate_broadcast_fn broadcast,
+                                          spgate_reduce_max_fn reduce, void* user_data,
+                                          spgate_decider** out) {
   if (out == nullptr) return Null("out");
   *out = nullptr;
   if (broadcast == nullptr) return Null("broadcast");
@@ -235,8 +254,17 @@ spgate_status spgate_decider_create(spgate_client* client, int32_t rank_in_group
     if (rc != 0) return absl::InternalError(absl::StrCat("broadcast callback returned ", rc));
     return absl::OkStatus();
   };
+  spgate::client::MaxReduceFn reduce_fn;  // empty: per-rank sessions
+  if (reduce != nullptr) {
+    reduce_fn = [reduce, user_data](spgate::client::TelemetryWire& w, int root) -> absl::Status {
+      const int32_t rc = reduce(w.v, spgate::client::TelemetryWire::kSlots, root, user_data);
+      if (rc != 0) return absl::InternalError(absl::StrCat("reduce callback returned ", rc));
+      return absl::OkStatus();
+    };
+  }
   auto decider = spgate::client::GroupDecider::Create(
-      client != nullptr ? client->client.get() : nullptr, rank_in_group, fn);
+      client != nullptr ? client->client.get() : nullptr, rank_in_group, fn,
+      std::move(reduce_fn));
   if (!decider.ok()) return Report(decider.status());
   *out = new spgate_decider{std::move(*decider)};
   return Report(absl::OkStatus());
@@ -262,6 +290,20 @@ spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step, int64
   if (!d.ok()) return Report(d.status());
   Fill(*d, out);
   return Report(absl::OkStatus());
+}
+
+spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
+                                              const spgate_telemetry* t) {
+  if (decider == nullptr) return Null("decider");
+  if (t == nullptr) return Null("telemetry");
+  if (ValidModeAndReason(*t)) return Report(decider->decider->ReportTelemetry(Telemetry(*t)));
+  // Still into the decider, as a record it refuses (mode 0): in a group session the other
+  // ranks are (or will be) in the reduction, and must learn that this step's record fails.
+  spgate_telemetry refused = *t;
+  refused.mode = 0;
+  refused.reason = SPGATE_REASON_GATES_PASSED;
+  (void)decider->decider->ReportTelemetry(Telemetry(refused));
+  return Report(BadModeOrReason(*t));
 }
 
 }  // extern "C"

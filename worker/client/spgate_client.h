@@ -6,6 +6,15 @@
  * spgate_decider_decide gives every rank of a TP group the same decision through the
  * broadcast callback you provide.
  *
+ * One session per TP group (option group_session, the default): only the group's leader
+ * (rank_in_group 0) creates a client; the other ranks create none (spgate_client_create
+ * refuses a follower with a controller and group_session) and make their decider with
+ * client NULL. Every rank gives its own telemetry to spgate_decider_report_telemetry,
+ * which reduces it in the group with your max-reduce callback (spgate_decider_create_group)
+ * into the leader, which sends one record per step for the group. With
+ * spgate_options_set(o, "group_session", "false") every rank has a client and a session
+ * of its own and reports its own records (per-rank sessions).
+ *
  * Errors: every function that can fail returns an spgate_status (0 = OK; otherwise the
  * absl/gRPC status code) and sets a per-thread message readable with
  * spgate_last_error(). Handles are opaque; each *_create has a matching *_destroy.
@@ -28,6 +37,17 @@
  *   spgate_decision d;
  *   spgate_client_await_decision(c, 1, 20000, &d);   // 20 ms
  *   spgate_client_destroy(c);
+ *
+ * A TP group (one thread or process per rank; `leader` = rank_in_group == 0):
+ *   spgate_client* c = NULL;
+ *   if (leader) spgate_client_create(o, &c);          followers: no client
+ *   spgate_decider* d;
+ *   spgate_decider_create_group(c, rank_in_group, my_bcast, my_reduce_max, comm, &d);
+ *   spgate_decider_submit_plan(d, n + 1, next, k, 0, 0, 0);   no-op on followers
+ *   spgate_decider_decide(d, n, -1, &dec);            every rank
+ *   ... run step n ...
+ *   spgate_telemetry t = {.step = n, .mode = dec.mode, .reason = dec.reason, ...};
+ *   spgate_decider_report_telemetry(d, &t);           every rank: one record for the group
  */
 #ifndef SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
 #define SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
@@ -126,6 +146,14 @@ typedef struct spgate_decider spgate_decider;
  * overwrite `buf` with the root's bytes. Return 0 on success. */
 typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, void* user_data);
 
+/* Element-wise maximum of `count` doubles at `values` over the ranks of the TP group into
+ * rank `root`'s `values` (MPI_Reduce with MPI_MAX, or an all-reduce with MAX: the other
+ * ranks' values may be left as they were). count is 14: the 112-byte in-group telemetry
+ * payload (TelemetryWire, group_decider.h), which only the leader decodes. Return 0 on
+ * success. */
+typedef int32_t (*spgate_reduce_max_fn)(double* values, size_t count, int32_t root,
+                                        void* user_data);
+
 /* The message of the last failed call on this thread ("" if none). Valid until the next
  * spgate call on this thread. */
 SPGATE_EXPORT const char* spgate_last_error(void);
@@ -144,7 +172,9 @@ SPGATE_EXPORT spgate_status spgate_new_launch_credential(char* buf, size_t size)
  * of the job, equal on every rank; required with a controller), launch_credential (the
  * launch's secret, 16-128 printable ASCII characters, equal on every rank; required with a
  * controller), worker_token, group,
- * rank_in_group, group_size, global_rank, host, memory_budget_bytes, telemetry_buffer,
+ * rank_in_group, group_size, global_rank, group_session ("true", the default: the leader's
+ * session speaks for the group and the other ranks create no client; "false": a session
+ * per rank), host, memory_budget_bytes, telemetry_buffer,
  * seed, the model's layers, hidden, heads, ffn_hidden, and the durations as integer
  * milliseconds: decision_deadline_ms, rpc_timeout_ms, initial_backoff_ms, max_backoff_ms —
  * every GateConfig field of the initial config (max_length_cv, ...), and TLS as
@@ -182,10 +212,26 @@ SPGATE_EXPORT spgate_status spgate_client_get_stats(spgate_client* client,
                                                     spgate_client_stats* out);
 
 /* client: required on rank 0 of the group, may be NULL elsewhere. The callback is
- * called from spgate_decider_decide on the calling thread. */
+ * called from spgate_decider_decide on the calling thread. Without a max-reduce: for a
+ * leader whose client speaks for a group of more than one rank with a controller
+ * (group_session, the default) this is SPGATE_INVALID_ARGUMENT; use
+ * spgate_decider_create_group, or group_session "false". */
 SPGATE_EXPORT spgate_status spgate_decider_create(spgate_client* client, int32_t rank_in_group,
                                                   spgate_broadcast_fn broadcast,
                                                   void* user_data, spgate_decider** out);
+/* A decider whose spgate_decider_report_telemetry reduces the group's telemetry with
+ * `reduce` into the leader's client (group session). client: required on rank 0; NULL
+ * elsewhere in a group session; with per-rank sessions (group_session "false") each
+ * rank's own client, and `reduce` NULL. `reduce` is required when the leader's client has
+ * group_session, group_size > 1 and a controller, and must then be given on every rank;
+ * with a leader whose group_session is "false" it is SPGATE_INVALID_ARGUMENT. Both
+ * callbacks get `user_data` and are called on the calling thread: broadcast from
+ * spgate_decider_decide, reduce from spgate_decider_report_telemetry. */
+SPGATE_EXPORT spgate_status spgate_decider_create_group(spgate_client* client,
+                                                        int32_t rank_in_group,
+                                                        spgate_broadcast_fn broadcast,
+                                                        spgate_reduce_max_fn reduce,
+                                                        void* user_data, spgate_decider** out);
 SPGATE_EXPORT void spgate_decider_destroy(spgate_decider* decider);
 SPGATE_EXPORT spgate_status spgate_decider_submit_plan(spgate_decider* decider, int64_t step,
                                                        const int64_t* lengths, size_t count,
@@ -195,6 +241,16 @@ SPGATE_EXPORT spgate_status spgate_decider_submit_plan(spgate_decider* decider, 
 /* Collective over the group; timeout_us as in spgate_client_await_decision. */
 SPGATE_EXPORT spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step,
                                                   int64_t timeout_us, spgate_decision* out);
+/* This rank's measurements of a step it ran. With a max-reduce (group session) a
+ * collective: every rank calls it for every step it reports, in the same order; the
+ * leader queues one record for the group (each value the largest over the ranks, with
+ * the slowest rank and the rank of the highest peak memory). A rank whose record is
+ * refused (SPGATE_INVALID_ARGUMENT) still takes part, so no rank is left waiting, and the
+ * leader sends nothing for that step (SPGATE_INVALID_ARGUMENT there too); ranks that
+ * reported different steps or modes are SPGATE_INTERNAL on the leader. Without one: the
+ * rank's own client queues the record (SPGATE_FAILED_PRECONDITION without a client). */
+SPGATE_EXPORT spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
+                                                            const spgate_telemetry* telemetry);
 
 #ifdef __cplusplus
 }

@@ -28,6 +28,10 @@ std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& o, boo
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ToMillis(o.keepalive_timeout));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // No bandwidth-delay probes: the stream carries a few hundred bytes a step, and each
+  // probe is a PING and its ACK, i.e. two more packets (and wake-ups at both ends) per
+  // message at the daemon that a per-step message does not need.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // The channel's own connect backoff (default up to 120 s) must not outlast ours, or a
   // restarted daemon would wait for the channel rather than for the client.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, ToMillis(o.initial_backoff));
@@ -57,6 +61,7 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   m->set_ffn_hidden(o.model.ffn_hidden);
   m->set_tp(o.group_size);
   req.set_memory_budget_bytes(o.memory_budget_bytes);
+  req.set_group_session(o.group_session && o.rank_in_group == 0);
   return req;
 }
 
@@ -88,6 +93,11 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
     st->set_effective_tokens(t.effective_tokens);
     st->set_padding_tokens(t.padding_tokens);
     st->set_peak_memory_bytes(t.peak_memory_bytes);
+    if (t.ranks > 1) {
+      st->set_ranks(t.ranks);
+      st->set_slowest_rank(t.slowest_rank);
+      st->set_peak_memory_rank(t.peak_memory_rank);
+    }
   }
   if (out.heartbeat) {
     v1::Heartbeat* hb = msg->mutable_heartbeat();

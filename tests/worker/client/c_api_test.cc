@@ -1,16 +1,22 @@
 // The C API (spgate_client.h): error codes with messages, a decider over a C broadcast
 // callback, the launch credential (made, required, checked), a memory override and a
-// replaced session in the stats (against the scripted daemon of fake_gate_service.h), the
-// TLS options against a real in-process mTLS daemon, and the ctypes example
-// (examples/python/train_loop.py) run against a real in-process daemon, with and without
-// mTLS.
+// replaced session in the stats (against the scripted daemon of fake_gate_service.h), a
+// TP group of 4 threads in one group session (one telemetry record a step reaches the
+// daemon, with the group's maxima and its slowest rank) and in per-rank sessions
+// (group_session "false"), the TLS options against a real in-process mTLS daemon, and the
+// ctypes example (examples/python/train_loop.py) run against a real in-process daemon,
+// with and without mTLS, in a group session and in per-rank sessions.
 #include "worker/client/spgate_client.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -20,8 +26,10 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 #include "tests/worker/client/fake_gate_service.h"
+#include "worker/client/in_memory_broadcast.h"
 #ifdef SPGATE_HAVE_SERVER
 #include "server/daemon.h"
+#include "spgate/v1/admin.grpc.pb.h"
 #endif
 
 namespace {
@@ -175,6 +183,314 @@ TEST(CApiTest, StatsCountMemoryOverridesAndSayWhenTheSessionWasReplaced) {
   EXPECT_EQ(server.service().registrations(), 1);
 }
 
+// A TP group of threads in one process: both C callbacks over one InMemoryBroadcast,
+// `user_data` naming the calling rank.
+struct RankComm {
+  spgate::client::InMemoryBroadcast* group;
+  int rank;
+};
+
+int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
+  const auto* c = static_cast<const RankComm*>(user);
+  spgate::client::DecisionWire w;
+  if (size != sizeof(w)) return 1;
+  std::memcpy(&w, buf, size);
+  if (!c->group->Broadcast(c->rank, w, root).ok()) return 2;
+  std::memcpy(buf, &w, size);
+  return 0;
+}
+
+int32_t GroupReduceMax(double* values, size_t count, int32_t root, void* user) {
+  const auto* c = static_cast<const RankComm*>(user);
+  spgate::client::TelemetryWire w;
+  if (count != spgate::client::TelemetryWire::kSlots) return 1;
+  std::memcpy(w.v, values, sizeof(w.v));
+  if (!c->group->MaxReduce(c->rank, w, root).ok()) return 2;
+  std::memcpy(values, w.v, sizeof(w.v));
+  return 0;
+}
+
+constexpr int kGroupSize = 4;
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// Rank r's measurements of step n: rank 2 is the slowest, rank 1 has the highest peak,
+// rank 3 the largest reduce-scatter wait share (0.04 of its step), rank 0 the longest
+// all-gather.
+spgate_telemetry RankTelemetry(int rank, const spgate_decision& d) {
+  spgate_telemetry t{};
+  t.step = d.step;
+  t.mode = d.mode;
+  t.reason = d.reason;
+  t.step_time_s = rank == 2 ? 0.5 : 0.1 + 0.01 * rank;
+  t.rs_wait_s = t.step_time_s * (rank == 3 ? 0.04 : 0.01);
+  t.all_gather_s = rank == 0 ? 0.03 : 0.01;
+  t.effective_tokens = 12288;
+  t.peak_memory_bytes = (rank == 1 ? 70 : 40 + rank) * kGiB;
+  return t;
+}
+
+// Options for rank `rank` of a group of kGroupSize against `controller`; `extra` last.
+spgate_options* GroupOptions(const std::string& controller, const std::string& job, int rank,
+                             const std::vector<std::pair<const char*, std::string>>& extra = {}) {
+  spgate_options* o = spgate_options_create();
+  std::vector<std::pair<const char*, std::string>> set = {
+      {"controller", controller}, {"job_id", job}, {"incarnation", "c-api-launch"},
+      {"launch_credential", "0123456789abcdef0123456789abcdef"},
+      {"rank_in_group", std::to_string(rank)}, {"group_size", std::to_string(kGroupSize)},
+      {"global_rank", std::to_string(rank)}, {"initial_backoff_ms", "20"},
+      {"max_backoff_ms", "100"}};
+  set.insert(set.end(), extra.begin(), extra.end());
+  for (const auto& [name, value] : set) {
+    EXPECT_EQ(spgate_options_set(o, name, value.c_str()), SPGATE_OK)
+        << name << ": " << spgate_last_error();
+  }
+  return o;
+}
+
+// Runs `steps` steps on kGroupSize threads, rank r with deciders[r]: the leader plans
+// n + 1 while n runs, every rank decides n (waiting up to 5 s for the daemon) and reports
+// RankTelemetry through spgate_decider_report_telemetry. Returns each rank's decisions.
+std::vector<std::vector<spgate_decision>> RunGroup(const std::vector<spgate_decider*>& deciders,
+                                                   int steps) {
+  const int64_t lengths[] = {4096, 4000, 4100};
+  std::vector<std::vector<spgate_decision>> log(kGroupSize);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kGroupSize; ++r) {
+    threads.emplace_back([&, r] {
+      spgate_decider* d = deciders[r];
+      if (r == 0) {
+        EXPECT_EQ(spgate_decider_submit_plan(d, 0, lengths, 3, 0, 0, 0), SPGATE_OK);
+      }
+      for (int n = 0; n < steps; ++n) {
+        if (n + 1 < steps) {
+          EXPECT_EQ(spgate_decider_submit_plan(d, n + 1, lengths, 3, 0, 0, 0), SPGATE_OK)
+              << spgate_last_error();
+        }
+        spgate_decision out{};
+        EXPECT_EQ(spgate_decider_decide(d, n, 5000000, &out), SPGATE_OK)
+            << "rank " << r << ": " << spgate_last_error();
+        log[r].push_back(out);
+        const spgate_telemetry t = RankTelemetry(r, out);
+        EXPECT_EQ(spgate_decider_report_telemetry(d, &t), SPGATE_OK)
+            << "rank " << r << ": " << spgate_last_error();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return log;
+}
+
+void ExpectSameDecisions(const std::vector<std::vector<spgate_decision>>& log) {
+  for (int r = 1; r < kGroupSize; ++r) {
+    ASSERT_EQ(log[r].size(), log[0].size());
+    for (size_t n = 0; n < log[0].size(); ++n) {
+      EXPECT_EQ(std::memcmp(&log[r][n], &log[0][n], sizeof(spgate_decision)), 0)
+          << "rank " << r << " step " << n;
+    }
+  }
+}
+
+// One session for the group: only the leader has a client (a follower's is refused), and
+// each step's four records become one at the daemon.
+TEST(CApiGroupTest, GroupSessionSendsOneRecordPerStep) {
+  spgate::client::testing::FakeGateServer server;
+  const std::string job = "c-api-group";
+  spgate_options* follower = GroupOptions(server.address(), job, 1);
+  spgate_client* refused = nullptr;
+  EXPECT_EQ(spgate_client_create(follower, &refused), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("group_session"));
+  EXPECT_EQ(refused, nullptr);
+  spgate_options_destroy(follower);
+
+  spgate_options* o = GroupOptions(server.address(), job, 0);
+  spgate_client* leader = nullptr;
+  ASSERT_EQ(spgate_client_create(o, &leader), SPGATE_OK) << spgate_last_error();
+  spgate_options_destroy(o);
+  ASSERT_EQ(spgate_client_wait_connected(leader, 10000), SPGATE_OK) << spgate_last_error();
+
+  spgate::client::InMemoryBroadcast group(kGroupSize, absl::Seconds(30));
+  std::vector<RankComm> comm;
+  for (int r = 0; r < kGroupSize; ++r) comm.push_back({&group, r});
+  // The leader's group session needs the group's max-reduce.
+  spgate_decider* d = nullptr;
+  EXPECT_EQ(spgate_decider_create(leader, 0, GroupBroadcast, &comm[0], &d),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("max-reduce"));
+  EXPECT_EQ(d, nullptr);
+  EXPECT_EQ(spgate_decider_create_group(nullptr, 0, GroupBroadcast, GroupReduceMax, &comm[0], &d),
+            SPGATE_INVALID_ARGUMENT);
+
+  std::vector<spgate_decider*> deciders(kGroupSize, nullptr);
+  for (int r = 0; r < kGroupSize; ++r) {
+    ASSERT_EQ(spgate_decider_create_group(r == 0 ? leader : nullptr, r, GroupBroadcast,
+                                          GroupReduceMax, &comm[r], &deciders[r]),
+              SPGATE_OK)
+        << "rank " << r << ": " << spgate_last_error();
+  }
+  constexpr int kSteps = 12;
+  const auto log = RunGroup(deciders, kSteps);
+  ExpectSameDecisions(log);
+  ASSERT_EQ(spgate_client_flush(leader, 10000), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(server.service().telemetry_seen(), kSteps) << "one record per step, not per rank";
+  EXPECT_EQ(server.service().registrations(), 1);
+  spgate_client_stats st{};
+  ASSERT_EQ(spgate_client_get_stats(leader, &st), SPGATE_OK);
+  EXPECT_EQ(st.telemetry_reported, kSteps);
+  EXPECT_EQ(st.telemetry_sent, kSteps);
+  EXPECT_EQ(st.telemetry_acked, kSteps);
+  EXPECT_EQ(st.daemon_decisions, kSteps);
+
+  // A rank whose record is refused still takes part: it and the leader fail, the others
+  // contribute, nothing is sent, and the next step goes on.
+  std::vector<spgate_status> got(kGroupSize);
+  std::vector<std::string> messages(kGroupSize);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kGroupSize; ++r) {
+    threads.emplace_back([&, r] {
+      spgate_telemetry t = RankTelemetry(r, log[0].back());
+      if (r == 2) t.mode = 7;
+      got[r] = spgate_decider_report_telemetry(deciders[r], &t);
+      messages[r] = spgate_last_error();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got[0], SPGATE_INVALID_ARGUMENT) << messages[0];
+  EXPECT_THAT(messages[0], HasSubstr("was refused"));
+  EXPECT_EQ(got[1], SPGATE_OK) << messages[1];
+  EXPECT_EQ(got[2], SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(messages[2], HasSubstr("invalid mode 7"));
+  EXPECT_EQ(got[3], SPGATE_OK) << messages[3];
+  ASSERT_EQ(spgate_client_flush(leader, 10000), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(server.service().telemetry_seen(), kSteps);
+
+  for (spgate_decider* dd : deciders) spgate_decider_destroy(dd);
+  spgate_client_destroy(leader);
+}
+
+// group_session "false": the old path, every rank a client and a session of its own,
+// spgate_decider_create without a max-reduce, a record per rank and step.
+TEST(CApiGroupTest, PerRankSessionsSendEveryRanksRecord) {
+  spgate::client::testing::FakeGateServer server;
+  std::vector<spgate_client*> clients(kGroupSize, nullptr);
+  for (int r = 0; r < kGroupSize; ++r) {
+    spgate_options* o =
+        GroupOptions(server.address(), "c-api-per-rank", r, {{"group_session", "false"}});
+    ASSERT_EQ(spgate_client_create(o, &clients[r]), SPGATE_OK)
+        << "rank " << r << ": " << spgate_last_error();
+    spgate_options_destroy(o);
+  }
+  ASSERT_EQ(spgate_client_wait_connected(clients[0], 10000), SPGATE_OK) << spgate_last_error();
+  spgate::client::InMemoryBroadcast group(kGroupSize, absl::Seconds(30));
+  std::vector<RankComm> comm;
+  for (int r = 0; r < kGroupSize; ++r) comm.push_back({&group, r});
+  // A max-reduce means a group session, which this leader's client does not have.
+  spgate_decider* d = nullptr;
+  EXPECT_EQ(spgate_decider_create_group(clients[0], 0, GroupBroadcast, GroupReduceMax, &comm[0],
+                                        &d),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("group_session=false"));
+  // A follower without a client of its own has nothing to report through.
+  ASSERT_EQ(spgate_decider_create(nullptr, 1, GroupBroadcast, &comm[1], &d), SPGATE_OK);
+  spgate_decision first{};
+  first.mode = SPGATE_MODE_SEQUENCE_PARALLEL;
+  first.reason = SPGATE_REASON_GATES_PASSED;
+  spgate_telemetry t = RankTelemetry(1, first);
+  EXPECT_EQ(spgate_decider_report_telemetry(d, &t), SPGATE_FAILED_PRECONDITION);
+  spgate_decider_destroy(d);
+
+  std::vector<spgate_decider*> deciders(kGroupSize, nullptr);
+  for (int r = 0; r < kGroupSize; ++r) {
+    ASSERT_EQ(spgate_decider_create(clients[r], r, GroupBroadcast, &comm[r], &deciders[r]),
+              SPGATE_OK)
+        << "rank " << r << ": " << spgate_last_error();
+  }
+  constexpr int kSteps = 10;
+  ExpectSameDecisions(RunGroup(deciders, kSteps));
+  for (int r = 0; r < kGroupSize; ++r) {
+    ASSERT_EQ(spgate_client_flush(clients[r], 10000), SPGATE_OK)
+        << "rank " << r << ": " << spgate_last_error();
+    spgate_client_stats st{};
+    ASSERT_EQ(spgate_client_get_stats(clients[r], &st), SPGATE_OK);
+    EXPECT_EQ(st.telemetry_acked, kSteps) << "rank " << r;
+  }
+  EXPECT_EQ(server.service().telemetry_seen(), kSteps * kGroupSize);
+  EXPECT_EQ(server.service().registrations(), kGroupSize);
+  for (spgate_decider* dd : deciders) spgate_decider_destroy(dd);
+  for (spgate_client* c : clients) spgate_client_destroy(c);
+}
+
+#ifdef SPGATE_HAVE_SERVER
+// The real daemon sees the group's record: the slowest rank and its step time, the rank
+// with the highest peak memory, the largest reduce-scatter share and all-gather.
+TEST(CApiGroupTest, TheDaemonSeesTheGroupsMaxima) {
+  auto daemon = spgate::server::Daemon::Start({});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string job = "c-api-group-maxima";
+  spgate_options* o = GroupOptions((*daemon)->worker_address(), job, 0);
+  spgate_client* leader = nullptr;
+  ASSERT_EQ(spgate_client_create(o, &leader), SPGATE_OK) << spgate_last_error();
+  spgate_options_destroy(o);
+  ASSERT_EQ(spgate_client_wait_connected(leader, 10000), SPGATE_OK) << spgate_last_error();
+  spgate::client::InMemoryBroadcast group(kGroupSize, absl::Seconds(30));
+  std::vector<RankComm> comm;
+  for (int r = 0; r < kGroupSize; ++r) comm.push_back({&group, r});
+  std::vector<spgate_decider*> deciders(kGroupSize, nullptr);
+  for (int r = 0; r < kGroupSize; ++r) {
+    ASSERT_EQ(spgate_decider_create_group(r == 0 ? leader : nullptr, r, GroupBroadcast,
+                                          GroupReduceMax, &comm[r], &deciders[r]),
+              SPGATE_OK)
+        << "rank " << r << ": " << spgate_last_error();
+  }
+  constexpr int kSteps = 8;
+  const auto log = RunGroup(deciders, kSteps);
+  ExpectSameDecisions(log);
+  for (const spgate_decision& d : log[0]) EXPECT_EQ(d.source, SPGATE_SOURCE_DAEMON);
+  ASSERT_EQ(spgate_client_flush(leader, 10000), SPGATE_OK) << spgate_last_error();
+
+  auto admin = spgate::v1::AdminService::NewStub(
+      grpc::CreateChannel((*daemon)->admin_address(), grpc::InsecureChannelCredentials()));
+  spgate::v1::Job got;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  do {
+    spgate::v1::GetJobRequest req;
+    req.set_job_id(job);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const grpc::Status s = admin->GetJob(&ctx, req, &got);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    if (got.groups_size() == 1 && got.groups(0).last_step() == kSteps - 1 &&
+        got.groups(0).slowest_rank() >= 0) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < give_up);
+  ASSERT_EQ(got.groups_size(), 1) << got.DebugString();
+  const spgate::v1::GroupStatus& g = got.groups(0);
+  EXPECT_TRUE(g.group_session());
+  EXPECT_EQ(g.group_size(), kGroupSize);
+  EXPECT_EQ(g.ranks_active(), kGroupSize) << "the leader's session counts for the group";
+  EXPECT_EQ(g.slowest_rank(), 2);
+  EXPECT_NEAR(g.slowest_step_time_s(), 0.5, 1e-9);
+  EXPECT_EQ(g.peak_memory_rank(), 1);
+  EXPECT_NEAR(g.rolling_rs_wait_share(), 0.04, 1e-6) << "rank 3's share, not the slowest's";
+  EXPECT_NEAR(g.all_gather_tail_s(), 0.03, 1e-9);
+  uint64_t peak = 0;
+  int64_t steps = 0;
+  for (const spgate::v1::ModeStats& m : got.mode_stats()) {
+    peak = std::max<uint64_t>(peak, m.peak_memory_bytes());
+    steps += m.steps();
+  }
+  EXPECT_EQ(peak, 70 * kGiB);
+  EXPECT_EQ(steps, kSteps);
+  spgate_client_stats st{};
+  ASSERT_EQ(spgate_client_get_stats(leader, &st), SPGATE_OK);
+  EXPECT_EQ(st.telemetry_acked, kSteps);
+  for (spgate_decider* dd : deciders) spgate_decider_destroy(dd);
+  spgate_client_destroy(leader);
+  (*daemon)->Shutdown(absl::Seconds(2));
+}
+#endif
+
 std::string MakeTempDir() {
   std::string tmpl = (std::filesystem::temp_directory_path() / "c_api_test.XXXXXX").string();
   EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
@@ -244,8 +560,26 @@ TEST(CApiTest, PythonCtypesExampleAgainstTheDaemon) {
   ASSERT_EQ(rc, 0) << cmd << "\n" << out;
   EXPECT_THAT(out, HasSubstr("\"consistency_violations\": 0"));
   EXPECT_THAT(out, HasSubstr("\"lost_telemetry\": 0"));
-  EXPECT_THAT(out, HasSubstr("\"telemetry_sent\": 400"));
+  // One group session: a record a step for the group of 4.
+  EXPECT_THAT(out, HasSubstr("\"telemetry_sent\": 100"));
+  EXPECT_THAT(out, HasSubstr("\"clients\": 1"));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("\"daemon_decisions\": 0")));
+  (*daemon)->Shutdown(absl::Seconds(2));
+}
+
+// --per_rank_sessions: group_session "false", a client and a record per rank.
+TEST(CApiTest, PythonCtypesExamplePerRankSessionsAgainstTheDaemon) {
+  auto daemon = spgate::server::Daemon::Start({});
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
+  const std::string cmd = TrainLoop(absl::StrCat(
+      "--controller ", (*daemon)->worker_address(), " --tp 3 --steps 40 --per_rank_sessions"));
+  int rc = 0;
+  const std::string out = RunCommand(cmd, &rc);
+  ASSERT_EQ(rc, 0) << cmd << "\n" << out;
+  EXPECT_THAT(out, HasSubstr("\"consistency_violations\": 0"));
+  EXPECT_THAT(out, HasSubstr("\"lost_telemetry\": 0"));
+  EXPECT_THAT(out, HasSubstr("\"telemetry_sent\": 120"));
+  EXPECT_THAT(out, HasSubstr("\"clients\": 3"));
   (*daemon)->Shutdown(absl::Seconds(2));
 }
 #endif

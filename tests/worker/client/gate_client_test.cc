@@ -45,7 +45,8 @@ const std::vector<int64_t> kMid = {3000, 5000, 3000, 5000};    // CV 0.25
 
 
 
-// One TP group: a GateClient per rank (telemetry on every rank, decisions on rank 0),
+// One TP group: a GateClient per rank (telemetry on every rank, decisions on rank 0) or
+// only the leader's (its group session speaks for the group, Init's group_session),
 // a GroupDecider per rank over one in-memory broadcast. Run() drives all ranks as threads
 // through a range of steps; the leader submits the plan for step n + 1 before deciding n.
 struct Group {
@@ -63,14 +64,24 @@ struct Group {
   // `deadline`: the leader's decision deadline. Tests that assert every decision is the
   // daemon's use more than the 20 ms default, so a loaded CI machine cannot make them
   // flaky; what they check (pipelined answers are there in time) does not depend on it.
+  // `group_session`: the leader's session speaks for the group (the clients' default: one
+  // client, the group's telemetry reduced in the group); false: a client and a session per
+  // rank, each reporting its own records (what most tests here exercise: every rank's
+  // buffering across reconnects).
   void Init(const std::string& controller, const std::string& job_id, int group, int ranks,
-            absl::Duration deadline = absl::Milliseconds(20)) {
+            absl::Duration deadline = absl::Milliseconds(20), bool group_session = false) {
     job = job_id;
     index = group;
     size = ranks;
     broadcast = std::make_unique<InMemoryBroadcast>(ranks, absl::Seconds(60));
     seen.assign(ranks, {});
     for (int r = 0; r < ranks; ++r) {
+      if (group_session && r > 0) {
+        auto d = GroupDecider::Create(nullptr, r, broadcast->ForRank(r), broadcast->ReduceForRank(r));
+        ASSERT_THAT(d.status(), IsOk());
+        deciders.push_back(std::move(*d));
+        continue;
+      }
       GateClientOptions o;
       o.controller = controller;
       o.job_id = job_id;
@@ -84,10 +95,12 @@ struct Group {
       o.max_backoff = absl::Milliseconds(500);
       o.seed = static_cast<uint64_t>(o.global_rank + 1);
       o.decision_deadline = deadline;
+      o.group_session = group_session;
       auto c = GateClient::Create(o);
       ASSERT_THAT(c.status(), IsOk());
       clients.push_back(std::move(*c));
-      auto d = GroupDecider::Create(clients.back().get(), r, broadcast->ForRank(r));
+      auto d = GroupDecider::Create(clients.back().get(), r, broadcast->ForRank(r),
+                                    group_session ? broadcast->ReduceForRank(r) : MaxReduceFn{});
       ASSERT_THAT(d.status(), IsOk());
       deciders.push_back(std::move(*d));
     }
@@ -126,12 +139,14 @@ struct Group {
           seen[r].push_back(*got);
           if (step_time > absl::ZeroDuration()) absl::SleepFor(step_time);
           if (jitter) jitter(r, rng);
-          ASSERT_THAT(clients[r]->ReportTelemetry({.step = step,
-                                                   .mode = got->mode,
-                                                   .reason = got->reason,
-                                                   .step_time_s = 0.1,
-                                                   .rs_wait_s = 0.005,
-                                                   .effective_tokens = 16000}),
+          // Rank r is the slowest of the group at steps r, r + size, ...
+          ASSERT_THAT(d.ReportTelemetry({.step = step,
+                                         .mode = got->mode,
+                                         .reason = got->reason,
+                                         .step_time_s = step % size == r ? 0.2 : 0.1,
+                                         .rs_wait_s = 0.005 * (r + 1),
+                                         .effective_tokens = 16000,
+                                         .peak_memory_bytes = 1000u + r}),
                       IsOk());
         }
       });
@@ -215,6 +230,29 @@ TEST_F(GateClientE2ETest, DecisionsArriveBeforeTheDeadlineOnAHealthyStream) {
     ASSERT_THAT(c->Flush(absl::Seconds(10)), IsOk());
     EXPECT_EQ(c->stats().telemetry_acked, 200);
   }
+}
+
+// The clients' default: the leader's session speaks for the group. One client for four
+// ranks, one record a step reaches the daemon (reduced in the group: every rank reported),
+// and the decisions are the daemon's and the same on every rank, as with a session per rank.
+TEST_F(GateClientE2ETest, AGroupSessionCarriesTheGroupsTelemetryInOneRecordAStep) {
+  StartDaemon();
+  Group g;
+  ASSERT_NO_FATAL_FAILURE(g.Init(controller_, "e2e-group-session", 0, 4, absl::Milliseconds(200),
+                                 /*group_session=*/true));
+  ASSERT_EQ(g.clients.size(), 1u) << "the followers have no client";
+  ASSERT_THAT(g.WaitConnected(), IsOk());
+  auto lengths = [](int64_t step) -> const std::vector<int64_t>& {
+    return step % 4 == 0 ? kMixed : kEven;
+  };
+  ASSERT_NO_FATAL_FAILURE(g.Run(0, 60, lengths));
+  EXPECT_EQ(g.Disagreements(), 0);
+  for (const GateDecision& d : g.seen[0]) EXPECT_EQ(d.source, DecisionSource::kDaemon);
+  ASSERT_THAT(g.clients[0]->Flush(absl::Seconds(10)), IsOk());
+  const GateClientStats st = g.clients[0]->stats();
+  EXPECT_EQ(st.telemetry_reported, 60) << "one record a step for the group, not one per rank";
+  EXPECT_EQ(st.telemetry_acked, 60);
+  EXPECT_EQ(st.registrations, 1);
 }
 
 // Rank 0 of group 0 registers again from "another process" (a second client, the same

@@ -164,6 +164,149 @@ TEST(GroupDeciderTest, RanksOutOfStepAreReported) {
                                                HasSubstr("out of step")));
 }
 
+// The in-group reduction: the element-wise max of the ranks' payloads is the group's
+// record, with the slowest and the peak-memory ranks, each share the largest rank's.
+TEST(TelemetryWireTest, TheMaxOfTheRanksIsTheGroupsRecord) {
+  const std::vector<StepTelemetryInput> ranks = {
+      {.step = 9, .mode = Mode::kSequenceParallel, .reason = Reason::kGatesPassed,
+       .step_time_s = 1.0, .rs_wait_s = 0.30, .all_gather_s = 0.05, .norm_stall_s = 0.01,
+       .effective_tokens = 16000, .padding_tokens = 12, .peak_memory_bytes = 80ull << 30},
+      {.step = 9, .mode = Mode::kSequenceParallel, .reason = Reason::kGatesPassed,
+       .step_time_s = 1.25, .rs_wait_s = 0.25, .all_gather_s = 0.07, .norm_stall_s = 0.05,
+       .effective_tokens = 16000, .padding_tokens = 12, .peak_memory_bytes = (80ull << 30) + 7},
+      {.step = 9, .mode = Mode::kSequenceParallel, .reason = Reason::kGatesPassed,
+       .step_time_s = 1.1, .rs_wait_s = 0.1, .all_gather_s = 0.02, .norm_stall_s = 0,
+       .effective_tokens = 16000, .padding_tokens = 12, .peak_memory_bytes = 1}};
+  TelemetryWire acc = ToTelemetryWire(ranks[0], 0);
+  for (int r = 1; r < 3; ++r) {
+    const TelemetryWire w = ToTelemetryWire(ranks[r], r);
+    for (int i = 0; i < TelemetryWire::kSlots; ++i) acc.v[i] = std::max(acc.v[i], w.v[i]);
+  }
+  auto g = GroupTelemetryFromWire(acc, 3);
+  ASSERT_THAT(g.status(), IsOk());
+  EXPECT_EQ(g->step, 9);
+  EXPECT_EQ(g->mode, Mode::kSequenceParallel);
+  EXPECT_EQ(g->reason, Reason::kGatesPassed);
+  EXPECT_EQ(g->ranks, 3);
+  EXPECT_EQ(g->slowest_rank, 1);
+  EXPECT_NEAR(g->step_time_s, 1.25, 1e-9);
+  EXPECT_EQ(g->peak_memory_rank, 1);
+  EXPECT_EQ(g->peak_memory_bytes, (80ull << 30) + 7) << "exact below 1 TiB";
+  // The daemon's share rs_wait_s / step_time_s is the largest rank's (rank 0: 0.30 / 1.0).
+  EXPECT_NEAR(g->rs_wait_s / g->step_time_s, 0.30, 1e-9);
+  EXPECT_NEAR(g->norm_stall_s / g->step_time_s, 0.04, 1e-9);
+  EXPECT_NEAR(g->all_gather_s, 0.07, 1e-12);
+  EXPECT_EQ(g->effective_tokens, 16000);
+  EXPECT_EQ(g->padding_tokens, 12);
+
+  // Ranks out of step, ranks that ran different modes, a refused record.
+  TelemetryWire skew = acc;
+  const TelemetryWire later = ToTelemetryWire({.step = 10, .mode = Mode::kSequenceParallel,
+                                               .reason = Reason::kGatesPassed, .step_time_s = 1},
+                                              2);
+  for (int i = 0; i < TelemetryWire::kSlots; ++i) skew.v[i] = std::max(skew.v[i], later.v[i]);
+  EXPECT_THAT(GroupTelemetryFromWire(skew, 3),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("steps 9 to 10")));
+  TelemetryWire modes = acc;
+  const TelemetryWire tp = ToTelemetryWire({.step = 9, .mode = Mode::kTensorParallelOnly,
+                                            .reason = Reason::kGatesPassed, .step_time_s = 1},
+                                           2);
+  for (int i = 0; i < TelemetryWire::kSlots; ++i) modes.v[i] = std::max(modes.v[i], tp.v[i]);
+  EXPECT_THAT(GroupTelemetryFromWire(modes, 3),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("different modes")));
+  TelemetryWire refused = acc;
+  const TelemetryWire bad = ToTelemetryWire({.step = 9}, 2, /*valid=*/false);
+  for (int i = 0; i < TelemetryWire::kSlots; ++i) refused.v[i] = std::max(refused.v[i], bad.v[i]);
+  EXPECT_THAT(GroupTelemetryFromWire(refused, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("was refused")));
+}
+
+// Ranks are threads. The leader's (local-only) client gets one record a step for the group,
+// and its fallback the group's wait share; a rank's bad record fails that rank and the
+// leader, nobody waits forever, and the next step goes on.
+TEST(GroupDeciderTest, ReportTelemetryReducesIntoOneRecordAStep) {
+  constexpr int kRanks = 4;
+  constexpr int kSteps = 200;
+  auto leader_client = LocalClient(0, kRanks);
+  InMemoryBroadcast group(kRanks, absl::Seconds(20));
+  std::vector<absl::Status> bad_step(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto decider = GroupDecider::Create(rank == 0 ? leader_client.get() : nullptr, rank,
+                                          group.ForRank(rank), group.ReduceForRank(rank));
+      ASSERT_THAT(decider.status(), IsOk());
+      std::mt19937 rng(rank);
+      for (int64_t step = 0; step < kSteps; ++step) {
+        if (rng() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
+        StepTelemetryInput t{.step = step, .step_time_s = 1.0 + 0.01 * rank,
+                             .rs_wait_s = 0.1, .effective_tokens = 100};
+        if (step == 50 && rank == 2) t.step_time_s = 0;  // refused
+        const absl::Status s = (*decider)->ReportTelemetry(t);
+        if (step == 50) {
+          bad_step[rank] = s;
+        } else {
+          ASSERT_THAT(s, IsOk()) << "rank " << rank << " step " << step;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(bad_step[0], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("refused")));
+  EXPECT_THAT(bad_step[1], IsOk());
+  EXPECT_THAT(bad_step[2], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step_time_s")));
+  EXPECT_THAT(bad_step[3], IsOk());
+  EXPECT_EQ(leader_client->stats().telemetry_reported, kSteps - 1);
+}
+
+TEST(GroupDeciderTest, AGroupSessionNeedsTheReduction) {
+  GateClientOptions o;
+  o.controller = "127.0.0.1:1";
+  o.job_id = "j";
+  o.incarnation = "test-launch";
+  o.launch_credential = "0123456789abcdef0123456789abcdef";
+  o.group_size = 4;
+  auto leader = GateClient::Create(o);
+  ASSERT_THAT(leader.status(), IsOk());
+  InMemoryBroadcast group(4);
+  EXPECT_THAT(GroupDecider::Create(leader->get(), 0, group.ForRank(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max-reduce")));
+  EXPECT_THAT(GroupDecider::Create(leader->get(), 0, group.ForRank(0), group.ReduceForRank(0))
+                  .status(),
+              IsOk());
+  // Followers have no client in a group session: the option table's default refuses one.
+  o.rank_in_group = 2;
+  EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("only the group's leader")));
+  // Per-rank sessions: every rank's own client, and no reduction.
+  o.group_session = false;
+  auto own = GateClient::Create(o);
+  ASSERT_THAT(own.status(), IsOk());
+  o.rank_in_group = 0;
+  auto per_rank_leader = GateClient::Create(o);
+  ASSERT_THAT(per_rank_leader.status(), IsOk());
+  EXPECT_THAT(GroupDecider::Create(per_rank_leader->get(), 0, group.ForRank(0),
+                                   group.ReduceForRank(0)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group_session=false")));
+  auto follower = GroupDecider::Create(own->get(), 2, group.ForRank(2));
+  ASSERT_THAT(follower.status(), IsOk());
+  EXPECT_THAT((*follower)->ReportTelemetry({.step = 0, .step_time_s = 1}), IsOk());
+  EXPECT_EQ((*own)->stats().telemetry_reported, 1);
+  EXPECT_THAT(GroupDecider::Create(own->get(), 1, group.ForRank(1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("created for rank 2")));
+  auto bare = GroupDecider::Create(nullptr, 3, group.ForRank(3));
+  EXPECT_THAT((*bare)->ReportTelemetry({.step = 0, .step_time_s = 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("neither")));
+}
+
+TEST(InMemoryBroadcastTest, ReduceTimesOutWithoutEveryRank) {
+  InMemoryBroadcast group(3, absl::Milliseconds(20));
+  TelemetryWire w;
+  EXPECT_THAT(group.MaxReduce(1, w, 0), IsOk()) << "a contributor never waits";
+  EXPECT_THAT(group.MaxReduce(0, w, 0),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("2 of 3")));
+}
+
 TEST(InMemoryBroadcastTest, ReceiverTimesOutWithoutARoot) {
   InMemoryBroadcast group(2, absl::Milliseconds(20));
   DecisionWire w;
