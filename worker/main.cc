@@ -75,6 +75,8 @@ ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report th
                                "difference of outputs and gradients (verify_max_abs_diff)");
 ABSL_FLAG(absl::Duration, decision_deadline, kClientDefaults.decision_deadline,
           spgate::client::ClientOptionHelp("decision_deadline"));
+ABSL_FLAG(bool, group_session, kClientDefaults.group_session,
+          spgate::client::ClientOptionHelp("group_session"));
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
           "Before the first step, how long the group leader waits for the daemon's stream");
 ABSL_FLAG(uint64_t, memory_budget, 0,
@@ -179,6 +181,7 @@ int main(int argc, char** argv) {
   o.decision_log = absl::GetFlag(FLAGS_decision_log);
   o.verify = absl::GetFlag(FLAGS_verify);
   o.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
+  o.group_session = absl::GetFlag(FLAGS_group_session);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);

@@ -12,6 +12,12 @@
 //                 (report). No protobuf, no gRPC, no policy.
 //   local_only  — the same GateClient calls without a controller: the local policy
 //                 decides every step (the network hand-off is the difference).
+// And the group session's path (docs/design.md §2), gate_client_group8: the leader of an
+// 8-rank group reports through GroupDecider::ReportTelemetry, whose reduction here takes
+// the element-wise max with 7 payloads the other ranks "sent" (made beforehand): what
+// spgate adds on the training thread (pack, combine, decode, queue one group record),
+// without the collective's transfer, which is the communicator's (an MPI_Reduce or
+// all-reduce of 112 bytes; docs/benchmarks.md gives it separately).
 // Reports median / p99 / p99.9 per step and ratios to `handoff`, and writes JSON.
 //
 //   build/bench/client_step_bench --steps=5000 --step_us=1000 --sequences=16
@@ -33,6 +39,7 @@
 #include "common/mutex.h"
 #include "server/daemon.h"
 #include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
 
 ABSL_FLAG(int, steps, 5000, "Measured steps per variant");
 ABSL_FLAG(int, warmup, 200, "Unmeasured steps first");
@@ -171,13 +178,17 @@ void Loop(Result& r, int warmup, int steps, Submit submit, Await await, Report r
   }
 }
 
+// `group_size` > 1: the leader of a group session, telemetry through a GroupDecider whose
+// reduction combines the other ranks' ready-made payloads.
 Result RunClient(const std::string& name, const std::string& controller,
-                 const std::vector<int64_t>& lengths, int warmup, int steps) {
+                 const std::vector<int64_t>& lengths, int warmup, int steps,
+                 int group_size = 1) {
   GateClientOptions o;
   o.controller = controller;
   o.job_id = "bench-client";
   o.incarnation = "test-launch";
   o.launch_credential = "client-step-bench-launch";
+  o.group_size = group_size;
   auto client = GateClient::Create(o);
   if (!client.ok()) {
     std::fprintf(stderr, "client: %s\n", client.status().ToString().c_str());
@@ -190,10 +201,41 @@ Result RunClient(const std::string& name, const std::string& controller,
       std::exit(1);
     }
   }
+  std::unique_ptr<spgate::client::GroupDecider> decider;
+  int64_t others_step = -1;
+  std::vector<spgate::client::TelemetryWire> others(static_cast<size_t>(group_size - 1));
+  if (group_size > 1) {
+    auto d = spgate::client::GroupDecider::Create(
+        &c, 0, [](spgate::client::DecisionWire&, int) { return absl::OkStatus(); },
+        [&](spgate::client::TelemetryWire& w, int) {
+          for (const auto& x : others) {
+            for (int i = 0; i < spgate::client::TelemetryWire::kSlots; ++i) {
+              w.v[i] = std::max(w.v[i], x.v[i]);
+            }
+          }
+          return absl::OkStatus();
+        });
+    if (!d.ok()) {
+      std::fprintf(stderr, "decider: %s\n", d.status().ToString().c_str());
+      std::exit(1);
+    }
+    decider = *std::move(d);
+  }
   Result r;
   r.name = name;
   spgate::Mode mode = spgate::Mode::kSequenceParallel;
   spgate::Reason reason = spgate::Reason::kGatesPassed;
+  // The other ranks' payloads for a step, made outside the timed calls (they arrive with
+  // the collective).
+  auto prepare_others = [&](int64_t step) {
+    if (others_step == step) return;
+    others_step = step;
+    for (int k = 1; k < group_size; ++k) {
+      StepTelemetryInput t = Telemetry(step, mode, reason);
+      t.step_time_s *= 1.0 + 0.01 * k;
+      others[static_cast<size_t>(k - 1)] = spgate::client::ToTelemetryWire(t, k);
+    }
+  };
   Loop(
       r, warmup, steps,
       [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths}); },
@@ -207,8 +249,20 @@ Result RunClient(const std::string& name, const std::string& controller,
           }
         }
       },
-      [&](int64_t step) { (void)c.ReportTelemetry(Telemetry(step, mode, reason)); },
       [&](int64_t step) {
+        if (decider) {
+          if (absl::Status s = decider->ReportTelemetry(Telemetry(step, mode, reason)); !s.ok()) {
+            // Timing an error path would flatter the figure: stop instead.
+            std::fprintf(stderr, "%s: step %lld: %s\n", name.c_str(), static_cast<long long>(step),
+                         s.ToString().c_str());
+            std::exit(1);
+          }
+        } else {
+          (void)c.ReportTelemetry(Telemetry(step, mode, reason));
+        }
+      },
+      [&](int64_t step) {
+        if (decider) prepare_others(step);
         return controller.empty() || c.stats().decisions_received >= step + 1;
       });
   if (!controller.empty()) (void)c.Flush(absl::Seconds(5));
@@ -247,6 +301,8 @@ int main(int argc, char** argv) {
   results.push_back(RunHandoff(lengths, warmup, steps));
   results.push_back(RunClient("local_only", "", lengths, warmup, steps));
   results.push_back(RunClient("gate_client", (*daemon)->worker_address(), lengths, warmup, steps));
+  results.push_back(RunClient("gate_client_group8", (*daemon)->worker_address(), lengths, warmup,
+                              steps, /*group_size=*/8));
   (*daemon)->Shutdown(absl::Seconds(2));
 
   const double base = Quantile(results[0].step_ns, 0.5);

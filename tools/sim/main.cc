@@ -63,7 +63,11 @@ ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
 ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (the worker's bucket_by_tokens)");
 ABSL_FLAG(bool, leader_group_rs_wait, true,
-          "Feed the leader's fallback the group's max wait share (else its own)");
+          "Feed the leader's fallback the group's max wait share (else its own; needs "
+          "--group_session=false)");
+ABSL_FLAG(bool, group_session, true,
+          "The leader's session speaks for its group, telemetry reduced in the group; false: "
+          "every simulated rank registers and reports its own (per-rank sessions)");
 // Cost model (docs/sim.md).
 ABSL_FLAG(int, layers, 8, "Transformer layers on a rank (default: one of 5 pipeline stages of a 13B model)");
 ABSL_FLAG(int, hidden, 5120, "Hidden size");
@@ -118,6 +122,7 @@ SimOptions OptionsFromFlags() {
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.telemetry_flush = absl::GetFlag(FLAGS_telemetry_flush);
   o.leader_group_rs_wait = absl::GetFlag(FLAGS_leader_group_rs_wait);
+  o.group_session = absl::GetFlag(FLAGS_group_session);
   spgate::sim::CostParams& c = o.cost;
   c.tp = absl::GetFlag(FLAGS_tp);
   c.layers = absl::GetFlag(FLAGS_layers);

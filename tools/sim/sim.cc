@@ -33,12 +33,20 @@ using client::GroupDecider;
 
 struct SimGroup {
   int index = 0;
-  std::vector<std::unique_ptr<GateClient>> clients;  // one per rank
+  // The leader's (its group session), or one per rank with --group_session=false.
+  std::vector<std::unique_ptr<GateClient>> clients;
   std::unique_ptr<client::InMemoryBroadcast> broadcast;
   std::vector<std::unique_ptr<GroupDecider>> deciders;
   std::unique_ptr<runtime::BatchBuilder> batches;
   std::mt19937_64 rng;
   std::vector<int64_t> current, next;  // batches for step k and k + 1
+  // The step that ran and has not been reported yet: a step lasts until the next tick,
+  // where its telemetry goes out just before the next plan (as a trainer's would).
+  struct Ran {
+    int64_t step = -1;  // -1: none
+    GroupStep result;
+    std::vector<GateDecision> seen;  // each rank's copy of the decision
+  } ran;
 };
 
 uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b = 0) {
@@ -58,9 +66,10 @@ absl::Status SubmitNext(SimGroup& g, const CostModel& model, int64_t step) {
 }
 
 // One group's step k: every rank decides (the leader first: its broadcast is the send,
-// the others' are receives), the cost model runs the mode, every rank reports.
-void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t k,
-               absl::Time deadline, Summary& sum) {
+// the others' are receives) and the cost model runs the mode; ReportStep reports it when
+// the step is over.
+void StepGroup(SimGroup& g, const CostModel& model, int64_t k, absl::Time deadline,
+               Summary& sum) {
   const int t = static_cast<int>(g.deciders.size());
   std::vector<GateDecision> seen(t);
   for (int r = 0; r < t; ++r) {
@@ -80,25 +89,44 @@ void StepGroup(SimGroup& g, const CostModel& model, const SimOptions& o, int64_t
   bool consistent = true;
   for (int r = 1; r < t; ++r) consistent = consistent && seen[r].mode == seen[0].mode;
   if (!consistent) ++sum.consistency_violations;
-  const GateDecision& d = seen[0];
-  const GroupStep step = model.Step(g.current, d.mode, g.rng, k);
-  for (int r = 0; r < t; ++r) {
-    // Each rank reports the mode it ran (its own copy of the decision).
-    (void)g.clients[r]->ReportTelemetry({.step = k,
-                                         .mode = seen[r].mode,
-                                         .reason = seen[r].reason,
-                                         .step_time_s = step.step_time_s,
-                                         .rs_wait_s = step.ranks[r].rs_wait_s,
-                                         .all_gather_s = step.ranks[r].all_gather_s,
-                                         .norm_stall_s = 0,
-                                         .effective_tokens = step.effective_tokens,
-                                         .padding_tokens = step.padding_tokens,
-                                         .peak_memory_bytes = step.peak_memory_bytes});
+  g.ran.step = k;
+  g.ran.result = model.Step(g.current, seen[0].mode, g.rng, k);
+  g.ran.seen = std::move(seen);
+  sum.AddStep(g.ran.result, g.ran.seen[0]);
+}
+
+// The step that ran: each rank reports the mode it ran (its own copy of the decision),
+// the leader last: in a group session the others' records are reduced into its (a
+// contributor never waits).
+void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
+  if (g.ran.step < 0) return;
+  const int64_t k = g.ran.step;
+  const GroupStep& step = g.ran.result;
+  g.ran.step = -1;
+  for (int r = static_cast<int>(g.deciders.size()) - 1; r >= 0; --r) {
+    const absl::Status s = g.deciders[r]->ReportTelemetry(
+        {.step = k,
+         .mode = g.ran.seen[r].mode,
+         .reason = g.ran.seen[r].reason,
+         .step_time_s = step.step_time_s,
+         .rs_wait_s = step.ranks[r].rs_wait_s,
+         .all_gather_s = step.ranks[r].all_gather_s,
+         .norm_stall_s = 0,
+         .effective_tokens = step.effective_tokens,
+         .padding_tokens = step.padding_tokens,
+         .peak_memory_bytes = step.peak_memory_bytes});
+    if (!s.ok()) {
+      ++sum.telemetry_errors;
+      if (sum.first_error.empty()) {
+        sum.first_error = absl::StrFormat("group %d rank %d step %d telemetry: %s", g.index, r,
+                                          k, s.ToString());
+      }
+    }
   }
-  if (o.leader_group_rs_wait) {
-    g.clients[0]->ObserveGroupRsWaitShare(k, d.mode, step.group_rs_wait_share);
+  // A group session's leader has the group's share from the reduction already.
+  if (!o.group_session && o.leader_group_rs_wait) {
+    g.clients[0]->ObserveGroupRsWaitShare(k, g.ran.seen[0].mode, step.group_rs_wait_share);
   }
-  sum.AddStep(step, d);
 }
 
 int ThreadCount(const SimOptions& o) {
@@ -120,6 +148,11 @@ absl::Status Validate(const SimOptions& o) {
   if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
   if (o.steps == 0 && o.duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("set --steps or a positive --duration");
+  }
+  if (!o.leader_group_rs_wait && o.group_session) {
+    return absl::InvalidArgumentError(
+        "--leader_group_rs_wait=false needs --group_session=false: a group session's leader "
+        "learns the group's wait share from the group's reduced telemetry");
   }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
   return absl::OkStatus();
@@ -247,8 +280,9 @@ GateClientOptions GroupClientOptions(const SimOptions& o, const CostModel& model
   return base;
 }
 
-// Group `gi`: its batches, its broadcast, and per rank a client and a GroupDecider; one
-// connection for the group, like one per training pod.
+// Group `gi`: its batches, its broadcast, per rank a GroupDecider, and the leader's client
+// (every rank's with --group_session=false); one connection for the group, like one per
+// training pod.
 absl::StatusOr<std::unique_ptr<SimGroup>> MakeGroup(const SimOptions& o, const CostModel& model,
                                                     const LiveIdentity& id, int gi) {
   const int t = o.cost.tp;
@@ -263,16 +297,22 @@ absl::StatusOr<std::unique_ptr<SimGroup>> MakeGroup(const SimOptions& o, const C
   std::shared_ptr<grpc::Channel> channel;
   if (!o.controller.empty()) channel = client::CreateGateChannel(base, /*own_connection=*/true);
   for (int r = 0; r < t; ++r) {
-    GateClientOptions co = base;
-    co.rank_in_group = r;
-    co.global_rank = gi * t + r;
-    co.seed = Mix(o.seed, gi, 100 + r);
-    co.channel = channel;
-    absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(co);
-    if (!c.ok()) return c.status();
-    g->clients.push_back(std::move(*c));
-    absl::StatusOr<std::unique_ptr<GroupDecider>> d =
-        GroupDecider::Create(g->clients.back().get(), r, g->broadcast->ForRank(r));
+    GateClient* own = nullptr;
+    if (r == 0 || !o.group_session) {
+      GateClientOptions co = base;
+      co.rank_in_group = r;
+      co.global_rank = gi * t + r;
+      co.seed = Mix(o.seed, gi, 100 + r);
+      co.channel = channel;
+      co.group_session = o.group_session;
+      absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(co);
+      if (!c.ok()) return c.status();
+      g->clients.push_back(std::move(*c));
+      own = g->clients.back().get();
+    }
+    absl::StatusOr<std::unique_ptr<GroupDecider>> d = GroupDecider::Create(
+        own, r, g->broadcast->ForRank(r),
+        o.group_session ? g->broadcast->ReduceForRank(r) : client::MaxReduceFn{});
     if (!d.ok()) return d.status();
     g->deciders.push_back(std::move(*d));
   }
@@ -332,10 +372,12 @@ struct LiveClock {
 };
 
 // Tick k of one slot: wait for its instant (more than half a period late counts as a late
-// step), send each group's plan for k + 1 before step k is decided and run
-// (docs/design.md §4), then run step k. Tick -1 only plans.
+// step); for each group report step k - 1, which has just ended, and send the plan for
+// k + 1 before step k is decided and run (docs/design.md §4; the record and the plan leave
+// in one message, as a trainer's do); then run step k. Tick -1 only plans; tick `steps`
+// only reports.
 void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock,
-             const Slot& slot, int64_t k, Summary& sum) {
+             const Slot& slot, int64_t k, int64_t steps, Summary& sum) {
   const absl::Time tick = clock.start + slot.offset + clock.period * static_cast<double>(k);
   const absl::Time now = absl::Now();
   if (now < tick) {
@@ -344,7 +386,10 @@ void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock
     ++sum.late_steps;
   }
   const absl::Time deadline = std::max(absl::Now(), tick) + o.deadline;
+  const bool last = k == steps;
   for (SimGroup* g : slot.groups) {
+    ReportStep(*g, o, sum);
+    if (last) continue;
     g->current = std::move(g->next);
     g->next = NextBatch(*g, k + 1);
     if (absl::Status s = SubmitNext(*g, model, k + 1); !s.ok()) {
@@ -352,13 +397,14 @@ void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock
       if (sum.first_error.empty()) sum.first_error = s.ToString();
     }
   }
-  if (k < 0) return;
-  for (SimGroup* g : slot.groups) StepGroup(*g, model, o, k, deadline, sum);
+  if (k < 0 || last) return;
+  for (SimGroup* g : slot.groups) StepGroup(*g, model, k, deadline, sum);
 }
 
 // W driver threads over the groups, each serving its slots' ticks in time order, the groups
-// that share an instant together (all plans first, then the steps); one Summary per thread.
-// Tick -1, a period before the first step, plans step 0 (a trainer plans before it starts).
+// that share an instant together (all records and plans first, then the steps); one
+// Summary per thread. Tick -1, a period before the first step, plans step 0 (a trainer
+// plans before it starts); tick `steps` reports the last step.
 std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
                                  const std::vector<std::unique_ptr<SimGroup>>& groups, int W,
                                  int64_t steps, const LiveClock& clock) {
@@ -368,8 +414,8 @@ std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
   for (int w = 0; w < W; ++w) {
     threads.emplace_back([&, w] {
       const std::vector<Slot> slots = SlotsOf(w, W, phase, groups);
-      for (int64_t k = -1; k < steps; ++k) {
-        for (const Slot& slot : slots) RunTick(o, model, clock, slot, k, partial[w]);
+      for (int64_t k = -1; k <= steps; ++k) {
+        for (const Slot& slot : slots) RunTick(o, model, clock, slot, k, steps, partial[w]);
       }
     });
   }
@@ -395,6 +441,7 @@ void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGr
       total.plan_queued_s.push_back(l.queued_s);
       total.from_write_s.push_back(l.total_s - l.queued_s);
     }
+    if (!o.controller.empty()) total.sessions += static_cast<int64_t>(g->clients.size());
     for (const auto& c : g->clients) {
       const client::GateClientStats st = c->stats();
       total.telemetry_reported += st.telemetry_reported;

@@ -62,6 +62,10 @@ struct SimOptions {
   // The leader feeds its fallback's rolling wait share with the group max (true, as a
   // trainer that all-reduces it would) or with its own rank's share.
   bool leader_group_rs_wait = true;
+  // The leader's session speaks for its group, the group's telemetry reduced in the group
+  // (docs/design.md §2); false: every simulated rank holds its own session and reports its
+  // own telemetry (kept to measure the difference).
+  bool group_session = true;
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration flush_timeout = absl::Seconds(30);
   GateConfig initial_config;  // before the daemon's arrives (and for replay)

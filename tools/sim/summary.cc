@@ -56,6 +56,8 @@ void Summary::Merge(const Summary& o) {
   memory_overrides += o.memory_overrides;
   consistency_violations += o.consistency_violations;
   decide_errors += o.decide_errors;
+  telemetry_errors += o.telemetry_errors;
+  sessions += o.sessions;
   if (first_error.empty()) first_error = o.first_error;
   telemetry_reported += o.telemetry_reported;
   telemetry_sent += o.telemetry_sent;
@@ -159,6 +161,8 @@ std::string Summary::ToJson() const {
   field("decision_latency_from_write_s", latency(from_write_s));
   field("decide_wait_s", latency(decide_wait_s));
   field("decide_errors", absl::StrCat(decide_errors));
+  field("telemetry_errors", absl::StrCat(telemetry_errors));
+  field("sessions", absl::StrCat(sessions));
   if (!first_error.empty()) field("first_error", Quote(first_error));
   field("late_steps", absl::StrCat(late_steps));
   field("threads", absl::StrCat(threads));

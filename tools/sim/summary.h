@@ -42,9 +42,14 @@ struct Summary {
   std::map<std::string, int64_t> local_by_reason;  // by the gate that decided
   int64_t consistency_violations = 0;
   int64_t decide_errors = 0;
+  int64_t telemetry_errors = 0;  // ReportTelemetry refusals (a rank's or the group's)
   std::string first_error;
-  // Telemetry, all ranks: produced by the simulated ranks, written to the daemon,
-  // acknowledged, dropped from full buffers. lost = produced - acknowledged.
+  // Sessions at the daemon: one per group (the leader's group session), or one per rank
+  // with --group_session=false; 0 without a daemon.
+  int64_t sessions = 0;
+  // Telemetry records, all clients: produced (one per group step in a group session, one
+  // per rank step with --group_session=false), written to the daemon, acknowledged, dropped
+  // from full buffers. lost = produced - acknowledged.
   int64_t telemetry_reported = 0, telemetry_sent = 0, telemetry_acked = 0, telemetry_dropped = 0;
   std::vector<double> decision_latency_s;  // leaders: plan submitted -> decision arrived
   std::vector<double> plan_queued_s;       // the part before the client's writer took it

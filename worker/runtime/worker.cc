@@ -304,10 +304,13 @@ class RankRun {
     return CreateBatchBuilder();
   }
 
-  // The gate client: the leader's decides (daemon or local policy); every rank reports
-  // telemetry when there is a daemon.
+  // The gate client: the leader's decides (daemon or local policy) and, in its group
+  // session, reports the group's telemetry; with per-rank sessions every rank has one and
+  // reports its own when there is a daemon.
   absl::Status CreateGate() {
-    if (!((auto_mode() && leader_) || !o_.controller.empty())) return absl::OkStatus();
+    const bool remote = !o_.controller.empty();
+    const bool needed = leader_ ? auto_mode() || remote : remote && !o_.group_session;
+    if (!needed) return absl::OkStatus();
     client::GateClientOptions co;
     co.controller = o_.controller;
     co.job_id = o_.job_id;
@@ -321,6 +324,7 @@ class RankRun {
     co.memory_budget_bytes = budget_;
     co.initial_config = o_.initial_config;
     co.decision_deadline = o_.decision_deadline;
+    co.group_session = o_.group_session;
     co.seed = o_.seed * 7919 + grid_.world_rank() + 1;
     ASSIGN_OR_RETURN(co.credentials,
                      client::TlsChannelCredentials(o_.tls, client::kTlsFlagNames));
@@ -330,15 +334,24 @@ class RankRun {
     return absl::OkStatus();
   }
 
-  // With --mode=auto every rank takes the leader's decision through a GroupDecider.
+  // With --mode=auto every rank takes the leader's decision through a GroupDecider; in a
+  // group session it also carries each step's telemetry to the leader (one max-reduction
+  // of 112 bytes over the TP group, the collective that already carried the wait share).
   absl::Status CreateDecider() {
-    if (!auto_mode()) return absl::OkStatus();
+    if (!auto_mode() && (o_.controller.empty() || !o_.group_session)) return absl::OkStatus();
     Communicator* tp = cx_.tp;
+    client::MaxReduceFn reduce;
+    if (o_.group_session) {
+      reduce = [tp](client::TelemetryWire& w, int /*root: every rank gets it*/) {
+        return tp->AllReduceMaxHost(w.v, client::TelemetryWire::kSlots);
+      };
+    }
     ASSIGN_OR_RETURN(decider_, client::GroupDecider::Create(
-                                   leader_ ? gate_.get() : nullptr, grid_.tp_rank(),
+                                   gate_.get(), grid_.tp_rank(),
                                    [tp](client::DecisionWire& w, int root) {
                                      return tp->BroadcastHost(&w, sizeof(w), root);
-                                   }));
+                                   },
+                                   std::move(reduce)));
     return absl::OkStatus();
   }
 
@@ -385,7 +398,7 @@ class RankRun {
   absl::Status Prefetch(int64_t step, Batch& batch) {
     if (leader_) batch = builder_->Next(TargetCv(step));
     RETURN_IF_ERROR(BroadcastBatch(cx_.tp, batch));
-    if (!decider_) return absl::OkStatus();
+    if (!decider_ || !auto_mode()) return absl::OkStatus();
     return decider_->SubmitPlan(
         {.step = step, .lengths = batch.lengths,
          .predicted_peak_bytes_sp = Predict(o_, Mode::kSequenceParallel, space_, batch.lengths),
@@ -430,7 +443,7 @@ class RankRun {
 
   // The leader's decision through the GroupDecider (auto), else the flag's mode.
   absl::StatusOr<client::GateDecision> Decide(int64_t n, StepSource* source) {
-    if (decider_) {
+    if (decider_ && auto_mode()) {
       ASSIGN_OR_RETURN(client::GateDecision d,
                        decider_->Decide(n, absl::Now() + o_.decision_deadline));
       *source = static_cast<StepSource>(d.source);
@@ -489,8 +502,23 @@ class RankRun {
   absl::Status Report(int64_t n, const client::GateDecision& d, StepSource source,
                       const StepRecord& rec) {
     const double step_s = rec.step_time_s;
-    // The group's reduce-scatter wait share (max over ranks, docs/design.md §2) for the
-    // leader's fail-static window; the daemon computes its own from telemetry.
+    const client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
+                                          .step_time_s = std::max(step_s, 1e-9),
+                                          .rs_wait_s = rec.rs_wait_s,
+                                          .all_gather_s = rec.all_gather_s,
+                                          .norm_stall_s = rec.norm_stall_s,
+                                          .effective_tokens = rec.tokens,
+                                          .padding_tokens = rec.padding_tokens,
+                                          .peak_memory_bytes = rec.peak_bytes};
+    if (decider_ && o_.group_session) {
+      // One reduction brings the group's values to the leader, which feeds its fail-static
+      // window the group's wait share and queues the group's record (never blocking).
+      RETURN_IF_ERROR(decider_->ReportTelemetry(mine));
+      if (log_) log_->Write(n, d.mode, d.reason, source);
+      return absl::OkStatus();
+    }
+    // Per-rank sessions: the group's reduce-scatter wait share (max over ranks,
+    // docs/design.md §2) for the leader's fail-static window, and each rank's own record.
     if (decider_ && o_.tp > 1) {
       double share = step_s > 0 ? rec.rs_wait_s / step_s : 0;
       RETURN_IF_ERROR(cx_.tp->AllReduceMaxHost(&share, 1));
@@ -498,14 +526,7 @@ class RankRun {
     }
     if (gate_ && !o_.controller.empty()) {
       // Telemetry never blocks; a refusal is a bug worth surfacing.
-      RETURN_IF_ERROR(gate_->ReportTelemetry({.step = n, .mode = d.mode, .reason = d.reason,
-                                              .step_time_s = std::max(step_s, 1e-9),
-                                              .rs_wait_s = rec.rs_wait_s,
-                                              .all_gather_s = rec.all_gather_s,
-                                              .norm_stall_s = rec.norm_stall_s,
-                                              .effective_tokens = rec.tokens,
-                                              .padding_tokens = rec.padding_tokens,
-                                              .peak_memory_bytes = rec.peak_bytes}));
+      RETURN_IF_ERROR(gate_->ReportTelemetry(mine));
     }
     if (log_) log_->Write(n, d.mode, d.reason, source);
     return absl::OkStatus();

@@ -71,6 +71,9 @@ struct WorkerOptions {
   std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
   bool verify = false;
   absl::Duration decision_deadline = client::GateClientOptions{}.decision_deadline;
+  // The leader's session speaks for its TP group and the group's telemetry is reduced in
+  // the group (docs/design.md §2); false: every rank registers and reports its own.
+  bool group_session = client::GateClientOptions{}.group_session;
   // Before the first step the leader waits this long for the daemon's stream (once).
   absl::Duration connect_timeout = absl::Seconds(5);
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate

@@ -59,7 +59,10 @@ TEST(SimRunTest, LocalOnlyGroupsAreConsistent) {
   EXPECT_EQ(s->threads, 2);
   EXPECT_GT(s->sp.steps, 0);
   EXPECT_GT(s->tp_only.steps, 0);
-  EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  // Each group's leader takes one record a step, reduced in the group from its 4 ranks.
+  EXPECT_EQ(s->telemetry_reported, 6 * 60);
+  EXPECT_EQ(s->telemetry_errors, 0) << s->first_error;
+  EXPECT_EQ(s->sessions, 0) << "no daemon";
   const std::string json = s->ToJson();
   for (const char* key : {"\"steps\"", "\"decisions\"", "\"local_decisions\"",
                           "\"consistency_violations\"", "\"lost_telemetry\"",
@@ -111,8 +114,8 @@ TEST(SimRunTest, AlignedGroupsAreConsistentToo) {
 // device holds SP's predicted peak but not TP-only's, for every batch. The simulated
 // leaders are GateClients, so each runs SP with the memory gate's reason; the summary
 // counts those group steps as memory overrides, neither daemon nor local decisions, and
-// the cost model ran SP. Every rank registered with the run's one credential, and the
-// next run makes a new one.
+// the cost model ran SP. Every group's leader registered (its group session) with the
+// run's one credential, and the next run makes a new one.
 TEST(SimRunTest, SimulatedLeadersRefuseATpOnlyAnswerThatDoesNotFit) {
   client::testing::FakeGateServer server;
   client::testing::FakeGateService::Script script;
@@ -156,7 +159,7 @@ TEST(SimRunTest, SimulatedLeadersRefuseATpOnlyAnswerThatDoesNotFit) {
   EXPECT_THAT(s->ToJson(), HasSubstr(absl::StrCat("\"memory_overrides\": ", s->memory_overrides,
                                                   ",")));
   const std::vector<std::string> first = server.service().launch_credentials();
-  ASSERT_EQ(first.size(), static_cast<size_t>(o.groups * o.cost.tp));
+  ASSERT_EQ(first.size(), static_cast<size_t>(o.groups)) << "one session per group";
   for (const std::string& c : first) EXPECT_EQ(c, first[0]);
   EXPECT_EQ(first[0].size(), 32u);
   o.steps = 1;
@@ -182,9 +185,23 @@ TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   EXPECT_EQ(s->decide_errors, 0) << s->first_error;
   EXPECT_EQ(Total(*s), 6 * 60);
   EXPECT_GT(s->sources["daemon"], 6 * 60 * 9 / 10) << "most decisions should be the daemon's";
-  EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  // One session and one record a step per group (the leader's group session).
+  EXPECT_EQ(s->sessions, 6);
+  EXPECT_EQ(s->telemetry_reported, 6 * 60);
+  EXPECT_EQ(s->telemetry_errors, 0) << s->first_error;
   EXPECT_EQ(s->telemetry_acked, s->telemetry_reported) << "lost telemetry";
   EXPECT_FALSE(s->decision_latency_s.empty());
+
+  // Per-rank sessions, kept as an option: every rank its own session and records (another
+  // job: the first launch's groups have decided their steps).
+  o.group_session = false;
+  o.job_id = "sim-test-per-rank";
+  s = RunLive(o);
+  ASSERT_THAT(s.status(), IsOk());
+  EXPECT_EQ(s->consistency_violations, 0);
+  EXPECT_EQ(s->sessions, 6 * 4);
+  EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  EXPECT_EQ(s->telemetry_acked, s->telemetry_reported) << "lost telemetry";
   (*daemon)->Shutdown(absl::Seconds(2));
 }
 
@@ -457,6 +474,11 @@ TEST(SimRunTest, RejectsBadOptions) {
   o.worker_token_file = "/nonexistent/spgate-token";
   EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                    HasSubstr("--worker_token_file: cannot read")));
+  // Only a rank's own share can feed the leader's window when every rank reports alone.
+  o = Small();
+  o.leader_group_rs_wait = false;
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("--group_session=false")));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@ the fail-static fallback (reason controller_unavailable), and the summary report
 consistency violation. With the daemon up, no telemetry is lost. Against a scripted
 daemon (fake_gated) that answers TP-only to every plan whose TP-only peak does not fit the
 budget, every group runs SP instead (source memory_override), the summary counts it, and
-the 4 ranks registered with the one launch credential world rank 0 made and broadcast.
+the groups' leaders (each group's one session) registered with the one launch credential
+world rank 0 made and broadcast.
 
 Usage: worker_daemon_kill_test.py --worker=BIN --spgated=BIN --mpirun=BIN --fake_gated=BIN
 """
@@ -134,20 +135,21 @@ class DaemonKilledMidRunTest(DaemonTestCase):
         # The daemon acknowledges what it has received with each heartbeat, so what was
         # written since the last acknowledged heartbeat was in flight when it died. That
         # can only be what went out before the worker saw the stream close: one record per
-        # rank per step, for the steps up to the kill plus the few (<= 3, as for the
+        # step for the group (its leader's group session; the ranks' values are reduced in
+        # the group), for the steps up to the kill plus the few (<= 3, as for the
         # decisions above) run before the stream's end was noticed. Every later record stays
         # in the client's buffer (GateClientOptions::telemetry_buffer = 4096 records, more
-        # than the 4 x 80 this run makes, so none is dropped either), is never written and
+        # than the 80 this run makes, so none is dropped either), is never written and
         # so is never lost. A worker that kept "sending" into the dead stream, or counted
         # buffered records as lost, breaks these bounds.
-        in_flight_bound = 4 * (killed_at + 3)
+        in_flight_bound = killed_at + 3
         print(f"telemetry: sent {s['telemetry_sent']}, acked {s['telemetry_acked']}, lost "
               f"{s['lost_telemetry']}; in-flight bound {in_flight_bound}", file=sys.stderr)
         self.assertLessEqual(s["telemetry_sent"], in_flight_bound, s)
         self.assertLessEqual(s["lost_telemetry"], in_flight_bound, s)
         self.assertLessEqual(s["lost_telemetry"], s["telemetry_sent"] - s["telemetry_acked"], s)
         # And the records of every step the daemon lived through were written.
-        self.assertGreaterEqual(s["telemetry_sent"], 4 * (killed_at - 3), s)
+        self.assertGreaterEqual(s["telemetry_sent"], killed_at - 3, s)
         self.assertLessEqual(s["telemetry_acked"], s["telemetry_sent"], s)
 
 def scrape(port):
@@ -166,28 +168,43 @@ class LiveDaemonTelemetryTest(DaemonTestCase):
     """With the daemon up for the whole run, no telemetry is lost, and the worker's
     count of it agrees with the daemon's own."""
 
-    def test_no_telemetry_lost(self):
-        steps = 30
-        summary = os.path.join(self.tmp, "summary.json")
+    def run_job(self, steps, job_id, *flags):
+        summary = os.path.join(self.tmp, f"{job_id}.json")
         cmd = [ARGS.mpirun, "--oversubscribe", "-np", "4", ARGS.worker, "--tp=2",
-               f"--controller=127.0.0.1:{self.port}", "--job_id=live-telemetry", *SMALL_JOB,
-               f"--steps={steps}", f"--summary_json={summary}"]
+               f"--controller=127.0.0.1:{self.port}", f"--job_id={job_id}", *SMALL_JOB,
+               f"--steps={steps}", f"--summary_json={summary}", *flags]
         r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(summary) as f:
-            s = json.load(f)
-        # 4 ranks, one record a step each, all written and all acknowledged.
-        self.assertEqual(s["telemetry_sent"], 4 * steps, s)
-        self.assertEqual(s["telemetry_acked"], 4 * steps, s)
+            return json.load(f)
+
+    def test_no_telemetry_lost(self):
+        steps = 30
+        s = self.run_job(steps, "live-telemetry")
+        # Two groups (tp=2 of 4 ranks), one record a step each from the leader's group
+        # session (the ranks' values reduced in the group), all written and acknowledged.
+        self.assertEqual(s["telemetry_sent"], 2 * steps, s)
+        self.assertEqual(s["telemetry_acked"], 2 * steps, s)
         self.assertEqual(s["lost_telemetry"], 0, s)
         text = scrape(self.metrics_port)
         self.assertEqual(metric(text, "spgate_telemetry_records_total", {"result": "accepted"}),
-                         4 * steps, "the daemon's count of accepted records")
+                         2 * steps, "the daemon's count of accepted records")
+        # The group's slowest rank is named (rank 0 or 1 of its group).
+        self.assertIn(metric(text, "spgate_slowest_rank", {"job_id": "live-telemetry", "group": "0"}),
+                      (0.0, 1.0))
         # Two TP groups (tp=2 of 4 ranks) decide every step, all from the daemon, and the
         # daemon counted the same decisions.
         decided = sum(n for reasons in s["decisions"].values() for n in reasons.values())
         self.assertEqual(decided, 2 * steps, s["decisions"])
         self.assertEqual(s["local_decisions"], 0, s)
+        # Per-rank sessions (--group_session=false): every rank's own record, none lost.
+        s = self.run_job(steps, "live-per-rank", "--group_session=false")
+        self.assertEqual(s["telemetry_sent"], 4 * steps, s)
+        self.assertEqual(s["telemetry_acked"], 4 * steps, s)
+        self.assertEqual(s["lost_telemetry"], 0, s)
+        text = scrape(self.metrics_port)
+        self.assertEqual(metric(text, "spgate_telemetry_records_total", {"result": "accepted"}),
+                         6 * steps, "both runs' records")
         daemon_decided = sum(
             float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line.startswith("spgate_decisions_total{") and 'job_id="live-telemetry"' in line)
@@ -261,10 +278,11 @@ class ScriptedDaemonMemoryTest(unittest.TestCase):
                 self.assertEqual(mode, "sp", rows)
                 if source == "memory_override":
                     self.assertEqual(reason, "memory_requires_sp", rows)
-        # registrations N memory_overrides M streams S credentials C1,...
-        self.assertEqual(stats[1], "4", stats)
+        # registrations N memory_overrides M streams S credentials C1,...: the two groups'
+        # leaders (a group session each; the other ranks do not register).
+        self.assertEqual(stats[1], "2", stats)
         credentials = stats[7].split(",")
-        self.assertEqual(len(credentials), 4, stats)
+        self.assertEqual(len(credentials), 2, stats)
         self.assertEqual(len(set(credentials)), 1, "the ranks registered with other credentials")
         self.assertRegex(credentials[0], r"^[0-9a-f]{32}$")
 
