@@ -5,9 +5,10 @@
 // the message; the semantics are the C++ ones (docs/client.md).
 //
 // Invariant: no call holds the GIL while it may wait - await_decision, flush,
-// wait_until_connected, close and GroupDecider.decide release it (decide's broadcast
-// callback takes it back only to run the Python broadcast) - so other Python threads,
-// and the other ranks' processes' progress, never stall on spgate.
+// wait_until_connected, close, GroupDecider.decide and GroupDecider.report_telemetry
+// release it (their broadcast and reduce callbacks take it back only to run the Python
+// callable) - so other Python threads, and the other ranks' processes' progress, never
+// stall on spgate.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -184,37 +185,59 @@ GateDecision AwaitDecision(Client& self, int64_t step, std::optional<double> tim
 
 // ---- the group decider ------------------------------------------------------------------
 
+// Runs a Python collective on `wire`'s bytes: callable(buf: bytearray, root), which must
+// leave buf the same size; its contents are copied back. With the GIL (taken here). A
+// Python exception becomes INTERNAL with the exception's text.
+template <typename Wire>
+absl::Status CallWithBuffer(const py::object& fn, const char* what, Wire& wire, int root) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::bytearray buf(reinterpret_cast<const char*>(&wire), sizeof(wire));
+    fn(buf, root);
+    const Py_ssize_t n = PyByteArray_Size(buf.ptr());
+    if (n != static_cast<Py_ssize_t>(sizeof(wire))) {
+      return absl::InternalError(
+          absl::StrCat(what, " left ", n, " bytes in the ", sizeof(wire), "-byte buffer"));
+    }
+    std::memcpy(&wire, PyByteArray_AsString(buf.ptr()), sizeof(wire));
+    return absl::OkStatus();
+  } catch (py::error_already_set& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
 // C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray of 24 bytes, root)
-// fills buf with the root's bytes on the other ranks. A Python exception in it becomes
-// INTERNAL with the exception's text.
+// fills buf with the root's bytes on the other ranks; and, for the leader's group session,
+// a Python max-reduce: reduce(buf: bytearray of 112 bytes = 14 little-endian float64,
+// root) leaves the element-wise maximum over the group in the root's buf. A Python
+// exception in either becomes INTERNAL with the exception's text.
 class Decider {
  public:
-  Decider(Client* client, int rank_in_group, py::object broadcast)
-      : client_(client), broadcast_(std::move(broadcast)) {
+  Decider(Client* client, int rank_in_group, py::object broadcast, py::object reduce)
+      : client_(client), broadcast_(std::move(broadcast)), reduce_(std::move(reduce)) {
     if (!PyCallable_Check(broadcast_.ptr())) {
       Raise(absl::InvalidArgumentError("broadcast must be callable(buf, root)"));
+    }
+    if (!reduce_.is_none() && !PyCallable_Check(reduce_.ptr())) {
+      Raise(absl::InvalidArgumentError("reduce must be None or callable(buf, root)"));
     }
     if (rank_in_group == 0 && (client == nullptr || client->closed())) {
       Raise(absl::InvalidArgumentError("client: the group leader (rank 0) needs an open Client"));
     }
-    auto fn = [this](client::DecisionWire& wire, int root) -> absl::Status {
-      py::gil_scoped_acquire gil;
-      try {
-        py::bytearray buf(reinterpret_cast<const char*>(&wire), sizeof(wire));
-        broadcast_(buf, root);
-        const Py_ssize_t n = PyByteArray_Size(buf.ptr());
-        if (n != static_cast<Py_ssize_t>(sizeof(wire))) {
-          return absl::InternalError(
-              absl::StrCat("broadcast left ", n, " bytes in the 24-byte buffer"));
-        }
-        std::memcpy(&wire, PyByteArray_AsString(buf.ptr()), sizeof(wire));
-        return absl::OkStatus();
-      } catch (py::error_already_set& e) {
-        return absl::InternalError(absl::StrCat("broadcast failed: ", e.what()));
-      }
+    if (client != nullptr && client->closed()) {
+      Raise(absl::InvalidArgumentError("client: the Client is closed"));
+    }
+    auto fn = [this](client::DecisionWire& wire, int root) {
+      return CallWithBuffer(broadcast_, "broadcast", wire, root);
     };
-    auto d = client::GroupDecider::Create(rank_in_group == 0 ? client->raw() : nullptr,
-                                          rank_in_group, std::move(fn));
+    client::MaxReduceFn reduce_fn;  // empty: each rank reports through its own client
+    if (!reduce_.is_none()) {
+      reduce_fn = [this](client::TelemetryWire& wire, int root) {
+        return CallWithBuffer(reduce_, "reduce", wire, root);
+      };
+    }
+    auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
+                                          rank_in_group, std::move(fn), std::move(reduce_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -243,9 +266,22 @@ class Decider {
     return *d;
   }
 
+  // Collective with a reduce (every rank, every step it reports); else the rank's own
+  // client's ReportTelemetry.
+  void ReportTelemetry(const client::StepTelemetryInput& t) {
+    if (client_ != nullptr) client_->Get("report_telemetry");  // not closed
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = decider_->ReportTelemetry(t);
+    }
+    Check(s);
+  }
+
  private:
   Client* client_;
   py::object broadcast_;
+  py::object reduce_;
   std::unique_ptr<client::GroupDecider> decider_;
 };
 
@@ -637,6 +673,8 @@ PYBIND11_MODULE(_spgate, m) {
                              [](Client& self) { return self.Get("rank_in_group").options().rank_in_group; })
       .def_property_readonly("group_size",
                              [](Client& self) { return self.Get("group_size").options().group_size; })
+      .def_property_readonly("group_session",
+                             [](Client& self) { return self.Get("group_session").options().group_session; })
       .def_property_readonly("closed", &Client::closed)
       .def("close", &Client::Close)
       .def("__enter__", [](py::object self) { return self; })
@@ -646,12 +684,14 @@ PYBIND11_MODULE(_spgate, m) {
       });
 
   py::class_<Decider>(m, "GroupDecider")
-      .def(py::init([](py::object client, int rank_in_group, py::object broadcast) {
+      .def(py::init([](py::object client, int rank_in_group, py::object broadcast,
+                       py::object reduce) {
              Client* c = client.is_none() ? nullptr : client.cast<Client*>();
-             return std::make_unique<Decider>(c, rank_in_group, std::move(broadcast));
+             return std::make_unique<Decider>(c, rank_in_group, std::move(broadcast),
+                                              std::move(reduce));
            }),
            py::arg("client"), py::arg("rank_in_group"), py::arg("broadcast"),
-           py::keep_alive<1, 2>())
+           py::arg("reduce") = py::none(), py::keep_alive<1, 2>())
       .def_property_readonly("is_leader", &Decider::is_leader)
       .def("submit_plan", &Decider::SubmitPlan, py::arg("plan"))
       .def(
@@ -661,7 +701,24 @@ PYBIND11_MODULE(_spgate, m) {
           py::arg("step"), py::arg("lengths"), py::kw_only(),
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)
-      .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none());
+      .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none())
+      .def("report_telemetry", &Decider::ReportTelemetry, py::arg("telemetry"))
+      .def(
+          "report_telemetry",
+          [](Decider& self, int64_t step, Mode mode, Reason reason, double step_time_s,
+             double rs_wait_s, double all_gather_s, double norm_stall_s,
+             int64_t effective_tokens, int64_t padding_tokens, uint64_t peak_memory_bytes) {
+            self.ReportTelemetry({.step = step, .mode = mode, .reason = reason,
+                                  .step_time_s = step_time_s, .rs_wait_s = rs_wait_s,
+                                  .all_gather_s = all_gather_s, .norm_stall_s = norm_stall_s,
+                                  .effective_tokens = effective_tokens,
+                                  .padding_tokens = padding_tokens,
+                                  .peak_memory_bytes = peak_memory_bytes});
+          },
+          py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
+          py::kw_only(), py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
+          py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
+          py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0);
 
   m.def("_cxx_step_loop", &CxxStepLoop, py::arg("client"), py::arg("first_step"),
         py::arg("warmup"), py::arg("steps"), py::arg("lengths"), py::arg("step_us"),

@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
 """A plain training loop driving spgate through its C API with ctypes (standard library
-only). One process plays one TP group of --tp ranks, each rank a thread with its own
-spgate client; the group's broadcast is an in-memory one written in Python and handed to
-libspgate_client.so as a callback — in a real trainer it would wrap
-torch.distributed.broadcast on the TP group (see docs/client.md).
+only). One process plays one TP group of --tp ranks, each rank a thread. The group has one
+session (the client option group_session, the default): only the leader (rank 0) has a
+spgate client, and the other ranks make their decider without one. The group's broadcast
+and max-reduce are in-memory ones written in Python and handed to libspgate_client.so as
+callbacks — in a real trainer they would wrap torch.distributed.broadcast and all_reduce
+(MAX) on the TP group (see docs/client.md). With --per_rank_sessions every rank has a
+client of its own (group_session "false"), and reports its own telemetry through it.
 
 Per step, as docs/design.md §4 asks: the leader submits the plan for step n+1 while step n
 "runs", every rank calls decide(n) (the leader asks the daemon, everyone receives the
-leader's answer), runs the step in that mode, logs it, and reports telemetry. The decision
-never takes longer than the deadline: without a daemon (or with --controller empty) the
-local policy decides.
+leader's answer), runs the step in that mode, logs it, and reports telemetry: every rank
+gives its record to spgate_decider_report_telemetry, which reduces the group's records
+(each value's maximum) into the leader, which sends one record for the group. The
+decision never takes longer than the deadline: without a daemon (or with --controller
+empty) the local policy decides.
 
     python3 examples/python/train_loop.py --lib build/lib/libspgate_client.so \
         --controller 127.0.0.1:50061 --tp 2 --steps 100
@@ -63,6 +68,8 @@ class Stats(ctypes.Structure):
 
 BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32,
                                 ctypes.c_void_p)
+REDUCE_MAX_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_double), ctypes.c_size_t,
+                                 ctypes.c_int32, ctypes.c_void_p)
 SP, TP_ONLY = 1, 2
 # C API options and flags of this script, named as spgate-worker's TLS flags.
 TLS_OPTIONS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
@@ -87,6 +94,10 @@ def load(path):
         "spgate_client_get_stats": (c.c_int32, [c.c_void_p, c.POINTER(Stats)]),
         "spgate_decider_create": (c.c_int32, [c.c_void_p, c.c_int32, BROADCAST_FN, c.c_void_p,
                                               c.POINTER(c.c_void_p)]),
+        "spgate_decider_create_group": (c.c_int32, [c.c_void_p, c.c_int32, BROADCAST_FN,
+                                                    REDUCE_MAX_FN, c.c_void_p,
+                                                    c.POINTER(c.c_void_p)]),
+        "spgate_decider_report_telemetry": (c.c_int32, [c.c_void_p, c.POINTER(Telemetry)]),
         "spgate_decider_destroy": (None, [c.c_void_p]),
         "spgate_decider_submit_plan": (c.c_int32, [c.c_void_p, c.c_int64, c.POINTER(c.c_int64),
                                                    c.c_size_t, c.c_uint64, c.c_uint64,
@@ -110,13 +121,16 @@ def check(lib, rc, what):
 
 
 class InMemoryBroadcast:
-    """The k-th broadcast of every rank gets the root's k-th payload (like a collective)."""
+    """The k-th broadcast of every rank gets the root's k-th payload, and the root's k-th
+    max-reduce gets the element-wise maximum of every rank's k-th (like collectives)."""
 
     def __init__(self, size):
         self.size = size
         self.cond = threading.Condition()
         self.calls = [0] * size
         self.slots = {}  # k -> [bytes, receivers left]
+        self.reduce_calls = [0] * size
+        self.reduce_slots = {}  # k -> [maxima so far, ranks arrived]
 
     def callback_for(self, rank):
         def bcast(buf, size, root, _user):
@@ -138,6 +152,27 @@ class InMemoryBroadcast:
                 return 0
         return BROADCAST_FN(bcast)
 
+    def reduce_callback_for(self, rank):
+        def reduce_max(values, count, root, _user):
+            with self.cond:
+                k = self.reduce_calls[rank]
+                self.reduce_calls[rank] += 1
+                mine = values[:count]
+                slot = self.reduce_slots.setdefault(k, [mine, 0])
+                if slot[1]:
+                    slot[0] = [max(a, b) for a, b in zip(slot[0], mine)]
+                slot[1] += 1
+                self.cond.notify_all()
+                if rank != root:
+                    return 0  # a contributor does not wait
+                if not self.cond.wait_for(lambda: self.reduce_slots[k][1] == self.size,
+                                          timeout=60):
+                    return 1
+                for i, v in enumerate(self.reduce_slots.pop(k)[0]):
+                    values[i] = v
+                return 0
+        return REDUCE_MAX_FN(reduce_max)
+
 
 def next_batch(rng, tokens_per_batch, bucketed):
     """A batch of lognormal lengths (mean ~4096); a bucketed batch has similar lengths."""
@@ -157,23 +192,33 @@ def next_batch(rng, tokens_per_batch, bucketed):
 
 def rank_main(lib, args, rank, broadcast, plans, results, errors):
     try:
-        opts = lib.spgate_options_create()
-        for key, value in (("controller", args.controller), ("job_id", args.job_id),
-                           ("incarnation", args.incarnation),
-                           ("launch_credential", args.launch_credential),
-                           ("group", "0"), ("rank_in_group", str(rank)),
-                           ("group_size", str(args.tp)), ("global_rank", str(rank)),
-                           ("decision_deadline_ms", str(args.deadline_ms)),
-                           *((name, getattr(args, name)) for name in TLS_OPTIONS
-                             if getattr(args, name))):
-            check(lib, lib.spgate_options_set(opts, key.encode(), value.encode()), "options " + key)
-        client = ctypes.c_void_p()
-        check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
-        lib.spgate_options_destroy(opts)
-        callback = broadcast.callback_for(rank)  # keep a reference while the decider lives
+        client = ctypes.c_void_p()  # NULL: a follower in the group's session has none
+        if rank == 0 or args.per_rank_sessions:
+            opts = lib.spgate_options_create()
+            for key, value in (("controller", args.controller), ("job_id", args.job_id),
+                               ("incarnation", args.incarnation),
+                               ("launch_credential", args.launch_credential),
+                               ("group", "0"), ("rank_in_group", str(rank)),
+                               ("group_size", str(args.tp)), ("global_rank", str(rank)),
+                               ("group_session", "false" if args.per_rank_sessions else "true"),
+                               ("decision_deadline_ms", str(args.deadline_ms)),
+                               *((name, getattr(args, name)) for name in TLS_OPTIONS
+                                 if getattr(args, name))):
+                check(lib, lib.spgate_options_set(opts, key.encode(), value.encode()),
+                      "options " + key)
+            check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
+            lib.spgate_options_destroy(opts)
+        # Keep references to the callbacks while the decider lives.
+        callback = broadcast.callback_for(rank)
         decider = ctypes.c_void_p()
-        check(lib, lib.spgate_decider_create(client, rank, callback, None, ctypes.byref(decider)),
-              "decider_create")
+        if args.per_rank_sessions:
+            check(lib, lib.spgate_decider_create(client, rank, callback, None,
+                                                 ctypes.byref(decider)), "decider_create")
+        else:
+            reduce_callback = broadcast.reduce_callback_for(rank)
+            check(lib, lib.spgate_decider_create_group(client, rank, callback, reduce_callback,
+                                                       None, ctypes.byref(decider)),
+                  "decider_create_group")
         if args.controller and rank == 0:
             # Not required (decisions fall back locally meanwhile); it makes the demo's
             # first steps come from the daemon.
@@ -200,15 +245,22 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
             t = Telemetry(step=step, mode=d.mode, reason=d.reason, step_time_s=step_time,
                           rs_wait_s=step_time * (0.05 if d.mode == SP else 0.0),
                           effective_tokens=sum(plans[step]))
-            check(lib, lib.spgate_client_report_telemetry(client, ctypes.byref(t)), "telemetry")
+            if args.per_rank_sessions:  # the rank's own record, through its own client
+                check(lib, lib.spgate_client_report_telemetry(client, ctypes.byref(t)),
+                      "telemetry")
+            else:  # collective: one record for the group, from the leader
+                check(lib, lib.spgate_decider_report_telemetry(decider, ctypes.byref(t)),
+                      "telemetry")
         flushed = 0
-        if args.controller:
-            flushed = lib.spgate_client_flush(client, 5000)
-        stats = Stats()
-        check(lib, lib.spgate_client_get_stats(client, ctypes.byref(stats)), "get_stats")
+        stats = None
+        if client:
+            if args.controller:
+                flushed = lib.spgate_client_flush(client, 5000)
+            stats = Stats()
+            check(lib, lib.spgate_client_get_stats(client, ctypes.byref(stats)), "get_stats")
         results[rank] = {"log": log, "stats": stats, "flushed": flushed == 0}
         lib.spgate_decider_destroy(decider)
-        lib.spgate_client_destroy(client)
+        lib.spgate_client_destroy(client)  # NULL is fine
     except Exception as e:  # reported by the main thread
         errors.append("rank %d: %s" % (rank, e))
 
@@ -234,6 +286,9 @@ def main():
     p.add_argument("--deadline_ms", type=int, default=20)
     p.add_argument("--tokens_per_batch", type=int, default=16384)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--per_rank_sessions", action="store_true",
+                   help="a client and a session per rank (group_session \"false\"), each "
+                        "rank reporting its own telemetry; default: one session for the group")
     p.add_argument("--tls_ca", default="", help="PEM roots that sign the daemon's certificate")
     p.add_argument("--tls_cert", default="", help="PEM client certificate (mTLS; needs --tls_key)")
     p.add_argument("--tls_key", default="", help="PEM private key of --tls_cert")
@@ -272,6 +327,7 @@ def main():
         decisions.setdefault(m, {}).setdefault(r, 0)
         decisions[m][r] += 1
     leader = results[0]["stats"]
+    stats = [r["stats"] for r in results if r["stats"] is not None]  # the ranks with a client
     summary = {
         "steps": args.steps,
         "decisions": decisions,
@@ -279,9 +335,10 @@ def main():
         "local_decisions": leader.local_decisions,
         "memory_overrides": leader.memory_overrides,
         "consistency_violations": violations,
-        "telemetry_sent": sum(results[r]["stats"].telemetry_sent for r in range(args.tp)),
-        "lost_telemetry": sum(results[r]["stats"].telemetry_sent - results[r]["stats"].telemetry_acked
-                              for r in range(args.tp)) if args.controller else 0,
+        "clients": len(stats),
+        "telemetry_sent": sum(s.telemetry_sent for s in stats),
+        "lost_telemetry": sum(s.telemetry_sent - s.telemetry_acked
+                              for s in stats) if args.controller else 0,
     }
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 1 if violations else 0

@@ -9,7 +9,11 @@ sequence parallel (SP) or TP-only (docs/design.md §4):
     group's gloo broadcast), logs it, and runs step n in that mode through
     spgate.torch.parallel's layers (SP chosen per forward call);
   - every rank reports its telemetry (step time, reduce-scatter and all-gather time,
-    effective tokens, peak memory); at the end rank 0 prints the summary JSON with every
+    effective tokens, peak memory) to GroupDecider.report_telemetry, which reduces the TP
+    group's records (each value's maximum over the ranks) into the leader: the leader's
+    Client holds the group's one session with spgated (group_session, the default) and
+    sends one record per step for the group, and the other ranks have no Client at all;
+    at the end rank 0 prints the summary JSON with every
     top-level key spgate-worker writes (worker/runtime/summary.cc) and its rules - those
     whose quantity this example does not have (device allocations on CPU, predicted
     memory, norm-boundary stalls) are present but empty (docs/pytorch.md).
@@ -204,14 +208,18 @@ def run_rank(rank, world, args, port):
     # parameter bytes), plus the activations autograd keeps for backward (measured).
     state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
-    client = spgate.Client(controller=args.controller, job_id=args.job_id,
-                           incarnation=launch.incarnation if launch else args.incarnation,
-                           launch_credential=launch.launch_credential if launch else "",
-                           group=group,
-                           rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
-                           decision_deadline=args.decision_deadline_ms / 1000.0,
-                           seed=args.seed + rank, tls=tls_options(args),
-                           worker_token=args.worker_token)
+    # One session per TP group: only its leader has a Client; the other ranks' telemetry
+    # reaches it through the decider's reduction.
+    client = None
+    if tp_rank == 0:
+        client = spgate.Client(controller=args.controller, job_id=args.job_id,
+                               incarnation=launch.incarnation if launch else args.incarnation,
+                               launch_credential=launch.launch_credential if launch else "",
+                               group=group,
+                               rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
+                               decision_deadline=args.decision_deadline_ms / 1000.0,
+                               seed=args.seed + rank, tls=tls_options(args),
+                               worker_token=args.worker_token)
     if args.controller and tp_rank == 0:
         try:  # not required (decisions fall back meanwhile); the first steps then come from the daemon
             client.wait_until_connected(5.0)
@@ -262,14 +270,11 @@ def run_rank(rank, world, args, port):
         times = tp.timer.totals()
         group_loss = float(tp.all_reduce(loss.detach()) if batch.sequence_parallel else loss)
         peak = state_bytes + saved.bytes
-        if batch.sequence_parallel and tp_size > 1:
-            # The group's wait share is the max over its ranks (docs/design.md §2): hand it to the
-            # leader's fail-static fallback, which otherwise only sees its own rank's.
-            share = torch.tensor([times["reduce_scatter"] / step_time])
-            dist.all_reduce(share, op=dist.ReduceOp.MAX, group=tp_pg)
-            if tp_rank == 0:
-                client.observe_group_rs_wait_share(step, d.mode, float(share))
-        client.report_telemetry(spgate.StepTelemetry(
+        # Every rank, every step (a collective over the TP group): the leader sends the
+        # group's record - each value the max over its ranks, the slowest rank named - and
+        # hands the group's reduce-scatter wait share (the max over its ranks, docs/design.md
+        # §2) to its fail-static fallback, which otherwise only sees its own rank's.
+        decider.report_telemetry(spgate.StepTelemetry(
             step=step, mode=d.mode, reason=d.reason, step_time_s=step_time,
             rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
             effective_tokens=batch.tokens, padding_tokens=batch.padding_tokens,
@@ -286,19 +291,24 @@ def run_rank(rank, world, args, port):
     if log_file:
         log_file.close()
     flushed = True
-    if args.controller:
-        try:
-            client.flush(10.0)
-        except spgate.Error:
-            flushed = False
-    s = client.stats()
-    counters = {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
-                "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
-                "late_decisions": s.late_decisions, "memory_overrides": s.memory_overrides,
-                "flushed": flushed}
+    counters = {"telemetry_sent": 0, "telemetry_acked": 0, "local_decisions": 0,
+                "daemon_decisions": 0, "late_decisions": 0, "memory_overrides": 0,
+                "flushed": True}  # a follower: no client, its records went to the leader
+    if client is not None:
+        if args.controller:
+            try:
+                client.flush(10.0)
+            except spgate.Error:
+                flushed = False
+        s = client.stats()
+        counters = {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
+                    "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
+                    "late_decisions": s.late_decisions, "memory_overrides": s.memory_overrides,
+                    "flushed": flushed}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
-    client.close()
+    if client is not None:
+        client.close()
     summary = None
     if rank == 0:
         summary = summarize(args, world, gathered)

@@ -206,6 +206,12 @@ _TlsOptions = Union[Mapping[str, Optional[str]], Any]
 class Client:
     """GateClient: one rank's session with spgated. Times are in seconds.
 
+    With `group_session` (the default) the session of the TP group's leader
+    (rank_in_group 0) speaks for the whole group: with a controller, the other ranks create
+    no Client (a Client for rank_in_group != 0 is refused) and give their telemetry to
+    GroupDecider.report_telemetry, which reduces it into the leader. group_session=False:
+    every rank has a session of its own and reports its own records.
+
     With a controller, `incarnation` names this launch of the job and must be the same on
     every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...), and
     `launch_credential` is the launch's secret, also the same on every rank ("" reads
@@ -217,7 +223,8 @@ class Client:
     def __init__(self, *, job_id: str, controller: str = "", incarnation: str = "",
                  launch_credential: str = "", worker_token: str = "", group: int = 0,
                  rank_in_group: int = 0, group_size: int = 1, global_rank: int = 0,
-                 host: str = "", memory_budget_bytes: int = 0, decision_deadline: float = 0.02,
+                 group_session: bool = True, host: str = "", memory_budget_bytes: int = 0,
+                 decision_deadline: float = 0.02,
                  rpc_timeout: float = 2.0, initial_backoff: float = 0.1,
                  max_backoff: float = 5.0, telemetry_buffer: int = 4096, seed: int = 0,
                  tls: Optional[_TlsOptions] = None) -> None: ...
@@ -248,6 +255,8 @@ class Client:
     @property
     def group_size(self) -> int: ...
     @property
+    def group_session(self) -> bool: ...
+    @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
     def __enter__(self) -> "Client": ...
@@ -256,9 +265,18 @@ class Client:
 
 class GroupDecider:
     """The C++ GroupDecider over a Python broadcast(buf: bytearray, root: int) that fills
-    buf with the root's 24 bytes on the other ranks (spgate.torch.GroupDecider wraps it)."""
+    buf with the root's 24 bytes on the other ranks, and for the leader's group session a
+    Python reduce(buf: bytearray, root: int) that leaves in the root's buf (112 bytes: 14
+    little-endian float64) the element-wise maximum of every rank's buf
+    (spgate.torch.GroupDecider wraps it).
+
+    `client`: required on rank 0; None elsewhere in a group session; each rank's own
+    Client with per-rank sessions (group_session=False), and then no `reduce`. `reduce`
+    is required on every rank when the leader's Client has group_session, group_size > 1
+    and a controller."""
     def __init__(self, client: Optional[Client], rank_in_group: int,
-                 broadcast: Callable[[bytearray, int], None]) -> None: ...
+                 broadcast: Callable[[bytearray, int], None],
+                 reduce: Optional[Callable[[bytearray, int], None]] = None) -> None: ...
     @property
     def is_leader(self) -> bool: ...
     @overload
@@ -268,6 +286,16 @@ class GroupDecider:
                     predicted_peak_bytes_sp: int = 0, predicted_peak_bytes_tp: int = 0,
                     memory_budget_bytes: int = 0) -> None: ...
     def decide(self, step: int, timeout: Optional[float] = None) -> GateDecision: ...
+    # This rank's own record of a step it ran. With `reduce` a collective (every rank, every
+    # step it reports, in the same order): the leader sends one record for the group.
+    # Without: the rank's own Client's report_telemetry.
+    @overload
+    def report_telemetry(self, telemetry: StepTelemetry) -> None: ...
+    @overload
+    def report_telemetry(self, step: int, mode: Mode, reason: Reason, step_time_s: float, *,
+                         rs_wait_s: float = 0.0, all_gather_s: float = 0.0,
+                         norm_stall_s: float = 0.0, effective_tokens: int = 0,
+                         padding_tokens: int = 0, peak_memory_bytes: int = 0) -> None: ...
 
 
 def wire_failure(step: int, code: int) -> bytes: ...

@@ -1,8 +1,10 @@
 """The spgate Python package (spgate._spgate over the C++ client): every call, every error
 path (exception class, status code, the argument named in the message), context-manager
-close, the 24-byte wire, a live spgated on loopback (daemon decisions, telemetry
-acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with generated
-certificates, the worker token of a daemon run with --worker_token_file, a missing
+close, the 24-byte wire, the group's telemetry reduced into the leader over a Python
+reduce (112 bytes) or each rank's own client (group_session=False), a follower's client
+refused with a controller in a group session, a live spgated on loopback (daemon
+decisions, telemetry acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with
+generated certificates, the worker token of a daemon run with --worker_token_file, a missing
 incarnation or launch credential named in the error, the type stubs against the module
 (by introspection), the enums' int behaviour, the GIL released while await_decision,
 wait_until_connected and flush wait, and - against a scripted daemon (fake_gated) - a
@@ -15,6 +17,7 @@ Run: PYTHONPATH=build/python SPGATED=build/bin/spgated FAKE_GATED=build/tests/fa
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -288,6 +291,15 @@ class LocalClientTest(SpgateTestCase):
                     spgate.Client(job_id="x", **kwargs)
         with self.assertRaisesCode(E, 3, "job_id"):
             spgate.Client(job_id="", controller="127.0.0.1:1")
+        # With a controller and group_session (the default) a follower has no client: the
+        # leader's session speaks for the group.
+        follower = dict(job_id="x", controller="127.0.0.1:1", incarnation="launch-1",
+                        launch_credential="0123456789abcdef0123456789abcdef", group_size=2,
+                        rank_in_group=1)
+        with self.assertRaisesCode(E, 3, "rank_in_group 1: with group_session"):
+            spgate.Client(**follower)
+        with spgate.Client(group_session=False, **follower) as c:  # a session per rank
+            self.assertFalse(c.group_session)
         with self.assertRaises(ValueError):  # InvalidArgumentError is a ValueError too
             spgate.Client(job_id="x", group_size=0)
         with self.assertRaisesRegex(TypeError, "job_id"):
@@ -328,8 +340,9 @@ class LocalClientTest(SpgateTestCase):
         c.close()
 
     def test_non_leader(self):
-        c = spgate.Client(job_id="x", rank_in_group=1, group_size=2)
+        c = spgate.Client(job_id="x", rank_in_group=1, group_size=2)  # no controller: allowed
         self.assertFalse(c.is_leader)
+        self.assertTrue(c.group_session)
         with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "only the group leader"):
             c.submit_plan(0, UNIFORM)
         with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "non-leaders"):
@@ -559,9 +572,15 @@ class ScriptedDaemonTest(SpgateTestCase):
                 c.flush(timeout=5.0)
 
 
+def unpack_wire(buf):
+    """The 14 little-endian float64 of a 112-byte telemetry wire."""
+    return list(struct.unpack("<14d", bytes(buf)))
+
+
 class NativeGroupDeciderTest(SpgateTestCase):
-    """spgate.GroupDecider (the C++ decider over a Python broadcast callback) without
-    torch: its error paths. spgate.torch.GroupDecider is this plus torch.distributed."""
+    """spgate.GroupDecider (the C++ decider over Python broadcast and reduce callbacks)
+    without torch: its error paths, and the group's telemetry reduced into the leader.
+    spgate.torch.GroupDecider is this plus torch.distributed."""
 
     def test_construction_errors(self):
         c = spgate.Client(job_id="x")
@@ -574,9 +593,94 @@ class NativeGroupDeciderTest(SpgateTestCase):
         other = spgate.Client(job_id="x", rank_in_group=1, group_size=2)
         with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "created for rank 1"):
             spgate.GroupDecider(other, 0, lambda buf, root: None)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "reduce"):
+            spgate.GroupDecider(c, 0, lambda buf, root: None, "not callable")
         c.close()
         with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "open Client"):
             spgate.GroupDecider(c, 0, lambda buf, root: None)
+        other.close()
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "closed"):
+            spgate.GroupDecider(other, 1, lambda buf, root: None)
+
+    def test_a_group_session_needs_the_reduce(self):
+        args = dict(job_id="x", controller="127.0.0.1:1", incarnation="launch-1",
+                    launch_credential="0123456789abcdef0123456789abcdef", group_size=2)
+        bcast, reduce = (lambda buf, root: None), (lambda buf, root: None)
+        with spgate.Client(**args) as c:
+            self.assertTrue(c.group_session)
+            with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "max-reduce"):
+                spgate.GroupDecider(c, 0, bcast)
+            spgate.GroupDecider(c, 0, bcast, reduce)
+        with spgate.Client(group_session=False, **args) as c:
+            with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "group_session=false"):
+                spgate.GroupDecider(c, 0, bcast, reduce)
+            spgate.GroupDecider(c, 0, bcast)
+
+    def test_the_leader_reports_the_groups_maximum(self):
+        """Two ranks in one thread: the follower's reduce (a contributor) hands its 112
+        bytes over; the leader's reduce takes the element-wise maximum into its buffer, and
+        its client queues one record for the group."""
+        c = spgate.Client(job_id="x", group_size=2)
+        contributed, seen = [], []
+
+        def follower_reduce(buf, root):
+            self.assertEqual((len(buf), root), (112, 0))
+            contributed.append(unpack_wire(buf))
+
+        def leader_reduce(buf, root):
+            seen.append(unpack_wire(buf))
+            buf[:] = struct.pack("<14d", *map(max, unpack_wire(buf), contributed.pop(0)))
+        leader = spgate.GroupDecider(c, 0, lambda buf, root: None, leader_reduce)
+        follower = spgate.GroupDecider(None, 1, lambda buf, root: None, follower_reduce)
+        sp, ok = Mode.SEQUENCE_PARALLEL, Reason.GATES_PASSED
+        follower.report_telemetry(spgate.StepTelemetry(step=3, mode=sp, reason=ok,
+                                                       step_time_s=0.5, peak_memory_bytes=7))
+        leader.report_telemetry(step=3, mode=sp, reason=ok, step_time_s=0.2,
+                                peak_memory_bytes=9)
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0][0], 3.0)  # the step comes first
+        self.assertEqual(c.stats().telemetry_reported, 1)
+        # Ranks that ran different modes: the leader refuses the group's record.
+        follower.report_telemetry(spgate.StepTelemetry(
+            step=4, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV, step_time_s=0.5))
+        with self.assertRaisesCode(spgate.Error, 13, "different modes"):
+            leader.report_telemetry(step=4, mode=sp, reason=ok, step_time_s=0.2)
+        # A refused record still takes part in the reduction: both raise.
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "step_time"):
+            follower.report_telemetry(step=5, mode=sp, reason=ok, step_time_s=0.0)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "was refused"):
+            leader.report_telemetry(step=5, mode=sp, reason=ok, step_time_s=0.2)
+        self.assertEqual(c.stats().telemetry_reported, 1)
+        self.assertEqual(contributed, [])
+        c.close()
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
+            leader.report_telemetry(step=6, mode=sp, reason=ok, step_time_s=0.2)
+
+    def test_reduce_failures_raise_internal(self):
+        c = spgate.Client(job_id="x", group_size=2)
+        t = spgate.StepTelemetry(step=0, mode=Mode.SEQUENCE_PARALLEL,
+                                 reason=Reason.GATES_PASSED, step_time_s=0.1)
+
+        def boom(buf, root):
+            raise RuntimeError("boom")
+        with self.assertRaisesCode(spgate.Error, 13, "reduce failed.*boom"):
+            spgate.GroupDecider(c, 0, lambda buf, root: None, boom).report_telemetry(t)
+        with self.assertRaisesCode(spgate.Error, 13, "112-byte"):
+            spgate.GroupDecider(c, 0, lambda buf, root: None,
+                                lambda buf, root: buf.clear()).report_telemetry(t)
+        self.assertEqual(c.stats().telemetry_reported, 0)
+        c.close()
+
+    def test_per_rank_sessions_report_through_each_ranks_client(self):
+        t = spgate.StepTelemetry(step=0, mode=Mode.SEQUENCE_PARALLEL,
+                                 reason=Reason.GATES_PASSED, step_time_s=0.1)
+        own = spgate.Client(job_id="x", rank_in_group=1, group_size=2, group_session=False)
+        spgate.GroupDecider(own, 1, lambda buf, root: None).report_telemetry(t)
+        self.assertEqual(own.stats().telemetry_reported, 1)
+        own.close()
+        # Neither the group's reduce nor a client of its own: nothing to report with.
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "neither"):
+            spgate.GroupDecider(None, 1, lambda buf, root: None).report_telemetry(t)
 
     def test_leader_broadcasts_what_it_decided(self):
         sent = []

@@ -1,12 +1,17 @@
 """spgate.torch.GroupDecider over gloo (2 and 4 processes, loopback): every rank gets the
 leader's decision for every step; a leader that cannot decide broadcasts its error so
-every rank raises the same code (and the group goes on with the next step); bad
-construction names the argument; with a live spgated killed (SIGKILL) mid-run, a group of
-4 ranks switches to the same fail-static decisions (CONTROLLER_UNAVAILABLE), step for
-step. (The leader's deadline is 1 s: a live daemon always answers in time, and a dead one
-ends the wait at once, when its stream breaks.) spgate.torch.agree_on_launch: every rank
-gets world rank 0's incarnation and credential, whatever its own environment says, and a
-new launch gets a new credential.
+every rank raises the same code (and the group goes on with the next step); every rank's
+telemetry reaches the leader's client as one record a step (group session), or each
+rank's own client (group_session=False); bad construction names the argument, and a
+follower whose client disagrees with the leader's on group_session is refused; with a
+live spgated killed (SIGKILL) mid-run, a group of 4 ranks - a client on the leader only -
+switches to the same fail-static decisions (CONTROLLER_UNAVAILABLE), step for step. (The
+leader's deadline is 1 s: a live daemon always answers in time, and a dead one ends the
+wait at once, when its stream breaks.) One group session against a live spgated: the
+daemon accepts one telemetry record per step for a group of 4, not one per rank, and its
+GroupStatus names the slowest rank and the rank with the highest peak memory.
+spgate.torch.agree_on_launch: every rank gets world rank 0's incarnation and credential,
+whatever its own environment says, and a new launch gets a new credential.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/group_decider_test.py
 """
@@ -28,6 +33,8 @@ from dist_util import run_ranks  # noqa: E402
 
 UNIFORM = [512] * 4
 MIXED = [64, 1024, 128, 700]
+GIB = 1 << 30
+TOOLS_DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "demo")
 
 
 def lengths_for(step):
@@ -39,20 +46,75 @@ def record(d):
             d.config_version)
 
 
+def rank_telemetry(rank, d):
+    """Rank `rank`'s own record of step d.step: rank 2 is the slowest, rank 1 has the
+    highest peak memory (within the group's size: rank % world)."""
+    return spgate.StepTelemetry(
+        step=d.step, mode=d.mode, reason=d.reason,
+        step_time_s=0.5 if rank == 2 else 0.1 + 0.01 * rank,
+        rs_wait_s=0.001, all_gather_s=0.002, effective_tokens=sum(lengths_for(d.step)),
+        peak_memory_bytes=(70 if rank == 1 else 40 + rank) * GIB)
+
+
 def local_rank(rank, world, steps):
     import torch.distributed as dist
     from spgate.torch import GroupDecider
+    # Local-only clients (no controller): a follower may have one; the leader's group
+    # session still takes the group's telemetry.
     client = spgate.Client(job_id="gd-local", rank_in_group=rank, group_size=world)
     decider = GroupDecider(client, dist.group.WORLD)
-    out = {"is_leader": decider.is_leader, "log": [], "errors": []}
+    out = {"is_leader": decider.is_leader, "log": [], "errors": [],
+           "group_session": decider.group_session}
     decider.submit_plan(0, lengths_for(0))
     for step in range(steps):
         if step + 1 < steps and step + 1 != 5:  # no plan for step 5: the leader fails
             decider.submit_plan(spgate.BatchPlan(step=step + 1, lengths=lengths_for(step + 1)))
         try:
-            out["log"].append(record(decider.decide(step)))
+            d = decider.decide(step)
         except spgate.Error as e:
             out["errors"].append((step, e.code, type(e).__name__))
+            continue
+        out["log"].append(record(d))
+        if step % 2:
+            decider.report_telemetry(rank_telemetry(rank, d))
+        else:
+            t = rank_telemetry(rank, d)
+            decider.report_telemetry(step=t.step, mode=t.mode, reason=t.reason,
+                                     step_time_s=t.step_time_s,
+                                     peak_memory_bytes=t.peak_memory_bytes)
+    out["telemetry_reported"] = client.stats().telemetry_reported
+    # A rank whose record is refused still takes part: it and the leader raise, the
+    # others return, and the group goes on.
+    d = spgate.GateDecision(step=steps - 1, mode=spgate.Mode.SEQUENCE_PARALLEL,
+                            reason=spgate.Reason.GATES_PASSED)
+    t = rank_telemetry(rank, d)
+    if rank == world - 1:
+        t.step_time_s = -1.0
+    try:
+        decider.report_telemetry(t)
+        out["refused"] = None
+    except spgate.InvalidArgumentError as e:
+        out["refused"] = str(e)
+    out["telemetry_reported_after_refusal"] = client.stats().telemetry_reported
+    # Per-rank sessions: every rank's own client takes its own records, no reduction.
+    own = spgate.Client(job_id="gd-local", rank_in_group=rank, group_size=world,
+                        group_session=False)
+    per_rank = GroupDecider(own, dist.group.WORLD)
+    out["per_rank_group_session"] = per_rank.group_session
+    for step in range(3):
+        per_rank.submit_plan(step, UNIFORM)
+        per_rank.report_telemetry(rank_telemetry(rank, per_rank.decide(step)))
+    out["per_rank_reported"] = own.stats().telemetry_reported
+    own.close()
+    # A follower whose client disagrees with the leader's on group_session.
+    mixed = spgate.Client(job_id="gd-local", rank_in_group=rank, group_size=world,
+                          group_session=(rank == 0))
+    try:
+        GroupDecider(mixed, dist.group.WORLD)
+        out["mixed"] = None
+    except spgate.InvalidArgumentError as e:
+        out["mixed"] = str(e)
+    mixed.close()
     # Construction errors.
     try:
         GroupDecider(spgate.Client(job_id="x", rank_in_group=(rank + 1) % world,
@@ -76,9 +138,10 @@ def local_rank(rank, world, steps):
 def daemon_rank(rank, world, address, progress_path, steps):
     import torch.distributed as dist
     from spgate.torch import GroupDecider
-    client = spgate.Client(controller=address, job_id="gd-kill", rank_in_group=rank,
-                           group_size=world, global_rank=rank, decision_deadline=1.0)
+    client = None  # one session for the group: the leader's
     if rank == 0:
+        client = spgate.Client(controller=address, job_id="gd-kill", rank_in_group=rank,
+                               group_size=world, global_rank=rank, decision_deadline=1.0)
         client.wait_until_connected(10)
     dist.barrier()
     decider = GroupDecider(client, dist.group.WORLD)
@@ -93,8 +156,60 @@ def daemon_rank(rank, world, address, progress_path, steps):
             with open(progress_path, "a") as f:
                 f.write(f"{step}\n")
         time.sleep(0.02)  # the step
-    client.close()
+        decider.report_telemetry(rank_telemetry(rank, d))
+    if client is not None:
+        client.close()
     return log
+
+
+def session_rank(rank, world, address, admin_address, steps):
+    import torch.distributed as dist
+    from spgate.torch import GroupDecider
+    out = {}
+    client = None
+    if rank == 0:
+        client = spgate.Client(controller=address, job_id="gd-session", rank_in_group=0,
+                               group_size=world, global_rank=0, decision_deadline=2.0)
+        client.wait_until_connected(10)
+    else:
+        try:  # with a controller, only the leader may have a client
+            spgate.Client(controller=address, job_id="gd-session", rank_in_group=rank,
+                          group_size=world, global_rank=rank)
+        except spgate.InvalidArgumentError as e:
+            out["follower_client"] = str(e)
+    decider = GroupDecider(client, dist.group.WORLD)
+    out["log"] = []
+    decider.submit_plan(0, lengths_for(0))
+    for step in range(steps):
+        if step + 1 < steps:
+            decider.submit_plan(step + 1, lengths_for(step + 1))
+        d = decider.decide(step)
+        out["log"].append(record(d))
+        decider.report_telemetry(rank_telemetry(rank, d))
+    if rank == 0:
+        client.flush(10.0)
+        s = client.stats()
+        out["stats"] = (s.telemetry_reported, s.telemetry_sent, s.telemetry_acked)
+        # The daemon's view of the group, over the admin API (server reflection).
+        sys.path.insert(0, TOOLS_DEMO)
+        import spgate_reflect as sr
+        admin = sr.connect(admin_address, "spgate.v1.AdminService")
+        deadline = time.monotonic() + 10
+        while True:
+            job = admin.call("GetJob", job_id="gd-session")
+            g = job.groups[0]
+            if g.last_step == steps - 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        out["group"] = {"group_session": g.group_session, "group_size": g.group_size,
+                        "ranks_active": g.ranks_active, "last_step": g.last_step,
+                        "slowest_rank": g.slowest_rank,
+                        "slowest_step_time_s": g.slowest_step_time_s,
+                        "peak_memory_rank": g.peak_memory_rank}
+        out["peak_memory_bytes"] = max(m.peak_memory_bytes for m in job.mode_stats)
+        admin.channel.close()
+        client.close()
+    return out
 
 
 def launch_rank(rank, world):
@@ -140,12 +255,66 @@ class GroupDeciderTest(unittest.TestCase):
             self.assertIn("rank_in_group", r["bad_rank"])
             self.assertIn("group_size", r["bad_size"])
         self.assertIn("client", leader["no_client"])
+        # One group record a step reached the leader's client; the followers' none.
+        self.assertTrue(all(r["group_session"] for r in results))
+        self.assertEqual(leader["telemetry_reported"], steps - 1)
+        for r in results[1:]:
+            self.assertEqual(r["telemetry_reported"], 0)
+        # The refused record: its rank and the leader raise, nothing more was queued.
+        self.assertIn("step_time_s", results[-1]["refused"])
+        self.assertIn("refused", leader["refused"])
+        for r in results[1:-1]:
+            self.assertIsNone(r["refused"])
+        self.assertEqual(leader["telemetry_reported_after_refusal"], steps - 1)
+        # Per-rank sessions: every rank's own records in its own client.
+        for r in results:
+            self.assertFalse(r["per_rank_group_session"])
+            self.assertEqual(r["per_rank_reported"], 3)
+        # group_session must agree with the leader's.
+        self.assertIsNone(leader["mixed"])
+        for r in results[1:]:
+            self.assertIn("group_session", r["mixed"])
 
     def test_local_2_ranks(self):
         self.check_local(2)
 
     def test_local_4_ranks(self):
         self.check_local(4)
+
+    def test_group_session_sends_one_record_per_step(self):
+        daemon = Daemon()
+        steps, world = 10, 4
+        try:
+            results = run_ranks(world, session_rank, daemon.address,
+                                f"127.0.0.1:{daemon.admin_port}", steps)
+            metrics = daemon.metrics()
+        finally:
+            daemon.stop()
+        leader = results[0]
+        for rank, r in enumerate(results[1:], start=1):
+            self.assertIn("group_session", r["follower_client"])
+            self.assertEqual(r["log"], leader["log"], f"rank {rank} got other decisions")
+        daemon_src = int(spgate.DecisionSource.DAEMON)
+        self.assertEqual([src for _, _, _, _, src, _ in leader["log"]], [daemon_src] * steps)
+        # One record a step for the group, not one per rank: the leader's client and the
+        # daemon agree.
+        self.assertEqual(leader["stats"], (steps, steps, steps))
+        accepted = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                    if line.startswith('spgate_telemetry_records_total{result="accepted"}')]
+        self.assertEqual(accepted, [steps], "spgate_telemetry_records_total{accepted}")
+        slowest = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("spgate_slowest_rank{")
+                   and 'job_id="gd-session"' in line]
+        self.assertEqual(slowest, [2])
+        # The group's record: the slowest rank and its time, the highest peak and its rank.
+        g = leader["group"]
+        self.assertTrue(g["group_session"])
+        self.assertEqual((g["group_size"], g["ranks_active"]), (world, world))
+        self.assertEqual(g["last_step"], steps - 1)
+        self.assertEqual(g["slowest_rank"], 2)
+        self.assertAlmostEqual(g["slowest_step_time_s"], 0.5, places=9)
+        self.assertEqual(g["peak_memory_rank"], 1)
+        self.assertEqual(leader["peak_memory_bytes"], 70 * GIB)
 
     def test_daemon_killed_mid_run(self):
         daemon = Daemon()

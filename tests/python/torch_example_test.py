@@ -116,7 +116,9 @@ class TorchExampleTest(unittest.TestCase):
         self.assertEqual(sum(n for r in s["decisions"].values() for n in r.values()), 2 * STEPS)
         self.assertEqual(s["consistency_violations"], 0)
         self.assertEqual(s["lost_telemetry"], 0)
-        self.assertEqual(s["telemetry_acked"], 4 * STEPS)
+        # One group session per TP group: one record a step for each of the 2 groups (the
+        # group's, reduced in it), not one per rank.
+        self.assertEqual(s["telemetry_acked"], 2 * STEPS)
         self.assertEqual(s["local_decisions"], 0)
         self.assertEqual(s["memory_overrides"], 0)
         self.assertEqual(s["decision_sources"], {"daemon": 2 * STEPS})
@@ -127,6 +129,9 @@ class TorchExampleTest(unittest.TestCase):
         self.assertLess(s["loss_last"], s["loss_first"], "the model did not learn")
         # The daemon's own counters match the summary.
         self.assertEqual(self.daemon.decisions_total("torch-e2e"), s["decisions"])
+        accepted = [float(line.rsplit(" ", 1)[1]) for line in self.daemon.metrics().splitlines()
+                    if line.startswith('spgate_telemetry_records_total{result="accepted"}')]
+        self.assertEqual(accepted, [2 * STEPS])
         # Every rank of a TP group ran the same mode at every step (ranks 0,1 and 2,3).
         logs = []
         for r in range(4):
@@ -263,7 +268,7 @@ class TorchExampleSecurityTest(unittest.TestCase):
         s, _ = self.train("torch-tok", f"--worker_token_file={self.p('token')}")
         self.assertEqual(s["decision_sources"], {"daemon": 3})
         self.assertEqual((s["local_decisions"], s["lost_telemetry"], s["telemetry_acked"]),
-                         (0, 0, 6))
+                         (0, 0, 3))  # one group session: a record a step
         self.assertEqual(sum(n for r in self.daemon.decisions_total("torch-tok").values()
                              for n in r.values()), 3)
 

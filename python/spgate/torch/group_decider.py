@@ -10,18 +10,35 @@ every rank raises the same spgate.Error instead of one rank waiting alone in the
 broadcast. On gloo the 24 bytes travel in a CPU tensor, on NCCL in a device tensor on the
 current CUDA device. The GIL is released while the leader waits.
 
-Invariant: decide(step) is a collective - every rank of the group calls it for every
-step, in the same order.
+One session per TP group (the Client option group_session, the default): only the
+leader has a Client, and every rank gives its own step telemetry to report_telemetry,
+which takes the element-wise maximum of the group's records (a float64 tensor of 14,
+dist.all_reduce with MAX over the group; on NCCL a device tensor, like the broadcast) into
+the leader, which sends one record per step for the group, with the slowest rank and the
+rank of the highest peak memory. With group_session=False every rank has a Client and a
+session of its own, and report_telemetry sends the rank's own record through it.
+
+Invariant: decide(step) and, in a group session, report_telemetry(...) are collectives -
+every rank of the group calls them for every step, in the same order. So is the
+construction: the leader tells the group whether its Client holds the group's session.
 
 Usage:
     launch = spgate.torch.agree_on_launch()          # every rank, once (launch.py)
-    client = spgate.Client(controller=addr, job_id="llama", incarnation=launch.incarnation,
-                           launch_credential=launch.launch_credential, group=g,
-                           rank_in_group=r, group_size=t, global_rank=dist.get_rank())
+    client = None                                    # followers: no client
+    if r == 0:
+        client = spgate.Client(controller=addr, job_id="llama",
+                               incarnation=launch.incarnation,
+                               launch_credential=launch.launch_credential, group=g,
+                               rank_in_group=0, group_size=t, global_rank=dist.get_rank())
     decider = spgate.torch.GroupDecider(client, tp_group)
     decider.submit_plan(step + 1, next_lengths)      # leader only; no-op elsewhere
     d = decider.decide(step)                         # every rank
     y = block(x, PackedBatch.make(lengths, tp, d.mode))
+    decider.report_telemetry(step=step, mode=d.mode, reason=d.reason,
+                             step_time_s=t_step, rs_wait_s=t_rs, ...)   # every rank
+
+Per-rank sessions: every rank creates its Client with group_session=False (and its own
+rank_in_group) and passes it; report_telemetry then needs no collective.
 """
 from __future__ import annotations
 
@@ -33,6 +50,7 @@ import torch.distributed as dist
 import spgate
 
 WIRE_BYTES = 24
+TELEMETRY_WIRE_DOUBLES = 14  # the in-group telemetry payload: 112 bytes
 
 
 def _global_rank(group, group_rank: int) -> int:
@@ -68,10 +86,41 @@ def _make_broadcast(group, device: torch.device):
     return broadcast
 
 
+def _make_reduce(group, device: torch.device):
+    def reduce(buf: bytearray, root: int) -> None:
+        # Called by the C++ decider on the calling thread, with the GIL held. An all-reduce
+        # (every rank ends with the maximum; only the root's is read).
+        host = torch.frombuffer(buf, dtype=torch.float64)  # 14 values, shares buf's memory
+        if host.numel() != TELEMETRY_WIRE_DOUBLES:
+            raise ValueError("reduce: expected %d doubles, got %d"
+                             % (TELEMETRY_WIRE_DOUBLES, host.numel()))
+        if device.type == "cpu":
+            dist.all_reduce(host, op=dist.ReduceOp.MAX, group=group)
+            return
+        dev = host.to(device)
+        dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=group)
+        host.copy_(dev.cpu())
+    return reduce
+
+
+def _leaders_flag(flag: bool, group, device: torch.device) -> bool:
+    """The group's rank 0's `flag`, on every rank (a broadcast over the group)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.uint8)
+    src = _global_rank(group, 0)
+    if device.type == "cpu":
+        dist.broadcast(t, src=src, group=group)
+        return bool(t.item())
+    dev = t.to(device)
+    dist.broadcast(dev, src=src, group=group)
+    return bool(dev.cpu().item())
+
+
 class GroupDecider:
     """See the module docstring. `client` is required on the group's rank 0 (its
-    rank_in_group must be 0) and optional elsewhere (every rank still reports its own
-    telemetry through its own Client)."""
+    rank_in_group must be 0). Elsewhere: None when the leader's Client holds the group's
+    session (group_session, the default); with per-rank sessions (group_session=False on
+    every rank) each rank's own Client, through which report_telemetry sends its records.
+    Construction is a collective over the group."""
 
     def __init__(self, client: Optional["spgate.Client"], process_group=None,
                  device: Optional[torch.device] = None):
@@ -92,6 +141,8 @@ class GroupDecider:
             raise _invalid(
                 "client: created for group_size %d but the process group has %d ranks"
                 % (client.group_size, self.size))
+        if self.rank == 0 and (client is None or client.closed):
+            raise _invalid("client: the group leader (rank 0) needs an open Client")
         self._root = _global_rank(process_group, 0)
         backend = str(dist.get_backend(process_group))
         if device is None:
@@ -99,10 +150,21 @@ class GroupDecider:
                       if backend == "nccl" else torch.device("cpu"))
         self.device = torch.device(device)
         self.client = client
-        # The callback holds the group and device, not self: no reference cycle through
+        # Whether the group reduces its telemetry into the leader: the leader's Client says
+        # (its group session), and every rank must agree, or report_telemetry would wait in
+        # a reduction that some ranks never join.
+        self.group_session = _leaders_flag(client.group_session if self.rank == 0 else False,
+                                           process_group, self.device)
+        if self.rank != 0 and client is not None and client.group_session != self.group_session:
+            raise _invalid(
+                "client: created with group_session=%s but the group's leader's Client has "
+                "group_session=%s: every rank of a group sets the same"
+                % (client.group_session, self.group_session))
+        # The callbacks hold the group and device, not self: no reference cycle through
         # the native object (which the garbage collector cannot see into).
+        reduce = _make_reduce(process_group, self.device) if self.group_session else None
         self._native = spgate.GroupDecider(client, self.rank,
-                                           _make_broadcast(process_group, self.device))
+                                           _make_broadcast(process_group, self.device), reduce)
 
     @property
     def is_leader(self) -> bool:
@@ -122,3 +184,21 @@ class GroupDecider:
         """Collective. The leader waits for the daemon at most `timeout` seconds (default:
         the client's decision_deadline); the others wait for the leader."""
         return self._native.decide(step, timeout)
+
+    def report_telemetry(self, telemetry: Optional["spgate.StepTelemetry"] = None,
+                         **fields) -> None:
+        """This rank's own measurements of a step it ran: a spgate.StepTelemetry, or its
+        fields as keywords (step, mode, reason, step_time_s, rs_wait_s, all_gather_s,
+        norm_stall_s, effective_tokens, padding_tokens, peak_memory_bytes).
+
+        In a group session a collective (every rank, every step it reports, in the same
+        order): the group's maximum reaches the leader, which sends one record for the
+        group and feeds the group's reduce-scatter wait share to its fallback. A rank
+        whose record is refused (InvalidArgumentError) still takes part, and the leader
+        then sends nothing for the step. With per-rank sessions: the rank's own Client's
+        report_telemetry (FailedPreconditionError on a rank without one)."""
+        if telemetry is None:
+            telemetry = spgate.StepTelemetry(**fields)
+        elif fields:
+            raise TypeError("report_telemetry: a StepTelemetry or keywords, not both")
+        self._native.report_telemetry(telemetry)

@@ -11,15 +11,19 @@ visible to other users of the machine, so they never make the credential; the gr
 broadcast reaches only the launch's processes. If rank 0 cannot decide, every rank raises
 its error rather than one waiting alone in the broadcast.
 
-Invariant: a collective - every rank of `group` calls it once, before creating its Client.
+Invariant: a collective - every rank of `group` calls it once, before the TP group's
+leader creates its Client (in a group session only the leader has one; with
+group_session=False every rank does).
 On NCCL it travels as an object collective: set each rank's CUDA device first
 (torch.cuda.set_device), as any NCCL object collective needs.
 
 Usage:
     dist.init_process_group("nccl")                  # env:// under torchrun or srun
     launch = spgate.torch.agree_on_launch()          # every rank
-    client = spgate.Client(controller=addr, job_id="llama", incarnation=launch.incarnation,
-                           launch_credential=launch.launch_credential, group=g, ...)
+    if rank_in_group == 0:                           # the TP group's leader (group session)
+        client = spgate.Client(controller=addr, job_id="llama",
+                               incarnation=launch.incarnation,
+                               launch_credential=launch.launch_credential, group=g, ...)
 """
 from __future__ import annotations
 
