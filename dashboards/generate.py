@@ -430,6 +430,13 @@ def Job():
         "across the shard boundary.",
         "percentunit",
         [(f"max by (group) (spgate_norm_stall_ratio{{{jg}}})", "group {{group}}")]), w=12)
+    L.Add(TimeSeries(
+        "Slowest rank by TP group",
+        "rank_in_group of each group's slowest rank (longest step time) in its last complete "
+        "step, as the group's reduced telemetry names it. A rank that stays the slowest is "
+        "a straggler (a slow device, a busy host) that every collective of its group waits for.",
+        "short",
+        [(f"max by (group) (spgate_slowest_rank{{{jg}}})", "group {{group}}")]), w=12)
 
     L.Row("Throughput, step time and memory")
     L.Add(TimeSeries(

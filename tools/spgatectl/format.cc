@@ -282,6 +282,7 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
              {"RS_WAIT", Align::kRight},
              {"AG_TAIL_MS", Align::kRight},
              {"NORM_STALL", Align::kRight},
+             {"SLOWEST"},
              {"FALLBACK"},
              {"SWITCHES", Align::kRight},
              {"PIN"}});
@@ -290,7 +291,12 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
                 absl::StrCat(g.ranks_active()), absl::StrCat(g.ranks_stale()), ModeName(g.mode()),
                 ReasonName(g.reason()), absl::StrCat(g.last_step()),
                 Fixed(g.rolling_rs_wait_share(), 3), Fixed(g.all_gather_tail_s() * 1e3, 2),
-                Fixed(g.norm_stall_ratio(), 3), g.rs_wait_fallback() ? "rs_wait" : "-",
+                Fixed(g.norm_stall_ratio(), 3),
+                // The last complete step's slowest rank and its step time (docs/design.md §2).
+                g.slowest_rank() >= 0
+                    ? absl::StrCat("r", g.slowest_rank(), " ", Fixed(g.slowest_step_time_s(), 3), "s")
+                    : "-",
+                g.rs_wait_fallback() ? "rs_wait" : "-",
                 absl::StrCat(g.mode_switches()),
                 g.has_pin() ? absl::StrCat(ModeName(g.pin().mode()), " ",
                                            RemainingText(g.pin().expire_time(), now))

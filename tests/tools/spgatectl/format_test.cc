@@ -139,9 +139,9 @@ const char* kJob = R"pb(
             sp_groups: 1 tp_groups: 1 config_version: 3 }
   groups { group: 0 group_size: 4 ranks_active: 4 mode: SEQUENCE_PARALLEL reason: GATES_PASSED
            last_step: 600 rolling_rs_wait_share: 0.031 all_gather_tail_s: 0.0012
-           norm_stall_ratio: 0.01 mode_switches: 2 }
+           norm_stall_ratio: 0.01 mode_switches: 2 slowest_rank: 3 slowest_step_time_s: 0.812 }
   groups { group: 1 group_size: 4 ranks_active: 3 ranks_stale: 1 mode: TENSOR_PARALLEL_ONLY
-           reason: PINNED last_step: 599 rs_wait_fallback: true mode_switches: 1
+           reason: PINNED last_step: 599 rs_wait_fallback: true mode_switches: 1 slowest_rank: -1
            pin { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY
                  expire_time { seconds: 1700000600 } } }
   mode_stats { mode: SEQUENCE_PARALLEL steps: 50 effective_tokens_per_s: 123456.7
@@ -184,11 +184,11 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "\n"
       "GROUPS\n"
       "GROUP  SIZE  ACTIVE  STALE  MODE     REASON        LAST_STEP  RS_WAIT  AG_TAIL_MS  "
-      "NORM_STALL  FALLBACK  SWITCHES  PIN\n"
+      "NORM_STALL  SLOWEST    FALLBACK  SWITCHES  PIN\n"
       "    0     4       4      0  sp       gates_passed        600    0.031        1.20       "
-      "0.010  -                2  -\n"
+      "0.010  r3 0.812s  -                2  -\n"
       "    1     4       3      1  tp_only  pinned              599    0.000        0.00       "
-      "0.000  rs_wait          1  tp_only in 10m\n"
+      "0.000  -          rs_wait          1  tp_only in 10m\n"
       "\n"
       "MODES (rolling window; ratios relative to tp_only)\n"
       "MODE     STEPS  TOKENS/S  vs TP  STEP_P95_S  vs TP  PEAK_MEMORY  vs TP\n"
