@@ -15,13 +15,20 @@
 #     and the part of it a plan spent queued in the sim process before its client's
 #     writer took it (1,024 clients share one writer thread here, unlike a real cluster)
 #     and the rest (writer -> decision arrived);
-#   - daemon CPU (utime+stime over the run, as cores) and peak RSS (VmHWM);
+#   - daemon CPU (utime+stime over the run, as cores) and peak RSS (VmHWM), and the
+#     daemon's own decision time (spgate_decision_latency_seconds: message parsed ->
+#     decision made, its p99 as the histogram's bucket bound), so the latency splits into
+#     the sim's queue, the daemon's work and the transport and scheduling around them;
+#   - the sessions the run held (one per group with group sessions, the default; one per
+#     rank with SIM_FLAGS=--group_session=false).
 # and once, the baseline of the same run with --controller empty (local policy only), so
 # the sim's own cost and schedule are visible apart from the daemon's.
 #
 # Usage: bench/sim_scale.sh [BUILD_DIR] [OUTDIR]
 #   SIM_GROUPS=128 SIM_TP=8 SIM_RATE=10 SIM_DURATION=60s SIM_PHASES="random aligned" \
 #     bench/sim_scale.sh build out/bench-sim
+# SIM_DAEMON_CPUS / SIM_SIM_CPUS (taskset lists, e.g. 0 and 1) pin the daemon and the sim
+# to their own cores; SIM_FLAGS adds spgate-sim flags.
 # Writes OUTDIR/sim_scale.json (all runs + daemon figures), OUTDIR/sim_scale.md, and each
 # run's summary (sim_scale_<phase>.json, sim_scale_local.json).
 set -euo pipefail
@@ -48,16 +55,23 @@ stop_daemon() {
 trap 'stop_daemon; rm -rf "$tmp"' EXIT
 
 ticks=$(getconf CLK_TCK)
+# scrape PORT: "ACCEPTED DECIDE_P99_MS" (the p99 as the bound of its histogram bucket).
 scrape() {
   python3 - "$1" <<'EOF'
 import sys, urllib.request
 body = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+accepted, buckets = 0, []
 for line in body.splitlines():
     if line.startswith('spgate_telemetry_records_total{') and 'result="accepted"' in line:
-        print(int(float(line.rsplit(" ", 1)[1])))
-        break
-else:
-    print(0)
+        accepted = int(float(line.rsplit(" ", 1)[1]))
+    if line.startswith('spgate_decision_latency_seconds_bucket{'):
+        le = line.split('le="', 1)[1].split('"', 1)[0]
+        buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+p99 = -1.0
+if buckets and buckets[-1][1] > 0:
+    total = buckets[-1][1]
+    p99 = next(le for le, n in buckets if n >= 0.99 * total) * 1e3
+print(accepted, p99)
 EOF
 }
 
@@ -65,7 +79,8 @@ EOF
 # and $tmp/PHASE.daemon (cpu_s wall_s accepted rss_kb sim_rc).
 run_phase() {
   local phase=$1
-  "$spgated" --listen=127.0.0.1:0 --admin_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  ${SIM_DAEMON_CPUS:+taskset -c "$SIM_DAEMON_CPUS"} \
+    "$spgated" --listen=127.0.0.1:0 --admin_listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
     >"$tmp/spgated.log" 2>&1 &
   daemon_pid=$!
   for _ in $(seq 1 100); do
@@ -82,7 +97,8 @@ run_phase() {
   cpu0=$(awk '{print $14 + $15}' "/proc/$daemon_pid/stat")
   t0=$(date +%s.%N)
   set +e
-  "$sim" --controller="127.0.0.1:$worker_port" --job_id=scale --groups="$groups" --tp="$tp" \
+  ${SIM_SIM_CPUS:+taskset -c "$SIM_SIM_CPUS"} \
+    "$sim" --controller="127.0.0.1:$worker_port" --job_id=scale --groups="$groups" --tp="$tp" \
     --group_phase="$phase" ${SIM_FLAGS:-} --steps_per_s="$rate" --duration="$duration" \
     --summary_json="$out/sim_scale_$phase.json" 2>"$tmp/sim.log"
   rc=$?
@@ -90,10 +106,10 @@ run_phase() {
   t1=$(date +%s.%N)
   cpu1=$(awk '{print $14 + $15}' "/proc/$daemon_pid/stat")
   cat "$tmp/sim.log" >&2
-  accepted=$(scrape "$metrics_port")
+  read -r accepted decide_p99 < <(scrape "$metrics_port")
   rss_kb=$(awk '/VmHWM/ {print $2}' "/proc/$daemon_pid/status")
   stop_daemon
-  echo "$(( cpu1 - cpu0 )) $t0 $t1 $accepted $rss_kb $rc" >"$tmp/$phase.daemon"
+  echo "$(( cpu1 - cpu0 )) $t0 $t1 $accepted $rss_kb $rc $decide_p99" >"$tmp/$phase.daemon"
 }
 
 for phase in $phases; do run_phase "$phase"; done
@@ -111,7 +127,7 @@ local = json.load(open(out + "/sim_scale_local.json"))
 runs = []
 for phase in phases:
     run = json.load(open(f"{out}/sim_scale_{phase}.json"))
-    cpu_ticks, t0, t1, accepted, rss_kb, rc = open(f"{tmp}/{phase}.daemon").read().split()
+    cpu_ticks, t0, t1, accepted, rss_kb, rc, decide_p99 = open(f"{tmp}/{phase}.daemon").read().split()
     wall = float(t1) - float(t0)
     cpu_s = int(cpu_ticks) / int(ticks)
     tel = run["telemetry"]
@@ -132,6 +148,7 @@ for phase in phases:
         "from_write_p99_ms": run["decision_latency_from_write_s"]["p99"] * 1e3,
         "daemon_cpu_s": cpu_s, "daemon_cpu_cores": cpu_s / wall if wall > 0 else 0,
         "daemon_peak_rss_mib": int(rss_kb) / 1024, "sim_wall_s": wall,
+        "daemon_decide_p99_ms": float(decide_p99), "sessions": run.get("sessions"),
         "late_ticks": run["late_steps"],
     })
 result = {
@@ -145,15 +162,17 @@ json.dump(result, open(out + "/sim_scale.json", "w"), indent=2)
 md = (f"{result['ranks']} ranks ({groups} groups x {tp}) at {rate} steps/s, {duration}; "
       f"local-only baseline: {local['late_steps']} late ticks, "
       f"{local['consistency_violations']} consistency violations\n\n"
-      "| group phase | consistency violations | decisions by source | telemetry reported / acked / daemon accepted | lost | leader latency p50 / p99 / max | queued in the sim p50 / p99 | from the write p50 / p99 | daemon CPU | daemon peak RSS | late ticks |\n"
-      "|---|---:|---|---|---:|---|---|---|---:|---:|---:|\n")
+      "| group phase | sessions | consistency violations | decisions by source | telemetry reported / acked / daemon accepted | lost | leader latency p50 / p99 / max | queued in the sim p50 / p99 | from the write p50 / p99 | daemon's decision p99 | daemon CPU | daemon peak RSS | late ticks |\n"
+      "|---|---:|---:|---|---|---:|---|---|---|---:|---:|---:|---:|\n")
 for r in runs:
-    md += (f"| {r['group_phase']} | {r['consistency_violations']} | {r['decision_sources']} | "
+    md += (f"| {r['group_phase']} | {r['sessions'] if r['sessions'] is not None else '—'} | "
+           f"{r['consistency_violations']} | {r['decision_sources']} | "
            f"{r['telemetry_reported']} / {r['telemetry_acknowledged']} / {r['daemon_telemetry_accepted']} | "
            f"{r['lost_telemetry']} | {r['decision_latency_p50_ms']:.2f} / {r['decision_latency_p99_ms']:.2f} / "
            f"{r['decision_latency_max_ms']:.2f} ms | "
            f"{r['plan_queued_p50_ms']:.2f} / {r['plan_queued_p99_ms']:.2f} ms | "
-           f"{r['from_write_p50_ms']:.2f} / {r['from_write_p99_ms']:.2f} ms | {r['daemon_cpu_cores']:.2f} cores | "
+           f"{r['from_write_p50_ms']:.2f} / {r['from_write_p99_ms']:.2f} ms | "
+           f"≤ {r['daemon_decide_p99_ms']:g} ms | {r['daemon_cpu_cores']:.2f} cores | "
            f"{r['daemon_peak_rss_mib']:.0f} MiB | {r['late_ticks']} |\n")
 open(out + "/sim_scale.md", "w").write(md)
 print(md)

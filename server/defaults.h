@@ -10,10 +10,13 @@
 namespace spgate::server {
 
 // Decisions each TP group keeps for idempotent retries (the newest ones; a retry of an
-// older step is refused). A worker re-sends a plan only while that step is undecided on
-// its side, i.e. within its pipelining depth, so this is generous. The cache grows with
-// use up to this size (about 80 bytes a decision).
-inline constexpr int64_t kDefaultDecisionCacheSteps = 512;
+// older step is refused, and the worker decides it locally). A worker re-sends a plan only
+// while that step is undecided on its side, within the plan lead (16 steps), so this is 8
+// times that; a leader restarted within its launch also gets these answers again. The
+// cache grows with use up to this size, 64 bytes a decision: 8 KiB a group, 16 MiB for
+// 2,048 groups (it was 512 decisions of 136 bytes, 143 MiB, the largest item of a
+// 16,384-rank job's daemon; docs/benchmarks.md).
+inline constexpr int64_t kDefaultDecisionCacheSteps = 128;
 
 // TP groups one job may register, and how far ahead of a group's last decided step a
 // plan may be. Further is refused: a far-future plan would make the group's real plans

@@ -642,10 +642,10 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
-    if (const DecisionRecord* cached = g->Cached(plan.step)) {
+    if (const gate_state_internal::CachedDecision* cached = g->Cached(plan.step)) {
       // A retry gets the same answer, but only for the plan it was made for: a decision
       // made for other memory facts says nothing about whether this plan fits.
-      if (cached->plan_digest == digest) return *cached;
+      if (cached->plan_digest == digest) return cached->Expand(job->id, g->index);
       metrics_.refused_plan_mismatch.Increment();
       return absl::AlreadyExistsError(absl::StrFormat(
           "step: %d of group %d was decided for a different plan (its lengths or memory "
@@ -750,7 +750,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
                                 : BandOf(config.config, stats.cv, stats.tokens),
       .plan_digest = plan_digest};
   g.schedule.Prune(plan.step);
-  g.cache.push_back(decision);
+  g.cache.push_back(gate_state_internal::CachedDecision::Of(decision));
   if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
   g.last_activity = job.last_activity = g.last_plan_time = decision.time;
   g.resume_allowed = false;

@@ -41,6 +41,58 @@ struct PendingStep {
   int slowest_rank = -1, peak_rank = -1;  // rank_in_group of the largest step time, peak
 };
 
+// A decision as the group's cache keeps it: 64 bytes where a DecisionRecord is 136 and
+// the job id's copy (the cache is the largest item of a group, docs/benchmarks.md). The
+// job and group come from the group that holds it; Expand gives back the record exactly
+// as it was made, so a retry's answer is the same bytes.
+struct CachedDecision {
+  int64_t step = 0;
+  uint64_t plan_digest = 0;
+  int64_t config_version = 0;
+  double length_cv = 0;
+  double rolling_rs_wait_share = 0;
+  int64_t time_ns = 0;                  // absl::ToUnixNanos of the decision's time
+  int64_t pin_expire_ns = 0;            // PINNED: the pin's end; has_pin_expire says
+  uint8_t mode = 0, reason = 0;
+  int8_t band = -1;
+  bool pin_forced = false, has_pin_expire = false;
+
+  static CachedDecision Of(const DecisionRecord& d) {
+    CachedDecision c;
+    c.step = d.step;
+    c.plan_digest = d.plan_digest;
+    c.config_version = d.config_version;
+    c.length_cv = d.length_cv;
+    c.rolling_rs_wait_share = d.rolling_rs_wait_share;
+    c.time_ns = absl::ToUnixNanos(d.time);
+    c.has_pin_expire = d.pin_expire.has_value();
+    c.pin_expire_ns = d.pin_expire ? absl::ToUnixNanos(*d.pin_expire) : 0;
+    c.mode = static_cast<uint8_t>(d.mode);
+    c.reason = static_cast<uint8_t>(d.reason);
+    c.band = static_cast<int8_t>(d.band);
+    c.pin_forced = d.pin_forced;
+    return c;
+  }
+  DecisionRecord Expand(const std::string& job_id, int group) const {
+    DecisionRecord d;
+    d.job_id = job_id;
+    d.group = group;
+    d.step = step;
+    d.mode = static_cast<Mode>(mode);
+    d.reason = static_cast<Reason>(reason);
+    d.config_version = config_version;
+    d.length_cv = length_cv;
+    d.rolling_rs_wait_share = rolling_rs_wait_share;
+    d.time = absl::FromUnixNanos(time_ns);
+    if (has_pin_expire) d.pin_expire = absl::FromUnixNanos(pin_expire_ns);
+    d.pin_forced = pin_forced;
+    d.band = band;
+    d.plan_digest = plan_digest;
+    return d;
+  }
+};
+static_assert(sizeof(CachedDecision) == 64);
+
 struct Rank {
   int global_rank = 0;
   std::string host;
@@ -98,7 +150,7 @@ struct GateState::Group {
   RollingWindow all_gather{50}, norm_stall{50};
   // The newest decisions, ascending by step (steps strictly increase per group), so a
   // retry is a binary search. Grows with use up to decision_cache_steps entries.
-  std::deque<DecisionRecord> cache;
+  std::deque<gate_state_internal::CachedDecision> cache;
   gate_state_internal::PendingStep pending[gate_state_internal::kPendingSlots];
   std::map<int, gate_state_internal::Rank> ranks;
   absl::Time last_activity;
@@ -115,9 +167,10 @@ struct GateState::Group {
   int peak_rank = -1;
   bool group_session = false;  // its leader registered for the whole group
 
-  const DecisionRecord* Cached(int64_t step) const {
-    auto it = std::lower_bound(cache.begin(), cache.end(), step,
-                               [](const DecisionRecord& d, int64_t s) { return d.step < s; });
+  const gate_state_internal::CachedDecision* Cached(int64_t step) const {
+    auto it = std::lower_bound(
+        cache.begin(), cache.end(), step,
+        [](const gate_state_internal::CachedDecision& d, int64_t s) { return d.step < s; });
     return it != cache.end() && it->step == step ? &*it : nullptr;
   }
 };

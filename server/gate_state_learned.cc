@@ -12,7 +12,8 @@ using gate_state_internal::PendingStep;
 // switching a job to ADAPTIVE starts from what STATIC ran.
 void GateState::LearnFromStep(Job& job, Group& g, int slot) {
   const PendingStep& p = g.pending[slot];
-  if (const DecisionRecord* d = g.Cached(p.step); d != nullptr && d->band >= 0) {
+  if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
+      d != nullptr && d->band >= 0) {
     const GateConfig& config = g.schedule.At(p.step).config;
     job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
                         config.adaptive_half_life_steps);

@@ -185,7 +185,7 @@ Result RunClient(const std::string& name, const std::string& controller,
                  int group_size = 1) {
   GateClientOptions o;
   o.controller = controller;
-  o.job_id = "bench-client";
+  o.job_id = "bench-" + name;  // a job per variant: each starts at step 0
   o.incarnation = "test-launch";
   o.launch_credential = "client-step-bench-launch";
   o.group_size = group_size;
@@ -203,6 +203,7 @@ Result RunClient(const std::string& name, const std::string& controller,
   }
   std::unique_ptr<spgate::client::GroupDecider> decider;
   int64_t others_step = -1;
+  spgate::Mode others_mode = spgate::Mode::kSequenceParallel;
   std::vector<spgate::client::TelemetryWire> others(static_cast<size_t>(group_size - 1));
   if (group_size > 1) {
     auto d = spgate::client::GroupDecider::Create(
@@ -228,8 +229,9 @@ Result RunClient(const std::string& name, const std::string& controller,
   // The other ranks' payloads for a step, made outside the timed calls (they arrive with
   // the collective).
   auto prepare_others = [&](int64_t step) {
-    if (others_step == step) return;
+    if (others_step == step && others_mode == mode) return;
     others_step = step;
+    others_mode = mode;
     for (int k = 1; k < group_size; ++k) {
       StepTelemetryInput t = Telemetry(step, mode, reason);
       t.step_time_s *= 1.0 + 0.01 * k;
@@ -251,6 +253,9 @@ Result RunClient(const std::string& name, const std::string& controller,
       },
       [&](int64_t step) {
         if (decider) {
+          // Made before the step's report (in the untimed step below); again here only
+          // when the mode changed since (the first step, a mode switch).
+          prepare_others(step);
           if (absl::Status s = decider->ReportTelemetry(Telemetry(step, mode, reason)); !s.ok()) {
             // Timing an error path would flatter the figure: stop instead.
             std::fprintf(stderr, "%s: step %lld: %s\n", name.c_str(), static_cast<long long>(step),

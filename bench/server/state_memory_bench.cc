@@ -77,10 +77,22 @@ int main(int argc, char** argv) {
   if (!state.ok()) return Fail(state.status(), "state");
   (*store)->SetListener(state->get());
 
+  double metric_bytes = 0;
   const std::string job = "memory-bench";
+  // The group's metric series alone (GroupMetrics: 7 labelled series), made and dropped.
+  const size_t m0 = HeapInUse();
+  {
+    std::vector<std::unique_ptr<GroupMetrics>> series;
+    for (int g = 0; g < groups; ++g) {
+      series.push_back(std::make_unique<GroupMetrics>(metrics, "series-probe", g));
+    }
+    const double per = static_cast<double>(HeapInUse() - m0) / groups;
+    std::printf("  (a group's metric series alone: %.0f bytes)\n", per);
+    metric_bytes = per;
+  }
   RegisterInput reg{.job_id = job, .incarnation = "launch-1", .group_size = tp,
                     .launch_credential = "memory-bench-credential-0001"};
-  const size_t h0 = HeapInUse();
+  const size_t h0 = HeapInUse();  // after the probe's series are gone
   std::vector<std::shared_ptr<Session>> leaders;
   for (int g = 0; g < groups; ++g) {
     reg.group = g;
@@ -140,8 +152,9 @@ int main(int argc, char** argv) {
               steps, per_group_after);
   std::printf("  another rank with a session of its own (per-rank sessions)    %8.0f bytes\n",
               per_rank);
-  std::printf("  sizeof(DecisionRecord) %zu (the cache keeps up to %lld a group)\n",
-              sizeof(DecisionRecord), static_cast<long long>(kDefaultDecisionCacheSteps));
+  std::printf("  the decision cache: up to %lld decisions a group of 64 bytes (a DecisionRecord "
+              "is %zu)\n",
+              static_cast<long long>(options.decision_cache_steps), sizeof(DecisionRecord));
   std::printf("  whole live state: %.1f MiB with group sessions, %.1f MiB with a session per rank\n",
               static_cast<double>(h2 - h0) / (1 << 20), static_cast<double>(h3 - h0) / (1 << 20));
   const std::string out = absl::GetFlag(FLAGS_out);
@@ -152,10 +165,12 @@ int main(int argc, char** argv) {
         " \"bytes_per_group_registered\": %.0f, \"bytes_per_group_step\": %.1f,\n"
         " \"bytes_per_group_after_steps\": %.0f, \"bytes_per_extra_rank_session\": %.0f,\n"
         " \"sizeof_decision_record\": %d, \"state_mib_group_sessions\": %.2f,\n"
-        " \"state_mib_rank_sessions\": %.2f}\n",
+        " \"state_mib_rank_sessions\": %.2f, \"bytes_per_group_metric_series\": %.0f,\n"
+        " \"decision_cache_steps\": %d}\n",
         groups, tp, steps, sequences, per_group, per_group_step, per_group_after, per_rank,
         static_cast<int>(sizeof(DecisionRecord)), static_cast<double>(h2 - h0) / (1 << 20),
-        static_cast<double>(h3 - h0) / (1 << 20));
+        static_cast<double>(h3 - h0) / (1 << 20), metric_bytes,
+        static_cast<int>(options.decision_cache_steps));
   }
   return 0;
 }
