@@ -509,23 +509,27 @@ class Campaign:
         for job, n in ((WORKER_JOB, w["local_decisions"]), (SIM_JOB, s["local_decisions"])):
             got = metric_sum(metrics, "spgate_worker_local_decisions_total", {"job_id": job}) or 0
             check(got == n, f"{job}: daemon counted {got} local decisions, the job made {n}")
-        # Telemetry accounting.
-        check(w["telemetry_sent"] == WORKER_RANKS * w["steps"],
-              f"worker: {w['telemetry_sent']} records written, {WORKER_RANKS * w['steps']} produced")
+        # Telemetry accounting: one record per group-step, from the group leader's session
+        # (the ranks' values reduced in the group; docs/design.md §2).
+        worker_groups = WORKER_RANKS // 2
+        sim_groups = self.p["sim_groups"]
+        check(w["telemetry_sent"] == worker_groups * w["steps"],
+              f"worker: {w['telemetry_sent']} records written, {worker_groups * w['steps']} produced")
         check(w["lost_telemetry"] == w["telemetry_sent"] - w["telemetry_acked"], "worker lost")
         t = s["telemetry"]
-        check(t["reported"] == self.sim_ranks * s["steps"], f"sim: records produced {t}")
+        check(t["reported"] == sim_groups * s["steps"], f"sim: records produced {t}")
+        check(s["sessions"] == sim_groups, f"sim: {s['sessions']} sessions, one per group expected")
         check(t["dropped"] == 0, f"sim: records dropped {t}")
         check(s["lost_telemetry"] == t["reported"] - t["acknowledged"], f"sim lost {t}")
         check(t["acknowledged"] <= t["sent"] <= t["reported"], f"sim telemetry {t}")
         # Lost records are only those written to a daemon that was killed before it
-        # acknowledged them: at most the last ~2 s of each rank's records per kill (acks
+        # acknowledged them: at most the last ~2 s of each group's records per kill (acks
         # ride on the heartbeat replies). A freeze or a refused write loses nothing.
         kills = sum(n for k, n in self.report["faults"].items() if k.startswith("kill"))
         worker_rate = w["steps"] / self.p["duration_s"]
-        check(w["lost_telemetry"] <= kills * WORKER_RANKS * max(2, 2 * worker_rate),
+        check(w["lost_telemetry"] <= kills * worker_groups * max(2, 2 * worker_rate),
               f"worker: {w['lost_telemetry']} records lost over {kills} kills")
-        check(s["lost_telemetry"] <= kills * self.sim_ranks * max(2, 2 * self.p["sim_steps_per_s"]),
+        check(s["lost_telemetry"] <= kills * sim_groups * max(2, 2 * self.p["sim_steps_per_s"]),
               f"sim: {s['lost_telemetry']} records lost over {kills} kills")
         # The restored config reached the ranks: the simulator ends under the global
         # config of the last acknowledged global write.
