@@ -1,0 +1,203 @@
+// Pipeline schedules and a stage's peak under them; see pipeline_memory.h.
+#include "policy/pipeline_memory.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+
+namespace spgate {
+
+absl::Status ValidatePipelineLayout(const PipelineLayout& l) {
+  if (l.pp < 1 || l.pp > kMaxPipelineStages) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("pp: must be in [1, %d], got %d", kMaxPipelineStages, l.pp));
+  }
+  if (l.microbatches < 1 || l.microbatches > kMaxMicrobatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "microbatches: must be in [1, %d], got %d", kMaxMicrobatches, l.microbatches));
+  }
+  if (l.vp < 1 || l.vp > kMaxVirtualStages) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("vp: must be in [1, %d], got %d", kMaxVirtualStages, l.vp));
+  }
+  if (l.schedule == PipelineSchedule::k1F1B && l.vp != 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "vp: the 1F1B schedule runs one model chunk per stage, got vp=%d (use the "
+        "interleaved schedule)",
+        l.vp));
+  }
+  if (l.schedule == PipelineSchedule::kInterleaved1F1B) {
+    if (l.vp < 2) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "vp: the interleaved schedule needs at least 2 model chunks per stage, got %d", l.vp));
+    }
+    if (l.microbatches % l.pp != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "microbatches: the interleaved schedule runs micro-batches in groups of pp=%d; "
+          "%d is not a multiple",
+          l.pp, l.microbatches));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<PipelineOp>> StageSchedule(const PipelineLayout& l, int stage) {
+  if (absl::Status s = ValidatePipelineLayout(l); !s.ok()) return s;
+  if (stage < 0 || stage >= l.pp) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("stage: must be in [0, pp=%d), got %d", l.pp, stage));
+  }
+  const int total = l.microbatches * l.vp;  // (micro-batch, chunk) units
+  int warmup;
+  // The k-th forward (or backward) unit's micro-batch and chunk.
+  auto unit = [&](int k, bool forward) {
+    PipelineOp op;
+    op.forward = forward;
+    if (l.vp == 1) {
+      op.microbatch = k;
+      return op;
+    }
+    // Interleaved: micro-batches go in groups of pp through chunk 0, then the same group
+    // through chunk 1, ...; backwards walk the chunks in reverse.
+    const int in_round = k % (l.pp * l.vp);
+    const int chunk = in_round / l.pp;
+    op.chunk = forward ? chunk : l.vp - 1 - chunk;
+    op.microbatch = (k / (l.pp * l.vp)) * l.pp + k % l.pp;
+    return op;
+  };
+  if (l.vp == 1) {
+    warmup = std::min(l.pp - stage - 1, total);
+  } else if (l.microbatches == l.pp) {
+    warmup = total;  // one group of micro-batches: every forward runs before a backward
+  } else {
+    warmup = std::min((l.pp - stage - 1) * 2 + (l.vp - 1) * l.pp, total);
+  }
+  std::vector<PipelineOp> ops;
+  ops.reserve(2 * static_cast<size_t>(total));
+  for (int k = 0; k < warmup; ++k) ops.push_back(unit(k, true));
+  const int steady = total - warmup;
+  for (int i = 0; i < steady; ++i) {
+    ops.push_back(unit(warmup + i, true));
+    ops.push_back(unit(i, false));
+  }
+  for (int i = steady; i < total; ++i) ops.push_back(unit(i, false));
+  return ops;
+}
+
+int MaxInFlight(std::span<const PipelineOp> ops) {
+  int held = 0, most = 0;
+  for (const PipelineOp& op : ops) {
+    held += op.forward ? 1 : -1;
+    most = std::max(most, held);
+  }
+  return most;
+}
+
+namespace {
+
+// The bytes a stage holds while it runs each op: resident + held activations + the op's
+// workspace (a forward counts its own activations, a backward still holds them).
+std::vector<uint64_t> Levels(std::span<const PipelineOp> ops, uint64_t resident,
+                             std::span<const MicrobatchMemory> memory, std::span<const Mode> modes) {
+  std::vector<uint64_t> level(ops.size());
+  uint64_t held = 0;
+  for (size_t t = 0; t < ops.size(); ++t) {
+    const PipelineOp& op = ops[t];
+    const MicrobatchMemory& m = memory[op.microbatch];
+    const bool sp = modes[op.microbatch] == Mode::kSequenceParallel;
+    const uint64_t act = sp ? m.activation_sp : m.activation_tp;
+    if (op.forward) held += act;
+    level[t] = resident + held + (sp ? m.workspace_sp : m.workspace_tp);
+    if (!op.forward) held -= act;
+  }
+  return level;
+}
+
+uint64_t Peak(const std::vector<uint64_t>& level, uint64_t resident) {
+  uint64_t peak = resident;
+  for (uint64_t x : level) peak = std::max(peak, x);
+  return peak;
+}
+
+}  // namespace
+
+uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
+                        std::span<const MicrobatchMemory> memory, std::span<const Mode> modes) {
+  return Peak(Levels(ops, resident, memory, modes), resident);
+}
+
+PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
+                                              std::span<const MicrobatchMemory> memory,
+                                              std::span<const Mode> wanted, uint64_t limit_bytes) {
+  PipelineMemoryVerdict v;
+  v.modes.assign(wanted.begin(), wanted.end());
+  v.reasons.assign(wanted.size(), Reason::kGatesPassed);
+  if (limit_bytes == 0) {
+    v.peak_bytes = StagePeakBytes(ops, resident, memory, v.modes);
+    return v;
+  }
+  std::vector<Mode> modes(wanted.size(), Mode::kSequenceParallel);
+  std::vector<uint64_t> level = Levels(ops, resident, memory, modes);
+  const uint64_t all_sp = Peak(level, resident);
+  if (all_sp > limit_bytes) {
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      if (wanted[i] == Mode::kTensorParallelOnly) v.reasons[i] = Reason::kMemoryOverBudget;
+    }
+    v.modes = std::move(modes);
+    v.peak_bytes = all_sp;
+    v.over_budget = true;
+    return v;
+  }
+  // Where each micro-batch's chunks run forward and backward, so that trying TP-only for
+  // one touches only the ops between its first forward and its last backward: the gate
+  // costs O(micro-batches x the ops one is in flight for), not a replay per micro-batch.
+  std::vector<std::vector<std::pair<size_t, size_t>>> spans(wanted.size());
+  {
+    std::vector<std::vector<size_t>> open(wanted.size());
+    for (size_t t = 0; t < ops.size(); ++t) {
+      const PipelineOp& op = ops[t];
+      auto& o = open[op.microbatch];
+      if (op.forward) {
+        if (o.size() <= static_cast<size_t>(op.chunk)) o.resize(op.chunk + 1);
+        o[op.chunk] = t;
+      } else {
+        spans[op.microbatch].emplace_back(o[op.chunk], t);
+      }
+    }
+  }
+  std::vector<int64_t> delta;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (wanted[i] != Mode::kTensorParallelOnly || spans[i].empty()) continue;
+    const MicrobatchMemory& m = memory[i];
+    const int64_t dact = static_cast<int64_t>(m.activation_tp) - static_cast<int64_t>(m.activation_sp);
+    const int64_t dws = static_cast<int64_t>(m.workspace_tp) - static_cast<int64_t>(m.workspace_sp);
+    size_t lo = ops.size(), hi = 0;
+    for (const auto& [f, b] : spans[i]) {
+      lo = std::min(lo, f);
+      hi = std::max(hi, b);
+    }
+    delta.assign(hi - lo + 1, 0);
+    for (const auto& [f, b] : spans[i]) {
+      for (size_t t = f; t <= b; ++t) delta[t - lo] += dact;  // its activations, held
+      delta[f - lo] += dws;                                   // its workspaces, running
+      delta[b - lo] += dws;
+    }
+    bool fits = true;
+    for (size_t t = lo; t <= hi && fits; ++t) {
+      fits = static_cast<int64_t>(level[t]) + delta[t - lo] <= static_cast<int64_t>(limit_bytes);
+    }
+    if (!fits) {
+      v.reasons[i] = Reason::kMemoryRequiresSp;
+      continue;
+    }
+    modes[i] = Mode::kTensorParallelOnly;
+    for (size_t t = lo; t <= hi; ++t) {
+      level[t] = static_cast<uint64_t>(static_cast<int64_t>(level[t]) + delta[t - lo]);
+    }
+  }
+  v.modes = std::move(modes);
+  v.peak_bytes = Peak(level, resident);
+  return v;
+}
+
+}  // namespace spgate

@@ -1,0 +1,106 @@
+// Pipeline schedules and what a stage holds under them: the schedule-aware memory gate's
+// arithmetic (issue 23; docs/design.md §12). Under pipeline parallelism a stage keeps the
+// activations of every micro-batch it has run forward and not yet backward, each in the
+// mode that micro-batch was decided in: under 1F1B stage s of p holds up to p − s of them,
+// under interleaved 1F1B more (and in chunks). A gate that checks one micro-batch's peak
+// lets the first stage run TP-only into an OOM, which is where SP's saving matters most.
+//
+// StageSchedule replays the order in which a stage runs its forwards and backwards (the
+// order Megatron-Core's 1F1B and interleaved 1F1B schedules use, without their p2p
+// overlap, which does not change what is held); StagePeakBytes walks it with each
+// micro-batch's bytes in its mode; ApplyPipelineMemoryGate lets a micro-batch run TP-only
+// only while the stage's peak over the whole step stays under the limit. Pure functions:
+// the daemon, the worker's fallback and the simulator call the same code.
+//
+// Usage:
+//   PipelineLayout layout{.pp = 4, .microbatches = 8};
+//   ASSIGN_OR_RETURN(std::vector<PipelineOp> ops, StageSchedule(layout, stage));
+//   PipelineMemoryVerdict v = ApplyPipelineMemoryGate(ops, resident, per_microbatch,
+//                                                     wanted_modes, budget * headroom);
+#ifndef SPGATE_POLICY_PIPELINE_MEMORY_H_
+#define SPGATE_POLICY_PIPELINE_MEMORY_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "policy/types.h"
+
+namespace spgate {
+
+enum class PipelineSchedule : uint8_t {
+  k1F1B,             // one model chunk per stage
+  kInterleaved1F1B,  // vp model chunks per stage (virtual pipeline)
+};
+
+struct PipelineLayout {
+  int pp = 1;            // pipeline stages
+  int vp = 1;            // model chunks per stage: 1 for 1F1B, >= 2 interleaved
+  int microbatches = 1;  // per optimizer step
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+};
+
+// The largest layout the arithmetic accepts (a stage's op list is 2 * microbatches * vp).
+inline constexpr int kMaxPipelineStages = 1024;
+inline constexpr int kMaxVirtualStages = 64;
+inline constexpr int kMaxMicrobatches = 65536;
+
+// INVALID_ARGUMENT naming the field: pp, vp, microbatches out of range; 1F1B with vp != 1;
+// interleaved with vp < 2, or with microbatches not a multiple of pp (the interleaved
+// schedule runs micro-batches in groups of pp).
+absl::Status ValidatePipelineLayout(const PipelineLayout& layout);
+
+// One forward or backward of one micro-batch's model chunk on a stage.
+struct PipelineOp {
+  bool forward = true;
+  int microbatch = 0;
+  int chunk = 0;  // 0 .. vp - 1
+  friend bool operator==(const PipelineOp&, const PipelineOp&) = default;
+};
+
+// Stage `stage`'s ops in the order it runs them: warm-up forwards, then one forward and
+// one backward in turn, then the remaining backwards. Every (micro-batch, chunk) appears
+// once forward and once backward, the backward after its forward. INVALID_ARGUMENT for a
+// bad layout or a stage outside [0, pp).
+absl::StatusOr<std::vector<PipelineOp>> StageSchedule(const PipelineLayout& layout, int stage);
+
+// The most (micro-batch, chunk) activations the ops hold at once.
+int MaxInFlight(std::span<const PipelineOp> ops);
+
+// What one micro-batch costs a stage in each mode: the activations one model chunk keeps
+// for backward, and the workspace a chunk's forward or backward needs while it runs (freed
+// after it). Index [microbatch]; the chunks of a stage are taken to be alike.
+struct MicrobatchMemory {
+  uint64_t activation_sp = 0, activation_tp = 0;
+  uint64_t workspace_sp = 0, workspace_tp = 0;
+};
+
+// The stage's peak over the step: `resident` (parameters, gradients, optimizer state)
+// plus, at every op, the activations held and the op's workspace, each micro-batch in
+// modes[microbatch]. `memory` and `modes` have one entry per micro-batch.
+uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
+                        std::span<const MicrobatchMemory> memory, std::span<const Mode> modes);
+
+struct PipelineMemoryVerdict {
+  std::vector<Mode> modes;      // per micro-batch, as the gate lets them run
+  std::vector<Reason> reasons;  // kMemoryRequiresSp / kMemoryOverBudget where it made SP;
+                                // kGatesPassed where it kept the wanted mode
+  uint64_t peak_bytes = 0;      // StagePeakBytes with `modes`
+  bool over_budget = false;     // even every micro-batch SP does not fit
+};
+
+// The schedule-aware memory gate. Every micro-batch wanted SP runs SP. Then, in
+// micro-batch order, each micro-batch wanted TP-only runs TP-only only if the stage's
+// peak over the whole step with it (and the TP-only ones before it) stays within
+// `limit_bytes`; otherwise SP, reason kMemoryRequiresSp. If the all-SP step itself does
+// not fit, every micro-batch runs SP (the smaller), reason kMemoryOverBudget. `limit_bytes`
+// 0: no gate, the wanted modes as they are.
+PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
+                                              std::span<const MicrobatchMemory> memory,
+                                              std::span<const Mode> wanted, uint64_t limit_bytes);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_PIPELINE_MEMORY_H_
