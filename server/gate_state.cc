@@ -798,6 +798,12 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
         "telemetry: ranks must be 0 or 1 (this rank's record) or the group's size, got %d",
         t.ranks)));
   }
+  if (group_record && !session.group_session) {
+    return reject(absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry: a group record (ranks=%d) comes only from a group session "
+        "(RegisterRequest.group_session)",
+        t.ranks)));
+  }
   if (group_record) {
     if (session.rank_in_group != 0) {
       return reject(absl::InvalidArgumentError(absl::StrFormat(
@@ -852,6 +858,14 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
                                 v.step, session.group, gate->last_step)));
     }
     Group& g = *git->second;
+    if (!group_record && session.group_session && g.size > 1) {
+      // One rank's record from a group session would stand for one rank of many: the
+      // step would wait for ranks that never report.
+      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+      return reject(absl::InvalidArgumentError(
+          "telemetry: a group session sends the group's records (ranks = the group's size, "
+          "reduced in the group)"));
+    }
     if (group_record && t.ranks != g.size) {
       session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
       return reject(absl::InvalidArgumentError(absl::StrFormat(

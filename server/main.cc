@@ -182,6 +182,14 @@ int main(int argc, char** argv) {
     std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
     return 2;
   }
+  if (opts.state.stale_after < 2 * opts.state.heartbeat_interval) {
+    // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).
+    std::cerr << "spgated: --stale_after must be at least twice --heartbeat_interval (an idle "
+                 "worker heartbeats every 1.5 intervals), got "
+              << absl::FormatDuration(opts.state.stale_after) << " and "
+              << absl::FormatDuration(opts.state.heartbeat_interval) << "\n";
+    return 2;
+  }
   if (opts.state.max_jobs < 1 || opts.state.max_groups_per_job < 1 || opts.state.decision_cache_steps < 1 ||
       opts.state.decision_cache_steps > 1'000'000) {
     std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1, "

@@ -276,7 +276,10 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
   v1::StepTelemetry from_follower = Tel("j", 0, 1, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.1);
   from_follower.set_ranks(4);
   EXPECT_THAT(state->RecordTelemetry(**s1, from_follower),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only from the group's leader")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only from a group session")));
+  // And a group session's own one-rank record would stand for one rank of four.
+  EXPECT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.1)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sends the group's records")));
   state->Sweep();
   job = state->GetJob("j");
   EXPECT_EQ(job->groups(0).ranks_active(), 4) << "overlapping sessions count at most the group";

@@ -293,8 +293,10 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
                 Fixed(g.rolling_rs_wait_share(), 3), Fixed(g.all_gather_tail_s() * 1e3, 2),
                 Fixed(g.norm_stall_ratio(), 3),
                 // The last complete step's slowest rank and its step time (docs/design.md §2).
-                g.slowest_rank() >= 0
-                    ? absl::StrCat("r", g.slowest_rank(), " ", Fixed(g.slowest_step_time_s(), 3), "s")
+                // One token (scripts split on whitespace); "-" before a step or from an older
+                // daemon.
+                g.has_slowest_rank() && g.slowest_rank() >= 0
+                    ? absl::StrCat("r", g.slowest_rank(), ":", Fixed(g.slowest_step_time_s(), 3), "s")
                     : "-",
                 g.rs_wait_fallback() ? "rs_wait" : "-",
                 absl::StrCat(g.mode_switches()),

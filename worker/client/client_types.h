@@ -86,6 +86,7 @@ struct StepTelemetryInput {
   // leader sends (GroupDecider::ReportTelemetry makes it): each value the largest of the
   // group's ranks, rs_wait_s and norm_stall_s the largest rank's share times step_time_s
   // (docs/design.md §2), with the ranks that had the longest step and the highest peak.
+  // A group session's client of a group of more than one takes only group records.
   int ranks = 0;
   int slowest_rank = 0;
   int peak_memory_rank = 0;

@@ -691,6 +691,12 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
         "got %d",
         opts_.group_size, t.ranks));
   }
+  if (t.ranks <= 1 && opts_.group_session && opts_.group_size > 1 && remote()) {
+    // The daemon would count it as one rank of the group's and never see the others.
+    return absl::FailedPreconditionError(
+        "telemetry: this client's session speaks for its group (group_session): report each "
+        "rank's record through GroupDecider::ReportTelemetry, which sends the group's");
+  }
   if (t.ranks > 1) {
     if (opts_.rank_in_group != 0 || !opts_.group_session) {
       return absl::FailedPreconditionError(

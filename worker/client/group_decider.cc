@@ -82,17 +82,17 @@ TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bo
 absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r,
                                                           int group_size) {
   const int64_t step = static_cast<int64_t>(r.v[kStep]);
-  if (r.v[kStep] != -r.v[kNegStep]) {
-    return absl::InternalError(absl::StrFormat(
-        "group telemetry: the ranks reported steps %d to %d at once: the group's ranks are out "
-        "of step",
-        static_cast<int64_t>(-r.v[kNegStep]), step));
-  }
   if (r.v[kRefused] != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "group telemetry: a rank's record for step %d was refused (see that rank's error); "
         "the group's record was not sent",
         step));
+  }
+  if (r.v[kStep] != -r.v[kNegStep]) {
+    return absl::InternalError(absl::StrFormat(
+        "group telemetry: the ranks reported steps %d to %d at once: the group's ranks are out "
+        "of step",
+        static_cast<int64_t>(-r.v[kNegStep]), step));
   }
   if (r.v[kMode] != -r.v[kNegMode] || r.v[kReason] != -r.v[kNegReason]) {
     return absl::InternalError(absl::StrFormat(

@@ -79,7 +79,7 @@ static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWir
 inline constexpr int kMaxTelemetryWireRanks = 4096;
 
 // Rank `rank_in_group`'s record as a payload; `valid` false marks it as refused (the
-// group's record is then not sent, and every rank learns why).
+// group's record is then not sent: the refused rank and the leader return the error).
 TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bool valid = true);
 // The group's record from the reduced payload of `group_size` ranks: ranks = group_size,
 // each value the largest, rs_wait_s and norm_stall_s the largest share times step_time_s.

@@ -512,8 +512,15 @@ class RankRun {
                                           .peak_memory_bytes = rec.peak_bytes};
     if (decider_ && o_.group_session) {
       // One reduction brings the group's values to the leader, which feeds its fail-static
-      // window the group's wait share and queues the group's record (never blocking).
-      RETURN_IF_ERROR(decider_->ReportTelemetry(mine));
+      // window the group's wait share and queues the group's record (never blocking). Not
+      // fatal: only the leader and a refused rank see an error, and a rank that stopped
+      // here would leave the others waiting in the group's next collective.
+      if (absl::Status s = decider_->ReportTelemetry(mine); !s.ok() && telemetry_errors_++ == 0) {
+        std::fprintf(stderr, "spgate-worker: group %d rank %d step %lld: telemetry: %s (further "
+                             "telemetry errors are not shown)\n",
+                     grid_.group(), grid_.tp_rank(), static_cast<long long>(n),
+                     s.ToString().c_str());
+      }
       if (log_) log_->Write(n, d.mode, d.reason, source);
       return absl::OkStatus();
     }
@@ -562,6 +569,7 @@ class RankRun {
   std::unique_ptr<TransformerStack> stack_;
   std::unique_ptr<client::GateClient> gate_;
   std::unique_ptr<client::GroupDecider> decider_;
+  int64_t telemetry_errors_ = 0;  // group telemetry refused (reported once on stderr)
   std::unique_ptr<DecisionLog> log_;
   std::unique_ptr<BatchBuilder> builder_;  // the leader's only
 };

@@ -186,7 +186,7 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "GROUP  SIZE  ACTIVE  STALE  MODE     REASON        LAST_STEP  RS_WAIT  AG_TAIL_MS  "
       "NORM_STALL  SLOWEST    FALLBACK  SWITCHES  PIN\n"
       "    0     4       4      0  sp       gates_passed        600    0.031        1.20       "
-      "0.010  r3 0.812s  -                2  -\n"
+      "0.010  r3:0.812s  -                2  -\n"
       "    1     4       3      1  tp_only  pinned              599    0.000        0.00       "
       "0.000  -          rs_wait          1  tp_only in 10m\n"
       "\n"
