@@ -79,7 +79,10 @@ struct MicrobatchMemory {
 
 // The stage's peak over the step: `resident` (parameters, gradients, optimizer state)
 // plus, at every op, the activations held and the op's workspace, each micro-batch in
-// modes[microbatch]. `memory` and `modes` have one entry per micro-batch.
+// modes[microbatch]. Preconditions (the callers to come must check them; not yet wired in,
+// docs/design.md §12): `memory`, `modes` and the gate's `wanted` have one entry per
+// micro-batch of the layout `ops` came from, and every byte count and their sum over a
+// step stay below 2^62 (no overflow checks here).
 uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
                         std::span<const MicrobatchMemory> memory, std::span<const Mode> modes);
 
