@@ -383,11 +383,14 @@ class WatchReactor final : public RawReactor,
       RequestFinish(ToGrpcStatus(s));
       return;
     }
+    // Initial metadata first: once the watcher is registered a decision on another thread
+    // may start a write, which sends the metadata itself, and a second send aborts the
+    // process (gRPC asserts !sent_initial_metadata_; seen once under ASan).
+    StartSendInitialMetadata();
     watcher_ = std::make_shared<Watcher>(request.job_id(), this);
     watching_.store(true, std::memory_order_release);
     streams_->Add(this);
     state_->AddWatcher(watcher_);
-    StartSendInitialMetadata();
   }
 
   bool ExpireIfSilentSince(absl::Time cutoff) override {
