@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "absl/time/time.h"
+#include "policy/telemetry.h"
 #include "policy/types.h"
 #include "worker/client/client_options.h"  // GateClientOptions, with its table
 
@@ -91,6 +92,18 @@ struct StepTelemetryInput {
   int slowest_rank = 0;
   int peak_memory_rank = 0;
 };
+
+// The values the telemetry rules check (policy/telemetry.h), as the daemon gets them.
+inline StepTelemetryValues TelemetryValues(const StepTelemetryInput& t) {
+  return {.step = t.step,
+          .mode = static_cast<int32_t>(t.mode),
+          .step_time_s = t.step_time_s,
+          .rs_wait_s = t.rs_wait_s,
+          .all_gather_s = t.all_gather_s,
+          .norm_stall_s = t.norm_stall_s,
+          .effective_tokens = t.effective_tokens,
+          .padding_tokens = t.padding_tokens};
+}
 
 }  // namespace spgate::client
 

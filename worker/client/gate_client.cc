@@ -677,14 +677,7 @@ absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl:
 absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   // The daemon does not acknowledge invalid records; refusing them here, by the same
   // rules, keeps "sent minus acknowledged" a count of records lost in transit.
-  RETURN_IF_ERROR(ValidateStepTelemetry({.step = t.step,
-                                         .mode = static_cast<int32_t>(t.mode),
-                                         .step_time_s = t.step_time_s,
-                                         .rs_wait_s = t.rs_wait_s,
-                                         .all_gather_s = t.all_gather_s,
-                                         .norm_stall_s = t.norm_stall_s,
-                                         .effective_tokens = t.effective_tokens,
-                                         .padding_tokens = t.padding_tokens}));
+  RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t)));
   if (t.ranks < 0 || (t.ranks > 1 && t.ranks != opts_.group_size)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "telemetry: ranks must be 0 or 1 (this rank's record) or group_size=%d (the group's), "

@@ -206,14 +206,7 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
                                  ? absl::InvalidArgumentError(
                                        "telemetry: give GroupDecider each rank's own record "
                                        "(ranks 0 or 1); it makes the group's")
-                                 : ValidateStepTelemetry({.step = t.step,
-                                                          .mode = static_cast<int32_t>(t.mode),
-                                                          .step_time_s = t.step_time_s,
-                                                          .rs_wait_s = t.rs_wait_s,
-                                                          .all_gather_s = t.all_gather_s,
-                                                          .norm_stall_s = t.norm_stall_s,
-                                                          .effective_tokens = t.effective_tokens,
-                                                          .padding_tokens = t.padding_tokens});
+                                 : ValidateStepTelemetry(TelemetryValues(t));
   TelemetryWire wire = ToTelemetryWire(t, rank_in_group_, valid.ok());
   if (absl::Status s = reduce_(wire, 0); !s.ok()) return s;
   if (!valid.ok() || !is_leader()) return valid;
