@@ -59,6 +59,8 @@ std::string_view ReasonLabel(Reason reason) {
     case Reason::kPinned: return "pinned";
     case Reason::kControllerUnavailable: return "controller_unavailable";
     case Reason::kAdaptive: return "adaptive";
+    case Reason::kLengthsUnknown: return "lengths_unknown";
+    case Reason::kSpRequired: return "sp_required";
   }
   return "unspecified";
 }

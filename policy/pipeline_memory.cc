@@ -126,77 +126,84 @@ uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
   return Peak(Levels(ops, resident, memory, modes), resident);
 }
 
-PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
-                                              std::span<const MicrobatchMemory> memory,
-                                              std::span<const Mode> wanted, uint64_t limit_bytes) {
-  PipelineMemoryVerdict v;
-  v.modes.assign(wanted.begin(), wanted.end());
-  v.reasons.assign(wanted.size(), Reason::kGatesPassed);
-  if (limit_bytes == 0) {
-    v.peak_bytes = StagePeakBytes(ops, resident, memory, v.modes);
-    return v;
-  }
-  std::vector<Mode> modes(wanted.size(), Mode::kSequenceParallel);
-  std::vector<uint64_t> level = Levels(ops, resident, memory, modes);
-  const uint64_t all_sp = Peak(level, resident);
-  if (all_sp > limit_bytes) {
-    for (size_t i = 0; i < wanted.size(); ++i) {
-      if (wanted[i] == Mode::kTensorParallelOnly) v.reasons[i] = Reason::kMemoryOverBudget;
-    }
-    v.modes = std::move(modes);
-    v.peak_bytes = all_sp;
-    v.over_budget = true;
-    return v;
-  }
+StageMemoryGate::StageMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
+                                 std::span<const MicrobatchMemory> memory, uint64_t limit_bytes)
+    : memory_(memory), resident_(resident), limit_(limit_bytes) {
+  modes_.assign(memory.size(), Mode::kSequenceParallel);
+  level_ = Levels(ops, resident, memory, modes_);
+  all_sp_peak_ = Peak(level_, resident);
   // Where each micro-batch's chunks run forward and backward, so that trying TP-only for
   // one touches only the ops between its first forward and its last backward: the gate
   // costs O(micro-batches x the ops one is in flight for), not a replay per micro-batch.
-  std::vector<std::vector<std::pair<size_t, size_t>>> spans(wanted.size());
-  {
-    std::vector<std::vector<size_t>> open(wanted.size());
-    for (size_t t = 0; t < ops.size(); ++t) {
-      const PipelineOp& op = ops[t];
-      auto& o = open[op.microbatch];
-      if (op.forward) {
-        if (o.size() <= static_cast<size_t>(op.chunk)) o.resize(op.chunk + 1);
-        o[op.chunk] = t;
-      } else {
-        spans[op.microbatch].emplace_back(o[op.chunk], t);
+  spans_.resize(memory.size());
+  std::vector<std::vector<size_t>> open(memory.size());
+  for (size_t t = 0; t < ops.size(); ++t) {
+    const PipelineOp& op = ops[t];
+    auto& o = open[op.microbatch];
+    if (op.forward) {
+      if (o.size() <= static_cast<size_t>(op.chunk)) o.resize(op.chunk + 1);
+      o[op.chunk] = t;
+    } else {
+      spans_[op.microbatch].emplace_back(o[op.chunk], t);
+    }
+  }
+}
+
+bool StageMemoryGate::all_sp_fits() const { return limit_ == 0 || all_sp_peak_ <= limit_; }
+
+uint64_t StageMemoryGate::peak_bytes() const { return Peak(level_, resident_); }
+
+bool StageMemoryGate::TryTpOnly(int microbatch, bool force) {
+  const size_t i = static_cast<size_t>(microbatch);
+  if (modes_[i] == Mode::kTensorParallelOnly) return true;
+  if (!force && !all_sp_fits()) return false;
+  const MicrobatchMemory& m = memory_[i];
+  const int64_t dact = static_cast<int64_t>(m.activation_tp) - static_cast<int64_t>(m.activation_sp);
+  const int64_t dws = static_cast<int64_t>(m.workspace_tp) - static_cast<int64_t>(m.workspace_sp);
+  if (spans_[i].empty()) {  // not run on this stage's schedule: costs nothing here
+    modes_[i] = Mode::kTensorParallelOnly;
+    return true;
+  }
+  size_t lo = level_.size(), hi = 0;
+  for (const auto& [f, b] : spans_[i]) {
+    lo = std::min(lo, f);
+    hi = std::max(hi, b);
+  }
+  delta_.assign(hi - lo + 1, 0);
+  for (const auto& [f, b] : spans_[i]) {
+    for (size_t t = f; t <= b; ++t) delta_[t - lo] += dact;  // its activations, held
+    delta_[f - lo] += dws;                                   // its workspaces, running
+    delta_[b - lo] += dws;
+  }
+  if (!force && limit_ != 0) {
+    for (size_t t = lo; t <= hi; ++t) {
+      if (static_cast<int64_t>(level_[t]) + delta_[t - lo] > static_cast<int64_t>(limit_)) {
+        return false;
       }
     }
   }
-  std::vector<int64_t> delta;
+  modes_[i] = Mode::kTensorParallelOnly;
+  for (size_t t = lo; t <= hi; ++t) {
+    level_[t] = static_cast<uint64_t>(static_cast<int64_t>(level_[t]) + delta_[t - lo]);
+  }
+  return true;
+}
+
+PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
+                                              std::span<const MicrobatchMemory> memory,
+                                              std::span<const Mode> wanted, uint64_t limit_bytes) {
+  StageMemoryGate gate(ops, resident, memory, limit_bytes);
+  PipelineMemoryVerdict v;
+  v.reasons.assign(wanted.size(), Reason::kGatesPassed);
+  v.over_budget = !gate.all_sp_fits();
   for (size_t i = 0; i < wanted.size(); ++i) {
-    if (wanted[i] != Mode::kTensorParallelOnly || spans[i].empty()) continue;
-    const MicrobatchMemory& m = memory[i];
-    const int64_t dact = static_cast<int64_t>(m.activation_tp) - static_cast<int64_t>(m.activation_sp);
-    const int64_t dws = static_cast<int64_t>(m.workspace_tp) - static_cast<int64_t>(m.workspace_sp);
-    size_t lo = ops.size(), hi = 0;
-    for (const auto& [f, b] : spans[i]) {
-      lo = std::min(lo, f);
-      hi = std::max(hi, b);
-    }
-    delta.assign(hi - lo + 1, 0);
-    for (const auto& [f, b] : spans[i]) {
-      for (size_t t = f; t <= b; ++t) delta[t - lo] += dact;  // its activations, held
-      delta[f - lo] += dws;                                   // its workspaces, running
-      delta[b - lo] += dws;
-    }
-    bool fits = true;
-    for (size_t t = lo; t <= hi && fits; ++t) {
-      fits = static_cast<int64_t>(level[t]) + delta[t - lo] <= static_cast<int64_t>(limit_bytes);
-    }
-    if (!fits) {
-      v.reasons[i] = Reason::kMemoryRequiresSp;
-      continue;
-    }
-    modes[i] = Mode::kTensorParallelOnly;
-    for (size_t t = lo; t <= hi; ++t) {
-      level[t] = static_cast<uint64_t>(static_cast<int64_t>(level[t]) + delta[t - lo]);
+    if (wanted[i] != Mode::kTensorParallelOnly) continue;
+    if (!gate.TryTpOnly(static_cast<int>(i))) {
+      v.reasons[i] = v.over_budget ? Reason::kMemoryOverBudget : Reason::kMemoryRequiresSp;
     }
   }
-  v.modes = std::move(modes);
-  v.peak_bytes = Peak(level, resident);
+  v.modes = gate.modes();
+  v.peak_bytes = gate.peak_bytes();
   return v;
 }
 

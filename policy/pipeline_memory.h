@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -85,6 +86,34 @@ struct MicrobatchMemory {
 // step stay below 2^62 (no overflow checks here).
 uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
                         std::span<const MicrobatchMemory> memory, std::span<const Mode> modes);
+
+// The schedule-aware memory gate, one micro-batch at a time: every micro-batch starts SP
+// and TryTpOnly(i) lets micro-batch i run TP-only only if the stage's peak over the whole
+// step with it (and the TP-only ones before it) stays within `limit_bytes` (0: no limit).
+// A caller that decides micro-batches in order (a policy whose state advances with each
+// decision) asks it as it goes; ApplyPipelineMemoryGate is the same in one call. Keeps
+// spans into `memory`, which must outlive it. Preconditions as StagePeakBytes'.
+class StageMemoryGate {
+ public:
+  StageMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
+                  std::span<const MicrobatchMemory> memory, uint64_t limit_bytes);
+  // Whether the step fits with every micro-batch SP (if not, only a forced TP-only runs).
+  bool all_sp_fits() const;
+  uint64_t all_sp_peak_bytes() const { return all_sp_peak_; }
+  // Sets micro-batch `microbatch` TP-only and returns true if it fits (always, with
+  // `force`: a forced operator pin); false leaves it SP.
+  bool TryTpOnly(int microbatch, bool force = false);
+  const std::vector<Mode>& modes() const { return modes_; }
+  uint64_t peak_bytes() const;  // with the modes set so far
+
+ private:
+  std::span<const MicrobatchMemory> memory_;
+  uint64_t resident_ = 0, limit_ = 0, all_sp_peak_ = 0;
+  std::vector<Mode> modes_;
+  std::vector<uint64_t> level_;  // per op: resident + held + workspace
+  std::vector<std::vector<std::pair<size_t, size_t>>> spans_;  // per micro-batch: (fwd, bwd) ops
+  std::vector<int64_t> delta_;
+};
 
 struct PipelineMemoryVerdict {
   std::vector<Mode> modes;      // per micro-batch, as the gate lets them run

@@ -26,8 +26,10 @@ enum class Reason : uint8_t {
   kPinned = 7,
   kControllerUnavailable = 8,
   kAdaptive = 9,
+  kLengthsUnknown = 10,  // a pipeline stage without the micro-batch's lengths: SP
+  kSpRequired = 11,      // the job declared a feature that needs SP throughout
 };
-inline constexpr int kNumReasons = 10;  // index 0 unused
+inline constexpr int kNumReasons = 12;  // index 0 unused
 
 // Metric label values (docs/design.md §7): "sp" / "tp_only" and the lower-case enum names.
 std::string_view ModeLabel(Mode mode);

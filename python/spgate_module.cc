@@ -495,6 +495,8 @@ PYBIND11_MODULE(_spgate, m) {
       .value("PINNED", Reason::kPinned)
       .value("CONTROLLER_UNAVAILABLE", Reason::kControllerUnavailable)
       .value("ADAPTIVE", Reason::kAdaptive)
+      .value("LENGTHS_UNKNOWN", Reason::kLengthsUnknown)
+      .value("SP_REQUIRED", Reason::kSpRequired)
       .def_property_readonly("label", [](Reason v) { return std::string(ReasonLabel(v)); });
   py::enum_<client::DecisionSource>(m, "DecisionSource", py::arithmetic())
       .value("DAEMON", client::DecisionSource::kDaemon)

@@ -57,6 +57,8 @@ class Reason:
     PINNED: ClassVar[Reason]  # value 7
     CONTROLLER_UNAVAILABLE: ClassVar[Reason]  # value 8
     ADAPTIVE: ClassVar[Reason]  # value 9
+    LENGTHS_UNKNOWN: ClassVar[Reason]  # value 10
+    SP_REQUIRED: ClassVar[Reason]  # value 11
     __members__: ClassVar[Dict[str, Reason]]
     def __init__(self, value: int) -> None: ...
     @property

@@ -46,7 +46,8 @@ METRICS = {
 # Closed label value sets (docs/design.md §6 enums, lower-cased; docs/design.md §7).
 MODES = ("sp", "tp_only")
 REASONS = ("gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
-           "memory_over_budget", "pinned", "controller_unavailable", "adaptive")
+           "memory_over_budget", "pinned", "controller_unavailable", "adaptive",
+           "lengths_unknown", "sp_required")
 # The gate fields come from their one source, SPGATE_GATE_FIELDS in policy/gate_config.h
 # (gate_fields.py parses it): spgate_gate_threshold has a `gate` for every field but the
 # policy, an enum exported as spgate_gate_policy{policy} instead.

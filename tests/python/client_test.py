@@ -96,9 +96,11 @@ class LocalClientTest(SpgateTestCase):
         self.assertEqual([r.label for r in (Reason.GATES_PASSED, Reason.LENGTH_CV, Reason.RS_WAIT,
                                             Reason.PROBE, Reason.MEMORY_REQUIRES_SP,
                                             Reason.MEMORY_OVER_BUDGET, Reason.PINNED,
-                                            Reason.CONTROLLER_UNAVAILABLE, Reason.ADAPTIVE)],
+                                            Reason.CONTROLLER_UNAVAILABLE, Reason.ADAPTIVE,
+                                            Reason.LENGTHS_UNKNOWN, Reason.SP_REQUIRED)],
                          ["gates_passed", "length_cv", "rs_wait", "probe", "memory_requires_sp",
-                          "memory_over_budget", "pinned", "controller_unavailable", "adaptive"])
+                          "memory_over_budget", "pinned", "controller_unavailable", "adaptive",
+                          "lengths_unknown", "sp_required"])
         self.assertEqual(int(Reason.ADAPTIVE), 9)
         self.assertEqual(Source.FALLBACK.label, "fallback")
         self.assertEqual(Source.MEMORY_OVERRIDE.label, "memory_override")

@@ -1,0 +1,173 @@
+// Job layouts and step plans; see step_plan.h.
+#include "policy/step_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace spgate {
+namespace {
+
+absl::Status InRange(std::string_view field, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: must be in [%d, %d], got %d", field, lo, hi, value));
+}
+
+}  // namespace
+
+absl::Status ValidateJobLayout(const JobLayout& l) {
+  if (absl::Status s = InRange("layout.tp", l.tp, 1, kMaxTensorParallel); !s.ok()) return s;
+  if (absl::Status s = InRange("layout.cp", l.cp, 1, kMaxContextParallel); !s.ok()) return s;
+  if (absl::Status s = InRange("layout.dp", l.dp, 1, kMaxLayoutRanks); !s.ok()) return s;
+  if (absl::Status s = ValidatePipelineLayout(l.pipeline()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("layout.", s.message()));
+  }
+  const int64_t ranks = int64_t{l.tp} * l.pp * l.cp * l.dp;
+  if (ranks > kMaxLayoutRanks) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout: tp x pp x cp x dp = %d ranks, more than %d", ranks, kMaxLayoutRanks));
+  }
+  return absl::OkStatus();
+}
+
+std::string_view ScheduleName(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::kInterleaved1F1B ? "interleaved_1f1b" : "1f1b";
+}
+
+std::string JobLayoutMismatch(const JobLayout& job, const JobLayout& rank) {
+  struct Field {
+    const char* name;
+    int JobLayout::*member;
+  };
+  static constexpr Field kFields[] = {
+      {"tp", &JobLayout::tp}, {"pp", &JobLayout::pp}, {"vp", &JobLayout::vp},
+      {"cp", &JobLayout::cp}, {"dp", &JobLayout::dp}, {"microbatches", &JobLayout::microbatches},
+  };
+  for (const Field& f : kFields) {
+    if (job.*f.member != rank.*f.member) {
+      return absl::StrFormat("layout.%s: the job's ranks registered %d, this rank %d", f.name,
+                             job.*f.member, rank.*f.member);
+    }
+  }
+  if (job.schedule != rank.schedule) {
+    return absl::StrFormat("layout.schedule: the job's ranks registered %s, this rank %s",
+                           ScheduleName(job.schedule), ScheduleName(rank.schedule));
+  }
+  return "";
+}
+
+std::string FormatJobLayout(const JobLayout& l) {
+  return absl::StrFormat("tp=%d pp=%d vp=%d cp=%d dp=%d microbatches=%d schedule=%s", l.tp, l.pp,
+                         l.vp, l.cp, l.dp, l.microbatches, ScheduleName(l.schedule));
+}
+
+absl::Status ValidateCoordinates(const JobLayout& l, const StageCoordinates& at) {
+  if (absl::Status s = InRange("coordinates.dp_index", at.dp_index, 0, l.dp - 1); !s.ok()) return s;
+  if (absl::Status s = InRange("coordinates.stage", at.stage, 0, l.pp - 1); !s.ok()) return s;
+  return InRange("coordinates.cp_rank", at.cp_rank, 0, l.cp - 1);
+}
+
+int64_t GroupOf(const JobLayout& l, const StageCoordinates& at) {
+  return (int64_t{at.dp_index} * l.pp + at.stage) * l.cp + at.cp_rank;
+}
+
+StageCoordinates CoordinatesOf(const JobLayout& l, int64_t group) {
+  StageCoordinates at;
+  at.cp_rank = static_cast<int>(group % l.cp);
+  const int64_t unit = group / l.cp;
+  at.stage = static_cast<int>(unit % l.pp);
+  at.dp_index = static_cast<int>(unit / l.pp);
+  return at;
+}
+
+absl::Status ValidateSpRequiredFeature(std::string_view name) {
+  const bool ok = !name.empty() && name.size() <= 32 &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                  });
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "sp_required: feature names are 1 to 32 characters of [a-z0-9_], got \"%s\"",
+      absl::CEscape(absl::string_view(name.data(), std::min<size_t>(name.size(), 64)))));
+}
+
+absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
+  if (static_cast<int64_t>(ids.size()) > microbatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro_batches: %d sent, the job's layout has %d per step", ids.size(), microbatches));
+  }
+  std::vector<bool> seen(static_cast<size_t>(microbatches), false);
+  for (int id : ids) {
+    if (id < 0 || id >= microbatches) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "micro_batches: id %d is outside [0, %d)", id, microbatches));
+    }
+    if (seen[id]) {
+      return absl::InvalidArgumentError(absl::StrFormat("micro_batches: id %d repeats", id));
+    }
+    seen[id] = true;
+  }
+  for (int id = 0; id < microbatches; ++id) {
+    if (!seen[id]) {
+      return absl::InvalidArgumentError(absl::StrFormat("micro_batches: id %d is missing", id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,
+                                 const JobLayout& layout, const StagePlanFacts& plan,
+                                 std::optional<PinDirective> pin, const ThroughputTable* table,
+                                 bool sp_required, StagePlanOptions options) {
+  const int m = layout.microbatches;
+  // The stage's ops under its schedule; the layout and stage are the caller's to check.
+  std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), plan.stage).value();
+  std::vector<MicrobatchMemory> memory(static_cast<size_t>(m));
+  for (const MicrobatchFacts& f : plan.microbatches) memory[f.id] = f.memory;
+  const uint64_t limit =
+      plan.memory_budget_bytes == 0
+          ? 0
+          : std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plan.memory_budget_bytes) *
+                                                        config.memory_headroom));
+  StageMemoryGate gate(ops, plan.resident_bytes, memory, limit);
+
+  StagePlanOutcome out;
+  out.decisions.resize(static_cast<size_t>(m));
+  out.over_budget = !gate.all_sp_fits();
+  const RsWaitObservation no_samples;
+  for (int id = 0; id < m; ++id) {
+    const MicrobatchFacts& f = plan.microbatches[id];
+    const int64_t step = PolicyStep(plan.step, id, m);
+    Decision d;
+    if (sp_required) {
+      d = {Mode::kSequenceParallel, Reason::kSpRequired};
+    } else if (!f.lengths_known) {
+      d = {Mode::kSequenceParallel, Reason::kLengthsUnknown};
+    } else {
+      // The single-batch memory gate is off (no budget in the facts): the stage's gate
+      // below is the memory gate of a step plan.
+      BatchFacts facts{.step = step, .length_cv = f.length_cv, .tokens = f.tokens};
+      const GateOutcome wanted =
+          EvaluatePolicy(config, group.gate(), facts, options.plan_only ? no_samples : group.rs_wait(),
+                         pin, options.plan_only ? nullptr : table);
+      d = wanted.decision;
+      if (d.mode == Mode::kTensorParallelOnly) {
+        const bool forced = d.reason == Reason::kPinned && pin.has_value() && pin->force;
+        if (!gate.TryTpOnly(id, forced)) {
+          d = {Mode::kSequenceParallel,
+               out.over_budget ? Reason::kMemoryOverBudget : Reason::kMemoryRequiresSp};
+        }
+      }
+      if (wanted.explored && d == wanted.decision) ++out.explored;
+    }
+    group.Adopt(step, d, config);
+    out.decisions[id] = d;
+  }
+  out.peak_bytes = gate.peak_bytes();
+  return out;
+}
+
+}  // namespace spgate

@@ -1,0 +1,228 @@
+// Job layouts and step plans: the layout's checks name their field, micro-batch ids are
+// checked by id, and DecideStagePlan applies the schedule-aware memory gate over a stage's
+// whole step (the first of four stages runs SP where the last runs TP-only), honours
+// SP-required jobs and unknown lengths, and decides the CP ranks' groups alike from the
+// plan alone.
+#include "policy/step_plan.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::Each;
+using ::testing::HasSubstr;
+
+TEST(JobLayout, ValidationNamesTheField) {
+  EXPECT_THAT(ValidateJobLayout({.tp = 8, .pp = 4, .cp = 2, .dp = 2, .microbatches = 8}), IsOk());
+  EXPECT_THAT(ValidateJobLayout({.tp = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.tp")));
+  EXPECT_THAT(ValidateJobLayout({.cp = 2000}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.cp")));
+  EXPECT_THAT(ValidateJobLayout({.pp = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.pp")));
+  EXPECT_THAT(ValidateJobLayout({.pp = 2, .vp = 2, .microbatches = 4}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.vp")));
+  EXPECT_THAT(ValidateJobLayout({.tp = 1024, .pp = 1024, .dp = 1024}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks")));
+}
+
+TEST(JobLayout, MismatchNamesTheFirstDifferentField) {
+  const JobLayout job{.tp = 2, .pp = 4, .microbatches = 8};
+  EXPECT_EQ(JobLayoutMismatch(job, job), "");
+  JobLayout other = job;
+  other.microbatches = 4;
+  EXPECT_THAT(JobLayoutMismatch(job, other), HasSubstr("layout.microbatches"));
+  other = job;
+  other.schedule = PipelineSchedule::kInterleaved1F1B;
+  EXPECT_THAT(JobLayoutMismatch(job, other), HasSubstr("layout.schedule"));
+  EXPECT_EQ(FormatJobLayout(job), "tp=2 pp=4 vp=1 cp=1 dp=1 microbatches=8 schedule=1f1b");
+}
+
+TEST(JobLayout, GroupsAreNumberedWithCpInnermost) {
+  const JobLayout l{.tp = 2, .pp = 3, .cp = 2, .dp = 2};
+  int64_t expect = 0;
+  for (int d = 0; d < l.dp; ++d) {
+    for (int s = 0; s < l.pp; ++s) {
+      for (int c = 0; c < l.cp; ++c) {
+        const StageCoordinates at{.dp_index = d, .stage = s, .cp_rank = c};
+        EXPECT_THAT(ValidateCoordinates(l, at), IsOk());
+        EXPECT_EQ(GroupOf(l, at), expect);
+        EXPECT_EQ(CoordinatesOf(l, expect), at);
+        ++expect;
+      }
+    }
+  }
+  EXPECT_EQ(expect, l.groups());
+  EXPECT_THAT(ValidateCoordinates(l, {.stage = 3}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("coordinates.stage")));
+  EXPECT_THAT(ValidateCoordinates(l, {.cp_rank = -1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("coordinates.cp_rank")));
+}
+
+TEST(JobLayout, SpRequiredFeatureNames) {
+  EXPECT_THAT(ValidateSpRequiredFeature("moe_expert_tp"), IsOk());
+  EXPECT_THAT(ValidateSpRequiredFeature(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ValidateSpRequiredFeature("CUDA graphs"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sp_required")));
+  EXPECT_THAT(ValidateSpRequiredFeature(std::string(33, 'a')),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(StepPlan, MicrobatchIdsAreCheckedById) {
+  EXPECT_THAT(CheckMicrobatchIds(std::vector<int>{2, 0, 1}, 3), IsOk());
+  EXPECT_THAT(CheckMicrobatchIds(std::vector<int>{0, 1, 1}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
+  EXPECT_THAT(CheckMicrobatchIds(std::vector<int>{0, 2}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 is missing")));
+  EXPECT_THAT(CheckMicrobatchIds(std::vector<int>{0, 1, 3}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 3 is outside")));
+  EXPECT_THAT(CheckMicrobatchIds(std::vector<int>{0, 1, 2, 3}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4 sent")));
+}
+
+// Every micro-batch wants TP-only (its length CV is above the gate's threshold).
+GateConfig Config() {
+  GateConfig c;
+  c.max_length_cv = 0.5;
+  c.memory_headroom = 1.0;
+  return c;
+}
+
+std::vector<MicrobatchFacts> Uniform(int m, double cv, MicrobatchMemory memory) {
+  std::vector<MicrobatchFacts> f(m);
+  for (int i = 0; i < m; ++i) {
+    f[i] = {.id = i, .length_cv = cv, .tokens = 4096, .memory = memory};
+  }
+  return f;
+}
+
+std::vector<Mode> Modes(const StagePlanOutcome& out) {
+  std::vector<Mode> m;
+  for (const Decision& d : out.decisions) m.push_back(d.mode);
+  return m;
+}
+
+// Resident 100, activations 10 per micro-batch under SP and 20 under TP-only. 1F1B with 4
+// stages and 4 micro-batches: stage 0 holds 4 micro-batches at once, stage 3 one. A budget
+// of 145 fits TP-only on the last stage (100 + 20) but on the first not even for one
+// micro-batch (100 + 20 + 3 x 10 = 150; all SP is 140): the first stage runs SP, the last
+// TP-only.
+TEST(StepPlan, FirstStageRunsSpWhereTheLastRunsTpOnly) {
+  const JobLayout l{.tp = 2, .pp = 4, .microbatches = 4};
+  const auto mbs = Uniform(4, 1.0, {.activation_sp = 10, .activation_tp = 20});
+  for (int stage : {0, 3}) {
+    GroupPolicyState group;
+    const StagePlanFacts plan{.step = 5, .stage = stage, .resident_bytes = 100,
+                              .memory_budget_bytes = 145, .microbatches = mbs};
+    const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+    ASSERT_EQ(out.decisions.size(), 4u);
+    if (stage == 0) {
+      EXPECT_THAT(out.decisions, Each(Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}));
+      EXPECT_EQ(out.peak_bytes, 140u);
+    } else {
+      EXPECT_THAT(out.decisions, Each(Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
+      EXPECT_EQ(out.peak_bytes, 120u);
+    }
+    EXPECT_LE(out.peak_bytes, 145u);
+    EXPECT_FALSE(out.over_budget);
+    // The group's state advanced once per micro-batch, to the step's last policy step.
+    EXPECT_EQ(group.gate().last_step, PolicyStep(5, 3, 4));
+  }
+}
+
+// Stage 1 of 4 holds 3 micro-batches: with a budget of 150 two of them may be TP-only
+// (100 + 20 + 20 + 10 = 150), in micro-batch order.
+TEST(StepPlan, MemoryGateAdmitsTpOnlyInMicrobatchOrder) {
+  const JobLayout l{.pp = 4, .microbatches = 4};
+  const auto mbs = Uniform(4, 1.0, {.activation_sp = 10, .activation_tp = 20});
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 0, .stage = 1, .resident_bytes = 100,
+                            .memory_budget_bytes = 150, .microbatches = mbs};
+  const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  EXPECT_EQ(Modes(out), (std::vector<Mode>{Mode::kTensorParallelOnly, Mode::kTensorParallelOnly,
+                                           Mode::kSequenceParallel, Mode::kTensorParallelOnly}));
+  EXPECT_EQ(out.decisions[2].reason, Reason::kMemoryRequiresSp);
+  EXPECT_EQ(out.peak_bytes, 150u);
+}
+
+TEST(StepPlan, OverBudgetRunsEverythingSp) {
+  const JobLayout l{.pp = 2, .microbatches = 2};
+  const auto mbs = Uniform(2, 1.0, {.activation_sp = 10, .activation_tp = 20});
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 0, .stage = 0, .resident_bytes = 100,
+                            .memory_budget_bytes = 110, .microbatches = mbs};
+  const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  EXPECT_TRUE(out.over_budget);
+  EXPECT_THAT(out.decisions, Each(Decision{Mode::kSequenceParallel, Reason::kMemoryOverBudget}));
+}
+
+TEST(StepPlan, SpRequiredBeatsEvenAForcedPin) {
+  const JobLayout l{.pp = 2, .microbatches = 3};
+  const auto mbs = Uniform(3, 1.0, {});
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 1, .stage = 1, .microbatches = mbs};
+  const StagePlanOutcome out =
+      DecideStagePlan(group, Config(), l, plan, PinDirective(Mode::kTensorParallelOnly, true),
+                      nullptr, /*sp_required=*/true);
+  EXPECT_THAT(out.decisions, Each(Decision{Mode::kSequenceParallel, Reason::kSpRequired}));
+}
+
+TEST(StepPlan, PinsYieldToTheStageGateUnlessForced) {
+  const JobLayout l{.pp = 4, .microbatches = 4};
+  const auto mbs = Uniform(4, 0.0, {.activation_sp = 10, .activation_tp = 20});
+  const StagePlanFacts plan{.step = 0, .stage = 0, .resident_bytes = 100,
+                            .memory_budget_bytes = 145, .microbatches = mbs};
+  GroupPolicyState a;
+  EXPECT_THAT(DecideStagePlan(a, Config(), l, plan, PinDirective(Mode::kTensorParallelOnly),
+                              nullptr, false)
+                  .decisions,
+              Each(Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}));
+  GroupPolicyState b;
+  const StagePlanOutcome forced = DecideStagePlan(
+      b, Config(), l, plan, PinDirective(Mode::kTensorParallelOnly, true), nullptr, false);
+  EXPECT_THAT(forced.decisions, Each(Decision{Mode::kTensorParallelOnly, Reason::kPinned}));
+  EXPECT_EQ(forced.peak_bytes, 180u);  // a forced pin is the operator's risk, and counted
+}
+
+TEST(StepPlan, MicrobatchesWithoutLengthsRunSp) {
+  const JobLayout l{.pp = 2, .microbatches = 2};
+  auto mbs = Uniform(2, 1.0, {});
+  mbs[1].lengths_known = false;
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 0, .stage = 1, .microbatches = mbs};
+  const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  EXPECT_EQ(out.decisions[0], (Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
+  EXPECT_EQ(out.decisions[1], (Decision{Mode::kSequenceParallel, Reason::kLengthsUnknown}));
+}
+
+// Two CP ranks' groups of one (replica, stage) whose own wait-share windows differ: from
+// the plan alone they decide alike; with their windows they would not.
+TEST(StepPlan, PlanOnlyDecidesCpGroupsAlike) {
+  const JobLayout l{.pp = 2, .cp = 2, .microbatches = 2};
+  GateConfig c;  // defaults: the wait-share gate is live
+  const auto mbs = Uniform(2, 0.0, {});
+  GroupPolicyState quiet, waiting;
+  for (int64_t s = 0; s < 4; ++s) {
+    waiting.ObserveRsWaitShare(-10 + s, Mode::kSequenceParallel, 0.9, c.window_steps);
+  }
+  const StagePlanFacts plan{.step = 0, .stage = 0, .microbatches = mbs};
+  GroupPolicyState q1 = quiet, w1 = waiting;
+  const auto own_q = DecideStagePlan(q1, c, l, plan, {}, nullptr, false);
+  const auto own_w = DecideStagePlan(w1, c, l, plan, {}, nullptr, false);
+  EXPECT_NE(Modes(own_q), Modes(own_w));  // the windows matter when read
+  GroupPolicyState q2 = quiet, w2 = waiting;
+  const auto plan_q = DecideStagePlan(q2, c, l, plan, {}, nullptr, false, {.plan_only = true});
+  const auto plan_w = DecideStagePlan(w2, c, l, plan, {}, nullptr, false, {.plan_only = true});
+  EXPECT_EQ(plan_q.decisions, plan_w.decisions);
+  EXPECT_EQ(q2.gate().mode, w2.gate().mode);
+}
+
+}  // namespace
+}  // namespace spgate
