@@ -140,7 +140,6 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   const RsWaitObservation no_samples;
   for (int id = 0; id < m; ++id) {
     const MicrobatchFacts& f = plan.microbatches[id];
-    const int64_t step = PolicyStep(plan.step, id, m);
     Decision d;
     if (sp_required) {
       d = {Mode::kSequenceParallel, Reason::kSpRequired};
@@ -149,7 +148,7 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
     } else {
       // The single-batch memory gate is off (no budget in the facts): the stage's gate
       // below is the memory gate of a step plan.
-      BatchFacts facts{.step = step, .length_cv = f.length_cv, .tokens = f.tokens};
+      BatchFacts facts{.step = plan.step, .length_cv = f.length_cv, .tokens = f.tokens};
       const GateOutcome wanted =
           EvaluatePolicy(config, group.gate(), facts, options.plan_only ? no_samples : group.rs_wait(),
                          pin, options.plan_only ? nullptr : table);
@@ -163,7 +162,7 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
       }
       if (wanted.explored && d == wanted.decision) ++out.explored;
     }
-    group.Adopt(step, d, config);
+    group.Adopt(plan.step, d, config);
     out.decisions[id] = d;
   }
   out.peak_bytes = gate.peak_bytes();

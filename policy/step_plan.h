@@ -8,10 +8,10 @@
 // A stage's TP group decides on its own: the boundary between stages is the
 // sequence-sharded layout in both modes (§12), so no p2p shape depends on a mode and two
 // stages may run one micro-batch in different modes. Micro-batches are decided in id
-// order, each advancing the group's policy state once at the policy step
-// step × microbatches + id (so probe_interval_steps, min_dwell_steps and window_steps
-// count micro-batches under a step plan); the memory gate is the schedule-aware one
-// (pipeline_memory.h), over the stage's whole step.
+// order, each advancing the group's policy state once at the optimizer step (so
+// probe_interval_steps, min_dwell_steps and window_steps keep counting optimizer steps,
+// and "the group's last decided step" means the same with and without step plans); the
+// memory gate is the schedule-aware one (pipeline_memory.h), over the stage's whole step.
 //
 // Usage:
 //   JobLayout layout{.tp = 2, .pp = 4, .microbatches = 8};
@@ -56,9 +56,6 @@ struct JobLayout {
 inline constexpr int kMaxTensorParallel = 1024;
 inline constexpr int kMaxContextParallel = 1024;
 inline constexpr int64_t kMaxLayoutRanks = int64_t{1} << 24;
-// Step plans multiply the step by the micro-batches (the policy step); steps stay below
-// this so the product fits.
-inline constexpr int64_t kMaxStepPlanStep = int64_t{1} << 40;
 
 // INVALID_ARGUMENT naming the field: every size in range, the pipeline layout valid
 // (ValidatePipelineLayout), tp × pp × cp × dp ranks at most kMaxLayoutRanks.
@@ -113,10 +110,6 @@ struct StagePlanFacts {
 // exactly once, else INVALID_ARGUMENT naming the id (outside the range, repeated, missing).
 absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches);
 
-inline int64_t PolicyStep(int64_t step, int id, int microbatches) {
-  return step * microbatches + id;
-}
-
 struct StagePlanOutcome {
   std::vector<Decision> decisions;  // index = micro-batch id
   uint64_t peak_bytes = 0;          // the stage's predicted peak with these modes
@@ -140,8 +133,8 @@ struct StagePlanOptions {
 // passes the schedule-aware memory gate over the stage's whole step (kMemoryRequiresSp,
 // or kMemoryOverBudget when every micro-batch SP does not fit either) unless it is a
 // forced pin. Preconditions (callers check): ValidateJobLayout(layout), plan.stage in
-// [0, pp), CheckMicrobatchIds, plan.step in [0, kMaxStepPlanStep), the byte counts below
-// 2^56 each.
+// [0, pp), CheckMicrobatchIds, plan.step after the group's last decided step, the byte
+// counts below 2^40 each (their sum over a step then fits in 63 bits).
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,
                                  const JobLayout& layout, const StagePlanFacts& plan,
                                  std::optional<PinDirective> pin, const ThroughputTable* table,

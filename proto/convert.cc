@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace spgate {
 namespace {
@@ -139,6 +140,38 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
                 ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step()});
   }
   return out;
+}
+
+absl::StatusOr<JobLayout> FromProto(const v1::JobLayout& l) {
+  JobLayout out{.tp = l.tp(),
+                .pp = l.pp(),
+                .vp = l.vp() == 0 ? 1 : l.vp(),
+                .cp = l.cp() == 0 ? 1 : l.cp(),
+                .dp = l.dp(),
+                .microbatches = l.microbatches()};
+  switch (l.schedule()) {
+    case v1::JobLayout::SCHEDULE_UNSPECIFIED:
+    case v1::JobLayout::SCHEDULE_1F1B: out.schedule = PipelineSchedule::k1F1B; break;
+    case v1::JobLayout::SCHEDULE_INTERLEAVED_1F1B:
+      out.schedule = PipelineSchedule::kInterleaved1F1B;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrFormat("layout.schedule: unknown value %d", static_cast<int>(l.schedule())));
+  }
+  return out;
+}
+
+void ToProto(const JobLayout& l, v1::JobLayout* out) {
+  out->set_tp(l.tp);
+  out->set_pp(l.pp);
+  out->set_vp(l.vp);
+  out->set_cp(l.cp);
+  out->set_dp(l.dp);
+  out->set_microbatches(l.microbatches);
+  out->set_schedule(l.schedule == PipelineSchedule::kInterleaved1F1B
+                        ? v1::JobLayout::SCHEDULE_INTERLEAVED_1F1B
+                        : v1::JobLayout::SCHEDULE_1F1B);
 }
 
 }  // namespace spgate

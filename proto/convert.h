@@ -11,9 +11,11 @@
 #define SPGATE_PROTO_CONVERT_H_
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/field_mask.pb.h"
 #include "policy/adaptive_policy.h"
+#include "policy/step_plan.h"
 #include "policy/types.h"
 #include "spgate/v1/gate.pb.h"
 
@@ -48,7 +50,20 @@ inline bool IsValidMode(v1::Mode m) {
   return m == v1::SEQUENCE_PARALLEL || m == v1::TENSOR_PARALLEL_ONLY;
 }
 inline bool IsValidReason(v1::Reason r) {
-  return r >= v1::GATES_PASSED && r <= v1::ADAPTIVE;
+  return r >= v1::GATES_PASSED && r <= v1::SP_REQUIRED;
+}
+
+// A job's layout off the wire: vp and cp 0 read as 1, SCHEDULE_UNSPECIFIED as 1F1B; an
+// unknown schedule is INVALID_ARGUMENT (the layout's ranges are ValidateJobLayout's).
+absl::StatusOr<JobLayout> FromProto(const v1::JobLayout& layout);
+void ToProto(const JobLayout& layout, v1::JobLayout* out);
+inline StageCoordinates FromProto(const v1::StageCoordinates& c) {
+  return {.dp_index = c.dp_index(), .stage = c.stage(), .cp_rank = c.cp_rank()};
+}
+inline void ToProto(const StageCoordinates& c, v1::StageCoordinates* out) {
+  out->set_dp_index(c.dp_index);
+  out->set_stage(c.stage);
+  out->set_cp_rank(c.cp_rank);
 }
 
 }  // namespace spgate

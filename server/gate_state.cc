@@ -35,6 +35,9 @@ using gate_state_internal::PendingStep;
 using gate_state_internal::Rank;
 
 constexpr size_t kRetiredIncarnationsKept = 16;
+// A step plan's byte counts stay below 1 TiB each, so that a stage's sum over every
+// micro-batch and chunk in flight (at most 2^16 x 64 of them) fits in 63 bits.
+constexpr uint64_t kMaxPlanBytes = uint64_t{1} << 40;
 
 // A token longer than any NewSessionId makes is refused before a lookup (and before an
 // error message would echo it).
@@ -64,10 +67,48 @@ int64_t CumulativeIncrease(int64_t count, int64_t& seen) {
 // What a cached decision must match to answer a plan: its lengths, in order, and its
 // memory facts. absl::Hash is seeded per process, so a digest cannot be matched by a
 // plan crafted offline; a collision would need a session of the group's leader anyway.
-uint64_t PlanDigest(const PlanInput& plan) {
-  return absl::HashOf(absl::MakeConstSpan(plan.lengths.data(), plan.lengths.size()),
-                      plan.predicted_peak_bytes_sp, plan.predicted_peak_bytes_tp,
-                      plan.memory_budget_bytes);
+// A step plan's: every micro-batch by id (not by the order sent) and the stage's facts.
+uint64_t PlanDigest(const PlanInput& plan, std::span<const size_t> by_id) {
+  uint64_t h = absl::HashOf(absl::MakeConstSpan(plan.lengths.data(), plan.lengths.size()),
+                            plan.predicted_peak_bytes_sp, plan.predicted_peak_bytes_tp,
+                            plan.memory_budget_bytes, plan.resident_bytes);
+  for (size_t i : by_id) {
+    const MicrobatchPlanInput& m = plan.microbatches[i];
+    h = absl::HashOf(h, m.id, absl::MakeConstSpan(m.lengths.data(), m.lengths.size()),
+                     m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
+                     m.memory.workspace_tp);
+  }
+  return h;
+}
+
+// A step plan's micro-batches summarised outside the lock, in id order (the ids are
+// checked against the job's layout under it). INVALID_ARGUMENT names the micro-batch.
+absl::StatusOr<std::vector<MicrobatchFacts>> MicrobatchFactsOf(const PlanInput& plan,
+                                                               std::span<const size_t> by_id) {
+  std::vector<MicrobatchFacts> facts;
+  facts.reserve(by_id.size());
+  for (size_t i : by_id) {
+    const MicrobatchPlanInput& m = plan.microbatches[i];
+    MicrobatchFacts f{.id = m.id, .lengths_known = !m.lengths.empty(), .memory = m.memory};
+    for (uint64_t b : {m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
+                       m.memory.workspace_tp}) {
+      if (b >= kMaxPlanBytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "micro_batches[id=%d]: byte counts must be below 2^40, got %d", m.id, b));
+      }
+    }
+    if (f.lengths_known) {
+      absl::StatusOr<LengthStats> stats = ComputeLengthStats(m.lengths);
+      if (!stats.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("micro_batches[id=%d].%s", m.id, stats.status().message()));
+      }
+      f.length_cv = stats->cv;
+      f.tokens = stats->tokens;
+    }
+    facts.push_back(f);
+  }
+  return facts;
 }
 
 }  // namespace
@@ -249,6 +290,8 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation,
   job.local_decisions = 0;
   job.memory_overrides = 0;
   job.sinks.clear();
+  job.layout.reset();
+  job.sp_required.clear();
   ClearLearned(job);
   // Their later calls find no session or a stale one.
   EraseSessions([&](const Session& s) { return s.job_id == job.id && s.incarnation != incarnation; });
@@ -382,6 +425,22 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "host: at most %d characters, got %d", kMaxHostLength, r.host.size()));
   }
+  if (r.layout.has_value()) {
+    RETURN_IF_ERROR(ValidateJobLayout(*r.layout));
+    if (r.layout->tp != r.group_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "layout.tp: %d, but group_size is %d (a TP group is tp ranks)", r.layout->tp,
+          r.group_size));
+    }
+    RETURN_IF_ERROR(ValidateCoordinates(*r.layout, r.coordinates));
+    if (const int64_t g = GroupOf(*r.layout, r.coordinates); g != r.group) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "group: %d, but coordinates (dp_index=%d, stage=%d, cp_rank=%d) are group %d "
+          "((dp_index x pp + stage) x cp + cp_rank)",
+          r.group, r.coordinates.dp_index, r.coordinates.stage, r.coordinates.cp_rank, g));
+    }
+  }
+  for (const std::string& f : r.sp_required) RETURN_IF_ERROR(ValidateSpRequiredFeature(f));
   const std::string digest = LaunchCredentialDigest(r.launch_credential);
   auto session = std::make_shared<Session>();
   ASSIGN_OR_RETURN(session->id, NewSessionId());
@@ -505,6 +564,7 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
       replaced = rit->second.session_id;
     }
   }
+  RETURN_IF_ERROR(CheckLayout(job, r));
   if (replaced.empty() && job.sessions >= options_.max_sessions_per_job) {
     CountLimit(Limit::kSessionsPerJob);
     return absl::ResourceExhaustedError(absl::StrFormat(
@@ -542,6 +602,12 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
   }
   rank.session_id = session->id;
   ++job.sessions;
+  if (r.layout.has_value() && !job.layout.has_value()) job.layout = r.layout;
+  for (const std::string& f : r.sp_required) {
+    if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {
+      job.sp_required.push_back(f);
+    }
+  }
   if (r.rank_in_group == 0) g->resume_allowed = true;  // a (re)started leader may resume
   g->last_activity = job.last_activity = now;
   if (r.memory_budget_bytes > 0) {
@@ -633,27 +699,136 @@ void GateState::Touch(const Session& session) {
 
 // Validate -> cache -> policy -> record (docs/design.md §8; the rules they keep: §4). The checks that need no
 // state run before the lock, and so does the per-sequence work.
+absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) const {
+  if (job.layout.has_value()) {
+    if (!r.layout.has_value()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "layout: job %s's ranks registered the layout %s; this rank sent none (a client "
+          "that predates pipelines cannot join a job that has one)",
+          job.id, FormatJobLayout(*job.layout)));
+    }
+    if (std::string diff = JobLayoutMismatch(*job.layout, *r.layout); !diff.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(diff, " (job ", job.id, ")"));
+    }
+  } else if (r.layout.has_value() && !job.groups.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout: job %s's ranks registered without a layout; this rank sent %s", job.id,
+        FormatJobLayout(*r.layout)));
+  }
+  int features = static_cast<int>(job.sp_required.size());
+  for (const std::string& f : r.sp_required) {
+    if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {
+      ++features;
+    }
+  }
+  if (features > kMaxSpRequiredFeatures) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sp_required: job %s would have %d features, at most %d", job.id, features,
+        kMaxSpRequiredFeatures));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GateState::CheckStepPlan(const Job& job, const PlanInput& plan) const {
+  if (!job.layout.has_value()) {
+    if (plan.microbatches.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro_batches: job %s registered no layout (RegisterRequest.layout); its plans carry "
+        "lengths, not micro-batches",
+        job.id));
+  }
+  if (plan.microbatches.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro_batches: job %s registered the layout %s; its plans carry one entry per "
+        "micro-batch",
+        job.id, FormatJobLayout(*job.layout)));
+  }
+  if (!plan.lengths.empty() || plan.predicted_peak_bytes_sp != 0 ||
+      plan.predicted_peak_bytes_tp != 0) {
+    return absl::InvalidArgumentError(
+        "lengths: a step plan carries its lengths and memory per micro-batch (lengths and "
+        "predicted_peak_bytes_sp/tp must be empty)");
+  }
+  if (plan.resident_bytes >= kMaxPlanBytes || plan.memory_budget_bytes >= kMaxPlanBytes) {
+    return absl::InvalidArgumentError(
+        "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
+  }
+  std::vector<int> ids;
+  ids.reserve(plan.microbatches.size());
+  for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
+  return CheckMicrobatchIds(ids, job.layout->microbatches);
+}
+
+const GateState::Group* GateState::CpPeerDecided(const Job& job, const Group& g,
+                                                 int64_t step) const {
+  if (!job.layout.has_value() || job.layout->cp <= 1) return nullptr;
+  const int cp = job.layout->cp;
+  const int first = g.index - g.index % cp;
+  for (int peer = first; peer < first + cp; ++peer) {
+    if (peer == g.index) continue;
+    auto it = job.groups.find(peer);
+    if (it != job.groups.end() && it->second->Cached(step) != nullptr) return it->second.get();
+  }
+  return nullptr;
+}
+
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
   RETURN_IF_ERROR(CheckPlan(session, plan));
-  ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
-  const uint64_t digest = PlanDigest(plan);
+  const bool step_plan = !plan.microbatches.empty();
+  LengthStats stats;
+  std::vector<MicrobatchFacts> facts;
+  std::vector<size_t> by_id(plan.microbatches.size());
+  if (step_plan) {
+    for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = i;
+    std::sort(by_id.begin(), by_id.end(), [&](size_t a, size_t b) {
+      return plan.microbatches[a].id < plan.microbatches[b].id;
+    });
+    ASSIGN_OR_RETURN(facts, MicrobatchFactsOf(plan, by_id));
+  } else if (!plan.lengths.empty()) {
+    ASSIGN_OR_RETURN(stats, ComputeLengthStats(plan.lengths));
+  }
+  const uint64_t digest = PlanDigest(plan, by_id);
   DecisionRecord decision;
   {
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
-    if (const gate_state_internal::CachedDecision* cached = g->Cached(plan.step)) {
+    if (std::optional<DecisionRecord> cached = g->Answer(job->id, plan.step)) {
       // A retry gets the same answer, but only for the plan it was made for: a decision
       // made for other memory facts says nothing about whether this plan fits.
-      if (cached->plan_digest == digest) return cached->Expand(job->id, g->index);
+      if (cached->plan_digest == digest) return *std::move(cached);
       metrics_.refused_plan_mismatch.Increment();
       return absl::AlreadyExistsError(absl::StrFormat(
           "step: %d of group %d was decided for a different plan (its lengths or memory "
           "facts differ); a decided step is final, decide this one locally",
           plan.step, plan.group));
     }
+    RETURN_IF_ERROR(CheckStepPlan(*job, plan));
+    if (!step_plan && plan.lengths.empty()) {
+      // A plain plan needs lengths (an empty one got this far only so that a job with a
+      // layout names what its plans carry instead).
+      return ComputeLengthStats(plan.lengths).status();
+    }
     RETURN_IF_ERROR(CheckStepWindow(*g, plan));
-    decision = DecideStep(*job, *g, plan, stats, digest);
+    if (step_plan) {
+      // The CP ranks' groups of one (replica, stage) run one decision: a peer's, if one
+      // decided this step, for the same plan only (docs/design.md §12).
+      std::optional<DecisionRecord> peer_answer;
+      if (const Group* peer = CpPeerDecided(*job, *g, plan.step)) {
+        peer_answer = peer->Answer(job->id, plan.step);
+        if (peer_answer->plan_digest != digest) {
+          metrics_.refused_plan_mismatch.Increment();
+          return absl::AlreadyExistsError(absl::StrFormat(
+              "step: %d was decided for CP peer group %d of group %d with a different plan; "
+              "the CP ranks of a stage send the same micro-batches and memory facts",
+              plan.step, peer->index, plan.group));
+        }
+      }
+      decision = DecideStepPlan(*job, *g, plan, facts, digest,
+                                peer_answer.has_value() ? &*peer_answer : nullptr);
+    } else {
+      decision = DecideStep(*job, *g, plan, stats, digest);
+    }
     if (auto rit = g->ranks.find(session.rank_in_group); rit != g->ranks.end()) {
       rit->second.last_seen = decision.time;  // a unary-only leader holds its launch too
     }
@@ -677,11 +852,17 @@ absl::Status GateState::CheckPlan(const Session& session, const PlanInput& plan)
   if (plan.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
   }
-  if (static_cast<int64_t>(plan.lengths.size()) > options_.max_sequences_per_plan) {
+  if (plan.microbatches.size() > static_cast<size_t>(kMaxMicrobatches)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "micro_batches: more than %d in one plan", kMaxMicrobatches));
+  }
+  size_t sequences = plan.lengths.size();
+  for (const MicrobatchPlanInput& m : plan.microbatches) sequences += m.lengths.size();
+  if (static_cast<int64_t>(sequences) > options_.max_sequences_per_plan) {
     CountLimit(Limit::kSequencesPerPlan);
     return absl::ResourceExhaustedError(absl::StrFormat(
         "lengths: %d sequences in one plan, more than %d (--max_sequences_per_plan)",
-        plan.lengths.size(), options_.max_sequences_per_plan));
+        sequences, options_.max_sequences_per_plan));
   }
   MutexLock limiter(&session.limiter_mu);
   if (!session.plan_tokens.TryTake(Now())) {
@@ -731,7 +912,15 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
   if (g.policy.gate().has_decision) sample.previous_mode = g.policy.gate().mode;
   const double rs_mean = g.policy.rs_wait().mean;
   const std::optional<PinState> pin = ActivePin(job, plan.group);
-  const GateOutcome outcome = g.policy.Decide(config.config, facts, AsDirective(pin), &job.learned);
+  GateOutcome outcome;
+  if (!job.sp_required.empty()) {
+    // A feature of the job needs SP throughout: before pins, since a TP-only step would
+    // break it (docs/design.md §12).
+    outcome.decision = {Mode::kSequenceParallel, Reason::kSpRequired};
+    g.policy.Adopt(plan.step, outcome.decision, config.config);
+  } else {
+    outcome = g.policy.Decide(config.config, facts, AsDirective(pin), &job.learned);
+  }
 
   const DecisionRecord decision{
       .job_id = job.id,
@@ -749,11 +938,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
       .band = outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
                                 : BandOf(config.config, stats.cv, stats.tokens),
       .plan_digest = plan_digest};
-  g.schedule.Prune(plan.step);
-  g.cache.push_back(gate_state_internal::CachedDecision::Of(decision));
-  if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
-  g.last_activity = job.last_activity = g.last_plan_time = decision.time;
-  g.resume_allowed = false;
+  RecordStep(job, g, decision);
   ++job.decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
   if (outcome.explored) ++job.exploration_steps;
   if (job.gain.Add(config.config, job.learned, outcome, plan.step, stats.tokens)) {
@@ -767,6 +952,85 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
   sample.reason = decision.reason;
   sample.explored = outcome.explored;
   job.metrics->RecordDecision(sample, *g.metrics);
+  return decision;
+}
+
+void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
+  g.schedule.Prune(decision.step);
+  g.cache.push_back(gate_state_internal::CachedDecision::Of(decision));
+  if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
+  if (!decision.microbatches.empty()) {
+    g.step_plans.push_back(gate_state_internal::CachedStepPlan::Of(decision));
+    while (!g.step_plans.empty() && g.step_plans.front().step < g.cache.front().step) {
+      g.step_plans.pop_front();
+    }
+  }
+  g.last_activity = job.last_activity = g.last_plan_time = decision.time;
+  g.resume_allowed = false;
+}
+
+DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& plan,
+                                         std::span<const MicrobatchFacts> facts,
+                                         uint64_t plan_digest, const DecisionRecord* peer) {
+  const ScheduledConfig& config = g.schedule.At(plan.step);
+  std::optional<Mode> previous;
+  if (g.policy.gate().has_decision) previous = g.policy.gate().mode;
+  DecisionRecord decision;
+  int explored = 0;
+  if (peer != nullptr) {
+    // A CP peer's answer: this group runs it and its state advances as if it had decided.
+    decision = *peer;
+    decision.group = g.index;
+    for (const Decision& d : decision.microbatches) g.policy.Adopt(plan.step, d, config.config);
+  } else {
+    const double rs_mean = g.policy.rs_wait().mean;
+    const std::optional<PinState> pin = ActivePin(job, plan.group);
+    const StagePlanFacts stage{.step = plan.step,
+                               .stage = CoordinatesOf(*job.layout, g.index).stage,
+                               .resident_bytes = plan.resident_bytes,
+                               .memory_budget_bytes = plan.memory_budget_bytes,
+                               .microbatches = facts};
+    // The learned table is not read (nor learned into, band -1) until telemetry is per
+    // micro-batch: a step's time mixes the modes of its micro-batches (docs/design.md §12).
+    StagePlanOutcome out = DecideStagePlan(g.policy, config.config, *job.layout, stage,
+                                           AsDirective(pin), nullptr, !job.sp_required.empty());
+    explored = out.explored;
+    const bool pinned = std::any_of(out.decisions.begin(), out.decisions.end(),
+                                    [](const Decision& d) { return d.reason == Reason::kPinned; });
+    decision = DecisionRecord{
+        .job_id = job.id,
+        .group = plan.group,
+        .step = plan.step,
+        .mode = out.decisions.front().mode,
+        .reason = out.decisions.front().reason,
+        .config_version = config.version,
+        .length_cv = facts.front().length_cv,
+        .rolling_rs_wait_share = rs_mean,
+        .time = Now(),
+        .pin_expire = pinned ? std::optional<absl::Time>(pin->expire) : std::nullopt,
+        .pin_forced = pinned && pin->force,
+        .band = -1,
+        .plan_digest = plan_digest,
+        .microbatches = std::move(out.decisions),
+        .stage_peak_bytes = out.peak_bytes};
+  }
+  RecordStep(job, g, decision);
+  g.stage_peak = decision.stage_peak_bytes;
+  g.last_tp_microbatches = 0;
+  for (size_t i = 0; i < decision.microbatches.size(); ++i) {
+    const Decision& d = decision.microbatches[i];
+    ++job.decisions[static_cast<int>(d.mode)][static_cast<int>(d.reason)];
+    if (d.mode == Mode::kTensorParallelOnly) ++g.last_tp_microbatches;
+    DecisionSample sample{.mode = d.mode, .reason = d.reason, .length_cv = facts[i].length_cv,
+                          .previous_mode = previous};
+    if (i == 0 && plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job.memory_budget) {
+      job.memory_budget = plan.memory_budget_bytes;
+      sample.memory_budget = job.memory_budget;
+    }
+    job.metrics->RecordDecision(sample, *g.metrics);
+    previous = d.mode;
+  }
+  job.exploration_steps += explored;
   return decision;
 }
 

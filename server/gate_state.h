@@ -41,6 +41,7 @@
 #include "common/mutex.h"
 #include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
+#include "policy/step_plan.h"
 #include "policy/telemetry.h"
 #include "server/defaults.h"
 #include "server/metrics.h"
@@ -96,6 +97,10 @@ struct DecisionRecord {
   // PlanDigest of the plan this decision answers: a retry gets the cached decision only
   // for the identical plan.
   uint64_t plan_digest = 0;
+  // A step plan's answer (docs/design.md §12): one decision per micro-batch, by id (mode
+  // and reason above are micro-batch 0's), and the stage's predicted peak with them.
+  std::vector<Decision> microbatches;
+  uint64_t stage_peak_bytes = 0;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -144,6 +149,11 @@ struct RegisterInput {
   uint64_t memory_budget_bytes = 0;
   std::string launch_credential;  // never stored: only its digest is
   bool group_session = false;     // the leader speaks for the group (docs/design.md §2)
+  // Pipelined jobs (docs/design.md §12): the job's layout (none: pp = 1, plain plans),
+  // where this rank's group sits, and the features that need SP throughout.
+  std::optional<JobLayout> layout;
+  StageCoordinates coordinates;
+  std::vector<std::string> sp_required;
 };
 
 struct RegisterResult {
@@ -154,6 +164,13 @@ struct RegisterResult {
   int64_t last_decided_step = -1;
 };
 
+// One micro-batch of a step plan; lengths empty: the stage does not know them.
+struct MicrobatchPlanInput {
+  int id = 0;
+  std::span<const int64_t> lengths;
+  MicrobatchMemory memory;
+};
+
 struct PlanInput {
   std::string_view job_id;
   int group = 0;
@@ -162,6 +179,10 @@ struct PlanInput {
   uint64_t predicted_peak_bytes_sp = 0;
   uint64_t predicted_peak_bytes_tp = 0;
   uint64_t memory_budget_bytes = 0;
+  // A step plan (a job with a layout): every micro-batch of the step, and the stage's
+  // resident bytes; lengths and the predicted peaks above are then empty.
+  std::vector<MicrobatchPlanInput> microbatches;
+  uint64_t resident_bytes = 0;
 };
 
 // A heartbeat's cumulative counts (the daemon adds their increase).
@@ -232,6 +253,11 @@ struct GroupView {
   double slowest_step_time_s = 0;
   int peak_memory_rank = -1;
   bool group_session = false;
+  // A job with a layout: where the group sits, its last step plan's predicted stage peak
+  // and how many of that step's micro-batches ran TP-only.
+  std::optional<StageCoordinates> coordinates;
+  uint64_t stage_peak_bytes = 0;
+  int last_step_tp_microbatches = 0;
 };
 
 struct JobSummaryView {
@@ -282,6 +308,8 @@ struct JobView {
   std::vector<PinView> pins;
   int64_t local_decisions = 0;
   int64_t memory_overrides = 0;
+  std::optional<JobLayout> layout;
+  std::vector<std::string> sp_required;
 };
 
 class GateState final : public OperatorListener {
@@ -406,6 +434,21 @@ class GateState final : public OperatorListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   DecisionRecord DecideStep(Job& job, Group& group, const PlanInput& plan,
                             const LengthStats& stats, uint64_t plan_digest)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step plans (docs/design.md §12): the layout's checks at Register (nothing changed on
+  // an error), the plan's against the job's layout, a CP peer's decision for the step if
+  // one made it, and the decision of every micro-batch (DecideStagePlan).
+  absl::Status CheckLayout(const Job& job, const RegisterInput& r) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckStepPlan(const Job& job, const PlanInput& plan) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  const Group* CpPeerDecided(const Job& job, const Group& group, int64_t step) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  DecisionRecord DecideStepPlan(Job& job, Group& group, const PlanInput& plan,
+                                std::span<const MicrobatchFacts> facts, uint64_t plan_digest,
+                                const DecisionRecord* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Caches `decision` as the group's answer for its step and counts it.
+  void RecordStep(Job& job, Group& group, const DecisionRecord& decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
@@ -93,6 +94,34 @@ struct CachedDecision {
 };
 static_assert(sizeof(CachedDecision) == 64);
 
+// A step plan's per-micro-batch answer beside its CachedDecision (same step): a byte per
+// micro-batch (mode << 4 | reason) and the stage's predicted peak.
+struct CachedStepPlan {
+  int64_t step = 0;
+  uint64_t stage_peak_bytes = 0;
+  std::vector<uint8_t> packed;
+
+  static CachedStepPlan Of(const DecisionRecord& d) {
+    CachedStepPlan c;
+    c.step = d.step;
+    c.stage_peak_bytes = d.stage_peak_bytes;
+    c.packed.reserve(d.microbatches.size());
+    for (const Decision& m : d.microbatches) {
+      c.packed.push_back(static_cast<uint8_t>(static_cast<int>(m.mode) << 4 |
+                                              static_cast<int>(m.reason)));
+    }
+    return c;
+  }
+  void ExpandInto(DecisionRecord& d) const {
+    d.stage_peak_bytes = stage_peak_bytes;
+    d.microbatches.clear();
+    d.microbatches.reserve(packed.size());
+    for (uint8_t b : packed) {
+      d.microbatches.push_back({static_cast<Mode>(b >> 4), static_cast<Reason>(b & 15)});
+    }
+  }
+};
+
 struct Rank {
   int global_rank = 0;
   std::string host;
@@ -166,6 +195,26 @@ struct GateState::Group {
   double slowest_step_time = 0;
   int peak_rank = -1;
   bool group_session = false;  // its leader registered for the whole group
+  // Step plans (a job with a layout): the micro-batch answers of the cached steps (the
+  // same steps as `cache`), and the last one's stage peak and TP-only micro-batches.
+  std::deque<gate_state_internal::CachedStepPlan> step_plans;
+  uint64_t stage_peak = 0;
+  int last_tp_microbatches = 0;
+
+  const gate_state_internal::CachedStepPlan* CachedPlan(int64_t step) const {
+    auto it = std::lower_bound(
+        step_plans.begin(), step_plans.end(), step,
+        [](const gate_state_internal::CachedStepPlan& d, int64_t s) { return d.step < s; });
+    return it != step_plans.end() && it->step == step ? &*it : nullptr;
+  }
+  // The cached answer for `step` as it was sent, if still cached.
+  std::optional<DecisionRecord> Answer(const std::string& job_id, int64_t step) const {
+    const gate_state_internal::CachedDecision* c = Cached(step);
+    if (c == nullptr) return std::nullopt;
+    DecisionRecord d = c->Expand(job_id, index);
+    if (const gate_state_internal::CachedStepPlan* p = CachedPlan(step)) p->ExpandInto(d);
+    return d;
+  }
 
   const gate_state_internal::CachedDecision* Cached(int64_t step) const {
     auto it = std::lower_bound(
@@ -204,6 +253,10 @@ struct GateState::Job {
   absl::Time learned_pushed = absl::InfinitePast();
   AdaptiveGainLedger gain;  // ADAPTIVE's learned gain over the STATIC gates
   int64_t exploration_steps = 0;
+  // Its launch's layout, set by the first rank that registers with one, and the union of
+  // its ranks' SP-required features (docs/design.md §12); both reset with the launch.
+  std::optional<JobLayout> layout;
+  std::vector<std::string> sp_required;
 };
 
 }  // namespace spgate::server

@@ -25,6 +25,11 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
   out.ranks_stale = ranks.stale;
   out.slowest_rank = g.slowest_rank;
   out.slowest_step_time_s = g.slowest_step_time;
+  if (job.layout.has_value()) {
+    out.coordinates = CoordinatesOf(*job.layout, g.index);
+    out.stage_peak_bytes = g.stage_peak;
+    out.last_step_tp_microbatches = g.last_tp_microbatches;
+  }
   out.peak_memory_rank = g.peak_rank;
   out.group_session = g.group_session;
   const GroupGateState& gate = g.policy.gate();
@@ -81,6 +86,8 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
   const Job& job = *found;
   JobView out;
   out.summary = SummaryOf(job);
+  out.layout = job.layout;
+  out.sp_required = job.sp_required;
   for (const auto& [gi, g] : job.groups) out.groups.push_back(ViewOfGroup(job, *g));
   const ModeWindow& tp = job.modes[static_cast<int>(Mode::kTensorParallelOnly)];
   const double tp_tps = tp.step_time.Sum() > 0 ? tp.tokens.Sum() / tp.step_time.Sum() : 0;

@@ -2,6 +2,7 @@
 #include "server/job_views.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
 #include "proto/convert.h"
@@ -53,6 +54,8 @@ void ToProto(const GroupView& g, v1::GroupStatus* out) {
   out->set_slowest_step_time_s(g.slowest_step_time_s);
   out->set_peak_memory_rank(g.peak_memory_rank);
   out->set_group_session(g.group_session);
+  if (g.coordinates) spgate::ToProto(*g.coordinates, out->mutable_coordinates());
+  out->set_predicted_stage_peak_bytes(g.stage_peak_bytes);
 }
 
 void ToProto(const ModeStatsView& m, v1::ModeStats* out) {
@@ -76,14 +79,30 @@ std::optional<int> GroupOf(const Request& r) {
 }  // namespace
 
 PlanInput PlanFromProto(const v1::BatchPlan& p) {
-  return PlanInput{.job_id = p.job_id(),
-                   .group = p.group(),
-                   .step = p.step(),
-                   .lengths = std::span<const int64_t>(p.lengths().data(),
-                                                       static_cast<size_t>(p.lengths_size())),
-                   .predicted_peak_bytes_sp = p.predicted_peak_bytes_sp(),
-                   .predicted_peak_bytes_tp = p.predicted_peak_bytes_tp(),
-                   .memory_budget_bytes = p.memory_budget_bytes()};
+  PlanInput in{.job_id = p.job_id(),
+               .group = p.group(),
+               .step = p.step(),
+               .lengths = std::span<const int64_t>(p.lengths().data(),
+                                                   static_cast<size_t>(p.lengths_size())),
+               .predicted_peak_bytes_sp = p.predicted_peak_bytes_sp(),
+               .predicted_peak_bytes_tp = p.predicted_peak_bytes_tp(),
+               .memory_budget_bytes = p.memory_budget_bytes(),
+               .resident_bytes = p.resident_bytes()};
+  // At most kMaxItemsPerMessage-bounded messages reach here; the count itself is checked
+  // by the state before anything is computed from it.
+  in.microbatches.reserve(static_cast<size_t>(std::min(p.micro_batches_size(), kMaxMicrobatches)));
+  for (const v1::MicroBatchPlan& m : p.micro_batches()) {
+    if (static_cast<int>(in.microbatches.size()) > kMaxMicrobatches) break;  // refused anyway
+    in.microbatches.push_back(
+        {.id = m.id(),
+         .lengths = std::span<const int64_t>(m.lengths().data(),
+                                             static_cast<size_t>(m.lengths_size())),
+         .memory = {.activation_sp = m.activation_bytes_sp(),
+                    .activation_tp = m.activation_bytes_tp(),
+                    .workspace_sp = m.workspace_bytes_sp(),
+                    .workspace_tp = m.workspace_bytes_tp()}});
+  }
+  return in;
 }
 
 TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
@@ -104,8 +123,8 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
                          .peak_memory_rank = t.peak_memory_rank()};
 }
 
-RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
-  return RegisterInput{.job_id = r.job_id(),
+absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
+  RegisterInput in{.job_id = r.job_id(),
                        .incarnation = r.incarnation(),
                        .group = r.group(),
                        .rank_in_group = r.rank_in_group(),
@@ -115,6 +134,19 @@ RegisterInput RegisterFromProto(const v1::RegisterRequest& r) {
                        .memory_budget_bytes = r.memory_budget_bytes(),
                        .launch_credential = r.launch_credential(),
                        .group_session = r.group_session()};
+  if (r.has_layout()) {
+    ASSIGN_OR_RETURN(JobLayout layout, FromProto(r.layout()));
+    in.layout = layout;
+    in.coordinates = FromProto(r.coordinates());
+  } else if (r.has_coordinates()) {
+    return absl::InvalidArgumentError("coordinates: sent without a layout");
+  }
+  if (r.sp_required_size() > kMaxSpRequiredFeatures) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sp_required: at most %d features, got %d", kMaxSpRequiredFeatures, r.sp_required_size()));
+  }
+  in.sp_required.assign(r.sp_required().begin(), r.sp_required().end());
+  return in;
 }
 
 v1::RegisterResponse ToProto(const RegisterResult& r) {
@@ -157,6 +189,13 @@ void ToProto(const DecisionRecord& d, v1::Decision* out) {
   *out->mutable_decide_time() = ToTimestamp(d.time);
   if (d.pin_expire) *out->mutable_pin_expire_time() = ToTimestamp(*d.pin_expire);
   out->set_pin_forced(d.pin_forced);
+  for (size_t i = 0; i < d.microbatches.size(); ++i) {
+    v1::MicroBatchDecision* m = out->add_micro_batches();
+    m->set_id(static_cast<int32_t>(i));
+    m->set_mode(spgate::ToProto(d.microbatches[i].mode));
+    m->set_reason(spgate::ToProto(d.microbatches[i].reason));
+  }
+  if (!d.microbatches.empty()) out->set_predicted_stage_peak_bytes(d.stage_peak_bytes);
 }
 
 absl::StatusOr<v1::VersionedGateConfig> GetGateConfigView(const GateState& state,
@@ -193,6 +232,8 @@ absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& 
   out.set_learned_at_step(view.learned.at_step);
   out.set_adaptive_gain_ratio(view.learned.gain_ratio);
   out.set_exploration_steps(view.learned.exploration_steps);
+  if (view.layout) spgate::ToProto(*view.layout, out.mutable_layout());
+  for (const std::string& f : view.sp_required) out.add_sp_required(f);
   return out;
 }
 

@@ -20,7 +20,9 @@ namespace spgate::server {
 // message alive while they are used.
 PlanInput PlanFromProto(const v1::BatchPlan& plan);
 TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& telemetry);
-RegisterInput RegisterFromProto(const v1::RegisterRequest& request);
+// INVALID_ARGUMENT for a layout whose schedule is unknown, coordinates without a layout,
+// more than kMaxSpRequiredFeatures features.
+absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& request);
 v1::RegisterResponse ToProto(const RegisterResult& result);
 HeartbeatInput HeartbeatFromProto(const v1::Heartbeat& heartbeat);
 v1::ConfigUpdate ToProto(const ConfigPush& push);

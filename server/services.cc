@@ -605,7 +605,8 @@ absl::Status GateServiceImpl::AuthenticateWorker(grpc::CallbackServerContext* ct
 absl::StatusOr<v1::RegisterResponse> GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
                                                                const v1::RegisterRequest& r) {
   RETURN_IF_ERROR(AuthorizeWorker(ctx, r.job_id()));
-  ASSIGN_OR_RETURN(RegisterResult result, state_->Register(RegisterFromProto(r)));
+  ASSIGN_OR_RETURN(const RegisterInput input, RegisterFromProto(r));
+  ASSIGN_OR_RETURN(RegisterResult result, state_->Register(input));
   return ToProto(result);
 }
 

@@ -887,7 +887,7 @@ TEST_F(GateStateTest, ALaunchIsJoinedOnlyWithItsCredential) {
   ASSERT_THAT(first.status(), IsOk());
   // The launch's other ranks must present the credential its first Register set.
   r1.clear_launch_credential();
-  EXPECT_THAT(state->state->Register(RegisterFromProto(r1)).status(),
+  EXPECT_THAT(state->state->Register(*RegisterFromProto(r1)).status(),
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("launch_credential: required")));
   r1.set_launch_credential("not-the-launch-credential");
   EXPECT_THAT(state->Register(r1).status(),

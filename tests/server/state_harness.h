@@ -53,7 +53,8 @@ class StateHarness {
   absl::StatusOr<v1::RegisterResponse> Register(v1::RegisterRequest r) {
     if (r.incarnation().empty()) r.set_incarnation(kIncarnation);
     if (r.launch_credential().empty()) r.set_launch_credential(kLaunchCredential);
-    ASSIGN_OR_RETURN(RegisterResult result, state->Register(RegisterFromProto(r)));
+    ASSIGN_OR_RETURN(const RegisterInput input, RegisterFromProto(r));
+    ASSIGN_OR_RETURN(RegisterResult result, state->Register(input));
     if (r.rank_in_group() == 0) leaders_[{r.job_id(), r.group()}] = result.session_id;
     return ToProto(result);
   }

@@ -1,0 +1,267 @@
+// Pipelined jobs in the live state (docs/design.md §12): layouts checked at Register with
+// nothing changed on a refusal, step plans answered with one decision per micro-batch
+// (idempotent, keyed by id), the schedule-aware memory gate per stage, CP peers answered
+// alike, and SP-required jobs.
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/gate_state.h"
+#include "tests/server/state_harness.h"
+#include "tests/server/test_util.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate::server {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kJob[] = "pipe";
+
+class GateStatePipelineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    StateOptions o;
+    o.clock = [this] { return clock_.Now(); };
+    o.stale_after = absl::Seconds(5);
+    o.decision_cache_steps = 8;
+    auto h = StateHarness::Create(o, StoreOptions{}, &metrics_);
+    ASSERT_THAT(h.status(), IsOk());
+    h_ = std::move(*h);
+    // The length-CV gate wants TP-only for the plans below (CV 1.0 > 0.5).
+    v1::UpdateGateConfigRequest u;
+    u.mutable_config()->set_max_length_cv(0.5);
+    u.mutable_config()->set_memory_headroom(1.0);
+    ASSERT_THAT(h_->UpdateGateConfig(u).status(), IsOk());
+  }
+
+  // TP2 x PP4 x CP(cp) x DP1 with 4 micro-batches per step, 1F1B.
+  static v1::JobLayout Layout(int cp = 1) {
+    v1::JobLayout l;
+    l.set_tp(2);
+    l.set_pp(4);
+    l.set_cp(cp);
+    l.set_dp(1);
+    l.set_microbatches(4);
+    return l;
+  }
+
+  static v1::RegisterRequest Reg(int stage, int cp_rank = 0, int cp = 1) {
+    v1::RegisterRequest r;
+    r.set_job_id(kJob);
+    r.set_group(stage * cp + cp_rank);
+    r.set_rank_in_group(0);
+    r.set_group_size(2);
+    r.set_global_rank(2 * (stage * cp + cp_rank));
+    r.set_group_session(true);
+    *r.mutable_layout() = Layout(cp);
+    r.mutable_coordinates()->set_stage(stage);
+    r.mutable_coordinates()->set_cp_rank(cp_rank);
+    return r;
+  }
+
+  // Micro-batches with lengths {1, 3} (CV 0.5... made 1.0 by {1, 1, 4}) and 10 / 20 bytes
+  // of activations under SP / TP-only; resident 100; budget 145 (see the policy's test:
+  // stage 0 of 4 holds 4 micro-batches, stage 3 one).
+  static v1::BatchPlan StepPlan(int group, int64_t step, std::vector<int> order = {0, 1, 2, 3}) {
+    v1::BatchPlan p;
+    p.set_job_id(kJob);
+    p.set_group(group);
+    p.set_step(step);
+    p.set_resident_bytes(100);
+    p.set_memory_budget_bytes(145);
+    for (int id : order) {
+      v1::MicroBatchPlan* m = p.add_micro_batches();
+      m->set_id(id);
+      for (int64_t l : {1, 1, 10}) m->add_lengths(l);  // CV ~1.06
+      m->set_activation_bytes_sp(10);
+      m->set_activation_bytes_tp(20);
+    }
+    return p;
+  }
+
+  static std::vector<std::pair<v1::Mode, v1::Reason>> Modes(const v1::Decision& d) {
+    std::vector<std::pair<v1::Mode, v1::Reason>> out;
+    for (const auto& m : d.micro_batches()) out.emplace_back(m.mode(), m.reason());
+    return out;
+  }
+
+  FakeClock clock_;
+  Metrics metrics_;
+  std::unique_ptr<StateHarness> h_;
+};
+
+TEST_F(GateStatePipelineTest, FirstStageRunsSpWhereTheLastRunsTpOnly) {
+  ASSERT_THAT(h_->Register(Reg(0)).status(), IsOk());
+  ASSERT_THAT(h_->Register(Reg(3)).status(), IsOk());
+  v1::Decision first, last;
+  ASSERT_THAT(h_->Decide(StepPlan(0, 0), &first), IsOk());
+  ASSERT_THAT(h_->Decide(StepPlan(3, 0), &last), IsOk());
+  const auto sp = std::make_pair(v1::SEQUENCE_PARALLEL, v1::MEMORY_REQUIRES_SP);
+  const auto tp = std::make_pair(v1::TENSOR_PARALLEL_ONLY, v1::LENGTH_CV);
+  EXPECT_THAT(Modes(first), ElementsAre(sp, sp, sp, sp));
+  EXPECT_THAT(Modes(last), ElementsAre(tp, tp, tp, tp));
+  EXPECT_EQ(first.predicted_stage_peak_bytes(), 140u);
+  EXPECT_EQ(last.predicted_stage_peak_bytes(), 120u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(first.micro_batches(i).id(), i);
+
+  // Every micro-batch decision counts, and GetJob shows the layout and where groups sit.
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->layout().pp(), 4);
+  EXPECT_EQ(job->layout().microbatches(), 4);
+  int64_t counted = 0;
+  for (const auto& c : job->decisions()) counted += c.count();
+  EXPECT_EQ(counted, 8);
+  ASSERT_EQ(job->groups_size(), 2);
+  EXPECT_EQ(job->groups(1).coordinates().stage(), 3);
+  EXPECT_EQ(job->groups(0).predicted_stage_peak_bytes(), 140u);
+}
+
+TEST_F(GateStatePipelineTest, StepPlansAreIdempotentByMicrobatchId) {
+  ASSERT_THAT(h_->Register(Reg(3)).status(), IsOk());
+  v1::Decision a, b;
+  ASSERT_THAT(h_->Decide(StepPlan(3, 0), &a), IsOk());
+  // The same micro-batches sent in another order are the same plan.
+  ASSERT_THAT(h_->Decide(StepPlan(3, 0, {3, 1, 0, 2}), &b), IsOk());
+  EXPECT_EQ(a.SerializeAsString(), b.SerializeAsString());
+  // Another plan for the decided step is refused.
+  v1::BatchPlan other = StepPlan(3, 0);
+  other.mutable_micro_batches(2)->set_activation_bytes_tp(21);
+  EXPECT_THAT(h_->Decide(other, &b), StatusIs(absl::StatusCode::kAlreadyExists));
+}
+
+TEST_F(GateStatePipelineTest, BadStepPlansNameTheMicrobatch) {
+  ASSERT_THAT(h_->Register(Reg(1)).status(), IsOk());
+  v1::Decision d;
+  EXPECT_THAT(h_->Decide(StepPlan(1, 0, {0, 1, 1, 3}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
+  EXPECT_THAT(h_->Decide(StepPlan(1, 0, {0, 1, 3}), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 2 is missing")));
+  v1::BatchPlan bad_len = StepPlan(1, 0);
+  bad_len.mutable_micro_batches(2)->set_lengths(1, 0);
+  EXPECT_THAT(h_->Decide(bad_len, &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro_batches[id=2]")));
+  v1::BatchPlan plain;
+  plain.set_job_id(kJob);
+  plain.set_group(1);
+  plain.set_step(0);
+  plain.add_lengths(5);
+  EXPECT_THAT(h_->Decide(plain, &d), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("one entry per micro-batch")));
+  // Nothing was decided by any of them.
+  ASSERT_THAT(h_->Decide(StepPlan(1, 0), &d), IsOk());
+  EXPECT_EQ(d.micro_batches_size(), 4);
+}
+
+TEST_F(GateStatePipelineTest, ALayoutThatDisagreesIsRefusedAndChangesNothing) {
+  ASSERT_THAT(h_->Register(Reg(0)).status(), IsOk());
+  v1::RegisterRequest other = Reg(1);
+  other.mutable_layout()->set_microbatches(8);
+  EXPECT_THAT(h_->Register(other).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.microbatches")));
+  v1::RegisterRequest wrong_group = Reg(1);
+  wrong_group.set_group(2);
+  EXPECT_THAT(h_->Register(wrong_group).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("coordinates")));
+  v1::RegisterRequest no_layout = Reg(1);
+  no_layout.clear_layout();
+  no_layout.clear_coordinates();
+  EXPECT_THAT(h_->Register(no_layout).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sent none")));
+  v1::RegisterRequest tp_mismatch = Reg(1);
+  tp_mismatch.set_group_size(4);
+  EXPECT_THAT(h_->Register(tp_mismatch).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.tp")));
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->groups_size(), 1);  // no refused rank created its group
+  EXPECT_EQ(job->layout().microbatches(), 4);
+
+  // A job of ranks without a layout refuses one with, and takes no step plans.
+  v1::RegisterRequest legacy = Reg(0);
+  legacy.set_job_id("legacy");
+  legacy.clear_layout();
+  legacy.clear_coordinates();
+  ASSERT_THAT(h_->Register(legacy).status(), IsOk());
+  v1::RegisterRequest late = Reg(1);
+  late.set_job_id("legacy");
+  EXPECT_THAT(h_->Register(late).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("without a layout")));
+  v1::BatchPlan p = StepPlan(0, 0);
+  p.set_job_id("legacy");
+  v1::Decision d;
+  EXPECT_THAT(h_->Decide(p, &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("registered no layout")));
+}
+
+// The CP ranks' groups of one (replica, stage) run one decision whichever asks first, and
+// must send the same plan.
+TEST_F(GateStatePipelineTest, CpPeersGetOneDecision) {
+  ASSERT_THAT(h_->Register(Reg(0, 0, 2)).status(), IsOk());
+  ASSERT_THAT(h_->Register(Reg(0, 1, 2)).status(), IsOk());
+  v1::Decision a0, b0, a1, b1;
+  ASSERT_THAT(h_->Decide(StepPlan(0, 0), &a0), IsOk());
+  clock_.Advance(absl::Milliseconds(5));
+  ASSERT_THAT(h_->Decide(StepPlan(1, 0), &b0), IsOk());
+  EXPECT_EQ(b0.group(), 1);
+  b0.set_group(0);
+  EXPECT_EQ(a0.SerializeAsString(), b0.SerializeAsString());  // even its time
+  // The other peer first this time.
+  ASSERT_THAT(h_->Decide(StepPlan(1, 1), &b1), IsOk());
+  ASSERT_THAT(h_->Decide(StepPlan(0, 1), &a1), IsOk());
+  EXPECT_EQ(Modes(a1), Modes(b1));
+  v1::BatchPlan differs = StepPlan(0, 2);
+  ASSERT_THAT(h_->Decide(differs, &a1), IsOk());
+  v1::BatchPlan peer = StepPlan(1, 2);
+  peer.set_resident_bytes(101);
+  EXPECT_THAT(h_->Decide(peer, &b1),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("CP peer group 0")));
+}
+
+TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
+  v1::RegisterRequest r = Reg(3);
+  r.add_sp_required("cuda_graphs");
+  ASSERT_THAT(h_->Register(r).status(), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id(kJob);
+  pin.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  pin.set_force(true);
+  pin.mutable_duration()->set_seconds(60);
+  ASSERT_THAT(h_->PinMode(pin).status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(h_->Decide(StepPlan(3, 0), &d), IsOk());
+  const auto locked = std::make_pair(v1::SEQUENCE_PARALLEL, v1::SP_REQUIRED);
+  EXPECT_THAT(Modes(d), ElementsAre(locked, locked, locked, locked));
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_THAT(job->sp_required(), ElementsAre("cuda_graphs"));
+
+  v1::RegisterRequest bad = Reg(2);
+  bad.add_sp_required("CUDA graphs");
+  EXPECT_THAT(h_->Register(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sp_required")));
+
+  // A job without a layout is locked the same way.
+  v1::RegisterRequest legacy = Reg(0);
+  legacy.set_job_id("moe");
+  legacy.clear_layout();
+  legacy.clear_coordinates();
+  legacy.add_sp_required("moe_expert_tp");
+  ASSERT_THAT(h_->Register(legacy).status(), IsOk());
+  v1::BatchPlan p;
+  p.set_job_id("moe");
+  p.set_group(0);
+  p.set_step(0);
+  for (int64_t l : {1, 1, 10}) p.add_lengths(l);
+  ASSERT_THAT(h_->Decide(p, &d), IsOk());
+  EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(d.reason(), v1::SP_REQUIRED);
+}
+
+}  // namespace
+}  // namespace spgate::server
