@@ -991,9 +991,12 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
                                .memory_budget_bytes = plan.memory_budget_bytes,
                                .microbatches = facts};
     // The learned table is not read (nor learned into, band -1) until telemetry is per
-    // micro-batch: a step's time mixes the modes of its micro-batches (docs/design.md §12).
-    StagePlanOutcome out = DecideStagePlan(g.policy, config.config, *job.layout, stage,
-                                           AsDirective(pin), nullptr, !job.sp_required.empty());
+    // micro-batch: a step's time mixes the modes of its micro-batches. With cp > 1 the
+    // decision is the plan's alone, as the CP groups' fallbacks make it without talking
+    // (docs/design.md §12).
+    StagePlanOutcome out =
+        DecideStagePlan(g.policy, config.config, *job.layout, stage, AsDirective(pin), nullptr,
+                        !job.sp_required.empty(), {.plan_only = job.layout->cp > 1});
     explored = out.explored;
     const bool pinned = std::any_of(out.decisions.begin(), out.decisions.end(),
                                     [](const Decision& d) { return d.reason == Reason::kPinned; });

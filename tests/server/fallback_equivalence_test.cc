@@ -19,6 +19,7 @@
 // memory gate as the daemon does. What a fallback cannot know is not papered over: it
 // learns of a new pin (or an unpin) only from a daemon decision made under it, so after a
 // pin change the steps up to that decision are adopted rather than compared (counted).
+#include <algorithm>
 #include <random>
 
 #include "gmock/gmock.h"
@@ -271,6 +272,167 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Seeds, FallbackEquivalenceTest, ::testing::Values(1, 2, 3));
+
+// The same invariant for step plans (docs/design.md §12): a pipelined job's stage decides
+// every micro-batch of a step alike on both sides, under the schedule-aware memory gate,
+// with the group's wait share, config changes and unknown lengths. Each seed takes a
+// different stage of four (the first holds four micro-batches at once, the last one).
+class StepPlanEquivalenceTest : public ::testing::TestWithParam<uint64_t> {
+ protected:
+  absl::Time now_ = absl::FromUnixSeconds(1'800'000'000);
+};
+
+TEST_P(StepPlanEquivalenceTest, LocalStepPlansEqualTheDaemonsMicrobatchByMicrobatch) {
+  std::mt19937_64 rng(GetParam());
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  StateOptions options;
+  options.clock = [this] { return now_; };
+  auto harness = StateHarness::Create(options, StoreOptions{}, /*metrics=*/nullptr);
+  ASSERT_THAT(harness.status(), IsOk());
+  StateHarness& h = **harness;
+  v1::UpdateGateConfigRequest start;
+  start.set_job_id(kJob);
+  start.mutable_config()->set_max_rs_wait_share(0.25);
+  start.mutable_config()->set_probe_interval_steps(7);
+  start.mutable_config()->set_min_dwell_steps(3);
+  start.mutable_config()->set_window_steps(5);
+  ASSERT_THAT(h.UpdateGateConfig(start).status(), IsOk());
+
+  const JobLayout layout{.tp = kGroupSize, .pp = 4, .microbatches = 4};
+  const int stage = static_cast<int>(GetParam() % 4);
+  v1::RegisterRequest reg;
+  reg.set_job_id(kJob);
+  reg.set_group(stage);
+  reg.set_group_size(kGroupSize);
+  reg.set_group_session(true);
+  ToProto(layout, reg.mutable_layout());
+  reg.mutable_coordinates()->set_stage(stage);
+  auto resp = h.Register(reg);
+  ASSERT_THAT(resp.status(), IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  auto session = h.AttachSession(resp->session_id(), sink);
+  ASSERT_THAT(session.status(), IsOk());
+  DecisionBook book(GateConfig{}, 64, DecisionSource::kFallback,
+                    client::BookLayout{.layout = layout, .stage = stage});
+  book.ScheduleConfig(LayerGateConfig(GateConfig{}, resp->config().config()),
+                      resp->config().effective_version(), resp->effective_from_step());
+
+  constexpr int64_t kSteps = 1'500;
+  int64_t compared = 0;
+  std::map<std::pair<int, int>, int64_t> seen;
+  double drift = 0.1;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    now_ += absl::Milliseconds(50);
+    if (u(rng) < 0.01) {
+      v1::UpdateGateConfigRequest up;
+      up.set_job_id(kJob);
+      *up.mutable_config() = RandomOverrides(rng);
+      (void)h.UpdateGateConfig(up);  // some combinations are invalid
+    }
+    for (const v1::ConfigUpdate& up : sink->updates) {
+      book.ScheduleConfig(LayerGateConfig(GateConfig{}, up.config().config()),
+                          up.config().effective_version(), up.effective_from_step());
+    }
+    sink->updates.clear();
+
+    v1::BatchPlan plan;
+    plan.set_job_id(kJob);
+    plan.set_group(stage);
+    plan.set_step(step);
+    plan.set_resident_bytes(1000);
+    if (u(rng) < 0.5) plan.set_memory_budget_bytes(1000 + static_cast<uint64_t>(u(rng) * 600));
+    std::vector<std::vector<int64_t>> lengths(4);
+    std::vector<client::MicrobatchPlanInput> mbs(4);
+    for (int id = 0; id < 4; ++id) {
+      const double spread = u(rng) < 0.5 ? 0.05 : 0.6;
+      if (u(rng) > 0.05) {  // now and then this stage has not learned a micro-batch's lengths
+        for (int i = 0, n = 1 + static_cast<int>(u(rng) * 6); i < n; ++i) {
+          lengths[id].push_back(
+              std::max<int64_t>(1, static_cast<int64_t>(2048 * (1 + spread * (u(rng) - 0.5) * 2))));
+        }
+      }
+      mbs[id] = {.id = id,
+                 .lengths = lengths[id],
+                 .memory = {.activation_sp = 50 + static_cast<uint64_t>(u(rng) * 50),
+                            .activation_tp = 100 + static_cast<uint64_t>(u(rng) * 100),
+                            .workspace_sp = static_cast<uint64_t>(u(rng) * 30),
+                            .workspace_tp = static_cast<uint64_t>(u(rng) * 60)}};
+    }
+    std::shuffle(mbs.begin(), mbs.end(), rng);  // keyed by id, never by order
+    for (const auto& m : mbs) {
+      v1::MicroBatchPlan* p = plan.add_micro_batches();
+      p->set_id(m.id);
+      p->mutable_lengths()->Add(m.lengths.begin(), m.lengths.end());
+      p->set_activation_bytes_sp(m.memory.activation_sp);
+      p->set_activation_bytes_tp(m.memory.activation_tp);
+      p->set_workspace_bytes_sp(m.memory.workspace_sp);
+      p->set_workspace_bytes_tp(m.memory.workspace_tp);
+    }
+    PlanRecord rec;
+    rec.step = step;
+    rec.budget = plan.memory_budget_bytes();
+    ASSERT_THAT(client::StepPlanRecord(layout,
+                                       {.step = step,
+                                        .memory_budget_bytes = plan.memory_budget_bytes(),
+                                        .microbatches = mbs,
+                                        .resident_bytes = plan.resident_bytes()},
+                                       &rec),
+                IsOk());
+    ASSERT_THAT(book.AddPlan(std::move(rec)), IsOk());
+
+    v1::Decision daemon;
+    ASSERT_THAT(h.Decide(plan, &daemon), IsOk()) << "step " << step;
+    ASSERT_EQ(daemon.micro_batches_size(), 4);
+    DecisionBook shadow = book;
+    const GateDecision local = shadow.Commit(step, now_);
+    ASSERT_EQ(local.microbatches.size(), 4u);
+    for (int id = 0; id < 4; ++id) {
+      ASSERT_EQ(ToProto(local.microbatches[id].mode), daemon.micro_batches(id).mode())
+          << "step " << step << " micro-batch " << id;
+      ASSERT_EQ(ToProto(local.microbatches[id].reason), daemon.micro_batches(id).reason())
+          << "step " << step << " micro-batch " << id;
+      ++seen[{daemon.micro_batches(id).mode(), daemon.micro_batches(id).reason()}];
+    }
+    ASSERT_EQ(local.config_version, daemon.config_version()) << "step " << step;
+    ASSERT_EQ(local.stage_peak_bytes, daemon.predicted_stage_peak_bytes()) << "step " << step;
+    ++compared;
+    GateDecision ran;
+    if (u(rng) < 0.3) {
+      ran = book.Commit(step, now_);
+    } else {
+      book.OnDaemonDecision(*client::DecisionFromProto(daemon));
+      ran = book.Commit(step, now_);
+    }
+    // The group's record: SP if any micro-batch ran SP (their reduce-scatters waited).
+    Mode mode = Mode::kTensorParallelOnly;
+    for (const Decision& d : ran.microbatches) {
+      if (d.mode == Mode::kSequenceParallel) mode = Mode::kSequenceParallel;
+    }
+    drift = std::clamp(drift + 0.04 * (u(rng) - 0.5), 0.0, 0.6);
+    const double share = std::clamp(drift + 0.05 * u(rng), 0.0, 1.0);
+    v1::StepTelemetry tel;
+    tel.set_job_id(kJob);
+    tel.set_group(stage);
+    tel.set_step(step);
+    tel.set_mode(ToProto(mode));
+    tel.set_step_time_s(0.2);
+    tel.set_rs_wait_s(share * 0.2);
+    tel.set_effective_tokens(4096);
+    tel.set_ranks(kGroupSize);
+    ASSERT_THAT(h.RecordTelemetry(**session, tel), IsOk());
+    book.ObserveRsWaitShare(step, mode, share);
+  }
+  EXPECT_EQ(compared, kSteps);
+  for (auto [mode, reason] : {std::pair{v1::SEQUENCE_PARALLEL, v1::GATES_PASSED},
+                              std::pair{v1::TENSOR_PARALLEL_ONLY, v1::LENGTH_CV},
+                              std::pair{v1::TENSOR_PARALLEL_ONLY, v1::RS_WAIT},
+                              std::pair{v1::SEQUENCE_PARALLEL, v1::LENGTHS_UNKNOWN},
+                              std::pair{v1::SEQUENCE_PARALLEL, v1::MEMORY_REQUIRES_SP}}) {
+    EXPECT_GT((seen[{mode, reason}]), 0) << v1::Mode_Name(mode) << "/" << v1::Reason_Name(reason);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StepPlanEquivalenceTest, ::testing::Values(4, 5, 6, 7));
 
 }  // namespace
 }  // namespace spgate::server

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 #include "server/gate_state.h"
 #include "tests/server/state_harness.h"
 #include "tests/server/test_util.h"
@@ -223,6 +224,22 @@ TEST_F(GateStatePipelineTest, CpPeersGetOneDecision) {
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("CP peer group 0")));
 }
 
+// A stage that has not learned a micro-batch's lengths sends none: that micro-batch runs
+// SP, and the reasons reach the decision counters (which the dashboards read).
+TEST_F(GateStatePipelineTest, MicrobatchesWithoutLengthsRunSpAndAreCounted) {
+  ASSERT_THAT(h_->Register(Reg(3)).status(), IsOk());
+  v1::BatchPlan p = StepPlan(3, 0);
+  p.mutable_micro_batches(1)->clear_lengths();
+  v1::Decision d;
+  ASSERT_THAT(h_->Decide(p, &d), IsOk());
+  EXPECT_EQ(d.micro_batches(1).mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(d.micro_batches(1).reason(), v1::LENGTHS_UNKNOWN);
+  EXPECT_EQ(d.micro_batches(2).mode(), v1::TENSOR_PARALLEL_ONLY);
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("reason=\"lengths_unknown\"} 1"));
+  EXPECT_THAT(text, HasSubstr("reason=\"length_cv\"} 3"));
+}
+
 TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
   v1::RegisterRequest r = Reg(3);
   r.add_sp_required("cuda_graphs");
@@ -240,6 +257,8 @@ TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
   absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
   ASSERT_THAT(job.status(), IsOk());
   EXPECT_THAT(job->sp_required(), ElementsAre("cuda_graphs"));
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
+              HasSubstr("reason=\"sp_required\"} 4"));
 
   v1::RegisterRequest bad = Reg(2);
   bad.add_sp_required("CUDA graphs");

@@ -23,12 +23,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "policy/gate_config.h"
+#include "policy/step_plan.h"
 
 namespace grpc {
 class Channel;
@@ -133,6 +136,14 @@ struct GateClientOptions {
   std::shared_ptr<grpc::Channel> channel;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string tls_server_name;
+  // Pipelined jobs (docs/design.md §12): the job's layout (tp = group_size) and where this
+  // rank's TP group sits in it; with a layout the leader submits step plans (one entry per
+  // micro-batch) and gets one decision per micro-batch. None: pp = 1, plain plans.
+  std::optional<JobLayout> layout;
+  StageCoordinates coordinates;
+  // Features this rank runs that need SP for the whole job (names of [a-z0-9_]; at most
+  // 8): every decision is SP, reason SP_REQUIRED, from the daemon and the fallback.
+  std::vector<std::string> sp_required;
 };
 
 // What a row holds; picks the member's C++ type.

@@ -18,21 +18,38 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "policy/pipeline_memory.h"
 #include "policy/telemetry.h"
 #include "policy/types.h"
 #include "worker/client/client_options.h"  // GateClientOptions, with its table
 
 namespace spgate::client {
 
-// One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths).
+// One micro-batch of a step plan (docs/design.md §12): its id, its lengths (empty: this
+// stage does not know them, and runs it SP with reason LENGTHS_UNKNOWN) and what it
+// costs this stage in each mode (activations kept for backward, workspace while a
+// forward or backward runs).
+struct MicrobatchPlanInput {
+  int id = 0;
+  std::span<const int64_t> lengths;
+  MicrobatchMemory memory;
+};
+
+// One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths). A
+// client with a layout (GateClientOptions::layout) sends step plans instead: every
+// micro-batch of the step in `microbatches`, the stage's `resident_bytes`, and no lengths
+// or predicted peaks.
 struct BatchPlanInput {
   int64_t step = 0;
   std::span<const int64_t> lengths;  // tokens per sequence, each in [1, 2^24]
   uint64_t predicted_peak_bytes_sp = 0;
   uint64_t predicted_peak_bytes_tp = 0;
   uint64_t memory_budget_bytes = 0;  // 0: the client's option; both 0: no memory gate
+  std::span<const MicrobatchPlanInput> microbatches;
+  uint64_t resident_bytes = 0;
 };
 
 enum class DecisionSource : uint8_t {
@@ -68,6 +85,10 @@ struct GateDecision {
   // fallback that keeps honouring the pin while the daemon is away stops on time.
   std::optional<absl::Time> pin_expire;
   bool pin_forced = false;
+  // A step plan's answer: one decision per micro-batch, by id (mode and reason above are
+  // micro-batch 0's), and the stage's predicted peak with them (docs/design.md §12).
+  std::vector<Decision> microbatches;
+  uint64_t stage_peak_bytes = 0;
   friend bool operator==(const GateDecision&, const GateDecision&) = default;
 };
 

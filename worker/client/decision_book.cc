@@ -1,8 +1,12 @@
 // The leader's decision book; see decision_book.h.
 #include "worker/client/decision_book.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "policy/gate_policy.h"
+#include "policy/pipeline_memory.h"
 
 namespace spgate::client {
 namespace {
@@ -29,11 +33,74 @@ std::optional<Decision> MemoryGateForbids(const GateDecision& d, const GateConfi
   return PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr);
 }
 
+constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
+
+StagePlanFacts StageFactsOf(const PlanRecord& plan, int stage,
+                            std::vector<MicrobatchFacts>& storage) {
+  storage.clear();
+  for (const PlanRecord::Microbatch& m : plan.microbatches) storage.push_back(m.facts);
+  return StagePlanFacts{.step = plan.step,
+                        .stage = stage,
+                        .resident_bytes = plan.resident,
+                        .memory_budget_bytes = plan.budget,
+                        .microbatches = storage};
+}
+
 }  // namespace
 
+absl::Status StepPlanRecord(const JobLayout& layout, const BatchPlanInput& plan, PlanRecord* rec) {
+  if (plan.microbatches.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "microbatches: this client's job has a layout (%s): a step plan carries one entry per "
+        "micro-batch",
+        FormatJobLayout(layout)));
+  }
+  if (!plan.lengths.empty() || plan.predicted_peak_bytes_sp != 0 ||
+      plan.predicted_peak_bytes_tp != 0) {
+    return absl::InvalidArgumentError(
+        "lengths: a step plan carries its lengths and memory per micro-batch (lengths and "
+        "predicted_peak_bytes_sp/tp must be empty)");
+  }
+  if (plan.resident_bytes >= kMaxStepPlanBytes || rec->budget >= kMaxStepPlanBytes) {
+    return absl::InvalidArgumentError(
+        "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
+  }
+  std::vector<int> ids;
+  ids.reserve(plan.microbatches.size());
+  for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
+  RETURN_IF_ERROR(CheckMicrobatchIds(ids, layout.microbatches));
+  rec->microbatches.assign(plan.microbatches.size(), {});
+  for (const MicrobatchPlanInput& m : plan.microbatches) {
+    PlanRecord::Microbatch& out = rec->microbatches[m.id];
+    for (uint64_t b : {m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
+                       m.memory.workspace_tp}) {
+      if (b >= kMaxStepPlanBytes) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "microbatches[id=%d]: byte counts must be below 2^40, got %d", m.id, b));
+      }
+    }
+    out.facts = MicrobatchFacts{.id = m.id, .lengths_known = !m.lengths.empty(), .memory = m.memory};
+    if (!m.lengths.empty()) {
+      absl::StatusOr<LengthStats> stats = ComputeLengthStats(m.lengths);
+      if (!stats.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("microbatches[id=%d].%s", m.id, stats.status().message()));
+      }
+      out.facts.length_cv = stats->cv;
+      out.facts.tokens = stats->tokens;
+      out.lengths.assign(m.lengths.begin(), m.lengths.end());
+    }
+  }
+  rec->resident = plan.resident_bytes;
+  return absl::OkStatus();
+}
+
 DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
-                           DecisionSource local_source)
-    : policy_(initial, 0), max_pending_plans_(max_pending_plans), local_source_(local_source) {}
+                           DecisionSource local_source, BookLayout layout)
+    : policy_(initial, 0),
+      layout_(std::move(layout)),
+      max_pending_plans_(max_pending_plans),
+      local_source_(local_source) {}
 
 absl::Status DecisionBook::AddPlan(PlanRecord plan) {
   if (plan.step <= last_step_) {
@@ -87,10 +154,76 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
   return std::optional<GateDecision>();
 }
 
+GateDecision DecisionBook::CommitStepPlan(const PlanRecord& plan, absl::Time now) {
+  const JobLayout& layout = *layout_.layout;
+  const ScheduledConfig& sc = policy_.ConfigFor(plan.step);
+  std::vector<MicrobatchFacts> storage;
+  const StagePlanFacts facts = StageFactsOf(plan, layout_.stage, storage);
+  GateDecision d;
+  auto it = daemon_.find(plan.step);
+  if (it != daemon_.end() &&
+      it->second.microbatches.size() != static_cast<size_t>(layout.microbatches)) {
+    daemon_.erase(it);  // not an answer to this plan: decided locally
+    it = daemon_.end();
+  }
+  if (it != daemon_.end()) {
+    d = it->second;
+    // The stage's memory gate over the daemon's modes: a TP-only micro-batch that does not
+    // fit runs SP (source memory_override), unless an operator forced it.
+    const std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), layout_.stage).value();
+    std::vector<MicrobatchMemory> memory;
+    for (const MicrobatchFacts& f : storage) memory.push_back(f.memory);
+    const uint64_t limit =
+        plan.budget == 0 ? 0
+                         : std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plan.budget) *
+                                                                      sc.config.memory_headroom));
+    StageMemoryGate gate(ops, plan.resident, memory, limit);
+    bool overridden = false;
+    for (size_t i = 0; i < d.microbatches.size(); ++i) {
+      Decision& m = d.microbatches[i];
+      if (m.mode != Mode::kTensorParallelOnly) continue;
+      const bool forced = m.reason == Reason::kPinned && d.pin_forced;
+      if (!gate.TryTpOnly(static_cast<int>(i), forced)) {
+        m = {Mode::kSequenceParallel,
+             gate.all_sp_fits() ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
+        overridden = true;
+      }
+    }
+    for (const Decision& m : d.microbatches) {
+      policy_.Adopt(plan.step, m.mode, m.reason, d.pin_expire, d.pin_forced);
+    }
+    if (overridden) {
+      d.source = DecisionSource::kMemoryOverride;
+      d.config_version = sc.version;
+      d.stage_peak_bytes = gate.peak_bytes();
+      ++counters_.memory_overrides;
+    } else {
+      ++counters_.daemon_decisions;
+    }
+  } else {
+    StagePlanOutcome out = policy_.DecideStage(layout, facts, layout_.sp_required, now);
+    d.step = plan.step;
+    d.source = local_source_;
+    d.config_version = sc.version;
+    d.microbatches = std::move(out.decisions);
+    d.stage_peak_bytes = out.peak_bytes;
+    ++counters_.local_decisions;
+    ++counters_.local_decisions_by_reason[static_cast<int>(d.microbatches.front().reason)];
+  }
+  d.mode = d.microbatches.front().mode;
+  d.policy_reason = d.microbatches.front().reason;
+  d.reason = d.source == DecisionSource::kFallback ? Reason::kControllerUnavailable
+                                                   : d.policy_reason;
+  return d;
+}
+
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   GateDecision d;
-  const BatchFacts facts = FactsOf(plans_.at(step));
-  if (auto it = daemon_.find(step); it != daemon_.end()) {
+  const PlanRecord& plan = plans_.at(step);
+  const BatchFacts facts = FactsOf(plan);
+  if (layout_.layout.has_value()) {
+    d = CommitStepPlan(plan, now);
+  } else if (auto it = daemon_.find(step); it != daemon_.end()) {
     const ScheduledConfig& sc = policy_.ConfigFor(step);
     if (const std::optional<Decision> sp = MemoryGateForbids(it->second, sc.config, facts)) {
       d.step = step;
@@ -106,6 +239,18 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
       policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
       ++counters_.daemon_decisions;
     }
+  } else if (layout_.sp_required) {
+    // This rank runs a feature that needs SP throughout (docs/design.md §12).
+    d.step = step;
+    d.mode = Mode::kSequenceParallel;
+    d.policy_reason = Reason::kSpRequired;
+    d.source = local_source_;
+    d.reason = local_source_ == DecisionSource::kFallback ? Reason::kControllerUnavailable
+                                                          : d.policy_reason;
+    d.config_version = policy_.ConfigFor(step).version;
+    policy_.Adopt(step, d.mode, d.policy_reason);
+    ++counters_.local_decisions;
+    ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
   } else {
     const LocalDecision ld = policy_.Decide(facts, now);
     d.step = step;

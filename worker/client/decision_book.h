@@ -51,6 +51,14 @@ struct PlanRecord {
   double length_cv = 0;
   int64_t tokens = 0;
   uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
+  // A step plan (docs/design.md §12): its micro-batches in id order, each with its lengths
+  // (kept for re-sends) and summary, and the stage's resident bytes.
+  struct Microbatch {
+    std::vector<int64_t> lengths;
+    MicrobatchFacts facts;
+  };
+  std::vector<Microbatch> microbatches;
+  uint64_t resident = 0;
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
   absl::Time submitted;
   absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
@@ -70,13 +78,26 @@ struct DecisionBookCounters {
   std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
 };
 
+// The step plan of `plan` for a client with `layout` into `rec` (ids in id order):
+// INVALID_ARGUMENT naming the micro-batch for a repeated, missing or out-of-range id, bad
+// lengths, byte counts of 2^40 or more, or lengths / predicted peaks given at the top.
+absl::Status StepPlanRecord(const JobLayout& layout, const BatchPlanInput& plan, PlanRecord* rec);
+
+// Where the book's group sits in a pipelined job, for its step plans' fallback.
+struct BookLayout {
+  std::optional<JobLayout> layout;  // none: plain plans
+  int stage = 0;
+  bool sp_required = false;  // this rank declared a feature that needs SP throughout
+};
+
 class DecisionBook {
  public:
   static constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
 
   // `local_source`: how a local decision is labelled (kFallback with a daemon, reason
   // CONTROLLER_UNAVAILABLE; kLocalOnly without one, the gate's own reason).
-  DecisionBook(const GateConfig& initial, int max_pending_plans, DecisionSource local_source);
+  DecisionBook(const GateConfig& initial, int max_pending_plans, DecisionSource local_source,
+               BookLayout layout = {});
 
   // FAILED_PRECONDITION for a step at or below the last committed one, ALREADY_EXISTS
   // for a step already submitted. Over max_pending_plans the oldest plan is dropped.
@@ -124,7 +145,12 @@ class DecisionBook {
   int64_t last_committed_step() const { return last_step_; }
 
  private:
+  // Commit's two halves for a step plan: the daemon's answer past the stage's memory
+  // gate, or the local decision.
+  GateDecision CommitStepPlan(const PlanRecord& plan, absl::Time now);
+
   LocalGatePolicy policy_;
+  const BookLayout layout_;
   const int max_pending_plans_;
   const DecisionSource local_source_;
   std::map<int64_t, PlanRecord> plans_;

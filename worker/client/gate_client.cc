@@ -93,6 +93,23 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
   if (o.telemetry_flush_interval < absl::ZeroDuration()) {
     return bad("telemetry_flush_interval must be >= 0");
   }
+  if (o.layout.has_value()) {
+    RETURN_IF_ERROR(ValidateJobLayout(*o.layout));
+    if (o.layout->tp != o.group_size) {
+      return bad(absl::StrFormat("layout.tp: %d, but group_size is %d", o.layout->tp,
+                                 o.group_size));
+    }
+    RETURN_IF_ERROR(ValidateCoordinates(*o.layout, o.coordinates));
+    if (const int64_t g = GroupOf(*o.layout, o.coordinates); g != o.group) {
+      return bad(absl::StrFormat(
+          "group: %d, but coordinates (dp_index=%d, stage=%d, cp_rank=%d) are group %d",
+          o.group, o.coordinates.dp_index, o.coordinates.stage, o.coordinates.cp_rank, g));
+    }
+  }
+  if (o.sp_required.size() > static_cast<size_t>(kMaxSpRequiredFeatures)) {
+    return bad(absl::StrFormat("sp_required: at most %d features", kMaxSpRequiredFeatures));
+  }
+  for (const std::string& f : o.sp_required) RETURN_IF_ERROR(ValidateSpRequiredFeature(f));
   return absl::OkStatus();
 }
 
@@ -252,7 +269,10 @@ class ConnectReactor final
 GateClient::Impl::Impl(GateClientOptions options)
     : opts_(std::move(options)),
       book_(opts_.initial_config, opts_.max_pending_plans,
-            opts_.controller.empty() ? DecisionSource::kLocalOnly : DecisionSource::kFallback),
+            opts_.controller.empty() ? DecisionSource::kLocalOnly : DecisionSource::kFallback,
+            BookLayout{.layout = opts_.layout,
+                       .stage = opts_.coordinates.stage,
+                       .sp_required = !opts_.sp_required.empty()}),
       rng_(opts_.seed != 0 ? opts_.seed : std::random_device{}()) {
   if (opts_.controller.empty()) return;
   runtime_ = internal::ClientRuntime::Get();
@@ -638,16 +658,25 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   if (plan.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
   }
-  absl::StatusOr<LengthStats> stats = ComputeLengthStats(plan.lengths);
-  if (!stats.ok()) return stats.status();
   PlanRecord rec;
   rec.step = plan.step;
-  rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());
-  rec.length_cv = stats->cv;
-  rec.tokens = stats->tokens;
-  rec.peak_sp = plan.predicted_peak_bytes_sp;
-  rec.peak_tp = plan.predicted_peak_bytes_tp;
   rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
+  if (opts_.layout.has_value()) {
+    RETURN_IF_ERROR(StepPlanRecord(*opts_.layout, plan, &rec));
+  } else {
+    if (!plan.microbatches.empty()) {
+      return absl::InvalidArgumentError(
+          "microbatches: this client has no layout (GateClientOptions::layout); plain plans "
+          "carry lengths");
+    }
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(plan.lengths);
+    if (!stats.ok()) return stats.status();
+    rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());
+    rec.length_cv = stats->cv;
+    rec.tokens = stats->tokens;
+    rec.peak_sp = plan.predicted_peak_bytes_sp;
+    rec.peak_tp = plan.predicted_peak_bytes_tp;
+  }
   rec.submitted = absl::Now();
 
   spgate::MutexLock lock(&mu_);

@@ -152,7 +152,8 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
                                                                    int rank_in_group,
                                                                    BroadcastFn broadcast,
-                                                                   MaxReduceFn reduce) {
+                                                                   MaxReduceFn reduce,
+                                                                   BytesBroadcastFn bytes) {
   if (rank_in_group < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank_in_group must be >= 0, got %d", rank_in_group));
@@ -188,7 +189,8 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
         client->options().rank_in_group));
   }
   return std::unique_ptr<GroupDecider>(
-      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
+      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce),
+                       std::move(bytes)));
 }
 
 absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
@@ -257,6 +259,78 @@ absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, absl::Time deadl
                         absl::StrFormat("the group leader could not decide step %d", step));
   }
   return FromWire(wire);
+}
+
+absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int microbatches) {
+  if (!is_leader()) return DecideMicrobatches(step, microbatches, absl::InfiniteFuture());
+  return DecideMicrobatches(step, microbatches,
+                            absl::Now() + client_->options().decision_deadline);
+}
+
+absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int microbatches,
+                                                              absl::Time deadline) {
+  if (!bytes_) {
+    return absl::FailedPreconditionError(
+        "DecideMicrobatches needs the bytes broadcast (GroupDecider::Create's `bytes`)");
+  }
+  if (microbatches < 1 || microbatches > kMaxMicrobatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "microbatches: must be in [1, %d], got %d", kMaxMicrobatches, microbatches));
+  }
+  // The head goes first with the leader's status, so that a leader without an answer
+  // ends the collective on every rank before the second broadcast.
+  DecisionWire wire;
+  absl::StatusOr<GateDecision> d = absl::UnknownError("unset");
+  if (is_leader()) {
+    d = client_->AwaitDecision(step, deadline);
+    if (d.ok() && d->microbatches.size() != static_cast<size_t>(microbatches)) {
+      d = absl::FailedPreconditionError(absl::StrFormat(
+          "step %d was decided for %d micro-batches, not %d (is the client's layout the job's?)",
+          step, d->microbatches.size(), microbatches));
+    }
+    if (d.ok()) {
+      wire = ToWire(*d);
+    } else {
+      wire.step = step;
+      wire.status_code = static_cast<int32_t>(d.status().code());
+    }
+  }
+  if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
+  if (!is_leader()) {
+    if (wire.step != step) {
+      return absl::InternalError(absl::StrFormat(
+          "rank %d expected the decision for step %d but the leader broadcast step %d: the "
+          "group's ranks are out of step",
+          rank_in_group_, step, wire.step));
+    }
+    if (wire.status_code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
+                          absl::StrFormat("the group leader could not decide step %d", step));
+    }
+    d = FromWire(wire);
+    // A corrupt head still takes part in the second broadcast: the others are in it.
+  } else if (!d.ok()) {
+    return d;
+  }
+  std::vector<uint8_t> packed(static_cast<size_t>(microbatches), 0);
+  if (is_leader()) {
+    for (int i = 0; i < microbatches; ++i) {
+      const Decision& m = d->microbatches[i];
+      packed[i] = static_cast<uint8_t>(static_cast<int>(m.mode) << 4 | static_cast<int>(m.reason));
+    }
+  }
+  if (absl::Status s = bytes_(std::span<uint8_t>(packed), 0); !s.ok()) return s;
+  if (is_leader() || !d.ok()) return d;
+  d->microbatches.reserve(packed.size());
+  for (uint8_t b : packed) {
+    const int mode = b >> 4, reason = b & 15;
+    if ((mode != 1 && mode != 2) || reason < 1 || reason >= kNumReasons) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "broadcast micro-batch decisions for step %d are not decisions (byte %d)", step, b));
+    }
+    d->microbatches.push_back({static_cast<Mode>(mode), static_cast<Reason>(reason)});
+  }
+  return d;
 }
 
 }  // namespace spgate::client

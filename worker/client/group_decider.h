@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <type_traits>
 
 #include "absl/status/status.h"
@@ -93,6 +94,10 @@ absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r
 // ranks' `wire` may be left as it was.
 using MaxReduceFn = std::function<absl::Status(TelemetryWire& wire, int root)>;
 
+// Broadcasts `bytes` (the same length on every rank) from rank `root`: a step plan's
+// micro-batch decisions (docs/design.md §12), one byte each.
+using BytesBroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
+
 class GroupDecider {
  public:
   // `client` is required on the leader (rank_in_group 0; it may be a local-only client).
@@ -103,7 +108,8 @@ class GroupDecider {
   static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(GateClient* client,
                                                               int rank_in_group,
                                                               BroadcastFn broadcast,
-                                                              MaxReduceFn reduce = {});
+                                                              MaxReduceFn reduce = {},
+                                                              BytesBroadcastFn bytes = {});
 
   bool is_leader() const { return rank_in_group_ == 0; }
 
@@ -114,6 +120,14 @@ class GroupDecider {
   // client's decision_deadline).
   absl::StatusOr<GateDecision> Decide(int64_t step);
   absl::StatusOr<GateDecision> Decide(int64_t step, absl::Time deadline);
+
+  // Step plans (a job with a layout, docs/design.md §12): Decide, and then the step's
+  // decision for each of its `microbatches` micro-batches (the job's layout's, passed by
+  // every rank), broadcast over `bytes` (required). Every rank returns the same
+  // GateDecision, microbatches included, or the same error.
+  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches);
+  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches,
+                                                  absl::Time deadline);
 
   // This rank's measurements of a step it ran. With `reduce`, a collective: every rank
   // calls it for every step it reports, in the same order; the values are reduced into the
@@ -126,16 +140,19 @@ class GroupDecider {
   absl::Status ReportTelemetry(const StepTelemetryInput& telemetry);
 
  private:
-  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce)
+  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce,
+               BytesBroadcastFn bytes)
       : client_(client),
         rank_in_group_(rank_in_group),
         broadcast_(std::move(broadcast)),
-        reduce_(std::move(reduce)) {}
+        reduce_(std::move(reduce)),
+        bytes_(std::move(bytes)) {}
 
   GateClient* client_;
   int rank_in_group_;
   BroadcastFn broadcast_;
   MaxReduceFn reduce_;
+  BytesBroadcastFn bytes_;
 };
 
 }  // namespace spgate::client

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace spgate::client {
 
@@ -11,6 +13,29 @@ InMemoryBroadcast::InMemoryBroadcast(int group_size, absl::Duration timeout)
     : size_(group_size), timeout_(timeout), calls_(group_size, 0), reduce_calls_(group_size, 0) {}
 
 absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root) {
+  Slot slot{.wire = wire};
+  RETURN_IF_ERROR(Exchange(rank, root, slot));
+  if (slot.is_bytes) {
+    return absl::InternalError(absl::StrFormat(
+        "rank %d expected a decision broadcast, the root sent bytes", rank));
+  }
+  wire = slot.wire;
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryBroadcast::BroadcastBytes(int rank, std::span<uint8_t> bytes, int root) {
+  Slot slot{.bytes = std::vector<uint8_t>(bytes.begin(), bytes.end()), .is_bytes = true};
+  RETURN_IF_ERROR(Exchange(rank, root, slot));
+  if (!slot.is_bytes || slot.bytes.size() != bytes.size()) {
+    return absl::InternalError(absl::StrFormat(
+        "rank %d expected %d broadcast bytes, the root sent %s", rank, bytes.size(),
+        slot.is_bytes ? absl::StrCat(slot.bytes.size(), " bytes") : "a decision"));
+  }
+  std::copy(slot.bytes.begin(), slot.bytes.end(), bytes.begin());
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryBroadcast::Exchange(int rank, int root, Slot& io) {
   if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
@@ -18,7 +43,11 @@ absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root
   spgate::MutexLock lock(&mu_);
   const uint64_t k = calls_[rank]++;
   if (rank == root) {
-    if (size_ > 1) slots_[k] = Slot{wire, root, size_ - 1};
+    if (size_ > 1) {
+      io.root = root;
+      io.remaining = size_ - 1;
+      slots_[k] = io;
+    }
     cv_.SignalAll();
     return absl::OkStatus();
   }
@@ -39,7 +68,7 @@ absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root
         "broadcast #%d: rank %d expected root %d, the sender was rank %d", k, rank, root,
         it->second.root));
   }
-  wire = it->second.wire;
+  io = it->second;
   if (--it->second.remaining == 0) slots_.erase(it);
   return absl::OkStatus();
 }

@@ -17,6 +17,10 @@
 #include <map>
 #include <vector>
 
+#include <cstdint>
+#include <span>
+#include <vector>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "common/mutex.h"
@@ -33,6 +37,12 @@ class InMemoryBroadcast {
   BroadcastFn ForRank(int rank) {
     return [this, rank](DecisionWire& w, int root) { return Broadcast(rank, w, root); };
   }
+  // Bytes of the same length on every rank, matched by call order with Broadcast (one
+  // sequence of broadcasts, as on a real communicator).
+  absl::Status BroadcastBytes(int rank, std::span<uint8_t> bytes, int root);
+  BytesBroadcastFn BytesForRank(int rank) {
+    return [this, rank](std::span<uint8_t> b, int root) { return BroadcastBytes(rank, b, root); };
+  }
 
   // Element-wise max into the root's `wire`, matched by call order like Broadcast. A
   // non-root contributes and returns at once; the root waits (bounded by `timeout`) for
@@ -45,9 +55,13 @@ class InMemoryBroadcast {
  private:
   struct Slot {
     DecisionWire wire;
+    std::vector<uint8_t> bytes;  // BroadcastBytes
+    bool is_bytes = false;
     int root = 0;
     int remaining = 0;  // receivers that have not taken it yet
   };
+  // The root puts `sent` in this rank's next slot; another rank waits for it and gets it.
+  absl::Status Exchange(int rank, int root, Slot& sent_or_received);
   const int size_;
   const absl::Duration timeout_;
   spgate::Mutex mu_;

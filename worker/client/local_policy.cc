@@ -11,6 +11,16 @@ LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, absl::Time now) {
   return LocalDecision{out.decision, sc.version};
 }
 
+StagePlanOutcome LocalGatePolicy::DecideStage(const JobLayout& layout, const StagePlanFacts& plan,
+                                              bool sp_required, absl::Time now) {
+  const ScheduledConfig sc = schedule_.At(plan.step);
+  StagePlanOutcome out = DecideStagePlan(group_, sc.config, layout, plan, pin(now),
+                                         /*table=*/nullptr, sp_required,
+                                         {.plan_only = layout.cp > 1});
+  schedule_.Prune(plan.step);
+  return out;
+}
+
 void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason,
                             std::optional<absl::Time> pin_expire, bool pin_forced) {
   group_.Adopt(step, Decision{mode, reason}, schedule_.At(step).config);
@@ -20,8 +30,9 @@ void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason,
   if (reason == Reason::kPinned) {
     pin_ = PinDirective(mode, pin_forced);
     pin_expire_ = pin_expire;
-  } else if (!(pin_ && reason == Reason::kMemoryRequiresSp) &&
-             !(pin_ && reason == Reason::kMemoryOverBudget)) {
+  } else if (!(pin_ && (reason == Reason::kMemoryRequiresSp ||
+                        reason == Reason::kMemoryOverBudget || reason == Reason::kLengthsUnknown ||
+                        reason == Reason::kSpRequired))) {
     pin_.reset();
     pin_expire_.reset();
   }

@@ -31,6 +31,7 @@
 #include "policy/config_schedule.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
+#include "policy/step_plan.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
 
@@ -67,6 +68,13 @@ class LocalGatePolicy {
   // carries the pin's end and force, which the fallback keeps.
   void Adopt(int64_t step, Mode mode, Reason reason,
              std::optional<absl::Time> pin_expire = std::nullopt, bool pin_forced = false);
+
+  // Step plans (docs/design.md §12): every micro-batch of a stage's step, as the daemon
+  // decides them (DecideStagePlan with the same inputs: the learned table is not read for
+  // step plans, and with cp > 1 the decision comes from the plan alone so that the CP
+  // ranks' groups decide alike without talking).
+  StagePlanOutcome DecideStage(const JobLayout& layout, const StagePlanFacts& plan,
+                               bool sp_required, absl::Time now = absl::InfinitePast());
 
   // One step's group reduce-scatter wait share. Only SP steps enter the window
   // (docs/design.md §2).

@@ -62,6 +62,11 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   m->set_tp(o.group_size);
   req.set_memory_budget_bytes(o.memory_budget_bytes);
   req.set_group_session(o.group_session && o.rank_in_group == 0);
+  if (o.layout.has_value()) {
+    ToProto(*o.layout, req.mutable_layout());
+    ToProto(o.coordinates, req.mutable_coordinates());
+  }
+  for (const std::string& f : o.sp_required) req.add_sp_required(f);
   return req;
 }
 
@@ -77,6 +82,18 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
     bp->set_predicted_peak_bytes_sp(p.peak_sp);
     bp->set_predicted_peak_bytes_tp(p.peak_tp);
     bp->set_memory_budget_bytes(p.budget);
+    if (!p.microbatches.empty()) {
+      bp->set_resident_bytes(p.resident);
+      for (const PlanRecord::Microbatch& m : p.microbatches) {
+        v1::MicroBatchPlan* mb = bp->add_micro_batches();
+        mb->set_id(m.facts.id);
+        mb->mutable_lengths()->Add(m.lengths.begin(), m.lengths.end());
+        mb->set_activation_bytes_sp(m.facts.memory.activation_sp);
+        mb->set_activation_bytes_tp(m.facts.memory.activation_tp);
+        mb->set_workspace_bytes_sp(m.facts.memory.workspace_sp);
+        mb->set_workspace_bytes_tp(m.facts.memory.workspace_tp);
+      }
+    }
   }
   for (const StepTelemetryInput& t : out.telemetry) {
     v1::StepTelemetry* st = msg->add_telemetry();
@@ -126,6 +143,13 @@ std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
                    absl::Nanoseconds(d.pin_expire_time().nanos());
   }
   g.pin_forced = d.pin_forced();
+  // A step plan's answer: every micro-batch, in id order (anything else is not an answer).
+  for (int i = 0; i < d.micro_batches_size(); ++i) {
+    const v1::MicroBatchDecision& m = d.micro_batches(i);
+    if (m.id() != i || !IsValidMode(m.mode()) || !IsValidReason(m.reason())) return std::nullopt;
+    g.microbatches.push_back({FromProto(m.mode()), FromProto(m.reason())});
+  }
+  g.stage_peak_bytes = d.predicted_stage_peak_bytes();
   return g;
 }
 

@@ -315,5 +315,110 @@ TEST(DecisionBookMemoryGateTest, LocalDecisionsAreNotOverrides) {
   EXPECT_EQ(book.counters().local_decisions, 1);
 }
 
+
+// --- step plans (docs/design.md §12) ---
+
+namespace step_plans {
+
+const JobLayout kLayout{.tp = 2, .pp = 4, .microbatches = 4};
+
+GateConfig FullHeadroom() {
+  GateConfig c;
+  c.memory_headroom = 1.0;
+  c.max_length_cv = 0.5;
+  return c;
+}
+
+// Four micro-batches of lengths {1, 1, 10} (CV above 0.5: TP-only wanted), 10 / 20 bytes of
+// activations under SP / TP-only, resident 100: on stage 0 of 4 (four in flight) a budget
+// of 145 fits SP (140) but no TP-only micro-batch.
+PlanRecord StepPlan(int64_t step, uint64_t budget = 145) {
+  static const std::vector<int64_t> kLengths = {1, 1, 10};
+  std::vector<MicrobatchPlanInput> mbs;
+  for (int id = 3; id >= 0; --id) {  // any order: keyed by id
+    mbs.push_back({.id = id, .lengths = kLengths,
+                   .memory = {.activation_sp = 10, .activation_tp = 20}});
+  }
+  PlanRecord rec;
+  rec.step = step;
+  rec.budget = budget;
+  EXPECT_THAT(StepPlanRecord(kLayout, {.step = step, .microbatches = mbs, .resident_bytes = 100},
+                             &rec),
+              IsOk());
+  return rec;
+}
+
+TEST(DecisionBookStepPlanTest, TheStageGateOverridesADaemonTpOnlyAnswerThatDoesNotFit) {
+  DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback,
+                    {.layout = kLayout, .stage = 0});
+  ASSERT_THAT(book.AddPlan(StepPlan(0)), IsOk());
+  GateDecision d = Daemon(0, Mode::kTensorParallelOnly, Reason::kLengthCv);
+  d.microbatches.assign(4, {Mode::kTensorParallelOnly, Reason::kLengthCv});
+  book.OnDaemonDecision(d);
+  const GateDecision ran = book.Commit(0, kNow);
+  EXPECT_EQ(ran.source, DecisionSource::kMemoryOverride);
+  ASSERT_EQ(ran.microbatches.size(), 4u);
+  for (const Decision& m : ran.microbatches) {
+    EXPECT_EQ(m, (Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}));
+  }
+  EXPECT_EQ(ran.stage_peak_bytes, 140u);
+  EXPECT_EQ(book.counters().memory_overrides, 1);
+
+  // A daemon answer that fits runs as it came; the local decision is the policy's.
+  ASSERT_THAT(book.AddPlan(StepPlan(1, /*budget=*/0)), IsOk());
+  d = Daemon(1, Mode::kTensorParallelOnly, Reason::kLengthCv);
+  d.microbatches.assign(4, {Mode::kTensorParallelOnly, Reason::kLengthCv});
+  book.OnDaemonDecision(d);
+  EXPECT_EQ(book.Commit(1, kNow).source, DecisionSource::kDaemon);
+  ASSERT_THAT(book.AddPlan(StepPlan(2)), IsOk());
+  const GateDecision local = book.Commit(2, kNow);
+  EXPECT_EQ(local.source, DecisionSource::kFallback);
+  EXPECT_EQ(local.reason, Reason::kControllerUnavailable);
+  ASSERT_EQ(local.microbatches.size(), 4u);
+  EXPECT_EQ(local.microbatches[0], (Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}));
+}
+
+TEST(DecisionBookStepPlanTest, AnAnswerForAnotherNumberOfMicrobatchesIsDecidedLocally) {
+  DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback,
+                    {.layout = kLayout, .stage = 3});
+  ASSERT_THAT(book.AddPlan(StepPlan(0)), IsOk());
+  GateDecision d = Daemon(0, Mode::kSequenceParallel, Reason::kGatesPassed);
+  d.microbatches.assign(2, {Mode::kSequenceParallel, Reason::kGatesPassed});
+  book.OnDaemonDecision(d);
+  const GateDecision ran = book.Commit(0, kNow);
+  EXPECT_EQ(ran.source, DecisionSource::kFallback);
+  ASSERT_EQ(ran.microbatches.size(), 4u);
+  EXPECT_EQ(ran.microbatches[3], (Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
+}
+
+TEST(DecisionBookStepPlanTest, StepPlanRecordNamesWhatIsWrong) {
+  const std::vector<int64_t> lengths = {5};
+  std::vector<MicrobatchPlanInput> mbs = {{.id = 0, .lengths = lengths},
+                                          {.id = 1, .lengths = lengths},
+                                          {.id = 1, .lengths = lengths},
+                                          {.id = 3, .lengths = lengths}};
+  PlanRecord rec;
+  EXPECT_THAT(StepPlanRecord(kLayout, {.microbatches = mbs}, &rec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
+  mbs[2].id = 2;
+  EXPECT_THAT(StepPlanRecord(kLayout, {.lengths = lengths, .microbatches = mbs}, &rec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths")));
+  mbs[1].memory.activation_tp = uint64_t{1} << 41;
+  EXPECT_THAT(StepPlanRecord(kLayout, {.microbatches = mbs}, &rec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches[id=1]")));
+  EXPECT_THAT(StepPlanRecord(kLayout, {}, &rec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one entry per micro-batch")));
+}
+
+TEST(DecisionBookStepPlanTest, SpRequiredDecidesSpLocally) {
+  DecisionBook book(FullHeadroom(), 16, DecisionSource::kLocalOnly, {.sp_required = true});
+  ASSERT_THAT(book.AddPlan(Plan(0, /*cv=*/2.0)), IsOk());
+  const GateDecision d = book.Commit(0, kNow);
+  EXPECT_EQ(d.mode, Mode::kSequenceParallel);
+  EXPECT_EQ(d.reason, Reason::kSpRequired);
+}
+
+}  // namespace step_plans
+
 }  // namespace
 }  // namespace spgate::client

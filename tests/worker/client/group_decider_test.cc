@@ -166,6 +166,57 @@ TEST(GroupDeciderTest, RanksOutOfStepAreReported) {
 
 // The in-group reduction: the element-wise max of the ranks' payloads is the group's
 // record, with the slowest and the peak-memory ranks, each share the largest rank's.
+// Step plans: every rank gets the leader's micro-batch decisions, through the second
+// broadcast; a rank without the bytes broadcast is refused by name.
+TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
+  constexpr int kRanks = 3;
+  constexpr int kMicrobatches = 4;
+  GateClientOptions o;
+  o.group_size = kRanks;
+  o.layout = JobLayout{.tp = kRanks, .pp = 2, .microbatches = kMicrobatches};
+  o.initial_config.max_length_cv = 0.5;
+  auto leader_client = GateClient::Create(o);
+  ASSERT_THAT(leader_client.status(), IsOk());
+  InMemoryBroadcast group(kRanks);
+  std::vector<std::vector<GateDecision>> seen(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto decider = GroupDecider::Create(rank == 0 ? leader_client->get() : nullptr, rank,
+                                          group.ForRank(rank), {}, group.BytesForRank(rank));
+      ASSERT_THAT(decider.status(), IsOk());
+      const std::vector<int64_t> uniform = {4096, 4000}, mixed = {100, 100, 8000};
+      for (int64_t step = 0; step < 200; ++step) {
+        std::vector<MicrobatchPlanInput> mbs;
+        for (int id = 0; id < kMicrobatches; ++id) {
+          mbs.push_back({.id = id, .lengths = (step + id) % 3 == 0 ? mixed : uniform});
+        }
+        ASSERT_THAT((*decider)->SubmitPlan({.step = step, .microbatches = mbs}), IsOk());
+        auto d = (*decider)->DecideMicrobatches(step, kMicrobatches);
+        ASSERT_THAT(d.status(), IsOk());
+        seen[rank].push_back(*d);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  int tp = 0;
+  for (size_t step = 0; step < seen[0].size(); ++step) {
+    ASSERT_EQ(seen[0][step].microbatches.size(), static_cast<size_t>(kMicrobatches));
+    for (int rank = 1; rank < kRanks; ++rank) {
+      ASSERT_EQ(seen[rank][step].microbatches, seen[0][step].microbatches) << "step " << step;
+      ASSERT_EQ(seen[rank][step].source, seen[0][step].source);
+    }
+    for (const Decision& m : seen[0][step].microbatches) tp += m.mode == Mode::kTensorParallelOnly;
+  }
+  EXPECT_GT(tp, 0);
+  EXPECT_LT(tp, 200 * kMicrobatches);
+
+  auto no_bytes = GroupDecider::Create(nullptr, 1, group.ForRank(1));
+  ASSERT_THAT(no_bytes.status(), IsOk());
+  EXPECT_THAT((*no_bytes)->DecideMicrobatches(0, kMicrobatches),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bytes broadcast")));
+}
+
 TEST(TelemetryWireTest, TheMaxOfTheRanksIsTheGroupsRecord) {
   const std::vector<StepTelemetryInput> ranks = {
       {.step = 9, .mode = Mode::kSequenceParallel, .reason = Reason::kGatesPassed,
