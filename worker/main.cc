@@ -50,7 +50,11 @@ ABSL_FLAG(std::string, incarnation, kClientDefaults.incarnation,
                        "; empty: the launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID+restart "
                        "count, SLURM_JOB_ID+restart count, the MPI job), else one made by "
                        "world rank 0"));
-ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group");
+ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group (of one stage)");
+ABSL_FLAG(int, pp, 1, "Pipeline stages (world = tp x pp x dp; each stage runs layers / pp; "
+          "1F1B over --microbatches, one decision per micro-batch and stage)");
+ABSL_FLAG(int, microbatches, 1, "Micro-batches per optimizer step, each of "
+          "--tokens_per_batch tokens (1 with --pp=1: one batch per step)");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
 ABSL_FLAG(int, hidden, 128, "Hidden size");
 ABSL_FLAG(int, heads, 4, "Attention heads (divisible by --tp)");
@@ -170,6 +174,8 @@ int main(int argc, char** argv) {
   o.tls = spgate::client::TlsOptionsFromFlags();
   o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
+  o.pp = absl::GetFlag(FLAGS_pp);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};
   o.lengths = absl::GetFlag(FLAGS_lengths);
@@ -206,7 +212,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   const bool root = world_rank == 0;
-  if (o.tp == 0) o.tp = world_size;
+  if (o.tp == 0) o.tp = world_size / std::max(o.pp, 1);
   auto finish_refused = [&](const std::string& message) {
     Refuse(message, root);
     MPI_Finalize();
@@ -219,7 +225,7 @@ int main(int argc, char** argv) {
     return finish_refused("--backend=nccl: no CUDA device is visible");
   }
   // Owns MPI communicators: it must be gone before MPI_Finalize on every path below.
-  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp);
+  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp, o.pp);
   if (!grid.ok()) return finish_refused(std::string(grid.status().message()));
 
   auto fail = [&](const absl::Status& s) {

@@ -27,7 +27,7 @@ STEPS = 12
 def decision_rows(path):
     with open(path) as f:
         lines = f.read().splitlines()
-    assert lines[0] == "step,mode,reason,source", lines[0]
+    assert lines[0] == "step,mode,reason,source,stage,micro_batch", lines[0]
     return [line.split(",") for line in lines[1:]]
 
 

@@ -42,8 +42,9 @@ enum class CollectivePurpose : uint8_t {
   kNormBoundary,  // exist only because LayerNorm crossed the shard boundary (gather)
   kGradSync,      // gradient reductions at the end of an accumulation window
   kControl,       // decisions, batch lengths, statistics
+  kStageBoundary,  // a TP-only pipeline stage gathering its sequence-sharded input
 };
-inline constexpr int kNumCollectivePurposes = 4;
+inline constexpr int kNumCollectivePurposes = 5;
 
 struct CollectiveStats {
   std::array<std::array<double, kNumCollectivePurposes>, kNumCollectiveOps> seconds{};

@@ -18,7 +18,7 @@ absl::Status MpiStatus(int rc, const char* call, const char* file, int line) {
       absl::StrCat(file, ":", line, ": ", call, ": ", std::string(text, len)));
 }
 
-absl::StatusOr<std::unique_ptr<ProcessGrid>> ProcessGrid::Create(MPI_Comm world, int tp) {
+absl::StatusOr<std::unique_ptr<ProcessGrid>> ProcessGrid::Create(MPI_Comm world, int tp, int pp) {
   std::unique_ptr<ProcessGrid> g(new ProcessGrid());
   SPGATE_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN));
   SPGATE_MPI_RETURN_IF_ERROR(MPI_Comm_rank(world, &g->world_rank_));
@@ -27,18 +27,27 @@ absl::StatusOr<std::unique_ptr<ProcessGrid>> ProcessGrid::Create(MPI_Comm world,
     return absl::InvalidArgumentError(absl::StrCat("--tp=", tp, " must be >= 1 and divide the ",
                                                    g->world_size_, " ranks of the job"));
   }
+  if (pp < 1 || g->world_size_ % (tp * pp) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--pp=", pp, " must be >= 1 and --tp x --pp = ",
+                                                   tp * pp, " divide the ", g->world_size_,
+                                                   " ranks of the job"));
+  }
   g->world_ = world;
   g->tp_ = tp;
+  g->pp_ = pp;
   SPGATE_MPI_RETURN_IF_ERROR(
-      MPI_Comm_split(world, g->dp_rank(), g->tp_rank(), &g->tp_comm_));
+      MPI_Comm_split(world, g->group(), g->tp_rank(), &g->tp_comm_));
+  // The replicas of one (stage, TP rank) reduce their gradients together.
+  SPGATE_MPI_RETURN_IF_ERROR(MPI_Comm_split(world, g->stage() * tp + g->tp_rank(),
+                                            g->dp_rank(), &g->dp_comm_));
   SPGATE_MPI_RETURN_IF_ERROR(
-      MPI_Comm_split(world, g->tp_rank(), g->dp_rank(), &g->dp_comm_));
+      MPI_Comm_split(world, g->dp_rank(), g->world_rank_, &g->replica_comm_));
   MPI_Comm node = MPI_COMM_NULL;
   SPGATE_MPI_RETURN_IF_ERROR(
       MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, g->world_rank_, MPI_INFO_NULL, &node));
   SPGATE_MPI_RETURN_IF_ERROR(MPI_Comm_rank(node, &g->local_rank_));
   MPI_Comm_free(&node);
-  for (MPI_Comm c : {g->tp_comm_, g->dp_comm_}) {
+  for (MPI_Comm c : {g->tp_comm_, g->dp_comm_, g->replica_comm_}) {
     SPGATE_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
   }
   return g;
@@ -47,6 +56,7 @@ absl::StatusOr<std::unique_ptr<ProcessGrid>> ProcessGrid::Create(MPI_Comm world,
 ProcessGrid::~ProcessGrid() {
   if (tp_comm_ != MPI_COMM_NULL) MPI_Comm_free(&tp_comm_);
   if (dp_comm_ != MPI_COMM_NULL) MPI_Comm_free(&dp_comm_);
+  if (replica_comm_ != MPI_COMM_NULL) MPI_Comm_free(&replica_comm_);
 }
 
 namespace {

@@ -75,11 +75,15 @@ std::string Object(const Map& m, F&& value) {
 
 RunSummary Summarize(const RunDescription& run,
                      const std::vector<std::vector<StepRecord>>& records,
-                     const std::vector<RankCounters>& counters) {
+                     const std::vector<RankCounters>& counters,
+                     const std::vector<std::vector<uint8_t>>& microbatch_decisions) {
   RunSummary s;
   s.run = run;
   const int tp = std::max(run.tp, 1);
+  const int pp = std::max(run.pp, 1);
   const int groups = static_cast<int>(records.size()) / tp;
+  s.stages.resize(pp);
+  for (int st = 0; st < pp; ++st) s.stages[st].stage = st;
   s.steps = records.empty() ? 0 : static_cast<int64_t>(records[0].size());
 
   std::map<std::string, std::vector<double>> step_times;  // group step times by mode
@@ -93,6 +97,9 @@ RunSummary Summarize(const RunDescription& run,
   std::map<std::string, double> alloc_switch, alloc_steady;
   for (int g = 0; g < groups; ++g) {
     std::map<std::string, double> g_tokens, g_time;
+    RunSummary::Stage& stage = s.stages[g % pp];
+    // A replica's tokens and time are counted once, at its first stage.
+    const bool first_stage = g % pp == 0;
     for (int64_t i = 0; i < s.steps; ++i) {
       const StepRecord& lead = records[g * tp][i];
       const std::string mode = ModeName(lead.mode);
@@ -113,6 +120,9 @@ RunSummary Summarize(const RunDescription& run,
         for (const std::string& key : {mode, std::string("all")}) {
           s.peak_memory_bytes[key] = std::max(s.peak_memory_bytes[key], rec.peak_bytes);
         }
+        stage.peak_memory_bytes = std::max(stage.peak_memory_bytes, rec.peak_bytes);
+        stage.predicted_peak_memory_bytes =
+            std::max(stage.predicted_peak_memory_bytes, rec.predicted_peak_bytes);
         s.predicted_peak_memory_bytes[mode] =
             std::max(s.predicted_peak_memory_bytes[mode], rec.predicted_peak_bytes);
         if (rec.peak_bytes > 0 && rec.predicted_peak_bytes > 0) {
@@ -126,13 +136,16 @@ RunSummary Summarize(const RunDescription& run,
         }
       }
       if (!consistent) ++s.consistency_violations;
+      if (microbatch_decisions.empty() || microbatch_decisions[g * tp].empty()) {
+        stage.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
+      }
+      if (!first_stage) continue;
       if (i > 0 && lead.tokens > 0) {
         const bool switched = records[g * tp][i - 1].mode != lead.mode;
         auto& bucket = switched ? per_token_switch[mode] : per_token_steady[mode];
         bucket.push_back(t_max / static_cast<double>(lead.tokens));
         (switched ? alloc_switch : alloc_steady)[mode] += static_cast<double>(alloc_max);
       }
-      s.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
       s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
       if (lead.source == static_cast<uint8_t>(StepSource::kFallback) ||
           lead.source == static_cast<uint8_t>(StepSource::kLocalOnly)) {
@@ -161,6 +174,21 @@ RunSummary Summarize(const RunDescription& run,
     }
   }
   s.effective_tokens_per_s = rate;
+  // Per micro-batch decisions, from each stage's group leaders.
+  for (int g = 0; g < groups; ++g) {
+    if (microbatch_decisions.empty()) break;
+    const std::vector<uint8_t>& bytes = microbatch_decisions[g * tp];
+    for (uint8_t b : bytes) {
+      const Mode m = static_cast<Mode>(b >> 4);
+      s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(m))]
+                                [std::string(ReasonLabel(static_cast<Reason>(b & 15)))] += 1;
+    }
+  }
+  for (const RunSummary::Stage& st : s.stages) {
+    for (const auto& [mode, reasons] : st.decisions) {
+      for (const auto& [reason, n] : reasons) s.decisions[mode][reason] += n;
+    }
+  }
   for (auto& [mode, sw] : per_token_switch) {
     const auto n = static_cast<int64_t>(sw.size());
     s.switch_steps[mode] = n;
@@ -191,6 +219,7 @@ RunSummary Summarize(const RunDescription& run,
     s.telemetry_sent += c.telemetry_sent;
     s.telemetry_acked += c.telemetry_acked;
     s.memory_overrides += c.memory_overrides;
+    s.p2p_size_mismatches += c.p2p_size_mismatches;
   }
   s.lost_telemetry = std::max<int64_t>(0, s.telemetry_sent - s.telemetry_acked);
   return s;
@@ -234,6 +263,19 @@ std::string SummaryJson(const RunSummary& s) {
   field("decision_wait_p95_s", dbl(s.decision_wait_p95_s));
   field("leader_decision_wait_max_s", dbl(s.leader_decision_wait_max_s));
   if (s.verify_max_abs_diff) field("verify_max_abs_diff", dbl(*s.verify_max_abs_diff));
+  field("layout", absl::StrCat("{\"tp\": ", r.tp, ", \"pp\": ", r.pp, ", \"dp\": ", r.dp,
+                               ", \"microbatches\": ", r.microbatches,
+                               ", \"schedule\": \"1f1b\"}"));
+  std::string stages = "[";
+  for (const RunSummary::Stage& st : s.stages) {
+    absl::StrAppend(&stages, stages.size() > 1 ? ", " : "", "{\"stage\": ", st.stage,
+                    ", \"decisions\": ",
+                    Object(st.decisions, [&](const auto& reasons) { return Object(reasons, i64); }),
+                    ", \"peak_memory_bytes\": ", st.peak_memory_bytes,
+                    ", \"predicted_peak_memory_bytes\": ", st.predicted_peak_memory_bytes, "}");
+  }
+  field("stages", stages + "]");
+  field("p2p_size_mismatches", i64(s.p2p_size_mismatches));
   absl::StrAppend(
       &out, "  \"run\": {\"world_size\": ", r.world_size, ", \"tp\": ", r.tp, ", \"dp\": ", r.dp,
       ", \"backend\": ", Quote(r.backend), ", \"job_id\": ", Quote(r.job_id),

@@ -70,11 +70,13 @@ struct RankCounters {
   int64_t daemon_decisions = 0;
   int64_t late_decisions = 0;
   int64_t memory_overrides = 0;  // the leader's: daemon TP-only answers its memory gate forbade
+  int64_t p2p_size_mismatches = 0;  // pipeline messages whose size was not the expected one
 };
 static_assert(std::is_trivially_copyable_v<RankCounters>);
 
 struct RunDescription {
   int world_size = 1, tp = 1, dp = 1;
+  int pp = 1, microbatches = 1;  // pipeline stages, micro-batches per step (1F1B)
   std::string backend, lengths, mode, norm_boundary, controller, job_id;
   int layers = 0, hidden = 0, heads = 0, ffn_hidden = 0;
   int64_t tokens_per_batch = 0;
@@ -122,13 +124,28 @@ struct RunSummary {
   // bounds (the other ranks' waits also include reaching the leader's broadcast).
   double leader_decision_wait_max_s = 0;
   std::optional<double> verify_max_abs_diff;
+  // Per pipeline stage (one without pipelines): its micro-batch decisions (the stage's
+  // group leaders', mode -> reason -> count) and its ranks' peak memory.
+  struct Stage {
+    int stage = 0;
+    std::map<std::string, std::map<std::string, int64_t>> decisions;
+    uint64_t peak_memory_bytes = 0;
+    uint64_t predicted_peak_memory_bytes = 0;
+  };
+  std::vector<Stage> stages;
+  int64_t p2p_size_mismatches = 0;
 };
 
 // records[world_rank] = that rank's steps (every rank the same count, in step order);
-// ranks of TP group g are g * tp .. g * tp + tp - 1.
+// ranks of TP group g are g * tp .. g * tp + tp - 1, and group g is stage g % pp of
+// replica g / pp. With pipeline stages a replica's tokens and step times are its first
+// stage's (every stage runs the same micro-batches), and `microbatch_decisions` (per
+// rank: steps x microbatches bytes, mode << 4 | reason; may be empty without pipelines)
+// give the decision counts, one per micro-batch per stage.
 RunSummary Summarize(const RunDescription& run,
                      const std::vector<std::vector<StepRecord>>& records,
-                     const std::vector<RankCounters>& counters);
+                     const std::vector<RankCounters>& counters,
+                     const std::vector<std::vector<uint8_t>>& microbatch_decisions = {});
 
 std::string SummaryJson(const RunSummary& summary);
 // The human table printed at the end of a run.

@@ -3,9 +3,11 @@
 // tests/worker/runtime checks prediction against the arena's measured peak).
 #include "worker/runtime/transformer_stack.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/runtime/batching.h"
 
@@ -109,9 +111,10 @@ absl::Status TransformerStack::InitParams() {
   std::vector<float> host(layout_.total());
   const uint64_t seed = options_.param_seed;
   for (int l = 0; l < shape.layers; ++l) {
+    const int layer = options_.layer_offset + l;  // its index in the whole model
     const LayerParamOffsets o = layout_.Layer(l);
     auto vec = [&](int64_t at, ParamTensor t, int64_t n, auto full_index) {
-      for (int64_t i = 0; i < n; ++i) host[at + i] = ParamInitValue(seed, shape, l, t, full_index(i), 0);
+      for (int64_t i = 0; i < n; ++i) host[at + i] = ParamInitValue(seed, shape, layer, t, full_index(i), 0);
     };
     auto same = [](int64_t i) { return i; };
     vec(o.ln1_gamma, ParamTensor::kLn1Gamma, h, same);
@@ -126,26 +129,26 @@ absl::Status TransformerStack::InitParams() {
     for (int64_t j = 0; j < 3 * hl; ++j) {
       for (int64_t c = 0; c < h; ++c) {
         host[o.qkv_weight + j * h + c] =
-            ParamInitValue(seed, shape, l, ParamTensor::kQkvWeight, qkv_row(j), c);
+            ParamInitValue(seed, shape, layer, ParamTensor::kQkvWeight, qkv_row(j), c);
       }
     }
     for (int64_t i = 0; i < h; ++i) {  // Wproj: this rank's block of columns
       for (int64_t c = 0; c < hl; ++c) {
         host[o.proj_weight + i * hl + c] =
-            ParamInitValue(seed, shape, l, ParamTensor::kProjWeight, i, rank * hl + c);
+            ParamInitValue(seed, shape, layer, ParamTensor::kProjWeight, i, rank * hl + c);
       }
     }
     vec(o.fc1_bias, ParamTensor::kFc1Bias, fl, [&](int64_t j) { return rank * fl + j; });
     for (int64_t j = 0; j < fl; ++j) {  // W1: this rank's block of rows
       for (int64_t c = 0; c < h; ++c) {
         host[o.fc1_weight + j * h + c] =
-            ParamInitValue(seed, shape, l, ParamTensor::kFc1Weight, rank * fl + j, c);
+            ParamInitValue(seed, shape, layer, ParamTensor::kFc1Weight, rank * fl + j, c);
       }
     }
     for (int64_t i = 0; i < h; ++i) {  // W2: this rank's block of columns
       for (int64_t c = 0; c < fl; ++c) {
         host[o.fc2_weight + i * fl + c] =
-            ParamInitValue(seed, shape, l, ParamTensor::kFc2Weight, i, rank * fl + c);
+            ParamInitValue(seed, shape, layer, ParamTensor::kFc2Weight, i, rank * fl + c);
       }
     }
   }
@@ -549,16 +552,94 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
   return absl::OkStatus();
 }
 
-absl::Status TransformerStack::ForwardBackward(const MicroBatch& batch, Mode mode,
-                                               StackCapture* capture) {
+int64_t BoundaryRows(std::span<const int64_t> lengths, int tp) {
+  int64_t tokens = 0;
+  for (int64_t len : lengths) tokens += len;
+  return SpPaddedTokens(tokens, tp) / tp;
+}
+
+struct TransformerStack::InFlight::State {
+  std::vector<int64_t> lengths;
+  uint64_t data_seed = 0;
+  const BatchData* data = nullptr;
+  Step st;
+  std::vector<Activations> acts;
+  int64_t boundary_rows = 0;
+};
+TransformerStack::InFlight::InFlight() : state_(std::make_unique<State>()) {}
+TransformerStack::InFlight::~InFlight() = default;
+
+namespace {
+
+// This rank's rows (the step's geometry) of the batch's input (kind 0) or of the loss's
+// gradient with respect to the output (kind 1); padding rows are zero.
+void FillRows(const BatchGeometry& geo, int64_t rows, int64_t offset, int64_t h,
+              const BatchData* data, uint64_t data_seed, int kind, std::vector<float>& host) {
+  host.assign(static_cast<size_t>(rows * h), 0.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t token = offset + i;
+    if (token >= geo.tokens) continue;
+    for (int64_t c = 0; c < h; ++c) {
+      host[i * h + c] = data != nullptr
+                            ? (kind == 0 ? data->input : data->output_grad)[token * h + c]
+                            : (kind == 0 ? InputValue(data_seed, token, c)
+                                         : OutputGradValue(data_seed, token, c, geo.tokens));
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Buffer> TransformerStack::FromBoundary(Step& st, std::span<const float> in,
+                                                      int64_t boundary_rows) {
+  const int64_t h = layout_.hidden();
+  if (static_cast<int64_t>(in.size()) != boundary_rows * h) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "stage boundary: %d floats for %d rows of %d", in.size(), boundary_rows, h));
+  }
+  ASSIGN_OR_RETURN(Buffer rows, arena_->Allocate(st.r * h, kAct));
+  if (st.sp) {  // the boundary rows are this rank's rows
+    RETURN_IF_ERROR(device_->Upload(rows.data(), in.data(), st.r * h));
+    return rows;
+  }
+  // TP-only: every rank needs the whole sequence; the padding rows are dropped.
+  ASSIGN_OR_RETURN(Buffer shard, arena_->Allocate(boundary_rows * h, kWs));
+  RETURN_IF_ERROR(device_->Upload(shard.data(), in.data(), boundary_rows * h));
+  ASSIGN_OR_RETURN(Buffer full, arena_->Allocate(boundary_rows * options_.tp * h, kWs));
+  RETURN_IF_ERROR(tp_comm_->AllGather(shard.data(), full.data(), boundary_rows * h,
+                                      CollectivePurpose::kStageBoundary));
+  RETURN_IF_ERROR(device_->Copy(rows.data(), full.data(), st.r * h));
+  return rows;
+}
+
+absl::Status TransformerStack::ToBoundary(const Step& st, const float* rows,
+                                          int64_t boundary_rows, std::vector<float>* out) {
+  const int64_t h = layout_.hidden();
+  out->assign(static_cast<size_t>(boundary_rows * h), 0.0f);
+  if (st.sp) return device_->Download(out->data(), rows, st.r * h);
+  // TP-only: the rows are the whole sequence (alike on every rank): keep this rank's.
+  const int64_t first = boundary_rows * options_.tp_rank;
+  const int64_t n = std::clamp<int64_t>(st.geo.tokens - first, 0, boundary_rows);
+  if (n == 0) return absl::OkStatus();
+  return device_->Download(out->data(), rows + first * h, n * h);
+}
+
+absl::StatusOr<std::unique_ptr<TransformerStack::InFlight>> TransformerStack::Forward(
+    const MicroBatch& batch, Mode mode, std::span<const float> input, std::vector<float>* output,
+    StackCapture* capture) {
   if (batch.lengths.empty()) return absl::InvalidArgumentError("ForwardBackward: empty batch");
   for (int64_t len : batch.lengths) {
     if (len < 1) return absl::InvalidArgumentError("ForwardBackward: a sequence length < 1");
   }
+  auto f = std::make_unique<InFlight>();
+  InFlight::State& fs = *f->state_;
+  fs.lengths.assign(batch.lengths.begin(), batch.lengths.end());
+  fs.data_seed = batch.data_seed;
+  fs.data = batch.data;
   const int64_t h = layout_.hidden();
   const int t = options_.tp;
-  Step st;
-  st.geo = MakeBatchGeometry(batch.lengths, mode, t, options_.tp_rank);
+  Step& st = fs.st;
+  st.geo = MakeBatchGeometry(fs.lengths, mode, t, options_.tp_rank);
   st.sp = mode == Mode::kSequenceParallel;
   st.gather = st.sp && options_.norm_boundary == NormBoundary::kGather;
   st.r = st.geo.rows_local;
@@ -567,65 +648,74 @@ absl::Status TransformerStack::ForwardBackward(const MicroBatch& batch, Mode mod
   st.replicated_scale = st.sp ? 1.0f : 1.0f / t;
   st.attn = {.heads = layout_.heads_local(), .head_dim = layout_.head_dim(),
              .query_block = options_.attention_query_block};
+  fs.boundary_rows = BoundaryRows(fs.lengths, t);
 
   if (batch.data != nullptr && (batch.data->input.size() != static_cast<size_t>(st.geo.tokens * h) ||
                                 batch.data->output_grad.size() != batch.data->input.size())) {
     return absl::InvalidArgumentError("ForwardBackward: batch data does not match the lengths");
   }
-  // This rank's rows of the input (kind 0) or output gradient (kind 1); padding rows are
-  // zero.
-  std::vector<float> host(static_cast<size_t>(st.r * h));
-  auto fill_rows = [&](int kind) {
-    for (int64_t i = 0; i < st.r; ++i) {
-      const int64_t token = st.off + i;
-      for (int64_t c = 0; c < h; ++c) {
-        float v = 0.0f;
-        if (token < st.geo.tokens) {
-          if (batch.data != nullptr) {
-            v = (kind == 0 ? batch.data->input : batch.data->output_grad)[token * h + c];
-          } else {
-            v = kind == 0 ? InputValue(batch.data_seed, token, c)
-                          : OutputGradValue(batch.data_seed, token, c, st.geo.tokens);
-          }
-        }
-        host[i * h + c] = v;
-      }
-    }
-  };
-  fill_rows(0);
-  std::vector<Activations> acts(options_.shape.layers);
-  ASSIGN_OR_RETURN(Buffer z, arena_->Allocate(st.r * h, kAct));
-  RETURN_IF_ERROR(device_->Upload(z.data(), host.data(), st.r * h));
+  fs.acts.resize(options_.shape.layers);
+  Buffer z;
+  if (input.empty()) {
+    std::vector<float> host;
+    FillRows(st.geo, st.r, st.off, h, fs.data, fs.data_seed, 0, host);
+    ASSIGN_OR_RETURN(z, arena_->Allocate(st.r * h, kAct));
+    RETURN_IF_ERROR(device_->Upload(z.data(), host.data(), st.r * h));
+  } else {
+    ASSIGN_OR_RETURN(z, FromBoundary(st, input, fs.boundary_rows));
+  }
   const float* residual = nullptr;
   for (int l = 0; l < options_.shape.layers; ++l) {
-    RETURN_IF_ERROR(LayerForward(st, l, z, residual, acts[l]));
-    residual = acts[l].s2.data() + (st.gather ? st.off * h : 0);
+    RETURN_IF_ERROR(LayerForward(st, l, z, residual, fs.acts[l]));
+    residual = fs.acts[l].s2.data() + (st.gather ? st.off * h : 0);
   }
-  // Output = z + s2 of the last block; the loss's gradient with respect to it is given.
-  {
-    ASSIGN_OR_RETURN(Buffer out, arena_->Allocate(st.r * h, kWs));
-    RETURN_IF_ERROR(device_->Copy(out.data(), z.data(), st.r * h));
-    RETURN_IF_ERROR(device_->Axpy(1.0f, residual, out.data(), st.r * h));
-    z.Reset();
-    if (capture != nullptr) {
-      capture->geometry = st.geo;
-      capture->output.resize(st.r * h);
-      RETURN_IF_ERROR(device_->Download(capture->output.data(), out.data(), st.r * h));
-    }
+  // Output = z + s2 of the last block: the model's output, or the next stage's input.
+  ASSIGN_OR_RETURN(Buffer out, arena_->Allocate(st.r * h, kWs));
+  RETURN_IF_ERROR(device_->Copy(out.data(), z.data(), st.r * h));
+  RETURN_IF_ERROR(device_->Axpy(1.0f, residual, out.data(), st.r * h));
+  z.Reset();
+  if (capture != nullptr) {
+    capture->geometry = st.geo;
+    capture->output.resize(st.r * h);
+    RETURN_IF_ERROR(device_->Download(capture->output.data(), out.data(), st.r * h));
   }
-  fill_rows(1);
-  ASSIGN_OR_RETURN(Buffer g, arena_->Allocate(st.r * h, kWs));
-  RETURN_IF_ERROR(device_->Upload(g.data(), host.data(), st.r * h));
+  if (output != nullptr) RETURN_IF_ERROR(ToBoundary(st, out.data(), fs.boundary_rows, output));
+  return f;
+}
+
+absl::Status TransformerStack::Backward(InFlight& f, std::span<const float> output_grad,
+                                        std::vector<float>* input_grad, StackCapture* capture) {
+  InFlight::State& fs = *f.state_;
+  Step& st = fs.st;
+  const int64_t h = layout_.hidden();
+  Buffer g;
+  if (output_grad.empty()) {
+    std::vector<float> host;
+    FillRows(st.geo, st.r, st.off, h, fs.data, fs.data_seed, 1, host);
+    ASSIGN_OR_RETURN(g, arena_->Allocate(st.r * h, kWs));
+    RETURN_IF_ERROR(device_->Upload(g.data(), host.data(), st.r * h));
+  } else {
+    ASSIGN_OR_RETURN(g, FromBoundary(st, output_grad, fs.boundary_rows));
+  }
   ASSIGN_OR_RETURN(st.ones, arena_->Allocate(st.r, kWs));
   RETURN_IF_ERROR(device_->Fill(st.ones.data(), 1.0f, st.r));
   for (int l = options_.shape.layers - 1; l >= 0; --l) {
-    RETURN_IF_ERROR(LayerBackward(st, l, g, acts[l]));
+    RETURN_IF_ERROR(LayerBackward(st, l, g, fs.acts[l]));
+    fs.acts[l] = Activations{};  // this layer's activations are spent
   }
+  st.ones.Reset();
   if (capture != nullptr) {
     capture->input_grad.resize(st.r * h);
     RETURN_IF_ERROR(device_->Download(capture->input_grad.data(), g.data(), st.r * h));
   }
+  if (input_grad != nullptr) RETURN_IF_ERROR(ToBoundary(st, g.data(), fs.boundary_rows, input_grad));
   return absl::OkStatus();
+}
+
+absl::Status TransformerStack::ForwardBackward(const MicroBatch& batch, Mode mode,
+                                               StackCapture* capture) {
+  ASSIGN_OR_RETURN(std::unique_ptr<InFlight> f, Forward(batch, mode, {}, nullptr, capture));
+  return Backward(*f, {}, nullptr, capture);
 }
 
 }  // namespace spgate::runtime

@@ -62,7 +62,17 @@ struct StackOptions {
   NormBoundary norm_boundary = NormBoundary::kShard;
   uint64_t param_seed = 1;
   int64_t attention_query_block = 1024;  // kernels::AttentionShape::query_block
+  // A pipeline stage's share of a deeper model: shape.layers are the model's layers
+  // layer_offset .. layer_offset + shape.layers - 1 (their parameters are those layers').
+  int layer_offset = 0;
 };
+
+// Pipeline stages (docs/design.md §12): the activation (and its gradient) a stage hands
+// the next is this rank's rows of the micro-batch padded to a multiple of t — SP's own
+// layout — in both modes: BoundaryRows(lengths, t) rows of hidden floats, from row
+// tp_rank * BoundaryRows. So no p2p size depends on a mode. A TP-only stage all-gathers
+// its input at entry and keeps its own rows at exit (and the mirror in backward).
+int64_t BoundaryRows(std::span<const int64_t> lengths, int tp);
 
 // A batch's data in host memory, [tokens, hidden] each: the stack input and the loss's
 // gradient with respect to the output (InputValue / OutputGradValue). The worker makes
@@ -102,6 +112,30 @@ class TransformerStack {
   // the TP group must call it with the same batch and mode.
   absl::Status ForwardBackward(const MicroBatch& batch, Mode mode,
                                StackCapture* capture = nullptr);
+  // The same split in two, for pipeline schedules that keep several micro-batches in
+  // flight. Forward's input is the batch's data on the first stage (`input` empty), else
+  // the previous stage's boundary rows; its output goes to `output` (boundary rows; null:
+  // the last stage). Backward takes the next stage's boundary gradient (`output_grad`
+  // empty: the last stage, which uses the batch's data) and writes the boundary gradient
+  // of its input to `input_grad` (null: the first stage). The handle holds the
+  // micro-batch's activations until its Backward; its lengths are copied.
+  class InFlight {
+   public:
+    InFlight();
+    ~InFlight();
+
+   private:
+    friend class TransformerStack;
+    struct State;
+    std::unique_ptr<State> state_;
+  };
+  absl::StatusOr<std::unique_ptr<InFlight>> Forward(const MicroBatch& batch, Mode mode,
+                                                    std::span<const float> input,
+                                                    std::vector<float>* output,
+                                                    StackCapture* capture = nullptr);
+  absl::Status Backward(InFlight& in_flight, std::span<const float> output_grad,
+                        std::vector<float>* input_grad, StackCapture* capture = nullptr);
+
   // Ends an accumulation window: SUM all-reduce of the replicated gradients over the TP
   // group, then the mean of all gradients over `dp_comm` (may be null or of size 1).
   absl::Status FinishGradients(Communicator* dp_comm);
@@ -130,6 +164,11 @@ class TransformerStack {
                                  const Buffer& dy, const Buffer& s, const Buffer& mean,
                                  const Buffer& rstd, const float* dresidual, Buffer& dx);
   absl::Status ColumnSum(Step& st, const float* x, int64_t rows, float alpha, float* acc);
+  // A stage boundary's rows to the stack's rows (`in`: boundary rows; TP-only gathers
+  // them and keeps the real tokens) and back (own rows of the full output).
+  absl::StatusOr<Buffer> FromBoundary(Step& st, std::span<const float> in, int64_t boundary_rows);
+  absl::Status ToBoundary(const Step& st, const float* rows, int64_t boundary_rows,
+                          std::vector<float>* out);
   // Allocates the full-sequence buffer and all-gathers `shard` into it (SP only).
   absl::StatusOr<Buffer> Gather(Step& st, const float* shard, int64_t cols,
                                 CollectivePurpose purpose);

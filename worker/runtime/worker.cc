@@ -21,6 +21,7 @@
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/memory_model.h"
+#include "worker/runtime/pipeline.h"
 #include "common/status_macros.h"
 #include "worker/runtime/transformer_stack.h"
 
@@ -68,6 +69,30 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.attention_query_block < 1) {
     return absl::InvalidArgumentError("--attention_query_block must be >= 1");
   }
+  if (o.pp < 1 || o.pp > kMaxPipelineStages) {
+    return absl::InvalidArgumentError(absl::StrCat("--pp=", o.pp, " must be in [1, ",
+                                                   kMaxPipelineStages, "]"));
+  }
+  if (o.microbatches < 1 || o.microbatches > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--microbatches=", o.microbatches, " must be in [1, 4096]"));
+  }
+  if (o.shape.layers % o.pp != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--layers=", o.shape.layers,
+                                                   " must be a multiple of --pp=", o.pp,
+                                                   " (each stage runs layers / pp)"));
+  }
+  if (Pipelined(o) && o.backend != Backend::kCpu) {
+    return absl::InvalidArgumentError(
+        "--pp / --microbatches: pipeline stages run on --backend=cpu (MPI p2p on host "
+        "memory); the NCCL backend has no stage link yet");
+  }
+  if (Pipelined(o) && o.verify) {
+    return absl::InvalidArgumentError(
+        "--verify with --pp / --microbatches: a stage cannot replay a micro-batch alone; the "
+        "pipeline's numerics are checked against a single-process reference by "
+        "tests/worker/runtime/worker_runtime_mpi_test.cc");
+  }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
   // The TLS files are read (and refused naming --tls_*) before any rank dials.
   RETURN_IF_ERROR(client::ReadTlsFiles(o.tls, client::kTlsFlagNames).status());
@@ -80,7 +105,9 @@ RunDescription DescribeRun(const WorkerOptions& o, int world_size) {
   RunDescription r;
   r.world_size = world_size;
   r.tp = o.tp;
-  r.dp = world_size / std::max(o.tp, 1);
+  r.pp = o.pp;
+  r.microbatches = o.microbatches;
+  r.dp = world_size / std::max(o.tp * o.pp, 1);
   r.backend = o.backend == Backend::kCpu ? "cpu" : "nccl";
   r.lengths = o.lengths;
   r.mode = ModeChoiceName(o.mode);
@@ -104,8 +131,9 @@ double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// Decision log: one CSV per global rank, a line per step, flushed as written so a
-// killed run leaves every step it finished.
+// Decision log: one CSV per global rank with a header row, a line per micro-batch of each
+// step (one per step without micro-batches: micro_batch 0), flushed as written so a killed
+// run leaves every step it finished. Columns: step,mode,reason,source,stage,micro_batch.
 class DecisionLog {
  public:
   static absl::StatusOr<std::unique_ptr<DecisionLog>> Open(const std::string& prefix, int rank) {
@@ -116,15 +144,17 @@ class DecisionLog {
       return absl::FailedPreconditionError(
           absl::StrCat("--decision_log: cannot write ", path));
     }
-    std::fputs("step,mode,reason,source\n", f);
+    std::fputs("step,mode,reason,source,stage,micro_batch\n", f);
     std::fflush(f);
     return std::unique_ptr<DecisionLog>(new DecisionLog(f));
   }
   ~DecisionLog() { std::fclose(f_); }
-  void Write(int64_t step, Mode mode, Reason reason, StepSource source) {
+  void Write(int64_t step, Mode mode, Reason reason, StepSource source, int stage = 0,
+             int micro_batch = 0) {
     const std::string line = absl::StrCat(step, ",", std::string(ModeLabel(mode)), ",",
                                           std::string(ReasonLabel(reason)), ",",
-                                          StepSourceLabel(source), "\n");
+                                          StepSourceLabel(source), ",", stage, ",", micro_batch,
+                                          "\n");
     std::fputs(line.c_str(), f_);
     std::fflush(f_);
   }
@@ -257,19 +287,25 @@ class RankRun {
     RETURN_IF_ERROR(SetUp());
     RankResult result;
     const auto start = Clock::now();
-    Batch current, next;
+    std::vector<Batch> current, next;  // the step's micro-batches (one without pipelines)
     RETURN_IF_ERROR(Prefetch(0, current));
     for (int64_t n = 0;; ++n) {
       ASSIGN_OR_RETURN(const bool done, DoneBefore(n, start));
       if (done) break;
       const bool has_next = timed_run() || n + 1 < o_.steps;
       if (has_next) RETURN_IF_ERROR(Prefetch(n + 1, next));
-      ASSIGN_OR_RETURN(StepRecord rec, RunStep(n, current, has_next));
+      StepRecord rec;
+      if (Pipelined(o_)) {
+        ASSIGN_OR_RETURN(rec, RunPipelineStep(n, current, has_next, result));
+      } else {
+        ASSIGN_OR_RETURN(rec, RunStep(n, current[0], has_next));
+      }
       result.steps.push_back(rec);
       arena_->TrimCache();
       if (has_next) current = std::move(next);
     }
     FinishGate(result.counters);
+    if (link_) result.counters.p2p_size_mismatches = link_->size_mismatches();
     return result;
   }
 
@@ -291,12 +327,17 @@ class RankRun {
     ASSIGN_OR_RETURN(budget_, MemoryBudget(cx_));
     arena_ = std::make_unique<MemoryArena>(cx_.device, o_.arena);
     ASSIGN_OR_RETURN(stack_,
-                     TransformerStack::Create({.shape = o_.shape, .tp = o_.tp,
+                     TransformerStack::Create({.shape = stage_shape(), .tp = o_.tp,
                                                .tp_rank = grid_.tp_rank(),
                                                .norm_boundary = o_.norm_boundary,
                                                .param_seed = o_.seed,
-                                               .attention_query_block = o_.attention_query_block},
+                                               .attention_query_block = o_.attention_query_block,
+                                               .layer_offset = grid_.stage() * stage_shape().layers},
                                               arena_.get(), cx_.tp));
+    if (Pipelined(o_)) {
+      link_ = std::make_unique<StageLink>(grid_.world(), grid_.prev_stage_rank(),
+                                          grid_.next_stage_rank());
+    }
     RETURN_IF_ERROR(CreateGate());
     RETURN_IF_ERROR(CreateDecider());
     ASSIGN_OR_RETURN(log_, DecisionLog::Open(o_.decision_log, grid_.world_rank()));
@@ -325,6 +366,10 @@ class RankRun {
     co.initial_config = o_.initial_config;
     co.decision_deadline = o_.decision_deadline;
     co.group_session = o_.group_session;
+    if (Pipelined(o_)) {
+      co.layout = layout();
+      co.coordinates = {.dp_index = grid_.dp_rank(), .stage = grid_.stage()};
+    }
     co.seed = o_.seed * 7919 + grid_.world_rank() + 1;
     ASSIGN_OR_RETURN(co.credentials,
                      client::TlsChannelCredentials(o_.tls, client::kTlsFlagNames));
@@ -351,7 +396,10 @@ class RankRun {
                                    [tp](client::DecisionWire& w, int root) {
                                      return tp->BroadcastHost(&w, sizeof(w), root);
                                    },
-                                   std::move(reduce)));
+                                   std::move(reduce),
+                                   [tp](std::span<uint8_t> bytes, int root) {
+                                     return tp->BroadcastHost(bytes.data(), bytes.size(), root);
+                                   }));
     return absl::OkStatus();
   }
 
@@ -373,9 +421,9 @@ class RankRun {
   // Data: the leader of each TP group draws its own stream (data parallel groups see
   // different data) and broadcasts each batch to its group.
   absl::Status CreateBatchBuilder() {
-    if (!leader_) return absl::OkStatus();
+    if (!leader_ || grid_.stage() != 0) return absl::OkStatus();  // a replica's first leader
     ASSIGN_OR_RETURN(auto source,
-                     ParseLengthSource(o_.lengths, o_.seed * 1000003 + grid_.group(),
+                     ParseLengthSource(o_.lengths, o_.seed * 1000003 + grid_.dp_rank(),
                                        o_.tokens_per_batch));
     builder_ = std::make_unique<BatchBuilder>(
         std::move(source),
@@ -395,7 +443,10 @@ class RankRun {
   }
 
   // Batch `step` reaches every rank of the group, and its plan goes to the decider.
-  absl::Status Prefetch(int64_t step, Batch& batch) {
+  absl::Status Prefetch(int64_t step, std::vector<Batch>& batches) {
+    if (Pipelined(o_)) return PrefetchMicrobatches(step, batches);
+    batches.resize(1);
+    Batch& batch = batches[0];
     if (leader_) batch = builder_->Next(TargetCv(step));
     RETURN_IF_ERROR(BroadcastBatch(cx_.tp, batch));
     if (!decider_ || !auto_mode()) return absl::OkStatus();
@@ -521,7 +572,7 @@ class RankRun {
                      grid_.group(), grid_.tp_rank(), static_cast<long long>(n),
                      s.ToString().c_str());
       }
-      if (log_) log_->Write(n, d.mode, d.reason, source);
+      WriteLog(n, d, source);
       return absl::OkStatus();
     }
     // Per-rank sessions: the group's reduce-scatter wait share (max over ranks,
@@ -535,8 +586,180 @@ class RankRun {
       // Telemetry never blocks; a refusal is a bug worth surfacing.
       RETURN_IF_ERROR(gate_->ReportTelemetry(mine));
     }
-    if (log_) log_->Write(n, d.mode, d.reason, source);
+    WriteLog(n, d, source);
     return absl::OkStatus();
+  }
+
+  // A row per micro-batch (one for a step without them). A fallback's rows say
+  // controller_unavailable, as its step does.
+  void WriteLog(int64_t n, const client::GateDecision& d, StepSource source) {
+    if (!log_) return;
+    if (d.microbatches.empty()) {
+      log_->Write(n, d.mode, d.reason, source);
+      return;
+    }
+    for (size_t i = 0; i < d.microbatches.size(); ++i) {
+      const Decision& x = d.microbatches[i];
+      const Reason reason = source == StepSource::kFallback ? d.reason : x.reason;
+      log_->Write(n, x.mode, reason, source, grid_.stage(), static_cast<int>(i));
+    }
+  }
+
+  // ---- Pipeline stages (docs/design.md §12) ----
+
+  // This stage's share of the model.
+  ModelShape stage_shape() const {
+    ModelShape s = o_.shape;
+    s.layers = o_.shape.layers / o_.pp;
+    return s;
+  }
+  JobLayout layout() const {
+    return JobLayout{.tp = o_.tp, .pp = o_.pp, .dp = grid_.dp(), .microbatches = o_.microbatches};
+  }
+
+  // What micro-batch `lengths` costs this stage in each mode (the memory model's replay of
+  // the stage's layers): activations kept for its backward, and the rest of its peak.
+  MicrobatchMemory StageMemoryOf(const std::vector<int64_t>& lengths) const {
+    MemoryModelInput in{.shape = stage_shape(), .tp = o_.tp, .norm_boundary = o_.norm_boundary,
+                        .space = space_, .attention_query_block = o_.attention_query_block};
+    in.mode = Mode::kSequenceParallel;
+    const MemoryPrediction sp = PredictPeak(in, lengths);
+    in.mode = Mode::kTensorParallelOnly;
+    const MemoryPrediction tp = PredictPeak(in, lengths);
+    auto workspace = [](const MemoryPrediction& p) {
+      const uint64_t kept = p.resident_bytes + p.activation_bytes;
+      return p.peak_bytes > kept ? p.peak_bytes - kept : 0;
+    };
+    return {.activation_sp = sp.activation_bytes, .activation_tp = tp.activation_bytes,
+            .workspace_sp = workspace(sp), .workspace_tp = workspace(tp)};
+  }
+
+  // The stage's predicted peak over a step run in `modes` (every rank computes it alike).
+  uint64_t PredictStage(const std::vector<Batch>& batches, const std::vector<Mode>& modes) const {
+    std::vector<MicrobatchMemory> memory;
+    for (const Batch& b : batches) memory.push_back(StageMemoryOf(b.lengths));
+    const std::vector<PipelineOp> ops = StageSchedule(layout().pipeline(), grid_.stage()).value();
+    return StagePeakBytes(ops, stack_->resident_bytes(), memory, modes);
+  }
+
+  // Step `step`'s micro-batches: the replica's first leader draws them, every rank of the
+  // replica receives them (the lengths for every stage, over the pipeline's own
+  // communicator, before the step), and each stage's leader submits its step plan.
+  absl::Status PrefetchMicrobatches(int64_t step, std::vector<Batch>& batches) {
+    const int m = o_.microbatches;
+    std::vector<int64_t> counts(m, 0), flat;
+    if (builder_) {
+      for (int i = 0; i < m; ++i) {
+        Batch b = builder_->Next(TargetCv(step));
+        counts[i] = static_cast<int64_t>(b.lengths.size());
+        flat.insert(flat.end(), b.lengths.begin(), b.lengths.end());
+      }
+    }
+    SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(counts.data(), m, MPI_INT64_T, 0, grid_.replica_comm()));
+    int64_t total = 0;
+    for (int64_t c : counts) total += c;
+    flat.resize(static_cast<size_t>(total));
+    SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(flat.data(), static_cast<int>(total), MPI_INT64_T, 0,
+                                         grid_.replica_comm()));
+    batches.clear();
+    int64_t at = 0;
+    for (int i = 0; i < m; ++i) {
+      batches.push_back(MakeBatch(std::vector<int64_t>(flat.begin() + at,
+                                                       flat.begin() + at + counts[i])));
+      at += counts[i];
+    }
+    if (!decider_ || !auto_mode()) return absl::OkStatus();
+    std::vector<client::MicrobatchPlanInput> plan(m);
+    for (int i = 0; i < m; ++i) {
+      plan[i] = {.id = i, .lengths = batches[i].lengths, .memory = StageMemoryOf(batches[i].lengths)};
+    }
+    return decider_->SubmitPlan({.step = step, .memory_budget_bytes = budget_,
+                                 .microbatches = plan, .resident_bytes = stack_->resident_bytes()});
+  }
+
+  // Step n of this stage: every micro-batch's decision, the 1F1B schedule, measurements,
+  // the group's telemetry and a log row per micro-batch.
+  absl::StatusOr<StepRecord> RunPipelineStep(int64_t n, const std::vector<Batch>& batches,
+                                             bool has_next, RankResult& result) {
+    const int m = o_.microbatches;
+    const bool ends = grid_.stage() == 0 || grid_.stage() == o_.pp - 1;
+    std::vector<BatchData> data(m);
+    std::vector<MicroBatch> mbs(m);
+    for (int i = 0; i < m; ++i) {
+      const uint64_t seed = o_.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
+                            static_cast<uint64_t>(grid_.dp_rank()) * 7919 +
+                            static_cast<uint64_t>(i) * 1000003;
+      // Only the first stage reads the input and only the last the loss's gradient.
+      if (ends) data[i] = MakeBatchData(batches[i].lengths, seed, o_.shape.hidden);
+      mbs[i] = {.lengths = batches[i].lengths, .data_seed = seed,
+                .data = ends ? &data[i] : nullptr};
+    }
+    cx_.tp->ResetStats();
+    cx_.dp->ResetStats();
+    link_->ResetStats();
+    arena_->ResetPeak();
+    StepClock clock;
+    clock.allocated_before = arena_->device_allocated_bytes();
+    const auto t0 = Clock::now();
+    client::GateDecision d;
+    StepSource source = StepSource::kFlag;
+    if (decider_ && auto_mode()) {
+      ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(n, m, absl::Now() + o_.decision_deadline));
+      source = static_cast<StepSource>(d.source);
+    } else {
+      ASSIGN_OR_RETURN(d, Decide(n, &source));
+      d.microbatches.assign(m, {d.mode, d.reason});
+    }
+    clock.decision_s = Since(t0);
+    std::vector<Mode> modes;
+    for (const Decision& x : d.microbatches) modes.push_back(x.mode);
+    const bool window_end = (n + 1) % o_.grad_accum_steps == 0 || !has_next;
+    if (n % o_.grad_accum_steps == 0) RETURN_IF_ERROR(stack_->ZeroGrads());
+    RETURN_IF_ERROR(RunStageStep(*stack_, *link_, layout().pipeline(), grid_.stage(), mbs, modes));
+    RETURN_IF_ERROR(link_->Finish());
+    if (window_end) RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
+    RETURN_IF_ERROR(cx_.device->Synchronize());
+    RETURN_IF_ERROR(cx_.tp->Synchronize());
+    RETURN_IF_ERROR(cx_.dp->Synchronize());
+    clock.step_s = Since(t0);
+
+    // The step's record: its micro-batches together; SP when any ran SP (their
+    // reduce-scatters are the step's wait), so the group's ranks report one mode.
+    StepRecord rec;
+    const CollectiveStats& ts = cx_.tp->stats();
+    const bool any_sp = std::count(modes.begin(), modes.end(), Mode::kSequenceParallel) > 0;
+    rec.step = n;
+    rec.mode = static_cast<uint8_t>(any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
+    rec.reason = static_cast<uint8_t>(d.reason);
+    rec.source = static_cast<uint8_t>(source);
+    double cv_sum = 0;
+    for (int i = 0; i < m; ++i) {
+      rec.sequences += static_cast<int32_t>(batches[i].lengths.size());
+      rec.tokens += batches[i].tokens;
+      if (modes[i] == Mode::kSequenceParallel) {
+        rec.padding_tokens += SpPaddedTokens(batches[i].tokens, o_.tp) - batches[i].tokens;
+      }
+      cv_sum += batches[i].length_cv;
+    }
+    rec.length_cv = cv_sum / m;
+    rec.step_time_s = clock.step_s;
+    rec.decision_s = clock.decision_s;
+    rec.rs_wait_s = ts.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
+    rec.all_gather_s = ts.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
+    rec.all_reduce_s = ts.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer);
+    rec.norm_stall_s = ts.Seconds(CollectivePurpose::kNormBoundary);
+    rec.grad_sync_s = ts.Seconds(CollectivePurpose::kGradSync) +
+                      cx_.dp->stats().Seconds(CollectivePurpose::kGradSync);
+    rec.peak_bytes = arena_->peak_bytes();
+    rec.predicted_peak_bytes = PredictStage(batches, modes);
+    rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
+    d.mode = static_cast<Mode>(rec.mode);
+    RETURN_IF_ERROR(Report(n, d, source, rec));
+    for (const Decision& x : d.microbatches) {
+      result.microbatch_decisions.push_back(
+          static_cast<uint8_t>(static_cast<int>(x.mode) << 4 | static_cast<int>(x.reason)));
+    }
+    return rec;
   }
 
   // ---- After the last step ----
@@ -569,6 +792,7 @@ class RankRun {
   std::unique_ptr<TransformerStack> stack_;
   std::unique_ptr<client::GateClient> gate_;
   std::unique_ptr<client::GroupDecider> decider_;
+  std::unique_ptr<StageLink> link_;  // pipelined runs only
   int64_t telemetry_errors_ = 0;  // group telemetry refused (reported once on stderr)
   std::unique_ptr<DecisionLog> log_;
   std::unique_ptr<BatchBuilder> builder_;  // the leader's only
@@ -634,12 +858,30 @@ absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& opt
   SPGATE_MPI_RETURN_IF_ERROR(MPI_Gather(&result.counters, sizeof(RankCounters), MPI_BYTE,
                                         counters.data(), sizeof(RankCounters), MPI_BYTE, 0,
                                         grid.world()));
+  // Pipelined runs: every rank's micro-batch decisions (steps x microbatches bytes).
+  std::vector<std::vector<uint8_t>> microbatch_decisions;
+  if (Pipelined(options)) {
+    const int mb_bytes = static_cast<int>(steps * options.microbatches);
+    if (static_cast<int>(result.microbatch_decisions.size()) != mb_bytes) {
+      return absl::InternalError("GatherSummary: micro-batch decisions do not match the steps");
+    }
+    std::vector<uint8_t> all(root ? static_cast<size_t>(mb_bytes) * size : 0);
+    SPGATE_MPI_RETURN_IF_ERROR(MPI_Gather(result.microbatch_decisions.data(), mb_bytes, MPI_BYTE,
+                                          all.data(), mb_bytes, MPI_BYTE, 0, grid.world()));
+    if (root) {
+      for (int r = 0; r < size; ++r) {
+        microbatch_decisions.emplace_back(all.begin() + static_cast<int64_t>(r) * mb_bytes,
+                                          all.begin() + static_cast<int64_t>(r + 1) * mb_bytes);
+      }
+    }
+  }
   if (!root) return std::optional<RunSummary>();
   std::vector<std::vector<StepRecord>> per_rank(size);
   for (int r = 0; r < size; ++r) {
     per_rank[r].assign(gathered.begin() + r * steps, gathered.begin() + (r + 1) * steps);
   }
-  return std::optional<RunSummary>(Summarize(DescribeRun(options, size), per_rank, counters));
+  return std::optional<RunSummary>(
+      Summarize(DescribeRun(options, size), per_rank, counters, microbatch_decisions));
 }
 
 }  // namespace spgate::runtime

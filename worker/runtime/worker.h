@@ -59,6 +59,11 @@ struct WorkerOptions {
   std::string worker_token_file;
   ModelShape shape;
   int tp = 1;
+  // Pipelines (docs/design.md §12): pipeline stages (world = tp x pp x dp; each stage runs
+  // layers / pp of the model) and micro-batches per optimizer step (each of
+  // tokens_per_batch tokens), 1F1B. pp = 1 and microbatches = 1: one batch per step.
+  int pp = 1;
+  int microbatches = 1;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";
   int64_t tokens_per_batch = 8192;
   int64_t steps = 20;
@@ -83,6 +88,9 @@ struct WorkerOptions {
   GateConfig initial_config;  // until the daemon's arrives (and without one)
 };
 
+// Whether the run has pipeline stages or micro-batches (step plans, a decision each).
+inline bool Pipelined(const WorkerOptions& o) { return o.pp > 1 || o.microbatches > 1; }
+
 // Checks that need no MPI; INVALID_ARGUMENT names the flag.
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 const char* ModeChoiceName(ModeChoice mode);  // auto, sp, tp
@@ -105,11 +113,15 @@ absl::StatusOr<LaunchIdentity> AgreeOnLaunch(const WorkerOptions& options, const
 struct RankResult {
   std::vector<StepRecord> steps;
   RankCounters counters;
+  // Pipelined runs: each step's micro-batch decisions as run, a byte each (mode << 4 |
+  // reason), steps x microbatches.
+  std::vector<uint8_t> microbatch_decisions;
 };
 
 // The step loop on this rank. Collective over the job's world: every rank calls it with
 // the same options. `tp` / `dp` are this rank's TP- and DP-group communicators on
-// `device`'s memory.
+// `device`'s memory. With pipeline stages (Pipelined) each step is a 1F1B schedule over
+// the stage's micro-batches (pipeline.h), one decision per micro-batch.
 absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const ProcessGrid& grid,
                                          Device* device, Communicator* tp, Communicator* dp);
 

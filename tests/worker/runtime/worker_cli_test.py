@@ -147,7 +147,7 @@ class LocalRunTest(unittest.TestCase):
         for rank in range(4):
             with open(f"{prefix}.rank{rank}.csv") as f:
                 lines = f.read().splitlines()
-            self.assertEqual(lines[0], "step,mode,reason,source")
+            self.assertEqual(lines[0], "step,mode,reason,source,stage,micro_batch")
             self.assertEqual(len(lines), steps + 1)
             logs.append(lines)
         self.assertEqual(logs[0], logs[1])

@@ -109,7 +109,8 @@ class DaemonKilledMidRunTest(DaemonTestCase):
             self.assertEqual(logs[r], logs[0], f"rank {r}'s decision log differs from rank 0's")
         rows = [line.split(",") for line in logs[0]]
         self.assertEqual([int(r[0]) for r in rows], list(range(steps)))
-        for step, mode, reason, source in rows:
+        for step, mode, reason, source, stage, micro_batch in rows:
+            self.assertEqual((stage, micro_batch), ("0", "0"))  # no pipeline stages here
             self.assertIn(mode, ("sp", "tp_only"))
             self.assertIn(source, ("daemon", "fallback"))
             self.assertEqual(source == "fallback", reason == "controller_unavailable", rows)
@@ -274,7 +275,7 @@ class ScriptedDaemonMemoryTest(unittest.TestCase):
         for r in range(4):
             rows = [line.split(",") for line in data_lines(f"{prefix}.rank{r}.csv")]
             self.assertEqual(len(rows), steps)
-            for step, mode, reason, source in rows:
+            for step, mode, reason, source, _stage, _micro_batch in rows:
                 self.assertEqual(mode, "sp", rows)
                 if source == "memory_override":
                     self.assertEqual(reason, "memory_requires_sp", rows)

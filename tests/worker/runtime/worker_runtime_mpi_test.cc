@@ -23,6 +23,7 @@
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/memory_model.h"
 #include "worker/runtime/mpi_communicator.h"
+#include "worker/runtime/pipeline.h"
 #include "worker/runtime/transformer_stack.h"
 #include "worker/runtime/worker.h"
 
@@ -301,6 +302,80 @@ TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
               dp > 1 ? 1 : 0);
     EXPECT_EQ(j.tp->stats().Calls(CollectiveOp::kAllReduce, CollectivePurpose::kGradSync), 1);
   }
+}
+
+// ---------------------------------------------------------------- pipelines
+
+// TP2 x PP2 (4 ranks), 1F1B over four micro-batches, each stage running each micro-batch
+// in its own mode (they differ between micro-batches and between the stages of one
+// micro-batch): every stage's gradients equal the single-rank reference's for its layers,
+// summed over the micro-batches, and every p2p message had the size its receiver expected.
+TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
+  if (WorldSize() != 4) GTEST_SKIP() << "needs 4 ranks (TP2 x PP2)";
+  const ModelShape model{.layers = 4, .hidden = 32, .heads = 4, .ffn_hidden = 40};
+  ASSERT_OK_AND_ASSIGN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, 2, 2));
+  auto device = CreateCpuDevice();
+  ASSERT_OK_AND_ASSIGN(auto tp, CreateMpiCommunicator(grid->tp_comm()));
+  MemoryArena arena(device.get());
+  const int stage = grid->stage();
+  ModelShape stage_shape = model;
+  stage_shape.layers = 2;
+  ASSERT_OK_AND_ASSIGN(auto stack,
+                       TransformerStack::Create({.shape = stage_shape, .tp = 2,
+                                                 .tp_rank = grid->tp_rank(), .param_seed = 13,
+                                                 .layer_offset = 2 * stage},
+                                                &arena, tp.get()));
+  // Odd totals exercise the boundary's padding to a multiple of t.
+  const std::vector<std::vector<int64_t>> lengths = {{5, 8, 3}, {11, 2}, {7}, {4, 4, 4, 1}};
+  const Mode sp = Mode::kSequenceParallel, tp_only = Mode::kTensorParallelOnly;
+  const std::vector<Mode> modes[2] = {{sp, tp_only, tp_only, sp}, {tp_only, tp_only, sp, sp}};
+  std::vector<MicroBatch> mbs;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    mbs.push_back({.lengths = lengths[i], .data_seed = 40u + i});
+  }
+  StageLink link(grid->world(), grid->prev_stage_rank(), grid->next_stage_rank());
+  ASSERT_OK(stack->ZeroGrads());
+  const PipelineLayout layout{.pp = 2, .microbatches = 4};
+  ASSERT_OK(RunStageStep(*stack, link, layout, stage, mbs, modes[stage]));
+  ASSERT_OK(link.Finish());
+  ASSERT_OK(stack->FinishGradients(nullptr));
+  EXPECT_EQ(link.size_mismatches(), 0);
+  EXPECT_EQ(link.messages(), 4);  // stage 0 sends activations, stage 1 gradients
+  int64_t expect_bytes = 0;
+  for (const auto& l : lengths) expect_bytes += BoundaryRows(l, 2) * 32 * sizeof(float);
+  EXPECT_EQ(link.bytes_sent(), expect_bytes);  // t x smaller than TP-only's full sequence
+
+  std::vector<std::vector<std::vector<double>>> want;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(auto ref, reference::RunReference(model, 13, lengths[i], 40 + i));
+    if (want.empty()) {
+      want = ref.grads;
+      reference::AddScaled(want, ref.grads, -1.0);
+    }
+    reference::AddScaled(want, ref.grads, 1.0);
+  }
+  const std::vector<std::vector<std::vector<double>>> mine(want.begin() + 2 * stage,
+                                                           want.begin() + 2 * stage + 2);
+  ASSERT_OK_AND_ASSIGN(auto grads, stack->DownloadGrads());
+  EXPECT_ALL_CLOSE(grads, reference::ShardGrads(stage_shape, 2, grid->tp_rank(), mine),
+                   absl::StrCat("stage ", stage, " gradient shard"));
+}
+
+// A message of another size than the receiver's is refused by name and counted: MPI would
+// take it into a larger buffer where NCCL would hang.
+TEST(PipelineTest, AMessageOfTheWrongSizeIsRefused) {
+  if (WorldSize() != 4) GTEST_SKIP() << "needs 4 ranks (TP2 x PP2)";
+  ASSERT_OK_AND_ASSIGN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, 2, 2));
+  StageLink link(grid->world(), grid->prev_stage_rank(), grid->next_stage_rank());
+  if (grid->stage() == 0) {
+    ASSERT_OK(link.Send(StageLink::Direction::kForward, 3, std::vector<float>(6, 1.0f)));
+    ASSERT_OK(link.Finish());
+  } else {
+    EXPECT_THAT(link.Receive(StageLink::Direction::kForward, 3, 8).status(),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr("has 6 floats")));
+    EXPECT_EQ(link.size_mismatches(), 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // ---------------------------------------------------------------- memory
