@@ -118,7 +118,7 @@ class DaemonKilledMidRunTest(DaemonTestCase):
         # Once the daemon is dead it never answers again. Answers already on the wire when
         # it died (plans go out a step ahead) may still be used for the next couple of
         # steps; from then on every step is the fail-static fallback.
-        for step, _, _, source in rows[killed_at + 3:]:
+        for step, _, _, source, _, _ in rows[killed_at + 3:]:
             self.assertEqual(source, "fallback", f"step {step} after the kill: {rows}")
         fallbacks = sum(1 for r in rows if r[3] == "fallback")
         first_fallback = next(i for i, r in enumerate(rows) if r[3] == "fallback")
