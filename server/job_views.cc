@@ -56,6 +56,7 @@ void ToProto(const GroupView& g, v1::GroupStatus* out) {
   out->set_group_session(g.group_session);
   if (g.coordinates) spgate::ToProto(*g.coordinates, out->mutable_coordinates());
   out->set_predicted_stage_peak_bytes(g.stage_peak_bytes);
+  out->set_last_step_tp_only_microbatches(g.last_step_tp_microbatches);
 }
 
 void ToProto(const ModeStatsView& m, v1::ModeStats* out) {

@@ -2,6 +2,7 @@
 #include "tools/spgatectl/format.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -256,7 +257,7 @@ std::string LearnedText(const v1::Job& job) {
 std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
   if (format == OutputFormat::kJson) return ToJson(job);
   const v1::JobSummary& s = job.summary();
-  std::string out = KeyValues({
+  std::vector<std::pair<std::string, std::string>> rows = {
       {"job", s.job_id()},
       {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
@@ -266,7 +267,23 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
       {"memory overrides", absl::StrCat(job.memory_overrides())},
       {"config", absl::StrCat("version ", job.config().effective_version(), ", overrides: ",
                               SetFieldsText(job.config().overrides()))},
-  });
+  };
+  if (job.has_layout()) {
+    const v1::JobLayout& l = job.layout();
+    rows.emplace_back(
+        "layout", absl::StrFormat("tp=%d pp=%d vp=%d cp=%d dp=%d microbatches=%d %s", l.tp(),
+                                  l.pp(), l.vp(), l.cp(), l.dp(), l.microbatches(),
+                                  l.schedule() == v1::JobLayout::SCHEDULE_INTERLEAVED_1F1B
+                                      ? "interleaved_1f1b"
+                                      : "1f1b"));
+  }
+  if (job.sp_required_size() > 0) {
+    // Why every decision of the job is SP (docs/design.md §12).
+    rows.emplace_back("sp required",
+                      absl::StrCat(absl::StrJoin(job.sp_required(), ","),
+                                   " (needs SP throughout: every decision is SP)"));
+  }
+  std::string out = KeyValues(rows);
 
   absl::StrAppend(&out, "\nGROUPS\n");
   if (job.groups_size() == 0) {
@@ -303,6 +320,31 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
                 g.has_pin() ? absl::StrCat(ModeName(g.pin().mode()), " ",
                                            RemainingText(g.pin().expire_time(), now))
                             : "-"});
+    }
+    absl::StrAppend(&out, t.Render());
+  }
+
+  if (job.has_layout() && job.groups_size() > 0) {
+    // Per pipeline stage: its groups' last step plans (docs/design.md §12).
+    const int pp = std::max(job.layout().pp(), 1);
+    std::vector<int> groups(pp, 0), tp_only(pp, 0);
+    std::vector<uint64_t> peak(pp, 0);
+    for (const v1::GroupStatus& g : job.groups()) {
+      const int st = std::clamp(g.coordinates().stage(), 0, pp - 1);
+      ++groups[st];
+      tp_only[st] += g.last_step_tp_only_microbatches();
+      peak[st] = std::max<uint64_t>(peak[st], g.predicted_stage_peak_bytes());
+    }
+    absl::StrAppend(&out, "\nSTAGES (last step plan of each group)\n");
+    Table t({{"STAGE", Align::kRight},
+             {"GROUPS", Align::kRight},
+             {"TP_ONLY", Align::kRight},
+             {"PREDICTED_PEAK", Align::kRight}});
+    const int m = std::max(job.layout().microbatches(), 1);
+    for (int st = 0; st < pp; ++st) {
+      if (groups[st] == 0) continue;
+      t.AddRow({absl::StrCat(st), absl::StrCat(groups[st]),
+                absl::StrCat(tp_only[st], "/", groups[st] * m), FormatBytes(peak[st])});
     }
     absl::StrAppend(&out, t.Render());
   }

@@ -170,6 +170,31 @@ const char* kJob = R"pb(
   memory_overrides: 2
 )pb";
 
+// A pipelined job: its layout, why it is locked to SP, and a row per stage.
+TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
+  const auto job = Parse<v1::Job>(R"pb(
+    summary { job_id: "pipe" groups: 3 ranks_active: 6 steps_decided: 10 sp_groups: 3 }
+    groups { group: 0 group_size: 2 ranks_active: 2 mode: SEQUENCE_PARALLEL
+             reason: SP_REQUIRED last_step: 9 coordinates { stage: 0 }
+             predicted_stage_peak_bytes: 2147483648 }
+    groups { group: 1 group_size: 2 ranks_active: 2 mode: SEQUENCE_PARALLEL
+             reason: SP_REQUIRED last_step: 9 coordinates { stage: 1 }
+             predicted_stage_peak_bytes: 1073741824 last_step_tp_only_microbatches: 3 }
+    groups { group: 2 group_size: 2 ranks_active: 2 mode: SEQUENCE_PARALLEL
+             reason: SP_REQUIRED last_step: 9 coordinates { dp_index: 1 stage: 1 }
+             predicted_stage_peak_bytes: 1610612736 last_step_tp_only_microbatches: 1 }
+    layout { tp: 2 pp: 2 vp: 1 cp: 1 dp: 2 microbatches: 4 schedule: SCHEDULE_1F1B }
+    sp_required: "cuda_graphs"
+  )pb");
+  const std::string text = FormatJob(job, OutputFormat::kTable, kNow);
+  EXPECT_THAT(text, HasSubstr("layout            tp=2 pp=2 vp=1 cp=1 dp=2 microbatches=4 1f1b\n"));
+  EXPECT_THAT(text, HasSubstr("sp required       cuda_graphs (needs SP throughout"));
+  EXPECT_THAT(text, HasSubstr("STAGES (last step plan of each group)\n"
+                              "STAGE  GROUPS  TP_ONLY  PREDICTED_PEAK\n"
+                              "    0       1      0/4         2.0 GiB\n"
+                              "    1       2      4/8         1.5 GiB\n"));
+}
+
 TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
   const auto job = Parse<v1::Job>(kJob);
   EXPECT_EQ(
