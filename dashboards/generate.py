@@ -473,6 +473,26 @@ def Job():
           "budget x memory_headroom")],
         overrides=ModeOverrides() + [ThresholdLine("B"), ThresholdLine("C", "yellow")]), w=24)
 
+    L.Row("Pipeline stages")
+    L.Add(TimeSeries(
+        "Predicted stage peak against budget",
+        "A pipelined job's stages (docs/design.md §12): the largest predicted peak over a "
+        "step of each stage's TP groups, with every micro-batch in flight under the "
+        "schedule in its decided mode. Early stages hold more micro-batches at once, so "
+        "they reach budget x memory_headroom (yellow) first and run SP there.",
+        "bytes",
+        [(f"max by (stage) (spgate_stage_predicted_peak_bytes{{{j}}})", "stage {{stage}}"),
+         (f'max(spgate_memory_budget_bytes{{{j}}}) * {EffectiveGate("memory_headroom")}',
+          "budget x memory_headroom")],
+        overrides=[ThresholdLine("B", "yellow")]), w=12)
+    L.Add(TimeSeries(
+        "TP-only share by stage",
+        "Share of each stage's micro-batches decided TP-only in its groups' last step "
+        "plans. A stage stuck at 0 while later stages run TP-only is held by the memory "
+        "gate (see the panel on the left); one stuck at 1 runs TP-only throughout.",
+        "percentunit",
+        [(f"max by (stage) (spgate_stage_tp_only_share{{{j}}})", "stage {{stage}}")]), w=12)
+
     L.Row("Adaptive policy")
     L.Add(Stat(
         "Policy in force",

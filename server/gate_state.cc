@@ -8,6 +8,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
@@ -292,6 +293,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation,
   job.sinks.clear();
   job.layout.reset();
   job.sp_required.clear();
+  job.metrics->RemoveStages();
   ClearLearned(job);
   // Their later calls find no session or a stale one.
   EraseSessions([&](const Session& s) { return s.job_id == job.id && s.incarnation != incarnation; });
@@ -1315,6 +1317,21 @@ void GateState::Sweep() {
     }
     job.metrics->workers_active->Set(active);
     job.metrics->workers_stale->Set(stale);
+    if (job.layout.has_value()) {
+      // Per stage: its groups' last step plans (bounded: pp <= 1024 series per job).
+      std::map<int, std::tuple<uint64_t, int64_t, int64_t>> stages;  // peak, tp, planned
+      for (const auto& [gi, g] : job.groups) {
+        if (g->step_plans.empty()) continue;
+        auto& [peak, tp, planned] = stages[CoordinatesOf(*job.layout, gi).stage];
+        peak = std::max(peak, g->stage_peak);
+        tp += g->last_tp_microbatches;
+        planned += job.layout->microbatches;
+      }
+      for (const auto& [stage, v] : stages) {
+        const auto& [peak, tp, planned] = v;
+        job.metrics->SetStage(stage, peak, static_cast<double>(tp) / static_cast<double>(planned));
+      }
+    }
     const bool idle = ranks == 0 && now - job.last_activity > options_.forget_after;
     if (!idle) {
       ++jit;

@@ -87,6 +87,14 @@ Metrics::Metrics()
                          .Help("rank_in_group of the group's slowest rank (longest step time) "
                                "in its last complete step.")
                          .Register(*registry_)),
+      stage_peak_f(BuildGauge().Name("spgate_stage_predicted_peak_bytes")
+                       .Help("A pipelined job's stage: the largest predicted peak over the "
+                             "step of its TP groups' last step plans, in the modes decided.")
+                       .Register(*registry_)),
+      stage_tp_only_f(BuildGauge().Name("spgate_stage_tp_only_share")
+                          .Help("A pipelined job's stage: the share of its TP groups' last "
+                                "step plans' micro-batches decided TP-only.")
+                          .Register(*registry_)),
       norm_stall_f(BuildGauge().Name("spgate_norm_stall_ratio")
                        .Help("Rolling mean of the share of step time spent in collectives that "
                              "exist only because LayerNorm crossed the shard boundary.")
@@ -258,6 +266,7 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
 }
 
 JobMetrics::~JobMetrics() {
+  RemoveStages();
   m_.length_cv_f.Remove(length_cv);
   for (int mode = 1; mode < kModeSlots; ++mode) {
     m_.step_duration_f.Remove(step_duration[mode]);
@@ -353,6 +362,24 @@ void JobMetrics::RemoveLearned() {
       g = nullptr;
     }
   }
+}
+
+void JobMetrics::SetStage(int stage, uint64_t predicted_peak_bytes, double tp_only_share) {
+  auto [it, added] = stages_.try_emplace(stage);
+  if (added) {
+    const prometheus::Labels l = {{"job_id", job_id_}, {"stage", std::to_string(stage)}};
+    it->second = {&m_.stage_peak_f.Add(l), &m_.stage_tp_only_f.Add(l)};
+  }
+  it->second.first->Set(static_cast<double>(predicted_peak_bytes));
+  it->second.second->Set(tp_only_share);
+}
+
+void JobMetrics::RemoveStages() {
+  for (auto& [stage, gauges] : stages_) {
+    m_.stage_peak_f.Remove(gauges.first);
+    m_.stage_tp_only_f.Remove(gauges.second);
+  }
+  stages_.clear();
 }
 
 GroupMetrics::GroupMetrics(Metrics& m, const std::string& job_id, int group) : m_(m) {

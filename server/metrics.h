@@ -7,6 +7,7 @@
 #define SPGATE_SERVER_METRICS_H_
 
 #include <array>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -71,6 +72,11 @@ class JobMetrics {
   // sample weight per (band, mode) that has data, created on first use.
   void SetLearned(int band, Mode mode, double tokens_per_s, double samples);
   void RemoveLearned();  // the table was reset (new launch, new band edges)
+  // A pipelined job's stage (docs/design.md §12): the largest predicted peak of its
+  // groups' last step plans and the share of their micro-batches that ran TP-only.
+  // Created on first use; RemoveStages drops them (a new launch may have another layout).
+  void SetStage(int stage, uint64_t predicted_peak_bytes, double tp_only_share);
+  void RemoveStages();
 
   prometheus::Histogram* length_cv;
   std::array<prometheus::Histogram*, kModeSlots> step_duration{};
@@ -96,6 +102,7 @@ class JobMetrics {
   prometheus::Gauge* config_version_;
   std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_rate_{};
   std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_samples_{};
+  std::map<int, std::pair<prometheus::Gauge*, prometheus::Gauge*>> stages_;  // peak, share
 };
 
 class GroupMetrics {
@@ -142,6 +149,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& rs_wait_f;
   prometheus::Family<prometheus::Gauge>& all_gather_f;
   prometheus::Family<prometheus::Gauge>& slowest_rank_f;
+  prometheus::Family<prometheus::Gauge>& stage_peak_f;
+  prometheus::Family<prometheus::Gauge>& stage_tp_only_f;
   prometheus::Family<prometheus::Gauge>& norm_stall_f;
   prometheus::Family<prometheus::Histogram>& step_duration_f;
   prometheus::Family<prometheus::Counter>& effective_tokens_f;

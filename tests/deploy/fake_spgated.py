@@ -95,6 +95,15 @@ class Exposition:
         for job in JOBS:
             for g in GROUPS:
                 sample("spgate_slowest_rank", (int(g) + int(t) // 30) % 8, job_id=job, group=g)
+        family("spgate_stage_predicted_peak_bytes", "gauge", "Predicted peak of a stage's step.")
+        family("spgate_stage_tp_only_share", "gauge", "Share of a stage's micro-batches TP-only.")
+        for job in JOBS:
+            for stage in ("0", "1"):
+                sample("spgate_stage_predicted_peak_bytes",
+                       (60 - 10 * int(stage)) * 2**30 * (1 + 0.05 * math.sin(t / 9)),
+                       job_id=job, stage=stage)
+                sample("spgate_stage_tp_only_share", 0.25 * int(stage) + 0.1 * (1 + math.sin(t / 5)),
+                       job_id=job, stage=stage)
         family("spgate_step_duration_seconds", "histogram", "Step wall time by mode.")
         for job in JOBS:
             for mode in contract.MODES:

@@ -145,6 +145,13 @@ def DashboardCases(job_id, groups):
     ]
 
 
+# Panels whose series only a pipelined job has (step plans, docs/design.md §12). The
+# live traffic is spgate-sim's, which has no pipeline stages yet (issue 23's simulator
+# cells): their queries run against fake_spgated in dashboards_prometheus_test and the
+# real daemon's series are checked in tests/server/gate_state_pipeline_test.cc.
+PIPELINE_ONLY_PANELS = {"Predicted stage peak against budget", "TP-only share by stage"}
+
+
 def EmptyPanels(prom, job_id, groups, rate_interval="1m"):
     """Runs every panel query; returns ['dashboard / panel (ref, vars): expr -> why']."""
     problems = []
@@ -152,6 +159,8 @@ def EmptyPanels(prom, job_id, groups, rate_interval="1m"):
     for name, variables in DashboardCases(job_id, groups):
         dash = dashboards[name]
         for title, ref, expr in dq.PanelQueries(dash):
+            if title in PIPELINE_ONLY_PANELS:
+                continue
             plain = dq.Substitute(expr, variables, rate_interval=rate_interval)
             try:
                 result = prom.Query(plain)

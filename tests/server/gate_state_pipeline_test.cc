@@ -111,6 +111,13 @@ TEST_F(GateStatePipelineTest, FirstStageRunsSpWhereTheLastRunsTpOnly) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(first.micro_batches(i).id(), i);
 
   // Every micro-batch decision counts, and GetJob shows the layout and where groups sit.
+  // The stages' series (the sweep exports them): stage 0 all SP at 140 bytes, stage 3 all
+  // TP-only at 120.
+  h_->Sweep();
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr("spgate_stage_predicted_peak_bytes{job_id=\"pipe\",stage=\"0\"} 140"));
+  EXPECT_THAT(text, HasSubstr("spgate_stage_tp_only_share{job_id=\"pipe\",stage=\"0\"} 0"));
+  EXPECT_THAT(text, HasSubstr("spgate_stage_tp_only_share{job_id=\"pipe\",stage=\"3\"} 1"));
   absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
   ASSERT_THAT(job.status(), IsOk());
   EXPECT_EQ(job->layout().pp(), 4);
