@@ -6,8 +6,14 @@
 // machine noise hits both; the report is p50/p99 latency and decisions/s as ratios to
 // echo. Loopback only; every loop is bounded by --seconds.
 //
+// With --microbatches=1,8,64 the plans are step plans (docs/design.md §12) of a
+// pipelined job (pp = 4; each group a stage of a replica), one MicroBatchPlan of
+// --sequences lengths per micro-batch, answered with a decision per micro-batch (the
+// echo answers as many); decisions/s then counts micro-batch decisions.
+//
 //   build/bin/decision_roundtrip_bench --groups=1,16,128 --seconds=3 --rounds=3
 //       --out=decision_roundtrip.json
+//   build/bin/decision_roundtrip_bench --groups=16 --microbatches=1,8,64 --sequences=8
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -33,6 +39,8 @@ ABSL_FLAG(double, seconds, 3.0, "Measured seconds per run");
 ABSL_FLAG(int, rounds, 3, "Alternating echo/spgated rounds per group count");
 ABSL_FLAG(int, sequences, 64, "Sequences per batch plan");
 ABSL_FLAG(std::string, out, "", "Write results as JSON here");
+ABSL_FLAG(std::string, microbatches, "",
+          "Comma-separated micro-batches per step plan (empty: plain plans, one batch each)");
 
 namespace {
 
@@ -56,6 +64,12 @@ class EchoReactor final : public grpc::ServerBidiReactor<v1::WorkerMessage, v1::
       d->set_step(p.step());
       d->set_mode(v1::SEQUENCE_PARALLEL);
       d->set_reason(v1::GATES_PASSED);
+      for (const auto& m : p.micro_batches()) {
+        auto* md = d->add_micro_batches();
+        md->set_id(m.id());
+        md->set_mode(v1::SEQUENCE_PARALLEL);
+        md->set_reason(v1::GATES_PASSED);
+      }
     }
     StartWrite(&out_);
   }
@@ -100,8 +114,10 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
+// `microbatches` 0: plain plans of `sequences` lengths; else step plans of that many
+// micro-batches of `sequences` lengths each, from a job with a layout.
 RunResult Run(const std::string& address, bool register_first, int groups, double seconds,
-              const std::string& job, int sequences) {
+              const std::string& job, int sequences, int microbatches) {
   std::vector<int64_t> lengths;
   for (int i = 0; i < sequences; ++i) lengths.push_back(2048 + (i * 977) % 1024);
   std::vector<std::vector<double>> lat(static_cast<size_t>(groups));
@@ -122,6 +138,16 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
         r.set_launch_credential("test-launch-credential-0001");
         r.set_group(g);
         r.set_group_size(1);
+        if (microbatches > 0) {
+          constexpr int kStages = 4;
+          v1::JobLayout* l = r.mutable_layout();
+          l->set_tp(1);
+          l->set_pp(kStages);
+          l->set_dp((groups + kStages - 1) / kStages);
+          l->set_microbatches(microbatches);
+          r.mutable_coordinates()->set_dp_index(g / kStages);
+          r.mutable_coordinates()->set_stage(g % kStages);
+        }
         v1::RegisterResponse resp;
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -139,7 +165,21 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
       v1::BatchPlan* plan = msg.add_plans();
       plan->set_job_id(job);
       plan->set_group(g);
-      for (int64_t l : lengths) plan->add_lengths(l);
+      if (microbatches == 0) {
+        for (int64_t l : lengths) plan->add_lengths(l);
+      } else {
+        plan->set_resident_bytes(uint64_t{20} << 30);
+        plan->set_memory_budget_bytes(uint64_t{80} << 30);
+        for (int id = 0; id < microbatches; ++id) {
+          v1::MicroBatchPlan* m = plan->add_micro_batches();
+          m->set_id(id);
+          for (int64_t l : lengths) m->add_lengths(l + id);
+          m->set_activation_bytes_sp(uint64_t{1} << 30);
+          m->set_activation_bytes_tp(uint64_t{2} << 30);
+          m->set_workspace_bytes_sp(uint64_t{1} << 28);
+          m->set_workspace_bytes_tp(uint64_t{1} << 29);
+        }
+      }
       v1::DaemonMessage in;
       int64_t step = 0;
       // Warm-up round trip (connection, session attach) outside the measurement.
@@ -159,7 +199,7 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
         }
         mine.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
       }
-      total += static_cast<int64_t>(mine.size());
+      total += static_cast<int64_t>(mine.size()) * std::max(microbatches, 1);
       stream->WritesDone();
       stream->Finish();
     });
@@ -182,6 +222,20 @@ RunResult Run(const std::string& address, bool register_first, int groups, doubl
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();  // as in spgated's main
   absl::ParseCommandLine(argc, argv);
+  std::vector<int> mb_counts;
+  if (!absl::GetFlag(FLAGS_microbatches).empty()) {
+    for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_microbatches), ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 4096) {
+        std::cerr << "--microbatches: expected a comma-separated list of 1..4096, got '" << s
+                  << "'\n";
+        return 2;
+      }
+      mb_counts.push_back(n);
+    }
+  } else {
+    mb_counts.push_back(0);
+  }
   std::vector<int> group_counts;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_groups), ',')) {
     int n = 0;
@@ -217,37 +271,40 @@ int main(int argc, char** argv) {
 
   std::string json = "{\n  \"benchmark\": \"decision_roundtrip\",\n  \"baseline\": \"echo\",\n"
                      "  \"results\": [\n";
-  std::printf("%-7s %-8s %10s %10s %12s   %s\n", "groups", "server", "p50_us", "p99_us",
-              "decisions/s", "ratio to echo (p50, p99, throughput)");
+  std::printf("%-7s %-6s %-8s %10s %10s %12s   %s\n", "groups", "mbs", "server", "p50_us",
+              "p99_us", "decisions/s", "ratio to echo (p50, p99, throughput)");
   int run_id = 0;
-  for (size_t gi = 0; gi < group_counts.size(); ++gi) {
-    const int n = group_counts[gi];
-    std::vector<double> echo_lat, gate_lat;
-    double echo_tput = 0, gate_tput = 0;
-    int64_t errors = 0;
-    for (int r = 0; r < rounds; ++r) {
-      RunResult e = Run(echo_addr, false, n, seconds, "echo", absl::GetFlag(FLAGS_sequences));
-      RunResult g = Run((*daemon)->worker_address(), true, n, seconds,
-                        absl::StrCat("bench-", run_id++), absl::GetFlag(FLAGS_sequences));
-      echo_lat.insert(echo_lat.end(), e.latencies_us.begin(), e.latencies_us.end());
-      gate_lat.insert(gate_lat.end(), g.latencies_us.begin(), g.latencies_us.end());
-      echo_tput += e.decisions_per_s / rounds;
-      gate_tput += g.decisions_per_s / rounds;
-      errors += e.errors + g.errors;
+  const size_t cases = group_counts.size() * mb_counts.size();
+  size_t case_id = 0;
+  for (const int n : group_counts) {
+    for (const int mbs : mb_counts) {
+      std::vector<double> echo_lat, gate_lat;
+      double echo_tput = 0, gate_tput = 0;
+      int64_t errors = 0;
+      for (int r = 0; r < rounds; ++r) {
+        RunResult e = Run(echo_addr, false, n, seconds, "echo", absl::GetFlag(FLAGS_sequences), mbs);
+        RunResult g = Run((*daemon)->worker_address(), true, n, seconds,
+                          absl::StrCat("bench-", run_id++), absl::GetFlag(FLAGS_sequences), mbs);
+        echo_lat.insert(echo_lat.end(), e.latencies_us.begin(), e.latencies_us.end());
+        gate_lat.insert(gate_lat.end(), g.latencies_us.begin(), g.latencies_us.end());
+        echo_tput += e.decisions_per_s / rounds;
+        gate_tput += g.decisions_per_s / rounds;
+        errors += e.errors + g.errors;
+      }
+      const double e50 = Quantile(echo_lat, 0.5), e99 = Quantile(echo_lat, 0.99);
+      const double g50 = Quantile(gate_lat, 0.5), g99 = Quantile(gate_lat, 0.99);
+      std::printf("%-7d %-6d %-8s %10.1f %10.1f %12.0f\n", n, mbs, "echo", e50, e99, echo_tput);
+      std::printf("%-7d %-6d %-8s %10.1f %10.1f %12.0f   %.2fx, %.2fx, %.2fx%s\n", n, mbs,
+                  "spgated", g50, g99, gate_tput, g50 / e50, g99 / e99, gate_tput / echo_tput,
+                  errors ? "  (errors!)" : "");
+      absl::StrAppend(&json, "    {\"groups\": ", n, ", \"microbatches\": ", mbs,
+                      ", \"echo\": {\"p50_us\": ", e50, ", \"p99_us\": ", e99,
+                      ", \"decisions_per_s\": ", echo_tput, "}, \"spgated\": {\"p50_us\": ", g50,
+                      ", \"p99_us\": ", g99, ", \"decisions_per_s\": ", gate_tput,
+                      "}, \"ratio\": {\"p50\": ", g50 / e50, ", \"p99\": ", g99 / e99,
+                      ", \"throughput\": ", gate_tput / echo_tput, "}, \"errors\": ", errors, "}",
+                      ++case_id < cases ? "," : "", "\n");
     }
-    const double e50 = Quantile(echo_lat, 0.5), e99 = Quantile(echo_lat, 0.99);
-    const double g50 = Quantile(gate_lat, 0.5), g99 = Quantile(gate_lat, 0.99);
-    std::printf("%-7d %-8s %10.1f %10.1f %12.0f\n", n, "echo", e50, e99, echo_tput);
-    std::printf("%-7d %-8s %10.1f %10.1f %12.0f   %.2fx, %.2fx, %.2fx%s\n", n, "spgated", g50,
-                g99, gate_tput, g50 / e50, g99 / e99, gate_tput / echo_tput,
-                errors ? "  (errors!)" : "");
-    absl::StrAppend(&json, "    {\"groups\": ", n, ", \"echo\": {\"p50_us\": ", e50,
-                    ", \"p99_us\": ", e99, ", \"decisions_per_s\": ", echo_tput,
-                    "}, \"spgated\": {\"p50_us\": ", g50, ", \"p99_us\": ", g99,
-                    ", \"decisions_per_s\": ", gate_tput, "}, \"ratio\": {\"p50\": ", g50 / e50,
-                    ", \"p99\": ", g99 / e99, ", \"throughput\": ", gate_tput / echo_tput,
-                    "}, \"errors\": ", errors, "}", gi + 1 < group_counts.size() ? "," : "",
-                    "\n");
   }
   json += "  ]\n}\n";
   if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << json;
