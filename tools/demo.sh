@@ -3,7 +3,9 @@
 # runs a 4-rank CPU spgate-worker job under mpirun against it - 2 TP groups of 2 ranks
 # running real transformer layers forward and backward - whose bimodal length mix makes the
 # daemon choose both modes (mixed batches: TP-only for LENGTH_CV; uniform ones: SP), prints
-# the worker's decision and throughput summary and the daemon's own decision counters, and
+# the worker's decision and throughput summary, then a pipelined job (tp=2 x pp=2, 4
+# micro-batches a step) whose first stage runs SP and last stage TP-only under one memory
+# budget (docs/design.md §12), and the daemon's own decision counters, and
 # stops the daemon with SIGTERM. Exits non-zero if any of that fails or the job did not run
 # both modes. The API walkthrough (every gate reason, a live threshold change) is
 # tools/demo_api.sh.
@@ -54,6 +56,55 @@ ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
 echo
 echo "== rank 0's decision log (first 8 steps of $steps; every rank of a group logs the same)"
 head -9 "$tmp/decisions.rank0.csv" | awk -F, '{ printf "   %-5s %-8s %-24s %s\n", $1, $2, $3, $4 }'
+
+echo
+echo "== a pipelined job: 4 ranks (tp=2 x pp=2), 1F1B over 4 micro-batches a step"
+echo "   every micro-batch 64+64+512 tokens (length CV 0.94: TP-only wanted), one memory budget"
+# The budget: what the first stage holds with all its micro-batches SP (it holds two at
+# once), or the last stage TP-only (it holds one) if more - measured by two short forced
+# runs. Under it the first stage must run SP and the last may run TP-only (docs/design.md §12).
+printf '64\n64\n512\n' > "$tmp/pipe_lengths.txt"
+pipe=(--backend=cpu --tp=2 --pp=2 --microbatches=4 --layers=2 --hidden=64 --heads=4
+      --ffn_hidden=128 --tokens_per_batch=640 --lengths="file:$tmp/pipe_lengths.txt" --seed=7)
+for m in sp tp; do
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+  "$mpirun" --oversubscribe -np 4 "$worker" "${pipe[@]}" --mode=$m --steps=2 \
+    --summary_json="$tmp/pipe_$m.json" > /dev/null
+done
+budget=$(/usr/bin/env python3 - "$tmp/pipe_sp.json" "$tmp/pipe_tp.json" <<'PY'
+import json, math, sys
+sp, tp = (json.load(open(p))["stages"] for p in sys.argv[1:3])
+print(math.ceil(max(sp[0]["peak_memory_bytes"], tp[1]["peak_memory_bytes"]) / 0.9))
+PY
+)
+echo "   budget $budget bytes (x memory_headroom 0.9)"
+ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+"$mpirun" --oversubscribe -np 4 "$worker" "${pipe[@]}" --controller="127.0.0.1:$port" \
+  --job_id=demo-pipeline --memory_budget="$budget" --steps=6 --decision_deadline=2s \
+  --decision_log="$tmp/pipe" --summary_json="$tmp/pipe.json" > /dev/null
+echo "   step 0 on each stage (rank 0: stage 0, rank 2: stage 1):"
+for r in 0 2; do
+  sed -n '2,5p' "$tmp/pipe.rank$r.csv" |
+    awk -F, '{ printf "   step %s stage %s micro-batch %s: %-8s %-20s %s\n", $1, $5, $6, $2, $3, $4 }'
+done
+/usr/bin/env python3 - "$tmp/pipe.json" "$budget" <<'PY'
+import json, sys
+s, budget = json.load(open(sys.argv[1])), int(sys.argv[2])
+for st in s["stages"]:
+    print(f"   stage {st['stage']}: decisions {st['decisions']}, peak {st['peak_memory_bytes']} "
+          f"bytes ({st['peak_memory_bytes'] / budget:.0%} of the budget)")
+problems = []
+if s["stages"][0]["decisions"] != {"sp": {"memory_requires_sp": 24}}:
+    problems.append(f"stage 0 should run SP for memory: {s['stages'][0]['decisions']}")
+if "tp_only" not in s["stages"][1]["decisions"]:
+    problems.append(f"stage 1 should run TP-only: {s['stages'][1]['decisions']}")
+if s["p2p_size_mismatches"] or s["consistency_violations"]:
+    problems.append("p2p size mismatches or consistency violations")
+if any(st["peak_memory_bytes"] > budget for st in s["stages"]):
+    problems.append("a stage's measured peak is over the budget")
+if problems:
+    sys.exit("demo: " + "; ".join(problems))
+PY
 
 if [ -n "$metrics_port" ] && command -v curl >/dev/null; then
   echo
