@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, incarnation, kClientDefaults.incarnation,
 ABSL_FLAG(int, tp, 0, "Tensor-parallel group size; 0: all ranks form one group (of one stage)");
 ABSL_FLAG(int, pp, 1, "Pipeline stages (world = tp x pp x dp; each stage runs layers / pp; "
           "1F1B over --microbatches, one decision per micro-batch and stage)");
+ABSL_FLAG(std::string, stage_boundary, "sharded",
+          "sharded: the sequence-sharded layout at stage boundaries in both modes (the "
+          "contract); native: each mode's own (measurement only: needs --mode=sp|tp)");
 ABSL_FLAG(int, microbatches, 1, "Micro-batches per optimizer step, each of "
           "--tokens_per_batch tokens (1 with --pp=1: one batch per step)");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
@@ -73,7 +76,9 @@ ABSL_FLAG(std::string, mode, "auto",
           "SP and TP-only in turns of N steps: what a switch costs)");
 ABSL_FLAG(std::string, norm_boundary, "shard", "shard (LayerNorm inside the sequence shard) or "
                                                "gather (legacy: gather the sequence for LayerNorm)");
-ABSL_FLAG(std::string, decision_log, "", "PREFIX: write PREFIX.rank<N>.csv (step,mode,reason,source) per rank");
+ABSL_FLAG(std::string, decision_log, "",
+          "PREFIX: write PREFIX.rank<N>.csv (step,mode,reason,source,stage,micro_batch: a row "
+          "per micro-batch of each step) per rank");
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary (world rank 0) to this file");
 ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report the largest "
                                "difference of outputs and gradients (verify_max_abs_diff)");
@@ -176,6 +181,11 @@ int main(int argc, char** argv) {
   o.tp = absl::GetFlag(FLAGS_tp);
   o.pp = absl::GetFlag(FLAGS_pp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  if (const std::string b = absl::GetFlag(FLAGS_stage_boundary); b == "native") {
+    o.native_stage_boundary = true;
+  } else if (b != "sharded") {
+    return Refuse(absl::StrCat("--stage_boundary=", b, ": must be sharded or native"), first);
+  }
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};
   o.lengths = absl::GetFlag(FLAGS_lengths);

@@ -78,7 +78,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--summary_json", default="")
     p.add_argument("--decision_log", default="",
-                   help="PREFIX: one CSV per rank, PREFIX.rank<N>.csv (step,mode,reason,source)")
+                   help="PREFIX: one CSV per rank, PREFIX.rank<N>.csv "
+                        "(step,mode,reason,source,stage,micro_batch)")
     # TLS: the names and meaning of spgate-worker's flags (worker/client/tls_flags.cc).
     p.add_argument("--tls_ca", default="",
                    help="PEM roots that sign the daemon's certificate; turns TLS on")
@@ -231,7 +232,7 @@ def run_rank(rank, world, args, port):
     log_file = None
     if args.decision_log:
         log_file = open(f"{args.decision_log}.rank{rank}.csv", "w")
-        log_file.write("step,mode,reason,source\n")
+        log_file.write("step,mode,reason,source,stage,micro_batch\n")
 
     records = []
     decider.submit_plan(0, batch_lengths(args, group, 0))
@@ -244,7 +245,7 @@ def run_rank(rank, world, args, port):
         d = decider.decide(step)
         t1 = time.perf_counter()
         if log_file:
-            log_file.write(f"{step},{d.mode.label},{d.reason.label},{d.source.label}\n")
+            log_file.write(f"{step},{d.mode.label},{d.reason.label},{d.source.label},0,0\n")
 
         batch = P.PackedBatch.make(lengths, tp, d.mode, dropout_seed=args.seed * 1009 + step)
         tp.timer.reset()
@@ -455,6 +456,15 @@ def summarize(args, world, per_rank):
         "norm_stall_ratio_mean": None,
         "decision_wait_p95_s": _p95(decision_wait),
         "leader_decision_wait_max_s": leader_wait_max,
+        # One pipeline stage, one micro-batch per step (spgate-worker's --pp=1
+        # --microbatches=1; docs/design.md §12): the stage is the whole model, and no p2p.
+        "layout": {"tp": tp, "pp": 1, "dp": groups, "microbatches": 1, "schedule": "1f1b",
+                   "stage_boundary": "sharded"},
+        "stages": [{"stage": 0, "decisions": decisions,
+                    "peak_memory_bytes": peaks.get("all", 0),
+                    "predicted_peak_memory_bytes": 0}],
+        "p2p_size_mismatches": 0,
+        "p2p_bytes_sent": 0,
         "loss_first": losses[0],
         "loss_last": losses[-1],
         "run": {"world_size": world, "tp": tp, "dp": groups, "backend": "gloo",

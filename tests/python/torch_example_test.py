@@ -77,7 +77,8 @@ def worker_summary():
 
 
 def group_logs(prefix, world=4, tp=2):
-    """Each TP group leader's decision log rows (step, mode, reason, source)."""
+    """Each TP group leader's decision log rows (step, mode, reason, source, stage,
+    micro_batch)."""
     out = []
     for g in range(world // tp):
         with open(f"{prefix}.rank{g * tp}.csv") as f:
@@ -171,7 +172,7 @@ class TorchExampleTest(unittest.TestCase):
         switches, steady = {}, set()
         for g, rows in enumerate(group_logs(prefix)):
             self.assertEqual([int(r[0]) for r in rows], list(range(STEPS)))
-            for i, (_, mode, _, _) in enumerate(rows):
+            for i, (_, mode, _, _, _, _) in enumerate(rows):
                 n = sum(train.batch_lengths(args, g, i))
                 tokens["all"] += n
                 tokens[mode] = tokens.get(mode, 0) + n

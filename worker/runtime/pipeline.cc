@@ -102,13 +102,11 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
   }
   ASSIGN_OR_RETURN(const std::vector<PipelineOp> ops, StageSchedule(layout, stage));
   const bool first = stage == 0, last = stage == layout.pp - 1;
-  const int64_t h = stack.layout().hidden();
-  const int t = stack.options().tp;
   std::vector<std::unique_ptr<TransformerStack::InFlight>> held(microbatches.size());
   for (const PipelineOp& op : ops) {
     const int i = op.microbatch;
     const MicroBatch& mb = microbatches[i];
-    const int64_t boundary = BoundaryRows(mb.lengths, t) * h;
+    const int64_t boundary = BoundaryFloats(stack.options(), mb.lengths, modes[i]);
     if (op.forward) {
       std::vector<float> input;
       if (!first) {

@@ -220,6 +220,7 @@ RunSummary Summarize(const RunDescription& run,
     s.telemetry_acked += c.telemetry_acked;
     s.memory_overrides += c.memory_overrides;
     s.p2p_size_mismatches += c.p2p_size_mismatches;
+    s.p2p_bytes_sent += c.p2p_bytes_sent;
   }
   s.lost_telemetry = std::max<int64_t>(0, s.telemetry_sent - s.telemetry_acked);
   return s;
@@ -265,7 +266,8 @@ std::string SummaryJson(const RunSummary& s) {
   if (s.verify_max_abs_diff) field("verify_max_abs_diff", dbl(*s.verify_max_abs_diff));
   field("layout", absl::StrCat("{\"tp\": ", r.tp, ", \"pp\": ", r.pp, ", \"dp\": ", r.dp,
                                ", \"microbatches\": ", r.microbatches,
-                               ", \"schedule\": \"1f1b\"}"));
+                               ", \"schedule\": \"1f1b\", \"stage_boundary\": ",
+                               Quote(r.stage_boundary), "}"));
   std::string stages = "[";
   for (const RunSummary::Stage& st : s.stages) {
     absl::StrAppend(&stages, stages.size() > 1 ? ", " : "", "{\"stage\": ", st.stage,
@@ -276,6 +278,7 @@ std::string SummaryJson(const RunSummary& s) {
   }
   field("stages", stages + "]");
   field("p2p_size_mismatches", i64(s.p2p_size_mismatches));
+  field("p2p_bytes_sent", i64(s.p2p_bytes_sent));
   absl::StrAppend(
       &out, "  \"run\": {\"world_size\": ", r.world_size, ", \"tp\": ", r.tp, ", \"dp\": ", r.dp,
       ", \"backend\": ", Quote(r.backend), ", \"job_id\": ", Quote(r.job_id),

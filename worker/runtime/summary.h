@@ -71,12 +71,14 @@ struct RankCounters {
   int64_t late_decisions = 0;
   int64_t memory_overrides = 0;  // the leader's: daemon TP-only answers its memory gate forbade
   int64_t p2p_size_mismatches = 0;  // pipeline messages whose size was not the expected one
+  int64_t p2p_bytes_sent = 0;       // pipeline messages' bytes this rank sent
 };
 static_assert(std::is_trivially_copyable_v<RankCounters>);
 
 struct RunDescription {
   int world_size = 1, tp = 1, dp = 1;
   int pp = 1, microbatches = 1;  // pipeline stages, micro-batches per step (1F1B)
+  std::string stage_boundary = "sharded";  // or "native" (measurement only)
   std::string backend, lengths, mode, norm_boundary, controller, job_id;
   int layers = 0, hidden = 0, heads = 0, ffn_hidden = 0;
   int64_t tokens_per_batch = 0;
@@ -134,6 +136,7 @@ struct RunSummary {
   };
   std::vector<Stage> stages;
   int64_t p2p_size_mismatches = 0;
+  int64_t p2p_bytes_sent = 0;  // over every rank and step
 };
 
 // records[world_rank] = that rank's steps (every rank the same count, in step order);

@@ -558,6 +558,15 @@ int64_t BoundaryRows(std::span<const int64_t> lengths, int tp) {
   return SpPaddedTokens(tokens, tp) / tp;
 }
 
+int64_t BoundaryFloats(const StackOptions& options, std::span<const int64_t> lengths, Mode mode) {
+  if (options.native_stage_boundary && mode == Mode::kTensorParallelOnly) {
+    int64_t tokens = 0;
+    for (int64_t len : lengths) tokens += len;
+    return tokens * options.shape.hidden;
+  }
+  return BoundaryRows(lengths, options.tp) * options.shape.hidden;
+}
+
 struct TransformerStack::InFlight::State {
   std::vector<int64_t> lengths;
   uint64_t data_seed = 0;
@@ -593,12 +602,14 @@ void FillRows(const BatchGeometry& geo, int64_t rows, int64_t offset, int64_t h,
 absl::StatusOr<Buffer> TransformerStack::FromBoundary(Step& st, std::span<const float> in,
                                                       int64_t boundary_rows) {
   const int64_t h = layout_.hidden();
-  if (static_cast<int64_t>(in.size()) != boundary_rows * h) {
+  const bool native_full = options_.native_stage_boundary && !st.sp;
+  const int64_t expect = native_full ? st.r * h : boundary_rows * h;
+  if (static_cast<int64_t>(in.size()) != expect) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "stage boundary: %d floats for %d rows of %d", in.size(), boundary_rows, h));
+        "stage boundary: %d floats, expected %d", in.size(), expect));
   }
   ASSIGN_OR_RETURN(Buffer rows, arena_->Allocate(st.r * h, kAct));
-  if (st.sp) {  // the boundary rows are this rank's rows
+  if (st.sp || native_full) {  // the message is this rank's rows already
     RETURN_IF_ERROR(device_->Upload(rows.data(), in.data(), st.r * h));
     return rows;
   }
@@ -615,8 +626,11 @@ absl::StatusOr<Buffer> TransformerStack::FromBoundary(Step& st, std::span<const 
 absl::Status TransformerStack::ToBoundary(const Step& st, const float* rows,
                                           int64_t boundary_rows, std::vector<float>* out) {
   const int64_t h = layout_.hidden();
+  if (st.sp || options_.native_stage_boundary) {  // this rank's rows as they are
+    out->assign(static_cast<size_t>(st.r * h), 0.0f);
+    return device_->Download(out->data(), rows, st.r * h);
+  }
   out->assign(static_cast<size_t>(boundary_rows * h), 0.0f);
-  if (st.sp) return device_->Download(out->data(), rows, st.r * h);
   // TP-only: the rows are the whole sequence (alike on every rank): keep this rank's.
   const int64_t first = boundary_rows * options_.tp_rank;
   const int64_t n = std::clamp<int64_t>(st.geo.tokens - first, 0, boundary_rows);

@@ -65,6 +65,11 @@ struct StackOptions {
   // A pipeline stage's share of a deeper model: shape.layers are the model's layers
   // layer_offset .. layer_offset + shape.layers - 1 (their parameters are those layers').
   int layer_offset = 0;
+  // The stage boundary's format: false, the sequence-sharded rows in both modes (the
+  // contract, docs/design.md §12); true, each mode's native layout (TP-only: every rank
+  // the whole sequence), which only works when both sides of a boundary run the same
+  // mode — kept to measure what the contract costs (bench/worker/pipeline_boundary.py).
+  bool native_stage_boundary = false;
 };
 
 // Pipeline stages (docs/design.md §12): the activation (and its gradient) a stage hands
@@ -73,6 +78,9 @@ struct StackOptions {
 // tp_rank * BoundaryRows. So no p2p size depends on a mode. A TP-only stage all-gathers
 // its input at entry and keeps its own rows at exit (and the mirror in backward).
 int64_t BoundaryRows(std::span<const int64_t> lengths, int tp);
+// The floats of one boundary message for a micro-batch run in `mode`: BoundaryRows x
+// hidden, or with the native format under TP-only the whole sequence's tokens x hidden.
+int64_t BoundaryFloats(const StackOptions& options, std::span<const int64_t> lengths, Mode mode);
 
 // A batch's data in host memory, [tokens, hidden] each: the stack input and the loss's
 // gradient with respect to the output (InputValue / OutputGradValue). The worker makes

@@ -87,6 +87,13 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "--pp / --microbatches: pipeline stages run on --backend=cpu (MPI p2p on host "
         "memory); the NCCL backend has no stage link yet");
   }
+  if (o.native_stage_boundary &&
+      (!Pipelined(o) || (o.mode != ModeChoice::kSp && o.mode != ModeChoice::kTp))) {
+    return absl::InvalidArgumentError(
+        "--stage_boundary=native: each mode's own layout at a stage boundary works only when "
+        "every stage runs the same mode, so it needs --pp > 1 and a forced --mode=sp or tp "
+        "(spgate decides per stage, which the sharded boundary makes safe; docs/design.md §12)");
+  }
   if (Pipelined(o) && o.verify) {
     return absl::InvalidArgumentError(
         "--verify with --pp / --microbatches: a stage cannot replay a micro-batch alone; the "
@@ -107,6 +114,7 @@ RunDescription DescribeRun(const WorkerOptions& o, int world_size) {
   r.tp = o.tp;
   r.pp = o.pp;
   r.microbatches = o.microbatches;
+  r.stage_boundary = o.native_stage_boundary ? "native" : "sharded";
   r.dp = world_size / std::max(o.tp * o.pp, 1);
   r.backend = o.backend == Backend::kCpu ? "cpu" : "nccl";
   r.lengths = o.lengths;
@@ -305,7 +313,10 @@ class RankRun {
       if (has_next) current = std::move(next);
     }
     FinishGate(result.counters);
-    if (link_) result.counters.p2p_size_mismatches = link_->size_mismatches();
+    if (link_) {
+      result.counters.p2p_size_mismatches = link_->size_mismatches();
+      result.counters.p2p_bytes_sent = link_->bytes_sent();
+    }
     return result;
   }
 
@@ -332,7 +343,8 @@ class RankRun {
                                                .norm_boundary = o_.norm_boundary,
                                                .param_seed = o_.seed,
                                                .attention_query_block = o_.attention_query_block,
-                                               .layer_offset = grid_.stage() * stage_shape().layers},
+                                               .layer_offset = grid_.stage() * stage_shape().layers,
+                                               .native_stage_boundary = o_.native_stage_boundary},
                                               arena_.get(), cx_.tp));
     if (Pipelined(o_)) {
       link_ = std::make_unique<StageLink>(grid_.world(), grid_.prev_stage_rank(),

@@ -64,6 +64,9 @@ struct WorkerOptions {
   // tokens_per_batch tokens), 1F1B. pp = 1 and microbatches = 1: one batch per step.
   int pp = 1;
   int microbatches = 1;
+  // The stage boundary in each mode's native layout instead of the sequence-sharded one:
+  // only with a forced --mode (every stage the same), to measure the contract's cost.
+  bool native_stage_boundary = false;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";
   int64_t tokens_per_batch = 8192;
   int64_t steps = 20;

@@ -98,7 +98,10 @@ class PipelineTest(unittest.TestCase):
                                      "--decision_deadline=5s", "--connect_timeout=30s",
                                      f"--decision_log={prefix}"])
         self.assertEqual(s["layout"], {"tp": 2, "pp": 2, "dp": 1, "microbatches": 4,
-                                       "schedule": "1f1b"})
+                                       "schedule": "1f1b", "stage_boundary": "sharded"})
+        # Each micro-batch's boundary message is t x smaller than the whole sequence: 640
+        # tokens x 64 hidden / 2 ranks x 4 bytes, forward and backward, every rank.
+        self.assertEqual(s["p2p_bytes_sent"], 6 * MICROBATCHES * 4 * (640 // 2) * 64 * 4)
         self.assertEqual(s["p2p_size_mismatches"], 0)
         self.assertEqual(s["consistency_violations"], 0)
         self.assertEqual(s["local_decisions"], 0, s)

@@ -306,16 +306,20 @@ TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
 
 // ---------------------------------------------------------------- pipelines
 
-// TP2 x PP2 (4 ranks), 1F1B over four micro-batches, each stage running each micro-batch
-// in its own mode (they differ between micro-batches and between the stages of one
-// micro-batch): every stage's gradients equal the single-rank reference's for its layers,
-// summed over the micro-batches, and every p2p message had the size its receiver expected.
+// TP2 x PP2 x DP (4 ranks, or 8 with DP2: ctest runs both), 1F1B over four micro-batches,
+// each stage running each micro-batch in its own mode (they differ between micro-batches,
+// between the stages of one micro-batch and between replicas): every stage's gradients,
+// averaged over the replicas, equal the single-rank reference's for its layers, summed
+// over the micro-batches and averaged over the replicas' data; every p2p message had the
+// size its receiver expected.
 TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
-  if (WorldSize() != 4) GTEST_SKIP() << "needs 4 ranks (TP2 x PP2)";
+  if (WorldSize() % 4 != 0) GTEST_SKIP() << "needs TP2 x PP2 x DP ranks";
   const ModelShape model{.layers = 4, .hidden = 32, .heads = 4, .ffn_hidden = 40};
   ASSERT_OK_AND_ASSIGN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, 2, 2));
   auto device = CreateCpuDevice();
   ASSERT_OK_AND_ASSIGN(auto tp, CreateMpiCommunicator(grid->tp_comm()));
+  ASSERT_OK_AND_ASSIGN(auto dp, CreateMpiCommunicator(grid->dp_comm()));
+  const int replicas = grid->dp(), replica = grid->dp_rank();
   MemoryArena arena(device.get());
   const int stage = grid->stage();
   ModelShape stage_shape = model;
@@ -328,17 +332,19 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   // Odd totals exercise the boundary's padding to a multiple of t.
   const std::vector<std::vector<int64_t>> lengths = {{5, 8, 3}, {11, 2}, {7}, {4, 4, 4, 1}};
   const Mode sp = Mode::kSequenceParallel, tp_only = Mode::kTensorParallelOnly;
-  const std::vector<Mode> modes[2] = {{sp, tp_only, tp_only, sp}, {tp_only, tp_only, sp, sp}};
+  std::vector<Mode> modes[2] = {{sp, tp_only, tp_only, sp}, {tp_only, tp_only, sp, sp}};
+  if (replica % 2 == 1) std::swap(modes[0], modes[1]);
+  auto seed = [](int d, size_t i) { return 40u + static_cast<uint64_t>(i) + 100u * d; };
   std::vector<MicroBatch> mbs;
   for (size_t i = 0; i < lengths.size(); ++i) {
-    mbs.push_back({.lengths = lengths[i], .data_seed = 40u + i});
+    mbs.push_back({.lengths = lengths[i], .data_seed = seed(replica, i)});
   }
   StageLink link(grid->world(), grid->prev_stage_rank(), grid->next_stage_rank());
   ASSERT_OK(stack->ZeroGrads());
   const PipelineLayout layout{.pp = 2, .microbatches = 4};
   ASSERT_OK(RunStageStep(*stack, link, layout, stage, mbs, modes[stage]));
   ASSERT_OK(link.Finish());
-  ASSERT_OK(stack->FinishGradients(nullptr));
+  ASSERT_OK(stack->FinishGradients(dp.get()));
   EXPECT_EQ(link.size_mismatches(), 0);
   EXPECT_EQ(link.messages(), 4);  // stage 0 sends activations, stage 1 gradients
   int64_t expect_bytes = 0;
@@ -346,13 +352,15 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   EXPECT_EQ(link.bytes_sent(), expect_bytes);  // t x smaller than TP-only's full sequence
 
   std::vector<std::vector<std::vector<double>>> want;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    ASSERT_OK_AND_ASSIGN(auto ref, reference::RunReference(model, 13, lengths[i], 40 + i));
-    if (want.empty()) {
-      want = ref.grads;
-      reference::AddScaled(want, ref.grads, -1.0);
+  for (int d = 0; d < replicas; ++d) {
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      ASSERT_OK_AND_ASSIGN(auto ref, reference::RunReference(model, 13, lengths[i], seed(d, i)));
+      if (want.empty()) {
+        want = ref.grads;
+        reference::AddScaled(want, ref.grads, -1.0);
+      }
+      reference::AddScaled(want, ref.grads, 1.0 / replicas);
     }
-    reference::AddScaled(want, ref.grads, 1.0);
   }
   const std::vector<std::vector<std::vector<double>>> mine(want.begin() + 2 * stage,
                                                            want.begin() + 2 * stage + 2);
@@ -364,7 +372,7 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
 // A message of another size than the receiver's is refused by name and counted: MPI would
 // take it into a larger buffer where NCCL would hang.
 TEST(PipelineTest, AMessageOfTheWrongSizeIsRefused) {
-  if (WorldSize() != 4) GTEST_SKIP() << "needs 4 ranks (TP2 x PP2)";
+  if (WorldSize() % 4 != 0) GTEST_SKIP() << "needs TP2 x PP2 x DP ranks";
   ASSERT_OK_AND_ASSIGN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, 2, 2));
   StageLink link(grid->world(), grid->prev_stage_rank(), grid->next_stage_rank());
   if (grid->stage() == 0) {

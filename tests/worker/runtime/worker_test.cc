@@ -34,6 +34,40 @@ TEST(ValidationTest, WorkerOptionsNameTheFlags) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--grad_accum_steps")));
 }
 
+// Pipeline stages: the layers split evenly over the stages, the CPU backend, no --verify,
+// and the native stage boundary only for a forced mode (every stage the same).
+TEST(ValidationTest, PipelineOptionsNameTheFlags) {
+  WorkerOptions o;
+  o.pp = 2;
+  o.microbatches = 4;
+  EXPECT_OK(ValidateWorkerOptions(o));  // 2 layers over 2 stages
+  o.pp = 3;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--layers=2 must be a multiple of --pp=3")));
+  o.pp = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--pp")));
+  o.pp = 2;
+  o.microbatches = 0;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--microbatches")));
+  o.microbatches = 4;
+  o.backend = Backend::kNccl;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--backend=cpu")));
+  o.backend = Backend::kCpu;
+  o.verify = true;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--verify")));
+  o.verify = false;
+  o.native_stage_boundary = true;
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--stage_boundary=native")));
+  o.mode = ModeChoice::kTp;
+  EXPECT_OK(ValidateWorkerOptions(o));
+}
+
 // The credential comes from the environment (never a flag), and is named by its variable;
 // without a controller it is not used, so not checked.
 TEST(ValidationTest, ALaunchCredentialIsCheckedWithAController) {

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What the stage-boundary contract costs on the CPU worker (docs/design.md §12).
+
+spgate-worker runs a TP2 x PP2 job (4 ranks, 1F1B over 4 micro-batches a step) under
+mpirun, once per row and round, rows in a rotated order each round so machine noise hits
+all of them, and reads each run's --summary_json. Every figure is a ratio to the SP row
+of the same round (SP's native layout is the sharded one, so it is the same under both
+formats); the table shows the median ratio over the rounds and the rounds' spread.
+
+Rows: SP; TP-only with the sharded boundary (the contract: t x smaller messages, an
+all-gather at each TP-only stage's entry and in its backward); TP-only with each mode's
+native boundary (the whole sequence crosses, no gather; only safe when every stage runs
+the same mode); the static gates deciding per stage and micro-batch (the local policy,
+sharded boundary). ADAPTIVE has no row: for step plans it decides like the static gates
+until telemetry is per micro-batch (docs/design.md §12, "Not built yet").
+
+Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps=12]
+       [--out=FILE.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+COMMON = ["--tp=2", "--pp=2", "--microbatches=4", "--layers=4", "--hidden=128", "--heads=4",
+          "--ffn_hidden=512", "--lengths=lognormal:mean=384,sigma=1.0",
+          "--tokens_per_batch=2048", "--seed=11", "--attention_query_block=128"]
+ROWS = [
+    ("SP", ["--mode=sp"]),
+    ("TP-only, sharded boundary (the contract)", ["--mode=tp"]),
+    ("TP-only, native boundary (whole sequence)", ["--mode=tp", "--stage_boundary=native"]),
+    ("static gates per stage and micro-batch", ["--mode=auto"]),
+]
+BASE = "SP"
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+
+
+def run(build, mpirun, flags, steps, tmp):
+    path = os.path.join(tmp, "summary.json")
+    cmd = [mpirun, "--oversubscribe", "-np", "4", os.path.join(build, "bin", "spgate-worker"),
+           *COMMON, *flags, f"--steps={steps}", f"--summary_json={path}"]
+    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
+    with open(path) as f:
+        s = json.load(f)
+    if s["p2p_size_mismatches"] or s["consistency_violations"]:
+        sys.exit(f"{cmd}: p2p size mismatches or consistency violations")
+    return {"tokens_per_s": s["effective_tokens_per_s"]["all"],
+            "step_time_mean_s": s["step_time_mean_s"]["all"],
+            "p2p_bytes_per_step": s["p2p_bytes_sent"] / s["steps"],
+            "peak_memory_bytes": s["peak_memory_bytes"]["all"],
+            "decisions": s["decisions"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    if not 1 <= a.rounds <= 20 or not 2 <= a.steps <= 1000:
+        sys.exit("--rounds must be in [1, 20] and --steps in [2, 1000]")
+    tmp = tempfile.mkdtemp(prefix="spgate-boundary-")
+    ratios = {name: {"tokens_per_s": [], "step_time_mean_s": [], "p2p_bytes_per_step": [],
+                     "peak_memory_bytes": []} for name, _ in ROWS}
+    raw = []
+    try:
+        for rnd in range(a.rounds):
+            order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
+            got = {name: run(a.build, a.mpirun, flags, a.steps, tmp) for name, flags in order}
+            raw.append(got)
+            base = got[BASE]
+            for name, _ in ROWS:
+                for key in ratios[name]:
+                    ratios[name][key].append(got[name][key] / base[key] if base[key] else 0.0)
+            print(f"round {rnd + 1}/{a.rounds} done", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"| row (TP2 x PP2, 4 micro-batches, {a.steps} steps, {a.rounds} rounds) | tokens/s vs SP "
+          "| step time vs SP | p2p bytes/step vs SP | peak memory vs SP |")
+    print("|---|---|---|---|---|")
+    table = []
+    for name, _ in ROWS:
+        r = ratios[name]
+        cells = []
+        for key in ("tokens_per_s", "step_time_mean_s", "p2p_bytes_per_step", "peak_memory_bytes"):
+            v = r[key]
+            cells.append(f"{statistics.median(v):.3f} ({min(v):.3f}–{max(v):.3f})")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+        table.append({"row": name, **{k: statistics.median(v) for k, v in r.items()},
+                      "range": {k: [min(v), max(v)] for k, v in r.items()}})
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"benchmark": "pipeline_boundary", "baseline": BASE, "common": COMMON,
+                       "steps": a.steps, "rounds": a.rounds, "table": table, "raw": raw}, f,
+                      indent=2)
+
+
+if __name__ == "__main__":
+    main()
