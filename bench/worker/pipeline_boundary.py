@@ -97,10 +97,17 @@ def main():
         print(f"| {name} | " + " | ".join(cells) + " |")
         table.append({"row": name, **{k: statistics.median(v) for k, v in r.items()},
                       "range": {k: [min(v), max(v)] for k, v in r.items()}})
+    # The contract's own cost, paired by round: TP-only with the native boundary over
+    # TP-only with the sharded one (> 1: the sharded boundary is slower).
+    sharded, native = ROWS[1][0], ROWS[2][0]
+    paired = [r[native]["step_time_mean_s"] / r[sharded]["step_time_mean_s"] for r in raw]
+    print(f"\nTP-only step time, native over sharded boundary, per round: "
+          f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"benchmark": "pipeline_boundary", "baseline": BASE, "common": COMMON,
-                       "steps": a.steps, "rounds": a.rounds, "table": table, "raw": raw}, f,
+                       "steps": a.steps, "rounds": a.rounds, "table": table,
+                       "native_over_sharded_step_time": paired, "raw": raw}, f,
                       indent=2)
 
 
