@@ -73,6 +73,10 @@ class GroupPolicyState {
     window_.Push(share);
   }
 
+  // Sizes the wait-share window for `config` before the state is read without Decide (a
+  // step plan's micro-batches: EvaluatePolicy, then Adopt), as Decide does first.
+  void Prepare(const GateConfig& config) { window_.Resize(config.window_steps); }
+
   const GroupGateState& gate() const { return gate_; }
   RsWaitObservation rs_wait() const { return {window_.Mean(), window_.size()}; }
 

@@ -25,6 +25,12 @@ absl::Status ValidateJobLayout(const JobLayout& l) {
   if (absl::Status s = ValidatePipelineLayout(l.pipeline()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("layout.", s.message()));
   }
+  if (const int64_t chunks = int64_t{l.microbatches} * l.vp; chunks > kMaxStepPlanChunks) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout.microbatches: %d micro-batches x vp=%d = %d model-chunk passes per step, more "
+        "than %d",
+        l.microbatches, l.vp, chunks, kMaxStepPlanChunks));
+  }
   const int64_t ranks = int64_t{l.tp} * l.pp * l.cp * l.dp;
   if (ranks > kMaxLayoutRanks) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -134,6 +140,7 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
                                                         config.memory_headroom));
   StageMemoryGate gate(ops, plan.resident_bytes, memory, limit);
 
+  group.Prepare(config);
   StagePlanOutcome out;
   out.decisions.resize(static_cast<size_t>(m));
   out.over_budget = !gate.all_sp_fits();

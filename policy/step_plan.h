@@ -56,9 +56,13 @@ struct JobLayout {
 inline constexpr int kMaxTensorParallel = 1024;
 inline constexpr int kMaxContextParallel = 1024;
 inline constexpr int64_t kMaxLayoutRanks = int64_t{1} << 24;
+// Model-chunk passes a stage makes per step (microbatches x vp): what one step plan's
+// decision walks, twice (forward and backward), under the daemon's lock.
+inline constexpr int64_t kMaxStepPlanChunks = 4096;
 
 // INVALID_ARGUMENT naming the field: every size in range, the pipeline layout valid
-// (ValidatePipelineLayout), tp × pp × cp × dp ranks at most kMaxLayoutRanks.
+// (ValidatePipelineLayout), tp × pp × cp × dp ranks at most kMaxLayoutRanks, microbatches
+// × vp at most kMaxStepPlanChunks.
 absl::Status ValidateJobLayout(const JobLayout& layout);
 
 // "" when equal, else the first differing field as "pp: the job's ranks registered 4,

@@ -717,12 +717,11 @@ absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) cons
         "layout: job %s's ranks registered without a layout; this rank sent %s", job.id,
         FormatJobLayout(*r.layout)));
   }
-  int features = static_cast<int>(job.sp_required.size());
+  std::vector<std::string> all = job.sp_required;
   for (const std::string& f : r.sp_required) {
-    if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {
-      ++features;
-    }
+    if (std::find(all.begin(), all.end(), f) == all.end()) all.push_back(f);
   }
+  const int features = static_cast<int>(all.size());
   if (features > kMaxSpRequiredFeatures) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sp_required: job %s would have %d features, at most %d", job.id, features,
@@ -761,17 +760,18 @@ absl::Status GateState::CheckStepPlan(const Job& job, const PlanInput& plan) con
   return CheckMicrobatchIds(ids, job.layout->microbatches);
 }
 
-const GateState::Group* GateState::CpPeerDecided(const Job& job, const Group& g,
-                                                 int64_t step) const {
-  if (!job.layout.has_value() || job.layout->cp <= 1) return nullptr;
+std::optional<DecisionRecord> GateState::CpPeerDecided(const Job& job, const Group& g,
+                                                       int64_t step) const {
+  if (!job.layout.has_value() || job.layout->cp <= 1) return std::nullopt;
   const int cp = job.layout->cp;
   const int first = g.index - g.index % cp;
   for (int peer = first; peer < first + cp; ++peer) {
     if (peer == g.index) continue;
     auto it = job.groups.find(peer);
-    if (it != job.groups.end() && it->second->Cached(step) != nullptr) return it->second.get();
+    if (it == job.groups.end()) continue;
+    if (std::optional<DecisionRecord> d = it->second->Answer(job.id, step, true)) return d;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
@@ -795,7 +795,8 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
-    if (std::optional<DecisionRecord> cached = g->Answer(job->id, plan.step)) {
+    if (std::optional<DecisionRecord> cached =
+            g->Answer(job->id, plan.step, job->layout.has_value())) {
       // A retry gets the same answer, but only for the plan it was made for: a decision
       // made for other memory facts says nothing about whether this plan fits.
       if (cached->plan_digest == digest) return *std::move(cached);
@@ -815,16 +816,13 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     if (step_plan) {
       // The CP ranks' groups of one (replica, stage) run one decision: a peer's, if one
       // decided this step, for the same plan only (docs/design.md §12).
-      std::optional<DecisionRecord> peer_answer;
-      if (const Group* peer = CpPeerDecided(*job, *g, plan.step)) {
-        peer_answer = peer->Answer(job->id, plan.step);
-        if (peer_answer->plan_digest != digest) {
-          metrics_.refused_plan_mismatch.Increment();
-          return absl::AlreadyExistsError(absl::StrFormat(
-              "step: %d was decided for CP peer group %d of group %d with a different plan; "
-              "the CP ranks of a stage send the same micro-batches and memory facts",
-              plan.step, peer->index, plan.group));
-        }
+      std::optional<DecisionRecord> peer_answer = CpPeerDecided(*job, *g, plan.step);
+      if (peer_answer.has_value() && peer_answer->plan_digest != digest) {
+        metrics_.refused_plan_mismatch.Increment();
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "step: %d was decided for CP peer group %d of group %d with a different plan; "
+            "the CP ranks of a stage send the same micro-batches and memory facts",
+            plan.step, peer_answer->group, plan.group));
       }
       decision = DecideStepPlan(*job, *g, plan, facts, digest,
                                 peer_answer.has_value() ? &*peer_answer : nullptr);
@@ -832,7 +830,7 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
       decision = DecideStep(*job, *g, plan, stats, digest);
     }
     if (auto rit = g->ranks.find(session.rank_in_group); rit != g->ranks.end()) {
-      rit->second.last_seen = decision.time;  // a unary-only leader holds its launch too
+      rit->second.last_seen = Now();  // a unary-only leader holds its launch too
     }
   }
   NotifyWatchers(decision);
@@ -958,16 +956,22 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
 }
 
 void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
+  const absl::Time now = Now();  // a CP peer's answer carries the peer's decision time
   g.schedule.Prune(decision.step);
   g.cache.push_back(gate_state_internal::CachedDecision::Of(decision));
   if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
   if (!decision.microbatches.empty()) {
     g.step_plans.push_back(gate_state_internal::CachedStepPlan::Of(decision));
-    while (!g.step_plans.empty() && g.step_plans.front().step < g.cache.front().step) {
+    g.step_plan_bytes += g.step_plans.back().packed.size();
+    while (!g.step_plans.empty() &&
+           (g.step_plans.front().step < g.cache.front().step ||
+            (g.step_plans.size() > 2 &&
+             g.step_plan_bytes > gate_state_internal::kMaxStepPlanCacheBytes))) {
+      g.step_plan_bytes -= g.step_plans.front().packed.size();
       g.step_plans.pop_front();
     }
   }
-  g.last_activity = job.last_activity = g.last_plan_time = decision.time;
+  g.last_activity = job.last_activity = g.last_plan_time = now;
   g.resume_allowed = false;
 }
 
@@ -986,7 +990,10 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
     for (const Decision& d : decision.microbatches) g.policy.Adopt(plan.step, d, config.config);
   } else {
     const double rs_mean = g.policy.rs_wait().mean;
-    const std::optional<PinState> pin = ActivePin(job, plan.group);
+    // With cp > 1 a stage's CP groups run one decision, so one pin: the unit's first
+    // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
+    const int cp = job.layout->cp;
+    const std::optional<PinState> pin = ActivePin(job, plan.group - plan.group % cp);
     const StagePlanFacts stage{.step = plan.step,
                                .stage = CoordinatesOf(*job.layout, g.index).stage,
                                .resident_bytes = plan.resident_bytes,
@@ -1327,10 +1334,13 @@ void GateState::Sweep() {
         tp += g->last_tp_microbatches;
         planned += job.layout->microbatches;
       }
+      std::vector<int> present;
       for (const auto& [stage, v] : stages) {
         const auto& [peak, tp, planned] = v;
         job.metrics->SetStage(stage, peak, static_cast<double>(tp) / static_cast<double>(planned));
+        present.push_back(stage);
       }
+      job.metrics->RetainStages(present);
     }
     const bool idle = ranks == 0 && now - job.last_activity > options_.forget_after;
     if (!idle) {

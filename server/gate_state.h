@@ -442,7 +442,7 @@ class GateState final : public OperatorListener {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepPlan(const Job& job, const PlanInput& plan) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  const Group* CpPeerDecided(const Job& job, const Group& group, int64_t step) const
+  std::optional<DecisionRecord> CpPeerDecided(const Job& job, const Group& group, int64_t step) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   DecisionRecord DecideStepPlan(Job& job, Group& group, const PlanInput& plan,
                                 std::span<const MicrobatchFacts> facts, uint64_t plan_digest,

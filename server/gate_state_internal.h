@@ -28,6 +28,11 @@ namespace gate_state_internal {
 constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
 constexpr int kPendingSlots = 16;
 constexpr int64_t kModeWindowSteps = 512;
+// A group's cached step-plan answers keep at most this many micro-batch bytes (and at
+// least the two newest steps), whatever --decision_cache_steps says: 128 steps of 4,096
+// micro-batches would otherwise be 512 KiB a group.
+constexpr size_t kMaxStepPlanCacheBytes = 64 * 1024;
+static_assert(kNumReasons <= 16, "a cached micro-batch decision packs the reason in 4 bits");
 
 // One step's telemetry while the group's ranks report it (max over ranks, docs/design.md
 // §2); finalized once every rank reported or a newer step needs the slot.
@@ -198,6 +203,7 @@ struct GateState::Group {
   // Step plans (a job with a layout): the micro-batch answers of the cached steps (the
   // same steps as `cache`), and the last one's stage peak and TP-only micro-batches.
   std::deque<gate_state_internal::CachedStepPlan> step_plans;
+  size_t step_plan_bytes = 0;  // of the packed decisions in step_plans
   uint64_t stage_peak = 0;
   int last_tp_microbatches = 0;
 
@@ -207,12 +213,19 @@ struct GateState::Group {
         [](const gate_state_internal::CachedStepPlan& d, int64_t s) { return d.step < s; });
     return it != step_plans.end() && it->step == step ? &*it : nullptr;
   }
-  // The cached answer for `step` as it was sent, if still cached.
-  std::optional<DecisionRecord> Answer(const std::string& job_id, int64_t step) const {
+  // The cached answer for `step` as it was sent, if still cached. A step plan's answer
+  // needs its micro-batch part too (`step_plan`: the job has a layout); the step-plan
+  // cache may keep fewer steps than `cache` (at most kMaxStepPlanCacheBytes).
+  std::optional<DecisionRecord> Answer(const std::string& job_id, int64_t step,
+                                       bool step_plan) const {
     const gate_state_internal::CachedDecision* c = Cached(step);
     if (c == nullptr) return std::nullopt;
     DecisionRecord d = c->Expand(job_id, index);
-    if (const gate_state_internal::CachedStepPlan* p = CachedPlan(step)) p->ExpandInto(d);
+    if (const gate_state_internal::CachedStepPlan* p = CachedPlan(step)) {
+      p->ExpandInto(d);
+    } else if (step_plan) {
+      return std::nullopt;
+    }
     return d;
   }
 

@@ -190,6 +190,7 @@ void ToProto(const DecisionRecord& d, v1::Decision* out) {
   *out->mutable_decide_time() = ToTimestamp(d.time);
   if (d.pin_expire) *out->mutable_pin_expire_time() = ToTimestamp(*d.pin_expire);
   out->set_pin_forced(d.pin_forced);
+  out->clear_micro_batches();  // `out` may be reused
   for (size_t i = 0; i < d.microbatches.size(); ++i) {
     v1::MicroBatchDecision* m = out->add_micro_batches();
     m->set_id(static_cast<int32_t>(i));

@@ -1,6 +1,8 @@
 // Builds the docs/design.md §7 families once and hands out cached children.
 #include "server/metrics.h"
 
+#include <algorithm>
+
 #include "common/version.h"
 #include "policy/adaptive_policy.h"
 #include "policy/gate_config.h"
@@ -372,6 +374,18 @@ void JobMetrics::SetStage(int stage, uint64_t predicted_peak_bytes, double tp_on
   }
   it->second.first->Set(static_cast<double>(predicted_peak_bytes));
   it->second.second->Set(tp_only_share);
+}
+
+void JobMetrics::RetainStages(const std::vector<int>& present) {
+  for (auto it = stages_.begin(); it != stages_.end();) {
+    if (std::find(present.begin(), present.end(), it->first) != present.end()) {
+      ++it;
+      continue;
+    }
+    m_.stage_peak_f.Remove(it->second.first);
+    m_.stage_tp_only_f.Remove(it->second.second);
+    it = stages_.erase(it);
+  }
 }
 
 void JobMetrics::RemoveStages() {

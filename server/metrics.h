@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "policy/adaptive_policy.h"
 #include "policy/types.h"
@@ -77,6 +78,8 @@ class JobMetrics {
   // Created on first use; RemoveStages drops them (a new launch may have another layout).
   void SetStage(int stage, uint64_t predicted_peak_bytes, double tp_only_share);
   void RemoveStages();
+  // Drops the stages not in `present` (their groups are gone).
+  void RetainStages(const std::vector<int>& present);
 
   prometheus::Histogram* length_cv;
   std::array<prometheus::Histogram*, kModeSlots> step_duration{};

@@ -31,6 +31,10 @@ TEST(JobLayout, ValidationNamesTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layout.vp")));
   EXPECT_THAT(ValidateJobLayout({.tp = 1024, .pp = 1024, .dp = 1024}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks")));
+  // A step's walk stays bounded: the daemon decides it under its lock.
+  EXPECT_THAT(ValidateJobLayout({.pp = 4, .vp = 8, .microbatches = 4096,
+                                 .schedule = PipelineSchedule::kInterleaved1F1B}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model-chunk passes")));
 }
 
 TEST(JobLayout, MismatchNamesTheFirstDifferentField) {

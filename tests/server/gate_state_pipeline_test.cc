@@ -247,6 +247,64 @@ TEST_F(GateStatePipelineTest, MicrobatchesWithoutLengthsRunSpAndAreCounted) {
   EXPECT_THAT(text, HasSubstr("reason=\"length_cv\"} 3"));
 }
 
+// One decision per (replica, stage) means one pin: the unit's first CP group's.
+TEST_F(GateStatePipelineTest, CpPeersFollowTheirFirstGroupsPin) {
+  ASSERT_THAT(h_->Register(Reg(0, 0, 2)).status(), IsOk());
+  ASSERT_THAT(h_->Register(Reg(0, 1, 2)).status(), IsOk());
+  v1::PinModeRequest pin;
+  pin.set_job_id(kJob);
+  pin.set_group(0);
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(60);
+  ASSERT_THAT(h_->PinMode(pin).status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(h_->Decide(StepPlan(1, 0), &d), IsOk());  // the second peer asks first
+  const auto pinned = std::make_pair(v1::SEQUENCE_PARALLEL, v1::PINNED);
+  EXPECT_THAT(Modes(d), ElementsAre(pinned, pinned, pinned, pinned));
+}
+
+// The step-plan cache is bounded in bytes: an answer whose micro-batch part was evicted is
+// not served without it (a retry that old is refused, as any evicted step is).
+TEST(GateStatePipelineCacheTest, EvictedStepPlansAreRefusedNotAnsweredHalf) {
+  FakeClock clock;
+  Metrics metrics;
+  StateOptions o;
+  o.clock = [&clock] { return clock.Now(); };
+  o.decision_cache_steps = 64;
+  o.max_sequences_per_plan = 1 << 16;
+  auto h = StateHarness::Create(o, StoreOptions{}, &metrics);
+  ASSERT_THAT(h.status(), IsOk());
+  v1::RegisterRequest r;
+  r.set_job_id("big");
+  r.set_group_size(1);
+  r.mutable_layout()->set_tp(1);
+  r.mutable_layout()->set_pp(1);
+  r.mutable_layout()->set_dp(1);
+  r.mutable_layout()->set_microbatches(4096);
+  ASSERT_THAT((*h)->Register(r).status(), IsOk());
+  auto plan = [](int64_t step) {
+    v1::BatchPlan p;
+    p.set_job_id("big");
+    p.set_step(step);
+    for (int id = 0; id < 4096; ++id) {
+      v1::MicroBatchPlan* m = p.add_micro_batches();
+      m->set_id(id);
+      m->add_lengths(100 + id % 7);
+    }
+    return p;
+  };
+  v1::Decision d;
+  for (int64_t step = 0; step < 20; ++step) {
+    clock.Advance(absl::Milliseconds(10));
+    ASSERT_THAT((*h)->Decide(plan(step), &d), IsOk()) << step;
+  }
+  // 64 KiB keeps 16 steps of 4,096 micro-batches: step 19 is answered whole, step 2 not.
+  ASSERT_THAT((*h)->Decide(plan(19), &d), IsOk());
+  EXPECT_EQ(d.micro_batches_size(), 4096);
+  EXPECT_THAT((*h)->Decide(plan(2), &d),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no longer cached")));
+}
+
 TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
   v1::RegisterRequest r = Reg(3);
   r.add_sp_required("cuda_graphs");

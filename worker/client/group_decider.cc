@@ -261,6 +261,8 @@ absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, absl::Time deadl
   return FromWire(wire);
 }
 
+static_assert(kNumReasons <= 16, "a broadcast micro-batch decision packs the reason in 4 bits");
+
 absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int microbatches) {
   if (!is_leader()) return DecideMicrobatches(step, microbatches, absl::InfiniteFuture());
   return DecideMicrobatches(step, microbatches,
@@ -297,18 +299,20 @@ absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int 
   }
   if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
   if (!is_leader()) {
-    if (wire.step != step) {
-      return absl::InternalError(absl::StrFormat(
-          "rank %d expected the decision for step %d but the leader broadcast step %d: the "
-          "group's ranks are out of step",
-          rank_in_group_, step, wire.step));
-    }
-    if (wire.status_code != 0) {
+    if (wire.status_code != 0) {  // the leader failed: nobody enters the second broadcast
       return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
                           absl::StrFormat("the group leader could not decide step %d", step));
     }
-    d = FromWire(wire);
-    // A corrupt head still takes part in the second broadcast: the others are in it.
+    if (wire.step != step) {
+      d = absl::InternalError(absl::StrFormat(
+          "rank %d expected the decision for step %d but the leader broadcast step %d: the "
+          "group's ranks are out of step",
+          rank_in_group_, step, wire.step));
+    } else {
+      d = FromWire(wire);
+    }
+    // A head this rank cannot use still takes part in the second broadcast, which the
+    // leader (whose status was OK) has entered; the error is returned after it.
   } else if (!d.ok()) {
     return d;
   }

@@ -123,8 +123,10 @@ class GroupDecider {
 
   // Step plans (a job with a layout, docs/design.md §12): Decide, and then the step's
   // decision for each of its `microbatches` micro-batches (the job's layout's, passed by
-  // every rank), broadcast over `bytes` (required). Every rank returns the same
-  // GateDecision, microbatches included, or the same error.
+  // every rank), broadcast over `bytes` (required). Every rank returns the same step,
+  // mode, reasons, source and micro-batch decisions (the leader's also has the stage's
+  // predicted peak and the pin's details), or an error; ranks take part in both
+  // broadcasts unless the leader's broadcast status says it could not decide.
   absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches);
   absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches,
                                                   absl::Time deadline);

@@ -26,7 +26,23 @@ int Tag(StageLink::Direction d, int microbatch) {
 
 }  // namespace
 
-StageLink::~StageLink() { (void)Finish(); }
+StageLink::~StageLink() {
+  // After a step that failed midway (the run ends with an error and the job is aborted),
+  // a pending send may wait for a receive its peer will never post: do not wait for it
+  // here. Its request is freed and its buffer deliberately kept alive (MPI may still read
+  // it until the process ends).
+  if (requests_.empty()) return;
+  int done = 0;
+  if (MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &done,
+                  MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
+      done) {
+    return;
+  }
+  for (MPI_Request& r : requests_) {
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  (void)new std::vector<std::vector<float>>(std::move(in_flight_));  // kept on purpose
+}
 
 absl::Status StageLink::Send(Direction d, int microbatch, std::vector<float> data) {
   const int peer = d == Direction::kForward ? next_ : prev_;

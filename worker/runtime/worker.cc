@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <memory>
+#include <limits>
 #include <type_traits>
 #include <utility>
 
@@ -93,6 +94,11 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "--stage_boundary=native: each mode's own layout at a stage boundary works only when "
         "every stage runs the same mode, so it needs --pp > 1 and a forced --mode=sp or tp "
         "(spgate decides per stage, which the sharded boundary makes safe; docs/design.md §12)");
+  }
+  if (Pipelined(o) && o.memory_budget_bytes >= (uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        "--memory_budget: step plans carry byte counts below 2^40 (1 TiB); a stage's budget "
+        "is a device's");
   }
   if (Pipelined(o) && o.verify) {
     return absl::InvalidArgumentError(
@@ -336,6 +342,9 @@ class RankRun {
   absl::Status SetUp() {
     // Collective (node-local ranks): every rank computes it, before anything else.
     ASSIGN_OR_RETURN(budget_, MemoryBudget(cx_));
+    // A step plan's byte counts stay below 2^40; a host-memory default above it (a large
+    // host shared by few ranks) is capped there: no stage of this worker comes near it.
+    if (Pipelined(o_)) budget_ = std::min(budget_, (uint64_t{1} << 40) - 1);
     arena_ = std::make_unique<MemoryArena>(cx_.device, o_.arena);
     ASSIGN_OR_RETURN(stack_,
                      TransformerStack::Create({.shape = stage_shape(), .tp = o_.tp,
@@ -767,6 +776,7 @@ class RankRun {
     rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
     d.mode = static_cast<Mode>(rec.mode);
     RETURN_IF_ERROR(Report(n, d, source, rec));
+    static_assert(kNumReasons <= 16, "a micro-batch decision packs the reason in 4 bits");
     for (const Decision& x : d.microbatches) {
       result.microbatch_decisions.push_back(
           static_cast<uint8_t>(static_cast<int>(x.mode) << 4 | static_cast<int>(x.reason)));
@@ -873,7 +883,13 @@ absl::StatusOr<std::optional<RunSummary>> GatherSummary(const WorkerOptions& opt
   // Pipelined runs: every rank's micro-batch decisions (steps x microbatches bytes).
   std::vector<std::vector<uint8_t>> microbatch_decisions;
   if (Pipelined(options)) {
-    const int mb_bytes = static_cast<int>(steps * options.microbatches);
+    const int64_t mb_bytes64 = steps * options.microbatches;
+    if (mb_bytes64 * size > std::numeric_limits<int>::max()) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "GatherSummary: ", steps, " steps x ", options.microbatches,
+          " micro-batches x ", size, " ranks is more than one MPI gather can carry"));
+    }
+    const int mb_bytes = static_cast<int>(mb_bytes64);
     if (static_cast<int>(result.microbatch_decisions.size()) != mb_bytes) {
       return absl::InternalError("GatherSummary: micro-batch decisions do not match the steps");
     }
