@@ -143,11 +143,14 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   group.Prepare(config);
   StagePlanOutcome out;
   out.decisions.resize(static_cast<size_t>(m));
+  out.bands.assign(static_cast<size_t>(m), -1);
+  static_assert(kBands <= 127, "a band fits in an int8_t");
   out.over_budget = !gate.all_sp_fits();
   const RsWaitObservation no_samples;
   for (int id = 0; id < m; ++id) {
     const MicrobatchFacts& f = plan.microbatches[id];
     Decision d;
+    if (f.lengths_known) out.bands[id] = static_cast<int8_t>(BandOf(config, f.length_cv, f.tokens));
     if (sp_required) {
       d = {Mode::kSequenceParallel, Reason::kSpRequired};
     } else if (!f.lengths_known) {

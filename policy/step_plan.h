@@ -116,6 +116,9 @@ absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches);
 
 struct StagePlanOutcome {
   std::vector<Decision> decisions;  // index = micro-batch id
+  // Each micro-batch's ADAPTIVE band (BandOf its length CV and tokens), whatever the
+  // policy, so its telemetry is learned where it belongs; -1 when its lengths are unknown.
+  std::vector<int8_t> bands;
   uint64_t peak_bytes = 0;          // the stage's predicted peak with these modes
   bool over_budget = false;         // even every micro-batch SP does not fit
   int explored = 0;                 // ADAPTIVE exploration micro-batches

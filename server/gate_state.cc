@@ -293,6 +293,8 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation,
   job.sinks.clear();
   job.layout.reset();
   job.sp_required.clear();
+  job.stage_learned.clear();
+  job.stage_learned_bits.clear();
   job.metrics->RemoveStages();
   ClearLearned(job);
   // Their later calls find no session or a stale one.
@@ -604,7 +606,11 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
   }
   rank.session_id = session->id;
   ++job.sessions;
-  if (r.layout.has_value() && !job.layout.has_value()) job.layout = r.layout;
+  if (r.layout.has_value() && !job.layout.has_value()) {
+    job.layout = r.layout;
+    job.stage_learned.assign(static_cast<size_t>(r.layout->pp), ThroughputTable{});
+    job.stage_learned_bits.assign(static_cast<size_t>(r.layout->pp), 0);
+  }
   for (const std::string& f : r.sp_required) {
     if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {
       job.sp_required.push_back(f);
@@ -632,8 +638,7 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
   if (draining()) return absl::UnavailableError("spgated is shutting down");
   RETURN_IF_ERROR(CheckSessionIdLength(session_id));
   std::shared_ptr<Session> session;
-  std::vector<std::shared_ptr<SessionSink>> learned_sinks;
-  ThroughputTable learned;
+  std::vector<LearnedPush> learned_pushes;
   std::shared_ptr<SessionSink> superseded;
   {
     MutexLock lock(&mu_);
@@ -658,11 +663,11 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
       if (session->rank_in_group == 0) git->second->resume_allowed = true;
     }
     // A leader that (re)connects gets the learned table at once, for its fallback.
-    if (!job.learned.empty()) {
-      CollectLearnedPushes(job, /*force=*/true, &session_id, &learned_sinks, &learned);
+    if (!LearnedTableOf(job, session->group).empty()) {
+      CollectLearnedPushes(job, /*force=*/true, &session_id, &learned_pushes);
     }
   }
-  for (const auto& s : learned_sinks) s->PushLearned(learned);
+  for (const LearnedPush& p : learned_pushes) p.sink->PushLearned(*p.table);
   if (superseded != nullptr) {
     superseded->End(absl::AbortedError(
         "session replaced: a newer Connect stream of this session took its place (a "
@@ -962,12 +967,12 @@ void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
   if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
   if (!decision.microbatches.empty()) {
     g.step_plans.push_back(gate_state_internal::CachedStepPlan::Of(decision));
-    g.step_plan_bytes += g.step_plans.back().packed.size();
+    g.step_plan_bytes += g.step_plans.back().bytes();
     while (!g.step_plans.empty() &&
            (g.step_plans.front().step < g.cache.front().step ||
             (g.step_plans.size() > 2 &&
              g.step_plan_bytes > gate_state_internal::kMaxStepPlanCacheBytes))) {
-      g.step_plan_bytes -= g.step_plans.front().packed.size();
+      g.step_plan_bytes -= g.step_plans.front().bytes();
       g.step_plans.pop_front();
     }
   }
@@ -979,6 +984,7 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
                                          std::span<const MicrobatchFacts> facts,
                                          uint64_t plan_digest, const DecisionRecord* peer) {
   const ScheduledConfig& config = g.schedule.At(plan.step);
+  KeepBandsOf(job, config.config);
   std::optional<Mode> previous;
   if (g.policy.gate().has_decision) previous = g.policy.gate().mode;
   DecisionRecord decision;
@@ -994,18 +1000,20 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
     // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
     const int cp = job.layout->cp;
     const std::optional<PinState> pin = ActivePin(job, plan.group - plan.group % cp);
+    const int stage_index = CoordinatesOf(*job.layout, g.index).stage;
     const StagePlanFacts stage{.step = plan.step,
-                               .stage = CoordinatesOf(*job.layout, g.index).stage,
+                               .stage = stage_index,
                                .resident_bytes = plan.resident_bytes,
                                .memory_budget_bytes = plan.memory_budget_bytes,
                                .microbatches = facts};
-    // The learned table is not read (nor learned into, band -1) until telemetry is per
-    // micro-batch: a step's time mixes the modes of its micro-batches. With cp > 1 the
-    // decision is the plan's alone, as the CP groups' fallbacks make it without talking
-    // (docs/design.md §12).
-    StagePlanOutcome out =
-        DecideStagePlan(g.policy, config.config, *job.layout, stage, AsDirective(pin), nullptr,
-                        !job.sp_required.empty(), {.plan_only = job.layout->cp > 1});
+    // ADAPTIVE reads the stage's table, learned from each micro-batch's compute on the
+    // stage (a step's time mixes the modes of its micro-batches, so it is not learned
+    // from). With cp > 1 the decision is the plan's alone, as the CP groups' fallbacks
+    // make it without talking (docs/design.md §12).
+    StagePlanOutcome out = DecideStagePlan(
+        g.policy, config.config, *job.layout, stage, AsDirective(pin),
+        &job.stage_learned[static_cast<size_t>(stage_index)], !job.sp_required.empty(),
+        {.plan_only = job.layout->cp > 1});
     explored = out.explored;
     const bool pinned = std::any_of(out.decisions.begin(), out.decisions.end(),
                                     [](const Decision& d) { return d.reason == Reason::kPinned; });
@@ -1024,7 +1032,8 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
         .band = -1,
         .plan_digest = plan_digest,
         .microbatches = std::move(out.decisions),
-        .stage_peak_bytes = out.peak_bytes};
+        .stage_peak_bytes = out.peak_bytes,
+        .microbatch_bands = std::move(out.bands)};
   }
   RecordStep(job, g, decision);
   g.stage_peak = decision.stage_peak_bytes;
@@ -1068,6 +1077,8 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
         session.rank_in_group)));
   }
   if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
+  // The ids are checked against the job's layout below.
+  if (absl::Status s = ValidateMicrobatchTelemetry(t.microbatches, 0); !s.ok()) return reject(s);
   const bool group_record = t.ranks > 1;
   if (t.ranks < 0 || t.ranks > options_.max_group_size) {
     return reject(absl::InvalidArgumentError(absl::StrFormat(
@@ -1105,8 +1116,7 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     }
   }
 
-  std::vector<std::shared_ptr<SessionSink>> learned_sinks;
-  ThroughputTable learned;
+  std::vector<LearnedPush> learned_pushes;
   {
     MutexLock lock(&mu_);
     absl::StatusOr<Job*> found = JobOfSession(session);
@@ -1148,6 +1158,19 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
           "telemetry: a group record of %d ranks for group %d, which has %d", t.ranks,
           session.group, g.size)));
     }
+    if (!t.microbatches.empty()) {
+      // A stage's micro-batches, one per id of the job's layout: what its ADAPTIVE learns.
+      absl::Status s =
+          job.layout.has_value()
+              ? ValidateMicrobatchTelemetry(t.microbatches, job.layout->microbatches)
+              : absl::InvalidArgumentError(
+                    "telemetry.micro_batches: only a job with a layout (step plans) reports "
+                    "micro-batches; a plain plan's step is learned from step_time_s");
+      if (!s.ok()) {
+        session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+        return reject(std::move(s));
+      }
+    }
     session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
     metrics_.telemetry_received.Increment();
     auto rit = g.ranks.find(session.rank_in_group);
@@ -1185,11 +1208,24 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     p.tokens = std::max(p.tokens, v.effective_tokens);
     p.padding = std::max(p.padding, v.padding_tokens);
     p.peak = std::max(p.peak, t.peak_memory_bytes);
+    if (!t.microbatches.empty()) {
+      if (p.microbatches.empty()) p.microbatches.resize(t.microbatches.size());
+      for (const MicrobatchTelemetryValues& m : t.microbatches) {
+        MicrobatchTelemetryValues& a = p.microbatches[static_cast<size_t>(m.id)];
+        a.id = m.id;
+        a.mode = m.mode;
+        a.forward_s = std::max(a.forward_s, m.forward_s);
+        a.backward_s = std::max(a.backward_s, m.backward_s);
+        a.rs_wait_s = std::max(a.rs_wait_s, m.rs_wait_s);
+        a.all_gather_s = std::max(a.all_gather_s, m.all_gather_s);
+        a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
+      }
+    }
     if (p.reported >= g.size) FinalizeStep(job, g, slot);
-    CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_sinks, &learned);
+    CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_pushes);
   }
   // Outside the lock: a sink only queues the message.
-  for (const auto& sink : learned_sinks) sink->PushLearned(learned);
+  for (const LearnedPush& push : learned_pushes) push.sink->PushLearned(*push.table);
   return absl::OkStatus();
 }
 

@@ -101,6 +101,8 @@ struct DecisionRecord {
   // and reason above are micro-batch 0's), and the stage's predicted peak with them.
   std::vector<Decision> microbatches;
   uint64_t stage_peak_bytes = 0;
+  // Each micro-batch's band (StagePlanOutcome::bands), kept for learning its telemetry.
+  std::vector<int8_t> microbatch_bands;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -202,6 +204,8 @@ struct TelemetryRecord {
   int ranks = 0;
   int slowest_rank = 0;       // group records: the rank with the longest step time
   int peak_memory_rank = 0;   // group records: the rank with the highest peak memory
+  // A step plan's step: one record per micro-batch id (docs/design.md §12).
+  std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
 // A what-if: the gates for a hypothetical batch, against a job's live group or none.
@@ -301,6 +305,7 @@ struct LearnedView {
 
 struct JobView {
   LearnedView learned;
+  std::vector<ThroughputTable> stage_learned;  // a job with a layout: per stage
   JobSummaryView summary;
   std::vector<GroupView> groups;
   std::vector<ModeStatsView> mode_stats;
@@ -458,11 +463,18 @@ class GateState final : public OperatorListener {
   void LearnFromStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void KeepBandsOf(Job& job, const GateConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's leaders' sinks with a copy of the table, when a push is due (and marks it
-  // sent); `only` limits it to one session.
+  // The job's leaders' sinks, each with a copy of its table (a pipelined job's leader
+  // gets its stage's), when a push is due (and marks it sent); `only` limits it to one
+  // session. The caller pushes them after releasing the lock.
+  struct LearnedPush {
+    std::shared_ptr<SessionSink> sink;
+    std::shared_ptr<const ThroughputTable> table;
+  };
   void CollectLearnedPushes(Job& job, bool force, const std::string* only,
-                            std::vector<std::shared_ptr<SessionSink>>* sinks,
-                            ThroughputTable* table) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                            std::vector<LearnedPush>* pushes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The table a group's decisions read and its telemetry feeds: its stage's in a job
+  // with a layout, else the job's.
+  ThroughputTable& LearnedTableOf(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GroupView ViewOfGroup(const Job& job, const Group& group) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   JobSummaryView SummaryOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

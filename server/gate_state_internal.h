@@ -45,6 +45,9 @@ struct PendingStep {
   int64_t tokens = 0, padding = 0;
   uint64_t peak = 0;
   int slowest_rank = -1, peak_rank = -1;  // rank_in_group of the largest step time, peak
+  // A step plan's micro-batches (index = id), each value the largest over the ranks so
+  // far; empty for plain plans, and released when the step is finalized.
+  std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
 // A decision as the group's cache keeps it: 64 bytes where a DecisionRecord is 136 and
@@ -105,11 +108,16 @@ struct CachedStepPlan {
   int64_t step = 0;
   uint64_t stage_peak_bytes = 0;
   std::vector<uint8_t> packed;
+  // Each micro-batch's band (-1: none), for learning its telemetry when it arrives.
+  std::vector<int8_t> bands;
+
+  size_t bytes() const { return packed.size() + bands.size(); }
 
   static CachedStepPlan Of(const DecisionRecord& d) {
     CachedStepPlan c;
     c.step = d.step;
     c.stage_peak_bytes = d.stage_peak_bytes;
+    c.bands = d.microbatch_bands;
     c.packed.reserve(d.microbatches.size());
     for (const Decision& m : d.microbatches) {
       c.packed.push_back(static_cast<uint8_t>(static_cast<int>(m.mode) << 4 |
@@ -270,6 +278,11 @@ struct GateState::Job {
   // its ranks' SP-required features (docs/design.md §12); both reset with the launch.
   std::optional<JobLayout> layout;
   std::vector<std::string> sp_required;
+  // A job with a layout learns per pipeline stage (docs/design.md §12), from each
+  // micro-batch's compute on the stage: one table per stage (index = stage) and what was
+  // last told to that stage's leaders; `learned` above then stays empty.
+  std::vector<ThroughputTable> stage_learned;
+  std::vector<uint64_t> stage_learned_bits;
 };
 
 }  // namespace spgate::server

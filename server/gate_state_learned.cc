@@ -4,17 +4,49 @@
 #include "server/gate_state.h"
 #include "server/gate_state_internal.h"
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 namespace spgate::server {
 
 using gate_state_internal::PendingStep;
 
 // The table learns from every step the daemon decided, whatever the policy in force, so
-// switching a job to ADAPTIVE starts from what STATIC ran.
+// switching a job to ADAPTIVE starts from what STATIC ran. A step plan's step is learned
+// per micro-batch into its stage's table (docs/design.md §12): each micro-batch's tokens
+// over its compute on the stage, in the band its plan put it in.
 void GateState::LearnFromStep(Job& job, Group& g, int slot) {
-  const PendingStep& p = g.pending[slot];
+  PendingStep& p = g.pending[slot];
+  const GateConfig& config = g.schedule.At(p.step).config;
+  bool learned = false;
+  int stage = -1;
+  if (!p.microbatches.empty() && job.layout.has_value()) {
+    const gate_state_internal::CachedStepPlan* plan = g.CachedPlan(p.step);
+    if (plan != nullptr && plan->bands.size() == p.microbatches.size()) {
+      stage = CoordinatesOf(*job.layout, g.index).stage;
+      ThroughputTable& table = job.stage_learned[static_cast<size_t>(stage)];
+      for (const MicrobatchTelemetryValues& m : p.microbatches) {
+        const int band = plan->bands[static_cast<size_t>(m.id)];
+        if (band < 0) continue;
+        table.Observe(band, m.mode, p.step, static_cast<double>(m.effective_tokens),
+                      m.compute_s(), config.adaptive_half_life_steps);
+        learned = true;
+      }
+      if (learned) {
+        const uint64_t bits = table.PreferenceBits(config, table.newest_step());
+        uint64_t& told = job.stage_learned_bits[static_cast<size_t>(stage)];
+        if (bits != told) {
+          told = bits;
+          job.learned_push_due = true;
+        }
+      }
+    }
+    std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
+    return;
+  }
   if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
       d != nullptr && d->band >= 0) {
-    const GateConfig& config = g.schedule.At(p.step).config;
     job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
                         config.adaptive_half_life_steps);
     const CellView v = job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
@@ -25,6 +57,11 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
       job.learned_push_due = true;
     }
   }
+}
+
+ThroughputTable& GateState::LearnedTableOf(Job& job, int group) {
+  if (!job.layout.has_value()) return job.learned;
+  return job.stage_learned[static_cast<size_t>(CoordinatesOf(*job.layout, group).stage)];
 }
 
 void GateState::KeepBandsOf(Job& job, const GateConfig& config) {
@@ -38,9 +75,14 @@ void GateState::KeepBandsOf(Job& job, const GateConfig& config) {
 }
 
 void GateState::ClearLearned(Job& job) {
-  const bool had = !job.learned.empty();
+  bool had = !job.learned.empty();
   job.learned.Clear();
   job.learned_bits = 0;
+  for (ThroughputTable& t : job.stage_learned) {
+    had = had || !t.empty();
+    t.Clear();
+  }
+  std::fill(job.stage_learned_bits.begin(), job.stage_learned_bits.end(), 0);
   job.learned_push_due = had;  // leaders drop the old table too
   job.gain.Clear();
   job.exploration_steps = 0;
@@ -49,19 +91,30 @@ void GateState::ClearLearned(Job& job) {
 }
 
 void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,
-                                     std::vector<std::shared_ptr<SessionSink>>* sinks,
-                                     ThroughputTable* table) {
+                                     std::vector<LearnedPush>* pushes) {
   const absl::Time now = Now();
   if (!force && (!job.learned_push_due || now - job.learned_pushed < options_.learned_push_interval)) {
     return;
   }
+  // One copy per table, shared by the leaders that get it.
+  std::vector<std::shared_ptr<const ThroughputTable>> copies(
+      job.layout.has_value() ? job.stage_learned.size() : 1);
   for (auto it = job.sinks.begin(); it != job.sinks.end(); ++it) {
     if (only != nullptr && it->first != *only) continue;
     auto sit = sessions_.find(it->first);
     if (sit == sessions_.end() || sit->second->rank_in_group != 0) continue;  // leaders only
-    if (std::shared_ptr<SessionSink> sink = it->second.lock()) sinks->push_back(std::move(sink));
+    std::shared_ptr<SessionSink> sink = it->second.lock();
+    if (sink == nullptr) continue;
+    const size_t k =
+        job.layout.has_value()
+            ? static_cast<size_t>(CoordinatesOf(*job.layout, sit->second->group).stage)
+            : 0;
+    if (copies[k] == nullptr) {
+      copies[k] = std::make_shared<const ThroughputTable>(
+          LearnedTableOf(job, sit->second->group));
+    }
+    pushes->push_back({std::move(sink), copies[k]});
   }
-  *table = job.learned;
   if (only == nullptr) {
     job.learned_push_due = false;
     job.learned_pushed = now;

@@ -134,6 +134,7 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
   out.learned.at_step = job.learned.newest_step();
   out.learned.gain_ratio = job.gain.ratio();
   out.learned.exploration_steps = job.exploration_steps;
+  out.stage_learned = job.stage_learned;
   return out;
 }
 

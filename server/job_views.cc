@@ -107,21 +107,34 @@ PlanInput PlanFromProto(const v1::BatchPlan& p) {
 }
 
 TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
-  return TelemetryRecord{.job_id = t.job_id(),
-                         .group = t.group(),
-                         .rank_in_group = t.rank_in_group(),
-                         .values = {.step = t.step(),
-                                    .mode = static_cast<int32_t>(t.mode()),
-                                    .step_time_s = t.step_time_s(),
-                                    .rs_wait_s = t.rs_wait_s(),
-                                    .all_gather_s = t.all_gather_s(),
-                                    .norm_stall_s = t.norm_stall_s(),
-                                    .effective_tokens = t.effective_tokens(),
-                                    .padding_tokens = t.padding_tokens()},
-                         .peak_memory_bytes = t.peak_memory_bytes(),
-                         .ranks = t.ranks(),
-                         .slowest_rank = t.slowest_rank(),
-                         .peak_memory_rank = t.peak_memory_rank()};
+  TelemetryRecord r{.job_id = t.job_id(),
+                    .group = t.group(),
+                    .rank_in_group = t.rank_in_group(),
+                    .values = {.step = t.step(),
+                               .mode = static_cast<int32_t>(t.mode()),
+                               .step_time_s = t.step_time_s(),
+                               .rs_wait_s = t.rs_wait_s(),
+                               .all_gather_s = t.all_gather_s(),
+                               .norm_stall_s = t.norm_stall_s(),
+                               .effective_tokens = t.effective_tokens(),
+                               .padding_tokens = t.padding_tokens()},
+                    .peak_memory_bytes = t.peak_memory_bytes(),
+                    .ranks = t.ranks(),
+                    .slowest_rank = t.slowest_rank(),
+                    .peak_memory_rank = t.peak_memory_rank()};
+  r.microbatches.reserve(static_cast<size_t>(t.micro_batches_size()));
+  for (const v1::MicroBatchTelemetry& m : t.micro_batches()) {
+    // A wire mode that is neither is kept as 0, which the telemetry rules refuse.
+    const bool known = m.mode() == v1::SEQUENCE_PARALLEL || m.mode() == v1::TENSOR_PARALLEL_ONLY;
+    r.microbatches.push_back({.id = m.id(),
+                              .mode = static_cast<Mode>(known ? static_cast<int>(m.mode()) : 0),
+                              .forward_s = m.forward_s(),
+                              .backward_s = m.backward_s(),
+                              .rs_wait_s = m.rs_wait_s(),
+                              .all_gather_s = m.all_gather_s(),
+                              .effective_tokens = m.effective_tokens()});
+  }
+  return r;
 }
 
 absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
@@ -234,6 +247,7 @@ absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& 
   out.set_learned_at_step(view.learned.at_step);
   out.set_adaptive_gain_ratio(view.learned.gain_ratio);
   out.set_exploration_steps(view.learned.exploration_steps);
+  for (const ThroughputTable& t : view.stage_learned) *out.add_stage_learned() = ToProto(t);
   if (view.layout) spgate::ToProto(*view.layout, out.mutable_layout());
   for (const std::string& f : view.sp_required) out.add_sp_required(f);
   return out;

@@ -158,6 +158,48 @@ TEST(ValidateStepTelemetryTest, EveryRuleNamesItsField) {
   }
 }
 
+TEST(ValidateMicrobatchTelemetryTest, IdsAndEveryRuleNamed) {
+  const MicrobatchTelemetryValues a{.id = 0, .forward_s = 0.1, .backward_s = 0.2,
+                                    .effective_tokens = 100};
+  MicrobatchTelemetryValues b = a;
+  b.id = 1;
+  b.mode = Mode::kTensorParallelOnly;
+  const std::vector<MicrobatchTelemetryValues> ok{b, a};  // any order
+  EXPECT_THAT(ValidateMicrobatchTelemetry(ok, 2), IsOk());
+  EXPECT_THAT(ValidateMicrobatchTelemetry({}, 2), IsOk()) << "none sent: nothing to check";
+  EXPECT_THAT(ValidateMicrobatchTelemetry(ok, 0), IsOk()) << "0: ids unchecked";
+  EXPECT_THAT(ValidateMicrobatchTelemetry(ok, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 records")));
+  EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{a, a}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 0 repeats")));
+  MicrobatchTelemetryValues far = a;
+  far.id = 5;
+  EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{a, far}, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 5 is outside")));
+  struct Case {
+    MicrobatchTelemetryValues v;
+    const char* field;
+  };
+  auto with = [&](auto f) {
+    MicrobatchTelemetryValues v = a;
+    f(v);
+    return v;
+  };
+  for (const Case& c : std::vector<Case>{
+           {with([](auto& v) { v.mode = static_cast<Mode>(0); }), "[id 0].mode"},
+           {with([](auto& v) { v.forward_s = NAN; }), "[id 0].forward_s"},
+           {with([](auto& v) { v.backward_s = -1; }), "[id 0].backward_s"},
+           {with([](auto& v) { v.rs_wait_s = INFINITY; }), "[id 0].rs_wait_s"},
+           {with([](auto& v) { v.all_gather_s = -0.5; }), "[id 0].all_gather_s"},
+           {with([](auto& v) { v.forward_s = v.backward_s = 0; }), "forward_s + backward_s"},
+           {with([](auto& v) { v.effective_tokens = -3; }), "[id 0].effective_tokens"},
+       }) {
+    EXPECT_THAT(ValidateMicrobatchTelemetry(std::span(&c.v, 1), 1),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+        << c.field;
+  }
+}
+
 TEST(GateFieldTableTest, DefaultsRangesAndLookup) {
   const GateConfig d;
   EXPECT_EQ(GateFieldValue(d, "max_length_cv"), 0.18);

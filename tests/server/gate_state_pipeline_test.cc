@@ -347,5 +347,129 @@ TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
   EXPECT_EQ(d.reason(), v1::SP_REQUIRED);
 }
 
+
+// A stage's telemetry: one record per micro-batch, ids 0 and 1 run SP, 2 and 3 TP-only,
+// each 12 tokens in `sp_s` / `tp_s` seconds of compute; the group's record (ranks = 2).
+v1::StepTelemetry StageTelemetry(int group, int64_t step, double sp_s, double tp_s) {
+  v1::StepTelemetry t;
+  t.set_job_id(kJob);
+  t.set_group(group);
+  t.set_step(step);
+  t.set_mode(v1::SEQUENCE_PARALLEL);
+  t.set_step_time_s(4 * (sp_s + tp_s));
+  t.set_effective_tokens(48);
+  t.set_ranks(2);
+  for (int id = 0; id < 4; ++id) {
+    v1::MicroBatchTelemetry* m = t.add_micro_batches();
+    m->set_id(id);
+    const bool sp = id < 2;
+    m->set_mode(sp ? v1::SEQUENCE_PARALLEL : v1::TENSOR_PARALLEL_ONLY);
+    m->set_forward_s((sp ? sp_s : tp_s) / 3);
+    m->set_backward_s((sp ? sp_s : tp_s) * 2 / 3);
+    m->set_effective_tokens(12);
+  }
+  return t;
+}
+
+// ADAPTIVE learns each stage from its own micro-batches: stage 0, where TP-only is
+// slower, runs SP; stage 3, where it is faster, TP-only; each stage's leader gets its
+// stage's table.
+TEST_F(GateStatePipelineTest, EachStageLearnsFromItsOwnMicrobatches) {
+  v1::UpdateGateConfigRequest u;
+  u.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  ASSERT_THAT(h_->UpdateGateConfig(u).status(), IsOk());
+  absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
+  absl::StatusOr<v1::RegisterResponse> r3 = h_->Register(Reg(3));
+  ASSERT_THAT(r0.status(), IsOk());
+  ASSERT_THAT(r3.status(), IsOk());
+  auto sink0 = std::make_shared<RecordingSink>(), sink3 = std::make_shared<RecordingSink>();
+  absl::StatusOr<std::shared_ptr<Session>> s0 = h_->AttachSession(r0->session_id(), sink0);
+  absl::StatusOr<std::shared_ptr<Session>> s3 = h_->AttachSession(r3->session_id(), sink3);
+  ASSERT_THAT(s0.status(), IsOk());
+  ASSERT_THAT(s3.status(), IsOk());
+  auto plan = [](int group, int64_t step) {
+    v1::BatchPlan p = StepPlan(group, step);
+    p.set_memory_budget_bytes(0);  // the learned rates decide, not memory
+    return p;
+  };
+  constexpr int kSteps = 10;  // 20 samples a mode: past adaptive_min_samples, no probes
+  for (int64_t step = 0; step < kSteps; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(h_->Decide(plan(0, step), &d), IsOk());
+    ASSERT_THAT(h_->Decide(plan(3, step), &d), IsOk());
+    ASSERT_THAT(h_->RecordTelemetry(**s0, StageTelemetry(0, step, 0.1, 0.2)), IsOk());
+    ASSERT_THAT(h_->RecordTelemetry(**s3, StageTelemetry(3, step, 0.2, 0.1)), IsOk());
+    clock_.Advance(absl::Seconds(2));  // past learned_push_interval
+  }
+  v1::Decision first, last;
+  ASSERT_THAT(h_->Decide(plan(0, kSteps), &first), IsOk());
+  ASSERT_THAT(h_->Decide(plan(3, kSteps), &last), IsOk());
+  const auto sp = std::make_pair(v1::SEQUENCE_PARALLEL, v1::ADAPTIVE);
+  const auto tp = std::make_pair(v1::TENSOR_PARALLEL_ONLY, v1::ADAPTIVE);
+  EXPECT_THAT(Modes(first), ElementsAre(sp, sp, sp, sp));
+  EXPECT_THAT(Modes(last), ElementsAre(tp, tp, tp, tp));
+
+  // Each leader's fallback got its own stage's table: SP ahead on stage 0, TP-only on 3.
+  ASSERT_FALSE(sink0->learned.empty());
+  ASSERT_FALSE(sink3->learned.empty());
+  const GateConfig config = [&] {
+    GateConfig c;
+    c.policy = GatePolicyKind::kAdaptive;
+    c.max_length_cv = 0.5;
+    c.memory_headroom = 1.0;
+    return c;
+  }();
+  const int band = BandOf(config, 1.0606601717798212, 12);
+  const BandEstimate e0 = EstimateBand(config, &sink0->learned.back(), band, kSteps);
+  const BandEstimate e3 = EstimateBand(config, &sink3->learned.back(), band, kSteps);
+  ASSERT_TRUE(e0.known);
+  ASSERT_TRUE(e3.known);
+  EXPECT_EQ(e0.preferred, Mode::kSequenceParallel);
+  EXPECT_EQ(e3.preferred, Mode::kTensorParallelOnly);
+  EXPECT_NEAR(e0.sp.tokens_per_s, 120, 1e-6);  // 12 tokens in 0.1 s
+  EXPECT_NEAR(e3.tp.tokens_per_s, 120, 1e-6);
+  EXPECT_NEAR(e0.ratio, 0.5, 1e-9);
+}
+
+TEST_F(GateStatePipelineTest, BadMicrobatchTelemetryIsRefusedByName) {
+  absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
+  ASSERT_THAT(r0.status(), IsOk());
+  absl::StatusOr<std::shared_ptr<Session>> s0 = h_->state->FindSession(r0->session_id());
+  ASSERT_THAT(s0.status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(h_->Decide(StepPlan(0, 0), &d), IsOk());
+  v1::StepTelemetry repeated = StageTelemetry(0, 0, 0.1, 0.2);
+  repeated.mutable_micro_batches(3)->set_id(1);
+  EXPECT_THAT(h_->RecordTelemetry(**s0, repeated),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
+  v1::StepTelemetry short_of_one = StageTelemetry(0, 0, 0.1, 0.2);
+  short_of_one.mutable_micro_batches()->RemoveLast();
+  EXPECT_THAT(h_->RecordTelemetry(**s0, short_of_one),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("3 records")));
+  v1::StepTelemetry no_time = StageTelemetry(0, 0, 0.1, 0.2);
+  no_time.mutable_micro_batches(2)->set_forward_s(0);
+  no_time.mutable_micro_batches(2)->set_backward_s(0);
+  EXPECT_THAT(h_->RecordTelemetry(**s0, no_time),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[id 2]")));
+  // The refusals changed nothing: the step's good record is still taken.
+  EXPECT_THAT(h_->RecordTelemetry(**s0, StageTelemetry(0, 0, 0.1, 0.2)), IsOk());
+
+  // A job without a layout has no micro-batches to report.
+  v1::BatchPlan plain;
+  plain.set_job_id("plain");
+  plain.set_group(0);
+  plain.set_step(0);
+  for (int64_t l : {100, 200}) plain.add_lengths(l);
+  ASSERT_THAT(h_->Decide(plain, &d), IsOk());
+  v1::StepTelemetry t = StageTelemetry(0, 0, 0.1, 0.2);
+  t.set_job_id("plain");
+  t.clear_ranks();
+  absl::StatusOr<std::shared_ptr<Session>> plain_session =
+      h_->state->FindSession(h_->LeaderSession("plain", 0));
+  ASSERT_THAT(plain_session.status(), IsOk());
+  EXPECT_THAT(h_->RecordTelemetry(**plain_session, t),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a job with a layout")));
+}
+
 }  // namespace
 }  // namespace spgate::server

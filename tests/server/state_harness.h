@@ -79,6 +79,11 @@ class StateHarness {
     ToProto(d, out);
     return absl::OkStatus();
   }
+  // The session id of the last rank 0 registered through this harness for (job, group).
+  std::string LeaderSession(const std::string& job_id, int group) const {
+    auto it = leaders_.find({job_id, group});
+    return it == leaders_.end() ? std::string() : it->second;
+  }
   absl::Status RecordTelemetry(Session& session, const v1::StepTelemetry& t) {
     return state->RecordTelemetry(session, TelemetryFromProto(t));
   }

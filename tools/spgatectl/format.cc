@@ -216,18 +216,35 @@ namespace {
 // The ADAPTIVE policy's learned table (docs/design.md §11): one row per band with data,
 // each mode's estimate and weighted samples at the table's newest step, and what the band
 // prefers under the job's margin and min_samples.
+// A pipelined job's tables are per stage (docs/design.md §12): a section per stage.
+std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
+                             const ThroughputTable& table, int64_t at, const std::string& title);
+
 std::string LearnedText(const v1::Job& job) {
   const GateConfig config = LayerGateConfig(GateConfig{}, job.config().config());
-  const ThroughputTable table = FromProto(job.learned());
-  const int64_t at = job.learned_at_step();
+  if (job.stage_learned_size() == 0) {
+    const ThroughputTable table = FromProto(job.learned());
+    return LearnedTableText(job, config, table, job.learned_at_step(), "LEARNED");
+  }
+  std::string out;
+  for (int stage = 0; stage < job.stage_learned_size(); ++stage) {
+    const ThroughputTable table = FromProto(job.stage_learned(stage));
+    absl::StrAppend(&out, LearnedTableText(job, config, table, table.newest_step(),
+                                           absl::StrCat("LEARNED stage ", stage)));
+  }
+  return out;
+}
+
+std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
+                             const ThroughputTable& table, int64_t at, const std::string& title) {
   if (table.empty()) {
-    return absl::StrFormat("\nLEARNED (policy %s)\n(nothing learned yet)\n",
+    return absl::StrFormat("\n%s (policy %s)\n(nothing learned yet)\n", title,
                            GatePolicyName(config.policy));
   }
   std::string out = absl::StrFormat(
-      "\nLEARNED (policy %s; tokens/s and weighted samples at step %d; gain vs static %s; "
+      "\n%s (policy %s; tokens/s and weighted samples at step %d; gain vs static %s; "
       "%d exploration steps)\n",
-      GatePolicyName(config.policy), at, Ratio(job.adaptive_gain_ratio()),
+      title, GatePolicyName(config.policy), at, Ratio(job.adaptive_gain_ratio()),
       job.exploration_steps());
   Table t({{"BAND"},
            {"RANGE"},

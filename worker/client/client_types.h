@@ -112,6 +112,11 @@ struct StepTelemetryInput {
   int ranks = 0;
   int slowest_rank = 0;
   int peak_memory_rank = 0;
+  // A step plan's step (docs/design.md §12): the stage's compute per micro-batch, one
+  // record per id of the layout's micro-batches (the daemon learns a pipelined job's
+  // ADAPTIVE table from these, per stage). In a group record each value is the largest
+  // over the ranks (GroupDecider reduces them).
+  std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
 // The values the telemetry rules check (policy/telemetry.h), as the daemon gets them.

@@ -707,6 +707,13 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   // The daemon does not acknowledge invalid records; refusing them here, by the same
   // rules, keeps "sent minus acknowledged" a count of records lost in transit.
   RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t)));
+  if (!t.microbatches.empty() && !opts_.layout.has_value()) {
+    return absl::InvalidArgumentError(
+        "telemetry.micro_batches: only a client with a layout (step plans) reports "
+        "micro-batches");
+  }
+  RETURN_IF_ERROR(ValidateMicrobatchTelemetry(
+      t.microbatches, opts_.layout.has_value() ? opts_.layout->microbatches : 0));
   if (t.ranks < 0 || (t.ranks > 1 && t.ranks != opts_.group_size)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "telemetry: ranks must be 0 or 1 (this rank's record) or group_size=%d (the group's), "

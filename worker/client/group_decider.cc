@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "policy/telemetry.h"
 
 namespace spgate::client {
@@ -149,11 +150,53 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
   return d;
 }
 
+// Per micro-batch id: mode, 3 - mode (the maximum of each catches ranks that ran it in
+// different modes), forward, backward, reduce-scatter, all-gather, tokens.
+void PackMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
+                             std::span<double> slots) {
+  std::fill(slots.begin(), slots.end(), 0.0);
+  for (const MicrobatchTelemetryValues& m : records) {
+    double* v = slots.data() + kMicrobatchTelemetrySlots * m.id;
+    v[0] = static_cast<double>(m.mode);
+    v[1] = 3.0 - static_cast<double>(m.mode);
+    v[2] = m.forward_s;
+    v[3] = m.backward_s;
+    v[4] = m.rs_wait_s;
+    v[5] = m.all_gather_s;
+    v[6] = static_cast<double>(m.effective_tokens);
+  }
+}
+
+absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
+    std::span<const double> slots, int microbatches, int64_t step) {
+  if (static_cast<int64_t>(slots.size()) != int64_t{kMicrobatchTelemetrySlots} * microbatches) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d reduced values for %d micro-batches", slots.size(), microbatches));
+  }
+  std::vector<MicrobatchTelemetryValues> out(static_cast<size_t>(microbatches));
+  for (int id = 0; id < microbatches; ++id) {
+    const double* v = slots.data() + kMicrobatchTelemetrySlots * id;
+    if (v[0] + v[1] != 3.0) {
+      return absl::InternalError(absl::StrFormat(
+          "step %d: the group's ranks ran micro-batch %d in different modes", step, id));
+    }
+    out[static_cast<size_t>(id)] = {.id = id,
+                                    .mode = static_cast<Mode>(static_cast<int>(v[0])),
+                                    .forward_s = v[2],
+                                    .backward_s = v[3],
+                                    .rs_wait_s = v[4],
+                                    .all_gather_s = v[5],
+                                    .effective_tokens = static_cast<int64_t>(v[6])};
+  }
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
                                                                    int rank_in_group,
                                                                    BroadcastFn broadcast,
                                                                    MaxReduceFn reduce,
-                                                                   BytesBroadcastFn bytes) {
+                                                                   BytesBroadcastFn bytes,
+                                                                   VectorMaxReduceFn reduce_vector) {
   if (rank_in_group < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank_in_group must be >= 0, got %d", rank_in_group));
@@ -188,9 +231,14 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
         "rank %d's GateClient was created for rank %d", rank_in_group,
         client->options().rank_in_group));
   }
+  if (reduce_vector && !reduce) {
+    return absl::InvalidArgumentError(
+        "reduce_vector carries a step plan's telemetry beside the group's max-reduce: pass "
+        "`reduce` too");
+  }
   return std::unique_ptr<GroupDecider>(
       new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce),
-                       std::move(bytes)));
+                       std::move(bytes), std::move(reduce_vector)));
 }
 
 absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
@@ -204,22 +252,65 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
     return client_->ReportTelemetry(t);
   }
   // A refused record still takes part in the reduction: the others are (or will be) in it.
-  const absl::Status valid = t.ranks > 1
-                                 ? absl::InvalidArgumentError(
+  absl::Status valid = t.ranks > 1
+                           ? absl::InvalidArgumentError(
                                        "telemetry: give GroupDecider each rank's own record "
                                        "(ranks 0 or 1); it makes the group's")
                                  : ValidateStepTelemetry(TelemetryValues(t));
+  if (microbatches_ > 0 && reduce_vector_) return ReportStepPlanTelemetry(t, valid);
+  if (valid.ok() && !t.microbatches.empty()) {
+    // Refused, and still in the reduction: the group's other ranks are in it.
+    valid = absl::InvalidArgumentError(
+        microbatches_ == 0
+            ? "telemetry.micro_batches: only a step plan's step (DecideMicrobatches) has "
+              "micro-batch records"
+            : "telemetry.micro_batches: the group reduces them only with GroupDecider::Create's "
+              "reduce_vector");
+  }
   TelemetryWire wire = ToTelemetryWire(t, rank_in_group_, valid.ok());
   if (absl::Status s = reduce_(wire, 0); !s.ok()) return s;
   if (!valid.ok() || !is_leader()) return valid;
   absl::StatusOr<StepTelemetryInput> group =
       GroupTelemetryFromWire(wire, client_->options().group_size);
   if (!group.ok()) return group.status();
+  return SendGroupRecord(*std::move(group));
+}
+
+absl::Status GroupDecider::ReportStepPlanTelemetry(const StepTelemetryInput& t,
+                                                   absl::Status valid) {
+  const int m = microbatches_;
+  if (valid.ok()) valid = ValidateMicrobatchTelemetry(t.microbatches, m);
+  if (valid.ok() && t.microbatches.empty()) {
+    valid = absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry.micro_batches: a step plan's step needs one record per micro-batch (%d), "
+        "got none",
+        m));
+  }
+  constexpr int kHead = TelemetryWire::kSlots;
+  reduce_buffer_.assign(static_cast<size_t>(kHead + kMicrobatchTelemetrySlots * m), 0.0);
+  const TelemetryWire head = ToTelemetryWire(t, rank_in_group_, valid.ok());
+  std::copy(std::begin(head.v), std::end(head.v), reduce_buffer_.begin());
+  if (valid.ok()) {
+    PackMicrobatchTelemetry(t.microbatches, std::span<double>(reduce_buffer_).subspan(kHead));
+  }
+  if (absl::Status s = reduce_vector_(std::span<double>(reduce_buffer_), 0); !s.ok()) return s;
+  if (!valid.ok() || !is_leader()) return valid;
+  TelemetryWire reduced;
+  std::copy_n(reduce_buffer_.begin(), kHead, std::begin(reduced.v));
+  absl::StatusOr<StepTelemetryInput> group =
+      GroupTelemetryFromWire(reduced, client_->options().group_size);
+  if (!group.ok()) return group.status();
+  ASSIGN_OR_RETURN(group->microbatches,
+                   MicrobatchesFromReduced(std::span<const double>(reduce_buffer_).subspan(kHead),
+                                           m, group->step));
+  return SendGroupRecord(*std::move(group));
+}
+
+absl::Status GroupDecider::SendGroupRecord(StepTelemetryInput group) {
   // The group's wait share for the fallback's window (what ObserveGroupRsWaitShare takes).
-  client_->ObserveGroupRsWaitShare(group->step, group->mode,
-                                   Share(group->rs_wait_s, group->step_time_s));
-  if (group->ranks <= 1) group->ranks = 0;  // a group of one: the leader's own record
-  return client_->ReportTelemetry(*group);
+  client_->ObserveGroupRsWaitShare(group.step, group.mode, Share(group.rs_wait_s, group.step_time_s));
+  if (group.ranks <= 1) group.ranks = 0;  // a group of one: the leader's own record
+  return client_->ReportTelemetry(group);
 }
 
 absl::Status GroupDecider::SubmitPlan(const BatchPlanInput& plan) {
@@ -279,6 +370,7 @@ absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int 
     return absl::InvalidArgumentError(absl::StrFormat(
         "microbatches: must be in [1, %d], got %d", kMaxMicrobatches, microbatches));
   }
+  microbatches_ = microbatches;  // the step's telemetry has this many records
   // The head goes first with the leader's status, so that a leader without an answer
   // ends the collective on every rank before the second broadcast.
   DecisionWire wire;

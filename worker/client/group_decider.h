@@ -38,6 +38,7 @@
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -98,6 +99,23 @@ using MaxReduceFn = std::function<absl::Status(TelemetryWire& wire, int root)>;
 // micro-batch decisions (docs/design.md §12), one byte each.
 using BytesBroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
 
+// Reduces `values` (the same length on every rank) with an element-wise maximum into rank
+// `root`'s (MPI_Reduce with MPI_MAX over values.size() doubles); the other ranks' may be
+// left as they were. A step plan's telemetry travels in it: the TelemetryWire's slots,
+// then kMicrobatchTelemetrySlots per micro-batch (docs/design.md §12), in one collective.
+using VectorMaxReduceFn = std::function<absl::Status(std::span<double> values, int root)>;
+inline constexpr int kMicrobatchTelemetrySlots = 7;
+
+// A rank's micro-batch records (valid: ids in [0, slots.size() / kMicrobatchTelemetrySlots))
+// as reduction slots, at slot id × kMicrobatchTelemetrySlots.
+void PackMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
+                             std::span<double> slots);
+// The group's micro-batch records (one per id, each value the largest over the ranks)
+// from the reduced slots; INTERNAL naming the micro-batch when the ranks ran it in
+// different modes.
+absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
+    std::span<const double> slots, int microbatches, int64_t step);
+
 class GroupDecider {
  public:
   // `client` is required on the leader (rank_in_group 0; it may be a local-only client).
@@ -109,7 +127,8 @@ class GroupDecider {
                                                               int rank_in_group,
                                                               BroadcastFn broadcast,
                                                               MaxReduceFn reduce = {},
-                                                              BytesBroadcastFn bytes = {});
+                                                              BytesBroadcastFn bytes = {},
+                                                              VectorMaxReduceFn reduce_vector = {});
 
   bool is_leader() const { return rank_in_group_ == 0; }
 
@@ -139,22 +158,40 @@ class GroupDecider {
   // (INVALID_ARGUMENT); a group whose ranks reported different steps or modes is INTERNAL
   // on the leader. Without `reduce`, the rank's own client queues the record
   // (FAILED_PRECONDITION without one).
+  //
+  // Step plans: once DecideMicrobatches ran, a decider with `reduce_vector` reduces each
+  // rank's micro-batch records too (each value the largest over the ranks; a micro-batch
+  // the ranks ran in different modes is INTERNAL on the leader), in the one collective,
+  // and every rank must then give one record per micro-batch id (a rank without them is
+  // refused, as above). Without `reduce_vector`, micro-batch records are refused.
   absl::Status ReportTelemetry(const StepTelemetryInput& telemetry);
 
  private:
   GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce,
-               BytesBroadcastFn bytes)
+               BytesBroadcastFn bytes, VectorMaxReduceFn reduce_vector)
       : client_(client),
         rank_in_group_(rank_in_group),
         broadcast_(std::move(broadcast)),
         reduce_(std::move(reduce)),
-        bytes_(std::move(bytes)) {}
+        bytes_(std::move(bytes)),
+        reduce_vector_(std::move(reduce_vector)) {}
+
+  // The step-plan path of ReportTelemetry: the TelemetryWire and the micro-batches in one
+  // reduction over reduce_vector_.
+  absl::Status ReportStepPlanTelemetry(const StepTelemetryInput& t, absl::Status valid);
+  // The leader: the group's record to its fallback's wait window and to the daemon.
+  absl::Status SendGroupRecord(StepTelemetryInput group);
 
   GateClient* client_;
   int rank_in_group_;
   BroadcastFn broadcast_;
   MaxReduceFn reduce_;
   BytesBroadcastFn bytes_;
+  VectorMaxReduceFn reduce_vector_;
+  // The micro-batches per step DecideMicrobatches was last called with (every rank passes
+  // the layout's); 0 before.
+  int microbatches_ = 0;
+  std::vector<double> reduce_buffer_;  // reused: no allocation per step
 };
 
 }  // namespace spgate::client

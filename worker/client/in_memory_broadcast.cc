@@ -74,6 +74,10 @@ absl::Status InMemoryBroadcast::Exchange(int rank, int root, Slot& io) {
 }
 
 absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int root) {
+  return MaxReduceVector(rank, std::span<double>(wire.v), root);
+}
+
+absl::Status InMemoryBroadcast::MaxReduceVector(int rank, std::span<double> values, int root) {
   if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
@@ -82,7 +86,7 @@ absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int roo
   const uint64_t k = reduce_calls_[rank]++;
   ReduceSlot& slot = reduce_slots_[k];
   if (slot.arrived == 0) {
-    slot.acc = wire;
+    slot.acc.assign(values.begin(), values.end());
     slot.root = root;
   } else {
     if (slot.root != root) {
@@ -90,9 +94,13 @@ absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int roo
           "reduction #%d: rank %d reduces into rank %d, an earlier rank into rank %d", k, rank,
           root, slot.root));
     }
-    for (int i = 0; i < TelemetryWire::kSlots; ++i) {
-      slot.acc.v[i] = std::max(slot.acc.v[i], wire.v[i]);
+    if (slot.acc.size() != values.size()) {
+      // A real collective would hang or fail here: the ranks disagree on the payload.
+      return absl::InternalError(absl::StrFormat(
+          "reduction #%d: rank %d reduces %d values, an earlier rank %d", k, rank,
+          values.size(), slot.acc.size()));
     }
+    for (size_t i = 0; i < values.size(); ++i) slot.acc[i] = std::max(slot.acc[i], values[i]);
   }
   ++slot.arrived;
   cv_.SignalAll();
@@ -105,7 +113,7 @@ absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int roo
           absl::FormatDuration(timeout_), k, reduce_slots_[k].arrived, size_));
     }
   }
-  wire = reduce_slots_[k].acc;
+  std::copy(reduce_slots_[k].acc.begin(), reduce_slots_[k].acc.end(), values.begin());
   reduce_slots_.erase(k);
   return absl::OkStatus();
 }

@@ -51,6 +51,12 @@ class InMemoryBroadcast {
   MaxReduceFn ReduceForRank(int rank) {
     return [this, rank](TelemetryWire& w, int root) { return MaxReduce(rank, w, root); };
   }
+  // The same over any number of doubles (a step plan's telemetry), in the same sequence
+  // of reductions as MaxReduce; ranks that reduce different lengths get INTERNAL.
+  absl::Status MaxReduceVector(int rank, std::span<double> values, int root);
+  VectorMaxReduceFn VectorReduceForRank(int rank) {
+    return [this, rank](std::span<double> v, int root) { return MaxReduceVector(rank, v, root); };
+  }
 
  private:
   struct Slot {
@@ -69,7 +75,7 @@ class InMemoryBroadcast {
   std::vector<uint64_t> calls_ ABSL_GUARDED_BY(mu_);  // per rank
   std::map<uint64_t, Slot> slots_ ABSL_GUARDED_BY(mu_);
   struct ReduceSlot {
-    TelemetryWire acc;
+    std::vector<double> acc;
     int root = 0;
     int arrived = 0;
   };

@@ -14,9 +14,8 @@ LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, absl::Time now) {
 StagePlanOutcome LocalGatePolicy::DecideStage(const JobLayout& layout, const StagePlanFacts& plan,
                                               bool sp_required, absl::Time now) {
   const ScheduledConfig sc = schedule_.At(plan.step);
-  StagePlanOutcome out = DecideStagePlan(group_, sc.config, layout, plan, pin(now),
-                                         /*table=*/nullptr, sp_required,
-                                         {.plan_only = layout.cp > 1});
+  StagePlanOutcome out = DecideStagePlan(group_, sc.config, layout, plan, pin(now), &learned_,
+                                         sp_required, {.plan_only = layout.cp > 1});
   schedule_.Prune(plan.step);
   return out;
 }

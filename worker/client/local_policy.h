@@ -70,9 +70,9 @@ class LocalGatePolicy {
              std::optional<absl::Time> pin_expire = std::nullopt, bool pin_forced = false);
 
   // Step plans (docs/design.md §12): every micro-batch of a stage's step, as the daemon
-  // decides them (DecideStagePlan with the same inputs: the learned table is not read for
-  // step plans, and with cp > 1 the decision comes from the plan alone so that the CP
-  // ranks' groups decide alike without talking).
+  // decides them (DecideStagePlan with the same inputs: the learned table is the stage's,
+  // as the daemon pushes it to the stage's leaders, and with cp > 1 the decision comes
+  // from the plan alone so that the CP ranks' groups decide alike without talking).
   StagePlanOutcome DecideStage(const JobLayout& layout, const StagePlanFacts& plan,
                                bool sp_required, absl::Time now = absl::InfinitePast());
 
@@ -82,7 +82,8 @@ class LocalGatePolicy {
     group_.ObserveRsWaitShare(step, mode, share, schedule_.At(step).config.window_steps);
   }
 
-  // The job's learned throughput as the daemon last sent it: under ADAPTIVE the fallback
+  // The job's learned throughput (a pipelined job's: this stage's) as the daemon last sent
+  // it: under ADAPTIVE the fallback
   // decides with it, so a daemon outage does not take the group back to thresholds the
   // job had learned were wrong. It is not updated locally (docs/design.md §11).
   void SetLearnedTable(const ThroughputTable& table) { learned_ = table; }

@@ -115,6 +115,17 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
       st->set_slowest_rank(t.slowest_rank);
       st->set_peak_memory_rank(t.peak_memory_rank);
     }
+    st->mutable_micro_batches()->Reserve(static_cast<int>(t.microbatches.size()));
+    for (const MicrobatchTelemetryValues& m : t.microbatches) {
+      v1::MicroBatchTelemetry* mb = st->add_micro_batches();
+      mb->set_id(m.id);
+      mb->set_mode(ToProto(m.mode));
+      mb->set_forward_s(m.forward_s);
+      mb->set_backward_s(m.backward_s);
+      mb->set_rs_wait_s(m.rs_wait_s);
+      mb->set_all_gather_s(m.all_gather_s);
+      mb->set_effective_tokens(m.effective_tokens);
+    }
   }
   if (out.heartbeat) {
     v1::Heartbeat* hb = msg->mutable_heartbeat();

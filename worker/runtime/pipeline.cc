@@ -1,6 +1,7 @@
 // Pipeline stages: p2p with exact sizes and the 1F1B step; see pipeline.h.
 #include "worker/runtime/pipeline.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <utility>
@@ -104,13 +105,24 @@ absl::Status StageLink::Finish() {
 
 absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const PipelineLayout& layout,
                           int stage, std::span<const MicroBatch> microbatches,
-                          std::span<const Mode> modes) {
+                          std::span<const Mode> modes, std::span<MicrobatchTimes> times) {
   if (static_cast<int>(microbatches.size()) != layout.microbatches ||
-      modes.size() != microbatches.size()) {
+      modes.size() != microbatches.size() ||
+      (!times.empty() && times.size() != microbatches.size())) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "RunStageStep: %d micro-batches and %d modes for a layout of %d", microbatches.size(),
-        modes.size(), layout.microbatches));
+        "RunStageStep: %d micro-batches, %d modes and %d times for a layout of %d",
+        microbatches.size(), modes.size(), times.size(), layout.microbatches));
   }
+  std::fill(times.begin(), times.end(), MicrobatchTimes{});
+  // Adds the time since `start` and the collectives' since `before` to micro-batch i.
+  const CollectiveStats& tp = stack.tp_stats();
+  auto account = [&](int i, bool forward, Clock::time_point start, double rs0, double ag0) {
+    if (times.empty()) return;
+    MicrobatchTimes& t = times[static_cast<size_t>(i)];
+    (forward ? t.forward_s : t.backward_s) += Since(start);
+    t.rs_wait_s += tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer) - rs0;
+    t.all_gather_s += tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer) - ag0;
+  };
   if (layout.vp != 1) {
     return absl::UnimplementedError(
         "RunStageStep: the reference worker runs 1F1B (vp = 1); the interleaved schedule is "
@@ -129,7 +141,11 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
         ASSIGN_OR_RETURN(input, link.Receive(StageLink::Direction::kForward, i, boundary));
       }
       std::vector<float> output;
+      const auto start = Clock::now();
+      const double rs0 = tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
+      const double ag0 = tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
       ASSIGN_OR_RETURN(held[i], stack.Forward(mb, modes[i], input, last ? nullptr : &output));
+      account(i, /*forward=*/true, start, rs0, ag0);
       if (!last) RETURN_IF_ERROR(link.Send(StageLink::Direction::kForward, i, std::move(output)));
     } else {
       if (held[i] == nullptr) {
@@ -141,7 +157,11 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
         ASSIGN_OR_RETURN(grad, link.Receive(StageLink::Direction::kBackward, i, boundary));
       }
       std::vector<float> input_grad;
+      const auto start = Clock::now();
+      const double rs0 = tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
+      const double ag0 = tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
       RETURN_IF_ERROR(stack.Backward(*held[i], grad, first ? nullptr : &input_grad));
+      account(i, /*forward=*/false, start, rs0, ag0);
       held[i].reset();  // its activations go back to the arena
       if (!first) {
         RETURN_IF_ERROR(link.Send(StageLink::Direction::kBackward, i, std::move(input_grad)));

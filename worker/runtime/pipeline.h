@@ -66,14 +66,25 @@ class StageLink {
   double wait_s_ = 0;
 };
 
+// One micro-batch's compute on a stage in one step (docs/design.md §12): the wall time of
+// its forward and its backward calls — p2p waits and the bubble excluded, its TP
+// collectives included — and of those, the time in layer reduce-scatters and all-gathers.
+struct MicrobatchTimes {
+  double forward_s = 0;
+  double backward_s = 0;
+  double rs_wait_s = 0;
+  double all_gather_s = 0;
+};
+
 // One optimizer step of stage `stage`: StageSchedule(layout, stage)'s forwards and
 // backwards in order, micro-batch i in modes[i], activations held from a forward to its
 // backward; gradients accumulate in `stack` (the caller zeroes and finishes them). The
 // first stage's input and the last stage's loss gradient are the micro-batches' data.
 // Collective over the TP group (the layers) and the pipeline (p2p in schedule order).
+// `times` (empty, or one per micro-batch): each micro-batch's compute, measured.
 absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const PipelineLayout& layout,
                           int stage, std::span<const MicroBatch> microbatches,
-                          std::span<const Mode> modes);
+                          std::span<const Mode> modes, std::span<MicrobatchTimes> times = {});
 
 }  // namespace spgate::runtime
 

@@ -153,6 +153,8 @@ class TransformerStack {
 
   const ParamLayout& layout() const { return layout_; }
   const StackOptions& options() const { return options_; }
+  // The TP group's collective times so far (what the layers spent in each collective).
+  const CollectiveStats& tp_stats() const { return tp_comm_->stats(); }
   void set_norm_boundary(NormBoundary b) { options_.norm_boundary = b; }
   // Bytes of parameters plus gradients (the part of the peak every step starts with).
   uint64_t resident_bytes() const { return params_.bytes() + grads_.bytes(); }

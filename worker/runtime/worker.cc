@@ -407,9 +407,14 @@ class RankRun {
     if (!auto_mode() && (o_.controller.empty() || !o_.group_session)) return absl::OkStatus();
     Communicator* tp = cx_.tp;
     client::MaxReduceFn reduce;
+    client::VectorMaxReduceFn reduce_vector;
     if (o_.group_session) {
       reduce = [tp](client::TelemetryWire& w, int /*root: every rank gets it*/) {
         return tp->AllReduceMaxHost(w.v, client::TelemetryWire::kSlots);
+      };
+      // A pipelined step's record and its micro-batches', in the same one reduction.
+      reduce_vector = [tp](std::span<double> v, int /*root*/) {
+        return tp->AllReduceMaxHost(v.data(), static_cast<int>(v.size()));
       };
     }
     ASSIGN_OR_RETURN(decider_, client::GroupDecider::Create(
@@ -420,7 +425,8 @@ class RankRun {
                                    std::move(reduce),
                                    [tp](std::span<uint8_t> bytes, int root) {
                                      return tp->BroadcastHost(bytes.data(), bytes.size(), root);
-                                   }));
+                                   },
+                                   std::move(reduce_vector)));
     return absl::OkStatus();
   }
 
@@ -572,9 +578,10 @@ class RankRun {
 
   // The group's wait share to the leader's fallback, telemetry to the daemon, the log line.
   absl::Status Report(int64_t n, const client::GateDecision& d, StepSource source,
-                      const StepRecord& rec) {
+                      const StepRecord& rec,
+                      std::vector<MicrobatchTelemetryValues> microbatches = {}) {
     const double step_s = rec.step_time_s;
-    const client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
+    client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
                                           .step_time_s = std::max(step_s, 1e-9),
                                           .rs_wait_s = rec.rs_wait_s,
                                           .all_gather_s = rec.all_gather_s,
@@ -582,6 +589,8 @@ class RankRun {
                                           .effective_tokens = rec.tokens,
                                           .padding_tokens = rec.padding_tokens,
                                           .peak_memory_bytes = rec.peak_bytes};
+    // Only a step plan's step (the decider's DecideMicrobatches) has micro-batch records.
+    if (decider_ && auto_mode()) mine.microbatches = std::move(microbatches);
     if (decider_ && o_.group_session) {
       // One reduction brings the group's values to the leader, which feeds its fail-static
       // window the group's wait share and queues the group's record (never blocking). Not
@@ -736,7 +745,9 @@ class RankRun {
     for (const Decision& x : d.microbatches) modes.push_back(x.mode);
     const bool window_end = (n + 1) % o_.grad_accum_steps == 0 || !has_next;
     if (n % o_.grad_accum_steps == 0) RETURN_IF_ERROR(stack_->ZeroGrads());
-    RETURN_IF_ERROR(RunStageStep(*stack_, *link_, layout().pipeline(), grid_.stage(), mbs, modes));
+    std::vector<MicrobatchTimes> times(static_cast<size_t>(m));
+    RETURN_IF_ERROR(
+        RunStageStep(*stack_, *link_, layout().pipeline(), grid_.stage(), mbs, modes, times));
     RETURN_IF_ERROR(link_->Finish());
     if (window_end) RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
     RETURN_IF_ERROR(cx_.device->Synchronize());
@@ -775,7 +786,18 @@ class RankRun {
     rec.predicted_peak_bytes = PredictStage(batches, modes);
     rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
     d.mode = static_cast<Mode>(rec.mode);
-    RETURN_IF_ERROR(Report(n, d, source, rec));
+    // What the stage's ADAPTIVE learns from: each micro-batch's own compute and tokens.
+    std::vector<MicrobatchTelemetryValues> per_mb(static_cast<size_t>(m));
+    for (int i = 0; i < m; ++i) {
+      per_mb[i] = {.id = i,
+                   .mode = modes[i],
+                   .forward_s = times[i].forward_s,
+                   .backward_s = std::max(times[i].backward_s, 1e-9),
+                   .rs_wait_s = times[i].rs_wait_s,
+                   .all_gather_s = times[i].all_gather_s,
+                   .effective_tokens = batches[i].tokens};
+    }
+    RETURN_IF_ERROR(Report(n, d, source, rec, std::move(per_mb)));
     static_assert(kNumReasons <= 16, "a micro-batch decision packs the reason in 4 bits");
     for (const Decision& x : d.microbatches) {
       result.microbatch_decisions.push_back(

@@ -185,8 +185,17 @@ TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
              predicted_stage_peak_bytes: 1610612736 last_step_tp_only_microbatches: 1 }
     layout { tp: 2 pp: 2 vp: 1 cp: 1 dp: 2 microbatches: 4 schedule: SCHEDULE_1F1B }
     sp_required: "cuda_graphs"
+    stage_learned {
+      cells { band: 0 mode: SEQUENCE_PARALLEL tokens: 1200 seconds: 1 weight: 10 last_step: 9 }
+    }
+    stage_learned {}
   )pb");
   const std::string text = FormatJob(job, OutputFormat::kTable, kNow);
+  // A learned table per stage, each at its own newest step.
+  EXPECT_THAT(text, HasSubstr("\nLEARNED stage 0 (policy STATIC; tokens/s and weighted samples "
+                              "at step 9;"));
+  EXPECT_THAT(text, HasSubstr("    1200  10.0"));
+  EXPECT_THAT(text, HasSubstr("\nLEARNED stage 1 (policy STATIC)\n(nothing learned yet)\n"));
   EXPECT_THAT(text, HasSubstr("layout            tp=2 pp=2 vp=1 cp=1 dp=2 microbatches=4 1f1b\n"));
   EXPECT_THAT(text, HasSubstr("sp required       cuda_graphs (needs SP throughout"));
   EXPECT_THAT(text, HasSubstr("STAGES (last step plan of each group)\n"

@@ -217,6 +217,90 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bytes broadcast")));
 }
 
+TEST(TelemetryWireTest, MicrobatchSlotsReduceToTheGroupsRecords) {
+  const std::vector<MicrobatchTelemetryValues> a{
+      {.id = 1, .mode = Mode::kTensorParallelOnly, .forward_s = 0.5, .backward_s = 1,
+       .rs_wait_s = 0, .all_gather_s = 0.25, .effective_tokens = 7},
+      {.id = 0, .forward_s = 0.1, .backward_s = 0.2, .rs_wait_s = 0.05, .effective_tokens = 9}};
+  std::vector<MicrobatchTelemetryValues> b = a;
+  b[0].forward_s = 0.75;  // rank b is slower on micro-batch 1's forward
+  b[1].rs_wait_s = 0.07;  // and waits longer in micro-batch 0's reduce-scatters
+  std::vector<double> sa(2 * kMicrobatchTelemetrySlots), sb(sa.size());
+  PackMicrobatchTelemetry(a, sa);
+  PackMicrobatchTelemetry(b, sb);
+  for (size_t i = 0; i < sa.size(); ++i) sa[i] = std::max(sa[i], sb[i]);
+  auto group = MicrobatchesFromReduced(sa, 2, 5);
+  ASSERT_THAT(group.status(), IsOk());
+  ASSERT_EQ(group->size(), 2u);
+  EXPECT_EQ((*group)[0], (MicrobatchTelemetryValues{.id = 0, .forward_s = 0.1, .backward_s = 0.2,
+                                                    .rs_wait_s = 0.07, .effective_tokens = 9}));
+  EXPECT_EQ((*group)[1], (MicrobatchTelemetryValues{.id = 1, .mode = Mode::kTensorParallelOnly,
+                                                    .forward_s = 0.75, .backward_s = 1,
+                                                    .all_gather_s = 0.25, .effective_tokens = 7}));
+  // Ranks that ran micro-batch 0 in different modes.
+  b[1].mode = Mode::kTensorParallelOnly;
+  PackMicrobatchTelemetry(b, sb);
+  for (size_t i = 0; i < sa.size(); ++i) sa[i] = std::max(sa[i], sb[i]);
+  EXPECT_THAT(MicrobatchesFromReduced(sa, 2, 5),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("step 5: the group's ranks ran "
+                                                              "micro-batch 0 in different modes")));
+  EXPECT_THAT(MicrobatchesFromReduced(sa, 3, 5), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// A step plan's telemetry: every rank's micro-batch records in the one reduction; a rank
+// without them, or ranks that disagree on a micro-batch's mode, send nothing and nobody
+// is left waiting.
+TEST(GroupDeciderTest, StepPlanTelemetryCarriesEveryMicrobatch) {
+  constexpr int kRanks = 2;
+  constexpr int kMicrobatches = 3;
+  GateClientOptions o;
+  o.group_size = kRanks;
+  o.layout = JobLayout{.tp = kRanks, .pp = 2, .microbatches = kMicrobatches};
+  auto leader_client = GateClient::Create(o);
+  ASSERT_THAT(leader_client.status(), IsOk());
+  InMemoryBroadcast group(kRanks, absl::Seconds(20));
+  std::vector<std::vector<absl::Status>> got(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto decider = GroupDecider::Create(rank == 0 ? leader_client->get() : nullptr, rank,
+                                          group.ForRank(rank), group.ReduceForRank(rank),
+                                          group.BytesForRank(rank), group.VectorReduceForRank(rank));
+      ASSERT_THAT(decider.status(), IsOk());
+      const std::vector<int64_t> lengths = {100, 300};
+      for (int64_t step = 0; step < 3; ++step) {
+        std::vector<MicrobatchPlanInput> mbs;
+        for (int id = 0; id < kMicrobatches; ++id) mbs.push_back({.id = id, .lengths = lengths});
+        ASSERT_THAT((*decider)->SubmitPlan({.step = step, .microbatches = mbs}), IsOk());
+        auto d = (*decider)->DecideMicrobatches(step, kMicrobatches);
+        ASSERT_THAT(d.status(), IsOk());
+        StepTelemetryInput t{.step = step, .step_time_s = 1, .effective_tokens = 1200};
+        for (int id = 0; id < kMicrobatches; ++id) {
+          t.microbatches.push_back({.id = id, .mode = d->microbatches[id].mode,
+                                    .forward_s = 0.1 * (rank + 1), .backward_s = 0.2,
+                                    .effective_tokens = 400});
+        }
+        if (step == 1 && rank == 1) {  // ran micro-batch 2 in the other mode
+          MicrobatchTelemetryValues& m = t.microbatches[2];
+          m.mode = m.mode == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
+                                                     : Mode::kSequenceParallel;
+        }
+        if (step == 2 && rank == 1) t.microbatches.clear();
+        got[rank].push_back((*decider)->ReportTelemetry(t));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(got[0].size(), 3u);
+  EXPECT_THAT(got[0][0], IsOk());
+  EXPECT_THAT(got[1][0], IsOk());
+  EXPECT_THAT(got[0][1], StatusIs(absl::StatusCode::kInternal, HasSubstr("micro-batch 2")));
+  EXPECT_THAT(got[1][1], IsOk());
+  EXPECT_THAT(got[0][2], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("refused")));
+  EXPECT_THAT(got[1][2], StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got none")));
+  EXPECT_EQ((*leader_client)->stats().telemetry_reported, 1);
+}
+
 TEST(TelemetryWireTest, TheMaxOfTheRanksIsTheGroupsRecord) {
   const std::vector<StepTelemetryInput> ranks = {
       {.step = 9, .mode = Mode::kSequenceParallel, .reason = Reason::kGatesPassed,

@@ -11,6 +11,7 @@
 #include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"
+#include "policy/step_plan.h"
 #include "tests/testing/policy_printers.h"
 
 namespace spgate::client {
@@ -210,6 +211,41 @@ TEST(LocalGatePolicyTest, AdaptiveFallbackUsesTheLearnedTable) {
   }
   EXPECT_EQ(with.Decide({.step = 131, .length_cv = 0.05, .tokens = 4096}).decision,
             (Decision{Mode::kTensorParallelOnly, Reason::kAdaptive}));
+}
+
+// A pipeline stage's fallback decides its step plans over the table the daemon pushed to
+// its leader (its stage's): the learned TP-only here, where the gates would run SP, and
+// exactly what DecideStagePlan makes of that table.
+TEST(LocalGatePolicyTest, StageFallbackDecidesWithItsStagesTable) {
+  GateConfig c;
+  c.policy = GatePolicyKind::kAdaptive;
+  const int band = BandOf(c, 0.05, 4096);
+  ThroughputTable t;
+  for (int i = 0; i < 50; ++i) {
+    t.Observe(band, Mode::kSequenceParallel, 99 - i, 1000, 1.0, c.adaptive_half_life_steps);
+    t.Observe(band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0, c.adaptive_half_life_steps);
+  }
+  const JobLayout layout{.tp = 2, .pp = 2, .microbatches = 2};
+  const std::vector<MicrobatchFacts> facts{{.id = 0, .length_cv = 0.05, .tokens = 4096},
+                                           {.id = 1, .length_cv = 0.05, .tokens = 4096}};
+  LocalGatePolicy with(c, 1);
+  LocalGatePolicy without(c, 1);
+  with.SetLearnedTable(t);
+  GroupPolicyState reference;
+  for (int64_t step = 103; step < 112; ++step) {  // no exploration step (102, 136)
+    const StagePlanFacts plan{.step = step, .stage = 1, .microbatches = facts};
+    const StagePlanOutcome want =
+        DecideStagePlan(reference, c, layout, plan, std::nullopt, &t, /*sp_required=*/false);
+    const StagePlanOutcome got = with.DecideStage(layout, plan, /*sp_required=*/false);
+    EXPECT_EQ(got.decisions, want.decisions) << step;
+    EXPECT_EQ(got.bands, want.bands) << step;
+    for (const Decision& d : got.decisions) {
+      EXPECT_EQ(d, (Decision{Mode::kTensorParallelOnly, Reason::kAdaptive})) << step;
+    }
+    for (const Decision& d : without.DecideStage(layout, plan, false).decisions) {
+      EXPECT_EQ(d.mode, Mode::kSequenceParallel) << step;  // the gates: CV 0.05 passes
+    }
+  }
 }
 
 }  // namespace

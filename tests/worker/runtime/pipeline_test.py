@@ -10,7 +10,9 @@ under spgated (docs/design.md §12):
     stage's TP group log identical decisions, no decision waits past its deadline, and
     after the kill the decisions are the fallback's;
   - the decision log has a row per (step, micro-batch) with the stage, and the summary
-    has `layout`, `stages` and `p2p_size_mismatches` (0).
+    has `layout`, `stages` and `p2p_size_mismatches` (0);
+  - every step's group record reaches the daemon with its micro-batch records, none
+    refused.
 
 Usage: pipeline_test.py --worker=BIN --spgated=BIN --mpirun=BIN
 """
@@ -29,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "testing"))
 import proc_util  # noqa: E402
-from worker_daemon_kill_test import start_daemon  # noqa: E402
+from worker_daemon_kill_test import metric, scrape, start_daemon  # noqa: E402
 
 ARGS = None
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -91,7 +93,7 @@ class PipelineTest(unittest.TestCase):
         self.assertLess(limit, tp["stages"][0]["peak_memory_bytes"])
         budget = math.ceil(limit / HEADROOM)
 
-        self.daemon, port, _ = start_daemon(ARGS.spgated, self.tmp)
+        self.daemon, port, metrics_port = start_daemon(ARGS.spgated, self.tmp)
         prefix = os.path.join(self.tmp, "decisions")
         s = self.summary_of("auto", [f"--controller=127.0.0.1:{port}", "--job_id=pipe-mem",
                                      f"--memory_budget={budget}", "--steps=6",
@@ -121,6 +123,13 @@ class PipelineTest(unittest.TestCase):
             self.assertEqual({r[3] for r in rows}, {"daemon"})
         self.assertEqual(self.rows(prefix, 0), self.rows(prefix, 1))
         self.assertEqual(self.rows(prefix, 2), self.rows(prefix, 3))
+        # Every step's group record, with its micro-batch records (what each stage's
+        # ADAPTIVE learns from), was taken: one per (stage, step), none refused.
+        text = scrape(metrics_port)
+        self.assertEqual(metric(text, "spgate_telemetry_records_total", {"result": "accepted"}),
+                         2 * 6, text)
+        self.assertIn(metric(text, "spgate_telemetry_records_total", {"result": "rejected"}),
+                      (None, 0.0), text)
 
     def test_the_daemon_killed_mid_run(self):
         self.daemon, port, _ = start_daemon(ARGS.spgated, self.tmp)
