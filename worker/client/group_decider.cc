@@ -191,6 +191,20 @@ absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
   return out;
 }
 
+namespace {
+
+// The leader's head broadcast: its decision, or its failure's code, so that peers
+// (which are, or will be, inside the broadcast) learn of it rather than wait forever.
+DecisionWire HeadWire(const absl::StatusOr<GateDecision>& d, int64_t step) {
+  if (d.ok()) return ToWire(*d);
+  DecisionWire wire;
+  wire.step = step;
+  wire.status_code = static_cast<int32_t>(d.status().code());
+  return wire;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
                                                                    int rank_in_group,
                                                                    BroadcastFn broadcast,
@@ -327,14 +341,7 @@ absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, absl::Time deadl
   DecisionWire wire;
   if (is_leader()) {
     absl::StatusOr<GateDecision> d = client_->AwaitDecision(step, deadline);
-    if (d.ok()) {
-      wire = ToWire(*d);
-    } else {
-      // Peers are (or will be) inside the broadcast: they must learn of the failure
-      // rather than wait forever for a decision.
-      wire.step = step;
-      wire.status_code = static_cast<int32_t>(d.status().code());
-    }
+    wire = HeadWire(d, step);
     if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
     return d;
   }
@@ -382,12 +389,7 @@ absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int 
           "step %d was decided for %d micro-batches, not %d (is the client's layout the job's?)",
           step, d->microbatches.size(), microbatches));
     }
-    if (d.ok()) {
-      wire = ToWire(*d);
-    } else {
-      wire.step = step;
-      wire.status_code = static_cast<int32_t>(d.status().code());
-    }
+    wire = HeadWire(d, step);
   }
   if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
   if (!is_leader()) {

@@ -133,6 +133,8 @@ RunSummary Summarize(const RunDescription& run,
         }
         if (rec.verify_diff >= 0) {
           s.verify_max_abs_diff = std::max(s.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
+          stage.verify_max_abs_diff =
+              std::max(stage.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
         }
       }
       if (!consistent) ++s.consistency_violations;
@@ -274,7 +276,11 @@ std::string SummaryJson(const RunSummary& s) {
                     ", \"decisions\": ",
                     Object(st.decisions, [&](const auto& reasons) { return Object(reasons, i64); }),
                     ", \"peak_memory_bytes\": ", st.peak_memory_bytes,
-                    ", \"predicted_peak_memory_bytes\": ", st.predicted_peak_memory_bytes, "}");
+                    ", \"predicted_peak_memory_bytes\": ", st.predicted_peak_memory_bytes,
+                    st.verify_max_abs_diff
+                        ? absl::StrCat(", \"verify_max_abs_diff\": ", dbl(*st.verify_max_abs_diff))
+                        : "",
+                    "}");
   }
   field("stages", stages + "]");
   field("p2p_size_mismatches", i64(s.p2p_size_mismatches));

@@ -133,6 +133,7 @@ struct RunSummary {
     std::map<std::string, std::map<std::string, int64_t>> decisions;
     uint64_t peak_memory_bytes = 0;
     uint64_t predicted_peak_memory_bytes = 0;
+    std::optional<double> verify_max_abs_diff;  // --verify: over this stage's ranks
   };
   std::vector<Stage> stages;
   int64_t p2p_size_mismatches = 0;

@@ -100,12 +100,6 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "--memory_budget: step plans carry byte counts below 2^40 (1 TiB); a stage's budget "
         "is a device's");
   }
-  if (Pipelined(o) && o.verify) {
-    return absl::InvalidArgumentError(
-        "--verify with --pp / --microbatches: a stage cannot replay a micro-batch alone; the "
-        "pipeline's numerics are checked against a single-process reference by "
-        "tests/worker/runtime/worker_runtime_mpi_test.cc");
-  }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
   // The TLS files are read (and refused naming --tls_*) before any rank dials.
   RETURN_IF_ERROR(client::ReadTlsFiles(o.tls, client::kTlsFlagNames).status());
@@ -551,7 +545,6 @@ class RankRun {
   StepRecord Measure(int64_t n, const Batch& batch, const client::GateDecision& d,
                      StepSource source, const StepClock& clock) const {
     StepRecord rec;
-    const CollectiveStats& ts = cx_.tp->stats();
     rec.step = n;
     rec.mode = static_cast<uint8_t>(d.mode);
     rec.reason = static_cast<uint8_t>(d.reason);
@@ -562,6 +555,14 @@ class RankRun {
                              ? SpPaddedTokens(batch.tokens, o_.tp) - batch.tokens
                              : 0;
     rec.length_cv = batch.length_cv;
+    MeasureClockAndCollectives(clock, rec);
+    rec.predicted_peak_bytes = Predict(o_, d.mode, space_, batch.lengths);
+    return rec;
+  }
+
+  // The step's times, its collectives' times since the stats were reset, and its memory.
+  void MeasureClockAndCollectives(const StepClock& clock, StepRecord& rec) const {
+    const CollectiveStats& ts = cx_.tp->stats();
     rec.step_time_s = clock.step_s;
     rec.decision_s = clock.decision_s;
     rec.rs_wait_s = ts.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
@@ -571,9 +572,7 @@ class RankRun {
     rec.grad_sync_s = ts.Seconds(CollectivePurpose::kGradSync) +
                       cx_.dp->stats().Seconds(CollectivePurpose::kGradSync);
     rec.peak_bytes = arena_->peak_bytes();
-    rec.predicted_peak_bytes = Predict(o_, d.mode, space_, batch.lengths);
     rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
-    return rec;
   }
 
   // The group's wait share to the leader's fallback, telemetry to the daemon, the log line.
@@ -582,13 +581,13 @@ class RankRun {
                       std::vector<MicrobatchTelemetryValues> microbatches = {}) {
     const double step_s = rec.step_time_s;
     client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
-                                          .step_time_s = std::max(step_s, 1e-9),
-                                          .rs_wait_s = rec.rs_wait_s,
-                                          .all_gather_s = rec.all_gather_s,
-                                          .norm_stall_s = rec.norm_stall_s,
-                                          .effective_tokens = rec.tokens,
-                                          .padding_tokens = rec.padding_tokens,
-                                          .peak_memory_bytes = rec.peak_bytes};
+                                    .step_time_s = std::max(step_s, 1e-9),
+                                    .rs_wait_s = rec.rs_wait_s,
+                                    .all_gather_s = rec.all_gather_s,
+                                    .norm_stall_s = rec.norm_stall_s,
+                                    .effective_tokens = rec.tokens,
+                                    .padding_tokens = rec.padding_tokens,
+                                    .peak_memory_bytes = rec.peak_bytes};
     // Only a step plan's step (the decider's DecideMicrobatches) has micro-batch records.
     if (decider_ && auto_mode()) mine.microbatches = std::move(microbatches);
     if (decider_ && o_.group_session) {
@@ -758,7 +757,6 @@ class RankRun {
     // The step's record: its micro-batches together; SP when any ran SP (their
     // reduce-scatters are the step's wait), so the group's ranks report one mode.
     StepRecord rec;
-    const CollectiveStats& ts = cx_.tp->stats();
     const bool any_sp = std::count(modes.begin(), modes.end(), Mode::kSequenceParallel) > 0;
     rec.step = n;
     rec.mode = static_cast<uint8_t>(any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
@@ -774,17 +772,8 @@ class RankRun {
       cv_sum += batches[i].length_cv;
     }
     rec.length_cv = cv_sum / m;
-    rec.step_time_s = clock.step_s;
-    rec.decision_s = clock.decision_s;
-    rec.rs_wait_s = ts.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
-    rec.all_gather_s = ts.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
-    rec.all_reduce_s = ts.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer);
-    rec.norm_stall_s = ts.Seconds(CollectivePurpose::kNormBoundary);
-    rec.grad_sync_s = ts.Seconds(CollectivePurpose::kGradSync) +
-                      cx_.dp->stats().Seconds(CollectivePurpose::kGradSync);
-    rec.peak_bytes = arena_->peak_bytes();
+    MeasureClockAndCollectives(clock, rec);
     rec.predicted_peak_bytes = PredictStage(batches, modes);
-    rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
     d.mode = static_cast<Mode>(rec.mode);
     // What the stage's ADAPTIVE learns from: each micro-batch's own compute and tokens.
     std::vector<MicrobatchTelemetryValues> per_mb(static_cast<size_t>(m));
@@ -798,6 +787,16 @@ class RankRun {
                    .effective_tokens = batches[i].tokens};
     }
     RETURN_IF_ERROR(Report(n, d, source, rec, std::move(per_mb)));
+    if (o_.verify && window_end) {
+      // Per stage: each micro-batch through this stage's layers alone in both modes (the
+      // stage's input is the micro-batch's data where it has it, else its seeded input:
+      // the layers' SP ≡ TP-only equivalence does not depend on where the rows came from).
+      rec.verify_diff = 0;
+      for (const MicroBatch& mb : mbs) {
+        ASSIGN_OR_RETURN(const double diff, VerifyBatch(*stack_, mb));
+        rec.verify_diff = std::max(rec.verify_diff, diff);
+      }
+    }
     static_assert(kNumReasons <= 16, "a micro-batch decision packs the reason in 4 bits");
     for (const Decision& x : d.microbatches) {
       result.microbatch_decisions.push_back(

@@ -12,7 +12,8 @@ under spgated (docs/design.md §12):
   - the decision log has a row per (step, micro-batch) with the stage, and the summary
     has `layout`, `stages` and `p2p_size_mismatches` (0);
   - every step's group record reaches the daemon with its micro-batch records, none
-    refused.
+    refused;
+  - --verify per stage: each stage's layers agree in both modes.
 
 Usage: pipeline_test.py --worker=BIN --spgated=BIN --mpirun=BIN
 """
@@ -82,8 +83,13 @@ class PipelineTest(unittest.TestCase):
 
     def test_the_first_stage_runs_sp_where_the_last_runs_tp_only(self):
         # What each stage holds in each mode, measured (every micro-batch alike).
-        sp = self.summary_of("sp", ["--mode=sp", "--steps=2"])
+        sp = self.summary_of("sp", ["--mode=sp", "--steps=2", "--verify"])
         tp = self.summary_of("tp", ["--mode=tp", "--steps=2"])
+        # --verify per stage (after each step's measurements): every micro-batch through
+        # each stage's layers in both modes agrees to fp32 tolerance.
+        for stage in sp["stages"]:
+            self.assertLess(stage["verify_max_abs_diff"], 1e-4, stage)
+        self.assertNotIn("verify_max_abs_diff", tp["stages"][0])
         first_all_sp = sp["stages"][0]["peak_memory_bytes"]
         last_all_tp = tp["stages"][1]["peak_memory_bytes"]
         # The first stage holds two micro-batches, the last one: the first stage's all-SP
