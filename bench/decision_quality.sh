@@ -2,11 +2,13 @@
 # The decision-quality grid of docs/benchmarks.md: `spgate-sim replay --compare` over length
 # traces x cost-model regimes (sp, tp_only, static, adaptive and the per-batch oracle on
 # the same batches and noise), the table with each target checked per cell, and a PNG of
-# tokens/s over time on the shifting trace.
-# Usage: bench/decision_quality.sh [BUILD_DIR] [OUTDIR]   Environment: STEPS (4000), SIM_GROUPS (8; GROUPS is bash's own)
+# tokens/s over time on the shifting trace; then the pipeline (PP) cells, decided per (stage,
+# micro-batch). CELLS=pp runs only the PP cells, CELLS=grid only the rest.
+# Usage: bench/decision_quality.sh [BUILD_DIR] [OUTDIR]
+# Environment: STEPS (4000), SIM_GROUPS (8; GROUPS is bash's own), CELLS (all | grid | pp)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 out=${2:-bench/results}
 exec python3 "$root/bench/sim/decision_quality.py" --sim="$build/bin/spgate-sim" --out="$out" \
-  --steps="${STEPS:-4000}" --groups="${SIM_GROUPS:-8}"
+  --steps="${STEPS:-4000}" --groups="${SIM_GROUPS:-8}" --cells="${CELLS:-all}"

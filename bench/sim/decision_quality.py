@@ -6,7 +6,13 @@ under sp, tp_only, static, adaptive and the per-batch oracle. Writes OUT/decisio
 cell's compare JSON), OUT/shift_series.csv and OUT/shift_series.png (tokens/s over time on
 the shifting trace, default regime; gnuplot).
 
+The PP cells (docs/benchmarks.md, "Simulator PP cells") run the same five policies per
+(stage, micro-batch) of a pipeline (--pp, --microbatches), --steps / microbatches
+optimizer steps each, so a PP cell draws as many micro-batches as a grid cell draws
+batches; they go to OUT/decision_quality_pp.md and the JSON's "pp_cells".
+
 Usage: decision_quality.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
+                           [--cells=all|grid|pp]
 """
 import argparse
 import json
@@ -74,13 +80,14 @@ def grid():
 
 
 def grid_args():
-    """The grid drivers' command line (--sim, --out, --steps, --groups); makes --out and
-    places the shifting trace's change for --steps. Returns (args, shift_after)."""
+    """The grid drivers' command line (--sim, --out, --steps, --groups, --cells); makes
+    --out and places the shifting trace's change for --steps. Returns (args, shift_after)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--cells", choices=["all", "grid", "pp"], default="all")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     return a, set_shift(a.steps)
@@ -104,6 +111,69 @@ STRESS = {
                           "--straggler_slowdown=1.0"],
                          "lognormal sigma 1.2, 5 % of ranks twice as slow on any step"),
 }
+# Pipeline cells: (spgate-sim flags, description). --groups are pipeline replicas and
+# --layers (8) the layers of one stage, so pp=4 is a 32-layer model; packed batches.
+PP_CELLS = {
+    "pp4_m8_bucketed": (["--pp=4", "--microbatches=8", "--lengths=lognormal:mean=4096,sigma=0.8",
+                         "--bucketing=true"],
+                        "pp 4 x 8 micro-batches, bucketed lognormal, 80 GiB: SP is the faster mode"),
+    "pp4_m8_memory_tight": (["--pp=4", "--microbatches=8",
+                             "--lengths=bimodal:short=512,long=12000,p_long=0.3",
+                             "--shard_work_fraction=0.9", "--device_memory_gib=24", "--bucketing=false"],
+                            "pp 4 x 8, packed bimodal, imbalance-heavy, 24 GiB: TP-only fits the late "
+                            "stages, not the early ones"),
+    "pp4_vp2_m8_memory_tight": (["--pp=4", "--vp=2", "--schedule=interleaved", "--microbatches=8",
+                                 "--lengths=bimodal:short=512,long=12000,p_long=0.3",
+                                 "--shard_work_fraction=0.9", "--device_memory_gib=24",
+                                 "--bucketing=false"],
+                                "the same, interleaved 1F1B with 2 model chunks per stage"),
+    "pp4_m8_tp_faster": (["--pp=4", "--microbatches=8", "--lengths=uniform:min=64,max=8000",
+                          "--tokens_per_batch=32768", "--shard_work_fraction=0.9",
+                          "--device_memory_gib=141", "--bucketing=false"],
+                         "pp 4 x 8, packed 32k-token batches of uniform 64..8000, imbalance-heavy, "
+                         "141 GiB: TP-only is the faster mode on nearly every micro-batch"),
+}
+PP_HEAD = ("| cell | sp | tp_only | static | adaptive | oracle gain over best fixed (which) "
+           "| adaptive / best fixed | TP-only share per stage: oracle | adaptive | tp_only "
+           "| tp_only peak GiB per stage (limit) | steps over limit, non-oracle | bubble (sp) "
+           "| p2p MiB/step per rank: sharded (tp_only native) |\n"
+           "|---|---:|---:|---:|---:|---|---:|---|---|---|---|---:|---:|---|")
+
+
+def evaluate_pp(cmp, name):
+    """One PP cell's table row (markdown): each policy relative to the oracle, the best
+    fixed choice (sp or tp_only), per-stage TP-only shares and peaks, and the memory check
+    (no policy but the oracle may put a stage over the limit; the oracle never does either,
+    it is gated the same way). Returns (row, steps over the limit)."""
+    tps = {p: cmp[p]["effective_tokens_per_s"] for p in POLICIES}
+    best_fixed_name = max(["sp", "tp_only"], key=lambda p: tps[p])
+    best_fixed = tps[best_fixed_name]
+    shares = lambda p: " / ".join("%.2f" % s["tp_only_share"] for s in cmp[p]["stages"])
+    over = sum(s["over_limit_steps"] for p in POLICIES if p != "oracle" for s in cmp[p]["stages"])
+    peaks = " / ".join("%.1f" % (s["peak_memory_bytes"] / 2 ** 30) for s in cmp["tp_only"]["stages"])
+    limit = cmp["pipeline"]["memory_limit_bytes"] / 2 ** 30
+    row = "| %s | %s | %s | %s | %s | %.4f (%s) | %.4f | %s | %s | %s | %s (%.1f) | %d | %.3f | %.0f (%.0f) |" % (
+        name, *("%.4f" % (tps[p] / tps["oracle"]) for p in ["sp", "tp_only", "static", "adaptive"]),
+        tps["oracle"] / best_fixed - 1, best_fixed_name, tps["adaptive"] / best_fixed,
+        shares("oracle"), shares("adaptive"), shares("tp_only"), peaks, limit, over,
+        cmp["sp"]["bubble_share"], cmp["tp_only"]["p2p_bytes_per_step"] / 2 ** 20,
+        cmp["tp_only"]["p2p_native_bytes_per_step"] / 2 ** 20)
+    return row, over
+
+
+def run_pp_cells(sim, steps, groups):
+    """Every PP cell: (rows, cells). steps / microbatches optimizer steps per cell."""
+    rows, cells = [], []
+    for name, (flags, _) in PP_CELLS.items():
+        m = int(next(f for f in flags if f.startswith("--microbatches=")).split("=")[1])
+        cmp, cmd = run_cell(sim, flags, max(1, steps // m), groups)
+        row, _ = evaluate_pp(cmp, name)
+        rows.append(row)
+        cells.append({"name": name, "command": cmd, "compare": cmp})
+        print(row, flush=True)
+    return rows, cells
+
+
 TARGETS_TEXT = ("Targets per cell: adaptive >= 0.98 x the best of sp / tp_only / static; adaptive "
                 ">= static; where the oracle beats the best fixed policy by >= 3 %, adaptive "
                 "captures >= half of that gap; adaptive step p95 <= 1.02 x static's.")
@@ -141,6 +211,24 @@ def evaluate(cmp, bname, tname, rname):
 def main():
     a, shift_after = grid_args()
 
+    pp_rows, pp_cells = [], []
+    if a.cells in ("all", "pp"):
+        pp_rows, pp_cells = run_pp_cells(a.sim, a.steps, a.groups)
+        md = ["Pipeline cells: effective tokens/s relative to the oracle per (stage, micro-batch) "
+              "(= 1); %d pipeline replicas x %d micro-batches each per cell (steps x microbatches), "
+              "same micro-batches and noise for every policy (seed 11). Best fixed: the better of "
+              "sp and tp_only. TP-only shares and peaks are per stage, 0 first." % (a.groups, a.steps),
+              "", PP_HEAD] + pp_rows
+        with open(os.path.join(a.out, "decision_quality_pp.md"), "w") as f:
+            f.write("\n".join(md) + "\n")
+        print("\n".join(md))
+        if a.cells == "pp":
+            with open(os.path.join(a.out, "decision_quality.json"), "w") as f:
+                json.dump({"steps": a.steps, "groups": a.groups,
+                           "pp": {k: v[1] for k, v in PP_CELLS.items()}, "pp_cells": pp_cells},
+                          f, indent=1)
+            return 0
+
     cells, rows = [], []
     misses = 0
     for bname, tname, rname, flags in grid():
@@ -173,7 +261,8 @@ def main():
     with open(os.path.join(a.out, "decision_quality.json"), "w") as f:
         json.dump({"steps": a.steps, "groups": a.groups, "traces": {k: v[1] for k, v in TRACES.items()},
                    "regimes": REGIMES, "batching": BATCHING, "cells": cells,
-                   "stress": {k: v[1] for k, v in STRESS.items()}, "stress_cells": stress_cells},
+                   "stress": {k: v[1] for k, v in STRESS.items()}, "stress_cells": stress_cells,
+                   "pp": {k: v[1] for k, v in PP_CELLS.items()}, "pp_cells": pp_cells},
                   f, indent=1)
     print("\n".join(md))
 

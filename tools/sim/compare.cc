@@ -14,6 +14,7 @@
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
 #include "tools/sim/cost_model.h"
+#include "tools/sim/pipeline.h"
 
 namespace spgate::sim {
 namespace {
@@ -52,6 +53,7 @@ const PolicyResult* CompareResult::Find(const std::string& name) const {
 
 absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& config,
                                       int64_t series_window) {
+  if (o.pipelined()) return ComparePipeline(o, config, series_window);
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
   absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
   if (!replay_steps.ok()) return replay_steps.status();
@@ -180,7 +182,79 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
   return out;
 }
 
+namespace {
+
+// Per stage, "0.00 / 0.38 / 1.00 / 1.00".
+template <typename F>
+std::string PerStage(const PolicyResult& p, F f) {
+  std::vector<std::string> parts;
+  for (const StageResult& s : p.stages) parts.push_back(f(s));
+  return absl::StrJoin(parts, " / ");
+}
+
+std::string PipelineTable(const CompareResult& r) {
+  std::string out = absl::StrFormat(
+      "%d pipeline replicas x %d steps, pp=%d vp=%d microbatches=%d schedule=%s, limit %.2f GiB; "
+      "same micro-batches and noise for every policy\n"
+      "| policy | effective tokens/s | x oracle | x best fixed | step p95 s | bubble | "
+      "TP-only share per stage | peak GiB per stage | steps over limit | memory-forced SP | "
+      "p2p MiB/step sharded (native) | switches | probe |\n"
+      "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|---:|\n",
+      r.groups, r.steps, r.pp, r.vp, r.microbatches, r.schedule,
+      static_cast<double>(r.memory_limit_bytes) / (1ull << 30));
+  for (const PolicyResult& p : r.policies) {
+    int64_t over = 0;
+    for (const StageResult& s : p.stages) over += s.over_limit_steps;
+    absl::StrAppendFormat(
+        &out,
+        "| %s | %.0f | %.4f | %.4f | %.4f | %.3f | %s | %s | %d | %d | %.1f (%.1f) | %d | %d |\n",
+        p.name, p.effective_tokens_per_s, p.ratio_to_oracle, p.ratio_to_best_fixed,
+        p.step_time_p95_s, p.bubble_share,
+        PerStage(p, [](const StageResult& s) { return absl::StrFormat("%.2f", s.tp_only_share); }),
+        PerStage(p,
+                 [](const StageResult& s) {
+                   return absl::StrFormat("%.1f",
+                                          static_cast<double>(s.peak_memory_bytes) / (1ull << 30));
+                 }),
+        over, p.memory_forced_sp, p.p2p_bytes_per_step / (1 << 20),
+        p.p2p_native_bytes_per_step / (1 << 20), p.switches, p.probe_steps);
+  }
+  return out;
+}
+
+std::string PipelineJson(const CompareResult& r) {
+  std::vector<std::string> rows;
+  for (const PolicyResult& p : r.policies) {
+    std::vector<std::string> stages;
+    for (size_t i = 0; i < p.stages.size(); ++i) {
+      const StageResult& s = p.stages[i];
+      stages.push_back(absl::StrFormat(
+          "{\"stage\": %d, \"tp_only_share\": %.6f, \"peak_memory_bytes\": %d, "
+          "\"over_limit_steps\": %d, \"busy_share\": %.6f}",
+          i, s.tp_only_share, s.peak_memory_bytes, s.over_limit_steps, s.busy_share));
+    }
+    rows.push_back(absl::StrFormat(
+        "\"%s\": {\"effective_tokens_per_s\": %.3f, \"step_time_p95_s\": %.6f, "
+        "\"peak_memory_bytes\": %d, \"ratio_to_oracle\": %.6f, \"ratio_to_best_fixed\": %.6f, "
+        "\"switches\": %d, \"probe_steps\": %d, \"sp_steps\": %d, \"tp_only_steps\": %d, "
+        "\"memory_forced_sp\": %d, \"bubble_share\": %.6f, \"p2p_bytes_per_step\": %.1f, "
+        "\"p2p_native_bytes_per_step\": %.1f,\n      \"stages\": [%s]}",
+        p.name, p.effective_tokens_per_s, p.step_time_p95_s, p.peak_memory_bytes,
+        p.ratio_to_oracle, p.ratio_to_best_fixed, p.switches, p.probe_steps, p.sp_steps,
+        p.tp_steps, p.memory_forced_sp, p.bubble_share, p.p2p_bytes_per_step,
+        p.p2p_native_bytes_per_step, absl::StrJoin(stages, ", ")));
+  }
+  rows.push_back(absl::StrFormat(
+      "\"pipeline\": {\"pp\": %d, \"vp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
+      "\"memory_limit_bytes\": %d, \"steps\": %d, \"replicas\": %d}",
+      r.pp, r.vp, r.microbatches, r.schedule, r.memory_limit_bytes, r.steps, r.groups));
+  return "{\n    " + absl::StrJoin(rows, ",\n    ") + "\n  }";
+}
+
+}  // namespace
+
 std::string CompareTable(const CompareResult& r) {
+  if (r.pipelined()) return PipelineTable(r);
   std::string out = absl::StrFormat(
       "%d groups x %d steps, same batches and noise for every policy\n"
       "| policy | effective tokens/s | x oracle | step p95 s | peak GiB | SP steps | "
@@ -197,6 +271,7 @@ std::string CompareTable(const CompareResult& r) {
 }
 
 std::string CompareJson(const CompareResult& r) {
+  if (r.pipelined()) return PipelineJson(r);
   std::vector<std::string> rows;
   for (const PolicyResult& p : r.policies) {
     rows.push_back(absl::StrFormat(

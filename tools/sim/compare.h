@@ -10,6 +10,8 @@
 //             visible kReplayLearnLagSteps steps later (telemetry arrives after later plans);
 //   oracle    for each batch, the mode whose simulated step is shorter, subject to the
 //             memory gate — the best any per-batch choice can do on these batches.
+// With --pp or --microbatches above 1 the same five decide per (stage, micro-batch) of a
+// pipeline (pipeline.h, ComparePipeline), and each result gains the pipeline's fields.
 //
 // Usage:
 //   absl::StatusOr<CompareResult> r = Compare(options, config, /*series_window=*/50);
@@ -18,6 +20,7 @@
 #define SPGATE_TOOLS_SIM_COMPARE_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +30,14 @@
 
 namespace spgate::sim {
 
+// One pipeline stage under one policy (PP cells only).
+struct StageResult {
+  double tp_only_share = 0;         // of the stage's (micro-batch) decisions
+  uint64_t peak_memory_bytes = 0;   // max over steps of the stage's predicted peak
+                                    // (StagePeakBytes with the modes run)
+  int64_t over_limit_steps = 0;     // replica-steps whose peak was over budget × headroom
+  double busy_share = 0;            // the stage's compute over the step time
+};
 
 struct PolicyResult {
   std::string name;  // sp, tp_only, static, adaptive, oracle
@@ -38,6 +49,19 @@ struct PolicyResult {
   int64_t probe_steps = 0;  // group-steps with reason PROBE
   int64_t sp_steps = 0, tp_steps = 0;
   std::vector<double> series;  // effective tokens/s per window of series_window steps
+  // PP cells only (CompareResult::pipelined()); sp_steps, tp_steps, switches and
+  // probe_steps then count (stage, micro-batch) decisions.
+  double ratio_to_best_fixed = 0;  // over the better of sp and tp_only
+  std::vector<StageResult> stages;
+  int64_t memory_forced_sp = 0;  // micro-batches the memory gate made SP
+  double bubble_share = 0;       // 1 − Σ stage compute / (pp × Σ step time)
+  // Per rank and step, summed over boundaries, forward and backward: the sequence-
+  // sharded messages spgate sends, and what the native formats would (docs/design.md §12).
+  double p2p_bytes_per_step = 0, p2p_native_bytes_per_step = 0;
+  double tokens = 0, time_s = 0;  // Σ over replicas and steps (the summary's totals)
+  std::vector<double> step_times;  // every replica-step's
+  std::map<std::string, std::map<std::string, int64_t>> decisions;  // static, adaptive:
+                                                                    // mode -> reason -> n
 };
 
 struct CompareResult {
@@ -45,7 +69,12 @@ struct CompareResult {
   int groups = 0;
   int64_t series_window = 0;
   std::vector<PolicyResult> policies;  // in the order above
+  // The pipeline (--pp, --vp, --microbatches, --schedule); groups are its replicas.
+  int pp = 1, vp = 1, microbatches = 1;
+  std::string schedule = "1f1b";
+  uint64_t memory_limit_bytes = 0;  // budget × memory_headroom (PP cells)
 
+  bool pipelined() const { return pp > 1 || microbatches > 1 || vp > 1; }
   const PolicyResult* Find(const std::string& name) const;
 };
 

@@ -52,6 +52,11 @@ struct CostParams {
   int64_t straggler_burst_steps = 0;
   double device_memory_gib = 80;
   double param_bytes_per_param = 16;  // fp16 weights + grads, fp32 master + Adam m, v
+  // Pipelines only (pipeline.h; pp = microbatches = 1 reads neither): the vocabulary of
+  // the first stage's embedding and the last stage's output layer, and the bandwidth of
+  // one rank's stage-to-stage messages (one 400 Gb/s NIC per device).
+  int vocab = 51200;
+  double p2p_gbps = 50;
 };
 
 struct RankStep {

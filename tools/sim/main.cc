@@ -3,11 +3,14 @@
 //   spgate-sim --controller=127.0.0.1:50061 --groups=128 --tp=8 --steps_per_s=10
 //       --duration=60s --lengths=lognormal:mean=4096,sigma=0.8 --summary_json=out.json
 //   spgate-sim replay --config=gates.txtpb --lengths=file:trace.txt [--sweep] [--compare]
+//   spgate-sim replay --compare --pp=4 --microbatches=8 [--schedule=interleaved --vp=2]
 //
 // The first form runs G groups × t ranks against spgated (or, with --controller empty,
 // with the local policy only) and checks that every rank of a group ran the same mode at
 // every step. `replay` runs the same policy offline over a length trace; with --sweep it
-// replays a grid of max_length_cv × max_rs_wait_share and prints the ranking. The cost
+// replays a grid of max_length_cv × max_rs_wait_share and prints the ranking; with --compare
+// it runs every fixed choice, the policies and the oracle, per (stage, micro-batch) of a
+// pipeline with --pp/--microbatches (tools/sim/pipeline.h). The cost
 // model and every flag are described in docs/sim.md. Exit status: 0, or 1 when a run
 // saw consistency violations or decision errors, 2 on bad flags.
 #include <cstdio>
@@ -86,6 +89,16 @@ ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank")
 ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
 ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
+// Pipelines (replay --compare only; docs/sim.md "Pipelines").
+ABSL_FLAG(int, pp, 1, "replay --compare: pipeline stages (--groups are then pipeline replicas, "
+          "--layers the layers of one stage)");
+ABSL_FLAG(int, microbatches, 1, "replay --compare: micro-batches per optimizer step");
+ABSL_FLAG(int, vp, 1,
+          "replay --compare: model chunks per stage (>= 2 with --schedule=interleaved)");
+ABSL_FLAG(std::string, schedule, "1f1b",
+          "replay --compare: pipeline schedule, 1f1b or interleaved");
+ABSL_FLAG(int, vocab, 51200, "Vocabulary (the first stage's embedding, the last's output layer)");
+ABSL_FLAG(double, p2p_gbps, 50, "Stage-to-stage bandwidth per rank, GB/s");
 // replay.
 ABSL_FLAG(std::string, config, "", "replay: GateConfig in protobuf text format");
 ABSL_FLAG(bool, sweep, false, "replay: sweep max_length_cv x max_rs_wait_share");
@@ -140,6 +153,11 @@ SimOptions OptionsFromFlags() {
   c.straggler_slowdown = absl::GetFlag(FLAGS_straggler_slowdown);
   c.straggler_burst_every = absl::GetFlag(FLAGS_straggler_burst_every);
   c.straggler_burst_steps = absl::GetFlag(FLAGS_straggler_burst_steps);
+  c.vocab = absl::GetFlag(FLAGS_vocab);
+  c.p2p_gbps = absl::GetFlag(FLAGS_p2p_gbps);
+  o.pp = absl::GetFlag(FLAGS_pp);
+  o.vp = absl::GetFlag(FLAGS_vp);
+  o.microbatches = absl::GetFlag(FLAGS_microbatches);
   return o;
 }
 
@@ -214,6 +232,43 @@ int Emit(const spgate::sim::Summary& s) {
   return s.consistency_violations > 0 || s.decide_errors > 0 ? 1 : 0;
 }
 
+// `replay --compare` of a pipeline: the summary's top-level keys are the static policy's
+// (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
+int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
+  absl::StatusOr<spgate::sim::CompareResult> r =
+      spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window));
+  if (!r.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
+    return 2;
+  }
+  std::fprintf(stderr, "\n%s\n", spgate::sim::CompareTable(*r).c_str());
+  const spgate::sim::PolicyResult& st = *r->Find("static");
+  spgate::sim::Summary s;
+  s.command = "replay";
+  s.steps = r->steps;
+  s.groups = o.groups;
+  s.tp = o.cost.tp;
+  s.threads = 1;
+  s.config_json = spgate::sim::GateConfigJson(config, 0);
+  s.decisions = st.decisions;
+  s.all.steps = r->steps * o.groups;
+  s.all.tokens = st.tokens;
+  s.all.time_s = st.time_s;
+  s.all.step_times = st.step_times;
+  s.all.peak_memory = st.peak_memory_bytes;
+  s.extra_json["compare"] = spgate::sim::CompareJson(*r);
+  const std::string series = absl::GetFlag(FLAGS_compare_series);
+  if (!series.empty()) {
+    std::ofstream out(series);
+    out << spgate::sim::CompareSeriesCsv(*r);
+    if (!out) {
+      std::fprintf(stderr, "spgate-sim: cannot write --compare_series=%s\n", series.c_str());
+      return 2;
+    }
+  }
+  return Emit(s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -221,7 +276,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "simulated TP groups speaking spgate's protocol.\n"
       "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"
-      "  spgate-sim replay --config=FILE --lengths=file:TRACE [--sweep]\n"
+      "  spgate-sim replay --config=FILE --lengths=file:TRACE [--sweep] [--compare]\n"
+      "  spgate-sim replay --compare --pp=P --microbatches=M [--schedule=interleaved --vp=V]\n"
       "See docs/sim.md.");
   bool replay = false;
   std::vector<char*> args(argv, argv + argc);
@@ -242,6 +298,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.group_phase = *phase;
+  absl::StatusOr<spgate::PipelineSchedule> schedule =
+      spgate::sim::ParseSchedule(absl::GetFlag(FLAGS_schedule));
+  if (!schedule.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", std::string(schedule.status().message()).c_str());
+    return 2;
+  }
+  o.schedule = *schedule;
+  if (o.pipelined() && (!replay || !absl::GetFlag(FLAGS_compare) || absl::GetFlag(FLAGS_sweep))) {
+    std::fprintf(stderr,
+                 "spgate-sim: --pp/--vp/--microbatches: pipelines are simulated by "
+                 "`spgate-sim replay --compare` only (no --sweep)\n");
+    return 2;
+  }
   if (!replay) {
     if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep) ||
         absl::GetFlag(FLAGS_compare)) {
@@ -261,6 +330,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "spgate-sim: %s\n", config.status().ToString().c_str());
     return 2;
   }
+  if (o.pipelined()) return ReplayPipeline(o, *config);
   absl::StatusOr<spgate::sim::Summary> s = spgate::sim::Replay(o, *config);
   if (!s.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", s.status().ToString().c_str());

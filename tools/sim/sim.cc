@@ -135,6 +135,11 @@ int ThreadCount(const SimOptions& o) {
   return std::max(1, std::min({o.groups, 2 * cores, 16}));
 }
 
+absl::Status PipelineOnlyInCompare() {
+  return absl::InvalidArgumentError(
+      "--pp/--vp/--microbatches: pipelines are simulated by `spgate-sim replay --compare` only");
+}
+
 absl::Status Validate(const SimOptions& o) {
   if (!o.controller.empty() && o.job_id.empty()) {
     return absl::InvalidArgumentError(
@@ -155,6 +160,7 @@ absl::Status Validate(const SimOptions& o) {
         "learns the group's wait share from the group's reduced telemetry");
   }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
+  if (o.pipelined()) return PipelineOnlyInCompare();
   return absl::OkStatus();
 }
 
@@ -186,6 +192,13 @@ absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value)
   if (value == "aligned") return SimOptions::GroupPhase::kAligned;
   return absl::InvalidArgumentError(
       absl::StrCat("--group_phase=", value, ": want random or aligned"));
+}
+
+absl::StatusOr<PipelineSchedule> ParseSchedule(const std::string& value) {
+  if (value == "1f1b") return PipelineSchedule::k1F1B;
+  if (value == "interleaved") return PipelineSchedule::kInterleaved1F1B;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--schedule=", value, ": want 1f1b or interleaved"));
 }
 
 const char* GroupPhaseName(SimOptions::GroupPhase phase) {
@@ -516,6 +529,7 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+  if (o.pipelined()) return PipelineOnlyInCompare();
   absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
   if (!replay_steps.ok()) return replay_steps.status();
   const int64_t steps = *replay_steps;

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "policy/pipeline_memory.h"
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/summary.h"
@@ -70,6 +71,17 @@ struct SimOptions {
   absl::Duration flush_timeout = absl::Seconds(30);
   GateConfig initial_config;  // before the daemon's arrives (and for replay)
   CostParams cost;            // cost.tp is the group size
+  // Pipelines (`replay --compare` only; pipeline.h): stages, model chunks per stage, micro-
+  // batches per optimizer step and the schedule; --groups are then pipeline replicas and
+  // cost.layers the layers of one stage. All 1: no pipeline, one batch a step.
+  int pp = 1;
+  int vp = 1;
+  int microbatches = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+
+  bool pipelined() const {
+    return pp != 1 || vp != 1 || microbatches != 1 || schedule != PipelineSchedule::k1F1B;
+  }
 };
 
 int64_t StepsFor(const SimOptions& o);
@@ -81,6 +93,9 @@ std::vector<absl::Duration> GroupPhases(const SimOptions& options);
 // "random" or "aligned"; INVALID_ARGUMENT names --group_phase.
 absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value);
 const char* GroupPhaseName(SimOptions::GroupPhase phase);
+
+// "1f1b" or "interleaved"; INVALID_ARGUMENT names --schedule.
+absl::StatusOr<PipelineSchedule> ParseSchedule(const std::string& value);
 
 // The seed of TP group `group`'s length stream — spgate-worker's (worker/runtime/worker.cc),
 // so for one --seed and --lengths both tools draw the same lengths for the same group.

@@ -160,6 +160,45 @@ class DecisionQualityTargetsTest(unittest.TestCase):
         self.assertIn("MISSED: >= static, p95 <= 1.02 static", row)
 
 
+class DecisionQualityPipelineTest(unittest.TestCase):
+    """decision_quality's PP cells: the row of a made-up cell, and a short run of each."""
+
+    def cmp(self, tps, over_tp=0):
+        stages = lambda share, over=0: [{"tp_only_share": share, "over_limit_steps": over,
+                                         "peak_memory_bytes": 2 ** 30} for _ in range(4)]
+        c = {p: {"effective_tokens_per_s": v, "stages": stages(0.5), "bubble_share": 0.25,
+                 "p2p_bytes_per_step": 2 ** 20, "p2p_native_bytes_per_step": 2 ** 22}
+             for p, v in tps.items()}
+        c["tp_only"]["stages"] = stages(1.0, over_tp)
+        c["pipeline"] = {"memory_limit_bytes": 2 * 2 ** 30}
+        return c
+
+    def test_row(self):
+        dq = adaptive_ablation.dq
+        tps = {"sp": 90.0, "tp_only": 96.0, "static": 97.0, "adaptive": 98.0, "oracle": 100.0}
+        row, over = dq.evaluate_pp(self.cmp(tps), "cell")
+        self.assertEqual(over, 0)
+        # The best fixed choice is tp_only (static is not fixed): oracle 100 / 96.
+        self.assertIn("| 0.0417 (tp_only) | 1.0208 |", row)
+        self.assertIn("| 1.00 / 1.00 / 1.00 / 1.00 | 1.0 / 1.0 / 1.0 / 1.0 (2.0) | 0 | 0.250 | 1 (4) |", row)
+        _, over = dq.evaluate_pp(self.cmp(tps, over_tp=3), "cell")
+        self.assertEqual(over, 12)
+
+    def test_short_cells(self):
+        dq = adaptive_ablation.dq
+        rows, cells = dq.run_pp_cells(SIM, 80, 1)
+        self.assertEqual(len(rows), len(dq.PP_CELLS))
+        by_name = {c["name"]: c["compare"] for c in cells}
+        for name, cmp in by_name.items():
+            self.assertEqual(cmp["oracle"]["ratio_to_oracle"], 1.0, name)
+            self.assertEqual(cmp["pipeline"]["pp"], 4, name)
+            self.assertEqual(cmp["pipeline"]["steps"], 10, name)  # 80 micro-batches of 8
+            for p in dq.POLICIES:
+                self.assertEqual(sum(s["over_limit_steps"] for s in cmp[p]["stages"]), 0, (name, p))
+        tight = by_name["pp4_m8_memory_tight"]["tp_only"]["stages"]
+        self.assertLess(tight[0]["tp_only_share"], tight[3]["tp_only_share"])
+
+
 class AblationTest(unittest.TestCase):
     def test_short_grid(self):
         with tempfile.TemporaryDirectory() as out:

@@ -91,3 +91,76 @@ execute_process(COMMAND ${SIM} --compare RESULT_VARIABLE rc ERROR_VARIABLE err O
 if(NOT rc EQUAL 2 OR NOT err MATCHES "--compare")
   message(FATAL_ERROR "spgate-sim --compare without replay: rc ${rc}, ${err}")
 endif()
+# Pipelines (docs/sim.md "Pipelines"): --pp=1 --microbatches=1 is today's comparison to the
+# byte; --pp=4 --microbatches=8 adds the pipeline and per-stage fields; bad layouts exit 2
+# naming the flag, and pipelines belong to replay --compare.
+execute_process(
+  COMMAND ${SIM} replay --lengths=bimodal:short=256,long=8000,p_long=0.4 --bucketing=false
+          --steps=100 --groups=2 --compare --pp=1 --microbatches=1
+          --summary_json=${WORK}/compare_pp1.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "replay --compare --pp=1 --microbatches=1 failed (${rc}):\n${err}")
+endif()
+execute_process(
+  COMMAND ${SIM} replay --lengths=bimodal:short=256,long=8000,p_long=0.4 --bucketing=false
+          --steps=100 --groups=2 --compare --summary_json=${WORK}/compare_plain.json
+  RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+file(READ ${WORK}/compare_pp1.json pp1)
+file(READ ${WORK}/compare_plain.json plain)
+string(REGEX REPLACE "\"wall_s\": [0-9.e+-]+" "" pp1 "${pp1}")
+string(REGEX REPLACE "\"wall_s\": [0-9.e+-]+" "" plain "${plain}")
+if(NOT pp1 STREQUAL plain)
+  message(FATAL_ERROR "--pp=1 --microbatches=1 changed the output:\n${pp1}\nvs\n${plain}")
+endif()
+execute_process(
+  COMMAND ${SIM} replay --lengths=bimodal:short=512,long=12000,p_long=0.3 --bucketing=false
+          --steps=30 --groups=2 --compare --pp=4 --microbatches=8 --device_memory_gib=24
+          --summary_json=${WORK}/compare_pp4.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "\\| TP-only share per stage \\|")
+  message(FATAL_ERROR "replay --compare --pp=4 --microbatches=8 failed (${rc}):\n${err}")
+endif()
+file(READ ${WORK}/compare_pp4.json json)
+string(JSON pp GET "${json}" compare pipeline pp)
+string(JSON mb GET "${json}" compare pipeline microbatches)
+if(NOT pp EQUAL 4 OR NOT mb EQUAL 8)
+  message(FATAL_ERROR "compare.pipeline: pp ${pp}, microbatches ${mb}")
+endif()
+foreach(policy sp tp_only static adaptive oracle)
+  string(JSON n LENGTH "${json}" compare ${policy} stages)
+  if(NOT n EQUAL 4)
+    message(FATAL_ERROR "compare.${policy}.stages has ${n} entries, want 4")
+  endif()
+  foreach(key ratio_to_best_fixed memory_forced_sp bubble_share p2p_bytes_per_step
+              p2p_native_bytes_per_step)
+    string(JSON value ERROR_VARIABLE jerr GET "${json}" compare ${policy} ${key})
+    if(jerr)
+      message(FATAL_ERROR "compare.${policy} lacks \"${key}\": ${jerr}")
+    endif()
+  endforeach()
+endforeach()
+# The summary's top-level keys are the static policy's: 2 replicas x 30 steps x 4 stages x
+# 8 micro-batches of decisions.
+string(JSON steps GET "${json}" steps)
+if(NOT steps EQUAL 30)
+  message(FATAL_ERROR "steps: ${steps}")
+endif()
+foreach(case "--pp=0;--pp: must be in" "--microbatches=0;--microbatches: must be in"
+             "--vp=2;--vp: the 1F1B schedule" "--schedule=zb;--schedule=zb: want 1f1b or interleaved"
+             "--schedule=interleaved;--vp: the interleaved schedule needs at least 2")
+  list(GET case 0 flag)
+  list(GET case 1 want)
+  execute_process(COMMAND ${SIM} replay --compare --steps=2 --pp=2 --microbatches=4 ${flag}
+                  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "${flag}: rc ${rc}, ${err}")
+  endif()
+endforeach()
+foreach(args "replay;--pp=2" "replay;--compare;--sweep;--microbatches=4" "--microbatches=4")
+  execute_process(COMMAND ${SIM} ${args} --steps=2 RESULT_VARIABLE rc ERROR_VARIABLE err
+                  OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "replay --compare` only")
+    message(FATAL_ERROR "${args}: rc ${rc}, ${err}")
+  endif()
+endforeach()
