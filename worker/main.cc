@@ -56,6 +56,9 @@ ABSL_FLAG(int, pp, 1, "Pipeline stages (world = tp x pp x dp; each stage runs la
 ABSL_FLAG(std::string, stage_boundary, "sharded",
           "sharded: the sequence-sharded layout at stage boundaries in both modes (the "
           "contract); native: each mode's own (measurement only: needs --mode=sp|tp)");
+ABSL_FLAG(bool, recompute, false,
+          "Activation recompute: keep only each in-flight micro-batch's input rows and "
+          "recompute its layers' activations in the backward (the memory model follows)");
 ABSL_FLAG(int, microbatches, 1, "Micro-batches per optimizer step, each of "
           "--tokens_per_batch tokens (1 with --pp=1: one batch per step)");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
@@ -181,6 +184,7 @@ int main(int argc, char** argv) {
   o.tp = absl::GetFlag(FLAGS_tp);
   o.pp = absl::GetFlag(FLAGS_pp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.recompute = absl::GetFlag(FLAGS_recompute);
   if (const std::string b = absl::GetFlag(FLAGS_stage_boundary); b == "native") {
     o.native_stage_boundary = true;
   } else if (b != "sharded") {

@@ -81,31 +81,45 @@ MemoryPrediction PredictPeak(const MemoryModelInput& in, std::span<const int64_t
     m.Free(gh);
   };
 
-  // ForwardBackward: the input.
+  // The layers' forward: z (rh) live on entry, the last block's output (rh) on exit.
+  auto layers_forward = [&] {
+    for (int l = 0; l < in.shape.layers; ++l) {
+      ln_forward(/*has_residual=*/l > 0);
+      if (sp) m.Alloc(gh);   // a_full
+      m.Alloc(g * 3 * hl);   // qkv
+      if (sp) m.Free(gh);
+      m.Alloc(g * hl);       // o
+      m.Alloc(g * heads);    // lse
+      m.Alloc(attn_fwd_ws);
+      m.Free(attn_fwd_ws);
+      m.Alloc(gh);           // proj partial
+      reduce_out();
+      ln_forward(/*has_residual=*/true);  // consumes proj
+      if (sp) m.Alloc(gh);   // b_full
+      m.Alloc(g * fl);       // f
+      if (sp) m.Free(gh);
+      m.Alloc(g * fl);       // gout
+      m.Alloc(gh);           // fc2 partial
+      reduce_out();          // z (rh) live
+    }
+  };
+
+  // ForwardBackward: the input (and under recompute its saved copy).
   m.Alloc(rh);
-  for (int l = 0; l < in.shape.layers; ++l) {
-    ln_forward(/*has_residual=*/l > 0);
-    if (sp) m.Alloc(gh);   // a_full
-    m.Alloc(g * 3 * hl);   // qkv
-    if (sp) m.Free(gh);
-    m.Alloc(g * hl);       // o
-    m.Alloc(g * heads);    // lse
-    m.Alloc(attn_fwd_ws);
-    m.Free(attn_fwd_ws);
-    m.Alloc(gh);           // proj partial
-    reduce_out();
-    ln_forward(/*has_residual=*/true);  // consumes proj
-    if (sp) m.Alloc(gh);   // b_full
-    m.Alloc(g * fl);       // f
-    if (sp) m.Free(gh);
-    m.Alloc(g * fl);       // gout
-    m.Alloc(gh);           // fc2 partial
-    reduce_out();          // z (rh) live
-  }
-  const int64_t activations = m.live() - resident - rh;
+  if (in.recompute) m.Alloc(rh);
+  layers_forward();
+  const int64_t activations = m.live() - resident - rh - (in.recompute ? rh : 0);
   m.Alloc(rh);  // out
   m.Free(rh);   // z
+  if (in.recompute) m.Free(activations);
   m.Free(rh);   // out
+  if (in.recompute) {
+    // Backward: z from the saved input (freed), the layers again, their output dropped.
+    m.Alloc(rh);
+    m.Free(rh);
+    layers_forward();
+    m.Free(rh);
+  }
   m.Alloc(rh);  // g
   m.Alloc(r);   // ones
 
@@ -181,7 +195,7 @@ MemoryPrediction PredictPeak(const MemoryModelInput& in, std::span<const int64_t
   MemoryPrediction p;
   p.peak_bytes = static_cast<uint64_t>(m.peak()) * sizeof(float);
   p.resident_bytes = static_cast<uint64_t>(resident) * sizeof(float);
-  p.activation_bytes = static_cast<uint64_t>(activations) * sizeof(float);
+  p.activation_bytes = static_cast<uint64_t>(in.recompute ? rh : activations) * sizeof(float);
   return p;
 }
 

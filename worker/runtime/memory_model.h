@@ -36,12 +36,16 @@ struct MemoryModelInput {
   NormBoundary norm_boundary = NormBoundary::kShard;
   MemorySpace space = MemorySpace::kHost;
   int64_t attention_query_block = 1024;
+  // StackOptions::recompute: the forward keeps only the input rows, and the backward runs
+  // the layers' forward again first (activation_bytes is then those rows).
+  bool recompute = false;
 };
 
 struct MemoryPrediction {
   uint64_t peak_bytes = 0;
   uint64_t resident_bytes = 0;        // parameters + gradients
   uint64_t activation_bytes = 0;      // kept for backward, all layers, at the end of forward
+                                      // (recompute: the input rows kept instead)
 };
 
 // `lengths` as given to TransformerStack::ForwardBackward (each >= 1).

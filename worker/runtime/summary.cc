@@ -269,7 +269,8 @@ std::string SummaryJson(const RunSummary& s) {
   field("layout", absl::StrCat("{\"tp\": ", r.tp, ", \"pp\": ", r.pp, ", \"dp\": ", r.dp,
                                ", \"microbatches\": ", r.microbatches,
                                ", \"schedule\": \"1f1b\", \"stage_boundary\": ",
-                               Quote(r.stage_boundary), "}"));
+                               Quote(r.stage_boundary),
+                               ", \"recompute\": ", r.recompute ? "true" : "false", "}"));
   std::string stages = "[";
   for (const RunSummary::Stage& st : s.stages) {
     absl::StrAppend(&stages, stages.size() > 1 ? ", " : "", "{\"stage\": ", st.stage,

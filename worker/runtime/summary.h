@@ -79,6 +79,7 @@ struct RunDescription {
   int world_size = 1, tp = 1, dp = 1;
   int pp = 1, microbatches = 1;  // pipeline stages, micro-batches per step (1F1B)
   std::string stage_boundary = "sharded";  // or "native" (measurement only)
+  bool recompute = false;                  // activation recompute
   std::string backend, lengths, mode, norm_boundary, controller, job_id;
   int layers = 0, hidden = 0, heads = 0, ffn_hidden = 0;
   int64_t tokens_per_batch = 0;

@@ -574,6 +574,7 @@ struct TransformerStack::InFlight::State {
   Step st;
   std::vector<Activations> acts;
   int64_t boundary_rows = 0;
+  Buffer saved_input;  // recompute: the stage's input rows, until the backward
 };
 TransformerStack::InFlight::InFlight() : state_(std::make_unique<State>()) {}
 TransformerStack::InFlight::~InFlight() = default;
@@ -678,16 +679,19 @@ absl::StatusOr<std::unique_ptr<TransformerStack::InFlight>> TransformerStack::Fo
   } else {
     ASSIGN_OR_RETURN(z, FromBoundary(st, input, fs.boundary_rows));
   }
-  const float* residual = nullptr;
-  for (int l = 0; l < options_.shape.layers; ++l) {
-    RETURN_IF_ERROR(LayerForward(st, l, z, residual, fs.acts[l]));
-    residual = fs.acts[l].s2.data() + (st.gather ? st.off * h : 0);
+  if (options_.recompute) {
+    ASSIGN_OR_RETURN(fs.saved_input, arena_->Allocate(st.r * h, kAct));
+    RETURN_IF_ERROR(device_->Copy(fs.saved_input.data(), z.data(), st.r * h));
   }
+  ASSIGN_OR_RETURN(const float* residual, LayersForward(st, z, fs.acts));
   // Output = z + s2 of the last block: the model's output, or the next stage's input.
   ASSIGN_OR_RETURN(Buffer out, arena_->Allocate(st.r * h, kWs));
   RETURN_IF_ERROR(device_->Copy(out.data(), z.data(), st.r * h));
   RETURN_IF_ERROR(device_->Axpy(1.0f, residual, out.data(), st.r * h));
   z.Reset();
+  if (options_.recompute) {  // the backward recomputes them from saved_input
+    for (Activations& a : fs.acts) a = Activations{};
+  }
   if (capture != nullptr) {
     capture->geometry = st.geo;
     capture->output.resize(st.r * h);
@@ -697,11 +701,30 @@ absl::StatusOr<std::unique_ptr<TransformerStack::InFlight>> TransformerStack::Fo
   return f;
 }
 
+absl::StatusOr<const float*> TransformerStack::LayersForward(Step& st, Buffer& z,
+                                                             std::vector<Activations>& acts) {
+  const int64_t h = layout_.hidden();
+  const float* residual = nullptr;
+  for (int l = 0; l < options_.shape.layers; ++l) {
+    RETURN_IF_ERROR(LayerForward(st, l, z, residual, acts[l]));
+    residual = acts[l].s2.data() + (st.gather ? st.off * h : 0);
+  }
+  return residual;
+}
+
 absl::Status TransformerStack::Backward(InFlight& f, std::span<const float> output_grad,
                                         std::vector<float>* input_grad, StackCapture* capture) {
   InFlight::State& fs = *f.state_;
   Step& st = fs.st;
   const int64_t h = layout_.hidden();
+  if (options_.recompute) {
+    // The layers' forward again, from the saved input: the same collectives in the same
+    // order on every rank of the group, so the same activations.
+    ASSIGN_OR_RETURN(Buffer z, arena_->Allocate(st.r * h, kAct));
+    RETURN_IF_ERROR(device_->Copy(z.data(), fs.saved_input.data(), st.r * h));
+    fs.saved_input.Reset();
+    RETURN_IF_ERROR(LayersForward(st, z, fs.acts).status());
+  }
   Buffer g;
   if (output_grad.empty()) {
     std::vector<float> host;

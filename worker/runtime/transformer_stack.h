@@ -70,6 +70,11 @@ struct StackOptions {
   // the whole sequence), which only works when both sides of a boundary run the same
   // mode — kept to measure what the contract costs (bench/worker/pipeline_boundary.py).
   bool native_stage_boundary = false;
+  // Activation recompute (full, per stage): Forward keeps only the micro-batch's input
+  // rows and drops its layers' activations; Backward runs the layers' forward again from
+  // those rows, then the backward. The same numbers, at the cost of a second forward; a
+  // pipeline stage then holds only its in-flight micro-batches' inputs.
+  bool recompute = false;
 };
 
 // Pipeline stages (docs/design.md §12): the activation (and its gradient) a stage hands
@@ -167,6 +172,9 @@ class TransformerStack {
   absl::Status LayerForward(Step& st, int layer, Buffer& z, const float* residual,
                             Activations& act);
   absl::Status LayerBackward(Step& st, int layer, Buffer& g, Activations& act);
+  // Every layer's forward over `z` (the stage's input rows, consumed); returns the last
+  // layer's residual (its s2 rows) and leaves `z` the last block's output partial.
+  absl::StatusOr<const float*> LayersForward(Step& st, Buffer& z, std::vector<Activations>& acts);
   absl::Status LayerNormForward(Step& st, const float* gamma, const float* beta, Buffer& x,
                                 const float* residual, Buffer& s, Buffer& mean, Buffer& rstd,
                                 Buffer& y);

@@ -115,6 +115,7 @@ RunDescription DescribeRun(const WorkerOptions& o, int world_size) {
   r.pp = o.pp;
   r.microbatches = o.microbatches;
   r.stage_boundary = o.native_stage_boundary ? "native" : "sharded";
+  r.recompute = o.recompute;
   r.dp = world_size / std::max(o.tp * o.pp, 1);
   r.backend = o.backend == Backend::kCpu ? "cpu" : "nccl";
   r.lengths = o.lengths;
@@ -225,7 +226,8 @@ uint64_t Predict(const WorkerOptions& o, Mode mode, MemorySpace space,
                  const std::vector<int64_t>& lengths) {
   return PredictPeak({.shape = o.shape, .tp = o.tp, .mode = mode,
                       .norm_boundary = o.norm_boundary, .space = space,
-                      .attention_query_block = o.attention_query_block},
+                      .attention_query_block = o.attention_query_block,
+                      .recompute = o.recompute},
                      lengths)
       .peak_bytes;
 }
@@ -347,7 +349,8 @@ class RankRun {
                                                .param_seed = o_.seed,
                                                .attention_query_block = o_.attention_query_block,
                                                .layer_offset = grid_.stage() * stage_shape().layers,
-                                               .native_stage_boundary = o_.native_stage_boundary},
+                                               .native_stage_boundary = o_.native_stage_boundary,
+                                               .recompute = o_.recompute},
                                               arena_.get(), cx_.tp));
     if (Pipelined(o_)) {
       link_ = std::make_unique<StageLink>(grid_.world(), grid_.prev_stage_rank(),
@@ -650,7 +653,8 @@ class RankRun {
   // the stage's layers): activations kept for its backward, and the rest of its peak.
   MicrobatchMemory StageMemoryOf(const std::vector<int64_t>& lengths) const {
     MemoryModelInput in{.shape = stage_shape(), .tp = o_.tp, .norm_boundary = o_.norm_boundary,
-                        .space = space_, .attention_query_block = o_.attention_query_block};
+                        .space = space_, .attention_query_block = o_.attention_query_block,
+                        .recompute = o_.recompute};
     in.mode = Mode::kSequenceParallel;
     const MemoryPrediction sp = PredictPeak(in, lengths);
     in.mode = Mode::kTensorParallelOnly;

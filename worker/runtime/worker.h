@@ -67,6 +67,10 @@ struct WorkerOptions {
   // The stage boundary in each mode's native layout instead of the sequence-sharded one:
   // only with a forced --mode (every stage the same), to measure the contract's cost.
   bool native_stage_boundary = false;
+  // Activation recompute (StackOptions::recompute): every stage keeps only its in-flight
+  // micro-batches' input rows and recomputes their activations in the backward; the
+  // memory model and the plans' bytes follow.
+  bool recompute = false;
   std::string lengths = "lognormal:mean=1024,sigma=0.8";
   int64_t tokens_per_batch = 8192;
   int64_t steps = 20;

@@ -37,5 +37,26 @@ TEST(MemoryModelTest, SpKeepsLessThanTpOnlyAtLongLengthsAndGatherCostsMore) {
             predict(Mode::kTensorParallelOnly, NormBoundary::kShard, 1, long_batch).peak_bytes);
 }
 
+// Recompute keeps only the input rows between the forward and the backward (T/t·H floats
+// under SP, T·H under TP-only), and its peak is the plain one plus those rows: the
+// backward rebuilds the same activations after the saved copy is spent.
+TEST(MemoryModelTest, RecomputeKeepsTheInputRowsOnly) {
+  const ModelShape shape{.layers = 4, .hidden = 256, .heads = 8, .ffn_hidden = 1024};
+  const std::vector<int64_t> batch = {8192, 8192};
+  for (const Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+    const MemoryModelInput plain{.shape = shape, .tp = 4, .mode = mode};
+    MemoryModelInput recompute = plain;
+    recompute.recompute = true;
+    const MemoryPrediction p = PredictPeak(plain, batch);
+    const MemoryPrediction r = PredictPeak(recompute, batch);
+    const double rows = mode == Mode::kSequenceParallel ? 16384.0 / 4 : 16384.0;
+    EXPECT_DOUBLE_EQ(r.activation_bytes, 4 * rows * 256) << static_cast<int>(mode);
+    EXPECT_LT(r.activation_bytes * 10, p.activation_bytes) << static_cast<int>(mode);
+    EXPECT_EQ(r.resident_bytes, p.resident_bytes);
+    EXPECT_GE(r.peak_bytes, p.peak_bytes);
+    EXPECT_LE(r.peak_bytes, p.peak_bytes + r.activation_bytes);
+  }
+}
+
 }  // namespace
 }  // namespace spgate::runtime

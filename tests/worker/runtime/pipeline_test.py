@@ -13,7 +13,9 @@ under spgated (docs/design.md §12):
     has `layout`, `stages` and `p2p_size_mismatches` (0);
   - every step's group record reaches the daemon with its micro-batch records, none
     refused;
-  - --verify per stage: each stage's layers agree in both modes.
+  - --verify per stage: each stage's layers agree in both modes;
+  - --recompute: the first stage's peak falls, and the predicted stage peak still matches
+    the measured one.
 
 Usage: pipeline_test.py --worker=BIN --spgated=BIN --mpirun=BIN
 """
@@ -90,6 +92,15 @@ class PipelineTest(unittest.TestCase):
         for stage in sp["stages"]:
             self.assertLess(stage["verify_max_abs_diff"], 1e-4, stage)
         self.assertNotIn("verify_max_abs_diff", tp["stages"][0])
+        # Activation recompute: the first stage holds two micro-batches' input rows instead
+        # of their activations, and the stage's predicted peak (the memory model with
+        # recompute, through the schedule) still matches what it measured.
+        tpr = self.summary_of("tp_recompute", ["--mode=tp", "--steps=2", "--recompute"])
+        self.assertTrue(tpr["layout"]["recompute"])
+        self.assertLess(tpr["stages"][0]["peak_memory_bytes"],
+                        tp["stages"][0]["peak_memory_bytes"])
+        self.assertLessEqual(tpr["memory_prediction_max_rel_error"], 0.05, tpr)
+        self.assertLessEqual(tp["memory_prediction_max_rel_error"], 0.05, tp)
         first_all_sp = sp["stages"][0]["peak_memory_bytes"]
         last_all_tp = tp["stages"][1]["peak_memory_bytes"]
         # The first stage holds two micro-batches, the last one: the first stage's all-SP
@@ -106,7 +117,8 @@ class PipelineTest(unittest.TestCase):
                                      "--decision_deadline=5s", "--connect_timeout=30s",
                                      f"--decision_log={prefix}"])
         self.assertEqual(s["layout"], {"tp": 2, "pp": 2, "dp": 1, "microbatches": 4,
-                                       "schedule": "1f1b", "stage_boundary": "sharded"})
+                                       "schedule": "1f1b", "stage_boundary": "sharded",
+                                       "recompute": False})
         # Each micro-batch's boundary message is t x smaller than the whole sequence: 640
         # tokens x 64 hidden / 2 ranks x 4 bytes, forward and backward, every rank.
         self.assertEqual(s["p2p_bytes_sent"], 6 * MICROBATCHES * 4 * (640 // 2) * 64 * 4)

@@ -311,9 +311,11 @@ TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
 // between the stages of one micro-batch and between replicas): every stage's gradients,
 // averaged over the replicas, equal the single-rank reference's for its layers, summed
 // over the micro-batches and averaged over the replicas' data; every p2p message had the
-// size its receiver expected.
+// size its receiver expected. With and without activation recompute (the same numbers).
 TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   if (WorldSize() % 4 != 0) GTEST_SKIP() << "needs TP2 x PP2 x DP ranks";
+  for (const bool recompute : {false, true}) {
+  SCOPED_TRACE(recompute ? "recompute" : "no recompute");
   const ModelShape model{.layers = 4, .hidden = 32, .heads = 4, .ffn_hidden = 40};
   ASSERT_OK_AND_ASSIGN(auto grid, ProcessGrid::Create(MPI_COMM_WORLD, 2, 2));
   auto device = CreateCpuDevice();
@@ -327,7 +329,8 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   ASSERT_OK_AND_ASSIGN(auto stack,
                        TransformerStack::Create({.shape = stage_shape, .tp = 2,
                                                  .tp_rank = grid->tp_rank(), .param_seed = 13,
-                                                 .layer_offset = 2 * stage},
+                                                 .layer_offset = 2 * stage,
+                                                 .recompute = recompute},
                                                 &arena, tp.get()));
   // Odd totals exercise the boundary's padding to a multiple of t.
   const std::vector<std::vector<int64_t>> lengths = {{5, 8, 3}, {11, 2}, {7}, {4, 4, 4, 1}};
@@ -367,6 +370,7 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   ASSERT_OK_AND_ASSIGN(auto grads, stack->DownloadGrads());
   EXPECT_ALL_CLOSE(grads, reference::ShardGrads(stage_shape, 2, grid->tp_rank(), mine),
                    absl::StrCat("stage ", stage, " gradient shard"));
+  }
 }
 
 // A message of another size than the receiver's is refused by name and counted: MPI would
@@ -395,12 +399,13 @@ TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
   struct Measured {
     uint64_t peak, predicted;
   };
-  auto run = [&](Mode mode, NormBoundary boundary,
-                 const std::vector<int64_t>& lengths) -> absl::StatusOr<Measured> {
+  auto run = [&](Mode mode, NormBoundary boundary, const std::vector<int64_t>& lengths,
+                 bool recompute = false) -> absl::StatusOr<Measured> {
     auto stack = TransformerStack::Create({.shape = shape, .tp = tp,
                                            .tp_rank = j.grid->tp_rank(),
                                            .norm_boundary = boundary, .param_seed = 2,
-                                           .attention_query_block = 128},
+                                           .attention_query_block = 128,
+                                           .recompute = recompute},
                                           j.arena.get(), j.tp.get());
     if (!stack.ok()) return stack.status();
     j.arena->ResetPeak();
@@ -410,7 +415,8 @@ TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
     }
     const uint64_t predicted = PredictPeak({.shape = shape, .tp = tp, .mode = mode,
                                             .norm_boundary = boundary,
-                                            .attention_query_block = 128},
+                                            .attention_query_block = 128,
+                                            .recompute = recompute},
                                            lengths)
                                    .peak_bytes;
     return Measured{j.arena->peak_bytes(), predicted};
@@ -421,7 +427,12 @@ TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
     ASSERT_OK_AND_ASSIGN(Measured sp, run(Mode::kSequenceParallel, NormBoundary::kShard, lengths));
     ASSERT_OK_AND_ASSIGN(Measured tpo, run(Mode::kTensorParallelOnly, NormBoundary::kShard, lengths));
     ASSERT_OK_AND_ASSIGN(Measured ga, run(Mode::kSequenceParallel, NormBoundary::kGather, lengths));
-    for (const Measured& m : {sp, tpo, ga}) {
+    // Recompute: the forward drops the activations and the backward rebuilds them.
+    ASSERT_OK_AND_ASSIGN(Measured rsp,
+                         run(Mode::kSequenceParallel, NormBoundary::kShard, lengths, true));
+    ASSERT_OK_AND_ASSIGN(Measured rtp,
+                         run(Mode::kTensorParallelOnly, NormBoundary::kShard, lengths, true));
+    for (const Measured& m : {sp, tpo, ga, rsp, rtp}) {
       EXPECT_NEAR(static_cast<double>(m.predicted), static_cast<double>(m.peak), 0.05 * m.peak);
     }
     if (lengths == long_batch && tp > 1) {
