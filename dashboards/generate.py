@@ -492,6 +492,16 @@ def Job():
         "gate (see the panel on the left); one stuck at 1 runs TP-only throughout.",
         "percentunit",
         [(f"max by (stage) (spgate_stage_tp_only_share{{{j}}})", "stage {{stage}}")]), w=12)
+    L.Add(TimeSeries(
+        "Learned TP-only over SP by stage",
+        "ADAPTIVE's learned tokens/s of TP-only over SP's, per stage and band, from each "
+        "micro-batch's compute on the stage (docs/design.md §12). Above 1 + adaptive_margin "
+        "the band prefers TP-only on that stage; the first stage (embedding) and the last "
+        "(loss) often differ from the middle ones.",
+        "suffix:x",
+        [(f'max by (stage, band) (spgate_stage_adaptive_tokens_per_second{{{j},mode="tp_only"}}) '
+          f'/ max by (stage, band) (spgate_stage_adaptive_tokens_per_second{{{j},mode="sp"}})',
+          "stage {{stage}} · {{band}}")]), w=24)
 
     L.Row("Adaptive policy")
     L.Add(Stat(

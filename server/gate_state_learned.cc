@@ -26,12 +26,22 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
     if (plan != nullptr && plan->bands.size() == p.microbatches.size()) {
       stage = CoordinatesOf(*job.layout, g.index).stage;
       ThroughputTable& table = job.stage_learned[static_cast<size_t>(stage)];
+      static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
+      uint64_t touched = 0;
       for (const MicrobatchTelemetryValues& m : p.microbatches) {
         const int band = plan->bands[static_cast<size_t>(m.id)];
         if (band < 0) continue;
         table.Observe(band, m.mode, p.step, static_cast<double>(m.effective_tokens),
                       m.compute_s(), config.adaptive_half_life_steps);
         learned = true;
+        touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
+      }
+      // The cells this step fed, once each (a step has up to 4,096 micro-batches).
+      for (int cell = 0; cell < 2 * kBands; ++cell) {
+        if ((touched >> cell & 1) == 0) continue;
+        const Mode mode = cell % 2 == 1 ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+        const CellView v = table.At(cell / 2, mode, p.step, config.adaptive_half_life_steps);
+        job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
       }
       if (learned) {
         const uint64_t bits = table.PreferenceBits(config, table.newest_step());

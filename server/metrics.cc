@@ -97,6 +97,11 @@ Metrics::Metrics()
                           .Help("A pipelined job's stage: the share of its TP groups' last "
                                 "step plans' micro-batches decided TP-only.")
                           .Register(*registry_)),
+      stage_adaptive_rate_f(
+          BuildGauge().Name("spgate_stage_adaptive_tokens_per_second")
+              .Help("A pipelined job's stage: learned effective tokens/s of a mode in a band, "
+                    "from its micro-batches' compute on the stage, pooled over its groups.")
+              .Register(*registry_)),
       norm_stall_f(BuildGauge().Name("spgate_norm_stall_ratio")
                        .Help("Rolling mean of the share of step time spent in collectives that "
                              "exist only because LayerNorm crossed the shard boundary.")
@@ -352,6 +357,7 @@ void JobMetrics::SetLearned(int band, Mode mode, double tokens_per_s, double sam
 }
 
 void JobMetrics::RemoveLearned() {
+  RemoveStageLearned(nullptr);
   for (auto& row : learned_rate_) {
     for (auto*& g : row) {
       if (g != nullptr) m_.adaptive_rate_f.Remove(g);
@@ -376,7 +382,35 @@ void JobMetrics::SetStage(int stage, uint64_t predicted_peak_bytes, double tp_on
   it->second.second->Set(tp_only_share);
 }
 
+void JobMetrics::SetStageLearned(int stage, int band, Mode mode, double tokens_per_s) {
+  if (stage < 0 || band < 0 || band >= kBands) return;
+  const int m = static_cast<int>(mode);
+  const int64_t key = (int64_t{stage} * kBands + band) * kModeSlots + m;
+  auto [it, added] = stage_learned_.try_emplace(key, nullptr);
+  if (added) {
+    it->second = &m_.stage_adaptive_rate_f.Add({{"job_id", job_id_},
+                                                {"stage", std::to_string(stage)},
+                                                {"band", BandLabel(band)},
+                                                {"mode", ModeText(m)}});
+  }
+  it->second->Set(tokens_per_s);
+}
+
+void JobMetrics::RemoveStageLearned(const std::vector<int>* keep_stages) {
+  for (auto it = stage_learned_.begin(); it != stage_learned_.end();) {
+    const int stage = static_cast<int>(it->first / (int64_t{kBands} * kModeSlots));
+    if (keep_stages != nullptr &&
+        std::find(keep_stages->begin(), keep_stages->end(), stage) != keep_stages->end()) {
+      ++it;
+      continue;
+    }
+    m_.stage_adaptive_rate_f.Remove(it->second);
+    it = stage_learned_.erase(it);
+  }
+}
+
 void JobMetrics::RetainStages(const std::vector<int>& present) {
+  RemoveStageLearned(&present);
   for (auto it = stages_.begin(); it != stages_.end();) {
     if (std::find(present.begin(), present.end(), it->first) != present.end()) {
       ++it;
@@ -389,6 +423,7 @@ void JobMetrics::RetainStages(const std::vector<int>& present) {
 }
 
 void JobMetrics::RemoveStages() {
+  RemoveStageLearned(nullptr);
   for (auto& [stage, gauges] : stages_) {
     m_.stage_peak_f.Remove(gauges.first);
     m_.stage_tp_only_f.Remove(gauges.second);

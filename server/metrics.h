@@ -80,6 +80,10 @@ class JobMetrics {
   void RemoveStages();
   // Drops the stages not in `present` (their groups are gone).
   void RetainStages(const std::vector<int>& present);
+  // A pipelined job's stage's learned table (docs/design.md §12): one estimate per
+  // (stage, band, mode) with data, created on first use; dropped with the stages and when
+  // the tables are reset.
+  void SetStageLearned(int stage, int band, Mode mode, double tokens_per_s);
 
   prometheus::Histogram* length_cv;
   std::array<prometheus::Histogram*, kModeSlots> step_duration{};
@@ -106,6 +110,9 @@ class JobMetrics {
   std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_rate_{};
   std::array<std::array<prometheus::Gauge*, kModeSlots>, kBands> learned_samples_{};
   std::map<int, std::pair<prometheus::Gauge*, prometheus::Gauge*>> stages_;  // peak, share
+  // By (stage × kBands + band) × kModeSlots + mode.
+  std::map<int64_t, prometheus::Gauge*> stage_learned_;
+  void RemoveStageLearned(const std::vector<int>* keep_stages);
 };
 
 class GroupMetrics {
@@ -154,6 +161,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& slowest_rank_f;
   prometheus::Family<prometheus::Gauge>& stage_peak_f;
   prometheus::Family<prometheus::Gauge>& stage_tp_only_f;
+  prometheus::Family<prometheus::Gauge>& stage_adaptive_rate_f;
   prometheus::Family<prometheus::Gauge>& norm_stall_f;
   prometheus::Family<prometheus::Histogram>& step_duration_f;
   prometheus::Family<prometheus::Counter>& effective_tokens_f;

@@ -104,6 +104,14 @@ class Exposition:
                        job_id=job, stage=stage)
                 sample("spgate_stage_tp_only_share", 0.25 * int(stage) + 0.1 * (1 + math.sin(t / 5)),
                        job_id=job, stage=stage)
+        family("spgate_stage_adaptive_tokens_per_second", "gauge",
+               "Learned tokens/s of a stage by band and mode.")
+        for job in JOBS:
+            for stage in ("0", "1"):
+                for mode, rate in (("sp", 9000.0), ("tp_only", 8000.0 + 2000.0 * int(stage))):
+                    sample("spgate_stage_adaptive_tokens_per_second",
+                           rate * (1 + 0.02 * math.sin(t / 11)), job_id=job, stage=stage,
+                           band="cv2.tok1", mode=mode)
         family("spgate_step_duration_seconds", "histogram", "Step wall time by mode.")
         for job in JOBS:
             for mode in contract.MODES:

@@ -22,6 +22,7 @@ METRICS = {
     "spgate_slowest_rank": ("gauge", ("job_id", "group")),
     "spgate_stage_predicted_peak_bytes": ("gauge", ("job_id", "stage")),
     "spgate_stage_tp_only_share": ("gauge", ("job_id", "stage")),
+    "spgate_stage_adaptive_tokens_per_second": ("gauge", ("job_id", "stage", "band", "mode")),
     "spgate_step_duration_seconds": ("histogram", ("job_id", "mode")),
     "spgate_effective_tokens_total": ("counter", ("job_id", "mode")),
     "spgate_padding_tokens_total": ("counter", ("job_id", "mode")),

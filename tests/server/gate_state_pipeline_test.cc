@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -429,6 +430,13 @@ TEST_F(GateStatePipelineTest, EachStageLearnsFromItsOwnMicrobatches) {
   EXPECT_NEAR(e0.sp.tokens_per_s, 120, 1e-6);  // 12 tokens in 0.1 s
   EXPECT_NEAR(e3.tp.tokens_per_s, 120, 1e-6);
   EXPECT_NEAR(e0.ratio, 0.5, 1e-9);
+  // And the stages' estimates are exported per (stage, band, mode).
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  const std::string series = absl::StrCat("spgate_stage_adaptive_tokens_per_second{band=\"",
+                                          BandLabel(band), "\",job_id=\"pipe\",");
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"sp\",stage=\"0\"} 120\n")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"0\"} ")));
+  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"3\"} 120\n")));
 }
 
 TEST_F(GateStatePipelineTest, BadMicrobatchTelemetryIsRefusedByName) {
