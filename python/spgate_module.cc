@@ -1,6 +1,9 @@
 // spgate._spgate: the Python binding of the C++ worker client (worker/client/gate_client.h,
 // group_decider.h). Names follow C++: Client (GateClient), BatchPlan, GateDecision,
-// StepTelemetry, Mode, Reason, DecisionSource, ClientStats, GroupDecider. Every failed
+// StepTelemetry, Mode, Reason, DecisionSource, ClientStats, GroupDecider; for pipelined
+// jobs (docs/design.md §12) JobLayout, StageCoordinates, MicrobatchPlan (a step plan's
+// MicrobatchPlanInput), MicrobatchDecision (policy's Decision), stage_schedule
+// (StageSchedule) and GroupDecider.decide_microbatches. Every failed
 // absl::Status becomes spgate.Error (or a subclass by code) carrying .code, .code_name and
 // the message; the semantics are the C++ ones (docs/client.md).
 //
@@ -18,7 +21,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -31,6 +37,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "policy/gate_config.h"
+#include "policy/pipeline_memory.h"
+#include "policy/step_plan.h"
 #include "worker/client/client_options.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
@@ -84,20 +92,49 @@ py::object MakeError(const char* name, const char* doc, py::handle bases) {
 
 // ---- value types ----------------------------------------------------------------------
 
-// BatchPlanInput holds a span; the Python BatchPlan owns its lengths.
+// One micro-batch of a step plan (MicrobatchPlanInput holds a span; this owns its
+// lengths). No lengths: the stage does not know them (SP, LENGTHS_UNKNOWN).
+struct MicrobatchPlan {
+  int id = 0;
+  std::vector<int64_t> lengths;
+  uint64_t activation_sp = 0, activation_tp = 0, workspace_sp = 0, workspace_tp = 0;
+};
+
+// BatchPlanInput holds spans; the Python BatchPlan owns its lengths and micro-batches.
 struct BatchPlan {
   int64_t step = 0;
   std::vector<int64_t> lengths;
   uint64_t predicted_peak_bytes_sp = 0;
   uint64_t predicted_peak_bytes_tp = 0;
   uint64_t memory_budget_bytes = 0;
+  std::vector<MicrobatchPlan> microbatches;  // a step plan (a client with a layout)
+  uint64_t resident_bytes = 0;
 
-  client::BatchPlanInput Input() const {
+  // Valid while this plan and `mbs` live.
+  client::BatchPlanInput Input(std::vector<client::MicrobatchPlanInput>& mbs) const {
+    mbs.clear();
+    for (const MicrobatchPlan& m : microbatches) {
+      mbs.push_back({.id = m.id, .lengths = m.lengths,
+                     .memory = {.activation_sp = m.activation_sp,
+                                .activation_tp = m.activation_tp,
+                                .workspace_sp = m.workspace_sp,
+                                .workspace_tp = m.workspace_tp}});
+    }
     return {.step = step, .lengths = lengths, .predicted_peak_bytes_sp = predicted_peak_bytes_sp,
             .predicted_peak_bytes_tp = predicted_peak_bytes_tp,
-            .memory_budget_bytes = memory_budget_bytes};
+            .memory_budget_bytes = memory_budget_bytes, .microbatches = mbs,
+            .resident_bytes = resident_bytes};
   }
 };
+
+// JobLayout's schedule as Python spells it: "1f1b" or "interleaved_1f1b" (ScheduleName).
+PipelineSchedule ScheduleFromName(const std::string& name) {
+  for (PipelineSchedule s : {PipelineSchedule::k1F1B, PipelineSchedule::kInterleaved1F1B}) {
+    if (ScheduleName(s) == name) return s;
+  }
+  Raise(absl::InvalidArgumentError(absl::StrCat(
+      "layout.schedule: \"", name, "\" is neither \"1f1b\" nor \"interleaved_1f1b\"")));
+}
 
 // tls.<key> of a dict or an object with attributes; "" when absent or None.
 std::string TlsSetting(const py::object& tls, const char* key) {
@@ -167,7 +204,8 @@ class Client {
 };
 
 void SubmitPlan(Client& self, const BatchPlan& plan) {
-  Check(self.Get("submit_plan").SubmitPlan(plan.Input()));
+  std::vector<client::MicrobatchPlanInput> mbs;
+  Check(self.Get("submit_plan").SubmitPlan(plan.Input(mbs)));
 }
 
 GateDecision AwaitDecision(Client& self, int64_t step, std::optional<double> timeout) {
@@ -206,6 +244,26 @@ absl::Status CallWithBuffer(const py::object& fn, const char* what, Wire& wire, 
   }
 }
 
+// CallWithBuffer for a run of bytes (a step plan's micro-batch decisions).
+absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uint8_t> bytes,
+                           int root) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::bytearray buf(reinterpret_cast<const char*>(bytes.data()),
+                      static_cast<Py_ssize_t>(bytes.size()));
+    fn(buf, root);
+    const Py_ssize_t n = PyByteArray_Size(buf.ptr());
+    if (n != static_cast<Py_ssize_t>(bytes.size())) {
+      return absl::InternalError(
+          absl::StrCat(what, " left ", n, " bytes in the ", bytes.size(), "-byte buffer"));
+    }
+    std::memcpy(bytes.data(), PyByteArray_AsString(buf.ptr()), bytes.size());
+    return absl::OkStatus();
+  } catch (py::error_already_set& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
 // C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray of 24 bytes, root)
 // fills buf with the root's bytes on the other ranks; and, for the leader's group session,
 // a Python max-reduce: reduce(buf: bytearray of 112 bytes = 14 little-endian float64,
@@ -236,8 +294,13 @@ class Decider {
         return CallWithBuffer(reduce_, "reduce", wire, root);
       };
     }
+    // A step plan's micro-batch decisions go over the same broadcast, one byte each.
+    auto bytes_fn = [this](std::span<uint8_t> bytes, int root) {
+      return CallWithBytes(broadcast_, "broadcast", bytes, root);
+    };
     auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
-                                          rank_in_group, std::move(fn), std::move(reduce_fn));
+                                          rank_in_group, std::move(fn), std::move(reduce_fn),
+                                          std::move(bytes_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -247,7 +310,8 @@ class Decider {
   void SubmitPlan(const BatchPlan& plan) {
     if (!is_leader()) return;
     client_->Get("submit_plan");
-    Check(decider_->SubmitPlan(plan.Input()));
+    std::vector<client::MicrobatchPlanInput> mbs;
+    Check(decider_->SubmitPlan(plan.Input(mbs)));
   }
 
   GateDecision Decide(int64_t step, std::optional<double> timeout) {
@@ -261,6 +325,23 @@ class Decider {
     {
       py::gil_scoped_release release;
       d = decider_->Decide(step, deadline);
+    }
+    Check(d.status());
+    return *d;
+  }
+
+  // Collective: a step plan's decision, micro-batch by micro-batch, on every rank.
+  GateDecision DecideMicrobatches(int64_t step, int microbatches, std::optional<double> timeout) {
+    absl::Time deadline = absl::InfiniteFuture();
+    if (is_leader()) {
+      GateClient& c = client_->Get("decide_microbatches");
+      deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
+                                        : c.options().decision_deadline);
+    }
+    absl::StatusOr<GateDecision> d;
+    {
+      py::gil_scoped_release release;
+      d = decider_->DecideMicrobatches(step, microbatches, deadline);
     }
     Check(d.status());
     return *d;
@@ -377,9 +458,18 @@ void SetFromPython(GateClientOptions& o, PythonType<PythonRow(I).type> value) {
 // defaulted by the table, so the signature pybind11 reports is the table's.
 template <size_t... I>
 void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
-  cls.def(py::init([](PythonType<PythonRow(I).type>... values, py::object tls) {
+  cls.def(py::init([](PythonType<PythonRow(I).type>... values,
+                      std::optional<JobLayout> layout, std::optional<StageCoordinates> coordinates,
+                      std::vector<std::string> sp_required, py::object tls) {
             GateClientOptions o;
             (SetFromPython<I>(o, std::move(values)), ...);
+            // A pipelined job (docs/design.md §12): checked by GateClient::Create.
+            o.layout = layout;
+            if (coordinates) o.coordinates = *coordinates;
+            if (coordinates && !layout) {
+              Raise(absl::InvalidArgumentError("coordinates: need a layout"));
+            }
+            o.sp_required = std::move(sp_required);
             // One launch of the job, equal on every rank: given, or the launcher's.
             if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
             // Its secret: given (spgate.torch.agree_on_launch), or SPGATE_LAUNCH_CREDENTIAL;
@@ -390,7 +480,9 @@ void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
             ApplyTls(tls, &o);
             return std::make_unique<Client>(std::move(o));
           }),
-          py::kw_only(), PythonArg<I>()..., py::arg("tls") = py::none());
+          py::kw_only(), PythonArg<I>()..., py::arg("layout") = py::none(),
+          py::arg("coordinates") = py::none(),
+          py::arg("sp_required") = std::vector<std::string>{}, py::arg("tls") = py::none());
 }
 
 // The C++ path of bench/python/client_step_bench.py, run on the same Client in the same
@@ -507,21 +599,107 @@ PYBIND11_MODULE(_spgate, m) {
         return std::string(client::DecisionSourceLabel(v));
       });
 
+  py::class_<JobLayout>(m, "JobLayout")
+      .def(py::init([](int tp, int pp, int vp, int cp, int dp, int microbatches,
+                       const std::string& schedule) {
+             return JobLayout{.tp = tp, .pp = pp, .vp = vp, .cp = cp, .dp = dp,
+                              .microbatches = microbatches,
+                              .schedule = ScheduleFromName(schedule)};
+           }),
+           py::kw_only(), py::arg("tp") = 1, py::arg("pp") = 1, py::arg("vp") = 1,
+           py::arg("cp") = 1, py::arg("dp") = 1, py::arg("microbatches") = 1,
+           py::arg("schedule") = "1f1b")
+      .def_readwrite("tp", &JobLayout::tp)
+      .def_readwrite("pp", &JobLayout::pp)
+      .def_readwrite("vp", &JobLayout::vp)
+      .def_readwrite("cp", &JobLayout::cp)
+      .def_readwrite("dp", &JobLayout::dp)
+      .def_readwrite("microbatches", &JobLayout::microbatches)
+      .def_property(
+          "schedule", [](const JobLayout& l) { return std::string(ScheduleName(l.schedule)); },
+          [](JobLayout& l, const std::string& name) { l.schedule = ScheduleFromName(name); })
+      .def("validate", [](const JobLayout& l) { Check(ValidateJobLayout(l)); },
+           "InvalidArgumentError naming the field when the layout is not a valid one.")
+      .def("__eq__", [](const JobLayout& a, const JobLayout& b) { return a == b; })
+      .def("__repr__", [](const JobLayout& l) {
+        return absl::StrCat("JobLayout(", FormatJobLayout(l), ")");
+      });
+
+  py::class_<StageCoordinates>(m, "StageCoordinates")
+      .def(py::init([](int dp_index, int stage, int cp_rank) {
+             return StageCoordinates{.dp_index = dp_index, .stage = stage, .cp_rank = cp_rank};
+           }),
+           py::kw_only(), py::arg("dp_index") = 0, py::arg("stage") = 0, py::arg("cp_rank") = 0)
+      .def_readwrite("dp_index", &StageCoordinates::dp_index)
+      .def_readwrite("stage", &StageCoordinates::stage)
+      .def_readwrite("cp_rank", &StageCoordinates::cp_rank)
+      .def("group", [](const StageCoordinates& c, const JobLayout& l) {
+             Check(ValidateCoordinates(l, c));
+             return GroupOf(l, c);
+           }, py::arg("layout"),
+           "The TP group index of these coordinates: (dp_index * pp + stage) * cp + cp_rank.")
+      .def("__eq__", [](const StageCoordinates& a, const StageCoordinates& b) { return a == b; })
+      .def("__repr__", [](const StageCoordinates& c) {
+        return absl::StrCat("StageCoordinates(dp_index=", c.dp_index, ", stage=", c.stage,
+                            ", cp_rank=", c.cp_rank, ")");
+      });
+
+  py::class_<MicrobatchPlan>(m, "MicrobatchPlan")
+      .def(py::init([](int id, std::vector<int64_t> lengths, uint64_t asp, uint64_t atp,
+                       uint64_t wsp, uint64_t wtp) {
+             return MicrobatchPlan{id, std::move(lengths), asp, atp, wsp, wtp};
+           }),
+           py::arg("id"), py::arg("lengths") = std::vector<int64_t>{}, py::kw_only(),
+           py::arg("activation_sp") = 0, py::arg("activation_tp") = 0,
+           py::arg("workspace_sp") = 0, py::arg("workspace_tp") = 0)
+      .def_readwrite("id", &MicrobatchPlan::id)
+      .def_readwrite("lengths", &MicrobatchPlan::lengths)
+      .def_readwrite("activation_sp", &MicrobatchPlan::activation_sp)
+      .def_readwrite("activation_tp", &MicrobatchPlan::activation_tp)
+      .def_readwrite("workspace_sp", &MicrobatchPlan::workspace_sp)
+      .def_readwrite("workspace_tp", &MicrobatchPlan::workspace_tp)
+      .def("__repr__", [](const MicrobatchPlan& p) {
+        return absl::StrCat("MicrobatchPlan(id=", p.id, ", lengths=<", p.lengths.size(),
+                            " sequences>)");
+      });
+
   py::class_<BatchPlan>(m, "BatchPlan")
       .def(py::init([](int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
-                       uint64_t budget) {
-             return BatchPlan{step, std::move(lengths), sp, tp, budget};
+                       uint64_t budget, std::vector<MicrobatchPlan> microbatches,
+                       uint64_t resident) {
+             return BatchPlan{step, std::move(lengths), sp, tp, budget, std::move(microbatches),
+                              resident};
            }),
-           py::arg("step"), py::arg("lengths"), py::arg("predicted_peak_bytes_sp") = 0,
-           py::arg("predicted_peak_bytes_tp") = 0, py::arg("memory_budget_bytes") = 0)
+           py::arg("step"), py::arg("lengths") = std::vector<int64_t>{},
+           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
+           py::arg("memory_budget_bytes") = 0,
+           py::arg("microbatches") = std::vector<MicrobatchPlan>{},
+           py::arg("resident_bytes") = 0)
       .def_readwrite("step", &BatchPlan::step)
       .def_readwrite("lengths", &BatchPlan::lengths)
       .def_readwrite("predicted_peak_bytes_sp", &BatchPlan::predicted_peak_bytes_sp)
       .def_readwrite("predicted_peak_bytes_tp", &BatchPlan::predicted_peak_bytes_tp)
       .def_readwrite("memory_budget_bytes", &BatchPlan::memory_budget_bytes)
+      .def_readwrite("microbatches", &BatchPlan::microbatches)
+      .def_readwrite("resident_bytes", &BatchPlan::resident_bytes)
       .def("__repr__", [](const BatchPlan& p) {
+        if (!p.microbatches.empty()) {
+          return absl::StrCat("BatchPlan(step=", p.step, ", microbatches=<",
+                              p.microbatches.size(), " micro-batches>)");
+        }
         return absl::StrCat("BatchPlan(step=", p.step, ", lengths=<", p.lengths.size(),
                             " sequences>)");
+      });
+
+  py::class_<Decision>(m, "MicrobatchDecision")
+      .def(py::init([](Mode mode, Reason reason) { return Decision{mode, reason}; }),
+           py::arg("mode"), py::arg("reason"))
+      .def_readonly("mode", &Decision::mode)
+      .def_readonly("reason", &Decision::reason)
+      .def("__eq__", [](const Decision& a, const Decision& b) { return a == b; })
+      .def("__repr__", [](const Decision& d) {
+        return absl::StrCat("MicrobatchDecision(mode=", std::string(ModeLabel(d.mode)),
+                            ", reason=", std::string(ReasonLabel(d.reason)), ")");
       });
 
   py::class_<GateDecision>(m, "GateDecision")
@@ -539,6 +717,10 @@ PYBIND11_MODULE(_spgate, m) {
       .def_readonly("policy_reason", &GateDecision::policy_reason)
       .def_readonly("source", &GateDecision::source)
       .def_readonly("config_version", &GateDecision::config_version)
+      .def_readonly("microbatches", &GateDecision::microbatches,
+                    "A step plan's decision per micro-batch, by id (empty for a plain plan).")
+      .def_readonly("stage_peak_bytes", &GateDecision::stage_peak_bytes,
+                    "A step plan's predicted stage peak with these modes (the leader's).")
       .def_property_readonly("sequence_parallel",
                              [](const GateDecision& d) { return d.mode == Mode::kSequenceParallel; })
       .def("to_wire", &ToWireBytes, "The 24-byte DecisionWire that GroupDecider broadcasts.")
@@ -704,6 +886,8 @@ PYBIND11_MODULE(_spgate, m) {
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)
       .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none())
+      .def("decide_microbatches", &Decider::DecideMicrobatches, py::arg("step"),
+           py::arg("microbatches"), py::arg("timeout") = py::none())
       .def("report_telemetry", &Decider::ReportTelemetry, py::arg("telemetry"))
       .def(
           "report_telemetry",
@@ -725,6 +909,18 @@ PYBIND11_MODULE(_spgate, m) {
   m.def("_cxx_step_loop", &CxxStepLoop, py::arg("client"), py::arg("first_step"),
         py::arg("warmup"), py::arg("steps"), py::arg("lengths"), py::arg("step_us"),
         "Benchmark helper (bench/python): the C++ client's per-step loop on this client.");
+  m.def("stage_schedule",
+        [](const JobLayout& layout, int stage) {
+          absl::StatusOr<std::vector<PipelineOp>> ops = StageSchedule(layout.pipeline(), stage);
+          Check(ops.status());
+          std::vector<std::tuple<bool, int, int>> out;
+          for (const PipelineOp& op : *ops) out.emplace_back(op.forward, op.microbatch, op.chunk);
+          return out;
+        },
+        py::arg("layout"), py::arg("stage"),
+        "Stage `stage`'s forwards and backwards in the order the schedule runs them, as "
+        "(forward, micro-batch, chunk): policy/pipeline_memory.h's StageSchedule, the order "
+        "the schedule-aware memory gate assumed.");
   m.def("new_launch_credential",
         [] {
           absl::StatusOr<std::string> c = client::NewLaunchCredential();

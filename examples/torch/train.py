@@ -39,6 +39,18 @@ one) reach every rank over the job's own process group, as under torchrun or sru
 Batches are packed variable-length sequences from a bimodal length mix, so some batches
 pass the length-CV gate (SP) and others do not (TP-only). Exits 1 on a consistency
 violation.
+
+Pipelined (docs/design.md §12; spgate.torch.pipeline): --pp=P --microbatches=M runs P
+stages of layers / P blocks each, world = tp x pp x dp. The replica's first stage's leader
+draws each step's M micro-batches and shares their lengths with every stage; each stage's
+leader submits a step plan (a micro-batch's lengths and bytes in each mode) and every rank
+of its TP group gets a decision per micro-batch; the stages run 1F1B with the
+sequence-sharded boundary (so stages may run one micro-batch in different modes), every
+message's size checked. The decision log gets a row per (step, micro-batch) with its stage,
+the summary `layout`, `stages` and `p2p_size_mismatches` (docs/pytorch.md):
+
+    PYTHONPATH=build/python python3 examples/torch/train.py --job_id=torch-pp --pp=2 \
+        --microbatches=4 --steps=10 --summary_json=/tmp/summary.json
 """
 import argparse
 import datetime
@@ -60,8 +72,17 @@ def parse_args(argv=None):
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
                         "one made by world rank 0 (spgate.torch.agree_on_launch)")
-    p.add_argument("--world", type=int, default=4, help="processes (ranks)")
+    p.add_argument("--world", type=int, default=4,
+                   help="processes (ranks): tp x pp x dp")
     p.add_argument("--tp", type=int, default=2, help="ranks per TP group")
+    p.add_argument("--pp", type=int, default=1,
+                   help="pipeline stages (docs/design.md §12); each runs layers / pp blocks")
+    p.add_argument("--microbatches", type=int, default=1,
+                   help="micro-batches per optimizer step (1F1B over the stages); with "
+                        "--pp=1 --microbatches=1 the step is one batch, as before")
+    p.add_argument("--memory_budget", type=int, default=0,
+                   help="bytes: the stages' plans' memory budget for the schedule-aware memory "
+                        "gate (pipelined runs; 0: none)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
@@ -94,8 +115,12 @@ def parse_args(argv=None):
                         "after NAME:, as every spgate client reads it); sent as "
                         "'authorization: Bearer <token>'")
     args = p.parse_args(argv)
-    if args.world % args.tp:
-        p.error("--world must be a multiple of --tp")
+    if args.pp < 1 or args.microbatches < 1:
+        p.error("--pp and --microbatches must be >= 1")
+    if args.world % (args.tp * args.pp):
+        p.error("--world must be a multiple of --tp x --pp (world = tp x pp x dp)")
+    if args.layers % args.pp:
+        p.error("--layers must be a multiple of --pp (each stage runs layers / pp blocks)")
     if (args.tls_key or args.tls_server_name) and not (args.tls_ca or args.tls_cert):
         p.error("--tls_key and --tls_server_name need --tls_ca or --tls_cert (TLS is off "
                 "without them)")
@@ -177,7 +202,13 @@ class SavedBytes:
         return t
 
 
+def pipelined(args):
+    return args.pp > 1 or args.microbatches > 1
+
+
 def run_rank(rank, world, args, port):
+    if pipelined(args):
+        return run_pipeline_rank(rank, world, args, port)
     import torch
     import torch.distributed as dist
     import spgate
@@ -324,6 +355,228 @@ def run_rank(rank, world, args, port):
         sys.exit(1)
 
 
+# ---- pipelined: stages and micro-batches (docs/design.md §12) ---------------------------
+
+def microbatch_lengths(args, replica, step, i):
+    """Micro-batch i of replica `replica`'s step: a pure function, so the replica's first
+    stage (which loads data) and its last (which needs the targets) build the same one."""
+    return batch_lengths(args, replica * args.microbatches + i, step)
+
+
+def microbatch_data(args, replica, step, i, lengths):
+    return batch_tokens(args, replica * args.microbatches + i, step, lengths)
+
+
+# Bytes a stage keeps per layer and per row of hidden floats, for its plans' memory
+# (docs/design.md §12): the example's rough model, not a measurement - SP keeps its shard's
+# rows (tokens / t), TP-only every token; attention's n^2 scores are not counted, so it
+# underestimates long sequences (the summary's memory_prediction_max_rel_error shows by
+# how much). spgate-worker replays its arena instead.
+ACTIVATION_FLOATS_PER_HIDDEN = 16
+
+
+def stage_memory(args, lengths):
+    layers = args.layers // args.pp
+    tokens = sum(lengths)
+    per_row = layers * ACTIVATION_FLOATS_PER_HIDDEN * args.hidden * 4
+    return {"activation_sp": per_row * ((tokens + args.tp - 1) // args.tp),
+            "activation_tp": per_row * tokens, "workspace_sp": 0, "workspace_tp": 0}
+
+
+def run_pipeline_rank(rank, world, args, port):
+    """One rank of a tp x pp x dp job: its stage's blocks, a decision per micro-batch for
+    its TP group (the stage leader's spgate.Client with the job's layout, shared over the
+    group by spgate.torch.PipelineDecider), the step's lengths from the replica's first
+    stage, the sequence-sharded stage boundary and the 1F1B schedule
+    (spgate.torch.pipeline)."""
+    import torch
+    import torch.distributed as dist
+    import spgate
+    from spgate.torch import agree_on_launch
+    from spgate.torch import parallel as P
+    from spgate.torch import pipeline as PL
+
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    grid = PL.PipelineGrid(tp=args.tp, pp=args.pp, microbatches=args.microbatches)
+    m = args.microbatches
+    launch = agree_on_launch(incarnation=args.incarnation) if args.controller else None
+    tp = P.TensorParallel(grid.tp_group)
+    model = P.ParallelGPTStage(vocab=args.vocab, hidden=args.hidden, heads=args.heads,
+                               ffn_hidden=args.ffn_hidden, layers=args.layers,
+                               max_positions=max(args.long, args.short) + 64, tp=tp,
+                               stage=grid.stage, stages=args.pp, seed=args.seed,
+                               dropout=args.dropout)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+    client = None
+    if grid.tp_rank == 0:
+        client = spgate.Client(controller=args.controller, job_id=args.job_id,
+                               incarnation=launch.incarnation if launch else args.incarnation,
+                               launch_credential=launch.launch_credential if launch else "",
+                               group=grid.group, rank_in_group=0, group_size=args.tp,
+                               global_rank=rank,
+                               decision_deadline=args.decision_deadline_ms / 1000.0,
+                               seed=args.seed + rank, tls=tls_options(args),
+                               worker_token=args.worker_token, layout=grid.layout(),
+                               coordinates=grid.coordinates())
+        if args.controller:
+            try:
+                client.wait_until_connected(5.0)
+            except spgate.Error as e:
+                print(f"rank {rank}: spgated not reachable yet ({e}); deciding locally",
+                      file=sys.stderr)
+    dist.barrier()
+    decider = PL.PipelineDecider(client, grid)
+    link = PL.StageLink(grid.prev_rank, grid.next_rank)
+    ops = grid.schedule()
+
+    log_file = None
+    if args.decision_log:
+        log_file = open(f"{args.decision_log}.rank{rank}.csv", "w")
+        log_file.write("step,mode,reason,source,stage,micro_batch\n")
+
+    def plan(step):
+        """Step `step`'s lengths reach every rank of the replica (from its first stage's
+        leader, which loads the data), and the stage's leader submits its step plan."""
+        mine = None
+        if grid.is_data_leader:
+            mine = [microbatch_lengths(args, grid.dp_index, step, i) for i in range(m)]
+        lengths = decider.share_lengths(step, mine)
+        decider.submit_plan(step, lengths, memory=[stage_memory(args, ls) for ls in lengths],
+                            resident_bytes=state_bytes, memory_budget_bytes=args.memory_budget)
+        return lengths
+
+    records = []
+    next_lengths = plan(0)
+    for step in range(args.steps):
+        lengths = next_lengths
+        if step + 1 < args.steps:  # the plans for n+1 go out while n runs
+            next_lengths = plan(step + 1)
+        t0 = time.perf_counter()
+        d = decider.decide(step)
+        t1 = time.perf_counter()
+        modes = [x.mode for x in d.microbatches]
+        if log_file:
+            for i, x in enumerate(d.microbatches):
+                # A fallback's rows say controller_unavailable, as its step does.
+                reason = d.reason if d.reason == spgate.Reason.CONTROLLER_UNAVAILABLE else x.reason
+                log_file.write(f"{step},{x.mode.label},{reason.label},{d.source.label},"
+                               f"{grid.stage},{i}\n")
+        batches = [P.PackedBatch.make(lengths[i], tp, modes[i],
+                                      dropout_seed=(args.seed * 1009 + step) * 131 + i)
+                   for i in range(m)]
+        data = [microbatch_data(args, grid.dp_index, step, i, lengths[i])
+                if grid.is_first or grid.is_last else (None, None) for i in range(m)]
+        saved = [0] * m
+
+        def forward(i, x):
+            counter = SavedBytes()
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                if x is not None:
+                    x = PL.stage_input(x, batches[i], tp)
+                tokens, targets = data[i]
+                out = model(x, tokens, targets, batches[i], loss_scale=1.0 / m)
+                if not grid.is_last:
+                    out = PL.stage_output(out, batches[i], tp)
+            saved[i] = counter.bytes
+            return out
+
+        tp.timer.reset()
+        link.wait_s = 0.0
+        losses = PL.run_1f1b(link, ops, grid.is_first, grid.is_last, forward,
+                             lambda i: (PL.boundary_rows(lengths[i], args.tp), args.hidden))
+        P.finish_gradients(model, tp)
+        if grid.dp > 1:
+            flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+            dist.all_reduce(flat, group=grid.dp_group)
+            flat /= grid.dp
+            off = 0
+            for p in model.parameters():
+                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        step_time = time.perf_counter() - t1
+        times = tp.timer.totals()
+        # What the stage held at once: each micro-batch's saved activations (measured), from
+        # its forward to its backward, in the schedule's order.
+        held = peak_held = 0
+        for forward_op, i, _ in ops:
+            held += saved[i] if forward_op else -saved[i]
+            peak_held = max(peak_held, held)
+        peak = state_bytes + peak_held
+        step_loss = None
+        if grid.is_last:
+            step_loss = sum(float(tp.all_reduce(losses[i]) if batches[i].sequence_parallel
+                                  else losses[i]) for i in range(m))
+        # The step's record: SP when any micro-batch ran SP (their reduce-scatters are the
+        # step's wait), so the group's ranks report one mode, as spgate-worker's.
+        any_sp = any(b.sequence_parallel for b in batches)
+        step_mode = spgate.Mode.SEQUENCE_PARALLEL if any_sp else spgate.Mode.TENSOR_PARALLEL_ONLY
+        tokens = sum(b.tokens for b in batches)
+        padding = sum(b.padding_tokens for b in batches)
+        decider.report_telemetry(spgate.StepTelemetry(
+            step=step, mode=step_mode, reason=d.reason, step_time_s=step_time,
+            rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
+            effective_tokens=tokens, padding_tokens=padding, peak_memory_bytes=peak))
+        records.append({"step": d.step, "mode": step_mode.label, "reason": d.reason.label,
+                        "source": d.source.label, "tokens": tokens, "padding": padding,
+                        "step_time_s": step_time, "decision_s": t1 - t0,
+                        "rs_s": times["reduce_scatter"], "ag_s": times["all_gather"],
+                        "ar_s": times["all_reduce"], "peak": peak, "loss": step_loss,
+                        "predicted_peak": d.stage_peak_bytes,
+                        "length_cv": sum(_cv(ls) for ls in lengths) / m,
+                        "microbatches": [(x.mode.label, x.reason.label)
+                                         for x in d.microbatches]})
+    if log_file:
+        log_file.close()
+    counters = finish_client(client, args)
+    counters.update({"p2p_size_mismatches": link.size_mismatches,
+                     "p2p_bytes_sent": link.bytes_sent, "stage": grid.stage})
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
+    if client is not None:
+        client.close()
+    summary = None
+    if rank == 0:
+        summary = summarize(args, world, gathered)
+        text = json.dumps(summary, indent=2, sort_keys=True)
+        print(text)
+        if args.summary_json:
+            with open(args.summary_json, "w") as f:
+                f.write(text + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+    if summary is not None and summary["consistency_violations"]:
+        sys.exit(1)
+
+
+def finish_client(client, args):
+    """The leader's counters at the end (flushed first with a daemon); a follower's are 0:
+    it has no client, its records went to the leader."""
+    import spgate
+    if client is None:
+        return {"telemetry_sent": 0, "telemetry_acked": 0, "local_decisions": 0,
+                "daemon_decisions": 0, "late_decisions": 0, "memory_overrides": 0,
+                "flushed": True}
+    flushed = True
+    if args.controller:
+        try:
+            client.flush(10.0)
+        except spgate.Error:
+            flushed = False
+    s = client.stats()
+    return {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
+            "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
+            "late_decisions": s.late_decisions, "memory_overrides": s.memory_overrides,
+            "flushed": flushed}
+
+
 def _cv(lengths):
     mean = sum(lengths) / len(lengths)
     return math.sqrt(sum((n - mean) ** 2 for n in lengths) / len(lengths)) / mean
@@ -351,8 +604,20 @@ def summarize(args, world, per_rank):
     or different steps; switch costs compare a mode's first step after a switch with its
     other steps, per token. Keys whose quantity does not exist in this example are
     present but empty ({} for a per-mode map, null for a number): see the comments below
-    and docs/pytorch.md. Extra keys: daemon_decisions, loss_first, loss_last."""
+    and docs/pytorch.md. Extra keys: daemon_decisions, loss_first, loss_last.
+
+    Pipelined (--pp, --microbatches): TP group g is stage g % pp of replica g // pp; a
+    replica's tokens, time and sources count once, at its first stage; `stages` holds
+    each stage's decisions per micro-batch (mode -> reason -> count, the leaders'), the
+    largest peak over its ranks and its leaders' predicted peak, and the top-level
+    decisions are their sum; a consistency violation is also a (group, step) whose ranks
+    ran any micro-batch in a different mode."""
     tp, groups = args.tp, world // args.tp
+    pp = getattr(args, "pp", 1)
+    microbatches = getattr(args, "microbatches", 1)
+    stages = [{"stage": st, "decisions": {}, "peak_memory_bytes": 0,
+               "predicted_peak_memory_bytes": 0} for st in range(pp)]
+    predicted, prediction_error = {}, None
     decisions, sources, by_mode_steps = {}, {}, {}
     step_times, time_sum, peaks, padding, eff_tokens, cv_sum = {}, {}, {}, {}, {}, {}
     rate = {}
@@ -362,13 +627,27 @@ def summarize(args, world, per_rank):
     for g in range(groups):
         ranks = [per_rank[g * tp + r]["records"] for r in range(tp)]
         g_tokens, g_time = {}, {}
+        stage = stages[g % pp]
         for i in range(args.steps):
             recs = [ranks[r][i] for r in range(tp)]
             lead = recs[0]
             mode = lead["mode"]
-            if any(r["mode"] != mode or r["step"] != lead["step"] for r in recs) \
+            if any(r["mode"] != mode or r["step"] != lead["step"]
+                   or r.get("microbatches") != lead.get("microbatches") for r in recs) \
                     or lead["step"] != i:
                 violations += 1
+            stage["peak_memory_bytes"] = max(stage["peak_memory_bytes"],
+                                             max(r["peak"] for r in recs))
+            for mb_mode, mb_reason in lead.get("microbatches") or [(mode, lead["reason"])]:
+                by_reason = stage["decisions"].setdefault(mb_mode, {})
+                by_reason[mb_reason] = by_reason.get(mb_reason, 0) + 1
+            if lead.get("predicted_peak"):
+                stage["predicted_peak_memory_bytes"] = max(
+                    stage["predicted_peak_memory_bytes"], lead["predicted_peak"])
+                predicted[mode] = max(predicted.get(mode, 0), lead["predicted_peak"])
+                for r in recs:
+                    err = abs(lead["predicted_peak"] - r["peak"]) / r["peak"]
+                    prediction_error = max(prediction_error or 0.0, err)
             t_max = max(r["step_time_s"] for r in recs)
             rs_max = max((r["rs_s"] / r["step_time_s"] for r in recs if r["step_time_s"] > 0),
                          default=0.0)
@@ -376,12 +655,12 @@ def summarize(args, world, per_rank):
             dec_max = max(r["decision_s"] for r in recs)
             for key in (mode, "all"):
                 peaks[key] = max(peaks.get(key, 0), max(r["peak"] for r in recs))
+            if g % pp:  # a replica's tokens, time and sources: once, at its first stage
+                continue
             if i > 0 and lead["tokens"] > 0:
                 switched = ranks[0][i - 1]["mode"] != mode
                 (per_token_switch if switched else per_token_steady).setdefault(
                     mode, []).append(t_max / lead["tokens"])
-            decisions.setdefault(mode, {}).setdefault(lead["reason"], 0)
-            decisions[mode][lead["reason"]] += 1
             sources[lead["source"]] = sources.get(lead["source"], 0) + 1
             if lead["source"] in ("fallback", "local"):
                 local += 1
@@ -410,10 +689,15 @@ def summarize(args, world, per_rank):
         steady = statistics.median(per_token_steady[mode]) if per_token_steady.get(mode) else 0
         if steady > 0:
             switch_cost[mode] = statistics.median(firsts) / steady
+    for st in stages:  # the top-level decisions: every stage's micro-batches
+        for mode, reasons in st["decisions"].items():
+            for reason, n in reasons.items():
+                decisions.setdefault(mode, {})[reason] = decisions.get(mode, {}).get(reason, 0) + n
     counters = [r["counters"] for r in per_rank]
     sent = sum(c["telemetry_sent"] for c in counters)
     acked = sum(c["telemetry_acked"] for c in counters)
-    losses = [per_rank[0]["records"][s]["loss"] for s in range(args.steps)]
+    # The loss is the last stage's (replica 0's).
+    losses = [per_rank[(pp - 1) * tp]["records"][s]["loss"] for s in range(args.steps)]
     return {
         "steps": args.steps,
         "decisions": decisions,
@@ -439,11 +723,13 @@ def summarize(args, world, per_rank):
         "switch_device_alloc_bytes": {},
         "steady_device_alloc_bytes": {},
         "peak_memory_bytes": peaks,
-        # The example submits its plans without a memory prediction (no
-        # predicted_peak_bytes_sp/_tp), so there is no predicted peak and no prediction
-        # error to report: empty ({}) and null.
-        "predicted_peak_memory_bytes": {},
-        "memory_prediction_max_rel_error": None,
+        # Without pipelines the example submits its plans without a memory prediction
+        # (no predicted_peak_bytes_sp/_tp), so there is no predicted peak and no
+        # prediction error to report: empty ({}) and null. Pipelined, the stages' plans
+        # carry the example's rough activation model (stage_memory) and the leaders get
+        # the stage's predicted peak back with the decision.
+        "predicted_peak_memory_bytes": predicted,
+        "memory_prediction_max_rel_error": prediction_error,
         "steps_by_mode": by_mode_steps,
         "effective_tokens": eff_tokens,
         "padding_tokens": padding,
@@ -456,18 +742,17 @@ def summarize(args, world, per_rank):
         "norm_stall_ratio_mean": None,
         "decision_wait_p95_s": _p95(decision_wait),
         "leader_decision_wait_max_s": leader_wait_max,
-        # One pipeline stage, one micro-batch per step (spgate-worker's --pp=1
-        # --microbatches=1; docs/design.md §12): the stage is the whole model, and no p2p.
-        "layout": {"tp": tp, "pp": 1, "dp": groups, "microbatches": 1, "schedule": "1f1b",
-                   "stage_boundary": "sharded"},
-        "stages": [{"stage": 0, "decisions": decisions,
-                    "peak_memory_bytes": peaks.get("all", 0),
-                    "predicted_peak_memory_bytes": 0}],
-        "p2p_size_mismatches": 0,
-        "p2p_bytes_sent": 0,
+        # docs/design.md §12. With --pp=1 --microbatches=1 one stage, the whole model,
+        # one micro-batch a step and no p2p (spgate-worker's --pp=1 --microbatches=1).
+        "layout": {"tp": tp, "pp": pp, "dp": groups // pp, "microbatches": microbatches,
+                   "schedule": "1f1b", "stage_boundary": "sharded"},
+        "stages": stages,
+        "p2p_size_mismatches": sum(c.get("p2p_size_mismatches", 0) for c in counters),
+        "p2p_bytes_sent": sum(c.get("p2p_bytes_sent", 0) for c in counters),
         "loss_first": losses[0],
         "loss_last": losses[-1],
-        "run": {"world_size": world, "tp": tp, "dp": groups, "backend": "gloo",
+        "run": {"world_size": world, "tp": tp, "dp": groups // pp, "pp": pp,
+                "microbatches": microbatches, "backend": "gloo",
                 "job_id": args.job_id, "controller": args.controller,
                 "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                 "ffn_hidden": args.ffn_hidden, "lengths": lengths_description(args),

@@ -3,6 +3,9 @@ from spgate._spgate import (BatchPlan as BatchPlan, Client as Client, ClientStat
                             DecisionSource as DecisionSource, Error as Error,
                             FailedPreconditionError as FailedPreconditionError,
                             GateDecision as GateDecision, GroupDecider as GroupDecider,
+                            JobLayout as JobLayout, MicrobatchDecision as MicrobatchDecision,
+                            MicrobatchPlan as MicrobatchPlan,
+                            StageCoordinates as StageCoordinates,
                             InvalidArgumentError as InvalidArgumentError, Mode as Mode,
                             Reason as Reason, StepTelemetry as StepTelemetry,
                             UnavailableError as UnavailableError, __version__ as __version__,
@@ -10,4 +13,4 @@ from spgate._spgate import (BatchPlan as BatchPlan, Client as Client, ClientStat
                             launch_credential_from_environment as launch_credential_from_environment,
                             new_launch_credential as new_launch_credential,
                             read_worker_token_file as read_worker_token_file,
-                            wire_failure as wire_failure)
+                            stage_schedule as stage_schedule, wire_failure as wire_failure)

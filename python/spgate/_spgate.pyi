@@ -103,14 +103,77 @@ class DecisionSource:
     def __ge__(self, other: DecisionSource) -> bool: ...
 
 
+class JobLayout:
+    """A pipelined job's shape (docs/design.md §12), the same on every rank: tp (= the
+    Client's group_size), pp stages, vp model chunks per stage, cp, dp, micro-batches per
+    optimizer step, schedule "1f1b" (vp 1) or "interleaved_1f1b" (vp >= 2)."""
+    tp: int
+    pp: int
+    vp: int
+    cp: int
+    dp: int
+    microbatches: int
+    schedule: str
+    def __init__(self, *, tp: int = 1, pp: int = 1, vp: int = 1, cp: int = 1, dp: int = 1,
+                 microbatches: int = 1, schedule: str = "1f1b") -> None: ...
+    def validate(self) -> None: ...  # InvalidArgumentError naming the field
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+
+class StageCoordinates:
+    """Where a TP group sits in a JobLayout; its group index is
+    (dp_index * pp + stage) * cp + cp_rank (group())."""
+    dp_index: int
+    stage: int
+    cp_rank: int
+    def __init__(self, *, dp_index: int = 0, stage: int = 0, cp_rank: int = 0) -> None: ...
+    def group(self, layout: JobLayout) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+
+class MicrobatchPlan:
+    """One micro-batch of a step plan: its id, its lengths (empty: this stage does not know
+    them; it runs SP with reason LENGTHS_UNKNOWN) and what it costs this stage in each mode
+    (activations kept for its backward, workspace of one forward or backward), in bytes."""
+    id: int
+    lengths: List[int]
+    activation_sp: int
+    activation_tp: int
+    workspace_sp: int
+    workspace_tp: int
+    def __init__(self, id: int, lengths: Sequence[int] = [], *, activation_sp: int = 0,
+                 activation_tp: int = 0, workspace_sp: int = 0,
+                 workspace_tp: int = 0) -> None: ...
+
+
 class BatchPlan:
+    """A plain plan (lengths, predicted peaks), or with a Client that has a layout a step
+    plan: every micro-batch of the step in `microbatches` and the stage's resident bytes,
+    with `lengths` and the predicted peaks left empty."""
     step: int
     lengths: List[int]
     predicted_peak_bytes_sp: int
     predicted_peak_bytes_tp: int
     memory_budget_bytes: int
-    def __init__(self, step: int, lengths: Sequence[int], predicted_peak_bytes_sp: int = 0,
-                 predicted_peak_bytes_tp: int = 0, memory_budget_bytes: int = 0) -> None: ...
+    microbatches: List[MicrobatchPlan]
+    resident_bytes: int
+    def __init__(self, step: int, lengths: Sequence[int] = [], predicted_peak_bytes_sp: int = 0,
+                 predicted_peak_bytes_tp: int = 0, memory_budget_bytes: int = 0,
+                 microbatches: Sequence[MicrobatchPlan] = [],
+                 resident_bytes: int = 0) -> None: ...
+
+
+class MicrobatchDecision:
+    """A step plan's decision for one micro-batch."""
+    @property
+    def mode(self) -> Mode: ...
+    @property
+    def reason(self) -> Reason: ...
+    def __init__(self, mode: Mode, reason: Reason) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 
 class GateDecision:
@@ -126,6 +189,10 @@ class GateDecision:
     def source(self) -> DecisionSource: ...
     @property
     def config_version(self) -> int: ...
+    @property
+    def microbatches(self) -> List[MicrobatchDecision]: ...  # a step plan's, by id
+    @property
+    def stage_peak_bytes(self) -> int: ...  # a step plan's predicted stage peak (leader)
     @property
     def sequence_parallel(self) -> bool: ...
     def __init__(self, step: int, mode: Mode, reason: Reason,
@@ -229,6 +296,9 @@ class Client:
                  decision_deadline: float = 0.02,
                  rpc_timeout: float = 2.0, initial_backoff: float = 0.1,
                  max_backoff: float = 5.0, telemetry_buffer: int = 4096, seed: int = 0,
+                 layout: Optional[JobLayout] = None,
+                 coordinates: Optional[StageCoordinates] = None,
+                 sp_required: Sequence[str] = [],
                  tls: Optional[_TlsOptions] = None) -> None: ...
     @overload
     def submit_plan(self, plan: BatchPlan) -> None: ...
@@ -288,6 +358,11 @@ class GroupDecider:
                     predicted_peak_bytes_sp: int = 0, predicted_peak_bytes_tp: int = 0,
                     memory_budget_bytes: int = 0) -> None: ...
     def decide(self, step: int, timeout: Optional[float] = None) -> GateDecision: ...
+    # A step plan's decision (a Client with a layout): decide's head, then every one of its
+    # `microbatches` micro-batch decisions over the same broadcast (a bytearray of that
+    # many bytes); the same on every rank, errors included.
+    def decide_microbatches(self, step: int, microbatches: int,
+                            timeout: Optional[float] = None) -> GateDecision: ...
     # This rank's own record of a step it ran. With `reduce` a collective (every rank, every
     # step it reports, in the same order): the leader sends one record for the group.
     # Without: the rank's own Client's report_telemetry.
@@ -301,6 +376,8 @@ class GroupDecider:
 
 
 def wire_failure(step: int, code: int) -> bytes: ...
+# (forward, micro-batch, chunk) in the order stage `stage` runs them (StageSchedule).
+def stage_schedule(layout: JobLayout, stage: int) -> List[Tuple[bool, int, int]]: ...
 def new_launch_credential() -> str: ...  # 32 hex digits from the kernel's random source
 def launch_credential_from_environment() -> str: ...  # SPGATE_LAUNCH_CREDENTIAL or ""
 def read_worker_token_file(path: str) -> str: ...  # the token a worker token file gives

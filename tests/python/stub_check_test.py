@@ -23,8 +23,10 @@ except ImportError as e:
 
 STUB = os.environ.get("SPGATE_STUB") or os.path.join(os.path.dirname(spgate.__file__),
                                                      "_spgate.pyi")
-# Keywords that are not plain values of the table: pybind11 reports `object`.
-NOT_IN_TABLE = {"tls"}
+# Keywords that are not plain values of the table (pybind11 reports `object` for tls and
+# the module's own class names for the pipeline's layout, coordinates and features,
+# docs/design.md §12), after the table's rows; their defaults are still compared.
+NOT_IN_TABLE = {"layout", "coordinates", "sp_required", "tls"}
 
 
 def split_top_level(sig):

@@ -5,12 +5,16 @@
 
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/version.h"
 #include "policy/gate_config.h"
+#include "policy/pipeline_memory.h"
+#include "policy/step_plan.h"
 #include "policy/types.h"
 #include "worker/client/client_options.h"
 #include "worker/client/gate_client.h"
@@ -89,6 +93,51 @@ spgate::client::BatchPlanInput Plan(int64_t step, const int64_t* lengths, size_t
   return p;
 }
 
+// A step plan's micro-batches as C++ takes them (spans into the caller's arrays).
+absl::StatusOr<std::vector<spgate::client::MicrobatchPlanInput>> Microbatches(
+    const spgate_microbatch_plan* mbs, size_t count) {
+  if (mbs == nullptr && count > 0) return absl::InvalidArgumentError("mbs is NULL");
+  std::vector<spgate::client::MicrobatchPlanInput> out(count);
+  for (size_t i = 0; i < count; ++i) {
+    const spgate_microbatch_plan& m = mbs[i];
+    if (m.lengths == nullptr && m.count > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("mbs[", i, "].lengths is NULL"));
+    }
+    out[i] = {.id = m.id,
+              .lengths = std::span<const int64_t>(m.lengths, m.count),
+              .memory = {.activation_sp = m.activation_sp, .activation_tp = m.activation_tp,
+                         .workspace_sp = m.workspace_sp, .workspace_tp = m.workspace_tp}};
+  }
+  return out;
+}
+
+spgate::client::BatchPlanInput StepPlan(int64_t step,
+                                        std::span<const spgate::client::MicrobatchPlanInput> mbs,
+                                        uint64_t resident, uint64_t budget) {
+  spgate::client::BatchPlanInput p;
+  p.step = step;
+  p.memory_budget_bytes = budget;
+  p.microbatches = mbs;
+  p.resident_bytes = resident;
+  return p;
+}
+
+// A step plan's answer into the caller's arrays; INVALID_ARGUMENT when `count` is not
+// the number of micro-batches the step was decided for.
+absl::Status FillMicrobatches(const spgate::client::GateDecision& d,
+                              spgate_microbatch_decision* mbs, size_t count) {
+  if (d.microbatches.size() != count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("count: step ", d.step, " was decided for ", d.microbatches.size(),
+                     " micro-batches, not ", count));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    mbs[i].mode = static_cast<int32_t>(d.microbatches[i].mode);
+    mbs[i].reason = static_cast<int32_t>(d.microbatches[i].reason);
+  }
+  return absl::OkStatus();
+}
+
 bool ValidModeAndReason(const spgate_telemetry& t) {
   return (t.mode == 1 || t.mode == 2) && t.reason >= 1 && t.reason < spgate::kNumReasons;
 }
@@ -144,6 +193,38 @@ spgate_status spgate_new_launch_credential(char* buf, size_t size) {
   return Report(absl::OkStatus());
 }
 
+spgate_status spgate_options_set_layout(spgate_options* options, const spgate_layout* layout,
+                                        const spgate_stage_coordinates* at) {
+  if (options == nullptr) return Null("options");
+  if (layout == nullptr) return Null("layout");
+  if (at == nullptr) return Null("at");
+  if (layout->schedule != SPGATE_SCHEDULE_1F1B &&
+      layout->schedule != SPGATE_SCHEDULE_INTERLEAVED_1F1B) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("layout.schedule: ", layout->schedule, " is neither SPGATE_SCHEDULE_1F1B (0) "
+                     "nor SPGATE_SCHEDULE_INTERLEAVED_1F1B (1)")));
+  }
+  spgate::JobLayout l{.tp = layout->tp, .pp = layout->pp, .vp = layout->vp, .cp = layout->cp,
+                      .dp = layout->dp, .microbatches = layout->microbatches,
+                      .schedule = static_cast<spgate::PipelineSchedule>(layout->schedule)};
+  // Checked here too, so the caller learns of a bad layout where it set it.
+  if (absl::Status s = spgate::ValidateJobLayout(l); !s.ok()) return Report(s);
+  const spgate::StageCoordinates c{.dp_index = at->dp_index, .stage = at->stage,
+                                   .cp_rank = at->cp_rank};
+  if (absl::Status s = spgate::ValidateCoordinates(l, c); !s.ok()) return Report(s);
+  options->opts.layout = l;
+  options->opts.coordinates = c;
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_options_add_sp_required(spgate_options* options, const char* feature) {
+  if (options == nullptr) return Null("options");
+  if (feature == nullptr) return Null("feature");
+  if (absl::Status s = spgate::ValidateSpRequiredFeature(feature); !s.ok()) return Report(s);
+  options->opts.sp_required.emplace_back(feature);
+  return Report(absl::OkStatus());
+}
+
 spgate_options* spgate_options_create(void) { return new spgate_options(); }
 void spgate_options_destroy(spgate_options* options) { delete options; }
 
@@ -188,6 +269,32 @@ spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
   auto d = client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us));
   if (!d.ok()) return Report(d.status());
   Fill(*d, out);
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_client_submit_step_plan(spgate_client* client, int64_t step,
+                                             const spgate_microbatch_plan* mbs, size_t count,
+                                             uint64_t resident_bytes,
+                                             uint64_t memory_budget_bytes) {
+  if (client == nullptr) return Null("client");
+  auto in = Microbatches(mbs, count);
+  if (!in.ok()) return Report(in.status());
+  return Report(client->client->SubmitPlan(StepPlan(step, *in, resident_bytes,
+                                                    memory_budget_bytes)));
+}
+
+spgate_status spgate_client_await_microbatches(spgate_client* client, int64_t step,
+                                               int64_t timeout_us, spgate_decision* out,
+                                               spgate_microbatch_decision* mbs, size_t count,
+                                               uint64_t* stage_peak_bytes) {
+  if (client == nullptr) return Null("client");
+  if (out == nullptr) return Null("out");
+  if (mbs == nullptr && count > 0) return Null("mbs");
+  auto d = client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us));
+  if (!d.ok()) return Report(d.status());
+  if (absl::Status s = FillMicrobatches(*d, mbs, count); !s.ok()) return Report(s);
+  Fill(*d, out);
+  if (stage_peak_bytes != nullptr) *stage_peak_bytes = d->stage_peak_bytes;
   return Report(absl::OkStatus());
 }
 
@@ -262,9 +369,15 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
       return absl::OkStatus();
     };
   }
+  // A step plan's micro-batch decisions travel over the same callback, `count` bytes.
+  auto bytes_fn = [broadcast, user_data](std::span<uint8_t> b, int root) -> absl::Status {
+    const int32_t rc = broadcast(b.data(), b.size(), root, user_data);
+    if (rc != 0) return absl::InternalError(absl::StrCat("broadcast callback returned ", rc));
+    return absl::OkStatus();
+  };
   auto decider = spgate::client::GroupDecider::Create(
       client != nullptr ? client->client.get() : nullptr, rank_in_group, fn,
-      std::move(reduce_fn));
+      std::move(reduce_fn), std::move(bytes_fn));
   if (!decider.ok()) return Report(decider.status());
   *out = new spgate_decider{std::move(*decider)};
   return Report(absl::OkStatus());
@@ -289,6 +402,38 @@ spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step, int64
                      : decider->decider->Decide(step, absl::Now() + absl::Microseconds(timeout_us));
   if (!d.ok()) return Report(d.status());
   Fill(*d, out);
+  return Report(absl::OkStatus());
+}
+
+spgate_status spgate_decider_submit_step_plan(spgate_decider* decider, int64_t step,
+                                              const spgate_microbatch_plan* mbs, size_t count,
+                                              uint64_t resident_bytes,
+                                              uint64_t memory_budget_bytes) {
+  if (decider == nullptr) return Null("decider");
+  auto in = Microbatches(mbs, count);
+  if (!in.ok()) return Report(in.status());
+  return Report(decider->decider->SubmitPlan(StepPlan(step, *in, resident_bytes,
+                                                      memory_budget_bytes)));
+}
+
+spgate_status spgate_decider_decide_microbatches(spgate_decider* decider, int64_t step,
+                                                 int64_t timeout_us, spgate_decision* out,
+                                                 spgate_microbatch_decision* mbs, size_t count,
+                                                 uint64_t* stage_peak_bytes) {
+  if (decider == nullptr) return Null("decider");
+  if (out == nullptr) return Null("out");
+  if (mbs == nullptr && count > 0) return Null("mbs");
+  // Every rank enters the collective with the same count (an int here, as C++ takes it;
+  // GroupDecider refuses one outside [1, kMaxMicrobatches] on every rank alike).
+  const int m = count > static_cast<size_t>(spgate::kMaxMicrobatches) ? -1 : static_cast<int>(count);
+  absl::StatusOr<spgate::client::GateDecision> d =
+      timeout_us < 0 ? decider->decider->DecideMicrobatches(step, m)
+                     : decider->decider->DecideMicrobatches(
+                           step, m, absl::Now() + absl::Microseconds(timeout_us));
+  if (!d.ok()) return Report(d.status());
+  if (absl::Status s = FillMicrobatches(*d, mbs, count); !s.ok()) return Report(s);
+  Fill(*d, out);
+  if (stage_peak_bytes != nullptr) *stage_peak_bytes = d->stage_peak_bytes;
   return Report(absl::OkStatus());
 }
 

@@ -48,6 +48,12 @@
  *   ... run step n ...
  *   spgate_telemetry t = {.step = n, .mode = dec.mode, .reason = dec.reason, ...};
  *   spgate_decider_report_telemetry(d, &t);           every rank: one record for the group
+ *
+ * A pipeline stage's TP group (docs/design.md §12): the layout and coordinates on the
+ * options, one step plan per step with every micro-batch, a decision per micro-batch:
+ *   spgate_options_set_layout(o, &layout, &at);
+ *   spgate_decider_submit_step_plan(d, n + 1, mbs, m, resident, budget);   leader only
+ *   spgate_decider_decide_microbatches(d, n, -1, &dec, md, m, NULL);       every rank
  */
 #ifndef SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
 #define SPGATE_WORKER_CLIENT_SPGATE_CLIENT_H_
@@ -140,12 +146,46 @@ typedef struct spgate_client_stats {
   int32_t session_replaced; /* 1: another process holds this rank's seat; all local now */
 } spgate_client_stats;
 
+/* Pipelined jobs (docs/design.md §12). The job's shape, the same on every rank; schedule
+ * is SPGATE_SCHEDULE_1F1B (vp 1) or SPGATE_SCHEDULE_INTERLEAVED_1F1B (vp >= 2). tp must
+ * be the option group_size, and the option group (dp_index * pp + stage) * cp + cp_rank. */
+enum { SPGATE_SCHEDULE_1F1B = 0, SPGATE_SCHEDULE_INTERLEAVED_1F1B = 1 };
+typedef struct spgate_layout {
+  int32_t tp, pp, vp, cp, dp;
+  int32_t microbatches; /* per optimizer step */
+  int32_t schedule;
+} spgate_layout;
+/* Where this rank's TP group sits in the layout. */
+typedef struct spgate_stage_coordinates {
+  int32_t dp_index, stage, cp_rank;
+} spgate_stage_coordinates;
+
+/* One micro-batch of a step plan: its id (0 .. microbatches - 1, any order), its lengths
+ * (count 0: this stage does not know them, and the micro-batch runs SP with reason
+ * SPGATE_REASON_LENGTHS_UNKNOWN) and what it costs this stage in each mode: the
+ * activations it keeps for its backward and the workspace of one forward or backward. */
+typedef struct spgate_microbatch_plan {
+  int32_t id;
+  const int64_t* lengths;
+  size_t count;
+  uint64_t activation_sp, activation_tp;
+  uint64_t workspace_sp, workspace_tp;
+} spgate_microbatch_plan;
+
+/* A step plan's decision for one micro-batch. */
+typedef struct spgate_microbatch_decision {
+  int32_t mode;
+  int32_t reason;
+} spgate_microbatch_decision;
+
 typedef struct spgate_options spgate_options;
 typedef struct spgate_client spgate_client;
 typedef struct spgate_decider spgate_decider;
 
 /* Broadcast `size` bytes at `buf` from rank `root` of the TP group; on the other ranks
- * overwrite `buf` with the root's bytes. Return 0 on success. */
+ * overwrite `buf` with the root's bytes. Return 0 on success. `size` is 24 for a
+ * decision's head, or a step plan's micro-batch count for its micro-batch decisions
+ * (spgate_decider_decide_microbatches): every rank calls with the same size. */
 typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, void* user_data);
 
 /* Element-wise maximum of `count` doubles at `values` over the ranks of the TP group into
@@ -188,6 +228,17 @@ SPGATE_EXPORT spgate_status spgate_new_launch_credential(char* buf, size_t size)
 SPGATE_EXPORT spgate_options* spgate_options_create(void);
 SPGATE_EXPORT spgate_status spgate_options_set(spgate_options* options, const char* name,
                                                const char* value);
+/* A pipelined job: the layout and this rank's coordinates (checked by
+ * spgate_client_create: the layout valid, tp = group_size, group = the coordinates'
+ * group, INVALID_ARGUMENT naming the field otherwise). With a layout the leader submits
+ * step plans (spgate_client_submit_step_plan) and gets a decision per micro-batch. */
+SPGATE_EXPORT spgate_status spgate_options_set_layout(spgate_options* options,
+                                                      const spgate_layout* layout,
+                                                      const spgate_stage_coordinates* at);
+/* A feature this rank runs that needs SP for the whole job ([a-z0-9_], at most 8): every
+ * decision is then SP with reason SPGATE_REASON_SP_REQUIRED. Call once per feature. */
+SPGATE_EXPORT spgate_status spgate_options_add_sp_required(spgate_options* options,
+                                                           const char* feature);
 SPGATE_EXPORT void spgate_options_destroy(spgate_options* options);
 
 SPGATE_EXPORT spgate_status spgate_client_create(const spgate_options* options,
@@ -202,6 +253,20 @@ SPGATE_EXPORT spgate_status spgate_client_submit_plan(spgate_client* client, int
 SPGATE_EXPORT spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
                                                          int64_t timeout_us,
                                                          spgate_decision* out);
+/* A step plan (a client with a layout): one entry per micro-batch of the step, the
+ * stage's resident bytes (parameters, gradients, optimizer state) and the memory budget
+ * (0: the option memory_budget_bytes). Refused naming the id when ids repeat or skip. */
+SPGATE_EXPORT spgate_status spgate_client_submit_step_plan(spgate_client* client, int64_t step,
+                                                           const spgate_microbatch_plan* mbs,
+                                                           size_t count, uint64_t resident_bytes,
+                                                           uint64_t memory_budget_bytes);
+/* A step plan's decision: `out` as spgate_client_await_decision (micro-batch 0's mode and
+ * reason), and the decision of each of its `count` micro-batches by id in `mbs` (count
+ * must be the layout's microbatches); `stage_peak_bytes` (may be NULL): the stage's
+ * predicted peak with those modes. */
+SPGATE_EXPORT spgate_status spgate_client_await_microbatches(
+    spgate_client* client, int64_t step, int64_t timeout_us, spgate_decision* out,
+    spgate_microbatch_decision* mbs, size_t count, uint64_t* stage_peak_bytes);
 SPGATE_EXPORT spgate_status spgate_client_report_telemetry(spgate_client* client,
                                                            const spgate_telemetry* telemetry);
 SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* client,
@@ -243,6 +308,19 @@ SPGATE_EXPORT spgate_status spgate_decider_submit_plan(spgate_decider* decider, 
 /* Collective over the group; timeout_us as in spgate_client_await_decision. */
 SPGATE_EXPORT spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step,
                                                   int64_t timeout_us, spgate_decision* out);
+/* Step plans: spgate_client_submit_step_plan on the leader, nothing elsewhere. */
+SPGATE_EXPORT spgate_status spgate_decider_submit_step_plan(spgate_decider* decider,
+                                                            int64_t step,
+                                                            const spgate_microbatch_plan* mbs,
+                                                            size_t count, uint64_t resident_bytes,
+                                                            uint64_t memory_budget_bytes);
+/* Collective over the group, for a step plan: the step's head (as spgate_decider_decide)
+ * and then its `count` micro-batch decisions (one byte each, over the same broadcast
+ * callback with size = count), identical on every rank, or the same error on every rank.
+ * stage_peak_bytes (may be NULL): the leader's predicted stage peak; 0 elsewhere. */
+SPGATE_EXPORT spgate_status spgate_decider_decide_microbatches(
+    spgate_decider* decider, int64_t step, int64_t timeout_us, spgate_decision* out,
+    spgate_microbatch_decision* mbs, size_t count, uint64_t* stage_peak_bytes);
 /* This rank's measurements of a step it ran. With a max-reduce (group session) a
  * collective: every rank calls it for every step it reports, in the same order; the
  * leader queues one record for the group (each value the largest over the ranks, with

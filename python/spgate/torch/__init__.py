@@ -1,7 +1,9 @@
 """spgate.torch: spgate in a PyTorch trainer. agree_on_launch gives every rank the launch's
 incarnation and credential (world rank 0's, broadcast); GroupDecider gives every rank of a
 TP group the same decision over its torch.distributed group (gloo or NCCL); parallel holds
-the Megatron-style TP transformer layers whose sequence parallelism is chosen per forward."""
+the Megatron-style TP transformer layers whose sequence parallelism is chosen per forward;
+pipeline the pipeline stages (the grid, PipelineDecider - a decision per micro-batch -, the
+sequence-sharded stage boundary and the 1F1B schedule; docs/design.md §12)."""
 
 
 def __getattr__(name):
@@ -9,6 +11,9 @@ def __getattr__(name):
     if name == "GroupDecider":
         from spgate.torch.group_decider import GroupDecider
         return GroupDecider
+    if name in ("PipelineGrid", "PipelineDecider", "StageLink", "StageBoundaryError"):
+        from spgate.torch import pipeline
+        return getattr(pipeline, name)
     if name in ("agree_on_launch", "LaunchIdentity"):
         from spgate.torch import launch
         return getattr(launch, name)

@@ -185,6 +185,14 @@ class GroupDecider:
         the client's decision_deadline); the others wait for the leader."""
         return self._native.decide(step, timeout)
 
+    def decide_microbatches(self, step: int, microbatches: int,
+                            timeout: Optional[float] = None) -> "spgate.GateDecision":
+        """Collective, for a step plan (a Client with a layout, docs/design.md §12): the
+        step's decision with one per micro-batch in .microbatches, by id - the leader's,
+        broadcast over the group (the head, then one byte per micro-batch) - identical on
+        every rank, errors included."""
+        return self._native.decide_microbatches(step, microbatches, timeout)
+
     def report_telemetry(self, telemetry: Optional["spgate.StepTelemetry"] = None,
                          **fields) -> None:
         """This rank's own measurements of a step it ran: a spgate.StepTelemetry, or its

@@ -54,6 +54,7 @@ __all__ = [
     "replicated", "is_sequence_parallel", "gather_full", "varlen_causal_attention",
     "CopyToTensorParallel", "ReduceFromTensorParallel", "GatherFromSequenceParallel",
     "ReduceScatterToSequenceParallel", "ColumnParallelLinearSP", "ScaleGrad",
+    "ParallelGPTStage",
 ]
 
 
@@ -594,3 +595,70 @@ class ParallelGPT(nn.Module):
         logits = F.linear(x, replicated(self.wte, sp, self.tp))
         n_targets = max(1, int((targets != -100).sum()))
         return F.cross_entropy(logits, tgt, ignore_index=-100, reduction="sum") / n_targets
+
+
+class ParallelGPTStage(nn.Module):
+    """Stage `stage` of `stages` of a small GPT for pipeline parallelism (docs/design.md
+    §12; spgate.torch.pipeline): the model's `layers` blocks split evenly, each numbered as
+    in the whole model (blocks["i"]: its parameters are a function of (seed, i), so a
+    one-stage model is the single-process reference of any split). The first stage holds
+    the token and position embeddings, the last the final LayerNorm and the LM head,
+    untied from the embedding (they live on different stages). All replicated parameters
+    follow finish_gradients' rule.
+
+    forward(x, tokens, targets, batch): x is this rank's rows of the micro-batch as the
+    stage runs it (spgate.torch.pipeline.stage_input; None on the first stage, which
+    embeds `tokens`); returns this rank's rows of the stage's output (not last), or on the
+    last stage this rank's share of the micro-batch's mean next-token loss times
+    `loss_scale` (summed over the group under SP, equal on every rank under TP-only)."""
+
+    def __init__(self, vocab: int, hidden: int, heads: int, ffn_hidden: int, layers: int,
+                 max_positions: int, tp: TensorParallel, stage: int = 0, stages: int = 1,
+                 seed: int = 1, dropout: float = 0.0):
+        super().__init__()
+        if stages < 1 or not 0 <= stage < stages or layers % stages:
+            raise ValueError("ParallelGPTStage: stage %d of %d, with %d layers (a multiple "
+                             "of the stages)" % (stage, stages, layers))
+        self.tp, self.stage, self.stages = tp, stage, stages
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.max_positions = max_positions
+        per = layers // stages
+        self.layer_offset = stage * per
+        if self.first:
+            g = torch.Generator()
+            g.manual_seed(seed)
+            self.wte = _mark_replicated(nn.Parameter(torch.randn(vocab, hidden, generator=g) * 0.02))
+            self.wpe = _mark_replicated(
+                nn.Parameter(torch.randn(max_positions, hidden, generator=g) * 0.01))
+        self.blocks = nn.ModuleDict({
+            str(i): ParallelTransformerBlock(hidden, heads, ffn_hidden, tp, seed=seed, layer=i,
+                                             dropout=dropout)
+            for i in range(self.layer_offset, self.layer_offset + per)})
+        if self.last:
+            g = torch.Generator()
+            g.manual_seed(seed * 7919 + 104729)
+            self.ln_f = _LayerNorm(torch.ones(hidden), torch.zeros(hidden), tp)
+            self.lm_head = _mark_replicated(
+                nn.Parameter(torch.randn(vocab, hidden, generator=g) * 0.02))
+
+    def forward(self, x: Optional[torch.Tensor], tokens: torch.Tensor, targets: torch.Tensor,
+                batch: PackedBatch, loss_scale: float = 1.0) -> torch.Tensor:
+        sp = batch.sequence_parallel
+        if self.first:
+            positions = torch.cat([torch.arange(n) for n in batch.lengths]).clamp_(
+                max=self.max_positions - 1)
+            x = F.embedding(batch.local_rows(tokens), replicated(self.wte, sp, self.tp)) + \
+                F.embedding(batch.local_rows(positions.to(tokens.device)),
+                            replicated(self.wpe, sp, self.tp))
+        elif x is None:
+            raise ValueError("ParallelGPTStage: stage %d needs its input rows" % self.stage)
+        for block in self.blocks.values():
+            x = block(x, batch)
+        if not self.last:
+            return x
+        x = self.ln_f(x, sp)
+        logits = F.linear(x, replicated(self.lm_head, sp, self.tp))
+        tgt = batch.local_rows(targets, value=-100)
+        n_targets = max(1, int((targets != -100).sum()))
+        return F.cross_entropy(logits, tgt, ignore_index=-100, reduction="sum") * \
+            (loss_scale / n_targets)

@@ -1,5 +1,5 @@
 // The C API (spgate_client.h): error codes with messages, a decider over a C broadcast
-// callback, the launch credential (made, required, checked), a memory override and a
+// callback, pipelines (layout, step plans, a decision per micro-batch on every rank), the launch credential (made, required, checked), a memory override and a
 // replaced session in the stats (against the scripted daemon of fake_gate_service.h), a
 // TP group of 4 threads in one group session (one telemetry record a step reaches the
 // daemon, with the group's maxima and its slowest rank) and in per-rank sessions
@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -90,6 +91,133 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   t.mode = 9;
   EXPECT_EQ(spgate_client_report_telemetry(c, &t), SPGATE_INVALID_ARGUMENT);
   spgate_decider_destroy(d);
+  spgate_client_destroy(c);
+}
+
+// A broadcast over threads for any payload: a decision's 24-byte head, or a step plan's
+// micro-batch decisions (one byte each), in one sequence as on a real communicator.
+struct BytesComm {
+  spgate::client::InMemoryBroadcast* group;
+  int rank;
+};
+int32_t AnyBroadcast(void* buf, size_t size, int32_t root, void* user) {
+  const auto* c = static_cast<const BytesComm*>(user);
+  if (size == sizeof(spgate::client::DecisionWire)) {
+    spgate::client::DecisionWire w;
+    std::memcpy(&w, buf, size);
+    if (!c->group->Broadcast(c->rank, w, root).ok()) return 2;
+    std::memcpy(buf, &w, size);
+    return 0;
+  }
+  return c->group->BroadcastBytes(c->rank, std::span<uint8_t>(static_cast<uint8_t*>(buf), size),
+                                  root).ok() ? 0 : 3;
+}
+
+// Pipelines through the C API (docs/design.md §12): the layout and coordinates checked
+// naming the field, a step plan with its micro-batches in any order (one without
+// lengths), a decision per micro-batch identical on both ranks of the TP group and the
+// stage's predicted peak on the leader, and an SP-only feature.
+TEST(CApiTest, StepPlansDecidePerMicrobatchOnEveryRank) {
+  spgate_options* o = spgate_options_create();
+  spgate_layout layout{.tp = 2, .pp = 2, .vp = 1, .cp = 1, .dp = 1, .microbatches = 4,
+                       .schedule = 7};
+  spgate_stage_coordinates at{.dp_index = 0, .stage = 1, .cp_rank = 0};
+  EXPECT_EQ(spgate_options_set_layout(o, &layout, &at), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("layout.schedule"));
+  layout.schedule = SPGATE_SCHEDULE_1F1B;
+  at.stage = 2;
+  EXPECT_EQ(spgate_options_set_layout(o, &layout, &at), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("stage"));
+  at.stage = 1;
+  ASSERT_EQ(spgate_options_set_layout(o, &layout, &at), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(spgate_options_add_sp_required(o, "Not-A-Name"), SPGATE_INVALID_ARGUMENT);
+  ASSERT_EQ(spgate_options_set(o, "group_size", "2"), SPGATE_OK);
+  spgate_client* c = nullptr;
+  EXPECT_EQ(spgate_client_create(o, &c), SPGATE_INVALID_ARGUMENT);  // group 0 is stage 0's
+  EXPECT_THAT(spgate_last_error(), HasSubstr("group"));
+  ASSERT_EQ(spgate_options_set(o, "group", "1"), SPGATE_OK);
+  ASSERT_EQ(spgate_client_create(o, &c), SPGATE_OK) << spgate_last_error();
+
+  spgate::client::InMemoryBroadcast group(2, absl::Seconds(30));
+  BytesComm comm[2] = {{&group, 0}, {&group, 1}};
+  spgate_decider* d[2] = {nullptr, nullptr};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(spgate_decider_create(r == 0 ? c : nullptr, r, AnyBroadcast, &comm[r], &d[r]),
+              SPGATE_OK)
+        << spgate_last_error();
+  }
+  const int64_t uniform[] = {512, 512, 512, 512};
+  const int64_t mixed[] = {64, 4096, 128, 2048};
+  // Ids in reverse order: micro-batches are keyed by id, never by order.
+  const spgate_microbatch_plan plan[] = {
+      {.id = 3, .lengths = nullptr, .count = 0, .activation_sp = 100, .activation_tp = 200,
+       .workspace_sp = 0, .workspace_tp = 0},
+      {.id = 2, .lengths = mixed, .count = 4, .activation_sp = 100, .activation_tp = 200,
+       .workspace_sp = 0, .workspace_tp = 0},
+      {.id = 1, .lengths = uniform, .count = 4, .activation_sp = 100, .activation_tp = 200,
+       .workspace_sp = 0, .workspace_tp = 0},
+      {.id = 0, .lengths = mixed, .count = 4, .activation_sp = 100, .activation_tp = 200,
+       .workspace_sp = 0, .workspace_tp = 0}};
+  spgate_microbatch_plan repeated[4] = {plan[0], plan[1], plan[2], plan[2]};
+  EXPECT_EQ(spgate_decider_submit_step_plan(d[0], 0, repeated, 4, 1000, 0),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("id"));
+  EXPECT_EQ(spgate_client_submit_plan(c, 0, uniform, 4, 0, 0, 0), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("microbatches"));
+  ASSERT_EQ(spgate_decider_submit_step_plan(d[0], 0, plan, 4, 1000, 0), SPGATE_OK)
+      << spgate_last_error();
+  EXPECT_EQ(spgate_decider_submit_step_plan(d[1], 0, plan, 4, 1000, 0), SPGATE_OK);  // no-op
+
+  spgate_decision head[2] = {};
+  spgate_microbatch_decision mbs[2][4] = {};
+  uint64_t peak[2] = {1, 1};
+  spgate_status rc[2] = {-1, -1};
+  std::thread follower([&] {
+    rc[1] = spgate_decider_decide_microbatches(d[1], 0, -1, &head[1], mbs[1], 4, &peak[1]);
+  });
+  rc[0] = spgate_decider_decide_microbatches(d[0], 0, -1, &head[0], mbs[0], 4, &peak[0]);
+  follower.join();
+  ASSERT_EQ(rc[0], SPGATE_OK);
+  ASSERT_EQ(rc[1], SPGATE_OK);
+  const spgate_microbatch_decision want[4] = {
+      {SPGATE_MODE_TENSOR_PARALLEL_ONLY, SPGATE_REASON_LENGTH_CV},
+      {SPGATE_MODE_SEQUENCE_PARALLEL, SPGATE_REASON_GATES_PASSED},
+      {SPGATE_MODE_TENSOR_PARALLEL_ONLY, SPGATE_REASON_LENGTH_CV},
+      {SPGATE_MODE_SEQUENCE_PARALLEL, SPGATE_REASON_LENGTHS_UNKNOWN}};
+  for (int r = 0; r < 2; ++r) {
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(mbs[r][i].mode, want[i].mode) << "rank " << r << " micro-batch " << i;
+      EXPECT_EQ(mbs[r][i].reason, want[i].reason) << "rank " << r << " micro-batch " << i;
+    }
+    EXPECT_EQ(head[r].step, 0);
+    EXPECT_EQ(head[r].mode, want[0].mode);
+    EXPECT_EQ(head[r].source, SPGATE_SOURCE_LOCAL_ONLY);
+  }
+  // Stage 1 of 2 holds one micro-batch at a time: resident + the largest one kept.
+  EXPECT_EQ(peak[0], 1000u + 200u);
+  EXPECT_EQ(peak[1], 0u);
+  // The committed step again, asked with the wrong count: refused, naming it.
+  spgate_decision again{};
+  spgate_microbatch_decision three[3];
+  EXPECT_EQ(spgate_client_await_microbatches(c, 0, 0, &again, three, 3, nullptr),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("count"));
+  for (spgate_decider* x : d) spgate_decider_destroy(x);
+  spgate_client_destroy(c);
+
+  // An SP-only feature: every micro-batch SP, SP_REQUIRED.
+  ASSERT_EQ(spgate_options_add_sp_required(o, "cuda_graphs"), SPGATE_OK);
+  ASSERT_EQ(spgate_client_create(o, &c), SPGATE_OK) << spgate_last_error();
+  spgate_options_destroy(o);
+  ASSERT_EQ(spgate_client_submit_step_plan(c, 0, plan, 4, 1000, 0), SPGATE_OK);
+  spgate_microbatch_decision req[4];
+  spgate_decision h{};
+  ASSERT_EQ(spgate_client_await_microbatches(c, 0, -1, &h, req, 4, nullptr), SPGATE_OK)
+      << spgate_last_error();
+  for (const spgate_microbatch_decision& x : req) {
+    EXPECT_EQ(x.mode, SPGATE_MODE_SEQUENCE_PARALLEL);
+    EXPECT_EQ(x.reason, SPGATE_REASON_SP_REQUIRED);
+  }
   spgate_client_destroy(c);
 }
 
