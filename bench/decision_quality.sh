@@ -5,10 +5,12 @@
 # tokens/s over time on the shifting trace; then the pipeline (PP) cells, decided per (stage,
 # micro-batch). CELLS=pp runs only the PP cells, CELLS=grid only the rest.
 # Usage: bench/decision_quality.sh [BUILD_DIR] [OUTDIR]
-# Environment: STEPS (4000), SIM_GROUPS (8; GROUPS is bash's own), CELLS (all | grid | pp)
+# Environment: STEPS (4000), SIM_GROUPS (8; GROUPS is bash's own), CELLS (all | grid | pp),
+# REGRET_WINDOW (1000 steps), SWITCH_COST_S (0: switching is free)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 out=${2:-bench/results}
 exec python3 "$root/bench/sim/decision_quality.py" --sim="$build/bin/spgate-sim" --out="$out" \
-  --steps="${STEPS:-4000}" --groups="${SIM_GROUPS:-8}" --cells="${CELLS:-all}"
+  --steps="${STEPS:-4000}" --groups="${SIM_GROUPS:-8}" --cells="${CELLS:-all}" \
+  --regret_window="${REGRET_WINDOW:-1000}" --switch_cost_s="${SWITCH_COST_S:-0}"

@@ -11,8 +11,14 @@ The PP cells (docs/benchmarks.md, "Simulator PP cells") run the same five polici
 optimizer steps each, so a PP cell draws as many micro-batches as a grid cell draws
 batches; they go to OUT/decision_quality_pp.md and the JSON's "pp_cells".
 
+Every cell also gets ADAPTIVE's and STATIC's regret per window against the oracle
+(--regret_window, default 1,000 steps; PP cells 1,000 / microbatches optimizer steps),
+agreement with the oracle, flips and exploration, with the windowed targets checked: a
+second table per group of cells. --switch_cost_s runs every cell with that cost per mode
+switch (docs/sim.md).
+
 Usage: decision_quality.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
-                           [--cells=all|grid|pp]
+                           [--cells=all|grid|pp] [--regret_window=N] [--switch_cost_s=S]
 """
 import argparse
 import json
@@ -46,9 +52,17 @@ POLICIES = ["sp", "tp_only", "static", "adaptive", "oracle"]
 BATCHING = {"packed": ["--bucketing=false"], "bucketed": ["--bucketing=true"]}
 
 
-def run_cell(sim, flags, steps, groups, series=None):
+# Regret per window (docs/sim.md, "Regret per window"): --regret_window and --switch_cost_s
+# of every cell; main() sets them from the command line.
+REGRET = {"window": 1000, "switch_cost_s": 0.0}
+
+
+def run_cell(sim, flags, steps, groups, series=None, regret_window=None):
     cmd = [sim, "replay", "--compare", f"--steps={steps}", f"--groups={groups}", "--seed=11",
-           "--summary_json=/dev/stdout"] + flags
+           "--summary_json=/dev/stdout",
+           f"--regret_window={regret_window or REGRET['window']}"] + flags
+    if REGRET["switch_cost_s"]:
+        cmd.append(f"--switch_cost_s={REGRET['switch_cost_s']}")
     if series:
         cmd.append(f"--compare_series={series}")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
@@ -88,8 +102,11 @@ def grid_args():
     ap.add_argument("--steps", type=int, default=4000)
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--cells", choices=["all", "grid", "pp"], default="all")
+    ap.add_argument("--regret_window", type=int, default=1000)
+    ap.add_argument("--switch_cost_s", type=float, default=0.0)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    REGRET.update(window=a.regret_window, switch_cost_s=a.switch_cost_s)
     return a, set_shift(a.steps)
 
 
@@ -162,16 +179,22 @@ def evaluate_pp(cmp, name):
 
 
 def run_pp_cells(sim, steps, groups):
-    """Every PP cell: (rows, cells). steps / microbatches optimizer steps per cell."""
-    rows, cells = [], []
+    """Every PP cell: (rows, cells, windowed-regret rows, cells missing a regret target).
+    steps / microbatches optimizer steps per cell."""
+    rows, cells, regret_rows, regret_misses = [], [], [], 0
     for name, (flags, _) in PP_CELLS.items():
         m = int(next(f for f in flags if f.startswith("--microbatches=")).split("=")[1])
-        cmp, cmd = run_cell(sim, flags, max(1, steps // m), groups)
+        # A window of as many micro-batches as a grid cell's window has batches.
+        cmp, cmd = run_cell(sim, flags, max(1, steps // m), groups,
+                            regret_window=max(1, REGRET["window"] // m))
         row, _ = evaluate_pp(cmp, name)
         rows.append(row)
         cells.append({"name": name, "command": cmd, "compare": cmp})
+        regret_row, miss = evaluate_regret(cmp, name, stationary=True)
+        regret_rows.append(regret_row)
+        regret_misses += bool(miss)
         print(row, flush=True)
-    return rows, cells
+    return rows, cells, regret_rows, regret_misses
 
 
 TARGETS_TEXT = ("Targets per cell: adaptive >= 0.98 x the best of sp / tp_only / static; adaptive "
@@ -208,17 +231,79 @@ def evaluate(cmp, bname, tname, rname):
     return row, miss
 
 
+# The issue's targets for windowed regret, checked on ADAPTIVE in every cell.
+STATIONARY_TRACES = {"lognormal", "bimodal", "memory_tight"}  # nothing changes over the run
+REGRET_TARGETS_TEXT = (
+    "Targets (ADAPTIVE): median windowed regret <= 1 %; p95 <= 3 %; no window more than 1 % "
+    "below the best fixed choice's same window (the lowest window's ratio >= 0.99); in "
+    "stationary cells (traces lognormal, bimodal, memory_tight; every stress and PP cell) "
+    "exploration <= 0.5 % of decisions.")
+REGRET_HEAD = (
+    "| cell | window regret %% median: static / adaptive | p95: static / adaptive "
+    "| worst: static / adaptive | best fixed (which): median / worst "
+    "| adaptive / best fixed: worst window, lowest window | oracle agreement: static / adaptive "
+    "| flips / 1000 %s: static / adaptive / oracle | adaptive explore %% | window targets |\n"
+    "|---|---:|---:|---:|---|---|---:|---:|---:|---|")
+
+
+def evaluate_regret(cmp, name, stationary):
+    """One cell's windowed-regret row (markdown) and the regret targets ADAPTIVE misses.
+    Best fixed: the better of sp and tp_only over the run, as the simulator's
+    worst_window_vs_best_fixed and min_window_vs_best_fixed take it."""
+    st, ad, orc = cmp["static"], cmp["adaptive"], cmp["oracle"]
+    fixed_name = max(["sp", "tp_only"], key=lambda p: cmp[p]["effective_tokens_per_s"])
+    fixed = cmp[fixed_name]
+    checks = {
+        "median <= 1 %": ad["regret_window_median"] <= 0.01,
+        "p95 <= 3 %": ad["regret_window_p95"] <= 0.03,
+        "no window > 1 % below best fixed": ad["min_window_vs_best_fixed"] >= 0.99,
+        "explore <= 0.5 %": not stationary or ad["explore_share"] <= 0.005,
+    }
+    miss = [k for k, ok in checks.items() if not ok]
+    pct = lambda x: "%.2f" % (100 * x)
+    row = "| %s | %s / %s | %s / %s | %s / %s | %s / %s (%s) | %.4f, %.4f | %.3f / %.3f | %.1f / %.1f / %.1f | %.3f%s | %s |" % (
+        name, pct(st["regret_window_median"]), pct(ad["regret_window_median"]),
+        pct(st["regret_window_p95"]), pct(ad["regret_window_p95"]),
+        pct(st["regret_window_worst"]), pct(ad["regret_window_worst"]),
+        pct(fixed["regret_window_median"]), pct(fixed["regret_window_worst"]), fixed_name,
+        ad["worst_window_vs_best_fixed"], ad["min_window_vs_best_fixed"],
+        st["oracle_agreement"], ad["oracle_agreement"],
+        st["flips_per_1000_steps"], ad["flips_per_1000_steps"], orc["flips_per_1000_steps"],
+        100 * ad["explore_share"], "" if stationary else " (not stationary)",
+        "all met" if not miss else "MISSED: " + ", ".join(miss))
+    return row, miss
+
+
+def regret_head(unit="steps"):
+    return REGRET_HEAD % unit
+
+
+def regret_caption(window):
+    return ("Regret per window of %s (sliding by one step) against the per-batch oracle, "
+            "in %% (1 - tokens/s / the oracle's over the window), switch cost %g s. %s"
+            % (window, REGRET["switch_cost_s"], REGRET_TARGETS_TEXT))
+
+
 def main():
     a, shift_after = grid_args()
 
     pp_rows, pp_cells = [], []
     if a.cells in ("all", "pp"):
-        pp_rows, pp_cells = run_pp_cells(a.sim, a.steps, a.groups)
+        pp_rows, pp_cells, pp_regret_rows, pp_regret_misses = run_pp_cells(a.sim, a.steps, a.groups)
         md = ["Pipeline cells: effective tokens/s relative to the oracle per (stage, micro-batch) "
               "(= 1); %d pipeline replicas x %d micro-batches each per cell (steps x microbatches), "
               "same micro-batches and noise for every policy (seed 11). Best fixed: the better of "
               "sp and tp_only. TP-only shares and peaks are per stage, 0 first." % (a.groups, a.steps),
               "", PP_HEAD] + pp_rows
+        # A PP cell's step is one optimizer step of M micro-batches: its window is in those
+        # steps, its decisions per (stage, micro-batch).
+        md += ["", "Pipeline cells: " + regret_caption(
+                   "%d / microbatches optimizer steps (as many micro-batches as a grid cell's "
+                   "window has batches)" % min(REGRET["window"], a.steps))
+               + " Oracle agreement, flips and exploration per (stage, micro-batch) decision.",
+               "", regret_head("decisions")] + pp_regret_rows
+        md += ["", "PP cells missing a windowed-regret target: %d of %d."
+               % (pp_regret_misses, len(pp_regret_rows))]
         with open(os.path.join(a.out, "decision_quality_pp.md"), "w") as f:
             f.write("\n".join(md) + "\n")
         print("\n".join(md))
@@ -231,6 +316,7 @@ def main():
 
     cells, rows = [], []
     misses = 0
+    regret_rows, regret_misses = [], 0
     for bname, tname, rname, flags in grid():
         series = (os.path.join(a.out, "shift_series.csv")
                   if (bname, tname, rname) == ("packed", "shift", "default") else None)
@@ -240,14 +326,19 @@ def main():
         cells.append({"batching": bname, "trace": tname, "regime": rname, "command": cmd,
                       "compare": cmp})
         rows.append(row)
+        regret_row, rmiss = evaluate_regret(cmp, "%s %s %s" % (bname, tname, rname),
+                                            stationary=tname in STATIONARY_TRACES)
+        regret_rows.append(regret_row)
+        regret_misses += bool(rmiss)
         print(row, flush=True)
 
-    stress_rows, stress_cells = [], []
+    stress_rows, stress_cells, stress_regret_rows = [], [], []
     for name, (flags, _) in STRESS.items():
         cmp, cmd = run_cell(a.sim, flags + BATCHING["packed"], a.steps, a.groups)
         row, _ = evaluate(cmp, "packed", name, "see STRESS")
         stress_cells.append({"name": name, "command": cmd, "compare": cmp})
         stress_rows.append(row)
+        stress_regret_rows.append(evaluate_regret(cmp, name, stationary=True)[0])
         print(row, flush=True)
 
     md = ["Effective tokens/s relative to the per-batch oracle (= 1); %d groups x %d steps per "
@@ -256,10 +347,15 @@ def main():
     md += ["", "Cells missing a target: %d of %d." % (misses, len(rows))]
     md += ["", "Stress cells, picked for a large oracle gain (STRESS in bench/sim/decision_quality.py):",
            "", HEAD] + stress_rows
+    md += ["", regret_caption("%d steps" % min(REGRET["window"], a.steps)), "",
+           regret_head()] + regret_rows
+    md += ["", "Cells missing a windowed-regret target: %d of %d." % (regret_misses, len(regret_rows))]
+    md += ["", "Stress cells, windowed regret:", "", regret_head()] + stress_regret_rows
     with open(os.path.join(a.out, "decision_quality.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "decision_quality.json"), "w") as f:
-        json.dump({"steps": a.steps, "groups": a.groups, "traces": {k: v[1] for k, v in TRACES.items()},
+        json.dump({"steps": a.steps, "groups": a.groups, "regret": REGRET,
+                   "traces": {k: v[1] for k, v in TRACES.items()},
                    "regimes": REGIMES, "batching": BATCHING, "cells": cells,
                    "stress": {k: v[1] for k, v in STRESS.items()}, "stress_cells": stress_cells,
                    "pp": {k: v[1] for k, v in PP_CELLS.items()}, "pp_cells": pp_cells},

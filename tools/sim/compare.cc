@@ -51,9 +51,11 @@ const PolicyResult* CompareResult::Find(const std::string& name) const {
   return nullptr;
 }
 
-absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& config,
-                                      int64_t series_window) {
-  if (o.pipelined()) return ComparePipeline(o, config, series_window);
+namespace {
+
+// One batch a step per group (no pipeline).
+absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfig& config,
+                                            int64_t series_window) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
   absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
   if (!replay_steps.ok()) return replay_steps.status();
@@ -90,6 +92,7 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
   }
 
   for (int64_t k = 0; k < steps; ++k) {
+    for (Run& r : runs) r.result.step_seconds.push_back(0);
     for (int gi = 0; gi < o.groups; ++gi) {
       const std::vector<int64_t> lengths = batches[gi]->Next(config.bucket_target_cv).lengths;
       absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
@@ -106,6 +109,10 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
                              .predicted_peak_bytes_tp = mem.tp,
                              .memory_budget_bytes = mem.budget};
       const bool tp_over = TpOnlyOverBudget(config, facts);
+      // The batch's faster mode (switch costs not counted), subject to the memory gate.
+      const Mode oracle_mode = !tp_over && tp_step.step_time_s < sp_step.step_time_s
+                                   ? Mode::kTensorParallelOnly
+                                   : Mode::kSequenceParallel;
       for (Run& r : runs) {
         Decision d;
         int band = -1;
@@ -118,9 +125,7 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
                         : Decision{Mode::kTensorParallelOnly, Reason::kPinned};
             break;
           case Run::Kind::kOracle:
-            d = !tp_over && tp_step.step_time_s < sp_step.step_time_s
-                    ? Decision{Mode::kTensorParallelOnly, Reason::kAdaptive}
-                    : Decision{Mode::kSequenceParallel, Reason::kAdaptive};
+            d = {oracle_mode, Reason::kAdaptive};
             break;
           case Run::Kind::kStatic:
           case Run::Kind::kAdaptive: {
@@ -137,24 +142,28 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
           }
         }
         const GroupStep& step = d.mode == Mode::kSequenceParallel ? sp_step : tp_step;
+        // A switch makes the step longer; the telemetry (hence ADAPTIVE's sample) has it.
+        const double step_s = step.step_time_s + model.SwitchSeconds(r.last_mode[gi], d.mode);
         if (r.kind == Run::Kind::kStatic || r.kind == Run::Kind::kAdaptive) {
           r.groups[gi].ObserveRsWaitShare(k, d.mode, step.group_rs_wait_share,
                                           r.config.window_steps);
         }
         if (band >= 0) {
           r.pending.push_back({k, band, d.mode, static_cast<double>(step.effective_tokens),
-                               step.step_time_s});
+                               step_s});
         }
         if (r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode) ++r.result.switches;
         r.last_mode[gi] = d.mode;
         if (d.reason == Reason::kProbe) ++r.result.probe_steps;
+        if (d.mode == oracle_mode) ++r.result.oracle_agreed;
         (d.mode == Mode::kSequenceParallel ? r.result.sp_steps : r.result.tp_steps)++;
         r.tokens += static_cast<double>(step.effective_tokens);
-        r.time_s += step.step_time_s;
-        r.step_times.push_back(step.step_time_s);
+        r.time_s += step_s;
+        r.step_times.push_back(step_s);
+        r.result.step_seconds.back() += step_s;
         r.result.peak_memory_bytes = std::max(r.result.peak_memory_bytes, step.peak_memory_bytes);
         r.window_tokens += static_cast<double>(step.effective_tokens);
-        r.window_time += step.step_time_s;
+        r.window_time += step_s;
       }
     }
     if ((k + 1) % series_window == 0 || k + 1 == steps) {
@@ -182,7 +191,96 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& con
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& config,
+                                      int64_t series_window, int64_t regret_window) {
+  if (regret_window < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--regret_window must be >= 1 step, got ", regret_window));
+  }
+  if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
+  absl::StatusOr<CompareResult> r = o.pipelined() ? ComparePipeline(o, config, series_window)
+                                                  : CompareGroups(o, config, series_window);
+  if (!r.ok()) return r.status();
+  r->switch_cost_s = o.cost.switch_cost_s;
+  if (absl::Status s = FinishCompare(*r, regret_window); !s.ok()) return s;
+  return r;
+}
+
+absl::Status FinishCompare(CompareResult& r, int64_t regret_window) {
+  const PolicyResult* oracle = r.Find("oracle");
+  const PolicyResult* sp = r.Find("sp");
+  const PolicyResult* tp = r.Find("tp_only");
+  if (oracle == nullptr || sp == nullptr || tp == nullptr) {
+    return absl::InvalidArgumentError("FinishCompare: want the sp, tp_only and oracle runs");
+  }
+  // The best fixed choice is one of the two over the whole run (the choice one would have
+  // made for the job), compared window by window.
+  const std::vector<double>& oracle_s = oracle->step_seconds;
+  const std::vector<double>& fixed_s = sp->effective_tokens_per_s >= tp->effective_tokens_per_s
+                                           ? sp->step_seconds
+                                           : tp->step_seconds;
+  r.regret_window = regret_window;
+  for (PolicyResult& p : r.policies) {  // writes no step_seconds: the references hold
+    absl::StatusOr<WindowedRegret> w =
+        WindowedRegretOf(p.step_seconds, oracle_s, fixed_s, regret_window);
+    if (!w.ok()) return w.status();
+    p.regret = *w;
+    const double decisions = static_cast<double>(p.sp_steps + p.tp_steps);
+    p.oracle_agreement = decisions > 0 ? static_cast<double>(p.oracle_agreed) / decisions : 0;
+    p.flips_per_1000_steps =
+        decisions > 0 ? 1000.0 * static_cast<double>(p.switches) / decisions : 0;
+    p.explore_share = decisions > 0 ? static_cast<double>(p.probe_steps) / decisions : 0;
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+// The windowed regret and the decision counts, a row per policy, below the main table.
+std::string RegretTable(const CompareResult& r) {
+  const WindowedRegret& w = r.policies.empty() ? WindowedRegret{} : r.policies.front().regret;
+  std::string out = absl::StrFormat(
+      "\nRegret per window of %d steps against the oracle (1 - tokens/s / oracle's; %d windows, "
+      "sliding by one step); %s; switch cost %g s\n"
+      "| policy | window regret %% median | p95 | worst | x best fixed, worst window | "
+      "x best fixed, lowest window | oracle agreement | flips / 1000 %s | explore %% |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      w.window, w.windows,
+      r.pipelined() ? "agreement, flips and exploration per (stage, micro-batch) decision"
+                    : "agreement, flips and exploration per group-step",
+      r.switch_cost_s, r.pipelined() ? "decisions" : "steps");
+  for (const PolicyResult& p : r.policies) {
+    absl::StrAppendFormat(&out, "| %s | %.2f | %.2f | %.2f | %.4f | %.4f | %.4f | %.2f | %.2f |\n",
+                          p.name, 100 * p.regret.median, 100 * p.regret.p95,
+                          100 * p.regret.worst, p.regret.worst_vs_best_fixed,
+                          p.regret.min_vs_best_fixed, p.oracle_agreement,
+                          p.flips_per_1000_steps, 100 * p.explore_share);
+  }
+  return out;
+}
+
+// A policy's windowed regret and decision counts, as JSON fields.
+std::string RegretJson(const PolicyResult& p) {
+  return absl::StrFormat(
+      "\"regret_window_median\": %.6f, \"regret_window_p95\": %.6f, "
+      "\"regret_window_worst\": %.6f, \"worst_window_vs_best_fixed\": %.6f, "
+      "\"min_window_vs_best_fixed\": %.6f, \"worst_window_start\": %d, "
+      "\"oracle_agreement\": %.6f, \"flips_per_1000_steps\": %.4f, \"explore_share\": %.6f",
+      p.regret.median, p.regret.p95, p.regret.worst, p.regret.worst_vs_best_fixed,
+      p.regret.min_vs_best_fixed, p.regret.worst_start, p.oracle_agreement,
+      p.flips_per_1000_steps, p.explore_share);
+}
+
+// The windows and the switch cost: "regret": {...}.
+std::string RegretMetaJson(const CompareResult& r) {
+  const WindowedRegret& w = r.policies.empty() ? WindowedRegret{} : r.policies.front().regret;
+  return absl::StrFormat(
+      "\"regret\": {\"regret_window\": %d, \"window_steps\": %d, \"windows\": %d, "
+      "\"switch_cost_s\": %.6f}",
+      r.regret_window, w.window, w.windows, r.switch_cost_s);
+}
 
 // Per stage, "0.00 / 0.38 / 1.00 / 1.00".
 template <typename F>
@@ -219,7 +317,7 @@ std::string PipelineTable(const CompareResult& r) {
         over, p.memory_forced_sp, p.p2p_bytes_per_step / (1 << 20),
         p.p2p_native_bytes_per_step / (1 << 20), p.switches, p.probe_steps);
   }
-  return out;
+  return out + RegretTable(r);
 }
 
 std::string PipelineJson(const CompareResult& r) {
@@ -238,12 +336,13 @@ std::string PipelineJson(const CompareResult& r) {
         "\"peak_memory_bytes\": %d, \"ratio_to_oracle\": %.6f, \"ratio_to_best_fixed\": %.6f, "
         "\"switches\": %d, \"probe_steps\": %d, \"sp_steps\": %d, \"tp_only_steps\": %d, "
         "\"memory_forced_sp\": %d, \"bubble_share\": %.6f, \"p2p_bytes_per_step\": %.1f, "
-        "\"p2p_native_bytes_per_step\": %.1f,\n      \"stages\": [%s]}",
+        "\"p2p_native_bytes_per_step\": %.1f, %s,\n      \"stages\": [%s]}",
         p.name, p.effective_tokens_per_s, p.step_time_p95_s, p.peak_memory_bytes,
         p.ratio_to_oracle, p.ratio_to_best_fixed, p.switches, p.probe_steps, p.sp_steps,
         p.tp_steps, p.memory_forced_sp, p.bubble_share, p.p2p_bytes_per_step,
-        p.p2p_native_bytes_per_step, absl::StrJoin(stages, ", ")));
+        p.p2p_native_bytes_per_step, RegretJson(p), absl::StrJoin(stages, ", ")));
   }
+  rows.push_back(RegretMetaJson(r));
   rows.push_back(absl::StrFormat(
       "\"pipeline\": {\"pp\": %d, \"vp\": %d, \"microbatches\": %d, \"schedule\": \"%s\", "
       "\"memory_limit_bytes\": %d, \"steps\": %d, \"replicas\": %d}",
@@ -267,7 +366,7 @@ std::string CompareTable(const CompareResult& r) {
                           static_cast<double>(p.peak_memory_bytes) / (1ull << 30), p.sp_steps,
                           p.tp_steps, p.switches, p.probe_steps);
   }
-  return out;
+  return out + RegretTable(r);
 }
 
 std::string CompareJson(const CompareResult& r) {
@@ -277,10 +376,11 @@ std::string CompareJson(const CompareResult& r) {
     rows.push_back(absl::StrFormat(
         "\"%s\": {\"effective_tokens_per_s\": %.3f, \"step_time_p95_s\": %.6f, "
         "\"peak_memory_bytes\": %d, \"ratio_to_oracle\": %.6f, \"switches\": %d, "
-        "\"probe_steps\": %d, \"sp_steps\": %d, \"tp_only_steps\": %d}",
+        "\"probe_steps\": %d, \"sp_steps\": %d, \"tp_only_steps\": %d, %s}",
         p.name, p.effective_tokens_per_s, p.step_time_p95_s, p.peak_memory_bytes,
-        p.ratio_to_oracle, p.switches, p.probe_steps, p.sp_steps, p.tp_steps));
+        p.ratio_to_oracle, p.switches, p.probe_steps, p.sp_steps, p.tp_steps, RegretJson(p)));
   }
+  rows.push_back(RegretMetaJson(r));
   return "{\n    " + absl::StrJoin(rows, ",\n    ") + "\n  }";
 }
 

@@ -12,9 +12,15 @@
 //             memory gate — the best any per-batch choice can do on these batches.
 // With --pp or --microbatches above 1 the same five decide per (stage, micro-batch) of a
 // pipeline (pipeline.h, ComparePipeline), and each result gains the pipeline's fields.
+// Every policy also gets its regret per window of `regret_window` steps against the oracle
+// (regret.h), its agreement with the oracle's modes, its flips and its exploration. With
+// --switch_cost_s every policy, the oracle included, pays for each switch it makes; the
+// oracle still picks each batch's faster mode without counting that cost, so a policy
+// that switches less can then beat it.
 //
 // Usage:
-//   absl::StatusOr<CompareResult> r = Compare(options, config, /*series_window=*/50);
+//   absl::StatusOr<CompareResult> r =
+//       Compare(options, config, /*series_window=*/50, /*regret_window=*/1000);
 //   std::cerr << CompareTable(*r);  json["compare"] = CompareJson(*r);
 #ifndef SPGATE_TOOLS_SIM_COMPARE_H_
 #define SPGATE_TOOLS_SIM_COMPARE_H_
@@ -26,6 +32,7 @@
 
 #include "absl/status/statusor.h"
 #include "policy/types.h"
+#include "tools/sim/regret.h"
 #include "tools/sim/sim.h"
 
 namespace spgate::sim {
@@ -62,12 +69,27 @@ struct PolicyResult {
   std::vector<double> step_times;  // every replica-step's
   std::map<std::string, std::map<std::string, int64_t>> decisions;  // static, adaptive:
                                                                     // mode -> reason -> n
+  // Per step, Σ over groups (replicas) of the step seconds, switch costs included: the
+  // input of the windowed regret.
+  std::vector<double> step_seconds;
+  int64_t oracle_agreed = 0;  // decisions (group-steps; PP: (stage, micro-batch) ones)
+                              // in the oracle's mode
+  // Derived from the above (FinishCompare): regret per window against the oracle, the
+  // whole-run best fixed choice (the better of sp and tp_only) in the same windows; the
+  // share of decisions in the oracle's mode; switches per 1,000 decisions of a group (PP:
+  // of a (replica, stage)); probe decisions over decisions.
+  WindowedRegret regret;
+  double oracle_agreement = 0;
+  double flips_per_1000_steps = 0;
+  double explore_share = 0;
 };
 
 struct CompareResult {
   int64_t steps = 0;  // per group
   int groups = 0;
   int64_t series_window = 0;
+  int64_t regret_window = kDefaultRegretWindow;  // as asked (a shorter run: one window)
+  double switch_cost_s = 0;
   std::vector<PolicyResult> policies;  // in the order above
   // The pipeline (--pp, --vp, --microbatches, --schedule); groups are its replicas.
   int pp = 1, vp = 1, microbatches = 1;
@@ -79,9 +101,18 @@ struct CompareResult {
 };
 
 // `config` is the static policy's; the adaptive one is the same with policy ADAPTIVE.
-// `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1).
+// `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1);
+// `regret_window` steps per regret window (INVALID_ARGUMENT naming --regret_window below
+// 1; --switch_cost_s is checked too).
 absl::StatusOr<CompareResult> Compare(const SimOptions& options, const GateConfig& config,
-                                      int64_t series_window = 0);
+                                      int64_t series_window = 0,
+                                      int64_t regret_window = kDefaultRegretWindow);
+
+// The derived fields of every policy (regret, oracle_agreement, flips_per_1000_steps,
+// explore_share) from its counts and step_seconds; the oracle is the policy named
+// "oracle", the best fixed choice the better of "sp" and "tp_only" over the run.
+// INVALID_ARGUMENT if one is missing or the step series do not match. Compare calls it.
+absl::Status FinishCompare(CompareResult& result, int64_t regret_window);
 
 std::string CompareTable(const CompareResult& result);  // markdown
 std::string CompareJson(const CompareResult& result);   // the value of the "compare" key

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "worker/runtime/batching.h"
 
 namespace spgate::sim {
@@ -52,6 +53,14 @@ std::vector<double> ShardWeights(std::span<const int64_t> lengths, int t, int64_
 }
 
 }  // namespace
+
+absl::Status ValidateSwitchCost(const CostParams& p) {
+  if (!std::isfinite(p.switch_cost_s) || p.switch_cost_s < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--switch_cost_s must be a finite number of seconds >= 0, got ", p.switch_cost_s));
+  }
+  return absl::OkStatus();
+}
 
 MemoryPrediction CostModel::PredictMemory(std::span<const int64_t> lengths) const {
   const BatchShape b = Shape(lengths, p_.tp);

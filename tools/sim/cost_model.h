@@ -10,14 +10,17 @@
 //   spgate::sim::MemoryPrediction mem = model.PredictMemory(lengths);
 //   spgate::sim::GroupStep step = model.Step(lengths, Mode::kSequenceParallel, rng);
 //   step.ranks[r].rs_wait_s / step.step_time_s ...
+//   step.step_time_s += model.SwitchSeconds(previous_mode, Mode::kSequenceParallel);
 #ifndef SPGATE_TOOLS_SIM_COST_MODEL_H_
 #define SPGATE_TOOLS_SIM_COST_MODEL_H_
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "policy/types.h"
 
 namespace spgate::sim {
@@ -57,6 +60,11 @@ struct CostParams {
   // one rank's stage-to-stage messages (one 400 Gb/s NIC per device).
   int vocab = 51200;
   double p2p_gbps = 50;
+  // What a mode switch costs: each time a group runs a different mode from its previous
+  // step (a pipeline stage: from its previous micro-batch), that step takes this many
+  // seconds more (re-planned buffers, cold caches, a different communicator's first
+  // call). 0: switching is free.
+  double switch_cost_s = 0;
 };
 
 struct RankStep {
@@ -80,6 +88,9 @@ struct MemoryPrediction {
   uint64_t budget = 0;      // device memory
 };
 
+// INVALID_ARGUMENT naming --switch_cost_s unless it is finite and >= 0.
+absl::Status ValidateSwitchCost(const CostParams& params);
+
 class CostModel {
  public:
   explicit CostModel(const CostParams& params) : p_(params) {}
@@ -90,6 +101,11 @@ class CostModel {
   // one generator state see the same noise.
   GroupStep Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng,
                  int64_t step = 0) const;
+  // The seconds a switch adds to a step run in `mode` after `previous` (switch_cost_s
+  // when there was a previous mode and it differs; else 0).
+  double SwitchSeconds(std::optional<Mode> previous, Mode mode) const {
+    return previous.has_value() && *previous != mode ? p_.switch_cost_s : 0.0;
+  }
   const CostParams& params() const { return p_; }
 
  private:

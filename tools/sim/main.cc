@@ -89,6 +89,8 @@ ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank")
 ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
 ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
+ABSL_FLAG(double, switch_cost_s, 0,
+          "Seconds a group's mode switch adds to the step it happens on (0: free)");
 // Pipelines (replay --compare only; docs/sim.md "Pipelines").
 ABSL_FLAG(int, pp, 1, "replay --compare: pipeline stages (--groups are then pipeline replicas, "
           "--layers the layers of one stage)");
@@ -109,6 +111,9 @@ ABSL_FLAG(bool, compare, false,
           "per-batch oracle (JSON key compare)");
 ABSL_FLAG(std::string, compare_series, "", "replay --compare: write tokens/s per window as CSV");
 ABSL_FLAG(int64_t, compare_window, 0, "replay --compare: steps per series point (0: steps/50)");
+ABSL_FLAG(int64_t, regret_window, spgate::sim::kDefaultRegretWindow,
+          "replay --compare: steps per window of the windowed regret against the oracle "
+          "(sliding by one step; a shorter run is one window)");
 
 namespace {
 
@@ -155,6 +160,7 @@ SimOptions OptionsFromFlags() {
   c.straggler_burst_steps = absl::GetFlag(FLAGS_straggler_burst_steps);
   c.vocab = absl::GetFlag(FLAGS_vocab);
   c.p2p_gbps = absl::GetFlag(FLAGS_p2p_gbps);
+  c.switch_cost_s = absl::GetFlag(FLAGS_switch_cost_s);
   o.pp = absl::GetFlag(FLAGS_pp);
   o.vp = absl::GetFlag(FLAGS_vp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
@@ -236,7 +242,8 @@ int Emit(const spgate::sim::Summary& s) {
 // (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
 int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
   absl::StatusOr<spgate::sim::CompareResult> r =
-      spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window));
+      spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window),
+                           absl::GetFlag(FLAGS_regret_window));
   if (!r.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
     return 2;
@@ -291,6 +298,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   SimOptions o = OptionsFromFlags();
+  // Checked before any run, so a long replay does not end in a flag error.
+  if (absl::GetFlag(FLAGS_regret_window) < 1) {
+    std::fprintf(stderr, "spgate-sim: --regret_window must be >= 1 step, got %lld\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_regret_window)));
+    return 2;
+  }
+  if (absl::Status s = spgate::sim::ValidateSwitchCost(o.cost); !s.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   absl::StatusOr<SimOptions::GroupPhase> phase =
       spgate::sim::ParseGroupPhase(absl::GetFlag(FLAGS_group_phase));
   if (!phase.ok()) {
@@ -355,7 +372,8 @@ int main(int argc, char** argv) {
   }
   if (absl::GetFlag(FLAGS_compare)) {
     absl::StatusOr<spgate::sim::CompareResult> r =
-        spgate::sim::Compare(o, *config, absl::GetFlag(FLAGS_compare_window));
+        spgate::sim::Compare(o, *config, absl::GetFlag(FLAGS_compare_window),
+                             absl::GetFlag(FLAGS_regret_window));
     if (!r.ok()) {
       std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
       return 2;

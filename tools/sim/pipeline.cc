@@ -408,7 +408,10 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
   std::vector<std::vector<Mode>> modes(P);
   std::vector<std::vector<double>> fwd(P, std::vector<double>(M)), bwd(P, std::vector<double>(M));
   std::vector<MicrobatchFacts> facts(M);
+  std::vector<std::vector<Mode>> oracle_modes(P);
+  std::vector<int64_t> oracle_kept_sp(P);
   for (int64_t k = 0; k < steps; ++k) {
+    for (PipeRun& r : runs) r.result.step_seconds.push_back(0);
     // Samples of steps k − lag and before become visible to ADAPTIVE's tables.
     for (PipeRun& r : runs) {
       for (int s = 0; s < P; ++s) {
@@ -439,6 +442,10 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
         // Forward activations and backward gradients over every boundary, per rank.
         sharded_bytes += 2.0 * boundaries * static_cast<double>(model.ShardedBoundaryBytes(padded));
       }
+      // The oracle's modes (switch costs not counted), for the oracle and for agreement.
+      for (int s = 0; s < P; ++s) {
+        oracle_kept_sp[s] = OracleStageModes(ops[s], resident[s], costs[s], limit, oracle_modes[s]);
+      }
       for (PipeRun& r : runs) {
         for (int s = 0; s < P; ++s) {
           const size_t unit = static_cast<size_t>(gi) * P + s;
@@ -465,20 +472,24 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
                     .decisions[std::string(ModeLabel(d.mode))][std::string(ReasonLabel(d.reason))];
             }
           } else if (r.kind == PipeRun::Kind::kOracle) {
-            r.result.memory_forced_sp += OracleStageModes(ops[s], resident[s], costs[s], limit,
-                                                          modes[s]);
+            modes[s] = oracle_modes[s];
+            r.result.memory_forced_sp += oracle_kept_sp[s];
           } else {
             r.result.memory_forced_sp +=
                 FixedStageModes(r.kind, ops[s], resident[s], memory[s], limit, modes[s]);
           }
           for (int m = 0; m < M; ++m) {
             const int i = ModeIndex(modes[s][m]);
-            fwd[s][m] = costs[s][m].forward_s[i];
+            // A switch of the stage's mode (from its previous micro-batch, in id order,
+            // the order its forwards run) lengthens that micro-batch's forward.
+            fwd[s][m] = costs[s][m].forward_s[i] +
+                        model.layers().SwitchSeconds(r.last_mode[unit], modes[s][m]);
             bwd[s][m] = costs[s][m].backward_s[i];
             if (r.last_mode[unit].has_value() && *r.last_mode[unit] != modes[s][m]) {
               ++r.result.switches;
             }
             r.last_mode[unit] = modes[s][m];
+            if (modes[s][m] == oracle_modes[s][m]) ++r.result.oracle_agreed;
             (modes[s][m] == Mode::kSequenceParallel ? r.result.sp_steps : r.result.tp_steps)++;
             if (modes[s][m] == Mode::kTensorParallelOnly) ++r.stage_tp[s];
             ++r.stage_decisions[s];
@@ -529,6 +540,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
         r.tokens += static_cast<double>(step_tokens);
         r.time_s += tl->step_time_s;
         r.step_times.push_back(tl->step_time_s);
+        r.result.step_seconds.back() += tl->step_time_s;
         r.window_tokens += static_cast<double>(step_tokens);
         r.window_time += tl->step_time_s;
         r.p2p_bytes += sharded_bytes;

@@ -83,6 +83,7 @@ class PipelineCostModel {
   // The time of one sharded boundary message over --p2p_gbps.
   double BoundarySeconds(int64_t padded_tokens) const;
   uint64_t budget_bytes() const { return layers_.PredictMemory({}).budget; }
+  const CostModel& layers() const { return layers_; }  // one stage's transformer layers
   const JobLayout& layout() const { return layout_; }
 
  private:
@@ -131,7 +132,9 @@ int64_t OracleStageModes(std::span<const PipelineOp> ops, uint64_t resident,
 //   oracle   per (stage, micro-batch) the faster mode, TP-only granted in order of the
 //            seconds it saves while the stage's step fits (greedy under memory; exact
 //            without a memory limit, since the step time never grows when an op shrinks).
-// The step time of a policy is its timeline's (SimulatePipeline). Call through Compare.
+// The step time of a policy is its timeline's (SimulatePipeline); a switch of a stage's
+// mode from its previous micro-batch adds --switch_cost_s to that micro-batch's forward on
+// the stage (so it costs the step what the timeline says). Call through Compare.
 absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& options, const GateConfig& config,
                                               int64_t series_window);
 

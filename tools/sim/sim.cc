@@ -6,6 +6,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -39,6 +40,7 @@ struct SimGroup {
   std::vector<std::unique_ptr<GroupDecider>> deciders;
   std::unique_ptr<runtime::BatchBuilder> batches;
   std::mt19937_64 rng;
+  std::optional<Mode> last_mode;       // of the last step that ran (--switch_cost_s)
   std::vector<int64_t> current, next;  // batches for step k and k + 1
   // The step that ran and has not been reported yet: a step lasts until the next tick,
   // where its telemetry goes out just before the next plan (as a trainer's would).
@@ -91,6 +93,8 @@ void StepGroup(SimGroup& g, const CostModel& model, int64_t k, absl::Time deadli
   if (!consistent) ++sum.consistency_violations;
   g.ran.step = k;
   g.ran.result = model.Step(g.current, seen[0].mode, g.rng, k);
+  g.ran.result.step_time_s += model.SwitchSeconds(g.last_mode, seen[0].mode);
+  g.last_mode = seen[0].mode;
   g.ran.seen = std::move(seen);
   sum.AddStep(g.ran.result, g.ran.seen[0]);
 }
@@ -160,6 +164,7 @@ absl::Status Validate(const SimOptions& o) {
         "learns the group's wait share from the group's reduced telemetry");
   }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
+  if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
   if (o.pipelined()) return PipelineOnlyInCompare();
   return absl::OkStatus();
 }
@@ -529,6 +534,7 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
+  if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
   if (o.pipelined()) return PipelineOnlyInCompare();
   absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
   if (!replay_steps.ok()) return replay_steps.status();
@@ -539,6 +545,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   std::vector<std::unique_ptr<runtime::BatchBuilder>> batches;
   std::vector<std::mt19937_64> rngs;
   std::vector<client::LocalGatePolicy> policies;
+  std::vector<std::optional<Mode>> last_mode(static_cast<size_t>(o.groups));
   for (int gi = 0; gi < o.groups; ++gi) {
     absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, gi);
     if (!b.ok()) return b.status();
@@ -577,7 +584,9 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
                                                       .predicted_peak_bytes_sp = mem.sp,
                                                       .predicted_peak_bytes_tp = mem.tp,
                                                       .memory_budget_bytes = mem.budget});
-      const GroupStep step = model.Step(lengths, ld.decision.mode, rngs[gi], k);
+      GroupStep step = model.Step(lengths, ld.decision.mode, rngs[gi], k);
+      step.step_time_s += model.SwitchSeconds(last_mode[gi], ld.decision.mode);
+      last_mode[gi] = ld.decision.mode;
       policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,

@@ -160,6 +160,39 @@ class DecisionQualityTargetsTest(unittest.TestCase):
         self.assertIn("MISSED: >= static, p95 <= 1.02 static", row)
 
 
+class DecisionQualityRegretTest(unittest.TestCase):
+    """decision_quality.evaluate_regret's windowed targets on made-up cells."""
+
+    def cmp(self, median=0.005, p95=0.02, lowest=0.995, explore=0.004):
+        c = {}
+        for p, tps in (("sp", 100.0), ("tp_only", 95.0), ("static", 98.0), ("adaptive", 99.0),
+                       ("oracle", 101.0)):
+            c[p] = {"effective_tokens_per_s": tps, "regret_window_median": 0.01,
+                    "regret_window_p95": 0.02, "regret_window_worst": 0.03,
+                    "worst_window_vs_best_fixed": 1.0, "min_window_vs_best_fixed": 1.0,
+                    "oracle_agreement": 0.5, "flips_per_1000_steps": 10.0, "explore_share": 0.0}
+        c["adaptive"].update(regret_window_median=median, regret_window_p95=p95,
+                             regret_window_worst=0.04, worst_window_vs_best_fixed=0.998,
+                             min_window_vs_best_fixed=lowest, explore_share=explore)
+        return c
+
+    def test_targets(self):
+        dq = adaptive_ablation.dq
+        row, miss = dq.evaluate_regret(self.cmp(), "cell", stationary=True)
+        self.assertEqual(miss, [])
+        self.assertIn("| cell | 1.00 / 0.50 | 2.00 / 2.00 | 3.00 / 4.00 | 1.00 / 3.00 (sp) |", row)
+        self.assertIn("| 0.9980, 0.9950 |", row)
+        self.assertTrue(row.endswith("| all met |"))
+        _, miss = dq.evaluate_regret(self.cmp(median=0.0101, p95=0.031, lowest=0.989,
+                                              explore=0.006), "cell", stationary=True)
+        self.assertEqual(miss, ["median <= 1 %", "p95 <= 3 %", "no window > 1 % below best fixed",
+                                "explore <= 0.5 %"])
+        # Exploration is a target only where nothing changes.
+        row, miss = dq.evaluate_regret(self.cmp(explore=0.006), "cell", stationary=False)
+        self.assertEqual(miss, [])
+        self.assertIn("0.600 (not stationary)", row)
+
+
 class DecisionQualityPipelineTest(unittest.TestCase):
     """decision_quality's PP cells: the row of a made-up cell, and a short run of each."""
 
@@ -186,8 +219,9 @@ class DecisionQualityPipelineTest(unittest.TestCase):
 
     def test_short_cells(self):
         dq = adaptive_ablation.dq
-        rows, cells = dq.run_pp_cells(SIM, 80, 1)
+        rows, cells, regret_rows, _ = dq.run_pp_cells(SIM, 80, 1)
         self.assertEqual(len(rows), len(dq.PP_CELLS))
+        self.assertEqual(len(regret_rows), len(dq.PP_CELLS))
         by_name = {c["name"]: c["compare"] for c in cells}
         for name, cmp in by_name.items():
             self.assertEqual(cmp["oracle"]["ratio_to_oracle"], 1.0, name)

@@ -164,3 +164,51 @@ foreach(args "replay;--pp=2" "replay;--compare;--sweep;--microbatches=4" "--micr
     message(FATAL_ERROR "${args}: rc ${rc}, ${err}")
   endif()
 endforeach()
+# Regret per window (docs/sim.md, "Regret per window"): every policy of a plain and of a PP
+# cell has the windowed keys; --switch_cost_s=0 is the default to the byte; bad
+# --regret_window and --switch_cost_s exit 2 naming the flag.
+foreach(cell "compare_plain" "compare_pp4")
+  file(READ ${WORK}/${cell}.json json)
+  foreach(policy sp tp_only static adaptive oracle)
+    foreach(key regret_window_median regret_window_p95 regret_window_worst
+                worst_window_vs_best_fixed oracle_agreement flips_per_1000_steps explore_share)
+      string(JSON value ERROR_VARIABLE jerr GET "${json}" compare ${policy} ${key})
+      if(jerr)
+        message(FATAL_ERROR "${cell}: compare.${policy} lacks \"${key}\": ${jerr}")
+      endif()
+    endforeach()
+  endforeach()
+  string(JSON agreement GET "${json}" compare oracle oracle_agreement)
+  string(JSON window GET "${json}" compare regret regret_window)
+  if(NOT agreement EQUAL 1 OR NOT window EQUAL 1000)
+    message(FATAL_ERROR "${cell}: oracle agreement ${agreement}, regret window ${window}")
+  endif()
+endforeach()
+execute_process(
+  COMMAND ${SIM} replay --lengths=bimodal:short=256,long=8000,p_long=0.4 --bucketing=false
+          --steps=100 --groups=2 --compare --switch_cost_s=0
+          --summary_json=${WORK}/compare_switch0.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "\\| window regret % median \\|")
+  message(FATAL_ERROR "replay --compare --switch_cost_s=0 failed (${rc}):\n${err}")
+endif()
+file(READ ${WORK}/compare_switch0.json switch0)
+string(REGEX REPLACE "\"wall_s\": [0-9.e+-]+" "" switch0 "${switch0}")
+if(NOT switch0 STREQUAL plain)
+  message(FATAL_ERROR "--switch_cost_s=0 changed the output:\n${switch0}\nvs\n${plain}")
+endif()
+foreach(case "--regret_window=0;--regret_window must be >= 1"
+             "--regret_window=-3;--regret_window must be >= 1"
+             "--switch_cost_s=-0.5;--switch_cost_s must be a finite number"
+             "--switch_cost_s=inf;--switch_cost_s must be a finite number"
+             "--switch_cost_s=nan;--switch_cost_s must be a finite number")
+  list(GET case 0 flag)
+  list(GET case 1 want)
+  foreach(cell "--steps=2" "--steps=2;--pp=2;--microbatches=4")
+    execute_process(COMMAND ${SIM} replay --compare ${cell} ${flag}
+                    RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+    if(NOT rc EQUAL 2 OR NOT err MATCHES "${want}")
+      message(FATAL_ERROR "${flag} ${cell}: rc ${rc}, ${err}")
+    endif()
+  endforeach()
+endforeach()

@@ -5,6 +5,9 @@
 #include "tools/sim/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -49,6 +52,27 @@ TEST(CostModelTest, MixedLengthsMakeRanksWaitAtTheReduceScatter) {
   EXPECT_LT(t.step_time_s, x.step_time_s);
   // ...while on the even batch SP wins (the element-wise region is sharded).
   EXPECT_LT(e.step_time_s, m.Step(even, Mode::kTensorParallelOnly, rng).step_time_s);
+}
+
+// A switch costs --switch_cost_s on the step it happens on: not on a group's first step,
+// not when the mode stays; a negative or non-finite cost is refused naming the flag.
+TEST(CostModelTest, ASwitchCostsTheStepItHappensOn) {
+  CostParams p = Quiet();
+  p.switch_cost_s = 0.25;
+  const CostModel m(p);
+  const Mode sp = Mode::kSequenceParallel, tp = Mode::kTensorParallelOnly;
+  EXPECT_EQ(m.SwitchSeconds(std::nullopt, sp), 0);
+  EXPECT_EQ(m.SwitchSeconds(sp, sp), 0);
+  EXPECT_EQ(m.SwitchSeconds(sp, tp), 0.25);
+  EXPECT_EQ(m.SwitchSeconds(tp, sp), 0.25);
+  EXPECT_EQ(CostModel(Quiet()).SwitchSeconds(sp, tp), 0);  // free by default
+  EXPECT_TRUE(ValidateSwitchCost(p).ok());
+  for (double bad : {-0.001, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    p.switch_cost_s = bad;
+    const absl::Status s = ValidateSwitchCost(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--switch_cost_s"), std::string::npos) << s;
+  }
 }
 
 TEST(CostModelTest, MemoryIsKorthikantisFormula) {
