@@ -289,9 +289,18 @@ class Decider {
       return CallWithBuffer(broadcast_, "broadcast", wire, root);
     };
     client::MaxReduceFn reduce_fn;  // empty: each rank reports through its own client
+    client::VectorMaxReduceFn reduce_vector_fn;
     if (!reduce_.is_none()) {
       reduce_fn = [this](client::TelemetryWire& wire, int root) {
         return CallWithBuffer(reduce_, "reduce", wire, root);
+      };
+      // A step plan's record with its micro-batches' (docs/design.md §12): the same
+      // callable, over 14 + 7 x microbatches doubles.
+      reduce_vector_fn = [this](std::span<double> values, int root) {
+        return CallWithBytes(reduce_, "reduce",
+                             std::span<uint8_t>(reinterpret_cast<uint8_t*>(values.data()),
+                                                values.size_bytes()),
+                             root);
       };
     }
     // A step plan's micro-batch decisions go over the same broadcast, one byte each.
@@ -300,7 +309,7 @@ class Decider {
     };
     auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
                                           rank_in_group, std::move(fn), std::move(reduce_fn),
-                                          std::move(bytes_fn));
+                                          std::move(bytes_fn), std::move(reduce_vector_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -729,18 +738,48 @@ PYBIND11_MODULE(_spgate, m) {
       .def("__eq__", [](const GateDecision& a, const GateDecision& b) { return a == b; })
       .def("__repr__", &DecisionRepr);
 
+  py::class_<MicrobatchTelemetryValues>(m, "MicrobatchTelemetry")
+      .def(py::init([](int id, Mode mode, double forward_s, double backward_s, double rs_wait_s,
+                       double all_gather_s, int64_t effective_tokens) {
+             return MicrobatchTelemetryValues{.id = id,
+                                              .mode = mode,
+                                              .forward_s = forward_s,
+                                              .backward_s = backward_s,
+                                              .rs_wait_s = rs_wait_s,
+                                              .all_gather_s = all_gather_s,
+                                              .effective_tokens = effective_tokens};
+           }),
+           py::arg("id"), py::arg("mode"), py::arg("forward_s"), py::arg("backward_s"),
+           py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
+           py::arg("effective_tokens") = 0)
+      .def_readwrite("id", &MicrobatchTelemetryValues::id)
+      .def_readwrite("mode", &MicrobatchTelemetryValues::mode)
+      .def_readwrite("forward_s", &MicrobatchTelemetryValues::forward_s)
+      .def_readwrite("backward_s", &MicrobatchTelemetryValues::backward_s)
+      .def_readwrite("rs_wait_s", &MicrobatchTelemetryValues::rs_wait_s)
+      .def_readwrite("all_gather_s", &MicrobatchTelemetryValues::all_gather_s)
+      .def_readwrite("effective_tokens", &MicrobatchTelemetryValues::effective_tokens)
+      .def("__eq__", [](const MicrobatchTelemetryValues& a, const MicrobatchTelemetryValues& b) {
+        return a == b;
+      });
+
   py::class_<client::StepTelemetryInput>(m, "StepTelemetry")
       .def(py::init([](int64_t step, Mode mode, Reason reason, double step_time_s, double rs_wait_s,
                        double all_gather_s, double norm_stall_s, int64_t effective_tokens,
-                       int64_t padding_tokens, uint64_t peak_memory_bytes) {
-             return client::StepTelemetryInput{step, mode, reason, step_time_s, rs_wait_s,
-                                               all_gather_s, norm_stall_s, effective_tokens,
-                                               padding_tokens, peak_memory_bytes};
+                       int64_t padding_tokens, uint64_t peak_memory_bytes,
+                       std::vector<MicrobatchTelemetryValues> microbatches) {
+             client::StepTelemetryInput t{step, mode, reason, step_time_s, rs_wait_s,
+                                          all_gather_s, norm_stall_s, effective_tokens,
+                                          padding_tokens, peak_memory_bytes};
+             t.microbatches = std::move(microbatches);
+             return t;
            }),
            py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
            py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
            py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
-           py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0)
+           py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0,
+           py::arg("microbatches") = std::vector<MicrobatchTelemetryValues>{})
+      .def_readwrite("microbatches", &client::StepTelemetryInput::microbatches)
       .def_readwrite("step", &client::StepTelemetryInput::step)
       .def_readwrite("mode", &client::StepTelemetryInput::mode)
       .def_readwrite("reason", &client::StepTelemetryInput::reason)

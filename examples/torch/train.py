@@ -488,8 +488,10 @@ def run_pipeline_rank(rank, world, args, port):
 
         tp.timer.reset()
         link.wait_s = 0.0
+        mb_times = {}
         losses = PL.run_1f1b(link, ops, grid.is_first, grid.is_last, forward,
-                             lambda i: (PL.boundary_rows(lengths[i], args.tp), args.hidden))
+                             lambda i: (PL.boundary_rows(lengths[i], args.tp), args.hidden),
+                             times=mb_times, timer=tp.timer)
         P.finish_gradients(model, tp)
         if grid.dp > 1:
             flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -520,10 +522,18 @@ def run_pipeline_rank(rank, world, args, port):
         step_mode = spgate.Mode.SEQUENCE_PARALLEL if any_sp else spgate.Mode.TENSOR_PARALLEL_ONLY
         tokens = sum(b.tokens for b in batches)
         padding = sum(b.padding_tokens for b in batches)
+        # And each micro-batch's compute on this stage, in its own mode: what the stage's
+        # ADAPTIVE learns from (docs/design.md §12), reduced over the group with the record.
+        per_mb = [spgate.MicrobatchTelemetry(
+            id=i, mode=d.microbatches[i].mode, forward_s=mb_times[i]["forward_s"],
+            backward_s=max(mb_times[i]["backward_s"], 1e-9),
+            rs_wait_s=mb_times[i]["reduce_scatter"], all_gather_s=mb_times[i]["all_gather"],
+            effective_tokens=batches[i].tokens) for i in range(m)]
         decider.report_telemetry(spgate.StepTelemetry(
             step=step, mode=step_mode, reason=d.reason, step_time_s=step_time,
             rs_wait_s=times["reduce_scatter"], all_gather_s=times["all_gather"],
-            effective_tokens=tokens, padding_tokens=padding, peak_memory_bytes=peak))
+            effective_tokens=tokens, padding_tokens=padding, peak_memory_bytes=peak,
+            microbatches=per_mb))
         records.append({"step": d.step, "mode": step_mode.label, "reason": d.reason.label,
                         "source": d.source.label, "tokens": tokens, "padding": padding,
                         "step_time_s": step_time, "decision_s": t1 - t0,

@@ -1,8 +1,8 @@
 """spgate: the worker client for Python (pybind11 over the C++ client library,
 worker/client/gate_client.h), with the same names as in C++: Client (GateClient),
 BatchPlan, GateDecision, StepTelemetry, Mode, Reason, DecisionSource; for pipelined jobs
-(docs/design.md §12) JobLayout, StageCoordinates, MicrobatchPlan, MicrobatchDecision and
-stage_schedule; and the launch's
+(docs/design.md §12) JobLayout, StageCoordinates, MicrobatchPlan, MicrobatchDecision,
+MicrobatchTelemetry and stage_schedule; and the launch's
 identity (worker/client/identity.h): new_launch_credential,
 launch_credential_from_environment, incarnation_from_environment; and
 read_worker_token_file (worker/client/tls.h). Errors raise

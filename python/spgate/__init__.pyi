@@ -5,6 +5,7 @@ from spgate._spgate import (BatchPlan as BatchPlan, Client as Client, ClientStat
                             GateDecision as GateDecision, GroupDecider as GroupDecider,
                             JobLayout as JobLayout, MicrobatchDecision as MicrobatchDecision,
                             MicrobatchPlan as MicrobatchPlan,
+                            MicrobatchTelemetry as MicrobatchTelemetry,
                             StageCoordinates as StageCoordinates,
                             InvalidArgumentError as InvalidArgumentError, Mode as Mode,
                             Reason as Reason, StepTelemetry as StepTelemetry,

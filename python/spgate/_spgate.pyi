@@ -206,6 +206,24 @@ class GateDecision:
     __hash__: ClassVar[None]  # type: ignore[assignment]  # __eq__ without __hash__: unhashable
 
 
+class MicrobatchTelemetry:
+    """One micro-batch of a step plan on this stage: its forward and backward compute
+    (p2p waits and the bubble excluded), the time inside reduce-scatters and all-gathers,
+    its tokens (docs/design.md §12)."""
+    id: int
+    mode: Mode
+    forward_s: float
+    backward_s: float
+    rs_wait_s: float
+    all_gather_s: float
+    effective_tokens: int
+    def __init__(self, id: int, mode: Mode, forward_s: float, backward_s: float,
+                 rs_wait_s: float = 0.0, all_gather_s: float = 0.0,
+                 effective_tokens: int = 0) -> None: ...
+    def __eq__(self, other: object) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
+
+
 class StepTelemetry:
     step: int
     mode: Mode
@@ -217,10 +235,12 @@ class StepTelemetry:
     effective_tokens: int
     padding_tokens: int
     peak_memory_bytes: int
+    microbatches: List[MicrobatchTelemetry]
     def __init__(self, step: int, mode: Mode, reason: Reason, step_time_s: float,
                  rs_wait_s: float = 0.0, all_gather_s: float = 0.0, norm_stall_s: float = 0.0,
                  effective_tokens: int = 0, padding_tokens: int = 0,
-                 peak_memory_bytes: int = 0) -> None: ...
+                 peak_memory_bytes: int = 0,
+                 microbatches: Sequence[MicrobatchTelemetry] = ...) -> None: ...
 
 
 class ClientStats:

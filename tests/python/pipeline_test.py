@@ -25,6 +25,7 @@ Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/pipe
 """
 import json
 import os
+import re
 import random
 import subprocess
 import sys
@@ -402,8 +403,16 @@ class PipelineExampleTest(unittest.TestCase):
             s, logs = run_example(3, "--job_id=torch-pp-daemon",
                                   f"--controller={daemon.address}",
                                   "--decision_deadline_ms=2000")
+            text = daemon.metrics()
         finally:
             daemon.stop()
+        # Each step's record carried its micro-batches' compute, none refused, and each
+        # stage learned from its own (docs/design.md §12).
+        self.assertIn('spgate_telemetry_records_total{result="rejected"} 0', text)
+        learned = [dict(re.findall(r'(\w+)="([^"]*)"', line)) for line in text.splitlines()
+                   if line.startswith("spgate_stage_adaptive_tokens_per_second{")]
+        self.assertEqual({(l["job_id"], l["stage"]) for l in learned},
+                         {("torch-pp-daemon", "0"), ("torch-pp-daemon", "1")}, text)
         # Every step's plan answered by the daemon, at both stages (sources count once a
         # replica, at its first stage); one telemetry record a step per stage's group.
         self.assertEqual(s["decision_sources"], {"daemon": 3})

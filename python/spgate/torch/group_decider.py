@@ -51,6 +51,7 @@ import spgate
 
 WIRE_BYTES = 24
 TELEMETRY_WIRE_DOUBLES = 14  # the in-group telemetry payload: 112 bytes
+MICROBATCH_TELEMETRY_DOUBLES = 7  # and a step plan's, per micro-batch
 
 
 def _global_rank(group, group_rank: int) -> int:
@@ -90,10 +91,13 @@ def _make_reduce(group, device: torch.device):
     def reduce(buf: bytearray, root: int) -> None:
         # Called by the C++ decider on the calling thread, with the GIL held. An all-reduce
         # (every rank ends with the maximum; only the root's is read).
-        host = torch.frombuffer(buf, dtype=torch.float64)  # 14 values, shares buf's memory
-        if host.numel() != TELEMETRY_WIRE_DOUBLES:
-            raise ValueError("reduce: expected %d doubles, got %d"
-                             % (TELEMETRY_WIRE_DOUBLES, host.numel()))
+        # 14 values, or a step plan's 14 + 7 per micro-batch; shares buf's memory.
+        host = torch.frombuffer(buf, dtype=torch.float64)
+        extra = host.numel() - TELEMETRY_WIRE_DOUBLES
+        if extra < 0 or extra % MICROBATCH_TELEMETRY_DOUBLES:
+            raise ValueError("reduce: expected %d doubles and %d per micro-batch, got %d"
+                             % (TELEMETRY_WIRE_DOUBLES, MICROBATCH_TELEMETRY_DOUBLES,
+                                host.numel()))
         if device.type == "cpu":
             dist.all_reduce(host, op=dist.ReduceOp.MAX, group=group)
             return
@@ -197,7 +201,12 @@ class GroupDecider:
                          **fields) -> None:
         """This rank's own measurements of a step it ran: a spgate.StepTelemetry, or its
         fields as keywords (step, mode, reason, step_time_s, rs_wait_s, all_gather_s,
-        norm_stall_s, effective_tokens, padding_tokens, peak_memory_bytes).
+        norm_stall_s, effective_tokens, padding_tokens, peak_memory_bytes, microbatches).
+
+        After decide_microbatches (a step plan), every rank gives `microbatches`: one
+        spgate.MicrobatchTelemetry per micro-batch id (its compute on this stage, p2p waits
+        excluded), reduced in the same collective, which the daemon learns each stage
+        from (docs/design.md §12); a rank without them is refused like any bad record.
 
         In a group session a collective (every rank, every step it reports, in the same
         order): the group's maximum reaches the leader, which sends one record for the

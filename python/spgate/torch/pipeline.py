@@ -390,7 +390,9 @@ def stage_output(y: torch.Tensor, batch, tp) -> torch.Tensor:
 
 def run_1f1b(link: StageLink, ops: Sequence[Tuple[bool, int, int]], first: bool, last: bool,
              forward_fn: Callable[[int, Optional[torch.Tensor]], torch.Tensor],
-             boundary_shape: Callable[[int], Tuple[int, int]]) -> Dict[int, torch.Tensor]:
+             boundary_shape: Callable[[int], Tuple[int, int]],
+             times: Optional[Dict[int, Dict[str, float]]] = None,
+             timer=None) -> Dict[int, torch.Tensor]:
     """One optimizer step of a stage: `ops` (PipelineGrid.schedule(): warm-up forwards,
     one forward and one backward in turn, the remaining backwards) in order, each
     micro-batch's activations held from its forward to its backward.
@@ -400,9 +402,32 @@ def run_1f1b(link: StageLink, ops: Sequence[Tuple[bool, int, int]], first: bool,
     rows to send (stage_output), or on the last stage the loss to backpropagate.
     boundary_shape(i) is micro-batch i's (rows, hidden) at this stage's boundaries.
     Gradients accumulate in the stage's parameters. Returns the last stage's losses by
-    micro-batch (detached; {} elsewhere). Sends are completed before it returns."""
+    micro-batch (detached; {} elsewhere). Sends are completed before it returns.
+
+    `times` (a dict): filled with each micro-batch's compute on this stage, what its step
+    telemetry reports (spgate.MicrobatchTelemetry): times[i] = {"forward_s", "backward_s",
+    "reduce_scatter", "all_gather"} - the wall time of its forward_fn and of its backward,
+    receives excluded, and of those the time in the collectives `timer` (a
+    spgate.torch.parallel.CollectiveTimer) counted."""
     held: Dict[int, Tuple[Optional[torch.Tensor], torch.Tensor]] = {}
     losses: Dict[int, torch.Tensor] = {}
+
+    def collectives():
+        if timer is None:
+            return 0.0, 0.0
+        t = timer.totals()
+        return t["reduce_scatter"], t["all_gather"]
+
+    def account(i, key, start, before):
+        if times is None:
+            return
+        after = collectives()
+        entry = times.setdefault(i, {"forward_s": 0.0, "backward_s": 0.0,
+                                     "reduce_scatter": 0.0, "all_gather": 0.0})
+        entry[key] += time.perf_counter() - start
+        entry["reduce_scatter"] += after[0] - before[0]
+        entry["all_gather"] += after[1] - before[1]
+
     # No finish on an error: a send may wait for a receive its peer will never post (the
     # job ends with the error, as spgate-worker's does).
     for forward, i, chunk in ops:
@@ -412,7 +437,9 @@ def run_1f1b(link: StageLink, ops: Sequence[Tuple[bool, int, int]], first: bool,
             x = None
             if not first:
                 x = link.recv(FORWARD, i, boundary_shape(i)).requires_grad_(True)
+            start, before = time.perf_counter(), collectives()
             out = forward_fn(i, x)
+            account(i, "forward_s", start, before)
             if last:
                 losses[i] = out.detach()
             else:
@@ -422,10 +449,13 @@ def run_1f1b(link: StageLink, ops: Sequence[Tuple[bool, int, int]], first: bool,
             if i not in held:
                 raise RuntimeError("run_1f1b: micro-batch %d's backward before its forward" % i)
             x, out = held.pop(i)
+            grad = None if last else link.recv(BACKWARD, i, boundary_shape(i))
+            start, before = time.perf_counter(), collectives()
             if last:
                 out.backward()
             else:
-                torch.autograd.backward(out, link.recv(BACKWARD, i, boundary_shape(i)))
+                torch.autograd.backward(out, grad)
+            account(i, "backward_s", start, before)
             if not first:
                 link.send(BACKWARD, i, x.grad)
     link.finish()
