@@ -19,12 +19,10 @@ using gate_state_internal::PendingStep;
 void GateState::LearnFromStep(Job& job, Group& g, int slot) {
   PendingStep& p = g.pending[slot];
   const GateConfig& config = g.schedule.At(p.step).config;
-  bool learned = false;
-  int stage = -1;
   if (!p.microbatches.empty() && job.layout.has_value()) {
     const gate_state_internal::CachedStepPlan* plan = g.CachedPlan(p.step);
     if (plan != nullptr && plan->bands.size() == p.microbatches.size()) {
-      stage = CoordinatesOf(*job.layout, g.index).stage;
+      const int stage = CoordinatesOf(*job.layout, g.index).stage;
       ThroughputTable& table = job.stage_learned[static_cast<size_t>(stage)];
       static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
       uint64_t touched = 0;
@@ -33,7 +31,6 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         if (band < 0) continue;
         table.Observe(band, m.mode, p.step, static_cast<double>(m.effective_tokens),
                       m.compute_s(), config.adaptive_half_life_steps);
-        learned = true;
         touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
       }
       // The cells this step fed, once each (a step has up to 4,096 micro-batches).
@@ -43,7 +40,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         const CellView v = table.At(cell / 2, mode, p.step, config.adaptive_half_life_steps);
         job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
       }
-      if (learned) {
+      if (touched != 0) {
         const uint64_t bits = table.PreferenceBits(config, table.newest_step());
         uint64_t& told = job.stage_learned_bits[static_cast<size_t>(stage)];
         if (bits != told) {
