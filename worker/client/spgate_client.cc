@@ -164,6 +164,27 @@ spgate::client::StepTelemetryInput Telemetry(const spgate_telemetry& t) {
   return in;
 }
 
+// The record with its micro-batches; a micro-batch's unknown mode is kept as 0, which
+// the telemetry rules refuse naming it.
+spgate::client::StepTelemetryInput StepTelemetry(const spgate_telemetry& t,
+                                                 const spgate_microbatch_telemetry* mbs,
+                                                 size_t count) {
+  spgate::client::StepTelemetryInput in = Telemetry(t);
+  in.microbatches.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const spgate_microbatch_telemetry& m = mbs[i];
+    in.microbatches.push_back(
+        {.id = m.id,
+         .mode = static_cast<spgate::Mode>(m.mode == 1 || m.mode == 2 ? m.mode : 0),
+         .forward_s = m.forward_s,
+         .backward_s = m.backward_s,
+         .rs_wait_s = m.rs_wait_s,
+         .all_gather_s = m.all_gather_s,
+         .effective_tokens = m.effective_tokens});
+  }
+  return in;
+}
+
 }  // namespace
 
 extern "C" {
@@ -305,6 +326,17 @@ spgate_status spgate_client_report_telemetry(spgate_client* client, const spgate
   return Report(client->client->ReportTelemetry(Telemetry(*t)));
 }
 
+spgate_status spgate_client_report_step_telemetry(spgate_client* client,
+                                                  const spgate_telemetry* t,
+                                                  const spgate_microbatch_telemetry* mbs,
+                                                  size_t count) {
+  if (client == nullptr) return Null("client");
+  if (t == nullptr) return Null("telemetry");
+  if (mbs == nullptr && count > 0) return Null("microbatches");
+  if (!ValidModeAndReason(*t)) return Report(BadModeOrReason(*t));
+  return Report(client->client->ReportTelemetry(StepTelemetry(*t, mbs, count)));
+}
+
 spgate_status spgate_client_observe_group_rs_wait(spgate_client* client, int64_t step,
                                                   int32_t mode, double share) {
   if (client == nullptr) return Null("client");
@@ -369,6 +401,15 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
       return absl::OkStatus();
     };
   }
+  // A step plan's record and its micro-batches' over the same reduce, 14 + 7 x count.
+  spgate::client::VectorMaxReduceFn reduce_vector_fn;
+  if (reduce != nullptr) {
+    reduce_vector_fn = [reduce, user_data](std::span<double> v, int root) -> absl::Status {
+      const int32_t rc = reduce(v.data(), v.size(), root, user_data);
+      if (rc != 0) return absl::InternalError(absl::StrCat("reduce callback returned ", rc));
+      return absl::OkStatus();
+    };
+  }
   // A step plan's micro-batch decisions travel over the same callback, `count` bytes.
   auto bytes_fn = [broadcast, user_data](std::span<uint8_t> b, int root) -> absl::Status {
     const int32_t rc = broadcast(b.data(), b.size(), root, user_data);
@@ -377,7 +418,7 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
   };
   auto decider = spgate::client::GroupDecider::Create(
       client != nullptr ? client->client.get() : nullptr, rank_in_group, fn,
-      std::move(reduce_fn), std::move(bytes_fn));
+      std::move(reduce_fn), std::move(bytes_fn), std::move(reduce_vector_fn));
   if (!decider.ok()) return Report(decider.status());
   *out = new spgate_decider{std::move(*decider)};
   return Report(absl::OkStatus());
@@ -449,6 +490,24 @@ spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
   refused.reason = SPGATE_REASON_GATES_PASSED;
   (void)decider->decider->ReportTelemetry(Telemetry(refused));
   return Report(BadModeOrReason(*t));
+}
+
+spgate_status spgate_decider_report_step_telemetry(spgate_decider* decider,
+                                                   const spgate_telemetry* t,
+                                                   const spgate_microbatch_telemetry* mbs,
+                                                   size_t count) {
+  if (decider == nullptr) return Null("decider");
+  if (t == nullptr) return Null("telemetry");
+  // A null list is taken as none, so the rank still takes part and is refused there.
+  spgate_telemetry record = *t;
+  const bool valid = ValidModeAndReason(*t);
+  if (!valid) {
+    record.mode = 0;
+    record.reason = SPGATE_REASON_GATES_PASSED;
+  }
+  const absl::Status s = decider->decider->ReportTelemetry(
+      StepTelemetry(record, mbs, mbs == nullptr ? 0 : count));
+  return Report(valid ? s : BadModeOrReason(*t));
 }
 
 }  // extern "C"

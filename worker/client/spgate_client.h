@@ -332,6 +332,35 @@ SPGATE_EXPORT spgate_status spgate_decider_decide_microbatches(
 SPGATE_EXPORT spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
                                                             const spgate_telemetry* telemetry);
 
+/* One micro-batch of a step plan on this stage (docs/design.md §12): the wall time of its
+ * forward and its backward on the stage (its TP collectives included; p2p waits and the
+ * pipeline's bubble excluded), of those the time in reduce-scatters and all-gathers, and
+ * its non-padding tokens. The daemon learns each stage's ADAPTIVE table from these. */
+typedef struct spgate_microbatch_telemetry {
+  int32_t id;
+  int32_t mode;
+  double forward_s;
+  double backward_s;
+  double rs_wait_s;
+  double all_gather_s;
+  int64_t effective_tokens;
+} spgate_microbatch_telemetry;
+
+/* A step plan's step: the record and one entry per micro-batch id of the layout (`count`
+ * = its microbatches; ids any order). The client's: queued as spgate_client_report_telemetry
+ * (refused naming the micro-batch and field). The decider's: after
+ * spgate_decider_decide_microbatches, with a decider from spgate_decider_create_group, the
+ * record and its micro-batches are reduced in one call of `reduce` (14 + 7 x count doubles)
+ * and every rank must give them; the rules of spgate_decider_report_telemetry apply
+ * (a refused rank still takes part), and ranks that ran a micro-batch in different modes
+ * are SPGATE_INTERNAL on the leader. */
+SPGATE_EXPORT spgate_status spgate_client_report_step_telemetry(
+    spgate_client* client, const spgate_telemetry* telemetry,
+    const spgate_microbatch_telemetry* microbatches, size_t count);
+SPGATE_EXPORT spgate_status spgate_decider_report_step_telemetry(
+    spgate_decider* decider, const spgate_telemetry* telemetry,
+    const spgate_microbatch_telemetry* microbatches, size_t count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -221,6 +221,93 @@ TEST(CApiTest, StepPlansDecidePerMicrobatchOnEveryRank) {
   spgate_client_destroy(c);
 }
 
+int32_t AnyReduceMax(double* values, size_t count, int32_t root, void* user) {
+  const auto* c = static_cast<const BytesComm*>(user);
+  return c->group->MaxReduceVector(c->rank, std::span<double>(values, count), root).ok() ? 0 : 2;
+}
+
+// A step plan's telemetry through the C API: every rank's micro-batch records in the one
+// reduction (14 + 7 x 4 doubles), one record for the group on the leader's client; a rank
+// without them is refused with nobody waiting, and ranks that disagree on a micro-batch's
+// mode are INTERNAL on the leader.
+TEST(CApiTest, StepPlanTelemetryCarriesEveryMicrobatch) {
+  spgate_options* o = spgate_options_create();
+  const spgate_layout layout{.tp = 2, .pp = 2, .vp = 1, .cp = 1, .dp = 1, .microbatches = 4,
+                             .schedule = SPGATE_SCHEDULE_1F1B};
+  const spgate_stage_coordinates at{.dp_index = 0, .stage = 0, .cp_rank = 0};
+  ASSERT_EQ(spgate_options_set_layout(o, &layout, &at), SPGATE_OK) << spgate_last_error();
+  ASSERT_EQ(spgate_options_set(o, "group_size", "2"), SPGATE_OK);
+  spgate_client* c = nullptr;
+  ASSERT_EQ(spgate_client_create(o, &c), SPGATE_OK) << spgate_last_error();
+  spgate_options_destroy(o);
+  spgate::client::InMemoryBroadcast group(2, absl::Seconds(30));
+  BytesComm comm[2] = {{&group, 0}, {&group, 1}};
+  spgate_decider* d[2] = {nullptr, nullptr};
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(spgate_decider_create_group(r == 0 ? c : nullptr, r, AnyBroadcast, AnyReduceMax,
+                                          &comm[r], &d[r]),
+              SPGATE_OK)
+        << spgate_last_error();
+  }
+  const int64_t lengths[] = {512, 512};
+  spgate_microbatch_plan plan[4];
+  for (int32_t i = 0; i < 4; ++i) {
+    plan[i] = {.id = i, .lengths = lengths, .count = 2, .activation_sp = 1, .activation_tp = 2,
+               .workspace_sp = 0, .workspace_tp = 0};
+  }
+  spgate_status rc[3][2];
+  std::string error[3][2];
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_EQ(spgate_decider_submit_step_plan(d[0], step, plan, 4, 100, 0), SPGATE_OK)
+        << spgate_last_error();
+    std::thread ranks[2];
+    for (int r = 0; r < 2; ++r) {
+      ranks[r] = std::thread([&, r, step] {
+        spgate_decision head{};
+        spgate_microbatch_decision mbs[4];
+        if (spgate_decider_decide_microbatches(d[r], step, -1, &head, mbs, 4, nullptr) !=
+            SPGATE_OK) {
+          rc[step][r] = SPGATE_INTERNAL;
+          error[step][r] = spgate_last_error();
+          return;
+        }
+        const spgate_telemetry t{.step = step, .mode = head.mode, .reason = head.reason,
+                                 .step_time_s = 1.0, .effective_tokens = 4096};
+        spgate_microbatch_telemetry per_mb[4];
+        for (int32_t i = 0; i < 4; ++i) {
+          per_mb[i] = {.id = i, .mode = mbs[i].mode, .forward_s = 0.1 * (r + 1),
+                       .backward_s = 0.2, .effective_tokens = 1024};
+        }
+        if (step == 1 && r == 1) per_mb[2].mode = per_mb[2].mode == 1 ? 2 : 1;
+        rc[step][r] = spgate_decider_report_step_telemetry(d[r], &t, per_mb,
+                                                           step == 2 && r == 1 ? 0 : 4);
+        error[step][r] = spgate_last_error();
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+  }
+  EXPECT_EQ(rc[0][0], SPGATE_OK) << error[0][0];
+  EXPECT_EQ(rc[0][1], SPGATE_OK) << error[0][1];
+  EXPECT_EQ(rc[1][0], SPGATE_INTERNAL);
+  EXPECT_THAT(error[1][0], HasSubstr("micro-batch 2"));
+  EXPECT_EQ(rc[1][1], SPGATE_OK) << error[1][1];
+  EXPECT_EQ(rc[2][0], SPGATE_INVALID_ARGUMENT);
+  EXPECT_EQ(rc[2][1], SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(error[2][1], HasSubstr("got none"));
+  spgate_client_stats st{};
+  ASSERT_EQ(spgate_client_get_stats(c, &st), SPGATE_OK);
+  EXPECT_EQ(st.telemetry_reported, 1);
+  // The client's own path refuses a bad micro-batch, naming it.
+  const spgate_telemetry t{.step = 0, .mode = 1, .reason = 1, .step_time_s = 1.0};
+  spgate_microbatch_telemetry bad[4];
+  for (int32_t i = 0; i < 4; ++i) bad[i] = {.id = i, .mode = 1, .forward_s = 0.1};
+  bad[3].mode = 9;
+  EXPECT_EQ(spgate_client_report_step_telemetry(c, &t, bad, 4), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("[id 3].mode"));
+  for (spgate_decider* x : d) spgate_decider_destroy(x);
+  spgate_client_destroy(c);
+}
+
 TEST(CApiTest, LaunchCredentialIsMadeRequiredAndChecked) {
   char cred[SPGATE_LAUNCH_CREDENTIAL_BUFFER];
   ASSERT_EQ(spgate_new_launch_credential(cred, sizeof(cred)), SPGATE_OK) << spgate_last_error();
