@@ -11,6 +11,8 @@
 // Tolerances: tests/worker/runtime/test_util.h.
 #include <mpi.h>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -307,11 +309,11 @@ TEST(GradientAccumulationTest, AWindowMixingModesWithDataParallelism) {
 // ---------------------------------------------------------------- pipelines
 
 // TP2 x PP2 x DP (4 ranks, or 8 with DP2: ctest runs both), 1F1B over four micro-batches,
-// each stage running each micro-batch in its own mode (they differ between micro-batches,
-// between the stages of one micro-batch and between replicas): every stage's gradients,
-// averaged over the replicas, equal the single-rank reference's for its layers, summed
-// over the micro-batches and averaged over the replicas' data; every p2p message had the
-// size its receiver expected. With and without activation recompute (the same numbers).
+// each stage running each micro-batch in its own mode, drawn at random per (replica, stage,
+// micro-batch) (they differ between micro-batches and between the stages of one
+// micro-batch): every stage's gradients, averaged over the replicas, equal the single-rank
+// reference's for its layers, summed over the micro-batches and averaged over the
+// replicas' data; every p2p message had the size its receiver expected. With and without activation recompute (the same numbers).
 TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
   if (WorldSize() % 4 != 0) GTEST_SKIP() << "needs TP2 x PP2 x DP ranks";
   for (const bool recompute : {false, true}) {
@@ -334,9 +336,23 @@ TEST(PipelineTest, OneFOneBWithModesPerStageAndMicrobatchMatchesTheReference) {
                                                 &arena, tp.get()));
   // Odd totals exercise the boundary's padding to a multiple of t.
   const std::vector<std::vector<int64_t>> lengths = {{5, 8, 3}, {11, 2}, {7}, {4, 4, 4, 1}};
-  const Mode sp = Mode::kSequenceParallel, tp_only = Mode::kTensorParallelOnly;
-  std::vector<Mode> modes[2] = {{sp, tp_only, tp_only, sp}, {tp_only, tp_only, sp, sp}};
-  if (replica % 2 == 1) std::swap(modes[0], modes[1]);
+  // A random plan per (replica, stage, micro-batch), the same on every rank of a replica
+  // (one seed), redrawn until the stages disagree on some micro-batch and each stage
+  // changes mode between micro-batches.
+  std::vector<Mode> modes[2];
+  std::mt19937 rng(7 + 31 * replica + (recompute ? 1000 : 0));
+  for (bool varied = false; !varied;) {
+    for (std::vector<Mode>& m : modes) {
+      m.clear();
+      for (int i = 0; i < 4; ++i) {
+        m.push_back(rng() % 2 == 0 ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
+      }
+    }
+    auto mixed = [](const std::vector<Mode>& m) {
+      return std::count(m.begin(), m.end(), Mode::kSequenceParallel) % 4 != 0;
+    };
+    varied = modes[0] != modes[1] && mixed(modes[0]) && mixed(modes[1]);
+  }
   auto seed = [](int d, size_t i) { return 40u + static_cast<uint64_t>(i) + 100u * d; };
   std::vector<MicroBatch> mbs;
   for (size_t i = 0; i < lengths.size(); ++i) {
