@@ -367,20 +367,64 @@ def microbatch_data(args, replica, step, i, lengths):
     return batch_tokens(args, replica * args.microbatches + i, step, lengths)
 
 
-# Bytes a stage keeps per layer and per row of hidden floats, for its plans' memory
-# (docs/design.md §12): the example's rough model, not a measurement - SP keeps its shard's
-# rows (tokens / t), TP-only every token; attention's n^2 scores are not counted, so it
-# underestimates long sequences (the summary's memory_prediction_max_rel_error shows by
-# how much). spgate-worker replays its arena instead.
-ACTIVATION_FLOATS_PER_HIDDEN = 16
+# What a micro-batch costs this stage's memory, for its step plans (docs/design.md §12):
+# the bytes autograd keeps from its forward to its backward, in each mode. The model's
+# saved tensors are, per micro-batch, linear in four features - a constant, the rows this
+# rank holds (SP: tokens padded to t, over t, for the sharded parts; every count below is
+# a function of the rows and the lengths), the sum of squared sequence lengths (attention's
+# scores) and the number of sequences - so calibrate_stage_memory measures a few probe
+# forwards per mode at start-up (saved_tensors_hooks, no backward) and fits them; the
+# plans then carry the fitted bytes, and the summary's memory_prediction_max_rel_error
+# says how close the schedule's predicted peak came to the measured one.
+PROBE_LENGTHS = ([64, 64], [128], [32, 32, 32, 32], [96, 32, 64], [200, 8], [16] * 10)
 
 
-def stage_memory(args, lengths):
-    layers = args.layers // args.pp
+def memory_features(lengths, tp, sequence_parallel):
     tokens = sum(lengths)
-    per_row = layers * ACTIVATION_FLOATS_PER_HIDDEN * args.hidden * 4
-    return {"activation_sp": per_row * ((tokens + args.tp - 1) // args.tp),
-            "activation_tp": per_row * tokens, "workspace_sp": 0, "workspace_tp": 0}
+    rows = -(-tokens // tp) * tp if sequence_parallel else tokens
+    return [1.0, float(rows), float(sum(n * n for n in lengths)), float(len(lengths))]
+
+
+def calibrate_stage_memory(args, model, tp, grid):
+    """Per mode, the coefficients of memory_features that give the bytes one micro-batch's
+    forward keeps on this stage, fitted to probe forwards (every rank of the TP group runs
+    the same probes: their collectives match). Returns {sequence_parallel: coefficients}."""
+    import torch
+    from spgate.torch import parallel as P
+    from spgate.torch import pipeline as PL
+    import spgate
+    fits = {}
+    for mode in (spgate.Mode.SEQUENCE_PARALLEL, spgate.Mode.TENSOR_PARALLEL_ONLY):
+        rows, measured = [], []
+        for k, lengths in enumerate(PROBE_LENGTHS):
+            batch = P.PackedBatch.make(lengths, tp, mode, dropout_seed=k)
+            tokens, targets = batch_tokens(args, 0, k, lengths)
+            x = None
+            if not grid.is_first:
+                x = torch.zeros(PL.boundary_rows(lengths, args.tp), args.hidden,
+                                requires_grad=True)
+            counter = SavedBytes()
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                if x is not None:
+                    x = PL.stage_input(x, batch, tp)
+                out = model(x, tokens, targets, batch)
+            del out
+            rows.append(memory_features(lengths, args.tp, batch.sequence_parallel))
+            measured.append(float(counter.bytes))
+        a = torch.tensor(rows, dtype=torch.float64)
+        b = torch.tensor(measured, dtype=torch.float64).unsqueeze(1)
+        fits[mode == spgate.Mode.SEQUENCE_PARALLEL] = \
+            torch.linalg.lstsq(a, b).solution.squeeze(1).tolist()
+    return fits
+
+
+def stage_memory(args, lengths, fits):
+    def predict(sp):
+        c = fits[sp]
+        return max(0, int(round(sum(w * f for w, f in
+                                    zip(c, memory_features(lengths, args.tp, sp))))))
+    return {"activation_sp": predict(True), "activation_tp": predict(False),
+            "workspace_sp": 0, "workspace_tp": 0}
 
 
 def run_pipeline_rank(rank, world, args, port):
@@ -431,6 +475,7 @@ def run_pipeline_rank(rank, world, args, port):
                 print(f"rank {rank}: spgated not reachable yet ({e}); deciding locally",
                       file=sys.stderr)
     dist.barrier()
+    memory_fits = calibrate_stage_memory(args, model, tp, grid)
     decider = PL.PipelineDecider(client, grid)
     link = PL.StageLink(grid.prev_rank, grid.next_rank)
     ops = grid.schedule()
@@ -447,7 +492,8 @@ def run_pipeline_rank(rank, world, args, port):
         if grid.is_data_leader:
             mine = [microbatch_lengths(args, grid.dp_index, step, i) for i in range(m)]
         lengths = decider.share_lengths(step, mine)
-        decider.submit_plan(step, lengths, memory=[stage_memory(args, ls) for ls in lengths],
+        decider.submit_plan(step, lengths,
+                            memory=[stage_memory(args, ls, memory_fits) for ls in lengths],
                             resident_bytes=state_bytes, memory_budget_bytes=args.memory_budget)
         return lengths
 
@@ -736,7 +782,7 @@ def summarize(args, world, per_rank):
         # Without pipelines the example submits its plans without a memory prediction
         # (no predicted_peak_bytes_sp/_tp), so there is no predicted peak and no
         # prediction error to report: empty ({}) and null. Pipelined, the stages' plans
-        # carry the example's rough activation model (stage_memory) and the leaders get
+        # carry the calibrated memory model's bytes (stage_memory) and the leaders get
         # the stage's predicted peak back with the decision.
         "predicted_peak_memory_bytes": predicted,
         "memory_prediction_max_rel_error": prediction_error,

@@ -436,6 +436,9 @@ class PipelineExampleTest(unittest.TestCase):
             self.assertEqual(sum(n for r in st["decisions"].values() for n in r.values()),
                              steps * 4, st)
             self.assertGreater(st["peak_memory_bytes"], 0)
+        # The plans' bytes come from the calibrated memory model: each stage's predicted
+        # peak over the schedule is the measured one (saved tensors), within 1 %.
+        self.assertLess(s["memory_prediction_max_rel_error"], 0.01, s["stages"])
         # The top-level decisions are the stages' sum; one log row per (step, micro-batch)
         # with its stage, the same on both ranks of a stage, counted as the summary's.
         self.assertEqual(sum(n for r in s["decisions"].values() for n in r.values()),
