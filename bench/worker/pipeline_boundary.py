@@ -10,9 +10,12 @@ formats); the table shows the median ratio over the rounds and the rounds' sprea
 Rows: SP; TP-only with the sharded boundary (the contract: t x smaller messages, an
 all-gather at each TP-only stage's entry and in its backward); TP-only with each mode's
 native boundary (the whole sequence crosses, no gather; only safe when every stage runs
-the same mode); the static gates deciding per stage and micro-batch (the local policy,
-sharded boundary). ADAPTIVE has no row: for step plans it decides like the static gates
-until telemetry is per micro-batch (docs/design.md §12, "Not built yet").
+the same mode); the static gates deciding per stage and micro-batch (spgated's STATIC,
+sharded boundary); ADAPTIVE per stage and micro-batch (spgated, learning each stage from
+its micro-batches' telemetry; its job config is the replay table's ADAPTIVE config,
+adaptive_min_samples 2 and adaptive_explore_share 0.15, so a run of a few dozen steps
+learns). Every row's ranks talk to the same spgated (the forced rows only report
+telemetry), so every row carries the same client threads.
 
 Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps=12]
        [--out=FILE.json]
@@ -20,11 +23,13 @@ Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 
 COMMON = ["--tp=2", "--pp=2", "--microbatches=4", "--layers=4", "--hidden=128", "--heads=4",
           "--ffn_hidden=512", "--lengths=lognormal:mean=384,sigma=1.0",
@@ -34,16 +39,36 @@ ROWS = [
     ("TP-only, sharded boundary (the contract)", ["--mode=tp"]),
     ("TP-only, native boundary (whole sequence)", ["--mode=tp", "--stage_boundary=native"]),
     ("static gates per stage and micro-batch", ["--mode=auto"]),
+    ("ADAPTIVE per stage and micro-batch", ["--mode=auto"]),
 ]
+ADAPTIVE_ROW = ROWS[-1][0]
+# The ADAPTIVE row's job config (bench/worker/replay_table.py's), set on the daemon.
+ADAPTIVE_FLAGS = ["--policy=adaptive", "--adaptive_min_samples=2",
+                  "--adaptive_explore_share=0.15"]
 BASE = "SP"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
 
 
+def start_daemon(build, state_dir):
+    proc = subprocess.Popen(
+        [os.path.join(build, "bin", "spgated"), "--listen=127.0.0.1:0",
+         "--admin_listen=127.0.0.1:0", "--metrics_listen=", f"--state_dir={state_dir}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        m = re.search(r"worker API on port (\d+), admin API on port (\d+)", line)
+        if m:
+            threading.Thread(target=proc.stderr.read, daemon=True).start()
+            return proc, int(m.group(1)), int(m.group(2))
+    proc.kill()
+    sys.exit("pipeline_boundary: spgated did not start")
+
+
 def run(build, mpirun, flags, steps, tmp):
     path = os.path.join(tmp, "summary.json")
     cmd = [mpirun, "--oversubscribe", "-np", "4", os.path.join(build, "bin", "spgate-worker"),
-           *COMMON, *flags, f"--steps={steps}", f"--summary_json={path}"]
+           *COMMON, *flags, f"--steps={steps}", f"--summary_json={path}",
+           "--decision_deadline=2s", "--connect_timeout=30s"]
     r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{r.stdout}\n{r.stderr}")
@@ -72,10 +97,22 @@ def main():
     ratios = {name: {"tokens_per_s": [], "step_time_mean_s": [], "p2p_bytes_per_step": [],
                      "peak_memory_bytes": []} for name, _ in ROWS}
     raw = []
+    daemon, port, admin_port = start_daemon(a.build, tmp)
+    spgatectl = os.path.join(a.build, "bin", "spgatectl")
     try:
         for rnd in range(a.rounds):
             order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
-            got = {name: run(a.build, a.mpirun, flags, a.steps, tmp) for name, flags in order}
+            got = {}
+            for name, flags in order:
+                job = "boundary-%s-%d" % (re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"),
+                                          rnd)
+                if name == ADAPTIVE_ROW:
+                    subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates", "set",
+                                    f"--job_id={job}"] + ADAPTIVE_FLAGS,
+                                   check=True, capture_output=True, timeout=30)
+                got[name] = run(a.build, a.mpirun,
+                                [*flags, f"--controller=127.0.0.1:{port}", f"--job_id={job}"],
+                                a.steps, tmp)
             raw.append(got)
             base = got[BASE]
             for name, _ in ROWS:
@@ -83,6 +120,8 @@ def main():
                     ratios[name][key].append(got[name][key] / base[key] if base[key] else 0.0)
             print(f"round {rnd + 1}/{a.rounds} done", file=sys.stderr)
     finally:
+        daemon.terminate()
+        daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"| row (TP2 x PP2, 4 micro-batches, {a.steps} steps, {a.rounds} rounds) | tokens/s vs SP "
           "| step time vs SP | p2p bytes/step vs SP | peak memory vs SP |")
@@ -97,6 +136,9 @@ def main():
         print(f"| {name} | " + " | ".join(cells) + " |")
         table.append({"row": name, **{k: statistics.median(v) for k, v in r.items()},
                       "range": {k: [min(v), max(v)] for k, v in r.items()}})
+    for name in (ROWS[3][0], ADAPTIVE_ROW):
+        print(f"\n{name}, decisions per round (mode -> reason -> micro-batches): "
+              + "; ".join(json.dumps(r[name]["decisions"], sort_keys=True) for r in raw))
     # The contract's own cost, paired by round: TP-only with the native boundary over
     # TP-only with the sharded one (> 1: the sharded boundary is slower).
     sharded, native = ROWS[1][0], ROWS[2][0]
