@@ -50,6 +50,15 @@ spgate_status Null(const char* what) {
   return Report(absl::InvalidArgumentError(absl::StrCat(what, " is NULL")));
 }
 
+// A micro-batch count no step plan can have (a layout has at most kMaxStepPlanChunks).
+absl::Status TooManyMicrobatchesStatus(size_t count) {
+  return absl::InvalidArgumentError(absl::StrCat("count: ", count, " micro-batches, at most ",
+                                                 spgate::kMaxStepPlanChunks));
+}
+spgate_status TooManyMicrobatches(size_t count) {
+  return Report(TooManyMicrobatchesStatus(count));
+}
+
 // By name: the TLS settings, then the client's option table (client_options.h), then the
 // initial config's fields by their names in the gate field table.
 absl::Status SetOption(spgate::client::GateClientOptions& o,
@@ -97,6 +106,9 @@ spgate::client::BatchPlanInput Plan(int64_t step, const int64_t* lengths, size_t
 absl::StatusOr<std::vector<spgate::client::MicrobatchPlanInput>> Microbatches(
     const spgate_microbatch_plan* mbs, size_t count) {
   if (mbs == nullptr && count > 0) return absl::InvalidArgumentError("mbs is NULL");
+  if (count > static_cast<size_t>(spgate::kMaxStepPlanChunks)) {
+    return TooManyMicrobatchesStatus(count);
+  }
   std::vector<spgate::client::MicrobatchPlanInput> out(count);
   for (size_t i = 0; i < count; ++i) {
     const spgate_microbatch_plan& m = mbs[i];
@@ -333,6 +345,7 @@ spgate_status spgate_client_report_step_telemetry(spgate_client* client,
   if (client == nullptr) return Null("client");
   if (t == nullptr) return Null("telemetry");
   if (mbs == nullptr && count > 0) return Null("microbatches");
+  if (count > static_cast<size_t>(spgate::kMaxStepPlanChunks)) return TooManyMicrobatches(count);
   if (!ValidModeAndReason(*t)) return Report(BadModeOrReason(*t));
   return Report(client->client->ReportTelemetry(StepTelemetry(*t, mbs, count)));
 }
@@ -498,7 +511,10 @@ spgate_status spgate_decider_report_step_telemetry(spgate_decider* decider,
                                                    size_t count) {
   if (decider == nullptr) return Null("decider");
   if (t == nullptr) return Null("telemetry");
-  // A null list is taken as none, so the rank still takes part and is refused there.
+  // A null list, or a count over the limit, is taken as none: the rank still takes part
+  // (the others are, or will be, in the reduction) and is refused there.
+  const bool too_many = count > static_cast<size_t>(spgate::kMaxStepPlanChunks);
+  if (too_many) mbs = nullptr;
   spgate_telemetry record = *t;
   const bool valid = ValidModeAndReason(*t);
   if (!valid) {
@@ -507,6 +523,7 @@ spgate_status spgate_decider_report_step_telemetry(spgate_decider* decider,
   }
   const absl::Status s = decider->decider->ReportTelemetry(
       StepTelemetry(record, mbs, mbs == nullptr ? 0 : count));
+  if (too_many) return TooManyMicrobatches(count);
   return Report(valid ? s : BadModeOrReason(*t));
 }
 

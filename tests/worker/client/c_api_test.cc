@@ -304,6 +304,13 @@ TEST(CApiTest, StepPlanTelemetryCarriesEveryMicrobatch) {
   bad[3].mode = 9;
   EXPECT_EQ(spgate_client_report_step_telemetry(c, &t, bad, 4), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("[id 3].mode"));
+  // A count no layout allows is refused before anything is read.
+  EXPECT_EQ(spgate_client_report_step_telemetry(c, &t, bad, size_t{1} << 40),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("count"));
+  EXPECT_EQ(spgate_client_submit_step_plan(c, 5, plan, size_t{1} << 40, 100, 0),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("count"));
   for (spgate_decider* x : d) spgate_decider_destroy(x);
   spgate_client_destroy(c);
 }
