@@ -29,7 +29,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
+
+from replay_table import start_daemon  # the same spgated on loopback, port 0
 
 COMMON = ["--tp=2", "--pp=2", "--microbatches=4", "--layers=4", "--hidden=128", "--heads=4",
           "--ffn_hidden=512", "--lengths=lognormal:mean=384,sigma=1.0",
@@ -48,20 +49,6 @@ ADAPTIVE_FLAGS = ["--policy=adaptive", "--adaptive_min_samples=2",
 BASE = "SP"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
-
-
-def start_daemon(build, state_dir):
-    proc = subprocess.Popen(
-        [os.path.join(build, "bin", "spgated"), "--listen=127.0.0.1:0",
-         "--admin_listen=127.0.0.1:0", "--metrics_listen=", f"--state_dir={state_dir}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        m = re.search(r"worker API on port (\d+), admin API on port (\d+)", line)
-        if m:
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, int(m.group(1)), int(m.group(2))
-    proc.kill()
-    sys.exit("pipeline_boundary: spgated did not start")
 
 
 def run(build, mpirun, flags, steps, tmp):

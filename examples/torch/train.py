@@ -322,37 +322,7 @@ def run_rank(rank, world, args, port):
                         "length_cv": _cv(lengths)})
     if log_file:
         log_file.close()
-    flushed = True
-    counters = {"telemetry_sent": 0, "telemetry_acked": 0, "local_decisions": 0,
-                "daemon_decisions": 0, "late_decisions": 0, "memory_overrides": 0,
-                "flushed": True}  # a follower: no client, its records went to the leader
-    if client is not None:
-        if args.controller:
-            try:
-                client.flush(10.0)
-            except spgate.Error:
-                flushed = False
-        s = client.stats()
-        counters = {"telemetry_sent": s.telemetry_sent, "telemetry_acked": s.telemetry_acked,
-                    "local_decisions": s.local_decisions, "daemon_decisions": s.daemon_decisions,
-                    "late_decisions": s.late_decisions, "memory_overrides": s.memory_overrides,
-                    "flushed": flushed}
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
-    if client is not None:
-        client.close()
-    summary = None
-    if rank == 0:
-        summary = summarize(args, world, gathered)
-        text = json.dumps(summary, indent=2, sort_keys=True)
-        print(text)
-        if args.summary_json:
-            with open(args.summary_json, "w") as f:
-                f.write(text + "\n")
-    dist.barrier()
-    dist.destroy_process_group()
-    if summary is not None and summary["consistency_violations"]:
-        sys.exit(1)
+    finish_run(args, world, rank, records, finish_client(client, args), client)
 
 
 # ---- pipelined: stages and micro-batches (docs/design.md §12) ---------------------------
@@ -594,6 +564,13 @@ def run_pipeline_rank(rank, world, args, port):
     counters = finish_client(client, args)
     counters.update({"p2p_size_mismatches": link.size_mismatches,
                      "p2p_bytes_sent": link.bytes_sent, "stage": grid.stage})
+    finish_run(args, world, rank, records, counters, client)
+
+
+def finish_run(args, world, rank, records, counters, client):
+    """Every rank's records and counters to rank 0, which prints and writes the summary;
+    exits 1 when the ranks of a group disagreed on a decision."""
+    import torch.distributed as dist
     gathered = [None] * world if rank == 0 else None
     dist.gather_object({"records": records, "counters": counters}, gathered, dst=0)
     if client is not None:
