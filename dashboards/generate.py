@@ -519,8 +519,9 @@ def Job():
         [(f"max(spgate_adaptive_gain_ratio{{{j}}})", "gain")], minimum=None), w=6)
     L.Add(TimeSeries(
         "Exploration share",
-        "Steps ADAPTIVE spent on the less-sampled mode (reason probe), over all decisions; "
-        "bounded by adaptive_explore_share.",
+        "Steps ADAPTIVE spent measuring the mode not chosen (reason probe), over all "
+        "decisions: adaptive_explore_floor in stable bands, up to adaptive_explore_share "
+        "while a band learns or after a change.",
         "percentunit",
         [(f"sum(rate(spgate_adaptive_exploration_steps_total{{{j}}}[{RATE}]))"
           f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "exploration")],
@@ -532,6 +533,26 @@ def Job():
         "count:tok/s",
         [(f"max by (band, mode) (spgate_adaptive_tokens_per_second{{{j}}})",
           "{{band}} · {{mode}}")]), w=8)
+    L.Add(TimeSeries(
+        "Switches, held flips and changes",
+        "Per 1,000 decisions: mode switches, decisions where ADAPTIVE held the group's mode "
+        "(the flip cap, adaptive_flip_interval_steps, had no switch left or the switch "
+        "would not pay its learned cost), and changes detected in the learned table (each "
+        "raises a band's exploration).",
+        "short",
+        [(f"1000 * sum(rate(spgate_mode_switches_total{{{j}}}[{RATE}]))"
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "switches"),
+         (f"1000 * sum(rate(spgate_adaptive_flips_held_total{{{j}}}[{RATE}]))"
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "held"),
+         (f"1000 * sum(rate(spgate_adaptive_changes_total{{{j}}}[{RATE}]))"
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "changes")]), w=12)
+    L.Add(TimeSeries(
+        "Learned switch cost",
+        "Seconds the first step after a mode switch took beyond its band's estimate, "
+        "learned from the job's telemetry; a switch must save more than this over the next "
+        "adaptive_flip_interval_steps decisions.",
+        "s",
+        [(f"max(spgate_adaptive_switch_cost_seconds{{{j}}})", "switch cost")]), w=12)
 
     L.Row("Workers and config")
     L.Add(TimeSeries(

@@ -58,23 +58,85 @@ std::string BandRangeText(const GateConfig& config, int band) {
   return absl::StrCat(cv, ", ", tok);
 }
 
-void ThroughputTable::Observe(int band, Mode mode, int64_t step, double tokens, double seconds,
-                              int64_t half_life_steps) {
-  if (!ValidBand(band) || !std::isfinite(seconds) || seconds <= 0 || !std::isfinite(tokens) ||
-      tokens < 0 || step < 0) {
-    return;
-  }
+namespace {
+
+// The change detector's constants (docs/design.md §11): the fast mean follows the last
+// few samples (weight 1/4 each), the noise the last few dozen (1/16); a change must stand
+// out of the fast mean's own spread by kChangeSigmas.
+constexpr double kDriftRate = 0.25;
+constexpr double kNoiseRate = 1.0 / 16;
+constexpr double kChangeSigmas = 3.0;
+
+// The factor a cell of weight `w` decays by over a decay of `f`: f, but never below the
+// sample floor once it had it.
+double ForgetFactor(double w, double f, double floor) {
+  return w >= floor && w * f < floor ? floor / w : f;
+}
+
+double SampleFloor(const GateConfig& config) {
+  return static_cast<double>(config.adaptive_min_samples);
+}
+
+bool ValidSample(int band, int64_t step, double tokens, double seconds) {
+  return band >= 0 && band < kBands && std::isfinite(seconds) && seconds > 0 &&
+         std::isfinite(tokens) && tokens >= 0 && step >= 0;
+}
+
+}  // namespace
+
+void ThroughputTable::MarkChanged(ThroughputCell& c, int64_t step) {
+  c.changed_step = std::max(c.changed_step, step);
+  newest_change_step_ = std::max(newest_change_step_, step);
+}
+
+void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int64_t step,
+                              double tokens, double seconds) {
+  if (!ValidSample(band, step, tokens, seconds)) return;
+  const int64_t h = config.adaptive_half_life_steps;
+  const double floor = SampleFloor(config);
   ThroughputCell& c = cells_[Index(band, mode)];
   if (c.last_step < 0) {
+    const int64_t changed = c.changed_step;
     c = ThroughputCell{tokens, seconds, 1.0, step};
-  } else if (step >= c.last_step) {
-    const double f = Decay(static_cast<double>(step - c.last_step), half_life_steps);
-    c.tokens = c.tokens * f + tokens;
-    c.seconds = c.seconds * f + seconds;
-    c.weight = c.weight * f + 1.0;
+    c.changed_step = changed;
+    newest_step_ = std::max(newest_step_, step);
+    return;
+  }
+  // A band back after a half-life without samples: its estimates are stale, explore.
+  ThroughputCell& other = cells_[Index(band, mode == Mode::kSequenceParallel
+                                                 ? Mode::kTensorParallelOnly
+                                                 : Mode::kSequenceParallel)];
+  if (step - std::max(c.last_step, other.last_step) > h) MarkChanged(c, step);
+  // The change detector, on the sample's residual against the estimate before it.
+  const double estimate = c.tokens_per_s();
+  if (estimate > 0) {
+    const double residual = tokens / seconds / estimate - 1.0;
+    c.noise += kNoiseRate * (residual * residual - c.noise);
+    c.drift += kDriftRate * (residual - c.drift);
+    // The noise's mean corrected for its start at 0 (the cell's weight counts its
+    // samples until they decay), and the fast mean's spread under that noise.
+    const double started = 1.0 - std::pow(1.0 - kNoiseRate, std::min(c.weight, 64.0));
+    const double spread = std::sqrt(c.noise / started * kDriftRate / (2.0 - kDriftRate));
+    if (c.weight >= floor &&
+        std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread)) {
+      // Re-base the cell on the recent samples, at the floor's weight, and explore.
+      const double per_sample_s = c.seconds / c.weight;
+      c.weight = floor;
+      c.seconds = per_sample_s * floor;
+      c.tokens = estimate * (1.0 + c.drift) * c.seconds;
+      c.drift = 0;
+      MarkChanged(c, step);
+    }
+  }
+  if (step >= c.last_step) {
+    const double k =
+        ForgetFactor(c.weight, Decay(static_cast<double>(step - c.last_step), h), floor);
+    c.tokens = c.tokens * k + tokens;
+    c.seconds = c.seconds * k + seconds;
+    c.weight = c.weight * k + 1.0;
     c.last_step = step;
   } else {  // a late sample (another group behind this one): it enters already decayed
-    const double f = Decay(static_cast<double>(c.last_step - step), half_life_steps);
+    const double f = Decay(static_cast<double>(c.last_step - step), h);
     c.tokens += tokens * f;
     c.seconds += seconds * f;
     c.weight += f;
@@ -82,18 +144,60 @@ void ThroughputTable::Observe(int band, Mode mode, int64_t step, double tokens, 
   newest_step_ = std::max(newest_step_, step);
 }
 
-CellView ThroughputTable::At(int band, Mode mode, int64_t step, int64_t half_life_steps) const {
+bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mode mode,
+                                         int64_t step, double tokens, double seconds) {
+  if (!ValidSample(band, step, tokens, seconds)) return false;
+  const ThroughputCell& c = cell(band, mode);
+  // Measured against an estimate of at least the sample floor's weight only.
+  const bool measured = c.weight >= SampleFloor(config) && c.tokens_per_s() > 0;
+  if (measured) {
+    const double excess = seconds - tokens / c.tokens_per_s();
+    const int64_t h = config.adaptive_half_life_steps;
+    SwitchCostCell& s = switch_cost_;
+    if (s.last_step < 0) {
+      s = SwitchCostCell{excess, 1.0, step};
+    } else if (step >= s.last_step) {
+      const double f = Decay(static_cast<double>(step - s.last_step), h);
+      s = SwitchCostCell{s.seconds * f + excess, s.weight * f + 1.0, step};
+    } else {
+      const double f = Decay(static_cast<double>(s.last_step - step), h);
+      s.seconds += excess * f;
+      s.weight += f;
+    }
+  }
+  // The step still measures its mode (a probe is always the first step after a switch),
+  // less the switch's learned cost; at least half of it stays, whatever the estimate.
+  Observe(config, band, mode, step, tokens, std::max(seconds - SwitchCostSeconds(), 0.5 * seconds));
+  return measured;
+}
+
+double ThroughputTable::SwitchCostSeconds() const {
+  const SwitchCostCell& s = switch_cost_;
+  if (!(s.weight > 0) || !std::isfinite(s.seconds)) return 0.0;
+  return std::max(0.0, s.seconds / s.weight);
+}
+
+int64_t ThroughputTable::BandChangedStep(int band) const {
+  if (!ValidBand(band)) return -1;
+  return std::max(cell(band, Mode::kSequenceParallel).changed_step,
+                  cell(band, Mode::kTensorParallelOnly).changed_step);
+}
+
+CellView ThroughputTable::At(const GateConfig& config, int band, Mode mode, int64_t step) const {
   if (!ValidBand(band)) return {};
   const ThroughputCell& c = cells_[Index(band, mode)];
   if (c.last_step < 0) return {};
   const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
-  return CellView{c.tokens_per_s(), c.weight * Decay(age, half_life_steps)};
+  return CellView{c.tokens_per_s(),
+                  c.weight * ForgetFactor(c.weight, Decay(age, config.adaptive_half_life_steps),
+                                          SampleFloor(config))};
 }
 
 void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
   if (!ValidBand(band)) return;
   cells_[Index(band, mode)] = cell;
   newest_step_ = std::max(newest_step_, cell.last_step);
+  newest_change_step_ = std::max(newest_change_step_, cell.changed_step);
 }
 
 uint64_t ThroughputTable::PreferenceBits(const GateConfig& config, int64_t step) const {
@@ -112,9 +216,8 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
                           int64_t step) {
   BandEstimate e;
   if (table == nullptr) return e;
-  const int64_t h = config.adaptive_half_life_steps;
-  e.sp = table->At(band, Mode::kSequenceParallel, step, h);
-  e.tp = table->At(band, Mode::kTensorParallelOnly, step, h);
+  e.sp = table->At(config, band, Mode::kSequenceParallel, step);
+  e.tp = table->At(config, band, Mode::kTensorParallelOnly, step);
   const auto min = static_cast<double>(config.adaptive_min_samples);
   e.known = e.sp.samples >= min && e.tp.samples >= min && e.sp.tokens_per_s > 0;
   if (e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) e.ratio = e.tp.tokens_per_s / e.sp.tokens_per_s;
@@ -129,19 +232,100 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
 bool AdaptiveGainLedger::Add(const GateConfig& config, const ThroughputTable& table,
                              const GateOutcome& outcome, int64_t step, int64_t tokens) {
   if (!outcome.static_choice.has_value()) return false;
-  const int64_t h = config.adaptive_half_life_steps;
-  const double ran = table.At(outcome.band, outcome.decision.mode, step, h).tokens_per_s;
-  const double gates = table.At(outcome.band, *outcome.static_choice, step, h).tokens_per_s;
+  const double ran = table.At(config, outcome.band, outcome.decision.mode, step).tokens_per_s;
+  const double gates = table.At(config, outcome.band, *outcome.static_choice, step).tokens_per_s;
   if (!(ran > 0) || !(gates > 0)) return false;
   adaptive_s_ += static_cast<double>(tokens) / ran;
   static_s_ += static_cast<double>(tokens) / gates;
   return true;
 }
 
-int64_t ExplorePeriod(const GateConfig& config) {
-  const double share = config.adaptive_explore_share;
+int64_t ExplorePeriod(double share) {
   if (!(share > 0)) return INT64_MAX;
-  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(1.0 / share - 1e-9)));
+  return std::max<int64_t>(kProbeRunSteps,
+                           static_cast<int64_t>(std::ceil(kProbeRunSteps / share - 1e-9)));
+}
+
+bool InProbeRun(int64_t step, int64_t period) {
+  return step >= 0 && step % period < kProbeRunSteps;
+}
+
+double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
+                      int64_t step, bool known) {
+  const double share = config.adaptive_explore_share;
+  if (!known || table == nullptr) return share;
+  const int64_t changed = table->BandChangedStep(band);
+  if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
+    return share;
+  }
+  return std::min(config.adaptive_explore_floor, share);
+}
+
+bool MayExplore(const GateConfig& config, int64_t step) {
+  if (step < 0) return false;
+  const double floor = std::min(config.adaptive_explore_floor, config.adaptive_explore_share);
+  return InProbeRun(step, ExplorePeriod(config.adaptive_explore_share)) ||
+         InProbeRun(step, ExplorePeriod(floor));
+}
+
+bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int flips) {
+  if (!state.has_decision) return true;  // the first decision switches nothing
+  const int64_t window = 2 * config.adaptive_flip_interval_steps;
+  std::array<int64_t, 4> history = {state.prev_switch_at, state.last_switch_at};
+  size_t n = 2;
+  for (int k = 0; k < flips && n < history.size(); ++k) {
+    const int64_t at = state.decisions + k;
+    int in_window = 1;  // this one
+    for (size_t i = 0; i < n; ++i) in_window += at - history[i] < window ? 1 : 0;
+    if (in_window > 2) return false;
+    history[n++] = at;
+  }
+  return true;
+}
+
+double SwitchSavingSeconds(const GateConfig& config, const ThroughputTable& table, Mode from,
+                           Mode to, const BatchFacts& batch, int band) {
+  if (from == to) return 0.0;
+  // A step's seconds in `mode` at the band's estimate, TP-only's weighted by 1 + margin.
+  const auto weighted = [&](Mode mode, double tokens, double rate) {
+    const double t = tokens / rate;
+    return mode == Mode::kTensorParallelOnly ? t * (1.0 + config.adaptive_margin) : t;
+  };
+  double batch_saving = 0;
+  const BandEstimate here = EstimateBand(config, &table, band, batch.step);
+  if (here.known && here.tp.tokens_per_s > 0) {
+    const auto tokens = static_cast<double>(batch.tokens);
+    const double rate_from = from == Mode::kSequenceParallel ? here.sp.tokens_per_s : here.tp.tokens_per_s;
+    const double rate_to = to == Mode::kSequenceParallel ? here.sp.tokens_per_s : here.tp.tokens_per_s;
+    batch_saving = weighted(from, tokens, rate_from) - weighted(to, tokens, rate_to);
+  }
+  // The mix: each known band's saving per step at its mean tokens, weighted by its share
+  // of the recent steps (the weight its cells hold, decayed without the floor).
+  const double h = static_cast<double>(config.adaptive_half_life_steps);
+  double mix_saving = 0, mix_weight = 0;
+  for (int b = 0; b < kBands; ++b) {
+    double tokens = 0, weight = 0;
+    int cells = 0;
+    for (Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      const ThroughputCell& c = table.cell(b, m);
+      if (c.last_step < 0 || !(c.weight > 0)) continue;
+      const double age = batch.step > c.last_step ? static_cast<double>(batch.step - c.last_step) : 0;
+      weight += c.weight * std::exp2(-age / h);
+      tokens += c.tokens / c.weight;  // the cell's mean tokens per step
+      ++cells;
+    }
+    if (!(weight > 0)) continue;
+    mix_weight += weight;
+    const BandEstimate e = EstimateBand(config, &table, b, batch.step);
+    if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
+    const double mean_tokens = tokens / cells;
+    const double rate_from = from == Mode::kSequenceParallel ? e.sp.tokens_per_s : e.tp.tokens_per_s;
+    const double rate_to = to == Mode::kSequenceParallel ? e.sp.tokens_per_s : e.tp.tokens_per_s;
+    mix_saving += weight * (weighted(from, mean_tokens, rate_from) - weighted(to, mean_tokens, rate_to));
+  }
+  if (mix_weight > 0) mix_saving /= mix_weight;
+  const auto horizon = static_cast<double>(config.adaptive_flip_interval_steps);
+  return batch_saving + (horizon - 1.0) * mix_saving;
 }
 
 GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
@@ -150,12 +334,13 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
                              std::vector<GateCheck>* trace) {
   const int band = BandOf(config, batch.length_cv, batch.tokens);
   std::optional<Mode> static_choice;
-  bool explored = false;
+  bool explored = false, held = false;
   auto finish = [&](Decision d) {
     GateOutcome out = AdvanceGroupState(state, batch.step, d, GatePolicyKind::kAdaptive);
     out.band = band;
     out.static_choice = static_choice;
     out.explored = explored;
+    out.flip_held = held;
     return out;
   };
 
@@ -193,24 +378,54 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     choice = ThresholdGates(config, state, batch, rs_wait, trace);
   }
 
-  // 4. Exploration: the less-sampled mode, on one step in ExplorePeriod, while it has
-  // fewer than twice the samples a band needs (a well-measured mode is not re-measured
-  // until its samples fade; with many groups pooled that is seldom).
-  const int64_t period = ExplorePeriod(config);
-  if (batch.step >= 0 && batch.step % period == 0 && std::min(sp.samples, tp.samples) < 2 * min) {
-    const Mode less = sp.samples < tp.samples   ? Mode::kSequenceParallel
-                      : tp.samples < sp.samples ? Mode::kTensorParallelOnly
-                      : choice.mode == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
-                                                               : Mode::kSequenceParallel;
-    if (less != choice.mode) {
-      Record(trace, "explore", "fire", static_cast<double>(period), 0,
-             absl::StrFormat("exploration step (one in %d): the less-sampled mode %s runs",
-                             period, ModeLabel(less)));
-      choice = {less, Reason::kProbe};
-      explored = true;
-    } else {
+  // 4. A switch must be allowed by the flip cap and pay for its learned cost.
+  if (state.has_decision && choice.mode != state.mode) {
+    const double cost = table == nullptr ? 0.0 : table->SwitchCostSeconds();
+    if (!FlipsAllowed(config, state, 1)) {
+      Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
+             absl::StrFormat("two switches within the last %d decisions: %s holds",
+                             2 * config.adaptive_flip_interval_steps, ModeLabel(state.mode)));
+      held = true;
+    } else if (table != nullptr) {
+      const double saving = SwitchSavingSeconds(config, *table, state.mode, choice.mode, batch, band);
+      if (saving < cost) {
+        Record(trace, "switch_cost", "fire", saving, cost,
+               absl::StrFormat("switching to %s saves %.4g s over the next %d decisions, "
+                               "less than a switch's learned cost %.4g s: %s holds",
+                               ModeLabel(choice.mode), saving,
+                               config.adaptive_flip_interval_steps, cost, ModeLabel(state.mode)));
+        held = true;
+      }
+    }
+    if (held) choice = {state.mode, Reason::kAdaptive};
+  }
+
+  // 5. Exploration: the mode not chosen, on the first kProbeRunSteps steps of the band's
+  // period, if the cap leaves the flips out and back.
+  const int64_t period = ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known));
+  if (InProbeRun(batch.step, period)) {
+    const Mode other = choice.mode == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
+                                                              : Mode::kSequenceParallel;
+    // While learning, the less-sampled mode; once known, the one not chosen.
+    const Mode probe = e.known || sp.samples == tp.samples ? other
+                       : sp.samples < tp.samples           ? Mode::kSequenceParallel
+                                                           : Mode::kTensorParallelOnly;
+    const int flips = state.has_decision && probe != state.mode ? 2 : 0;
+    if (probe == choice.mode) {
       Record(trace, "explore", "pass", static_cast<double>(period), 0,
              "exploration step; the less-sampled mode is the one chosen");
+    } else if (!FlipsAllowed(config, state, flips)) {
+      Record(trace, "explore", "skip", static_cast<double>(period), 0,
+             absl::StrFormat("exploration step (%d in %d), but the flip cap has no switch "
+                             "out and back left",
+                             kProbeRunSteps, period));
+    } else {
+      Record(trace, "explore", "fire", static_cast<double>(period), 0,
+             absl::StrFormat("exploration step (%d in %d): %s runs to be measured",
+                             kProbeRunSteps, period, ModeLabel(probe)));
+      choice = {probe, Reason::kProbe};
+      explored = true;
+      held = false;
     }
   }
   return finish(choice);

@@ -4,25 +4,37 @@
 // the daemon and the worker's fallback evaluate the same function over it.
 //
 // Decision order:
-//   1. pin and 2. memory, exactly as the gates (memory stays absolute);
+//   1. pin and 2. memory, exactly as the gates (memory stays absolute, and a flip they
+//      force is never held);
 //   3. when both modes have at least adaptive_min_samples (weighted) in the batch's
 //      band, the mode with the higher estimate — TP-only only when it beats SP by more
 //      than adaptive_margin (within the margin SP wins: it holds less memory), reason
 //      ADAPTIVE; otherwise the static gates decide (the prior);
-//   4. exploration: on steps with step % ceil(1/adaptive_explore_share) == 0, while the
-//      band's less-sampled mode has fewer than 2 × adaptive_min_samples, that mode runs
-//      instead (reason PROBE): a group never explores more than that share of its steps,
-//      and the mode not chosen is measured again as its samples fade.
+//   4. a switch away from the group's current mode must be allowed by the flip cap (at
+//      most two switches in any 2 × adaptive_flip_interval_steps decisions) and must pay:
+//      the seconds it saves over the next adaptive_flip_interval_steps decisions (this
+//      batch, then the band mix as learned) at least the learned cost of a switch;
+//      otherwise the group holds its mode (reason ADAPTIVE, flip_held);
+//   5. exploration: on the first kProbeRunSteps steps of every ceil(kProbeRunSteps/share)
+//      (a probe run: two switches buy four samples) the band's mode not chosen runs
+//      instead (reason PROBE), if the cap leaves the flips out and back. The share is
+//      adaptive_explore_share while the band learns (too few samples) or for
+//      adaptive_explore_boost_steps after a change was detected in it, else
+//      adaptive_explore_floor.
 //
-// The table forgets: a sample's weight halves every adaptive_half_life_steps steps, so
-// the estimates follow a length distribution that shifts.
+// The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a
+// cell that had adaptive_min_samples never falls below that weight (an estimate never
+// rests on one or two stale steps). Each cell watches its samples' residuals: when the
+// recent ones sit more than adaptive_change_threshold (and beyond their own noise) from
+// the estimate, the cell is re-based on them and the band marked changed; a band that
+// sees a sample after a half-life without one is marked changed too.
 //
 // Usage:
 //   spgate::ThroughputTable table;                       // one per job, pooled
 //   spgate::GateOutcome out = spgate::EvaluatePolicy(config, state, facts, rs, pin, &table);
-//   ... after the step ran ...
-//   table.Observe(out.band, mode, facts.step, tokens, group_step_seconds,
-//                 config.adaptive_half_life_steps);
+//   ... after the step ran (after_switch: the group's previous step ran the other mode) ...
+//   if (after_switch) table.ObserveAfterSwitch(config, out.band, mode, facts.step, tokens, s);
+//   else table.Observe(config, out.band, mode, facts.step, tokens, group_step_seconds);
 #ifndef SPGATE_POLICY_ADAPTIVE_POLICY_H_
 #define SPGATE_POLICY_ADAPTIVE_POLICY_H_
 
@@ -40,6 +52,8 @@ namespace spgate {
 inline constexpr int kCvBands = 8;
 inline constexpr int kTokenBands = 4;
 inline constexpr int kBands = kCvBands * kTokenBands;
+// Consecutive steps of one exploration run (step 5 above).
+inline constexpr int64_t kProbeRunSteps = 4;
 
 // The band of a batch: length-CV band (edges at 1, 2, …, 7 × adaptive_cv_band_width) ×
 // token band (edges at 1, 2, 4 × adaptive_tokens_band_base). In [0, kBands).
@@ -51,15 +65,28 @@ std::string BandLabel(int band);
 std::string BandRangeText(const GateConfig& config, int band);
 
 // One (band, mode) estimate: forgetting-weighted sums of the tokens and the seconds of
-// the steps observed, and the weight (the effective number of samples).
+// the steps observed, and the weight (the effective number of samples); and the state of
+// its change detector.
 struct ThroughputCell {
   double tokens = 0;
   double seconds = 0;
   double weight = 0;
   int64_t last_step = -1;  // newest step folded in; -1: never
+  double drift = 0;        // fast mean of the recent samples' relative residuals
+  double noise = 0;        // slow mean of their squares
+  int64_t changed_step = -1;  // newest step a change was detected at; -1: never
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
   friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
+};
+
+// What a mode switch costs a group: forgetting-weighted sums of the seconds the first
+// step after a switch took beyond its band's estimate for its mode.
+struct SwitchCostCell {
+  double seconds = 0;
+  double weight = 0;
+  int64_t last_step = -1;  // -1: never measured
+  friend bool operator==(const SwitchCostCell&, const SwitchCostCell&) = default;
 };
 
 // What a cell says at a step: its estimate and its weight decayed to that step.
@@ -75,12 +102,31 @@ class ThroughputTable {
   // Folds in one step of a group: `tokens` effective tokens in `seconds` (the group's
   // step time, the max over its ranks). Samples may arrive out of step order (groups are
   // pooled); an older one enters with the weight it would have now. Non-finite or
-  // non-positive seconds, negative tokens and bad bands are ignored.
-  void Observe(int band, Mode mode, int64_t step, double tokens, double seconds,
-               int64_t half_life_steps);
+  // non-positive seconds, negative tokens and bad bands are ignored. Runs the cell's
+  // change detector first (see the top of this file).
+  void Observe(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
+               double seconds);
 
-  // The cell's estimate, its weight decayed to `step`.
-  CellView At(int band, Mode mode, int64_t step, int64_t half_life_steps) const;
+  // The first step after a group switched mode: what it took beyond the cell's estimate
+  // is a switch's cost (measured only against a cell of adaptive_min_samples' weight),
+  // and the step enters the cell less the learned cost (a probe is always such a step).
+  // Returns whether it measured a cost.
+  bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
+                          double tokens, double seconds);
+
+  // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
+  // once it had them).
+  CellView At(const GateConfig& config, int band, Mode mode, int64_t step) const;
+
+  // The learned cost of a switch in seconds (0 before one was measured; never negative).
+  double SwitchCostSeconds() const;
+  const SwitchCostCell& switch_cost() const { return switch_cost_; }
+  void SetSwitchCost(const SwitchCostCell& cost) { switch_cost_ = cost; }
+
+  // The newest step a change was detected at in the band (either mode); -1: never.
+  int64_t BandChangedStep(int band) const;
+  // The newest step a change was detected at in any cell; -1: never.
+  int64_t newest_change_step() const { return newest_change_step_; }
 
   const ThroughputCell& cell(int band, Mode mode) const { return cells_[Index(band, mode)]; }
   // Replaces a cell (a table received from the daemon). Bad bands are ignored.
@@ -101,8 +147,11 @@ class ThroughputTable {
   static int Index(int band, Mode mode) {
     return band * 2 + (mode == Mode::kTensorParallelOnly ? 1 : 0);
   }
+  void MarkChanged(ThroughputCell& c, int64_t step);
   std::array<ThroughputCell, kBands * 2> cells_{};
+  SwitchCostCell switch_cost_;
   int64_t newest_step_ = -1;
+  int64_t newest_change_step_ = -1;
 };
 
 // What one band's learned estimates say at a step: the rule of step 3 above, written
@@ -155,8 +204,29 @@ GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state
                            std::optional<PinDirective> pin, const ThroughputTable* table,
                            std::vector<GateCheck>* trace = nullptr);
 
-// The exploration period: a group explores on steps that are multiples of it.
-int64_t ExplorePeriod(const GateConfig& config);
+// The exploration share of `band` at `step` (step 5 above): adaptive_explore_share while
+// the band is not `known` or within adaptive_explore_boost_steps of a change in it, else
+// adaptive_explore_floor (at most adaptive_explore_share).
+double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
+                      int64_t step, bool known);
+// The exploration period of a share: a group explores on the first kProbeRunSteps steps
+// of every period (at least kProbeRunSteps: a share of 1 explores every step).
+int64_t ExplorePeriod(double share);
+bool InProbeRun(int64_t step, int64_t period);
+// Whether any band could explore at `step` (a multiple of either period).
+bool MayExplore(const GateConfig& config, int64_t step);
+
+// Whether the flip cap lets the group switch `flips` times in a row from its next
+// decision on: at most two switches in any 2 × adaptive_flip_interval_steps decisions.
+bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int flips);
+
+// The seconds a switch from `from` to `to` at this batch saves over the next
+// adaptive_flip_interval_steps decisions: this batch's difference (0 when its band is
+// not known), then the band mix's, each band weighted by its share of the recent steps
+// (TP-only's seconds counted 1 + adaptive_margin times, as the band rule does). Negative
+// when `to` is slower.
+double SwitchSavingSeconds(const GateConfig& config, const ThroughputTable& table, Mode from,
+                           Mode to, const BatchFacts& batch, int band);
 
 }  // namespace spgate
 

@@ -73,7 +73,17 @@ enum class GateFieldRange : uint8_t {
   X(double, adaptive_margin, 0.01, kShare,                                                 \
     "ADAPTIVE: TP-only only when its tokens/s beats SP's by more than this share")         \
   X(double, adaptive_explore_share, 0.03, kShare,                                          \
-    "ADAPTIVE: at most this share of steps run the less-sampled mode (PROBE)")
+    "ADAPTIVE: share of steps exploring (PROBE) while a band learns or after a change")   \
+  X(double, adaptive_explore_floor, 0.004, kShare,                                         \
+    "ADAPTIVE: share of a stable band's steps that re-measure the mode not chosen")        \
+  X(double, adaptive_change_threshold, 0.05, kShare,                                       \
+    "ADAPTIVE: a mode's recent tokens/s this far (and beyond its noise) from the estimate " \
+    "is a change: re-learn and explore")                                                   \
+  X(int64_t, adaptive_explore_boost_steps, 200, kCount,                                    \
+    "ADAPTIVE: steps after a detected change that explore at adaptive_explore_share")      \
+  X(int64_t, adaptive_flip_interval_steps, 50, kCount,                                     \
+    "ADAPTIVE: a group switches mode at most twice in any 2x this many decisions unless "  \
+    "a pin or the memory gate forces it")
 
 // The gate thresholds, every field with its default.
 struct GateConfig {

@@ -127,7 +127,12 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   out.decision = decision;
   GroupGateState& s = out.next;
   s = state;
-  if (s.has_decision && s.mode != decision.mode) ++s.mode_switches;
+  if (s.has_decision && s.mode != decision.mode) {
+    ++s.mode_switches;
+    s.prev_switch_at = s.last_switch_at;
+    s.last_switch_at = s.decisions;
+  }
+  ++s.decisions;
   s.has_decision = true;
   s.last_step = step;
   s.mode = decision.mode;

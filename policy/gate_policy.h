@@ -66,6 +66,9 @@ struct GateOutcome {
   int band = -1;
   std::optional<Mode> static_choice;
   bool explored = false;  // an ADAPTIVE exploration step (reason PROBE)
+  // ADAPTIVE held the group's mode although the batch's choice was the other: the flip
+  // cap had no flip left, or the switch would not pay for its learned cost.
+  bool flip_held = false;
 };
 
 // Advances a group's state by one decided step: the one rule, shared by EvaluateGates

@@ -122,6 +122,7 @@ struct StagePlanOutcome {
   uint64_t peak_bytes = 0;          // the stage's predicted peak with these modes
   bool over_budget = false;         // even every micro-batch SP does not fit
   int explored = 0;                 // ADAPTIVE exploration micro-batches
+  int flips_held = 0;               // ADAPTIVE micro-batches that held the group's mode
 };
 
 // How DecideStagePlan may read the group's learned inputs.

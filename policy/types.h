@@ -67,6 +67,11 @@ struct GroupGateState {
   // Last step that ran SP (any reason): probes are due probe_interval_steps after it.
   int64_t last_sp_step = std::numeric_limits<int64_t>::min() / 2;
   int64_t mode_switches = 0;
+  // Decisions taken (a step plan's micro-batches count one each), and the decision
+  // indices of the last two mode switches: ADAPTIVE's flip cap (docs/design.md §11).
+  int64_t decisions = 0;
+  int64_t last_switch_at = std::numeric_limits<int64_t>::min() / 2;
+  int64_t prev_switch_at = std::numeric_limits<int64_t>::min() / 2;
 };
 
 // An operator pin as the gates see it (docs/design.md §3). A TP-only pin yields to the

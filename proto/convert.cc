@@ -120,7 +120,17 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
       w->set_seconds(c.seconds);
       w->set_weight(c.weight);
       w->set_last_step(c.last_step);
+      w->set_drift(c.drift);
+      w->set_noise(c.noise);
+      w->set_changed_step(c.changed_step);
     }
+  }
+  const SwitchCostCell& s = table.switch_cost();
+  if (s.last_step >= 0) {
+    v1::LearnedSwitchCost* w = out.mutable_switch_cost();
+    w->set_seconds(s.seconds);
+    w->set_weight(s.weight);
+    w->set_last_step(s.last_step);
   }
   return out;
 }
@@ -131,13 +141,21 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     if (w.band() < 0 || w.band() >= kBands || !IsValidMode(w.mode()) || w.last_step() < 0) {
       continue;
     }
-    const double sums[] = {w.tokens(), w.seconds(), w.weight()};
+    const double sums[] = {w.tokens(), w.seconds(), w.weight(), w.noise()};
     if (!std::all_of(std::begin(sums), std::end(sums),
-                     [](double x) { return std::isfinite(x) && x >= 0; })) {
+                     [](double x) { return std::isfinite(x) && x >= 0; }) ||
+        !std::isfinite(w.drift())) {
       continue;
     }
     out.SetCell(w.band(), FromProto(w.mode()),
-                ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step()});
+                ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step(), w.drift(),
+                               w.noise(), std::max<int64_t>(-1, w.changed_step())});
+  }
+  // A switch cost is an excess over an estimate: finite, of either sign; its weight not.
+  const v1::LearnedSwitchCost& s = table.switch_cost();
+  if (table.has_switch_cost() && s.last_step() >= 0 && std::isfinite(s.seconds()) &&
+      std::isfinite(s.weight()) && s.weight() >= 0) {
+    out.SetSwitchCost(SwitchCostCell{s.seconds(), s.weight(), s.last_step()});
   }
   return out;
 }

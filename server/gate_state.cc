@@ -956,6 +956,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
   sample.mode = decision.mode;
   sample.reason = decision.reason;
   sample.explored = outcome.explored;
+  sample.flip_held = outcome.flip_held;
   job.metrics->RecordDecision(sample, *g.metrics);
   return decision;
 }
@@ -1015,6 +1016,7 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
         &job.stage_learned[static_cast<size_t>(stage_index)], !job.sp_required.empty(),
         {.plan_only = job.layout->cp > 1});
     explored = out.explored;
+    job.metrics->flips_held->Increment(out.flips_held);
     const bool pinned = std::any_of(out.decisions.begin(), out.decisions.end(),
                                     [](const Decision& d) { return d.reason == Reason::kPinned; });
     decision = DecisionRecord{

@@ -270,6 +270,7 @@ struct GateState::Job {
   double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
   int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
   uint64_t learned_bits = 0;
+  int64_t learned_change_step = -1;  // the newest change counted and pushed
   bool learned_push_due = false;
   absl::Time learned_pushed = absl::InfinitePast();
   AdaptiveGainLedger gain;  // ADAPTIVE's learned gain over the STATIC gates

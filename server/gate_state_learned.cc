@@ -29,40 +29,57 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
       for (const MicrobatchTelemetryValues& m : p.microbatches) {
         const int band = plan->bands[static_cast<size_t>(m.id)];
         if (band < 0) continue;
-        table.Observe(band, m.mode, p.step, static_cast<double>(m.effective_tokens),
-                      m.compute_s(), config.adaptive_half_life_steps);
+        table.Observe(config, band, m.mode, p.step, static_cast<double>(m.effective_tokens),
+                      m.compute_s());
         touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
       }
       // The cells this step fed, once each (a step has up to 4,096 micro-batches).
       for (int cell = 0; cell < 2 * kBands; ++cell) {
         if ((touched >> cell & 1) == 0) continue;
         const Mode mode = cell % 2 == 1 ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
-        const CellView v = table.At(cell / 2, mode, p.step, config.adaptive_half_life_steps);
+        const CellView v = table.At(config, cell / 2, mode, p.step);
         job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
       }
-      if (touched != 0) {
-        const uint64_t bits = table.PreferenceBits(config, table.newest_step());
-        uint64_t& told = job.stage_learned_bits[static_cast<size_t>(stage)];
-        if (bits != told) {
-          told = bits;
-          job.learned_push_due = true;
-        }
-      }
+      if (touched != 0) NoteLearned(job, table, config, job.stage_learned_bits[static_cast<size_t>(stage)]);
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
     return;
   }
   if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
       d != nullptr && d->band >= 0) {
-    job.learned.Observe(d->band, p.mode, p.step, static_cast<double>(p.tokens), p.step_time,
-                        config.adaptive_half_life_steps);
-    const CellView v = job.learned.At(d->band, p.mode, p.step, config.adaptive_half_life_steps);
-    job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    const uint64_t bits = job.learned.PreferenceBits(config, job.learned.newest_step());
-    if (bits != job.learned_bits) {
-      job.learned_bits = bits;
-      job.learned_push_due = true;
+    // The first step after the group switched mode measures what a switch costs.
+    const gate_state_internal::CachedDecision* before = g.Cached(p.step - 1);
+    const bool after_switch = before != nullptr && before->step == p.step - 1 &&
+                              static_cast<Mode>(before->mode) != p.mode;
+    if (after_switch) {
+      if (job.learned.ObserveAfterSwitch(config, d->band, p.mode, p.step,
+                                         static_cast<double>(p.tokens), p.step_time)) {
+        job.metrics->adaptive_switch_cost->Set(job.learned.SwitchCostSeconds());
+      }
+    } else {
+      job.learned.Observe(config, d->band, p.mode, p.step, static_cast<double>(p.tokens),
+                          p.step_time);
     }
+    const CellView v = job.learned.At(config, d->band, p.mode, p.step);
+    job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
+    NoteLearned(job, job.learned, config, job.learned_bits);
+  }
+}
+
+// After a table learned: the leaders are due a push when a band's preference changed or
+// a change was detected (the fallback explores after it too), and a detected change is
+// counted.
+void GateState::NoteLearned(Job& job, const ThroughputTable& table, const GateConfig& config,
+                            uint64_t& told_bits) {
+  const uint64_t bits = table.PreferenceBits(config, table.newest_step());
+  if (bits != told_bits) {
+    told_bits = bits;
+    job.learned_push_due = true;
+  }
+  if (table.newest_change_step() > job.learned_change_step) {
+    job.learned_change_step = table.newest_change_step();
+    job.metrics->adaptive_changes->Increment();
+    job.learned_push_due = true;
   }
 }
 
@@ -85,6 +102,7 @@ void GateState::ClearLearned(Job& job) {
   bool had = !job.learned.empty();
   job.learned.Clear();
   job.learned_bits = 0;
+  job.learned_change_step = -1;
   for (ThroughputTable& t : job.stage_learned) {
     had = had || !t.empty();
     t.Clear();
@@ -95,6 +113,7 @@ void GateState::ClearLearned(Job& job) {
   job.exploration_steps = 0;
   job.metrics->RemoveLearned();
   job.metrics->adaptive_gain->Set(0);
+  job.metrics->adaptive_switch_cost->Set(0);
 }
 
 void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,

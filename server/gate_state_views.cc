@@ -168,7 +168,7 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   }
   // Without a group there is no real next step: ask about one that is not an ADAPTIVE
   // exploration step, so the answer is what the policy makes of the batch itself.
-  if (!in.group.has_value() && step % ExplorePeriod(in.config) == 0) ++step;
+  while (!in.group.has_value() && MayExplore(in.config, step)) ++step;
   const BatchFacts facts{.step = step,
                          .length_cv = stats.cv,
                          .tokens = stats.tokens,

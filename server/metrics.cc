@@ -187,6 +187,20 @@ Metrics::Metrics()
                                 "STATIC gates' choices for the same batches; 0 until a band "
                                 "has decided.")
                           .Register(*registry_)),
+      flips_held_f(BuildCounter().Name("spgate_adaptive_flips_held_total")
+                       .Help("ADAPTIVE decisions that kept the group's mode although the "
+                             "batch's choice was the other: the flip cap had no switch left, "
+                             "or the switch would not pay for its learned cost.")
+                       .Register(*registry_)),
+      adaptive_changes_f(BuildCounter().Name("spgate_adaptive_changes_total")
+                             .Help("Changes ADAPTIVE detected in its learned table (a mode's "
+                                   "recent tokens/s off its estimate, a band back after a "
+                                   "half-life): each raises exploration in the band.")
+                             .Register(*registry_)),
+      switch_cost_f(BuildGauge().Name("spgate_adaptive_switch_cost_seconds")
+                        .Help("Learned seconds the first step after a mode switch takes beyond "
+                              "its band's estimate; ADAPTIVE's switches must save more.")
+                        .Register(*registry_)),
       limit_refusals_f(BuildCounter().Name("spgate_limit_refusals_total")
                            .Help("Requests refused because a limit (a spgated flag) was "
                                  "reached, by limit.")
@@ -261,6 +275,9 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
   exploration_steps = &m.exploration_f.Add({{"job_id", job_id}});
   memory_overrides = &m.memory_overrides_f.Add({{"job_id", job_id}});
   adaptive_gain = &m.adaptive_gain_f.Add({{"job_id", job_id}});
+  flips_held = &m.flips_held_f.Add({{"job_id", job_id}});
+  adaptive_changes = &m.adaptive_changes_f.Add({{"job_id", job_id}});
+  adaptive_switch_cost = &m.switch_cost_f.Add({{"job_id", job_id}});
   config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
   // Counters whose label set is known up front start at 0, so rate() over them is 0
   // rather than empty and a panel shows 0 rather than "No data". Local decisions carry
@@ -299,6 +316,9 @@ JobMetrics::~JobMetrics() {
   }
   m_.exploration_f.Remove(exploration_steps);
   m_.adaptive_gain_f.Remove(adaptive_gain);
+  m_.flips_held_f.Remove(flips_held);
+  m_.adaptive_changes_f.Remove(adaptive_changes);
+  m_.switch_cost_f.Remove(adaptive_switch_cost);
   RemoveLearned();
   m_.config_version_f.Remove(config_version_);
 }
@@ -334,6 +354,7 @@ void JobMetrics::RecordDecision(const DecisionSample& d, GroupMetrics& group) {
   Decisions(d.mode, d.reason).Increment();
   length_cv->Observe(d.length_cv);
   if (d.explored) exploration_steps->Increment();
+  if (d.flip_held) flips_held->Increment();
   if (d.adaptive_gain.has_value()) adaptive_gain->Set(*d.adaptive_gain);
   if (d.memory_budget.has_value()) memory_budget->Set(static_cast<double>(*d.memory_budget));
   if (!d.previous_mode.has_value() || *d.previous_mode != d.mode) {

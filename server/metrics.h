@@ -50,6 +50,7 @@ struct DecisionSample {
   Reason reason = Reason::kGatesPassed;
   double length_cv = 0;
   bool explored = false;                  // an ADAPTIVE exploration step
+  bool flip_held = false;                 // ADAPTIVE held the mode (flip cap, switch cost)
   std::optional<double> adaptive_gain;    // the job's gain ratio, when it changed
   std::optional<uint64_t> memory_budget;  // the job's memory budget, when it changed
   std::optional<Mode> previous_mode;      // the group's mode before; none: its first
@@ -95,6 +96,9 @@ class JobMetrics {
   prometheus::Gauge* workers_stale;
   prometheus::Counter* exploration_steps;
   prometheus::Gauge* adaptive_gain;
+  prometheus::Counter* flips_held;
+  prometheus::Counter* adaptive_changes;
+  prometheus::Gauge* adaptive_switch_cost;
   // Daemon answers the job's workers did not run: their own memory gate forbade TP-only
   // for the plan answered (docs/security.md, "Memory is checked on both sides").
   prometheus::Counter* memory_overrides;
@@ -186,6 +190,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& adaptive_samples_f;
   prometheus::Family<prometheus::Counter>& exploration_f;
   prometheus::Family<prometheus::Gauge>& adaptive_gain_f;
+  prometheus::Family<prometheus::Counter>& flips_held_f;
+  prometheus::Family<prometheus::Counter>& adaptive_changes_f;
+  prometheus::Family<prometheus::Gauge>& switch_cost_f;
   prometheus::Family<prometheus::Counter>& limit_refusals_f;
 
   prometheus::Counter& config_updates_ok;

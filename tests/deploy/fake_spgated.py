@@ -184,6 +184,18 @@ class Exposition:
         family("spgate_adaptive_gain_ratio", "gauge", "ADAPTIVE's learned gain over STATIC.")
         for job in JOBS:
             sample("spgate_adaptive_gain_ratio", 1.02 if job == JOBS[0] else 0, job_id=job)
+        family("spgate_adaptive_flips_held_total", "counter", "ADAPTIVE decisions that held.")
+        for job in JOBS:
+            sample("spgate_adaptive_flips_held_total",
+                   math.floor(0.02 * t) if job == JOBS[0] else 0, job_id=job)
+        family("spgate_adaptive_changes_total", "counter", "Changes ADAPTIVE detected.")
+        for job in JOBS:
+            sample("spgate_adaptive_changes_total",
+                   math.floor(0.001 * t) if job == JOBS[0] else 0, job_id=job)
+        family("spgate_adaptive_switch_cost_seconds", "gauge", "Learned cost of a switch.")
+        for job in JOBS:
+            sample("spgate_adaptive_switch_cost_seconds", 0.04 if job == JOBS[0] else 0,
+                   job_id=job)
         family("spgate_worker_refusals_total", "counter",
                "Worker requests refused for their sender.")
         for reason in contract.WORKER_REFUSAL_REASONS:  # every reason exists from the start

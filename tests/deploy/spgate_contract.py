@@ -43,6 +43,9 @@ METRICS = {
     "spgate_adaptive_samples": ("gauge", ("job_id", "band", "mode")),
     "spgate_adaptive_exploration_steps_total": ("counter", ("job_id",)),
     "spgate_adaptive_gain_ratio": ("gauge", ("job_id",)),
+    "spgate_adaptive_flips_held_total": ("counter", ("job_id",)),
+    "spgate_adaptive_changes_total": ("counter", ("job_id",)),
+    "spgate_adaptive_switch_cost_seconds": ("gauge", ("job_id",)),
     "spgate_worker_refusals_total": ("counter", ("reason",)),
 }
 

@@ -1,7 +1,8 @@
-// The ADAPTIVE policy (docs/design.md §11): bands, the learned table with forgetting, the
-// margin that prefers SP, the static gates as the prior while a band has too few samples,
-// the bounded deterministic exploration share, and pin and memory precedence. Pure: each
-// case builds a table by hand or by observing steps, and asks for one decision or a run.
+// The ADAPTIVE policy (docs/design.md §11): bands, the learned table with forgetting and
+// its sample floor, change detection, the margin that prefers SP, the static gates as the
+// prior while a band has too few samples, change-triggered exploration over a floor, the
+// flip cap and the learned switch cost, and pin and memory precedence. Pure: each case
+// builds a table by hand or by observing steps, and asks for one decision or a run.
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -32,19 +33,30 @@ GateConfig Adaptive() {
   c.adaptive_explore_share = 0.03;
   c.adaptive_cv_band_width = 0.05;
   c.adaptive_tokens_band_base = 8192;
+  c.adaptive_explore_floor = 0.004;
+  c.adaptive_change_threshold = 0.05;
+  c.adaptive_explore_boost_steps = 200;
+  c.adaptive_flip_interval_steps = 50;
   return c;
 }
 
-// A step that is not an exploration step under the default share (period 34).
-constexpr int64_t kStep = 1001;
+// Adaptive() with another half-life (the table's tests).
+GateConfig HalfLife(int64_t h) {
+  GateConfig c = Adaptive();
+  c.adaptive_half_life_steps = h;
+  return c;
+}
+
+// A step outside the probe runs of the share (period 134) and of the floor (1000).
+constexpr int64_t kStep = 1010;
 
 // `n` samples of each mode at the given rates in `band`, ending at `step`.
 ThroughputTable Learned(int band, double sp_rate, double tp_rate, int n = 50,
                         int64_t step = kStep - 1) {
   ThroughputTable t;
   for (int i = n - 1; i >= 0; --i) {
-    t.Observe(band, kSp, step - i, sp_rate, 1.0, 500);
-    t.Observe(band, kTp, step - i, tp_rate, 1.0, 500);
+    t.Observe(Adaptive(), band, kSp, step - i, sp_rate, 1.0);
+    t.Observe(Adaptive(), band, kTp, step - i, tp_rate, 1.0);
   }
   return t;
 }
@@ -80,52 +92,152 @@ TEST(BandOfTest, EdgesBelongToTheUpperBand) {
 
 TEST(ThroughputTableTest, EstimateIsTokensOverSecondsAndWeightCountsSamples) {
   ThroughputTable t;
+  const GateConfig c = HalfLife(100);
   EXPECT_TRUE(t.empty());
-  t.Observe(3, kSp, 10, 1000, 1.0, 100);
-  t.Observe(3, kSp, 10, 3000, 1.0, 100);  // same step: no decay between them
-  const CellView v = t.At(3, kSp, 10, 100);
+  t.Observe(c, 3, kSp, 10, 1000, 1.0);
+  t.Observe(c, 3, kSp, 10, 3000, 1.0);  // same step: no decay between them
+  const CellView v = t.At(c, 3, kSp, 10);
   EXPECT_DOUBLE_EQ(v.tokens_per_s, 2000.0);
   EXPECT_DOUBLE_EQ(v.samples, 2.0);
-  EXPECT_EQ(t.At(3, kTp, 10, 100).samples, 0.0);
-  EXPECT_EQ(t.At(4, kSp, 10, 100).samples, 0.0);
+  EXPECT_EQ(t.At(c, 3, kTp, 10).samples, 0.0);
+  EXPECT_EQ(t.At(c, 4, kSp, 10).samples, 0.0);
   EXPECT_EQ(t.newest_step(), 10);
 }
 
 TEST(ThroughputTableTest, WeightHalvesEveryHalfLife) {
   ThroughputTable t;
-  t.Observe(0, kTp, 100, 1000, 1.0, 50);
-  EXPECT_DOUBLE_EQ(t.At(0, kTp, 150, 50).samples, 0.5);
-  EXPECT_DOUBLE_EQ(t.At(0, kTp, 200, 50).samples, 0.25);
-  EXPECT_DOUBLE_EQ(t.At(0, kTp, 90, 50).samples, 1.0);  // reading the past: no growth
+  const GateConfig c = HalfLife(50);
+  t.Observe(c, 0, kTp, 100, 1000, 1.0);
+  EXPECT_DOUBLE_EQ(t.At(c, 0, kTp, 150).samples, 0.5);
+  EXPECT_DOUBLE_EQ(t.At(c, 0, kTp, 200).samples, 0.25);
+  EXPECT_DOUBLE_EQ(t.At(c, 0, kTp, 90).samples, 1.0);  // reading the past: no growth
   // A late sample (another group behind) enters with the weight it has now.
-  t.Observe(0, kTp, 50, 3000, 1.0, 50);
+  t.Observe(c, 0, kTp, 50, 3000, 1.0);
   EXPECT_DOUBLE_EQ(t.cell(0, kTp).weight, 1.5);
   EXPECT_DOUBLE_EQ(t.cell(0, kTp).tokens_per_s(), (1000 + 1500) / 1.5);
   EXPECT_EQ(t.cell(0, kTp).last_step, 100);
 }
 
-// The estimate follows a shift: after the rate halves, the estimate is within 5 % of the
-// new rate five half-lives later, and still near the old one a tenth of a half-life in.
-TEST(ThroughputTableTest, ForgettingFollowsAShift) {
+// The sample floor: a cell that had adaptive_min_samples never decays below them, so an
+// estimate does not come to rest on one or two stale steps and one new sample moves it by
+// at most 1 / (floor + 1); a cell that never had them decays as before.
+TEST(ThroughputTableTest, ForgettingKeepsASampleFloor) {
+  const GateConfig c = HalfLife(100);  // min_samples 8
+  struct Case {
+    const char* what;
+    int samples;
+    int64_t read_at;  // steps after the last sample
+    double want;
+  } cases[] = {
+      {"50 samples, fresh", 50, 0, 50.0 / 1.0},
+      {"50 samples, one half-life", 50, 100, 8.0},  // 50 decayed is 25 > 8: see below
+      {"50 samples, ten half-lives", 50, 1000, 8.0},
+      {"4 samples, two half-lives", 4, 200, 1.0},
+      {"8 samples, ten half-lives", 8, 1000, 8.0},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable t;
+    for (int i = 0; i < k.samples; ++i) t.Observe(c, 2, kSp, 1000, 100, 1.0);  // same step
+    const double got = t.At(c, 2, kSp, 1000 + k.read_at).samples;
+    if (k.read_at == 100 && k.samples == 50) {
+      EXPECT_DOUBLE_EQ(got, 25.0) << k.what;
+    } else {
+      EXPECT_DOUBLE_EQ(got, k.want) << k.what;
+    }
+  }
+  // A stale estimate of 100 tokens/s (floored at 8), then one sample at 10: 1/9 of the way.
   ThroughputTable t;
-  const int64_t h = 200;
-  for (int64_t s = 0; s < 2000; ++s) t.Observe(1, kSp, s, 100, 1.0, h);
-  for (int64_t s = 2000; s < 2020; ++s) t.Observe(1, kSp, s, 50, 1.0, h);
-  EXPECT_GT(t.At(1, kSp, 2020, h).tokens_per_s, 90.0);
-  for (int64_t s = 2020; s < 2000 + 5 * h; ++s) t.Observe(1, kSp, s, 50, 1.0, h);
-  EXPECT_NEAR(t.At(1, kSp, 3000, h).tokens_per_s, 50.0, 2.5);
+  for (int i = 0; i < 50; ++i) t.Observe(c, 2, kSp, 1000, 100, 1.0);
+  t.Observe(c, 2, kSp, 3000, 10, 1.0);
+  EXPECT_NEAR(t.cell(2, kSp).tokens_per_s(), (8 * 100 + 10) / 9.0, 1e-9);
+  EXPECT_DOUBLE_EQ(t.cell(2, kSp).weight, 9.0);
+}
+
+// Change detection: a sustained move of the rate beyond the threshold and the noise
+// re-bases the cell on the recent samples and marks the band changed; noise of the same
+// size, a single outlier, a move below the threshold or a cell with fewer than the floor's
+// samples does not. A band back after a half-life without samples is marked changed.
+TEST(ThroughputTableTest, DetectsChangesNotNoise) {
+  const GateConfig c = HalfLife(2000);  // threshold 5 %, min_samples 8
+  struct Case {
+    const char* what;
+    int before;           // samples at 100 tokens/s, alternating ±noise
+    double noise;         // relative
+    std::vector<double> after;  // the next samples' rates
+    bool changed;
+  } cases[] = {
+      {"a drop to 70", 40, 0.0, {70, 70, 70, 70}, true},
+      {"a rise to 130", 40, 0.0, {130, 130, 130, 130}, true},
+      {"a drop of 3 %, under the threshold", 40, 0.0, std::vector<double>(30, 97), false},
+      {"one outlier", 40, 0.0, {40, 100, 100, 100, 100}, false},
+      {"noise of ±20 %, its own size", 200, 0.2, {120, 80, 120, 80, 120, 80}, false},
+      {"a drop of 10 % inside ±20 % noise", 200, 0.2, std::vector<double>(6, 90), false},
+      {"a drop to 50 inside ±20 % noise", 200, 0.2, std::vector<double>(6, 50), true},
+      {"too few samples before", 5, 0.0, {50, 50, 50}, false},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable t;
+    int64_t step = 100;
+    for (int i = 0; i < k.before; ++i, ++step) {
+      t.Observe(c, 4, kTp, step, 100 * (1 + (i % 2 == 0 ? k.noise : -k.noise)), 1.0);
+    }
+    for (double r : k.after) t.Observe(c, 4, kTp, step++, r, 1.0);
+    EXPECT_EQ(t.BandChangedStep(4) >= 0, k.changed) << k.what;
+    EXPECT_EQ(t.newest_change_step(), t.BandChangedStep(4)) << k.what;
+    if (k.changed) {
+      // Re-based: the estimate is near the new rate, not the old mean.
+      EXPECT_NEAR(t.cell(4, kTp).tokens_per_s(), k.after.back(), 0.25 * k.after.back())
+          << k.what;
+      EXPECT_EQ(t.BandChangedStep(5), -1) << "other bands untouched";
+    }
+  }
+  // A band back after more than a half-life without samples.
+  ThroughputTable t;
+  for (int i = 0; i < 10; ++i) t.Observe(c, 7, kSp, 10 + i, 100, 1.0);
+  t.Observe(c, 7, kSp, 2019, 100, 1.0);
+  EXPECT_EQ(t.BandChangedStep(7), -1);
+  t.Observe(c, 7, kSp, 4020, 100, 1.0);
+  EXPECT_EQ(t.BandChangedStep(7), 4020);
+}
+
+// The first step after a switch: its excess over the cell's estimate is the switch's
+// cost, and it enters the cell less the learned cost; against a cell under the sample
+// floor nothing is measured.
+TEST(ThroughputTableTest, LearnsTheSwitchCost) {
+  const GateConfig c = HalfLife(1000);  // min_samples 8
+  ThroughputTable t;
+  EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
+  EXPECT_FALSE(t.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.0));  // no estimate: a sample
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 1.0);
+  EXPECT_FALSE(t.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.0)) << "2 samples: under the floor";
+  for (int i = 0; i < 8; ++i) t.Observe(c, 1, kSp, 5, 100, 1.0);  // 100 tokens/s, weight 10
+  EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5));      // 0.5 s over
+  EXPECT_NEAR(t.SwitchCostSeconds(), 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).tokens_per_s(), 100.0) << "entered less the cost: 1 s";
+  EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 5, 200, 2.1));  // 0.1 s over
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 12.0);
+  EXPECT_NEAR(t.cell(1, kSp).tokens_per_s(), 1300.0 / (11.0 + 1.8), 1e-9);
+  EXPECT_NEAR(t.SwitchCostSeconds(), 0.3, 1e-12);
+  EXPECT_EQ(t.switch_cost().last_step, 5);
+  // Faster than the estimate on average: a cost of 0, never negative.
+  ThroughputTable fast = t;
+  for (int i = 0; i < 10; ++i) fast.ObserveAfterSwitch(c, 1, kSp, 6, 100, 0.5);
+  EXPECT_EQ(fast.SwitchCostSeconds(), 0.0);
+  EXPECT_FALSE(t.ObserveAfterSwitch(c, 1, kSp, 6, 100, std::nan("")));
 }
 
 TEST(ThroughputTableTest, BadSamplesAreIgnored) {
   ThroughputTable t;
-  t.Observe(0, kSp, 1, 100, std::nan(""), 10);
-  t.Observe(0, kSp, 1, 100, 0.0, 10);
-  t.Observe(0, kSp, 1, 100, -1.0, 10);
-  t.Observe(0, kSp, 1, -5, 1.0, 10);
-  t.Observe(0, kSp, 1, INFINITY, 1.0, 10);
-  t.Observe(0, kSp, -3, 100, 1.0, 10);
-  t.Observe(-1, kSp, 1, 100, 1.0, 10);
-  t.Observe(kBands, kSp, 1, 100, 1.0, 10);
+  const GateConfig c = HalfLife(10);
+  t.Observe(c, 0, kSp, 1, 100, std::nan(""));
+  t.Observe(c, 0, kSp, 1, 100, 0.0);
+  t.Observe(c, 0, kSp, 1, 100, -1.0);
+  t.Observe(c, 0, kSp, 1, -5, 1.0);
+  t.Observe(c, 0, kSp, 1, INFINITY, 1.0);
+  t.Observe(c, 0, kSp, -3, 100, 1.0);
+  t.Observe(c, -1, kSp, 1, 100, 1.0);
+  t.Observe(c, kBands, kSp, 1, 100, 1.0);
+  t.ObserveAfterSwitch(c, kBands, kSp, 1, 100, 1.0);
   EXPECT_TRUE(t.empty());
   EXPECT_EQ(t, ThroughputTable{});
 }
@@ -176,8 +288,8 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
   for (int n : {0, 1, 7}) {
     ThroughputTable t = Learned(band, 100, 200, 50);
     ThroughputTable sparse;
-    for (int i = 0; i < 50; ++i) sparse.Observe(band, kSp, kStep - 1 - i, 100, 1, 500);
-    for (int i = 0; i < n; ++i) sparse.Observe(band, kTp, kStep - 1 - i, 200, 1, 500);
+    for (int i = 0; i < 50; ++i) sparse.Observe(c, band, kSp, kStep - 1 - i, 100, 1);
+    for (int i = 0; i < n; ++i) sparse.Observe(c, band, kTp, kStep - 1 - i, 200, 1);
     std::vector<GateCheck> trace;
     GateOutcome out =
         EvaluateAdaptive(c, GroupGateState{}, Batch(0.35), {}, std::nullopt, &sparse, &trace);
@@ -191,27 +303,30 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
     out = EvaluateAdaptive(c, GroupGateState{}, Batch(0.05), {}, std::nullopt, &t);
     EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));
   }
-  // A decayed table falls below min_samples again: 50 samples, 4 half-lives old → ~3.
-  const ThroughputTable old = Learned(band, 100, 200, 50, kStep - 1 - 4 * 500);
-  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(0.35), {}, std::nullopt, &old).decision,
-            (Decision{kTp, Reason::kLengthCv}));
+  // A decayed table keeps its sample floor: 50 samples, 4 half-lives old, still decide.
+  const ThroughputTable old = Learned(band, 100, 200, 50, kStep + 2000 - 1 - 4 * 500);
+  ASSERT_EQ(old.newest_step(), kStep + 2000 - 1 - 4 * 500);
+  const BatchFacts later = Batch(0.35, 4096, kStep + 2000);
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, later, {}, std::nullopt, &old).decision,
+            (Decision{kTp, Reason::kAdaptive}));
   // Null table: the prior.
   EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(0.05), {}, std::nullopt, nullptr).decision,
             (Decision{kSp, Reason::kGatesPassed}));
 }
 
-// With an empty table the ADAPTIVE policy is the STATIC one on every step but the
-// exploration steps.
+// With an empty table and no flip cap the ADAPTIVE policy is the STATIC one on every step
+// but the exploration steps. With the cap, it holds the group's mode between the flips
+// the cap allows.
 TEST(EvaluateAdaptiveTest, EmptyTableIsTheStaticPolicyOutsideExploration) {
-  const GateConfig a = Adaptive();
+  GateConfig a = Adaptive();
+  a.adaptive_flip_interval_steps = 1;
   const GateConfig s;
   GroupPolicyState ga, gs;
   const ThroughputTable empty;
-  const int64_t period = ExplorePeriod(a);
   int compared = 0;
   for (int64_t step = 1; step < 600; ++step) {
     const BatchFacts f = Batch((step % 7) * 0.05, 4096, step);
-    if (step % period == 0) continue;
+    if (MayExplore(a, step)) continue;
     const GateOutcome oa = ga.Decide(a, f, std::nullopt, &empty);
     const GateOutcome os = gs.Decide(s, f, std::nullopt);
     ASSERT_EQ(oa.decision, os.decision) << step;
@@ -222,61 +337,224 @@ TEST(EvaluateAdaptiveTest, EmptyTableIsTheStaticPolicyOutsideExploration) {
   EXPECT_GT(compared, 500);
 }
 
-// Exploration: only on multiples of the period, only the less-sampled mode, and never
-// more than the share of a run's steps.
-TEST(EvaluateAdaptiveTest, ExplorationIsDeterministicAndBounded) {
-  const GateConfig c = Adaptive();  // share 0.03 → period 34
-  const int64_t period = ExplorePeriod(c);
-  EXPECT_EQ(period, 34);
+// Exploration: only in the probe runs of the band's period, the mode not chosen: at the floor
+// while the band is stable, at the full share while it learns or within
+// adaptive_explore_boost_steps of a change in it, then at the floor again.
+TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
+  GateConfig c = Adaptive();  // share 0.03 → period 134; floor 0.004 → period 1000
+  c.adaptive_half_life_steps = 1000000;  // the table barely decays over the run
+  EXPECT_EQ(ExplorePeriod(c.adaptive_explore_share), 134);
+  EXPECT_EQ(ExplorePeriod(c.adaptive_explore_floor), 1000);
   const int band = BandOf(c, 0.05, 4096);
-  // SP well sampled and better; TP-only fewer samples (enough to decide, fewer than
-  // twice that: still explored).
-  ThroughputTable t;
-  for (int i = 0; i < 100; ++i) t.Observe(band, kSp, 10000 - i, 120, 1, 1000000);
-  for (int i = 0; i < 12; ++i) t.Observe(band, kTp, 10000 - i, 100, 1, 1000000);
-  GroupPolicyState g;
-  int64_t probes = 0, steps = 0;
-  GateConfig slow = c;
-  slow.adaptive_half_life_steps = 1000000;  // the table barely decays over the run
-  for (int64_t step = 10001; step <= 20000; ++step, ++steps) {
-    const GateOutcome out = g.Decide(slow, Batch(0.05, 4096, step), std::nullopt, &t);
-    if (out.decision.reason == Reason::kProbe) {
-      ++probes;
-      EXPECT_EQ(out.decision.mode, kTp) << step;
-      EXPECT_EQ(step % period, 0) << step;
+  ThroughputTable stable;
+  for (int i = 0; i < 100; ++i) {
+    stable.Observe(c, band, kSp, 10000 - i, 120, 1);
+    stable.Observe(c, band, kTp, 10000 - i, 100, 1);
+  }
+  ASSERT_EQ(stable.BandChangedStep(band), -1);
+  ThroughputTable changed = stable;  // TP-only got 30 % slower at step 10001
+  for (int i = 1; i <= 4; ++i) changed.Observe(c, band, kTp, 10000 + i, 70, 1);
+  ASSERT_EQ(changed.BandChangedStep(band), 10002);  // the second slow sample
+  struct Case {
+    const char* what;
+    const ThroughputTable* table;
+    int64_t from, to;
+    int64_t period;
+    int64_t flip_interval;
+    int64_t probes;  // -1: every step due
+  } cases[] = {
+      {"stable band: the floor", &stable, 10005, 20000, 1000, 50, -1},
+      {"within the boost after a change: the share", &changed, 10005, 10203, 134, 1, -1},
+      {"within the boost, a cap of 2 switches in 200: one run", &changed, 10005, 10203, 134,
+       100, 4},
+      {"after the boost: the floor", &changed, 10203, 20000, 1000, 50, -1},
+  };
+  for (const Case& k : cases) {
+    c.adaptive_flip_interval_steps = k.flip_interval;
+    GroupPolicyState g;
+    int64_t probes = 0, steps = 0;
+    for (int64_t step = k.from; step < k.to; ++step, ++steps) {
+      const GateOutcome out = g.Decide(c, Batch(0.05, 4096, step), std::nullopt, k.table);
+      if (out.decision.reason == Reason::kProbe) {
+        ++probes;
+        EXPECT_EQ(out.decision.mode, kTp) << k.what << " " << step;
+        EXPECT_TRUE(InProbeRun(step, k.period)) << k.what << " " << step;
+      } else {
+        EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive})) << k.what << " " << step;
+      }
+    }
+    int64_t due = 0;
+    for (int64_t step = k.from; step < k.to; ++step) due += InProbeRun(step, k.period);
+    EXPECT_GT(due, 0) << k.what;
+    EXPECT_EQ(probes, k.probes < 0 ? due : k.probes) << k.what;
+    EXPECT_LE(static_cast<double>(probes),
+              static_cast<double>(steps) * kProbeRunSteps / k.period + kProbeRunSteps)
+        << k.what;
+  }
+  // The floor is at most the share; a share of 1 explores every step.
+  GateConfig all = c;
+  all.adaptive_explore_share = 0.001;
+  EXPECT_EQ(ExploreShareOf(all, &stable, band, 20000, true), 0.001);
+  EXPECT_EQ(ExplorePeriod(1.0), kProbeRunSteps);
+  EXPECT_EQ(ExplorePeriod(1e-6), 4000000);
+  // An unknown band learns at the share; no table at all too.
+  EXPECT_EQ(ExploreShareOf(c, &stable, band + 1, 20000, false), 0.03);
+  EXPECT_EQ(ExploreShareOf(c, nullptr, band, 20000, true), 0.03);
+  // The same inputs give the same decisions: a second group agrees step for step.
+  c.adaptive_flip_interval_steps = 50;
+  GroupPolicyState g2, g3;
+  for (int64_t step = 30000; step < 30600; ++step) {
+    EXPECT_EQ(g2.Decide(c, Batch(0.05, 4096, step), std::nullopt, &changed).decision,
+              g3.Decide(c, Batch(0.05, 4096, step), std::nullopt, &changed).decision);
+  }
+}
+
+// The flip cap: at most two switches in any 2 × adaptive_flip_interval_steps decisions,
+// whatever asks for them; a probe only when the switch back is left too; a flip the
+// memory gate or a pin forces is never held but counts.
+TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
+  struct Case {
+    const char* what;
+    int64_t interval;
+    std::vector<int64_t> switches;  // decision indices of earlier switches
+    int64_t next;                   // the next decision's index
+    int flips;
+    bool allowed;
+  } cases[] = {
+      {"no switches yet", 50, {}, 10, 1, true},
+      {"one switch 10 ago", 50, {0}, 10, 1, true},
+      {"two switches within 100", 50, {0, 5}, 10, 1, false},
+      {"two switches, the older 100 ago", 50, {0, 5}, 100, 1, true},
+      {"two switches, the older 99 ago", 50, {1, 5}, 100, 1, false},
+      {"a probe (out and back), one recent switch", 50, {0, 60}, 100, 2, false},
+      {"a probe whose way back has 3 switches in 100", 50, {0, 2}, 100, 2, false},
+      {"a probe, both earlier switches old enough", 50, {0, 1}, 100, 2, true},
+      {"interval 1: any switch", 1, {8, 9}, 10, 2, true},
+  };
+  for (const Case& k : cases) {
+    GateConfig c = Adaptive();
+    c.adaptive_flip_interval_steps = k.interval;
+    GroupGateState s;
+    s.has_decision = true;
+    s.decisions = k.next;
+    if (k.switches.size() >= 1) s.last_switch_at = k.switches.back();
+    if (k.switches.size() >= 2) s.prev_switch_at = k.switches[k.switches.size() - 2];
+    EXPECT_EQ(FlipsAllowed(c, s, k.flips), k.allowed) << k.what;
+  }
+
+  // A run: the band's preference alternates every 10 steps (the table is swapped), and a
+  // group under the cap switches at most twice in any 100 decisions; without the cap it
+  // follows every change.
+  const GateConfig capped = Adaptive();
+  GateConfig free = capped;
+  free.adaptive_flip_interval_steps = 1;
+  const int band = BandOf(capped, 0.05, 4096);
+  const ThroughputTable tp_better = Learned(band, 100, 150, 50, 999);
+  const ThroughputTable sp_better = Learned(band, 150, 100, 50, 999);
+  for (const GateConfig* c : std::vector<const GateConfig*>{&capped, &free}) {
+    GroupPolicyState g;
+    std::vector<int64_t> switch_steps;
+    int held = 0;
+    for (int64_t step = 1001; step < 2001; ++step) {
+      if (MayExplore(*c, step)) continue;
+      const ThroughputTable& t = (step / 10) % 2 == 0 ? tp_better : sp_better;
+      const int64_t before = g.gate().mode_switches;
+      const GateOutcome out = g.Decide(*c, Batch(0.05, 4096, step), std::nullopt, &t);
+      held += out.flip_held;
+      if (g.gate().mode_switches != before) switch_steps.push_back(g.gate().decisions - 1);
+    }
+    if (c == &free) {
+      EXPECT_GT(switch_steps.size(), 90u);
+      EXPECT_EQ(held, 0);
     } else {
-      EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive})) << step;
+      EXPECT_GT(held, 0);
+      for (size_t i = 2; i < switch_steps.size(); ++i) {
+        EXPECT_GE(switch_steps[i] - switch_steps[i - 2], 100) << i;
+      }
+      EXPECT_LE(switch_steps.size(), 2u + 990u / 50u);
     }
   }
-  EXPECT_EQ(probes, (20000 / period) - (10000 / period));
-  EXPECT_LE(static_cast<double>(probes), 0.03 * static_cast<double>(steps));
-  // The same inputs give the same decisions: a second group agrees step for step.
-  GroupPolicyState g2;
-  GroupPolicyState g3;
-  for (int64_t step = 30000; step < 30100; ++step) {
-    EXPECT_EQ(g2.Decide(slow, Batch(0.05, 4096, step), std::nullopt, &t).decision,
-              g3.Decide(slow, Batch(0.05, 4096, step), std::nullopt, &t).decision);
+
+  // Memory forces a flip the cap would hold: never held, and it counts.
+  GroupGateState s;
+  s.has_decision = true;
+  s.mode = kTp;
+  s.decisions = 10;
+  s.last_switch_at = 9;
+  s.prev_switch_at = 8;
+  BatchFacts tight = Batch();
+  tight.memory_budget_bytes = 1000;
+  tight.predicted_peak_bytes_sp = 500;
+  tight.predicted_peak_bytes_tp = 950;
+  const GateOutcome forced = EvaluateAdaptive(capped, s, tight, {}, std::nullopt, &tp_better);
+  EXPECT_EQ(forced.decision, (Decision{kSp, Reason::kMemoryRequiresSp}));
+  EXPECT_FALSE(forced.flip_held);
+  EXPECT_EQ(forced.next.last_switch_at, 10);
+  EXPECT_EQ(forced.next.mode_switches, 1);
+  // ... and a pin too.
+  EXPECT_EQ(EvaluateAdaptive(capped, s, Batch(), {}, PinDirective(kSp), &tp_better).decision,
+            (Decision{kSp, Reason::kPinned}));
+  // Without a flip left, a TP-only group stays TP-only although the band prefers SP.
+  std::vector<GateCheck> trace;
+  const GateOutcome kept = EvaluateAdaptive(capped, s, Batch(), {}, std::nullopt, &sp_better, &trace);
+  EXPECT_EQ(kept.decision, (Decision{kTp, Reason::kAdaptive}));
+  EXPECT_TRUE(kept.flip_held);
+  EXPECT_EQ(trace.back().gate, "flip_cap");
+}
+
+// A switch must save at least its learned cost over the next adaptive_flip_interval_steps
+// decisions: this batch's saving, then the band mix's. With no cost learned and no cap
+// (interval 1) a band's preference decides alone, as before.
+TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
+  const int band = BandOf(Adaptive(), 0.05, 4096);   // 4096 tokens a batch
+  const int other = BandOf(Adaptive(), 0.35, 4096);  // the rest of the mix
+  struct Case {
+    const char* what;
+    double cost_s;        // learned switch cost
+    int64_t interval;
+    double other_tp_rate;  // the other band: SP 100, TP-only this (the mix's weight: equal)
+    bool switches;        // SP → TP-only for a batch of `band` (SP 100, TP-only 110 tokens/s)
+  } cases[] = {
+      // This batch saves 4096/100 − 4096/110 × 1.02 ≈ 3.0 s; the mix per step half of
+      // that plus half the other band's.
+      {"no cost, no cap: the band decides", 0.0, 1, 50, true},
+      {"no cost, the mix prefers SP strongly", 0.0, 50, 50, false},
+      {"no cost, the mix prefers TP-only too", 0.0, 50, 110, true},
+      {"a cost of 100 s, the mix for TP-only: 49 steps save ~147 s", 100.0, 50, 110, true},
+      {"a cost of 500 s: more than it saves", 500.0, 50, 110, false},
+      {"a cost of 2 s, no cap: this batch alone saves 3 s", 2.0, 1, 50, true},
+      {"a cost of 4 s, no cap: this batch alone saves 3 s", 4.0, 1, 50, false},
+  };
+  for (const Case& k : cases) {
+    GateConfig c = Adaptive();
+    c.adaptive_flip_interval_steps = k.interval;
+    ThroughputTable t;
+    for (int i = 0; i < 50; ++i) {
+      const int64_t step = 950 + i;
+      t.Observe(c, band, kSp, step, 4096, 4096 / 100.0);
+      t.Observe(c, band, kTp, step, 4096, 4096 / 110.0);
+      t.Observe(c, other, kSp, step, 4096, 4096 / 100.0);
+      t.Observe(c, other, kTp, step, 4096, 4096 / k.other_tp_rate);
+    }
+    if (k.cost_s > 0) {
+      t.ObserveAfterSwitch(c, band, kSp, 999, 4096, 40.96 + k.cost_s);
+    }
+    ASSERT_NEAR(t.SwitchCostSeconds(), k.cost_s, 1e-9) << k.what;
+    GroupGateState s;
+    s.has_decision = true;
+    s.mode = kSp;
+    s.decisions = 500;
+    const GateOutcome out = EvaluateAdaptive(c, s, Batch(0.05, 4096), {}, std::nullopt, &t);
+    EXPECT_EQ(out.decision.mode, k.switches ? kTp : kSp) << k.what;
+    EXPECT_EQ(out.flip_held, !k.switches) << k.what;
+    EXPECT_EQ(out.decision.reason, Reason::kAdaptive) << k.what;
   }
-  // Once the less-sampled mode has twice min_samples, exploration pauses.
-  for (int i = 0; i < 8; ++i) t.Observe(band, kTp, 10000 - i, 100, 1, 1000000);
-  GroupPolicyState g4;
-  for (int64_t step = 34 * 400; step < 34 * 410; step += 34) {
-    EXPECT_EQ(g4.Decide(slow, Batch(0.05, 4096, step), std::nullopt, &t).decision,
-              (Decision{kSp, Reason::kAdaptive}))
-        << step;
-  }
-  // A share of 1 explores every step; a tiny share almost never.
-  GateConfig all = c;
-  all.adaptive_explore_share = 1.0;
-  EXPECT_EQ(ExplorePeriod(all), 1);
-  all.adaptive_explore_share = 1e-6;
-  EXPECT_EQ(ExplorePeriod(all), 1000000);
 }
 
 // An exploration step in an empty band runs the mode the prior did not choose.
 TEST(EvaluateAdaptiveTest, ExplorationTeachesAnEmptyBand) {
   const GateConfig c = Adaptive();
-  const int64_t step = 34 * 10;
+  const int64_t step = 134 * 10;
   const GateOutcome out =
       EvaluateAdaptive(c, GroupGateState{}, Batch(0.05, 4096, step), {}, std::nullopt, nullptr);
   EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe}));
@@ -298,9 +576,9 @@ TEST(EvaluateAdaptiveTest, MemoryAndPinsComeFirst) {
   EXPECT_EQ(EvaluateAdaptive(c, {}, tight, {}, std::nullopt, &tp_much_better).decision,
             (Decision{kSp, Reason::kMemoryRequiresSp}));
   BatchFacts tight_probe = tight;
-  tight_probe.step = 34 * 100;  // an exploration step with SP the well-known mode
+  tight_probe.step = 134 * 100;  // an exploration step with SP the well-known mode
   ThroughputTable sp_known = tp_much_better;
-  for (int i = 0; i < 100; ++i) sp_known.Observe(band, kSp, tight_probe.step - 1, 100, 1, 500);
+  for (int i = 0; i < 100; ++i) sp_known.Observe(c, band, kSp, tight_probe.step - 1, 100, 1);
   EXPECT_EQ(EvaluateAdaptive(c, {}, tight_probe, {}, std::nullopt, &sp_known).decision.mode, kSp);
   // Pins.
   EXPECT_EQ(EvaluateAdaptive(c, {}, Batch(), {}, PinDirective(kSp), &tp_much_better).decision,

@@ -28,6 +28,7 @@ struct Run {
     int band;
     Mode mode;
     double tokens, seconds;
+    bool after_switch;  // the group's previous step ran the other mode
   };
 
   Kind kind;
@@ -131,8 +132,11 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
           case Run::Kind::kAdaptive: {
             while (!r.pending.empty() && r.pending.front().step + kReplayLearnLagSteps <= k) {
               const Run::Sample& s = r.pending.front();
-              r.table.Observe(s.band, s.mode, s.step, s.tokens, s.seconds,
-                              r.config.adaptive_half_life_steps);
+              if (s.after_switch) {
+                r.table.ObserveAfterSwitch(r.config, s.band, s.mode, s.step, s.tokens, s.seconds);
+              } else {
+                r.table.Observe(r.config, s.band, s.mode, s.step, s.tokens, s.seconds);
+              }
               r.pending.pop_front();
             }
             const GateOutcome out = r.groups[gi].Decide(r.config, facts, std::nullopt, &r.table);
@@ -150,7 +154,7 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
         }
         if (band >= 0) {
           r.pending.push_back({k, band, d.mode, static_cast<double>(step.effective_tokens),
-                               step_s});
+                               step_s, r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode});
         }
         if (r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode) ++r.result.switches;
         r.last_mode[gi] = d.mode;

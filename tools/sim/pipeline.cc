@@ -417,8 +417,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
       for (int s = 0; s < P; ++s) {
         while (!r.pending[s].empty() && r.pending[s].front().step + kReplayLearnLagSteps <= k) {
           const PipeRun::Sample& x = r.pending[s].front();
-          r.tables[s].Observe(x.band, x.mode, x.step, x.tokens, x.seconds,
-                              r.config.adaptive_half_life_steps);
+          r.tables[s].Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
           r.pending[s].pop_front();
         }
       }

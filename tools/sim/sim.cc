@@ -563,12 +563,17 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
     int band;
     Mode mode;
     double tokens, seconds;
+    bool after_switch;
   };
   std::deque<Sample> pending;
   for (int64_t k = 0; k < steps; ++k) {
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
       const Sample& x = pending.front();
-      learned.Observe(x.band, x.mode, x.step, x.tokens, x.seconds, config.adaptive_half_life_steps);
+      if (x.after_switch) {
+        learned.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds);
+      } else {
+        learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
+      }
       pending.pop_front();
     }
     for (int gi = 0; gi < o.groups; ++gi) {
@@ -585,12 +590,14 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
                                                       .predicted_peak_bytes_tp = mem.tp,
                                                       .memory_budget_bytes = mem.budget});
       GroupStep step = model.Step(lengths, ld.decision.mode, rngs[gi], k);
+      const bool switched = last_mode[gi].has_value() && *last_mode[gi] != ld.decision.mode;
       step.step_time_s += model.SwitchSeconds(last_mode[gi], ld.decision.mode);
       last_mode[gi] = ld.decision.mode;
       policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
-                           static_cast<double>(step.effective_tokens), step.step_time_s});
+                           static_cast<double>(step.effective_tokens), step.step_time_s,
+                           switched});
       }
       GateDecision d;
       d.step = k;

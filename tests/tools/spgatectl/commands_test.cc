@@ -297,7 +297,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "max_rs_wait_share, bucket_target_cv, rs_wait_reenable_margin, "
                 "probe_interval_steps, min_dwell_steps, window_steps, memory_headroom, policy, "
                 "adaptive_cv_band_width, adaptive_tokens_band_base, adaptive_half_life_steps, "
-                "adaptive_min_samples, adaptive_margin, adaptive_explore_share)"},
+                "adaptive_min_samples, adaptive_margin, adaptive_explore_share, "
+                "adaptive_explore_floor, adaptive_change_threshold, adaptive_explore_boost_steps, "
+                "adaptive_flip_interval_steps)"},
         BadCase{"gates set --policy=dynamic", "gates set",
                 "--policy: \"dynamic\" is not a policy (STATIC or ADAPTIVE)"},
         BadCase{"gates set --clear=max_length_cv --max_length_cv=0.3", "gates set",

@@ -83,29 +83,33 @@ TEST(FormatGateConfig, TableShowsValuesAndWhereTheyComeFrom) {
             "version  4 (effective 6)\n"
             "updated  2023-11-14T22:13:20Z\n"
             "\n"
-            "FIELD                         VALUE  SOURCE\n"
-            "max_length_cv                  0.25  override\n"
-            "max_rs_wait_share              0.22  inherited\n"
-            "bucket_target_cv               0.15  inherited\n"
-            "rs_wait_reenable_margin        0.03  inherited\n"
-            "probe_interval_steps            200  inherited\n"
-            "min_dwell_steps                  20  inherited\n"
-            "window_steps                     50  inherited\n"
-            "memory_headroom                 0.9  inherited\n"
-            "policy                     ADAPTIVE  override\n"
-            "adaptive_cv_band_width            -  inherited\n"
-            "adaptive_tokens_band_base         -  inherited\n"
-            "adaptive_half_life_steps          -  inherited\n"
-            "adaptive_min_samples              -  inherited\n"
-            "adaptive_margin                   -  inherited\n"
-            "adaptive_explore_share            -  inherited\n");
+            "FIELD                            VALUE  SOURCE\n"
+            "max_length_cv                     0.25  override\n"
+            "max_rs_wait_share                 0.22  inherited\n"
+            "bucket_target_cv                  0.15  inherited\n"
+            "rs_wait_reenable_margin           0.03  inherited\n"
+            "probe_interval_steps               200  inherited\n"
+            "min_dwell_steps                     20  inherited\n"
+            "window_steps                        50  inherited\n"
+            "memory_headroom                    0.9  inherited\n"
+            "policy                        ADAPTIVE  override\n"
+            "adaptive_cv_band_width               -  inherited\n"
+            "adaptive_tokens_band_base            -  inherited\n"
+            "adaptive_half_life_steps             -  inherited\n"
+            "adaptive_min_samples                 -  inherited\n"
+            "adaptive_margin                      -  inherited\n"
+            "adaptive_explore_share               -  inherited\n"
+            "adaptive_explore_floor               -  inherited\n"
+            "adaptive_change_threshold            -  inherited\n"
+            "adaptive_explore_boost_steps         -  inherited\n"
+            "adaptive_flip_interval_steps         -  inherited\n");
 }
 
 TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
   const std::string out = FormatGateConfig(v1::VersionedGateConfig(), OutputFormat::kTable);
   EXPECT_THAT(out, HasSubstr("scope    global\n"));
   EXPECT_THAT(out, HasSubstr("updated  never\n"));
-  EXPECT_THAT(out, HasSubstr("max_length_cv                  -  inherited\n"));
+  EXPECT_THAT(out, HasSubstr("max_length_cv                     -  inherited\n"));
 }
 
 TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {

@@ -193,8 +193,8 @@ TEST(LocalGatePolicyTest, AdaptiveFallbackUsesTheLearnedTable) {
   const int band = BandOf(c, 0.05, 4096);
   ThroughputTable t;
   for (int i = 0; i < 50; ++i) {
-    t.Observe(band, Mode::kSequenceParallel, 99 - i, 1000, 1.0, c.adaptive_half_life_steps);
-    t.Observe(band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0, c.adaptive_half_life_steps);
+    t.Observe(c, band, Mode::kSequenceParallel, 99 - i, 1000, 1.0);
+    t.Observe(c, band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0);
   }
   LocalGatePolicy without(c, 1);
   LocalGatePolicy with(c, 1);
@@ -206,7 +206,7 @@ TEST(LocalGatePolicyTest, AdaptiveFallbackUsesTheLearnedTable) {
     reference = want.next;
     EXPECT_EQ(with.Decide(f).decision, want.decision) << step;
     const Decision prior = without.Decide(f).decision;
-    EXPECT_EQ(prior.reason, step % ExplorePeriod(c) == 0 ? Reason::kProbe : Reason::kGatesPassed)
+    EXPECT_EQ(prior.reason, MayExplore(c, step) ? Reason::kProbe : Reason::kGatesPassed)
         << step;
   }
   EXPECT_EQ(with.Decide({.step = 131, .length_cv = 0.05, .tokens = 4096}).decision,
@@ -222,8 +222,8 @@ TEST(LocalGatePolicyTest, StageFallbackDecidesWithItsStagesTable) {
   const int band = BandOf(c, 0.05, 4096);
   ThroughputTable t;
   for (int i = 0; i < 50; ++i) {
-    t.Observe(band, Mode::kSequenceParallel, 99 - i, 1000, 1.0, c.adaptive_half_life_steps);
-    t.Observe(band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0, c.adaptive_half_life_steps);
+    t.Observe(c, band, Mode::kSequenceParallel, 99 - i, 1000, 1.0);
+    t.Observe(c, band, Mode::kTensorParallelOnly, 99 - i, 1300, 1.0);
   }
   const JobLayout layout{.tp = 2, .pp = 2, .microbatches = 2};
   const std::vector<MicrobatchFacts> facts{{.id = 0, .length_cv = 0.05, .tokens = 4096},
@@ -232,7 +232,7 @@ TEST(LocalGatePolicyTest, StageFallbackDecidesWithItsStagesTable) {
   LocalGatePolicy without(c, 1);
   with.SetLearnedTable(t);
   GroupPolicyState reference;
-  for (int64_t step = 103; step < 112; ++step) {  // no exploration step (102, 136)
+  for (int64_t step = 103; step < 112; ++step) {  // no exploration step (0-3, 134-137)
     const StagePlanFacts plan{.step = step, .stage = 1, .microbatches = facts};
     const StagePlanOutcome want =
         DecideStagePlan(reference, c, layout, plan, std::nullopt, &t, /*sp_required=*/false);
