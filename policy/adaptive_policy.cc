@@ -119,12 +119,18 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     const double spread = std::sqrt(c.noise / started * kDriftRate / (2.0 - kDriftRate));
     if (c.weight >= floor &&
         std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread)) {
-      // Re-base the cell on the recent samples, at the floor's weight, and explore.
+      // Re-base the cell on the recent samples, at the floor's weight, and explore. The
+      // change is taken as common to both modes (stragglers, a slower fabric) until the
+      // other is measured: its estimate moves by the same factor, so the comparison does
+      // not rest on one mode measured after the change and the other before it. The
+      // boosted exploration then measures the other mode, and its own detector corrects it.
+      const double factor = 1.0 + c.drift;
       const double per_sample_s = c.seconds / c.weight;
       c.weight = floor;
       c.seconds = per_sample_s * floor;
-      c.tokens = estimate * (1.0 + c.drift) * c.seconds;
+      c.tokens = estimate * factor * c.seconds;
       c.drift = 0;
+      if (other.last_step >= 0) other.tokens *= factor;
       MarkChanged(c, step);
     }
   }
@@ -269,7 +275,7 @@ bool MayExplore(const GateConfig& config, int64_t step) {
 }
 
 bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int flips) {
-  if (!state.has_decision) return true;  // the first decision switches nothing
+  if (!state.has_chosen_mode) return true;  // the first choice switches nothing
   const int64_t window = 2 * config.adaptive_flip_interval_steps;
   std::array<int64_t, 4> history = {state.prev_switch_at, state.last_switch_at};
   size_t n = 2;
@@ -283,9 +289,9 @@ bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int fli
   return true;
 }
 
-double SwitchSavingSeconds(const GateConfig& config, const ThroughputTable& table, Mode from,
-                           Mode to, const BatchFacts& batch, int band) {
-  if (from == to) return 0.0;
+SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& table, Mode from,
+                            Mode to, const BatchFacts& batch, int band) {
+  if (from == to) return {};
   // A step's seconds in `mode` at the band's estimate, TP-only's weighted by 1 + margin.
   const auto weighted = [&](Mode mode, double tokens, double rate) {
     const double t = tokens / rate;
@@ -324,8 +330,7 @@ double SwitchSavingSeconds(const GateConfig& config, const ThroughputTable& tabl
     mix_saving += weight * (weighted(from, mean_tokens, rate_from) - weighted(to, mean_tokens, rate_to));
   }
   if (mix_weight > 0) mix_saving /= mix_weight;
-  const auto horizon = static_cast<double>(config.adaptive_flip_interval_steps);
-  return batch_saving + (horizon - 1.0) * mix_saving;
+  return {batch_saving, mix_saving};
 }
 
 GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
@@ -378,26 +383,33 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     choice = ThresholdGates(config, state, batch, rs_wait, trace);
   }
 
-  // 4. A switch must be allowed by the flip cap and pay for its learned cost.
-  if (state.has_decision && choice.mode != state.mode) {
+  // 4. A switch must be allowed by the flip cap and pay for its learned cost. A switch is
+  // away from the mode the policy last chose: a forced decision (pin, memory) in between
+  // is exempt, and so is the way back from it.
+  const Mode current = state.chosen_mode;
+  if (state.has_chosen_mode && choice.mode != current) {
     const double cost = table == nullptr ? 0.0 : table->SwitchCostSeconds();
     if (!FlipsAllowed(config, state, 1)) {
       Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
              absl::StrFormat("two switches within the last %d decisions: %s holds",
-                             2 * config.adaptive_flip_interval_steps, ModeLabel(state.mode)));
+                             2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
       held = true;
     } else if (table != nullptr) {
-      const double saving = SwitchSavingSeconds(config, *table, state.mode, choice.mode, batch, band);
-      if (saving < cost) {
-        Record(trace, "switch_cost", "fire", saving, cost,
-               absl::StrFormat("switching to %s saves %.4g s over the next %d decisions, "
-                               "less than a switch's learned cost %.4g s: %s holds",
-                               ModeLabel(choice.mode), saving,
-                               config.adaptive_flip_interval_steps, cost, ModeLabel(state.mode)));
+      const SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, band);
+      const double excursion = s.batch - 2 * cost;
+      const double move =
+          s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step - cost;
+      if (!(excursion >= 0 && FlipsAllowed(config, state, 2)) && !(move >= 0)) {
+        Record(trace, "switch_cost", "fire", std::max(s.batch, s.batch + move + cost), cost,
+               absl::StrFormat("switching to %s saves %.4g s on this batch and %.4g s a step "
+                               "on the mix: neither pays a switch's learned cost %.4g s "
+                               "(out and back, or over %d decisions): %s holds",
+                               ModeLabel(choice.mode), s.batch, s.mix_per_step, cost,
+                               kMoveHorizonDecisions, ModeLabel(current)));
         held = true;
       }
     }
-    if (held) choice = {state.mode, Reason::kAdaptive};
+    if (held) choice = {current, Reason::kAdaptive};
   }
 
   // 5. Exploration: the mode not chosen, on the first kProbeRunSteps steps of the band's
@@ -410,7 +422,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     const Mode probe = e.known || sp.samples == tp.samples ? other
                        : sp.samples < tp.samples           ? Mode::kSequenceParallel
                                                            : Mode::kTensorParallelOnly;
-    const int flips = state.has_decision && probe != state.mode ? 2 : 0;
+    const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
     if (probe == choice.mode) {
       Record(trace, "explore", "pass", static_cast<double>(period), 0,
              "exploration step; the less-sampled mode is the one chosen");

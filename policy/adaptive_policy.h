@@ -11,10 +11,11 @@
 //      than adaptive_margin (within the margin SP wins: it holds less memory), reason
 //      ADAPTIVE; otherwise the static gates decide (the prior);
 //   4. a switch away from the group's current mode must be allowed by the flip cap (at
-//      most two switches in any 2 × adaptive_flip_interval_steps decisions) and must pay:
-//      the seconds it saves over the next adaptive_flip_interval_steps decisions (this
-//      batch, then the band mix as learned) at least the learned cost of a switch;
-//      otherwise the group holds its mode (reason ADAPTIVE, flip_held);
+//      most two switches in any 2 × adaptive_flip_interval_steps decisions) and must pay
+//      for its learned cost c, as an excursion (this batch's saving ≥ 2c, the way out and
+//      back, when the cap leaves both) or as a move (this batch's saving plus
+//      kMoveHorizonDecisions − 1 steps of the band mix's ≥ c); otherwise the group holds
+//      its mode (reason ADAPTIVE, flip_held);
 //   5. exploration: on the first kProbeRunSteps steps of every ceil(kProbeRunSteps/share)
 //      (a probe run: two switches buy four samples) the band's mode not chosen runs
 //      instead (reason PROBE), if the cap leaves the flips out and back. The share is
@@ -220,13 +221,19 @@ bool MayExplore(const GateConfig& config, int64_t step);
 // decision on: at most two switches in any 2 × adaptive_flip_interval_steps decisions.
 bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int flips);
 
-// The seconds a switch from `from` to `to` at this batch saves over the next
-// adaptive_flip_interval_steps decisions: this batch's difference (0 when its band is
-// not known), then the band mix's, each band weighted by its share of the recent steps
-// (TP-only's seconds counted 1 + adaptive_margin times, as the band rule does). Negative
-// when `to` is slower.
-double SwitchSavingSeconds(const GateConfig& config, const ThroughputTable& table, Mode from,
-                           Mode to, const BatchFacts& batch, int band);
+// What running `to` instead of `from` saves, in seconds (TP-only's seconds counted
+// 1 + adaptive_margin times, as the band rule does; negative when `to` is slower): on this
+// batch (0 when its band is not known), and per step of the band mix (each known band at
+// its mean tokens, weighted by its share of the recent steps).
+struct SwitchSaving {
+  double batch = 0;
+  double mix_per_step = 0;
+};
+SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& table, Mode from,
+                            Mode to, const BatchFacts& batch, int band);
+
+// The decisions a move to the other mode is judged over (step 4 above).
+inline constexpr int64_t kMoveHorizonDecisions = 50;
 
 }  // namespace spgate
 

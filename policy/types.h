@@ -67,9 +67,14 @@ struct GroupGateState {
   // Last step that ran SP (any reason): probes are due probe_interval_steps after it.
   int64_t last_sp_step = std::numeric_limits<int64_t>::min() / 2;
   int64_t mode_switches = 0;
-  // Decisions taken (a step plan's micro-batches count one each), and the decision
-  // indices of the last two mode switches: ADAPTIVE's flip cap (docs/design.md §11).
+  // ADAPTIVE's flip cap (docs/design.md §11): decisions taken (a step plan's micro-batches
+  // count one each); the mode of the last decision the policy chose (not forced by a pin,
+  // the memory gate, an SP-required feature or unknown lengths: those are exempt from the
+  // cap, and so is the way back from them); and the decision indices of the last two
+  // switches between the modes it chose.
   int64_t decisions = 0;
+  bool has_chosen_mode = false;
+  Mode chosen_mode = Mode::kSequenceParallel;
   int64_t last_switch_at = std::numeric_limits<int64_t>::min() / 2;
   int64_t prev_switch_at = std::numeric_limits<int64_t>::min() / 2;
 };

@@ -435,7 +435,7 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
     GateConfig c = Adaptive();
     c.adaptive_flip_interval_steps = k.interval;
     GroupGateState s;
-    s.has_decision = true;
+    s.has_decision = s.has_chosen_mode = true;
     s.decisions = k.next;
     if (k.switches.size() >= 1) s.last_switch_at = k.switches.back();
     if (k.switches.size() >= 2) s.prev_switch_at = k.switches[k.switches.size() - 2];
@@ -475,10 +475,13 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
     }
   }
 
-  // Memory forces a flip the cap would hold: never held, and it counts.
+  // Memory forces a flip the cap would hold: never held, and exempt from the cap (it
+  // switches the group but not the mode the policy chose), so is the way back.
   GroupGateState s;
   s.has_decision = true;
   s.mode = kTp;
+  s.has_chosen_mode = true;
+  s.chosen_mode = kTp;
   s.decisions = 10;
   s.last_switch_at = 9;
   s.prev_switch_at = 8;
@@ -489,8 +492,15 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   const GateOutcome forced = EvaluateAdaptive(capped, s, tight, {}, std::nullopt, &tp_better);
   EXPECT_EQ(forced.decision, (Decision{kSp, Reason::kMemoryRequiresSp}));
   EXPECT_FALSE(forced.flip_held);
-  EXPECT_EQ(forced.next.last_switch_at, 10);
+  EXPECT_EQ(forced.next.last_switch_at, 9);
+  EXPECT_EQ(forced.next.chosen_mode, kTp);
   EXPECT_EQ(forced.next.mode_switches, 1);
+  const GateOutcome back =
+      EvaluateAdaptive(capped, forced.next, Batch(), {}, std::nullopt, &tp_better);
+  EXPECT_EQ(back.decision, (Decision{kTp, Reason::kAdaptive})) << "the way back is not held";
+  EXPECT_FALSE(back.flip_held);
+  EXPECT_EQ(back.next.mode_switches, 2);
+  EXPECT_EQ(back.next.last_switch_at, 9);
   // ... and a pin too.
   EXPECT_EQ(EvaluateAdaptive(capped, s, Batch(), {}, PinDirective(kSp), &tp_better).decision,
             (Decision{kSp, Reason::kPinned}));
@@ -502,9 +512,9 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   EXPECT_EQ(trace.back().gate, "flip_cap");
 }
 
-// A switch must save at least its learned cost over the next adaptive_flip_interval_steps
-// decisions: this batch's saving, then the band mix's. With no cost learned and no cap
-// (interval 1) a band's preference decides alone, as before.
+// A switch must pay for its learned cost c: as an excursion (this batch's saving ≥ 2c, the
+// cap leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c).
+// With no cost learned and no cap (interval 1) a band's preference decides alone.
 TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
   const int band = BandOf(Adaptive(), 0.05, 4096);   // 4096 tokens a batch
   const int other = BandOf(Adaptive(), 0.35, 4096);  // the rest of the mix
@@ -513,17 +523,19 @@ TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
     double cost_s;        // learned switch cost
     int64_t interval;
     double other_tp_rate;  // the other band: SP 100, TP-only this (the mix's weight: equal)
+    bool recent_switch;    // one switch 10 decisions ago: no excursion under a cap of 50
     bool switches;        // SP → TP-only for a batch of `band` (SP 100, TP-only 110 tokens/s)
   } cases[] = {
-      // This batch saves 4096/100 − 4096/110 × 1.02 ≈ 3.0 s; the mix per step half of
-      // that plus half the other band's.
-      {"no cost, no cap: the band decides", 0.0, 1, 50, true},
-      {"no cost, the mix prefers SP strongly", 0.0, 50, 50, false},
-      {"no cost, the mix prefers TP-only too", 0.0, 50, 110, true},
-      {"a cost of 100 s, the mix for TP-only: 49 steps save ~147 s", 100.0, 50, 110, true},
-      {"a cost of 500 s: more than it saves", 500.0, 50, 110, false},
-      {"a cost of 2 s, no cap: this batch alone saves 3 s", 2.0, 1, 50, true},
-      {"a cost of 4 s, no cap: this batch alone saves 3 s", 4.0, 1, 50, false},
+      // This batch saves 4096/100 − 4096/110 × 1.02 ≈ 2.98 s; the mix per step half of
+      // that plus half the other band's (TP-only 50: −42.6 s; 110: 2.98 s).
+      {"no cost, no cap: the band decides", 0.0, 1, 50, false, true},
+      {"no cost, the cap leaves an excursion", 0.0, 50, 50, false, true},
+      {"no cost, no excursion left, the mix prefers SP", 0.0, 50, 50, true, false},
+      {"no cost, no excursion left, the mix prefers TP-only", 0.0, 50, 110, true, true},
+      {"a cost of 100 s, the mix for TP-only: a move saves ~149 s", 100.0, 50, 110, false, true},
+      {"a cost of 500 s: more than a move saves", 500.0, 50, 110, false, false},
+      {"a cost of 1 s, no cap: 2.98 s pays out and back", 1.0, 1, 50, false, true},
+      {"a cost of 2 s, no cap: 2.98 s does not pay out and back", 2.0, 1, 50, false, false},
   };
   for (const Case& k : cases) {
     GateConfig c = Adaptive();
@@ -541,9 +553,10 @@ TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
     }
     ASSERT_NEAR(t.SwitchCostSeconds(), k.cost_s, 1e-9) << k.what;
     GroupGateState s;
-    s.has_decision = true;
-    s.mode = kSp;
+    s.has_decision = s.has_chosen_mode = true;
+    s.mode = s.chosen_mode = kSp;
     s.decisions = 500;
+    if (k.recent_switch) s.last_switch_at = 490;
     const GateOutcome out = EvaluateAdaptive(c, s, Batch(0.05, 4096), {}, std::nullopt, &t);
     EXPECT_EQ(out.decision.mode, k.switches ? kTp : kSp) << k.what;
     EXPECT_EQ(out.flip_held, !k.switches) << k.what;
