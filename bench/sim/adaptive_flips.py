@@ -12,6 +12,12 @@ fixed choice by more than 1 % over the run; the median and worst of ADAPTIVE's w
 regret medians; the lowest window of ADAPTIVE over the best fixed choice; ADAPTIVE's
 flips per 1,000 steps (median, max) and its exploration share in stationary cells (max).
 
+Then, on the shifting trace (packed, default regime) and on every stationary grid cell,
+from a series of 10-step windows: ADAPTIVE's regret against the oracle over the first 500
+steps against its regret from step 1,000 on (the cold start), and after the shift of the
+length mix, how many steps until a 200-step window's regret is back under 1 %, and the
+worst 200-step window after that (the re-learning).
+
 Usage: adaptive_flips.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
 """
 import argparse
@@ -46,15 +52,52 @@ def cells(steps):
     return out
 
 
-def run(sim, flags, steps, groups, window, interval, switch_cost, config_dir):
+def run(sim, flags, steps, groups, window, interval, switch_cost, config_dir, series=None):
     config = os.path.join(config_dir, f"interval{interval}.textproto")
     with open(config, "w") as f:
         f.write(f"adaptive_flip_interval_steps: {interval}\n")
     cmd = [sim, "replay", "--compare", f"--steps={steps}", f"--groups={groups}", "--seed=11",
            "--summary_json=/dev/stdout", f"--regret_window={window}", f"--config={config}",
            f"--switch_cost_s={switch_cost}"] + flags
+    if series:
+        cmd += [f"--compare_series={series}", "--compare_window=10"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     return json.loads(out.stdout)["compare"]
+
+
+def read_series(path):
+    """{policy: [tokens/s of each 10-step window]} from --compare_series."""
+    with open(path) as f:
+        head = f.readline().strip().split(",")
+        rows = [list(map(float, line.split(","))) for line in f if line.strip()]
+    return {name: [r[i] for r in rows] for i, name in enumerate(head) if name != "step"}
+
+
+def regret(series, policy, lo, hi):
+    """1 − T_oracle / T_policy over windows [lo, hi): every window holds the same batches
+    under every policy, so its time is proportional to 1 / tokens/s."""
+    t_oracle = sum(1 / x for x in series["oracle"][lo:hi])
+    t_policy = sum(1 / x for x in series[policy][lo:hi])
+    return 1 - t_oracle / t_policy
+
+
+def recovery(series, policy, shift_window, span=20):
+    """Windows (of 10 steps) from the shift until a `span`-window (200-step) regret is
+    under 1 %; the worst such span after that; None when it never is."""
+    n = len(series[policy])
+    for k in range(shift_window, n - span + 1):
+        if regret(series, policy, k, k + span) <= 0.01:
+            worst = max(regret(series, policy, j, j + span) for j in range(k, n - span + 1))
+            return k - shift_window, worst
+    return None, None
+
+
+def shift_window(series):
+    """The window where the length mix changes: the largest jump of SP's tokens/s (the same
+    batches for every policy) in the middle half of the run."""
+    sp = series["sp"]
+    n = len(sp)
+    return max(range(n // 4, 3 * n // 4), key=lambda k: abs(sp[k] - sp[k - 1]))
 
 
 def summarize(results):
@@ -113,8 +156,51 @@ def main():
                     100 * s["explore_stationary_max"]))
                 rows.append(row)
                 print(row, flush=True)
+        # Cold start and re-learning, from 10-step series.
+        head2 = ("| flip interval | switch cost s | shifting trace: steps to a 200-step window "
+                 "under 1 % regret after the shift (worst such window after) | cold start: "
+                 "regret first 500 steps / from step 1,000, stationary grid cells: median, "
+                 "worst | cells where the first 500 steps' regret > 2x the steady one and > 0.5 % |\n"
+                 "|---:|---:|---|---|---:|")
+        print(head2, flush=True)
+        rows2 = []
+        shift_flags = dq.merge_flags(dq.TRACES["shift"][0], []) + dq.BATCHING["packed"]
+        stationary = [(f"{b} {t} {r}", dq.merge_flags(dq.TRACES[t][0], dq.REGIMES[r]) + bf)
+                      for b, bf in dq.BATCHING.items() for t in sorted(dq.STATIONARY_TRACES)
+                      for r in dq.REGIMES]
+        for sc in SWITCH_COSTS:
+            for interval in INTERVALS:
+                path = os.path.join(tmp, "series.csv")
+                run(a.sim, shift_flags, a.steps, a.groups, 1000, interval, sc, tmp, series=path)
+                ser = read_series(path)
+                k0 = shift_window(ser)
+                steps_back, worst_after = recovery(ser, "adaptive", k0)
+                ratios, bad = [], []
+                for name, flags in stationary:
+                    run(a.sim, flags, a.steps, a.groups, 1000, interval, sc, tmp, series=path)
+                    ser = read_series(path)
+                    cold = regret(ser, "adaptive", 0, 50)
+                    steady = regret(ser, "adaptive", 100, len(ser["adaptive"]))
+                    ratios.append((cold, steady))
+                    if cold > 2 * max(steady, 0) and cold > 0.005:
+                        bad.append(name)
+                colds = sorted(100 * c for c, _ in ratios)
+                steadies = sorted(100 * st for _, st in ratios)
+                row = "| %d | %g | %s | %.2f %% / %.2f %%, %.2f %% / %.2f %% | %d of %d |" % (
+                    interval, sc,
+                    "never" if steps_back is None else "%d steps (worst %.2f %%)" % (
+                        10 * steps_back, 100 * worst_after),
+                    statistics.median(colds), statistics.median(steadies), colds[-1], steadies[-1],
+                    len(bad), len(stationary))
+                rows2.append(row)
+                everything.append({"flip_interval": interval, "switch_cost_s": sc,
+                                   "shift_recovery_steps": None if steps_back is None else 10 * steps_back,
+                                   "shift_worst_200_after": worst_after,
+                                   "cold_start": [{"cell": n, "first_500": c, "from_1000": st}
+                                                  for (n, _), (c, st) in zip(stationary, ratios)]})
+                print(row, flush=True)
     with open(os.path.join(a.out, "adaptive_flips.md"), "w") as f:
-        f.write(head + "\n" + "\n".join(rows) + "\n")
+        f.write(head + "\n" + "\n".join(rows) + "\n\n" + head2 + "\n" + "\n".join(rows2) + "\n")
     with open(os.path.join(a.out, "adaptive_flips.json"), "w") as f:
         json.dump(everything, f)
 
