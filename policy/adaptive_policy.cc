@@ -428,7 +428,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
     if (probe == choice.mode) {
       Record(trace, "explore", "pass", static_cast<double>(period), 0,
-             "exploration step; the less-sampled mode is the one chosen");
+             "exploration step; the mode to measure is the one chosen");
     } else if (!FlipsAllowed(config, state, flips)) {
       Record(trace, "explore", "skip", static_cast<double>(period), 0,
              absl::StrFormat("exploration step (%d in %d), but the flip cap has no switch "

@@ -180,7 +180,7 @@ Metrics::Metrics()
                              .Help("Forgetting-weighted samples behind each learned estimate.")
                              .Register(*registry_)),
       exploration_f(BuildCounter().Name("spgate_adaptive_exploration_steps_total")
-                        .Help("ADAPTIVE steps that ran the less-sampled mode (reason probe).")
+                        .Help("ADAPTIVE steps that ran the mode not chosen to measure it (reason probe).")
                         .Register(*registry_)),
       adaptive_gain_f(BuildGauge().Name("spgate_adaptive_gain_ratio")
                           .Help("Learned throughput of the ADAPTIVE choices over that of the "

@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "policy/adaptive_policy.h"
 #include "tests/testing/status_matchers.h"
 
 namespace spgate {
@@ -370,6 +371,64 @@ TEST(EnumConversionTest, GatePolicyMatchesTheProtoAndBadValuesAreRefused) {
   layer.set_policy(v1::GateConfig::ADAPTIVE);
   EXPECT_EQ(LayerGateConfig(GateConfig{}, layer).policy, GatePolicyKind::kAdaptive);
   EXPECT_EQ(ToProto(LayerGateConfig(GateConfig{}, layer)).policy(), v1::GateConfig::ADAPTIVE);
+}
+
+}  // namespace
+}  // namespace spgate
+
+namespace spgate {
+namespace {
+
+// The learned table the daemon pushes to group leaders round-trips whole: estimates,
+// the change detector's state, the bands' change steps and the switch cost, so the
+// fallback decides over exactly the daemon's table (docs/design.md §11).
+TEST(LearnedTableTest, RoundTripsEveryField) {
+  GateConfig c;
+  c.adaptive_half_life_steps = 1000;
+  ThroughputTable t;
+  for (int i = 0; i < 40; ++i) {
+    t.Observe(c, 3, Mode::kSequenceParallel, 100 + i, 1000, 1.0);
+    t.Observe(c, 3, Mode::kTensorParallelOnly, 100 + i, 1200, 1.0);
+  }
+  for (int i = 0; i < 8; ++i) t.Observe(c, 3, Mode::kTensorParallelOnly, 140 + i, 600, 1.0);
+  ASSERT_GE(t.BandChangedStep(3), 140) << "a change was detected";
+  ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
+  const ThroughputTable back = FromProto(ToProto(t));
+  EXPECT_EQ(back, t);
+  EXPECT_EQ(back.newest_change_step(), t.newest_change_step());
+  EXPECT_EQ(back.switch_cost(), t.switch_cost());
+  EXPECT_EQ(back.switch_cost().last_step, 150);
+  EXPECT_EQ(FromProto(ToProto(ThroughputTable{})), ThroughputTable{});
+}
+
+// Bad values from the wire are dropped, cell by cell; nothing else is lost.
+TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
+  v1::LearnedTable w;
+  v1::LearnedCell* good = w.add_cells();
+  good->set_band(1);
+  good->set_mode(v1::SEQUENCE_PARALLEL);
+  good->set_tokens(100);
+  good->set_seconds(1);
+  good->set_weight(1);
+  good->set_last_step(5);
+  good->set_changed_step(-1);
+  v1::LearnedCell* nan_drift = w.add_cells();
+  *nan_drift = *good;
+  nan_drift->set_band(2);
+  nan_drift->set_drift(std::nan(""));
+  v1::LearnedCell* negative_noise = w.add_cells();
+  *negative_noise = *good;
+  negative_noise->set_band(3);
+  negative_noise->set_noise(-1);
+  w.mutable_switch_cost()->set_seconds(0.5);
+  w.mutable_switch_cost()->set_weight(-2);
+  w.mutable_switch_cost()->set_last_step(5);
+  const ThroughputTable t = FromProto(w);
+  EXPECT_EQ(t.cell(1, Mode::kSequenceParallel).last_step, 5);
+  EXPECT_EQ(t.cell(2, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.cell(3, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.switch_cost().last_step, -1);
+  EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
 }
 
 }  // namespace
