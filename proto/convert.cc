@@ -149,7 +149,9 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     }
     out.SetCell(w.band(), FromProto(w.mode()),
                 ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step(), w.drift(),
-                               w.noise(), std::max<int64_t>(-1, w.changed_step())});
+                               // 0 is proto3's "unset" (an older daemon): never, as
+                               // no change can be detected at step 0.
+                               w.noise(), w.changed_step() > 0 ? w.changed_step() : -1});
   }
   // A switch cost is an excess over an estimate: finite, of either sign; its weight not.
   const v1::LearnedSwitchCost& s = table.switch_cost();

@@ -241,11 +241,15 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
     return absl::StrFormat("\n%s (policy %s)\n(nothing learned yet)\n", title,
                            GatePolicyName(config.policy));
   }
+  const std::string switch_cost =
+      table.switch_cost().last_step < 0
+          ? "not measured"
+          : absl::StrFormat("%.3g s", table.SwitchCostSeconds());
   std::string out = absl::StrFormat(
       "\n%s (policy %s; tokens/s and weighted samples at step %d; gain vs static %s; "
-      "%d exploration steps)\n",
+      "%d exploration steps; switch cost %s)\n",
       title, GatePolicyName(config.policy), at, Ratio(job.adaptive_gain_ratio()),
-      job.exploration_steps());
+      job.exploration_steps(), switch_cost);
   Table t({{"BAND"},
            {"RANGE"},
            {"SP_TOK/S", Align::kRight},
@@ -253,6 +257,7 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
            {"TP_TOK/S", Align::kRight},
            {"TP_N", Align::kRight},
            {"TP/SP", Align::kRight},
+           {"CHANGED", Align::kRight},
            {"PREFERRED"}});
   for (int band = 0; band < kBands; ++band) {
     const BandEstimate e = EstimateBand(config, &table, band, at);
@@ -264,7 +269,9 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
     t.AddRow({BandLabel(band), BandRangeText(config, band),
               sp.samples > 0 ? Fixed(sp.tokens_per_s, 0) : "-", Fixed(sp.samples, 1),
               tp.samples > 0 ? Fixed(tp.tokens_per_s, 0) : "-", Fixed(tp.samples, 1),
-              e.ratio > 0 ? absl::StrFormat("%.3f", e.ratio) : "-", preferred});
+              e.ratio > 0 ? absl::StrFormat("%.3f", e.ratio) : "-",
+              table.BandChangedStep(band) >= 0 ? absl::StrCat(table.BandChangedStep(band)) : "-",
+              preferred});
   }
   return absl::StrCat(out, t.Render());
 }

@@ -163,9 +163,10 @@ const char* kJob = R"pb(
   learned { cells { band: 1 mode: SEQUENCE_PARALLEL tokens: 1000000 seconds: 10 weight: 20
                     last_step: 1199 }
             cells { band: 1 mode: TENSOR_PARALLEL_ONLY tokens: 1100000 seconds: 10 weight: 9
-                    last_step: 1199 }
+                    last_step: 1199 changed_step: 1100 }
             cells { band: 6 mode: SEQUENCE_PARALLEL tokens: 500000 seconds: 5 weight: 3
-                    last_step: 1199 } }
+                    last_step: 1199 }
+            switch_cost { seconds: 0.2 weight: 5 last_step: 1150 } }
   learned_at_step: 1199
   adaptive_gain_ratio: 1.07
   exploration_steps: 35
@@ -239,13 +240,13 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "tp_only  length_cv       300\n"
       "\n"
       "LEARNED (policy ADAPTIVE; tokens/s and weighted samples at step 1199; gain vs static "
-      "1.07x; 35 exploration steps)\n"
+      "1.07x; 35 exploration steps; switch cost 0.04 s)\n"
       "BAND      RANGE                                 SP_TOK/S  SP_N  TP_TOK/S  TP_N  TP/SP  "
-      "PREFERRED\n"
+      "CHANGED  PREFERRED\n"
       "cv0.tok1  cv [0, 0.1), tokens [8192, 16384)       100000  20.0    110000   9.0  1.100  "
-      "tp_only\n"
+      "   1100  tp_only\n"
       "cv1.tok2  cv [0.1, 0.2), tokens [16384, 32768)    100000   3.0         -   0.0      -  "
-      "static gates (too few samples)\n"
+      "      -  static gates (too few samples)\n"
       "\n"
       "PINS\n"
       "TARGET   MODE     EXPIRES               LEFT\n"
