@@ -309,27 +309,32 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
     batch_saving = weighted(from, tokens, rate_from) - weighted(to, tokens, rate_to);
   }
   // The mix: each known band's saving per step at its mean tokens, weighted by its share
-  // of the recent steps (the weight its cells hold, decayed without the floor).
-  const double h = static_cast<double>(config.adaptive_half_life_steps);
+  // of the recent steps (the weight its cells hold, decayed without the floor). One
+  // decay per cell serves both the share and the band's "known" test (EstimateBand's).
+  const double h = static_cast<double>(std::max<int64_t>(config.adaptive_half_life_steps, 1));
+  const double floor = SampleFloor(config);
   double mix_saving = 0, mix_weight = 0;
   for (int b = 0; b < kBands; ++b) {
     double tokens = 0, weight = 0;
+    double samples[2] = {0, 0}, rate[2] = {0, 0};
     int cells = 0;
-    for (Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
-      const ThroughputCell& c = table.cell(b, m);
+    for (int m = 0; m < 2; ++m) {
+      const ThroughputCell& c = table.cell(b, m == 0 ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
       if (c.last_step < 0 || !(c.weight > 0)) continue;
       const double age = batch.step > c.last_step ? static_cast<double>(batch.step - c.last_step) : 0;
-      weight += c.weight * std::exp2(-age / h);
+      const double d = std::exp2(-age / h);
+      weight += c.weight * d;
+      samples[m] = c.weight * ForgetFactor(c.weight, d, floor);
+      rate[m] = c.tokens_per_s();
       tokens += c.tokens / c.weight;  // the cell's mean tokens per step
       ++cells;
     }
     if (!(weight > 0)) continue;
     mix_weight += weight;
-    const BandEstimate e = EstimateBand(config, &table, b, batch.step);
-    if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
+    if (samples[0] < floor || samples[1] < floor || !(rate[0] > 0) || !(rate[1] > 0)) continue;
     const double mean_tokens = tokens / cells;
-    const double rate_from = from == Mode::kSequenceParallel ? e.sp.tokens_per_s : e.tp.tokens_per_s;
-    const double rate_to = to == Mode::kSequenceParallel ? e.sp.tokens_per_s : e.tp.tokens_per_s;
+    const double rate_from = from == Mode::kSequenceParallel ? rate[0] : rate[1];
+    const double rate_to = to == Mode::kSequenceParallel ? rate[0] : rate[1];
     mix_saving += weight * (weighted(from, mean_tokens, rate_from) - weighted(to, mean_tokens, rate_to));
   }
   if (mix_weight > 0) mix_saving /= mix_weight;

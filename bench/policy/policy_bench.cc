@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
 
 namespace spgate {
@@ -106,6 +107,45 @@ void BM_EvaluateGates(benchmark::State& state) {
   if (group.reason != Reason::kGatesPassed) state.SkipWithError("expected GATES_PASSED");
 }
 
+// ADAPTIVE's decision over a learned table of 16 known bands. `switching` 1: the worst
+// path — the batch's band prefers TP-only, the group runs SP, the flip cap leaves one
+// switch, so the switch's saving over the band mix is computed (and the mix, which
+// prefers SP, holds the mode); 0: the band prefers the group's mode (no switch to weigh).
+// The group state is not carried, so every iteration takes the same path.
+void BM_EvaluateAdaptive(benchmark::State& state) {
+  GateConfig config;
+  config.policy = GatePolicyKind::kAdaptive;
+  const bool switching = state.range(0) != 0;
+  ThroughputTable table;
+  const int band = BandOf(config, 0.11, 16384);
+  for (int b = 0; b < 16; ++b) {
+    const double tp = b == band && switching ? 1030 : 800;  // the other bands: SP ahead
+    for (int i = 0; i < 20; ++i) {
+      table.Observe(config, b, Mode::kSequenceParallel, 1000 + i, 1000, 1.0);
+      table.Observe(config, b, Mode::kTensorParallelOnly, 1000 + i, tp, 1.0);
+    }
+  }
+  GroupGateState group;
+  group.has_decision = group.has_chosen_mode = true;
+  group.decisions = 1000;
+  group.last_switch_at = 990;  // one flip left: no excursion, a move must pay
+  const RsWaitObservation rs{0.12, 50};
+  int64_t step = 1021;  // one step, not an exploration step: the same path every time
+  while (MayExplore(config, step)) ++step;
+  BatchFacts facts = FactsFor(step, 0.11);
+  facts.tokens = 16384;
+  GateOutcome out;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(facts);
+    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
+    benchmark::DoNotOptimize(out);
+  }
+  if (out.decision != Decision{Mode::kSequenceParallel, Reason::kAdaptive} ||
+      out.flip_held != switching) {
+    state.SkipWithError("expected SP (ADAPTIVE), held only when switching");
+  }
+}
+
 // One decision as the daemon makes it: length statistics, then the gates.
 void BM_Decision(benchmark::State& state) {
   const std::vector<int64_t> lengths = Lengths(state.range(0));
@@ -155,6 +195,7 @@ void Sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_SumLengths)->Apply(Sizes);
 BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
 BENCHMARK(BM_EvaluateGates);
+BENCHMARK(BM_EvaluateAdaptive)->Arg(0)->Arg(1)->ArgName("switching");
 BENCHMARK(BM_Decision)->Apply(Sizes);
 BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
 
