@@ -24,8 +24,10 @@ function(spgate_test name)
       list(APPEND props LABELS "${T_LABELS}")
     endif()
     # gtest_discover_tests marks each case skipped (not passed) when it GTEST_SKIPs.
+    # Listing the cases runs the binary; on a loaded 2-core machine that can take more
+    # than the default 5 s (an MPI test main starts MPI first), so allow a minute.
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
-                         PROPERTIES ${props})
+                         DISCOVERY_TIMEOUT 60 PROPERTIES ${props})
     return()
   endif()
   add_test(NAME ${name} COMMAND ${name})
