@@ -16,13 +16,16 @@ Then, on the shifting trace (packed, default regime) and on every stationary gri
 from a series of 10-step windows: ADAPTIVE's regret against the oracle over the first 500
 steps against its regret from step 1,000 on (the cold start), and after the shift of the
 length mix, how many steps until a 200-step window's regret is back under 1 %, and the
-worst 200-step window after that (the re-learning).
+worst 200-step window after that (the re-learning); and OUT/shift_reconvergence.{csv,png}
+(gnuplot): STATIC's and ADAPTIVE's (capped and not) tokens/s over the oracle's per 50 steps
+around the shift, switching free.
 
 Usage: adaptive_flips.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -123,6 +126,46 @@ def summarize(results):
             "explore_stationary_max": max(explore)}
 
 
+def plot_reconvergence(series, out):
+    """OUT/shift_reconvergence.csv and .png: per 50 steps (5 series windows), each policy's
+    tokens/s over the oracle's, from 1,000 steps before the shift to the end."""
+    base = series[INTERVALS[0]]
+    k0 = shift_window(base)
+    n = len(base["oracle"])
+    rows = []
+    for k in range(max(0, k0 - 100), n - 4, 5):
+        def ratio(ser, p):
+            return 1 - regret(ser, p, k, k + 5)
+        rows.append((10 * (k - k0), ratio(base, "static"),
+                     *(ratio(series[i], "adaptive") for i in INTERVALS)))
+    csv = os.path.join(out, "shift_reconvergence.csv")
+    with open(csv, "w") as f:
+        f.write("steps_after_shift,static," +
+                ",".join(f"adaptive_flip_interval_{i}" for i in INTERVALS) + "\n")
+        for r in rows:
+            f.write(",".join("%g" % x for x in r) + "\n")
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        print("adaptive_flips: gnuplot not found; no plot", file=sys.stderr)
+        return
+    png = os.path.join(out, "shift_reconvergence.png")
+    script = f"""
+set terminal pngcairo size 1000,480 noenhanced
+set output '{png}'
+set datafile separator ','
+set key bottom right
+set title 'Shifting trace (packed, default cost model, switching free): tokens/s over the oracle per 50 steps'
+set xlabel 'steps after the length mix shifts'
+set ylabel 'tokens/s / oracle'
+set yrange [0.94:1.005]
+set arrow from 0, graph 0 to 0, graph 1 nohead dt 2
+set arrow from 200, graph 0 to 200, graph 1 nohead dt 3 lc rgb 'gray'
+plot for [i=2:{1 + 1 + len(INTERVALS)}] '{csv}' using 1:i with lines lw 2 title columnheader(i)
+"""
+    subprocess.run([gnuplot], input=script, text=True, check=True)
+    print(f"plot: {png}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", required=True)
@@ -168,11 +211,14 @@ def main():
         stationary = [(f"{b} {t} {r}", dq.merge_flags(dq.TRACES[t][0], dq.REGIMES[r]) + bf)
                       for b, bf in dq.BATCHING.items() for t in sorted(dq.STATIONARY_TRACES)
                       for r in dq.REGIMES]
+        reconverge = {}
         for sc in SWITCH_COSTS:
             for interval in INTERVALS:
                 path = os.path.join(tmp, "series.csv")
                 run(a.sim, shift_flags, a.steps, a.groups, 1000, interval, sc, tmp, series=path)
                 ser = read_series(path)
+                if sc == 0:
+                    reconverge[interval] = ser
                 k0 = shift_window(ser)
                 steps_back, worst_after = recovery(ser, "adaptive", k0)
                 ratios, bad = [], []
@@ -199,6 +245,7 @@ def main():
                                    "cold_start": [{"cell": n, "first_500": c, "from_1000": st}
                                                   for (n, _), (c, st) in zip(stationary, ratios)]})
                 print(row, flush=True)
+    plot_reconvergence(reconverge, a.out)
     with open(os.path.join(a.out, "adaptive_flips.md"), "w") as f:
         f.write(head + "\n" + "\n".join(rows) + "\n\n" + head2 + "\n" + "\n".join(rows2) + "\n")
     with open(os.path.join(a.out, "adaptive_flips.json"), "w") as f:
