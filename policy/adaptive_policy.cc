@@ -68,11 +68,16 @@ constexpr double kDriftRate = 0.125;
 constexpr double kNoiseRate = 1.0 / 16;
 constexpr double kChangeSigmas = 4.0;
 
-// The factor a cell of weight `w` decays by over a decay of `f`: f, but never below the
-// sample floor once it had it.
-double ForgetFactor(double w, double f, double floor) {
-  return w >= floor && w * f < floor ? floor / w : f;
+// The weight a cell of weight `w` keeps over a decay of `f`: w·f, but never below the
+// sample floor once it had it (exactly the floor: a band held at it stays known).
+double Forgotten(double w, double f, double floor) {
+  const double d = w * f;
+  return w >= floor && d < floor ? floor : d;
 }
+
+// A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
+// as far as a step four times as fast or infinitely slow, and never to inf or NaN.
+double BoundedResidual(double r) { return std::clamp(r, -1.0, 4.0); }
 
 double SampleFloor(const GateConfig& config) {
   return static_cast<double>(config.adaptive_min_samples);
@@ -86,6 +91,7 @@ bool ValidSample(int band, int64_t step, double tokens, double seconds) {
 }  // namespace
 
 void ThroughputTable::MarkChanged(ThroughputCell& c, int64_t step) {
+  ++changes_;
   c.changed_step = std::max(c.changed_step, step);
   newest_change_step_ = std::max(newest_change_step_, step);
 }
@@ -111,7 +117,7 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
   // The change detector, on the sample's residual against the estimate before it.
   const double estimate = c.tokens_per_s();
   if (estimate > 0) {
-    const double residual = tokens / seconds / estimate - 1.0;
+    const double residual = BoundedResidual(tokens / seconds / estimate - 1.0);
     // The noise is the spread around the fast mean (a level shift does not inflate it),
     // corrected for its start at 0 (the cell's weight counts its samples until they
     // decay); the fast mean's own spread under that noise is what a change must exceed.
@@ -127,22 +133,29 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
       // other is measured: its estimate moves by the same factor, so the comparison does
       // not rest on one mode measured after the change and the other before it. The
       // boosted exploration then measures the other mode, and its own detector corrects it.
-      const double factor = 1.0 + c.drift;
-      const double per_sample_s = c.seconds / c.weight;
+      // Re-based through the seconds, so a cell's mean tokens per step (the band mix's
+      // weights in SwitchSavingOf) stay what they were; the other mode's fast mean is
+      // restated against its moved estimate, so the same change is not applied twice.
+      const double factor = std::max(1.0 + c.drift, 1e-3);
+      const double mean_tokens = c.tokens / c.weight;
       c.weight = floor;
-      c.seconds = per_sample_s * floor;
-      c.tokens = estimate * factor * c.seconds;
+      c.tokens = mean_tokens * floor;
+      c.seconds = c.tokens / (estimate * factor);
       c.drift = 0;
-      if (other.last_step >= 0) other.tokens *= factor;
+      if (other.last_step >= 0 && other.weight > 0) {
+        other.seconds /= factor;
+        other.drift = (1.0 + other.drift) / factor - 1.0;
+      }
       MarkChanged(c, step);
     }
   }
   if (step >= c.last_step) {
-    const double k =
-        ForgetFactor(c.weight, Decay(static_cast<double>(step - c.last_step), h), floor);
+    const double w =
+        Forgotten(c.weight, Decay(static_cast<double>(step - c.last_step), h), floor);
+    const double k = w / c.weight;
     c.tokens = c.tokens * k + tokens;
     c.seconds = c.seconds * k + seconds;
-    c.weight = c.weight * k + 1.0;
+    c.weight = w + 1.0;
     c.last_step = step;
   } else {  // a late sample (another group behind this one): it enters already decayed
     const double f = Decay(static_cast<double>(c.last_step - step), h);
@@ -198,8 +211,8 @@ CellView ThroughputTable::At(const GateConfig& config, int band, Mode mode, int6
   if (c.last_step < 0) return {};
   const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
   return CellView{c.tokens_per_s(),
-                  c.weight * ForgetFactor(c.weight, Decay(age, config.adaptive_half_life_steps),
-                                          SampleFloor(config))};
+                  Forgotten(c.weight, Decay(age, config.adaptive_half_life_steps),
+                            SampleFloor(config))};
 }
 
 void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
@@ -251,8 +264,9 @@ bool AdaptiveGainLedger::Add(const GateConfig& config, const ThroughputTable& ta
 
 int64_t ExplorePeriod(double share) {
   if (!(share > 0)) return INT64_MAX;
-  return std::max<int64_t>(kProbeRunSteps,
-                           static_cast<int64_t>(std::ceil(kProbeRunSteps / share - 1e-9)));
+  const double period = std::ceil(kProbeRunSteps / share - 1e-9);
+  if (!(period < 9e18)) return INT64_MAX;  // no int64 overflow for a tiny share
+  return std::max<int64_t>(kProbeRunSteps, static_cast<int64_t>(period));
 }
 
 bool InProbeRun(int64_t step, int64_t period) {
@@ -324,7 +338,7 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
       const double age = batch.step > c.last_step ? static_cast<double>(batch.step - c.last_step) : 0;
       const double d = std::exp2(-age / h);
       weight += c.weight * d;
-      samples[m] = c.weight * ForgetFactor(c.weight, d, floor);
+      samples[m] = Forgotten(c.weight, d, floor);
       rate[m] = c.tokens_per_s();
       tokens += c.tokens / c.weight;  // the cell's mean tokens per step
       ++cells;
@@ -393,22 +407,29 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 
   // 4. A switch must be allowed by the flip cap and pay for its learned cost. A switch is
   // away from the mode the policy last chose: a forced decision (pin, memory) in between
-  // is exempt, and so is the way back from it.
+  // is exempt, and so is the way back from it. Nothing is held where the group already
+  // runs the choice (after a forced decision), so a hold never makes a switch. Only a band
+  // with estimates weighs the cost (the prior's switches, the gates', obey the cap alone),
+  // and the way back from a probe run is free of it (the cap let the run out and back).
   const Mode current = state.chosen_mode;
-  if (state.has_chosen_mode && choice.mode != current) {
+  const Mode wanted = choice.mode;
+  if (state.has_chosen_mode && choice.mode != current &&
+      !(state.has_decision && choice.mode == state.mode)) {
     const double cost = table == nullptr ? 0.0 : table->SwitchCostSeconds();
+    const bool back_from_probe = state.reason == Reason::kProbe;
     if (!FlipsAllowed(config, state, 1)) {
       Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
              absl::StrFormat("two switches within the last %d decisions: %s holds",
                              2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
       held = true;
-    } else if (table != nullptr) {
+    } else if (table != nullptr && e.known && !back_from_probe) {
       const SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, band);
+      const double over_horizon =
+          s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
       const double excursion = s.batch - 2 * cost;
-      const double move =
-          s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step - cost;
+      const double move = over_horizon - cost;
       if (!(excursion >= 0 && FlipsAllowed(config, state, 2)) && !(move >= 0)) {
-        Record(trace, "switch_cost", "fire", std::max(s.batch, s.batch + move + cost), cost,
+        Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost,
                absl::StrFormat("switching to %s saves %.4g s on this batch and %.4g s a step "
                                "on the mix: neither pays a switch's learned cost %.4g s "
                                "(out and back, or over %d decisions): %s holds",
@@ -424,8 +445,9 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // period, if the cap leaves the flips out and back.
   const int64_t period = ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known));
   if (InProbeRun(batch.step, period)) {
-    const Mode other = choice.mode == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
-                                                              : Mode::kSequenceParallel;
+    // The mode the band does not prefer (before any hold: a held group already runs it).
+    const Mode other = wanted == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
+                                                         : Mode::kSequenceParallel;
     // While learning, the less-sampled mode; once known, the one not chosen.
     const Mode probe = e.known || sp.samples == tp.samples ? other
                        : sp.samples < tp.samples           ? Mode::kSequenceParallel

@@ -128,6 +128,9 @@ class ThroughputTable {
   int64_t BandChangedStep(int band) const;
   // The newest step a change was detected at in any cell; -1: never.
   int64_t newest_change_step() const { return newest_change_step_; }
+  // Changes detected since the table started (what the daemon counts and pushes on).
+  int64_t changes() const { return changes_; }
+  void SetChanges(int64_t changes) { changes_ = changes; }
 
   const ThroughputCell& cell(int band, Mode mode) const { return cells_[Index(band, mode)]; }
   // Replaces a cell (a table received from the daemon). Bad bands are ignored.
@@ -153,6 +156,7 @@ class ThroughputTable {
   SwitchCostCell switch_cost_;
   int64_t newest_step_ = -1;
   int64_t newest_change_step_ = -1;
+  int64_t changes_ = 0;
 };
 
 // What one band's learned estimates say at a step: the rule of step 3 above, written

@@ -171,7 +171,7 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
         }
       }
       if (wanted.explored && d == wanted.decision) ++out.explored;
-      if (wanted.flip_held) ++out.flips_held;
+      if (wanted.flip_held && d == wanted.decision) ++out.flips_held;
     }
     group.Adopt(plan.step, d, config);
     out.decisions[id] = d;

@@ -122,7 +122,7 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
       w->set_last_step(c.last_step);
       w->set_drift(c.drift);
       w->set_noise(c.noise);
-      w->set_changed_step(c.changed_step);
+      if (c.changed_step >= 0) w->set_changed_step(c.changed_step);
     }
   }
   const SwitchCostCell& s = table.switch_cost();
@@ -132,6 +132,7 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
     w->set_weight(s.weight);
     w->set_last_step(s.last_step);
   }
+  out.set_changes(table.changes());
   return out;
 }
 
@@ -149,9 +150,9 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     }
     out.SetCell(w.band(), FromProto(w.mode()),
                 ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step(), w.drift(),
-                               // 0 is proto3's "unset" (an older daemon): never, as
-                               // no change can be detected at step 0.
-                               w.noise(), w.changed_step() > 0 ? w.changed_step() : -1});
+                               w.noise(),
+                               w.has_changed_step() ? std::max<int64_t>(-1, w.changed_step())
+                                                    : -1});
   }
   // A switch cost is an excess over an estimate: finite, of either sign; its weight not.
   const v1::LearnedSwitchCost& s = table.switch_cost();
@@ -159,6 +160,7 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
       std::isfinite(s.weight()) && s.weight() >= 0) {
     out.SetSwitchCost(SwitchCostCell{s.seconds(), s.weight(), s.last_step()});
   }
+  out.SetChanges(std::max<int64_t>(0, table.changes()));
   return out;
 }
 

@@ -295,6 +295,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation,
   job.sp_required.clear();
   job.stage_learned.clear();
   job.stage_learned_bits.clear();
+  job.stage_learned_changes.clear();
   job.metrics->RemoveStages();
   ClearLearned(job);
   // Their later calls find no session or a stale one.
@@ -610,6 +611,7 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
     job.layout = r.layout;
     job.stage_learned.assign(static_cast<size_t>(r.layout->pp), ThroughputTable{});
     job.stage_learned_bits.assign(static_cast<size_t>(r.layout->pp), 0);
+    job.stage_learned_changes.assign(static_cast<size_t>(r.layout->pp), 0);
   }
   for (const std::string& f : r.sp_required) {
     if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {

@@ -202,6 +202,10 @@ struct GateState::Group {
   bool resume_allowed = true;
   absl::Time last_plan_time = absl::InfinitePast();
   std::unique_ptr<GroupMetrics> metrics;  // never null
+  // The newest step learned from and the mode it ran (a switch's cost is measured on the
+  // first step after the mode that ran changed).
+  int64_t learned_step = gate_state_internal::kNoStep;
+  Mode learned_mode = Mode::kSequenceParallel;
   // The last complete step's slowest rank, its step time, and its peak-memory rank.
   int64_t slowest_step = gate_state_internal::kNoStep;
   int slowest_rank = -1;
@@ -270,7 +274,7 @@ struct GateState::Job {
   double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
   int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
   uint64_t learned_bits = 0;
-  int64_t learned_change_step = -1;  // the newest change counted and pushed
+  int64_t learned_changes = 0;  // the table's changes counted and pushed
   bool learned_push_due = false;
   absl::Time learned_pushed = absl::InfinitePast();
   AdaptiveGainLedger gain;  // ADAPTIVE's learned gain over the STATIC gates
@@ -284,6 +288,7 @@ struct GateState::Job {
   // last told to that stage's leaders; `learned` above then stays empty.
   std::vector<ThroughputTable> stage_learned;
   std::vector<uint64_t> stage_learned_bits;
+  std::vector<int64_t> stage_learned_changes;
 };
 
 }  // namespace spgate::server

@@ -40,17 +40,22 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         const CellView v = table.At(config, cell / 2, mode, p.step);
         job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
       }
-      if (touched != 0) NoteLearned(job, table, config, job.stage_learned_bits[static_cast<size_t>(stage)]);
+      if (touched != 0) {
+        NoteLearned(job, table, config, job.stage_learned_bits[static_cast<size_t>(stage)],
+                    job.stage_learned_changes[static_cast<size_t>(stage)]);
+      }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
     return;
   }
   if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
       d != nullptr && d->band >= 0) {
-    // The first step after the group switched mode measures what a switch costs.
-    const gate_state_internal::CachedDecision* before = g.Cached(p.step - 1);
-    const bool after_switch = before != nullptr && before->step == p.step - 1 &&
-                              static_cast<Mode>(before->mode) != p.mode;
+    // The first step after the group switched mode measures what a switch costs: the
+    // modes that ran (the telemetry's), not the ones decided (a worker's memory override
+    // or its fallback may have run another).
+    const bool after_switch = g.learned_step == p.step - 1 && g.learned_mode != p.mode;
+    g.learned_step = p.step;
+    g.learned_mode = p.mode;
     if (after_switch) {
       if (job.learned.ObserveAfterSwitch(config, d->band, p.mode, p.step,
                                          static_cast<double>(p.tokens), p.step_time)) {
@@ -62,7 +67,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
     }
     const CellView v = job.learned.At(config, d->band, p.mode, p.step);
     job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    NoteLearned(job, job.learned, config, job.learned_bits);
+    NoteLearned(job, job.learned, config, job.learned_bits, job.learned_changes);
   }
 }
 
@@ -70,15 +75,15 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
 // a change was detected (the fallback explores after it too), and a detected change is
 // counted.
 void GateState::NoteLearned(Job& job, const ThroughputTable& table, const GateConfig& config,
-                            uint64_t& told_bits) {
+                            uint64_t& told_bits, int64_t& told_changes) {
   const uint64_t bits = table.PreferenceBits(config, table.newest_step());
   if (bits != told_bits) {
     told_bits = bits;
     job.learned_push_due = true;
   }
-  if (table.newest_change_step() > job.learned_change_step) {
-    job.learned_change_step = table.newest_change_step();
-    job.metrics->adaptive_changes->Increment();
+  if (table.changes() > told_changes) {
+    job.metrics->adaptive_changes->Increment(static_cast<double>(table.changes() - told_changes));
+    told_changes = table.changes();
     job.learned_push_due = true;
   }
 }
@@ -102,7 +107,8 @@ void GateState::ClearLearned(Job& job) {
   bool had = !job.learned.empty();
   job.learned.Clear();
   job.learned_bits = 0;
-  job.learned_change_step = -1;
+  job.learned_changes = 0;
+  std::fill(job.stage_learned_changes.begin(), job.stage_learned_changes.end(), 0);
   for (ThroughputTable& t : job.stage_learned) {
     had = had || !t.empty();
     t.Clear();

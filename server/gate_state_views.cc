@@ -168,7 +168,12 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   }
   // Without a group there is no real next step: ask about one that is not an ADAPTIVE
   // exploration step, so the answer is what the policy makes of the batch itself.
-  while (!in.group.has_value() && MayExplore(in.config, step)) ++step;
+  // Two probe runs (the share's and the floor's) can adjoin; with a share of 1 every step
+  // explores, and the answer is then an exploration step's.
+  for (int i = 0; !in.group.has_value() && i < 2 * kProbeRunSteps && MayExplore(in.config, step);
+       ++i) {
+    ++step;
+  }
   const BatchFacts facts{.step = step,
                          .length_cv = stats.cv,
                          .tokens = stats.tokens,

@@ -134,6 +134,7 @@ TEST(ThroughputTableTest, ForgettingKeepsASampleFloor) {
       {"50 samples, ten half-lives", 50, 1000, 8.0},
       {"4 samples, two half-lives", 4, 200, 1.0},
       {"8 samples, ten half-lives", 8, 1000, 8.0},
+      {"49 samples, ten half-lives: exactly the floor", 49, 1000, 8.0},
   };
   for (const Case& k : cases) {
     ThroughputTable t;
@@ -142,7 +143,7 @@ TEST(ThroughputTableTest, ForgettingKeepsASampleFloor) {
     if (k.read_at == 100 && k.samples == 50) {
       EXPECT_DOUBLE_EQ(got, 25.0) << k.what;
     } else {
-      EXPECT_DOUBLE_EQ(got, k.want) << k.what;
+      EXPECT_EQ(got, k.want) << k.what;  // exactly: a band at the floor stays known
     }
   }
   // A stale estimate of 100 tokens/s (floored at 8), then one sample at 10: 1/9 of the way.
@@ -198,6 +199,22 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
   EXPECT_EQ(t.BandChangedStep(7), -1);
   t.Observe(c, 7, kSp, 4020, 100, 1.0);
   EXPECT_EQ(t.BandChangedStep(7), 4020);
+}
+
+// One absurd step time (a clock glitch) cannot make the detector inf or NaN, and a tiny
+// exploration share cannot overflow the period.
+TEST(ThroughputTableTest, AbsurdSamplesStayFinite) {
+  const GateConfig c = HalfLife(1000);
+  ThroughputTable t;
+  for (int i = 0; i < 20; ++i) t.Observe(c, 2, kSp, 10 + i, 100, 1.0);
+  t.Observe(c, 2, kSp, 40, 100, 1e-300);
+  t.Observe(c, 2, kSp, 41, 100, 1.0);
+  EXPECT_TRUE(std::isfinite(t.cell(2, kSp).drift));
+  EXPECT_TRUE(std::isfinite(t.cell(2, kSp).noise));
+  EXPECT_EQ(ExplorePeriod(1e-300), INT64_MAX);
+  GateConfig tiny = c;
+  tiny.adaptive_explore_floor = 1e-300;
+  EXPECT_FALSE(MayExplore(tiny, 7));
 }
 
 // The first step after a switch: its excess over the cell's estimate is the switch's
@@ -512,6 +529,46 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   EXPECT_EQ(kept.decision, (Decision{kTp, Reason::kAdaptive}));
   EXPECT_TRUE(kept.flip_held);
   EXPECT_EQ(trace.back().gate, "flip_cap");
+}
+
+// What a hold never does: switch the group (after a forced decision the group may already
+// run the choice); weigh a switch's cost where the band has no estimates (the gates'
+// switches obey the cap alone); keep the group in a probed mode after the probe run.
+TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
+  const GateConfig c = Adaptive();
+  const int band = BandOf(c, 0.05, 4096);
+  ThroughputTable t = Learned(band, 150, 100, 50, kStep - 1);  // SP preferred
+  for (int i = 0; i < 4; ++i) t.ObserveAfterSwitch(c, band, kSp, kStep - 1, 4096, 4096 / 150.0 + 5);
+  ASSERT_GT(t.SwitchCostSeconds(), 1.0);
+  // Memory forced SP on a group that had chosen TP-only, the cap exhausted: SP runs on.
+  GroupGateState forced;
+  forced.has_decision = forced.has_chosen_mode = true;
+  forced.mode = kSp;
+  forced.reason = Reason::kMemoryRequiresSp;
+  forced.chosen_mode = kTp;
+  forced.decisions = 100;
+  forced.last_switch_at = 99;
+  forced.prev_switch_at = 98;
+  GateOutcome out = EvaluateAdaptive(c, forced, Batch(), {}, std::nullopt, &t);
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+  EXPECT_FALSE(out.flip_held);
+  // An unknown band (CV 0.35: the gates say TP-only) with a large learned cost: the cap
+  // allows the switch, so it happens.
+  GroupGateState sp;
+  sp.has_decision = sp.has_chosen_mode = true;
+  sp.mode = sp.chosen_mode = kSp;
+  sp.decisions = 100;
+  out = EvaluateAdaptive(c, sp, Batch(0.35), {}, std::nullopt, &t);
+  EXPECT_EQ(out.decision, (Decision{kTp, Reason::kLengthCv}));
+  EXPECT_FALSE(out.flip_held);
+  // After a probe run in TP-only, the way back to SP is not weighed against the cost.
+  GroupGateState probed = sp;
+  probed.mode = probed.chosen_mode = kTp;
+  probed.reason = Reason::kProbe;
+  probed.last_switch_at = 96;
+  out = EvaluateAdaptive(c, probed, Batch(), {}, std::nullopt, &t);
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+  EXPECT_FALSE(out.flip_held);
 }
 
 // A switch must pay for its learned cost c: as an excursion (this batch's saving ≥ 2c, the

@@ -538,6 +538,13 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   EXPECT_THAT(state->EvaluateGates(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_length_cv")));
   EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1);
+  // An ADAPTIVE what-if where every step explores (share 1) answers, with a probe.
+  r.mutable_config()->set_max_length_cv(0.9);
+  r.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  r.mutable_config()->set_adaptive_explore_share(1.0);
+  auto all = state->EvaluateGates(r);
+  ASSERT_THAT(all.status(), IsOk());
+  EXPECT_EQ(all->decision().reason(), v1::PROBE);
 }
 
 TEST_F(GateStateTest, IdleJobsAreForgotten) {
