@@ -93,7 +93,6 @@ bool ValidSample(int band, int64_t step, double tokens, double seconds) {
 void ThroughputTable::MarkChanged(ThroughputCell& c, int64_t step) {
   ++changes_;
   c.changed_step = std::max(c.changed_step, step);
-  newest_change_step_ = std::max(newest_change_step_, step);
 }
 
 void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int64_t step,
@@ -219,7 +218,6 @@ void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
   if (!ValidBand(band)) return;
   cells_[Index(band, mode)] = cell;
   newest_step_ = std::max(newest_step_, cell.last_step);
-  newest_change_step_ = std::max(newest_change_step_, cell.changed_step);
 }
 
 uint64_t ThroughputTable::PreferenceBits(const GateConfig& config, int64_t step) const {
@@ -307,7 +305,7 @@ bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int fli
 }
 
 SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& table, Mode from,
-                            Mode to, const BatchFacts& batch, int band) {
+                            Mode to, const BatchFacts& batch, const BandEstimate& here) {
   if (from == to) return {};
   // A step's seconds in `mode` at the band's estimate, TP-only's weighted by 1 + margin.
   const auto weighted = [&](Mode mode, double tokens, double rate) {
@@ -315,7 +313,6 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
     return mode == Mode::kTensorParallelOnly ? t * (1.0 + config.adaptive_margin) : t;
   };
   double batch_saving = 0;
-  const BandEstimate here = EstimateBand(config, &table, band, batch.step);
   if (here.known && here.tp.tokens_per_s > 0) {
     const auto tokens = static_cast<double>(batch.tokens);
     const double rate_from = from == Mode::kSequenceParallel ? here.sp.tokens_per_s : here.tp.tokens_per_s;
@@ -423,7 +420,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
                              2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
       held = true;
     } else if (table != nullptr && e.known && !back_from_probe) {
-      const SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, band);
+      const SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
       const double over_horizon =
           s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
       const double excursion = s.batch - 2 * cost;

@@ -126,8 +126,6 @@ class ThroughputTable {
 
   // The newest step a change was detected at in the band (either mode); -1: never.
   int64_t BandChangedStep(int band) const;
-  // The newest step a change was detected at in any cell; -1: never.
-  int64_t newest_change_step() const { return newest_change_step_; }
   // Changes detected since the table started (what the daemon counts and pushes on).
   int64_t changes() const { return changes_; }
   void SetChanges(int64_t changes) { changes_ = changes; }
@@ -155,7 +153,6 @@ class ThroughputTable {
   std::array<ThroughputCell, kBands * 2> cells_{};
   SwitchCostCell switch_cost_;
   int64_t newest_step_ = -1;
-  int64_t newest_change_step_ = -1;
   int64_t changes_ = 0;
 };
 
@@ -227,14 +224,14 @@ bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int fli
 
 // What running `to` instead of `from` saves, in seconds (TP-only's seconds counted
 // 1 + adaptive_margin times, as the band rule does; negative when `to` is slower): on this
-// batch (0 when its band is not known), and per step of the band mix (each known band at
-// its mean tokens, weighted by its share of the recent steps).
+// batch at its band's estimate `here` (0 when not known), and per step of the band mix
+// (each known band at its mean tokens, weighted by its share of the recent steps).
 struct SwitchSaving {
   double batch = 0;
   double mix_per_step = 0;
 };
 SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& table, Mode from,
-                            Mode to, const BatchFacts& batch, int band);
+                            Mode to, const BatchFacts& batch, const BandEstimate& here);
 
 // The decisions a move to the other mode is judged over (step 4 above).
 inline constexpr int64_t kMoveHorizonDecisions = 50;

@@ -184,7 +184,7 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
     }
     for (double r : k.after) t.Observe(c, 4, kTp, step++, r, 1.0);
     EXPECT_EQ(t.BandChangedStep(4) >= 0, k.changed) << k.what;
-    EXPECT_EQ(t.newest_change_step(), t.BandChangedStep(4)) << k.what;
+    EXPECT_EQ(t.changes() > 0, k.changed) << k.what << ": counted";
     if (k.changed) {
       // Re-based: the estimate is nearer the new rate than the old mean.
       const double est = t.cell(4, kTp).tokens_per_s();

@@ -395,7 +395,7 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
   const ThroughputTable back = FromProto(ToProto(t));
   EXPECT_EQ(back, t);
-  EXPECT_EQ(back.newest_change_step(), t.newest_change_step());
+  EXPECT_EQ(back.changes(), t.changes());
   EXPECT_EQ(back.switch_cost(), t.switch_cost());
   EXPECT_EQ(back.switch_cost().last_step, 150);
   EXPECT_EQ(FromProto(ToProto(ThroughputTable{})), ThroughputTable{});
