@@ -192,6 +192,14 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   return measured;
 }
 
+bool ThroughputTable::ObserveCollectives(const GateConfig& config, Mode mode, int64_t step,
+                                         double tokens, double length_cv, double seconds,
+                                         double all_gather_s, double rs_wait_s) {
+  if (mode != Mode::kSequenceParallel) return false;
+  return AddPriorSample(prior_sums_, config.adaptive_half_life_steps, step, tokens, length_cv,
+                        seconds, all_gather_s, rs_wait_s);
+}
+
 double ThroughputTable::SwitchCostSeconds() const {
   const SwitchCostCell& s = switch_cost_;
   if (!(s.weight > 0) || !std::isfinite(s.seconds)) return 0.0;
@@ -247,6 +255,32 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
     e.preferred = Mode::kTensorParallelOnly;
   }
   return e;
+}
+
+PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
+                      const BatchFacts& batch) {
+  if (table == nullptr) return {};
+  // The measured bands: both cells at the sample floor (a cell that reached it never
+  // decays below it, so the raw weights say what EstimateBand would), at the band's mean
+  // tokens and its CV's mid-point; the open top CV band has no mid-point and is left out.
+  const double floor = SampleFloor(config);
+  std::array<PriorBandSample, kBands> known;
+  size_t n = 0;
+  for (int b = 0; b < (kCvBands - 1) * kTokenBands; ++b) {
+    const ThroughputCell& sp = table->cell(b, Mode::kSequenceParallel);
+    const ThroughputCell& tp = table->cell(b, Mode::kTensorParallelOnly);
+    if (!(sp.weight >= floor) || !(tp.weight >= floor) || !(sp.tokens_per_s() > 0) ||
+        !(tp.tokens_per_s() > 0)) {
+      continue;
+    }
+    const double tokens = 0.5 * (sp.tokens / sp.weight + tp.tokens / tp.weight);
+    known[n++] = PriorBandSample{tokens, tokens / sp.tokens_per_s(), tokens / tp.tokens_per_s(),
+                                (b / kTokenBands + 0.5) * config.adaptive_cv_band_width,
+                                std::min(sp.weight, tp.weight)};
+  }
+  return EstimatePrior(table->prior_inputs(), table->prior_sums(),
+                       std::span<const PriorBandSample>(known.data(), n), floor,
+                       static_cast<double>(batch.tokens), batch.length_cv);
 }
 
 bool AdaptiveGainLedger::Add(const GateConfig& config, const ThroughputTable& table,
@@ -378,6 +412,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   const auto min = static_cast<double>(config.adaptive_min_samples);
   const double need = 1.0 + config.adaptive_margin;
   Decision choice;
+  std::optional<PriorEstimate> prior;  // set when the prior decided
   if (e.known) {
     static_choice = ThresholdGates(config, state, batch, rs_wait, nullptr).mode;
     const double ratio = tp.tokens_per_s / sp.tokens_per_s;
@@ -397,9 +432,33 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   } else {
     Record(trace, "adaptive", "skip", std::min(sp.samples, tp.samples), min,
            absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
-                           "adaptive_min_samples; the static gates decide",
+                           "adaptive_min_samples",
                            BandLabel(band), sp.samples, tp.samples));
-    choice = ThresholdGates(config, state, batch, rs_wait, trace);
+    const PriorEstimate p = PriorOf(config, table, batch);
+    const double ratio = p.has ? p.sp_s / p.tp_s : 0;
+    // Decided only outside twice the model's error around the band rule's line.
+    const bool clear = p.has && std::abs(ratio - need) > 2 * p.error;
+    if (clear) {
+      const bool tp_only = ratio > need;
+      Record(trace, "prior", tp_only ? "fire" : "pass", ratio, need,
+             absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
+                             "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
+                             "[%s]; error %.2g %%): %s",
+                             p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.latency_source),
+                             p.imbalance_s, PriorSourceLabel(p.imbalance_source),
+                             p.elementwise_s, PriorSourceLabel(p.elementwise_source),
+                             100 * p.error, tp_only ? "TP-only" : "SP"));
+      choice = {tp_only ? Mode::kTensorParallelOnly : Mode::kSequenceParallel, Reason::kAdaptive};
+      prior = p;
+    } else {
+      Record(trace, "prior", "skip", ratio, need,
+             p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
+                                     "model's error (%.2g %%) of 1 + adaptive_margin; the "
+                                     "static gates decide",
+                                     ratio, 100 * p.error)
+                   : absl::StrCat(p.missing, "; the static gates decide"));
+      choice = ThresholdGates(config, state, batch, rs_wait, trace);
+    }
   }
 
   // 4. A switch must be allowed by the flip cap and pay for its learned cost. A switch is
@@ -419,18 +478,26 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
              absl::StrFormat("two switches within the last %d decisions: %s holds",
                              2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
       held = true;
-    } else if (table != nullptr && e.known && !back_from_probe) {
-      const SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
+    } else if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
+      SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
+      if (prior.has_value()) {
+        // The prior's batch saving; a switch on a prediction must pay as a move (the
+        // band mix's measured saving over the horizon), never as an excursion.
+        const double sp = prior->sp_s, tp = prior->tp_s * (1.0 + config.adaptive_margin);
+        s.batch = current == Mode::kSequenceParallel ? sp - tp : tp - sp;
+      }
       const double over_horizon =
           s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
       const double excursion = s.batch - 2 * cost;
       const double move = over_horizon - cost;
-      if (!(excursion >= 0 && FlipsAllowed(config, state, 2)) && !(move >= 0)) {
+      if (!(excursion >= 0 && !prior.has_value() && FlipsAllowed(config, state, 2)) &&
+          !(move >= 0)) {
         Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost,
-               absl::StrFormat("switching to %s saves %.4g s on this batch and %.4g s a step "
-                               "on the mix: neither pays a switch's learned cost %.4g s "
+               absl::StrFormat("switching to %s saves %.4g s on this batch%s and %.4g s a "
+                               "step on the mix: neither pays a switch's learned cost %.4g s "
                                "(out and back, or over %d decisions): %s holds",
-                               ModeLabel(choice.mode), s.batch, s.mix_per_step, cost,
+                               ModeLabel(choice.mode), s.batch,
+                               prior.has_value() ? " (predicted)" : "", s.mix_per_step, cost,
                                kMoveHorizonDecisions, ModeLabel(current)));
         held = true;
       }

@@ -9,7 +9,8 @@
 //   3. when both modes have at least adaptive_min_samples (weighted) in the batch's
 //      band, the mode with the higher estimate — TP-only only when it beats SP by more
 //      than adaptive_margin (within the margin SP wins: it holds less memory), reason
-//      ADAPTIVE; otherwise the static gates decide (the prior);
+//      ADAPTIVE; otherwise the physics prior's predicted step times (cost_prior.h) by the
+//      same rule, and where the prior lacks an input, the static gates;
 //   4. a switch away from the group's current mode must be allowed by the flip cap (at
 //      most two switches in any 2 × adaptive_flip_interval_steps decisions) and must pay
 //      for its learned cost c, as an excursion (this batch's saving ≥ 2c, the way out and
@@ -45,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "policy/cost_prior.h"
 #include "policy/gate_policy.h"
 #include "policy/types.h"
 
@@ -119,6 +121,18 @@ class ThroughputTable {
   // once it had them).
   CellView At(const GateConfig& config, int band, Mode mode, int64_t step) const;
 
+  // One SP step's collective telemetry for the physics prior (cost_prior.h): its tokens,
+  // length CV, step seconds, and the group's largest all-gather and reduce-scatter
+  // seconds. TP-only steps and bad values are ignored; returns whether it was folded in.
+  bool ObserveCollectives(const GateConfig& config, Mode mode, int64_t step, double tokens,
+                          double length_cv, double seconds, double all_gather_s,
+                          double rs_wait_s);
+  // What the job declared at Register (kept by Clear: it is not learned).
+  void SetPriorInputs(const PriorInputs& inputs) { prior_inputs_ = inputs; }
+  const PriorInputs& prior_inputs() const { return prior_inputs_; }
+  const PriorSums& prior_sums() const { return prior_sums_; }
+  void SetPriorSums(const PriorSums& sums) { prior_sums_ = sums; }
+
   // The learned cost of a switch in seconds (0 before one was measured; never negative).
   double SwitchCostSeconds() const;
   const SwitchCostCell& switch_cost() const { return switch_cost_; }
@@ -136,7 +150,12 @@ class ThroughputTable {
   // Newest step folded into any cell; -1 when empty.
   int64_t newest_step() const { return newest_step_; }
   bool empty() const { return newest_step_ < 0; }
-  void Clear() { *this = ThroughputTable{}; }
+  // Forgets what was learned; the declared prior inputs stay.
+  void Clear() {
+    const PriorInputs inputs = prior_inputs_;
+    *this = ThroughputTable{};
+    prior_inputs_ = inputs;
+  }
 
   // Two bits per band: whether the band, at `step`, has the samples to decide, and
   // whether it then prefers TP-only (ahead by more than the margin). Changes of this are what the daemon
@@ -152,6 +171,8 @@ class ThroughputTable {
   void MarkChanged(ThroughputCell& c, int64_t step);
   std::array<ThroughputCell, kBands * 2> cells_{};
   SwitchCostCell switch_cost_;
+  PriorInputs prior_inputs_;
+  PriorSums prior_sums_;
   int64_t newest_step_ = -1;
   int64_t changes_ = 0;
 };
@@ -171,6 +192,11 @@ struct BandEstimate {
 // `table` null: an empty table.
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
                           int64_t step);
+
+// The physics prior's prediction for `batch` from the table's prior inputs, its collective
+// sums and its measured bands (cost_prior.h). `table` null: nothing to predict from.
+PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
+                      const BatchFacts& batch);
 
 // ADAPTIVE's gain over the STATIC gates (docs/design.md §11): the learned seconds of the
 // batches ADAPTIVE decided from its estimates, at the rate of the mode it ran and at the

@@ -133,6 +133,28 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
     w->set_last_step(s.last_step);
   }
   out.set_changes(table.changes());
+  const PriorInputs& in = table.prior_inputs();
+  const PriorSums& ps = table.prior_sums();
+  if (in != PriorInputs{} || ps.last_step >= 0) {
+    v1::LearnedPrior* w = out.mutable_prior();
+    w->set_tp(in.tp);
+    w->set_hidden(in.hidden);
+    w->set_layers(in.layers);
+    w->mutable_hardware()->set_link_gbps(in.link_gbps);
+    w->mutable_hardware()->set_link_latency_us(in.link_latency_us);
+    w->mutable_hardware()->set_hbm_gbps(in.hbm_gbps);
+    w->set_weight(ps.weight);
+    w->set_tokens(ps.tokens);
+    w->set_tokens_sq(ps.tokens_sq);
+    w->set_all_gather(ps.all_gather);
+    w->set_tokens_all_gather(ps.tokens_all_gather);
+    w->set_seconds(ps.seconds);
+    w->set_cv(ps.cv);
+    w->set_cv_sq(ps.cv_sq);
+    w->set_wait(ps.wait);
+    w->set_cv_wait(ps.cv_wait);
+    w->set_last_step(ps.last_step);
+  }
   return out;
 }
 
@@ -161,6 +183,26 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     out.SetSwitchCost(SwitchCostCell{s.seconds(), s.weight(), s.last_step()});
   }
   out.SetChanges(std::max<int64_t>(0, table.changes()));
+  if (table.has_prior()) {
+    const v1::LearnedPrior& w = table.prior();
+    const auto ok = [](double x) { return std::isfinite(x) && x >= 0; };
+    const v1::Hardware& hw = w.hardware();
+    if (w.tp() >= 0 && w.hidden() >= 0 && w.layers() >= 0 && ok(hw.link_gbps()) &&
+        ok(hw.link_latency_us()) && ok(hw.hbm_gbps())) {
+      out.SetPriorInputs(PriorInputs{w.tp(), w.hidden(), w.layers(), hw.link_gbps(),
+                                     hw.link_latency_us(), hw.hbm_gbps()});
+    }
+    // The sums of squares and of the non-negative values stay non-negative; the one of
+    // CV × wait too (both are).
+    const double sums[] = {w.weight(), w.tokens(), w.tokens_sq(), w.all_gather(),
+                           w.tokens_all_gather(), w.seconds(), w.cv(), w.cv_sq(), w.wait(),
+                           w.cv_wait()};
+    if (w.last_step() >= 0 && std::all_of(std::begin(sums), std::end(sums), ok)) {
+      out.SetPriorSums(PriorSums{w.weight(), w.tokens(), w.tokens_sq(), w.all_gather(),
+                                 w.tokens_all_gather(), w.seconds(), w.cv(), w.cv_sq(),
+                                 w.wait(), w.cv_wait(), w.last_step()});
+    }
+  }
   return out;
 }
 

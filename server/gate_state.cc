@@ -610,8 +610,13 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
   if (r.layout.has_value() && !job.layout.has_value()) {
     job.layout = r.layout;
     job.stage_learned.assign(static_cast<size_t>(r.layout->pp), ThroughputTable{});
+    for (ThroughputTable& t : job.stage_learned) t.SetPriorInputs(job.learned.prior_inputs());
     job.stage_learned_bits.assign(static_cast<size_t>(r.layout->pp), 0);
     job.stage_learned_changes.assign(static_cast<size_t>(r.layout->pp), 0);
+  }
+  if (job.learned.prior_inputs() == PriorInputs{} && r.prior_inputs != PriorInputs{}) {
+    job.learned.SetPriorInputs(r.prior_inputs);
+    for (ThroughputTable& t : job.stage_learned) t.SetPriorInputs(r.prior_inputs);
   }
   for (const std::string& f : r.sp_required) {
     if (std::find(job.sp_required.begin(), job.sp_required.end(), f) == job.sp_required.end()) {

@@ -156,6 +156,9 @@ struct RegisterInput {
   std::optional<JobLayout> layout;
   StageCoordinates coordinates;
   std::vector<std::string> sp_required;
+  // ADAPTIVE's prior (docs/design.md §11): group_size, the model's hidden and layers, and
+  // the declared hardware; the first rank of a launch that declares any sets the job's.
+  PriorInputs prior_inputs;
 };
 
 struct RegisterResult {

@@ -31,6 +31,13 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         if (band < 0) continue;
         table.Observe(config, band, m.mode, p.step, static_cast<double>(m.effective_tokens),
                       m.compute_s());
+        // The prior's collective telemetry, at the mid-point of the micro-batch's CV band
+        // (its CV is not kept; the open top band has no mid-point).
+        if (band < (kCvBands - 1) * kTokenBands) {
+          table.ObserveCollectives(config, m.mode, p.step, static_cast<double>(m.effective_tokens),
+                                   (band / kTokenBands + 0.5) * config.adaptive_cv_band_width,
+                                   m.compute_s(), m.all_gather_s, m.rs_wait_s);
+        }
         touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
       }
       // The cells this step fed, once each (a step has up to 4,096 micro-batches).
@@ -65,6 +72,10 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
       job.learned.Observe(config, d->band, p.mode, p.step, static_cast<double>(p.tokens),
                           p.step_time);
     }
+    // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
+    job.learned.ObserveCollectives(config, p.mode, p.step, static_cast<double>(p.tokens),
+                                   d->length_cv, p.step_time, p.all_gather,
+                                   p.rs_share * p.step_time);
     const CellView v = job.learned.At(config, d->band, p.mode, p.step);
     job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
     NoteLearned(job, job.learned, config, job.learned_bits, job.learned_changes);

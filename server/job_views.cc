@@ -1,6 +1,8 @@
 // Admin views; see job_views.h.
 #include "server/job_views.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -160,6 +162,28 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
         "sp_required: at most %d features, got %d", kMaxSpRequiredFeatures, r.sp_required_size()));
   }
   in.sp_required.assign(r.sp_required().begin(), r.sp_required().end());
+  // ADAPTIVE's prior (docs/design.md §11): the model's shape and the declared hardware.
+  const v1::Hardware& hw = r.hardware();
+  const std::pair<const char*, double> hardware[] = {{"hardware.link_gbps", hw.link_gbps()},
+                                                     {"hardware.link_latency_us", hw.link_latency_us()},
+                                                     {"hardware.hbm_gbps", hw.hbm_gbps()}};
+  for (const auto& [name, value] : hardware) {
+    if (!std::isfinite(value) || value < 0 || value > 1e6) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: must be 0 (not declared) or a finite number in (0, 1e6], got %g", name, value));
+    }
+  }
+  if (r.model().hidden() < 0 || r.model().layers() < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model: hidden (%d) and layers (%d) must not be negative", r.model().hidden(),
+        r.model().layers()));
+  }
+  in.prior_inputs = PriorInputs{.tp = r.group_size(),
+                                .hidden = r.model().hidden(),
+                                .layers = r.model().layers(),
+                                .link_gbps = hw.link_gbps(),
+                                .link_latency_us = hw.link_latency_us(),
+                                .hbm_gbps = hw.hbm_gbps()};
   return in;
 }
 

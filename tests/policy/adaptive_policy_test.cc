@@ -313,7 +313,7 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
     EXPECT_EQ(out.decision, (Decision{kTp, Reason::kLengthCv})) << n;
     EXPECT_FALSE(out.static_choice.has_value());
     EXPECT_TRUE(std::any_of(trace.begin(), trace.end(), [](const GateCheck& g) {
-      return g.gate == "adaptive" && g.outcome == "skip" &&
+      return g.gate == "prior" && g.outcome == "skip" &&
              g.detail.find("the static gates decide") != std::string::npos;
     }));
     // A band with data elsewhere: still the prior.

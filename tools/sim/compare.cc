@@ -29,6 +29,7 @@ struct Run {
     Mode mode;
     double tokens, seconds;
     bool after_switch;  // the group's previous step ran the other mode
+    double length_cv, all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
   };
 
   Kind kind;
@@ -89,6 +90,7 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
     r.groups.resize(o.groups);
     r.last_mode.resize(o.groups);
     r.result.name = name;
+    r.table.SetPriorInputs(DeclaredPriorInputs(o));
     runs.push_back(std::move(r));
   }
 
@@ -137,6 +139,8 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
               } else {
                 r.table.Observe(r.config, s.band, s.mode, s.step, s.tokens, s.seconds);
               }
+              r.table.ObserveCollectives(r.config, s.mode, s.step, s.tokens, s.length_cv,
+                                         s.seconds, s.all_gather_s, s.rs_wait_s);
               r.pending.pop_front();
             }
             const GateOutcome out = r.groups[gi].Decide(r.config, facts, std::nullopt, &r.table);
@@ -154,7 +158,8 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
         }
         if (band >= 0) {
           r.pending.push_back({k, band, d.mode, static_cast<double>(step.effective_tokens),
-                               step_s, r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode});
+                               step_s, r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode,
+                               stats->cv, step.group_all_gather_s(), step.group_rs_wait_s()});
         }
         if (r.last_mode[gi].has_value() && *r.last_mode[gi] != d.mode) ++r.result.switches;
         r.last_mode[gi] = d.mode;

@@ -81,6 +81,15 @@ struct GroupStep {
   int64_t padding_tokens = 0;  // SP pads the packed batch to a multiple of t
   uint64_t peak_memory_bytes = 0;
   double group_rs_wait_share = 0;  // max over ranks of rs_wait / step time (docs/design.md §2)
+
+  // The group record's all-gather and reduce-scatter seconds (docs/design.md §2): the
+  // largest rank's, the wait as the largest share times the step time.
+  double group_all_gather_s() const {
+    double s = 0;
+    for (const RankStep& r : ranks) s = s > r.all_gather_s ? s : r.all_gather_s;
+    return s;
+  }
+  double group_rs_wait_s() const { return group_rs_wait_share * step_time_s; }
 };
 
 struct MemoryPrediction {

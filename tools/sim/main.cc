@@ -89,6 +89,9 @@ ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank")
 ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
 ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
+ABSL_FLAG(bool, declare_hardware, true,
+          "The simulated worker declares its link bandwidth and latency and its device memory "
+          "bandwidth for ADAPTIVE's physics prior (its model shape it always declares)");
 ABSL_FLAG(double, switch_cost_s, 0,
           "Seconds a group's mode switch adds to the step it happens on (0: free)");
 // Pipelines (replay --compare only; docs/sim.md "Pipelines").
@@ -164,6 +167,7 @@ SimOptions OptionsFromFlags() {
   o.pp = absl::GetFlag(FLAGS_pp);
   o.vp = absl::GetFlag(FLAGS_vp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
+  o.declare_hardware = absl::GetFlag(FLAGS_declare_hardware);
   return o;
 }
 

@@ -117,6 +117,7 @@ StageMicrobatchCost PipelineCostModel::Cost(int stage, std::span<const int64_t> 
   c.tokens = layer_step[0].effective_tokens;
   c.padded_tokens = runtime::SpPaddedTokens(c.tokens, p_.tp);
   c.rs_wait_share_sp = layer_step[0].group_rs_wait_share;
+  c.all_gather_s_sp = layer_step[0].group_all_gather_s();
   c.memory = Memory(stage, lengths);
   const double t = p_.tp, h = p_.hidden, V = p_.vocab;
   const double flops = p_.device_tflops * 1e12 * p_.mfu;
@@ -298,6 +299,7 @@ struct PipeRun {
     int band;
     Mode mode;
     double tokens, seconds;
+    double length_cv, all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
   };
   Kind kind;
   GateConfig config;
@@ -390,6 +392,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
     r.config = kind == PipeRun::Kind::kAdaptive ? adaptive_config : static_config;
     r.groups.resize(units);
     r.tables.resize(P);
+    for (ThroughputTable& t : r.tables) t.SetPriorInputs(DeclaredPriorInputs(o));
     r.pending.resize(P);
     r.last_mode.resize(units);
     r.stage_tp.assign(P, 0);
@@ -418,6 +421,8 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
         while (!r.pending[s].empty() && r.pending[s].front().step + kReplayLearnLagSteps <= k) {
           const PipeRun::Sample& x = r.pending[s].front();
           r.tables[s].Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
+          r.tables[s].ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv,
+                                         x.seconds, x.all_gather_s, x.rs_wait_s);
           r.pending[s].pop_front();
         }
       }
@@ -518,7 +523,9 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
             }
             if (r.kind == PipeRun::Kind::kAdaptive) {
               r.pending[s].push_back({k, BandOf(r.config, stats[m].cv, stats[m].tokens),
-                                      modes[s][m], static_cast<double>(stats[m].tokens), sec});
+                                      modes[s][m], static_cast<double>(stats[m].tokens), sec,
+                                      stats[m].cv, costs[s][m].all_gather_s_sp,
+                                      costs[s][m].rs_wait_share_sp * sec});
             }
           }
           r.groups[static_cast<size_t>(gi) * P + s].ObserveRsWaitShare(

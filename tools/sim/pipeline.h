@@ -52,6 +52,7 @@ struct StageMicrobatchCost {
   std::array<double, 2> forward_s{};   // [ModeIndex]: the stage's forward, whole stage
   std::array<double, 2> backward_s{};  // (every chunk of an interleaved stage together)
   double rs_wait_share_sp = 0;         // SP's group wait share (cost_model.h)
+  double all_gather_s_sp = 0;          // SP's group all-gather seconds (its layers')
   MicrobatchMemory memory;             // per model chunk, as DecideStagePlan takes it
   int64_t tokens = 0;                  // effective tokens
   int64_t padded_tokens = 0;           // padded to a multiple of t (the sharded rows)

@@ -532,6 +532,16 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
   return steps;
 }
 
+PriorInputs DeclaredPriorInputs(const SimOptions& o) {
+  PriorInputs in{.tp = o.cost.tp, .hidden = o.cost.hidden, .layers = o.cost.layers};
+  if (o.declare_hardware) {
+    in.link_gbps = o.cost.link_gbps;
+    in.link_latency_us = o.cost.collective_latency_us;
+    in.hbm_gbps = o.cost.hbm_gbps;
+  }
+  return in;
+}
+
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
   if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
@@ -558,12 +568,14 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   // future.
   const bool adaptive = config.policy == GatePolicyKind::kAdaptive;
   ThroughputTable learned;
+  learned.SetPriorInputs(DeclaredPriorInputs(o));
   struct Sample {
     int64_t step;
     int band;
     Mode mode;
     double tokens, seconds;
     bool after_switch;
+    double length_cv, all_gather_s, rs_wait_s;
   };
   std::deque<Sample> pending;
   for (int64_t k = 0; k < steps; ++k) {
@@ -574,6 +586,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       } else {
         learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
       }
+      learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
+                                 x.all_gather_s, x.rs_wait_s);
       pending.pop_front();
     }
     for (int gi = 0; gi < o.groups; ++gi) {
@@ -597,7 +611,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
                            static_cast<double>(step.effective_tokens), step.step_time_s,
-                           switched});
+                           switched, stats->cv, step.group_all_gather_s(),
+                           step.group_rs_wait_s()});
       }
       GateDecision d;
       d.step = k;

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "policy/cost_prior.h"
 #include "policy/pipeline_memory.h"
 #include "policy/types.h"
 #include "tools/sim/cost_model.h"
@@ -78,6 +79,10 @@ struct SimOptions {
   int vp = 1;
   int microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  // What the simulated worker declares for ADAPTIVE's physics prior (docs/design.md §11):
+  // always its model shape (tp, hidden, layers, as every worker does); with this, also
+  // its hardware (link bandwidth and latency, device memory bandwidth) from `cost`.
+  bool declare_hardware = true;
 
   bool pipelined() const {
     return pp != 1 || vp != 1 || microbatches != 1 || schedule != PipelineSchedule::k1F1B;
@@ -110,6 +115,9 @@ absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOpt
 // Replay's ADAPTIVE learning sees a step's telemetry this many steps after the step (in
 // a live job it arrives after the next plans went out).
 inline constexpr int64_t kReplayLearnLagSteps = 2;
+
+// The physics prior's inputs the simulated worker declares (declare_hardware).
+PriorInputs DeclaredPriorInputs(const SimOptions& options);
 
 // The seed of group `group`'s cost-model noise in replay (and --compare).
 uint64_t GroupNoiseSeed(uint64_t seed, int group);

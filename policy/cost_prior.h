@@ -1,0 +1,123 @@
+// ADAPTIVE's physics prior (docs/design.md §11, "The prior"): before a band has the
+// samples to decide, each mode's step time comes from a small α/β cost model instead of
+// the static gates. The model is written as SP's step time minus TP-only's:
+//
+//   t_SP(T, c) = ρ₀·T·(1 + κ·w·c)              ρ₀: SP's balanced seconds per token
+//   t_TP(T, c) = ρ₀·T − λ + ε·T
+//
+//   λ  the latency of the collective calls SP adds: per layer SP runs 2 all-gathers and 2
+//      reduce-scatters forward and as many backward where TP-only runs 2 + 2 all-reduces
+//      (4·L extra calls a step), while a ring all-reduce moves exactly the bytes of a
+//      reduce-scatter plus an all-gather (2(t−1)/t of the activation each way): the
+//      bandwidth terms cancel and SP pays 4·L·α more. Measured as the intercept of the
+//      SP steps' all-gather seconds against their tokens (the all-gathers are 4·L calls
+//      of (t−1)/t·T·h·2 bytes); with too little spread in tokens, their mean less the
+//      declared link's bandwidth term; else 4·L·α from the declared link latency.
+//   w  the reduce-scatter wait per unit of length CV: the slope of the SP steps' wait
+//      share ((rs_wait − all_gather) / step seconds, the group's largest) against their
+//      length CV. The largest rank's wait is the slowest minus the fastest rank; the step
+//      pays the slowest minus the mean, κ = 1/2 of it (kImbalanceShare).
+//   ε  the element-wise region's seconds per token SP saves (LayerNorm, dropout and the
+//      residual run on T/t tokens per rank instead of T): calibrated on the bands whose
+//      two modes are measured (what the rest of the model leaves of their difference, a
+//      least-squares fit); before one is, kElementwiseBytes·h·L·(1 − 1/t) bytes at the
+//      declared device memory bandwidth.
+//
+// Every constant comes from the job's own telemetry where it has some and from what the
+// worker declared at Register (PriorInputs) where not. The model answers only when it has
+// all three terms and SP's base rate; otherwise the static gates decide. Pure: no I/O.
+#ifndef SPGATE_POLICY_COST_PRIOR_H_
+#define SPGATE_POLICY_COST_PRIOR_H_
+
+#include <cstdint>
+#include <span>
+
+namespace spgate {
+
+// What the job declared at Register: the model's shape on a rank and its hardware. 0 is
+// "not declared" for every field.
+struct PriorInputs {
+  int tp = 0;
+  int hidden = 0;
+  int layers = 0;                // transformer layers the rank runs (a stage's, pipelined)
+  double link_gbps = 0;          // the TP group's collective bus bandwidth, GB/s
+  double link_latency_us = 0;    // fixed cost of one collective call, µs
+  double hbm_gbps = 0;           // device memory bandwidth, GB/s
+  friend bool operator==(const PriorInputs&, const PriorInputs&) = default;
+};
+
+// The SP steps' collective telemetry, as forgetting-weighted sums (the table's half-life):
+// tokens T, all-gather seconds a, step seconds s, length CV c and wait share q.
+struct PriorSums {
+  double weight = 0;
+  double tokens = 0, tokens_sq = 0;
+  double all_gather = 0, tokens_all_gather = 0;
+  double seconds = 0;
+  double cv = 0, cv_sq = 0;
+  double wait = 0, cv_wait = 0;
+  int64_t last_step = -1;  // newest step folded in; -1: never
+  friend bool operator==(const PriorSums&, const PriorSums&) = default;
+};
+
+// One band whose two modes are measured: the step seconds of each at the band's mean
+// tokens, the band's CV and the samples behind it (the smaller mode's weight).
+struct PriorBandSample {
+  double tokens = 0;
+  double sp_s = 0;
+  double tp_s = 0;
+  double cv = 0;
+  double weight = 0;
+};
+
+// Where a term's constant came from (docs/design.md §11).
+enum class PriorSource : uint8_t { kNone, kTelemetry, kDeclared };
+
+struct PriorEstimate {
+  bool has = false;        // all terms and the base rate known: sp_s and tp_s are set
+  double sp_s = 0;         // the batch's predicted step seconds in each mode
+  double tp_s = 0;
+  double latency_s = 0;    // λ
+  double imbalance_s = 0;  // ρ₀·T·κ·w·c
+  double elementwise_s = 0;  // ε·T
+  double imbalance_share = 0;  // κ
+  // The model's error as a share of a step: the RMS of what the fit leaves of the measured
+  // bands' differences (kPriorDefaultError before three bands are measured). A predicted
+  // difference within twice of it does not decide (the static gates do).
+  double error = 0;
+  PriorSource latency_source = PriorSource::kNone;
+  PriorSource imbalance_source = PriorSource::kNone;
+  PriorSource elementwise_source = PriorSource::kNone;
+  // When !has: the first input missing, for the trace ("no SP telemetry", ...).
+  const char* missing = "";
+};
+
+// Bytes per token, per layer and per hidden unit the element-wise region moves forward and
+// backward (about 16 fp16 reads and writes: two LayerNorms, two dropouts, two residual
+// adds and their gradients).
+inline constexpr double kElementwiseBytes = 32;
+// The prior's error before three bands are measured: 1 % of a step.
+inline constexpr double kPriorDefaultError = 0.01;
+// The share of the largest rank's wait a step pays (see the top of this file).
+inline constexpr double kImbalanceShare = 0.5;
+// The spread the regressions need: a CV standard deviation of 0.02 for w, a tokens
+// standard deviation of 5 % of their mean for λ's intercept.
+inline constexpr double kMinCvSpread = 0.02;
+inline constexpr double kMinTokensSpread = 0.05;
+
+// Folds one SP step into `sums`, each older sample's weight halved every `half_life`
+// steps. Non-finite or out-of-range values are ignored (returns false).
+bool AddPriorSample(PriorSums& sums, int64_t half_life, int64_t step, double tokens,
+                    double length_cv, double seconds, double all_gather_s, double rs_wait_s);
+
+// The model's prediction for a batch of `tokens` at `length_cv`: `min_samples` SP steps
+// of weight are needed for the base rate and the regressions; `known` are the measured
+// bands ε is calibrated on.
+PriorEstimate EstimatePrior(const PriorInputs& inputs, const PriorSums& sums,
+                            std::span<const PriorBandSample> known, double min_samples,
+                            double tokens, double length_cv);
+
+const char* PriorSourceLabel(PriorSource source);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_COST_PRIOR_H_

@@ -1,0 +1,231 @@
+// ADAPTIVE's physics prior (policy/cost_prior.h, docs/design.md §11): its sums, each term's
+// calibration and where its constant comes from, the inputs it cannot do without, and the
+// policy deciding an unmeasured band with it. The telemetry is made by a known model, so
+// each case can say what the calibration must recover.
+#include "policy/cost_prior.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/adaptive_policy.h"
+#include "policy/gate_policy.h"
+
+namespace spgate {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The model the synthetic SP steps follow: a 13B stage at t = 8 on an H100-like link.
+constexpr int kLayers = 8, kHidden = 5120, kTp = 8;
+constexpr double kLinkGbps = 450, kLatencyUs = 10;
+constexpr double kLambda = 4 * kLayers * kLatencyUs * 1e-6;  // SP's extra call latency
+constexpr double kPerToken = 4.0 * kLayers * (kTp - 1) / kTp * kHidden * 2 / (kLinkGbps * 1e9);
+constexpr double kRho0 = 4e-6;   // balanced SP seconds per token
+constexpr double kWait = 0.2;    // wait share per unit of length CV
+constexpr double kEps = 3e-7;    // element-wise seconds per token SP saves
+constexpr int64_t kHalfLife = 1000;
+
+double SpSeconds(double tokens, double cv) {
+  return kRho0 * tokens * (1 + kImbalanceShare * kWait * cv);
+}
+
+// `n` SP steps: tokens cycling over 4 sizes (or fixed), CV over 5 values (or fixed).
+PriorSums Telemetry(int n, bool token_spread, bool cv_spread) {
+  PriorSums s;
+  for (int i = 0; i < n; ++i) {
+    const double tokens = token_spread ? 8192.0 * (1 + i % 4) : 16384.0;
+    const double cv = cv_spread ? 0.1 * (i % 5) : 0.2;
+    const double seconds = SpSeconds(tokens, cv);
+    const double ag = kLambda + kPerToken * tokens;
+    const double rs_wait = ag + (0.02 + kWait * cv) * seconds;
+    EXPECT_TRUE(AddPriorSample(s, kHalfLife, i, tokens, cv, seconds, ag, rs_wait));
+  }
+  return s;
+}
+
+PriorInputs Shape() { return PriorInputs{.tp = kTp, .hidden = kHidden, .layers = kLayers}; }
+
+// One measured band at `tokens` and `cv` where the two modes ran as the model says.
+PriorBandSample Band(double tokens, double cv) {
+  const double sp = SpSeconds(tokens, cv);
+  const double tp = kRho0 * tokens - kLambda + kEps * tokens;
+  return PriorBandSample{tokens, sp, tp, cv, 20};
+}
+
+TEST(AddPriorSampleTest, RefusesBadValuesAndLeavesTheSumsAlone) {
+  struct Case {
+    const char* name;
+    int64_t step;
+    double tokens, cv, seconds, ag, rs_wait;
+  };
+  const double nan = std::nan("");
+  const Case cases[] = {
+      {"negative step", -1, 100, 0.1, 1, 0, 0},  {"no tokens", 1, 0, 0.1, 1, 0, 0},
+      {"NaN tokens", 1, nan, 0.1, 1, 0, 0},      {"negative cv", 1, 100, -0.1, 1, 0, 0},
+      {"zero seconds", 1, 100, 0.1, 0, 0, 0},    {"inf seconds", 1, 100, 0.1, INFINITY, 0, 0},
+      {"negative all-gather", 1, 100, 0.1, 1, -1, 0}, {"NaN wait", 1, 100, 0.1, 1, 0, nan},
+  };
+  for (const Case& c : cases) {
+    PriorSums s = Telemetry(3, true, true);
+    const PriorSums before = s;
+    EXPECT_FALSE(AddPriorSample(s, kHalfLife, c.step, c.tokens, c.cv, c.seconds, c.ag, c.rs_wait))
+        << c.name;
+    EXPECT_EQ(s, before) << c.name;
+  }
+}
+
+TEST(AddPriorSampleTest, ForgetsByTheHalfLifeAndTakesLateSamplesDecayed) {
+  PriorSums s;
+  ASSERT_TRUE(AddPriorSample(s, 100, 0, 1000, 0.1, 1, 0.1, 0.2));
+  ASSERT_TRUE(AddPriorSample(s, 100, 100, 1000, 0.1, 1, 0.1, 0.2));
+  EXPECT_DOUBLE_EQ(s.weight, 1.5);
+  EXPECT_EQ(s.last_step, 100);
+  ASSERT_TRUE(AddPriorSample(s, 100, 0, 1000, 0.1, 1, 0.1, 0.2));  // late: enters at 1/2
+  EXPECT_DOUBLE_EQ(s.weight, 2.0);
+  EXPECT_EQ(s.last_step, 100);
+  // The wait share is the wait beyond the all-gathers' own time, at most the whole step.
+  PriorSums w;
+  ASSERT_TRUE(AddPriorSample(w, 100, 0, 1000, 0.1, 2, 0.5, 0.9));
+  EXPECT_DOUBLE_EQ(w.wait, 0.2);
+  ASSERT_TRUE(AddPriorSample(w, 100, 0, 1000, 0.1, 1, 0, 5));
+  EXPECT_DOUBLE_EQ(w.wait, 1.2);
+}
+
+// Each term's constant and its source, from the telemetry where it can measure it and
+// from the declared inputs where not.
+TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
+  PriorInputs link = Shape();
+  link.link_gbps = kLinkGbps;
+  PriorInputs latency = Shape();
+  latency.link_latency_us = kLatencyUs;
+  PriorInputs hbm = Shape();
+  hbm.hbm_gbps = 3000;
+  const double declared_eps = kElementwiseBytes * kHidden * kLayers * (1 - 1.0 / kTp) / 3000e9;
+  const std::vector<PriorBandSample> measured = {Band(16384, 0.125), Band(8192, 0.275)};
+  struct Case {
+    const char* name;
+    bool token_spread;
+    PriorInputs inputs;
+    std::vector<PriorBandSample> known;
+    PriorSource latency_source;
+    double latency_s;
+    PriorSource elementwise_source;
+    double eps;
+  };
+  const Case cases[] = {
+      {"intercept from token spread; eps from measured bands", true, Shape(), measured,
+       PriorSource::kTelemetry, kLambda, PriorSource::kTelemetry, kEps},
+      {"no token spread: all-gathers less the declared bandwidth", false, link, measured,
+       PriorSource::kTelemetry, kLambda, PriorSource::kTelemetry, kEps},
+      {"no token spread, no bandwidth: declared latency", false, latency, measured,
+       PriorSource::kDeclared, kLambda, PriorSource::kTelemetry, kEps},
+      {"nothing for the latency: 0 (ε not checked: see below)", false, Shape(), measured,
+       PriorSource::kNone, 0, PriorSource::kTelemetry, 0},
+      {"no measured band: declared memory bandwidth", true, hbm, {}, PriorSource::kTelemetry,
+       kLambda, PriorSource::kDeclared, declared_eps},
+  };
+  for (const Case& c : cases) {
+    const PriorSums s = Telemetry(60, c.token_spread, true);
+    const double tokens = 16384, cv = 0.3;
+    const PriorEstimate e = EstimatePrior(c.inputs, s, c.known, 8, tokens, cv);
+    ASSERT_TRUE(e.has) << c.name << ": " << e.missing;
+    EXPECT_EQ(e.latency_source, c.latency_source) << c.name;
+    EXPECT_NEAR(e.latency_s, c.latency_s, 1e-3 * kLambda) << c.name;
+    EXPECT_EQ(e.imbalance_source, PriorSource::kTelemetry) << c.name;
+    EXPECT_EQ(e.elementwise_source, c.elementwise_source) << c.name;
+    // Without the latency term the measured bands' fit absorbs it (ε is what the rest of
+    // the model leaves): the prediction of a measured band's difference still holds.
+    if (c.latency_source == PriorSource::kNone) {
+      const PriorEstimate at = EstimatePrior(c.inputs, s, c.known, 8, 16384, 0.125);
+      EXPECT_NEAR(at.sp_s - at.tp_s, Band(16384, 0.125).sp_s - Band(16384, 0.125).tp_s,
+                  0.01 * kRho0 * 16384) << c.name;
+      continue;
+    }
+    EXPECT_NEAR(e.elementwise_s / tokens, c.eps, 1e-3 * c.eps) << c.name;
+    // The imbalance at the batch's CV and the predicted step times.
+    EXPECT_NEAR(e.imbalance_s, kRho0 * tokens * kImbalanceShare * kWait * cv,
+                0.01 * kRho0 * tokens * kImbalanceShare * kWait * cv) << c.name;
+    EXPECT_NEAR(e.sp_s, SpSeconds(tokens, cv), 0.005 * e.sp_s) << c.name;
+    EXPECT_NEAR(e.tp_s, kRho0 * tokens - c.latency_s + c.eps * tokens, 0.005 * e.tp_s) << c.name;
+  }
+}
+
+TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
+  PriorInputs hbm = Shape();
+  hbm.hbm_gbps = 3000;
+  struct Case {
+    const char* name;
+    int samples;
+    bool cv_spread;
+    PriorInputs inputs;
+    double tokens;
+    const char* missing;
+  };
+  const Case cases[] = {
+      {"fewer SP steps than the floor", 7, true, hbm, 16384, "too few SP steps"},
+      {"one CV only: no imbalance slope", 60, false, hbm, 16384, "too little spread"},
+      {"no measured band, no memory bandwidth", 60, true, Shape(), 16384, "no band"},
+      {"an empty batch", 60, true, hbm, 0, "no tokens"},
+  };
+  for (const Case& c : cases) {
+    const PriorEstimate e =
+        EstimatePrior(c.inputs, Telemetry(c.samples, true, c.cv_spread), {}, 8, c.tokens, 0.3);
+    EXPECT_FALSE(e.has) << c.name;
+    EXPECT_THAT(std::string(e.missing), HasSubstr(c.missing)) << c.name;
+  }
+  // Nothing at all.
+  EXPECT_FALSE(EstimatePrior({}, {}, {}, 8, 16384, 0.3).has);
+}
+
+// The policy, in a band without samples: the prior's predicted step times decide by the
+// band rule (TP-only only when ahead by more than the margin), reason ADAPTIVE, and the
+// trace shows the terms. The table's Clear keeps what the job declared.
+TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
+  GateConfig c;
+  c.policy = GatePolicyKind::kAdaptive;
+  c.adaptive_min_samples = 8;
+  c.adaptive_explore_share = 0;  // no probes in the way
+  c.adaptive_explore_floor = 0;
+  ThroughputTable t;
+  PriorInputs in = Shape();
+  in.hbm_gbps = 3000;
+  t.SetPriorInputs(in);
+  for (int i = 0; i < 60; ++i) {
+    const double tokens = 8192.0 * (1 + i % 4), cv = 0.1 * (i % 5);
+    const double seconds = SpSeconds(tokens, cv), ag = kLambda + kPerToken * tokens;
+    ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, i, tokens, cv, seconds, ag,
+                                     ag + (0.02 + kWait * cv) * seconds));
+  }
+  // TP-only steps carry no reduce-scatter: ignored.
+  EXPECT_FALSE(t.ObserveCollectives(c, Mode::kTensorParallelOnly, 61, 100, 0.1, 1, 0, 0));
+  // ε (declared) is 32·5120·8·7/8 / 3 TB/s = 0.38 µs a token, 9.6 % of ρ₀; the imbalance
+  // is 0.1·cv of the step: TP-only wins above a CV of about 1.
+  struct Case {
+    double cv;
+    Mode want;
+  };
+  for (const Case& k : {Case{0.1, Mode::kSequenceParallel}, Case{1.5, Mode::kTensorParallelOnly}}) {
+    const BatchFacts batch{.step = 100, .length_cv = k.cv, .tokens = 16384};
+    std::vector<GateCheck> trace;
+    const GateOutcome out =
+        EvaluateAdaptive(c, GroupGateState{}, batch, {}, std::nullopt, &t, &trace);
+    EXPECT_EQ(out.decision, (Decision{k.want, Reason::kAdaptive})) << k.cv;
+    EXPECT_FALSE(out.static_choice.has_value()) << k.cv;
+    const auto prior = std::find_if(trace.begin(), trace.end(),
+                                    [](const GateCheck& g) { return g.gate == "prior"; });
+    ASSERT_NE(prior, trace.end()) << k.cv;
+    EXPECT_EQ(prior->outcome, k.want == Mode::kSequenceParallel ? "pass" : "fire");
+    EXPECT_THAT(prior->detail, HasSubstr("element-wise saving"));
+    EXPECT_THAT(prior->detail, HasSubstr("[declared]"));
+  }
+  t.Clear();
+  EXPECT_EQ(t.prior_inputs(), in);
+  EXPECT_EQ(t.prior_sums(), PriorSums{});
+}
+
+}  // namespace
+}  // namespace spgate
