@@ -91,7 +91,9 @@ PriorEstimate EstimatePrior(const PriorInputs& in, const PriorSums& s,
   // ε and κ: the measured bands' differences, TP-only's step less SP's plus λ, are
   // ε·T − κ·(ρ·T·w·c) (ρ: the band's SP seconds per token, so the imbalance is the band's
   // own); a weighted least-squares fit of both where the bands' CVs tell them apart, of ε
-  // alone at κ = kImbalanceShare where not; before any band is measured, the declared bytes.
+  // alone at κ = kImbalanceShare where not. Before any band is measured the prior does not
+  // answer (docs/benchmarks.md, "The physics prior": a declared element-wise term there
+  // cost more than it bought).
   double eps = 0, kappa = kImbalanceShare;
   bool measured = false;
   double sq_error = 0, error_weight = 0;
@@ -127,11 +129,8 @@ PriorEstimate EstimatePrior(const PriorInputs& in, const PriorSums& s,
   e.error = bands >= 3 ? std::sqrt(sq_error / error_weight) : kPriorDefaultError;
   if (measured) {
     e.elementwise_source = PriorSource::kTelemetry;
-  } else if (in.hbm_gbps > 0 && in.hidden > 0 && in.layers > 0 && in.tp > 0) {
-    eps = kElementwiseBytes * in.hidden * in.layers * (1.0 - 1.0 / in.tp) / (in.hbm_gbps * 1e9);
-    e.elementwise_source = PriorSource::kDeclared;
   } else {
-    e.missing = "no band with both modes measured and no declared device memory bandwidth";
+    e.missing = "no band with both modes measured yet (the element-wise term is fitted there)";
     return e;
   }
   e.imbalance_share = kappa;

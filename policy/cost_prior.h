@@ -18,14 +18,17 @@
 //      length CV. The largest rank's wait is the slowest minus the fastest rank; the step
 //      pays the slowest minus the mean, κ = 1/2 of it (kImbalanceShare).
 //   ε  the element-wise region's seconds per token SP saves (LayerNorm, dropout and the
-//      residual run on T/t tokens per rank instead of T): calibrated on the bands whose
-//      two modes are measured (what the rest of the model leaves of their difference, a
-//      least-squares fit); before one is, kElementwiseBytes·h·L·(1 − 1/t) bytes at the
-//      declared device memory bandwidth.
+//      residual run on T/t tokens per rank instead of T), and κ, the share of the largest
+//      rank's wait a step pays (the slowest rank minus the mean, of the slowest minus the
+//      fastest): fitted on the bands whose two modes are measured (what the rest of the
+//      model leaves of their difference, a weighted least-squares fit; κ only where the
+//      bands' CVs tell the two apart, else kImbalanceShare).
 //
-// Every constant comes from the job's own telemetry where it has some and from what the
-// worker declared at Register (PriorInputs) where not. The model answers only when it has
-// all three terms and SP's base rate; otherwise the static gates decide. Pure: no I/O.
+// Every constant comes from the job's own telemetry where it has some and from the link
+// the worker declared at Register (PriorInputs) where not. The model answers only with the
+// base rate, w and ε (so not before a band is measured); otherwise the static gates
+// decide. Its error is the RMS of what the fit leaves; a prediction within twice of it
+// does not decide either. Pure: no I/O.
 #ifndef SPGATE_POLICY_COST_PRIOR_H_
 #define SPGATE_POLICY_COST_PRIOR_H_
 
@@ -42,7 +45,6 @@ struct PriorInputs {
   int layers = 0;                // transformer layers the rank runs (a stage's, pipelined)
   double link_gbps = 0;          // the TP group's collective bus bandwidth, GB/s
   double link_latency_us = 0;    // fixed cost of one collective call, µs
-  double hbm_gbps = 0;           // device memory bandwidth, GB/s
   friend bool operator==(const PriorInputs&, const PriorInputs&) = default;
 };
 
@@ -91,13 +93,9 @@ struct PriorEstimate {
   const char* missing = "";
 };
 
-// Bytes per token, per layer and per hidden unit the element-wise region moves forward and
-// backward (about 16 fp16 reads and writes: two LayerNorms, two dropouts, two residual
-// adds and their gradients).
-inline constexpr double kElementwiseBytes = 32;
-// The prior's error before three bands are measured: 1 % of a step.
-inline constexpr double kPriorDefaultError = 0.01;
-// The share of the largest rank's wait a step pays (see the top of this file).
+// The prior's error before three bands are measured: 2.5 % of a step.
+inline constexpr double kPriorDefaultError = 0.025;
+// κ where the measured bands cannot fit it: half (a symmetric spread of the ranks).
 inline constexpr double kImbalanceShare = 0.5;
 // The spread the regressions need: a CV standard deviation of 0.02 for w, a tokens
 // standard deviation of 5 % of their mean for λ's intercept.

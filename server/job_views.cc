@@ -165,8 +165,7 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
   // ADAPTIVE's prior (docs/design.md §11): the model's shape and the declared hardware.
   const v1::Hardware& hw = r.hardware();
   const std::pair<const char*, double> hardware[] = {{"hardware.link_gbps", hw.link_gbps()},
-                                                     {"hardware.link_latency_us", hw.link_latency_us()},
-                                                     {"hardware.hbm_gbps", hw.hbm_gbps()}};
+                                                     {"hardware.link_latency_us", hw.link_latency_us()}};
   for (const auto& [name, value] : hardware) {
     if (!std::isfinite(value) || value < 0 || value > 1e6) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -182,8 +181,7 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
                                 .hidden = r.model().hidden(),
                                 .layers = r.model().layers(),
                                 .link_gbps = hw.link_gbps(),
-                                .link_latency_us = hw.link_latency_us(),
-                                .hbm_gbps = hw.hbm_gbps()};
+                                .link_latency_us = hw.link_latency_us()};
   return in;
 }
 

@@ -146,6 +146,47 @@ void BM_EvaluateAdaptive(benchmark::State& state) {
   }
 }
 
+// A batch in a band with no samples, decided by the physics prior: the prior's fit over
+// the 16 measured bands and its collective sums (policy/cost_prior.h).
+void BM_EvaluateAdaptivePrior(benchmark::State& state) {
+  GateConfig config;
+  config.policy = GatePolicyKind::kAdaptive;
+  ThroughputTable table;
+  table.SetPriorInputs(PriorInputs{.tp = 8, .hidden = 5120, .layers = 8, .link_gbps = 450});
+  for (int b = 0; b < 16; ++b) {
+    for (int i = 0; i < 20; ++i) {
+      table.Observe(config, b, Mode::kSequenceParallel, 1000 + i, 16384, 1.0);
+      table.Observe(config, b, Mode::kTensorParallelOnly, 1000 + i, 16384, 0.98);
+    }
+  }
+  for (int i = 0; i < 40; ++i) {
+    const double cv = 0.1 * (i % 5);
+    table.ObserveCollectives(config, Mode::kSequenceParallel, 1000 + i, 16384, cv, 1.0 + 0.05 * cv,
+                             0.05, 0.06 + 0.1 * cv);
+  }
+  GroupGateState group;
+  group.has_decision = group.has_chosen_mode = true;
+  group.decisions = 1000;
+  const RsWaitObservation rs{0.12, 50};
+  int64_t step = 1041;
+  while (MayExplore(config, step)) ++step;
+  BatchFacts facts = FactsFor(step, 0.33);  // cv band 6: no samples
+  facts.tokens = 16384;
+  GateOutcome out;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(facts);
+    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
+    benchmark::DoNotOptimize(out);
+  }
+  if (out.decision.reason != Reason::kAdaptive || out.static_choice.has_value()) {
+    std::vector<GateCheck> trace;
+    EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table, &trace);
+    std::string why = "expected the prior to decide (ADAPTIVE, no static choice):";
+    for (const GateCheck& c : trace) why += " " + c.gate + " " + c.outcome + ": " + c.detail;
+    state.SkipWithError(why.c_str());
+  }
+}
+
 // One decision as the daemon makes it: length statistics, then the gates.
 void BM_Decision(benchmark::State& state) {
   const std::vector<int64_t> lengths = Lengths(state.range(0));
@@ -196,6 +237,7 @@ BENCHMARK(BM_SumLengths)->Apply(Sizes);
 BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
 BENCHMARK(BM_EvaluateGates);
 BENCHMARK(BM_EvaluateAdaptive)->Arg(0)->Arg(1)->ArgName("switching");
+BENCHMARK(BM_EvaluateAdaptivePrior);
 BENCHMARK(BM_Decision)->Apply(Sizes);
 BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
 

@@ -102,9 +102,6 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
   link.link_gbps = kLinkGbps;
   PriorInputs latency = Shape();
   latency.link_latency_us = kLatencyUs;
-  PriorInputs hbm = Shape();
-  hbm.hbm_gbps = 3000;
-  const double declared_eps = kElementwiseBytes * kHidden * kLayers * (1 - 1.0 / kTp) / 3000e9;
   const std::vector<PriorBandSample> measured = {Band(16384, 0.125), Band(8192, 0.275)};
   struct Case {
     const char* name;
@@ -125,8 +122,6 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
        PriorSource::kDeclared, kLambda, PriorSource::kTelemetry, kEps},
       {"nothing for the latency: 0 (ε not checked: see below)", false, Shape(), measured,
        PriorSource::kNone, 0, PriorSource::kTelemetry, 0},
-      {"no measured band: declared memory bandwidth", true, hbm, {}, PriorSource::kTelemetry,
-       kLambda, PriorSource::kDeclared, declared_eps},
   };
   for (const Case& c : cases) {
     const PriorSums s = Telemetry(60, c.token_spread, true);
@@ -155,30 +150,39 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
 }
 
 TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
-  PriorInputs hbm = Shape();
-  hbm.hbm_gbps = 3000;
+  const std::vector<PriorBandSample> measured = {Band(16384, 0.125)};
   struct Case {
     const char* name;
     int samples;
     bool cv_spread;
-    PriorInputs inputs;
+    std::vector<PriorBandSample> known;
     double tokens;
     const char* missing;
   };
   const Case cases[] = {
-      {"fewer SP steps than the floor", 7, true, hbm, 16384, "too few SP steps"},
-      {"one CV only: no imbalance slope", 60, false, hbm, 16384, "too little spread"},
-      {"no measured band, no memory bandwidth", 60, true, Shape(), 16384, "no band"},
-      {"an empty batch", 60, true, hbm, 0, "no tokens"},
+      {"fewer SP steps than the floor", 7, true, measured, 16384, "too few SP steps"},
+      {"one CV only: no imbalance slope", 60, false, measured, 16384, "too little spread"},
+      {"no measured band", 60, true, {}, 16384, "no band with both modes measured"},
+      {"an empty batch", 60, true, measured, 0, "no tokens"},
   };
   for (const Case& c : cases) {
-    const PriorEstimate e =
-        EstimatePrior(c.inputs, Telemetry(c.samples, true, c.cv_spread), {}, 8, c.tokens, 0.3);
+    const PriorEstimate e = EstimatePrior(Shape(), Telemetry(c.samples, true, c.cv_spread),
+                                          c.known, 8, c.tokens, 0.3);
     EXPECT_FALSE(e.has) << c.name;
     EXPECT_THAT(std::string(e.missing), HasSubstr(c.missing)) << c.name;
   }
   // Nothing at all.
   EXPECT_FALSE(EstimatePrior({}, {}, {}, 8, 16384, 0.3).has);
+  // With one measured band the error is the default; with three that the model fits, ~0.
+  const PriorSums s = Telemetry(60, true, true);
+  EXPECT_EQ(EstimatePrior(Shape(), s, measured, 8, 16384, 0.3).error, kPriorDefaultError);
+  const std::vector<PriorBandSample> three = {Band(16384, 0.125), Band(8192, 0.275),
+                                              Band(24576, 0.175)};
+  EXPECT_LT(EstimatePrior(Shape(), s, three, 8, 16384, 0.3).error, 1e-3);
+  // A band off the model shows in the error.
+  std::vector<PriorBandSample> off = three;
+  off[2].tp_s *= 1.1;
+  EXPECT_GT(EstimatePrior(Shape(), s, off, 8, 16384, 0.3).error, 0.01);
 }
 
 // The policy, in a band without samples: the prior's predicted step times decide by the
@@ -190,10 +194,21 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   c.adaptive_min_samples = 8;
   c.adaptive_explore_share = 0;  // no probes in the way
   c.adaptive_explore_floor = 0;
+  c.adaptive_cv_band_width = 0.05;
+  c.adaptive_tokens_band_base = 8192;
   ThroughputTable t;
   PriorInputs in = Shape();
-  in.hbm_gbps = 3000;
+  in.link_latency_us = kLatencyUs;
   t.SetPriorInputs(in);
+  // Three measured bands (CV bands 3-5 at 16,384 tokens), the modes as the model says.
+  for (int cv_band : {3, 4, 5}) {
+    const PriorBandSample b = Band(16384, (cv_band + 0.5) * 0.05);
+    const int band = BandOf(c, (cv_band + 0.5) * 0.05, 16384);
+    for (int i = 0; i < 10; ++i) {
+      t.Observe(c, band, Mode::kSequenceParallel, 50 + i, b.tokens, b.sp_s);
+      t.Observe(c, band, Mode::kTensorParallelOnly, 50 + i, b.tokens, b.tp_s);
+    }
+  }
   for (int i = 0; i < 60; ++i) {
     const double tokens = 8192.0 * (1 + i % 4), cv = 0.1 * (i % 5);
     const double seconds = SpSeconds(tokens, cv), ag = kLambda + kPerToken * tokens;
@@ -202,13 +217,13 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   }
   // TP-only steps carry no reduce-scatter: ignored.
   EXPECT_FALSE(t.ObserveCollectives(c, Mode::kTensorParallelOnly, 61, 100, 0.1, 1, 0, 0));
-  // ε (declared) is 32·5120·8·7/8 / 3 TB/s = 0.38 µs a token, 9.6 % of ρ₀; the imbalance
-  // is 0.1·cv of the step: TP-only wins above a CV of about 1.
+  // ε (fitted) is 0.3 µs a token, 7.5 % of ρ₀, λ 0.5 % of the step; the imbalance is
+  // 0.1·cv of it: TP-only wins above a CV of about 0.8.
   struct Case {
     double cv;
     Mode want;
   };
-  for (const Case& k : {Case{0.1, Mode::kSequenceParallel}, Case{1.5, Mode::kTensorParallelOnly}}) {
+  for (const Case& k : {Case{0.05, Mode::kSequenceParallel}, Case{1.5, Mode::kTensorParallelOnly}}) {
     const BatchFacts batch{.step = 100, .length_cv = k.cv, .tokens = 16384};
     std::vector<GateCheck> trace;
     const GateOutcome out =
@@ -220,8 +235,12 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
     ASSERT_NE(prior, trace.end()) << k.cv;
     EXPECT_EQ(prior->outcome, k.want == Mode::kSequenceParallel ? "pass" : "fire");
     EXPECT_THAT(prior->detail, HasSubstr("element-wise saving"));
-    EXPECT_THAT(prior->detail, HasSubstr("[declared]"));
+    EXPECT_THAT(prior->detail, HasSubstr("[telemetry]"));
   }
+  // The latency came from the all-gathers' intercept (the tokens vary), not the declaration.
+  EXPECT_EQ(PriorOf(c, &t, BatchFacts{.step = 100, .length_cv = 0.05, .tokens = 16384})
+                .latency_source,
+            PriorSource::kTelemetry);
   t.Clear();
   EXPECT_EQ(t.prior_inputs(), in);
   EXPECT_EQ(t.prior_sums(), PriorSums{});

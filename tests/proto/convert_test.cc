@@ -393,7 +393,7 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   for (int i = 0; i < 8; ++i) t.Observe(c, 3, Mode::kTensorParallelOnly, 140 + i, 600, 1.0);
   ASSERT_GE(t.BandChangedStep(3), 140) << "a change was detected";
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
-  t.SetPriorInputs(PriorInputs{8, 5120, 8, 450, 10, 3350});
+  t.SetPriorInputs(PriorInputs{8, 5120, 8, 450, 10});
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, 100 + i, 1000 * (i + 1),
                                      0.1 * i, 1.0, 0.1, 0.2 + 0.01 * i));

@@ -4,6 +4,7 @@
 // The operator store on its own is operator_store_test.cc.
 #include "server/gate_state.h"
 
+#include <cmath>
 #include <unistd.h>
 
 #include <filesystem>
@@ -602,6 +603,60 @@ TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing)
 // over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
 // group's leader only, when a band's preference changes and at most once per interval;
 // and an ADAPTIVE job then decides with it (reason ADAPTIVE) and explores (PROBE).
+// ADAPTIVE's prior (docs/design.md §11): the job's table takes the first declared
+// hardware with the model's shape and group size, and every SP step's collective
+// telemetry (the group record's all-gather seconds and wait); TP-only steps add nothing.
+// Hardware that is not a finite number in [0, 1e6] is refused, naming the field.
+TEST_F(GateStateTest, PriorTakesDeclaredHardwareAndSpCollectiveTelemetry) {
+  auto state = Make();
+  v1::RegisterRequest bad = Reg("j", 0, 0, 1);
+  bad.mutable_hardware()->set_link_latency_us(std::nan(""));
+  EXPECT_THAT(state->Register(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_latency_us")));
+  bad.mutable_hardware()->set_link_latency_us(0);
+  bad.mutable_hardware()->set_link_gbps(-1);
+  EXPECT_THAT(state->Register(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_gbps")));
+  v1::RegisterRequest r = Reg("j", 0, 0, 1);
+  r.mutable_model()->set_hidden(5120);
+  r.mutable_model()->set_layers(8);
+  r.mutable_hardware()->set_link_gbps(450);
+  r.mutable_hardware()->set_link_latency_us(10);
+  auto reg = state->Register(r);
+  ASSERT_THAT(reg.status(), IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  auto session = state->AttachSession(reg->session_id(), sink);
+  ASSERT_THAT(session.status(), IsOk());
+  int sp_steps = 0;
+  for (int64_t step = 0; step < 12; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk());
+    // Every third step reports TP-only (a worker's override): not a prior sample.
+    const v1::Mode ran = step % 3 == 2 ? v1::TENSOR_PARALLEL_ONLY : d.mode();
+    v1::StepTelemetry t = Tel("j", 0, 0, step, ran, 1.0, 0.15);  // under the RS_WAIT gate
+    t.set_all_gather_s(0.1);
+    sp_steps += ran == v1::SEQUENCE_PARALLEL;
+    ASSERT_THAT(state->RecordTelemetry(**session, t), IsOk());
+  }
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  const ThroughputTable table = spgate::FromProto(job->learned());
+  EXPECT_EQ(table.prior_inputs(), (PriorInputs{.tp = 1, .hidden = 5120, .layers = 8,
+                                               .link_gbps = 450, .link_latency_us = 10}));
+  const PriorSums& sums = table.prior_sums();
+  ASSERT_EQ(sp_steps, 8);
+  EXPECT_GT(sums.weight, 7.9);  // 8 steps, within a few steps of a 1,000-step half-life
+  EXPECT_LT(sums.weight, 8.0);
+  EXPECT_NEAR(sums.all_gather / sums.weight, 0.1, 1e-12);
+  EXPECT_NEAR(sums.wait / sums.weight, 0.05, 1e-12);  // (0.15 - 0.1) / 1 s
+  EXPECT_NEAR(sums.tokens / sums.weight, 1000, 1e-9);
+  // A later rank's different declaration does not replace the job's.
+  v1::RegisterRequest other = Reg("j", 1, 0, 1);
+  other.mutable_hardware()->set_link_gbps(50);
+  ASSERT_THAT(state->Register(other).status(), IsOk());
+  EXPECT_EQ(spgate::FromProto(state->GetJob("j")->learned()).prior_inputs().link_gbps, 450);
+}
+
 TEST_F(GateStateTest, LearnsThroughputFromTelemetryAndTellsTheLeader) {
   auto state = Make("", {}, [](StateOptions& o) { o.decision_cache_steps = 64; });
   auto r0 = state->Register(Reg("j", 0, 0, 2));

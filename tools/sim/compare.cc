@@ -139,7 +139,7 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
               } else {
                 r.table.Observe(r.config, s.band, s.mode, s.step, s.tokens, s.seconds);
               }
-              r.table.ObserveCollectives(r.config, s.mode, s.step, s.tokens, s.length_cv,
+              if (o.adaptive_prior) r.table.ObserveCollectives(r.config, s.mode, s.step, s.tokens, s.length_cv,
                                          s.seconds, s.all_gather_s, s.rs_wait_s);
               r.pending.pop_front();
             }

@@ -90,8 +90,11 @@ ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
 ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
 ABSL_FLAG(bool, declare_hardware, true,
-          "The simulated worker declares its link bandwidth and latency and its device memory "
-          "bandwidth for ADAPTIVE's physics prior (its model shape it always declares)");
+          "The simulated worker declares its link's bandwidth and latency for ADAPTIVE's "
+          "physics prior (its model shape it always declares)");
+ABSL_FLAG(bool, adaptive_prior, true,
+          "ADAPTIVE's physics prior decides bands without samples (false: the static gates "
+          "do, as before it existed)");
 ABSL_FLAG(double, switch_cost_s, 0,
           "Seconds a group's mode switch adds to the step it happens on (0: free)");
 // Pipelines (replay --compare only; docs/sim.md "Pipelines").
@@ -168,6 +171,7 @@ SimOptions OptionsFromFlags() {
   o.vp = absl::GetFlag(FLAGS_vp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
   o.declare_hardware = absl::GetFlag(FLAGS_declare_hardware);
+  o.adaptive_prior = absl::GetFlag(FLAGS_adaptive_prior);
   return o;
 }
 

@@ -421,7 +421,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
         while (!r.pending[s].empty() && r.pending[s].front().step + kReplayLearnLagSteps <= k) {
           const PipeRun::Sample& x = r.pending[s].front();
           r.tables[s].Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
-          r.tables[s].ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv,
+          if (o.adaptive_prior) r.tables[s].ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv,
                                          x.seconds, x.all_gather_s, x.rs_wait_s);
           r.pending[s].pop_front();
         }

@@ -533,11 +533,11 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
 }
 
 PriorInputs DeclaredPriorInputs(const SimOptions& o) {
+  if (!o.adaptive_prior) return {};
   PriorInputs in{.tp = o.cost.tp, .hidden = o.cost.hidden, .layers = o.cost.layers};
   if (o.declare_hardware) {
     in.link_gbps = o.cost.link_gbps;
     in.link_latency_us = o.cost.collective_latency_us;
-    in.hbm_gbps = o.cost.hbm_gbps;
   }
   return in;
 }
@@ -586,7 +586,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       } else {
         learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
       }
-      learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
+      if (o.adaptive_prior) learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
                                  x.all_gather_s, x.rs_wait_s);
       pending.pop_front();
     }

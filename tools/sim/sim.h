@@ -81,8 +81,11 @@ struct SimOptions {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   // What the simulated worker declares for ADAPTIVE's physics prior (docs/design.md §11):
   // always its model shape (tp, hidden, layers, as every worker does); with this, also
-  // its hardware (link bandwidth and latency, device memory bandwidth) from `cost`.
+  // its link's bandwidth and latency from `cost`.
   bool declare_hardware = true;
+  // ADAPTIVE's physics prior: false leaves the tables without its inputs and collective
+  // telemetry, so the static gates decide every band without samples (the ablation).
+  bool adaptive_prior = true;
 
   bool pipelined() const {
     return pp != 1 || vp != 1 || microbatches != 1 || schedule != PipelineSchedule::k1F1B;

@@ -117,9 +117,7 @@ enum class ClientOptionSurface : uint8_t {
   X(double, link_gbps, 0, "GB/s", kCApi,                                         \
     "hardware for ADAPTIVE's prior: the TP group's collective bus bandwidth; 0: not declared") \
   X(double, link_latency_us, 0, "us", kCApi,                                      \
-    "hardware: fixed cost of one collective call; 0: not declared")              \
-  X(double, hbm_gbps, 0, "GB/s", kCApi,                                           \
-    "hardware: device memory bandwidth; 0: not declared")
+    "hardware: fixed cost of one collective call; 0: not declared")
 
 struct GateClientOptions {
 #define SPGATE_CLIENT_OPTION_MEMBER_(type, name, def, unit, surface, help) type name = def;

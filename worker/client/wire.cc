@@ -63,7 +63,6 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   v1::Hardware* hw = req.mutable_hardware();
   hw->set_link_gbps(o.model.link_gbps);
   hw->set_link_latency_us(o.model.link_latency_us);
-  hw->set_hbm_gbps(o.model.hbm_gbps);
   req.set_memory_budget_bytes(o.memory_budget_bytes);
   req.set_group_session(o.group_session && o.rank_in_group == 0);
   if (o.layout.has_value()) {
