@@ -283,6 +283,18 @@ PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
                        static_cast<double>(batch.tokens), batch.length_cv);
 }
 
+PriorChoice ChoosePrior(const GateConfig& config, const ThroughputTable* table,
+                        const BatchFacts& batch) {
+  PriorChoice c;
+  c.estimate = PriorOf(config, table, batch);
+  if (!c.estimate.has) return c;
+  c.ratio = c.estimate.sp_s / c.estimate.tp_s;
+  const double need = 1.0 + config.adaptive_margin;
+  c.decides = std::abs(c.ratio - need) > 2 * c.estimate.error;
+  if (c.decides && c.ratio > need) c.mode = Mode::kTensorParallelOnly;
+  return c;
+}
+
 bool AdaptiveGainLedger::Add(const GateConfig& config, const ThroughputTable& table,
                              const GateOutcome& outcome, int64_t step, int64_t tokens) {
   if (!outcome.static_choice.has_value()) return false;
@@ -405,7 +417,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // 1-2. Pin and memory, exactly as the gates.
   if (std::optional<Decision> d = PinAndMemoryGates(config, batch, pin, trace)) return finish(*d);
 
-  // 3. The band's estimates, or the gates while the band has too few samples.
+  // 3. The band's estimates; while it has too few samples, the prior, else the gates.
   const BandEstimate e = EstimateBand(config, table, band, batch.step);
   const CellView& sp = e.sp;
   const CellView& tp = e.tp;
@@ -434,13 +446,11 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
            absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
                            "adaptive_min_samples",
                            BandLabel(band), sp.samples, tp.samples));
-    const PriorEstimate p = PriorOf(config, table, batch);
-    const double ratio = p.has ? p.sp_s / p.tp_s : 0;
-    // Decided only outside twice the model's error around the band rule's line.
-    const bool clear = p.has && std::abs(ratio - need) > 2 * p.error;
-    if (clear) {
-      const bool tp_only = ratio > need;
-      Record(trace, "prior", tp_only ? "fire" : "pass", ratio, need,
+    const PriorChoice pc = ChoosePrior(config, table, batch);
+    const PriorEstimate& p = pc.estimate;
+    if (pc.decides) {
+      const bool tp_only = pc.mode == Mode::kTensorParallelOnly;
+      Record(trace, "prior", tp_only ? "fire" : "pass", pc.ratio, need,
              absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
                              "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
                              "[%s]; error %.2g %%): %s",
@@ -448,14 +458,14 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
                              p.imbalance_s, PriorSourceLabel(p.imbalance_source),
                              p.elementwise_s, PriorSourceLabel(p.elementwise_source),
                              100 * p.error, tp_only ? "TP-only" : "SP"));
-      choice = {tp_only ? Mode::kTensorParallelOnly : Mode::kSequenceParallel, Reason::kAdaptive};
+      choice = {pc.mode, Reason::kAdaptive};
       prior = p;
     } else {
-      Record(trace, "prior", "skip", ratio, need,
+      Record(trace, "prior", "skip", pc.ratio, need,
              p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
                                      "model's error (%.2g %%) of 1 + adaptive_margin; the "
                                      "static gates decide",
-                                     ratio, 100 * p.error)
+                                     pc.ratio, 100 * p.error)
                    : absl::StrCat(p.missing, "; the static gates decide"));
       choice = ThresholdGates(config, state, batch, rs_wait, trace);
     }

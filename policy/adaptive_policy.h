@@ -198,6 +198,18 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
 PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
                       const BatchFacts& batch);
 
+// What the prior decides for `batch` (step 3 above): `decides` when it has its inputs and
+// its predicted SP / TP-only step ratio is further than twice its error from
+// 1 + adaptive_margin; then TP-only when the ratio is above it.
+struct PriorChoice {
+  PriorEstimate estimate;
+  double ratio = 0;  // predicted SP step / TP-only step; 0 without a prediction
+  bool decides = false;
+  Mode mode = Mode::kSequenceParallel;
+};
+PriorChoice ChoosePrior(const GateConfig& config, const ThroughputTable* table,
+                        const BatchFacts& batch);
+
 // ADAPTIVE's gain over the STATIC gates (docs/design.md §11): the learned seconds of the
 // batches ADAPTIVE decided from its estimates, at the rate of the mode it ran and at the
 // rate of the mode the gates would have run. The daemon keeps one per job.

@@ -134,9 +134,12 @@ PriorEstimate EstimatePrior(const PriorInputs& in, const PriorSums& s,
     return e;
   }
   e.imbalance_share = kappa;
+  e.wait_per_cv = w;
+  e.sp_steps = W;
   // ρ₀: SP's seconds per token with the imbalance at the steps' mean CV taken out.
   const double rho0 = s.seconds / s.tokens / (1.0 + kappa * w * mean_cv);
   eps = std::clamp(eps, -rho0, rho0);  // a fit gone far off stays within a step
+  e.base_s_per_token = rho0;
 
   e.imbalance_s = rho0 * tokens * kappa * w * length_cv;
   e.elementwise_s = eps * tokens;

@@ -82,6 +82,9 @@ struct PriorEstimate {
   double imbalance_s = 0;  // ρ₀·T·κ·w·c
   double elementwise_s = 0;  // ε·T
   double imbalance_share = 0;  // κ
+  double base_s_per_token = 0;  // ρ₀
+  double wait_per_cv = 0;       // w: the wait share per unit of length CV
+  double sp_steps = 0;          // the weight of the SP steps behind ρ₀ and w
   // The model's error as a share of a step: the RMS of what the fit leaves of the measured
   // bands' differences (kPriorDefaultError before three bands are measured). A predicted
   // difference within twice of it does not decide (the static gates do).

@@ -235,6 +235,28 @@ std::string LearnedText(const v1::Job& job) {
   return out;
 }
 
+// The prior's calibration (docs/design.md §11, "The prior"), at the SP steps' mean tokens
+// and CV, or why it does not answer yet.
+std::string PriorText(const GateConfig& config, const ThroughputTable& table) {
+  const PriorSums& s = table.prior_sums();
+  const double tokens = s.weight > 0 ? s.tokens / s.weight : 0;
+  const double cv = s.weight > 0 ? s.cv / s.weight : 0;
+  const PriorEstimate p =
+      ChoosePrior(config, &table,
+                  BatchFacts{.step = table.newest_step(), .length_cv = cv,
+                             .tokens = static_cast<int64_t>(tokens)})
+          .estimate;
+  if (!p.has) return absl::StrCat("prior: not yet (", p.missing, ")");
+  return absl::StrFormat(
+      "prior: %.3g us/token SP over %.1f SP steps; SP's extra latency %.3g ms [%s]; wait "
+      "%.3g of a step per unit CV x %.2f; element-wise saving %.3g us/token [%s]; error "
+      "%.2f %%",
+      1e6 * p.base_s_per_token, p.sp_steps, 1e3 * p.latency_s,
+      PriorSourceLabel(p.latency_source), p.wait_per_cv, p.imbalance_share,
+      tokens > 0 ? 1e6 * p.elementwise_s / tokens : 0.0, PriorSourceLabel(p.elementwise_source),
+      100 * p.error);
+}
+
 std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
                              const ThroughputTable& table, int64_t at, const std::string& title) {
   if (table.empty()) {
@@ -247,9 +269,9 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
           : absl::StrFormat("%.3g s", table.SwitchCostSeconds());
   std::string out = absl::StrFormat(
       "\n%s (policy %s; tokens/s and weighted samples at step %d; gain vs static %s; "
-      "%d exploration steps; switch cost %s)\n",
+      "%d exploration steps; switch cost %s)\n%s\n",
       title, GatePolicyName(config.policy), at, Ratio(job.adaptive_gain_ratio()),
-      job.exploration_steps(), switch_cost);
+      job.exploration_steps(), switch_cost, PriorText(config, table));
   Table t({{"BAND"},
            {"RANGE"},
            {"SP_TOK/S", Align::kRight},
@@ -264,8 +286,25 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
     const CellView& sp = e.sp;
     const CellView& tp = e.tp;
     if (sp.samples == 0 && tp.samples == 0) continue;
-    const std::string preferred =
-        e.known ? std::string(ModeLabel(e.preferred)) : "static gates (too few samples)";
+    std::string preferred = "static gates (too few samples)";
+    if (e.known) {
+      preferred = ModeLabel(e.preferred);
+    } else {
+      // What the prior says for the band's batches: its cells' mean tokens, its CV's
+      // mid-point (the top band's lower edge).
+      const ThroughputCell& c = table.cell(band, sp.samples >= tp.samples
+                                                     ? Mode::kSequenceParallel
+                                                     : Mode::kTensorParallelOnly);
+      const int cv_band = band / kTokenBands;
+      const double cv = (cv_band + (cv_band == kCvBands - 1 ? 0.0 : 0.5)) *
+                        config.adaptive_cv_band_width;
+      const PriorChoice pc = ChoosePrior(
+          config, &table,
+          BatchFacts{.step = at,
+                     .length_cv = cv,
+                     .tokens = static_cast<int64_t>(c.weight > 0 ? c.tokens / c.weight : 0)});
+      if (pc.decides) preferred = absl::StrCat("prior: ", std::string(ModeLabel(pc.mode)), " (too few samples)");
+    }
     t.AddRow({BandLabel(band), BandRangeText(config, band),
               sp.samples > 0 ? Fixed(sp.tokens_per_s, 0) : "-", Fixed(sp.samples, 1),
               tp.samples > 0 ? Fixed(tp.tokens_per_s, 0) : "-", Fixed(tp.samples, 1),

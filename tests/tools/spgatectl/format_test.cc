@@ -9,6 +9,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "policy/adaptive_policy.h"
+#include "proto/convert.h"
 
 namespace spgate::ctl {
 namespace {
@@ -241,6 +243,8 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "\n"
       "LEARNED (policy ADAPTIVE; tokens/s and weighted samples at step 1199; gain vs static "
       "1.07x; 35 exploration steps; switch cost 0.04 s)\n"
+      "prior: not yet (too few SP steps with collective telemetry for the prior's base "
+      "rate)\n"
       "BAND      RANGE                                 SP_TOK/S  SP_N  TP_TOK/S  TP_N  TP/SP  "
       "CHANGED  PREFERRED\n"
       "cv0.tok1  cv [0, 0.1), tokens [8192, 16384)       100000  20.0    110000   9.0  1.100  "
@@ -251,6 +255,44 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "PINS\n"
       "TARGET   MODE     EXPIRES               LEFT\n"
       "group 1  tp_only  2023-11-14T22:23:20Z  in 10m\n");
+}
+
+// The prior's line: its calibration once it answers, and what it says for a band without
+// samples in PREFERRED (docs/design.md §11, "The prior").
+TEST(FormatJob, LearnedShowsThePriorsCalibrationAndChoice) {
+  GateConfig c;
+  c.policy = GatePolicyKind::kAdaptive;
+  ThroughputTable t;
+  t.SetPriorInputs(PriorInputs{.tp = 8, .hidden = 5120, .layers = 8});
+  // SP steps: 4 µs a token, a wait share of 0.2 per unit CV, 0.3 ms of all-gather latency.
+  for (int i = 0; i < 40; ++i) {
+    const double tokens = 8192.0 * (1 + i % 4), cv = 0.1 * (i % 5);
+    const double seconds = 4e-6 * tokens * (1 + 0.1 * cv), ag = 3e-4 + 6e-7 * tokens;
+    ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, i, tokens, cv, seconds, ag,
+                                     ag + (0.02 + 0.2 * cv) * seconds));
+  }
+  // Three measured bands where TP-only takes 8 % less time than SP at CV 0.175-0.275, and
+  // a band (CV 2, the top one) with SP samples only: the prior says TP-only there.
+  for (int cv_band : {3, 4, 5}) {
+    const double cv = (cv_band + 0.5) * 0.05;
+    const int band = BandOf(c, cv, 16384);
+    const double sp = 4e-6 * 16384 * (1 + 0.1 * cv);
+    for (int i = 0; i < 10; ++i) {
+      t.Observe(c, band, Mode::kSequenceParallel, 30 + i, 16384, sp);
+      t.Observe(c, band, Mode::kTensorParallelOnly, 30 + i, 16384, 0.92 * sp);
+    }
+  }
+  for (int i = 0; i < 3; ++i) t.Observe(c, BandOf(c, 2.0, 16384), Mode::kSequenceParallel, 41, 16384, 0.1);
+  v1::Job job;
+  job.mutable_summary()->set_job_id("j");
+  *job.mutable_config()->mutable_config() = ToProto(c);
+  *job.mutable_learned() = ToProto(t);
+  job.set_learned_at_step(41);
+  const std::string out = FormatJob(job, OutputFormat::kTable, kNow);
+  EXPECT_THAT(out, ::testing::ContainsRegex(
+                       "prior: 4(\\.[0-9]+)? us/token SP over 3[0-9.]+ SP steps; SP's extra "
+                       "latency 0\\.3 ms \\[telemetry\\]; wait 0\\.2 of a step per unit CV"));
+  EXPECT_THAT(out, HasSubstr("prior: tp_only (too few samples)")) << out;
 }
 
 TEST(FormatJob, EmptySectionsSayNone) {
