@@ -194,9 +194,14 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
 
 bool ThroughputTable::ObserveCollectives(const GateConfig& config, Mode mode, int64_t step,
                                          double tokens, double length_cv, double seconds,
-                                         double all_gather_s, double rs_wait_s) {
+                                         double all_gather_s, double rs_wait_s,
+                                         bool after_switch) {
   if (mode != Mode::kSequenceParallel) return false;
-  return AddPriorSample(prior_sums_, config.adaptive_half_life_steps, step, tokens, length_cv,
+  if (after_switch && std::isfinite(seconds)) {
+    seconds = std::max(seconds - SwitchCostSeconds(), 0.5 * seconds);
+  }
+  return AddPriorSample(prior_sums_, config.adaptive_half_life_steps, SampleFloor(config), step,
+                        tokens, length_cv,
                         seconds, all_gather_s, rs_wait_s);
 }
 
@@ -257,8 +262,7 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
   return e;
 }
 
-PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
-                      const BatchFacts& batch) {
+PriorFit FitPriorOf(const GateConfig& config, const ThroughputTable* table) {
   if (table == nullptr) return {};
   // The measured bands: both cells at the sample floor (a cell that reached it never
   // decays below it, so the raw weights say what EstimateBand would), at the band's mean
@@ -266,7 +270,9 @@ PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
   const double floor = SampleFloor(config);
   std::array<PriorBandSample, kBands> known;
   size_t n = 0;
-  for (int b = 0; b < (kCvBands - 1) * kTokenBands; ++b) {
+  for (int b = 0; b < kBands; ++b) {
+    const double cv = BandCvMidpoint(config, b);
+    if (cv < 0) continue;
     const ThroughputCell& sp = table->cell(b, Mode::kSequenceParallel);
     const ThroughputCell& tp = table->cell(b, Mode::kTensorParallelOnly);
     if (!(sp.weight >= floor) || !(tp.weight >= floor) || !(sp.tokens_per_s() > 0) ||
@@ -275,22 +281,54 @@ PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
     }
     const double tokens = 0.5 * (sp.tokens / sp.weight + tp.tokens / tp.weight);
     known[n++] = PriorBandSample{tokens, tokens / sp.tokens_per_s(), tokens / tp.tokens_per_s(),
-                                (b / kTokenBands + 0.5) * config.adaptive_cv_band_width,
-                                std::min(sp.weight, tp.weight)};
+                                cv, std::min(sp.weight, tp.weight)};
   }
-  return EstimatePrior(table->prior_inputs(), table->prior_sums(),
-                       std::span<const PriorBandSample>(known.data(), n), floor,
-                       static_cast<double>(batch.tokens), batch.length_cv);
+  return FitPrior(table->prior_inputs(), table->prior_sums(),
+                  std::span<const PriorBandSample>(known.data(), n), floor);
 }
 
-PriorChoice ChoosePrior(const GateConfig& config, const ThroughputTable* table,
-                        const BatchFacts& batch) {
+PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
+                      const BatchFacts& batch) {
+  return PredictPrior(FitPriorOf(config, table), static_cast<double>(batch.tokens),
+                      batch.length_cv);
+}
+
+double BandCvMidpoint(const GateConfig& config, int band) {
+  if (!ValidBand(band) || band / kTokenBands == kCvBands - 1) return -1;
+  return (band / kTokenBands + 0.5) * config.adaptive_cv_band_width;
+}
+
+uint64_t PriorBits(const GateConfig& config, const ThroughputTable& table, int64_t step) {
+  const PriorFit fit = FitPriorOf(config, &table);
+  if (!fit.has) return 0;
+  const double base = static_cast<double>(std::max<int64_t>(config.adaptive_tokens_band_base, 1));
+  const double middle[kTokenBands] = {0.5 * base, 1.5 * base, 3 * base, 6 * base};
+  uint64_t bits = 0;
+  for (int b = 0; b < kBands; ++b) {
+    if (EstimateBand(config, &table, b, step).known) continue;
+    const ThroughputCell& sp = table.cell(b, Mode::kSequenceParallel);
+    const ThroughputCell& tp = table.cell(b, Mode::kTensorParallelOnly);
+    const ThroughputCell& c = sp.weight >= tp.weight ? sp : tp;
+    const double tokens = c.weight > 0 ? c.tokens / c.weight : middle[b % kTokenBands];
+    const double mid = BandCvMidpoint(config, b);
+    const double cv = mid >= 0 ? mid : (kCvBands - 1) * config.adaptive_cv_band_width;
+    const PriorChoice pc = ChoosePrior(
+        config, fit,
+        BatchFacts{.step = step, .length_cv = cv, .tokens = static_cast<int64_t>(tokens)});
+    if (!pc.decides) continue;
+    bits |= uint64_t{1} << (2 * b);
+    if (pc.mode == Mode::kTensorParallelOnly) bits |= uint64_t{2} << (2 * b);
+  }
+  return bits;
+}
+
+PriorChoice ChoosePrior(const GateConfig& config, const PriorFit& fit, const BatchFacts& batch) {
   PriorChoice c;
-  c.estimate = PriorOf(config, table, batch);
+  c.estimate = PredictPrior(fit, static_cast<double>(batch.tokens), batch.length_cv);
   if (!c.estimate.has) return c;
   c.ratio = c.estimate.sp_s / c.estimate.tp_s;
   const double need = 1.0 + config.adaptive_margin;
-  c.decides = std::abs(c.ratio - need) > 2 * c.estimate.error;
+  c.decides = std::abs(c.ratio - need) > 2 * fit.error;
   if (c.decides && c.ratio > need) c.mode = Mode::kTensorParallelOnly;
   return c;
 }
@@ -401,7 +439,7 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
 GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
                              const BatchFacts& batch, const RsWaitObservation& rs_wait,
                              std::optional<PinDirective> pin, const ThroughputTable* table,
-                             std::vector<GateCheck>* trace) {
+                             std::vector<GateCheck>* trace, const PriorFit* prior_fit) {
   const int band = BandOf(config, batch.length_cv, batch.tokens);
   std::optional<Mode> static_choice;
   bool explored = false, held = false;
@@ -446,7 +484,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
            absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
                            "adaptive_min_samples",
                            BandLabel(band), sp.samples, tp.samples));
-    const PriorChoice pc = ChoosePrior(config, table, batch);
+    const PriorChoice pc =
+        ChoosePrior(config, prior_fit != nullptr ? *prior_fit : FitPriorOf(config, table), batch);
     const PriorEstimate& p = pc.estimate;
     if (pc.decides) {
       const bool tp_only = pc.mode == Mode::kTensorParallelOnly;
@@ -454,10 +493,10 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
              absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
                              "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
                              "[%s]; error %.2g %%): %s",
-                             p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.latency_source),
-                             p.imbalance_s, PriorSourceLabel(p.imbalance_source),
-                             p.elementwise_s, PriorSourceLabel(p.elementwise_source),
-                             100 * p.error, tp_only ? "TP-only" : "SP"));
+                             p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.fit.latency_source),
+                             p.imbalance_s, PriorSourceLabel(p.fit.imbalance_source),
+                             p.elementwise_s, PriorSourceLabel(p.fit.elementwise_source),
+                             100 * p.fit.error, tp_only ? "TP-only" : "SP"));
       choice = {pc.mode, Reason::kAdaptive};
       prior = p;
     } else {
@@ -465,8 +504,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
              p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
                                      "model's error (%.2g %%) of 1 + adaptive_margin; the "
                                      "static gates decide",
-                                     pc.ratio, 100 * p.error)
-                   : absl::StrCat(p.missing, "; the static gates decide"));
+                                     pc.ratio, 100 * p.fit.error)
+                   : absl::StrCat(p.fit.missing, "; the static gates decide"));
       choice = ThresholdGates(config, state, batch, rs_wait, trace);
     }
   }
@@ -474,9 +513,11 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // 4. A switch must be allowed by the flip cap and pay for its learned cost. A switch is
   // away from the mode the policy last chose: a forced decision (pin, memory) in between
   // is exempt, and so is the way back from it. Nothing is held where the group already
-  // runs the choice (after a forced decision), so a hold never makes a switch. Only a band
-  // with estimates weighs the cost (the prior's switches, the gates', obey the cap alone),
-  // and the way back from a probe run is free of it (the cap let the run out and back).
+  // runs the choice (after a forced decision), so a hold never makes a switch. A band with
+  // estimates weighs the cost as an excursion or a move; the physics prior's choice only
+  // as a move (its batch saving is a prediction; the mix's is measured); the gates' obey
+  // the cap alone; the way back from a probe run is free of it (the cap let the run out
+  // and back).
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
   if (state.has_chosen_mode && choice.mode != current &&
@@ -550,9 +591,9 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state,
                            const BatchFacts& batch, const RsWaitObservation& rs_wait,
                            std::optional<PinDirective> pin, const ThroughputTable* table,
-                           std::vector<GateCheck>* trace) {
+                           std::vector<GateCheck>* trace, const PriorFit* prior_fit) {
   if (config.policy == GatePolicyKind::kAdaptive) {
-    return EvaluateAdaptive(config, state, batch, rs_wait, pin, table, trace);
+    return EvaluateAdaptive(config, state, batch, rs_wait, pin, table, trace, prior_fit);
   }
   return EvaluateGates(config, state, batch, rs_wait, pin, trace);
 }

@@ -123,10 +123,12 @@ class ThroughputTable {
 
   // One SP step's collective telemetry for the physics prior (cost_prior.h): its tokens,
   // length CV, step seconds, and the group's largest all-gather and reduce-scatter
-  // seconds. TP-only steps and bad values are ignored; returns whether it was folded in.
+  // seconds; `after_switch`: the group's previous step ran the other mode, and the step
+  // enters less the learned switch cost (as ObserveAfterSwitch). TP-only steps and bad
+  // values are ignored; returns whether it was folded in.
   bool ObserveCollectives(const GateConfig& config, Mode mode, int64_t step, double tokens,
                           double length_cv, double seconds, double all_gather_s,
-                          double rs_wait_s);
+                          double rs_wait_s, bool after_switch = false);
   // What the job declared at Register (kept by Clear: it is not learned).
   void SetPriorInputs(const PriorInputs& inputs) { prior_inputs_ = inputs; }
   const PriorInputs& prior_inputs() const { return prior_inputs_; }
@@ -193,10 +195,21 @@ struct BandEstimate {
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
                           int64_t step);
 
-// The physics prior's prediction for `batch` from the table's prior inputs, its collective
-// sums and its measured bands (cost_prior.h). `table` null: nothing to predict from.
+// The physics prior (cost_prior.h) of a table: its constants, fitted on the table's prior
+// inputs, its collective sums and its measured bands (the costly part: a pass over the
+// bands); and its prediction for `batch`. `table` null: nothing to fit.
+PriorFit FitPriorOf(const GateConfig& config, const ThroughputTable* table);
 PriorEstimate PriorOf(const GateConfig& config, const ThroughputTable* table,
                       const BatchFacts& batch);
+// The CV a band's batches are taken to have where only the band is known: its range's
+// mid-point; -1 for the open top band and bad bands.
+double BandCvMidpoint(const GateConfig& config, int band);
+
+// Two bits per band without samples (not EstimateBand's `known`): whether the prior decides
+// its batches (at its cells' mean tokens, else its token range's middle, and its CV's
+// mid-point, the top band's lower edge), and whether for TP-only. What the daemon also
+// tells workers about (their fallback predicts from the table it was last sent).
+uint64_t PriorBits(const GateConfig& config, const ThroughputTable& table, int64_t step);
 
 // What the prior decides for `batch` (step 3 above): `decides` when it has its inputs and
 // its predicted SP / TP-only step ratio is further than twice its error from
@@ -207,8 +220,7 @@ struct PriorChoice {
   bool decides = false;
   Mode mode = Mode::kSequenceParallel;
 };
-PriorChoice ChoosePrior(const GateConfig& config, const ThroughputTable* table,
-                        const BatchFacts& batch);
+PriorChoice ChoosePrior(const GateConfig& config, const PriorFit& fit, const BatchFacts& batch);
 
 // ADAPTIVE's gain over the STATIC gates (docs/design.md §11): the learned seconds of the
 // batches ADAPTIVE decided from its estimates, at the rate of the mode it ran and at the
@@ -233,16 +245,20 @@ class AdaptiveGainLedger {
 // The ADAPTIVE policy for `batch` (see the top of this file). `table` null: empty.
 // The outcome's band is the batch's; static_choice is what the STATIC gates would have
 // run for the same batch, set when the band decided (for the gain estimate).
+// `prior_fit`: the table's FitPriorOf, for a caller deciding many batches on one table
+// (a step plan's micro-batches); null: fitted here when a band needs the prior.
 GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
                              const BatchFacts& batch, const RsWaitObservation& rs_wait,
                              std::optional<PinDirective> pin, const ThroughputTable* table,
-                             std::vector<GateCheck>* trace = nullptr);
+                             std::vector<GateCheck>* trace = nullptr,
+                             const PriorFit* prior_fit = nullptr);
 
 // config.policy's function: EvaluateGates for STATIC, EvaluateAdaptive for ADAPTIVE.
 GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state,
                            const BatchFacts& batch, const RsWaitObservation& rs_wait,
                            std::optional<PinDirective> pin, const ThroughputTable* table,
-                           std::vector<GateCheck>* trace = nullptr);
+                           std::vector<GateCheck>* trace = nullptr,
+                           const PriorFit* prior_fit = nullptr);
 
 // The exploration share of `band` at `step` (step 5 above): adaptive_explore_share while
 // the band is not `known` or within adaptive_explore_boost_steps of a change in it, else

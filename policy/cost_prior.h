@@ -28,7 +28,8 @@
 // the worker declared at Register (PriorInputs) where not. The model answers only with the
 // base rate, w and ε (so not before a band is measured); otherwise the static gates
 // decide. Its error is the RMS of what the fit leaves; a prediction within twice of it
-// does not decide either. Pure: no I/O.
+// does not decide either. Pure: no I/O. FitPrior is the costly part (a pass over the
+// measured bands); a caller deciding many batches on one table fits once.
 #ifndef SPGATE_POLICY_COST_PRIOR_H_
 #define SPGATE_POLICY_COST_PRIOR_H_
 
@@ -47,6 +48,12 @@ struct PriorInputs {
   double link_latency_us = 0;    // fixed cost of one collective call, µs
   friend bool operator==(const PriorInputs&, const PriorInputs&) = default;
 };
+
+// Whether a rank declared anything for the prior (its group size alone is not a
+// declaration: every rank has one).
+inline bool DeclaresPrior(const PriorInputs& in) {
+  return in.hidden > 0 || in.layers > 0 || in.link_gbps > 0 || in.link_latency_us > 0;
+}
 
 // The SP steps' collective telemetry, as forgetting-weighted sums (the table's half-life):
 // tokens T, all-gather seconds a, step seconds s, length CV c and wait share q.
@@ -72,47 +79,67 @@ struct PriorBandSample {
 };
 
 // Where a term's constant came from (docs/design.md §11).
-enum class PriorSource : uint8_t { kNone, kTelemetry, kDeclared };
+enum class PriorSource : uint8_t { kNone, kTelemetry, kDeclared, kTelemetryAndLink };
 
-struct PriorEstimate {
-  bool has = false;        // all terms and the base rate known: sp_s and tp_s are set
-  double sp_s = 0;         // the batch's predicted step seconds in each mode
-  double tp_s = 0;
-  double latency_s = 0;    // λ
-  double imbalance_s = 0;  // ρ₀·T·κ·w·c
-  double elementwise_s = 0;  // ε·T
-  double imbalance_share = 0;  // κ
-  double base_s_per_token = 0;  // ρ₀
-  double wait_per_cv = 0;       // w: the wait share per unit of length CV
-  double sp_steps = 0;          // the weight of the SP steps behind ρ₀ and w
-  // The model's error as a share of a step: the RMS of what the fit leaves of the measured
-  // bands' differences (kPriorDefaultError before three bands are measured). A predicted
+// The model's constants, fitted once per table state (FitPrior) and used for any batch
+// (PredictPrior).
+struct PriorFit {
+  bool has = false;               // the base rate, w and ε are known
+  double base_s_per_token = 0;    // ρ₀
+  double latency_s = 0;           // λ
+  double wait_per_cv = 0;         // w: the wait share per unit of length CV
+  double imbalance_share = 0;     // κ
+  double elementwise_s_per_token = 0;  // ε
+  double sp_steps = 0;            // the weight of the SP steps behind ρ₀ and w
+  // The model's error as a share of a step: the root mean square of what the fit leaves
+  // of the measured bands' differences, at least kPriorMinError (kPriorDefaultError while
+  // there are no more bands than constants fitted). A predicted
   // difference within twice of it does not decide (the static gates do).
   double error = 0;
   PriorSource latency_source = PriorSource::kNone;
   PriorSource imbalance_source = PriorSource::kNone;
   PriorSource elementwise_source = PriorSource::kNone;
-  // When !has: the first input missing, for the trace ("no SP telemetry", ...).
+  // When !has: the first input missing, for the trace and spgatectl.
   const char* missing = "";
 };
 
-// The prior's error before three bands are measured: 2.5 % of a step.
+// The prediction for one batch.
+struct PriorEstimate {
+  PriorFit fit;
+  bool has = false;          // fit.has and the batch has tokens: sp_s and tp_s are set
+  double sp_s = 0;           // the batch's predicted step seconds in each mode
+  double tp_s = 0;
+  double latency_s = 0;      // λ
+  double imbalance_s = 0;    // ρ₀·T·κ·w·c
+  double elementwise_s = 0;  // ε·T
+};
+
+// The prior's error while there are no more measured bands than constants fitted: 2.5 % of
+// a step; and its least (a fit that leaves nothing is still a model): 0.5 %.
 inline constexpr double kPriorDefaultError = 0.025;
+inline constexpr double kPriorMinError = 0.005;
 // κ where the measured bands cannot fit it: half (a symmetric spread of the ranks).
 inline constexpr double kImbalanceShare = 0.5;
-// The spread the regressions need: a CV standard deviation of 0.02 for w, a tokens
-// standard deviation of 5 % of their mean for λ's intercept.
+// The spread the regressions need: a CV standard deviation of 0.02 for w (and, over the
+// measured bands, for κ), a tokens standard deviation of 5 % of their mean for λ's
+// intercept.
 inline constexpr double kMinCvSpread = 0.02;
 inline constexpr double kMinTokensSpread = 0.05;
 
 // Folds one SP step into `sums`, each older sample's weight halved every `half_life`
-// steps. Non-finite or out-of-range values are ignored (returns false).
-bool AddPriorSample(PriorSums& sums, int64_t half_life, int64_t step, double tokens,
-                    double length_cv, double seconds, double all_gather_s, double rs_wait_s);
+// steps, but never below `floor` once the sums had it (as the table's cells). Non-finite
+// or out-of-range values are ignored (returns false).
+bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t step,
+                    double tokens, double length_cv, double seconds, double all_gather_s,
+                    double rs_wait_s);
 
-// The model's prediction for a batch of `tokens` at `length_cv`: `min_samples` SP steps
-// of weight are needed for the base rate and the regressions; `known` are the measured
-// bands ε is calibrated on.
+// The model's constants: `min_samples` SP steps of weight are needed for the base rate
+// and the regressions; `known` are the measured bands ε (and κ) are fitted on.
+PriorFit FitPrior(const PriorInputs& inputs, const PriorSums& sums,
+                  std::span<const PriorBandSample> known, double min_samples);
+// Its prediction for a batch of `tokens` at `length_cv`.
+PriorEstimate PredictPrior(const PriorFit& fit, double tokens, double length_cv);
+// Both.
 PriorEstimate EstimatePrior(const PriorInputs& inputs, const PriorSums& sums,
                             std::span<const PriorBandSample> known, double min_samples,
                             double tokens, double length_cv);

@@ -147,6 +147,11 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   static_assert(kBands <= 127, "a band fits in an int8_t");
   out.over_budget = !gate.all_sp_fits();
   const RsWaitObservation no_samples;
+  // The prior's fit, once for the plan's micro-batches (up to 4,096 of them).
+  const ThroughputTable* learned = options.plan_only ? nullptr : table;
+  const PriorFit prior_fit = config.policy == GatePolicyKind::kAdaptive && learned != nullptr
+                                 ? FitPriorOf(config, learned)
+                                 : PriorFit{};
   for (int id = 0; id < m; ++id) {
     const MicrobatchFacts& f = plan.microbatches[id];
     Decision d;
@@ -161,7 +166,7 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
       BatchFacts facts{.step = plan.step, .length_cv = f.length_cv, .tokens = f.tokens};
       const GateOutcome wanted =
           EvaluatePolicy(config, group.gate(), facts, options.plan_only ? no_samples : group.rs_wait(),
-                         pin, options.plan_only ? nullptr : table);
+                         pin, learned, nullptr, &prior_fit);
       d = wanted.decision;
       if (d.mode == Mode::kTensorParallelOnly) {
         const bool forced = d.reason == Reason::kPinned && pin.has_value() && pin->force;

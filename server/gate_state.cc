@@ -294,10 +294,10 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation,
   job.layout.reset();
   job.sp_required.clear();
   job.stage_learned.clear();
-  job.stage_learned_bits.clear();
-  job.stage_learned_changes.clear();
+  job.stage_learned_told.clear();
   job.metrics->RemoveStages();
   ClearLearned(job);
+  job.learned.SetPriorInputs({});  // the new launch declares its own shape and link
   // Their later calls find no session or a stale one.
   EraseSessions([&](const Session& s) { return s.job_id == job.id && s.incarnation != incarnation; });
 }
@@ -611,10 +611,10 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
     job.layout = r.layout;
     job.stage_learned.assign(static_cast<size_t>(r.layout->pp), ThroughputTable{});
     for (ThroughputTable& t : job.stage_learned) t.SetPriorInputs(job.learned.prior_inputs());
-    job.stage_learned_bits.assign(static_cast<size_t>(r.layout->pp), 0);
-    job.stage_learned_changes.assign(static_cast<size_t>(r.layout->pp), 0);
+    job.stage_learned_told.assign(static_cast<size_t>(r.layout->pp),
+                                  gate_state_internal::LearnedTold{});
   }
-  if (job.learned.prior_inputs() == PriorInputs{} && r.prior_inputs != PriorInputs{}) {
+  if (!DeclaresPrior(job.learned.prior_inputs()) && DeclaresPrior(r.prior_inputs)) {
     job.learned.SetPriorInputs(r.prior_inputs);
     for (ThroughputTable& t : job.stage_learned) t.SetPriorInputs(r.prior_inputs);
   }

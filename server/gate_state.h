@@ -320,6 +320,10 @@ struct JobView {
   std::vector<std::string> sp_required;
 };
 
+namespace gate_state_internal {
+struct LearnedTold;
+}  // namespace gate_state_internal
+
 class GateState final : public OperatorListener {
  public:
   // Reads the operator settings from `store` (and creates the jobs that have any).
@@ -467,7 +471,7 @@ class GateState final : public OperatorListener {
   void KeepBandsOf(Job& job, const GateConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ClearLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteLearned(Job& job, const ThroughputTable& table, const GateConfig& config,
-                   uint64_t& told_bits, int64_t& told_changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                   gate_state_internal::LearnedTold& told) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job's leaders' sinks, each with a copy of its table (a pipelined job's leader
   // gets its stage's), when a push is due (and marks it sent); `only` limits it to one
   // session. The caller pushes them after releasing the lock.

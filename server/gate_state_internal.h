@@ -36,6 +36,16 @@ static_assert(kNumReasons <= 16, "a cached micro-batch decision packs the reason
 
 // One step's telemetry while the group's ranks report it (max over ranks, docs/design.md
 // §2); finalized once every rank reported or a newer step needs the slot.
+// What the leaders were last told of one learned table (docs/design.md §11, "The
+// fallback"): its preference bits, its detected changes (counted and pushed), and the
+// prior's choices for the bands without samples, checked at most once per push interval.
+struct LearnedTold {
+  uint64_t bits = 0;
+  int64_t changes = 0;
+  uint64_t prior_bits = 0;
+  absl::Time prior_checked = absl::InfinitePast();
+};
+
 struct PendingStep {
   int64_t step = kNoStep;
   bool finalized = false;
@@ -273,8 +283,7 @@ struct GateState::Job {
   ThroughputTable learned;
   double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
   int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
-  uint64_t learned_bits = 0;
-  int64_t learned_changes = 0;  // the table's changes counted and pushed
+  gate_state_internal::LearnedTold learned_told;
   bool learned_push_due = false;
   absl::Time learned_pushed = absl::InfinitePast();
   AdaptiveGainLedger gain;  // ADAPTIVE's learned gain over the STATIC gates
@@ -287,8 +296,7 @@ struct GateState::Job {
   // micro-batch's compute on the stage: one table per stage (index = stage) and what was
   // last told to that stage's leaders; `learned` above then stays empty.
   std::vector<ThroughputTable> stage_learned;
-  std::vector<uint64_t> stage_learned_bits;
-  std::vector<int64_t> stage_learned_changes;
+  std::vector<gate_state_internal::LearnedTold> stage_learned_told;
 };
 
 }  // namespace spgate::server

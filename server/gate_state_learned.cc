@@ -32,11 +32,11 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         table.Observe(config, band, m.mode, p.step, static_cast<double>(m.effective_tokens),
                       m.compute_s());
         // The prior's collective telemetry, at the mid-point of the micro-batch's CV band
-        // (its CV is not kept; the open top band has no mid-point).
-        if (band < (kCvBands - 1) * kTokenBands) {
+        // (its CV is not kept; the open top band has no mid-point). No switch cost: a
+        // switch between steps does not lengthen a micro-batch's compute.
+        if (const double cv = BandCvMidpoint(config, band); cv >= 0) {
           table.ObserveCollectives(config, m.mode, p.step, static_cast<double>(m.effective_tokens),
-                                   (band / kTokenBands + 0.5) * config.adaptive_cv_band_width,
-                                   m.compute_s(), m.all_gather_s, m.rs_wait_s);
+                                   cv, m.compute_s(), m.all_gather_s, m.rs_wait_s, false);
         }
         touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
       }
@@ -48,8 +48,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
         job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
       }
       if (touched != 0) {
-        NoteLearned(job, table, config, job.stage_learned_bits[static_cast<size_t>(stage)],
-                    job.stage_learned_changes[static_cast<size_t>(stage)]);
+        NoteLearned(job, table, config, job.stage_learned_told[static_cast<size_t>(stage)]);
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
@@ -75,27 +74,37 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
     // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
     job.learned.ObserveCollectives(config, p.mode, p.step, static_cast<double>(p.tokens),
                                    d->length_cv, p.step_time, p.all_gather,
-                                   p.rs_share * p.step_time);
+                                   p.rs_share * p.step_time, after_switch);
     const CellView v = job.learned.At(config, d->band, p.mode, p.step);
     job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    NoteLearned(job, job.learned, config, job.learned_bits, job.learned_changes);
+    NoteLearned(job, job.learned, config, job.learned_told);
   }
 }
 
-// After a table learned: the leaders are due a push when a band's preference changed or
-// a change was detected (the fallback explores after it too), and a detected change is
-// counted.
+// After a table learned: the leaders are due a push when a band's preference changed, a
+// change was detected (the fallback explores after it too) or the prior's choice for a
+// band without samples changed (checked at most once per push interval: a fit is a
+// microsecond or two), and a detected change is counted.
 void GateState::NoteLearned(Job& job, const ThroughputTable& table, const GateConfig& config,
-                            uint64_t& told_bits, int64_t& told_changes) {
+                            gate_state_internal::LearnedTold& told) {
   const uint64_t bits = table.PreferenceBits(config, table.newest_step());
-  if (bits != told_bits) {
-    told_bits = bits;
+  if (bits != told.bits) {
+    told.bits = bits;
     job.learned_push_due = true;
   }
-  if (table.changes() > told_changes) {
-    job.metrics->adaptive_changes->Increment(static_cast<double>(table.changes() - told_changes));
-    told_changes = table.changes();
+  if (table.changes() > told.changes) {
+    job.metrics->adaptive_changes->Increment(static_cast<double>(table.changes() - told.changes));
+    told.changes = table.changes();
     job.learned_push_due = true;
+  }
+  const absl::Time now = Now();
+  if (now - told.prior_checked >= options_.learned_push_interval) {
+    told.prior_checked = now;
+    const uint64_t prior = PriorBits(config, table, table.newest_step());
+    if (prior != told.prior_bits) {
+      told.prior_bits = prior;
+      job.learned_push_due = true;
+    }
   }
 }
 
@@ -117,14 +126,13 @@ void GateState::KeepBandsOf(Job& job, const GateConfig& config) {
 void GateState::ClearLearned(Job& job) {
   bool had = !job.learned.empty();
   job.learned.Clear();
-  job.learned_bits = 0;
-  job.learned_changes = 0;
-  std::fill(job.stage_learned_changes.begin(), job.stage_learned_changes.end(), 0);
+  job.learned_told = gate_state_internal::LearnedTold{};
+  std::fill(job.stage_learned_told.begin(), job.stage_learned_told.end(),
+            gate_state_internal::LearnedTold{});
   for (ThroughputTable& t : job.stage_learned) {
     had = had || !t.empty();
     t.Clear();
   }
-  std::fill(job.stage_learned_bits.begin(), job.stage_learned_bits.end(), 0);
   job.learned_push_due = had;  // leaders drop the old table too
   job.gain.Clear();
   job.exploration_steps = 0;

@@ -139,6 +139,10 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
   return r;
 }
 
+// The largest model.hidden and model.layers Register takes (ADAPTIVE's prior multiplies
+// them into byte counts).
+constexpr int kMaxModelDimension = 1 << 20;
+
 absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
   RegisterInput in{.job_id = r.job_id(),
                        .incarnation = r.incarnation(),
@@ -172,10 +176,13 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
           "%s: must be 0 (not declared) or a finite number in (0, 1e6], got %g", name, value));
     }
   }
-  if (r.model().hidden() < 0 || r.model().layers() < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "model: hidden (%d) and layers (%d) must not be negative", r.model().hidden(),
-        r.model().layers()));
+  const std::pair<const char*, int> shape[] = {{"model.hidden", r.model().hidden()},
+                                               {"model.layers", r.model().layers()}};
+  for (const auto& [name, value] : shape) {
+    if (value < 0 || value > kMaxModelDimension) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: must be 0 (not declared) or in [1, %d], got %d", name, kMaxModelDimension, value));
+    }
   }
   in.prior_inputs = PriorInputs{.tp = r.group_size(),
                                 .hidden = r.model().hidden(),

@@ -42,7 +42,7 @@ PriorSums Telemetry(int n, bool token_spread, bool cv_spread) {
     const double seconds = SpSeconds(tokens, cv);
     const double ag = kLambda + kPerToken * tokens;
     const double rs_wait = ag + (0.02 + kWait * cv) * seconds;
-    EXPECT_TRUE(AddPriorSample(s, kHalfLife, i, tokens, cv, seconds, ag, rs_wait));
+    EXPECT_TRUE(AddPriorSample(s, kHalfLife, 8, i, tokens, cv, seconds, ag, rs_wait));
   }
   return s;
 }
@@ -72,7 +72,7 @@ TEST(AddPriorSampleTest, RefusesBadValuesAndLeavesTheSumsAlone) {
   for (const Case& c : cases) {
     PriorSums s = Telemetry(3, true, true);
     const PriorSums before = s;
-    EXPECT_FALSE(AddPriorSample(s, kHalfLife, c.step, c.tokens, c.cv, c.seconds, c.ag, c.rs_wait))
+    EXPECT_FALSE(AddPriorSample(s, kHalfLife, 8, c.step, c.tokens, c.cv, c.seconds, c.ag, c.rs_wait))
         << c.name;
     EXPECT_EQ(s, before) << c.name;
   }
@@ -80,19 +80,30 @@ TEST(AddPriorSampleTest, RefusesBadValuesAndLeavesTheSumsAlone) {
 
 TEST(AddPriorSampleTest, ForgetsByTheHalfLifeAndTakesLateSamplesDecayed) {
   PriorSums s;
-  ASSERT_TRUE(AddPriorSample(s, 100, 0, 1000, 0.1, 1, 0.1, 0.2));
-  ASSERT_TRUE(AddPriorSample(s, 100, 100, 1000, 0.1, 1, 0.1, 0.2));
+  ASSERT_TRUE(AddPriorSample(s, 100, 100, 0, 1000, 0.1, 1, 0.1, 0.2));
+  ASSERT_TRUE(AddPriorSample(s, 100, 100, 100, 1000, 0.1, 1, 0.1, 0.2));
   EXPECT_DOUBLE_EQ(s.weight, 1.5);
   EXPECT_EQ(s.last_step, 100);
-  ASSERT_TRUE(AddPriorSample(s, 100, 0, 1000, 0.1, 1, 0.1, 0.2));  // late: enters at 1/2
+  ASSERT_TRUE(AddPriorSample(s, 100, 100, 0, 1000, 0.1, 1, 0.1, 0.2));  // late: enters at 1/2
   EXPECT_DOUBLE_EQ(s.weight, 2.0);
   EXPECT_EQ(s.last_step, 100);
   // The wait share is the wait beyond the all-gathers' own time, at most the whole step.
   PriorSums w;
-  ASSERT_TRUE(AddPriorSample(w, 100, 0, 1000, 0.1, 2, 0.5, 0.9));
+  ASSERT_TRUE(AddPriorSample(w, 100, 100, 0, 1000, 0.1, 2, 0.5, 0.9));
   EXPECT_DOUBLE_EQ(w.wait, 0.2);
-  ASSERT_TRUE(AddPriorSample(w, 100, 0, 1000, 0.1, 1, 0, 5));
+  ASSERT_TRUE(AddPriorSample(w, 100, 100, 0, 1000, 0.1, 1, 0, 5));
   EXPECT_DOUBLE_EQ(w.wait, 1.2);
+  // The floor: sums that had 8 of weight keep 8 over a gap of 50 half-lives (plus the new
+  // sample); sums that never had it decay freely.
+  PriorSums f;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(AddPriorSample(f, 100, 8, i, 1000, 0.1, 1, 0.1, 0.2));
+  ASSERT_TRUE(AddPriorSample(f, 100, 8, 5000, 1000, 0.1, 1, 0.1, 0.2));
+  EXPECT_DOUBLE_EQ(f.weight, 9.0);
+  EXPECT_NEAR(f.tokens / f.weight, 1000, 1e-9);
+  PriorSums few;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(AddPriorSample(few, 100, 8, i, 1000, 0.1, 1, 0.1, 0.2));
+  ASSERT_TRUE(AddPriorSample(few, 100, 8, 5000, 1000, 0.1, 1, 0.1, 0.2));
+  EXPECT_NEAR(few.weight, 1.0, 1e-9);
 }
 
 // Each term's constant and its source, from the telemetry where it can measure it and
@@ -117,7 +128,7 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
       {"intercept from token spread; eps from measured bands", true, Shape(), measured,
        PriorSource::kTelemetry, kLambda, PriorSource::kTelemetry, kEps},
       {"no token spread: all-gathers less the declared bandwidth", false, link, measured,
-       PriorSource::kTelemetry, kLambda, PriorSource::kTelemetry, kEps},
+       PriorSource::kTelemetryAndLink, kLambda, PriorSource::kTelemetry, kEps},
       {"no token spread, no bandwidth: declared latency", false, latency, measured,
        PriorSource::kDeclared, kLambda, PriorSource::kTelemetry, kEps},
       {"nothing for the latency: 0 (ε not checked: see below)", false, Shape(), measured,
@@ -127,11 +138,11 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
     const PriorSums s = Telemetry(60, c.token_spread, true);
     const double tokens = 16384, cv = 0.3;
     const PriorEstimate e = EstimatePrior(c.inputs, s, c.known, 8, tokens, cv);
-    ASSERT_TRUE(e.has) << c.name << ": " << e.missing;
-    EXPECT_EQ(e.latency_source, c.latency_source) << c.name;
+    ASSERT_TRUE(e.has) << c.name << ": " << e.fit.missing;
+    EXPECT_EQ(e.fit.latency_source, c.latency_source) << c.name;
     EXPECT_NEAR(e.latency_s, c.latency_s, 1e-3 * kLambda) << c.name;
-    EXPECT_EQ(e.imbalance_source, PriorSource::kTelemetry) << c.name;
-    EXPECT_EQ(e.elementwise_source, c.elementwise_source) << c.name;
+    EXPECT_EQ(e.fit.imbalance_source, PriorSource::kTelemetry) << c.name;
+    EXPECT_EQ(e.fit.elementwise_source, c.elementwise_source) << c.name;
     // Without the latency term the measured bands' fit absorbs it (ε is what the rest of
     // the model leaves): the prediction of a measured band's difference still holds.
     if (c.latency_source == PriorSource::kNone) {
@@ -169,20 +180,20 @@ TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
     const PriorEstimate e = EstimatePrior(Shape(), Telemetry(c.samples, true, c.cv_spread),
                                           c.known, 8, c.tokens, 0.3);
     EXPECT_FALSE(e.has) << c.name;
-    EXPECT_THAT(std::string(e.missing), HasSubstr(c.missing)) << c.name;
+    EXPECT_THAT(std::string(e.fit.missing), HasSubstr(c.missing)) << c.name;
   }
   // Nothing at all.
   EXPECT_FALSE(EstimatePrior({}, {}, {}, 8, 16384, 0.3).has);
   // With one measured band the error is the default; with three that the model fits, ~0.
   const PriorSums s = Telemetry(60, true, true);
-  EXPECT_EQ(EstimatePrior(Shape(), s, measured, 8, 16384, 0.3).error, kPriorDefaultError);
+  EXPECT_EQ(EstimatePrior(Shape(), s, measured, 8, 16384, 0.3).fit.error, kPriorDefaultError);
   const std::vector<PriorBandSample> three = {Band(16384, 0.125), Band(8192, 0.275),
                                               Band(24576, 0.175)};
-  EXPECT_LT(EstimatePrior(Shape(), s, three, 8, 16384, 0.3).error, 1e-3);
+  EXPECT_EQ(EstimatePrior(Shape(), s, three, 8, 16384, 0.3).fit.error, kPriorMinError);
   // A band off the model shows in the error.
   std::vector<PriorBandSample> off = three;
   off[2].tp_s *= 1.1;
-  EXPECT_GT(EstimatePrior(Shape(), s, off, 8, 16384, 0.3).error, 0.01);
+  EXPECT_GT(EstimatePrior(Shape(), s, off, 8, 16384, 0.3).fit.error, 0.01);
 }
 
 // The policy, in a band without samples: the prior's predicted step times decide by the
@@ -237,13 +248,62 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
     EXPECT_THAT(prior->detail, HasSubstr("element-wise saving"));
     EXPECT_THAT(prior->detail, HasSubstr("[telemetry]"));
   }
+  // A group that runs SP, which the measured bands prefer by ~7 %, is not moved to TP-only
+  // by one predicted batch: a switch on a prediction must pay as a move over the measured
+  // mix, never as an excursion. It holds (ADAPTIVE, flip_held).
+  GroupGateState sp_group;
+  sp_group.has_decision = sp_group.has_chosen_mode = true;
+  sp_group.decisions = 1000;
+  const GateOutcome held = EvaluateAdaptive(
+      c, sp_group, BatchFacts{.step = 100, .length_cv = 1.5, .tokens = 16384}, {},
+      std::nullopt, &t);
+  EXPECT_EQ(held.decision, (Decision{Mode::kSequenceParallel, Reason::kAdaptive}));
+  EXPECT_TRUE(held.flip_held);
+  // The fit, passed in (a step plan fits once), decides as the table's own.
+  const PriorFit fit = FitPriorOf(c, &t);
+  ASSERT_TRUE(fit.has);
+  const BatchFacts high{.step = 100, .length_cv = 1.5, .tokens = 16384};
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, high, {}, std::nullopt, &t, nullptr, &fit)
+                .decision,
+            EvaluateAdaptive(c, GroupGateState{}, high, {}, std::nullopt, &t).decision);
   // The latency came from the all-gathers' intercept (the tokens vary), not the declaration.
   EXPECT_EQ(PriorOf(c, &t, BatchFacts{.step = 100, .length_cv = 0.05, .tokens = 16384})
-                .latency_source,
+                .fit.latency_source,
             PriorSource::kTelemetry);
   t.Clear();
   EXPECT_EQ(t.prior_inputs(), in);
   EXPECT_EQ(t.prior_sums(), PriorSums{});
+}
+
+// ChoosePrior: a predicted SP / TP-only ratio within twice the fit's error of
+// 1 + adaptive_margin does not decide; outside it, the side it is on.
+TEST(ChoosePriorTest, DecidesOnlyOutsideTwiceItsError) {
+  GateConfig c;
+  c.adaptive_margin = 0.01;
+  PriorFit fit;
+  fit.has = true;
+  fit.base_s_per_token = 1e-6;
+  fit.error = 0.006;
+  struct Case {
+    double eps;  // element-wise seconds per token: TP-only's step is (1 + eps / 1e-6)·ρ₀·T
+    bool decides;
+    Mode mode;
+  };
+  const Case cases[] = {
+      {-0.0099e-6, false, Mode::kSequenceParallel},  // ratio 1.0100: on the line
+      {-0.0150e-6, false, Mode::kSequenceParallel},  // 1.0152: within 2 × 0.6 %
+      {-0.0300e-6, true, Mode::kTensorParallelOnly},  // 1.0309
+      {0.0, false, Mode::kSequenceParallel},           // 1.0000: within
+      {0.0150e-6, true, Mode::kSequenceParallel},      // 0.9852
+  };
+  for (const Case& k : cases) {
+    fit.elementwise_s_per_token = k.eps;
+    const PriorChoice pc = ChoosePrior(c, fit, BatchFacts{.length_cv = 0.2, .tokens = 1000});
+    EXPECT_EQ(pc.decides, k.decides) << k.eps << " ratio " << pc.ratio;
+    if (k.decides) EXPECT_EQ(pc.mode, k.mode) << k.eps;
+  }
+  fit.has = false;
+  EXPECT_FALSE(ChoosePrior(c, fit, BatchFacts{.tokens = 1000}).decides);
 }
 
 }  // namespace

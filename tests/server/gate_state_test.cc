@@ -599,10 +599,6 @@ TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing)
 
 // ---- the ADAPTIVE policy's learning (docs/design.md §11) ----
 
-// The daemon learns each (band, mode)'s tokens/s from the group's step time (the max
-// over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
-// group's leader only, when a band's preference changes and at most once per interval;
-// and an ADAPTIVE job then decides with it (reason ADAPTIVE) and explores (PROBE).
 // ADAPTIVE's prior (docs/design.md §11): the job's table takes the first declared
 // hardware with the model's shape and group size, and every SP step's collective
 // telemetry (the group record's all-gather seconds and wait); TP-only steps add nothing.
@@ -655,8 +651,42 @@ TEST_F(GateStateTest, PriorTakesDeclaredHardwareAndSpCollectiveTelemetry) {
   other.mutable_hardware()->set_link_gbps(50);
   ASSERT_THAT(state->Register(other).status(), IsOk());
   EXPECT_EQ(spgate::FromProto(state->GetJob("j")->learned()).prior_inputs().link_gbps, 450);
+  // Out of range, by field name.
+  v1::RegisterRequest big = Reg("j", 2, 0, 1);
+  big.mutable_hardware()->set_link_gbps(2e6);
+  EXPECT_THAT(state->Register(big).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_gbps")));
+  v1::RegisterRequest negative = Reg("j", 2, 0, 1);
+  negative.mutable_model()->set_hidden(-1);
+  EXPECT_THAT(state->Register(negative).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.hidden")));
 }
 
+// A rank that declares nothing does not set the job's prior inputs (its group size alone
+// is no declaration); the next that does, does; a new launch starts without them.
+TEST_F(GateStateTest, PriorInputsComeFromTheFirstDeclaringRankOfTheLaunch) {
+  auto state = Make();
+  ASSERT_THAT(state->Register(Reg("k", 0, 0, 2)).status(), IsOk());
+  EXPECT_EQ(spgate::FromProto(state->GetJob("k")->learned()).prior_inputs(), PriorInputs{});
+  v1::RegisterRequest declares = Reg("k", 0, 1, 2);
+  declares.mutable_model()->set_layers(4);
+  declares.mutable_hardware()->set_link_latency_us(8);
+  ASSERT_THAT(state->Register(declares).status(), IsOk());
+  EXPECT_EQ(spgate::FromProto(state->GetJob("k")->learned()).prior_inputs(),
+            (PriorInputs{.tp = 2, .layers = 4, .link_latency_us = 8}));
+  // A new launch, once the old one's ranks are silent: its first rank declares nothing.
+  clock_.Advance(absl::Seconds(10));
+  v1::RegisterRequest relaunch = Reg("k", 0, 0, 2);
+  relaunch.set_incarnation("second");
+  ASSERT_THAT(state->Register(relaunch).status(), IsOk());
+  EXPECT_EQ(spgate::FromProto(state->GetJob("k")->learned()).prior_inputs(), PriorInputs{});
+}
+
+
+// The daemon learns each (band, mode)'s tokens/s from the group's step time (the max
+// over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
+// group's leader only, when a band's preference changes and at most once per interval;
+// and an ADAPTIVE job then decides with it (reason ADAPTIVE) and explores (PROBE).
 TEST_F(GateStateTest, LearnsThroughputFromTelemetryAndTellsTheLeader) {
   auto state = Make("", {}, [](StateOptions& o) { o.decision_cache_steps = 64; });
   auto r0 = state->Register(Reg("j", 0, 0, 2));

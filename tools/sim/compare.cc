@@ -139,8 +139,10 @@ absl::StatusOr<CompareResult> CompareGroups(const SimOptions& o, const GateConfi
               } else {
                 r.table.Observe(r.config, s.band, s.mode, s.step, s.tokens, s.seconds);
               }
-              if (o.adaptive_prior) r.table.ObserveCollectives(r.config, s.mode, s.step, s.tokens, s.length_cv,
-                                         s.seconds, s.all_gather_s, s.rs_wait_s);
+              if (o.adaptive_prior) {
+                r.table.ObserveCollectives(r.config, s.mode, s.step, s.tokens, s.length_cv,
+                                           s.seconds, s.all_gather_s, s.rs_wait_s, s.after_switch);
+              }
               r.pending.pop_front();
             }
             const GateOutcome out = r.groups[gi].Decide(r.config, facts, std::nullopt, &r.table);

@@ -299,7 +299,7 @@ struct PipeRun {
     int band;
     Mode mode;
     double tokens, seconds;
-    double length_cv, all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
+    double all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
   };
   Kind kind;
   GateConfig config;
@@ -421,8 +421,11 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
         while (!r.pending[s].empty() && r.pending[s].front().step + kReplayLearnLagSteps <= k) {
           const PipeRun::Sample& x = r.pending[s].front();
           r.tables[s].Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
-          if (o.adaptive_prior) r.tables[s].ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv,
-                                         x.seconds, x.all_gather_s, x.rs_wait_s);
+          // As the daemon: at the micro-batch's CV band's mid-point (the top band: none).
+          if (const double cv = BandCvMidpoint(r.config, x.band); o.adaptive_prior && cv >= 0) {
+            r.tables[s].ObserveCollectives(r.config, x.mode, x.step, x.tokens, cv, x.seconds,
+                                           x.all_gather_s, x.rs_wait_s);
+          }
           r.pending[s].pop_front();
         }
       }
@@ -524,7 +527,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
             if (r.kind == PipeRun::Kind::kAdaptive) {
               r.pending[s].push_back({k, BandOf(r.config, stats[m].cv, stats[m].tokens),
                                       modes[s][m], static_cast<double>(stats[m].tokens), sec,
-                                      stats[m].cv, costs[s][m].all_gather_s_sp,
+                                      costs[s][m].all_gather_s_sp,
                                       costs[s][m].rs_wait_share_sp * sec});
             }
           }

@@ -586,8 +586,10 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       } else {
         learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
       }
-      if (o.adaptive_prior) learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
-                                 x.all_gather_s, x.rs_wait_s);
+      if (o.adaptive_prior) {
+        learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
+                                   x.all_gather_s, x.rs_wait_s, x.after_switch);
+      }
       pending.pop_front();
     }
     for (int gi = 0; gi < o.groups; ++gi) {

@@ -235,17 +235,9 @@ std::string LearnedText(const v1::Job& job) {
   return out;
 }
 
-// The prior's calibration (docs/design.md §11, "The prior"), at the SP steps' mean tokens
-// and CV, or why it does not answer yet.
+// The prior's calibration (docs/design.md §11, "The prior"), or why it does not answer yet.
 std::string PriorText(const GateConfig& config, const ThroughputTable& table) {
-  const PriorSums& s = table.prior_sums();
-  const double tokens = s.weight > 0 ? s.tokens / s.weight : 0;
-  const double cv = s.weight > 0 ? s.cv / s.weight : 0;
-  const PriorEstimate p =
-      ChoosePrior(config, &table,
-                  BatchFacts{.step = table.newest_step(), .length_cv = cv,
-                             .tokens = static_cast<int64_t>(tokens)})
-          .estimate;
+  const PriorFit p = FitPriorOf(config, &table);
   if (!p.has) return absl::StrCat("prior: not yet (", p.missing, ")");
   return absl::StrFormat(
       "prior: %.3g us/token SP over %.1f SP steps; SP's extra latency %.3g ms [%s]; wait "
@@ -253,8 +245,7 @@ std::string PriorText(const GateConfig& config, const ThroughputTable& table) {
       "%.2f %%",
       1e6 * p.base_s_per_token, p.sp_steps, 1e3 * p.latency_s,
       PriorSourceLabel(p.latency_source), p.wait_per_cv, p.imbalance_share,
-      tokens > 0 ? 1e6 * p.elementwise_s / tokens : 0.0, PriorSourceLabel(p.elementwise_source),
-      100 * p.error);
+      1e6 * p.elementwise_s_per_token, PriorSourceLabel(p.elementwise_source), 100 * p.error);
 }
 
 std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
@@ -281,6 +272,7 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
            {"TP/SP", Align::kRight},
            {"CHANGED", Align::kRight},
            {"PREFERRED"}});
+  const PriorFit fit = FitPriorOf(config, &table);
   for (int band = 0; band < kBands; ++band) {
     const BandEstimate e = EstimateBand(config, &table, band, at);
     const CellView& sp = e.sp;
@@ -295,11 +287,10 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
       const ThroughputCell& c = table.cell(band, sp.samples >= tp.samples
                                                      ? Mode::kSequenceParallel
                                                      : Mode::kTensorParallelOnly);
-      const int cv_band = band / kTokenBands;
-      const double cv = (cv_band + (cv_band == kCvBands - 1 ? 0.0 : 0.5)) *
-                        config.adaptive_cv_band_width;
+      const double mid = BandCvMidpoint(config, band);
+      const double cv = mid >= 0 ? mid : (kCvBands - 1) * config.adaptive_cv_band_width;
       const PriorChoice pc = ChoosePrior(
-          config, &table,
+          config, fit,
           BatchFacts{.step = at,
                      .length_cv = cv,
                      .tokens = static_cast<int64_t>(c.weight > 0 ? c.tokens / c.weight : 0)});
