@@ -6,14 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "policy/forgetting.h"
 
 namespace spgate {
 namespace {
-
-// Weight left after `steps` steps at the given half-life.
-double Decay(double steps, int64_t half_life_steps) {
-  return std::exp2(-steps / static_cast<double>(std::max<int64_t>(half_life_steps, 1)));
-}
 
 void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
             double observed, double threshold, std::string detail) {
@@ -67,13 +63,6 @@ namespace {
 constexpr double kDriftRate = 0.125;
 constexpr double kNoiseRate = 1.0 / 16;
 constexpr double kChangeSigmas = 4.0;
-
-// The weight a cell of weight `w` keeps over a decay of `f`: w·f, but never below the
-// sample floor once it had it (exactly the floor: a band held at it stays known).
-double Forgotten(double w, double f, double floor) {
-  const double d = w * f;
-  return w >= floor && d < floor ? floor : d;
-}
 
 // A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
 // as far as a step four times as fast or infinitely slow, and never to inf or NaN.
@@ -150,14 +139,14 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
   }
   if (step >= c.last_step) {
     const double w =
-        Forgotten(c.weight, Decay(static_cast<double>(step - c.last_step), h), floor);
+        FlooredWeight(c.weight, HalfLifeDecay(static_cast<double>(step - c.last_step), h), floor);
     const double k = w / c.weight;
     c.tokens = c.tokens * k + tokens;
     c.seconds = c.seconds * k + seconds;
     c.weight = w + 1.0;
     c.last_step = step;
   } else {  // a late sample (another group behind this one): it enters already decayed
-    const double f = Decay(static_cast<double>(c.last_step - step), h);
+    const double f = HalfLifeDecay(static_cast<double>(c.last_step - step), h);
     c.tokens += tokens * f;
     c.seconds += seconds * f;
     c.weight += f;
@@ -178,10 +167,10 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
     if (s.last_step < 0) {
       s = SwitchCostCell{excess, 1.0, step};
     } else if (step >= s.last_step) {
-      const double f = Decay(static_cast<double>(step - s.last_step), h);
+      const double f = HalfLifeDecay(static_cast<double>(step - s.last_step), h);
       s = SwitchCostCell{s.seconds * f + excess, s.weight * f + 1.0, step};
     } else {
-      const double f = Decay(static_cast<double>(s.last_step - step), h);
+      const double f = HalfLifeDecay(static_cast<double>(s.last_step - step), h);
       s.seconds += excess * f;
       s.weight += f;
     }
@@ -223,7 +212,7 @@ CellView ThroughputTable::At(const GateConfig& config, int band, Mode mode, int6
   if (c.last_step < 0) return {};
   const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
   return CellView{c.tokens_per_s(),
-                  Forgotten(c.weight, Decay(age, config.adaptive_half_life_steps),
+                  FlooredWeight(c.weight, HalfLifeDecay(age, config.adaptive_half_life_steps),
                             SampleFloor(config))};
 }
 
@@ -419,7 +408,7 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
       const double age = batch.step > c.last_step ? static_cast<double>(batch.step - c.last_step) : 0;
       const double d = std::exp2(-age / h);
       weight += c.weight * d;
-      samples[m] = Forgotten(c.weight, d, floor);
+      samples[m] = FlooredWeight(c.weight, d, floor);
       rate[m] = c.tokens_per_s();
       tokens += c.tokens / c.weight;  // the cell's mean tokens per step
       ++cells;

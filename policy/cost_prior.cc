@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "policy/forgetting.h"
+
 namespace spgate {
 namespace {
 
@@ -21,18 +23,15 @@ bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t st
   }
   // The wait beyond the reduce-scatters' own transfer, which moves what the all-gathers do.
   const double wait = std::clamp((rs_wait_s - all_gather_s) / seconds, 0.0, 1.0);
-  const double h = static_cast<double>(std::max<int64_t>(half_life, 1));
   double keep = 1.0, add = 1.0;  // the sums' weight and the sample's
   if (sums.last_step >= 0 && step >= sums.last_step) {
-    keep = std::exp2(-static_cast<double>(step - sums.last_step) / h);
-    // The floor: sums that had `floor` of weight keep it (an estimate never rests on one
-    // or two fresh steps after a long gap).
-    if (sums.weight >= floor && sums.weight * keep < floor && sums.weight > 0) {
-      keep = floor / sums.weight;
-    }
+    // Sums that had `floor` of weight keep it (an estimate never rests on one or two fresh
+    // steps after a long gap).
+    const double decay = HalfLifeDecay(static_cast<double>(step - sums.last_step), half_life);
+    if (sums.weight > 0) keep = FlooredWeight(sums.weight, decay, floor) / sums.weight;
     sums.last_step = step;
   } else if (sums.last_step >= 0) {  // a late sample enters already decayed
-    add = std::exp2(-static_cast<double>(sums.last_step - step) / h);
+    add = HalfLifeDecay(static_cast<double>(sums.last_step - step), half_life);
   } else {
     sums.last_step = step;
   }
