@@ -76,6 +76,13 @@ EXCEPTIONS = {
     # python/
     "python/spgate_module.cc": ("tests/python/client_test.py",
                                 "the pybind module, driven from Python"),
+    "python/bind_types.cc": ("tests/python/client_test.py",
+                             "the module's value types, driven from Python"),
+    "python/bind_client.cc": ("tests/python/client_test.py",
+                              "spgate.Client, driven from Python (keywords: "
+                              "stub_check_test.py)"),
+    "python/bind_group_decider.cc": ("tests/python/group_decider_test.py",
+                                     "spgate.GroupDecider over gloo, driven from Python"),
     # tools/
     "tools/sim/compare.cc": ("tests/tools/sim/sim_test.cc",
                              "the decision-quality comparison, over simulator runs"),

@@ -1,0 +1,235 @@
+// spgate.GroupDecider: the binding of client::GroupDecider (worker/client/group_decider.h)
+// over Python collectives - a broadcast of the leader's decision and, for the leader's
+// group session, a max-reduce of the group's telemetry - and wire_failure for tests and
+// custom broadcasts.
+//
+// Invariant: decide, decide_microbatches and report_telemetry release the GIL; the
+// broadcast and reduce callbacks take it back only to run the Python callable.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "python/bindings.h"
+#include "worker/client/gate_client.h"
+#include "worker/client/group_decider.h"
+
+namespace spgate::python {
+namespace {
+
+// Runs a Python collective on `wire`'s bytes: callable(buf: bytearray, root), which must
+// leave buf the same size; its contents are copied back. With the GIL (taken here). A
+// Python exception becomes INTERNAL with the exception's text.
+template <typename Wire>
+absl::Status CallWithBuffer(const py::object& fn, const char* what, Wire& wire, int root) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::bytearray buf(reinterpret_cast<const char*>(&wire), sizeof(wire));
+    fn(buf, root);
+    const Py_ssize_t n = PyByteArray_Size(buf.ptr());
+    if (n != static_cast<Py_ssize_t>(sizeof(wire))) {
+      return absl::InternalError(
+          absl::StrCat(what, " left ", n, " bytes in the ", sizeof(wire), "-byte buffer"));
+    }
+    std::memcpy(&wire, PyByteArray_AsString(buf.ptr()), sizeof(wire));
+    return absl::OkStatus();
+  } catch (py::error_already_set& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
+// CallWithBuffer for a run of bytes (a step plan's micro-batch decisions).
+absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uint8_t> bytes,
+                           int root) {
+  py::gil_scoped_acquire gil;
+  try {
+    py::bytearray buf(reinterpret_cast<const char*>(bytes.data()),
+                      static_cast<Py_ssize_t>(bytes.size()));
+    fn(buf, root);
+    const Py_ssize_t n = PyByteArray_Size(buf.ptr());
+    if (n != static_cast<Py_ssize_t>(bytes.size())) {
+      return absl::InternalError(
+          absl::StrCat(what, " left ", n, " bytes in the ", bytes.size(), "-byte buffer"));
+    }
+    std::memcpy(bytes.data(), PyByteArray_AsString(buf.ptr()), bytes.size());
+    return absl::OkStatus();
+  } catch (py::error_already_set& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
+// C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray of 24 bytes, root)
+// fills buf with the root's bytes on the other ranks; and, for the leader's group session,
+// a Python max-reduce: reduce(buf: bytearray of 112 bytes = 14 little-endian float64,
+// root) leaves the element-wise maximum over the group in the root's buf. A Python
+// exception in either becomes INTERNAL with the exception's text.
+class Decider {
+ public:
+  Decider(Client* client, int rank_in_group, py::object broadcast, py::object reduce)
+      : client_(client), broadcast_(std::move(broadcast)), reduce_(std::move(reduce)) {
+    if (!PyCallable_Check(broadcast_.ptr())) {
+      Raise(absl::InvalidArgumentError("broadcast must be callable(buf, root)"));
+    }
+    if (!reduce_.is_none() && !PyCallable_Check(reduce_.ptr())) {
+      Raise(absl::InvalidArgumentError("reduce must be None or callable(buf, root)"));
+    }
+    if (rank_in_group == 0 && (client == nullptr || client->closed())) {
+      Raise(absl::InvalidArgumentError("client: the group leader (rank 0) needs an open Client"));
+    }
+    if (client != nullptr && client->closed()) {
+      Raise(absl::InvalidArgumentError("client: the Client is closed"));
+    }
+    auto fn = [this](client::DecisionWire& wire, int root) {
+      return CallWithBuffer(broadcast_, "broadcast", wire, root);
+    };
+    client::MaxReduceFn reduce_fn;  // empty: each rank reports through its own client
+    client::VectorMaxReduceFn reduce_vector_fn;
+    if (!reduce_.is_none()) {
+      reduce_fn = [this](client::TelemetryWire& wire, int root) {
+        return CallWithBuffer(reduce_, "reduce", wire, root);
+      };
+      // A step plan's record with its micro-batches' (docs/design.md §12): the same
+      // callable, over 14 + 7 x microbatches doubles.
+      reduce_vector_fn = [this](std::span<double> values, int root) {
+        return CallWithBytes(reduce_, "reduce",
+                             std::span<uint8_t>(reinterpret_cast<uint8_t*>(values.data()),
+                                                values.size_bytes()),
+                             root);
+      };
+    }
+    // A step plan's micro-batch decisions go over the same broadcast, one byte each.
+    auto bytes_fn = [this](std::span<uint8_t> bytes, int root) {
+      return CallWithBytes(broadcast_, "broadcast", bytes, root);
+    };
+    auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
+                                          rank_in_group, std::move(fn), std::move(reduce_fn),
+                                          std::move(bytes_fn), std::move(reduce_vector_fn));
+    Check(d.status());
+    decider_ = std::move(*d);
+  }
+
+  bool is_leader() const { return decider_->is_leader(); }
+
+  void SubmitPlan(const BatchPlan& plan) {
+    if (!is_leader()) return;
+    client_->Get("submit_plan");
+    std::vector<client::MicrobatchPlanInput> mbs;
+    Check(decider_->SubmitPlan(plan.Input(mbs)));
+  }
+
+  GateDecision Decide(int64_t step, std::optional<double> timeout) {
+    absl::Time deadline = absl::InfiniteFuture();
+    if (is_leader()) {
+      GateClient& c = client_->Get("decide");
+      deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
+                                        : c.options().decision_deadline);
+    }
+    absl::StatusOr<GateDecision> d;
+    {
+      py::gil_scoped_release release;
+      d = decider_->Decide(step, deadline);
+    }
+    Check(d.status());
+    return *d;
+  }
+
+  // Collective: a step plan's decision, micro-batch by micro-batch, on every rank.
+  GateDecision DecideMicrobatches(int64_t step, int microbatches, std::optional<double> timeout) {
+    absl::Time deadline = absl::InfiniteFuture();
+    if (is_leader()) {
+      GateClient& c = client_->Get("decide_microbatches");
+      deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
+                                        : c.options().decision_deadline);
+    }
+    absl::StatusOr<GateDecision> d;
+    {
+      py::gil_scoped_release release;
+      d = decider_->DecideMicrobatches(step, microbatches, deadline);
+    }
+    Check(d.status());
+    return *d;
+  }
+
+  // Collective with a reduce (every rank, every step it reports); else the rank's own
+  // client's ReportTelemetry.
+  void ReportTelemetry(const client::StepTelemetryInput& t) {
+    if (client_ != nullptr) client_->Get("report_telemetry");  // not closed
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = decider_->ReportTelemetry(t);
+    }
+    Check(s);
+  }
+
+ private:
+  Client* client_;
+  py::object broadcast_;
+  py::object reduce_;
+  std::unique_ptr<client::GroupDecider> decider_;
+};
+
+}  // namespace
+
+void BindGroupDecider(py::module_& m) {
+  py::class_<Decider>(m, "GroupDecider")
+      .def(py::init([](py::object client, int rank_in_group, py::object broadcast,
+                       py::object reduce) {
+             Client* c = client.is_none() ? nullptr : client.cast<Client*>();
+             return std::make_unique<Decider>(c, rank_in_group, std::move(broadcast),
+                                              std::move(reduce));
+           }),
+           py::arg("client"), py::arg("rank_in_group"), py::arg("broadcast"),
+           py::arg("reduce") = py::none(), py::keep_alive<1, 2>())
+      .def_property_readonly("is_leader", &Decider::is_leader)
+      .def("submit_plan", &Decider::SubmitPlan, py::arg("plan"))
+      .def(
+          "submit_plan",
+          [](Decider& self, int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
+             uint64_t budget) { self.SubmitPlan(BatchPlan{step, std::move(lengths), sp, tp, budget}); },
+          py::arg("step"), py::arg("lengths"), py::kw_only(),
+          py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
+          py::arg("memory_budget_bytes") = 0)
+      .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none())
+      .def("decide_microbatches", &Decider::DecideMicrobatches, py::arg("step"),
+           py::arg("microbatches"), py::arg("timeout") = py::none())
+      .def("report_telemetry", &Decider::ReportTelemetry, py::arg("telemetry"))
+      .def(
+          "report_telemetry",
+          [](Decider& self, int64_t step, Mode mode, Reason reason, double step_time_s,
+             double rs_wait_s, double all_gather_s, double norm_stall_s,
+             int64_t effective_tokens, int64_t padding_tokens, uint64_t peak_memory_bytes) {
+            self.ReportTelemetry({.step = step, .mode = mode, .reason = reason,
+                                  .step_time_s = step_time_s, .rs_wait_s = rs_wait_s,
+                                  .all_gather_s = all_gather_s, .norm_stall_s = norm_stall_s,
+                                  .effective_tokens = effective_tokens,
+                                  .padding_tokens = padding_tokens,
+                                  .peak_memory_bytes = peak_memory_bytes});
+          },
+          py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
+          py::kw_only(), py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
+          py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
+          py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0);
+
+  m.def("wire_failure",
+        [](int64_t step, int code) {
+          client::DecisionWire w;
+          w.step = step;
+          w.status_code = code;
+          return py::bytes(reinterpret_cast<const char*>(&w), sizeof(w));
+        },
+        py::arg("step"), py::arg("code"),
+        "A DecisionWire carrying a leader's failure (tests, custom broadcasts).");
+}
+
+}  // namespace spgate::python
