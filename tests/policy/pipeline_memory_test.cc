@@ -190,5 +190,155 @@ TEST(PipelineMemoryGateTest, InterleavedPeaksMatchTheReplay) {
   }
 }
 
+// Hand-computed stage peaks (the numbers below are worked out by hand from the schedule's
+// op order, not by calling the code). Every micro-batch costs, per model chunk, SP: 100
+// activation bytes and 30 workspace bytes; TP-only: 400 and 250 (kMem), unless the case
+// says otherwise; resident 1000. Modes are written one letter per micro-batch: S = SP,
+// T = TP-only. At each op the stage holds resident + the activations in flight (a forward
+// counts its own, a backward still holds its own) + the op's own workspace. Each case's
+// peak falls on a backward op whose workspace is larger than that of every forward at the
+// same height, over an in-flight set of mixed modes, so a backward that left out its own
+// workspace (or a gate that did) would under-count it: `without_backward_workspace` is
+// what such a mutation would report.
+constexpr MicrobatchMemory kMem{
+    .activation_sp = 100, .activation_tp = 400, .workspace_sp = 30, .workspace_tp = 250};
+// SP's workspace larger than TP-only's (a gathered buffer): SP 100 + 400, TP-only 400 + 50.
+constexpr MicrobatchMemory kSpWideMem{
+    .activation_sp = 100, .activation_tp = 400, .workspace_sp = 400, .workspace_tp = 50};
+
+struct HandPeakCase {
+  const char* name;
+  PipelineLayout layout;
+  int stage;
+  const char* modes;
+  MicrobatchMemory memory;
+  uint64_t peak;
+  uint64_t without_backward_workspace;
+};
+
+std::vector<Mode> ModesOf(const char* letters) {
+  std::vector<Mode> modes;
+  for (const char* c = letters; *c != '\0'; ++c) {
+    modes.push_back(*c == 'T' ? Mode::kTensorParallelOnly : Mode::kSequenceParallel);
+  }
+  return modes;
+}
+
+constexpr PipelineSchedule kInterleaved = PipelineSchedule::kInterleaved1F1B;
+
+const HandPeakCase kHandPeakCases[] = {
+    // 1F1B, stage 0 of 4, 6 micro-batches, warm-up 3: F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5.
+    //   F0 T 1000+400+250=1650  F1 S 1000+500+30=1530  F2 S 1630  F3 S 1730
+    //   B0 T holds {0T,1S,2S,3S} = 700: 1000+700+250 = 1950  <- peak
+    //   F4 S {1,2,3,4} all S = 400: 1430; B1..B5 at most 1430.
+    //   Without B0's workspace: 1700, so the peak would read 1730 (F3).
+    {"1f1b stage 0", {.pp = 4, .microbatches = 6}, 0, "TSSSSS", kMem, 1950, 1730},
+    // 1F1B, stage 1 of 4, warm-up 2: F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5.
+    //   F0 S 1130  F1 T 1000+500+250=1750  F2 S 1000+600+30=1630  B0 S 1630 (then 500)
+    //   F3 S {1T,2S,3S} 600: 1630
+    //   B1 T {1T,2S,3S} 600: 1000+600+250 = 1850  <- peak (then 200)
+    //   F4, B2, F5, B3: 300 held, 1330; B4 1230; B5 1130.
+    //   Without B1's workspace: 1600, so the peak would read 1750 (F1).
+    {"1f1b stage 1", {.pp = 4, .microbatches = 6}, 1, "STSSSS", kMem, 1850, 1750},
+    // SP's workspace the larger one, 1F1B stage 0 of 4 (the same order as the first case).
+    //   F0 S 1000+100+400=1500  F1 T 1000+500+50=1550  F2 T 1950  F3 T 2350
+    //   B0 S {0S,1T,2T,3T} 1300: 1000+1300+400 = 2700  <- peak (then 1200)
+    //   F4 T {1,2,3,4} 1600: 2650; B1 T 2650; F5 T 2650; B2 2650; B3 2250; B4 1850; B5 1450.
+    //   Without B0's workspace: 2300, so the peak would read 2650 (F4).
+    {"1f1b sp wider", {.pp = 4, .microbatches = 6}, 0, "STTTTT", kSpWideMem, 2700, 2650},
+    // Interleaved, pp 2, vp 2, 4 micro-batches, stage 0: warm-up (2-0-1)*2 + (2-1)*2 = 4.
+    // Forward units (mb, chunk): 00 10 01 11 20 30 21 31; backward units: 01 11 00 10 21 31
+    // 20 30. Ops: F00 F10 F01 F11 | F20 B01 | F30 B11 | F21 B00 | F31 B10 | B21 B31 B20 B30.
+    //   F00 T 1650  F10 S 1530  F01 T 1000+900+250=2150  F11 S 2030  F20 S 1000+1100+30=2130
+    //   B01 T holds {00T,10S,01T,11S,20S} 1100: 1000+1100+250 = 2350  <- peak (then 700)
+    //   F30 S 800: 1830  B11 S 1830 (then 700)  F21 S 1830
+    //   B00 T 800: 2050 (then 400)  F31 S 1530  B10 S 1530  B21 1430  B31 1330  B20 1230
+    //   B30 1130. Without B01's and B00's workspaces: 2100 and 1800, so the peak would read
+    //   2150 (F01).
+    {"interleaved stage 0",
+     {.pp = 2, .vp = 2, .microbatches = 4, .schedule = kInterleaved}, 0, "TSSS", kMem, 2350,
+     2150},
+    // Interleaved, pp 2, vp 2, 2 micro-batches (one group): every forward first.
+    // Ops: F00 F10 F01 F11 B01 B11 B00 B10.
+    //   F00 T 1650  F10 S 1530  F01 T 2150  F11 S 1000+1000+30 = 2030
+    //   B01 T holds {00T,10S,01T,11S} 1000: 1000+1000+250 = 2250  <- peak (then 600)
+    //   B11 S 1630  B00 T 1000+500+250 = 1750  B10 S 1130.
+    //   Without the backward workspaces the peak would read 2150 (F01).
+    {"interleaved one group",
+     {.pp = 2, .vp = 2, .microbatches = 2, .schedule = kInterleaved}, 0, "TS", kMem, 2250, 2150},
+};
+
+TEST(StagePeakBytesTest, HandComputedPeaksOnABackwardOverMixedModes) {
+  for (const HandPeakCase& c : kHandPeakCases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<PipelineOp> ops = Ops(c.layout, c.stage);
+    const std::vector<Mode> modes = ModesOf(c.modes);
+    ASSERT_EQ(modes.size(), static_cast<size_t>(c.layout.microbatches));
+    const std::vector<MicrobatchMemory> mem(modes.size(), c.memory);
+    const uint64_t peak = StagePeakBytes(ops, 1000, mem, modes);
+    EXPECT_EQ(peak, c.peak) << "without the backward's own workspace it would read "
+                            << c.without_backward_workspace;
+  }
+}
+
+// The op orders the hand-computed cases above were worked out from.
+TEST(StagePeakBytesTest, HandCasesRunTheOrderWorkedOut) {
+  const std::vector<PipelineOp> stage1 = Ops({.pp = 4, .microbatches = 6}, 1);
+  const std::vector<PipelineOp> want1 = {
+      {true, 0, 0},  {true, 1, 0},  {true, 2, 0},  {false, 0, 0}, {true, 3, 0},  {false, 1, 0},
+      {true, 4, 0},  {false, 2, 0}, {true, 5, 0},  {false, 3, 0}, {false, 4, 0}, {false, 5, 0}};
+  EXPECT_EQ(stage1, want1);
+  const std::vector<PipelineOp> il =
+      Ops({.pp = 2, .vp = 2, .microbatches = 4, .schedule = kInterleaved}, 0);
+  const std::vector<PipelineOp> want_il = {
+      {true, 0, 0},  {true, 1, 0},  {true, 0, 1},  {true, 1, 1},
+      {true, 2, 0},  {false, 0, 1}, {true, 3, 0},  {false, 1, 1},
+      {true, 2, 1},  {false, 0, 0}, {true, 3, 1},  {false, 1, 0},
+      {false, 2, 1}, {false, 3, 1}, {false, 2, 0}, {false, 3, 0}};
+  EXPECT_EQ(il, want_il);
+}
+
+// The gate on the hand-computed cases: micro-batch 0 wants TP-only, the rest SP. The
+// all-SP step peaks at 1000 + 4 x 100 + 30 = 1430 (1F1B stage 0: four in flight) and
+// 1000 + 5 x 100 + 30 = 1530 (interleaved stage 0: five chunks); with micro-batch 0
+// TP-only at the hand-computed 1950 and 2350, on its backward. One byte under that
+// refuses it; at it, it runs TP-only. A gate that left the backward's workspace out
+// would let it through one byte under (its count: 1730 and 2150).
+TEST(StageMemoryGateTest, HandComputedLimitOnTheBackward) {
+  struct GateCase {
+    const char* name;
+    PipelineLayout layout;
+    uint64_t all_sp_peak, tp_peak;
+  };
+  const GateCase cases[] = {
+      {"1f1b stage 0", {.pp = 4, .microbatches = 6}, 1430, 1950},
+      {"interleaved stage 0", {.pp = 2, .vp = 2, .microbatches = 4, .schedule = kInterleaved},
+       1530, 2350},
+  };
+  for (const GateCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::vector<PipelineOp> ops = Ops(c.layout, 0);
+    const size_t m = static_cast<size_t>(c.layout.microbatches);
+    const std::vector<MicrobatchMemory> mem(m, kMem);
+    std::vector<Mode> wanted(m, Mode::kSequenceParallel);
+    wanted[0] = Mode::kTensorParallelOnly;
+
+    const PipelineMemoryVerdict under = ApplyPipelineMemoryGate(ops, 1000, mem, wanted, c.tp_peak - 1);
+    EXPECT_FALSE(under.over_budget);
+    EXPECT_EQ(under.modes, std::vector<Mode>(m, Mode::kSequenceParallel));
+    EXPECT_EQ(under.reasons[0], Reason::kMemoryRequiresSp);
+    EXPECT_EQ(under.peak_bytes, c.all_sp_peak);
+
+    const PipelineMemoryVerdict at = ApplyPipelineMemoryGate(ops, 1000, mem, wanted, c.tp_peak);
+    EXPECT_EQ(at.modes, wanted);
+    EXPECT_EQ(at.reasons[0], Reason::kGatesPassed);
+    EXPECT_EQ(at.peak_bytes, c.tp_peak);
+
+    StageMemoryGate gate(ops, 1000, mem, c.all_sp_peak - 1);
+    EXPECT_FALSE(gate.all_sp_fits()) << "the all-SP peak is " << c.all_sp_peak;
+    EXPECT_EQ(gate.all_sp_peak_bytes(), c.all_sp_peak);
+  }
+}
+
 }  // namespace
 }  // namespace spgate
