@@ -1,6 +1,6 @@
-// The daemon's live state: the worker path, sessions and launches, operator changes,
-// housekeeping. See gate_state.h for the invariants; the admin views are in
-// gate_state_views.cc.
+// The daemon's live state: the worker path, sessions, operator changes, housekeeping.
+// See gate_state.h for the invariants and the locks; who owns each job id is the launch
+// book's (launch_book.h); the admin views are in gate_state_views.cc.
 #include "server/gate_state.h"
 
 #include <algorithm>
@@ -17,12 +17,9 @@
 #include "common/status_macros.h"
 #include "policy/config_schedule.h"
 #include "policy/group_state.h"
-#include "server/admin_auth.h"  // ConstantTimeEquals
 #include "server/gate_state_internal.h"
 #include "server/identity.h"
 #include "server/operator_store.h"
-#include "server/persistence.h"
-#include "spgate/v1/admin.pb.h"
 
 namespace spgate::server {
 namespace {
@@ -35,7 +32,6 @@ using gate_state_internal::ModeWindow;
 using gate_state_internal::PendingStep;
 using gate_state_internal::Rank;
 
-constexpr size_t kRetiredIncarnationsKept = 16;
 // A step plan's byte counts stay below 1 TiB each, so that a stage's sum over every
 // micro-batch and chunk in flight (at most 2^16 x 64 of them) fits in 63 bits.
 constexpr uint64_t kMaxPlanBytes = uint64_t{1} << 40;
@@ -115,7 +111,14 @@ absl::StatusOr<std::vector<MicrobatchFacts>> MicrobatchFactsOf(const PlanInput& 
 }  // namespace
 
 GateState::GateState(StateOptions options, Metrics& metrics, const OperatorStore* store)
-    : options_(std::move(options)), metrics_(metrics), store_(store) {}
+    : options_(std::move(options)),
+      metrics_(metrics),
+      store_(store),
+      launches_({.state_dir = options_.state_dir,
+                 .restored_hold = options_.restored_launch_hold,
+                 .stale_after = options_.stale_after,
+                 .clock = options_.clock},
+                metrics) {}
 
 GateState::~GateState() = default;
 
@@ -126,6 +129,7 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   if (options.decision_cache_steps < 1) options.decision_cache_steps = 1;
   std::unique_ptr<GateState> state(new GateState(std::move(options), metrics, store));
   metrics.SetGlobalThresholds(store->GlobalEffective(), store->GlobalVersion());
+  MutexLock launch(&state->launches_.mu());
   MutexLock lock(&state->mu_);
   for (const std::string& job_id : store->JobsWithOperatorState()) {
     RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
@@ -135,56 +139,16 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
 }
 
 absl::Status GateState::RestoreLaunches() {
-  if (options_.state_dir.empty()) return absl::OkStatus();
-  RemoveStaleTempFiles(LaunchesFilePath(options_.state_dir));
-  ASSIGN_OR_RETURN(std::optional<v1::PersistedLaunches> launches,
-                   LoadPersistedLaunches(options_.state_dir));
-  if (!launches.has_value()) return absl::OkStatus();
-  for (const v1::PersistedLaunch& l : launches->launches()) {
-    absl::StatusOr<Job*> job = FindOrCreateJob(l.job_id());
+  ASSIGN_OR_RETURN(std::vector<LaunchBook::Restored> restored, launches_.Restore());
+  for (const LaunchBook::Restored& l : restored) {
+    absl::StatusOr<Job*> job = FindOrCreateJob(l.job_id);
     if (!job.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          LaunchesFilePath(options_.state_dir), ": job ", l.job_id(), ": ",
-          job.status().message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat(launches_.path(), ": job ", l.job_id, ": ", job.status().message()));
     }
-    (*job)->incarnation = l.incarnation();
-    (*job)->credential_digest = l.credential_sha256();
-    (*job)->launch_start =
-        l.has_start_time() ? absl::FromUnixSeconds(l.start_time().seconds()) : Now();
-    (*job)->retired.assign(l.retired().begin(), l.retired().end());
-    (*job)->restored_hold_until = Now() + options_.restored_launch_hold;
+    (*job)->incarnation = l.incarnation;
   }
   return absl::OkStatus();
-}
-
-v1::PersistedLaunches GateState::LaunchesWith(const std::string& job_id,
-                                              const std::string& incarnation,
-                                              const std::string& digest) const {
-  v1::PersistedLaunches out;
-  auto add = [&](const std::string& id, const Job* job) {
-    const bool replaced = id == job_id;
-    v1::PersistedLaunch* l = out.add_launches();
-    l->set_job_id(id);
-    l->set_incarnation(replaced ? incarnation : job->incarnation);
-    l->set_credential_sha256(replaced ? digest : job->credential_digest);
-    if (job != nullptr) {
-      for (const std::string& r : job->retired) l->add_retired(r);
-      if (replaced && !job->incarnation.empty()) l->add_retired(job->incarnation);
-    }
-    const absl::Time start = replaced || job == nullptr ? Now() : job->launch_start;
-    l->mutable_start_time()->set_seconds(absl::ToUnixSeconds(start));
-    if (l->retired_size() > static_cast<int>(kRetiredIncarnationsKept)) {
-      l->mutable_retired()->DeleteSubrange(0, l->retired_size() - kRetiredIncarnationsKept);
-    }
-  };
-  bool seen = false;
-  for (const auto& [id, job] : jobs_) {
-    if (id == job_id) seen = true;
-    if (id != job_id && job->incarnation.empty()) continue;  // no launch to keep
-    add(id, job.get());
-  }
-  if (!seen && !job_id.empty()) add(job_id, nullptr);
-  return out;
 }
 
 absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id) {
@@ -257,10 +221,8 @@ absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) 
   return it->second.get();
 }
 
-bool GateState::LaunchHolds(const Job& job) const {
+bool GateState::RanksHeardFrom(const Job& job) const {
   const absl::Time now = Now();
-  // Just read back after a restart: its ranks have not had the time to come back.
-  if (now < job.restored_hold_until) return true;
   for (const auto& [id, group] : job.groups) {
     for (const auto& [rank_in_group, rank] : group->ranks) {
       // A crashed launch's streams close with its processes: it lets go at once. A
@@ -273,15 +235,8 @@ bool GateState::LaunchHolds(const Job& job) const {
   return false;
 }
 
-void GateState::StartIncarnation(Job& job, const std::string& incarnation,
-                                 const std::string& credential_digest) {
-  if (!job.incarnation.empty() && !incarnation.empty()) {
-    job.retired.push_back(job.incarnation);
-    if (job.retired.size() > kRetiredIncarnationsKept) job.retired.pop_front();
-  }
+void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   job.incarnation = incarnation;
-  job.credential_digest = credential_digest;
-  job.launch_start = Now();
   // Live state of the old launch: its groups (decisions, caches, windows, ranks), its
   // per-mode windows and counts, and its streams. Operator settings (job.op) stay; the
   // Prometheus counters keep counting (they are monotonic per job).
@@ -473,88 +428,32 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
           r.rank_in_group, r.group)));
     }
   };
-  // The common case, a rank joining its job's live launch, takes only mu_.
+  // Under the launch book's lock, so that no launch change interleaves: a rank joining
+  // its job's live launch is seated at once; a new launch is persisted (without mu_, so
+  // decisions do not wait for the disk) and granted by the book, then applied.
+  MutexLock launch(&launches_.mu());
   std::optional<absl::StatusOr<RegisterResult>> joined;
   {
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
-    ASSIGN_OR_RETURN(LaunchStep step, CheckLaunch(r, digest));
-    if (step == LaunchStep::kJoin) joined = Seat(*job, r, session, &ended);
-  }
-  if (joined.has_value()) {
-    end_replaced();
-    return *std::move(joined);
-  }
-  // A new launch: checked again, persisted, then applied, under launch_mu_ so that no
-  // other launch change interleaves; the file is written without mu_, so decisions for
-  // other jobs do not wait for the disk.
-  MutexLock launch(&launch_mu_);
-  v1::PersistedLaunches launches;
-  {
-    MutexLock lock(&mu_);
-    ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
-    ASSIGN_OR_RETURN(LaunchStep step, CheckLaunch(r, digest));
-    if (step == LaunchStep::kJoin) {  // another rank of the launch started it meanwhile
-      joined = Seat(*job, r, session, &ended);
-    } else if (!options_.state_dir.empty()) {
-      launches = LaunchesWith(r.job_id, r.incarnation, digest);
-    }
-  }
-  if (!joined.has_value() && !options_.state_dir.empty()) {
-    if (absl::Status s = SavePersistedLaunches(options_.state_dir, launches); !s.ok()) {
-      metrics_.state_persist_failures.Increment();
-      return absl::UnavailableError(absl::StrCat(
-          "cannot persist the new launch of job ", r.job_id, " (nothing changed; retry): ",
-          s.message()));
-    }
+    ASSIGN_OR_RETURN(LaunchBook::Claim claim,
+                     launches_.Check(r.job_id, r.incarnation, digest,
+                                     [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                       return RanksHeardFrom(*job);
+                                     }));
+    if (claim == LaunchBook::Claim::kJoin) joined = Seat(*job, r, session, &ended);
   }
   if (!joined.has_value()) {
+    RETURN_IF_ERROR(launches_.Take(r.job_id, r.incarnation, digest));
     MutexLock lock(&mu_);
-    // Only launch changes (all under launch_mu_) could have changed what CheckLaunch
-    // saw; the job itself may have been dropped meanwhile (ForgetJob takes launch_mu_
-    // too, the idle sweep as well), so it is looked up again.
+    // Jobs are dropped only under the book's lock (ForgetJob, the idle sweep), so the
+    // job is still there; looked up again all the same.
     ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
-    if (job->incarnation != r.incarnation) StartIncarnation(*job, r.incarnation, digest);
+    if (job->incarnation != r.incarnation) StartIncarnation(*job, r.incarnation);
     joined = Seat(*job, r, session, &ended);
   }
   end_replaced();
   return *std::move(joined);
-}
-
-absl::StatusOr<GateState::LaunchStep> GateState::CheckLaunch(const RegisterInput& r,
-                                                             const std::string& digest) {
-  Job& job = *jobs_.at(r.job_id);
-  if (job.incarnation == r.incarnation) {
-    if (!ConstantTimeEquals(job.credential_digest, digest)) {
-      metrics_.refused_launch_credential.Increment();
-      return absl::PermissionDeniedError(absl::StrFormat(
-          "launch_credential: does not match the credential launch \"%s\" of job %s "
-          "registered with; every rank of a launch presents the one its world rank 0 made",
-          r.incarnation, r.job_id));
-    }
-    return LaunchStep::kJoin;
-  }
-  if (std::find(job.retired.begin(), job.retired.end(), r.incarnation) != job.retired.end()) {
-    metrics_.refused_stale_incarnation.Increment();
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "incarnation: launch \"%s\" of job %s was replaced by a newer launch; a rank of a "
-        "replaced launch cannot rejoin",
-        r.incarnation, r.job_id));
-  }
-  // One launch at a time: a second launch under the same job id while the first still
-  // runs is a mistake or someone taking the job over, and the running launch keeps it.
-  // A launch that ended (its streams closed, or its ranks silent for stale_after) hands
-  // over; the new launch's ranks retry until then (docs/security.md). The message names
-  // nothing the caller did not send.
-  if (!job.incarnation.empty() && LaunchHolds(job)) {
-    metrics_.refused_live_incarnation.Increment();
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "incarnation: job %s is held by another launch whose ranks are still running; "
-        "launch \"%s\" is accepted once they have closed their streams or been silent for "
-        "%s (--stale_after)",
-        r.job_id, r.incarnation, absl::FormatDuration(options_.stale_after)));
-  }
-  return LaunchStep::kStart;
 }
 
 absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
@@ -1318,28 +1217,25 @@ bool GateState::TracksJob(const std::string& job_id) const {
 }
 
 int GateState::OnJobForgotten(const std::string& job_id) {
-  MutexLock launch(&launch_mu_);
+  MutexLock launch(&launches_.mu());
   int ended = 0;
-  v1::PersistedLaunches launches;
   {
     MutexLock lock(&mu_);
     ended = EraseSessions([&](const Session& s) { return s.job_id == job_id; });
     jobs_.erase(job_id);  // its groups, caches, windows and metric series with it
     // Settings that stay keep the job listed (as for a job configured before it starts).
     if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
-    if (!options_.state_dir.empty()) launches = LaunchesWith("", "", "");
+    launches_.Forget(job_id);
   }
   // Forgotten means forgotten after a restart too. The store has already applied the
-  // forget, so a failure here is counted, not returned: the job's last launch would then
-  // come back after a restart, still needing its credential.
-  if (!options_.state_dir.empty() && !SavePersistedLaunches(options_.state_dir, launches).ok()) {
-    metrics_.state_persist_failures.Increment();
-  }
+  // forget, so a failure here is counted (by the book), not returned: the job's last
+  // launch would then come back after a restart, still needing its credential.
+  (void)launches_.Save();
   return ended;
 }
 
 void GateState::Sweep() {
-  MutexLock launch(&launch_mu_);  // idle jobs lose their launch
+  MutexLock launch(&launches_.mu());  // idle jobs lose their launch
   MutexLock lock(&mu_);
   const absl::Time now = Now();
   for (auto jit = jobs_.begin(); jit != jobs_.end();) {
@@ -1403,10 +1299,14 @@ void GateState::Sweep() {
     if (operator_state) {
       // Settings keep the job listed, but not its live state: that goes like any idle
       // job's, so a job configured once does not hold its groups forever.
-      if (!job.incarnation.empty() || !job.groups.empty()) StartIncarnation(job, "", "");
+      if (!job.incarnation.empty() || !job.groups.empty()) {
+        StartIncarnation(job, "");
+        launches_.Release(job.id);
+      }
       ++jit;
       continue;
     }
+    launches_.Forget(job.id);
     jobs_.erase(jit++);
   }
   // Sessions whose rank was forgotten.

@@ -1,14 +1,26 @@
 // The daemon's live state: jobs -> TP groups -> ranks, each group's policy state
 // (policy/group_state.h), config schedule and rolling statistics, the idempotent
-// decision cache, and the workers' sessions. Domain types only: the services translate
-// the wire messages (services.cc, job_views.cc). What operators set (configs, pins)
-// lives in the OperatorStore; this state reads it through JobOperatorView and is told
-// when it changes (OnOperatorChange).
+// decision cache, and the workers' sessions. Who owns each job id (its launch, the
+// launch's credential digest, the launches it replaced, the launches file) is the
+// LaunchBook's (server/launch_book.h), which Register asks. Domain types only: the
+// services translate the wire messages (services.cc, job_views.cc). What operators set
+// (configs, pins) lives in the OperatorStore; this state reads it through
+// JobOperatorView and is told when it changes (OnOperatorChange).
 //
-// One mutex guards it all; the critical sections are short (a decision is a cache probe,
-// one policy step and a few counter increments) and nothing blocking runs under it:
-// pushes to streams and watchers happen after the lock is released. Time comes from an
-// injected clock, so tests drive heartbeats and staleness.
+// Locks, in the order they are taken (docs/design.md §4, §10):
+//  1. the store's persist lock: the store holds it when it tells the state of a change
+//     (OnOperatorChange, OnJobForgotten);
+//  2. the launch book's lock (launches_.mu()): held across a launch change — check,
+//     launches file written, new launch applied — so that no two interleave; taken by
+//     Create, Register, OnJobForgotten and Sweep, never on the decision path;
+//  3. mu_: jobs, groups, ranks and sessions (and the Session fields marked so). Its
+//     critical sections are short (a decision is a cache probe, one policy step and a
+//     few counter increments) and nothing blocking runs under it: the launches file is
+//     written before it is taken, pushes to streams and watchers after it is released;
+//  4. the store's data lock, a leaf (the operator views are read under mu_).
+// Two more leaves are only ever taken alone: watch_mu_ (the watchers, notified after mu_
+// is released) and each Session's limiter_mu (its rate limits, taken before mu_). Time
+// comes from an injected clock, so tests drive heartbeats and staleness.
 //
 // Invariants (docs/design.md §4, §10):
 //  - the same (job, group, step) always gets the same decision, and only for the plan it
@@ -16,12 +28,11 @@
 //    a decided step, or a step behind the group's last step and no longer cached, is
 //    refused);
 //  - a launch (job, incarnation) is joined only with its credential, and a new launch
-//    takes a job only from a launch whose ranks have gone (docs/security.md);
+//    takes a job only from a launch whose ranks have gone (the LaunchBook's lease,
+//    docs/security.md); a job's live state is of its lease's launch (Job::incarnation);
 //  - telemetry only for steps the group has decided; plans only a small lead ahead;
 //  - a config change applies to a group from effective_from_step = last decided step +
-//    config_lead_steps on, never to a step already decided;
-//  - lock order: the store's persist lock, then launch_mu_, then mu_, then the store's
-//    data lock.
+//    config_lead_steps on, never to a step already decided.
 #ifndef SPGATE_SERVER_GATE_STATE_H_
 #define SPGATE_SERVER_GATE_STATE_H_
 
@@ -44,6 +55,7 @@
 #include "policy/step_plan.h"
 #include "policy/telemetry.h"
 #include "server/defaults.h"
+#include "server/launch_book.h"
 #include "server/metrics.h"
 #include "server/operator_view.h"
 #include "server/state_options.h"
@@ -51,7 +63,6 @@
 
 namespace spgate::v1 {
 class VersionedGateConfig;
-class PersistedLaunches;
 }  // namespace spgate::v1
 
 namespace spgate::server {
@@ -404,30 +415,21 @@ class GateState final : public OperatorListener {
   // The session's job if the session belongs to its current incarnation, else
   // FAILED_PRECONDITION (counted).
   absl::StatusOr<Job*> JobOfSession(const Session& session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the job's live state afresh for a new launch with the credential's digest (an
+  // Starts the job's live state afresh for the launch its lease was just granted to (an
   // empty incarnation: no launch, the live state is dropped); operator settings stay.
-  void StartIncarnation(Job& job, const std::string& incarnation,
-                        const std::string& credential_digest) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the job's live launch still holds it against a new launch: some rank seen
-  // within stale_after that has an open stream or never used one (docs/security.md).
-  bool LaunchHolds(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Which launch a Register joins: its job's live one (kJoin), or a new one (kStart),
-  // or an error (refused, nothing changed).
-  enum class LaunchStep { kJoin, kStart };
-  absl::StatusOr<LaunchStep> CheckLaunch(const RegisterInput& r, const std::string& digest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartIncarnation(Job& job, const std::string& incarnation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(launches_.mu(), mu_);
+  // Whether the job's live launch renews its lease: some rank seen within stale_after
+  // that has an open stream or never used one (docs/security.md).
+  bool RanksHeardFrom(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Seats the rank in its (joined or started) launch: the rest of Register, under mu_.
   // Sinks of replaced sessions go to `ended`, to be ended after the lock.
   absl::StatusOr<RegisterResult> Seat(Job& job, const RegisterInput& r,
                                       std::shared_ptr<Session> session,
                                       std::vector<std::shared_ptr<SessionSink>>* ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every job's launch as persisted, with `job_id`'s replaced by (incarnation, digest)
-  // (an empty `job_id`: each as it is).
-  v1::PersistedLaunches LaunchesWith(const std::string& job_id, const std::string& incarnation,
-                                     const std::string& digest) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status RestoreLaunches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the jobs of the launches the book read back, each of its launch.
+  absl::Status RestoreLaunches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(launches_.mu(), mu_);
   // Erases the sessions `drop` selects, keeping each job's session count.
   template <typename Pred>
   int EraseSessions(Pred drop) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -492,9 +494,8 @@ class GateState final : public OperatorListener {
   const OperatorStore* const store_;
   std::atomic<bool> draining_{false};
 
-  // Held across a launch change (check, persist, apply) so that no two interleave; the
-  // decision path never takes it.
-  Mutex launch_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  // Who owns each job id; its lock comes before mu_ (the opening comment's order).
+  LaunchBook launches_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

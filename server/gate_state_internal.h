@@ -261,12 +261,10 @@ struct GateState::Group {
 
 struct GateState::Job {
   std::string id;
-  std::string incarnation;                  // the launch whose live state this is
-  std::string credential_digest;            // LaunchCredentialDigest of its credential
-  absl::Time launch_start;
-  // A launch read back after a restart holds its job until then (restored_launch_hold).
-  absl::Time restored_hold_until = absl::InfinitePast();
-  std::deque<std::string> retired;          // launches it replaced, newest last
+  // The launch whose live state this is: its lease's in the LaunchBook, set with it
+  // (empty: none), so that the decision path checks a session's launch without the
+  // book's lock.
+  std::string incarnation;
   JobOperatorView op;  // effective config and pins, from the operator store
   std::map<int, std::unique_ptr<Group>> groups;
   gate_state_internal::ModeWindow modes[kModeSlots];
