@@ -1,6 +1,7 @@
 // The memory model (worker/runtime/memory_model.h): SP keeps less than TP-only, its
-// closed form; the stack's measured peaks against it are in transformer_stack_test.cc
-// and worker_runtime_mpi_test.cc.
+// closed form, and the one-sided bound the measured peaks are held to; the stack's
+// measured peaks against it are in transformer_stack_test.cc (exact, host),
+// worker_runtime_mpi_test.cc and worker_runtime_gpu_test.cc (PredictionCovers).
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -56,6 +57,17 @@ TEST(MemoryModelTest, RecomputeKeepsTheInputRowsOnly) {
     EXPECT_GE(r.peak_bytes, p.peak_bytes);
     EXPECT_LE(r.peak_bytes, p.peak_bytes + r.activation_bytes);
   }
+}
+
+// The bound the measured-peak tests hold the model to (test_util.h) is one-sided: 1 %
+// under at most (the gate has no margin but the headroom), 5 % over.
+TEST(MemoryModelTest, PredictionCoversCapsUnderPredictionTighterThanOver) {
+  EXPECT_TRUE(PredictionCovers(1000, 1000));
+  EXPECT_TRUE(PredictionCovers(990, 1000));
+  EXPECT_FALSE(PredictionCovers(989, 1000));
+  EXPECT_TRUE(PredictionCovers(1050, 1000));
+  EXPECT_FALSE(PredictionCovers(1051, 1000));
+  EXPECT_FALSE(PredictionCovers(1, 0)) << "no measured peak covers nothing";
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Helpers for the worker runtime tests: ASSERT_OK_AND_ASSIGN, Draw (the next n lengths of
-// a source), and an all-close check that reports the worst element (index, both values,
-// the bound) rather than the first.
+// a source), PredictionCovers (the memory model's one-sided bound), and an all-close check
+// that reports the worst element (index, both values, the bound) rather than the first.
 //
 // Tolerance used against the double reference: |got - want| <= kAtol + kRtol * |want|.
 // The stack runs in fp32 with fp32 accumulation (OpenBLAS sgemm, fp32 reductions); at
@@ -36,6 +36,25 @@ std::vector<int64_t> Draw(Source& source, int n) {
   std::vector<int64_t> v(n);
   for (int64_t& x : v) x = source.Next();
   return v;
+}
+
+// The memory model's predicted peak against the arena's measured one, one-sided
+// (docs/design.md §12): the gate's only margin is memory_headroom, so an under-prediction
+// is an out-of-memory the gate let through and is held to kMaxUnderPrediction; an
+// over-prediction only keeps a micro-batch SP that would have fit, and may be looser.
+inline constexpr double kMaxUnderPrediction = 0.01;
+inline constexpr double kMaxOverPrediction = 0.05;
+
+inline ::testing::AssertionResult PredictionCovers(uint64_t predicted, uint64_t measured) {
+  const double p = static_cast<double>(predicted), m = static_cast<double>(measured);
+  const double rel = (p - m) / m;  // < 0: under-predicted
+  if (measured > 0 && rel >= -kMaxUnderPrediction && rel <= kMaxOverPrediction) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << absl::StrFormat(
+             "predicted %d bytes, measured %d: %+.3f%% (allowed %.0f%% under, %.0f%% over)",
+             predicted, measured, 100 * rel, 100 * kMaxUnderPrediction,
+             100 * kMaxOverPrediction);
 }
 
 }  // namespace spgate::runtime

@@ -76,7 +76,7 @@ TEST_F(GpuStackTest, MatchesTheCpuPathAndTheMemoryModel) {
                        .space = MemorySpace::kCuda, .attention_query_block = 64},
                       lengths)
               .peak_bytes;
-      EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(g.peak), 0.05 * g.peak);
+      EXPECT_TRUE(PredictionCovers(predicted, g.peak));  // 1 % under, 5 % over at most
     }
   }
 }

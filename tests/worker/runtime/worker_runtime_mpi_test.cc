@@ -408,7 +408,9 @@ TEST(PipelineTest, AMessageOfTheWrongSizeIsRefused) {
 
 // ---------------------------------------------------------------- memory
 
-TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
+// The prediction is held one-sided (PredictionCovers): at most 1 % under what the arena
+// measured, at most 5 % over.
+TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionCoversThePeak) {
   const int tp = WorldSize();
   ASSERT_OK_AND_ASSIGN(Job j, MakeJob(tp));
   const ModelShape shape{.layers = 2, .hidden = 64, .heads = 4, .ffn_hidden = 128};
@@ -449,7 +451,7 @@ TEST(PeakMemoryTest, SpBelowTpOnlyAtLongLengthsAndPredictionWithinFivePercent) {
     ASSERT_OK_AND_ASSIGN(Measured rtp,
                          run(Mode::kTensorParallelOnly, NormBoundary::kShard, lengths, true));
     for (const Measured& m : {sp, tpo, ga, rsp, rtp}) {
-      EXPECT_NEAR(static_cast<double>(m.predicted), static_cast<double>(m.peak), 0.05 * m.peak);
+      EXPECT_TRUE(PredictionCovers(m.predicted, m.peak));
     }
     if (lengths == long_batch && tp > 1) {
       EXPECT_LT(sp.peak, tpo.peak);
