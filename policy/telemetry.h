@@ -1,11 +1,15 @@
-// The range rules for one rank's step telemetry (docs/design.md §2), shared by the
+// The range rules for step telemetry (docs/design.md §2, "Range rules"), shared by the
 // daemon, which refuses a record that breaks them, and the worker client, which refuses
 // it before it is sent, so that "sent minus acknowledged" counts only records lost in
-// transit. Plain values in, a Status naming the field out.
+// transit. Plain values and what the caller knows of the step (TelemetryBounds) in, a
+// Status naming the field out. Invariant: a record these accept has every rate the daemon
+// derives from it (tokens / seconds, wait / step time) finite, and claims no more tokens
+// than its plan held where the plan is known, so it cannot put NaN or Inf into a learned
+// table.
 //
 // Usage:
 //   spgate::StepTelemetryValues v{.step = 7, .mode = 1, .step_time_s = 0.4, ...};
-//   RETURN_IF_ERROR(spgate::ValidateStepTelemetry(v));
+//   RETURN_IF_ERROR(spgate::ValidateStepTelemetry(v, {.plan_tokens = 8192}));
 #ifndef SPGATE_POLICY_TELEMETRY_H_
 #define SPGATE_POLICY_TELEMETRY_H_
 
@@ -16,6 +20,19 @@
 #include "policy/types.h"
 
 namespace spgate {
+
+// The shortest step, or micro-batch compute (forward_s + backward_s), a record may claim:
+// 1 µs, below one kernel launch and one collective call on any accelerator, so a real step
+// is far above it, while tokens over it stay finite for any token count a plan can hold.
+inline constexpr double kMinTelemetrySeconds = 1e-6;
+
+// What the checker knows of the step a record reports: its plan's tokens (Σ lengths), so a
+// record claims no more. The daemon takes them from the step's cached decision, the
+// client from its last committed plan; unknown (-1, or no entry) is not checked.
+struct TelemetryBounds {
+  int64_t plan_tokens = -1;                    // the step's (a step plan's: Σ micro-batches)
+  std::span<const int64_t> microbatch_tokens;  // a step plan's, by id; -1: not known
+};
 
 struct StepTelemetryValues {
   int64_t step = 0;
@@ -28,9 +45,12 @@ struct StepTelemetryValues {
   int64_t padding_tokens = 0;
 };
 
-// step >= 0, a known mode, step_time_s finite and > 0, the three times finite and >= 0,
-// token counts >= 0. INVALID_ARGUMENT naming the first field that breaks its rule.
-absl::Status ValidateStepTelemetry(const StepTelemetryValues& t);
+// step >= 0, a known mode, step_time_s finite and >= kMinTelemetrySeconds, the three
+// waits finite, >= 0 and at most step_time_s, token counts >= 0, effective_tokens at most
+// bounds.plan_tokens (when known) and effective_tokens / step_time_s finite.
+// INVALID_ARGUMENT naming the first field that breaks its rule.
+absl::Status ValidateStepTelemetry(const StepTelemetryValues& t,
+                                   const TelemetryBounds& bounds = {});
 
 // One micro-batch of a step plan on one pipeline stage (docs/design.md §12): what ADAPTIVE
 // learns a pipelined job from, per (stage, band), since a stage's step mixes micro-batches
@@ -52,10 +72,19 @@ struct MicrobatchTelemetryValues {
 
 // A step's micro-batch records: empty, or one per id 0 .. microbatches-1 in any order
 // (CheckMicrobatchIds's rule; `microbatches` 0: the ids are not checked), each with a known
-// mode, the four times finite and >= 0 with forward_s + backward_s > 0, and tokens >= 0.
-// INVALID_ARGUMENT naming the micro-batch and the field.
+// mode, the four times finite and >= 0 with forward_s + backward_s >= kMinTelemetrySeconds
+// and each wait at most that sum, tokens >= 0 and at most bounds.microbatch_tokens[id]
+// (when known), and tokens / (forward_s + backward_s) finite. INVALID_ARGUMENT naming the
+// micro-batch and the field.
 absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
-                                         int microbatches);
+                                         int microbatches, const TelemetryBounds& bounds = {});
+
+// A record's group fields (docs/design.md §2): `ranks` 0 or 1 (one rank's record) or
+// `group_size` (the group's, from its leader), and then slowest_rank and peak_memory_rank
+// in [0, ranks). The client and the daemon both check with this; INVALID_ARGUMENT naming
+// the field.
+absl::Status ValidateGroupRecord(int ranks, int slowest_rank, int peak_memory_rank,
+                                 int group_size);
 
 }  // namespace spgate
 

@@ -608,6 +608,13 @@ void GateState::Touch(const Session& session) {
   if (git == jit->second->groups.end()) return;
   auto rit = git->second->ranks.find(session.rank_in_group);
   if (rit != git->second->ranks.end()) rit->second.last_seen = Now();
+  if (r.layout.has_value() && r.layout->groups() > options_.max_groups_per_job) {
+    // Its groups past the limit could never decide a step (docs/design.md §10, "Limits").
+    CountLimit(Limit::kGroupsPerJob);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout: %s has dp x pp x cp = %d TP groups, more than %d (--max_groups_per_job)",
+        FormatJobLayout(*r.layout), r.layout->groups(), options_.max_groups_per_job));
+  }
 }
 
 // Validate -> cache -> policy -> record (docs/design.md §8; the rules they keep: §4). The checks that need no
@@ -848,7 +855,8 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
       .pin_forced = outcome.decision.reason == Reason::kPinned && pin->force,
       .band = outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
                                 : BandOf(config.config, stats.cv, stats.tokens),
-      .plan_digest = plan_digest};
+      .plan_digest = plan_digest,
+      .plan_tokens = stats.tokens};
   RecordStep(job, g, decision);
   ++job.decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
   if (outcome.explored) ++job.exploration_steps;
@@ -902,6 +910,15 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
     decision.group = g.index;
     for (const Decision& d : decision.microbatches) g.policy.Adopt(plan.step, d, config.config);
   } else {
+  // The bounds on the step's telemetry, from this group's plan (a CP peer's is the same).
+  decision.plan_tokens = 0;
+  decision.microbatch_tokens.clear();
+  for (const MicrobatchFacts& f : facts) {
+    decision.microbatch_tokens.push_back(f.lengths_known ? f.tokens : -1);
+    decision.plan_tokens = f.lengths_known && decision.plan_tokens >= 0
+                               ? decision.plan_tokens + f.tokens
+                               : -1;
+  }
     const double rs_mean = g.policy.rs_wait().mean;
     // With cp > 1 a stage's CP groups run one decision, so one pin: the unit's first
     // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
@@ -968,7 +985,24 @@ void GateState::NotifyWatchers(const DecisionRecord& decision) {
   MutexLock lock(&watch_mu_);
   for (const auto& w : watchers_) {
     if (w->job_filter().empty() || w->job_filter() == decision.job_id) w->OnDecision(decision);
+  if (!t.microbatches.empty() && !job.layout.has_value()) {
+    return absl::InvalidArgumentError(
+        "telemetry.micro_batches: only a job with a layout (step plans) reports "
+        "micro-batches; a plain plan's step is learned from step_time_s");
   }
+  // What the step's plan held, while its decision is cached (docs/design.md §2).
+  TelemetryBounds bounds;
+  if (const gate_state_internal::CachedDecision* d = g.Cached(t.values.step)) {
+    bounds.plan_tokens = d->plan_tokens;
+  }
+  if (const gate_state_internal::CachedStepPlan* p = g.CachedPlan(t.values.step)) {
+    bounds.microbatch_tokens = p->tokens;
+  }
+  RETURN_IF_ERROR(ValidateStepTelemetry(t.values, bounds));
+  // A stage's micro-batches, one per id of the job's layout: what its ADAPTIVE learns.
+  return t.microbatches.empty()
+             ? absl::OkStatus()
+             : ValidateMicrobatchTelemetry(t.microbatches, job.layout->microbatches, bounds);
 }
 
 absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord& t) {
@@ -976,42 +1010,52 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     metrics_.telemetry_rejected.Increment();
     return s;
   };
+  if (absl::Status s = CheckTelemetry(session, t); !s.ok()) return reject(std::move(s));
+  }
+}
+
+absl::Status GateState::CheckTelemetry(const Session& session, const TelemetryRecord& t) {
   if (t.job_id != session.job_id || t.group != session.group ||
       t.rank_in_group != session.rank_in_group) {
-    return reject(absl::InvalidArgumentError(absl::StrFormat(
+    return absl::InvalidArgumentError(absl::StrFormat(
         "telemetry: (job_id=%s, group=%d, rank_in_group=%d) does not match the session's "
         "(%s, %d, %d)",
         t.job_id, t.group, t.rank_in_group, session.job_id, session.group,
-        session.rank_in_group)));
+        session.rank_in_group));
   }
-  if (absl::Status s = ValidateStepTelemetry(t.values); !s.ok()) return reject(s);
-  // The ids are checked against the job's layout below.
-  if (absl::Status s = ValidateMicrobatchTelemetry(t.microbatches, 0); !s.ok()) return reject(s);
-  const bool group_record = t.ranks > 1;
-  if (t.ranks < 0 || t.ranks > options_.max_group_size) {
-    return reject(absl::InvalidArgumentError(absl::StrFormat(
-        "telemetry: ranks must be 0 or 1 (this rank's record) or the group's size, got %d",
-        t.ranks)));
-  }
-  if (group_record && !session.group_session) {
-    return reject(absl::InvalidArgumentError(absl::StrFormat(
+  // The plan's bounds and the layout's ids are checked under the lock.
+  RETURN_IF_ERROR(ValidateStepTelemetry(t.values));
+  RETURN_IF_ERROR(ValidateMicrobatchTelemetry(t.microbatches, 0));
+  if (t.ranks > 1 && !session.group_session) {
+    return absl::InvalidArgumentError(absl::StrFormat(
         "telemetry: a group record (ranks=%d) comes only from a group session "
         "(RegisterRequest.group_session)",
-        t.ranks)));
+        t.ranks));
   }
-  if (group_record) {
-    if (session.rank_in_group != 0) {
-      return reject(absl::InvalidArgumentError(absl::StrFormat(
-          "telemetry: a group record (ranks=%d) comes only from the group's leader, not "
-          "rank_in_group %d",
-          t.ranks, session.rank_in_group)));
-    }
-    if (t.slowest_rank < 0 || t.slowest_rank >= t.ranks || t.peak_memory_rank < 0 ||
-        t.peak_memory_rank >= t.ranks) {
-      return reject(absl::InvalidArgumentError(absl::StrFormat(
-          "telemetry: slowest_rank %d and peak_memory_rank %d must be in [0, ranks=%d)",
-          t.slowest_rank, t.peak_memory_rank, t.ranks)));
-    }
+  if (t.ranks > 1 && session.rank_in_group != 0) {
+    // Acknowledged from here on, taken or not: it did reach the daemon, so "sent minus
+    // acknowledged" stays the count lost in transit (after a daemon restart the ranks'
+    // buffered records for steps before its first decision land here, and the clients'
+    // Flush waits for acknowledgements).
+    session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry: a group record (ranks=%d) comes only from the group's leader, not "
+        "rank_in_group %d",
+        t.ranks, session.rank_in_group));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GateState::CheckTelemetryOfStep(const Job& job, const Group& g,
+                                             const Session& session,
+                                             const TelemetryRecord& t) const {
+  RETURN_IF_ERROR(ValidateGroupRecord(t.ranks, t.slowest_rank, t.peak_memory_rank, g.size));
+  if (t.ranks <= 1 && session.group_session && g.size > 1) {
+    // One rank's record from a group session would stand for one rank of many: the
+    // step would wait for ranks that never report.
+    return absl::InvalidArgumentError(
+        "telemetry: a group session sends the group's records (ranks = the group's size, "
+        "reduced in the group)");
   }
   {
     MutexLock limiter(&session.limiter_mu);
@@ -1019,6 +1063,61 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
       CountLimit(Limit::kTelemetryRate);
       return reject(absl::ResourceExhaustedError(absl::StrFormat(
           "telemetry: this session sends more than %g records a second "
+void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
+                              const TelemetryRecord& t) {
+  const StepTelemetryValues& v = t.values;
+  const bool group_record = t.ranks > 1;
+  auto rit = g.ranks.find(session.rank_in_group);
+  if (rit != g.ranks.end()) {
+    rit->second.last_seen = Now();
+    // A rank's records arrive in step order on its one stream: one for a step it has
+    // already reported is a duplicate, acknowledged and counted once.
+    if (v.step <= rit->second.last_telemetry_step) return;
+    rit->second.last_telemetry_step = v.step;
+  }
+
+  const int slot = static_cast<int>(v.step % kPendingSlots);
+  PendingStep& p = g.pending[slot];
+  if (p.step != v.step) {
+    if (p.step > v.step) return;  // older than the aggregation window
+    if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot);
+    p = PendingStep{};
+    p.step = v.step;
+  } else if (p.finalized) {
+    return;  // every rank already reported; a duplicate
+  }
+  // A group record is every rank's at once (each value already the largest of its ranks).
+  p.reported += group_record ? g.size : 1;
+  p.mode = static_cast<Mode>(v.mode);
+  if (p.slowest_rank < 0 || v.step_time_s > p.step_time) {
+    p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
+  }
+  if (p.peak_rank < 0 || t.peak_memory_bytes > p.peak) {
+    p.peak_rank = group_record ? t.peak_memory_rank : session.rank_in_group;
+  }
+  p.step_time = std::max(p.step_time, v.step_time_s);
+  p.rs_share = std::max(p.rs_share, std::min(1.0, v.rs_wait_s / v.step_time_s));
+  p.all_gather = std::max(p.all_gather, v.all_gather_s);
+  p.norm_share = std::max(p.norm_share, std::min(1.0, v.norm_stall_s / v.step_time_s));
+  p.tokens = std::max(p.tokens, v.effective_tokens);
+  p.padding = std::max(p.padding, v.padding_tokens);
+  p.peak = std::max(p.peak, t.peak_memory_bytes);
+  if (!t.microbatches.empty()) {
+    if (p.microbatches.empty()) p.microbatches.resize(t.microbatches.size());
+    for (const MicrobatchTelemetryValues& m : t.microbatches) {
+      MicrobatchTelemetryValues& a = p.microbatches[static_cast<size_t>(m.id)];
+      a.id = m.id;
+      a.mode = m.mode;
+      a.forward_s = std::max(a.forward_s, m.forward_s);
+      a.backward_s = std::max(a.backward_s, m.backward_s);
+      a.rs_wait_s = std::max(a.rs_wait_s, m.rs_wait_s);
+      a.all_gather_s = std::max(a.all_gather_s, m.all_gather_s);
+      a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
+    }
+  }
+  if (p.reported >= g.size) FinalizeStep(job, g, slot);
+}
+
           "(--max_telemetry_per_second)",
           options_.max_telemetry_per_second)));
     }
@@ -1036,11 +1135,6 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
     auto git = job.groups.find(session.group);
     const GroupGateState* gate = git == job.groups.end() ? nullptr : &git->second->policy.gate();
     if (gate == nullptr || !gate->has_decision || v.step > gate->last_step) {
-      // Acknowledged, though not taken: it did reach the daemon, so "sent minus
-      // acknowledged" stays the count lost in transit (after a daemon restart the ranks'
-      // buffered records for steps before its first decision land here, and the clients'
-      // Flush waits for acknowledgements).
-      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
       metrics_.refused_undecided_step.Increment();
       return reject(absl::InvalidArgumentError(
           gate == nullptr || !gate->has_decision
@@ -1052,84 +1146,12 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
                                 v.step, session.group, gate->last_step)));
     }
     Group& g = *git->second;
-    if (!group_record && session.group_session && g.size > 1) {
-      // One rank's record from a group session would stand for one rank of many: the
-      // step would wait for ranks that never report.
-      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-      return reject(absl::InvalidArgumentError(
-          "telemetry: a group session sends the group's records (ranks = the group's size, "
-          "reduced in the group)"));
+    // Refused here, nothing changed: the learned table never sees the record.
+    if (absl::Status s = CheckTelemetryOfStep(job, g, session, t); !s.ok()) {
+      return reject(std::move(s));
     }
-    if (group_record && t.ranks != g.size) {
-      session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-      return reject(absl::InvalidArgumentError(absl::StrFormat(
-          "telemetry: a group record of %d ranks for group %d, which has %d", t.ranks,
-          session.group, g.size)));
-    }
-    if (!t.microbatches.empty()) {
-      // A stage's micro-batches, one per id of the job's layout: what its ADAPTIVE learns.
-      absl::Status s =
-          job.layout.has_value()
-              ? ValidateMicrobatchTelemetry(t.microbatches, job.layout->microbatches)
-              : absl::InvalidArgumentError(
-                    "telemetry.micro_batches: only a job with a layout (step plans) reports "
-                    "micro-batches; a plain plan's step is learned from step_time_s");
-      if (!s.ok()) {
-        session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
-        return reject(std::move(s));
-      }
-    }
-    session.telemetry_received.fetch_add(1, std::memory_order_relaxed);
     metrics_.telemetry_received.Increment();
-    auto rit = g.ranks.find(session.rank_in_group);
-    if (rit != g.ranks.end()) {
-      rit->second.last_seen = Now();
-      // A rank's records arrive in step order on its one stream: one for a step it has
-      // already reported is a duplicate, acknowledged and counted once.
-      if (v.step <= rit->second.last_telemetry_step) return absl::OkStatus();
-      rit->second.last_telemetry_step = v.step;
-    }
-
-    const int slot = static_cast<int>(v.step % kPendingSlots);
-    PendingStep& p = g.pending[slot];
-    if (p.step != v.step) {
-      if (p.step > v.step) return absl::OkStatus();  // older than the aggregation window
-      if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot);
-      p = PendingStep{};
-      p.step = v.step;
-    } else if (p.finalized) {
-      return absl::OkStatus();  // every rank already reported; a duplicate
-    }
-    // A group record is every rank's at once (each value already the largest of its ranks).
-    p.reported += group_record ? g.size : 1;
-    p.mode = static_cast<Mode>(v.mode);
-    if (p.slowest_rank < 0 || v.step_time_s > p.step_time) {
-      p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
-    }
-    if (p.peak_rank < 0 || t.peak_memory_bytes > p.peak) {
-      p.peak_rank = group_record ? t.peak_memory_rank : session.rank_in_group;
-    }
-    p.step_time = std::max(p.step_time, v.step_time_s);
-    p.rs_share = std::max(p.rs_share, std::min(1.0, v.rs_wait_s / v.step_time_s));
-    p.all_gather = std::max(p.all_gather, v.all_gather_s);
-    p.norm_share = std::max(p.norm_share, std::min(1.0, v.norm_stall_s / v.step_time_s));
-    p.tokens = std::max(p.tokens, v.effective_tokens);
-    p.padding = std::max(p.padding, v.padding_tokens);
-    p.peak = std::max(p.peak, t.peak_memory_bytes);
-    if (!t.microbatches.empty()) {
-      if (p.microbatches.empty()) p.microbatches.resize(t.microbatches.size());
-      for (const MicrobatchTelemetryValues& m : t.microbatches) {
-        MicrobatchTelemetryValues& a = p.microbatches[static_cast<size_t>(m.id)];
-        a.id = m.id;
-        a.mode = m.mode;
-        a.forward_s = std::max(a.forward_s, m.forward_s);
-        a.backward_s = std::max(a.backward_s, m.backward_s);
-        a.rs_wait_s = std::max(a.rs_wait_s, m.rs_wait_s);
-        a.all_gather_s = std::max(a.all_gather_s, m.all_gather_s);
-        a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
-      }
-    }
-    if (p.reported >= g.size) FinalizeStep(job, g, slot);
+    FoldTelemetry(job, g, session, t);
     CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_pushes);
   }
   // Outside the lock: a sink only queues the message.

@@ -112,6 +112,11 @@ struct DecisionRecord {
   // and reason above are micro-batch 0's), and the stage's predicted peak with them.
   std::vector<Decision> microbatches;
   uint64_t stage_peak_bytes = 0;
+  // The plan's tokens (Σ lengths; a step plan's: Σ over its micro-batches) and each
+  // micro-batch's, by id: the most a record of the step may claim (docs/design.md §2,
+  // "Range rules"); -1 where the plan gave no lengths.
+  int64_t plan_tokens = -1;
+  std::vector<int64_t> microbatch_tokens;
   // Each micro-batch's band (StagePlanOutcome::bands), kept for learning its telemetry.
   std::vector<int8_t> microbatch_bands;
 };
@@ -463,6 +468,16 @@ class GateState final : public OperatorListener {
                                 const DecisionRecord* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Caches `decision` as the group's answer for its step and counts it.
   void RecordStep(Job& job, Group& group, const DecisionRecord& decision)
+  // RecordTelemetry's steps (docs/design.md §2, "Range rules"): the checks that need no
+  // state (identity, values, the session's kind), the checks against the group and the
+  // step's plan (its tokens, from the cached decision), both changing nothing, and the
+  // fold of an accepted record, which cannot fail.
+  static absl::Status CheckTelemetry(const Session& session, const TelemetryRecord& t);
+  absl::Status CheckTelemetryOfStep(const Job& job, const Group& group, const Session& session,
+                                    const TelemetryRecord& t) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void FoldTelemetry(Job& job, Group& group, const Session& session, const TelemetryRecord& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -60,7 +60,7 @@ struct PendingStep {
   std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
-// A decision as the group's cache keeps it: 64 bytes where a DecisionRecord is 136 and
+// A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 136 and
 // the job id's copy (the cache is the largest item of a group, docs/benchmarks.md). The
 // job and group come from the group that holds it; Expand gives back the record exactly
 // as it was made, so a retry's answer is the same bytes.
@@ -72,6 +72,7 @@ struct CachedDecision {
   double rolling_rs_wait_share = 0;
   int64_t time_ns = 0;                  // absl::ToUnixNanos of the decision's time
   int64_t pin_expire_ns = 0;            // PINNED: the pin's end; has_pin_expire says
+  int64_t plan_tokens = -1;             // the bound on the step's telemetry's tokens
   uint8_t mode = 0, reason = 0;
   int8_t band = -1;
   bool pin_forced = false, has_pin_expire = false;
@@ -86,6 +87,7 @@ struct CachedDecision {
     c.time_ns = absl::ToUnixNanos(d.time);
     c.has_pin_expire = d.pin_expire.has_value();
     c.pin_expire_ns = d.pin_expire ? absl::ToUnixNanos(*d.pin_expire) : 0;
+    c.plan_tokens = d.plan_tokens;
     c.mode = static_cast<uint8_t>(d.mode);
     c.reason = static_cast<uint8_t>(d.reason);
     c.band = static_cast<int8_t>(d.band);
@@ -107,10 +109,11 @@ struct CachedDecision {
     d.pin_forced = pin_forced;
     d.band = band;
     d.plan_digest = plan_digest;
+    d.plan_tokens = plan_tokens;
     return d;
   }
 };
-static_assert(sizeof(CachedDecision) == 64);
+static_assert(sizeof(CachedDecision) == 72);
 
 // A step plan's per-micro-batch answer beside its CachedDecision (same step): a byte per
 // micro-batch (mode << 4 | reason) and the stage's predicted peak.
@@ -118,22 +121,26 @@ struct CachedStepPlan {
   int64_t step = 0;
   uint64_t stage_peak_bytes = 0;
   std::vector<uint8_t> packed;
-  // Each micro-batch's band (-1: none), for learning its telemetry when it arrives.
+  // Each micro-batch's band (-1: none), for learning its telemetry when it arrives, and
+  // its plan's tokens (-1: not given), the bound on its telemetry's.
   std::vector<int8_t> bands;
+  std::vector<int64_t> tokens;
 
-  size_t bytes() const { return packed.size() + bands.size(); }
+  size_t bytes() const { return packed.size() + bands.size() + tokens.size() * sizeof(int64_t); }
 
   static CachedStepPlan Of(const DecisionRecord& d) {
     CachedStepPlan c;
     c.step = d.step;
     c.stage_peak_bytes = d.stage_peak_bytes;
     c.bands = d.microbatch_bands;
+    c.tokens = d.microbatch_tokens;
     c.packed.reserve(d.microbatches.size());
     for (const Decision& m : d.microbatches) {
       c.packed.push_back(static_cast<uint8_t>(static_cast<int>(m.mode) << 4 |
                                               static_cast<int>(m.reason)));
     }
     return c;
+    d.microbatch_tokens = tokens;
   }
   void ExpandInto(DecisionRecord& d) const {
     d.stage_peak_bytes = stage_peak_bytes;

@@ -139,8 +139,8 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
   return r;
 }
 
-// The largest model.hidden and model.layers Register takes (ADAPTIVE's prior multiplies
-// them into byte counts).
+// The largest model dimension Register takes (ADAPTIVE's prior multiplies hidden and
+// layers into byte counts; every field is range-checked alike).
 constexpr int kMaxModelDimension = 1 << 20;
 
 absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
@@ -176,8 +176,11 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
           "%s: must be 0 (not declared) or a finite number in (0, 1e6], got %g", name, value));
     }
   }
-  const std::pair<const char*, int> shape[] = {{"model.hidden", r.model().hidden()},
-                                               {"model.layers", r.model().layers()}};
+  const v1::ModelShape& model = r.model();
+  const std::pair<const char*, int> shape[] = {
+      {"model.hidden", model.hidden()}, {"model.layers", model.layers()},
+      {"model.heads", model.heads()}, {"model.ffn_hidden", model.ffn_hidden()},
+      {"model.tp", model.tp()}};
   for (const auto& [name, value] : shape) {
     if (value < 0 || value > kMaxModelDimension) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -109,7 +109,11 @@ int main(int argc, char** argv) {
   const size_t h1 = HeapInUse();
 
   std::vector<int64_t> lengths(static_cast<size_t>(sequences));
-  for (int i = 0; i < sequences; ++i) lengths[i] = 512 + 97 * i % 1500;
+  int64_t tokens = 0;  // a record claims at most its plan's tokens
+  for (int i = 0; i < sequences; ++i) {
+    lengths[i] = 512 + 97 * i % 1500;
+    tokens += lengths[i];
+  }
   for (int k = 0; k < steps; ++k) {
     for (int g = 0; g < groups; ++g) {
       auto d = (*state)->Decide(*leaders[g], {.job_id = job, .group = g, .step = k,
@@ -118,7 +122,7 @@ int main(int argc, char** argv) {
       TelemetryRecord t{.job_id = job, .group = g, .rank_in_group = 0,
                         .values = {.step = k, .mode = static_cast<int32_t>(d->mode),
                                    .step_time_s = 1.0, .rs_wait_s = 0.05,
-                                   .all_gather_s = 0.02, .effective_tokens = 60000},
+                                   .all_gather_s = 0.02, .effective_tokens = tokens},
                         .peak_memory_bytes = 40ull << 30, .ranks = tp, .slowest_rank = k % tp,
                         .peak_memory_rank = 0};
       if (absl::Status s = (*state)->RecordTelemetry(*leaders[g], t); !s.ok()) {
@@ -152,7 +156,7 @@ int main(int argc, char** argv) {
               steps, per_group_after);
   std::printf("  another rank with a session of its own (per-rank sessions)    %8.0f bytes\n",
               per_rank);
-  std::printf("  the decision cache: up to %lld decisions a group of 64 bytes (a DecisionRecord "
+  std::printf("  the decision cache: up to %lld decisions a group of 72 bytes (a DecisionRecord "
               "is %zu)\n",
               static_cast<long long>(options.decision_cache_steps), sizeof(DecisionRecord));
   std::printf("  whole live state: %.1f MiB with group sessions, %.1f MiB with a session per rank\n",

@@ -296,7 +296,7 @@ class Campaign:
         ]
         # Telemetry is taken only for steps the group has decided: one for the step this
         # message decides, and none for a step it has not reached (or one far ahead).
-        good = tel(step=s[3], mode=1, step_time_s=0.1, rs_wait_s=0.01, effective_tokens=1000)
+        good = tel(step=s[3], mode=1, step_time_s=0.1, rs_wait_s=0.01, effective_tokens=128)
         hostile += [tel(step=s[3] + 1, mode=1, step_time_s=0.1, rs_wait_s=0.09,
                         effective_tokens=10),
                     tel(step=s[3] + 2000, mode=1, step_time_s=0.1, rs_wait_s=0.09,

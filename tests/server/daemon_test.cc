@@ -200,7 +200,7 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
     t->set_mode(v1::SEQUENCE_PARALLEL);
     t->set_step_time_s(0.5);
     t->set_rs_wait_s(0.05);
-    t->set_effective_tokens(8192);
+    t->set_effective_tokens(512);  // at most the plan's {512}
   }
   msg.mutable_heartbeat()->set_telemetry_sent(6);
   ASSERT_TRUE(stream->Write(msg));

@@ -130,7 +130,7 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
       tel.set_mode(ToProto(t.mode));
       tel.set_step_time_s(t.step_time);
       tel.set_rs_wait_s(t.rank_share[r] * t.step_time);
-      tel.set_effective_tokens(4096);
+      tel.set_effective_tokens(512);  // within every plan below (one sequence of at least 819)
       ASSERT_THAT(h.RecordTelemetry(*sessions[static_cast<size_t>(r)], tel), IsOk());
       group_share = std::max(group_share, std::min(1.0, tel.rs_wait_s() / t.step_time));
     }
@@ -417,7 +417,7 @@ TEST_P(StepPlanEquivalenceTest, LocalStepPlansEqualTheDaemonsMicrobatchByMicroba
     tel.set_mode(ToProto(mode));
     tel.set_step_time_s(0.2);
     tel.set_rs_wait_s(share * 0.2);
-    tel.set_effective_tokens(4096);
+    tel.set_effective_tokens(512);  // within every step plan below (at least 4 x 819 tokens)
     tel.set_ranks(kGroupSize);
     ASSERT_THAT(h.RecordTelemetry(**session, tel), IsOk());
     book.ObserveRsWaitShare(step, mode, share);

@@ -2,10 +2,15 @@
 // nothing changed on a refusal, step plans answered with one decision per micro-batch
 // (idempotent, keyed by id), the schedule-aware memory gate per stage, CP peers answered
 // alike, and SP-required jobs.
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -19,8 +24,10 @@ namespace {
 
 using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
+using ::testing::AnyOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kJob[] = "pipe";
 
@@ -477,6 +484,97 @@ TEST_F(GateStatePipelineTest, BadMicrobatchTelemetryIsRefusedByName) {
   ASSERT_THAT(plain_session.status(), IsOk());
   EXPECT_THAT(h_->RecordTelemetry(**plain_session, t),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only a job with a layout")));
+}
+
+// A record cannot poison a stage's learned table (docs/design.md §2, "Range rules"): the
+// largest int64 of tokens over the smallest positive double, more tokens than the plan
+// gave the micro-batch (or the step), 1e18 tokens over 1e-300 s, or a wait longer than
+// its micro-batch's compute, is refused naming the micro-batch and the field before it
+// is folded in. The stage's cells and their exported rates stay as they were, finite,
+// and the step's good record is still taken afterwards (the refusals marked nothing).
+TEST_F(GateStatePipelineTest, ARecordCannotPoisonTheStagesLearnedTable) {
+  v1::UpdateGateConfigRequest u;
+  u.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  ASSERT_THAT(h_->UpdateGateConfig(u).status(), IsOk());
+  absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
+  ASSERT_THAT(r0.status(), IsOk());
+  absl::StatusOr<std::shared_ptr<Session>> s0 = h_->state->FindSession(r0->session_id());
+  ASSERT_THAT(s0.status(), IsOk());
+  v1::Decision d;
+  for (int64_t step = 0; step < 4; ++step) {
+    ASSERT_THAT(h_->Decide(StepPlan(0, step), &d), IsOk());
+    ASSERT_THAT(h_->RecordTelemetry(**s0, StageTelemetry(0, step, 0.1, 0.2)), IsOk());
+  }
+  ASSERT_THAT(h_->Decide(StepPlan(0, 4), &d), IsOk());
+  auto stage0 = [&] {
+    absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+    EXPECT_THAT(job.status(), IsOk());
+    return job.ok() && job->stage_learned_size() > 0 ? job->stage_learned(0).SerializeAsString()
+                                                     : std::string();
+  };
+  const std::string before = stage0();
+  ASSERT_FALSE(before.empty());
+
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  struct Case {
+    std::function<void(v1::StepTelemetry&)> poison;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::StepTelemetry& t) {
+         v1::MicroBatchTelemetry* m = t.mutable_micro_batches(2);
+         m->set_effective_tokens(kHuge);
+         m->set_forward_s(5e-324);
+         m->set_backward_s(0);
+       },
+       "telemetry.micro_batches[id 2]: forward_s + backward_s must be finite and >= 1e-06"},
+      {[](v1::StepTelemetry& t) { t.mutable_micro_batches(2)->set_effective_tokens(kHuge); },
+       "telemetry.micro_batches[id 2].effective_tokens: 9223372036854775807 exceeds the "
+       "plan's 12 tokens for micro-batch 2"},
+      {[](v1::StepTelemetry& t) {
+         v1::MicroBatchTelemetry* m = t.mutable_micro_batches(1);
+         m->set_effective_tokens(1'000'000'000'000'000'000);
+         m->set_forward_s(1e-300);
+         m->set_backward_s(0);
+       },
+       "telemetry.micro_batches[id 1]: forward_s + backward_s"},
+      {[](v1::StepTelemetry& t) { t.mutable_micro_batches(0)->set_rs_wait_s(1.0); },
+       "telemetry.micro_batches[id 0].rs_wait_s: 1 is more than the micro-batch's"},
+      {[](v1::StepTelemetry& t) { t.set_effective_tokens(1'000'000'000'000'000'000); },
+       "telemetry.effective_tokens: 1000000000000000000 exceeds the plan's 48 tokens"},
+      {[](v1::StepTelemetry& t) { t.set_step_time_s(1e-300); },
+       "telemetry.step_time_s: must be finite and >= 1e-06"},
+  };
+  for (const Case& c : cases) {
+    v1::StepTelemetry t = StageTelemetry(0, 4, 0.1, 0.2);
+    c.poison(t);
+    EXPECT_THAT(h_->RecordTelemetry(**s0, t),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.message;
+  }
+  EXPECT_EQ(stage0(), before) << "a refused record changes no learned cell";
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, "spgate_stage_adaptive_tokens_per_second{")) continue;
+    EXPECT_THAT(line, Not(AnyOf(HasSubstr("Inf"), HasSubstr("NaN"), HasSubstr("inf"),
+                                HasSubstr("nan"))));
+  }
+  // The step's own record is still taken and learned from.
+  ASSERT_THAT(h_->RecordTelemetry(**s0, StageTelemetry(0, 4, 0.1, 0.2)), IsOk());
+  EXPECT_NE(stage0(), before);
+}
+
+// A layout whose TP groups (dp x pp x cp) exceed --max_groups_per_job is refused at
+// Register naming the flag, before anything changes: the job takes the next rank's
+// smaller layout.
+TEST_F(GateStatePipelineTest, ALayoutOfMoreGroupsThanTheLimitIsRefused) {
+  v1::RegisterRequest big = Reg(0);
+  big.mutable_layout()->set_dp(1025);  // 4 stages x 1025 = 4100 groups > 4096
+  EXPECT_THAT(h_->Register(big).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("4100 TP groups, more than 4096 (--max_groups_per_job)")));
+  big.mutable_layout()->set_dp(1024);  // 4096: at the limit
+  EXPECT_THAT(h_->Register(big).status(), IsOk());
 }
 
 }  // namespace

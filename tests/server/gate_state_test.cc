@@ -14,6 +14,8 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
@@ -31,6 +33,7 @@ namespace {
 using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Not;
@@ -93,7 +96,7 @@ class GateStateTest : public ::testing::Test {
     t.set_mode(mode);
     t.set_step_time_s(step_s);
     t.set_rs_wait_s(rs_s);
-    t.set_effective_tokens(1000);
+    t.set_effective_tokens(1000);  // the tokens of a {500, 500} plan: at most its plan's
     return t;
   }
 
@@ -206,7 +209,7 @@ TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
   auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
   auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
   v1::Decision d;
-  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {500, 500}), &d), IsOk());
   ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.2)), IsOk());
   ASSERT_THAT(state->RecordTelemetry(**s1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.3)), IsOk());
   auto job = state->GetJob("j");
@@ -238,7 +241,7 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
   EXPECT_EQ(job->groups(0).slowest_rank(), -1) << "no step complete yet";
 
   v1::Decision d;
-  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {500, 500}), &d), IsOk());
   v1::StepTelemetry t = Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.6);
   t.set_ranks(4);
   t.set_slowest_rank(2);
@@ -254,18 +257,18 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
               HasSubstr("spgate_slowest_rank{group=\"0\",job_id=\"j\"} 2"));
 
   // Group records must name the group's size and ranks inside it.
-  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {500, 500}), &d), IsOk());
   v1::StepTelemetry wrong = Tel("j", 0, 0, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.1);
   wrong.set_ranks(8);
   EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("which has 4")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("telemetry.ranks: must be 0 or 1 (one rank's record) or the group's size 4")));
   wrong.set_ranks(4);
   wrong.set_slowest_rank(4);
   EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[0, ranks=4)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("telemetry.slowest_rank: must be in [0, ranks=4)")));
   wrong.set_ranks(-1);
   EXPECT_THAT(state->RecordTelemetry(**s0, wrong),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("ranks must be")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("telemetry.ranks: must be")));
   job = state->GetJob("j");
   EXPECT_EQ(job->groups(0).slowest_rank(), 2) << "refused records change nothing";
 
@@ -284,6 +287,93 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
   state->Sweep();
   job = state->GetJob("j");
   EXPECT_EQ(job->groups(0).ranks_active(), 4) << "overlapping sessions count at most the group";
+}
+
+// A record cannot poison the job's learned table (docs/design.md §2, "Range rules"): the
+// largest int64 of tokens over the smallest positive double (once NaN in GetJob's cells
+// and +Inf in spgate_adaptive_tokens_per_second), more tokens than the step's plan held,
+// 1e18 tokens over 1e-300 s, or a wait longer than the step, is refused naming the field
+// before it is folded in; the cells stay as they were and finite, and the step's good
+// record is still taken afterwards.
+TEST_F(GateStateTest, ARecordCannotPoisonTheLearnedTable) {
+  auto state = Make();
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  ASSERT_THAT(reg.status(), IsOk());
+  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(session.status(), IsOk());
+  v1::Decision d;
+  for (int64_t step = 0; step < 4; ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0, 0.1)),
+                IsOk());
+  }
+  ASSERT_THAT(state->Decide(Plan("j", 0, 4, {500, 500}), &d), IsOk());
+  const v1::Mode mode = d.mode();
+  auto learned = [&] { return state->GetJob("j")->learned().SerializeAsString(); };
+  const std::string before = learned();
+  ASSERT_FALSE(before.empty());
+
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+  struct Case {
+    double step_time_s;
+    int64_t tokens;
+    double rs_wait_s;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {5e-324, kHuge, 0, "telemetry.step_time_s: must be finite and >= 1e-06"},
+           {1.0, kHuge, 0,
+            "telemetry.effective_tokens: 9223372036854775807 exceeds the plan's 1000 tokens "
+            "for the step"},
+           {1e-300, 1'000'000'000'000'000'000, 0, "telemetry.step_time_s"},
+           {1.0, 1001, 0, "telemetry.effective_tokens: 1001 exceeds"},
+           {1.0, 1000, 1.5, "telemetry.rs_wait_s: must be finite, >= 0 and at most step_time_s"},
+       }) {
+    v1::StepTelemetry t = Tel("j", 0, 0, 4, mode, c.step_time_s, c.rs_wait_s);
+    t.set_effective_tokens(c.tokens);
+    EXPECT_THAT(state->RecordTelemetry(**session, t),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.message;
+  }
+  EXPECT_EQ(learned(), before) << "a refused record changes no learned cell";
+  const ThroughputTable table = spgate::FromProto(state->GetJob("j")->learned());
+  for (int band = 0; band < kBands; ++band) {
+    for (Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      EXPECT_TRUE(std::isfinite(table.cell(band, m).tokens_per_s())) << band;
+    }
+  }
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, "spgate_adaptive_tokens_per_second{")) continue;
+    EXPECT_THAT(line, Not(AnyOf(HasSubstr("Inf"), HasSubstr("NaN")))) << line;
+  }
+  ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, 4, mode, 1.0, 0.1)), IsOk());
+  EXPECT_NE(learned(), before) << "the step's good record is learned";
+}
+
+// Register range-checks every model field as it does hidden and layers, naming it.
+TEST_F(GateStateTest, ModelFieldsOutOfRangeAreRefusedByName) {
+  auto state = Make();
+  struct Case {
+    void (v1::ModelShape::*set)(int32_t);
+    const char* field;
+  };
+  for (const Case& c : std::vector<Case>{{&v1::ModelShape::set_hidden, "model.hidden"},
+                                         {&v1::ModelShape::set_layers, "model.layers"},
+                                         {&v1::ModelShape::set_heads, "model.heads"},
+                                         {&v1::ModelShape::set_ffn_hidden, "model.ffn_hidden"},
+                                         {&v1::ModelShape::set_tp, "model.tp"}}) {
+    for (int32_t bad : {-1, (1 << 20) + 1}) {
+      v1::RegisterRequest r = Reg("m", 0, 0, 1);
+      (r.mutable_model()->*c.set)(bad);
+      EXPECT_THAT(state->Register(r).status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+          << c.field << " = " << bad;
+    }
+    v1::RegisterRequest ok = Reg("m", 0, 0, 1);
+    (ok.mutable_model()->*c.set)(1 << 20);
+    EXPECT_THAT(state->Register(ok).status(), IsOk()) << c.field << " at the bound";
+  }
 }
 
 TEST_F(GateStateTest, TelemetryThatDoesNotMatchTheSessionIsRefused) {
@@ -1168,7 +1258,7 @@ TEST_F(GateStateTest, TelemetryIsTakenOnlyForDecidedStepsAndOncePerRank) {
   ASSERT_THAT(rank1.status(), IsOk());
   EXPECT_THAT(state->RecordTelemetry(**rank1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1, 0.9)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no decided step")));
-  ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 0, {64}))).status(),
+  ASSERT_THAT(state->state->Decide(**leader, PlanFromProto(Plan("j", 0, 0, {500, 500}))).status(),
               IsOk());
   // 2,000 future steps of a 90 % reduce-scatter wait: none is taken.
   for (int64_t s = 1; s <= 2000; ++s) {
@@ -1183,7 +1273,7 @@ TEST_F(GateStateTest, TelemetryIsTakenOnlyForDecidedStepsAndOncePerRank) {
   EXPECT_DOUBLE_EQ(state->GetJob("j")->groups(0).rolling_rs_wait_share(), 0.0)
       << "the step is not final until every rank reported it";
   for (int64_t s = 1; s <= 120; ++s) {
-    auto d = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {64})));
+    auto d = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {500, 500})));
     ASSERT_THAT(d.status(), IsOk());
     EXPECT_EQ(d->reason, Reason::kGatesPassed) << s;
   }

@@ -714,30 +714,18 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   }
   RETURN_IF_ERROR(ValidateMicrobatchTelemetry(
       t.microbatches, opts_.layout.has_value() ? opts_.layout->microbatches : 0));
-  if (t.ranks < 0 || (t.ranks > 1 && t.ranks != opts_.group_size)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "telemetry: ranks must be 0 or 1 (this rank's record) or group_size=%d (the group's), "
-        "got %d",
-        opts_.group_size, t.ranks));
-  }
+  RETURN_IF_ERROR(
+      ValidateGroupRecord(t.ranks, t.slowest_rank, t.peak_memory_rank, opts_.group_size));
   if (t.ranks <= 1 && opts_.group_session && opts_.group_size > 1 && remote()) {
     // The daemon would count it as one rank of the group's and never see the others.
     return absl::FailedPreconditionError(
         "telemetry: this client's session speaks for its group (group_session): report each "
         "rank's record through GroupDecider::ReportTelemetry, which sends the group's");
   }
-  if (t.ranks > 1) {
-    if (opts_.rank_in_group != 0 || !opts_.group_session) {
-      return absl::FailedPreconditionError(
-          "telemetry: a group record comes only from the leader's group session "
-          "(rank_in_group 0, group_session)");
-    }
-    if (t.slowest_rank < 0 || t.slowest_rank >= t.ranks || t.peak_memory_rank < 0 ||
-        t.peak_memory_rank >= t.ranks) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "telemetry: slowest_rank %d and peak_memory_rank %d must be in [0, ranks=%d)",
-          t.slowest_rank, t.peak_memory_rank, t.ranks));
-    }
+  if (t.ranks > 1 && (opts_.rank_in_group != 0 || !opts_.group_session)) {
+    return absl::FailedPreconditionError(
+        "telemetry: a group record comes only from the leader's group session "
+        "(rank_in_group 0, group_session)");
   }
   spgate::MutexLock lock(&mu_);
   ++stats_.telemetry_reported;

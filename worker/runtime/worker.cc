@@ -584,7 +584,7 @@ class RankRun {
                       std::vector<MicrobatchTelemetryValues> microbatches = {}) {
     const double step_s = rec.step_time_s;
     client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
-                                    .step_time_s = std::max(step_s, 1e-9),
+                                    .step_time_s = std::max(step_s, kMinTelemetrySeconds),
                                     .rs_wait_s = rec.rs_wait_s,
                                     .all_gather_s = rec.all_gather_s,
                                     .norm_stall_s = rec.norm_stall_s,
@@ -785,7 +785,7 @@ class RankRun {
       per_mb[i] = {.id = i,
                    .mode = modes[i],
                    .forward_s = times[i].forward_s,
-                   .backward_s = std::max(times[i].backward_s, 1e-9),
+                   .backward_s = std::max(times[i].backward_s, kMinTelemetrySeconds),
                    .rs_wait_s = times[i].rs_wait_s,
                    .all_gather_s = times[i].all_gather_s,
                    .effective_tokens = batches[i].tokens};

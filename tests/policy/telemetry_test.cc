@@ -1,0 +1,160 @@
+// The telemetry range rules' bounds (docs/design.md §2, "Range rules"): the seconds floor,
+// waits within their step or micro-batch, tokens within the plan, derived rates finite,
+// and the group-record fields. Table-driven, pure; the plain field rules are in
+// group_state_test.cc.
+#include "policy/telemetry.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace spgate {
+namespace {
+
+using ::spgate::testing::IsOk;
+using ::spgate::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+
+TEST(TelemetryBoundsTest, StepRecordWithinItsPlanAndFloor) {
+  const StepTelemetryValues ok{.step = 3, .mode = 1, .step_time_s = 0.5, .rs_wait_s = 0.5,
+                               .all_gather_s = 0.1, .norm_stall_s = 0.0,
+                               .effective_tokens = 8192, .padding_tokens = 4};
+  EXPECT_THAT(ValidateStepTelemetry(ok, {.plan_tokens = 8192}), IsOk()) << "at the bound";
+  EXPECT_THAT(ValidateStepTelemetry(ok), IsOk()) << "plan not known: tokens unbounded";
+  StepTelemetryValues floor = ok;
+  floor.step_time_s = kMinTelemetrySeconds;
+  floor.rs_wait_s = floor.all_gather_s = 0;
+  EXPECT_THAT(ValidateStepTelemetry(floor, {.plan_tokens = 8192}), IsOk()) << "at the floor";
+
+  struct Case {
+    StepTelemetryValues v;
+    int64_t plan_tokens;
+    const char* message;
+  };
+  auto with = [&](auto f) {
+    StepTelemetryValues v = ok;
+    f(v);
+    return v;
+  };
+  for (const Case& c : std::vector<Case>{
+           // The poisoning record: the largest tokens over the smallest positive double.
+           {with([](auto& v) {
+              v.effective_tokens = kHuge;
+              v.step_time_s = 5e-324;
+              v.rs_wait_s = v.all_gather_s = 0;
+            }),
+            8192, "telemetry.step_time_s: must be finite and >= 1e-06, got 4.94066e-324"},
+           {with([](auto& v) { v.effective_tokens = kHuge; }), 8192,
+            "telemetry.effective_tokens: 9223372036854775807 exceeds the plan's 8192 tokens "
+            "for the step"},
+           {with([](auto& v) { v.effective_tokens = 8193; }), 8192,
+            "telemetry.effective_tokens: 8193 exceeds"},
+           {with([](auto& v) { v.step_time_s = 9e-7; v.rs_wait_s = v.all_gather_s = 0; }), -1,
+            "telemetry.step_time_s"},
+           {with([](auto& v) { v.step_time_s = INFINITY; }), -1, "telemetry.step_time_s"},
+           {with([](auto& v) { v.rs_wait_s = 0.6; }), -1,
+            "telemetry.rs_wait_s: must be finite, >= 0 and at most step_time_s 0.5, got 0.6"},
+           {with([](auto& v) { v.all_gather_s = 0.51; }), -1, "telemetry.all_gather_s"},
+           {with([](auto& v) { v.norm_stall_s = 1; }), -1, "telemetry.norm_stall_s"},
+       }) {
+    EXPECT_THAT(ValidateStepTelemetry(c.v, {.plan_tokens = c.plan_tokens}),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.message;
+  }
+}
+
+// Tokens no plan bounds (its decision is no longer cached) over the floor: the rate stays
+// finite, which is what the rule needs for any int64 count; the check itself still runs.
+TEST(TelemetryBoundsTest, UnboundedTokensOverTheFloorStayFinite) {
+  const StepTelemetryValues v{.step = 0, .mode = 2, .step_time_s = kMinTelemetrySeconds,
+                              .effective_tokens = kHuge};
+  EXPECT_THAT(ValidateStepTelemetry(v), IsOk());
+  EXPECT_TRUE(std::isfinite(static_cast<double>(v.effective_tokens) / v.step_time_s));
+}
+
+TEST(TelemetryBoundsTest, MicrobatchRecordWithinItsPlanAndCompute) {
+  const MicrobatchTelemetryValues a{.id = 0, .forward_s = 0.1, .backward_s = 0.2,
+                                    .rs_wait_s = 0.3, .all_gather_s = 0.05,
+                                    .effective_tokens = 100};
+  MicrobatchTelemetryValues b = a;
+  b.id = 1;
+  b.effective_tokens = 900;
+  const std::vector<int64_t> plan{100, 900};
+  const TelemetryBounds bounds{.microbatch_tokens = plan};
+  EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{b, a}, 2, bounds), IsOk());
+  const std::vector<int64_t> unknown_first{-1, 900};
+  MicrobatchTelemetryValues big_a = a;
+  big_a.effective_tokens = 1 << 20;
+  EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{big_a, b}, 2,
+                                          {.microbatch_tokens = unknown_first}),
+              IsOk())
+      << "-1: the plan gave no lengths for micro-batch 0";
+
+  struct Case {
+    MicrobatchTelemetryValues v;
+    const char* message;
+  };
+  auto with = [&](auto f) {
+    MicrobatchTelemetryValues v = b;
+    f(v);
+    return v;
+  };
+  for (const Case& c : std::vector<Case>{
+           {with([](auto& v) {
+              v.effective_tokens = kHuge;
+              v.forward_s = 5e-324;
+              v.backward_s = v.rs_wait_s = v.all_gather_s = 0;
+            }),
+            "telemetry.micro_batches[id 1]: forward_s + backward_s must be finite and >= 1e-06"},
+           {with([](auto& v) { v.effective_tokens = kHuge; }),
+            "telemetry.micro_batches[id 1].effective_tokens: 9223372036854775807 exceeds the "
+            "plan's 900 tokens for micro-batch 1"},
+           {with([](auto& v) { v.forward_s = 1e308; v.backward_s = 1e308; }),
+            "forward_s + backward_s must be finite"},
+           {with([](auto& v) { v.rs_wait_s = 0.31; }),
+            "telemetry.micro_batches[id 1].rs_wait_s: 0.31 is more than the micro-batch's "
+            "forward_s + backward_s 0.3"},
+           {with([](auto& v) { v.all_gather_s = 1; }),
+            "telemetry.micro_batches[id 1].all_gather_s"},
+       }) {
+    EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{a, c.v}, 2, bounds),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
+        << c.message;
+  }
+}
+
+TEST(TelemetryBoundsTest, GroupRecordFields) {
+  struct Case {
+    int ranks, slowest, peak, group_size;
+    const char* message;  // nullptr: accepted
+  };
+  for (const Case& c : std::vector<Case>{
+           {0, 0, 0, 4, nullptr},
+           {1, 7, -3, 4, nullptr},  // one rank's record: the rank fields are not read
+           {4, 3, 0, 4, nullptr},
+           {1, 0, 0, 1, nullptr},
+           {-1, 0, 0, 4, "telemetry.ranks: must be 0 or 1"},
+           {8, 0, 0, 4, "the group's size 4 (the group's record), got 8"},
+           {2, 0, 0, 4, "got 2"},
+           {4, 4, 0, 4, "telemetry.slowest_rank: must be in [0, ranks=4), got 4"},
+           {4, -1, 0, 4, "telemetry.slowest_rank"},
+           {4, 0, 4, 4, "telemetry.peak_memory_rank: must be in [0, ranks=4), got 4"},
+       }) {
+    const absl::Status s = ValidateGroupRecord(c.ranks, c.slowest, c.peak, c.group_size);
+    if (c.message == nullptr) {
+      EXPECT_THAT(s, IsOk()) << c.ranks << " of " << c.group_size;
+    } else {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace spgate
