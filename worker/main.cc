@@ -172,15 +172,15 @@ int main(int argc, char** argv) {
   } else {
     return Refuse(absl::StrCat("--norm_boundary=", boundary, ": expected shard or gather"), first);
   }
-  o.controller = absl::GetFlag(FLAGS_controller);
-  o.job_id = absl::GetFlag(FLAGS_job_id);
-  if (o.job_id.empty()) o.job_id = spgate::client::JobIdFromEnvironment();
-  o.incarnation = absl::GetFlag(FLAGS_incarnation);
+  spgate::client::GateClientOptions& c = o.client;
+  c.controller = absl::GetFlag(FLAGS_controller);
+  c.job_id = absl::GetFlag(FLAGS_job_id);
+  if (c.job_id.empty()) c.job_id = spgate::client::JobIdFromEnvironment();
+  c.incarnation = absl::GetFlag(FLAGS_incarnation);
   // The launch's secret from a wrapper, never from a flag (a command line is visible to
   // other users); without one world rank 0 makes it and broadcasts it (worker.h).
-  o.launch_credential = spgate::client::LaunchCredentialFromEnvironment();
-  o.tls = spgate::client::TlsOptionsFromFlags();
-  o.worker_token_file = spgate::client::WorkerTokenFileFromFlags();
+  c.launch_credential = spgate::client::LaunchCredentialFromEnvironment();
+  const spgate::client::TlsClientOptions tls = spgate::client::TlsOptionsFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.pp = absl::GetFlag(FLAGS_pp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
@@ -200,8 +200,8 @@ int main(int argc, char** argv) {
   o.bucketing = absl::GetFlag(FLAGS_bucketing);
   o.decision_log = absl::GetFlag(FLAGS_decision_log);
   o.verify = absl::GetFlag(FLAGS_verify);
-  o.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
-  o.group_session = absl::GetFlag(FLAGS_group_session);
+  c.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
+  c.group_session = absl::GetFlag(FLAGS_group_session);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
@@ -215,6 +215,15 @@ int main(int argc, char** argv) {
     if (absl::Status s = spgate::runtime::ValidateWorkerOptions(check); !s.ok()) {
       return Refuse(std::string(s.message()), first);
     }
+    // The TLS files and the token are read (and refused naming the flag) before any rank
+    // dials; the credentials are built once MPI runs.
+    absl::Status tls_files =
+        spgate::client::ReadTlsFiles(tls, spgate::client::kTlsFlagNames).status();
+    if (!tls_files.ok()) return Refuse(std::string(tls_files.message()), first);
+    absl::StatusOr<std::string> token =
+        spgate::client::ReadWorkerTokenFile(spgate::client::WorkerTokenFileFromFlags());
+    if (!token.ok()) return Refuse(std::string(token.status().message()), first);
+    c.worker_token = *std::move(token);
   }
   if (o.backend == Backend::kNccl && !spgate::runtime::HaveNccl()) {
     return Refuse("--backend=nccl: this build has no NCCL backend (built without CUDA/NCCL)",
@@ -234,6 +243,12 @@ int main(int argc, char** argv) {
   };
   if (absl::Status s = spgate::runtime::ValidateWorkerOptions(o); !s.ok()) {
     return finish_refused(std::string(s.message()));
+  }
+  if (!c.controller.empty()) {  // what the ranks' gate clients dial with
+    auto credentials = spgate::client::TlsChannelCredentials(tls, spgate::client::kTlsFlagNames);
+    if (!credentials.ok()) return finish_refused(std::string(credentials.status().message()));
+    c.credentials = *std::move(credentials);
+    c.tls_server_name = tls.server_name;
   }
   if (o.backend == Backend::kNccl && spgate::runtime::CudaDevices() == 0) {
     return finish_refused("--backend=nccl: no CUDA device is visible");

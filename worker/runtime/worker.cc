@@ -17,7 +17,6 @@
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
-#include "worker/client/tls.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/memory_arena.h"
@@ -51,16 +50,17 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (o.duration < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--duration must not be negative");
   }
-  if (!o.controller.empty() && o.job_id.empty()) {
+  if (!o.client.controller.empty() && o.client.job_id.empty()) {
     return absl::InvalidArgumentError(
         "--job_id: required with --controller (or set SPGATE_JOB_ID, or run under Slurm "
         "with a job name); the daemon keys decisions by job");
   }
-  if (!o.controller.empty() && !o.launch_credential.empty()) {
-    RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential,
+  if (!o.client.controller.empty() && !o.client.launch_credential.empty()) {
+    RETURN_IF_ERROR(CheckLaunchCredential(o.client.launch_credential,
                                                      "SPGATE_LAUNCH_CREDENTIAL"));
   }
-  if (o.decision_deadline <= absl::ZeroDuration() || o.decision_deadline > absl::Seconds(60)) {
+  if (const absl::Duration d = o.client.decision_deadline;
+      d <= absl::ZeroDuration() || d > absl::Seconds(60)) {
     return absl::InvalidArgumentError("--decision_deadline must be in (0, 60s]");
   }
   if (o.grad_accum_steps < 1 || o.grad_accum_steps > 1000000) {
@@ -100,10 +100,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "--memory_budget: step plans carry byte counts below 2^40 (1 TiB); a stage's budget "
         "is a device's");
   }
-  if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
-  // The TLS files are read (and refused naming --tls_*) before any rank dials.
-  RETURN_IF_ERROR(client::ReadTlsFiles(o.tls, client::kTlsFlagNames).status());
-  RETURN_IF_ERROR(client::ReadWorkerTokenFile(o.worker_token_file).status());
+  if (absl::Status s = ValidateGateConfig(o.client.initial_config); !s.ok()) return s;
   // The length spec is parsed (and refused naming --lengths) here too.
   return ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch).status();
 }
@@ -121,8 +118,8 @@ RunDescription DescribeRun(const WorkerOptions& o, int world_size) {
   r.lengths = o.lengths;
   r.mode = ModeChoiceName(o.mode);
   r.norm_boundary = std::string(NormBoundaryName(o.norm_boundary));
-  r.controller = o.controller;
-  r.job_id = o.job_id;
+  r.controller = o.client.controller;
+  r.job_id = o.client.job_id;
   r.layers = o.shape.layers;
   r.hidden = o.shape.hidden;
   r.heads = o.shape.heads;
@@ -188,7 +185,7 @@ static_assert(std::is_trivially_copyable_v<LaunchWire>);
 // and a new credential. Both must fit the broadcast (the daemon takes at most 128
 // characters of either), never be cut to fit.
 absl::StatusOr<LaunchIdentity> RootLaunch(const WorkerOptions& o) {
-  LaunchIdentity id{o.incarnation, o.launch_credential};
+  LaunchIdentity id{o.client.incarnation, o.client.launch_credential};
   if (id.incarnation.empty()) id.incarnation = client::IncarnationFromEnvironment();
   if (id.incarnation.empty()) id.incarnation = client::NewIncarnation();
   if (id.launch_credential.empty()) {
@@ -367,12 +364,10 @@ class RankRun {
   // session, reports the group's telemetry; with per-rank sessions every rank has one and
   // reports its own when there is a daemon.
   absl::Status CreateGate() {
-    const bool remote = !o_.controller.empty();
-    const bool needed = leader_ ? auto_mode() || remote : remote && !o_.group_session;
+    const bool remote = !o_.client.controller.empty();
+    const bool needed = leader_ ? auto_mode() || remote : remote && !o_.client.group_session;
     if (!needed) return absl::OkStatus();
-    client::GateClientOptions co;
-    co.controller = o_.controller;
-    co.job_id = o_.job_id;
+    client::GateClientOptions co = o_.client;  // the flags' (docs/design.md §10)
     co.incarnation = cx_.launch.incarnation;
     co.launch_credential = cx_.launch.launch_credential;
     co.group = grid_.group();
@@ -381,18 +376,11 @@ class RankRun {
     co.global_rank = grid_.world_rank();
     co.model = {o_.shape.layers, o_.shape.hidden, o_.shape.heads, o_.shape.ffn_hidden};
     co.memory_budget_bytes = budget_;
-    co.initial_config = o_.initial_config;
-    co.decision_deadline = o_.decision_deadline;
-    co.group_session = o_.group_session;
     if (Pipelined(o_)) {
       co.layout = layout();
       co.coordinates = {.dp_index = grid_.dp_rank(), .stage = grid_.stage()};
     }
     co.seed = o_.seed * 7919 + grid_.world_rank() + 1;
-    ASSIGN_OR_RETURN(co.credentials,
-                     client::TlsChannelCredentials(o_.tls, client::kTlsFlagNames));
-    co.tls_server_name = o_.tls.server_name;
-    ASSIGN_OR_RETURN(co.worker_token, client::ReadWorkerTokenFile(o_.worker_token_file));
     ASSIGN_OR_RETURN(gate_, client::GateClient::Create(co));
     return absl::OkStatus();
   }
@@ -401,11 +389,13 @@ class RankRun {
   // group session it also carries each step's telemetry to the leader (one max-reduction
   // of 112 bytes over the TP group, the collective that already carried the wait share).
   absl::Status CreateDecider() {
-    if (!auto_mode() && (o_.controller.empty() || !o_.group_session)) return absl::OkStatus();
+    if (!auto_mode() && (o_.client.controller.empty() || !o_.client.group_session)) {
+      return absl::OkStatus();
+    }
     Communicator* tp = cx_.tp;
     client::MaxReduceFn reduce;
     client::VectorMaxReduceFn reduce_vector;
-    if (o_.group_session) {
+    if (o_.client.group_session) {
       reduce = [tp](client::TelemetryWire& w, int /*root: every rank gets it*/) {
         return tp->AllReduceMaxHost(w.v, client::TelemetryWire::kSlots);
       };
@@ -428,7 +418,7 @@ class RankRun {
   }
 
   void WaitForDaemon() {
-    if (!gate_ || !leader_ || o_.controller.empty() ||
+    if (!gate_ || !leader_ || o_.client.controller.empty() ||
         o_.connect_timeout <= absl::ZeroDuration()) {
       return;
     }
@@ -437,7 +427,7 @@ class RankRun {
     if (absl::Status s = gate_->WaitUntilConnected(o_.connect_timeout); !s.ok()) {
       std::fprintf(stderr, "spgate-worker: group %d: %s not connected after %s; deciding "
                            "locally until it answers\n",
-                   grid_.group(), o_.controller.c_str(),
+                   grid_.group(), o_.client.controller.c_str(),
                    absl::FormatDuration(o_.connect_timeout).c_str());
     }
   }
@@ -484,7 +474,7 @@ class RankRun {
   // The bucketing target of the config in force at `step`.
   double TargetCv(int64_t step) const {
     return gate_ ? gate_->ConfigFor(step).config.bucket_target_cv
-                 : o_.initial_config.bucket_target_cv;
+                 : o_.client.initial_config.bucket_target_cv;
   }
 
   // Step n on `batch`: decide, train, measure, report (and --verify).
@@ -520,7 +510,7 @@ class RankRun {
   absl::StatusOr<client::GateDecision> Decide(int64_t n, StepSource* source) {
     if (decider_ && auto_mode()) {
       ASSIGN_OR_RETURN(client::GateDecision d,
-                       decider_->Decide(n, absl::Now() + o_.decision_deadline));
+                       decider_->Decide(n, absl::Now() + o_.client.decision_deadline));
       *source = static_cast<StepSource>(d.source);
       return d;
     }
@@ -584,7 +574,7 @@ class RankRun {
                       std::vector<MicrobatchTelemetryValues> microbatches = {}) {
     const double step_s = rec.step_time_s;
     client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
-                                    .step_time_s = std::max(step_s, kMinTelemetrySeconds),
+                                    .step_time_s = std::max(step_s, 1e-9),
                                     .rs_wait_s = rec.rs_wait_s,
                                     .all_gather_s = rec.all_gather_s,
                                     .norm_stall_s = rec.norm_stall_s,
@@ -593,7 +583,7 @@ class RankRun {
                                     .peak_memory_bytes = rec.peak_bytes};
     // Only a step plan's step (the decider's DecideMicrobatches) has micro-batch records.
     if (decider_ && auto_mode()) mine.microbatches = std::move(microbatches);
-    if (decider_ && o_.group_session) {
+    if (decider_ && o_.client.group_session) {
       // One reduction brings the group's values to the leader, which feeds its fail-static
       // window the group's wait share and queues the group's record (never blocking). Not
       // fatal: only the leader and a refused rank see an error, and a rank that stopped
@@ -614,7 +604,7 @@ class RankRun {
       RETURN_IF_ERROR(cx_.tp->AllReduceMaxHost(&share, 1));
       if (leader_) gate_->ObserveGroupRsWaitShare(n, d.mode, share);
     }
-    if (gate_ && !o_.controller.empty()) {
+    if (gate_ && !o_.client.controller.empty()) {
       // Telemetry never blocks; a refusal is a bug worth surfacing.
       RETURN_IF_ERROR(gate_->ReportTelemetry(mine));
     }
@@ -737,7 +727,8 @@ class RankRun {
     client::GateDecision d;
     StepSource source = StepSource::kFlag;
     if (decider_ && auto_mode()) {
-      ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(n, m, absl::Now() + o_.decision_deadline));
+      ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(
+                              n, m, absl::Now() + o_.client.decision_deadline));
       source = static_cast<StepSource>(d.source);
     } else {
       ASSIGN_OR_RETURN(d, Decide(n, &source));
@@ -785,7 +776,7 @@ class RankRun {
       per_mb[i] = {.id = i,
                    .mode = modes[i],
                    .forward_s = times[i].forward_s,
-                   .backward_s = std::max(times[i].backward_s, kMinTelemetrySeconds),
+                   .backward_s = std::max(times[i].backward_s, 1e-9),
                    .rs_wait_s = times[i].rs_wait_s,
                    .all_gather_s = times[i].all_gather_s,
                    .effective_tokens = batches[i].tokens};
@@ -813,7 +804,8 @@ class RankRun {
 
   void FinishGate(RankCounters& counters) {
     if (!gate_) return;
-    if (!o_.controller.empty()) (void)gate_->Flush(absl::Seconds(2));  // counts say what was lost
+    // The counts say what was lost.
+    if (!o_.client.controller.empty()) (void)gate_->Flush(absl::Seconds(2));
     const client::GateClientStats s = gate_->stats();
     counters.telemetry_sent = s.telemetry_sent;
     counters.telemetry_acked = s.telemetry_acked;
@@ -848,9 +840,9 @@ class RankRun {
 }  // namespace
 
 absl::StatusOr<LaunchIdentity> AgreeOnLaunch(const WorkerOptions& o, const ProcessGrid& grid) {
-  if (o.controller.empty()) {
-    return LaunchIdentity{
-        o.incarnation.empty() ? client::IncarnationFromEnvironment() : o.incarnation, ""};
+  if (o.client.controller.empty()) {
+    const std::string& given = o.client.incarnation;
+    return LaunchIdentity{given.empty() ? client::IncarnationFromEnvironment() : given, ""};
   }
   LaunchWire wire;
   absl::Status root_status;

@@ -27,7 +27,6 @@
 #include "absl/time/time.h"
 #include "policy/types.h"
 #include "worker/client/client_options.h"
-#include "worker/client/tls.h"
 #include "worker/runtime/communicator.h"
 #include "worker/runtime/memory_arena.h"
 #include "worker/runtime/device.h"
@@ -44,19 +43,17 @@ enum class ModeChoice : uint8_t { kAuto, kSp, kTp, kAlternate };
 
 struct WorkerOptions {
   Backend backend = Backend::kCpu;
-  std::string controller;  // empty: local policy only
-  // With a controller: required (the flag or the launcher's environment; no default).
-  std::string job_id;
-  // One launch of the job; empty: the launcher's (IncarnationFromEnvironment), else one
-  // that world rank 0 makes and broadcasts at start-up.
-  std::string incarnation;
-  // The launch's secret (docs/design.md §10); spgate-worker reads SPGATE_LAUNCH_CREDENTIAL
-  // (never a flag: a command line is visible to other users). Empty: one that world rank
-  // 0 makes and broadcasts with the incarnation. Either way every rank uses rank 0's.
-  std::string launch_credential;
-  client::TlsClientOptions tls;  // --tls_ca, --tls_cert, --tls_key, --tls_server_name
-  // The daemon's shared worker token, read by client::ReadWorkerTokenFile; empty: none.
-  std::string worker_token_file;
+  // The gate client's options as the flags and the launcher give them (spgate-worker's
+  // main): controller (empty: local policy only), job_id (required with a controller),
+  // incarnation (empty: the launcher's, else one world rank 0 makes), launch_credential
+  // (SPGATE_LAUNCH_CREDENTIAL, never a flag: a command line is visible to other users;
+  // empty: one world rank 0 makes), credentials and tls_server_name (--tls_*),
+  // worker_token (--worker_token_file), decision_deadline, group_session (the leader's
+  // session speaks for its TP group, docs/design.md §2) and initial_config (until the
+  // daemon's arrives, and without one). Every rank uses world rank 0's incarnation and
+  // credential (AgreeOnLaunch, docs/design.md §10); the worker fills in each rank's place
+  // in the job, its model, budget, layout and seed.
+  client::GateClientOptions client;
   ModelShape shape;
   int tp = 1;
   // Pipelines (docs/design.md §12): pipeline stages (world = tp x pp x dp; each stage runs
@@ -82,17 +79,12 @@ struct WorkerOptions {
   NormBoundary norm_boundary = NormBoundary::kShard;
   std::string decision_log;  // PREFIX: PREFIX.rank<N>.csv per global rank
   bool verify = false;
-  absl::Duration decision_deadline = client::GateClientOptions{}.decision_deadline;
-  // The leader's session speaks for its TP group and the group's telemetry is reduced in
-  // the group (docs/design.md §2); false: every rank registers and reports its own.
-  bool group_session = client::GateClientOptions{}.group_session;
   // Before the first step the leader waits this long for the daemon's stream (once).
   absl::Duration connect_timeout = absl::Seconds(5);
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
   int grad_accum_steps = 1;
   int64_t attention_query_block = 1024;
   ArenaOptions arena;  // --arena_cache
-  GateConfig initial_config;  // until the daemon's arrives (and without one)
 };
 
 // Whether the run has pipeline stages or micro-batches (step plans, a decision each).

@@ -73,15 +73,15 @@ TEST(AgreeOnLaunchTest, EveryRankGetsWorldRankZerosIdentity) {
   ASSERT_OK_AND_ASSIGN(Job j, MakeJob(WorldSize()));
   const int me = j.grid->world_rank();
   WorkerOptions o;
-  o.controller = "127.0.0.1:1";
-  o.incarnation = absl::StrCat("launch-of-rank-", me);
-  o.launch_credential = absl::StrCat("credential-of-rank-", me);
+  o.client.controller = "127.0.0.1:1";
+  o.client.incarnation = absl::StrCat("launch-of-rank-", me);
+  o.client.launch_credential = absl::StrCat("credential-of-rank-", me);
   ASSERT_OK_AND_ASSIGN(LaunchIdentity given, AgreeOnLaunch(o, *j.grid));
   EXPECT_EQ(given.incarnation, "launch-of-rank-0");
   EXPECT_EQ(given.launch_credential, "credential-of-rank-0");
 
-  o.incarnation = "";
-  o.launch_credential = "";
+  o.client.incarnation = "";
+  o.client.launch_credential = "";
   setenv("SPGATE_INCARNATION", absl::StrCat("env-of-rank-", me).c_str(), 1);
   ASSERT_OK_AND_ASSIGN(LaunchIdentity made, AgreeOnLaunch(o, *j.grid));
   unsetenv("SPGATE_INCARNATION");
@@ -101,8 +101,8 @@ TEST(AgreeOnLaunchTest, EveryRankGetsWorldRankZerosIdentity) {
   EXPECT_NE(again.launch_credential, made.launch_credential);
 
   // Without a controller nothing is agreed or made.
-  o.controller = "";
-  o.incarnation = "local";
+  o.client.controller = "";
+  o.client.incarnation = "local";
   ASSERT_OK_AND_ASSIGN(LaunchIdentity local, AgreeOnLaunch(o, *j.grid));
   EXPECT_EQ(local.incarnation, "local");
   EXPECT_EQ(local.launch_credential, "");
@@ -112,14 +112,14 @@ TEST(AgreeOnLaunchTest, EveryRankGetsWorldRankZerosIdentity) {
 TEST(AgreeOnLaunchTest, RankZerosErrorReachesEveryRank) {
   ASSERT_OK_AND_ASSIGN(Job j, MakeJob(WorldSize()));
   WorkerOptions o;
-  o.controller = "127.0.0.1:1";
-  o.incarnation = std::string(129, 'i');
+  o.client.controller = "127.0.0.1:1";
+  o.client.incarnation = std::string(129, 'i');
   EXPECT_THAT(AgreeOnLaunch(o, *j.grid).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        j.grid->world_rank() == 0 ? HasSubstr("incarnation: at most 128")
                                                  : HasSubstr("world rank 0 could not")));
-  o.incarnation = "ok";
-  o.launch_credential = j.grid->world_rank() == 0 ? "short" : "long-enough-elsewhere";
+  o.client.incarnation = "ok";
+  o.client.launch_credential = j.grid->world_rank() == 0 ? "short" : "long-enough-elsewhere";
   EXPECT_THAT(AgreeOnLaunch(o, *j.grid).status(),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }

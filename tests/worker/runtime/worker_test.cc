@@ -71,14 +71,14 @@ TEST(ValidationTest, PipelineOptionsNameTheFlags) {
 // without a controller it is not used, so not checked.
 TEST(ValidationTest, ALaunchCredentialIsCheckedWithAController) {
   WorkerOptions o;
-  o.launch_credential = "short";
+  o.client.launch_credential = "short";
   EXPECT_OK(ValidateWorkerOptions(o));
-  o.controller = "127.0.0.1:1";
-  o.job_id = "j";
+  o.client.controller = "127.0.0.1:1";
+  o.client.job_id = "j";
   EXPECT_THAT(ValidateWorkerOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "SPGATE_LAUNCH_CREDENTIAL: must be 16 to 128 characters, got 5"));
-  o.launch_credential = "";  // world rank 0 makes one
+  o.client.launch_credential = "";  // world rank 0 makes one
   EXPECT_OK(ValidateWorkerOptions(o));
 }
 
