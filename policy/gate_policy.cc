@@ -187,7 +187,8 @@ std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchF
   const double sp = static_cast<double>(batch.predicted_peak_bytes_sp);
   const bool tp_over = TpOnlyOverBudget(config, batch);
 
-  // 1. Pin. A TP-only pin that is not forced yields to the memory gate.
+  // 1. The directive: an SP-required feature, or a pin. A TP-only pin that is not forced
+  // yields to the memory gate.
   if (pin.has_value()) {
     if (pin->mode == Mode::kTensorParallelOnly && !pin->force && tp_over) {
       Record(trace, "pin", "skip", tp, limit,
@@ -195,10 +196,11 @@ std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchF
              "(pin with force to override)");
     } else {
       Record(trace, "pin", "fire", 0, 0,
-             pin->mode == Mode::kSequenceParallel ? "operator pin to sp"
-             : pin->force                         ? "operator pin to tp_only (forced)"
-                                                  : "operator pin to tp_only");
-      return Decision{pin->mode, Reason::kPinned};
+             pin->sp_required                       ? "a feature of the job needs SP throughout"
+             : pin->mode == Mode::kSequenceParallel ? "operator pin to sp"
+             : pin->force                           ? "operator pin to tp_only (forced)"
+                                                    : "operator pin to tp_only");
+      return Decision{pin->mode, pin->sp_required ? Reason::kSpRequired : Reason::kPinned};
     }
   } else {
     Record(trace, "pin", "pass", 0, 0, "no pin");

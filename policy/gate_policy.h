@@ -81,7 +81,8 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
                               GatePolicyKind policy = GatePolicyKind::kStatic);
 
 // The two halves of the gates, shared with the ADAPTIVE policy. PinAndMemoryGates: gates
-// 1-2, a decision when a pin or the memory gate decides. ThresholdGates: gates 3-5 (length
+// 1-2, a decision when the directive (a pin, or PinDirective::SpRequired) or the memory
+// gate decides. ThresholdGates: gates 3-5 (length
 // CV, wait share with its probes and dwell, otherwise SP), given that 1-2 did not decide.
 std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchFacts& batch,
                                           std::optional<PinDirective> pin,

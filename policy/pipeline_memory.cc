@@ -149,6 +149,12 @@ StageMemoryGate::StageMemoryGate(std::span<const PipelineOp> ops, uint64_t resid
   }
 }
 
+uint64_t StageMemoryLimit(uint64_t budget_bytes, const GateConfig& config) {
+  if (budget_bytes == 0) return 0;
+  return std::max<uint64_t>(
+      1, static_cast<uint64_t>(static_cast<double>(budget_bytes) * config.memory_headroom));
+}
+
 bool StageMemoryGate::all_sp_fits() const { return limit_ == 0 || all_sp_peak_ <= limit_; }
 
 uint64_t StageMemoryGate::peak_bytes() const { return Peak(level_, resident_); }
@@ -189,19 +195,33 @@ bool StageMemoryGate::TryTpOnly(int microbatch, bool force) {
   return true;
 }
 
+Decision StageMemoryGate::Admit(int microbatch, Decision wanted, bool pin_forced) {
+  if (wanted.mode != Mode::kTensorParallelOnly) return wanted;
+  if (TryTpOnly(microbatch, pin_forced && wanted.reason == Reason::kPinned)) return wanted;
+  return {Mode::kSequenceParallel,
+          all_sp_fits() ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
+}
+
+int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions, bool pin_forced) {
+  int overridden = 0;
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    const Decision d = gate.Admit(static_cast<int>(i), decisions[i], pin_forced);
+    overridden += d != decisions[i];
+    decisions[i] = d;
+  }
+  return overridden;
+}
+
 PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
                                               std::span<const MicrobatchMemory> memory,
                                               std::span<const Mode> wanted, uint64_t limit_bytes) {
   StageMemoryGate gate(ops, resident, memory, limit_bytes);
+  std::vector<Decision> d;
+  for (Mode m : wanted) d.push_back({m, Reason::kGatesPassed});
+  ApplyStageMemoryGate(gate, d);
   PipelineMemoryVerdict v;
-  v.reasons.assign(wanted.size(), Reason::kGatesPassed);
+  for (const Decision& x : d) v.reasons.push_back(x.reason);
   v.over_budget = !gate.all_sp_fits();
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    if (wanted[i] != Mode::kTensorParallelOnly) continue;
-    if (!gate.TryTpOnly(static_cast<int>(i))) {
-      v.reasons[i] = v.over_budget ? Reason::kMemoryOverBudget : Reason::kMemoryRequiresSp;
-    }
-  }
   v.modes = gate.modes();
   v.peak_bytes = gate.peak_bytes();
   return v;

@@ -87,6 +87,11 @@ struct MicrobatchMemory {
 uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
                         std::span<const MicrobatchMemory> memory, std::span<const Mode> modes);
 
+// The schedule-aware memory gate's limit: budget x memory_headroom, at least one byte; 0
+// (no gate) when the budget is 0 (unknown). The daemon, the worker's fallback and commit,
+// and the simulator's fixed choices all gate against it.
+uint64_t StageMemoryLimit(uint64_t budget_bytes, const GateConfig& config);
+
 // The schedule-aware memory gate, one micro-batch at a time: every micro-batch starts SP
 // and TryTpOnly(i) lets micro-batch i run TP-only only if the stage's peak over the whole
 // step with it (and the TP-only ones before it) stays within `limit_bytes` (0: no limit).
@@ -103,6 +108,11 @@ class StageMemoryGate {
   // Sets micro-batch `microbatch` TP-only and returns true if it fits (always, with
   // `force`: a forced operator pin); false leaves it SP.
   bool TryTpOnly(int microbatch, bool force = false);
+  // The gate's verdict on micro-batch `microbatch` decided `wanted`: `wanted` unless it is
+  // TP-only and does not fit (TryTpOnly; it always fits when an operator forced it, a
+  // PINNED decision under a forced pin: `pin_forced`), then SP, reason MEMORY_REQUIRES_SP,
+  // or MEMORY_OVER_BUDGET when the all-SP step does not fit either.
+  Decision Admit(int microbatch, Decision wanted, bool pin_forced = false);
   const std::vector<Mode>& modes() const { return modes_; }
   uint64_t peak_bytes() const;  // with the modes set so far
 
@@ -114,6 +124,12 @@ class StageMemoryGate {
   std::vector<std::vector<std::pair<size_t, size_t>>> spans_;  // per micro-batch: (fwd, bwd) ops
   std::vector<int64_t> delta_;
 };
+
+// Admit over a step's decisions (index = micro-batch id), in id order, in place: the
+// override loop of a step whose modes were decided elsewhere (the worker's commit of the
+// daemon's answer, the simulator's fixed TP-only choice). Returns how many it made SP.
+int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions,
+                         bool pin_forced = false);
 
 struct PipelineMemoryVerdict {
   std::vector<Mode> modes;      // per micro-batch, as the gate lets them run

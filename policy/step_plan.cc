@@ -124,6 +124,53 @@ absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
   return absl::OkStatus();
 }
 
+absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
+                            std::string_view whose, std::string_view field) {
+  if (layout == nullptr) {
+    if (plan.microbatch_ids.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s registered no layout; its plans carry lengths, not micro-batches", field, whose));
+  }
+  if (plan.microbatch_ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s registered the layout %s; its plans carry one entry per micro-batch", field,
+        whose, FormatJobLayout(*layout)));
+  }
+  if (plan.batch_lengths) {
+    return absl::InvalidArgumentError(
+        "lengths: a step plan carries its lengths and memory per micro-batch (lengths and "
+        "predicted_peak_bytes_sp/tp must be empty)");
+  }
+  if (plan.resident_bytes >= kMaxStepPlanBytes || plan.memory_budget_bytes >= kMaxStepPlanBytes) {
+    return absl::InvalidArgumentError(
+        "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
+  }
+  return CheckMicrobatchIds(plan.microbatch_ids, layout->microbatches);
+}
+
+absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(int id, std::span<const int64_t> lengths,
+                                                    const MicrobatchMemory& memory,
+                                                    std::string_view field) {
+  MicrobatchFacts f{.id = id, .lengths_known = !lengths.empty(), .memory = memory};
+  for (uint64_t b : {memory.activation_sp, memory.activation_tp, memory.workspace_sp,
+                     memory.workspace_tp}) {
+    if (b >= kMaxStepPlanBytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s[id=%d]: byte counts must be below 2^40, got %d", field, id, b));
+    }
+  }
+  if (f.lengths_known) {
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+    if (!stats.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s[id=%d].%s", field, id, stats.status().message()));
+    }
+    f.length_cv = stats->cv;
+    f.tokens = stats->tokens;
+  }
+  return f;
+}
+
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,
                                  const JobLayout& layout, const StagePlanFacts& plan,
                                  std::optional<PinDirective> pin, const ThroughputTable* table,
@@ -133,12 +180,9 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), plan.stage).value();
   std::vector<MicrobatchMemory> memory(static_cast<size_t>(m));
   for (const MicrobatchFacts& f : plan.microbatches) memory[f.id] = f.memory;
-  const uint64_t limit =
-      plan.memory_budget_bytes == 0
-          ? 0
-          : std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plan.memory_budget_bytes) *
-                                                        config.memory_headroom));
-  StageMemoryGate gate(ops, plan.resident_bytes, memory, limit);
+  StageMemoryGate gate(ops, plan.resident_bytes, memory,
+                       StageMemoryLimit(plan.memory_budget_bytes, config));
+  const std::optional<PinDirective> directive = JobDirective(sp_required, pin);
 
   group.Prepare(config);
   StagePlanOutcome out;
@@ -156,9 +200,9 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
     const MicrobatchFacts& f = plan.microbatches[id];
     Decision d;
     if (f.lengths_known) out.bands[id] = static_cast<int8_t>(BandOf(config, f.length_cv, f.tokens));
-    if (sp_required) {
-      d = {Mode::kSequenceParallel, Reason::kSpRequired};
-    } else if (!f.lengths_known) {
+    // Unknown lengths run SP, unless the directive is an SP-required feature: it outranks
+    // them as it does a pin.
+    if (!f.lengths_known && !sp_required) {
       d = {Mode::kSequenceParallel, Reason::kLengthsUnknown};
     } else {
       // The single-batch memory gate is off (no budget in the facts): the stage's gate
@@ -166,15 +210,8 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
       BatchFacts facts{.step = plan.step, .length_cv = f.length_cv, .tokens = f.tokens};
       const GateOutcome wanted =
           EvaluatePolicy(config, group.gate(), facts, options.plan_only ? no_samples : group.rs_wait(),
-                         pin, learned, nullptr, &prior_fit);
-      d = wanted.decision;
-      if (d.mode == Mode::kTensorParallelOnly) {
-        const bool forced = d.reason == Reason::kPinned && pin.has_value() && pin->force;
-        if (!gate.TryTpOnly(id, forced)) {
-          d = {Mode::kSequenceParallel,
-               out.over_budget ? Reason::kMemoryOverBudget : Reason::kMemoryRequiresSp};
-        }
-      }
+                         directive, learned, nullptr, &prior_fit);
+      d = gate.Admit(id, wanted.decision, pin.has_value() && pin->force);
       if (wanted.explored && d == wanted.decision) ++out.explored;
       if (wanted.flip_held && d == wanted.decision) ++out.flips_held;
     }

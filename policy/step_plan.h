@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "policy/adaptive_policy.h"
 #include "policy/group_state.h"
 #include "policy/pipeline_memory.h"
@@ -114,6 +115,32 @@ struct StagePlanFacts {
 // exactly once, else INVALID_ARGUMENT naming the id (outside the range, repeated, missing).
 absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches);
 
+// A step plan's byte counts (resident, budget, each micro-batch's) are below this, so
+// their sum over a step fits in 63 bits.
+inline constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
+
+// What CheckPlanShape reads of a plan.
+struct PlanShape {
+  bool batch_lengths = false;           // lengths or predicted peaks of the whole batch
+  std::span<const int> microbatch_ids;  // a step plan's, in the order sent
+  uint64_t resident_bytes = 0, memory_budget_bytes = 0;
+};
+
+// Micro-batches need a layout (docs/design.md §12): without one (`layout` null) a plan
+// carries lengths and no micro-batches; with one it is a step plan: no batch lengths or
+// peaks, CheckMicrobatchIds, resident and budget below kMaxStepPlanBytes. INVALID_ARGUMENT
+// naming the field; `whose` names the layout's owner ("job j1", "this client") and `field`
+// the micro-batches ("micro_batches" on the wire, "microbatches" in the client's API).
+absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
+                            std::string_view whose, std::string_view field);
+
+// One micro-batch of a step plan as the policy reads it: its byte counts below
+// kMaxStepPlanBytes and its lengths, if any, valid (ComputeLengthStats). INVALID_ARGUMENT
+// naming "<field>[id=N]".
+absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(int id, std::span<const int64_t> lengths,
+                                                    const MicrobatchMemory& memory,
+                                                    std::string_view field);
+
 struct StagePlanOutcome {
   std::vector<Decision> decisions;  // index = micro-batch id
   // Each micro-batch's ADAPTIVE band (BandOf its length CV and tokens), whatever the
@@ -135,12 +162,11 @@ struct StagePlanOptions {
 };
 
 // Decides every micro-batch of `plan` in id order and advances `group` once per
-// micro-batch. Per micro-batch: an SP-required job runs SP (kSpRequired, before pins: a
-// TP-only step would break it); a micro-batch without lengths runs SP (kLengthsUnknown);
-// otherwise the policy's answer for its length CV and tokens, and a TP-only answer then
-// passes the schedule-aware memory gate over the stage's whole step (kMemoryRequiresSp,
-// or kMemoryOverBudget when every micro-batch SP does not fit either) unless it is a
-// forced pin. Preconditions (callers check): ValidateJobLayout(layout), plan.stage in
+// micro-batch. Per micro-batch: the policy's answer for its length CV and tokens under
+// JobDirective(sp_required, pin) (an SP-required job runs SP, kSpRequired, before pins: a
+// TP-only step would break it), except that otherwise a micro-batch without lengths runs
+// SP (kLengthsUnknown); a TP-only answer then passes the schedule-aware memory gate over
+// the stage's whole step (StageMemoryGate::Admit) unless it is a forced pin. Preconditions (callers check): ValidateJobLayout(layout), plan.stage in
 // [0, pp), CheckMicrobatchIds, plan.step after the group's last decided step, the byte
 // counts below 2^40 each (their sum over a step then fits in 63 bits).
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,

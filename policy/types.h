@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string_view>
 
 #include "policy/gate_config.h"
@@ -79,20 +80,47 @@ struct GroupGateState {
   int64_t prev_switch_at = std::numeric_limits<int64_t>::min() / 2;
 };
 
-// An operator pin as the gates see it (docs/design.md §3). A TP-only pin yields to the
-// memory gate unless forced: a pin must not OOM a job by accident.
+// The directive gate 1 evaluates (docs/design.md §3, §12): an operator pin, or a job's
+// feature that needs SP throughout (SpRequired: SP with reason SP_REQUIRED). A TP-only pin
+// yields to the memory gate unless forced: a pin must not OOM a job by accident.
 struct PinDirective {
   PinDirective(Mode m, bool f = false) : mode(m), force(f) {}  // NOLINT: a Mode is a pin
+  static PinDirective SpRequired() {
+    PinDirective d(Mode::kSequenceParallel, /*f=*/true);
+    d.sp_required = true;
+    return d;
+  }
   Mode mode;
   bool force;
+  bool sp_required = false;
   friend bool operator==(const PinDirective&, const PinDirective&) = default;
 };
+
+// The directive in force for a job: an SP-required feature outranks an operator pin (a
+// TP-only step would break it); otherwise the pin, if any.
+inline std::optional<PinDirective> JobDirective(bool sp_required, std::optional<PinDirective> pin) {
+  if (sp_required) return PinDirective::SpRequired();
+  return pin;
+}
 
 struct Decision {
   Mode mode = Mode::kSequenceParallel;
   Reason reason = Reason::kGatesPassed;
   friend bool operator==(const Decision&, const Decision&) = default;
 };
+
+// A micro-batch's decision in one byte, mode << 4 | reason: what the daemon's step-plan
+// cache, the group's broadcast and the worker's run record carry (docs/design.md §12).
+// UnpackModeReason: nullopt for a byte that is not a decision.
+static_assert(kNumReasons <= 16, "a packed decision keeps the reason in 4 bits");
+inline uint8_t PackModeReason(Decision d) {
+  return static_cast<uint8_t>(static_cast<int>(d.mode) << 4 | static_cast<int>(d.reason));
+}
+inline std::optional<Decision> UnpackModeReason(uint8_t b) {
+  const int mode = b >> 4, reason = b & 15;
+  if ((mode != 1 && mode != 2) || reason < 1 || reason >= kNumReasons) return std::nullopt;
+  return Decision{static_cast<Mode>(mode), static_cast<Reason>(reason)};
+}
 
 }  // namespace spgate
 

@@ -371,7 +371,7 @@ TEST_P(StepPlanEquivalenceTest, LocalStepPlansEqualTheDaemonsMicrobatchByMicroba
     PlanRecord rec;
     rec.step = step;
     rec.budget = plan.memory_budget_bytes();
-    ASSERT_THAT(client::StepPlanRecord(layout,
+    ASSERT_THAT(client::StepPlanRecord(&layout,
                                        {.step = step,
                                         .memory_budget_bytes = plan.memory_budget_bytes(),
                                         .microbatches = mbs,

@@ -33,8 +33,6 @@ std::optional<Decision> MemoryGateForbids(const GateDecision& d, const GateConfi
   return PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr);
 }
 
-constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
-
 StagePlanFacts StageFactsOf(const PlanRecord& plan, int stage,
                             std::vector<MicrobatchFacts>& storage) {
   storage.clear();
@@ -48,48 +46,24 @@ StagePlanFacts StageFactsOf(const PlanRecord& plan, int stage,
 
 }  // namespace
 
-absl::Status StepPlanRecord(const JobLayout& layout, const BatchPlanInput& plan, PlanRecord* rec) {
-  if (plan.microbatches.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "microbatches: this client's job has a layout (%s): a step plan carries one entry per "
-        "micro-batch",
-        FormatJobLayout(layout)));
-  }
-  if (!plan.lengths.empty() || plan.predicted_peak_bytes_sp != 0 ||
-      plan.predicted_peak_bytes_tp != 0) {
-    return absl::InvalidArgumentError(
-        "lengths: a step plan carries its lengths and memory per micro-batch (lengths and "
-        "predicted_peak_bytes_sp/tp must be empty)");
-  }
-  if (plan.resident_bytes >= kMaxStepPlanBytes || rec->budget >= kMaxStepPlanBytes) {
-    return absl::InvalidArgumentError(
-        "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
-  }
+absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan, PlanRecord* rec) {
   std::vector<int> ids;
   ids.reserve(plan.microbatches.size());
   for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
-  RETURN_IF_ERROR(CheckMicrobatchIds(ids, layout.microbatches));
+  RETURN_IF_ERROR(CheckPlanShape(layout,
+                                 {.batch_lengths = !plan.lengths.empty() ||
+                                                   plan.predicted_peak_bytes_sp != 0 ||
+                                                   plan.predicted_peak_bytes_tp != 0,
+                                  .microbatch_ids = ids,
+                                  .resident_bytes = plan.resident_bytes,
+                                  .memory_budget_bytes = rec->budget},
+                                 "this client", "microbatches"));
+  if (layout == nullptr) return absl::OkStatus();
   rec->microbatches.assign(plan.microbatches.size(), {});
   for (const MicrobatchPlanInput& m : plan.microbatches) {
     PlanRecord::Microbatch& out = rec->microbatches[m.id];
-    for (uint64_t b : {m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
-                       m.memory.workspace_tp}) {
-      if (b >= kMaxStepPlanBytes) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "microbatches[id=%d]: byte counts must be below 2^40, got %d", m.id, b));
-      }
-    }
-    out.facts = MicrobatchFacts{.id = m.id, .lengths_known = !m.lengths.empty(), .memory = m.memory};
-    if (!m.lengths.empty()) {
-      absl::StatusOr<LengthStats> stats = ComputeLengthStats(m.lengths);
-      if (!stats.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("microbatches[id=%d].%s", m.id, stats.status().message()));
-      }
-      out.facts.length_cv = stats->cv;
-      out.facts.tokens = stats->tokens;
-      out.lengths.assign(m.lengths.begin(), m.lengths.end());
-    }
+    ASSIGN_OR_RETURN(out.facts, SummarizeMicrobatch(m.id, m.lengths, m.memory, "microbatches"));
+    out.lengths.assign(m.lengths.begin(), m.lengths.end());
   }
   rec->resident = plan.resident_bytes;
   return absl::OkStatus();
@@ -173,22 +147,8 @@ GateDecision DecisionBook::CommitStepPlan(const PlanRecord& plan, absl::Time now
     const std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), layout_.stage).value();
     std::vector<MicrobatchMemory> memory;
     for (const MicrobatchFacts& f : storage) memory.push_back(f.memory);
-    const uint64_t limit =
-        plan.budget == 0 ? 0
-                         : std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(plan.budget) *
-                                                                      sc.config.memory_headroom));
-    StageMemoryGate gate(ops, plan.resident, memory, limit);
-    bool overridden = false;
-    for (size_t i = 0; i < d.microbatches.size(); ++i) {
-      Decision& m = d.microbatches[i];
-      if (m.mode != Mode::kTensorParallelOnly) continue;
-      const bool forced = m.reason == Reason::kPinned && d.pin_forced;
-      if (!gate.TryTpOnly(static_cast<int>(i), forced)) {
-        m = {Mode::kSequenceParallel,
-             gate.all_sp_fits() ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
-        overridden = true;
-      }
-    }
+    StageMemoryGate gate(ops, plan.resident, memory, StageMemoryLimit(plan.budget, sc.config));
+    const bool overridden = ApplyStageMemoryGate(gate, d.microbatches, d.pin_forced) > 0;
     for (const Decision& m : d.microbatches) {
       policy_.Adopt(plan.step, m.mode, m.reason, d.pin_expire, d.pin_forced);
     }
@@ -239,20 +199,8 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
       policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
       ++counters_.daemon_decisions;
     }
-  } else if (layout_.sp_required) {
-    // This rank runs a feature that needs SP throughout (docs/design.md §12).
-    d.step = step;
-    d.mode = Mode::kSequenceParallel;
-    d.policy_reason = Reason::kSpRequired;
-    d.source = local_source_;
-    d.reason = local_source_ == DecisionSource::kFallback ? Reason::kControllerUnavailable
-                                                          : d.policy_reason;
-    d.config_version = policy_.ConfigFor(step).version;
-    policy_.Adopt(step, d.mode, d.policy_reason);
-    ++counters_.local_decisions;
-    ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
   } else {
-    const LocalDecision ld = policy_.Decide(facts, now);
+    const LocalDecision ld = policy_.Decide(facts, layout_.sp_required, now);
     d.step = step;
     d.mode = ld.decision.mode;
     d.policy_reason = ld.decision.reason;

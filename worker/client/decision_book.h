@@ -80,8 +80,10 @@ struct DecisionBookCounters {
 
 // The step plan of `plan` for a client with `layout` into `rec` (ids in id order):
 // INVALID_ARGUMENT naming the micro-batch for a repeated, missing or out-of-range id, bad
-// lengths, byte counts of 2^40 or more, or lengths / predicted peaks given at the top.
-absl::Status StepPlanRecord(const JobLayout& layout, const BatchPlanInput& plan, PlanRecord* rec);
+// lengths, byte counts of 2^40 or more, or lengths / predicted peaks given at the top
+// (CheckPlanShape, SummarizeMicrobatch). `layout` null: only checks that `plan` carries no
+// micro-batches (the caller records its lengths).
+absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan, PlanRecord* rec);
 
 // Where the book's group sits in a pipelined job, for its step plans' fallback.
 struct BookLayout {

@@ -661,14 +661,8 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   PlanRecord rec;
   rec.step = plan.step;
   rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
-  if (opts_.layout.has_value()) {
-    RETURN_IF_ERROR(StepPlanRecord(*opts_.layout, plan, &rec));
-  } else {
-    if (!plan.microbatches.empty()) {
-      return absl::InvalidArgumentError(
-          "microbatches: this client has no layout (GateClientOptions::layout); plain plans "
-          "carry lengths");
-    }
+  RETURN_IF_ERROR(StepPlanRecord(opts_.layout ? &*opts_.layout : nullptr, plan, &rec));
+  if (!opts_.layout.has_value()) {
     absl::StatusOr<LengthStats> stats = ComputeLengthStats(plan.lengths);
     if (!stats.ok()) return stats.status();
     rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());

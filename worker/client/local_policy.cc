@@ -4,9 +4,10 @@
 
 namespace spgate::client {
 
-LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, absl::Time now) {
+LocalDecision LocalGatePolicy::Decide(const BatchFacts& facts, bool sp_required, absl::Time now) {
   const ScheduledConfig sc = schedule_.At(facts.step);
-  const GateOutcome out = group_.Decide(sc.config, facts, pin(now), &learned_);
+  const GateOutcome out =
+      group_.Decide(sc.config, facts, JobDirective(sp_required, pin(now)), &learned_);
   schedule_.Prune(facts.step);
   return LocalDecision{out.decision, sc.version};
 }

@@ -61,7 +61,9 @@ class LocalGatePolicy {
   // Decides `facts.step` with the policy and advances the state. An operator pin that was
   // in force when the daemon was last heard from stays in force until it expires at `now`
   // (the operator's explicit choice outlives the daemon's absence, not its own end).
-  LocalDecision Decide(const BatchFacts& facts, absl::Time now = absl::InfinitePast());
+  // `sp_required`: this rank declared a feature that needs SP throughout (JobDirective).
+  LocalDecision Decide(const BatchFacts& facts, bool sp_required = false,
+                       absl::Time now = absl::InfinitePast());
 
   // Advances the state with a decision the daemon made for `step`, exactly as the
   // daemon's own evaluation advanced its copy (policy/group_state.h). A PINNED decision

@@ -181,9 +181,9 @@ RunSummary Summarize(const RunDescription& run,
     if (microbatch_decisions.empty()) break;
     const std::vector<uint8_t>& bytes = microbatch_decisions[g * tp];
     for (uint8_t b : bytes) {
-      const Mode m = static_cast<Mode>(b >> 4);
-      s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(m))]
-                                [std::string(ReasonLabel(static_cast<Reason>(b & 15)))] += 1;
+      const Decision d = UnpackModeReason(b).value();  // this run's own PackModeReason bytes
+      s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(d.mode))]
+                                [std::string(ReasonLabel(d.reason))] += 1;
     }
   }
   for (const RunSummary::Stage& st : s.stages) {

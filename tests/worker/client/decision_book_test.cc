@@ -342,7 +342,7 @@ PlanRecord StepPlan(int64_t step, uint64_t budget = 145) {
   PlanRecord rec;
   rec.step = step;
   rec.budget = budget;
-  EXPECT_THAT(StepPlanRecord(kLayout, {.step = step, .microbatches = mbs, .resident_bytes = 100},
+  EXPECT_THAT(StepPlanRecord(&kLayout, {.step = step, .microbatches = mbs, .resident_bytes = 100},
                              &rec),
               IsOk());
   return rec;
@@ -398,15 +398,15 @@ TEST(DecisionBookStepPlanTest, StepPlanRecordNamesWhatIsWrong) {
                                           {.id = 1, .lengths = lengths},
                                           {.id = 3, .lengths = lengths}};
   PlanRecord rec;
-  EXPECT_THAT(StepPlanRecord(kLayout, {.microbatches = mbs}, &rec),
+  EXPECT_THAT(StepPlanRecord(&kLayout, {.microbatches = mbs}, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
   mbs[2].id = 2;
-  EXPECT_THAT(StepPlanRecord(kLayout, {.lengths = lengths, .microbatches = mbs}, &rec),
+  EXPECT_THAT(StepPlanRecord(&kLayout, {.lengths = lengths, .microbatches = mbs}, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths")));
   mbs[1].memory.activation_tp = uint64_t{1} << 41;
-  EXPECT_THAT(StepPlanRecord(kLayout, {.microbatches = mbs}, &rec),
+  EXPECT_THAT(StepPlanRecord(&kLayout, {.microbatches = mbs}, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches[id=1]")));
-  EXPECT_THAT(StepPlanRecord(kLayout, {}, &rec),
+  EXPECT_THAT(StepPlanRecord(&kLayout, {}, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one entry per micro-batch")));
 }
 
