@@ -32,10 +32,6 @@ using gate_state_internal::ModeWindow;
 using gate_state_internal::PendingStep;
 using gate_state_internal::Rank;
 
-// A step plan's byte counts stay below 1 TiB each, so that a stage's sum over every
-// micro-batch and chunk in flight (at most 2^16 x 64 of them) fits in 63 bits.
-constexpr uint64_t kMaxPlanBytes = uint64_t{1} << 40;
-
 // A token longer than any NewSessionId makes is refused before a lookup (and before an
 // error message would echo it).
 absl::Status CheckSessionIdLength(const std::string& session_id) {
@@ -86,23 +82,8 @@ absl::StatusOr<std::vector<MicrobatchFacts>> MicrobatchFactsOf(const PlanInput& 
   facts.reserve(by_id.size());
   for (size_t i : by_id) {
     const MicrobatchPlanInput& m = plan.microbatches[i];
-    MicrobatchFacts f{.id = m.id, .lengths_known = !m.lengths.empty(), .memory = m.memory};
-    for (uint64_t b : {m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
-                       m.memory.workspace_tp}) {
-      if (b >= kMaxPlanBytes) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "micro_batches[id=%d]: byte counts must be below 2^40, got %d", m.id, b));
-      }
-    }
-    if (f.lengths_known) {
-      absl::StatusOr<LengthStats> stats = ComputeLengthStats(m.lengths);
-      if (!stats.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("micro_batches[id=%d].%s", m.id, stats.status().message()));
-      }
-      f.length_cv = stats->cv;
-      f.tokens = stats->tokens;
-    }
+    ASSIGN_OR_RETURN(MicrobatchFacts f,
+                     SummarizeMicrobatch(m.id, m.lengths, m.memory, "micro_batches"));
     facts.push_back(f);
   }
   return facts;
@@ -649,33 +630,17 @@ absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) cons
 }
 
 absl::Status GateState::CheckStepPlan(const Job& job, const PlanInput& plan) const {
-  if (!job.layout.has_value()) {
-    if (plan.microbatches.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "micro_batches: job %s registered no layout (RegisterRequest.layout); its plans carry "
-        "lengths, not micro-batches",
-        job.id));
-  }
-  if (plan.microbatches.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "micro_batches: job %s registered the layout %s; its plans carry one entry per "
-        "micro-batch",
-        job.id, FormatJobLayout(*job.layout)));
-  }
-  if (!plan.lengths.empty() || plan.predicted_peak_bytes_sp != 0 ||
-      plan.predicted_peak_bytes_tp != 0) {
-    return absl::InvalidArgumentError(
-        "lengths: a step plan carries its lengths and memory per micro-batch (lengths and "
-        "predicted_peak_bytes_sp/tp must be empty)");
-  }
-  if (plan.resident_bytes >= kMaxPlanBytes || plan.memory_budget_bytes >= kMaxPlanBytes) {
-    return absl::InvalidArgumentError(
-        "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
-  }
   std::vector<int> ids;
   ids.reserve(plan.microbatches.size());
   for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
-  return CheckMicrobatchIds(ids, job.layout->microbatches);
+  const PlanShape shape{.batch_lengths = !plan.lengths.empty() ||
+                                         plan.predicted_peak_bytes_sp != 0 ||
+                                         plan.predicted_peak_bytes_tp != 0,
+                        .microbatch_ids = ids,
+                        .resident_bytes = plan.resident_bytes,
+                        .memory_budget_bytes = plan.memory_budget_bytes};
+  return CheckPlanShape(job.layout ? &*job.layout : nullptr, shape, absl::StrCat("job ", job.id),
+                        "micro_batches");
 }
 
 std::optional<DecisionRecord> GateState::CpPeerDecided(const Job& job, const Group& g,
@@ -830,15 +795,10 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
   if (g.policy.gate().has_decision) sample.previous_mode = g.policy.gate().mode;
   const double rs_mean = g.policy.rs_wait().mean;
   const std::optional<PinState> pin = ActivePin(job, plan.group);
-  GateOutcome outcome;
-  if (!job.sp_required.empty()) {
-    // A feature of the job needs SP throughout: before pins, since a TP-only step would
-    // break it (docs/design.md §12).
-    outcome.decision = {Mode::kSequenceParallel, Reason::kSpRequired};
-    g.policy.Adopt(plan.step, outcome.decision, config.config);
-  } else {
-    outcome = g.policy.Decide(config.config, facts, AsDirective(pin), &job.learned);
-  }
+  // A feature of the job that needs SP throughout outranks a pin (docs/design.md §12).
+  const GateOutcome outcome = g.policy.Decide(
+      config.config, facts, JobDirective(!job.sp_required.empty(), AsDirective(pin)),
+      &job.learned);
 
   const DecisionRecord decision{
       .job_id = job.id,

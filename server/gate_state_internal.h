@@ -116,7 +116,7 @@ struct CachedDecision {
 static_assert(sizeof(CachedDecision) == 72);
 
 // A step plan's per-micro-batch answer beside its CachedDecision (same step): a byte per
-// micro-batch (mode << 4 | reason) and the stage's predicted peak.
+// micro-batch (PackModeReason) and the stage's predicted peak.
 struct CachedStepPlan {
   int64_t step = 0;
   uint64_t stage_peak_bytes = 0;
@@ -135,10 +135,7 @@ struct CachedStepPlan {
     c.bands = d.microbatch_bands;
     c.tokens = d.microbatch_tokens;
     c.packed.reserve(d.microbatches.size());
-    for (const Decision& m : d.microbatches) {
-      c.packed.push_back(static_cast<uint8_t>(static_cast<int>(m.mode) << 4 |
-                                              static_cast<int>(m.reason)));
-    }
+    for (const Decision& m : d.microbatches) c.packed.push_back(PackModeReason(m));
     return c;
     d.microbatch_tokens = tokens;
   }
@@ -146,9 +143,7 @@ struct CachedStepPlan {
     d.stage_peak_bytes = stage_peak_bytes;
     d.microbatches.clear();
     d.microbatches.reserve(packed.size());
-    for (uint8_t b : packed) {
-      d.microbatches.push_back({static_cast<Mode>(b >> 4), static_cast<Reason>(b & 15)});
-    }
+    for (uint8_t b : packed) d.microbatches.push_back(UnpackModeReason(b).value());
   }
 };
 

@@ -323,14 +323,9 @@ int64_t FixedStageModes(PipeRun::Kind kind, std::span<const PipelineOp> ops, uin
   modes.assign(memory.size(), Mode::kSequenceParallel);
   if (kind == PipeRun::Kind::kSp) return 0;
   StageMemoryGate gate(ops, resident, memory, limit);
-  int64_t forced = 0;
-  for (size_t m = 0; m < memory.size(); ++m) {
-    if (gate.TryTpOnly(static_cast<int>(m))) {
-      modes[m] = Mode::kTensorParallelOnly;
-    } else {
-      ++forced;
-    }
-  }
+  std::vector<Decision> wanted(memory.size(), {Mode::kTensorParallelOnly, Reason::kGatesPassed});
+  const int64_t forced = ApplyStageMemoryGate(gate, wanted);
+  modes = gate.modes();
   return forced;
 }
 
@@ -356,8 +351,7 @@ absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& o, const GateCon
   const PipelineCostModel model(o.cost, layout);
   const uint64_t budget = model.budget_bytes();
   // DecideStagePlan's limit, for the fixed choices and the oracle too.
-  const uint64_t limit = std::max<uint64_t>(
-      1, static_cast<uint64_t>(static_cast<double>(budget) * config.memory_headroom));
+  const uint64_t limit = StageMemoryLimit(budget, config);
 
   std::vector<std::vector<PipelineOp>> ops(P);
   std::vector<uint64_t> resident(P);

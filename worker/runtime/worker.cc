@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "policy/gate_policy.h"
+#include "policy/step_plan.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
@@ -95,7 +96,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "every stage runs the same mode, so it needs --pp > 1 and a forced --mode=sp or tp "
         "(spgate decides per stage, which the sharded boundary makes safe; docs/design.md §12)");
   }
-  if (Pipelined(o) && o.memory_budget_bytes >= (uint64_t{1} << 40)) {
+  if (Pipelined(o) && o.memory_budget_bytes >= kMaxStepPlanBytes) {
     return absl::InvalidArgumentError(
         "--memory_budget: step plans carry byte counts below 2^40 (1 TiB); a stage's budget "
         "is a device's");
@@ -337,7 +338,7 @@ class RankRun {
     ASSIGN_OR_RETURN(budget_, MemoryBudget(cx_));
     // A step plan's byte counts stay below 2^40; a host-memory default above it (a large
     // host shared by few ranks) is capped there: no stage of this worker comes near it.
-    if (Pipelined(o_)) budget_ = std::min(budget_, (uint64_t{1} << 40) - 1);
+    if (Pipelined(o_)) budget_ = std::min(budget_, kMaxStepPlanBytes - 1);
     arena_ = std::make_unique<MemoryArena>(cx_.device, o_.arena);
     ASSIGN_OR_RETURN(stack_,
                      TransformerStack::Create({.shape = stage_shape(), .tp = o_.tp,
@@ -792,11 +793,7 @@ class RankRun {
         rec.verify_diff = std::max(rec.verify_diff, diff);
       }
     }
-    static_assert(kNumReasons <= 16, "a micro-batch decision packs the reason in 4 bits");
-    for (const Decision& x : d.microbatches) {
-      result.microbatch_decisions.push_back(
-          static_cast<uint8_t>(static_cast<int>(x.mode) << 4 | static_cast<int>(x.reason)));
-    }
+    for (const Decision& x : d.microbatches) result.microbatch_decisions.push_back(PackModeReason(x));
     return rec;
   }
 
