@@ -10,11 +10,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <future>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -227,6 +229,71 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
   grpc::Status st = s2->Finish();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_THAT(st.error_message(), HasSubstr("session_id"));
+}
+
+// A record that would poison the learned table (docs/design.md §2, "Range rules"), sent
+// on a live stream: the largest int64 of tokens over the smallest positive double, and
+// 1e18 tokens over 1 s, more than the step's plan held. Both are refused (counted as
+// rejected; the second, judged against the step's plan, is acknowledged as received), and
+// the job's learned table has no NaN or infinite cell and is the same as before them.
+TEST_F(DaemonTest, TelemetryThatWouldPoisonTheLearnedTableIsRefused) {
+  Start();
+  v1::RegisterResponse reg = Register("job1", 0, 0, 1);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  auto stream = worker_->Connect(&ctx);
+  v1::WorkerMessage msg;
+  msg.set_session_id(reg.session_id());
+  for (int s = 0; s < 3; ++s) *msg.add_plans() = Plan("job1", 0, s, {512, 512});
+  ASSERT_TRUE(stream->Write(msg));
+  v1::DaemonMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_EQ(in.decisions_size(), 3);
+  auto record = [](int64_t step, double seconds, int64_t tokens) {
+    v1::StepTelemetry t;
+    t.set_job_id("job1");
+    t.set_step(step);
+    t.set_mode(v1::SEQUENCE_PARALLEL);
+    t.set_step_time_s(seconds);
+    t.set_effective_tokens(tokens);
+    return t;
+  };
+  auto learned = [&] {
+    v1::GetJobRequest req;
+    req.set_job_id("job1");
+    v1::Job job;
+    grpc::ClientContext c;
+    c.set_deadline(Deadline());
+    EXPECT_TRUE(admin_->GetJob(&c, req, &job).ok());
+    return job.learned();
+  };
+  v1::WorkerMessage good;
+  *good.add_telemetry() = record(0, 0.5, 1024);
+  good.mutable_heartbeat();
+  ASSERT_TRUE(stream->Write(good));
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_EQ(in.ack().telemetry_received(), 1);
+  const v1::LearnedTable before = learned();
+  ASSERT_GT(before.cells_size(), 0);
+
+  v1::WorkerMessage poison;
+  *poison.add_telemetry() = record(1, 5e-324, std::numeric_limits<int64_t>::max());
+  *poison.add_telemetry() = record(2, 1.0, 1'000'000'000'000'000'000);
+  poison.mutable_heartbeat();
+  ASSERT_TRUE(stream->Write(poison));
+  ASSERT_TRUE(stream->Read(&in));
+  EXPECT_EQ(in.ack().telemetry_received(), 2) << "the plan-bound refusal is received";
+  const std::string text = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
+  EXPECT_EQ(::spgate::testing::MetricValue(text, "spgate_telemetry_records_total",
+                                           {"result=\"rejected\""}),
+            2);
+  const v1::LearnedTable after = learned();
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+  for (const v1::LearnedCell& cell : after.cells()) {
+    EXPECT_TRUE(std::isfinite(cell.tokens() / cell.seconds())) << cell.ShortDebugString();
+  }
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
 }
 
 TEST_F(DaemonTest, ConfigUpdatesArePushedWithEffectiveFromStep) {
