@@ -27,28 +27,9 @@
 namespace spgate::python {
 namespace {
 
-// Runs a Python collective on `wire`'s bytes: callable(buf: bytearray, root), which must
-// leave buf the same size; its contents are copied back. With the GIL (taken here). A
-// Python exception becomes INTERNAL with the exception's text.
-template <typename Wire>
-absl::Status CallWithBuffer(const py::object& fn, const char* what, Wire& wire, int root) {
-  py::gil_scoped_acquire gil;
-  try {
-    py::bytearray buf(reinterpret_cast<const char*>(&wire), sizeof(wire));
-    fn(buf, root);
-    const Py_ssize_t n = PyByteArray_Size(buf.ptr());
-    if (n != static_cast<Py_ssize_t>(sizeof(wire))) {
-      return absl::InternalError(
-          absl::StrCat(what, " left ", n, " bytes in the ", sizeof(wire), "-byte buffer"));
-    }
-    std::memcpy(&wire, PyByteArray_AsString(buf.ptr()), sizeof(wire));
-    return absl::OkStatus();
-  } catch (py::error_already_set& e) {
-    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
-  }
-}
-
-// CallWithBuffer for a run of bytes (a step plan's micro-batch decisions).
+// Runs a Python collective on `bytes`: callable(buf: bytearray, root), which must leave
+// buf the same size; its contents are copied back. With the GIL (taken here). A Python
+// exception becomes INTERNAL with the exception's text.
 absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uint8_t> bytes,
                            int root) {
   py::gil_scoped_acquire gil;
@@ -68,9 +49,10 @@ absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uin
   }
 }
 
-// C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray of 24 bytes, root)
-// fills buf with the root's bytes on the other ranks; and, for the leader's group session,
-// a Python max-reduce: reduce(buf: bytearray of 112 bytes = 14 little-endian float64,
+// C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray, root) fills buf
+// with the root's bytes on the other ranks (24 bytes, and one more per micro-batch of a
+// step plan); and, for the leader's group session, a Python max-reduce: reduce(buf:
+// bytearray of little-endian float64s, 14 and 7 more per micro-batch of a step plan,
 // root) leaves the element-wise maximum over the group in the root's buf. A Python
 // exception in either becomes INTERNAL with the exception's text.
 class Decider {
@@ -89,31 +71,21 @@ class Decider {
     if (client != nullptr && client->closed()) {
       Raise(absl::InvalidArgumentError("client: the Client is closed"));
     }
-    auto fn = [this](client::DecisionWire& wire, int root) {
-      return CallWithBuffer(broadcast_, "broadcast", wire, root);
+    auto broadcast_fn = [this](std::span<uint8_t> bytes, int root) {
+      return CallWithBytes(broadcast_, "broadcast", bytes, root);
     };
     client::MaxReduceFn reduce_fn;  // empty: each rank reports through its own client
-    client::VectorMaxReduceFn reduce_vector_fn;
     if (!reduce_.is_none()) {
-      reduce_fn = [this](client::TelemetryWire& wire, int root) {
-        return CallWithBuffer(reduce_, "reduce", wire, root);
-      };
-      // A step plan's record with its micro-batches' (docs/design.md §12): the same
-      // callable, over 14 + 7 x microbatches doubles.
-      reduce_vector_fn = [this](std::span<double> values, int root) {
+      reduce_fn = [this](std::span<double> values, int root) {
         return CallWithBytes(reduce_, "reduce",
                              std::span<uint8_t>(reinterpret_cast<uint8_t*>(values.data()),
                                                 values.size_bytes()),
                              root);
       };
     }
-    // A step plan's micro-batch decisions go over the same broadcast, one byte each.
-    auto bytes_fn = [this](std::span<uint8_t> bytes, int root) {
-      return CallWithBytes(broadcast_, "broadcast", bytes, root);
-    };
     auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
-                                          rank_in_group, std::move(fn), std::move(reduce_fn),
-                                          std::move(bytes_fn), std::move(reduce_vector_fn));
+                                          rank_in_group, std::move(broadcast_fn),
+                                          std::move(reduce_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -127,34 +99,18 @@ class Decider {
     Check(decider_->SubmitPlan(plan.Input(mbs)));
   }
 
-  GateDecision Decide(int64_t step, std::optional<double> timeout) {
+  // Collective: the step's decision, and a step plan's per micro-batch (microbatches > 0).
+  GateDecision Decide(int64_t step, int microbatches, std::optional<double> timeout) {
     absl::Time deadline = absl::InfiniteFuture();
     if (is_leader()) {
-      GateClient& c = client_->Get("decide");
+      GateClient& c = client_->Get(microbatches > 0 ? "decide_microbatches" : "decide");
       deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
                                         : c.options().decision_deadline);
     }
     absl::StatusOr<GateDecision> d;
     {
       py::gil_scoped_release release;
-      d = decider_->Decide(step, deadline);
-    }
-    Check(d.status());
-    return *d;
-  }
-
-  // Collective: a step plan's decision, micro-batch by micro-batch, on every rank.
-  GateDecision DecideMicrobatches(int64_t step, int microbatches, std::optional<double> timeout) {
-    absl::Time deadline = absl::InfiniteFuture();
-    if (is_leader()) {
-      GateClient& c = client_->Get("decide_microbatches");
-      deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
-                                        : c.options().decision_deadline);
-    }
-    absl::StatusOr<GateDecision> d;
-    {
-      py::gil_scoped_release release;
-      d = decider_->DecideMicrobatches(step, microbatches, deadline);
+      d = decider_->Decide(step, microbatches, deadline);
     }
     Check(d.status());
     return *d;
@@ -200,9 +156,14 @@ void BindGroupDecider(py::module_& m) {
           py::arg("step"), py::arg("lengths"), py::kw_only(),
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)
-      .def("decide", &Decider::Decide, py::arg("step"), py::arg("timeout") = py::none())
-      .def("decide_microbatches", &Decider::DecideMicrobatches, py::arg("step"),
-           py::arg("microbatches"), py::arg("timeout") = py::none())
+      .def(
+          "decide",
+          [](Decider& self, int64_t step, std::optional<double> timeout) {
+            return self.Decide(step, 0, timeout);
+          },
+          py::arg("step"), py::arg("timeout") = py::none())
+      .def("decide_microbatches", &Decider::Decide, py::arg("step"), py::arg("microbatches"),
+           py::arg("timeout") = py::none())
       .def("report_telemetry", &Decider::ReportTelemetry, py::arg("telemetry"))
       .def(
           "report_telemetry",

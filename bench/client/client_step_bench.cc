@@ -28,6 +28,7 @@
 #include <deque>
 #include <fstream>
 #include <random>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -207,11 +208,11 @@ Result RunClient(const std::string& name, const std::string& controller,
   std::vector<spgate::client::TelemetryWire> others(static_cast<size_t>(group_size - 1));
   if (group_size > 1) {
     auto d = spgate::client::GroupDecider::Create(
-        &c, 0, [](spgate::client::DecisionWire&, int) { return absl::OkStatus(); },
-        [&](spgate::client::TelemetryWire& w, int) {
+        &c, 0, [](std::span<uint8_t>, int) { return absl::OkStatus(); },
+        [&](std::span<double> w, int) {
           for (const auto& x : others) {
             for (int i = 0; i < spgate::client::TelemetryWire::kSlots; ++i) {
-              w.v[i] = std::max(w.v[i], x.v[i]);
+              w[i] = std::max(w[i], x.v[i]);
             }
           }
           return absl::OkStatus();

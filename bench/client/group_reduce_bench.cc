@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -67,14 +68,15 @@ int main(int argc, char** argv) {
   }
   auto decider = GroupDecider::Create(
       client.get(), rank,
-      [](spgate::client::DecisionWire& w, int root) {
-        return MPI_Bcast(&w, sizeof(w), MPI_BYTE, root, MPI_COMM_WORLD) == MPI_SUCCESS
+      [](std::span<uint8_t> b, int root) {
+        return MPI_Bcast(b.data(), static_cast<int>(b.size()), MPI_BYTE, root, MPI_COMM_WORLD) ==
+                       MPI_SUCCESS
                    ? absl::OkStatus()
                    : absl::InternalError("MPI_Bcast");
       },
-      [](TelemetryWire& w, int) {
-        return MPI_Allreduce(MPI_IN_PLACE, w.v, TelemetryWire::kSlots, MPI_DOUBLE, MPI_MAX,
-                             MPI_COMM_WORLD) == MPI_SUCCESS
+      [](std::span<double> w, int) {
+        return MPI_Allreduce(MPI_IN_PLACE, w.data(), static_cast<int>(w.size()), MPI_DOUBLE,
+                             MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS
                    ? absl::OkStatus()
                    : absl::InternalError("MPI_Allreduce");
       });

@@ -357,9 +357,10 @@ class Client:
 
 class GroupDecider:
     """The C++ GroupDecider over a Python broadcast(buf: bytearray, root: int) that fills
-    buf with the root's 24 bytes on the other ranks, and for the leader's group session a
-    Python reduce(buf: bytearray, root: int) that leaves in the root's buf (112 bytes: 14
-    little-endian float64) the element-wise maximum of every rank's buf
+    buf with the root's bytes on the other ranks (24, and one more per micro-batch of a
+    step plan), and for the leader's group session a Python reduce(buf: bytearray, root:
+    int) that leaves in the root's buf (little-endian float64s: 14, and 7 more per
+    micro-batch of a step plan) the element-wise maximum of every rank's buf
     (spgate.torch.GroupDecider wraps it).
 
     `client`: required on rank 0; None elsewhere in a group session; each rank's own
@@ -378,9 +379,9 @@ class GroupDecider:
                     predicted_peak_bytes_sp: int = 0, predicted_peak_bytes_tp: int = 0,
                     memory_budget_bytes: int = 0) -> None: ...
     def decide(self, step: int, timeout: Optional[float] = None) -> GateDecision: ...
-    # A step plan's decision (a Client with a layout): decide's head, then every one of its
-    # `microbatches` micro-batch decisions over the same broadcast (a bytearray of that
-    # many bytes); the same on every rank, errors included.
+    # A step plan's decision (a Client with a layout): decide's head and every one of its
+    # `microbatches` micro-batch decisions in one broadcast (24 + microbatches bytes; 0: a
+    # plain plan, as decide); the same on every rank, errors included.
     def decide_microbatches(self, step: int, microbatches: int,
                             timeout: Optional[float] = None) -> GateDecision: ...
     # This rank's own record of a step it ran. With `reduce` a collective (every rank, every

@@ -2,8 +2,9 @@
 leader's decision for every step; a leader that cannot decide broadcasts its error so
 every rank raises the same code (and the group goes on with the next step); every rank's
 telemetry reaches the leader's client as one record a step (group session), or each
-rank's own client (group_session=False); bad construction names the argument, and a
-follower whose client disagrees with the leader's on group_session is refused; with a
+rank's own client (group_session=False); bad construction names the argument and raises
+on every rank of the group within seconds (one rank's refusal included), as does a
+follower whose client disagrees with the leader's on group_session; with a
 live spgated killed (SIGKILL) mid-run, a group of 4 ranks - a client on the leader only -
 switches to the same fail-static decisions (CONTROLLER_UNAVAILABLE), step for step. (The
 leader's deadline is 1 s: a live daemon always answers in time, and a dead one ends the
@@ -126,11 +127,24 @@ def local_rank(rank, world, steps):
                      dist.group.WORLD)
     except spgate.InvalidArgumentError as e:
         out["bad_size"] = str(e)
-    if rank == 0:
-        try:
-            GroupDecider(None, dist.group.WORLD)
-        except spgate.InvalidArgumentError as e:
-            out["no_client"] = str(e)
+    # A refusal on one rank raises on every rank, after the one collective, rather than
+    # leaving the others in it until gloo's timeout (60 s here): a leader without a
+    # client, then one follower with another rank's client.
+    start = time.monotonic()
+    try:
+        GroupDecider(None, dist.group.WORLD)
+        out["no_client"] = None
+    except spgate.InvalidArgumentError as e:
+        out["no_client"] = str(e)
+    stray = spgate.Client(job_id="x", rank_in_group=0, group_size=world)
+    try:
+        GroupDecider(client if rank == 0 else stray if rank == world - 1 else None,
+                     dist.group.WORLD)
+        out["one_refused"] = None
+    except spgate.InvalidArgumentError as e:
+        out["one_refused"] = str(e)
+    out["refusals_s"] = time.monotonic() - start
+    stray.close()
     client.close()
     return out
 
@@ -254,7 +268,15 @@ class GroupDeciderTest(unittest.TestCase):
         for r in results:
             self.assertIn("rank_in_group", r["bad_rank"])
             self.assertIn("group_size", r["bad_size"])
-        self.assertIn("client", leader["no_client"])
+        self.assertIn("leader (rank 0) needs an open Client", leader["no_client"])
+        last = world - 1
+        self.assertIn("rank_in_group 0", results[last]["one_refused"])
+        for rank, r in enumerate(results):
+            self.assertLess(r["refusals_s"], 30, "a refusal waited out the collective")
+            if rank:
+                self.assertIn("rank 0 of the group refused", r["no_client"])
+            if rank != last:
+                self.assertIn(f"rank {last} of the group refused", r["one_refused"])
         # One group record a step reached the leader's client; the followers' none.
         self.assertTrue(all(r["group_session"] for r in results))
         self.assertEqual(leader["telemetry_reported"], steps - 1)
@@ -270,9 +292,8 @@ class GroupDeciderTest(unittest.TestCase):
         for r in results:
             self.assertFalse(r["per_rank_group_session"])
             self.assertEqual(r["per_rank_reported"], 3)
-        # group_session must agree with the leader's.
-        self.assertIsNone(leader["mixed"])
-        for r in results[1:]:
+        # group_session must agree with the leader's: every rank raises.
+        for r in results:
             self.assertIn("group_session", r["mixed"])
 
     def test_local_2_ranks(self):

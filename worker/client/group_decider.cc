@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -193,14 +194,51 @@ absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
 
 namespace {
 
-// The leader's head broadcast: its decision, or its failure's code, so that peers
-// (which are, or will be, inside the broadcast) learn of it rather than wait forever.
-DecisionWire HeadWire(const absl::StatusOr<GateDecision>& d, int64_t step) {
-  if (d.ok()) return ToWire(*d);
-  DecisionWire wire;
-  wire.step = step;
-  wire.status_code = static_cast<int32_t>(d.status().code());
-  return wire;
+constexpr size_t kHeadBytes = sizeof(DecisionWire);
+
+// The leader's broadcast: its decision and its micro-batches', or its failure's code, so
+// that peers (which are, or will be, inside the broadcast) learn of it rather than wait
+// forever. `out` holds the head and one byte per micro-batch.
+void PackDecision(const absl::StatusOr<GateDecision>& d, int64_t step, std::span<uint8_t> out) {
+  DecisionWire head;
+  if (d.ok()) {
+    head = ToWire(*d);
+  } else {
+    head.step = step;
+    head.status_code = static_cast<int32_t>(d.status().code());
+  }
+  std::memcpy(out.data(), &head, kHeadBytes);
+  if (!d.ok()) return;
+  for (size_t i = kHeadBytes; i < out.size(); ++i) {
+    out[i] = PackModeReason(d->microbatches[i - kHeadBytes]);
+  }
+}
+
+// A receiving rank's decision from the leader's bytes.
+absl::StatusOr<GateDecision> UnpackDecision(std::span<const uint8_t> in, int64_t step, int rank) {
+  DecisionWire head;
+  std::memcpy(&head, in.data(), kHeadBytes);
+  if (head.step != step) {
+    return absl::InternalError(absl::StrFormat(
+        "rank %d expected the decision for step %d but the leader broadcast step %d: the "
+        "group's ranks are out of step",
+        rank, step, head.step));
+  }
+  if (head.status_code != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(head.status_code),
+                        absl::StrFormat("the group leader could not decide step %d", step));
+  }
+  ASSIGN_OR_RETURN(GateDecision d, FromWire(head));
+  d.microbatches.reserve(in.size() - kHeadBytes);
+  for (uint8_t b : in.subspan(kHeadBytes)) {
+    const std::optional<Decision> m = UnpackModeReason(b);
+    if (!m.has_value()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "broadcast micro-batch decisions for step %d are not decisions (byte %d)", step, b));
+    }
+    d.microbatches.push_back(*m);
+  }
+  return d;
 }
 
 }  // namespace
@@ -208,9 +246,7 @@ DecisionWire HeadWire(const absl::StatusOr<GateDecision>& d, int64_t step) {
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
                                                                    int rank_in_group,
                                                                    BroadcastFn broadcast,
-                                                                   MaxReduceFn reduce,
-                                                                   BytesBroadcastFn bytes,
-                                                                   VectorMaxReduceFn reduce_vector) {
+                                                                   MaxReduceFn reduce) {
   if (rank_in_group < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank_in_group must be >= 0, got %d", rank_in_group));
@@ -245,14 +281,8 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
         "rank %d's GateClient was created for rank %d", rank_in_group,
         client->options().rank_in_group));
   }
-  if (reduce_vector && !reduce) {
-    return absl::InvalidArgumentError(
-        "reduce_vector carries a step plan's telemetry beside the group's max-reduce: pass "
-        "`reduce` too");
-  }
   return std::unique_ptr<GroupDecider>(
-      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce),
-                       std::move(bytes), std::move(reduce_vector)));
+      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
 }
 
 absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
@@ -266,63 +296,47 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
     return client_->ReportTelemetry(t);
   }
   // A refused record still takes part in the reduction: the others are (or will be) in it.
+  const int m = microbatches_;
   absl::Status valid = t.ranks > 1
                            ? absl::InvalidArgumentError(
-                                       "telemetry: give GroupDecider each rank's own record "
-                                       "(ranks 0 or 1); it makes the group's")
-                                 : ValidateStepTelemetry(TelemetryValues(t));
-  if (microbatches_ > 0 && reduce_vector_) return ReportStepPlanTelemetry(t, valid);
-  if (valid.ok() && !t.microbatches.empty()) {
-    // Refused, and still in the reduction: the group's other ranks are in it.
-    valid = absl::InvalidArgumentError(
-        microbatches_ == 0
-            ? "telemetry.micro_batches: only a step plan's step (DecideMicrobatches) has "
-              "micro-batch records"
-            : "telemetry.micro_batches: the group reduces them only with GroupDecider::Create's "
-              "reduce_vector");
-  }
-  TelemetryWire wire = ToTelemetryWire(t, rank_in_group_, valid.ok());
-  if (absl::Status s = reduce_(wire, 0); !s.ok()) return s;
-  if (!valid.ok() || !is_leader()) return valid;
-  absl::StatusOr<StepTelemetryInput> group =
-      GroupTelemetryFromWire(wire, client_->options().group_size);
-  if (!group.ok()) return group.status();
-  return SendGroupRecord(*std::move(group));
-}
-
-absl::Status GroupDecider::ReportStepPlanTelemetry(const StepTelemetryInput& t,
-                                                   absl::Status valid) {
-  const int m = microbatches_;
-  if (valid.ok()) valid = ValidateMicrobatchTelemetry(t.microbatches, m);
-  if (valid.ok() && t.microbatches.empty()) {
+                                 "telemetry: give GroupDecider each rank's own record (ranks 0 "
+                                 "or 1); it makes the group's")
+                           : ValidateStepTelemetry(TelemetryValues(t));
+  if (valid.ok() && m > 0) valid = ValidateMicrobatchTelemetry(t.microbatches, m);
+  if (valid.ok() && m > 0 && t.microbatches.empty()) {
     valid = absl::InvalidArgumentError(absl::StrFormat(
         "telemetry.micro_batches: a step plan's step needs one record per micro-batch (%d), "
         "got none",
         m));
   }
+  if (valid.ok() && m == 0 && !t.microbatches.empty()) {
+    valid = absl::InvalidArgumentError(
+        "telemetry.micro_batches: only a step plan's step (Decide with micro-batches) has "
+        "micro-batch records");
+  }
   constexpr int kHead = TelemetryWire::kSlots;
   reduce_buffer_.assign(static_cast<size_t>(kHead + kMicrobatchTelemetrySlots * m), 0.0);
   const TelemetryWire head = ToTelemetryWire(t, rank_in_group_, valid.ok());
   std::copy(std::begin(head.v), std::end(head.v), reduce_buffer_.begin());
-  if (valid.ok()) {
-    PackMicrobatchTelemetry(t.microbatches, std::span<double>(reduce_buffer_).subspan(kHead));
-  }
-  if (absl::Status s = reduce_vector_(std::span<double>(reduce_buffer_), 0); !s.ok()) return s;
+  const std::span<double> tail = std::span<double>(reduce_buffer_).subspan(kHead);
+  if (valid.ok()) PackMicrobatchTelemetry(t.microbatches, tail);
+  if (absl::Status s = reduce_(std::span<double>(reduce_buffer_), 0); !s.ok()) return s;
   if (!valid.ok() || !is_leader()) return valid;
   TelemetryWire reduced;
   std::copy_n(reduce_buffer_.begin(), kHead, std::begin(reduced.v));
   absl::StatusOr<StepTelemetryInput> group =
       GroupTelemetryFromWire(reduced, client_->options().group_size);
   if (!group.ok()) return group.status();
-  ASSIGN_OR_RETURN(group->microbatches,
-                   MicrobatchesFromReduced(std::span<const double>(reduce_buffer_).subspan(kHead),
-                                           m, group->step));
+  if (m > 0) {
+    ASSIGN_OR_RETURN(group->microbatches, MicrobatchesFromReduced(tail, m, group->step));
+  }
   return SendGroupRecord(*std::move(group));
 }
 
 absl::Status GroupDecider::SendGroupRecord(StepTelemetryInput group) {
   // The group's wait share for the fallback's window (what ObserveGroupRsWaitShare takes).
-  client_->ObserveGroupRsWaitShare(group.step, group.mode, Share(group.rs_wait_s, group.step_time_s));
+  client_->ObserveGroupRsWaitShare(group.step, group.mode,
+                                   Share(group.rs_wait_s, group.step_time_s));
   if (group.ranks <= 1) group.ranks = 0;  // a group of one: the leader's own record
   return client_->ReportTelemetry(group);
 }
@@ -332,103 +346,35 @@ absl::Status GroupDecider::SubmitPlan(const BatchPlanInput& plan) {
   return client_->SubmitPlan(plan);
 }
 
-absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step) {
-  if (!is_leader()) return Decide(step, absl::InfiniteFuture());
-  return Decide(step, absl::Now() + client_->options().decision_deadline);
+absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, int microbatches) {
+  if (!is_leader()) return Decide(step, microbatches, absl::InfiniteFuture());
+  return Decide(step, microbatches, absl::Now() + client_->options().decision_deadline);
 }
 
-absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, absl::Time deadline) {
-  DecisionWire wire;
-  if (is_leader()) {
-    absl::StatusOr<GateDecision> d = client_->AwaitDecision(step, deadline);
-    wire = HeadWire(d, step);
-    if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
-    return d;
-  }
-  if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
-  if (wire.step != step) {
-    return absl::InternalError(absl::StrFormat(
-        "rank %d expected the decision for step %d but the leader broadcast step %d: the "
-        "group's ranks are out of step",
-        rank_in_group_, step, wire.step));
-  }
-  if (wire.status_code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
-                        absl::StrFormat("the group leader could not decide step %d", step));
-  }
-  return FromWire(wire);
-}
-
-static_assert(kNumReasons <= 16, "a broadcast micro-batch decision packs the reason in 4 bits");
-
-absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int microbatches) {
-  if (!is_leader()) return DecideMicrobatches(step, microbatches, absl::InfiniteFuture());
-  return DecideMicrobatches(step, microbatches,
-                            absl::Now() + client_->options().decision_deadline);
-}
-
-absl::StatusOr<GateDecision> GroupDecider::DecideMicrobatches(int64_t step, int microbatches,
-                                                              absl::Time deadline) {
-  if (!bytes_) {
-    return absl::FailedPreconditionError(
-        "DecideMicrobatches needs the bytes broadcast (GroupDecider::Create's `bytes`)");
-  }
-  if (microbatches < 1 || microbatches > kMaxMicrobatches) {
+absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, int microbatches,
+                                                  absl::Time deadline) {
+  // Every rank passes the same count, so a bad one fails every rank before the broadcast.
+  if (microbatches < 0 || microbatches > kMaxMicrobatches) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "microbatches: must be in [1, %d], got %d", kMaxMicrobatches, microbatches));
+        "microbatches: must be 0 (a plain plan) or in [1, %d] (a step plan's), got %d",
+        kMaxMicrobatches, microbatches));
   }
   microbatches_ = microbatches;  // the step's telemetry has this many records
-  // The head goes first with the leader's status, so that a leader without an answer
-  // ends the collective on every rank before the second broadcast.
-  DecisionWire wire;
+  decision_buffer_.assign(kHeadBytes + static_cast<size_t>(microbatches), 0);
   absl::StatusOr<GateDecision> d = absl::UnknownError("unset");
   if (is_leader()) {
     d = client_->AwaitDecision(step, deadline);
-    if (d.ok() && d->microbatches.size() != static_cast<size_t>(microbatches)) {
+    if (d.ok() && microbatches > 0 &&
+        d->microbatches.size() != static_cast<size_t>(microbatches)) {
       d = absl::FailedPreconditionError(absl::StrFormat(
           "step %d was decided for %d micro-batches, not %d (is the client's layout the job's?)",
           step, d->microbatches.size(), microbatches));
     }
-    wire = HeadWire(d, step);
+    PackDecision(d, step, decision_buffer_);
   }
-  if (absl::Status s = broadcast_(wire, 0); !s.ok()) return s;
-  if (!is_leader()) {
-    if (wire.status_code != 0) {  // the leader failed: nobody enters the second broadcast
-      return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
-                          absl::StrFormat("the group leader could not decide step %d", step));
-    }
-    if (wire.step != step) {
-      d = absl::InternalError(absl::StrFormat(
-          "rank %d expected the decision for step %d but the leader broadcast step %d: the "
-          "group's ranks are out of step",
-          rank_in_group_, step, wire.step));
-    } else {
-      d = FromWire(wire);
-    }
-    // A head this rank cannot use still takes part in the second broadcast, which the
-    // leader (whose status was OK) has entered; the error is returned after it.
-  } else if (!d.ok()) {
-    return d;
-  }
-  std::vector<uint8_t> packed(static_cast<size_t>(microbatches), 0);
-  if (is_leader()) {
-    for (int i = 0; i < microbatches; ++i) {
-      const Decision& m = d->microbatches[i];
-      packed[i] = static_cast<uint8_t>(static_cast<int>(m.mode) << 4 | static_cast<int>(m.reason));
-    }
-  }
-  if (absl::Status s = bytes_(std::span<uint8_t>(packed), 0); !s.ok()) return s;
-  if (is_leader() || !d.ok()) return d;
-  d->microbatches.reserve(packed.size());
-  for (uint8_t b : packed) {
-    const int mode = b >> 4, reason = b & 15;
-    if ((mode != 1 && mode != 2) || reason < 1 || reason >= kNumReasons) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "broadcast micro-batch decisions for step %d are not decisions (byte %d)", step, b));
-    }
-    d->microbatches.push_back({static_cast<Mode>(mode), static_cast<Reason>(reason)});
-  }
-  return d;
+  if (absl::Status s = broadcast_(std::span<uint8_t>(decision_buffer_), 0); !s.ok()) return s;
+  if (is_leader()) return d;
+  return UnpackDecision(decision_buffer_, step, rank_in_group_);
 }
 
 }  // namespace spgate::client

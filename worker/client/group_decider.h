@@ -2,26 +2,29 @@
 // The leader (rank 0 of the group) asks its GateClient — the daemon's answer or the
 // fail-static local one — and broadcasts it over the group's own communicator before the
 // batch's first collective; the other ranks only receive. Non-leaders never ask the
-// daemon. The broadcast is a function, so MPI, NCCL, torch.distributed or an in-memory
-// group (in_memory_broadcast.h) plug in the same way.
+// daemon. The group's collectives are two functions — a byte broadcast and a MAX-reduce of
+// doubles — so MPI, NCCL, torch.distributed or an in-memory group (in_memory_broadcast.h)
+// plug in the same way.
 //
 // Invariant: Decide is a collective — every rank calls it for every step, in the same
-// order — and every rank returns the same result, including errors (a leader that
-// cannot decide broadcasts the failure instead of leaving its peers blocked in the
-// broadcast). The leader waits for the daemon at most until the deadline; the other
-// ranks wait only as long as the broadcast takes, i.e. for the leader.
+// order, with the same micro-batch count — and every rank returns the same result,
+// including errors (a leader that cannot decide broadcasts the failure instead of leaving
+// its peers blocked in the broadcast). A plain plan and a step plan take the same path:
+// one broadcast of the DecisionWire and a tail of one byte per micro-batch, empty for a
+// plain plan (microbatches 0). The leader waits for the daemon at most until the deadline;
+// the other ranks wait only as long as the broadcast takes, i.e. for the leader.
 //
 // Thread-safety: one GroupDecider per rank, used from that rank's training thread.
 //
 // Usage (MPI, `comm` = the TP group's communicator):
-//   auto bcast = [comm](spgate::client::DecisionWire& w, int root) -> absl::Status {
-//     int rc = MPI_Bcast(&w, sizeof(w), MPI_BYTE, root, comm);
+//   auto bcast = [comm](std::span<uint8_t> b, int root) -> absl::Status {
+//     int rc = MPI_Bcast(b.data(), b.size(), MPI_BYTE, root, comm);
 //     return rc == MPI_SUCCESS ? absl::OkStatus() : absl::InternalError("MPI_Bcast");
 //   };
-//   auto reduce = [comm](spgate::client::TelemetryWire& w, int root) -> absl::Status {
+//   auto reduce = [comm](std::span<double> v, int root) -> absl::Status {
 //     int rank; MPI_Comm_rank(comm, &rank);
-//     int rc = MPI_Reduce(rank == root ? MPI_IN_PLACE : w.v, w.v, w.kSlots, MPI_DOUBLE,
-//                         MPI_MAX, root, comm);
+//     int rc = MPI_Reduce(rank == root ? MPI_IN_PLACE : v.data(), v.data(), v.size(),
+//                         MPI_DOUBLE, MPI_MAX, root, comm);
 //     return rc == MPI_SUCCESS ? absl::OkStatus() : absl::InternalError("MPI_Reduce");
 //   };
 //   ASSIGN_OR_RETURN(auto decider, GroupDecider::Create(leader ? client.get() : nullptr,
@@ -63,9 +66,11 @@ DecisionWire ToWire(const GateDecision& d);
 // INVALID_ARGUMENT for a payload that is not a decision (corrupt broadcast).
 absl::StatusOr<GateDecision> FromWire(const DecisionWire& w);
 
-// Broadcasts `wire` from rank `root` of the group: on the root it is the input, on the
-// other ranks it is overwritten with the root's bytes.
-using BroadcastFn = std::function<absl::Status(DecisionWire& wire, int root)>;
+// Broadcasts `bytes` (the same length on every rank) from rank `root` of the group: on the
+// root they are the input, on the other ranks they are overwritten with the root's. A
+// decision travels in it as the DecisionWire's 24 bytes and then one byte per micro-batch
+// of a step plan, mode << 4 | reason (docs/design.md §12); none for a plain plan.
+using BroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
 
 // The in-group telemetry payload (docs/design.md §2): 14 doubles, 112 bytes. Every rank
 // packs its own record and the group takes the element-wise maximum, which yields each
@@ -90,20 +95,12 @@ TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bo
 absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& reduced,
                                                           int group_size);
 
-// Reduces `wire` over the group's ranks with an element-wise maximum into rank `root`'s
-// (MPI_Reduce or an all-reduce with MAX over TelemetryWire::kSlots doubles); the other
-// ranks' `wire` may be left as it was.
-using MaxReduceFn = std::function<absl::Status(TelemetryWire& wire, int root)>;
-
-// Broadcasts `bytes` (the same length on every rank) from rank `root`: a step plan's
-// micro-batch decisions (docs/design.md §12), one byte each.
-using BytesBroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
-
 // Reduces `values` (the same length on every rank) with an element-wise maximum into rank
-// `root`'s (MPI_Reduce with MPI_MAX over values.size() doubles); the other ranks' may be
-// left as they were. A step plan's telemetry travels in it: the TelemetryWire's slots,
-// then kMicrobatchTelemetrySlots per micro-batch (docs/design.md §12), in one collective.
-using VectorMaxReduceFn = std::function<absl::Status(std::span<double> values, int root)>;
+// `root`'s (MPI_Reduce with MPI_MAX over values.size() doubles, or an all-reduce: the other
+// ranks' may be left as they were). A step's telemetry travels in it: the TelemetryWire's
+// slots, then kMicrobatchTelemetrySlots per micro-batch of a step plan (docs/design.md
+// §12), none for a plain plan, in one collective.
+using MaxReduceFn = std::function<absl::Status(std::span<double> values, int root)>;
 inline constexpr int kMicrobatchTelemetrySlots = 7;
 
 // A rank's micro-batch records (valid: ids in [0, slots.size() / kMicrobatchTelemetrySlots))
@@ -126,29 +123,33 @@ class GroupDecider {
   static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(GateClient* client,
                                                               int rank_in_group,
                                                               BroadcastFn broadcast,
-                                                              MaxReduceFn reduce = {},
-                                                              BytesBroadcastFn bytes = {},
-                                                              VectorMaxReduceFn reduce_vector = {});
+                                                              MaxReduceFn reduce = {});
 
   bool is_leader() const { return rank_in_group_ == 0; }
 
   // Leader: GateClient::SubmitPlan. Others: OK, nothing to do.
   absl::Status SubmitPlan(const BatchPlanInput& plan);
 
-  // Collective. The leader waits for the daemon until `deadline` (default: now + the
-  // client's decision_deadline).
-  absl::StatusOr<GateDecision> Decide(int64_t step);
-  absl::StatusOr<GateDecision> Decide(int64_t step, absl::Time deadline);
-
-  // Step plans (a job with a layout, docs/design.md §12): Decide, and then the step's
-  // decision for each of its `microbatches` micro-batches (the job's layout's, passed by
-  // every rank), broadcast over `bytes` (required). Every rank returns the same step,
-  // mode, reasons, source and micro-batch decisions (the leader's also has the stage's
-  // predicted peak and the pin's details), or an error; ranks take part in both
-  // broadcasts unless the leader's broadcast status says it could not decide.
-  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches);
+  // Collective: step `step`'s decision, and for a step plan (a job with a layout,
+  // docs/design.md §12) the decision of each of its `microbatches` micro-batches (the
+  // layout's, passed by every rank; 0: a plain plan; at most kMaxMicrobatches),
+  // in one broadcast. Every rank returns the same step, mode, reasons, source and
+  // micro-batch decisions (the leader's also has the stage's predicted peak and the pin's
+  // details), or an error. The leader waits for the daemon until `deadline` (default: now
+  // + the client's decision_deadline).
+  absl::StatusOr<GateDecision> Decide(int64_t step, int microbatches = 0);
+  absl::StatusOr<GateDecision> Decide(int64_t step, int microbatches, absl::Time deadline);
+  absl::StatusOr<GateDecision> Decide(int64_t step, absl::Time deadline) {
+    return Decide(step, 0, deadline);
+  }
+  // Decide's name from before plain plans and step plans took one path.
+  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches) {
+    return Decide(step, microbatches);
+  }
   absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches,
-                                                  absl::Time deadline);
+                                                  absl::Time deadline) {
+    return Decide(step, microbatches, deadline);
+  }
 
   // This rank's measurements of a step it ran. With `reduce`, a collective: every rank
   // calls it for every step it reports, in the same order; the values are reduced into the
@@ -159,26 +160,20 @@ class GroupDecider {
   // on the leader. Without `reduce`, the rank's own client queues the record
   // (FAILED_PRECONDITION without one).
   //
-  // Step plans: once DecideMicrobatches ran, a decider with `reduce_vector` reduces each
-  // rank's micro-batch records too (each value the largest over the ranks; a micro-batch
-  // the ranks ran in different modes is INTERNAL on the leader), in the one collective,
-  // and every rank must then give one record per micro-batch id (a rank without them is
-  // refused, as above). Without `reduce_vector`, micro-batch records are refused.
+  // After a step plan's Decide (microbatches > 0), every rank gives one micro-batch record
+  // per id, reduced in the same collective (each value the largest over the ranks; a
+  // micro-batch the ranks ran in different modes is INTERNAL on the leader); a rank
+  // without them is refused, as above. After a plain plan's, micro-batch records are
+  // refused.
   absl::Status ReportTelemetry(const StepTelemetryInput& telemetry);
 
  private:
-  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce,
-               BytesBroadcastFn bytes, VectorMaxReduceFn reduce_vector)
+  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce)
       : client_(client),
         rank_in_group_(rank_in_group),
         broadcast_(std::move(broadcast)),
-        reduce_(std::move(reduce)),
-        bytes_(std::move(bytes)),
-        reduce_vector_(std::move(reduce_vector)) {}
+        reduce_(std::move(reduce)) {}
 
-  // The step-plan path of ReportTelemetry: the TelemetryWire and the micro-batches in one
-  // reduction over reduce_vector_.
-  absl::Status ReportStepPlanTelemetry(const StepTelemetryInput& t, absl::Status valid);
   // The leader: the group's record to its fallback's wait window and to the daemon.
   absl::Status SendGroupRecord(StepTelemetryInput group);
 
@@ -186,12 +181,11 @@ class GroupDecider {
   int rank_in_group_;
   BroadcastFn broadcast_;
   MaxReduceFn reduce_;
-  BytesBroadcastFn bytes_;
-  VectorMaxReduceFn reduce_vector_;
-  // The micro-batches per step DecideMicrobatches was last called with (every rank passes
-  // the layout's); 0 before.
+  // The micro-batches per step the last Decide was called with (every rank passes the
+  // layout's); 0: a plain plan.
   int microbatches_ = 0;
-  std::vector<double> reduce_buffer_;  // reused: no allocation per step
+  std::vector<uint8_t> decision_buffer_;  // reused: no allocation per step
+  std::vector<double> reduce_buffer_;
 };
 
 }  // namespace spgate::client

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -12,108 +11,97 @@ namespace spgate::client {
 InMemoryBroadcast::InMemoryBroadcast(int group_size, absl::Duration timeout)
     : size_(group_size), timeout_(timeout), calls_(group_size, 0), reduce_calls_(group_size, 0) {}
 
-absl::Status InMemoryBroadcast::Broadcast(int rank, DecisionWire& wire, int root) {
-  Slot slot{.wire = wire};
-  RETURN_IF_ERROR(Exchange(rank, root, slot));
-  if (slot.is_bytes) {
-    return absl::InternalError(absl::StrFormat(
-        "rank %d expected a decision broadcast, the root sent bytes", rank));
-  }
-  wire = slot.wire;
-  return absl::OkStatus();
-}
-
-absl::Status InMemoryBroadcast::BroadcastBytes(int rank, std::span<uint8_t> bytes, int root) {
-  Slot slot{.bytes = std::vector<uint8_t>(bytes.begin(), bytes.end()), .is_bytes = true};
-  RETURN_IF_ERROR(Exchange(rank, root, slot));
-  if (!slot.is_bytes || slot.bytes.size() != bytes.size()) {
-    return absl::InternalError(absl::StrFormat(
-        "rank %d expected %d broadcast bytes, the root sent %s", rank, bytes.size(),
-        slot.is_bytes ? absl::StrCat(slot.bytes.size(), " bytes") : "a decision"));
-  }
-  std::copy(slot.bytes.begin(), slot.bytes.end(), bytes.begin());
-  return absl::OkStatus();
-}
-
-absl::Status InMemoryBroadcast::Exchange(int rank, int root, Slot& io) {
+absl::Status InMemoryBroadcast::CheckRanks(int rank, int root) const {
   if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status InMemoryBroadcast::Broadcast(int rank, std::span<uint8_t> bytes, int root) {
+  RETURN_IF_ERROR(CheckRanks(rank, root));
   spgate::MutexLock lock(&mu_);
   const uint64_t k = calls_[rank]++;
   if (rank == root) {
-    if (size_ > 1) {
-      io.root = root;
-      io.remaining = size_ - 1;
-      slots_[k] = io;
+    if (size_ == 1) return absl::OkStatus();
+    auto [it, inserted] = slots_.try_emplace(k);
+    if (!inserted) {
+      return absl::InternalError(absl::StrFormat(
+          "broadcast #%d: rank %d sends as root, but rank %d already did", k, rank,
+          it->second.root));
     }
+    it->second = Slot{.bytes = std::vector<uint8_t>(bytes.begin(), bytes.end()),
+                      .root = root,
+                      .remaining = size_ - 1};
     cv_.SignalAll();
     return absl::OkStatus();
   }
   const absl::Time deadline = absl::Now() + timeout_;
   auto it = slots_.find(k);
   while (it == slots_.end()) {
-    if (cv_.WaitWithDeadline(&mu_, deadline)) {
-      it = slots_.find(k);
-      if (it != slots_.end()) break;
+    const bool timed_out = cv_.WaitWithDeadline(&mu_, deadline);
+    it = slots_.find(k);
+    if (it == slots_.end() && timed_out) {
       return absl::DeadlineExceededError(absl::StrFormat(
           "rank %d waited %s for broadcast #%d from root %d", rank,
           absl::FormatDuration(timeout_), k, root));
     }
-    it = slots_.find(k);
   }
-  if (it->second.root != root) {
-    return absl::InternalError(absl::StrFormat(
+  Slot& slot = it->second;
+  absl::Status s = absl::OkStatus();
+  if (slot.root != root) {
+    s = absl::InternalError(absl::StrFormat(
         "broadcast #%d: rank %d expected root %d, the sender was rank %d", k, rank, root,
-        it->second.root));
+        slot.root));
+  } else if (slot.bytes.size() != bytes.size()) {
+    s = absl::InternalError(absl::StrFormat("rank %d expected %d broadcast bytes, the root sent %d",
+                                            rank, bytes.size(), slot.bytes.size()));
+  } else {
+    std::copy(slot.bytes.begin(), slot.bytes.end(), bytes.begin());
   }
-  io = it->second;
-  if (--it->second.remaining == 0) slots_.erase(it);
-  return absl::OkStatus();
+  if (--slot.remaining == 0) slots_.erase(it);
+  return s;
 }
 
-absl::Status InMemoryBroadcast::MaxReduce(int rank, TelemetryWire& wire, int root) {
-  return MaxReduceVector(rank, std::span<double>(wire.v), root);
-}
-
-absl::Status InMemoryBroadcast::MaxReduceVector(int rank, std::span<double> values, int root) {
-  if (rank < 0 || rank >= size_ || root < 0 || root >= size_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("rank %d / root %d outside a group of %d", rank, root, size_));
-  }
+absl::Status InMemoryBroadcast::MaxReduce(int rank, std::span<double> values, int root) {
+  RETURN_IF_ERROR(CheckRanks(rank, root));
   spgate::MutexLock lock(&mu_);
   const uint64_t k = reduce_calls_[rank]++;
-  ReduceSlot& slot = reduce_slots_[k];
-  if (slot.arrived == 0) {
-    slot.acc.assign(values.begin(), values.end());
-    slot.root = root;
-  } else {
+  ReduceSlot& slot = reduce_slots_[k];  // std::map: the reference outlives other inserts
+  if (slot.arrived > 0 && slot.error.empty()) {
+    // A real collective would hang or fail here: the ranks disagree on the call.
     if (slot.root != root) {
-      return absl::InternalError(absl::StrFormat(
+      slot.error = absl::StrFormat(
           "reduction #%d: rank %d reduces into rank %d, an earlier rank into rank %d", k, rank,
-          root, slot.root));
+          root, slot.root);
+    } else if (slot.acc.size() != values.size()) {
+      slot.error = absl::StrFormat("reduction #%d: rank %d reduces %d values, an earlier rank %d",
+                                   k, rank, values.size(), slot.acc.size());
     }
-    if (slot.acc.size() != values.size()) {
-      // A real collective would hang or fail here: the ranks disagree on the payload.
-      return absl::InternalError(absl::StrFormat(
-          "reduction #%d: rank %d reduces %d values, an earlier rank %d", k, rank,
-          values.size(), slot.acc.size()));
-    }
-    for (size_t i = 0; i < values.size(); ++i) slot.acc[i] = std::max(slot.acc[i], values[i]);
   }
   ++slot.arrived;
   cv_.SignalAll();
+  // A disagreeing call fails every rank in it (a waiting root wakes to it); its slot is
+  // kept, so that the ranks still to arrive fail too.
+  if (!slot.error.empty()) return absl::InternalError(slot.error);
+  if (slot.arrived == 1) {
+    slot.acc.assign(values.begin(), values.end());
+    slot.root = root;
+  } else {
+    for (size_t i = 0; i < values.size(); ++i) slot.acc[i] = std::max(slot.acc[i], values[i]);
+  }
   if (rank != root) return absl::OkStatus();
   const absl::Time deadline = absl::Now() + timeout_;
-  while (reduce_slots_[k].arrived < size_) {
-    if (cv_.WaitWithDeadline(&mu_, deadline) && reduce_slots_[k].arrived < size_) {
+  while (slot.arrived < size_ && slot.error.empty()) {
+    if (cv_.WaitWithDeadline(&mu_, deadline) && slot.arrived < size_ && slot.error.empty()) {
       return absl::DeadlineExceededError(absl::StrFormat(
           "rank %d waited %s for reduction #%d: %d of %d ranks arrived", rank,
-          absl::FormatDuration(timeout_), k, reduce_slots_[k].arrived, size_));
+          absl::FormatDuration(timeout_), k, slot.arrived, size_));
     }
   }
-  std::copy(reduce_slots_[k].acc.begin(), reduce_slots_[k].acc.end(), values.begin());
+  if (!slot.error.empty()) return absl::InternalError(slot.error);
+  std::copy(slot.acc.begin(), slot.acc.end(), values.begin());
   reduce_slots_.erase(k);
   return absl::OkStatus();
 }

@@ -123,31 +123,39 @@ absl::StatusOr<std::vector<spgate::client::MicrobatchPlanInput>> Microbatches(
   return out;
 }
 
-spgate::client::BatchPlanInput StepPlan(int64_t step,
-                                        std::span<const spgate::client::MicrobatchPlanInput> mbs,
-                                        uint64_t resident, uint64_t budget) {
+// A step plan's micro-batches to `target` (a GateClient or a GroupDecider).
+template <typename Target>
+spgate_status SubmitStepPlan(Target& target, int64_t step, const spgate_microbatch_plan* mbs,
+                             size_t count, uint64_t resident, uint64_t budget) {
+  auto in = Microbatches(mbs, count);
+  if (!in.ok()) return Report(in.status());
   spgate::client::BatchPlanInput p;
   p.step = step;
   p.memory_budget_bytes = budget;
-  p.microbatches = mbs;
+  p.microbatches = *in;
   p.resident_bytes = resident;
-  return p;
+  return Report(target.SubmitPlan(p));
 }
 
-// A step plan's answer into the caller's arrays; INVALID_ARGUMENT when `count` is not
-// the number of micro-batches the step was decided for.
-absl::Status FillMicrobatches(const spgate::client::GateDecision& d,
-                              spgate_microbatch_decision* mbs, size_t count) {
-  if (d.microbatches.size() != count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("count: step ", d.step, " was decided for ", d.microbatches.size(),
-                     " micro-batches, not ", count));
+// A decision into the caller's head, and a step plan's micro-batches into its arrays
+// (count 0: the head only, a plain plan's answer); INVALID_ARGUMENT when `count` is neither
+// 0 nor the number of micro-batches the step was decided for.
+spgate_status FillAnswer(const absl::StatusOr<spgate::client::GateDecision>& d,
+                         spgate_decision* out, spgate_microbatch_decision* mbs, size_t count,
+                         uint64_t* stage_peak_bytes) {
+  if (!d.ok()) return Report(d.status());
+  if (count > 0 && d->microbatches.size() != count) {
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("count: step ", d->step, " was decided for ", d->microbatches.size(),
+                     " micro-batches, not ", count)));
   }
   for (size_t i = 0; i < count; ++i) {
-    mbs[i].mode = static_cast<int32_t>(d.microbatches[i].mode);
-    mbs[i].reason = static_cast<int32_t>(d.microbatches[i].reason);
+    mbs[i].mode = static_cast<int32_t>(d->microbatches[i].mode);
+    mbs[i].reason = static_cast<int32_t>(d->microbatches[i].reason);
   }
-  return absl::OkStatus();
+  Fill(*d, out);
+  if (stage_peak_bytes != nullptr) *stage_peak_bytes = d->stage_peak_bytes;
+  return Report(absl::OkStatus());
 }
 
 bool ValidModeAndReason(const spgate_telemetry& t) {
@@ -295,25 +303,17 @@ spgate_status spgate_client_submit_plan(spgate_client* client, int64_t step,
   return Report(client->client->SubmitPlan(Plan(step, lengths, count, sp, tp, budget)));
 }
 
-spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
-                                           int64_t timeout_us, spgate_decision* out) {
-  if (client == nullptr) return Null("client");
-  if (out == nullptr) return Null("out");
-  auto d = client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us));
-  if (!d.ok()) return Report(d.status());
-  Fill(*d, out);
-  return Report(absl::OkStatus());
-}
-
 spgate_status spgate_client_submit_step_plan(spgate_client* client, int64_t step,
                                              const spgate_microbatch_plan* mbs, size_t count,
                                              uint64_t resident_bytes,
                                              uint64_t memory_budget_bytes) {
   if (client == nullptr) return Null("client");
-  auto in = Microbatches(mbs, count);
-  if (!in.ok()) return Report(in.status());
-  return Report(client->client->SubmitPlan(StepPlan(step, *in, resident_bytes,
-                                                    memory_budget_bytes)));
+  return SubmitStepPlan(*client->client, step, mbs, count, resident_bytes, memory_budget_bytes);
+}
+
+spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
+                                           int64_t timeout_us, spgate_decision* out) {
+  return spgate_client_await_microbatches(client, step, timeout_us, out, nullptr, 0, nullptr);
 }
 
 spgate_status spgate_client_await_microbatches(spgate_client* client, int64_t step,
@@ -323,19 +323,13 @@ spgate_status spgate_client_await_microbatches(spgate_client* client, int64_t st
   if (client == nullptr) return Null("client");
   if (out == nullptr) return Null("out");
   if (mbs == nullptr && count > 0) return Null("mbs");
-  auto d = client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us));
-  if (!d.ok()) return Report(d.status());
-  if (absl::Status s = FillMicrobatches(*d, mbs, count); !s.ok()) return Report(s);
-  Fill(*d, out);
-  if (stage_peak_bytes != nullptr) *stage_peak_bytes = d->stage_peak_bytes;
-  return Report(absl::OkStatus());
+  return FillAnswer(
+      client->client->AwaitDecision(step, Deadline(client->client.get(), timeout_us)), out, mbs,
+      count, stage_peak_bytes);
 }
 
 spgate_status spgate_client_report_telemetry(spgate_client* client, const spgate_telemetry* t) {
-  if (client == nullptr) return Null("client");
-  if (t == nullptr) return Null("telemetry");
-  if (!ValidModeAndReason(*t)) return Report(BadModeOrReason(*t));
-  return Report(client->client->ReportTelemetry(Telemetry(*t)));
+  return spgate_client_report_step_telemetry(client, t, nullptr, 0);
 }
 
 spgate_status spgate_client_report_step_telemetry(spgate_client* client,
@@ -401,37 +395,23 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
   if (out == nullptr) return Null("out");
   *out = nullptr;
   if (broadcast == nullptr) return Null("broadcast");
-  auto fn = [broadcast, user_data](spgate::client::DecisionWire& w, int root) -> absl::Status {
-    const int32_t rc = broadcast(&w, sizeof(w), root, user_data);
+  // A decision's head and a step plan's micro-batch bytes, in one call.
+  auto broadcast_fn = [broadcast, user_data](std::span<uint8_t> b, int root) -> absl::Status {
+    const int32_t rc = broadcast(b.data(), b.size(), root, user_data);
     if (rc != 0) return absl::InternalError(absl::StrCat("broadcast callback returned ", rc));
     return absl::OkStatus();
   };
   spgate::client::MaxReduceFn reduce_fn;  // empty: per-rank sessions
-  if (reduce != nullptr) {
-    reduce_fn = [reduce, user_data](spgate::client::TelemetryWire& w, int root) -> absl::Status {
-      const int32_t rc = reduce(w.v, spgate::client::TelemetryWire::kSlots, root, user_data);
-      if (rc != 0) return absl::InternalError(absl::StrCat("reduce callback returned ", rc));
-      return absl::OkStatus();
-    };
-  }
-  // A step plan's record and its micro-batches' over the same reduce, 14 + 7 x count.
-  spgate::client::VectorMaxReduceFn reduce_vector_fn;
-  if (reduce != nullptr) {
-    reduce_vector_fn = [reduce, user_data](std::span<double> v, int root) -> absl::Status {
+  if (reduce != nullptr) {  // 14 doubles, and 7 per micro-batch after a step plan
+    reduce_fn = [reduce, user_data](std::span<double> v, int root) -> absl::Status {
       const int32_t rc = reduce(v.data(), v.size(), root, user_data);
       if (rc != 0) return absl::InternalError(absl::StrCat("reduce callback returned ", rc));
       return absl::OkStatus();
     };
   }
-  // A step plan's micro-batch decisions travel over the same callback, `count` bytes.
-  auto bytes_fn = [broadcast, user_data](std::span<uint8_t> b, int root) -> absl::Status {
-    const int32_t rc = broadcast(b.data(), b.size(), root, user_data);
-    if (rc != 0) return absl::InternalError(absl::StrCat("broadcast callback returned ", rc));
-    return absl::OkStatus();
-  };
   auto decider = spgate::client::GroupDecider::Create(
-      client != nullptr ? client->client.get() : nullptr, rank_in_group, fn,
-      std::move(reduce_fn), std::move(bytes_fn), std::move(reduce_vector_fn));
+      client != nullptr ? client->client.get() : nullptr, rank_in_group, std::move(broadcast_fn),
+      std::move(reduce_fn));
   if (!decider.ok()) return Report(decider.status());
   *out = new spgate_decider{std::move(*decider)};
   return Report(absl::OkStatus());
@@ -449,14 +429,7 @@ spgate_status spgate_decider_submit_plan(spgate_decider* decider, int64_t step,
 
 spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step, int64_t timeout_us,
                                     spgate_decision* out) {
-  if (decider == nullptr) return Null("decider");
-  if (out == nullptr) return Null("out");
-  absl::StatusOr<spgate::client::GateDecision> d =
-      timeout_us < 0 ? decider->decider->Decide(step)
-                     : decider->decider->Decide(step, absl::Now() + absl::Microseconds(timeout_us));
-  if (!d.ok()) return Report(d.status());
-  Fill(*d, out);
-  return Report(absl::OkStatus());
+  return spgate_decider_decide_microbatches(decider, step, timeout_us, out, nullptr, 0, nullptr);
 }
 
 spgate_status spgate_decider_submit_step_plan(spgate_decider* decider, int64_t step,
@@ -464,10 +437,7 @@ spgate_status spgate_decider_submit_step_plan(spgate_decider* decider, int64_t s
                                               uint64_t resident_bytes,
                                               uint64_t memory_budget_bytes) {
   if (decider == nullptr) return Null("decider");
-  auto in = Microbatches(mbs, count);
-  if (!in.ok()) return Report(in.status());
-  return Report(decider->decider->SubmitPlan(StepPlan(step, *in, resident_bytes,
-                                                      memory_budget_bytes)));
+  return SubmitStepPlan(*decider->decider, step, mbs, count, resident_bytes, memory_budget_bytes);
 }
 
 spgate_status spgate_decider_decide_microbatches(spgate_decider* decider, int64_t step,
@@ -478,31 +448,19 @@ spgate_status spgate_decider_decide_microbatches(spgate_decider* decider, int64_
   if (out == nullptr) return Null("out");
   if (mbs == nullptr && count > 0) return Null("mbs");
   // Every rank enters the collective with the same count (an int here, as C++ takes it;
-  // GroupDecider refuses one outside [1, kMaxMicrobatches] on every rank alike).
-  const int m = count > static_cast<size_t>(spgate::kMaxMicrobatches) ? -1 : static_cast<int>(count);
-  absl::StatusOr<spgate::client::GateDecision> d =
-      timeout_us < 0 ? decider->decider->DecideMicrobatches(step, m)
-                     : decider->decider->DecideMicrobatches(
-                           step, m, absl::Now() + absl::Microseconds(timeout_us));
-  if (!d.ok()) return Report(d.status());
-  if (absl::Status s = FillMicrobatches(*d, mbs, count); !s.ok()) return Report(s);
-  Fill(*d, out);
-  if (stage_peak_bytes != nullptr) *stage_peak_bytes = d->stage_peak_bytes;
-  return Report(absl::OkStatus());
+  // GroupDecider refuses one over kMaxMicrobatches on every rank alike; 0: a plain plan).
+  const int m =
+      count > static_cast<size_t>(spgate::kMaxMicrobatches) ? -1 : static_cast<int>(count);
+  spgate::client::GroupDecider& g = *decider->decider;
+  return FillAnswer(
+      timeout_us < 0 ? g.Decide(step, m)
+                     : g.Decide(step, m, absl::Now() + absl::Microseconds(timeout_us)),
+      out, mbs, count, stage_peak_bytes);
 }
 
 spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
                                               const spgate_telemetry* t) {
-  if (decider == nullptr) return Null("decider");
-  if (t == nullptr) return Null("telemetry");
-  if (ValidModeAndReason(*t)) return Report(decider->decider->ReportTelemetry(Telemetry(*t)));
-  // Still into the decider, as a record it refuses (mode 0): in a group session the other
-  // ranks are (or will be) in the reduction, and must learn that this step's record fails.
-  spgate_telemetry refused = *t;
-  refused.mode = 0;
-  refused.reason = SPGATE_REASON_GATES_PASSED;
-  (void)decider->decider->ReportTelemetry(Telemetry(refused));
-  return Report(BadModeOrReason(*t));
+  return spgate_decider_report_step_telemetry(decider, t, nullptr, 0);
 }
 
 spgate_status spgate_decider_report_step_telemetry(spgate_decider* decider,
@@ -512,7 +470,8 @@ spgate_status spgate_decider_report_step_telemetry(spgate_decider* decider,
   if (decider == nullptr) return Null("decider");
   if (t == nullptr) return Null("telemetry");
   // A null list, or a count over the limit, is taken as none: the rank still takes part
-  // (the others are, or will be, in the reduction) and is refused there.
+  // (the others are, or will be, in the reduction) and is refused there. So is a record
+  // whose mode or reason is unknown, sent as one the decider refuses (mode 0).
   const bool too_many = count > static_cast<size_t>(spgate::kMaxStepPlanChunks);
   if (too_many) mbs = nullptr;
   spgate_telemetry record = *t;

@@ -183,16 +183,17 @@ typedef struct spgate_client spgate_client;
 typedef struct spgate_decider spgate_decider;
 
 /* Broadcast `size` bytes at `buf` from rank `root` of the TP group; on the other ranks
- * overwrite `buf` with the root's bytes. Return 0 on success. `size` is 24 for a
- * decision's head, or a step plan's micro-batch count for its micro-batch decisions
- * (spgate_decider_decide_microbatches): every rank calls with the same size. */
+ * overwrite `buf` with the root's bytes. Return 0 on success. One call per decision:
+ * `size` is 24 (the decision's head) plus, for a step plan, one byte per micro-batch
+ * (spgate_decider_decide_microbatches); every rank calls with the same size. */
 typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, void* user_data);
 
 /* Element-wise maximum of `count` doubles at `values` over the ranks of the TP group into
  * rank `root`'s `values` (MPI_Reduce with MPI_MAX, or an all-reduce with MAX: the other
- * ranks' values may be left as they were). count is 14: the 112-byte in-group telemetry
- * payload (TelemetryWire, group_decider.h), which only the leader decodes. Return 0 on
- * success. */
+ * ranks' values may be left as they were). One call per step's telemetry: count is 14 (the
+ * 112-byte in-group payload, TelemetryWire in group_decider.h) plus, after a step plan,
+ * 7 per micro-batch; every rank calls with the same count, and only the leader decodes the
+ * result. Return 0 on success. */
 typedef int32_t (*spgate_reduce_max_fn)(double* values, size_t count, int32_t root,
                                         void* user_data);
 
@@ -249,7 +250,8 @@ SPGATE_EXPORT spgate_status spgate_client_submit_plan(spgate_client* client, int
                                                       uint64_t predicted_peak_bytes_sp,
                                                       uint64_t predicted_peak_bytes_tp,
                                                       uint64_t memory_budget_bytes);
-/* timeout_us < 0: the client's decision_deadline. */
+/* timeout_us < 0: the client's decision_deadline. The head only:
+ * spgate_client_await_microbatches with count 0. */
 SPGATE_EXPORT spgate_status spgate_client_await_decision(spgate_client* client, int64_t step,
                                                          int64_t timeout_us,
                                                          spgate_decision* out);
@@ -260,13 +262,14 @@ SPGATE_EXPORT spgate_status spgate_client_submit_step_plan(spgate_client* client
                                                            const spgate_microbatch_plan* mbs,
                                                            size_t count, uint64_t resident_bytes,
                                                            uint64_t memory_budget_bytes);
-/* A step plan's decision: `out` as spgate_client_await_decision (micro-batch 0's mode and
- * reason), and the decision of each of its `count` micro-batches by id in `mbs` (count
- * must be the layout's microbatches); `stage_peak_bytes` (may be NULL): the stage's
- * predicted peak with those modes. */
+/* A decision: `out` its head (for a step plan micro-batch 0's mode and reason), and the
+ * decision of each of its `count` micro-batches by id in `mbs` (count must be the step's
+ * micro-batches, the layout's; 0: the head only, as for a plain plan); `stage_peak_bytes`
+ * (may be NULL): the stage's predicted peak with those modes. */
 SPGATE_EXPORT spgate_status spgate_client_await_microbatches(
     spgate_client* client, int64_t step, int64_t timeout_us, spgate_decision* out,
     spgate_microbatch_decision* mbs, size_t count, uint64_t* stage_peak_bytes);
+/* spgate_client_report_step_telemetry with no micro-batches. */
 SPGATE_EXPORT spgate_status spgate_client_report_telemetry(spgate_client* client,
                                                            const spgate_telemetry* telemetry);
 SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* client,
@@ -278,8 +281,9 @@ SPGATE_EXPORT spgate_status spgate_client_wait_connected(spgate_client* client,
 SPGATE_EXPORT spgate_status spgate_client_get_stats(spgate_client* client,
                                                     spgate_client_stats* out);
 
-/* client: required on rank 0 of the group, may be NULL elsewhere. The callback is
- * called from spgate_decider_decide on the calling thread. Without a max-reduce: for a
+/* spgate_decider_create_group without a max-reduce. client: required on rank 0 of the
+ * group, may be NULL elsewhere. The callback is called from spgate_decider_decide and
+ * spgate_decider_decide_microbatches on the calling thread. Without a max-reduce: for a
  * leader whose client speaks for a group of more than one rank with a controller
  * (group_session, the default) this is SPGATE_INVALID_ARGUMENT; use
  * spgate_decider_create_group, or group_session "false". */
@@ -293,7 +297,7 @@ SPGATE_EXPORT spgate_status spgate_decider_create(spgate_client* client, int32_t
  * group_session, group_size > 1 and a controller, and must then be given on every rank;
  * with a leader whose group_session is "false" it is SPGATE_INVALID_ARGUMENT. Both
  * callbacks get `user_data` and are called on the calling thread: broadcast from
- * spgate_decider_decide, reduce from spgate_decider_report_telemetry. */
+ * spgate_decider_decide(_microbatches), reduce from spgate_decider_report(_step)_telemetry. */
 SPGATE_EXPORT spgate_status spgate_decider_create_group(spgate_client* client,
                                                         int32_t rank_in_group,
                                                         spgate_broadcast_fn broadcast,
@@ -305,7 +309,8 @@ SPGATE_EXPORT spgate_status spgate_decider_submit_plan(spgate_decider* decider, 
                                                        uint64_t predicted_peak_bytes_sp,
                                                        uint64_t predicted_peak_bytes_tp,
                                                        uint64_t memory_budget_bytes);
-/* Collective over the group; timeout_us as in spgate_client_await_decision. */
+/* Collective over the group; timeout_us as in spgate_client_await_decision. The head only:
+ * spgate_decider_decide_microbatches with count 0. */
 SPGATE_EXPORT spgate_status spgate_decider_decide(spgate_decider* decider, int64_t step,
                                                   int64_t timeout_us, spgate_decision* out);
 /* Step plans: spgate_client_submit_step_plan on the leader, nothing elsewhere. */
@@ -314,21 +319,22 @@ SPGATE_EXPORT spgate_status spgate_decider_submit_step_plan(spgate_decider* deci
                                                             const spgate_microbatch_plan* mbs,
                                                             size_t count, uint64_t resident_bytes,
                                                             uint64_t memory_budget_bytes);
-/* Collective over the group, for a step plan: the step's head (as spgate_decider_decide)
- * and then its `count` micro-batch decisions (one byte each, over the same broadcast
- * callback with size = count), identical on every rank, or the same error on every rank.
+/* Collective over the group: the step's head and its `count` micro-batch decisions (the
+ * layout's; 0: a plain plan, the head only), in one call of the broadcast callback
+ * (size 24 + count), identical on every rank, or the same error on every rank.
  * stage_peak_bytes (may be NULL): the leader's predicted stage peak; 0 elsewhere. */
 SPGATE_EXPORT spgate_status spgate_decider_decide_microbatches(
     spgate_decider* decider, int64_t step, int64_t timeout_us, spgate_decision* out,
     spgate_microbatch_decision* mbs, size_t count, uint64_t* stage_peak_bytes);
-/* This rank's measurements of a step it ran. With a max-reduce (group session) a
- * collective: every rank calls it for every step it reports, in the same order; the
- * leader queues one record for the group (each value the largest over the ranks, with
- * the slowest rank and the rank of the highest peak memory). A rank whose record is
- * refused (SPGATE_INVALID_ARGUMENT) still takes part, so no rank is left waiting, and the
- * leader sends nothing for that step (SPGATE_INVALID_ARGUMENT there too); ranks that
- * reported different steps or modes are SPGATE_INTERNAL on the leader. Without one: the
- * rank's own client queues the record (SPGATE_FAILED_PRECONDITION without a client). */
+/* This rank's measurements of a step it ran (spgate_decider_report_step_telemetry with no
+ * micro-batches). With a max-reduce (group session) a collective: every rank calls it for
+ * every step it reports, in the same order; the leader queues one record for the group
+ * (each value the largest over the ranks, with the slowest rank and the rank of the
+ * highest peak memory). A rank whose record is refused (SPGATE_INVALID_ARGUMENT) still
+ * takes part, so no rank is left waiting, and the leader sends nothing for that step
+ * (SPGATE_INVALID_ARGUMENT there too); ranks that reported different steps or modes are
+ * SPGATE_INTERNAL on the leader. Without one: the rank's own client queues the record
+ * (SPGATE_FAILED_PRECONDITION without a client). */
 SPGATE_EXPORT spgate_status spgate_decider_report_telemetry(spgate_decider* decider,
                                                             const spgate_telemetry* telemetry);
 
@@ -349,11 +355,11 @@ typedef struct spgate_microbatch_telemetry {
 /* A step plan's step: the record and one entry per micro-batch id of the layout (`count`
  * = its microbatches; ids any order). The client's: queued as spgate_client_report_telemetry
  * (refused naming the micro-batch and field). The decider's: after
- * spgate_decider_decide_microbatches, with a decider from spgate_decider_create_group, the
- * record and its micro-batches are reduced in one call of `reduce` (14 + 7 x count doubles)
- * and every rank must give them; the rules of spgate_decider_report_telemetry apply
- * (a refused rank still takes part), and ranks that ran a micro-batch in different modes
- * are SPGATE_INTERNAL on the leader. */
+ * spgate_decider_decide_microbatches with count > 0, with a decider from
+ * spgate_decider_create_group, the record and its micro-batches are reduced in one call of
+ * `reduce` (14 + 7 x count doubles) and every rank must give them; the rules of
+ * spgate_decider_report_telemetry apply (a refused rank still takes part), and ranks that
+ * ran a micro-batch in different modes are SPGATE_INTERNAL on the leader. */
 SPGATE_EXPORT spgate_status spgate_client_report_step_telemetry(
     spgate_client* client, const spgate_telemetry* telemetry,
     const spgate_microbatch_telemetry* microbatches, size_t count);

@@ -395,26 +395,18 @@ class RankRun {
     }
     Communicator* tp = cx_.tp;
     client::MaxReduceFn reduce;
-    client::VectorMaxReduceFn reduce_vector;
     if (o_.client.group_session) {
-      reduce = [tp](client::TelemetryWire& w, int /*root: every rank gets it*/) {
-        return tp->AllReduceMaxHost(w.v, client::TelemetryWire::kSlots);
-      };
-      // A pipelined step's record and its micro-batches', in the same one reduction.
-      reduce_vector = [tp](std::span<double> v, int /*root*/) {
+      // A step's record, and a pipelined step's micro-batches', in one reduction.
+      reduce = [tp](std::span<double> v, int /*root: every rank gets it*/) {
         return tp->AllReduceMaxHost(v.data(), static_cast<int>(v.size()));
       };
     }
     ASSIGN_OR_RETURN(decider_, client::GroupDecider::Create(
                                    gate_.get(), grid_.tp_rank(),
-                                   [tp](client::DecisionWire& w, int root) {
-                                     return tp->BroadcastHost(&w, sizeof(w), root);
-                                   },
-                                   std::move(reduce),
                                    [tp](std::span<uint8_t> bytes, int root) {
                                      return tp->BroadcastHost(bytes.data(), bytes.size(), root);
                                    },
-                                   std::move(reduce_vector)));
+                                   std::move(reduce)));
     return absl::OkStatus();
   }
 

@@ -4,11 +4,12 @@ broadcast over the group's own torch.distributed process group (docs/design.md ย
 This is the C++ GroupDecider (worker/client/group_decider.h) with a torch.distributed
 broadcast plugged in, so the semantics are the same code: the leader (rank 0 of the group)
 asks its Client - the daemon's answer, or past the deadline the fail-static local one -
-and broadcasts the 24-byte DecisionWire before the batch's first collective; the other
-ranks only receive. A leader that cannot decide broadcasts the failure's status code, so
-every rank raises the same spgate.Error instead of one rank waiting alone in the
-broadcast. On gloo the 24 bytes travel in a CPU tensor, on NCCL in a device tensor on the
-current CUDA device. The GIL is released while the leader waits.
+and broadcasts it before the batch's first collective, in one broadcast: the 24-byte
+DecisionWire, and for a step plan one more byte per micro-batch; the other ranks only
+receive. A leader that cannot decide broadcasts the failure's status code, so every rank
+raises the same spgate.Error instead of one rank waiting alone in the broadcast. On gloo
+the bytes travel in a CPU tensor, on NCCL in a device tensor on the current CUDA device.
+The GIL is released while the leader waits.
 
 One session per TP group (the Client option group_session, the default): only the
 leader has a Client, and every rank gives its own step telemetry to report_telemetry,
@@ -20,7 +21,9 @@ session of its own, and report_telemetry sends the rank's own record through it.
 
 Invariant: decide(step) and, in a group session, report_telemetry(...) are collectives -
 every rank of the group calls them for every step, in the same order. So is the
-construction: the leader tells the group whether its Client holds the group's session.
+construction: one all-reduce tells every rank whether the leader's Client holds the
+group's session and whether any rank refused its arguments, so that a refusal raises on
+every rank of the group (after the collective, never before it on one rank alone).
 
 Usage:
     launch = spgate.torch.agree_on_launch()          # every rank, once (launch.py)
@@ -107,16 +110,33 @@ def _make_reduce(group, device: torch.device):
     return reduce
 
 
-def _leaders_flag(flag: bool, group, device: torch.device) -> bool:
-    """The group's rank 0's `flag`, on every rank (a broadcast over the group)."""
-    t = torch.tensor([1 if flag else 0], dtype=torch.uint8)
-    src = _global_rank(group, 0)
+def _agree(values, group, device: torch.device):
+    """The element-wise maximum of every rank's `values` (floats), on every rank."""
+    t = torch.tensor(values, dtype=torch.float64)
     if device.type == "cpu":
-        dist.broadcast(t, src=src, group=group)
-        return bool(t.item())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return t.tolist()
     dev = t.to(device)
-    dist.broadcast(dev, src=src, group=group)
-    return bool(dev.cpu().item())
+    dist.all_reduce(dev, op=dist.ReduceOp.MAX, group=group)
+    return dev.cpu().tolist()
+
+
+def _check_client(client, rank: int, size: int) -> None:
+    """This rank's own checks of its `client` (InvalidArgumentError naming it)."""
+    if rank == 0 and (client is None or client.closed):
+        raise _invalid("client: the group leader (rank 0) needs an open Client")
+    if client is None:
+        return
+    if client.closed:
+        raise _invalid("client: the Client is closed")
+    if client.rank_in_group != rank:
+        raise _invalid(
+            "client: created for rank_in_group %d but this process is rank %d of the "
+            "process group" % (client.rank_in_group, rank))
+    if client.group_size != size:
+        raise _invalid(
+            "client: created for group_size %d but the process group has %d ranks"
+            % (client.group_size, size))
 
 
 class GroupDecider:
@@ -137,16 +157,6 @@ class GroupDecider:
         if self.rank < 0:
             raise _invalid(
                 "process_group: this process is not a member of the group")
-        if client is not None and client.rank_in_group != self.rank:
-            raise _invalid(
-                "client: created for rank_in_group %d but this process is rank %d of the "
-                "process group" % (client.rank_in_group, self.rank))
-        if client is not None and client.group_size != self.size:
-            raise _invalid(
-                "client: created for group_size %d but the process group has %d ranks"
-                % (client.group_size, self.size))
-        if self.rank == 0 and (client is None or client.closed):
-            raise _invalid("client: the group leader (rank 0) needs an open Client")
         self._root = _global_rank(process_group, 0)
         backend = str(dist.get_backend(process_group))
         if device is None:
@@ -154,21 +164,47 @@ class GroupDecider:
                       if backend == "nccl" else torch.device("cpu"))
         self.device = torch.device(device)
         self.client = client
+        # The callbacks hold the group and device, not self: no reference cycle through
+        # the native object (which the garbage collector cannot see into).
+        broadcast = _make_broadcast(process_group, self.device)
+        reduce = _make_reduce(process_group, self.device)
+        # This rank's own checks, and the leader's native decider (it knows its session),
+        # before the one collective; every rank raises after it if any rank refused.
+        refused, own_session = None, None
+        try:
+            _check_client(client, self.rank, self.size)
+            own_session = None if client is None else client.group_session
+            if self.rank == 0:
+                self._native = spgate.GroupDecider(client, 0, broadcast,
+                                                   reduce if own_session else None)
+        except spgate.Error as e:
+            refused = e
+        # Every rank's: [the leader's group_session, 1 + the highest rank that refused, a
+        # follower's Client with group_session, a follower's Client without].
+        follower = self.rank != 0 and own_session is not None
+        leader_session, refusing, follower_session, follower_own = _agree(
+            [1.0 if self.rank == 0 and refused is None and own_session else 0.0,
+             0.0 if refused is None else 1.0 + self.rank,
+             1.0 if follower and own_session else 0.0,
+             1.0 if follower and not own_session else 0.0], process_group, self.device)
+        if refused is not None:
+            raise refused
+        if refusing:
+            raise _invalid("process_group: rank %d of the group refused its arguments (see "
+                           "that rank's error); no rank of the group has a GroupDecider"
+                           % (int(refusing) - 1))
         # Whether the group reduces its telemetry into the leader: the leader's Client says
         # (its group session), and every rank must agree, or report_telemetry would wait in
         # a reduction that some ranks never join.
-        self.group_session = _leaders_flag(client.group_session if self.rank == 0 else False,
-                                           process_group, self.device)
-        if self.rank != 0 and client is not None and client.group_session != self.group_session:
+        self.group_session = bool(leader_session)
+        if follower_own if self.group_session else follower_session:
             raise _invalid(
-                "client: created with group_session=%s but the group's leader's Client has "
-                "group_session=%s: every rank of a group sets the same"
-                % (client.group_session, self.group_session))
-        # The callbacks hold the group and device, not self: no reference cycle through
-        # the native object (which the garbage collector cannot see into).
-        reduce = _make_reduce(process_group, self.device) if self.group_session else None
-        self._native = spgate.GroupDecider(client, self.rank,
-                                           _make_broadcast(process_group, self.device), reduce)
+                "client: a follower's Client has group_session=%s but the group's leader's "
+                "Client has group_session=%s: every rank of a group sets the same"
+                % (not self.group_session, self.group_session))
+        if self.rank != 0:
+            self._native = spgate.GroupDecider(client, self.rank, broadcast,
+                                               reduce if self.group_session else None)
 
     @property
     def is_leader(self) -> bool:
@@ -193,8 +229,8 @@ class GroupDecider:
                             timeout: Optional[float] = None) -> "spgate.GateDecision":
         """Collective, for a step plan (a Client with a layout, docs/design.md ยง12): the
         step's decision with one per micro-batch in .microbatches, by id - the leader's,
-        broadcast over the group (the head, then one byte per micro-batch) - identical on
-        every rank, errors included."""
+        broadcast over the group in one broadcast (the head and one byte per micro-batch) -
+        identical on every rank, errors included."""
         return self._native.decide_microbatches(step, microbatches, timeout)
 
     def report_telemetry(self, telemetry: Optional["spgate.StepTelemetry"] = None,

@@ -94,23 +94,21 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   spgate_client_destroy(c);
 }
 
-// A broadcast over threads for any payload: a decision's 24-byte head, or a step plan's
-// micro-batch decisions (one byte each), in one sequence as on a real communicator.
+// A broadcast over threads: a decision in one call, its 24-byte head and then a step
+// plan's micro-batch decisions (one byte each), as on a real communicator. The sizes each
+// rank broadcast are recorded.
 struct BytesComm {
   spgate::client::InMemoryBroadcast* group;
   int rank;
+  std::vector<size_t> sizes = {};
 };
 int32_t AnyBroadcast(void* buf, size_t size, int32_t root, void* user) {
-  const auto* c = static_cast<const BytesComm*>(user);
-  if (size == sizeof(spgate::client::DecisionWire)) {
-    spgate::client::DecisionWire w;
-    std::memcpy(&w, buf, size);
-    if (!c->group->Broadcast(c->rank, w, root).ok()) return 2;
-    std::memcpy(buf, &w, size);
-    return 0;
-  }
-  return c->group->BroadcastBytes(c->rank, std::span<uint8_t>(static_cast<uint8_t*>(buf), size),
-                                  root).ok() ? 0 : 3;
+  auto* c = static_cast<BytesComm*>(user);
+  c->sizes.push_back(size);
+  return c->group->Broadcast(c->rank, std::span<uint8_t>(static_cast<uint8_t*>(buf), size), root)
+                 .ok()
+             ? 0
+             : 3;
 }
 
 // Pipelines through the C API (docs/design.md §12): the layout and coordinates checked
@@ -196,12 +194,25 @@ TEST(CApiTest, StepPlansDecidePerMicrobatchOnEveryRank) {
   // Stage 1 of 2 holds one micro-batch at a time: resident + the largest one kept.
   EXPECT_EQ(peak[0], 1000u + 200u);
   EXPECT_EQ(peak[1], 0u);
+  // One collective per decision: the head and the 4 micro-batch bytes in one broadcast.
+  EXPECT_EQ(comm[0].sizes, std::vector<size_t>{24 + 4});
+  EXPECT_EQ(comm[1].sizes, std::vector<size_t>{24 + 4});
   // The committed step again, asked with the wrong count: refused, naming it.
   spgate_decision again{};
   spgate_microbatch_decision three[3];
   EXPECT_EQ(spgate_client_await_microbatches(c, 0, 0, &again, three, 3, nullptr),
             SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("count"));
+  // Count 0, and the plain call that wraps it: the head alone.
+  uint64_t head_peak = 0;
+  ASSERT_EQ(spgate_client_await_microbatches(c, 0, 0, &again, nullptr, 0, &head_peak), SPGATE_OK)
+      << spgate_last_error();
+  EXPECT_EQ(again.mode, head[0].mode);
+  EXPECT_EQ(head_peak, peak[0]);
+  again = {};
+  ASSERT_EQ(spgate_client_await_decision(c, 0, 0, &again), SPGATE_OK) << spgate_last_error();
+  EXPECT_EQ(again.step, 0);
+  EXPECT_EQ(again.reason, head[0].reason);
   for (spgate_decider* x : d) spgate_decider_destroy(x);
   spgate_client_destroy(c);
 
@@ -223,7 +234,7 @@ TEST(CApiTest, StepPlansDecidePerMicrobatchOnEveryRank) {
 
 int32_t AnyReduceMax(double* values, size_t count, int32_t root, void* user) {
   const auto* c = static_cast<const BytesComm*>(user);
-  return c->group->MaxReduceVector(c->rank, std::span<double>(values, count), root).ok() ? 0 : 2;
+  return c->group->MaxReduce(c->rank, std::span<double>(values, count), root).ok() ? 0 : 2;
 }
 
 // A step plan's telemetry through the C API: every rank's micro-batch records in the one
@@ -412,24 +423,18 @@ struct RankComm {
   int rank;
 };
 
+// A plain plan's decision is the 24-byte head alone, its telemetry the 14 doubles alone.
 int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
-  spgate::client::DecisionWire w;
-  if (size != sizeof(w)) return 1;
-  std::memcpy(&w, buf, size);
-  if (!c->group->Broadcast(c->rank, w, root).ok()) return 2;
-  std::memcpy(buf, &w, size);
-  return 0;
+  if (size != sizeof(spgate::client::DecisionWire)) return 1;
+  const std::span<uint8_t> bytes(static_cast<uint8_t*>(buf), size);
+  return c->group->Broadcast(c->rank, bytes, root).ok() ? 0 : 2;
 }
 
 int32_t GroupReduceMax(double* values, size_t count, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
-  spgate::client::TelemetryWire w;
   if (count != spgate::client::TelemetryWire::kSlots) return 1;
-  std::memcpy(w.v, values, sizeof(w.v));
-  if (!c->group->MaxReduce(c->rank, w, root).ok()) return 2;
-  std::memcpy(values, w.v, sizeof(w.v));
-  return 0;
+  return c->group->MaxReduce(c->rank, std::span<double>(values, count), root).ok() ? 0 : 2;
 }
 
 constexpr int kGroupSize = 4;
@@ -446,7 +451,7 @@ spgate_telemetry RankTelemetry(int rank, const spgate_decision& d) {
   t.step_time_s = rank == 2 ? 0.5 : 0.1 + 0.01 * rank;
   t.rs_wait_s = t.step_time_s * (rank == 3 ? 0.04 : 0.01);
   t.all_gather_s = rank == 0 ? 0.03 : 0.01;
-  t.effective_tokens = 12288;
+  t.effective_tokens = 4096 + 4000 + 4100;  // RunGroup's plan: at most its tokens
   t.peak_memory_bytes = (rank == 1 ? 70 : 40 + rank) * kGiB;
   return t;
 }

@@ -166,8 +166,8 @@ TEST(GroupDeciderTest, RanksOutOfStepAreReported) {
 
 // The in-group reduction: the element-wise max of the ranks' payloads is the group's
 // record, with the slowest and the peak-memory ranks, each share the largest rank's.
-// Step plans: every rank gets the leader's micro-batch decisions, through the second
-// broadcast; a rank without the bytes broadcast is refused by name.
+// Step plans: every rank gets the leader's micro-batch decisions, in the decision's one
+// broadcast; a count out of range is refused on every rank before any broadcast.
 TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
   constexpr int kRanks = 3;
   constexpr int kMicrobatches = 4;
@@ -183,7 +183,7 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
       auto decider = GroupDecider::Create(rank == 0 ? leader_client->get() : nullptr, rank,
-                                          group.ForRank(rank), {}, group.BytesForRank(rank));
+                                          group.ForRank(rank));
       ASSERT_THAT(decider.status(), IsOk());
       const std::vector<int64_t> uniform = {4096, 4000}, mixed = {100, 100, 8000};
       for (int64_t step = 0; step < 200; ++step) {
@@ -211,10 +211,14 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
   EXPECT_GT(tp, 0);
   EXPECT_LT(tp, 200 * kMicrobatches);
 
-  auto no_bytes = GroupDecider::Create(nullptr, 1, group.ForRank(1));
-  ASSERT_THAT(no_bytes.status(), IsOk());
-  EXPECT_THAT((*no_bytes)->DecideMicrobatches(0, kMicrobatches),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bytes broadcast")));
+  // A follower alone: any broadcast would wait for the leader (60 s), so these return
+  // before one.
+  auto lone = GroupDecider::Create(nullptr, 1, group.ForRank(1));
+  ASSERT_THAT(lone.status(), IsOk());
+  EXPECT_THAT((*lone)->Decide(0, kMaxMicrobatches + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches")));
+  EXPECT_THAT((*lone)->Decide(0, -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -1")));
 }
 
 TEST(TelemetryWireTest, MicrobatchSlotsReduceToTheGroupsRecords) {
@@ -264,8 +268,7 @@ TEST(GroupDeciderTest, StepPlanTelemetryCarriesEveryMicrobatch) {
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
       auto decider = GroupDecider::Create(rank == 0 ? leader_client->get() : nullptr, rank,
-                                          group.ForRank(rank), group.ReduceForRank(rank),
-                                          group.BytesForRank(rank), group.VectorReduceForRank(rank));
+                                          group.ForRank(rank), group.ReduceForRank(rank));
       ASSERT_THAT(decider.status(), IsOk());
       const std::vector<int64_t> lengths = {100, 300};
       for (int64_t step = 0; step < 3; ++step) {
@@ -437,15 +440,67 @@ TEST(GroupDeciderTest, AGroupSessionNeedsTheReduction) {
 TEST(InMemoryBroadcastTest, ReduceTimesOutWithoutEveryRank) {
   InMemoryBroadcast group(3, absl::Milliseconds(20));
   TelemetryWire w;
-  EXPECT_THAT(group.MaxReduce(1, w, 0), IsOk()) << "a contributor never waits";
-  EXPECT_THAT(group.MaxReduce(0, w, 0),
+  EXPECT_THAT(group.MaxReduce(1, w.v, 0), IsOk()) << "a contributor never waits";
+  EXPECT_THAT(group.MaxReduce(0, w.v, 0),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("2 of 3")));
 }
 
 TEST(InMemoryBroadcastTest, ReceiverTimesOutWithoutARoot) {
   InMemoryBroadcast group(2, absl::Milliseconds(20));
-  DecisionWire w;
-  EXPECT_THAT(group.Broadcast(1, w, 0), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  uint8_t bytes[24] = {};
+  EXPECT_THAT(group.Broadcast(1, bytes, 0), StatusIs(absl::StatusCode::kDeadlineExceeded));
+}
+
+// Ranks that disagree on a reduction's root or length: the root already waiting fails at
+// once with the rank that disagreed, not at the (60 s) timeout; so do later arrivals.
+TEST(InMemoryBroadcastTest, ReduceFailsFastWhenTheRanksDisagree) {
+  struct Case {
+    const char* name;
+    int late_root;
+    size_t late_length;
+    const char* error;
+  };
+  const Case cases[] = {{"root", 1, 14, "rank 1 reduces into rank 1, an earlier rank into rank 0"},
+                        {"length", 0, 21, "rank 1 reduces 21 values, an earlier rank 14"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    InMemoryBroadcast group(3, absl::Seconds(60));
+    absl::Status root_status;
+    const absl::Time start = absl::Now();
+    std::thread root([&] {
+      std::vector<double> v(14, 1.0);
+      root_status = group.MaxReduce(0, v, 0);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the root waits first
+    std::vector<double> late(c.late_length, 2.0);
+    EXPECT_THAT(group.MaxReduce(1, late, c.late_root),
+                StatusIs(absl::StatusCode::kInternal, HasSubstr(c.error)));
+    root.join();
+    EXPECT_THAT(root_status, StatusIs(absl::StatusCode::kInternal, HasSubstr(c.error)));
+    std::vector<double> last(14, 3.0);
+    EXPECT_THAT(group.MaxReduce(2, last, 0), StatusIs(absl::StatusCode::kInternal));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }
+}
+
+TEST(InMemoryBroadcastTest, BroadcastRefusesAnotherLengthOrRoot) {
+  InMemoryBroadcast group(3, absl::Seconds(60));
+  uint8_t sent[25] = {7};
+  ASSERT_THAT(group.Broadcast(0, sent, 0), IsOk());
+  uint8_t shorter[24] = {};
+  EXPECT_THAT(group.Broadcast(1, shorter, 0),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("expected 24 broadcast bytes, the "
+                                                              "root sent 25")));
+  uint8_t same[25] = {};
+  EXPECT_THAT(group.Broadcast(2, same, 1),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("expected root 1")));
+  // Two ranks that both send as the root of one broadcast.
+  ASSERT_THAT(group.Broadcast(0, sent, 0), IsOk());
+  EXPECT_THAT(group.Broadcast(1, sent, 1),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("rank 0 already did")));
+  // The receivers that agree get the root's bytes.
+  EXPECT_THAT(group.Broadcast(2, same, 0), IsOk());
+  EXPECT_EQ(same[0], 7);
 }
 
 TEST(GateClientLocalTest, StepsMustIncreaseAndDecisionsAreCommitted) {
