@@ -10,8 +10,13 @@
 //             visible kReplayLearnLagSteps steps later (telemetry arrives after later plans);
 //   oracle    for each batch, the mode whose simulated step is shorter, subject to the
 //             memory gate — the best any per-batch choice can do on these batches.
-// With --pp or --microbatches above 1 the same five decide per (stage, micro-batch) of a
-// pipeline (pipeline.h, ComparePipeline), and each result gains the pipeline's fields.
+// Every cell is a pipeline (pipeline.h) and the five decide per (stage, micro-batch): a
+// cell without --pp, --microbatches or --vp is the pipeline of one stage and one
+// micro-batch, its one op the group's whole step (the transformer layers of CostModel), so
+// one harness runs both in the same arithmetic — Megatron's pp = 1 as "warm-up 0". A
+// pipelined cell's result also carries the pipeline's fields (CompareResult::pipelined).
+// STATIC and ADAPTIVE are DecideStagePlan itself; ADAPTIVE learns a sample per
+// micro-batch, the switch's cost from a sample after a switch (ObserveAfterSwitch).
 // Every policy also gets its regret per window of `regret_window` steps against the oracle
 // (regret.h), its agreement with the oracle's modes, its flips and its exploration. With
 // --switch_cost_s every policy, the oracle included, pays for each switch it makes; the
@@ -41,7 +46,7 @@ namespace spgate::sim {
 struct StageResult {
   double tp_only_share = 0;         // of the stage's (micro-batch) decisions
   uint64_t peak_memory_bytes = 0;   // max over steps of the stage's predicted peak
-                                    // (StagePeakBytes with the modes run)
+                                    // (ReplayStagePeak with the modes run)
   int64_t over_limit_steps = 0;     // replica-steps whose peak was over budget × headroom
   double busy_share = 0;            // the stage's compute over the step time
 };

@@ -1,6 +1,7 @@
 // spgate-sim's pipelines (docs/sim.md, "Pipelines"): what one micro-batch costs each
 // stage of a pipeline-parallel job in each mode, the step time of the stages' schedule
-// with a mode per (stage, micro-batch), and the PP cells of `replay --compare`.
+// with a mode per (stage, micro-batch), and the oracle's modes of a stage's step — what
+// `replay --compare` (compare.h) runs every cell on.
 //
 // The invariant that matters: a stage's per-micro-batch forward and backward times go
 // through the schedule's dependencies (a forward waits for the previous stage's forward of
@@ -15,7 +16,6 @@
 //   PipelineCostModel model(options.cost, layout);
 //   StageMicrobatchCost c = model.Cost(stage, lengths, rng, step);  // both modes, one draw
 //   ASSIGN_OR_RETURN(PipelineTimeline t, SimulatePipeline(layout.pipeline(), fwd, bwd, p2p));
-//   ASSIGN_OR_RETURN(CompareResult r, ComparePipeline(options, config, /*series_window=*/0));
 #ifndef SPGATE_TOOLS_SIM_PIPELINE_H_
 #define SPGATE_TOOLS_SIM_PIPELINE_H_
 
@@ -30,7 +30,6 @@
 #include "policy/pipeline_memory.h"
 #include "policy/step_plan.h"
 #include "policy/types.h"
-#include "tools/sim/compare.h"
 #include "tools/sim/cost_model.h"
 #include "tools/sim/sim.h"
 
@@ -119,25 +118,6 @@ absl::StatusOr<PipelineTimeline> SimulatePipeline(
 int64_t OracleStageModes(std::span<const PipelineOp> ops, uint64_t resident,
                          std::span<const StageMicrobatchCost> costs, uint64_t limit_bytes,
                          std::vector<Mode>& modes);
-
-// The PP cells of `replay --compare` (compare.h): every step, each of --groups pipeline
-// replicas draws --microbatches batches, every stage costs each of them in both modes
-// from one noise draw, and the policies decide per (stage, micro-batch):
-//   sp       every micro-batch SP;
-//   tp_only  every micro-batch TP-only while the stage's schedule-aware memory gate lets
-//            it (StageMemoryGate, in id order), else SP (counted in memory_forced_sp);
-//   static   DecideStagePlan, policy STATIC, per (replica, stage) state;
-//   adaptive DecideStagePlan, policy ADAPTIVE, a ThroughputTable per stage pooled over the
-//            replicas, learning per micro-batch (its band, mode, tokens and compute seconds
-//            on the stage), each sample visible kReplayLearnLagSteps steps later;
-//   oracle   per (stage, micro-batch) the faster mode, TP-only granted in order of the
-//            seconds it saves while the stage's step fits (greedy under memory; exact
-//            without a memory limit, since the step time never grows when an op shrinks).
-// The step time of a policy is its timeline's (SimulatePipeline); a switch of a stage's
-// mode from its previous micro-batch adds --switch_cost_s to that micro-batch's forward on
-// the stage (so it costs the step what the timeline says). Call through Compare.
-absl::StatusOr<CompareResult> ComparePipeline(const SimOptions& options, const GateConfig& config,
-                                              int64_t series_window);
 
 }  // namespace spgate::sim
 

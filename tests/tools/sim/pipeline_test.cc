@@ -4,9 +4,12 @@
 // TP-only's boundary all-gathers), the oracle per (stage, micro-batch) under the memory
 // gate, and the PP cells of --compare: the oracle bounds every policy, no policy that
 // respects memory goes over it, early stages stay SP where late ones run TP-only, and
-// pp = microbatches = 1 is today's comparison exactly.
+// pp = microbatches = 1 is the one-stage pipeline of the group's whole step.
 #include "tools/sim/pipeline.h"
 
+#include <algorithm>
+#include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -318,6 +321,52 @@ TEST(ComparePipelineTest, OnePipelineStageOfOneMicrobatchIsTodaysCompare) {
   EXPECT_EQ(CompareTable(*after), CompareTable(*before));
   EXPECT_THAT(CompareJson(*after), Not(HasSubstr("pipeline")));
   EXPECT_THAT(CompareJson(*after), Not(HasSubstr("stages")));
+}
+
+// The plain cell is the one-stage, one-micro-batch pipeline whose one op is the group's
+// whole step: the fixed choices' tokens/s are CostModel's steps on the same batches and
+// noise, replayed here by hand (a memory limit the batches all fit under).
+TEST(ComparePipelineTest, PlainCellIsTheWholeStepAsOneOp) {
+  SimOptions o;
+  o.groups = 3;
+  o.steps = 40;
+  o.cost.tp = 4;
+  o.cost.device_memory_gib = 1000;
+  o.cost.switch_cost_s = 0.003;  // the fixed choices never switch: no cost
+  o.bucketing = false;
+  o.lengths = "bimodal:short=256,long=8000,p_long=0.4";
+  absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0);
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_FALSE(r->pipelined());
+  EXPECT_EQ(r->pp, 1);
+  EXPECT_EQ(r->microbatches, 1);
+  const CostModel model(o.cost);
+  double tokens = 0, sp_s = 0, tp_s = 0;
+  uint64_t sp_peak = 0;
+  for (int gi = 0; gi < o.groups; ++gi) {
+    absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, gi);
+    ASSERT_THAT(b.status(), IsOk());
+    std::mt19937_64 rng(GroupNoiseSeed(o.seed, gi));
+    for (int64_t k = 0; k < o.steps; ++k) {
+      const std::vector<int64_t> lengths = (*b)->Next(GateConfig{}.bucket_target_cv).lengths;
+      std::mt19937_64 for_tp = rng;
+      const GroupStep sp = model.Step(lengths, Mode::kSequenceParallel, rng, k);
+      const GroupStep tp = model.Step(lengths, Mode::kTensorParallelOnly, for_tp, k);
+      tokens += static_cast<double>(sp.effective_tokens);
+      sp_s += sp.step_time_s;
+      tp_s += tp.step_time_s;
+      sp_peak = std::max(sp_peak, sp.peak_memory_bytes);
+    }
+  }
+  EXPECT_DOUBLE_EQ(Tps(*r, "sp"), o.groups * tokens / sp_s);
+  EXPECT_DOUBLE_EQ(Tps(*r, "tp_only"), o.groups * tokens / tp_s);
+  EXPECT_EQ(r->Find("sp")->peak_memory_bytes, sp_peak);
+  EXPECT_EQ(r->Find("sp")->switches, 0);
+  EXPECT_EQ(r->Find("tp_only")->sp_steps, 0);
+  // One stage, never idle: no bubble, no boundary.
+  EXPECT_DOUBLE_EQ(r->Find("sp")->bubble_share, 0);
+  EXPECT_EQ(r->Find("sp")->p2p_bytes_per_step, 0);
+  EXPECT_EQ(r->Find("oracle")->sp_steps + r->Find("oracle")->tp_steps, o.groups * o.steps);
 }
 
 TEST(ComparePipelineTest, FlagsAreCheckedNamingTheFlag) {
