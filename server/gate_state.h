@@ -67,8 +67,6 @@ class VersionedGateConfig;
 
 namespace spgate::server {
 
-class OperatorStore;
-
 // A config update for one Connect stream.
 struct ConfigPush {
   std::shared_ptr<const v1::VersionedGateConfig> config;
@@ -112,13 +110,13 @@ struct DecisionRecord {
   // and reason above are micro-batch 0's), and the stage's predicted peak with them.
   std::vector<Decision> microbatches;
   uint64_t stage_peak_bytes = 0;
+  // Each micro-batch's band (StagePlanOutcome::bands), kept for learning its telemetry.
+  std::vector<int8_t> microbatch_bands;
   // The plan's tokens (Σ lengths; a step plan's: Σ over its micro-batches) and each
   // micro-batch's, by id: the most a record of the step may claim (docs/design.md §2,
   // "Range rules"); -1 where the plan gave no lengths.
   int64_t plan_tokens = -1;
   std::vector<int64_t> microbatch_tokens;
-  // Each micro-batch's band (StagePlanOutcome::bands), kept for learning its telemetry.
-  std::vector<int8_t> microbatch_bands;
 };
 
 // A WatchDecisions subscriber; OnDecision must not block.
@@ -344,7 +342,7 @@ class GateState final : public OperatorListener {
  public:
   // Reads the operator settings from `store` (and creates the jobs that have any).
   static absl::StatusOr<std::unique_ptr<GateState>> Create(StateOptions options, Metrics& metrics,
-                                                           const OperatorStore* store);
+                                                           const OperatorSource* store);
   ~GateState() override;
 
   // --- worker API ---
@@ -411,7 +409,7 @@ class GateState final : public OperatorListener {
   struct Group;
 
  private:
-  GateState(StateOptions options, Metrics& metrics, const OperatorStore* store);
+  GateState(StateOptions options, Metrics& metrics, const OperatorSource* store);
 
   absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -468,6 +466,8 @@ class GateState final : public OperatorListener {
                                 const DecisionRecord* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Caches `decision` as the group's answer for its step and counts it.
   void RecordStep(Job& job, Group& group, const DecisionRecord& decision)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   // RecordTelemetry's steps (docs/design.md §2, "Range rules"): the checks that need no
   // state (identity, values, the session's kind), the checks against the group and the
   // step's plan (its tokens, from the cached decision), both changing nothing, and the
@@ -478,8 +478,6 @@ class GateState final : public OperatorListener {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void FoldTelemetry(Job& job, Group& group, const Session& session, const TelemetryRecord& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotifyWatchers(const DecisionRecord& decision) ABSL_LOCKS_EXCLUDED(mu_);
   void FinalizeStep(Job& job, Group& group, int slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the job's learned table afresh when the band edges in `config` differ from
   // the ones it was learned with.
@@ -506,7 +504,7 @@ class GateState final : public OperatorListener {
 
   const StateOptions options_;
   Metrics& metrics_;
-  const OperatorStore* const store_;
+  const OperatorSource* const store_;
   std::atomic<bool> draining_{false};
 
   // Who owns each job id; its lock comes before mu_ (the opening comment's order).

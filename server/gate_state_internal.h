@@ -1,5 +1,6 @@
-// The live state's private parts, shared by its two implementation files:
-// gate_state.cc (the worker path, sessions, operator changes, housekeeping) and
+// The live state's private parts, shared by its implementation files: gate_state.cc (the
+// decision and telemetry paths, operator changes), gate_state_sessions.cc (sessions,
+// launches, housekeeping), gate_state_learned.cc (the learned tables) and
 // gate_state_views.cc (the admin views and what-if). Not for other users: everything
 // here is guarded by GateState's mutex (docs/design.md §4, §8).
 #ifndef SPGATE_SERVER_GATE_STATE_INTERNAL_H_
@@ -137,10 +138,10 @@ struct CachedStepPlan {
     c.packed.reserve(d.microbatches.size());
     for (const Decision& m : d.microbatches) c.packed.push_back(PackModeReason(m));
     return c;
-    d.microbatch_tokens = tokens;
   }
   void ExpandInto(DecisionRecord& d) const {
     d.stage_peak_bytes = stage_peak_bytes;
+    d.microbatch_tokens = tokens;
     d.microbatches.clear();
     d.microbatches.reserve(packed.size());
     for (uint8_t b : packed) d.microbatches.push_back(UnpackModeReason(b).value());

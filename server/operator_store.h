@@ -58,7 +58,7 @@ struct AuditContext {
 inline constexpr int kMaxHistoryPageSize = 500;
 inline constexpr int kDefaultHistoryPageSize = 50;
 
-class OperatorStore {
+class OperatorStore final : public OperatorSource {
  public:
   // Loads the state dir (a corrupt file is an error naming it) and checks that the
   // --config layer and the persisted overrides make valid configs together.
@@ -99,12 +99,12 @@ class OperatorStore {
   // Writes the state file (drops expired pins from it).
   absl::Status Flush();
 
-  // --- reads for the live state (leaf lock) ---
-  JobOperatorView ViewForJob(const std::string& job_id) const;
-  GateConfig GlobalEffective() const;
-  int64_t GlobalVersion() const;
-  bool HasJobScope(const std::string& job_id) const;
-  std::vector<std::string> JobsWithOperatorState() const;
+  // --- reads for the live state (OperatorSource; leaf lock) ---
+  JobOperatorView ViewForJob(const std::string& job_id) const override;
+  GateConfig GlobalEffective() const override;
+  int64_t GlobalVersion() const override;
+  bool HasJobScope(const std::string& job_id) const override;
+  std::vector<std::string> JobsWithOperatorState() const override;
 
  private:
   struct JobScope {

@@ -1,13 +1,15 @@
 // What the live state (gate_state.h) sees of the operator's settings, without the wire
-// types: the OperatorStore (operator_store.h) produces these views and tells its
-// listener when they change. See docs/design.md §5.
+// types: the OperatorStore (operator_store.h) is the OperatorSource that produces these
+// views, and tells its listener when they change. See docs/design.md §5.
 #ifndef SPGATE_SERVER_OPERATOR_VIEW_H_
 #define SPGATE_SERVER_OPERATOR_VIEW_H_
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "policy/types.h"
@@ -33,6 +35,18 @@ struct JobOperatorView {
   std::optional<PinState> pin;          // the whole job
   std::map<int, PinState> group_pins;   // single groups
   bool has_overrides = false;           // the job has its own config overrides
+};
+
+// What the live state reads of the operator's settings (the store's leaf lock).
+class OperatorSource {
+ public:
+  virtual ~OperatorSource() = default;
+  virtual JobOperatorView ViewForJob(const std::string& job_id) const = 0;
+  virtual GateConfig GlobalEffective() const = 0;
+  virtual int64_t GlobalVersion() const = 0;
+  // Whether the store holds a scope of the job's own.
+  virtual bool HasJobScope(const std::string& job_id) const = 0;
+  virtual std::vector<std::string> JobsWithOperatorState() const = 0;
 };
 
 // Told about changes after they are persisted and applied, with persist_mu_ held (so

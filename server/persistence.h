@@ -18,8 +18,8 @@ namespace spgate::server {
 
 inline constexpr char kStateFileName[] = "spgated-state.textproto";
 // Who owns each job id: its live launch (incarnation, credential digest) and the
-// launches it replaced (PersistedLaunches). Written by the live state when a launch
-// starts, apart from the operator state, which has its own lock and writer.
+// launches it replaced (PersistedLaunches). Written by the launch book (launch_book.h)
+// when a launch starts, apart from the operator state, which has its own lock and writer.
 inline constexpr char kLaunchesFileName[] = "spgated-launches.textproto";
 
 std::string StateFilePath(const std::string& state_dir);
