@@ -119,7 +119,10 @@ class GroupDecider {
   // Elsewhere it is only for per-rank sessions (group_session=false), whose ranks report
   // through their own clients. `reduce` gathers the group's telemetry for the leader's
   // group session: required when the leader's client speaks for a group of more than one
-  // rank with a daemon, and then given on every rank.
+  // rank with a daemon, and then given on every rank. Create checks this rank's arguments
+  // only and calls no collective, so its error is this rank's: a caller whose Create fails
+  // on one rank ends the job there (MPI_Abort) rather than let its peers enter Decide
+  // (spgate.torch.GroupDecider checks every rank's in one collective instead).
   static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(GateClient* client,
                                                               int rank_in_group,
                                                               BroadcastFn broadcast,
