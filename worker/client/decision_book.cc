@@ -76,21 +76,21 @@ DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
       max_pending_plans_(max_pending_plans),
       local_source_(local_source) {}
 
-absl::Status DecisionBook::AddPlan(PlanRecord plan) {
-  if (plan.step <= last_step_) {
+absl::Status DecisionBook::AddPlan(std::shared_ptr<PlanRecord> plan) {
+  const int64_t step = plan->step;
+  if (step <= last_step_) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "plan for step %d: step %d is already decided (steps must increase)", plan.step,
+        "plan for step %d: step %d is already decided (steps must increase)", step,
         last_step_));
   }
-  if (plans_.contains(plan.step)) {
+  if (plans_.contains(step)) {
     return absl::AlreadyExistsError(
-        absl::StrFormat("a plan for step %d was already submitted", plan.step));
+        absl::StrFormat("a plan for step %d was already submitted", step));
   }
   if (static_cast<int>(plans_.size()) >= max_pending_plans_) {
     plans_.erase(plans_.begin());
     ++counters_.plans_dropped;
   }
-  const int64_t step = plan.step;
   plans_.emplace(step, std::move(plan));
   ++counters_.plans_submitted;
   return absl::OkStatus();
@@ -105,7 +105,7 @@ const PlanRecord* DecisionBook::OnDaemonDecision(const GateDecision& d) {
   if (plan == plans_.end()) return nullptr;  // not ours (a dropped plan)
   daemon_.insert_or_assign(d.step, d);
   ++counters_.decisions_received;
-  return &plan->second;
+  return plan->second.get();
 }
 
 bool DecisionBook::OnRejection(int64_t step) {
@@ -179,7 +179,7 @@ GateDecision DecisionBook::CommitStepPlan(const PlanRecord& plan, absl::Time now
 
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   GateDecision d;
-  const PlanRecord& plan = plans_.at(step);
+  const PlanRecord& plan = *plans_.at(step);
   const BatchFacts facts = FactsOf(plan);
   if (layout_.layout.has_value()) {
     d = CommitStepPlan(plan, now);

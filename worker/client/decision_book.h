@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -44,7 +45,10 @@
 namespace spgate::client {
 
 // One submitted plan. The transport fields (sent_on_stream, taken) belong to the
-// client's writer; the book only keeps them with the plan.
+// client's writer; the book only keeps them with the plan. The book holds each plan by
+// shared_ptr so the writer takes it over without a copy under the client's lock: once
+// added only the transport fields change (under that lock), and the writer reads only
+// the others (outside it, serialising).
 struct PlanRecord {
   int64_t step = 0;
   std::vector<int64_t> lengths;
@@ -103,7 +107,10 @@ class DecisionBook {
 
   // FAILED_PRECONDITION for a step at or below the last committed one, ALREADY_EXISTS
   // for a step already submitted. Over max_pending_plans the oldest plan is dropped.
-  absl::Status AddPlan(PlanRecord plan);
+  absl::Status AddPlan(std::shared_ptr<PlanRecord> plan);
+  absl::Status AddPlan(PlanRecord plan) {
+    return AddPlan(std::make_shared<PlanRecord>(std::move(plan)));
+  }
 
   // The daemon's answer for d.step. Returns the plan it answers (e.g. for latency), or
   // null when the step is already committed (counted late) or has no plan.
@@ -141,8 +148,8 @@ class DecisionBook {
   const ScheduledConfig& ConfigFor(int64_t step) const { return policy_.ConfigFor(step); }
 
   // Undecided plans by step (the writer marks what it sent).
-  std::map<int64_t, PlanRecord>& plans() { return plans_; }
-  const std::map<int64_t, PlanRecord>& plans() const { return plans_; }
+  std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() { return plans_; }
+  const std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() const { return plans_; }
   const DecisionBookCounters& counters() const { return counters_; }
   int64_t last_committed_step() const { return last_step_; }
 
@@ -155,7 +162,7 @@ class DecisionBook {
   const BookLayout layout_;
   const int max_pending_plans_;
   const DecisionSource local_source_;
-  std::map<int64_t, PlanRecord> plans_;
+  std::map<int64_t, std::shared_ptr<PlanRecord>> plans_;
   absl::flat_hash_map<int64_t, GateDecision> daemon_;
   absl::flat_hash_set<int64_t> rejected_;
   int64_t last_step_ = kNoStep;

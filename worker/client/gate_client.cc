@@ -566,7 +566,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
 bool GateClient::Impl::HasOutgoingLocked() const {
   if (heartbeat_due_ || first_write_ || (confirmed_ && !telemetry_.empty())) return true;
   for (const auto& [step, plan] : book_.plans()) {
-    if (plan.sent_on_stream != stream_id_) return true;
+    if (plan->sent_on_stream != stream_id_) return true;
   }
   return false;
 }
@@ -578,10 +578,10 @@ Outgoing GateClient::Impl::GatherLocked() {
     first_write_ = false;
   }
   for (auto& [step, plan] : book_.plans()) {
-    if (plan.sent_on_stream == stream_id_) continue;
-    plan.sent_on_stream = stream_id_;
-    plan.taken = absl::Now();  // the writer's thread, not the training thread
-    out.plans.push_back(plan);
+    if (plan->sent_on_stream == stream_id_) continue;
+    plan->sent_on_stream = stream_id_;
+    plan->taken = absl::Now();  // the writer's thread, not the training thread
+    out.plans.push_back(plan);  // handed over: the writer serialises it outside the lock
   }
   stats_.plans_sent += static_cast<int64_t>(out.plans.size());
   // Telemetry leaves the buffer only on a stream the daemon has answered: a stream
@@ -672,9 +672,10 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
     rec.peak_tp = plan.predicted_peak_bytes_tp;
   }
   rec.submitted = absl::Now();
+  auto record = std::make_shared<PlanRecord>(std::move(rec));  // allocated outside the lock
 
   spgate::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(book_.AddPlan(std::move(rec)));
+  RETURN_IF_ERROR(book_.AddPlan(std::move(record)));
   if (remote()) KickLocked();
   return absl::OkStatus();
 }

@@ -76,7 +76,8 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
 void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::WorkerMessage* msg) {
   msg->Clear();
   if (!out.session_id.empty()) msg->set_session_id(out.session_id);
-  for (const PlanRecord& p : out.plans) {
+  for (const std::shared_ptr<const PlanRecord>& plan : out.plans) {
+    const PlanRecord& p = *plan;
     v1::BatchPlan* bp = msg->add_plans();
     bp->set_job_id(o.job_id);
     bp->set_group(o.group);

@@ -10,6 +10,7 @@
 #define SPGATE_WORKER_CLIENT_WIRE_H_
 
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +25,8 @@ namespace spgate::client {
 // What one WorkerMessage carries, gathered under the client's lock.
 struct Outgoing {
   std::string session_id;  // first message of a stream only
-  std::vector<PlanRecord> plans;
+  // The book's records, taken over (not copied) under the lock; read-only from here on.
+  std::vector<std::shared_ptr<const PlanRecord>> plans;
   std::vector<StepTelemetryInput> telemetry;
   bool heartbeat = false;
   std::array<int64_t, kNumReasons> local_decisions{};

@@ -47,6 +47,23 @@ TEST(DecisionBookTest, PlansMustIncreaseAndBeUnique) {
   EXPECT_THAT(book.AddPlan(Plan(4)), IsOk());
 }
 
+// The writer takes the book's records over, never a copy: the record it holds is the one
+// the book keeps (the transport fields it marks are seen by both), and it outlives the
+// commit that drops the book's hold.
+TEST(DecisionBookTest, PlansAreHandedOverNotCopied) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  auto record = std::make_shared<PlanRecord>(Plan(1));
+  std::shared_ptr<const PlanRecord> writer = record;
+  ASSERT_THAT(book.AddPlan(std::move(record)), IsOk());
+  ASSERT_EQ(book.plans().at(1).get(), writer.get());
+  book.plans().at(1)->sent_on_stream = 7;
+  EXPECT_EQ(writer->sent_on_stream, 7u);
+  (void)book.Commit(1, kNow);
+  EXPECT_TRUE(book.plans().empty());
+  EXPECT_EQ(writer.use_count(), 1);
+  EXPECT_EQ(writer->lengths, std::vector<int64_t>{100});
+}
+
 TEST(DecisionBookTest, OverTheLimitTheOldestPlanIsDropped) {
   DecisionBook book(GateConfig{}, 2, DecisionSource::kFallback);
   ASSERT_THAT(book.AddPlan(Plan(1)), IsOk());
