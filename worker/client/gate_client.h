@@ -44,13 +44,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
+#include "worker/client/channel.h"  // CreateGateChannel, for callers sharing one
 #include "worker/client/client_options.h"
 #include "worker/client/client_types.h"
 #include "worker/client/local_policy.h"
-
-namespace grpc {
-class Channel;
-}  // namespace grpc
 
 namespace spgate::client {
 
@@ -87,13 +84,6 @@ struct GateClientStats {
   bool session_replaced = false;
   std::string last_error;          // last RPC / stream failure, for logs
 };
-
-// The channel GateClient creates (keepalive and reconnect settings of `options`), for
-// callers that share one among several clients. `own_connection`: a TCP connection of its
-// own instead of gRPC's process-wide one per target (spgate-sim uses one per group, like
-// one per training pod).
-std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& options,
-                                                 bool own_connection = false);
 
 class GateClient {
  public:

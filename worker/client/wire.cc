@@ -7,7 +7,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
-#include "worker/client/gate_client.h"  // declares CreateGateChannel, for callers sharing one
+#include "worker/client/channel.h"
 
 namespace spgate::client {
 namespace {

@@ -3,7 +3,7 @@
 // and serialises it here, outside the lock; nothing here holds state.
 //
 // Usage:
-//   std::shared_ptr<grpc::Channel> ch = CreateGateChannel(options);
+//   std::shared_ptr<grpc::Channel> ch = CreateGateChannel(options);  // channel.h
 //   v1::RegisterRequest req = BuildRegisterRequest(options);
 //   BuildWorkerMessage(options, outgoing, &reactor->out);
 #ifndef SPGATE_WORKER_CLIENT_WIRE_H_

@@ -1,0 +1,31 @@
+// The gRPC channel a GateClient dials (built in wire.cc), declared apart from the client
+// so that wire.cc, which defines it, needs nothing of gate_client.h; gate_client.h
+// includes it for callers that share one channel among several clients
+// (GateClientOptions::channel).
+//
+// Invariant: the channel's keepalive and reconnect backoff follow the options (its own
+// backoff never outlasts the client's), so a restarted daemon waits for the client, not
+// for the channel.
+#ifndef SPGATE_WORKER_CLIENT_CHANNEL_H_
+#define SPGATE_WORKER_CLIENT_CHANNEL_H_
+
+#include <memory>
+
+#include "worker/client/client_options.h"
+
+namespace grpc {
+class Channel;
+}  // namespace grpc
+
+namespace spgate::client {
+
+// The channel GateClient creates (keepalive and reconnect settings of `options`), for
+// callers that share one among several clients. `own_connection`: a TCP connection of its
+// own instead of gRPC's process-wide one per target (spgate-sim uses one per group, like
+// one per training pod).
+std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& options,
+                                                 bool own_connection = false);
+
+}  // namespace spgate::client
+
+#endif  // SPGATE_WORKER_CLIENT_CHANNEL_H_
