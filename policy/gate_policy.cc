@@ -128,12 +128,7 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   GroupGateState& s = out.next;
   s = state;
   if (s.has_decision && s.mode != decision.mode) ++s.mode_switches;
-  const bool forced = decision.reason == Reason::kPinned ||
-                      decision.reason == Reason::kMemoryRequiresSp ||
-                      decision.reason == Reason::kMemoryOverBudget ||
-                      decision.reason == Reason::kSpRequired ||
-                      decision.reason == Reason::kLengthsUnknown;
-  if (!forced) {
+  if (!IsForcedReason(decision.reason)) {
     if (s.has_chosen_mode && s.chosen_mode != decision.mode) {
       s.prev_switch_at = s.last_switch_at;
       s.last_switch_at = s.decisions;

@@ -219,11 +219,9 @@ PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, u
   std::vector<Decision> d;
   for (Mode m : wanted) d.push_back({m, Reason::kGatesPassed});
   ApplyStageMemoryGate(gate, d);
-  PipelineMemoryVerdict v;
+  PipelineMemoryVerdict v{.modes = gate.modes(), .reasons = {}, .peak_bytes = gate.peak_bytes(),
+                          .over_budget = !gate.all_sp_fits()};
   for (const Decision& x : d) v.reasons.push_back(x.reason);
-  v.over_budget = !gate.all_sp_fits();
-  v.modes = gate.modes();
-  v.peak_bytes = gate.peak_bytes();
   return v;
 }
 

@@ -87,9 +87,8 @@ struct MicrobatchMemory {
 uint64_t StagePeakBytes(std::span<const PipelineOp> ops, uint64_t resident,
                         std::span<const MicrobatchMemory> memory, std::span<const Mode> modes);
 
-// The schedule-aware memory gate's limit: budget x memory_headroom, at least one byte; 0
-// (no gate) when the budget is 0 (unknown). The daemon, the worker's fallback and commit,
-// and the simulator's fixed choices all gate against it.
+// The stage gate's limit for the daemon, the worker and the simulator: budget x
+// memory_headroom, at least one byte; 0 (no gate) when the budget is 0 (unknown).
 uint64_t StageMemoryLimit(uint64_t budget_bytes, const GateConfig& config);
 
 // The schedule-aware memory gate, one micro-batch at a time: every micro-batch starts SP

@@ -162,13 +162,13 @@ struct StagePlanOptions {
 };
 
 // Decides every micro-batch of `plan` in id order and advances `group` once per
-// micro-batch. Per micro-batch: the policy's answer for its length CV and tokens under
-// JobDirective(sp_required, pin) (an SP-required job runs SP, kSpRequired, before pins: a
-// TP-only step would break it), except that otherwise a micro-batch without lengths runs
-// SP (kLengthsUnknown); a TP-only answer then passes the schedule-aware memory gate over
-// the stage's whole step (StageMemoryGate::Admit) unless it is a forced pin. Preconditions (callers check): ValidateJobLayout(layout), plan.stage in
-// [0, pp), CheckMicrobatchIds, plan.step after the group's last decided step, the byte
-// counts below 2^40 each (their sum over a step then fits in 63 bits).
+// micro-batch. Per micro-batch: an SP-required job runs SP (kSpRequired; the policy's
+// directive, JobDirective, before pins and unknown lengths: a TP-only step would break it);
+// else a micro-batch without lengths runs SP (kLengthsUnknown); else the policy's answer
+// under the pin, and a TP-only answer then passes the stage's schedule-aware memory gate
+// over the whole step (StageMemoryGate::Admit) unless it is a forced pin. Preconditions:
+// ValidateJobLayout(layout), plan.stage in [0, pp), CheckMicrobatchIds, plan.step after the
+// group's last decided step, the byte counts below kMaxStepPlanBytes each.
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,
                                  const JobLayout& layout, const StagePlanFacts& plan,
                                  std::optional<PinDirective> pin, const ThroughputTable* table,

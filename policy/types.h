@@ -81,26 +81,28 @@ struct GroupGateState {
 };
 
 // The directive gate 1 evaluates (docs/design.md §3, §12): an operator pin, or a job's
-// feature that needs SP throughout (SpRequired: SP with reason SP_REQUIRED). A TP-only pin
+// feature that needs SP throughout (sp_required: SP, reason SP_REQUIRED). A TP-only pin
 // yields to the memory gate unless forced: a pin must not OOM a job by accident.
 struct PinDirective {
-  PinDirective(Mode m, bool f = false) : mode(m), force(f) {}  // NOLINT: a Mode is a pin
-  static PinDirective SpRequired() {
-    PinDirective d(Mode::kSequenceParallel, /*f=*/true);
-    d.sp_required = true;
-    return d;
-  }
+  PinDirective(Mode m, bool f = false, bool sp = false)  // NOLINT: a Mode is a pin
+      : mode(m), force(f), sp_required(sp) {}
   Mode mode;
   bool force;
-  bool sp_required = false;
+  bool sp_required;
   friend bool operator==(const PinDirective&, const PinDirective&) = default;
 };
 
-// The directive in force for a job: an SP-required feature outranks an operator pin (a
-// TP-only step would break it); otherwise the pin, if any.
+// A decision the policy did not choose (a pin, the memory gate, an SP-required feature,
+// unknown lengths): exempt from ADAPTIVE's flip cap, and what a fallback's pin survives.
+inline bool IsForcedReason(Reason r) {
+  return r == Reason::kPinned || r == Reason::kMemoryRequiresSp ||
+         r == Reason::kMemoryOverBudget || r == Reason::kSpRequired || r == Reason::kLengthsUnknown;
+}
+
+// The directive in force for a job: an SP-required feature outranks any operator pin (a
+// TP-only step would break it).
 inline std::optional<PinDirective> JobDirective(bool sp_required, std::optional<PinDirective> pin) {
-  if (sp_required) return PinDirective::SpRequired();
-  return pin;
+  return sp_required ? PinDirective(Mode::kSequenceParallel, true, true) : pin;
 }
 
 struct Decision {

@@ -3,9 +3,12 @@
 // verdict on a wanted decision (StageMemoryLimit, StageMemoryGate::Admit,
 // ApplyStageMemoryGate), an SP-required feature as the directive gate 1 evaluates
 // (JobDirective), the shape a plan must have for its job's layout (CheckPlanShape,
-// SummarizeMicrobatch) and a micro-batch's decision in a byte (PackModeReason). Tables,
-// with the rows that tell the rule apart from its near misses.
+// SummarizeMicrobatch), which reasons are forced (IsForcedReason) and a micro-batch's
+// decision in a byte (PackModeReason). Tables, with the rows that tell each rule apart
+// from its near misses.
+#include <iterator>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -327,6 +330,21 @@ TEST(SummarizeMicrobatch, NamesTheMicrobatchAndSummarisesItsLengths) {
     if (r.lengths.empty()) continue;
     EXPECT_EQ(f->tokens, 400);
     EXPECT_DOUBLE_EQ(f->length_cv, 0.5);  // stddev 100 over mean 200
+  }
+}
+
+TEST(IsForcedReason, ThePoliciesOwnChoicesAreNotForced) {
+  const std::pair<Reason, bool> rows[] = {
+      {Reason::kGatesPassed, false},      {Reason::kLengthCv, false},
+      {Reason::kRsWait, false},           {Reason::kProbe, false},
+      {Reason::kMemoryRequiresSp, true},  {Reason::kMemoryOverBudget, true},
+      {Reason::kPinned, true},            {Reason::kControllerUnavailable, false},
+      {Reason::kAdaptive, false},         {Reason::kLengthsUnknown, true},
+      {Reason::kSpRequired, true},
+  };
+  static_assert(std::size(rows) == kNumReasons - 1, "a row per reason");
+  for (const auto& [reason, forced] : rows) {
+    EXPECT_EQ(IsForcedReason(reason), forced) << ReasonLabel(reason);
   }
 }
 

@@ -25,14 +25,12 @@ void LocalGatePolicy::Adopt(int64_t step, Mode mode, Reason reason,
                             std::optional<absl::Time> pin_expire, bool pin_forced) {
   group_.Adopt(step, Decision{mode, reason}, schedule_.At(step).config);
   // The daemon's latest word on pins: PINNED carries the pin; any other reason means no
-  // pin applied at that step (an unforced TP-only pin the memory gate overruled is
-  // learned at the next PINNED decision).
+  // pin applied at that step, unless a forced reason outranked it (an unforced TP-only pin
+  // the memory gate overruled is learned at the next PINNED decision).
   if (reason == Reason::kPinned) {
     pin_ = PinDirective(mode, pin_forced);
     pin_expire_ = pin_expire;
-  } else if (!(pin_ && (reason == Reason::kMemoryRequiresSp ||
-                        reason == Reason::kMemoryOverBudget || reason == Reason::kLengthsUnknown ||
-                        reason == Reason::kSpRequired))) {
+  } else if (!(pin_ && IsForcedReason(reason))) {
     pin_.reset();
     pin_expire_.reset();
   }
