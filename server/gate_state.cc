@@ -48,21 +48,6 @@ uint64_t PlanDigest(const PlanInput& plan, std::span<const size_t> by_id) {
   return h;
 }
 
-// A step plan's micro-batches summarised outside the lock, in id order (the ids are
-// checked against the job's layout under it). INVALID_ARGUMENT names the micro-batch.
-absl::StatusOr<std::vector<MicrobatchFacts>> MicrobatchFactsOf(const PlanInput& plan,
-                                                               std::span<const size_t> by_id) {
-  std::vector<MicrobatchFacts> facts;
-  facts.reserve(by_id.size());
-  for (size_t i : by_id) {
-    const MicrobatchPlanInput& m = plan.microbatches[i];
-    ASSIGN_OR_RETURN(MicrobatchFacts f,
-                     SummarizeMicrobatch(m.id, m.lengths, m.memory, "micro_batches"));
-    facts.push_back(f);
-  }
-  return facts;
-}
-
 }  // namespace
 
 GateState::GateState(StateOptions options, Metrics& metrics, const OperatorSource* store)
@@ -288,7 +273,13 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     std::sort(by_id.begin(), by_id.end(), [&](size_t a, size_t b) {
       return plan.microbatches[a].id < plan.microbatches[b].id;
     });
-    ASSIGN_OR_RETURN(facts, MicrobatchFactsOf(plan, by_id));
+    // Summarised outside the lock, in id order (the ids are checked against the job's
+    // layout under it).
+    for (size_t i : by_id) {
+      const MicrobatchPlanInput& m = plan.microbatches[i];
+      ASSIGN_OR_RETURN(facts.emplace_back(),
+                       SummarizeMicrobatch(m.id, m.lengths, m.memory, "micro_batches"));
+    }
   } else if (!plan.lengths.empty()) {
     ASSIGN_OR_RETURN(stats, ComputeLengthStats(plan.lengths));
   }
