@@ -135,8 +135,7 @@ absl::StatusOr<Cell> CellOf(const SimOptions& o, const GateConfig& config,
   cell.series_window = series_window > 0 ? series_window : std::max<int64_t>(1, cell.steps / 50);
   cell.budget = model.budget_bytes();
   // DecideStagePlan's limit, for the fixed choices and the oracle too.
-  cell.limit = std::max<uint64_t>(
-      1, static_cast<uint64_t>(static_cast<double>(cell.budget) * config.memory_headroom));
+  cell.limit = StageMemoryLimit(cell.budget, config);
   for (int s = 0; s < cell.P; ++s) {
     absl::StatusOr<std::vector<PipelineOp>> x = StageSchedule(cell.layout.pipeline(), s);
     if (!x.ok()) return x.status();
@@ -237,14 +236,9 @@ int64_t FixedStageModes(Kind kind, std::span<const PipelineOp> ops, uint64_t res
   modes.assign(memory.size(), Mode::kSequenceParallel);
   if (kind == Kind::kSp) return 0;
   StageMemoryGate gate(ops, resident, memory, limit);
-  int64_t forced = 0;
-  for (size_t m = 0; m < memory.size(); ++m) {
-    if (gate.TryTpOnly(static_cast<int>(m))) {
-      modes[m] = Mode::kTensorParallelOnly;
-    } else {
-      ++forced;
-    }
-  }
+  std::vector<Decision> wanted(memory.size(), {Mode::kTensorParallelOnly, Reason::kGatesPassed});
+  const int64_t forced = ApplyStageMemoryGate(gate, wanted);
+  modes = gate.modes();
   return forced;
 }
 
