@@ -60,7 +60,8 @@ ABSL_FLAG(bool, recompute, false,
           "Activation recompute: keep only each in-flight micro-batch's input rows and "
           "recompute its layers' activations in the backward (the memory model follows)");
 ABSL_FLAG(int, microbatches, 1, "Micro-batches per optimizer step, each of "
-          "--tokens_per_batch tokens (1 with --pp=1: one batch per step)");
+          "--tokens_per_batch tokens, their gradients accumulated (every step is a loop over "
+          "them; 1 with --pp=1: one batch per step; --grad_accum_steps is an alias)");
 ABSL_FLAG(int, layers, 2, "Transformer blocks");
 ABSL_FLAG(int, hidden, 128, "Hidden size");
 ABSL_FLAG(int, heads, 4, "Attention heads (divisible by --tp)");
@@ -94,7 +95,9 @@ ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(5),
 ABSL_FLAG(uint64_t, memory_budget, 0,
           "Memory budget in bytes for the memory gate; 0: the device's (a CUDA device's total "
           "memory; on CPU the host's physical memory shared by the node's ranks)");
-ABSL_FLAG(int, grad_accum_steps, 1, "Steps per gradient-accumulation window");
+ABSL_FLAG(int, grad_accum_steps, 0,
+          "Alias of --microbatches (llm.c's name; warns when used): micro-batches per "
+          "optimizer step, their gradients accumulated; 0: not given");
 ABSL_FLAG(std::string, arena_cache, "classes",
           "How freed blocks are reused: classes (size classes, kept 64 unused steps) or exact "
           "(exact sizes, kept one step: the baseline of bench/switch_cost.sh)");
@@ -204,7 +207,20 @@ int main(int argc, char** argv) {
   c.group_session = absl::GetFlag(FLAGS_group_session);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
-  o.grad_accum_steps = absl::GetFlag(FLAGS_grad_accum_steps);
+  if (const int g = absl::GetFlag(FLAGS_grad_accum_steps); g != 0) {
+    // One flag, one meaning: a step is a loop over its micro-batches (llm.c's micro_step
+    // loop, Megatron's num_microbatches); gradient accumulation is that loop.
+    if (o.microbatches != 1 && o.microbatches != g) {
+      return Refuse(absl::StrCat("--grad_accum_steps=", g, " is an alias of --microbatches, which "
+                                 "says ", o.microbatches, ": give one"),
+                    first);
+    }
+    if (first) {
+      std::fprintf(stderr, "spgate-worker: --grad_accum_steps is an alias of --microbatches; use "
+                           "--microbatches=%d\n", g);
+    }
+    o.microbatches = g;
+  }
   o.attention_query_block = absl::GetFlag(FLAGS_attention_query_block);
   const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
   if (o.tp < 0) return Refuse(absl::StrCat("--tp=", o.tp, " must be >= 0"), first);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -63,10 +64,6 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (const absl::Duration d = o.client.decision_deadline;
       d <= absl::ZeroDuration() || d > absl::Seconds(60)) {
     return absl::InvalidArgumentError("--decision_deadline must be in (0, 60s]");
-  }
-  if (o.grad_accum_steps < 1 || o.grad_accum_steps > 1000000) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--grad_accum_steps=", o.grad_accum_steps, " must be >= 1"));
   }
   if (o.attention_query_block < 1) {
     return absl::InvalidArgumentError("--attention_query_block must be >= 1");
@@ -302,12 +299,7 @@ class RankRun {
       if (done) break;
       const bool has_next = timed_run() || n + 1 < o_.steps;
       if (has_next) RETURN_IF_ERROR(Prefetch(n + 1, next));
-      StepRecord rec;
-      if (Pipelined(o_)) {
-        ASSIGN_OR_RETURN(rec, RunPipelineStep(n, current, has_next, result));
-      } else {
-        ASSIGN_OR_RETURN(rec, RunStep(n, current[0], has_next));
-      }
+      ASSIGN_OR_RETURN(const StepRecord rec, RunStep(n, current, result));
       result.steps.push_back(rec);
       arena_->TrimCache();
       if (has_next) current = std::move(next);
@@ -470,84 +462,135 @@ class RankRun {
                  : o_.client.initial_config.bucket_target_cv;
   }
 
-  // Step n on `batch`: decide, train, measure, report (and --verify).
-  absl::StatusOr<StepRecord> RunStep(int64_t n, const Batch& batch, bool has_next) {
-    // The batch's data, made before the clock starts (a data loader's job).
-    const uint64_t data_seed = o_.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
-                               static_cast<uint64_t>(grid_.group());
-    const BatchData data = MakeBatchData(batch.lengths, data_seed, o_.shape.hidden);
-    const MicroBatch mb{.lengths = batch.lengths, .data_seed = data_seed, .data = &data};
-
+  // Step n, always a loop over its micro-batches (one without --microbatches; a stage's
+  // 1F1B schedule with a pipeline, pp = 1 its warm-up 0): their data, the step's decision,
+  // forward and backward, one optimizer step's gradients, the record (Measure), the report
+  // (and --verify).
+  absl::StatusOr<StepRecord> RunStep(int64_t n, const std::vector<Batch>& batches,
+                                     RankResult& result) {
+    const int m = static_cast<int>(batches.size());
+    // The micro-batches' data, made before the clock starts (a data loader's job), from
+    // the replica's seed (every stage of a pipeline draws alike; a plain step keeps its
+    // group's). Only a pipeline's first stage reads the input and its last the loss's
+    // gradient (a plain step's one stage is both).
+    const bool ends = grid_.stage() == 0 || grid_.stage() == o_.pp - 1;
+    const uint64_t replica = Pipelined(o_) ? static_cast<uint64_t>(grid_.dp_rank()) * 7919
+                                           : static_cast<uint64_t>(grid_.group());
+    std::vector<BatchData> data(m);
+    std::vector<MicroBatch> mbs(m);
+    for (int i = 0; i < m; ++i) {
+      const uint64_t seed = o_.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 + replica +
+                            static_cast<uint64_t>(i) * 1000003;
+      if (ends) data[i] = MakeBatchData(batches[i].lengths, seed, o_.shape.hidden);
+      mbs[i] = {.lengths = batches[i].lengths, .data_seed = seed,
+                .data = ends ? &data[i] : nullptr};
+    }
     cx_.tp->ResetStats();
     cx_.dp->ResetStats();
+    if (link_) link_->ResetStats();
     arena_->ResetPeak();
     StepClock clock;
     clock.allocated_before = arena_->device_allocated_bytes();
     const auto t0 = Clock::now();
     StepSource source = StepSource::kFlag;
-    ASSIGN_OR_RETURN(const client::GateDecision d, Decide(n, &source));
+    ASSIGN_OR_RETURN(client::GateDecision d, Decide(n, m, &source));
     clock.decision_s = Since(t0);
-    const bool window_end = (n + 1) % o_.grad_accum_steps == 0 || !has_next;
-    RETURN_IF_ERROR(Train(mb, d.mode, n % o_.grad_accum_steps == 0, window_end));
+    std::vector<Mode> modes;
+    for (const Decision& x : d.microbatches) modes.push_back(x.mode);
+    if (modes.empty()) modes.push_back(d.mode);
+    std::vector<MicrobatchTimes> times(static_cast<size_t>(m));
+    RETURN_IF_ERROR(Train(mbs, modes, times));
     clock.step_s = Since(t0);
 
-    StepRecord rec = Measure(n, batch, d, source, clock);
-    RETURN_IF_ERROR(Report(n, d, source, rec));
-    if (o_.verify && window_end) {
-      ASSIGN_OR_RETURN(rec.verify_diff, VerifyBatch(*stack_, mb));
+    StepRecord rec = Measure(n, batches, modes, d, source, clock);
+    d.mode = static_cast<Mode>(rec.mode);
+    RETURN_IF_ERROR(Report(n, d, source, rec, MicrobatchTelemetry(batches, modes, times, d)));
+    if (o_.verify) {
+      // Each micro-batch through this stage's layers alone in both modes (a stage's input
+      // is the micro-batch's data where it has it, else its seeded input: the layers' SP ≡
+      // TP-only equivalence does not depend on where the rows came from).
+      for (int i = 0; i < m; ++i) {
+        ASSIGN_OR_RETURN(const double diff, VerifyBatch(*stack_, mbs[i]));
+        rec.verify_diff = i == 0 ? diff : std::max(rec.verify_diff, diff);
+      }
+    }
+    for (const Decision& x : d.microbatches) {
+      result.microbatch_decisions.push_back(PackModeReason(x));
     }
     return rec;
   }
 
-  // The leader's decision through the GroupDecider (auto), else the flag's mode.
-  absl::StatusOr<client::GateDecision> Decide(int64_t n, StepSource* source) {
+  // The step's decision: a step plan's, one per micro-batch, from the decider (auto, with a
+  // pipeline); else the leader's through the GroupDecider (auto) or the flag's mode — one,
+  // copied to every micro-batch of a pipeline's step.
+  absl::StatusOr<client::GateDecision> Decide(int64_t n, int m, StepSource* source) {
+    const absl::Time deadline = absl::Now() + o_.client.decision_deadline;
+    client::GateDecision d;
     if (decider_ && auto_mode()) {
-      ASSIGN_OR_RETURN(client::GateDecision d,
-                       decider_->Decide(n, absl::Now() + o_.client.decision_deadline));
+      if (Pipelined(o_)) {
+        ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(n, m, deadline));
+      } else {
+        ASSIGN_OR_RETURN(d, decider_->Decide(n, deadline));
+      }
       *source = static_cast<StepSource>(d.source);
       return d;
     }
-    client::GateDecision d;
     d.step = n;
     const bool sp = o_.mode == ModeChoice::kSp ||
                     (o_.mode == ModeChoice::kAlternate &&
                      (n / std::max<int64_t>(o_.alternate_steps, 1)) % 2 == 0);
     d.mode = sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
     d.reason = Reason::kPinned;
+    if (Pipelined(o_)) d.microbatches.assign(m, {d.mode, d.reason});
     return d;
   }
 
-  // Forward and backward in `mode`, gradients zeroed at a window's start and finished
-  // (over the DP group) at its end; returns when the device and both groups are idle.
-  absl::Status Train(const MicroBatch& mb, Mode mode, bool window_start, bool window_end) {
-    if (window_start) RETURN_IF_ERROR(stack_->ZeroGrads());
-    RETURN_IF_ERROR(stack_->ForwardBackward(mb, mode));
-    if (window_end) RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
+  // The step's micro-batches forward and backward in their modes, gradients zeroed before
+  // them and finished (over the DP group) after them: one optimizer step per step. A
+  // pipeline's stage runs its schedule over the stage link, timing each micro-batch; a
+  // plain step's micro-batch runs ForwardBackward. Returns when the device and both groups
+  // are idle.
+  absl::Status Train(std::span<const MicroBatch> mbs, std::span<const Mode> modes,
+                     std::span<MicrobatchTimes> times) {
+    RETURN_IF_ERROR(stack_->ZeroGrads());
+    if (link_) {
+      RETURN_IF_ERROR(
+          RunStageStep(*stack_, *link_, layout().pipeline(), grid_.stage(), mbs, modes, times));
+      RETURN_IF_ERROR(link_->Finish());
+    } else {
+      for (size_t i = 0; i < mbs.size(); ++i) {
+        RETURN_IF_ERROR(stack_->ForwardBackward(mbs[i], modes[i]));
+      }
+    }
+    RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
     RETURN_IF_ERROR(cx_.device->Synchronize());
     RETURN_IF_ERROR(cx_.tp->Synchronize());
     return cx_.dp->Synchronize();
   }
 
-  StepRecord Measure(int64_t n, const Batch& batch, const client::GateDecision& d,
-                     StepSource source, const StepClock& clock) const {
+  // The step's record, its micro-batches together: SP when any ran SP (their
+  // reduce-scatters are the step's wait), so the group's ranks report one mode; the
+  // clock's times, the collectives' since the stats were reset, and the memory (the
+  // stage's schedule-aware prediction with a pipeline).
+  StepRecord Measure(int64_t n, const std::vector<Batch>& batches, std::span<const Mode> modes,
+                     const client::GateDecision& d, StepSource source,
+                     const StepClock& clock) const {
     StepRecord rec;
+    const bool any_sp = std::count(modes.begin(), modes.end(), Mode::kSequenceParallel) > 0;
     rec.step = n;
-    rec.mode = static_cast<uint8_t>(d.mode);
+    rec.mode = static_cast<uint8_t>(any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
     rec.reason = static_cast<uint8_t>(d.reason);
     rec.source = static_cast<uint8_t>(source);
-    rec.sequences = static_cast<int32_t>(batch.lengths.size());
-    rec.tokens = batch.tokens;
-    rec.padding_tokens = d.mode == Mode::kSequenceParallel
-                             ? SpPaddedTokens(batch.tokens, o_.tp) - batch.tokens
-                             : 0;
-    rec.length_cv = batch.length_cv;
-    MeasureClockAndCollectives(clock, rec);
-    rec.predicted_peak_bytes = Predict(o_, d.mode, space_, batch.lengths);
-    return rec;
-  }
-
-  // The step's times, its collectives' times since the stats were reset, and its memory.
-  void MeasureClockAndCollectives(const StepClock& clock, StepRecord& rec) const {
+    double cv_sum = 0;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      rec.sequences += static_cast<int32_t>(batches[i].lengths.size());
+      rec.tokens += batches[i].tokens;
+      if (modes[i] == Mode::kSequenceParallel) {
+        rec.padding_tokens += SpPaddedTokens(batches[i].tokens, o_.tp) - batches[i].tokens;
+      }
+      cv_sum += batches[i].length_cv;
+    }
+    rec.length_cv = cv_sum / static_cast<double>(batches.size());
     const CollectiveStats& ts = cx_.tp->stats();
     rec.step_time_s = clock.step_s;
     rec.decision_s = clock.decision_s;
@@ -559,6 +602,29 @@ class RankRun {
                       cx_.dp->stats().Seconds(CollectivePurpose::kGradSync);
     rec.peak_bytes = arena_->peak_bytes();
     rec.device_allocated_bytes = arena_->device_allocated_bytes() - clock.allocated_before;
+    rec.predicted_peak_bytes = Pipelined(o_)
+                                   ? PredictStage(batches, modes)
+                                   : Predict(o_, modes[0], space_, batches[0].lengths);
+    return rec;
+  }
+
+  // What a stage's ADAPTIVE learns from (a step plan's only): each micro-batch's own
+  // compute and tokens.
+  static std::vector<MicrobatchTelemetryValues> MicrobatchTelemetry(
+      const std::vector<Batch>& batches, std::span<const Mode> modes,
+      std::span<const MicrobatchTimes> times, const client::GateDecision& d) {
+    std::vector<MicrobatchTelemetryValues> per_mb;
+    if (d.microbatches.empty()) return per_mb;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      per_mb.push_back({.id = static_cast<int>(i),
+                        .mode = modes[i],
+                        .forward_s = times[i].forward_s,
+                        .backward_s = std::max(times[i].backward_s, kMinTelemetrySeconds),
+                        .rs_wait_s = times[i].rs_wait_s,
+                        .all_gather_s = times[i].all_gather_s,
+                        .effective_tokens = batches[i].tokens});
+    }
+    return per_mb;
   }
 
   // The group's wait share to the leader's fallback, telemetry to the daemon, the log line.
@@ -567,7 +633,7 @@ class RankRun {
                       std::vector<MicrobatchTelemetryValues> microbatches = {}) {
     const double step_s = rec.step_time_s;
     client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
-                                    .step_time_s = std::max(step_s, 1e-9),
+                                    .step_time_s = std::max(step_s, kMinTelemetrySeconds),
                                     .rs_wait_s = rec.rs_wait_s,
                                     .all_gather_s = rec.all_gather_s,
                                     .norm_stall_s = rec.norm_stall_s,
@@ -651,7 +717,7 @@ class RankRun {
   }
 
   // The stage's predicted peak over a step run in `modes` (every rank computes it alike).
-  uint64_t PredictStage(const std::vector<Batch>& batches, const std::vector<Mode>& modes) const {
+  uint64_t PredictStage(const std::vector<Batch>& batches, std::span<const Mode> modes) const {
     std::vector<MicrobatchMemory> memory;
     for (const Batch& b : batches) memory.push_back(StageMemoryOf(b.lengths));
     const std::vector<PipelineOp> ops = StageSchedule(layout().pipeline(), grid_.stage()).value();
@@ -691,102 +757,6 @@ class RankRun {
     }
     return decider_->SubmitPlan({.step = step, .memory_budget_bytes = budget_,
                                  .microbatches = plan, .resident_bytes = stack_->resident_bytes()});
-  }
-
-  // Step n of this stage: every micro-batch's decision, the 1F1B schedule, measurements,
-  // the group's telemetry and a log row per micro-batch.
-  absl::StatusOr<StepRecord> RunPipelineStep(int64_t n, const std::vector<Batch>& batches,
-                                             bool has_next, RankResult& result) {
-    const int m = o_.microbatches;
-    const bool ends = grid_.stage() == 0 || grid_.stage() == o_.pp - 1;
-    std::vector<BatchData> data(m);
-    std::vector<MicroBatch> mbs(m);
-    for (int i = 0; i < m; ++i) {
-      const uint64_t seed = o_.seed * 0x9e3779b9ull + static_cast<uint64_t>(n) * 131 +
-                            static_cast<uint64_t>(grid_.dp_rank()) * 7919 +
-                            static_cast<uint64_t>(i) * 1000003;
-      // Only the first stage reads the input and only the last the loss's gradient.
-      if (ends) data[i] = MakeBatchData(batches[i].lengths, seed, o_.shape.hidden);
-      mbs[i] = {.lengths = batches[i].lengths, .data_seed = seed,
-                .data = ends ? &data[i] : nullptr};
-    }
-    cx_.tp->ResetStats();
-    cx_.dp->ResetStats();
-    link_->ResetStats();
-    arena_->ResetPeak();
-    StepClock clock;
-    clock.allocated_before = arena_->device_allocated_bytes();
-    const auto t0 = Clock::now();
-    client::GateDecision d;
-    StepSource source = StepSource::kFlag;
-    if (decider_ && auto_mode()) {
-      ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(
-                              n, m, absl::Now() + o_.client.decision_deadline));
-      source = static_cast<StepSource>(d.source);
-    } else {
-      ASSIGN_OR_RETURN(d, Decide(n, &source));
-      d.microbatches.assign(m, {d.mode, d.reason});
-    }
-    clock.decision_s = Since(t0);
-    std::vector<Mode> modes;
-    for (const Decision& x : d.microbatches) modes.push_back(x.mode);
-    const bool window_end = (n + 1) % o_.grad_accum_steps == 0 || !has_next;
-    if (n % o_.grad_accum_steps == 0) RETURN_IF_ERROR(stack_->ZeroGrads());
-    std::vector<MicrobatchTimes> times(static_cast<size_t>(m));
-    RETURN_IF_ERROR(
-        RunStageStep(*stack_, *link_, layout().pipeline(), grid_.stage(), mbs, modes, times));
-    RETURN_IF_ERROR(link_->Finish());
-    if (window_end) RETURN_IF_ERROR(stack_->FinishGradients(cx_.dp));
-    RETURN_IF_ERROR(cx_.device->Synchronize());
-    RETURN_IF_ERROR(cx_.tp->Synchronize());
-    RETURN_IF_ERROR(cx_.dp->Synchronize());
-    clock.step_s = Since(t0);
-
-    // The step's record: its micro-batches together; SP when any ran SP (their
-    // reduce-scatters are the step's wait), so the group's ranks report one mode.
-    StepRecord rec;
-    const bool any_sp = std::count(modes.begin(), modes.end(), Mode::kSequenceParallel) > 0;
-    rec.step = n;
-    rec.mode = static_cast<uint8_t>(any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
-    rec.reason = static_cast<uint8_t>(d.reason);
-    rec.source = static_cast<uint8_t>(source);
-    double cv_sum = 0;
-    for (int i = 0; i < m; ++i) {
-      rec.sequences += static_cast<int32_t>(batches[i].lengths.size());
-      rec.tokens += batches[i].tokens;
-      if (modes[i] == Mode::kSequenceParallel) {
-        rec.padding_tokens += SpPaddedTokens(batches[i].tokens, o_.tp) - batches[i].tokens;
-      }
-      cv_sum += batches[i].length_cv;
-    }
-    rec.length_cv = cv_sum / m;
-    MeasureClockAndCollectives(clock, rec);
-    rec.predicted_peak_bytes = PredictStage(batches, modes);
-    d.mode = static_cast<Mode>(rec.mode);
-    // What the stage's ADAPTIVE learns from: each micro-batch's own compute and tokens.
-    std::vector<MicrobatchTelemetryValues> per_mb(static_cast<size_t>(m));
-    for (int i = 0; i < m; ++i) {
-      per_mb[i] = {.id = i,
-                   .mode = modes[i],
-                   .forward_s = times[i].forward_s,
-                   .backward_s = std::max(times[i].backward_s, 1e-9),
-                   .rs_wait_s = times[i].rs_wait_s,
-                   .all_gather_s = times[i].all_gather_s,
-                   .effective_tokens = batches[i].tokens};
-    }
-    RETURN_IF_ERROR(Report(n, d, source, rec, std::move(per_mb)));
-    if (o_.verify && window_end) {
-      // Per stage: each micro-batch through this stage's layers alone in both modes (the
-      // stage's input is the micro-batch's data where it has it, else its seeded input:
-      // the layers' SP ≡ TP-only equivalence does not depend on where the rows came from).
-      rec.verify_diff = 0;
-      for (const MicroBatch& mb : mbs) {
-        ASSIGN_OR_RETURN(const double diff, VerifyBatch(*stack_, mb));
-        rec.verify_diff = std::max(rec.verify_diff, diff);
-      }
-    }
-    for (const Decision& x : d.microbatches) result.microbatch_decisions.push_back(PackModeReason(x));
-    return rec;
   }
 
   // ---- After the last step ----

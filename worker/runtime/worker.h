@@ -58,7 +58,9 @@ struct WorkerOptions {
   int tp = 1;
   // Pipelines (docs/design.md §12): pipeline stages (world = tp x pp x dp; each stage runs
   // layers / pp of the model) and micro-batches per optimizer step (each of
-  // tokens_per_batch tokens), 1F1B. pp = 1 and microbatches = 1: one batch per step.
+  // tokens_per_batch tokens), 1F1B. Every step is a loop over its micro-batches, their
+  // gradients accumulated into one optimizer step (--grad_accum_steps is an alias of
+  // --microbatches). pp = 1 and microbatches = 1: one batch per step.
   int pp = 1;
   int microbatches = 1;
   // The stage boundary in each mode's native layout instead of the sequence-sharded one:
@@ -82,7 +84,6 @@ struct WorkerOptions {
   // Before the first step the leader waits this long for the daemon's stream (once).
   absl::Duration connect_timeout = absl::Seconds(5);
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
-  int grad_accum_steps = 1;
   int64_t attention_query_block = 1024;
   ArenaOptions arena;  // --arena_cache
 };

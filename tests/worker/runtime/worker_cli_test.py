@@ -153,6 +153,28 @@ class LocalRunTest(unittest.TestCase):
         self.assertEqual(logs[0], logs[1])
         self.assertEqual(logs[2], logs[3])
 
+    def test_grad_accum_steps_is_an_alias_of_microbatches(self):
+        # A step is a loop over its micro-batches; --grad_accum_steps names that loop too,
+        # warns, and runs what --microbatches runs (a row per micro-batch in the log).
+        steps, m = 3, 2
+        logs = {}
+        for name, flag in (("alias", f"--grad_accum_steps={m}"), ("flag", f"--microbatches={m}")):
+            prefix = os.path.join(self.tmp, name)
+            r = run(SMALL + ["--tp=2", "--lengths=bimodal:short=40,long=400,p_long=0.25",
+                             "--tokens_per_batch=800", f"--steps={steps}",
+                             "--mode=alternate:1", f"--decision_log={prefix}", flag], np=2,
+                    timeout=240)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            warned = r.stderr.count("--grad_accum_steps is an alias of --microbatches")
+            self.assertEqual(warned, 1 if name == "alias" else 0, r.stderr)
+            with open(f"{prefix}.rank0.csv") as f:
+                logs[name] = f.read().splitlines()
+        self.assertEqual(len(logs["flag"]), 1 + steps * m)
+        self.assertEqual(logs["alias"], logs["flag"])
+        r = run(SMALL + ["--grad_accum_steps=3", "--microbatches=2"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--grad_accum_steps=3 is an alias of --microbatches", r.stderr)
+
     def test_forced_modes_and_file_lengths(self):
         lengths = os.path.join(self.tmp, "lengths.txt")
         with open(lengths, "w") as f:

@@ -28,10 +28,13 @@ TEST(ValidationTest, WorkerOptionsNameTheFlags) {
   o.lengths = "lognormal:mean=0,sigma=1";
   EXPECT_THAT(ValidateWorkerOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--lengths")));
+  // Gradient accumulation is the step's micro-batch loop (--grad_accum_steps is an alias
+  // of --microbatches): checked as --microbatches, at pp = 1 too.
   o = WorkerOptions{};
-  o.grad_accum_steps = 0;
+  o.microbatches = 4097;
   EXPECT_THAT(ValidateWorkerOptions(o),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--grad_accum_steps")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--microbatches=4097 must be in [1, 4096]")));
 }
 
 // Pipeline stages: the layers split evenly over the stages, the CPU backend, --verify per
