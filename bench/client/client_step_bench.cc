@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <span>
 #include <thread>
@@ -84,9 +85,13 @@ std::vector<int64_t> Batch(int n) {
   return v;
 }
 
-StepTelemetryInput Telemetry(int64_t step, spgate::Mode mode, spgate::Reason reason) {
+// A step's record; `lengths` is its plan, whose tokens a record claims at most.
+StepTelemetryInput Telemetry(int64_t step, spgate::Mode mode, spgate::Reason reason,
+                             const std::vector<int64_t>& lengths) {
   return {.step = step, .mode = mode, .reason = reason, .step_time_s = 0.1, .rs_wait_s = 0.004,
-          .all_gather_s = 0.003, .effective_tokens = 65536, .peak_memory_bytes = 40ull << 30};
+          .all_gather_s = 0.003,
+          .effective_tokens = std::accumulate(lengths.begin(), lengths.end(), int64_t{0}),
+          .peak_memory_bytes = 40ull << 30};
 }
 
 // The "handoff" floor: what any client that hands work to a network thread must do.
@@ -234,7 +239,7 @@ Result RunClient(const std::string& name, const std::string& controller,
     others_step = step;
     others_mode = mode;
     for (int k = 1; k < group_size; ++k) {
-      StepTelemetryInput t = Telemetry(step, mode, reason);
+      StepTelemetryInput t = Telemetry(step, mode, reason, lengths);
       t.step_time_s *= 1.0 + 0.01 * k;
       others[static_cast<size_t>(k - 1)] = spgate::client::ToTelemetryWire(t, k);
     }
@@ -257,14 +262,15 @@ Result RunClient(const std::string& name, const std::string& controller,
           // Made before the step's report (in the untimed step below); again here only
           // when the mode changed since (the first step, a mode switch).
           prepare_others(step);
-          if (absl::Status s = decider->ReportTelemetry(Telemetry(step, mode, reason)); !s.ok()) {
+          if (absl::Status s = decider->ReportTelemetry(Telemetry(step, mode, reason, lengths));
+              !s.ok()) {
             // Timing an error path would flatter the figure: stop instead.
             std::fprintf(stderr, "%s: step %lld: %s\n", name.c_str(), static_cast<long long>(step),
                          s.ToString().c_str());
             std::exit(1);
           }
         } else {
-          (void)c.ReportTelemetry(Telemetry(step, mode, reason));
+          (void)c.ReportTelemetry(Telemetry(step, mode, reason, lengths));
         }
       },
       [&](int64_t step) {
@@ -283,7 +289,8 @@ Result RunHandoff(const std::vector<int64_t>& lengths, int warmup, int steps) {
       r, warmup, steps, [&](int64_t step) { h.Submit(step, lengths); },
       [&](int64_t step) { (void)h.Await(step); },
       [&](int64_t step) {
-        h.Report(Telemetry(step, spgate::Mode::kSequenceParallel, spgate::Reason::kGatesPassed));
+        h.Report(Telemetry(step, spgate::Mode::kSequenceParallel, spgate::Reason::kGatesPassed,
+                           lengths));
       },
       [&](int64_t step) { return h.Ready(step); });
   return r;

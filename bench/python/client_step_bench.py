@@ -70,7 +70,7 @@ def python_loop(client, decide, submit, warmup, steps, lengths, step_us):
         t2 = perf()
         client.report_telemetry(Tel(step=n, mode=d.mode, reason=d.reason, step_time_s=0.1,
                                     rs_wait_s=0.004, all_gather_s=0.003,
-                                    effective_tokens=65536, peak_memory_bytes=40 << 30))
+                                    effective_tokens=sum(lengths), peak_memory_bytes=40 << 30))
         t3 = perf()
         if n >= warmup:
             out["submit_ns"].append(t1 - t0)

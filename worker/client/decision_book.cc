@@ -210,6 +210,13 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     d.config_version = ld.config_version;
     ++counters_.local_decisions;
     ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
+  last_tokens_ = layout_.layout.has_value() ? 0 : (plan.tokens > 0 ? plan.tokens : -1);
+  last_microbatch_tokens_.clear();
+  for (const PlanRecord::Microbatch& m : plan.microbatches) {
+    last_microbatch_tokens_.push_back(m.facts.lengths_known ? m.facts.tokens : -1);
+    last_tokens_ =
+        m.facts.lengths_known && last_tokens_ >= 0 ? last_tokens_ + m.facts.tokens : -1;
+  }
   }
   last_step_ = step;
   last_ = d;

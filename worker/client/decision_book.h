@@ -38,6 +38,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "policy/telemetry.h"
 #include "policy/types.h"
 #include "worker/client/client_types.h"
 #include "worker/client/local_policy.h"
@@ -152,6 +153,12 @@ class DecisionBook {
   const std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() const { return plans_; }
   const DecisionBookCounters& counters() const { return counters_; }
   int64_t last_committed_step() const { return last_step_; }
+  // What the last committed step's plan bounds its telemetry by (docs/design.md §2,
+  // "Range rules"): nothing for another step. Valid until the next Commit.
+  TelemetryBounds TelemetryBoundsFor(int64_t step) const {
+    if (step != last_step_) return {};
+    return {.plan_tokens = last_tokens_, .microbatch_tokens = last_microbatch_tokens_};
+  }
 
  private:
   // Commit's two halves for a step plan: the daemon's answer past the stage's memory
@@ -166,6 +173,9 @@ class DecisionBook {
   absl::flat_hash_map<int64_t, GateDecision> daemon_;
   absl::flat_hash_set<int64_t> rejected_;
   int64_t last_step_ = kNoStep;
+  // The last committed plan's tokens (-1: not known) and its micro-batches', by id.
+  int64_t last_tokens_ = -1;
+  std::vector<int64_t> last_microbatch_tokens_;
   GateDecision last_;
   DecisionBookCounters counters_;
 };

@@ -229,6 +229,13 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
 
   // Telemetry accounting: per session (the daemon's ack counts per session) and closed
+  // The step's own plan, while it is the last committed, bounds its tokens as it does at
+  // the daemon (docs/design.md §2, "Range rules").
+  if (const TelemetryBounds bounds = book_.TelemetryBoundsFor(t.step);
+      bounds.plan_tokens >= 0 || !bounds.microbatch_tokens.empty()) {
+    RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t), bounds));
+    RETURN_IF_ERROR(ValidateMicrobatchTelemetry(t.microbatches, 0, bounds));
+  }
   // sessions' totals.
   int64_t session_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t session_acked_ ABSL_GUARDED_BY(mu_) = 0;

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <vector>
@@ -145,7 +146,9 @@ struct Group {
                                          .reason = got->reason,
                                          .step_time_s = step % size == r ? 0.2 : 0.1,
                                          .rs_wait_s = 0.005 * (r + 1),
-                                         .effective_tokens = 16000,
+                                         .effective_tokens = std::accumulate(
+                                             lengths(step).begin(), lengths(step).end(),
+                                             int64_t{0}),  // the plan's: at most that
                                          .peak_memory_bytes = 1000u + r}),
                       IsOk());
         }
