@@ -61,7 +61,7 @@ struct PendingStep {
   std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
-// A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 136 and
+// A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 224 and
 // the job id's copy (the cache is the largest item of a group, docs/benchmarks.md). The
 // job and group come from the group that holds it; Expand gives back the record exactly
 // as it was made, so a retry's answer is the same bytes.

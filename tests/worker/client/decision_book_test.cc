@@ -3,6 +3,9 @@
 // directly, no gRPC, no threads (worker/client/decision_book.h).
 #include "worker/client/decision_book.h"
 
+#include <span>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/policy_printers.h"
@@ -333,6 +336,31 @@ TEST(DecisionBookMemoryGateTest, LocalDecisionsAreNotOverrides) {
 }
 
 
+// The last committed plan bounds its step's telemetry (docs/design.md §2, "Range rules"):
+// its tokens, for that step only, and nothing when the plan carried no token count.
+TEST(DecisionBookTest, TheLastCommittedPlanBoundsItsStepsTelemetry) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  PlanRecord p = Plan(3);
+  p.lengths = {100, 200};
+  p.tokens = 300;
+  ASSERT_THAT(book.AddPlan(std::move(p)), IsOk());
+  ASSERT_THAT(book.AddPlan(Plan(4)), IsOk());  // no token count
+  EXPECT_EQ(book.TelemetryBoundsFor(3).plan_tokens, -1) << "not committed yet";
+  book.Commit(3, kNow);
+  const TelemetryBounds b = book.TelemetryBoundsFor(3);
+  EXPECT_EQ(b.plan_tokens, 300);
+  EXPECT_TRUE(b.microbatch_tokens.empty());
+  EXPECT_THAT(ValidateStepTelemetry({.step = 3, .mode = 1, .step_time_s = 1,
+                                     .effective_tokens = 301},
+                                    b),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("telemetry.effective_tokens: 301 exceeds the plan's 300")));
+  EXPECT_EQ(book.TelemetryBoundsFor(2).plan_tokens, -1) << "another step: not known";
+  book.Commit(4, kNow);
+  EXPECT_EQ(book.TelemetryBoundsFor(3).plan_tokens, -1) << "only the last committed step";
+  EXPECT_EQ(book.TelemetryBoundsFor(4).plan_tokens, -1) << "no token count: not bounded";
+}
+
 // --- step plans (docs/design.md §12) ---
 
 namespace step_plans {
@@ -433,6 +461,25 @@ TEST(DecisionBookStepPlanTest, SpRequiredDecidesSpLocally) {
   const GateDecision d = book.Commit(0, kNow);
   EXPECT_EQ(d.mode, Mode::kSequenceParallel);
   EXPECT_EQ(d.reason, Reason::kSpRequired);
+}
+
+// A committed step plan bounds each micro-batch's record by its own tokens and the step's
+// by their sum (docs/design.md §2, "Range rules").
+TEST(DecisionBookStepPlanTest, TheLastCommittedStepPlanBoundsEachMicrobatch) {
+  DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback,
+                    {.layout = kLayout, .stage = 0});
+  ASSERT_THAT(book.AddPlan(StepPlan(0)), IsOk());
+  book.Commit(0, kNow);
+  const TelemetryBounds b = book.TelemetryBoundsFor(0);
+  EXPECT_EQ(b.plan_tokens, 48);
+  EXPECT_THAT(std::vector<int64_t>(b.microbatch_tokens.begin(), b.microbatch_tokens.end()),
+              ::testing::ElementsAre(12, 12, 12, 12));
+  const MicrobatchTelemetryValues m{.id = 2, .forward_s = 0.1, .backward_s = 0.2,
+                                    .effective_tokens = 13};
+  EXPECT_THAT(ValidateMicrobatchTelemetry(std::span(&m, 1), 0, b),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("telemetry.micro_batches[id 2].effective_tokens: 13 exceeds "
+                                 "the plan's 12 tokens for micro-batch 2")));
 }
 
 }  // namespace step_plans
