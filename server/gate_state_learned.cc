@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace spgate::server {
@@ -26,20 +27,35 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
       ThroughputTable& table = job.stage_learned[static_cast<size_t>(stage)];
       static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
       uint64_t touched = 0;
+      // In id order, the order a stage's forwards run: a micro-batch whose mode differs
+      // from the stage's previous one (this step's, or the last of the step before) pays
+      // the switch, as a plain step after a switch does (docs/design.md §11, §12).
+      // The fold keeps the records by id (FoldTelemetry).
+      std::optional<Mode> previous;
+      if (g.learned_step == p.step - 1) previous = g.learned_mode;
       for (const MicrobatchTelemetryValues& m : p.microbatches) {
+        const bool after_switch = previous.has_value() && *previous != m.mode;
+        previous = m.mode;
         const int band = plan->bands[static_cast<size_t>(m.id)];
         if (band < 0) continue;
-        table.Observe(config, band, m.mode, p.step, static_cast<double>(m.effective_tokens),
-                      m.compute_s());
+        const double tokens = static_cast<double>(m.effective_tokens);
+        // (The stage's learned cost shows in GetJob's stage tables; the job's gauge is the
+        // plain table's.)
+        if (after_switch) {
+          table.ObserveAfterSwitch(config, band, m.mode, p.step, tokens, m.compute_s());
+        } else {
+          table.Observe(config, band, m.mode, p.step, tokens, m.compute_s());
+        }
         // The prior's collective telemetry, at the mid-point of the micro-batch's CV band
-        // (its CV is not kept; the open top band has no mid-point). No switch cost: a
-        // switch between steps does not lengthen a micro-batch's compute.
+        // (its CV is not kept; the open top band has no mid-point).
         if (const double cv = BandCvMidpoint(config, band); cv >= 0) {
-          table.ObserveCollectives(config, m.mode, p.step, static_cast<double>(m.effective_tokens),
-                                   cv, m.compute_s(), m.all_gather_s, m.rs_wait_s, false);
+          table.ObserveCollectives(config, m.mode, p.step, tokens, cv, m.compute_s(),
+                                   m.all_gather_s, m.rs_wait_s, after_switch);
         }
         touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
       }
+      g.learned_step = p.step;
+      g.learned_mode = *previous;
       // The cells this step fed, once each (a step has up to 4,096 micro-batches).
       for (int cell = 0; cell < 2 * kBands; ++cell) {
         if ((touched >> cell & 1) == 0) continue;

@@ -446,6 +446,49 @@ TEST_F(GateStatePipelineTest, EachStageLearnsFromItsOwnMicrobatches) {
   EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"3\"} 120\n")));
 }
 
+// A stage learns a switch's cost per micro-batch, as a plain group does per step: on
+// stage 0 the micro-batch after a change of the stage's mode (id 2, SP -> TP-only; id 0 of
+// the next step, TP-only -> SP) takes 0.05 s longer, and its table measures that excess;
+// stage 1, the same without the excess, measures none.
+TEST_F(GateStatePipelineTest, AStageLearnsTheSwitchCostFromTheMicrobatchAfterASwitch) {
+  constexpr double kExtra[] = {0.05, 0.0};  // by stage
+  std::shared_ptr<Session> sessions[2];
+  for (int stage : {0, 1}) {
+    absl::StatusOr<v1::RegisterResponse> r = h_->Register(Reg(stage));
+    ASSERT_THAT(r.status(), IsOk());
+    absl::StatusOr<std::shared_ptr<Session>> s = h_->state->FindSession(r->session_id());
+    ASSERT_THAT(s.status(), IsOk());
+    sessions[stage] = *s;
+  }
+  for (int64_t step = 0; step < 30; ++step) {
+    for (int stage : {0, 1}) {
+      v1::Decision d;
+      ASSERT_THAT(h_->Decide(StepPlan(stage, step), &d), IsOk());
+      v1::StepTelemetry t = StageTelemetry(stage, step, 0.1, 0.2);
+      for (v1::MicroBatchTelemetry& m : *t.mutable_micro_batches()) {
+        if (m.id() == 2 || (m.id() == 0 && step > 0)) {
+          m.set_forward_s(m.forward_s() + kExtra[stage]);
+        }
+      }
+      t.set_step_time_s(t.step_time_s() + 2 * kExtra[stage]);
+      ASSERT_THAT(h_->RecordTelemetry(*sessions[stage], t), IsOk());
+    }
+  }
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_GE(job->stage_learned_size(), 2);
+  const v1::LearnedSwitchCost& switching = job->stage_learned(0).switch_cost();
+  const v1::LearnedSwitchCost& free = job->stage_learned(1).switch_cost();
+  // The cost is a forgetting mean: its weighted sum over its weight.
+  ASSERT_GT(switching.weight(), 0);
+  ASSERT_GT(free.weight(), 0);
+  // Below the 0.05 s injected while the cells still hold the first switches' excess
+  // (they enter less the cost learned so far), well above 0.
+  EXPECT_GT(switching.seconds() / switching.weight(), 0.025);
+  EXPECT_LT(switching.seconds() / switching.weight(), 0.05 + 1e-9);
+  EXPECT_NEAR(free.seconds() / free.weight(), 0, 1e-9);
+}
+
 TEST_F(GateStatePipelineTest, BadMicrobatchTelemetryIsRefusedByName) {
   absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
   ASSERT_THAT(r0.status(), IsOk());
