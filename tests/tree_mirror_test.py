@@ -98,6 +98,9 @@ EXCEPTIONS = {
     # worker/client/
     "worker/client/client_runtime.cc": ("tests/worker/client/gate_client_test.cc",
                                         "GateClient's timer thread, through GateClient"),
+    "worker/client/gate_client_stream.cc": ("tests/worker/client/gate_client_test.cc",
+                                            "GateClient's connection and writes, through "
+                                            "GateClient (and gate_client_protocol_test.cc)"),
     "worker/client/in_memory_broadcast.cc": ("tests/worker/client/group_decider_test.cc",
                                              "the broadcast GroupDecider's tests run over"),
     "worker/client/spgate_client.cc": ("tests/worker/client/c_api_test.cc", "the C API"),
