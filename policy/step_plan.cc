@@ -127,11 +127,11 @@ absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
 absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
                             std::string_view whose, std::string_view field) {
   if (layout == nullptr) {
-    if (plan.microbatch_ids.empty()) return absl::OkStatus();
+    if (plan.microbatches.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %s registered no layout; its plans carry lengths, not micro-batches", field, whose));
   }
-  if (plan.microbatch_ids.empty()) {
+  if (plan.microbatches.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %s registered the layout %s; its plans carry one entry per micro-batch", field,
         whose, FormatJobLayout(*layout)));
@@ -145,25 +145,26 @@ absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
     return absl::InvalidArgumentError(
         "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
   }
-  return CheckMicrobatchIds(plan.microbatch_ids, layout->microbatches);
+  std::vector<int> ids;
+  for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
+  return CheckMicrobatchIds(ids, layout->microbatches);
 }
 
-absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(int id, std::span<const int64_t> lengths,
-                                                    const MicrobatchMemory& memory,
+absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(const MicrobatchPlanInput& m,
                                                     std::string_view field) {
-  MicrobatchFacts f{.id = id, .lengths_known = !lengths.empty(), .memory = memory};
-  for (uint64_t b : {memory.activation_sp, memory.activation_tp, memory.workspace_sp,
-                     memory.workspace_tp}) {
+  MicrobatchFacts f{.id = m.id, .lengths_known = !m.lengths.empty(), .memory = m.memory};
+  for (uint64_t b : {m.memory.activation_sp, m.memory.activation_tp, m.memory.workspace_sp,
+                     m.memory.workspace_tp}) {
     if (b >= kMaxStepPlanBytes) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s[id=%d]: byte counts must be below 2^40, got %d", field, id, b));
+          "%s[id=%d]: byte counts must be below 2^40, got %d", field, m.id, b));
     }
   }
   if (f.lengths_known) {
-    absl::StatusOr<LengthStats> stats = ComputeLengthStats(lengths);
+    absl::StatusOr<LengthStats> stats = ComputeLengthStats(m.lengths);
     if (!stats.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrFormat("%s[id=%d].%s", field, id, stats.status().message()));
+          absl::StrFormat("%s[id=%d].%s", field, m.id, stats.status().message()));
     }
     f.length_cv = stats->cv;
     f.tokens = stats->tokens;

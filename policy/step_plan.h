@@ -115,6 +115,15 @@ struct StagePlanFacts {
 // exactly once, else INVALID_ARGUMENT naming the id (outside the range, repeated, missing).
 absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches);
 
+// One micro-batch of a step plan as sent to the daemon or the client (docs/design.md §12):
+// its id, its lengths (empty: the stage does not know them, and runs it SP with reason
+// LENGTHS_UNKNOWN) and what it costs the stage in each mode.
+struct MicrobatchPlanInput {
+  int id = 0;
+  std::span<const int64_t> lengths;
+  MicrobatchMemory memory;
+};
+
 // A step plan's byte counts (resident, budget, each micro-batch's) are below this, so
 // their sum over a step fits in 63 bits.
 inline constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
@@ -122,7 +131,7 @@ inline constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
 // What CheckPlanShape reads of a plan.
 struct PlanShape {
   bool batch_lengths = false;           // lengths or predicted peaks of the whole batch
-  std::span<const int> microbatch_ids;  // a step plan's, in the order sent
+  std::span<const MicrobatchPlanInput> microbatches;  // a step plan's, in the order sent
   uint64_t resident_bytes = 0, memory_budget_bytes = 0;
 };
 
@@ -134,11 +143,10 @@ struct PlanShape {
 absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
                             std::string_view whose, std::string_view field);
 
-// One micro-batch of a step plan as the policy reads it: its byte counts below
+// A step plan's micro-batch as the policy reads it: its byte counts below
 // kMaxStepPlanBytes and its lengths, if any, valid (ComputeLengthStats). INVALID_ARGUMENT
 // naming "<field>[id=N]".
-absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(int id, std::span<const int64_t> lengths,
-                                                    const MicrobatchMemory& memory,
+absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(const MicrobatchPlanInput& m,
                                                     std::string_view field);
 
 struct StagePlanOutcome {

@@ -235,13 +235,10 @@ absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) cons
 }
 
 absl::Status GateState::CheckStepPlan(const Job& job, const PlanInput& plan) const {
-  std::vector<int> ids;
-  ids.reserve(plan.microbatches.size());
-  for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
   const PlanShape shape{.batch_lengths = !plan.lengths.empty() ||
                                          plan.predicted_peak_bytes_sp != 0 ||
                                          plan.predicted_peak_bytes_tp != 0,
-                        .microbatch_ids = ids,
+                        .microbatches = plan.microbatches,
                         .resident_bytes = plan.resident_bytes,
                         .memory_budget_bytes = plan.memory_budget_bytes};
   return CheckPlanShape(job.layout ? &*job.layout : nullptr, shape, absl::StrCat("job ", job.id),
@@ -276,9 +273,8 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     // Summarised outside the lock, in id order (the ids are checked against the job's
     // layout under it).
     for (size_t i : by_id) {
-      const MicrobatchPlanInput& m = plan.microbatches[i];
       ASSIGN_OR_RETURN(facts.emplace_back(),
-                       SummarizeMicrobatch(m.id, m.lengths, m.memory, "micro_batches"));
+                       SummarizeMicrobatch(plan.microbatches[i], "micro_batches"));
     }
   } else if (!plan.lengths.empty()) {
     ASSIGN_OR_RETURN(stats, ComputeLengthStats(plan.lengths));

@@ -183,12 +183,7 @@ struct RegisterResult {
   int64_t last_decided_step = -1;
 };
 
-// One micro-batch of a step plan; lengths empty: the stage does not know them.
-struct MicrobatchPlanInput {
-  int id = 0;
-  std::span<const int64_t> lengths;
-  MicrobatchMemory memory;
-};
+using spgate::MicrobatchPlanInput;  // one micro-batch of a step plan (policy/step_plan.h)
 
 struct PlanInput {
   std::string_view job_id;

@@ -264,7 +264,8 @@ TEST(JobDirective, StepPlanSpRequiredOutranksUnknownLengths) {
 
 TEST(CheckPlanShape, MicrobatchesNeedALayoutAndALayoutNeedsThem) {
   const JobLayout layout{.pp = 2, .microbatches = 3};
-  const std::vector<int> good = {2, 0, 1}, repeated = {0, 1, 1};
+  const std::vector<MicrobatchPlanInput> good = {{.id = 2}, {.id = 0}, {.id = 1}};
+  const std::vector<MicrobatchPlanInput> repeated = {{.id = 0}, {.id = 1}, {.id = 1}};
   struct Row {
     const char* name;
     const JobLayout* layout;
@@ -274,24 +275,24 @@ TEST(CheckPlanShape, MicrobatchesNeedALayoutAndALayoutNeedsThem) {
   };
   const uint64_t big = kMaxStepPlanBytes;
   const Row rows[] = {
-      {"plain plan, no layout", nullptr, {.batch_lengths = true, .microbatch_ids = {}}, absl::StatusCode::kOk, ""},
-      {"micro-batches without a layout", nullptr, {.microbatch_ids = good},
+      {"plain plan, no layout", nullptr, {.batch_lengths = true, .microbatches = {}}, absl::StatusCode::kOk, ""},
+      {"micro-batches without a layout", nullptr, {.microbatches = good},
        absl::StatusCode::kInvalidArgument, "mbs: job j registered no layout"},
-      {"a layout without micro-batches", &layout, {.batch_lengths = true, .microbatch_ids = {}},
+      {"a layout without micro-batches", &layout, {.batch_lengths = true, .microbatches = {}},
        absl::StatusCode::kInvalidArgument, "one entry per micro-batch"},
       {"batch lengths beside micro-batches", &layout,
-       {.batch_lengths = true, .microbatch_ids = good}, absl::StatusCode::kInvalidArgument,
+       {.batch_lengths = true, .microbatches = good}, absl::StatusCode::kInvalidArgument,
        "lengths"},
-      {"resident at 2^40", &layout, {.microbatch_ids = good, .resident_bytes = big},
+      {"resident at 2^40", &layout, {.microbatches = good, .resident_bytes = big},
        absl::StatusCode::kInvalidArgument, "resident_bytes"},
-      {"budget at 2^40", &layout, {.microbatch_ids = good, .memory_budget_bytes = big},
+      {"budget at 2^40", &layout, {.microbatches = good, .memory_budget_bytes = big},
        absl::StatusCode::kInvalidArgument, "memory_budget_bytes"},
       {"just under 2^40", &layout,
-       {.microbatch_ids = good, .resident_bytes = big - 1, .memory_budget_bytes = big - 1},
+       {.microbatches = good, .resident_bytes = big - 1, .memory_budget_bytes = big - 1},
        absl::StatusCode::kOk, ""},
-      {"a repeated id", &layout, {.microbatch_ids = repeated}, absl::StatusCode::kInvalidArgument,
+      {"a repeated id", &layout, {.microbatches = repeated}, absl::StatusCode::kInvalidArgument,
        "id 1 repeats"},
-      {"a step plan", &layout, {.microbatch_ids = good}, absl::StatusCode::kOk, ""},
+      {"a step plan", &layout, {.microbatches = good}, absl::StatusCode::kOk, ""},
   };
   for (const Row& r : rows) {
     const absl::Status s = CheckPlanShape(r.layout, r.plan, "job j", "mbs");
@@ -317,7 +318,7 @@ TEST(SummarizeMicrobatch, NamesTheMicrobatchAndSummarisesItsLengths) {
       {"workspace at 2^40", none, {.workspace_sp = big}, "mb[id=7]: byte counts"},
   };
   for (const Row& r : rows) {
-    const absl::StatusOr<MicrobatchFacts> f = SummarizeMicrobatch(7, r.lengths, r.memory, "mb");
+    const absl::StatusOr<MicrobatchFacts> f = SummarizeMicrobatch({.id = 7, .lengths = r.lengths, .memory = r.memory}, "mb");
     if (!r.error.empty()) {
       EXPECT_THAT(f.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(r.error)))
           << r.name;

@@ -21,22 +21,14 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "policy/pipeline_memory.h"
+#include "policy/step_plan.h"
 #include "policy/telemetry.h"
 #include "policy/types.h"
 #include "worker/client/client_options.h"  // GateClientOptions, with its table
 
 namespace spgate::client {
 
-// One micro-batch of a step plan (docs/design.md §12): its id, its lengths (empty: this
-// stage does not know them, and runs it SP with reason LENGTHS_UNKNOWN) and what it
-// costs this stage in each mode (activations kept for backward, workspace while a
-// forward or backward runs).
-struct MicrobatchPlanInput {
-  int id = 0;
-  std::span<const int64_t> lengths;
-  MicrobatchMemory memory;
-};
+using spgate::MicrobatchPlanInput;  // one micro-batch of a step plan (policy/step_plan.h)
 
 // One batch's plan (docs/design.md §3 memory gate inputs plus the sequence lengths). A
 // client with a layout (GateClientOptions::layout) sends step plans instead: every

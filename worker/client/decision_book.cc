@@ -47,14 +47,11 @@ StagePlanFacts StageFactsOf(const PlanRecord& plan, int stage,
 }  // namespace
 
 absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan, PlanRecord* rec) {
-  std::vector<int> ids;
-  ids.reserve(plan.microbatches.size());
-  for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
   RETURN_IF_ERROR(CheckPlanShape(layout,
                                  {.batch_lengths = !plan.lengths.empty() ||
                                                    plan.predicted_peak_bytes_sp != 0 ||
                                                    plan.predicted_peak_bytes_tp != 0,
-                                  .microbatch_ids = ids,
+                                  .microbatches = plan.microbatches,
                                   .resident_bytes = plan.resident_bytes,
                                   .memory_budget_bytes = rec->budget},
                                  "this client", "microbatches"));
@@ -62,7 +59,7 @@ absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
   rec->microbatches.assign(plan.microbatches.size(), {});
   for (const MicrobatchPlanInput& m : plan.microbatches) {
     PlanRecord::Microbatch& out = rec->microbatches[m.id];
-    ASSIGN_OR_RETURN(out.facts, SummarizeMicrobatch(m.id, m.lengths, m.memory, "microbatches"));
+    ASSIGN_OR_RETURN(out.facts, SummarizeMicrobatch(m, "microbatches"));
     out.lengths.assign(m.lengths.begin(), m.lengths.end());
   }
   rec->resident = plan.resident_bytes;
@@ -210,6 +207,9 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     d.config_version = ld.config_version;
     ++counters_.local_decisions;
     ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
+  }
+  last_step_ = step;
+  last_ = d;
   last_tokens_ = layout_.layout.has_value() ? 0 : (plan.tokens > 0 ? plan.tokens : -1);
   last_microbatch_tokens_.clear();
   for (const PlanRecord::Microbatch& m : plan.microbatches) {
@@ -217,9 +217,6 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     last_tokens_ =
         m.facts.lengths_known && last_tokens_ >= 0 ? last_tokens_ + m.facts.tokens : -1;
   }
-  }
-  last_step_ = step;
-  last_ = d;
   plans_.erase(plans_.begin(), plans_.upper_bound(step));
   absl::erase_if(daemon_, [step](const auto& kv) { return kv.first <= step; });
   absl::erase_if(rejected_, [step](int64_t s) { return s <= step; });
