@@ -13,87 +13,99 @@ namespace spgate::server {
 
 using gate_state_internal::PendingStep;
 
+namespace {
+
+// One unit of learning: a plain step, or one micro-batch of a step plan on its stage.
+struct LearnedSample {
+  int band = -1;  // < 0: its band is not known; only its mode is noted
+  Mode mode = Mode::kSequenceParallel;
+  double tokens = 0, seconds = 0;
+  double length_cv = -1;  // < 0: not known (the prior skips it)
+  double all_gather_s = 0, rs_wait_s = 0;
+};
+
+}  // namespace
+
 // The table learns from every step the daemon decided, whatever the policy in force, so
-// switching a job to ADAPTIVE starts from what STATIC ran. A step plan's step is learned
-// per micro-batch into its stage's table (docs/design.md §12): each micro-batch's tokens
-// over its compute on the stage, in the band its plan put it in.
+// switching a job to ADAPTIVE starts from what STATIC ran. One path for both layouts: a
+// plain step is one sample into the job's table (its tokens over the group's step time,
+// in the band its decision put it in); a step plan's step is one sample per micro-batch
+// into its stage's table (docs/design.md §12: tokens over its compute on the stage, in
+// the band its plan put it in, the prior's CV at the band's mid-point since the
+// micro-batch's own is not kept). In id order — the order a stage's forwards run — a
+// sample whose mode differs from the group's previous one (this step's, or the last of
+// the step before) measures a switch: the modes that ran (the telemetry's), not the ones
+// decided, since a worker's memory override or its fallback may have run another.
 void GateState::LearnFromStep(Job& job, Group& g, int slot) {
   PendingStep& p = g.pending[slot];
   const GateConfig& config = g.schedule.At(p.step).config;
+  std::vector<LearnedSample> samples;
+  ThroughputTable* table = &job.learned;
+  int stage = -1;
   if (!p.microbatches.empty() && job.layout.has_value()) {
     const gate_state_internal::CachedStepPlan* plan = g.CachedPlan(p.step);
     if (plan != nullptr && plan->bands.size() == p.microbatches.size()) {
-      const int stage = CoordinatesOf(*job.layout, g.index).stage;
-      ThroughputTable& table = job.stage_learned[static_cast<size_t>(stage)];
-      static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
-      uint64_t touched = 0;
-      // In id order, the order a stage's forwards run: a micro-batch whose mode differs
-      // from the stage's previous one (this step's, or the last of the step before) pays
-      // the switch, as a plain step after a switch does (docs/design.md §11, §12).
-      // The fold keeps the records by id (FoldTelemetry).
-      std::optional<Mode> previous;
-      if (g.learned_step == p.step - 1) previous = g.learned_mode;
-      for (const MicrobatchTelemetryValues& m : p.microbatches) {
-        const bool after_switch = previous.has_value() && *previous != m.mode;
-        previous = m.mode;
+      stage = CoordinatesOf(*job.layout, g.index).stage;
+      table = &job.stage_learned[static_cast<size_t>(stage)];
+      samples.reserve(p.microbatches.size());
+      for (const MicrobatchTelemetryValues& m : p.microbatches) {  // by id (FoldTelemetry)
         const int band = plan->bands[static_cast<size_t>(m.id)];
-        if (band < 0) continue;
-        const double tokens = static_cast<double>(m.effective_tokens);
-        // (The stage's learned cost shows in GetJob's stage tables; the job's gauge is the
-        // plain table's.)
-        if (after_switch) {
-          table.ObserveAfterSwitch(config, band, m.mode, p.step, tokens, m.compute_s());
-        } else {
-          table.Observe(config, band, m.mode, p.step, tokens, m.compute_s());
-        }
-        // The prior's collective telemetry, at the mid-point of the micro-batch's CV band
-        // (its CV is not kept; the open top band has no mid-point).
-        if (const double cv = BandCvMidpoint(config, band); cv >= 0) {
-          table.ObserveCollectives(config, m.mode, p.step, tokens, cv, m.compute_s(),
-                                   m.all_gather_s, m.rs_wait_s, after_switch);
-        }
-        touched |= uint64_t{1} << (band * 2 + (m.mode == Mode::kTensorParallelOnly ? 1 : 0));
-      }
-      g.learned_step = p.step;
-      g.learned_mode = *previous;
-      // The cells this step fed, once each (a step has up to 4,096 micro-batches).
-      for (int cell = 0; cell < 2 * kBands; ++cell) {
-        if ((touched >> cell & 1) == 0) continue;
-        const Mode mode = cell % 2 == 1 ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
-        const CellView v = table.At(config, cell / 2, mode, p.step);
-        job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
-      }
-      if (touched != 0) {
-        NoteLearned(job, table, config, job.stage_learned_told[static_cast<size_t>(stage)]);
+        samples.push_back({.band = band, .mode = m.mode,
+                           .tokens = static_cast<double>(m.effective_tokens),
+                           .seconds = m.compute_s(),
+                           .length_cv = band < 0 ? -1 : BandCvMidpoint(config, band),
+                           .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
-    return;
-  }
-  if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
-      d != nullptr && d->band >= 0) {
-    // The first step after the group switched mode measures what a switch costs: the
-    // modes that ran (the telemetry's), not the ones decided (a worker's memory override
-    // or its fallback may have run another).
-    const bool after_switch = g.learned_step == p.step - 1 && g.learned_mode != p.mode;
-    g.learned_step = p.step;
-    g.learned_mode = p.mode;
-    if (after_switch) {
-      if (job.learned.ObserveAfterSwitch(config, d->band, p.mode, p.step,
-                                         static_cast<double>(p.tokens), p.step_time)) {
-        job.metrics->adaptive_switch_cost->Set(job.learned.SwitchCostSeconds());
-      }
-    } else {
-      job.learned.Observe(config, d->band, p.mode, p.step, static_cast<double>(p.tokens),
-                          p.step_time);
-    }
+  } else if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
+             d != nullptr && d->band >= 0) {
     // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
-    job.learned.ObserveCollectives(config, p.mode, p.step, static_cast<double>(p.tokens),
-                                   d->length_cv, p.step_time, p.all_gather,
-                                   p.rs_share * p.step_time, after_switch);
-    const CellView v = job.learned.At(config, d->band, p.mode, p.step);
-    job.metrics->SetLearned(d->band, p.mode, v.tokens_per_s, v.samples);
-    NoteLearned(job, job.learned, config, job.learned_told);
+    samples.push_back({.band = d->band, .mode = p.mode,
+                       .tokens = static_cast<double>(p.tokens), .seconds = p.step_time,
+                       .length_cv = d->length_cv, .all_gather_s = p.all_gather,
+                       .rs_wait_s = p.rs_share * p.step_time});
+  }
+  if (samples.empty()) return;
+
+  static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
+  uint64_t touched = 0;
+  std::optional<Mode> previous;
+  if (g.learned_step == p.step - 1) previous = g.learned_mode;
+  for (const LearnedSample& x : samples) {
+    const bool after_switch = previous.has_value() && *previous != x.mode;
+    previous = x.mode;
+    if (x.band < 0) continue;
+    if (!after_switch) {
+      table->Observe(config, x.band, x.mode, p.step, x.tokens, x.seconds);
+    } else if (table->ObserveAfterSwitch(config, x.band, x.mode, p.step, x.tokens, x.seconds) &&
+               stage < 0) {
+      // The job's gauge is the plain table's; a stage's cost shows in GetJob's tables.
+      job.metrics->adaptive_switch_cost->Set(table->SwitchCostSeconds());
+    }
+    if (x.length_cv >= 0) {
+      table->ObserveCollectives(config, x.mode, p.step, x.tokens, x.length_cv, x.seconds,
+                                x.all_gather_s, x.rs_wait_s, after_switch);
+    }
+    touched |= uint64_t{1} << (x.band * 2 + (x.mode == Mode::kTensorParallelOnly ? 1 : 0));
+  }
+  g.learned_step = p.step;
+  g.learned_mode = *previous;
+  // The cells this step fed, once each (a step has up to 4,096 micro-batches).
+  for (int cell = 0; cell < 2 * kBands; ++cell) {
+    if ((touched >> cell & 1) == 0) continue;
+    const Mode mode = cell % 2 == 1 ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+    const CellView v = table->At(config, cell / 2, mode, p.step);
+    if (stage < 0) {
+      job.metrics->SetLearned(cell / 2, mode, v.tokens_per_s, v.samples);
+    } else {
+      job.metrics->SetStageLearned(stage, cell / 2, mode, v.tokens_per_s);
+    }
+  }
+  if (touched != 0) {
+    NoteLearned(job, *table, config,
+                stage < 0 ? job.learned_told
+                          : job.stage_learned_told[static_cast<size_t>(stage)]);
   }
 }
 

@@ -159,12 +159,15 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
     ASSIGN_OR_RETURN(const Job* job, FindJob(in.job_id, in.group));
     table = &job->learned;
     step = std::max<int64_t>(0, job->learned.newest_step() + 1);
+    std::optional<PinState> active;
     if (in.group.has_value()) {
       const Group& g = *job->groups.at(*in.group);
       policy = &g.policy;
-      pin = AsDirective(ActivePin(*job, *in.group));
+      active = ActivePin(*job, *in.group);
       step = g.policy.gate().has_decision ? g.policy.gate().last_step + 1 : 0;
     }
+    // A job's SP-required features rank as gate 1's directive, as in its decisions.
+    pin = JobDirective(!job->sp_required.empty(), AsDirective(active));
   }
   // Without a group there is no real next step: ask about one that is not an ADAPTIVE
   // exploration step, so the answer is what the policy makes of the batch itself.

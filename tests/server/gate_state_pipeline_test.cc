@@ -353,6 +353,23 @@ TEST_F(GateStatePipelineTest, SpRequiredFeaturesLockTheJobToSp) {
   ASSERT_THAT(h_->Decide(p, &d), IsOk());
   EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
   EXPECT_EQ(d.reason(), v1::SP_REQUIRED);
+
+  // The what-if view answers as the job's decisions do, with and without a group; a job
+  // without the feature gets the length-CV gate's TP-only for the same lengths.
+  const std::vector<int64_t> lengths = {1, 1, 10};
+  for (const auto& [job_id, group, mode, reason] :
+       {std::tuple{"moe", std::optional<int>(0), Mode::kSequenceParallel, Reason::kSpRequired},
+        std::tuple{"moe", std::optional<int>(), Mode::kSequenceParallel, Reason::kSpRequired},
+        std::tuple{"", std::optional<int>(), Mode::kTensorParallelOnly,
+                   Reason::kLengthCv}}) {
+    GateConfig config;
+    config.max_length_cv = 0.5;
+    const absl::StatusOr<WhatIfResult> w = h_->state->WhatIf(
+        {.job_id = job_id, .group = group, .config = config, .lengths = lengths});
+    ASSERT_THAT(w.status(), IsOk());
+    EXPECT_EQ(w->decision.mode, mode) << job_id;
+    EXPECT_EQ(w->decision.reason, reason) << job_id;
+  }
 }
 
 
