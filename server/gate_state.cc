@@ -262,7 +262,8 @@ std::optional<DecisionRecord> GateState::CpPeerDecided(const Job& job, const Gro
 absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const PlanInput& plan) {
   RETURN_IF_ERROR(CheckPlan(session, plan));
   const bool step_plan = !plan.microbatches.empty();
-  LengthStats stats;
+  // One plan shape from here on: a plain plan is the one micro-batch of a job without a
+  // layout (docs/design.md §12), its facts its lengths' statistics.
   std::vector<MicrobatchFacts> facts;
   std::vector<size_t> by_id(plan.microbatches.size());
   if (step_plan) {
@@ -277,7 +278,8 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
                        SummarizeMicrobatch(plan.microbatches[i], "micro_batches"));
     }
   } else if (!plan.lengths.empty()) {
-    ASSIGN_OR_RETURN(stats, ComputeLengthStats(plan.lengths));
+    ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
+    facts.push_back({.length_cv = stats.cv, .tokens = stats.tokens});
   }
   const uint64_t digest = PlanDigest(plan, by_id);
   DecisionRecord decision;
@@ -303,22 +305,19 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
       return ComputeLengthStats(plan.lengths).status();
     }
     RETURN_IF_ERROR(CheckStepWindow(*g, plan));
-    if (step_plan) {
-      // The CP ranks' groups of one (replica, stage) run one decision: a peer's, if one
-      // decided this step, for the same plan only (docs/design.md §12).
-      std::optional<DecisionRecord> peer_answer = CpPeerDecided(*job, *g, plan.step);
-      if (peer_answer.has_value() && peer_answer->plan_digest != digest) {
-        metrics_.refused_plan_mismatch.Increment();
-        return absl::AlreadyExistsError(absl::StrFormat(
-            "step: %d was decided for CP peer group %d of group %d with a different plan; "
-            "the CP ranks of a stage send the same micro-batches and memory facts",
-            plan.step, peer_answer->group, plan.group));
-      }
-      decision = DecideStepPlan(*job, *g, plan, facts, digest,
-                                peer_answer.has_value() ? &*peer_answer : nullptr);
-    } else {
-      decision = DecideStep(*job, *g, plan, stats, digest);
+    // The CP ranks' groups of one (replica, stage) run one decision: a peer's, if one
+    // decided this step, for the same plan only (docs/design.md §12).
+    std::optional<DecisionRecord> peer_answer;
+    if (step_plan) peer_answer = CpPeerDecided(*job, *g, plan.step);
+    if (peer_answer.has_value() && peer_answer->plan_digest != digest) {
+      metrics_.refused_plan_mismatch.Increment();
+      return absl::AlreadyExistsError(absl::StrFormat(
+          "step: %d was decided for CP peer group %d of group %d with a different plan; "
+          "the CP ranks of a stage send the same micro-batches and memory facts",
+          plan.step, peer_answer->group, plan.group));
     }
+    decision = DecideStep(*job, *g, plan, facts, digest,
+                          peer_answer.has_value() ? &*peer_answer : nullptr);
     if (auto rit = g->ranks.find(session.rank_in_group); rit != g->ranks.end()) {
       rit->second.last_seen = Now();  // a unary-only leader holds its launch too
     }
@@ -388,60 +387,6 @@ absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
   return absl::OkStatus();
 }
 
-DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
-                                     const LengthStats& stats, uint64_t plan_digest) {
-  const ScheduledConfig& config = g.schedule.At(plan.step);
-  KeepBandsOf(job, config.config);
-  const BatchFacts facts{.step = plan.step,
-                         .length_cv = stats.cv,
-                         .tokens = stats.tokens,
-                         .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp,
-                         .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp,
-                         .memory_budget_bytes = plan.memory_budget_bytes};
-  DecisionSample sample{.length_cv = stats.cv};
-  if (g.policy.gate().has_decision) sample.previous_mode = g.policy.gate().mode;
-  const double rs_mean = g.policy.rs_wait().mean;
-  const std::optional<PinState> pin = ActivePin(job, plan.group);
-  // A feature of the job that needs SP throughout outranks a pin (docs/design.md §12).
-  const GateOutcome outcome = g.policy.Decide(
-      config.config, facts, JobDirective(!job.sp_required.empty(), AsDirective(pin)),
-      &job.learned);
-
-  const DecisionRecord decision{
-      .job_id = job.id,
-      .group = plan.group,
-      .step = plan.step,
-      .mode = outcome.decision.mode,
-      .reason = outcome.decision.reason,
-      .config_version = config.version,
-      .length_cv = stats.cv,
-      .rolling_rs_wait_share = rs_mean,
-      .time = Now(),
-      .pin_expire = outcome.decision.reason == Reason::kPinned
-                        ? std::optional<absl::Time>(pin->expire) : std::nullopt,
-      .pin_forced = outcome.decision.reason == Reason::kPinned && pin->force,
-      .band = outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
-                                : BandOf(config.config, stats.cv, stats.tokens),
-      .plan_digest = plan_digest,
-      .plan_tokens = stats.tokens};
-  RecordStep(job, g, decision);
-  ++job.decisions[static_cast<int>(decision.mode)][static_cast<int>(decision.reason)];
-  if (outcome.explored) ++job.exploration_steps;
-  if (job.gain.Add(config.config, job.learned, outcome, plan.step, stats.tokens)) {
-    sample.adaptive_gain = job.gain.ratio();
-  }
-  if (plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job.memory_budget) {
-    job.memory_budget = plan.memory_budget_bytes;
-    sample.memory_budget = job.memory_budget;
-  }
-  sample.mode = decision.mode;
-  sample.reason = decision.reason;
-  sample.explored = outcome.explored;
-  sample.flip_held = outcome.flip_held;
-  job.metrics->RecordDecision(sample, *g.metrics);
-  return decision;
-}
-
 void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
   const absl::Time now = Now();  // a CP peer's answer carries the peer's decision time
   g.schedule.Prune(decision.step);
@@ -462,15 +407,67 @@ void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
   g.resume_allowed = false;
 }
 
-DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& plan,
-                                         std::span<const MicrobatchFacts> facts,
-                                         uint64_t plan_digest, const DecisionRecord* peer) {
+// The policy's answer for one step, the one place the layouts differ: a plain plan's
+// one decision by the group's gates over the whole step (pin and memory first,
+// docs/design.md §3), with the gain ledger's entry; a step plan's per micro-batch
+// (DecideStagePlan: the stage's schedule-aware memory gate over the policy's modes, §12),
+// from the stage's learned table.
+StagePlanOutcome GateState::PolicyStep(Job& job, Group& g, const GateConfig& config,
+                                       const PlanInput& plan,
+                                       std::span<const MicrobatchFacts> facts,
+                                       const std::optional<PinState>& pin,
+                                       std::optional<double>* adaptive_gain) {
+  if (job.layout.has_value()) {
+    const int stage = CoordinatesOf(*job.layout, g.index).stage;
+    const StagePlanFacts stage_facts{.step = plan.step,
+                                     .stage = stage,
+                                     .resident_bytes = plan.resident_bytes,
+                                     .memory_budget_bytes = plan.memory_budget_bytes,
+                                     .microbatches = facts};
+    // ADAPTIVE reads the stage's table, learned from each micro-batch's compute on the
+    // stage (a step's time mixes the modes of its micro-batches, so it is not learned
+    // from). With cp > 1 the decision is the plan's alone, as the CP groups' fallbacks
+    // make it without talking (docs/design.md §12).
+    return DecideStagePlan(g.policy, config, *job.layout, stage_facts, AsDirective(pin),
+                           &job.stage_learned[static_cast<size_t>(stage)],
+                           !job.sp_required.empty(), {.plan_only = job.layout->cp > 1});
+  }
+  const MicrobatchFacts& f = facts.front();
+  const BatchFacts batch{.step = plan.step,
+                         .length_cv = f.length_cv,
+                         .tokens = f.tokens,
+                         .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp,
+                         .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp,
+                         .memory_budget_bytes = plan.memory_budget_bytes};
+  // A feature of the job that needs SP throughout outranks a pin (docs/design.md §12).
+  const GateOutcome outcome = g.policy.Decide(
+      config, batch, JobDirective(!job.sp_required.empty(), AsDirective(pin)), &job.learned);
+  if (job.gain.Add(config, job.learned, outcome, plan.step, f.tokens)) {
+    *adaptive_gain = job.gain.ratio();
+  }
+  return StagePlanOutcome{
+      .decisions = {outcome.decision},
+      .bands = {static_cast<int8_t>(outcome.band >= 0 ? outcome.band  // ADAPTIVE computed it
+                                                      : BandOf(config, f.length_cv, f.tokens))},
+      .explored = outcome.explored ? 1 : 0,
+      .flips_held = outcome.flip_held ? 1 : 0};
+}
+
+// One decide path for every layout: the policy's answer (PolicyStep, or a CP peer's), the
+// record (a plain plan's carries its one decision as the step's mode, without a micro-batch
+// list, as the wire has always had it), the cache, and the counts and metrics per decision.
+DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
+                                     std::span<const MicrobatchFacts> facts,
+                                     uint64_t plan_digest, const DecisionRecord* peer) {
   const ScheduledConfig& config = g.schedule.At(plan.step);
   KeepBandsOf(job, config.config);
+  const bool staged = job.layout.has_value();
   std::optional<Mode> previous;
   if (g.policy.gate().has_decision) previous = g.policy.gate().mode;
   DecisionRecord decision;
-  int explored = 0;
+  std::vector<Decision> plain;  // a plain plan's one decision (the record lists none)
+  int explored = 0, flips_held = 0;
+  std::optional<double> adaptive_gain;
   if (peer != nullptr) {
     // A CP peer's answer: this group runs it and its state advances as if it had decided.
     decision = *peer;
@@ -480,24 +477,11 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
     const double rs_mean = g.policy.rs_wait().mean;
     // With cp > 1 a stage's CP groups run one decision, so one pin: the unit's first
     // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
-    const int cp = job.layout->cp;
+    const int cp = staged ? job.layout->cp : 1;
     const std::optional<PinState> pin = ActivePin(job, plan.group - plan.group % cp);
-    const int stage_index = CoordinatesOf(*job.layout, g.index).stage;
-    const StagePlanFacts stage{.step = plan.step,
-                               .stage = stage_index,
-                               .resident_bytes = plan.resident_bytes,
-                               .memory_budget_bytes = plan.memory_budget_bytes,
-                               .microbatches = facts};
-    // ADAPTIVE reads the stage's table, learned from each micro-batch's compute on the
-    // stage (a step's time mixes the modes of its micro-batches, so it is not learned
-    // from). With cp > 1 the decision is the plan's alone, as the CP groups' fallbacks
-    // make it without talking (docs/design.md §12).
-    StagePlanOutcome out = DecideStagePlan(
-        g.policy, config.config, *job.layout, stage, AsDirective(pin),
-        &job.stage_learned[static_cast<size_t>(stage_index)], !job.sp_required.empty(),
-        {.plan_only = job.layout->cp > 1});
+    StagePlanOutcome out = PolicyStep(job, g, config.config, plan, facts, pin, &adaptive_gain);
     explored = out.explored;
-    job.metrics->flips_held->Increment(out.flips_held);
+    flips_held = out.flips_held;
     const bool pinned = std::any_of(out.decisions.begin(), out.decisions.end(),
                                     [](const Decision& d) { return d.reason == Reason::kPinned; });
     decision = DecisionRecord{
@@ -512,38 +496,51 @@ DecisionRecord GateState::DecideStepPlan(Job& job, Group& g, const PlanInput& pl
         .time = Now(),
         .pin_expire = pinned ? std::optional<absl::Time>(pin->expire) : std::nullopt,
         .pin_forced = pinned && pin->force,
-        .band = -1,
+        .band = staged ? -1 : out.bands.front(),
         .plan_digest = plan_digest,
-        .microbatches = std::move(out.decisions),
-        .stage_peak_bytes = out.peak_bytes,
-        .microbatch_bands = std::move(out.bands)};
+        .stage_peak_bytes = out.peak_bytes};
+    if (staged) {
+      decision.microbatches = std::move(out.decisions);
+      decision.microbatch_bands = std::move(out.bands);
+    } else {
+      plain = std::move(out.decisions);
+    }
   }
   // The bounds on the step's telemetry, from this group's plan (a CP peer's is the same).
   decision.plan_tokens = 0;
   decision.microbatch_tokens.clear();
   for (const MicrobatchFacts& f : facts) {
-    decision.microbatch_tokens.push_back(f.lengths_known ? f.tokens : -1);
+    if (staged) decision.microbatch_tokens.push_back(f.lengths_known ? f.tokens : -1);
     decision.plan_tokens = f.lengths_known && decision.plan_tokens >= 0
                                ? decision.plan_tokens + f.tokens
                                : -1;
   }
   RecordStep(job, g, decision);
-  g.stage_peak = decision.stage_peak_bytes;
-  g.last_tp_microbatches = 0;
-  for (size_t i = 0; i < decision.microbatches.size(); ++i) {
-    const Decision& d = decision.microbatches[i];
+  const std::vector<Decision>& decisions = staged ? decision.microbatches : plain;
+  if (staged) {
+    g.stage_peak = decision.stage_peak_bytes;
+    g.last_tp_microbatches = static_cast<int>(
+        std::count_if(decisions.begin(), decisions.end(),
+                      [](const Decision& d) { return d.mode == Mode::kTensorParallelOnly; }));
+  }
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    const Decision& d = decisions[i];
     ++job.decisions[static_cast<int>(d.mode)][static_cast<int>(d.reason)];
-    if (d.mode == Mode::kTensorParallelOnly) ++g.last_tp_microbatches;
     DecisionSample sample{.mode = d.mode, .reason = d.reason, .length_cv = facts[i].length_cv,
                           .previous_mode = previous};
-    if (i == 0 && plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job.memory_budget) {
-      job.memory_budget = plan.memory_budget_bytes;
-      sample.memory_budget = job.memory_budget;
+    if (i == 0) {
+      sample.adaptive_gain = adaptive_gain;
+      if (plan.memory_budget_bytes > 0 && plan.memory_budget_bytes != job.memory_budget) {
+        job.memory_budget = plan.memory_budget_bytes;
+        sample.memory_budget = job.memory_budget;
+      }
     }
     job.metrics->RecordDecision(sample, *g.metrics);
     previous = d.mode;
   }
   job.exploration_steps += explored;
+  job.metrics->exploration_steps->Increment(explored);
+  job.metrics->flips_held->Increment(flips_held);
   return decision;
 }
 

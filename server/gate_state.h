@@ -444,21 +444,26 @@ class GateState final : public OperatorListener {
   absl::Status CheckPlan(const Session& session, const PlanInput& plan);
   absl::Status CheckStepWindow(const Group& group, const PlanInput& plan)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One decide path for every layout (a plain plan is a job without a layout's one
+  // micro-batch): the policy's answer (PolicyStep, where the layouts differ) or a CP
+  // peer's, then the record, the cache, the counts and the metrics.
   DecisionRecord DecideStep(Job& job, Group& group, const PlanInput& plan,
-                            const LengthStats& stats, uint64_t plan_digest)
+                            std::span<const MicrobatchFacts> facts, uint64_t plan_digest,
+                            const DecisionRecord* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  StagePlanOutcome PolicyStep(Job& job, Group& group, const GateConfig& config,
+                              const PlanInput& plan, std::span<const MicrobatchFacts> facts,
+                              const std::optional<PinState>& pin,
+                              std::optional<double>* adaptive_gain)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step plans (docs/design.md §12): the layout's checks at Register (nothing changed on
   // an error), the plan's against the job's layout, a CP peer's decision for the step if
-  // one made it, and the decision of every micro-batch (DecideStagePlan).
+  // one made it.
   absl::Status CheckLayout(const Job& job, const RegisterInput& r) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckStepPlan(const Job& job, const PlanInput& plan) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::optional<DecisionRecord> CpPeerDecided(const Job& job, const Group& group, int64_t step) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  DecisionRecord DecideStepPlan(Job& job, Group& group, const PlanInput& plan,
-                                std::span<const MicrobatchFacts> facts, uint64_t plan_digest,
-                                const DecisionRecord* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Caches `decision` as the group's answer for its step and counts it.
   void RecordStep(Job& job, Group& group, const DecisionRecord& decision)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -506,6 +506,31 @@ TEST_F(GateStatePipelineTest, AStageLearnsTheSwitchCostFromTheMicrobatchAfterASw
   EXPECT_NEAR(free.seconds() / free.weight(), 0, 1e-9);
 }
 
+// A stage's exploration micro-batches are counted where a plain job's exploration steps
+// are: GetJob's exploration_steps and spgate_adaptive_exploration_steps_total agree.
+TEST_F(GateStatePipelineTest, StageExplorationIsCountedInTheMetric) {
+  v1::UpdateGateConfigRequest u;
+  u.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  ASSERT_THAT(h_->UpdateGateConfig(u).status(), IsOk());
+  absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
+  ASSERT_THAT(r0.status(), IsOk());
+  absl::StatusOr<std::shared_ptr<Session>> s0 = h_->state->FindSession(r0->session_id());
+  ASSERT_THAT(s0.status(), IsOk());
+  for (int64_t step = 0; step < 40; ++step) {
+    v1::BatchPlan p = StepPlan(0, step);
+    p.set_memory_budget_bytes(0);
+    v1::Decision d;
+    ASSERT_THAT(h_->Decide(p, &d), IsOk());
+    ASSERT_THAT(h_->RecordTelemetry(**s0, StageTelemetry(0, step, 0.1, 0.2)), IsOk());
+  }
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_GT(job->exploration_steps(), 0) << "a learning band explores";
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
+              HasSubstr(absl::StrCat("spgate_adaptive_exploration_steps_total{job_id=\"pipe\"} ",
+                                     job->exploration_steps(), "\n")));
+}
+
 TEST_F(GateStatePipelineTest, BadMicrobatchTelemetryIsRefusedByName) {
   absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
   ASSERT_THAT(r0.status(), IsOk());
