@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "common/file_util.h"
 #include "common/mutex.h"
+#include "common/status_macros.h"
 #include "worker/client/client_options.h"
 #include "worker/client/tls_flags.h"
 #include "worker/runtime/communicator.h"
@@ -124,6 +125,41 @@ int Refuse(const std::string& message, bool print) {
   return 2;
 }
 
+// The gate client's options the flags and the launcher give (WorkerOptions::client); the
+// launch's secret from a wrapper, never from a flag (a command line is visible to other
+// users): without one world rank 0 makes it and broadcasts it (worker.h).
+spgate::client::GateClientOptions ClientOptionsFromFlags() {
+  spgate::client::GateClientOptions c;
+  c.controller = absl::GetFlag(FLAGS_controller);
+  c.job_id = absl::GetFlag(FLAGS_job_id);
+  if (c.job_id.empty()) c.job_id = spgate::client::JobIdFromEnvironment();
+  c.incarnation = absl::GetFlag(FLAGS_incarnation);
+  c.launch_credential = spgate::client::LaunchCredentialFromEnvironment();
+  c.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
+  c.group_session = absl::GetFlag(FLAGS_group_session);
+  return c;
+}
+
+// Before MPI starts: the TLS files checked and the worker token read into `c`, refused
+// naming the flag, so no rank dials with a bad one.
+absl::Status ReadClientFiles(const spgate::client::TlsClientOptions& tls,
+                             spgate::client::GateClientOptions& c) {
+  RETURN_IF_ERROR(spgate::client::ReadTlsFiles(tls, spgate::client::kTlsFlagNames).status());
+  ASSIGN_OR_RETURN(c.worker_token, spgate::client::ReadWorkerTokenFile(
+                                       spgate::client::WorkerTokenFileFromFlags()));
+  return absl::OkStatus();
+}
+
+// Once MPI runs, with a controller: the credentials the ranks' gate clients dial with.
+absl::Status SetClientCredentials(const spgate::client::TlsClientOptions& tls,
+                                  spgate::client::GateClientOptions& c) {
+  if (c.controller.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(c.credentials,
+                   spgate::client::TlsChannelCredentials(tls, spgate::client::kTlsFlagNames));
+  c.tls_server_name = tls.server_name;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -175,14 +211,7 @@ int main(int argc, char** argv) {
   } else {
     return Refuse(absl::StrCat("--norm_boundary=", boundary, ": expected shard or gather"), first);
   }
-  spgate::client::GateClientOptions& c = o.client;
-  c.controller = absl::GetFlag(FLAGS_controller);
-  c.job_id = absl::GetFlag(FLAGS_job_id);
-  if (c.job_id.empty()) c.job_id = spgate::client::JobIdFromEnvironment();
-  c.incarnation = absl::GetFlag(FLAGS_incarnation);
-  // The launch's secret from a wrapper, never from a flag (a command line is visible to
-  // other users); without one world rank 0 makes it and broadcasts it (worker.h).
-  c.launch_credential = spgate::client::LaunchCredentialFromEnvironment();
+  o.client = ClientOptionsFromFlags();
   const spgate::client::TlsClientOptions tls = spgate::client::TlsOptionsFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.pp = absl::GetFlag(FLAGS_pp);
@@ -203,8 +232,6 @@ int main(int argc, char** argv) {
   o.bucketing = absl::GetFlag(FLAGS_bucketing);
   o.decision_log = absl::GetFlag(FLAGS_decision_log);
   o.verify = absl::GetFlag(FLAGS_verify);
-  c.decision_deadline = absl::GetFlag(FLAGS_decision_deadline);
-  c.group_session = absl::GetFlag(FLAGS_group_session);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   if (const int g = absl::GetFlag(FLAGS_grad_accum_steps); g != 0) {
@@ -231,15 +258,9 @@ int main(int argc, char** argv) {
     if (absl::Status s = spgate::runtime::ValidateWorkerOptions(check); !s.ok()) {
       return Refuse(std::string(s.message()), first);
     }
-    // The TLS files and the token are read (and refused naming the flag) before any rank
-    // dials; the credentials are built once MPI runs.
-    absl::Status tls_files =
-        spgate::client::ReadTlsFiles(tls, spgate::client::kTlsFlagNames).status();
-    if (!tls_files.ok()) return Refuse(std::string(tls_files.message()), first);
-    absl::StatusOr<std::string> token =
-        spgate::client::ReadWorkerTokenFile(spgate::client::WorkerTokenFileFromFlags());
-    if (!token.ok()) return Refuse(std::string(token.status().message()), first);
-    c.worker_token = *std::move(token);
+    if (absl::Status s = ReadClientFiles(tls, o.client); !s.ok()) {
+      return Refuse(std::string(s.message()), first);
+    }
   }
   if (o.backend == Backend::kNccl && !spgate::runtime::HaveNccl()) {
     return Refuse("--backend=nccl: this build has no NCCL backend (built without CUDA/NCCL)",
@@ -260,11 +281,8 @@ int main(int argc, char** argv) {
   if (absl::Status s = spgate::runtime::ValidateWorkerOptions(o); !s.ok()) {
     return finish_refused(std::string(s.message()));
   }
-  if (!c.controller.empty()) {  // what the ranks' gate clients dial with
-    auto credentials = spgate::client::TlsChannelCredentials(tls, spgate::client::kTlsFlagNames);
-    if (!credentials.ok()) return finish_refused(std::string(credentials.status().message()));
-    c.credentials = *std::move(credentials);
-    c.tls_server_name = tls.server_name;
+  if (absl::Status s = SetClientCredentials(tls, o.client); !s.ok()) {
+    return finish_refused(std::string(s.message()));
   }
   if (o.backend == Backend::kNccl && spgate::runtime::CudaDevices() == 0) {
     return finish_refused("--backend=nccl: no CUDA device is visible");
