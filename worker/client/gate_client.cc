@@ -229,6 +229,13 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
         "(rank_in_group 0, group_session)");
   }
   spgate::MutexLock lock(&mu_);
+  // The step's own plan, while it is the last committed, bounds its tokens as it does at
+  // the daemon (docs/design.md §2, "Range rules").
+  if (const TelemetryBounds bounds = book_.TelemetryBoundsFor(t.step);
+      bounds.plan_tokens >= 0 || !bounds.microbatch_tokens.empty()) {
+    RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t), bounds));
+    RETURN_IF_ERROR(ValidateMicrobatchTelemetry(t.microbatches, 0, bounds));
+  }
   ++stats_.telemetry_reported;
   if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&
       t.step_time_s > 0) {
