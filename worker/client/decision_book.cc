@@ -20,28 +20,58 @@ BatchFacts FactsOf(const PlanRecord& plan) {
                     .memory_budget_bytes = plan.budget};
 }
 
-// What the worker's own memory gate runs instead of the daemon's answer `d`, if it
-// forbids it: TP-only that does not fit budget x memory_headroom under `config`, unless an
-// operator forced it. The gate's rule and reason are the policy's own (PinAndMemoryGates
-// without a pin: MEMORY_REQUIRES_SP, or MEMORY_OVER_BUDGET when SP does not fit either),
-// so the worker and the daemon can never disagree on what "fits" means. A few
-// comparisons; the gate records nothing without a trace.
-std::optional<Decision> MemoryGateForbids(const GateDecision& d, const GateConfig& config,
-                                          const BatchFacts& facts) {
-  if (d.mode != Mode::kTensorParallelOnly) return std::nullopt;
-  if (d.reason == Reason::kPinned && d.pin_forced) return std::nullopt;
-  return PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr);
-}
+// A step's decisions, one per micro-batch (a plain plan's: its one), the stage's predicted
+// peak with them (0 for a plain plan), and how many the memory gate made SP.
+struct PlanDecisions {
+  std::vector<Decision> decisions;
+  uint64_t stage_peak_bytes = 0;
+  int overridden = 0;
+};
 
-StagePlanFacts StageFactsOf(const PlanRecord& plan, int stage,
-                            std::vector<MicrobatchFacts>& storage) {
-  storage.clear();
-  for (const PlanRecord::Microbatch& m : plan.microbatches) storage.push_back(m.facts);
-  return StagePlanFacts{.step = plan.step,
-                        .stage = stage,
-                        .resident_bytes = plan.resident,
-                        .memory_budget_bytes = plan.budget,
-                        .microbatches = storage};
+// The one place a plain plan and a step plan differ: the policy's rules for their
+// decisions (docs/design.md §4, §12). A plain plan is one decision, decided by the gates
+// over its BatchFacts (the memory gate before the others) and gated by its two predicted
+// peaks (PinAndMemoryGates without a pin: TpOnlyOverBudget); a step plan's micro-batches are
+// decided by the stage's DecideStagePlan and gated by the schedule-aware StageMemoryGate.
+// Both gates admit alike: a decision runs unless it is TP-only that does not fit and not a
+// forced pin (PINNED with pin_forced), which runs SP for MEMORY_REQUIRES_SP, or
+// MEMORY_OVER_BUDGET when SP does not fit either. The rules are the policy's own, so the
+// worker and the daemon never disagree on what "fits" means. `answer` null: the local
+// policy's decisions (advancing its state); otherwise `answer`'s past the plan's memory
+// gate under `config`.
+PlanDecisions DecideOrAdmit(LocalGatePolicy& policy, const BookLayout& layout,
+                            const PlanRecord& plan, const GateConfig& config,
+                            const GateDecision* answer, absl::Time now) {
+  if (!layout.layout.has_value()) {
+    const BatchFacts facts = FactsOf(plan);
+    if (answer == nullptr) return {{policy.Decide(facts, layout.sp_required, now).decision}};
+    const Decision wanted{answer->mode, answer->reason};
+    Decision d = wanted;
+    if (d.mode == Mode::kTensorParallelOnly &&
+        !(d.reason == Reason::kPinned && answer->pin_forced)) {
+      d = PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr).value_or(d);
+    }
+    return {{d}, 0, d != wanted};
+  }
+  std::vector<MicrobatchFacts> facts;
+  for (const PlanRecord::Microbatch& m : plan.microbatches) facts.push_back(m.facts);
+  if (answer == nullptr) {
+    StagePlanOutcome out = policy.DecideStage(
+        *layout.layout,
+        {.step = plan.step, .stage = layout.stage, .resident_bytes = plan.resident,
+         .memory_budget_bytes = plan.budget, .microbatches = facts},
+        layout.sp_required, now);
+    return {std::move(out.decisions), out.peak_bytes};
+  }
+  const std::vector<PipelineOp> ops =
+      StageSchedule(layout.layout->pipeline(), layout.stage).value();
+  std::vector<MicrobatchMemory> memory;
+  for (const MicrobatchFacts& f : facts) memory.push_back(f.memory);
+  StageMemoryGate gate(ops, plan.resident, memory, StageMemoryLimit(plan.budget, config));
+  PlanDecisions out{answer->microbatches};
+  out.overridden = ApplyStageMemoryGate(gate, out.decisions, answer->pin_forced);
+  out.stage_peak_bytes = gate.peak_bytes();
+  return out;
 }
 
 }  // namespace
@@ -125,89 +155,48 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
   return std::optional<GateDecision>();
 }
 
-GateDecision DecisionBook::CommitStepPlan(const PlanRecord& plan, absl::Time now) {
-  const JobLayout& layout = *layout_.layout;
-  const ScheduledConfig& sc = policy_.ConfigFor(plan.step);
-  std::vector<MicrobatchFacts> storage;
-  const StagePlanFacts facts = StageFactsOf(plan, layout_.stage, storage);
-  GateDecision d;
-  auto it = daemon_.find(plan.step);
-  if (it != daemon_.end() &&
-      it->second.microbatches.size() != static_cast<size_t>(layout.microbatches)) {
-    daemon_.erase(it);  // not an answer to this plan: decided locally
-    it = daemon_.end();
-  }
-  if (it != daemon_.end()) {
-    d = it->second;
-    // The stage's memory gate over the daemon's modes: a TP-only micro-batch that does not
-    // fit runs SP (source memory_override), unless an operator forced it.
-    const std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), layout_.stage).value();
-    std::vector<MicrobatchMemory> memory;
-    for (const MicrobatchFacts& f : storage) memory.push_back(f.memory);
-    StageMemoryGate gate(ops, plan.resident, memory, StageMemoryLimit(plan.budget, sc.config));
-    const bool overridden = ApplyStageMemoryGate(gate, d.microbatches, d.pin_forced) > 0;
-    for (const Decision& m : d.microbatches) {
-      policy_.Adopt(plan.step, m.mode, m.reason, d.pin_expire, d.pin_forced);
-    }
-    if (overridden) {
-      d.source = DecisionSource::kMemoryOverride;
-      d.config_version = sc.version;
-      d.stage_peak_bytes = gate.peak_bytes();
-      ++counters_.memory_overrides;
-    } else {
-      ++counters_.daemon_decisions;
-    }
-  } else {
-    StagePlanOutcome out = policy_.DecideStage(layout, facts, layout_.sp_required, now);
-    d.step = plan.step;
-    d.source = local_source_;
-    d.config_version = sc.version;
-    d.microbatches = std::move(out.decisions);
-    d.stage_peak_bytes = out.peak_bytes;
-    ++counters_.local_decisions;
-    ++counters_.local_decisions_by_reason[static_cast<int>(d.microbatches.front().reason)];
-  }
-  d.mode = d.microbatches.front().mode;
-  d.policy_reason = d.microbatches.front().reason;
-  d.reason = d.source == DecisionSource::kFallback ? Reason::kControllerUnavailable
-                                                   : d.policy_reason;
-  return d;
-}
-
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
-  GateDecision d;
   const PlanRecord& plan = *plans_.at(step);
-  const BatchFacts facts = FactsOf(plan);
-  if (layout_.layout.has_value()) {
-    d = CommitStepPlan(plan, now);
-  } else if (auto it = daemon_.find(step); it != daemon_.end()) {
-    const ScheduledConfig& sc = policy_.ConfigFor(step);
-    if (const std::optional<Decision> sp = MemoryGateForbids(it->second, sc.config, facts)) {
-      d.step = step;
-      d.mode = sp->mode;
-      d.reason = d.policy_reason = sp->reason;
+  const ScheduledConfig& sc = policy_.ConfigFor(step);
+  // An answer is this plan's only with one decision per micro-batch of it (a plain plan:
+  // none); otherwise the step is decided locally.
+  const auto it = daemon_.find(step);
+  const GateDecision* answer =
+      it != daemon_.end() && it->second.microbatches.size() == plan.microbatches.size()
+          ? &it->second
+          : nullptr;
+  PlanDecisions run = DecideOrAdmit(policy_, layout_, plan, sc.config, answer, now);
+  GateDecision d;
+  if (answer != nullptr) {
+    d = *answer;
+    // The fallback stands where the group does: on the decisions that run.
+    for (const Decision& m : run.decisions) {
+      policy_.Adopt(step, m.mode, m.reason, d.pin_expire, d.pin_forced);
+    }
+    if (run.overridden > 0) {
       d.source = DecisionSource::kMemoryOverride;
       d.config_version = sc.version;  // the config the override was judged under
-      // The fallback stands where the group does: on the SP step it ran.
-      policy_.Adopt(step, d.mode, d.reason);
+      d.stage_peak_bytes = run.stage_peak_bytes;
+      if (std::ranges::none_of(run.decisions,
+                               [](const Decision& m) { return m.reason == Reason::kPinned; })) {
+        d.pin_expire.reset();  // no pin runs
+        d.pin_forced = false;
+      }
       ++counters_.memory_overrides;
     } else {
-      d = it->second;
-      policy_.Adopt(step, d.mode, d.reason, d.pin_expire, d.pin_forced);
       ++counters_.daemon_decisions;
     }
   } else {
-    const LocalDecision ld = policy_.Decide(facts, layout_.sp_required, now);
-    d.step = step;
-    d.mode = ld.decision.mode;
-    d.policy_reason = ld.decision.reason;
-    d.source = local_source_;
-    d.reason = local_source_ == DecisionSource::kFallback ? Reason::kControllerUnavailable
-                                                          : d.policy_reason;
-    d.config_version = ld.config_version;
+    d = {.step = step, .source = local_source_, .config_version = sc.version,
+         .stage_peak_bytes = run.stage_peak_bytes};
     ++counters_.local_decisions;
-    ++counters_.local_decisions_by_reason[static_cast<int>(d.policy_reason)];
+    ++counters_.local_decisions_by_reason[static_cast<int>(run.decisions.front().reason)];
   }
+  d.mode = run.decisions.front().mode;
+  d.policy_reason = run.decisions.front().reason;
+  d.reason = d.source == DecisionSource::kFallback ? Reason::kControllerUnavailable
+                                                   : d.policy_reason;
+  if (layout_.layout.has_value()) d.microbatches = std::move(run.decisions);
   last_step_ = step;
   last_ = d;
   last_tokens_ = layout_.layout.has_value() ? 0 : (plan.tokens > 0 ? plan.tokens : -1);

@@ -10,12 +10,15 @@
 //    is the one the daemon would make;
 //  - asking again for the last committed step returns the same decision;
 //  - an answer for a step already committed is counted as late and changes nothing;
-//  - the group never runs TP-only for a plan whose TP-only peak the worker's own memory
-//    gate says does not fit (TpOnlyOverBudget under the config in force for the step),
-//    whoever answered, unless an operator forced it (PINNED with pin_forced): such a
-//    daemon answer runs SP with the memory gate's reason instead, source
-//    kMemoryOverride, and is counted (memory_overrides). A daemon that is wrong, or not
-//    the daemon, can then cost throughput but never an out-of-memory.
+//  - the group never runs TP-only for a plan (or a micro-batch of a step plan) whose
+//    TP-only peak the worker's own memory gate says does not fit (TpOnlyOverBudget, or
+//    the stage's StageMemoryGate, under the config in force for the step), whoever
+//    answered, unless an operator forced it (PINNED with pin_forced): such a daemon
+//    answer runs SP with the memory gate's reason instead, source kMemoryOverride, and is
+//    counted (memory_overrides). A daemon that is wrong, or not the daemon, can then cost
+//    throughput but never an out-of-memory;
+//  - one commit path: a plain plan is the one-decision case of a step plan; only the
+//    policy's rules for it (DecideOrAdmit) differ.
 //
 // Usage:
 //   DecisionBook book(GateConfig{}, /*max_pending_plans=*/1024, DecisionSource::kFallback);
@@ -131,9 +134,11 @@ class DecisionBook {
   // without a plan.
   absl::StatusOr<std::optional<GateDecision>> Lookup(int64_t step) const;
 
-  // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one and the
-  // memory gate allows it (else SP, kMemoryOverride), otherwise the local policy's, with
-  // pins judged at `now`. Forgets everything at or below `step`.
+  // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one for this
+  // plan (one decision per micro-batch of it; none for a plain plan) past the memory gate
+  // (a decision it forbids runs SP, source kMemoryOverride, without the pin when no PINNED
+  // decision runs), otherwise the local policy's, with pins judged at `now`. Forgets
+  // everything at or below `step`.
   GateDecision Commit(int64_t step, absl::Time now);
 
   // The fallback's inputs.
@@ -161,10 +166,6 @@ class DecisionBook {
   }
 
  private:
-  // Commit's two halves for a step plan: the daemon's answer past the stage's memory
-  // gate, or the local decision.
-  GateDecision CommitStepPlan(const PlanRecord& plan, absl::Time now);
-
   LocalGatePolicy policy_;
   const BookLayout layout_;
   const int max_pending_plans_;

@@ -3,6 +3,8 @@
 // directly, no gRPC, no threads (worker/client/decision_book.h).
 #include "worker/client/decision_book.h"
 
+#include <optional>
+#include <ostream>
 #include <span>
 #include <vector>
 
@@ -19,6 +21,19 @@ using ::spgate::testing::StatusIs;
 using ::testing::HasSubstr;
 
 const absl::Time kNow = absl::FromUnixSeconds(1'800'000'000);
+
+}  // namespace
+
+void PrintTo(const GateDecision& d, std::ostream* os) {
+  *os << "{step " << d.step << ", " << ModeLabel(d.mode) << ", " << ReasonLabel(d.reason)
+      << " (policy " << ReasonLabel(d.policy_reason) << "), source "
+      << static_cast<int>(d.source) << ", config v" << d.config_version << ", pin "
+      << (d.pin_expire ? "until set" : "none") << (d.pin_forced ? " forced" : "")
+      << ", micro-batches " << ::testing::PrintToString(d.microbatches) << ", stage peak "
+      << d.stage_peak_bytes << "}";
+}
+
+namespace {
 
 PlanRecord Plan(int64_t step, double cv = 0.0) {
   PlanRecord p;
@@ -436,6 +451,48 @@ TEST(DecisionBookStepPlanTest, AnAnswerForAnotherNumberOfMicrobatchesIsDecidedLo
   EXPECT_EQ(ran.microbatches[3], (Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
 }
 
+// A plain plan's answer is one decision: an answer with micro-batches is not its answer.
+TEST(DecisionBookStepPlanTest, APlainPlansAnswerWithMicrobatchesIsDecidedLocally) {
+  DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback);
+  ASSERT_THAT(book.AddPlan(Plan(0, /*cv=*/2.0)), IsOk());
+  GateDecision d = Daemon(0, Mode::kSequenceParallel, Reason::kGatesPassed);
+  d.microbatches.assign(1, {Mode::kSequenceParallel, Reason::kGatesPassed});
+  book.OnDaemonDecision(d);
+  const GateDecision ran = book.Commit(0, kNow);
+  EXPECT_EQ(ran.source, DecisionSource::kFallback);
+  EXPECT_EQ(ran.policy_reason, Reason::kLengthCv);
+  EXPECT_TRUE(ran.microbatches.empty());
+}
+
+// An override keeps the answer's pin while a PINNED micro-batch still runs: an unforced
+// TP-only pin over four micro-batches where (budget 150) only micro-batch 0 fits TP-only.
+// When none runs, the override carries no pin, as a plain plan's does.
+TEST(DecisionBookStepPlanTest, AnOverrideKeepsThePinOnlyWhileAPinnedMicrobatchRuns) {
+  for (const uint64_t budget : {150u, 145u}) {
+    SCOPED_TRACE(budget);
+    DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback,
+                      {.layout = kLayout, .stage = 0});
+    ASSERT_THAT(book.AddPlan(StepPlan(0, budget)), IsOk());
+    GateDecision d = Daemon(0, Mode::kTensorParallelOnly, Reason::kPinned);
+    d.microbatches.assign(4, {Mode::kTensorParallelOnly, Reason::kPinned});
+    d.pin_expire = kNow + absl::Hours(1);
+    book.OnDaemonDecision(d);
+    const GateDecision ran = book.Commit(0, kNow);
+    EXPECT_EQ(ran.source, DecisionSource::kMemoryOverride);
+    const Decision sp{Mode::kSequenceParallel, Reason::kMemoryRequiresSp};
+    const Decision pinned{Mode::kTensorParallelOnly, Reason::kPinned};
+    if (budget == 150) {
+      EXPECT_THAT(ran.microbatches, ::testing::ElementsAre(pinned, sp, sp, sp));
+      EXPECT_EQ(ran.stage_peak_bytes, 150u);
+      EXPECT_EQ(ran.pin_expire, d.pin_expire);
+    } else {
+      EXPECT_THAT(ran.microbatches, ::testing::ElementsAre(sp, sp, sp, sp));
+      EXPECT_EQ(ran.pin_expire, std::nullopt);
+    }
+    EXPECT_EQ(book.counters().memory_overrides, 1);
+  }
+}
+
 TEST(DecisionBookStepPlanTest, StepPlanRecordNamesWhatIsWrong) {
   const std::vector<int64_t> lengths = {5};
   std::vector<MicrobatchPlanInput> mbs = {{.id = 0, .lengths = lengths},
@@ -483,6 +540,170 @@ TEST(DecisionBookStepPlanTest, TheLastCommittedStepPlanBoundsEachMicrobatch) {
 }
 
 }  // namespace step_plans
+
+// --- one commit path: a plain plan is the one-micro-batch case (docs/design.md §4) ---
+
+namespace one_path {
+
+const JobLayout kOneMicrobatch{.tp = 2, .pp = 1, .microbatches = 1};
+const Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
+const DecisionSource kDaemonSource = DecisionSource::kDaemon;
+const DecisionSource kOverride = DecisionSource::kMemoryOverride;
+const DecisionSource kLocal = DecisionSource::kFallback;
+
+enum class Answer { kNone, kRejected, kGiven };
+
+// One step of a sequence: the plan (a step plan's one micro-batch holds peak_sp / peak_tp
+// as its activations, on a stage with nothing resident, so its stage peak is the peak of
+// the mode it runs), the daemon's side, and what runs.
+struct Row {
+  double cv;
+  uint64_t peak_sp, peak_tp, budget;
+  Answer answer;
+  Mode answer_mode;
+  Reason answer_reason;
+  bool pin_forced;
+  Mode mode;
+  Reason reason;  // the policy's reason (CONTROLLER_UNAVAILABLE is the source's)
+  DecisionSource source;
+  int64_t config_version;
+};
+
+// A plain book, or a book of one-micro-batch step plans, with the config of version 9
+// (memory_headroom 0.99) in force from step 10.
+DecisionBook Book(bool step_plans, bool sp_required) {
+  DecisionBook book(GateConfig{}, 64, DecisionSource::kFallback,
+                    {.layout = step_plans ? std::optional(kOneMicrobatch) : std::nullopt,
+                     .sp_required = sp_required});
+  GateConfig roomy;
+  roomy.memory_headroom = 0.99;
+  book.ScheduleConfig(roomy, 9, /*effective_from_step=*/10);
+  return book;
+}
+
+PlanRecord RowPlan(int64_t step, const Row& r, bool step_plan) {
+  PlanRecord p;
+  p.step = step;
+  p.budget = r.budget;
+  if (!step_plan) {
+    p.lengths = {100};
+    p.length_cv = r.cv;
+    p.peak_sp = r.peak_sp;
+    p.peak_tp = r.peak_tp;
+    return p;
+  }
+  p.microbatches.push_back(
+      {.lengths = {100},
+       .facts = {.id = 0, .length_cv = r.cv, .tokens = 100,
+                 .memory = {.activation_sp = r.peak_sp, .activation_tp = r.peak_tp}}});
+  return p;
+}
+
+// Runs `rows` as steps 0, 1, ... and checks every field of every committed decision and
+// the book's counters; the same rows hold for either plan shape.
+void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
+  SCOPED_TRACE(step_plans ? "one-micro-batch step plans" : "plain plans");
+  DecisionBook book = Book(step_plans, sp_required);
+  DecisionBookCounters want;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const int64_t step = static_cast<int64_t>(i);
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    ASSERT_THAT(book.AddPlan(RowPlan(step, r, step_plans)), IsOk());
+    ++want.plans_submitted;
+    GateDecision answer = Daemon(step, r.answer_mode, r.answer_reason);
+    answer.pin_forced = r.pin_forced;
+    if (r.answer_reason == Reason::kPinned) answer.pin_expire = kNow + absl::Hours(1);
+    if (step_plans) answer.microbatches = {{r.answer_mode, r.answer_reason}};
+    if (r.answer == Answer::kGiven) {
+      ASSERT_NE(book.OnDaemonDecision(answer), nullptr);
+      ++want.decisions_received;
+    } else if (r.answer == Answer::kRejected) {
+      ASSERT_TRUE(book.OnRejection(step));
+      ++want.plans_rejected;
+    }
+    // What runs, every field: the daemon's answer as it came; an override keeps the
+    // answer but runs SP under the worker's config, without the pin it no longer runs; a
+    // local decision is the policy's, labelled with the source.
+    GateDecision expected = answer;
+    if (r.source != kDaemonSource) {
+      if (r.source == kLocal) expected = GateDecision{.step = step};
+      expected.mode = r.mode;
+      expected.policy_reason = r.reason;
+      expected.reason = r.source == kLocal ? Reason::kControllerUnavailable : r.reason;
+      expected.source = r.source;
+      expected.config_version = r.config_version;
+      if (r.reason != Reason::kPinned) {
+        expected.pin_expire.reset();
+        expected.pin_forced = false;
+      }
+      if (step_plans) {
+        expected.microbatches = {{r.mode, r.reason}};
+        expected.stage_peak_bytes = r.mode == kSp ? r.peak_sp : r.peak_tp;
+      }
+    }
+    EXPECT_EQ(book.Commit(step, kNow), expected);
+    EXPECT_EQ(**book.Lookup(step), expected);
+    if (r.source == kDaemonSource) ++want.daemon_decisions;
+    if (r.source == kOverride) ++want.memory_overrides;
+    if (r.source == kLocal) {
+      ++want.local_decisions;
+      ++want.local_decisions_by_reason[static_cast<int>(r.reason)];
+    }
+  }
+  const DecisionBookCounters& got = book.counters();
+  EXPECT_EQ(got.plans_submitted, want.plans_submitted);
+  EXPECT_EQ(got.plans_rejected, want.plans_rejected);
+  EXPECT_EQ(got.decisions_received, want.decisions_received);
+  EXPECT_EQ(got.daemon_decisions, want.daemon_decisions);
+  EXPECT_EQ(got.local_decisions, want.local_decisions);
+  EXPECT_EQ(got.memory_overrides, want.memory_overrides);
+  EXPECT_EQ(got.late_decisions, 0);
+  EXPECT_EQ(got.local_decisions_by_reason, want.local_decisions_by_reason);
+}
+
+const Answer kNone = Answer::kNone, kRejected = Answer::kRejected, kGiven = Answer::kGiven;
+const Reason kGates = Reason::kGatesPassed, kCv = Reason::kLengthCv, kPin = Reason::kPinned;
+const Reason kMemSp = Reason::kMemoryRequiresSp;
+
+// Defaults: max_length_cv 0.18, memory_headroom 0.9 (a 1,000-byte budget fits 900 bytes).
+const Row kRows[] = {
+    // {cv, peak_sp, peak_tp, budget, answer, its mode, its reason, pin_forced,
+    //  what runs: mode, policy reason, source, config_version}
+    {0.0, 0, 0, 0, kNone, kSp, kGates, false, kSp, kGates, kLocal, 0},
+    {0.0, 0, 0, 0, kGiven, kSp, kGates, false, kSp, kGates, kDaemonSource, 5},
+    {0.5, 500, 800, 1000, kGiven, kTp, kCv, false, kTp, kCv, kDaemonSource, 5},
+    // TP-only that does not fit runs SP, judged under the worker's config (version 0).
+    {0.5, 500, 950, 1000, kGiven, kTp, kCv, false, kSp, kMemSp, kOverride, 0},
+    {0.5, 920, 950, 1000, kGiven, kTp, Reason::kRsWait, false, kSp, Reason::kMemoryOverBudget,
+     kOverride, 0},
+    {0.0, 500, 950, 1000, kGiven, kTp, kPin, false, kSp, kMemSp, kOverride, 0},
+    // A forced pin runs, and the fallback keeps it while the daemon is silent.
+    {0.0, 500, 950, 1000, kGiven, kTp, kPin, true, kTp, kPin, kDaemonSource, 5},
+    {0.0, 500, 950, 1000, kNone, kSp, kGates, false, kTp, kPin, kLocal, 0},
+    {0.0, 0, 0, 0, kGiven, kSp, kGates, false, kSp, kGates, kDaemonSource, 5},  // pin ends
+    {0.5, 500, 950, 1000, kNone, kSp, kGates, false, kSp, kMemSp, kLocal, 0},
+    // Version 9 from step 10: 950 fits 0.99 x 1,000, 995 does not.
+    {0.5, 500, 950, 1000, kRejected, kSp, kGates, false, kTp, kCv, kLocal, 9},
+    {0.5, 500, 995, 1000, kGiven, kTp, kCv, false, kSp, kMemSp, kOverride, 9},
+    {0.0, 0, 0, 0, kNone, kSp, kGates, false, kSp, kGates, kLocal, 9},
+};
+
+const Row kSpRequiredRows[] = {
+    {0.5, 500, 800, 1000, kNone, kSp, kGates, false, kSp, Reason::kSpRequired, kLocal, 0},
+    {0.5, 500, 800, 1000, kGiven, kSp, Reason::kSpRequired, false, kSp, Reason::kSpRequired,
+     kDaemonSource, 5},
+    {0.5, 500, 950, 1000, kRejected, kSp, kGates, false, kSp, Reason::kSpRequired, kLocal, 0},
+};
+
+TEST(DecisionBookOnePathTest, APlainPlanCommitsAsItsOneMicrobatchStepPlan) {
+  for (const bool step_plans : {false, true}) {
+    RunSequence(kRows, step_plans, /*sp_required=*/false);
+    RunSequence(kSpRequiredRows, step_plans, /*sp_required=*/true);
+  }
+}
+
+}  // namespace one_path
 
 }  // namespace
 }  // namespace spgate::client
