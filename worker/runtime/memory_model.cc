@@ -27,176 +27,219 @@ class Ledger {
 
 int64_t Floats(size_t bytes) { return static_cast<int64_t>((bytes + 3) / 4); }
 
+// One replay of ForwardBackward for one batch: the sizes it needs, derived once from the
+// input, and the ledger they are counted on. Each method mirrors the stack function it is
+// named after and keeps its allocation order, so the ledger's peak is the arena's.
+class Replay {
+ public:
+  Replay(const MemoryModelInput& in, std::span<const int64_t> lengths)
+      : in_(in), layout_(in.shape, in.tp), geo_(MakeBatchGeometry(lengths, in.mode, in.tp, 0)) {
+    sp_ = in.mode == Mode::kSequenceParallel;
+    gather_ = sp_ && in.norm_boundary == NormBoundary::kGather;
+    h_ = layout_.hidden();
+    hl_ = layout_.hidden_local();
+    fl_ = layout_.ffn_local();
+    heads_ = layout_.heads_local();
+    r_ = geo_.rows_local;
+    g_ = geo_.padded_tokens;
+    rh_ = r_ * h_;
+    gh_ = g_ * h_;
+    const kernels::AttentionShape attn{.heads = heads_, .head_dim = layout_.head_dim(),
+                                       .query_block = in.attention_query_block};
+    const int64_t max_len = kernels::MaxSeqLen(geo_.cu_seqlens);
+    attn_fwd_ws_ = Floats(kernels::AttentionFwdWorkspaceBytes(attn, max_len));
+    attn_bwd_ws_ = Floats(kernels::AttentionBwdWorkspaceBytes(attn, max_len));
+    ln_scratch_ = Floats(LayerNormBwdScratchBytes(in.space, gather_ ? g_ : r_, h_));
+    gelu_scratch_ = Floats(GeluBwdScratchBytes(in.space, g_, fl_));
+    qkv_scratch_ = Floats(LinearBwdWeightScratchBytes(in.space, {g_, h_, 3 * hl_}));
+    // LayerNorm inputs (the residual stream) and statistics: full-sequence under gather.
+    s_size_ = gather_ ? gh_ : rh_;
+    stat_size_ = gather_ ? g_ : r_;
+  }
+
+  MemoryPrediction Run() {
+    m_.Alloc(2 * layout_.total());  // parameters + gradients
+    const int64_t resident = m_.live();
+    const int64_t activations = Forward(resident);
+    m_.Alloc(rh_);  // g
+    m_.Alloc(r_);   // ones
+    for (int l = in_.shape.layers - 1; l >= 0; --l) {
+      MlpBackward();
+      AttentionBackward();
+      // ds1 becomes g.
+    }
+    MemoryPrediction p;
+    p.peak_bytes = static_cast<uint64_t>(m_.peak()) * sizeof(float);
+    p.resident_bytes = static_cast<uint64_t>(resident) * sizeof(float);
+    p.activation_bytes =
+        static_cast<uint64_t>(in_.recompute ? rh_ : activations) * sizeof(float);
+    return p;
+  }
+
+ private:
+  // ForwardBackward up to the backward loop: the input (and under recompute its saved
+  // copy), the layers, the output; under recompute the layers again from the saved input.
+  // Returns the floats the layers kept for backward.
+  int64_t Forward(int64_t resident) {
+    m_.Alloc(rh_);
+    if (in_.recompute) m_.Alloc(rh_);
+    LayersForward();
+    const int64_t activations = m_.live() - resident - rh_ - (in_.recompute ? rh_ : 0);
+    m_.Alloc(rh_);  // out
+    m_.Free(rh_);   // z
+    if (in_.recompute) m_.Free(activations);
+    m_.Free(rh_);   // out
+    if (in_.recompute) {
+      // Backward: z from the saved input (freed), the layers again, their output dropped.
+      m_.Alloc(rh_);
+      m_.Free(rh_);
+      LayersForward();
+      m_.Free(rh_);
+    }
+    return activations;
+  }
+
+  // The layers' forward: z (rh) live on entry, the last block's output (rh) on exit.
+  void LayersForward() {
+    for (int l = 0; l < in_.shape.layers; ++l) {
+      LayerNormForward(/*has_residual=*/l > 0);
+      if (sp_) m_.Alloc(gh_);   // a_full
+      m_.Alloc(g_ * 3 * hl_);   // qkv
+      if (sp_) m_.Free(gh_);
+      m_.Alloc(g_ * hl_);       // o
+      m_.Alloc(g_ * heads_);    // lse
+      m_.Alloc(attn_fwd_ws_);
+      m_.Free(attn_fwd_ws_);
+      m_.Alloc(gh_);            // proj partial
+      ReduceOut();
+      LayerNormForward(/*has_residual=*/true);  // consumes proj
+      if (sp_) m_.Alloc(gh_);   // b_full
+      m_.Alloc(g_ * fl_);       // f
+      if (sp_) m_.Free(gh_);
+      m_.Alloc(g_ * fl_);       // gout
+      m_.Alloc(gh_);            // fc2 partial
+      ReduceOut();              // z (rh) live
+    }
+  }
+
+  // LayerNormForward: x (rh) is live on entry and consumed.
+  void LayerNormForward(bool has_residual) {
+    if (!gather_) {
+      m_.Alloc(r_);
+      m_.Alloc(r_);
+      m_.Alloc(rh_);                    // y
+      if (has_residual) m_.Alloc(rh_);  // s (else s is x)
+      if (has_residual) m_.Free(rh_);   // x
+      return;
+    }
+    m_.Alloc(gh_);  // s
+    m_.Free(rh_);   // x
+    m_.Alloc(g_);
+    m_.Alloc(g_);
+    m_.Alloc(gh_);  // y_full
+    m_.Alloc(rh_);  // y
+    m_.Free(gh_);   // y_full
+  }
+
+  // ReduceOut: `partial` (gh) is live on entry; the result (rh) is live on exit.
+  void ReduceOut() {
+    if (!sp_) return;
+    m_.Alloc(rh_);
+    m_.Free(gh_);
+  }
+
+  // LayerBackward's MLP half: FC2, FC1 and the second LayerNorm; ds2 (rh) live on exit.
+  void MlpBackward() {
+    // FC2.
+    if (sp_) m_.Alloc(gh_);  // g_full
+    m_.Alloc(g_ * fl_);      // dact
+    if (sp_) m_.Free(gh_);
+    m_.Free(g_ * fl_);       // gout
+    m_.Alloc(gelu_scratch_);
+    m_.Free(gelu_scratch_);
+    // FC1.
+    if (sp_) m_.Alloc(gh_);  // b_full
+    if (sp_) m_.Free(gh_);
+    m_.Free(rh_);            // b
+    m_.Alloc(gh_);           // partial
+    m_.Free(g_ * fl_);       // dact
+    m_.Free(g_ * fl_);       // f
+    ReduceOut();             // db (rh)
+    LayerNormBackward();     // ds2
+    m_.Free(rh_);            // db
+    m_.Free(rh_);            // g
+    m_.Free(s_size_);        // s2
+    m_.Free(2 * stat_size_);
+  }
+
+  // LayerBackward's attention half: the output projection, attention, QKV and the first
+  // LayerNorm; ds1 (rh) live on exit.
+  void AttentionBackward() {
+    // Output projection.
+    if (sp_) m_.Alloc(gh_);  // dp_full
+    m_.Alloc(g_ * hl_);      // d_o
+    if (sp_) m_.Free(gh_);
+    // Attention.
+    m_.Alloc(g_ * 3 * hl_);  // dqkv
+    m_.Alloc(attn_bwd_ws_);
+    m_.Free(attn_bwd_ws_);
+    m_.Free(g_ * hl_);       // d_o
+    m_.Free(g_ * hl_);       // o
+    m_.Free(g_ * heads_);    // lse
+    // QKV.
+    if (sp_) m_.Alloc(gh_);  // a_full
+    m_.Alloc(qkv_scratch_);
+    m_.Free(qkv_scratch_);
+    if (sp_) m_.Free(gh_);
+    m_.Free(rh_);            // a
+    m_.Alloc(gh_);           // partial
+    m_.Free(g_ * 3 * hl_);   // dqkv
+    m_.Free(g_ * 3 * hl_);   // qkv
+    ReduceOut();             // da (rh)
+    LayerNormBackward();     // ds1
+    m_.Free(rh_);            // da
+    m_.Free(rh_);            // ds2
+    m_.Free(s_size_);        // s1
+    m_.Free(2 * stat_size_);
+  }
+
+  // LayerNormBackward: dx (rh) is live on exit; temporaries are freed.
+  void LayerNormBackward() {
+    const bool direct = (sp_ && !gather_) || in_.tp == 1;
+    m_.Alloc(rh_);  // dx
+    int64_t temps = 0;
+    if (!direct) {
+      m_.Alloc(2 * h_);
+      temps += 2 * h_;
+    }
+    if (gather_) {
+      m_.Alloc(gh_);  // dy_full
+      m_.Alloc(gh_);  // dx_full
+      temps += 2 * gh_;
+    }
+    m_.Alloc(ln_scratch_);
+    m_.Free(ln_scratch_);
+    m_.Free(temps);
+  }
+
+  const MemoryModelInput& in_;
+  const ParamLayout layout_;
+  const BatchGeometry geo_;
+  bool sp_ = false, gather_ = false;
+  // Floats: hidden, its and the FFN's local width, local heads; rows local and padded
+  // tokens (the full sequence), and their [rows, hidden] products.
+  int64_t h_ = 0, hl_ = 0, fl_ = 0, heads_ = 0;
+  int64_t r_ = 0, g_ = 0, rh_ = 0, gh_ = 0;
+  int64_t attn_fwd_ws_ = 0, attn_bwd_ws_ = 0, ln_scratch_ = 0, gelu_scratch_ = 0,
+          qkv_scratch_ = 0;
+  int64_t s_size_ = 0, stat_size_ = 0;
+  Ledger m_;
+};
+
 }  // namespace
 
 MemoryPrediction PredictPeak(const MemoryModelInput& in, std::span<const int64_t> lengths) {
-  const ParamLayout layout(in.shape, in.tp);
-  const BatchGeometry geo = MakeBatchGeometry(lengths, in.mode, in.tp, 0);
-  const bool sp = in.mode == Mode::kSequenceParallel;
-  const bool gather = sp && in.norm_boundary == NormBoundary::kGather;
-  const int64_t h = layout.hidden(), hl = layout.hidden_local(), fl = layout.ffn_local();
-  const int64_t heads = layout.heads_local();
-  const int64_t r = geo.rows_local, g = geo.padded_tokens;
-  const int64_t rh = r * h, gh = g * h;
-  const kernels::AttentionShape attn{.heads = heads, .head_dim = layout.head_dim(),
-                                     .query_block = in.attention_query_block};
-  const int64_t max_len = kernels::MaxSeqLen(geo.cu_seqlens);
-  const int64_t attn_fwd_ws = Floats(kernels::AttentionFwdWorkspaceBytes(attn, max_len));
-  const int64_t attn_bwd_ws = Floats(kernels::AttentionBwdWorkspaceBytes(attn, max_len));
-  const int64_t ln_rows = gather ? g : r;
-  const int64_t ln_scratch = Floats(LayerNormBwdScratchBytes(in.space, ln_rows, h));
-  const int64_t gelu_scratch = Floats(GeluBwdScratchBytes(in.space, g, fl));
-  const int64_t qkv_scratch =
-      Floats(LinearBwdWeightScratchBytes(in.space, {g, h, 3 * hl}));
-  // LayerNorm inputs (the residual stream) and statistics: full-sequence under gather.
-  const int64_t s_size = gather ? gh : rh;
-  const int64_t stat_size = gather ? g : r;
-
-  Ledger m;
-  m.Alloc(2 * layout.total());  // parameters + gradients
-  const int64_t resident = m.live();
-
-  // LayerNormForward: x (rh) is live on entry and consumed.
-  auto ln_forward = [&](bool has_residual) {
-    if (!gather) {
-      m.Alloc(r);
-      m.Alloc(r);
-      m.Alloc(rh);                  // y
-      if (has_residual) m.Alloc(rh);  // s (else s is x)
-      if (has_residual) m.Free(rh);   // x
-      return;
-    }
-    m.Alloc(gh);  // s
-    m.Free(rh);   // x
-    m.Alloc(g);
-    m.Alloc(g);
-    m.Alloc(gh);  // y_full
-    m.Alloc(rh);  // y
-    m.Free(gh);   // y_full
-  };
-  // ReduceOut: `partial` (gh) is live on entry; the result (rh) is live on exit.
-  auto reduce_out = [&] {
-    if (!sp) return;
-    m.Alloc(rh);
-    m.Free(gh);
-  };
-
-  // The layers' forward: z (rh) live on entry, the last block's output (rh) on exit.
-  auto layers_forward = [&] {
-    for (int l = 0; l < in.shape.layers; ++l) {
-      ln_forward(/*has_residual=*/l > 0);
-      if (sp) m.Alloc(gh);   // a_full
-      m.Alloc(g * 3 * hl);   // qkv
-      if (sp) m.Free(gh);
-      m.Alloc(g * hl);       // o
-      m.Alloc(g * heads);    // lse
-      m.Alloc(attn_fwd_ws);
-      m.Free(attn_fwd_ws);
-      m.Alloc(gh);           // proj partial
-      reduce_out();
-      ln_forward(/*has_residual=*/true);  // consumes proj
-      if (sp) m.Alloc(gh);   // b_full
-      m.Alloc(g * fl);       // f
-      if (sp) m.Free(gh);
-      m.Alloc(g * fl);       // gout
-      m.Alloc(gh);           // fc2 partial
-      reduce_out();          // z (rh) live
-    }
-  };
-
-  // ForwardBackward: the input (and under recompute its saved copy).
-  m.Alloc(rh);
-  if (in.recompute) m.Alloc(rh);
-  layers_forward();
-  const int64_t activations = m.live() - resident - rh - (in.recompute ? rh : 0);
-  m.Alloc(rh);  // out
-  m.Free(rh);   // z
-  if (in.recompute) m.Free(activations);
-  m.Free(rh);   // out
-  if (in.recompute) {
-    // Backward: z from the saved input (freed), the layers again, their output dropped.
-    m.Alloc(rh);
-    m.Free(rh);
-    layers_forward();
-    m.Free(rh);
-  }
-  m.Alloc(rh);  // g
-  m.Alloc(r);   // ones
-
-  // LayerNormBackward: dx (rh) is live on exit; temporaries are freed.
-  auto ln_backward = [&] {
-    const bool direct = (sp && !gather) || in.tp == 1;
-    m.Alloc(rh);  // dx
-    int64_t temps = 0;
-    if (!direct) {
-      m.Alloc(2 * h);
-      temps += 2 * h;
-    }
-    if (gather) {
-      m.Alloc(gh);  // dy_full
-      m.Alloc(gh);  // dx_full
-      temps += 2 * gh;
-    }
-    m.Alloc(ln_scratch);
-    m.Free(ln_scratch);
-    m.Free(temps);
-  };
-
-  for (int l = in.shape.layers - 1; l >= 0; --l) {
-    // FC2.
-    if (sp) m.Alloc(gh);  // g_full
-    m.Alloc(g * fl);      // dact
-    if (sp) m.Free(gh);
-    m.Free(g * fl);       // gout
-    m.Alloc(gelu_scratch);
-    m.Free(gelu_scratch);
-    // FC1.
-    if (sp) m.Alloc(gh);  // b_full
-    if (sp) m.Free(gh);
-    m.Free(rh);           // b
-    m.Alloc(gh);          // partial
-    m.Free(g * fl);       // dact
-    m.Free(g * fl);       // f
-    reduce_out();         // db (rh)
-    ln_backward();        // ds2
-    m.Free(rh);           // db
-    m.Free(rh);           // g
-    m.Free(s_size);       // s2
-    m.Free(2 * stat_size);
-    // Output projection.
-    if (sp) m.Alloc(gh);  // dp_full
-    m.Alloc(g * hl);      // d_o
-    if (sp) m.Free(gh);
-    // Attention.
-    m.Alloc(g * 3 * hl);  // dqkv
-    m.Alloc(attn_bwd_ws);
-    m.Free(attn_bwd_ws);
-    m.Free(g * hl);       // d_o
-    m.Free(g * hl);       // o
-    m.Free(g * heads);    // lse
-    // QKV.
-    if (sp) m.Alloc(gh);  // a_full
-    m.Alloc(qkv_scratch);
-    m.Free(qkv_scratch);
-    if (sp) m.Free(gh);
-    m.Free(rh);           // a
-    m.Alloc(gh);          // partial
-    m.Free(g * 3 * hl);   // dqkv
-    m.Free(g * 3 * hl);   // qkv
-    reduce_out();         // da (rh)
-    ln_backward();        // ds1
-    m.Free(rh);           // da
-    m.Free(rh);           // ds2
-    m.Free(s_size);       // s1
-    m.Free(2 * stat_size);
-    // ds1 becomes g.
-  }
-
-  MemoryPrediction p;
-  p.peak_bytes = static_cast<uint64_t>(m.peak()) * sizeof(float);
-  p.resident_bytes = static_cast<uint64_t>(resident) * sizeof(float);
-  p.activation_bytes = static_cast<uint64_t>(in.recompute ? rh : activations) * sizeof(float);
-  return p;
+  return Replay(in, lengths).Run();
 }
 
 }  // namespace spgate::runtime
