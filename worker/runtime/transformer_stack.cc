@@ -411,11 +411,22 @@ absl::Status TransformerStack::LayerForward(Step& st, int layer, Buffer& z,
 // `g` holds the gradient of this layer's output z and of its s2 (the same tensor: the
 // next block adds them); on return it holds the gradient of this layer's s1.
 absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Activations& act) {
-  const int64_t h = layout_.hidden(), hl = layout_.hidden_local(), fl = layout_.ffn_local();
+  Buffer ds2;
+  RETURN_IF_ERROR(MlpBackward(st, layer, g, act, ds2));
+  Buffer ds1;
+  RETURN_IF_ERROR(AttentionBackward(st, layer, ds2, act, ds1));
+  g = std::move(ds1);
+  return absl::OkStatus();
+}
+
+// The MLP half: FC2, GeLU, FC1 and LN2. Frees `g` and the half's activations; `ds2` is the
+// gradient of s2's inputs (the attention output and s1).
+absl::Status TransformerStack::MlpBackward(Step& st, int layer, Buffer& g, Activations& act,
+                                           Buffer& ds2) {
+  const int64_t h = layout_.hidden(), fl = layout_.ffn_local();
   const LayerParamOffsets o = layout_.Layer(layer);
   const float* p = params_.data();
   float* d = grads_.data();
-  const auto space = device_->space();
 
   // FC2 (row-parallel): its bias sees this rank's rows.
   RETURN_IF_ERROR(ColumnSum(st, g.data(), st.r, st.replicated_scale, d + o.fc2_bias));
@@ -438,7 +449,7 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
   act.gout.Reset();
   // GeLU backward in place (dact becomes the FC1 output gradient) with FC1's bias.
   {
-    const size_t bytes = GeluBwdScratchBytes(space, st.g, fl);
+    const size_t bytes = GeluBwdScratchBytes(device_->space(), st.g, fl);
     ASSIGN_OR_RETURN(Buffer scratch, arena_->Allocate((bytes + 3) / 4, kWs));
     RETURN_IF_ERROR(device_->GeluBwd({.rows = st.g, .cols = fl, .dy = dact.data(),
                                       .pre = act.f.data(), .bias = p + o.fc1_bias,
@@ -471,7 +482,6 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
     ASSIGN_OR_RETURN(db, ReduceOut(st, std::move(partial), h));
   }
   // LN2: s2 also flows on through the residual stream, whose gradient is g.
-  Buffer ds2;
   RETURN_IF_ERROR(LayerNormBackward(st, p + o.ln2_gamma, d + o.ln2_gamma, d + o.ln2_beta, db,
                                     act.s2, act.mean2, act.rstd2, g.data(), ds2));
   db.Reset();
@@ -479,6 +489,18 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
   act.s2.Reset();
   act.mean2.Reset();
   act.rstd2.Reset();
+  return absl::OkStatus();
+}
+
+// The attention half: the output projection, attention, QKV and LN1. Frees `ds2` and the
+// half's activations; `ds1` is the gradient of s1.
+absl::Status TransformerStack::AttentionBackward(Step& st, int layer, Buffer& ds2,
+                                                 Activations& act, Buffer& ds1) {
+  const int64_t h = layout_.hidden(), hl = layout_.hidden_local();
+  const LayerParamOffsets o = layout_.Layer(layer);
+  const float* p = params_.data();
+  float* d = grads_.data();
+
   // Output projection (row-parallel).
   RETURN_IF_ERROR(ColumnSum(st, ds2.data(), st.r, st.replicated_scale, d + o.proj_bias));
   Buffer d_o;
@@ -522,7 +544,7 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
       a_in = a_full.data();
     }
     const kernels::LinearShape shape{st.g, h, 3 * hl};
-    const size_t bytes = LinearBwdWeightScratchBytes(space, shape);
+    const size_t bytes = LinearBwdWeightScratchBytes(device_->space(), shape);
     ASSIGN_OR_RETURN(Buffer scratch, arena_->Allocate((bytes + 3) / 4, kWs));
     RETURN_IF_ERROR(device_->LinearBwdWeight({.shape = shape, .dy = dqkv.data(), .x = a_in,
                                               .dweight = d + o.qkv_weight,
@@ -540,7 +562,6 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
     ASSIGN_OR_RETURN(da, ReduceOut(st, std::move(partial), h));
   }
   // LN1: s1 flowed into s2 through the residual stream, whose gradient is ds2.
-  Buffer ds1;
   RETURN_IF_ERROR(LayerNormBackward(st, p + o.ln1_gamma, d + o.ln1_gamma, d + o.ln1_beta, da,
                                     act.s1, act.mean1, act.rstd1, ds2.data(), ds1));
   da.Reset();
@@ -548,7 +569,6 @@ absl::Status TransformerStack::LayerBackward(Step& st, int layer, Buffer& g, Act
   act.s1.Reset();
   act.mean1.Reset();
   act.rstd1.Reset();
-  g = std::move(ds1);
   return absl::OkStatus();
 }
 

@@ -172,6 +172,11 @@ class TransformerStack {
   absl::Status LayerForward(Step& st, int layer, Buffer& z, const float* residual,
                             Activations& act);
   absl::Status LayerBackward(Step& st, int layer, Buffer& g, Activations& act);
+  // LayerBackward's two halves: `g` (the gradient of z and s2) to `ds2`, then `ds2` to
+  // `ds1` (the gradient of s1); each frees its input and its half's activations.
+  absl::Status MlpBackward(Step& st, int layer, Buffer& g, Activations& act, Buffer& ds2);
+  absl::Status AttentionBackward(Step& st, int layer, Buffer& ds2, Activations& act,
+                                 Buffer& ds1);
   // Every layer's forward over `z` (the stage's input rows, consumed); returns the last
   // layer's residual (its s2 rows) and leaves `z` the last block's output partial.
   absl::StatusOr<const float*> LayersForward(Step& st, Buffer& z, std::vector<Activations>& acts);
