@@ -306,10 +306,8 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
   return absl::StrCat(out, t.Render());
 }
 
-}  // namespace
-
-std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
-  if (format == OutputFormat::kJson) return ToJson(job);
+// The job's key/value head: its id, group and rank counts, config, layout.
+std::string JobSummaryText(const v1::Job& job) {
   const v1::JobSummary& s = job.summary();
   std::vector<std::pair<std::string, std::string>> rows = {
       {"job", s.job_id()},
@@ -337,9 +335,12 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
                       absl::StrCat(absl::StrJoin(job.sp_required(), ","),
                                    " (needs SP throughout: every decision is SP)"));
   }
-  std::string out = KeyValues(rows);
+  return KeyValues(rows);
+}
 
-  absl::StrAppend(&out, "\nGROUPS\n");
+// GROUPS: one row per TP group, its mode, signals and pin.
+std::string JobGroupsText(const v1::Job& job, absl::Time now) {
+  std::string out = "\nGROUPS\n";
   if (job.groups_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
   } else {
@@ -377,33 +378,38 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
     }
     absl::StrAppend(&out, t.Render());
   }
+  return out;
+}
 
-  if (job.has_layout() && job.groups_size() > 0) {
-    // Per pipeline stage: its groups' last step plans (docs/design.md §12).
-    const int pp = std::max(job.layout().pp(), 1);
-    std::vector<int> groups(pp, 0), tp_only(pp, 0);
-    std::vector<uint64_t> peak(pp, 0);
-    for (const v1::GroupStatus& g : job.groups()) {
-      const int st = std::clamp(g.coordinates().stage(), 0, pp - 1);
-      ++groups[st];
-      tp_only[st] += g.last_step_tp_only_microbatches();
-      peak[st] = std::max<uint64_t>(peak[st], g.predicted_stage_peak_bytes());
-    }
-    absl::StrAppend(&out, "\nSTAGES (last step plan of each group)\n");
-    Table t({{"STAGE", Align::kRight},
-             {"GROUPS", Align::kRight},
-             {"TP_ONLY", Align::kRight},
-             {"PREDICTED_PEAK", Align::kRight}});
-    const int m = std::max(job.layout().microbatches(), 1);
-    for (int st = 0; st < pp; ++st) {
-      if (groups[st] == 0) continue;
-      t.AddRow({absl::StrCat(st), absl::StrCat(groups[st]),
-                absl::StrCat(tp_only[st], "/", groups[st] * m), FormatBytes(peak[st])});
-    }
-    absl::StrAppend(&out, t.Render());
+// STAGES: per pipeline stage, its groups' last step plans (docs/design.md §12); empty
+// without a layout or groups.
+std::string JobStagesText(const v1::Job& job) {
+  if (!job.has_layout() || job.groups_size() == 0) return "";
+  const int pp = std::max(job.layout().pp(), 1);
+  std::vector<int> groups(pp, 0), tp_only(pp, 0);
+  std::vector<uint64_t> peak(pp, 0);
+  for (const v1::GroupStatus& g : job.groups()) {
+    const int st = std::clamp(g.coordinates().stage(), 0, pp - 1);
+    ++groups[st];
+    tp_only[st] += g.last_step_tp_only_microbatches();
+    peak[st] = std::max<uint64_t>(peak[st], g.predicted_stage_peak_bytes());
   }
+  Table t({{"STAGE", Align::kRight},
+           {"GROUPS", Align::kRight},
+           {"TP_ONLY", Align::kRight},
+           {"PREDICTED_PEAK", Align::kRight}});
+  const int m = std::max(job.layout().microbatches(), 1);
+  for (int st = 0; st < pp; ++st) {
+    if (groups[st] == 0) continue;
+    t.AddRow({absl::StrCat(st), absl::StrCat(groups[st]),
+              absl::StrCat(tp_only[st], "/", groups[st] * m), FormatBytes(peak[st])});
+  }
+  return absl::StrCat("\nSTAGES (last step plan of each group)\n", t.Render());
+}
 
-  absl::StrAppend(&out, "\nMODES (rolling window; ratios relative to tp_only)\n");
+// MODES: the rolling window's per-mode throughput, step time and memory.
+std::string JobModesText(const v1::Job& job) {
+  std::string out = "\nMODES (rolling window; ratios relative to tp_only)\n";
   if (job.mode_stats_size() == 0) {
     absl::StrAppend(&out, "(no steps observed yet)\n");
   } else {
@@ -423,8 +429,12 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
     }
     absl::StrAppend(&out, t.Render());
   }
+  return out;
+}
 
-  absl::StrAppend(&out, "\nDECISIONS\n");
+// DECISIONS: the count of each (mode, reason).
+std::string JobDecisionsText(const v1::Job& job) {
+  std::string out = "\nDECISIONS\n";
   if (job.decisions_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
   } else {
@@ -434,10 +444,12 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
     }
     absl::StrAppend(&out, t.Render());
   }
+  return out;
+}
 
-  absl::StrAppend(&out, LearnedText(job));
-
-  absl::StrAppend(&out, "\nPINS\n");
+// PINS: the job's pins and the time each has left.
+std::string JobPinsText(const v1::Job& job, absl::Time now) {
+  std::string out = "\nPINS\n";
   if (job.pins_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
   } else {
@@ -450,6 +462,15 @@ std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
     absl::StrAppend(&out, t.Render());
   }
   return out;
+}
+
+}  // namespace
+
+std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
+  if (format == OutputFormat::kJson) return ToJson(job);
+  return absl::StrCat(JobSummaryText(job), JobGroupsText(job, now), JobStagesText(job),
+                      JobModesText(job), JobDecisionsText(job), LearnedText(job),
+                      JobPinsText(job, now));
 }
 
 std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now) {
