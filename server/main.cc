@@ -5,6 +5,7 @@
 // polled every --config_poll_interval).
 #include <csignal>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -93,27 +94,10 @@ ABSL_FLAG(int, max_ping_strikes, spgate::server::kDefaultMaxPingStrikes,
           "Pings closer than --min_ping_interval forgiven before the connection is closed; "
           "0: never closed");
 
-int main(int argc, char** argv) {
-  spgate::DisableMutexDeadlockDetection();
-  absl::FlagsUsageConfig usage;
-  usage.version_string = [] { return "spgated " + std::string(spgate::server::SpgateVersion()) + "\n"; };
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage("spgated: decides per batch and TP group between sequence "
-                               "parallel and tensor-parallel-only execution.");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
-    return 2;
-  }
+namespace {
 
-  // Block the signals before any thread starts so that only sigwait below sees them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
+// The daemon's options, one flag each (docs/design.md §5, §10).
+spgate::server::DaemonOptions DaemonOptionsFromFlags() {
   spgate::server::DaemonOptions opts;
   opts.listen = absl::GetFlag(FLAGS_listen);
   opts.admin_listen = absl::GetFlag(FLAGS_admin_listen);
@@ -153,6 +137,12 @@ int main(int argc, char** argv) {
   opts.min_ping_interval_ms =
       static_cast<int>(absl::ToInt64Milliseconds(absl::GetFlag(FLAGS_min_ping_interval)));
   opts.max_ping_strikes = absl::GetFlag(FLAGS_max_ping_strikes);
+  return opts;
+}
+
+// The flags' ranges, checked before a port is bound: what is wrong, naming the flags, or
+// empty when all are in range.
+std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
   if (opts.state.forget_after <= absl::ZeroDuration() ||
       opts.first_message_timeout <= absl::ZeroDuration() ||
       opts.handshake_timeout <= absl::ZeroDuration() || opts.handshake_timeout > absl::Hours(1) ||
@@ -162,55 +152,83 @@ int main(int argc, char** argv) {
       opts.state.max_sequences_per_plan < 1 || opts.state.max_sequences_per_plan > (1 << 20) ||
       !(opts.state.max_plans_per_second >= 0) || !(opts.state.max_telemetry_per_second >= 0) ||
       opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
-    std::cerr << "spgated: a limit flag is out of range: --forget_after > 0, "
-                 "--first_message_timeout > 0, --handshake_timeout in (0, 1h], "
-                 "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
-                 "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
-                 "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "
-                 "--min_ping_interval >= 0, --max_ping_strikes >= 0\n";
-    return 2;
+    return "a limit flag is out of range: --forget_after > 0, "
+           "--first_message_timeout > 0, --handshake_timeout in (0, 1h], "
+           "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
+           "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
+           "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "
+           "--min_ping_interval >= 0, --max_ping_strikes >= 0";
   }
-  if (opts.state.max_plan_lead_steps < 1) {
-    std::cerr << "spgated: --max_plan_lead_steps must be >= 1\n";
-    return 2;
-  }
+  if (opts.state.max_plan_lead_steps < 1) return "--max_plan_lead_steps must be >= 1";
   if (opts.config_poll_interval < absl::ZeroDuration()) {
-    std::cerr << "spgated: --config_poll_interval must be >= 0 (0 turns polling off)\n";
-    return 2;
+    return "--config_poll_interval must be >= 0 (0 turns polling off)";
   }
   if (opts.state.heartbeat_interval <= absl::ZeroDuration() || opts.state.stale_after <= absl::ZeroDuration()) {
-    std::cerr << "spgated: --heartbeat_interval and --stale_after must be > 0\n";
-    return 2;
+    return "--heartbeat_interval and --stale_after must be > 0";
   }
   if (opts.state.stale_after < 2 * opts.state.heartbeat_interval) {
     // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).
-    std::cerr << "spgated: --stale_after must be at least twice --heartbeat_interval (an idle "
-                 "worker heartbeats every 1.5 intervals), got "
-              << absl::FormatDuration(opts.state.stale_after) << " and "
-              << absl::FormatDuration(opts.state.heartbeat_interval) << "\n";
-    return 2;
+    return absl::StrCat("--stale_after must be at least twice --heartbeat_interval (an idle "
+                        "worker heartbeats every 1.5 intervals), got ",
+                        absl::FormatDuration(opts.state.stale_after), " and ",
+                        absl::FormatDuration(opts.state.heartbeat_interval));
   }
   if (opts.state.max_jobs < 1 || opts.state.max_groups_per_job < 1 || opts.state.decision_cache_steps < 1 ||
       opts.state.decision_cache_steps > 1'000'000) {
-    std::cerr << "spgated: --max_jobs and --max_groups_per_job must be >= 1, "
-                 "--decision_cache_steps in [1, 1000000]\n";
+    return "--max_jobs and --max_groups_per_job must be >= 1, "
+           "--decision_cache_steps in [1, 1000000]";
+  }
+  return "";
+}
+
+// Until SIGTERM or SIGINT (blocked in `signals`): SIGHUP re-reads the config; then a drain
+// of --shutdown_grace.
+int ServeUntilSignalled(spgate::server::Daemon& daemon, const sigset_t& signals) {
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (sig == SIGHUP) {
+      (void)daemon.ReloadConfig();
+      continue;
+    }
+    std::cerr << "spgated: received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << "\n";
+    daemon.Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
+    return 0;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return "spgated " + std::string(spgate::server::SpgateVersion()) + "\n"; };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage("spgated: decides per batch and TP group between sequence "
+                               "parallel and tensor-parallel-only execution.");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
     return 2;
   }
 
+  // Block the signals before any thread starts so that only sigwait below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const spgate::server::DaemonOptions opts = DaemonOptionsFromFlags();
+  if (const std::string error = FlagRangeError(opts); !error.empty()) {
+    std::cerr << "spgated: " << error << "\n";
+    return 2;
+  }
   auto daemon = spgate::server::Daemon::Start(opts);
   if (!daemon.ok()) {
     std::cerr << "spgated: cannot start: " << daemon.status().message() << "\n";
     return 1;
   }
-  for (;;) {
-    int sig = 0;
-    if (sigwait(&signals, &sig) != 0) continue;
-    if (sig == SIGHUP) {
-      (void)(*daemon)->ReloadConfig();
-      continue;
-    }
-    std::cerr << "spgated: received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << "\n";
-    (*daemon)->Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
-    return 0;
-  }
+  return ServeUntilSignalled(**daemon, signals);
 }
