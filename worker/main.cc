@@ -160,28 +160,17 @@ absl::Status SetClientCredentials(const spgate::client::TlsClientOptions& tls,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  spgate::DisableMutexDeadlockDetection();
-  absl::SetProgramUsageMessage(
-      "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  const bool first = IsFirstRank();
-  if (rest.size() > 1) {
-    return Refuse(absl::StrCat("unexpected argument '", rest[1],
-                               "' (flags take the form --name=value)"),
-                  first);
-  }
-
-  spgate::runtime::WorkerOptions o;
+// The flags that choose among named values (--backend, --mode, --arena_cache,
+// --norm_boundary, --stage_boundary) into `o`; INVALID_ARGUMENT names the flag.
+absl::Status ParseChoiceFlags(spgate::runtime::WorkerOptions& o) {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "cpu") {
     o.backend = Backend::kCpu;
   } else if (backend == "nccl") {
     o.backend = Backend::kNccl;
   } else {
-    return Refuse(absl::StrCat("--backend=", backend, ": expected cpu or nccl"), first);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend=", backend, ": expected cpu or nccl"));
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode == "auto") {
@@ -195,13 +184,14 @@ int main(int argc, char** argv) {
              o.alternate_steps >= 1) {
     o.mode = ModeChoice::kAlternate;
   } else {
-    return Refuse(absl::StrCat("--mode=", mode, ": expected auto, sp, tp or alternate:N (N >= 1)"),
-                  first);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode=", mode, ": expected auto, sp, tp or alternate:N (N >= 1)"));
   }
   if (const std::string cache = absl::GetFlag(FLAGS_arena_cache); cache == "exact") {
     o.arena = spgate::runtime::ArenaOptions::Exact();
   } else if (cache != "classes") {
-    return Refuse(absl::StrCat("--arena_cache=", cache, ": expected classes or exact"), first);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--arena_cache=", cache, ": expected classes or exact"));
   }
   const std::string boundary = absl::GetFlag(FLAGS_norm_boundary);
   if (boundary == "shard") {
@@ -209,19 +199,47 @@ int main(int argc, char** argv) {
   } else if (boundary == "gather") {
     o.norm_boundary = NormBoundary::kGather;
   } else {
-    return Refuse(absl::StrCat("--norm_boundary=", boundary, ": expected shard or gather"), first);
+    return absl::InvalidArgumentError(
+        absl::StrCat("--norm_boundary=", boundary, ": expected shard or gather"));
   }
+  if (const std::string b = absl::GetFlag(FLAGS_stage_boundary); b == "native") {
+    o.native_stage_boundary = true;
+  } else if (b != "sharded") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stage_boundary=", b, ": must be sharded or native"));
+  }
+  return absl::OkStatus();
+}
+
+// --grad_accum_steps, the alias of --microbatches, into `o` (a warning on world rank 0
+// when `first`); refused when the two disagree.
+absl::Status ApplyGradAccumAlias(spgate::runtime::WorkerOptions& o, bool first) {
+  const int g = absl::GetFlag(FLAGS_grad_accum_steps);
+  if (g == 0) return absl::OkStatus();
+  // One flag, one meaning: a step is a loop over its micro-batches (llm.c's micro_step
+  // loop, Megatron's num_microbatches); gradient accumulation is that loop.
+  if (o.microbatches != 1 && o.microbatches != g) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grad_accum_steps=", g, " is an alias of --microbatches, which says ",
+                     o.microbatches, ": give one"));
+  }
+  if (first) {
+    std::fprintf(stderr, "spgate-worker: --grad_accum_steps is an alias of --microbatches; use "
+                         "--microbatches=%d\n", g);
+  }
+  o.microbatches = g;
+  return absl::OkStatus();
+}
+
+// The worker's options from its flags (the world size not yet known: --tp=0 stays 0).
+absl::StatusOr<spgate::runtime::WorkerOptions> WorkerOptionsFromFlags(bool first) {
+  spgate::runtime::WorkerOptions o;
+  RETURN_IF_ERROR(ParseChoiceFlags(o));
   o.client = ClientOptionsFromFlags();
-  const spgate::client::TlsClientOptions tls = spgate::client::TlsOptionsFromFlags();
   o.tp = absl::GetFlag(FLAGS_tp);
   o.pp = absl::GetFlag(FLAGS_pp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
   o.recompute = absl::GetFlag(FLAGS_recompute);
-  if (const std::string b = absl::GetFlag(FLAGS_stage_boundary); b == "native") {
-    o.native_stage_boundary = true;
-  } else if (b != "sharded") {
-    return Refuse(absl::StrCat("--stage_boundary=", b, ": must be sharded or native"), first);
-  }
   o.shape = {.layers = absl::GetFlag(FLAGS_layers), .hidden = absl::GetFlag(FLAGS_hidden),
              .heads = absl::GetFlag(FLAGS_heads), .ffn_hidden = absl::GetFlag(FLAGS_ffn_hidden)};
   o.lengths = absl::GetFlag(FLAGS_lengths);
@@ -234,113 +252,135 @@ int main(int argc, char** argv) {
   o.verify = absl::GetFlag(FLAGS_verify);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
-  if (const int g = absl::GetFlag(FLAGS_grad_accum_steps); g != 0) {
-    // One flag, one meaning: a step is a loop over its micro-batches (llm.c's micro_step
-    // loop, Megatron's num_microbatches); gradient accumulation is that loop.
-    if (o.microbatches != 1 && o.microbatches != g) {
-      return Refuse(absl::StrCat("--grad_accum_steps=", g, " is an alias of --microbatches, which "
-                                 "says ", o.microbatches, ": give one"),
-                    first);
-    }
-    if (first) {
-      std::fprintf(stderr, "spgate-worker: --grad_accum_steps is an alias of --microbatches; use "
-                           "--microbatches=%d\n", g);
-    }
-    o.microbatches = g;
-  }
+  RETURN_IF_ERROR(ApplyGradAccumAlias(o, first));
   o.attention_query_block = absl::GetFlag(FLAGS_attention_query_block);
-  const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
-  if (o.tp < 0) return Refuse(absl::StrCat("--tp=", o.tp, " must be >= 0"), first);
-  {
-    // Everything that does not depend on the world size, before MPI starts.
-    spgate::runtime::WorkerOptions check = o;
-    if (check.tp == 0) check.tp = 1;
-    if (absl::Status s = spgate::runtime::ValidateWorkerOptions(check); !s.ok()) {
-      return Refuse(std::string(s.message()), first);
-    }
-    if (absl::Status s = ReadClientFiles(tls, o.client); !s.ok()) {
-      return Refuse(std::string(s.message()), first);
-    }
-  }
+  return o;
+}
+
+// Everything that does not depend on the world size, before MPI starts; reads the client's
+// files into `o.client`.
+absl::Status CheckBeforeMpi(const spgate::client::TlsClientOptions& tls,
+                            spgate::runtime::WorkerOptions& o) {
+  if (o.tp < 0) return absl::InvalidArgumentError(absl::StrCat("--tp=", o.tp, " must be >= 0"));
+  spgate::runtime::WorkerOptions check = o;
+  if (check.tp == 0) check.tp = 1;
+  RETURN_IF_ERROR(spgate::runtime::ValidateWorkerOptions(check));
+  RETURN_IF_ERROR(ReadClientFiles(tls, o.client));
   if (o.backend == Backend::kNccl && !spgate::runtime::HaveNccl()) {
-    return Refuse("--backend=nccl: this build has no NCCL backend (built without CUDA/NCCL)",
-                  first);
+    return absl::FailedPreconditionError(
+        "--backend=nccl: this build has no NCCL backend (built without CUDA/NCCL)");
   }
+  return absl::OkStatus();
+}
 
-  MPI_Init(&argc, &argv);
-  int world_rank = 0, world_size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  const bool root = world_rank == 0;
-  if (o.tp == 0) o.tp = world_size / std::max(o.pp, 1);
-  auto finish_refused = [&](const std::string& message) {
-    Refuse(message, root);
-    MPI_Finalize();
-    return 2;
-  };
-  if (absl::Status s = spgate::runtime::ValidateWorkerOptions(o); !s.ok()) {
-    return finish_refused(std::string(s.message()));
-  }
-  if (absl::Status s = SetClientCredentials(tls, o.client); !s.ok()) {
-    return finish_refused(std::string(s.message()));
-  }
+// Once MPI runs and --tp is resolved: the options against the world, the client's
+// credentials into `o.client`, a CUDA device for --backend=nccl.
+absl::Status CheckAfterMpiInit(const spgate::client::TlsClientOptions& tls,
+                               spgate::runtime::WorkerOptions& o) {
+  RETURN_IF_ERROR(spgate::runtime::ValidateWorkerOptions(o));
+  RETURN_IF_ERROR(SetClientCredentials(tls, o.client));
   if (o.backend == Backend::kNccl && spgate::runtime::CudaDevices() == 0) {
-    return finish_refused("--backend=nccl: no CUDA device is visible");
+    return absl::FailedPreconditionError("--backend=nccl: no CUDA device is visible");
   }
-  // Owns MPI communicators: it must be gone before MPI_Finalize on every path below.
-  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp, o.pp);
-  if (!grid.ok()) return finish_refused(std::string(grid.status().message()));
+  return absl::OkStatus();
+}
 
+// The rank's device and its TP and DP communicators on the chosen backend.
+absl::Status CreateBackend(const spgate::runtime::WorkerOptions& o,
+                           const spgate::runtime::ProcessGrid& grid,
+                           std::unique_ptr<spgate::runtime::Device>& device,
+                           std::unique_ptr<spgate::runtime::Communicator>& tp,
+                           std::unique_ptr<spgate::runtime::Communicator>& dp) {
+  if (o.backend == Backend::kCpu) {
+    device = spgate::runtime::CreateCpuDevice(/*blas_threads=*/1);
+    ASSIGN_OR_RETURN(tp, spgate::runtime::CreateMpiCommunicator(grid.tp_comm()));
+    ASSIGN_OR_RETURN(dp, spgate::runtime::CreateMpiCommunicator(grid.dp_comm()));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(device, spgate::runtime::CreateCudaDevice(grid.local_rank() %
+                                                             spgate::runtime::CudaDevices()));
+  ASSIGN_OR_RETURN(tp, spgate::runtime::CreateNcclCommunicator(grid.tp_comm(), device.get()));
+  ASSIGN_OR_RETURN(dp, spgate::runtime::CreateNcclCommunicator(grid.dp_comm(), device.get()));
+  return absl::OkStatus();
+}
+
+// World rank 0's summary table on stdout and --summary_json; 1 if the file cannot be
+// written, else 0.
+int ReportSummary(const spgate::runtime::RunSummary& summary) {
+  std::cout << spgate::runtime::SummaryTable(summary) << std::flush;
+  const std::string summary_json = absl::GetFlag(FLAGS_summary_json);
+  if (summary_json.empty()) return 0;
+  // 0666 before the umask, like any file the user asks for (not the daemon's 0640).
+  if (absl::Status s = spgate::WriteFileAtomically(
+          summary_json, spgate::runtime::SummaryJson(summary), 0666);
+      !s.ok()) {
+    std::cerr << "spgate-worker: --summary_json: cannot write " << summary_json << ": "
+              << s.message() << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// This rank's run on `grid` (reset here, after the communicators, before MPI_Finalize);
+// a failure aborts the whole job, so no rank is left waiting in a collective.
+int RunRank(const spgate::runtime::WorkerOptions& o, int world_rank,
+            std::unique_ptr<spgate::runtime::ProcessGrid>& grid) {
   auto fail = [&](const absl::Status& s) {
     std::cerr << "spgate-worker: rank " << world_rank << ": " << s << "\n";
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   };
   int rc = 0;
-  {
-    std::unique_ptr<spgate::runtime::Device> device;
-    std::unique_ptr<spgate::runtime::Communicator> tp, dp;
-    if (o.backend == Backend::kCpu) {
-      device = spgate::runtime::CreateCpuDevice(/*blas_threads=*/1);
-      auto t = spgate::runtime::CreateMpiCommunicator((*grid)->tp_comm());
-      if (!t.ok()) return fail(t.status());
-      auto d = spgate::runtime::CreateMpiCommunicator((*grid)->dp_comm());
-      if (!d.ok()) return fail(d.status());
-      tp = *std::move(t);
-      dp = *std::move(d);
-    } else {
-      auto dev = spgate::runtime::CreateCudaDevice((*grid)->local_rank() %
-                                                   spgate::runtime::CudaDevices());
-      if (!dev.ok()) return fail(dev.status());
-      device = *std::move(dev);
-      auto t = spgate::runtime::CreateNcclCommunicator((*grid)->tp_comm(), device.get());
-      if (!t.ok()) return fail(t.status());
-      auto d = spgate::runtime::CreateNcclCommunicator((*grid)->dp_comm(), device.get());
-      if (!d.ok()) return fail(d.status());
-      tp = *std::move(t);
-      dp = *std::move(d);
-    }
-    auto result = spgate::runtime::RunWorkerRank(o, **grid, device.get(), tp.get(), dp.get());
-    if (!result.ok()) return fail(result.status());
-    auto summary = spgate::runtime::GatherSummary(o, **grid, *result);
-    if (!summary.ok()) return fail(summary.status());
-    if (root && summary->has_value()) {
-      std::cout << spgate::runtime::SummaryTable(**summary) << std::flush;
-      if (!summary_json.empty()) {
-        // 0666 before the umask, like any file the user asks for (not the daemon's 0640).
-        if (absl::Status s = spgate::WriteFileAtomically(
-                summary_json, spgate::runtime::SummaryJson(**summary), 0666);
-            !s.ok()) {
-          std::cerr << "spgate-worker: --summary_json: cannot write " << summary_json << ": "
-                    << s.message() << "\n";
-          rc = 1;
-        }
-      }
-    }
-    tp.reset();
-    dp.reset();
-    grid->reset();
+  std::unique_ptr<spgate::runtime::Device> device;
+  std::unique_ptr<spgate::runtime::Communicator> tp, dp;
+  if (absl::Status s = CreateBackend(o, *grid, device, tp, dp); !s.ok()) return fail(s);
+  auto result = spgate::runtime::RunWorkerRank(o, *grid, device.get(), tp.get(), dp.get());
+  if (!result.ok()) return fail(result.status());
+  auto summary = spgate::runtime::GatherSummary(o, *grid, *result);
+  if (!summary.ok()) return fail(summary.status());
+  if (world_rank == 0 && summary->has_value()) rc = ReportSummary(**summary);
+  tp.reset();
+  dp.reset();
+  grid.reset();
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
+  absl::SetProgramUsageMessage(
+      "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  const bool first = IsFirstRank();
+  if (rest.size() > 1) {
+    return Refuse(absl::StrCat("unexpected argument '", rest[1],
+                               "' (flags take the form --name=value)"),
+                  first);
   }
+  absl::StatusOr<spgate::runtime::WorkerOptions> options = WorkerOptionsFromFlags(first);
+  if (!options.ok()) return Refuse(std::string(options.status().message()), first);
+  spgate::runtime::WorkerOptions& o = *options;
+  const spgate::client::TlsClientOptions tls = spgate::client::TlsOptionsFromFlags();
+  if (absl::Status s = CheckBeforeMpi(tls, o); !s.ok()) {
+    return Refuse(std::string(s.message()), first);
+  }
+
+  MPI_Init(&argc, &argv);
+  int world_rank = 0, world_size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (o.tp == 0) o.tp = world_size / std::max(o.pp, 1);
+  auto finish_refused = [&](const absl::Status& s) {
+    Refuse(std::string(s.message()), world_rank == 0);
+    MPI_Finalize();
+    return 2;
+  };
+  if (absl::Status s = CheckAfterMpiInit(tls, o); !s.ok()) return finish_refused(s);
+  // Owns MPI communicators: it must be gone before MPI_Finalize on every path below.
+  auto grid = spgate::runtime::ProcessGrid::Create(MPI_COMM_WORLD, o.tp, o.pp);
+  if (!grid.ok()) return finish_refused(grid.status());
+  const int rc = RunRank(o, world_rank, *grid);
   MPI_Finalize();
   return rc;
 }
