@@ -125,6 +125,13 @@ EXCEPTIONS = {
                                     "test's skip reads"),
     "worker/runtime/nccl_stub.cc": ("tests/worker/runtime/worker_runtime_gpu_test.cc",
                                     "a build without NCCL: one UNIMPLEMENTED"),
+    # worker/runtime/: worker.h's API over three files, tested as one.
+    "worker/runtime/worker_options.cc": ("tests/worker/runtime/worker_test.cc",
+                                         "ValidateWorkerOptions' refusals; DescribeRun "
+                                         "through the summary's layout in pipeline_test.py"),
+    "worker/runtime/launch_agreement.cc": ("tests/worker/runtime/worker_runtime_mpi_test.cc",
+                                           "AgreeOnLaunch is collective: AgreeOnLaunchTest "
+                                           "under mpirun (label mpi)"),
 }
 
 KERNEL_SUFFIXES = ("_ref", "_cpu")

@@ -1,5 +1,6 @@
 // The step loop, its per-step measurements, --verify, the decision log, and the gather
-// of every rank's records for the summary.
+// of every rank's records for the summary. The options' checks are in worker_options.cc,
+// the launch's identity in launch_agreement.cc.
 #include "worker/runtime/worker.h"
 
 #include <algorithm>
@@ -10,14 +11,12 @@
 #include <memory>
 #include <span>
 #include <limits>
-#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "policy/gate_policy.h"
 #include "policy/step_plan.h"
 #include "worker/client/gate_client.h"
-#include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
@@ -28,106 +27,6 @@
 #include "worker/runtime/transformer_stack.h"
 
 namespace spgate::runtime {
-
-const char* ModeChoiceName(ModeChoice mode) {
-  switch (mode) {
-    case ModeChoice::kAuto: return "auto";
-    case ModeChoice::kSp: return "sp";
-    case ModeChoice::kTp: return "tp";
-    case ModeChoice::kAlternate: return "alternate";
-  }
-  return "unknown";
-}
-
-absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
-  RETURN_IF_ERROR(ValidateModelShape(o.shape, o.tp));
-  if (o.tokens_per_batch < 1 || o.tokens_per_batch > (int64_t{1} << 24)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokens_per_batch=", o.tokens_per_batch, " is out of range [1, 16777216]"));
-  }
-  if (o.duration <= absl::ZeroDuration() && (o.steps < 1 || o.steps > 100000000)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--steps=", o.steps, " must be >= 1 (or set --duration)"));
-  }
-  if (o.duration < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--duration must not be negative");
-  }
-  if (!o.client.controller.empty() && o.client.job_id.empty()) {
-    return absl::InvalidArgumentError(
-        "--job_id: required with --controller (or set SPGATE_JOB_ID, or run under Slurm "
-        "with a job name); the daemon keys decisions by job");
-  }
-  if (!o.client.controller.empty() && !o.client.launch_credential.empty()) {
-    RETURN_IF_ERROR(CheckLaunchCredential(o.client.launch_credential,
-                                                     "SPGATE_LAUNCH_CREDENTIAL"));
-  }
-  if (const absl::Duration d = o.client.decision_deadline;
-      d <= absl::ZeroDuration() || d > absl::Seconds(60)) {
-    return absl::InvalidArgumentError("--decision_deadline must be in (0, 60s]");
-  }
-  if (o.attention_query_block < 1) {
-    return absl::InvalidArgumentError("--attention_query_block must be >= 1");
-  }
-  if (o.pp < 1 || o.pp > kMaxPipelineStages) {
-    return absl::InvalidArgumentError(absl::StrCat("--pp=", o.pp, " must be in [1, ",
-                                                   kMaxPipelineStages, "]"));
-  }
-  if (o.microbatches < 1 || o.microbatches > 4096) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--microbatches=", o.microbatches, " must be in [1, 4096]"));
-  }
-  if (o.shape.layers % o.pp != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--layers=", o.shape.layers,
-                                                   " must be a multiple of --pp=", o.pp,
-                                                   " (each stage runs layers / pp)"));
-  }
-  if (Pipelined(o) && o.backend != Backend::kCpu) {
-    return absl::InvalidArgumentError(
-        "--pp / --microbatches: pipeline stages run on --backend=cpu (MPI p2p on host "
-        "memory); the NCCL backend has no stage link yet");
-  }
-  if (o.native_stage_boundary &&
-      (!Pipelined(o) || (o.mode != ModeChoice::kSp && o.mode != ModeChoice::kTp))) {
-    return absl::InvalidArgumentError(
-        "--stage_boundary=native: each mode's own layout at a stage boundary works only when "
-        "every stage runs the same mode, so it needs --pp > 1 and a forced --mode=sp or tp "
-        "(spgate decides per stage, which the sharded boundary makes safe; docs/design.md §12)");
-  }
-  if (Pipelined(o) && o.memory_budget_bytes >= kMaxStepPlanBytes) {
-    return absl::InvalidArgumentError(
-        "--memory_budget: step plans carry byte counts below 2^40 (1 TiB); a stage's budget "
-        "is a device's");
-  }
-  if (absl::Status s = ValidateGateConfig(o.client.initial_config); !s.ok()) return s;
-  // The length spec is parsed (and refused naming --lengths) here too.
-  return ParseLengthSource(o.lengths, o.seed, o.tokens_per_batch).status();
-}
-
-RunDescription DescribeRun(const WorkerOptions& o, int world_size) {
-  RunDescription r;
-  r.world_size = world_size;
-  r.tp = o.tp;
-  r.pp = o.pp;
-  r.microbatches = o.microbatches;
-  r.stage_boundary = o.native_stage_boundary ? "native" : "sharded";
-  r.recompute = o.recompute;
-  r.dp = world_size / std::max(o.tp * o.pp, 1);
-  r.backend = o.backend == Backend::kCpu ? "cpu" : "nccl";
-  r.lengths = o.lengths;
-  r.mode = ModeChoiceName(o.mode);
-  r.norm_boundary = std::string(NormBoundaryName(o.norm_boundary));
-  r.controller = o.client.controller;
-  r.job_id = o.client.job_id;
-  r.layers = o.shape.layers;
-  r.hidden = o.shape.hidden;
-  r.heads = o.shape.heads;
-  r.ffn_hidden = o.shape.ffn_hidden;
-  r.tokens_per_batch = o.tokens_per_batch;
-  r.bucketing = o.bucketing;
-  r.verify = o.verify;
-  return r;
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -167,36 +66,6 @@ class DecisionLog {
   explicit DecisionLog(std::FILE* f) : f_(f) {}
   std::FILE* f_;
 };
-
-// What world rank 0 broadcasts (AgreeOnLaunch): its launch identity, or the code of why it
-// has none, so no rank waits alone and all fail alike. The daemon takes at most 128
-// characters of the incarnation and of the credential.
-constexpr size_t kMaxLaunchValue = 128;
-struct LaunchWire {
-  int32_t status_code = 0;
-  char incarnation[kMaxLaunchValue + 1] = {};
-  char launch_credential[kMaxLaunchValue + 1] = {};
-};
-static_assert(std::is_trivially_copyable_v<LaunchWire>);
-
-// World rank 0's identity of the launch: the options', else the launcher's incarnation
-// and a new credential. Both must fit the broadcast (the daemon takes at most 128
-// characters of either), never be cut to fit.
-absl::StatusOr<LaunchIdentity> RootLaunch(const WorkerOptions& o) {
-  LaunchIdentity id{o.client.incarnation, o.client.launch_credential};
-  if (id.incarnation.empty()) id.incarnation = client::IncarnationFromEnvironment();
-  if (id.incarnation.empty()) id.incarnation = client::NewIncarnation();
-  if (id.launch_credential.empty()) {
-    ASSIGN_OR_RETURN(id.launch_credential, client::NewLaunchCredential());
-  }
-  if (id.incarnation.size() > kMaxLaunchValue) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "incarnation: at most 128 characters, got ", id.incarnation.size()));
-  }
-  RETURN_IF_ERROR(CheckLaunchCredential(id.launch_credential,
-                                                   "SPGATE_LAUNCH_CREDENTIAL"));
-  return id;
-}
 
 struct RankContext {
   const WorkerOptions& o;
@@ -797,32 +666,6 @@ class RankRun {
 };
 
 }  // namespace
-
-absl::StatusOr<LaunchIdentity> AgreeOnLaunch(const WorkerOptions& o, const ProcessGrid& grid) {
-  if (o.client.controller.empty()) {
-    const std::string& given = o.client.incarnation;
-    return LaunchIdentity{given.empty() ? client::IncarnationFromEnvironment() : given, ""};
-  }
-  LaunchWire wire;
-  absl::Status root_status;
-  if (grid.world_rank() == 0) {
-    absl::StatusOr<LaunchIdentity> id = RootLaunch(o);
-    if (id.ok()) {
-      id->incarnation.copy(wire.incarnation, sizeof(wire.incarnation) - 1);
-      id->launch_credential.copy(wire.launch_credential, sizeof(wire.launch_credential) - 1);
-    } else {
-      root_status = id.status();
-      wire.status_code = static_cast<int32_t>(root_status.code());
-    }
-  }
-  SPGATE_MPI_RETURN_IF_ERROR(MPI_Bcast(&wire, sizeof(wire), MPI_BYTE, 0, grid.world()));
-  if (!root_status.ok()) return root_status;
-  if (wire.status_code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(wire.status_code),
-                        "world rank 0 could not set up the launch's identity (its log says why)");
-  }
-  return LaunchIdentity{wire.incarnation, wire.launch_credential};
-}
 
 absl::StatusOr<RankResult> RunWorkerRank(const WorkerOptions& options, const ProcessGrid& grid,
                                          Device* device, Communicator* tp, Communicator* dp) {
