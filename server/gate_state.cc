@@ -214,13 +214,6 @@ absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) cons
         "layout: job %s's ranks registered without a layout; this rank sent %s", job.id,
         FormatJobLayout(*r.layout)));
   }
-  if (r.layout.has_value() && r.layout->groups() > options_.max_groups_per_job) {
-    // Its groups past the limit could never decide a step (docs/design.md §10, "Limits").
-    CountLimit(Limit::kGroupsPerJob);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "layout: %s has dp x pp x cp = %d TP groups, more than %d (--max_groups_per_job)",
-        FormatJobLayout(*r.layout), r.layout->groups(), options_.max_groups_per_job));
-  }
   std::vector<std::string> all = job.sp_required;
   for (const std::string& f : r.sp_required) {
     if (std::find(all.begin(), all.end(), f) == all.end()) all.push_back(f);

@@ -185,6 +185,14 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   }
   if (r.layout.has_value()) {
     RETURN_IF_ERROR(ValidateJobLayout(*r.layout));
+    if (r.layout->groups() > options_.max_groups_per_job) {
+      // Its groups past the limit could never decide a step (docs/design.md §10,
+      // "Limits"); refused before the launch book is asked, so nothing changes.
+      CountLimit(Limit::kGroupsPerJob);
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "layout: %s has dp x pp x cp = %d TP groups, more than %d (--max_groups_per_job)",
+          FormatJobLayout(*r.layout), r.layout->groups(), options_.max_groups_per_job));
+    }
     if (r.layout->tp != r.group_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "layout.tp: %d, but group_size is %d (a TP group is tp ranks)", r.layout->tp,

@@ -614,7 +614,9 @@ TEST_F(GateStatePipelineTest, ARecordCannotPoisonTheStagesLearnedTable) {
        },
        "telemetry.micro_batches[id 2]: forward_s + backward_s must be finite and >= 1e-06"},
       {[](v1::StepTelemetry& t) { t.mutable_micro_batches(2)->set_effective_tokens(kHuge); },
-       "telemetry.micro_batches[id 2].effective_tokens: 9223372036854775807 exceeds the "
+       "telemetry.micro_batches[id 2].effective_tokens: must be in [0, 2^53 - 1]"},
+      {[](v1::StepTelemetry& t) { t.mutable_micro_batches(2)->set_effective_tokens(13); },
+       "telemetry.micro_batches[id 2].effective_tokens: 13 exceeds the "
        "plan's 12 tokens for micro-batch 2"},
       {[](v1::StepTelemetry& t) {
          v1::MicroBatchTelemetry* m = t.mutable_micro_batches(1);
@@ -625,8 +627,8 @@ TEST_F(GateStatePipelineTest, ARecordCannotPoisonTheStagesLearnedTable) {
        "telemetry.micro_batches[id 1]: forward_s + backward_s"},
       {[](v1::StepTelemetry& t) { t.mutable_micro_batches(0)->set_rs_wait_s(1.0); },
        "telemetry.micro_batches[id 0].rs_wait_s: 1 is more than the micro-batch's"},
-      {[](v1::StepTelemetry& t) { t.set_effective_tokens(1'000'000'000'000'000'000); },
-       "telemetry.effective_tokens: 1000000000000000000 exceeds the plan's 48 tokens"},
+      {[](v1::StepTelemetry& t) { t.set_effective_tokens(1'000'000'000'000'000); },
+       "telemetry.effective_tokens: 1000000000000000 exceeds the plan's 48 tokens"},
       {[](v1::StepTelemetry& t) { t.set_step_time_s(1e-300); },
        "telemetry.step_time_s: must be finite and >= 1e-06"},
   };
@@ -653,11 +655,25 @@ TEST_F(GateStatePipelineTest, ARecordCannotPoisonTheStagesLearnedTable) {
 // Register naming the flag, before anything changes: the job takes the next rank's
 // smaller layout.
 TEST_F(GateStatePipelineTest, ALayoutOfMoreGroupsThanTheLimitIsRefused) {
+  // A live launch of the job; a new launch with too many groups is refused before it
+  // could take the job over: the live one keeps it and its decisions.
+  ASSERT_THAT(h_->Register(Reg(0)).status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(h_->Decide(StepPlan(0, 0), &d), IsOk());
   v1::RegisterRequest big = Reg(0);
+  big.set_incarnation("relaunch-too-big");
+  big.set_launch_credential("another-launch-credential-0123456789abcdef");
   big.mutable_layout()->set_dp(1025);  // 4 stages x 1025 = 4100 groups > 4096
   EXPECT_THAT(h_->Register(big).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("4100 TP groups, more than 4096 (--max_groups_per_job)")));
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->summary().incarnation(), StateHarness::kIncarnation);
+  ASSERT_THAT(h_->Decide(StepPlan(0, 1), &d), IsOk());
+
+  big = Reg(0);
+  big.set_job_id("pipe-at-the-limit");
   big.mutable_layout()->set_dp(1024);  // 4096: at the limit
   EXPECT_THAT(h_->Register(big).status(), IsOk());
 }
