@@ -15,9 +15,9 @@ namespace {
 // names the record's field and `of` what the plan's count is for (" for micro-batch 3").
 absl::Status CheckTokens(const std::string& field, int64_t tokens, int64_t plan_tokens,
                          const std::string& of) {
-  if (tokens < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: must be >= 0, got %d", field, tokens));
+  if (tokens < 0 || tokens > kMaxTelemetryCount) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: must be in [0, 2^53 - 1] (exact as a double), got %d", field, tokens));
   }
   if (plan_tokens >= 0 && tokens > plan_tokens) {
     return absl::InvalidArgumentError(
@@ -39,9 +39,9 @@ absl::Status CheckRate(const std::string& field, int64_t tokens, double seconds)
 }  // namespace
 
 absl::Status ValidateStepTelemetry(const StepTelemetryValues& t, const TelemetryBounds& bounds) {
-  if (t.step < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("telemetry.step: must be >= 0, got %d", t.step));
+  if (t.step < 0 || t.step > kMaxTelemetryCount) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "telemetry.step: must be in [0, 2^53 - 1] (exact as a double), got %d", t.step));
   }
   if (t.mode != 1 && t.mode != 2) {
     return absl::InvalidArgumentError(absl::StrFormat(

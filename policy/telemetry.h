@@ -26,6 +26,11 @@ namespace spgate {
 // is far above it, while tokens over it stay finite for any token count a plan can hold.
 inline constexpr double kMinTelemetrySeconds = 1e-6;
 
+// The largest step and token count a record may carry: 2^53 - 1, the last integer a
+// double holds exactly, so the group's MAX-reduce (which carries them as doubles,
+// docs/design.md §2) converts them back without loss or overflow.
+inline constexpr int64_t kMaxTelemetryCount = (int64_t{1} << 53) - 1;
+
 // What the checker knows of the step a record reports: its plan's tokens (Σ lengths), so a
 // record claims no more. The daemon takes them from the step's cached decision, the
 // client from its last committed plan; unknown (-1, or no entry) is not checked.
@@ -45,10 +50,11 @@ struct StepTelemetryValues {
   int64_t padding_tokens = 0;
 };
 
-// step >= 0, a known mode, step_time_s finite and >= kMinTelemetrySeconds, the three
-// waits finite, >= 0 and at most step_time_s, token counts >= 0, effective_tokens at most
-// bounds.plan_tokens (when known) and effective_tokens / step_time_s finite.
-// INVALID_ARGUMENT naming the first field that breaks its rule.
+// step in [0, kMaxTelemetryCount], a known mode, step_time_s finite and >=
+// kMinTelemetrySeconds, the three waits finite, >= 0 and at most step_time_s, token counts
+// in [0, kMaxTelemetryCount], effective_tokens at most bounds.plan_tokens (when known) and
+// effective_tokens / step_time_s finite. INVALID_ARGUMENT naming the first field that
+// breaks its rule.
 absl::Status ValidateStepTelemetry(const StepTelemetryValues& t,
                                    const TelemetryBounds& bounds = {});
 
@@ -73,9 +79,9 @@ struct MicrobatchTelemetryValues {
 // A step's micro-batch records: empty, or one per id 0 .. microbatches-1 in any order
 // (CheckMicrobatchIds's rule; `microbatches` 0: the ids are not checked), each with a known
 // mode, the four times finite and >= 0 with forward_s + backward_s >= kMinTelemetrySeconds
-// and each wait at most that sum, tokens >= 0 and at most bounds.microbatch_tokens[id]
-// (when known), and tokens / (forward_s + backward_s) finite. INVALID_ARGUMENT naming the
-// micro-batch and the field.
+// and each wait at most that sum, tokens in [0, kMaxTelemetryCount] and at most
+// bounds.microbatch_tokens[id] (when known), and tokens / (forward_s + backward_s) finite.
+// INVALID_ARGUMENT naming the micro-batch and the field.
 absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
                                          int microbatches, const TelemetryBounds& bounds = {});
 

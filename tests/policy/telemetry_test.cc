@@ -52,8 +52,15 @@ TEST(TelemetryBoundsTest, StepRecordWithinItsPlanAndFloor) {
             }),
             8192, "telemetry.step_time_s: must be finite and >= 1e-06, got 4.94066e-324"},
            {with([](auto& v) { v.effective_tokens = kHuge; }), 8192,
-            "telemetry.effective_tokens: 9223372036854775807 exceeds the plan's 8192 tokens "
+            "telemetry.effective_tokens: must be in [0, 2^53 - 1] (exact as a double), got "
+            "9223372036854775807"},
+           {with([](auto& v) { v.effective_tokens = kMaxTelemetryCount; }), 8192,
+            "telemetry.effective_tokens: 9007199254740991 exceeds the plan's 8192 tokens "
             "for the step"},
+           {with([](auto& v) { v.padding_tokens = kMaxTelemetryCount + 1; }), -1,
+            "telemetry.padding_tokens: must be in [0, 2^53 - 1]"},
+           {with([](auto& v) { v.step = kMaxTelemetryCount + 1; }), -1,
+            "telemetry.step: must be in [0, 2^53 - 1]"},
            {with([](auto& v) { v.effective_tokens = 8193; }), 8192,
             "telemetry.effective_tokens: 8193 exceeds"},
            {with([](auto& v) { v.step_time_s = 9e-7; v.rs_wait_s = v.all_gather_s = 0; }), -1,
@@ -70,13 +77,15 @@ TEST(TelemetryBoundsTest, StepRecordWithinItsPlanAndFloor) {
   }
 }
 
-// Tokens no plan bounds (its decision is no longer cached) over the floor: the rate stays
-// finite, which is what the rule needs for any int64 count; the check itself still runs.
+// Tokens no plan bounds (its decision is no longer cached) over the floor: the largest
+// count a record may carry, exact as a double, over the floor is a finite rate.
 TEST(TelemetryBoundsTest, UnboundedTokensOverTheFloorStayFinite) {
-  const StepTelemetryValues v{.step = 0, .mode = 2, .step_time_s = kMinTelemetrySeconds,
-                              .effective_tokens = kHuge};
+  const StepTelemetryValues v{.step = kMaxTelemetryCount, .mode = 2,
+                              .step_time_s = kMinTelemetrySeconds,
+                              .effective_tokens = kMaxTelemetryCount};
   EXPECT_THAT(ValidateStepTelemetry(v), IsOk());
   EXPECT_TRUE(std::isfinite(static_cast<double>(v.effective_tokens) / v.step_time_s));
+  EXPECT_EQ(static_cast<int64_t>(static_cast<double>(v.effective_tokens)), v.effective_tokens);
 }
 
 TEST(TelemetryBoundsTest, MicrobatchRecordWithinItsPlanAndCompute) {
@@ -114,7 +123,9 @@ TEST(TelemetryBoundsTest, MicrobatchRecordWithinItsPlanAndCompute) {
             }),
             "telemetry.micro_batches[id 1]: forward_s + backward_s must be finite and >= 1e-06"},
            {with([](auto& v) { v.effective_tokens = kHuge; }),
-            "telemetry.micro_batches[id 1].effective_tokens: 9223372036854775807 exceeds the "
+            "telemetry.micro_batches[id 1].effective_tokens: must be in [0, 2^53 - 1]"},
+           {with([](auto& v) { v.effective_tokens = 901; }),
+            "telemetry.micro_batches[id 1].effective_tokens: 901 exceeds the "
             "plan's 900 tokens for micro-batch 1"},
            {with([](auto& v) { v.forward_s = 1e308; v.backward_s = 1e308; }),
             "forward_s + backward_s must be finite"},

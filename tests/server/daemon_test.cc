@@ -233,7 +233,7 @@ TEST_F(DaemonTest, TelemetryIsAcknowledgedAndUnknownSessionsRefused) {
 
 // A record that would poison the learned table (docs/design.md §2, "Range rules"), sent
 // on a live stream: the largest int64 of tokens over the smallest positive double, and
-// 1e18 tokens over 1 s, more than the step's plan held. Both are refused (counted as
+// 1e15 tokens over 1 s, more than the step's plan held. Both are refused (counted as
 // rejected; the second, judged against the step's plan, is acknowledged as received), and
 // the job's learned table has no NaN or infinite cell and is the same as before them.
 TEST_F(DaemonTest, TelemetryThatWouldPoisonTheLearnedTableIsRefused) {
@@ -278,7 +278,7 @@ TEST_F(DaemonTest, TelemetryThatWouldPoisonTheLearnedTableIsRefused) {
 
   v1::WorkerMessage poison;
   *poison.add_telemetry() = record(1, 5e-324, std::numeric_limits<int64_t>::max());
-  *poison.add_telemetry() = record(2, 1.0, 1'000'000'000'000'000'000);
+  *poison.add_telemetry() = record(2, 1.0, 1'000'000'000'000'000);
   poison.mutable_heartbeat();
   ASSERT_TRUE(stream->Write(poison));
   ASSERT_TRUE(stream->Read(&in));

@@ -323,8 +323,8 @@ TEST_F(GateStateTest, ARecordCannotPoisonTheLearnedTable) {
   for (const Case& c : std::vector<Case>{
            {5e-324, kHuge, 0, "telemetry.step_time_s: must be finite and >= 1e-06"},
            {1.0, kHuge, 0,
-            "telemetry.effective_tokens: 9223372036854775807 exceeds the plan's 1000 tokens "
-            "for the step"},
+            "telemetry.effective_tokens: must be in [0, 2^53 - 1] (exact as a double), got "
+            "9223372036854775807"},
            {1e-300, 1'000'000'000'000'000'000, 0, "telemetry.step_time_s"},
            {1.0, 1001, 0, "telemetry.effective_tokens: 1001 exceeds"},
            {1.0, 1000, 1.5, "telemetry.rs_wait_s: must be finite, >= 0 and at most step_time_s"},
