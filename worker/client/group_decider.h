@@ -145,14 +145,6 @@ class GroupDecider {
   absl::StatusOr<GateDecision> Decide(int64_t step, absl::Time deadline) {
     return Decide(step, 0, deadline);
   }
-  // Decide's name from before plain plans and step plans took one path.
-  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches) {
-    return Decide(step, microbatches);
-  }
-  absl::StatusOr<GateDecision> DecideMicrobatches(int64_t step, int microbatches,
-                                                  absl::Time deadline) {
-    return Decide(step, microbatches, deadline);
-  }
 
   // This rank's measurements of a step it ran. With `reduce`, a collective: every rank
   // calls it for every step it reports, in the same order; the values are reduced into the

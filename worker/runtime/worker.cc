@@ -396,11 +396,8 @@ class RankRun {
     const absl::Time deadline = absl::Now() + o_.client.decision_deadline;
     client::GateDecision d;
     if (decider_ && auto_mode()) {
-      if (Pipelined(o_)) {
-        ASSIGN_OR_RETURN(d, decider_->DecideMicrobatches(n, m, deadline));
-      } else {
-        ASSIGN_OR_RETURN(d, decider_->Decide(n, deadline));
-      }
+      // A plain plan is the decider's step of no micro-batch list.
+      ASSIGN_OR_RETURN(d, decider_->Decide(n, Pipelined(o_) ? m : 0, deadline));
       *source = static_cast<StepSource>(d.source);
       return d;
     }
@@ -485,12 +482,17 @@ class RankRun {
     std::vector<MicrobatchTelemetryValues> per_mb;
     if (d.microbatches.empty()) return per_mb;
     for (size_t i = 0; i < batches.size(); ++i) {
+      // The range rules' floor and "a wait within its time" (docs/design.md §2): a
+      // measurement's artefact (collective time summed over overlapping calls) is capped,
+      // not sent to be refused.
+      const double backward_s = std::max(times[i].backward_s, kMinTelemetrySeconds);
+      const double compute_s = times[i].forward_s + backward_s;
       per_mb.push_back({.id = static_cast<int>(i),
                         .mode = modes[i],
                         .forward_s = times[i].forward_s,
-                        .backward_s = std::max(times[i].backward_s, kMinTelemetrySeconds),
-                        .rs_wait_s = times[i].rs_wait_s,
-                        .all_gather_s = times[i].all_gather_s,
+                        .backward_s = backward_s,
+                        .rs_wait_s = std::min(times[i].rs_wait_s, compute_s),
+                        .all_gather_s = std::min(times[i].all_gather_s, compute_s),
                         .effective_tokens = batches[i].tokens});
     }
     return per_mb;
@@ -500,16 +502,16 @@ class RankRun {
   absl::Status Report(int64_t n, const client::GateDecision& d, StepSource source,
                       const StepRecord& rec,
                       std::vector<MicrobatchTelemetryValues> microbatches = {}) {
-    const double step_s = rec.step_time_s;
+    const double step_s = std::max(rec.step_time_s, kMinTelemetrySeconds);  // as above
     client::StepTelemetryInput mine{.step = n, .mode = d.mode, .reason = d.reason,
-                                    .step_time_s = std::max(step_s, kMinTelemetrySeconds),
-                                    .rs_wait_s = rec.rs_wait_s,
-                                    .all_gather_s = rec.all_gather_s,
-                                    .norm_stall_s = rec.norm_stall_s,
+                                    .step_time_s = step_s,
+                                    .rs_wait_s = std::min(rec.rs_wait_s, step_s),
+                                    .all_gather_s = std::min(rec.all_gather_s, step_s),
+                                    .norm_stall_s = std::min(rec.norm_stall_s, step_s),
                                     .effective_tokens = rec.tokens,
                                     .padding_tokens = rec.padding_tokens,
                                     .peak_memory_bytes = rec.peak_bytes};
-    // Only a step plan's step (the decider's DecideMicrobatches) has micro-batch records.
+    // Only a step plan's step (a decision with micro-batches) has micro-batch records.
     if (decider_ && auto_mode()) mine.microbatches = std::move(microbatches);
     if (decider_ && o_.client.group_session) {
       // One reduction brings the group's values to the leader, which feeds its fail-static
@@ -528,7 +530,7 @@ class RankRun {
     // Per-rank sessions: the group's reduce-scatter wait share (max over ranks,
     // docs/design.md §2) for the leader's fail-static window, and each rank's own record.
     if (decider_ && o_.tp > 1) {
-      double share = step_s > 0 ? rec.rs_wait_s / step_s : 0;
+      double share = mine.rs_wait_s / mine.step_time_s;  // in [0, 1]: both as sent
       RETURN_IF_ERROR(cx_.tp->AllReduceMaxHost(&share, 1));
       if (leader_) gate_->ObserveGroupRsWaitShare(n, d.mode, share);
     }

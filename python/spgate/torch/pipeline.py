@@ -137,7 +137,7 @@ class PipelineGrid:
 
 class PipelineDecider:
     """A decision per (TP group, micro-batch), the same on every rank of the group: the
-    C++ GroupDecider's DecideMicrobatches over the TP group (spgate.torch.GroupDecider),
+    C++ GroupDecider's Decide over the TP group (spgate.torch.GroupDecider),
     with the step's lengths shared over the replica first. `client`: the stage leader's
     spgate.Client created with layout=grid.layout() and coordinates=grid.coordinates()
     (None on the other ranks of a group session). Construction is a collective over the

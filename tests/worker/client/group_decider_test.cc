@@ -192,7 +192,7 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
           mbs.push_back({.id = id, .lengths = (step + id) % 3 == 0 ? mixed : uniform});
         }
         ASSERT_THAT((*decider)->SubmitPlan({.step = step, .microbatches = mbs}), IsOk());
-        auto d = (*decider)->DecideMicrobatches(step, kMicrobatches);
+        auto d = (*decider)->Decide(step, kMicrobatches);
         ASSERT_THAT(d.status(), IsOk());
         seen[rank].push_back(*d);
       }
@@ -275,7 +275,7 @@ TEST(GroupDeciderTest, StepPlanTelemetryCarriesEveryMicrobatch) {
         std::vector<MicrobatchPlanInput> mbs;
         for (int id = 0; id < kMicrobatches; ++id) mbs.push_back({.id = id, .lengths = lengths});
         ASSERT_THAT((*decider)->SubmitPlan({.step = step, .microbatches = mbs}), IsOk());
-        auto d = (*decider)->DecideMicrobatches(step, kMicrobatches);
+        auto d = (*decider)->Decide(step, kMicrobatches);
         ASSERT_THAT(d.status(), IsOk());
         StepTelemetryInput t{.step = step, .step_time_s = 1, .effective_tokens = 1200};
         for (int id = 0; id < kMicrobatches; ++id) {
