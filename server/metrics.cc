@@ -353,8 +353,6 @@ void JobMetrics::SetThresholds(const GateConfig& config, int64_t version) {
 void JobMetrics::RecordDecision(const DecisionSample& d, GroupMetrics& group) {
   Decisions(d.mode, d.reason).Increment();
   length_cv->Observe(d.length_cv);
-  if (d.explored) exploration_steps->Increment();
-  if (d.flip_held) flips_held->Increment();
   if (d.adaptive_gain.has_value()) adaptive_gain->Set(*d.adaptive_gain);
   if (d.memory_budget.has_value()) memory_budget->Set(static_cast<double>(*d.memory_budget));
   if (!d.previous_mode.has_value() || *d.previous_mode != d.mode) {

@@ -49,8 +49,6 @@ struct DecisionSample {
   Mode mode = Mode::kSequenceParallel;
   Reason reason = Reason::kGatesPassed;
   double length_cv = 0;
-  bool explored = false;                  // an ADAPTIVE exploration step
-  bool flip_held = false;                 // ADAPTIVE held the mode (flip cap, switch cost)
   std::optional<double> adaptive_gain;    // the job's gain ratio, when it changed
   std::optional<uint64_t> memory_budget;  // the job's memory budget, when it changed
   std::optional<Mode> previous_mode;      // the group's mode before; none: its first
@@ -66,8 +64,9 @@ class JobMetrics {
 
   prometheus::Counter& Decisions(Mode mode, Reason reason);  // created on first use
   prometheus::Counter& LocalDecisions(Reason reason);
-  // Every series one decision touches: the decision and length-CV counts, exploration,
-  // gain and budget, and the group's current mode and switches.
+  // Every series one decision touches: the decision and length-CV counts, gain and
+  // budget, and the group's current mode and switches (a step's exploration and held
+  // flips are counted once per step, by the caller).
   void RecordDecision(const DecisionSample& decision, GroupMetrics& group);
   void SetThresholds(const GateConfig& config, int64_t version);
   // The ADAPTIVE policy's learned table (docs/design.md §11): one estimate and one

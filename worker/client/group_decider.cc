@@ -364,8 +364,9 @@ absl::StatusOr<GateDecision> GroupDecider::Decide(int64_t step, int microbatches
   absl::StatusOr<GateDecision> d = absl::UnknownError("unset");
   if (is_leader()) {
     d = client_->AwaitDecision(step, deadline);
-    if (d.ok() && microbatches > 0 &&
-        d->microbatches.size() != static_cast<size_t>(microbatches)) {
+    // Whatever the count, the leader's answer must be what the others unpack: a step plan's
+    // decision for a plain plan's call would leave the followers without its micro-batches.
+    if (d.ok() && d->microbatches.size() != static_cast<size_t>(microbatches)) {
       d = absl::FailedPreconditionError(absl::StrFormat(
           "step %d was decided for %d micro-batches, not %d (is the client's layout the job's?)",
           step, d->microbatches.size(), microbatches));

@@ -221,6 +221,38 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got -1")));
 }
 
+// A step planned with micro-batches but decided as a plain plan (count 0): the leader's
+// answer lists micro-batches the others' broadcast cannot carry, so every rank fails the
+// step alike instead of the leader running micro-batch modes its group did not get.
+TEST(GroupDeciderTest, ACountThatDisagreesWithThePlanFailsEveryRank) {
+  constexpr int kRanks = 2;
+  GateClientOptions o;
+  o.group_size = kRanks;
+  o.layout = JobLayout{.tp = kRanks, .pp = 2, .microbatches = 2};
+  auto leader_client = GateClient::Create(o);
+  ASSERT_THAT(leader_client.status(), IsOk());
+  InMemoryBroadcast group(kRanks);
+  std::vector<absl::Status> got(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto decider = GroupDecider::Create(rank == 0 ? leader_client->get() : nullptr, rank,
+                                          group.ForRank(rank));
+      ASSERT_THAT(decider.status(), IsOk());
+      const std::vector<int64_t> lengths = {512, 512};
+      std::vector<MicrobatchPlanInput> mbs = {{.id = 0, .lengths = lengths},
+                                              {.id = 1, .lengths = lengths}};
+      ASSERT_THAT((*decider)->SubmitPlan({.step = 0, .microbatches = mbs}), IsOk());
+      got[rank] = (*decider)->Decide(0, 0).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_THAT(got[0], StatusIs(absl::StatusCode::kFailedPrecondition,
+                               HasSubstr("decided for 2 micro-batches, not 0")));
+  EXPECT_THAT(got[1], StatusIs(absl::StatusCode::kFailedPrecondition,
+                               HasSubstr("the group leader could not decide step 0")));
+}
+
 TEST(TelemetryWireTest, MicrobatchSlotsReduceToTheGroupsRecords) {
   const std::vector<MicrobatchTelemetryValues> a{
       {.id = 1, .mode = Mode::kTensorParallelOnly, .forward_s = 0.5, .backward_s = 1,
