@@ -1,5 +1,5 @@
 // Pipeline schedules and what a stage holds under them: the schedule-aware memory gate's
-// arithmetic (issue 23; docs/design.md §12). Under pipeline parallelism a stage keeps the
+// arithmetic (docs/design.md §12). Under pipeline parallelism a stage keeps the
 // activations of every micro-batch it has run forward and not yet backward, each in the
 // mode that micro-batch was decided in: under 1F1B stage s of p holds up to p − s of them,
 // under interleaved 1F1B more (and in chunks). A gate that checks one micro-batch's peak

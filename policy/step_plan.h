@@ -1,4 +1,4 @@
-// Step plans for pipelined jobs (issue 23; docs/design.md §12): a job's layout (tensor,
+// Step plans for pipelined jobs (docs/design.md §12): a job's layout (tensor,
 // pipeline, virtual-pipeline, context and data parallel sizes, micro-batches per step,
 // schedule), where a TP group sits in it, and the one function that decides every
 // micro-batch of one step of one pipeline stage. Pure like the rest of policy/: the daemon

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The container image built and run for real with Debian's podman, checking what an
-# operator relies on (issue 21): it runs as uid 65532; health answers SERVING; /metrics
+# operator relies on: it runs as uid 65532; health answers SERVING; /metrics
 # carries the spgate_ families; spgatectl inside it changes the config; a spgate-sim job
 # from a second container is served; that change survives a restart on a volume under
 # --read-only and --cap-drop=ALL; a root-owned bind mount as --state_dir stops start-up

@@ -90,8 +90,8 @@ def MissingReasons(prom, allowed_missing):
     modes = {s["metric"]["mode"] for s in prom.Query(
         f'sum by (mode) (spgate_decisions_total{{{jobs}}}) > 0')}
     # LENGTHS_UNKNOWN and SP_REQUIRED come only from pipelined jobs (step plans) and jobs
-    # that declare SP-only features; spgate-sim drives neither yet (issue 23's simulator
-    # cells), so their counters are checked by tests/server/gate_state_pipeline_test.cc.
+    # that declare SP-only features; spgate-sim's live mode drives neither
+    # (its pipeline cells are replay-only), so their counters are checked by tests/server/gate_state_pipeline_test.cc.
     want = (set(contract.REASONS) - {"adaptive", "lengths_unknown", "sp_required"} -
             set(allowed_missing))
     problems = [f"the traffic never fired reason {r}" for r in sorted(want - fired)]

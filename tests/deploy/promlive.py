@@ -146,8 +146,8 @@ def DashboardCases(job_id, groups):
 
 
 # Panels whose series only a pipelined job has (step plans, docs/design.md §12). The
-# live traffic is spgate-sim's, which has no pipeline stages yet (issue 23's simulator
-# cells): their queries run against fake_spgated in dashboards_prometheus_test and the
+# live traffic is spgate-sim's, whose live mode has no pipeline stages (its pipeline
+# cells are replay-only): their queries run against fake_spgated in dashboards_prometheus_test and the
 # real daemon's series are checked in tests/server/gate_state_pipeline_test.cc.
 PIPELINE_ONLY_PANELS = {"Predicted stage peak against budget", "TP-only share by stage",
                         "Learned TP-only over SP by stage"}

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """A live job under attack from someone who knows its job id and launch name.
 
-The attack of issue #20, replayed: a victim job whose TP-only peak never fits its memory
-budget (spgate-sim --tp=8 --tokens_per_batch=65536 --layers=20 --device_memory_gib=72,
+The launch-takeover attack (docs/security.md), replayed: a victim job whose TP-only peak
+never fits its memory budget (spgate-sim --tp=8 --tokens_per_batch=65536 --layers=20 --device_memory_gib=72,
 so every correct decision is SP, MEMORY_REQUIRES_SP) runs against spgated with a worker
 token. The attacker holds the same worker token, reads the job's launch name from the
 admin API (as any cluster user reads a Slurm job id), and for the whole run tries what
