@@ -33,7 +33,8 @@ What is checked, and the rule that decides what a name refers to:
      `x.sh`: the flag appears in its source, or is a flag of a binary the script runs);
      another program (mpirun, kubectl, podman, `*_bench`, ...) is not checked.
   2. A flag table's row (first cell a flag) under headings that name exactly one binary
-     (`# spgate-worker: ...` > `## Flags`): that binary's flag.
+     (`# spgate-worker: ...` > `## Flags`): that binary's flag; a `default` column must
+     say the binary's default (`--helpfull`; empty reads as empty, none, off or —).
   3. Anywhere else (prose, a code line that runs nothing): a flag of any of the four
      binaries or of a script named nearby (the paragraph, two blocks either side in the
      same section, the headings). Skipped only when it is none of those, something nearby
@@ -193,6 +194,7 @@ class Facts:
         self.root = root
         self.flags = {}        # binary -> set of flags; absent: not checked
         self.valued = {}       # spgatectl flag -> takes a value
+        self.defaults = {}     # binary -> flag -> default, as --helpfull prints it
         self.ctl_commands = {}  # "gates set" -> its flags
         self.metrics = set()
         self.records = set()
@@ -218,10 +220,13 @@ class Facts:
         return self._script_text[path]
 
 
-def HelpfullFlags(binary):
+def HelpfullFlags(binary, defaults):
+    """The flags `BINARY --helpfull` lists; their defaults into DEFAULTS."""
     out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=20)
     text = out.stdout + out.stderr
     flags = set(re.findall(r"^    --([A-Za-z0-9_]+) \(", text, re.MULTILINE))
+    for m in re.finditer(r"^    --(\w+) \(.*?\);\s+default: (.*?);$", text, re.M | re.S):
+        defaults[m.group(1)] = m.group(2).strip().strip('"')
     if not flags:
         raise RuntimeError(f"{binary} --helpfull listed no flags:\n{text[:2000]}")
     # absl's own usage flags, handled before the listing.
@@ -641,6 +646,28 @@ def CloseTo(facts, flag):
     return close[0] if close else None
 
 
+def CheckDefault(facts, where, owner, owned, row, header, failures):
+    """A flag table's `default` column against the binary's own default."""
+    columns = [c.strip().lower() for c in header.strip().strip("|").split("|")]
+    if "default" not in columns or len(owned) != 1:
+        return
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    defaults = facts.defaults.get(owner, {})
+    flag = owned[0][0]
+    if flag not in defaults or len(cells) <= columns.index("default"):
+        return
+    doc = cells[columns.index("default")].replace("`", "").strip()
+    actual = defaults[flag]
+    if actual == "":
+        ok = doc.lower() in ("", "empty", "none", "off", "—", "-") or doc.startswith(
+            ("empty", "none", "off", "host of", "—"))
+    else:
+        ok = doc == actual or re.search(r"(?<![\w.])" + re.escape(actual) + r"(?![\w.])", doc)
+    if not ok:
+        failures.add(where, f"--{flag}: the table says the default is '{doc}', "
+                            f"{owner} --helpfull says '{actual or '(empty)'}'")
+
+
 def TableOwner(facts, line, headings):
     """The binary a flag table's row belongs to: the row's first cell is a flag and the
     enclosing headings name exactly one binary."""
@@ -698,6 +725,7 @@ def CheckDoc(facts, doc, sections, failures):
                 owned = [(m.group(1), m.group(2)) for m in FLAG.finditer(first)]
                 CheckLooseFlags(facts, Where(n), owned, contexts, refused, failures, owner)
                 loose = [f for f in loose if f not in owned]
+                CheckDefault(facts, Where(n), owner, owned, line, block.lines[0], failures)
             CheckLooseFlags(facts, Where(n), loose, contexts, refused, failures)
 
 
@@ -758,8 +786,9 @@ def SelfTest(facts):
                     "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`.\n\n"
                     "spgate-sim takes `--stpes`. `Regster(RegisterRequest) → RegisterResponse`, "
                     "`AdminService/PinMod`.\n\n"
-                    "## spgate-sim flags\n\n| flag | meaning |\n|---|---|\n"
-                    "| `--steps` | ok |\n| `--max_jobs` | spgated's, not the sim's |\n")
+                    "## spgate-sim flags\n\n| flag | default | meaning |\n|---|---|---|\n"
+                    "| `--seed` | `123456789` | a wrong default |\n"
+                    "| `--max_jobs` | — | spgated's, not the sim's |\n")
         bad = Failures()
         shadow = copy.copy(facts)  # the same facts, the made-up tree's files
         shadow.root, shadow._script_text = tmp, {}
@@ -767,7 +796,7 @@ def SelfTest(facts):
     got = "\n".join(bad.items)
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
-            "no rpc PinMod"]
+            "no rpc PinMod", "default is '123456789'"]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
@@ -775,6 +804,7 @@ def SelfTest(facts):
     if "spgate-sim" not in facts.flags:
         want.remove("--stpes")
         want.remove("--max_jobs")
+        want.remove("default is '123456789'")
     missed = [w for w in want if w not in got]
     lines_good = [x for x in bad.items if ":5:" in x or ":8:" in x]
     problems = []
@@ -812,7 +842,8 @@ def main():
         if b == "spgatectl":
             ReadSpgatectl(facts, path)
         else:
-            facts.flags[b] = HelpfullFlags(path)
+            facts.defaults[b] = {}
+            facts.flags[b] = HelpfullFlags(path, facts.defaults[b])
             if b == "spgated":
                 facts.spgated = path
     ReadMetrics(facts)
