@@ -231,7 +231,7 @@ def evaluate(cmp, bname, tname, rname):
     return row, miss
 
 
-# The targets for windowed regret, checked on ADAPTIVE in every cell.
+# The targets for windowed regret (docs/benchmarks.md), checked on ADAPTIVE in every cell.
 STATIONARY_TRACES = {"lognormal", "bimodal", "memory_tight"}  # nothing changes over the run
 REGRET_TARGETS_TEXT = (
     "Targets (ADAPTIVE): median windowed regret <= 1 %; p95 <= 3 %; no window more than 1 % "
