@@ -43,7 +43,8 @@ What is checked, and the rule that decides what a name refers to:
   Exempt: `--flag` and UPPERCASE placeholders, `--x_*` prefixes (one flag must start with
   `x_`), `--nox` for a boolean `--x`, and a flag the same block shows refused
   ("unknown flag --x").
-* Internal tracker references ("issue 12", "(#12)") appear in no doc and no source file
+* Internal tracker references ("issue 12", "(#12)", "the issue's ...") appear in no doc and
+  no source file
   (an upstream project's issue is cited by its URL).
 A self-test first runs the checks on a made-up doc with one mistake of each kind.
 
@@ -84,7 +85,8 @@ EXTERNAL_PROSE = re.compile(
     r"dcgm-exporter|gloo|systemd|Prometheus|make)\b")
 PLACEHOLDER_FLAGS = {"flag"}
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\*?)")
-ISSUE_REF = re.compile(r"\bissues? #?\d+\b|\(#\d+\)", re.IGNORECASE)
+ISSUE_REF = re.compile(r"\bissues? #?\d+\b|\(#\d+\)|\bthe issue(?:'s| asks| names| says)\b",
+                       re.IGNORECASE)
 SOURCE_EXTS = (".cc", ".h", ".cu", ".cuh", ".py", ".pyi", ".sh", ".cmake", ".proto", ".yml",
                ".yaml", ".txt", ".json.in", ".service", ".textproto")
 
@@ -395,7 +397,7 @@ def CheckMetrics(facts, where, line, failures):
             failures.add(where, f"alert {alert} is not an alert: of deploy/**/*.yml")
     for rec in re.findall(r"(?<![\w:])([a-z_]+:spgate_[a-z0-9_]+:[a-z0-9_]+)", line):
         if rec not in facts.records:
-            failures.add(where, f"recording rule {rec} is not in deploy/prometheus/*.yml")
+            failures.add(where, f"recording rule {rec} is not a record: of deploy/**/*.yml")
     for m in re.finditer(r"(?<![\w:./-])(spgate_[a-z0-9_]+)(\*?)", line):
         name, star = m.group(1), m.group(2)
         after = line[m.end():m.end() + 2]
@@ -762,7 +764,7 @@ def CheckSources(root, sections, failures):
         for n, line in enumerate(lines, 1):
             if "design" in line and "§" in line:
                 CheckSectionRefs(f"{rel}:{n}", line, sections, failures)
-            if re.search(r"issue|#\d", line, re.IGNORECASE):
+            if re.search(r"issue|\(#\d", line, re.IGNORECASE):
                 CheckIssueRefs(f"{rel}:{n}", line, failures)
 
 
