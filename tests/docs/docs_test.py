@@ -21,9 +21,10 @@ What is checked, and the rule that decides what a name refers to:
 * RPCs. `spgate.v1.X` names a service, message or enum of proto/spgate/v1/*.proto;
   `FooService/Method` and `FooService.Method` a method of that service;
   `Method(Request) → Response` an rpc with exactly those types; `` `X` RPC`` an rpc.
-* spgatectl commands. In a code block line or an inline code span that runs spgatectl,
-  the first words after it (flags and their values skipped) must be one of the commands
-  `spgatectl --help` lists (`gates set`, `jobs show`, `pin`, ...).
+* Commands. In a code block line or an inline code span that runs spgatectl, the first
+  words after it (flags and their values skipped) must be one of the commands
+  `spgatectl --help` lists (`gates set`, `jobs show`, `pin`, ...); after `make`, a rule
+  of the top-level Makefile.
 * Flags (`--name`, lowercase). Attributed to a program by where they stand:
   1. On a command line (a code block's line, `\\`-continued lines joined, cut at `|`,
      `;`, `&&`, `&`; or an inline code span that names a program), a flag belongs to the
@@ -81,8 +82,7 @@ EXTERNAL = {
 # Words in prose that name a non-spgate program whose flags we do not check.
 EXTERNAL_PROSE = re.compile(
     r"\b(mpirun|mpiexec|torchrun|kubectl|kustomize|podman|docker|ctest|cmake|systemctl|"
-    r"protoc|promtool|curl|grpcurl|openssl|pip|git|Megatron|NeMo|TorchTitan|nccl-tests|"
-    r"dcgm-exporter|gloo|systemd|Prometheus|make)\b")
+    r"protoc|promtool|curl|grpcurl|openssl|Megatron|nccl-tests)\b")
 PLACEHOLDER_FLAGS = {"flag"}
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\*?)")
 ISSUE_REF = re.compile(r"\bissues? #?\d+\b|\(#\d+\)|\bthe issue(?:'s| asks| names| says)\b",
@@ -204,6 +204,7 @@ class Facts:
         self.rpcs = {}         # method -> (service, request, response)
         self.services = {}     # service -> {methods}
         self.proto_names = set()
+        self.make_targets = MakeTargets(root)
         self.non_metrics = set()
         self._script_text = {}
 
@@ -505,10 +506,31 @@ def SplitCommands(text):
     return out
 
 
+def MakeTargets(root):
+    with open(os.path.join(root, "Makefile"), encoding="utf-8") as f:
+        return set(re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", f.read(), re.MULTILINE))
+
+
+def CheckMake(facts, where, tokens, failures):
+    """`make TARGET`: TARGET is a rule of the top-level Makefile."""
+    for i, tok in enumerate(tokens):
+        if tok != "make":
+            continue
+        rest = tokens[i + 1:]
+        while rest and (rest[0].startswith("-") or "=" in rest[0]):
+            takes = rest[0] in ("-C", "-f", "-j")
+            rest = rest[2 if takes else 1:]
+        if rest and re.match(r"^[a-z][\w.-]*$", rest[0]) and rest[0] not in facts.make_targets:
+            failures.add(where, f"make {rest[0]}: no such target in the Makefile "
+                                f"({', '.join(sorted(facts.make_targets))})")
+        return
+
+
 def CheckCommand(facts, where, segment, refused, failures):
     """Flags and spgatectl commands on one command line; returns the flags it did not own."""
     loose, program, ctl_words, ctl_command = [], None, None, None
     tokens = Tokens(segment)
+    CheckMake(facts, where, [t.strip("'\"`()") for t in tokens], failures)
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -785,7 +807,8 @@ def SelfTest(facts):
                     "design.md §7.\n\n"
                     "```sh\nspgated --state_dri=/tmp/s\n```\n\n"
                     "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert.\n\n"
-                    "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`.\n\n"
+                    "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`; "
+                    "`make tset`.\n\n"
                     "spgate-sim takes `--stpes`. `Regster(RegisterRequest) → RegisterResponse`, "
                     "`AdminService/PinMod`.\n\n"
                     "## spgate-sim flags\n\n| flag | default | meaning |\n|---|---|---|\n"
@@ -798,7 +821,7 @@ def SelfTest(facts):
     got = "\n".join(bad.items)
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
-            "no rpc PinMod", "default is '123456789'"]
+            "no rpc PinMod", "default is '123456789'", "make tset"]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
