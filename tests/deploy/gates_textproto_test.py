@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""deploy/k8s/base/gates.textproto is a valid spgate.v1.GateConfig (protobuf text format,
-parsed with protoc-generated Python from proto/spgate/v1/gate.proto), sets every field,
+"""deploy/k8s/components/sidecar/gates.textproto is a valid spgate.v1.GateConfig (protobuf
+text format, parsed with protoc-generated Python from proto/spgate/v1/gate.proto), sets every field,
 every value passes the validation of docs/design.md §3, and the values are the built-in
 defaults (the file documents the defaults; a change to either must be deliberate).
 
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gate_fields  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TEXTPROTO = os.path.join(REPO, "deploy", "k8s", "base", "gates.textproto")
+TEXTPROTO = os.path.join(REPO, "deploy", "k8s", "components", "sidecar", "gates.textproto")
 DESIGN = os.path.join(REPO, "docs", "design.md")
 # A floor on what the parser must find, so a parser that reads nothing cannot pass: the
 # eight gates of docs/design.md §3 and the policy of §11 exist since 0.1.

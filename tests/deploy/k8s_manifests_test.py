@@ -52,12 +52,14 @@ import yaml  # noqa: E402  (kustomize_render reported a missing python3-yaml)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # SPGATE_K8S_DIR: check another tree (the mutation self-test uses it).
 K8S = os.environ.get("SPGATE_K8S_DIR", os.path.join(REPO, "deploy", "k8s"))
+GATES = os.path.join(K8S, "components", "sidecar", "gates.textproto")
 SIDECAR = "spgated"
 CONFIGMAP = "spgated-gates"
 ADMIN_SECRET = "spgated-admin-token"
-# The daemon's worker tokens (NAME:TOKEN JOB_PATTERN lines) and the trainer's own line.
+# The daemon's worker tokens (NAME:TOKEN JOB_PATTERN lines) and the trainer's own line,
+# which a sidecar, serving only its own pod's job, reads as its whole token file.
 WORKER_SECRET, WORKER_KEY = "spgated-worker-tokens", "tokens"
-TRAINER_TOKEN_KEY = "token"
+TRAINER_SECRET, TRAINER_TOKEN_KEY = "spgate-trainer-token", "token"
 # The client TLS flags of spgate-sim / spgate-worker (worker/client/tls.h kTlsFlagNames)
 # and the key each takes from a cert-manager style Secret.
 TRAINER_TLS_KEYS = {"tls_ca": "ca.crt", "tls_cert": "tls.crt", "tls_key": "tls.key"}
@@ -70,10 +72,23 @@ def Fail(where, msg):
     failures.append(f"{where}: {msg}")
 
 
+def Env(container):
+    """The container's variables with a literal value (valueFrom ones map to None)."""
+    return {e["name"]: e.get("value") for e in container.get("env") or []}
+
+
+def Expand(arg, env):
+    """$(VAR) as the kubelet expands it in command and args: a defined variable's value;
+    an undefined one, or one without a literal value here, stays as written."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                  lambda m: env[m.group(1)] if env.get(m.group(1)) is not None else m.group(0), arg)
+
+
 def Flags(container):
     out = {}
+    env = Env(container)
     for arg in container.get("args", []) + container.get("command", []):
-        m = re.match(r"^--([a-z_]+)(?:=(.*))?$", arg)
+        m = re.match(r"^--([a-z_]+)(?:=(.*))?$", Expand(arg, env))
         if m:  # a bare --flag is a boolean set to true
             out[m.group(1)] = "true" if m.group(2) is None else m.group(2)
     return out
@@ -89,12 +104,27 @@ def IsLoopback(address):
     return host == "localhost" or host == "::1" or re.match(r"^127\.\d+\.\d+\.\d+$", host) is not None
 
 
+class Pod:
+    """One pod template of a workload: a Job's or Deployment's, or one replica type's of a
+    PyTorchJob (`replica`)."""
+
+    def __init__(self, resource, template, replica=None):
+        self.resource, self.template, self.replica = resource, template, replica
+        self.kind, self.name = resource["kind"], resource["metadata"]["name"]
+        self.meta, self.spec = template.get("metadata", {}), template["spec"]
+
+    def __str__(self):
+        return f"{self.kind}/{self.name}" + (f" {self.replica}" if self.replica else "")
+
+
 def PodTemplates(resources):
-    """(resource, template metadata, pod spec) for every workload."""
+    """Every pod template of every workload, as Pod."""
     for r in resources:
         if r["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
-            t = r["spec"]["template"]
-            yield r, t.get("metadata", {}), t["spec"]
+            yield Pod(r, r["spec"]["template"])
+        elif r["kind"] == "PyTorchJob":
+            for replica, rs in sorted(r["spec"]["pytorchReplicaSpecs"].items()):
+                yield Pod(r, rs["template"], replica)
 
 
 def AllContainers(spec):
@@ -169,7 +199,8 @@ def CheckDaemonContainer(where, c, spec, resources, gates_text):
         if not cms:
             Fail(where, f"ConfigMap {cm_name} is not in the rendering")
         elif cms[0].get("data", {}).get(key) != gates_text:
-            Fail(where, f"ConfigMap {cm_name} key {key} is not deploy/k8s/base/gates.textproto")
+            Fail(where, f"ConfigMap {cm_name} key {key} is not "
+                        f"deploy/k8s/components/sidecar/gates.textproto")
     # --admin_token_file
     mount, volume = MountFor(c, spec, flags["admin_token_file"])
     if not mount or (volume or {}).get("secret", {}).get("secretName") != ADMIN_SECRET:
@@ -194,9 +225,11 @@ def CheckDaemonContainer(where, c, spec, resources, gates_text):
                     "register any job")
     if "worker_token_file" in flags:
         secret, key = SecretOf(c, spec, flags["worker_token_file"])
-        if (secret, key) != (WORKER_SECRET, WORKER_KEY):
-            Fail(where, f"--worker_token_file must be key `{WORKER_KEY}` of a mount of Secret "
-                        f"{WORKER_SECRET}, is {(secret, key)}")
+        sidecar = any(x["name"] != SIDECAR for _, x in AllContainers(spec))
+        want = (TRAINER_SECRET, TRAINER_TOKEN_KEY) if sidecar else (WORKER_SECRET, WORKER_KEY)
+        if (secret, key) != want:
+            Fail(where, f"--worker_token_file must be key `{want[1]}` of a mount of Secret "
+                        f"{want[0]}, is {(secret, key)}")
     return flags
 
 
@@ -282,7 +315,7 @@ def CheckTrainerToken(where, c, spec, daemon, daemon_spec):
     if not secret:
         Fail(where, f"--worker_token_file {flags['worker_token_file']} is not inside a Secret "
                     "volume mount of the trainer")
-    elif secret == daemon_secret:
+    elif secret == daemon_secret and daemon_spec is not spec:
         Fail(where, f"the trainer mounts the daemon's Secret {secret} (every tenant's token); "
                     "give it its own line in its own Secret")
     elif key != TRAINER_TOKEN_KEY:
@@ -297,12 +330,13 @@ def Selects(selector, labels):
 def Check(name, resources, gates_text):
     daemons = []  # (where, flags, template labels)
     trainers = []
-    for r, meta, spec in PodTemplates(resources):
+    for pod in PodTemplates(resources):
+        spec, meta = pod.spec, pod.meta
         pod_sc = spec.get("securityContext") or {}
         if pod_sc.get("seccompProfile", {}).get("type") != "RuntimeDefault":
-            Fail(f"{name} {r['kind']}/{r['metadata']['name']}", "pod seccompProfile must be RuntimeDefault")
+            Fail(f"{name} {pod}", "pod seccompProfile must be RuntimeDefault")
         for field, c in AllContainers(spec):
-            where = f"{name} {r['kind']}/{r['metadata']['name']} {field}/{c['name']}"
+            where = f"{name} {pod} {field}/{c['name']}"
             CheckSecurity(where, c, pod_sc)
             if field == "initContainers" and c.get("restartPolicy") not in (None, "Always"):
                 Fail(where, f"init container restartPolicy {c.get('restartPolicy')}")
@@ -310,9 +344,9 @@ def Check(name, resources, gates_text):
                 Fail(where, "ordinary containers may not set restartPolicy")
             if c["name"] == SIDECAR:
                 flags = CheckDaemonContainer(where, c, spec, resources, gates_text) or {}
-                daemons.append((where, field, c, flags, meta.get("labels") or {}, r))
+                daemons.append((where, field, c, flags, meta.get("labels") or {}, pod))
             else:
-                trainers.append((where, c, r, meta.get("labels") or {}))
+                trainers.append((where, c, pod, meta.get("labels") or {}))
     if not daemons:
         Fail(name, "no spgated container rendered")
     # PodMonitor
@@ -348,7 +382,7 @@ def Check(name, resources, gates_text):
             if not same_pod or Port(same_pod[0][3].get("listen", ":0")) != int(port):
                 Fail(where, f"--controller={controller} but no spgated in the pod listens there")
                 continue
-            spec = r["spec"]["template"]["spec"]
+            spec = r.spec
             CheckTrainerTls(where, c, spec, host, same_pod[0][2], spec)
             CheckTrainerToken(where, c, spec, same_pod[0][2], spec)
         else:
@@ -369,10 +403,8 @@ def Check(name, resources, gates_text):
                             f"listens on {backends[0][3]['listen']}")
             if backends[0][3]["listen"].startswith("127.0.0.1:"):
                 Fail(where, "the per-job daemon must listen beyond loopback")
-            CheckTrainerTls(where, c, r["spec"]["template"]["spec"], host, backends[0][2],
-                            backends[0][5]["spec"]["template"]["spec"])
-            CheckTrainerToken(where, c, r["spec"]["template"]["spec"], backends[0][2],
-                              backends[0][5]["spec"]["template"]["spec"])
+            CheckTrainerTls(where, c, r.spec, host, backends[0][2], backends[0][5].spec)
+            CheckTrainerToken(where, c, r.spec, backends[0][2], backends[0][5].spec)
     return daemons, trainers
 
 
@@ -390,7 +422,7 @@ def CheckShapes(renders):
     for where, field, c, _, _, r in d:
         if field != "containers" or "restartPolicy" in c:
             Fail(where, "legacy-sidecar: spgated must be an ordinary container")
-        spec = r["spec"]["template"]["spec"]
+        spec = r.spec
         if spec.get("initContainers"):
             Fail(where, "legacy-sidecar: init containers left behind")
         if spec.get("shareProcessNamespace") is not True:
@@ -406,12 +438,15 @@ def CheckShapes(renders):
     spec = job["spec"]["template"]["spec"]
     if any(c["name"] == SIDECAR for _, c in AllContainers(spec)):
         Fail("per-job-daemon", "the training Job still runs spgated")
-    base_job = Find(renders["base"]["resources"], "Job")[0]
-    sidecar_volumes = {v["name"] for v in base_job["spec"]["template"]["spec"].get("volumes") or []}
+    # The volumes only the base's sidecar mounted (the trainer keeps its worker credential).
+    base_spec = Find(renders["base"]["resources"], "Job")[0]["spec"]["template"]["spec"]
+    mounted = {field: {m["name"] for c in base_spec.get(field) or [] for m in c.get("volumeMounts") or []}
+               for field in ("initContainers", "containers")}
+    sidecar_volumes = mounted["initContainers"] - mounted["containers"]
     kept = [v["name"] for v in spec.get("volumes") or [] if v["name"] in sidecar_volumes]
     if kept:
         Fail("per-job-daemon", f"the Job keeps the sidecar's volumes {kept}")
-    if [x[5]["kind"] for x in d] != ["Deployment"]:
+    if [x[5].kind for x in d] != ["Deployment"]:
         Fail("per-job-daemon", "exactly one spgated, in the Deployment, expected")
     deploy = Find(per_job["resources"], "Deployment", "spgated")
     if deploy and (deploy[0]["spec"].get("replicas") != 1
@@ -470,6 +505,7 @@ def RenderAll(tmp):
         "base": os.path.join(K8S, "base"),
         "legacy-sidecar": os.path.join(K8S, "overlays", "legacy-sidecar"),
         "per-job-daemon": os.path.join(K8S, "overlays", "per-job-daemon"),
+        "pytorchjob": os.path.join(K8S, "examples", "pytorchjob"),
     }
     # The TLS component composed onto the per-job overlay, the way docs/deploy.md says.
     copy = os.path.join(tmp, "k8s")
@@ -480,10 +516,10 @@ def RenderAll(tmp):
         f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
                 "resources:\n  - ../per-job-daemon\ncomponents:\n  - ../../components/tls\n")
     targets["per-job-daemon+tls"] = compose
-    overlays = sorted(os.listdir(os.path.join(K8S, "overlays")))
-    for overlay in overlays:
-        if overlay not in targets:
-            Fail("deploy/k8s/overlays", f"overlay {overlay} is not covered by this test")
+    for parent in ("overlays", "examples"):
+        for overlay in sorted(os.listdir(os.path.join(K8S, parent))):
+            if overlay not in targets:
+                Fail(f"deploy/k8s/{parent}", f"{overlay} is not covered by this test")
     return targets
 
 
@@ -505,7 +541,7 @@ def Key(r):
 
 
 def main():
-    with open(os.path.join(K8S, "base", "gates.textproto"), encoding="utf-8") as f:
+    with open(GATES, encoding="utf-8") as f:
         gates_text = f.read()
     renders = {}
     compared = []
@@ -530,7 +566,7 @@ def main():
                 compared.append(name)
             renders[name] = {"resources": resources,
                              "checked": Check(name, resources, gates_text)}
-    if len(renders) == 4 and not failures:
+    if len(renders) == 5 and not failures:
         CheckShapes(renders)
     if failures:
         print(f"FAIL: {len(failures)} problem(s)")

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Unit tests of kustomize_render.py: strategic merge and JSON 6902 semantics, target
-selection, generators, images, and the loud refusal of everything it does not implement.
-When kubectl is installed, the strategic-merge list-order cases are also rendered by
-`kubectl kustomize` and must agree (that ordering is kustomize's, not the API server's).
+"""Unit tests of kustomize_render.py: strategic merge and JSON 6902 semantics (lists of a
+custom resource replaced), target selection (label selectors), generators, images,
+replacements, local configuration, and the loud refusal of everything it does not
+implement. When kubectl is installed, the strategic-merge list-order cases and a
+kustomization using every feature the sidecar Component relies on are also rendered by
+`kubectl kustomize` and must agree.
 """
+import copy
 import os
 import shutil
 import subprocess
@@ -154,16 +157,180 @@ class BuildTest(unittest.TestCase):
             {"resources": ["https://github.com/x/y"]},
             {"resources": ["missing.yaml"]},
             {"resources": ["r.yaml"], "patches": [{"patch": "- op: add\n  path: /a\n  value: 1\n"}]},
-            {"resources": ["r.yaml"], "patches": [{"target": {"kind": "Service"},
+            {"resources": ["r.yaml"], "patches": [{"target": {"labelSelector": "a=(b"},
                                                    "patch": "- op: add\n  path: /a\n  value: 1\n"}]},
-            {"resources": ["r.yaml"], "patches": [{"target": {"labelSelector": "a=b"},
+            {"resources": ["r.yaml"], "patches": [{"target": {"fieldSelector": "a=b"},
                                                    "patch": "- op: add\n  path: /a\n  value: 1\n"}]},
+            {"resources": ["r.yaml"], "replacements": [{"path": "r.yaml"}]},
+            {"resources": ["r.yaml"], "replacements": [{
+                "source": {"kind": "Deployment", "fieldPath": "spec.template.spec.containers.0"},
+                "targets": []}]},
+            {"resources": ["r.yaml"], "replacements": [{
+                "source": {"kind": "Deployment"},
+                "targets": [{"select": {"kind": "Deployment"}, "fieldPaths": ["metadata.name"],
+                             "options": {"delimiter": "-"}}]}]},
+            {"resources": ["r.yaml"], "replacements": [{
+                "source": {"kind": "Deployment", "fieldPath": "spec.nope"}, "targets": []}]},
+            {"resources": ["r.yaml"], "components": ["/abs/component"]},
         ]
         for kust in cases:
             with self.subTest(kust=kust):
                 self.Write("kustomization.yaml", kust)
                 with self.assertRaises((kr.KustomizeError, OSError)):
                     kr.Build(self.dir)
+
+
+class SelectorTest(unittest.TestCase):
+    def test_kubernetes_selector_semantics(self):
+        labels = {"a": "1", "b": "x"}
+        for selector, want in (("a=1", True), ("a==1", True), ("a=2", False), ("a!=2", True),
+                               ("c!=2", True), ("a", True), ("c", False), ("!c", True),
+                               ("!a", False), ("b in (x,y)", True), ("b in (y)", False),
+                               ("b notin (x)", False), ("c notin (x)", True), ("c in (x)", False),
+                               ("a=1,b notin (y, z)", True), ("a=1, c", False), ("", True)):
+            with self.subTest(selector=selector):
+                self.assertEqual(kr.SelectorMatches(selector, labels), want)
+        with self.assertRaises(kr.KustomizeError):
+            kr.SelectorMatches("a in x", labels)
+
+
+class CustomResourceMergeTest(unittest.TestCase):
+    def test_lists_of_unknown_kinds_are_replaced(self):
+        base = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                "spec": {"containers": [{"name": "a", "image": "x"}], "m": {"k": 1}}}
+        patch = {"spec": {"containers": [{"name": "a", "env": []}], "m": {"j": 2}}}
+        out = kr.StrategicMerge(base, patch, builtin=kr.IsBuiltin(base))
+        self.assertEqual(out["spec"]["containers"], [{"name": "a", "env": []}])
+        self.assertEqual(out["spec"]["m"], {"k": 1, "j": 2})  # maps still merge
+        self.assertTrue(kr.IsBuiltin({"apiVersion": "batch/v1"}))
+        self.assertTrue(kr.IsBuiltin({"apiVersion": "v1"}))
+
+
+class ReplacementTest(unittest.TestCase):
+    def test_field_paths(self):
+        self.assertEqual(kr.FieldPath("a.[x=1].b.[c.d/e]"),
+                         [("key", "a"), ("match", "x", "1"), ("key", "b"), ("key", "c.d/e")])
+        for bad in ("a.*.b", "a.0.b", "a..b", "a[x=1]"):
+            with self.subTest(path=bad), self.assertRaises(kr.KustomizeError):
+                kr.FieldPath(bad)
+
+    def test_set_field_creates_by_key_and_keeps_the_rest(self):
+        doc = {"spec": {"c": [{"name": "a", "env": [{"name": "X", "value": "1"}]}]}}
+        self.assertTrue(kr.SetField(doc, "spec.c.[name=a].env.[name=Y]", {"name": "Y", "value": "2"}, True))
+        self.assertTrue(kr.SetField(doc, "spec.c.[name=a].env.[name=X]", {"name": "X", "value": "3"}, True))
+        self.assertTrue(kr.SetField(doc, "spec.v.[name=w]", {"name": "w"}, True))
+        self.assertEqual(doc["spec"]["c"][0]["env"], [{"name": "X", "value": "3"},
+                                                      {"name": "Y", "value": "2"}])
+        self.assertEqual(doc["spec"]["v"], [{"name": "w"}])
+        self.assertFalse(kr.SetField(doc, "spec.c.[name=b].env", [], False))
+        self.assertFalse(kr.SetField(doc, "spec.nope.x", 1, False))
+        self.assertEqual(kr.GetField(doc, "spec.c.[name=a].env.[name=Y].value"), "2")
+
+    def test_select_reject_and_source(self):
+        src = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "s"},
+               "spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}
+        a = Deployment([{"name": "c", "image": "i"}])
+        b = copy.deepcopy(a)
+        b["metadata"] = {"name": "y", "labels": {"skip": "yes"}}
+        resources = [src, a, b]
+        kr.ApplyReplacements(resources, [{
+            "source": {"kind": "Pod", "name": "s", "fieldPath": "spec.volumes.[name=v]"},
+            "targets": [{"select": {"kind": "Deployment"}, "reject": [{"labelSelector": "skip=yes"}],
+                         "fieldPaths": ["spec.template.spec.volumes.[name=v]"],
+                         "options": {"create": True}}]}], "t")
+        self.assertEqual(a["spec"]["template"]["spec"]["volumes"], [{"name": "v", "emptyDir": {}}])
+        self.assertNotIn("volumes", b["spec"]["template"]["spec"])
+        with self.assertRaises(kr.KustomizeError):  # missing target without create
+            kr.ApplyReplacements(resources, [{
+                "source": {"kind": "Pod", "name": "s", "fieldPath": "spec.volumes.[name=v]"},
+                "targets": [{"select": {"kind": "Deployment"}, "fieldPaths": ["spec.x.[name=v]"]}]}], "t")
+        with self.assertRaises(kr.KustomizeError):  # two sources
+            kr.ApplyReplacements(resources, [{"source": {"kind": "Deployment"}, "targets": []}], "t")
+
+
+def FeatureTree(root):
+    """A kustomization using what the sidecar Component relies on: a Component with a
+    local-config source, replacements with create/reject, label-selected patches into a
+    custom resource, generator labels, images in nested containers, YAML aliases."""
+    def write(rel, text):
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    write("comp/src.yaml", """apiVersion: v1
+kind: Pod
+metadata: {name: src, annotations: {config.kubernetes.io/local-config: "true"}}
+spec:
+  initContainers: [{name: side, image: img, restartPolicy: Always}]
+  containers: [{name: main, env: [{name: E, value: "1"}]}]
+""")
+    write("comp/kustomization.yaml", """apiVersion: kustomize.config.k8s.io/v1alpha1
+kind: Component
+resources: [src.yaml]
+configMapGenerator:
+  - {name: cm, literals: [a=b], options: {labels: {x: "1"}}}
+generatorOptions: {disableNameSuffixHash: true, labels: {g: "2"}}
+patches:
+  - target: {group: example.com, kind: Thing, labelSelector: "skip notin (yes)"}
+    patch: |-
+      apiVersion: example.com/v1
+      kind: Thing
+      metadata: {name: any}
+      spec: {pods: {A: {template: {metadata: {labels: {l: "true"}}}}}, other: [{name: z}]}
+replacements:
+  - source: {kind: Pod, name: src, fieldPath: "spec.initContainers.[name=side]"}
+    targets:
+      - select: {group: example.com, kind: Thing}
+        reject: [{labelSelector: skip=yes}]
+        fieldPaths: ["spec.pods.A.template.spec.initContainers.[name=side]"]
+        options: {create: true}
+  - source: {kind: Pod, name: src, fieldPath: "spec.containers.[name=main].env.[name=E]"}
+    targets:
+      - select: {kind: Thing}
+        fieldPaths: ["spec.pods.A.template.spec.containers.[name=main].env.[name=E]"]
+        options: {create: true}
+""")
+    write("top/things.yaml", """apiVersion: example.com/v1
+kind: Thing
+metadata: {name: t1}
+spec:
+  other: [{name: keep-replaced}]
+  pods:
+    A:
+      template: &tmpl
+        spec: {containers: [{name: main, image: img, env: [{name: F, value: "2"}]}]}
+    B: {template: *tmpl}
+---
+apiVersion: example.com/v1
+kind: Thing
+metadata: {name: t2, labels: {skip: "yes"}}
+spec: {pods: {A: {template: {spec: {containers: [{name: main, image: img:3}]}}}}}
+""")
+    write("top/kustomization.yaml", """resources: [things.yaml]
+components: [../comp]
+images: [{name: img, newName: reg/img, newTag: "9"}]
+""")
+    return os.path.join(root, "top")
+
+
+class FeatureTreeTest(unittest.TestCase):
+    def test_render(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = {(r["kind"], r["metadata"]["name"]): r for r in kr.Build(FeatureTree(d))}
+        self.assertNotIn(("Pod", "src"), out)  # local configuration left out
+        self.assertEqual(out[("ConfigMap", "cm")]["metadata"]["labels"], {"x": "1", "g": "2"})
+        t1 = out[("Thing", "t1")]["spec"]
+        a, b = t1["pods"]["A"]["template"], t1["pods"]["B"]["template"]
+        self.assertEqual(a["spec"]["initContainers"],
+                         [{"name": "side", "image": "reg/img:9", "restartPolicy": "Always"}])
+        self.assertEqual(a["spec"]["containers"][0]["env"],
+                         [{"name": "F", "value": "2"}, {"name": "E", "value": "1"}])
+        self.assertEqual(a["metadata"]["labels"], {"l": "true"})
+        self.assertNotIn("initContainers", b["spec"])  # the alias did not share the change
+        self.assertEqual(t1["other"], [{"name": "z"}])  # a custom resource's list: replaced
+        t2 = out[("Thing", "t2")]["spec"]["pods"]["A"]["template"]
+        self.assertNotIn("initContainers", t2["spec"])
+        self.assertNotIn("metadata", t2)
 
 
 KUBECTL, WHY_NO_KUBECTL = kr.KubectlForComparison()
@@ -186,6 +353,15 @@ class AgreesWithKubectlTest(unittest.TestCase):
                 theirs = yaml.safe_load(r.stdout)
                 mine = kr.Build(d)[0]
                 self.assertEqual(mine, theirs)
+
+    def test_feature_tree(self):
+        with tempfile.TemporaryDirectory() as d:
+            top = FeatureTree(d)
+            r = subprocess.run([KUBECTL, "kustomize", top], capture_output=True, text=True,
+                               timeout=60, check=True)
+            key = lambda x: (x["kind"], x["metadata"]["name"])  # noqa: E731
+            theirs = sorted((x for x in yaml.safe_load_all(r.stdout) if x), key=key)
+            self.assertEqual(sorted(kr.Build(top), key=key), theirs)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 while spgate-sim drives a job through the real protocol.
 
 Everything runs on 127.0.0.1 in a temporary directory:
-  1. spgated with deploy/k8s/base/gates.textproto (the shipped config), a state dir, an
-     admin token and a health port, ports picked by the daemon (port 0);
+  1. spgated with deploy/k8s/components/sidecar/gates.textproto (the shipped config), a
+     state dir, an admin token and a health port, ports picked by the daemon (port 0);
   2. Prometheus with deploy/prometheus/prometheus.yml (scrape interval cut to 1 s) and
      deploy/prometheus/spgate-rules.yml;
   3. spgatectl shortens the rolling windows (so RS_WAIT, PROBE and the hysteresis happen
@@ -126,7 +126,7 @@ def main():
     try:
         daemon = sr.SpgatedProcess(
             bins["spgated"], state_dir=os.path.join(tmp, "state"),
-            config=os.path.join(REPO, "deploy", "k8s", "base", "gates.textproto"),
+            config=os.path.join(REPO, "deploy", "k8s", "components", "sidecar", "gates.textproto"),
             extra_args=[f"--admin_token_file={token_file}", "--health_listen=127.0.0.1:0",
                         "--stale_after=3s"]).start()
         Log(f"spgated: worker {daemon.worker_address}, admin {daemon.admin_address}, "

@@ -36,7 +36,7 @@ TOKEN_RE = re.compile(r"""
 """, re.X)
 
 KNOWN_LABELS = ("job_id", "group", "mode", "reason", "gate", "state", "result", "version",
-                "instance", "job", "le")
+                "instance", "job", "le", "namespace", "pod")
 
 
 def Tokenize(expr):
@@ -146,6 +146,8 @@ def Lint(expr, recorded=()):
                 problems.append(f"counter {name} used without rate()/increase()")
         elif name in recorded:
             labels = LevelLabels(name)
+        elif name in contract.KUBE_STATE_METRICS:
+            labels = contract.KUBE_STATE_METRICS[name]
         elif name == "up":
             labels = ()
         else:

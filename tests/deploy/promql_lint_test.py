@@ -66,8 +66,10 @@ class PromqlLintTest(unittest.TestCase):
         self.assertEqual(promql_lint.LevelLabels("job_id_mode_reason:x:rate5m"),
                          ("job_id", "mode", "reason"))
         self.assertEqual(promql_lint.LevelLabels("instance:x:p99"), ("instance",))
+        self.assertEqual(promql_lint.LevelLabels("namespace_job_id:x:rate5m"),
+                         ("namespace", "job_id"))
         with self.assertRaises(ValueError):
-            promql_lint.LevelLabels("pod_job:x:rate5m")
+            promql_lint.LevelLabels("node_job:x:rate5m")
 
 
 if __name__ == "__main__":

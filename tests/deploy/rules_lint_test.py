@@ -4,6 +4,10 @@
 - recording rules are named level:metric:operations, the level made of label names;
 - every expression uses only docs/design.md §7 metrics, labels and label values
   (promql_lint);
+- every aggregation keeps `namespace` (`by (namespace, ...)`, never `without
+  (namespace)`, never a bare `sum(...)`): one job id in two namespaces is two jobs, and
+  alerts are routed by namespace;
+- deploy/k8s/monitoring/prometheusrule.yaml holds exactly this file's groups;
 - every alert has a severity, summary, description and a runbook_url whose section
   exists in docs/operations-runbooks.md;
 - an alert exists for each condition operators must hear about (REQUIRED_ALERTS);
@@ -41,6 +45,24 @@ REQUIRED_ALERTS = {
     "Registers without the launch's credential": "SpgateLaunchCredentialRefusals",
 }
 RECORD_NAME = re.compile(r"^[a-z][a-z_]*:spgate_[a-z0-9_]+:[a-z0-9_]+$")
+PROMETHEUS_RULE = os.path.join(REPO, "deploy", "k8s", "monitoring", "prometheusrule.yaml")
+AGGREGATION = re.compile(r"\b(sum|min|max|avg|count|stddev|stdvar|group|topk|bottomk|quantile)"
+                         r"\s*(by|without)?\s*\(([^()]*)")
+
+
+def NamespaceProblems(expr):
+    """Aggregations in `expr` that drop the namespace label."""
+    problems = []
+    for m in AGGREGATION.finditer(expr):
+        op, clause, labels = m.group(1), m.group(2), m.group(3)
+        names = {l.strip() for l in labels.split(",")}
+        if clause is None:
+            problems.append(f"{op}(...) without `by (namespace, ...)` drops namespace")
+        elif clause == "by" and "namespace" not in names:
+            problems.append(f"{op} by ({labels}) drops namespace")
+        elif clause == "without" and "namespace" in names:
+            problems.append(f"{op} without ({labels}) drops namespace")
+    return problems
 
 
 def GithubAnchor(heading):
@@ -68,6 +90,26 @@ def main():
         name = rule.get("record") or rule.get("alert")
         for problem in promql_lint.Lint(rule["expr"], recorded=records):
             failures.append(f"{name}: {problem}")
+        for problem in NamespaceProblems(rule["expr"]):
+            failures.append(f"{name}: {problem}")
+    # Self-check of the namespace rule on what the rules file used to say.
+    for expr, bad in (("sum by (job_id) (rate(x[5m]))", True), ("sum(rate(x[5m]))", True),
+                      ("sum without (namespace, reason) (x)", True),
+                      ("max by (namespace, job_id) (x)", False), ("sum without (reason) (x)", False)):
+        if bool(NamespaceProblems(expr)) != bad:
+            failures.append(f"NamespaceProblems({expr!r}) is wrong")
+
+    # The Prometheus Operator's copy: the same groups, nothing else in its spec.
+    if os.path.exists(PROMETHEUS_RULE):
+        with open(PROMETHEUS_RULE) as f:
+            pr = yaml.safe_load(f)
+        if (pr.get("apiVersion"), pr.get("kind")) != ("monitoring.coreos.com/v1", "PrometheusRule"):
+            failures.append(f"{PROMETHEUS_RULE}: not a monitoring.coreos.com/v1 PrometheusRule")
+        if pr.get("spec") != {"groups": rules["groups"]}:
+            failures.append(f"{PROMETHEUS_RULE}: spec.groups differ from {RULES}; run "
+                            f"python3 deploy/k8s/monitoring/generate.py")
+    else:
+        failures.append(f"{PROMETHEUS_RULE} is missing")
 
     anchors = set()
     if os.path.exists(RUNBOOKS):

@@ -84,8 +84,17 @@ FAMILY_LABEL_VALUES = {
 }
 GLOBAL_JOB_ID = "_default"  # spgate_gate_threshold / spgate_config_version global scope
 
-# Labels every scraped series carries in addition to its own.
-TARGET_LABELS = ("job", "instance")
+# Labels every scraped series carries in addition to its own; on Kubernetes also the
+# pod's namespace and name (the PodMonitor, deploy/prometheus/scrape-kubernetes.yml).
+TARGET_LABELS = ("job", "instance", "namespace", "pod")
+
+# What the rules read from kube-state-metrics (a gauge each), to tell where a daemon is
+# expected: family -> labels.
+KUBE_STATE_METRICS = {
+    "kube_pod_container_info": ("namespace", "pod", "container"),
+    "kube_pod_init_container_info": ("namespace", "pod", "container"),
+    "kube_pod_status_phase": ("namespace", "pod", "phase"),
+}
 
 # The Prometheus scrape job name the rules and docs assume.
 SCRAPE_JOB = "spgated"
