@@ -9,7 +9,9 @@ What is checked, and the rule that decides what a name refers to:
   resolves to a file or folder (from the doc's folder); a `#anchor` on a Markdown target
   (or alone) names one of its headings, slugged as GitHub does (lowercase, punctuation
   but `-` and `_` dropped, spaces to `-`, `-1`, `-2` for repeats) or an `<a id/name>`.
-  "design.md §N" (in docs and in code comments) names an existing "## N." section.
+  "design.md §N" (in docs and in code comments) names an existing "## N." section. A
+  path in an inline code span whose first folder is one of the repository's top-level
+  folders (`server/metrics.cc`, `deploy/k8s/`) exists.
 * Metrics. A `spgate_*` word in a doc is a metric unless it is a file name
   (`spgate_x.py`), a call (`spgate_x(`), or an identifier of the C API header, the Python
   package or a CMake target. A metric must be registered in server/*.cc
@@ -205,6 +207,7 @@ class Facts:
         self.services = {}     # service -> {methods}
         self.proto_names = set()
         self.make_targets = MakeTargets(root)
+        self.top_folders = TopFolders(root)
         self.non_metrics = set()
         self._script_text = {}
 
@@ -296,35 +299,41 @@ def ReadMetrics(facts):
     facts.non_metrics -= facts.metrics
 
 
-def LiveMetrics(spgated):
-    """spgate_* families on a fresh spgated's /metrics (127.0.0.1, ports picked by it)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        err_path = os.path.join(tmp, "stderr")
-        with open(err_path, "w") as err:
-            proc = subprocess.Popen(
+class LiveMetrics:
+    """spgate_* families on a fresh spgated's /metrics (127.0.0.1, ports picked by it).
+    Started first, read last, so its start-up overlaps the rest of the checks."""
+
+    def __init__(self, spgated):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.err_path = os.path.join(self.tmp.name, "stderr")
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(
                 [spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
                  "--metrics_listen=127.0.0.1:0", "--health_listen=", "--shutdown_grace=0s"],
                 stdout=subprocess.DEVNULL, stderr=err)
+
+    def Families(self):
         try:
-            port, deadline = None, time.monotonic() + 15
-            while port is None and time.monotonic() < deadline and proc.poll() is None:
-                with open(err_path) as f:
+            port, deadline = None, time.monotonic() + 30
+            while port is None and time.monotonic() < deadline and self.proc.poll() is None:
+                with open(self.err_path) as f:
                     m = re.search(r"metrics on port (\d+)", f.read())
                 port = m and int(m.group(1))
                 time.sleep(0.05)
             if port is None:
-                with open(err_path) as f:
+                with open(self.err_path) as f:
                     raise RuntimeError(f"spgated did not report its metrics port:\n{f.read()}")
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 body = r.read().decode()
         finally:
-            proc.terminate()
+            self.proc.terminate()
             try:
-                proc.wait(timeout=10)
+                self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    return set(re.findall(r"^# TYPE (spgate_[a-z0-9_]+) ", body, re.MULTILINE))
+                self.proc.kill()
+                self.proc.wait()
+            self.tmp.cleanup()
+        return set(re.findall(r"^# TYPE (spgate_[a-z0-9_]+) ", body, re.MULTILINE))
 
 
 def ReadProto(facts):
@@ -350,13 +359,13 @@ ANCHORS = {}  # Markdown file -> its anchors
 
 
 def CheckLinks(facts, doc, text, blocks, failures):
-    base = os.path.dirname(doc)
+    base, rel = os.path.dirname(doc), os.path.relpath(doc, facts.root)
     link = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
     for block in blocks:
         if block.kind != "prose":
             continue
         for n, line in enumerate(block.lines):
-            where = f"{os.path.relpath(doc, facts.root)}:{block.start + n}"
+            where = f"{rel}:{block.start + n}"
             plain = re.sub(r"`[^`]*`", "", line)
             targets = link.findall(plain)
             targets += re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", plain)
@@ -608,6 +617,16 @@ def CheckCtlCommand(facts, where, words, failures):
 
 def ProgramsNamed(facts, text):
     """Programs a piece of prose names: ([('bin'|'script', name)], names another program)."""
+    key = (id(facts), text)
+    if key not in PROGRAMS_NAMED:
+        PROGRAMS_NAMED[key] = _ProgramsNamed(facts, text)
+    return PROGRAMS_NAMED[key]
+
+
+PROGRAMS_NAMED = {}
+
+
+def _ProgramsNamed(facts, text):
     progs = []
     for b in BINARIES:
         if re.search(r"(?<![\w/-])" + re.escape(b) + r"(?![\w-])", text):
@@ -701,6 +720,26 @@ def TableOwner(facts, line, headings):
     return named[0] if len(named) == 1 else None
 
 
+def CheckPaths(facts, where, line, failures):
+    """A repository path in an inline code span (`server/metrics.cc`, `deploy/k8s/`) exists."""
+    for span in CodeSpans(line):
+        for tok in re.split(r"[\s,;()]+", span):
+            tok = tok.strip("'\"").split(":")[0]
+            if "/" not in tok or re.search(r"[*{}<>$…]|\.\.\.", tok):
+                continue
+            top = tok.split("/")[0]
+            if top not in facts.top_folders or not re.match(r"^[\w./+-]+$", tok):
+                continue
+            if not os.path.exists(os.path.join(facts.root, tok)):
+                failures.add(where, f"{tok} does not exist in the repository")
+
+
+def TopFolders(root):
+    """Top-level folders of the source tree (not build trees or outputs)."""
+    return {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
+            and not d.startswith((".", "build", "out")) and d != "shared"}
+
+
 def CheckLines(facts, where_of, lines, sections, failures, in_design):
     for n, line in enumerate(lines):
         where = where_of(n)
@@ -734,6 +773,7 @@ def CheckDoc(facts, doc, sections, failures):
                 CheckLooseFlags(facts, Where(n), loose, contexts, refused, failures)
             continue
         for n, line in enumerate(block.lines):
+            CheckPaths(facts, Where(n), line, failures)
             rest = line
             for span in CodeSpans(line):
                 if any(ProgramOf(facts, t) for t in Tokens(span)):
@@ -772,6 +812,9 @@ def SourceFiles(root):
                 yield os.path.join(dirpath, f)
 
 
+SOURCE_SUSPECT = re.compile(r"issue|\(#\d", re.IGNORECASE)
+
+
 def CheckSources(root, sections, failures):
     me = os.path.abspath(__file__)
     for path in SourceFiles(root):
@@ -780,10 +823,12 @@ def CheckSources(root, sections, failures):
         rel = os.path.relpath(path, root)
         try:
             with open(path, encoding="utf-8") as f:
-                lines = f.read().split("\n")
+                text = f.read()
         except UnicodeDecodeError:
             continue
-        for n, line in enumerate(lines, 1):
+        if "§" not in text and not SOURCE_SUSPECT.search(text):
+            continue
+        for n, line in enumerate(text.split("\n"), 1):
             if "design" in line and "§" in line:
                 CheckSectionRefs(f"{rel}:{n}", line, sections, failures)
             if re.search(r"issue|\(#\d", line, re.IGNORECASE):
@@ -808,7 +853,7 @@ def SelfTest(facts):
                     "```sh\nspgated --state_dri=/tmp/s\n```\n\n"
                     "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert.\n\n"
                     "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`; "
-                    "`make tset`.\n\n"
+                    "`make tset`; `server/no_such_file.cc`.\n\n"
                     "spgate-sim takes `--stpes`. `Regster(RegisterRequest) → RegisterResponse`, "
                     "`AdminService/PinMod`.\n\n"
                     "## spgate-sim flags\n\n| flag | default | meaning |\n|---|---|---|\n"
@@ -821,7 +866,8 @@ def SelfTest(facts):
     got = "\n".join(bad.items)
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
-            "no rpc PinMod", "default is '123456789'", "make tset"]
+            "no rpc PinMod", "default is '123456789'", "make tset",
+            "server/no_such_file.cc does not exist"]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
@@ -871,16 +917,10 @@ def main():
             facts.flags[b] = HelpfullFlags(path, facts.defaults[b])
             if b == "spgated":
                 facts.spgated = path
+    daemon = LiveMetrics(facts.spgated) if getattr(facts, "spgated", None) else None
     ReadMetrics(facts)
     ReadProto(facts)
     failures = Failures()
-    if getattr(facts, "spgated", None):
-        live = LiveMetrics(facts.spgated)
-        for name in sorted(live - facts.metrics):
-            failures.add("server/metrics.cc", f"{name} is on /metrics but not read from the "
-                                              "source (.Name(\"...\")): fix this test's reading")
-        if not live:
-            failures.add("spgated /metrics", "no spgate_* family at all")
     for problem in SelfTest(facts):
         failures.add("docs_test.py", problem)
     for key in STATS:
@@ -892,6 +932,13 @@ def main():
     for doc in docs:
         CheckDoc(facts, doc, sections, failures)
     CheckSources(args.root, sections, failures)
+    if daemon is not None:
+        live = daemon.Families()
+        for name in sorted(live - facts.metrics):
+            failures.add("server/metrics.cc", f"{name} is on /metrics but not read from the "
+                                              "source (.Name(\"...\")): fix this test's reading")
+        if not live:
+            failures.add("spgated /metrics", "no spgate_* family at all")
     for item in failures.items:
         print(item)
     print(f"docs_test: {len(docs)} docs; {len(facts.metrics)} metrics, {len(facts.rpcs)} rpcs, "
