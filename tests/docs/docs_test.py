@@ -737,7 +737,7 @@ def CheckPaths(facts, where, line, failures):
 def TopFolders(root):
     """Top-level folders of the source tree (not build trees or outputs)."""
     return {d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))
-            and not d.startswith((".", "build", "out")) and d != "shared"}
+            and not d.startswith(("build", "out")) and d not in (".git", "shared")}
 
 
 def CheckLines(facts, where_of, lines, sections, failures, in_design):
