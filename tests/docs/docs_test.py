@@ -26,7 +26,7 @@ What is checked, and the rule that decides what a name refers to:
 * Commands. In a code block line or an inline code span that runs spgatectl, the first
   words after it (flags and their values skipped) must be one of the commands
   `spgatectl --help` lists (`gates set`, `jobs show`, `pin`, ...); after `make`, a rule
-  of the top-level Makefile.
+  of the top-level Makefile; after spgate-sim, a subcommand its usage shows (`replay`).
 * Flags (`--name`, lowercase). Attributed to a program by where they stand:
   1. On a command line (a code block's line, `\\`-continued lines joined, cut at `|`,
      `;`, `&&`, `&`; or an inline code span that names a program), a flag belongs to the
@@ -226,6 +226,9 @@ class Facts:
         return self._script_text[path]
 
 
+SUBCOMMANDS = {}  # binary -> the subcommands its usage lines show (spgate-sim: replay)
+
+
 def HelpfullFlags(binary, defaults):
     """The flags `BINARY --helpfull` lists; their defaults into DEFAULTS."""
     out = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=20)
@@ -233,6 +236,8 @@ def HelpfullFlags(binary, defaults):
     flags = set(re.findall(r"^    --([A-Za-z0-9_]+) \(", text, re.MULTILINE))
     for m in re.finditer(r"^    --(\w+) \(.*?\);\s+default: (.*?);$", text, re.M | re.S):
         defaults[m.group(1)] = m.group(2).strip().strip('"')
+    name = os.path.basename(binary)
+    SUBCOMMANDS[name] = set(re.findall(r"^\s*" + re.escape(name) + r" ([a-z]+)\b", text, re.M))
     if not flags:
         raise RuntimeError(f"{binary} --helpfull listed no flags:\n{text[:2000]}")
     # absl's own usage flags, handled before the listing.
@@ -537,7 +542,7 @@ def CheckMake(facts, where, tokens, failures):
 
 def CheckCommand(facts, where, segment, refused, failures):
     """Flags and spgatectl commands on one command line; returns the flags it did not own."""
-    loose, program, ctl_words, ctl_command = [], None, None, None
+    loose, program, ctl_words, ctl_command, seen_word = [], None, None, None, False
     tokens = Tokens(segment)
     CheckMake(facts, where, [t.strip("'\"`()") for t in tokens], failures)
     i = 0
@@ -550,6 +555,7 @@ def CheckCommand(facts, where, segment, refused, failures):
             if program == ("bin", "spgatectl"):
                 ctl_command = CheckCtlCommand(facts, where, ctl_words, failures)
             program, ctl_words = prog, ([] if prog == ("bin", "spgatectl") else None)
+            seen_word = False
             i += 1
             continue
         m = FLAG.match(tok.strip("'\"[],("))
@@ -569,6 +575,11 @@ def CheckCommand(facts, where, segment, refused, failures):
             continue
         if ctl_words is not None:
             ctl_words.append(tok)
+        elif program and program[0] == "bin" and SUBCOMMANDS.get(program[1]) and not seen_word:
+            seen_word = True
+            if re.match(r"^[a-z]+$", tok) and tok not in SUBCOMMANDS[program[1]]:
+                failures.add(where, f"{program[1]} has no subcommand '{tok}' (its usage shows "
+                                    f"{', '.join(sorted(SUBCOMMANDS[program[1]]))})")
         i += 1
     if program == ("bin", "spgatectl"):
         CheckCtlCommand(facts, where, ctl_words, failures)
@@ -854,7 +865,7 @@ def SelfTest(facts):
                     "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert.\n\n"
                     "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`; "
                     "`make tset`; `server/no_such_file.cc`.\n\n"
-                    "spgate-sim takes `--stpes`. `Regster(RegisterRequest) → RegisterResponse`, "
+                    "spgate-sim takes `--stpes`; `spgate-sim replya --compare`. `Regster(RegisterRequest) → RegisterResponse`, "
                     "`AdminService/PinMod`.\n\n"
                     "## spgate-sim flags\n\n| flag | default | meaning |\n|---|---|---|\n"
                     "| `--seed` | `123456789` | a wrong default |\n"
@@ -867,7 +878,7 @@ def SelfTest(facts):
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
             "no rpc PinMod", "default is '123456789'", "make tset",
-            "server/no_such_file.cc does not exist"]
+            "server/no_such_file.cc does not exist", "no subcommand 'replya'"]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
@@ -876,6 +887,7 @@ def SelfTest(facts):
         want.remove("--stpes")
         want.remove("--max_jobs")
         want.remove("default is '123456789'")
+        want.remove("no subcommand 'replya'")
     missed = [w for w in want if w not in got]
     lines_good = [x for x in bad.items if ":5:" in x or ":8:" in x]
     problems = []
