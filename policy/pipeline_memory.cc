@@ -212,17 +212,4 @@ int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions, b
   return overridden;
 }
 
-PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
-                                              std::span<const MicrobatchMemory> memory,
-                                              std::span<const Mode> wanted, uint64_t limit_bytes) {
-  StageMemoryGate gate(ops, resident, memory, limit_bytes);
-  std::vector<Decision> d;
-  for (Mode m : wanted) d.push_back({m, Reason::kGatesPassed});
-  ApplyStageMemoryGate(gate, d);
-  PipelineMemoryVerdict v{.modes = gate.modes(), .reasons = {}, .peak_bytes = gate.peak_bytes(),
-                          .over_budget = !gate.all_sp_fits()};
-  for (const Decision& x : d) v.reasons.push_back(x.reason);
-  return v;
-}
-
 }  // namespace spgate

@@ -8,15 +8,15 @@
 // StageSchedule replays the order in which a stage runs its forwards and backwards (the
 // order Megatron-Core's 1F1B and interleaved 1F1B schedules use, without their p2p
 // overlap, which does not change what is held); StagePeakBytes walks it with each
-// micro-batch's bytes in its mode; ApplyPipelineMemoryGate lets a micro-batch run TP-only
-// only while the stage's peak over the whole step stays under the limit. Pure functions:
+// micro-batch's bytes in its mode; StageMemoryGate lets a micro-batch run TP-only only
+// while the stage's peak over the whole step stays under the limit. Pure functions:
 // the daemon, the worker's fallback and the simulator call the same code.
 //
 // Usage:
 //   PipelineLayout layout{.pp = 4, .microbatches = 8};
 //   ASSIGN_OR_RETURN(std::vector<PipelineOp> ops, StageSchedule(layout, stage));
-//   PipelineMemoryVerdict v = ApplyPipelineMemoryGate(ops, resident, per_microbatch,
-//                                                     wanted_modes, budget * headroom);
+//   StageMemoryGate gate(ops, resident, per_microbatch, StageMemoryLimit(budget, config));
+//   ApplyStageMemoryGate(gate, decisions);  // a TP-only decision that does not fit runs SP
 #ifndef SPGATE_POLICY_PIPELINE_MEMORY_H_
 #define SPGATE_POLICY_PIPELINE_MEMORY_H_
 
@@ -95,8 +95,9 @@ uint64_t StageMemoryLimit(uint64_t budget_bytes, const GateConfig& config);
 // and TryTpOnly(i) lets micro-batch i run TP-only only if the stage's peak over the whole
 // step with it (and the TP-only ones before it) stays within `limit_bytes` (0: no limit).
 // A caller that decides micro-batches in order (a policy whose state advances with each
-// decision) asks it as it goes; ApplyPipelineMemoryGate is the same in one call. Keeps
-// spans into `memory`, which must outlive it. Preconditions as StagePeakBytes'.
+// decision) asks it as it goes (Admit); ApplyStageMemoryGate is the same over a step's
+// decisions made elsewhere. Keeps spans into `memory`, which must outlive it.
+// Preconditions as StagePeakBytes'.
 class StageMemoryGate {
  public:
   StageMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
@@ -129,24 +130,6 @@ class StageMemoryGate {
 // daemon's answer, the simulator's fixed TP-only choice). Returns how many it made SP.
 int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions,
                          bool pin_forced = false);
-
-struct PipelineMemoryVerdict {
-  std::vector<Mode> modes;      // per micro-batch, as the gate lets them run
-  std::vector<Reason> reasons;  // kMemoryRequiresSp / kMemoryOverBudget where it made SP;
-                                // kGatesPassed where it kept the wanted mode
-  uint64_t peak_bytes = 0;      // StagePeakBytes with `modes`
-  bool over_budget = false;     // even every micro-batch SP does not fit
-};
-
-// The schedule-aware memory gate. Every micro-batch wanted SP runs SP. Then, in
-// micro-batch order, each micro-batch wanted TP-only runs TP-only only if the stage's
-// peak over the whole step with it (and the TP-only ones before it) stays within
-// `limit_bytes`; otherwise SP, reason kMemoryRequiresSp. If the all-SP step itself does
-// not fit, every micro-batch runs SP (the smaller), reason kMemoryOverBudget. `limit_bytes`
-// 0: no gate, the wanted modes as they are.
-PipelineMemoryVerdict ApplyPipelineMemoryGate(std::span<const PipelineOp> ops, uint64_t resident,
-                                              std::span<const MicrobatchMemory> memory,
-                                              std::span<const Mode> wanted, uint64_t limit_bytes);
 
 }  // namespace spgate
 

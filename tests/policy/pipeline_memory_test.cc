@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <span>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -22,6 +23,32 @@ std::vector<PipelineOp> Ops(const PipelineLayout& l, int stage) {
   auto ops = StageSchedule(l, stage);
   EXPECT_THAT(ops.status(), IsOk());
   return ops.ok() ? *ops : std::vector<PipelineOp>{};
+}
+
+// The stage gate over a step's wanted modes (no pins), as the worker's commit and the
+// simulator's fixed choices run it (ApplyStageMemoryGate): the modes and reasons it lets
+// run (kGatesPassed where it kept the wanted mode), the stage's peak with them, and whether
+// even the all-SP step is over the limit.
+struct Verdict {
+  std::vector<Mode> modes;
+  std::vector<Reason> reasons;
+  uint64_t peak_bytes = 0;
+  bool over_budget = false;
+};
+Verdict Gate(std::span<const PipelineOp> ops, uint64_t resident,
+             std::span<const MicrobatchMemory> memory, std::span<const Mode> wanted,
+             uint64_t limit) {
+  StageMemoryGate gate(ops, resident, memory, limit);
+  std::vector<Decision> d;
+  for (Mode m : wanted) d.push_back({m, Reason::kGatesPassed});
+  ApplyStageMemoryGate(gate, d);
+  Verdict v{.modes = gate.modes(), .peak_bytes = gate.peak_bytes(),
+            .over_budget = !gate.all_sp_fits()};
+  for (size_t i = 0; i < d.size(); ++i) {
+    EXPECT_EQ(d[i].mode, v.modes[i]) << "the decisions run the gate's modes";
+    v.reasons.push_back(d[i].reason);
+  }
+  return v;
 }
 
 // Every (micro-batch, chunk) runs forward once and backward once, backward after forward.
@@ -125,14 +152,14 @@ TEST(PipelineMemoryGateTest, TheFirstStageKeepsSpWhereTheLastRunsTpOnly) {
   const uint64_t limit = 60 * kGB;
 
   const std::vector<PipelineOp> last = Ops(layout, 3);
-  const PipelineMemoryVerdict v3 = ApplyPipelineMemoryGate(last, 20 * kGB, mem, wanted, limit);
+  const Verdict v3 = Gate(last, 20 * kGB, mem, wanted, limit);
   EXPECT_EQ(v3.modes, wanted);
   EXPECT_EQ(v3.peak_bytes, 31 * kGB);
   EXPECT_FALSE(v3.over_budget);
 
   const std::vector<PipelineOp> first = Ops(layout, 0);
   EXPECT_EQ(StagePeakBytes(first, 20 * kGB, mem, wanted), 61 * kGB) << "all TP-only: 4 in flight";
-  const PipelineMemoryVerdict v0 = ApplyPipelineMemoryGate(first, 20 * kGB, mem, wanted, limit);
+  const Verdict v0 = Gate(first, 20 * kGB, mem, wanted, limit);
   EXPECT_LE(v0.peak_bytes, limit);
   EXPECT_EQ(v0.peak_bytes, StagePeakBytes(first, 20 * kGB, mem, v0.modes))
       << "the incremental peak is the replayed one";
@@ -155,11 +182,11 @@ TEST(PipelineMemoryGateTest, TheFirstStageKeepsSpWhereTheLastRunsTpOnly) {
   // over budget, all SP.
   std::vector<Mode> mixed = wanted;
   mixed[0] = Mode::kSequenceParallel;
-  const PipelineMemoryVerdict vm = ApplyPipelineMemoryGate(first, 20 * kGB, mem, mixed, limit);
+  const Verdict vm = Gate(first, 20 * kGB, mem, mixed, limit);
   EXPECT_EQ(vm.modes[0], Mode::kSequenceParallel);
   EXPECT_EQ(vm.reasons[0], Reason::kGatesPassed);
-  EXPECT_EQ(ApplyPipelineMemoryGate(first, 20 * kGB, mem, wanted, 0).modes, wanted);
-  const PipelineMemoryVerdict over = ApplyPipelineMemoryGate(first, 20 * kGB, mem, wanted, 25 * kGB);
+  EXPECT_EQ(Gate(first, 20 * kGB, mem, wanted, 0).modes, wanted);
+  const Verdict over = Gate(first, 20 * kGB, mem, wanted, 25 * kGB);
   EXPECT_TRUE(over.over_budget);
   EXPECT_EQ(over.modes, std::vector<Mode>(8, Mode::kSequenceParallel));
   EXPECT_EQ(over.reasons[3], Reason::kMemoryOverBudget);
@@ -183,7 +210,7 @@ TEST(PipelineMemoryGateTest, InterleavedPeaksMatchTheReplay) {
         StagePeakBytes(ops, 1000, mem, std::vector<Mode>(6, Mode::kSequenceParallel));
     const uint64_t tp_peak = StagePeakBytes(ops, 1000, mem, wanted);
     for (uint64_t limit = sp_peak; limit <= tp_peak; limit += 97) {
-      const PipelineMemoryVerdict v = ApplyPipelineMemoryGate(ops, 1000, mem, wanted, limit);
+      const Verdict v = Gate(ops, 1000, mem, wanted, limit);
       EXPECT_LE(v.peak_bytes, limit);
       EXPECT_EQ(v.peak_bytes, StagePeakBytes(ops, 1000, mem, v.modes)) << "limit " << limit;
     }
@@ -323,13 +350,13 @@ TEST(StageMemoryGateTest, HandComputedLimitOnTheBackward) {
     std::vector<Mode> wanted(m, Mode::kSequenceParallel);
     wanted[0] = Mode::kTensorParallelOnly;
 
-    const PipelineMemoryVerdict under = ApplyPipelineMemoryGate(ops, 1000, mem, wanted, c.tp_peak - 1);
+    const Verdict under = Gate(ops, 1000, mem, wanted, c.tp_peak - 1);
     EXPECT_FALSE(under.over_budget);
     EXPECT_EQ(under.modes, std::vector<Mode>(m, Mode::kSequenceParallel));
     EXPECT_EQ(under.reasons[0], Reason::kMemoryRequiresSp);
     EXPECT_EQ(under.peak_bytes, c.all_sp_peak);
 
-    const PipelineMemoryVerdict at = ApplyPipelineMemoryGate(ops, 1000, mem, wanted, c.tp_peak);
+    const Verdict at = Gate(ops, 1000, mem, wanted, c.tp_peak);
     EXPECT_EQ(at.modes, wanted);
     EXPECT_EQ(at.reasons[0], Reason::kGatesPassed);
     EXPECT_EQ(at.peak_bytes, c.tp_peak);
