@@ -60,6 +60,7 @@ struct Run {
   double tokens = 0, time_s = 0, p2p_bytes = 0, p2p_native_bytes = 0, busy = 0;
   std::vector<double> step_times;
   double window_tokens = 0, window_time = 0;
+  std::vector<int64_t> window_tp, window_decisions;  // [replica]: this window's
   bool decides() const { return kind == Kind::kStatic || kind == Kind::kAdaptive; }
 };
 
@@ -160,6 +161,8 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
     r.config = config;
     r.config.policy = kind == Kind::kAdaptive ? GatePolicyKind::kAdaptive : GatePolicyKind::kStatic;
     r.units.resize(units);
+    r.window_tp.assign(o.groups, 0);
+    r.window_decisions.assign(o.groups, 0);
     r.tables.resize(P);
     for (ThroughputTable& t : r.tables) t.SetPriorInputs(DeclaredPriorInputs(o));
     r.pending.resize(P);
@@ -319,6 +322,8 @@ void ApplyModes(Run& r, const Cell& cell, const PipelineCostModel& model, const 
       r.last_mode[unit] = modes[m];
       if (modes[m] == rs.oracle_modes[s][m]) ++r.result.oracle_agreed;
       (modes[m] == Mode::kSequenceParallel ? r.result.sp_steps : r.result.tp_steps)++;
+      r.window_tp[gi] += modes[m] == Mode::kTensorParallelOnly ? 1 : 0;
+      ++r.window_decisions[gi];
       if (modes[m] == Mode::kTensorParallelOnly) ++r.stage_tp[s];
       ++r.stage_decisions[s];
     }
@@ -406,6 +411,22 @@ absl::Status RunReplicaStep(Run& r, const Cell& cell, const PipelineCostModel& m
   return absl::OkStatus();
 }
 
+// The progress line follows the adaptive policy, the one under test: what its totals grew
+// by in a step (every replica's).
+struct ProgressWatch {
+  double tokens = 0;
+  int64_t sp = 0, tp = 0;
+  ProgressDelta Next(const Run& r, int groups) {
+    const ProgressDelta d{.parts = groups, .tokens = r.tokens - tokens,
+                          .sp = r.result.sp_steps - sp, .tp = r.result.tp_steps - tp,
+                          .sim_seconds = r.result.step_seconds.back()};
+    tokens = r.tokens;
+    sp = r.result.sp_steps;
+    tp = r.result.tp_steps;
+    return d;
+  }
+};
+
 CompareResult Finish(const Cell& cell, int groups, std::vector<Run>& runs) {
   CompareResult out;
   out.steps = cell.steps;
@@ -480,6 +501,11 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
             .fwd = std::vector(P, std::vector<double>(M)),
             .bwd = std::vector(P, std::vector<double>(M)),
             .switched = std::vector(P, std::vector<char>(M))};
+  const std::unique_ptr<ProgressReporter> progress =
+      MakeProgress(o, "spgate-sim replay --compare (adaptive)", cell.steps, o.groups);
+  ProgressWatch watch;
+  const Run& watched = *std::find_if(runs.begin(), runs.end(),
+                                     [](const Run& r) { return r.kind == Kind::kAdaptive; });
   for (int64_t k = 0; k < cell.steps; ++k) {
     for (Run& r : runs) {
       r.result.step_seconds.push_back(0);
@@ -500,9 +526,20 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
         r.result.series.push_back(r.window_time > 0 ? o.groups * r.window_tokens / r.window_time
                                                     : 0);
         r.window_tokens = r.window_time = 0;
+        std::vector<float>& share = r.result.group_tp_share.emplace_back(o.groups, 0.0f);
+        for (int gi = 0; gi < o.groups; ++gi) {
+          if (r.window_decisions[gi] > 0) {
+            share[gi] = static_cast<float>(r.window_tp[gi]) /
+                        static_cast<float>(r.window_decisions[gi]);
+          }
+        }
+        r.window_tp.assign(o.groups, 0);
+        r.window_decisions.assign(o.groups, 0);
       }
     }
+    if (progress) progress->Add(watch.Next(watched, o.groups));
   }
+  if (progress) progress->Finish();
   return Finish(cell, o.groups, runs);
 }
 

@@ -61,6 +61,9 @@ struct PolicyResult {
   int64_t probe_steps = 0;  // group-steps with reason PROBE
   int64_t sp_steps = 0, tp_steps = 0;
   std::vector<double> series;  // effective tokens/s per window of series_window steps
+  // Per window of the series, each group's (replica's) share of its decisions that ran
+  // TP-only: [window][group] (CompareModesCsv; spgate-sim --plot's mode panels).
+  std::vector<std::vector<float>> group_tp_share;
   // PP cells only (CompareResult::pipelined()); sp_steps, tp_steps, switches and
   // probe_steps then count (stage, micro-batch) decisions.
   double ratio_to_best_fixed = 0;  // over the better of sp and tp_only
@@ -122,6 +125,7 @@ absl::Status FinishCompare(CompareResult& result, int64_t regret_window);
 std::string CompareTable(const CompareResult& result);  // markdown
 std::string CompareJson(const CompareResult& result);   // the value of the "compare" key
 std::string CompareSeriesCsv(const CompareResult& result);  // step,sp,tp_only,...
+// The per-group modes (group_tp_share) and the plot: tools/sim/compare_plot.h.
 
 }  // namespace spgate::sim
 

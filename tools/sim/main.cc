@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,7 @@
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
 #include "tools/sim/compare.h"
+#include "tools/sim/compare_plot.h"
 #include "tools/sim/sim.h"
 #include "worker/client/identity.h"
 #include "worker/client/tls_flags.h"
@@ -50,6 +52,8 @@ ABSL_FLAG(int64_t, steps, 0, "Steps per group (0: --duration x --steps_per_s)");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(30), "Run length when --steps is 0");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed");
 ABSL_FLAG(std::string, summary_json, "", "Write the JSON summary here (default: stdout)");
+ABSL_FLAG(bool, progress, false,
+          "A progress line on stderr every 2 s (default: when stderr is a terminal)");
 // Simulator flags.
 ABSL_FLAG(int, groups, 4, "TP groups");
 ABSL_FLAG(int, tp, 8, "Ranks per TP group");
@@ -116,6 +120,9 @@ ABSL_FLAG(bool, compare, false,
           "replay: the same batches and noise under sp, tp_only, static, adaptive and the "
           "per-batch oracle (JSON key compare)");
 ABSL_FLAG(std::string, compare_series, "", "replay --compare: write tokens/s per window as CSV");
+ABSL_FLAG(std::string, plot, "",
+          "replay --compare: draw tokens/s per window and each group's modes into this .png "
+          "(.svg, .pdf) with python3-matplotlib (tools/sim/plot_compare.py)");
 ABSL_FLAG(int64_t, compare_window, 0, "replay --compare: steps per series point (0: steps/50)");
 ABSL_FLAG(int64_t, regret_window, spgate::sim::kDefaultRegretWindow,
           "replay --compare: steps per window of the windowed regret against the oracle "
@@ -172,6 +179,8 @@ SimOptions OptionsFromFlags() {
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
   o.declare_hardware = absl::GetFlag(FLAGS_declare_hardware);
   o.adaptive_prior = absl::GetFlag(FLAGS_adaptive_prior);
+  o.progress = spgate::ProgressWanted(absl::GetFlag(FLAGS_progress),
+                                      absl::flags_internal::WasPresentOnCommandLine("progress"));
   return o;
 }
 
@@ -246,6 +255,17 @@ int Emit(const spgate::sim::Summary& s) {
   return s.consistency_violations > 0 || s.decide_errors > 0 ? 1 : 0;
 }
 
+// --plot's figure of the comparison (compare_plot.h); 2 if it cannot be drawn.
+int Plot(const spgate::sim::CompareResult& r) {
+  const std::string path = absl::GetFlag(FLAGS_plot);
+  if (path.empty()) return 0;
+  if (absl::Status s = spgate::sim::WriteComparePlot(r, path); !s.ok()) {
+    std::fprintf(stderr, "spgate-sim: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  return 0;
+}
+
 // `replay --compare` of a pipeline: the summary's top-level keys are the static policy's
 // (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
 int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
@@ -281,6 +301,7 @@ int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
       return 2;
     }
   }
+  if (int rc = Plot(*r); rc != 0) return rc;
   return Emit(s);
 }
 
@@ -306,6 +327,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   SimOptions o = OptionsFromFlags();
+  // Before any run, so a long replay does not end without its figure.
+  if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+    if (!replay || !absl::GetFlag(FLAGS_compare)) {
+      std::fprintf(stderr, "spgate-sim: --plot belongs to `spgate-sim replay --compare`\n");
+      return 2;
+    }
+    if (absl::Status s = spgate::sim::CheckComparePlot(plot); !s.ok()) {
+      std::fprintf(stderr, "spgate-sim: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   // Checked before any run, so a long replay does not end in a flag error.
   if (absl::GetFlag(FLAGS_regret_window) < 1) {
     std::fprintf(stderr, "spgate-sim: --regret_window must be >= 1 step, got %lld\n",
@@ -397,6 +429,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    if (int rc = Plot(*r); rc != 0) return rc;
   }
   return Emit(*s);
 }

@@ -395,7 +395,8 @@ struct LiveClock {
 // in one message, as a trainer's do); then run step k. Tick -1 only plans; tick `steps`
 // only reports.
 void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock,
-             const Slot& slot, int64_t k, int64_t steps, Summary& sum) {
+             const Slot& slot, int64_t k, int64_t steps, Summary& sum,
+             ProgressReporter* progress) {
   const absl::Time tick = clock.start + slot.offset + clock.period * static_cast<double>(k);
   const absl::Time now = absl::Now();
   if (now < tick) {
@@ -416,7 +417,13 @@ void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock
     }
   }
   if (k < 0 || last) return;
-  for (SimGroup* g : slot.groups) StepGroup(*g, model, k, deadline, sum);
+  for (SimGroup* g : slot.groups) {
+    StepGroup(*g, model, k, deadline, sum);
+    if (progress == nullptr || g->ran.step != k) continue;  // not run: a decision error
+    const bool sp = g->ran.seen[0].mode == Mode::kSequenceParallel;
+    progress->Add({.parts = 1, .tokens = static_cast<double>(g->ran.result.effective_tokens),
+                   .sp = sp ? 1 : 0, .tp = sp ? 0 : 1});
+  }
 }
 
 // W driver threads over the groups, each serving its slots' ticks in time order, the groups
@@ -425,7 +432,8 @@ void RunTick(const SimOptions& o, const CostModel& model, const LiveClock& clock
 // plans before it starts); tick `steps` reports the last step.
 std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
                                  const std::vector<std::unique_ptr<SimGroup>>& groups, int W,
-                                 int64_t steps, const LiveClock& clock) {
+                                 int64_t steps, const LiveClock& clock,
+                                 ProgressReporter* progress) {
   std::vector<Summary> partial(W);
   const std::vector<absl::Duration> phase = GroupPhases(o);
   std::vector<std::thread> threads;
@@ -433,7 +441,9 @@ std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
     threads.emplace_back([&, w] {
       const std::vector<Slot> slots = SlotsOf(w, W, phase, groups);
       for (int64_t k = -1; k <= steps; ++k) {
-        for (const Slot& slot : slots) RunTick(o, model, clock, slot, k, steps, partial[w]);
+        for (const Slot& slot : slots) {
+          RunTick(o, model, clock, slot, k, steps, partial[w], progress);
+        }
       }
     });
   }
@@ -472,6 +482,18 @@ void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGr
 
 }  // namespace
 
+std::unique_ptr<ProgressReporter> MakeProgress(const SimOptions& o, std::string label,
+                                               int64_t total_steps, int64_t parts_per_step,
+                                               int64_t check_every) {
+  if (!o.progress) return nullptr;
+  ProgressReporter::Options po;
+  po.label = std::move(label);
+  po.total_steps = total_steps;
+  po.parts_per_step = std::max<int64_t>(1, parts_per_step);
+  po.check_every = check_every;
+  return std::make_unique<ProgressReporter>(std::move(po));
+}
+
 absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   absl::StatusOr<LiveIdentity> id = PrepareLive(o);
   if (!id.ok()) return id.status();
@@ -489,8 +511,11 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   const absl::Duration period = absl::Seconds(1.0 / o.steps_per_s);
   const LiveClock clock{.start = absl::Now() + absl::Milliseconds(50) + period,
                         .period = period};
-  const std::vector<Summary> partial = DriveGroups(o, model, groups, W, steps, clock);
+  const std::unique_ptr<ProgressReporter> progress = MakeProgress(o, "spgate-sim", steps, o.groups);
+  const std::vector<Summary> partial =
+      DriveGroups(o, model, groups, W, steps, clock, progress.get());
   const absl::Time finished = absl::Now();
+  if (progress) progress->Finish();
 
   Summary total;
   for (const Summary& p : partial) total.Merge(p);
@@ -578,6 +603,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
     double length_cv, all_gather_s, rs_wait_s;
   };
   std::deque<Sample> pending;
+  const std::unique_ptr<ProgressReporter> progress =
+      MakeProgress(o, "spgate-sim replay", steps, o.groups, /*check_every=*/64);
   for (int64_t k = 0; k < steps; ++k) {
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
       const Sample& x = pending.front();
@@ -622,8 +649,14 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       d.reason = d.policy_reason = ld.decision.reason;
       d.source = client::DecisionSource::kLocalOnly;
       sum.AddStep(step, d);
+      if (progress) {
+        const bool sp = d.mode == Mode::kSequenceParallel;
+        progress->Add({.parts = 1, .tokens = static_cast<double>(step.effective_tokens),
+                       .sp = sp ? 1 : 0, .tp = sp ? 0 : 1, .sim_seconds = step.step_time_s});
+      }
     }
   }
+  if (progress) progress->Finish();
   sum.command = "replay";
   sum.steps = steps;
   sum.groups = o.groups;
@@ -649,17 +682,33 @@ absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::str
 absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& o, const GateConfig& base,
                                               const SweepAxis& cv, const SweepAxis& rs) {
   std::vector<SweepPoint> points;
+  // A line per grid point, not per step of each point's replay.
+  SimOptions quiet = o;
+  quiet.progress = false;
+  const std::unique_ptr<ProgressReporter> progress = MakeProgress(
+      o, "spgate-sim replay --sweep (grid points)",
+      (static_cast<int64_t>((cv.hi - cv.lo) / cv.step + 1.5)) *
+          static_cast<int64_t>((rs.hi - rs.lo) / rs.step + 1.5),
+      1);
   for (double x = cv.lo; x <= cv.hi + cv.step / 2; x += cv.step) {
     for (double y = rs.lo; y <= rs.hi + rs.step / 2; y += rs.step) {
       GateConfig c = base;
       c.max_length_cv = std::round(x * 1e6) / 1e6;
       c.max_rs_wait_share = std::round(y * 1e6) / 1e6;
-      if (!ValidateGateConfig(c).ok()) continue;  // e.g. share <= re-enable margin
-      absl::StatusOr<Summary> s = Replay(o, c);
+      if (!ValidateGateConfig(c).ok()) {  // e.g. share <= re-enable margin
+        if (progress) progress->Add({.parts = 1});
+        continue;
+      }
+      absl::StatusOr<Summary> s = Replay(quiet, c);
       if (!s.ok()) return s.status();
+      if (progress) {
+        const int64_t tp = s->tp_only.steps;
+        progress->Add({.parts = 1, .sp = s->all.steps - tp, .tp = tp});
+      }
       points.push_back({c, std::move(*s)});
     }
   }
+  if (progress) progress->Finish();
   if (points.empty()) return absl::InvalidArgumentError("the sweep grid has no valid config");
   std::stable_sort(points.begin(), points.end(), [](const SweepPoint& a, const SweepPoint& b) {
     const double ta = a.summary.all.time_s > 0 ? a.summary.all.tokens / a.summary.all.time_s : 0;

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/progress.h"
 #include "policy/cost_prior.h"
 #include "policy/pipeline_memory.h"
 #include "policy/types.h"
@@ -86,6 +87,8 @@ struct SimOptions {
   // ADAPTIVE's physics prior: false leaves the tables without its inputs and collective
   // telemetry, so the static gates decide every band without samples (the ablation).
   bool adaptive_prior = true;
+  // A progress line on stderr at a steady interval (common/progress.h; --progress).
+  bool progress = false;
 
   bool pipelined() const {
     return pp != 1 || vp != 1 || microbatches != 1 || schedule != PipelineSchedule::k1F1B;
@@ -126,6 +129,12 @@ PriorInputs DeclaredPriorInputs(const SimOptions& options);
 uint64_t GroupNoiseSeed(uint64_t seed, int group);
 // Steps per group that replay runs: --steps, else once through a file trace, else 1,000.
 absl::StatusOr<int64_t> ReplaySteps(const SimOptions& options, const GateConfig& config);
+
+// The run's progress reporter, or null without options.progress: `total_steps` steps of
+// `parts_per_step` group-steps each, the clock read every `check_every` Adds.
+std::unique_ptr<ProgressReporter> MakeProgress(const SimOptions& options, std::string label,
+                                               int64_t total_steps, int64_t parts_per_step,
+                                               int64_t check_every = 1);
 
 absl::StatusOr<Summary> RunLive(const SimOptions& options);
 absl::StatusOr<Summary> Replay(const SimOptions& options, const GateConfig& config);
