@@ -13,8 +13,8 @@ namespace {
 
 // The bound the plan sets on a record's tokens (plan_tokens < 0: not known): `field`
 // names the record's field and `of` what the plan's count is for (" for micro-batch 3").
-absl::Status CheckTokens(const std::string& field, int64_t tokens, int64_t plan_tokens,
-                         const std::string& of) {
+absl::Status CheckTokens(absl::string_view field, int64_t tokens, int64_t plan_tokens,
+                         absl::string_view of) {
   if (tokens < 0 || tokens > kMaxTelemetryCount) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: must be in [0, 2^53 - 1] (exact as a double), got %d", field, tokens));
@@ -27,7 +27,7 @@ absl::Status CheckTokens(const std::string& field, int64_t tokens, int64_t plan_
 }
 
 // tokens / seconds, the rate a learned table takes: finite (docs/design.md §2).
-absl::Status CheckRate(const std::string& field, int64_t tokens, double seconds) {
+absl::Status CheckRate(absl::string_view field, int64_t tokens, double seconds) {
   const double rate = static_cast<double>(tokens) / seconds;
   if (!std::isfinite(rate)) {
     return absl::InvalidArgumentError(absl::StrFormat(

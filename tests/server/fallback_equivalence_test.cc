@@ -185,15 +185,16 @@ TEST_P(FallbackEquivalenceTest, LocalDecisionsEqualTheDaemonsStepByStep) {
       plan.set_predicted_peak_bytes_sp(static_cast<uint64_t>(600 + 500 * u(rng)));
       plan.set_predicted_peak_bytes_tp(static_cast<uint64_t>(700 + 500 * u(rng)));
     }
+    const std::vector<int64_t> lengths(plan.lengths().begin(), plan.lengths().end());
     PlanRecord rec;
-    rec.step = step;
-    rec.lengths.assign(plan.lengths().begin(), plan.lengths().end());
-    auto stats = ComputeLengthStats(rec.lengths);
-    ASSERT_THAT(stats.status(), IsOk());
-    rec.length_cv = stats->cv;
-    rec.peak_sp = plan.predicted_peak_bytes_sp();
-    rec.peak_tp = plan.predicted_peak_bytes_tp();
-    rec.budget = plan.memory_budget_bytes();
+    ASSERT_THAT(client::MakePlanRecord(nullptr,
+                                       {.step = step,
+                                        .lengths = lengths,
+                                        .predicted_peak_bytes_sp = plan.predicted_peak_bytes_sp(),
+                                        .predicted_peak_bytes_tp = plan.predicted_peak_bytes_tp(),
+                                        .memory_budget_bytes = plan.memory_budget_bytes()},
+                                       /*default_budget=*/0, &rec),
+                IsOk());
     ASSERT_THAT(book.AddPlan(std::move(rec)), IsOk());
 
     v1::Decision daemon;
@@ -369,14 +370,12 @@ TEST_P(StepPlanEquivalenceTest, LocalStepPlansEqualTheDaemonsMicrobatchByMicroba
       p->set_workspace_bytes_tp(m.memory.workspace_tp);
     }
     PlanRecord rec;
-    rec.step = step;
-    rec.budget = plan.memory_budget_bytes();
-    ASSERT_THAT(client::StepPlanRecord(&layout,
+    ASSERT_THAT(client::MakePlanRecord(&layout,
                                        {.step = step,
                                         .memory_budget_bytes = plan.memory_budget_bytes(),
                                         .microbatches = mbs,
                                         .resident_bytes = plan.resident_bytes()},
-                                       &rec),
+                                       /*default_budget=*/0, &rec),
                 IsOk());
     ASSERT_THAT(book.AddPlan(std::move(rec)), IsOk());
 

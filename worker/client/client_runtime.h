@@ -31,7 +31,6 @@ class ClientRuntime {
 
   // Runs `task` on the runtime thread as soon as possible / at `when`. Wakes the thread
   // (a futex syscall) when it would otherwise sleep past `when`.
-  void Post(Task task) { RunAt(absl::InfinitePast(), std::move(task)); }
   void RunAt(absl::Time when, Task task);
 
   // Runs `task` on the runtime thread within kPollInterval. This is the training thread's

@@ -9,74 +9,11 @@
 #include "policy/pipeline_memory.h"
 
 namespace spgate::client {
-namespace {
 
-BatchFacts FactsOf(const PlanRecord& plan) {
-  return BatchFacts{.step = plan.step,
-                    .length_cv = plan.length_cv,
-                    .tokens = plan.tokens,
-                    .predicted_peak_bytes_sp = plan.peak_sp,
-                    .predicted_peak_bytes_tp = plan.peak_tp,
-                    .memory_budget_bytes = plan.budget};
-}
-
-// A step's decisions, one per micro-batch (a plain plan's: its one), the stage's predicted
-// peak with them (0 for a plain plan), and how many the memory gate made SP.
-struct PlanDecisions {
-  std::vector<Decision> decisions;
-  uint64_t stage_peak_bytes = 0;
-  int overridden = 0;
-};
-
-// The one place a plain plan and a step plan differ: the policy's rules for their
-// decisions (docs/design.md §4, §12). A plain plan is one decision, decided by the gates
-// over its BatchFacts (the memory gate before the others) and gated by its two predicted
-// peaks (PinAndMemoryGates without a pin: TpOnlyOverBudget); a step plan's micro-batches are
-// decided by the stage's DecideStagePlan and gated by the schedule-aware StageMemoryGate.
-// Both gates admit alike: a decision runs unless it is TP-only that does not fit and not a
-// forced pin (PINNED with pin_forced), which runs SP for MEMORY_REQUIRES_SP, or
-// MEMORY_OVER_BUDGET when SP does not fit either. The rules are the policy's own, so the
-// worker and the daemon never disagree on what "fits" means. `answer` null: the local
-// policy's decisions (advancing its state); otherwise `answer`'s past the plan's memory
-// gate under `config`.
-PlanDecisions DecideOrAdmit(LocalGatePolicy& policy, const BookLayout& layout,
-                            const PlanRecord& plan, const GateConfig& config,
-                            const GateDecision* answer, absl::Time now) {
-  if (!layout.layout.has_value()) {
-    const BatchFacts facts = FactsOf(plan);
-    if (answer == nullptr) return {{policy.Decide(facts, layout.sp_required, now).decision}};
-    const Decision wanted{answer->mode, answer->reason};
-    Decision d = wanted;
-    if (d.mode == Mode::kTensorParallelOnly &&
-        !(d.reason == Reason::kPinned && answer->pin_forced)) {
-      d = PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr).value_or(d);
-    }
-    return {{d}, 0, d != wanted};
-  }
-  std::vector<MicrobatchFacts> facts;
-  for (const PlanRecord::Microbatch& m : plan.microbatches) facts.push_back(m.facts);
-  if (answer == nullptr) {
-    StagePlanOutcome out = policy.DecideStage(
-        *layout.layout,
-        {.step = plan.step, .stage = layout.stage, .resident_bytes = plan.resident,
-         .memory_budget_bytes = plan.budget, .microbatches = facts},
-        layout.sp_required, now);
-    return {std::move(out.decisions), out.peak_bytes};
-  }
-  const std::vector<PipelineOp> ops =
-      StageSchedule(layout.layout->pipeline(), layout.stage).value();
-  std::vector<MicrobatchMemory> memory;
-  for (const MicrobatchFacts& f : facts) memory.push_back(f.memory);
-  StageMemoryGate gate(ops, plan.resident, memory, StageMemoryLimit(plan.budget, config));
-  PlanDecisions out{answer->microbatches};
-  out.overridden = ApplyStageMemoryGate(gate, out.decisions, answer->pin_forced);
-  out.stage_peak_bytes = gate.peak_bytes();
-  return out;
-}
-
-}  // namespace
-
-absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan, PlanRecord* rec) {
+absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
+                            uint64_t default_budget, PlanRecord* rec, bool keep_lengths) {
+  rec->step = plan.step;
+  rec->budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : default_budget;
   RETURN_IF_ERROR(CheckPlanShape(layout,
                                  {.batch_lengths = !plan.lengths.empty() ||
                                                    plan.predicted_peak_bytes_sp != 0 ||
@@ -85,12 +22,21 @@ absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
                                   .resident_bytes = plan.resident_bytes,
                                   .memory_budget_bytes = rec->budget},
                                  "this client", "microbatches"));
-  if (layout == nullptr) return absl::OkStatus();
-  rec->microbatches.assign(plan.microbatches.size(), {});
+  if (layout == nullptr) {
+    ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
+    rec->microbatches.push_back(
+        {.length_cv = stats.cv,
+         .tokens = stats.tokens,
+         .memory = {.activation_sp = plan.predicted_peak_bytes_sp,
+                    .activation_tp = plan.predicted_peak_bytes_tp}});
+    if (keep_lengths) rec->lengths.emplace_back(plan.lengths.begin(), plan.lengths.end());
+    return absl::OkStatus();
+  }
+  rec->microbatches.resize(plan.microbatches.size());
+  if (keep_lengths) rec->lengths.resize(plan.microbatches.size());
   for (const MicrobatchPlanInput& m : plan.microbatches) {
-    PlanRecord::Microbatch& out = rec->microbatches[m.id];
-    ASSIGN_OR_RETURN(out.facts, SummarizeMicrobatch(m, "microbatches"));
-    out.lengths.assign(m.lengths.begin(), m.lengths.end());
+    ASSIGN_OR_RETURN(rec->microbatches[m.id], SummarizeMicrobatch(m, "microbatches"));
+    if (keep_lengths) rec->lengths[m.id].assign(m.lengths.begin(), m.lengths.end());
   }
   rec->resident = plan.resident_bytes;
   return absl::OkStatus();
@@ -101,7 +47,62 @@ DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
     : policy_(initial, 0),
       layout_(std::move(layout)),
       max_pending_plans_(max_pending_plans),
-      local_source_(local_source) {}
+      local_source_(local_source) {
+  if (layout_.layout.has_value()) {
+    ops_ = StageSchedule(layout_.layout->pipeline(), layout_.stage).value();
+  }
+}
+
+// The one place a plain plan and a step plan differ: the policy's rules for their
+// decisions (docs/design.md §4, §12). A plain plan is one decision, decided by the gates
+// over its BatchFacts (the memory gate before the others) and gated by its two predicted
+// peaks (PinAndMemoryGates without a pin: TpOnlyOverBudget); a step plan's micro-batches are
+// decided by the stage's DecideStagePlan and gated by the schedule-aware StageMemoryGate.
+// Both gates admit alike: a decision runs unless it is TP-only that does not fit and not a
+// forced pin (PINNED with pin_forced), which runs SP for MEMORY_REQUIRES_SP, or
+// MEMORY_OVER_BUDGET when SP does not fit either. The rules are the policy's own, so the
+// worker and the daemon never disagree on what "fits" means.
+DecisionBook::Admitted DecisionBook::DecideOrAdmit(const PlanRecord& plan,
+                                                   const GateConfig& config,
+                                                   const GateDecision* answer, absl::Time now) {
+  decisions_.clear();
+  if (!layout_.layout.has_value()) {
+    const MicrobatchFacts& m = plan.microbatches.front();
+    const BatchFacts facts{.step = plan.step,
+                           .length_cv = m.length_cv,
+                           .tokens = m.tokens,
+                           .predicted_peak_bytes_sp = m.memory.activation_sp,
+                           .predicted_peak_bytes_tp = m.memory.activation_tp,
+                           .memory_budget_bytes = plan.budget};
+    if (answer == nullptr) {
+      decisions_.push_back(policy_.Decide(facts, layout_.sp_required, now).decision);
+      return {};
+    }
+    const Decision wanted = answer->microbatches.front();
+    Decision d = wanted;
+    if (d.mode == Mode::kTensorParallelOnly &&
+        !(d.reason == Reason::kPinned && answer->pin_forced)) {
+      d = PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr).value_or(d);
+    }
+    decisions_.push_back(d);
+    return {0, d != wanted};
+  }
+  if (answer == nullptr) {
+    StagePlanOutcome out = policy_.DecideStage(
+        *layout_.layout,
+        {.step = plan.step, .stage = layout_.stage, .resident_bytes = plan.resident,
+         .memory_budget_bytes = plan.budget, .microbatches = plan.microbatches},
+        layout_.sp_required, now);
+    decisions_ = std::move(out.decisions);
+    return {out.peak_bytes, 0};
+  }
+  memory_.clear();
+  for (const MicrobatchFacts& f : plan.microbatches) memory_.push_back(f.memory);
+  StageMemoryGate gate(ops_, plan.resident, memory_, StageMemoryLimit(plan.budget, config));
+  decisions_.assign(answer->microbatches.begin(), answer->microbatches.end());
+  const int overridden = ApplyStageMemoryGate(gate, decisions_, answer->pin_forced);
+  return {gate.peak_bytes(), overridden};
+}
 
 absl::Status DecisionBook::AddPlan(std::shared_ptr<PlanRecord> plan) {
   const int64_t step = plan->step;
@@ -158,26 +159,26 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   const PlanRecord& plan = *plans_.at(step);
   const ScheduledConfig& sc = policy_.ConfigFor(step);
-  // An answer is this plan's only with one decision per micro-batch of it (a plain plan:
-  // none); otherwise the step is decided locally.
+  // An answer is this plan's only with one decision per micro-batch of it (wire.cc gives a
+  // plain plan's its one); otherwise the step is decided locally.
   const auto it = daemon_.find(step);
-  const GateDecision* answer =
+  GateDecision* answer =
       it != daemon_.end() && it->second.microbatches.size() == plan.microbatches.size()
           ? &it->second
           : nullptr;
-  PlanDecisions run = DecideOrAdmit(policy_, layout_, plan, sc.config, answer, now);
+  const Admitted run = DecideOrAdmit(plan, sc.config, answer, now);
   GateDecision d;
   if (answer != nullptr) {
-    d = *answer;
+    d = std::move(*answer);
     // The fallback stands where the group does: on the decisions that run.
-    for (const Decision& m : run.decisions) {
+    for (const Decision& m : decisions_) {
       policy_.Adopt(step, m.mode, m.reason, d.pin_expire, d.pin_forced);
     }
     if (run.overridden > 0) {
       d.source = DecisionSource::kMemoryOverride;
       d.config_version = sc.version;  // the config the override was judged under
       d.stage_peak_bytes = run.stage_peak_bytes;
-      if (std::ranges::none_of(run.decisions,
+      if (std::ranges::none_of(decisions_,
                                [](const Decision& m) { return m.reason == Reason::kPinned; })) {
         d.pin_expire.reset();  // no pin runs
         d.pin_forced = false;
@@ -190,21 +191,22 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     d = {.step = step, .source = local_source_, .config_version = sc.version,
          .stage_peak_bytes = run.stage_peak_bytes};
     ++counters_.local_decisions;
-    ++counters_.local_decisions_by_reason[static_cast<int>(run.decisions.front().reason)];
+    ++counters_.local_decisions_by_reason[static_cast<int>(decisions_.front().reason)];
   }
-  d.mode = run.decisions.front().mode;
-  d.policy_reason = run.decisions.front().reason;
+  d.mode = decisions_.front().mode;
+  d.policy_reason = decisions_.front().reason;
   d.reason = d.source == DecisionSource::kFallback ? Reason::kControllerUnavailable
                                                    : d.policy_reason;
-  if (layout_.layout.has_value()) d.microbatches = std::move(run.decisions);
+  // The caller's view: a step plan's decisions per micro-batch, none for a plain plan.
+  d.microbatches.clear();
+  if (layout_.layout.has_value()) d.microbatches.swap(decisions_);
   last_step_ = step;
   last_ = d;
-  last_tokens_ = layout_.layout.has_value() ? 0 : (plan.tokens > 0 ? plan.tokens : -1);
+  last_tokens_ = 0;
   last_microbatch_tokens_.clear();
-  for (const PlanRecord::Microbatch& m : plan.microbatches) {
-    last_microbatch_tokens_.push_back(m.facts.lengths_known ? m.facts.tokens : -1);
-    last_tokens_ =
-        m.facts.lengths_known && last_tokens_ >= 0 ? last_tokens_ + m.facts.tokens : -1;
+  for (const MicrobatchFacts& m : plan.microbatches) {
+    last_microbatch_tokens_.push_back(m.lengths_known ? m.tokens : -1);
+    last_tokens_ = m.lengths_known && last_tokens_ >= 0 ? last_tokens_ + m.tokens : -1;
   }
   plans_.erase(plans_.begin(), plans_.upper_bound(step));
   absl::erase_if(daemon_, [step](const auto& kv) { return kv.first <= step; });

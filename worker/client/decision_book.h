@@ -17,8 +17,9 @@
 //    answer runs SP with the memory gate's reason instead, source kMemoryOverride, and is
 //    counted (memory_overrides). A daemon that is wrong, or not the daemon, can then cost
 //    throughput but never an out-of-memory;
-//  - one commit path: a plain plan is the one-decision case of a step plan; only the
-//    policy's rules for it (DecideOrAdmit) differ.
+//  - one shape and one commit path: a plain plan is the one-micro-batch case of a step
+//    plan (PlanRecord); only the policy's rules for it (DecideOrAdmit, by the book's
+//    layout, as the daemon's PolicyStep) differ.
 //
 // Usage:
 //   DecisionBook book(GateConfig{}, /*max_pending_plans=*/1024, DecisionSource::kFallback);
@@ -39,6 +40,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "policy/telemetry.h"
@@ -48,25 +50,24 @@
 
 namespace spgate::client {
 
-// One submitted plan. The transport fields (sent_on_stream, taken) belong to the
+// One submitted plan, in the one shape the client keeps (docs/design.md §12): a step plan's
+// micro-batches by id, each with its lengths (kept for re-sends) and summary, and the
+// stage's resident bytes. A plain plan (a client without a layout) is the one-stage,
+// one-micro-batch case: micro-batch 0 has its lengths and, as its activations, its two
+// predicted peaks (a one-stage, one-micro-batch step peaks at resident + activation +
+// workspace, both 0 here). MakePlanRecord converts either from BatchPlanInput; the wire
+// (wire.cc) converts back. The transport fields (sent_on_stream, taken) belong to the
 // client's writer; the book only keeps them with the plan. The book holds each plan by
 // shared_ptr so the writer takes it over without a copy under the client's lock: once
-// added only the transport fields change (under that lock), and the writer reads only
-// the others (outside it, serialising).
+// added only the transport fields change (under that lock), and the writer reads only the
+// others (outside it, serialising).
 struct PlanRecord {
   int64_t step = 0;
-  std::vector<int64_t> lengths;
-  double length_cv = 0;
-  int64_t tokens = 0;
-  uint64_t peak_sp = 0, peak_tp = 0, budget = 0;
-  // A step plan (docs/design.md §12): its micro-batches in id order, each with its lengths
-  // (kept for re-sends) and summary, and the stage's resident bytes.
-  struct Microbatch {
-    std::vector<int64_t> lengths;
-    MicrobatchFacts facts;
-  };
-  std::vector<Microbatch> microbatches;
+  uint64_t budget = 0;
   uint64_t resident = 0;
+  absl::InlinedVector<MicrobatchFacts, 1> microbatches;  // index = id
+  // Index = id; empty when the client sends nothing (no controller).
+  absl::InlinedVector<std::vector<int64_t>, 1> lengths;
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
   absl::Time submitted;
   absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
@@ -86,12 +87,14 @@ struct DecisionBookCounters {
   std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
 };
 
-// The step plan of `plan` for a client with `layout` into `rec` (ids in id order):
-// INVALID_ARGUMENT naming the micro-batch for a repeated, missing or out-of-range id, bad
+// `plan` as a record (the one shape above) for a client with `layout` (null: none, plain
+// plans), its budget `default_budget` when the plan gives none, its lengths kept when
+// `keep_lengths` (a client that sends its plans). INVALID_ARGUMENT naming the field:
+// micro-batches without a layout, or with one a repeated, missing or out-of-range id, bad
 // lengths, byte counts of 2^40 or more, or lengths / predicted peaks given at the top
-// (CheckPlanShape, SummarizeMicrobatch). `layout` null: only checks that `plan` carries no
-// micro-batches (the caller records its lengths).
-absl::Status StepPlanRecord(const JobLayout* layout, const BatchPlanInput& plan, PlanRecord* rec);
+// (CheckPlanShape, SummarizeMicrobatch); a plain plan's bad lengths (ComputeLengthStats).
+absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
+                            uint64_t default_budget, PlanRecord* rec, bool keep_lengths = true);
 
 // Where the book's group sits in a pipelined job, for its step plans' fallback.
 struct BookLayout {
@@ -166,6 +169,15 @@ class DecisionBook {
   }
 
  private:
+  struct Admitted {
+    uint64_t stage_peak_bytes = 0;  // a step plan's; 0 for a plain plan
+    int overridden = 0;             // the daemon's decisions the memory gate made SP
+  };
+  // The plan's decisions into decisions_: the local policy's (`answer` null, advancing its
+  // state) or `answer`'s past the plan's memory gate under `config`.
+  Admitted DecideOrAdmit(const PlanRecord& plan, const GateConfig& config,
+                         const GateDecision* answer, absl::Time now);
+
   LocalGatePolicy policy_;
   const BookLayout layout_;
   const int max_pending_plans_;
@@ -177,6 +189,12 @@ class DecisionBook {
   // The last committed plan's tokens (-1: not known) and its micro-batches', by id.
   int64_t last_tokens_ = -1;
   std::vector<int64_t> last_microbatch_tokens_;
+  // The stage's ops under its schedule (a layout's only), computed once.
+  std::vector<PipelineOp> ops_;
+  // A commit's decisions, one per micro-batch, and the stage gate's bytes per micro-batch:
+  // kept between commits so that a step allocates nothing for them.
+  std::vector<Decision> decisions_;
+  std::vector<MicrobatchMemory> memory_;
   GateDecision last_;
   DecisionBookCounters counters_;
 };

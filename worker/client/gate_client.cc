@@ -164,21 +164,12 @@ absl::Status GateClient::Impl::SubmitPlan(const BatchPlanInput& plan) {
   if (plan.step < 0) {
     return absl::InvalidArgumentError(absl::StrFormat("step: must be >= 0, got %d", plan.step));
   }
-  PlanRecord rec;
-  rec.step = plan.step;
-  rec.budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : opts_.memory_budget_bytes;
-  RETURN_IF_ERROR(StepPlanRecord(opts_.layout ? &*opts_.layout : nullptr, plan, &rec));
-  if (!opts_.layout.has_value()) {
-    absl::StatusOr<LengthStats> stats = ComputeLengthStats(plan.lengths);
-    if (!stats.ok()) return stats.status();
-    rec.lengths.assign(plan.lengths.begin(), plan.lengths.end());
-    rec.length_cv = stats->cv;
-    rec.tokens = stats->tokens;
-    rec.peak_sp = plan.predicted_peak_bytes_sp;
-    rec.peak_tp = plan.predicted_peak_bytes_tp;
-  }
-  rec.submitted = absl::Now();
-  auto record = std::make_shared<PlanRecord>(std::move(rec));  // allocated outside the lock
+  // The one plan shape (decision_book.h), allocated outside the lock; its lengths are kept
+  // only for a client that sends them.
+  auto record = std::make_shared<PlanRecord>();
+  RETURN_IF_ERROR(MakePlanRecord(opts_.layout ? &*opts_.layout : nullptr, plan,
+                                 opts_.memory_budget_bytes, record.get(), remote()));
+  if (remote()) record->submitted = absl::Now();
 
   spgate::MutexLock lock(&mu_);
   RETURN_IF_ERROR(book_.AddPlan(std::move(record)));
@@ -206,15 +197,19 @@ absl::StatusOr<GateDecision> GateClient::Impl::AwaitDecision(int64_t step, absl:
 
 absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   // The daemon does not acknowledge invalid records; refusing them here, by the same
-  // rules, keeps "sent minus acknowledged" a count of records lost in transit.
-  RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t)));
+  // rules, keeps "sent minus acknowledged" a count of records lost in transit. The step's
+  // own plan, while it is the last committed, bounds its tokens as it does at the daemon
+  // (docs/design.md §2, "Range rules").
+  spgate::MutexLock lock(&mu_);
+  const TelemetryBounds bounds = book_.TelemetryBoundsFor(t.step);
+  RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t), bounds));
   if (!t.microbatches.empty() && !opts_.layout.has_value()) {
     return absl::InvalidArgumentError(
         "telemetry.micro_batches: only a client with a layout (step plans) reports "
         "micro-batches");
   }
   RETURN_IF_ERROR(ValidateMicrobatchTelemetry(
-      t.microbatches, opts_.layout.has_value() ? opts_.layout->microbatches : 0));
+      t.microbatches, opts_.layout.has_value() ? opts_.layout->microbatches : 0, bounds));
   RETURN_IF_ERROR(
       ValidateGroupRecord(t.ranks, t.slowest_rank, t.peak_memory_rank, opts_.group_size));
   if (t.ranks <= 1 && opts_.group_session && opts_.group_size > 1 && remote()) {
@@ -227,14 +222,6 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
     return absl::FailedPreconditionError(
         "telemetry: a group record comes only from the leader's group session "
         "(rank_in_group 0, group_session)");
-  }
-  spgate::MutexLock lock(&mu_);
-  // The step's own plan, while it is the last committed, bounds its tokens as it does at
-  // the daemon (docs/design.md §2, "Range rules").
-  if (const TelemetryBounds bounds = book_.TelemetryBoundsFor(t.step);
-      bounds.plan_tokens >= 0 || !bounds.microbatch_tokens.empty()) {
-    RETURN_IF_ERROR(ValidateStepTelemetry(TelemetryValues(t), bounds));
-    RETURN_IF_ERROR(ValidateMicrobatchTelemetry(t.microbatches, 0, bounds));
   }
   ++stats_.telemetry_reported;
   if (opts_.rank_in_group == 0 && opts_.rs_wait_from_own_telemetry && !rs_wait_explicit_ &&

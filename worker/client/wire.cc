@@ -82,21 +82,30 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
     bp->set_job_id(o.job_id);
     bp->set_group(o.group);
     bp->set_step(p.step);
-    bp->mutable_lengths()->Add(p.lengths.begin(), p.lengths.end());
-    bp->set_predicted_peak_bytes_sp(p.peak_sp);
-    bp->set_predicted_peak_bytes_tp(p.peak_tp);
     bp->set_memory_budget_bytes(p.budget);
-    if (!p.microbatches.empty()) {
-      bp->set_resident_bytes(p.resident);
-      for (const PlanRecord::Microbatch& m : p.microbatches) {
-        v1::MicroBatchPlan* mb = bp->add_micro_batches();
-        mb->set_id(m.facts.id);
-        mb->mutable_lengths()->Add(m.lengths.begin(), m.lengths.end());
-        mb->set_activation_bytes_sp(m.facts.memory.activation_sp);
-        mb->set_activation_bytes_tp(m.facts.memory.activation_tp);
-        mb->set_workspace_bytes_sp(m.facts.memory.workspace_sp);
-        mb->set_workspace_bytes_tp(m.facts.memory.workspace_tp);
+    if (!o.layout.has_value()) {
+      // A plain plan, on the wire as it has always gone: its one micro-batch's lengths and,
+      // as the batch's predicted peaks, that micro-batch's activations (decision_book.h).
+      const MicrobatchFacts& m = p.microbatches.front();
+      if (!p.lengths.empty()) {
+        bp->mutable_lengths()->Add(p.lengths.front().begin(), p.lengths.front().end());
       }
+      bp->set_predicted_peak_bytes_sp(m.memory.activation_sp);
+      bp->set_predicted_peak_bytes_tp(m.memory.activation_tp);
+      continue;
+    }
+    bp->set_resident_bytes(p.resident);
+    for (size_t id = 0; id < p.microbatches.size(); ++id) {
+      const MicrobatchFacts& m = p.microbatches[id];
+      v1::MicroBatchPlan* mb = bp->add_micro_batches();
+      mb->set_id(m.id);
+      if (id < p.lengths.size()) {
+        mb->mutable_lengths()->Add(p.lengths[id].begin(), p.lengths[id].end());
+      }
+      mb->set_activation_bytes_sp(m.memory.activation_sp);
+      mb->set_activation_bytes_tp(m.memory.activation_tp);
+      mb->set_workspace_bytes_sp(m.memory.workspace_sp);
+      mb->set_workspace_bytes_tp(m.memory.workspace_tp);
     }
   }
   for (const StepTelemetryInput& t : out.telemetry) {
@@ -158,7 +167,9 @@ std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
                    absl::Nanoseconds(d.pin_expire_time().nanos());
   }
   g.pin_forced = d.pin_forced();
-  // A step plan's answer: every micro-batch, in id order (anything else is not an answer).
+  // One decision per micro-batch, in id order (anything else is not an answer): a step
+  // plan's as sent, a plain plan's its one, the step's (the client's one plan shape).
+  if (d.micro_batches_size() == 0) g.microbatches.push_back({g.mode, g.reason});
   for (int i = 0; i < d.micro_batches_size(); ++i) {
     const v1::MicroBatchDecision& m = d.micro_batches(i);
     if (m.id() != i || !IsValidMode(m.mode()) || !IsValidReason(m.reason())) return std::nullopt;

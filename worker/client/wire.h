@@ -40,7 +40,8 @@ struct Outgoing {
 v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& options);
 void BuildWorkerMessage(const GateClientOptions& options, const Outgoing& out,
                         v1::WorkerMessage* msg);
-// A daemon decision as the client keeps it; nullopt for an unknown mode or reason.
+// A daemon decision as the client's decision book keeps it, one decision per micro-batch
+// (a plain plan's answer: its one); nullopt for an unknown mode or reason.
 std::optional<GateDecision> DecisionFromProto(const v1::Decision& d);
 
 }  // namespace spgate::client

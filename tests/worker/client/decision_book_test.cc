@@ -35,11 +35,12 @@ void PrintTo(const GateDecision& d, std::ostream* os) {
 
 namespace {
 
+// A plain plan: its one micro-batch (decision_book.h), lengths {100} of length CV `cv`.
 PlanRecord Plan(int64_t step, double cv = 0.0) {
   PlanRecord p;
   p.step = step;
-  p.lengths = {100};
-  p.length_cv = cv;
+  p.microbatches = {{.length_cv = cv, .tokens = 100}};
+  p.lengths = {{100}};
   return p;
 }
 
@@ -51,6 +52,7 @@ GateDecision Daemon(int64_t step, Mode mode, Reason reason, int64_t version = 5)
   d.policy_reason = reason;
   d.source = DecisionSource::kDaemon;
   d.config_version = version;
+  d.microbatches = {{mode, reason}};  // a plain plan's answer as the wire gives it (wire.cc)
   return d;
 }
 
@@ -79,7 +81,8 @@ TEST(DecisionBookTest, PlansAreHandedOverNotCopied) {
   (void)book.Commit(1, kNow);
   EXPECT_TRUE(book.plans().empty());
   EXPECT_EQ(writer.use_count(), 1);
-  EXPECT_EQ(writer->lengths, std::vector<int64_t>{100});
+  ASSERT_EQ(writer->lengths.size(), 1u);
+  EXPECT_EQ(writer->lengths.front(), std::vector<int64_t>{100});
 }
 
 TEST(DecisionBookTest, OverTheLimitTheOldestPlanIsDropped) {
@@ -213,8 +216,7 @@ TEST(DecisionBookTest, AnUnforcedTpPinHeardFromTheDaemonYieldsToMemoryLocallyToo
   ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
   PlanRecord big = Plan(1);
   big.budget = 1000;
-  big.peak_tp = 950;  // over 0.9 x budget
-  big.peak_sp = 500;
+  big.microbatches[0].memory = {.activation_sp = 500, .activation_tp = 950};  // TP over 0.9 x budget
   ASSERT_THAT(book.AddPlan(big), IsOk());
   GateDecision pinned = Daemon(0, Mode::kTensorParallelOnly, Reason::kPinned);
   pinned.pin_expire = kNow + absl::Hours(1);
@@ -231,8 +233,7 @@ TEST(DecisionBookTest, AnUnforcedTpPinHeardFromTheDaemonYieldsToMemoryLocallyToo
 // fits when its predicted peak is at most 900 bytes.
 PlanRecord MemoryPlan(int64_t step, uint64_t peak_sp, uint64_t peak_tp, uint64_t budget = 1000) {
   PlanRecord p = Plan(step);
-  p.peak_sp = peak_sp;
-  p.peak_tp = peak_tp;
+  p.microbatches[0].memory = {.activation_sp = peak_sp, .activation_tp = peak_tp};
   p.budget = budget;
   return p;
 }
@@ -293,7 +294,9 @@ TEST(DecisionBookMemoryGateTest, ADaemonTpOnlyAnswerRunsOnlyWhenItFits) {
       EXPECT_EQ(d.pin_expire, std::nullopt);
       EXPECT_FALSE(d.pin_forced);
     } else {
-      EXPECT_EQ(d, answer);
+      GateDecision as_answered = answer;
+      as_answered.microbatches.clear();  // a plain plan's caller sees no micro-batch list
+      EXPECT_EQ(d, as_answered);
     }
     EXPECT_EQ(**book.Lookup(3), d) << "asking again gives what ran";
   }
@@ -352,19 +355,22 @@ TEST(DecisionBookMemoryGateTest, LocalDecisionsAreNotOverrides) {
 
 
 // The last committed plan bounds its step's telemetry (docs/design.md §2, "Range rules"):
-// its tokens, for that step only, and nothing when the plan carried no token count.
+// its tokens, for that step only, and nothing when the plan's lengths are not known.
 TEST(DecisionBookTest, TheLastCommittedPlanBoundsItsStepsTelemetry) {
   DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
   PlanRecord p = Plan(3);
-  p.lengths = {100, 200};
-  p.tokens = 300;
+  p.lengths = {{100, 200}};
+  p.microbatches[0].tokens = 300;
   ASSERT_THAT(book.AddPlan(std::move(p)), IsOk());
-  ASSERT_THAT(book.AddPlan(Plan(4)), IsOk());  // no token count
+  PlanRecord unknown = Plan(4);
+  unknown.microbatches[0].lengths_known = false;
+  ASSERT_THAT(book.AddPlan(std::move(unknown)), IsOk());
   EXPECT_EQ(book.TelemetryBoundsFor(3).plan_tokens, -1) << "not committed yet";
   book.Commit(3, kNow);
   const TelemetryBounds b = book.TelemetryBoundsFor(3);
   EXPECT_EQ(b.plan_tokens, 300);
-  EXPECT_TRUE(b.microbatch_tokens.empty());
+  EXPECT_THAT(std::vector<int64_t>(b.microbatch_tokens.begin(), b.microbatch_tokens.end()),
+              ::testing::ElementsAre(300));
   EXPECT_THAT(ValidateStepTelemetry({.step = 3, .mode = 1, .step_time_s = 1,
                                      .effective_tokens = 301},
                                     b),
@@ -400,10 +406,10 @@ PlanRecord StepPlan(int64_t step, uint64_t budget = 145) {
                    .memory = {.activation_sp = 10, .activation_tp = 20}});
   }
   PlanRecord rec;
-  rec.step = step;
-  rec.budget = budget;
-  EXPECT_THAT(StepPlanRecord(&kLayout, {.step = step, .microbatches = mbs, .resident_bytes = 100},
-                             &rec),
+  EXPECT_THAT(MakePlanRecord(&kLayout,
+                             {.step = step, .memory_budget_bytes = budget, .microbatches = mbs,
+                              .resident_bytes = 100},
+                             /*default_budget=*/0, &rec),
               IsOk());
   return rec;
 }
@@ -451,12 +457,12 @@ TEST(DecisionBookStepPlanTest, AnAnswerForAnotherNumberOfMicrobatchesIsDecidedLo
   EXPECT_EQ(ran.microbatches[3], (Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
 }
 
-// A plain plan's answer is one decision: an answer with micro-batches is not its answer.
-TEST(DecisionBookStepPlanTest, APlainPlansAnswerWithMicrobatchesIsDecidedLocally) {
+// A plain plan's answer is one decision: an answer of more micro-batches is not its answer.
+TEST(DecisionBookStepPlanTest, APlainPlansAnswerOfMoreMicrobatchesIsDecidedLocally) {
   DecisionBook book(FullHeadroom(), 16, DecisionSource::kFallback);
   ASSERT_THAT(book.AddPlan(Plan(0, /*cv=*/2.0)), IsOk());
   GateDecision d = Daemon(0, Mode::kSequenceParallel, Reason::kGatesPassed);
-  d.microbatches.assign(1, {Mode::kSequenceParallel, Reason::kGatesPassed});
+  d.microbatches.assign(2, {Mode::kSequenceParallel, Reason::kGatesPassed});
   book.OnDaemonDecision(d);
   const GateDecision ran = book.Commit(0, kNow);
   EXPECT_EQ(ran.source, DecisionSource::kFallback);
@@ -493,22 +499,22 @@ TEST(DecisionBookStepPlanTest, AnOverrideKeepsThePinOnlyWhileAPinnedMicrobatchRu
   }
 }
 
-TEST(DecisionBookStepPlanTest, StepPlanRecordNamesWhatIsWrong) {
+TEST(DecisionBookStepPlanTest, MakePlanRecordNamesWhatIsWrong) {
   const std::vector<int64_t> lengths = {5};
   std::vector<MicrobatchPlanInput> mbs = {{.id = 0, .lengths = lengths},
                                           {.id = 1, .lengths = lengths},
                                           {.id = 1, .lengths = lengths},
                                           {.id = 3, .lengths = lengths}};
   PlanRecord rec;
-  EXPECT_THAT(StepPlanRecord(&kLayout, {.microbatches = mbs}, &rec),
+  EXPECT_THAT(MakePlanRecord(&kLayout, {.microbatches = mbs}, 0, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("id 1 repeats")));
   mbs[2].id = 2;
-  EXPECT_THAT(StepPlanRecord(&kLayout, {.lengths = lengths, .microbatches = mbs}, &rec),
+  EXPECT_THAT(MakePlanRecord(&kLayout, {.lengths = lengths, .microbatches = mbs}, 0, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("lengths")));
   mbs[1].memory.activation_tp = uint64_t{1} << 41;
-  EXPECT_THAT(StepPlanRecord(&kLayout, {.microbatches = mbs}, &rec),
+  EXPECT_THAT(MakePlanRecord(&kLayout, {.microbatches = mbs}, 0, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches[id=1]")));
-  EXPECT_THAT(StepPlanRecord(&kLayout, {}, &rec),
+  EXPECT_THAT(MakePlanRecord(&kLayout, {}, 0, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one entry per micro-batch")));
 }
 
@@ -581,21 +587,14 @@ DecisionBook Book(bool step_plans, bool sp_required) {
   return book;
 }
 
-PlanRecord RowPlan(int64_t step, const Row& r, bool step_plan) {
+// The one record of either shape (only the book's layout differs).
+PlanRecord RowPlan(int64_t step, const Row& r) {
   PlanRecord p;
   p.step = step;
   p.budget = r.budget;
-  if (!step_plan) {
-    p.lengths = {100};
-    p.length_cv = r.cv;
-    p.peak_sp = r.peak_sp;
-    p.peak_tp = r.peak_tp;
-    return p;
-  }
-  p.microbatches.push_back(
-      {.lengths = {100},
-       .facts = {.id = 0, .length_cv = r.cv, .tokens = 100,
-                 .memory = {.activation_sp = r.peak_sp, .activation_tp = r.peak_tp}}});
+  p.microbatches = {{.length_cv = r.cv, .tokens = 100,
+                     .memory = {.activation_sp = r.peak_sp, .activation_tp = r.peak_tp}}};
+  p.lengths = {{100}};
   return p;
 }
 
@@ -609,12 +608,11 @@ void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
     const Row& r = rows[i];
     const int64_t step = static_cast<int64_t>(i);
     SCOPED_TRACE(::testing::Message() << "step " << step);
-    ASSERT_THAT(book.AddPlan(RowPlan(step, r, step_plans)), IsOk());
+    ASSERT_THAT(book.AddPlan(RowPlan(step, r)), IsOk());
     ++want.plans_submitted;
     GateDecision answer = Daemon(step, r.answer_mode, r.answer_reason);
     answer.pin_forced = r.pin_forced;
     if (r.answer_reason == Reason::kPinned) answer.pin_expire = kNow + absl::Hours(1);
-    if (step_plans) answer.microbatches = {{r.answer_mode, r.answer_reason}};
     if (r.answer == Answer::kGiven) {
       ASSERT_NE(book.OnDaemonDecision(answer), nullptr);
       ++want.decisions_received;
@@ -626,6 +624,7 @@ void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
     // answer but runs SP under the worker's config, without the pin it no longer runs; a
     // local decision is the policy's, labelled with the source.
     GateDecision expected = answer;
+    if (!step_plans) expected.microbatches.clear();  // a plain plan's caller sees none
     if (r.source != kDaemonSource) {
       if (r.source == kLocal) expected = GateDecision{.step = step};
       expected.mode = r.mode;
