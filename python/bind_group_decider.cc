@@ -83,9 +83,11 @@ class Decider {
                              root);
       };
     }
-    auto d = client::GroupDecider::Create(client != nullptr ? client->raw() : nullptr,
-                                          rank_in_group, std::move(broadcast_fn),
-                                          std::move(reduce_fn));
+    // This rank's checks alone (no collective): spgate.torch.GroupDecider agrees on every
+    // rank's outcome with an all-reduce of its own, its leader's decider made before it.
+    auto d = client::GroupDecider::CreateLocal(client != nullptr ? client->raw() : nullptr,
+                                               rank_in_group, std::move(broadcast_fn),
+                                               std::move(reduce_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }

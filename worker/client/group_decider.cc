@@ -6,8 +6,11 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "policy/telemetry.h"
@@ -243,44 +246,115 @@ absl::StatusOr<GateDecision> UnpackDecision(std::span<const uint8_t> in, int64_t
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
-                                                                   int rank_in_group,
-                                                                   BroadcastFn broadcast,
-                                                                   MaxReduceFn reduce) {
+namespace {
+
+// This rank's own arguments (GroupDecider::Create).
+absl::Status CheckCreateArguments(GateClient* client, int rank_in_group, bool has_reduce) {
   if (rank_in_group < 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("rank_in_group must be >= 0, got %d", rank_in_group));
   }
-  if (!broadcast) return absl::InvalidArgumentError("broadcast function is empty");
-  if (rank_in_group == 0) {
-    if (client == nullptr) {
-      return absl::InvalidArgumentError("the group leader (rank 0) needs a GateClient");
-    }
-    if (client->options().rank_in_group != 0) {
+  if (rank_in_group != 0) {
+    if (client != nullptr && client->options().rank_in_group != rank_in_group) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "the leader's GateClient was created for rank %d", client->options().rank_in_group));
+          "rank %d's GateClient was created for rank %d", rank_in_group,
+          client->options().rank_in_group));
     }
-    const GateClientOptions& o = client->options();
-    if (o.group_session && o.group_size > 1 && !o.controller.empty() && !reduce) {
-      return absl::InvalidArgumentError(
-          "the leader's client speaks for its group (group_session): pass the group's "
-          "max-reduce so that the group's telemetry reaches it, or set group_session=false");
-    }
-    if (!o.group_session && o.group_size > 1 && reduce) {
-      return absl::InvalidArgumentError(
-          "a max-reduce was given, but the leader's client has a session of its own "
-          "(group_session=false): each rank reports through its own client then");
-    }
-    if (o.group_size > kMaxTelemetryWireRanks && reduce) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "group_size %d: the in-group telemetry names at most %d ranks", o.group_size,
-          kMaxTelemetryWireRanks));
-    }
-  } else if (client != nullptr && client->options().rank_in_group != rank_in_group) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "rank %d's GateClient was created for rank %d", rank_in_group,
-        client->options().rank_in_group));
+    return absl::OkStatus();
   }
+  if (client == nullptr) {
+    return absl::InvalidArgumentError("the group leader (rank 0) needs a GateClient");
+  }
+  const GateClientOptions& o = client->options();
+  if (o.rank_in_group != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the leader's GateClient was created for rank %d", o.rank_in_group));
+  }
+  if (o.group_session && o.group_size > 1 && !o.controller.empty() && !has_reduce) {
+    return absl::InvalidArgumentError(
+        "the leader's client speaks for its group (group_session): pass the group's "
+        "max-reduce so that the group's telemetry reaches it, or set group_session=false");
+  }
+  if (!o.group_session && o.group_size > 1 && has_reduce) {
+    return absl::InvalidArgumentError(
+        "a max-reduce was given, but the leader's client has a session of its own "
+        "(group_session=false): each rank reports through its own client then");
+  }
+  if (o.group_size > kMaxTelemetryWireRanks && has_reduce) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group_size %d: the in-group telemetry names at most %d ranks", o.group_size,
+        kMaxTelemetryWireRanks));
+  }
+  return absl::OkStatus();
+}
+
+// The leader's outcome as Create broadcasts it: status code, the group's size, whether the
+// leader has a max-reduce, then its error's message (cut to fit, NUL-terminated).
+struct CreateVerdict {
+  int32_t status_code = 0;
+  int32_t group_size = 0;
+  uint8_t has_reduce = 0;
+  uint8_t padding[7] = {};
+};
+constexpr size_t kVerdictHead = sizeof(CreateVerdict);
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::CreateLocal(GateClient* client,
+                                                                        int rank_in_group,
+                                                                        BroadcastFn broadcast,
+                                                                        MaxReduceFn reduce) {
+  if (!broadcast) return absl::InvalidArgumentError("broadcast function is empty");
+  RETURN_IF_ERROR(CheckCreateArguments(client, rank_in_group, static_cast<bool>(reduce)));
+  return std::unique_ptr<GroupDecider>(
+      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
+}
+
+absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
+                                                                   int rank_in_group,
+                                                                   BroadcastFn broadcast,
+                                                                   MaxReduceFn reduce,
+                                                                   absl::Status refused) {
+  if (!broadcast) {
+    return absl::InvalidArgumentError(
+        "broadcast function is empty: this rank cannot take part in the group's agreement");
+  }
+  const bool has_reduce = static_cast<bool>(reduce);
+  const absl::Status own =
+      refused.ok() ? CheckCreateArguments(client, rank_in_group, has_reduce) : refused;
+  std::vector<uint8_t> bytes(kCreateVerdictBytes, 0);
+  CreateVerdict v;
+  if (rank_in_group == 0) {
+    v = {.status_code = static_cast<int32_t>(own.code()),
+         .group_size = client != nullptr ? client->options().group_size : 0,
+         .has_reduce = has_reduce};
+    std::memcpy(bytes.data(), &v, kVerdictHead);
+    const absl::string_view message = own.message();
+    std::memcpy(bytes.data() + kVerdictHead, message.data(),
+                std::min(message.size(), kCreateVerdictBytes - kVerdictHead - 1));
+  }
+  RETURN_IF_ERROR(broadcast(std::span<uint8_t>(bytes), 0));
+  if (rank_in_group != 0) {
+    std::memcpy(&v, bytes.data(), kVerdictHead);
+    bytes.back() = 0;
+    if (own.ok() && v.status_code != 0) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(v.status_code),
+          absl::StrCat("the group's leader refused its GroupDecider: ",
+                       reinterpret_cast<const char*>(bytes.data() + kVerdictHead)));
+    }
+    if (own.ok() && rank_in_group >= v.group_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "rank_in_group %d: the leader's group has %d ranks", rank_in_group, v.group_size));
+    }
+    if (own.ok() && (v.has_reduce != 0) != has_reduce) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "this rank was %s a max-reduce and the leader %s: every rank of a group passes one, "
+          "or none",
+          has_reduce ? "given" : "not given", v.has_reduce != 0 ? "was" : "was not"));
+    }
+  }
+  RETURN_IF_ERROR(own);
   return std::unique_ptr<GroupDecider>(
       new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
 }

@@ -115,18 +115,34 @@ absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
 
 class GroupDecider {
  public:
-  // `client` is required on the leader (rank_in_group 0; it may be a local-only client).
-  // Elsewhere it is only for per-rank sessions (group_session=false), whose ranks report
-  // through their own clients. `reduce` gathers the group's telemetry for the leader's
-  // group session: required when the leader's client speaks for a group of more than one
-  // rank with a daemon, and then given on every rank. Create checks this rank's arguments
-  // only and calls no collective, so its error is this rank's: a caller whose Create fails
-  // on one rank ends the job there (MPI_Abort) rather than let its peers enter Decide
-  // (spgate.torch.GroupDecider checks every rank's in one collective instead).
-  static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(GateClient* client,
-                                                              int rank_in_group,
-                                                              BroadcastFn broadcast,
-                                                              MaxReduceFn reduce = {});
+  // Collective: every rank of the group calls it, and either every rank gets a decider or
+  // every rank fails. `client` is required on the leader (rank_in_group 0; it may be a
+  // local-only client). Elsewhere it is only for per-rank sessions (group_session=false),
+  // whose ranks report through their own clients. `reduce` gathers the group's telemetry for
+  // the leader's group session: required when the leader's client speaks for a group of more
+  // than one rank with a daemon, and then given on every rank. `refused`: an error the
+  // caller found in this rank's own arguments (the C API's null output), which this rank
+  // takes into the agreement as its own.
+  //
+  // Each rank checks its own arguments, then the leader broadcasts its outcome (one
+  // broadcast of kCreateVerdictBytes): when the leader refused, every rank returns the
+  // leader's error (the code, and its message on the others, named as the leader's); a
+  // follower also checks its rank against the leader's group size and that it was given a
+  // max-reduce exactly when the leader was. A follower's own refusal is its alone: the
+  // broadcast carries nothing to the leader (a rank that refuses ends the job there,
+  // MPI_Abort, rather than let its peers enter Decide). Without `broadcast` this rank cannot
+  // take part and fails alone.
+  static absl::StatusOr<std::unique_ptr<GroupDecider>> Create(
+      GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce = {},
+      absl::Status refused = absl::OkStatus());
+  // This rank's checks alone, without the collective: for a caller that agrees on every
+  // rank's outcome with a collective of its own (spgate.torch.GroupDecider all-reduces
+  // every rank's refusal before its followers make theirs).
+  static absl::StatusOr<std::unique_ptr<GroupDecider>> CreateLocal(GateClient* client,
+                                                                   int rank_in_group,
+                                                                   BroadcastFn broadcast,
+                                                                   MaxReduceFn reduce = {});
+  static constexpr size_t kCreateVerdictBytes = 256;
 
   bool is_leader() const { return rank_in_group_ == 0; }
 

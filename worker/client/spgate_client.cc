@@ -392,9 +392,12 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
                                           spgate_broadcast_fn broadcast,
                                           spgate_reduce_max_fn reduce, void* user_data,
                                           spgate_decider** out) {
-  if (out == nullptr) return Null("out");
-  *out = nullptr;
+  // A rank without a broadcast cannot take part in the group's agreement; one without `out`
+  // takes part and fails, with every rank when it is the leader (GroupDecider::Create).
   if (broadcast == nullptr) return Null("broadcast");
+  if (out != nullptr) *out = nullptr;
+  const absl::Status refused =
+      out == nullptr ? absl::InvalidArgumentError("out is NULL") : absl::OkStatus();
   // A decision's head and a step plan's micro-batch bytes, in one call.
   auto broadcast_fn = [broadcast, user_data](std::span<uint8_t> b, int root) -> absl::Status {
     const int32_t rc = broadcast(b.data(), b.size(), root, user_data);
@@ -411,7 +414,7 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
   }
   auto decider = spgate::client::GroupDecider::Create(
       client != nullptr ? client->client.get() : nullptr, rank_in_group, std::move(broadcast_fn),
-      std::move(reduce_fn));
+      std::move(reduce_fn), refused);
   if (!decider.ok()) return Report(decider.status());
   *out = new spgate_decider{std::move(*decider)};
   return Report(absl::OkStatus());

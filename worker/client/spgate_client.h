@@ -297,7 +297,13 @@ SPGATE_EXPORT spgate_status spgate_decider_create(spgate_client* client, int32_t
  * group_session, group_size > 1 and a controller, and must then be given on every rank;
  * with a leader whose group_session is "false" it is SPGATE_INVALID_ARGUMENT. Both
  * callbacks get `user_data` and are called on the calling thread: broadcast from
- * spgate_decider_decide(_microbatches), reduce from spgate_decider_report(_step)_telemetry. */
+ * spgate_decider_decide(_microbatches) and here, reduce from
+ * spgate_decider_report(_step)_telemetry. Collective, like spgate_decider_create: every rank
+ * of the group calls it; each checks its own arguments and the leader broadcasts its
+ * outcome (256 bytes), so a leader's refusal fails every rank with the leader's status and
+ * message, and a follower whose rank or max-reduce disagrees with the leader's fails.
+ * A follower's own refusal (or a NULL `out`) is its alone; a rank without `broadcast`
+ * cannot take part. */
 SPGATE_EXPORT spgate_status spgate_decider_create_group(spgate_client* client,
                                                         int32_t rank_in_group,
                                                         spgate_broadcast_fn broadcast,

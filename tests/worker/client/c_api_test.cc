@@ -57,11 +57,14 @@ TEST(CApiTest, ErrorsCarryCodeAndMessage) {
   EXPECT_STREQ(spgate_reason_name(SPGATE_REASON_CONTROLLER_UNAVAILABLE), "controller_unavailable");
 }
 
-// A one-rank "group": the broadcast callback sees the leader's bytes.
+// A one-rank "group": the broadcast callback sees the leader's bytes (the creation's
+// verdict, then each decision's head).
 int32_t CountingBroadcast(void* buf, size_t size, int32_t root, void* user) {
   auto* calls = static_cast<int*>(user);
   ++*calls;
-  return size == 24 && root == 0 ? 0 : 1;
+  return (size == 24 || size == spgate::client::GroupDecider::kCreateVerdictBytes) && root == 0
+             ? 0
+             : 1;
 }
 
 TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
@@ -79,7 +82,7 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   EXPECT_EQ(out.mode, SPGATE_MODE_TENSOR_PARALLEL_ONLY);
   EXPECT_EQ(out.reason, SPGATE_REASON_LENGTH_CV);
   EXPECT_EQ(out.source, SPGATE_SOURCE_LOCAL_ONLY);
-  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(calls, 2) << "the creation's verdict and the decision";
   EXPECT_EQ(spgate_decider_decide(d, 1, -1, &out), SPGATE_FAILED_PRECONDITION);
   EXPECT_THAT(spgate_last_error(), HasSubstr("no plan was submitted for step 1"));
   spgate_telemetry t{};
@@ -195,8 +198,9 @@ TEST(CApiTest, StepPlansDecidePerMicrobatchOnEveryRank) {
   EXPECT_EQ(peak[0], 1000u + 200u);
   EXPECT_EQ(peak[1], 0u);
   // One collective per decision: the head and the 4 micro-batch bytes in one broadcast.
-  EXPECT_EQ(comm[0].sizes, std::vector<size_t>{24 + 4});
-  EXPECT_EQ(comm[1].sizes, std::vector<size_t>{24 + 4});
+  // The creation's verdict, then the decision's head and its micro-batches in one call.
+  EXPECT_EQ(comm[0].sizes, (std::vector<size_t>{256, 24 + 4}));
+  EXPECT_EQ(comm[1].sizes, (std::vector<size_t>{256, 24 + 4}));
   // The committed step again, asked with the wrong count: refused, naming it.
   spgate_decision again{};
   spgate_microbatch_decision three[3];
@@ -423,10 +427,14 @@ struct RankComm {
   int rank;
 };
 
-// A plain plan's decision is the 24-byte head alone, its telemetry the 14 doubles alone.
+// A plain plan's decision is the 24-byte head alone (the creation's verdict its 256
+// bytes), its telemetry the 14 doubles alone.
 int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
-  if (size != sizeof(spgate::client::DecisionWire)) return 1;
+  if (size != sizeof(spgate::client::DecisionWire) &&
+      size != spgate::client::GroupDecider::kCreateVerdictBytes) {
+    return 1;
+  }
   const std::span<uint8_t> bytes(static_cast<uint8_t*>(buf), size);
   return c->group->Broadcast(c->rank, bytes, root).ok() ? 0 : 2;
 }
@@ -538,14 +546,18 @@ TEST(CApiGroupTest, GroupSessionSendsOneRecordPerStep) {
   spgate::client::InMemoryBroadcast group(kGroupSize, absl::Seconds(30));
   std::vector<RankComm> comm;
   for (int r = 0; r < kGroupSize; ++r) comm.push_back({&group, r});
-  // The leader's group session needs the group's max-reduce.
+  // The leader's group session needs the group's max-reduce (refused leaders alone, on a
+  // group of their own: creation is collective).
+  spgate::client::InMemoryBroadcast alone(1);
+  RankComm alone_comm{&alone, 0};
   spgate_decider* d = nullptr;
-  EXPECT_EQ(spgate_decider_create(leader, 0, GroupBroadcast, &comm[0], &d),
+  EXPECT_EQ(spgate_decider_create(leader, 0, GroupBroadcast, &alone_comm, &d),
             SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("max-reduce"));
   EXPECT_EQ(d, nullptr);
-  EXPECT_EQ(spgate_decider_create_group(nullptr, 0, GroupBroadcast, GroupReduceMax, &comm[0], &d),
-            SPGATE_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      spgate_decider_create_group(nullptr, 0, GroupBroadcast, GroupReduceMax, &alone_comm, &d),
+      SPGATE_INVALID_ARGUMENT);
 
   std::vector<spgate_decider*> deciders(kGroupSize, nullptr);
   for (int r = 0; r < kGroupSize; ++r) {
@@ -610,14 +622,24 @@ TEST(CApiGroupTest, PerRankSessionsSendEveryRanksRecord) {
   spgate::client::InMemoryBroadcast group(kGroupSize, absl::Seconds(30));
   std::vector<RankComm> comm;
   for (int r = 0; r < kGroupSize; ++r) comm.push_back({&group, r});
-  // A max-reduce means a group session, which this leader's client does not have.
+  // A max-reduce means a group session, which this leader's client does not have (on a
+  // group of its own: creation is collective).
+  spgate::client::InMemoryBroadcast alone(1);
+  RankComm alone_comm{&alone, 0};
   spgate_decider* d = nullptr;
-  EXPECT_EQ(spgate_decider_create_group(clients[0], 0, GroupBroadcast, GroupReduceMax, &comm[0],
-                                        &d),
+  EXPECT_EQ(spgate_decider_create_group(clients[0], 0, GroupBroadcast, GroupReduceMax,
+                                        &alone_comm, &d),
             SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("group_session=false"));
-  // A follower without a client of its own has nothing to report through.
-  ASSERT_EQ(spgate_decider_create(nullptr, 1, GroupBroadcast, &comm[1], &d), SPGATE_OK);
+  // A follower without a client of its own has nothing to report through (a pair of its
+  // own, the leader first: the follower takes the leader's verdict).
+  spgate::client::InMemoryBroadcast pair(2);
+  RankComm pair_comm[2] = {{&pair, 0}, {&pair, 1}};
+  spgate_decider* pair_leader = nullptr;
+  ASSERT_EQ(spgate_decider_create(clients[0], 0, GroupBroadcast, &pair_comm[0], &pair_leader),
+            SPGATE_OK);
+  spgate_decider_destroy(pair_leader);
+  ASSERT_EQ(spgate_decider_create(nullptr, 1, GroupBroadcast, &pair_comm[1], &d), SPGATE_OK);
   spgate_decision first{};
   first.mode = SPGATE_MODE_SEQUENCE_PARALLEL;
   first.reason = SPGATE_REASON_GATES_PASSED;

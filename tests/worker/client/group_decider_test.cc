@@ -3,6 +3,7 @@
 #include "worker/client/group_decider.h"
 
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -61,16 +62,74 @@ TEST(DecisionWireTest, RoundTripsAndRejectsGarbage) {
                                                  HasSubstr("source 5")));
 }
 
+// This rank's own checks (CreateLocal makes no collective; Create makes them first).
 TEST(GroupDeciderTest, CreateChecksTheLeaderHasAClient) {
   InMemoryBroadcast group(2);
-  EXPECT_THAT(GroupDecider::Create(nullptr, 0, group.ForRank(0)),
+  EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 0, group.ForRank(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needs a GateClient")));
   auto follower_client = LocalClient(/*rank=*/1);
-  EXPECT_THAT(GroupDecider::Create(follower_client.get(), 0, group.ForRank(0)),
+  EXPECT_THAT(GroupDecider::CreateLocal(follower_client.get(), 0, group.ForRank(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("created for rank 1")));
+  EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 1, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("broadcast")));
   EXPECT_THAT(GroupDecider::Create(nullptr, 1, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("broadcast")));
-  EXPECT_THAT(GroupDecider::Create(nullptr, 1, group.ForRank(1)).status(), IsOk());
+  EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 1, group.ForRank(1)).status(), IsOk());
+}
+
+// Creation is collective: the leader broadcasts its outcome, so a refusal on the leader
+// fails every rank with the leader's error, and a follower whose rank or max-reduce
+// disagrees with the leader's fails, each within the broadcast (the transport's timeout
+// here is 20 s: no rank waits for it). Ranks are threads.
+TEST(GroupDeciderTest, CreationFailsOnEveryRankWhenTheLeaderRefuses) {
+  constexpr int kRanks = 4;
+  auto leader_client = LocalClient(0, kRanks);
+  struct Case {
+    const char* name;
+    bool leader_client;
+    int reduce_missing_on;  // -1: every rank has the max-reduce
+    int bad_rank_on;        // -1: every rank its own; else that rank claims kRanks
+    std::vector<absl::StatusCode> want;
+    std::vector<std::string> message;
+  };
+  const absl::StatusCode kOk = absl::StatusCode::kOk;
+  const absl::StatusCode kBad = absl::StatusCode::kInvalidArgument;
+  const Case cases[] = {
+      {"every rank agrees", true, -1, -1, {kOk, kOk, kOk, kOk}, {"", "", "", ""}},
+      {"the leader refuses", false, -1, -1, {kBad, kBad, kBad, kBad},
+       {"needs a GateClient", "leader refused its GroupDecider: the group leader (rank 0) needs",
+        "leader refused", "leader refused"}},
+      {"a follower without the leader's max-reduce", true, 2, -1, {kOk, kOk, kBad, kOk},
+       {"", "", "every rank of a group passes one, or none", ""}},
+      {"a follower outside the leader's group", true, -1, 3, {kOk, kOk, kOk, kBad},
+       {"", "", "", "the leader's group has 4 ranks"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    InMemoryBroadcast group(kRanks, absl::Seconds(20));
+    std::vector<absl::Status> got(kRanks);
+    std::vector<absl::Duration> took(kRanks);
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      threads.emplace_back([&, rank] {
+        const absl::Time start = absl::Now();
+        GateClient* client = rank == 0 && c.leader_client ? leader_client.get() : nullptr;
+        const int claimed = rank == c.bad_rank_on ? kRanks : rank;
+        got[rank] = GroupDecider::Create(client, claimed, group.ForRank(rank),
+                                         rank == c.reduce_missing_on ? MaxReduceFn{}
+                                                                     : group.ReduceForRank(rank))
+                        .status();
+        took[rank] = absl::Now() - start;
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int rank = 0; rank < kRanks; ++rank) {
+      SCOPED_TRACE(rank);
+      EXPECT_EQ(got[rank].code(), c.want[rank]) << got[rank];
+      EXPECT_THAT(std::string(got[rank].message()), HasSubstr(c.message[rank]));
+      EXPECT_LT(took[rank], absl::Seconds(5)) << "no rank waits for the transport's timeout";
+    }
+  }
 }
 
 TEST(GroupDeciderTest, NonLeadersNeverAskForDecisions) {
@@ -80,7 +139,7 @@ TEST(GroupDeciderTest, NonLeadersNeverAskForDecisions) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("only the group leader")));
   EXPECT_THAT(follower->AwaitDecision(1), StatusIs(absl::StatusCode::kFailedPrecondition));
   InMemoryBroadcast group(3);
-  auto d = GroupDecider::Create(follower.get(), 2, group.ForRank(2));
+  auto d = GroupDecider::CreateLocal(follower.get(), 2, group.ForRank(2));
   ASSERT_THAT(d.status(), IsOk());
   EXPECT_THAT((*d)->SubmitPlan({.step = 1, .lengths = lengths}), IsOk());  // a no-op
   EXPECT_EQ(follower->stats().plans_submitted, 0);
@@ -213,7 +272,7 @@ TEST(GroupDeciderTest, EveryRankGetsTheLeadersMicrobatchDecisions) {
 
   // A follower alone: any broadcast would wait for the leader (60 s), so these return
   // before one.
-  auto lone = GroupDecider::Create(nullptr, 1, group.ForRank(1));
+  auto lone = GroupDecider::CreateLocal(nullptr, 1, group.ForRank(1));
   ASSERT_THAT(lone.status(), IsOk());
   EXPECT_THAT((*lone)->Decide(0, kMaxMicrobatches + 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches")));
@@ -439,11 +498,12 @@ TEST(GroupDeciderTest, AGroupSessionNeedsTheReduction) {
   auto leader = GateClient::Create(o);
   ASSERT_THAT(leader.status(), IsOk());
   InMemoryBroadcast group(4);
-  EXPECT_THAT(GroupDecider::Create(leader->get(), 0, group.ForRank(0)),
+  EXPECT_THAT(GroupDecider::CreateLocal(leader->get(), 0, group.ForRank(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max-reduce")));
-  EXPECT_THAT(GroupDecider::Create(leader->get(), 0, group.ForRank(0), group.ReduceForRank(0))
-                  .status(),
-              IsOk());
+  EXPECT_THAT(
+      GroupDecider::CreateLocal(leader->get(), 0, group.ForRank(0), group.ReduceForRank(0))
+          .status(),
+      IsOk());
   // Followers have no client in a group session: the option table's default refuses one.
   o.rank_in_group = 2;
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -455,16 +515,16 @@ TEST(GroupDeciderTest, AGroupSessionNeedsTheReduction) {
   o.rank_in_group = 0;
   auto per_rank_leader = GateClient::Create(o);
   ASSERT_THAT(per_rank_leader.status(), IsOk());
-  EXPECT_THAT(GroupDecider::Create(per_rank_leader->get(), 0, group.ForRank(0),
+  EXPECT_THAT(GroupDecider::CreateLocal(per_rank_leader->get(), 0, group.ForRank(0),
                                    group.ReduceForRank(0)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("group_session=false")));
-  auto follower = GroupDecider::Create(own->get(), 2, group.ForRank(2));
+  auto follower = GroupDecider::CreateLocal(own->get(), 2, group.ForRank(2));
   ASSERT_THAT(follower.status(), IsOk());
   EXPECT_THAT((*follower)->ReportTelemetry({.step = 0, .step_time_s = 1}), IsOk());
   EXPECT_EQ((*own)->stats().telemetry_reported, 1);
-  EXPECT_THAT(GroupDecider::Create(own->get(), 1, group.ForRank(1)),
+  EXPECT_THAT(GroupDecider::CreateLocal(own->get(), 1, group.ForRank(1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("created for rank 2")));
-  auto bare = GroupDecider::Create(nullptr, 3, group.ForRank(3));
+  auto bare = GroupDecider::CreateLocal(nullptr, 3, group.ForRank(3));
   EXPECT_THAT((*bare)->ReportTelemetry({.step = 0, .step_time_s = 1}),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("neither")));
 }
