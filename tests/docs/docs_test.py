@@ -42,7 +42,7 @@ What is checked, and the rule that decides what a name refers to:
      binaries or of a script named nearby (the paragraph, two blocks either side in the
      same section, the headings). Skipped only when it is none of those, something nearby
      names another program, and it is not a near miss (difflib ratio >= 0.85, 8+
-     characters) of one of our flags.
+     characters, no `-`) of one of our flags.
   Exempt: `--flag` and UPPERCASE placeholders, `--x_*` prefixes (one flag must start with
   `x_`), `--nox` for a boolean `--x`, and a flag the same block shows refused
   ("unknown flag --x").
@@ -692,8 +692,9 @@ def CheckLooseFlags(facts, where, flags, contexts, refused, failures, owner=None
 
 def CloseTo(facts, flag):
     """One of our binaries' flags that FLAG (8+ characters) looks like a typo of, or None.
-    Shorter ones are too often another program's (`--ulimit` is not `--limit`)."""
-    if len(flag) < 8:
+    Shorter ones are too often another program's (`--ulimit` is not `--limit`), and so are
+    hyphenated ones (`--tp-comm-overlap` is Megatron's; ours are spelled with `_`)."""
+    if len(flag) < 8 or "-" in flag:
         return None
     ours = set().union(*facts.flags.values()) if facts.flags else set()
     close = difflib.get_close_matches(flag, ours, n=1, cutoff=0.85)
