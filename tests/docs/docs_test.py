@@ -46,8 +46,8 @@ What is checked, and the rule that decides what a name refers to:
   Exempt: `--flag` and UPPERCASE placeholders, `--x_*` prefixes (one flag must start with
   `x_`), `--nox` for a boolean `--x`, and a flag the same block shows refused
   ("unknown flag --x").
-* Internal tracker references ("issue 12", "(#12)", "the issue's ...") appear in no doc and
-  no source file
+* Internal tracker references ("issue 12", "(#12)", "the issue's ...") and the private
+  workspace (SPEC.md, /work/main, shared/research) appear in no doc and no source file
   (an upstream project's issue is cited by its URL).
 A self-test first runs the checks on a made-up doc with one mistake of each kind.
 
@@ -89,6 +89,8 @@ PLACEHOLDER_FLAGS = {"flag"}
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\*?)")
 ISSUE_REF = re.compile(r"\bissues? #?\d+\b|\(#\d+\)|\bthe issue(?:'s| asks| names| says)\b",
                        re.IGNORECASE)
+# The project's private workspace: its contract and notes are not part of the tree.
+PRIVATE_REF = re.compile(r"\bSPEC(?:\.md)?\b|/work/main\b|\bshared/(?:research|SPEC)")
 SOURCE_EXTS = (".cc", ".h", ".cu", ".cuh", ".py", ".pyi", ".sh", ".cmake", ".proto", ".yml",
                ".yaml", ".txt", ".json.in", ".service", ".textproto")
 
@@ -806,6 +808,8 @@ def CheckDoc(facts, doc, sections, failures):
 
 
 def CheckIssueRefs(where, line, failures):
+    for m in PRIVATE_REF.finditer(line):
+        failures.add(where, f"'{m.group(0)}' is outside the repository (cite docs/design.md)")
     for m in ISSUE_REF.finditer(line):
         if re.search(r"https?://\S*$", line[:m.start()]):
             continue  # part of a URL (an upstream project's issue)
@@ -824,7 +828,7 @@ def SourceFiles(root):
                 yield os.path.join(dirpath, f)
 
 
-SOURCE_SUSPECT = re.compile(r"issue|\(#\d", re.IGNORECASE)
+SOURCE_SUSPECT = re.compile(r"(?i:issue)|\(#\d|SPEC|/work/main|shared/")
 
 
 def CheckSources(root, sections, failures):
@@ -843,7 +847,7 @@ def CheckSources(root, sections, failures):
         for n, line in enumerate(text.split("\n"), 1):
             if "design" in line and "§" in line:
                 CheckSectionRefs(f"{rel}:{n}", line, sections, failures)
-            if re.search(r"issue|\(#\d", line, re.IGNORECASE):
+            if SOURCE_SUSPECT.search(line):
                 CheckIssueRefs(f"{rel}:{n}", line, failures)
 
 
@@ -863,7 +867,7 @@ def SelfTest(facts):
                     "## Bad part\n\n[gone](nowhere.md), [bad anchor](design.md#2-two), "
                     "design.md §7.\n\n"
                     "```sh\nspgated --state_dri=/tmp/s\n```\n\n"
-                    "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert.\n\n"
+                    "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert; SPEC §3.\n\n"
                     "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`; "
                     "`make tset`; `server/no_such_file.cc`.\n\n"
                     "spgate-sim takes `--stpes`; `spgate-sim replya --compare`. `Regster(RegisterRequest) → RegisterResponse`, "
@@ -879,7 +883,7 @@ def SelfTest(facts):
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
             "no rpc PinMod", "default is '123456789'", "make tset",
-            "server/no_such_file.cc does not exist", "no subcommand 'replya'"]
+            "server/no_such_file.cc does not exist", "no subcommand 'replya'", "'SPEC' is outside"]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
