@@ -9,7 +9,8 @@ What is checked, and the rule that decides what a name refers to:
   resolves to a file or folder (from the doc's folder); a `#anchor` on a Markdown target
   (or alone) names one of its headings, slugged as GitHub does (lowercase, punctuation
   but `-` and `_` dropped, spaces to `-`, `-1`, `-2` for repeats) or an `<a id/name>`.
-  "design.md §N" (in docs and in code comments) names an existing "## N." section. A
+  "design.md §N" (in docs and in code comments) names an existing "## N." section, and
+  `x.md, "Title"` / `design.md §N "Title"` a text in that doc (section). A
   path in an inline code span whose first folder is one of the repository's top-level
   folders (`server/metrics.cc`, `deploy/k8s/`) exists.
 * Metrics. A `spgate_*` word in a doc is a metric unless it is a file name
@@ -400,6 +401,28 @@ def DesignSections(root):
         return set(re.findall(r"^## (\d+)\.", f.read(), re.MULTILINE))
 
 
+TITLED_REF = re.compile(r"\b([a-z][a-z-]*\.md)(?: §(\d+))?,? \(?\"([A-Z][^\"]{2,60})\"")
+DOC_TEXT = {}  # docs/X.md -> its text, read once
+
+
+def CheckTitledRefs(root, where, line, failures):
+    """`gates.md, "The ADAPTIVE policy"`, `design.md §2 "Range rules"`: the quoted text is
+    in that doc (in that section)."""
+    for doc, sec, title in TITLED_REF.findall(line):
+        path = os.path.join(root, "docs", doc)
+        if not os.path.isfile(path):
+            continue
+        if path not in DOC_TEXT:
+            with open(path, encoding="utf-8") as f:
+                DOC_TEXT[path] = f.read()
+        text = DOC_TEXT[path]
+        if sec:
+            parts = [p for p in re.split(r"^## ", text, flags=re.M) if p.startswith(sec + ".")]
+            text = parts[0] if parts else ""
+        if title.lower() not in text.lower():
+            failures.add(where, f"docs/{doc}{' §' + sec if sec else ''} has no \"{title}\"")
+
+
 def CheckSectionRefs(where, line, sections, failures, in_design=False):
     pattern = r"design(?:\.md)? §(\d+)" if not in_design else r"§(\d+)"
     for n in re.findall(pattern, line):
@@ -760,6 +783,7 @@ def CheckLines(facts, where_of, lines, sections, failures, in_design):
         CheckMetrics(facts, where, line, failures)
         CheckRpcs(facts, where, line, failures)
         CheckSectionRefs(where, line, sections, failures, in_design)
+        CheckTitledRefs(facts.root, where, line, failures)
         CheckIssueRefs(where, line, failures)
 
 
@@ -842,11 +866,13 @@ def CheckSources(root, sections, failures):
                 text = f.read()
         except UnicodeDecodeError:
             continue
-        if "§" not in text and not SOURCE_SUSPECT.search(text):
+        if "§" not in text and ".md" not in text and not SOURCE_SUSPECT.search(text):
             continue
         for n, line in enumerate(text.split("\n"), 1):
             if "design" in line and "§" in line:
                 CheckSectionRefs(f"{rel}:{n}", line, sections, failures)
+            if '.md' in line and '"' in line:
+                CheckTitledRefs(root, f"{rel}:{n}", line, failures)
             if SOURCE_SUSPECT.search(line):
                 CheckIssueRefs(f"{rel}:{n}", line, failures)
 
@@ -867,7 +893,8 @@ def SelfTest(facts):
                     "## Bad part\n\n[gone](nowhere.md), [bad anchor](design.md#2-two), "
                     "design.md §7.\n\n"
                     "```sh\nspgated --state_dri=/tmp/s\n```\n\n"
-                    "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert; SPEC §3.\n\n"
+                    "The daemon's `spgate_decisions_totl` and issue 12; SpgateNoSuchAlert; SPEC §3; "
+                    "design.md §1 \"No such part\".\n\n"
                     "`spgatectl jobz list` and `spgatectl gates set --max_lenght_cv=1`; "
                     "`make tset`; `server/no_such_file.cc`.\n\n"
                     "spgate-sim takes `--stpes`; `spgate-sim replya --compare`. `Regster(RegisterRequest) → RegisterResponse`, "
@@ -883,7 +910,7 @@ def SelfTest(facts):
     want = ["nowhere.md", "#2-two", "§7", "--state_dri", "spgate_decisions_totl",
             "issue 12", "--stpes", "--max_jobs", "SpgateNoSuchAlert", "rpc Regster",
             "no rpc PinMod", "default is '123456789'", "make tset",
-            "server/no_such_file.cc does not exist", "no subcommand 'replya'", "'SPEC' is outside"]
+            "server/no_such_file.cc does not exist", "no subcommand 'replya'", "'SPEC' is outside", "has no \"No such part\""]
     if ctl:
         want += ["jobz", "--max_lenght_cv"]
     if "spgated" not in facts.flags:
