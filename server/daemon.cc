@@ -474,6 +474,7 @@ absl::Status Daemon::Impl::Start() {
   sweeper = std::thread([this, period] {
     while (!stop_sweeper.WaitForNotificationWithTimeout(period)) {
       state->Sweep();
+      state->PersistLearned(/*all=*/false);  // rate-limited per job, off the decision path
       streams.ExpireSilent(absl::Now() - opts.first_message_timeout, *metrics);
     }
   });
@@ -598,6 +599,7 @@ void Daemon::Shutdown(absl::Duration grace) {
   if (d.sweeper.joinable()) d.sweeper.join();
   if (d.config_poller.joinable()) d.config_poller.join();
   if (absl::Status s = d.store->Flush(); !s.ok()) Log(std::string(s.message()));
+  d.state->PersistLearned(/*all=*/true);
   d.exposer.reset();
   Log("stopped");
 }

@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
     RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
   }
   RETURN_IF_ERROR(state->RestoreLaunches());
+  state->LoadLearned();  // after the launches: a restored launch gets its tables back
   return state;
 }
 
@@ -410,6 +411,8 @@ StagePlanOutcome GateState::PolicyStep(Job& job, Group& g, const GateConfig& con
                                        std::span<const MicrobatchFacts> facts,
                                        const std::optional<PinState>& pin,
                                        std::optional<double>* adaptive_gain) {
+  // Tables adopted from the job's previous launch: at the step this launch counts from.
+  if (job.learned_restamp) RestampLearnedAt(job, config, plan.step);
   if (job.layout.has_value()) {
     const int stage = CoordinatesOf(*job.layout, g.index).stage;
     const StagePlanFacts stage_facts{.step = plan.step,

@@ -56,6 +56,7 @@
 #include "policy/telemetry.h"
 #include "server/defaults.h"
 #include "server/launch_book.h"
+#include "server/learned_store.h"
 #include "server/metrics.h"
 #include "server/operator_view.h"
 #include "server/state_options.h"
@@ -393,6 +394,11 @@ class GateState final : public OperatorListener {
 
   // Staleness, pin expiry, forgetting idle ranks, groups and jobs, worker gauges.
   void Sweep();
+  // With a state_dir: writes the learned tables of every job that learned since its last
+  // write and last wrote at least learned_persist_interval ago (`all`: whatever its last
+  // write; at shutdown), outside the state's lock (server/learned_store.h). The sweep
+  // thread calls it; a failed write is logged, counted and retried on the next call.
+  void PersistLearned(bool all) ABSL_LOCKS_EXCLUDED(mu_, learned_io_mu_);
   // Refuses new sessions and streams with UNAVAILABLE (graceful shutdown).
   void BeginDrain() { draining_.store(true); }
   bool draining() const { return draining_.load(); }
@@ -496,6 +502,20 @@ class GateState final : public OperatorListener {
   };
   void CollectLearnedPushes(Job& job, bool force, const std::string* only,
                             std::vector<LearnedPush>* pushes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Learned tables across launches and restarts (gate_state_learned.cc): read back at
+  // Create (a restored launch's installed, the others kept for their job's next launch);
+  // a launch's tables kept when it ends or its job goes idle; a new launch's first
+  // registrant adopting the kept ones when it declares the same (aged, restamped at its
+  // first decided step); the record to write.
+  void LoadLearned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void InstallLearned(Job& job, LearnedRecord record, double age_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StashLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdoptLearned(Job& job, const RegisterInput& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestampLearnedAt(Job& job, const GateConfig& config, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LearnedRecord RecordOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void LogLine(const std::string& line) const;
   // The table a group's decisions read and its telemetry feeds: its stage's in a job
   // with a layout, else the job's.
   ThroughputTable& LearnedTableOf(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -512,6 +532,18 @@ class GateState final : public OperatorListener {
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+
+  // Learned tables of jobs without live ones (a launch that ended, an idle job, files
+  // read at Create), each with whether it is not on disk yet; at most max_jobs.
+  struct KeptLearned {
+    LearnedRecord record;
+    bool dirty = false;
+  };
+  absl::flat_hash_map<std::string, KeptLearned> kept_learned_ ABSL_GUARDED_BY(mu_);
+  // Held across a learned-table write (PersistLearned) and a removal (OnJobForgotten), so
+  // that a forgotten job's file is never written again after it was removed; taken
+  // before mu_, never with the launch book's lock.
+  Mutex learned_io_mu_ ABSL_ACQUIRED_BEFORE(mu_);
 
   Mutex watch_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::shared_ptr<DecisionWatcher>> watchers_ ABSL_GUARDED_BY(watch_mu_);

@@ -21,6 +21,7 @@
 #include "policy/group_state.h"
 #include "policy/rolling_window.h"
 #include "server/gate_state.h"
+#include "server/learned_store.h"
 #include "server/metrics.h"
 
 namespace spgate::server {
@@ -298,6 +299,16 @@ struct GateState::Job {
   // last told to that stage's leaders; `learned` above then stays empty.
   std::vector<ThroughputTable> stage_learned;
   std::vector<gate_state_internal::LearnedTold> stage_learned_told;
+  // The tables on disk (server/learned_store.h): what the launch's first registrant
+  // declared (none yet: nothing is written), when a step was last folded in, the job's
+  // mean step time then, whether that is not on disk yet and when it last went there; and
+  // whether the tables came from an earlier launch, to be restamped at its first step.
+  std::optional<LearnedKey> learned_key;
+  absl::Time learned_fold_time = absl::InfinitePast();
+  double learned_step_seconds = 0;
+  bool learned_dirty = false;
+  absl::Time learned_saved = absl::InfinitePast();
+  bool learned_restamp = false;
 };
 
 }  // namespace spgate::server

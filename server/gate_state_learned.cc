@@ -1,13 +1,20 @@
 // GateState's part in the ADAPTIVE policy (docs/design.md §11): the job's learned table,
-// fed by the steps the daemon decided, and its pushes to the leaders. See gate_state.h;
+// fed by the steps the daemon decided, its pushes to the leaders, and its life across
+// launches and restarts (--state_dir, server/learned_store.h). See gate_state.h;
 // the private structures are in gate_state_internal.h.
 #include "server/gate_state.h"
 #include "server/gate_state_internal.h"
 
 #include <algorithm>
+#include <iostream>
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "policy/pipeline_memory.h"
 
 namespace spgate::server {
 
@@ -106,6 +113,8 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
     NoteLearned(job, *table, config,
                 stage < 0 ? job.learned_told
                           : job.stage_learned_told[static_cast<size_t>(stage)]);
+    job.learned_dirty = true;  // written by the sweep thread (PersistLearned)
+    job.learned_fold_time = Now();
   }
 }
 
@@ -197,6 +206,192 @@ void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* on
   if (only == nullptr) {
     job.learned_push_due = false;
     job.learned_pushed = now;
+  }
+}
+
+}  // namespace spgate::server
+
+// --- Learned tables across launches and restarts (server/learned_store.h) ---
+
+namespace spgate::server {
+
+void GateState::LogLine(const std::string& line) const {
+  if (options_.log) {
+    options_.log(line);
+  } else {
+    std::cerr << "spgated: " << line << std::endl;
+  }
+}
+
+void GateState::LoadLearned() {
+  if (options_.state_dir.empty()) return;
+  LoadedLearned loaded = LoadLearnedDir(options_.state_dir, kMaxPipelineStages, options_.max_jobs);
+  for (const std::string& problem : loaded.problems) LogLine(problem);
+  for (LearnedRecord& r : loaded.records) {
+    auto it = jobs_.find(r.job_id);
+    // A launch the launches file restored is the one that learned the tables: they come
+    // back as they were (its steps go on where they were); any other launch's wait for
+    // their job's next launch.
+    if (it != jobs_.end() && !it->second->incarnation.empty() &&
+        it->second->incarnation == r.incarnation) {
+      InstallLearned(*it->second, std::move(r), /*age_steps=*/0);
+    } else {
+      const std::string id = r.job_id;
+      kept_learned_[id] = KeptLearned{std::move(r), /*dirty=*/false};
+    }
+  }
+}
+
+void GateState::InstallLearned(Job& job, LearnedRecord r, double age_steps) {
+  const GateConfig& config = job.op.effective;
+  job.learned = AgeLearned(config, r.table, age_steps);
+  job.learned_cv_band_width = r.cv_band_width;
+  job.learned_tokens_band_base = r.tokens_band_base;
+  if (r.key.layout.has_value()) {
+    job.layout = r.key.layout;
+    job.stage_learned.clear();
+    for (const ThroughputTable& t : r.stage_tables) {
+      job.stage_learned.push_back(AgeLearned(config, t, age_steps));
+    }
+    job.stage_learned_told.assign(job.stage_learned.size(), gate_state_internal::LearnedTold{});
+  }
+  job.learned_key = r.key;
+  job.learned_fold_time = r.fold_time;
+  job.learned_step_seconds = r.step_seconds;
+  job.learned_dirty = age_steps > 0;  // an aged table differs from its file
+  job.learned_push_due = true;        // the leaders get it as their streams attach
+  // The gauges, as if the tables had been learned here (a stage's at its newest step).
+  for (int band = 0; band < kBands; ++band) {
+    for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      if (const CellView v = job.learned.At(config, band, mode, job.learned.newest_step());
+          v.samples > 0) {
+        job.metrics->SetLearned(band, mode, v.tokens_per_s, v.samples);
+      }
+      for (size_t s = 0; s < job.stage_learned.size(); ++s) {
+        const ThroughputTable& t = job.stage_learned[s];
+        if (const CellView v = t.At(config, band, mode, t.newest_step()); v.samples > 0) {
+          job.metrics->SetStageLearned(static_cast<int>(s), band, mode, v.tokens_per_s);
+        }
+      }
+    }
+  }
+}
+
+LearnedRecord GateState::RecordOf(const Job& job) const {
+  LearnedRecord r;
+  r.job_id = job.id;
+  r.incarnation = job.incarnation;
+  r.key = *job.learned_key;
+  r.fold_time = job.learned_fold_time == absl::InfinitePast() ? Now() : job.learned_fold_time;
+  // The job's mean step time over its modes' windows (the steps of this daemon's life),
+  // else what it was when the tables came back.
+  double seconds = 0;
+  int64_t steps = 0;
+  for (const gate_state_internal::ModeWindow& w : job.modes) {
+    seconds += w.step_time.Sum();
+    steps += w.step_time.size();
+  }
+  r.step_seconds = steps > 0 && seconds > 0 ? seconds / static_cast<double>(steps)
+                                            : job.learned_step_seconds;
+  r.cv_band_width = job.learned_cv_band_width;
+  r.tokens_band_base = job.learned_tokens_band_base;
+  r.table = job.learned;
+  if (job.layout.has_value()) r.stage_tables = job.stage_learned;
+  return r;
+}
+
+// A launch's tables outlive it in memory (and on disk): the job's next launch may adopt
+// them. Called before its live state is dropped (a new launch, an idle job).
+void GateState::StashLearned(Job& job) {
+  const bool any = !job.learned.empty() ||
+                   std::any_of(job.stage_learned.begin(), job.stage_learned.end(),
+                               [](const ThroughputTable& t) { return !t.empty(); });
+  if (job.learned_key.has_value() && any && !job.incarnation.empty()) {
+    if (static_cast<int>(kept_learned_.size()) >= options_.max_jobs &&
+        !kept_learned_.contains(job.id)) {
+      // Room for it: the one folded longest ago goes (its file stays on disk).
+      auto oldest = std::min_element(kept_learned_.begin(), kept_learned_.end(),
+                                     [](const auto& a, const auto& b) {
+                                       return a.second.record.fold_time < b.second.record.fold_time;
+                                     });
+      kept_learned_.erase(oldest);
+    }
+    kept_learned_[job.id] = KeptLearned{RecordOf(job), job.learned_dirty};
+  }
+  job.learned_key.reset();
+  job.learned_fold_time = absl::InfinitePast();
+  job.learned_step_seconds = 0;
+  job.learned_dirty = false;
+  job.learned_restamp = false;
+}
+
+// The launch's first registrant sets what the launch declared; the job's kept tables
+// are adopted when they were learned under the same declaration, else dropped (the
+// launch starts cold and its own tables replace the file). Adopted tables are aged by
+// the steps the job could have run since their last fold — the wall-clock gap over the
+// job's mean step time, since a relaunch's step counter rewinds to its checkpoint or
+// starts at 0 — and restamped at the launch's first decided step (RestampLearnedAt).
+void GateState::AdoptLearned(Job& job, const RegisterInput& r) {
+  job.learned_key = LearnedKey{r.layout, r.prior_inputs};
+  auto it = kept_learned_.find(job.id);
+  if (it == kept_learned_.end()) return;
+  LearnedRecord kept = std::move(it->second.record);
+  kept_learned_.erase(it);
+  if (kept.key != *job.learned_key) return;
+  const bool same_launch = kept.incarnation == job.incarnation;
+  const double gap_s = std::max(0.0, absl::ToDoubleSeconds(Now() - kept.fold_time));
+  const double age = same_launch || !(kept.step_seconds > 0)
+                         ? 0.0
+                         : std::min(gap_s / kept.step_seconds, 1e12);
+  const PriorInputs declared = job.learned.prior_inputs();
+  InstallLearned(job, std::move(kept), age);
+  if (age > 0) job.learned_fold_time = Now();  // aged to now: a later relaunch ages from here
+  job.learned.SetPriorInputs(declared);
+  for (ThroughputTable& t : job.stage_learned) t.SetPriorInputs(declared);
+  job.learned_restamp = !same_launch;
+}
+
+void GateState::RestampLearnedAt(Job& job, const GateConfig& config, int64_t step) {
+  job.learned_restamp = false;
+  job.learned = RestampLearned(config, job.learned, step);
+  for (ThroughputTable& t : job.stage_learned) t = RestampLearned(config, t, step);
+}
+
+void GateState::PersistLearned(bool all) {
+  if (options_.state_dir.empty()) return;
+  MutexLock io(&learned_io_mu_);
+  std::vector<LearnedRecord> due;
+  {
+    MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    for (auto& [id, job] : jobs_) {
+      if (!job->learned_dirty || !job->learned_key.has_value() || job->incarnation.empty()) {
+        continue;
+      }
+      if (!all && now - job->learned_saved < options_.learned_persist_interval) continue;
+      due.push_back(RecordOf(*job));
+      job->learned_dirty = false;
+      job->learned_saved = now;
+    }
+    for (auto& [id, kept] : kept_learned_) {
+      if (!kept.dirty) continue;
+      due.push_back(kept.record);
+      kept.dirty = false;
+    }
+  }
+  for (const LearnedRecord& r : due) {
+    absl::Status s = SaveLearned(options_.state_dir, r, kMaxPipelineStages);
+    if (s.ok()) continue;
+    metrics_.state_persist_failures.Increment();
+    LogLine(absl::StrCat("learned tables of job ", r.job_id, " not written (tried again on the "
+                         "next sweep): ", s.message()));
+    MutexLock lock(&mu_);
+    if (auto it = jobs_.find(r.job_id);
+        it != jobs_.end() && it->second->incarnation == r.incarnation) {
+      it->second->learned_dirty = true;
+    } else if (auto kit = kept_learned_.find(r.job_id); kit != kept_learned_.end()) {
+      kit->second.dirty = true;
+    }
   }
 }
 

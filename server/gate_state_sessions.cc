@@ -102,6 +102,7 @@ bool GateState::RanksHeardFrom(const Job& job) const {
 }
 
 void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
+  StashLearned(job);  // the old launch's tables: the job's next launch may start from them
   job.incarnation = incarnation;
   // Live state of the old launch: its groups (decisions, caches, windows, ranks), its
   // per-mode windows and counts, and its streams. Operator settings (job.op) stay; the
@@ -328,6 +329,7 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
       job.sp_required.push_back(f);
     }
   }
+  if (!job.learned_key.has_value()) AdoptLearned(job, r);  // the launch's first rank
   if (r.rank_in_group == 0) g->resume_allowed = true;  // a (re)started leader may resume
   g->last_activity = job.last_activity = now;
   if (r.memory_budget_bytes > 0) {
@@ -458,6 +460,13 @@ int GateState::OnJobForgotten(const std::string& job_id) {
     // Settings that stay keep the job listed (as for a job configured before it starts).
     if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
     launches_.Forget(job_id);
+    kept_learned_.erase(job_id);
+  }
+  if (!options_.state_dir.empty()) {
+    MutexLock io(&learned_io_mu_);  // no write of its tables is in flight or comes after
+    if (absl::Status s = RemoveLearned(options_.state_dir, job_id); !s.ok()) {
+      LogLine(std::string(s.message()));
+    }
   }
   // Forgotten means forgotten after a restart too. The store has already applied the
   // forget, so a failure here is counted (by the book), not returned: the job's last
@@ -538,6 +547,7 @@ void GateState::Sweep() {
       ++jit;
       continue;
     }
+    StashLearned(job);
     launches_.Forget(job.id);
     jobs_.erase(jit++);
   }

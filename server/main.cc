@@ -59,6 +59,10 @@ ABSL_FLAG(bool, allow_unauthenticated_workers, false,
           "(anyone who reaches the port can register any job); logs a WARNING");
 ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
           "Decisions each TP group keeps to answer retried plans idempotently");
+ABSL_FLAG(absl::Duration, learned_persist_interval,
+          spgate::server::kDefaultLearnedPersistInterval,
+          "With --state_dir: a learning job's ADAPTIVE tables are written there at most once "
+          "per this interval, and at shutdown (docs/operations.md); 0: every sweep (1 s)");
 
 // Limits (docs/design.md §10): each refusal is RESOURCE_EXHAUSTED and counted in
 // spgate_limit_refusals_total{limit=...}.
@@ -118,6 +122,7 @@ spgate::server::DaemonOptions DaemonOptionsFromFlags() {
   opts.state.max_jobs = absl::GetFlag(FLAGS_max_jobs);
   opts.state.max_groups_per_job = absl::GetFlag(FLAGS_max_groups_per_job);
   opts.state.decision_cache_steps = absl::GetFlag(FLAGS_decision_cache_steps);
+  opts.state.learned_persist_interval = absl::GetFlag(FLAGS_learned_persist_interval);
   opts.state.max_plan_lead_steps = absl::GetFlag(FLAGS_max_plan_lead_steps);
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   opts.worker_subjects_file = absl::GetFlag(FLAGS_worker_subjects_file);
@@ -143,6 +148,9 @@ spgate::server::DaemonOptions DaemonOptionsFromFlags() {
 // The flags' ranges, checked before a port is bound: what is wrong, naming the flags, or
 // empty when all are in range.
 std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
+  if (opts.state.learned_persist_interval < absl::ZeroDuration()) {
+    return "--learned_persist_interval: must be >= 0";
+  }
   if (opts.state.forget_after <= absl::ZeroDuration() ||
       opts.first_message_timeout <= absl::ZeroDuration() ||
       opts.handshake_timeout <= absl::ZeroDuration() || opts.handshake_timeout > absl::Hours(1) ||

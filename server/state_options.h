@@ -12,6 +12,11 @@
 
 namespace spgate::server {
 
+// How often a learning job's tables go to --state_dir at most: a kill -9 loses at most
+// this much learning (3-30 steps at 1-10 s a step, against a half-life of 2,000), and
+// --max_jobs learning jobs cost at most 1,024 / 30 s = 34 small files written a second.
+inline constexpr absl::Duration kDefaultLearnedPersistInterval = absl::Seconds(30);
+
 struct StateOptions {
   // Injected clock, for tests; empty: absl::Now.
   std::function<absl::Time()> clock;
@@ -47,6 +52,13 @@ struct StateOptions {
   int64_t max_plan_lead_steps = kDefaultMaxPlanLeadSteps;
   // At most one learned-table push per job per this interval (docs/design.md §11).
   absl::Duration learned_push_interval = absl::Seconds(1);
+  // With a state_dir: a job's learned tables are written to it (server/learned_store.h)
+  // at most once per this interval while it learns, from the sweep thread, and at
+  // shutdown; a kill -9 loses at most this much learning (docs/operations.md).
+  absl::Duration learned_persist_interval = kDefaultLearnedPersistInterval;
+  // Where the state's own log lines go (refused learned-table files, failed writes);
+  // empty: standard error, prefixed "spgated: ".
+  std::function<void(const std::string&)> log;
 };
 
 }  // namespace spgate::server
