@@ -320,6 +320,16 @@ class LiveMetrics:
                  "--metrics_listen=127.0.0.1:0", "--health_listen=", "--shutdown_grace=0s"],
                 stdout=subprocess.DEVNULL, stderr=err)
 
+    def Stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.tmp.cleanup()
+
     def Families(self):
         try:
             port, deadline = None, time.monotonic() + 30
@@ -334,13 +344,7 @@ class LiveMetrics:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 body = r.read().decode()
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.tmp.cleanup()
+            self.Stop()
         return set(re.findall(r"^# TYPE (spgate_[a-z0-9_]+) ", body, re.MULTILINE))
 
 
@@ -934,6 +938,24 @@ def SelfTest(facts):
 
 # ---------------------------------------------------------------- main
 
+def CheckAll(facts, root, failures):
+    """The self-test, then every check over README.md, docs/*.md and the sources."""
+    ReadMetrics(facts)
+    ReadProto(facts)
+    for problem in SelfTest(facts):
+        failures.add("docs_test.py", problem)
+    for key in STATS:
+        STATS[key] = 0
+    sections = DesignSections(root)
+    docs = [os.path.join(root, "README.md")]
+    ddir = os.path.join(root, "docs")
+    docs += sorted(os.path.join(ddir, f) for f in os.listdir(ddir) if f.endswith(".md"))
+    for doc in docs:
+        CheckDoc(facts, doc, sections, failures)
+    CheckSources(root, sections, failures)
+    return docs
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=os.path.abspath(
@@ -962,27 +984,19 @@ def main():
             if b == "spgated":
                 facts.spgated = path
     daemon = LiveMetrics(facts.spgated) if getattr(facts, "spgated", None) else None
-    ReadMetrics(facts)
-    ReadProto(facts)
     failures = Failures()
-    for problem in SelfTest(facts):
-        failures.add("docs_test.py", problem)
-    for key in STATS:
-        STATS[key] = 0
-    sections = DesignSections(args.root)
-    docs = [os.path.join(args.root, "README.md")]
-    ddir = os.path.join(args.root, "docs")
-    docs += sorted(os.path.join(ddir, f) for f in os.listdir(ddir) if f.endswith(".md"))
-    for doc in docs:
-        CheckDoc(facts, doc, sections, failures)
-    CheckSources(args.root, sections, failures)
-    if daemon is not None:
-        live = daemon.Families()
-        for name in sorted(live - facts.metrics):
-            failures.add("server/metrics.cc", f"{name} is on /metrics but not read from the "
-                                              "source (.Name(\"...\")): fix this test's reading")
-        if not live:
-            failures.add("spgated /metrics", "no spgate_* family at all")
+    try:
+        docs = CheckAll(facts, args.root, failures)
+        if daemon is not None:
+            live = daemon.Families()
+            for name in sorted(live - facts.metrics):
+                failures.add("server/metrics.cc", f"{name} is on /metrics but not read from "
+                                                  "the source (.Name(\"...\")): fix this test")
+            if not live:
+                failures.add("spgated /metrics", "no spgate_* family at all")
+    finally:
+        if daemon is not None:
+            daemon.Stop()  # also when a check raised: no daemon outlives the test
     for item in failures.items:
         print(item)
     print(f"docs_test: {len(docs)} docs; {len(facts.metrics)} metrics, {len(facts.rpcs)} rpcs, "
