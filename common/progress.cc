@@ -75,7 +75,10 @@ void ProgressReporter::Finish() {
   MutexLock lock(&mu_);
   if (finished_) return;
   finished_ = true;
-  if (calls_ > 0) PrintLocked(o_.clock ? o_.clock() : absl::Now());
+  // Unless the last line already said it all.
+  if (calls_ > 0 && (lines_ == 0 || parts_ != parts_at_last_line_)) {
+    PrintLocked(o_.clock ? o_.clock() : absl::Now());
+  }
 }
 
 int64_t ProgressReporter::lines() const {
@@ -110,6 +113,7 @@ void ProgressReporter::PrintLocked(absl::Time now) {
   }
   last_line_ = now;
   tokens_at_last_line_ = tokens_;
+  parts_at_last_line_ = parts_;
   ++lines_;
 }
 

@@ -86,7 +86,8 @@ class ProgressReporter {
   // Counts `d`; prints a line when the interval has passed since the last (checked on
   // every check_every-th call).
   void Add(const ProgressDelta& d);
-  // The last line, once, whatever the interval (nothing if nothing was added).
+  // The last line, once, whatever the interval (nothing if nothing was added, or if no step
+  // ended since the last line).
   void Finish();
   int64_t lines() const;
 
@@ -103,6 +104,7 @@ class ProgressReporter {
   double sim_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sp_ ABSL_GUARDED_BY(mu_) = 0, tp_ ABSL_GUARDED_BY(mu_) = 0;
   double tokens_at_last_line_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t parts_at_last_line_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lines_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };

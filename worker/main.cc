@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
@@ -27,6 +28,7 @@
 #include "absl/time/time.h"
 #include "common/file_util.h"
 #include "common/mutex.h"
+#include "common/progress.h"
 #include "common/status_macros.h"
 #include "worker/client/client_options.h"
 #include "worker/client/tls_flags.h"
@@ -85,6 +87,9 @@ ABSL_FLAG(std::string, decision_log, "",
           "PREFIX: write PREFIX.rank<N>.csv (step,mode,reason,source,stage,micro_batch: a row "
           "per micro-batch of each step) per rank");
 ABSL_FLAG(std::string, summary_json, "", "Write the run summary (world rank 0) to this file");
+ABSL_FLAG(bool, progress, false,
+          "World rank 0: a progress line on stderr every 2 s (default: when stderr is a "
+          "terminal)");
 ABSL_FLAG(bool, verify, false, "Also run every batch in both modes and report the largest "
                                "difference of outputs and gradients (verify_max_abs_diff)");
 ABSL_FLAG(absl::Duration, decision_deadline, kClientDefaults.decision_deadline,
@@ -250,6 +255,8 @@ absl::StatusOr<spgate::runtime::WorkerOptions> WorkerOptionsFromFlags(bool first
   o.bucketing = absl::GetFlag(FLAGS_bucketing);
   o.decision_log = absl::GetFlag(FLAGS_decision_log);
   o.verify = absl::GetFlag(FLAGS_verify);
+  o.progress = spgate::ProgressWanted(absl::GetFlag(FLAGS_progress),
+                                      absl::flags_internal::WasPresentOnCommandLine("progress"));
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   RETURN_IF_ERROR(ApplyGradAccumAlias(o, first));

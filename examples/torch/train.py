@@ -98,6 +98,9 @@ def parse_args(argv=None):
     p.add_argument("--decision_deadline_ms", type=float, default=20.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--summary_json", default="")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="rank 0: a progress line on stderr every 2 s (spgate.progress; "
+                        "default: when stderr is a terminal)")
     p.add_argument("--decision_log", default="",
                    help="PREFIX: one CSV per rank, PREFIX.rank<N>.csv "
                         "(step,mode,reason,source,stage,micro_batch)")
@@ -266,6 +269,7 @@ def run_rank(rank, world, args, port):
         log_file.write("step,mode,reason,source,stage,micro_batch\n")
 
     records = []
+    progress = make_progress(args, rank)
     decider.submit_plan(0, batch_lengths(args, group, 0))
     for step in range(args.steps):
         lengths = batch_lengths(args, group, step)
@@ -320,6 +324,8 @@ def run_rank(rank, world, args, port):
                         "ag_s": times["all_gather"], "ar_s": times["all_reduce"],
                         "peak": peak, "loss": group_loss,
                         "length_cv": _cv(lengths)})
+        progress.add(tokens=batch.tokens, mode=d.mode)
+    progress.finish()
     if log_file:
         log_file.close()
     finish_run(args, world, rank, records, finish_client(client, args), client)
@@ -468,6 +474,7 @@ def run_pipeline_rank(rank, world, args, port):
         return lengths
 
     records = []
+    progress = make_progress(args, rank)
     next_lengths = plan(0)
     for step in range(args.steps):
         lengths = next_lengths
@@ -559,12 +566,23 @@ def run_pipeline_rank(rank, world, args, port):
                         "length_cv": sum(_cv(ls) for ls in lengths) / m,
                         "microbatches": [(x.mode.label, x.reason.label)
                                          for x in d.microbatches]})
+        sp = sum(1 for x in modes if x == spgate.Mode.SEQUENCE_PARALLEL)
+        progress.add(tokens=tokens, sp=sp, tp=m - sp)
+    progress.finish()
     if log_file:
         log_file.close()
     counters = finish_client(client, args)
     counters.update({"p2p_size_mismatches": link.size_mismatches,
                      "p2p_bytes_sent": link.bytes_sent, "stage": grid.stage})
     finish_run(args, world, rank, records, counters, client)
+
+
+def make_progress(args, rank):
+    """Rank 0's progress line on stderr (spgate.progress): its TP group's steps, tokens and
+    decisions; with --progress, or by default when stderr is a terminal."""
+    import spgate.progress
+    return spgate.progress.Progress(total_steps=args.steps, label="train.py, TP group 0",
+                                    enabled=args.progress if rank == 0 else False)
 
 
 def finish_run(args, world, rank, records, counters, client):

@@ -114,6 +114,20 @@ TEST(ProgressReporterTest, TimedRunEtaIsWhatIsLeftOfTheDuration) {
   EXPECT_EQ(lines[0], "w: step 3  25 tok/s  SP 100% TP-only 0%  ETA 0:18");
 }
 
+TEST(ProgressReporterTest, FinishSaysNothingTheLastLineSaid) {
+  FakeClock clock;
+  int lines = 0;
+  ProgressReporter p({.label = "t", .interval = absl::Seconds(1), .clock = [&] { return clock(); },
+                      .sink = [&](std::string_view) { ++lines; }});
+  clock.now += absl::Seconds(1);
+  p.Add({.parts = 1, .sp = 1});
+  EXPECT_EQ(lines, 1);
+  clock.now += absl::Milliseconds(500);
+  p.Add({.tokens = 5});  // no step ended
+  p.Finish();
+  EXPECT_EQ(lines, 1);
+}
+
 TEST(ProgressReporterTest, NothingAddedNoLine) {
   int lines = 0;
   ProgressReporter p({.label = "t", .clock = {}, .sink = [&](std::string_view) { ++lines; }});

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/progress.h"
 #include "policy/gate_policy.h"
 #include "policy/step_plan.h"
 #include "worker/client/gate_client.h"
@@ -163,6 +164,7 @@ class RankRun {
     const auto start = Clock::now();
     std::vector<Batch> current, next;  // the step's micro-batches (one without pipelines)
     RETURN_IF_ERROR(Prefetch(0, current));
+    const std::unique_ptr<ProgressReporter> progress = MakeProgress();
     for (int64_t n = 0;; ++n) {
       ASSIGN_OR_RETURN(const bool done, DoneBefore(n, start));
       if (done) break;
@@ -170,9 +172,11 @@ class RankRun {
       if (has_next) RETURN_IF_ERROR(Prefetch(n + 1, next));
       ASSIGN_OR_RETURN(const StepRecord rec, RunStep(n, current, result));
       result.steps.push_back(rec);
+      if (progress) progress->Add(StepProgress(rec, result));
       arena_->TrimCache();
       if (has_next) current = std::move(next);
     }
+    if (progress) progress->Finish();
     FinishGate(result.counters);
     if (link_) {
       result.counters.p2p_size_mismatches = link_->size_mismatches();
@@ -190,6 +194,31 @@ class RankRun {
   };
 
   bool timed_run() const { return o_.duration > absl::ZeroDuration(); }
+
+  // --progress: world rank 0's line, its own TP group's steps, tokens and decisions.
+  std::unique_ptr<ProgressReporter> MakeProgress() const {
+    if (!o_.progress || grid_.world_rank() != 0) return nullptr;
+    ProgressReporter::Options po;
+    po.label = "spgate-worker, TP group 0";
+    po.total_steps = timed_run() ? 0 : o_.steps;
+    po.total_duration = o_.duration;
+    return std::make_unique<ProgressReporter>(std::move(po));
+  }
+  // A step's part of the line: its decisions (a pipeline's, one per micro-batch).
+  ProgressDelta StepProgress(const StepRecord& rec, const RankResult& result) const {
+    ProgressDelta d{.parts = 1, .tokens = static_cast<double>(rec.tokens)};
+    const bool pipelined = Pipelined(o_);
+    const size_t m = pipelined ? static_cast<size_t>(o_.microbatches) : 1;
+    for (size_t i = 0; i < m; ++i) {
+      Mode mode = static_cast<Mode>(rec.mode);
+      if (pipelined && result.microbatch_decisions.size() >= m) {
+        const std::vector<uint8_t>& b = result.microbatch_decisions;
+        if (const std::optional<Decision> x = UnpackModeReason(b[b.size() - m + i])) mode = x->mode;
+      }
+      (mode == Mode::kSequenceParallel ? d.sp : d.tp) += 1;
+    }
+    return d;
+  }
   bool auto_mode() const { return o_.mode == ModeChoice::kAuto; }
 
   // ---- Set-up ----

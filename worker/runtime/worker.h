@@ -86,6 +86,8 @@ struct WorkerOptions {
   uint64_t memory_budget_bytes = 0;  // 0: no memory gate
   int64_t attention_query_block = 1024;
   ArenaOptions arena;  // --arena_cache
+  // World rank 0 prints a progress line of its TP group on stderr (common/progress.h).
+  bool progress = false;
 };
 
 // Whether the run has pipeline stages or micro-batches (step plans, a decision each).
