@@ -233,7 +233,7 @@ double Tps(const CompareResult& r, const char* name) {
   return r.Find(name)->effective_tokens_per_s;
 }
 
-TEST(ComparePipelineTest, OracleBoundsEveryPolicyWithoutALimit) {
+TEST(CompareCellTest, OracleBoundsEveryPolicyWithoutALimit) {
   SimOptions o = Pipelined();
   o.cost.device_memory_gib = 1000;  // nothing is over: the oracle is exact
   absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0);
@@ -270,7 +270,7 @@ TEST(ComparePipelineTest, OracleBoundsEveryPolicyWithoutALimit) {
   EXPECT_THAT(CompareTable(*r), HasSubstr("| TP-only share per stage |"));
 }
 
-TEST(ComparePipelineTest, EarlyStagesStaySpWhereLateOnesFit) {
+TEST(CompareCellTest, EarlyStagesStaySpWhereLateOnesFit) {
   // Stage 0 of 4 holds four micro-batches at once, stage 3 one: with this budget TP-only
   // fits the late stages, not the early ones (and it is the faster mode on most of these
   // mixed-length micro-batches, so the gates want it).
@@ -301,7 +301,7 @@ TEST(ComparePipelineTest, EarlyStagesStaySpWhereLateOnesFit) {
   EXPECT_LT(st.stages[0].tp_only_share, st.stages[3].tp_only_share);
 }
 
-TEST(ComparePipelineTest, OnePipelineStageOfOneMicrobatchIsTodaysCompare) {
+TEST(CompareCellTest, OnePipelineStageOfOneMicrobatchIsTodaysCompare) {
   SimOptions o;
   o.groups = 2;
   o.steps = 150;
@@ -326,7 +326,7 @@ TEST(ComparePipelineTest, OnePipelineStageOfOneMicrobatchIsTodaysCompare) {
 // The plain cell is the one-stage, one-micro-batch pipeline whose one op is the group's
 // whole step: the fixed choices' tokens/s are CostModel's steps on the same batches and
 // noise, replayed here by hand (a memory limit the batches all fit under).
-TEST(ComparePipelineTest, PlainCellIsTheWholeStepAsOneOp) {
+TEST(CompareCellTest, PlainCellIsTheWholeStepAsOneOp) {
   SimOptions o;
   o.groups = 3;
   o.steps = 40;
@@ -369,7 +369,7 @@ TEST(ComparePipelineTest, PlainCellIsTheWholeStepAsOneOp) {
   EXPECT_EQ(r->Find("oracle")->sp_steps + r->Find("oracle")->tp_steps, o.groups * o.steps);
 }
 
-TEST(ComparePipelineTest, FlagsAreCheckedNamingTheFlag) {
+TEST(CompareCellTest, FlagsAreCheckedNamingTheFlag) {
   struct Case {
     std::string name;
     int pp, vp, microbatches;
@@ -417,7 +417,7 @@ TEST(ComparePipelineTest, FlagsAreCheckedNamingTheFlag) {
   EXPECT_THAT(ParseSchedule("interleaved"), IsOkAndHolds(PipelineSchedule::kInterleaved1F1B));
 }
 
-TEST(ComparePipelineTest, InterleavedRuns) {
+TEST(CompareCellTest, InterleavedRuns) {
   SimOptions o = Pipelined();
   o.steps = 20;
   o.vp = 2;
