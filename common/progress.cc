@@ -96,7 +96,7 @@ void ProgressReporter::PrintLocked(absl::Time now) {
   if (sim_seconds_ > 0) {
     s.simulated = true;
     s.tokens_per_s = static_cast<double>(o_.parts_per_step) * tokens_ / sim_seconds_;
-  } else if (now > last_line_) {
+  } else if (tokens_ > 0 && now > last_line_) {  // a run that counts no tokens shows none
     s.tokens_per_s = (tokens_ - tokens_at_last_line_) / absl::ToDoubleSeconds(now - last_line_);
   }
   const double elapsed = absl::ToDoubleSeconds(now - start_);

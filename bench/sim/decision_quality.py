@@ -27,6 +27,17 @@ import shutil
 import subprocess
 import sys
 
+# A line per cell on stderr when it is a terminal or with BENCH_PROGRESS=1 (0: never):
+# cells done, the adaptive policy's modes so far, ETA where the driver set the total
+# (spgate.progress from this tree, the line spgate-sim and spgate-worker print). stdout and
+# the result files do not change.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+import spgate.progress  # noqa: E402
+
+CELL_PROGRESS = spgate.progress.Progress(
+    label="%s, cells" % os.path.basename(sys.argv[0]), interval_s=0.0,
+    enabled={"1": True, "0": False}.get(os.environ.get("BENCH_PROGRESS", "")))
+
 TRACES = {
     # name: (extra spgate-sim flags, description)
     "lognormal": (["--lengths=lognormal:mean=4096,sigma=0.8"], "stationary lognormal, mean 4096, sigma 0.8"),
@@ -66,7 +77,9 @@ def run_cell(sim, flags, steps, groups, series=None, regret_window=None):
     if series:
         cmd.append(f"--compare_series={series}")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    return json.loads(out.stdout)["compare"], " ".join(cmd)
+    cmp = json.loads(out.stdout)["compare"]
+    CELL_PROGRESS.add(sp=cmp["adaptive"]["sp_steps"], tp=cmp["adaptive"]["tp_only_steps"])
+    return cmp, " ".join(cmd)
 
 
 def merge_flags(trace_flags, regime_flags):
@@ -286,6 +299,8 @@ def regret_caption(window):
 
 def main():
     a, shift_after = grid_args()
+    CELL_PROGRESS.total_steps = ((len(PP_CELLS) if a.cells in ("all", "pp") else 0) +
+                                 (len(list(grid())) + len(STRESS) if a.cells != "pp" else 0))
 
     pp_rows, pp_cells = [], []
     if a.cells in ("all", "pp"):

@@ -133,7 +133,7 @@ class Progress:
 
     def _print(self, now):
         rate = None
-        if now > self._last:
+        if self._tokens > 0 and now > self._last:  # a loop that counts no tokens shows none
             rate = (self._tokens - self._tokens_at_last) / (now - self._last)
         eta = None
         if self.total_steps > 0 and self._steps > 0:

@@ -78,13 +78,18 @@ TEST(ProgressReporterTest, ReadsTheClockOnlyEveryCheckEveryCalls) {
   FakeClock clock;
   clock.tick = absl::Seconds(1);  // every read is a second later: every check prints
   int lines = 0;
+  std::string last;
   ProgressReporter p({.label = "t", .interval = absl::Seconds(1), .check_every = 16,
                       .clock = [&] { return clock(); },
-                      .sink = [&](std::string_view) { ++lines; }});
+                      .sink = [&](std::string_view l) {
+                        ++lines;
+                        last = l;
+                      }});
   const int reads_at_start = clock.reads;
   for (int i = 0; i < 64; ++i) p.Add({.parts = 1});
   EXPECT_EQ(clock.reads - reads_at_start, 4);
   EXPECT_EQ(lines, 4);
+  EXPECT_EQ(last, "t: step 64");  // no tokens counted: no tok/s
 }
 
 TEST(ProgressReporterTest, SimulatedRateAndPartsPerStep) {

@@ -80,6 +80,7 @@ class ProgressTest(unittest.TestCase):
             p.add()
         self.assertEqual(clock.reads - reads, 4)
         self.assertEqual(p.lines, 4)
+        self.assertEqual(out.getvalue().splitlines()[0], "t: step 16")  # no tokens: no tok/s
 
     def test_enabled_only_on_a_terminal_or_when_asked(self):
         for stream, flag, want in [(io.StringIO(), None, False), (TtyBuffer(), None, True),
