@@ -9,7 +9,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # Debian 12 packages, by purpose. `make deps` installs them all (a developer's machine,
 # CI); the image's build stage runs `make deps-build` and gets only the first list.
 #   build: compiling spgated, spgatectl and spgate-sim (the image's build stage);
-#   test:  the rest of the tree (worker runtime, Python module, benchmarks) and the suite;
+#   test:  the rest of the tree (worker runtime, Python module, benchmarks) and the suite
+#          (which installs the Python package with pip into a virtualenv and tests that);
 #   demo:  `make demo`, `make torch-demo`, `make bench` beyond that;
 #   image: `make image` and the image test (podman from Debian, base images made with
 #          debootstrap; runc, iptables and uidmap for podman on this VM kind).
@@ -18,7 +19,7 @@ DEB_BUILD_PACKAGES := build-essential cmake pkg-config python3 \
   libabsl-dev prometheus-cpp-dev libssl-dev libopenblas-dev
 DEB_TEST_PACKAGES := git ca-certificates libgtest-dev libgmock-dev libbenchmark-dev \
   libopenmpi-dev openmpi-bin prometheus python3-grpcio python3-protobuf python3-yaml \
-  openssl python3-torch pybind11-dev python3-dev systemd
+  openssl python3-torch pybind11-dev python3-dev python3-matplotlib python3-venv python3-pip systemd
 DEB_DEMO_PACKAGES := curl
 DEB_IMAGE_PACKAGES := podman runc netavark aardvark-dns iptables uidmap debootstrap
 DEB_PACKAGES := $(DEB_BUILD_PACKAGES) $(DEB_TEST_PACKAGES) $(DEB_DEMO_PACKAGES) \

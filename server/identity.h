@@ -11,33 +11,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
+#include "common/job_id.h"
 
 namespace spgate::server {
 
-inline constexpr size_t kMaxJobIdLength = 128;
+using ::spgate::kMaxJobIdLength;  // the job id rule: common/job_id.h
+using ::spgate::ValidateJobId;
 // RegisterRequest.host: a DNS name is at most 253 characters.
 inline constexpr size_t kMaxHostLength = 255;
 // A session token is 32 hex digits (NewSessionId); anything longer is not one.
 inline constexpr size_t kMaxSessionIdLength = 64;
-
-// 1-128 characters from [A-Za-z0-9._-], and not "_default" (the global scope's label).
-inline absl::Status ValidateJobId(std::string_view job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
-  if (job_id.size() > kMaxJobIdLength) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("job_id: at most %d characters, got %d", kMaxJobIdLength, job_id.size()));
-  }
-  if (job_id == "_default") {
-    return absl::InvalidArgumentError("job_id: \"_default\" is reserved for the global config");
-  }
-  for (char c : job_id) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "job_id: \"%s\" may contain only letters, digits, '-', '_' and '.'", job_id));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // 1-128 printable ASCII characters without spaces: one value per launch of the job, the
 // same on every rank.

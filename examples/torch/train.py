@@ -4,7 +4,9 @@ data parallel across the groups - with spgate choosing, batch by batch and per T
 sequence parallel (SP) or TP-only (docs/design.md §4):
 
   - the group leader submits the plan (sequence lengths) for step n+1 while step n runs;
-  - every rank calls GroupDecider.decide(n) (the leader asks spgated; past the deadline or
+  - every rank gets its TP group's decider from one call, spgate.torch.connect (the launch
+    agreed, the leader's session opened; a refused job id, token or launch raises there on
+    every rank), and calls decider.decide(n) (the leader asks spgated; past the deadline or
     without a daemon it decides locally; everyone gets the leader's decision over the TP
     group's gloo broadcast), logs it, and runs step n in that mode through
     spgate.torch.parallel's layers (SP chosen per forward call);
@@ -31,8 +33,8 @@ Against a daemon with TLS and a worker token, add spgate-worker's TLS flags and 
 file: --tls_ca=ca.pem [--tls_cert=worker.pem --tls_key=worker.key] [--tls_server_name=...]
 --worker_token_file=token.
 
-The launch's incarnation and credential (docs/design.md §10) need no configuration: after
-init_process_group every rank calls spgate.torch.agree_on_launch, and world rank 0's
+The launch's incarnation and credential (docs/design.md §10) need no configuration:
+spgate.torch.connect agrees on them (spgate.torch.agree_on_launch), and world rank 0's
 (--incarnation or the launcher's run id or a new one; SPGATE_LAUNCH_CREDENTIAL or a new
 one) reach every rank over the job's own process group, as under torchrun or srun.
 
@@ -148,6 +150,25 @@ def tls_options(args):
 
 # ---- data -------------------------------------------------------------------------------
 
+def connect(args, rank, **groups):
+    """spgate.torch.connect with the example's flags: every rank gets its TP group's
+    decider (the leader's session waited for at most 5 s; an unreachable daemon is said
+    once, and steps fall back meanwhile). A refusal - a bad job id, a wrong or missing
+    worker token, another launch holding the job - raises on every rank: this rank says so
+    and exits 2."""
+    import spgate
+    import spgate.torch
+    try:
+        return spgate.torch.connect(
+            controller=args.controller, job_id=args.job_id, incarnation=args.incarnation,
+            connect_timeout=5.0, decision_deadline=args.decision_deadline_ms / 1000.0,
+            seed=args.seed + rank, tls=tls_options(args), worker_token=args.worker_token,
+            **groups)
+    except spgate.Error as e:
+        print(f"rank {rank}: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
 def batch_lengths(args, group, step):
     """The packed batch of TP group `group` at `step`: a pure function, so every rank of
     the group (and the leader, a step early, for the plan) builds the same one."""
@@ -215,7 +236,6 @@ def run_rank(rank, world, args, port):
     import torch
     import torch.distributed as dist
     import spgate
-    from spgate.torch import GroupDecider, agree_on_launch
     from spgate.torch import parallel as P
 
     torch.set_num_threads(1)
@@ -228,8 +248,8 @@ def run_rank(rank, world, args, port):
     tp_groups = [dist.new_group(list(range(g * tp_size, (g + 1) * tp_size))) for g in range(groups)]
     dp_groups = [dist.new_group(list(range(r, world, tp_size))) for r in range(tp_size)]
     tp_pg, dp_pg = tp_groups[group], dp_groups[tp_rank]
-    # One launch: world rank 0's incarnation and credential, broadcast to every rank.
-    launch = agree_on_launch(incarnation=args.incarnation) if args.controller else None
+    decider = connect(args, rank, tp_group=tp_pg, group=group)
+    client = decider.client  # the leader's (its counters for the summary); None elsewhere
 
     tp = P.TensorParallel(tp_pg)
     torch.manual_seed(args.seed)
@@ -243,25 +263,6 @@ def run_rank(rank, world, args, port):
     # parameter bytes), plus the activations autograd keeps for backward (measured).
     state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
-    # One session per TP group: only its leader has a Client; the other ranks' telemetry
-    # reaches it through the decider's reduction.
-    client = None
-    if tp_rank == 0:
-        client = spgate.Client(controller=args.controller, job_id=args.job_id,
-                               incarnation=launch.incarnation if launch else args.incarnation,
-                               launch_credential=launch.launch_credential if launch else "",
-                               group=group,
-                               rank_in_group=tp_rank, group_size=tp_size, global_rank=rank,
-                               decision_deadline=args.decision_deadline_ms / 1000.0,
-                               seed=args.seed + rank, tls=tls_options(args),
-                               worker_token=args.worker_token)
-    if args.controller and tp_rank == 0:
-        try:  # not required (decisions fall back meanwhile); the first steps then come from the daemon
-            client.wait_until_connected(5.0)
-        except spgate.Error as e:
-            print(f"rank {rank}: spgated not reachable yet ({e}); deciding locally", file=sys.stderr)
-    dist.barrier()
-    decider = GroupDecider(client, tp_pg)
 
     log_file = None
     if args.decision_log:
@@ -412,7 +413,6 @@ def run_pipeline_rank(rank, world, args, port):
     import torch
     import torch.distributed as dist
     import spgate
-    from spgate.torch import agree_on_launch
     from spgate.torch import parallel as P
     from spgate.torch import pipeline as PL
 
@@ -422,7 +422,8 @@ def run_pipeline_rank(rank, world, args, port):
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     grid = PL.PipelineGrid(tp=args.tp, pp=args.pp, microbatches=args.microbatches)
     m = args.microbatches
-    launch = agree_on_launch(incarnation=args.incarnation) if args.controller else None
+    decider = connect(args, rank, pp_group=grid)  # the stage's PipelineDecider
+    client = decider.client
     tp = P.TensorParallel(grid.tp_group)
     model = P.ParallelGPTStage(vocab=args.vocab, hidden=args.hidden, heads=args.heads,
                                ffn_hidden=args.ffn_hidden, layers=args.layers,
@@ -433,26 +434,7 @@ def run_pipeline_rank(rank, world, args, port):
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     state_bytes = 4 * sum(p.numel() * p.element_size() for p in model.parameters())
 
-    client = None
-    if grid.tp_rank == 0:
-        client = spgate.Client(controller=args.controller, job_id=args.job_id,
-                               incarnation=launch.incarnation if launch else args.incarnation,
-                               launch_credential=launch.launch_credential if launch else "",
-                               group=grid.group, rank_in_group=0, group_size=args.tp,
-                               global_rank=rank,
-                               decision_deadline=args.decision_deadline_ms / 1000.0,
-                               seed=args.seed + rank, tls=tls_options(args),
-                               worker_token=args.worker_token, layout=grid.layout(),
-                               coordinates=grid.coordinates())
-        if args.controller:
-            try:
-                client.wait_until_connected(5.0)
-            except spgate.Error as e:
-                print(f"rank {rank}: spgated not reachable yet ({e}); deciding locally",
-                      file=sys.stderr)
-    dist.barrier()
     memory_fits = calibrate_stage_memory(args, model, tp, grid)
-    decider = PL.PipelineDecider(client, grid)
     link = PL.StageLink(grid.prev_rank, grid.next_rank)
     ops = grid.schedule()
 

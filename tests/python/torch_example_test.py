@@ -8,7 +8,8 @@ spgate-worker single-rank, not from a list), with values recomputed here from th
 decision logs and the example's own batch function. The example's --worker_token_file and
 --tls_* flags against a daemon with mTLS and a worker token: the right token gets the
 daemon's decisions, a wrong or missing one is refused (PERMISSION_DENIED /
-UNAUTHENTICATED) and every step falls back.
+UNAUTHENTICATED): spgate.torch.connect raises on both ranks, each says so, and the run
+exits non-zero within seconds, with no step run.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/torch_example_test.py
 """
@@ -252,7 +253,7 @@ class TorchExampleSecurityTest(unittest.TestCase):
         self.daemon.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def train(self, job_id, *extra):
+    def train(self, job_id, *extra, refused=False):
         summary = self.p(f"{job_id}.json")
         cmd = [sys.executable, TRAIN, f"--controller={self.daemon.address}", f"--job_id={job_id}",
                "--world=2", "--tp=2", "--steps=3", "--layers=1", "--tokens_per_batch=256",
@@ -261,6 +262,10 @@ class TorchExampleSecurityTest(unittest.TestCase):
                f"--tls_key={self.p('client.key')}", "--tls_server_name=localhost", *extra]
         run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              timeout=180)
+        if refused:
+            self.assertNotEqual(run.returncode, 0, run.stdout[-4000:])
+            self.assertFalse(os.path.exists(summary))
+            return None, run.stdout
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])
         with open(summary) as f:
             return json.load(f), run.stdout
@@ -279,10 +284,10 @@ class TorchExampleSecurityTest(unittest.TestCase):
                  "PERMISSION_DENIED: the worker token"),
                 ("torch-none", [], "UNAUTHENTICATED")):
             with self.subTest(job=job):
-                s, out = self.train(job, *extra)
-                self.assertIn(refusal, out)  # the leader's "not reachable yet" line
-                self.assertNotIn("daemon", s["decision_sources"])
-                self.assertEqual(s["local_decisions"], 3)
+                _, out = self.train(job, *extra, refused=True)
+                for rank in (0, 1):  # every rank raised the leader's refusal
+                    self.assertRegex(out, f"rank {rank}: connect: spgated at .* refused job "
+                                          f"{job}: {refusal}")
                 self.assertEqual(self.daemon.decisions_total(job), {})
 
 

@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_id.h"
 #include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "policy/gate_policy.h"
@@ -49,7 +50,8 @@ namespace {
 
 absl::Status ValidateOptions(const GateClientOptions& o) {
   auto bad = [](std::string msg) { return absl::InvalidArgumentError(std::move(msg)); };
-  if (!o.controller.empty() && o.job_id.empty()) return bad("job_id must be set");
+  // The daemon's own rule (common/job_id.h): an id it would refuse fails here, at once.
+  if (!o.controller.empty() || !o.job_id.empty()) RETURN_IF_ERROR(ValidateJobId(o.job_id));
   if (!o.controller.empty() && o.incarnation.empty()) {
     return bad("incarnation must be set: one value per launch of the job, the same on every "
                "rank (IncarnationFromEnvironment(), or one made by world rank 0 and broadcast)");

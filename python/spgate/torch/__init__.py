@@ -1,4 +1,6 @@
-"""spgate.torch: spgate in a PyTorch trainer. agree_on_launch gives every rank the launch's
+"""spgate.torch: spgate in a PyTorch trainer. connect does it in one call (the launch
+agreed, the TP group leader's session opened, the group's decider returned on every
+rank); underneath it, agree_on_launch gives every rank the launch's
 incarnation and credential (world rank 0's, broadcast); GroupDecider gives every rank of a
 TP group the same decision over its torch.distributed group (gloo or NCCL); parallel holds
 the Megatron-style TP transformer layers whose sequence parallelism is chosen per forward;
@@ -8,6 +10,9 @@ sequence-sharded stage boundary and the 1F1B schedule; docs/design.md §12)."""
 
 def __getattr__(name):
     # Lazy, so that spgate.torch.parallel works without the native module.
+    if name == "connect":
+        from spgate.torch.session import connect
+        return connect
     if name == "GroupDecider":
         from spgate.torch.group_decider import GroupDecider
         return GroupDecider

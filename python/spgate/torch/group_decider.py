@@ -76,6 +76,14 @@ def _invalid(message: str):
     return _error(spgate.InvalidArgumentError, 3, "INVALID_ARGUMENT", message)
 
 
+def _error_for_code(code: int, code_name: str, message: str):
+    """The spgate.Error subclass the native module raises for `code` (spgate_module.cc),
+    for an error that crossed a collective as (code, code_name, message)."""
+    cls = {3: spgate.InvalidArgumentError, 4: spgate.DeadlineExceededError,
+           9: spgate.FailedPreconditionError, 14: spgate.UnavailableError}.get(code, spgate.Error)
+    return _error(cls, code, code_name, message)
+
+
 def _make_broadcast(group, device: torch.device):
     def broadcast(buf: bytearray, root: int) -> None:
         # Called by the C++ decider on the calling thread, with the GIL held.
@@ -209,6 +217,21 @@ class GroupDecider:
     @property
     def is_leader(self) -> bool:
         return self.rank == 0
+
+    def close(self, flush_timeout: float = 5.0) -> bool:
+        """At the end of training, on every rank (not a collective): this rank's Client, if
+        it has one, sends what is queued - waiting at most flush_timeout seconds for the
+        daemon's acknowledgements - and ends its session. True when everything was
+        acknowledged (or there was nothing to send)."""
+        if self.client is None or self.client.closed:
+            return True
+        try:
+            self.client.flush(flush_timeout)
+            flushed = True
+        except spgate.Error:  # the daemon away, or the session taken over: nothing to wait for
+            flushed = False
+        self.client.close()
+        return flushed
 
     def submit_plan(self, step_or_plan, lengths: Optional[Sequence[int]] = None, **memory):
         """Leader: Client.submit_plan (a BatchPlan, or step, lengths and the memory

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch.distributed as dist
 
 import spgate
-from spgate.torch.group_decider import _global_rank
+from spgate.torch.group_decider import _error_for_code, _global_rank
 
 
 class LaunchIdentity(NamedTuple):
@@ -63,8 +63,6 @@ def agree_on_launch(incarnation: str = "", launch_credential: str = "",
     dist.broadcast_object_list(payload, src=root, group=group)
     if payload[0][0] != "ok":
         _, code, code_name, message = payload[0]
-        cls = spgate.InvalidArgumentError if code == 3 else spgate.Error
-        e = cls("agree_on_launch: world rank %d: %s" % (root, message))
-        e.code, e.code_name, e.message = code, code_name, str(e)
-        raise e
+        raise _error_for_code(code, code_name,
+                              "agree_on_launch: world rank %d: %s" % (root, message))
     return LaunchIdentity(payload[0][1], payload[0][2])

@@ -152,6 +152,15 @@ class PipelineDecider:
     def is_leader(self) -> bool:
         return self.decider.is_leader
 
+    @property
+    def client(self) -> Optional["spgate.Client"]:
+        """This rank's Client (the stage leader's; None elsewhere in a group session)."""
+        return self.decider.client
+
+    def close(self, flush_timeout: float = 5.0) -> bool:
+        """GroupDecider.close: this rank's Client, if any, flushed and closed."""
+        return self.decider.close(flush_timeout)
+
     def share_lengths(self, step: int, lengths: Optional[Sequence[Optional[Sequence[int]]]]
                       ) -> List[Optional[List[int]]]:
         """Collective over the replica (every rank of it, every step, in order): the
