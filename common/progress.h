@@ -5,7 +5,7 @@
 // a loop pays a few additions per step and nothing on a decision path. Thread-safe: the
 // live simulator's driver threads add to one reporter.
 //
-// The line (docs/operations.md "Progress lines"):
+// The line (docs/worker.md, "Progress lines"):
 //   spgate-sim replay: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41
 // `step` is done/total steps (per group: each group-step adds 1 / parts_per_step); tok/s is
 // wall-clock over the last interval, or "sim tok/s" — the run's effective tokens/s so far

@@ -65,7 +65,10 @@ def run(sim, flags, steps, groups, window, interval, switch_cost, config_dir, se
     if series:
         cmd += [f"--compare_series={series}", "--compare_window=10"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    return json.loads(out.stdout)["compare"]
+    cmp = json.loads(out.stdout)["compare"]
+    # A line per cell on a terminal or with BENCH_PROGRESS=1 (decision_quality.py).
+    dq.CELL_PROGRESS.add(sp=cmp["adaptive"]["sp_steps"], tp=cmp["adaptive"]["tp_only_steps"])
+    return cmp
 
 
 def read_series(path):

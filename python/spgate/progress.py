@@ -1,5 +1,5 @@
 """A progress line for long training loops, the same line spgate-worker and spgate-sim print
-(common/progress.h; docs/operations.md "Progress lines"):
+(common/progress.h; docs/worker.md, "Progress lines"):
 
     train.py: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41
 
