@@ -96,16 +96,18 @@ run_phase() {
   local cpu0 cpu1 t0 t1 rc accepted rss_kb
   cpu0=$(awk '{print $14 + $15}' "/proc/$daemon_pid/stat")
   t0=$(date +%s.%N)
+  # The sim's stderr as it runs, with its progress lines when ours is a terminal.
+  local progress=()
+  [ -t 2 ] && progress=(--progress)
   set +e
   ${SIM_SIM_CPUS:+taskset -c "$SIM_SIM_CPUS"} \
     "$sim" --controller="127.0.0.1:$worker_port" --job_id=scale --groups="$groups" --tp="$tp" \
     --group_phase="$phase" ${SIM_FLAGS:-} --steps_per_s="$rate" --duration="$duration" \
-    --summary_json="$out/sim_scale_$phase.json" 2>"$tmp/sim.log"
-  rc=$?
+    --summary_json="$out/sim_scale_$phase.json" "${progress[@]}" 2>&1 >/dev/null | tee "$tmp/sim.log" >&2
+  rc=${PIPESTATUS[0]}
   set -e
   t1=$(date +%s.%N)
   cpu1=$(awk '{print $14 + $15}' "/proc/$daemon_pid/stat")
-  cat "$tmp/sim.log" >&2
   read -r accepted decide_p99 < <(scrape "$metrics_port")
   rss_kb=$(awk '/VmHWM/ {print $2}' "/proc/$daemon_pid/status")
   stop_daemon
