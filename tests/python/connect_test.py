@@ -7,7 +7,9 @@ live spgated on loopback run with a worker token:
 - a refused job id ("bad id!", the daemon's own rule checked by spgate.Client) and a
   registration the daemon refuses (a wrong worker token: PERMISSION_DENIED) raise
   spgate.Error from connect on both ranks, with the same code, within a few seconds
-  (the process group's timeout is 60 s: a rank left in a collective would show);
+  (the process group's timeout is 60 s: a rank left in a collective would show); a second
+  launch of a job the first still holds raises FAILED_PRECONDITION on both ranks once
+  connect_timeout has passed;
 - an unreachable daemon is not a refusal: connect returns after connect_timeout, the
   leader says so once on stderr, and the decisions are the fail-static fallback's;
 - spgate.Client(job_id="bad id!") fails at construction, with or without a controller.
@@ -82,6 +84,11 @@ def rank_main(rank, world, address, unreachable):
         decider.report_telemetry(step=n, mode=d.mode, reason=d.reason,
                                  step_time_s=0.01 + 0.001 * rank,
                                  effective_tokens=sum(LENGTHS))
+    # Another launch of the same job while this one holds it: a launch conflict, raised
+    # when it still stands at connect_timeout (1 s here).
+    out["conflict"] = _refused(lambda: spgate.torch.connect(
+        controller=address, job_id="py-connect", incarnation="py-connect-second-launch",
+        worker_token=TOKEN, connect_timeout=1.0))
     out["flushed"] = decider.close(flush_timeout=10.0)
     return out
 
@@ -124,6 +131,11 @@ class ConnectTest(unittest.TestCase):
                 self.assertEqual(len(out["decisions"]), STEPS)
                 self.assertTrue(all(d[3] == "DAEMON" for d in out["decisions"]), out["decisions"])
                 self.assertTrue(out["flushed"])
+                cls, code, message, seconds = out["conflict"]
+                self.assertEqual((cls, code), ("FailedPreconditionError", "FAILED_PRECONDITION"))
+                self.assertIn("held by another launch", message)
+                self.assertGreaterEqual(seconds, 1.0)
+                self.assertLess(seconds, 1.0 + REFUSAL_BOUND_S)
         self.assertIn("fail-static", ranks[0]["away_stderr"])
         # The follower raised the leader's refusal (the same code and message).
         self.assertEqual(ranks[0]["wrong_token"][2], ranks[1]["wrong_token"][2])
