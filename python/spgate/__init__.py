@@ -9,8 +9,9 @@ read_worker_token_file (worker/client/tls.h). Errors raise
 spgate.Error (its .code is the absl/gRPC status code, .code_name e.g. "INVALID_ARGUMENT")
 or its subclasses InvalidArgumentError, FailedPreconditionError, DeadlineExceededError.
 
-spgate.torch.parallel is plain PyTorch and imports without the native module;
-spgate.torch.GroupDecider needs it. See docs/pytorch.md.
+spgate.torch.connect is the one call a PyTorch trainer makes (the TP group's decider on
+every rank); spgate.torch.parallel is plain PyTorch and imports without the native module;
+spgate.torch.GroupDecider needs it. Install: `pip install ./python`. See docs/pytorch.md.
 """
 try:
     from spgate._spgate import *  # noqa: F401,F403
