@@ -167,10 +167,13 @@ def main():
         warm_steps, warm_probes = probes(warm_watch, WINDOW)
         steady.communicate(timeout=60)
         steady_steps, steady_all = probes(steady_watch, args.warm_steps, exact=False)
-        window = set(warm_steps)
-        if not window <= set(steady_steps):
-            failures.append("the never-restarted job's daemon did not decide every step of "
-                            "the window (the machine is too loaded to compare)")
+        # Compared over the steps both daemons decided (a loaded machine may leave a few to
+        # the clients' fallback, which the watches do not see).
+        window = set(warm_steps) & set(steady_steps)
+        if len(window) < 0.8 * WINDOW:
+            failures.append(f"the two daemons decided only {len(window)} of the window's "
+                            "steps in common (the machine is too loaded to compare)")
+        warm_probes = [p for p in warm_probes if p in window]
         steady_probes = [p for p in steady_all if p in window]
         beyond = len(warm_probes) - len(steady_probes)
         result = {"cold_first_500_steps": {"probe_steps": len(cold_probes)},
@@ -178,7 +181,8 @@ def main():
                       "steps": [warm_steps[0], warm_steps[-1]],
                       "probe_steps": len(warm_probes),
                       "in_the_floor_run": sum(p % FLOOR_PERIOD < 4 for p in warm_probes)},
-                  "never_restarted_same_steps": {"probe_steps": len(steady_probes)},
+                  "never_restarted_same_steps": {"steps": len(window),
+                                                 "probe_steps": len(steady_probes)},
                   "learned_cells_after_restart": len(shown),
                   "ratio_to_cold": round(len(warm_probes) / max(len(cold_probes), 1), 3),
                   "ratio_to_cold_beyond_never_restarted":

@@ -361,6 +361,37 @@ TEST_F(LearnedStateTest, TablesSurviveARestartAndANewLaunchOfTheSameShape) {
   EXPECT_EQ(restamped.cell(band, Mode::kTensorParallelOnly).last_step, 0);
 }
 
+// A pipelined job's per-stage tables come back with its launch, and GetJob (what
+// `spgatectl jobs show` prints) has them as stage_learned, with its layout.
+TEST_F(LearnedStateTest, StageTablesComeBackWithTheirLaunch) {
+  const std::string dir = TempDir();
+  const JobLayout layout{.tp = 2, .pp = 3, .dp = 1, .microbatches = 4};
+  {
+    auto h = Make(dir);
+    v1::RegisterRequest r;
+    r.set_job_id("p");
+    r.set_incarnation("launch-1");
+    r.set_group_size(2);
+    r.set_group_session(true);
+    spgate::ToProto(layout, r.mutable_layout());
+    ASSERT_THAT(h->Register(r).status(), IsOk());
+  }
+  LearnedRecord record = PipelinedRecord();
+  record.job_id = "p";
+  record.incarnation = "launch-1";
+  record.key = LearnedKey{layout, PriorInputs{.tp = 2}};
+  ASSERT_THAT(SaveLearned(dir, record, kStages), IsOk());
+  auto h = Make(dir);
+  auto job = h->GetJob("p");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->layout().pp(), 3);
+  ASSERT_EQ(job->stage_learned_size(), 3);
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(spgate::FromProto(job->stage_learned(s)), record.stage_tables[s]) << s;
+  }
+  EXPECT_EQ(job->learned().cells_size(), 0);
+}
+
 TEST_F(LearnedStateTest, ACorruptFileIsSetAsideAndTheJobStartsCold) {
   const std::string dir = TempDir();
   {
