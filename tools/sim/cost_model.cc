@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/runtime/batching.h"
@@ -27,22 +28,26 @@ BatchShape Shape(std::span<const int64_t> lengths, int t) {
   return b;
 }
 
-// Σ over the tokens of each sequence shard of the packed batch of that token's sequence
-// length, divided by the mean over shards: how much of the length-dependent work each
-// rank holds under SP (1 everywhere for equal lengths).
-std::vector<double> ShardWeights(std::span<const int64_t> lengths, int t, int64_t padded) {
+// The causal attention cost of each sequence shard of the packed batch, divided by the
+// mean over shards: a token at position p of its sequence attends to p + 1 keys, so a
+// shard's cost is Σ (p + 1) over its tokens (1 everywhere when attention is balanced).
+// Used for the share of attention that runs on the shard (shard_work_fraction).
+std::vector<double> ShardCausalWeights(std::span<const int64_t> lengths, int t,
+                                       int64_t padded) {
   std::vector<double> w(t, 0.0);
   const int64_t shard = padded / t;
   int64_t pos = 0;
   for (int64_t s : lengths) {
-    int64_t left = s;
-    while (left > 0) {
+    int64_t done = 0;  // positions of this sequence already placed
+    while (done < s) {
       const int r = static_cast<int>(std::min<int64_t>(pos / shard, t - 1));
       const int64_t room = (r + 1) * shard - pos;
-      const int64_t n = std::min(left, std::max<int64_t>(room, 1));
-      w[r] += static_cast<double>(n) * static_cast<double>(s);
+      const int64_t n = std::min(s - done, std::max<int64_t>(room, 1));
+      // Σ_{p = done}^{done + n - 1} (p + 1) = ((done + n)(done + n + 1) - done(done + 1)) / 2
+      const double a = static_cast<double>(done), b = static_cast<double>(done + n);
+      w[r] += (b * (b + 1) - a * (a + 1)) / 2;
       pos += n;
-      left -= n;
+      done += n;
     }
   }
   double mean = 0;
@@ -52,7 +57,78 @@ std::vector<double> ShardWeights(std::span<const int64_t> lengths, int t, int64_
   return w;
 }
 
+const HardwarePreset* DefaultPreset() {
+  absl::StatusOr<const HardwarePreset*> p = FindHardwarePreset(kDefaultHardware);
+  return p.ok() ? *p : nullptr;
+}
+
+absl::Status PositiveFlag(const char* flag, double v) {
+  if (std::isfinite(v) && v > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " must be a finite number > 0, got ", v));
+}
+
 }  // namespace
+
+CostParams::CostParams() {
+  if (const HardwarePreset* p = DefaultPreset()) ApplyHardwarePreset(*p, *this);
+}
+
+void ApplyHardwarePreset(const HardwarePreset& preset, CostParams& p) {
+  p.hardware = preset.name;
+  p.device_tflops = preset.device_tflops;
+  p.mfu = preset.gemm_mfu;
+  p.attention_tflops = preset.attention_tflops;
+  p.hbm_gbps = preset.hbm_gbps;
+  p.device_memory_gib = preset.device_memory_gib;
+  p.nvls = preset.nvls;
+  p.link_gbps = preset.link_gbps;
+  p.collective_latency_us = preset.collective_latency_us;
+}
+
+absl::StatusOr<NormBoundary> ParseNormBoundary(const std::string& value) {
+  if (value == "shard") return NormBoundary::kShard;
+  if (value == "gather") return NormBoundary::kGather;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--norm_boundary must be shard or gather, got \"", value, "\""));
+}
+
+const char* NormBoundaryName(NormBoundary b) {
+  return b == NormBoundary::kGather ? "gather" : "shard";
+}
+
+absl::Status ValidateCostParams(const CostParams& p) {
+  const std::pair<const char*, double> positive[] = {
+      {"device_tflops", p.device_tflops},   {"mfu", p.mfu},
+      {"attention_tflops", p.attention_tflops}, {"hbm_gbps", p.hbm_gbps},
+      {"device_memory_gib", p.device_memory_gib}, {"link_gbps", p.link_gbps},
+      {"norm_passes", p.norm_passes},       {"dropout_passes", p.dropout_passes}};
+  for (const auto& [flag, v] : positive) {
+    if (absl::Status s = PositiveFlag(flag, v); !s.ok()) return s;
+  }
+  if (p.mfu > 1) return absl::InvalidArgumentError(absl::StrCat("--mfu must be <= 1, got ", p.mfu));
+  if (!std::isfinite(p.collective_latency_us) || p.collective_latency_us < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--collective_latency_us must be a finite number >= 0, got ", p.collective_latency_us));
+  }
+  if (!(p.shard_work_fraction >= 0 && p.shard_work_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_work_fraction must be in [0, 1], got ", p.shard_work_fraction));
+  }
+  if (!p.flat_link && p.tp > 1) {
+    absl::StatusOr<const HardwarePreset*> hw = FindHardwarePreset(p.hardware);
+    if (!hw.ok()) return absl::InvalidArgumentError(absl::StrCat("--hardware: ", hw.status().message()));
+    for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                             CollectiveKind::kReduceScatter}) {
+      if ((*hw)->Curve(k, p.tp, p.nvls) == nullptr) {
+        return absl::NotFoundError(absl::StrCat("--hardware=", p.hardware, " has no ",
+                                                CollectiveKindName(k), " curve for --tp=", p.tp,
+                                                " (give --link_gbps for a flat link)"));
+      }
+    }
+  }
+  return ValidateSwitchCost(p);
+}
 
 absl::Status ValidateSwitchCost(const CostParams& p) {
   if (!std::isfinite(p.switch_cost_s) || p.switch_cost_s < 0) {
@@ -74,7 +150,10 @@ MemoryPrediction CostModel::PredictMemory(std::span<const int64_t> lengths) cons
   // flash_attention drops the score term (selective recomputation, their §4.2).
   const double scores = p_.flash_attention ? 0.0 : 5.0 * a * b.sum_sq / t;
   const double act_tp = L * (b.tokens * h * (10.0 + 24.0 / t) + scores);
-  const double act_sp = L * (static_cast<double>(b.padded) * h * 34.0 / t + scores);
+  // The gather boundary keeps both LayerNorms' inputs (2·T·h bytes each) whole again.
+  const double norm_whole =
+      p_.norm_boundary == NormBoundary::kGather ? 4.0 * b.tokens * h * (1.0 - 1.0 / t) : 0.0;
+  const double act_sp = L * (static_cast<double>(b.padded) * h * 34.0 / t + norm_whole + scores);
   MemoryPrediction m;
   m.tp = static_cast<uint64_t>(states + act_tp);
   m.sp = static_cast<uint64_t>(states + act_sp);
@@ -82,39 +161,81 @@ MemoryPrediction CostModel::PredictMemory(std::span<const int64_t> lengths) cons
   return m;
 }
 
+CostModel::CostModel(const CostParams& params) : p_(params) {
+  if (p_.flat_link) return;
+  absl::StatusOr<const HardwarePreset*> hw = FindHardwarePreset(p_.hardware);
+  if (!hw.ok()) return;
+  for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                           CollectiveKind::kReduceScatter}) {
+    curves_[static_cast<int>(k)] = (*hw)->Curve(k, p_.tp, p_.nvls);
+  }
+}
+
+double CostModel::CollectiveSeconds(CollectiveKind kind, double bytes) const {
+  if (p_.tp <= 1 || !(bytes > 0)) return 0;
+  if (const CollectiveCurve* c = curves_[static_cast<int>(kind)]) {
+    return c->Seconds(kind, p_.tp, bytes);
+  }
+  return bytes * BusBandwidthFactor(kind, p_.tp) / (p_.link_gbps * 1e9) +
+         p_.collective_latency_us * 1e-6;
+}
+
+StepTerms CostModel::Terms(double T, double sum_sq, Mode mode) const {
+  const double t = p_.tp, h = p_.hidden, L = p_.layers;
+  const bool sp = mode == Mode::kSequenceParallel;
+  const bool gather = sp && p_.norm_boundary == NormBoundary::kGather;
+  const double gemm_rate = p_.device_tflops * 1e12 * p_.mfu;
+  StepTerms x;
+  // Forward + backward FLOPs split over the t ranks: GEMMs 72·h²·T per layer, causal
+  // attention 6·h·Σs² per layer (on the gathered sequence, heads split, in both modes).
+  x.gemm_s = L * 72.0 * h * h * T / (t * gemm_rate);
+  x.attention_s = L * 6.0 * h * sum_sq / (t * p_.attention_tflops * 1e12);
+  // The element-wise region: every rank streams all T tokens under TP-only, its shard's
+  // T/t under SP; the gather boundary runs LayerNorm on the whole sequence again.
+  const double norm_tokens = sp && !gather ? T / t : T;
+  const double other_tokens = sp ? T / t : T;
+  x.elementwise_s = L * h * 2.0 * (p_.norm_passes * norm_tokens + p_.dropout_passes * other_tokens) /
+                    (p_.hbm_gbps * 1e9);
+  // Collectives of the activation, T·h bf16 values. TP-only: 2 all-reduces forward, 2
+  // backward per layer. SP: 2 all-gathers and 2 reduce-scatters forward, 2 of each backward,
+  // plus the re-gather of the 2 column-parallel inputs for the weight gradients, which
+  // overlaps the input-gradient GEMM (Korthikanti et al. §4.2.2).
+  const double bytes = T * h * 2.0;
+  if (!sp) {
+    x.all_reduce_s = 4 * L * CollectiveSeconds(CollectiveKind::kAllReduce, bytes);
+    return x;
+  }
+  const double ag = CollectiveSeconds(CollectiveKind::kAllGather, bytes);
+  const double rs = CollectiveSeconds(CollectiveKind::kReduceScatter, bytes);
+  // The input-gradient GEMMs of QKV (3h²) and FC1 (4h²): 2·T·7h²/t FLOPs a layer.
+  const double dgrad_s = 2.0 * T * 7.0 * h * h / (t * gemm_rate);
+  x.all_gather_s = L * (4 * ag + std::max(0.0, 2 * ag - dgrad_s));
+  x.reduce_scatter_s = 4 * L * rs;
+  if (p_.tp_comm_overlap) {
+    // Ideal overlap with the GEMMs: only what exceeds them is exposed.
+    const double comm = x.all_gather_s + x.reduce_scatter_s;
+    const double exposed = comm > 0 ? std::max(0.0, comm - x.gemm_s) / comm : 0.0;
+    x.all_gather_s *= exposed;
+    x.reduce_scatter_s *= exposed;
+  }
+  // The gather boundary: one all-gather of each LayerNorm's input forward, one backward.
+  if (gather) x.norm_gather_s = 4 * L * ag;
+  return x;
+}
+
 GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng,
                           int64_t step) const {
   const int t = p_.tp;
   const BatchShape b = Shape(lengths, t);
-  const double h = p_.hidden, L = p_.layers;
-  const double flops = p_.device_tflops * 1e12 * p_.mfu;
-  const double hbm = p_.hbm_gbps * 1e9, link = p_.link_gbps * 1e9;
-  const double lat = p_.collective_latency_us * 1e-6;
   const bool sp = mode == Mode::kSequenceParallel;
-  const double T = sp ? static_cast<double>(b.padded) : b.tokens;
+  const StepTerms x = Terms(sp ? static_cast<double>(b.padded) : b.tokens, b.sum_sq, mode);
 
-  // Forward + backward FLOPs, split over the t ranks: GEMMs 72·h²·T per layer, causal
-  // attention 6·h·Σs² per layer.
-  const double gemm = L * 72.0 * h * h * T / (t * flops);
-  const double attn = L * 6.0 * h * b.sum_sq / (t * flops);
-  // The element-wise region (LayerNorm, dropout, residual): memory bound; every rank
-  // does all T tokens under TP-only, its shard's T/t under SP.
-  const double elem = L * p_.elementwise_bytes_per_token * h * 2.0 * T / hbm / (sp ? t : 1);
-  // Collectives move T·h fp16 values per call, 4 calls per layer (2 fwd, 2 bwd): TP-only
-  // all-reduces (2(t-1)/t of the volume each), SP all-gathers + reduce-scatters
-  // ((t-1)/t each) — the same total volume.
-  const double volume = T * h * 2.0;
-  const double per_call = volume * (t - 1) / t / link + lat;
-  const double rs_xfer = sp ? 4 * L * per_call : 0.0;
-  const double ag_xfer = sp ? 4 * L * per_call : 0.0;
-  const double ar_xfer = sp ? 0.0 : 4 * L * (2 * per_call - lat);
-
-  // Per-rank work. A fraction of the compute is length-dependent work on the sequence
-  // shard under SP, weighted by the rank's shard (ShardWeights: 1 for equal lengths);
-  // under TP-only every rank does 1/t of it, balanced. Jitter and stragglers multiply a
-  // rank's whole busy time.
-  std::vector<double> weights =
-      sp ? ShardWeights(lengths, t, b.padded) : std::vector<double>(t, 1.0);
+  // Per-rank work: the same rows on every rank; under SP the share of attention that runs
+  // on the sequence shard is weighted by the shard's causal cost (1 when balanced). Jitter
+  // and stragglers multiply a rank's whole busy time.
+  const double f = sp ? p_.shard_work_fraction : 0.0;
+  const std::vector<double> weights =
+      f > 0 ? ShardCausalWeights(lengths, t, b.padded) : std::vector<double>(t, 1.0);
   std::normal_distribution<double> noise(0.0, p_.jitter);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   GroupStep out;
@@ -128,18 +249,19 @@ GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19
     if (p_.straggler_prob > 0 && u(rng) < p_.straggler_prob && in_burst) {
       factor += p_.straggler_slowdown;
     }
-    const double compute = gemm + attn;
-    const double f = p_.shard_work_fraction;
-    out.ranks[r].busy_s = (compute * (1.0 - f) + compute * f * weights[r] + elem) * factor;
+    const double attention = x.attention_s * ((1.0 - f) + f * weights[r]);
+    out.ranks[r].busy_s = (x.gemm_s + attention + x.elementwise_s) * factor;
     slowest = std::max(slowest, out.ranks[r].busy_s);
   }
   // Collectives synchronise the group: every rank finishes with the slowest, and under SP
   // the time it waits for it is spent inside reduce-scatter (the region's exit).
-  out.step_time_s = slowest + rs_xfer + ag_xfer + ar_xfer;
+  out.step_time_s =
+      slowest + x.all_reduce_s + x.all_gather_s + x.reduce_scatter_s + x.norm_gather_s;
   for (RankStep& r : out.ranks) {
     if (sp) {
-      r.rs_wait_s = rs_xfer + (slowest - r.busy_s);
-      r.all_gather_s = ag_xfer;
+      r.rs_wait_s = x.reduce_scatter_s + (slowest - r.busy_s);
+      r.all_gather_s = x.all_gather_s;
+      r.norm_stall_s = x.norm_gather_s;
     }
     out.group_rs_wait_share = std::max(out.group_rs_wait_share, r.rs_wait_s / out.step_time_s);
   }

@@ -1,12 +1,17 @@
 // spgate-sim's cost model: what one step of a TP group costs in each mode, per rank —
 // the telemetry a real worker would measure (docs/design.md §2) — and the activation
-// memory of each mode (Korthikanti et al. 2022). Documented with its assumptions in
-// docs/sim.md; the invariant that matters: a uniform-length batch shards evenly under SP,
-// and the per-rank imbalance (hence the reduce-scatter wait) grows with the spread of
-// lengths.
+// memory of each mode (Korthikanti et al. 2022), from published H100 / H200 measurements
+// (policy/hardware.h: collectives by kind and message size, GEMM and attention rates,
+// HBM bandwidth). Documented term by term, every constant with its source, in
+// docs/sim.md. The invariants that matter: under SP every rank holds the same rows, so a
+// batch shards evenly unless attention runs on the sequence shard
+// (--shard_work_fraction > 0: the causal cost of each shard's positions); TP-only's
+// collectives are all-reduces, SP's all-gather + reduce-scatter pairs of the same bytes.
 //
 // Usage:
-//   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B stage, t = 8, H100-like
+//   spgate::sim::CostModel model(spgate::sim::CostParams{});   // 13B stage, t = 8, h100-sxm
+//   spgate::sim::CostParams p;
+//   spgate::sim::ApplyHardwarePreset(**spgate::FindHardwarePreset("h200-sxm"), p);
 //   spgate::sim::MemoryPrediction mem = model.PredictMemory(lengths);
 //   spgate::sim::GroupStep step = model.Step(lengths, Mode::kSequenceParallel, rng);
 //   step.ranks[r].rs_wait_s / step.step_time_s ...
@@ -18,12 +23,26 @@
 #include <optional>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "policy/hardware.h"
 #include "policy/types.h"
 
 namespace spgate::sim {
+
+// Where LayerNorm runs under SP (spgate-worker's --norm_boundary, docs/worker.md): inside
+// the sequence shard, or on the all-gathered sequence (one all-gather of its input
+// forward and one backward per LayerNorm: the norm stalls).
+enum class NormBoundary { kShard, kGather };
+// "shard" or "gather"; INVALID_ARGUMENT names --norm_boundary.
+absl::StatusOr<NormBoundary> ParseNormBoundary(const std::string& value);
+const char* NormBoundaryName(NormBoundary boundary);
+
+// The hardware preset every default below comes from (h100-sxm, policy/hardware/).
+inline constexpr char kDefaultHardware[] = "h100-sxm";
 
 struct CostParams {
   int tp = 8;
@@ -33,16 +52,36 @@ struct CostParams {
   int layers = 8;
   int hidden = 5120;
   int heads = 40;
-  double device_tflops = 989;     // dense bf16 peak (H100 SXM)
-  double mfu = 0.45;              // achieved fraction of peak on GEMMs and attention
-  double hbm_gbps = 3350;         // device memory bandwidth (element-wise region)
-  double link_gbps = 450;         // collective bus bandwidth within the TP group (NVLink)
-  double collective_latency_us = 10;  // fixed cost per collective call
-  double elementwise_bytes_per_token = 16;  // × hidden × 2 bytes, per layer, fwd+bwd
-  // Fraction of a rank's compute that, under SP, runs on its sequence shard with a cost
-  // per token that grows with the token's sequence length (see docs/sim.md): the
-  // source of per-rank imbalance, hence of reduce-scatter wait, on mixed-length batches.
-  double shard_work_fraction = 0.5;
+  // The hardware: its collective curves (policy/hardware/collectives.csv) and the device
+  // constants below, which default to its row of presets.csv (ApplyHardwarePreset).
+  std::string hardware = kDefaultHardware;
+  double device_tflops = 0;        // dense bf16 peak
+  double mfu = 0;                  // achieved fraction of peak on GEMMs
+  double attention_tflops = 0;     // achieved attention (FlashAttention-2) rate
+  double hbm_gbps = 0;             // achieved HBM bandwidth (element-wise region)
+  double device_memory_gib = 0;
+  bool nvls = true;                // NVLink SHARP where the curves have it (TP 8)
+  // flat_link: every collective is bytes x factor / link_gbps + collective_latency_us
+  // instead of the measured curves (spgate-sim's --link_gbps given explicitly). The two
+  // also are what the simulated worker declares for ADAPTIVE's prior.
+  bool flat_link = false;
+  double link_gbps = 0;
+  double collective_latency_us = 0;
+  // Element-wise passes over a token's h bf16 values per layer, forward + backward,
+  // counted from the layer (docs/sim.md): two fused add + LayerNorm (4 streams forward,
+  // 4 backward each) and two bias-dropout (2.5 forward, 2.5 backward each).
+  double norm_passes = 16;
+  double dropout_passes = 10;
+  NormBoundary norm_boundary = NormBoundary::kShard;
+  // SP's all-gathers and reduce-scatters overlap the GEMMs (Megatron --tp-comm-overlap);
+  // modelled as ideal: only what exceeds the GEMM time is exposed.
+  bool tp_comm_overlap = false;
+  // Fraction of attention that, under SP, runs on the rank's own sequence shard (as
+  // context parallelism does) instead of on the gathered sequence split by heads
+  // (Megatron SP: 0, no imbalance). Each shard's share is the causal cost of its
+  // positions, Σ (position in its sequence + 1): the mechanism of docs/sim.md's
+  // "Imbalance". A what-if, not a measurement.
+  double shard_work_fraction = 0;
   bool flash_attention = true;    // no s×s score activations kept (Korthikanti's
                                   // selective recomputation)
   double jitter = 0.03;           // per-rank, per-step multiplicative noise (σ)
@@ -53,7 +92,6 @@ struct CostParams {
   // goes), at straggler_prob. Needs the step passed to Step.
   int64_t straggler_burst_every = 0;
   int64_t straggler_burst_steps = 0;
-  double device_memory_gib = 80;
   double param_bytes_per_param = 16;  // fp16 weights + grads, fp32 master + Adam m, v
   // Pipelines only (pipeline.h; pp = microbatches = 1 reads neither): the vocabulary of
   // the first stage's embedding and the last stage's output layer, and the bandwidth of
@@ -65,11 +103,18 @@ struct CostParams {
   // seconds more (re-planned buffers, cold caches, a different communicator's first
   // call). 0: switching is free.
   double switch_cost_s = 0;
+
+  CostParams();  // the device constants of kDefaultHardware
 };
+
+// Sets `p`'s hardware name and device constants (tflops, mfu, attention, HBM, memory,
+// NVLS, link and latency) from `preset`.
+void ApplyHardwarePreset(const HardwarePreset& preset, CostParams& p);
 
 struct RankStep {
   double rs_wait_s = 0;     // inside reduce-scatter calls (transfer + waiting for peers)
-  double all_gather_s = 0;
+  double all_gather_s = 0;  // the layers' all-gathers (not the norm boundary's)
+  double norm_stall_s = 0;  // collectives that exist only because LayerNorm left the shard
   double busy_s = 0;        // this rank's own work
 };
 
@@ -99,10 +144,32 @@ struct MemoryPrediction {
 
 // INVALID_ARGUMENT naming --switch_cost_s unless it is finite and >= 0.
 absl::Status ValidateSwitchCost(const CostParams& params);
+// INVALID_ARGUMENT naming the flag for a device constant that is not finite and > 0
+// (--mfu also <= 1), a --shard_work_fraction outside [0, 1], or, without --link_gbps,
+// a --hardware whose curves do not serve --tp (NOT_FOUND names it); includes
+// ValidateSwitchCost.
+absl::Status ValidateCostParams(const CostParams& params);
+
+// The seconds of each layer term of one step, for docs and tests (Step adds noise,
+// imbalance and stragglers on top of these).
+struct StepTerms {
+  double gemm_s = 0, attention_s = 0, elementwise_s = 0;
+  double all_reduce_s = 0, all_gather_s = 0, reduce_scatter_s = 0;  // exposed, all layers
+  double norm_gather_s = 0;  // the gather boundary's all-gathers
+};
 
 class CostModel {
  public:
-  explicit CostModel(const CostParams& params) : p_(params) {}
+  // The collective curves come from params.hardware; an unknown name or a TP degree
+  // without curves (see ValidateCostParams) falls back to the flat link model.
+  explicit CostModel(const CostParams& params);
+
+  // One call of `kind` over the TP group moving `bytes` (nccl-tests' size: the whole
+  // gathered / reduced buffer), seconds.
+  double CollectiveSeconds(CollectiveKind kind, double bytes) const;
+  // The noise-free terms of a step of `tokens` tokens (padded ones under SP) with
+  // Σ s_i² = `sum_sq`.
+  StepTerms Terms(double tokens, double sum_sq, Mode mode) const;
 
   MemoryPrediction PredictMemory(std::span<const int64_t> lengths) const;
   // `step` places the step in the straggler bursts (ignored without bursts). The number
@@ -119,6 +186,7 @@ class CostModel {
 
  private:
   CostParams p_;
+  const CollectiveCurve* curves_[3] = {nullptr, nullptr, nullptr};  // by CollectiveKind
 };
 
 }  // namespace spgate::sim

@@ -22,6 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/parse.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -79,14 +80,34 @@ ABSL_FLAG(bool, group_session, true,
 ABSL_FLAG(int, layers, 8, "Transformer layers on a rank (default: one of 5 pipeline stages of a 13B model)");
 ABSL_FLAG(int, hidden, 5120, "Hidden size");
 ABSL_FLAG(int, heads, 40, "Attention heads");
-ABSL_FLAG(double, device_tflops, 989, "Peak dense TFLOP/s of a device");
-ABSL_FLAG(double, mfu, 0.45, "Achieved fraction of peak");
-ABSL_FLAG(double, hbm_gbps, 3350, "Device memory bandwidth, GB/s");
-ABSL_FLAG(double, link_gbps, 450, "Collective bus bandwidth in the TP group, GB/s");
-ABSL_FLAG(double, device_memory_gib, 80, "Device memory, GiB (the memory gate's budget)");
+ABSL_FLAG(std::string, hardware, spgate::sim::kDefaultHardware,
+          "Hardware preset: h100-sxm or h200-sxm (policy/hardware/; the device flags below "
+          "default to its values, an explicit flag overrides)");
+ABSL_FLAG(double, device_tflops, 0, "Peak dense TFLOP/s of a device (default: the preset's)");
+ABSL_FLAG(double, mfu, 0, "Achieved fraction of peak on GEMMs (default: the preset's)");
+ABSL_FLAG(double, attention_tflops, 0, "Achieved attention TFLOP/s (default: the preset's)");
+ABSL_FLAG(double, hbm_gbps, 0, "Achieved device memory bandwidth, GB/s (default: the preset's)");
+ABSL_FLAG(double, link_gbps, 0,
+          "Given: every collective is bytes x factor / this GB/s + --collective_latency_us "
+          "(a flat link) instead of the preset's measured curves");
+ABSL_FLAG(double, collective_latency_us, 0,
+          "Per-call cost of the flat link, us (default: the preset's)");
+ABSL_FLAG(bool, nvls, true, "NVLink SHARP all-reduce where the preset's curves have it (TP 8)");
+ABSL_FLAG(double, device_memory_gib, 0,
+          "Device memory, GiB (the memory gate's budget; default: the preset's)");
+ABSL_FLAG(std::string, norm_boundary, "shard",
+          "Where SP runs LayerNorm: shard (inside the sequence shard) or gather (on the "
+          "all-gathered sequence, spgate-worker's legacy path)");
+ABSL_FLAG(bool, tp_comm_overlap, false,
+          "SP's all-gathers / reduce-scatters overlap the GEMMs (Megatron --tp-comm-overlap)");
+ABSL_FLAG(double, norm_passes, spgate::sim::CostParams{}.norm_passes,
+          "Element-wise passes of h bf16 values per token and layer in the two add+LayerNorms");
+ABSL_FLAG(double, dropout_passes, spgate::sim::CostParams{}.dropout_passes,
+          "Element-wise passes of h bf16 values per token and layer in the two bias-dropouts");
 ABSL_FLAG(bool, flash_attention, true, "No s x s attention-score activations");
-ABSL_FLAG(double, shard_work_fraction, 0.5,
-          "Fraction of compute that is length-dependent work on the SP shard");
+ABSL_FLAG(double, shard_work_fraction, 0,
+          "What-if: fraction of attention that runs on the SP rank's own sequence shard "
+          "(causal cost per shard; 0: Megatron SP, heads split, balanced)");
 ABSL_FLAG(double, jitter, 0.03, "Per-rank per-step noise (sigma, relative)");
 ABSL_FLAG(double, straggler_prob, 0.0, "Per-rank per-step probability of a slow rank");
 ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank");
@@ -159,11 +180,10 @@ SimOptions OptionsFromFlags() {
   c.layers = absl::GetFlag(FLAGS_layers);
   c.hidden = absl::GetFlag(FLAGS_hidden);
   c.heads = absl::GetFlag(FLAGS_heads);
-  c.device_tflops = absl::GetFlag(FLAGS_device_tflops);
-  c.mfu = absl::GetFlag(FLAGS_mfu);
-  c.hbm_gbps = absl::GetFlag(FLAGS_hbm_gbps);
-  c.link_gbps = absl::GetFlag(FLAGS_link_gbps);
-  c.device_memory_gib = absl::GetFlag(FLAGS_device_memory_gib);
+  c.nvls = absl::GetFlag(FLAGS_nvls);
+  c.tp_comm_overlap = absl::GetFlag(FLAGS_tp_comm_overlap);
+  c.norm_passes = absl::GetFlag(FLAGS_norm_passes);
+  c.dropout_passes = absl::GetFlag(FLAGS_dropout_passes);
   c.flash_attention = absl::GetFlag(FLAGS_flash_attention);
   c.shard_work_fraction = absl::GetFlag(FLAGS_shard_work_fraction);
   c.jitter = absl::GetFlag(FLAGS_jitter);
@@ -182,6 +202,39 @@ SimOptions OptionsFromFlags() {
   o.progress = spgate::ProgressWanted(absl::GetFlag(FLAGS_progress),
                                       absl::flags_internal::WasPresentOnCommandLine("progress"));
   return o;
+}
+
+// The --hardware preset's device constants, then each device flag given on the command
+// line over it (an explicit --link_gbps makes the link flat), then the norm boundary.
+absl::Status ApplyHardwareFlags(spgate::sim::CostParams& c) {
+  absl::StatusOr<const spgate::HardwarePreset*> hw =
+      spgate::FindHardwarePreset(absl::GetFlag(FLAGS_hardware));
+  if (!hw.ok()) return absl::InvalidArgumentError(absl::StrCat("--hardware: ", hw.status().message()));
+  const bool nvls = c.nvls;
+  spgate::sim::ApplyHardwarePreset(**hw, c);
+  c.nvls = nvls && (*hw)->nvls;
+  // Whether the flag was on the command line (CommandLineFlag::IsSpecifiedOnCommandLine
+  // is private in the Abseil this builds with; this is what it calls).
+  const auto given = [](const auto& flag) {
+    return absl::flags_internal::WasPresentOnCommandLine(absl::GetFlagReflectionHandle(flag).Name());
+  };
+  if (given(FLAGS_device_tflops)) c.device_tflops = absl::GetFlag(FLAGS_device_tflops);
+  if (given(FLAGS_mfu)) c.mfu = absl::GetFlag(FLAGS_mfu);
+  if (given(FLAGS_attention_tflops)) c.attention_tflops = absl::GetFlag(FLAGS_attention_tflops);
+  if (given(FLAGS_hbm_gbps)) c.hbm_gbps = absl::GetFlag(FLAGS_hbm_gbps);
+  if (given(FLAGS_device_memory_gib)) c.device_memory_gib = absl::GetFlag(FLAGS_device_memory_gib);
+  if (given(FLAGS_collective_latency_us)) {
+    c.collective_latency_us = absl::GetFlag(FLAGS_collective_latency_us);
+  }
+  if (given(FLAGS_link_gbps)) {
+    c.link_gbps = absl::GetFlag(FLAGS_link_gbps);
+    c.flat_link = true;
+  }
+  absl::StatusOr<spgate::sim::NormBoundary> norm =
+      spgate::sim::ParseNormBoundary(absl::GetFlag(FLAGS_norm_boundary));
+  if (!norm.ok()) return norm.status();
+  c.norm_boundary = *norm;
+  return spgate::sim::ValidateCostParams(c);
 }
 
 absl::StatusOr<spgate::GateConfig> LoadConfig(const std::string& path) {
@@ -344,7 +397,7 @@ int main(int argc, char** argv) {
                  static_cast<long long>(absl::GetFlag(FLAGS_regret_window)));
     return 2;
   }
-  if (absl::Status s = spgate::sim::ValidateSwitchCost(o.cost); !s.ok()) {
+  if (absl::Status s = ApplyHardwareFlags(o.cost); !s.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", std::string(s.message()).c_str());
     return 2;
   }

@@ -115,29 +115,30 @@ StageMicrobatchCost PipelineCostModel::Cost(int stage, std::span<const int64_t> 
   c.memory = Memory(stage, lengths);
   const double t = p_.tp, h = p_.hidden, V = p_.vocab;
   const double flops = p_.device_tflops * 1e12 * p_.mfu;
-  const double hbm = p_.hbm_gbps * 1e9, link = p_.link_gbps * 1e9;
-  const double lat = p_.collective_latency_us * 1e-6;
+  const double hbm = p_.hbm_gbps * 1e9;
   const int P = layout_.pp, vp = layout_.vp;
   const bool first = stage == 0, last = stage == P - 1;
   for (const Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
     const bool sp = mode == Mode::kSequenceParallel;
     const int i = ModeIndex(mode);
     const double T = sp ? static_cast<double>(c.padded_tokens) : static_cast<double>(c.tokens);
-    const double per_call = t > 1 ? T * h * 2.0 * (t - 1) / t / link + lat : 0.0;
+    // One all-gather or reduce-scatter of the rows, one all-reduce (cost_model.h).
+    const double per_call = layers_.CollectiveSeconds(CollectiveKind::kAllGather, T * h * 2.0);
+    const double all_reduce = layers_.CollectiveSeconds(CollectiveKind::kAllReduce, T * h * 2.0);
     double fwd = kForwardShare * layer_step[i].step_time_s;
     double bwd = (1 - kForwardShare) * layer_step[i].step_time_s;
     if (first) {
       const double lookup = 2 * T * h * 2 / hbm;
       const double dropout = 2 * T * h * 2 / hbm / (sp ? t : 1);
-      fwd += lookup + dropout + (sp ? 1 : 2) * per_call;
+      fwd += lookup + dropout + (sp ? per_call : all_reduce);
       bwd += lookup + dropout + (sp ? 1 : 0) * per_call;
     }
     if (last) {
       const double gemm = 2 * T * h * V / (t * flops);
       const double xent = 2 * T * V / t * 4 / hbm;
-      const double norm = p_.elementwise_bytes_per_token * h * 2 * T / hbm / (sp ? t : 1);
+      const double norm = p_.norm_passes / 2 * h * 2 * T / hbm / (sp ? t : 1);  // one LN
       fwd += gemm + xent + kForwardShare * norm + (sp ? 1 : 0) * per_call;
-      bwd += 2 * gemm + xent + (1 - kForwardShare) * norm + (sp ? 1 : 2) * per_call;
+      bwd += 2 * gemm + xent + (1 - kForwardShare) * norm + (sp ? per_call : all_reduce);
     }
     if (!sp) {
       // Chunks that receive their input (every one but the first virtual stage's) and

@@ -115,7 +115,7 @@ void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
          .step_time_s = step.step_time_s,
          .rs_wait_s = step.ranks[r].rs_wait_s,
          .all_gather_s = step.ranks[r].all_gather_s,
-         .norm_stall_s = 0,
+         .norm_stall_s = step.ranks[r].norm_stall_s,
          .effective_tokens = step.effective_tokens,
          .padding_tokens = step.padding_tokens,
          .peak_memory_bytes = step.peak_memory_bytes});
@@ -164,7 +164,7 @@ absl::Status Validate(const SimOptions& o) {
         "learns the group's wait share from the group's reduced telemetry");
   }
   if (absl::Status s = ValidateGateConfig(o.initial_config); !s.ok()) return s;
-  if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
+  if (absl::Status s = ValidateCostParams(o.cost); !s.ok()) return s;
   if (o.pipelined()) return PipelineOnlyInCompare();
   return absl::OkStatus();
 }
@@ -569,7 +569,7 @@ PriorInputs DeclaredPriorInputs(const SimOptions& o) {
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
-  if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
+  if (absl::Status s = ValidateCostParams(o.cost); !s.ok()) return s;
   if (o.pipelined()) return PipelineOnlyInCompare();
   absl::StatusOr<int64_t> replay_steps = ReplaySteps(o, config);
   if (!replay_steps.ok()) return replay_steps.status();

@@ -109,6 +109,9 @@ SimOptions Plain() {
   o.cost.tp = 8;
   o.bucketing = false;  // mixed batches: the oracle switches often
   o.lengths = "bimodal:short=256,long=8000,p_long=0.4";
+  // Half the attention on the sequence shard (the what-if imbalance, docs/sim.md): Megatron
+  // SP alone is balanced and wins every batch here; with it the modes trade places.
+  o.cost.shard_work_fraction = 0.5;
   return o;
 }
 
