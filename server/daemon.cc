@@ -43,6 +43,7 @@
 #include "absl/synchronization/notification.h"
 #include "prometheus/exposer.h"
 #include "server/gate_state.h"
+#include "server/log.h"
 #include "server/operator_store.h"
 #include "common/mutex.h"
 #include "server/metrics.h"
@@ -70,8 +71,6 @@ std::string DialHost(const std::string& listen) {
   if (host == "[::]") return "[::1]";
   return host;
 }
-
-void Log(const std::string& line) { std::cerr << "spgated: " << line << std::endl; }
 
 // Where an empty --listen puts the worker API (docs/security.md, "Worker credentials").
 constexpr int kDefaultWorkerPort = 50061;
@@ -158,12 +157,15 @@ absl::Status ResolveWorkerListen(DaemonOptions& opts) {
   const std::string what = absl::StrJoin(credentials, " and ");
   if (opts.listen.empty()) {
     opts.listen = absl::StrCat(credentials.empty() ? "127.0.0.1:" : "0.0.0.0:", kDefaultWorkerPort);
-    Log(credentials.empty()
+    Log(LogLevel::kInfo,
+        credentials.empty()
             ? absl::StrCat("worker API on ", opts.listen,
                            ": loopback only, since no worker credential is configured "
                            "(--worker_token_file or --tls_client_ca opens it to other hosts)")
             : absl::StrCat("worker API on ", opts.listen, ": all interfaces, workers present ",
-                           what));
+                           what),
+        {{"event", "worker_listen"}, {"listen", opts.listen},
+         {"loopback_only", credentials.empty()}});
     return absl::OkStatus();
   }
   if (!credentials.empty() || IsLoopbackListenAddress(opts.listen)) return absl::OkStatus();
@@ -175,9 +177,11 @@ absl::Status ResolveWorkerListen(DaemonOptions& opts) {
         "--worker_token_file or --tls_client_ca (mTLS), listen on 127.0.0.1, or accept "
         "this with --allow_unauthenticated_workers (docs/security.md)"));
   }
-  Log(absl::StrCat("WARNING: the worker API on ", opts.listen,
+  Log(LogLevel::kWarning,
+      absl::StrCat("the worker API on ", opts.listen,
                    " takes no credential (--allow_unauthenticated_workers): whoever can "
-                   "reach it can register any job id and steer its decisions"));
+                   "reach it can register any job id and steer its decisions"),
+      {{"event", "unauthenticated_workers"}, {"listen", opts.listen}});
   return absl::OkStatus();
 }
 
@@ -438,6 +442,12 @@ absl::Status Daemon::Impl::Start() {
     RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
   }
   opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
+  // The state's own lines (a refused learned-table file, a failed write) in --log_format.
+  if (!opts.state.log) {
+    opts.state.log = [](const std::string& line) {
+      Log(LogLevel::kWarning, line, {{"event", "state_warning"}});
+    };
+  }
   ASSIGN_OR_RETURN(state, GateState::Create(opts.state, *metrics, store.get()));
   store->SetListener(state.get());
 
@@ -489,11 +499,15 @@ absl::Status Daemon::Impl::Start() {
   std::vector<std::string> off;
   if (metrics_port == 0) off.push_back("metrics (--metrics_listen)");
   if (health_port == 0) off.push_back("health-only port (--health_listen)");
-  Log(absl::StrCat("serving: worker API on port ", worker_port, ", admin API on port ",
+  Log(LogLevel::kInfo,
+      absl::StrCat("serving: worker API on port ", worker_port, ", admin API on port ",
                    admin_port,
                    metrics_port ? absl::StrCat(", metrics on port ", metrics_port) : "",
                    health_port ? absl::StrCat(", health on port ", health_port) : "",
-                   off.empty() ? "" : absl::StrCat("; off: ", absl::StrJoin(off, ", "))));
+                   off.empty() ? "" : absl::StrCat("; off: ", absl::StrJoin(off, ", "))),
+      // Port 0: that listener is off.
+      {{"event", "serving"}, {"worker_port", worker_port}, {"admin_port", admin_port},
+       {"metrics_port", metrics_port}, {"health_port", health_port}});
   return absl::OkStatus();
 }
 
@@ -558,7 +572,8 @@ bool Daemon::Impl::PollConfig() {
     config_seen = now;
     if (same_contents) return false;
   }
-  Log(absl::StrCat(opts.config_path, " changed on disk; reloading"));
+  Log(LogLevel::kInfo, absl::StrCat(opts.config_path, " changed on disk; reloading"),
+      {{"event", "config_changed"}, {"path", opts.config_path}});
   (void)Reload();
   return true;
 }
@@ -569,9 +584,13 @@ absl::Status Daemon::Impl::Reload() {
   // Log before the gauge moves: whoever watches the gauge (an alert, a test) finds the
   // reason already in the log.
   if (!s.ok()) {
-    Log(absl::StrCat("config reload failed, keeping the running config: ", s.message()));
+    Log(LogLevel::kError,
+        absl::StrCat("config reload failed, keeping the running config: ", s.message()),
+        {{"event", "config_reload_failed"}, {"path", opts.config_path},
+         {"error", std::string(s.message())}});
   } else {
-    Log(absl::StrCat("reloaded ", opts.config_path));
+    Log(LogLevel::kInfo, absl::StrCat("reloaded ", opts.config_path),
+        {{"event", "config_reloaded"}, {"path", opts.config_path}});
   }
   metrics->config_last_reload_successful.Set(s.ok() ? 1 : 0);
   return s;
@@ -586,7 +605,8 @@ void Daemon::Shutdown(absl::Duration grace) {
     if (d.shut_down) return;
     d.shut_down = true;
   }
-  Log("shutting down: NOT_SERVING, draining streams");
+  Log(LogLevel::kInfo, "shutting down: NOT_SERVING, draining streams",
+      {{"event", "shutting_down"}});
   d.state->BeginDrain();
   d.SetServing(false);
   d.streams.DrainAll();
@@ -598,10 +618,12 @@ void Daemon::Shutdown(absl::Duration grace) {
   d.stop_sweeper.Notify();
   if (d.sweeper.joinable()) d.sweeper.join();
   if (d.config_poller.joinable()) d.config_poller.join();
-  if (absl::Status s = d.store->Flush(); !s.ok()) Log(std::string(s.message()));
+  if (absl::Status s = d.store->Flush(); !s.ok()) {
+    Log(LogLevel::kError, std::string(s.message()), {{"event", "state_flush_failed"}});
+  }
   d.state->PersistLearned(/*all=*/true);
   d.exposer.reset();
-  Log("stopped");
+  Log(LogLevel::kInfo, "stopped", {{"event", "stopped"}});
 }
 
 }  // namespace spgate::server

@@ -285,6 +285,47 @@ absl::StatusOr<v1::Job> GetJobView(const GateState& state, const OperatorStore& 
   return out;
 }
 
+namespace {
+
+// A pin's group as Register would take it: below --max_groups_per_job (a negative one
+// is the store's INVALID_ARGUMENT).
+absl::Status CheckPinGroup(const GateState& state, bool has_group, int group) {
+  const int max = state.options().max_groups_per_job;
+  if (has_group && group >= max) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("group: must be in [0, %d) (--max_groups_per_job), got %d", max, group));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Pin> PinModeView(const GateState& state, OperatorStore& store,
+                                    const v1::PinModeRequest& r, const AuditContext& audit) {
+  RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
+  RETURN_IF_ERROR(CheckPinGroup(state, r.has_group(), r.group()));
+  // Registered: the job has live groups (the named one, when a group is pinned). A job
+  // listed only for its operator settings has none.
+  bool registered = false;
+  if (absl::StatusOr<JobView> job = state.GetJob(r.job_id()); job.ok()) {
+    for (const GroupView& g : job->groups) registered |= !r.has_group() || g.group == r.group();
+  }
+  ASSIGN_OR_RETURN(v1::Pin pin, store.PinMode(r, audit));
+  pin.set_pending(!registered);
+  return pin;
+}
+
+absl::StatusOr<v1::UnpinResponse> UnpinView(const GateState& state, OperatorStore& store,
+                                            const v1::UnpinRequest& r, const AuditContext& audit) {
+  RETURN_IF_ERROR(OperatorStore::ValidateUnpinRequest(r));
+  RETURN_IF_ERROR(CheckPinGroup(state, r.has_group(), r.group()));
+  if (!store.HasJobScope(r.job_id())) RETURN_IF_ERROR(state.CheckJob(r.job_id()));
+  ASSIGN_OR_RETURN(int removed, store.Unpin(r, audit));
+  v1::UnpinResponse resp;
+  resp.set_removed(removed);
+  return resp;
+}
+
 absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGatesView(const GateState& state,
                                                             const OperatorStore& store,
                                                             const v1::EvaluateGatesRequest& r) {

@@ -38,6 +38,18 @@ absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGatesView(const GateState& sta
                                                             const OperatorStore& store,
                                                             const v1::EvaluateGatesRequest& r);
 
+// PinMode. The job and group need not have registered yet: the pin is kept with the
+// job's operator settings and applies from the group's first decision, if it has not
+// expired by then; the answer's `pending` says so. What is checked is what Register
+// would refuse: the job id, a group outside [0, --max_groups_per_job), and the pin's
+// own mode and duration (OperatorStore::ValidatePinRequest).
+absl::StatusOr<v1::Pin> PinModeView(const GateState& state, OperatorStore& store,
+                                    const v1::PinModeRequest& r, const AuditContext& audit);
+// Unpin: NOT_FOUND only when the daemon holds nothing for the job (no live state and no
+// operator settings); a group that has not registered may still hold a pin to remove.
+absl::StatusOr<v1::UnpinResponse> UnpinView(const GateState& state, OperatorStore& store,
+                                            const v1::UnpinRequest& r, const AuditContext& audit);
+
 }  // namespace spgate::server
 
 #endif  // SPGATE_SERVER_JOB_VIEWS_H_

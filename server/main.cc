@@ -13,9 +13,11 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/cli.h"
 #include "common/mutex.h"
 #include "server/daemon.h"
 #include "server/defaults.h"
+#include "server/log.h"
 #include "server/metrics.h"
 
 ABSL_FLAG(std::string, listen, "",
@@ -36,6 +38,8 @@ ABSL_FLAG(std::string, reader_token_file, "",
 ABSL_FLAG(std::string, admin_subjects_file, "",
           "mTLS client identities mapped to roles: ROLE IDENTITY per line, IDENTITY one of "
           "cn:NAME, dns:NAME, uri:URI, subject:DN");
+ABSL_FLAG(spgate::server::LogFormat, log_format, spgate::server::LogFormat::kText,
+          "Log lines on stderr: text, or json (one object per line: time, level, message, fields)");
 ABSL_FLAG(absl::Duration, config_poll_interval, absl::Seconds(5),
           "How often --config is checked for a new file (ConfigMap swaps); 0: SIGHUP only");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (turns TLS on for both APIs)");
@@ -199,7 +203,9 @@ int ServeUntilSignalled(spgate::server::Daemon& daemon, const sigset_t& signals)
       (void)daemon.ReloadConfig();
       continue;
     }
-    std::cerr << "spgated: received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT") << "\n";
+    const char* name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    spgate::server::Log(spgate::server::LogLevel::kInfo, std::string("received ") + name,
+                        {{"event", "signal"}, {"signal", name}});
     daemon.Shutdown(absl::GetFlag(FLAGS_shutdown_grace));
     return 0;
   }
@@ -209,12 +215,11 @@ int ServeUntilSignalled(spgate::server::Daemon& daemon, const sigset_t& signals)
 
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
-  absl::FlagsUsageConfig usage;
-  usage.version_string = [] { return "spgated " + std::string(spgate::server::SpgateVersion()) + "\n"; };
-  absl::SetFlagsUsageConfig(usage);
-  absl::SetProgramUsageMessage("spgated: decides per batch and TP group between sequence "
+  spgate::InitFlagsUsage("spgated");
+  absl::SetProgramUsageMessage("decides per batch and TP group between sequence "
                                "parallel and tensor-parallel-only execution.");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  spgate::server::SetLogFormat(absl::GetFlag(FLAGS_log_format));
   if (rest.size() > 1) {
     std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
     return 2;
@@ -235,7 +240,9 @@ int main(int argc, char** argv) {
   }
   auto daemon = spgate::server::Daemon::Start(opts);
   if (!daemon.ok()) {
-    std::cerr << "spgated: cannot start: " << daemon.status().message() << "\n";
+    spgate::server::Log(spgate::server::LogLevel::kError,
+                        "cannot start: " + std::string(daemon.status().message()),
+                        {{"event", "start_failed"}, {"error", std::string(daemon.status().message())}});
     return 1;
   }
   return ServeUntilSignalled(**daemon, signals);

@@ -406,10 +406,11 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
 absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackGateConfig(
     const v1::RollbackGateConfigRequest& r, const AuditContext& audit) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
-  if (r.to_version() <= 0) {
+  if (r.to_version() < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("to_version: must be > 0, got ", r.to_version()));
+        absl::StrCat("to_version: must be >= 0 (0: the start-up config), got ", r.to_version()));
   }
+  if (r.to_version() == 0) return RollbackToStart(r, audit);
   if (options_.state_dir.empty()) {
     return absl::FailedPreconditionError(
         "rollback reads the audit log, and spgated runs without --state_dir");
@@ -442,6 +443,32 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackGateConfig(
   entry.set_rpc("RollbackGateConfig");
   entry.set_rolled_back_to(r.to_version());
   RETURN_IF_ERROR(SetScopeOverrides(next, r.job_id(), target->overrides(), &entry));
+  v1::VersionedGateConfig result = Versioned(next, r.job_id());
+  RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
+  return result;
+}
+
+// Version 0: the scope as the daemon started, with none of the API's overrides (the
+// --config file and the defaults for the global scope; the global config for a job). It
+// needs no audit log. A scope with no overrides is already there: like an update that
+// changes nothing, no new version.
+absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackToStart(
+    const v1::RollbackGateConfigRequest& r, const AuditContext& audit) {
+  MutexLock plock(&persist_mu_);
+  Layers next = Copy();
+  RETURN_IF_ERROR(CheckScopeWritable(next, r.job_id(),
+                                     r.has_expected_version()
+                                         ? std::optional<int64_t>(r.expected_version())
+                                         : std::nullopt));
+  auto it = r.job_id().empty() ? next.jobs.end() : next.jobs.find(r.job_id());
+  const v1::GateConfig& current = r.job_id().empty() ? next.global_overrides
+                                  : it == next.jobs.end() ? v1::GateConfig::default_instance()
+                                                          : it->second.overrides;
+  if (current.ByteSizeLong() == 0) return Versioned(next, r.job_id());
+  v1::AuditEntry entry;
+  entry.set_rpc("RollbackGateConfig");
+  entry.set_rolled_back_to(0);
+  RETURN_IF_ERROR(SetScopeOverrides(next, r.job_id(), v1::GateConfig(), &entry));
   v1::VersionedGateConfig result = Versioned(next, r.job_id());
   RETURN_IF_ERROR(Commit(std::move(next), r.job_id(), std::move(entry), audit));
   return result;

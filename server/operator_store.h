@@ -73,7 +73,8 @@ class OperatorStore final : public OperatorSource {
                                                            const AuditContext& audit);
   // Restores the scope's overrides as they were right after r.to_version(), found in the
   // audit log, as a new version. NOT_FOUND: no such audited version; INVALID_ARGUMENT:
-  // the version belongs to another scope; FAILED_PRECONDITION: no --state_dir.
+  // the version belongs to another scope; FAILED_PRECONDITION: no --state_dir. Version 0
+  // is the scope with no API overrides (the start-up config) and needs no audit log.
   absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
       const v1::RollbackGateConfigRequest& r, const AuditContext& audit);
   // The audit log, newest first, one bounded page.
@@ -152,6 +153,8 @@ class OperatorStore final : public OperatorSource {
                       const AuditContext& audit, bool notify_listener = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
   Layers Copy() const;
+  absl::StatusOr<v1::VersionedGateConfig> RollbackToStart(const v1::RollbackGateConfigRequest& r,
+                                                          const AuditContext& audit);
   // A change to the scope of `job_id` ("" = global) is allowed: the job-scope cap, and the
   // caller's expected version (ABORTED on a mismatch).
   absl::Status CheckScopeWritable(const Layers& next, const std::string& job_id,

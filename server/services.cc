@@ -756,10 +756,7 @@ void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
 absl::StatusOr<v1::Pin> AdminServiceImpl::PinMode(grpc::CallbackServerContext* ctx,
                                                   const v1::PinModeRequest& r) {
   ASSIGN_OR_RETURN(Principal who, Authorize(ctx, "PinMode"));
-  RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
-  const std::optional<int> group = r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
-  RETURN_IF_ERROR(state_->CheckJob(r.job_id(), group));
-  absl::StatusOr<v1::Pin> pinned = store_->PinMode(r, AuditContext{who.name});
+  absl::StatusOr<v1::Pin> pinned = PinModeView(*state_, *store_, r, AuditContext{who.name});
   if (pinned.status().code() == absl::StatusCode::kResourceExhausted) {
     metrics_.LimitRefusals(Limit::kJobs).Increment();  // a new job scope past --max_jobs
   }
@@ -769,13 +766,7 @@ absl::StatusOr<v1::Pin> AdminServiceImpl::PinMode(grpc::CallbackServerContext* c
 absl::StatusOr<v1::UnpinResponse> AdminServiceImpl::Unpin(grpc::CallbackServerContext* ctx,
                                                           const v1::UnpinRequest& r) {
   ASSIGN_OR_RETURN(Principal who, Authorize(ctx, "Unpin"));
-  RETURN_IF_ERROR(OperatorStore::ValidateUnpinRequest(r));
-  const std::optional<int> group = r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
-  RETURN_IF_ERROR(state_->CheckJob(r.job_id(), group));
-  ASSIGN_OR_RETURN(int removed, store_->Unpin(r, AuditContext{who.name}));
-  v1::UnpinResponse resp;
-  resp.set_removed(removed);
-  return resp;
+  return UnpinView(*state_, *store_, r, AuditContext{who.name});
 }
 
 }  // namespace spgate::server

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/file_util.h"
+#include "common/cli.h"
 #include "common/mutex.h"
 #include "common/progress.h"
 #include "common/status_macros.h"
@@ -356,6 +357,7 @@ int RunRank(const spgate::runtime::WorkerOptions& o, int world_rank,
 
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
+  spgate::InitFlagsUsage("spgate-worker");
   absl::SetProgramUsageMessage(
       "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);

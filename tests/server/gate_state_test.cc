@@ -421,8 +421,56 @@ TEST_F(GateStateTest, UnknownJobIsNotFound) {
   auto state = Make();
   EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
   EXPECT_THAT(state->GetGateConfig("ghost").status(), StatusIs(absl::StatusCode::kNotFound));
-  v1::PinModeRequest pin = Pin("ghost", v1::SEQUENCE_PARALLEL, 60);
-  EXPECT_THAT(state->PinMode(pin).status(), StatusIs(absl::StatusCode::kNotFound));
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("ghost");
+  EXPECT_THAT(state->Unpin(unpin).status(), StatusIs(absl::StatusCode::kNotFound));
+}
+
+// A pin may come before its job registers: it is kept, answered as pending, listed, and
+// decides the group's first plan. Register's own limits still hold for it.
+TEST_F(GateStateTest, PinBeforeRegisterAppliesAtRegister) {
+  auto state = Make();
+  struct Case {
+    std::string name;
+    std::optional<int> group;
+  };
+  for (const Case& c : {Case{"whole job", std::nullopt}, Case{"one group", 1}}) {
+    SCOPED_TRACE(c.name);
+    const std::string job = c.group ? "later-g" : "later";
+    v1::PinModeRequest pin = Pin(job, v1::TENSOR_PARALLEL_ONLY, 600);
+    if (c.group) pin.set_group(*c.group);
+    auto pinned = state->PinMode(pin);
+    ASSERT_THAT(pinned.status(), IsOk());
+    EXPECT_TRUE(pinned->pending());
+    auto listed = state->GetJob(job);
+    ASSERT_THAT(listed.status(), IsOk());
+    EXPECT_EQ(listed->pins_size(), 1);
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan(job, c.group.value_or(0), 0, {64}), &d), IsOk());
+    EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+    EXPECT_EQ(d.reason(), v1::PINNED);
+    // Registered now: the same pin again is no longer pending.
+    pinned = state->PinMode(pin);
+    ASSERT_THAT(pinned.status(), IsOk());
+    EXPECT_FALSE(pinned->pending());
+  }
+  v1::PinModeRequest far = Pin("later", v1::SEQUENCE_PARALLEL, 60);
+  far.set_group(1 << 30);
+  EXPECT_THAT(state->PinMode(far).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--max_groups_per_job")));
+  far.set_job_id("bad id!");
+  far.clear_group();
+  EXPECT_THAT(state->PinMode(far).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A pending group pin can be removed before its group exists.
+  v1::UnpinRequest unpin;
+  unpin.set_job_id("later");
+  unpin.set_group(5);
+  v1::PinModeRequest g5 = Pin("later", v1::SEQUENCE_PARALLEL, 60);
+  g5.set_group(5);
+  ASSERT_THAT(state->PinMode(g5).status(), IsOk());
+  auto removed = state->Unpin(unpin);
+  ASSERT_THAT(removed.status(), IsOk());
+  EXPECT_EQ(removed->removed(), 1);
 }
 
 TEST_F(GateStateTest, PinsWinAndExpire) {

@@ -449,5 +449,55 @@ TEST_F(OperatorStoreTest, RollbackRestoresTheOverridesOfThatVersion) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
 }
 
+// Version 0 is the start-up config: the scope's API overrides all gone, the --config
+// file layer kept. Audited when something changed; a scope already there gets no new
+// version; it needs no audit log, so it works without --state_dir too.
+TEST_F(OperatorStoreTest, RollbackToZeroIsTheStartUpConfig) {
+  v1::GateConfig file;
+  file.set_window_steps(20);
+  struct Case {
+    std::string name;
+    std::string state_dir;
+  };
+  for (const Case& c : {Case{"with --state_dir", TempDir()}, Case{"in memory", ""}}) {
+    SCOPED_TRACE(c.name);
+    auto store = Make(c.state_dir, file);
+    ASSERT_THAT(store->UpdateGateConfig(SetCv(0.3), kTest).status(), IsOk());
+    ASSERT_THAT(store->UpdateGateConfig(SetCv(0.6, "j"), kTest).status(), IsOk());
+
+    v1::RollbackGateConfigRequest rb;
+    rb.set_to_version(0);
+    rb.set_job_id("j");
+    auto job = store->RollbackGateConfig(rb, kTest);
+    ASSERT_THAT(job.status(), IsOk());
+    EXPECT_EQ(job->overrides().ByteSizeLong(), 0u);
+    EXPECT_DOUBLE_EQ(job->config().max_length_cv(), 0.3);  // inherited from the global scope
+    rb.clear_job_id();
+    auto global = store->RollbackGateConfig(rb, kTest);
+    ASSERT_THAT(global.status(), IsOk());
+    EXPECT_EQ(global->overrides().ByteSizeLong(), 0u);
+    EXPECT_DOUBLE_EQ(global->config().max_length_cv(), 0.18);  // the default
+    EXPECT_EQ(global->config().window_steps(), 20);            // the file layer stays
+    EXPECT_GT(global->version(), job->version());
+    // Already at version 0: nothing changes, no new version.
+    auto again = store->RollbackGateConfig(rb, kTest);
+    ASSERT_THAT(again.status(), IsOk());
+    EXPECT_EQ(again->version(), global->version());
+    if (!c.state_dir.empty()) {
+      v1::ListConfigHistoryRequest h;
+      h.set_page_size(1);
+      auto newest = store->ListConfigHistory(h);
+      ASSERT_THAT(newest.status(), IsOk());
+      ASSERT_EQ(newest->entries_size(), 1);
+      EXPECT_EQ(newest->entries(0).rpc(), "RollbackGateConfig");
+      EXPECT_EQ(newest->entries(0).rolled_back_to(), 0);
+      EXPECT_EQ(newest->entries(0).version(), global->version());
+    }
+    rb.set_to_version(-1);
+    EXPECT_THAT(store->RollbackGateConfig(rb, kTest).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("to_version")));
+  }
+}
+
 }  // namespace
 }  // namespace spgate::server

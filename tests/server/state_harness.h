@@ -116,18 +116,11 @@ class StateHarness {
   v1::ListJobsResponse ListJobs() { return ListJobsView(*state); }
   absl::StatusOr<v1::Pin> PinMode(const v1::PinModeRequest& r,
                                   const AuditContext& audit = {"test"}) {
-    RETURN_IF_ERROR(OperatorStore::ValidatePinRequest(r));
-    RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
-    return store->PinMode(r, audit);
+    return PinModeView(*state, *store, r, audit);
   }
   absl::StatusOr<v1::UnpinResponse> Unpin(const v1::UnpinRequest& r,
                                           const AuditContext& audit = {"test"}) {
-    RETURN_IF_ERROR(OperatorStore::ValidateUnpinRequest(r));
-    RETURN_IF_ERROR(state->CheckJob(r.job_id(), Group(r)));
-    ASSIGN_OR_RETURN(int removed, store->Unpin(r, audit));
-    v1::UnpinResponse resp;
-    resp.set_removed(removed);
-    return resp;
+    return UnpinView(*state, *store, r, audit);
   }
   absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGates(const v1::EvaluateGatesRequest& r) {
     return EvaluateGatesView(*state, *store, r);
@@ -145,10 +138,6 @@ class StateHarness {
  private:
   StateHarness() = default;
   std::map<std::pair<std::string, int>, std::string> leaders_;  // (job, group) -> session
-  template <typename R>
-  static std::optional<int> Group(const R& r) {
-    return r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
-  }
 };
 
 // One Metrics for a process that builds many harnesses (the fuzzers build one per input):

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "google/protobuf/text_format.h"
+#include "common/cli.h"
 #include "common/mutex.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
@@ -361,6 +362,7 @@ int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
 
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
+  spgate::InitFlagsUsage("spgate-sim");
   absl::SetProgramUsageMessage(
       "simulated TP groups speaking spgate's protocol.\n"
       "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"

@@ -1,7 +1,8 @@
-// spgatectl's command table and argument parser; see commands.h.
+// spgatectl's argument parser (the command table is command_table.cc); see commands.h.
 #include "tools/spgatectl/commands.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -11,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/descriptor.h"
 #include "policy/gate_config.h"
+#include "common/cli.h"
+#include "tools/spgatectl/command_table.h"
 #include "tools/spgatectl/flag_values.h"
 
 namespace spgate::ctl {
@@ -20,223 +23,6 @@ using google::protobuf::FieldDescriptor;
 
 // Flags that are true when given bare ("--force"); "--force=false" is accepted too.
 constexpr absl::string_view kBareFlags[] = {"force"};
-
-struct FlagSpec {
-  absl::string_view name;
-  absl::string_view value;  // placeholder in help: "J", "DURATION"
-  absl::string_view help;
-};
-
-struct CommandSpec {
-  Command command;
-  absl::string_view name;     // "gates set"
-  absl::string_view usage;    // arguments after the name
-  absl::string_view summary;  // one line, for the command list
-  std::vector<FlagSpec> flags;
-  bool gate_flags = false;   // one flag per GateConfig field
-  absl::string_view details;  // paragraph printed by --help
-};
-
-constexpr FlagSpec kGlobalFlags[] = {
-    {"admin", "ADDR", "admin API address (default 127.0.0.1:50062)"},
-    {"token_file", "FILE", "send the token in FILE as 'authorization: Bearer <token>'"},
-    {"tls_ca", "FILE", "PEM roots that sign the daemon's certificate; turns TLS on"},
-    {"tls_cert", "FILE", "PEM client certificate for mTLS (needs --tls_key); turns TLS on"},
-    {"tls_key", "FILE", "PEM private key of --tls_cert"},
-    {"tls_server_name", "NAME", "name to check in the daemon's certificate (default: host of --admin)"},
-    {"timeout", "DURATION", "deadline of every call (default 5s; watch: time to connect)"},
-    {"output", "table|json", "table (default) or json (proto field names; one object per line for watch)"},
-};
-
-// A GateConfig field's --help line, from the one field table (the server is the judge
-// of ranges; the text only tells the user what it will accept).
-std::string GateFieldHelp(absl::string_view field) {
-  const GateField* f = FindGateField(std::string_view(field.data(), field.size()));
-  if (f == nullptr) return "GateConfig field";
-  return absl::StrCat(std::string(f->help), " ", std::string(GateFieldRangeText(f->range)));
-}
-
-const std::vector<CommandSpec>& Commands() {
-  static const auto* kCommands = new std::vector<CommandSpec>{
-      {Command::kGatesGet, "gates get", "[--job_id=J]",
-       "show the gate config (global default, or one job's effective config)",
-       {{"job_id", "J", "the job's effective config and its overrides (default: global)"}},
-       false,
-       "SOURCE is 'override' for a value set at this scope through the API and\n"
-       "'inherited' for one that comes from the scope below (the global config for a\n"
-       "job; the --config file or the built-in defaults for the global scope)."},
-      {Command::kGatesSet, "gates set",
-       "[--job_id=J] [--FIELD=VALUE ...] [--clear=FIELD,...] [--expected_version=N]",
-       "change gate thresholds, globally or for one job",
-       {{"job_id", "J", "override for this job only (default: the global config)"},
-        {"clear", "FIELD,...", "remove these overrides: the value is inherited again"},
-        {"expected_version", "N", "refuse (ABORTED) unless the scope is still at version N"}},
-       true,
-       "Only the fields given are sent, as the update mask; the others keep their\n"
-       "values. The server checks the ranges and names the field it refuses.\n"
-       "Example: spgatectl gates set --job_id=llama-70b --max_length_cv=0.25 --clear=window_steps"},
-      {Command::kGatesHistory, "gates history", "[--job_id=J] [--limit=N] [--page_token=T]",
-       "the audit log of operator changes, newest first",
-       {{"job_id", "J", "only this job's entries (default: every scope)"},
-        {"limit", "N", "at most N entries (default 50, at most 500)"},
-        {"page_token", "T", "continue where the previous page ended"}},
-       false,
-       "Every config change, rollback, pin and unpin, with who made it (the credential's\n"
-       "name or the client certificate's identity), the fields changed and the new version.\n"
-       "Needs spgated --state_dir (the log is <state_dir>/audit.log)."},
-      {Command::kGatesRollback, "gates rollback", "[--job_id=J] --to_version=N [--expected_version=N]",
-       "restore a scope's overrides as they were right after version N",
-       {{"job_id", "J", "roll back this job's overrides (default: the global ones)"},
-        {"to_version", "N", "a version from 'gates history' of the same scope"},
-        {"expected_version", "N", "refuse (ABORTED) unless the scope is still at version N"}},
-       false,
-       "The rollback is itself a new version and is audited. A version of another scope is\n"
-       "INVALID_ARGUMENT; one the audit log does not hold is NOT_FOUND. Needs the admin role."},
-      {Command::kJobsList, "jobs list", "", "list the jobs the daemon knows", {}, false, ""},
-      {Command::kJobsShow, "jobs show", "JOB",
-       "one job: groups, per-mode comparison, decision counts, pins", {}, false,
-       "The per-mode table compares the modes over the rolling window, relative to\n"
-       "TP-only (the table of docs/design.md §1 computed from live observations)."},
-      {Command::kJobsForget, "jobs forget", "JOB [--operator_settings=true]",
-       "drop a job's live state (and, with the flag, its overrides and pins)",
-       {{"operator_settings", "true|false",
-         "also drop the job's config overrides and pins (default false)"}},
-       false,
-       "The job's groups, decision caches, rolling windows and worker sessions go; its\n"
-       "workers' next calls get NOT_FOUND and they register again. Audited; needs the\n"
-       "admin role. NOT_FOUND when the daemon holds nothing for the job."},
-      {Command::kPin, "pin", "JOB [--group=G] --mode=sp|tp --for=DURATION [--force]",
-       "force a mode for a job or one of its groups, for a while",
-       {{"group", "G", "pin only this TP group (default: the whole job)"},
-        {"mode", "sp|tp", "the mode to force"},
-        {"for", "DURATION", "how long the pin lasts (e.g. 30s, 10m, 2h, 1d)"},
-        {"force", "", "with --mode=tp: TP-only even where it would not fit the memory budget"}},
-       false,
-       "A TP-only pin yields to the memory gate: a batch that would not fit TP-only runs SP\n"
-       "(docs/design.md §3). --force takes that safety away for this pin; the audit log and\n"
-       "'gates history' record that it was forced. An SP pin cannot be forced."},
-      {Command::kUnpin, "unpin", "JOB [--group=G]", "remove pins",
-       {{"group", "G", "remove only this group's pin (default: every pin of the job)"}}, false,
-       ""},
-      {Command::kWatch, "watch", "[JOB] [--count=N]",
-       "print decisions as they are made, one line each",
-       {{"job_id", "J", "same as the JOB argument"},
-        {"count", "N", "stop after N decisions (default: until Ctrl-C or SIGTERM)"}},
-       false,
-       "Ctrl-C or SIGTERM ends the stream cleanly (exit 0; a second Ctrl-C exits at once).\n"
-       "With --output=json every decision is one JSON object on its own line."},
-      {Command::kEval, "eval",
-       "--lengths=L1,L2,... [--rs_wait_share=S] [--job_id=J] [--group=G]\n"
-       "                      [--budget=BYTES --peak_sp=BYTES --peak_tp=BYTES] [--FIELD=VALUE ...]",
-       "what-if: the decision and reason chain for a hypothetical batch",
-       {{"lengths", "L1,L2,...", "sequence lengths of the batch, in tokens"},
-        {"rs_wait_share", "S", "hypothetical rolling reduce-scatter wait share"},
-        {"job_id", "J", "use the job's config (default: the global config)"},
-        {"group", "G", "evaluate against this group's live state (pins, fallback)"},
-        {"budget", "BYTES", "device memory budget (e.g. 80GiB); 0 skips the memory gate"},
-        {"peak_sp", "BYTES", "predicted peak memory under SP"},
-        {"peak_tp", "BYTES", "predicted peak memory under TP-only"}},
-       true,
-       "Nothing changes on the daemon. GateConfig flags are layered over the live config\n"
-       "for this evaluation only.\n"
-       "Example: spgatectl eval --lengths=512,4096,16384 --rs_wait_share=0.3 --max_length_cv=1"},
-  };
-  return *kCommands;
-}
-
-const CommandSpec* FindCommand(absl::string_view name) {
-  for (const CommandSpec& c : Commands()) {
-    if (c.name == name) return &c;
-  }
-  return nullptr;
-}
-
-std::vector<absl::string_view> Subcommands(absl::string_view group) {
-  std::vector<absl::string_view> out;
-  for (const CommandSpec& c : Commands()) {
-    if (absl::StartsWith(c.name, absl::StrCat(group, " "))) out.push_back(c.name.substr(group.size() + 1));
-  }
-  return out;
-}
-
-std::vector<const FieldDescriptor*> GateFields() {
-  std::vector<const FieldDescriptor*> out;
-  const auto* desc = v1::GateConfig::descriptor();
-  for (int i = 0; i < desc->field_count(); ++i) out.push_back(desc->field(i));
-  return out;
-}
-
-void AppendFlagLines(std::string* out, const std::vector<std::pair<std::string, std::string>>& lines) {
-  size_t width = 0;
-  for (const auto& [flag, help] : lines) width = std::max(width, flag.size());
-  for (const auto& [flag, help] : lines) {
-    absl::StrAppend(out, "  ", flag, std::string(width - flag.size() + 2, ' '), help, "\n");
-  }
-}
-
-std::string GlobalFlagsHelp() {
-  std::vector<std::pair<std::string, std::string>> lines;
-  for (const FlagSpec& f : kGlobalFlags) {
-    lines.emplace_back(absl::StrCat("--", f.name, "=", f.value), std::string(f.help));
-  }
-  std::string out = "Global flags (any command):\n";
-  AppendFlagLines(&out, lines);
-  return out;
-}
-
-std::string CommandHelp(const CommandSpec& c) {
-  std::string summary(c.summary);
-  summary[0] = absl::ascii_toupper(summary[0]);
-  std::string out = absl::StrCat("Usage: spgatectl ", c.name, c.usage.empty() ? "" : " ",
-                                 c.usage, "\n\n", summary, ".\n");
-  if (!c.details.empty()) absl::StrAppend(&out, "\n", c.details, "\n");
-  std::vector<std::pair<std::string, std::string>> lines;
-  for (const FlagSpec& f : c.flags) {
-    lines.emplace_back(f.value.empty() ? absl::StrCat("--", f.name) : absl::StrCat("--", f.name, "=", f.value),
-                       std::string(f.help));
-  }
-  if (c.gate_flags) {
-    for (const FieldDescriptor* f : GateFields()) {
-      const char* value = f->cpp_type() == FieldDescriptor::CPPTYPE_INT64  ? "N"
-                          : f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM ? "POLICY"
-                                                                           : "X";
-      lines.emplace_back(absl::StrCat("--", f->name(), "=", value), GateFieldHelp(f->name()));
-    }
-  }
-  if (!lines.empty()) {
-    absl::StrAppend(&out, "\nFlags:\n");
-    AppendFlagLines(&out, lines);
-  }
-  absl::StrAppend(&out, "\n", GlobalFlagsHelp());
-  return out;
-}
-
-std::string GroupHelp(absl::string_view group) {
-  std::string out = absl::StrCat("Usage: spgatectl ", group, " <", absl::StrJoin(Subcommands(group), "|"),
-                                 "> [flags]\n\n");
-  std::vector<std::pair<std::string, std::string>> lines;
-  for (const CommandSpec& c : Commands()) {
-    if (absl::StartsWith(c.name, absl::StrCat(group, " "))) {
-      lines.emplace_back(std::string(c.name), std::string(c.summary));
-    }
-  }
-  AppendFlagLines(&out, lines);
-  absl::StrAppend(&out, "\nRun 'spgatectl ", group, " <subcommand> --help' for its flags.\n");
-  return out;
-}
-
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 // One flag as written on the command line.
 struct RawFlag {
@@ -248,6 +34,7 @@ struct Tokens {
   std::vector<RawFlag> flags;
   std::vector<std::string> positionals;
   bool help = false;
+  bool version = false;
   std::string error;  // first tokenizing error; reported once the command is known
 };
 
@@ -265,12 +52,25 @@ Tokens Tokenize(const std::vector<std::string>& args) {
       continue;
     }
     absl::string_view body(a);
-    body.remove_prefix(absl::StartsWith(body, "--") ? 2 : 1);
+    const bool single_dash = !absl::StartsWith(body, "--");
+    body.remove_prefix(single_dash ? 1 : 2);
     const size_t eq = body.find('=');
     RawFlag flag{std::string(body.substr(0, eq)), ""};
     if (flag.name == "help" || flag.name == "h") {
       t.help = true;
       continue;
+    }
+    if (flag.name == "version") {
+      t.version = true;
+      continue;
+    }
+    // kubectl's -o: "-o json", "-o=json" and "-ojson" are --output.
+    if (single_dash && absl::StartsWith(body, "o")) {
+      if (flag.name != "o" && flag.name != "output" && eq == absl::string_view::npos) {
+        t.flags.push_back(RawFlag{"output", std::string(body.substr(1))});
+        continue;
+      }
+      if (flag.name == "o") flag.name = "output";
     }
     if (eq != absl::string_view::npos) {
       flag.value = std::string(body.substr(eq + 1));
@@ -333,15 +133,18 @@ absl::Status ApplyGlobalFlag(const RawFlag& f, GlobalOptions* g) {
       g->output = OutputFormat::kTable;
     } else if (f.value == "json") {
       g->output = OutputFormat::kJson;
+    } else if (f.value == "yaml") {
+      g->output = OutputFormat::kYaml;
     } else {
-      return Usage(absl::StrCat("--output: \"", f.value, "\" is not a format (want table or json)"));
+      return Usage(absl::StrCat("--output: \"", f.value, "\" is not a format (want table, json or yaml)",
+                                DidYouMean(f.value, {std::begin(kOutputFormats), std::end(kOutputFormats)})));
     }
   }
   return absl::OkStatus();
 }
 
 bool IsGlobalFlag(absl::string_view name) {
-  return std::any_of(std::begin(kGlobalFlags), std::end(kGlobalFlags),
+  return std::any_of(GlobalFlags().begin(), GlobalFlags().end(),
                      [&](const FlagSpec& f) { return f.name == name; });
 }
 
@@ -486,6 +289,15 @@ absl::Status BuildEval(const CommandFlags& flags, v1::EvaluateGatesRequest* req)
       (req->*b.set)(*bytes);
     }
   }
+  if (!flags.Get("budget")) {
+    for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
+      if (flags.Get(peak)) {
+        return Usage(absl::StrCat("--", peak, " needs --budget: without a budget the memory gate "
+                                  "is off and the peaks would be ignored (--budget=0 turns the "
+                                  "gate off explicitly)"));
+      }
+    }
+  }
   v1::GateConfig layer;
   absl::StatusOr<std::vector<std::string>> set = ApplyGateFlags(flags, &layer);
   if (!set.ok()) return set.status();
@@ -522,7 +334,9 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       if (!to) return Usage("--to_version is required (a version from 'spgatectl gates history')");
       absl::StatusOr<int64_t> n = ParseInt64Flag("to_version", *to);
       if (!n.ok()) return n.status();
-      if (*n < 1) return Usage(absl::StrCat("--to_version: \"", *to, "\" is not at least 1"));
+      if (*n < 0) {
+        return Usage(absl::StrCat("--to_version: \"", *to, "\" is negative (0: the start-up config)"));
+      }
       req.set_to_version(*n);
       if (auto v = flags.Get("expected_version")) {
         absl::StatusOr<int64_t> e = ParseInt64Flag("expected_version", *v);
@@ -579,7 +393,15 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
     case Command::kEval:
       if (absl::Status s = CheckPositionals(args, 0, 0, ""); !s.ok()) return s;
       return BuildEval(flags, &out->eval);
+    case Command::kCompletion: {
+      if (absl::Status s = CheckPositionals(args, 1, 1, "SHELL"); !s.ok()) return s;
+      absl::StatusOr<std::string> script = CompletionScript(args[0]);
+      if (!script.ok()) return script.status();
+      out->help = *std::move(script);
+      return absl::OkStatus();
+    }
     case Command::kHelp:
+    case Command::kVersion:
       break;
   }
   return absl::OkStatus();
@@ -587,33 +409,36 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
 
 }  // namespace
 
-std::string MainHelp() {
-  std::string out =
-      "spgatectl: operator CLI of spgated, the sequence-parallel gate daemon.\n\n"
-      "Usage: spgatectl <command> [arguments] [flags]\n\nCommands:\n";
-  std::vector<std::pair<std::string, std::string>> lines;
-  for (const CommandSpec& c : Commands()) {
-    lines.emplace_back(std::string(c.name), std::string(c.summary));
-  }
-  AppendFlagLines(&out, lines);
-  absl::StrAppend(&out, "\n", GlobalFlagsHelp(),
-                  "\nRun 'spgatectl <command> --help' for a command's flags.\n"
-                  "Exit status: 0 ok, 1 the daemon refused or could not be reached, 2 usage error.\n");
-  return out;
+
+std::optional<std::string> ProcessEnv(absl::string_view name) {
+  const char* v = std::getenv(std::string(name).c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
 }
 
 absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* out) {
+  return ParseCommandLine(args, EnvLookup(), out);
+}
+
+absl::Status ParseCommandLine(const std::vector<std::string>& args, const EnvLookup& env,
+                              Invocation* out) {
   *out = Invocation();
   Tokens t = Tokenize(args);
+  if (t.version) {
+    out->command = Command::kVersion;
+    out->help = VersionLine("spgatectl");
+    return absl::OkStatus();
+  }
 
   // Find the command: "gates get", "jobs show", "pin", ... or "help [topic]".
   const std::vector<std::string>& pos = t.positionals;
+  const std::vector<absl::string_view> words = TopLevelWords();
   if (pos.empty()) {
     if (t.help) {
       out->help = MainHelp();
       return absl::OkStatus();
     }
-    return Usage("missing command (one of gates, jobs, pin, unpin, watch, eval; see --help)");
+    return Usage(absl::StrCat("missing command (one of ", absl::StrJoin(words, ", "), "; see --help)"));
   }
   if (pos[0] == "help") {
     const std::string topic = absl::StrJoin(pos.begin() + 1, pos.end(), " ");
@@ -624,7 +449,7 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
     } else if (!Subcommands(topic).empty()) {
       out->help = GroupHelp(topic);
     } else {
-      return Usage(absl::StrCat("help: unknown command \"", topic, "\""));
+      return Usage(absl::StrCat("help: unknown command \"", topic, "\"", DidYouMean(topic, words)));
     }
     return absl::OkStatus();
   }
@@ -641,15 +466,19 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
     }
     spec = FindCommand(absl::StrCat(pos[0], " ", pos[1]));
     if (spec == nullptr) {
-      return Usage(absl::StrCat("unknown subcommand \"", pos[1], "\" (one of ",
-                                absl::StrJoin(subs, ", "), ")"));
+      const std::string guess = DidYouMean(pos[1], subs);
+      return Usage(absl::StrCat("unknown subcommand \"", pos[1], "\"",
+                                guess.empty() ? absl::StrCat(" (one of ", absl::StrJoin(subs, ", "), ")")
+                                              : guess));
     }
     consumed = 2;
   } else {
     spec = FindCommand(pos[0]);
     if (spec == nullptr) {
-      return Usage(absl::StrCat("unknown command \"", pos[0],
-                                "\" (one of gates, jobs, pin, unpin, watch, eval)"));
+      const std::string guess = DidYouMean(pos[0], words);
+      return Usage(absl::StrCat("unknown command \"", pos[0], "\"",
+                                guess.empty() ? absl::StrCat(" (one of ", absl::StrJoin(words, ", "), ")")
+                                              : guess));
     }
   }
   out->name = std::string(spec->name);
@@ -659,9 +488,21 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
   }
   if (!t.error.empty()) return Usage(t.error);
 
+  // The environment first, so that a flag given overrides it.
+  if (env) {
+    for (const FlagSpec& f : GlobalFlags()) {
+      if (f.env.empty()) continue;
+      const std::optional<std::string> value = env(f.env);
+      if (!value.has_value() || value->empty()) continue;
+      if (absl::Status s = ApplyGlobalFlag(RawFlag{std::string(f.name), *value}, &out->global); !s.ok()) {
+        return Usage(absl::StrCat("environment variable ", f.env, ": ", s.message()));
+      }
+    }
+  }
+
   // Every flag must belong to this command or be global; each at most once.
   std::vector<absl::string_view> known;
-  for (const FlagSpec& f : kGlobalFlags) known.push_back(f.name);
+  for (const FlagSpec& f : GlobalFlags()) known.push_back(f.name);
   for (const FlagSpec& f : spec->flags) known.push_back(f.name);
   if (spec->gate_flags) {
     for (const FieldDescriptor* f : GateFields()) known.push_back(f->name());
@@ -673,18 +514,7 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
       if (spec->command == Command::kUnpin && f.name == "force") {
         return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
       }
-      std::string message = absl::StrCat("unknown flag --", f.name);
-      absl::string_view best;
-      size_t best_distance = 3;
-      for (absl::string_view k : known) {
-        const size_t d = EditDistance(f.name, k);
-        if (d < best_distance) {
-          best_distance = d;
-          best = k;
-        }
-      }
-      if (!best.empty()) absl::StrAppend(&message, " (did you mean --", best, "?)");
-      return Usage(message);
+      return Usage(absl::StrCat("unknown flag --", f.name, DidYouMean(f.name, known, "--")));
     }
     for (size_t j = 0; j < i; ++j) {
       if (t.flags[j].name == f.name) return Usage(absl::StrCat("--", f.name, " given twice"));
@@ -700,7 +530,8 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* 
     }
   }
   if (!out->global.tls_cert.empty() != !out->global.tls_key.empty()) {
-    return Usage("--tls_cert and --tls_key go together (a client certificate needs its key)");
+    return Usage("--tls_cert and --tls_key go together (a client certificate needs its key; "
+                 "SPGATE_TLS_CERT and SPGATE_TLS_KEY count as the flags)");
   }
 
   const std::vector<std::string> rest(pos.begin() + consumed, pos.end());

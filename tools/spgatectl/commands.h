@@ -14,11 +14,14 @@
 #define SPGATE_TOOLS_SPGATECTL_COMMANDS_H_
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "spgate/v1/admin.pb.h"
 
@@ -33,7 +36,7 @@ inline constexpr int kExitInterrupted = 130;
 
 inline constexpr absl::string_view kDefaultAdminAddress = "127.0.0.1:50062";
 
-enum class OutputFormat { kTable, kJson };
+enum class OutputFormat { kTable, kJson, kYaml };
 
 // Flags every command accepts.
 struct GlobalOptions {
@@ -50,7 +53,9 @@ struct GlobalOptions {
 };
 
 enum class Command {
-  kHelp,  // print `help` and exit 0
+  kHelp,        // print `help` and exit 0
+  kVersion,     // --version: print `help` (the version line) and exit 0
+  kCompletion,  // completion bash|zsh: print `help` (the script) and exit 0
   kGatesGet,
   kGatesSet,
   kJobsList,
@@ -69,7 +74,7 @@ struct Invocation {
   Command command = Command::kHelp;
   std::string name;  // "gates set": used in messages and for `<name> --help`
   GlobalOptions global;
-  std::string help;  // kHelp: the text to print
+  std::string help;  // kHelp, kVersion, kCompletion: the text to print
 
   v1::GetGateConfigRequest gates_get;
   v1::UpdateGateConfigRequest gates_set;
@@ -85,10 +90,28 @@ struct Invocation {
   v1::RollbackGateConfigRequest gates_rollback;
 };
 
+// The value of an environment variable; nullopt when it is not set.
+using EnvLookup = std::function<std::optional<std::string>(absl::string_view name)>;
+
 // Parses argv[1..] into `out`. On a usage error returns INVALID_ARGUMENT whose message
-// names the flag or argument; `out->name` is set to the command as far as it was
-// recognised (empty when not even the command was), for "see spgatectl <name> --help".
+// names the flag, environment variable or argument; `out->name` is set to the command as
+// far as it was recognised (empty when not even the command was), for "see spgatectl
+// <name> --help". An unknown command, subcommand or flag suggests the nearest known one.
+//
+// The global flags that name the daemon and the credentials (--admin, --token_file,
+// --tls_*, --timeout) are also read from SPGATE_<FLAG> (SPGATE_ADMIN, SPGATE_TLS_CA, ...)
+// through `env`: a flag on the command line wins over the variable, the variable over the
+// default; an empty variable counts as unset. Without `env`, no variable is read.
+absl::Status ParseCommandLine(const std::vector<std::string>& args, const EnvLookup& env,
+                              Invocation* out);
 absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* out);
+
+// getenv as an EnvLookup, for main.
+std::optional<std::string> ProcessEnv(absl::string_view name);
+
+// `spgatectl completion SHELL`'s script (SHELL bash or zsh), generated from the command
+// table and the flags, so a new command or flag completes without editing it.
+absl::StatusOr<std::string> CompletionScript(absl::string_view shell);
 
 // The top-level help (every command, the global flags).
 std::string MainHelp();

@@ -14,6 +14,7 @@
 #include "policy/adaptive_policy.h"
 #include "proto/convert.h"
 #include "tools/spgatectl/flag_values.h"
+#include "tools/spgatectl/yaml.h"
 
 namespace spgate::ctl {
 namespace {
@@ -148,6 +149,14 @@ std::string ToJson(const google::protobuf::Message& message, bool multiline) {
   return out;
 }
 
+std::string ToStructured(const google::protobuf::Message& message, OutputFormat format) {
+  const std::string json = ToJson(message, format == OutputFormat::kJson);
+  if (format != OutputFormat::kYaml) return json;
+  absl::StatusOr<std::string> yaml = JsonToYaml(json);
+  // ToJson's output is always well-formed; keep its fallback's shape if it were not.
+  return yaml.ok() ? *yaml : json;
+}
+
 std::string ModeName(v1::Mode mode) {
   return IsValidMode(mode) ? std::string(ModeLabel(FromProto(mode))) : "-";
 }
@@ -176,7 +185,7 @@ std::string FormatRpcError(absl::string_view command, int code, absl::string_vie
 }
 
 std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(c);
+  if (format != OutputFormat::kTable) return ToStructured(c, format);
   std::string out = KeyValues({
       {"scope", c.job_id().empty() ? "global" : absl::StrCat("job ", c.job_id())},
       {"version", absl::StrCat(c.version(), " (effective ", c.effective_version(), ")")},
@@ -192,13 +201,13 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
 }
 
 std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(jobs);
+  if (format != OutputFormat::kTable) return ToStructured(jobs, format);
   if (jobs.jobs_size() == 0) return "no jobs\n";
   Table t({{"JOB"},
            {"GROUPS", Align::kRight},
            {"RANKS", Align::kRight},
            {"STALE", Align::kRight},
-           {"STEPS", Align::kRight},
+           {"GROUP_STEPS", Align::kRight},  // decided, summed over the groups
            {"SP", Align::kRight},
            {"TP_ONLY", Align::kRight},
            {"VERSION", Align::kRight}});
@@ -313,7 +322,8 @@ std::string JobSummaryText(const v1::Job& job) {
       {"job", s.job_id()},
       {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
-      {"steps decided", absl::StrCat(s.steps_decided())},
+      // One per group and step: a job of 4 groups that ran 100 steps decided 400.
+      {"group-steps", absl::StrCat(s.steps_decided(), " decided")},
       {"local decisions", absl::StrCat(job.local_decisions())},
       // Daemon answers the workers refused on memory (docs/security.md): should be 0.
       {"memory overrides", absl::StrCat(job.memory_overrides())},
@@ -409,13 +419,15 @@ std::string JobStagesText(const v1::Job& job) {
 
 // MODES: the rolling window's per-mode throughput, step time and memory.
 std::string JobModesText(const v1::Job& job) {
-  std::string out = "\nMODES (rolling window; ratios relative to tp_only)\n";
+  // Each group's step is one sample, so tokens/s is that of one group, not the job's.
+  std::string out =
+      "\nMODES (rolling window of group-steps; tokens/s per group; ratios relative to tp_only)\n";
   if (job.mode_stats_size() == 0) {
     absl::StrAppend(&out, "(no steps observed yet)\n");
   } else {
     Table t({{"MODE"},
-             {"STEPS", Align::kRight},
-             {"TOKENS/S", Align::kRight},
+             {"GROUP_STEPS", Align::kRight},
+             {"TOKENS/S/GROUP", Align::kRight},
              {"vs TP", Align::kRight},
              {"STEP_P95_S", Align::kRight},
              {"vs TP", Align::kRight},
@@ -434,7 +446,7 @@ std::string JobModesText(const v1::Job& job) {
 
 // DECISIONS: the count of each (mode, reason).
 std::string JobDecisionsText(const v1::Job& job) {
-  std::string out = "\nDECISIONS\n";
+  std::string out = "\nDECISIONS (group-steps)\n";
   if (job.decisions_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
   } else {
@@ -467,23 +479,28 @@ std::string JobPinsText(const v1::Job& job, absl::Time now) {
 }  // namespace
 
 std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
-  if (format == OutputFormat::kJson) return ToJson(job);
+  if (format != OutputFormat::kTable) return ToStructured(job, format);
   return absl::StrCat(JobSummaryText(job), JobGroupsText(job, now), JobStagesText(job),
                       JobModesText(job), JobDecisionsText(job), LearnedText(job),
                       JobPinsText(job, now));
 }
 
 std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now) {
-  if (format == OutputFormat::kJson) return ToJson(pin);
+  if (format != OutputFormat::kTable) return ToStructured(pin, format);
   return absl::StrCat("pinned job ", pin.job_id(), " ", PinTarget(pin), " to ", ModeName(pin.mode()),
                       " until ", TimeText(pin.expire_time(), false), " (",
                       RemainingText(pin.expire_time(), now), ")",
-                      pin.force() ? ", forced past the memory gate" : "", "\n");
+                      pin.force() ? ", forced past the memory gate" : "", "\n",
+                      pin.pending() ? absl::StrCat(pin.has_group() ? "group " : "job ",
+                                                   pin.has_group() ? absl::StrCat(pin.group()) : pin.job_id(),
+                                                   " is not registered yet: the pin applies from its "
+                                                   "first decision\n")
+                                    : "");
 }
 
 std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
                         OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(response);
+  if (format != OutputFormat::kTable) return ToStructured(response, format);
   return absl::StrCat("removed ", response.removed(), response.removed() == 1 ? " pin" : " pins",
                       " of job ", request.job_id(),
                       request.has_group() ? absl::StrCat(" group ", request.group()) : "", "\n");
@@ -491,7 +508,7 @@ std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse
 
 std::string FormatForgetJob(const v1::ForgetJobRequest& request,
                             const v1::ForgetJobResponse& response, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(response);
+  if (format != OutputFormat::kTable) return ToStructured(response, format);
   return absl::StrCat("forgot job ", request.job_id(), ": ",
                       response.had_live_state() ? "live state dropped" : "no live state",
                       ", ", response.sessions_ended(), " worker sessions ended",
@@ -501,6 +518,8 @@ std::string FormatForgetJob(const v1::ForgetJobRequest& request,
 
 std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
   if (format == OutputFormat::kJson) return ToJson(d, /*multiline=*/false);
+  // A YAML stream: one document per decision.
+  if (format == OutputFormat::kYaml) return absl::StrCat("---\n", ToStructured(d, format));
   return absl::StrCat(TimeText(d.decide_time(), true), "  job=", d.job_id(), " group=", d.group(),
                       " step=", d.step(), " mode=", ModeName(d.mode()),
                       " reason=", ReasonName(d.reason()), " length_cv=", Fixed(d.length_cv(), 3),
@@ -561,7 +580,7 @@ std::string AuditChangeText(const v1::AuditEntry& e) {
 }  // namespace
 
 std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(history);
+  if (format != OutputFormat::kTable) return ToStructured(history, format);
   if (history.entries_size() == 0) return "(no audited changes)\n";
   Table t({{"TIME"},
            {"VERSION", Align::kRight},
@@ -582,10 +601,18 @@ std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFo
 }
 
 std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
-  if (format == OutputFormat::kJson) return ToJson(r);
+  if (format != OutputFormat::kTable) return ToStructured(r, format);
   const v1::Decision& d = r.decision();
+  // Without a budget the memory gate cannot run: say so where the decision is read, not
+  // only in its row of the table below.
+  const bool memory_off = std::any_of(r.checks().begin(), r.checks().end(), [](const v1::GateCheck& c) {
+    return c.gate() == "memory" && c.outcome() == "skip";
+  });
   std::string out = KeyValues({
       {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
+      {"memory gate", memory_off ? "off: no --budget, so TP-only was not checked against device "
+                                   "memory"
+                                 : "on"},
       {"length_cv", Fixed(d.length_cv(), 4)},
       {"rs_wait_share", absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")},
       {"config", absl::StrCat("version ", d.config_version(), "\n",

@@ -1,5 +1,5 @@
 // spgatectl's output: admin API responses rendered as aligned tables for people or as
-// JSON for scripts (protobuf's JSON mapping with the proto field names, every field
+// JSON (or the same document as YAML) for scripts (protobuf's JSON mapping with the proto field names, every field
 // printed, so a script sees `"removed": 0` rather than a missing key). Pure functions of
 // the response (and of `now` where a table shows "in 9m58s"), so they are unit-tested.
 //
@@ -42,6 +42,8 @@ class Table {
 // Protobuf JSON with the proto field names and every field printed. `multiline` adds
 // indentation; without it the object is on one line (watch prints one per decision).
 std::string ToJson(const google::protobuf::Message& message, bool multiline = true);
+// ToJson for kJson; for kYaml the same document as YAML (yaml.h).
+std::string ToStructured(const google::protobuf::Message& message, OutputFormat format);
 
 // "sp", "tp_only" (the metrics' labels) and lower-case reason names ("length_cv").
 std::string ModeName(v1::Mode mode);

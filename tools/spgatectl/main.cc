@@ -151,6 +151,8 @@ class Client {
       case Command::kWatch:
         return Watch();
       case Command::kHelp:
+      case Command::kVersion:
+      case Command::kCompletion:
         break;
     }
     return kExitOk;
@@ -254,8 +256,11 @@ int UsageError(const Invocation& inv, absl::string_view message) {
 int Main(int argc, char** argv, Interrupter* interrupter) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   Invocation inv;
-  if (absl::Status s = ParseCommandLine(args, &inv); !s.ok()) return UsageError(inv, s.message());
-  if (inv.command == Command::kHelp) {
+  if (absl::Status s = ParseCommandLine(args, ProcessEnv, &inv); !s.ok()) {
+    return UsageError(inv, s.message());
+  }
+  if (inv.command == Command::kHelp || inv.command == Command::kVersion ||
+      inv.command == Command::kCompletion) {
     std::cout << inv.help;
     return kExitOk;
   }

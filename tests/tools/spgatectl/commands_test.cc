@@ -2,8 +2,14 @@
 // usage errors (each message names the flag or argument at fault). Pure: no daemon.
 #include "tools/spgatectl/commands.h"
 
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/version.h"
+#include "tools/spgatectl/command_table.h"
 
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -40,7 +46,9 @@ std::string RequestText(const Invocation& inv) {
     case Command::kEval: m = &inv.eval; break;
     case Command::kGatesHistory: m = &inv.gates_history; break;
     case Command::kGatesRollback: m = &inv.gates_rollback; break;
-    case Command::kHelp: return "help";
+    case Command::kHelp:
+    case Command::kVersion:
+    case Command::kCompletion: return "help";
   }
   google::protobuf::TextFormat::Printer printer;
   printer.SetSingleLineMode(true);
@@ -101,6 +109,7 @@ INSTANTIATE_TEST_SUITE_P(
         GoodCase{"gates history --job_id=j1 --limit=20 --page_token=1234",
                  Command::kGatesHistory, "gates history",
                  "job_id: \"j1\" page_size: 20 page_token: \"1234\""},
+        GoodCase{"gates rollback --to_version=0", Command::kGatesRollback, "gates rollback", ""},
         GoodCase{"gates rollback --to_version=7", Command::kGatesRollback, "gates rollback",
                  "to_version: 7"},
         GoodCase{"gates rollback --job_id=j1 --to_version=7 --expected_version=9",
@@ -258,16 +267,30 @@ TEST_P(ParseBad, NamesTheFlagOrArgument) {
 INSTANTIATE_TEST_SUITE_P(
     Commands, ParseBad,
     ::testing::Values(
-        BadCase{"", "", "missing command (one of gates, jobs, pin, unpin, watch, eval; see --help)"},
+        BadCase{"", "",
+                "missing command (one of gates, jobs, pin, unpin, watch, eval, completion, help; "
+                "see --help)"},
         BadCase{"frobnicate", "",
-                "unknown command \"frobnicate\" (one of gates, jobs, pin, unpin, watch, eval)"},
+                "unknown command \"frobnicate\" (one of gates, jobs, pin, unpin, watch, eval, "
+                "completion, help)"},
+        // Did you mean: commands, subcommands, help topics, flags, values.
+        BadCase{"jbos list", "", "unknown command \"jbos\" (did you mean jobs?)"},
+        BadCase{"evla --lengths=1", "", "unknown command \"evla\" (did you mean eval?)"},
+        BadCase{"gates rolback", "gates", "unknown subcommand \"rolback\" (did you mean rollback?)"},
+        BadCase{"help jbos", "", "help: unknown command \"jbos\" (did you mean jobs?)"},
+        BadCase{"--ouptut=json jobs list", "jobs list", "unknown flag --ouptut (did you mean --output?)"},
+        BadCase{"jobs list -o jsno", "jobs list",
+                "--output: \"jsno\" is not a format (want table, json or yaml) (did you mean json?)"},
+        BadCase{"completion", "completion", "missing SHELL argument"},
+        BadCase{"completion fish", "completion",
+                "SHELL: \"fish\" is not a supported shell (one of bash, zsh)"},
         BadCase{"gates", "gates", "missing subcommand (one of get, set, history, rollback)"},
         BadCase{"gates put", "gates",
                 "unknown subcommand \"put\" (one of get, set, history, rollback)"},
         BadCase{"gates rollback", "gates rollback",
                 "--to_version is required (a version from 'spgatectl gates history')"},
-        BadCase{"gates rollback --to_version=0", "gates rollback",
-                "--to_version: \"0\" is not at least 1"},
+        BadCase{"gates rollback --to_version=-1", "gates rollback",
+                "--to_version: \"-1\" is negative (0: the start-up config)"},
         BadCase{"gates history --limit=0", "gates history", "--limit: \"0\" is not at least 1"},
         BadCase{"jobs", "jobs", "missing subcommand (one of list, show, forget)"},
         BadCase{"help nope", "", "help: unknown command \"nope\""},
@@ -342,8 +365,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "--memory_headroom: \"most\" is not a number"},
         BadCase{"eval --lengths=1 --clear=max_length_cv", "eval", "unknown flag --clear"},
         // Global flags.
-        BadCase{"jobs list --output=yaml", "jobs list",
-                "--output: \"yaml\" is not a format (want table or json)"},
+        BadCase{"jobs list --output=xml", "jobs list",
+                "--output: \"xml\" is not a format (want table, json or yaml)"},
+        BadCase{"eval --lengths=1 --peak_tp=79GiB", "eval",
+                "--peak_tp needs --budget: without a budget the memory gate is off and the peaks "
+                "would be ignored (--budget=0 turns the gate off explicitly)"},
         BadCase{"jobs list --timeout=0s", "jobs list", "--timeout: \"0s\" is not positive"},
         BadCase{"jobs list --timeout=5", "jobs list",
                 "--timeout: \"5\" is not a duration (e.g. 30s, 10m, 1h30m, 2d)"},
@@ -352,7 +378,107 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"gates set --job_id= --max_length_cv=0.2", "gates set",
                 "--job_id: empty value (leave the flag out instead)"},
         BadCase{"jobs list --tls_cert=/c.pem", "jobs list",
-                "--tls_cert and --tls_key go together (a client certificate needs its key)"}));
+                "--tls_cert and --tls_key go together (a client certificate needs its key; "
+                "SPGATE_TLS_CERT and SPGATE_TLS_KEY count as the flags)"}));
+
+// -o is --output, in each of kubectl's spellings.
+TEST(ParseCommandLine, OutputShortFlag) {
+  struct Case {
+    std::string line;
+    OutputFormat format;
+  };
+  for (const Case& c : {Case{"jobs list", OutputFormat::kTable}, Case{"-o json jobs list", OutputFormat::kJson},
+                        Case{"jobs list -o yaml", OutputFormat::kYaml}, Case{"jobs list -o=yaml", OutputFormat::kYaml},
+                        Case{"jobs list -ojson", OutputFormat::kJson},
+                        Case{"jobs list --output yaml", OutputFormat::kYaml},
+                        Case{"-o table jobs list", OutputFormat::kTable}}) {
+    Invocation inv;
+    ASSERT_THAT(ParseCommandLine(Args(c.line), &inv), IsOk()) << c.line;
+    EXPECT_EQ(inv.global.output, c.format) << c.line;
+    EXPECT_EQ(inv.command, Command::kJobsList) << c.line;
+  }
+}
+
+// Flags > environment > defaults, for every variable; an empty variable is unset, a bad
+// one is a usage error naming it, and without a lookup nothing is read.
+TEST(ParseCommandLine, EnvironmentPrecedence) {
+  const std::map<std::string, std::string> env = {
+      {"SPGATE_ADMIN", "env-host:1"},      {"SPGATE_TOKEN_FILE", "/env/token"},
+      {"SPGATE_TLS_CA", "/env/ca.pem"},    {"SPGATE_TLS_CERT", "/env/c.pem"},
+      {"SPGATE_TLS_KEY", "/env/k.pem"},    {"SPGATE_TLS_SERVER_NAME", "env-name"},
+      {"SPGATE_TIMEOUT", "7s"},            {"SPGATE_OUTPUT", "json"}};
+  auto lookup = [&env](absl::string_view name) -> std::optional<std::string> {
+    auto it = env.find(std::string(name));
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+  Invocation inv;
+  ASSERT_THAT(ParseCommandLine(Args("jobs list"), lookup, &inv), IsOk());
+  EXPECT_EQ(inv.global.admin, "env-host:1");
+  EXPECT_EQ(inv.global.token_file, "/env/token");
+  EXPECT_EQ(inv.global.tls_ca, "/env/ca.pem");
+  EXPECT_EQ(inv.global.tls_cert, "/env/c.pem");
+  EXPECT_EQ(inv.global.tls_key, "/env/k.pem");
+  EXPECT_EQ(inv.global.tls_server_name, "env-name");
+  EXPECT_EQ(inv.global.timeout, absl::Seconds(7));
+  EXPECT_EQ(inv.global.output, OutputFormat::kTable) << "the output format is not read from the environment";
+
+  ASSERT_THAT(ParseCommandLine(Args("--admin=flag-host:2 jobs list --timeout=1s --tls_ca=/f/ca.pem"), lookup, &inv),
+              IsOk());
+  EXPECT_EQ(inv.global.admin, "flag-host:2");
+  EXPECT_EQ(inv.global.timeout, absl::Seconds(1));
+  EXPECT_EQ(inv.global.tls_ca, "/f/ca.pem");
+  EXPECT_EQ(inv.global.token_file, "/env/token");  // no flag: still the variable
+
+  ASSERT_THAT(ParseCommandLine(Args("jobs list"), &inv), IsOk());
+  EXPECT_EQ(inv.global.admin, "127.0.0.1:50062") << "no lookup, no environment";
+
+  auto only = [](std::string name, std::string value) {
+    return [name, value](absl::string_view n) -> std::optional<std::string> {
+      if (n == name) return value;
+      return std::nullopt;
+    };
+  };
+  ASSERT_THAT(ParseCommandLine(Args("jobs list"), only("SPGATE_ADMIN", ""), &inv), IsOk());
+  EXPECT_EQ(inv.global.admin, "127.0.0.1:50062") << "an empty variable is unset";
+  EXPECT_THAT(ParseCommandLine(Args("jobs list"), only("SPGATE_TIMEOUT", "soon"), &inv),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "environment variable SPGATE_TIMEOUT: --timeout: \"soon\" is not a duration "
+                       "(e.g. 30s, 10m, 1h30m, 2d)"));
+  EXPECT_THAT(ParseCommandLine(Args("jobs list"), only("SPGATE_TLS_CERT", "/c.pem"), &inv),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("SPGATE_TLS_KEY")));
+}
+
+TEST(ParseCommandLine, VersionPrintsTheProjectVersion) {
+  for (const std::string line : {"--version", "jobs list --version"}) {
+    Invocation inv;
+    ASSERT_THAT(ParseCommandLine(Args(line), &inv), IsOk()) << line;
+    EXPECT_EQ(inv.command, Command::kVersion);
+    EXPECT_EQ(inv.help, absl::StrCat("spgatectl ", std::string(kVersion), "\n"));
+  }
+}
+
+// The scripts come from the command table: every command word, subcommand and flag is in
+// them, and the zsh one is the bash one behind bashcompinit.
+TEST(ParseCommandLine, CompletionCoversTheCommandTable) {
+  for (const std::string shell : {"bash", "zsh"}) {
+    Invocation inv;
+    ASSERT_THAT(ParseCommandLine({"completion", shell}, &inv), IsOk());
+    EXPECT_EQ(inv.command, Command::kCompletion);
+    const std::string& script = inv.help;
+    EXPECT_THAT(script, HasSubstr("complete -F _spgatectl spgatectl"));
+    if (shell == "zsh") EXPECT_THAT(script, HasSubstr("bashcompinit"));
+    for (const CommandSpec& c : Commands()) {
+      EXPECT_THAT(script, HasSubstr(absl::StrCat("\"", c.name, "\"|")));
+      for (const FlagSpec& f : c.flags) {
+        EXPECT_THAT(script, HasSubstr(absl::StrCat("--", f.name, f.value.empty() ? " " : "= ")));
+      }
+    }
+    for (absl::string_view w : TopLevelWords()) EXPECT_THAT(script, HasSubstr(w));
+    for (const FlagSpec& f : GlobalFlags()) EXPECT_THAT(script, HasSubstr(absl::StrCat("--", f.name)));
+    EXPECT_THAT(script, HasSubstr("--max_length_cv="));  // a GateConfig field
+  }
+}
 
 }  // namespace
 }  // namespace spgate::ctl

@@ -1,6 +1,7 @@
 // spgatectl's output: tables are aligned and show what an operator needs; JSON uses
 // the proto field names, prints every field and parses back into the same message.
 #include "tools/spgatectl/format.h"
+#include "tools/spgatectl/yaml.h"
 
 #include <string>
 
@@ -132,9 +133,9 @@ TEST(FormatJobList, TableAndEmpty) {
            steps_decided: 7 sp_groups: 16 config_version: 12 }
   )pb");
   EXPECT_EQ(FormatJobList(jobs, OutputFormat::kTable),
-            "JOB               GROUPS  RANKS  STALE  STEPS  SP  TP_ONLY  VERSION\n"
-            "llama                  2      8      0   1200   1        1        3\n"
-            "gpt-long-context      16     60      4      7  16        0       12\n");
+            "JOB               GROUPS  RANKS  STALE  GROUP_STEPS  SP  TP_ONLY  VERSION\n"
+            "llama                  2      8      0         1200   1        1        3\n"
+            "gpt-long-context      16     60      4            7  16        0       12\n");
   EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kTable), "no jobs\n");
   // Scripts see an empty list rather than a missing key.
   EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kJson), "{\n \"jobs\": []\n}\n");
@@ -218,7 +219,7 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "job               llama\n"
       "groups            2 (1 sp, 1 tp_only)\n"
       "ranks             7 active, 1 stale\n"
-      "steps decided     1200\n"
+      "group-steps       1200 decided\n"
       "local decisions   5\n"
       "memory overrides  2\n"
       "config            version 3, overrides: max_length_cv=0.25\n"
@@ -231,12 +232,12 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "    1     4       3      1  tp_only  pinned              599    0.000        0.00       "
       "0.000  -          rs_wait          1  tp_only in 10m\n"
       "\n"
-      "MODES (rolling window; ratios relative to tp_only)\n"
-      "MODE     STEPS  TOKENS/S  vs TP  STEP_P95_S  vs TP  PEAK_MEMORY  vs TP\n"
-      "sp          50    123457  1.04x      0.8100  0.98x     65.0 GiB  0.81x\n"
-      "tp_only     50    118708  1.00x      0.8265  1.00x     80.2 GiB  1.00x\n"
+      "MODES (rolling window of group-steps; tokens/s per group; ratios relative to tp_only)\n"
+      "MODE     GROUP_STEPS  TOKENS/S/GROUP  vs TP  STEP_P95_S  vs TP  PEAK_MEMORY  vs TP\n"
+      "sp                50          123457  1.04x      0.8100  0.98x     65.0 GiB  0.81x\n"
+      "tp_only           50          118708  1.00x      0.8265  1.00x     80.2 GiB  1.00x\n"
       "\n"
-      "DECISIONS\n"
+      "DECISIONS (group-steps)\n"
       "MODE     REASON        COUNT\n"
       "sp       gates_passed    900\n"
       "tp_only  length_cv       300\n"
@@ -300,7 +301,7 @@ TEST(FormatJob, EmptySectionsSayNone) {
                                     OutputFormat::kTable, kNow);
   EXPECT_THAT(out, HasSubstr("GROUPS\n(none)\n"));
   EXPECT_THAT(out, HasSubstr("(no steps observed yet)\n"));
-  EXPECT_THAT(out, HasSubstr("DECISIONS\n(none)\n"));
+  EXPECT_THAT(out, HasSubstr("DECISIONS (group-steps)\n(none)\n"));
   EXPECT_THAT(out, HasSubstr("PINS\n(none)\n"));
   EXPECT_THAT(out, HasSubstr("overrides: none"));
 }
@@ -309,7 +310,7 @@ TEST(FormatJob, RatioWithoutTpStepsIsADash) {
   const auto job = Parse<v1::Job>(
       "mode_stats { mode: SEQUENCE_PARALLEL steps: 3 effective_tokens_per_s: 10 }");
   EXPECT_THAT(FormatJob(job, OutputFormat::kTable, kNow),
-              HasSubstr("sp        3        10      -      0.0000      -          0 B      -\n"));
+              HasSubstr("sp              3              10      -      0.0000      -          0 B      -\n"));
 }
 
 TEST(FormatJob, JsonParsesBack) {
@@ -409,6 +410,7 @@ TEST(FormatEvaluation, DecisionAndReasonChain) {
   )pb");
   EXPECT_EQ(FormatEvaluation(r, OutputFormat::kTable),
             "decision       tp_only (length_cv)\n"
+            "memory gate    on\n"
             "length_cv      0.8612\n"
             "rs_wait_share  0.3000 (rolling)\n"
             "config         version 3\n"
@@ -422,6 +424,75 @@ TEST(FormatEvaluation, DecisionAndReasonChain) {
             "length_cv  fire       0.8612       0.18  length_cv 0.861 > 0.18\n"
             "rs_wait    skip            -          -  not reached\n");
   ExpectJsonRoundTrip(r, FormatEvaluation(r, OutputFormat::kJson));
+}
+
+TEST(FormatPin, SaysWhenTheJobHasNotRegistered) {
+  const auto pin = Parse<v1::Pin>(R"pb(job_id: "later" mode: SEQUENCE_PARALLEL pending: true
+                                       expire_time { seconds: 1700000000 })pb");
+  EXPECT_THAT(FormatPin(pin, OutputFormat::kTable, absl::FromUnixSeconds(1699999000)),
+              HasSubstr(")\njob later is not registered yet: the pin applies from its first decision\n"));
+}
+
+// No budget: the memory gate was skipped, and the head says so next to the decision.
+TEST(FormatEvaluation, SaysWhenTheMemoryGateIsOff) {
+  const auto r = Parse<v1::EvaluateGatesResponse>(R"pb(
+    decision { mode: SEQUENCE_PARALLEL reason: GATES_PASSED }
+    checks { gate: "memory" outcome: "skip" detail: "no memory budget in the plan" }
+  )pb");
+  EXPECT_THAT(FormatEvaluation(r, OutputFormat::kTable),
+              HasSubstr("\nmemory gate    off: no --budget, so TP-only was not checked against "
+                        "device memory\n"));
+}
+
+// -o yaml is -o json's document: the same keys in the same order, lists as "- ".
+TEST(FormatStructured, YamlIsTheJsonDocument) {
+  const auto pin = Parse<v1::Pin>(R"pb(job_id: "llama" group: 2 mode: TENSOR_PARALLEL_ONLY
+                                       expire_time { seconds: 1700000000 })pb");
+  EXPECT_EQ(FormatPin(pin, OutputFormat::kYaml, absl::FromUnixSeconds(1699999000)),
+            "job_id: \"llama\"\n"
+            "mode: \"TENSOR_PARALLEL_ONLY\"\n"
+            "force: false\n"
+            "pending: false\n"
+            "group: 2\n"
+            "expire_time: \"2023-11-14T22:13:20Z\"\n");
+  const auto jobs = Parse<v1::ListJobsResponse>(R"pb(jobs { job_id: "a" groups: 1 } jobs { job_id: "b" })pb");
+  const std::string yaml = FormatJobList(jobs, OutputFormat::kYaml);
+  EXPECT_THAT(yaml, HasSubstr("jobs:\n  - job_id: \"a\"\n    incarnation: \"\"\n"));
+  EXPECT_THAT(yaml, HasSubstr("\n  - job_id: \"b\"\n"));
+  const v1::Decision d;
+  EXPECT_THAT(FormatDecisionLine(d, OutputFormat::kYaml), ::testing::StartsWith("---\njob_id: \"\"\n"));
+}
+
+struct YamlCase {
+  std::string json;
+  std::string yaml;  // empty: refused
+};
+
+TEST(JsonToYaml, Shapes) {
+  const YamlCase cases[] = {
+      {R"({})", "{}\n"},
+      {R"({"a": 1, "b": "x\"y", "c": true, "d": null})", "a: 1\nb: \"x\\\"y\"\nc: true\nd: null\n"},
+      {R"({"a": [], "b": {}})", "a: []\nb: {}\n"},
+      {R"({"a": [1, [2, 3], {"k": "v", "l": [4]}]})",
+       "a:\n  - 1\n  - - 2\n    - 3\n  - k: \"v\"\n    l:\n      - 4\n"},
+      // Keys a YAML 1.1 reader would take for booleans stay quoted.
+      {R"({"on": 1, "y": 2, "with space": 3})", "\"on\": 1\n\"y\": 2\n\"with space\": 3\n"},
+      {R"([1, 2])", "- 1\n- 2\n"},
+      // Exponents as YAML 1.1 readers take floats: a '.' and a signed exponent.
+      {R"([1e-05, 2.5E+20, 3e7, -4.0e-3])", "- 1.0e-05\n- 2.5e+20\n- 3.0e+7\n- -4.0e-3\n"},
+      {R"({"a": 1,})", ""},
+      {R"({"a": 1} x)", ""},
+      {R"("unterminated)", ""},
+  };
+  for (const YamlCase& c : cases) {
+    absl::StatusOr<std::string> y = JsonToYaml(c.json);
+    if (c.yaml.empty()) {
+      EXPECT_FALSE(y.ok()) << c.json;
+    } else {
+      ASSERT_TRUE(y.ok()) << c.json << ": " << y.status();
+      EXPECT_EQ(*y, c.yaml) << c.json;
+    }
+  }
 }
 
 }  // namespace

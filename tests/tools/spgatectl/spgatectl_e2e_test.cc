@@ -324,7 +324,7 @@ TEST_F(SpgatectlE2eTest, JobsListAndShowAfterDecisions) {
   EXPECT_THAT(r.out, ContainsRegex("\n +0 .* sp +gates_passed +2 "));
   EXPECT_THAT(r.out, ContainsRegex("\n +1 .* tp_only +length_cv +0 "));
   EXPECT_THAT(r.out, HasSubstr("\nMODES "));
-  EXPECT_THAT(r.out, ContainsRegex("DECISIONS\nMODE +REASON +COUNT\n"));
+  EXPECT_THAT(r.out, ContainsRegex("DECISIONS \\(group-steps\\)\nMODE +REASON +COUNT\n"));
   EXPECT_THAT(r.out, ContainsRegex("sp +gates_passed +3\n"));
   EXPECT_THAT(r.out, ContainsRegex("tp_only +length_cv +1\n"));
   EXPECT_THAT(r.out, HasSubstr("PINS\n(none)\n"));

@@ -1,0 +1,58 @@
+// The daemon's log: one line per event on stderr. Text (the default) reads
+// "spgated: <message>"; --log_format=json writes one JSON object per line with four keys,
+// "time" (RFC 3339, UTC, microseconds), "level" ("info", "warning", "error"), "message"
+// (the text line's words) and "fields" (the event's values as typed key/values), for log
+// pipelines that parse instead of grep. Every daemon log line goes through Log.
+//
+// Usage:
+//   spgate::server::SetLogFormat(spgate::server::LogFormat::kJson);
+//   Log(LogLevel::kInfo, "reloaded /etc/spgate/gates.textproto",
+//       {{"event", "config_reloaded"}, {"path", path}});
+#ifndef SPGATE_SERVER_LOG_H_
+#define SPGATE_SERVER_LOG_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace spgate::server {
+
+enum class LogFormat { kText, kJson };
+enum class LogLevel { kInfo, kWarning, kError };
+
+// One key/value of an event. The value keeps its JSON type: a string, an integer or a
+// boolean.
+struct LogField {
+  LogField(std::string k, std::string_view v);
+  LogField(std::string k, const char* v) : LogField(std::move(k), std::string_view(v)) {}
+  LogField(std::string k, int64_t v);
+  LogField(std::string k, int v) : LogField(std::move(k), static_cast<int64_t>(v)) {}
+  LogField(std::string k, bool v);
+
+  std::string key;
+  std::string json;  // the value as JSON text
+};
+
+// --log_format's values: "text" or "json".
+bool AbslParseFlag(absl::string_view text, LogFormat* format, std::string* error);
+std::string AbslUnparseFlag(LogFormat format);
+
+// Process-wide; set once at start-up, before the daemon's threads log.
+void SetLogFormat(LogFormat format);
+
+// Writes one line to stderr in the current format (a single write, so lines from
+// different threads do not interleave).
+void Log(LogLevel level, std::string_view message, const std::vector<LogField>& fields = {});
+inline void Log(std::string_view message) { Log(LogLevel::kInfo, message); }
+
+// The line Log writes, ending in '\n'. Text: "spgated: [WARNING: ]message".
+std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
+                          std::string_view message, const std::vector<LogField>& fields);
+
+}  // namespace spgate::server
+
+#endif  // SPGATE_SERVER_LOG_H_
