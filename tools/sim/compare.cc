@@ -32,7 +32,7 @@ const PolicyResult* CompareResult::Find(const std::string& name) const {
 
 namespace {
 
-enum class Kind { kSp, kTpOnly, kStatic, kAdaptive, kOracle };
+enum class Kind { kSp, kTpOnly, kStatic, kAdaptive, kOracle, kExpectedOracle };
 
 // One of ADAPTIVE's micro-batch samples, visible kReplayLearnLagSteps steps later.
 struct Sample {
@@ -90,7 +90,19 @@ struct ReplicaStep {
   double sharded_bytes = 0;  // per rank, every boundary, forward and backward
   std::vector<std::vector<Mode>> oracle_modes;  // [stage][m]
   std::vector<int64_t> oracle_kept_sp;          // [stage]
+  // The expected-value oracle's: the same from the noise-free costs.
+  std::vector<std::vector<Mode>> expected_modes;  // [stage][m]
+  std::vector<int64_t> expected_kept_sp;          // [stage]
+  std::vector<std::vector<StageMicrobatchCost>> expected_costs;  // [stage][m]
 };
+
+// The cost model's parameters without its noise: no per-rank jitter, no stragglers (the
+// expected-value oracle's model; the other helpers' draws are not its).
+CostParams NoiseFree(CostParams p) {
+  p.jitter = 0;
+  p.straggler_prob = 0;
+  return p;
+}
 
 // A policy's modes and op times for one replica's step.
 struct StepOps {
@@ -152,7 +164,8 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
                                                 {"tp_only", Kind::kTpOnly},
                                                 {"static", Kind::kStatic},
                                                 {"adaptive", Kind::kAdaptive},
-                                                {"oracle", Kind::kOracle}};
+                                                {"oracle", Kind::kOracle},
+                                                {"expected_oracle", Kind::kExpectedOracle}};
   const size_t units = static_cast<size_t>(o.groups) * P;
   std::vector<Run> runs;
   for (const auto& [name, kind] : kinds) {
@@ -200,10 +213,14 @@ void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
 }
 
 // Replica gi's step k: its micro-batches, every stage's costs in both modes, the oracle's
-// modes (switch costs not counted).
+// modes and the expected-value oracle's (from `expected`, the noise-free model, drawing
+// from a generator of its own so the others' draws stay the same; switch costs not
+// counted).
 absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
-                             runtime::BatchBuilder& batches, std::mt19937_64* rngs,
-                             double target_cv, int64_t k, ReplicaStep& rs) {
+                             const PipelineCostModel& expected, runtime::BatchBuilder& batches,
+                             std::mt19937_64* rngs, double target_cv, int64_t k,
+                             ReplicaStep& rs) {
+  std::mt19937_64 quiet(0);  // the noise-free model draws nothing that matters
   const int boundaries = cell.P > 1 ? cell.P * cell.layout.vp - 1 : 0;
   rs.tokens = 0;
   rs.sharded_bytes = 0;
@@ -216,6 +233,9 @@ absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
       rs.costs[s][m] = cell.pipelined
                            ? model.Cost(s, lengths, rngs[s], k)
                            : WholeStepCost(model.layers(), lengths, rngs[s], k, cell.layout.tp);
+      rs.expected_costs[s][m] =
+          cell.pipelined ? expected.Cost(s, lengths, quiet, k)
+                         : WholeStepCost(expected.layers(), lengths, quiet, k, cell.layout.tp);
       rs.memory[s][m] = rs.costs[s][m].memory;
     }
     const int64_t padded = rs.costs[0][m].padded_tokens;
@@ -227,6 +247,9 @@ absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
   for (int s = 0; s < cell.P; ++s) {
     rs.oracle_kept_sp[s] = OracleStageModes(cell.ops[s], cell.resident[s], rs.costs[s],
                                             cell.limit, rs.oracle_modes[s]);
+    rs.expected_kept_sp[s] = OracleStageModes(cell.ops[s], cell.resident[s],
+                                              rs.expected_costs[s], cell.limit,
+                                              rs.expected_modes[s]);
   }
   return absl::OkStatus();
 }
@@ -279,9 +302,10 @@ std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaSte
 // The policy's modes for stage s of replica gi's step k.
 void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, int64_t k,
                 std::vector<Mode>& modes) {
-  if (r.kind == Kind::kOracle) {
-    modes = rs.oracle_modes[s];
-    r.result.memory_forced_sp += rs.oracle_kept_sp[s];
+  if (r.kind == Kind::kOracle || r.kind == Kind::kExpectedOracle) {
+    const bool clairvoyant = r.kind == Kind::kOracle;
+    modes = clairvoyant ? rs.oracle_modes[s] : rs.expected_modes[s];
+    r.result.memory_forced_sp += clairvoyant ? rs.oracle_kept_sp[s] : rs.expected_kept_sp[s];
     return;
   }
   if (!r.decides()) {
@@ -478,6 +502,7 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
   if (o.cost.vocab < 1) return absl::InvalidArgumentError("--vocab must be >= 1");
   if (!(o.cost.p2p_gbps > 0)) return absl::InvalidArgumentError("--p2p_gbps must be > 0");
   const PipelineCostModel model(o.cost, *layout);
+  const PipelineCostModel expected(NoiseFree(o.cost), *layout);  // the same, less its noise
   absl::StatusOr<Cell> cell_or = CellOf(o, config, model, series_window);
   if (!cell_or.ok()) return cell_or.status();
   const Cell& cell = *cell_or;
@@ -496,7 +521,10 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
                  .memory = std::vector(P, std::vector<MicrobatchMemory>(M)),
                  .p2p = std::vector<double>(M),
                  .oracle_modes = std::vector<std::vector<Mode>>(P),
-                 .oracle_kept_sp = std::vector<int64_t>(P)};
+                 .oracle_kept_sp = std::vector<int64_t>(P),
+                 .expected_modes = std::vector<std::vector<Mode>>(P),
+                 .expected_kept_sp = std::vector<int64_t>(P),
+                 .expected_costs = std::vector(P, std::vector<StageMicrobatchCost>(M))};
   StepOps x{.modes = std::vector<std::vector<Mode>>(P),
             .fwd = std::vector(P, std::vector<double>(M)),
             .bwd = std::vector(P, std::vector<double>(M)),
@@ -512,7 +540,7 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
       ShowSamples(r, k, o.adaptive_prior);
     }
     for (int gi = 0; gi < o.groups; ++gi) {
-      if (absl::Status s = DrawReplicaStep(cell, model, *batches[gi], &rngs[gi * P],
+      if (absl::Status s = DrawReplicaStep(cell, model, expected, *batches[gi], &rngs[gi * P],
                                            config.bucket_target_cv, k, rs);
           !s.ok()) {
         return s;
@@ -573,11 +601,17 @@ absl::Status FinishCompare(CompareResult& r, int64_t regret_window) {
                                            ? sp->step_seconds
                                            : tp->step_seconds;
   r.regret_window = regret_window;
+  const PolicyResult* expected = r.Find("expected_oracle");
   for (PolicyResult& p : r.policies) {  // writes no step_seconds: the references hold
     absl::StatusOr<WindowedRegret> w =
         WindowedRegretOf(p.step_seconds, oracle_s, fixed_s, regret_window);
     if (!w.ok()) return w.status();
     p.regret = *w;
+    if (expected != nullptr) {
+      w = WindowedRegretOf(p.step_seconds, expected->step_seconds, fixed_s, regret_window);
+      if (!w.ok()) return w.status();
+      p.expected_regret = *w;
+    }
     const double decisions = static_cast<double>(p.sp_steps + p.tp_steps);
     p.oracle_agreement = decisions > 0 ? static_cast<double>(p.oracle_agreed) / decisions : 0;
     p.flips_per_1000_steps =
@@ -593,19 +627,24 @@ namespace {
 std::string RegretTable(const CompareResult& r) {
   const WindowedRegret& w = r.policies.empty() ? WindowedRegret{} : r.policies.front().regret;
   std::string out = absl::StrFormat(
-      "\nRegret per window of %d steps against the oracle (1 - tokens/s / oracle's; %d windows, "
+      "\nRegret per window of %d steps against the oracle and the expected-value oracle "
+      "(1 - tokens/s / oracle's; %d windows, "
       "sliding by one step); %s; switch cost %g s\n"
-      "| policy | window regret %% median | p95 | worst | x best fixed, worst window | "
-      "x best fixed, lowest window | oracle agreement | flips / 1000 %s | explore %% |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+      "| policy | window regret %% median | p95 | worst | vs expected oracle: median | p95 | "
+      "x best fixed, worst window | x best fixed, lowest window | oracle agreement | "
+      "flips / 1000 %s | explore %% |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
       w.window, w.windows,
       r.pipelined() ? "agreement, flips and exploration per (stage, micro-batch) decision"
                     : "agreement, flips and exploration per group-step",
       r.switch_cost_s, r.pipelined() ? "decisions" : "steps");
   for (const PolicyResult& p : r.policies) {
-    absl::StrAppendFormat(&out, "| %s | %.2f | %.2f | %.2f | %.4f | %.4f | %.4f | %.2f | %.2f |\n",
+    absl::StrAppendFormat(&out,
+                          "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.4f | %.4f | %.4f | %.2f | "
+                          "%.2f |\n",
                           p.name, 100 * p.regret.median, 100 * p.regret.p95,
-                          100 * p.regret.worst, p.regret.worst_vs_best_fixed,
+                          100 * p.regret.worst, 100 * p.expected_regret.median,
+                          100 * p.expected_regret.p95, p.regret.worst_vs_best_fixed,
                           p.regret.min_vs_best_fixed, p.oracle_agreement,
                           p.flips_per_1000_steps, 100 * p.explore_share);
   }
@@ -618,9 +657,11 @@ std::string RegretJson(const PolicyResult& p) {
       "\"regret_window_median\": %.6f, \"regret_window_p95\": %.6f, "
       "\"regret_window_worst\": %.6f, \"worst_window_vs_best_fixed\": %.6f, "
       "\"min_window_vs_best_fixed\": %.6f, \"worst_window_start\": %d, "
+      "\"expected_regret_window_median\": %.6f, \"expected_regret_window_p95\": %.6f, "
       "\"oracle_agreement\": %.6f, \"flips_per_1000_steps\": %.4f, \"explore_share\": %.6f",
       p.regret.median, p.regret.p95, p.regret.worst, p.regret.worst_vs_best_fixed,
-      p.regret.min_vs_best_fixed, p.regret.worst_start, p.oracle_agreement,
+      p.regret.min_vs_best_fixed, p.regret.worst_start, p.expected_regret.median,
+      p.expected_regret.p95, p.oracle_agreement,
       p.flips_per_1000_steps, p.explore_share);
 }
 

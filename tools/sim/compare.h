@@ -1,6 +1,6 @@
 // `spgate-sim replay --compare`: the decision-quality benchmark (docs/sim.md). The same
 // batches with the same noise (common random numbers: every step's cost under both modes
-// is drawn once, from one generator state) run under five policies:
+// is drawn once, from one generator state) run under six policies:
 //   sp        always SP;
 //   tp_only   always TP-only — except where the memory gate forces SP (a fixed TP-only
 //             job would not fit those batches at all);
@@ -9,7 +9,13 @@
 //             table pooled over the groups like the daemon's and each step's sample
 //             visible kReplayLearnLagSteps steps later (telemetry arrives after later plans);
 //   oracle    for each batch, the mode whose simulated step is shorter, subject to the
-//             memory gate — the best any per-batch choice can do on these batches.
+//             memory gate — the best any per-batch choice can do on these batches; it
+//             foresees each step's noise and stragglers;
+//   expected_oracle
+//             for each batch, the mode whose noise-free step is shorter under the same cost
+//             model (a copy of its parameters with jitter and stragglers zeroed), subject
+//             to the memory gate, run on the same noisy steps as the others — what a policy
+//             that sees what spgate sees (the lengths, not the noise) could at best do.
 // Every cell is a pipeline (pipeline.h) and the five decide per (stage, micro-batch): a
 // cell without --pp, --microbatches or --vp is the pipeline of one stage and one
 // micro-batch, its one op the group's whole step (the transformer layers of CostModel), so
@@ -18,7 +24,8 @@
 // STATIC and ADAPTIVE are DecideStagePlan itself; ADAPTIVE learns a sample per
 // micro-batch, the switch's cost from a sample after a switch (ObserveAfterSwitch).
 // Every policy also gets its regret per window of `regret_window` steps against the oracle
-// (regret.h), its agreement with the oracle's modes, its flips and its exploration. With
+// and against the expected-value oracle (regret.h), its agreement with the oracle's modes,
+// its flips and its exploration. With
 // --switch_cost_s every policy, the oracle included, pays for each switch it makes; the
 // oracle still picks each batch's faster mode without counting that cost, so a policy
 // that switches less can then beat it.
@@ -52,7 +59,7 @@ struct StageResult {
 };
 
 struct PolicyResult {
-  std::string name;  // sp, tp_only, static, adaptive, oracle
+  std::string name;  // sp, tp_only, static, adaptive, oracle, expected_oracle
   double effective_tokens_per_s = 0;  // groups × Σ tokens / Σ step time
   double step_time_p95_s = 0;
   uint64_t peak_memory_bytes = 0;
@@ -87,6 +94,9 @@ struct PolicyResult {
   // share of decisions in the oracle's mode; switches per 1,000 decisions of a group (PP:
   // of a (replica, stage)); probe decisions over decisions.
   WindowedRegret regret;
+  // The same against the expected-value oracle (its best_fixed fields as regret's). Below 0
+  // where a policy beats it: the clairvoyant oracle does, by its foresight.
+  WindowedRegret expected_regret;
   double oracle_agreement = 0;
   double flips_per_1000_steps = 0;
   double explore_share = 0;
@@ -116,9 +126,11 @@ absl::StatusOr<CompareResult> Compare(const SimOptions& options, const GateConfi
                                       int64_t series_window = 0,
                                       int64_t regret_window = kDefaultRegretWindow);
 
-// The derived fields of every policy (regret, oracle_agreement, flips_per_1000_steps,
-// explore_share) from its counts and step_seconds; the oracle is the policy named
-// "oracle", the best fixed choice the better of "sp" and "tp_only" over the run.
+// The derived fields of every policy (regret, expected_regret, oracle_agreement,
+// flips_per_1000_steps, explore_share) from its counts and step_seconds; the oracle is the
+// policy named "oracle", the expected-value oracle "expected_oracle" (expected_regret is
+// left empty without one), the best fixed choice the better of "sp" and "tp_only" over the
+// run.
 // INVALID_ARGUMENT if one is missing or the step series do not match. Compare calls it.
 absl::Status FinishCompare(CompareResult& result, int64_t regret_window);
 

@@ -242,7 +242,7 @@ TEST(CompareCellTest, OracleBoundsEveryPolicyWithoutALimit) {
   absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0);
   ASSERT_THAT(r.status(), IsOk());
   ASSERT_TRUE(r->pipelined());
-  ASSERT_EQ(r->policies.size(), 5u);
+  ASSERT_EQ(r->policies.size(), 6u);  // five and the expected-value oracle
   const double oracle = Tps(*r, "oracle");
   for (const PolicyResult& p : r->policies) {
     EXPECT_LE(p.effective_tokens_per_s, oracle * (1 + 1e-12)) << p.name;

@@ -1,6 +1,7 @@
 // Regret per window (tools/sim/regret.h) on hand-made step times whose windows are known,
 // and what --compare derives from its runs: agreement with the oracle, flips, exploration,
-// the switch cost in the step times, and the flags checked naming the flag.
+// the switch cost in the step times, the expected-value oracle and the regret against it,
+// and the flags checked naming the flag.
 #include "tools/sim/regret.h"
 
 #include <cmath>
@@ -237,6 +238,67 @@ TEST(CompareRegretTest, SwitchCostGoesThroughThePipelineTimeline) {
   const double added = Sum(b.step_seconds) - Sum(a.step_seconds);
   EXPECT_GT(added, 0);
   EXPECT_LE(added, 0.01 * a.switches + 1e-9);
+}
+
+// The expected-value oracle picks each batch's mode from the noise-free model and runs it
+// on the same noisy steps. Without noise it is the clairvoyant oracle (same modes, same
+// step times), so every policy's regret against it is its regret against the oracle. With
+// noise and no switch cost the clairvoyant oracle is ahead of it in every window (it picks
+// each step's faster mode after the noise), it has no regret against itself, and the
+// regret keys are in every policy's JSON.
+TEST(CompareRegretTest, ExpectedOracle) {
+  for (const bool pipelined : {false, true}) {
+    SCOPED_TRACE(pipelined ? "pipelined" : "plain");
+    SimOptions quiet = pipelined ? Pipelined() : Plain();
+    quiet.cost.jitter = 0;
+    quiet.cost.straggler_prob = 0;
+    absl::StatusOr<CompareResult> r = Compare(quiet, GateConfig{}, 0, 10);
+    ASSERT_THAT(r.status(), IsOk());
+    const PolicyResult* e = r->Find("expected_oracle");
+    ASSERT_NE(e, nullptr);
+    const PolicyResult& oracle = *r->Find("oracle");
+    EXPECT_EQ(e->step_seconds, oracle.step_seconds);
+    EXPECT_EQ(e->oracle_agreement, 1.0);
+    EXPECT_GT(e->switches, 0);
+    for (const PolicyResult& p : r->policies) {
+      SCOPED_TRACE(p.name);
+      EXPECT_EQ(p.expected_regret.median, p.regret.median);
+      EXPECT_EQ(p.expected_regret.p95, p.regret.p95);
+      EXPECT_EQ(p.expected_regret.worst, p.regret.worst);
+    }
+
+    SimOptions noisy = quiet;
+    noisy.cost.jitter = 0.05;
+    noisy.cost.straggler_prob = 0.05;
+    r = Compare(noisy, GateConfig{}, 0, 10);
+    ASSERT_THAT(r.status(), IsOk());
+    e = r->Find("expected_oracle");
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->expected_regret.worst, 0.0);
+    EXPECT_EQ(e->expected_regret.median, 0.0);
+    EXPECT_GT(e->regret.worst, 0.0) << "the noise costs what only foresight avoids";
+    EXPECT_LT(e->oracle_agreement, 1.0);
+    EXPECT_LE(r->Find("oracle")->expected_regret.worst, 1e-12);
+    for (const PolicyResult& p : r->policies) {
+      SCOPED_TRACE(p.name);
+      EXPECT_EQ(p.step_seconds.size(), static_cast<size_t>(r->steps));
+      EXPECT_GE(p.expected_regret.p95, p.expected_regret.median);
+      EXPECT_GE(p.expected_regret.worst, p.expected_regret.p95);
+      // Against the oracle a policy is never ahead; against the expected oracle it is
+      // behind by less (the two windows' difference is the expected oracle's own regret).
+      EXPECT_LE(p.expected_regret.median, p.regret.median + 1e-12);
+    }
+    const std::string json = CompareJson(*r);
+    EXPECT_THAT(json, HasSubstr("\"expected_oracle\": {\"effective_tokens_per_s\": "));
+    size_t keys = 0;
+    for (size_t at = json.find("\"expected_regret_window_median\": "); at != std::string::npos;
+         at = json.find("\"expected_regret_window_median\": ", at + 1)) {
+      ++keys;
+    }
+    EXPECT_EQ(keys, r->policies.size());
+    EXPECT_THAT(json, HasSubstr("\"expected_regret_window_p95\": "));
+    EXPECT_THAT(CompareTable(*r), HasSubstr("| vs expected oracle: median | p95 |"));
+  }
 }
 
 TEST(CompareRegretTest, FlagsAreCheckedNamingTheFlag) {

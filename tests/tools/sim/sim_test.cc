@@ -401,7 +401,7 @@ TEST(SimCompareTest, OracleBoundsEveryPolicyAndStaticIsReplay) {
   o.lengths = "bimodal:short=256,long=8000,p_long=0.4";
   absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 100);
   ASSERT_THAT(r.status(), IsOk());
-  ASSERT_EQ(r->policies.size(), 5u);
+  ASSERT_EQ(r->policies.size(), 6u);  // five and the expected-value oracle
   const PolicyResult* oracle = r->Find("oracle");
   ASSERT_NE(oracle, nullptr);
   EXPECT_DOUBLE_EQ(oracle->ratio_to_oracle, 1.0);
