@@ -77,6 +77,17 @@ bool ValidSample(int band, int64_t step, double tokens, double seconds) {
          std::isfinite(tokens) && tokens >= 0 && step >= 0;
 }
 
+// The share of its final value a slow mean started at 0 has reached after `weight` samples.
+double NoiseStarted(double weight) {
+  return 1.0 - std::pow(1.0 - kNoiseRate, std::min(weight, 64.0));
+}
+
+// A cell's relative variance of one sample around its estimate (the detector's noise).
+double RelativeVariance(const ThroughputCell& c) {
+  if (!(c.weight > 0) || !std::isfinite(c.noise) || !(c.noise > 0)) return 0.0;
+  return c.noise / NoiseStarted(c.weight);
+}
+
 }  // namespace
 
 void ThroughputTable::MarkChanged(ThroughputCell& c, int64_t step) {
@@ -112,28 +123,24 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     const double around = residual - c.drift;
     c.noise += kNoiseRate * (around * around - c.noise);
     c.drift += kDriftRate * (residual - c.drift);
-    const double started = 1.0 - std::pow(1.0 - kNoiseRate, std::min(c.weight, 64.0));
-    const double spread = std::sqrt(c.noise / started * kDriftRate / (2.0 - kDriftRate));
+    const double spread =
+        std::sqrt(c.noise / NoiseStarted(c.weight) * kDriftRate / (2.0 - kDriftRate));
     if (c.weight >= floor &&
         std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread)) {
       // Re-base the cell on the recent samples, at the floor's weight, and explore. The
-      // change is taken as common to both modes (stragglers, a slower fabric) until the
-      // other is measured: its estimate moves by the same factor, so the comparison does
-      // not rest on one mode measured after the change and the other before it. The
-      // boosted exploration then measures the other mode, and its own detector corrects it.
+      // other mode's estimate is left as it was: the band's estimates are no evidence for a
+      // departure until the boosted exploration has measured both again (EvaluateAdaptive).
+      // (Moving it by the same factor, the change taken as common to both modes, let the
+      // running mode's detections ratchet the other's estimate: where stragglers make drops
+      // more frequent than rises, it sank step after step with no sample of its own.)
       // Re-based through the seconds, so a cell's mean tokens per step (the band mix's
-      // weights in SwitchSavingOf) stay what they were; the other mode's fast mean is
-      // restated against its moved estimate, so the same change is not applied twice.
+      // weights in SwitchSavingOf) stay what they were.
       const double factor = std::max(1.0 + c.drift, 1e-3);
       const double mean_tokens = c.tokens / c.weight;
       c.weight = floor;
       c.tokens = mean_tokens * floor;
       c.seconds = c.tokens / (estimate * factor);
       c.drift = 0;
-      if (other.last_step >= 0 && other.weight > 0) {
-        other.seconds /= factor;
-        other.drift = (1.0 + other.drift) / factor - 1.0;
-      }
       MarkChanged(c, step);
     }
   }
@@ -175,9 +182,11 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
       s.weight += f;
     }
   }
-  // The step still measures its mode (a probe is always the first step after a switch),
-  // less the switch's learned cost; at least half of it stays, whatever the estimate.
-  Observe(config, band, mode, step, tokens, std::max(seconds - SwitchCostSeconds(), 0.5 * seconds));
+  // The step still measures its mode (a probe is always the first step after a switch), as
+  // it ran: taking the learned cost off it would measure the next switch against an
+  // estimate the cost itself raised — where most of a mode's steps follow a switch (a
+  // stage's micro-batches between forced ones) any cost is then its own fixed point.
+  Observe(config, band, mode, step, tokens, seconds);
   return measured;
 }
 
@@ -213,7 +222,8 @@ CellView ThroughputTable::At(const GateConfig& config, int band, Mode mode, int6
   const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
   return CellView{c.tokens_per_s(),
                   FlooredWeight(c.weight, HalfLifeDecay(age, config.adaptive_half_life_steps),
-                            SampleFloor(config))};
+                                SampleFloor(config)),
+                  RelativeVariance(c)};
 }
 
 void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
@@ -425,6 +435,141 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
   return {batch_saving, mix_saving};
 }
 
+TableNoise TableNoiseOf(const GateConfig& config, const ThroughputTable& table) {
+  // Over the cells with the sample floor's weight, weighted by it.
+  const double floor = SampleFloor(config);
+  TableNoise n;
+  double weight = 0;
+  for (int b = 0; b < kBands; ++b) {
+    for (const Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      const ThroughputCell& c = table.cell(b, m);
+      if (!(c.weight >= floor) || !(c.tokens > 0)) continue;
+      const double v = RelativeVariance(c);
+      n.step_seconds += c.seconds;
+      n.spread_seconds += std::sqrt(v) * c.seconds;
+      n.relative_variance += c.weight * v;
+      weight += c.weight;
+    }
+  }
+  if (!(weight > 0)) return {};
+  n.step_seconds /= weight;
+  n.spread_seconds /= weight;
+  n.relative_variance /= weight;
+  return n;
+}
+
+double MeasuredSwitchCost(const GateConfig& config, const ThroughputTable& table, int64_t step,
+                          const TableNoise* noise) {
+  const double cost = table.SwitchCostSeconds();
+  const SwitchCostCell& s = table.switch_cost();
+  if (!(cost > 0) || !(s.weight > 0) || s.last_step < 0) return 0.0;
+  const TableNoise n = noise != nullptr ? *noise : TableNoiseOf(config, table);
+  if (!(n.step_seconds > 0)) return 0.0;  // nothing to say what a step takes: not measured
+  // Below the margin of a step a cost is no difference the policy acts on (a band's
+  // estimate of the step after a switch is off by about that much, switching or not).
+  if (!(cost > config.adaptive_margin * n.step_seconds)) return 0.0;
+  const double age = step > s.last_step ? static_cast<double>(step - s.last_step) : 0.0;
+  const double w = s.weight * HalfLifeDecay(age, config.adaptive_half_life_steps);
+  if (!(w > 0)) return 0.0;
+  return cost > kEvidenceZ * n.spread_seconds / std::sqrt(w) ? cost : 0.0;
+}
+
+Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, int64_t tokens,
+                           Mode from, Mode to, double variance_floor) {
+  if (from == to || !here.known || !(here.tp.tokens_per_s > 0)) return {};
+  const auto t = static_cast<double>(tokens);
+  // A step's seconds in `mode` and their variance; a departure to TP-only counts its
+  // seconds 1 + margin times (SP holds less memory), one to SP need only be faster.
+  const auto seconds = [&](Mode mode, double* variance) {
+    const CellView& v = mode == Mode::kSequenceParallel ? here.sp : here.tp;
+    double x = t / v.tokens_per_s;
+    if (mode == Mode::kTensorParallelOnly && to == Mode::kTensorParallelOnly) {
+      x *= 1.0 + config.adaptive_margin;
+    }
+    const double relative = std::max(v.relative_variance, variance_floor);
+    *variance = v.samples > 0 ? x * x * relative / v.samples : 0.0;
+    return x;
+  };
+  double var_from = 0, var_to = 0;
+  const double saving = seconds(from, &var_from) - seconds(to, &var_to);
+  return {saving, saving - kEvidenceZ * std::sqrt(var_from + var_to)};
+}
+
+namespace {
+
+Mode OtherMode(Mode m) {
+  return m == Mode::kSequenceParallel ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+}
+
+// Step 3 of EvaluateAdaptive: the incumbent (the gates' decision), or the other mode where
+// the band's evidence or the prior says so. Sets *prior when the prior departed.
+Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
+                          const ThroughputTable* table, const PriorFit* prior_fit,
+                          const BandEstimate& e, const Decision& incumbent,
+                          double variance_floor, std::optional<PriorEstimate>* prior,
+                          std::vector<GateCheck>* trace) {
+  const Mode other = OtherMode(incumbent.mode);
+  // A change detected in the band re-based one mode's estimate on a few recent samples and
+  // left the other's from before it: until the boosted exploration has measured both
+  // again, they are no evidence.
+  const int64_t changed = table == nullptr ? -1 : table->BandChangedStep(band);
+  if (e.known && changed >= 0 && batch.step >= changed &&
+      batch.step - changed < config.adaptive_explore_boost_steps) {
+    Record(trace, "adaptive", "skip", static_cast<double>(batch.step - changed),
+           static_cast<double>(config.adaptive_explore_boost_steps),
+           absl::StrFormat("band %s: a change was detected at step %d; re-learning for "
+                           "adaptive_explore_boost_steps, the gates' choice stands",
+                           BandLabel(band), changed));
+    return incumbent;
+  }
+  if (e.known) {
+    const Evidence ev =
+        DepartureEvidence(config, e, batch.tokens, incumbent.mode, other, variance_floor);
+    const bool depart = ev.bound_s > 0;
+    Record(trace, "adaptive", depart ? "fire" : "pass", ev.bound_s, 0,
+           absl::StrFormat("band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
+                           "on this batch against the gates' %s (TP-only counted 1 + "
+                           "adaptive_margin times), %.4g s at 95 %% confidence: %s",
+                           BandLabel(band), e.ratio, ModeLabel(other), ev.saving_s,
+                           ModeLabel(incumbent.mode), ev.bound_s,
+                           depart ? ModeLabel(other) : "the gates' choice"));
+    return depart ? Decision{other, Reason::kAdaptive} : incumbent;
+  }
+  Record(trace, "adaptive", "skip", std::min(e.sp.samples, e.tp.samples),
+         static_cast<double>(config.adaptive_min_samples),
+         absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
+                         "adaptive_min_samples",
+                         BandLabel(band), e.sp.samples, e.tp.samples));
+  const PriorChoice pc =
+      ChoosePrior(config, prior_fit != nullptr ? *prior_fit : FitPriorOf(config, table), batch);
+  const PriorEstimate& p = pc.estimate;
+  const double need = 1.0 + config.adaptive_margin;
+  if (!pc.decides) {
+    Record(trace, "prior", "skip", pc.ratio, need,
+           p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
+                                   "model's error (%.2g %%) of 1 + adaptive_margin; the "
+                                   "gates' choice stands",
+                                   pc.ratio, 100 * p.fit.error)
+                 : absl::StrCat(p.fit.missing, "; the gates' choice stands"));
+    return incumbent;
+  }
+  const bool tp_only = pc.mode == Mode::kTensorParallelOnly;
+  Record(trace, "prior", tp_only ? "fire" : "pass", pc.ratio, need,
+         absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
+                         "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
+                         "[%s]; error %.2g %%): %s%s",
+                         p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.fit.latency_source),
+                         p.imbalance_s, PriorSourceLabel(p.fit.imbalance_source),
+                         p.elementwise_s, PriorSourceLabel(p.fit.elementwise_source),
+                         100 * p.fit.error, tp_only ? "TP-only" : "SP",
+                         pc.mode == incumbent.mode ? ", as the gates" : ""));
+  if (pc.mode == incumbent.mode) return incumbent;
+  *prior = p;
+  return {pc.mode, Reason::kAdaptive};
+}
+
+}  // namespace
+
 GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& state,
                              const BatchFacts& batch, const RsWaitObservation& rs_wait,
                              std::optional<PinDirective> pin, const ThroughputTable* table,
@@ -444,79 +589,50 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // 1-2. Pin and memory, exactly as the gates.
   if (std::optional<Decision> d = PinAndMemoryGates(config, batch, pin, trace)) return finish(*d);
 
-  // 3. The band's estimates; while it has too few samples, the prior, else the gates.
+  // 3. The incumbent, the gates' decision; the other mode only on evidence. In a band with
+  // evidence the wait-share gate's choice is not the incumbent (its length-CV verdict is):
+  // it reacts to waiting TP-only does not remove, and running TP-only on the moments of
+  // waiting (straggler bursts) is what would make the band's TP-only samples the slow ones.
   const BandEstimate e = EstimateBand(config, table, band, batch.step);
-  const CellView& sp = e.sp;
-  const CellView& tp = e.tp;
-  const auto min = static_cast<double>(config.adaptive_min_samples);
-  const double need = 1.0 + config.adaptive_margin;
-  Decision choice;
-  std::optional<PriorEstimate> prior;  // set when the prior decided
-  if (e.known) {
-    static_choice = ThresholdGates(config, state, batch, rs_wait, nullptr).mode;
-    const double ratio = tp.tokens_per_s / sp.tokens_per_s;
-    if (e.preferred == Mode::kTensorParallelOnly) {
-      Record(trace, "adaptive", "fire", ratio, need,
-             absl::StrFormat("band %s: TP-only's learned tokens/s is %.3fx SP's, above "
-                             "1 + adaptive_margin",
-                             BandLabel(band), ratio));
-      choice = {Mode::kTensorParallelOnly, Reason::kAdaptive};
-    } else {
-      Record(trace, "adaptive", "pass", ratio, need,
-             absl::StrFormat("band %s: TP-only's learned tokens/s is %.3fx SP's, not above "
-                             "1 + adaptive_margin: SP (less memory)",
-                             BandLabel(band), ratio));
-      choice = {Mode::kSequenceParallel, Reason::kAdaptive};
-    }
-  } else {
-    Record(trace, "adaptive", "skip", std::min(sp.samples, tp.samples), min,
-           absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
-                           "adaptive_min_samples",
-                           BandLabel(band), sp.samples, tp.samples));
-    const PriorChoice pc =
-        ChoosePrior(config, prior_fit != nullptr ? *prior_fit : FitPriorOf(config, table), batch);
-    const PriorEstimate& p = pc.estimate;
-    if (pc.decides) {
-      const bool tp_only = pc.mode == Mode::kTensorParallelOnly;
-      Record(trace, "prior", tp_only ? "fire" : "pass", pc.ratio, need,
-             absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
-                             "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
-                             "[%s]; error %.2g %%): %s",
-                             p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.fit.latency_source),
-                             p.imbalance_s, PriorSourceLabel(p.fit.imbalance_source),
-                             p.elementwise_s, PriorSourceLabel(p.fit.elementwise_source),
-                             100 * p.fit.error, tp_only ? "TP-only" : "SP"));
-      choice = {pc.mode, Reason::kAdaptive};
-      prior = p;
-    } else {
-      Record(trace, "prior", "skip", pc.ratio, need,
-             p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
-                                     "model's error (%.2g %%) of 1 + adaptive_margin; the "
-                                     "static gates decide",
-                                     pc.ratio, 100 * p.fit.error)
-                   : absl::StrCat(p.fit.missing, "; the static gates decide"));
-      choice = ThresholdGates(config, state, batch, rs_wait, trace);
-    }
+  Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
+  if (e.known && (incumbent.reason == Reason::kRsWait || incumbent.reason == Reason::kProbe)) {
+    incumbent = {Mode::kSequenceParallel, Reason::kGatesPassed};  // the length CV passed
+    Record(trace, "rs_wait", "skip", 0, 0,
+           absl::StrFormat("band %s has evidence: the wait-share gate is no incumbent, the "
+                           "length-CV gate's SP is",
+                           BandLabel(band)));
   }
+  if (e.known) static_choice = incumbent.mode;
+  // The table's noise: what a step spreads by, for the switch cost and the evidence (no
+  // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
+  // cell whose recent samples missed them would look surer than it is).
+  const TableNoise noise = table == nullptr ? TableNoise{} : TableNoiseOf(config, *table);
+  std::optional<PriorEstimate> prior;  // set when the prior departed
+  Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
+                                     noise.relative_variance, &prior, trace);
 
-  // 4. A switch must be allowed by the flip cap and pay for its learned cost. A switch is
-  // away from the mode the policy last chose: a forced decision (pin, memory) in between
-  // is exempt, and so is the way back from it. Nothing is held where the group already
-  // runs the choice (after a forced decision), so a hold never makes a switch. A band with
-  // estimates weighs the cost as an excursion or a move; the physics prior's choice only
-  // as a move (its batch saving is a prediction; the mix's is measured); the gates' obey
-  // the cap alone; the way back from a probe run is free of it (the cap let the run out
-  // and back).
+  // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
+  // for it; where switching is free, neither binds. A switch is away from the mode the
+  // policy last chose: a forced decision (pin, memory) in between is exempt, and so is
+  // the way back from it. Nothing is held where the group already runs the choice (after
+  // a forced decision), so a hold never makes a switch. A departure on the band's evidence
+  // weighs its confident saving, the way back to the incumbent its estimated one, each as
+  // an excursion or a move; the prior's departure only as a move (its batch saving is a
+  // prediction; the mix's is measured); the gates' choice in a band without evidence obeys
+  // the cap alone; the way back from a probe run is free of the cost (the cap let the run
+  // out and back).
+  const double cost =
+      table == nullptr ? 0.0 : MeasuredSwitchCost(config, *table, batch.step, &noise);
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
-  if (state.has_chosen_mode && choice.mode != current &&
+  if (cost > 0 && state.has_chosen_mode && choice.mode != current &&
       !(state.has_decision && choice.mode == state.mode)) {
-    const double cost = table == nullptr ? 0.0 : table->SwitchCostSeconds();
     const bool back_from_probe = state.reason == Reason::kProbe;
     if (!FlipsAllowed(config, state, 1)) {
       Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
-             absl::StrFormat("two switches within the last %d decisions: %s holds",
-                             2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
+             absl::StrFormat("a switch costs %.4g s (measured) and two switches came within "
+                             "the last %d decisions: %s holds",
+                             cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
       held = true;
     } else if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
       SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
@@ -525,6 +641,10 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
         // band mix's measured saving over the horizon), never as an excursion.
         const double sp = prior->sp_s, tp = prior->tp_s * (1.0 + config.adaptive_margin);
         s.batch = current == Mode::kSequenceParallel ? sp - tp : tp - sp;
+      } else if (choice.mode != incumbent.mode) {
+        s.batch = DepartureEvidence(config, e, batch.tokens, current, choice.mode,
+                                    noise.relative_variance)
+                      .bound_s;
       }
       const double over_horizon =
           s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
@@ -534,7 +654,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
           !(move >= 0)) {
         Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost,
                absl::StrFormat("switching to %s saves %.4g s on this batch%s and %.4g s a "
-                               "step on the mix: neither pays a switch's learned cost %.4g s "
+                               "step on the mix: neither pays a switch's measured cost %.4g s "
                                "(out and back, or over %d decisions): %s holds",
                                ModeLabel(choice.mode), s.batch,
                                prior.has_value() ? " (predicted)" : "", s.mix_per_step, cost,
@@ -546,21 +666,20 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   }
 
   // 5. Exploration: the mode not chosen, on the first kProbeRunSteps steps of the band's
-  // period, if the cap leaves the flips out and back.
+  // period, if the cap (where it binds) leaves the flips out and back.
   const int64_t period = ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known));
   if (InProbeRun(batch.step, period)) {
-    // The mode the band does not prefer (before any hold: a held group already runs it).
-    const Mode other = wanted == Mode::kSequenceParallel ? Mode::kTensorParallelOnly
-                                                         : Mode::kSequenceParallel;
-    // While learning, the less-sampled mode; once known, the one not chosen.
-    const Mode probe = e.known || sp.samples == tp.samples ? other
-                       : sp.samples < tp.samples           ? Mode::kSequenceParallel
-                                                           : Mode::kTensorParallelOnly;
+    // The mode not chosen (before any hold: a held group already runs it); while the band
+    // learns, its less-sampled mode.
+    const Mode other = OtherMode(wanted);
+    const Mode probe = e.known || e.sp.samples == e.tp.samples ? other
+                       : e.sp.samples < e.tp.samples           ? Mode::kSequenceParallel
+                                                               : Mode::kTensorParallelOnly;
     const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
     if (probe == choice.mode) {
       Record(trace, "explore", "pass", static_cast<double>(period), 0,
              "exploration step; the mode to measure is the one chosen");
-    } else if (!FlipsAllowed(config, state, flips)) {
+    } else if (cost > 0 && !FlipsAllowed(config, state, flips)) {
       Record(trace, "explore", "skip", static_cast<double>(period), 0,
              absl::StrFormat("exploration step (%d in %d), but the flip cap has no switch "
                              "out and back left",

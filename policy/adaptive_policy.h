@@ -6,30 +6,42 @@
 // Decision order:
 //   1. pin and 2. memory, exactly as the gates (memory stays absolute, and a flip they
 //      force is never held);
-//   3. when both modes have at least adaptive_min_samples (weighted) in the batch's
-//      band, the mode with the higher estimate — TP-only only when it beats SP by more
-//      than adaptive_margin (within the margin SP wins: it holds less memory), reason
-//      ADAPTIVE; otherwise the physics prior's predicted step times (cost_prior.h) by the
-//      same rule, and where the prior lacks an input, the static gates;
-//   4. a switch away from the group's current mode must be allowed by the flip cap (at
-//      most two switches in any 2 × adaptive_flip_interval_steps decisions) and must pay
-//      for its learned cost c, as an excursion (this batch's saving ≥ 2c, the way out and
-//      back, when the cap leaves both) or as a move (this batch's saving plus
-//      kMoveHorizonDecisions − 1 steps of the band mix's ≥ c); otherwise the group holds
-//      its mode (reason ADAPTIVE, flip_held);
+//   3. the incumbent: the STATIC gates' decision for the batch (ThresholdGates, its
+//      reason kept, so the group's gate state moves as under STATIC) — in a band with
+//      evidence the length-CV gate's, not the wait-share gate's (its TP-only runs on the
+//      moments of waiting would make the band's TP-only samples the slow ones). ADAPTIVE
+//      departs from it (reason ADAPTIVE) only on evidence:
+//      - when both modes have at least adaptive_min_samples (weighted) in the batch's
+//        band: when the other mode's saving on this batch at the band's rates (a move to
+//        TP-only counts its seconds 1 + adaptive_margin times) is above 0 at one-sided 95 %
+//        confidence (kEvidenceZ standard errors, each cell's from its samples' relative
+//        spread — at least the table's mean — and its weight; DepartureEvidence), and no
+//        change was detected in the band within adaptive_explore_boost_steps;
+//      - otherwise the physics prior's predicted step times (cost_prior.h), when its
+//        prediction is clear of twice its error and names the other mode;
+//   4. where a switch's cost c is measured (MeasuredSwitchCost > 0), a
+//      switch away from the mode the group last chose must be allowed by the flip cap
+//      (at most two switches in any 2 × adaptive_flip_interval_steps decisions) and pay
+//      for c, as an excursion (this batch's saving ≥ 2c, the way out and back, when the
+//      cap leaves both) or as a move (this batch's saving plus kMoveHorizonDecisions − 1
+//      steps of the band mix's ≥ c); otherwise the group holds its mode (reason
+//      ADAPTIVE, flip_held). Where switching is free nothing holds and the cap does not
+//      bind: the group runs step 3's choice;
 //   5. exploration: on the first kProbeRunSteps steps of every ceil(kProbeRunSteps/share)
 //      (a probe run: two switches buy four samples) the band's mode not chosen runs
-//      instead (reason PROBE), if the cap leaves the flips out and back. The share is
-//      adaptive_explore_share while the band learns (too few samples) or for
-//      adaptive_explore_boost_steps after a change was detected in it, else
-//      adaptive_explore_floor.
+//      instead (reason PROBE), if the cap (where it binds) leaves the flips out and back.
+//      The share is adaptive_explore_share while the band learns (too few samples) or
+//      for adaptive_explore_boost_steps after a change was detected in it, else
+//      adaptive_explore_floor. Exploration is how the evidence of step 3 is gathered;
+//      it is the one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a
 // cell that had adaptive_min_samples never falls below that weight (an estimate never
 // rests on one or two stale steps). Each cell watches its samples' residuals: when the
 // recent ones sit more than adaptive_change_threshold (and beyond their own noise) from
-// the estimate, the cell is re-based on them and the band marked changed; a band that
-// sees a sample after a half-life without one is marked changed too.
+// the estimate, the cell is re-based on them (the other mode's left as it was) and the
+// band marked changed; a band that sees a sample after a half-life without one is marked
+// changed too.
 //
 // Usage:
 //   spgate::ThroughputTable table;                       // one per job, pooled
@@ -96,6 +108,9 @@ struct SwitchCostCell {
 struct CellView {
   double tokens_per_s = 0;
   double samples = 0;
+  // The relative variance of one sample's tokens/s around the estimate (the cell's
+  // change detector's noise, corrected for its start at 0); 0 before a second sample.
+  double relative_variance = 0;
 };
 
 // The learned table of one job: kBands × 2 cells. Small (a few hundred bytes) and
@@ -112,8 +127,9 @@ class ThroughputTable {
 
   // The first step after a group switched mode: what it took beyond the cell's estimate
   // is a switch's cost (measured only against a cell of adaptive_min_samples' weight),
-  // and the step enters the cell less the learned cost (a probe is always such a step).
-  // Returns whether it measured a cost.
+  // and the step enters the cell as it ran (a probe is always such a step), so a mode
+  // mostly entered by a switch carries its cost in its estimate. Returns whether it
+  // measured a cost.
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
                           double tokens, double seconds);
 
@@ -179,8 +195,8 @@ class ThroughputTable {
   int64_t changes_ = 0;
 };
 
-// What one band's learned estimates say at a step: the rule of step 3 above, written
-// once for the policy, the preference bits and spgatectl's table.
+// What one band's learned estimates say at a step, written once for the policy (step 3
+// above weighs them with DepartureEvidence), the preference bits and spgatectl's table.
 struct BandEstimate {
   CellView sp;
   CellView tp;
@@ -274,7 +290,44 @@ bool MayExplore(const GateConfig& config, int64_t step);
 
 // Whether the flip cap lets the group switch `flips` times in a row from its next
 // decision on: at most two switches in any 2 × adaptive_flip_interval_steps decisions.
+// The cap binds only where MeasuredSwitchCost is above 0.
 bool FlipsAllowed(const GateConfig& config, const GroupGateState& state, int flips);
+
+// The one-sided confidence of every test ADAPTIVE makes on its evidence (a departure, a
+// measured switch cost): 1.645 standard errors, 95 % under a normal approximation.
+inline constexpr double kEvidenceZ = 1.645;
+
+// What a table's steps spread by, over its cells with adaptive_min_samples' weight
+// (weighted by it): their mean step seconds, the mean spread of one step around its cell's
+// estimate in seconds, and the mean relative variance of one sample. Zero without such cells.
+struct TableNoise {
+  double step_seconds = 0;
+  double spread_seconds = 0;
+  double relative_variance = 0;
+};
+TableNoise TableNoiseOf(const GateConfig& config, const ThroughputTable& table);
+
+// The learned switch cost where it is measured with confidence: its mean, when that is
+// above adaptive_margin of the table's mean step (a smaller difference is none the policy
+// acts on) and above kEvidenceZ standard errors of the mean (one measurement's spread taken
+// as the table's spread_seconds, over the square root of the cost's weight decayed to
+// `step`); 0 otherwise, and where nothing was measured. `noise`: the table's TableNoiseOf
+// when the caller has it.
+double MeasuredSwitchCost(const GateConfig& config, const ThroughputTable& table, int64_t step,
+                          const TableNoise* noise = nullptr);
+
+// The evidence for running `to` instead of `from` on a batch of `tokens` in a band with
+// estimates `here` (known): the seconds saved at the band's rates (a move to TP-only counts
+// TP-only's seconds 1 + adaptive_margin times; a move to SP need only be faster) and that
+// saving's one-sided lower bound, kEvidenceZ standard errors below it (the two estimates
+// independent, each with its cell's relative variance, at least `variance_floor` — the
+// table's mean, TableNoiseOf — over its weight).
+struct Evidence {
+  double saving_s = 0;
+  double bound_s = 0;
+};
+Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, int64_t tokens,
+                           Mode from, Mode to, double variance_floor = 0);
 
 // What running `to` instead of `from` saves, in seconds (TP-only's seconds counted
 // 1 + adaptive_margin times, as the band rule does; negative when `to` is slower): on this

@@ -1,7 +1,8 @@
 // The ADAPTIVE policy (docs/design.md §11): bands, the learned table with forgetting and
-// its sample floor, change detection, the margin that prefers SP, the static gates as the
-// prior while a band has too few samples, change-triggered exploration over a floor, the
-// flip cap and the learned switch cost, and pin and memory precedence. Pure: each case
+// its sample floor, change detection, the static gates' choice as the incumbent it departs
+// from only on confident evidence (the margin that prefers SP on TP-only's side),
+// change-triggered exploration over a floor, the flip cap and the switch cost where one is
+// measured, and pin and memory precedence. Pure: each case
 // builds a table by hand or by observing steps, and asks for one decision or a run.
 #include <cmath>
 #include <cstdint>
@@ -218,8 +219,8 @@ TEST(ThroughputTableTest, AbsurdSamplesStayFinite) {
 }
 
 // The first step after a switch: its excess over the cell's estimate is the switch's
-// cost, and it enters the cell less the learned cost; against a cell under the sample
-// floor nothing is measured.
+// cost, and it enters the cell as it ran; against a cell under the sample floor nothing is
+// measured.
 TEST(ThroughputTableTest, LearnsTheSwitchCost) {
   const GateConfig c = HalfLife(1000);  // min_samples 8
   ThroughputTable t;
@@ -230,11 +231,21 @@ TEST(ThroughputTableTest, LearnsTheSwitchCost) {
   for (int i = 0; i < 8; ++i) t.Observe(c, 1, kSp, 5, 100, 1.0);  // 100 tokens/s, weight 10
   EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5));      // 0.5 s over
   EXPECT_NEAR(t.SwitchCostSeconds(), 0.5, 1e-12);
-  EXPECT_DOUBLE_EQ(t.cell(1, kSp).tokens_per_s(), 100.0) << "entered less the cost: 1 s";
-  EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 5, 200, 2.1));  // 0.1 s over
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).tokens_per_s(), 1100.0 / 11.5) << "entered as it ran";
+  // 200 tokens at 1100 / 11.5 tokens/s take 2.0909 s: 0.0091 s over.
+  EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 5, 200, 2.1));
   EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 12.0);
-  EXPECT_NEAR(t.cell(1, kSp).tokens_per_s(), 1300.0 / (11.0 + 1.8), 1e-9);
-  EXPECT_NEAR(t.SwitchCostSeconds(), 0.3, 1e-12);
+  EXPECT_NEAR(t.cell(1, kSp).tokens_per_s(), 1300.0 / 13.6, 1e-9);
+  EXPECT_NEAR(t.SwitchCostSeconds(), (0.5 + 2.1 - 200 * 11.5 / 1100) / 2, 1e-12);
+  // Every step of a mode after a switch, one slow step first and then the switches free:
+  // the cost falls back towards 0. (Entering the steps less the learned cost raised the
+  // estimate by it, so the cost measured itself and stayed at 0.5 s.)
+  ThroughputTable alternating;
+  for (int i = 0; i < 8; ++i) alternating.Observe(c, 2, kTp, 19, 100, 1.0);
+  alternating.ObserveAfterSwitch(c, 2, kTp, 19, 100, 1.5);
+  ASSERT_NEAR(alternating.SwitchCostSeconds(), 0.5, 1e-12);
+  for (int i = 0; i < 200; ++i) alternating.ObserveAfterSwitch(c, 2, kTp, 20 + i, 100, 1.0);
+  EXPECT_LT(alternating.SwitchCostSeconds(), 0.05);
   EXPECT_EQ(t.switch_cost().last_step, 5);
   // Faster than the estimate on average: a cost of 0, never negative.
   ThroughputTable fast = t;
@@ -259,7 +270,8 @@ TEST(ThroughputTableTest, BadSamplesAreIgnored) {
   EXPECT_EQ(t, ThroughputTable{});
 }
 
-// Exploitation: TP-only only when it beats SP by more than the margin; SP within it.
+// Exploitation: a departure from the gates' SP to TP-only only when TP-only beats SP by more
+// than the margin; within it the gates' SP stands, with the gates' reason.
 TEST(EvaluateAdaptiveTest, MarginPrefersSp) {
   const GateConfig c = Adaptive();  // margin 0.02
   const int band = BandOf(c, 0.05, 4096);
@@ -272,7 +284,9 @@ TEST(EvaluateAdaptiveTest, MarginPrefersSp) {
     std::vector<GateCheck> trace;
     const GateOutcome out = EvaluateAdaptive(c, GroupGateState{}, Batch(), {}, std::nullopt, &t,
                                              &trace);
-    EXPECT_EQ(out.decision, (Decision{k.want, Reason::kAdaptive})) << k.tp_rate;
+    EXPECT_EQ(out.decision,
+              (Decision{k.want, k.want == kTp ? Reason::kAdaptive : Reason::kGatesPassed}))
+        << k.tp_rate;
     EXPECT_EQ(out.band, band);
     ASSERT_TRUE(out.static_choice.has_value());
     EXPECT_EQ(*out.static_choice, kSp);  // cv 0.05 passes the static gates
@@ -314,7 +328,7 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
     EXPECT_FALSE(out.static_choice.has_value());
     EXPECT_TRUE(std::any_of(trace.begin(), trace.end(), [](const GateCheck& g) {
       return g.gate == "prior" && g.outcome == "skip" &&
-             g.detail.find("the static gates decide") != std::string::npos;
+             g.detail.find("the gates' choice stands") != std::string::npos;
     }));
     // A band with data elsewhere: still the prior.
     out = EvaluateAdaptive(c, GroupGateState{}, Batch(0.05), {}, std::nullopt, &t);
@@ -324,8 +338,8 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
   const ThroughputTable old = Learned(band, 100, 200, 50, kStep + 2000 - 1 - 4 * 500);
   ASSERT_EQ(old.newest_step(), kStep + 2000 - 1 - 4 * 500);
   const BatchFacts later = Batch(0.35, 4096, kStep + 2000);
-  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, later, {}, std::nullopt, &old).decision,
-            (Decision{kTp, Reason::kAdaptive}));
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, later, {}, std::nullopt, &old).static_choice,
+            kTp);
   // Null table: the prior.
   EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(0.05), {}, std::nullopt, nullptr).decision,
             (Decision{kSp, Reason::kGatesPassed}));
@@ -374,6 +388,10 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   const int64_t at = changed.BandChangedStep(band);  // a few slow samples in
   ASSERT_GT(at, 10000);
   ASSERT_LE(at, 10008);
+  // The same, with a switch's cost measured (the cap binds only then).
+  ThroughputTable costly = changed;
+  costly.SetSwitchCost(SwitchCostCell{.seconds = 0.4, .weight = 4, .last_step = at});
+  ASSERT_GT(MeasuredSwitchCost(c, costly, at), 0.0);
   struct Case {
     const char* what;
     const ThroughputTable* table;
@@ -384,8 +402,10 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   } cases[] = {
       {"stable band: the floor", &stable, 10005, 20000, 1000, 50, -1},
       {"within the boost after a change: the share", &changed, at, at + 200, 134, 1, -1},
-      {"within the boost, a cap of 2 switches in 200: one run", &changed, at, at + 200, 134,
-       100, 4},
+      {"within the boost, a cap of 2 switches in 200, switching free: every run", &changed, at,
+       at + 200, 134, 100, -1},
+      {"within the boost, a cap of 2 switches in 200, a measured cost: one run", &costly, at,
+       at + 200, 134, 100, 4},
       {"after the boost: the floor", &changed, at + 200, 20000, 1000, 50, -1},
   };
   for (const Case& k : cases) {
@@ -399,7 +419,7 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
         EXPECT_EQ(out.decision.mode, kTp) << k.what << " " << step;
         EXPECT_TRUE(InProbeRun(step, k.period)) << k.what << " " << step;
       } else {
-        EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive})) << k.what << " " << step;
+        EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed})) << k.what << " " << step;
       }
     }
     int64_t due = 0;
@@ -429,8 +449,9 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
 }
 
 // The flip cap: at most two switches in any 2 × adaptive_flip_interval_steps decisions,
-// whatever asks for them; a probe only when the switch back is left too; a flip the
-// memory gate or a pin forces is never held but counts.
+// whatever asks for them, where a switch's cost is measured; where switching is free it
+// does not bind; a probe only when the switch back is left too; a flip the memory gate or
+// a pin forces is never held but counts.
 TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   struct Case {
     const char* what;
@@ -461,28 +482,35 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
     EXPECT_EQ(FlipsAllowed(c, s, k.flips), k.allowed) << k.what;
   }
 
-  // A run: the band's preference alternates every 10 steps (the table is swapped), and a
-  // group under the cap switches at most twice in any 100 decisions; without the cap it
-  // follows every change.
+  // A run: the band's preference alternates every 10 steps (the table is swapped). With a
+  // switch's cost measured (1 s, against a saving of ~13 s a batch) a group under the cap
+  // switches at most twice in any 100 decisions; with switching free the same cap does not
+  // bind and the group follows every change.
   const GateConfig capped = Adaptive();
-  GateConfig free = capped;
-  free.adaptive_flip_interval_steps = 1;
   const int band = BandOf(capped, 0.05, 4096);
-  const ThroughputTable tp_better = Learned(band, 100, 150, 50, 999);
-  const ThroughputTable sp_better = Learned(band, 150, 100, 50, 999);
-  for (const GateConfig* c : std::vector<const GateConfig*>{&capped, &free}) {
+  const ThroughputTable tp_free = Learned(band, 100, 150, 50, 999);
+  const ThroughputTable sp_free = Learned(band, 150, 100, 50, 999);
+  const SwitchCostCell one_second{.seconds = 4.0, .weight = 4, .last_step = 999};
+  ThroughputTable tp_better = tp_free, sp_better = sp_free;
+  tp_better.SetSwitchCost(one_second);
+  sp_better.SetSwitchCost(one_second);
+  ASSERT_NEAR(MeasuredSwitchCost(capped, tp_better, 1000), 1.0, 1e-12);
+  ASSERT_EQ(MeasuredSwitchCost(capped, tp_free, 1000), 0.0);
+  for (const bool free : {false, true}) {
     GroupPolicyState g;
     std::vector<int64_t> switch_steps;
     int held = 0;
     for (int64_t step = 1001; step < 2001; ++step) {
-      if (MayExplore(*c, step)) continue;
-      const ThroughputTable& t = (step / 10) % 2 == 0 ? tp_better : sp_better;
+      if (MayExplore(capped, step)) continue;
+      const bool tp_phase = (step / 10) % 2 == 0;
+      const ThroughputTable& t =
+          free ? (tp_phase ? tp_free : sp_free) : (tp_phase ? tp_better : sp_better);
       const int64_t before = g.gate().mode_switches;
-      const GateOutcome out = g.Decide(*c, Batch(0.05, 4096, step), std::nullopt, &t);
+      const GateOutcome out = g.Decide(capped, Batch(0.05, 4096, step), std::nullopt, &t);
       held += out.flip_held;
       if (g.gate().mode_switches != before) switch_steps.push_back(g.gate().decisions - 1);
     }
-    if (c == &free) {
+    if (free) {
       EXPECT_GT(switch_steps.size(), 90u);
       EXPECT_EQ(held, 0);
     } else {
@@ -529,6 +557,10 @@ TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   EXPECT_EQ(kept.decision, (Decision{kTp, Reason::kAdaptive}));
   EXPECT_TRUE(kept.flip_held);
   EXPECT_EQ(trace.back().gate, "flip_cap");
+  // The same group with switching free: nothing holds it in the slower mode.
+  const GateOutcome moved = EvaluateAdaptive(capped, s, Batch(), {}, std::nullopt, &sp_free);
+  EXPECT_EQ(moved.decision, (Decision{kSp, Reason::kGatesPassed}));
+  EXPECT_FALSE(moved.flip_held);
 }
 
 // What a hold never does: switch the group (after a forced decision the group may already
@@ -549,8 +581,9 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   forced.decisions = 100;
   forced.last_switch_at = 99;
   forced.prev_switch_at = 98;
+  ASSERT_GT(MeasuredSwitchCost(c, t, kStep), 1.0);
   GateOutcome out = EvaluateAdaptive(c, forced, Batch(), {}, std::nullopt, &t);
-  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));
   EXPECT_FALSE(out.flip_held);
   // An unknown band (CV 0.35: the gates say TP-only) with a large learned cost: the cap
   // allows the switch, so it happens.
@@ -567,34 +600,39 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   probed.reason = Reason::kProbe;
   probed.last_switch_at = 96;
   out = EvaluateAdaptive(c, probed, Batch(), {}, std::nullopt, &t);
-  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));
   EXPECT_FALSE(out.flip_held);
 }
 
-// A switch must pay for its learned cost c: as an excursion (this batch's saving ≥ 2c, the
-// cap leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c).
-// With no cost learned and no cap (interval 1) a band's preference decides alone.
+// Where a switch's cost c is measured (with confidence, and above the margin of a step), a
+// switch must pay for it: as an excursion (this batch's confident saving ≥ 2c, the cap
+// leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c), and
+// the cap must leave it. Where switching is free neither the cap nor the mix holds the
+// group: the evidence decides alone.
 TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
   const int band = BandOf(Adaptive(), 0.05, 4096);   // 4096 tokens a batch
   const int other = BandOf(Adaptive(), 0.35, 4096);  // the rest of the mix
   struct Case {
     const char* what;
-    double cost_s;        // learned switch cost
+    double cost_s;        // learned switch cost (measured: the samples carry no noise)
     int64_t interval;
     double other_tp_rate;  // the other band: SP 100, TP-only this (the mix's weight: equal)
-    bool recent_switch;    // one switch 10 decisions ago: no excursion under a cap of 50
+    int recent_switches;   // switches 10 and 5 decisions ago (the cap of 50: none left)
     bool switches;        // SP → TP-only for a batch of `band` (SP 100, TP-only 110 tokens/s)
   } cases[] = {
       // This batch saves 4096/100 − 4096/110 × 1.02 ≈ 2.98 s; the mix per step half of
       // that plus half the other band's (TP-only 50: −42.6 s; 110: 2.98 s).
-      {"no cost, no cap: the band decides", 0.0, 1, 50, false, true},
-      {"no cost, the cap leaves an excursion", 0.0, 50, 50, false, true},
-      {"no cost, no excursion left, the mix prefers SP", 0.0, 50, 50, true, false},
-      {"no cost, no excursion left, the mix prefers TP-only", 0.0, 50, 110, true, true},
-      {"a cost of 100 s, the mix for TP-only: a move saves ~149 s", 100.0, 50, 110, false, true},
-      {"a cost of 500 s: more than a move saves", 500.0, 50, 110, false, false},
-      {"a cost of 1 s, no cap: 2.98 s pays out and back", 1.0, 1, 50, false, true},
-      {"a cost of 2 s, no cap: 2.98 s does not pay out and back", 2.0, 1, 50, false, false},
+      {"free, no cap: the band decides", 0.0, 1, 50, 0, true},
+      {"free, the mix prefers SP: not held", 0.0, 50, 50, 1, true},
+      {"free, the cap spent: does not bind", 0.0, 50, 50, 2, true},
+      {"a cost of 100 s, the mix for TP-only: a move saves ~149 s", 100.0, 50, 110, 0, true},
+      {"a cost of 500 s: more than a move saves", 500.0, 50, 110, 0, false},
+      {"a cost of 1.2 s, no cap: 2.98 s pays out and back", 1.2, 1, 50, 0, true},
+      {"a cost of 2 s, no cap: 2.98 s does not pay out and back", 2.0, 1, 50, 0, false},
+      {"a cost of 1.2 s, no excursion left, the mix prefers SP", 1.2, 50, 50, 1, false},
+      {"a cost of 1.2 s, the cap spent", 1.2, 50, 110, 2, false},
+      // Below the margin (2 %) of a mean step (~50 s): no difference the policy acts on.
+      {"a cost of 0.9 s, the cap spent: not material, switching free", 0.9, 50, 50, 2, true},
   };
   for (const Case& k : cases) {
     GateConfig c = Adaptive();
@@ -611,16 +649,166 @@ TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
       t.ObserveAfterSwitch(c, band, kSp, 999, 4096, 40.96 + k.cost_s);
     }
     ASSERT_NEAR(t.SwitchCostSeconds(), k.cost_s, 1e-9) << k.what;
+    ASSERT_NEAR(MeasuredSwitchCost(c, t, kStep), k.cost_s < 1.0 ? 0.0 : k.cost_s, 1e-9)
+        << k.what;
     GroupGateState s;
     s.has_decision = s.has_chosen_mode = true;
     s.mode = s.chosen_mode = kSp;
     s.decisions = 500;
-    if (k.recent_switch) s.last_switch_at = 490;
+    if (k.recent_switches >= 1) s.last_switch_at = 495;
+    if (k.recent_switches >= 2) s.prev_switch_at = 490;
     const GateOutcome out = EvaluateAdaptive(c, s, Batch(0.05, 4096), {}, std::nullopt, &t);
     EXPECT_EQ(out.decision.mode, k.switches ? kTp : kSp) << k.what;
     EXPECT_EQ(out.flip_held, !k.switches) << k.what;
     EXPECT_EQ(out.decision.reason, Reason::kAdaptive) << k.what;
   }
+}
+
+// `n` samples of each mode in `band`, alternating ±noise around the given rates.
+ThroughputTable NoisyLearned(int band, double sp_rate, double tp_rate, double noise,
+                             int n = 50, int64_t step = kStep - 1) {
+  ThroughputTable t;
+  for (int i = n - 1; i >= 0; --i) {
+    const double f = i % 2 == 0 ? 1 + noise : 1 - noise;
+    t.Observe(Adaptive(), band, kSp, step - i, sp_rate * f, 1.0);
+    t.Observe(Adaptive(), band, kTp, step - i, tp_rate * (2 - f), 1.0);
+  }
+  return t;
+}
+
+// The incumbent rule: the gates' decision stands, with its reason, unless the band's
+// evidence says the other mode is faster at 95 % confidence (a move to TP-only by more
+// than the margin) and no change was detected in the band within the boost; a switch's
+// cost holds the group only where it is measured with confidence, and then a departure
+// must pay for it.
+TEST(EvaluateAdaptiveTest, DepartsFromTheGatesOnlyOnConfidentEvidence) {
+  const GateConfig c = Adaptive();  // margin 0.02, flip interval 50
+  const int low = BandOf(c, 0.05, 4096);   // the gates: SP (GATES_PASSED)
+  const int high = BandOf(c, 0.35, 4096);  // the gates: TP-only (LENGTH_CV)
+  const Decision gates_sp{kSp, Reason::kGatesPassed};
+  const Decision gates_tp{kTp, Reason::kLengthCv};
+  const Decision to_tp{kTp, Reason::kAdaptive};
+  const Decision to_sp{kSp, Reason::kAdaptive};
+  struct Case {
+    const char* what;
+    ThroughputTable table;
+    double cv;
+    Mode running;              // the group's mode, chosen by the policy
+    int recent_switches;       // 0-2 in the last 10 decisions (2: the cap is spent)
+    SwitchCostCell cost;       // {}: none learned
+    Decision want;
+  } cases[] = {
+      {"no evidence (7 samples): the gates' SP", Learned(low, 100, 200, 7), 0.05, kSp, 0, {},
+       gates_sp},
+      {"no evidence (7 samples): the gates' TP-only", Learned(high, 200, 100, 7), 0.35, kTp, 0,
+       {}, gates_tp},
+      {"the evidence agrees: the gates' reason", Learned(low, 120, 100), 0.05, kSp, 0, {},
+       gates_sp},
+      {"TP-only 4 % faster, exact: departs", Learned(low, 100, 104), 0.05, kSp, 0, {}, to_tp},
+      {"TP-only 4 % faster within ±20 % noise: stays", NoisyLearned(low, 100, 104, 0.2), 0.05,
+       kSp, 0, {}, gates_sp},
+      {"TP-only 30 % faster within ±20 % noise: departs", NoisyLearned(low, 100, 130, 0.2),
+       0.05, kSp, 0, {}, to_tp},
+      {"SP 1 % faster than the gates' TP-only: departs (no margin towards SP)",
+       Learned(high, 101, 100), 0.35, kTp, 0, {}, to_sp},
+      {"SP and TP-only tie: the gates' TP-only", Learned(high, 100, 100), 0.35, kTp, 0, {},
+       gates_tp},
+      {"SP 5 % faster within ±20 % noise: the gates' TP-only", NoisyLearned(high, 105, 100, 0.2),
+       0.35, kTp, 0, {}, gates_tp},
+      {"switching free, the cap spent: departs", Learned(low, 100, 130), 0.05, kSp, 2, {},
+       to_tp},
+      {"a measured cost, the cap spent: holds SP", Learned(low, 100, 130), 0.05, kSp, 2,
+       {.seconds = 4, .weight = 4, .last_step = kStep - 1}, {kSp, Reason::kAdaptive}},
+      {"a measured cost larger than the saving: holds SP", Learned(low, 100, 130), 0.05, kSp, 0,
+       {.seconds = 4000, .weight = 4, .last_step = kStep - 1}, {kSp, Reason::kAdaptive}},
+      {"a cost within the steps' noise is not measured: departs, the cap spent",
+       NoisyLearned(low, 100, 160, 0.2), 0.05, kSp, 2,
+       {.seconds = 0.4, .weight = 4, .last_step = kStep - 1}, to_tp},
+      {"back to the gates' SP after a departure, switching free", Learned(low, 120, 100), 0.05,
+       kTp, 2, {}, gates_sp},
+  };
+  // A change detected in the band (SP fell to 60 tokens/s): SP's estimate re-based,
+  // TP-only's left as it was; the band is no evidence within the boost, evidence after it.
+  ThroughputTable changed = Learned(low, 100, 130, 50, kStep - 20);
+  for (int i = 1; i <= 8; ++i) changed.Observe(c, low, kSp, kStep - 20 + i, 60, 1.0);
+  ASSERT_GE(changed.BandChangedStep(low), kStep - 19);
+  EXPECT_DOUBLE_EQ(changed.cell(low, kTp).tokens_per_s(), 130.0);
+  for (const auto& [step, want] : {std::pair{kStep, gates_sp},
+                                   std::pair{kStep + c.adaptive_explore_boost_steps, to_tp}}) {
+    GroupGateState s;
+    const GateOutcome out =
+        EvaluateAdaptive(c, s, Batch(0.05, 4096, step + 1), {}, std::nullopt, &changed);
+    EXPECT_EQ(out.decision.mode, want.mode) << step;
+  }
+  for (const Case& k : cases) {
+    ThroughputTable t = k.table;
+    if (k.cost.last_step >= 0) t.SetSwitchCost(k.cost);
+    GroupGateState s;
+    s.has_decision = s.has_chosen_mode = true;
+    s.mode = s.chosen_mode = k.running;
+    s.reason = Reason::kAdaptive;
+    s.decisions = 500;
+    if (k.recent_switches >= 1) s.last_switch_at = 495;
+    if (k.recent_switches >= 2) s.prev_switch_at = 490;
+    std::vector<GateCheck> trace;
+    const GateOutcome out = EvaluateAdaptive(c, s, Batch(k.cv), {}, std::nullopt, &t, &trace);
+    EXPECT_EQ(out.decision, k.want) << k.what;
+    EXPECT_EQ(out.flip_held, k.want.reason == Reason::kAdaptive && k.want.mode == k.running)
+        << k.what;
+  }
+  // The measured cost: exact samples make any cost confident; with steps of 1 s spread by
+  // ±20 %, 0.1 s over 4 measurements is not (1.645 × 0.2 s / 2 ≈ 0.16 s), 1 s is, and 0.1 s
+  // over 64 is (0.04 s).
+  ThroughputTable noisy = NoisyLearned(low, 100, 160, 0.2);
+  noisy.SetSwitchCost({.seconds = 0.4, .weight = 4, .last_step = kStep - 1});
+  EXPECT_EQ(MeasuredSwitchCost(c, noisy, kStep), 0.0);
+  noisy.SetSwitchCost({.seconds = 4, .weight = 4, .last_step = kStep - 1});
+  EXPECT_NEAR(MeasuredSwitchCost(c, noisy, kStep), 1.0, 1e-9);
+  noisy.SetSwitchCost({.seconds = 6.4, .weight = 64, .last_step = kStep - 1});
+  EXPECT_NEAR(MeasuredSwitchCost(c, noisy, kStep), 0.1, 1e-9);
+  EXPECT_EQ(MeasuredSwitchCost(c, ThroughputTable{}, kStep), 0.0);
+}
+
+// Where the evidence never says the other mode is faster, ADAPTIVE runs the gates' choice
+// with its reason on every step but the exploration steps: the length-CV gate's in a band
+// with evidence, whatever the wait share (the wait-share gate is no incumbent there: its
+// TP-only runs on the moments of waiting would make the band's TP-only samples the slow
+// ones), the STATIC policy's in a band without, the wait-share fallback included.
+TEST(EvaluateAdaptiveTest, TiedEvidenceIsTheGatesChoice) {
+  const GateConfig a = Adaptive();
+  GateConfig s = a;
+  s.policy = GatePolicyKind::kStatic;
+  ThroughputTable tied;  // every band at 8,192 tokens and up: SP and TP-only equal
+  for (int b = 0; b < kBands; ++b) {
+    if (b % kTokenBands == 0) continue;  // 4,096 tokens: no evidence
+    for (int i = 0; i < 20; ++i) {
+      tied.Observe(a, b, kSp, 99 - i, 100, 1);
+      tied.Observe(a, b, kTp, 99 - i, 100, 1);
+    }
+  }
+  GroupPolicyState ga, gs;
+  int with_evidence = 0, rs_wait_without = 0;
+  for (int64_t step = 100; step < 1300; ++step) {
+    if (MayExplore(a, step)) continue;
+    const double share = (step / 100) % 2 == 0 ? 0.4 : 0.05;
+    const double cv = (step % 7) * 0.05;
+    const Decision cv_gate = cv > a.max_length_cv ? Decision{kTp, Reason::kLengthCv}
+                                                  : Decision{kSp, Reason::kGatesPassed};
+    // A known band: the length-CV gate's choice, and the state advances as it says.
+    const GateOutcome known = ga.Decide(a, Batch(cv, 8192, step), std::nullopt, &tied);
+    ASSERT_EQ(known.decision, cv_gate) << step;
+    ga.ObserveRsWaitShare(step, known.decision.mode, share, a.window_steps);
+    ++with_evidence;
+    // No evidence (a fresh group each time, the same window): the STATIC policy.
+    GroupPolicyState fresh_a = gs;
+    const GateOutcome oa = fresh_a.Decide(a, Batch(cv, 4096, step), std::nullopt, &tied);
+    const GateOutcome os = gs.Decide(s, Batch(cv, 4096, step), std::nullopt);
+    ASSERT_EQ(oa.decision, os.decision) << step;
+    rs_wait_without += os.decision.reason == Reason::kRsWait;
+    gs.ObserveRsWaitShare(step, os.decision.mode, share, s.window_steps);
+  }
+  EXPECT_GT(with_evidence, 1100);
+  EXPECT_GT(rs_wait_without, 0) << "the fallback was exercised";
 }
 
 // An exploration step in an empty band runs the mode the prior did not choose.
@@ -731,8 +919,11 @@ TEST(EstimateBandTest, SamplesAndMarginDecide) {
     const GateOutcome out =
         EvaluateAdaptive(c, GroupGateState{}, Batch(0.12, 8192), {}, std::nullopt, &k.table);
     ASSERT_EQ(out.band, band) << k.what;
-    if (k.known) {
-      EXPECT_EQ(out.decision, (Decision{k.preferred, Reason::kAdaptive})) << k.what;
+    if (k.known) {  // the gates' SP (CV 0.12), departed from where TP-only is preferred
+      EXPECT_EQ(out.decision,
+                (Decision{k.preferred,
+                          k.preferred == kTp ? Reason::kAdaptive : Reason::kGatesPassed}))
+          << k.what;
     } else {
       EXPECT_NE(out.decision.reason, Reason::kAdaptive) << k.what;
     }

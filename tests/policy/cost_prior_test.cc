@@ -196,12 +196,14 @@ TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
   EXPECT_GT(EstimatePrior(Shape(), s, off, 8, 16384, 0.3).fit.error, 0.01);
 }
 
-// The policy, in a band without samples: the prior's predicted step times decide by the
-// band rule (TP-only only when ahead by more than the margin), reason ADAPTIVE, and the
-// trace shows the terms. The table's Clear keeps what the job declared.
+// The policy, in a band without samples: where the prior's predicted step times say the
+// other mode than the gates' (TP-only only when ahead by more than the margin), it departs
+// from them, reason ADAPTIVE; where they agree the gates' decision stands; the trace shows
+// the terms. The table's Clear keeps what the job declared.
 TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   GateConfig c;
   c.policy = GatePolicyKind::kAdaptive;
+  c.max_length_cv = 2.0;  // the gates run SP on every batch here
   c.adaptive_min_samples = 8;
   c.adaptive_explore_share = 0;  // no probes in the way
   c.adaptive_explore_floor = 0;
@@ -239,7 +241,10 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
     std::vector<GateCheck> trace;
     const GateOutcome out =
         EvaluateAdaptive(c, GroupGateState{}, batch, {}, std::nullopt, &t, &trace);
-    EXPECT_EQ(out.decision, (Decision{k.want, Reason::kAdaptive})) << k.cv;
+    EXPECT_EQ(out.decision,
+              (Decision{k.want, k.want == Mode::kSequenceParallel ? Reason::kGatesPassed
+                                                                  : Reason::kAdaptive}))
+        << k.cv;
     EXPECT_FALSE(out.static_choice.has_value()) << k.cv;
     const auto prior = std::find_if(trace.begin(), trace.end(),
                                     [](const GateCheck& g) { return g.gate == "prior"; });
@@ -248,15 +253,21 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
     EXPECT_THAT(prior->detail, HasSubstr("element-wise saving"));
     EXPECT_THAT(prior->detail, HasSubstr("[telemetry]"));
   }
-  // A group that runs SP, which the measured bands prefer by ~7 %, is not moved to TP-only
-  // by one predicted batch: a switch on a prediction must pay as a move over the measured
-  // mix, never as an excursion. It holds (ADAPTIVE, flip_held).
+  // A group that runs SP, which the measured bands prefer by ~7 %: where switching is free
+  // the predicted batch moves it; where a switch's cost is measured, a switch on a
+  // prediction must pay as a move over the measured mix, never as an excursion, and it
+  // holds (ADAPTIVE, flip_held).
   GroupGateState sp_group;
   sp_group.has_decision = sp_group.has_chosen_mode = true;
   sp_group.decisions = 1000;
-  const GateOutcome held = EvaluateAdaptive(
-      c, sp_group, BatchFacts{.step = 100, .length_cv = 1.5, .tokens = 16384}, {},
-      std::nullopt, &t);
+  const BatchFacts predicted{.step = 100, .length_cv = 1.5, .tokens = 16384};
+  const GateOutcome moved = EvaluateAdaptive(c, sp_group, predicted, {}, std::nullopt, &t);
+  EXPECT_EQ(moved.decision, (Decision{Mode::kTensorParallelOnly, Reason::kAdaptive}));
+  EXPECT_FALSE(moved.flip_held);
+  ThroughputTable costly = t;
+  costly.SetSwitchCost(SwitchCostCell{.seconds = 0.004, .weight = 4, .last_step = 99});
+  ASSERT_GT(MeasuredSwitchCost(c, costly, 100), 0.0);
+  const GateOutcome held = EvaluateAdaptive(c, sp_group, predicted, {}, std::nullopt, &costly);
   EXPECT_EQ(held.decision, (Decision{Mode::kSequenceParallel, Reason::kAdaptive}));
   EXPECT_TRUE(held.flip_held);
   // The fit, passed in (a step plan fits once), decides as the table's own.
