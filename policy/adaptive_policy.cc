@@ -506,20 +506,14 @@ Mode OtherMode(Mode m) {
 Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
                           const ThroughputTable* table, const PriorFit* prior_fit,
                           const BandEstimate& e, const Decision& incumbent,
-                          double variance_floor, std::optional<PriorEstimate>* prior,
-                          std::vector<GateCheck>* trace) {
+                          bool recently_changed, double variance_floor,
+                          std::optional<PriorEstimate>* prior, std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
-  // A change detected in the band re-based one mode's estimate on a few recent samples and
-  // left the other's from before it: until the boosted exploration has measured both
-  // again, they are no evidence.
-  const int64_t changed = table == nullptr ? -1 : table->BandChangedStep(band);
-  if (e.known && changed >= 0 && batch.step >= changed &&
-      batch.step - changed < config.adaptive_explore_boost_steps) {
-    Record(trace, "adaptive", "skip", static_cast<double>(batch.step - changed),
-           static_cast<double>(config.adaptive_explore_boost_steps),
-           absl::StrFormat("band %s: a change was detected at step %d; re-learning for "
-                           "adaptive_explore_boost_steps, the gates' choice stands",
-                           BandLabel(band), changed));
+  if (e.known && recently_changed) {
+    Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
+           absl::StrFormat("band %s: a change was detected within adaptive_explore_boost_steps; "
+                           "re-learning, the gates' choice stands",
+                           BandLabel(band)));
     return incumbent;
   }
   if (e.known) {
@@ -589,19 +583,15 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // 1-2. Pin and memory, exactly as the gates.
   if (std::optional<Decision> d = PinAndMemoryGates(config, batch, pin, trace)) return finish(*d);
 
-  // 3. The incumbent, the gates' decision; the other mode only on evidence. In a band with
-  // evidence the wait-share gate's choice is not the incumbent (its length-CV verdict is):
-  // it reacts to waiting TP-only does not remove, and running TP-only on the moments of
-  // waiting (straggler bursts) is what would make the band's TP-only samples the slow ones.
+  // 3. The incumbent, the gates' decision; the other mode only on evidence. A change
+  // detected in the band re-based one mode's estimate on a few recent samples and left the
+  // other's from before it: until the boosted exploration has measured both again, they
+  // are no evidence.
   const BandEstimate e = EstimateBand(config, table, band, batch.step);
-  Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
-  if (e.known && (incumbent.reason == Reason::kRsWait || incumbent.reason == Reason::kProbe)) {
-    incumbent = {Mode::kSequenceParallel, Reason::kGatesPassed};  // the length CV passed
-    Record(trace, "rs_wait", "skip", 0, 0,
-           absl::StrFormat("band %s has evidence: the wait-share gate is no incumbent, the "
-                           "length-CV gate's SP is",
-                           BandLabel(band)));
-  }
+  const int64_t changed = table == nullptr ? -1 : table->BandChangedStep(band);
+  const bool recently_changed = changed >= 0 && batch.step >= changed &&
+                                batch.step - changed < config.adaptive_explore_boost_steps;
+  const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
   if (e.known) static_choice = incumbent.mode;
   // The table's noise: what a step spreads by, for the switch cost and the evidence (no
   // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
@@ -609,7 +599,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   const TableNoise noise = table == nullptr ? TableNoise{} : TableNoiseOf(config, *table);
   std::optional<PriorEstimate> prior;  // set when the prior departed
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     noise.relative_variance, &prior, trace);
+                                     recently_changed, noise.relative_variance, &prior, trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the

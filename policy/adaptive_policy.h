@@ -7,10 +7,8 @@
 //   1. pin and 2. memory, exactly as the gates (memory stays absolute, and a flip they
 //      force is never held);
 //   3. the incumbent: the STATIC gates' decision for the batch (ThresholdGates, its
-//      reason kept, so the group's gate state moves as under STATIC) — in a band with
-//      evidence the length-CV gate's, not the wait-share gate's (its TP-only runs on the
-//      moments of waiting would make the band's TP-only samples the slow ones). ADAPTIVE
-//      departs from it (reason ADAPTIVE) only on evidence:
+//      reason kept, so the group's gate state moves as under STATIC). ADAPTIVE departs
+//      from it (reason ADAPTIVE) only on evidence:
 //      - when both modes have at least adaptive_min_samples (weighted) in the batch's
 //        band: when the other mode's saving on this batch at the band's rates (a move to
 //        TP-only counts its seconds 1 + adaptive_margin times) is above 0 at one-sided 95 %
