@@ -82,8 +82,10 @@ enum class GateFieldRange : uint8_t {
   X(int64_t, adaptive_explore_boost_steps, 200, kCount,                                    \
     "ADAPTIVE: steps after a detected change that explore at adaptive_explore_share")      \
   X(int64_t, adaptive_flip_interval_steps, 50, kCount,                                     \
-    "ADAPTIVE: a group switches mode at most twice in any 2x this many decisions unless "  \
-    "a pin or the memory gate forces it")
+    "ADAPTIVE, where a switch's cost is measured (above adaptive_margin of a step and "     \
+    "1.645 standard errors): a group switches mode at most twice in any 2x this many "      \
+    "decisions unless a pin or the memory gate forces it; where switching is free it does " \
+    "not bind")
 
 // The gate thresholds, every field with its default.
 struct GateConfig {
