@@ -319,6 +319,22 @@ int Plot(const spgate::sim::CompareResult& r) {
   return 0;
 }
 
+// A comparison's outputs beyond the table: its JSON in the summary, --compare_series and
+// --plot. 2 if a file cannot be written.
+int CompareOutputs(const spgate::sim::CompareResult& r, spgate::sim::Summary& s) {
+  s.extra_json["compare"] = spgate::sim::CompareJson(r);
+  const std::string series = absl::GetFlag(FLAGS_compare_series);
+  if (!series.empty()) {
+    std::ofstream out(series);
+    out << spgate::sim::CompareSeriesCsv(r);
+    if (!out) {
+      std::fprintf(stderr, "spgate-sim: cannot write --compare_series=%s\n", series.c_str());
+      return 2;
+    }
+  }
+  return Plot(r);
+}
+
 // `replay --compare` of a pipeline: the summary's top-level keys are the static policy's
 // (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
 int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
@@ -344,44 +360,13 @@ int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
   s.all.time_s = st.time_s;
   s.all.step_times = st.step_times;
   s.all.peak_memory = st.peak_memory_bytes;
-  s.extra_json["compare"] = spgate::sim::CompareJson(*r);
-  const std::string series = absl::GetFlag(FLAGS_compare_series);
-  if (!series.empty()) {
-    std::ofstream out(series);
-    out << spgate::sim::CompareSeriesCsv(*r);
-    if (!out) {
-      std::fprintf(stderr, "spgate-sim: cannot write --compare_series=%s\n", series.c_str());
-      return 2;
-    }
-  }
-  if (int rc = Plot(*r); rc != 0) return rc;
+  if (int rc = CompareOutputs(*r, s); rc != 0) return rc;
   return Emit(s);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  spgate::DisableMutexDeadlockDetection();
-  spgate::InitFlagsUsage("spgate-sim");
-  absl::SetProgramUsageMessage(
-      "simulated TP groups speaking spgate's protocol.\n"
-      "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"
-      "  spgate-sim replay --config=FILE --lengths=file:TRACE [--sweep] [--compare]\n"
-      "  spgate-sim replay --compare --pp=P --microbatches=M [--schedule=interleaved --vp=V]\n"
-      "See docs/sim.md.");
-  bool replay = false;
-  std::vector<char*> args(argv, argv + argc);
-  if (argc > 1 && std::string(argv[1]) == "replay") {
-    replay = true;
-    args.erase(args.begin() + 1);
-  }
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "spgate-sim: unexpected argument \"%s\" (subcommands: replay)\n", rest[1]);
-    return 2;
-  }
-  SimOptions o = OptionsFromFlags();
-  // Before any run, so a long replay does not end without its figure.
+// The flag checks and parses every run needs, before it starts (so a long replay does not
+// end in a flag error or without its figure). 0, or the exit status after the message.
+int CheckFlags(bool replay, SimOptions& o) {
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     if (!replay || !absl::GetFlag(FLAGS_compare)) {
       std::fprintf(stderr, "spgate-sim: --plot belongs to `spgate-sim replay --compare`\n");
@@ -392,7 +377,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  // Checked before any run, so a long replay does not end in a flag error.
   if (absl::GetFlag(FLAGS_regret_window) < 1) {
     std::fprintf(stderr, "spgate-sim: --regret_window must be >= 1 step, got %lld\n",
                  static_cast<long long>(absl::GetFlag(FLAGS_regret_window)));
@@ -422,6 +406,33 @@ int main(int argc, char** argv) {
                  "`spgate-sim replay --compare` only (no --sweep)\n");
     return 2;
   }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spgate::DisableMutexDeadlockDetection();
+  spgate::InitFlagsUsage("spgate-sim");
+  absl::SetProgramUsageMessage(
+      "simulated TP groups speaking spgate's protocol.\n"
+      "  spgate-sim [--controller=ADDR] --groups=G --tp=T --steps_per_s=R --duration=60s ...\n"
+      "  spgate-sim replay --config=FILE --lengths=file:TRACE [--sweep] [--compare]\n"
+      "  spgate-sim replay --compare --pp=P --microbatches=M [--schedule=interleaved --vp=V]\n"
+      "See docs/sim.md.");
+  bool replay = false;
+  std::vector<char*> args(argv, argv + argc);
+  if (argc > 1 && std::string(argv[1]) == "replay") {
+    replay = true;
+    args.erase(args.begin() + 1);
+  }
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  if (rest.size() > 1) {
+    std::fprintf(stderr, "spgate-sim: unexpected argument \"%s\" (subcommands: replay)\n", rest[1]);
+    return 2;
+  }
+  SimOptions o = OptionsFromFlags();
+  if (int rc = CheckFlags(replay, o); rc != 0) return rc;
   if (!replay) {
     if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep) ||
         absl::GetFlag(FLAGS_compare)) {
@@ -473,17 +484,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     std::fprintf(stderr, "\n%s\n", spgate::sim::CompareTable(*r).c_str());
-    s->extra_json["compare"] = spgate::sim::CompareJson(*r);
-    const std::string series = absl::GetFlag(FLAGS_compare_series);
-    if (!series.empty()) {
-      std::ofstream out(series);
-      out << spgate::sim::CompareSeriesCsv(*r);
-      if (!out) {
-        std::fprintf(stderr, "spgate-sim: cannot write --compare_series=%s\n", series.c_str());
-        return 2;
-      }
-    }
-    if (int rc = Plot(*r); rc != 0) return rc;
+    if (int rc = CompareOutputs(*r, *s); rc != 0) return rc;
   }
   return Emit(*s);
 }

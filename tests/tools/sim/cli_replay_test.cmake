@@ -83,7 +83,7 @@ if(NOT oracle EQUAL 1)
 endif()
 file(STRINGS ${WORK}/series.csv series)
 list(GET series 0 header)
-if(NOT header STREQUAL "step,sp,tp_only,static,adaptive,oracle")
+if(NOT header STREQUAL "step,sp,tp_only,static,adaptive,oracle,expected_oracle")
   message(FATAL_ERROR "series.csv header: ${header}")
 endif()
 # --compare belongs to replay.

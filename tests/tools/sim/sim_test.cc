@@ -424,7 +424,7 @@ TEST(SimCompareTest, OracleBoundsEveryPolicyAndStaticIsReplay) {
   EXPECT_EQ(CompareJson(*again), CompareJson(*r));
   EXPECT_THAT(CompareJson(*r), HasSubstr("\"adaptive\": {\"effective_tokens_per_s\""));
   EXPECT_THAT(CompareTable(*r), HasSubstr("| oracle |"));
-  EXPECT_THAT(CompareSeriesCsv(*r), HasSubstr("step,sp,tp_only,static,adaptive,oracle\n"));
+  EXPECT_THAT(CompareSeriesCsv(*r), HasSubstr("step,sp,tp_only,static,adaptive,oracle,expected_oracle\n"));
   // Plain replay of an ADAPTIVE config learns too: it exploits after a while.
   GateConfig a;
   a.policy = GatePolicyKind::kAdaptive;
