@@ -688,10 +688,11 @@ class Campaign:
           duration=D(-60))
         U("PinMode/duration past 7 days", C.INVALID_ARGUMENT, "PinMode", job_id=self.d0, mode=1,
           duration=D(10**11))
-        U("PinMode/unknown job", C.NOT_FOUND, "PinMode", job_id="adv-nobody", mode=1,
-          duration=D(60))
-        U("PinMode/unknown group", C.NOT_FOUND, "PinMode", job_id=self.d0, group=2**31 - 1,
-          mode=1, duration=D(60))
+        if i % 10 == 0:  # a pin before the job registers is kept (pending): persisted, fewer
+            U("PinMode/job not registered yet", OK, "PinMode", job_id="adv-pending", mode=1,
+              duration=D(1))
+        U("PinMode/group past --max_groups_per_job", C.INVALID_ARGUMENT, "PinMode",
+          job_id=self.d0, group=2**31 - 1, mode=1, duration=D(60))
         U("PinMode/negative group", C.INVALID_ARGUMENT, "PinMode", job_id=self.d0, group=-1,
           mode=1, duration=D(60))
         U("PinMode/duration nanos 2e9", C.INVALID_ARGUMENT, "PinMode", job_id=self.d0, mode=1,
@@ -721,8 +722,10 @@ class Campaign:
         H("ListConfigHistory/page_size negative", C.INVALID_ARGUMENT, page_size=-1)
         H("ListConfigHistory/page_size huge", C.INVALID_ARGUMENT, page_size=2**31 - 1)
         H("ListConfigHistory/page_token garbage", C.INVALID_ARGUMENT, page_token="\u00ff" * 50)
-        U("RollbackGateConfig/to_version 0", C.INVALID_ARGUMENT, "RollbackGateConfig",
-          to_version=0)
+        U("RollbackGateConfig/to_version negative", C.INVALID_ARGUMENT, "RollbackGateConfig",
+          to_version=-1)
+        if i % 10 == 0:  # version 0 is the startup config: a real change, fewer of them
+            U("RollbackGateConfig/to_version 0", OK, "RollbackGateConfig", to_version=0)
         U("RollbackGateConfig/to_version never written", C.NOT_FOUND, "RollbackGateConfig",
           to_version=INT64_MAX)
         U("RollbackGateConfig/reader", C.PERMISSION_DENIED, "RollbackGateConfig", md=READER,
