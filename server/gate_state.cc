@@ -512,6 +512,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
                                : -1;
   }
   RecordStep(job, g, decision);
+  ++job.group_steps_decided;
   const std::vector<Decision>& decisions = staged ? decision.microbatches : plain;
   if (staged) {
     g.stage_peak = decision.stage_peak_bytes;
@@ -741,15 +742,39 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
     g.metrics->all_gather_tail->Set(g.all_gather.Quantile(0.95));
     g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
   }
+  // The MODES windows (docs/design.md §12) count micro-batches by the mode each ran: a
+  // step plan's from its micro-batch records (its record's mode is SP when any ran SP, so
+  // its step time cannot be split between the modes), a plain plan's step as its one
+  // micro-batch; a step plan's step sent without micro-batch records is left out. Before
+  // LearnFromStep, which lets go of the records.
+  ModeWindow& stepw = job.modes[m];
+  ++stepw.group_steps;
+  stepw.step_seconds += p.step_time;
+  const auto peak = static_cast<double>(p.peak);
+  bool ran[kModeSlots] = {};
+  if (!p.microbatches.empty()) {
+    size_t last[kModeSlots] = {};
+    for (size_t i = 0; i < p.microbatches.size(); ++i) {
+      last[static_cast<int>(p.microbatches[i].mode)] = i;
+    }
+    for (size_t i = 0; i < p.microbatches.size(); ++i) {
+      const MicrobatchTelemetryValues& mb = p.microbatches[i];
+      const int mode = static_cast<int>(mb.mode);
+      job.modes[mode].Push(mb.compute_s(), static_cast<double>(mb.effective_tokens),
+                           last[mode] == i, peak);
+      ran[mode] = true;
+    }
+  } else if (!job.layout.has_value()) {
+    stepw.Push(p.step_time, static_cast<double>(p.tokens), /*step_end=*/true, peak);
+    ran[m] = true;
+  }
+  for (int mode = 1; mode < kModeSlots; ++mode) {
+    if (ran[mode]) job.metrics->peak_memory[mode]->Set(job.modes[mode].peak.Max());
+  }
   LearnFromStep(job, g, slot);
-  ModeWindow& w = job.modes[m];
-  w.step_time.Push(p.step_time);
-  w.tokens.Push(static_cast<double>(p.tokens));
-  w.peak.Push(static_cast<double>(p.peak));
   job.metrics->step_duration[m]->Observe(p.step_time);
   job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
   job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));
-  job.metrics->peak_memory[m]->Set(w.peak.Max());
 }
 
 void GateState::AddWatcher(std::shared_ptr<DecisionWatcher> watcher) {

@@ -283,19 +283,22 @@ struct JobSummaryView {
   int groups = 0;
   int ranks_active = 0;
   int ranks_stale = 0;
-  int64_t steps_decided = 0;
+  int64_t steps_decided = 0;        // decisions: one per micro-batch (see JobSummary)
+  int64_t group_steps_decided = 0;  // one per (group, step)
   int64_t sp_groups = 0;
   int64_t tp_groups = 0;
   int64_t config_version = 0;
 };
 
+// One mode's MODES row (docs/design.md §12; the fields of v1::ModeStats).
 struct ModeStatsView {
   Mode mode = Mode::kSequenceParallel;
-  int64_t steps = 0;
+  int64_t microbatches = 0;  // samples: micro-batches (a plain plan's group-steps)
+  int64_t steps = 0;         // the group-steps they came from
   double effective_tokens_per_s = 0;
   double step_time_p95_s = 0;
   uint64_t peak_memory_bytes = 0;
-  bool compared_to_tp = false;  // both this mode and TP-only have steps in the window
+  bool compared_to_tp = false;  // both this mode and TP-only have samples in the window
   double peak_memory_vs_tp = 0;
   double tokens_per_s_vs_tp = 0;
   double step_time_p95_vs_tp = 0;

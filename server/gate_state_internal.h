@@ -29,7 +29,9 @@ namespace gate_state_internal {
 
 constexpr int64_t kNoStep = std::numeric_limits<int64_t>::min();
 constexpr int kPendingSlots = 16;
-constexpr int64_t kModeWindowSteps = 512;
+// Each mode's MODES window holds its last 512 micro-batches (a plain plan's step is its
+// one micro-batch).
+constexpr int64_t kModeWindowSamples = 512;
 // A group's cached step-plan answers keep at most this many micro-batch bytes (and at
 // least the two newest steps), whatever --decision_cache_steps says: 128 steps of 4,096
 // micro-batches would otherwise be 512 KiB a group.
@@ -164,10 +166,32 @@ struct Rank {
   int64_t last_telemetry_step = kNoStep;
 };
 
+// One mode's rolling window for GetJob's MODES table (docs/design.md §12): a sample per
+// micro-batch that ran the mode — its tokens and its compute seconds on the stage — or, for
+// a plain plan, per group-step (its one micro-batch: the group's tokens and step time). A
+// step's samples are pushed together, so the oldest step is the first to leave.
 struct ModeWindow {
-  RollingWindow step_time{kModeWindowSteps};
-  RollingWindow tokens{kModeWindowSteps};
-  RollingWindow peak{kModeWindowSteps};
+  RollingWindow seconds{kModeWindowSamples};
+  RollingWindow tokens{kModeWindowSamples};
+  // The group-step's peak memory on its last sample of the mode, -1 on its others: the
+  // samples >= 0 count the group-steps the window holds samples of, their max is the
+  // peak of those group-steps.
+  RollingWindow peak{kModeWindowSamples};
+  // The launch's group-steps whose record ran this mode (a step plan's: SP when any of
+  // its micro-batches did) and their step seconds: the job's mean step time.
+  int64_t group_steps = 0;
+  double step_seconds = 0;
+
+  void Push(double sample_seconds, double sample_tokens, bool step_end, double step_peak) {
+    seconds.Push(sample_seconds);
+    tokens.Push(sample_tokens);
+    peak.Push(step_end ? step_peak : -1.0);
+  }
+  int64_t StepsInWindow() const {
+    int64_t n = 0;
+    for (double v : peak.Samples()) n += v >= 0 ? 1 : 0;
+    return n;
+  }
 };
 
 // A group's ranks seen within `stale_after` of `now` and the others, each session counting
@@ -272,7 +296,9 @@ struct GateState::Job {
   JobOperatorView op;  // effective config and pins, from the operator store
   std::map<int, std::unique_ptr<Group>> groups;
   gate_state_internal::ModeWindow modes[kModeSlots];
+  // Decisions by (mode, reason): one per micro-batch (a plain plan's step is one).
   int64_t decisions[kModeSlots][kNumReasons] = {};
+  int64_t group_steps_decided = 0;  // one per (group, step) decided
   int64_t local_decisions = 0;
   int64_t memory_overrides = 0;  // daemon answers its workers' memory gates refused
   absl::flat_hash_map<std::string, std::weak_ptr<SessionSink>> sinks;

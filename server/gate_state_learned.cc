@@ -283,13 +283,13 @@ LearnedRecord GateState::RecordOf(const Job& job) const {
   r.incarnation = job.incarnation;
   r.key = *job.learned_key;
   r.fold_time = job.learned_fold_time == absl::InfinitePast() ? Now() : job.learned_fold_time;
-  // The job's mean step time over its modes' windows (the steps of this daemon's life),
-  // else what it was when the tables came back.
+  // The job's mean step time over the launch's group-steps in this daemon's life, else
+  // what it was when the tables came back.
   double seconds = 0;
   int64_t steps = 0;
   for (const gate_state_internal::ModeWindow& w : job.modes) {
-    seconds += w.step_time.Sum();
-    steps += w.step_time.size();
+    seconds += w.step_seconds;
+    steps += w.group_steps;
   }
   r.step_seconds = steps > 0 && seconds > 0 ? seconds / static_cast<double>(steps)
                                             : job.learned_step_seconds;

@@ -110,6 +110,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   job.groups.clear();
   for (ModeWindow& w : job.modes) w = ModeWindow{};
   for (auto& row : job.decisions) std::fill(std::begin(row), std::end(row), 0);
+  job.group_steps_decided = 0;
   job.local_decisions = 0;
   job.memory_overrides = 0;
   job.sinks.clear();

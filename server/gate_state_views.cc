@@ -59,6 +59,7 @@ JobSummaryView GateState::SummaryOf(const Job& job) const {
   for (int m = 1; m < kModeSlots; ++m) {
     for (int r = 0; r < kNumReasons; ++r) s.steps_decided += job.decisions[m][r];
   }
+  s.group_steps_decided = job.group_steps_decided;
   for (const auto& [gi, g] : job.groups) {
     const GroupView v = ViewOfGroup(job, *g);
     s.ranks_active += v.ranks_active;
@@ -89,19 +90,22 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
   out.layout = job.layout;
   out.sp_required = job.sp_required;
   for (const auto& [gi, g] : job.groups) out.groups.push_back(ViewOfGroup(job, *g));
+  // Per micro-batch (a plain plan's step is its one): tokens/s is one group's, its tokens
+  // over its seconds — a step's time, or a micro-batch's compute on its stage.
   const ModeWindow& tp = job.modes[static_cast<int>(Mode::kTensorParallelOnly)];
-  const double tp_tps = tp.step_time.Sum() > 0 ? tp.tokens.Sum() / tp.step_time.Sum() : 0;
-  const double tp_p95 = tp.step_time.Quantile(0.95);
+  const double tp_tps = tp.seconds.Sum() > 0 ? tp.tokens.Sum() / tp.seconds.Sum() : 0;
+  const double tp_p95 = tp.seconds.Quantile(0.95);
   const double tp_peak = tp.peak.Max();
   for (Mode mode : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
     const ModeWindow& w = job.modes[static_cast<int>(mode)];
     ModeStatsView ms;
     ms.mode = mode;
-    ms.steps = w.step_time.size();
-    ms.effective_tokens_per_s = w.step_time.Sum() > 0 ? w.tokens.Sum() / w.step_time.Sum() : 0;
-    ms.step_time_p95_s = w.step_time.Quantile(0.95);
-    ms.peak_memory_bytes = static_cast<uint64_t>(w.peak.Max());
-    if (!tp.step_time.empty() && !w.step_time.empty()) {
+    ms.microbatches = w.seconds.size();
+    ms.steps = w.StepsInWindow();
+    ms.effective_tokens_per_s = w.seconds.Sum() > 0 ? w.tokens.Sum() / w.seconds.Sum() : 0;
+    ms.step_time_p95_s = w.seconds.Quantile(0.95);
+    ms.peak_memory_bytes = static_cast<uint64_t>(std::max(0.0, w.peak.Max()));
+    if (!tp.seconds.empty() && !w.seconds.empty()) {
       ms.compared_to_tp = true;
       ms.tokens_per_s_vs_tp = tp_tps > 0 ? ms.effective_tokens_per_s / tp_tps : 0;
       ms.step_time_p95_vs_tp = tp_p95 > 0 ? ms.step_time_p95_s / tp_p95 : 0;

@@ -31,6 +31,7 @@ void ToProto(const JobSummaryView& s, v1::JobSummary* out) {
   out->set_ranks_active(s.ranks_active);
   out->set_ranks_stale(s.ranks_stale);
   out->set_steps_decided(s.steps_decided);
+  out->set_group_steps_decided(s.group_steps_decided);
   out->set_sp_groups(s.sp_groups);
   out->set_tp_groups(s.tp_groups);
   out->set_config_version(s.config_version);
@@ -64,6 +65,7 @@ void ToProto(const GroupView& g, v1::GroupStatus* out) {
 void ToProto(const ModeStatsView& m, v1::ModeStats* out) {
   out->set_mode(spgate::ToProto(m.mode));
   out->set_steps(m.steps);
+  out->set_microbatches(m.microbatches);
   out->set_effective_tokens_per_s(m.effective_tokens_per_s);
   out->set_step_time_p95_s(m.step_time_p95_s);
   out->set_peak_memory_bytes(m.peak_memory_bytes);

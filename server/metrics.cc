@@ -62,7 +62,8 @@ std::string_view LimitLabel(Limit limit) {
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
       decisions_f(BuildCounter().Name("spgate_decisions_total")
-                      .Help("Decisions sent to TP groups, by mode and reason.")
+                      .Help("Decisions sent to TP groups, by mode and reason: one per "
+                            "micro-batch of a step plan (a plain plan's group-step is one).")
                       .Register(*registry_)),
       local_decisions_f(BuildCounter().Name("spgate_worker_local_decisions_total")
                             .Help("Decisions workers made with their local policy (daemon late "
@@ -76,7 +77,8 @@ Metrics::Metrics()
                                    "config mismatch, a daemon bug or a forged answer.")
                              .Register(*registry_)),
       length_cv_f(BuildHistogram().Name("spgate_batch_length_cv")
-                      .Help("Coefficient of variation of sequence lengths per planned batch.")
+                      .Help("Coefficient of variation of sequence lengths per decision "
+                            "(a plain plan's batch, a step plan's micro-batch).")
                       .Register(*registry_)),
       rs_wait_f(BuildGauge().Name("spgate_rs_wait_share")
                     .Help("Rolling mean over SP steps of the group's reduce-scatter wait share "
@@ -99,25 +101,34 @@ Metrics::Metrics()
                           .Register(*registry_)),
       stage_adaptive_rate_f(
           BuildGauge().Name("spgate_stage_adaptive_tokens_per_second")
-              .Help("A pipelined job's stage: learned effective tokens/s of a mode in a band, "
-                    "from its micro-batches' compute on the stage, pooled over its groups.")
+              .Help("A pipelined job's stage: learned effective tokens/s of one TP group "
+                    "in a mode and a band, from its micro-batches' compute on the stage, "
+                    "pooled over its groups.")
               .Register(*registry_)),
       norm_stall_f(BuildGauge().Name("spgate_norm_stall_ratio")
                        .Help("Rolling mean of the share of step time spent in collectives that "
                              "exist only because LayerNorm crossed the shard boundary.")
                        .Register(*registry_)),
       step_duration_f(BuildHistogram().Name("spgate_step_duration_seconds")
-                          .Help("Step wall time (slowest rank of the group), by mode.")
+                          .Help("Group-step wall time (the group's slowest rank), one "
+                                "sample per group-step, by the mode of its record (a "
+                                "pipelined stage's: SP when any micro-batch ran SP).")
                           .Register(*registry_)),
       effective_tokens_f(BuildCounter().Name("spgate_effective_tokens_total")
-                             .Help("Non-padding tokens processed, by mode.")
+                             .Help("Non-padding tokens processed, summed over the job's TP "
+                                   "groups (its rate is the job's tokens/s; every stage of "
+                                   "a pipelined job counts its micro-batches), by the mode "
+                                   "of the group-step's record.")
                              .Register(*registry_)),
       padding_tokens_f(BuildCounter().Name("spgate_padding_tokens_total")
-                           .Help("Padding tokens processed, by mode.")
+                           .Help("Padding tokens processed, summed over the job's TP "
+                                 "groups, by the mode of the group-step's record.")
                            .Register(*registry_)),
       peak_memory_f(BuildGauge().Name("spgate_peak_memory_bytes")
-                        .Help("Largest per-step peak device memory over the job's recent steps "
-                              "(max over ranks), by mode.")
+                        .Help("Largest group-step peak device memory (max over ranks) "
+                              "over the group-steps in the job's MODES window of that mode "
+                              "(its last 512 micro-batches; a plain plan's group-step is "
+                              "one).")
                         .Register(*registry_)),
       memory_budget_f(BuildGauge().Name("spgate_memory_budget_bytes")
                           .Help("Device memory budget the job's workers report.")
@@ -126,7 +137,8 @@ Metrics::Metrics()
                          .Help("1 for the mode the group's latest decision chose, else 0.")
                          .Register(*registry_)),
       mode_switches_f(BuildCounter().Name("spgate_mode_switches_total")
-                          .Help("Times a group's decided mode changed.")
+                          .Help("Times a group's decided mode changed from one decision "
+                                "to the next (a step plan's: micro-batch to micro-batch).")
                           .Register(*registry_)),
       gate_threshold_f(BuildGauge().Name("spgate_gate_threshold")
                            .Help("Effective gate thresholds; job_id=\"_default\" is the global "
@@ -173,14 +185,17 @@ Metrics::Metrics()
                               "job_id=\"_default\" is the global default.")
                         .Register(*registry_)),
       adaptive_rate_f(BuildGauge().Name("spgate_adaptive_tokens_per_second")
-                          .Help("Learned effective tokens/s of a mode in a band of (length CV, "
-                                "tokens), pooled over the job's groups.")
+                          .Help("Learned effective tokens/s of one TP group (not the job's "
+                                "sum) in a mode and a band of (length CV, tokens), pooled "
+                                "over the job's groups.")
                           .Register(*registry_)),
       adaptive_samples_f(BuildGauge().Name("spgate_adaptive_samples")
                              .Help("Forgetting-weighted samples behind each learned estimate.")
                              .Register(*registry_)),
       exploration_f(BuildCounter().Name("spgate_adaptive_exploration_steps_total")
-                        .Help("ADAPTIVE steps that ran the mode not chosen to measure it (reason probe).")
+                        .Help("ADAPTIVE decisions that ran the mode not chosen to measure "
+                              "it (reason probe): group-steps, and a step plan's "
+                              "micro-batches.")
                         .Register(*registry_)),
       adaptive_gain_f(BuildGauge().Name("spgate_adaptive_gain_ratio")
                           .Help("Learned throughput of the ADAPTIVE choices over that of the "

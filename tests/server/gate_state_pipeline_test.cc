@@ -463,6 +463,49 @@ TEST_F(GateStatePipelineTest, EachStageLearnsFromItsOwnMicrobatches) {
   EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"3\"} 120\n")));
 }
 
+// GetJob's MODES window counts micro-batches by the mode each ran (docs/design.md §12): a
+// stage's record is SP when any of its micro-batches ran SP, yet half of them ran TP-only;
+// each mode's tokens/s is its micro-batches' tokens over their compute on the stage. The
+// summary counts group-steps and micro-batch decisions apart.
+TEST_F(GateStatePipelineTest, ModesCountMicrobatchesByTheModeEachRan) {
+  absl::StatusOr<v1::RegisterResponse> r0 = h_->Register(Reg(0));
+  absl::StatusOr<v1::RegisterResponse> r3 = h_->Register(Reg(3));
+  ASSERT_THAT(r0.status(), IsOk());
+  ASSERT_THAT(r3.status(), IsOk());
+  auto sink = std::make_shared<RecordingSink>();
+  absl::StatusOr<std::shared_ptr<Session>> s0 = h_->AttachSession(r0->session_id(), sink);
+  absl::StatusOr<std::shared_ptr<Session>> s3 = h_->AttachSession(r3->session_id(), sink);
+  ASSERT_THAT(s0.status(), IsOk());
+  ASSERT_THAT(s3.status(), IsOk());
+  constexpr int kSteps = 11;  // 2 stages x 11 steps x 2 TP-only micro-batches = 44
+  for (int64_t step = 0; step < kSteps; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(h_->Decide(StepPlan(0, step), &d), IsOk());
+    ASSERT_THAT(h_->Decide(StepPlan(3, step), &d), IsOk());
+    v1::StepTelemetry t0 = StageTelemetry(0, step, 0.1, 0.2);
+    v1::StepTelemetry t3 = StageTelemetry(3, step, 0.1, 0.2);
+    t0.set_peak_memory_bytes(1000);
+    t3.set_peak_memory_bytes(2000);
+    ASSERT_THAT(h_->RecordTelemetry(**s0, t0), IsOk());
+    ASSERT_THAT(h_->RecordTelemetry(**s3, t3), IsOk());
+  }
+  absl::StatusOr<v1::Job> job = h_->GetJob(kJob);
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->summary().group_steps_decided(), 2 * kSteps);
+  EXPECT_EQ(job->summary().steps_decided(), 2 * kSteps * 4) << "one per micro-batch";
+  ASSERT_EQ(job->mode_stats_size(), 2);
+  for (const v1::ModeStats& m : job->mode_stats()) {
+    const bool sp = m.mode() == v1::SEQUENCE_PARALLEL;
+    SCOPED_TRACE(v1::Mode_Name(m.mode()));
+    EXPECT_EQ(m.microbatches(), 2 * kSteps * 2);
+    EXPECT_EQ(m.steps(), 2 * kSteps) << "group-steps with a micro-batch of the mode";
+    EXPECT_NEAR(m.effective_tokens_per_s(), sp ? 120 : 60, 1e-6);  // 12 tokens in 0.1 / 0.2 s
+    EXPECT_NEAR(m.step_time_p95_s(), sp ? 0.1 : 0.2, 1e-9);
+    EXPECT_EQ(m.peak_memory_bytes(), 2000u);
+  }
+  EXPECT_NEAR(job->mode_stats(0).tokens_per_s_vs_tp(), 2.0, 1e-9);
+}
+
 // A stage learns a switch's cost per micro-batch, as a plain group does per step: on
 // stage 0 the micro-batch after a change of the stage's mode (id 2, SP -> TP-only; id 0 of
 // the next step, TP-only -> SP) takes 0.05 s longer, and its table measures that excess;

@@ -253,6 +253,16 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
   EXPECT_EQ(job->groups(0).slowest_rank(), 2);
   EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 2.0);
   EXPECT_EQ(job->groups(0).peak_memory_rank(), 1);
+  // A plain plan's group-step is the MODES window's one micro-batch, decided once.
+  ASSERT_EQ(job->mode_stats_size(), 2);
+  EXPECT_EQ(job->mode_stats(0).mode(), v1::SEQUENCE_PARALLEL);
+  EXPECT_EQ(job->mode_stats(0).microbatches(), 1);
+  EXPECT_EQ(job->mode_stats(0).steps(), 1);
+  EXPECT_DOUBLE_EQ(job->mode_stats(0).step_time_p95_s(), 2.0);
+  EXPECT_EQ(job->mode_stats(0).peak_memory_bytes(), 5000u);
+  EXPECT_EQ(job->mode_stats(1).microbatches(), 0);
+  EXPECT_EQ(job->summary().group_steps_decided(), 1);
+  EXPECT_EQ(job->summary().steps_decided(), 1);
   EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
               HasSubstr("spgate_slowest_rank{group=\"0\",job_id=\"j\"} 2"));
 

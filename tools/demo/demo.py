@@ -227,7 +227,7 @@ class Demo:
 
     def job_view(self):
         job = self.admin.call("GetJob", job_id=JOB)
-        print(f"\nGetJob {JOB}: {job.summary.steps_decided} steps decided, "
+        print(f"\nGetJob {JOB}: {job.summary.group_steps_decided} group-steps decided, "
               f"{job.summary.sp_groups} group(s) now SP, {job.summary.tp_groups} TP-only, "
               f"config v{job.summary.config_version}")
         print("    group  ranks  last step  mode     reason              rolling rs_wait  switches")

@@ -203,19 +203,22 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
 std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format) {
   if (format != OutputFormat::kTable) return ToStructured(jobs, format);
   if (jobs.jobs_size() == 0) return "no jobs\n";
+  // Decided, summed over the groups: (group, step) pairs and micro-batches (a plain plan's
+  // step is its one); SP_GROUPS / TP_GROUPS: the groups by their last decision's mode.
   Table t({{"JOB"},
            {"GROUPS", Align::kRight},
            {"RANKS", Align::kRight},
            {"STALE", Align::kRight},
-           {"GROUP_STEPS", Align::kRight},  // decided, summed over the groups
-           {"SP", Align::kRight},
-           {"TP_ONLY", Align::kRight},
+           {"GROUP_STEPS", Align::kRight},
+           {"MICROBATCHES", Align::kRight},
+           {"SP_GROUPS", Align::kRight},
+           {"TP_GROUPS", Align::kRight},
            {"VERSION", Align::kRight}});
   for (const v1::JobSummary& j : jobs.jobs()) {
     t.AddRow({j.job_id(), absl::StrCat(j.groups()), absl::StrCat(j.ranks_active()),
-              absl::StrCat(j.ranks_stale()), absl::StrCat(j.steps_decided()),
-              absl::StrCat(j.sp_groups()), absl::StrCat(j.tp_groups()),
-              absl::StrCat(j.config_version())});
+              absl::StrCat(j.ranks_stale()), absl::StrCat(j.group_steps_decided()),
+              absl::StrCat(j.steps_decided()), absl::StrCat(j.sp_groups()),
+              absl::StrCat(j.tp_groups()), absl::StrCat(j.config_version())});
   }
   return t.Render();
 }
@@ -323,7 +326,7 @@ std::string JobSummaryText(const v1::Job& job) {
       {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
       // One per group and step: a job of 4 groups that ran 100 steps decided 400.
-      {"group-steps", absl::StrCat(s.steps_decided(), " decided")},
+      {"group-steps", absl::StrCat(s.group_steps_decided(), " decided")},
       {"local decisions", absl::StrCat(job.local_decisions())},
       // Daemon answers the workers refused on memory (docs/security.md): should be 0.
       {"memory overrides", absl::StrCat(job.memory_overrides())},
@@ -331,6 +334,9 @@ std::string JobSummaryText(const v1::Job& job) {
                               SetFieldsText(job.config().overrides()))},
   };
   if (job.has_layout()) {
+    // A step plan decides each micro-batch: 4 groups, 100 steps, 8 micro-batches: 3,200.
+    rows.insert(rows.begin() + 4,
+                {"micro-batches", absl::StrCat(s.steps_decided(), " decided")});
     const v1::JobLayout& l = job.layout();
     rows.emplace_back(
         "layout", absl::StrFormat("tp=%d pp=%d vp=%d cp=%d dp=%d microbatches=%d %s", l.tp(),
@@ -417,36 +423,52 @@ std::string JobStagesText(const v1::Job& job) {
   return absl::StrCat("\nSTAGES (last step plan of each group)\n", t.Render());
 }
 
-// MODES: the rolling window's per-mode throughput, step time and memory.
+// MODES: the rolling window's per-mode throughput, time and memory (docs/design.md §12).
+// Each sample is a micro-batch counted by the mode it ran; a plain plan's step is its one
+// micro-batch, so a job without a layout counts group-steps. Tokens/s is one group's.
 std::string JobModesText(const v1::Job& job) {
-  // Each group's step is one sample, so tokens/s is that of one group, not the job's.
-  std::string out =
-      "\nMODES (rolling window of group-steps; tokens/s per group; ratios relative to tp_only)\n";
+  const bool staged = job.has_layout();
+  std::string out = absl::StrCat(
+      "\nMODES (rolling window of ",
+      staged ? "micro-batches, by the mode each ran; tokens/s per group over each "
+               "micro-batch's compute on its stage"
+             : "group-steps; tokens/s per group",
+      "; ratios relative to tp_only)\n");
   if (job.mode_stats_size() == 0) {
     absl::StrAppend(&out, "(no steps observed yet)\n");
-  } else {
-    Table t({{"MODE"},
-             {"GROUP_STEPS", Align::kRight},
-             {"TOKENS/S/GROUP", Align::kRight},
-             {"vs TP", Align::kRight},
-             {"STEP_P95_S", Align::kRight},
-             {"vs TP", Align::kRight},
-             {"PEAK_MEMORY", Align::kRight},
-             {"vs TP", Align::kRight}});
-    for (const v1::ModeStats& m : job.mode_stats()) {
-      t.AddRow({ModeName(m.mode()), absl::StrCat(m.steps()), Fixed(m.effective_tokens_per_s(), 0),
-                Ratio(m.tokens_per_s_vs_tp()), Fixed(m.step_time_p95_s(), 4),
-                Ratio(m.step_time_p95_vs_tp()), FormatBytes(m.peak_memory_bytes()),
-                Ratio(m.peak_memory_vs_tp())});
-    }
-    absl::StrAppend(&out, t.Render());
+    return out;
   }
+  constexpr Align kR = Align::kRight;
+  std::vector<Table::Column> cols = {{"MODE"},
+                                     {"GROUP_STEPS", kR},
+                                     {"TOKENS/S/GROUP", kR},
+                                     {"vs TP", kR},
+                                     {staged ? "MB_COMPUTE_P95_S" : "STEP_P95_S", kR},
+                                     {"vs TP", kR},
+                                     {"PEAK_MEMORY", kR},
+                                     {"vs TP", kR}};
+  if (staged) cols.insert(cols.begin() + 1, {"MICROBATCHES", kR});
+  Table t(std::move(cols));
+  for (const v1::ModeStats& m : job.mode_stats()) {
+    std::vector<std::string> row = {ModeName(m.mode()),
+                                    absl::StrCat(m.steps()),
+                                    Fixed(m.effective_tokens_per_s(), 0),
+                                    Ratio(m.tokens_per_s_vs_tp()),
+                                    Fixed(m.step_time_p95_s(), 4),
+                                    Ratio(m.step_time_p95_vs_tp()),
+                                    FormatBytes(m.peak_memory_bytes()),
+                                    Ratio(m.peak_memory_vs_tp())};
+    if (staged) row.insert(row.begin() + 1, absl::StrCat(m.microbatches()));
+    t.AddRow(std::move(row));
+  }
+  absl::StrAppend(&out, t.Render());
   return out;
 }
 
-// DECISIONS: the count of each (mode, reason).
+// DECISIONS: the count of each (mode, reason), one per micro-batch (a plain plan's step).
 std::string JobDecisionsText(const v1::Job& job) {
-  std::string out = "\nDECISIONS (group-steps)\n";
+  std::string out =
+      absl::StrCat("\nDECISIONS (", job.has_layout() ? "micro-batches" : "group-steps", ")\n");
   if (job.decisions_size() == 0) {
     absl::StrAppend(&out, "(none)\n");
   } else {

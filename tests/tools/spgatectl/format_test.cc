@@ -127,15 +127,19 @@ TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {
 
 TEST(FormatJobList, TableAndEmpty) {
   const auto jobs = Parse<v1::ListJobsResponse>(R"pb(
-    jobs { job_id: "llama" groups: 2 ranks_active: 8 steps_decided: 1200 sp_groups: 1
-           tp_groups: 1 config_version: 3 }
+    jobs { job_id: "llama" groups: 2 ranks_active: 8 steps_decided: 1200
+           group_steps_decided: 1200 sp_groups: 1 tp_groups: 1 config_version: 3 }
     jobs { job_id: "gpt-long-context" groups: 16 ranks_active: 60 ranks_stale: 4
-           steps_decided: 7 sp_groups: 16 config_version: 12 }
+           steps_decided: 56 group_steps_decided: 7 sp_groups: 16 config_version: 12 }
   )pb");
+  // A pipelined job decides each micro-batch: 7 group-steps of 8 micro-batches are 56.
   EXPECT_EQ(FormatJobList(jobs, OutputFormat::kTable),
-            "JOB               GROUPS  RANKS  STALE  GROUP_STEPS  SP  TP_ONLY  VERSION\n"
-            "llama                  2      8      0         1200   1        1        3\n"
-            "gpt-long-context      16     60      4            7  16        0       12\n");
+            "JOB               GROUPS  RANKS  STALE  GROUP_STEPS  MICROBATCHES  SP_GROUPS  "
+            "TP_GROUPS  VERSION\n"
+            "llama                  2      8      0         1200          1200          1  "
+            "        1        3\n"
+            "gpt-long-context      16     60      4            7            56         16  "
+            "        0       12\n");
   EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kTable), "no jobs\n");
   // Scripts see an empty list rather than a missing key.
   EXPECT_EQ(FormatJobList(v1::ListJobsResponse(), OutputFormat::kJson), "{\n \"jobs\": []\n}\n");
@@ -143,7 +147,7 @@ TEST(FormatJobList, TableAndEmpty) {
 
 const char* kJob = R"pb(
   summary { job_id: "llama" groups: 2 ranks_active: 7 ranks_stale: 1 steps_decided: 1200
-            sp_groups: 1 tp_groups: 1 config_version: 3 }
+            group_steps_decided: 1200 sp_groups: 1 tp_groups: 1 config_version: 3 }
   groups { group: 0 group_size: 4 ranks_active: 4 mode: SEQUENCE_PARALLEL reason: GATES_PASSED
            last_step: 600 rolling_rs_wait_share: 0.031 all_gather_tail_s: 0.0012
            norm_stall_ratio: 0.01 mode_switches: 2 slowest_rank: 3 slowest_step_time_s: 0.812 }
@@ -151,10 +155,11 @@ const char* kJob = R"pb(
            reason: PINNED last_step: 599 rs_wait_fallback: true mode_switches: 1 slowest_rank: -1
            pin { job_id: "llama" group: 1 mode: TENSOR_PARALLEL_ONLY
                  expire_time { seconds: 1700000600 } } }
-  mode_stats { mode: SEQUENCE_PARALLEL steps: 50 effective_tokens_per_s: 123456.7
+  mode_stats { mode: SEQUENCE_PARALLEL steps: 50 microbatches: 50 effective_tokens_per_s: 123456.7
                step_time_p95_s: 0.81 peak_memory_bytes: 69793218560 peak_memory_vs_tp: 0.81
                tokens_per_s_vs_tp: 1.04 step_time_p95_vs_tp: 0.98 }
-  mode_stats { mode: TENSOR_PARALLEL_ONLY steps: 50 effective_tokens_per_s: 118708.4
+  mode_stats { mode: TENSOR_PARALLEL_ONLY steps: 50 microbatches: 50
+               effective_tokens_per_s: 118708.4
                step_time_p95_s: 0.8265 peak_memory_bytes: 86167781376 peak_memory_vs_tp: 1
                tokens_per_s_vs_tp: 1 step_time_p95_vs_tp: 1 }
   decisions { mode: SEQUENCE_PARALLEL reason: GATES_PASSED count: 900 }
@@ -178,10 +183,18 @@ const char* kJob = R"pb(
   memory_overrides: 2
 )pb";
 
-// A pipelined job: its layout, why it is locked to SP, and a row per stage.
+// A pipelined job: its layout, why it is locked to SP, a row per stage, and its MODES and
+// DECISIONS counted in micro-batches (by the mode each ran), beside the group-steps.
 TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
   const auto job = Parse<v1::Job>(R"pb(
-    summary { job_id: "pipe" groups: 3 ranks_active: 6 steps_decided: 10 sp_groups: 3 }
+    summary { job_id: "pipe" groups: 3 ranks_active: 6 steps_decided: 40
+              group_steps_decided: 10 sp_groups: 3 }
+    mode_stats { mode: SEQUENCE_PARALLEL steps: 10 microbatches: 36 effective_tokens_per_s: 120
+                 step_time_p95_s: 0.1 peak_memory_bytes: 1024 }
+    mode_stats { mode: TENSOR_PARALLEL_ONLY steps: 4 microbatches: 4 effective_tokens_per_s: 60
+                 step_time_p95_s: 0.2 peak_memory_bytes: 1024 tokens_per_s_vs_tp: 1
+                 step_time_p95_vs_tp: 1 peak_memory_vs_tp: 1 }
+    decisions { mode: SEQUENCE_PARALLEL reason: SP_REQUIRED count: 40 }
     groups { group: 0 group_size: 2 ranks_active: 2 mode: SEQUENCE_PARALLEL
              reason: SP_REQUIRED last_step: 9 coordinates { stage: 0 }
              predicted_stage_peak_bytes: 2147483648 }
@@ -210,6 +223,17 @@ TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
                               "STAGE  GROUPS  TP_ONLY  PREDICTED_PEAK\n"
                               "    0       1      0/4         2.0 GiB\n"
                               "    1       2      4/8         1.5 GiB\n"));
+  EXPECT_THAT(text, HasSubstr("group-steps       10 decided\nmicro-batches     40 decided\n"));
+  EXPECT_THAT(text, HasSubstr(
+      "MODES (rolling window of micro-batches, by the mode each ran; tokens/s per group over "
+      "each micro-batch's compute on its stage; ratios relative to tp_only)\n"
+      "MODE     MICROBATCHES  GROUP_STEPS  TOKENS/S/GROUP  vs TP  MB_COMPUTE_P95_S  vs TP  "
+      "PEAK_MEMORY  vs TP\n"
+      "sp                 36           10             120      -            0.1000      -  "
+      "    1.0 KiB      -\n"
+      "tp_only             4            4              60  1.00x            0.2000  1.00x  "
+      "    1.0 KiB  1.00x\n"));
+  EXPECT_THAT(text, HasSubstr("DECISIONS (micro-batches)\n"));
 }
 
 TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {

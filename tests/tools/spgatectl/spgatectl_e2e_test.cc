@@ -315,15 +315,19 @@ TEST_F(SpgatectlE2eTest, JobsListAndShowAfterDecisions) {
   CtlResult r = Ctl({"jobs", "list"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, StartsWith("JOB "));
-  EXPECT_THAT(r.out, ContainsRegex("\nllama +2 "));
+  // 4 group-steps, each its one micro-batch; group 0 SP, group 1 TP-only.
+  EXPECT_THAT(r.out, ContainsRegex("GROUP_STEPS +MICROBATCHES +SP_GROUPS +TP_GROUPS +VERSION\n"));
+  EXPECT_THAT(r.out, ContainsRegex("\nllama +2 +[0-9]+ +[0-9]+ +4 +4 +1 +1 "));
 
   r = Ctl({"jobs", "show", "llama"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr("job               llama\n"));
+  EXPECT_THAT(r.out, HasSubstr("group-steps       4 decided\n"));
+  EXPECT_THAT(r.out, Not(HasSubstr("micro-batches     ")));  // a plain job's are its steps
   EXPECT_THAT(r.out, HasSubstr("\nGROUPS\n"));
   EXPECT_THAT(r.out, ContainsRegex("\n +0 .* sp +gates_passed +2 "));
   EXPECT_THAT(r.out, ContainsRegex("\n +1 .* tp_only +length_cv +0 "));
-  EXPECT_THAT(r.out, HasSubstr("\nMODES "));
+  EXPECT_THAT(r.out, HasSubstr("\nMODES (rolling window of group-steps; tokens/s per group;"));
   EXPECT_THAT(r.out, ContainsRegex("DECISIONS \\(group-steps\\)\nMODE +REASON +COUNT\n"));
   EXPECT_THAT(r.out, ContainsRegex("sp +gates_passed +3\n"));
   EXPECT_THAT(r.out, ContainsRegex("tp_only +length_cv +1\n"));
@@ -478,6 +482,8 @@ TEST_F(SpgatectlE2eTest, JsonOutputParses) {
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_EQ(ParseJson<v1::Job>(r.out).summary().job_id(), "llama");
   EXPECT_THAT(r.out, HasSubstr("\"steps_decided\""));  // proto field names
+  EXPECT_THAT(r.out, HasSubstr("\"group_steps_decided\""));
+  EXPECT_THAT(r.out, HasSubstr("\"microbatches\""));  // mode_stats: its samples
 
   r = Ctl({"--output=json", "pin", "llama", "--mode=sp", "--for=1m", "--group=0"});
   ASSERT_EQ(r.exit_code, 0) << r;
