@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SP vs TP-only by sequence length from the cost model (docs/benchmarks.md, "SP vs TP-only
 # by sequence length"): 2K-128K tokens, TP 4 and 8, h100-sxm and h200-sxm, a 70B-class
-# stage; the ratio, whether each mode fits, and a figure (matplotlib).
+# stage; the ratio, whether each mode fits, and a figure (matplotlib). No SEEDS: each point
+# is one sequence length with no noise, so no figure depends on the seed (one run).
 # Usage: bench/sp_crossover.sh [BUILD_DIR] [OUTDIR]  -> OUTDIR/sp_crossover.{json,md,png}
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -10,11 +10,15 @@ targets:
 - ADAPTIVE's windowed regret against the expected-value oracle: median <= 0.5 %,
   p95 <= 1.5 %; exploration <= 0.5 % of decisions in stationary cells.
 
-Each cell is the same batches and noise for every policy (seed 11). Writes
-OUT/adaptive_incumbent.{md,json}; the JSON names the commit it was measured at.
+Each cell is the same batches and noise for every policy, run once per seed (--seeds,
+default 11 12 13 14 15); each figure is reported as its median over the seeds with its
+range, and the targets are checked on the medians. Writes OUT/adaptive_incumbent.{md,json};
+the JSON names the commit it was measured at, and per cell the medians ("figures"), their
+ranges ("figures_min", "figures_max") and every seed's command and figures.
 
 Usage: adaptive_incumbent.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
                              [--switch_costs=0,0.01] [--sets=grid,pp,stress,unseen]
+                             [--seeds='11 12 13 14 15']
 """
 import argparse
 import json
@@ -24,6 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decision_quality as dq  # noqa: E402
+import seeds as seedlib  # noqa: E402
 
 # Cells in none of the grid's sets, not tuned to: a Megatron-style packed lognormal mix
 # (no length bucketing) under five regimes, and the grid's packed traces at TP 4.
@@ -57,13 +62,13 @@ def cell_sets(steps, sets):
     return out
 
 
-def check(cmp, switch_cost, stationary):
-    """The cell's figures and the targets ADAPTIVE misses."""
+def figures(cmp):
+    """One seed's figures of a cell."""
     tps = {p: cmp[p]["effective_tokens_per_s"] for p in
            ("sp", "tp_only", "static", "adaptive", "oracle", "expected_oracle")}
     ad = cmp["adaptive"]
     fixed = max(tps["sp"], tps["tp_only"])
-    f = {
+    return {
         "vs_static": tps["adaptive"] / tps["static"],
         "vs_best_fixed": tps["adaptive"] / fixed,
         "static_vs_best_fixed": tps["static"] / fixed,
@@ -76,6 +81,10 @@ def check(cmp, switch_cost, stationary):
         "explore": ad["explore_share"],
         "expected_oracle_vs_oracle": tps["expected_oracle"] / tps["oracle"],
     }
+
+
+def misses(f, switch_cost, stationary):
+    """The targets ADAPTIVE misses on a cell's figures (one seed's, or the medians)."""
     checks = {">= 0.998 static": f["vs_static"] >= 0.998,
               "expected median <= 0.5 %": f["expected_median"] <= 0.005,
               "expected p95 <= 1.5 %": f["expected_p95"] <= 0.015,
@@ -85,23 +94,57 @@ def check(cmp, switch_cost, stationary):
         checks["flips < oracle's"] = f["flips_adaptive"] < f["flips_oracle"]
     else:
         checks[">= 0.995 best fixed"] = f["vs_best_fixed"] >= 0.995
-    return f, [k for k, ok in checks.items() if not ok]
+    return [k for k, ok in checks.items() if not ok]
+
+
+def check(cmp, switch_cost, stationary):
+    """A cell's figures and the targets ADAPTIVE misses, from its compare JSON or a list of
+    them (one per seed): (Spread of the figures over the seeds, the targets the medians
+    miss, the seeds whose own figures miss one)."""
+    per_seed = [figures(c) for c in dq.compares(cmp)]
+    sp = seedlib.Spread(per_seed)
+    return (sp, misses(sp.median, switch_cost, stationary),
+            sum(bool(misses(f, switch_cost, stationary)) for f in per_seed))
 
 
 HEAD = ("| set | cell | switch cost s | adaptive / static | adaptive / best fixed | "
         "static / best fixed | flips / 1000: static / adaptive / oracle | expected regret % "
-        "median: static / adaptive | adaptive p95 | explore % | targets |\n"
-        "|---|---|---:|---:|---:|---:|---|---|---:|---:|---|")
+        "median: static / adaptive | adaptive p95 | explore % | seeds missing a target | "
+        "targets (medians) |\n"
+        "|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|")
 
 
-def row(s, name, cost, f, miss):
-    return ("| %s | %s | %g | %.4f | %.4f | %.4f | %.1f / %.1f / %.1f | %.2f / %.2f | %.2f | "
-            "%.3f | %s |" % (s, name, cost, f["vs_static"], f["vs_best_fixed"],
-                             f["static_vs_best_fixed"], f["flips_static"], f["flips_adaptive"],
-                             f["flips_oracle"], 100 * f["static_expected_median"],
-                             100 * f["expected_median"], 100 * f["expected_p95"],
-                             100 * f["explore"], "all met" if not miss else
-                             "MISSED: " + ", ".join(miss)))
+def row(s, name, cost, sp, miss, seed_misses):
+    pct = lambda k: sp.fmt(k, "%.2f", 100)
+    return ("| %s | %s | %g | %s | %s | %s | %s / %s / %s | %s / %s | %s | %s | %d of %d | %s |"
+            % (s, name, cost, sp.fmt("vs_static"), sp.fmt("vs_best_fixed"),
+               sp.fmt("static_vs_best_fixed"),
+               *(sp.fmt(k, "%.1f") for k in ("flips_static", "flips_adaptive", "flips_oracle")),
+               pct("static_expected_median"), pct("expected_median"), pct("expected_p95"),
+               sp.fmt("explore", "%.3f", 100), seed_misses, sp.n,
+               "all met" if not miss else "MISSED: " + ", ".join(miss)))
+
+
+def summary_lines(results):
+    """Per switch cost: cells missing a target on the medians and in any seed; the worst
+    median and the worst single seed of ADAPTIVE / static and / best fixed."""
+    out = []
+    for cost in sorted({r["switch_cost_s"] for r in results}):
+        rs = [r for r in results if r["switch_cost_s"] == cost]
+        worst = lambda key: min(rs, key=lambda r: r["figures"][key])
+        seed_worst = lambda key: min(((s["figures"][key], r["cell"], s["seed"])
+                                      for r in rs for s in r["seeds"]), key=lambda t: t[0])
+        ws, wf = worst("vs_static"), worst("vs_best_fixed")
+        out.append(
+            "Switch cost %g s: %d of %d cells miss a target on the medians, %d in at least one "
+            "seed; ADAPTIVE / static worst median %.4f (%s), worst single seed %.4f (%s, seed "
+            "%d); ADAPTIVE / best fixed worst median %.4f (%s), worst single seed %.4f (%s, "
+            "seed %d)." % (cost, sum(bool(r["missed"]) for r in rs), len(rs),
+                           sum(r["seeds_missing_a_target"] > 0 for r in rs),
+                           ws["figures"]["vs_static"], ws["cell"], *seed_worst("vs_static"),
+                           wf["figures"]["vs_best_fixed"], wf["cell"],
+                           *seed_worst("vs_best_fixed")))
+    return out
 
 
 def commit():
@@ -120,39 +163,39 @@ def main():
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--switch_costs", default="0,0.01")
     ap.add_argument("--sets", default="grid,pp,stress,unseen")
+    ap.add_argument("--seeds", default=dq.DEFAULT_SEEDS)
     a = ap.parse_args()
+    seeds = seedlib.parse(a.seeds)
     os.makedirs(a.out, exist_ok=True)
     sets = set(a.sets.split(","))
     rows, results = [], []
     for cost in (float(c) for c in a.switch_costs.split(",")):
         dq.REGRET["switch_cost_s"] = cost
         for s, name, flags, steps, window, stationary in cell_sets(a.steps, sets):
-            cmp, cmd = dq.run_cell(a.sim, flags, steps, a.groups, regret_window=window)
-            f, miss = check(cmp, cost, stationary)
-            rows.append(row(s, name, cost, f, miss))
-            results.append({"set": s, "cell": name, "switch_cost_s": cost, "command": cmd,
-                            "figures": f, "missed": miss})
+            runs = dq.run_seeds(a.sim, flags, steps, a.groups, seeds, regret_window=window)
+            sp, miss, seed_misses = check([r["compare"] for r in runs], cost, stationary)
+            rows.append(row(s, name, cost, sp, miss, seed_misses))
+            spread = sp.to_json()
+            results.append({"set": s, "cell": name, "switch_cost_s": cost,
+                            "figures": spread["median"], "figures_min": spread["min"],
+                            "figures_max": spread["max"], "missed": miss,
+                            "seeds_missing_a_target": seed_misses,
+                            "seeds": [{"seed": r["seed"], "command": r["command"],
+                                       "figures": figures(r["compare"])} for r in runs]})
             print(rows[-1], flush=True)
-    summary = []
-    for cost in sorted({r["switch_cost_s"] for r in results}):
-        rs = [r for r in results if r["switch_cost_s"] == cost]
-        worst = min(rs, key=lambda r: r["figures"]["vs_static"])
-        worst_fixed = min(rs, key=lambda r: r["figures"]["vs_best_fixed"])
-        summary.append(
-            "Switch cost %g s: %d of %d cells miss a target; ADAPTIVE / static worst %.4f (%s), "
-            "ADAPTIVE / best fixed worst %.4f (%s)." % (
-                cost, sum(bool(r["missed"]) for r in rs), len(rs),
-                worst["figures"]["vs_static"], worst["cell"],
-                worst_fixed["figures"]["vs_best_fixed"], worst_fixed["cell"]))
+    summary = summary_lines(results)
     at = commit()
+    seeds_text = ("seed %d" % seeds[0] if len(seeds) == 1 else
+                  "median over seeds %s (range)" % ", ".join(str(x) for x in seeds))
     md = ["ADAPTIVE against the static gates, the fixed choices and the expected-value oracle; "
-          "%d groups x %d steps a cell (PP: steps / micro-batches optimizer steps), seed 11; "
-          "measured at %s." % (a.groups, a.steps, at), "", HEAD] + rows + [""] + summary
+          "%d groups x %d steps a cell (PP: steps / micro-batches optimizer steps), %s, targets "
+          "checked on the medians; measured at %s." % (a.groups, a.steps, seeds_text, at), "",
+          HEAD] + rows + [line for l in summary for line in ("", l)]
     with open(os.path.join(a.out, "adaptive_incumbent.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "adaptive_incumbent.json"), "w") as f:
-        json.dump({"commit": at, "steps": a.steps, "groups": a.groups, "cells": results}, f,
-                  indent=1)
+        json.dump({"commit": at, "steps": a.steps, "groups": a.groups, "seeds": seeds,
+                   "cells": results}, f, indent=1)
     print("\n".join(summary))
     return 0
 

@@ -20,7 +20,7 @@ tokens/s, 0.08 for step-time p95).
 Writes OUT/seed_table.json ({"rows": {row: {peak_memory_ratio, tokens_per_s_ratio,
 step_time_p95_ratio, range, target, within_target}}, "config": ...}) and OUT/seed_table.md.
 
-Usage: seed_table.py --sim=BUILD/bin/spgate-sim --out=DIR [--seeds=5] [--steps=1000]
+Usage: seed_table.py --sim=BUILD/bin/spgate-sim --out=DIR [--seeds='1 2 3 4 5'] [--steps=1000]
 """
 import argparse
 import json
@@ -29,6 +29,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import seeds as seedlib  # noqa: E402
 
 HARDWARE = "h100-sxm"
 SHAPE = ["--tp=8", "--layers=8", "--hidden=5120", "--heads=40"]
@@ -106,7 +109,7 @@ def markdown(rows, seeds, steps):
         for key in KEYS:
             lo, hi = row["range"][key]
             mark = "✓" if row["within_target"][key] else "✗"
-            cells.append(f"{row[key]:.2f} ({lo:.2f}–{hi:.2f}) [{row['target'][key]:.2f}] {mark}")
+            cells.append(f"{row[key]:.3f} ({lo:.3f}–{hi:.3f}) [{row['target'][key]:.2f}] {mark}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -115,21 +118,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sim", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", default="1 2 3 4 5")
     ap.add_argument("--steps", type=int, default=1000)
     args = ap.parse_args()
-    if args.seeds < 1 or args.steps < 1:
-        sys.exit("seed_table.py: --seeds and --steps must be >= 1")
+    seeds = seedlib.parse(args.seeds)
+    if args.steps < 1:
+        sys.exit("seed_table.py: --steps must be >= 1")
     os.makedirs(args.out, exist_ok=True)
-    per_seed = [seed_ratios(args.sim, seed, args.steps) for seed in range(1, args.seeds + 1)]
+    per_seed = [seed_ratios(args.sim, seed, args.steps) for seed in seeds]
     rows = summarize(per_seed)
     result = {"rows": rows,
-              "config": {"hardware": HARDWARE, "flags": SHAPE + TRACE, "seeds": args.seeds,
+              "config": {"hardware": HARDWARE, "flags": SHAPE + TRACE, "seeds": seeds,
                          "steps": args.steps,
                          "row_flags": {n: f for n, (f, _) in ROWS.items()}}}
     with open(os.path.join(args.out, "seed_table.json"), "w") as f:
         json.dump(result, f, indent=2)
-    md = markdown(rows, args.seeds, args.steps)
+    md = markdown(rows, len(seeds), args.steps)
     with open(os.path.join(args.out, "seed_table.md"), "w") as f:
         f.write(md)
     print(md)

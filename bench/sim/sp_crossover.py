@@ -5,10 +5,12 @@ whether each mode's predicted peak fits the device, for one sequence of 2K-128K 
 micro-batch, TP 4 and 8, on both hardware presets, for a 70B-class shape: hidden 8,192,
 64 heads, 80 layers, one pipeline stage of 10 of them (PP 8) per TP group.
 
-Per point, `spgate-sim replay --compare` with no noise (--jitter=0) and no memory limit
-(so both modes run and report their predicted peaks); `fits` compares each peak with the
-preset's device memory (policy/hardware/presets.csv). The ratio with Megatron's
---tp-comm-overlap (--tp_comm_overlap) is reported beside it.
+Per point, `spgate-sim replay --compare` with no noise (--jitter=0, no stragglers) and no
+memory limit (so both modes run and report their predicted peaks); every sequence has the
+same length, so nothing is drawn and a point does not depend on the seed: one run, not a
+median over seeds (bench_drivers_test checks that two seeds give the same figures). `fits`
+compares each peak with the preset's device memory (policy/hardware/presets.csv). The
+ratio with Megatron's --tp-comm-overlap (--tp_comm_overlap) is reported beside it.
 
 Writes OUT/sp_crossover.json ({"rows": [{hardware, tp, seq_len,
 sp_over_tp_only_tokens_per_s, tp_only_fits, sp_fits, ...}]}), OUT/sp_crossover.md and,

@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
 """The benchmark drivers whose figures docs/benchmarks.md quotes: the replay table's
 paired statistics and report (bench/worker/replay_table.py), the decision-quality
-targets per cell (bench/sim/decision_quality.py) and the ADAPTIVE ablation over the
-decision-quality grid (bench/sim/adaptive_ablation.py), on a short grid.
+targets per cell (bench/sim/decision_quality.py), the ADAPTIVE ablation over the
+decision-quality grid (bench/sim/adaptive_ablation.py), on a short grid; the medians and
+ranges over seeds (bench/sim/seeds.py) the seeded drivers report, on short runs of
+decision_quality.py and adaptive_incumbent.py; and that SP vs TP-only by sequence length
+(bench/sim/sp_crossover.py) does not depend on the seed.
 
 Usage: bench_drivers_test.py --sim=BUILD/bin/spgate-sim
 """
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import unittest
@@ -18,7 +24,10 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "bench", "worker"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "sim"))
 import adaptive_ablation  # noqa: E402
+import adaptive_incumbent  # noqa: E402
 import replay_table  # noqa: E402
+import seeds  # noqa: E402
+import sp_crossover  # noqa: E402
 
 SIM = None
 
@@ -219,10 +228,10 @@ class DecisionQualityPipelineTest(unittest.TestCase):
 
     def test_short_cells(self):
         dq = adaptive_ablation.dq
-        rows, cells, regret_rows, _ = dq.run_pp_cells(SIM, 80, 1)
+        rows, cells, regret_rows, _, _ = dq.run_pp_cells(SIM, 80, 1)
         self.assertEqual(len(rows), len(dq.PP_CELLS))
         self.assertEqual(len(regret_rows), len(dq.PP_CELLS))
-        by_name = {c["name"]: c["compare"] for c in cells}
+        by_name = {c["name"]: c["runs"][0]["compare"] for c in cells}
         for name, cmp in by_name.items():
             self.assertEqual(cmp["oracle"]["ratio_to_oracle"], 1.0, name)
             self.assertEqual(cmp["pipeline"]["pp"], 4, name)
@@ -282,6 +291,127 @@ class AblationTest(unittest.TestCase):
         self.assertAlmostEqual(got["worst_vs_best_fixed"], 97 / 98)  # cell 1: best fixed is static
         self.assertEqual(got["probe_steps"], 8)
         self.assertAlmostEqual(got["tp_only_share"], 50 / 200)
+
+
+def run_main(main, argv):
+    """main() under argv, its printed tables kept out of the test's output."""
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            return main()
+    finally:
+        sys.argv = saved
+
+
+class SeedsTest(unittest.TestCase):
+    """bench/sim/seeds.py: the SEEDS list and each figure's median and range."""
+
+    def test_parse(self):
+        self.assertEqual(seeds.parse("11 12,13\t14"), [11, 12, 13, 14])
+        self.assertEqual(seeds.parse(" 7 "), [7])
+        for bad, msg in (("", "no seed"), ("1 x", "'x' is not a seed"), ("1 -2", "'-2'"),
+                         ("3 4 3", "seed 3 is listed twice"), ("1.5", "'1.5'")):
+            with self.assertRaises(SystemExit) as e:
+                seeds.parse(bad)
+            self.assertIn(msg, str(e.exception))
+
+    def test_spread(self):
+        per_seed = [{"r": 0.99, "stage": [1.0, 4.0], "best": "sp", "gap": None},
+                    {"r": 0.97, "stage": [3.0, 2.0], "best": "tp_only", "gap": 0.5},
+                    {"r": 1.02, "stage": [2.0, 6.0], "best": "sp", "gap": None}]
+        sp = seeds.Spread(per_seed)
+        self.assertEqual((sp.median["r"], sp.min["r"], sp.max["r"]), (0.99, 0.97, 1.02))
+        self.assertEqual(sp.median["stage"], [2.0, 4.0])  # element-wise
+        self.assertEqual((sp.min["stage"], sp.max["stage"]), ([1.0, 2.0], [3.0, 6.0]))
+        self.assertEqual(sp.median["best"], "sp")          # the most common
+        self.assertEqual(sp.median["gap"], 0.5)            # undefined seeds left out
+        self.assertEqual(sp.fmt("r"), "0.9900 (0.9700–1.0200)")
+        self.assertEqual(sp.fmt("r", "%.1f", 100), "99.0 (97.0–102.0)")
+        self.assertEqual(seeds.Spread(per_seed[:1]).fmt("r"), "0.9900")  # one seed: no range
+        self.assertIsNone(seeds.Spread([{"gap": None}]).median["gap"])
+        self.assertEqual(sp.to_json()["max"]["stage"], [3.0, 6.0])
+
+    def test_targets_on_the_medians(self):
+        # ADAPTIVE over static per seed 1.002, 0.999, 1.001: the median meets ">= static",
+        # one seed misses it.
+        cmp = DecisionQualityTargetsTest.cmp
+        cells = [cmp(None, 95, 96, 100, 100 * r, 101) for r in (1.002, 0.999, 1.001)]
+        row, miss = adaptive_ablation.dq.evaluate(cells, "packed", "t", "r")
+        self.assertEqual(miss, [])
+        self.assertTrue(row.endswith("| 1 of 3 | all met |"), row)
+        self.assertIn("| 1.0010 (0.9990–1.0020) (static) |", row)
+
+
+class SeededDriversTest(unittest.TestCase):
+    """Short runs of the seeded drivers over several seeds: the median / range keys."""
+
+    def assert_spread(self, figures, per_seed, name):
+        """figures: {"median", "min", "max"}; per_seed: each seed's figures."""
+        for key, med in figures["median"].items():
+            if not isinstance(med, float):
+                continue
+            vals = [f[key] for f in per_seed if f[key] is not None]
+            self.assertAlmostEqual(med, statistics.median(vals), places=5, msg=(name, key))
+            self.assertAlmostEqual(figures["min"][key], min(vals), places=5, msg=(name, key))
+            self.assertAlmostEqual(figures["max"][key], max(vals), places=5, msg=(name, key))
+
+    def test_decision_quality_pp(self):
+        dq = adaptive_ablation.dq
+        with tempfile.TemporaryDirectory() as out:
+            run_main(dq.main, ["decision_quality.py", f"--sim={SIM}", f"--out={out}",
+                               "--cells=pp", "--steps=80", "--groups=1", "--seeds=11,12,13"])
+            with open(os.path.join(out, "decision_quality.json")) as f:
+                result = json.load(f)
+            with open(os.path.join(out, "decision_quality_pp.md")) as f:
+                md = f.read()
+        self.assertEqual(result["seeds"], [11, 12, 13])
+        self.assertIn("median over seeds 11, 12, 13 (range)", md)
+        self.assertEqual(len(result["pp_cells"]), len(dq.PP_CELLS))
+        differs = False
+        for cell in result["pp_cells"]:
+            self.assertEqual([r["seed"] for r in cell["runs"]], [11, 12, 13])
+            per_seed = [dq.pp_figures(r["compare"]) for r in cell["runs"]]
+            self.assertIn("--seed=12", cell["runs"][1]["command"])
+            self.assert_spread(cell["figures"], per_seed, cell["name"])
+            self.assert_spread(cell["regret_figures"],
+                               [dq.regret_figures(r["compare"]) for r in cell["runs"]],
+                               cell["name"])
+            differs |= len({f["adaptive"] for f in per_seed}) > 1
+            self.assertIn("| %s | %.4f (%.4f–%.4f) |" % (
+                cell["name"], *(cell["figures"][k]["sp"] for k in ("median", "min", "max"))), md)
+        self.assertTrue(differs, "the seeds drew the same noise")
+
+    def test_adaptive_incumbent(self):
+        with tempfile.TemporaryDirectory() as out:
+            run_main(adaptive_incumbent.main,
+                     ["adaptive_incumbent.py", f"--sim={SIM}", f"--out={out}", "--sets=stress",
+                      "--switch_costs=0", "--steps=100", "--groups=1", "--seeds=11 12 13"])
+            with open(os.path.join(out, "adaptive_incumbent.json")) as f:
+                result = json.load(f)
+            with open(os.path.join(out, "adaptive_incumbent.md")) as f:
+                md = f.read()
+        self.assertEqual(result["seeds"], [11, 12, 13])
+        self.assertEqual(len(result["cells"]), len(adaptive_incumbent.dq.STRESS))
+        for cell in result["cells"]:
+            per_seed = [s["figures"] for s in cell["seeds"]]
+            self.assertEqual([s["seed"] for s in cell["seeds"]], [11, 12, 13])
+            self.assert_spread({"median": cell["figures"], "min": cell["figures_min"],
+                                "max": cell["figures_max"]}, per_seed, cell["cell"])
+            # Targets on the medians; the seeds that miss one on their own figures.
+            self.assertEqual(cell["missed"], adaptive_incumbent.misses(cell["figures"], 0, True))
+            self.assertEqual(cell["seeds_missing_a_target"],
+                             sum(bool(adaptive_incumbent.misses(f, 0, True)) for f in per_seed))
+        worst = min(s["figures"]["vs_static"] for c in result["cells"] for s in c["seeds"])
+        self.assertIn("worst single seed %.4f" % worst, md)
+
+
+class SpCrossoverSeedTest(unittest.TestCase):
+    def test_no_seed_dependence(self):
+        # One length, no noise: nothing is drawn, so the table is one run, not a median.
+        base = sp_crossover.run_point(SIM, "h200-sxm", 8, 4096)
+        other = sp_crossover.run_point(SIM, "h200-sxm", 8, 4096, ["--seed=7"])
+        self.assertEqual(base, other)
 
 
 if __name__ == "__main__":

@@ -49,11 +49,12 @@ class SeedTableTest(unittest.TestCase):
         self.assertTrue(d["within_target"]["step_time_p95_ratio"])  # 1.15 vs 1.19 +- 0.08
         self.assertTrue(all(rows["tp_only"]["within_target"].values()))
         md = seed_table.markdown(rows, 3, 10)
-        self.assertIn("| sp_default | 0.70 (0.70–0.70) [0.82] ✗ | 0.90 (0.86–0.95) [0.91] ✓ |", md)
+        self.assertIn("| sp_default | 0.700 (0.700–0.700) [0.82] ✗ | 0.900 (0.860–0.950) [0.91] ✓ |",
+                      md)
 
     def test_short_run(self):
         with tempfile.TemporaryDirectory() as out:
-            run_main(seed_table, [f"--out={out}", "--seeds=2", "--steps=40"])
+            run_main(seed_table, [f"--out={out}", "--seeds=1,2", "--steps=40"])
             with open(os.path.join(out, "seed_table.json")) as f:
                 rows = json.load(f)["rows"]
         self.assertEqual(set(rows), {"tp_only", "sp_default", "sp_bucketed",
