@@ -5,13 +5,59 @@
 #include <cmath>
 
 #include "policy/forgetting.h"
+#include "policy/hardware.h"
 
 namespace spgate {
 namespace {
 
 bool Finite(double x) { return std::isfinite(x); }
 
+constexpr int kKinds[3] = {static_cast<int>(CollectiveKind::kAllReduce),
+                          static_cast<int>(CollectiveKind::kAllGather),
+                          static_cast<int>(CollectiveKind::kReduceScatter)};
+
 }  // namespace
+
+PriorLink ResolvePriorLink(const PriorInputs& in) {
+  PriorLink l;
+  if (in.tp <= 1 || in.hidden <= 0 || in.layers <= 0) return l;
+  l.tp = in.tp;
+  l.hidden = in.hidden;
+  l.layers = in.layers;
+  if (!in.preset.empty()) {
+    // Not a status: the daemon checks the name at Register; an unknown one declares nothing.
+    for (const HardwarePreset& p : BuiltinHardwarePresets()) {
+      if (p.name != in.preset) continue;
+      for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
+                               CollectiveKind::kReduceScatter}) {
+        l.curves[static_cast<int>(k)] = p.Curve(k, in.tp, p.nvls);
+      }
+      l.gemm_flops = p.device_tflops * 1e12 * p.gemm_mfu;
+      l.has = l.curves[kKinds[0]] != nullptr && l.curves[kKinds[1]] != nullptr &&
+              l.curves[kKinds[2]] != nullptr && l.gemm_flops > 0;
+      return l;
+    }
+    return l;
+  }
+  if (Finite(in.link_latency_us) && in.link_latency_us > 0) {
+    l.flat_latency_s = in.link_latency_us * 1e-6;
+    l.has = true;
+  }
+  return l;
+}
+
+double PriorLink::SpExtraSeconds(double tokens) const {
+  if (!has || !(tokens > 0)) return 0;
+  if (curves[kKinds[0]] == nullptr) return 4.0 * layers * flat_latency_s;
+  // The activation, T·h bf16 values, per call (nccl-tests' size: the whole buffer).
+  const double bytes = tokens * hidden * 2.0;
+  const double ar = curves[kKinds[0]]->Seconds(CollectiveKind::kAllReduce, tp, bytes);
+  const double ag = curves[kKinds[1]]->Seconds(CollectiveKind::kAllGather, tp, bytes);
+  const double rs = curves[kKinds[2]]->Seconds(CollectiveKind::kReduceScatter, tp, bytes);
+  // The input-gradient GEMMs of QKV (3h²) and FC1 (4h²) the re-gather overlaps.
+  const double dgrad = 2.0 * tokens * 7.0 * hidden * hidden / (tp * gemm_flops);
+  return layers * (4.0 * (ag + rs - ar) + std::max(0.0, 2.0 * ag - dgrad));
+}
 
 bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t step,
                     double tokens, double length_cv, double seconds, double all_gather_s,
@@ -69,25 +115,24 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
   const double w = std::max(0.0, (s.cv_wait / W - mean_cv * mean_wait) / var_cv);
   f.imbalance_source = PriorSource::kTelemetry;
 
-  // λ: the all-gathers' intercept, their mean less the declared bandwidth term, or the
-  // declared latency; none: 0 (a bias towards SP of that size). Never more than the
-  // all-gathers take, nor (declared) half an SP step.
+  // λ: from the declared hardware at each batch's tokens; else the all-gathers' intercept
+  // (never more than they take); else 0 (a bias towards SP of that size).
   const double var_tokens = s.tokens_sq / W - mean_tokens * mean_tokens;
-  const double calls = 4.0 * in.layers;
-  if (var_tokens >= std::pow(kMinTokensSpread * mean_tokens, 2)) {
+  f.link = ResolvePriorLink(in);
+  if (f.link.has) {
+    f.latency_source = PriorSource::kDeclared;
+  } else if (var_tokens >= std::pow(kMinTokensSpread * mean_tokens, 2)) {
     const double slope = (s.tokens_all_gather / W - mean_tokens * mean_ag) / var_tokens;
     f.latency_s = std::clamp(mean_ag - slope * mean_tokens, 0.0, mean_ag);
     f.latency_source = PriorSource::kTelemetry;
-  } else if (in.link_gbps > 0 && in.hidden > 0 && in.layers > 0 && in.tp > 1) {
-    const double t = in.tp;
-    const double transfer =
-        calls * (t - 1) / t * mean_tokens * in.hidden * 2.0 / (in.link_gbps * 1e9);
-    f.latency_s = std::clamp(mean_ag - transfer, 0.0, mean_ag);
-    f.latency_source = PriorSource::kTelemetryAndLink;
-  } else if (in.link_latency_us > 0 && in.layers > 0) {
-    f.latency_s = std::min(calls * in.link_latency_us * 1e-6, 0.5 * mean_s);
-    f.latency_source = PriorSource::kDeclared;
   }
+  // λ at `tokens`: a declared one never more than half an SP step of those tokens.
+  const double rate = mean_s / mean_tokens;
+  const auto lambda = [&](double tokens) {
+    return f.link.has ? std::min(f.link.SpExtraSeconds(tokens), 0.5 * rate * tokens)
+                      : f.latency_s;
+  };
+  if (f.link.has) f.latency_s = lambda(mean_tokens);
 
   // ε and κ: the measured bands' differences, TP-only's step less SP's plus λ, are
   // ε·T − κ·(ρ₀·T·w·c); a weighted least-squares fit of both where at least three bands
@@ -119,7 +164,7 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
     for (const PriorBandSample& b : known) {
       if (!(b.weight > 0) || !(b.tokens > 0) || !(b.sp_s > 0) || !(b.tp_s > 0)) continue;
       const double x = x_of(b);
-      const double y = b.tp_s - b.sp_s + f.latency_s;
+      const double y = b.tp_s - b.sp_s + lambda(b.tokens);
       stt += b.weight * b.tokens * b.tokens;
       stx += b.weight * b.tokens * x;
       sxx += b.weight * x * x;
@@ -146,7 +191,8 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
     double sq = 0;
     for (const PriorBandSample& b : known) {
       if (!(b.weight > 0) || !(b.tokens > 0) || !(b.sp_s > 0) || !(b.tp_s > 0)) continue;
-      const double r = (b.tp_s - b.sp_s + f.latency_s - (eps * b.tokens - kappa * x_of(b))) / b.sp_s;
+      const double r =
+          (b.tp_s - b.sp_s + lambda(b.tokens) - (eps * b.tokens - kappa * x_of(b))) / b.sp_s;
       sq += b.weight * r * r;
     }
     f.error = std::max(kPriorMinError, std::sqrt(sq / band_w));
@@ -172,7 +218,9 @@ PriorEstimate PredictPrior(const PriorFit& f, double tokens, double length_cv) {
     return e;
   }
   const double rho0 = f.base_s_per_token;
-  e.latency_s = f.latency_s;
+  e.latency_s = f.link.has ? std::min(f.link.SpExtraSeconds(tokens),
+                                      0.5 * f.base_s_per_token * tokens)
+                           : f.latency_s;
   e.imbalance_s = rho0 * tokens * f.imbalance_share * f.wait_per_cv * length_cv;
   e.elementwise_s = f.elementwise_s_per_token * tokens;
   e.sp_s = rho0 * tokens + e.imbalance_s;
@@ -191,8 +239,7 @@ PriorEstimate EstimatePrior(const PriorInputs& inputs, const PriorSums& sums,
 const char* PriorSourceLabel(PriorSource source) {
   switch (source) {
     case PriorSource::kTelemetry: return "telemetry";
-    case PriorSource::kDeclared: return "declared";
-    case PriorSource::kTelemetryAndLink: return "telemetry less the declared link's bandwidth";
+    case PriorSource::kDeclared: return "declared hardware";
     case PriorSource::kNone: break;
   }
   return "none";
