@@ -631,8 +631,10 @@ def lengths_description(args):
 
 def summarize(args, world, per_rank):
     """The run summary with spgate-worker's keys and rules (worker/runtime/summary.cc,
-    Summarize and SummaryJson): a group's step time is its slowest rank's; tokens/s per
-    group summed over the groups; decisions, sources and local decisions are the
+    Summarize and SummaryJson): a group's step time is its slowest rank's; tokens/s is the
+    job's (each group's, summed over the groups; also job_effective_tokens_per_s);
+    steps_by_mode (also group_steps_by_mode), sources and local decisions count
+    group-steps, decisions group-steps or micro-batches (decision_unit), all the
     leaders'; a consistency violation is a (group, step) whose ranks ran different modes
     or different steps; switch costs compare a mode's first step after a switch with its
     other steps, per token. Keys whose quantity does not exist in this example are
@@ -657,6 +659,7 @@ def summarize(args, world, per_rank):
     per_token_switch, per_token_steady = {}, {}  # mode -> [seconds per token of each step]
     rs_share, ag_tail, decision_wait = [], [], []
     violations, local, leader_wait_max = 0, 0, 0.0
+    microbatch_decisions = False  # decisions count micro-batches, not group-steps
     for g in range(groups):
         ranks = [per_rank[g * tp + r]["records"] for r in range(tp)]
         g_tokens, g_time = {}, {}
@@ -671,6 +674,7 @@ def summarize(args, world, per_rank):
                 violations += 1
             stage["peak_memory_bytes"] = max(stage["peak_memory_bytes"],
                                              max(r["peak"] for r in recs))
+            microbatch_decisions = microbatch_decisions or bool(lead.get("microbatches"))
             for mb_mode, mb_reason in lead.get("microbatches") or [(mode, lead["reason"])]:
                 by_reason = stage["decisions"].setdefault(mb_mode, {})
                 by_reason[mb_reason] = by_reason.get(mb_reason, 0) + 1
@@ -745,6 +749,8 @@ def summarize(args, world, per_rank):
         "telemetry_sent": sent,
         "telemetry_acked": acked,
         "effective_tokens_per_s": rate,
+        "job_effective_tokens_per_s": rate,  # the same, labelled: the job's, not a group's
+        "decision_unit": "microbatches" if microbatch_decisions else "group_steps",
         "step_time_p95_s": {k: _p95(v) for k, v in step_times.items()},
         "step_time_mean_s": {k: time_sum[k] / len(v) for k, v in step_times.items()},
         "switch_cost_ratio": switch_cost,
@@ -764,6 +770,7 @@ def summarize(args, world, per_rank):
         "predicted_peak_memory_bytes": predicted,
         "memory_prediction_max_rel_error": prediction_error,
         "steps_by_mode": by_mode_steps,
+        "group_steps_by_mode": by_mode_steps,  # the same, labelled
         "effective_tokens": eff_tokens,
         "padding_tokens": padding,
         "mean_length_cv": {k: cv_sum[k] / len(v) for k, v in step_times.items()},

@@ -128,6 +128,11 @@ class TorchExampleTest(unittest.TestCase):
             self.assertGreater(s["effective_tokens_per_s"][key], 0)
             self.assertGreater(s["step_time_p95_s"][key], 0)
             self.assertGreater(s["peak_memory_bytes"][key], 0)
+        # Labelled names beside the old ones: the job's tokens/s, group-steps, the unit.
+        self.assertEqual(s["job_effective_tokens_per_s"], s["effective_tokens_per_s"])
+        self.assertEqual(s["group_steps_by_mode"], s["steps_by_mode"])
+        self.assertEqual(s["group_steps_by_mode"]["all"], 2 * STEPS)
+        self.assertEqual(s["decision_unit"], "group_steps")
         self.assertLess(s["loss_last"], s["loss_first"], "the model did not learn")
         # The daemon's own counters match the summary.
         self.assertEqual(self.daemon.decisions_total("torch-e2e"), s["decisions"])

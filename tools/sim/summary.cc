@@ -142,16 +142,23 @@ std::string Summary::ToJson() const {
                          "\"unacknowledged\": %d}",
                          telemetry_reported, telemetry_sent, telemetry_acked, telemetry_dropped,
                          telemetry_sent - telemetry_acked));
-  field("effective_tokens_per_s",
-        absl::StrFormat("{\"sp\": %.1f, \"tp_only\": %.1f, \"all\": %.1f}",
-                        TokensPerS(sp, groups), TokensPerS(tp_only, groups), TokensPerS(all, groups)));
+  // The job's tokens/s (every group's, summed), also under its labelled name.
+  const std::string job_rate =
+      absl::StrFormat("{\"sp\": %.1f, \"tp_only\": %.1f, \"all\": %.1f}", TokensPerS(sp, groups),
+                      TokensPerS(tp_only, groups), TokensPerS(all, groups));
+  field("effective_tokens_per_s", job_rate);
+  field("job_effective_tokens_per_s", job_rate);
   field("step_time_p95_s",
         absl::StrFormat("{\"sp\": %.6f, \"tp_only\": %.6f, \"all\": %.6f}",
                         Percentile(sp.step_times, 0.95), Percentile(tp_only.step_times, 0.95),
                         Percentile(all.step_times, 0.95)));
   field("peak_memory_bytes", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.peak_memory,
                                              tp_only.peak_memory));
-  field("steps_by_mode", absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.steps, tp_only.steps));
+  // Group-steps (a group's step, counted per group), also under their labelled name.
+  const std::string group_steps =
+      absl::StrFormat("{\"sp\": %d, \"tp_only\": %d}", sp.steps, tp_only.steps);
+  field("steps_by_mode", group_steps);
+  field("group_steps_by_mode", group_steps);
   auto latency = [](const std::vector<double>& v) {
     return absl::StrFormat("{\"samples\": %d, \"p50\": %.6f, \"p99\": %.6f, \"max\": %.6f}",
                            v.size(), Percentile(v, 0.5), Percentile(v, 0.99), Percentile(v, 1.0));

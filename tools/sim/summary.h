@@ -3,6 +3,9 @@
 // peak_memory_bytes — plus details, memory_overrides among them). Accumulated per worker
 // thread and merged. A group step counts by what its leader's client ran: a daemon answer,
 // a local decision, or a memory override (the daemon's TP-only refused, SP run), never two.
+// `steps` counts steps (per group); decisions, sources and the per-mode counts count
+// group-steps (steps_by_mode, alias group_steps_by_mode); tokens/s is the job's, summed
+// over the groups (effective_tokens_per_s, alias job_effective_tokens_per_s).
 #ifndef SPGATE_TOOLS_SIM_SUMMARY_H_
 #define SPGATE_TOOLS_SIM_SUMMARY_H_
 

@@ -182,6 +182,7 @@ RunSummary Summarize(const RunDescription& run,
     const std::vector<uint8_t>& bytes = microbatch_decisions[g * tp];
     for (uint8_t b : bytes) {
       const Decision d = UnpackModeReason(b).value();  // this run's own PackModeReason bytes
+      s.microbatch_decisions = true;
       s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(d.mode))]
                                 [std::string(ReasonLabel(d.reason))] += 1;
     }
@@ -246,7 +247,10 @@ std::string SummaryJson(const RunSummary& s) {
   field("lost_telemetry", i64(s.lost_telemetry));
   field("telemetry_sent", i64(s.telemetry_sent));
   field("telemetry_acked", i64(s.telemetry_acked));
+  // The job's tokens/s (summed over the groups), under its labelled name too.
   field("effective_tokens_per_s", Object(s.effective_tokens_per_s, dbl));
+  field("job_effective_tokens_per_s", Object(s.effective_tokens_per_s, dbl));
+  field("decision_unit", Quote(s.microbatch_decisions ? "microbatches" : "group_steps"));
   field("step_time_p95_s", Object(s.step_time_p95_s, dbl));
   field("step_time_mean_s", Object(s.step_time_mean_s, dbl));
   field("switch_cost_ratio", Object(s.switch_cost_ratio, dbl));
@@ -256,7 +260,9 @@ std::string SummaryJson(const RunSummary& s) {
   field("peak_memory_bytes", Object(s.peak_memory_bytes, u64));
   field("predicted_peak_memory_bytes", Object(s.predicted_peak_memory_bytes, u64));
   field("memory_prediction_max_rel_error", dbl(s.memory_prediction_max_rel_error));
+  // Group-steps, under their labelled name too.
   field("steps_by_mode", Object(s.steps_by_mode, i64));
+  field("group_steps_by_mode", Object(s.steps_by_mode, i64));
   field("effective_tokens", Object(s.effective_tokens, i64));
   field("padding_tokens", Object(s.padding_tokens, i64));
   field("mean_length_cv", Object(s.mean_length_cv, dbl));
@@ -305,20 +311,28 @@ std::string SummaryTable(const RunSummary& s) {
       "ffn %d\n  lengths %s, %d tokens/batch, bucketing %s, mode %s, norm boundary %s\n",
       r.world_size, r.tp, r.dp, r.backend, r.layers, r.hidden, r.heads, r.ffn_hidden, r.lengths,
       r.tokens_per_batch, r.bucketing ? "on" : "off", r.mode, r.norm_boundary);
-  absl::StrAppend(&out, absl::StrFormat("\n  %-8s %6s %14s %12s %12s %14s %10s\n", "mode", "steps",
-                                        "eff tokens/s", "step p95 ms", "step mean ms",
-                                        "peak memory", "mean CV"));
+  // Group-steps (a pipeline's: each replica's first stage's, by its step's mode: SP when
+  // any micro-batch ran SP) and the job's tokens/s, summed over the groups.
+  absl::StrAppend(
+      &out, s.run.pp > 1 ? "\n  per mode: group-steps of each replica's first stage; tokens/s "
+                           "of the job (summed over the replicas)\n"
+                         : "\n  per mode: group-steps; tokens/s of the job (summed over the "
+                           "TP groups)\n");
+  absl::StrAppend(&out, absl::StrFormat("  %-8s %11s %14s %12s %12s %14s %10s\n", "mode",
+                                        "group-steps", "job tokens/s", "step p95 ms",
+                                        "step mean ms", "peak memory", "mean CV"));
   for (const std::string mode : {"sp", "tp_only", "all"}) {
     auto it = s.steps_by_mode.find(mode);
     if (it == s.steps_by_mode.end()) continue;
     absl::StrAppend(
-        &out, absl::StrFormat("  %-8s %6d %14.0f %12.2f %12.2f %11.2f MiB %10.3f\n", mode,
+        &out, absl::StrFormat("  %-8s %11d %14.0f %12.2f %12.2f %11.2f MiB %10.3f\n", mode,
                               it->second, s.effective_tokens_per_s.at(mode),
                               1e3 * s.step_time_p95_s.at(mode), 1e3 * s.step_time_mean_s.at(mode),
                               s.peak_memory_bytes.at(mode) / 1048576.0,
                               s.mean_length_cv.at(mode)));
   }
-  absl::StrAppend(&out, "\n  decisions (mode / reason: steps):\n");
+  absl::StrAppend(&out, "\n  decisions (mode / reason: ",
+                  s.microbatch_decisions ? "micro-batches" : "group-steps", "):\n");
   for (const auto& [mode, reasons] : s.decisions) {
     for (const auto& [reason, n] : reasons) {
       absl::StrAppend(&out, absl::StrFormat("    %-8s %-24s %d\n", mode, reason, n));
@@ -329,12 +343,13 @@ std::string SummaryTable(const RunSummary& s) {
     absl::StrAppend(&sources, sources.empty() ? "" : ", ", src, " ", n);
   }
   absl::StrAppend(
-      &out, absl::StrFormat("  sources: %s; local decisions %d; memory overrides %d; "
-                            "consistency violations %d; lost telemetry %d\n",
+      &out, absl::StrFormat("  group-steps by source: %s; local decisions %d; memory "
+                            "overrides %d; consistency violations %d; lost telemetry %d "
+                            "records\n",
                             sources, s.local_decisions, s.memory_overrides,
                             s.consistency_violations, s.lost_telemetry));
   absl::StrAppend(
-      &out, absl::StrFormat("  SP steps: rs_wait_share mean %.3f, all-gather tail p95 %.2f ms, "
+      &out, absl::StrFormat("  SP group-steps: rs_wait_share mean %.3f, all-gather tail p95 %.2f ms, "
                             "norm_stall_ratio mean %.3f; memory prediction max error %.2f%%\n",
                             s.rs_wait_share_mean, 1e3 * s.all_gather_tail_p95_s,
                             s.norm_stall_ratio_mean, 100 * s.memory_prediction_max_rel_error));

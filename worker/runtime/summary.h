@@ -1,11 +1,15 @@
 // What a worker run measured, per step and rank, and the run summary built from it on
 // world rank 0 (docs/design.md §5 --summary_json keys, plus more). Summarize is a pure
-// function of the records, so the aggregation rules are testable without MPI:
+// function of the records, so the aggregation rules are testable without MPI. Counts are
+// steps (per group: `steps`), group-steps (a TP group's step: the per-mode keys, sources)
+// or micro-batches (a pipeline's decisions); tokens/s is the job's:
 //   - a group step's time is the slowest rank's (the step ends when every rank is done);
-//   - effective_tokens_per_s: per TP group, effective tokens / summed step time, then
-//     summed over the data-parallel groups (they run concurrently);
+//   - effective_tokens_per_s (alias job_effective_tokens_per_s): per TP group, effective
+//     tokens / summed step time, then summed over the data-parallel groups (they run
+//     concurrently): the job's tokens/s, not one group's;
 //   - step_time_p95_s: p95 (nearest rank) of group step times;
-//   - peak_memory_bytes: max over ranks and steps; decisions: the group leaders' counts;
+//   - peak_memory_bytes: max over ranks and steps; decisions: the group leaders' counts,
+//     one per group-step, or with pipelines one per micro-batch of each stage;
 //   - memory_overrides: summed over ranks (only group leaders decide, so over groups);
 //   - consistency_violations: (group, step) pairs whose ranks ran different modes.
 //
@@ -104,7 +108,9 @@ struct RunSummary {
   std::map<std::string, double> step_time_mean_s;        // + all
   std::map<std::string, uint64_t> peak_memory_bytes;     // + all
   std::map<std::string, uint64_t> predicted_peak_memory_bytes;
-  std::map<std::string, int64_t> steps_by_mode;
+  std::map<std::string, int64_t> steps_by_mode;  // group-steps (JSON: also group_steps_by_mode)
+  // Whether `decisions` counts micro-batches (a pipeline's stages) rather than group-steps.
+  bool microbatch_decisions = false;
   // What switching costs, by the mode switched to: the median step time per token of the
   // first steps after a switch over that of the mode's other steps (1: free; 0: no
   // switch, or no steady step), and how many switch steps there were. Medians, because

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -70,6 +71,18 @@ TEST(SimRunTest, LocalOnlyGroupsAreConsistent) {
                           "\"peak_memory_bytes\"", "\"group_phase\": \"random\""}) {
     EXPECT_THAT(json, HasSubstr(key));
   }
+  // Labelled names beside the old ones: the group-steps per mode, the job's tokens/s.
+  EXPECT_THAT(json, HasSubstr(absl::StrFormat("\"group_steps_by_mode\": {\"sp\": %d, "
+                                              "\"tp_only\": %d}",
+                                              s->sp.steps, s->tp_only.steps)));
+  EXPECT_EQ(s->sp.steps + s->tp_only.steps, 6 * 60) << "6 groups x 60 steps";
+  const auto after = [&](const std::string& key) -> std::string {
+    const size_t at = json.find(key);
+    if (at == std::string::npos) return "";
+    return json.substr(at + key.size(), json.find('}', at) - at - key.size());
+  };
+  EXPECT_EQ(after("\"job_effective_tokens_per_s\": "), after("\"effective_tokens_per_s\": "));
+  EXPECT_NE(after("\"job_effective_tokens_per_s\": "), "");
 }
 
 TEST(SimRunTest, GroupsTickAtTheirOwnPhaseOrAllAtOnce) {

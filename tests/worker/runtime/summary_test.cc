@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/types.h"
@@ -111,6 +113,41 @@ TEST(SummaryTest, AggregatesGroupsRanksAndModes) {
   }
   EXPECT_THAT(json, HasSubstr("\"decisions\": {\"sp\": {\"gates_passed\": 3}, "
                               "\"tp_only\": {\"length_cv\": 1}}"));
+  // Labelled names beside the old ones: group-steps, the job's tokens/s, the decisions' unit.
+  EXPECT_THAT(json, HasSubstr("\"group_steps_by_mode\": {\"all\": 4, \"sp\": 3, "
+                              "\"tp_only\": 1}"));
+  EXPECT_THAT(json, HasSubstr("\"decision_unit\": \"group_steps\""));
+  EXPECT_THAT(json, HasSubstr(absl::StrCat("\"job_effective_tokens_per_s\": {\"all\": ",
+                                           absl::StrFormat("%.9g", 400 / 3.5 + 100 / 2.0))));
+  const std::string table = SummaryTable(s);
+  EXPECT_THAT(table, HasSubstr("per mode: group-steps; tokens/s of the job (summed over the "
+                               "TP groups)"));
+  EXPECT_THAT(table, HasSubstr("group-steps   job tokens/s"));
+  EXPECT_THAT(table, HasSubstr("decisions (mode / reason: group-steps):"));
+}
+
+// With pipelines each stage's leader counts a decision per micro-batch; the per-mode keys
+// stay group-steps of each replica's first stage.
+TEST(SummaryTest, PipelineDecisionsAreMicrobatchesAndSaySo) {
+  constexpr Mode kSp = Mode::kSequenceParallel;
+  // TP 1, PP 2, one replica, one step of 2 micro-batches: stage 0 both SP, stage 1 one
+  // TP-only.
+  std::vector<std::vector<StepRecord>> recs(2);
+  for (auto& r : recs) r = {Rec(0, kSp, Reason::kGatesPassed, StepSource::kDaemon, 1.0, 100)};
+  const uint8_t sp = PackModeReason({kSp, Reason::kGatesPassed});
+  const uint8_t tp = PackModeReason({Mode::kTensorParallelOnly, Reason::kLengthCv});
+  RunDescription run;
+  run.tp = 1;
+  run.pp = 2;
+  run.microbatches = 2;
+  const RunSummary s = Summarize(run, recs, {{}, {}}, {{sp, sp}, {sp, tp}});
+  EXPECT_TRUE(s.microbatch_decisions);
+  EXPECT_EQ(s.decisions.at("sp").at("gates_passed"), 3);
+  EXPECT_EQ(s.decisions.at("tp_only").at("length_cv"), 1);
+  EXPECT_EQ(s.steps_by_mode.at("all"), 1) << "the replica's first stage's group-step";
+  EXPECT_THAT(SummaryJson(s), HasSubstr("\"decision_unit\": \"microbatches\""));
+  EXPECT_THAT(SummaryTable(s), HasSubstr("decisions (mode / reason: micro-batches):"));
+  EXPECT_THAT(SummaryTable(s), HasSubstr("group-steps of each replica's first stage"));
 }
 
 // A leader that ran SP instead of the daemon's TP-only: its step's source says so (and is

@@ -121,7 +121,9 @@ class LocalRunTest(unittest.TestCase):
                          f"--summary_json={summary}", f"--decision_log={prefix}"], np=4,
                 timeout=240)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("decisions (mode / reason: steps)", r.stdout)
+        # Counts and rates say what they count: group-steps, the job's tokens/s.
+        self.assertIn("decisions (mode / reason: group-steps)", r.stdout)
+        self.assertIn("per mode: group-steps; tokens/s of the job", r.stdout)
         with open(summary) as f:
             s = json.load(f)
         for key in ("steps", "decisions", "local_decisions", "consistency_violations",
