@@ -1,7 +1,7 @@
 // spgate.Client: the binding of client::GateClient (worker/client/gate_client.h), its
 // keyword arguments built from the client's option table (worker/client/client_options.h),
 // tls= checked by worker/client/tls.h; and the launch identity helpers (launch credential,
-// incarnation, worker token file) every client uses.
+// incarnation, job id, worker token file) every client uses.
 //
 // Invariant: no call holds the GIL while it may wait - await_decision, flush,
 // wait_until_connected, close and _cxx_step_loop release it.
@@ -357,6 +357,9 @@ void BindIdentity(py::module_& m) {
         "InvalidArgumentError naming the file when it is unreadable or holds none.");
   m.def("launch_credential_from_environment", &client::LaunchCredentialFromEnvironment,
         "SPGATE_LAUNCH_CREDENTIAL, or \"\" when unset.");
+  m.def("job_id_from_environment", &client::JobIdFromEnvironment,
+        "SPGATE_JOB_ID, else Slurm's SLURM_JOB_NAME, or \"\" when neither is set: the job id "
+        "spgate-worker and spgate.torch.connect use when none is given.");
   m.def("incarnation_from_environment", &client::IncarnationFromEnvironment,
         "The launcher's run identity (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID with the "
         "restart count, Slurm's job id, the MPI job), or \"\" when there is none: what "

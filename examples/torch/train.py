@@ -68,8 +68,14 @@ import time
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--controller", default="", help="spgated worker API; empty: local policy only")
-    p.add_argument("--job_id", required=True)
+    # --controller, --job_id and --worker_token_file default to the variables spgate's
+    # Kubernetes sidecar sets (docs/deploy.md), as spgate.torch.connect reads them.
+    env = os.environ.get
+    p.add_argument("--controller", default=env("SPGATE_CONTROLLER", ""),
+                   help="spgated worker API; empty: local policy only (default: "
+                        "SPGATE_CONTROLLER)")
+    p.add_argument("--job_id", default=env("SPGATE_JOB_ID") or None,
+                   required=not env("SPGATE_JOB_ID"), help="default: SPGATE_JOB_ID")
     p.add_argument("--incarnation", default="",
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
@@ -115,10 +121,10 @@ def parse_args(argv=None):
     p.add_argument("--tls_server_name", default="",
                    help="name to check in the daemon's certificate (default: the host of "
                         "--controller)")
-    p.add_argument("--worker_token_file", default="",
+    p.add_argument("--worker_token_file", default=env("SPGATE_WORKER_TOKEN_FILE", ""),
                    help="worker token file: its first credential line's token (the part "
                         "after NAME:, as every spgate client reads it); sent as "
-                        "'authorization: Bearer <token>'")
+                        "'authorization: Bearer <token>' (default: SPGATE_WORKER_TOKEN_FILE)")
     args = p.parse_args(argv)
     if args.pp < 1 or args.microbatches < 1:
         p.error("--pp and --microbatches must be >= 1")

@@ -4,7 +4,8 @@ BatchPlan, GateDecision, StepTelemetry, Mode, Reason, DecisionSource; for pipeli
 (docs/design.md §12) JobLayout, StageCoordinates, MicrobatchPlan, MicrobatchDecision,
 MicrobatchTelemetry and stage_schedule; and the launch's
 identity (worker/client/identity.h): new_launch_credential,
-launch_credential_from_environment, incarnation_from_environment; and
+launch_credential_from_environment, incarnation_from_environment,
+job_id_from_environment; and
 read_worker_token_file (worker/client/tls.h). Errors raise
 spgate.Error (its .code is the absl/gRPC status code, .code_name e.g. "INVALID_ARGUMENT")
 or its subclasses InvalidArgumentError, FailedPreconditionError, DeadlineExceededError.

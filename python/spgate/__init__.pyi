@@ -11,6 +11,7 @@ from spgate._spgate import (BatchPlan as BatchPlan, Client as Client, ClientStat
                             Reason as Reason, StepTelemetry as StepTelemetry,
                             UnavailableError as UnavailableError, __version__ as __version__,
                             incarnation_from_environment as incarnation_from_environment,
+                            job_id_from_environment as job_id_from_environment,
                             launch_credential_from_environment as launch_credential_from_environment,
                             new_launch_credential as new_launch_credential,
                             read_worker_token_file as read_worker_token_file,

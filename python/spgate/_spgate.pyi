@@ -401,5 +401,6 @@ def wire_failure(step: int, code: int) -> bytes: ...
 def stage_schedule(layout: JobLayout, stage: int) -> List[Tuple[bool, int, int]]: ...
 def new_launch_credential() -> str: ...  # 32 hex digits from the kernel's random source
 def launch_credential_from_environment() -> str: ...  # SPGATE_LAUNCH_CREDENTIAL or ""
+def job_id_from_environment() -> str: ...  # SPGATE_JOB_ID, else SLURM_JOB_NAME, or ""
 def read_worker_token_file(path: str) -> str: ...  # the token a worker token file gives
 def incarnation_from_environment() -> str: ...  # the launcher's run id or ""

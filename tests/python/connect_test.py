@@ -12,7 +12,12 @@ live spgated on loopback run with a worker token:
   connect_timeout has passed;
 - an unreachable daemon is not a refusal: connect returns after connect_timeout, the
   leader says so once on stderr, and the decisions are the fail-static fallback's;
-- spgate.Client(job_id="bad id!") fails at construction, with or without a controller.
+- spgate.Client(job_id="bad id!") fails at construction, with or without a controller;
+- the environment the Kubernetes sidecar sets (SPGATE_CONTROLLER, SPGATE_JOB_ID,
+  SPGATE_WORKER_TOKEN_FILE) stands in for the arguments: connect() with none gets the
+  daemon's decisions; arguments given win over variables that would fail; a missing
+  controller or job id, a token file that cannot be read, a bad SPGATE_JOB_ID, and a
+  variable only one rank has raise on both ranks naming the variable.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/connect_test.py
 (ctest runs it against the pip-installed package: tests/python/CMakeLists.txt).
@@ -41,6 +46,7 @@ TOKEN = "py-connect-token"
 LENGTHS = [512, 512, 256, 768]
 REFUSAL_BOUND_S = 5.0  # "within seconds": the refusals below take well under one
 STEPS = 4
+ENV_STEPS = 2
 
 
 def _refused(call):
@@ -53,7 +59,66 @@ def _refused(call):
     return None
 
 
-def rank_main(rank, world, address, unreachable):
+@contextlib.contextmanager
+def _environment(**variables):
+    """SPGATE_* variables set (None: unset) for the block, restored after."""
+    def put(values):
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    saved = {k: os.environ.get(k) for k in variables}
+    put(variables)
+    try:
+        yield
+    finally:
+        put(saved)
+
+
+def _decide(decider, steps):
+    """(mode, source) of `steps` decisions; closes the decider."""
+    got = []
+    for n in range(steps):
+        decider.submit_plan(n, LENGTHS)
+        d = decider.decide(n)
+        got.append((d.mode.name, d.source.name))
+    decider.close(flush_timeout=5.0)
+    return got
+
+
+def environment_main(rank, address, unreachable, token_file):
+    """connect with the sidecar's variables instead of arguments (see the docstring)."""
+    import spgate.torch
+    out = {}
+    sidecar = dict(SPGATE_CONTROLLER=address, SPGATE_JOB_ID="py-connect-env",
+                   SPGATE_WORKER_TOKEN_FILE=token_file)
+    with _environment(**sidecar):
+        out["env_only"] = _decide(spgate.torch.connect(decision_deadline=5.0), ENV_STEPS)
+    # Every argument given, each variable one that would fail: the arguments win.
+    with _environment(SPGATE_CONTROLLER=unreachable, SPGATE_JOB_ID="bad id!",
+                      SPGATE_WORKER_TOKEN_FILE=token_file + ".missing"):
+        out["explicit"] = _decide(spgate.torch.connect(
+            controller=address, job_id="py-connect-explicit", worker_token=TOKEN,
+            connect_timeout=2.0, decision_deadline=5.0), 1)
+    with _environment(**sidecar):
+        out["explicit_local"] = _decide(spgate.torch.connect(controller=""), 1)
+    none = dict(SPGATE_CONTROLLER=None, SPGATE_JOB_ID=None, SLURM_JOB_NAME=None,
+                SPGATE_WORKER_TOKEN_FILE=None)
+    with _environment(**none):
+        out["no_controller"] = _refused(lambda: spgate.torch.connect())
+        out["no_job_id"] = _refused(lambda: spgate.torch.connect(controller=address))
+    with _environment(**dict(sidecar, SPGATE_WORKER_TOKEN_FILE=token_file + ".missing")):
+        out["unreadable_token"] = _refused(lambda: spgate.torch.connect())
+    with _environment(**dict(sidecar, SPGATE_JOB_ID="bad id!")):
+        out["bad_job_id"] = _refused(lambda: spgate.torch.connect())
+    # Only rank 0's pod has the variables: both raise, neither waits for the other.
+    with _environment(**(sidecar if rank == 0 else none)):
+        out["one_rank"] = _refused(lambda: spgate.torch.connect())
+    return out
+
+
+def rank_main(rank, world, address, unreachable, token_file):
     import spgate.torch
     out = {}
     out["bad_id"] = _refused(lambda: spgate.torch.connect(
@@ -90,16 +155,17 @@ def rank_main(rank, world, address, unreachable):
         controller=address, job_id="py-connect", incarnation="py-connect-second-launch",
         worker_token=TOKEN, connect_timeout=1.0))
     out["flushed"] = decider.close(flush_timeout=10.0)
+    out.update(environment_main(rank, address, unreachable, token_file))
     return out
 
 
 class ConnectTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="spgate-connect-")
-        token_file = os.path.join(self.dir, "token")
-        with open(token_file, "w") as f:
+        self.token_file = os.path.join(self.dir, "token")
+        with open(self.token_file, "w") as f:
             f.write(TOKEN + "\n")
-        self.daemon = Daemon(extra_args=[f"--worker_token_file={token_file}"])
+        self.daemon = Daemon(extra_args=[f"--worker_token_file={self.token_file}"])
 
     def tearDown(self):
         self.daemon.stop()
@@ -107,7 +173,8 @@ class ConnectTest(unittest.TestCase):
 
     def test_two_ranks(self):
         unreachable = f"127.0.0.1:{free_port()}"  # nothing listens there
-        ranks = run_ranks(2, rank_main, self.daemon.address, unreachable, timeout_s=120)
+        ranks = run_ranks(2, rank_main, self.daemon.address, unreachable, self.token_file,
+                          timeout_s=120)
 
         for rank, out in enumerate(ranks):
             with self.subTest(rank=rank):
@@ -144,6 +211,33 @@ class ConnectTest(unittest.TestCase):
                       for n in reasons.values())
         self.assertEqual(counted, STEPS)
         self.assertEqual(self.daemon.decisions_total("py-connect-token"), {})
+        self.check_environment(ranks)
+
+    def check_environment(self, ranks):
+        missing = self.token_file + ".missing"
+        for rank, out in enumerate(ranks):
+            with self.subTest(rank=rank):
+                self.assertEqual(out["env_only"], ranks[0]["env_only"])
+                self.assertEqual([src for _, src in out["env_only"]], ["DAEMON"] * ENV_STEPS)
+                self.assertEqual(out["explicit"][0][1], "DAEMON")
+                self.assertEqual(out["explicit_local"][0][1], "LOCAL_ONLY")
+                for case, words in (
+                        ("no_controller", ["controller=", "SPGATE_CONTROLLER"]),
+                        ("no_job_id", ["job_id=", "SPGATE_JOB_ID"]),
+                        ("unreadable_token", ["SPGATE_WORKER_TOKEN_FILE", missing]),
+                        ("bad_job_id", ["SPGATE_JOB_ID", "bad id!"]),
+                        ("one_rank", ["world rank 1" if rank == 0 else "no controller",
+                                      "SPGATE_CONTROLLER"])):
+                    self.assertIsNotNone(out[case], case)
+                    cls, code, message, seconds = out[case]
+                    self.assertEqual((cls, code), ("InvalidArgumentError", "INVALID_ARGUMENT"),
+                                     (case, message))
+                    for word in words:
+                        self.assertIn(word, message, case)
+                    self.assertLess(seconds, REFUSAL_BOUND_S, case)
+        counted = sum(n for reasons in self.daemon.decisions_total("py-connect-env").values()
+                      for n in reasons.values())
+        self.assertEqual(counted, ENV_STEPS)
 
 
 class ClientJobIdTest(unittest.TestCase):

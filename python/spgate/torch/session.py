@@ -7,12 +7,18 @@ submit_plan(step, lengths) (a no-op except on the leader), decide(step) and
 report_telemetry(...) on every rank. In between it does what a trainer otherwise writes
 by hand, in this order, each a collective every rank joins:
 
-  1. agree on the launch (agree_on_launch over the world: rank 0's incarnation and
+  1. agree on the arguments and number the TP groups (one gather over the world): each
+     rank's controller and job id - the argument given, else SPGATE_CONTROLLER and
+     SPGATE_JOB_ID, the variables the Kubernetes sidecar sets
+     (deploy/k8s/components/sidecar) - and its TP group's leader's world rank (the
+     group's index, unless `group` or the grid gives it). A rank with neither, or ranks
+     that disagree on having a controller or on the job id, make every rank raise;
+  2. agree on the launch (agree_on_launch over the world: rank 0's incarnation and
      credential on every rank);
-  2. number the TP groups (the leaders' world ranks, gathered over the world) unless
-     `group` or the grid gives the index;
   3. the TP group's leader (every rank with group_session=False) creates its
-     spgate.Client and waits at most `connect_timeout` seconds for its session;
+     spgate.Client - its worker token the `worker_token` given, else the one in the file
+     SPGATE_WORKER_TOKEN_FILE names - and waits at most `connect_timeout` seconds for its
+     session;
   4. every rank's outcome is gathered over the world: when any rank was refused, every
      rank of the job raises that spgate.Error (its own group's first, else the first
      one's naming the group) - after the gather, never before a collective its peers
@@ -33,6 +39,8 @@ Usage:
     tp_group = ...                                    # this rank's TP group
     decider = spgate.torch.connect(controller="127.0.0.1:50061", job_id="llama-13b",
                                    tp_group=tp_group)  # every rank
+    # in a pod with spgate's sidecar (SPGATE_CONTROLLER, SPGATE_JOB_ID and
+    # SPGATE_WORKER_TOKEN_FILE set): spgate.torch.connect(tp_group=tp_group)
     decider.submit_plan(n, lengths)                   # leader only; no-op elsewhere
     d = decider.decide(n)                             # every rank, the same answer
     decider.report_telemetry(step=n, mode=d.mode, reason=d.reason, step_time_s=t)
@@ -40,6 +48,7 @@ Usage:
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -58,6 +67,12 @@ _REFUSED_AT_ONCE = {"INVALID_ARGUMENT": 3, "PERMISSION_DENIED": 7, "UNAUTHENTICA
 # Another launch of the job holds it: raised when it still stands at the end of the wait.
 _LAUNCH_CONFLICT = {"FAILED_PRECONDITION": 9}
 _POLL_S = 0.05  # how often the leader looks at the client's last Register answer
+# What a launcher or the Kubernetes sidecar (deploy/k8s/components/sidecar) sets for the
+# trainer, read for an argument not given. As spgatectl reads SPGATE_ADMIN: an argument
+# given wins, then the variable; an empty variable counts as unset.
+_CONTROLLER_ENV = "SPGATE_CONTROLLER"
+_JOB_ID_ENV = "SPGATE_JOB_ID"  # else Slurm's SLURM_JOB_NAME (spgate.job_id_from_environment)
+_WORKER_TOKEN_FILE_ENV = "SPGATE_WORKER_TOKEN_FILE"
 
 
 def _refusal(last_error: str):
@@ -100,42 +115,96 @@ def _outcome(error: BaseException):
     return ("type_error", 3, "INVALID_ARGUMENT", str(error))  # e.g. a keyword Client lacks
 
 
-def _group_index(tp_group, world_group) -> int:
-    """This TP group's index: its leader's place among every group's leader (world ranks)."""
-    leaders = [None] * dist.get_world_size(world_group)
-    dist.all_gather_object(leaders, _global_rank(tp_group, 0), group=world_group)
-    return sorted(set(leaders)).index(_global_rank(tp_group, 0))
+def _arguments(controller: Optional[str], job_id: Optional[str]):
+    """(controller, job_id): each argument given, else its variable. InvalidArgumentError
+    naming both when neither gives the controller, or the job id of a job that has one
+    (deciding locally needs none)."""
+    if controller is None:
+        controller = os.environ.get(_CONTROLLER_ENV, "")
+        if not controller:
+            raise _invalid("no controller: pass controller= or set %s (controller=\"\" "
+                           "decides locally)" % _CONTROLLER_ENV)
+    if job_id is None:
+        job_id = spgate.job_id_from_environment()  # SPGATE_JOB_ID, else SLURM_JOB_NAME
+        if not job_id and controller:
+            raise _invalid("no job_id: pass job_id= or set %s (under Slurm SLURM_JOB_NAME "
+                           "serves)" % _JOB_ID_ENV)
+    return controller, job_id
 
 
-def _raise_agreed(outcomes, my_group: int) -> None:
-    """Every rank: raises the refusal of its own TP group, else the first one of any."""
+def _worker_token_from_environment() -> str:
+    """The token in the file SPGATE_WORKER_TOKEN_FILE names, read as every spgate client
+    reads a worker token file; "" when it is unset. InvalidArgumentError naming the
+    variable and the file when the file gives none."""
+    path = os.environ.get(_WORKER_TOKEN_FILE_ENV, "")
+    try:
+        return spgate.read_worker_token_file(path) if path else ""
+    except spgate.Error as e:
+        raise _invalid("environment variable %s: %s" % (_WORKER_TOKEN_FILE_ENV, e)) from None
+
+
+def _agree_on_arguments(controller, job_id, tp_group, world):
+    """Collective over the world: (controller, job_id, leaders) - this rank's arguments
+    (_arguments) and every rank's TP group leader's world rank - once every rank has
+    its arguments. Every rank raises when one has none (its own error first), when some
+    ranks decide locally and others ask a daemon (they would wait in different
+    collectives), or when they name different jobs."""
+    try:
+        mine = ("ok",) + _arguments(controller, job_id)
+    except spgate.Error as e:
+        mine = _outcome(e)
+    everyone = [None] * dist.get_world_size(world)
+    dist.all_gather_object(everyone, (_global_rank(tp_group, 0), mine), group=world)
+    _raise_agreed([(None, o) for _, o in everyone], None)
+    asking = [r for r, (_, o) in enumerate(everyone) if o[1]]
+    if asking and len(asking) < len(everyone):
+        local = [r for r in range(len(everyone)) if r not in asking]
+        raise _invalid("connect: world ranks %s ask spgated at %s and world ranks %s decide "
+                       "locally (no controller): every rank needs a controller, or none does"
+                       % (asking, everyone[asking[0]][1][1], local))
+    job_ids = sorted({o[2] for _, o in everyone})
+    if asking and len(job_ids) > 1:
+        raise _invalid("connect: the ranks name different jobs (job_id %s): one job, one id"
+                       % ", ".join(repr(j) for j in job_ids))
+    return mine[1], mine[2], [leader for leader, _ in everyone]
+
+
+def _raise_agreed(outcomes, my_group: Optional[int]) -> None:
+    """Every rank: raises the refusal of its own TP group (its own, with my_group None:
+    before the groups are numbered), else the first one of any, naming whose."""
     refused = [(g, r, o) for r, (g, o) in enumerate(outcomes) if o is not None and o[0] != "ok"]
     if not refused:
         return
-    mine = [x for x in refused if x[0] == my_group]
+    me = dist.get_rank()
+    mine = [x for x in refused if (x[1] == me if my_group is None else x[0] == my_group)]
     g, r, (kind, code, code_name, message) = (mine or refused)[0]
     if not mine:
-        message = "TP group %d (world rank %d): %s" % (g, r, message)
+        message = ("world rank %d: %s" % (r, message) if g is None
+                   else "TP group %d (world rank %d): %s" % (g, r, message))
     if kind == "type_error":
         raise TypeError("connect: " + message)
     raise _error_for_code(code, code_name, "connect: " + message)
 
 
-def connect(controller: str = "", job_id: str = "", tp_group=None, pp_group=None, *,
-            group: Optional[int] = None, incarnation: str = "", launch_credential: str = "",
-            connect_timeout: float = 10.0, device: Optional[torch.device] = None,
+def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_group=None,
+            pp_group=None, *, group: Optional[int] = None, incarnation: str = "",
+            launch_credential: str = "", connect_timeout: float = 10.0,
+            device: Optional[torch.device] = None,
             **client_options) -> Union[GroupDecider, "spgate.torch.PipelineDecider"]:
     """See the module docstring. A collective over the world: every rank calls it once.
 
-    controller: spgated's worker API ("" decides locally, LOCAL_ONLY). tp_group: this
-    rank's TP process group (None: the world is one group). pp_group: the job's
-    spgate.torch.PipelineGrid for a pipelined job (its TP group, layout and this rank's
-    coordinates; tp_group then defaults to the grid's). group: the TP group's index
+    controller: spgated's worker API ("" decides locally, LOCAL_ONLY; not given:
+    SPGATE_CONTROLLER, an error when that is unset or empty). job_id: the job's id (not
+    given: SPGATE_JOB_ID, an error when that is unset or empty and there is a controller).
+    tp_group: this rank's TP process group (None: the world is one group). pp_group: the
+    job's spgate.torch.PipelineGrid for a pipelined job (its TP group, layout and this
+    rank's coordinates; tp_group then defaults to the grid's). group: the TP group's index
     (default: the grid's, else numbered by the leaders' world ranks). incarnation,
     launch_credential: as agree_on_launch. connect_timeout: seconds the leader waits for
     its session. device: the decider's (default: the current CUDA device on NCCL).
     client_options: spgate.Client's other keywords (decision_deadline, worker_token, tls,
-    memory_budget_bytes, group_session, seed, ...)."""
+    memory_budget_bytes, group_session, seed, ...); worker_token not given: the token in
+    the file SPGATE_WORKER_TOKEN_FILE names (none when that is unset)."""
     if not dist.is_initialized():
         raise _error(spgate.FailedPreconditionError, 9, "FAILED_PRECONDITION",
                      "connect: torch.distributed is not initialised (call "
@@ -157,26 +226,38 @@ def connect(controller: str = "", job_id: str = "", tp_group=None, pp_group=None
     tp_rank = dist.get_rank(tp_group)
     tp_size = dist.get_world_size(tp_group)
 
+    job_id_variable = None
+    if job_id is None:
+        job_id_variable = _JOB_ID_ENV if os.environ.get(_JOB_ID_ENV) else "SLURM_JOB_NAME"
+    controller, job_id, leaders = _agree_on_arguments(controller, job_id, tp_group, world)
+    if group is None:
+        group = (grid.group if grid is not None   # else numbered by the leaders' world ranks
+                 else sorted(set(leaders)).index(_global_rank(tp_group, 0)))
     launch = (agree_on_launch(incarnation, launch_credential) if controller
               else LaunchIdentity(incarnation, launch_credential))
-    if group is None:
-        group = grid.group if grid is not None else _group_index(tp_group, world)
 
     client, outcome, warning = None, None, None
     if tp_rank == 0 or not client_options.get("group_session", True):
         try:
             pipeline = {} if grid is None else {"layout": grid.layout(),
                                                 "coordinates": grid.coordinates()}
+            token = {}
+            if controller and "worker_token" not in client_options:
+                token["worker_token"] = _worker_token_from_environment()
             client = spgate.Client(controller=controller, job_id=job_id,
                                    incarnation=launch.incarnation,
                                    launch_credential=launch.launch_credential, group=group,
                                    rank_in_group=tp_rank, group_size=tp_size,
-                                   global_rank=dist.get_rank(), **pipeline, **client_options)
+                                   global_rank=dist.get_rank(), **pipeline, **token,
+                                   **client_options)
             if controller:
                 warning = _wait_for_session(client, controller, job_id, connect_timeout)
             outcome = ("ok",)
         except (spgate.Error, TypeError) as e:
             outcome = _outcome(e)
+            if job_id_variable and outcome[3].startswith("job_id:"):  # the rule, on its value
+                outcome = outcome[:3] + ("environment variable %s: %s"
+                                         % (job_id_variable, outcome[3]),)
             if client is not None:
                 client.close()
                 client = None
