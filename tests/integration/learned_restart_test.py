@@ -130,7 +130,9 @@ def main():
         steady = sim(args, control, "warm", args.warm_steps, tmp, summary="steady")
         cold = sim(args, daemon, "cold", args.cold_steps, tmp)
         procs += [warm, steady, cold]
-        cold.communicate(timeout=60)
+        _, cold_err = cold.communicate(timeout=60)
+        if cold.returncode != 0:
+            raise RuntimeError(f"spgate-sim (cold) exited {cold.returncode}: {cold_err[-500:]}")
         _, cold_probes = probes(cold_watch, WINDOW)
         # Kill once warm has learned, and once a write of its tables since then is on disk.
         path = os.path.join(state, "learned", "warm.textproto")

@@ -329,9 +329,10 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
          .group_size = client != nullptr ? client->options().group_size : 0,
          .has_reduce = has_reduce};
     std::memcpy(bytes.data(), &v, kVerdictHead);
+    // An OK status's message may be a null view: copy only what is there.
     const absl::string_view message = own.message();
-    std::memcpy(bytes.data() + kVerdictHead, message.data(),
-                std::min(message.size(), kCreateVerdictBytes - kVerdictHead - 1));
+    const size_t n = std::min(message.size(), kCreateVerdictBytes - kVerdictHead - 1);
+    if (n > 0) std::memcpy(bytes.data() + kVerdictHead, message.data(), n);
   }
   RETURN_IF_ERROR(broadcast(std::span<uint8_t>(bytes), 0));
   if (rank_in_group != 0) {
