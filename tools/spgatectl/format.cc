@@ -420,7 +420,9 @@ std::string JobStagesText(const v1::Job& job) {
     t.AddRow({absl::StrCat(st), absl::StrCat(groups[st]),
               absl::StrCat(tp_only[st], "/", groups[st] * m), FormatBytes(peak[st])});
   }
-  return absl::StrCat("\nSTAGES (last step plan of each group)\n", t.Render());
+  return absl::StrCat(
+      "\nSTAGES (last step plan of each group; TP_ONLY: its micro-batches decided TP-only)\n",
+      t.Render());
 }
 
 // MODES: the rolling window's per-mode throughput, time and memory (docs/design.md §12).

@@ -219,7 +219,8 @@ TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
   EXPECT_THAT(text, HasSubstr("\nLEARNED stage 1 (policy STATIC)\n(nothing learned yet)\n"));
   EXPECT_THAT(text, HasSubstr("layout            tp=2 pp=2 vp=1 cp=1 dp=2 microbatches=4 1f1b\n"));
   EXPECT_THAT(text, HasSubstr("sp required       cuda_graphs (needs SP throughout"));
-  EXPECT_THAT(text, HasSubstr("STAGES (last step plan of each group)\n"
+  EXPECT_THAT(text, HasSubstr("STAGES (last step plan of each group; TP_ONLY: its micro-batches "
+                              "decided TP-only)\n"
                               "STAGE  GROUPS  TP_ONLY  PREDICTED_PEAK\n"
                               "    0       1      0/4         2.0 GiB\n"
                               "    1       2      4/8         1.5 GiB\n"));
