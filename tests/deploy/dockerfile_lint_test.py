@@ -75,7 +75,9 @@ def main():
             stages[-1]["ins"].append((ins, rest))
     if len(stages) < 2:
         problems.append("must be multi-stage (build, runtime)")
-    for s in stages:
+    for i, s in enumerate(stages):
+        if s["from"] in {t["name"] for t in stages[:i]}:
+            continue  # FROM an earlier stage: on that stage's base, checked there
         if not re.fullmatch(r"debian:(bookworm|12)([.\d]*)?(-slim)?(@sha256:[0-9a-f]{64})?", s["from"]):
             problems.append(f"stage {s['name'] or s['from']}: not Debian 12 ({s['from']})")
     runtime = stages[-1] if stages else {"from": "", "ins": []}

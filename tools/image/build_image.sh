@@ -8,8 +8,11 @@
 #   tools/image/build_image.sh                 # IMAGE=ghcr.io/spgate/spgate
 #   ENGINE=podman IMAGE=registry.example.com/ml/spgate tools/image/build_image.sh
 #   SPGATE_BASE_IMAGES=local ...               # never pull the base images
+#   STAGE=build-deps ...                       # only that stage, tagged IMAGE:STAGE
 #
-# Prints the tag it made as its last line.
+# Prints the tag it made as its last line. STAGE=build-deps builds the build stage's
+# packages alone, ahead of the sources (.ci/run, while the tree compiles); a later
+# build with the same engine and the same arguments takes those layers from its cache.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 IMAGE=${IMAGE:-ghcr.io/spgate/spgate}
@@ -27,14 +30,21 @@ tools/image/make_base_images.sh "$ENGINE"
 
 start=$(date +%s)
 build_tag=$IMAGE:build   # until the version is known; one per IMAGE, so builds do not mix
+target=()
+if [ -n "${STAGE:-}" ]; then build_tag=$IMAGE:$STAGE; target=(--target "$STAGE"); fi
 if [ "$ENGINE" = podman ]; then
   # --format docker: the OCI format has no SHELL or HEALTHCHECK; --pull=never: the base
   # images are local now; the ignore file by name, which BuildKit finds on its own.
   "${RUN_ENGINE[@]}" build --format docker --pull=never "${ULIMITS[@]}" \
-    --ignorefile deploy/docker/Dockerfile.dockerignore \
+    --ignorefile deploy/docker/Dockerfile.dockerignore "${target[@]}" \
     -f deploy/docker/Dockerfile -t "$build_tag" .
 else
-  docker build -f deploy/docker/Dockerfile -t "$build_tag" .
+  docker build "${target[@]}" -f deploy/docker/Dockerfile -t "$build_tag" .
+fi
+if [ -n "${STAGE:-}" ]; then
+  echo "build_image: stage $STAGE built in $(( $(date +%s) - start )) s with $ENGINE"
+  echo "$build_tag"
+  exit 0
 fi
 # The version the binary printed during the build, read without starting the container.
 cid=$("$ENGINE" create "$build_tag")
