@@ -247,7 +247,7 @@ class AblationTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             argv = sys.argv
             sys.argv = ["adaptive_ablation.py", f"--sim={SIM}", f"--out={out}", "--steps=300",
-                        "--groups=2"]
+                        "--groups=2", "--seeds=11"]
             try:
                 adaptive_ablation.main()
             finally:
@@ -291,6 +291,22 @@ class AblationTest(unittest.TestCase):
         self.assertAlmostEqual(got["worst_vs_best_fixed"], 97 / 98)  # cell 1: best fixed is static
         self.assertEqual(got["probe_steps"], 8)
         self.assertAlmostEqual(got["tp_only_share"], 50 / 200)
+
+        # Three seeds per cell: per-cell medians, and the worst single seed beside them.
+        seeds_a = [cell(90, 95, 98, a, 1.0, 1.0, 3, 40) for a in (97, 99, 98.5)]  # 97/98 once
+        seeds_b = [cell(99, 90, 96, b, 1.0, p, 5, 10) for b, p in ((98, 1.01), (98, 1.03),
+                                                                    (96, 1.05))]
+        got = adaptive_ablation.summarize([seeds_a, seeds_b])
+        self.assertEqual(got["cells_below_static"], 0)       # medians 98.5/98 and 98/96
+        self.assertAlmostEqual(got["worst_vs_static"], 98.5 / 98)
+        self.assertEqual(got["cells_below_static_any_seed"], 1)
+        self.assertAlmostEqual(got["worst_seed_vs_static"], 97 / 98)
+        self.assertEqual(got["cells_p95_over_1.02_static"], 1)  # cell b: median 1.03
+        self.assertAlmostEqual(got["worst_vs_best_fixed"], 98 / 99)
+        self.assertAlmostEqual(got["worst_seed_vs_best_fixed"], 96 / 99)
+        self.assertEqual(got["probe_steps"], 8)
+        self.assertEqual(len(got["others"]), 2)
+        self.assertEqual(len(got["others"][0]), 3)
 
 
 def run_main(main, argv):
