@@ -12,7 +12,9 @@
 # the worker targets. See docs/benchmarks.md ("Worker replay table").
 #
 # Usage: bench/replay_table.sh [BUILD_DIR] [OUTDIR]
-# Environment: ROUNDS (5), STEPS (30), MPIRUN (mpirun), WORKER_ARGS (extra worker flags).
+# Environment: ROUNDS (5), STEPS (30), MPIRUN (mpirun), WORKER_ARGS (extra worker flags),
+# ADAPTIVE_ARGS (extra gate flags for the ADAPTIVE rows' jobs, which otherwise run every
+# ADAPTIVE setting at its default; the report names them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
@@ -20,4 +22,4 @@ out=${2:-bench/results}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1
 exec /usr/bin/env python3 "$root/bench/worker/replay_table.py" --build="$build" --out="$out" \
   --rounds="${ROUNDS:-5}" --steps="${STEPS:-30}" --mpirun="${MPIRUN:-mpirun}" \
-  --extra="${WORKER_ARGS:-}"
+  --extra="${WORKER_ARGS:-}" --adaptive_flags="${ADAPTIVE_ARGS:-}"

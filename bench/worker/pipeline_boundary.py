@@ -12,18 +12,22 @@ all-gather at each TP-only stage's entry and in its backward); TP-only with each
 native boundary (the whole sequence crosses, no gather; only safe when every stage runs
 the same mode); the static gates deciding per stage and micro-batch (spgated's STATIC,
 sharded boundary); ADAPTIVE per stage and micro-batch (spgated, learning each stage from
-its micro-batches' telemetry; its job config is the replay table's ADAPTIVE config,
-adaptive_min_samples 2 and adaptive_explore_share 0.15, so a run of a few dozen steps
-learns). Every row's ranks talk to the same spgated (the forced rows only report
-telemetry), so every row carries the same client threads.
+its micro-batches' telemetry, every ADAPTIVE setting at its default: what a job that sets
+policy ADAPTIVE gets). Every row's ranks talk to the same spgated (the forced rows only
+report telemetry), so every row carries the same client threads.
+
+--adaptive_flags adds gate flags to the ADAPTIVE row's job (e.g. "--adaptive_min_samples=2
+--adaptive_explore_share=0.15" to watch a short run learn); the row is then labelled with
+them, since it is no longer ADAPTIVE as shipped.
 
 Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps=12]
-       [--out=FILE.json]
+       [--adaptive_flags=FLAGS] [--out=FILE.json]
 """
 import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -43,9 +47,9 @@ ROWS = [
     ("ADAPTIVE per stage and micro-batch", ["--mode=auto"]),
 ]
 ADAPTIVE_ROW = ROWS[-1][0]
-# The ADAPTIVE row's job config (bench/worker/replay_table.py's), set on the daemon.
-ADAPTIVE_FLAGS = ["--policy=adaptive", "--adaptive_min_samples=2",
-                  "--adaptive_explore_share=0.15"]
+# The ADAPTIVE row's job config (bench/worker/replay_table.py's), set on the daemon: the
+# policy alone, every ADAPTIVE setting at its default.
+ADAPTIVE_FLAGS = ["--policy=adaptive"]
 BASE = "SP"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
@@ -76,10 +80,16 @@ def main():
     ap.add_argument("--mpirun", default=shutil.which("mpirun") or "mpirun")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--adaptive_flags", default="",
+                    help="extra gate flags for the ADAPTIVE row's job (labelled in the table)")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if not 1 <= a.rounds <= 20 or not 2 <= a.steps <= 1000:
         sys.exit("--rounds must be in [1, 20] and --steps in [2, 1000]")
+    adaptive_flags = ADAPTIVE_FLAGS + shlex.split(a.adaptive_flags)
+    label = {ADAPTIVE_ROW: ADAPTIVE_ROW + (f" ({a.adaptive_flags.strip()})"
+                                           if a.adaptive_flags.strip() else "")}
+    load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="spgate-boundary-")
     ratios = {name: {"tokens_per_s": [], "step_time_mean_s": [], "p2p_bytes_per_step": [],
                      "peak_memory_bytes": []} for name, _ in ROWS}
@@ -95,7 +105,7 @@ def main():
                                           rnd)
                 if name == ADAPTIVE_ROW:
                     subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates", "set",
-                                    f"--job_id={job}"] + ADAPTIVE_FLAGS,
+                                    f"--job_id={job}"] + adaptive_flags,
                                    check=True, capture_output=True, timeout=30)
                 got[name] = run(a.build, a.mpirun,
                                 [*flags, f"--controller=127.0.0.1:{port}", f"--job_id={job}"],
@@ -110,6 +120,9 @@ def main():
         daemon.terminate()
         daemon.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+    load_after = os.getloadavg()
+    print(f"load average (1 min) {load_before[0]:.1f} before / {load_after[0]:.1f} after",
+          file=sys.stderr)
     print(f"| row (TP2 x PP2, 4 micro-batches, {a.steps} steps, {a.rounds} rounds) | tokens/s vs SP "
           "| step time vs SP | p2p bytes/step vs SP | peak memory vs SP |")
     print("|---|---|---|---|---|")
@@ -120,11 +133,11 @@ def main():
         for key in ("tokens_per_s", "step_time_mean_s", "p2p_bytes_per_step", "peak_memory_bytes"):
             v = r[key]
             cells.append(f"{statistics.median(v):.3f} ({min(v):.3f}–{max(v):.3f})")
-        print(f"| {name} | " + " | ".join(cells) + " |")
-        table.append({"row": name, **{k: statistics.median(v) for k, v in r.items()},
+        print(f"| {label.get(name, name)} | " + " | ".join(cells) + " |")
+        table.append({"row": label.get(name, name), **{k: statistics.median(v) for k, v in r.items()},
                       "range": {k: [min(v), max(v)] for k, v in r.items()}})
     for name in (ROWS[3][0], ADAPTIVE_ROW):
-        print(f"\n{name}, decisions per round (mode -> reason -> micro-batches): "
+        print(f"\n{label.get(name, name)}, decisions per round (mode -> reason -> micro-batches): "
               + "; ".join(json.dumps(r[name]["decisions"], sort_keys=True) for r in raw))
     # The contract's own cost, paired by round: TP-only with the native boundary over
     # TP-only with the sharded one (> 1: the sharded boundary is slower).
@@ -132,11 +145,20 @@ def main():
     paired = [r[native]["step_time_mean_s"] / r[sharded]["step_time_mean_s"] for r in raw]
     print(f"\nTP-only step time, native over sharded boundary, per round: "
           f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f})")
+    # ADAPTIVE against the rule it replaces, paired by round (>= 1: at least the static row).
+    static = ROWS[3][0]
+    over_static = [r[ADAPTIVE_ROW]["tokens_per_s"] / r[static]["tokens_per_s"] for r in raw]
+    print(f"\nADAPTIVE tokens/s over the static gates', per round: "
+          f"{', '.join(f'{x:.3f}' for x in over_static)} (median "
+          f"{statistics.median(over_static):.3f}, range {min(over_static):.3f}-"
+          f"{max(over_static):.3f})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"benchmark": "pipeline_boundary", "baseline": BASE, "common": COMMON,
+                       "adaptive_job_flags": adaptive_flags, "load_average": [load_before, load_after],
                        "steps": a.steps, "rounds": a.rounds, "table": table,
-                       "native_over_sharded_step_time": paired, "raw": raw}, f,
+                       "native_over_sharded_step_time": paired,
+                       "adaptive_over_static_tokens_per_s": over_static, "raw": raw}, f,
                       indent=2)
 
 
