@@ -37,7 +37,8 @@ std::string FormatProgressLine(const ProgressSnapshot& s) {
     absl::StrAppendFormat(&out, "step %d", done);
   }
   if (s.tokens_per_s >= 0) {
-    absl::StrAppend(&out, "  ", FormatRate(s.tokens_per_s), s.simulated ? " sim tok/s" : " tok/s");
+    absl::StrAppend(&out, "  ", FormatRate(s.tokens_per_s), s.simulated ? " sim " : " ",
+                    s.rate_unit);
   }
   const int64_t decisions = s.sp + s.tp;
   if (decisions > 0) {
@@ -91,6 +92,7 @@ void ProgressReporter::PrintLocked(absl::Time now) {
   s.label = o_.label;
   s.steps = static_cast<double>(parts_) / static_cast<double>(std::max<int64_t>(1, o_.parts_per_step));
   s.total_steps = o_.total_steps;
+  s.rate_unit = o_.rate_unit;
   s.sp = sp_;
   s.tp = tp_;
   if (sim_seconds_ > 0) {

@@ -6,8 +6,9 @@
 // live simulator's driver threads add to one reporter.
 //
 // The line (docs/worker.md, "Progress lines"):
-//   spgate-sim replay: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41
-// `step` is done/total steps (per group: each group-step adds 1 / parts_per_step); tok/s is
+//   spgate-sim replay: step 120/1000 (12%)  3.1k sim tok/s/job  SP 80% TP-only 20%  ETA 0:41
+// `step` is done/total steps (per group: each group-step adds 1 / parts_per_step); the rate's
+// unit says whose tokens it counts (tok/s/group: one TP group's; tok/s/job: all of them); it is
 // wall-clock over the last interval, or "sim tok/s" — the run's effective tokens/s so far
 // (parts_per_step x tokens / simulated seconds) — when the caller adds simulated seconds;
 // the modes are shares of the decisions so far; ETA from the mean step rate (a timed run:
@@ -48,6 +49,7 @@ struct ProgressSnapshot {
   int64_t total_steps = 0;   // 0: unknown
   double tokens_per_s = -1;  // < 0: none yet
   bool simulated = false;    // tokens_per_s is simulated, not wall-clock
+  std::string rate_unit = "tok/s";  // whose tokens: "tok/s/group" or "tok/s/job"
   int64_t sp = 0, tp = 0;
   double eta_s = -1;         // < 0: unknown
 };
@@ -72,6 +74,9 @@ class ProgressReporter {
     // A timed run: the ETA is what is left of this (total_steps is then 0).
     absl::Duration total_duration = absl::ZeroDuration();
     absl::Duration interval = absl::Seconds(2);
+    // The rate's unit, naming whose tokens Add counts: "tok/s/group" (one TP group's) or
+    // "tok/s/job" (every group's, summed).
+    std::string rate_unit = "tok/s";
     int64_t check_every = 1;  // read the clock on every this many Add calls
     // Intended for testing: the clock (default absl::Now) and where lines go (default: a
     // line on stderr).

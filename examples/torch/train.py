@@ -570,6 +570,7 @@ def make_progress(args, rank):
     decisions; with --progress, or by default when stderr is a terminal."""
     import spgate.progress
     return spgate.progress.Progress(total_steps=args.steps, label="train.py, TP group 0",
+                                    rate_unit="tok/s/group",
                                     enabled=args.progress if rank == 0 else False)
 
 

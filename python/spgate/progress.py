@@ -1,12 +1,13 @@
 """A progress line for long training loops, the same line spgate-worker and spgate-sim print
 (common/progress.h; docs/worker.md, "Progress lines"):
 
-    train.py: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41
+    train.py, TP group 0: step 120/1000 (12%)  3.1k tok/s/group  SP 80% TP-only 20%  ETA 0:41
 
 printed to stderr at a steady interval, only when stderr is a terminal or the caller asks
-(``enabled=True``, e.g. from ``--progress``), so logs and JSON outputs never change. tok/s
-is wall-clock over the last interval; the modes are shares of the decisions so far; the ETA
-is from the mean step rate. The clock is read at most once per ``check_every`` calls.
+(``enabled=True``, e.g. from ``--progress``), so logs and JSON outputs never change. The rate
+is wall-clock over the last interval, in ``rate_unit`` (``tok/s/group`` when the caller counts
+one TP group's tokens, ``tok/s/job`` when every group's); the modes are shares of the
+decisions so far; the ETA is from the mean step rate. The clock is read at most once per ``check_every`` calls.
 
 Usage::
 
@@ -45,7 +46,7 @@ def format_rate(v):
 
 
 def format_line(label, steps, total_steps=0, tokens_per_s=None, sp=0, tp=0, eta_s=None,
-                simulated=False):
+                simulated=False, rate_unit="tok/s"):
     """The line from its totals; a None or unknown field is left out."""
     out = f"{label}: " if label else ""
     done = int(math.floor(steps + 1e-9))
@@ -54,7 +55,7 @@ def format_line(label, steps, total_steps=0, tokens_per_s=None, sp=0, tp=0, eta_
     else:
         out += f"step {done}"
     if tokens_per_s is not None:
-        out += f"  {format_rate(tokens_per_s)} {'sim tok/s' if simulated else 'tok/s'}"
+        out += f"  {format_rate(tokens_per_s)} {'sim ' if simulated else ''}{rate_unit}"
     if sp + tp > 0:
         # C's lround: halves away from zero (Python's round() would go to even).
         sp_pct = int(math.floor(100.0 * sp / (sp + tp) + 0.5))
@@ -83,11 +84,12 @@ class Progress:
     """
 
     def __init__(self, total_steps=0, label="", interval_s=2.0, enabled=None, stream=None,
-                 clock=time.monotonic, check_every=1):
+                 clock=time.monotonic, check_every=1, rate_unit="tok/s"):
         self.stream = sys.stderr if stream is None else stream
         self.enabled = wanted(enabled, self.stream)
         self.total_steps = total_steps
         self.label = label
+        self.rate_unit = rate_unit  # whose tokens: "tok/s/group" or "tok/s/job"
         self.interval_s = interval_s
         self.clock = clock
         self.check_every = max(1, int(check_every))
@@ -139,7 +141,7 @@ class Progress:
         if self.total_steps > 0 and self._steps > 0:
             eta = (now - self._start) * (self.total_steps - self._steps) / self._steps
         self.stream.write(format_line(self.label, self._steps, self.total_steps, rate,
-                                      self._sp, self._tp, eta) + "\n")
+                                      self._sp, self._tp, eta, rate_unit=self.rate_unit) + "\n")
         self.stream.flush()
         self._last = now
         self._tokens_at_last = self._tokens

@@ -21,8 +21,8 @@ TEST(FormatProgressLineTest, Table) {
        "spgate-sim replay: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41"},
       // A live run's groups half-way through step 7: 6 whole steps done.
       {{.label = "x", .steps = 6.5, .total_steps = 10, .tokens_per_s = 12.4e6, .simulated = true,
-        .sp = 1, .tp = 2, .eta_s = 3723},
-       "x: step 6/10 (65%)  12.4M sim tok/s  SP 33% TP-only 67%  ETA 1:02:03"},
+        .rate_unit = "tok/s/job", .sp = 1, .tp = 2, .eta_s = 3723},
+       "x: step 6/10 (65%)  12.4M sim tok/s/job  SP 33% TP-only 67%  ETA 1:02:03"},
       // Unknown total, no tokens and no decisions yet.
       {{.label = "", .steps = 3}, "step 3"},
       {{.label = "w", .steps = 5, .tokens_per_s = 950, .tp = 5}, "w: step 5  950 tok/s  SP 0% TP-only 100%"},
@@ -96,7 +96,7 @@ TEST(ProgressReporterTest, SimulatedRateAndPartsPerStep) {
   FakeClock clock;
   std::vector<std::string> lines;
   ProgressReporter p({.label = "r", .total_steps = 10, .parts_per_step = 4,
-                      .interval = absl::Seconds(1), .clock = [&] { return clock(); },
+                      .interval = absl::Seconds(1), .rate_unit = "tok/s/job", .clock = [&] { return clock(); },
                       .sink = [&](std::string_view l) { lines.emplace_back(l); }});
   // 4 groups x 5 steps, each group-step 100 tokens in 0.5 simulated s: the job's effective
   // rate is 4 x 2,000 / 10 s = 800 tok/s, half the steps done in 1 s of wall time.
@@ -104,7 +104,7 @@ TEST(ProgressReporterTest, SimulatedRateAndPartsPerStep) {
   clock.now += absl::Seconds(1);
   p.Finish();
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0], "r: step 5/10 (50%)  800 sim tok/s  SP 100% TP-only 0%  ETA 0:01");
+  EXPECT_EQ(lines[0], "r: step 5/10 (50%)  800 sim tok/s/job  SP 100% TP-only 0%  ETA 0:01");
 }
 
 TEST(ProgressReporterTest, TimedRunEtaIsWhatIsLeftOfTheDuration) {

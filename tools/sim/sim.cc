@@ -491,6 +491,7 @@ std::unique_ptr<ProgressReporter> MakeProgress(const SimOptions& o, std::string 
   po.total_steps = total_steps;
   po.parts_per_step = std::max<int64_t>(1, parts_per_step);
   po.check_every = check_every;
+  po.rate_unit = "tok/s/job";  // every simulated group's tokens, summed
   return std::make_unique<ProgressReporter>(std::move(po));
 }
 

@@ -200,6 +200,7 @@ class RankRun {
     if (!o_.progress || grid_.world_rank() != 0) return nullptr;
     ProgressReporter::Options po;
     po.label = "spgate-worker, TP group 0";
+    po.rate_unit = "tok/s/group";
     po.total_steps = timed_run() ? 0 : o_.steps;
     po.total_duration = o_.duration;
     return std::make_unique<ProgressReporter>(std::move(po));

@@ -24,7 +24,7 @@ REPLAY = ["replay", "--compare", "--steps=300", "--groups=2", "--tp=4",
           "--lengths=bimodal:short=512,long=8192,p_long=0.3"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 LINE = re.compile(r"^spgate-sim replay --compare \(adaptive\): step (\d+)/300 \((\d+)%\)  "
-                  r"[0-9.]+[kMG]? sim tok/s  SP \d+% TP-only \d+%  ETA \d+:\d\d$")
+                  r"[0-9.]+[kMG]? sim tok/s/job  SP \d+% TP-only \d+%  ETA \d+:\d\d$")
 
 
 def run(args, env=None):
@@ -52,7 +52,7 @@ class ProgressTest(unittest.TestCase):
         r = run(["--steps=40", "--steps_per_s=200", "--groups=2", "--tp=2", "--progress"])
         self.assertEqual(r.returncode, 0, r.stderr)
         json.loads(r.stdout)
-        self.assertRegex(r.stderr, r"(?m)^spgate-sim: step 40/40 \(100%\)  [0-9.]+[kMG]? tok/s  "
+        self.assertRegex(r.stderr, r"(?m)^spgate-sim: step 40/40 \(100%\)  [0-9.]+[kMG]? tok/s/job  "
                                    r"SP \d+% TP-only \d+%  ETA 0:00$")
 
 
