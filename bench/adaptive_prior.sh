@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What ADAPTIVE's physics prior buys: every adaptive_flips cell at the default flip interval,
-# switching free and at 0.01 s, with the static gates, the telemetry-only prior and the
-# prior with the declared link deciding the bands without samples (bench/sim/adaptive_prior.py;
-# docs/benchmarks.md, "The physics prior").
+# switching free and at 0.01 s, with the static gates or the physics prior deciding the
+# bands without samples (bench/sim/adaptive_prior.py; docs/benchmarks.md, "The physics
+# prior").
 # Usage: bench/adaptive_prior.sh [BUILD_DIR] [OUTDIR]
 # Environment: STEPS (4000), SIM_GROUPS (8).
 set -euo pipefail

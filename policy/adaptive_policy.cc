@@ -282,7 +282,7 @@ PriorFit FitPriorOf(const GateConfig& config, const ThroughputTable* table) {
     known[n++] = PriorBandSample{tokens, tokens / sp.tokens_per_s(), tokens / tp.tokens_per_s(),
                                 cv, std::min(sp.weight, tp.weight)};
   }
-  return FitPrior(table->prior_inputs(), table->prior_sums(),
+  return FitPrior(table->prior_sums(),
                   std::span<const PriorBandSample>(known.data(), n), floor);
 }
 

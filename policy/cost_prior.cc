@@ -5,59 +5,13 @@
 #include <cmath>
 
 #include "policy/forgetting.h"
-#include "policy/hardware.h"
 
 namespace spgate {
 namespace {
 
 bool Finite(double x) { return std::isfinite(x); }
 
-constexpr int kKinds[3] = {static_cast<int>(CollectiveKind::kAllReduce),
-                          static_cast<int>(CollectiveKind::kAllGather),
-                          static_cast<int>(CollectiveKind::kReduceScatter)};
-
 }  // namespace
-
-PriorLink ResolvePriorLink(const PriorInputs& in) {
-  PriorLink l;
-  if (in.tp <= 1 || in.hidden <= 0 || in.layers <= 0) return l;
-  l.tp = in.tp;
-  l.hidden = in.hidden;
-  l.layers = in.layers;
-  if (!in.preset.empty()) {
-    // Not a status: the daemon checks the name at Register; an unknown one declares nothing.
-    for (const HardwarePreset& p : BuiltinHardwarePresets()) {
-      if (p.name != in.preset) continue;
-      for (CollectiveKind k : {CollectiveKind::kAllReduce, CollectiveKind::kAllGather,
-                               CollectiveKind::kReduceScatter}) {
-        l.curves[static_cast<int>(k)] = p.Curve(k, in.tp, p.nvls);
-      }
-      l.gemm_flops = p.device_tflops * 1e12 * p.gemm_mfu;
-      l.has = l.curves[kKinds[0]] != nullptr && l.curves[kKinds[1]] != nullptr &&
-              l.curves[kKinds[2]] != nullptr && l.gemm_flops > 0;
-      return l;
-    }
-    return l;
-  }
-  if (Finite(in.link_latency_us) && in.link_latency_us > 0) {
-    l.flat_latency_s = in.link_latency_us * 1e-6;
-    l.has = true;
-  }
-  return l;
-}
-
-double PriorLink::SpExtraSeconds(double tokens) const {
-  if (!has || !(tokens > 0)) return 0;
-  if (curves[kKinds[0]] == nullptr) return 4.0 * layers * flat_latency_s;
-  // The activation, T·h bf16 values, per call (nccl-tests' size: the whole buffer).
-  const double bytes = tokens * hidden * 2.0;
-  const double ar = curves[kKinds[0]]->Seconds(CollectiveKind::kAllReduce, tp, bytes);
-  const double ag = curves[kKinds[1]]->Seconds(CollectiveKind::kAllGather, tp, bytes);
-  const double rs = curves[kKinds[2]]->Seconds(CollectiveKind::kReduceScatter, tp, bytes);
-  // The input-gradient GEMMs of QKV (3h²) and FC1 (4h²) the re-gather overlaps.
-  const double dgrad = 2.0 * tokens * 7.0 * hidden * hidden / (tp * gemm_flops);
-  return layers * (4.0 * (ag + rs - ar) + std::max(0.0, 2.0 * ag - dgrad));
-}
 
 bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t step,
                     double tokens, double length_cv, double seconds, double all_gather_s,
@@ -95,7 +49,7 @@ bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t st
   return true;
 }
 
-PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
+PriorFit FitPrior(const PriorSums& s,
                   std::span<const PriorBandSample> known, double min_samples) {
   PriorFit f;
   if (!(s.weight >= std::max(min_samples, 1.0)) || !(s.tokens > 0) || !(s.seconds > 0)) {
@@ -104,7 +58,7 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
   }
   const double W = s.weight;
   const double mean_tokens = s.tokens / W, mean_ag = s.all_gather / W;
-  const double mean_cv = s.cv / W, mean_wait = s.wait / W, mean_s = s.seconds / W;
+  const double mean_cv = s.cv / W, mean_wait = s.wait / W;
 
   // w: the wait share's slope against the length CV.
   const double var_cv = s.cv_sq / W - mean_cv * mean_cv;
@@ -115,24 +69,15 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
   const double w = std::max(0.0, (s.cv_wait / W - mean_cv * mean_wait) / var_cv);
   f.imbalance_source = PriorSource::kTelemetry;
 
-  // λ: from the declared hardware at each batch's tokens; else the all-gathers' intercept
-  // (never more than they take); else 0 (a bias towards SP of that size).
+  // λ: the all-gathers' intercept, never more than they take; without the spread in
+  // tokens to measure it, 0 (a bias towards SP of that size, which ε absorbs at the
+  // measured bands' sizes).
   const double var_tokens = s.tokens_sq / W - mean_tokens * mean_tokens;
-  f.link = ResolvePriorLink(in);
-  if (f.link.has) {
-    f.latency_source = PriorSource::kDeclared;
-  } else if (var_tokens >= std::pow(kMinTokensSpread * mean_tokens, 2)) {
+  if (var_tokens >= std::pow(kMinTokensSpread * mean_tokens, 2)) {
     const double slope = (s.tokens_all_gather / W - mean_tokens * mean_ag) / var_tokens;
     f.latency_s = std::clamp(mean_ag - slope * mean_tokens, 0.0, mean_ag);
     f.latency_source = PriorSource::kTelemetry;
   }
-  // λ at `tokens`: a declared one never more than half an SP step of those tokens.
-  const double rate = mean_s / mean_tokens;
-  const auto lambda = [&](double tokens) {
-    return f.link.has ? std::min(f.link.SpExtraSeconds(tokens), 0.5 * rate * tokens)
-                      : f.latency_s;
-  };
-  if (f.link.has) f.latency_s = lambda(mean_tokens);
 
   // ε and κ: the measured bands' differences, TP-only's step less SP's plus λ, are
   // ε·T − κ·(ρ₀·T·w·c); a weighted least-squares fit of both where at least three bands
@@ -164,7 +109,7 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
     for (const PriorBandSample& b : known) {
       if (!(b.weight > 0) || !(b.tokens > 0) || !(b.sp_s > 0) || !(b.tp_s > 0)) continue;
       const double x = x_of(b);
-      const double y = b.tp_s - b.sp_s + lambda(b.tokens);
+      const double y = b.tp_s - b.sp_s + f.latency_s;
       stt += b.weight * b.tokens * b.tokens;
       stx += b.weight * b.tokens * x;
       sxx += b.weight * x * x;
@@ -191,8 +136,7 @@ PriorFit FitPrior(const PriorInputs& in, const PriorSums& s,
     double sq = 0;
     for (const PriorBandSample& b : known) {
       if (!(b.weight > 0) || !(b.tokens > 0) || !(b.sp_s > 0) || !(b.tp_s > 0)) continue;
-      const double r =
-          (b.tp_s - b.sp_s + lambda(b.tokens) - (eps * b.tokens - kappa * x_of(b))) / b.sp_s;
+      const double r = (b.tp_s - b.sp_s + f.latency_s - (eps * b.tokens - kappa * x_of(b))) / b.sp_s;
       sq += b.weight * r * r;
     }
     f.error = std::max(kPriorMinError, std::sqrt(sq / band_w));
@@ -218,9 +162,7 @@ PriorEstimate PredictPrior(const PriorFit& f, double tokens, double length_cv) {
     return e;
   }
   const double rho0 = f.base_s_per_token;
-  e.latency_s = f.link.has ? std::min(f.link.SpExtraSeconds(tokens),
-                                      0.5 * f.base_s_per_token * tokens)
-                           : f.latency_s;
+  e.latency_s = f.latency_s;
   e.imbalance_s = rho0 * tokens * f.imbalance_share * f.wait_per_cv * length_cv;
   e.elementwise_s = f.elementwise_s_per_token * tokens;
   e.sp_s = rho0 * tokens + e.imbalance_s;
@@ -230,16 +172,14 @@ PriorEstimate PredictPrior(const PriorFit& f, double tokens, double length_cv) {
   return e;
 }
 
-PriorEstimate EstimatePrior(const PriorInputs& inputs, const PriorSums& sums,
-                            std::span<const PriorBandSample> known, double min_samples,
-                            double tokens, double length_cv) {
-  return PredictPrior(FitPrior(inputs, sums, known, min_samples), tokens, length_cv);
+PriorEstimate EstimatePrior(const PriorSums& sums, std::span<const PriorBandSample> known,
+                            double min_samples, double tokens, double length_cv) {
+  return PredictPrior(FitPrior(sums, known, min_samples), tokens, length_cv);
 }
 
 const char* PriorSourceLabel(PriorSource source) {
   switch (source) {
     case PriorSource::kTelemetry: return "telemetry";
-    case PriorSource::kDeclared: return "declared hardware";
     case PriorSource::kNone: break;
   }
   return "none";

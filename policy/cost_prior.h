@@ -3,21 +3,19 @@
 // the static gates. The model is written as SP's step time minus TP-only's:
 //
 //   t_SP(T, c) = ρ₀·T·(1 + κ·w·c)              ρ₀: SP's balanced seconds per token
-//   t_TP(T, c) = ρ₀·T − λ(T) + ε·T
+//   t_TP(T, c) = ρ₀·T − λ + ε·T
 //
-//   λ  the collective seconds SP pays beyond TP-only's. Per layer SP runs 2 all-gathers
-//      and 2 reduce-scatters forward and as many backward where TP-only runs 2 + 2
-//      all-reduces, each of the activation's T·h bf16 values. With declared hardware (a
-//      preset of policy/hardware.h, or a flat link's bandwidth and per-call latency) λ(T)
-//      is those calls' seconds at the batch's own message size: 4·L·(AG(T) + RS(T) −
-//      AR(T)), the preset's measured curves (NVLS as the preset has it), plus the
-//      re-gather of the 2 column-parallel inputs beyond the input-gradient GEMM it
-//      overlaps (2·AG − 2·T·7h²/(t·rate), at least 0; the preset's GEMM rate) — the
-//      simulator's collectives (tools/sim/cost_model.cc). A flat link has the bandwidth
-//      terms cancel (a ring all-reduce moves a reduce-scatter's plus an all-gather's
-//      bytes) and λ = 4·L·α. Without it, λ is measured as the intercept of the SP
+//   λ  the latency of the collective calls SP adds: per layer SP runs 2 all-gathers and 2
+//      reduce-scatters forward and as many backward where TP-only runs 2 + 2 all-reduces
+//      (4·L extra calls a step), while a ring all-reduce moves exactly the bytes of a
+//      reduce-scatter plus an all-gather: the bandwidth terms cancel and SP pays 4·L·α
+//      more (at TP 8 with NVLink SHARP the all-reduce is faster than the pair; ε absorbs
+//      that difference as far as it is linear in T). Measured as the intercept of the SP
 //      steps' all-gather seconds against their tokens (the all-gathers are 4·L calls);
-//      with too little spread in tokens, 0.
+//      with too little spread in tokens, 0 (ε then absorbs it at the measured bands'
+//      sizes). Nothing the job declares enters: λ from a declared hardware preset (its
+//      measured collective curves at each batch's message size) was measured and did
+//      not earn its place (docs/benchmarks.md, "The physics prior").
 //   w  the reduce-scatter wait per unit of length CV: the slope of the SP steps' wait
 //      share ((rs_wait − all_gather) / step seconds, the group's largest) against their
 //      length CV. The largest rank's wait is the slowest minus the fastest rank; the step
@@ -29,56 +27,32 @@
 //      model leaves of their difference, a weighted least-squares fit; κ only where the
 //      bands' CVs tell the two apart, else kImbalanceShare).
 //
-// The model answers only with the base rate, w and ε (so not before a band is measured);
-// otherwise the static gates decide. Its error is the RMS of what the fit leaves; a
-// prediction within twice of it does not decide either. Pure: no I/O (the presets are
-// the tables embedded at build time). FitPrior is the costly part (a pass over the
-// measured bands); a caller deciding many batches on one table fits once.
+// Every constant comes from the job's own telemetry. The model answers only with the base
+// rate, w and ε (so not before a band is measured); otherwise the static gates decide. Its
+// error is the RMS of what the fit leaves; a prediction within twice of it does not decide
+// either. Pure: no I/O. FitPrior is the costly part (a pass over the measured bands); a
+// caller deciding many batches on one table fits once.
 #ifndef SPGATE_POLICY_COST_PRIOR_H_
 #define SPGATE_POLICY_COST_PRIOR_H_
 
 #include <cstdint>
 #include <span>
-#include <string>
 
 namespace spgate {
 
-class CollectiveCurve;  // policy/hardware.h
-
-// What the job declared at Register: the model's shape on a rank and its hardware, as a
-// preset name or as a flat link's figures (the preset wins when both are given). 0 and ""
-// are "not declared".
+// What the job declared at Register: the model's shape on a rank. The prior takes none of
+// it; it is the learned tables' key (a later launch gets them only when it declares the
+// same, server/learned_store.h). 0 is "not declared" for every field.
 struct PriorInputs {
   int tp = 0;
   int hidden = 0;
   int layers = 0;                // transformer layers the rank runs (a stage's, pipelined)
-  double link_gbps = 0;          // the TP group's collective bus bandwidth, GB/s
-  double link_latency_us = 0;    // fixed cost of one collective call, µs
-  std::string preset{};          // a policy/hardware.h preset ("h100-sxm", "h200-sxm")
   friend bool operator==(const PriorInputs&, const PriorInputs&) = default;
 };
 
-// Whether a rank declared anything for the prior (its group size alone is not a
-// declaration: every rank has one).
-inline bool DeclaresPrior(const PriorInputs& in) {
-  return in.hidden > 0 || in.layers > 0 || in.link_gbps > 0 || in.link_latency_us > 0 ||
-         !in.preset.empty();
-}
-
-// The declared hardware's collectives, resolved once by FitPrior: λ(T) for any batch.
-struct PriorLink {
-  bool has = false;
-  int tp = 0;
-  double hidden = 0, layers = 0;
-  const CollectiveCurve* curves[3] = {nullptr, nullptr, nullptr};  // a preset's, by kind
-  double gemm_flops = 0;        // a preset's achieved GEMM FLOP/s
-  double flat_latency_s = 0;    // a flat link's per-call latency
-  // The seconds SP's collectives take beyond TP-only's in a step of `tokens` (λ above).
-  double SpExtraSeconds(double tokens) const;
-};
-// The declared hardware's PriorLink; !has when the inputs lack the shape (tp > 1, hidden,
-// layers), name no preset with curves for tp (nor a flat link's latency).
-PriorLink ResolvePriorLink(const PriorInputs& inputs);
+// Whether a rank declared anything (its group size alone is not a declaration: every rank
+// has one).
+inline bool DeclaresPrior(const PriorInputs& in) { return in.hidden > 0 || in.layers > 0; }
 
 // The SP steps' collective telemetry, as forgetting-weighted sums (the table's half-life):
 // tokens T, all-gather seconds a, step seconds s, length CV c and wait share q.
@@ -104,15 +78,14 @@ struct PriorBandSample {
 };
 
 // Where a term's constant came from (docs/design.md §11).
-enum class PriorSource : uint8_t { kNone, kTelemetry, kDeclared };
+enum class PriorSource : uint8_t { kNone, kTelemetry };
 
 // The model's constants, fitted once per table state (FitPrior) and used for any batch
 // (PredictPrior).
 struct PriorFit {
   bool has = false;               // the base rate, w and ε are known
   double base_s_per_token = 0;    // ρ₀
-  double latency_s = 0;           // λ at the SP steps' mean tokens
-  PriorLink link;                 // with link.has, λ(T) from the declared hardware
+  double latency_s = 0;           // λ
   double wait_per_cv = 0;         // w: the wait share per unit of length CV
   double imbalance_share = 0;     // κ
   double elementwise_s_per_token = 0;  // ε
@@ -135,7 +108,7 @@ struct PriorEstimate {
   bool has = false;          // fit.has and the batch has tokens: sp_s and tp_s are set
   double sp_s = 0;           // the batch's predicted step seconds in each mode
   double tp_s = 0;
-  double latency_s = 0;      // λ(T)
+  double latency_s = 0;      // λ
   double imbalance_s = 0;    // ρ₀·T·κ·w·c
   double elementwise_s = 0;  // ε·T
 };
@@ -161,14 +134,13 @@ bool AddPriorSample(PriorSums& sums, int64_t half_life, double floor, int64_t st
 
 // The model's constants: `min_samples` SP steps of weight are needed for the base rate
 // and the regressions; `known` are the measured bands ε (and κ) are fitted on.
-PriorFit FitPrior(const PriorInputs& inputs, const PriorSums& sums,
-                  std::span<const PriorBandSample> known, double min_samples);
+PriorFit FitPrior(const PriorSums& sums, std::span<const PriorBandSample> known,
+                  double min_samples);
 // Its prediction for a batch of `tokens` at `length_cv`.
 PriorEstimate PredictPrior(const PriorFit& fit, double tokens, double length_cv);
 // Both.
-PriorEstimate EstimatePrior(const PriorInputs& inputs, const PriorSums& sums,
-                            std::span<const PriorBandSample> known, double min_samples,
-                            double tokens, double length_cv);
+PriorEstimate EstimatePrior(const PriorSums& sums, std::span<const PriorBandSample> known,
+                            double min_samples, double tokens, double length_cv);
 
 const char* PriorSourceLabel(PriorSource source);
 

@@ -140,8 +140,6 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
     w->set_tp(in.tp);
     w->set_hidden(in.hidden);
     w->set_layers(in.layers);
-    w->mutable_hardware()->set_link_gbps(in.link_gbps);
-    w->mutable_hardware()->set_link_latency_us(in.link_latency_us);
     w->set_weight(ps.weight);
     w->set_tokens(ps.tokens);
     w->set_tokens_sq(ps.tokens_sq);
@@ -185,11 +183,9 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
   if (table.has_prior()) {
     const v1::LearnedPrior& w = table.prior();
     const auto ok = [](double x) { return std::isfinite(x) && x >= 0; };
-    const v1::Hardware& hw = w.hardware();
-    if (w.tp() >= 0 && w.hidden() >= 0 && w.layers() >= 0 && ok(hw.link_gbps()) &&
-        ok(hw.link_latency_us())) {
-      out.SetPriorInputs(PriorInputs{w.tp(), w.hidden(), w.layers(), hw.link_gbps(),
-                                     hw.link_latency_us()});
+    // A table written before the declared link was dropped may carry `hardware`: ignored.
+    if (w.tp() >= 0 && w.hidden() >= 0 && w.layers() >= 0) {
+      out.SetPriorInputs(PriorInputs{w.tp(), w.hidden(), w.layers()});
     }
     // The sums of squares and of the non-negative values stay non-negative; the one of
     // CV × wait too (both are).

@@ -120,7 +120,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   job.stage_learned_told.clear();
   job.metrics->RemoveStages();
   ClearLearned(job);
-  job.learned.SetPriorInputs({});  // the new launch declares its own shape and link
+  job.learned.SetPriorInputs({});  // the new launch declares its own shape
   // Their later calls find no session or a stale one.
   EraseSessions([&](const Session& s) { return s.job_id == job.id && s.incarnation != incarnation; });
 }

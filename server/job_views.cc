@@ -168,16 +168,7 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
         "sp_required: at most %d features, got %d", kMaxSpRequiredFeatures, r.sp_required_size()));
   }
   in.sp_required.assign(r.sp_required().begin(), r.sp_required().end());
-  // ADAPTIVE's prior (docs/design.md §11): the model's shape and the declared hardware.
-  const v1::Hardware& hw = r.hardware();
-  const std::pair<const char*, double> hardware[] = {{"hardware.link_gbps", hw.link_gbps()},
-                                                     {"hardware.link_latency_us", hw.link_latency_us()}};
-  for (const auto& [name, value] : hardware) {
-    if (!std::isfinite(value) || value < 0 || value > 1e6) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: must be 0 (not declared) or a finite number in (0, 1e6], got %g", name, value));
-    }
-  }
+  // The model's shape (the learned tables' key). The deprecated `hardware` is ignored.
   const v1::ModelShape& model = r.model();
   const std::pair<const char*, int> shape[] = {
       {"model.hidden", model.hidden()}, {"model.layers", model.layers()},
@@ -189,11 +180,8 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
           "%s: must be 0 (not declared) or in [1, %d], got %d", name, kMaxModelDimension, value));
     }
   }
-  in.prior_inputs = PriorInputs{.tp = r.group_size(),
-                                .hidden = r.model().hidden(),
-                                .layers = r.model().layers(),
-                                .link_gbps = hw.link_gbps(),
-                                .link_latency_us = hw.link_latency_us()};
+  in.prior_inputs = PriorInputs{
+      .tp = r.group_size(), .hidden = r.model().hidden(), .layers = r.model().layers()};
   return in;
 }
 

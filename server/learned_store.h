@@ -51,7 +51,7 @@ inline constexpr int64_t kMaxLearnedTableBytes = 32 * 1024;
 // the same starts from them, any other starts cold.
 struct LearnedKey {
   std::optional<JobLayout> layout;  // none: plain plans
-  PriorInputs declared;             // tp (the group size), hidden, layers, hardware
+  PriorInputs declared;             // tp (the group size), hidden, layers
   friend bool operator==(const LearnedKey&, const LearnedKey&) = default;
 };
 

@@ -152,7 +152,7 @@ void BM_EvaluateAdaptivePrior(benchmark::State& state) {
   GateConfig config;
   config.policy = GatePolicyKind::kAdaptive;
   ThroughputTable table;
-  table.SetPriorInputs(PriorInputs{.tp = 8, .hidden = 5120, .layers = 8, .link_gbps = 450});
+  table.SetPriorInputs(PriorInputs{.tp = 8, .hidden = 5120, .layers = 8});
   for (int b = 0; b < 16; ++b) {
     for (int i = 0; i < 20; ++i) {
       table.Observe(config, b, Mode::kSequenceParallel, 1000 + i, 16384, 1.0);

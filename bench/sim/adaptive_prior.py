@@ -1,20 +1,16 @@
 #!/usr/bin/env python3
 """What ADAPTIVE's physics prior buys (docs/benchmarks.md, "The physics prior"): every cell
 of bench/sim/adaptive_flips.py (the decision-quality grid, its stress and PP cells) at the
-default flip interval, switching free and at 0.01 s, under three priors for the bands
-without samples — the static gates (--adaptive_prior=false, ADAPTIVE before the prior),
-the physics prior calibrated from telemetry alone (--declare_hardware=false), and the
-physics prior with the simulated worker's declared hardware (the default: the --hardware
-preset the simulator's cost model runs, whose collective curves give SP's extra
-collective seconds at each batch's message size). Same batches, noise and seed (11) for
-all.
+default flip interval, switching free and at 0.01 s, under two priors for the bands
+without samples — the static gates (--adaptive_prior=false, ADAPTIVE before the prior)
+and the physics prior calibrated from the job's telemetry (the default). Same batches,
+noise and seed (11) for both.
 
 Per (prior, switch cost): the summary line of adaptive_flips.py; the steps after the
 shifting trace's change of length mix until a 200-step window's regret is back under 1 %;
 the cold start over the 24 stationary grid cells. Then, switching free, ADAPTIVE's
-tokens/s over the oracle's per cell under each prior, marking the cells where the
-declared hardware moves ADAPTIVE by more than 0.1 % against the telemetry-only prior, and
-those where the default prior is more than 0.1 % below the gates. Writes OUT/adaptive_prior.md and .json.
+tokens/s over the oracle's per cell under each prior, marking the cells where the prior
+is more than 0.1 % below the gates. Writes OUT/adaptive_prior.md and .json.
 
 Usage: adaptive_prior.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
 """
@@ -29,9 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import adaptive_flips as af  # noqa: E402
 import decision_quality as dq  # noqa: E402
 
-PRIORS = [("static gates", ["--adaptive_prior=false"]),
-          ("physics, telemetry only", ["--declare_hardware=false"]),
-          ("physics, declared hardware", [])]
+PRIORS = [("static gates", ["--adaptive_prior=false"]), ("physics prior", [])]
 SWITCH_COSTS = [0.0, 0.01]
 INTERVAL = 50
 
@@ -103,14 +97,9 @@ def main():
         def ratio(n, policy="adaptive"):
             c = per_cell[n][cell]
             return c[policy]["effective_tokens_per_s"] / c["oracle"]["effective_tokens_per_s"]
-        marks = []
-        if ratio(names[-1]) < ratio(names[0]) * (1 - 0.001):
-            marks.append("prior worse")
-        declared = ratio(names[-1]) / ratio(names[1]) - 1
-        if abs(declared) > 0.001:
-            marks.append("declared %+.2f %%" % (100 * declared))
+        worse = ratio(names[-1]) < ratio(names[0]) * (1 - 0.001)
         rows2.append("| %s%s | %s | %.4f |" % (
-            cell, " (%s)" % ", ".join(marks) if marks else "",
+            cell, " (prior worse)" if worse else "",
             " | ".join("%.4f" % ratio(n) for n in names), ratio(names[0], "static")))
     print(head2 + "\n" + "\n".join(rows2))
     with open(os.path.join(a.out, "adaptive_prior.md"), "w") as f:

@@ -13,7 +13,6 @@
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
 #include "policy/gate_policy.h"
-#include "policy/hardware.h"
 
 namespace spgate {
 namespace {
@@ -107,20 +106,13 @@ TEST(AddPriorSampleTest, ForgetsByTheHalfLifeAndTakesLateSamplesDecayed) {
   EXPECT_NEAR(few.weight, 1.0, 1e-9);
 }
 
-// Each term's constant and its source: λ from the declared hardware where there is some
-// (even where the telemetry could measure it), else from the telemetry where it can.
-TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
-  PriorInputs latency = Shape();
-  latency.link_latency_us = kLatencyUs;
-  PriorInputs bandwidth_only = Shape();  // a flat link's bandwidth alone leaves λ as it was
-  bandwidth_only.link_gbps = kLinkGbps;
-  PriorInputs unknown = Shape();
-  unknown.preset = "b200-sxm";  // not a preset: declares nothing
+// Each term's constant and its source: from the telemetry where it can measure it; λ
+// without the spread in tokens to measure it is 0.
+TEST(EstimatePriorTest, CalibratesEachTermFromTelemetry) {
   const std::vector<PriorBandSample> measured = {Band(16384, 0.125), Band(8192, 0.275)};
   struct Case {
     const char* name;
     bool token_spread;
-    PriorInputs inputs;
     std::vector<PriorBandSample> known;
     PriorSource latency_source;
     double latency_s;
@@ -128,21 +120,15 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
     double eps;
   };
   const Case cases[] = {
-      {"intercept from token spread; eps from measured bands", true, Shape(), measured,
+      {"intercept from token spread; eps from measured bands", true, measured,
        PriorSource::kTelemetry, kLambda, PriorSource::kTelemetry, kEps},
-      {"an unknown preset: the intercept", true, unknown, measured, PriorSource::kTelemetry,
-       kLambda, PriorSource::kTelemetry, kEps},
-      {"no token spread: the declared flat link's latency", false, latency, measured,
-       PriorSource::kDeclared, kLambda, PriorSource::kTelemetry, kEps},
-      {"token spread: the declared flat link still wins", true, latency, measured,
-       PriorSource::kDeclared, kLambda, PriorSource::kTelemetry, kEps},
-      {"nothing for the latency: 0 (ε not checked: see below)", false, bandwidth_only, measured,
-       PriorSource::kNone, 0, PriorSource::kTelemetry, 0},
+      {"no token spread: 0 (ε not checked: see below)", false, measured, PriorSource::kNone, 0,
+       PriorSource::kTelemetry, 0},
   };
   for (const Case& c : cases) {
     const PriorSums s = Telemetry(60, c.token_spread, true);
     const double tokens = 16384, cv = 0.3;
-    const PriorEstimate e = EstimatePrior(c.inputs, s, c.known, 8, tokens, cv);
+    const PriorEstimate e = EstimatePrior(s, c.known, 8, tokens, cv);
     ASSERT_TRUE(e.has) << c.name << ": " << e.fit.missing;
     EXPECT_EQ(e.fit.latency_source, c.latency_source) << c.name;
     EXPECT_NEAR(e.latency_s, c.latency_s, 1e-3 * kLambda) << c.name;
@@ -151,7 +137,7 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
     // Without the latency term the measured bands' fit absorbs it (ε is what the rest of
     // the model leaves): the prediction of a measured band's difference still holds.
     if (c.latency_source == PriorSource::kNone) {
-      const PriorEstimate at = EstimatePrior(c.inputs, s, c.known, 8, 16384, 0.125);
+      const PriorEstimate at = EstimatePrior(s, c.known, 8, 16384, 0.125);
       EXPECT_NEAR(at.sp_s - at.tp_s, Band(16384, 0.125).sp_s - Band(16384, 0.125).tp_s,
                   0.01 * kRho0 * 16384) << c.name;
       continue;
@@ -163,65 +149,6 @@ TEST(EstimatePriorTest, CalibratesEachTermFromTelemetryOrDeclaredInputs) {
     EXPECT_NEAR(e.sp_s, SpSeconds(tokens, cv), 0.005 * e.sp_s) << c.name;
     EXPECT_NEAR(e.tp_s, kRho0 * tokens - c.latency_s + c.eps * tokens, 0.005 * e.tp_s) << c.name;
   }
-}
-
-// λ from a declared preset: the extra collective seconds of SP's calls at the batch's own
-// message size on the preset's measured curves (NVLS as the preset has it), computed here
-// from policy/hardware.h directly; ε recovered around it, and TP-only's step predicted at
-// a size no band was measured at.
-TEST(EstimatePriorTest, TakesTheLatencyFromTheDeclaredPresetsCurves) {
-  struct Case {
-    const char* preset;
-    int tp;
-  };
-  const Case cases[] = {{"h100-sxm", 8}, {"h200-sxm", 8}, {"h100-sxm", 4}, {"h200-sxm", 2}};
-  for (const Case& c : cases) {
-    SCOPED_TRACE(std::string(c.preset) + " tp " + std::to_string(c.tp));
-    const HardwarePreset* hw = FindHardwarePreset(c.preset).value();
-    // SP's step pays 4 all-gathers and 4 reduce-scatters a layer where TP-only pays 4
-    // all-reduces, plus the 2 re-gathers beyond the input-gradient GEMMs they overlap.
-    const auto lambda = [&](double tokens) {
-      const double bytes = tokens * kHidden * 2;
-      const auto call = [&](CollectiveKind k) {
-        return hw->CollectiveSeconds(k, c.tp, hw->nvls, bytes).value();
-      };
-      const double ag = call(CollectiveKind::kAllGather);
-      const double dgrad = 2 * tokens * 7.0 * kHidden * kHidden /
-                           (c.tp * hw->device_tflops * 1e12 * hw->gemm_mfu);
-      return kLayers * (4 * (ag + call(CollectiveKind::kReduceScatter) -
-                             call(CollectiveKind::kAllReduce)) +
-                        std::max(0.0, 2 * ag - dgrad));
-    };
-    const auto band = [&](double tokens, double cv) {
-      const double sp = SpSeconds(tokens, cv);
-      return PriorBandSample{tokens, sp, kRho0 * tokens - lambda(tokens) + kEps * tokens, cv, 20};
-    };
-    const std::vector<PriorBandSample> known = {band(16384, 0.125), band(8192, 0.275),
-                                                band(24576, 0.175)};
-    PriorInputs in{.tp = c.tp, .hidden = kHidden, .layers = kLayers, .preset = c.preset};
-    in.link_latency_us = 1000;  // the preset wins over a flat link's figures
-    const PriorFit fit = FitPrior(in, Telemetry(60, true, true), known, 8);
-    ASSERT_TRUE(fit.has) << fit.missing;
-    EXPECT_EQ(fit.latency_source, PriorSource::kDeclared);
-    EXPECT_NEAR(fit.elementwise_s_per_token, kEps, 1e-3 * kEps);
-    for (double tokens : {4096.0, 32768.0, 131072.0}) {
-      const PriorEstimate e = PredictPrior(fit, tokens, 0.2);
-      ASSERT_TRUE(e.has);
-      EXPECT_NEAR(e.latency_s, lambda(tokens), 1e-9 * lambda(tokens) + 1e-12) << tokens;
-      EXPECT_NEAR(e.tp_s, kRho0 * tokens - lambda(tokens) + kEps * tokens, 0.002 * e.tp_s)
-          << tokens;
-    }
-  }
-  // The physics the presets carry: at TP 8 NVLS all-reduce pulls ahead of SP's pair as
-  // messages grow; at TP 4 one ring bus bandwidth serves all three, the transfers cancel
-  // and only the re-gathers the GEMMs do not hide are left.
-  const auto at = [](int tp, double tokens) {
-    PriorInputs in{.tp = tp, .hidden = kHidden, .layers = kLayers, .preset = "h100-sxm"};
-    const std::vector<PriorBandSample> one = {Band(16384, 0.125)};
-    return PredictPrior(FitPrior(in, Telemetry(60, true, true), one, 8), tokens, 0.2).latency_s;
-  };
-  EXPECT_GT(at(8, 131072), 2 * at(8, 8192));
-  EXPECT_LT(at(4, 131072), 0.1 * at(8, 131072));
 }
 
 TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
@@ -241,23 +168,23 @@ TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
       {"an empty batch", 60, true, measured, 0, "no tokens"},
   };
   for (const Case& c : cases) {
-    const PriorEstimate e = EstimatePrior(Shape(), Telemetry(c.samples, true, c.cv_spread),
-                                          c.known, 8, c.tokens, 0.3);
+    const PriorEstimate e =
+        EstimatePrior(Telemetry(c.samples, true, c.cv_spread), c.known, 8, c.tokens, 0.3);
     EXPECT_FALSE(e.has) << c.name;
     EXPECT_THAT(std::string(e.fit.missing), HasSubstr(c.missing)) << c.name;
   }
   // Nothing at all.
-  EXPECT_FALSE(EstimatePrior({}, {}, {}, 8, 16384, 0.3).has);
+  EXPECT_FALSE(EstimatePrior({}, {}, 8, 16384, 0.3).has);
   // With one measured band the error is the default; with three that the model fits, ~0.
   const PriorSums s = Telemetry(60, true, true);
-  EXPECT_EQ(EstimatePrior(Shape(), s, measured, 8, 16384, 0.3).fit.error, kPriorDefaultError);
+  EXPECT_EQ(EstimatePrior(s, measured, 8, 16384, 0.3).fit.error, kPriorDefaultError);
   const std::vector<PriorBandSample> three = {Band(16384, 0.125), Band(8192, 0.275),
                                               Band(24576, 0.175)};
-  EXPECT_EQ(EstimatePrior(Shape(), s, three, 8, 16384, 0.3).fit.error, kPriorMinError);
+  EXPECT_EQ(EstimatePrior(s, three, 8, 16384, 0.3).fit.error, kPriorMinError);
   // A band off the model shows in the error.
   std::vector<PriorBandSample> off = three;
   off[2].tp_s *= 1.1;
-  EXPECT_GT(EstimatePrior(Shape(), s, off, 8, 16384, 0.3).fit.error, 0.01);
+  EXPECT_GT(EstimatePrior(s, off, 8, 16384, 0.3).fit.error, 0.01);
 }
 
 // The policy, in a band without samples: where the prior's predicted step times say the
@@ -274,8 +201,7 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   c.adaptive_cv_band_width = 0.05;
   c.adaptive_tokens_band_base = 8192;
   ThroughputTable t;
-  PriorInputs in = Shape();
-  in.link_latency_us = kLatencyUs;
+  const PriorInputs in = Shape();
   t.SetPriorInputs(in);
   // Three measured bands (CV bands 3-5 at 16,384 tokens), the modes as the model says.
   for (int cv_band : {3, 4, 5}) {
@@ -341,11 +267,10 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, high, {}, std::nullopt, &t, nullptr, &fit)
                 .decision,
             EvaluateAdaptive(c, GroupGateState{}, high, {}, std::nullopt, &t).decision);
-  // The latency came from the declaration, though the tokens vary enough for the
-  // all-gathers' intercept.
+  // The latency came from the all-gathers' intercept (the tokens vary).
   EXPECT_EQ(PriorOf(c, &t, BatchFacts{.step = 100, .length_cv = 0.05, .tokens = 16384})
                 .fit.latency_source,
-            PriorSource::kDeclared);
+            PriorSource::kTelemetry);
   t.Clear();
   EXPECT_EQ(t.prior_inputs(), in);
   EXPECT_EQ(t.prior_sums(), PriorSums{});

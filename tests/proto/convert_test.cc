@@ -393,7 +393,7 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   for (int i = 0; i < 8; ++i) t.Observe(c, 3, Mode::kTensorParallelOnly, 140 + i, 600, 1.0);
   ASSERT_GE(t.BandChangedStep(3), 140) << "a change was detected";
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
-  t.SetPriorInputs(PriorInputs{8, 5120, 8, 450, 10});
+  t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, 100 + i, 1000 * (i + 1),
                                      0.1 * i, 1.0, 0.1, 0.2 + 0.01 * i));
@@ -437,20 +437,30 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   EXPECT_EQ(t.cell(3, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.switch_cost().last_step, -1);
   EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
-  // The prior: a negative sum drops the sums, a NaN bandwidth the declared inputs.
+  // The prior: a negative sum drops the sums, a negative shape the declared inputs; the
+  // deprecated hardware of a table written before it was dropped is ignored, even NaN.
   v1::LearnedTable p;
   p.mutable_prior()->set_tp(8);
+  p.mutable_prior()->set_hidden(-1);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   p.mutable_prior()->mutable_hardware()->set_link_gbps(std::nan(""));
+#pragma GCC diagnostic pop
   p.mutable_prior()->set_weight(3);
   p.mutable_prior()->set_tokens(-1);
   p.mutable_prior()->set_last_step(9);
   const ThroughputTable q = FromProto(p);
   EXPECT_EQ(q.prior_inputs(), PriorInputs{});
   EXPECT_EQ(q.prior_sums(), PriorSums{});
-  p.mutable_prior()->mutable_hardware()->set_link_gbps(100);
+  p.mutable_prior()->set_hidden(5120);
   p.mutable_prior()->set_tokens(5);
-  EXPECT_EQ(FromProto(p).prior_inputs().link_gbps, 100);
+  EXPECT_EQ(FromProto(p).prior_inputs(), (PriorInputs{.tp = 8, .hidden = 5120}));
   EXPECT_EQ(FromProto(p).prior_sums().tokens, 5);
+  // What is written carries no hardware.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  EXPECT_FALSE(ToProto(FromProto(p)).prior().has_hardware());
+#pragma GCC diagnostic pop
 }
 
 }  // namespace

@@ -747,25 +747,20 @@ TEST_F(GateStateTest, AnUpdateThatChangesNothingKeepsTheVersionAndPushesNothing)
 
 // ---- the ADAPTIVE policy's learning (docs/design.md §11) ----
 
-// ADAPTIVE's prior (docs/design.md §11): the job's table takes the first declared
-// hardware with the model's shape and group size, and every SP step's collective
-// telemetry (the group record's all-gather seconds and wait); TP-only steps add nothing.
-// Hardware that is not a finite number in [0, 1e6] is refused, naming the field.
-TEST_F(GateStateTest, PriorTakesDeclaredHardwareAndSpCollectiveTelemetry) {
+// ADAPTIVE's prior (docs/design.md §11): the job's table takes the first declared model
+// shape with the group size, and every SP step's collective telemetry (the group record's
+// all-gather seconds and wait); TP-only steps add nothing. The deprecated `hardware` an
+// old client may send is ignored, whatever its values.
+TEST_F(GateStateTest, PriorTakesTheShapeAndSpCollectiveTelemetryAndIgnoresHardware) {
   auto state = Make();
-  v1::RegisterRequest bad = Reg("j", 0, 0, 1);
-  bad.mutable_hardware()->set_link_latency_us(std::nan(""));
-  EXPECT_THAT(state->Register(bad).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_latency_us")));
-  bad.mutable_hardware()->set_link_latency_us(0);
-  bad.mutable_hardware()->set_link_gbps(-1);
-  EXPECT_THAT(state->Register(bad).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_gbps")));
   v1::RegisterRequest r = Reg("j", 0, 0, 1);
   r.mutable_model()->set_hidden(5120);
   r.mutable_model()->set_layers(8);
-  r.mutable_hardware()->set_link_gbps(450);
-  r.mutable_hardware()->set_link_latency_us(10);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  r.mutable_hardware()->set_link_gbps(std::nan(""));
+  r.mutable_hardware()->set_link_latency_us(-1);
+#pragma GCC diagnostic pop
   auto reg = state->Register(r);
   ASSERT_THAT(reg.status(), IsOk());
   auto sink = std::make_shared<RecordingSink>();
@@ -785,8 +780,7 @@ TEST_F(GateStateTest, PriorTakesDeclaredHardwareAndSpCollectiveTelemetry) {
   auto job = state->GetJob("j");
   ASSERT_THAT(job.status(), IsOk());
   const ThroughputTable table = spgate::FromProto(job->learned());
-  EXPECT_EQ(table.prior_inputs(), (PriorInputs{.tp = 1, .hidden = 5120, .layers = 8,
-                                               .link_gbps = 450, .link_latency_us = 10}));
+  EXPECT_EQ(table.prior_inputs(), (PriorInputs{.tp = 1, .hidden = 5120, .layers = 8}));
   const PriorSums& sums = table.prior_sums();
   ASSERT_EQ(sp_steps, 8);
   EXPECT_GT(sums.weight, 7.9);  // 8 steps, within a few steps of a 1,000-step half-life
@@ -796,14 +790,10 @@ TEST_F(GateStateTest, PriorTakesDeclaredHardwareAndSpCollectiveTelemetry) {
   EXPECT_NEAR(sums.tokens / sums.weight, 1000, 1e-9);
   // A later rank's different declaration does not replace the job's.
   v1::RegisterRequest other = Reg("j", 1, 0, 1);
-  other.mutable_hardware()->set_link_gbps(50);
+  other.mutable_model()->set_hidden(4096);
   ASSERT_THAT(state->Register(other).status(), IsOk());
-  EXPECT_EQ(spgate::FromProto(state->GetJob("j")->learned()).prior_inputs().link_gbps, 450);
+  EXPECT_EQ(spgate::FromProto(state->GetJob("j")->learned()).prior_inputs().hidden, 5120);
   // Out of range, by field name.
-  v1::RegisterRequest big = Reg("j", 2, 0, 1);
-  big.mutable_hardware()->set_link_gbps(2e6);
-  EXPECT_THAT(state->Register(big).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware.link_gbps")));
   v1::RegisterRequest negative = Reg("j", 2, 0, 1);
   negative.mutable_model()->set_hidden(-1);
   EXPECT_THAT(state->Register(negative).status(),
@@ -818,10 +808,9 @@ TEST_F(GateStateTest, PriorInputsComeFromTheFirstDeclaringRankOfTheLaunch) {
   EXPECT_EQ(spgate::FromProto(state->GetJob("k")->learned()).prior_inputs(), PriorInputs{});
   v1::RegisterRequest declares = Reg("k", 0, 1, 2);
   declares.mutable_model()->set_layers(4);
-  declares.mutable_hardware()->set_link_latency_us(8);
   ASSERT_THAT(state->Register(declares).status(), IsOk());
   EXPECT_EQ(spgate::FromProto(state->GetJob("k")->learned()).prior_inputs(),
-            (PriorInputs{.tp = 2, .layers = 4, .link_latency_us = 8}));
+            (PriorInputs{.tp = 2, .layers = 4}));
   // A new launch, once the old one's ranks are silent: its first rank declares nothing.
   clock_.Advance(absl::Seconds(10));
   v1::RegisterRequest relaunch = Reg("k", 0, 0, 2);

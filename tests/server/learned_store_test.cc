@@ -37,7 +37,7 @@ constexpr int kStages = 16;
 ThroughputTable SomeTable(double scale) {
   GateConfig c;
   ThroughputTable t;
-  t.SetPriorInputs({.tp = 4, .hidden = 5120, .layers = 8, .link_gbps = 450, .link_latency_us = 9});
+  t.SetPriorInputs({.tp = 4, .hidden = 5120, .layers = 8});
   for (int64_t step = 0; step < 40; ++step) {
     const int band = static_cast<int>(step % 3);
     t.Observe(c, band, Mode::kSequenceParallel, step, 8192, 1.0 * scale + 0.01 * step);

@@ -114,9 +114,6 @@ ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank")
 ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
 ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
-ABSL_FLAG(bool, declare_hardware, true,
-          "The simulated worker declares its link's bandwidth and latency for ADAPTIVE's "
-          "physics prior (its model shape it always declares)");
 ABSL_FLAG(bool, adaptive_prior, true,
           "ADAPTIVE's physics prior decides bands without samples (false: the static gates "
           "do, as before it existed)");
@@ -197,7 +194,6 @@ SimOptions OptionsFromFlags() {
   o.pp = absl::GetFlag(FLAGS_pp);
   o.vp = absl::GetFlag(FLAGS_vp);
   o.microbatches = absl::GetFlag(FLAGS_microbatches);
-  o.declare_hardware = absl::GetFlag(FLAGS_declare_hardware);
   o.adaptive_prior = absl::GetFlag(FLAGS_adaptive_prior);
   o.progress = spgate::ProgressWanted(absl::GetFlag(FLAGS_progress),
                                       absl::flags_internal::WasPresentOnCommandLine("progress"));

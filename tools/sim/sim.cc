@@ -560,17 +560,7 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
 
 PriorInputs DeclaredPriorInputs(const SimOptions& o) {
   if (!o.adaptive_prior) return {};
-  PriorInputs in{.tp = o.cost.tp, .hidden = o.cost.hidden, .layers = o.cost.layers};
-  if (o.declare_hardware) {
-    // What the cost model runs: the preset's measured curves, or the flat link's figures.
-    if (o.cost.flat_link) {
-      in.link_gbps = o.cost.link_gbps;
-      in.link_latency_us = o.cost.collective_latency_us;
-    } else {
-      in.preset = o.cost.hardware;
-    }
-  }
-  return in;
+  return PriorInputs{.tp = o.cost.tp, .hidden = o.cost.hidden, .layers = o.cost.layers};
 }
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {

@@ -80,10 +80,6 @@ struct SimOptions {
   int vp = 1;
   int microbatches = 1;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
-  // What the simulated worker declares for ADAPTIVE's physics prior (docs/design.md §11):
-  // always its model shape (tp, hidden, layers, as every worker does); with this, also
-  // its link's bandwidth and latency from `cost`.
-  bool declare_hardware = true;
   // ADAPTIVE's physics prior: false leaves the tables without its inputs and collective
   // telemetry, so the static gates decide every band without samples (the ablation).
   bool adaptive_prior = true;
@@ -122,7 +118,7 @@ absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOpt
 // a live job it arrives after the next plans went out).
 inline constexpr int64_t kReplayLearnLagSteps = 2;
 
-// The physics prior's inputs the simulated worker declares (declare_hardware).
+// What the simulated worker declares at Register: its model shape (tp, hidden, layers).
 PriorInputs DeclaredPriorInputs(const SimOptions& options);
 
 // The seed of group `group`'s cost-model noise in replay (and --compare).

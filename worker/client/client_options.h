@@ -113,11 +113,7 @@ enum class ClientOptionSurface : uint8_t {
   X(int, layers, 0, "", kCApi, "model shape reported to spgated: transformer blocks") \
   X(int, hidden, 0, "", kCApi, "model shape: hidden size")                     \
   X(int, heads, 0, "", kCApi, "model shape: attention heads")                  \
-  X(int, ffn_hidden, 0, "", kCApi, "model shape: MLP hidden size")                 \
-  X(double, link_gbps, 0, "GB/s", kCApi,                                         \
-    "hardware for ADAPTIVE's prior: the TP group's collective bus bandwidth; 0: not declared") \
-  X(double, link_latency_us, 0, "us", kCApi,                                      \
-    "hardware: fixed cost of one collective call; 0: not declared")
+  X(int, ffn_hidden, 0, "", kCApi, "model shape: MLP hidden size")
 
 struct GateClientOptions {
 #define SPGATE_CLIENT_OPTION_MEMBER_(type, name, def, unit, surface, help) type name = def;

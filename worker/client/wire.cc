@@ -60,9 +60,6 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   m->set_heads(o.model.heads);
   m->set_ffn_hidden(o.model.ffn_hidden);
   m->set_tp(o.group_size);
-  v1::Hardware* hw = req.mutable_hardware();
-  hw->set_link_gbps(o.model.link_gbps);
-  hw->set_link_latency_us(o.model.link_latency_us);
   req.set_memory_budget_bytes(o.memory_budget_bytes);
   req.set_group_session(o.group_session && o.rank_in_group == 0);
   if (o.layout.has_value()) {
