@@ -72,11 +72,10 @@ test: build
 # `tsan` (the daemon's and the client's concurrent paths) with suppressions scoped to
 # uninstrumented Debian libraries.
 #
-# CI time (.ci/run on a 2-core machine: make test, test-tsan, test-asan-mpi; 2307 s
-# before, 1449 s measured after, 1563 s on 2026-12-01; the container image test and the
-# serial campaigns add about 10 min, docs/reliability.md, "CI time"): the three builds
-# are most of it, so
-# the sanitizer trees
+# CI time (.ci/run on a 2-core machine: make test, test-tsan, test-asan-mpi; the last
+# run about 3,300 s before its ASan suite failed, ~3,400 s whole, estimated ~3,235 s
+# after the image-layer cut at the end of this comment; docs/reliability.md, "CI time"):
+# the three builds and the image test run alone are most of it, so the sanitizer trees
 #   - compile at -O1 with line tables only (-g1): every report still has file:line
 #     stacks, for about half the compile CPU of -O2 -g and half the object size (ASan's
 #     own advice is -O1);
@@ -87,7 +86,10 @@ test: build
 #     200,000 of `make test` (which still runs them all, uninstrumented); the long
 #     libFuzzer runs under ASan/UBSan are bench/fuzz.sh.
 # .ci/run also builds the main tree with line tables only (CMAKE_FLAGS, -O2 -g1 for
-# -O2 -g). Every test that ran in a suite before still runs in it.
+# -O2 -g), and makes the image test's base images and build-stage package layers in the
+# background while that tree compiles (the test's build takes them from podman's cache:
+# ~57 + ~136 s that ran alone before). Every test that ran in a suite before still runs
+# in it.
 SAN_BUILD := -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
 SAN_FLAGS := -DSPGATE_ENABLE_CUDA=OFF -DSPGATE_BUILD_BENCH=OFF $(SAN_BUILD)
