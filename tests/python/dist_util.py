@@ -26,6 +26,11 @@ def _entry(rank, world, port, fn, args, out_dir):
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # No rank tears gloo down while a peer may still be sending to it: a rank whose
+        # process group was destroyed under a peer's traffic has aborted at exit
+        # ("terminate called without an active exception", once in a loaded suite run).
+        # Only on success: a rank whose fn raised must not wait for the others here.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
