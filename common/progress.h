@@ -9,7 +9,7 @@
 //   spgate-sim replay: step 120/1000 (12%)  3.1k sim tok/s/job  SP 80% TP-only 20%  ETA 0:41
 // `step` is done/total steps (per group: each group-step adds 1 / parts_per_step); the rate's
 // unit says whose tokens it counts (tok/s/group: one TP group's; tok/s/job: all of them); it is
-// wall-clock over the last interval, or "sim tok/s" — the run's effective tokens/s so far
+// wall-clock over the last interval, or "sim" before the unit — the run's effective tokens/s so far
 // (parts_per_step x tokens / simulated seconds) — when the caller adds simulated seconds;
 // the modes are shares of the decisions so far; ETA from the mean step rate (a timed run:
 // what is left of its duration). Unknown totals drop the percentage and the ETA.
@@ -54,7 +54,7 @@ struct ProgressSnapshot {
   double eta_s = -1;         // < 0: unknown
 };
 
-// "spgate-sim replay: step 120/1000 (12%)  3.1k tok/s  SP 80% TP-only 20%  ETA 0:41".
+// "spgate-sim replay: step 120/1000 (12%)  3.1k sim tok/s/job  SP 80% TP-only 20%  ETA 0:41".
 std::string FormatProgressLine(const ProgressSnapshot& s);
 // 0:41, 12:03, 1:02:03.
 std::string FormatEta(double seconds);

@@ -171,8 +171,9 @@ struct RegisterInput {
   std::optional<JobLayout> layout;
   StageCoordinates coordinates;
   std::vector<std::string> sp_required;
-  // ADAPTIVE's prior (docs/design.md §11): group_size, the model's hidden and layers, and
-  // the declared hardware; the first rank of a launch that declares any sets the job's.
+  // ADAPTIVE's prior and the learned tables' relaunch key (docs/design.md §11): group_size
+  // and the model's hidden and layers; the first rank of a launch that declares any sets
+  // the job's.
   PriorInputs prior_inputs;
 };
 

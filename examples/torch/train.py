@@ -74,8 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--controller", default=env("SPGATE_CONTROLLER", ""),
                    help="spgated worker API; empty: local policy only (default: "
                         "SPGATE_CONTROLLER)")
-    p.add_argument("--job_id", default=env("SPGATE_JOB_ID") or None,
-                   required=not env("SPGATE_JOB_ID"), help="default: SPGATE_JOB_ID")
+    job_env = env("SPGATE_JOB_ID") or env("SLURM_JOB_NAME")  # as connect() reads them
+    p.add_argument("--job_id", default=job_env or None, required=not job_env,
+                   help="default: SPGATE_JOB_ID, else SLURM_JOB_NAME")
     p.add_argument("--incarnation", default="",
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "

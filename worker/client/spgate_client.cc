@@ -74,6 +74,11 @@ absl::Status SetOption(spgate::client::GateClientOptions& o,
   if (const spgate::GateField* f = spgate::FindGateField(name)) {
     return spgate::SetGateFieldFromText(o.initial_config, *f, value);  // "adaptive" too
   }
+  if (name == "link_gbps" || name == "link_latency_us") {  // documented until 0.1.0
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option \"", name, "\" was removed: ADAPTIVE's prior no longer takes declared "
+        "hardware (docs/client.md); drop the call"));
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
 }
 

@@ -195,7 +195,8 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
 
     controller: spgated's worker API ("" decides locally, LOCAL_ONLY; not given:
     SPGATE_CONTROLLER, an error when that is unset or empty). job_id: the job's id (not
-    given: SPGATE_JOB_ID, an error when that is unset or empty and there is a controller).
+    given: SPGATE_JOB_ID, else SLURM_JOB_NAME; an error when both are unset or empty and
+    there is a controller).
     tp_group: this rank's TP process group (None: the world is one group). pp_group: the
     job's spgate.torch.PipelineGrid for a pipelined job (its TP group, layout and this
     rank's coordinates; tp_group then defaults to the grid's). group: the TP group's index

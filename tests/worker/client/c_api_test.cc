@@ -41,6 +41,9 @@ TEST(CApiTest, ErrorsCarryCodeAndMessage) {
   spgate_options* o = spgate_options_create();
   EXPECT_EQ(spgate_options_set(o, "no_such_option", "1"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("unknown option \"no_such_option\""));
+  // A removed option says so, not "unknown".
+  EXPECT_EQ(spgate_options_set(o, "link_gbps", "450"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("\"link_gbps\" was removed"));
   EXPECT_EQ(spgate_options_set(o, "group_size", "two"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("not an integer"));
   ASSERT_EQ(spgate_options_set(o, "group_size", "2"), SPGATE_OK);
