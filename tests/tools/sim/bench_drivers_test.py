@@ -372,15 +372,21 @@ class SeededDriversTest(unittest.TestCase):
             self.assertAlmostEqual(figures["min"][key], min(vals), places=5, msg=(name, key))
             self.assertAlmostEqual(figures["max"][key], max(vals), places=5, msg=(name, key))
 
+    @staticmethod
+    def run_driver(main, argv, json_name, md_name):
+        """Runs a driver's main on SIM into a fresh folder: (its JSON, its markdown)."""
+        with tempfile.TemporaryDirectory() as out:
+            run_main(main, argv[:1] + [f"--sim={SIM}", f"--out={out}"] + argv[1:])
+            with open(os.path.join(out, json_name)) as f:
+                result = json.load(f)
+            with open(os.path.join(out, md_name)) as f:
+                return result, f.read()
+
     def test_decision_quality_pp(self):
         dq = adaptive_ablation.dq
-        with tempfile.TemporaryDirectory() as out:
-            run_main(dq.main, ["decision_quality.py", f"--sim={SIM}", f"--out={out}",
-                               "--cells=pp", "--steps=80", "--groups=1", "--seeds=11,12,13"])
-            with open(os.path.join(out, "decision_quality.json")) as f:
-                result = json.load(f)
-            with open(os.path.join(out, "decision_quality_pp.md")) as f:
-                md = f.read()
+        result, md = self.run_driver(
+            dq.main, ["decision_quality.py", "--cells=pp", "--steps=80", "--groups=1",
+                      "--seeds=11,12,13"], "decision_quality.json", "decision_quality_pp.md")
         self.assertEqual(result["seeds"], [11, 12, 13])
         self.assertIn("median over seeds 11, 12, 13 (range)", md)
         self.assertEqual(len(result["pp_cells"]), len(dq.PP_CELLS))
@@ -399,14 +405,10 @@ class SeededDriversTest(unittest.TestCase):
         self.assertTrue(differs, "the seeds drew the same noise")
 
     def test_adaptive_incumbent(self):
-        with tempfile.TemporaryDirectory() as out:
-            run_main(adaptive_incumbent.main,
-                     ["adaptive_incumbent.py", f"--sim={SIM}", f"--out={out}", "--sets=stress",
-                      "--switch_costs=0", "--steps=100", "--groups=1", "--seeds=11 12 13"])
-            with open(os.path.join(out, "adaptive_incumbent.json")) as f:
-                result = json.load(f)
-            with open(os.path.join(out, "adaptive_incumbent.md")) as f:
-                md = f.read()
+        result, md = self.run_driver(
+            adaptive_incumbent.main,
+            ["adaptive_incumbent.py", "--sets=stress", "--switch_costs=0", "--steps=100",
+             "--groups=1", "--seeds=11 12 13"], "adaptive_incumbent.json", "adaptive_incumbent.md")
         self.assertEqual(result["seeds"], [11, 12, 13])
         self.assertEqual(len(result["cells"]), len(adaptive_incumbent.dq.STRESS))
         for cell in result["cells"]:
