@@ -175,6 +175,9 @@ struct RegisterInput {
   // and the model's hidden and layers; the first rank of a launch that declares any sets
   // the job's.
   PriorInputs prior_inputs;
+  // The rest of the relaunch key: the kind of hardware (common/hardware_id.h; empty: none
+  // declared). The launch's first rank sets the launch's (CheckLayout refuses another).
+  std::string hardware_id;
 };
 
 struct RegisterResult {

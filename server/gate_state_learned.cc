@@ -332,7 +332,7 @@ void GateState::StashLearned(Job& job) {
 // job's mean step time, since a relaunch's step counter rewinds to its checkpoint or
 // starts at 0 — and restamped at the launch's first decided step (RestampLearnedAt).
 void GateState::AdoptLearned(Job& job, const RegisterInput& r) {
-  job.learned_key = LearnedKey{r.layout, r.prior_inputs};
+  job.learned_key = LearnedKey{r.layout, r.prior_inputs, r.hardware_id};
   auto it = kept_learned_.find(job.id);
   if (it == kept_learned_.end()) return;
   LearnedRecord kept = std::move(it->second.record);

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/hardware_id.h"
 #include "common/status_macros.h"
 #include "server/gate_state.h"
 #include "server/gate_state_internal.h"
@@ -163,6 +164,7 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   RETURN_IF_ERROR(ValidateJobId(r.job_id));
   RETURN_IF_ERROR(ValidateIncarnation(r.incarnation));
   RETURN_IF_ERROR(ValidateLaunchCredential(r.launch_credential));
+  RETURN_IF_ERROR(ValidateHardwareId(r.hardware_id));
   if (r.group_size < 1 || r.group_size > options_.max_group_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "group_size: must be in [1, %d], got %d", options_.max_group_size, r.group_size));

@@ -155,7 +155,8 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
                        .host = r.host(),
                        .memory_budget_bytes = r.memory_budget_bytes(),
                        .launch_credential = r.launch_credential(),
-                       .group_session = r.group_session()};
+                       .group_session = r.group_session(),
+                       .hardware_id = r.hardware_id()};
   if (r.has_layout()) {
     ASSIGN_OR_RETURN(JobLayout layout, FromProto(r.layout()));
     in.layout = layout;

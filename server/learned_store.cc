@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
+#include "common/hardware_id.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -188,6 +189,7 @@ absl::Status CheckRecord(const v1::PersistedLearned& m, const std::string& expec
   if (m.fold_time().nanos() < 0 || m.fold_time().nanos() >= 1000000000) {
     return InvalidArgumentError("fold_time.nanos: not in [0, 1e9)");
   }
+  if (absl::Status s = ValidateHardwareId(m.hardware_id()); !s.ok()) return s;
   if (!m.has_declared() || m.declared().tp() < 1) {
     return InvalidArgumentError("declared.tp: the group size, must be >= 1");
   }
@@ -241,6 +243,7 @@ v1::PersistedLearned ToProto(const LearnedRecord& r) {
   m.set_step_seconds(r.step_seconds);
   if (r.key.layout.has_value()) spgate::ToProto(*r.key.layout, m.mutable_layout());
   *m.mutable_declared() = DeclaredToProto(r.key.declared);
+  m.set_hardware_id(r.key.hardware_id);
   m.set_cv_band_width(r.cv_band_width);
   m.set_tokens_band_base(r.tokens_band_base);
   m.set_bands(kBands);
@@ -304,6 +307,7 @@ absl::StatusOr<LearnedRecord> ParseLearned(const std::string& source, const std:
   r.incarnation = m.incarnation();
   if (m.has_layout()) r.key.layout = *FromProto(m.layout());
   r.key.declared = DeclaredFromProto(m.declared());
+  r.key.hardware_id = m.hardware_id();
   r.fold_time = absl::FromUnixSeconds(m.fold_time().seconds()) +
                 absl::Nanoseconds(m.fold_time().nanos());
   r.step_seconds = m.step_seconds();

@@ -11,7 +11,9 @@
 // starts cold.
 //
 // A later launch of the job starts from the previous launch's tables only when it
-// declares the same layout, group size, model shape and hardware (LearnedKey), aged by
+// declares the same layout, group size, model shape and hardware id (LearnedKey; a file
+// written before hardware ids has an empty one, which only a launch declaring none
+// matches), aged by
 // the half-life over the steps the job could have run since the last fold
 // (AgeLearned), and restamped at its first step (RestampLearned): a relaunch's step
 // counter starts again at its checkpoint or at 0.
@@ -52,6 +54,9 @@ inline constexpr int64_t kMaxLearnedTableBytes = 32 * 1024;
 struct LearnedKey {
   std::optional<JobLayout> layout;  // none: plain plans
   PriorInputs declared;             // tp (the group size), hidden, layers
+  // RegisterRequest.hardware_id (common/hardware_id.h): an identity, never a prior input.
+  // Empty: none declared (an older client).
+  std::string hardware_id;
   friend bool operator==(const LearnedKey&, const LearnedKey&) = default;
 };
 

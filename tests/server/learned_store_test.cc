@@ -1,7 +1,8 @@
 // ADAPTIVE's learned tables on disk (server/learned_store.h): the file's round trip, the
 // files it refuses (by field), ageing and restamping; and through GateState, the tables
 // back after a restart, adopted by a new launch of the same declaration (aged, then
-// restamped at its first step) and not by one of another, a corrupt file set aside.
+// restamped at its first step; the same hardware id) and not by one of another, a
+// corrupt file set aside.
 #include "server/learned_store.h"
 
 #include <cmath>
@@ -65,6 +66,7 @@ LearnedRecord PlainRecord() {
 LearnedRecord PipelinedRecord() {
   LearnedRecord r = PlainRecord();
   r.key.layout = JobLayout{.tp = 4, .pp = 3, .dp = 2, .microbatches = 8};
+  r.key.hardware_id = "NVIDIA H200 sm_90 141GiB";
   r.table = ThroughputTable{};
   for (int s = 0; s < 3; ++s) r.stage_tables.push_back(SomeTable(1 + s));
   return r;
@@ -79,6 +81,13 @@ TEST(LearnedStoreTest, RoundTripKeepsEveryTableExactly) {
     EXPECT_EQ(back->table, r.table);
     EXPECT_EQ(back->stage_tables, r.stage_tables);
     EXPECT_EQ(back->fold_time, r.fold_time);
+  }
+  // A file written before hardware ids (no hardware_id field) reads as an empty id.
+  {
+    const std::string text = SerializeLearned(PlainRecord());
+    ASSERT_EQ(text.find("hardware_id"), std::string::npos) << text;
+    const std::string with = SerializeLearned(PipelinedRecord());
+    EXPECT_NE(with.find("hardware_id: \"NVIDIA H200 sm_90 141GiB\""), std::string::npos);
   }
   // An empty table (a launch that has not learned yet) too.
   LearnedRecord empty = PlainRecord();
@@ -118,6 +127,10 @@ TEST(LearnedStoreTest, RefusesOtherVersionsShapesAndValuesNamingTheField) {
       {"negative prior sum", [](auto& m) { m.mutable_table()->mutable_prior()->set_tokens(-5); },
        "table.prior.tokens"},
       {"no group size", [](auto& m) { m.mutable_declared()->set_tp(0); }, "declared.tp"},
+      {"hardware id not printable", [](auto& m) { m.set_hardware_id("H200\x01"); },
+       "hardware_id: only printable ASCII"},
+      {"hardware id too long", [](auto& m) { m.set_hardware_id(std::string(200, 'h')); },
+       "hardware_id: at most 128 characters, got 200"},
       {"bad band edges", [](auto& m) { m.set_cv_band_width(0); }, "cv_band_width"},
       {"stages short of the layout", [](auto& m) { m.mutable_stage_tables()->RemoveLast(); },
        "stage_tables: 2 tables, but layout.pp is 3", true},
@@ -252,10 +265,12 @@ class LearnedStateTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
-  static v1::RegisterRequest Reg(const std::string& incarnation, int hidden) {
+  static v1::RegisterRequest Reg(const std::string& incarnation, int hidden,
+                                 const std::string& hardware_id = "") {
     v1::RegisterRequest r;
     r.set_job_id("j");
     r.set_incarnation(incarnation);
+    r.set_hardware_id(hardware_id);
     r.set_group_size(1);
     r.mutable_model()->set_hidden(hidden);
     r.mutable_model()->set_layers(4);
@@ -379,7 +394,7 @@ TEST_F(LearnedStateTest, StageTablesComeBackWithTheirLaunch) {
   LearnedRecord record = PipelinedRecord();
   record.job_id = "p";
   record.incarnation = "launch-1";
-  record.key = LearnedKey{layout, PriorInputs{.tp = 2}};
+  record.key = LearnedKey{layout, PriorInputs{.tp = 2}, ""};
   ASSERT_THAT(SaveLearned(dir, record, kStages), IsOk());
   auto h = Make(dir);
   auto job = h->GetJob("p");
@@ -390,6 +405,60 @@ TEST_F(LearnedStateTest, StageTablesComeBackWithTheirLaunch) {
     EXPECT_EQ(spgate::FromProto(job->stage_learned(s)), record.stage_tables[s]) << s;
   }
   EXPECT_EQ(job->learned().cells_size(), 0);
+}
+
+// The hardware id is part of the key: a relaunch on other hardware starts cold, one on
+// the same hardware adopts the tables (an empty id matching an empty one is the test
+// above: its launches declare none, as older clients).
+TEST_F(LearnedStateTest, ARelaunchOnOtherHardwareStartsColdAndOnTheSameAdopts) {
+  const std::string dir = TempDir();
+  const std::string h200 = "NVIDIA H200 sm_90 141GiB";
+  {
+    auto h = Make(dir);
+    auto reg = h->Register(Reg("launch-1", 1024, h200));
+    ASSERT_THAT(reg.status(), IsOk());
+    Run(*h, reg->session_id(), 0, 30);
+    h->state->PersistLearned(/*all=*/true);
+    ASSERT_GT(h->GetJob("j")->learned().cells_size(), 0);
+  }
+  auto loaded = ParseLearned("f", ReadAll(LearnedFilePath(dir, "j")), "j", kStages);
+  ASSERT_THAT(loaded.status(), IsOk());
+  EXPECT_EQ(loaded->key.hardware_id, h200);
+  {
+    auto h = Make(dir);
+    clock_.Advance(absl::Seconds(20));  // launch-1 let go
+    ASSERT_THAT(h->Register(Reg("launch-2", 1024, "NVIDIA H100 80GB HBM3 sm_90 79GiB")).status(),
+                IsOk());
+    EXPECT_EQ(h->GetJob("j")->learned().cells_size(), 0);
+    // Nor does an older client's launch (no hardware id) take them.
+    clock_.Advance(absl::Seconds(20));
+    ASSERT_THAT(h->Register(Reg("launch-3", 1024)).status(), IsOk());
+    EXPECT_EQ(h->GetJob("j")->learned().cells_size(), 0);
+  }
+  // Neither learned, so the file is still launch-1's: the same hardware adopts it.
+  auto h = Make(dir);
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_THAT(h->Register(Reg("launch-4", 1024, h200)).status(), IsOk());
+  EXPECT_GT(h->GetJob("j")->learned().cells_size(), 0);
+  // Within the launch, a rank on other hardware is refused naming both ids; one that
+  // declares none (an older client) joins.
+  v1::RegisterRequest other = Reg("launch-4", 1024, "NVIDIA H100 80GB HBM3 sm_90 79GiB");
+  other.set_group(1);
+  EXPECT_THAT(h->Register(other).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("hardware_id: \"NVIDIA H100 80GB HBM3 sm_90 79GiB\""),
+                             HasSubstr(h200))));
+  other.set_hardware_id("");
+  EXPECT_THAT(h->Register(other).status(), IsOk());
+}
+
+TEST_F(LearnedStateTest, RegisterRefusesAHardwareIdTooLongOrNotPrintable) {
+  auto h = Make(TempDir());
+  for (const std::string& bad : {std::string(200, 'h'), std::string("H200\n")}) {
+    EXPECT_THAT(h->Register(Reg("launch-1", 1024, bad)).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hardware_id: ")));
+  }
+  EXPECT_THAT(h->Register(Reg("launch-1", 1024, std::string(128, 'h'))).status(), IsOk());
 }
 
 TEST_F(LearnedStateTest, ACorruptFileIsSetAsideAndTheJobStartsCold) {
