@@ -1,6 +1,6 @@
 // The hardware id's format, one rule for the daemon and every client (docs/design.md
 // §11): RegisterRequest.hardware_id names the kind of hardware a launch runs on (the
-// shipped clients send e.g. "NVIDIA H200 sm_90 141GiB" or "cpu:AMD EPYC 9654 96-Core
+// shipped clients send e.g. "NVIDIA H200 sm_90 140GiB" or "cpu:AMD EPYC 9654 96-Core
 // Processor"). It is part of the learned tables' relaunch key only — never a figure in
 // the cost prior — so a relaunch on other hardware starts cold. It is written into the
 // daemon's learned-tables files and shown by spgatectl, hence printable ASCII and bounded.

@@ -360,6 +360,15 @@ void BindIdentity(py::module_& m) {
   m.def("job_id_from_environment", &client::JobIdFromEnvironment,
         "SPGATE_JOB_ID, else Slurm's SLURM_JOB_NAME, or \"\" when neither is set: the job id "
         "spgate-worker and spgate.torch.connect use when none is given.");
+  m.def("default_hardware_id",
+        [](const std::string& detected) { return client::DefaultHardwareId(detected); },
+        py::arg("detected") = "",
+        "The hardware id a client declares (the learned tables' relaunch key): "
+        "SPGATE_HARDWARE_ID when set, else `detected` made valid when not empty, else \"cpu:\" "
+        "and the host's CPU model. What Client(hardware_id=\"\") with a controller uses.");
+  m.def("gpu_hardware_id", &client::GpuHardwareId, py::arg("name"), py::arg("major"),
+        py::arg("minor"), py::arg("total_memory_bytes"),
+        "A GPU's hardware id as a CUDA worker makes it: \"<name> sm_<major><minor> <GiB>GiB\".");
   m.def("incarnation_from_environment", &client::IncarnationFromEnvironment,
         "The launcher's run identity (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID with the "
         "restart count, Slurm's job id, the MPI job), or \"\" when there is none: what "

@@ -5,7 +5,7 @@ BatchPlan, GateDecision, StepTelemetry, Mode, Reason, DecisionSource; for pipeli
 MicrobatchTelemetry and stage_schedule; and the launch's
 identity (worker/client/identity.h): new_launch_credential,
 launch_credential_from_environment, incarnation_from_environment,
-job_id_from_environment; and
+job_id_from_environment, default_hardware_id and gpu_hardware_id; and
 read_worker_token_file (worker/client/tls.h). Errors raise
 spgate.Error (its .code is the absl/gRPC status code, .code_name e.g. "INVALID_ARGUMENT")
 or its subclasses InvalidArgumentError, FailedPreconditionError, DeadlineExceededError.

@@ -10,6 +10,8 @@ from spgate._spgate import (BatchPlan as BatchPlan, Client as Client, ClientStat
                             InvalidArgumentError as InvalidArgumentError, Mode as Mode,
                             Reason as Reason, StepTelemetry as StepTelemetry,
                             UnavailableError as UnavailableError, __version__ as __version__,
+                            default_hardware_id as default_hardware_id,
+                            gpu_hardware_id as gpu_hardware_id,
                             incarnation_from_environment as incarnation_from_environment,
                             job_id_from_environment as job_id_from_environment,
                             launch_credential_from_environment as launch_credential_from_environment,

@@ -312,7 +312,8 @@ class Client:
     def __init__(self, *, job_id: str, controller: str = "", incarnation: str = "",
                  launch_credential: str = "", worker_token: str = "", group: int = 0,
                  rank_in_group: int = 0, group_size: int = 1, global_rank: int = 0,
-                 group_session: bool = True, host: str = "", memory_budget_bytes: int = 0,
+                 group_session: bool = True, host: str = "", hardware_id: str = "",
+                 memory_budget_bytes: int = 0,
                  decision_deadline: float = 0.02,
                  rpc_timeout: float = 2.0, initial_backoff: float = 0.1,
                  max_backoff: float = 5.0, telemetry_buffer: int = 4096, seed: int = 0,
@@ -404,3 +405,6 @@ def launch_credential_from_environment() -> str: ...  # SPGATE_LAUNCH_CREDENTIAL
 def job_id_from_environment() -> str: ...  # SPGATE_JOB_ID, else SLURM_JOB_NAME, or ""
 def read_worker_token_file(path: str) -> str: ...  # the token a worker token file gives
 def incarnation_from_environment() -> str: ...  # the launcher's run id or ""
+# SPGATE_HARDWARE_ID, else `detected` made valid, else "cpu:" and the CPU model.
+def default_hardware_id(detected: str = "") -> str: ...
+def gpu_hardware_id(name: str, major: int, minor: int, total_memory_bytes: int) -> str: ...

@@ -16,8 +16,9 @@ live spgated on loopback run with a worker token:
 - the environment the Kubernetes sidecar sets (SPGATE_CONTROLLER, SPGATE_JOB_ID,
   SPGATE_WORKER_TOKEN_FILE) stands in for the arguments: connect() with none gets the
   daemon's decisions; arguments given win over variables that would fail; a missing
-  controller or job id, a token file that cannot be read, a bad SPGATE_JOB_ID, and a
-  variable only one rank has raise on both ranks naming the variable.
+  controller or job id, a token file that cannot be read, a bad SPGATE_JOB_ID or
+  SPGATE_HARDWARE_ID, and a variable only one rank has raise on both ranks naming the
+  variable; the hardware id is the argument, else SPGATE_HARDWARE_ID, else detected.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/connect_test.py
 (ctest runs it against the pip-installed package: tests/python/CMakeLists.txt).
@@ -112,6 +113,11 @@ def environment_main(rank, address, unreachable, token_file):
         out["unreadable_token"] = _refused(lambda: spgate.torch.connect())
     with _environment(**dict(sidecar, SPGATE_JOB_ID="bad id!")):
         out["bad_job_id"] = _refused(lambda: spgate.torch.connect())
+    # The hardware id: a variable the rule refuses is named; the argument wins over it.
+    with _environment(**dict(sidecar, SPGATE_HARDWARE_ID="h" * 200)):
+        out["bad_hardware_id"] = _refused(lambda: spgate.torch.connect())
+        out["hardware_id_given"] = _decide(spgate.torch.connect(
+            job_id="py-connect-hw", hardware_id="lab-h200", decision_deadline=5.0), 1)
     # Only rank 0's pod has the variables: both raise, neither waits for the other.
     with _environment(**(sidecar if rank == 0 else none)):
         out["one_rank"] = _refused(lambda: spgate.torch.connect())
@@ -221,11 +227,14 @@ class ConnectTest(unittest.TestCase):
                 self.assertEqual([src for _, src in out["env_only"]], ["DAEMON"] * ENV_STEPS)
                 self.assertEqual(out["explicit"][0][1], "DAEMON")
                 self.assertEqual(out["explicit_local"][0][1], "LOCAL_ONLY")
+                self.assertEqual(out["hardware_id_given"][0][1], "DAEMON")
                 for case, words in (
                         ("no_controller", ["controller=", "SPGATE_CONTROLLER"]),
                         ("no_job_id", ["job_id=", "SPGATE_JOB_ID"]),
                         ("unreadable_token", ["SPGATE_WORKER_TOKEN_FILE", missing]),
                         ("bad_job_id", ["SPGATE_JOB_ID", "bad id!"]),
+                        ("bad_hardware_id", ["environment variable SPGATE_HARDWARE_ID: "
+                                             "hardware_id: at most 128 characters"]),
                         ("one_rank", ["world rank 1" if rank == 0 else "no controller",
                                       "SPGATE_CONTROLLER"])):
                     self.assertIsNotNone(out[case], case)
@@ -238,6 +247,25 @@ class ConnectTest(unittest.TestCase):
         counted = sum(n for reasons in self.daemon.decisions_total("py-connect-env").values()
                       for n in reasons.values())
         self.assertEqual(counted, ENV_STEPS)
+
+
+class HardwareIdTest(unittest.TestCase):
+    """What connect declares as the hardware id: the argument, else SPGATE_HARDWARE_ID,
+    else the detected one (torch.cuda's device, else "cpu:" and the CPU model)."""
+    def test_argument_then_variable_then_detected(self):
+        from spgate.torch.session import _hardware_id
+        with _environment(SPGATE_HARDWARE_ID=None):
+            detected = _hardware_id(None, None)
+            self.assertTrue(0 < len(detected) <= 128, detected)
+            self.assertTrue(all(" " <= c <= "~" for c in detected), detected)
+            if not torch.cuda.is_available():
+                self.assertTrue(detected.startswith("cpu:"), detected)
+            self.assertEqual(_hardware_id("given", None), "given")
+        with _environment(SPGATE_HARDWARE_ID="lab-h200"):
+            self.assertEqual(_hardware_id(None, None), "lab-h200")
+            self.assertEqual(_hardware_id("given", None), "given")
+        self.assertEqual(spgate.gpu_hardware_id("NVIDIA H200", 9, 0, 143771 << 20),
+                         "NVIDIA H200 sm_90 140GiB")
 
 
 class ClientJobIdTest(unittest.TestCase):

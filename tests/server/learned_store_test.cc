@@ -66,7 +66,7 @@ LearnedRecord PlainRecord() {
 LearnedRecord PipelinedRecord() {
   LearnedRecord r = PlainRecord();
   r.key.layout = JobLayout{.tp = 4, .pp = 3, .dp = 2, .microbatches = 8};
-  r.key.hardware_id = "NVIDIA H200 sm_90 141GiB";
+  r.key.hardware_id = "NVIDIA H200 sm_90 140GiB";
   r.table = ThroughputTable{};
   for (int s = 0; s < 3; ++s) r.stage_tables.push_back(SomeTable(1 + s));
   return r;
@@ -87,7 +87,7 @@ TEST(LearnedStoreTest, RoundTripKeepsEveryTableExactly) {
     const std::string text = SerializeLearned(PlainRecord());
     ASSERT_EQ(text.find("hardware_id"), std::string::npos) << text;
     const std::string with = SerializeLearned(PipelinedRecord());
-    EXPECT_NE(with.find("hardware_id: \"NVIDIA H200 sm_90 141GiB\""), std::string::npos);
+    EXPECT_NE(with.find("hardware_id: \"NVIDIA H200 sm_90 140GiB\""), std::string::npos);
   }
   // An empty table (a launch that has not learned yet) too.
   LearnedRecord empty = PlainRecord();
@@ -412,7 +412,7 @@ TEST_F(LearnedStateTest, StageTablesComeBackWithTheirLaunch) {
 // above: its launches declare none, as older clients).
 TEST_F(LearnedStateTest, ARelaunchOnOtherHardwareStartsColdAndOnTheSameAdopts) {
   const std::string dir = TempDir();
-  const std::string h200 = "NVIDIA H200 sm_90 141GiB";
+  const std::string h200 = "NVIDIA H200 sm_90 140GiB";
   {
     auto h = Make(dir);
     auto reg = h->Register(Reg("launch-1", 1024, h200));

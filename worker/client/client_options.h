@@ -75,6 +75,11 @@ enum class ClientOptionSurface : uint8_t {
     "GroupDecider::ReportTelemetry, so the other ranks need no client; false: every rank "   \
     "registers and reports its own record (per-rank sessions)")                              \
   X(std::string, host, "", "", kCApiPython, "host reported to spgated; empty: the host name") \
+  X(std::string, hardware_id, "", "", kCApiPython,                                           \
+    "the kind of hardware, reported to spgated as part of the learned tables' relaunch key " \
+    "(docs/operations.md, \"What persists\"); at most 128 printable ASCII characters; "      \
+    "empty: SPGATE_HARDWARE_ID, else detected (a CUDA worker's GPU, else \"cpu:\" and the "   \
+    "CPU model)")                                                                             \
   X(uint64_t, memory_budget_bytes, 0, "bytes", kCApiPython,                                  \
     "device memory budget of the memory gate for plans that carry none; 0: none")            \
   X(absl::Duration, decision_deadline, absl::Milliseconds(20), "ms", kCApiPython,            \

@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/hardware_id.h"
 #include "common/job_id.h"
 #include "common/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -64,6 +65,7 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
     }
     RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential));
   }
+  RETURN_IF_ERROR(ValidateHardwareId(o.hardware_id));  // the daemon's rule
   if (o.group < 0) return bad(absl::StrCat("group must be >= 0, got ", o.group));
   if (o.group_size < 1) return bad(absl::StrCat("group_size must be >= 1, got ", o.group_size));
   if (o.rank_in_group < 0 || o.rank_in_group >= o.group_size) {
@@ -323,6 +325,10 @@ GateClientStats GateClient::Impl::stats() const {
 // ---- Public handle ---------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<GateClient>> GateClient::Create(GateClientOptions options) {
+  // Declared at Register only: a client without a daemon detects nothing.
+  if (!options.controller.empty() && options.hardware_id.empty()) {
+    options.hardware_id = DefaultHardwareId();
+  }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   auto impl = std::make_shared<Impl>(std::move(options));
   impl->Start();

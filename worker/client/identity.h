@@ -25,6 +25,7 @@
 #define SPGATE_WORKER_CLIENT_IDENTITY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -64,6 +65,26 @@ absl::StatusOr<std::string> NewLaunchCredential();
 
 // The credential's format is spgate::CheckLaunchCredential (common/launch_credential.h),
 // the daemon's own rule.
+
+// The hardware id (RegisterRequest.hardware_id, common/hardware_id.h): the kind of
+// hardware a rank runs on, part of the learned tables' relaunch key only. GateClient::
+// Create fills an empty GateClientOptions::hardware_id of a client with a controller with
+// DefaultHardwareId(); a CUDA worker passes its device's GpuHardwareId (the client
+// library does not link CUDA). Precedence: the option given > SPGATE_HARDWARE_ID > what
+// is detected.
+//
+// SPGATE_HARDWARE_ID; empty when unset. Taken as it is (Create validates it).
+std::string HardwareIdFromEnvironment();
+// "<name> sm_<major><minor> <total memory in GiB, rounded>GiB", made valid
+// (SanitizeHardwareId): e.g. "NVIDIA H200 sm_90 140GiB".
+std::string GpuHardwareId(std::string_view name, int major, int minor, uint64_t total_bytes);
+// "cpu:" and the first "model name" of `cpuinfo` (the text of /proc/cpuinfo; else its
+// "Processor", "cpu model" or "Hardware" line, as other architectures name it), made
+// valid and cut to 128 characters; "cpu:" and the machine (uname) when it has none.
+std::string CpuHardwareId(std::string_view cpuinfo);
+// SPGATE_HARDWARE_ID when set, else `detected` made valid when not empty, else the host's
+// CpuHardwareId (/proc/cpuinfo, read once per process).
+std::string DefaultHardwareId(std::string_view detected = {});
 
 }  // namespace spgate::client
 

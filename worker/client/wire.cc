@@ -54,6 +54,7 @@ v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& o) {
   req.set_group_size(o.group_size);
   req.set_global_rank(o.global_rank);
   req.set_host(o.host.empty() ? DefaultHost() : o.host);
+  req.set_hardware_id(o.hardware_id);
   v1::ModelShape* m = req.mutable_model();
   m->set_layers(o.model.layers);
   m->set_hidden(o.model.hidden);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cublas_status.h"
 #include "kernels/device_memory.h"
+#include "worker/client/identity.h"
 #include "worker/runtime/device.h"
 #include "common/status_macros.h"
 
@@ -37,6 +38,11 @@ class CudaDevice final : public Device {
     size_t free = 0, total = 0;
     SPGATE_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free, &total));
     return static_cast<uint64_t>(total);
+  }
+  std::string hardware_id() const override {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, ordinal_) != cudaSuccess) return "";  // the client's CPU id
+    return client::GpuHardwareId(p.name, p.major, p.minor, p.totalGlobalMem);
   }
   cudaStream_t stream() const override { return stream_; }
 

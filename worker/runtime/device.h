@@ -47,6 +47,9 @@ class Device {
   // The memory this device has in all: a CUDA device's total memory, the host's physical
   // memory for the CPU device. The worker's default memory budget comes from it.
   virtual absl::StatusOr<uint64_t> TotalMemoryBytes() const = 0;
+  // What kind of hardware this is, for the learned tables' relaunch key
+  // (client::GpuHardwareId for a CUDA device); empty: the client detects the host's CPU.
+  virtual std::string hardware_id() const { return ""; }
   // The CUDA stream every operation is enqueued on (null on the CPU).
   virtual cudaStream_t stream() const { return nullptr; }
 

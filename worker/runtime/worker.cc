@@ -19,6 +19,7 @@
 #include "policy/step_plan.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
+#include "worker/client/identity.h"
 #include "worker/runtime/batching.h"
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/memory_arena.h"
@@ -268,6 +269,11 @@ class RankRun {
     co.global_rank = grid_.world_rank();
     co.model = {o_.shape.layers, o_.shape.hidden, o_.shape.heads, o_.shape.ffn_hidden};
     co.memory_budget_bytes = budget_;
+    // The option given, else SPGATE_HARDWARE_ID, else the device's (a CUDA device's GPU;
+    // the host's CPU otherwise).
+    if (co.hardware_id.empty() && !co.controller.empty()) {
+      co.hardware_id = client::DefaultHardwareId(cx_.device->hardware_id());
+    }
     if (Pipelined(o_)) {
       co.layout = layout();
       co.coordinates = {.dp_index = grid_.dp_rank(), .stage = grid_.stage()};

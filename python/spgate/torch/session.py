@@ -73,6 +73,7 @@ _POLL_S = 0.05  # how often the leader looks at the client's last Register answe
 _CONTROLLER_ENV = "SPGATE_CONTROLLER"
 _JOB_ID_ENV = "SPGATE_JOB_ID"  # else Slurm's SLURM_JOB_NAME (spgate.job_id_from_environment)
 _WORKER_TOKEN_FILE_ENV = "SPGATE_WORKER_TOKEN_FILE"
+_HARDWARE_ID_ENV = "SPGATE_HARDWARE_ID"  # spgate.default_hardware_id reads it
 
 
 def _refusal(last_error: str):
@@ -143,6 +144,21 @@ def _worker_token_from_environment() -> str:
         raise _invalid("environment variable %s: %s" % (_WORKER_TOKEN_FILE_ENV, e)) from None
 
 
+def _hardware_id(hardware_id: Optional[str], device: Optional[torch.device]) -> str:
+    """The hardware id this rank declares (the learned tables' relaunch key): the argument
+    given, else SPGATE_HARDWARE_ID, else the CUDA device's (torch.cuda: name, compute
+    capability, memory, as a CUDA spgate-worker makes it), else "cpu:" and the CPU model."""
+    if hardware_id is not None:
+        return hardware_id
+    detected = ""
+    if not os.environ.get(_HARDWARE_ID_ENV) and torch.cuda.is_available():
+        index = device.index if device is not None and device.type == "cuda" else None
+        p = torch.cuda.get_device_properties(
+            torch.cuda.current_device() if index is None else index)
+        detected = spgate.gpu_hardware_id(p.name, p.major, p.minor, p.total_memory)
+    return spgate.default_hardware_id(detected)
+
+
 def _agree_on_arguments(controller, job_id, tp_group, world):
     """Collective over the world: (controller, job_id, leaders) - this rank's arguments
     (_arguments) and every rank's TP group leader's world rank - once every rank has
@@ -189,7 +205,7 @@ def _raise_agreed(outcomes, my_group: Optional[int]) -> None:
 def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_group=None,
             pp_group=None, *, group: Optional[int] = None, incarnation: str = "",
             launch_credential: str = "", connect_timeout: float = 10.0,
-            device: Optional[torch.device] = None,
+            device: Optional[torch.device] = None, hardware_id: Optional[str] = None,
             **client_options) -> Union[GroupDecider, "spgate.torch.PipelineDecider"]:
     """See the module docstring. A collective over the world: every rank calls it once.
 
@@ -203,6 +219,9 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
     (default: the grid's, else numbered by the leaders' world ranks). incarnation,
     launch_credential: as agree_on_launch. connect_timeout: seconds the leader waits for
     its session. device: the decider's (default: the current CUDA device on NCCL).
+    hardware_id: the kind of hardware, part of the learned tables' relaunch key (not
+    given: SPGATE_HARDWARE_ID, else the CUDA device's name, compute capability and memory
+    when torch.cuda is available, else "cpu:" and the CPU's model name).
     client_options: spgate.Client's other keywords (decision_deadline, worker_token, tls,
     memory_budget_bytes, group_session, seed, ...); worker_token not given: the token in
     the file SPGATE_WORKER_TOKEN_FILE names (none when that is unset)."""
@@ -230,6 +249,8 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
     job_id_variable = None
     if job_id is None:
         job_id_variable = _JOB_ID_ENV if os.environ.get(_JOB_ID_ENV) else "SLURM_JOB_NAME"
+    hardware_id_variable = (_HARDWARE_ID_ENV if hardware_id is None
+                            and os.environ.get(_HARDWARE_ID_ENV) else None)
     controller, job_id, leaders = _agree_on_arguments(controller, job_id, tp_group, world)
     if group is None:
         group = (grid.group if grid is not None   # else numbered by the leaders' world ranks
@@ -242,23 +263,27 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
         try:
             pipeline = {} if grid is None else {"layout": grid.layout(),
                                                 "coordinates": grid.coordinates()}
-            token = {}
+            from_environment = {}  # what connect reads for a client with a daemon
             if controller and "worker_token" not in client_options:
-                token["worker_token"] = _worker_token_from_environment()
+                from_environment["worker_token"] = _worker_token_from_environment()
+            if controller:
+                from_environment["hardware_id"] = _hardware_id(hardware_id, device)
             client = spgate.Client(controller=controller, job_id=job_id,
                                    incarnation=launch.incarnation,
                                    launch_credential=launch.launch_credential, group=group,
                                    rank_in_group=tp_rank, group_size=tp_size,
-                                   global_rank=dist.get_rank(), **pipeline, **token,
-                                   **client_options)
+                                   global_rank=dist.get_rank(), **pipeline,
+                                   **from_environment, **client_options)
             if controller:
                 warning = _wait_for_session(client, controller, job_id, connect_timeout)
             outcome = ("ok",)
         except (spgate.Error, TypeError) as e:
             outcome = _outcome(e)
-            if job_id_variable and outcome[3].startswith("job_id:"):  # the rule, on its value
-                outcome = outcome[:3] + ("environment variable %s: %s"
-                                         % (job_id_variable, outcome[3]),)
+            for variable, field in ((job_id_variable, "job_id:"),
+                                    (hardware_id_variable, "hardware_id:")):
+                if variable and outcome[3].startswith(field):  # the rule, on its value
+                    outcome = outcome[:3] + ("environment variable %s: %s"
+                                             % (variable, outcome[3]),)
             if client is not None:
                 client.close()
                 client = None

@@ -70,6 +70,11 @@ class FakeGateService final : public v1::GateService::CallbackService {
     spgate::MutexLock l(&mu_);
     return credentials_;
   }
+  // The hardware_id of every Register, in order.
+  std::vector<std::string> hardware_ids() const {
+    spgate::MutexLock l(&mu_);
+    return hardware_ids_;
+  }
   int open_streams() const {
     spgate::MutexLock l(&mu_);
     return static_cast<int>(streams_.size());
@@ -98,6 +103,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
                                      v1::RegisterResponse* resp) override {
     spgate::MutexLock l(&mu_);
     credentials_.push_back(req->launch_credential());
+    hardware_ids_.push_back(req->hardware_id());
     const std::string id = absl::StrCat("s", ++registrations_);
     valid_.insert(id);
     resp->set_session_id(id);
@@ -253,6 +259,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
   std::set<Stream*> streams_;
   int registrations_ = 0;
   std::vector<std::string> credentials_;
+  std::vector<std::string> hardware_ids_;
   int64_t last_memory_overrides_ = -1;
   int64_t plans_seen_ = 0;
   int64_t telemetry_seen_ = 0;

@@ -4,6 +4,7 @@
 // overrides, the telemetry buffer is bounded, every Register carries the launch
 // credential (required with a controller), a daemon's TP-only answer the worker's memory
 // gate forbids runs SP, and a replaced session is never taken back.
+#include <cstdlib>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -12,6 +13,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/client/fake_gate_service.h"
 #include "worker/client/gate_client.h"
+#include "worker/client/identity.h"
 
 namespace spgate::client {
 namespace {
@@ -271,6 +273,40 @@ TEST(GateClientProtocolTest, EveryRegisterCarriesTheLaunchCredential) {
   }
   EXPECT_THAT(server.service().launch_credentials(),
               ::testing::ElementsAre(kCredential, kCredential));
+}
+
+// The hardware id each Register carries: the option given, else SPGATE_HARDWARE_ID, else
+// the host's detected id ("cpu:..." here); one the daemon would refuse fails Create.
+TEST(GateClientProtocolTest, RegisterCarriesTheHardwareIdGivenElseTheVariableElseDetected) {
+  unsetenv("SPGATE_HARDWARE_ID");
+  const std::string detected = DefaultHardwareId();
+  ASSERT_TRUE(detected.starts_with("cpu:")) << detected;
+  struct Case {
+    const char* option;
+    const char* variable;  // null: unset
+    std::string want;
+  };
+  const Case cases[] = {{"", nullptr, detected},
+                        {"", "lab-h200-nvl", "lab-h200-nvl"},
+                        {"given-id", "lab-h200-nvl", "given-id"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.want);
+    if (c.variable != nullptr) setenv("SPGATE_HARDWARE_ID", c.variable, 1);
+    FakeGateServer server;
+    GateClientOptions o = Options(server.address());
+    o.hardware_id = c.option;
+    auto client = MakeClient(o);
+    unsetenv("SPGATE_HARDWARE_ID");
+    ASSERT_THAT(client->WaitUntilConnected(absl::Seconds(10)), IsOk());
+    EXPECT_EQ(client->options().hardware_id, c.want);
+    EXPECT_THAT(server.service().hardware_ids(), ::testing::ElementsAre(c.want));
+  }
+  for (const std::string& bad : {std::string(129, 'h'), std::string("H200\x7f")}) {
+    GateClientOptions o = Options("127.0.0.1:1");
+    o.hardware_id = bad;
+    EXPECT_THAT(GateClient::Create(o).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("hardware_id: ")));
+  }
 }
 
 // End to end: a daemon (here a fake one: the real daemon's own memory gate never says

@@ -4,7 +4,9 @@
 // and torchrun's default run id "none" names nothing. The launch credential: only
 // SPGATE_LAUNCH_CREDENTIAL is one (the launcher's ids are visible to other users), new
 // ones are 32 lower-case hex digits from the kernel and never repeat, and the rule the
-// daemon applies is checked without echoing the secret.
+// daemon applies is checked without echoing the secret. The hardware id: a GPU's from its
+// properties, the CPU's from /proc/cpuinfo's text (trimmed, printable, at most 128),
+// SPGATE_HARDWARE_ID over either.
 #include "worker/client/identity.h"
 
 #include <cstdlib>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hardware_id.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -118,6 +121,46 @@ TEST(NewLaunchCredentialTest, ThirtyTwoLowerCaseHexDigitsNeverRepeated) {
     seen.insert(*c);
   }
   EXPECT_EQ(seen.size(), 1000u);
+}
+
+TEST(HardwareIdTest, GpuIdIsNameCapabilityAndGiB) {
+  // A device of 143,771 MiB (141 GB) is 140 GiB, rounded.
+  EXPECT_EQ(GpuHardwareId("NVIDIA H200", 9, 0, uint64_t{143771} << 20), "NVIDIA H200 sm_90 140GiB");
+  EXPECT_EQ(GpuHardwareId(" NVIDIA  A100-SXM4-80GB\n", 8, 0, uint64_t{81920} << 20),
+            "NVIDIA A100-SXM4-80GB sm_80 80GiB");
+}
+
+TEST(HardwareIdTest, CpuIdIsTheModelNameTrimmedPrintableAndAtMost128) {
+  EXPECT_EQ(CpuHardwareId("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                          "model name\t:  AMD EPYC  9654 96-Core\x01 Processor \n"
+                          "processor\t: 1\nmodel name\t: other\n"),
+            "cpu:AMD EPYC 9654 96-Core Processor");
+  EXPECT_EQ(CpuHardwareId("Processor\t: AArch64 Processor rev 1 (aarch64)\n"),
+            "cpu:AArch64 Processor rev 1 (aarch64)");
+  const std::string long_id = CpuHardwareId("model name : " + std::string(300, 'x') + "\n");
+  EXPECT_EQ(long_id.size(), kMaxHardwareIdLength);
+  EXPECT_TRUE(long_id.starts_with("cpu:xxx"));
+  // No model line: the machine (uname), never a bare "cpu:".
+  const std::string bare = CpuHardwareId("");
+  EXPECT_TRUE(bare.starts_with("cpu:") && bare.size() > 4) << bare;
+  // The host's, as the client sends it: valid by the daemon's rule.
+  unsetenv("SPGATE_HARDWARE_ID");
+  const std::string host = DefaultHardwareId();
+  EXPECT_TRUE(host.starts_with("cpu:")) << host;
+  EXPECT_THAT(ValidateHardwareId(host), IsOk());
+}
+
+TEST(HardwareIdTest, TheVariableWinsOverWhatIsDetected) {
+  unsetenv("SPGATE_HARDWARE_ID");
+  EXPECT_EQ(DefaultHardwareId("NVIDIA H200 sm_90 140GiB"), "NVIDIA H200 sm_90 140GiB");
+  setenv("SPGATE_HARDWARE_ID", "lab-h200-nvl", 1);
+  EXPECT_EQ(DefaultHardwareId("NVIDIA H200 sm_90 140GiB"), "lab-h200-nvl");
+  EXPECT_EQ(DefaultHardwareId(), "lab-h200-nvl");
+  setenv("SPGATE_HARDWARE_ID", "", 1);  // empty counts as unset
+  EXPECT_EQ(DefaultHardwareId("gpu"), "gpu");
+  unsetenv("SPGATE_HARDWARE_ID");
+  // What a CUDA worker's device cannot name falls back to the host's CPU.
+  EXPECT_TRUE(DefaultHardwareId("\x01").starts_with("cpu:"));
 }
 
 TEST(ValidateLaunchCredentialTest, SixteenToOneHundredTwentyEightPrintableCharacters) {
