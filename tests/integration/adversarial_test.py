@@ -192,6 +192,10 @@ class Campaign:
           memory_budget_bytes=UINT64_MAX, host="h" * 255)
         r("Register/host past 255 characters", C.INVALID_ARGUMENT, job_id="adv-huge",
           host="h" * 10000)
+        r("Register/hardware_id past 128 characters", C.INVALID_ARGUMENT, job_id="adv-huge",
+          hardware_id="h" * 10000)
+        r("Register/hardware_id not printable", C.INVALID_ARGUMENT, job_id="adv-huge",
+          hardware_id="H200\x00\x1b[2J")
         # A seat in a launch needs the launch's credential.
         r("Register/no launch credential", C.UNAUTHENTICATED, job_id="adv-huge",
           launch_credential="")
