@@ -769,6 +769,77 @@ TEST(EvaluateAdaptiveTest, DepartsFromTheGatesOnlyOnConfidentEvidence) {
   EXPECT_EQ(MeasuredSwitchCost(c, ThroughputTable{}, kStep), 0.0);
 }
 
+// `n` samples of each mode at the given rates spread by ±noise, into `t`.
+void AddNoisy(ThroughputTable& t, int band, double sp_rate, double tp_rate, double noise, int n,
+              int64_t step = kStep - 1) {
+  for (int i = n - 1; i >= 0; --i) {
+    const double f = i % 2 == 0 ? 1 + noise : 1 - noise;
+    t.Observe(Adaptive(), band, kSp, step - i, sp_rate * f, 1.0);
+    t.Observe(Adaptive(), band, kTp, step - i, tp_rate * (2 - f), 1.0);
+  }
+}
+
+// The pool of the known bands' log gaps: where they agree the between-band variance is 0
+// and the pooled mean is their gap; where their true gaps spread it is about that spread.
+TEST(PoolBandsTest, BetweenBandVarianceIsTheGapsSpreadBeyondTheirNoise) {
+  const GateConfig c = Adaptive();
+  ThroughputTable agree, spread;
+  const double gaps[] = {0.1, -0.1, 0.1, -0.1};  // log(SP / TP-only) of four bands
+  for (int b = 0; b < 4; ++b) {
+    AddNoisy(agree, b, 100, 104, 0.05, 200);
+    AddNoisy(spread, b, 100 * std::exp(gaps[b]), 100, 0.001, 200);
+  }
+  const BandPool a = PoolBands(c, agree, kStep, 0);
+  EXPECT_EQ(a.bands, 4);
+  EXPECT_NEAR(a.mean, std::log(100.0 / 104), 1e-3);
+  EXPECT_EQ(a.between, 0.0);
+  EXPECT_GT(a.mean_variance, 0.0);
+  const BandPool s = PoolBands(c, spread, kStep, 0);
+  EXPECT_NEAR(s.mean, 0.0, 1e-3);
+  // The sample variance of ±0.1 over four bands (k − 1 = 3) is 0.04 / 3.
+  EXPECT_NEAR(s.between, 0.04 / 3, 0.002);
+  // Fewer than kMinPooledBands known bands: no pool.
+  ThroughputTable two;
+  AddNoisy(two, 0, 100, 104, 0.05, 200);
+  AddNoisy(two, 1, 100, 104, 0.05, 200);
+  EXPECT_EQ(PoolBands(c, two, kStep, 0).bands, 2);
+}
+
+// A band whose own evidence cannot tell the modes apart (TP-only 4 % faster within ±20 %
+// noise: the gates' SP stands alone) departs when the other bands, agreeing with each
+// other, measured the same gap precisely; it does not where they disagree (their spread
+// says a band's gap is its own) or are too few.
+TEST(EvaluateAdaptiveTest, ABandTooNoisyAloneBorrowsTheOtherBandsEvidence) {
+  const GateConfig c = Adaptive();  // margin 0.02
+  const int here = BandOf(c, 0.05, 4096);  // the gates: SP
+  const auto others = [&](ThroughputTable& t, std::vector<double> tp_rates) {
+    int b = BandOf(c, 0.05, 20000);  // another token band of the same CV
+    for (const double tp : tp_rates) {
+      AddNoisy(t, b, 100, tp, 0.2, 400);
+      b += kTokenBands;  // the next CV band
+    }
+  };
+  struct Case {
+    const char* what;
+    std::vector<double> tp_rates;  // the other bands' TP-only rates (SP: 100)
+    Mode want;
+  } cases[] = {
+      {"alone: the gates' SP", {}, kSp},
+      {"two other bands: too few to pool, the gates' SP", {104, 104}, kSp},
+      {"four other bands agree on TP-only 4 % faster: departs", {104, 104, 104, 104}, kTp},
+      {"four other bands disagree (±30 %): the gates' SP", {70, 130, 70, 130}, kSp},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable t = NoisyLearned(here, 100, 104, 0.2);
+    others(t, k.tp_rates);
+    GroupGateState s;
+    const GateOutcome out = EvaluateAdaptive(c, s, Batch(0.05), {}, std::nullopt, &t);
+    EXPECT_EQ(out.decision.mode, k.want) << k.what;
+    EXPECT_EQ(out.decision.reason, k.want == kTp ? Reason::kAdaptive : Reason::kGatesPassed)
+        << k.what;
+  }
+}
+
 // Where the evidence never says the other mode is faster, ADAPTIVE is the STATIC policy on
 // every step but the exploration steps, the wait-share fallback included: the incumbent
 // keeps its reasons, so the group's gate state moves as STATIC's does.
