@@ -14,7 +14,9 @@
 //        TP-only counts its seconds 1 + adaptive_margin times) is above 0 at one-sided 95 %
 //        confidence (kEvidenceZ standard errors, each cell's from its samples' relative
 //        spread — at least the table's mean — and its weight; DepartureEvidence), and no
-//        change was detected in the band within adaptive_explore_boost_steps;
+//        change was detected in the band within adaptive_explore_boost_steps; where that
+//        interval spans 0, the band's gap shrunk towards the other known bands' pooled
+//        gap decides the same test (PoolBands, PooledDepartureEvidence);
 //      - otherwise the physics prior's predicted step times (cost_prior.h), when its
 //        prediction is clear of twice its error and names the other mode;
 //   4. where a switch's cost c is measured (MeasuredSwitchCost > 0), a
