@@ -107,11 +107,39 @@ void BM_EvaluateGates(benchmark::State& state) {
   if (group.reason != Reason::kGatesPassed) state.SkipWithError("expected GATES_PASSED");
 }
 
-// ADAPTIVE's decision over a learned table of 16 known bands. `switching` 1: the worst
-// path — the batch's band prefers TP-only, the group runs SP, the flip cap leaves one
-// switch, so the switch's saving over the band mix is computed (and the mix, which
-// prefers SP, holds the mode); 0: the band prefers the group's mode (no switch to weigh).
-// The group state is not carried, so every iteration takes the same path.
+// The trace of one ADAPTIVE decision (outside the timed loop: what a set-up check reads).
+std::vector<GateCheck> Trace(const GateConfig& config, const GroupGateState& group,
+                             const BatchFacts& facts, const RsWaitObservation& rs,
+                             const ThroughputTable& table) {
+  std::vector<GateCheck> trace;
+  EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table, &trace);
+  return trace;
+}
+
+// The decision `out` and the trace of the same decision, for a set-up check's message.
+std::string Explain(const GateConfig& config, const GroupGateState& group,
+                    const BatchFacts& facts, const RsWaitObservation& rs,
+                    const ThroughputTable& table, const GateOutcome& out) {
+  std::string why = "; got " + std::string(ModeLabel(out.decision.mode)) + " " +
+                    std::string(ReasonLabel(out.decision.reason)) +
+                    (out.flip_held ? " (held):" : ":");
+  for (const GateCheck& c : Trace(config, group, facts, rs, table)) {
+    why += " " + c.gate + " " + c.outcome + ": " + c.detail;
+  }
+  return why;
+}
+
+// ADAPTIVE's decision over a learned table of 16 known bands (SP 1,000 tokens/s, TP-only
+// 800: SP ahead) and a measured switch cost (50 ms, from 8 steps after a switch in other
+// bands: above adaptive_margin of a step and clear of its noise, so the flip cap and the
+// cost bind; docs/design.md §11 rule 4). The group runs SP, and both variants depart from
+// the gates on the band's evidence. `switching` 1: the worst path — the gates choose SP,
+// the batch's band prefers TP-only (1,030 tokens/s), the flip cap leaves one switch (no
+// excursion), so the switch's saving over the band mix is computed as a move, and the
+// mix, which prefers SP, holds the mode (switch_cost fires); 0: the gates choose TP-only
+// (wait share above max_rs_wait_share), the band prefers SP, the group's mode (no switch
+// to weigh). The difference is the cost of weighing a switch. The group state is not
+// carried, so every iteration takes the same path.
 void BM_EvaluateAdaptive(benchmark::State& state) {
   GateConfig config;
   config.policy = GatePolicyKind::kAdaptive;
@@ -125,29 +153,55 @@ void BM_EvaluateAdaptive(benchmark::State& state) {
       table.Observe(config, b, Mode::kTensorParallelOnly, 1000 + i, tp, 1.0);
     }
   }
+  // The steps after 8 switches, in bands other than the batch's (one each, so no cell's
+  // change detector sees a change), each 50 ms over its cell's estimate.
+  for (int k = 0, b = 0; k < 8; ++k, ++b) {
+    if (b == band) ++b;
+    const Mode m = k % 2 == 0 ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+    const double seconds = 1000 / table.cell(b, m).tokens_per_s() + 0.05;
+    table.ObserveAfterSwitch(config, b, m, 1020, 1000, seconds);
+  }
   GroupGateState group;
   group.has_decision = group.has_chosen_mode = true;
   group.decisions = 1000;
   group.last_switch_at = 990;  // one flip left: no excursion, a move must pay
-  const RsWaitObservation rs{0.12, 50};
+  const RsWaitObservation rs{switching ? 0.12 : 0.25, 50};
   int64_t step = 1021;  // one step, not an exploration step: the same path every time
   while (MayExplore(config, step)) ++step;
   BatchFacts facts = FactsFor(step, 0.11);
   facts.tokens = 16384;
+  if (!(MeasuredSwitchCost(config, table, step) > 0)) {
+    state.SkipWithError("expected a measured switch cost");
+    return;
+  }
   GateOutcome out;
   for (auto _ : state) {
     benchmark::DoNotOptimize(facts);
     out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
     benchmark::DoNotOptimize(out);
   }
+  const Mode gates = switching ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
+  const std::vector<GateCheck> trace = Trace(config, group, facts, rs, table);
+  const bool weighed = std::any_of(trace.begin(), trace.end(), [](const GateCheck& c) {
+    return c.gate == "switch_cost" && c.outcome == "fire";
+  });
   if (out.decision != Decision{Mode::kSequenceParallel, Reason::kAdaptive} ||
-      out.flip_held != switching) {
-    state.SkipWithError("expected SP (ADAPTIVE), held only when switching");
+      out.static_choice != gates || out.flip_held != switching || weighed != switching) {
+    const std::string why =
+        std::string(switching ? "expected SP (ADAPTIVE), held: the move to the band's "
+                                "TP-only does not pay the switch cost"
+                              : "expected SP (ADAPTIVE) against the gates' TP-only, nothing "
+                                "held") +
+        Explain(config, group, facts, rs, table, out);
+    state.SkipWithError(why.c_str());
   }
 }
 
 // A batch in a band with no samples, decided by the physics prior: the prior's fit over
-// the 16 measured bands and its collective sums (policy/cost_prior.h).
+// the 16 measured bands (TP-only 3 % slower than SP on each) and its collective sums
+// (policy/cost_prior.h). The batch's CV, 0.33, is above max_length_cv, so the gates choose
+// TP-only; the prior predicts SP clear of twice its error, and SP is the group's mode (no
+// switch to weigh).
 void BM_EvaluateAdaptivePrior(benchmark::State& state) {
   GateConfig config;
   config.policy = GatePolicyKind::kAdaptive;
@@ -156,7 +210,7 @@ void BM_EvaluateAdaptivePrior(benchmark::State& state) {
   for (int b = 0; b < 16; ++b) {
     for (int i = 0; i < 20; ++i) {
       table.Observe(config, b, Mode::kSequenceParallel, 1000 + i, 16384, 1.0);
-      table.Observe(config, b, Mode::kTensorParallelOnly, 1000 + i, 16384, 0.98);
+      table.Observe(config, b, Mode::kTensorParallelOnly, 1000 + i, 16384, 1.03);
     }
   }
   for (int i = 0; i < 40; ++i) {
@@ -178,11 +232,15 @@ void BM_EvaluateAdaptivePrior(benchmark::State& state) {
     out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
     benchmark::DoNotOptimize(out);
   }
-  if (out.decision.reason != Reason::kAdaptive || out.static_choice.has_value()) {
-    std::vector<GateCheck> trace;
-    EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table, &trace);
-    std::string why = "expected the prior to decide (ADAPTIVE, no static choice):";
-    for (const GateCheck& c : trace) why += " " + c.gate + " " + c.outcome + ": " + c.detail;
+  const std::vector<GateCheck> trace = Trace(config, group, facts, rs, table);
+  const bool gates_tp = std::any_of(trace.begin(), trace.end(), [](const GateCheck& c) {
+    return c.gate == "length_cv" && c.outcome == "fire";
+  });
+  if (out.decision != Decision{Mode::kSequenceParallel, Reason::kAdaptive} ||
+      out.static_choice.has_value() || out.flip_held || !gates_tp) {
+    const std::string why =
+        "expected the prior to choose SP against the gates' TP-only (ADAPTIVE, no static "
+        "choice)" + Explain(config, group, facts, rs, table, out);
     state.SkipWithError(why.c_str());
   }
 }

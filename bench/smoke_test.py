@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""The benchmark binaries, run for a moment each: does every benchmark measure the path it
+claims, and does every driver measure what it reports?
+
+A Google Benchmark whose set-up check fails calls SkipWithError: the run prints ERROR
+OCCURRED, times nothing and still exits 0, so a benchmark can stop measuring without
+anyone noticing. The drivers have the same shape of failure: decision_roundtrip_bench
+counts failed round trips in its JSON's `errors` and exits 0; client_step_bench counts
+the decisions that came from the local policy instead of the daemon (`not_from_daemon`)
+and exits 0. This runs each binary it is given with a tiny run and fails, naming the
+benchmark and its message, on any of those. (state_memory_bench and kernels_cpu_bench
+exit non-zero on a failed check already; kernels_gpu_bench needs a GPU.)
+
+Usage: smoke_test.py [--gbench=BIN]... [--client_step=BIN] [--roundtrip=BIN]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TIMEOUT_S = 60
+
+
+def start(argv, out_dir, name):
+    """Starts argv with stdout and stderr to files in out_dir; returns (popen, log path)."""
+    log = os.path.join(out_dir, name + ".log")
+    with open(log, "w") as f:
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=out_dir)
+    return p, log
+
+
+def tail(path, n=20):
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
+
+
+def load(path, what):
+    try:
+        with open(path) as f:
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, f"{what}: no JSON results ({e})"
+
+
+def check_gbench(path):
+    """Google Benchmark's JSON: every benchmark ran and none has error_occurred."""
+    data, err = load(path, "google benchmark")
+    if err:
+        return [err]
+    runs = data.get("benchmarks", [])
+    if not runs:
+        return ["no benchmarks in the JSON"]
+    problems = []
+    for b in runs:
+        # 1.7 writes error_occurred/error_message; later versions may write `skipped`.
+        if b.get("error_occurred") or b.get("skipped"):
+            message = b.get("error_message") or b.get("skip_message") or "(no message)"
+            problems.append(f"{b.get('name', '?')}: {message}")
+        elif not b.get("iterations"):
+            problems.append(f"{b.get('name', '?')}: no iterations timed")
+    return problems
+
+
+def check_client_step(path):
+    data, err = load(path, "client_step_bench")
+    if err:
+        return [err]
+    results = data.get("results", [])
+    problems = [] if len(results) == 4 else [f"expected 4 variants, got {len(results)}"]
+    for r in results:
+        if not r.get("median_ns", 0) > 0:
+            problems.append(f"{r.get('name')}: no steps timed (median_ns {r.get('median_ns')})")
+        if r.get("not_from_daemon", 0) != 0:
+            problems.append(f"{r.get('name')}: {r['not_from_daemon']} decisions came from the "
+                            "local policy, not the daemon")
+    return problems
+
+
+def check_roundtrip(path):
+    data, err = load(path, "decision_roundtrip_bench")
+    if err:
+        return [err]
+    results = data.get("results", [])
+    problems = [] if results else ["no results"]
+    for r in results:
+        case = f"groups {r.get('groups')} microbatches {r.get('microbatches')}"
+        if r.get("errors", 0) != 0:
+            problems.append(f"{case}: {r['errors']} failed round trips")
+        for server in ("echo", "spgated"):
+            s = r.get(server, {})
+            if not (s.get("decisions_per_s", 0) > 0 and s.get("p50_us", 0) > 0):
+                problems.append(f"{case}: {server} measured nothing ({s})")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gbench", action="append", default=[],
+                    help="a Google Benchmark binary (repeatable)")
+    ap.add_argument("--client_step", help="client_step_bench")
+    ap.add_argument("--roundtrip", help="decision_roundtrip_bench")
+    args = ap.parse_args()
+    # The binaries run in a scratch folder: a relative path is taken from here.
+    args.gbench = [os.path.abspath(b) for b in args.gbench]
+    for b in (args.gbench + [args.client_step, args.roundtrip]):
+        if b is not None and not os.access(b, os.X_OK):
+            ap.error(f"{b}: not an executable file")
+    args.client_step = args.client_step and os.path.abspath(args.client_step)
+    args.roundtrip = args.roundtrip and os.path.abspath(args.roundtrip)
+    if not (args.gbench or args.client_step or args.roundtrip):
+        ap.error("no binary to run")
+
+    with tempfile.TemporaryDirectory(prefix="spgate-bench-smoke-") as out:
+        return run(args, out)
+
+
+def run(args, out):
+    jobs = []  # (name, popen, log, JSON path, check)
+    for i, b in enumerate(args.gbench):
+        name = f"{os.path.basename(b)}.{i}"
+        j = os.path.join(out, name + ".json")
+        # 0.001 s: the smallest minimum time Google Benchmark 1.7 takes as a number.
+        p, log = start([b, "--benchmark_min_time=0.001", "--benchmark_format=console",
+                        f"--benchmark_out={j}", "--benchmark_out_format=json"], out, name)
+        jobs.append((name, p, log, j, check_gbench))
+    if args.client_step:
+        j = os.path.join(out, "client_step.json")
+        p, log = start([args.client_step, "--steps=50", "--warmup=5", "--step_us=0",
+                        f"--out={j}"], out, "client_step")
+        jobs.append(("client_step_bench", p, log, j, check_client_step))
+    if args.roundtrip:
+        # A plain plan, and a pipelined job's step plans (docs/design.md §12).
+        for name, extra in (("roundtrip", ["--groups=1"]),
+                            ("roundtrip_step_plans",
+                             ["--groups=4", "--microbatches=4", "--sequences=8"])):
+            j = os.path.join(out, name + ".json")
+            p, log = start([args.roundtrip, "--seconds=0.1", "--rounds=1", f"--out={j}"] + extra,
+                           out, name)
+            jobs.append((f"decision_roundtrip_bench ({name})", p, log, j, check_roundtrip))
+
+    failed = False
+    for name, p, log, j, check in jobs:
+        try:
+            rc = p.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = f"killed after {TIMEOUT_S} s"
+        problems = [f"exit status {rc}"] if rc != 0 else []
+        problems += check(j)
+        if problems:
+            failed = True
+            print(f"FAIL {name}:")
+            for x in problems:
+                print(f"  {x}")
+            last = tail(log)
+            if last.strip():
+                print(f"  its output's last lines:\n{last}", end="")
+            sys.stdout.flush()
+        else:
+            print(f"ok   {name}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
