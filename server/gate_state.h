@@ -292,6 +292,7 @@ struct JobSummaryView {
   int64_t sp_groups = 0;
   int64_t tp_groups = 0;
   int64_t config_version = 0;
+  std::string hardware_id;  // the live launch's (RegisterInput::hardware_id); empty: none
 };
 
 // One mode's MODES row (docs/design.md §12; the fields of v1::ModeStats).

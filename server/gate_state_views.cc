@@ -67,6 +67,7 @@ JobSummaryView GateState::SummaryOf(const Job& job) const {
     if (v.has_decision) ++(v.mode == Mode::kSequenceParallel ? s.sp_groups : s.tp_groups);
   }
   s.config_version = job.op.effective_version;
+  if (job.learned_key.has_value()) s.hardware_id = job.learned_key->hardware_id;
   return s;
 }
 

@@ -35,6 +35,7 @@ void ToProto(const JobSummaryView& s, v1::JobSummary* out) {
   out->set_sp_groups(s.sp_groups);
   out->set_tp_groups(s.tp_groups);
   out->set_config_version(s.config_version);
+  out->set_hardware_id(s.hardware_id);
 }
 
 void ToProto(const GroupView& g, v1::GroupStatus* out) {

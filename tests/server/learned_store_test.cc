@@ -434,12 +434,17 @@ TEST_F(LearnedStateTest, ARelaunchOnOtherHardwareStartsColdAndOnTheSameAdopts) {
     clock_.Advance(absl::Seconds(20));
     ASSERT_THAT(h->Register(Reg("launch-3", 1024)).status(), IsOk());
     EXPECT_EQ(h->GetJob("j")->learned().cells_size(), 0);
+    EXPECT_EQ(h->GetJob("j")->summary().hardware_id(), "");  // the admin view: none declared
   }
   // Neither learned, so the file is still launch-1's: the same hardware adopts it.
   auto h = Make(dir);
   clock_.Advance(absl::Seconds(20));
   ASSERT_THAT(h->Register(Reg("launch-4", 1024, h200)).status(), IsOk());
   EXPECT_GT(h->GetJob("j")->learned().cells_size(), 0);
+  // The admin views show the launch's id (spgatectl jobs show / list).
+  EXPECT_EQ(h->GetJob("j")->summary().hardware_id(), h200);
+  ASSERT_EQ(h->ListJobs().jobs_size(), 1);
+  EXPECT_EQ(h->ListJobs().jobs(0).hardware_id(), h200);
   // Within the launch, a rank on other hardware is refused naming both ids; one that
   // declares none (an older client) joins.
   v1::RegisterRequest other = Reg("launch-4", 1024, "NVIDIA H100 80GB HBM3 sm_90 79GiB");

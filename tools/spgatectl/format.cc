@@ -2,12 +2,15 @@
 #include "tools/spgatectl/format.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
@@ -149,12 +152,63 @@ std::string ToJson(const google::protobuf::Message& message, bool multiline) {
   return out;
 }
 
-std::string ToStructured(const google::protobuf::Message& message, OutputFormat format) {
-  const std::string json = ToJson(message, format == OutputFormat::kJson);
+namespace {
+
+// `json` as `format` asks: itself, or the same document as YAML.
+std::string JsonAs(std::string json, OutputFormat format) {
   if (format != OutputFormat::kYaml) return json;
   absl::StatusOr<std::string> yaml = JsonToYaml(json);
   // ToJson's output is always well-formed; keep its fallback's shape if it were not.
   return yaml.ok() ? *yaml : json;
+}
+
+// A count an older daemon does not send (a field newer than it: proto3 has no presence, so
+// it reads 0) is printed as null, not as a 0 that is not true. `mark` sets each such count
+// of its copy to kUnreported, which no daemon sends (counts are not negative) and which
+// protobuf's JSON writes as kUnreportedJson (a 64-bit integer is a quoted string); a
+// response that holds that value anywhere already is printed as it is.
+constexpr int64_t kUnreported = std::numeric_limits<int64_t>::min();
+constexpr absl::string_view kUnreportedJson = "\"-9223372036854775808\"";
+
+template <typename M, typename Mark>
+std::string ToStructuredMarked(const M& message, OutputFormat format, Mark mark) {
+  M marked = message;
+  const bool multiline = format == OutputFormat::kJson;
+  if (!mark(marked) || absl::StrContains(ToJson(message, multiline), kUnreportedJson)) {
+    return ToStructured(message, format);
+  }
+  return JsonAs(absl::StrReplaceAll(ToJson(marked, multiline), {{kUnreportedJson, "null"}}),
+                format);
+}
+
+}  // namespace
+
+std::string ToStructured(const google::protobuf::Message& message, OutputFormat format) {
+  return JsonAs(ToJson(message, format == OutputFormat::kJson), format);
+}
+
+bool GroupStepsUnreported(const v1::JobSummary& s) {
+  return s.group_steps_decided() == 0 && s.steps_decided() > 0;
+}
+
+bool MicrobatchesUnreported(const v1::ModeStats& m) {
+  return m.microbatches() == 0 && m.steps() > 0;
+}
+
+std::string UnreportedNote(const v1::ListJobsResponse& jobs) {
+  const bool any = std::any_of(jobs.jobs().begin(), jobs.jobs().end(),
+                               [](const v1::JobSummary& j) { return GroupStepsUnreported(j); });
+  return any ? absl::StrCat(kGroupStepsUnreportedNote, "\n") : "";
+}
+
+std::string UnreportedNote(const v1::Job& job) {
+  std::string out;
+  if (GroupStepsUnreported(job.summary())) absl::StrAppend(&out, kGroupStepsUnreportedNote, "\n");
+  if (std::any_of(job.mode_stats().begin(), job.mode_stats().end(),
+                  [](const v1::ModeStats& m) { return MicrobatchesUnreported(m); })) {
+    absl::StrAppend(&out, kMicrobatchesUnreportedNote, "\n");
+  }
+  return out;
 }
 
 std::string ModeName(v1::Mode mode) {
@@ -201,7 +255,17 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
 }
 
 std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format) {
-  if (format != OutputFormat::kTable) return ToStructured(jobs, format);
+  if (format != OutputFormat::kTable) {
+    return ToStructuredMarked(jobs, format, [](v1::ListJobsResponse& m) {
+      bool any = false;
+      for (v1::JobSummary& j : *m.mutable_jobs()) {
+        if (!GroupStepsUnreported(j)) continue;
+        j.set_group_steps_decided(kUnreported);
+        any = true;
+      }
+      return any;
+    });
+  }
   if (jobs.jobs_size() == 0) return "no jobs\n";
   // Decided, summed over the groups: (group, step) pairs and micro-batches (a plain plan's
   // step is its one); SP_GROUPS / TP_GROUPS: the groups by their last decision's mode.
@@ -216,11 +280,12 @@ std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format)
            {"VERSION", Align::kRight}});
   for (const v1::JobSummary& j : jobs.jobs()) {
     t.AddRow({j.job_id(), absl::StrCat(j.groups()), absl::StrCat(j.ranks_active()),
-              absl::StrCat(j.ranks_stale()), absl::StrCat(j.group_steps_decided()),
+              absl::StrCat(j.ranks_stale()),
+              GroupStepsUnreported(j) ? "-" : absl::StrCat(j.group_steps_decided()),
               absl::StrCat(j.steps_decided()), absl::StrCat(j.sp_groups()),
               absl::StrCat(j.tp_groups()), absl::StrCat(j.config_version())});
   }
-  return t.Render();
+  return absl::StrCat(t.Render(), UnreportedNote(jobs));
 }
 
 namespace {
@@ -323,10 +388,17 @@ std::string JobSummaryText(const v1::Job& job) {
   const v1::JobSummary& s = job.summary();
   std::vector<std::pair<std::string, std::string>> rows = {
       {"job", s.job_id()},
+      // What the launch runs on, as its first rank declared it: with the layout and model
+      // shape, the key its learned tables are kept under for a later launch.
+      {"hardware", !s.hardware_id().empty() ? s.hardware_id()
+                   : s.incarnation().empty() ? "(no live launch)"
+                                             : "(not declared)"},
       {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
       // One per group and step: a job of 4 groups that ran 100 steps decided 400.
-      {"group-steps", absl::StrCat(s.group_steps_decided(), " decided")},
+      {"group-steps", GroupStepsUnreported(s)
+                          ? absl::StrCat("- ", kGroupStepsUnreportedNote)
+                          : absl::StrCat(s.group_steps_decided(), " decided")},
       {"local decisions", absl::StrCat(job.local_decisions())},
       // Daemon answers the workers refused on memory (docs/security.md): should be 0.
       {"memory overrides", absl::StrCat(job.memory_overrides())},
@@ -335,7 +407,7 @@ std::string JobSummaryText(const v1::Job& job) {
   };
   if (job.has_layout()) {
     // A step plan decides each micro-batch: 4 groups, 100 steps, 8 micro-batches: 3,200.
-    rows.insert(rows.begin() + 4,
+    rows.insert(rows.begin() + 5,
                 {"micro-batches", absl::StrCat(s.steps_decided(), " decided")});
     const v1::JobLayout& l = job.layout();
     rows.emplace_back(
@@ -451,6 +523,7 @@ std::string JobModesText(const v1::Job& job) {
                                      {"vs TP", kR}};
   if (staged) cols.insert(cols.begin() + 1, {"MICROBATCHES", kR});
   Table t(std::move(cols));
+  bool unreported = false;  // MICROBATCHES from an older daemon
   for (const v1::ModeStats& m : job.mode_stats()) {
     std::vector<std::string> row = {ModeName(m.mode()),
                                     absl::StrCat(m.steps()),
@@ -460,10 +533,15 @@ std::string JobModesText(const v1::Job& job) {
                                     Ratio(m.step_time_p95_vs_tp()),
                                     FormatBytes(m.peak_memory_bytes()),
                                     Ratio(m.peak_memory_vs_tp())};
-    if (staged) row.insert(row.begin() + 1, absl::StrCat(m.microbatches()));
+    if (staged) {
+      row.insert(row.begin() + 1,
+                 MicrobatchesUnreported(m) ? "-" : absl::StrCat(m.microbatches()));
+      unreported |= MicrobatchesUnreported(m);
+    }
     t.AddRow(std::move(row));
   }
-  absl::StrAppend(&out, t.Render());
+  absl::StrAppend(&out, t.Render(),
+                  unreported ? absl::StrCat(kMicrobatchesUnreportedNote, "\n") : "");
   return out;
 }
 
@@ -503,7 +581,21 @@ std::string JobPinsText(const v1::Job& job, absl::Time now) {
 }  // namespace
 
 std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now) {
-  if (format != OutputFormat::kTable) return ToStructured(job, format);
+  if (format != OutputFormat::kTable) {
+    return ToStructuredMarked(job, format, [](v1::Job& m) {
+      bool any = false;
+      if (GroupStepsUnreported(m.summary())) {
+        m.mutable_summary()->set_group_steps_decided(kUnreported);
+        any = true;
+      }
+      for (v1::ModeStats& ms : *m.mutable_mode_stats()) {
+        if (!MicrobatchesUnreported(ms)) continue;
+        ms.set_microbatches(kUnreported);
+        any = true;
+      }
+      return any;
+    });
+  }
   return absl::StrCat(JobSummaryText(job), JobGroupsText(job, now), JobStagesText(job),
                       JobModesText(job), JobDecisionsText(job), LearnedText(job),
                       JobPinsText(job, now));

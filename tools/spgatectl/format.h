@@ -55,8 +55,22 @@ std::string StatusCodeName(int code);
 std::string FormatRpcError(absl::string_view command, int code, absl::string_view message);
 
 std::string FormatGateConfig(const v1::VersionedGateConfig& config, OutputFormat format);
+// Jobs and a job. A count newer than the daemon that answered reads 0 (proto3 scalars
+// have no presence); where the older fields prove it is not 0 — decisions without
+// group-steps, a MODES row's group-steps without micro-batches — it is unknown: the
+// tables print "-" and a note, JSON and YAML null (the key stays).
 std::string FormatJobList(const v1::ListJobsResponse& jobs, OutputFormat format);
 std::string FormatJob(const v1::Job& job, OutputFormat format, absl::Time now);
+bool GroupStepsUnreported(const v1::JobSummary& summary);
+bool MicrobatchesUnreported(const v1::ModeStats& mode);
+inline constexpr absl::string_view kGroupStepsUnreportedNote =
+    "(daemon does not report group-steps; upgrade spgated)";
+inline constexpr absl::string_view kMicrobatchesUnreportedNote =
+    "(daemon does not report micro-batches per mode; upgrade spgated)";
+// Those notes, a line each, for the counts `jobs` / `job` leaves unknown ("" for none):
+// under JSON or YAML they go to stderr, so that stdout stays one document.
+std::string UnreportedNote(const v1::ListJobsResponse& jobs);
+std::string UnreportedNote(const v1::Job& job);
 std::string FormatPin(const v1::Pin& pin, OutputFormat format, absl::Time now);
 std::string FormatUnpin(const v1::UnpinRequest& request, const v1::UnpinResponse& response,
                         OutputFormat format);

@@ -115,11 +115,17 @@ class Client {
       case Command::kJobsList:
         return Unary<v1::ListJobsResponse>(
             [&](auto* ctx, auto* resp) { return stub_->ListJobs(ctx, inv_.jobs_list, resp); },
-            [&](const auto& resp) { return FormatJobList(resp, fmt); });
+            [&](const auto& resp) {
+              if (fmt != OutputFormat::kTable) std::cerr << UnreportedNote(resp);
+              return FormatJobList(resp, fmt);
+            });
       case Command::kJobsShow:
         return Unary<v1::Job>(
             [&](auto* ctx, auto* resp) { return stub_->GetJob(ctx, inv_.jobs_show, resp); },
-            [&](const auto& resp) { return FormatJob(resp, fmt, absl::Now()); });
+            [&](const auto& resp) {
+              if (fmt != OutputFormat::kTable) std::cerr << UnreportedNote(resp);
+              return FormatJob(resp, fmt, absl::Now());
+            });
       case Command::kJobsForget:
         return Unary<v1::ForgetJobResponse>(
             [&](auto* ctx, auto* resp) { return stub_->ForgetJob(ctx, inv_.jobs_forget, resp); },

@@ -16,6 +16,7 @@
 namespace spgate::ctl {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -147,7 +148,8 @@ TEST(FormatJobList, TableAndEmpty) {
 
 const char* kJob = R"pb(
   summary { job_id: "llama" groups: 2 ranks_active: 7 ranks_stale: 1 steps_decided: 1200
-            group_steps_decided: 1200 sp_groups: 1 tp_groups: 1 config_version: 3 }
+            group_steps_decided: 1200 sp_groups: 1 tp_groups: 1 config_version: 3
+            incarnation: "launch-7" hardware_id: "NVIDIA H200 sm_90 140GiB" }
   groups { group: 0 group_size: 4 ranks_active: 4 mode: SEQUENCE_PARALLEL reason: GATES_PASSED
            last_step: 600 rolling_rs_wait_share: 0.031 all_gather_tail_s: 0.0012
            norm_stall_ratio: 0.01 mode_switches: 2 slowest_rank: 3 slowest_step_time_s: 0.812 }
@@ -242,6 +244,7 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
   EXPECT_EQ(
       FormatJob(job, OutputFormat::kTable, kNow),
       "job               llama\n"
+      "hardware          NVIDIA H200 sm_90 140GiB\n"
       "groups            2 (1 sp, 1 tp_only)\n"
       "ranks             7 active, 1 stale\n"
       "group-steps       1200 decided\n"
@@ -343,7 +346,96 @@ TEST(FormatJob, JsonParsesBack) {
   const std::string json = FormatJob(job, OutputFormat::kJson, kNow);
   EXPECT_THAT(json, HasSubstr("\"mode\": \"TENSOR_PARALLEL_ONLY\""));
   EXPECT_THAT(json, HasSubstr("\"rs_wait_fallback\": true"));
+  EXPECT_THAT(json, HasSubstr("\"hardware_id\": \"NVIDIA H200 sm_90 140GiB\""));
   ExpectJsonRoundTrip(job, json);
+}
+
+// The launch's hardware id, or why there is none: a launch that declared none (an older
+// client, or one that set none) or no live launch at all. JSON keeps the key, empty.
+TEST(FormatJob, HardwareNotDeclaredOrNoLaunch) {
+  const auto undeclared = Parse<v1::Job>(R"pb(summary { job_id: "j" incarnation: "l1" })pb");
+  EXPECT_THAT(FormatJob(undeclared, OutputFormat::kTable, kNow),
+              HasSubstr("job               j\nhardware          (not declared)\n"));
+  EXPECT_THAT(FormatJob(undeclared, OutputFormat::kJson, kNow),
+              HasSubstr("\"hardware_id\": \"\""));
+  EXPECT_THAT(FormatJob(Parse<v1::Job>(R"pb(summary { job_id: "j" })pb"), OutputFormat::kTable,
+                        kNow),
+              HasSubstr("hardware          (no live launch)\n"));
+  const auto jobs = Parse<v1::ListJobsResponse>(
+      R"pb(jobs { job_id: "j" incarnation: "l1" hardware_id: "cpu:AMD EPYC 9654" })pb");
+  EXPECT_THAT(FormatJobList(jobs, OutputFormat::kJson),
+              HasSubstr("\"hardware_id\": \"cpu:AMD EPYC 9654\""));
+}
+
+// A daemon older than group_steps_decided and ModeStats.microbatches sends neither (they
+// read 0): where the older counts say there were some, the tables print "-" and a note,
+// JSON and YAML null under the same key, and the rest is as before.
+TEST(FormatJobList, OlderDaemonsGroupStepsAreNotZero) {
+  const auto jobs = Parse<v1::ListJobsResponse>(R"pb(
+    jobs { job_id: "llama" groups: 2 ranks_active: 8 steps_decided: 1200 sp_groups: 1
+           tp_groups: 1 config_version: 3 }
+    jobs { job_id: "new" config_version: 1 }
+  )pb");
+  EXPECT_EQ(FormatJobList(jobs, OutputFormat::kTable),
+            "JOB    GROUPS  RANKS  STALE  GROUP_STEPS  MICROBATCHES  SP_GROUPS  TP_GROUPS  "
+            "VERSION\n"
+            "llama       2      8      0            -          1200          1          1  "
+            "      3\n"
+            "new         0      0      0            0             0          0          0  "
+            "      1\n"
+            "(daemon does not report group-steps; upgrade spgated)\n");
+  EXPECT_EQ(UnreportedNote(jobs), "(daemon does not report group-steps; upgrade spgated)\n");
+  const std::string json = FormatJobList(jobs, OutputFormat::kJson);
+  EXPECT_THAT(json, HasSubstr("\"steps_decided\": \"1200\",\n   \"group_steps_decided\": null,"));
+  // A job that decided nothing has 0 group-steps, as a newer daemon says.
+  EXPECT_THAT(json, HasSubstr("\"steps_decided\": \"0\",\n   \"group_steps_decided\": \"0\","));
+  ExpectJsonRoundTrip(jobs, json);  // null reads back as the field's 0
+  EXPECT_THAT(FormatJobList(jobs, OutputFormat::kYaml), HasSubstr("group_steps_decided: null\n"));
+  EXPECT_THAT(FormatJobList(jobs, OutputFormat::kJson),
+              Not(HasSubstr("-9223372036854775808")));
+
+  // A newer daemon's zero is printed as it is, and so is a response that holds the
+  // marker's value elsewhere (nothing is nulled that the daemon sent).
+  const auto fresh = Parse<v1::ListJobsResponse>(R"pb(jobs { job_id: "new" })pb");
+  EXPECT_EQ(UnreportedNote(fresh), "");
+  EXPECT_THAT(FormatJobList(fresh, OutputFormat::kTable), Not(HasSubstr("upgrade")));
+  const auto odd = Parse<v1::ListJobsResponse>(R"pb(
+    jobs { job_id: "a" steps_decided: 5 }
+    jobs { job_id: "b" steps_decided: -9223372036854775808 group_steps_decided: 1 }
+  )pb");
+  EXPECT_THAT(FormatJobList(odd, OutputFormat::kJson),
+              AllOf(Not(HasSubstr("null")), HasSubstr("\"group_steps_decided\": \"0\"")));
+}
+
+TEST(FormatJob, OlderDaemonsGroupStepsAndMicrobatchesAreNotZero) {
+  const auto job = Parse<v1::Job>(R"pb(
+    summary { job_id: "pipe" incarnation: "l1" groups: 1 ranks_active: 2 steps_decided: 40
+              sp_groups: 1 }
+    mode_stats { mode: SEQUENCE_PARALLEL steps: 10 effective_tokens_per_s: 120
+                 step_time_p95_s: 0.1 peak_memory_bytes: 1024 }
+    mode_stats { mode: TENSOR_PARALLEL_ONLY }
+    layout { tp: 2 pp: 2 vp: 1 cp: 1 dp: 1 microbatches: 4 }
+  )pb");
+  const std::string text = FormatJob(job, OutputFormat::kTable, kNow);
+  EXPECT_THAT(text, HasSubstr("group-steps       - (daemon does not report group-steps; "
+                              "upgrade spgated)\nmicro-batches     40 decided\n"));
+  EXPECT_THAT(text, HasSubstr("MODE     MICROBATCHES  GROUP_STEPS  TOKENS/S/GROUP"));
+  EXPECT_THAT(text, HasSubstr("\nsp                  -           10             120"));
+  EXPECT_THAT(text, HasSubstr("\ntp_only             0            0               0"));
+  EXPECT_THAT(text, HasSubstr("(daemon does not report micro-batches per mode; upgrade "
+                              "spgated)\n\nDECISIONS"));
+  EXPECT_EQ(UnreportedNote(job),
+            "(daemon does not report group-steps; upgrade spgated)\n"
+            "(daemon does not report micro-batches per mode; upgrade spgated)\n");
+  const std::string json = FormatJob(job, OutputFormat::kJson, kNow);
+  EXPECT_THAT(json, HasSubstr("\"group_steps_decided\": null"));
+  EXPECT_THAT(json, HasSubstr("\"steps\": \"10\",\n   \"effective_tokens_per_s\": 120,"));
+  EXPECT_THAT(json, HasSubstr("\"microbatches\": null"));
+  EXPECT_THAT(json, HasSubstr("\"microbatches\": \"0\""));  // TP-only's: none, truly
+  EXPECT_THAT(json, HasSubstr("\"microbatches\": 4"));      // the layout's, not a count
+  ExpectJsonRoundTrip(job, json);
+  // A newer daemon's response has no note.
+  EXPECT_EQ(UnreportedNote(Parse<v1::Job>(kJob)), "");
 }
 
 TEST(FormatPin, TableAndJson) {

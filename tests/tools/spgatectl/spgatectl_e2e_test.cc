@@ -188,6 +188,7 @@ class SpgatectlE2eTest : public ::testing::Test {
       r.set_job_id(job);
       r.set_incarnation("spgatectl-e2e");
       r.set_launch_credential("test-launch-credential-0001");
+      r.set_hardware_id("NVIDIA H200 sm_90 140GiB");
       r.set_group(group);
       r.set_group_size(1);
       v1::RegisterResponse resp;
@@ -322,6 +323,7 @@ TEST_F(SpgatectlE2eTest, JobsListAndShowAfterDecisions) {
   r = Ctl({"jobs", "show", "llama"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr("job               llama\n"));
+  EXPECT_THAT(r.out, HasSubstr("hardware          NVIDIA H200 sm_90 140GiB\n"));  // Register's
   EXPECT_THAT(r.out, HasSubstr("group-steps       4 decided\n"));
   EXPECT_THAT(r.out, Not(HasSubstr("micro-batches     ")));  // a plain job's are its steps
   EXPECT_THAT(r.out, HasSubstr("\nGROUPS\n"));
@@ -483,6 +485,7 @@ TEST_F(SpgatectlE2eTest, JsonOutputParses) {
   EXPECT_EQ(ParseJson<v1::Job>(r.out).summary().job_id(), "llama");
   EXPECT_THAT(r.out, HasSubstr("\"steps_decided\""));  // proto field names
   EXPECT_THAT(r.out, HasSubstr("\"group_steps_decided\""));
+  EXPECT_THAT(r.out, HasSubstr("\"hardware_id\": \"NVIDIA H200 sm_90 140GiB\""));
   EXPECT_THAT(r.out, HasSubstr("\"microbatches\""));  // mode_stats: its samples
 
   r = Ctl({"--output=json", "pin", "llama", "--mode=sp", "--for=1m", "--group=0"});
