@@ -11,10 +11,13 @@
 namespace spgate {
 namespace {
 
-void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
-            double observed, double threshold, std::string detail) {
+// `detail` is a callable that makes the text: it runs only when a trace is wanted, so the
+// decision path (trace null) formats nothing.
+template <typename Detail>
+void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome, double observed,
+            double threshold, Detail&& detail) {
   if (trace != nullptr) {
-    trace->push_back(GateCheck{gate, outcome, observed, threshold, std::move(detail)});
+    trace->push_back(GateCheck{gate, outcome, observed, threshold, std::string(detail())});
   }
 }
 
@@ -77,9 +80,15 @@ bool ValidSample(int band, int64_t step, double tokens, double seconds) {
          std::isfinite(tokens) && tokens >= 0 && step >= 0;
 }
 
-// The share of its final value a slow mean started at 0 has reached after `weight` samples.
+// The share of its final value a slow mean started at 0 has reached after `weight` samples:
+// 1 − (1 − kNoiseRate)^min(weight, 64). Every decision takes it for every cell
+// (TableNoiseOf), so the power is one exp2 of a constant logarithm, and a cell past 64
+// samples (most, in a running job) takes the constant.
+const double kLog2NoiseKeep = std::log2(1.0 - kNoiseRate);
+const double kNoiseStartedFull = 1.0 - std::exp2(64.0 * kLog2NoiseKeep);
 double NoiseStarted(double weight) {
-  return 1.0 - std::pow(1.0 - kNoiseRate, std::min(weight, 64.0));
+  if (weight >= 64.0) return kNoiseStartedFull;
+  return 1.0 - std::exp2(weight * kLog2NoiseKeep);
 }
 
 // A cell's relative variance of one sample around its estimate (the detector's noise).
@@ -588,9 +597,12 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
     Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
-           absl::StrFormat("band %s: a change was detected within adaptive_explore_boost_steps; "
-                           "re-learning, the gates' choice stands",
-                           BandLabel(band)));
+           [&] {
+             return absl::StrFormat(
+                 "band %s: a change was detected within adaptive_explore_boost_steps; "
+                 "re-learning, the gates' choice stands",
+                 BandLabel(band));
+           });
     return incumbent;
   }
   if (e.known) {
@@ -606,43 +618,49 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
       }
     }
     const bool depart = ev.bound_s > 0;
-    Record(trace, "adaptive", depart ? "fire" : "pass", ev.bound_s, 0,
-           absl::StrFormat("band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
-                           "on this batch against the gates' %s (TP-only counted 1 + "
-                           "adaptive_margin times), %.4g s at 95 %% confidence: %s",
-                           BandLabel(band), e.ratio, ModeLabel(other), ev.saving_s,
-                           ModeLabel(incumbent.mode), ev.bound_s,
-                           depart ? ModeLabel(other) : "the gates' choice"));
+    Record(trace, "adaptive", depart ? "fire" : "pass", ev.bound_s, 0, [&] {
+      return absl::StrFormat(
+          "band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
+          "on this batch against the gates' %s (TP-only counted 1 + "
+          "adaptive_margin times), %.4g s at 95 %% confidence: %s",
+          BandLabel(band), e.ratio, ModeLabel(other), ev.saving_s, ModeLabel(incumbent.mode),
+          ev.bound_s, depart ? ModeLabel(other) : "the gates' choice");
+    });
     return depart ? Decision{other, Reason::kAdaptive} : incumbent;
   }
   Record(trace, "adaptive", "skip", std::min(e.sp.samples, e.tp.samples),
-         static_cast<double>(config.adaptive_min_samples),
-         absl::StrFormat("band %s: %.1f SP and %.1f TP-only samples, fewer than "
-                         "adaptive_min_samples",
-                         BandLabel(band), e.sp.samples, e.tp.samples));
+         static_cast<double>(config.adaptive_min_samples), [&] {
+           return absl::StrFormat(
+               "band %s: %.1f SP and %.1f TP-only samples, fewer than "
+               "adaptive_min_samples",
+               BandLabel(band), e.sp.samples, e.tp.samples);
+         });
   const PriorChoice pc =
       ChoosePrior(config, prior_fit != nullptr ? *prior_fit : FitPriorOf(config, table), batch);
   const PriorEstimate& p = pc.estimate;
   const double need = 1.0 + config.adaptive_margin;
   if (!pc.decides) {
-    Record(trace, "prior", "skip", pc.ratio, need,
-           p.has ? absl::StrFormat("predicted SP / TP-only step %.4f is within twice the "
-                                   "model's error (%.2g %%) of 1 + adaptive_margin; the "
-                                   "gates' choice stands",
-                                   pc.ratio, 100 * p.fit.error)
-                 : absl::StrCat(p.fit.missing, "; the gates' choice stands"));
+    Record(trace, "prior", "skip", pc.ratio, need, [&] {
+      return p.has ? absl::StrFormat(
+                         "predicted SP / TP-only step %.4f is within twice the "
+                         "model's error (%.2g %%) of 1 + adaptive_margin; the "
+                         "gates' choice stands",
+                         pc.ratio, 100 * p.fit.error)
+                   : absl::StrCat(p.fit.missing, "; the gates' choice stands");
+    });
     return incumbent;
   }
   const bool tp_only = pc.mode == Mode::kTensorParallelOnly;
-  Record(trace, "prior", tp_only ? "fire" : "pass", pc.ratio, need,
-         absl::StrFormat("predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
-                         "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
-                         "[%s]; error %.2g %%): %s%s",
-                         p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.fit.latency_source),
-                         p.imbalance_s, PriorSourceLabel(p.fit.imbalance_source),
-                         p.elementwise_s, PriorSourceLabel(p.fit.elementwise_source),
-                         100 * p.fit.error, tp_only ? "TP-only" : "SP",
-                         pc.mode == incumbent.mode ? ", as the gates" : ""));
+  Record(trace, "prior", tp_only ? "fire" : "pass", pc.ratio, need, [&] {
+    return absl::StrFormat(
+        "predicted step: SP %.4g s, TP-only %.4g s (SP's extra latency "
+        "%.3g s [%s], imbalance %.3g s [%s], element-wise saving %.3g s "
+        "[%s]; error %.2g %%): %s%s",
+        p.sp_s, p.tp_s, p.latency_s, PriorSourceLabel(p.fit.latency_source), p.imbalance_s,
+        PriorSourceLabel(p.fit.imbalance_source), p.elementwise_s,
+        PriorSourceLabel(p.fit.elementwise_source), 100 * p.fit.error, tp_only ? "TP-only" : "SP",
+        pc.mode == incumbent.mode ? ", as the gates" : "");
+  });
   if (pc.mode == incumbent.mode) return incumbent;
   *prior = p;
   return {pc.mode, Reason::kAdaptive};
@@ -706,9 +724,12 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     const bool back_from_probe = state.reason == Reason::kProbe;
     if (!FlipsAllowed(config, state, 1)) {
       Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
-             absl::StrFormat("a switch costs %.4g s (measured) and two switches came within "
-                             "the last %d decisions: %s holds",
-                             cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current)));
+             [&] {
+               return absl::StrFormat(
+                   "a switch costs %.4g s (measured) and two switches came within "
+                   "the last %d decisions: %s holds",
+                   cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current));
+             });
       held = true;
     } else if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
       SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
@@ -728,13 +749,14 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
       const double move = over_horizon - cost;
       if (!(excursion >= 0 && !prior.has_value() && FlipsAllowed(config, state, 2)) &&
           !(move >= 0)) {
-        Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost,
-               absl::StrFormat("switching to %s saves %.4g s on this batch%s and %.4g s a "
-                               "step on the mix: neither pays a switch's measured cost %.4g s "
-                               "(out and back, or over %d decisions): %s holds",
-                               ModeLabel(choice.mode), s.batch,
-                               prior.has_value() ? " (predicted)" : "", s.mix_per_step, cost,
-                               kMoveHorizonDecisions, ModeLabel(current)));
+        Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost, [&] {
+          return absl::StrFormat(
+              "switching to %s saves %.4g s on this batch%s and %.4g s a "
+              "step on the mix: neither pays a switch's measured cost %.4g s "
+              "(out and back, or over %d decisions): %s holds",
+              ModeLabel(choice.mode), s.batch, prior.has_value() ? " (predicted)" : "",
+              s.mix_per_step, cost, kMoveHorizonDecisions, ModeLabel(current));
+        });
         held = true;
       }
     }
@@ -754,16 +776,19 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
     if (probe == choice.mode) {
       Record(trace, "explore", "pass", static_cast<double>(period), 0,
-             "exploration step; the mode to measure is the one chosen");
+             [] { return "exploration step; the mode to measure is the one chosen"; });
     } else if (cost > 0 && !FlipsAllowed(config, state, flips)) {
-      Record(trace, "explore", "skip", static_cast<double>(period), 0,
-             absl::StrFormat("exploration step (%d in %d), but the flip cap has no switch "
-                             "out and back left",
-                             kProbeRunSteps, period));
+      Record(trace, "explore", "skip", static_cast<double>(period), 0, [&] {
+        return absl::StrFormat(
+            "exploration step (%d in %d), but the flip cap has no switch "
+            "out and back left",
+            kProbeRunSteps, period);
+      });
     } else {
-      Record(trace, "explore", "fire", static_cast<double>(period), 0,
-             absl::StrFormat("exploration step (%d in %d): %s runs to be measured",
-                             kProbeRunSteps, period, ModeLabel(probe)));
+      Record(trace, "explore", "fire", static_cast<double>(period), 0, [&] {
+        return absl::StrFormat("exploration step (%d in %d): %s runs to be measured",
+                               kProbeRunSteps, period, ModeLabel(probe));
+      });
       choice = {probe, Reason::kProbe};
       explored = true;
       held = false;

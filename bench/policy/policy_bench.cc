@@ -291,11 +291,56 @@ void Sizes(benchmark::internal::Benchmark* b) {
   b->ArgName("seqs");
 }
 
+// ADAPTIVE's decision where the batch's band cannot tell the modes apart alone (SP 3 %
+// faster within ±20 % noise, 16 samples a mode) and 16 other bands measured the same gap
+// with 200 samples each: the bands' pool (PoolBands, a pass over the 32 bands) decides,
+// departing from the gates' TP-only to SP.
+void BM_EvaluateAdaptivePooled(benchmark::State& state) {
+  GateConfig config;
+  config.policy = GatePolicyKind::kAdaptive;
+  ThroughputTable table;
+  const auto noisy = [&](int band, int n) {
+    for (int i = n - 1; i >= 0; --i) {
+      const double f = i % 2 == 0 ? 1.2 : 0.8;
+      table.Observe(config, band, Mode::kSequenceParallel, 1000 - i, 1030 * f, 1.0);
+      table.Observe(config, band, Mode::kTensorParallelOnly, 1000 - i, 1000 * (2 - f), 1.0);
+    }
+  };
+  const int band = BandOf(config, 0.33, 16384);
+  for (int b = 0; b < 16; ++b) noisy(b == band ? 16 : b, 200);
+  noisy(band, 16);
+  GroupGateState group;
+  group.has_decision = group.has_chosen_mode = true;
+  group.decisions = 1000;
+  const RsWaitObservation rs{0.12, 50};
+  int64_t step = 1001;
+  while (MayExplore(config, step)) ++step;
+  BatchFacts facts = FactsFor(step, 0.33);  // the gates: TP-only (length CV)
+  facts.tokens = 16384;
+  GateOutcome out;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(facts);
+    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
+    benchmark::DoNotOptimize(out);
+  }
+  const BandEstimate e = EstimateBand(config, &table, band, step);
+  const Evidence own = DepartureEvidence(config, e, facts.tokens, Mode::kTensorParallelOnly,
+                                         Mode::kSequenceParallel,
+                                         TableNoiseOf(config, table).relative_variance);
+  if (out.decision != Decision{Mode::kSequenceParallel, Reason::kAdaptive} || !e.known ||
+      own.bound_s > 0) {
+    const std::string why = "expected the pool to depart where the band alone cannot" +
+                            Explain(config, group, facts, rs, table, out);
+    state.SkipWithError(why.c_str());
+  }
+}
+
 BENCHMARK(BM_SumLengths)->Apply(Sizes);
 BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
 BENCHMARK(BM_EvaluateGates);
 BENCHMARK(BM_EvaluateAdaptive)->Arg(0)->Arg(1)->ArgName("switching");
 BENCHMARK(BM_EvaluateAdaptivePrior);
+BENCHMARK(BM_EvaluateAdaptivePooled);
 BENCHMARK(BM_Decision)->Apply(Sizes);
 BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
 
