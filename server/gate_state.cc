@@ -10,6 +10,7 @@
 #include <map>
 #include <tuple>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
 #include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
@@ -135,8 +136,7 @@ absl::Status GateState::CheckJob(const std::string& job_id, std::optional<int> g
   return FindJob(job_id, group).status();
 }
 
-std::optional<PinState> GateState::ActivePin(const Job& job, int group) const {
-  const absl::Time now = Now();
+std::optional<PinState> GateState::ActivePin(const Job& job, int group, absl::Time now) const {
   auto it = job.op.group_pins.find(group);
   if (it != job.op.group_pins.end() && it->second.expire > now) return it->second;
   if (Active(job.op.pin, now)) return job.op.pin;
@@ -267,7 +267,8 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
   const bool step_plan = !plan.microbatches.empty();
   // One plan shape from here on: a plain plan is the one micro-batch of a job without a
   // layout (docs/design.md §12), its facts its lengths' statistics.
-  std::vector<MicrobatchFacts> facts;
+  // Inline for a plain plan's one: the decide path allocates nothing for it.
+  absl::InlinedVector<MicrobatchFacts, 1> facts;
   std::vector<size_t> by_id(plan.microbatches.size());
   if (step_plan) {
     for (size_t i = 0; i < by_id.size(); ++i) by_id[i] = i;
@@ -290,6 +291,7 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
     MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Job * job, JobOfSession(session));
     ASSIGN_OR_RETURN(Group * g, FindOrCreateGroup(*job, plan.group));
+    const absl::Time now = Now();  // the decision's time, read once
     if (std::optional<DecisionRecord> cached =
             g->Answer(job->id, plan.step, job->layout.has_value())) {
       // A retry gets the same answer, but only for the plan it was made for: a decision
@@ -307,7 +309,7 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
       // layout names what its plans carry instead).
       return ComputeLengthStats(plan.lengths).status();
     }
-    RETURN_IF_ERROR(CheckStepWindow(*g, plan));
+    RETURN_IF_ERROR(CheckStepWindow(*g, plan, now));
     // The CP ranks' groups of one (replica, stage) run one decision: a peer's, if one
     // decided this step, for the same plan only (docs/design.md §12).
     std::optional<DecisionRecord> peer_answer;
@@ -320,9 +322,9 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
           plan.step, peer_answer->group, plan.group));
     }
     decision = DecideStep(*job, *g, plan, facts, digest,
-                          peer_answer.has_value() ? &*peer_answer : nullptr);
+                          peer_answer.has_value() ? &*peer_answer : nullptr, now);
     if (auto rit = g->ranks.find(session.rank_in_group); rit != g->ranks.end()) {
-      rit->second.last_seen = Now();  // a unary-only leader holds its launch too
+      rit->second.last_seen = now;  // a unary-only leader holds its launch too
     }
   }
   NotifyWatchers(decision);
@@ -367,7 +369,7 @@ absl::Status GateState::CheckPlan(const Session& session, const PlanInput& plan)
   return absl::OkStatus();
 }
 
-absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
+absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan, absl::Time now) {
   const GroupGateState& gate = g.policy.gate();
   if (!gate.has_decision) return absl::OkStatus();
   if (plan.step <= gate.last_step) {
@@ -379,7 +381,7 @@ absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
   // A group resumes further ahead only as its leader (re)attaches or after a silence
   // (it ran on its fallback meanwhile); otherwise one plan far ahead would make every
   // real plan before it "not after the last decided step" (docs/design.md §10).
-  const bool resuming = g.resume_allowed || Now() - g.last_plan_time >= options_.stale_after;
+  const bool resuming = g.resume_allowed || now - g.last_plan_time >= options_.stale_after;
   if (plan.step - gate.last_step > options_.max_plan_lead_steps && !resuming) {
     metrics_.refused_step_too_far.Increment();
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -390,8 +392,8 @@ absl::Status GateState::CheckStepWindow(const Group& g, const PlanInput& plan) {
   return absl::OkStatus();
 }
 
-void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision) {
-  const absl::Time now = Now();  // a CP peer's answer carries the peer's decision time
+void GateState::RecordStep(Job& job, Group& g, const DecisionRecord& decision, absl::Time now) {
+  // `now`, not decision.time: a CP peer's answer carries the peer's decision time.
   g.schedule.Prune(decision.step);
   g.cache.push_back(gate_state_internal::CachedDecision::Of(decision));
   if (static_cast<int64_t>(g.cache.size()) > options_.decision_cache_steps) g.cache.pop_front();
@@ -463,7 +465,8 @@ StagePlanOutcome GateState::PolicyStep(Job& job, Group& g, const GateConfig& con
 // list, as the wire has always had it), the cache, and the counts and metrics per decision.
 DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
                                      std::span<const MicrobatchFacts> facts,
-                                     uint64_t plan_digest, const DecisionRecord* peer) {
+                                     uint64_t plan_digest, const DecisionRecord* peer,
+                                     absl::Time now) {
   const ScheduledConfig& config = g.schedule.At(plan.step);
   KeepBandsOf(job, config.config);
   const bool staged = job.layout.has_value();
@@ -483,7 +486,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
     // With cp > 1 a stage's CP groups run one decision, so one pin: the unit's first
     // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
     const int cp = staged ? job.layout->cp : 1;
-    const std::optional<PinState> pin = ActivePin(job, plan.group - plan.group % cp);
+    const std::optional<PinState> pin = ActivePin(job, plan.group - plan.group % cp, now);
     StagePlanOutcome out = PolicyStep(job, g, config.config, plan, facts, pin, &adaptive_gain);
     explored = out.explored;
     flips_held = out.flips_held;
@@ -498,7 +501,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
         .config_version = config.version,
         .length_cv = facts.front().length_cv,
         .rolling_rs_wait_share = rs_mean,
-        .time = Now(),
+        .time = now,
         .pin_expire = pinned ? std::optional<absl::Time>(pin->expire) : std::nullopt,
         .pin_forced = pinned && pin->force,
         .band = staged ? -1 : out.bands.front(),
@@ -520,7 +523,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
                                ? decision.plan_tokens + f.tokens
                                : -1;
   }
-  RecordStep(job, g, decision);
+  RecordStep(job, g, decision, now);
   ++job.group_steps_decided;
   const std::vector<Decision>& decisions = staged ? decision.microbatches : plain;
   if (staged) {
@@ -545,8 +548,9 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
     previous = d.mode;
   }
   job.exploration_steps += explored;
-  job.metrics->exploration_steps->Increment(explored);
-  job.metrics->flips_held->Increment(flips_held);
+  // Counters only when there is something to count (most steps): each is an atomic update.
+  if (explored > 0) job.metrics->exploration_steps->Increment(explored);
+  if (flips_held > 0) job.metrics->flips_held->Increment(flips_held);
   return decision;
 }
 
@@ -666,8 +670,9 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
       return reject(std::move(s));
     }
     metrics_.telemetry_received.Increment();
-    FoldTelemetry(job, g, session, t);
-    CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_pushes);
+    const absl::Time now = Now();  // read once for the fold, the learning and the pushes
+    FoldTelemetry(job, g, session, t, now);
+    CollectLearnedPushes(job, /*force=*/false, nullptr, &learned_pushes, now);
   }
   // Outside the lock: a sink only queues the message.
   for (const LearnedPush& push : learned_pushes) push.sink->PushLearned(*push.table);
@@ -675,12 +680,12 @@ absl::Status GateState::RecordTelemetry(Session& session, const TelemetryRecord&
 }
 
 void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
-                              const TelemetryRecord& t) {
+                              const TelemetryRecord& t, absl::Time now) {
   const StepTelemetryValues& v = t.values;
   const bool group_record = t.ranks > 1;
   auto rit = g.ranks.find(session.rank_in_group);
   if (rit != g.ranks.end()) {
-    rit->second.last_seen = Now();
+    rit->second.last_seen = now;
     // A rank's records arrive in step order on its one stream: one for a step it has
     // already reported is a duplicate, acknowledged and counted once.
     if (v.step <= rit->second.last_telemetry_step) return;
@@ -691,7 +696,7 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   PendingStep& p = g.pending[slot];
   if (p.step != v.step) {
     if (p.step > v.step) return;  // older than the aggregation window
-    if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot);
+    if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot, now);
     p = PendingStep{};
     p.step = v.step;
   } else if (p.finalized) {
@@ -726,10 +731,10 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
       a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
     }
   }
-  if (p.reported >= g.size) FinalizeStep(job, g, slot);
+  if (p.reported >= g.size) FinalizeStep(job, g, slot, now);
 }
 
-void GateState::FinalizeStep(Job& job, Group& g, int slot) {
+void GateState::FinalizeStep(Job& job, Group& g, int slot, absl::Time now) {
   PendingStep& p = g.pending[slot];
   p.finalized = true;
   const int m = static_cast<int>(p.mode);
@@ -780,7 +785,7 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot) {
   for (int mode = 1; mode < kModeSlots; ++mode) {
     if (ran[mode]) job.metrics->peak_memory[mode]->Set(job.modes[mode].peak.Max());
   }
-  LearnFromStep(job, g, slot);
+  LearnFromStep(job, g, slot, now);
   job.metrics->step_duration[m]->Observe(p.step_time);
   job.metrics->effective_tokens[m]->Increment(static_cast<double>(p.tokens));
   job.metrics->padding_tokens[m]->Increment(static_cast<double>(p.padding));

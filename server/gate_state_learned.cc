@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "policy/pipeline_memory.h"
 
@@ -43,10 +44,10 @@ struct LearnedSample {
 // sample whose mode differs from the group's previous one (this step's, or the last of
 // the step before) measures a switch: the modes that ran (the telemetry's), not the ones
 // decided, since a worker's memory override or its fallback may have run another.
-void GateState::LearnFromStep(Job& job, Group& g, int slot) {
+void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
   PendingStep& p = g.pending[slot];
   const GateConfig& config = g.schedule.At(p.step).config;
-  std::vector<LearnedSample> samples;
+  absl::InlinedVector<LearnedSample, 1> samples;  // a plain step's one: no allocation
   ThroughputTable* table = &job.learned;
   int stage = -1;
   if (!p.microbatches.empty() && job.layout.has_value()) {
@@ -112,9 +113,10 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
   if (touched != 0) {
     NoteLearned(job, *table, config,
                 stage < 0 ? job.learned_told
-                          : job.stage_learned_told[static_cast<size_t>(stage)]);
+                          : job.stage_learned_told[static_cast<size_t>(stage)],
+                now);
     job.learned_dirty = true;  // written by the sweep thread (PersistLearned)
-    job.learned_fold_time = Now();
+    job.learned_fold_time = now;
   }
 }
 
@@ -123,7 +125,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot) {
 // band without samples changed (checked at most once per push interval: a fit is a
 // microsecond or two), and a detected change is counted.
 void GateState::NoteLearned(Job& job, const ThroughputTable& table, const GateConfig& config,
-                            gate_state_internal::LearnedTold& told) {
+                            gate_state_internal::LearnedTold& told, absl::Time now) {
   const uint64_t bits = table.PreferenceBits(config, table.newest_step());
   if (bits != told.bits) {
     told.bits = bits;
@@ -134,7 +136,6 @@ void GateState::NoteLearned(Job& job, const ThroughputTable& table, const GateCo
     told.changes = table.changes();
     job.learned_push_due = true;
   }
-  const absl::Time now = Now();
   if (now - told.prior_checked >= options_.learned_push_interval) {
     told.prior_checked = now;
     const uint64_t prior = PriorBits(config, table, table.newest_step());
@@ -179,8 +180,7 @@ void GateState::ClearLearned(Job& job) {
 }
 
 void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* only,
-                                     std::vector<LearnedPush>* pushes) {
-  const absl::Time now = Now();
+                                     std::vector<LearnedPush>* pushes, absl::Time now) {
   if (!force && (!job.learned_push_due || now - job.learned_pushed < options_.learned_push_interval)) {
     return;
   }

@@ -381,7 +381,7 @@ absl::StatusOr<std::shared_ptr<Session>> GateState::AttachSession(const std::str
     }
     // A leader that (re)connects gets the learned table at once, for its fallback.
     if (!LearnedTableOf(job, session->group).empty()) {
-      CollectLearnedPushes(job, /*force=*/true, &session_id, &learned_pushes);
+      CollectLearnedPushes(job, /*force=*/true, &session_id, &learned_pushes, Now());
     }
   }
   for (const LearnedPush& p : learned_pushes) p.sink->PushLearned(*p.table);
