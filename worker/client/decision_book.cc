@@ -2,6 +2,7 @@
 #include "worker/client/decision_book.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -124,14 +125,15 @@ absl::Status DecisionBook::AddPlan(std::shared_ptr<PlanRecord> plan) {
   return absl::OkStatus();
 }
 
-const PlanRecord* DecisionBook::OnDaemonDecision(const GateDecision& d) {
-  if (d.step <= last_step_) {
+const PlanRecord* DecisionBook::OnDaemonDecision(GateDecision d) {
+  const int64_t step = d.step;
+  if (step <= last_step_) {
     ++counters_.late_decisions;  // the group already ran this step with a local decision
     return nullptr;
   }
-  auto plan = plans_.find(d.step);
+  auto plan = plans_.find(step);
   if (plan == plans_.end()) return nullptr;  // not ours (a dropped plan)
-  daemon_.insert_or_assign(d.step, d);
+  daemon_.insert_or_assign(step, std::move(d));
   ++counters_.decisions_received;
   return plan->second.get();
 }

@@ -119,9 +119,10 @@ class DecisionBook {
     return AddPlan(std::make_shared<PlanRecord>(std::move(plan)));
   }
 
-  // The daemon's answer for d.step. Returns the plan it answers (e.g. for latency), or
-  // null when the step is already committed (counted late) or has no plan.
-  const PlanRecord* OnDaemonDecision(const GateDecision& d);
+  // The daemon's answer for d.step, kept by move (the stream's thread hands it over:
+  // nothing is copied under the client's lock). Returns the plan it answers (e.g. for
+  // latency), or null when the step is already committed (counted late) or has no plan.
+  const PlanRecord* OnDaemonDecision(GateDecision d);
   // The daemon refused the plan for `step`: it will be decided locally without waiting.
   // False when the step is already committed.
   bool OnRejection(int64_t step);

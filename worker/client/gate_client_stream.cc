@@ -178,9 +178,9 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
   attempt_ = 0;
   not_found_streak_ = 0;
   for (const v1::Decision& wire : msg.decisions()) {
-    const std::optional<GateDecision> d = DecisionFromProto(wire);
+    std::optional<GateDecision> d = DecisionFromProto(wire);
     if (!d.has_value()) continue;
-    const PlanRecord* p = book_.OnDaemonDecision(*d);
+    const PlanRecord* p = book_.OnDaemonDecision(*std::move(d));
     if (p != nullptr && latencies_.size() < 65536) {
       const double queued = absl::ToDoubleSeconds(p->taken - p->submitted);
       latencies_.push_back({.total_s = absl::ToDoubleSeconds(absl::Now() - p->submitted),
