@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "policy/band_pool.h"
 #include "policy/forgetting.h"
 
 namespace spgate {
@@ -84,8 +85,8 @@ bool ValidSample(int band, int64_t step, double tokens, double seconds) {
 // 1 − (1 − kNoiseRate)^min(weight, 64). Every decision takes it for every cell
 // (TableNoiseOf), so the power is one exp2 of a constant logarithm, and a cell past 64
 // samples (most, in a running job) takes the constant.
-const double kLog2NoiseKeep = std::log2(1.0 - kNoiseRate);
-const double kNoiseStartedFull = 1.0 - std::exp2(64.0 * kLog2NoiseKeep);
+constexpr double kLog2NoiseKeep = -0.09310940439148147;  // log2(1 - 1/16)
+constexpr double kNoiseStartedFull = 0.9839246036490473;  // 1 - (15/16)^64
 double NoiseStarted(double weight) {
   if (weight >= 64.0) return kNoiseStartedFull;
   return 1.0 - std::exp2(weight * kLog2NoiseKeep);
@@ -506,83 +507,6 @@ Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, i
 
 namespace {
 
-// A known band's log gap, log(SP's rate / TP-only's), and its variance (each cell's
-// relative variance, at least `variance_floor`, over its weight: the delta method).
-struct LogGap {
-  double r = 0;
-  double variance = 0;
-};
-LogGap LogGapOf(const BandEstimate& e, double variance_floor) {
-  return {std::log(e.sp.tokens_per_s / e.tp.tokens_per_s),
-          std::max(e.sp.relative_variance, variance_floor) / e.sp.samples +
-              std::max(e.tp.relative_variance, variance_floor) / e.tp.samples};
-}
-
-}  // namespace
-
-BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                   double variance_floor) {
-  std::array<LogGap, kBands> g;
-  int k = 0;
-  for (int b = 0; b < kBands; ++b) {
-    const BandEstimate e = EstimateBand(config, &table, b, step);
-    if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
-    const int64_t changed = table.BandChangedStep(b);
-    if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
-      continue;  // re-learning: no evidence (EvaluateAdaptive)
-    }
-    const LogGap x = LogGapOf(e, variance_floor);
-    if (std::isfinite(x.r) && x.variance > 0 && std::isfinite(x.variance)) g[k++] = x;
-  }
-  BandPool pool;
-  pool.bands = k;
-  if (k < kMinPooledBands) return pool;
-  // Fixed-effect mean, Cochran's Q, the between-band variance tau² by moments.
-  double sw = 0, sw2 = 0, swr = 0;
-  for (int i = 0; i < k; ++i) {
-    const double w = 1.0 / g[i].variance;
-    sw += w;
-    sw2 += w * w;
-    swr += w * g[i].r;
-  }
-  const double fixed = swr / sw;
-  double q = 0;
-  for (int i = 0; i < k; ++i) q += (g[i].r - fixed) * (g[i].r - fixed) / g[i].variance;
-  const double c = sw - sw2 / sw;
-  pool.between = c > 0 ? std::max(0.0, (q - (k - 1)) / c) : 0.0;
-  double sw_re = 0, swr_re = 0;
-  for (int i = 0; i < k; ++i) {
-    const double w = 1.0 / (g[i].variance + pool.between);
-    sw_re += w;
-    swr_re += w * g[i].r;
-  }
-  pool.mean = swr_re / sw_re;
-  pool.mean_variance = 1.0 / sw_re;
-  return pool;
-}
-
-Evidence PooledDepartureEvidence(const GateConfig& config, const BandEstimate& here,
-                                 const BandPool& pool, int64_t tokens, Mode from, Mode to,
-                                 double variance_floor) {
-  if (from == to || !here.known || !(here.tp.tokens_per_s > 0) || pool.bands < kMinPooledBands) {
-    return {};
-  }
-  const LogGap own = LogGapOf(here, variance_floor);
-  // The band's gap shrunk towards the pool's mean by its share of the noise (B).
-  const double shrink = own.variance / (own.variance + pool.between);
-  const double r = (1 - shrink) * own.r + shrink * pool.mean;
-  const double sd =
-      std::sqrt((1 - shrink) * own.variance + shrink * shrink * pool.mean_variance);
-  const double sp_s = static_cast<double>(tokens) / here.sp.tokens_per_s;
-  if (to == Mode::kSequenceParallel) {
-    return {sp_s * (std::exp(r) - 1), sp_s * (std::exp(r - kEvidenceZ * sd) - 1)};
-  }
-  const double m = 1.0 + config.adaptive_margin;
-  return {sp_s * (1 - std::exp(r) * m), sp_s * (1 - std::exp(r + kEvidenceZ * sd) * m)};
-}
-
-namespace {
-
 Mode OtherMode(Mode m) {
   return m == Mode::kSequenceParallel ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
 }
@@ -610,11 +534,19 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
         DepartureEvidence(config, e, batch.tokens, incumbent.mode, other, variance_floor);
     // Inconclusive alone (the saving's interval spans 0): the band's gap shrunk towards
     // the other bands' (PoolBands) decides.
+    bool pooled = false;
     if (!(ev.bound_s > 0) && table != nullptr && 2 * ev.saving_s - ev.bound_s > 0) {
       const BandPool pool = PoolBands(config, *table, batch.step, variance_floor);
       if (pool.bands >= kMinPooledBands) {
+        Record(trace, "adaptive_pooled", "check", ev.bound_s, 0, [&] {
+          return absl::StrFormat(
+              "band %s alone cannot tell (%.4g s at 95 %% confidence): pooled with %d known "
+              "bands, mean log(SP / TP-only) %.4f, between-band variance %.3g",
+              BandLabel(band), ev.bound_s, pool.bands, pool.mean, pool.between);
+        });
         ev = PooledDepartureEvidence(config, e, pool, batch.tokens, incumbent.mode, other,
                                      variance_floor);
+        pooled = true;
       }
     }
     const bool depart = ev.bound_s > 0;
@@ -622,9 +554,10 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
       return absl::StrFormat(
           "band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
           "on this batch against the gates' %s (TP-only counted 1 + "
-          "adaptive_margin times), %.4g s at 95 %% confidence: %s",
+          "adaptive_margin times), %.4g s at 95 %% confidence%s: %s",
           BandLabel(band), e.ratio, ModeLabel(other), ev.saving_s, ModeLabel(incumbent.mode),
-          ev.bound_s, depart ? ModeLabel(other) : "the gates' choice");
+          ev.bound_s, pooled ? " with the bands' pool" : "",
+          depart ? ModeLabel(other) : "the gates' choice");
     });
     return depart ? Decision{other, Reason::kAdaptive} : incumbent;
   }
@@ -664,6 +597,60 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
   if (pc.mode == incumbent.mode) return incumbent;
   *prior = p;
   return {pc.mode, Reason::kAdaptive};
+}
+
+// Step 4 of EvaluateAdaptive, for a choice that would switch the group away from the mode
+// it chose last while a switch's cost is measured: whether the flip cap or the cost holds
+// the group in that mode.
+bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
+                   const BatchFacts& batch, const ThroughputTable* table,
+                   const BandEstimate& e, const Decision& incumbent, const Decision& choice,
+                   const std::optional<PriorEstimate>& prior, const TableNoise& noise,
+                   double cost, std::vector<GateCheck>* trace) {
+  const Mode current = state.chosen_mode;
+  const bool back_from_probe = state.reason == Reason::kProbe;
+  if (!FlipsAllowed(config, state, 1)) {
+    Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
+           [&] {
+             return absl::StrFormat(
+                 "a switch costs %.4g s (measured) and two switches came within "
+                 "the last %d decisions: %s holds",
+                 cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current));
+           });
+    return true;
+  }
+  if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
+    SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
+    if (prior.has_value()) {
+      // The prior's batch saving; a switch on a prediction must pay as a move (the
+      // band mix's measured saving over the horizon), never as an excursion.
+      const double sp = prior->sp_s, tp = prior->tp_s * (1.0 + config.adaptive_margin);
+      s.batch = current == Mode::kSequenceParallel ? sp - tp : tp - sp;
+    } else if (choice.mode != incumbent.mode) {
+      // The band's own confident saving. A departure the bands' pool made has its own
+      // bound at or below 0 here, so it pays for the cost only as a move over the mix.
+      s.batch = DepartureEvidence(config, e, batch.tokens, current, choice.mode,
+                                  noise.relative_variance)
+                    .bound_s;
+    }
+    const double over_horizon =
+        s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
+    const double excursion = s.batch - 2 * cost;
+    const double move = over_horizon - cost;
+    if (!(excursion >= 0 && !prior.has_value() && FlipsAllowed(config, state, 2)) &&
+        !(move >= 0)) {
+      Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost, [&] {
+        return absl::StrFormat(
+            "switching to %s saves %.4g s on this batch%s and %.4g s a "
+            "step on the mix: neither pays a switch's measured cost %.4g s "
+            "(out and back, or over %d decisions): %s holds",
+            ModeLabel(choice.mode), s.batch, prior.has_value() ? " (predicted)" : "",
+            s.mix_per_step, cost, kMoveHorizonDecisions, ModeLabel(current));
+      });
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -721,45 +708,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   const Mode wanted = choice.mode;
   if (cost > 0 && state.has_chosen_mode && choice.mode != current &&
       !(state.has_decision && choice.mode == state.mode)) {
-    const bool back_from_probe = state.reason == Reason::kProbe;
-    if (!FlipsAllowed(config, state, 1)) {
-      Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
-             [&] {
-               return absl::StrFormat(
-                   "a switch costs %.4g s (measured) and two switches came within "
-                   "the last %d decisions: %s holds",
-                   cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current));
-             });
-      held = true;
-    } else if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
-      SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
-      if (prior.has_value()) {
-        // The prior's batch saving; a switch on a prediction must pay as a move (the
-        // band mix's measured saving over the horizon), never as an excursion.
-        const double sp = prior->sp_s, tp = prior->tp_s * (1.0 + config.adaptive_margin);
-        s.batch = current == Mode::kSequenceParallel ? sp - tp : tp - sp;
-      } else if (choice.mode != incumbent.mode) {
-        s.batch = DepartureEvidence(config, e, batch.tokens, current, choice.mode,
-                                    noise.relative_variance)
-                      .bound_s;
-      }
-      const double over_horizon =
-          s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
-      const double excursion = s.batch - 2 * cost;
-      const double move = over_horizon - cost;
-      if (!(excursion >= 0 && !prior.has_value() && FlipsAllowed(config, state, 2)) &&
-          !(move >= 0)) {
-        Record(trace, "switch_cost", "fire", std::max(s.batch, over_horizon), cost, [&] {
-          return absl::StrFormat(
-              "switching to %s saves %.4g s on this batch%s and %.4g s a "
-              "step on the mix: neither pays a switch's measured cost %.4g s "
-              "(out and back, or over %d decisions): %s holds",
-              ModeLabel(choice.mode), s.batch, prior.has_value() ? " (predicted)" : "",
-              s.mix_per_step, cost, kMoveHorizonDecisions, ModeLabel(current));
-        });
-        held = true;
-      }
-    }
+    held = HoldForSwitch(config, state, batch, table, e, incumbent, choice, prior, noise, cost,
+                         trace);
     if (held) choice = {current, Reason::kAdaptive};
   }
 

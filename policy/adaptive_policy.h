@@ -329,26 +329,6 @@ struct Evidence {
 Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, int64_t tokens,
                            Mode from, Mode to, double variance_floor = 0);
 
-// The known bands' gaps pooled (random effects, DerSimonian and Laird 1986): each band's
-// log(SP's rate / TP-only's) with its variance, the between-band variance by moments, and
-// the precision-weighted mean. Bands re-learning after a change are left out. Fewer than
-// kMinPooledBands: none (bands == the count).
-inline constexpr int kMinPooledBands = 3;
-struct BandPool {
-  int bands = 0;
-  double mean = 0;           // the pooled log gap
-  double mean_variance = 0;  // its variance
-  double between = 0;        // tau²: how far the bands' true gaps spread
-};
-BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                   double variance_floor);
-// DepartureEvidence with the band's gap shrunk towards the pool's mean by its share of the
-// noise (the empirical-Bayes estimate): what the band's own samples cannot yet tell apart,
-// the other bands can, as far as they agree with each other.
-Evidence PooledDepartureEvidence(const GateConfig& config, const BandEstimate& here,
-                                 const BandPool& pool, int64_t tokens, Mode from, Mode to,
-                                 double variance_floor);
-
 // What running `to` instead of `from` saves, in seconds (TP-only's seconds counted
 // 1 + adaptive_margin times, as the band rule does; negative when `to` is slower): on this
 // batch at its band's estimate `here` (0 when not known), and per step of the band mix

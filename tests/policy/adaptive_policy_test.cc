@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
+#include "policy/band_pool.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
 #include "tests/testing/policy_printers.h"
@@ -664,15 +665,20 @@ TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
   }
 }
 
-// `n` samples of each mode in `band`, alternating ±noise around the given rates.
-ThroughputTable NoisyLearned(int band, double sp_rate, double tp_rate, double noise,
-                             int n = 50, int64_t step = kStep - 1) {
-  ThroughputTable t;
+// `n` samples of each mode in `band`, alternating ±noise around the given rates, into `t`.
+void AddNoisy(ThroughputTable& t, int band, double sp_rate, double tp_rate, double noise, int n,
+              int64_t step = kStep - 1) {
   for (int i = n - 1; i >= 0; --i) {
     const double f = i % 2 == 0 ? 1 + noise : 1 - noise;
     t.Observe(Adaptive(), band, kSp, step - i, sp_rate * f, 1.0);
     t.Observe(Adaptive(), band, kTp, step - i, tp_rate * (2 - f), 1.0);
   }
+}
+
+ThroughputTable NoisyLearned(int band, double sp_rate, double tp_rate, double noise,
+                             int n = 50, int64_t step = kStep - 1) {
+  ThroughputTable t;
+  AddNoisy(t, band, sp_rate, tp_rate, noise, n, step);
   return t;
 }
 
@@ -769,16 +775,6 @@ TEST(EvaluateAdaptiveTest, DepartsFromTheGatesOnlyOnConfidentEvidence) {
   EXPECT_EQ(MeasuredSwitchCost(c, ThroughputTable{}, kStep), 0.0);
 }
 
-// `n` samples of each mode at the given rates spread by ±noise, into `t`.
-void AddNoisy(ThroughputTable& t, int band, double sp_rate, double tp_rate, double noise, int n,
-              int64_t step = kStep - 1) {
-  for (int i = n - 1; i >= 0; --i) {
-    const double f = i % 2 == 0 ? 1 + noise : 1 - noise;
-    t.Observe(Adaptive(), band, kSp, step - i, sp_rate * f, 1.0);
-    t.Observe(Adaptive(), band, kTp, step - i, tp_rate * (2 - f), 1.0);
-  }
-}
-
 // The pool of the known bands' log gaps: where they agree the between-band variance is 0
 // and the pooled mean is their gap; where their true gaps spread it is about that spread.
 TEST(PoolBandsTest, BetweenBandVarianceIsTheGapsSpreadBeyondTheirNoise) {
@@ -825,7 +821,9 @@ TEST(EvaluateAdaptiveTest, ABandTooNoisyAloneBorrowsTheOtherBandsEvidence) {
     Mode want;
   } cases[] = {
       {"alone: the gates' SP", {}, kSp},
-      {"two other bands: too few to pool, the gates' SP", {104, 104}, kSp},
+      {"one other band: too few to pool (2 with the band), the gates' SP", {104}, kSp},
+      {"two other bands: a pool of 3, its mean too uncertain to depart on, the gates' SP",
+       {104, 104}, kSp},
       {"four other bands agree on TP-only 4 % faster: departs", {104, 104, 104, 104}, kTp},
       {"four other bands disagree (±30 %): the gates' SP", {70, 130, 70, 130}, kSp},
   };
