@@ -35,6 +35,10 @@ NOT_SOURCE = {
 
 # Units with no test of their own: unit path -> (the test that covers it, why).
 EXCEPTIONS = {
+    # policy/band_pool: tested beside the ADAPTIVE policy that consults it, with the same
+    # noisy-table helpers.
+    "policy/band_pool.cc": ("tests/policy/adaptive_policy_test.cc",
+                            "PoolBandsTest; the pooled departure through EvaluateAdaptive"),
     # common/cli: the four binaries' --help and --version, which only a built binary shows.
     "common/cli.cc": ("tests/tools/spgatectl/cli_conventions_test.py",
                       "--help lists each binary's own flags, --version its version (all four)"),
