@@ -215,15 +215,6 @@ absl::Status GateState::CheckLayout(const Job& job, const RegisterInput& r) cons
         "layout: job %s's ranks registered without a layout; this rank sent %s", job.id,
         FormatJobLayout(*r.layout)));
   }
-  // The launch's hardware id (its first rank's) keys the one table its groups pool: a rank
-  // on other hardware would mix two kinds into it. An empty id (an older client) joins.
-  if (job.learned_key.has_value() && !job.learned_key->hardware_id.empty() &&
-      !r.hardware_id.empty() && r.hardware_id != job.learned_key->hardware_id) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "hardware_id: \"%s\", but job %s's launch %s registered with \"%s\" (one launch, "
-        "one kind of hardware: set SPGATE_HARDWARE_ID alike on every rank of a mixed one)",
-        r.hardware_id, job.id, job.incarnation, job.learned_key->hardware_id));
-  }
   std::vector<std::string> all = job.sp_required;
   for (const std::string& f : r.sp_required) {
     if (std::find(all.begin(), all.end(), f) == all.end()) all.push_back(f);

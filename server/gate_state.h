@@ -176,7 +176,7 @@ struct RegisterInput {
   // the job's.
   PriorInputs prior_inputs;
   // The rest of the relaunch key: the kind of hardware (common/hardware_id.h; empty: none
-  // declared). The launch's first rank sets the launch's (CheckLayout refuses another).
+  // declared). The launch's first rank sets the launch's; another is logged, not refused.
   std::string hardware_id;
 };
 

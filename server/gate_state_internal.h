@@ -330,6 +330,7 @@ struct GateState::Job {
   // mean step time then, whether that is not on disk yet and when it last went there; and
   // whether the tables came from an earlier launch, to be restamped at its first step.
   std::optional<LearnedKey> learned_key;
+  bool hardware_mismatch_logged = false;  // a rank declared another hardware id
   absl::Time learned_fold_time = absl::InfinitePast();
   double learned_step_seconds = 0;
   bool learned_dirty = false;

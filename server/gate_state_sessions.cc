@@ -114,6 +114,7 @@ void GateState::StartIncarnation(Job& job, const std::string& incarnation) {
   job.group_steps_decided = 0;
   job.local_decisions = 0;
   job.memory_overrides = 0;
+  job.hardware_mismatch_logged = false;
   job.sinks.clear();
   job.layout.reset();
   job.sp_required.clear();
@@ -332,7 +333,21 @@ absl::StatusOr<RegisterResult> GateState::Seat(Job& job, const RegisterInput& r,
       job.sp_required.push_back(f);
     }
   }
-  if (!job.learned_key.has_value()) AdoptLearned(job, r);  // the launch's first rank
+  if (!job.learned_key.has_value()) {
+    AdoptLearned(job, r);  // the launch's first rank: its hardware id keys the launch's table
+  } else if (const std::string& first = job.learned_key->hardware_id;
+             !first.empty() && !r.hardware_id.empty() && r.hardware_id != first) {
+    // Logged, not refused: the id only keys the learned table, and it differs by accident
+    // (MIG slices, ECC changing the GiB, SKU names, a rank without a visible GPU).
+    job.metrics->hardware_id_mismatches->Increment();
+    if (!job.hardware_mismatch_logged) {
+      job.hardware_mismatch_logged = true;
+      LogLine(absl::StrFormat(
+          "job %s launch %s: group %d rank %d declared hardware_id \"%s\", the launch's first "
+          "rank \"%s\"; the rank joins, the learned table stays keyed by the first",
+          job.id, job.incarnation, r.group, r.rank_in_group, r.hardware_id, first));
+    }
+  }
   if (r.rank_in_group == 0) g->resume_allowed = true;  // a (re)started leader may resume
   g->last_activity = job.last_activity = now;
   if (r.memory_budget_bytes > 0) {

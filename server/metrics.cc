@@ -76,6 +76,11 @@ Metrics::Metrics()
                                    "ran SP); reported in heartbeats. Never expected: a "
                                    "config mismatch, a daemon bug or a forged answer.")
                              .Register(*registry_)),
+      hardware_id_mismatches_f(
+          BuildCounter().Name("spgate_hardware_id_mismatches_total")
+              .Help("Ranks that registered with another hardware_id than their launch's "
+                    "first rank (accepted; the first rank's keys the learned table).")
+              .Register(*registry_)),
       length_cv_f(BuildHistogram().Name("spgate_batch_length_cv")
                       .Help("Coefficient of variation of sequence lengths per decision "
                             "(a plain plan's batch, a step plan's micro-batch).")
@@ -289,6 +294,7 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
   }
   exploration_steps = &m.exploration_f.Add({{"job_id", job_id}});
   memory_overrides = &m.memory_overrides_f.Add({{"job_id", job_id}});
+  hardware_id_mismatches = &m.hardware_id_mismatches_f.Add({{"job_id", job_id}});
   adaptive_gain = &m.adaptive_gain_f.Add({{"job_id", job_id}});
   flips_held = &m.flips_held_f.Add({{"job_id", job_id}});
   adaptive_changes = &m.adaptive_changes_f.Add({{"job_id", job_id}});
@@ -321,6 +327,7 @@ JobMetrics::~JobMetrics() {
   }
   m_.memory_budget_f.Remove(memory_budget);
   m_.memory_overrides_f.Remove(memory_overrides);
+  m_.hardware_id_mismatches_f.Remove(hardware_id_mismatches);
   m_.workers_f.Remove(workers_active);
   m_.workers_f.Remove(workers_stale);
   for (auto* g : thresholds_) {

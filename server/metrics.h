@@ -101,6 +101,8 @@ class JobMetrics {
   // Daemon answers the job's workers did not run: their own memory gate forbade TP-only
   // for the plan answered (docs/security.md, "Memory is checked on both sides").
   prometheus::Counter* memory_overrides;
+  // Ranks that registered with another hardware id than their launch's first rank.
+  prometheus::Counter* hardware_id_mismatches;
 
  private:
   Metrics& m_;
@@ -158,6 +160,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& decisions_f;
   prometheus::Family<prometheus::Counter>& local_decisions_f;
   prometheus::Family<prometheus::Counter>& memory_overrides_f;
+  prometheus::Family<prometheus::Counter>& hardware_id_mismatches_f;
   prometheus::Family<prometheus::Histogram>& length_cv_f;
   prometheus::Family<prometheus::Gauge>& rs_wait_f;
   prometheus::Family<prometheus::Gauge>& all_gather_f;

@@ -16,6 +16,7 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "policy/forgetting.h"
+#include "prometheus/text_serializer.h"
 #include "proto/convert.h"
 #include "server/persistence.h"
 #include "spgate/v1/admin.pb.h"
@@ -445,16 +446,32 @@ TEST_F(LearnedStateTest, ARelaunchOnOtherHardwareStartsColdAndOnTheSameAdopts) {
   EXPECT_EQ(h->GetJob("j")->summary().hardware_id(), h200);
   ASSERT_EQ(h->ListJobs().jobs_size(), 1);
   EXPECT_EQ(h->ListJobs().jobs(0).hardware_id(), h200);
-  // Within the launch, a rank on other hardware is refused naming both ids; one that
-  // declares none (an older client) joins.
-  v1::RegisterRequest other = Reg("launch-4", 1024, "NVIDIA H100 80GB HBM3 sm_90 79GiB");
-  other.set_group(1);
-  EXPECT_THAT(h->Register(other).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("hardware_id: \"NVIDIA H100 80GB HBM3 sm_90 79GiB\""),
-                             HasSubstr(h200))));
-  other.set_hardware_id("");
-  EXPECT_THAT(h->Register(other).status(), IsOk());
+  // Within the launch, a rank on other hardware joins (the id differs by accident: MIG
+  // slices, SKU names, a rank without a GPU); the first rank's id stays the key, and the
+  // first difference is logged once, naming the job, both ids and the rank.
+  const std::string h100 = "NVIDIA H100 80GB HBM3 sm_90 79GiB";
+  const size_t logged = log_.size();
+  for (int group = 1; group <= 2; ++group) {
+    v1::RegisterRequest other = Reg("launch-4", 1024, group == 1 ? h100 : "cpu:Xeon");
+    other.set_group(group);
+    EXPECT_THAT(h->Register(other).status(), IsOk()) << group;
+  }
+  v1::RegisterRequest none = Reg("launch-4", 1024);  // an older client declares none
+  none.set_group(3);
+  EXPECT_THAT(h->Register(none).status(), IsOk());
+  EXPECT_EQ(h->GetJob("j")->summary().hardware_id(), h200);
+  ASSERT_EQ(log_.size(), logged + 1);
+  EXPECT_THAT(log_.back(), AllOf(HasSubstr("job j launch launch-4: group 1 rank 0"),
+                             HasSubstr(h100), HasSubstr(h200)));
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
+              HasSubstr("spgate_hardware_id_mismatches_total{job_id=\"j\"} 2"));
+  // A new launch logs its own first difference.
+  clock_.Advance(absl::Seconds(20));
+  ASSERT_THAT(h->Register(Reg("launch-5", 1024, h200)).status(), IsOk());
+  v1::RegisterRequest next = Reg("launch-5", 1024, h100);
+  next.set_group(1);
+  ASSERT_THAT(h->Register(next).status(), IsOk());
+  EXPECT_EQ(log_.size(), logged + 2);
 }
 
 TEST_F(LearnedStateTest, RegisterRefusesAHardwareIdTooLongOrNotPrintable) {
