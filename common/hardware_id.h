@@ -26,17 +26,19 @@ inline constexpr size_t kMaxHardwareIdLength = 128;
 inline bool IsPrintableAscii(char c) { return c >= 0x20 && c <= 0x7e; }
 
 // Empty (an old client, or one that declares none), or at most 128 printable ASCII
-// characters. INVALID_ARGUMENT naming hardware_id otherwise; the message shows the
-// offending character's position, not the value (it may not be printable).
-inline absl::Status ValidateHardwareId(std::string_view id) {
+// characters. INVALID_ARGUMENT naming `name` (the field, or the variable the value came
+// from) otherwise; the message shows the offending character's position, not the value
+// (it may not be printable).
+inline absl::Status ValidateHardwareId(std::string_view id,
+                                       std::string_view name = "hardware_id") {
   if (id.size() > kMaxHardwareIdLength) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "hardware_id: at most %d characters, got %d", kMaxHardwareIdLength, id.size()));
+        "%s: at most %d characters, got %d", name, kMaxHardwareIdLength, id.size()));
   }
   for (size_t i = 0; i < id.size(); ++i) {
     if (!IsPrintableAscii(id[i])) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "hardware_id: only printable ASCII characters, got byte 0x%02x at position %d",
+          "%s: only printable ASCII characters, got byte 0x%02x at position %d", name,
           static_cast<unsigned char>(id[i]), i));
     }
   }

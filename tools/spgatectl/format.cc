@@ -392,7 +392,7 @@ std::string JobSummaryText(const v1::Job& job) {
       // shape, the key its learned tables are kept under for a later launch.
       {"hardware", !s.hardware_id().empty() ? s.hardware_id()
                    : s.incarnation().empty() ? "(no live launch)"
-                                             : "(not declared)"},
+                                             : "(not declared, or the daemon predates it)"},
       {"groups", absl::StrCat(s.groups(), " (", s.sp_groups(), " sp, ", s.tp_groups(), " tp_only)")},
       {"ranks", absl::StrCat(s.ranks_active(), " active, ", s.ranks_stale(), " stale")},
       // One per group and step: a job of 4 groups that ran 100 steps decided 400.

@@ -328,6 +328,8 @@ absl::StatusOr<std::unique_ptr<GateClient>> GateClient::Create(GateClientOptions
   // Declared at Register only: a client without a daemon detects nothing.
   if (!options.controller.empty() && options.hardware_id.empty()) {
     options.hardware_id = DefaultHardwareId();
+    // A detected id is made valid; one from the environment is named as such.
+    RETURN_IF_ERROR(ValidateHardwareId(options.hardware_id, "SPGATE_HARDWARE_ID"));
   }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   auto impl = std::make_shared<Impl>(std::move(options));

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/hardware_id.h"
 #include "common/progress.h"
 #include "policy/gate_policy.h"
 #include "policy/step_plan.h"
@@ -273,6 +274,7 @@ class RankRun {
     // the host's CPU otherwise).
     if (co.hardware_id.empty() && !co.controller.empty()) {
       co.hardware_id = client::DefaultHardwareId(cx_.device->hardware_id());
+      RETURN_IF_ERROR(ValidateHardwareId(co.hardware_id, "SPGATE_HARDWARE_ID"));
     }
     if (Pipelined(o_)) {
       co.layout = layout();

@@ -351,11 +351,13 @@ TEST(FormatJob, JsonParsesBack) {
 }
 
 // The launch's hardware id, or why there is none: a launch that declared none (an older
-// client, or one that set none) or no live launch at all. JSON keeps the key, empty.
+// client, or one that set none; or a daemon that predates the field, which reads the same)
+// or no live launch at all. JSON keeps the key, empty.
 TEST(FormatJob, HardwareNotDeclaredOrNoLaunch) {
   const auto undeclared = Parse<v1::Job>(R"pb(summary { job_id: "j" incarnation: "l1" })pb");
   EXPECT_THAT(FormatJob(undeclared, OutputFormat::kTable, kNow),
-              HasSubstr("job               j\nhardware          (not declared)\n"));
+              HasSubstr("job               j\n"
+                        "hardware          (not declared, or the daemon predates it)\n"));
   EXPECT_THAT(FormatJob(undeclared, OutputFormat::kJson, kNow),
               HasSubstr("\"hardware_id\": \"\""));
   EXPECT_THAT(FormatJob(Parse<v1::Job>(R"pb(summary { job_id: "j" })pb"), OutputFormat::kTable,

@@ -306,6 +306,13 @@ TEST(GateClientProtocolTest, RegisterCarriesTheHardwareIdGivenElseTheVariableEls
     o.hardware_id = bad;
     EXPECT_THAT(GateClient::Create(o).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("hardware_id: ")));
+    // The same value from the environment: the error names the variable to fix.
+    o.hardware_id.clear();
+    setenv("SPGATE_HARDWARE_ID", bad.c_str(), 1);
+    auto from_env = GateClient::Create(o);
+    unsetenv("SPGATE_HARDWARE_ID");
+    EXPECT_THAT(from_env.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            ::testing::HasSubstr("SPGATE_HARDWARE_ID: ")));
   }
 }
 
