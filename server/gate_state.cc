@@ -1,6 +1,6 @@
 // The daemon's live state: the decision and telemetry paths, operator changes. See
-// gate_state.h for the invariants and the locks; sessions, launches and housekeeping are
-// in gate_state_sessions.cc, the admin views in gate_state_views.cc.
+// gate_state.h for the invariants and the locks; jobs, groups, sessions, launches and
+// housekeeping are in gate_state_sessions.cc, the admin views in gate_state_views.cc.
 #include "server/gate_state.h"
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 #include "policy/config_schedule.h"
 #include "policy/group_state.h"
 #include "server/gate_state_internal.h"
-#include "server/identity.h"
 
 namespace spgate::server {
 namespace {
@@ -78,62 +77,6 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   RETURN_IF_ERROR(state->RestoreLaunches());
   state->LoadLearned();  // after the launches: a restored launch gets its tables back
   return state;
-}
-
-absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id) {
-  auto it = jobs_.find(job_id);
-  if (it != jobs_.end()) return it->second.get();
-  RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
-    CountLimit(Limit::kJobs);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already tracks %d jobs (--max_jobs)", job_id, options_.max_jobs));
-  }
-  auto job = std::make_unique<Job>();
-  job->id = job_id;
-  job->op = store_->ViewForJob(job_id);
-  job->last_activity = Now();
-  job->metrics = std::make_unique<JobMetrics>(metrics_, job_id);
-  job->metrics->SetThresholds(job->op.effective, job->op.effective_version);
-  Job* raw = job.get();
-  jobs_.emplace(job_id, std::move(job));
-  return raw;
-}
-
-absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int group) {
-  auto it = job.groups.find(group);
-  if (it != job.groups.end()) return it->second.get();
-  if (group < 0 || group >= options_.max_groups_per_job) {
-    if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "group: must be in [0, %d), got %d", options_.max_groups_per_job, group));
-  }
-  auto g = std::make_unique<Group>();
-  g->index = group;
-  g->schedule = ConfigSchedule(job.op.effective, job.op.effective_version);
-  g->all_gather.Resize(job.op.effective.window_steps);
-  g->norm_stall.Resize(job.op.effective.window_steps);
-  g->last_activity = Now();
-  g->metrics = std::make_unique<GroupMetrics>(metrics_, job.id, group);
-  Group* raw = g.get();
-  job.groups.emplace(group, std::move(g));
-  return raw;
-}
-
-absl::StatusOr<const GateState::Job*> GateState::FindJob(const std::string& job_id,
-                                                         std::optional<int> group) const {
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
-  if (group.has_value() && !it->second->groups.contains(*group)) {
-    return absl::NotFoundError(absl::StrFormat("group: job %s has no group %d", job_id, *group));
-  }
-  return it->second.get();
-}
-
-absl::Status GateState::CheckJob(const std::string& job_id, std::optional<int> group) const {
-  RETURN_IF_ERROR(ValidateJobId(job_id));
-  ReaderMutexLock lock(&mu_);
-  return FindJob(job_id, group).status();
 }
 
 std::optional<PinState> GateState::ActivePin(const Job& job, int group, absl::Time now) const {

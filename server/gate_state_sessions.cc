@@ -1,8 +1,9 @@
 // The live state's sessions and the launches they belong to: Register (the launch book's
-// claim, then the rank's seat), a session's stream attaching and detaching, heartbeats,
-// and forgetting (ForgetJob, the idle sweep). See gate_state.h for the invariants and the
-// locks. Who owns each job id is the launch book's (launch_book.h); a job's live state is
-// of its lease's launch, so every change of one here changes the other, under both locks.
+// claim, then the rank's seat, in a job and group found or made here), a session's stream
+// attaching and detaching, heartbeats, and forgetting (ForgetJob, the idle sweep). See
+// gate_state.h for the invariants and the locks. Who owns each job id is the launch book's
+// (launch_book.h); a job's live state is of its lease's launch, so every change of one here
+// changes the other, under both locks.
 #include <algorithm>
 #include <limits>
 #include <map>
@@ -66,6 +67,62 @@ absl::Status GateState::RestoreLaunches() {
     (*job)->incarnation = l.incarnation;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end()) return it->second.get();
+  RETURN_IF_ERROR(ValidateJobId(job_id));
+  if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+    CountLimit(Limit::kJobs);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already tracks %d jobs (--max_jobs)", job_id, options_.max_jobs));
+  }
+  auto job = std::make_unique<Job>();
+  job->id = job_id;
+  job->op = store_->ViewForJob(job_id);
+  job->last_activity = Now();
+  job->metrics = std::make_unique<JobMetrics>(metrics_, job_id);
+  job->metrics->SetThresholds(job->op.effective, job->op.effective_version);
+  Job* raw = job.get();
+  jobs_.emplace(job_id, std::move(job));
+  return raw;
+}
+
+absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int group) {
+  auto it = job.groups.find(group);
+  if (it != job.groups.end()) return it->second.get();
+  if (group < 0 || group >= options_.max_groups_per_job) {
+    if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group: must be in [0, %d), got %d", options_.max_groups_per_job, group));
+  }
+  auto g = std::make_unique<Group>();
+  g->index = group;
+  g->schedule = ConfigSchedule(job.op.effective, job.op.effective_version);
+  g->all_gather.Resize(job.op.effective.window_steps);
+  g->norm_stall.Resize(job.op.effective.window_steps);
+  g->last_activity = Now();
+  g->metrics = std::make_unique<GroupMetrics>(metrics_, job.id, group);
+  Group* raw = g.get();
+  job.groups.emplace(group, std::move(g));
+  return raw;
+}
+
+absl::StatusOr<const GateState::Job*> GateState::FindJob(const std::string& job_id,
+                                                         std::optional<int> group) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", job_id, " is unknown"));
+  if (group.has_value() && !it->second->groups.contains(*group)) {
+    return absl::NotFoundError(absl::StrFormat("group: job %s has no group %d", job_id, *group));
+  }
+  return it->second.get();
+}
+
+absl::Status GateState::CheckJob(const std::string& job_id, std::optional<int> group) const {
+  RETURN_IF_ERROR(ValidateJobId(job_id));
+  ReaderMutexLock lock(&mu_);
+  return FindJob(job_id, group).status();
 }
 
 absl::StatusOr<GateState::Job*> GateState::JobOfSession(const Session& session) {
