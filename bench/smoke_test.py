@@ -11,6 +11,17 @@ and exits 0. This runs each binary it is given with a tiny run and fails, naming
 benchmark and its message, on any of those. (state_memory_bench and kernels_cpu_bench
 exit non-zero on a failed check already; kernels_gpu_bench needs a GPU.)
 
+A smoke run checks that each path works, not how fast it is, and it shares a loaded machine
+with other tests (ctest -j2 on 2 cores):
+- the binaries run one after another, never together;
+- client_step_bench has no flag for the client's decision deadline (20 ms), so a decision
+  that missed it under load falls back to the local policy: a variant fails only when more
+  than half its measured steps were not from the daemon (a broken daemon path makes all of
+  them so). A failed round trip has a 10 s RPC deadline and is always a failure;
+- each binary gets at most PER_BINARY_S, and all of them together DEADLINE_S, which is
+  well under the test's ctest TIMEOUT (bench/CMakeLists.txt): a binary that hangs is
+  killed and named, and those not started by the deadline are named too.
+
 Usage: smoke_test.py [--gbench=BIN]... [--client_step=BIN] [--roundtrip=BIN]
 """
 import argparse
@@ -19,16 +30,27 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
-TIMEOUT_S = 60
+# All binaries together; the test's ctest TIMEOUT (bench/CMakeLists.txt) is 120 s. A quiet
+# run of the four takes about 7 s in all, one after another (ctest, this machine).
+DEADLINE_S = 75
+PER_BINARY_S = 30
 
 
-def start(argv, out_dir, name):
-    """Starts argv with stdout and stderr to files in out_dir; returns (popen, log path)."""
+def run_one(argv, out_dir, name, timeout_s):
+    """Runs argv with stdout and stderr to a file in out_dir, killing it after timeout_s.
+    Returns (exit status or a sentence saying it was killed, log path)."""
     log = os.path.join(out_dir, name + ".log")
     with open(log, "w") as f:
         p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=out_dir)
-    return p, log
+        try:
+            return p.wait(timeout=timeout_s), log
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            return f"killed: still running after {timeout_s:.0f} s (it hung or the machine " \
+                   "is overloaded)", log
 
 
 def tail(path, n=20):
@@ -68,12 +90,17 @@ def check_client_step(path):
     if err:
         return [err]
     results = data.get("results", [])
+    steps = data.get("steps", 0)
     problems = [] if len(results) == 4 else [f"expected 4 variants, got {len(results)}"]
+    if not steps > 0:
+        problems.append(f"no measured steps in the JSON (steps {steps})")
     for r in results:
         if not r.get("median_ns", 0) > 0:
             problems.append(f"{r.get('name')}: no steps timed (median_ns {r.get('median_ns')})")
-        if r.get("not_from_daemon", 0) != 0:
-            problems.append(f"{r.get('name')}: {r['not_from_daemon']} decisions came from the "
+        # A few late decisions are load, not a broken path (the module's docstring).
+        missed = r.get("not_from_daemon", 0)
+        if 2 * missed > steps:
+            problems.append(f"{r.get('name')}: {missed} of {steps} decisions came from the "
                             "local policy, not the daemon")
     return problems
 
@@ -117,38 +144,41 @@ def main():
 
 
 def run(args, out):
-    jobs = []  # (name, popen, log, JSON path, check)
+    jobs = []  # (name, argv, log name, JSON path, check)
     for i, b in enumerate(args.gbench):
         name = f"{os.path.basename(b)}.{i}"
         j = os.path.join(out, name + ".json")
         # 0.001 s: the smallest minimum time Google Benchmark 1.7 takes as a number.
-        p, log = start([b, "--benchmark_min_time=0.001", "--benchmark_format=console",
-                        f"--benchmark_out={j}", "--benchmark_out_format=json"], out, name)
-        jobs.append((name, p, log, j, check_gbench))
+        jobs.append((name, [b, "--benchmark_min_time=0.001", "--benchmark_format=console",
+                            f"--benchmark_out={j}", "--benchmark_out_format=json"],
+                     name, j, check_gbench))
     if args.client_step:
         j = os.path.join(out, "client_step.json")
-        p, log = start([args.client_step, "--steps=50", "--warmup=5", "--step_us=0",
-                        f"--out={j}"], out, "client_step")
-        jobs.append(("client_step_bench", p, log, j, check_client_step))
+        jobs.append(("client_step_bench", [args.client_step, "--steps=50", "--warmup=5",
+                                           "--step_us=0", f"--out={j}"],
+                     "client_step", j, check_client_step))
     if args.roundtrip:
         # A plain plan, and a pipelined job's step plans (docs/design.md §12).
         for name, extra in (("roundtrip", ["--groups=1"]),
                             ("roundtrip_step_plans",
                              ["--groups=4", "--microbatches=4", "--sequences=8"])):
             j = os.path.join(out, name + ".json")
-            p, log = start([args.roundtrip, "--seconds=0.1", "--rounds=1", f"--out={j}"] + extra,
-                           out, name)
-            jobs.append((f"decision_roundtrip_bench ({name})", p, log, j, check_roundtrip))
+            jobs.append((f"decision_roundtrip_bench ({name})",
+                         [args.roundtrip, "--seconds=0.1", "--rounds=1", f"--out={j}"] + extra,
+                         name, j, check_roundtrip))
 
+    end = time.monotonic() + DEADLINE_S
     failed = False
-    for name, p, log, j, check in jobs:
-        try:
-            rc = p.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-            rc = f"killed after {TIMEOUT_S} s"
-        problems = [f"exit status {rc}"] if rc != 0 else []
+    for k, (name, argv, log_name, j, check) in enumerate(jobs):
+        left = end - time.monotonic()
+        if left < 1:
+            failed = True
+            print(f"FAIL not run, the {DEADLINE_S} s deadline for all of them was reached: "
+                  + ", ".join(x[0] for x in jobs[k:]), flush=True)
+            break
+        print(f"run  {name}", flush=True)  # named before it starts, in case it hangs
+        rc, log = run_one(argv, out, log_name, min(PER_BINARY_S, left))
+        problems = [] if rc == 0 else [rc if isinstance(rc, str) else f"exit status {rc}"]
         problems += check(j)
         if problems:
             failed = True
