@@ -107,6 +107,38 @@ void BM_EvaluateGates(benchmark::State& state) {
   if (group.reason != Reason::kGatesPassed) state.SkipWithError("expected GATES_PASSED");
 }
 
+// A group that has decided before (1,000 decisions, SP chosen last): no first-choice
+// exemptions, so a benchmark times the path a running job's group takes.
+GroupGateState DecidedGroup() {
+  GroupGateState group;
+  group.has_decision = group.has_chosen_mode = true;
+  group.decisions = 1000;
+  return group;
+}
+
+// The facts of a batch at the first step from `from` that is not an exploration
+// step (the same path on every iteration), with `cv` and `tokens`.
+BatchFacts PlainFacts(const GateConfig& config, int64_t from, double cv, int64_t tokens) {
+  while (MayExplore(config, from)) ++from;
+  BatchFacts facts = FactsFor(from, cv);
+  facts.tokens = tokens;
+  return facts;
+}
+
+// ADAPTIVE's decision timed over `state`'s iterations, the group state not carried; the
+// last outcome, for the set-up check.
+GateOutcome TimeAdaptive(benchmark::State& state, const GateConfig& config,
+                         const GroupGateState& group, BatchFacts facts,
+                         const RsWaitObservation& rs, const ThroughputTable& table) {
+  GateOutcome out;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(facts);
+    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
+    benchmark::DoNotOptimize(out);
+  }
+  return out;
+}
+
 // The trace of one ADAPTIVE decision (outside the timed loop: what a set-up check reads).
 std::vector<GateCheck> Trace(const GateConfig& config, const GroupGateState& group,
                              const BatchFacts& facts, const RsWaitObservation& rs,
@@ -161,25 +193,15 @@ void BM_EvaluateAdaptive(benchmark::State& state) {
     const double seconds = 1000 / table.cell(b, m).tokens_per_s() + 0.05;
     table.ObserveAfterSwitch(config, b, m, 1020, 1000, seconds);
   }
-  GroupGateState group;
-  group.has_decision = group.has_chosen_mode = true;
-  group.decisions = 1000;
+  GroupGateState group = DecidedGroup();
   group.last_switch_at = 990;  // one flip left: no excursion, a move must pay
   const RsWaitObservation rs{switching ? 0.12 : 0.25, 50};
-  int64_t step = 1021;  // one step, not an exploration step: the same path every time
-  while (MayExplore(config, step)) ++step;
-  BatchFacts facts = FactsFor(step, 0.11);
-  facts.tokens = 16384;
-  if (!(MeasuredSwitchCost(config, table, step) > 0)) {
+  const BatchFacts facts = PlainFacts(config, 1021, 0.11, 16384);
+  if (!(MeasuredSwitchCost(config, table, facts.step) > 0)) {
     state.SkipWithError("expected a measured switch cost");
     return;
   }
-  GateOutcome out;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(facts);
-    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
-    benchmark::DoNotOptimize(out);
-  }
+  const GateOutcome out = TimeAdaptive(state, config, group, facts, rs, table);
   const Mode gates = switching ? Mode::kSequenceParallel : Mode::kTensorParallelOnly;
   const std::vector<GateCheck> trace = Trace(config, group, facts, rs, table);
   const bool weighed = std::any_of(trace.begin(), trace.end(), [](const GateCheck& c) {
@@ -218,20 +240,10 @@ void BM_EvaluateAdaptivePrior(benchmark::State& state) {
     table.ObserveCollectives(config, Mode::kSequenceParallel, 1000 + i, 16384, cv, 1.0 + 0.05 * cv,
                              0.05, 0.06 + 0.1 * cv);
   }
-  GroupGateState group;
-  group.has_decision = group.has_chosen_mode = true;
-  group.decisions = 1000;
+  const GroupGateState group = DecidedGroup();
   const RsWaitObservation rs{0.12, 50};
-  int64_t step = 1041;
-  while (MayExplore(config, step)) ++step;
-  BatchFacts facts = FactsFor(step, 0.33);  // cv band 6: no samples
-  facts.tokens = 16384;
-  GateOutcome out;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(facts);
-    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
-    benchmark::DoNotOptimize(out);
-  }
+  const BatchFacts facts = PlainFacts(config, 1041, 0.33, 16384);  // cv band 6: no samples
+  const GateOutcome out = TimeAdaptive(state, config, group, facts, rs, table);
   const std::vector<GateCheck> trace = Trace(config, group, facts, rs, table);
   const bool gates_tp = std::any_of(trace.begin(), trace.end(), [](const GateCheck& c) {
     return c.gate == "length_cv" && c.outcome == "fire";
@@ -309,21 +321,11 @@ void BM_EvaluateAdaptivePooled(benchmark::State& state) {
   const int band = BandOf(config, 0.33, 16384);
   for (int b = 0; b < 16; ++b) noisy(b == band ? 16 : b, 200);
   noisy(band, 16);
-  GroupGateState group;
-  group.has_decision = group.has_chosen_mode = true;
-  group.decisions = 1000;
+  const GroupGateState group = DecidedGroup();
   const RsWaitObservation rs{0.12, 50};
-  int64_t step = 1001;
-  while (MayExplore(config, step)) ++step;
-  BatchFacts facts = FactsFor(step, 0.33);  // the gates: TP-only (length CV)
-  facts.tokens = 16384;
-  GateOutcome out;
-  for (auto _ : state) {
-    benchmark::DoNotOptimize(facts);
-    out = EvaluateAdaptive(config, group, facts, rs, std::nullopt, &table);
-    benchmark::DoNotOptimize(out);
-  }
-  const BandEstimate e = EstimateBand(config, &table, band, step);
+  const BatchFacts facts = PlainFacts(config, 1001, 0.33, 16384);  // the gates: TP-only
+  const GateOutcome out = TimeAdaptive(state, config, group, facts, rs, table);
+  const BandEstimate e = EstimateBand(config, &table, band, facts.step);
   const Evidence own = DepartureEvidence(config, e, facts.tokens, Mode::kTensorParallelOnly,
                                          Mode::kSequenceParallel,
                                          TableNoiseOf(config, table).relative_variance);
