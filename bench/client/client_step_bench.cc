@@ -68,6 +68,7 @@ struct Result {
   std::string name;
   std::vector<double> step_ns, submit_ns, await_ns, report_ns;
   int64_t not_from_daemon = 0;
+  int64_t stalled = 0;  // steps whose answer had not come after a second
 };
 
 double Quantile(std::vector<double> v, double q) {
@@ -152,19 +153,25 @@ class Handoff {
 // predictors go cold, as across a real training step; 0: none, hot caches), then a yield
 // loop until `ready(n)` says decision n is there — the benchmark times the case where
 // the pipelined decision has arrived, not the daemon's latency.
+// A step whose answer never came within a second is counted (`stalled`): the loop's
+// figures are then the fallback's, and the JSON says how many.
 template <typename Ready>
-void RunStep(int64_t next, Ready ready) {
+bool RunStep(int64_t next, Ready ready) {
   const int us = absl::GetFlag(FLAGS_step_us);
   if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
   const auto give_up = Clock::now() + std::chrono::seconds(1);
-  while (!ready(next) && Clock::now() < give_up) std::this_thread::yield();
+  while (!ready(next)) {
+    if (Clock::now() >= give_up) return false;
+    std::this_thread::yield();
+  }
+  return true;
 }
 
 template <typename Submit, typename Await, typename Report, typename Ready>
 void Loop(Result& r, int warmup, int steps, Submit submit, Await await, Report report,
           Ready ready) {
   submit(0);
-  RunStep(0, ready);
+  if (!RunStep(0, ready)) ++r.stalled;
   for (int64_t n = 0; n < warmup + steps; ++n) {
     const auto t0 = Clock::now();
     submit(n + 1);
@@ -180,7 +187,7 @@ void Loop(Result& r, int warmup, int steps, Submit submit, Await await, Report r
       r.report_ns.push_back(ns(t2, t3));
       r.step_ns.push_back(ns(t0, t1) + ns(t1, t2) + ns(t2, t3));
     }
-    RunStep(n + 1, ready);  // the step runs; decision n + 1 arrives
+    if (!RunStep(n + 1, ready)) ++r.stalled;  // the step runs; decision n + 1 arrives
   }
 }
 
@@ -275,7 +282,13 @@ Result RunClient(const std::string& name, const std::string& controller,
       },
       [&](int64_t step) {
         if (decider) prepare_others(step);
-        return controller.empty() || c.stats().decisions_received >= step + 1;
+        // Every plan gets one answer, in step order: a decision before its step is
+        // committed, one after it (late: the fallback had decided it), or a refusal. A
+        // count of the first kind alone would lag by one for good after one late or
+        // refused plan, and every later step would wait out RunStep's second.
+        if (controller.empty()) return true;
+        const spgate::client::GateClientStats st = c.stats();
+        return st.decisions_received + st.late_decisions + st.plans_rejected >= step + 1;
       });
   if (!controller.empty()) (void)c.Flush(absl::Seconds(5));
   return r;
@@ -305,7 +318,13 @@ int main(int argc, char** argv) {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));
 
-  auto daemon = spgate::server::Daemon::Start({});
+  // The client's path, not the daemon's limits: the hot loop (--step_us=0) asks for
+  // several thousand plans a second, past the default --max_plans_per_second (1,000, bursts
+  // of 2,000), and a refused plan is decided by the fallback (docs/reliability.md, Limits).
+  spgate::server::DaemonOptions daemon_options;
+  daemon_options.state.max_plans_per_second = 0;
+  daemon_options.state.max_telemetry_per_second = 0;
+  auto daemon = spgate::server::Daemon::Start(daemon_options);
   if (!daemon.ok()) {
     std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
     return 1;
@@ -323,8 +342,8 @@ int main(int argc, char** argv) {
               "%d us simulated step)\n\n",
               steps, absl::GetFlag(FLAGS_sequences), absl::GetFlag(FLAGS_step_us));
   std::printf("| variant | median ns | p99 ns | p99.9 ns | submit p50/p99 | await p50/p99 | "
-              "report p50/p99 | x handoff (median) | not from daemon |\n");
-  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+              "report p50/p99 | x handoff (median) | not from daemon | stalled |\n");
+  std::printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::string json = "{\n  \"benchmark\": \"client_step\",\n  \"baseline\": \"handoff\",\n";
   json += absl::StrFormat("  \"steps\": %d, \"sequences\": %d, \"step_us\": %d,\n  \"results\": [\n",
                           steps, absl::GetFlag(FLAGS_sequences), absl::GetFlag(FLAGS_step_us));
@@ -332,17 +351,17 @@ int main(int argc, char** argv) {
     const Result& r = results[i];
     const double med = Quantile(r.step_ns, 0.5), p99 = Quantile(r.step_ns, 0.99),
                  p999 = Quantile(r.step_ns, 0.999);
-    std::printf("| %s | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f | %lld |\n",
+    std::printf("| %s | %.0f | %.0f | %.0f | %.0f / %.0f | %.0f / %.0f | %.0f / %.0f | %.2f | %lld | %lld |\n",
                 r.name.c_str(), med, p99, p999, Quantile(r.submit_ns, 0.5),
                 Quantile(r.submit_ns, 0.99), Quantile(r.await_ns, 0.5), Quantile(r.await_ns, 0.99),
                 Quantile(r.report_ns, 0.5), Quantile(r.report_ns, 0.99), med / base,
-                static_cast<long long>(r.not_from_daemon));
+                static_cast<long long>(r.not_from_daemon), static_cast<long long>(r.stalled));
     json += absl::StrFormat(
         "    {\"name\": \"%s\", \"median_ns\": %.1f, \"p99_ns\": %.1f, \"p999_ns\": %.1f, "
         "\"submit_p50_ns\": %.1f, \"await_p50_ns\": %.1f, \"report_p50_ns\": %.1f, "
-        "\"ratio_to_baseline\": %.3f, \"not_from_daemon\": %d}%s\n",
+        "\"ratio_to_baseline\": %.3f, \"not_from_daemon\": %d, \"stalled\": %d}%s\n",
         r.name, med, p99, p999, Quantile(r.submit_ns, 0.5), Quantile(r.await_ns, 0.5),
-        Quantile(r.report_ns, 0.5), med / base, r.not_from_daemon,
+        Quantile(r.report_ns, 0.5), med / base, r.not_from_daemon, r.stalled,
         i + 1 < results.size() ? "," : "");
   }
   json += "  ]\n}\n";
