@@ -12,8 +12,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/field_mask.pb.h"
+#include "google/protobuf/timestamp.pb.h"
 #include "policy/adaptive_policy.h"
 #include "policy/step_plan.h"
 #include "policy/types.h"
@@ -41,6 +43,12 @@ absl::Status ApplyFieldMask(const v1::GateConfig& update, const google::protobuf
 // a bad mode or non-finite / negative sums are dropped, never trusted.
 v1::LearnedTable ToProto(const ThroughputTable& table);
 ThroughputTable FromProto(const v1::LearnedTable& table);
+
+// google.protobuf.Timestamp and absl::Time, both ways. A Timestamp is read as seconds plus
+// nanoseconds, so a far-future time in a state file stays far in the future instead of
+// overflowing a count of nanoseconds.
+google::protobuf::Timestamp ToTimestamp(absl::Time t);
+absl::Time FromTimestamp(const google::protobuf::Timestamp& ts);
 
 inline v1::Mode ToProto(Mode m) { return static_cast<v1::Mode>(m); }
 inline v1::Reason ToProto(Reason r) { return static_cast<v1::Reason>(r); }

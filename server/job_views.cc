@@ -6,15 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/time_util.h"
 #include "proto/convert.h"
 
 namespace spgate::server {
 namespace {
-
-google::protobuf::Timestamp ToTimestamp(absl::Time t) {
-  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
-}
 
 void ToProto(const PinView& p, v1::Pin* out) {
   out->set_job_id(p.job_id);

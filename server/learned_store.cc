@@ -237,9 +237,7 @@ v1::PersistedLearned ToProto(const LearnedRecord& r) {
   m.set_format_version(kLearnedFormatVersion);
   m.set_job_id(r.job_id);
   m.set_incarnation(r.incarnation);
-  const int64_t ns = absl::ToUnixNanos(r.fold_time);
-  m.mutable_fold_time()->set_seconds(ns >= 0 ? ns / 1000000000 : (ns + 1) / 1000000000 - 1);
-  m.mutable_fold_time()->set_nanos(static_cast<int32_t>(ns - m.fold_time().seconds() * 1000000000));
+  *m.mutable_fold_time() = ToTimestamp(r.fold_time);
   m.set_step_seconds(r.step_seconds);
   if (r.key.layout.has_value()) spgate::ToProto(*r.key.layout, m.mutable_layout());
   *m.mutable_declared() = DeclaredToProto(r.key.declared);
@@ -308,8 +306,7 @@ absl::StatusOr<LearnedRecord> ParseLearned(const std::string& source, const std:
   if (m.has_layout()) r.key.layout = *FromProto(m.layout());
   r.key.declared = DeclaredFromProto(m.declared());
   r.key.hardware_id = m.hardware_id();
-  r.fold_time = absl::FromUnixSeconds(m.fold_time().seconds()) +
-                absl::Nanoseconds(m.fold_time().nanos());
+  r.fold_time = FromTimestamp(m.fold_time());
   r.step_seconds = m.step_seconds();
   r.cv_band_width = m.cv_band_width();
   r.tokens_band_base = m.tokens_band_base();

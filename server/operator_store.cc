@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "google/protobuf/util/time_util.h"
 #include "proto/convert.h"
 #include "common/status_macros.h"
 #include "google/protobuf/descriptor.h"
@@ -24,16 +23,7 @@ namespace {
 
 constexpr int64_t kMaxVersionCounter = int64_t{1} << 62;
 
-using google::protobuf::util::TimeUtil;
 
-google::protobuf::Timestamp ToTimestamp(absl::Time t) {
-  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
-}
-// Seconds and nanoseconds separately: a far-future time in a state file would overflow a
-// count of nanoseconds (absl::Time saturates instead).
-absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
-  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
-}
 
 absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
   // google.protobuf.Duration's own rules: |nanos| < 1e9, and nanos of the seconds' sign.

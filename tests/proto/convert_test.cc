@@ -7,6 +7,8 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -86,6 +88,29 @@ std::string Lower(std::string s) {
 
 // The one field table (policy/gate_config.h) and the proto must list the same fields,
 // in the same order, with matching types: every conversion goes by these names.
+// The one Timestamp conversion the daemon's stores, its views, the client's wire and
+// spgatectl share: nanoseconds kept, times before 1970 normalised (nanos in [0, 1e9)),
+// and a Timestamp too far ahead for a count of nanoseconds staying far ahead, not wrapping
+// into the past.
+TEST(TimestampTest, RoundTripsAndSaturates) {
+  const absl::Time t = absl::FromUnixSeconds(1'700'000'000) + absl::Nanoseconds(123'456'789);
+  const google::protobuf::Timestamp ts = ToTimestamp(t);
+  EXPECT_EQ(ts.seconds(), 1'700'000'000);
+  EXPECT_EQ(ts.nanos(), 123'456'789);
+  EXPECT_EQ(FromTimestamp(ts), t);
+
+  const absl::Time before = absl::UnixEpoch() - absl::Nanoseconds(1);
+  const google::protobuf::Timestamp b = ToTimestamp(before);
+  EXPECT_EQ(b.seconds(), -1);
+  EXPECT_EQ(b.nanos(), 999'999'999);
+  EXPECT_EQ(FromTimestamp(b), before);
+
+  google::protobuf::Timestamp far;
+  far.set_seconds(std::numeric_limits<int64_t>::max());
+  far.set_nanos(999'999'999);
+  EXPECT_GT(FromTimestamp(far), absl::FromCivil(absl::CivilYear(1'000'000), absl::UTCTimeZone()));
+}
+
 TEST(GateFieldTableTest, MatchesTheProtoInFieldOrder) {
   const auto* desc = v1::GateConfig::descriptor();
   ASSERT_EQ(desc->field_count(), static_cast<int>(kNumGateFields));

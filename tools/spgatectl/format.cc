@@ -25,19 +25,15 @@ namespace {
 using google::protobuf::FieldDescriptor;
 using Align = Table::Align;
 
-absl::Time FromProtoTime(const google::protobuf::Timestamp& ts) {
-  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
-}
-
 std::string TimeText(const google::protobuf::Timestamp& ts, bool millis) {
   if (ts.seconds() == 0 && ts.nanos() == 0) return "-";
   return absl::FormatTime(millis ? "%Y-%m-%dT%H:%M:%E3SZ" : "%Y-%m-%dT%H:%M:%SZ",
-                          FromProtoTime(ts), absl::UTCTimeZone());
+                          FromTimestamp(ts), absl::UTCTimeZone());
 }
 
 // "in 9m58s" / "expired": what is left until `ts`, to the second.
 std::string RemainingText(const google::protobuf::Timestamp& ts, absl::Time now) {
-  const absl::Duration left = absl::Trunc(FromProtoTime(ts) - now, absl::Seconds(1));
+  const absl::Duration left = absl::Trunc(FromTimestamp(ts) - now, absl::Seconds(1));
   if (left <= absl::ZeroDuration()) return "expired";
   return absl::StrCat("in ", absl::FormatDuration(left));
 }

@@ -161,8 +161,7 @@ std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
   g.source = DecisionSource::kDaemon;
   g.config_version = d.config_version();
   if (d.has_pin_expire_time()) {
-    g.pin_expire = absl::FromUnixSeconds(d.pin_expire_time().seconds()) +
-                   absl::Nanoseconds(d.pin_expire_time().nanos());
+    g.pin_expire = FromTimestamp(d.pin_expire_time());
   }
   g.pin_forced = d.pin_forced();
   // One decision per micro-batch, in id order (anything else is not an answer): a step
