@@ -33,6 +33,11 @@
 
 namespace spgate::kernels {
 
+// The tanh form's constants, sqrt(2/pi) and the cubic term's coefficient, for the CPU
+// reference and the CPU path (gelu.cu keeps float copies for device code).
+inline constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;
+inline constexpr double kGeluCubic = 0.044715;
+
 template <typename T>
 struct GeluFwdArgs {
   int64_t rows = 0;

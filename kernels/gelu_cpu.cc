@@ -15,8 +15,8 @@
 namespace spgate::kernels {
 namespace {
 
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-constexpr float kCubic = 0.044715f;
+constexpr float kSqrt2OverPi = static_cast<float>(kGeluSqrt2OverPi);
+constexpr float kCubic = static_cast<float>(kGeluCubic);
 
 // The bias branch is a template parameter so the loops have no control flow
 // and vectorise.

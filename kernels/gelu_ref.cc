@@ -13,21 +13,15 @@
 #include "kernels/internal/check.h"
 
 namespace spgate::kernels {
-namespace {
-
-constexpr double kSqrt2OverPi = 0.79788456080286535588;
-constexpr double kCubic = 0.044715;
-
-}  // namespace
 
 double GeluTanhRef(double u) {
-  return 0.5 * u * (1.0 + std::tanh(kSqrt2OverPi * (u + kCubic * u * u * u)));
+  return 0.5 * u * (1.0 + std::tanh(kGeluSqrt2OverPi * (u + kGeluCubic * u * u * u)));
 }
 
 double GeluTanhGradRef(double u) {
-  const double a = kSqrt2OverPi * (u + kCubic * u * u * u);
+  const double a = kGeluSqrt2OverPi * (u + kGeluCubic * u * u * u);
   const double t = std::tanh(a);
-  const double da = kSqrt2OverPi * (1.0 + 3.0 * kCubic * u * u);
+  const double da = kGeluSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * u * u);
   return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * da;
 }
 

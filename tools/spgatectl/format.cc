@@ -16,6 +16,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "policy/adaptive_policy.h"
 #include "proto/convert.h"
+#include "tools/spgatectl/command_table.h"
 #include "tools/spgatectl/flag_values.h"
 #include "tools/spgatectl/yaml.h"
 
@@ -53,13 +54,6 @@ std::string GateFieldText(const v1::GateConfig& config, const FieldDescriptor* f
     return absl::StrCat(refl->GetDouble(config, field));
   }
   return absl::StrCat(refl->GetInt64(config, field));
-}
-
-std::vector<const FieldDescriptor*> GateFields() {
-  std::vector<const FieldDescriptor*> out;
-  const auto* desc = v1::GateConfig::descriptor();
-  for (int i = 0; i < desc->field_count(); ++i) out.push_back(desc->field(i));
-  return out;
 }
 
 // "max_length_cv=0.2 window_steps=10" for the fields set in `config`, `per_line` to a
