@@ -17,7 +17,7 @@ with other tests (ctest -j2 on 2 cores):
 - client_step_bench has no flag for the client's decision deadline (20 ms), so a decision
   that missed it under load falls back to the local policy: a variant fails only when more
   than half its measured steps were not from the daemon (a broken daemon path makes all of
-  them so), and when more than 2 steps waited out the loop's second for an answer
+  them so), or when more than 2 steps waited out the loop's second for an answer
   (`stalled`). A failed round trip has a 10 s RPC deadline and is always a failure;
 - each binary gets at most PER_BINARY_S, and all of them together DEADLINE_S, which is
   well under the test's ctest TIMEOUT (bench/CMakeLists.txt): a binary that hangs is
@@ -106,7 +106,9 @@ def check_client_step(path):
         # A step that waited out its second for an answer: the loop lost track of the
         # daemon's answers (or the daemon stopped answering); a couple is load.
         stalled = r.get("stalled")
-        if stalled is None or stalled > 2:
+        if stalled is None:
+            problems.append(f"{r.get('name')}: no `stalled` in the JSON")
+        elif stalled > 2:
             problems.append(f"{r.get('name')}: {stalled} steps waited a second for an answer "
                             "that never came")
     return problems

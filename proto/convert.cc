@@ -19,6 +19,7 @@ google::protobuf::Timestamp ToTimestamp(absl::Time t) {
 absl::Time FromTimestamp(const google::protobuf::Timestamp& ts) {
   return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
 }
+
 namespace {
 
 using google::protobuf::FieldDescriptor;

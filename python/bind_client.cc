@@ -187,11 +187,17 @@ py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
   const bool remote = !c.options().controller.empty();
   {
     py::gil_scoped_release release;
-    const int64_t base_received = c.stats().decisions_received;
+    // Every plan gets one answer: a decision, a late one or a refusal (counting decisions
+    // alone stays one short for good after one late or refused plan).
+    auto answered = [&c] {
+      const client::GateClientStats s = c.stats();
+      return s.decisions_received + s.late_decisions + s.plans_rejected;
+    };
+    const int64_t base_received = answered();
     auto ready = [&](int64_t n) {
       if (step_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(step_us));
       const auto give_up = Clock::now() + std::chrono::seconds(1);
-      while (remote && c.stats().decisions_received < base_received + (n - first_step) + 1 &&
+      while (remote && answered() < base_received + (n - first_step) + 1 &&
              Clock::now() < give_up) {
         std::this_thread::yield();
       }

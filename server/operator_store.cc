@@ -23,8 +23,6 @@ namespace {
 
 constexpr int64_t kMaxVersionCounter = int64_t{1} << 62;
 
-
-
 absl::Status ValidateDuration(const google::protobuf::Duration& duration) {
   // google.protobuf.Duration's own rules: |nanos| < 1e9, and nanos of the seconds' sign.
   if (duration.nanos() <= -1'000'000'000 || duration.nanos() >= 1'000'000'000) {

@@ -51,13 +51,20 @@ def batch(n):
 def python_loop(client, decide, submit, warmup, steps, lengths, step_us):
     Tel, perf = spgate.StepTelemetry, time.perf_counter_ns
     out = {"submit_ns": [], "await_ns": [], "report_ns": [], "not_from_daemon": 0}
-    base = client.stats().decisions_received
+    # Every plan gets one answer, in step order: a decision, a late one (after the fallback
+    # decided the step) or a refusal. Counting decisions alone would stay one short for good
+    # after one late or refused plan, and every later step would wait out its second.
+    def answered():
+        s = client.stats()
+        return s.decisions_received + s.late_decisions + s.plans_rejected
+
+    base = answered()
 
     def ready(i):
         if step_us > 0:
             time.sleep(step_us / 1e6)
         give_up = time.monotonic() + 1
-        while client.stats().decisions_received < base + i + 1 and time.monotonic() < give_up:
+        while answered() < base + i + 1 and time.monotonic() < give_up:
             time.sleep(0)
 
     submit(0, lengths)
@@ -121,7 +128,10 @@ def main():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
                             timeout=datetime.timedelta(seconds=30))
     lengths = batch(args.sequences)
-    daemon = Daemon(args.spgated)
+    # The client's path, not the daemon's limits: a hot loop asks for more plans a second
+    # than --max_plans_per_second's default, and a refused plan would time the fallback.
+    daemon = Daemon(args.spgated,
+                    extra_args=("--max_plans_per_second=0", "--max_telemetry_per_second=0"))
     results = {}
     try:
         for name in ("cxx", "python", "python_decider"):

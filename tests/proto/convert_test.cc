@@ -86,8 +86,6 @@ std::string Lower(std::string s) {
   return s;
 }
 
-// The one field table (policy/gate_config.h) and the proto must list the same fields,
-// in the same order, with matching types: every conversion goes by these names.
 // The one Timestamp conversion the daemon's stores, its views, the client's wire and
 // spgatectl share: nanoseconds kept, times before 1970 normalised (nanos in [0, 1e9)),
 // and a Timestamp too far ahead for a count of nanoseconds staying far ahead, not wrapping
@@ -111,6 +109,8 @@ TEST(TimestampTest, RoundTripsAndSaturates) {
   EXPECT_GT(FromTimestamp(far), absl::FromCivil(absl::CivilYear(1'000'000), absl::UTCTimeZone()));
 }
 
+// The one field table (policy/gate_config.h) and the proto must list the same fields,
+// in the same order, with matching types: every conversion goes by these names.
 TEST(GateFieldTableTest, MatchesTheProtoInFieldOrder) {
   const auto* desc = v1::GateConfig::descriptor();
   ASSERT_EQ(desc->field_count(), static_cast<int>(kNumGateFields));
