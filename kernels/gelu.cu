@@ -20,8 +20,8 @@ namespace {
 
 using internal::DevT;
 
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-constexpr float kCubic = 0.044715f;
+constexpr float kSqrt2OverPi = static_cast<float>(kGeluSqrt2OverPi);
+constexpr float kCubic = static_cast<float>(kGeluCubic);
 
 __device__ __forceinline__ float GeluTanh(float u) {
   return 0.5f * u * (1.0f + tanhf(kSqrt2OverPi * (u + kCubic * u * u * u)));

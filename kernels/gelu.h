@@ -33,8 +33,8 @@
 
 namespace spgate::kernels {
 
-// The tanh form's constants, sqrt(2/pi) and the cubic term's coefficient, for the CPU
-// reference and the CPU path (gelu.cu keeps float copies for device code).
+// The tanh form's constants, sqrt(2/pi) and the cubic term's coefficient: the CPU
+// reference uses them as they are, the CPU path and the CUDA kernels as floats.
 inline constexpr double kGeluSqrt2OverPi = 0.79788456080286535588;
 inline constexpr double kGeluCubic = 0.044715;
 

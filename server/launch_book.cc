@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "proto/convert.h"
 #include "server/call_credentials.h"  // ConstantTimeEquals
 #include "server/persistence.h"
 #include "spgate/v1/admin.pb.h"
@@ -22,7 +23,7 @@ void AddLaunch(const std::string& job_id, const LaunchLease& lease, v1::Persiste
   l->set_incarnation(lease.incarnation);
   l->set_credential_sha256(lease.credential_digest);
   for (const std::string& r : lease.retired) l->add_retired(r);
-  l->mutable_start_time()->set_seconds(absl::ToUnixSeconds(lease.start));
+  *l->mutable_start_time() = ToTimestamp(lease.start);
 }
 
 }  // namespace
@@ -49,7 +50,7 @@ absl::StatusOr<std::vector<LaunchBook::Restored>> LaunchBook::Restore() {
     LaunchLease& lease = read[l.job_id()];  // a job named twice: the later entry
     lease.incarnation = l.incarnation();
     lease.credential_digest = l.credential_sha256();
-    lease.start = l.has_start_time() ? absl::FromUnixSeconds(l.start_time().seconds()) : now;
+    lease.start = l.has_start_time() ? FromTimestamp(l.start_time()) : now;
     lease.retired.assign(l.retired().begin(), l.retired().end());
     lease.held_until = now + options_.restored_hold;
   }

@@ -90,7 +90,7 @@ std::string Lower(std::string s) {
 // spgatectl share: nanoseconds kept, times before 1970 normalised (nanos in [0, 1e9)),
 // and a Timestamp too far ahead for a count of nanoseconds staying far ahead, not wrapping
 // into the past.
-TEST(TimestampTest, RoundTripsAndSaturates) {
+TEST(TimestampTest, RoundTripsNanosecondsAndFarFuture) {
   const absl::Time t = absl::FromUnixSeconds(1'700'000'000) + absl::Nanoseconds(123'456'789);
   const google::protobuf::Timestamp ts = ToTimestamp(t);
   EXPECT_EQ(ts.seconds(), 1'700'000'000);
