@@ -472,6 +472,7 @@ CompareResult Finish(const Cell& cell, int groups, std::vector<Run>& runs) {
     p.p2p_native_bytes_per_step = r.p2p_native_bytes / group_steps;
     p.tokens = r.tokens;
     p.time_s = r.time_s;
+    for (const ThroughputTable& t : r.tables) p.changes_detected += t.changes();
     for (int s = 0; s < cell.P; ++s) {
       StageResult& sr = p.stages[s];
       sr.tp_only_share = r.stage_decisions[s] > 0 ? static_cast<double>(r.stage_tp[s]) /
@@ -651,6 +652,17 @@ std::string RegretTable(const CompareResult& r) {
   return out;
 }
 
+// A policy's decisions, mode -> reason -> count: {"sp": {"probe": 12, ...}, ...}.
+std::string DecisionsJson(const PolicyResult& p) {
+  std::vector<std::string> modes;
+  for (const auto& [mode, reasons] : p.decisions) {
+    std::vector<std::string> counts;
+    for (const auto& [reason, n] : reasons) counts.push_back(absl::StrFormat("\"%s\": %d", reason, n));
+    modes.push_back(absl::StrFormat("\"%s\": {%s}", mode, absl::StrJoin(counts, ", ")));
+  }
+  return absl::StrCat("{", absl::StrJoin(modes, ", "), "}");
+}
+
 // A policy's windowed regret and decision counts, as JSON fields.
 std::string RegretJson(const PolicyResult& p) {
   return absl::StrFormat(
@@ -658,11 +670,12 @@ std::string RegretJson(const PolicyResult& p) {
       "\"regret_window_worst\": %.6f, \"worst_window_vs_best_fixed\": %.6f, "
       "\"min_window_vs_best_fixed\": %.6f, \"worst_window_start\": %d, "
       "\"expected_regret_window_median\": %.6f, \"expected_regret_window_p95\": %.6f, "
-      "\"oracle_agreement\": %.6f, \"flips_per_1000_steps\": %.4f, \"explore_share\": %.6f",
+      "\"oracle_agreement\": %.6f, \"flips_per_1000_steps\": %.4f, \"explore_share\": %.6f, "
+      "\"changes_detected\": %d, \"decisions_by_reason\": %s",
       p.regret.median, p.regret.p95, p.regret.worst, p.regret.worst_vs_best_fixed,
       p.regret.min_vs_best_fixed, p.regret.worst_start, p.expected_regret.median,
       p.expected_regret.p95, p.oracle_agreement,
-      p.flips_per_1000_steps, p.explore_share);
+      p.flips_per_1000_steps, p.explore_share, p.changes_detected, DecisionsJson(p));
 }
 
 // The windows and the switch cost: "regret": {...}.
