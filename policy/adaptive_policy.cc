@@ -67,12 +67,6 @@ namespace {
 constexpr double kDriftRate = 0.125;
 constexpr double kNoiseRate = 1.0 / 16;
 constexpr double kChangeSigmas = 4.0;
-// A change must also hold: the fast mean beyond the bound, on the same side, on
-// kChangeConfirmSamples consecutive samples of the cell (its own window, 1 / kDriftRate).
-// Stragglers put a few slow samples close together far more often than normal noise
-// would: such a cluster carries the fast mean past the bound for a sample or two, a level
-// shift keeps it there (docs/benchmarks.md, "Where the misses come from").
-constexpr int32_t kChangeConfirmSamples = 8;
 
 // A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
 // as far as a step four times as fast or infinitely slow, and never to inf or NaN.
@@ -141,11 +135,8 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     c.drift += kDriftRate * (residual - c.drift);
     const double spread =
         std::sqrt(c.noise / NoiseStarted(c.weight) * kDriftRate / (2.0 - kDriftRate));
-    const bool over = c.weight >= floor && std::abs(c.drift) > std::max(config.adaptive_change_threshold,
-                                                                    kChangeSigmas * spread);
-    const int32_t side = c.drift > 0 ? 1 : -1;
-    c.beyond = !over ? 0 : c.beyond * side > 0 ? c.beyond + side : side;
-    if (std::abs(c.beyond) >= kChangeConfirmSamples) {
+    if (c.weight >= floor &&
+        std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread)) {
       // Re-base the cell on the recent samples, at the floor's weight, and explore. The
       // other mode's estimate is left as it was: the band's estimates are no evidence for a
       // departure until the boosted exploration has measured both again (EvaluateAdaptive).
@@ -160,7 +151,6 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
       c.tokens = mean_tokens * floor;
       c.seconds = c.tokens / (estimate * factor);
       c.drift = 0;
-      c.beyond = 0;
       MarkChanged(c, step);
     }
   }

@@ -90,9 +90,6 @@ struct ThroughputCell {
   double drift = 0;        // fast mean of the recent samples' relative residuals
   double noise = 0;        // slow mean of their squares
   int64_t changed_step = -1;  // newest step a change was detected at; -1: never
-  // Consecutive samples the fast mean has sat beyond the change bound: above it counted
-  // up, below it down; 0 inside it.
-  int32_t beyond = 0;
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
   friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
