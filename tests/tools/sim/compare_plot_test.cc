@@ -58,6 +58,41 @@ TEST(CompareModesTest, SharesPerWindowAndGroupAddUpToTheDecisions) {
   EXPECT_THAT(csv, HasSubstr("\n30,sp,0,0.0000\n"));
 }
 
+// The diagnostics beside the figures: each deciding policy's decisions by mode and reason
+// add up to its decisions (none for the fixed choices and the oracles), and ADAPTIVE's
+// change detector counts the changes of a cell whose stragglers come in bursts (a level
+// that moves every 100 steps); no other policy has a detector.
+TEST(CompareJsonTest, DecisionsByReasonAddUpAndOnlyAdaptiveDetectsChanges) {
+  SimOptions o;
+  o.groups = 3;
+  o.steps = 400;
+  o.cost.tp = 8;
+  o.lengths = "lognormal:mean=4096,sigma=0.3";
+  o.cost.straggler_prob = 0.3;
+  o.cost.straggler_slowdown = 1.0;
+  o.cost.straggler_burst_every = 200;
+  o.cost.straggler_burst_steps = 100;
+  absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, /*series_window=*/100, 100);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const PolicyResult& p : r->policies) {
+    const bool decides = p.name == "static" || p.name == "adaptive";
+    int64_t sp = 0, tp = 0;
+    for (const auto& [mode, reasons] : p.decisions) {
+      for (const auto& [reason, n] : reasons) (mode == "sp" ? sp : tp) += n;
+    }
+    EXPECT_EQ(sp, decides ? p.sp_steps : 0) << p.name;
+    EXPECT_EQ(tp, decides ? p.tp_steps : 0) << p.name;
+    if (p.name == "adaptive") {
+      EXPECT_GT(p.changes_detected, 0);
+    } else {
+      EXPECT_EQ(p.changes_detected, 0) << p.name;
+    }
+  }
+  const std::string json = CompareJson(*r);
+  EXPECT_THAT(json, HasSubstr("\"decisions_by_reason\": {\"sp\": {"));
+  EXPECT_THAT(json, HasSubstr("\"changes_detected\": 0, \"decisions_by_reason\": {}"));
+}
+
 TEST(ComparePlotTest, BadPathIsInvalidArgumentNamingPlot) {
   EXPECT_THAT(CheckComparePlot("/tmp/compare.txt"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("want a .png, .svg or .pdf")));
