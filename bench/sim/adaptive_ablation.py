@@ -6,10 +6,11 @@ knobs are ADAPTIVE-only fields), so each line says what that knob costs or buys.
 
 Per variant: cells where ADAPTIVE is below the static gates and the worst of them;
 cells where its step p95 is over 1.02x static's; ADAPTIVE's mean and worst ratio to the
-oracle; its worst ratio to the best fixed choice; probe steps; and the share of its steps
-that ran TP-only (the margin's purpose is to keep SP, which holds less memory, on
+oracle; its worst ratio to the best fixed choice; probe steps; the changes its detector
+found (each re-bases a cell, boosts the band's exploration and holds its departures for a
+while); and the share of its steps that ran TP-only (the margin's purpose is to keep SP, which holds less memory, on
 near-ties). Every cell runs once per seed (--seeds, default 11 12 13 14 15); the per-cell
-figures are the medians over the seeds, totals (probe steps, TP-only share) the median of
+figures are the medians over the seeds, totals (probe steps, changes, TP-only share) the median of
 the seeds' totals, and each variant also names its cells below static in any seed and its
 worst single seed. Writes OUT/adaptive_ablation.{md,json} (the JSON also has each seed's
 summary alone).
@@ -34,6 +35,8 @@ VARIANTS = [
     ("margin 3 %", "adaptive_margin: 0.03"),
     ("exploration 1 %", "adaptive_explore_share: 0.01"),
     ("margin 0.0001 %, exploration 1 %", "adaptive_margin: 0.000001\nadaptive_explore_share: 0.01"),
+    # The change detector off: a threshold of 100 % (its largest) no fast mean reaches.
+    ("no change detection", "adaptive_change_threshold: 1"),
 ]
 
 
@@ -46,7 +49,7 @@ def cell_figures(c):
             "to_oracle": ad["ratio_to_oracle"],
             "vs_best_fixed": tps["adaptive"] / max(tps["sp"], tps["tp_only"], tps["static"]),
             "probe_steps": ad["probe_steps"], "tp_only_steps": ad["tp_only_steps"],
-            "steps": ad["sp_steps"] + ad["tp_only_steps"]}
+            "changes": ad["changes_detected"], "steps": ad["sp_steps"] + ad["tp_only_steps"]}
 
 
 def summarize(cells):
@@ -65,6 +68,7 @@ def summarize(cells):
         "worst_ratio_to_oracle": min(m["to_oracle"] for m in med),
         "worst_vs_best_fixed": min(m["vs_best_fixed"] for m in med),
         "probe_steps": statistics.median(total("probe_steps")),
+        "changes_detected": statistics.median(total("changes")),
         "tp_only_share": statistics.median(
             t / s for t, s in zip(total("tp_only_steps"), total("steps"))),
         "cells_below_static_any_seed": sum(any(f["vs_static"] < 1.0 for f in fs)
@@ -104,15 +108,15 @@ def main():
           "steps and TP-only share the median of the seeds' totals.", "",
           "| ADAPTIVE variant | cells below static (worst) | cells below static in any seed "
           "(worst seed) | cells p95 > 1.02x static | mean / worst ratio to oracle | worst vs "
-          "best fixed (worst seed) | probe steps | TP-only share |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+          "best fixed (worst seed) | probe steps | changes detected | TP-only share |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         md.append(f"| {r['variant']} | {r['cells_below_static']} ({r['worst_vs_static']:.5f}) | "
                   f"{r['cells_below_static_any_seed']} ({r['worst_seed_vs_static']:.5f}) | "
                   f"{r['cells_p95_over_1.02_static']} | {r['mean_ratio_to_oracle']:.5f} / "
                   f"{r['worst_ratio_to_oracle']:.4f} | {r['worst_vs_best_fixed']:.5f} "
                   f"({r['worst_seed_vs_best_fixed']:.5f}) | {r['probe_steps']:.0f} | "
-                  f"{r['tp_only_share']:.3f} |")
+                  f"{r['changes_detected']:.0f} | {r['tp_only_share']:.3f} |")
     text = "\n".join(md) + "\n"
     print(text)
     with open(os.path.join(a.out, "adaptive_ablation.md"), "w") as f:

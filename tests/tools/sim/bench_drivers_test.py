@@ -264,6 +264,9 @@ class AblationTest(unittest.TestCase):
             # The knobs are ADAPTIVE's alone: every other policy runs exactly the same.
             self.assertEqual(v["others"], base["others"], config)
             self.assertEqual(len(v["others"]), cells)
+        # The detector's count reaches the table, and the variant without it finds none.
+        self.assertGreater(base["changes_detected"], 0)
+        self.assertEqual(variants["adaptive_change_threshold: 1"]["changes_detected"], 0)
         # And the knobs reach ADAPTIVE: no variant decides exactly as the defaults do.
         for config, v in variants.items():
             if config:
@@ -273,16 +276,17 @@ class AblationTest(unittest.TestCase):
                     config)
 
     def test_summarize(self):
-        def cell(sp, tp, static, adaptive, p95_static, p95_adaptive, probes, tp_steps):
+        def cell(sp, tp, static, adaptive, p95_static, p95_adaptive, probes, tp_steps, changes=0):
             c = {p: {"effective_tokens_per_s": v, "ratio_to_oracle": v / 100.0}
                  for p, v in (("sp", sp), ("tp_only", tp), ("static", static),
                               ("oracle", 100.0), ("adaptive", adaptive))}
             c["static"]["step_time_p95_s"] = p95_static
             c["adaptive"].update(step_time_p95_s=p95_adaptive, probe_steps=probes,
-                                 sp_steps=100 - tp_steps, tp_only_steps=tp_steps)
+                                 sp_steps=100 - tp_steps, tp_only_steps=tp_steps,
+                                 changes_detected=changes)
             return c
-        got = adaptive_ablation.summarize([cell(90, 95, 98, 97, 1.0, 1.03, 3, 40),
-                                           cell(99, 90, 96, 98, 1.0, 1.01, 5, 10)])
+        got = adaptive_ablation.summarize([cell(90, 95, 98, 97, 1.0, 1.03, 3, 40, 2),
+                                           cell(99, 90, 96, 98, 1.0, 1.01, 5, 10, 7)])
         self.assertEqual(got["cells_below_static"], 1)
         self.assertAlmostEqual(got["worst_vs_static"], 97 / 98)
         self.assertEqual(got["cells_p95_over_1.02_static"], 1)
@@ -290,6 +294,7 @@ class AblationTest(unittest.TestCase):
         self.assertAlmostEqual(got["worst_ratio_to_oracle"], 0.97)
         self.assertAlmostEqual(got["worst_vs_best_fixed"], 97 / 98)  # cell 1: best fixed is static
         self.assertEqual(got["probe_steps"], 8)
+        self.assertEqual(got["changes_detected"], 9)
         self.assertAlmostEqual(got["tp_only_share"], 50 / 200)
 
         # Three seeds per cell: per-cell medians, and the worst single seed beside them.
