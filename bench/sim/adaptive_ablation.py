@@ -35,7 +35,8 @@ VARIANTS = [
     ("margin 3 %", "adaptive_margin: 0.03"),
     ("exploration 1 %", "adaptive_explore_share: 0.01"),
     ("margin 0.0001 %, exploration 1 %", "adaptive_margin: 0.000001\nadaptive_explore_share: 0.01"),
-    # The change detector off: a threshold of 100 % (its largest) no fast mean reaches.
+    # The change detector off: a threshold of 100 %, its largest (only a rate that doubles
+    # reaches it; a band back after a half-life without samples is still marked changed).
     ("no change detection", "adaptive_change_threshold: 1"),
 ]
 

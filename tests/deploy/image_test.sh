@@ -139,6 +139,13 @@ phase "spgatectl, spgate-sim, /metrics"
 podman kill --signal TERM "$daemon" >/dev/null
 code=$(timeout 60 podman wait "$daemon") || fail "spgated did not exit within 60 s of SIGTERM"
 [ "$code" = 0 ] || fail "exit status $code after SIGTERM"
+# conmon writes the container's log on its own: the last lines can reach `podman logs` a
+# moment after `podman wait` returns (once in three runs here; spgated writes the line to
+# stderr and flushes it before it drains), so look for up to 5 s.
+for _ in $(seq 10); do
+  podman logs "$daemon" 2>&1 | grep -q "received SIGTERM" && break
+  sleep 0.5
+done
 podman logs "$daemon" 2>&1 | grep -q "received SIGTERM" || fail "no SIGTERM in the log"
 phase "SIGTERM"
 

@@ -155,7 +155,7 @@ TEST_F(LaunchBookTest, LeasesSurviveARestartAndARestoredOneHoldsItsJobForAWhile)
     LaunchBook book = Make(dir);
     MutexLock lock(&book.mu());
     ASSERT_THAT(book.Take("j", "launch-A", kDigestA), IsOk());
-    clock_.Advance(absl::Seconds(60));
+    clock_.Advance(absl::Seconds(60) + absl::Nanoseconds(123'456'789));  // kept to the ns
     ASSERT_THAT(book.Take("j", "launch-B", kDigestB), IsOk());
     ASSERT_THAT(book.Take("k", "launch-K", kDigestA), IsOk());
     ASSERT_THAT(book.Take("idle", "launch-I", kDigestA), IsOk());
@@ -179,7 +179,7 @@ TEST_F(LaunchBookTest, LeasesSurviveARestartAndARestoredOneHoldsItsJobForAWhile)
   const LaunchLease& j = *book.Find("j");
   EXPECT_EQ(j.credential_digest, kDigestB);
   EXPECT_THAT(j.retired, ElementsAre("launch-A"));
-  EXPECT_EQ(j.start, started + absl::Seconds(60));
+  EXPECT_EQ(j.start, started + absl::Seconds(60) + absl::Nanoseconds(123'456'789));
   EXPECT_EQ(book.Find("idle"), nullptr);
   // The credential and the replaced launch are kept as they were.
   EXPECT_THAT(book.Check("j", "launch-B", kDigestA, [] { return false; }).status(),

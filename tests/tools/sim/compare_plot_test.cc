@@ -76,12 +76,16 @@ TEST(CompareJsonTest, DecisionsByReasonAddUpAndOnlyAdaptiveDetectsChanges) {
   ASSERT_TRUE(r.ok()) << r.status();
   for (const PolicyResult& p : r->policies) {
     const bool decides = p.name == "static" || p.name == "adaptive";
-    int64_t sp = 0, tp = 0;
+    int64_t sp = 0, tp = 0, probes = 0;
     for (const auto& [mode, reasons] : p.decisions) {
-      for (const auto& [reason, n] : reasons) (mode == "sp" ? sp : tp) += n;
+      for (const auto& [reason, n] : reasons) {
+        (mode == "sp" ? sp : tp) += n;
+        if (reason == "probe") probes += n;
+      }
     }
     EXPECT_EQ(sp, decides ? p.sp_steps : 0) << p.name;
     EXPECT_EQ(tp, decides ? p.tp_steps : 0) << p.name;
+    EXPECT_EQ(probes, p.probe_steps) << p.name;
     if (p.name == "adaptive") {
       EXPECT_GT(p.changes_detected, 0);
     } else {
