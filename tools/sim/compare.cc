@@ -657,7 +657,9 @@ std::string DecisionsJson(const PolicyResult& p) {
   std::vector<std::string> modes;
   for (const auto& [mode, reasons] : p.decisions) {
     std::vector<std::string> counts;
-    for (const auto& [reason, n] : reasons) counts.push_back(absl::StrFormat("\"%s\": %d", reason, n));
+    for (const auto& [reason, n] : reasons) {
+      counts.push_back(absl::StrFormat("\"%s\": %d", reason, n));
+    }
     modes.push_back(absl::StrFormat("\"%s\": {%s}", mode, absl::StrJoin(counts, ", ")));
   }
   return absl::StrCat("{", absl::StrJoin(modes, ", "), "}");

@@ -66,7 +66,7 @@ struct PolicyResult {
   double ratio_to_oracle = 0;
   int64_t switches = 0;     // mode changes, summed over groups
   int64_t probe_steps = 0;  // group-steps with reason PROBE
-  int64_t changes_detected = 0;  // adaptive: changes its tables' detectors detected
+  int64_t changes_detected = 0;  // adaptive: changes its tables marked (ThroughputTable::changes)
   int64_t sp_steps = 0, tp_steps = 0;
   std::vector<double> series;  // effective tokens/s per window of series_window steps
   // Per window of the series, each group's (replica's) share of its decisions that ran
