@@ -104,6 +104,9 @@ EXCEPTIONS = {
     # tools/
     "tools/sim/compare.cc": ("tests/tools/sim/sim_test.cc",
                              "the decision-quality comparison, over simulator runs"),
+    "tools/sim/compare_report.cc": ("tests/tools/sim/compare_plot_test.cc",
+                                    "the comparison's JSON and CSV, read from a compared cell "
+                                    "(also pipeline_test.cc, bench_drivers_test.py)"),
     "tools/sim/summary.cc": ("tests/tools/sim/sim_test.cc",
                              "the simulator's summary, read back from its runs"),
     "tools/sim/main.cc": ("tests/tools/sim/cli_replay_test.cmake",
