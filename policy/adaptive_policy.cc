@@ -67,6 +67,7 @@ namespace {
 constexpr double kDriftRate = 0.125;
 constexpr double kNoiseRate = 1.0 / 16;
 constexpr double kChangeSigmas = 4.0;
+static_assert(kChangeConfirmSamples * kDriftRate == 1.0, "confirmed over the fast mean's window");
 
 // A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
 // as far as a step four times as fast or infinitely slow, and never to inf or NaN.
@@ -135,8 +136,11 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     c.drift += kDriftRate * (residual - c.drift);
     const double spread =
         std::sqrt(c.noise / NoiseStarted(c.weight) * kDriftRate / (2.0 - kDriftRate));
-    if (c.weight >= floor &&
-        std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread)) {
+    const bool over = c.weight >= floor && std::abs(c.drift) > std::max(config.adaptive_change_threshold,
+                                                                    kChangeSigmas * spread);
+    const int32_t side = c.drift > 0 ? 1 : -1;
+    c.beyond = !over ? 0 : c.beyond * side > 0 ? c.beyond + side : side;
+    if (std::abs(c.beyond) >= kChangeConfirmSamples) {
       // Re-base the cell on the recent samples, at the floor's weight, and explore. The
       // other mode's estimate is left as it was: the band's estimates are no evidence for a
       // departure until the boosted exploration has measured both again (EvaluateAdaptive).
@@ -151,6 +155,7 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
       c.tokens = mean_tokens * floor;
       c.seconds = c.tokens / (estimate * factor);
       c.drift = 0;
+      c.beyond = 0;
       MarkChanged(c, step);
     }
   }
@@ -172,11 +177,17 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
 }
 
 bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mode mode,
-                                         int64_t step, double tokens, double seconds) {
+                                         int64_t step, double tokens, double seconds,
+                                         bool exploration) {
   if (!ValidSample(band, step, tokens, seconds)) return false;
   const ThroughputCell& c = cell(band, mode);
   // Measured against an estimate of at least the sample floor's weight only.
   const bool measured = c.weight >= SampleFloor(config) && c.tokens_per_s() > 0;
+  // Exploration's cost as measured before this step, at most half the step (as
+  // ObserveCollectives).
+  const double cost = exploration ? MeasuredSwitchCost(config, *this, step) : 0.0;
+  const double entered = std::max(seconds - cost, 0.5 * seconds);
+  const bool enters = !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
   if (measured) {
     const double excess = seconds - tokens / c.tokens_per_s();
     const int64_t h = config.adaptive_half_life_steps;
@@ -192,11 +203,13 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
       s.weight += f;
     }
   }
-  // The step still measures its mode (a probe is always the first step after a switch), as
-  // it ran: taking the learned cost off it would measure the next switch against an
+  // The step still measures its mode. A forced or chosen switch's step enters as it ran:
+  // taking the learned cost off every such step would measure the next switch against an
   // estimate the cost itself raised — where most of a mode's steps follow a switch (a
   // stage's micro-batches between forced ones) any cost is then its own fixed point.
-  Observe(config, band, mode, step, tokens, seconds);
+  // Exploration's switches are charged to exploration, not to the mode (docs/design.md
+  // §11).
+  if (enters) Observe(config, band, mode, step, tokens, entered);
   return measured;
 }
 
@@ -413,8 +426,12 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
     batch_saving = weighted(from, tokens, rate_from) - weighted(to, tokens, rate_to);
   }
   // The mix: each known band's saving per step at its mean tokens, weighted by its share
-  // of the recent steps (the weight its cells hold, decayed without the floor). One
-  // decay per cell serves both the share and the band's "known" test (EstimateBand's).
+  // of the steps the move is judged over: the weight its cells hold, decayed by the steps
+  // since their newest sample over kMoveHorizonDecisions, not the table's half-life, so a
+  // band the lengths stopped bringing (a shift in the data) leaves the mix within a few
+  // horizons rather than half-lives. A band whose change was detected lately counts in
+  // the weight but saves nothing: its estimates are no evidence until both modes are
+  // measured again (EvaluateAdaptive, step 3).
   const double h = static_cast<double>(std::max<int64_t>(config.adaptive_half_life_steps, 1));
   const double floor = SampleFloor(config);
   double mix_saving = 0, mix_weight = 0;
@@ -426,15 +443,19 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
       const ThroughputCell& c = table.cell(b, m == 0 ? Mode::kSequenceParallel : Mode::kTensorParallelOnly);
       if (c.last_step < 0 || !(c.weight > 0)) continue;
       const double age = batch.step > c.last_step ? static_cast<double>(batch.step - c.last_step) : 0;
-      const double d = std::exp2(-age / h);
-      weight += c.weight * d;
-      samples[m] = FlooredWeight(c.weight, d, floor);
+      weight += c.weight * std::exp2(-age / static_cast<double>(kMoveHorizonDecisions));
+      samples[m] = FlooredWeight(c.weight, std::exp2(-age / h), floor);
       rate[m] = c.tokens_per_s();
       tokens += c.tokens / c.weight;  // the cell's mean tokens per step
       ++cells;
     }
     if (!(weight > 0)) continue;
     mix_weight += weight;
+    const int64_t changed = table.BandChangedStep(b);
+    if (changed >= 0 && batch.step >= changed &&
+        batch.step - changed < config.adaptive_explore_boost_steps) {
+      continue;
+    }
     if (samples[0] < floor || samples[1] < floor || !(rate[0] > 0) || !(rate[1] > 0)) continue;
     const double mean_tokens = tokens / cells;
     const double rate_from = from == Mode::kSequenceParallel ? rate[0] : rate[1];
@@ -718,9 +739,15 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   const int64_t period = ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known));
   if (InProbeRun(batch.step, period)) {
     // The mode not chosen (before any hold: a held group already runs it); while the band
-    // learns, its less-sampled mode.
+    // learns, its less-sampled mode at the run's start, kept for the run's later steps
+    // (choosing it again on every step switched the group on each one, and a switch before
+    // any was measured teaches nothing: ObserveAfterSwitch). A step plan's micro-batches
+    // still take the less-sampled mode each.
     const Mode other = OtherMode(wanted);
+    const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
+                             state.last_step == batch.step - 1 && batch.step % period != 0;
     const Mode probe = e.known || e.sp.samples == e.tp.samples ? other
+                       : run_goes_on                           ? state.mode
                        : e.sp.samples < e.tp.samples           ? Mode::kSequenceParallel
                                                                : Mode::kTensorParallelOnly;
     const int flips = state.has_chosen_mode && probe != current ? 2 : 0;

@@ -90,6 +90,9 @@ struct ThroughputCell {
   double drift = 0;        // fast mean of the recent samples' relative residuals
   double noise = 0;        // slow mean of their squares
   int64_t changed_step = -1;  // newest step a change was detected at; -1: never
+  // Consecutive samples the fast mean has sat beyond the change bound: above it counted
+  // up, below it down; 0 inside it. Always within ±(kChangeConfirmSamples − 1).
+  int32_t beyond = 0;
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
   friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
@@ -126,12 +129,16 @@ class ThroughputTable {
                double seconds);
 
   // The first step after a group switched mode: what it took beyond the cell's estimate
-  // is a switch's cost (measured only against a cell of adaptive_min_samples' weight),
-  // and the step enters the cell as it ran (a probe is always such a step), so a mode
-  // mostly entered by a switch carries its cost in its estimate. Returns whether it
-  // measured a cost.
+  // is a switch's cost (measured only against a cell of adaptive_min_samples' weight).
+  // The step enters the cell as it ran, so a mode mostly entered by a switch (a memory
+  // gate's, a departure's) carries its cost in its estimate. An `exploration` switch —
+  // into a probe run or back from one — is the probe's cost, not the mode's: the step
+  // enters less the cost measured before it (MeasuredSwitchCost), and before the table
+  // measured any switch, not at all into a cell below the sample floor (its first few
+  // samples would carry the whole cost, and the policy would depart on that bias).
+  // Returns whether it measured a cost.
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
-                          double tokens, double seconds);
+                          double tokens, double seconds, bool exploration = false);
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -342,6 +349,13 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
 
 // The decisions a move to the other mode is judged over (step 4 above).
 inline constexpr int64_t kMoveHorizonDecisions = 50;
+
+// A detected change must hold: the cell's fast mean beyond the bound, on the same side, on
+// this many consecutive samples (its own window, the inverse of its rate). Stragglers put a
+// few slow samples close together far more often than normal noise would: such a cluster
+// carries the fast mean past the bound for a sample or two, a level shift keeps it there
+// (docs/design.md §11).
+inline constexpr int32_t kChangeConfirmSamples = 8;
 
 }  // namespace spgate
 

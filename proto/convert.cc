@@ -133,6 +133,7 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
       w->set_drift(c.drift);
       w->set_noise(c.noise);
       if (c.changed_step >= 0) w->set_changed_step(c.changed_step);
+      w->set_beyond(c.beyond);
     }
   }
   const SwitchCostCell& s = table.switch_cost();
@@ -174,14 +175,15 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     const double sums[] = {w.tokens(), w.seconds(), w.weight(), w.noise()};
     if (!std::all_of(std::begin(sums), std::end(sums),
                      [](double x) { return std::isfinite(x) && x >= 0; }) ||
-        !std::isfinite(w.drift())) {
+        !std::isfinite(w.drift()) || std::abs(w.beyond()) >= kChangeConfirmSamples) {
       continue;
     }
     out.SetCell(w.band(), FromProto(w.mode()),
                 ThroughputCell{w.tokens(), w.seconds(), w.weight(), w.last_step(), w.drift(),
                                w.noise(),
                                w.has_changed_step() ? std::max<int64_t>(-1, w.changed_step())
-                                                    : -1});
+                                                    : -1,
+                               w.beyond()});
   }
   // A switch cost is an excess over an estimate: finite, of either sign; its weight not.
   const v1::LearnedSwitchCost& s = table.switch_cost();

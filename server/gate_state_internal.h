@@ -240,10 +240,11 @@ struct GateState::Group {
   bool resume_allowed = true;
   absl::Time last_plan_time = absl::InfinitePast();
   std::unique_ptr<GroupMetrics> metrics;  // never null
-  // The newest step learned from and the mode it ran (a switch's cost is measured on the
-  // first step after the mode that ran changed).
+  // The newest step learned from, the mode it ran (a switch's cost is measured on the
+  // first step after the mode that ran changed) and whether it ran as a probe.
   int64_t learned_step = gate_state_internal::kNoStep;
   Mode learned_mode = Mode::kSequenceParallel;
+  bool learned_probe = false;
   // The last complete step's slowest rank, its step time, and its peak-memory rank.
   int64_t slowest_step = gate_state_internal::kNoStep;
   int slowest_rank = -1;

@@ -30,7 +30,14 @@ struct LearnedSample {
   double tokens = 0, seconds = 0;
   double length_cv = -1;  // < 0: not known (the prior skips it)
   double all_gather_s = 0, rs_wait_s = 0;
+  bool probe = false;  // ran in the mode ADAPTIVE decided as a probe (ObserveAfterSwitch)
 };
+
+// Whether a sample that ran `ran` was the probe its decision asked for: a worker's memory
+// override or its fallback may have run the other mode.
+bool RanProbe(std::optional<Decision> decided, Mode ran) {
+  return decided.has_value() && decided->reason == Reason::kProbe && decided->mode == ran;
+}
 
 }  // namespace
 
@@ -57,12 +64,16 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
       table = &job.stage_learned[static_cast<size_t>(stage)];
       samples.reserve(p.microbatches.size());
       for (const MicrobatchTelemetryValues& m : p.microbatches) {  // by id (FoldTelemetry)
-        const int band = plan->bands[static_cast<size_t>(m.id)];
+        const auto id = static_cast<size_t>(m.id);
+        const int band = plan->bands[id];
+        const std::optional<Decision> decided =
+            id < plan->packed.size() ? UnpackModeReason(plan->packed[id]) : std::nullopt;
         samples.push_back({.band = band, .mode = m.mode,
                            .tokens = static_cast<double>(m.effective_tokens),
                            .seconds = m.compute_s(),
                            .length_cv = band < 0 ? -1 : BandCvMidpoint(config, band),
-                           .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s});
+                           .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s,
+                           .probe = RanProbe(decided, m.mode)});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
@@ -72,21 +83,32 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
     samples.push_back({.band = d->band, .mode = p.mode,
                        .tokens = static_cast<double>(p.tokens), .seconds = p.step_time,
                        .length_cv = d->length_cv, .all_gather_s = p.all_gather,
-                       .rs_wait_s = p.rs_share * p.step_time});
+                       .rs_wait_s = p.rs_share * p.step_time,
+                       .probe = RanProbe(Decision{static_cast<Mode>(d->mode),
+                                                  static_cast<Reason>(d->reason)},
+                                         p.mode)});
   }
   if (samples.empty()) return;
 
   static_assert(2 * kBands <= 64, "a step's touched cells fit a 64-bit mask");
   uint64_t touched = 0;
   std::optional<Mode> previous;
-  if (g.learned_step == p.step - 1) previous = g.learned_mode;
+  bool previous_probe = false;
+  if (g.learned_step == p.step - 1) {
+    previous = g.learned_mode;
+    previous_probe = g.learned_probe;
+  }
   for (const LearnedSample& x : samples) {
     const bool after_switch = previous.has_value() && *previous != x.mode;
+    // A switch into a probe or back from one is exploration's (ObserveAfterSwitch).
+    const bool exploration = after_switch && (x.probe || previous_probe);
     previous = x.mode;
+    previous_probe = x.probe;
     if (x.band < 0) continue;
     if (!after_switch) {
       table->Observe(config, x.band, x.mode, p.step, x.tokens, x.seconds);
-    } else if (table->ObserveAfterSwitch(config, x.band, x.mode, p.step, x.tokens, x.seconds) &&
+    } else if (table->ObserveAfterSwitch(config, x.band, x.mode, p.step, x.tokens, x.seconds,
+                                         exploration) &&
                stage < 0) {
       // The job's gauge is the plain table's; a stage's cost shows in GetJob's tables.
       job.metrics->adaptive_switch_cost->Set(table->SwitchCostSeconds());
@@ -99,6 +121,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
   }
   g.learned_step = p.step;
   g.learned_mode = *previous;
+  g.learned_probe = previous_probe;
   // The cells this step fed, once each (a step has up to 4,096 micro-batches).
   for (int cell = 0; cell < 2 * kBands; ++cell) {
     if ((touched >> cell & 1) == 0) continue;

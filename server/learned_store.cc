@@ -124,6 +124,11 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
           "%s: last_step %d and changed_step %d must be >= 0", at, c.last_step(),
           c.changed_step()));
     }
+    if (std::abs(c.beyond()) >= kChangeConfirmSamples) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s.beyond: %d, not in (-%d, %d)", at,
+                                                        c.beyond(), kChangeConfirmSamples,
+                                                        kChangeConfirmSamples));
+    }
     if (absl::Status s = CheckDoubles(c, at, {"drift"}); !s.ok()) return s;
   }
   if (t.has_switch_cost()) {

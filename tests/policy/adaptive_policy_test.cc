@@ -169,13 +169,15 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
     std::vector<double> after;  // the next samples' rates
     bool changed;
   } cases[] = {
-      {"a drop to 70", 40, 0.0, std::vector<double>(8, 70), true},
-      {"a rise to 130", 40, 0.0, std::vector<double>(8, 130), true},
+      {"a drop to 70", 40, 0.0, std::vector<double>(12, 70), true},
+      {"a rise to 130", 40, 0.0, std::vector<double>(12, 130), true},
+      {"a drop to 70, not yet held for kChangeConfirmSamples", 40, 0.0,
+       std::vector<double>(6, 70), false},
       {"a drop of 3 %, under the threshold", 40, 0.0, std::vector<double>(30, 97), false},
       {"one outlier", 40, 0.0, {40, 100, 100, 100, 100}, false},
       {"noise of ±20 %, its own size", 200, 0.2, {120, 80, 120, 80, 120, 80}, false},
       {"a drop of 10 % inside ±20 % noise", 200, 0.2, std::vector<double>(6, 90), false},
-      {"a drop to 50 inside ±20 % noise", 200, 0.2, std::vector<double>(8, 50), true},
+      {"a drop to 50 inside ±20 % noise", 200, 0.2, std::vector<double>(14, 50), true},
       {"too few samples before", 5, 0.0, {50, 50, 50}, false},
   };
   for (const Case& k : cases) {
@@ -194,6 +196,17 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
       EXPECT_EQ(t.BandChangedStep(5), -1) << "other bands untouched";
     }
   }
+  // Stragglers: every 7th step at half the rate, then a burst of them, 5 in a row, and
+  // normal steps again. The cluster carries the fast mean past the bound for a few samples,
+  // not kChangeConfirmSamples in a row: no change (one such burst re-based the cell before
+  // changes had to be held).
+  ThroughputTable stragglers;
+  int64_t step = 100;
+  for (int i = 0; i < 200; ++i) stragglers.Observe(c, 4, kTp, step++, i % 7 == 6 ? 50 : 100, 1.0);
+  for (int i = 0; i < 5; ++i) stragglers.Observe(c, 4, kTp, step++, 50, 1.0);
+  for (int i = 0; i < 40; ++i) stragglers.Observe(c, 4, kTp, step++, i % 7 == 6 ? 50 : 100, 1.0);
+  EXPECT_EQ(stragglers.BandChangedStep(4), -1) << "a straggler burst";
+  EXPECT_EQ(stragglers.cell(4, kTp).beyond, 0) << "back inside the bound";
   // A band back after more than a half-life without samples.
   ThroughputTable t;
   for (int i = 0; i < 10; ++i) t.Observe(c, 7, kSp, 10 + i, 100, 1.0);
@@ -201,6 +214,49 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
   EXPECT_EQ(t.BandChangedStep(7), -1);
   t.Observe(c, 7, kSp, 4020, 100, 1.0);
   EXPECT_EQ(t.BandChangedStep(7), 4020);
+}
+
+// Exploration's switches — into a probe or back from one — are charged to exploration: the
+// step enters its cell less the switch cost measured before it (at most half the step
+// off); any other switch's step enters as it ran. Before any switch was measured,
+// exploration's step does not enter a cell under the sample floor, where it would carry
+// the whole unmeasured cost.
+TEST(ThroughputTableTest, ExplorationsSwitchesAreChargedToExploration) {
+  const GateConfig c = HalfLife(1000);  // min_samples 8
+  const auto measured = [&] {  // 100 tokens/s, a switch measured at 0.5 s (weight 20)
+    ThroughputTable t;
+    for (int i = 0; i < 10; ++i) t.Observe(c, 1, kSp, 10, 100, 1.0);
+    t.SetSwitchCost(SwitchCostCell{0.5 * 20, 20, 10});
+    return t;
+  };
+  ASSERT_NEAR(MeasuredSwitchCost(c, measured(), 10), 0.5, 1e-12);
+  struct Case {
+    const char* what;
+    double seconds;
+    bool exploration;
+    double rate;  // the cell's after it
+  } cases[] = {
+      {"a probe's 1.5 s enters as 1.0 s", 1.5, true, 100.0},
+      {"a forced switch's 1.5 s enters as it ran", 1.5, false, 1100 / 11.5},
+      {"no more than half the step comes off", 0.6, true, 1100 / 10.3},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable t = measured();
+    EXPECT_TRUE(t.ObserveAfterSwitch(c, 1, kSp, 10, 100, k.seconds, k.exploration)) << k.what;
+    EXPECT_NEAR(t.cell(1, kSp).tokens_per_s(), k.rate, 1e-9) << k.what;
+    EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 11.0) << k.what;
+  }
+  ThroughputTable cold;
+  EXPECT_FALSE(cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/true));
+  EXPECT_EQ(cold.cell(1, kSp).weight, 0.0) << "exploration's, before any switch was measured";
+  cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/false);
+  EXPECT_DOUBLE_EQ(cold.cell(1, kSp).weight, 1.0) << "a forced switch's enters";
+  for (int i = 0; i < 8; ++i) cold.Observe(c, 2, kTp, 5, 100, 1.0);
+  EXPECT_TRUE(cold.ObserveAfterSwitch(c, 2, kTp, 5, 100, 1.0, /*exploration=*/true))
+      << "a free switch, measured against a cell at the floor";
+  EXPECT_DOUBLE_EQ(cold.cell(2, kTp).weight, 9.0);
+  cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/true);
+  EXPECT_DOUBLE_EQ(cold.cell(1, kSp).weight, 2.0) << "a switch was measured: it enters";
 }
 
 // One absurd step time (a clock glitch) cannot make the detector inf or NaN, and a tiny
@@ -385,10 +441,10 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   }
   ASSERT_EQ(stable.BandChangedStep(band), -1);
   ThroughputTable changed = stable;  // TP-only got 30 % slower at step 10001
-  for (int i = 1; i <= 8; ++i) changed.Observe(c, band, kTp, 10000 + i, 70, 1);
-  const int64_t at = changed.BandChangedStep(band);  // a few slow samples in
-  ASSERT_GT(at, 10000);
-  ASSERT_LE(at, 10008);
+  for (int i = 1; i <= 12; ++i) changed.Observe(c, band, kTp, 10000 + i, 70, 1);
+  const int64_t at = changed.BandChangedStep(band);  // held for kChangeConfirmSamples
+  ASSERT_GT(at, 10000 + kChangeConfirmSamples);
+  ASSERT_LE(at, 10012);
   // The same, with a switch's cost measured (the cap binds only then).
   ThroughputTable costly = changed;
   costly.SetSwitchCost(SwitchCostCell{.seconds = 0.4, .weight = 4, .last_step = at});
@@ -610,6 +666,38 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
 // leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c), and
 // the cap must leave it. Where switching is free neither the cap nor the mix holds the
 // group: the evidence decides alone.
+// A move is judged over the bands the lengths still bring: a band they stopped bringing
+// leaves the mix within a few kMoveHorizonDecisions, not half-lives; and a band whose change
+// was detected lately counts in the mix's weight but saves nothing.
+TEST(SwitchSavingTest, TheMixIsTheBandsTheLengthsStillBring) {
+  const GateConfig c = HalfLife(2000);
+  ThroughputTable t;
+  // Until step 199 band 1 (SP 100 tokens/s, TP-only 80), then band 2 (SP 80, TP-only 100),
+  // each sample 100 tokens.
+  for (int64_t s = 0; s < 400; ++s) {
+    const int band = s < 200 ? 1 : 2;
+    t.Observe(c, band, kSp, s, 100, band == 1 ? 1.0 : 1.25);
+    t.Observe(c, band, kTp, s, 100, band == 1 ? 1.25 : 1.0);
+  }
+  // Band 2's saving per step, SP -> TP-only (TP-only counted 1 + margin times): 0.23 s.
+  const double band2 = 1.25 - 1.0 * (1 + c.adaptive_margin);
+  const SwitchSaving now = SwitchSavingOf(c, t, kSp, kTp, Batch(0.05, 100, 400), {});
+  // Band 1's weight, 200 steps past, at 2^-4 of band 2's: the mix within 20 % of band 2's
+  // saving. (At the half-life's weights the two bands were about even: below 0.)
+  EXPECT_GT(now.mix_per_step, 0.8 * band2);
+  EXPECT_LT(now.mix_per_step, band2);
+  // TP-only in band 2 twice as fast from step 400: a change, detected and re-learning.
+  for (int64_t s = 400; s < 400 + 2 * kChangeConfirmSamples; ++s) {
+    t.Observe(c, 2, kSp, s, 100, 1.25);
+    t.Observe(c, 2, kTp, s, 100, 0.5);
+  }
+  const int64_t at = 400 + 2 * kChangeConfirmSamples;
+  ASSERT_GE(t.BandChangedStep(2), 400);
+  const SwitchSaving changed = SwitchSavingOf(c, t, kSp, kTp, Batch(0.05, 100, at), {});
+  EXPECT_LT(changed.mix_per_step, 0) << "band 1's loss alone, over both bands' weight";
+  EXPECT_GT(changed.mix_per_step, -0.1);
+}
+
 TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
   const int band = BandOf(Adaptive(), 0.05, 4096);   // 4096 tokens a batch
   const int other = BandOf(Adaptive(), 0.35, 4096);  // the rest of the mix
@@ -736,7 +824,7 @@ TEST(EvaluateAdaptiveTest, DepartsFromTheGatesOnlyOnConfidentEvidence) {
   // A change detected in the band (SP fell to 60 tokens/s): SP's estimate re-based,
   // TP-only's left as it was; the band is no evidence within the boost, evidence after it.
   ThroughputTable changed = Learned(low, 100, 130, 50, kStep - 20);
-  for (int i = 1; i <= 8; ++i) changed.Observe(c, low, kSp, kStep - 20 + i, 60, 1.0);
+  for (int i = 1; i <= 12; ++i) changed.Observe(c, low, kSp, kStep - 20 + i, 60, 1.0);
   ASSERT_GE(changed.BandChangedStep(low), kStep - 19);
   EXPECT_DOUBLE_EQ(changed.cell(low, kTp).tokens_per_s(), 130.0);
   for (const auto& [step, want] : {std::pair{kStep, gates_sp},

@@ -415,8 +415,14 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
     t.Observe(c, 3, Mode::kSequenceParallel, 100 + i, 1000, 1.0);
     t.Observe(c, 3, Mode::kTensorParallelOnly, 100 + i, 1200, 1.0);
   }
-  for (int i = 0; i < 8; ++i) t.Observe(c, 3, Mode::kTensorParallelOnly, 140 + i, 600, 1.0);
+  for (int i = 0; i < 8 + kChangeConfirmSamples; ++i) {
+    t.Observe(c, 3, Mode::kTensorParallelOnly, 140 + i, 600, 1.0);
+  }
   ASSERT_GE(t.BandChangedStep(3), 140) << "a change was detected";
+  // A change on its way to confirmation: the count of samples beyond the bound.
+  for (int i = 0; i < 40; ++i) t.Observe(c, 5, Mode::kSequenceParallel, 100 + i, 1000, 1.0);
+  for (int i = 0; i < 6; ++i) t.Observe(c, 5, Mode::kSequenceParallel, 140 + i, 500, 1.0);
+  ASSERT_LT(t.cell(5, Mode::kSequenceParallel).beyond, 0);
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
   t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {
@@ -453,6 +459,10 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   *negative_noise = *good;
   negative_noise->set_band(3);
   negative_noise->set_noise(-1);
+  v1::LearnedCell* confirmed = w.add_cells();  // a change counted past its confirmation
+  *confirmed = *good;
+  confirmed->set_band(4);
+  confirmed->set_beyond(kChangeConfirmSamples);
   w.mutable_switch_cost()->set_seconds(0.5);
   w.mutable_switch_cost()->set_weight(-2);
   w.mutable_switch_cost()->set_last_step(5);
@@ -460,6 +470,7 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   EXPECT_EQ(t.cell(1, Mode::kSequenceParallel).last_step, 5);
   EXPECT_EQ(t.cell(2, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.cell(3, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.cell(4, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.switch_cost().last_step, -1);
   EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
   // The prior: a negative sum drops the sums, a negative shape the declared inputs; the

@@ -2,6 +2,7 @@
 // nothing changed on a refusal, step plans answered with one decision per micro-batch
 // (idempotent, keyed by id), the schedule-aware memory gate per stage, CP peers answered
 // alike, and SP-required jobs.
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -458,9 +460,19 @@ TEST_F(GateStatePipelineTest, EachStageLearnsFromItsOwnMicrobatches) {
   const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
   const std::string series = absl::StrCat("spgate_stage_adaptive_tokens_per_second{band=\"",
                                           BandLabel(band), "\",job_id=\"pipe\",");
-  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"sp\",stage=\"0\"} 120\n")));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"0\"} ")));
-  EXPECT_THAT(text, HasSubstr(absl::StrCat(series, "mode=\"tp_only\",stage=\"3\"} 120\n")));
+  const auto value = [&](const std::string& labels) {  // the series' value; NaN: absent
+    const std::string head = absl::StrCat(series, labels, "} ");
+    const size_t at = text.find(head);
+    double v = std::nan("");
+    if (at != std::string::npos) {
+      const size_t end = text.find('\n', at);
+      EXPECT_TRUE(absl::SimpleAtod(text.substr(at + head.size(), end - at - head.size()), &v));
+    }
+    return v;
+  };
+  EXPECT_NEAR(value("mode=\"sp\",stage=\"0\""), 120, 1e-9);
+  EXPECT_FALSE(std::isnan(value("mode=\"tp_only\",stage=\"0\"")));
+  EXPECT_NEAR(value("mode=\"tp_only\",stage=\"3\""), 120, 1e-9);
 }
 
 // GetJob's MODES window counts micro-batches by the mode each ran (docs/design.md §12): a

@@ -41,6 +41,7 @@ struct Sample {
   Mode mode;
   double tokens, seconds;
   bool after_switch;  // the (replica, stage)'s previous micro-batch ran the other mode
+  bool exploration;   // after a switch into a probe or back from one (ObserveAfterSwitch)
   double all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
   double length_cv;                // as the daemon knows it (Cell::cv_from_band)
 };
@@ -54,6 +55,7 @@ struct Run {
   std::vector<ThroughputTable> tables;         // [stage]
   std::vector<std::deque<Sample>> pending;     // [stage]: not yet visible
   std::vector<std::optional<Mode>> last_mode;  // [unit]
+  std::vector<char> last_probe;                // [unit]: its last micro-batch was a probe
   std::vector<int64_t> stage_tp, stage_decisions;
   std::vector<double> stage_busy;
   PolicyResult result;
@@ -109,6 +111,8 @@ struct StepOps {
   std::vector<std::vector<Mode>> modes;        // [stage][m]
   std::vector<std::vector<double>> fwd, bwd;   // [stage][m], a switch's cost in fwd
   std::vector<std::vector<char>> switched;     // [stage][m]: after a switch
+  std::vector<std::vector<char>> probe;        // [stage][m]: ADAPTIVE's probe
+  std::vector<std::vector<char>> exploration;  // [stage][m]: a switch into or back from one
 };
 
 // The plain cells' one op: the group's step (CostModel: the transformer layers alone, no
@@ -180,6 +184,7 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
     for (ThroughputTable& t : r.tables) t.SetPriorInputs(DeclaredPriorInputs(o));
     r.pending.resize(P);
     r.last_mode.resize(units);
+    r.last_probe.assign(units, 0);
     r.stage_tp.assign(P, 0);
     r.stage_decisions.assign(P, 0);
     r.stage_busy.assign(P, 0.0);
@@ -199,7 +204,8 @@ void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
       const Sample& x = pending.front();
       if (x.after_switch) {
-        table.ObserveAfterSwitch(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
+        table.ObserveAfterSwitch(r.config, x.band, x.mode, x.step, x.tokens, x.seconds,
+                                 x.exploration);
       } else {
         table.Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
       }
@@ -299,9 +305,10 @@ std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaSte
       .decisions;
 }
 
-// The policy's modes for stage s of replica gi's step k.
+// The policy's modes for stage s of replica gi's step k, and which are ADAPTIVE's probes.
 void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, int64_t k,
-                std::vector<Mode>& modes) {
+                std::vector<Mode>& modes, std::vector<char>& probes) {
+  probes.assign(cell.M, 0);
   if (r.kind == Kind::kOracle || r.kind == Kind::kExpectedOracle) {
     const bool clairvoyant = r.kind == Kind::kOracle;
     modes = clairvoyant ? rs.oracle_modes[s] : rs.expected_modes[s];
@@ -318,7 +325,8 @@ void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, 
   for (int m = 0; m < cell.M; ++m) {
     const Decision& d = decisions[m];
     modes[m] = d.mode;
-    if (d.reason == Reason::kProbe) ++r.result.probe_steps;
+    probes[m] = d.reason == Reason::kProbe;
+    if (probes[m]) ++r.result.probe_steps;
     if (d.reason == Reason::kMemoryRequiresSp || d.reason == Reason::kMemoryOverBudget) {
       ++r.result.memory_forced_sp;
     }
@@ -334,7 +342,7 @@ void ApplyModes(Run& r, const Cell& cell, const PipelineCostModel& model, const 
   for (int s = 0; s < cell.P; ++s) {
     const size_t unit = static_cast<size_t>(gi) * cell.P + s;
     std::vector<Mode>& modes = x.modes[s];
-    StageModes(r, cell, rs, gi, s, k, modes);
+    StageModes(r, cell, rs, gi, s, k, modes, x.probe[s]);
     for (int m = 0; m < cell.M; ++m) {
       const int i = ModeIndex(modes[m]);
       const bool switched = r.last_mode[unit].has_value() && *r.last_mode[unit] != modes[m];
@@ -342,6 +350,8 @@ void ApplyModes(Run& r, const Cell& cell, const PipelineCostModel& model, const 
                     model.layers().SwitchSeconds(r.last_mode[unit], modes[m]);
       x.bwd[s][m] = rs.costs[s][m].backward_s[i];
       x.switched[s][m] = switched;
+      x.exploration[s][m] = switched && (x.probe[s][m] || r.last_probe[unit]);
+      r.last_probe[unit] = x.probe[s][m];
       if (switched) ++r.result.switches;
       r.last_mode[unit] = modes[m];
       if (modes[m] == rs.oracle_modes[s][m]) ++r.result.oracle_agreed;
@@ -385,7 +395,8 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
       r.pending[s].push_back(
           {.step = k, .band = band, .mode = x.modes[s][m],
            .tokens = static_cast<double>(rs.stats[m].tokens), .seconds = sec,
-           .after_switch = x.switched[s][m] != 0, .all_gather_s = c.all_gather_s_sp,
+           .after_switch = x.switched[s][m] != 0, .exploration = x.exploration[s][m] != 0,
+           .all_gather_s = c.all_gather_s_sp,
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
            .length_cv = cell.pipelined ? BandCvMidpoint(r.config, band) : rs.stats[m].cv});
     }
@@ -529,7 +540,9 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
   StepOps x{.modes = std::vector<std::vector<Mode>>(P),
             .fwd = std::vector(P, std::vector<double>(M)),
             .bwd = std::vector(P, std::vector<double>(M)),
-            .switched = std::vector(P, std::vector<char>(M))};
+            .switched = std::vector(P, std::vector<char>(M)),
+            .probe = std::vector(P, std::vector<char>(M)),
+            .exploration = std::vector(P, std::vector<char>(M))};
   const std::unique_ptr<ProgressReporter> progress =
       MakeProgress(o, "spgate-sim replay --compare (adaptive)", cell.steps, o.groups);
   ProgressWatch watch;

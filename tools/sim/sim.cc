@@ -577,6 +577,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   std::vector<std::mt19937_64> rngs;
   std::vector<client::LocalGatePolicy> policies;
   std::vector<std::optional<Mode>> last_mode(static_cast<size_t>(o.groups));
+  std::vector<char> last_probe(static_cast<size_t>(o.groups), 0);
   for (int gi = 0; gi < o.groups; ++gi) {
     absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> b = GroupBatches(o, gi);
     if (!b.ok()) return b.status();
@@ -595,7 +596,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
     int band;
     Mode mode;
     double tokens, seconds;
-    bool after_switch;
+    bool after_switch, exploration;  // exploration: into a probe or back from one
     double length_cv, all_gather_s, rs_wait_s;
   };
   std::deque<Sample> pending;
@@ -605,7 +606,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
       const Sample& x = pending.front();
       if (x.after_switch) {
-        learned.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds);
+        learned.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
+                                   x.exploration);
       } else {
         learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
       }
@@ -632,13 +634,16 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       const bool switched = last_mode[gi].has_value() && *last_mode[gi] != ld.decision.mode;
       step.step_time_s += model.SwitchSeconds(last_mode[gi], ld.decision.mode);
       last_mode[gi] = ld.decision.mode;
+      const bool probe = ld.decision.reason == Reason::kProbe;
       policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
                            static_cast<double>(step.effective_tokens), step.step_time_s,
-                           switched, stats->cv, step.group_all_gather_s(),
+                           switched, switched && (probe || last_probe[gi]), stats->cv,
+                           step.group_all_gather_s(),
                            step.group_rs_wait_s()});
       }
+      last_probe[gi] = probe;
       GateDecision d;
       d.step = k;
       d.mode = ld.decision.mode;
