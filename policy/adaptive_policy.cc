@@ -67,7 +67,7 @@ namespace {
 constexpr double kDriftRate = 0.125;
 constexpr double kNoiseRate = 1.0 / 16;
 constexpr double kChangeSigmas = 4.0;
-static_assert(kChangeConfirmSamples * kDriftRate == 1.0, "confirmed over the fast mean's window");
+static_assert(kChangeConfirmSamples * kDriftRate == 1.0, "held over the fast mean's window");
 
 // A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
 // as far as a step four times as fast or infinitely slow, and never to inf or NaN.
@@ -136,8 +136,9 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     c.drift += kDriftRate * (residual - c.drift);
     const double spread =
         std::sqrt(c.noise / NoiseStarted(c.weight) * kDriftRate / (2.0 - kDriftRate));
-    const bool over = c.weight >= floor && std::abs(c.drift) > std::max(config.adaptive_change_threshold,
-                                                                    kChangeSigmas * spread);
+    const bool over =
+        c.weight >= floor &&
+        std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread);
     const int32_t side = c.drift > 0 ? 1 : -1;
     c.beyond = !over ? 0 : c.beyond * side > 0 ? c.beyond + side : side;
     if (std::abs(c.beyond) >= kChangeConfirmSamples) {
@@ -187,7 +188,8 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   // ObserveCollectives).
   const double cost = exploration ? MeasuredSwitchCost(config, *this, step) : 0.0;
   const double entered = std::max(seconds - cost, 0.5 * seconds);
-  const bool enters = !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
+  const bool enters =
+      !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
   if (measured) {
     const double excess = seconds - tokens / c.tokens_per_s();
     const int64_t h = config.adaptive_half_life_steps;
