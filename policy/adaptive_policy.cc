@@ -744,7 +744,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     // learns, its less-sampled mode at the run's start, kept for the run's later steps
     // (choosing it again on every step switched the group on each one, and a switch before
     // any was measured teaches nothing: ObserveAfterSwitch). A step plan's micro-batches
-    // still take the less-sampled mode each.
+    // share their step: the first of a step goes on with the previous step's probe run,
+    // the others take the less-sampled mode each.
     const Mode other = OtherMode(wanted);
     const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
                              state.last_step == batch.step - 1 && batch.step % period != 0;

@@ -46,9 +46,13 @@
 // Usage:
 //   spgate::ThroughputTable table;                       // one per job, pooled
 //   spgate::GateOutcome out = spgate::EvaluatePolicy(config, state, facts, rs, pin, &table);
-//   ... after the step ran (after_switch: the group's previous step ran the other mode) ...
-//   if (after_switch) table.ObserveAfterSwitch(config, out.band, mode, facts.step, tokens, s);
-//   else table.Observe(config, out.band, mode, facts.step, tokens, group_step_seconds);
+//   ... after the step ran (after_switch: the group's previous step ran the other mode;
+//   exploration: this step or the previous one ran as a probe) ...
+//   if (after_switch) {
+//     table.ObserveAfterSwitch(config, out.band, mode, facts.step, tokens, s, exploration);
+//   } else {
+//     table.Observe(config, out.band, mode, facts.step, tokens, group_step_seconds);
+//   }
 #ifndef SPGATE_POLICY_ADAPTIVE_POLICY_H_
 #define SPGATE_POLICY_ADAPTIVE_POLICY_H_
 

@@ -175,7 +175,8 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     const double sums[] = {w.tokens(), w.seconds(), w.weight(), w.noise()};
     if (!std::all_of(std::begin(sums), std::end(sums),
                      [](double x) { return std::isfinite(x) && x >= 0; }) ||
-        !std::isfinite(w.drift()) || std::abs(w.beyond()) >= kChangeConfirmSamples) {
+        !std::isfinite(w.drift()) || w.beyond() <= -kChangeConfirmSamples ||
+        w.beyond() >= kChangeConfirmSamples) {
       continue;
     }
     out.SetCell(w.band(), FromProto(w.mode()),

@@ -117,6 +117,8 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
       table->ObserveCollectives(config, x.mode, p.step, x.tokens, x.length_cv, x.seconds,
                                 x.all_gather_s, x.rs_wait_s, after_switch);
     }
+    // A cell exploration's step did not enter (ObserveAfterSwitch) may still be empty.
+    if (table->cell(x.band, x.mode).last_step < 0) continue;
     touched |= uint64_t{1} << (x.band * 2 + (x.mode == Mode::kTensorParallelOnly ? 1 : 0));
   }
   g.learned_step = p.step;

@@ -124,7 +124,7 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
           "%s: last_step %d and changed_step %d must be >= 0", at, c.last_step(),
           c.changed_step()));
     }
-    if (std::abs(c.beyond()) >= kChangeConfirmSamples) {
+    if (c.beyond() <= -kChangeConfirmSamples || c.beyond() >= kChangeConfirmSamples) {
       return absl::InvalidArgumentError(absl::StrFormat("%s.beyond: %d, not in (-%d, %d)", at,
                                                         c.beyond(), kChangeConfirmSamples,
                                                         kChangeConfirmSamples));

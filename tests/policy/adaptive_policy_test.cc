@@ -196,14 +196,15 @@ TEST(ThroughputTableTest, DetectsChangesNotNoise) {
       EXPECT_EQ(t.BandChangedStep(5), -1) << "other bands untouched";
     }
   }
-  // Stragglers: every 7th step at half the rate, then a burst of them, 5 in a row, and
-  // normal steps again. The cluster carries the fast mean past the bound for a few samples,
-  // not kChangeConfirmSamples in a row: no change (one such burst re-based the cell before
-  // changes had to be held).
+  // Stragglers: every 7th step at half the rate, then a burst of them, 10 in a row, and
+  // normal steps again. The burst carries the fast mean past the bound for 5 samples in a
+  // row, not kChangeConfirmSamples: no change (with a change on the first sample beyond
+  // the bound, this burst re-based the cell).
   ThroughputTable stragglers;
   int64_t step = 100;
   for (int i = 0; i < 200; ++i) stragglers.Observe(c, 4, kTp, step++, i % 7 == 6 ? 50 : 100, 1.0);
-  for (int i = 0; i < 5; ++i) stragglers.Observe(c, 4, kTp, step++, 50, 1.0);
+  for (int i = 0; i < 10; ++i) stragglers.Observe(c, 4, kTp, step++, 50, 1.0);
+  EXPECT_LT(stragglers.cell(4, kTp).beyond, 0) << "beyond the bound, not yet held";
   for (int i = 0; i < 40; ++i) stragglers.Observe(c, 4, kTp, step++, i % 7 == 6 ? 50 : 100, 1.0);
   EXPECT_EQ(stragglers.BandChangedStep(4), -1) << "a straggler burst";
   EXPECT_EQ(stragglers.cell(4, kTp).beyond, 0) << "back inside the bound";
@@ -661,11 +662,6 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   EXPECT_FALSE(out.flip_held);
 }
 
-// Where a switch's cost c is measured (with confidence, and above the margin of a step), a
-// switch must pay for it: as an excursion (this batch's confident saving ≥ 2c, the cap
-// leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c), and
-// the cap must leave it. Where switching is free neither the cap nor the mix holds the
-// group: the evidence decides alone.
 // A move is judged over the bands the lengths still bring: a band they stopped bringing
 // leaves the mix within a few kMoveHorizonDecisions, not half-lives; and a band whose change
 // was detected lately counts in the mix's weight but saves nothing.
@@ -698,6 +694,11 @@ TEST(SwitchSavingTest, TheMixIsTheBandsTheLengthsStillBring) {
   EXPECT_GT(changed.mix_per_step, -0.1);
 }
 
+// Where a switch's cost c is measured (with confidence, and above the margin of a step), a
+// switch must pay for it: as an excursion (this batch's confident saving ≥ 2c, the cap
+// leaving the way back) or as a move (this batch plus 49 steps of the band mix ≥ c), and
+// the cap must leave it. Where switching is free neither the cap nor the mix holds the
+// group: the evidence decides alone.
 TEST(EvaluateAdaptiveTest, ASwitchMustPayForItsCost) {
   const int band = BandOf(Adaptive(), 0.05, 4096);   // 4096 tokens a batch
   const int other = BandOf(Adaptive(), 0.35, 4096);  // the rest of the mix

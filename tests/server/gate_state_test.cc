@@ -820,6 +820,48 @@ TEST_F(GateStateTest, PriorInputsComeFromTheFirstDeclaringRankOfTheLaunch) {
 }
 
 
+// The daemon tells exploration's switches from its own decisions (docs/design.md §11): a
+// learning band's probe run (steps 0-3, TP-only, kept for the run) and the first step back
+// to SP after it follow a switch made to measure, so before any switch was measured the
+// step back does not enter SP's empty cell; the SP steps after it do, as the run's later
+// TP-only steps did.
+TEST_F(GateStateTest, AStepBackFromAProbeRunIsExplorations) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("x", 0, 0, 2));
+  auto r1 = state->Register(Reg("x", 0, 1, 2));
+  auto s0 = state->AttachSession(r0->session_id(), std::make_shared<RecordingSink>());
+  auto s1 = state->AttachSession(r1->session_id(), std::make_shared<RecordingSink>());
+  ASSERT_THAT(s0.status(), IsOk());
+  ASSERT_THAT(s1.status(), IsOk());
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("x");
+  up.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  std::vector<std::pair<v1::Mode, v1::Reason>> ran;
+  for (int64_t step = 0; step < 7; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("x", 0, step, {500, 500}), &d), IsOk()) << step;
+    ran.emplace_back(d.mode(), d.reason());
+    ASSERT_THAT(state->RecordTelemetry(**s0, Tel("x", 0, 0, step, d.mode(), 1.0, 0)), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(**s1, Tel("x", 0, 1, step, d.mode(), 1.0, 0)), IsOk());
+  }
+  for (int64_t step = 0; step < 4; ++step) {
+    EXPECT_EQ(ran[step], std::pair(v1::TENSOR_PARALLEL_ONLY, v1::PROBE)) << step;
+  }
+  for (int64_t step = 4; step < 7; ++step) {
+    EXPECT_EQ(ran[step].first, v1::SEQUENCE_PARALLEL) << step;
+  }
+  auto job = state->GetJob("x");
+  ASSERT_THAT(job.status(), IsOk());
+  const ThroughputTable table = spgate::FromProto(job->learned());
+  const GateConfig c = spgate::LayerGateConfig(GateConfig{}, job->config().config());
+  const int band = BandOf(c, 0.0, 1000);
+  EXPECT_NEAR(table.cell(band, Mode::kTensorParallelOnly).weight, 4.0, 0.01);  // decayed
+  EXPECT_NEAR(table.cell(band, Mode::kSequenceParallel).weight, 2.0, 0.01)
+      << "steps 5 and 6; step 4, back from the probe run, not";
+  EXPECT_EQ(table.switch_cost().last_step, -1) << "no switch measured";
+}
+
 // The daemon learns each (band, mode)'s tokens/s from the group's step time (the max
 // over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
 // group's leader only, when a band's preference changes and at most once per interval;
