@@ -351,6 +351,13 @@ struct SwitchSaving {
 SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& table, Mode from,
                             Mode to, const BatchFacts& batch, const BandEstimate& here);
 
+// Whether a step after a switch is exploration's (ObserveAfterSwitch): the switch was into
+// a probe (`probe`: the step ran as one) or back from one (`previous_probe`). The daemon
+// and the simulator feed their tables through this one rule.
+inline bool ExplorationSwitch(bool after_switch, bool probe, bool previous_probe) {
+  return after_switch && (probe || previous_probe);
+}
+
 // The decisions a move to the other mode is judged over (step 4 above).
 inline constexpr int64_t kMoveHorizonDecisions = 50;
 

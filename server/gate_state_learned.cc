@@ -100,8 +100,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
   }
   for (const LearnedSample& x : samples) {
     const bool after_switch = previous.has_value() && *previous != x.mode;
-    // A switch into a probe or back from one is exploration's (ObserveAfterSwitch).
-    const bool exploration = after_switch && (x.probe || previous_probe);
+    const bool exploration = ExplorationSwitch(after_switch, x.probe, previous_probe);
     previous = x.mode;
     previous_probe = x.probe;
     if (x.band < 0) continue;

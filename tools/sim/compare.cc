@@ -111,7 +111,7 @@ struct StepOps {
   std::vector<std::vector<Mode>> modes;        // [stage][m]
   std::vector<std::vector<double>> fwd, bwd;   // [stage][m], a switch's cost in fwd
   std::vector<std::vector<char>> switched;     // [stage][m]: after a switch
-  std::vector<std::vector<char>> probe;        // [stage][m]: ADAPTIVE's probe
+  std::vector<std::vector<char>> probe;        // [stage][m]: ran as a probe (reason PROBE)
   std::vector<std::vector<char>> exploration;  // [stage][m]: a switch into or back from one
 };
 
@@ -350,7 +350,7 @@ void ApplyModes(Run& r, const Cell& cell, const PipelineCostModel& model, const 
                     model.layers().SwitchSeconds(r.last_mode[unit], modes[m]);
       x.bwd[s][m] = rs.costs[s][m].backward_s[i];
       x.switched[s][m] = switched;
-      x.exploration[s][m] = switched && (x.probe[s][m] || r.last_probe[unit]);
+      x.exploration[s][m] = ExplorationSwitch(switched, x.probe[s][m], r.last_probe[unit]);
       r.last_probe[unit] = x.probe[s][m];
       if (switched) ++r.result.switches;
       r.last_mode[unit] = modes[m];

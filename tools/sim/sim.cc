@@ -639,7 +639,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
                            static_cast<double>(step.effective_tokens), step.step_time_s,
-                           switched, switched && (probe || last_probe[gi]), stats->cv,
+                           switched, ExplorationSwitch(switched, probe, last_probe[gi]),
+                           stats->cv,
                            step.group_all_gather_s(),
                            step.group_rs_wait_s()});
       }
