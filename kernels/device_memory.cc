@@ -16,6 +16,12 @@ namespace spgate::kernels {
 
 absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file,
                                int line) {
+  // The failed call also left its error in the runtime's per-thread last-error
+  // slot, which every launcher reads after its launch: consume it here, so that
+  // a caller which handles this Status (an allocation it retries smaller) does
+  // not see the old error reported against its next kernel. A sticky error
+  // (a lost context) stays whatever this does.
+  cudaGetLastError();
   std::string msg = absl::StrCat(file, ":", line, ": ", expr, ": ",
                                  cudaGetErrorName(error), ": ", cudaGetErrorString(error));
   switch (error) {

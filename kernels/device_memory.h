@@ -31,6 +31,7 @@ namespace spgate::kernels {
 // Maps a CUDA runtime error to a Status: out of memory -> RESOURCE_EXHAUSTED,
 // no device / driver -> FAILED_PRECONDITION, bad argument -> INVALID_ARGUMENT,
 // anything else -> INTERNAL. The message is "file:line: expr: cudaErrorX: text".
+// It clears the runtime's last-error slot, so the next launch check starts clean.
 absl::Status CudaErrorToStatus(cudaError_t error, const char* expr, const char* file,
                                int line);
 

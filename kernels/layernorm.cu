@@ -301,7 +301,8 @@ absl::Status LayerNormFwdImpl(const LayerNormFwdArgs<T>& a, cudaStream_t stream)
   if (a.rows == 0) return absl::OkStatus();
   const int vec =
       ChooseVec<T>(a.hidden, {a.x, a.residual, a.residual_out, a.y, a.gamma, a.beta});
-  absl::StatusOr<internal::RowPlan> plan = internal::PlanRow(a.hidden, vec);
+  absl::StatusOr<internal::RowPlan> plan =
+      internal::PlanRow(a.hidden, vec, internal::kRowFwdMaxThreads);
   if (!plan.ok()) return WithOp(kOp, plan.status());
   const int grid = static_cast<int>(std::min<int64_t>(a.rows, int64_t{1} << 20));
   return DispatchRowPlan<T>(*plan, FwdLaunch<T>{a, grid, plan->threads, stream});

@@ -18,6 +18,14 @@ namespace spgate::kernels::internal {
 // At most this many elements per thread live in registers (backward keeps four
 // float arrays of that length).
 inline constexpr int kRowMaxElementsPerThread = 32;
+// The forward kernel keeps blocks to this many threads while the row fits in
+// registers at that size, taking more elements per thread instead; measured on
+// an H200 (docs/benchmarks.md), a bf16 row of 8192 ran at 0.54x a copy's
+// bandwidth as one 1024-thread block and at 0.83x as 512 threads of 16
+// elements. The backward kernel holds four arrays per element, and the same
+// change took it from 0.67x to 0.53x: it keeps 1024 (kRowMaxThreads).
+inline constexpr int kRowFwdMaxThreads = 512;
+inline constexpr int kRowMaxThreads = 1024;
 
 struct RowPlan {
   int vec = 1;      // elements per pack (1, or 16 bytes' worth)
@@ -25,20 +33,31 @@ struct RowPlan {
   int threads = 32; // multiple of 32, <= 1024
 };
 
-inline absl::StatusOr<RowPlan> PlanRow(int64_t hidden, int vec) {
+// `max_threads` (a multiple of 32, at most kRowMaxThreads) is where blocks stop
+// growing while items * vec stays within kRowMaxElementsPerThread; rows wider
+// than that take kRowMaxThreads threads.
+inline absl::StatusOr<RowPlan> PlanRow(int64_t hidden, int vec,
+                                       int max_threads = kRowMaxThreads) {
   auto round32 = [](int64_t v) { return (v + 31) / 32 * 32; };
   const int64_t packs = (hidden + vec - 1) / vec;
-  // Aim for ~8 elements per thread: enough bytes in flight, few registers.
-  int64_t threads = std::clamp<int64_t>(round32((hidden + 7) / 8), 32, 1024);
-  const int64_t need = (packs + threads - 1) / threads;
-  int64_t items = 1;
-  while (items < need) items *= 2;
+  // Aim for ~8 elements per thread: enough bytes in flight, few registers; wide
+  // rows take more per thread rather than blocks over max_threads.
+  auto items_for = [&](int64_t threads) {
+    const int64_t need = (packs + threads - 1) / threads;
+    int64_t items = 1;
+    while (items < need) items *= 2;
+    return items;
+  };
+  int64_t threads =
+      std::clamp<int64_t>(round32((hidden + 7) / 8), 32, max_threads);
+  int64_t items = items_for(threads);
+  if (items * vec > kRowMaxElementsPerThread) items = items_for(kRowMaxThreads);
   if (items * vec > kRowMaxElementsPerThread) {
     return absl::UnimplementedError(
         absl::StrCat("hidden = ", hidden, " exceeds the GPU row kernels' limit of ",
-                     1024 * kRowMaxElementsPerThread));
+                     kRowMaxThreads * kRowMaxElementsPerThread));
   }
-  threads = std::clamp<int64_t>(round32((packs + items - 1) / items), 32, 1024);
+  threads = std::clamp<int64_t>(round32((packs + items - 1) / items), 32, kRowMaxThreads);
   RowPlan plan;
   plan.vec = vec;
   plan.items = static_cast<int>(items);

@@ -55,6 +55,9 @@ TEST_F(DeviceMemoryGpuTest, ImpossibleAllocationIsResourceExhaustedWithLocation)
   EXPECT_THAT(huge.status(), StatusIs(absl::StatusCode::kResourceExhausted,
                                       ::testing::AllOf(HasSubstr("device_memory.cc:"),
                                                        HasSubstr("cudaMalloc"))));
+  // The failure is not left behind in the runtime's last-error slot, which every
+  // launcher reads after its launch (a later, healthy launch would report it).
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
   // The error is not sticky: the device still works.
   ASSERT_OK_AND_ASSIGN(auto ok, DeviceBuffer<float>::Allocate(16));
   ASSERT_OK(ok.SetZero(stream_));

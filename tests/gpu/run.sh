@@ -6,8 +6,11 @@
 #   ctest.log, ctest-gpu.xml ctest -L gpu (text and JUnit)
 #   kernels_gpu_bench.{txt,json}, kernels_cpu_bench.{txt,json}
 # Usage: tests/gpu/run.sh OUTDIR
-# Environment: BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), JOBS.
-# The full project is tried first; if it cannot be configured or built (e.g. a
+# Environment: BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), JOBS,
+# STEP_TIMEOUT (seconds each of ctest and the two benchmarks may run, default 900),
+# PREBUILT=1 (BUILD_DIR was built elsewhere for this CUDA_ARCH, e.g. by
+# tests/gpu/pack.sh on a machine with our dev packages: skip configure and build).
+# Otherwise the full project is tried first; if it cannot be configured or built (e.g. a
 # GPU box without gRPC), the kernels-only project in tests/gpu/standalone is
 # used instead, and summary.txt says so. Exit status: 0 when the build, every
 # gpu test and both benchmarks succeeded; 1 otherwise.
@@ -24,6 +27,7 @@ BUILD=${BUILD_DIR:-build-gpu}
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 ARCH=${CUDA_ARCH:-90}
 JOBS=${JOBS:-$(nproc)}
+STEP_TIMEOUT=${STEP_TIMEOUT:-900}
 SUMMARY="$OUT/summary.txt"
 status=0
 
@@ -47,7 +51,14 @@ configure_and_build() {  # $1 = source dir
 }
 
 : > "$OUT/build.log"
-if configure_and_build "$ROOT"; then
+if [ "${PREBUILT:-0}" = 1 ]; then
+  if [ ! -f "$BUILD/CTestTestfile.cmake" ]; then
+    note "build: PREBUILT=1 but $BUILD holds no configured build"
+    exit 1
+  fi
+  cp "$BUILD/build-info.txt" "$OUT/build.log" 2>/dev/null
+  note "build: prebuilt ($BUILD), not rebuilt here"
+elif configure_and_build "$ROOT"; then
   note "build: full project OK ($BUILD, sm_$ARCH)"
 else
   note "build: full project failed (see build.log); falling back to tests/gpu/standalone"
@@ -63,7 +74,7 @@ if ! grep -q 'spgate.*: CUDA ON' "$OUT/build.log"; then
   note "warning: configure did not report CUDA ON; GPU tests may not exist"
 fi
 
-(cd "$BUILD" && ctest -L gpu --no-tests=error --output-on-failure --output-junit "$OUT/ctest-gpu.xml") \
+(cd "$BUILD" && timeout "$STEP_TIMEOUT" ctest -L gpu --no-tests=error --output-on-failure --output-junit "$OUT/ctest-gpu.xml") \
   > "$OUT/ctest.log" 2>&1
 rc=$?
 note "ctest -L gpu: exit $rc; $(grep -E 'tests passed|No tests were found' "$OUT/ctest.log" | tail -1)"
@@ -73,13 +84,13 @@ if grep -q '(Skipped)' "$OUT/ctest.log"; then
 fi
 [ $rc -eq 0 ] || status=1
 
-"$BUILD/bin/kernels_gpu_bench" --json="$OUT/kernels_gpu_bench.json" \
+timeout "$STEP_TIMEOUT" "$BUILD/bin/kernels_gpu_bench" --json="$OUT/kernels_gpu_bench.json" \
   > "$OUT/kernels_gpu_bench.txt" 2>&1
 rc=$?
 note "kernels_gpu_bench: exit $rc"
 [ $rc -eq 0 ] || status=1
 
-"$BUILD/bin/kernels_cpu_bench" --json="$OUT/kernels_cpu_bench.json" \
+timeout "$STEP_TIMEOUT" "$BUILD/bin/kernels_cpu_bench" --json="$OUT/kernels_cpu_bench.json" \
   > "$OUT/kernels_cpu_bench.txt" 2>&1
 rc=$?
 note "kernels_cpu_bench: exit $rc"

@@ -9,17 +9,20 @@
 #include "kernels/internal/launch_plan.h"
 #include "kernels/internal/row_plan.h"
 #include "kernels/layernorm.h"
+#include "tests/kernels/kernel_test_util.h"
 
 namespace spgate::kernels::internal {
 namespace {
 
 TEST(RowPlanTest, CoversEverySupportedHiddenSize) {
+  for (int max_threads : {kRowFwdMaxThreads, kRowMaxThreads})
   for (int vec : {1, 4, 8}) {
     for (int64_t hidden = vec; hidden <= kLayerNormMaxHiddenGpu; hidden += vec) {
       // Large sizes: sample, the small ones exhaustively.
       if (hidden > 4096 && hidden % 509 != 0 && hidden != kLayerNormMaxHiddenGpu) continue;
-      absl::StatusOr<RowPlan> p = PlanRow(hidden, vec);
-      ASSERT_TRUE(p.ok()) << "hidden " << hidden << " vec " << vec << ": " << p.status();
+      absl::StatusOr<RowPlan> p = PlanRow(hidden, vec, max_threads);
+      ASSERT_TRUE(p.ok()) << "hidden " << hidden << " vec " << vec << " max_threads "
+                          << max_threads << ": " << p.status();
       EXPECT_EQ(p->threads % 32, 0);
       EXPECT_LE(p->threads, 1024);
       EXPECT_LE(p->items * vec, kRowMaxElementsPerThread);
@@ -31,6 +34,24 @@ TEST(RowPlanTest, CoversEverySupportedHiddenSize) {
       EXPECT_LT(static_cast<int64_t>(p->items) * (p->threads - 32), packs) << "hidden " << hidden;
     }
   }
+}
+
+TEST(RowPlanTest, ForwardCapTakesMoreElementsPerThreadUntilTheRowNeedsMore) {
+  // bf16 (vec 8) rows of 8192: 1024 threads of 8 elements uncapped, 512 of 16 capped.
+  ASSERT_OK_AND_ASSIGN(RowPlan wide, PlanRow(8192, 8));
+  EXPECT_EQ(wide.threads, 1024);
+  EXPECT_EQ(wide.items, 1);
+  ASSERT_OK_AND_ASSIGN(RowPlan capped, PlanRow(8192, 8, kRowFwdMaxThreads));
+  EXPECT_EQ(capped.threads, 512);
+  EXPECT_EQ(capped.items, 2);
+  // At 4096 the cap changes nothing.
+  ASSERT_OK_AND_ASSIGN(RowPlan small, PlanRow(4096, 8, kRowFwdMaxThreads));
+  EXPECT_EQ(small.threads, 512);
+  EXPECT_EQ(small.items, 1);
+  // The widest row cannot fit 512 threads' registers: it takes 1024.
+  ASSERT_OK_AND_ASSIGN(RowPlan widest, PlanRow(kLayerNormMaxHiddenGpu, 8, kRowFwdMaxThreads));
+  EXPECT_EQ(widest.threads, kRowMaxThreads);
+  EXPECT_EQ(widest.items * 8, kRowMaxElementsPerThread);
 }
 
 TEST(RowPlanTest, RefusesHiddenBeyondTheLimit) {
