@@ -6,7 +6,10 @@
 # but none of our dev packages and no network.
 # Usage: tests/gpu/pack.sh OUTDIR
 # Environment: BUILD_DIR (default build-gpu-kernels, relative to the repository
-# root), CUDA_ARCH (default 90), JOBS.
+# root), CUDA_ARCH (default 90), JOBS, WORKER_TEST (optional: a full build's
+# tests/worker_runtime_gpu_test, packed with its libraries and a relocatable
+# OpenMPI from Debian's packages into BUILD_DIR/worker; run.sh runs it under
+# that OpenMPI's orterun; NCCL is the GPU machine's own).
 # On the GPU machine, from a checkout of the same commit at the same path:
 #   tar -xJf OUTDIR/gpu-build.tar.xz
 #   LD_LIBRARY_PATH=$PWD/build-gpu-kernels/rt:$LD_LIBRARY_PATH \
@@ -44,6 +47,23 @@ find "$BUILD/bin" "$BUILD/tests" -maxdepth 1 -type f -perm -u+x -print0 |
   xargs -0 ldd | awk '/=> \//{print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas(Lt)?)\.so' |
   while read -r lib; do cp -L "$lib" "$BUILD/rt/"; done
+
+if [ -n "${WORKER_TEST:-}" ]; then
+  W="$BUILD/worker"
+  rm -rf "$W"
+  mkdir -p "$W/rt" "$W/ompi"
+  cp "$WORKER_TEST" "$W/"
+  strip -g "$W/$(basename "$WORKER_TEST")"
+  # OpenMPI as installed, under ompi/ with the same layout (OPAL_PREFIX=ompi/usr).
+  dpkg -L libopenmpi3 openmpi-bin openmpi-common libpmix2 |
+    while read -r f; do if [ -f "$f" ]; then echo "$f"; fi; done |
+    grep -v -E '/(doc|man)/' | tar -cf - -T - 2>/dev/null | tar -C "$W/ompi" -xf -
+  { ldd "$WORKER_TEST"; find "$W/ompi" -name '*.so*' -type f -exec ldd {} \;
+    ldd "$W/ompi/usr/bin/orted" "$W/ompi/usr/bin/orterun"; } 2>/dev/null |
+    awk '/=> \//{print $3}' | sort -u | grep -v "^$W" |
+    grep -v -E '/(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas(Lt)?|libnccl)\.so' |
+    while read -r lib; do cp -Ln "$lib" "$W/rt/"; done
+fi
 
 tar -C "$ROOT" -cJf "$OUT/gpu-build.tar.xz" --exclude='*.o' --exclude='*.a' "$NAME"
 echo "$OUT/gpu-build.tar.xz: $(du -h "$OUT/gpu-build.tar.xz" | cut -f1) ($(ls "$BUILD/rt" | wc -l) libraries in $NAME/rt)"

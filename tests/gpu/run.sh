@@ -4,12 +4,15 @@
 #   summary.txt              machine, toolchain, what ran and how it ended
 #   build.log                configure + build output
 #   ctest.log, ctest-gpu.xml ctest -L gpu (text and JUnit)
+#   worker_gpu_test.log      the packed worker runtime gpu test (PREBUILT only)
 #   kernels_gpu_bench.{txt,json}, kernels_cpu_bench.{txt,json}
 # Usage: tests/gpu/run.sh OUTDIR
 # Environment: BUILD_DIR (default build-gpu), CUDA_ARCH (default 90), JOBS,
 # STEP_TIMEOUT (seconds each of ctest and the two benchmarks may run, default 900),
 # PREBUILT=1 (BUILD_DIR was built elsewhere for this CUDA_ARCH, e.g. by
-# tests/gpu/pack.sh on a machine with our dev packages: skip configure and build).
+# tests/gpu/pack.sh on a machine with our dev packages: skip configure and build;
+# a worker_runtime_gpu_test packed into BUILD_DIR/worker runs under the OpenMPI
+# packed with it, its output in worker_gpu_test.log).
 # Otherwise the full project is tried first; if it cannot be configured or built (e.g. a
 # GPU box without gRPC), the kernels-only project in tests/gpu/standalone is
 # used instead, and summary.txt says so. Exit status: 0 when the build, every
@@ -83,6 +86,26 @@ if grep -q '(Skipped)' "$OUT/ctest.log"; then
   status=1
 fi
 [ $rc -eq 0 ] || status=1
+
+# The worker runtime's gpu test, when packed (tests/gpu/pack.sh WORKER_TEST=...);
+# a full build ran it in ctest above.
+W="$BUILD/worker"
+if [ -x "$W/worker_runtime_gpu_test" ]; then
+  lib_dir() {  # the folder of the first $1 found where CUDA images keep libraries
+    local f
+    f=$(find /usr/local/cuda/ /usr/local/cuda*/ /opt /usr/lib /usr/local/lib -name "$1" \
+          2>/dev/null | head -1)
+    [ -n "$f" ] && echo ":$(dirname "$f")"
+  }
+  (export OPAL_PREFIX="$W/ompi/usr" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+   export LD_LIBRARY_PATH="$W/rt:$W/ompi/usr/lib/x86_64-linux-gnu:$W/ompi/usr/lib/x86_64-linux-gnu/openmpi/lib$(lib_dir 'libnccl.so.2*')$(lib_dir 'libcublas.so.1*')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+   timeout "$STEP_TIMEOUT" "$W/ompi/usr/bin/orterun" -np 1 "$W/worker_runtime_gpu_test" \
+     --gtest_color=no) > "$OUT/worker_gpu_test.log" 2>&1
+  rc=$?
+  note "worker_runtime_gpu_test: exit $rc; $(grep -E '^\[  (PASSED  |FAILED  |SKIPPED )\] [0-9]+ test' "$OUT/worker_gpu_test.log" | tr '\n' ' ')"
+  grep -q '^\[  SKIPPED' "$OUT/worker_gpu_test.log" && status=1
+  [ $rc -eq 0 ] || status=1
+fi
 
 timeout "$STEP_TIMEOUT" "$BUILD/bin/kernels_gpu_bench" --json="$OUT/kernels_gpu_bench.json" \
   > "$OUT/kernels_gpu_bench.txt" 2>&1
