@@ -18,7 +18,9 @@ ranges ("figures_min", "figures_max") and every seed's command and figures.
 
 Usage: adaptive_incumbent.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
                              [--switch_costs=0,0.01] [--sets=grid,pp,stress,unseen]
-                             [--seeds='11 12 13 14 15']
+                             [--seeds='11 12 13 14 15'] [--hardware=h100-sxm|h200-sxm]
+--hardware is passed to every cell (the simulator's preset; a regime's explicit flags,
+such as slow_links' --link_gbps, still override it).
 """
 import argparse
 import json
@@ -164,6 +166,7 @@ def main():
     ap.add_argument("--switch_costs", default="0,0.01")
     ap.add_argument("--sets", default="grid,pp,stress,unseen")
     ap.add_argument("--seeds", default=dq.DEFAULT_SEEDS)
+    ap.add_argument("--hardware", default="h100-sxm")
     a = ap.parse_args()
     seeds = seedlib.parse(a.seeds)
     os.makedirs(a.out, exist_ok=True)
@@ -172,7 +175,8 @@ def main():
     for cost in (float(c) for c in a.switch_costs.split(",")):
         dq.REGRET["switch_cost_s"] = cost
         for s, name, flags, steps, window, stationary in cell_sets(a.steps, sets):
-            runs = dq.run_seeds(a.sim, flags, steps, a.groups, seeds, regret_window=window)
+            runs = dq.run_seeds(a.sim, flags + ["--hardware=" + a.hardware], steps, a.groups,
+                                seeds, regret_window=window)
             sp, miss, seed_misses = check([r["compare"] for r in runs], cost, stationary)
             rows.append(row(s, name, cost, sp, miss, seed_misses))
             spread = sp.to_json()
@@ -189,12 +193,14 @@ def main():
                   "median over seeds %s (range)" % ", ".join(str(x) for x in seeds))
     md = ["ADAPTIVE against the static gates, the fixed choices and the expected-value oracle; "
           "%d groups x %d steps a cell (PP: steps / micro-batches optimizer steps), %s, targets "
-          "checked on the medians; measured at %s." % (a.groups, a.steps, seeds_text, at), "",
+          "checked on the medians; hardware preset %s; measured at %s."
+          % (a.groups, a.steps, seeds_text, a.hardware, at), "",
           HEAD] + rows + [line for l in summary for line in ("", l)]
     with open(os.path.join(a.out, "adaptive_incumbent.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "adaptive_incumbent.json"), "w") as f:
-        json.dump({"commit": at, "steps": a.steps, "groups": a.groups, "seeds": seeds,
+        json.dump({"commit": at, "hardware": a.hardware, "steps": a.steps, "groups": a.groups,
+                   "seeds": seeds,
                    "cells": results}, f, indent=1)
     print("\n".join(summary))
     return 0

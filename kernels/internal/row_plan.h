@@ -18,13 +18,18 @@ namespace spgate::kernels::internal {
 // At most this many elements per thread live in registers (backward keeps four
 // float arrays of that length).
 inline constexpr int kRowMaxElementsPerThread = 32;
-// The forward kernel keeps blocks to this many threads while the row fits in
-// registers at that size, taking more elements per thread instead; measured on
-// an H200 (docs/benchmarks.md), a bf16 row of 8192 ran at 0.54x a copy's
-// bandwidth as one 1024-thread block and at 0.83x as 512 threads of 16
-// elements. The backward kernel holds four arrays per element, and the same
-// change took it from 0.67x to 0.53x: it keeps 1024 (kRowMaxThreads).
+// The forward kernel keeps blocks to kRowFwdMaxThreads while that takes at most
+// kRowCappedMaxElementsPerThread elements per thread. Measured on an H200
+// (docs/benchmarks.md): a bf16 row of 8192 ran at 0.54x a copy's bandwidth as one
+// 1024-thread block of 8 elements per thread and at 0.83x as 512 threads of 16.
+// The kernels are built for 1024-thread blocks (64 registers a thread), and
+// ptxas -v (sm_90) reports the forward kernel spilling beyond 16 (68 bytes for
+// bf16 packs at 32, about 1 KB on the scalar path at 32), so wider rows keep
+// the uncapped plan. The backward kernel holds four values per element and
+// spills already at 16 (280-392 bytes); the same cap took it from 0.67x to 0.53x:
+// it stays uncapped.
 inline constexpr int kRowFwdMaxThreads = 512;
+inline constexpr int kRowCappedMaxElementsPerThread = 16;
 inline constexpr int kRowMaxThreads = 1024;
 
 struct RowPlan {
@@ -34,8 +39,9 @@ struct RowPlan {
 };
 
 // `max_threads` (a multiple of 32, at most kRowMaxThreads) is where blocks stop
-// growing while items * vec stays within kRowMaxElementsPerThread; rows wider
-// than that take kRowMaxThreads threads.
+// growing while items * vec stays within kRowCappedMaxElementsPerThread; a row
+// wider than that is planned as if max_threads were kRowMaxThreads. The final
+// thread count is what the chosen items need (a multiple of 32).
 inline absl::StatusOr<RowPlan> PlanRow(int64_t hidden, int vec,
                                        int max_threads = kRowMaxThreads) {
   auto round32 = [](int64_t v) { return (v + 31) / 32 * 32; };
@@ -51,7 +57,10 @@ inline absl::StatusOr<RowPlan> PlanRow(int64_t hidden, int vec,
   int64_t threads =
       std::clamp<int64_t>(round32((hidden + 7) / 8), 32, max_threads);
   int64_t items = items_for(threads);
-  if (items * vec > kRowMaxElementsPerThread) items = items_for(kRowMaxThreads);
+  if (max_threads < kRowMaxThreads && items * vec > kRowCappedMaxElementsPerThread) {
+    threads = std::clamp<int64_t>(round32((hidden + 7) / 8), 32, kRowMaxThreads);
+    items = items_for(threads);
+  }
   if (items * vec > kRowMaxElementsPerThread) {
     return absl::UnimplementedError(
         absl::StrCat("hidden = ", hidden, " exceeds the GPU row kernels' limit of ",

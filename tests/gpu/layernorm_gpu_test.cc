@@ -2,8 +2,9 @@
 // storage, TransformerEngine style: the statistics (mean, rstd) first with a
 // tight tolerance, then y computed on the host from the GPU's own statistics,
 // then backward from the GPU's own saved tensors. Shapes cover the scalar
-// (odd hidden, misaligned pointers) and the 16-byte paths, every register
-// plan up to the 32768 limit, and backward determinism (two runs, same bits).
+// (odd hidden, misaligned pointers) and the 16-byte paths, the forward plans
+// on both sides of its 512-thread cap, the 32768 limit, and backward
+// determinism (two runs, same bits).
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -201,6 +202,12 @@ INSTANTIATE_TEST_SUITE_P(
                       LnGpuCase{"r4_h4096_misaligned", 4, 4096, true, 1},
                       LnGpuCase{"r1000_h768", 1000, 768, true, 0},
                       LnGpuCase{"r2048_h1024_plain", 2048, 1024, false, 0},
+                      // Forward's capped plans (512 threads, 16 per thread) and the
+                      // first rows past them, aligned and on the scalar path.
+                      LnGpuCase{"r5_h8192", 5, 8192, true, 0},
+                      LnGpuCase{"r5_h8192_misaligned", 5, 8192, true, 1},
+                      LnGpuCase{"r3_h16384", 3, 16384, true, 0},
+                      LnGpuCase{"r3_h16384_misaligned", 3, 16384, true, 1},
                       LnGpuCase{"r3_h32768", 3, 32768, true, 0},
                       LnGpuCase{"r2_h32767_scalar", 2, 32767, true, 0},
                       LnGpuCase{"r0_h8", 0, 8, true, 0}),

@@ -16,7 +16,8 @@
 # Otherwise the full project is tried first; if it cannot be configured or built (e.g. a
 # GPU box without gRPC), the kernels-only project in tests/gpu/standalone is
 # used instead, and summary.txt says so. Exit status: 0 when the build, every
-# gpu test and both benchmarks succeeded; 1 otherwise.
+# gpu test (the packed worker test included) and both benchmarks succeeded and
+# none was skipped; 1 otherwise.
 set -u -o pipefail
 
 if [ $# -ne 1 ]; then
@@ -98,7 +99,9 @@ if [ -x "$W/worker_runtime_gpu_test" ]; then
     [ -n "$f" ] && echo ":$(dirname "$f")"
   }
   (export OPAL_PREFIX="$W/ompi/usr" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-   export LD_LIBRARY_PATH="$W/rt:$W/ompi/usr/lib/x86_64-linux-gnu:$W/ompi/usr/lib/x86_64-linux-gnu/openmpi/lib$(lib_dir 'libnccl.so.2*')$(lib_dir 'libcublas.so.1*')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+   ompi_libs=$(find "$W/ompi/usr/lib" -name 'lib*.so*' -printf '%h\n' | sort -u |
+               sed 's/^/:/' | tr -d '\n')
+   export LD_LIBRARY_PATH="$W/rt$ompi_libs$(lib_dir 'libnccl.so.2*')$(lib_dir 'libcublas.so.1*')${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
    timeout "$STEP_TIMEOUT" "$W/ompi/usr/bin/orterun" -np 1 "$W/worker_runtime_gpu_test" \
      --gtest_color=no) > "$OUT/worker_gpu_test.log" 2>&1
   rc=$?

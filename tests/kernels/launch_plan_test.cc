@@ -32,11 +32,19 @@ TEST(RowPlanTest, CoversEverySupportedHiddenSize) {
       EXPECT_GE(static_cast<int64_t>(p->items) * p->threads, packs) << "hidden " << hidden;
       // And the block is not grossly oversized (at most one idle warp per item).
       EXPECT_LT(static_cast<int64_t>(p->items) * (p->threads - 32), packs) << "hidden " << hidden;
+      // A capped plan stays within the elements per thread that do not spill, or is
+      // the uncapped plan.
+      if (max_threads < kRowMaxThreads && p->items * vec > kRowCappedMaxElementsPerThread) {
+        absl::StatusOr<RowPlan> u = PlanRow(hidden, vec);
+        ASSERT_TRUE(u.ok());
+        EXPECT_EQ(p->threads, u->threads) << "hidden " << hidden << " vec " << vec;
+        EXPECT_EQ(p->items, u->items) << "hidden " << hidden << " vec " << vec;
+      }
     }
   }
 }
 
-TEST(RowPlanTest, ForwardCapTakesMoreElementsPerThreadUntilTheRowNeedsMore) {
+TEST(RowPlanTest, ForwardCapTakesUpToSixteenElementsPerThread) {
   // bf16 (vec 8) rows of 8192: 1024 threads of 8 elements uncapped, 512 of 16 capped.
   ASSERT_OK_AND_ASSIGN(RowPlan wide, PlanRow(8192, 8));
   EXPECT_EQ(wide.threads, 1024);
@@ -48,10 +56,18 @@ TEST(RowPlanTest, ForwardCapTakesMoreElementsPerThreadUntilTheRowNeedsMore) {
   ASSERT_OK_AND_ASSIGN(RowPlan small, PlanRow(4096, 8, kRowFwdMaxThreads));
   EXPECT_EQ(small.threads, 512);
   EXPECT_EQ(small.items, 1);
-  // The widest row cannot fit 512 threads' registers: it takes 1024.
+  // Rows that would need more than 16 elements per thread at 512 threads keep the
+  // uncapped plan: 1024 threads of 16 at 16384, of 32 at the widest.
+  ASSERT_OK_AND_ASSIGN(RowPlan wider, PlanRow(16384, 8, kRowFwdMaxThreads));
+  EXPECT_EQ(wider.threads, 1024);
+  EXPECT_EQ(wider.items, 2);
   ASSERT_OK_AND_ASSIGN(RowPlan widest, PlanRow(kLayerNormMaxHiddenGpu, 8, kRowFwdMaxThreads));
   EXPECT_EQ(widest.threads, kRowMaxThreads);
   EXPECT_EQ(widest.items * 8, kRowMaxElementsPerThread);
+  // The scalar path (unaligned rows): 8191 fits 512 threads of 16.
+  ASSERT_OK_AND_ASSIGN(RowPlan scalar, PlanRow(8191, 1, kRowFwdMaxThreads));
+  EXPECT_EQ(scalar.threads, 512);
+  EXPECT_EQ(scalar.items, 16);
 }
 
 TEST(RowPlanTest, RefusesHiddenBeyondTheLimit) {
