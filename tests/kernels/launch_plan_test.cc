@@ -15,30 +15,31 @@ namespace spgate::kernels::internal {
 namespace {
 
 TEST(RowPlanTest, CoversEverySupportedHiddenSize) {
-  for (int max_threads : {kRowFwdMaxThreads, kRowMaxThreads})
-  for (int vec : {1, 4, 8}) {
-    for (int64_t hidden = vec; hidden <= kLayerNormMaxHiddenGpu; hidden += vec) {
-      // Large sizes: sample, the small ones exhaustively.
-      if (hidden > 4096 && hidden % 509 != 0 && hidden != kLayerNormMaxHiddenGpu) continue;
-      absl::StatusOr<RowPlan> p = PlanRow(hidden, vec, max_threads);
-      ASSERT_TRUE(p.ok()) << "hidden " << hidden << " vec " << vec << " max_threads "
-                          << max_threads << ": " << p.status();
-      EXPECT_EQ(p->threads % 32, 0);
-      EXPECT_LE(p->threads, 1024);
-      EXPECT_LE(p->items * vec, kRowMaxElementsPerThread);
-      EXPECT_EQ(p->items & (p->items - 1), 0) << "items must be a power of two";
-      // Every column is owned: the last pack index fits in items * threads.
-      const int64_t packs = (hidden + vec - 1) / vec;
-      EXPECT_GE(static_cast<int64_t>(p->items) * p->threads, packs) << "hidden " << hidden;
-      // And the block is not grossly oversized (at most one idle warp per item).
-      EXPECT_LT(static_cast<int64_t>(p->items) * (p->threads - 32), packs) << "hidden " << hidden;
-      // A capped plan stays within the elements per thread that do not spill, or is
-      // the uncapped plan.
-      if (max_threads < kRowMaxThreads && p->items * vec > kRowCappedMaxElementsPerThread) {
-        absl::StatusOr<RowPlan> u = PlanRow(hidden, vec);
-        ASSERT_TRUE(u.ok());
-        EXPECT_EQ(p->threads, u->threads) << "hidden " << hidden << " vec " << vec;
-        EXPECT_EQ(p->items, u->items) << "hidden " << hidden << " vec " << vec;
+  for (int max_threads : {kRowFwdMaxThreads, kRowMaxThreads}) {
+    for (int vec : {1, 4, 8}) {
+      for (int64_t hidden = vec; hidden <= kLayerNormMaxHiddenGpu; hidden += vec) {
+        // Large sizes: sample, the small ones exhaustively.
+        if (hidden > 4096 && hidden % 509 != 0 && hidden != kLayerNormMaxHiddenGpu) continue;
+        absl::StatusOr<RowPlan> p = PlanRow(hidden, vec, max_threads);
+        ASSERT_TRUE(p.ok()) << "hidden " << hidden << " vec " << vec << " max_threads "
+                            << max_threads << ": " << p.status();
+        EXPECT_EQ(p->threads % 32, 0);
+        EXPECT_LE(p->threads, 1024);
+        EXPECT_LE(p->items * vec, kRowMaxElementsPerThread);
+        EXPECT_EQ(p->items & (p->items - 1), 0) << "items must be a power of two";
+        // Every column is owned: the last pack index fits in items * threads.
+        const int64_t packs = (hidden + vec - 1) / vec;
+        EXPECT_GE(static_cast<int64_t>(p->items) * p->threads, packs) << "hidden " << hidden;
+        // And the block is not grossly oversized (at most one idle warp per item).
+        EXPECT_LT(static_cast<int64_t>(p->items) * (p->threads - 32), packs) << "hidden " << hidden;
+        // A capped plan stays within the elements per thread that do not spill, or is
+        // the uncapped plan.
+        if (max_threads < kRowMaxThreads && p->items * vec > kRowCappedMaxElementsPerThread) {
+          absl::StatusOr<RowPlan> u = PlanRow(hidden, vec);
+          ASSERT_TRUE(u.ok());
+          EXPECT_EQ(p->threads, u->threads) << "hidden " << hidden << " vec " << vec;
+          EXPECT_EQ(p->items, u->items) << "hidden " << hidden << " vec " << vec;
+        }
       }
     }
   }
