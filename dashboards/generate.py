@@ -519,9 +519,10 @@ def Job():
         [(f"max(spgate_adaptive_gain_ratio{{{j}}})", "gain")], minimum=None), w=6)
     L.Add(TimeSeries(
         "Exploration share",
-        "Steps ADAPTIVE spent measuring the mode not chosen (reason probe), over all "
-        "decisions: adaptive_explore_floor in stable bands, up to adaptive_explore_share "
-        "while a band learns or after a change.",
+        "Steps ADAPTIVE spent measuring the mode not chosen (its own probes, not the "
+        "gates' wait-share probes), over all decisions: adaptive_explore_floor in stable "
+        "and rare bands, up to adaptive_explore_share while a band with at least 1/32 of "
+        "the batches learns or after a change.",
         "percentunit",
         [(f"sum(rate(spgate_adaptive_exploration_steps_total{{{j}}}[{RATE}]))"
           f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "exploration")],

@@ -379,15 +379,37 @@ bool InProbeRun(int64_t step, int64_t period) {
   return step >= 0 && step % period < kProbeRunSteps;
 }
 
+double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
+                        int64_t step) {
+  if (!ValidBand(band)) return 0.0;
+  double in_band = 0, all = 0;
+  for (int b = 0; b < kBands; ++b) {
+    for (const Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      const ThroughputCell& c = table.cell(b, m);
+      if (c.last_step < 0 || !(c.weight > 0)) continue;
+      const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
+      const double w = c.weight * HalfLifeDecay(age, config.adaptive_half_life_steps);
+      all += w;
+      if (b == band) in_band += w;
+    }
+  }
+  if (!(all >= static_cast<double>(kBands) * SampleFloor(config))) return 1.0;
+  return in_band / all;
+}
+
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
                       int64_t step, bool known) {
   const double share = config.adaptive_explore_share;
-  if (!known || table == nullptr) return share;
+  const double floor = std::min(config.adaptive_explore_floor, share);
+  if (table == nullptr) return share;
+  if (!known) {
+    return BandTrafficShare(config, *table, band, step) >= kLearnMinTraffic ? share : floor;
+  }
   const int64_t changed = table->BandChangedStep(band);
   if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
     return share;
   }
-  return std::min(config.adaptive_explore_floor, share);
+  return floor;
 }
 
 bool MayExplore(const GateConfig& config, int64_t step) {
@@ -738,8 +760,13 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 
   // 5. Exploration: the mode not chosen, on the first kProbeRunSteps steps of the band's
   // period, if the cap (where it binds) leaves the flips out and back.
-  const int64_t period = ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known));
-  if (InProbeRun(batch.step, period)) {
+  // (Only a step in a probe run of either share can explore: the band's share, a pass over
+  // the table for a band still learning, is taken on those alone.)
+  const int64_t period =
+      MayExplore(config, batch.step)
+          ? ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known))
+          : 0;
+  if (period > 0 && InProbeRun(batch.step, period)) {
     // The mode not chosen (before any hold: a held group already runs it); while the band
     // learns, its less-sampled mode at the run's start, kept for the run's later steps
     // (choosing it again on every step switched the group on each one, and a switch before

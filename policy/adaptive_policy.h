@@ -287,9 +287,22 @@ GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state
                            std::vector<GateCheck>* trace = nullptr,
                            const PriorFit* prior_fit = nullptr);
 
+// The share of the table's recent samples (each cell's weight decayed to `step`, not
+// floored) that fall in `band`; 1 while the table holds fewer than kBands ×
+// adaptive_min_samples in all (a new job: every band is new). A pass over the table.
+double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
+                        int64_t step);
+// A band learns at adaptive_explore_share only while it carries at least this share of the
+// table's recent samples (BandTrafficShare), an even split over the bands: a band needs as
+// many samples whatever its
+// traffic, so learning a rare one costs as many probe steps as a common one and pays in
+// proportion to its batches; rarer bands are measured at adaptive_explore_floor and decided
+// by the gates and the prior until known (docs/design.md §11).
+inline constexpr double kLearnMinTraffic = 1.0 / kBands;
 // The exploration share of `band` at `step` (step 5 above): adaptive_explore_share while
-// the band is not `known` or within adaptive_explore_boost_steps of a change in it, else
-// adaptive_explore_floor (at most adaptive_explore_share).
+// the band is not `known` and carries kLearnMinTraffic of the traffic, or within
+// adaptive_explore_boost_steps of a change in it; else adaptive_explore_floor (at most
+// adaptive_explore_share). `table` null: adaptive_explore_share.
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
                       int64_t step, bool known);
 // The exploration period of a share: a group explores on the first kProbeRunSteps steps

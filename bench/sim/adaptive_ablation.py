@@ -30,11 +30,13 @@ import seeds as seedlib  # noqa: E402
 
 # (label, GateConfig text-format lines layered over the defaults)
 VARIANTS = [
-    ("defaults (margin 1 %, exploration 3 %)", ""),
+    ("defaults (margin 1 %, exploration 3 %, floor 0.25 %)", ""),
     ("margin 0.0001 % (no preference for SP)", "adaptive_margin: 0.000001"),
     ("margin 3 %", "adaptive_margin: 0.03"),
     ("exploration 1 %", "adaptive_explore_share: 0.01"),
     ("margin 0.0001 %, exploration 1 %", "adaptive_margin: 0.000001\nadaptive_explore_share: 0.01"),
+    # The exploration floor before it was lowered to 0.25 % (docs/benchmarks.md).
+    ("floor 0.4 %", "adaptive_explore_floor: 0.004"),
     # The change detector off: a threshold of 100 %, its largest (only a rate that doubles
     # reaches it; a band back after a half-life without samples is still marked changed).
     ("no change detection", "adaptive_change_threshold: 1"),

@@ -426,6 +426,61 @@ TEST(EvaluateAdaptiveTest, EmptyTableIsTheStaticPolicyOutsideExploration) {
   EXPECT_GT(compared, 500);
 }
 
+// A band still learning explores at the full share only while it carries kLearnMinTraffic
+// (1/32) of the table's recent samples; a rarer one at the floor (its probe runs those of
+// the floor's period alone). A new job's table (under 32 × adaptive_min_samples samples)
+// counts every band as common.
+TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
+  GateConfig c = Adaptive();  // share 0.03 → period 134; floor 0.004 → period 1000
+  c.adaptive_half_life_steps = 1000000;  // the table barely decays over the run
+  const int common = BandOf(c, 0.05, 4096);
+  const int rare = BandOf(c, 0.25, 4096);
+  const int other = BandOf(c, 0.35, 4096);
+  ASSERT_NE(common, rare);
+  ASSERT_NE(common, other);
+  ThroughputTable t;
+  for (int i = 0; i < 150; ++i) {
+    t.Observe(c, common, kSp, 5000 - i, 120, 1);
+    t.Observe(c, common, kTp, 5000 - i, 100, 1);
+  }
+  // 300 samples in all, 300 / (32 × 8) ≥ 1: no longer a new job's table.
+  for (int i = 0; i < 5; ++i) t.Observe(c, rare, kTp, 5000 - i, 100, 1);
+  EXPECT_NEAR(BandTrafficShare(c, t, rare, 5000), 5.0 / 305, 1e-4);
+  EXPECT_NEAR(BandTrafficShare(c, t, common, 5000), 300.0 / 305, 1e-4);
+  EXPECT_EQ(BandTrafficShare(c, t, other, 5000), 0);
+  EXPECT_EQ(BandTrafficShare(c, t, -1, 5000), 0);
+  EXPECT_EQ(ExploreShareOf(c, &t, rare, 5000, false), 0.004);
+  EXPECT_EQ(ExploreShareOf(c, &t, other, 5000, false), 0.004);
+  // Twenty samples of 325 (6 %) make it common enough to learn at the full share.
+  ThroughputTable busier = t;
+  for (int i = 5; i < 20; ++i) busier.Observe(c, rare, kTp, 5000 - i, 100, 1);
+  EXPECT_GE(BandTrafficShare(c, busier, rare, 5000), kLearnMinTraffic);
+  EXPECT_EQ(ExploreShareOf(c, &busier, rare, 5000, false), 0.03);
+  // A new job's table: every band learns at the share.
+  ThroughputTable young;
+  for (int i = 0; i < 100; ++i) young.Observe(c, common, kSp, 5000 - i, 120, 1);
+  EXPECT_EQ(BandTrafficShare(c, young, rare, 5000), 1);
+  EXPECT_EQ(ExploreShareOf(c, &young, rare, 5000, false), 0.03);
+  // Decided (CV 0.25: the gates run TP-only): the rare band's batches probe SP, its
+  // less-sampled mode, in the floor's runs only; the busier one's in the share's.
+  for (const auto& [table, period] :
+       {std::pair<const ThroughputTable*, int64_t>{&t, 1000}, {&busier, 134}}) {
+    GroupPolicyState g;
+    int64_t probes = 0;
+    for (int64_t step = 5001; step < 7001; ++step) {
+      const GateOutcome out = g.Decide(c, Batch(0.25, 4096, step), std::nullopt, table);
+      if (out.decision.reason != Reason::kProbe) continue;
+      ++probes;
+      EXPECT_TRUE(out.explored);
+      EXPECT_EQ(out.decision.mode, kSp) << step;
+      EXPECT_TRUE(InProbeRun(step, period)) << period << " " << step;
+    }
+    int64_t due = 0;
+    for (int64_t step = 5001; step < 7001; ++step) due += InProbeRun(step, period);
+    EXPECT_EQ(probes, due) << period;
+  }
+}
+
 // Exploration: only in the probe runs of the band's period, the mode not chosen: at the floor
 // while the band is stable, at the full share while it learns or within
 // adaptive_explore_boost_steps of a change in it, then at the floor again.

@@ -267,7 +267,7 @@ class LocalClientTest(SpgateTestCase):
                          {"policy": "STATIC", "adaptive_cv_band_width": 0.05,
                           "adaptive_tokens_band_base": 8192, "adaptive_half_life_steps": 2000,
                           "adaptive_min_samples": 8, "adaptive_margin": 0.01,
-                          "adaptive_explore_share": 0.03, "adaptive_explore_floor": 0.004,
+                          "adaptive_explore_share": 0.03, "adaptive_explore_floor": 0.0025,
                           "adaptive_change_threshold": 0.05, "adaptive_explore_boost_steps": 200,
                           "adaptive_flip_interval_steps": 50})
         self.assertEqual(len(cfg), 2 + 19, sorted(cfg))  # version, effective_from_step + fields

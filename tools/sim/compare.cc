@@ -279,7 +279,7 @@ int64_t FixedStageModes(Kind kind, std::span<const PipelineOp> ops, uint64_t res
 // memory gate), a plain step's through the group's Decide (the memory gate first: a batch
 // TP-only cannot fit is never a probe).
 std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaStep& rs, int gi,
-                                      int s, int64_t k) {
+                                      int s, int64_t k, int64_t* explored) {
   GroupPolicyState& unit = r.units[static_cast<size_t>(gi) * cell.P + s];
   const ThroughputTable* table = r.kind == Kind::kAdaptive ? &r.tables[s] : nullptr;
   if (!cell.pipelined) {
@@ -291,7 +291,9 @@ std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaSte
         .predicted_peak_bytes_sp = cell.resident[s] + mem.activation_sp + mem.workspace_sp,
         .predicted_peak_bytes_tp = cell.resident[s] + mem.activation_tp + mem.workspace_tp,
         .memory_budget_bytes = cell.budget};
-    return {unit.Decide(r.config, facts, std::nullopt, table).decision};
+    const GateOutcome out = unit.Decide(r.config, facts, std::nullopt, table);
+    *explored += out.explored ? 1 : 0;
+    return {out.decision};
   }
   std::vector<MicrobatchFacts> facts(cell.M);
   for (int m = 0; m < cell.M; ++m) {
@@ -300,9 +302,10 @@ std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaSte
   }
   const StagePlanFacts plan{.step = k, .stage = s, .resident_bytes = cell.resident[s],
                             .memory_budget_bytes = cell.budget, .microbatches = facts};
-  return DecideStagePlan(unit, r.config, cell.layout, plan, std::nullopt, table,
-                         /*sp_required=*/false)
-      .decisions;
+  StagePlanOutcome out = DecideStagePlan(unit, r.config, cell.layout, plan, std::nullopt,
+                                         table, /*sp_required=*/false);
+  *explored += out.explored;
+  return std::move(out.decisions);
 }
 
 // The policy's modes for stage s of replica gi's step k, and which are ADAPTIVE's probes.
@@ -320,7 +323,8 @@ void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, 
         FixedStageModes(r.kind, cell.ops[s], cell.resident[s], rs.memory[s], cell.limit, modes);
     return;
   }
-  const std::vector<Decision> decisions = PolicyDecisions(r, cell, rs, gi, s, k);
+  const std::vector<Decision> decisions =
+      PolicyDecisions(r, cell, rs, gi, s, k, &r.result.explored_steps);
   modes.resize(cell.M);
   for (int m = 0; m < cell.M; ++m) {
     const Decision& d = decisions[m];
@@ -630,7 +634,7 @@ absl::Status FinishCompare(CompareResult& r, int64_t regret_window) {
     p.oracle_agreement = decisions > 0 ? static_cast<double>(p.oracle_agreed) / decisions : 0;
     p.flips_per_1000_steps =
         decisions > 0 ? 1000.0 * static_cast<double>(p.switches) / decisions : 0;
-    p.explore_share = decisions > 0 ? static_cast<double>(p.probe_steps) / decisions : 0;
+    p.explore_share = decisions > 0 ? static_cast<double>(p.explored_steps) / decisions : 0;
   }
   return absl::OkStatus();
 }

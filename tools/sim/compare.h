@@ -65,15 +65,18 @@ struct PolicyResult {
   uint64_t peak_memory_bytes = 0;
   double ratio_to_oracle = 0;
   int64_t switches = 0;     // mode changes, summed over groups
-  int64_t probe_steps = 0;  // group-steps with reason PROBE
+  int64_t probe_steps = 0;  // group-steps with reason PROBE (the gates' wait-share probes too)
+  // ADAPTIVE's own exploration: the steps it ran the mode neither the gates nor its evidence
+  // chose (GateOutcome::explored; what spgated counts as exploration steps).
+  int64_t explored_steps = 0;
   int64_t changes_detected = 0;  // adaptive: changes its tables marked (ThroughputTable::changes)
   int64_t sp_steps = 0, tp_steps = 0;
   std::vector<double> series;  // effective tokens/s per window of series_window steps
   // Per window of the series, each group's (replica's) share of its decisions that ran
   // TP-only: [window][group] (CompareModesCsv; spgate-sim --plot's mode panels).
   std::vector<std::vector<float>> group_tp_share;
-  // PP cells only (CompareResult::pipelined()); sp_steps, tp_steps, switches and
-  // probe_steps then count (stage, micro-batch) decisions.
+  // PP cells only (CompareResult::pipelined()); sp_steps, tp_steps, switches,
+  // probe_steps and explored_steps then count (stage, micro-batch) decisions.
   double ratio_to_best_fixed = 0;  // over the better of sp and tp_only
   std::vector<StageResult> stages;
   int64_t memory_forced_sp = 0;  // micro-batches the memory gate made SP
@@ -93,7 +96,7 @@ struct PolicyResult {
   // Derived from the above (FinishCompare): regret per window against the oracle, the
   // whole-run best fixed choice (the better of sp and tp_only) in the same windows; the
   // share of decisions in the oracle's mode; switches per 1,000 decisions of a group (PP:
-  // of a (replica, stage)); probe decisions over decisions.
+  // of a (replica, stage)); ADAPTIVE's exploration decisions (explored_steps) over decisions.
   WindowedRegret regret;
   // The same against the expected-value oracle (its best_fixed fields as regret's). Below 0
   // where a policy beats it: the clairvoyant oracle does, by its foresight.

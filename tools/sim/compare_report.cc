@@ -62,11 +62,12 @@ std::string RegretJson(const PolicyResult& p) {
       "\"min_window_vs_best_fixed\": %.6f, \"worst_window_start\": %d, "
       "\"expected_regret_window_median\": %.6f, \"expected_regret_window_p95\": %.6f, "
       "\"oracle_agreement\": %.6f, \"flips_per_1000_steps\": %.4f, \"explore_share\": %.6f, "
-      "\"changes_detected\": %d, \"decisions_by_reason\": %s",
+      "\"explored_steps\": %d, \"changes_detected\": %d, \"decisions_by_reason\": %s",
       p.regret.median, p.regret.p95, p.regret.worst, p.regret.worst_vs_best_fixed,
       p.regret.min_vs_best_fixed, p.regret.worst_start, p.expected_regret.median,
       p.expected_regret.p95, p.oracle_agreement,
-      p.flips_per_1000_steps, p.explore_share, p.changes_detected, DecisionsJson(p));
+      p.flips_per_1000_steps, p.explore_share, p.explored_steps, p.changes_detected,
+      DecisionsJson(p));
 }
 
 // The windows and the switch cost: "regret": {...}.

@@ -268,9 +268,11 @@ class AblationTest(unittest.TestCase):
         # run is shorter than a half-life: no band comes back after one).
         self.assertGreater(base["changes_detected"], 0)
         self.assertEqual(variants["adaptive_change_threshold: 1"]["changes_detected"], 0)
-        # And the knobs reach ADAPTIVE: no variant decides exactly as the defaults do.
+        # And the knobs reach ADAPTIVE: no variant decides exactly as the defaults do —
+        # but the floor's, whose probe runs (every 1,000 or 1,600 steps) first differ past
+        # this run's 300 steps.
         for config, v in variants.items():
-            if config:
+            if config and config != "adaptive_explore_floor: 0.004":
                 self.assertNotEqual(
                     (v["tp_only_share"], v["probe_steps"], v["mean_ratio_to_oracle"]),
                     (base["tp_only_share"], base["probe_steps"], base["mean_ratio_to_oracle"]),

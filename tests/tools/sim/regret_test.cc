@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -149,8 +150,16 @@ void CheckDerived(const CompareResult& r, int64_t decisions) {
   EXPECT_EQ(sp.explore_share, 0);
   EXPECT_GT(oracle.switches, 0);
   EXPECT_DOUBLE_EQ(oracle.flips_per_1000_steps, 1000.0 * oracle.switches / decisions);
+  // Exploration is ADAPTIVE's own (the steps it ran the mode neither the gates nor its
+  // evidence chose), not every PROBE: the gates' wait-share probes are the incumbent's.
   const PolicyResult& adaptive = *r.Find("adaptive");
-  EXPECT_DOUBLE_EQ(adaptive.explore_share, static_cast<double>(adaptive.probe_steps) / decisions);
+  const PolicyResult& gates = *r.Find("static");
+  EXPECT_GT(adaptive.explored_steps, 0);
+  EXPECT_LE(adaptive.explored_steps, adaptive.probe_steps);
+  EXPECT_DOUBLE_EQ(adaptive.explore_share,
+                   static_cast<double>(adaptive.explored_steps) / decisions);
+  EXPECT_EQ(gates.explored_steps, 0);
+  EXPECT_EQ(gates.explore_share, 0);
   for (const PolicyResult& p : r.policies) {
     SCOPED_TRACE(p.name);
     EXPECT_EQ(p.step_seconds.size(), static_cast<size_t>(r.steps));
@@ -177,6 +186,27 @@ TEST(CompareRegretTest, PlainCells) {
     EXPECT_NEAR(p.regret.worst, 1 - p.ratio_to_oracle, 1e-9) << p.name;
     EXPECT_EQ(p.regret.median, p.regret.worst) << p.name;
   }
+}
+
+// A heavy shard imbalance trips the gates' wait-share gate, whose fallback probes SP every
+// probe_interval_steps under STATIC and, where ADAPTIVE keeps the gates' choice, under
+// ADAPTIVE too (the incumbent's rule): those PROBE steps count in probe_steps but are no
+// exploration of ADAPTIVE's.
+TEST(CompareRegretTest, GatesProbesAreNotExploration) {
+  SimOptions o = Plain();
+  o.steps = 1000;
+  o.lengths = "lognormal:mean=4096,sigma=0.8";
+  o.cost.shard_work_fraction = 0.9;
+  absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0, 100);
+  ASSERT_THAT(r.status(), IsOk());
+  const PolicyResult& gates = *r->Find("static");
+  const PolicyResult& adaptive = *r->Find("adaptive");
+  EXPECT_GT(gates.probe_steps, 0);
+  EXPECT_EQ(gates.explored_steps, 0);
+  EXPECT_GT(adaptive.explored_steps, 0);
+  EXPECT_GT(adaptive.probe_steps, adaptive.explored_steps);
+  EXPECT_THAT(CompareJson(*r),
+              HasSubstr(absl::StrFormat("\"explored_steps\": %d,", adaptive.explored_steps)));
 }
 
 TEST(CompareRegretTest, PipelineCells) {
