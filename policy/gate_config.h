@@ -75,7 +75,8 @@ enum class GateFieldRange : uint8_t {
   X(double, adaptive_explore_share, 0.03, kShare,                                          \
     "ADAPTIVE: share of steps exploring (PROBE) while a band learns or after a change")   \
   X(double, adaptive_explore_floor, 0.0025, kShare,                                        \
-    "ADAPTIVE: share of a stable band's steps that re-measure the mode not chosen")        \
+    "ADAPTIVE: share of a stable (or rare, learning) band's steps that re-measure the "    \
+    "mode not chosen")                                                                     \
   X(double, adaptive_change_threshold, 0.05, kShare,                                       \
     "ADAPTIVE: a mode's recent tokens/s this far (and beyond its noise) from the estimate " \
     "is a change: re-learn and explore")                                                   \

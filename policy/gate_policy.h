@@ -76,7 +76,8 @@ struct GateOutcome {
 // decision moves the state (mode, switches, the last SP step, the RS_WAIT hysteresis and
 // its dwell, and whether the rolling wait-share window restarts). Because the transition
 // depends only on (state, step, decision, policy), the daemon and the worker's copy stay
-// equal. Under ADAPTIVE a PROBE is exploration and leaves the RS_WAIT hysteresis alone.
+// equal. Under ADAPTIVE a PROBE (its exploration, or the gates' wait-share probe it keeps
+// with their choice) leaves the RS_WAIT hysteresis alone.
 GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decision decision,
                               GatePolicyKind policy = GatePolicyKind::kStatic);
 

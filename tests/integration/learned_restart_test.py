@@ -7,12 +7,14 @@ which runs long. Once warm has learned, spgated is killed (-9) and restarted at 
 the same state dir; warm's clients reconnect and the restarted daemon decides the rest
 of its steps. Checked: right after the restart `spgatectl --output=json jobs show warm`
 has `learned.cells` (the cells of the file written before the kill), and over the first
-500 steps the restarted daemon decides (`spgatectl watch`, reason PROBE) warm explores
+500 steps the restarted daemon decides (`spgatectl watch`, reason PROBE: ADAPTIVE's
+exploration and any wait-share probe of the gates it keeps, counted alike for all three
+jobs) warm explores
 at most 10 % of what cold did over its first 500 (--max_ratio) more than `steady` — the
 same job (same seed, so the same batches step by step) run on a second spgated that is
 never killed — explores over the same steps. What a table that has learned explores
-anyway (adaptive_explore_floor's 4-step run in every 1,000 steps, bands still seldom
-seen) is not the restart's cost; the figures printed say how much of it there was.
+anyway (the 4-step run in every 1,000 steps of the floor the jobs set, bands still
+seldom seen) is not the restart's cost; the figures printed say how much of it there was.
 
 Run: /usr/bin/python3 learned_restart_test.py --spgated=BIN --sim=BIN --spgatectl=BIN
 Loopback only; bounded in time; every process is killed on exit.
@@ -38,7 +40,8 @@ CREDENTIAL = "learned-restart-test-credential-0001"
 # and warm's whole run (killed at --kill_at_step, the rest decided after the restart).
 RATE = 250
 WINDOW = 500
-# adaptive_explore_floor, and its probe period: a 4-step run every 1,000 steps.
+# The adaptive_explore_floor the jobs set (not the default: a period that fits the run),
+# and its probe period: a 4-step run every 1,000 steps.
 FLOOR_SHARE = 0.004
 FLOOR_PERIOD = 1000
 

@@ -456,6 +456,33 @@ TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
   for (int i = 5; i < 20; ++i) busier.Observe(c, rare, kTp, 5000 - i, 100, 1);
   EXPECT_GE(BandTrafficShare(c, busier, rare, 5000), kLearnMinTraffic);
   EXPECT_EQ(ExploreShareOf(c, &busier, rare, 5000, false), 0.03);
+  // The bound itself, 1/32: 30 samples of 1,000 learn at the floor, 32 at the share.
+  for (const auto& [in_rare, want] : {std::pair<int, double>{30, 0.004}, {32, 0.03}}) {
+    ThroughputTable edge;
+    const int per_mode = (1000 - in_rare) / 2;
+    for (int i = 0; i < per_mode; ++i) {
+      edge.Observe(c, common, kSp, 5000 - i, 120, 1);
+      edge.Observe(c, common, kTp, 5000 - i, 100, 1);
+    }
+    for (int i = 0; i < in_rare; ++i) edge.Observe(c, rare, kTp, 5000 - i, 100, 1);
+    EXPECT_NEAR(BandTrafficShare(c, edge, rare, 5000), in_rare / 1000.0, 1e-3) << in_rare;
+    EXPECT_EQ(ExploreShareOf(c, &edge, rare, 5000, false), want) << in_rare;
+  }
+  // Recent, not all-time: 2,000 samples of the common band at step 1,000 and 40 of the
+  // rare one at 1,500 weigh 1,000 against 40 at 1,500 under a half-life of 500 (3.8 %: the
+  // share), 2,000 against 40 under the long one (2.0 %: the floor).
+  ThroughputTable aged;
+  for (int i = 0; i < 1000; ++i) {
+    aged.Observe(c, common, kSp, 1000, 120, 1);
+    aged.Observe(c, common, kTp, 1000, 100, 1);
+  }
+  for (int i = 0; i < 40; ++i) aged.Observe(c, rare, kTp, 1500, 100, 1);
+  GateConfig short_half_life = c;
+  short_half_life.adaptive_half_life_steps = 500;
+  EXPECT_NEAR(BandTrafficShare(short_half_life, aged, rare, 1500), 40.0 / 1040, 1e-3);
+  EXPECT_EQ(ExploreShareOf(short_half_life, &aged, rare, 1500, false), 0.03);
+  EXPECT_NEAR(BandTrafficShare(c, aged, rare, 1500), 40.0 / 2040, 1e-3);
+  EXPECT_EQ(ExploreShareOf(c, &aged, rare, 1500, false), 0.004);
   // A new job's table: every band learns at the share.
   ThroughputTable young;
   for (int i = 0; i < 100; ++i) young.Observe(c, common, kSp, 5000 - i, 120, 1);
@@ -549,7 +576,9 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   EXPECT_EQ(ExploreShareOf(all, &stable, band, 20000, true), 0.001);
   EXPECT_EQ(ExplorePeriod(1.0), kProbeRunSteps);
   EXPECT_EQ(ExplorePeriod(1e-6), 4000000);
-  // An unknown band learns at the share; no table at all too.
+  // An unknown band of a table under 32 × 8 samples learns at the share; no table at all
+  // too (ARareLearningBandExploresAtTheFloor has the larger tables).
+  EXPECT_EQ(BandTrafficShare(c, stable, band + 1, 20000), 1);  // 200 samples in all
   EXPECT_EQ(ExploreShareOf(c, &stable, band + 1, 20000, false), 0.03);
   EXPECT_EQ(ExploreShareOf(c, nullptr, band, 20000, true), 0.03);
   // The same inputs give the same decisions: a second group agrees step for step.

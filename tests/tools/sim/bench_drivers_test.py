@@ -270,7 +270,11 @@ class AblationTest(unittest.TestCase):
         self.assertEqual(variants["adaptive_change_threshold: 1"]["changes_detected"], 0)
         # And the knobs reach ADAPTIVE: no variant decides exactly as the defaults do —
         # but the floor's, whose probe runs (every 1,000 or 1,600 steps) first differ past
-        # this run's 300 steps.
+        # this run's 300 steps, and which must then decide exactly as they do.
+        floor = variants["adaptive_explore_floor: 0.004"]
+        self.assertEqual(
+            (floor["tp_only_share"], floor["probe_steps"], floor["mean_ratio_to_oracle"]),
+            (base["tp_only_share"], base["probe_steps"], base["mean_ratio_to_oracle"]))
         for config, v in variants.items():
             if config and config != "adaptive_explore_floor: 0.004":
                 self.assertNotEqual(
