@@ -32,9 +32,9 @@
 //      instead (reason PROBE), if the cap (where it binds) leaves the flips out and back.
 //      The share is adaptive_explore_share while the band learns (too few samples) and
 //      carries kLearnMinTraffic of the recent batches, or for adaptive_explore_boost_steps
-//      after a change was detected in it, else adaptive_explore_floor. Exploration is how
-//      the evidence of step 3 is gathered; it is the one place ADAPTIVE runs a mode
-//      neither the gates nor the evidence chose.
+//      after a change was detected in it, else adaptive_explore_floor (the schedule:
+//      exploration.h). Exploration is how the evidence of step 3 is gathered; it is the
+//      one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a
 // cell that had adaptive_min_samples never falls below that weight (an estimate never
@@ -287,33 +287,6 @@ GateOutcome EvaluatePolicy(const GateConfig& config, const GroupGateState& state
                            std::optional<PinDirective> pin, const ThroughputTable* table,
                            std::vector<GateCheck>* trace = nullptr,
                            const PriorFit* prior_fit = nullptr);
-
-// The share of the table's recent samples (each cell's weight decayed to `step`, not
-// floored) that fall in `band`; 1 while the table holds fewer than kBands ×
-// adaptive_min_samples in all (a new job: every band is new; and a job whose half-life
-// holds fewer samples than that, e.g. one group at a half-life under ~180 steps, where
-// every band then counts as common). A pass over the table.
-double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
-                        int64_t step);
-// A band learns at adaptive_explore_share only while it carries at least this share of the
-// table's recent samples (BandTrafficShare), an even split over the bands: a band needs as
-// many samples whatever its traffic, so learning a rare one costs as many probe steps as a
-// common one and pays in proportion to its batches; rarer bands are measured at
-// adaptive_explore_floor and decided by the gates and the prior until known
-// (docs/design.md §11).
-inline constexpr double kLearnMinTraffic = 1.0 / kBands;
-// The exploration share of `band` at `step` (step 5 above): adaptive_explore_share while
-// the band is not `known` and carries kLearnMinTraffic of the traffic, or within
-// adaptive_explore_boost_steps of a change in it; else adaptive_explore_floor (at most
-// adaptive_explore_share). `table` null: adaptive_explore_share.
-double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
-                      int64_t step, bool known);
-// The exploration period of a share: a group explores on the first kProbeRunSteps steps
-// of every period (at least kProbeRunSteps: a share of 1 explores every step).
-int64_t ExplorePeriod(double share);
-bool InProbeRun(int64_t step, int64_t period);
-// Whether any band could explore at `step` (a multiple of either period).
-bool MayExplore(const GateConfig& config, int64_t step);
 
 // Whether the flip cap lets the group switch `flips` times in a row from its next
 // decision on: at most two switches in any 2 × adaptive_flip_interval_steps decisions.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "policy/exploration.h"
 #include "server/gate_state.h"
 #include "server/gate_state_internal.h"
 

@@ -39,6 +39,11 @@ EXCEPTIONS = {
     # noisy-table helpers.
     "policy/band_pool.cc": ("tests/policy/adaptive_policy_test.cc",
                             "PoolBandsTest; the pooled departure through EvaluateAdaptive"),
+    # policy/exploration: the schedule EvaluateAdaptive follows, tested through it with the
+    # same tables (ExplorationRisesAfterAChange..., ARareLearningBandExploresAtTheFloor).
+    "policy/exploration.cc": ("tests/policy/adaptive_policy_test.cc",
+                              "ExploreShareOf, BandTrafficShare, ExplorePeriod, MayExplore "
+                              "and the probes EvaluateAdaptive makes from them"),
     # common/cli: the four binaries' --help and --version, which only a built binary shows.
     "common/cli.cc": ("tests/tools/spgatectl/cli_conventions_test.py",
                       "--help lists each binary's own flags, --version its version (all four)"),

@@ -21,6 +21,7 @@
 
 #include "benchmark/benchmark.h"
 #include "policy/adaptive_policy.h"
+#include "policy/exploration.h"
 #include "policy/gate_policy.h"
 
 namespace spgate {

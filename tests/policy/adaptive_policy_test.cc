@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
 #include "policy/band_pool.h"
+#include "policy/exploration.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
 #include "tests/testing/policy_printers.h"

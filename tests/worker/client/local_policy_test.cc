@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
+#include "policy/exploration.h"
 #include "policy/gate_policy.h"
 #include "policy/rolling_window.h"
 #include "policy/step_plan.h"

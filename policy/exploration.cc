@@ -1,0 +1,63 @@
+// ADAPTIVE's exploration schedule; see exploration.h and docs/design.md §11.
+#include "policy/exploration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "policy/forgetting.h"
+
+namespace spgate {
+
+int64_t ExplorePeriod(double share) {
+  if (!(share > 0)) return INT64_MAX;
+  const double period = std::ceil(kProbeRunSteps / share - 1e-9);
+  if (!(period < 9e18)) return INT64_MAX;  // no int64 overflow for a tiny share
+  return std::max<int64_t>(kProbeRunSteps, static_cast<int64_t>(period));
+}
+
+bool InProbeRun(int64_t step, int64_t period) {
+  return step >= 0 && step % period < kProbeRunSteps;
+}
+
+double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
+                        int64_t step) {
+  if (band < 0 || band >= kBands) return 0.0;
+  double in_band = 0, all = 0;
+  for (int b = 0; b < kBands; ++b) {
+    for (const Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
+      const ThroughputCell& c = table.cell(b, m);
+      if (c.last_step < 0 || !(c.weight > 0)) continue;
+      const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
+      const double w = c.weight * HalfLifeDecay(age, config.adaptive_half_life_steps);
+      all += w;
+      if (b == band) in_band += w;
+    }
+  }
+  if (!(all >= static_cast<double>(kBands) * static_cast<double>(config.adaptive_min_samples))) return 1.0;
+  return in_band / all;
+}
+
+double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
+                      int64_t step, bool known) {
+  const double share = config.adaptive_explore_share;
+  const double floor = std::min(config.adaptive_explore_floor, share);
+  if (table == nullptr) return share;
+  if (!known) {
+    return BandTrafficShare(config, *table, band, step) >= kLearnMinTraffic ? share : floor;
+  }
+  const int64_t changed = table->BandChangedStep(band);
+  if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
+    return share;
+  }
+  return floor;
+}
+
+bool MayExplore(const GateConfig& config, int64_t step) {
+  if (step < 0) return false;
+  const double floor = std::min(config.adaptive_explore_floor, config.adaptive_explore_share);
+  return InProbeRun(step, ExplorePeriod(config.adaptive_explore_share)) ||
+         InProbeRun(step, ExplorePeriod(floor));
+}
+
+}  // namespace spgate

@@ -1,0 +1,52 @@
+// ADAPTIVE's exploration schedule (docs/design.md §11, rule 5): which steps a group may
+// run the mode not chosen to measure it, and at what share — the full share while a band
+// learns (if it carries enough of the traffic) or after a change in it, the floor
+// otherwise. Pure, like the rest of policy/; EvaluateAdaptive (adaptive_policy.h) decides
+// what a probe runs.
+//
+// Usage:
+//   if (spgate::MayExplore(config, step)) {  // cheap: most steps are not in a probe run
+//     const int64_t period = spgate::ExplorePeriod(
+//         spgate::ExploreShareOf(config, &table, band, step, known));
+//     if (spgate::InProbeRun(step, period)) { ... the band's mode not chosen ... }
+//   }
+#ifndef SPGATE_POLICY_EXPLORATION_H_
+#define SPGATE_POLICY_EXPLORATION_H_
+
+#include <cstdint>
+
+#include "policy/adaptive_policy.h"
+#include "policy/gate_config.h"
+
+namespace spgate {
+
+// The share of the table's recent samples (each cell's weight decayed to `step`, not
+// floored) that fall in `band`; 1 while the table holds fewer than kBands ×
+// adaptive_min_samples in all (a new job: every band is new; and a job whose half-life
+// holds fewer samples than that, e.g. one group at a half-life under ~180 steps, where
+// every band then counts as common). A pass over the table.
+double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
+                        int64_t step);
+// A band learns at adaptive_explore_share only while it carries at least this share of the
+// table's recent samples (BandTrafficShare), an even split over the bands: a band needs as
+// many samples whatever its traffic, so learning a rare one costs as many probe steps as a
+// common one and pays in proportion to its batches; rarer bands are measured at
+// adaptive_explore_floor and decided by the gates and the prior until known
+// (docs/design.md §11).
+inline constexpr double kLearnMinTraffic = 1.0 / kBands;
+// The exploration share of `band` at `step` (policy/adaptive_policy.h, step 5): adaptive_explore_share while
+// the band is not `known` and carries kLearnMinTraffic of the traffic, or within
+// adaptive_explore_boost_steps of a change in it; else adaptive_explore_floor (at most
+// adaptive_explore_share). `table` null: adaptive_explore_share.
+double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
+                      int64_t step, bool known);
+// The exploration period of a share: a group explores on the first kProbeRunSteps steps
+// of every period (at least kProbeRunSteps: a share of 1 explores every step).
+int64_t ExplorePeriod(double share);
+bool InProbeRun(int64_t step, int64_t period);
+// Whether any band could explore at `step` (a multiple of either period).
+bool MayExplore(const GateConfig& config, int64_t step);
+
+}  // namespace spgate
+
+#endif  // SPGATE_POLICY_EXPLORATION_H_
