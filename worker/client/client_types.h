@@ -78,7 +78,8 @@ struct GateDecision {
   std::optional<absl::Time> pin_expire;
   bool pin_forced = false;
   // A step plan's answer: one decision per micro-batch, by id (mode and reason above are
-  // micro-batch 0's), and the stage's predicted peak with them (docs/design.md §12).
+  // micro-batch 0's), and the stage's predicted peak with them (docs/design.md §12). Empty
+  // for a plain plan, whose one decision is mode and reason (in the daemon's answer too).
   std::vector<Decision> microbatches;
   uint64_t stage_peak_bytes = 0;
   friend bool operator==(const GateDecision&, const GateDecision&) = default;

@@ -54,6 +54,24 @@ DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
   }
 }
 
+namespace {
+
+// A daemon answer's decisions, one per micro-batch: a step plan's as sent, a plain plan's
+// one in its mode and reason (DecisionFromProto makes no vector for it). Into `out`, which
+// keeps its capacity from step to step.
+size_t AnsweredMicrobatches(const GateDecision& answer) {
+  return answer.microbatches.empty() ? 1 : answer.microbatches.size();
+}
+void AnswerDecisions(const GateDecision& answer, std::vector<Decision>* out) {
+  if (answer.microbatches.empty()) {
+    out->assign(1, Decision{answer.mode, answer.reason});
+  } else {
+    out->assign(answer.microbatches.begin(), answer.microbatches.end());
+  }
+}
+
+}  // namespace
+
 // The one place a plain plan and a step plan differ: the policy's rules for their
 // decisions (docs/design.md §4, §12). A plain plan is one decision, decided by the gates
 // over its BatchFacts (the memory gate before the others) and gated by its two predicted
@@ -67,6 +85,7 @@ DecisionBook::Admitted DecisionBook::DecideOrAdmit(const PlanRecord& plan,
                                                    const GateConfig& config,
                                                    const GateDecision* answer, absl::Time now) {
   decisions_.clear();
+  if (answer != nullptr) AnswerDecisions(*answer, &decisions_);
   if (!layout_.layout.has_value()) {
     const MicrobatchFacts& m = plan.microbatches.front();
     const BatchFacts facts{.step = plan.step,
@@ -79,13 +98,12 @@ DecisionBook::Admitted DecisionBook::DecideOrAdmit(const PlanRecord& plan,
       decisions_.push_back(policy_.Decide(facts, layout_.sp_required, now).decision);
       return {};
     }
-    const Decision wanted = answer->microbatches.front();
-    Decision d = wanted;
+    const Decision wanted = decisions_.front();
+    Decision& d = decisions_.front();
     if (d.mode == Mode::kTensorParallelOnly &&
         !(d.reason == Reason::kPinned && answer->pin_forced)) {
       d = PinAndMemoryGates(config, facts, /*pin=*/std::nullopt, /*trace=*/nullptr).value_or(d);
     }
-    decisions_.push_back(d);
     return {0, d != wanted};
   }
   if (answer == nullptr) {
@@ -100,7 +118,6 @@ DecisionBook::Admitted DecisionBook::DecideOrAdmit(const PlanRecord& plan,
   memory_.clear();
   for (const MicrobatchFacts& f : plan.microbatches) memory_.push_back(f.memory);
   StageMemoryGate gate(ops_, plan.resident, memory_, StageMemoryLimit(plan.budget, config));
-  decisions_.assign(answer->microbatches.begin(), answer->microbatches.end());
   const int overridden = ApplyStageMemoryGate(gate, decisions_, answer->pin_forced);
   return {gate.peak_bytes(), overridden};
 }
@@ -161,11 +178,12 @@ absl::StatusOr<std::optional<GateDecision>> DecisionBook::Lookup(int64_t step) c
 GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
   const PlanRecord& plan = *plans_.at(step);
   const ScheduledConfig& sc = policy_.ConfigFor(step);
-  // An answer is this plan's only with one decision per micro-batch of it (wire.cc gives a
-  // plain plan's its one); otherwise the step is decided locally.
+  // An answer is this plan's only with one decision per micro-batch of it (a plain
+  // answer's one in its mode and reason: AnsweredMicrobatches); otherwise the step is
+  // decided locally.
   const auto it = daemon_.find(step);
   GateDecision* answer =
-      it != daemon_.end() && it->second.microbatches.size() == plan.microbatches.size()
+      it != daemon_.end() && AnsweredMicrobatches(it->second) == plan.microbatches.size()
           ? &it->second
           : nullptr;
   const Admitted run = DecideOrAdmit(plan, sc.config, answer, now);

@@ -165,8 +165,9 @@ std::optional<GateDecision> DecisionFromProto(const v1::Decision& d) {
   }
   g.pin_forced = d.pin_forced();
   // One decision per micro-batch, in id order (anything else is not an answer): a step
-  // plan's as sent, a plain plan's its one, the step's (the client's one plan shape).
-  if (d.micro_batches_size() == 0) g.microbatches.push_back({g.mode, g.reason});
+  // plan's as sent. A plain plan's one is mode and reason, with no vector: this runs on the
+  // gRPC thread and the training thread commits the answer, so a vector here would be a
+  // heap allocation freed on the other thread every step (DecisionBook::Commit reads it).
   for (int i = 0; i < d.micro_batches_size(); ++i) {
     const v1::MicroBatchDecision& m = d.micro_batches(i);
     if (m.id() != i || !IsValidMode(m.mode()) || !IsValidReason(m.reason())) return std::nullopt;

@@ -6,12 +6,14 @@
 #include <optional>
 #include <ostream>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/policy_printers.h"
 #include "tests/testing/status_matchers.h"
+#include "worker/client/wire.h"
 
 namespace spgate::client {
 namespace {
@@ -52,8 +54,7 @@ GateDecision Daemon(int64_t step, Mode mode, Reason reason, int64_t version = 5)
   d.policy_reason = reason;
   d.source = DecisionSource::kDaemon;
   d.config_version = version;
-  d.microbatches = {{mode, reason}};  // a plain plan's answer as the wire gives it (wire.cc)
-  return d;
+  return d;  // a plain plan's answer as the wire gives it: its one decision in mode, reason
 }
 
 TEST(DecisionBookTest, PlansMustIncreaseAndBeUnique) {
@@ -121,6 +122,40 @@ TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
   EXPECT_EQ(book.counters().daemon_decisions, 2);
   EXPECT_EQ(book.counters().local_decisions, 1);
   EXPECT_EQ(book.counters().local_decisions_by_reason[static_cast<int>(Reason::kRsWait)], 1);
+}
+
+TEST(DecisionBookTest, APlainAnswerCarriesItsOneDecisionWithoutAVector) {
+  // The wire makes no micro-batch vector for a plain plan's answer (it is decoded on the
+  // gRPC thread and committed on the training thread: no heap round trip between them);
+  // the book reads its one decision from mode and reason, and takes a one-element list too.
+  v1::Decision wire;
+  wire.set_step(0);
+  wire.set_mode(v1::TENSOR_PARALLEL_ONLY);
+  wire.set_reason(v1::RS_WAIT);
+  wire.set_config_version(5);
+  const std::optional<GateDecision> plain = DecisionFromProto(wire);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_TRUE(plain->microbatches.empty());
+  EXPECT_EQ(plain->mode, Mode::kTensorParallelOnly);
+  EXPECT_EQ(plain->reason, Reason::kRsWait);
+
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
+  ASSERT_THAT(book.AddPlan(Plan(1)), IsOk());
+  ASSERT_NE(book.OnDaemonDecision(*plain), nullptr);
+  GateDecision listed = Daemon(1, Mode::kTensorParallelOnly, Reason::kLengthCv);
+  listed.microbatches = {{Mode::kTensorParallelOnly, Reason::kLengthCv}};
+  ASSERT_NE(book.OnDaemonDecision(listed), nullptr);
+  for (const auto& [step, reason] :
+       {std::pair{0, Reason::kRsWait}, std::pair{1, Reason::kLengthCv}}) {
+    const GateDecision d = book.Commit(step, kNow);
+    EXPECT_EQ(d.source, DecisionSource::kDaemon) << "step " << step;
+    EXPECT_EQ(d.mode, Mode::kTensorParallelOnly) << "step " << step;
+    EXPECT_EQ(d.reason, reason) << "step " << step;
+    EXPECT_TRUE(d.microbatches.empty()) << "step " << step << ": a plain plan's caller sees none";
+  }
+  EXPECT_EQ(book.counters().daemon_decisions, 2);
+  EXPECT_EQ(book.counters().local_decisions, 0);
 }
 
 TEST(DecisionBookTest, LookupReturnsTheCommittedDecisionAgainAndRefusesOlderSteps) {
@@ -624,7 +659,8 @@ void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
     // answer but runs SP under the worker's config, without the pin it no longer runs; a
     // local decision is the policy's, labelled with the source.
     GateDecision expected = answer;
-    if (!step_plans) expected.microbatches.clear();  // a plain plan's caller sees none
+    // A plain plan's caller sees no micro-batch list; a step plan's its one decision.
+    if (step_plans) expected.microbatches = {{answer.mode, answer.reason}};
     if (r.source != kDaemonSource) {
       if (r.source == kLocal) expected = GateDecision{.step = step};
       expected.mode = r.mode;
