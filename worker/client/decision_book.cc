@@ -57,8 +57,8 @@ DecisionBook::DecisionBook(const GateConfig& initial, int max_pending_plans,
 namespace {
 
 // A daemon answer's decisions, one per micro-batch: a step plan's as sent, a plain plan's
-// one in its mode and reason (DecisionFromProto makes no vector for it). Into `out`, which
-// keeps its capacity from step to step.
+// one in its mode and reason (DecisionFromProto makes no vector for it). Into `out` (for a
+// plain plan the book's buffer, kept from step to step; a step plan's goes to the caller).
 size_t AnsweredMicrobatches(const GateDecision& answer) {
   return answer.microbatches.empty() ? 1 : answer.microbatches.size();
 }

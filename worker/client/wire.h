@@ -40,8 +40,9 @@ struct Outgoing {
 v1::RegisterRequest BuildRegisterRequest(const GateClientOptions& options);
 void BuildWorkerMessage(const GateClientOptions& options, const Outgoing& out,
                         v1::WorkerMessage* msg);
-// A daemon decision as the client's decision book keeps it, one decision per micro-batch
-// (a plain plan's answer: its one); nullopt for an unknown mode or reason.
+// A daemon decision as the client's decision book keeps it: a step plan's one decision per
+// micro-batch, a plain plan's one in mode and reason (no list: decision_book.cc,
+// AnswerDecisions); nullopt for an unknown mode or reason.
 std::optional<GateDecision> DecisionFromProto(const v1::Decision& d);
 
 }  // namespace spgate::client

@@ -127,7 +127,8 @@ TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
 TEST(DecisionBookTest, APlainAnswerCarriesItsOneDecisionWithoutAVector) {
   // The wire makes no micro-batch vector for a plain plan's answer (it is decoded on the
   // gRPC thread and committed on the training thread: no heap round trip between them);
-  // the book reads its one decision from mode and reason, and takes a one-element list too.
+  // the book reads its one decision from mode and reason, and takes a one-element list too,
+  // whose entry is the decision (the header's reason differs here to tell which is read).
   v1::Decision wire;
   wire.set_step(0);
   wire.set_mode(v1::TENSOR_PARALLEL_ONLY);
@@ -143,7 +144,7 @@ TEST(DecisionBookTest, APlainAnswerCarriesItsOneDecisionWithoutAVector) {
   ASSERT_THAT(book.AddPlan(Plan(0)), IsOk());
   ASSERT_THAT(book.AddPlan(Plan(1)), IsOk());
   ASSERT_NE(book.OnDaemonDecision(*plain), nullptr);
-  GateDecision listed = Daemon(1, Mode::kTensorParallelOnly, Reason::kLengthCv);
+  GateDecision listed = Daemon(1, Mode::kTensorParallelOnly, Reason::kRsWait);
   listed.microbatches = {{Mode::kTensorParallelOnly, Reason::kLengthCv}};
   ASSERT_NE(book.OnDaemonDecision(listed), nullptr);
   for (const auto& [step, reason] :
@@ -329,9 +330,7 @@ TEST(DecisionBookMemoryGateTest, ADaemonTpOnlyAnswerRunsOnlyWhenItFits) {
       EXPECT_EQ(d.pin_expire, std::nullopt);
       EXPECT_FALSE(d.pin_forced);
     } else {
-      GateDecision as_answered = answer;
-      as_answered.microbatches.clear();  // a plain plan's caller sees no micro-batch list
-      EXPECT_EQ(d, as_answered);
+      EXPECT_EQ(d, answer);  // a plain plan's: no micro-batch list, as the wire gives it
     }
     EXPECT_EQ(**book.Lookup(3), d) << "asking again gives what ran";
   }
@@ -646,6 +645,9 @@ void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
     ASSERT_THAT(book.AddPlan(RowPlan(step, r)), IsOk());
     ++want.plans_submitted;
     GateDecision answer = Daemon(step, r.answer_mode, r.answer_reason);
+    // A one-micro-batch step plan's answer lists its decision, as the daemon sends it; a
+    // plain plan's has none (DecisionFromProto).
+    if (step_plans) answer.microbatches = {{r.answer_mode, r.answer_reason}};
     answer.pin_forced = r.pin_forced;
     if (r.answer_reason == Reason::kPinned) answer.pin_expire = kNow + absl::Hours(1);
     if (r.answer == Answer::kGiven) {
@@ -659,8 +661,7 @@ void RunSequence(std::span<const Row> rows, bool step_plans, bool sp_required) {
     // answer but runs SP under the worker's config, without the pin it no longer runs; a
     // local decision is the policy's, labelled with the source.
     GateDecision expected = answer;
-    // A plain plan's caller sees no micro-batch list; a step plan's its one decision.
-    if (step_plans) expected.microbatches = {{answer.mode, answer.reason}};
+    if (!step_plans) expected.microbatches.clear();  // a plain plan's caller sees none
     if (r.source != kDaemonSource) {
       if (r.source == kLocal) expected = GateDecision{.step = step};
       expected.mode = r.mode;
