@@ -7,8 +7,9 @@ defaults (the file documents the defaults; a change to either must be deliberate
 Fields, defaults and ranges are not copied here: they come from their one source, the
 SPGATE_GATE_FIELDS table in policy/gate_config.h (tests/deploy/gate_fields.py parses it).
 The table is checked against the proto (same fields in the same order, the same range in
-each field's comment, the same policy enum values) and against the defaults table of
-docs/design.md §3, so none of the three can drift from the others."""
+each field's comment, the same policy enum values) and against the users' defaults table,
+docs/gates.md's "Defaults and validation" (every numeric field listed, with its default),
+so none of the three can drift from the others."""
 import math
 import os
 import re
@@ -22,7 +23,7 @@ import gate_fields  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEXTPROTO = os.path.join(REPO, "deploy", "k8s", "components", "sidecar", "gates.textproto")
-DESIGN = os.path.join(REPO, "docs", "design.md")
+GATES_MD = os.path.join(REPO, "docs", "gates.md")
 # A floor on what the parser must find, so a parser that reads nothing cannot pass: the
 # eight gates of docs/design.md §3 and the policy of §11 exist since 0.1.
 REQUIRED = {"max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_reenable_margin",
@@ -30,10 +31,14 @@ REQUIRED = {"max_length_cv", "max_rs_wait_share", "bucket_target_cv", "rs_wait_r
             "policy"}
 
 
-def DesignDefaults():
-    """{field: default} from the `| field | default | valid |` table of docs/design.md §3."""
-    with open(DESIGN, encoding="utf-8") as f:
-        section = f.read().split("\n## 3.", 1)[1].split("\n## ", 1)[0]
+def DocDefaults():
+    """{field: default} of the numeric rows of docs/gates.md's `| field | default | valid
+    range | what it does |` table ("Defaults and validation")."""
+    with open(GATES_MD, encoding="utf-8") as f:
+        text = f.read()
+    if "\n## Defaults and validation" not in text:
+        return {}
+    section = text.split("\n## Defaults and validation", 1)[1].split("\n## ", 1)[0]
     return {m.group(1): float(m.group(2)) for m in
             re.finditer(r"^\|\s*`(\w+)`\s*\|\s*([0-9.]+)\s*\|", section, re.M)}
 
@@ -90,14 +95,17 @@ def main():
                           if v.number != 0}
         if proto_policies != policies:
             problems.append(f"GateConfig.Policy {proto_policies} is not GatePolicyKind {policies}")
-        design = DesignDefaults()
-        if not design:
-            problems.append("docs/design.md §3 has no defaults table")
-        for name, value in design.items():
+        documented = DocDefaults()
+        if not documented:
+            problems.append("docs/gates.md has no \"Defaults and validation\" table")
+        for name, value in documented.items():
             row = next((f for f in table if f.name == name), None)
             if row is None or not math.isclose(value, row.default):
-                problems.append(f"docs/design.md §3 says {name} defaults to {value}, "
+                problems.append(f"docs/gates.md says {name} defaults to {value}, "
                                 f"SPGATE_GATE_FIELDS {row.default if row else 'has no such field'}")
+        undocumented = [f.name for f in table if f.name != "policy" and f.name not in documented]
+        if documented and undocumented:
+            problems.append(f"docs/gates.md's defaults table lacks {undocumented}")
         for f in table:
             name = f.name
             if name not in fields:
@@ -117,7 +125,7 @@ def main():
         print("FAIL:\n  " + "\n  ".join(problems))
         return 1
     print(f"PASS: {os.path.relpath(TEXTPROTO, REPO)} is a complete, valid GateConfig with "
-          f"the {len(table)} defaults of policy/gate_config.h (= gate.proto, docs/design.md §3)")
+          f"the {len(table)} defaults of policy/gate_config.h (= gate.proto, docs/gates.md)")
     return 0
 
 

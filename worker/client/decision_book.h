@@ -139,7 +139,8 @@ class DecisionBook {
   absl::StatusOr<std::optional<GateDecision>> Lookup(int64_t step) const;
 
   // Commits `step` (Lookup returned nullopt): the daemon's answer if there is one for this
-  // plan (one decision per micro-batch of it; none for a plain plan) past the memory gate
+  // plan (one decision per micro-batch of it; a plain plan's one in its mode and reason)
+  // past the memory gate
   // (a decision it forbids runs SP, source kMemoryOverride, without the pin when no PINNED
   // decision runs), otherwise the local policy's, with pins judged at `now`. Forgets
   // everything at or below `step`.

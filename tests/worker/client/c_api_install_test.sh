@@ -3,21 +3,26 @@
 # client` into a fresh prefix, then a C program compiled against the installed header
 # (<spgate/spgate_client.h>) and linked with the installed libspgate_client.so only, run
 # with no daemon (controller empty: the local policy decides). Fails on a missing file, a
-# header that does not compile as C11 with -Werror, a library that needs more than the
-# system's, or a wrong decision.
-# Usage: c_api_install_test.sh BUILD_DIR C_COMPILER
+# header that does not compile as C11 with -Werror, a library with a dependency this
+# machine cannot resolve (here, where the -dev packages are installed: what a training host
+# needs besides is in docs/client.md), or a wrong decision.
+# Usage: c_api_install_test.sh BUILD_DIR C_COMPILER CMAKE
 set -euo pipefail
 build=$1
 cc=$2
+cmake=$3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cmake --install "$build" --component client --prefix "$tmp/prefix" >"$tmp/install.log"
+"$cmake" --install "$build" --component client --prefix "$tmp/prefix" >"$tmp/install.log"
 lib=$(find "$tmp/prefix" -name libspgate_client.so -print -quit)
 header="$tmp/prefix/include/spgate/spgate_client.h"
 [ -n "$lib" ] || { echo "FAIL: no libspgate_client.so under the prefix"; cat "$tmp/install.log"; exit 1; }
 [ -f "$header" ] || { echo "FAIL: no include/spgate/spgate_client.h under the prefix"; exit 1; }
-if ldd "$lib" | grep -q "not found"; then
-  echo "FAIL: the installed library needs libraries the system does not have:"; ldd "$lib"; exit 1
+ldd "$lib" >"$tmp/ldd.txt"
+if grep -q "not found" "$tmp/ldd.txt"; then
+  echo "FAIL: the installed library needs libraries this machine does not have:"
+  cat "$tmp/ldd.txt"
+  exit 1
 fi
 cat >"$tmp/trainer.c" <<'C'
 #include <spgate/spgate_client.h>
@@ -52,8 +57,9 @@ int main(void) {
         !check(spgate_client_await_decision(c, step, 20000, &d), "await_decision")) {
       return 1;
     }
-    if (d.step != step || d.mode != want[step]) {
-      fprintf(stderr, "FAIL: step %lld: mode %d, want %d\n", (long long)step, d.mode, want[step]);
+    if (d.step != step || d.mode != want[step] || d.source != SPGATE_SOURCE_LOCAL_ONLY) {
+      fprintf(stderr, "FAIL: step %lld: mode %d (want %d), source %d (want local-only %d)\n",
+              (long long)step, d.mode, want[step], d.source, SPGATE_SOURCE_LOCAL_ONLY);
       return 1;
     }
   }
