@@ -8,7 +8,9 @@ anyone noticing. The drivers have the same shape of failure: decision_roundtrip_
 counts failed round trips in its JSON's `errors` and exits 0; client_step_bench counts
 the decisions that came from the local policy instead of the daemon (`not_from_daemon`)
 and exits 0. This runs each binary it is given with a tiny run and fails, naming the
-benchmark and its message, on any of those. (state_memory_bench and kernels_cpu_bench
+benchmark and its message, on any of those; with client_step_bench it also runs
+bench/client/step_compare.py over it twice (one round) and checks its table has every
+variant timed for both. (state_memory_bench and kernels_cpu_bench
 exit non-zero on a failed check already; kernels_gpu_bench needs a GPU.)
 
 A smoke run checks that each path works, not how fast it is, and it shares a loaded machine
@@ -114,6 +116,19 @@ def check_client_step(path):
     return problems
 
 
+def check_step_compare(path):
+    data, err = load(path, "step_compare.py")
+    if err:
+        return [err]
+    problems = []
+    for v in ("local_only", "gate_client", "gate_client_group8"):
+        for build in ("a", "b"):
+            s = data.get("table", {}).get(v, {}).get(build)
+            if not s or s.get("runs") != 1 or not s.get("median_ns", 0) > 0:
+                problems.append(f"step_compare.py: no timed run of {v} for build {build}: {s}")
+    return problems
+
+
 def check_roundtrip(path):
     data, err = load(path, "decision_roundtrip_bench")
     if err:
@@ -166,6 +181,15 @@ def run(args, out):
         jobs.append(("client_step_bench", [args.client_step, "--steps=50", "--warmup=5",
                                            "--step_us=0", f"--out={j}"],
                      "client_step", j, check_client_step))
+    if args.client_step:
+        # bench/client/step_compare.py over two builds (the same binary twice here).
+        j = os.path.join(out, "step_compare.json")
+        compare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "client",
+                               "step_compare.py")
+        jobs.append(("step_compare.py", [sys.executable, compare, f"a={args.client_step}",
+                                         f"b={args.client_step}", "--rounds=1", "--steps=50",
+                                         f"--out={j}"],
+                     "step_compare", j, check_step_compare))
     if args.roundtrip:
         # A plain plan, and a pipelined job's step plans (docs/design.md §12).
         for name, extra in (("roundtrip", ["--groups=1"]),
