@@ -74,10 +74,6 @@ static_assert(kChangeConfirmSamples * kDriftRate == 1.0, "held over the fast mea
 // as far as a step four times as fast or infinitely slow, and never to inf or NaN.
 double BoundedResidual(double r) { return std::clamp(r, -1.0, 4.0); }
 
-double SampleFloor(const GateConfig& config) {
-  return static_cast<double>(config.adaptive_min_samples);
-}
-
 bool ValidSample(int band, int64_t step, double tokens, double seconds) {
   return band >= 0 && band < kBands && std::isfinite(seconds) && seconds > 0 &&
          std::isfinite(tokens) && tokens >= 0 && step >= 0;

@@ -34,7 +34,7 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
       if (b == band) in_band += w;
     }
   }
-  if (!(all >= static_cast<double>(kBands) * static_cast<double>(config.adaptive_min_samples))) return 1.0;
+  if (!(all >= static_cast<double>(kBands) * SampleFloor(config))) return 1.0;
   return in_band / all;
 }
 

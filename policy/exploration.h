@@ -34,10 +34,11 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
 // adaptive_explore_floor and decided by the gates and the prior until known
 // (docs/design.md §11).
 inline constexpr double kLearnMinTraffic = 1.0 / kBands;
-// The exploration share of `band` at `step` (policy/adaptive_policy.h, step 5): adaptive_explore_share while
-// the band is not `known` and carries kLearnMinTraffic of the traffic, or within
-// adaptive_explore_boost_steps of a change in it; else adaptive_explore_floor (at most
-// adaptive_explore_share). `table` null: adaptive_explore_share.
+// The exploration share of `band` at `step` (policy/adaptive_policy.h, step 5):
+// adaptive_explore_share while the band is not `known` and carries kLearnMinTraffic of the
+// traffic, or within adaptive_explore_boost_steps of a change in it; else
+// adaptive_explore_floor (at most adaptive_explore_share). `table` null:
+// adaptive_explore_share.
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
                       int64_t step, bool known);
 // The exploration period of a share: a group explores on the first kProbeRunSteps steps

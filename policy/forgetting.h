@@ -8,7 +8,15 @@
 #include <cmath>
 #include <cstdint>
 
+#include "policy/gate_config.h"
+
 namespace spgate {
+
+// The sample floor: adaptive_min_samples as a weight, the floor FlooredWeight keeps a
+// learned cell at once it had it.
+inline double SampleFloor(const GateConfig& config) {
+  return static_cast<double>(config.adaptive_min_samples);
+}
 
 // Weight left after `steps` steps at the given half-life (at least 1 step).
 inline double HalfLifeDecay(double steps, int64_t half_life_steps) {
