@@ -708,11 +708,13 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // period, if the cap (where it binds) leaves the flips out and back.
   // (Only a step in a probe run of either share can explore: the band's share, a pass over
   // the table for a band still learning, is taken on those alone.)
-  const int64_t period =
-      MayExplore(config, batch.step)
-          ? ExplorePeriod(ExploreShareOf(config, table, band, batch.step, e.known))
-          : 0;
-  if (period > 0 && InProbeRun(batch.step, period)) {
+  int64_t period = 0, offset = 0;
+  if (MayExplore(config, batch.step)) {
+    const double share = ExploreShareOf(config, table, band, batch.step, e.known);
+    period = ExplorePeriod(share);
+    offset = ExploreOffset(config, share);
+  }
+  if (period > 0 && InProbeRun(batch.step, period, offset)) {
     // The mode not chosen (before any hold: a held group already runs it); while the band
     // learns, its less-sampled mode at the run's start, kept for the run's later steps
     // (choosing it again on every step switched the group on each one, and a switch before
@@ -721,7 +723,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     // the others take the less-sampled mode each.
     const Mode other = OtherMode(wanted);
     const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
-                             state.last_step == batch.step - 1 && batch.step % period != 0;
+                             state.last_step == batch.step - 1 &&
+                             !StartsProbeRun(batch.step, period, offset);
     const Mode probe = e.known || e.sp.samples == e.tp.samples ? other
                        : run_goes_on                           ? state.mode
                        : e.sp.samples < e.tp.samples           ? Mode::kSequenceParallel

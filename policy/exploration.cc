@@ -16,8 +16,26 @@ int64_t ExplorePeriod(double share) {
   return std::max<int64_t>(kProbeRunSteps, static_cast<int64_t>(period));
 }
 
-bool InProbeRun(int64_t step, int64_t period) {
-  return step >= 0 && step % period < kProbeRunSteps;
+int64_t ExploreOffset(const GateConfig& config, double share) {
+  if (!(share < config.adaptive_explore_share)) return 0;
+  const int64_t period = ExplorePeriod(share);
+  return period == INT64_MAX ? 0 : period / 2;
+}
+
+namespace {
+// The step's place in its period, in [0, period).
+int64_t PhaseOf(int64_t step, int64_t period, int64_t offset) {
+  const int64_t r = (step - offset) % period;
+  return r < 0 ? r + period : r;
+}
+}  // namespace
+
+bool InProbeRun(int64_t step, int64_t period, int64_t offset) {
+  return step >= 0 && PhaseOf(step, period, offset) < kProbeRunSteps;
+}
+
+bool StartsProbeRun(int64_t step, int64_t period, int64_t offset) {
+  return step >= 0 && PhaseOf(step, period, offset) == 0;
 }
 
 double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
@@ -57,7 +75,7 @@ bool MayExplore(const GateConfig& config, int64_t step) {
   if (step < 0) return false;
   const double floor = std::min(config.adaptive_explore_floor, config.adaptive_explore_share);
   return InProbeRun(step, ExplorePeriod(config.adaptive_explore_share)) ||
-         InProbeRun(step, ExplorePeriod(floor));
+         InProbeRun(step, ExplorePeriod(floor), ExploreOffset(config, floor));
 }
 
 }  // namespace spgate
