@@ -32,8 +32,8 @@
 //      instead (reason PROBE), if the cap (where it binds) leaves the flips out and back.
 //      The share is adaptive_explore_share while the band learns (too few samples) and
 //      carries kLearnMinTraffic of the recent batches, or for adaptive_explore_boost_steps
-//      after a change was detected in it, else adaptive_explore_floor, whose periods
-//      start half a period later (the schedule: exploration.h). Exploration is how the evidence of step 3 is gathered; it is the
+//      after a change was detected in it, else adaptive_explore_floor, whose first run
+//      comes one period in (the schedule: exploration.h). Exploration is how the evidence of step 3 is gathered; it is the
 //      one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a

@@ -19,23 +19,15 @@ int64_t ExplorePeriod(double share) {
 int64_t ExploreOffset(const GateConfig& config, double share) {
   if (!(share < config.adaptive_explore_share)) return 0;
   const int64_t period = ExplorePeriod(share);
-  return period == INT64_MAX ? 0 : period / 2;
+  return period == INT64_MAX ? 0 : period;
 }
-
-namespace {
-// The step's place in its period, in [0, period).
-int64_t PhaseOf(int64_t step, int64_t period, int64_t offset) {
-  const int64_t r = (step - offset) % period;
-  return r < 0 ? r + period : r;
-}
-}  // namespace
 
 bool InProbeRun(int64_t step, int64_t period, int64_t offset) {
-  return step >= 0 && PhaseOf(step, period, offset) < kProbeRunSteps;
+  return step >= 0 && step >= offset && (step - offset) % period < kProbeRunSteps;
 }
 
 bool StartsProbeRun(int64_t step, int64_t period, int64_t offset) {
-  return step >= 0 && PhaseOf(step, period, offset) == 0;
+  return step >= 0 && step >= offset && (step - offset) % period == 0;
 }
 
 double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,

@@ -44,12 +44,14 @@ double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, in
 // The exploration period of a share: a group explores on the first kProbeRunSteps steps
 // of every period (at least kProbeRunSteps: a share of 1 explores every step).
 int64_t ExplorePeriod(double share);
-// Where a share's periods start: 0 for adaptive_explore_share, half its period for a share
-// below it (the floor). The floor's runs re-measure known bands; falling between the full
-// share's runs, they never repeat at once a run that has just measured a band (at a job's
-// start every band learns in the share's first run, from step 0).
+// The step a share's first probe run starts at: 0 for adaptive_explore_share, one period
+// for a share below it (the floor). The floor's runs re-measure known bands; at a job's
+// start there are none (every band learns in the share's first run, from step 0), so its
+// first run comes a period in, and never repeats at once a run that has just measured a
+// band.
 int64_t ExploreOffset(const GateConfig& config, double share);
-// Whether `step` is among the first kProbeRunSteps of a period that starts at `offset`.
+// Whether `step` is among the first kProbeRunSteps of a period, periods starting at
+// `offset` (no run before it).
 bool InProbeRun(int64_t step, int64_t period, int64_t offset = 0);
 // Whether `step` starts a probe run of that schedule.
 bool StartsProbeRun(int64_t step, int64_t period, int64_t offset = 0);

@@ -491,12 +491,12 @@ TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
   EXPECT_EQ(ExploreShareOf(c, &young, rare, 5000, false), 0.03);
   // Decided (CV 0.25: the gates run TP-only): the rare band's batches probe SP, its
   // less-sampled mode, in the floor's runs only; the busier one's in the share's.
-  // The floor's runs start half its period later (ExploreOffset).
+  // The floor's first run comes a period in (ExploreOffset).
   struct Schedule {
     const ThroughputTable* table;
     int64_t period, offset;
   };
-  for (const Schedule& k : {Schedule{&t, 1000, 500}, Schedule{&busier, 134, 0}}) {
+  for (const Schedule& k : {Schedule{&t, 1000, 1000}, Schedule{&busier, 134, 0}}) {
     GroupPolicyState g;
     int64_t probes = 0;
     for (int64_t step = 5001; step < 7001; ++step) {
@@ -542,17 +542,17 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
     const ThroughputTable* table;
     int64_t from, to;
     int64_t period;
-    int64_t offset;  // the floor's runs start half its period later
+    int64_t offset;  // the floor's first run comes a period in
     int64_t flip_interval;
     int64_t probes;  // -1: every step due
   } cases[] = {
-      {"stable band: the floor", &stable, 10005, 20000, 1000, 500, 50, -1},
+      {"stable band: the floor", &stable, 10005, 20000, 1000, 1000, 50, -1},
       {"within the boost after a change: the share", &changed, at, at + 200, 134, 0, 1, -1},
       {"within the boost, a cap of 2 switches in 200, switching free: every run", &changed, at,
        at + 200, 134, 0, 100, -1},
       {"within the boost, a cap of 2 switches in 200, a measured cost: one run", &costly, at,
        at + 200, 134, 0, 100, 4},
-      {"after the boost: the floor", &changed, at + 200, 20000, 1000, 500, 50, -1},
+      {"after the boost: the floor", &changed, at + 200, 20000, 1000, 1000, 50, -1},
   };
   for (const Case& k : cases) {
     c.adaptive_flip_interval_steps = k.flip_interval;
@@ -602,26 +602,28 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
 // whatever asks for them, where a switch's cost is measured; where switching is free it
 // does not bind; a probe only when the switch back is left too; a flip the memory gate or
 // a pin forces is never held but counts.
-// The floor's probe runs start half a period after the share's: a job's bands learn in the
-// share's first run (steps 0-3), and a band known by step 1 is not probed again at steps
-// 2-3 by a floor run that also began at 0; it is re-measured half a floor period later.
-TEST(EvaluateAdaptiveTest, TheFloorsRunsFallBetweenTheSharesRuns) {
+// The floor's first probe run comes a period into the job: its bands learn in the share's
+// first run (steps 0-3), and a band known by step 1 is not probed again at steps 2-3 by a
+// floor run that also began at 0; it is re-measured at the end of the floor's first period.
+TEST(EvaluateAdaptiveTest, TheFloorsFirstRunComesAPeriodIn) {
   const GateConfig c = Adaptive();  // share 0.03 → period 134; floor 0.004 → period 1000
   EXPECT_EQ(ExploreOffset(c, c.adaptive_explore_share), 0);
-  EXPECT_EQ(ExploreOffset(c, c.adaptive_explore_floor), 500);
+  EXPECT_EQ(ExploreOffset(c, c.adaptive_explore_floor), 1000);
   EXPECT_EQ(ExploreOffset(c, 0.0), 0);  // no runs at all
-  for (int64_t step : {500, 503, 1500, 2503}) {
-    EXPECT_TRUE(InProbeRun(step, 1000, 500)) << step;
+  for (int64_t step : {1000, 1003, 2000, 3003}) {
+    EXPECT_TRUE(InProbeRun(step, 1000, 1000)) << step;
     EXPECT_TRUE(MayExplore(c, step)) << step;
   }
-  for (int64_t step : {0, 3, 504, 1000, 1499}) EXPECT_FALSE(InProbeRun(step, 1000, 500)) << step;
-  EXPECT_TRUE(StartsProbeRun(1500, 1000, 500));
-  EXPECT_FALSE(StartsProbeRun(1501, 1000, 500));
-  EXPECT_FALSE(StartsProbeRun(500 - 1000, 1000, 500));  // before the job's first step
-  EXPECT_FALSE(MayExplore(c, 1000));  // a floor run without the offset; 1000 % 134 = 62
+  for (int64_t step : {0, 3, 500, 1004, 1999}) EXPECT_FALSE(InProbeRun(step, 1000, 1000)) << step;
+  EXPECT_TRUE(InProbeRun(2, 134, 0));  // the share's first run
+  EXPECT_TRUE(StartsProbeRun(2000, 1000, 1000));
+  EXPECT_FALSE(StartsProbeRun(2001, 1000, 1000));
+  EXPECT_FALSE(StartsProbeRun(0, 1000, 1000));  // before the first run
+  EXPECT_TRUE(MayExplore(c, 136));  // the share's second run, 134-137
+  EXPECT_FALSE(MayExplore(c, 140));
 
   // A stable known band from step 0: no probe in the share's first run, four in the
-  // floor's at 500-503, the mode not chosen.
+  // floor's at 1000-1003, the mode not chosen.
   const int band = BandOf(c, 0.05, 4096);
   ThroughputTable known;
   for (int i = 0; i < 50; ++i) {
@@ -630,13 +632,13 @@ TEST(EvaluateAdaptiveTest, TheFloorsRunsFallBetweenTheSharesRuns) {
   }
   GroupPolicyState g;
   std::vector<int64_t> probed;
-  for (int64_t step = 0; step < 1000; ++step) {
+  for (int64_t step = 0; step < 1500; ++step) {
     const GateOutcome out = g.Decide(c, Batch(0.05, 4096, step), std::nullopt, &known);
     if (out.decision.reason != Reason::kProbe) continue;
     probed.push_back(step);
     EXPECT_EQ(out.decision.mode, kTp) << step;
   }
-  EXPECT_EQ(probed, (std::vector<int64_t>{500, 501, 502, 503}));
+  EXPECT_EQ(probed, (std::vector<int64_t>{1000, 1001, 1002, 1003}));
 }
 
 TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
