@@ -33,8 +33,9 @@
 //      The share is adaptive_explore_share while the band learns (too few samples) and
 //      carries kLearnMinTraffic of the recent batches, or for adaptive_explore_boost_steps
 //      after a change was detected in it, else adaptive_explore_floor, whose first run
-//      comes one period in (the schedule: exploration.h). Exploration is how the evidence of step 3 is gathered; it is the
-//      one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
+//      comes one period in (the schedule: exploration.h). Exploration is how the evidence
+//      of step 3 is gathered; it is the one place ADAPTIVE runs a mode neither the gates
+//      nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a
 // cell that had adaptive_min_samples never falls below that weight (an estimate never

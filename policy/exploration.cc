@@ -18,8 +18,7 @@ int64_t ExplorePeriod(double share) {
 
 int64_t ExploreOffset(const GateConfig& config, double share) {
   if (!(share < config.adaptive_explore_share)) return 0;
-  const int64_t period = ExplorePeriod(share);
-  return period == INT64_MAX ? 0 : period;
+  return ExplorePeriod(share);
 }
 
 bool InProbeRun(int64_t step, int64_t period, int64_t offset) {

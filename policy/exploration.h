@@ -6,9 +6,11 @@
 //
 // Usage:
 //   if (spgate::MayExplore(config, step)) {  // cheap: most steps are not in a probe run
-//     const int64_t period = spgate::ExplorePeriod(
-//         spgate::ExploreShareOf(config, &table, band, step, known));
-//     if (spgate::InProbeRun(step, period)) { ... the band's mode not chosen ... }
+//     const double share = spgate::ExploreShareOf(config, &table, band, step, known);
+//     if (spgate::InProbeRun(step, spgate::ExplorePeriod(share),
+//                            spgate::ExploreOffset(config, share))) {
+//       ... the band's mode not chosen ...
+//     }
 //   }
 #ifndef SPGATE_POLICY_EXPLORATION_H_
 #define SPGATE_POLICY_EXPLORATION_H_
@@ -45,10 +47,11 @@ double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, in
 // of every period (at least kProbeRunSteps: a share of 1 explores every step).
 int64_t ExplorePeriod(double share);
 // The step a share's first probe run starts at: 0 for adaptive_explore_share, one period
-// for a share below it (the floor). The floor's runs re-measure known bands; at a job's
-// start there are none (every band learns in the share's first run, from step 0), so its
-// first run comes a period in, and never repeats at once a run that has just measured a
-// band.
+// for a share below it (the floor; INT64_MAX, never, where that period is). The floor's
+// runs re-measure known bands; a new job has none (every band learns in the share's first
+// run, from step 0), so its first run comes a period in rather than repeating at once what
+// the share's run has just measured. A relaunch whose step counter restarts at 0 with its
+// previous launch's table waits that period too (docs/operations.md).
 int64_t ExploreOffset(const GateConfig& config, double share);
 // Whether `step` is among the first kProbeRunSteps of a period, periods starting at
 // `offset` (no run before it).

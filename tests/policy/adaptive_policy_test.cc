@@ -598,10 +598,6 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   }
 }
 
-// The flip cap: at most two switches in any 2 × adaptive_flip_interval_steps decisions,
-// whatever asks for them, where a switch's cost is measured; where switching is free it
-// does not bind; a probe only when the switch back is left too; a flip the memory gate or
-// a pin forces is never held but counts.
 // The floor's first probe run comes a period into the job: its bands learn in the share's
 // first run (steps 0-3), and a band known by step 1 is not probed again at steps 2-3 by a
 // floor run that also began at 0; it is re-measured at the end of the floor's first period.
@@ -609,7 +605,7 @@ TEST(EvaluateAdaptiveTest, TheFloorsFirstRunComesAPeriodIn) {
   const GateConfig c = Adaptive();  // share 0.03 → period 134; floor 0.004 → period 1000
   EXPECT_EQ(ExploreOffset(c, c.adaptive_explore_share), 0);
   EXPECT_EQ(ExploreOffset(c, c.adaptive_explore_floor), 1000);
-  EXPECT_EQ(ExploreOffset(c, 0.0), 0);  // no runs at all
+  EXPECT_EQ(ExploreOffset(c, 1e-300), INT64_MAX);  // a floor too small to have a period
   for (int64_t step : {1000, 1003, 2000, 3003}) {
     EXPECT_TRUE(InProbeRun(step, 1000, 1000)) << step;
     EXPECT_TRUE(MayExplore(c, step)) << step;
@@ -639,8 +635,21 @@ TEST(EvaluateAdaptiveTest, TheFloorsFirstRunComesAPeriodIn) {
     EXPECT_EQ(out.decision.mode, kTp) << step;
   }
   EXPECT_EQ(probed, (std::vector<int64_t>{1000, 1001, 1002, 1003}));
+  // A floor too small to have a period never probes the band, at step 0 either.
+  GateConfig tiny = c;
+  tiny.adaptive_explore_floor = 1e-300;
+  GroupPolicyState t;
+  for (int64_t step = 0; step < 1500; ++step) {
+    EXPECT_NE(t.Decide(tiny, Batch(0.05, 4096, step), std::nullopt, &known).decision.reason,
+              Reason::kProbe)
+        << step;
+  }
 }
 
+// The flip cap: at most two switches in any 2 × adaptive_flip_interval_steps decisions,
+// whatever asks for them, where a switch's cost is measured; where switching is free it
+// does not bind; a probe only when the switch back is left too; a flip the memory gate or
+// a pin forces is never held but counts.
 TEST(EvaluateAdaptiveTest, FlipCapBoundsSwitches) {
   struct Case {
     const char* what;
