@@ -30,6 +30,7 @@
 #include "proto/grpc_status.h"
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
+#include "tests/server/test_util.h"
 #include "tests/testing/metrics_scrape.h"
 #include "tests/testing/status_matchers.h"
 
@@ -41,11 +42,6 @@ using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string TempDir() {
-  std::string dir = ::testing::TempDir() + "/daemon_test_XXXXXX";
-  return mkdtemp(dir.data());
-}
 
 std::chrono::system_clock::time_point Deadline(int ms = 5000) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
@@ -384,7 +380,7 @@ TEST_F(DaemonTest, ForeignOrFarFuturePlansCannotTakeAGroupAway) {
 }
 
 TEST_F(DaemonTest, WorkerTokenGuardsEveryWorkerCall) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::ofstream(dir + "/worker-token") << "s3cret\n";
   DaemonOptions opts;
   opts.worker_token_file = dir + "/worker-token";
@@ -440,7 +436,7 @@ TEST_F(DaemonTest, AdminErrorsUseTheRightCodes) {
 }
 
 TEST_F(DaemonTest, MutatingAdminCallsNeedTheToken) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::ofstream(dir + "/token") << "s3cret\n";
   DaemonOptions opts;
   opts.admin_token_file = dir + "/token";
@@ -467,7 +463,7 @@ TEST_F(DaemonTest, MutatingAdminCallsNeedTheToken) {
 // only; denied config updates are counted; the audit log names the principal and never
 // holds a secret.
 TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::ofstream(dir + "/admin-tokens") << "alice:admin-secret\n";
   std::ofstream(dir + "/reader-tokens") << "ci:reader-secret\n";
   DaemonOptions opts;
@@ -584,7 +580,7 @@ TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
 }
 
 TEST_F(DaemonTest, BadCredentialFilesStopStartup) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::ofstream(dir + "/empty") << "\n";
   DaemonOptions opts;
   opts.reader_token_file = dir + "/empty";
@@ -598,7 +594,7 @@ TEST_F(DaemonTest, BadCredentialFilesStopStartup) {
 }
 
 TEST_F(DaemonTest, ConfigSurvivesRestart) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   DaemonOptions opts;
   opts.state_dir = dir;
   Start(opts);
@@ -618,7 +614,7 @@ TEST_F(DaemonTest, ConfigSurvivesRestart) {
 }
 
 TEST_F(DaemonTest, CorruptStateFileStopsStartupNamingTheFile) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::ofstream(StateFilePath(dir)) << "this is { not text format";
   DaemonOptions opts;
   opts.state_dir = dir;
@@ -630,7 +626,7 @@ TEST_F(DaemonTest, CorruptStateFileStopsStartupNamingTheFile) {
 // do not stop (the probe's create fails there for everyone).
 std::string UnwritableDir() {
   if (::geteuid() == 0) return "/proc";
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   std::filesystem::permissions(dir, std::filesystem::perms(0555));
   return dir;
 }
@@ -651,7 +647,7 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
   EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnavailable));
   // A writable directory passes the probe and keeps no trace of it.
   daemon_.reset();
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   opts = {};
   opts.state_dir = dir;
   Start(opts);
@@ -661,7 +657,7 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
 }
 
 TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   const std::string path = dir + "/gates.textproto";
   std::ofstream(path) << "max_length_cv: 12\n";
   DaemonOptions opts;
@@ -705,7 +701,7 @@ bool Eventually(const std::function<bool()>& cond) {
 // The kubelet's way of updating a ConfigMap file: a new file under a temporary name,
 // renamed over the old one. No SIGHUP: the daemon notices by polling.
 TEST_F(DaemonTest, ConfigFileReplacedByRenameIsPickedUpWithoutSignal) {
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   const std::string path = dir + "/gates.textproto";
   std::ofstream(path) << "max_length_cv: 0.25\n";
   DaemonOptions opts;
@@ -739,7 +735,7 @@ TEST_F(DaemonTest, ConfigFileReplacedByRenameIsPickedUpWithoutSignal) {
 // symlink). An update makes ..2024_b and swaps ..data atomically with a rename.
 TEST_F(DaemonTest, ConfigMapDataSymlinkSwapIsPickedUp) {
   namespace fs = std::filesystem;
-  const std::string dir = TempDir();
+  const std::string dir = TempDir("daemon_test");
   fs::create_directory(dir + "/..2024_a");
   std::ofstream(dir + "/..2024_a/gates.textproto") << "max_length_cv: 0.25\n";
   fs::create_directory_symlink("..2024_a", dir + "/..data");
@@ -856,7 +852,7 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
                                              "\"} 0")));
   }
 #ifdef PROMTOOL_BIN
-  const std::string file = TempDir() + "/scrape.txt";
+  const std::string file = TempDir("daemon_test") + "/scrape.txt";
   std::ofstream(file) << text;
   const std::string cmd = std::string(PROMTOOL_BIN) + " check metrics < " + file + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
