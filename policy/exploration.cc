@@ -16,9 +16,16 @@ int64_t ExplorePeriod(double share) {
   return std::max<int64_t>(kProbeRunSteps, static_cast<int64_t>(period));
 }
 
+namespace {
+// ExploreOffset of a share whose period the caller has (MayExplore runs on every decision:
+// one division fewer).
+int64_t OffsetOf(const GateConfig& config, double share, int64_t period) {
+  return share < config.adaptive_explore_share ? period : 0;
+}
+}  // namespace
+
 int64_t ExploreOffset(const GateConfig& config, double share) {
-  if (!(share < config.adaptive_explore_share)) return 0;
-  return ExplorePeriod(share);
+  return OffsetOf(config, share, ExplorePeriod(share));
 }
 
 bool InProbeRun(int64_t step, int64_t period, int64_t offset) {
@@ -65,8 +72,9 @@ double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, in
 bool MayExplore(const GateConfig& config, int64_t step) {
   if (step < 0) return false;
   const double floor = std::min(config.adaptive_explore_floor, config.adaptive_explore_share);
+  const int64_t floor_period = ExplorePeriod(floor);
   return InProbeRun(step, ExplorePeriod(config.adaptive_explore_share)) ||
-         InProbeRun(step, ExplorePeriod(floor), ExploreOffset(config, floor));
+         InProbeRun(step, floor_period, OffsetOf(config, floor, floor_period));
 }
 
 }  // namespace spgate
