@@ -2,10 +2,14 @@
 # The C API as a trainer outside this tree uses it: `cmake --install BUILD --component
 # client` into a fresh prefix, then a C program compiled against the installed header
 # (<spgate/spgate_client.h>) and linked with the installed libspgate_client.so only, run
-# with no daemon (controller empty: the local policy decides). Fails on a missing file, a
-# header that does not compile as C11 with -Werror, a library with a dependency this
-# machine cannot resolve (here, where the -dev packages are installed: what a training host
-# needs besides is in docs/client.md), or a wrong decision.
+# with no daemon (controller empty: the local policy decides). The program is built three
+# ways: by hand (-I/-L), by a CMake project through find_package(spgate) and the target
+# spgate::client, and with pkg-config's spgate-client; a find_package asking for another
+# major.minor version is refused. Fails on a missing file, a header that does not compile
+# as C11 with -Werror, a library with a dependency this machine cannot resolve (here, where
+# the -dev packages are installed: what a training host needs besides is in
+# docs/client.md), a package file that does not find what was installed, or a wrong
+# decision.
 # Usage: c_api_install_test.sh BUILD_DIR C_COMPILER CMAKE
 set -euo pipefail
 build=$1
@@ -68,6 +72,45 @@ int main(void) {
   return 0;
 }
 C
-"$cc" -std=c11 -Wall -Wextra -Werror -I"$tmp/prefix/include" "$tmp/trainer.c" \
-  -L"$(dirname "$lib")" -lspgate_client -Wl,-rpath,"$(dirname "$lib")" -o "$tmp/trainer"
+libdir=$(dirname "$lib")
+cflags=(-std=c11 -Wall -Wextra -Werror)
+echo "by hand:"
+"$cc" "${cflags[@]}" -I"$tmp/prefix/include" "$tmp/trainer.c" \
+  -L"$libdir" -lspgate_client -Wl,-rpath,"$libdir" -o "$tmp/trainer"
 "$tmp/trainer"
+
+echo "CMake, find_package(spgate):"
+mkdir -p "$tmp/cmake_trainer"
+cp "$tmp/trainer.c" "$tmp/cmake_trainer/"
+write_project() {  # VERSION: the project that asks for spgate VERSION
+  cat >"$tmp/cmake_trainer/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.16)
+project(trainer LANGUAGES C)
+find_package(spgate $1 REQUIRED)
+add_executable(trainer trainer.c)
+target_compile_options(trainer PRIVATE ${cflags[*]})
+target_link_libraries(trainer PRIVATE spgate::client)
+CMAKE
+}
+version=$(sed -n 's/^Version: //p' "$libdir/pkgconfig/spgate-client.pc")
+write_project "${version%.*}"
+"$cmake" -S "$tmp/cmake_trainer" -B "$tmp/cmake_trainer/build" -DCMAKE_C_COMPILER="$cc" \
+  -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
+"$cmake" --build "$tmp/cmake_trainer/build" >>"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
+"$tmp/cmake_trainer/build/trainer"
+write_project 99.0
+if "$cmake" -S "$tmp/cmake_trainer" -B "$tmp/cmake_trainer/build99" \
+     -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/cmake99.log" 2>&1; then
+  echo "FAIL: find_package(spgate 99.0) accepted spgate $version"
+  exit 1
+fi
+grep -q "spgateConfig.cmake, version: $version" "$tmp/cmake99.log" || {
+  echo "FAIL: find_package(spgate 99.0) failed without naming the installed version:"
+  cat "$tmp/cmake99.log"; exit 1; }
+echo "ok: find_package(spgate 99.0) refused (installed: $version)"
+
+echo "pkg-config spgate-client:"
+command -v pkg-config >/dev/null || { echo "FAIL: no pkg-config (make deps installs it)"; exit 1; }
+read -r -a pc_flags <<<"$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs spgate-client)"
+"$cc" "${cflags[@]}" "$tmp/trainer.c" "${pc_flags[@]}" -Wl,-rpath,"$libdir" -o "$tmp/trainer_pc"
+"$tmp/trainer_pc"
