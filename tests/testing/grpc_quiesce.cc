@@ -21,7 +21,9 @@ namespace spgate::testing {
 namespace {
 
 // Long enough for a loaded CI machine to close its connections; a test binary never
-// waits this long unless an object really outlives its tests.
+// waits this long unless an object really outlives its tests. Not a hard cap: the check
+// waits for the library's lock while a clean-up holds it, and gRPC's own clean-up waits up
+// to 10 s for its objects; ctest's per-test timeout bounds the rest.
 constexpr absl::Duration kQuiesceDeadline = absl::Seconds(20);
 
 class GrpcQuiesce : public ::testing::Environment {
@@ -36,7 +38,9 @@ class GrpcQuiesce : public ::testing::Environment {
     EXPECT_FALSE(grpc_is_initialized())
         << "gRPC is still initialized " << kQuiesceDeadline
         << " after the last test: a channel, server, stub or completion queue outlives the "
-           "tests (a static, or a leak)";
+           "tests (a static, or a leak), or a channel was destroyed while it waited to "
+           "reconnect (gRPC 1.51 keeps the library up until that backoff ends: cap it with "
+           "GRPC_ARG_MAX_RECONNECT_BACKOFF_MS)";
   }
 };
 

@@ -4,11 +4,11 @@
 # (<spgate/spgate_client.h>) and linked with the installed libspgate_client.so only, run
 # with no daemon (controller empty: the local policy decides). The program is built three
 # ways: by hand (-I/-L), by a CMake project through find_package(spgate) and the target
-# spgate::client, and with pkg-config's spgate-client; a find_package asking for another
-# major.minor version is refused. Fails on a missing file, a header that does not compile
-# as C11 with -Werror, a library with a dependency this machine cannot resolve (here, where
-# the -dev packages are installed: what a training host needs besides is in
-# docs/client.md), a package file that does not find what was installed, or a wrong
+# spgate::client, and with pkg-config's spgate-client; a find_package asking for an older
+# or newer minor, or a newer major, is refused. Fails on a missing file, a header that
+# does not compile as C11 with -Werror, a library with a dependency this machine cannot
+# resolve (here, where the -dev packages are installed: what a training host needs besides
+# is in docs/client.md), a package file that does not find what was installed, or a wrong
 # decision.
 # Usage: c_api_install_test.sh BUILD_DIR C_COMPILER CMAKE
 set -euo pipefail
@@ -93,24 +93,40 @@ target_link_libraries(trainer PRIVATE spgate::client)
 CMAKE
 }
 version=$(sed -n 's/^Version: //p' "$libdir/pkgconfig/spgate-client.pc")
-write_project "${version%.*}"
-"$cmake" -S "$tmp/cmake_trainer" -B "$tmp/cmake_trainer/build" -DCMAKE_C_COMPILER="$cc" \
-  -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
-"$cmake" --build "$tmp/cmake_trainer/build" >>"$tmp/cmake.log" 2>&1 || { cat "$tmp/cmake.log"; exit 1; }
+[[ "$version" =~ ^([0-9]+)\.([0-9]+)\.[0-9]+$ ]] || {
+  echo "FAIL: spgate-client.pc has no major.minor.patch Version: '$version'"; exit 1; }
+major=${BASH_REMATCH[1]}
+minor=${BASH_REMATCH[2]}
+configure() {  # DIR: configure the project as written into DIR, log in DIR.log
+  "$cmake" -S "$tmp/cmake_trainer" -B "$1" -DCMAKE_C_COMPILER="$cc" \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$1.log" 2>&1
+}
+write_project "$major.$minor"
+configure "$tmp/cmake_trainer/build" || { cat "$tmp/cmake_trainer/build.log"; exit 1; }
+"$cmake" --build "$tmp/cmake_trainer/build" >>"$tmp/cmake_trainer/build.log" 2>&1 ||
+  { cat "$tmp/cmake_trainer/build.log"; exit 1; }
 "$tmp/cmake_trainer/build/trainer"
-write_project 99.0
-if "$cmake" -S "$tmp/cmake_trainer" -B "$tmp/cmake_trainer/build99" \
-     -DCMAKE_PREFIX_PATH="$tmp/prefix" >"$tmp/cmake99.log" 2>&1; then
-  echo "FAIL: find_package(spgate 99.0) accepted spgate $version"
-  exit 1
-fi
-grep -q "spgateConfig.cmake, version: $version" "$tmp/cmake99.log" || {
-  echo "FAIL: find_package(spgate 99.0) failed without naming the installed version:"
-  cat "$tmp/cmake99.log"; exit 1; }
-echo "ok: find_package(spgate 99.0) refused (installed: $version)"
+# Only the same major.minor is compatible while the major is 0: an older minor, a newer
+# minor and a newer major are each refused, naming the version that is installed.
+refused=("$major.$((minor + 1))" "$((major + 1)).0")
+((minor > 0)) && refused+=("$major.$((minor - 1))")
+for want in "${refused[@]}"; do
+  write_project "$want"
+  if configure "$tmp/cmake_trainer/build_$want"; then
+    echo "FAIL: find_package(spgate $want) accepted spgate $version"
+    exit 1
+  fi
+  grep -q "spgateConfig.cmake, version: $version" "$tmp/cmake_trainer/build_$want.log" || {
+    echo "FAIL: find_package(spgate $want) failed without naming the installed $version:"
+    cat "$tmp/cmake_trainer/build_$want.log"; exit 1; }
+done
+echo "ok: find_package(spgate ${refused[*]}) each refused (installed: $version)"
 
 echo "pkg-config spgate-client:"
 command -v pkg-config >/dev/null || { echo "FAIL: no pkg-config (make deps installs it)"; exit 1; }
-read -r -a pc_flags <<<"$(PKG_CONFIG_PATH="$libdir/pkgconfig" pkg-config --cflags --libs spgate-client)"
+# Only the fresh prefix's file (PKG_CONFIG_LIBDIR), never a copy installed elsewhere.
+pc=$(PKG_CONFIG_LIBDIR="$libdir/pkgconfig" pkg-config --cflags --libs spgate-client)
+[[ "$pc" == *"$libdir"* ]] || { echo "FAIL: pkg-config's flags do not name $libdir: $pc"; exit 1; }
+read -r -a pc_flags <<<"$pc"
 "$cc" "${cflags[@]}" "$tmp/trainer.c" "${pc_flags[@]}" -Wl,-rpath,"$libdir" -o "$tmp/trainer_pc"
 "$tmp/trainer_pc"
