@@ -1,4 +1,5 @@
-// The ADAPTIVE policy and its learned table; see adaptive_policy.h and docs/design.md §11.
+// The ADAPTIVE policy; its learned table is in throughput_table.cc. See adaptive_policy.h and
+// docs/design.md §11.
 #include "policy/adaptive_policy.h"
 
 #include <algorithm>
@@ -23,7 +24,6 @@ void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome
   }
 }
 
-bool ValidBand(int band) { return band >= 0 && band < kBands; }
 
 }  // namespace
 
@@ -61,218 +61,73 @@ std::string BandRangeText(const GateConfig& config, int band) {
 
 namespace {
 
-// The change detector's constants (docs/design.md §11): the fast mean follows the last
-// several samples (weight 1/8 each), the noise the last few dozen (1/16); a change must
-// stand out of the fast mean's own spread by kChangeSigmas. Tuned on the simulator's
-// grid: 1/4 and 3 sigmas re-based stationary cells on noise (docs/benchmarks.md).
-constexpr double kDriftRate = 0.125;
-constexpr double kNoiseRate = 1.0 / 16;
-constexpr double kChangeSigmas = 4.0;
-static_assert(kChangeConfirmSamples * kDriftRate == 1.0, "held over the fast mean's window");
-
-// A relative residual, bounded: one absurd step time (a clock glitch) moves the detector
-// as far as a step four times as fast or infinitely slow, and never to inf or NaN.
-double BoundedResidual(double r) { return std::clamp(r, -1.0, 4.0); }
-
-bool ValidSample(int band, int64_t step, double tokens, double seconds) {
-  return band >= 0 && band < kBands && std::isfinite(seconds) && seconds > 0 &&
-         std::isfinite(tokens) && tokens >= 0 && step >= 0;
+// Where one of the band's cells is stale (its newest sample more than kPairGapSteps older
+// than the other's) and the pairs' gap disagrees with the cells' beyond their noise (kEvidenceZ
+// standard errors of the difference of the log gaps, each cell's and each pair's relative
+// variance its cell's), the stale cell's estimate is the fresh one's times the pairs'
+// ratio, on the pairs' weight. Where they agree, the cells stand: they rest on more samples,
+// and a few pairs under random stragglers are noisier than a stale but steady cell.
+// `mode`'s estimate is the other's times the pairs' ratio, on the pairs' weight.
+void ReadThroughPairs(Mode mode, BandEstimate& e) {
+  if (mode == Mode::kTensorParallelOnly) {
+    e.tp.tokens_per_s = e.sp.tokens_per_s * e.pair.ratio;
+    e.tp.samples = e.pair.samples;
+  } else {
+    e.sp.tokens_per_s = e.tp.tokens_per_s / e.pair.ratio;
+    e.sp.samples = e.pair.samples;
+  }
+  e.read_through_pairs = true;
 }
 
-// The share of its final value a slow mean started at 0 has reached after `weight` samples:
-// 1 − (1 − kNoiseRate)^min(weight, 64). Every decision takes it for every cell
-// (TableNoiseOf), so the power is one exp2 of a constant logarithm, and a cell past 64
-// samples (most, in a running job) takes the constant.
-constexpr double kLog2NoiseKeep = -0.09310940439148147;  // log2(1 - 1/16)
-constexpr double kNoiseStartedFull = 0.9839246036490473;  // 1 - (15/16)^64
-double NoiseStarted(double weight) {
-  if (weight >= 64.0) return kNoiseStartedFull;
-  return 1.0 - std::exp2(weight * kLog2NoiseKeep);
+void ReadStaleCellThroughPairs(const ThroughputTable& table, int band, BandEstimate& e) {
+  const int64_t sp_last = table.cell(band, Mode::kSequenceParallel).last_step;
+  const int64_t tp_last = table.cell(band, Mode::kTensorParallelOnly).last_step;
+  const bool tp_stale = sp_last - tp_last > kPairGapSteps;
+  if (!tp_stale && !(tp_last - sp_last > kPairGapSteps)) return;
+  const double v = e.sp.relative_variance + e.tp.relative_variance;
+  const double cells_variance =
+      e.sp.relative_variance / e.sp.samples + e.tp.relative_variance / e.tp.samples;
+  const double gap = std::log(e.pair.ratio * e.sp.tokens_per_s / e.tp.tokens_per_s);
+  if (!(std::abs(gap) > kEvidenceZ * std::sqrt(v / e.pair.samples + cells_variance))) return;
+  ReadThroughPairs(tp_stale ? Mode::kTensorParallelOnly : Mode::kSequenceParallel, e);
 }
 
-// A cell's relative variance of one sample around its estimate (the detector's noise).
-double RelativeVariance(const ThroughputCell& c) {
-  if (!(c.weight > 0) || !std::isfinite(c.noise) || !(c.noise > 0)) return 0.0;
-  return c.noise / NoiseStarted(c.weight);
+// After a change detected lately, the pairs (all measured since: a change voids them) are
+// the band's evidence: the cell the change re-based stands on its recent samples, and the
+// other, from before the change, reads it times the pairs' ratio. Where both were re-based
+// by it, both stand.
+void ReadChangedBandThroughPairs(const ThroughputTable& table, int band, BandEstimate& e) {
+  const int64_t changed = table.BandChangedStep(band);
+  const bool sp_rebased = table.cell(band, Mode::kSequenceParallel).changed_step == changed;
+  const bool tp_rebased = table.cell(band, Mode::kTensorParallelOnly).changed_step == changed;
+  if (sp_rebased != tp_rebased) {
+    ReadThroughPairs(sp_rebased ? Mode::kTensorParallelOnly : Mode::kSequenceParallel, e);
+  }
 }
 
 }  // namespace
 
-void ThroughputTable::MarkChanged(ThroughputCell& c, int64_t step) {
-  ++changes_;
-  c.changed_step = std::max(c.changed_step, step);
-}
-
-void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int64_t step,
-                              double tokens, double seconds) {
-  if (!ValidSample(band, step, tokens, seconds)) return;
-  const int64_t h = config.adaptive_half_life_steps;
-  const double floor = SampleFloor(config);
-  ThroughputCell& c = cells_[Index(band, mode)];
-  if (c.last_step < 0) {
-    const int64_t changed = c.changed_step;
-    c = ThroughputCell{tokens, seconds, 1.0, step};
-    c.changed_step = changed;
-    newest_step_ = std::max(newest_step_, step);
-    return;
-  }
-  // A band back after a half-life without samples: its estimates are stale, explore.
-  ThroughputCell& other = cells_[Index(band, mode == Mode::kSequenceParallel
-                                                 ? Mode::kTensorParallelOnly
-                                                 : Mode::kSequenceParallel)];
-  if (step - std::max(c.last_step, other.last_step) > h) MarkChanged(c, step);
-  // The change detector, on the sample's residual against the estimate before it.
-  const double estimate = c.tokens_per_s();
-  if (estimate > 0) {
-    const double residual = BoundedResidual(tokens / seconds / estimate - 1.0);
-    // The noise is the spread around the fast mean (a level shift does not inflate it),
-    // corrected for its start at 0 (the cell's weight counts its samples until they
-    // decay); the fast mean's own spread under that noise is what a change must exceed.
-    const double around = residual - c.drift;
-    c.noise += kNoiseRate * (around * around - c.noise);
-    c.drift += kDriftRate * (residual - c.drift);
-    const double spread =
-        std::sqrt(c.noise / NoiseStarted(c.weight) * kDriftRate / (2.0 - kDriftRate));
-    const bool over =
-        c.weight >= floor &&
-        std::abs(c.drift) > std::max(config.adaptive_change_threshold, kChangeSigmas * spread);
-    const int32_t side = c.drift > 0 ? 1 : -1;
-    c.beyond = !over ? 0 : c.beyond * side > 0 ? c.beyond + side : side;
-    if (std::abs(c.beyond) >= kChangeConfirmSamples) {
-      // Re-base the cell on the recent samples, at the floor's weight, and explore. The
-      // other mode's estimate is left as it was: the band's estimates are no evidence for a
-      // departure until the boosted exploration has measured both again (EvaluateAdaptive).
-      // (Moving it by the same factor, the change taken as common to both modes, let the
-      // running mode's detections ratchet the other's estimate: where stragglers make drops
-      // more frequent than rises, it sank step after step with no sample of its own.)
-      // Re-based through the seconds, so a cell's mean tokens per step (the band mix's
-      // weights in SwitchSavingOf) stay what they were.
-      const double factor = std::max(1.0 + c.drift, 1e-3);
-      const double mean_tokens = c.tokens / c.weight;
-      c.weight = floor;
-      c.tokens = mean_tokens * floor;
-      c.seconds = c.tokens / (estimate * factor);
-      c.drift = 0;
-      c.beyond = 0;
-      MarkChanged(c, step);
-    }
-  }
-  if (step >= c.last_step) {
-    const double w =
-        FlooredWeight(c.weight, HalfLifeDecay(static_cast<double>(step - c.last_step), h), floor);
-    const double k = w / c.weight;
-    c.tokens = c.tokens * k + tokens;
-    c.seconds = c.seconds * k + seconds;
-    c.weight = w + 1.0;
-    c.last_step = step;
-  } else {  // a late sample (another group behind this one): it enters already decayed
-    const double f = HalfLifeDecay(static_cast<double>(c.last_step - step), h);
-    c.tokens += tokens * f;
-    c.seconds += seconds * f;
-    c.weight += f;
-  }
-  newest_step_ = std::max(newest_step_, step);
-}
-
-bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mode mode,
-                                         int64_t step, double tokens, double seconds,
-                                         bool exploration) {
-  if (!ValidSample(band, step, tokens, seconds)) return false;
-  const ThroughputCell& c = cell(band, mode);
-  // Measured against an estimate of at least the sample floor's weight only.
-  const bool measured = c.weight >= SampleFloor(config) && c.tokens_per_s() > 0;
-  // Exploration's cost as measured before this step, at most half the step (as
-  // ObserveCollectives).
-  const double cost = exploration ? MeasuredSwitchCost(config, *this, step) : 0.0;
-  const double entered = std::max(seconds - cost, 0.5 * seconds);
-  const bool enters =
-      !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
-  if (measured) {
-    const double excess = seconds - tokens / c.tokens_per_s();
-    const int64_t h = config.adaptive_half_life_steps;
-    SwitchCostCell& s = switch_cost_;
-    if (s.last_step < 0) {
-      s = SwitchCostCell{excess, 1.0, step};
-    } else if (step >= s.last_step) {
-      const double f = HalfLifeDecay(static_cast<double>(step - s.last_step), h);
-      s = SwitchCostCell{s.seconds * f + excess, s.weight * f + 1.0, step};
-    } else {
-      const double f = HalfLifeDecay(static_cast<double>(s.last_step - step), h);
-      s.seconds += excess * f;
-      s.weight += f;
-    }
-  }
-  // The step still measures its mode. A forced or chosen switch's step enters as it ran:
-  // taking the learned cost off every such step would measure the next switch against an
-  // estimate the cost itself raised — where most of a mode's steps follow a switch (a
-  // stage's micro-batches between forced ones) any cost is then its own fixed point.
-  // Exploration's switches are charged to exploration, not to the mode (docs/design.md
-  // §11).
-  if (enters) Observe(config, band, mode, step, tokens, entered);
-  return measured;
-}
-
-bool ThroughputTable::ObserveCollectives(const GateConfig& config, Mode mode, int64_t step,
-                                         double tokens, double length_cv, double seconds,
-                                         double all_gather_s, double rs_wait_s,
-                                         bool after_switch) {
-  if (mode != Mode::kSequenceParallel) return false;
-  if (after_switch && std::isfinite(seconds)) {
-    seconds = std::max(seconds - SwitchCostSeconds(), 0.5 * seconds);
-  }
-  return AddPriorSample(prior_sums_, config.adaptive_half_life_steps, SampleFloor(config), step,
-                        tokens, length_cv,
-                        seconds, all_gather_s, rs_wait_s);
-}
-
-double ThroughputTable::SwitchCostSeconds() const {
-  const SwitchCostCell& s = switch_cost_;
-  if (!(s.weight > 0) || !std::isfinite(s.seconds)) return 0.0;
-  return std::max(0.0, s.seconds / s.weight);
-}
-
-int64_t ThroughputTable::BandChangedStep(int band) const {
-  if (!ValidBand(band)) return -1;
-  return std::max(cell(band, Mode::kSequenceParallel).changed_step,
-                  cell(band, Mode::kTensorParallelOnly).changed_step);
-}
-
-CellView ThroughputTable::At(const GateConfig& config, int band, Mode mode, int64_t step) const {
-  if (!ValidBand(band)) return {};
-  const ThroughputCell& c = cells_[Index(band, mode)];
-  if (c.last_step < 0) return {};
-  const double age = step > c.last_step ? static_cast<double>(step - c.last_step) : 0.0;
-  return CellView{c.tokens_per_s(),
-                  FlooredWeight(c.weight, HalfLifeDecay(age, config.adaptive_half_life_steps),
-                                SampleFloor(config)),
-                  RelativeVariance(c)};
-}
-
-void ThroughputTable::SetCell(int band, Mode mode, const ThroughputCell& cell) {
-  if (!ValidBand(band)) return;
-  cells_[Index(band, mode)] = cell;
-  newest_step_ = std::max(newest_step_, cell.last_step);
-}
-
-uint64_t ThroughputTable::PreferenceBits(const GateConfig& config, int64_t step) const {
-  static_assert(2 * kBands <= 64);
-  uint64_t bits = 0;
-  for (int b = 0; b < kBands; ++b) {
-    const BandEstimate e = EstimateBand(config, this, b, step);
-    if (!e.known) continue;
-    bits |= uint64_t{1} << (2 * b);
-    if (e.preferred == Mode::kTensorParallelOnly) bits |= uint64_t{2} << (2 * b);
-  }
-  return bits;
-}
-
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
-                          int64_t step) {
+                          int64_t step, std::optional<double> switch_cost) {
   BandEstimate e;
   if (table == nullptr) return e;
   e.sp = table->At(config, band, Mode::kSequenceParallel, step);
   e.tp = table->At(config, band, Mode::kTensorParallelOnly, step);
   const auto min = static_cast<double>(config.adaptive_min_samples);
+  e.pair = PairAt(config, table->pair(band), step);
+  if (e.pair.samples >= min && e.pair.ratio > 0 && e.sp.samples > 0 && e.tp.samples > 0 &&
+      e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0 &&
+      !((switch_cost.has_value() ? *switch_cost : MeasuredSwitchCost(config, *table, step)) >
+        0)) {
+    // Where a switch costs, a probe step carries the way there and back: pairs measure
+    // only where it is free (docs/design.md §11).
+    e.paired = true;
+    if (ChangedLately(config, *table, band, step)) {
+      ReadChangedBandThroughPairs(*table, band, e);
+    } else {
+      ReadStaleCellThroughPairs(*table, band, e);
+    }
+  }
   e.known = e.sp.samples >= min && e.tp.samples >= min && e.sp.tokens_per_s > 0;
   if (e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) e.ratio = e.tp.tokens_per_s / e.sp.tokens_per_s;
   // The decision's form of the test (a ratio against 1 + margin), so that moving the rule
@@ -281,6 +136,18 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
     e.preferred = Mode::kTensorParallelOnly;
   }
   return e;
+}
+
+bool ChangedLately(const GateConfig& config, const ThroughputTable& table, int band,
+                   int64_t step) {
+  const int64_t changed = table.BandChangedStep(band);
+  return changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps;
+}
+
+bool Relearning(const GateConfig& config, const ThroughputTable& table, int band, int64_t step,
+                const BandEstimate& e) {
+  return ChangedLately(config, table, band, step) &&
+         !(e.paired && e.pair.last_step >= table.BandChangedStep(band));
 }
 
 PriorFit FitPriorOf(const GateConfig& config, const ThroughputTable* table) {
@@ -325,8 +192,9 @@ uint64_t PriorBits(const GateConfig& config, const ThroughputTable& table, int64
   const double base = static_cast<double>(std::max<int64_t>(config.adaptive_tokens_band_base, 1));
   const double middle[kTokenBands] = {0.5 * base, 1.5 * base, 3 * base, 6 * base};
   uint64_t bits = 0;
+  const double cost = MeasuredSwitchCost(config, table, step);
   for (int b = 0; b < kBands; ++b) {
-    if (EstimateBand(config, &table, b, step).known) continue;
+    if (EstimateBand(config, &table, b, step, cost).known) continue;
     const ThroughputCell& sp = table.cell(b, Mode::kSequenceParallel);
     const ThroughputCell& tp = table.cell(b, Mode::kTensorParallelOnly);
     const ThroughputCell& c = sp.weight >= tp.weight ? sp : tp;
@@ -421,11 +289,7 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
     }
     if (!(weight > 0)) continue;
     mix_weight += weight;
-    const int64_t changed = table.BandChangedStep(b);
-    if (changed >= 0 && batch.step >= changed &&
-        batch.step - changed < config.adaptive_explore_boost_steps) {
-      continue;
-    }
+    if (ChangedLately(config, table, b, batch.step)) continue;
     if (samples[0] < floor || samples[1] < floor || !(rate[0] > 0) || !(rate[1] > 0)) continue;
     const double mean_tokens = tokens / cells;
     const double rate_from = from == Mode::kSequenceParallel ? rate[0] : rate[1];
@@ -434,45 +298,6 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
   }
   if (mix_weight > 0) mix_saving /= mix_weight;
   return {batch_saving, mix_saving};
-}
-
-TableNoise TableNoiseOf(const GateConfig& config, const ThroughputTable& table) {
-  // Over the cells with the sample floor's weight, weighted by it.
-  const double floor = SampleFloor(config);
-  TableNoise n;
-  double weight = 0;
-  for (int b = 0; b < kBands; ++b) {
-    for (const Mode m : {Mode::kSequenceParallel, Mode::kTensorParallelOnly}) {
-      const ThroughputCell& c = table.cell(b, m);
-      if (!(c.weight >= floor) || !(c.tokens > 0)) continue;
-      const double v = RelativeVariance(c);
-      n.step_seconds += c.seconds;
-      n.spread_seconds += std::sqrt(v) * c.seconds;
-      n.relative_variance += c.weight * v;
-      weight += c.weight;
-    }
-  }
-  if (!(weight > 0)) return {};
-  n.step_seconds /= weight;
-  n.spread_seconds /= weight;
-  n.relative_variance /= weight;
-  return n;
-}
-
-double MeasuredSwitchCost(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                          const TableNoise* noise) {
-  const double cost = table.SwitchCostSeconds();
-  const SwitchCostCell& s = table.switch_cost();
-  if (!(cost > 0) || !(s.weight > 0) || s.last_step < 0) return 0.0;
-  const TableNoise n = noise != nullptr ? *noise : TableNoiseOf(config, table);
-  if (!(n.step_seconds > 0)) return 0.0;  // nothing to say what a step takes: not measured
-  // Below the margin of a step a cost is no difference the policy acts on (a band's
-  // estimate of the step after a switch is off by about that much, switching or not).
-  if (!(cost > config.adaptive_margin * n.step_seconds)) return 0.0;
-  const double age = step > s.last_step ? static_cast<double>(step - s.last_step) : 0.0;
-  const double w = s.weight * HalfLifeDecay(age, config.adaptive_half_life_steps);
-  if (!(w > 0)) return 0.0;
-  return cost > kEvidenceZ * n.spread_seconds / std::sqrt(w) ? cost : 0.0;
 }
 
 Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, int64_t tokens,
@@ -498,16 +323,12 @@ Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, i
 
 namespace {
 
-Mode OtherMode(Mode m) {
-  return m == Mode::kSequenceParallel ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
-}
-
 // Step 3 of EvaluateAdaptive: the incumbent (the gates' decision), or the other mode where
 // the band's evidence or the prior says so. Sets *prior when the prior departed.
 Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
                           const ThroughputTable* table, const PriorFit* prior_fit,
                           const BandEstimate& e, const Decision& incumbent,
-                          bool recently_changed, double variance_floor,
+                          bool recently_changed, double variance_floor, double switch_cost,
                           std::optional<PriorEstimate>* prior, std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
@@ -527,7 +348,7 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
     // the other bands' (PoolBands) decides.
     bool pooled = false;
     if (!(ev.bound_s > 0) && table != nullptr && 2 * ev.saving_s - ev.bound_s > 0) {
-      const BandPool pool = PoolBands(config, *table, batch.step, variance_floor);
+      const BandPool pool = PoolBands(config, *table, batch.step, variance_floor, switch_cost);
       if (pool.bands >= kMinPooledBands) {
         Record(trace, "adaptive_pooled", "check", ev.bound_s, 0, [&] {
           return absl::StrFormat(
@@ -667,21 +488,23 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 
   // 3. The incumbent, the gates' decision; the other mode only on evidence. A change
   // detected in the band re-based one mode's estimate on a few recent samples and left the
-  // other's from before it: until the boosted exploration has measured both again, they
-  // are no evidence.
-  const BandEstimate e = EstimateBand(config, table, band, batch.step);
-  const int64_t changed = table == nullptr ? -1 : table->BandChangedStep(band);
-  const bool recently_changed = changed >= 0 && batch.step >= changed &&
-                                batch.step - changed < config.adaptive_explore_boost_steps;
-  const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
-  if (e.known) static_choice = incumbent.mode;
+  // other's from before it: until the boosted exploration has measured both again, or a
+  // pair has, they are no evidence (Relearning).
   // The table's noise: what a step spreads by, for the switch cost and the evidence (no
   // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
   // cell whose recent samples missed them would look surer than it is).
   const TableNoise noise = table == nullptr ? TableNoise{} : TableNoiseOf(config, *table);
+  const double cost =
+      table == nullptr ? 0.0 : MeasuredSwitchCost(config, *table, batch.step, &noise);
+  const BandEstimate e = EstimateBand(config, table, band, batch.step, cost);
+  const bool recently_changed =
+      table != nullptr && Relearning(config, *table, band, batch.step, e);
+  const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
+  if (e.known) static_choice = incumbent.mode;
   std::optional<PriorEstimate> prior;  // set when the prior departed
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     recently_changed, noise.relative_variance, &prior, trace);
+                                     recently_changed, noise.relative_variance, cost, &prior,
+                                     trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the
@@ -693,8 +516,6 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // prediction; the mix's is measured); the gates' choice in a band without evidence obeys
   // the cap alone; the way back from a probe run is free of the cost (the cap let the run
   // out and back).
-  const double cost =
-      table == nullptr ? 0.0 : MeasuredSwitchCost(config, *table, batch.step, &noise);
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
   if (cost > 0 && state.has_chosen_mode && choice.mode != current &&
@@ -710,7 +531,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // the table for a band still learning, is taken on those alone.)
   int64_t period = 0, offset = 0;
   if (MayExplore(config, batch.step)) {
-    const double share = ExploreShareOf(config, table, band, batch.step, e.known);
+    const double share = ExploreShareOf(config, table, band, batch.step, e);
     period = ExplorePeriod(share);
     offset = ExploreOffset(config, share);
   }

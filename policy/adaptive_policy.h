@@ -13,10 +13,11 @@
 //        band: when the other mode's saving on this batch at the band's rates (a move to
 //        TP-only counts its seconds 1 + adaptive_margin times) is above 0 at one-sided 95 %
 //        confidence (kEvidenceZ standard errors, each cell's from its samples' relative
-//        spread — at least the table's mean — and its weight; DepartureEvidence), and no
-//        change was detected in the band within adaptive_explore_boost_steps; where that
-//        interval spans 0, the band's gap shrunk towards the other known bands' pooled
-//        gap decides the same test (PoolBands, PooledDepartureEvidence);
+//        spread — at least the table's mean — and its weight; DepartureEvidence; where
+//        switching is free, a band's paired evidence may stand in for a stale cell:
+//        EstimateBand), and the band is not re-learning after a change (Relearning);
+//        where that interval spans 0, the band's gap shrunk towards the other known
+//        bands' pooled gap decides the same test (PoolBands, PooledDepartureEvidence);
 //      - otherwise the physics prior's predicted step times (cost_prior.h), when its
 //        prediction is clear of twice its error and names the other mode;
 //   4. where a switch's cost c is measured (MeasuredSwitchCost > 0), a
@@ -31,8 +32,8 @@
 //      (a probe run: two switches buy four samples) the band's mode not chosen runs
 //      instead (reason PROBE), if the cap (where it binds) leaves the flips out and back.
 //      The share is adaptive_explore_share while the band learns (too few samples) and
-//      carries kLearnMinTraffic of the recent batches, or for adaptive_explore_boost_steps
-//      after a change was detected in it, else adaptive_explore_floor, whose first run
+//      carries kLearnMinTraffic of the recent batches, or while it re-learns after a
+//      change (Relearning), else adaptive_explore_floor, whose first run
 //      comes one period in (the schedule: exploration.h). Exploration is how the evidence
 //      of step 3 is gathered; it is the one place ADAPTIVE runs a mode neither the gates
 //      nor the evidence chose.
@@ -43,7 +44,7 @@
 // recent ones sit more than adaptive_change_threshold (and beyond their own noise) from
 // the estimate, the cell is re-based on them (the other mode's left as it was) and the
 // band marked changed; a band that sees a sample after a half-life without one is marked
-// changed too.
+// changed too. Either voids the band's paired evidence (paired_evidence.h).
 //
 // Usage:
 //   spgate::ThroughputTable table;                       // one per job, pooled
@@ -66,6 +67,7 @@
 
 #include "policy/cost_prior.h"
 #include "policy/gate_policy.h"
+#include "policy/paired_evidence.h"
 #include "policy/types.h"
 
 namespace spgate {
@@ -75,6 +77,10 @@ inline constexpr int kTokenBands = 4;
 inline constexpr int kBands = kCvBands * kTokenBands;
 // Consecutive steps of one exploration run (step 5 above).
 inline constexpr int64_t kProbeRunSteps = 4;
+static_assert(kPairGapSteps == kProbeRunSteps + 2, "a probe run and a step either side");
+
+// Whether `band` is one of the kBands.
+inline bool ValidBand(int band) { return band >= 0 && band < kBands; }
 
 // The band of a batch: length-CV band (edges at 1, 2, …, 7 × adaptive_cv_band_width) ×
 // token band (edges at 1, 2, 4 × adaptive_tokens_band_base). In [0, kBands).
@@ -99,6 +105,12 @@ struct ThroughputCell {
   // Consecutive samples the fast mean has sat beyond the change bound: above it counted
   // up, below it down; 0 inside it. Always within ±(kChangeConfirmSamples − 1).
   int32_t beyond = 0;
+  // The fast mean (the drift's rate) of the recent samples' seconds over what the estimate
+  // gives their tokens, less 1: the mode's level now, in seconds, for paired evidence
+  // (paired_evidence.h). In seconds, not in tokens/s as the drift: where stragglers make
+  // a few steps slow, the mean of the rates runs above the ratio of the sums, and a level
+  // read from the drift made the running mode look faster by that gap.
+  double seconds_drift = 0;
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
   friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
@@ -130,9 +142,11 @@ class ThroughputTable {
   // step time, the max over its ranks). Samples may arrive out of step order (groups are
   // pooled); an older one enters with the weight it would have now. Non-finite or
   // non-positive seconds, negative tokens and bad bands are ignored. Runs the cell's
-  // change detector first (see the top of this file).
+  // change detector first (see the top of this file). A `probe` step (it ran in the mode
+  // ADAPTIVE decided as a probe) is also paired with the other mode's level, where that
+  // mode's newest sample is within kPairGapSteps (paired_evidence.h).
   void Observe(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
-               double seconds);
+               double seconds, bool probe = false);
 
   // The first step after a group switched mode: what it took beyond the cell's estimate
   // is a switch's cost (measured only against a cell of adaptive_min_samples' weight).
@@ -144,7 +158,8 @@ class ThroughputTable {
   // samples would carry the whole cost, and the policy would depart on that bias).
   // Returns whether it measured a cost.
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
-                          double tokens, double seconds, bool exploration = false);
+                          double tokens, double seconds, bool exploration = false,
+                          bool probe = false);
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -178,6 +193,10 @@ class ThroughputTable {
   const ThroughputCell& cell(int band, Mode mode) const { return cells_[Index(band, mode)]; }
   // Replaces a cell (a table received from the daemon). Bad bands are ignored.
   void SetCell(int band, Mode mode, const ThroughputCell& cell);
+  // The band's paired evidence (paired_evidence.h); an empty one for bad bands.
+  const PairedCell& pair(int band) const;
+  // Replaces it (a table received from the daemon). Bad bands are ignored.
+  void SetPair(int band, const PairedCell& pair);
   // Newest step folded into any cell; -1 when empty.
   int64_t newest_step() const { return newest_step_; }
   bool empty() const { return newest_step_ < 0; }
@@ -199,8 +218,9 @@ class ThroughputTable {
   static int Index(int band, Mode mode) {
     return band * 2 + (mode == Mode::kTensorParallelOnly ? 1 : 0);
   }
-  void MarkChanged(ThroughputCell& c, int64_t step);
+  void MarkChanged(int band, ThroughputCell& c, int64_t step);
   std::array<ThroughputCell, kBands * 2> cells_{};
+  std::array<PairedCell, kBands> pairs_{};
   SwitchCostCell switch_cost_;
   PriorInputs prior_inputs_;
   PriorSums prior_sums_;
@@ -219,10 +239,32 @@ struct BandEstimate {
   Mode preferred = Mode::kSequenceParallel;
   // TP-only's estimate over SP's; 0 when either has none.
   double ratio = 0;
+  // The band's pairs speak (paired_evidence.h): no switch cost is measured, they have
+  // adaptive_min_samples' weight, and both cells an estimate.
+  bool paired = false;
+  // Then one cell's estimate is the other's times the pairs' ratio, on the pairs' weight
+  // (read through the pairs): within adaptive_explore_boost_steps of a change detected in
+  // the band (the pairs are all from since: a change voids them), the cell the change did
+  // not re-base; otherwise a cell whose newest sample is more than kPairGapSteps older
+  // than the other's, where the pairs' gap differs from the cells' beyond their noise.
+  bool read_through_pairs = false;
+  PairedView pair;
 };
-// `table` null: an empty table.
+// `table` null: an empty table. `switch_cost`: the table's MeasuredSwitchCost at `step`
+// when the caller has it (pairs speak only where it is 0); computed when not given.
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
-                          int64_t step);
+                          int64_t step, std::optional<double> switch_cost = std::nullopt);
+
+// Whether a change was detected in the band within adaptive_explore_boost_steps before
+// `step` (the longest it re-learns: Relearning).
+bool ChangedLately(const GateConfig& config, const ThroughputTable& table, int band,
+                   int64_t step);
+// Whether the band's estimates `e` (its EstimateBand) are no evidence at `step`: a change
+// was detected lately and the pairs measured since have not yet adaptive_min_samples'
+// weight. A change re-bases one mode's cell on a few recent samples and leaves the other's
+// from before it.
+bool Relearning(const GateConfig& config, const ThroughputTable& table, int band, int64_t step,
+                const BandEstimate& e);
 
 // The physics prior (cost_prior.h) of a table: its constants, fitted on the table's prior
 // inputs, its collective sums and its measured bands (the costly part: a pass over the

@@ -24,16 +24,15 @@ LogGap LogGapOf(const BandEstimate& e, double variance_floor) {
 }  // namespace
 
 BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                   double variance_floor) {
+                   double variance_floor, std::optional<double> switch_cost) {
   std::array<LogGap, kBands> g;
   int k = 0;
+  const double cost =
+      switch_cost.has_value() ? *switch_cost : MeasuredSwitchCost(config, table, step);
   for (int b = 0; b < kBands; ++b) {
-    const BandEstimate e = EstimateBand(config, &table, b, step);
+    const BandEstimate e = EstimateBand(config, &table, b, step, cost);
     if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
-    const int64_t changed = table.BandChangedStep(b);
-    if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
-      continue;  // re-learning: no evidence (EvaluateAdaptive)
-    }
+    if (Relearning(config, table, b, step, e)) continue;  // no evidence (EvaluateAdaptive)
     const LogGap x = LogGapOf(e, variance_floor);
     if (std::isfinite(x.r) && x.variance > 0 && std::isfinite(x.variance)) g[k++] = x;
   }

@@ -55,18 +55,14 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
 }
 
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
-                      int64_t step, bool known) {
+                      int64_t step, const BandEstimate& estimate) {
   const double share = config.adaptive_explore_share;
   const double floor = std::min(config.adaptive_explore_floor, share);
   if (table == nullptr) return share;
-  if (!known) {
+  if (!estimate.known) {
     return BandTrafficShare(config, *table, band, step) >= kLearnMinTraffic ? share : floor;
   }
-  const int64_t changed = table->BandChangedStep(band);
-  if (changed >= 0 && step >= changed && step - changed < config.adaptive_explore_boost_steps) {
-    return share;
-  }
-  return floor;
+  return Relearning(config, *table, band, step, estimate) ? share : floor;
 }
 
 bool MayExplore(const GateConfig& config, int64_t step) {

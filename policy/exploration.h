@@ -6,7 +6,7 @@
 //
 // Usage:
 //   if (spgate::MayExplore(config, step)) {  // cheap: most steps are not in a probe run
-//     const double share = spgate::ExploreShareOf(config, &table, band, step, known);
+//     const double share = spgate::ExploreShareOf(config, &table, band, step, estimate);
 //     if (spgate::InProbeRun(step, spgate::ExplorePeriod(share),
 //                            spgate::ExploreOffset(config, share))) {
 //       ... the band's mode not chosen ...
@@ -37,12 +37,13 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
 // (docs/design.md §11).
 inline constexpr double kLearnMinTraffic = 1.0 / kBands;
 // The exploration share of `band` at `step` (policy/adaptive_policy.h, step 5):
-// adaptive_explore_share while the band is not `known` and carries kLearnMinTraffic of the
-// traffic, or within adaptive_explore_boost_steps of a change in it; else
+// adaptive_explore_share while the band (`estimate`, its EstimateBand) is not `known` and
+// carries kLearnMinTraffic of the traffic, or re-learns after a change in it (Relearning:
+// within adaptive_explore_boost_steps of it, until the pairs measured since speak); else
 // adaptive_explore_floor (at most adaptive_explore_share). `table` null:
 // adaptive_explore_share.
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
-                      int64_t step, bool known);
+                      int64_t step, const BandEstimate& estimate);
 // The exploration period of a share: a group explores on the first kProbeRunSteps steps
 // of every period (at least kProbeRunSteps: a share of 1 explores every step).
 int64_t ExplorePeriod(double share);

@@ -15,6 +15,9 @@ namespace spgate {
 enum class Mode : uint8_t { kSequenceParallel = 1, kTensorParallelOnly = 2 };
 // Arrays indexed by static_cast<int>(Mode) (index 0 unused).
 inline constexpr int kModeSlots = 3;
+inline constexpr Mode OtherMode(Mode m) {
+  return m == Mode::kSequenceParallel ? Mode::kTensorParallelOnly : Mode::kSequenceParallel;
+}
 
 // Values match spgate.v1.Reason so conversion is a cast.
 enum class Reason : uint8_t {

@@ -134,7 +134,18 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
       w->set_noise(c.noise);
       if (c.changed_step >= 0) w->set_changed_step(c.changed_step);
       w->set_beyond(c.beyond);
+      w->set_seconds_drift(c.seconds_drift);
     }
+  }
+  for (int band = 0; band < kBands; ++band) {
+    const PairedCell& p = table.pair(band);
+    if (p.last_step < 0) continue;
+    v1::LearnedPair* w = out.add_pairs();
+    w->set_band(band);
+    w->set_sp_seconds(p.sp_seconds);
+    w->set_tp_seconds(p.tp_seconds);
+    w->set_weight(p.weight);
+    w->set_last_step(p.last_step);
   }
   const SwitchCostCell& s = table.switch_cost();
   if (s.last_step >= 0) {
@@ -175,7 +186,8 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     const double sums[] = {w.tokens(), w.seconds(), w.weight(), w.noise()};
     if (!std::all_of(std::begin(sums), std::end(sums),
                      [](double x) { return std::isfinite(x) && x >= 0; }) ||
-        !std::isfinite(w.drift()) || w.beyond() <= -kChangeConfirmSamples ||
+        !std::isfinite(w.drift()) || !std::isfinite(w.seconds_drift()) ||
+        w.beyond() <= -kChangeConfirmSamples ||
         w.beyond() >= kChangeConfirmSamples) {
       continue;
     }
@@ -184,7 +196,17 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
                                w.noise(),
                                w.has_changed_step() ? std::max<int64_t>(-1, w.changed_step())
                                                     : -1,
-                               w.beyond()});
+                               w.beyond(), w.seconds_drift()});
+  }
+  for (const v1::LearnedPair& w : table.pairs()) {
+    const double sums[] = {w.sp_seconds(), w.tp_seconds(), w.weight()};
+    if (w.band() < 0 || w.band() >= kBands || w.last_step() < 0 ||
+        !std::all_of(std::begin(sums), std::end(sums),
+                     [](double x) { return std::isfinite(x) && x >= 0; })) {
+      continue;
+    }
+    out.SetPair(w.band(),
+                PairedCell{w.sp_seconds(), w.tp_seconds(), w.weight(), w.last_step()});
   }
   // A switch cost is an excess over an estimate: finite, of either sign; its weight not.
   const v1::LearnedSwitchCost& s = table.switch_cost();

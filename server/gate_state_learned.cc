@@ -105,9 +105,9 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
     previous_probe = x.probe;
     if (x.band < 0) continue;
     if (!after_switch) {
-      table->Observe(config, x.band, x.mode, p.step, x.tokens, x.seconds);
+      table->Observe(config, x.band, x.mode, p.step, x.tokens, x.seconds, x.probe);
     } else if (table->ObserveAfterSwitch(config, x.band, x.mode, p.step, x.tokens, x.seconds,
-                                         exploration) &&
+                                         exploration, x.probe) &&
                stage < 0) {
       // The job's gauge is the plain table's; a stage's cost shows in GetJob's tables.
       job.metrics->adaptive_switch_cost->Set(table->SwitchCostSeconds());

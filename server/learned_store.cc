@@ -129,7 +129,25 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
                                                         c.beyond(), kChangeConfirmSamples,
                                                         kChangeConfirmSamples));
     }
-    if (absl::Status s = CheckDoubles(c, at, {"drift"}); !s.ok()) return s;
+    if (absl::Status s = CheckDoubles(c, at, {"drift", "seconds_drift"}); !s.ok()) return s;
+  }
+  std::set<int> paired;
+  for (int i = 0; i < t.pairs_size(); ++i) {
+    const v1::LearnedPair& p = t.pairs(i);
+    const std::string at = absl::StrFormat("%s.pairs[%d]", path, i);
+    if (p.band() < 0 || p.band() >= kBands) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.band: %d, not in [0, %d)", at, p.band(), kBands));
+    }
+    if (!paired.insert(p.band()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: band %d appears twice", at, p.band()));
+    }
+    if (p.last_step() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s.last_step: %d, must be >= 0", at, p.last_step()));
+    }
+    if (absl::Status s = CheckDoubles(p, at); !s.ok()) return s;
   }
   if (t.has_switch_cost()) {
     if (absl::Status s = CheckDoubles(t.switch_cost(), path + ".switch_cost", {"seconds"});
@@ -417,6 +435,16 @@ void ScaleCell(v1::LearnedCell& c, double w) {
   c.set_weight(w);
 }
 
+// And a band's pairs.
+void ScalePair(v1::LearnedPair& p, double w) {
+  if (p.weight() > 0) {
+    const double k = w / p.weight();
+    p.set_sp_seconds(p.sp_seconds() * k);
+    p.set_tp_seconds(p.tp_seconds() * k);
+  }
+  p.set_weight(w);
+}
+
 }  // namespace
 
 ThroughputTable AgeLearned(const GateConfig& config, const ThroughputTable& table, double steps) {
@@ -425,6 +453,7 @@ ThroughputTable AgeLearned(const GateConfig& config, const ThroughputTable& tabl
   const double floor = static_cast<double>(config.adaptive_min_samples);
   v1::LearnedTable t = spgate::ToProto(table);
   for (v1::LearnedCell& c : *t.mutable_cells()) ScaleCell(c, FlooredWeight(c.weight(), f, floor));
+  for (v1::LearnedPair& p : *t.mutable_pairs()) ScalePair(p, FlooredWeight(p.weight(), f, floor));
   if (t.has_switch_cost()) {
     t.mutable_switch_cost()->set_seconds(t.switch_cost().seconds() * f);
     t.mutable_switch_cost()->set_weight(t.switch_cost().weight() * f);
@@ -451,6 +480,11 @@ ThroughputTable RestampLearned(const GateConfig& config, const ThroughputTable& 
         c.clear_changed_step();
       }
     }
+  }
+  for (v1::LearnedPair& p : *t.mutable_pairs()) {
+    const double f = HalfLifeDecay(static_cast<double>(newest - p.last_step()), h);
+    ScalePair(p, FlooredWeight(p.weight(), f, floor));
+    p.set_last_step(step);
   }
   if (t.has_switch_cost() && t.switch_cost().last_step() >= 0) {
     v1::LearnedSwitchCost& s = *t.mutable_switch_cost();

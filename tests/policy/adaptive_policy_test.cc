@@ -64,6 +64,11 @@ ThroughputTable Learned(int band, double sp_rate, double tp_rate, int n = 50,
   return t;
 }
 
+// The band's exploration share at `step`, over its estimate there.
+double ShareOf(const GateConfig& c, const ThroughputTable* t, int band, int64_t step) {
+  return ExploreShareOf(c, t, band, step, EstimateBand(c, t, band, step));
+}
+
 BatchFacts Batch(double cv = 0.05, int64_t tokens = 4096, int64_t step = kStep) {
   return BatchFacts{.step = step, .length_cv = cv, .tokens = tokens};
 }
@@ -450,13 +455,13 @@ TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
   EXPECT_NEAR(BandTrafficShare(c, t, common, 5000), 300.0 / 305, 1e-4);
   EXPECT_EQ(BandTrafficShare(c, t, other, 5000), 0);
   EXPECT_EQ(BandTrafficShare(c, t, -1, 5000), 0);
-  EXPECT_EQ(ExploreShareOf(c, &t, rare, 5000, false), 0.004);
-  EXPECT_EQ(ExploreShareOf(c, &t, other, 5000, false), 0.004);
+  EXPECT_EQ(ShareOf(c, &t, rare, 5000), 0.004);
+  EXPECT_EQ(ShareOf(c, &t, other, 5000), 0.004);
   // Twenty samples of 325 (6 %) make it common enough to learn at the full share.
   ThroughputTable busier = t;
   for (int i = 5; i < 20; ++i) busier.Observe(c, rare, kTp, 5000 - i, 100, 1);
   EXPECT_GE(BandTrafficShare(c, busier, rare, 5000), kLearnMinTraffic);
-  EXPECT_EQ(ExploreShareOf(c, &busier, rare, 5000, false), 0.03);
+  EXPECT_EQ(ShareOf(c, &busier, rare, 5000), 0.03);
   // The bound itself, 1/32: 30 samples of 1,000 learn at the floor, 32 at the share.
   for (const auto& [in_rare, want] : {std::pair<int, double>{30, 0.004}, {32, 0.03}}) {
     ThroughputTable edge;
@@ -467,7 +472,7 @@ TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
     }
     for (int i = 0; i < in_rare; ++i) edge.Observe(c, rare, kTp, 5000 - i, 100, 1);
     EXPECT_NEAR(BandTrafficShare(c, edge, rare, 5000), in_rare / 1000.0, 1e-3) << in_rare;
-    EXPECT_EQ(ExploreShareOf(c, &edge, rare, 5000, false), want) << in_rare;
+    EXPECT_EQ(ShareOf(c, &edge, rare, 5000), want) << in_rare;
   }
   // Recent, not all-time: 2,000 samples of the common band at step 1,000 and 40 of the
   // rare one at 1,500 weigh 1,000 against 40 at 1,500 under a half-life of 500 (3.8 %: the
@@ -481,14 +486,14 @@ TEST(EvaluateAdaptiveTest, ARareLearningBandExploresAtTheFloor) {
   GateConfig short_half_life = c;
   short_half_life.adaptive_half_life_steps = 500;
   EXPECT_NEAR(BandTrafficShare(short_half_life, aged, rare, 1500), 40.0 / 1040, 1e-3);
-  EXPECT_EQ(ExploreShareOf(short_half_life, &aged, rare, 1500, false), 0.03);
+  EXPECT_EQ(ShareOf(short_half_life, &aged, rare, 1500), 0.03);
   EXPECT_NEAR(BandTrafficShare(c, aged, rare, 1500), 40.0 / 2040, 1e-3);
-  EXPECT_EQ(ExploreShareOf(c, &aged, rare, 1500, false), 0.004);
+  EXPECT_EQ(ShareOf(c, &aged, rare, 1500), 0.004);
   // A new job's table: every band learns at the share.
   ThroughputTable young;
   for (int i = 0; i < 100; ++i) young.Observe(c, common, kSp, 5000 - i, 120, 1);
   EXPECT_EQ(BandTrafficShare(c, young, rare, 5000), 1);
-  EXPECT_EQ(ExploreShareOf(c, &young, rare, 5000, false), 0.03);
+  EXPECT_EQ(ShareOf(c, &young, rare, 5000), 0.03);
   // Decided (CV 0.25: the gates run TP-only): the rare band's batches probe SP, its
   // less-sampled mode, in the floor's runs only; the busier one's in the share's.
   // The floor's first run comes a period in (ExploreOffset).
@@ -581,14 +586,14 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
   // The floor is at most the share; a share of 1 explores every step.
   GateConfig all = c;
   all.adaptive_explore_share = 0.001;
-  EXPECT_EQ(ExploreShareOf(all, &stable, band, 20000, true), 0.001);
+  EXPECT_EQ(ShareOf(all, &stable, band, 20000), 0.001);
   EXPECT_EQ(ExplorePeriod(1.0), kProbeRunSteps);
   EXPECT_EQ(ExplorePeriod(1e-6), 4000000);
   // An unknown band of a table under 32 × 8 samples learns at the share; no table at all
   // too (ARareLearningBandExploresAtTheFloor has the larger tables).
   EXPECT_EQ(BandTrafficShare(c, stable, band + 1, 20000), 1);  // 200 samples in all
-  EXPECT_EQ(ExploreShareOf(c, &stable, band + 1, 20000, false), 0.03);
-  EXPECT_EQ(ExploreShareOf(c, nullptr, band, 20000, true), 0.03);
+  EXPECT_EQ(ShareOf(c, &stable, band + 1, 20000), 0.03);
+  EXPECT_EQ(ExploreShareOf(c, nullptr, band, 20000, BandEstimate{}), 0.03);
   // The same inputs give the same decisions: a second group agrees step for step.
   c.adaptive_flip_interval_steps = 50;
   GroupPolicyState g2, g3;
@@ -1251,6 +1256,169 @@ TEST(AdaptiveGainLedgerTest, CountsOnlyDecidedBandsWithBothRates) {
 
   ledger.Clear();
   EXPECT_EQ(ledger.ratio(), 0.0);
+}
+
+// Paired evidence (docs/design.md §11). A band where SP runs and TP-only was last measured
+// long ago; then every step slows by 8 % (a burst of stragglers, under the change
+// threshold). SP's cell absorbs the burst, TP-only's never saw it: the cells say TP-only
+// is faster by more than the margin. TP-only's three probe runs in the burst (12 steps at
+// its true 3 % behind SP) say otherwise, when paired with SP's level of their time.
+ThroughputTable BurstTheStaleCellNeverSaw(const GateConfig& c, int band, bool probes_pair) {
+  ThroughputTable t;
+  for (int64_t s = 0; s < 400; ++s) {
+    t.Observe(c, band, kSp, s, 103, 1.0);
+    t.Observe(c, band, kTp, s, 100, 1.0);
+  }
+  for (int64_t s = 400; s < kStep; ++s) {
+    const bool probe = (s >= 900 && s < 904) || (s >= 950 && s < 954) || (s >= 990 && s < 994);
+    if (probe) {
+      t.Observe(c, band, kTp, s, 100 * 0.92, 1.0, probes_pair);
+    } else {
+      t.Observe(c, band, kSp, s, 103 * 0.92, 1.0);
+    }
+  }
+  return t;
+}
+
+TEST(EvaluateAdaptiveTest, PairsReadABurstTheStaleCellNeverSaw) {
+  GateConfig c = Adaptive();
+  c.adaptive_change_threshold = 0.10;  // the burst is no detected change
+  const int band = BandOf(c, 0.05, 4096);
+  const ThroughputTable cells = BurstTheStaleCellNeverSaw(c, band, false);
+  ASSERT_EQ(cells.BandChangedStep(band), -1);
+  const BandEstimate stale = EstimateBand(c, &cells, band, kStep);
+  EXPECT_FALSE(stale.paired);
+  EXPECT_GT(stale.ratio, 1.02) << "TP-only looks faster than it is";
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(), {}, std::nullopt, &cells).decision,
+            (Decision{kTp, Reason::kAdaptive}));
+
+  const ThroughputTable paired = BurstTheStaleCellNeverSaw(c, band, true);
+  const BandEstimate e = EstimateBand(c, &paired, band, kStep);
+  ASSERT_TRUE(e.paired);
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.pair.ratio, 100.0 / 103, 0.002) << "the pairs see TP-only's true 0.971x";
+  EXPECT_NEAR(e.ratio, e.pair.ratio, 1e-12) << "the stale TP-only cell reads SP's times it";
+  EXPECT_EQ(e.tp.samples, e.pair.samples);
+  EXPECT_EQ(e.sp.tokens_per_s, stale.sp.tokens_per_s) << "the fresh cell is as it was";
+  EXPECT_EQ(e.preferred, kSp);
+  const GateOutcome out =
+      EvaluateAdaptive(c, GroupGateState{}, Batch(), {}, std::nullopt, &paired);
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed})) << "the gates' choice";
+  // The preference bits the workers' fallback reads say the same.
+  EXPECT_EQ(paired.PreferenceBits(c, kStep) >> (2 * band) & 3, 1u) << "known, SP";
+  EXPECT_EQ(cells.PreferenceBits(c, kStep) >> (2 * band) & 3, 3u) << "known, TP-only";
+}
+
+// A stale cell is read through the pairs only where the pairs' gap differs from the cells'
+// beyond their noise: a few pairs under random stragglers are noisier than a stale but
+// steady cell, and cells measured side by side are never stale.
+TEST(EstimateBandTest, PairsReplaceAStaleCellOnlyWhereTheyDisagreeBeyondTheNoise) {
+  const GateConfig c = Adaptive();  // min_samples 8
+  const int band = 4;
+  const auto table = [&](double noise, int64_t tp_last) {
+    ThroughputTable t;
+    ThroughputCell sp{100.0 * 50, 50, 50, kStep - 1};
+    ThroughputCell tp{102.0 * 50, 50, 50, tp_last};
+    sp.noise = tp.noise = noise;  // relative variance of one sample (past 64 samples' start)
+    t.SetCell(band, kSp, sp);
+    t.SetCell(band, kTp, tp);
+    // 10 pairs at TP-only / SP 0.98, 4 % from the cells' 1.02.
+    t.SetPair(band, PairedCell{10.0, 10.0 / 0.98, 10, tp_last});
+    return t;
+  };
+  // Noisy samples (a 20 % spread): the pairs alone are ±9 %, the 4 % is within it.
+  ThroughputTable t = table(0.04, kStep - 100);
+  BandEstimate e = EstimateBand(c, &t, band, kStep);
+  EXPECT_TRUE(e.paired);
+  EXPECT_FALSE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.02, 1e-9);
+  EXPECT_EQ(e.preferred, kSp) << "within the margin";
+  // A 2 % spread: the 4 % is beyond it, and TP-only's stale cell reads SP's × 0.98.
+  t = table(0.0004, kStep - 100);
+  e = EstimateBand(c, &t, band, kStep);
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 0.98, 1e-9);
+  EXPECT_NEAR(e.tp.tokens_per_s, 98.0, 1e-9);
+  EXPECT_EQ(e.tp.samples, e.pair.samples);
+  // Cells no more than kPairGapSteps apart are not stale: they stand.
+  t = table(0.0004, kStep - 1 - kPairGapSteps);
+  e = EstimateBand(c, &t, band, kStep);
+  EXPECT_TRUE(e.paired);
+  EXPECT_FALSE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.02, 1e-9);
+}
+
+// Where a switch's cost is measured, a probe step carries the way there and back: the
+// pairs do not speak, and the cells decide as they would without them.
+TEST(EvaluateAdaptiveTest, PairsSpeakOnlyWhereSwitchingIsFree) {
+  GateConfig c = Adaptive();
+  c.adaptive_change_threshold = 0.10;
+  const int band = BandOf(c, 0.05, 4096);
+  ThroughputTable t = BurstTheStaleCellNeverSaw(c, band, true);
+  t.SetSwitchCost(SwitchCostCell{0.5 * 20, 20, kStep - 1});  // 0.5 s a switch, 1 s a step
+  ASSERT_GT(MeasuredSwitchCost(c, t, kStep), 0.0);
+  const BandEstimate e = EstimateBand(c, &t, band, kStep);
+  EXPECT_FALSE(e.paired);
+  EXPECT_GT(e.ratio, 1.02);
+  EXPECT_FALSE(EstimateBand(c, &t, band, kStep, /*switch_cost=*/0.5).paired);
+  EXPECT_TRUE(EstimateBand(c, &t, band, kStep, /*switch_cost=*/0.0).paired);
+}
+
+// A change detected in a band voids its pairs (they measured the gap before it); until the
+// pairs measured since have adaptive_min_samples' weight the band's estimates are no
+// evidence (Relearning); then the cell the change re-based stands and the other reads it
+// times the pairs' ratio. The boosted exploration goes on either way.
+TEST(EvaluateAdaptiveTest, AfterAChangeThePairsSinceItAreTheEvidence) {
+  const GateConfig c = Adaptive();  // boost 200 steps, floor 8, change threshold 5 %
+  const int band = BandOf(c, 0.05, 4096);
+  ThroughputTable t;
+  for (int64_t s = 0; s < 300; ++s) {
+    t.Observe(c, band, kSp, s, 100, 1.0);
+    t.Observe(c, band, kTp, s, 103, 1.0);
+  }
+  // SP runs, TP-only probes between its steps: 20 pairs at TP-only / SP 1.03.
+  for (int64_t s = 300; s < 340; ++s) t.Observe(c, band, s % 2 ? kTp : kSp, s, s % 2 ? 103 : 100, 1.0, s % 2 == 1);
+  ASSERT_EQ(t.BandChangedStep(band), -1);
+  ASSERT_TRUE(EstimateBand(c, &t, band, 340).paired);
+  // Every step slows by 20 %: SP's cell detects it on its 10th sample and is re-based.
+  int64_t s = 340;
+  for (; t.BandChangedStep(band) < 0 && s < 360; ++s) t.Observe(c, band, kSp, s, 80, 1.0);
+  const int64_t changed = t.BandChangedStep(band);
+  ASSERT_GE(changed, 340);
+  EXPECT_EQ(t.pair(band), PairedCell{}) << "voided";
+  BandEstimate e = EstimateBand(c, &t, band, s);
+  EXPECT_FALSE(e.paired);
+  EXPECT_TRUE(Relearning(c, t, band, s, e));
+  EXPECT_GT(e.ratio, 1.2) << "TP-only's cell is from before the change";
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(0.05, 4096, s), {}, std::nullopt, &t)
+                .decision,
+            (Decision{kSp, Reason::kGatesPassed}))
+      << "no evidence: the gates' choice";
+  // TP-only probes between SP's steps again, at its new rate: 7 pairs, under the floor.
+  const int64_t first = s;
+  for (; s < first + 14; ++s) t.Observe(c, band, s % 2 ? kTp : kSp, s, s % 2 ? 82.4 : 80, 1.0, s % 2 == 1);
+  e = EstimateBand(c, &t, band, s);
+  EXPECT_FALSE(e.paired);
+  EXPECT_TRUE(Relearning(c, t, band, s, e));
+  EXPECT_EQ(ExploreShareOf(c, &t, band, s, e), c.adaptive_explore_share) << "boosted";
+  // The 8th and 9th: the pairs speak, TP-only's cell (mostly from before) reads SP's times
+  // their ratio.
+  for (; s < first + 18; ++s) t.Observe(c, band, s % 2 ? kTp : kSp, s, s % 2 ? 82.4 : 80, 1.0, s % 2 == 1);
+  ASSERT_EQ(t.BandChangedStep(band), changed) << "TP-only's probes are no change yet";
+  e = EstimateBand(c, &t, band, s);
+  ASSERT_TRUE(e.paired);
+  EXPECT_FALSE(Relearning(c, t, band, s, e));
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, e.pair.ratio, 1e-12);
+  // TP-only's true 1.03, less the lag of SP's level behind its re-base (the fast mean's
+  // window): far nearer than the cells' 1.2.
+  EXPECT_GT(e.ratio, 1.0);
+  EXPECT_LT(e.ratio, 1.031);
+  EXPECT_GT(t.cell(band, kTp).tokens_per_s() / t.cell(band, kSp).tokens_per_s(), 1.2);
+  EXPECT_TRUE(ChangedLately(c, t, band, s));
+  EXPECT_EQ(ExploreShareOf(c, &t, band, s, e), c.adaptive_explore_floor)
+      << "the pairs re-measured both modes: exploration back at the floor";
+  EXPECT_FALSE(ChangedLately(c, t, band, changed + c.adaptive_explore_boost_steps));
 }
 
 }  // namespace

@@ -424,6 +424,8 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   for (int i = 0; i < 6; ++i) t.Observe(c, 5, Mode::kSequenceParallel, 140 + i, 500, 1.0);
   ASSERT_LT(t.cell(5, Mode::kSequenceParallel).beyond, 0);
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
+  t.Observe(c, 3, Mode::kTensorParallelOnly, 151, 1100, 1.0, /*probe=*/true);
+  ASSERT_EQ(t.pair(3).last_step, 151) << "a probe paired with SP's level";
   t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, 100 + i, 1000 * (i + 1),
@@ -437,6 +439,7 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   EXPECT_EQ(back.changes(), t.changes());
   EXPECT_EQ(back.switch_cost(), t.switch_cost());
   EXPECT_EQ(back.switch_cost().last_step, 150);
+  EXPECT_EQ(back.pair(3), t.pair(3));
   EXPECT_EQ(FromProto(ToProto(ThroughputTable{})), ThroughputTable{});
 }
 
@@ -463,6 +466,16 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   *confirmed = *good;
   confirmed->set_band(4);
   confirmed->set_beyond(kChangeConfirmSamples);
+  v1::LearnedPair* pair = w.add_pairs();
+  pair->set_band(1);
+  pair->set_sp_seconds(1);
+  pair->set_tp_seconds(1.1);
+  pair->set_weight(2);
+  pair->set_last_step(5);
+  v1::LearnedPair* bad_pair = w.add_pairs();
+  *bad_pair = *pair;
+  bad_pair->set_band(2);
+  bad_pair->set_sp_seconds(INFINITY);
   w.mutable_switch_cost()->set_seconds(0.5);
   w.mutable_switch_cost()->set_weight(-2);
   w.mutable_switch_cost()->set_last_step(5);
@@ -471,6 +484,8 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   EXPECT_EQ(t.cell(2, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.cell(3, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.cell(4, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.pair(1), (PairedCell{1, 1.1, 2, 5}));
+  EXPECT_EQ(t.pair(2).last_step, -1);
   EXPECT_EQ(t.switch_cost().last_step, -1);
   EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
   // The prior: a negative sum drops the sums, a negative shape the declared inputs; the

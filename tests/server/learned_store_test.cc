@@ -35,7 +35,7 @@ using ::testing::HasSubstr;
 constexpr int kStages = 16;
 
 // A table with every kind of state: SP and TP-only cells (one with a detected change),
-// a switch cost, the prior's inputs and sums.
+// a switch cost, a band's pairs, the prior's inputs and sums.
 ThroughputTable SomeTable(double scale) {
   GateConfig c;
   ThroughputTable t;
@@ -48,6 +48,7 @@ ThroughputTable SomeTable(double scale) {
   }
   t.ObserveAfterSwitch(c, 0, Mode::kTensorParallelOnly, 40, 8192, 0.95 * scale);
   t.Observe(c, 5, Mode::kSequenceParallel, 41, 4096, 9.0);  // a band seen once
+  t.Observe(c, 1, Mode::kTensorParallelOnly, 42, 8192, 0.85 * scale, /*probe=*/true);
   return t;
 }
 
@@ -125,6 +126,18 @@ TEST(LearnedStoreTest, RefusesOtherVersionsShapesAndValuesNamingTheField) {
       {"a change past its confirmation",
        [](auto& m) { m.mutable_table()->mutable_cells(1)->set_beyond(-8); },
        "table.cells[1].beyond: -8, not in (-8, 8)"},
+      {"NaN pair seconds",
+       [](auto& m) { m.mutable_table()->mutable_pairs(0)->set_tp_seconds(std::nan("")); },
+       "table.pairs[0].tp_seconds"},
+      {"pair band out of range",
+       [](auto& m) { m.mutable_table()->mutable_pairs(0)->set_band(32); },
+       "table.pairs[0].band: 32"},
+      {"duplicate pair",
+       [](auto& m) { *m.mutable_table()->add_pairs() = m.table().pairs(0); },
+       "table.pairs[1]: band 1 appears twice"},
+      {"pair without a step",
+       [](auto& m) { m.mutable_table()->mutable_pairs(0)->set_last_step(-1); },
+       "table.pairs[0].last_step: -1"},
       {"infinite switch cost",
        [](auto& m) { m.mutable_table()->mutable_switch_cost()->set_seconds(INFINITY); },
        "table.switch_cost.seconds"},
@@ -232,6 +245,9 @@ TEST(LearnedStoreTest, AgeingDecaysWeightsToTheFloorAndRestampingMovesSteps) {
   EXPECT_EQ(after.last_step, before.last_step);
   EXPECT_DOUBLE_EQ(aged.cell(5, Mode::kSequenceParallel).weight, 0.5);  // below the floor
   EXPECT_NEAR(aged.switch_cost().weight, t.switch_cost().weight * 0.5, 1e-12);
+  ASSERT_EQ(t.pair(1).weight, 1.0) << "SomeTable's probe paired";
+  EXPECT_DOUBLE_EQ(aged.pair(1).weight, 0.5);  // below the floor, as a cell
+  EXPECT_NEAR(PairAt(c, aged.pair(1), 42).ratio, PairAt(c, t.pair(1), 42).ratio, 1e-12);
   EXPECT_EQ(aged.prior_sums(), t.prior_sums());  // the hardware's, kept
   EXPECT_EQ(AgeLearned(c, t, 0), t);
   // Restamped at step 7: every cell at 7, decayed to the newest step first.
@@ -251,6 +267,8 @@ TEST(LearnedStoreTest, AgeingDecaysWeightsToTheFloorAndRestampingMovesSteps) {
   }
   EXPECT_EQ(moved.prior_sums().last_step, 7);
   EXPECT_EQ(moved.switch_cost().last_step, 7);
+  EXPECT_EQ(moved.pair(1).last_step, 7);
+  EXPECT_NEAR(moved.pair(1).weight, PairAt(c, t.pair(1), t.newest_step()).samples, 1e-12);
 }
 
 // ---- through GateState ----

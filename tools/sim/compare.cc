@@ -42,6 +42,7 @@ struct Sample {
   double tokens, seconds;
   bool after_switch;  // the (replica, stage)'s previous micro-batch ran the other mode
   bool exploration;   // after a switch into a probe or back from one (ObserveAfterSwitch)
+  bool probe;         // ran as ADAPTIVE's probe (paired evidence)
   double all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
   double length_cv;                // as the daemon knows it (Cell::cv_from_band)
 };
@@ -205,9 +206,9 @@ void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
       const Sample& x = pending.front();
       if (x.after_switch) {
         table.ObserveAfterSwitch(r.config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                 x.exploration);
+                                 x.exploration, x.probe);
       } else {
-        table.Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds);
+        table.Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
       }
       if (adaptive_prior && x.length_cv >= 0) {
         table.ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
@@ -400,7 +401,7 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
           {.step = k, .band = band, .mode = x.modes[s][m],
            .tokens = static_cast<double>(rs.stats[m].tokens), .seconds = sec,
            .after_switch = x.switched[s][m] != 0, .exploration = x.exploration[s][m] != 0,
-           .all_gather_s = c.all_gather_s_sp,
+           .probe = x.probe[s][m] != 0, .all_gather_s = c.all_gather_s_sp,
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
            .length_cv = cell.pipelined ? BandCvMidpoint(r.config, band) : rs.stats[m].cv});
     }

@@ -597,6 +597,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
     Mode mode;
     double tokens, seconds;
     bool after_switch, exploration;  // exploration: into a probe or back from one
+    bool probe;                      // ran as ADAPTIVE's probe (paired evidence)
     double length_cv, all_gather_s, rs_wait_s;
   };
   std::deque<Sample> pending;
@@ -607,9 +608,9 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       const Sample& x = pending.front();
       if (x.after_switch) {
         learned.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                   x.exploration);
+                                   x.exploration, x.probe);
       } else {
-        learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
+        learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
       }
       if (o.adaptive_prior) {
         learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
@@ -639,7 +640,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       if (adaptive) {
         pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
                            static_cast<double>(step.effective_tokens), step.step_time_s,
-                           switched, ExplorationSwitch(switched, probe, last_probe[gi]),
+                           switched, ExplorationSwitch(switched, probe, last_probe[gi]), probe,
                            stats->cv,
                            step.group_all_gather_s(),
                            step.group_rs_wait_s()});

@@ -337,11 +337,13 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
            {"TP_TOK/S", Align::kRight},
            {"TP_N", Align::kRight},
            {"TP/SP", Align::kRight},
+           {"PAIRS", Align::kRight},
            {"CHANGED", Align::kRight},
            {"PREFERRED"}});
   const PriorFit fit = FitPriorOf(config, &table);
+  const double cost = MeasuredSwitchCost(config, table, at);
   for (int band = 0; band < kBands; ++band) {
-    const BandEstimate e = EstimateBand(config, &table, band, at);
+    const BandEstimate e = EstimateBand(config, &table, band, at, cost);
     const CellView& sp = e.sp;
     const CellView& tp = e.tp;
     if (sp.samples == 0 && tp.samples == 0) continue;
@@ -367,6 +369,7 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
               sp.samples > 0 ? Fixed(sp.tokens_per_s, 0) : "-", Fixed(sp.samples, 1),
               tp.samples > 0 ? Fixed(tp.tokens_per_s, 0) : "-", Fixed(tp.samples, 1),
               e.ratio > 0 ? absl::StrFormat("%.3f", e.ratio) : "-",
+              e.pair.samples > 0 ? Fixed(e.pair.samples, 1) : "-",
               table.BandChangedStep(band) >= 0 ? absl::StrCat(table.BandChangedStep(band)) : "-",
               preferred});
   }
