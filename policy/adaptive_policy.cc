@@ -61,41 +61,46 @@ std::string BandRangeText(const GateConfig& config, int band) {
 
 namespace {
 
-// Where one of the band's cells is stale (its newest sample more than kPairGapSteps older
-// than the other's) and the pairs' gap disagrees with the cells' beyond their noise (kEvidenceZ
-// standard errors of the difference of the log gaps, each cell's and each pair's relative
-// variance its cell's), the stale cell's estimate is the fresh one's times the pairs'
-// ratio, on the pairs' weight. Where they agree, the cells stand: they rest on more samples,
-// and a few pairs under random stragglers are noisier than a stale but steady cell.
-// `mode`'s estimate is the other's times the pairs' ratio, on the pairs' weight.
+// `mode`'s estimate is the other's times the pairs' ratio, on the pairs' weight, with one
+// pair's relative variance: the two modes' (each pair carries a sample of each).
 void ReadThroughPairs(Mode mode, BandEstimate& e) {
-  if (mode == Mode::kTensorParallelOnly) {
-    e.tp.tokens_per_s = e.sp.tokens_per_s * e.pair.ratio;
-    e.tp.samples = e.pair.samples;
-  } else {
-    e.sp.tokens_per_s = e.tp.tokens_per_s / e.pair.ratio;
-    e.sp.samples = e.pair.samples;
-  }
+  const double variance = e.sp.relative_variance + e.tp.relative_variance;
+  CellView& read = mode == Mode::kTensorParallelOnly ? e.tp : e.sp;
+  read.tokens_per_s = mode == Mode::kTensorParallelOnly ? e.sp.tokens_per_s * e.pair.ratio
+                                                        : e.tp.tokens_per_s / e.pair.ratio;
+  read.samples = e.pair.samples;
+  read.relative_variance = variance;
   e.read_through_pairs = true;
 }
 
-void ReadStaleCellThroughPairs(const ThroughputTable& table, int band, BandEstimate& e) {
+// Where one of the band's cells is stale (its newest sample more than kPairGapSteps older
+// than the other's, and no newer than the pairs') and the pairs' log gap differs from the
+// cells' by more than kEvidenceZ standard errors of the difference (each cell's relative
+// variance at least `variance_floor`, as rule 3's; a pair's the two cells' over the pairs'
+// weight), the stale cell is read through the pairs. Where they agree, the cells stand:
+// they rest on more samples, and a few pairs under random stragglers are noisier than a
+// stale but steady cell.
+void ReadStaleCellThroughPairs(const ThroughputTable& table, int band, double variance_floor,
+                               BandEstimate& e) {
   const int64_t sp_last = table.cell(band, Mode::kSequenceParallel).last_step;
   const int64_t tp_last = table.cell(band, Mode::kTensorParallelOnly).last_step;
   const bool tp_stale = sp_last - tp_last > kPairGapSteps;
   if (!tp_stale && !(tp_last - sp_last > kPairGapSteps)) return;
-  const double v = e.sp.relative_variance + e.tp.relative_variance;
-  const double cells_variance =
-      e.sp.relative_variance / e.sp.samples + e.tp.relative_variance / e.tp.samples;
+  if (e.pair.last_step < (tp_stale ? tp_last : sp_last)) return;
+  const double v_sp = std::max(e.sp.relative_variance, variance_floor);
+  const double v_tp = std::max(e.tp.relative_variance, variance_floor);
+  const double variance = (v_sp + v_tp) / e.pair.samples + v_sp / e.sp.samples + v_tp / e.tp.samples;
   const double gap = std::log(e.pair.ratio * e.sp.tokens_per_s / e.tp.tokens_per_s);
-  if (!(std::abs(gap) > kEvidenceZ * std::sqrt(v / e.pair.samples + cells_variance))) return;
+  if (!(std::abs(gap) > kEvidenceZ * std::sqrt(variance))) return;
   ReadThroughPairs(tp_stale ? Mode::kTensorParallelOnly : Mode::kSequenceParallel, e);
 }
 
-// After a change detected lately, the pairs (all measured since: a change voids them) are
+// After a change detected lately the pairs, all measured since (a change voids them), are
 // the band's evidence: the cell the change re-based stands on its recent samples, and the
-// other, from before the change, reads it times the pairs' ratio. Where both were re-based
-// by it, both stand.
+// other, which the change left as it was (mostly weight from before it), is read through
+// them. Where the change re-based both, both stand. (Where the change is the other cell's
+// alone, that cell is right and reading it through the pairs costs only precision, which
+// its variance says.)
 void ReadChangedBandThroughPairs(const ThroughputTable& table, int band, BandEstimate& e) {
   const int64_t changed = table.BandChangedStep(band);
   const bool sp_rebased = table.cell(band, Mode::kSequenceParallel).changed_step == changed;
@@ -107,8 +112,13 @@ void ReadChangedBandThroughPairs(const ThroughputTable& table, int band, BandEst
 
 }  // namespace
 
+TableFacts TableFactsOf(const GateConfig& config, const ThroughputTable& table, int64_t step) {
+  const TableNoise noise = TableNoiseOf(config, table);
+  return {MeasuredSwitchCost(config, table, step, &noise), noise.relative_variance};
+}
+
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
-                          int64_t step, std::optional<double> switch_cost) {
+                          int64_t step, const TableFacts* facts) {
   BandEstimate e;
   if (table == nullptr) return e;
   e.sp = table->At(config, band, Mode::kSequenceParallel, step);
@@ -116,16 +126,15 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
   const auto min = static_cast<double>(config.adaptive_min_samples);
   e.pair = PairAt(config, table->pair(band), step);
   if (e.pair.samples >= min && e.pair.ratio > 0 && e.sp.samples > 0 && e.tp.samples > 0 &&
-      e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0 &&
-      !((switch_cost.has_value() ? *switch_cost : MeasuredSwitchCost(config, *table, step)) >
-        0)) {
+      e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) {
+    const TableFacts f = facts != nullptr ? *facts : TableFactsOf(config, *table, step);
     // Where a switch costs, a probe step carries the way there and back: pairs measure
     // only where it is free (docs/design.md §11).
-    e.paired = true;
-    if (ChangedLately(config, *table, band, step)) {
+    e.paired = !(f.switch_cost > 0);
+    if (e.paired && ChangedLately(config, *table, band, step)) {
       ReadChangedBandThroughPairs(*table, band, e);
-    } else {
-      ReadStaleCellThroughPairs(*table, band, e);
+    } else if (e.paired) {
+      ReadStaleCellThroughPairs(*table, band, f.variance_floor, e);
     }
   }
   e.known = e.sp.samples >= min && e.tp.samples >= min && e.sp.tokens_per_s > 0;
@@ -192,9 +201,9 @@ uint64_t PriorBits(const GateConfig& config, const ThroughputTable& table, int64
   const double base = static_cast<double>(std::max<int64_t>(config.adaptive_tokens_band_base, 1));
   const double middle[kTokenBands] = {0.5 * base, 1.5 * base, 3 * base, 6 * base};
   uint64_t bits = 0;
-  const double cost = MeasuredSwitchCost(config, table, step);
+  const TableFacts facts = TableFactsOf(config, table, step);
   for (int b = 0; b < kBands; ++b) {
-    if (EstimateBand(config, &table, b, step, cost).known) continue;
+    if (EstimateBand(config, &table, b, step, &facts).known) continue;
     const ThroughputCell& sp = table.cell(b, Mode::kSequenceParallel);
     const ThroughputCell& tp = table.cell(b, Mode::kTensorParallelOnly);
     const ThroughputCell& c = sp.weight >= tp.weight ? sp : tp;
@@ -269,7 +278,8 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
   // band the lengths stopped bringing (a shift in the data) leaves the mix within a few
   // horizons rather than half-lives. A band whose change was detected lately counts in
   // the weight but saves nothing: its estimates are no evidence until both modes are
-  // measured again (EvaluateAdaptive, step 3).
+  // measured again (EvaluateAdaptive, step 3). (That is Relearning here: the mix is weighed
+  // only where a switch's cost is measured, and there pairs never speak.)
   const double h = static_cast<double>(std::max<int64_t>(config.adaptive_half_life_steps, 1));
   const double floor = SampleFloor(config);
   double mix_saving = 0, mix_weight = 0;
@@ -328,27 +338,28 @@ namespace {
 Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
                           const ThroughputTable* table, const PriorFit* prior_fit,
                           const BandEstimate& e, const Decision& incumbent,
-                          bool recently_changed, double variance_floor, double switch_cost,
+                          bool recently_changed, const TableFacts& facts,
                           std::optional<PriorEstimate>* prior, std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
     Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
            [&] {
              return absl::StrFormat(
-                 "band %s: a change was detected within adaptive_explore_boost_steps; "
-                 "re-learning, the gates' choice stands",
+                 "band %s: a change was detected within adaptive_explore_boost_steps, "
+                 "and the pairs since are under adaptive_min_samples; re-learning, the "
+                 "gates' choice stands",
                  BandLabel(band));
            });
     return incumbent;
   }
   if (e.known) {
     Evidence ev =
-        DepartureEvidence(config, e, batch.tokens, incumbent.mode, other, variance_floor);
+        DepartureEvidence(config, e, batch.tokens, incumbent.mode, other, facts.variance_floor);
     // Inconclusive alone (the saving's interval spans 0): the band's gap shrunk towards
     // the other bands' (PoolBands) decides.
     bool pooled = false;
     if (!(ev.bound_s > 0) && table != nullptr && 2 * ev.saving_s - ev.bound_s > 0) {
-      const BandPool pool = PoolBands(config, *table, batch.step, variance_floor, switch_cost);
+      const BandPool pool = PoolBands(config, *table, batch.step, facts.variance_floor, &facts);
       if (pool.bands >= kMinPooledBands) {
         Record(trace, "adaptive_pooled", "check", ev.bound_s, 0, [&] {
           return absl::StrFormat(
@@ -357,7 +368,7 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
               BandLabel(band), ev.bound_s, pool.bands, pool.mean, pool.between);
         });
         ev = PooledDepartureEvidence(config, e, pool, batch.tokens, incumbent.mode, other,
-                                     variance_floor);
+                                     facts.variance_floor);
         pooled = true;
       }
     }
@@ -488,23 +499,23 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 
   // 3. The incumbent, the gates' decision; the other mode only on evidence. A change
   // detected in the band re-based one mode's estimate on a few recent samples and left the
-  // other's from before it: until the boosted exploration has measured both again, or a
-  // pair has, they are no evidence (Relearning).
+  // other's from before it: until the boosted exploration has measured both again (or the
+  // pairs since speak), they are no evidence (Relearning).
   // The table's noise: what a step spreads by, for the switch cost and the evidence (no
   // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
   // cell whose recent samples missed them would look surer than it is).
   const TableNoise noise = table == nullptr ? TableNoise{} : TableNoiseOf(config, *table);
   const double cost =
       table == nullptr ? 0.0 : MeasuredSwitchCost(config, *table, batch.step, &noise);
-  const BandEstimate e = EstimateBand(config, table, band, batch.step, cost);
+  const TableFacts facts{cost, noise.relative_variance};
+  const BandEstimate e = EstimateBand(config, table, band, batch.step, &facts);
   const bool recently_changed =
       table != nullptr && Relearning(config, *table, band, batch.step, e);
   const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
   if (e.known) static_choice = incumbent.mode;
   std::optional<PriorEstimate> prior;  // set when the prior departed
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     recently_changed, noise.relative_variance, cost, &prior,
-                                     trace);
+                                     recently_changed, facts, &prior, trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the

@@ -91,6 +91,11 @@ std::string BandLabel(int band);
 // "cv [0.1, 0.2) tokens [8192, 16384)": for tables.
 std::string BandRangeText(const GateConfig& config, int band);
 
+// The bounds of one sample's relative seconds residual in ThroughputCell::seconds_drift
+// (a step five times as slow, or a fifth of the time), and so of the mean.
+inline constexpr double kSecondsDriftMin = -0.8;
+inline constexpr double kSecondsDriftMax = 4.0;
+
 // One (band, mode) estimate: forgetting-weighted sums of the tokens and the seconds of
 // the steps observed, and the weight (the effective number of samples); and the state of
 // its change detector.
@@ -109,7 +114,8 @@ struct ThroughputCell {
   // gives their tokens, less 1: the mode's level now, in seconds, for paired evidence
   // (paired_evidence.h). In seconds, not in tokens/s as the drift: where stragglers make
   // a few steps slow, the mean of the rates runs above the ratio of the sums, and a level
-  // read from the drift made the running mode look faster by that gap.
+  // read from the drift made the running mode look faster by that gap. In
+  // [kSecondsDriftMin, kSecondsDriftMax]: each sample's term is bounded so.
   double seconds_drift = 0;
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
@@ -218,6 +224,12 @@ class ThroughputTable {
   static int Index(int band, Mode mode) {
     return band * 2 + (mode == Mode::kTensorParallelOnly ? 1 : 0);
   }
+  // Observe's two parts: the sample into its cell (the change detector first), and a
+  // probe's pair.
+  void FoldSample(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
+                  double seconds);
+  void PairProbe(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
+                 double seconds);
   void MarkChanged(int band, ThroughputCell& c, int64_t step);
   std::array<ThroughputCell, kBands * 2> cells_{};
   std::array<PairedCell, kBands> pairs_{};
@@ -250,10 +262,19 @@ struct BandEstimate {
   bool read_through_pairs = false;
   PairedView pair;
 };
-// `table` null: an empty table. `switch_cost`: the table's MeasuredSwitchCost at `step`
-// when the caller has it (pairs speak only where it is 0); computed when not given.
+// What EstimateBand needs of the whole table, a pass over its cells a caller deciding many
+// bands makes once: the measured switch cost at the step (MeasuredSwitchCost; pairs speak
+// only where it is 0) and the table's noise (TableNoiseOf's relative variance, the floor
+// of a cell's, as in step 3).
+struct TableFacts {
+  double switch_cost = 0;
+  double variance_floor = 0;
+};
+TableFacts TableFactsOf(const GateConfig& config, const ThroughputTable& table, int64_t step);
+// `table` null: an empty table. `facts`: the table's TableFactsOf at `step`; computed
+// where needed when null.
 BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table, int band,
-                          int64_t step, std::optional<double> switch_cost = std::nullopt);
+                          int64_t step, const TableFacts* facts = nullptr);
 
 // Whether a change was detected in the band within adaptive_explore_boost_steps before
 // `step` (the longest it re-learns: Relearning).

@@ -24,13 +24,12 @@ LogGap LogGapOf(const BandEstimate& e, double variance_floor) {
 }  // namespace
 
 BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                   double variance_floor, std::optional<double> switch_cost) {
+                   double variance_floor, const TableFacts* facts) {
   std::array<LogGap, kBands> g;
   int k = 0;
-  const double cost =
-      switch_cost.has_value() ? *switch_cost : MeasuredSwitchCost(config, table, step);
+  const TableFacts f = facts != nullptr ? *facts : TableFactsOf(config, table, step);
   for (int b = 0; b < kBands; ++b) {
-    const BandEstimate e = EstimateBand(config, &table, b, step, cost);
+    const BandEstimate e = EstimateBand(config, &table, b, step, &f);
     if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
     if (Relearning(config, table, b, step, e)) continue;  // no evidence (EvaluateAdaptive)
     const LogGap x = LogGapOf(e, variance_floor);

@@ -17,7 +17,6 @@
 #define SPGATE_POLICY_BAND_POOL_H_
 
 #include <cstdint>
-#include <optional>
 
 #include "policy/adaptive_policy.h"
 
@@ -34,9 +33,9 @@ struct BandPool {
   double mean_variance = 0;  // its variance
   double between = 0;        // tau²: how far the bands' true gaps spread
 };
-// `switch_cost`: the table's MeasuredSwitchCost at `step`, as EstimateBand takes it.
+// `facts`: the table's TableFactsOf at `step`, as EstimateBand takes them.
 BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64_t step,
-                   double variance_floor, std::optional<double> switch_cost = std::nullopt);
+                   double variance_floor, const TableFacts* facts = nullptr);
 // DepartureEvidence with the band's gap shrunk towards the pool's mean by its share of the
 // noise (the empirical-Bayes estimate): what the band's own samples cannot yet tell apart,
 // the other bands can, as far as they agree with each other.

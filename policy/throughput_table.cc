@@ -57,18 +57,33 @@ void ThroughputTable::MarkChanged(int band, ThroughputCell& c, int64_t step) {
 void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int64_t step,
                               double tokens, double seconds, bool probe) {
   if (!ValidSample(band, step, tokens, seconds)) return;
+  FoldSample(config, band, mode, step, tokens, seconds);
+  // After the fold: a change this sample confirmed voids the pairs before it, not this one.
+  if (probe) PairProbe(config, band, mode, step, tokens, seconds);
+}
+
+void ThroughputTable::PairProbe(const GateConfig& config, int band, Mode mode, int64_t step,
+                                double tokens, double seconds) {
+  // The running mode's level now: the seconds the probe's tokens take at that cell's
+  // estimate, moved by the fast mean of its recent seconds (paired_evidence.h). A late
+  // probe from before the band's last change pairs with nothing: the change voided its
+  // time's pairs.
+  const ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
+  if (!(tokens > 0) || !(o.weight >= SampleFloor(config)) || !(o.tokens_per_s() > 0) ||
+      std::abs(step - o.last_step) > kPairGapSteps || step < BandChangedStep(band)) {
+    return;
+  }
+  const double other_s = tokens / o.tokens_per_s() * std::max(1.0 + o.seconds_drift, 0.2);
+  const bool sp = mode == Mode::kSequenceParallel;
+  AddPair(config, pairs_[band], step, sp ? seconds : other_s, sp ? other_s : seconds);
+}
+
+void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, int64_t step,
+                                 double tokens, double seconds) {
   const int64_t h = config.adaptive_half_life_steps;
   const double floor = SampleFloor(config);
   ThroughputCell& c = cells_[Index(band, mode)];
   const ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
-  // A probe step beside the running mode's level now: the seconds its tokens take at that
-  // cell's estimate, moved by the fast mean of its recent seconds (paired_evidence.h).
-  if (probe && tokens > 0 && o.weight >= floor && o.tokens_per_s() > 0 &&
-      std::abs(step - o.last_step) <= kPairGapSteps) {
-    const double other_s = tokens / o.tokens_per_s() * std::max(1.0 + o.seconds_drift, 0.2);
-    const bool sp = mode == Mode::kSequenceParallel;
-    AddPair(config, pairs_[band], step, sp ? seconds : other_s, sp ? other_s : seconds);
-  }
   if (c.last_step < 0) {
     const int64_t changed = c.changed_step;
     c = ThroughputCell{tokens, seconds, 1.0, step};
@@ -89,7 +104,8 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     c.noise += kNoiseRate * (around * around - c.noise);
     c.drift += kDriftRate * (residual - c.drift);
     if (tokens > 0) {  // bounded as the residual: one absurd step moves it a finite way
-      const double r = std::clamp(seconds * estimate / tokens - 1.0, -0.8, 4.0);
+      const double r =
+          std::clamp(seconds * estimate / tokens - 1.0, kSecondsDriftMin, kSecondsDriftMax);
       c.seconds_drift += kDriftRate * (r - c.seconds_drift);
     }
     const double spread =
@@ -102,7 +118,8 @@ void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int
     if (std::abs(c.beyond) >= kChangeConfirmSamples) {
       // Re-base the cell on the recent samples, at the floor's weight, and explore. The
       // other mode's estimate is left as it was: the band's estimates are no evidence for a
-      // departure until the boosted exploration has measured both again (EvaluateAdaptive).
+      // departure until the boosted exploration has measured both again, or the pairs since
+      // speak (Relearning).
       // (Moving it by the same factor, the change taken as common to both modes, let the
       // running mode's detections ratchet the other's estimate: where stragglers make drops
       // more frequent than rises, it sank step after step with no sample of its own.)
@@ -222,15 +239,17 @@ const PairedCell& ThroughputTable::pair(int band) const {
 }
 
 void ThroughputTable::SetPair(int band, const PairedCell& pair) {
-  if (ValidBand(band)) pairs_[band] = pair;
+  if (!ValidBand(band)) return;
+  pairs_[band] = pair;
+  newest_step_ = std::max(newest_step_, pair.last_step);
 }
 
 uint64_t ThroughputTable::PreferenceBits(const GateConfig& config, int64_t step) const {
   static_assert(2 * kBands <= 64);
   uint64_t bits = 0;
-  const double cost = MeasuredSwitchCost(config, *this, step);
+  const TableFacts facts = TableFactsOf(config, *this, step);
   for (int b = 0; b < kBands; ++b) {
-    const BandEstimate e = EstimateBand(config, this, b, step, cost);
+    const BandEstimate e = EstimateBand(config, this, b, step, &facts);
     if (!e.known) continue;
     bits |= uint64_t{1} << (2 * b);
     if (e.preferred == Mode::kTensorParallelOnly) bits |= uint64_t{2} << (2 * b);

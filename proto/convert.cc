@@ -186,7 +186,8 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     const double sums[] = {w.tokens(), w.seconds(), w.weight(), w.noise()};
     if (!std::all_of(std::begin(sums), std::end(sums),
                      [](double x) { return std::isfinite(x) && x >= 0; }) ||
-        !std::isfinite(w.drift()) || !std::isfinite(w.seconds_drift()) ||
+        !std::isfinite(w.drift()) || !(w.seconds_drift() >= kSecondsDriftMin) ||
+        !(w.seconds_drift() <= kSecondsDriftMax) ||
         w.beyond() <= -kChangeConfirmSamples ||
         w.beyond() >= kChangeConfirmSamples) {
       continue;
@@ -199,10 +200,12 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
                                w.beyond(), w.seconds_drift()});
   }
   for (const v1::LearnedPair& w : table.pairs()) {
+    // Sums of positive seconds: both positive wherever the weight is.
     const double sums[] = {w.sp_seconds(), w.tp_seconds(), w.weight()};
     if (w.band() < 0 || w.band() >= kBands || w.last_step() < 0 ||
         !std::all_of(std::begin(sums), std::end(sums),
-                     [](double x) { return std::isfinite(x) && x >= 0; })) {
+                     [](double x) { return std::isfinite(x) && x >= 0; }) ||
+        (w.weight() > 0 && !(w.sp_seconds() > 0 && w.tp_seconds() > 0))) {
       continue;
     }
     out.SetPair(w.band(),

@@ -130,6 +130,11 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
                                                         kChangeConfirmSamples));
     }
     if (absl::Status s = CheckDoubles(c, at, {"drift", "seconds_drift"}); !s.ok()) return s;
+    if (c.seconds_drift() < kSecondsDriftMin || c.seconds_drift() > kSecondsDriftMax) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s.seconds_drift: %g, not in [%g, %g]",
+                                                        at, c.seconds_drift(), kSecondsDriftMin,
+                                                        kSecondsDriftMax));
+    }
   }
   std::set<int> paired;
   for (int i = 0; i < t.pairs_size(); ++i) {
@@ -148,6 +153,11 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
           absl::StrFormat("%s.last_step: %d, must be >= 0", at, p.last_step()));
     }
     if (absl::Status s = CheckDoubles(p, at); !s.ok()) return s;
+    if (p.weight() > 0 && !(p.sp_seconds() > 0 && p.tp_seconds() > 0)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: weight %g with sp_seconds %g and tp_seconds %g; both must be > 0 where the "
+          "weight is", at, p.weight(), p.sp_seconds(), p.tp_seconds()));
+    }
   }
   if (t.has_switch_cost()) {
     if (absl::Status s = CheckDoubles(t.switch_cost(), path + ".switch_cost", {"seconds"});
@@ -482,7 +492,8 @@ ThroughputTable RestampLearned(const GateConfig& config, const ThroughputTable& 
     }
   }
   for (v1::LearnedPair& p : *t.mutable_pairs()) {
-    const double f = HalfLifeDecay(static_cast<double>(newest - p.last_step()), h);
+    const double f =
+        HalfLifeDecay(static_cast<double>(std::max<int64_t>(0, newest - p.last_step())), h);
     ScalePair(p, FlooredWeight(p.weight(), f, floor));
     p.set_last_step(step);
   }

@@ -4,9 +4,11 @@
 // change-triggered exploration over a floor, the flip cap and the switch cost where one is
 // measured, and pin and memory precedence. Pure: each case
 // builds a table by hand or by observing steps, and asks for one decision or a run.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -1360,14 +1362,16 @@ TEST(EvaluateAdaptiveTest, PairsSpeakOnlyWhereSwitchingIsFree) {
   const BandEstimate e = EstimateBand(c, &t, band, kStep);
   EXPECT_FALSE(e.paired);
   EXPECT_GT(e.ratio, 1.02);
-  EXPECT_FALSE(EstimateBand(c, &t, band, kStep, /*switch_cost=*/0.5).paired);
-  EXPECT_TRUE(EstimateBand(c, &t, band, kStep, /*switch_cost=*/0.0).paired);
+  const TableFacts costly{.switch_cost = 0.5}, free{.switch_cost = 0};
+  EXPECT_FALSE(EstimateBand(c, &t, band, kStep, &costly).paired);
+  EXPECT_TRUE(EstimateBand(c, &t, band, kStep, &free).paired) << "the facts given are used";
 }
 
 // A change detected in a band voids its pairs (they measured the gap before it); until the
 // pairs measured since have adaptive_min_samples' weight the band's estimates are no
-// evidence (Relearning); then the cell the change re-based stands and the other reads it
-// times the pairs' ratio. The boosted exploration goes on either way.
+// evidence (Relearning) and the band explores at the full share; then the cell the change
+// re-based stands, the other reads it times the pairs' ratio, and the band departs on
+// that evidence and explores at the floor again.
 TEST(EvaluateAdaptiveTest, AfterAChangeThePairsSinceItAreTheEvidence) {
   const GateConfig c = Adaptive();  // boost 200 steps, floor 8, change threshold 5 %
   const int band = BandOf(c, 0.05, 4096);
@@ -1418,6 +1422,18 @@ TEST(EvaluateAdaptiveTest, AfterAChangeThePairsSinceItAreTheEvidence) {
   EXPECT_TRUE(ChangedLately(c, t, band, s));
   EXPECT_EQ(ExploreShareOf(c, &t, band, s, e), c.adaptive_explore_floor)
       << "the pairs re-measured both modes: exploration back at the floor";
+  // The band decides on its evidence again (no longer skipped as re-learning): the pairs'
+  // gap is within the margin, so the gates' SP stands, where the cells' 20 % would have
+  // departed to TP-only.
+  std::vector<GateCheck> trace;
+  const GateOutcome out = EvaluateAdaptive(c, GroupGateState{}, Batch(0.05, 4096, s), {},
+                                           std::nullopt, &t, &trace);
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));
+  const auto adaptive = std::find_if(trace.begin(), trace.end(), [](const GateCheck& g) {
+    return std::string(g.gate) == "adaptive";
+  });
+  ASSERT_NE(adaptive, trace.end());
+  EXPECT_EQ(std::string(adaptive->outcome), "pass") << adaptive->detail;
   EXPECT_FALSE(ChangedLately(c, t, band, changed + c.adaptive_explore_boost_steps));
 }
 

@@ -144,5 +144,66 @@ TEST(PairedEvidenceTest, OnlyProbesPairAndOnlyBesideARecentSample) {
   EXPECT_EQ(sparse.pair(3).last_step, -1);
 }
 
+// A late probe from before the band's last change (another group behind) pairs with
+// nothing: the change voided its time's pairs, and it would bring one back.
+TEST(PairedEvidenceTest, ALateProbeFromBeforeAChangePairsWithNothing) {
+  const GateConfig c = Config();  // floor 4, threshold 5 %
+  ThroughputTable t;
+  for (int64_t s = 0; s < 40; ++s) t.Observe(c, 2, kSp, s, 100, 1.0);
+  t.Observe(c, 2, kTp, 40, 90, 1.0, /*probe=*/true);
+  ASSERT_EQ(t.pair(2).last_step, 40);
+  int64_t s = 41;
+  for (; t.BandChangedStep(2) < 0 && s < 80; ++s) t.Observe(c, 2, kSp, s, 50, 1.0);
+  const int64_t changed = t.BandChangedStep(2);
+  ASSERT_GT(changed, 40);
+  EXPECT_EQ(t.pair(2), PairedCell{}) << "the change voids the pairs";
+  t.Observe(c, 2, kTp, changed - 1, 90, 1.0, /*probe=*/true);  // late, from before it
+  EXPECT_EQ(t.pair(2), PairedCell{});
+  t.Observe(c, 2, kTp, s, 45, 1.0, /*probe=*/true);  // after it
+  EXPECT_EQ(t.pair(2).last_step, s);
+}
+
+// Four modes of a band's pairs through EstimateBand, on hand-made cells: SP measured at
+// the step, TP-only `tp_age` steps before; 10 pairs at TP-only / SP 0.9 measured at
+// `pair_step`; cells at 100 and 100 tokens/s with the given relative noise.
+BandEstimate Estimate(double noise, int64_t tp_last, int64_t pair_step, double variance_floor) {
+  GateConfig c = Config();
+  c.adaptive_min_samples = 8;
+  ThroughputTable t;
+  ThroughputCell sp{100.0 * 50, 50, 50, 1000};
+  ThroughputCell tp{100.0 * 50, 50, 50, tp_last};
+  sp.noise = tp.noise = noise;
+  t.SetCell(2, kSp, sp);
+  t.SetCell(2, kTp, tp);
+  t.SetPair(2, PairedCell{9.0, 10.0, 10, pair_step});
+  const TableFacts facts{.switch_cost = 0, .variance_floor = variance_floor};
+  return EstimateBand(c, &t, 2, 1000, &facts);
+}
+
+TEST(PairedEvidenceTest, AStaleCellIsReadThroughNewerPairsThatDisagreeBeyondTheNoise) {
+  // TP-only 100 steps stale, the pairs as new as its last sample, noise-free cells: read.
+  BandEstimate e = Estimate(0, 900, 900, 0);
+  ASSERT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.tp.tokens_per_s, 90.0, 1e-9);
+  EXPECT_EQ(e.tp.samples, e.pair.samples);
+  EXPECT_EQ(e.pair.samples, 8.0) << "10 pairs a half-life old, held at the floor";
+  // The read cell's variance is a pair's: both modes' (a sample of each).
+  e = Estimate(0.0004, 900, 900, 0);
+  ASSERT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.tp.relative_variance, 2 * e.sp.relative_variance, 1e-12);
+  // Pairs older than the stale cell's newest sample do not replace it.
+  e = Estimate(0, 900, 899, 0);
+  EXPECT_TRUE(e.paired);
+  EXPECT_FALSE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.0, 1e-12);
+  // The table's noise floors the cells' (as in the departure test): noise-free cells in a
+  // table whose steps spread by 30 % are no surer than it, and 10 % is within that.
+  e = Estimate(0, 900, 900, 0.09);
+  EXPECT_FALSE(e.read_through_pairs);
+  // Cells measured side by side are not stale.
+  e = Estimate(0, 1000 - kPairGapSteps, 1000, 0);
+  EXPECT_FALSE(e.read_through_pairs);
+}
+
 }  // namespace
 }  // namespace spgate

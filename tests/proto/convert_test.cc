@@ -476,6 +476,14 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   *bad_pair = *pair;
   bad_pair->set_band(2);
   bad_pair->set_sp_seconds(INFINITY);
+  v1::LearnedPair* empty_sum = w.add_pairs();  // a weight without seconds
+  *empty_sum = *pair;
+  empty_sum->set_band(3);
+  empty_sum->set_tp_seconds(0);
+  v1::LearnedCell* wild_drift = w.add_cells();  // past what one sample's term can reach
+  *wild_drift = *good;
+  wild_drift->set_band(5);
+  wild_drift->set_seconds_drift(kSecondsDriftMax + 1);
   w.mutable_switch_cost()->set_seconds(0.5);
   w.mutable_switch_cost()->set_weight(-2);
   w.mutable_switch_cost()->set_last_step(5);
@@ -486,6 +494,8 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   EXPECT_EQ(t.cell(4, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.pair(1), (PairedCell{1, 1.1, 2, 5}));
   EXPECT_EQ(t.pair(2).last_step, -1);
+  EXPECT_EQ(t.pair(3).last_step, -1);
+  EXPECT_EQ(t.cell(5, Mode::kSequenceParallel).last_step, -1);
   EXPECT_EQ(t.switch_cost().last_step, -1);
   EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
   // The prior: a negative sum drops the sums, a negative shape the declared inputs; the

@@ -341,9 +341,9 @@ std::string LearnedTableText(const v1::Job& job, const GateConfig& config,
            {"CHANGED", Align::kRight},
            {"PREFERRED"}});
   const PriorFit fit = FitPriorOf(config, &table);
-  const double cost = MeasuredSwitchCost(config, table, at);
+  const TableFacts facts = TableFactsOf(config, table, at);
   for (int band = 0; band < kBands; ++band) {
-    const BandEstimate e = EstimateBand(config, &table, band, at, cost);
+    const BandEstimate e = EstimateBand(config, &table, band, at, &facts);
     const CellView& sp = e.sp;
     const CellView& tp = e.tp;
     if (sp.samples == 0 && tp.samples == 0) continue;

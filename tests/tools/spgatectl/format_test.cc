@@ -185,6 +185,29 @@ const char* kJob = R"pb(
   memory_overrides: 2
 )pb";
 
+// A band whose TP-only cell is stale and whose pairs disagree with it: PAIRS shows their
+// weight, and TP_TOK/S, TP_N and TP/SP are read through them (docs/design.md §11).
+TEST(FormatJob, LearnedShowsABandReadThroughItsPairs) {
+  const auto job = Parse<v1::Job>(R"pb(
+    summary { job_id: "llama" }
+    config { config { policy: ADAPTIVE adaptive_min_samples: 8 adaptive_margin: 0.02
+                      adaptive_half_life_steps: 500 adaptive_cv_band_width: 0.1
+                      adaptive_tokens_band_base: 8192 } }
+    learned { cells { band: 1 mode: SEQUENCE_PARALLEL tokens: 1000000 seconds: 10 weight: 20
+                      last_step: 1199 }
+              cells { band: 1 mode: TENSOR_PARALLEL_ONLY tokens: 1100000 seconds: 10 weight: 20
+                      last_step: 1100 }
+              pairs { band: 1 sp_seconds: 9 tp_seconds: 10 weight: 12 last_step: 1100 } }
+    learned_at_step: 1199
+  )pb");
+  const std::string text = FormatJob(job, OutputFormat::kTable, kNow);
+  // TP-only: SP's 100000 × 0.9 (not its own stale 110000); its weight the pairs', 12
+  // decayed 99 steps at a half-life of 500.
+  EXPECT_THAT(text, HasSubstr("cv0.tok1  cv [0, 0.1), tokens [8192, 16384)    100000  20.0     "
+                              "90000  10.5  0.900   10.5        -  sp\n"))
+      << text;
+}
+
 // A pipelined job: its layout, why it is locked to SP, a row per stage, and its MODES and
 // DECISIONS counted in micro-batches (by the mode each ran), beside the group-steps.
 TEST(FormatJob, PipelinedJobsShowLayoutStagesAndSpRequired) {
