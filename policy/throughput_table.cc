@@ -45,6 +45,16 @@ double RelativeVariance(const ThroughputCell& c) {
   return c.noise / NoiseStarted(c.weight);
 }
 
+// The running mode's level now, as a factor on its cell's estimate: the fast mean of its
+// recent seconds (seconds_drift), bounded as the residuals are. Where `running` has a
+// sample within kPairGapSteps of `step` it says what every mode of the band takes now
+// (stragglers hit every cell alike, as TableNoiseOf takes them); otherwise 1, the cell's
+// estimate as it is.
+double LevelNow(const ThroughputCell& running, int64_t step) {
+  if (running.last_step < 0 || std::abs(step - running.last_step) > kPairGapSteps) return 1.0;
+  return std::max(1.0 + running.seconds_drift, 0.2);
+}
+
 }  // namespace
 
 void ThroughputTable::MarkChanged(int band, ThroughputCell& c, int64_t step) {
@@ -73,7 +83,7 @@ void ThroughputTable::PairProbe(const GateConfig& config, int band, Mode mode, i
       std::abs(step - o.last_step) > kPairGapSteps || step < BandChangedStep(band)) {
     return;
   }
-  const double other_s = tokens / o.tokens_per_s() * std::max(1.0 + o.seconds_drift, 0.2);
+  const double other_s = tokens / o.tokens_per_s() * LevelNow(o, step);
   const bool sp = mode == Mode::kSequenceParallel;
   AddPair(config, pairs_[band], step, sp ? seconds : other_s, sp ? other_s : seconds);
 }
@@ -167,7 +177,12 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   const bool enters =
       !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
   if (measured) {
-    const double excess = seconds - tokens / c.tokens_per_s();
+    // Against the mode's estimate moved by the level the band runs at now, the mode left
+    // behind's (LevelNow): a straggler burst slows the step after a switch as it slows
+    // every other, and measured against the estimate from before the burst, every switch
+    // in it looked like a cost (docs/design.md §11).
+    const double level = LevelNow(cell(band, OtherMode(mode)), step);
+    const double excess = seconds - tokens / c.tokens_per_s() * level;
     const int64_t h = config.adaptive_half_life_steps;
     SwitchCostCell& s = switch_cost_;
     if (s.last_step < 0) {

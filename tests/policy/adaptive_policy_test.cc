@@ -320,6 +320,40 @@ TEST(ThroughputTableTest, LearnsTheSwitchCost) {
   EXPECT_FALSE(t.ObserveAfterSwitch(c, 1, kSp, 6, 100, std::nan("")));
 }
 
+// A slowdown of the whole job (a straggler burst) is no switch cost: the step after a
+// switch is measured against its mode's estimate moved by the level the mode left behind
+// runs at now, where that mode ran within kPairGapSteps. A cost on top still measures.
+TEST(ThroughputTableTest, ASlowdownOfBothModesIsNoSwitchCost) {
+  const GateConfig c = HalfLife(1000);
+  ThroughputTable t;
+  for (int i = 0; i < 200; ++i) {  // both modes at 100 tokens/s
+    t.Observe(c, 1, kSp, i, 100, 1.0);
+    t.Observe(c, 1, kTp, i, 100, 1.0);
+  }
+  // SP runs 4 % slower for 20 steps (under the change threshold: no re-base); its
+  // estimate takes in a little of it, its fast mean most.
+  for (int i = 200; i < 220; ++i) t.Observe(c, 1, kSp, i, 100, 1.04);
+  ASSERT_EQ(t.cell(1, kSp).changed_step, -1);
+  const double level = 1.0 + t.cell(1, kSp).seconds_drift;
+  ASSERT_GT(level, 1.03);
+  struct Case {
+    const char* what;
+    int64_t step;
+    double seconds;
+    double cost;
+  } cases[] = {
+      {"TP-only as slow as SP now, right after it", 220, 1.04, 1.04 - level},
+      {"and 0.5 s on top: that is the cost", 220, 1.54, 1.54 - level},
+      {"SP last ran 7 steps before: the estimate as it is", 226, 1.04, 0.04},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable after = t;
+    EXPECT_TRUE(after.ObserveAfterSwitch(c, 1, kTp, k.step, 100, k.seconds)) << k.what;
+    EXPECT_NEAR(after.SwitchCostSeconds(), k.cost, 1e-9) << k.what;
+  }
+  EXPECT_LT(1.04 - level, 0.01) << "the slowdown, 0.04 s, mostly not taken for a cost";
+}
+
 TEST(ThroughputTableTest, BadSamplesAreIgnored) {
   ThroughputTable t;
   const GateConfig c = HalfLife(10);
