@@ -45,14 +45,25 @@ double RelativeVariance(const ThroughputCell& c) {
   return c.noise / NoiseStarted(c.weight);
 }
 
-// The running mode's level now, as a factor on its cell's estimate: the fast mean of its
-// recent seconds (seconds_drift), bounded as the residuals are. Where `running` has a
-// sample within kPairGapSteps of `step` it says what every mode of the band takes now
-// (stragglers hit every cell alike, as TableNoiseOf takes them); otherwise 1, the cell's
-// estimate as it is.
-double LevelNow(const ThroughputCell& running, int64_t step) {
-  if (running.last_step < 0 || std::abs(step - running.last_step) > kPairGapSteps) return 1.0;
+// The running mode's level now, as a factor on its own cell's estimate: the fast mean of
+// its recent seconds (seconds_drift), bounded as the residuals are.
+double LevelNow(const ThroughputCell& running) {
   return std::max(1.0 + running.seconds_drift, 0.2);
+}
+
+// How much slower than its estimate the band runs now, as a factor on the estimate of the
+// mode a group just entered: the level of the mode it left behind (LevelNow) where that
+// one has the sample floor's weight and a sample within kPairGapSteps of `step` (either
+// side: a late sample of another group), else 1. A slowdown (a straggler burst) slows
+// every mode of the band alike (as TableNoiseOf takes stragglers); a level under 1 is
+// not taken: that is a cell running faster than an estimate that took in a slowdown, and
+// whether the entered cell took it in too is not known (docs/design.md §11).
+double SlowdownNow(const ThroughputCell& left, int64_t step, double floor) {
+  if (left.last_step < 0 || !(left.weight >= floor) ||
+      std::abs(step - left.last_step) > kPairGapSteps) {
+    return 1.0;
+  }
+  return std::max(1.0, LevelNow(left));
 }
 
 }  // namespace
@@ -83,7 +94,7 @@ void ThroughputTable::PairProbe(const GateConfig& config, int band, Mode mode, i
       std::abs(step - o.last_step) > kPairGapSteps || step < BandChangedStep(band)) {
     return;
   }
-  const double other_s = tokens / o.tokens_per_s() * LevelNow(o, step);
+  const double other_s = tokens / o.tokens_per_s() * LevelNow(o);
   const bool sp = mode == Mode::kSequenceParallel;
   AddPair(config, pairs_[band], step, sp ? seconds : other_s, sp ? other_s : seconds);
 }
@@ -168,8 +179,14 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
                                          bool exploration, bool probe) {
   if (!ValidSample(band, step, tokens, seconds)) return false;
   const ThroughputCell& c = cell(band, mode);
-  // Measured against an estimate of at least the sample floor's weight only.
-  const bool measured = c.weight >= SampleFloor(config) && c.tokens_per_s() > 0;
+  // Measured against an estimate of at least the sample floor's weight only, and not
+  // against one a change detected lately in the band left from before it (the other cell
+  // re-based: Relearning's window), which may be the band's slowdown the re-based one took in.
+  const int64_t changed = BandChangedStep(band);
+  const bool left_before_change = c.changed_step < changed && step >= changed &&
+                                  step - changed < config.adaptive_explore_boost_steps;
+  const bool measured =
+      c.weight >= SampleFloor(config) && c.tokens_per_s() > 0 && !left_before_change;
   // Exploration's cost as measured before this step, at most half the step (as
   // ObserveCollectives).
   const double cost = exploration ? MeasuredSwitchCost(config, *this, step) : 0.0;
@@ -177,11 +194,10 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   const bool enters =
       !exploration || switch_cost_.last_step >= 0 || c.weight >= SampleFloor(config);
   if (measured) {
-    // Against the mode's estimate moved by the level the band runs at now, the mode left
-    // behind's (LevelNow): a straggler burst slows the step after a switch as it slows
-    // every other, and measured against the estimate from before the burst, every switch
-    // in it looked like a cost (docs/design.md §11).
-    const double level = LevelNow(cell(band, OtherMode(mode)), step);
+    // Against the mode's estimate slowed as the band runs now (SlowdownNow): a straggler
+    // burst slows the step after a switch as it slows every other, and measured against
+    // the estimate from before the burst, every switch in it looked like a cost.
+    const double level = SlowdownNow(cell(band, OtherMode(mode)), step, SampleFloor(config));
     const double excess = seconds - tokens / c.tokens_per_s() * level;
     const int64_t h = config.adaptive_half_life_steps;
     SwitchCostCell& s = switch_cost_;

@@ -321,10 +321,13 @@ TEST(ThroughputTableTest, LearnsTheSwitchCost) {
 }
 
 // A slowdown of the whole job (a straggler burst) is no switch cost: the step after a
-// switch is measured against its mode's estimate moved by the level the mode left behind
-// runs at now, where that mode ran within kPairGapSteps. A cost on top still measures.
+// switch is measured against its mode's estimate slowed as the mode left behind runs now
+// (its fast mean of recent seconds), where that mode has the sample floor's weight and
+// ran within kPairGapSteps. A cost on top still measures; a mode running faster than its
+// estimate moves nothing (whether the entered cell took in the slowdown it came from is
+// not known).
 TEST(ThroughputTableTest, ASlowdownOfBothModesIsNoSwitchCost) {
-  const GateConfig c = HalfLife(1000);
+  const GateConfig c = HalfLife(1000);  // min_samples 8
   ThroughputTable t;
   for (int i = 0; i < 200; ++i) {  // both modes at 100 tokens/s
     t.Observe(c, 1, kSp, i, 100, 1.0);
@@ -332,26 +335,74 @@ TEST(ThroughputTableTest, ASlowdownOfBothModesIsNoSwitchCost) {
   }
   // SP runs 4 % slower for 20 steps (under the change threshold: no re-base); its
   // estimate takes in a little of it, its fast mean most.
-  for (int i = 200; i < 220; ++i) t.Observe(c, 1, kSp, i, 100, 1.04);
-  ASSERT_EQ(t.cell(1, kSp).changed_step, -1);
-  const double level = 1.0 + t.cell(1, kSp).seconds_drift;
+  ThroughputTable slow = t;
+  for (int i = 200; i < 220; ++i) slow.Observe(c, 1, kSp, i, 100, 1.04);
+  ASSERT_EQ(slow.cell(1, kSp).changed_step, -1);
+  const double level = 1.0 + slow.cell(1, kSp).seconds_drift;
   ASSERT_GT(level, 1.03);
+  // SP 4 % faster instead: its level is under 1.
+  ThroughputTable fast = t;
+  for (int i = 200; i < 220; ++i) fast.Observe(c, 1, kSp, i, 100, 0.96);
+  ASSERT_LT(fast.cell(1, kSp).seconds_drift, -0.03);
+  // TP-only's cell alone at the floor, SP's 3 samples, the last two 30 % slower.
+  ThroughputTable thin;
+  for (int i = 0; i < 200; ++i) thin.Observe(c, 1, kTp, i, 100, 1.0);
+  thin.Observe(c, 1, kSp, 217, 100, 1.0);
+  thin.Observe(c, 1, kSp, 218, 100, 1.3);
+  thin.Observe(c, 1, kSp, 219, 100, 1.3);
+  ASSERT_GT(thin.cell(1, kSp).seconds_drift, 0.04);
   struct Case {
     const char* what;
+    const ThroughputTable& table;
     int64_t step;
     double seconds;
     double cost;
   } cases[] = {
-      {"TP-only as slow as SP now, right after it", 220, 1.04, 1.04 - level},
-      {"and 0.5 s on top: that is the cost", 220, 1.54, 1.54 - level},
-      {"SP last ran 7 steps before: the estimate as it is", 226, 1.04, 0.04},
+      {"TP-only as slow as SP now, right after it", slow, 220, 1.04, 1.04 - level},
+      {"and 0.5 s on top: that is the cost", slow, 220, 1.54, 1.54 - level},
+      {"SP last ran 7 steps before: the estimate as it is", slow, 226, 1.04, 0.04},
+      {"SP's newest sample 6 steps after (another group's): it counts", slow, 213, 1.04,
+       1.04 - level},
+      {"SP faster than its estimate: the estimate as it is", fast, 220, 1.02, 0.02},
+      {"SP under the sample floor: the estimate as it is", thin, 220, 1.3, 0.3},
   };
   for (const Case& k : cases) {
-    ThroughputTable after = t;
+    ThroughputTable after = k.table;
     EXPECT_TRUE(after.ObserveAfterSwitch(c, 1, kTp, k.step, 100, k.seconds)) << k.what;
     EXPECT_NEAR(after.SwitchCostSeconds(), k.cost, 1e-9) << k.what;
   }
-  EXPECT_LT(1.04 - level, 0.01) << "the slowdown, 0.04 s, mostly not taken for a cost";
+  // What the level is for: the slowdown, 0.04 s, is mostly not taken for a cost (against
+  // the estimate alone it all was: the third case).
+  EXPECT_LT(1.04 - level, 0.01);
+}
+
+// Within adaptive_explore_boost_steps of a change detected in the band, a cell the change
+// left from before it measures no switch: the re-based cell took in what changed (a long
+// slowdown of the whole band re-bases the running mode, whose level is then 1 again), the
+// other did not. The cell the change re-based measures, and so does the other after.
+TEST(ThroughputTableTest, ACellFromBeforeTheBandsChangeMeasuresNoSwitch) {
+  const GateConfig c = HalfLife(1000);  // boost 200 steps
+  ThroughputTable t;
+  for (int i = 0; i < 200; ++i) {
+    t.Observe(c, 1, kSp, i, 100, 1.0);
+    t.Observe(c, 1, kTp, i, 100, 1.0);
+  }
+  int64_t step = 200;
+  for (; step < 260 && t.cell(1, kSp).changed_step < 0; ++step) {
+    t.Observe(c, 1, kSp, step, 100, 1.5);
+  }
+  const int64_t changed = t.cell(1, kSp).changed_step;
+  ASSERT_GE(changed, 200) << "SP 50 % slower: a change";
+  ASSERT_EQ(t.BandChangedStep(1), changed);
+  ThroughputTable tp_after = t;
+  EXPECT_FALSE(tp_after.ObserveAfterSwitch(c, 1, kTp, step, 100, 1.5));
+  EXPECT_EQ(tp_after.switch_cost().last_step, -1) << "nothing measured";
+  EXPECT_EQ(tp_after.cell(1, kTp).last_step, step) << "the step still enters its cell";
+  ThroughputTable sp_after = t;
+  EXPECT_TRUE(sp_after.ObserveAfterSwitch(c, 1, kSp, step, 100, 1.5)) << "the re-based cell";
+  ThroughputTable later = t;
+  EXPECT_TRUE(later.ObserveAfterSwitch(c, 1, kTp, changed + 200, 100, 1.0))
+      << "after the change's window";
 }
 
 TEST(ThroughputTableTest, BadSamplesAreIgnored) {
