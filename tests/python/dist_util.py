@@ -2,6 +2,7 @@
 as processes with torch.multiprocessing, each bounded in time, and collect what each
 rank returns."""
 import datetime
+import gc
 import os
 import socket
 import tempfile
@@ -33,6 +34,9 @@ def _entry(rank, world, port, fn, args, out_dir):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+        # Nothing may keep the group (gloo's threads) alive into the interpreter's exit,
+        # where a gloo thread that takes the GIL aborts the rank.
+        gc.collect()
 
 
 def run_ranks(world: int, fn, *args, timeout_s: float = 240):

@@ -16,9 +16,11 @@ whatever its own environment says, and a new launch gets a new credential.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/group_decider_test.py
 """
+import gc
 import os
 import sys
 import time
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -144,6 +146,10 @@ def local_rank(rank, world, steps):
     except spgate.InvalidArgumentError as e:
         out["one_refused"] = str(e)
     out["refusals_s"] = time.monotonic() - start
+    # A refused construction holds nothing: no frame of it keeps the process group (and
+    # with it gloo's threads, and the client) alive until the garbage collector runs.
+    out["frames_holding_group"] = sum(
+        isinstance(o, types.FrameType) for o in gc.get_referrers(dist.group.WORLD))
     stray.close()
     client.close()
     return out
@@ -273,6 +279,8 @@ class GroupDeciderTest(unittest.TestCase):
         self.assertIn("rank_in_group 0", results[last]["one_refused"])
         for rank, r in enumerate(results):
             self.assertLess(r["refusals_s"], 30, "a refusal waited out the collective")
+            self.assertEqual(r["frames_holding_group"], 0,
+                             "a refused GroupDecider's frame still holds the process group")
             if rank:
                 self.assertIn("rank 0 of the group refused", r["no_client"])
             if rank != last:

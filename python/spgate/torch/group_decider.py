@@ -196,7 +196,15 @@ class GroupDecider:
              1.0 if follower and own_session else 0.0,
              1.0 if follower and not own_session else 0.0], process_group, self.device)
         if refused is not None:
-            raise refused
+            try:
+                raise refused
+            finally:
+                # The exception's traceback holds this frame: kept in a local too, it made a
+                # cycle (frame, exception, traceback) that held the process group, the
+                # client and the callbacks until the garbage collector ran, often not before
+                # the interpreter's exit, where gloo's threads still running under a
+                # finalizing interpreter abort the process.
+                refused = None
         if refusing:
             raise _invalid("process_group: rank %d of the group refused its arguments (see "
                            "that rank's error); no rank of the group has a GroupDecider"
