@@ -29,6 +29,11 @@ BandPool PoolBands(const GateConfig& config, const ThroughputTable& table, int64
   int k = 0;
   const TableFacts f = facts != nullptr ? *facts : TableFactsOf(config, table, step);
   for (int b = 0; b < kBands; ++b) {
+    // A band with a mode never sampled is not known (EstimateBand): skipped unread.
+    if (table.cell(b, Mode::kSequenceParallel).last_step < 0 ||
+        table.cell(b, Mode::kTensorParallelOnly).last_step < 0) {
+      continue;
+    }
     const BandEstimate e = EstimateBand(config, &table, b, step, &f);
     if (!e.known || !(e.tp.tokens_per_s > 0)) continue;
     if (Relearning(config, table, b, step, e)) continue;  // no evidence (EvaluateAdaptive)
