@@ -109,6 +109,9 @@ def local_rank(rank, world, steps):
         per_rank.report_telemetry(rank_telemetry(rank, per_rank.decide(step)))
     out["per_rank_reported"] = own.stats().telemetry_reported
     own.close()
+    # From here to the frame count below, no automatic collection: it could free a cycle
+    # the refusals left (the count would pass with the cycle there).
+    gc.disable()
     # A follower whose client disagrees with the leader's on group_session.
     mixed = spgate.Client(job_id="gd-local", rank_in_group=rank, group_size=world,
                           group_session=(rank == 0))
@@ -150,6 +153,7 @@ def local_rank(rank, world, steps):
     # with it gloo's threads, and the client) alive until the garbage collector runs.
     out["frames_holding_group"] = sum(
         isinstance(o, types.FrameType) for o in gc.get_referrers(dist.group.WORLD))
+    gc.enable()
     stray.close()
     client.close()
     return out
@@ -255,6 +259,14 @@ class GroupDeciderTest(unittest.TestCase):
         self.assertEqual(again[0], "env-of-rank-0")
         self.assertNotEqual(again[1], made[1], "a new launch needs a new credential")
         self.assertEqual(given, ("given-by-rank-0", "wrapper-credential-of-rank-0"))
+
+    def test_agree_on_launch_needs_torch_distributed(self):
+        from spgate.torch import agree_on_launch
+        with self.assertRaises(spgate.FailedPreconditionError) as c:
+            agree_on_launch()  # this process never initialised torch.distributed
+        self.assertEqual((c.exception.code, c.exception.code_name),
+                         (9, "FAILED_PRECONDITION"))
+        self.assertIn("torch.distributed is not initialised", str(c.exception))
 
     def check_local(self, world):
         steps = 12

@@ -55,9 +55,10 @@ def agree_on_launch(incarnation: str = "", launch_credential: str = "",
                     group=None) -> LaunchIdentity:
     """Collective over `group` (default: the world). See the module docstring."""
     if not dist.is_initialized():
-        e = spgate.FailedPreconditionError("agree_on_launch: torch.distributed is not initialised")
-        e.code, e.code_name, e.message = 9, "FAILED_PRECONDITION", str(e)
-        raise e
+        # Made in another frame and raised at once: an exception kept in a local here
+        # would be held by its own traceback's frame (a cycle only the collector frees).
+        raise _error_for_code(9, "FAILED_PRECONDITION",
+                              "agree_on_launch: torch.distributed is not initialised")
     root = _global_rank(group, 0)
     payload = [_decide(incarnation, launch_credential) if dist.get_rank() == root else None]
     dist.broadcast_object_list(payload, src=root, group=group)
