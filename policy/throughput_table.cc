@@ -180,11 +180,10 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   if (!ValidSample(band, step, tokens, seconds)) return false;
   const ThroughputCell& c = cell(band, mode);
   // Measured against an estimate of at least the sample floor's weight only, and not
-  // against one a change detected lately in the band left from before it (the other cell
-  // re-based: Relearning's window), which may be the band's slowdown the re-based one took in.
-  const int64_t changed = BandChangedStep(band);
-  const bool left_before_change = c.changed_step < changed && step >= changed &&
-                                  step - changed < config.adaptive_explore_boost_steps;
+  // against one a change detected lately in the band (ChangedLately) left from before it:
+  // the other cell, re-based, took in what changed, which may be the band's slowdown.
+  const bool left_before_change =
+      c.changed_step < BandChangedStep(band) && ChangedLately(config, *this, band, step);
   const bool measured =
       c.weight >= SampleFloor(config) && c.tokens_per_s() > 0 && !left_before_change;
   // Exploration's cost as measured before this step, at most half the step (as
