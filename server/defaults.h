@@ -13,9 +13,9 @@ namespace spgate::server {
 // older step is refused, and the worker decides it locally). A worker re-sends a plan only
 // while that step is undecided on its side, within the plan lead (16 steps), so this is 8
 // times that; a leader restarted within its launch also gets these answers again. The
-// cache grows with use up to this size, 64 bytes a decision: 8 KiB a group, 16 MiB for
-// 2,048 groups (it was 512 decisions of 136 bytes, 143 MiB, the largest item of a
-// 16,384-rank job's daemon; docs/benchmarks.md).
+// cache grows with use up to this size, 72 bytes a decision (CachedDecision): 9 KiB a
+// group, 18 MiB for 2,048 groups (it was 512 decisions of 136 bytes, 143 MiB, the largest
+// item of a 16,384-rank job's daemon; docs/benchmarks.md).
 inline constexpr int64_t kDefaultDecisionCacheSteps = 128;
 
 // TP groups one job may register, and how far ahead of a group's last decided step a
