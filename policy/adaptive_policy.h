@@ -411,6 +411,26 @@ inline bool ExplorationSwitch(bool after_switch, bool probe, bool previous_probe
   return after_switch && (probe || previous_probe);
 }
 
+// One step (or micro-batch) a group ran, as its learned table takes it (ObserveGroupStep).
+struct GroupStepSample {
+  int band = -1;  // < 0: its band is not known, and the table learns nothing from it
+  Mode mode = Mode::kSequenceParallel;
+  int64_t step = 0;
+  double tokens = 0, seconds = 0;
+  double length_cv = -1;                   // < 0: not known (the prior skips it)
+  double all_gather_s = 0, rs_wait_s = 0;  // the physics prior's (ObserveCollectives)
+  bool probe = false;         // ran in the mode ADAPTIVE decided as a probe
+  bool after_switch = false;  // the group's (stage's) previous one ran the other mode
+  bool exploration = false;   // ExplorationSwitch's
+};
+// Folds `x` into `table`: after a switch through ObserveAfterSwitch (what it took beyond
+// its estimate is the switch's cost), else through Observe; with `prior`, an SP step's
+// collectives also feed the physics prior where its length CV is known. The daemon and
+// the simulator feed their tables through this one rule. Returns whether it measured a
+// switch's cost.
+bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
+                      const GroupStepSample& x, bool prior = true);
+
 // The decisions a move to the other mode is judged over (step 4 above).
 inline constexpr int64_t kMoveHorizonDecisions = 50;
 

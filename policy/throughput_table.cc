@@ -221,6 +221,23 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   return measured;
 }
 
+bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
+                      const GroupStepSample& x, bool prior) {
+  if (x.band < 0) return false;
+  bool measured = false;
+  if (x.after_switch) {
+    measured = table.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
+                                        x.exploration, x.probe);
+  } else {
+    table.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
+  }
+  if (prior && x.length_cv >= 0) {
+    table.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
+                             x.all_gather_s, x.rs_wait_s, x.after_switch);
+  }
+  return measured;
+}
+
 bool ThroughputTable::ObserveCollectives(const GateConfig& config, Mode mode, int64_t step,
                                          double tokens, double length_cv, double seconds,
                                          double all_gather_s, double rs_wait_s,

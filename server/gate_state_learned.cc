@@ -23,16 +23,6 @@ using gate_state_internal::PendingStep;
 
 namespace {
 
-// One unit of learning: a plain step, or one micro-batch of a step plan on its stage.
-struct LearnedSample {
-  int band = -1;  // < 0: its band is not known; only its mode is noted
-  Mode mode = Mode::kSequenceParallel;
-  double tokens = 0, seconds = 0;
-  double length_cv = -1;  // < 0: not known (the prior skips it)
-  double all_gather_s = 0, rs_wait_s = 0;
-  bool probe = false;  // ran in the mode ADAPTIVE decided as a probe (ObserveAfterSwitch)
-};
-
 // Whether a sample that ran `ran` was the probe its decision asked for: a worker's memory
 // override or its fallback may have run the other mode.
 bool RanProbe(std::optional<Decision> decided, Mode ran) {
@@ -54,7 +44,9 @@ bool RanProbe(std::optional<Decision> decided, Mode ran) {
 void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
   PendingStep& p = g.pending[slot];
   const GateConfig& config = g.schedule.At(p.step).config;
-  absl::InlinedVector<LearnedSample, 1> samples;  // a plain step's one: no allocation
+  // One unit of learning: a plain step, or one micro-batch of a step plan on its stage. A
+  // plain step's one needs no allocation.
+  absl::InlinedVector<GroupStepSample, 1> samples;
   ThroughputTable* table = &job.learned;
   int stage = -1;
   if (!p.microbatches.empty() && job.layout.has_value()) {
@@ -98,23 +90,16 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
     previous = g.learned_mode;
     previous_probe = g.learned_probe;
   }
-  for (const LearnedSample& x : samples) {
-    const bool after_switch = previous.has_value() && *previous != x.mode;
-    const bool exploration = ExplorationSwitch(after_switch, x.probe, previous_probe);
+  for (GroupStepSample& x : samples) {
+    x.step = p.step;
+    x.after_switch = previous.has_value() && *previous != x.mode;
+    x.exploration = ExplorationSwitch(x.after_switch, x.probe, previous_probe);
     previous = x.mode;
     previous_probe = x.probe;
     if (x.band < 0) continue;
-    if (!after_switch) {
-      table->Observe(config, x.band, x.mode, p.step, x.tokens, x.seconds, x.probe);
-    } else if (table->ObserveAfterSwitch(config, x.band, x.mode, p.step, x.tokens, x.seconds,
-                                         exploration, x.probe) &&
-               stage < 0) {
+    if (ObserveGroupStep(config, *table, x) && stage < 0) {
       // The job's gauge is the plain table's; a stage's cost shows in GetJob's tables.
       job.metrics->adaptive_switch_cost->Set(table->SwitchCostSeconds());
-    }
-    if (x.length_cv >= 0) {
-      table->ObserveCollectives(config, x.mode, p.step, x.tokens, x.length_cv, x.seconds,
-                                x.all_gather_s, x.rs_wait_s, after_switch);
     }
     // A cell exploration's step did not enter (ObserveAfterSwitch) may still be empty.
     if (table->cell(x.band, x.mode).last_step < 0) continue;

@@ -405,6 +405,43 @@ TEST(ThroughputTableTest, ACellFromBeforeTheBandsChangeMeasuresNoSwitch) {
       << "after the change's window";
 }
 
+// The one rule the daemon and the simulator feed their tables through: a step after a
+// switch measures the switch (and enters its cell as it ran), any other is a sample; an
+// SP step with a known length CV feeds the physics prior too, unless the caller keeps the
+// prior out; a step whose band is not known teaches nothing.
+TEST(ThroughputTableTest, AGroupStepIsASampleOrASwitchAndFeedsThePrior) {
+  const GateConfig c = HalfLife(1000);  // min_samples 8
+  ThroughputTable t;
+  GroupStepSample x{.band = 1, .mode = kSp, .step = 5, .tokens = 100, .seconds = 1.0,
+                    .length_cv = 0.1, .all_gather_s = 0.01, .rs_wait_s = 0.02};
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(ObserveGroupStep(c, t, x));
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 8.0);
+  EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
+  EXPECT_DOUBLE_EQ(t.prior_sums().weight, 8.0) << "every SP step with its CV";
+
+  GroupStepSample after = x;
+  after.after_switch = true;
+  after.seconds = 1.5;  // 0.5 s over the estimate
+  EXPECT_TRUE(ObserveGroupStep(c, t, after));
+  EXPECT_NEAR(t.SwitchCostSeconds(), 0.5, 1e-12);
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 9.0) << "entered as it ran";
+
+  const ThroughputTable before = t;
+  GroupStepSample unknown_cv = x;
+  unknown_cv.length_cv = -1;
+  ObserveGroupStep(c, t, unknown_cv);
+  EXPECT_EQ(t.prior_sums(), before.prior_sums()) << "no CV: not the prior's";
+  EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 10.0);
+  ObserveGroupStep(c, t, x, /*prior=*/false);
+  EXPECT_EQ(t.prior_sums(), before.prior_sums()) << "the prior kept out";
+
+  const ThroughputTable known = t;
+  GroupStepSample no_band = after;
+  no_band.band = -1;
+  EXPECT_FALSE(ObserveGroupStep(c, t, no_band));
+  EXPECT_EQ(t, known) << "no band: nothing learned, the prior included";
+}
+
 TEST(ThroughputTableTest, BadSamplesAreIgnored) {
   ThroughputTable t;
   const GateConfig c = HalfLife(10);

@@ -34,19 +34,6 @@ namespace {
 
 enum class Kind { kSp, kTpOnly, kStatic, kAdaptive, kOracle, kExpectedOracle };
 
-// One of ADAPTIVE's micro-batch samples, visible kReplayLearnLagSteps steps later.
-struct Sample {
-  int64_t step;
-  int band;
-  Mode mode;
-  double tokens, seconds;
-  bool after_switch;  // the (replica, stage)'s previous micro-batch ran the other mode
-  bool exploration;   // after a switch into a probe or back from one (ObserveAfterSwitch)
-  bool probe;         // ran as ADAPTIVE's probe (paired evidence)
-  double all_gather_s, rs_wait_s;  // for the prior (ObserveCollectives)
-  double length_cv;                // as the daemon knows it (Cell::cv_from_band)
-};
-
 // One policy's run over every (replica, stage) — a unit — with a learned table per stage
 // pooled over the replicas, and its totals.
 struct Run {
@@ -54,7 +41,7 @@ struct Run {
   GateConfig config;
   std::vector<GroupPolicyState> units;         // [replica × pp + stage]
   std::vector<ThroughputTable> tables;         // [stage]
-  std::vector<std::deque<Sample>> pending;     // [stage]: not yet visible
+  std::vector<std::deque<GroupStepSample>> pending;  // [stage]: not yet visible
   std::vector<std::optional<Mode>> last_mode;  // [unit]
   std::vector<char> last_probe;                // [unit]: its last micro-batch was a probe
   std::vector<int64_t> stage_tp, stage_decisions;
@@ -200,20 +187,9 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
 // after a switch teaches the table the switch's cost (ObserveAfterSwitch), as the daemon.
 void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
   for (size_t s = 0; s < r.pending.size(); ++s) {
-    std::deque<Sample>& pending = r.pending[s];
-    ThroughputTable& table = r.tables[s];
+    std::deque<GroupStepSample>& pending = r.pending[s];
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
-      const Sample& x = pending.front();
-      if (x.after_switch) {
-        table.ObserveAfterSwitch(r.config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                 x.exploration, x.probe);
-      } else {
-        table.Observe(r.config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
-      }
-      if (adaptive_prior && x.length_cv >= 0) {
-        table.ObserveCollectives(r.config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
-                                 x.all_gather_s, x.rs_wait_s, x.after_switch);
-      }
+      ObserveGroupStep(r.config, r.tables[s], pending.front(), adaptive_prior);
       pending.pop_front();
     }
   }
@@ -398,12 +374,14 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
       if (r.kind != Kind::kAdaptive) continue;
       const int band = BandOf(r.config, rs.stats[m].cv, rs.stats[m].tokens);
       r.pending[s].push_back(
-          {.step = k, .band = band, .mode = x.modes[s][m],
+          {.band = band, .mode = x.modes[s][m], .step = k,
            .tokens = static_cast<double>(rs.stats[m].tokens), .seconds = sec,
-           .after_switch = x.switched[s][m] != 0, .exploration = x.exploration[s][m] != 0,
-           .probe = x.probe[s][m] != 0, .all_gather_s = c.all_gather_s_sp,
+           // as the daemon knows it (Cell::cv_from_band)
+           .length_cv = cell.pipelined ? BandCvMidpoint(r.config, band) : rs.stats[m].cv,
+           .all_gather_s = c.all_gather_s_sp,
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
-           .length_cv = cell.pipelined ? BandCvMidpoint(r.config, band) : rs.stats[m].cv});
+           .probe = x.probe[s][m] != 0, .after_switch = x.switched[s][m] != 0,
+           .exploration = x.exploration[s][m] != 0});
     }
     r.units[static_cast<size_t>(gi) * cell.P + s].ObserveRsWaitShare(
         k, any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly,

@@ -591,31 +591,12 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   const bool adaptive = config.policy == GatePolicyKind::kAdaptive;
   ThroughputTable learned;
   learned.SetPriorInputs(DeclaredPriorInputs(o));
-  struct Sample {
-    int64_t step;
-    int band;
-    Mode mode;
-    double tokens, seconds;
-    bool after_switch, exploration;  // exploration: into a probe or back from one
-    bool probe;                      // ran as ADAPTIVE's probe (paired evidence)
-    double length_cv, all_gather_s, rs_wait_s;
-  };
-  std::deque<Sample> pending;
+  std::deque<GroupStepSample> pending;
   const std::unique_ptr<ProgressReporter> progress =
       MakeProgress(o, "spgate-sim replay", steps, o.groups, /*check_every=*/64);
   for (int64_t k = 0; k < steps; ++k) {
     while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
-      const Sample& x = pending.front();
-      if (x.after_switch) {
-        learned.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                   x.exploration, x.probe);
-      } else {
-        learned.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
-      }
-      if (o.adaptive_prior) {
-        learned.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
-                                   x.all_gather_s, x.rs_wait_s, x.after_switch);
-      }
+      ObserveGroupStep(config, learned, pending.front(), o.adaptive_prior);
       pending.pop_front();
     }
     for (int gi = 0; gi < o.groups; ++gi) {
@@ -638,12 +619,14 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
       const bool probe = ld.decision.reason == Reason::kProbe;
       policy.ObserveRsWaitShare(k, ld.decision.mode, step.group_rs_wait_share);
       if (adaptive) {
-        pending.push_back({k, BandOf(config, stats->cv, stats->tokens), ld.decision.mode,
-                           static_cast<double>(step.effective_tokens), step.step_time_s,
-                           switched, ExplorationSwitch(switched, probe, last_probe[gi]), probe,
-                           stats->cv,
-                           step.group_all_gather_s(),
-                           step.group_rs_wait_s()});
+        pending.push_back({.band = BandOf(config, stats->cv, stats->tokens),
+                           .mode = ld.decision.mode, .step = k,
+                           .tokens = static_cast<double>(step.effective_tokens),
+                           .seconds = step.step_time_s, .length_cv = stats->cv,
+                           .all_gather_s = step.group_all_gather_s(),
+                           .rs_wait_s = step.group_rs_wait_s(), .probe = probe,
+                           .after_switch = switched,
+                           .exploration = ExplorationSwitch(switched, probe, last_probe[gi])});
       }
       last_probe[gi] = probe;
       GateDecision d;
