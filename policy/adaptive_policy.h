@@ -50,12 +50,11 @@
 //   spgate::ThroughputTable table;                       // one per job, pooled
 //   spgate::GateOutcome out = spgate::EvaluatePolicy(config, state, facts, rs, pin, &table);
 //   ... after the step ran (after_switch: the group's previous step ran the other mode;
-//   exploration: this step or the previous one ran as a probe) ...
-//   if (after_switch) {
-//     table.ObserveAfterSwitch(config, out.band, mode, facts.step, tokens, s, exploration);
-//   } else {
-//     table.Observe(config, out.band, mode, facts.step, tokens, group_step_seconds);
-//   }
+//   probe: it ran as the probe `out` asked for) ...
+//   spgate::ObserveGroupStep(config, table,
+//       {.band = out.band, .mode = mode, .step = facts.step, .tokens = tokens,
+//        .seconds = group_step_seconds, .probe = probe, .after_switch = after_switch,
+//        .exploration = spgate::ExplorationSwitch(after_switch, probe, previous_probe)});
 #ifndef SPGATE_POLICY_ADAPTIVE_POLICY_H_
 #define SPGATE_POLICY_ADAPTIVE_POLICY_H_
 
@@ -425,9 +424,9 @@ struct GroupStepSample {
 };
 // Folds `x` into `table`: after a switch through ObserveAfterSwitch (what it took beyond
 // its estimate is the switch's cost), else through Observe; with `prior`, an SP step's
-// collectives also feed the physics prior where its length CV is known. The daemon and
-// the simulator feed their tables through this one rule. Returns whether it measured a
-// switch's cost.
+// collectives also feed the physics prior (ObserveCollectives, which skips an unknown
+// CV). The daemon and the simulator feed their tables through this one rule. Returns
+// whether it measured a switch's cost.
 bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
                       const GroupStepSample& x, bool prior = true);
 

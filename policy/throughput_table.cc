@@ -231,7 +231,7 @@ bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
   } else {
     table.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
   }
-  if (prior && x.length_cv >= 0) {
+  if (prior) {
     table.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,
                              x.all_gather_s, x.rs_wait_s, x.after_switch);
   }

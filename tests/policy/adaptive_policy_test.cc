@@ -431,6 +431,10 @@ TEST(ThroughputTableTest, AGroupStepIsASampleOrASwitchAndFeedsThePrior) {
   unknown_cv.length_cv = -1;
   ObserveGroupStep(c, t, unknown_cv);
   EXPECT_EQ(t.prior_sums(), before.prior_sums()) << "no CV: not the prior's";
+  GroupStepSample tp = x;
+  tp.mode = kTp;
+  ObserveGroupStep(c, t, tp);
+  EXPECT_EQ(t.prior_sums(), before.prior_sums()) << "TP-only: not the prior's";
   EXPECT_DOUBLE_EQ(t.cell(1, kSp).weight, 10.0);
   ObserveGroupStep(c, t, x, /*prior=*/false);
   EXPECT_EQ(t.prior_sums(), before.prior_sums()) << "the prior kept out";
