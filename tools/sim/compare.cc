@@ -183,15 +183,11 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
   return runs;
 }
 
-// Samples of steps k − lag and before become visible to the policy's tables; a sample
-// after a switch teaches the table the switch's cost (ObserveAfterSwitch), as the daemon.
+// Each stage's table learns the samples due at step k (ShowDueSamples), as the daemon
+// learns: a sample after a switch teaches the switch's cost (ObserveGroupStep).
 void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
   for (size_t s = 0; s < r.pending.size(); ++s) {
-    std::deque<GroupStepSample>& pending = r.pending[s];
-    while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
-      ObserveGroupStep(r.config, r.tables[s], pending.front(), adaptive_prior);
-      pending.pop_front();
-    }
+    ShowDueSamples(r.config, r.tables[s], r.pending[s], k, adaptive_prior);
   }
 }
 

@@ -533,6 +533,14 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   return total;
 }
 
+void ShowDueSamples(const GateConfig& config, ThroughputTable& table,
+                    std::deque<GroupStepSample>& pending, int64_t k, bool prior) {
+  while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
+    ObserveGroupStep(config, table, pending.front(), prior);
+    pending.pop_front();
+  }
+}
+
 uint64_t GroupNoiseSeed(uint64_t seed, int group) { return Mix(seed, group, 1); }
 
 absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& config) {
@@ -595,10 +603,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   const std::unique_ptr<ProgressReporter> progress =
       MakeProgress(o, "spgate-sim replay", steps, o.groups, /*check_every=*/64);
   for (int64_t k = 0; k < steps; ++k) {
-    while (!pending.empty() && pending.front().step + kReplayLearnLagSteps <= k) {
-      ObserveGroupStep(config, learned, pending.front(), o.adaptive_prior);
-      pending.pop_front();
-    }
+    ShowDueSamples(config, learned, pending, k, o.adaptive_prior);
     for (int gi = 0; gi < o.groups; ++gi) {
       client::LocalGatePolicy& policy = policies[gi];
       if (adaptive) policy.SetLearnedTable(learned);

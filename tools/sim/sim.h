@@ -10,6 +10,7 @@
 #define SPGATE_TOOLS_SIM_SIM_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/progress.h"
+#include "policy/adaptive_policy.h"
 #include "policy/cost_prior.h"
 #include "policy/pipeline_memory.h"
 #include "policy/types.h"
@@ -117,6 +119,13 @@ absl::StatusOr<std::unique_ptr<runtime::BatchBuilder>> GroupBatches(const SimOpt
 // Replay's ADAPTIVE learning sees a step's telemetry this many steps after the step (in
 // a live job it arrives after the next plans went out).
 inline constexpr int64_t kReplayLearnLagSteps = 2;
+
+// What a table has learned by step `k`: folds in and drops the samples at the front of
+// `pending` (in step order) from steps k − kReplayLearnLagSteps and before, each through
+// ObserveGroupStep (`prior`: the physics prior's too). Replay's loop and the compare
+// harness learn through it.
+void ShowDueSamples(const GateConfig& config, ThroughputTable& table,
+                    std::deque<GroupStepSample>& pending, int64_t k, bool prior);
 
 // What the simulated worker declares at Register: its model shape (tp, hidden, layers).
 PriorInputs DeclaredPriorInputs(const SimOptions& options);
