@@ -339,7 +339,8 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
                           const ThroughputTable* table, const PriorFit* prior_fit,
                           const BandEstimate& e, const Decision& incumbent,
                           bool recently_changed, const TableFacts& facts,
-                          std::optional<PriorEstimate>* prior, std::vector<GateCheck>* trace) {
+                          std::optional<PriorEstimate>* prior, bool* leans,
+                          std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
     Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
@@ -373,6 +374,11 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
       }
     }
     const bool depart = ev.bound_s > 0;
+    // Undecided, but the estimates lean to the other mode by more than the margin of this
+    // batch's seconds: more of its samples cost nothing expected (ExploreShareOf).
+    const CellView& from = incumbent.mode == Mode::kSequenceParallel ? e.sp : e.tp;
+    *leans = !depart && ev.saving_s > config.adaptive_margin *
+                                         static_cast<double>(batch.tokens) / from.tokens_per_s;
     Record(trace, "adaptive", depart ? "fire" : "pass", ev.bound_s, 0, [&] {
       return absl::StrFormat(
           "band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
@@ -514,8 +520,9 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
   if (e.known) static_choice = incumbent.mode;
   std::optional<PriorEstimate> prior;  // set when the prior departed
+  bool leans = false;
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     recently_changed, facts, &prior, trace);
+                                     recently_changed, facts, &prior, &leans, trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the
@@ -536,15 +543,21 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     if (held) choice = {current, Reason::kAdaptive};
   }
 
-  // 5. Exploration: the mode not chosen, on the first kProbeRunSteps steps of the band's
-  // period, if the cap (where it binds) leaves the flips out and back.
-  // (Only a step in a probe run of either share can explore: the band's share, a pass over
-  // the table for a band still learning, is taken on those alone.)
+  // 5. Exploration: the mode not chosen, on the kProbeRunSteps steps of the band's period's
+  // probe run, if the cap (where it binds) leaves the flips out and back. Where switching
+  // is free, a band whose estimates lean undecided to the mode not chosen explores at the
+  // full share (its samples cost nothing expected), and one re-learning after a change
+  // runs its first run at once (the pairs it measures end the re-learning). Where a cost
+  // is measured neither: each run pays it twice, and pairs do not speak.
+  // (Only a step in a probe run of either share, or of a band re-learning, can explore: the
+  // band's share, a pass over the table for a band still learning, is taken on those alone.)
+  const bool free = !(cost > 0);
+  const bool relearn_now = recently_changed && free;
   int64_t period = 0, offset = 0;
-  if (MayExplore(config, batch.step)) {
-    const double share = ExploreShareOf(config, table, band, batch.step, e);
+  if (MayExplore(config, batch.step) || relearn_now) {
+    const double share = ExploreShareOf(config, table, band, batch.step, e, leans && free);
     period = ExplorePeriod(share);
-    offset = ExploreOffset(config, share);
+    offset = ExploreOffset(config, share, relearn_now ? table->BandChangedStep(band) : -1);
   }
   if (period > 0 && InProbeRun(batch.step, period, offset)) {
     // The mode not chosen (before any hold: a held group already runs it); while the band

@@ -28,15 +28,18 @@
 //      steps of the band mix's ≥ c); otherwise the group holds its mode (reason
 //      ADAPTIVE, flip_held). Where switching is free nothing holds and the cap does not
 //      bind: the group runs step 3's choice;
-//   5. exploration: on the first kProbeRunSteps steps of every ceil(kProbeRunSteps/share)
-//      (a probe run: two switches buy four samples) the band's mode not chosen runs
-//      instead (reason PROBE), if the cap (where it binds) leaves the flips out and back.
-//      The share is adaptive_explore_share while the band learns (too few samples) and
-//      carries kLearnMinTraffic of the recent batches, or while it re-learns after a
-//      change (Relearning), else adaptive_explore_floor, whose first run
-//      comes one period in (the schedule: exploration.h). Exploration is how the evidence
-//      of step 3 is gathered; it is the one place ADAPTIVE runs a mode neither the gates
-//      nor the evidence chose.
+//   5. exploration: on kProbeRunSteps consecutive steps of every
+//      ceil(kProbeRunSteps/share) (a probe run: two switches buy four samples; where in
+//      its period a run falls, a hash of the period's number picks) the band's mode not
+//      chosen runs instead (reason PROBE), if the cap (where it binds) leaves the flips
+//      out and back. The share is adaptive_explore_share while the band learns (too few
+//      samples) and carries kLearnMinTraffic of the recent batches, where switching is
+//      free while it is known but undecided with its estimates leaning to the mode not
+//      chosen (step 3 did not depart, yet that mode saves more than adaptive_margin of the
+//      batch's seconds), or while it re-learns after a change (Relearning; where switching
+//      is free its first run comes at once), else adaptive_explore_floor, whose first run
+//      comes one period in (the schedule: exploration.h). Exploration is how the evidence of step 3 is gathered;
+//      it is the one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a
 // cell that had adaptive_min_samples never falls below that weight (an estimate never
@@ -147,11 +150,11 @@ class ThroughputTable {
   // step time, the max over its ranks). Samples may arrive out of step order (groups are
   // pooled); an older one enters with the weight it would have now. Non-finite or
   // non-positive seconds, negative tokens and bad bands are ignored. Runs the cell's
-  // change detector first (see the top of this file). A `probe` step (it ran in the mode
-  // ADAPTIVE decided as a probe) is also paired with the other mode's level, where that
-  // mode's newest sample is within kPairGapSteps (paired_evidence.h).
+  // change detector first (see the top of this file). The step is also paired with the
+  // other mode's level, where that mode's newest sample is within kPairGapSteps
+  // (paired_evidence.h): a probe step, and the steps around any switch.
   void Observe(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
-               double seconds, bool probe = false);
+               double seconds);
 
   // The first step after a group switched mode: what it took beyond the cell's estimate
   // is a switch's cost (measured only against a cell of adaptive_min_samples' weight).
@@ -163,8 +166,7 @@ class ThroughputTable {
   // samples would carry the whole cost, and the policy would depart on that bias).
   // Returns whether it measured a cost.
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
-                          double tokens, double seconds, bool exploration = false,
-                          bool probe = false);
+                          double tokens, double seconds, bool exploration = false);
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -223,12 +225,12 @@ class ThroughputTable {
   static int Index(int band, Mode mode) {
     return band * 2 + (mode == Mode::kTensorParallelOnly ? 1 : 0);
   }
-  // Observe's two parts: the sample into its cell (the change detector first), and a
-  // probe's pair.
+  // Observe's two parts: the sample into its cell (the change detector first), and its
+  // pair.
   void FoldSample(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
                   double seconds);
-  void PairProbe(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
-                 double seconds);
+  void Pair(const GateConfig& config, int band, Mode mode, int64_t step, double tokens,
+            double seconds);
   void MarkChanged(int band, ThroughputCell& c, int64_t step);
   std::array<ThroughputCell, kBands * 2> cells_{};
   std::array<PairedCell, kBands> pairs_{};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/split_mix.h"
 #include "policy/forgetting.h"
 
 namespace spgate {
@@ -24,16 +25,36 @@ int64_t OffsetOf(const GateConfig& config, double share, int64_t period) {
 }
 }  // namespace
 
-int64_t ExploreOffset(const GateConfig& config, double share) {
+int64_t ExploreOffset(const GateConfig& config, double share, int64_t changed) {
+  if (changed >= 0 && changed < INT64_MAX) return changed + 1;
   return OffsetOf(config, share, ExplorePeriod(share));
 }
 
+int64_t ProbeRunStart(int64_t index, int64_t period) {
+  const int64_t places = period - kProbeRunSteps + 1;  // where a whole run fits
+  if (index <= 0 || places <= 1 || period == INT64_MAX) return 0;
+  const uint64_t h = SplitMix64(static_cast<uint64_t>(index) ^
+                                (static_cast<uint64_t>(period) * kSplitMixGamma));
+  return static_cast<int64_t>(h % static_cast<uint64_t>(places));
+}
+
+namespace {
+// `step`'s place in its period's probe run: in [0, kProbeRunSteps) inside it; -1 outside
+// (before `offset` too).
+int64_t PlaceInRun(int64_t step, int64_t period, int64_t offset) {
+  if (step < 0 || step < offset || !(period > 0)) return -1;
+  const int64_t since = step - offset;
+  const int64_t at = since % period - ProbeRunStart(since / period, period);
+  return at >= 0 && at < kProbeRunSteps ? at : -1;
+}
+}  // namespace
+
 bool InProbeRun(int64_t step, int64_t period, int64_t offset) {
-  return step >= 0 && step >= offset && (step - offset) % period < kProbeRunSteps;
+  return PlaceInRun(step, period, offset) >= 0;
 }
 
 bool StartsProbeRun(int64_t step, int64_t period, int64_t offset) {
-  return step >= 0 && step >= offset && (step - offset) % period == 0;
+  return PlaceInRun(step, period, offset) == 0;
 }
 
 double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, int band,
@@ -55,13 +76,14 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
 }
 
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
-                      int64_t step, const BandEstimate& estimate) {
+                      int64_t step, const BandEstimate& estimate, bool leans) {
   const double share = config.adaptive_explore_share;
   const double floor = std::min(config.adaptive_explore_floor, share);
   if (table == nullptr) return share;
   if (!estimate.known) {
     return BandTrafficShare(config, *table, band, step) >= kLearnMinTraffic ? share : floor;
   }
+  if (leans && BandTrafficShare(config, *table, band, step) >= kLearnMinTraffic) return share;
   return Relearning(config, *table, band, step, estimate) ? share : floor;
 }
 

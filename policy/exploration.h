@@ -1,14 +1,15 @@
 // ADAPTIVE's exploration schedule (docs/design.md §11, rule 5): which steps a group may
 // run the mode not chosen to measure it, and at what share — the full share while a band
-// learns (if it carries enough of the traffic) or after a change in it, the floor
-// otherwise. Pure, like the rest of policy/; EvaluateAdaptive (adaptive_policy.h) decides
-// what a probe runs.
+// learns (if it carries enough of the traffic), leans undecided to the mode not chosen, or
+// re-learns after a change in it, the floor otherwise. Pure, like the rest of policy/;
+// EvaluateAdaptive (adaptive_policy.h) decides what a probe runs.
 //
 // Usage:
-//   if (spgate::MayExplore(config, step)) {  // cheap: most steps are not in a probe run
-//     const double share = spgate::ExploreShareOf(config, &table, band, step, estimate);
+//   // cheap: most steps are in no probe run; a band re-learning may run one at once
+//   if (spgate::MayExplore(config, step) || relearning) {
+//     const double share = spgate::ExploreShareOf(config, &table, band, step, estimate, leans);
 //     if (spgate::InProbeRun(step, spgate::ExplorePeriod(share),
-//                            spgate::ExploreOffset(config, share))) {
+//                            spgate::ExploreOffset(config, share, changed_or_minus_1))) {
 //       ... the band's mode not chosen ...
 //     }
 //   }
@@ -37,15 +38,18 @@ double BandTrafficShare(const GateConfig& config, const ThroughputTable& table, 
 // (docs/design.md §11).
 inline constexpr double kLearnMinTraffic = 1.0 / kBands;
 // The exploration share of `band` at `step` (policy/adaptive_policy.h, step 5):
-// adaptive_explore_share while the band (`estimate`, its EstimateBand) is not `known` and
-// carries kLearnMinTraffic of the traffic, or re-learns after a change in it (Relearning:
-// within adaptive_explore_boost_steps of it, until the pairs measured since speak); else
+// adaptive_explore_share while the band (`estimate`, its EstimateBand) carries
+// kLearnMinTraffic of the traffic and is not `known`, or `leans` (known, undecided, its
+// estimates favouring the mode not chosen by more than adaptive_margin, and switching
+// free: step 3 says so),
+// or while it re-learns after a change in it (Relearning: within
+// adaptive_explore_boost_steps of it, until the pairs measured since speak); else
 // adaptive_explore_floor (at most adaptive_explore_share). `table` null:
 // adaptive_explore_share.
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
-                      int64_t step, const BandEstimate& estimate);
-// The exploration period of a share: a group explores on the first kProbeRunSteps steps
-// of every period (at least kProbeRunSteps: a share of 1 explores every step).
+                      int64_t step, const BandEstimate& estimate, bool leans = false);
+// The exploration period of a share: a group explores on kProbeRunSteps consecutive steps
+// of every period (InProbeRun; at least kProbeRunSteps: a share of 1 explores every step).
 int64_t ExplorePeriod(double share);
 // The step a share's first probe run starts at: 0 for adaptive_explore_share, one period
 // for a share below it (the floor; INT64_MAX, never, where that period is). The floor's
@@ -53,13 +57,25 @@ int64_t ExplorePeriod(double share);
 // run, from step 0), so its first run comes a period in rather than repeating at once what
 // the share's run has just measured. A relaunch whose step counter restarts at 0 with its
 // previous launch's table waits that period too (docs/operations.md).
-int64_t ExploreOffset(const GateConfig& config, double share);
-// Whether `step` is among the first kProbeRunSteps of a period, periods starting at
-// `offset` (no run before it).
+// A band re-learning after a change detected at step `changed` (Relearning; -1: none) runs
+// its first probe run at once, from changed + 1, whatever the share: until the pairs
+// measured since speak, its estimates are no evidence and it runs the gates' choice, so
+// every step its run waits costs what a departure would have saved.
+int64_t ExploreOffset(const GateConfig& config, double share, int64_t changed = -1);
+// Where the probe run of a schedule's period number `index` (0: the one starting at its
+// offset) starts, in steps into that period: 0 for the first period (a new job's bands
+// learn at once), else a pseudo-random place where the whole run fits, a pure function of
+// index and period (the daemon and every fallback agree). Fixed places would alias with
+// anything periodic in the job (a neighbour's bursts, evaluation or checkpoint steps every
+// N): a period that divides into it puts every run at the same phase of it, and a mode
+// measured only there is measured wrong (docs/design.md §11).
+int64_t ProbeRunStart(int64_t index, int64_t period);
+// Whether `step` is in a period's probe run (kProbeRunSteps steps from ProbeRunStart),
+// periods starting at `offset` (no run before it).
 bool InProbeRun(int64_t step, int64_t period, int64_t offset = 0);
 // Whether `step` starts a probe run of that schedule.
 bool StartsProbeRun(int64_t step, int64_t period, int64_t offset = 0);
-// Whether any band could explore at `step` (in a run of either schedule).
+// Whether a band not re-learning could explore at `step` (in a run of either schedule).
 bool MayExplore(const GateConfig& config, int64_t step);
 
 }  // namespace spgate

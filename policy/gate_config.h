@@ -82,7 +82,7 @@ enum class GateFieldRange : uint8_t {
     "is a change: re-learn and explore")                                                   \
   X(int64_t, adaptive_explore_boost_steps, 200, kCount,                                    \
     "ADAPTIVE: steps after a detected change that explore at adaptive_explore_share, "     \
-    "unless the probes paired since (switching free) re-measure both modes sooner")        \
+    "unless the pairs measured since (switching free) re-measure both modes sooner")       \
   X(int64_t, adaptive_flip_interval_steps, 50, kCount,                                     \
     "ADAPTIVE, where a switch's cost is measured (above adaptive_margin of a step and "     \
     "1.645 standard errors): a group switches mode at most twice in any 2x this many "      \

@@ -5,9 +5,11 @@
 // after step, the other mode's only in probe runs. Where step times move for both modes at
 // once (a burst of stragglers, a slower node), the running mode's cell absorbs the move and
 // the other's, measured before it, does not: their ratio then reads a difference between
-// times as a difference between modes. A probe step is measured beside the running mode's
-// level at that moment (its estimate moved by its cell's fast mean of the recent
-// residuals), so the pair's two seconds are of the same time and the same tokens. A band's
+// times as a difference between modes. So every step whose band's other mode was measured
+// within kPairGapSteps — a probe's, and the steps around any switch (a departure, a return
+// to the gates' choice, the end of a probe run) — is measured beside that mode's level at
+// that moment (its estimate moved by its cell's fast mean of the recent seconds), and the
+// pair's two seconds are of the same time and the same tokens. A band's
 // pairs are kept as forgetting-weighted sums of both seconds, the same half-life and floor
 // as the cells (forgetting.h); TP-only's rate over SP's is the ratio of the sums (a mean
 // of the pairs' log ratios was pulled by the straggler tails). A change detected in the

@@ -76,19 +76,18 @@ void ThroughputTable::MarkChanged(int band, ThroughputCell& c, int64_t step) {
 }
 
 void ThroughputTable::Observe(const GateConfig& config, int band, Mode mode, int64_t step,
-                              double tokens, double seconds, bool probe) {
+                              double tokens, double seconds) {
   if (!ValidSample(band, step, tokens, seconds)) return;
   FoldSample(config, band, mode, step, tokens, seconds);
   // After the fold: a change this sample confirmed voids the pairs before it, not this one.
-  if (probe) PairProbe(config, band, mode, step, tokens, seconds);
+  Pair(config, band, mode, step, tokens, seconds);
 }
 
-void ThroughputTable::PairProbe(const GateConfig& config, int band, Mode mode, int64_t step,
-                                double tokens, double seconds) {
-  // The running mode's level now: the seconds the probe's tokens take at that cell's
-  // estimate, moved by the fast mean of its recent seconds (paired_evidence.h). A late
-  // probe from before the band's last change pairs with nothing: the change voided its
-  // time's pairs.
+void ThroughputTable::Pair(const GateConfig& config, int band, Mode mode, int64_t step,
+                           double tokens, double seconds) {
+  // The other mode's level now: the seconds the step's tokens take at that cell's estimate,
+  // moved by the fast mean of its recent seconds (paired_evidence.h). A late step from
+  // before the band's last change pairs with nothing: the change voided its time's pairs.
   const ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
   if (!(tokens > 0) || !(o.weight >= SampleFloor(config)) || !(o.tokens_per_s() > 0) ||
       std::abs(step - o.last_step) > kPairGapSteps || step < BandChangedStep(band)) {
@@ -176,7 +175,7 @@ void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, 
 
 bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mode mode,
                                          int64_t step, double tokens, double seconds,
-                                         bool exploration, bool probe) {
+                                         bool exploration) {
   if (!ValidSample(band, step, tokens, seconds)) return false;
   const ThroughputCell& c = cell(band, mode);
   // Measured against an estimate of at least the sample floor's weight only, and not
@@ -217,7 +216,7 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   // stage's micro-batches between forced ones) any cost is then its own fixed point.
   // Exploration's switches are charged to exploration, not to the mode (docs/design.md
   // §11).
-  if (enters) Observe(config, band, mode, step, tokens, entered, probe);
+  if (enters) Observe(config, band, mode, step, tokens, entered);
   return measured;
 }
 
@@ -227,9 +226,9 @@ bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
   bool measured = false;
   if (x.after_switch) {
     measured = table.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                        x.exploration, x.probe);
+                                        x.exploration);
   } else {
-    table.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds, x.probe);
+    table.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
   }
   if (prior) {
     table.ObserveCollectives(config, x.mode, x.step, x.tokens, x.length_cv, x.seconds,

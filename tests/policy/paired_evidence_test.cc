@@ -1,6 +1,6 @@
 // A band's paired evidence (docs/design.md §11, "Paired evidence"): the sums, their
 // forgetting and floor, and how the learned table forms pairs
-// (a probe step beside the other mode's level, only within kPairGapSteps of its newest
+// (a step beside the other mode's level, only within kPairGapSteps of its newest
 // sample). What the pairs do to a decision is in adaptive_policy_test.cc.
 #include "policy/paired_evidence.h"
 
@@ -81,7 +81,7 @@ TEST(PairedEvidenceTest, AProbePairsWithTheRunningModesLevelNow) {
   for (int64_t s = 0; s < 20; ++s) t.Observe(c, 2, kSp, s, 100, 1.0);
   const ThroughputCell& sp = t.cell(2, kSp);
   const double level = sp.tokens_per_s() / (1 + sp.seconds_drift);
-  t.Observe(c, 2, kTp, 20, 90, 1.0, /*probe=*/true);
+  t.Observe(c, 2, kTp, 20, 90, 1.0);
   const PairedView v = PairAt(c, t.pair(2), 20);
   EXPECT_EQ(v.samples, 1.0);
   EXPECT_NEAR(v.ratio, 90 / level, 1e-12);
@@ -91,7 +91,7 @@ TEST(PairedEvidenceTest, AProbePairsWithTheRunningModesLevelNow) {
   EXPECT_GT(now.tokens_per_s(), 97.0) << "the estimate still remembers 100";
   const double level_now = now.tokens_per_s() / (1 + now.seconds_drift);
   EXPECT_NEAR(level_now, 96.0, 0.6) << "the level is near 96";
-  t.Observe(c, 2, kTp, 41, 86.4, 1.0, /*probe=*/true);  // TP-only 10 % behind, as before
+  t.Observe(c, 2, kTp, 41, 86.4, 1.0);  // TP-only 10 % behind, as before
   // Both pairs' SP seconds at the level of their time; the first decayed by 21 steps.
   const double k = std::exp2(-21.0 / 100);
   EXPECT_NEAR(PairAt(c, t.pair(2), 41).ratio, (k * 90 / level + 86.4 / level_now) / (k + 1),
@@ -117,30 +117,40 @@ TEST(PairedEvidenceTest, StragglersDoNotTiltThePairsTowardsTheRunningMode) {
       ++n;
     }
     // TP-only at SP's very rates, straggling alike.
-    t.Observe(c, 2, kTp, step, 100, step % 10 == 3 ? 2.0 : 1.0, /*probe=*/true);
+    t.Observe(c, 2, kTp, step, 100, step % 10 == 3 ? 2.0 : 1.0);
     ++step;
   }
   EXPECT_GT(drift_sum / n, 0.03) << "the rates' mean runs above the estimate";
   EXPECT_NEAR(PairAt(c, t.pair(2), step).ratio, 1.0, 0.02);
 }
 
-TEST(PairedEvidenceTest, OnlyProbesPairAndOnlyBesideARecentSample) {
+// Any step pairs — a probe's, or one around a switch (a departure, a return to the gates'
+// choice) — but only beside the other mode's sample within kPairGapSteps, in its band.
+TEST(PairedEvidenceTest, AStepPairsOnlyBesideARecentSampleOfTheOtherMode) {
   const GateConfig c = Config();
   ThroughputTable t;
   for (int64_t s = 0; s < 10; ++s) t.Observe(c, 2, kSp, s, 100, 1.0);
-  t.Observe(c, 2, kTp, 10, 90, 1.0);  // not a probe
+  EXPECT_EQ(t.pair(2).last_step, -1) << "SP's own steps: TP-only was never measured";
+  t.Observe(c, 2, kTp, 9 + kPairGapSteps + 1, 90, 1.0);  // SP too long ago
   EXPECT_EQ(t.pair(2).last_step, -1);
-  t.Observe(c, 2, kTp, 9 + kPairGapSteps + 1, 90, 1.0, /*probe=*/true);  // SP too long ago
-  EXPECT_EQ(t.pair(2).last_step, -1);
-  t.Observe(c, 2, kTp, 9 + kPairGapSteps, 90, 1.0, /*probe=*/true);  // within the gap
+  t.Observe(c, 2, kTp, 9 + kPairGapSteps, 90, 1.0);  // within the gap
   EXPECT_EQ(t.pair(2).last_step, 9 + kPairGapSteps);
-  // A probe beside a cell under the sample floor pairs with nothing.
+  EXPECT_NEAR(t.pair(2).weight, 1.0, 1e-12);
+  // A step of the running mode pairs too, beside TP-only's, once that cell has the floor.
+  ThroughputTable both = t;
+  for (int64_t s = 16; s < 19; ++s) both.Observe(c, 2, kTp, s, 90, 1.0);
+  ASSERT_GE(both.cell(2, kTp).weight, 4.0);
+  const double before = both.pair(2).weight;
+  both.Observe(c, 2, kSp, 19, 100, 1.0);
+  EXPECT_EQ(both.pair(2).last_step, 19);
+  EXPECT_GT(both.pair(2).weight, before);
+  // A step beside a cell under the sample floor pairs with nothing.
   ThroughputTable sparse;
   for (int64_t s = 0; s < 3; ++s) sparse.Observe(c, 2, kSp, s, 100, 1.0);
-  sparse.Observe(c, 2, kTp, 3, 90, 1.0, /*probe=*/true);
+  sparse.Observe(c, 2, kTp, 3, 90, 1.0);
   EXPECT_EQ(sparse.pair(2).last_step, -1);
   // Another band's cells are not the other mode.
-  sparse.Observe(c, 3, kTp, 3, 90, 1.0, /*probe=*/true);
+  sparse.Observe(c, 3, kTp, 3, 90, 1.0);
   EXPECT_EQ(sparse.pair(3).last_step, -1);
 }
 
@@ -150,16 +160,16 @@ TEST(PairedEvidenceTest, ALateProbeFromBeforeAChangePairsWithNothing) {
   const GateConfig c = Config();  // floor 4, threshold 5 %
   ThroughputTable t;
   for (int64_t s = 0; s < 40; ++s) t.Observe(c, 2, kSp, s, 100, 1.0);
-  t.Observe(c, 2, kTp, 40, 90, 1.0, /*probe=*/true);
+  t.Observe(c, 2, kTp, 40, 90, 1.0);
   ASSERT_EQ(t.pair(2).last_step, 40);
   int64_t s = 41;
   for (; t.BandChangedStep(2) < 0 && s < 80; ++s) t.Observe(c, 2, kSp, s, 50, 1.0);
   const int64_t changed = t.BandChangedStep(2);
   ASSERT_GT(changed, 40);
   EXPECT_EQ(t.pair(2), PairedCell{}) << "the change voids the pairs";
-  t.Observe(c, 2, kTp, changed - 1, 90, 1.0, /*probe=*/true);  // late, from before it
+  t.Observe(c, 2, kTp, changed - 1, 90, 1.0);  // late, from before it
   EXPECT_EQ(t.pair(2), PairedCell{});
-  t.Observe(c, 2, kTp, s, 45, 1.0, /*probe=*/true);  // after it
+  t.Observe(c, 2, kTp, s, 45, 1.0);  // after it
   EXPECT_EQ(t.pair(2).last_step, s);
 }
 

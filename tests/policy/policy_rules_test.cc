@@ -15,6 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
+#include "policy/exploration.h"
 #include "policy/gate_policy.h"
 #include "policy/group_state.h"
 #include "policy/pipeline_memory.h"
@@ -176,11 +177,13 @@ TEST(JobDirective, EvaluatedFirstUnderBothPolicies) {
        {kSp, Reason::kMemoryOverBudget}},
       {"nothing: the length-CV gate", false, std::nullopt, false, {kTp, Reason::kLengthCv}},
   };
+  int64_t quiet = 1003;  // not an exploration step
+  while (MayExplore(GateConfig{}, quiet)) ++quiet;
   for (GatePolicyKind policy : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {
     GateConfig config;
     config.policy = policy;
     for (const Row& r : rows) {
-      const BatchFacts batch{.step = 1003,  // not an exploration step
+      const BatchFacts batch{.step = quiet,
                              .length_cv = 1.0,
                              .tokens = 4096,
                              .predicted_peak_bytes_sp = r.tp_over ? 200u : 10u,

@@ -424,7 +424,7 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   for (int i = 0; i < 6; ++i) t.Observe(c, 5, Mode::kSequenceParallel, 140 + i, 500, 1.0);
   ASSERT_LT(t.cell(5, Mode::kSequenceParallel).beyond, 0);
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
-  t.Observe(c, 3, Mode::kTensorParallelOnly, 151, 1100, 1.0, /*probe=*/true);
+  t.Observe(c, 3, Mode::kTensorParallelOnly, 151, 1100, 1.0);
   ASSERT_EQ(t.pair(3).last_step, 151) << "a probe paired with SP's level";
   t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {

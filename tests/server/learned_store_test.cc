@@ -48,7 +48,7 @@ ThroughputTable SomeTable(double scale) {
   }
   t.ObserveAfterSwitch(c, 0, Mode::kTensorParallelOnly, 40, 8192, 0.95 * scale);
   t.Observe(c, 5, Mode::kSequenceParallel, 41, 4096, 9.0);  // a band seen once
-  t.Observe(c, 1, Mode::kTensorParallelOnly, 42, 8192, 0.85 * scale, /*probe=*/true);
+  t.Observe(c, 1, Mode::kTensorParallelOnly, 42, 8192, 0.85 * scale);
   return t;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/split_mix.h"
 
 namespace spgate::runtime {
 namespace {
@@ -23,10 +24,9 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : state_(seed) {}
   uint64_t NextU64() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    const uint64_t z = SplitMix64(state_);
+    state_ += kSplitMixGamma;
+    return z;
   }
   double Uniform() { return static_cast<double>(NextU64() >> 11) * 0x1.0p-53; }  // [0, 1)
   double Normal() {  // Box-Muller, one value per call

@@ -4,16 +4,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/split_mix.h"
 
 namespace spgate::runtime {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in [-1, 1), a pure function of its arguments.
 float Uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
