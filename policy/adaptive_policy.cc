@@ -377,8 +377,9 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
     // Undecided, but the estimates lean to the other mode by more than the margin of this
     // batch's seconds: more of its samples cost nothing expected (ExploreShareOf).
     const CellView& from = incumbent.mode == Mode::kSequenceParallel ? e.sp : e.tp;
-    *leans = !depart && ev.saving_s > config.adaptive_margin *
-                                         static_cast<double>(batch.tokens) / from.tokens_per_s;
+    *leans = !depart && from.tokens_per_s > 0 &&
+             ev.saving_s > config.adaptive_margin * static_cast<double>(batch.tokens) /
+                               from.tokens_per_s;
     Record(trace, "adaptive", depart ? "fire" : "pass", ev.bound_s, 0, [&] {
       return absl::StrFormat(
           "band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
