@@ -34,11 +34,13 @@
 //      chosen runs instead (reason PROBE), if the cap (where it binds) leaves the flips
 //      out and back. The share is adaptive_explore_share while the band learns (too few
 //      samples) and carries kLearnMinTraffic of the recent batches, where switching is
-//      free while it is known but undecided with its estimates leaning to the mode not
-//      chosen (step 3 did not depart, yet that mode saves more than adaptive_margin of the
-//      batch's seconds), or while it re-learns after a change (Relearning; where switching
-//      is free its first run comes at once), else adaptive_explore_floor, whose first run
-//      comes one period in (the schedule: exploration.h). Exploration is how the evidence of step 3 is gathered;
+//      free while it is known, carries that share and is undecided with its estimates
+//      leaning to the mode not chosen (step 3 did not depart, yet by its measure of a
+//      saving, which counts TP-only's seconds 1 + adaptive_margin times, that mode saves
+//      more than adaptive_margin of the batch's seconds), or while it re-learns after a
+//      change (Relearning; where switching is free its first run comes at once), else
+//      adaptive_explore_floor, whose first run comes one period in (the schedule:
+//      exploration.h). Exploration is how the evidence of step 3 is gathered;
 //      it is the one place ADAPTIVE runs a mode neither the gates nor the evidence chose.
 //
 // The table forgets: a sample's weight halves every adaptive_half_life_steps steps, but a

@@ -24,7 +24,7 @@
 
 namespace spgate {
 
-// How near the other mode's newest sample must be for a probe step to pair with its level,
+// How near the other mode's newest sample must be for a step to pair with its level,
 // and how far apart the band's two cells' newest samples must be for the older one to be
 // stale (EstimateBand): a probe run and a step either side.
 inline constexpr int64_t kPairGapSteps = 6;

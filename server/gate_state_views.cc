@@ -177,9 +177,11 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   }
   // Without a group there is no real next step: ask about one that is not an ADAPTIVE
   // exploration step, so the answer is what the policy makes of the batch itself.
-  // Two probe runs (the share's and the floor's) can adjoin; with a share of 1 every step
-  // explores, and the answer is then an exploration step's.
-  for (int i = 0; !in.group.has_value() && i < 2 * kProbeRunSteps && MayExplore(in.config, step);
+  // Three probe runs can adjoin (two of the share's, one at the end of its period and the
+  // next at the start of the next, and the floor's); with a share of 1 every step
+  // explores, and the answer is then an exploration step's, as it is where the batch's
+  // band re-learns after a change and runs its first probe run at once.
+  for (int i = 0; !in.group.has_value() && i < 3 * kProbeRunSteps && MayExplore(in.config, step);
        ++i) {
     ++step;
   }

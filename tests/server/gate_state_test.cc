@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/exploration.h"
 #include "prometheus/text_serializer.h"
 #include "proto/convert.h"
 #include "server/audit_log.h"
@@ -883,8 +884,10 @@ TEST_F(GateStateTest, LearnsThroughputFromTelemetryAndTellsTheLeader) {
   ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
   // Uniform batches (CV 0): SP 2 s per step (rank 1 the slowest), TP-only 1 s: TP-only
   // learns twice SP's tokens/s. The prior (the gates) runs SP; exploration runs TP-only
-  // (steps 0-3, then one run in each 134 steps, at a place the schedule picks). 300 steps:
-  // the band has its samples after the second run, wherever in steps 134-267 it falls.
+  // (steps 0-3, then one run in each 134 steps, at a place the schedule picks: the second
+  // at steps 134 + ProbeRunStart(1, 134)). The band has its samples after that run; 300
+  // steps leave over 50 decisions after it.
+  ASSERT_LT(134 + ProbeRunStart(1, 134) + kProbeRunSteps, 300 - 50);
   int64_t adaptive = 0, probes = 0;
   for (int64_t step = 0; step < 300; ++step) {
     v1::Decision d;

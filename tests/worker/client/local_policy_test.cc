@@ -233,7 +233,7 @@ TEST(LocalGatePolicyTest, StageFallbackDecidesWithItsStagesTable) {
   LocalGatePolicy without(c, 1);
   with.SetLearnedTable(t);
   GroupPolicyState reference;
-  for (int64_t step = 103; step < 112; ++step) {  // no exploration step (0-3, 134-137)
+  for (int64_t step = 103; step < 112; ++step) {  // no exploration step (0-3, then 134 on)
     const StagePlanFacts plan{.step = step, .stage = 1, .microbatches = facts};
     const StagePlanOutcome want =
         DecideStagePlan(reference, c, layout, plan, std::nullopt, &t, /*sp_required=*/false);
