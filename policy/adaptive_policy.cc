@@ -128,12 +128,15 @@ BandEstimate EstimateBand(const GateConfig& config, const ThroughputTable* table
   if (e.pair.samples >= min && e.pair.ratio > 0 && e.sp.samples > 0 && e.tp.samples > 0 &&
       e.sp.tokens_per_s > 0 && e.tp.tokens_per_s > 0) {
     const TableFacts f = facts != nullptr ? *facts : TableFactsOf(config, *table, step);
-    // Where a switch costs, a probe step carries the way there and back: pairs measure
-    // only where it is free (docs/design.md §11).
+    // Where switching is free pairs speak in full: they end a re-learning (Relearning) and
+    // read a changed band through them. Where a switch's cost is measured they read a stale
+    // cell only: a re-learning they ended would leave the decision to cells measured mostly
+    // on steps after a switch, off by what is left of its cost (docs/design.md §11,
+    // "Paired evidence").
     e.paired = !(f.switch_cost > 0);
-    if (e.paired && ChangedLately(config, *table, band, step)) {
-      ReadChangedBandThroughPairs(*table, band, e);
-    } else if (e.paired) {
+    if (ChangedLately(config, *table, band, step)) {
+      if (e.paired) ReadChangedBandThroughPairs(*table, band, e);
+    } else {
       ReadStaleCellThroughPairs(*table, band, f.variance_floor, e);
     }
   }
@@ -279,7 +282,7 @@ SwitchSaving SwitchSavingOf(const GateConfig& config, const ThroughputTable& tab
   // horizons rather than half-lives. A band whose change was detected lately counts in
   // the weight but saves nothing: its estimates are no evidence until both modes are
   // measured again (EvaluateAdaptive, step 3). (That is Relearning here: the mix is weighed
-  // only where a switch's cost is measured, and there pairs never speak.)
+  // only where a switch's cost is measured, and there pairs do not end a re-learning.)
   const double h = static_cast<double>(std::max<int64_t>(config.adaptive_half_life_steps, 1));
   const double floor = SampleFloor(config);
   double mix_saving = 0, mix_weight = 0;
@@ -549,7 +552,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // is free, a band whose estimates lean undecided to the mode not chosen explores at the
   // full share (its samples cost nothing expected), and one re-learning after a change
   // runs its first run at once (the pairs it measures end the re-learning). Where a cost
-  // is measured neither: each run pays it twice, and pairs do not speak.
+  // is measured neither: each run pays it twice, and pairs do not end a re-learning.
   // (Only a step in a probe run of either share, or of a band re-learning, can explore: the
   // band's share, a pass over the table for a band still learning, is taken on those alone.)
   const bool free = !(cost > 0);

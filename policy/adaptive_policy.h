@@ -254,20 +254,21 @@ struct BandEstimate {
   Mode preferred = Mode::kSequenceParallel;
   // TP-only's estimate over SP's; 0 when either has none.
   double ratio = 0;
-  // The band's pairs speak (paired_evidence.h): no switch cost is measured, they have
-  // adaptive_min_samples' weight, and both cells an estimate.
+  // The band's pairs speak in full (paired_evidence.h): no switch cost is measured, they
+  // have adaptive_min_samples' weight, and both cells an estimate.
   bool paired = false;
-  // Then one cell's estimate is the other's times the pairs' ratio, on the pairs' weight
-  // (read through the pairs): within adaptive_explore_boost_steps of a change detected in
-  // the band (the pairs are all from since: a change voids them), the cell the change did
-  // not re-base; otherwise a cell whose newest sample is more than kPairGapSteps older
-  // than the other's, where the pairs' gap differs from the cells' beyond their noise.
+  // One cell's estimate is the other's times the pairs' ratio, on the pairs' weight (read
+  // through the pairs): where `paired`, within adaptive_explore_boost_steps of a change
+  // detected in the band (the pairs are all from since: a change voids them), the cell the
+  // change did not re-base; otherwise, a cost measured or not, a cell whose newest sample
+  // is more than kPairGapSteps older than the other's, where the pairs' gap differs from
+  // the cells' beyond their noise.
   bool read_through_pairs = false;
   PairedView pair;
 };
 // What EstimateBand needs of the whole table, a pass over its cells a caller deciding many
 // bands makes once: the measured switch cost at the step (MeasuredSwitchCost; pairs speak
-// only where it is 0) and the table's noise (TableNoiseOf's relative variance, the floor
+// in full only where it is 0) and the table's noise (TableNoiseOf's relative variance, the floor
 // of a cell's, as in step 3).
 struct TableFacts {
   double switch_cost = 0;

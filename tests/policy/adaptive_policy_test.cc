@@ -1590,9 +1590,9 @@ TEST(EstimateBandTest, PairsReplaceAStaleCellOnlyWhereTheyDisagreeBeyondTheNoise
   EXPECT_NEAR(e.ratio, 1.02, 1e-9);
 }
 
-// Where a switch's cost is measured, a probe step carries the way there and back: the
-// pairs do not speak, and the cells decide as they would without them.
-TEST(EvaluateAdaptiveTest, PairsSpeakOnlyWhereSwitchingIsFree) {
+// Where a switch's cost is measured, pairs (their steps followed no switch) still read a
+// stale cell: the burst the stale cell never saw misleads no more than switching free.
+TEST(EvaluateAdaptiveTest, WhereASwitchCostsPairsStillReadAStaleCell) {
   GateConfig c = Adaptive();
   c.adaptive_change_threshold = 0.10;
   const int band = BandOf(c, 0.05, 4096);
@@ -1600,11 +1600,43 @@ TEST(EvaluateAdaptiveTest, PairsSpeakOnlyWhereSwitchingIsFree) {
   t.SetSwitchCost(SwitchCostCell{0.5 * 20, 20, kStep - 1});  // 0.5 s a switch, 1 s a step
   ASSERT_GT(MeasuredSwitchCost(c, t, kStep), 0.0);
   const BandEstimate e = EstimateBand(c, &t, band, kStep);
+  EXPECT_FALSE(e.paired) << "they end no re-learning";
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, e.pair.ratio, 1e-12);
+  EXPECT_EQ(e.preferred, kSp);
+  EXPECT_EQ(EvaluateAdaptive(c, GroupGateState{}, Batch(), {}, std::nullopt, &t).decision,
+            (Decision{kSp, Reason::kGatesPassed}));
+  // Without the pairs the cells alone say TP-only, as switching free.
+  ThroughputTable cells = BurstTheStaleCellNeverSaw(c, band, false);
+  cells.SetSwitchCost(t.switch_cost());
+  EXPECT_GT(EstimateBand(c, &cells, band, kStep).ratio, 1.02);
+}
+
+// Switching free, the pairs measured since a change end the band's re-learning and read
+// the cell the change did not re-base; where a cost is measured they do neither: the
+// cells would then decide, and a cell measured mostly on steps after a switch is off by
+// what is left of its cost (docs/design.md §11).
+TEST(EstimateBandTest, PairsEndARelearningOnlyWhereSwitchingIsFree) {
+  const GateConfig c = Adaptive();  // boost 200 steps, floor 8
+  const int band = 4;
+  ThroughputTable t;
+  ThroughputCell sp{100.0 * 50, 50, 50, kStep - 1};
+  sp.changed_step = kStep - 20;  // re-based by a change 20 steps ago
+  t.SetCell(band, kSp, sp);
+  t.SetCell(band, kTp, ThroughputCell{130.0 * 50, 50, 50, kStep - 2});
+  t.SetPair(band, PairedCell{10.0, 10.0 / 1.03, 10, kStep - 1});  // all since the change
+  ASSERT_TRUE(ChangedLately(c, t, band, kStep));
+  const TableFacts free{.switch_cost = 0}, costly{.switch_cost = 0.5};
+  BandEstimate e = EstimateBand(c, &t, band, kStep, &free);
+  EXPECT_TRUE(e.paired);
+  EXPECT_FALSE(Relearning(c, t, band, kStep, e));
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.03, 1e-9);
+  e = EstimateBand(c, &t, band, kStep, &costly);
   EXPECT_FALSE(e.paired);
-  EXPECT_GT(e.ratio, 1.02);
-  const TableFacts costly{.switch_cost = 0.5}, free{.switch_cost = 0};
-  EXPECT_FALSE(EstimateBand(c, &t, band, kStep, &costly).paired);
-  EXPECT_TRUE(EstimateBand(c, &t, band, kStep, &free).paired) << "the facts given are used";
+  EXPECT_TRUE(Relearning(c, t, band, kStep, e)) << "no evidence until both are re-measured";
+  EXPECT_FALSE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.3, 1e-9);
 }
 
 // A change detected in a band voids its pairs (they measured the gap before it); until the

@@ -301,7 +301,9 @@ TEST(ChoosePriorTest, DecidesOnlyOutsideTwiceItsError) {
     fit.elementwise_s_per_token = k.eps;
     const PriorChoice pc = ChoosePrior(c, fit, BatchFacts{.length_cv = 0.2, .tokens = 1000});
     EXPECT_EQ(pc.decides, k.decides) << k.eps << " ratio " << pc.ratio;
-    if (k.decides) EXPECT_EQ(pc.mode, k.mode) << k.eps;
+    if (k.decides) {
+      EXPECT_EQ(pc.mode, k.mode) << k.eps;
+    }
   }
   fit.has = false;
   EXPECT_FALSE(ChoosePrior(c, fit, BatchFacts{.tokens = 1000}).decides);

@@ -264,8 +264,9 @@ TEST(JobDirective, StepPlanSpRequiredOutranksUnknownLengths) {
 
 TEST(CheckPlanShape, MicrobatchesNeedALayoutAndALayoutNeedsThem) {
   const JobLayout layout{.pp = 2, .microbatches = 3};
-  const std::vector<MicrobatchPlanInput> good = {{.id = 2}, {.id = 0}, {.id = 1}};
-  const std::vector<MicrobatchPlanInput> repeated = {{.id = 0}, {.id = 1}, {.id = 1}};
+  const auto id = [](int i) { return MicrobatchPlanInput{.id = i, .lengths = {}, .memory = {}}; };
+  const std::vector<MicrobatchPlanInput> good = {id(2), id(0), id(1)};
+  const std::vector<MicrobatchPlanInput> repeated = {id(0), id(1), id(1)};
   struct Row {
     const char* name;
     const JobLayout* layout;
