@@ -24,15 +24,12 @@ function(spgate_test name)
     set(T_TIMEOUT 300)
   endif()
   if(T_PER_CASE)
-    set(props TIMEOUT ${T_TIMEOUT})
-    if(T_LABELS)
-      list(APPEND props LABELS "${T_LABELS}")
-    endif()
     # gtest_discover_tests marks each case skipped (not passed) when it GTEST_SKIPs.
     # Listing the cases runs the binary; on a loaded 2-core machine that can take more
     # than the default 5 s (an MPI test main starts MPI first), so allow a minute.
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST TEST_PREFIX "${name}."
-                         DISCOVERY_TIMEOUT 60 PROPERTIES ${props})
+                         DISCOVERY_TIMEOUT 60)
+    spgate_case_properties(${name} TIMEOUT ${T_TIMEOUT} LABELS ${T_LABELS})
     return()
   endif()
   add_test(NAME ${name} COMMAND ${name})
@@ -40,4 +37,24 @@ function(spgate_test name)
   if(T_LABELS)
     set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
   endif()
+endfunction()
+
+# spgate_case_properties(TARGET [TIMEOUT s] [RESOURCE_LOCK name] [LABELS ...]
+#                        [ENVIRONMENT ...]) — properties for every case
+# gtest_discover_tests(TARGET ... DISCOVERY_MODE PRE_TEST) lists when ctest runs.
+# gtest_discover_tests' own PROPERTIES flattens a list value (two labels, an environment)
+# into separate words, which set_tests_properties then pairs up wrongly; a script ctest
+# includes after the discovery's sets each value whole.
+function(spgate_case_properties target)
+  cmake_parse_arguments(P "" "TIMEOUT;RESOURCE_LOCK" "LABELS;ENVIRONMENT" ${ARGN})
+  set(props "")
+  foreach(key TIMEOUT RESOURCE_LOCK LABELS ENVIRONMENT)
+    if(DEFINED P_${key})
+      string(APPEND props " ${key} [==[${P_${key}}]==]")
+    endif()
+  endforeach()
+  set(script "${CMAKE_CURRENT_BINARY_DIR}/${target}_case_properties.cmake")
+  file(WRITE "${script}"
+       "if(${target}_TESTS)\n  set_tests_properties(\${${target}_TESTS} PROPERTIES${props})\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${script}")
 endfunction()

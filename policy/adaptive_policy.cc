@@ -509,8 +509,8 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
 
   // 3. The incumbent, the gates' decision; the other mode only on evidence. A change
   // detected in the band re-based one mode's estimate on a few recent samples and left the
-  // other's from before it: until the boosted exploration has measured both again (or the
-  // pairs since speak), they are no evidence (Relearning).
+  // other's from before it: for adaptive_explore_boost_steps (or, switching free, until the
+  // pairs since it have the floor's weight) they are no evidence (Relearning).
   // The table's noise: what a step spreads by, for the switch cost and the evidence (no
   // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
   // cell whose recent samples missed them would look surer than it is).

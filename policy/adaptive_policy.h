@@ -13,9 +13,10 @@
 //        band: when the other mode's saving on this batch at the band's rates (a move to
 //        TP-only counts its seconds 1 + adaptive_margin times) is above 0 at one-sided 95 %
 //        confidence (kEvidenceZ standard errors, each cell's from its samples' relative
-//        spread — at least the table's mean — and its weight; DepartureEvidence; where
-//        switching is free, a band's paired evidence may stand in for a stale cell:
-//        EstimateBand), and the band is not re-learning after a change (Relearning);
+//        spread — at least the table's mean — and its weight; DepartureEvidence; a band's
+//        paired evidence may stand in for a stale cell, and where switching is free it
+//        also ends a re-learning: EstimateBand), and the band is not re-learning after a
+//        change (Relearning);
 //        where that interval spans 0, the band's gap shrunk towards the other known
 //        bands' pooled gap decides the same test (PoolBands, PooledDepartureEvidence);
 //      - otherwise the physics prior's predicted step times (cost_prior.h), when its
@@ -260,9 +261,9 @@ struct BandEstimate {
   // One cell's estimate is the other's times the pairs' ratio, on the pairs' weight (read
   // through the pairs): where `paired`, within adaptive_explore_boost_steps of a change
   // detected in the band (the pairs are all from since: a change voids them), the cell the
-  // change did not re-base; otherwise, a cost measured or not, a cell whose newest sample
-  // is more than kPairGapSteps older than the other's, where the pairs' gap differs from
-  // the cells' beyond their noise.
+  // change did not re-base; outside that window, a cost measured or not, a cell whose
+  // newest sample is more than kPairGapSteps older than the other's, where the pairs' gap
+  // differs from the cells' beyond their noise.
   bool read_through_pairs = false;
   PairedView pair;
 };
@@ -423,7 +424,9 @@ struct GroupStepSample {
   double tokens = 0, seconds = 0;
   double length_cv = -1;                   // < 0: not known (the prior skips it)
   double all_gather_s = 0, rs_wait_s = 0;  // the physics prior's (ObserveCollectives)
-  bool probe = false;         // ran in the mode ADAPTIVE decided as a probe
+  // Ran in the mode ADAPTIVE decided as a probe: what a caller derives `exploration` from
+  // (ExplorationSwitch, with the previous step's); the table itself does not read it.
+  bool probe = false;
   bool after_switch = false;  // the group's (stage's) previous one ran the other mode
   bool exploration = false;   // ExplorationSwitch's
 };

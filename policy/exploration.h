@@ -43,7 +43,8 @@ inline constexpr double kLearnMinTraffic = 1.0 / kBands;
 // estimates favouring the mode not chosen by more than adaptive_margin, and switching
 // free: step 3 says so),
 // or while it re-learns after a change in it (Relearning: within
-// adaptive_explore_boost_steps of it, until the pairs measured since speak); else
+// adaptive_explore_boost_steps of it, until, switching free, the pairs measured since end
+// it); else
 // adaptive_explore_floor (at most adaptive_explore_share). `table` null:
 // adaptive_explore_share.
 double ExploreShareOf(const GateConfig& config, const ThroughputTable* table, int band,
@@ -59,7 +60,7 @@ int64_t ExplorePeriod(double share);
 // previous launch's table waits that period too (docs/operations.md).
 // A band re-learning after a change detected at step `changed` (Relearning; -1: none) runs
 // its first probe run at once, from changed + 1, whatever the share: until the pairs
-// measured since speak, its estimates are no evidence and it runs the gates' choice, so
+// measured since end the re-learning, its estimates are no evidence and it runs the gates' choice, so
 // every step its run waits costs what a departure would have saved.
 int64_t ExploreOffset(const GateConfig& config, double share, int64_t changed = -1);
 // Where the probe run of a schedule's period number `index` (0: the one starting at its

@@ -687,8 +687,8 @@ TEST(EvaluateAdaptiveTest, ExplorationRisesAfterAChangeAndFallsToTheFloor) {
        -1},
       {"within the boost, a cap of 2 switches in 200, switching free: every run", &changed, at,
        at + 200, 134, at + 1, 100, -1},
-      // A measured cost: the share's own runs (pairs do not speak; a run at once would pay
-      // the cost for nothing).
+      // A measured cost: the share's own runs (pairs do not end a re-learning; a run at
+      // once would pay the cost for nothing).
       {"within the boost, a cap of 2 switches in 200, a measured cost: one run", &costly, at,
        at + 200, 134, 0, 100, 4},
       {"after the boost: the floor", &changed, at + 200, 20000, 1000, 1000, 50, -1},
@@ -1590,8 +1590,8 @@ TEST(EstimateBandTest, PairsReplaceAStaleCellOnlyWhereTheyDisagreeBeyondTheNoise
   EXPECT_NEAR(e.ratio, 1.02, 1e-9);
 }
 
-// Where a switch's cost is measured, pairs (their steps followed no switch) still read a
-// stale cell: the burst the stale cell never saw misleads no more than switching free.
+// Where a switch's cost is measured, pairs still read a stale cell: the burst the stale
+// cell never saw misleads no more than switching free.
 TEST(EvaluateAdaptiveTest, WhereASwitchCostsPairsStillReadAStaleCell) {
   GateConfig c = Adaptive();
   c.adaptive_change_threshold = 0.10;
@@ -1623,7 +1623,9 @@ TEST(EstimateBandTest, PairsEndARelearningOnlyWhereSwitchingIsFree) {
   ThroughputCell sp{100.0 * 50, 50, 50, kStep - 1};
   sp.changed_step = kStep - 20;  // re-based by a change 20 steps ago
   t.SetCell(band, kSp, sp);
-  t.SetCell(band, kTp, ThroughputCell{130.0 * 50, 50, 50, kStep - 2});
+  // TP-only's cell is from before the change and stale (its newest sample 14 steps before
+  // SP's): outside the window it would be read through the pairs, cost or not.
+  t.SetCell(band, kTp, ThroughputCell{130.0 * 50, 50, 50, kStep - 15});
   t.SetPair(band, PairedCell{10.0, 10.0 / 1.03, 10, kStep - 1});  // all since the change
   ASSERT_TRUE(ChangedLately(c, t, band, kStep));
   const TableFacts free{.switch_cost = 0}, costly{.switch_cost = 0.5};
@@ -1634,9 +1636,18 @@ TEST(EstimateBandTest, PairsEndARelearningOnlyWhereSwitchingIsFree) {
   EXPECT_NEAR(e.ratio, 1.03, 1e-9);
   e = EstimateBand(c, &t, band, kStep, &costly);
   EXPECT_FALSE(e.paired);
-  EXPECT_TRUE(Relearning(c, t, band, kStep, e)) << "no evidence until both are re-measured";
-  EXPECT_FALSE(e.read_through_pairs);
+  EXPECT_TRUE(Relearning(c, t, band, kStep, e)) << "no evidence for the window";
+  EXPECT_FALSE(e.read_through_pairs) << "not even the stale cell, within the window";
   EXPECT_NEAR(e.ratio, 1.3, 1e-9);
+  // Past the window the same pairs read the stale cell, with the cost as without.
+  ThroughputTable later = t;
+  ThroughputCell old = later.cell(band, kSp);
+  old.changed_step = kStep - 1 - c.adaptive_explore_boost_steps;
+  later.SetCell(band, kSp, old);
+  ASSERT_FALSE(ChangedLately(c, later, band, kStep));
+  e = EstimateBand(c, &later, band, kStep, &costly);
+  EXPECT_TRUE(e.read_through_pairs);
+  EXPECT_NEAR(e.ratio, 1.03, 1e-9);
 }
 
 // A change detected in a band voids its pairs (they measured the gap before it); until the
