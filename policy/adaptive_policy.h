@@ -269,8 +269,8 @@ struct BandEstimate {
 };
 // What EstimateBand needs of the whole table, a pass over its cells a caller deciding many
 // bands makes once: the measured switch cost at the step (MeasuredSwitchCost; pairs speak
-// in full only where it is 0) and the table's noise (TableNoiseOf's relative variance, the floor
-// of a cell's, as in step 3).
+// in full only where it is 0) and the table's noise (TableNoiseOf's relative variance,
+// the floor of a cell's, as in step 3).
 struct TableFacts {
   double switch_cost = 0;
   double variance_floor = 0;

@@ -60,8 +60,8 @@ int64_t ExplorePeriod(double share);
 // previous launch's table waits that period too (docs/operations.md).
 // A band re-learning after a change detected at step `changed` (Relearning; -1: none) runs
 // its first probe run at once, from changed + 1, whatever the share: until the pairs
-// measured since end the re-learning, its estimates are no evidence and it runs the gates' choice, so
-// every step its run waits costs what a departure would have saved.
+// measured since end the re-learning, its estimates are no evidence and it runs the
+// gates' choice, so every step its run waits costs what a departure would have saved.
 int64_t ExploreOffset(const GateConfig& config, double share, int64_t changed = -1);
 // Where the probe run of a schedule's period number `index` (0: the one starting at its
 // offset) starts, in steps into that period: 0 for the first period (a new job's bands
