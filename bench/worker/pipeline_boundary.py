@@ -18,10 +18,15 @@ report telemetry), so every row carries the same client threads.
 
 --adaptive_flags adds gate flags to the ADAPTIVE row's job (e.g. "--adaptive_min_samples=2
 --adaptive_explore_share=0.15" to watch a short run learn); the row is then labelled with
-them, since it is no longer ADAPTIVE as shipped.
+them, since it is no longer ADAPTIVE as shipped. --rows=sp,static,adaptive runs only those
+rows (SP, the baseline, always runs), for a longer run of the policies alone.
+
+Each row also records what the daemon spent on it (spgated's CPU seconds over the row's
+run, from /proc) and the workers' decision wait (the p95 over steps of the slowest rank's
+wait for its group's decision): what a policy's learning costs on the decision's path.
 
 Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps=12]
-       [--adaptive_flags=FLAGS] [--out=FILE.json]
+       [--adaptive_flags=FLAGS] [--rows=KEYS] [--out=FILE.json]
 """
 import argparse
 import json
@@ -34,7 +39,8 @@ import subprocess
 import sys
 import tempfile
 
-from replay_table import start_daemon  # the same spgated on loopback, port 0
+# The same spgated on loopback (port 0), and the paired ratio's interval and verdict.
+from replay_table import median_ci, start_daemon, tie_verdict
 
 COMMON = ["--tp=2", "--pp=2", "--microbatches=4", "--layers=4", "--hidden=128", "--heads=4",
           "--ffn_hidden=512", "--lengths=lognormal:mean=384,sigma=1.0",
@@ -46,6 +52,7 @@ ROWS = [
     ("static gates per stage and micro-batch", ["--mode=auto"]),
     ("ADAPTIVE per stage and micro-batch", ["--mode=auto"]),
 ]
+ROW_KEYS = ["sp", "tp_sharded", "tp_native", "static", "adaptive"]  # --rows, ROWS' order
 ADAPTIVE_ROW = ROWS[-1][0]
 # The ADAPTIVE row's job config (bench/worker/replay_table.py's), set on the daemon: the
 # policy alone, every ADAPTIVE setting at its default.
@@ -53,6 +60,13 @@ ADAPTIVE_FLAGS = ["--policy=adaptive"]
 BASE = "SP"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+
+
+def cpu_seconds(pid):
+    """A process's user + system CPU seconds so far (/proc/PID/stat, fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(build, mpirun, flags, steps, tmp):
@@ -71,6 +85,7 @@ def run(build, mpirun, flags, steps, tmp):
             "step_time_mean_s": s["step_time_mean_s"]["all"],
             "p2p_bytes_per_step": s["p2p_bytes_sent"] / s["steps"],
             "peak_memory_bytes": s["peak_memory_bytes"]["all"],
+            "decision_wait_p95_s": s["decision_wait_p95_s"],
             "decisions": s["decisions"]}
 
 
@@ -82,23 +97,31 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--adaptive_flags", default="",
                     help="extra gate flags for the ADAPTIVE row's job (labelled in the table)")
+    ap.add_argument("--rows", default=",".join(ROW_KEYS),
+                    help="comma-separated rows to run, of " + ",".join(ROW_KEYS))
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     if not 1 <= a.rounds <= 20 or not 2 <= a.steps <= 1000:
         sys.exit("--rounds must be in [1, 20] and --steps in [2, 1000]")
+    wanted = set(filter(None, a.rows.split(",")))
+    if not wanted <= set(ROW_KEYS):
+        sys.exit(f"--rows: unknown {','.join(sorted(wanted - set(ROW_KEYS)))} "
+                 f"(known: {','.join(ROW_KEYS)})")
+    rows = [row for key, row in zip(ROW_KEYS, ROWS) if key in wanted or row[0] == BASE]
+    names = [name for name, _ in rows]
     adaptive_flags = ADAPTIVE_FLAGS + shlex.split(a.adaptive_flags)
     label = {ADAPTIVE_ROW: ADAPTIVE_ROW + (f" ({a.adaptive_flags.strip()})"
                                            if a.adaptive_flags.strip() else "")}
     load_before = os.getloadavg()
     tmp = tempfile.mkdtemp(prefix="spgate-boundary-")
     ratios = {name: {"tokens_per_s": [], "step_time_mean_s": [], "p2p_bytes_per_step": [],
-                     "peak_memory_bytes": []} for name, _ in ROWS}
+                     "peak_memory_bytes": []} for name in names}
     raw = []
     daemon, port, admin_port = start_daemon(a.build, tmp)
     spgatectl = os.path.join(a.build, "bin", "spgatectl")
     try:
         for rnd in range(a.rounds):
-            order = ROWS[rnd % len(ROWS):] + ROWS[:rnd % len(ROWS)]
+            order = rows[rnd % len(rows):] + rows[:rnd % len(rows)]
             got = {}
             for name, flags in order:
                 job = "boundary-%s-%d" % (re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_"),
@@ -107,12 +130,14 @@ def main():
                     subprocess.run([spgatectl, f"--admin=127.0.0.1:{admin_port}", "gates", "set",
                                     f"--job_id={job}"] + adaptive_flags,
                                    check=True, capture_output=True, timeout=30)
+                cpu_before = cpu_seconds(daemon.pid)
                 got[name] = run(a.build, a.mpirun,
                                 [*flags, f"--controller=127.0.0.1:{port}", f"--job_id={job}"],
                                 a.steps, tmp)
+                got[name]["daemon_cpu_s"] = cpu_seconds(daemon.pid) - cpu_before
             raw.append(got)
             base = got[BASE]
-            for name, _ in ROWS:
+            for name in names:
                 for key in ratios[name]:
                     ratios[name][key].append(got[name][key] / base[key] if base[key] else 0.0)
             print(f"round {rnd + 1}/{a.rounds} done", file=sys.stderr)
@@ -127,7 +152,7 @@ def main():
           "| step time vs SP | p2p bytes/step vs SP | peak memory vs SP |")
     print("|---|---|---|---|---|")
     table = []
-    for name, _ in ROWS:
+    for name in names:
         r = ratios[name]
         cells = []
         for key in ("tokens_per_s", "step_time_mean_s", "p2p_bytes_per_step", "peak_memory_bytes"):
@@ -136,29 +161,45 @@ def main():
         print(f"| {label.get(name, name)} | " + " | ".join(cells) + " |")
         table.append({"row": label.get(name, name), **{k: statistics.median(v) for k, v in r.items()},
                       "range": {k: [min(v), max(v)] for k, v in r.items()}})
-    for name in (ROWS[3][0], ADAPTIVE_ROW):
-        print(f"\n{label.get(name, name)}, decisions per round (mode -> reason -> micro-batches): "
-              + "; ".join(json.dumps(r[name]["decisions"], sort_keys=True) for r in raw))
+    print("\n| row | spgated CPU s per run | decision wait p95 s |\n|---|---|---|")
+    for name in names:
+        cpu = [r[name]["daemon_cpu_s"] for r in raw]
+        wait = [r[name]["decision_wait_p95_s"] for r in raw]
+        print(f"| {label.get(name, name)} | {statistics.median(cpu):.2f} ({min(cpu):.2f}–"
+              f"{max(cpu):.2f}) | {statistics.median(wait):.4f} ({min(wait):.4f}–{max(wait):.4f}) |")
+    static, sharded, native = ROWS[3][0], ROWS[1][0], ROWS[2][0]
+    for name in (static, ADAPTIVE_ROW):
+        if name in names:
+            print(f"\n{label.get(name, name)}, decisions per round (mode -> reason -> "
+                  "micro-batches): "
+                  + "; ".join(json.dumps(r[name]["decisions"], sort_keys=True) for r in raw))
     # The contract's own cost, paired by round: TP-only with the native boundary over
     # TP-only with the sharded one (> 1: the sharded boundary is slower).
-    sharded, native = ROWS[1][0], ROWS[2][0]
-    paired = [r[native]["step_time_mean_s"] / r[sharded]["step_time_mean_s"] for r in raw]
-    print(f"\nTP-only step time, native over sharded boundary, per round: "
-          f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f})")
-    # ADAPTIVE against the rule it replaces, paired by round (>= 1: at least the static row).
-    static = ROWS[3][0]
-    over_static = [r[ADAPTIVE_ROW]["tokens_per_s"] / r[static]["tokens_per_s"] for r in raw]
-    print(f"\nADAPTIVE tokens/s over the static gates', per round: "
-          f"{', '.join(f'{x:.3f}' for x in over_static)} (median "
-          f"{statistics.median(over_static):.3f}, range {min(over_static):.3f}-"
-          f"{max(over_static):.3f})")
+    paired = []
+    if sharded in names and native in names:
+        paired = [r[native]["step_time_mean_s"] / r[sharded]["step_time_mean_s"] for r in raw]
+        print(f"\nTP-only step time, native over sharded boundary, per round: "
+              f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f})")
+    # ADAPTIVE against the rule it replaces, paired by round (>= 1: at least the static row),
+    # with the median's distribution-free 95 % interval where there are rounds enough.
+    over_static = []
+    if static in names and ADAPTIVE_ROW in names:
+        over_static = [r[ADAPTIVE_ROW]["tokens_per_s"] / r[static]["tokens_per_s"] for r in raw]
+        median, ci = median_ci(over_static)
+        print(f"\nADAPTIVE tokens/s over the static gates', per round: "
+              f"{', '.join(f'{x:.3f}' for x in over_static)} (median {median:.3f}, range "
+              f"{min(over_static):.3f}-{max(over_static):.3f}, 95 % interval of the median "
+              + (f"{ci[0]:.3f}-{ci[1]:.3f}: {tie_verdict(ci)})" if ci else "n/a: < 6 rounds)"))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"benchmark": "pipeline_boundary", "baseline": BASE, "common": COMMON,
                        "adaptive_job_flags": adaptive_flags, "load_average": [load_before, load_after],
                        "steps": a.steps, "rounds": a.rounds, "table": table,
                        "native_over_sharded_step_time": paired,
-                       "adaptive_over_static_tokens_per_s": over_static, "raw": raw}, f,
+                       "adaptive_over_static_tokens_per_s": over_static,
+                       "adaptive_over_static_ci": (median_ci(over_static)[1]
+                                                   if over_static else None),
+                       "raw": raw}, f,
                       indent=2)
 
 
