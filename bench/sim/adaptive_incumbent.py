@@ -167,14 +167,23 @@ def main():
     ap.add_argument("--sets", default="grid,pp,stress,unseen")
     ap.add_argument("--seeds", default=dq.DEFAULT_SEEDS)
     ap.add_argument("--hardware", default="h100-sxm")
+    ap.add_argument("--cells", default="",
+                    help="only these cells of the sets, '|'-separated names as the table gives "
+                         "them (e.g. 'heavy_stragglers|bucketed lognormal stragglers')")
     a = ap.parse_args()
     seeds = seedlib.parse(a.seeds)
-    os.makedirs(a.out, exist_ok=True)
     sets = set(a.sets.split(","))
+    only = set(filter(None, a.cells.split("|")))
+    unknown = only - {name for _, name, *_ in cell_sets(a.steps, sets)}
+    if unknown:
+        sys.exit("--cells: no cell named %s in the sets %s" % (", ".join(sorted(unknown)), a.sets))
+    os.makedirs(a.out, exist_ok=True)
     rows, results = [], []
     for cost in (float(c) for c in a.switch_costs.split(",")):
         dq.REGRET["switch_cost_s"] = cost
         for s, name, flags, steps, window, stationary in cell_sets(a.steps, sets):
+            if only and name not in only:
+                continue
             runs = dq.run_seeds(a.sim, flags + ["--hardware=" + a.hardware], steps, a.groups,
                                 seeds, regret_window=window)
             sp, miss, seed_misses = check([r["compare"] for r in runs], cost, stationary)
