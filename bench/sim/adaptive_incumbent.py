@@ -19,8 +19,10 @@ ranges ("figures_min", "figures_max") and every seed's command and figures.
 Usage: adaptive_incumbent.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
                              [--switch_costs=0,0.01] [--sets=grid,pp,stress,unseen]
                              [--seeds='11 12 13 14 15'] [--hardware=h100-sxm|h200-sxm]
+                             [--cells='NAME|NAME']
 --hardware is passed to every cell (the simulator's preset; a regime's explicit flags,
-such as slow_links' --link_gbps, still override it).
+such as slow_links' --link_gbps, still override it). --cells reruns only the cells named
+(as the table names them); the outputs then say which.
 """
 import argparse
 import json
@@ -202,14 +204,15 @@ def main():
                   "median over seeds %s (range)" % ", ".join(str(x) for x in seeds))
     md = ["ADAPTIVE against the static gates, the fixed choices and the expected-value oracle; "
           "%d groups x %d steps a cell (PP: steps / micro-batches optimizer steps), %s, targets "
-          "checked on the medians; hardware preset %s; measured at %s."
-          % (a.groups, a.steps, seeds_text, a.hardware, at), "",
+          "checked on the medians; hardware preset %s; measured at %s.%s"
+          % (a.groups, a.steps, seeds_text, a.hardware, at,
+             " Only the cells %s." % ", ".join(sorted(only)) if only else ""), "",
           HEAD] + rows + [line for l in summary for line in ("", l)]
     with open(os.path.join(a.out, "adaptive_incumbent.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "adaptive_incumbent.json"), "w") as f:
         json.dump({"commit": at, "hardware": a.hardware, "steps": a.steps, "groups": a.groups,
-                   "seeds": seeds,
+                   "seeds": seeds, "only_cells": sorted(only),
                    "cells": results}, f, indent=1)
     print("\n".join(summary))
     return 0

@@ -22,8 +22,9 @@ them, since it is no longer ADAPTIVE as shipped. --rows=sp,static,adaptive runs 
 rows (SP, the baseline, always runs), for a longer run of the policies alone.
 
 Each row also records what the daemon spent on it (spgated's CPU seconds over the row's
-run, from /proc) and the workers' decision wait (the p95 over steps of the slowest rank's
-wait for its group's decision): what a policy's learning costs on the decision's path.
+run, from /proc) and the workers' decision wait (the p95 over steps of the first stage's
+slowest rank's wait for its group's decision): what a policy's learning costs on the
+decision's path.
 
 Usage: bench/worker/pipeline_boundary.py --build=BUILD_DIR [--rounds=3] [--steps=12]
        [--adaptive_flags=FLAGS] [--rows=KEYS] [--out=FILE.json]
@@ -103,10 +104,12 @@ def main():
     a = ap.parse_args()
     if not 1 <= a.rounds <= 20 or not 2 <= a.steps <= 1000:
         sys.exit("--rounds must be in [1, 20] and --steps in [2, 1000]")
-    wanted = set(filter(None, a.rows.split(",")))
+    wanted = set(filter(None, a.rows.split(","))) or set(ROW_KEYS)  # empty: every row
     if not wanted <= set(ROW_KEYS):
         sys.exit(f"--rows: unknown {','.join(sorted(wanted - set(ROW_KEYS)))} "
                  f"(known: {','.join(ROW_KEYS)})")
+    if not wanted - {"sp"}:
+        sys.exit("--rows: name at least one row besides sp (the baseline, which always runs)")
     rows = [row for key, row in zip(ROW_KEYS, ROWS) if key in wanted or row[0] == BASE]
     names = [name for name, _ in rows]
     adaptive_flags = ADAPTIVE_FLAGS + shlex.split(a.adaptive_flags)
@@ -182,7 +185,7 @@ def main():
               f"{', '.join(f'{x:.3f}' for x in paired)} (median {statistics.median(paired):.3f})")
     # ADAPTIVE against the rule it replaces, paired by round (>= 1: at least the static row),
     # with the median's distribution-free 95 % interval where there are rounds enough.
-    over_static = []
+    over_static, ci = [], None
     if static in names and ADAPTIVE_ROW in names:
         over_static = [r[ADAPTIVE_ROW]["tokens_per_s"] / r[static]["tokens_per_s"] for r in raw]
         median, ci = median_ci(over_static)
@@ -197,8 +200,8 @@ def main():
                        "steps": a.steps, "rounds": a.rounds, "table": table,
                        "native_over_sharded_step_time": paired,
                        "adaptive_over_static_tokens_per_s": over_static,
-                       "adaptive_over_static_ci": (median_ci(over_static)[1]
-                                                   if over_static else None),
+                       "adaptive_over_static_ci": (
+                           {"lo": ci[0], "hi": ci[1], "coverage": ci[2]} if ci else None),
                        "raw": raw}, f,
                       indent=2)
 
