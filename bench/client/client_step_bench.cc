@@ -19,6 +19,8 @@
 // without the collective's transfer, which is the communicator's (an MPI_Reduce or
 // all-reduce of 112 bytes; docs/benchmarks.md gives it separately).
 // Reports median / p99 / p99.9 per step and ratios to `handoff`, and writes JSON.
+// --variants runs some of the client variants only (`handoff`, the baseline, always runs):
+// bench/client/step_instructions.py counts one variant's instructions under callgrind.
 //
 //   build/bench/client_step_bench --steps=5000 --step_us=1000 --sequences=16
 //       --out=client_step.json
@@ -30,6 +32,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,6 +40,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/mutex.h"
 #include "server/daemon.h"
@@ -50,6 +54,8 @@ ABSL_FLAG(int, step_us, 1000,
           "for the next decision");
 ABSL_FLAG(int, sequences, 16, "Sequences per batch plan");
 ABSL_FLAG(std::string, out, "", "Write results as JSON here");
+ABSL_FLAG(std::string, variants, "local_only,gate_client,gate_client_group8",
+          "Client variants to run, comma-separated (handoff, the baseline, always runs)");
 ABSL_FLAG(bool, mutex_deadlock_detection, true,
           "Leave Abseil's mutex deadlock detection as the library left it (on in Debian's "
           "build, as in a trainer that does not turn it off); false: "
@@ -92,7 +98,7 @@ StepTelemetryInput Telemetry(int64_t step, spgate::Mode mode, spgate::Reason rea
   return {.step = step, .mode = mode, .reason = reason, .step_time_s = 0.1, .rs_wait_s = 0.004,
           .all_gather_s = 0.003,
           .effective_tokens = std::accumulate(lengths.begin(), lengths.end(), int64_t{0}),
-          .peak_memory_bytes = 40ull << 30};
+          .peak_memory_bytes = 40ull << 30, .microbatches = {}};
 }
 
 // The "handoff" floor: what any client that hands work to a network thread must do.
@@ -253,7 +259,7 @@ Result RunClient(const std::string& name, const std::string& controller,
   };
   Loop(
       r, warmup, steps,
-      [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths}); },
+      [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths, .microbatches = {}}); },
       [&](int64_t step) {
         auto d = c.AwaitDecision(step, absl::Now() + c.options().decision_deadline);
         if (d.ok()) {
@@ -319,6 +325,20 @@ int main(int argc, char** argv) {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));
+  std::vector<std::string> variants;
+  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty())) {
+    if (v != "local_only" && v != "gate_client" && v != "gate_client_group8") {
+      std::fprintf(stderr,
+                   "--variants: unknown variant \"%.*s\" (known: local_only, gate_client, "
+                   "gate_client_group8)\n",
+                   static_cast<int>(v.size()), v.data());
+      return 2;
+    }
+    variants.emplace_back(v);
+  }
+  const auto wanted = [&](absl::string_view v) {
+    return std::find(variants.begin(), variants.end(), v) != variants.end();
+  };
 
   // The client's path, not the daemon's limits: the hot loop (--step_us=0) asks for
   // several thousand plans a second, past the default --max_plans_per_second (1,000, bursts
@@ -333,10 +353,15 @@ int main(int argc, char** argv) {
   }
   std::vector<Result> results;
   results.push_back(RunHandoff(lengths, warmup, steps));
-  results.push_back(RunClient("local_only", "", lengths, warmup, steps));
-  results.push_back(RunClient("gate_client", (*daemon)->worker_address(), lengths, warmup, steps));
-  results.push_back(RunClient("gate_client_group8", (*daemon)->worker_address(), lengths, warmup,
-                              steps, /*group_size=*/8));
+  if (wanted("local_only")) results.push_back(RunClient("local_only", "", lengths, warmup, steps));
+  if (wanted("gate_client")) {
+    results.push_back(
+        RunClient("gate_client", (*daemon)->worker_address(), lengths, warmup, steps));
+  }
+  if (wanted("gate_client_group8")) {
+    results.push_back(RunClient("gate_client_group8", (*daemon)->worker_address(), lengths,
+                                warmup, steps, /*group_size=*/8));
+  }
   (*daemon)->Shutdown(absl::Seconds(2));
 
   const double base = Quantile(results[0].step_ns, 0.5);
