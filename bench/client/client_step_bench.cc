@@ -259,7 +259,9 @@ Result RunClient(const std::string& name, const std::string& controller,
   };
   Loop(
       r, warmup, steps,
-      [&](int64_t step) { (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths, .microbatches = {}}); },
+      [&](int64_t step) {
+        (void)c.SubmitPlan(BatchPlanInput{.step = step, .lengths = lengths, .microbatches = {}});
+      },
       [&](int64_t step) {
         auto d = c.AwaitDecision(step, absl::Now() + c.options().decision_deadline);
         if (d.ok()) {
@@ -326,7 +328,8 @@ int main(int argc, char** argv) {
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));
   std::vector<std::string> variants;
-  for (absl::string_view v : absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty())) {
+  const std::string variants_flag = absl::GetFlag(FLAGS_variants);
+  for (absl::string_view v : absl::StrSplit(variants_flag, ',', absl::SkipEmpty())) {
     if (v != "local_only" && v != "gate_client" && v != "gate_client_group8") {
       std::fprintf(stderr,
                    "--variants: unknown variant \"%.*s\" (known: local_only, gate_client, "
@@ -335,6 +338,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     variants.emplace_back(v);
+  }
+  if (variants.empty()) {
+    std::fprintf(stderr, "--variants: name at least one of local_only, gate_client, "
+                         "gate_client_group8\n");
+    return 2;
   }
   const auto wanted = [&](absl::string_view v) {
     return std::find(variants.begin(), variants.end(), v) != variants.end();
