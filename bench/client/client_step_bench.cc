@@ -40,6 +40,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/mutex.h"
@@ -327,24 +328,22 @@ int main(int argc, char** argv) {
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const std::vector<int64_t> lengths = Batch(absl::GetFlag(FLAGS_sequences));
-  std::vector<std::string> variants;
-  const std::string variants_flag = absl::GetFlag(FLAGS_variants);
-  for (absl::string_view v : absl::StrSplit(variants_flag, ',', absl::SkipEmpty())) {
-    if (v != "local_only" && v != "gate_client" && v != "gate_client_group8") {
-      std::fprintf(stderr,
-                   "--variants: unknown variant \"%.*s\" (known: local_only, gate_client, "
-                   "gate_client_group8)\n",
-                   static_cast<int>(v.size()), v.data());
+  const std::vector<std::string> known = {"local_only", "gate_client", "gate_client_group8"};
+  const std::vector<std::string> variants =
+      absl::StrSplit(absl::GetFlag(FLAGS_variants), ',', absl::SkipEmpty());
+  for (const std::string& v : variants) {
+    if (std::find(known.begin(), known.end(), v) == known.end()) {
+      std::fprintf(stderr, "--variants: unknown variant \"%s\" (known: %s)\n", v.c_str(),
+                   absl::StrJoin(known, ", ").c_str());
       return 2;
     }
-    variants.emplace_back(v);
   }
   if (variants.empty()) {
-    std::fprintf(stderr, "--variants: name at least one of local_only, gate_client, "
-                         "gate_client_group8\n");
+    std::fprintf(stderr, "--variants: name at least one of %s\n",
+                 absl::StrJoin(known, ", ").c_str());
     return 2;
   }
-  const auto wanted = [&](absl::string_view v) {
+  const auto wanted = [&](const std::string& v) {
     return std::find(variants.begin(), variants.end(), v) != variants.end();
   };
 

@@ -54,6 +54,7 @@ ROWS = [
     ("ADAPTIVE per stage and micro-batch", ["--mode=auto"]),
 ]
 ROW_KEYS = ["sp", "tp_sharded", "tp_native", "static", "adaptive"]  # --rows, ROWS' order
+assert len(ROW_KEYS) == len(ROWS)
 ADAPTIVE_ROW = ROWS[-1][0]
 # The ADAPTIVE row's job config (bench/worker/replay_table.py's), set on the daemon: the
 # policy alone, every ADAPTIVE setting at its default.
