@@ -2,36 +2,57 @@
 #include "policy/telemetry.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace spgate {
 namespace {
 
-// The bound the plan sets on a record's tokens (plan_tokens < 0: not known): `field`
-// names the record's field and `of` what the plan's count is for (" for micro-batch 3").
-absl::Status CheckTokens(absl::string_view field, int64_t tokens, int64_t plan_tokens,
-                         absl::string_view of) {
+// The step's record, where a micro-batch's id goes below.
+constexpr int64_t kStepRecord = std::numeric_limits<int64_t>::min();
+
+// A record's field as an error names it: the step's (`microbatch` kStepRecord) or a
+// micro-batch's ("telemetry.micro_batches[id 3].rs_wait_s"; `name` empty: the micro-batch
+// itself). Built only for an error: a valid record costs no string.
+std::string FieldName(int64_t microbatch, absl::string_view name) {
+  if (microbatch == kStepRecord) return absl::StrCat("telemetry.", name);
+  return absl::StrCat("telemetry.micro_batches[id ", microbatch, "]", name.empty() ? "" : ".",
+                      name);
+}
+
+// The bound the plan sets on a record's tokens (plan_tokens < 0: not known).
+absl::Status CheckTokens(int64_t microbatch, absl::string_view name, int64_t tokens,
+                         int64_t plan_tokens) {
   if (tokens < 0 || tokens > kMaxTelemetryCount) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: must be in [0, 2^53 - 1] (exact as a double), got %d", field, tokens));
+        "%s: must be in [0, 2^53 - 1] (exact as a double), got %d",
+        FieldName(microbatch, name), tokens));
   }
   if (plan_tokens >= 0 && tokens > plan_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: %d exceeds the plan's %d tokens%s", field, tokens, plan_tokens, of));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %d exceeds the plan's %d tokens%s", FieldName(microbatch, name), tokens,
+        plan_tokens,
+        microbatch == kStepRecord ? std::string(" for the step")
+                                  : absl::StrFormat(" for micro-batch %d", microbatch)));
   }
   return absl::OkStatus();
 }
 
 // tokens / seconds, the rate a learned table takes: finite (docs/design.md §2).
-absl::Status CheckRate(absl::string_view field, int64_t tokens, double seconds) {
+absl::Status CheckRate(int64_t microbatch, absl::string_view name, int64_t tokens,
+                       double seconds) {
   const double rate = static_cast<double>(tokens) / seconds;
   if (!std::isfinite(rate)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %d tokens over %g s is not a finite rate", field, tokens, seconds));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %d tokens over %g s is not a finite rate",
+                        FieldName(microbatch, name), tokens, seconds));
   }
   return absl::OkStatus();
 }
@@ -61,10 +82,10 @@ absl::Status ValidateStepTelemetry(const StepTelemetryValues& t, const Telemetry
           t.step_time_s, v));
     }
   }
-  absl::Status s = CheckTokens("telemetry.effective_tokens", t.effective_tokens,
-                               bounds.plan_tokens, " for the step");
-  if (s.ok()) s = CheckTokens("telemetry.padding_tokens", t.padding_tokens, -1, "");
-  return s.ok() ? CheckRate("telemetry.effective_tokens", t.effective_tokens, t.step_time_s) : s;
+  RETURN_IF_ERROR(
+      CheckTokens(kStepRecord, "effective_tokens", t.effective_tokens, bounds.plan_tokens));
+  RETURN_IF_ERROR(CheckTokens(kStepRecord, "padding_tokens", t.padding_tokens, -1));
+  return CheckRate(kStepRecord, "effective_tokens", t.effective_tokens, t.step_time_s);
 }
 
 absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
@@ -76,7 +97,8 @@ absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValu
           "telemetry.micro_batches: %d records, the job's layout has %d micro-batches per step",
           records.size(), microbatches));
     }
-    std::vector<bool> seen(static_cast<size_t>(microbatches), false);
+    // On the stack for up to 64 micro-batches: a record is checked on every step.
+    absl::InlinedVector<bool, 64> seen(static_cast<size_t>(microbatches), false);
     for (const MicrobatchTelemetryValues& m : records) {
       if (m.id < 0 || m.id >= microbatches) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -90,11 +112,10 @@ absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValu
     }
   }
   for (const MicrobatchTelemetryValues& m : records) {
-    const std::string at = absl::StrFormat("telemetry.micro_batches[id %d]", m.id);
     if (m.mode != Mode::kSequenceParallel && m.mode != Mode::kTensorParallelOnly) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s.mode: must be SEQUENCE_PARALLEL or TENSOR_PARALLEL_ONLY, got %d", at,
-          static_cast<int>(m.mode)));
+          "%s: must be SEQUENCE_PARALLEL or TENSOR_PARALLEL_ONLY, got %d",
+          FieldName(m.id, "mode"), static_cast<int>(m.mode)));
     }
     for (auto [name, v] : {std::pair{"forward_s", m.forward_s},
                            std::pair{"backward_s", m.backward_s},
@@ -102,31 +123,29 @@ absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValu
                            std::pair{"all_gather_s", m.all_gather_s}}) {
       if (!std::isfinite(v) || v < 0) {
         return absl::InvalidArgumentError(
-            absl::StrFormat("%s.%s: must be finite and >= 0, got %g", at, name, v));
+            absl::StrFormat("%s: must be finite and >= 0, got %g", FieldName(m.id, name), v));
       }
     }
     const double compute = m.compute_s();
     if (!std::isfinite(compute) || compute < kMinTelemetrySeconds) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: forward_s + backward_s must be finite and >= %g, got %g", at,
+          "%s: forward_s + backward_s must be finite and >= %g, got %g", FieldName(m.id, ""),
           kMinTelemetrySeconds, compute));
     }
     for (auto [name, v] :
          {std::pair{"rs_wait_s", m.rs_wait_s}, std::pair{"all_gather_s", m.all_gather_s}}) {
       if (v > compute) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "%s.%s: %g is more than the micro-batch's forward_s + backward_s %g", at, name, v,
-            compute));
+            "%s: %g is more than the micro-batch's forward_s + backward_s %g",
+            FieldName(m.id, name), v, compute));
       }
     }
     const int64_t plan =
         m.id >= 0 && static_cast<size_t>(m.id) < bounds.microbatch_tokens.size()
             ? bounds.microbatch_tokens[static_cast<size_t>(m.id)]
             : -1;
-    absl::Status s = CheckTokens(at + ".effective_tokens", m.effective_tokens, plan,
-                                 absl::StrFormat(" for micro-batch %d", m.id));
-    if (s.ok()) s = CheckRate(at + ".effective_tokens", m.effective_tokens, compute);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(CheckTokens(m.id, "effective_tokens", m.effective_tokens, plan));
+    RETURN_IF_ERROR(CheckRate(m.id, "effective_tokens", m.effective_tokens, compute));
   }
   return absl::OkStatus();
 }

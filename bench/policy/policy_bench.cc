@@ -23,6 +23,7 @@
 #include "policy/adaptive_policy.h"
 #include "policy/exploration.h"
 #include "policy/gate_policy.h"
+#include "policy/telemetry.h"
 
 namespace spgate {
 namespace {
@@ -338,6 +339,39 @@ void BM_EvaluateAdaptivePooled(benchmark::State& state) {
   }
 }
 
+// The range rules a step's record passes at the client (ReportTelemetry) and again at the
+// daemon, per report: the step's values and `microbatches` micro-batch records (a step
+// plan's; 0: a plain plan's), each bounded by its plan's tokens. The record is valid, as
+// almost every record is: the cost of a pass, not of an error.
+void BM_ValidateTelemetry(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0));
+  std::vector<MicrobatchTelemetryValues> mbs;
+  for (int id = 0; id < n; ++id) {
+    mbs.push_back({.id = id, .mode = Mode::kSequenceParallel, .forward_s = 0.01,
+                   .backward_s = 0.02, .rs_wait_s = 0.001, .all_gather_s = 0.001,
+                   .effective_tokens = 4096});
+  }
+  const std::vector<int64_t> planned(static_cast<size_t>(n), 4096);
+  const TelemetryBounds bounds{.plan_tokens = 4096 * std::max(n, 1),
+                               .microbatch_tokens = planned};
+  StepTelemetryValues step{};
+  step.step = 7;
+  step.mode = 1;
+  step.step_time_s = 0.1;
+  step.rs_wait_s = 0.004;
+  step.all_gather_s = 0.003;
+  step.effective_tokens = bounds.plan_tokens;
+  for (auto _ : state) {
+    absl::Status s = ValidateStepTelemetry(step, bounds);
+    if (s.ok()) s = ValidateMicrobatchTelemetry(mbs, n, bounds);
+    if (!s.ok()) {
+      state.SkipWithError(("a valid record was refused: " + s.ToString()).c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(s);
+  }
+}
+
 BENCHMARK(BM_SumLengths)->Apply(Sizes);
 BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
 BENCHMARK(BM_EvaluateGates);
@@ -346,6 +380,7 @@ BENCHMARK(BM_EvaluateAdaptivePrior);
 BENCHMARK(BM_EvaluateAdaptivePooled);
 BENCHMARK(BM_Decision)->Apply(Sizes);
 BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
+BENCHMARK(BM_ValidateTelemetry)->Arg(0)->Arg(8)->Arg(64)->ArgName("microbatches");
 
 }  // namespace
 }  // namespace spgate

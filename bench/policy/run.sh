@@ -67,7 +67,7 @@ order = ["BM_SumLengths", "BM_ComputeLengthStats", "BM_EvaluateGates", "BM_Decis
          "BM_DecisionWithTrace"]
 def key(name):
     base = name.split("/")[0]
-    return (order.index(base) if base in order else len(order), base, seqs(name) or 0)
+    return (order.index(base) if base in order else len(order), base, seqs(name) or 0, name)
 for name, a in sorted(rows.items(), key=lambda kv: key(kv[0])):
     med = a.get("median")
     if med is None:
@@ -78,7 +78,10 @@ for name, a in sorted(rows.items(), key=lambda kv: key(kv[0])):
     cv_txt = f"{100 * cv['cpu_time']:.1f}" if cv else "-"
     per_seq = f"{t / n:.3f}" if n else "-"
     ratio = f"{t / baseline[n]:.2f}" if n in baseline else "-"
-    base = name.split("/")[0] + (" (baseline)" if name.startswith("BM_SumLengths/") else "")
+    # The batch size has its own column; any other argument stays in the name
+    # (BM_EvaluateAdaptive/switching:1, BM_ValidateTelemetry/microbatches:8).
+    base = re.sub(r"/seqs:\d+", "", name) + (
+        " (baseline)" if name.startswith("BM_SumLengths/") else "")
     print(f"| {base} | {n if n else '-'} | {t:.1f} | {ns(med, 'real_time'):.1f} | {cv_txt} "
           f"| {per_seq} | {ratio} |")
 
