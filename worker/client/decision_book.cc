@@ -15,6 +15,13 @@ absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
                             uint64_t default_budget, PlanRecord* rec, bool keep_lengths) {
   rec->step = plan.step;
   rec->budget = plan.memory_budget_bytes != 0 ? plan.memory_budget_bytes : default_budget;
+  rec->resident = 0;
+  rec->sent_on_stream = 0;
+  rec->submitted = absl::Time();
+  rec->taken = absl::InfinitePast();
+  // microbatches and lengths are resized below (never cleared: absl::InlinedVector's
+  // clear() frees its heap buffer) and every id assigned (a missing id is refused), so a
+  // spare's buffers keep their capacity.
   RETURN_IF_ERROR(CheckPlanShape(layout,
                                  {.batch_lengths = !plan.lengths.empty() ||
                                                    plan.predicted_peak_bytes_sp != 0 ||
@@ -25,16 +32,17 @@ absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
                                  "this client", "microbatches"));
   if (layout == nullptr) {
     ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
-    rec->microbatches.push_back(
-        {.length_cv = stats.cv,
-         .tokens = stats.tokens,
-         .memory = {.activation_sp = plan.predicted_peak_bytes_sp,
-                    .activation_tp = plan.predicted_peak_bytes_tp}});
-    if (keep_lengths) rec->lengths.emplace_back(plan.lengths.begin(), plan.lengths.end());
+    rec->microbatches.resize(1);
+    rec->microbatches[0] = {.length_cv = stats.cv,
+                            .tokens = stats.tokens,
+                            .memory = {.activation_sp = plan.predicted_peak_bytes_sp,
+                                       .activation_tp = plan.predicted_peak_bytes_tp}};
+    rec->lengths.resize(keep_lengths ? 1 : 0);
+    if (keep_lengths) rec->lengths[0].assign(plan.lengths.begin(), plan.lengths.end());
     return absl::OkStatus();
   }
   rec->microbatches.resize(plan.microbatches.size());
-  if (keep_lengths) rec->lengths.resize(plan.microbatches.size());
+  rec->lengths.resize(keep_lengths ? plan.microbatches.size() : 0);
   for (const MicrobatchPlanInput& m : plan.microbatches) {
     ASSIGN_OR_RETURN(rec->microbatches[m.id], SummarizeMicrobatch(m, "microbatches"));
     if (keep_lengths) rec->lengths[m.id].assign(m.lengths.begin(), m.lengths.end());
@@ -122,6 +130,26 @@ DecisionBook::Admitted DecisionBook::DecideOrAdmit(const PlanRecord& plan,
   return {gate.peak_bytes(), overridden};
 }
 
+std::shared_ptr<PlanRecord> DecisionBook::NewRecord() {
+  if (spares_.records.empty()) return std::make_shared<PlanRecord>();
+  std::shared_ptr<PlanRecord> rec = std::move(spares_.records.back());
+  spares_.records.pop_back();
+  return rec;
+}
+
+DecisionBook::PlanMap::iterator DecisionBook::Retire(PlanMap::iterator it) {
+  const auto next = std::next(it);
+  PlanMap::node_type node = plans_.extract(it);
+  // use_count() is 1 only when no one else holds the record: the writer drops its
+  // references under the client's lock, as this runs (decision_book.h, NewRecord).
+  if (node.mapped().use_count() == 1 && spares_.records.size() < kSpares) {
+    spares_.records.push_back(std::move(node.mapped()));
+  }
+  node.mapped().reset();
+  if (spares_.nodes.size() < kSpares) spares_.nodes.push_back(std::move(node));
+  return next;
+}
+
 absl::Status DecisionBook::AddPlan(std::shared_ptr<PlanRecord> plan) {
   const int64_t step = plan->step;
   if (step <= last_step_) {
@@ -134,10 +162,18 @@ absl::Status DecisionBook::AddPlan(std::shared_ptr<PlanRecord> plan) {
         absl::StrFormat("a plan for step %d was already submitted", step));
   }
   if (static_cast<int>(plans_.size()) >= max_pending_plans_) {
-    plans_.erase(plans_.begin());
+    Retire(plans_.begin());
     ++counters_.plans_dropped;
   }
-  plans_.emplace(step, std::move(plan));
+  if (spares_.nodes.empty()) {
+    plans_.emplace(step, std::move(plan));
+  } else {
+    PlanMap::node_type node = std::move(spares_.nodes.back());
+    spares_.nodes.pop_back();
+    node.key() = step;
+    node.mapped() = std::move(plan);
+    plans_.insert(std::move(node));
+  }
   ++counters_.plans_submitted;
   return absl::OkStatus();
 }
@@ -228,7 +264,7 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     last_microbatch_tokens_.push_back(m.lengths_known ? m.tokens : -1);
     last_tokens_ = m.lengths_known && last_tokens_ >= 0 ? last_tokens_ + m.tokens : -1;
   }
-  plans_.erase(plans_.begin(), plans_.upper_bound(step));
+  for (auto it = plans_.begin(); it != plans_.end() && it->first <= step;) it = Retire(it);
   absl::erase_if(daemon_, [step](const auto& kv) { return kv.first <= step; });
   absl::erase_if(rejected_, [step](int64_t s) { return s <= step; });
   return d;

@@ -89,9 +89,11 @@ struct DecisionBookCounters {
 
 // `plan` as a record (the one shape above) for a client with `layout` (null: none, plain
 // plans), its budget `default_budget` when the plan gives none, its lengths kept when
-// `keep_lengths` (a client that sends its plans). INVALID_ARGUMENT naming the field:
-// micro-batches without a layout, or with one a repeated, missing or out-of-range id, bad
-// lengths, byte counts of 2^40 or more, or lengths / predicted peaks given at the top
+// `keep_lengths` (a client that sends its plans). Every field of `rec` is set, so a spare
+// (DecisionBook::NewRecord) carries nothing of its last plan but its buffers' capacity.
+// INVALID_ARGUMENT naming the field: micro-batches without a layout, or with one a
+// repeated, missing or out-of-range id, bad lengths, byte counts of 2^40 or more, or
+// lengths / predicted peaks given at the top
 // (CheckPlanShape, SummarizeMicrobatch); a plain plan's bad lengths (ComputeLengthStats).
 absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
                             uint64_t default_budget, PlanRecord* rec, bool keep_lengths = true);
@@ -111,6 +113,14 @@ class DecisionBook {
   // CONTROLLER_UNAVAILABLE; kLocalOnly without one, the gate's own reason).
   DecisionBook(const GateConfig& initial, int max_pending_plans, DecisionSource local_source,
                BookLayout layout = {});
+
+  // A record for the next plan, for MakePlanRecord to fill: one of the book's spares when
+  // it has one (its buffers keep their capacity), else a new one. A committed or dropped
+  // plan's record becomes a spare when the book holds its last reference (GateClient's
+  // writer lets go of the records it sent under the client's lock, so a count of one seen
+  // under that lock is final), and its map node too: a steady run of plans of one shape
+  // allocates nothing per step for them.
+  std::shared_ptr<PlanRecord> NewRecord();
 
   // FAILED_PRECONDITION for a step at or below the last committed one, ALREADY_EXISTS
   // for a step already submitted. Over max_pending_plans the oldest plan is dropped.
@@ -161,6 +171,9 @@ class DecisionBook {
   // Undecided plans by step (the writer marks what it sent).
   std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() { return plans_; }
   const std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() const { return plans_; }
+  // Spare records and map nodes held (tests).
+  size_t spare_records() const { return spares_.records.size(); }
+  size_t spare_nodes() const { return spares_.nodes.size(); }
   const DecisionBookCounters& counters() const { return counters_; }
   int64_t last_committed_step() const { return last_step_; }
   // What the last committed step's plan bounds its telemetry by (docs/design.md §2,
@@ -180,11 +193,36 @@ class DecisionBook {
   Admitted DecideOrAdmit(const PlanRecord& plan, const GateConfig& config,
                          const GateDecision* answer, absl::Time now);
 
+  using PlanMap = std::map<int64_t, std::shared_ptr<PlanRecord>>;
+  static constexpr size_t kSpares = 4;
+  // Spare records (each the only reference to it) and map nodes (empty values), at most
+  // kSpares of each, reserved up front. A cache, not state: a copy of the book (a test's
+  // shadow) starts without any, and the records it shares with this one are not spares
+  // for either while both hold them.
+  struct Spares {
+    std::vector<std::shared_ptr<PlanRecord>> records;
+    std::vector<PlanMap::node_type> nodes;
+    Spares() {
+      records.reserve(kSpares);
+      nodes.reserve(kSpares);
+    }
+    Spares(const Spares&) : Spares() {}
+    Spares& operator=(const Spares&) {
+      records.clear();
+      nodes.clear();
+      return *this;
+    }
+  };
+  // Takes `it` out of plans_ and keeps its node and, if no one else holds it, its record
+  // as spares; returns the next entry.
+  PlanMap::iterator Retire(PlanMap::iterator it);
+
   LocalGatePolicy policy_;
   const BookLayout layout_;
   const int max_pending_plans_;
   const DecisionSource local_source_;
-  std::map<int64_t, std::shared_ptr<PlanRecord>> plans_;
+  PlanMap plans_;
+  Spares spares_;
   absl::flat_hash_map<int64_t, GateDecision> daemon_;
   absl::flat_hash_set<int64_t> rejected_;
   int64_t last_step_ = kNoStep;

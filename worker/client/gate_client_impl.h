@@ -85,7 +85,11 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
     Outgoing out;
   };
   ClaimedWrite ClaimWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Serialises `w` outside mu_, lets go of its plans under mu_ (the book recycles records
+  // whose last reference it holds) and starts the write.
   void IssueWrite(ClaimedWrite w);
+  // The same, under mu_ (a stream's first write).
+  void IssueWriteLocked(ClaimedWrite w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseHoldIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the runtime thread to write what is pending, unless a write will pick it up.
   void KickLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

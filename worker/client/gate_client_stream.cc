@@ -1,8 +1,8 @@
 // GateClient's connection and writes (see gate_client_impl.h for the split and
 // gate_client.cc for the concurrency model): Register with backoff, the Connect stream and
 // its reactions, heartbeats, the daemon's messages into the decision book, and the one
-// write in flight - gathered under mu_ (GatherLocked hands the plan records over) and
-// serialised outside it.
+// write in flight - gathered under mu_ (GatherLocked hands the plan records over),
+// serialised outside it, the records let go of under it again (the book recycles them).
 //
 // Invariant: a reactor is deleted only after its writer hold is released (OnDone), so code
 // that saw the hold under mu_ may start or cancel a write on it.
@@ -133,7 +133,7 @@ void GateClient::Impl::StartStream() {
   stub_->async()->Connect(&r->ctx, r);
   r->AddHold();
   r->StartRead(&r->in);
-  IssueWrite(ClaimWriteLocked());  // once per stream: fine under the lock
+  IssueWriteLocked(ClaimWriteLocked());  // once per stream: fine under the lock
   r->StartCall();
   runtime_->RunAt(absl::Now() + heartbeat_interval_, [w = weak_from_this(), id = stream_id_] {
     if (auto self = w.lock()) self->HeartbeatTick(id);
@@ -343,6 +343,20 @@ GateClient::Impl::ClaimedWrite GateClient::Impl::ClaimWriteLocked() {
 void GateClient::Impl::IssueWrite(ClaimedWrite w) {
   if (w.reactor == nullptr) return;
   BuildWorkerMessage(opts_, w.out, &w.reactor->out);
+  {
+    // The plans are let go of under the lock: the book recycles a record when its count,
+    // read under that lock, is one (DecisionBook::NewRecord), which then orders this
+    // thread's reads of it before the record's next fill.
+    spgate::MutexLock lock(&mu_);
+    w.out.plans.clear();
+  }
+  w.reactor->StartWrite(&w.reactor->out);
+}
+
+void GateClient::Impl::IssueWriteLocked(ClaimedWrite w) {
+  if (w.reactor == nullptr) return;
+  BuildWorkerMessage(opts_, w.out, &w.reactor->out);
+  w.out.plans.clear();  // under mu_, as IssueWrite's
   w.reactor->StartWrite(&w.reactor->out);
 }
 

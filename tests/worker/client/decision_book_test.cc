@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/policy_printers.h"
@@ -95,6 +96,55 @@ TEST(DecisionBookTest, OverTheLimitTheOldestPlanIsDropped) {
   EXPECT_THAT(book.Lookup(1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no plan")));
   EXPECT_THAT(book.Lookup(2), IsOk());
+}
+
+// A committed or dropped plan's record and map node are kept for the next plans, a record
+// only when the book holds its last reference (a writer still holding one keeps its
+// record), at most four of each.
+TEST(DecisionBookTest, RecordsTheBookAloneHoldsAreRecycled) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  const std::vector<int64_t> lengths = {100, 200};
+  std::vector<const PlanRecord*> made;
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::shared_ptr<PlanRecord> rec = book.NewRecord();
+    ASSERT_THAT(MakePlanRecord(nullptr, {.step = step, .lengths = lengths}, 0, rec.get()),
+                IsOk());
+    made.push_back(rec.get());
+    ASSERT_THAT(book.AddPlan(std::move(rec)), IsOk());
+  }
+  EXPECT_EQ(book.spare_records(), 0u);
+  std::shared_ptr<const PlanRecord> writer = book.plans().at(2);  // still being sent
+  (void)book.Commit(3, kNow);
+  EXPECT_EQ(book.spare_records(), 2u);  // steps 1 and 3
+  EXPECT_EQ(book.spare_nodes(), 3u);
+  EXPECT_EQ(writer->step, 2);  // untouched
+  const PlanRecord* first = book.NewRecord().get();
+  const PlanRecord* second = book.NewRecord().get();
+  EXPECT_THAT((std::vector<const PlanRecord*>{first, second}),
+              ::testing::UnorderedElementsAre(made[0], made[2]));
+  EXPECT_EQ(book.spare_records(), 0u);
+  EXPECT_NE(book.NewRecord().get(), made[1]);  // a new one: the writer's is not a spare
+
+  // A reused node carries its new step, and the spares stay bounded.
+  for (int64_t step = 4; step <= 13; ++step) ASSERT_THAT(book.AddPlan(Plan(step)), IsOk());
+  EXPECT_EQ(book.spare_nodes(), 0u);
+  ASSERT_EQ(book.plans().size(), 10u);
+  EXPECT_EQ(book.plans().begin()->first, 4);
+  EXPECT_EQ(book.plans().begin()->second->step, 4);
+  (void)book.Commit(13, kNow);
+  EXPECT_EQ(book.spare_records(), 4u);
+  EXPECT_EQ(book.spare_nodes(), 4u);
+
+  // A copy (a shadow) starts without spares, and a record both books hold is neither's.
+  ASSERT_THAT(book.AddPlan(Plan(14)), IsOk());
+  DecisionBook shadow = book;
+  EXPECT_EQ(shadow.spare_records(), 0u);
+  EXPECT_EQ(shadow.spare_nodes(), 0u);
+  const PlanRecord* shared = book.plans().at(14).get();
+  (void)shadow.Commit(14, kNow);
+  EXPECT_EQ(shadow.spare_records(), 0u);
+  EXPECT_EQ(book.plans().at(14).get(), shared);
+  EXPECT_EQ(book.plans().at(14)->step, 14);
 }
 
 TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
@@ -550,6 +600,88 @@ TEST(DecisionBookStepPlanTest, MakePlanRecordNamesWhatIsWrong) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("microbatches[id=1]")));
   EXPECT_THAT(MakePlanRecord(&kLayout, {}, 0, &rec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one entry per micro-batch")));
+}
+
+// MakePlanRecord into a record that held another plan (a spare) gives what it gives into a
+// new one: nothing of the last plan stays but its buffers' capacity.
+TEST(DecisionBookStepPlanTest, ARefilledRecordEqualsANewOne) {
+  const std::vector<int64_t> many = {5, 6, 7, 8, 9, 10, 11, 12}, few = {3};
+  const std::vector<MicrobatchPlanInput> mbs = {
+      {.id = 1, .lengths = few, .memory = {.activation_sp = 7, .activation_tp = 9}},
+      {.id = 0, .lengths = many},
+      {.id = 3, .lengths = few},
+      {.id = 2, .lengths = many, .memory = {.workspace_sp = 4}}};
+  struct Input {
+    const JobLayout* layout;
+    BatchPlanInput plan;
+    bool keep_lengths;
+  };
+  const Input inputs[] = {
+      {nullptr, {.step = 1, .lengths = many, .predicted_peak_bytes_sp = 50}, true},
+      {nullptr, {.step = 2, .lengths = few, .memory_budget_bytes = 900}, true},
+      {nullptr, {.step = 3, .lengths = many}, false},
+      {&kLayout, {.step = 4, .microbatches = mbs, .resident_bytes = 100}, true},
+      {&kLayout, {.step = 5, .memory_budget_bytes = 7, .microbatches = mbs}, false},
+  };
+  const auto same = [](const PlanRecord& a, const PlanRecord& b) {
+    EXPECT_EQ(a.step, b.step);
+    EXPECT_EQ(a.budget, b.budget);
+    EXPECT_EQ(a.resident, b.resident);
+    EXPECT_EQ(a.lengths, b.lengths);
+    EXPECT_EQ(a.sent_on_stream, b.sent_on_stream);
+    EXPECT_EQ(a.submitted, b.submitted);
+    EXPECT_EQ(a.taken, b.taken);
+    ASSERT_EQ(a.microbatches.size(), b.microbatches.size());
+    for (size_t i = 0; i < a.microbatches.size(); ++i) {
+      const MicrobatchFacts &x = a.microbatches[i], &y = b.microbatches[i];
+      EXPECT_EQ(x.id, y.id);
+      EXPECT_EQ(x.lengths_known, y.lengths_known);
+      EXPECT_EQ(x.length_cv, y.length_cv);
+      EXPECT_EQ(x.tokens, y.tokens);
+      EXPECT_EQ(x.memory.activation_sp, y.memory.activation_sp);
+      EXPECT_EQ(x.memory.activation_tp, y.memory.activation_tp);
+      EXPECT_EQ(x.memory.workspace_sp, y.memory.workspace_sp);
+      EXPECT_EQ(x.memory.workspace_tp, y.memory.workspace_tp);
+    }
+  };
+  for (const Input& last : inputs) {
+    for (const Input& next : inputs) {
+      SCOPED_TRACE(absl::StrFormat("step %d refilled with step %d", last.plan.step,
+                                   next.plan.step));
+      PlanRecord fresh, reused;
+      ASSERT_THAT(MakePlanRecord(next.layout, next.plan, 64, &fresh, next.keep_lengths), IsOk());
+      ASSERT_THAT(MakePlanRecord(last.layout, last.plan, 64, &reused, last.keep_lengths), IsOk());
+      reused.sent_on_stream = 3;  // the writer's marks
+      reused.submitted = reused.taken = kNow;
+      ASSERT_THAT(MakePlanRecord(next.layout, next.plan, 64, &reused, next.keep_lengths), IsOk());
+      same(fresh, reused);
+    }
+  }
+}
+
+// A refill keeps the record's buffers (a steady client allocates nothing for its plans):
+// a plan of fewer micro-batches and shorter lengths leaves the capacities the last one
+// needed.
+TEST(DecisionBookStepPlanTest, ARefilledRecordKeepsItsBuffers) {
+  const JobLayout two{.tp = 2, .pp = 4, .microbatches = 2};
+  const std::vector<int64_t> eight = {1, 2, 3, 4, 5, 6, 7, 8}, three = {1, 2, 3};
+  std::vector<MicrobatchPlanInput> four_mbs, two_mbs;
+  for (int id = 0; id < 4; ++id) four_mbs.push_back({.id = id, .lengths = eight});
+  for (int id = 0; id < 2; ++id) two_mbs.push_back({.id = id, .lengths = three});
+  PlanRecord rec;
+  ASSERT_THAT(MakePlanRecord(&kLayout, {.step = 1, .microbatches = four_mbs}, 0, &rec), IsOk());
+  ASSERT_THAT(MakePlanRecord(&two, {.step = 2, .microbatches = two_mbs}, 0, &rec), IsOk());
+  ASSERT_EQ(rec.microbatches.size(), 2u);
+  EXPECT_GE(rec.microbatches.capacity(), 4u);
+  ASSERT_EQ(rec.lengths.size(), 2u);
+  EXPECT_GE(rec.lengths.capacity(), 4u);
+  EXPECT_EQ(rec.lengths[1], three);
+  EXPECT_GE(rec.lengths[1].capacity(), 8u);
+  // A plain plan after them: the same buffers, one entry.
+  ASSERT_THAT(MakePlanRecord(nullptr, {.step = 3, .lengths = three}, 0, &rec), IsOk());
+  EXPECT_EQ(rec.microbatches.size(), 1u);
+  EXPECT_GE(rec.microbatches.capacity(), 4u);
+  EXPECT_GE(rec.lengths[0].capacity(), 8u);
 }
 
 TEST(DecisionBookStepPlanTest, SpRequiredDecidesSpLocally) {
