@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -105,7 +106,8 @@ absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "micro_batches: %d sent, the job's layout has %d per step", ids.size(), microbatches));
   }
-  std::vector<bool> seen(static_cast<size_t>(microbatches), false);
+  // On the stack up to 64 micro-batches: every plan and answer is checked.
+  absl::InlinedVector<bool, 64> seen(static_cast<size_t>(microbatches), false);
   for (int id : ids) {
     if (id < 0 || id >= microbatches) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -145,7 +147,7 @@ absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
     return absl::InvalidArgumentError(
         "resident_bytes, memory_budget_bytes: must be below 2^40 in a step plan");
   }
-  std::vector<int> ids;
+  absl::InlinedVector<int, 64> ids;
   for (const MicrobatchPlanInput& m : plan.microbatches) ids.push_back(m.id);
   return CheckMicrobatchIds(ids, layout->microbatches);
 }

@@ -67,7 +67,8 @@ order = ["BM_SumLengths", "BM_ComputeLengthStats", "BM_EvaluateGates", "BM_Decis
          "BM_DecisionWithTrace"]
 def key(name):
     base = name.split("/")[0]
-    return (order.index(base) if base in order else len(order), base, seqs(name) or 0, name)
+    args = [int(x) for x in re.findall(r":(\d+)", name)]  # numerically: 8 before 64
+    return (order.index(base) if base in order else len(order), base, seqs(name) or 0, args)
 for name, a in sorted(rows.items(), key=lambda kv: key(kv[0])):
     med = a.get("median")
     if med is None:

@@ -143,7 +143,9 @@ DecisionBook::PlanMap::iterator DecisionBook::Retire(PlanMap::iterator it) {
   // use_count() is 1 only when no one else holds the record: the writer drops its
   // references under the client's lock, as this runs (decision_book.h, NewRecord).
   if (node.mapped().use_count() == 1 && spares_.records.size() < kSpares) {
-    spares_.records.push_back(std::move(node.mapped()));
+    size_t room = 0;
+    for (const std::vector<int64_t>& l : node.mapped()->lengths) room += l.capacity();
+    if (room <= kMaxSpareLengths) spares_.records.push_back(std::move(node.mapped()));
   }
   node.mapped().reset();
   if (spares_.nodes.size() < kSpares) spares_.nodes.push_back(std::move(node));

@@ -60,7 +60,8 @@ namespace spgate::client {
 // client's writer; the book only keeps them with the plan. The book holds each plan by
 // shared_ptr so the writer takes it over without a copy under the client's lock: once
 // added only the transport fields change (under that lock), and the writer reads only the
-// others (outside it, serialising).
+// others (outside it, serialising) and lets go of it under the lock again; a record is
+// refilled for a later plan only after that (DecisionBook::NewRecord).
 struct PlanRecord {
   int64_t step = 0;
   uint64_t budget = 0;
@@ -89,8 +90,9 @@ struct DecisionBookCounters {
 
 // `plan` as a record (the one shape above) for a client with `layout` (null: none, plain
 // plans), its budget `default_budget` when the plan gives none, its lengths kept when
-// `keep_lengths` (a client that sends its plans). Every field of `rec` is set, so a spare
-// (DecisionBook::NewRecord) carries nothing of its last plan but its buffers' capacity.
+// `keep_lengths` (a client that sends its plans). On success every field of `rec` is set,
+// so a spare (DecisionBook::NewRecord) carries nothing of its last plan but its buffers'
+// capacity; on an error `rec` is partly filled and must not be used.
 // INVALID_ARGUMENT naming the field: micro-batches without a layout, or with one a
 // repeated, missing or out-of-range id, bad lengths, byte counts of 2^40 or more, or
 // lengths / predicted peaks given at the top
@@ -118,8 +120,9 @@ class DecisionBook {
   // it has one (its buffers keep their capacity), else a new one. A committed or dropped
   // plan's record becomes a spare when the book holds its last reference (GateClient's
   // writer lets go of the records it sent under the client's lock, so a count of one seen
-  // under that lock is final), and its map node too: a steady run of plans of one shape
-  // allocates nothing per step for them.
+  // under that lock is final) and its lengths' capacity is at most kMaxSpareLengths, and
+  // its map node too: a steady run of plans of one shape allocates nothing per step for
+  // them.
   std::shared_ptr<PlanRecord> NewRecord();
 
   // FAILED_PRECONDITION for a step at or below the last committed one, ALREADY_EXISTS
@@ -195,6 +198,9 @@ class DecisionBook {
 
   using PlanMap = std::map<int64_t, std::shared_ptr<PlanRecord>>;
   static constexpr size_t kSpares = 4;
+  // A spare keeps its buffers: one whose lengths hold room for more sequences than this
+  // (512 KiB of them) is freed instead, so four spares never pin more than 2 MiB.
+  static constexpr size_t kMaxSpareLengths = size_t{1} << 16;
   // Spare records (each the only reference to it) and map nodes (empty values), at most
   // kSpares of each, reserved up front. A cache, not state: a copy of the book (a test's
   // shadow) starts without any, and the records it shares with this one are not spares

@@ -79,7 +79,8 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   Outgoing GatherLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes are claimed under mu_ (write_in_flight_, the gathered content) and issued
   // outside it: serialisation and gRPC's StartWrite never run under the lock the
-  // training thread takes. The claimed reactor cannot go away meanwhile (writer hold).
+  // training thread takes (but a stream's first write, IssueWriteLocked); the plans are
+  // let go of under it. The claimed reactor cannot go away meanwhile (writer hold).
   struct ClaimedWrite {
     ConnectReactor* reactor = nullptr;
     Outgoing out;
@@ -87,7 +88,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   ClaimedWrite ClaimWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Serialises `w` outside mu_, lets go of its plans under mu_ (the book recycles records
   // whose last reference it holds) and starts the write.
-  void IssueWrite(ClaimedWrite w);
+  void IssueWrite(ClaimedWrite w) ABSL_LOCKS_EXCLUDED(mu_);
   // The same, under mu_ (a stream's first write).
   void IssueWriteLocked(ClaimedWrite w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseHoldIfIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -343,7 +343,7 @@ GateClient::Impl::ClaimedWrite GateClient::Impl::ClaimWriteLocked() {
 void GateClient::Impl::IssueWrite(ClaimedWrite w) {
   if (w.reactor == nullptr) return;
   BuildWorkerMessage(opts_, w.out, &w.reactor->out);
-  {
+  if (!w.out.plans.empty()) {
     // The plans are let go of under the lock: the book recycles a record when its count,
     // read under that lock, is one (DecisionBook::NewRecord), which then orders this
     // thread's reads of it before the record's next fill.

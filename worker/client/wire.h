@@ -25,7 +25,8 @@ namespace spgate::client {
 // What one WorkerMessage carries, gathered under the client's lock.
 struct Outgoing {
   std::string session_id;  // first message of a stream only
-  // The book's records, taken over (not copied) under the lock; read-only from here on.
+  // The book's records, taken over (not copied) under the lock; read-only from here on,
+  // and let go of under the lock again (the book recycles them: decision_book.h).
   std::vector<std::shared_ptr<const PlanRecord>> plans;
   std::vector<StepTelemetryInput> telemetry;
   bool heartbeat = false;

@@ -118,12 +118,11 @@ TEST(DecisionBookTest, RecordsTheBookAloneHoldsAreRecycled) {
   EXPECT_EQ(book.spare_records(), 2u);  // steps 1 and 3
   EXPECT_EQ(book.spare_nodes(), 3u);
   EXPECT_EQ(writer->step, 2);  // untouched
-  const PlanRecord* first = book.NewRecord().get();
-  const PlanRecord* second = book.NewRecord().get();
-  EXPECT_THAT((std::vector<const PlanRecord*>{first, second}),
+  const std::shared_ptr<PlanRecord> first = book.NewRecord(), second = book.NewRecord();
+  EXPECT_THAT((std::vector<const PlanRecord*>{first.get(), second.get()}),
               ::testing::UnorderedElementsAre(made[0], made[2]));
   EXPECT_EQ(book.spare_records(), 0u);
-  EXPECT_NE(book.NewRecord().get(), made[1]);  // a new one: the writer's is not a spare
+  EXPECT_NE(book.NewRecord().get(), writer.get());  // a new one: the writer's is not a spare
 
   // A reused node carries its new step, and the spares stay bounded.
   for (int64_t step = 4; step <= 13; ++step) ASSERT_THAT(book.AddPlan(Plan(step)), IsOk());
@@ -145,6 +144,22 @@ TEST(DecisionBookTest, RecordsTheBookAloneHoldsAreRecycled) {
   EXPECT_EQ(shadow.spare_records(), 0u);
   EXPECT_EQ(book.plans().at(14).get(), shared);
   EXPECT_EQ(book.plans().at(14)->step, 14);
+}
+
+// A record whose lengths hold room for more than 2^16 sequences is freed, not kept.
+TEST(DecisionBookTest, AHugePlansRecordIsNotKept) {
+  DecisionBook book(GateConfig{}, 16, DecisionSource::kFallback);
+  const std::vector<int64_t> huge(70'000, 8), small = {8, 9};
+  for (const auto& [step, lengths] :
+       {std::pair{int64_t{1}, &huge}, std::pair{int64_t{2}, &small}}) {
+    std::shared_ptr<PlanRecord> rec = book.NewRecord();
+    ASSERT_THAT(MakePlanRecord(nullptr, {.step = step, .lengths = *lengths}, 0, rec.get()),
+                IsOk());
+    ASSERT_THAT(book.AddPlan(std::move(rec)), IsOk());
+    (void)book.Commit(step, kNow);
+    EXPECT_EQ(book.spare_records(), step == 1 ? 0u : 1u) << "step " << step;
+    EXPECT_EQ(book.spare_nodes(), 1u);
+  }
 }
 
 TEST(DecisionBookTest, DaemonAnswerIsCommittedAndAdvancesTheFallback) {
