@@ -214,7 +214,8 @@ TEST_F(GateStatePipelineTest, ALayoutThatDisagreesIsRefusedAndChangesNothing) {
   p.set_job_id("legacy");
   v1::Decision d;
   EXPECT_THAT(h_->Decide(p, &d),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("registered no layout")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("micro_batches: job legacy registered no layout")));
 }
 
 // The CP ranks' groups of one (replica, stage) run one decision whichever asks first, and
