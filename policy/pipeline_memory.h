@@ -76,6 +76,7 @@ int MaxInFlight(std::span<const PipelineOp> ops);
 struct MicrobatchMemory {
   uint64_t activation_sp = 0, activation_tp = 0;
   uint64_t workspace_sp = 0, workspace_tp = 0;
+  friend bool operator==(const MicrobatchMemory&, const MicrobatchMemory&) = default;
 };
 
 // The stage's peak over the step: `resident` (parameters, gradients, optimizer state)

@@ -101,6 +101,7 @@ struct MicrobatchFacts {
   double length_cv = 0.0;
   int64_t tokens = 0;
   MicrobatchMemory memory;  // this stage's bytes for it in each mode
+  friend bool operator==(const MicrobatchFacts&, const MicrobatchFacts&) = default;
 };
 
 struct StagePlanFacts {

@@ -72,6 +72,8 @@ struct PlanRecord {
   uint64_t sent_on_stream = 0;  // stream id it was last written on; 0: never
   absl::Time submitted;
   absl::Time taken = absl::InfinitePast();  // by the writer, for the last stream it went on
+  // Every field: a refilled spare must equal a new record (decision_book_test).
+  friend bool operator==(const PlanRecord&, const PlanRecord&) = default;
 };
 
 struct DecisionBookCounters {

@@ -638,27 +638,6 @@ TEST(DecisionBookStepPlanTest, ARefilledRecordEqualsANewOne) {
       {&kLayout, {.step = 4, .microbatches = mbs, .resident_bytes = 100}, true},
       {&kLayout, {.step = 5, .memory_budget_bytes = 7, .microbatches = mbs}, false},
   };
-  const auto same = [](const PlanRecord& a, const PlanRecord& b) {
-    EXPECT_EQ(a.step, b.step);
-    EXPECT_EQ(a.budget, b.budget);
-    EXPECT_EQ(a.resident, b.resident);
-    EXPECT_EQ(a.lengths, b.lengths);
-    EXPECT_EQ(a.sent_on_stream, b.sent_on_stream);
-    EXPECT_EQ(a.submitted, b.submitted);
-    EXPECT_EQ(a.taken, b.taken);
-    ASSERT_EQ(a.microbatches.size(), b.microbatches.size());
-    for (size_t i = 0; i < a.microbatches.size(); ++i) {
-      const MicrobatchFacts &x = a.microbatches[i], &y = b.microbatches[i];
-      EXPECT_EQ(x.id, y.id);
-      EXPECT_EQ(x.lengths_known, y.lengths_known);
-      EXPECT_EQ(x.length_cv, y.length_cv);
-      EXPECT_EQ(x.tokens, y.tokens);
-      EXPECT_EQ(x.memory.activation_sp, y.memory.activation_sp);
-      EXPECT_EQ(x.memory.activation_tp, y.memory.activation_tp);
-      EXPECT_EQ(x.memory.workspace_sp, y.memory.workspace_sp);
-      EXPECT_EQ(x.memory.workspace_tp, y.memory.workspace_tp);
-    }
-  };
   for (const Input& last : inputs) {
     for (const Input& next : inputs) {
       SCOPED_TRACE(absl::StrFormat("step %d refilled with step %d", last.plan.step,
@@ -669,7 +648,7 @@ TEST(DecisionBookStepPlanTest, ARefilledRecordEqualsANewOne) {
       reused.sent_on_stream = 3;  // the writer's marks
       reused.submitted = reused.taken = kNow;
       ASSERT_THAT(MakePlanRecord(next.layout, next.plan, 64, &reused, next.keep_lengths), IsOk());
-      same(fresh, reused);
+      EXPECT_TRUE(reused == fresh);  // every field (PlanRecord's operator==)
     }
   }
 }
