@@ -41,12 +41,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
-#include "prometheus/exposer.h"
 #include "server/gate_state.h"
 #include "server/log.h"
 #include "server/operator_store.h"
 #include "common/mutex.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 #include "server/persistence.h"
 #include "server/services.h"
 #include "server/worker_auth.h"
@@ -298,7 +298,7 @@ class Daemon::Impl {
   // Declared before the servers, so it outlives them.
   grpc::CallbackGenericService unimplemented;
   std::unique_ptr<grpc::Server> worker_server, admin_server, health_server;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint;
   int worker_port = 0, admin_port = 0, metrics_port = 0, health_port = 0;
   std::thread sweeper;
   std::thread config_poller;
@@ -459,15 +459,9 @@ absl::Status Daemon::Impl::Start() {
   grpc::EnableDefaultHealthCheckService(true);
 
   if (!opts.metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(opts.metrics_listen);
-    } catch (const std::exception& e) {
-      return absl::UnavailableError(
-          absl::StrCat("--metrics_listen=", opts.metrics_listen, ": cannot listen there: ", e.what()));
-    }
-    exposer->RegisterCollectable(metrics->registry());
-    auto ports = exposer->GetListeningPorts();
-    metrics_port = ports.empty() ? 0 : ports.front();
+    ASSIGN_OR_RETURN(metrics_endpoint,
+                     MetricsEndpoint::Listen(opts.metrics_listen, metrics->registry()));
+    metrics_port = metrics_endpoint->port();
   }
   ASSIGN_OR_RETURN(worker_server, Serve("--listen", opts.listen, creds, gate_service.get(),
                                         &worker_port));
@@ -622,7 +616,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     Log(LogLevel::kError, std::string(s.message()), {{"event", "state_flush_failed"}});
   }
   d.state->PersistLearned(/*all=*/true);
-  d.exposer.reset();
+  d.metrics_endpoint.reset();
   Log(LogLevel::kInfo, "stopped", {{"event", "stopped"}});
 }
 

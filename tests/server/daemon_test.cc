@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 #include "server/persistence.h"
 #include "proto/grpc_status.h"
 #include "spgate/v1/admin.grpc.pb.h"
@@ -794,6 +795,28 @@ TEST_F(DaemonTest, ShutdownEndsStreamsWithUnavailable) {
   grpc::Status st = stream->Finish();
   stopper.join();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// civetweb (the /metrics server) looks at its stop flag between two-second polls; the
+// daemon's stop ends the poll with a connection instead of waiting it out (every spgated
+// stop and restart took ~2 s).
+TEST_F(DaemonTest, AStopDoesNotWaitForTheMetricsServersPoll) {
+  Start();
+  ASSERT_GT(daemon_->metrics_port(), 0);
+  EXPECT_THAT(testing::ScrapeMetrics(daemon_->metrics_port()), HasSubstr("spgate_"));
+  const absl::Time start = absl::Now();
+  daemon_->Shutdown(absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1000));
+}
+
+TEST(MetricsEndpointTest, TheStopConnectsToTheBoundAddressOrItsFamilysLoopback) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"0.0.0.0:9461", "127.0.0.1"}, {"127.0.0.1:0", "127.0.0.1"}, {"10.1.2.3:9461", "10.1.2.3"},
+      {"9461", "127.0.0.1"},         {"[::]:9461", "::1"},         {"[::1]:0", "::1"},
+      {"[fd00::7]:9461", "fd00::7"}, {"[]:9461", "::1"}};
+  for (const auto& [listen, want] : cases) {
+    EXPECT_EQ(LocalAddressOf(listen), want) << listen;
+  }
 }
 
 TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {

@@ -1,0 +1,98 @@
+#include "server/metrics_endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+
+namespace spgate::server {
+namespace {
+
+// One TCP connection to [host]:port, closed at once; errors are ignored (a missed wake
+// costs only the rest of civetweb's quantum).
+void Knock(const std::string& host, int port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v4);
+  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(*v6);
+  } else {
+    return;
+  }
+  const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  (void)connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
+  close(fd);
+}
+
+}  // namespace
+
+std::string LocalAddressOf(const std::string& listen) {
+  std::string host;
+  if (!listen.empty() && listen.front() == '[') {
+    host = listen.substr(1, listen.find(']') == std::string::npos ? 0 : listen.find(']') - 1);
+    return host.empty() || host == "::" ? "::1" : host;
+  }
+  const size_t colon = listen.rfind(':');
+  if (colon != std::string::npos) host = listen.substr(0, colon);
+  return host.empty() || host == "0.0.0.0" ? "127.0.0.1" : host;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Listen(
+    const std::string& listen, std::shared_ptr<prometheus::Registry> registry) {
+  std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
+  try {
+    e->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+  } catch (const std::exception& ex) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen=", listen, ": cannot listen there: ", ex.what()));
+  }
+  e->exposer_->RegisterCollectable(registry);
+  const std::vector<int> ports = e->exposer_->GetListeningPorts();
+  e->port_ = ports.empty() ? 0 : ports.front();
+  e->wake_host_ = LocalAddressOf(listen);
+  return e;
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  if (exposer_ == nullptr) return;
+  if (port_ == 0) {
+    exposer_.reset();
+    return;
+  }
+  // civetweb sets its stop flag inside the Exposer's destructor, so the knocks repeat
+  // (every 10 ms, for at most the quantum) until it returns; a knock before the flag is
+  // set is an ordinary connection, accepted and closed.
+  std::atomic<bool> stopped{false};
+  std::thread waker([this, &stopped] {
+    const absl::Time give_up = absl::Now() + absl::Seconds(3);
+    while (!stopped.load(std::memory_order_acquire) && absl::Now() < give_up) {
+      Knock(wake_host_, port_);
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  exposer_.reset();
+  stopped.store(true, std::memory_order_release);
+  waker.join();
+}
+
+}  // namespace spgate::server
