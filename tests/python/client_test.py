@@ -885,14 +885,20 @@ class WorkerTokenTest(SpgateTestCase):
         self.assertEqual(self.daemon.decisions_total("py-token"), {"sp": {"gates_passed": 1}})
 
     def test_wrong_or_missing_token(self):
-        for job, token, refusal in (("py-wrong", "py-secret-tokeN", "PERMISSION_DENIED"),
-                                    ("py-none", "", "UNAUTHENTICATED")):
+        # The refusal ends wait_until_connected and flush at once, with its code.
+        for job, token, refusal, code in (
+                ("py-wrong", "py-secret-tokeN", "PERMISSION_DENIED", 7),
+                ("py-none", "", "UNAUTHENTICATED", 16)):
             with self.subTest(job=job):
                 with spgate.Client(controller=self.daemon.address, job_id=job,
                                    worker_token=token) as c:
-                    with self.assertRaisesCode(spgate.DeadlineExceededError, 4,
-                                               f"Register: {refusal}.*worker.token"):
-                        c.wait_until_connected(1.5)
+                    asked = time.monotonic()
+                    with self.assertRaisesCode(spgate.Error, code,
+                                               f"refused .*Register: {refusal}.*worker.token"):
+                        c.wait_until_connected(10)
+                    with self.assertRaisesCode(spgate.Error, code, "flush: .*refused"):
+                        c.flush(timeout=10)
+                    self.assertLess(time.monotonic() - asked, 5.0)
                     self.assertFalse(c.stats().connected)
                     self.assertIn(refusal, c.stats().last_error)
                     c.submit_plan(0, UNIFORM)

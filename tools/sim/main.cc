@@ -67,6 +67,9 @@ ABSL_FLAG(absl::Duration, deadline, spgate::sim::SimOptions{}.deadline,
           "Decision deadline per step (the client's decision_deadline)");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(60),
           "Before the first step, how long to wait for every rank's stream to the daemon");
+ABSL_FLAG(absl::Duration, flush_timeout, spgate::sim::SimOptions{}.flush_timeout,
+          "After the last step, how long to wait for the daemon to acknowledge every rank's "
+          "telemetry (a refused credential ends the wait at once)");
 ABSL_FLAG(absl::Duration, telemetry_flush, absl::Milliseconds(250),
           "Batch each rank's telemetry for up to this long (0: with the next write)");
 ABSL_FLAG(bool, bucketing, true, "Bucket batches by length (the worker's bucket_by_tokens)");
@@ -169,6 +172,7 @@ SimOptions OptionsFromFlags() {
   o.threads = absl::GetFlag(FLAGS_threads);
   o.deadline = absl::GetFlag(FLAGS_deadline);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  o.flush_timeout = absl::GetFlag(FLAGS_flush_timeout);
   o.telemetry_flush = absl::GetFlag(FLAGS_telemetry_flush);
   o.leader_group_rs_wait = absl::GetFlag(FLAGS_leader_group_rs_wait);
   o.group_session = absl::GetFlag(FLAGS_group_session);

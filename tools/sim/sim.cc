@@ -155,6 +155,9 @@ absl::Status Validate(const SimOptions& o) {
   if (!(o.steps_per_s > 0)) return absl::InvalidArgumentError("--steps_per_s must be > 0");
   if (o.tokens_per_batch < 1) return absl::InvalidArgumentError("--tokens_per_batch must be >= 1");
   if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
+  if (o.flush_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--flush_timeout must be >= 0");
+  }
   if (o.steps == 0 && o.duration <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("set --steps or a positive --duration");
   }

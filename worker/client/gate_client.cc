@@ -270,6 +270,7 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
   spgate::MutexLock lock(&mu_);
   while (true) {
     if (session_replaced_) return SessionReplacedLocked("flush");
+    if (refused_ != absl::StatusCode::kOk) return RefusedLocked("flush");
     if (confirmed_ && StreamOpenLocked() && telemetry_.empty() && !write_in_flight_ &&
         session_acked_ >= session_sent_) {
       return absl::OkStatus();
@@ -288,12 +289,21 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
       StreamOpenLocked() ? "open" : "down"));
 }
 
+absl::Status GateClient::Impl::RefusedLocked(const char* what) const {
+  const std::string message = absl::StrFormat(
+      "%s: the daemon at %s refused this client's credential (%s); %d telemetry records "
+      "still buffered (the client keeps retrying)",
+      what, opts_.controller, stats_.last_error, telemetry_.size());
+  return absl::Status(refused_, message);
+}
+
 absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
   if (!remote()) return absl::FailedPreconditionError("no controller configured");
   const absl::Time deadline = absl::Now() + timeout;
   spgate::MutexLock lock(&mu_);
   while (!(confirmed_ && StreamOpenLocked())) {
     if (session_replaced_) return SessionReplacedLocked("not connected");
+    if (refused_ != absl::StatusCode::kOk) return RefusedLocked("not connected");
     if (cv_.WaitWithDeadline(&mu_, deadline)) {
       if (confirmed_ && StreamOpenLocked()) break;
       return absl::DeadlineExceededError(absl::StrCat(

@@ -120,11 +120,14 @@ class GateClient {
   // Sends everything queued with a heartbeat and waits until the daemon has
   // acknowledged every telemetry record sent. DEADLINE_EXCEEDED (with the counts) if
   // that does not happen in `timeout`; OK at once without a controller;
-  // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent).
+  // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent);
+  // PERMISSION_DENIED or UNAUTHENTICATED at once while the daemon's latest answer refused
+  // this client's credential (docs/client.md).
   absl::Status Flush(absl::Duration timeout);
 
   // Waits until a stream is open and answered (tests, start-up logs). DEADLINE_EXCEEDED;
-  // FAILED_PRECONDITION at once without a controller or once the session was replaced.
+  // FAILED_PRECONDITION at once without a controller or once the session was replaced;
+  // PERMISSION_DENIED or UNAUTHENTICATED at once while the credential is refused.
   absl::Status WaitUntilConnected(absl::Duration timeout);
 
   // The gate config in force for `step` as this client knows it (the daemon's, once

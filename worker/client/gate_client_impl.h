@@ -110,6 +110,10 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": this rank's session was replaced (", stats_.last_error, ")"));
   }
+  // Records whether `s` (a Register's or a stream's end) refused this client's credential.
+  void NoteRefusalLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Flush and WaitUntilConnected return while refused: the daemon's own code.
+  absl::Status RefusedLocked(const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GateClientOptions opts_;
   std::shared_ptr<internal::ClientRuntime> runtime_;  // null without a controller
@@ -128,6 +132,12 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // Another process holds this rank's seat (OnStreamDone): no stream, no Register, ever.
   bool session_replaced_ ABSL_GUARDED_BY(mu_) = false;
+  // PERMISSION_DENIED or UNAUTHENTICATED while the daemon's latest answer (a Register's,
+  // a stream's end) refused this client's credential — the worker token, the client
+  // certificate, the launch credential; else OK. The client still retries with backoff;
+  // any other answer clears it. Flush and WaitUntilConnected return at once while it is
+  // set: nothing is delivered under a credential the daemon refuses.
+  absl::StatusCode refused_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RegisterCall> register_call_ ABSL_GUARDED_BY(mu_);
   ConnectReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -88,6 +88,13 @@ void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
   book_.ScheduleConfig(config, vc.effective_version(), effective_from_step);
 }
 
+void GateClient::Impl::NoteRefusalLocked(const grpc::Status& s) {
+  const grpc::StatusCode code = s.error_code();
+  refused_ = code == grpc::StatusCode::PERMISSION_DENIED ? absl::StatusCode::kPermissionDenied
+             : code == grpc::StatusCode::UNAUTHENTICATED ? absl::StatusCode::kUnauthenticated
+                                                         : absl::StatusCode::kOk;
+}
+
 void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
                                       const grpc::Status& s) {
   {
@@ -95,6 +102,7 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
     if (register_call_ == call) register_call_ = nullptr;
     cv_.SignalAll();
     if (closing_) return;
+    NoteRefusalLocked(s);
     if (!s.ok()) {
       stats_.last_error = absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
       ScheduleReconnectLocked(BackoffLocked());
@@ -253,6 +261,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
   write_in_flight_ = false;
   ++stats_.stream_failures;
   stats_.last_error = absl::StrCat("Connect: ", FromGrpcStatus(status).ToString());
+  NoteRefusalLocked(status);
   cv_.SignalAll();
   if (closing_) return;
   if (status.error_code() == grpc::StatusCode::ABORTED) {

@@ -35,6 +35,20 @@ struct spgate_decider {
 
 namespace {
 
+// Report returns an absl::StatusCode as is: the header's names are those codes.
+#define SPGATE_SAME_CODE(name, code) \
+  static_assert(name == static_cast<int>(absl::StatusCode::code), #name)
+SPGATE_SAME_CODE(SPGATE_INVALID_ARGUMENT, kInvalidArgument);
+SPGATE_SAME_CODE(SPGATE_DEADLINE_EXCEEDED, kDeadlineExceeded);
+SPGATE_SAME_CODE(SPGATE_NOT_FOUND, kNotFound);
+SPGATE_SAME_CODE(SPGATE_ALREADY_EXISTS, kAlreadyExists);
+SPGATE_SAME_CODE(SPGATE_PERMISSION_DENIED, kPermissionDenied);
+SPGATE_SAME_CODE(SPGATE_FAILED_PRECONDITION, kFailedPrecondition);
+SPGATE_SAME_CODE(SPGATE_INTERNAL, kInternal);
+SPGATE_SAME_CODE(SPGATE_UNAVAILABLE, kUnavailable);
+SPGATE_SAME_CODE(SPGATE_UNAUTHENTICATED, kUnauthenticated);
+#undef SPGATE_SAME_CODE
+
 thread_local std::string last_error;
 
 spgate_status Report(const absl::Status& s) {

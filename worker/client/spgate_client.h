@@ -78,9 +78,11 @@ enum {
   SPGATE_DEADLINE_EXCEEDED = 4,
   SPGATE_NOT_FOUND = 5,
   SPGATE_ALREADY_EXISTS = 6,
+  SPGATE_PERMISSION_DENIED = 7,
   SPGATE_FAILED_PRECONDITION = 9,
   SPGATE_INTERNAL = 13,
-  SPGATE_UNAVAILABLE = 14
+  SPGATE_UNAVAILABLE = 14,
+  SPGATE_UNAUTHENTICATED = 16
 };
 
 /* Values match spgate.v1.Mode / spgate.v1.Reason. */
@@ -275,6 +277,9 @@ SPGATE_EXPORT spgate_status spgate_client_report_telemetry(spgate_client* client
 SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* client,
                                                                 int64_t step, int32_t mode,
                                                                 double share);
+/* GateClient::Flush and WaitUntilConnected (docs/client.md): SPGATE_DEADLINE_EXCEEDED when
+ * the timeout passes; SPGATE_PERMISSION_DENIED or SPGATE_UNAUTHENTICATED at once while the
+ * daemon refuses this client's credential. */
 SPGATE_EXPORT spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms);
 SPGATE_EXPORT spgate_status spgate_client_wait_connected(spgate_client* client,
                                                          int64_t timeout_ms);

@@ -95,8 +95,12 @@ def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
         try:
             client.wait_until_connected(max(0.0, min(_POLL_S, deadline - time.monotonic())))
             return None
-        except spgate.DeadlineExceededError:
-            pass
+        except spgate.Error as e:
+            # DEADLINE_EXCEEDED: not yet; a refused credential returns at once with its
+            # code (docs/client.md), and last_error below names the refusal.
+            if not (isinstance(e, spgate.DeadlineExceededError)
+                    or e.code_name in ("PERMISSION_DENIED", "UNAUTHENTICATED")):
+                raise
         last_error = client.stats().last_error
         refused = _refusal(last_error)
         expired = time.monotonic() >= deadline

@@ -489,6 +489,10 @@ TEST(SimRunTest, RejectsBadOptions) {
                                    HasSubstr("--worker_token_file: cannot read")));
   // Only a rank's own share can feed the leader's window when every rank reports alone.
   o = Small();
+  o.flush_timeout = absl::Seconds(-1);
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("--flush_timeout must be >= 0")));
+  o = Small();
   o.leader_group_rs_wait = false;
   EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                    HasSubstr("--group_session=false")));
