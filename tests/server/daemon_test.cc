@@ -26,7 +26,6 @@
 #include "gtest/gtest.h"
 #include "absl/strings/str_cat.h"
 #include "server/metrics.h"
-#include "server/metrics_endpoint.h"
 #include "server/persistence.h"
 #include "proto/grpc_status.h"
 #include "spgate/v1/admin.grpc.pb.h"
@@ -807,16 +806,6 @@ TEST_F(DaemonTest, AStopDoesNotWaitForTheMetricsServersPoll) {
   const absl::Time start = absl::Now();
   daemon_->Shutdown(absl::Seconds(2));
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(1000));
-}
-
-TEST(MetricsEndpointTest, TheStopConnectsToTheBoundAddressOrItsFamilysLoopback) {
-  const std::pair<std::string, std::string> cases[] = {
-      {"0.0.0.0:9461", "127.0.0.1"}, {"127.0.0.1:0", "127.0.0.1"}, {"10.1.2.3:9461", "10.1.2.3"},
-      {"9461", "127.0.0.1"},         {"[::]:9461", "::1"},         {"[::1]:0", "::1"},
-      {"[fd00::7]:9461", "fd00::7"}, {"[]:9461", "::1"}};
-  for (const auto& [listen, want] : cases) {
-    EXPECT_EQ(LocalAddressOf(listen), want) << listen;
-  }
 }
 
 TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
