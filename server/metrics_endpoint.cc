@@ -3,10 +3,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <exception>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -40,13 +42,19 @@ void Knock(const std::string& host, int port) {
   }
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
+  // A full accept queue drops the SYN: give up on this knock, the next one retries.
+  const timeval limit{0, 50'000};
+  (void)setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   (void)connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
   close(fd);
 }
 
 }  // namespace
 
-std::string LocalAddressOf(const std::string& listen) {
+std::string LocalAddressOf(const std::string& listen_ports) {
+  // civetweb takes a comma-separated list; the port reported (and knocked on) is the
+  // first entry's.
+  const std::string listen = listen_ports.substr(0, listen_ports.find(','));
   std::string host;
   if (!listen.empty() && listen.front() == '[') {
     host = listen.substr(1, listen.find(']') == std::string::npos ? 0 : listen.find(']') - 1);
@@ -83,16 +91,21 @@ MetricsEndpoint::~MetricsEndpoint() {
   // (every 10 ms, for at most the quantum) until it returns; a knock before the flag is
   // set is an ordinary connection, accepted and closed.
   std::atomic<bool> stopped{false};
-  std::thread waker([this, &stopped] {
-    const absl::Time give_up = absl::Now() + absl::Seconds(3);
-    while (!stopped.load(std::memory_order_acquire) && absl::Now() < give_up) {
-      Knock(wake_host_, port_);
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-  });
+  std::thread waker;
+  try {
+    waker = std::thread([this, &stopped] {
+      const absl::Time give_up = absl::Now() + absl::Seconds(3);
+      while (!stopped.load(std::memory_order_acquire) && absl::Now() < give_up) {
+        Knock(wake_host_, port_);
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread to spare: the stop waits the poll out, as without the knocks.
+  }
   exposer_.reset();
   stopped.store(true, std::memory_order_release);
-  waker.join();
+  if (waker.joinable()) waker.join();
 }
 
 }  // namespace spgate::server

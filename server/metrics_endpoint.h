@@ -43,6 +43,7 @@ class MetricsEndpoint {
 // The address a connection to a server listening on `listen` goes to: its host, or the
 // loopback address of its family for a wildcard ("0.0.0.0", "::", none given). A host
 // name is returned as it is and not resolved by the stop, which then waits the poll out.
-std::string LocalAddressOf(const std::string& listen);
+// Of a comma-separated list, the first entry's.
+std::string LocalAddressOf(const std::string& listen_ports);
 
 }  // namespace spgate::server

@@ -862,8 +862,8 @@ class DaemonClientTest(SpgateTestCase):
 class WorkerTokenTest(SpgateTestCase):
     """A daemon run with --worker_token_file (the file's text, whitespace stripped, is
     the token): worker_token= right gets daemon decisions; wrong is PERMISSION_DENIED,
-    missing UNAUTHENTICATED - the client never connects (wait_until_connected raises
-    DeadlineExceededError carrying the daemon's refusal) and decisions fall back."""
+    missing UNAUTHENTICATED - the client never connects (wait_until_connected and flush
+    raise the refusal's code at once) and decisions fall back."""
 
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="spgate-token-")

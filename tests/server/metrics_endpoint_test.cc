@@ -25,7 +25,9 @@ TEST(MetricsEndpointTest, TheStopConnectsToTheBoundAddressOrItsFamilysLoopback) 
   const std::pair<std::string, std::string> cases[] = {
       {"0.0.0.0:9461", "127.0.0.1"}, {"127.0.0.1:0", "127.0.0.1"}, {"10.1.2.3:9461", "10.1.2.3"},
       {"9461", "127.0.0.1"},         {"[::]:9461", "::1"},         {"[::1]:0", "::1"},
-      {"[fd00::7]:9461", "fd00::7"}, {"[]:9461", "::1"}};
+      {"[fd00::7]:9461", "fd00::7"}, {"[]:9461", "::1"},
+      {"127.0.0.1:9461,[::1]:9462", "127.0.0.1"}, {"9461,10.0.0.5:9462", "127.0.0.1"},
+      {"[::1]:9461,127.0.0.1:9462", "::1"}};
   for (const auto& [listen, want] : cases) {
     EXPECT_EQ(LocalAddressOf(listen), want) << listen;
   }

@@ -100,9 +100,9 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
   {
     spgate::MutexLock lock(&mu_);
     if (register_call_ == call) register_call_ = nullptr;
+    NoteRefusalLocked(s);
     cv_.SignalAll();
     if (closing_) return;
-    NoteRefusalLocked(s);
     if (!s.ok()) {
       stats_.last_error = absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
       ScheduleReconnectLocked(BackoffLocked());
@@ -183,6 +183,7 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
   if (r != reactor_) return;
   if (!confirmed_ && !telemetry_.empty()) KickLocked();  // what waited for the answer
   confirmed_ = true;
+  refused_ = absl::StatusCode::kOk;  // the daemon answered this stream
   attempt_ = 0;
   not_found_streak_ = 0;
   for (const v1::Decision& wire : msg.decisions()) {

@@ -317,10 +317,11 @@ class RankRun {
     // Start-up only: give the stream a moment so the first steps are the daemon's. A
     // daemon that is not there costs this once; every step after uses the deadline.
     if (absl::Status s = gate_->WaitUntilConnected(o_.connect_timeout); !s.ok()) {
-      std::fprintf(stderr, "spgate-worker: group %d: %s not connected after %s; deciding "
-                           "locally until it answers\n",
+      std::fprintf(stderr, "spgate-worker: group %d: %s not connected (waited at most %s: "
+                           "%s); deciding locally until it answers\n",
                    grid_.group(), o_.client.controller.c_str(),
-                   absl::FormatDuration(o_.connect_timeout).c_str());
+                   absl::FormatDuration(o_.connect_timeout).c_str(),
+                   std::string(s.message()).c_str());
     }
   }
 

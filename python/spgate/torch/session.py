@@ -64,6 +64,8 @@ from spgate.torch.launch import LaunchIdentity, agree_on_launch
 
 # Register refusals (the daemon's status codes) that no retry can change: raised at once.
 _REFUSED_AT_ONCE = {"INVALID_ARGUMENT": 3, "PERMISSION_DENIED": 7, "UNAUTHENTICATED": 16}
+# The credential refusals, which the client's waits return at once (docs/client.md).
+_CREDENTIAL_REFUSED = ("PERMISSION_DENIED", "UNAUTHENTICATED")
 # Another launch of the job holds it: raised when it still stands at the end of the wait.
 _LAUNCH_CONFLICT = {"FAILED_PRECONDITION": 9}
 _POLL_S = 0.05  # how often the leader looks at the client's last Register answer
@@ -77,13 +79,17 @@ _HARDWARE_ID_ENV = "SPGATE_HARDWARE_ID"  # spgate.default_hardware_id reads it
 
 
 def _refusal(last_error: str):
-    """(code, code_name, message) of a refused Register in the client's last_error
-    ("Register: CODE: message", gate_client_stream.cc), else None."""
-    m = re.match(r"Register: ([A-Z_]+): (.*)", last_error, re.S)
+    """(code, code_name, message) of a refused Register, or of a stream ended for its
+    credential, in the client's last_error ("Register: CODE: message", "Connect: CODE:
+    message", gate_client_stream.cc), else None."""
+    m = re.match(r"(Register|Connect): ([A-Z_]+): (.*)", last_error, re.S)
     if not m:
         return None
-    code = {**_REFUSED_AT_ONCE, **_LAUNCH_CONFLICT}.get(m.group(1))
-    return None if code is None else (code, m.group(1), m.group(2))
+    call, code_name, message = m.groups()
+    if call == "Connect" and code_name not in _CREDENTIAL_REFUSED:
+        return None
+    code = {**_REFUSED_AT_ONCE, **_LAUNCH_CONFLICT}.get(code_name)
+    return None if code is None else (code, code_name, message)
 
 
 def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
@@ -92,15 +98,18 @@ def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
     line to print when the daemon did not answer; raises spgate.Error for a refusal."""
     deadline = time.monotonic() + timeout
     while True:
+        wait = max(0.0, min(_POLL_S, deadline - time.monotonic()))
+        answered_at_once = False
         try:
-            client.wait_until_connected(max(0.0, min(_POLL_S, deadline - time.monotonic())))
+            client.wait_until_connected(wait)
             return None
         except spgate.Error as e:
             # DEADLINE_EXCEEDED: not yet; a refused credential returns at once with its
             # code (docs/client.md), and last_error below names the refusal.
-            if not (isinstance(e, spgate.DeadlineExceededError)
-                    or e.code_name in ("PERMISSION_DENIED", "UNAUTHENTICATED")):
-                raise
+            if not isinstance(e, spgate.DeadlineExceededError):
+                if e.code_name not in _CREDENTIAL_REFUSED:
+                    raise
+                answered_at_once = True
         last_error = client.stats().last_error
         refused = _refusal(last_error)
         expired = time.monotonic() >= deadline
@@ -112,6 +121,8 @@ def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
             return ("spgate: spgated at %s did not answer job %s in %g s%s; deciding locally "
                     "(fail-static) until it does" % (controller, job_id, timeout,
                                                      " (%s)" % last_error if last_error else ""))
+        if answered_at_once:
+            time.sleep(wait)  # a refusal last_error no longer names: poll, do not spin
 
 
 def _outcome(error: BaseException):
