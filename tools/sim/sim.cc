@@ -454,16 +454,29 @@ std::vector<Summary> DriveGroups(const SimOptions& o, const CostModel& model,
   return partial;
 }
 
-// After the run: every client flushes its telemetry (they drain concurrently; the waits
-// overlap), then the leaders' decision latencies and every client's counters join `total`.
+// After the run: every client that the daemon registered flushes its telemetry (they
+// drain concurrently; the waits overlap; one the daemon never answered is not waited
+// for), then the leaders' decision latencies and every client's counters join `total`.
 void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGroup>>& groups,
                     Summary& total) {
   if (!o.controller.empty()) {
     const absl::Time give_up = absl::Now() + o.flush_timeout;
+    int never_registered = 0, clients = 0;
     for (const auto& g : groups) {
       for (const auto& c : g->clients) {
+        ++clients;
+        if (c->stats().registrations == 0) {
+          ++never_registered;
+          continue;
+        }
         (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
       }
+    }
+    if (never_registered > 0) {
+      std::fprintf(stderr,
+                   "spgate-sim: %d of %d clients never registered with %s during the run; "
+                   "their telemetry was not flushed\n",
+                   never_registered, clients, o.controller.c_str());
     }
   }
   for (const auto& g : groups) {

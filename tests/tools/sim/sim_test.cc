@@ -470,6 +470,24 @@ TEST(SimSweepTest, RanksConfigsByThroughput) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--sweep_max_length_cv")));
 }
 
+// A daemon that never answers: every step falls back, and the end of the run does not
+// wait --flush_timeout for it (it waited 30 s after a run of a fraction of a second).
+TEST(SimRunTest, ADaemonThatNeverAnsweredIsNotWaitedForAtTheEnd) {
+  SimOptions o = Small();
+  o.groups = 2;
+  o.steps = 5;
+  o.controller = "127.0.0.1:1";  // nothing listens on port 1
+  o.job_id = "sim-unreachable";
+  o.connect_timeout = absl::Milliseconds(200);
+  o.deadline = absl::Milliseconds(20);
+  o.flush_timeout = absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<Summary> s = RunLive(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->local_decisions, Total(*s));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+}
+
 TEST(SimRunTest, RejectsBadOptions) {
   SimOptions o = Small();
   o.groups = 0;
