@@ -25,7 +25,10 @@ with other tests (ctest -j2 on 2 cores):
   well under the test's ctest TIMEOUT (bench/CMakeLists.txt): a binary that hangs is
   killed and named, and those not started by the deadline are named too.
 
-Usage: smoke_test.py [--gbench=BIN]... [--client_step=BIN] [--roundtrip=BIN]
+With spgated, bench/server/stop_time.py runs one round and a stop with /metrics on must
+take under a second.
+
+Usage: smoke_test.py [--gbench=BIN]... [--client_step=BIN] [--roundtrip=BIN] [--spgated=BIN]
 """
 import argparse
 import json
@@ -146,21 +149,38 @@ def check_roundtrip(path):
     return problems
 
 
+def check_stop_time(path):
+    data, err = load(path, "stop_time.py")
+    if err:
+        return [err]
+    problems = []
+    for v in ("metrics_on", "metrics_off"):
+        if not (data.get(v, {}).get("median_s", 0) > 0):
+            problems.append(f"{v}: measured nothing ({data.get(v)})")
+    # The /metrics server's two-second accept poll is not waited out (one run, a loaded
+    # machine: a bound far above the ~20 ms a stop takes, far below the poll).
+    if data.get("metrics_on", {}).get("median_s", 0) > 1.0:
+        problems.append(f"a stop with /metrics on took {data['metrics_on']['median_s']:.2f} s")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gbench", action="append", default=[],
                     help="a Google Benchmark binary (repeatable)")
     ap.add_argument("--client_step", help="client_step_bench")
     ap.add_argument("--roundtrip", help="decision_roundtrip_bench")
+    ap.add_argument("--spgated", help="spgated, for bench/server/stop_time.py")
     args = ap.parse_args()
     # The binaries run in a scratch folder: a relative path is taken from here.
     args.gbench = [os.path.abspath(b) for b in args.gbench]
-    for b in (args.gbench + [args.client_step, args.roundtrip]):
+    for b in (args.gbench + [args.client_step, args.roundtrip, args.spgated]):
         if b is not None and not os.access(b, os.X_OK):
             ap.error(f"{b}: not an executable file")
     args.client_step = args.client_step and os.path.abspath(args.client_step)
     args.roundtrip = args.roundtrip and os.path.abspath(args.roundtrip)
-    if not (args.gbench or args.client_step or args.roundtrip):
+    args.spgated = args.spgated and os.path.abspath(args.spgated)
+    if not (args.gbench or args.client_step or args.roundtrip or args.spgated):
         ap.error("no binary to run")
 
     with tempfile.TemporaryDirectory(prefix="spgate-bench-smoke-") as out:
@@ -199,6 +219,14 @@ def run(args, out):
             jobs.append((f"decision_roundtrip_bench ({name})",
                          [args.roundtrip, "--seconds=0.1", "--rounds=1", f"--out={j}"] + extra,
                          name, j, check_roundtrip))
+
+    if args.spgated:
+        j = os.path.join(out, "stop_time.json")
+        stop_time = os.path.join(os.path.dirname(os.path.abspath(__file__)), "server",
+                                 "stop_time.py")
+        jobs.append(("stop_time.py", [sys.executable, stop_time, f"--spgated={args.spgated}",
+                                      "--rounds=1", f"--out={j}"],
+                     "stop_time", j, check_stop_time))
 
     end = time.monotonic() + DEADLINE_S
     failed = False

@@ -11,3 +11,6 @@ mkdir -p "$out"
 "$build/bin/decision_roundtrip_bench" --groups=16 --microbatches=1,8,64 --sequences=8 \
   --seconds=3 --rounds=3 --out="$out/decision_roundtrip_step_plans.json" \
   2> >(grep -v '^spgated' >&2)
+# SIGTERM to exit with the /metrics endpoint on and off (docs/benchmarks.md, "Daemon stop").
+python3 "$(dirname "$0")/stop_time.py" --spgated="$build/bin/spgated" --rounds=5 \
+  --out="$out/stop_time.json"
