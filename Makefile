@@ -60,8 +60,10 @@ test: build
 
 # Sanitizer builds of the suite (separate build trees, no CUDA, no benchmarks).
 # ASan+UBSan runs every test but the GPU ones, the deploy checks (Python and promtool
-# only) and the benchmark drivers' checks (label `bench`: Python arithmetic over
-# simulator runs that sim_test already covers); `make test-asan` leaves out the
+# only), the benchmark drivers' checks (label `bench`: Python arithmetic over
+# simulator runs that sim_test already covers) and the Python package's tests (label
+# `python`: in a sanitizer tree only the pure-Python ones are registered — the native
+# module is not built there — and they load nothing instrumented); `make test-asan` leaves out the
 # multi-rank MPI ones too, which `make test-asan-mpi` then runs one at a time with leak
 # checking off (OpenMPI's own allocations in its dlopen'd components show up as
 # unsymbolizable leaks; the ASan ranks still check every access). The fault and adversarial campaigns (label `faults`)
@@ -104,7 +106,7 @@ test-asan: deps
 	  -DSPGATE_FUZZ_REPLAY_MUTATIONS=20000
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi|faults|bench'
+	  ctest --output-on-failure -j $(JOBS) -LE 'gpu|deploy|mpi|faults|bench|python'
 
 test-asan-mpi: test-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
