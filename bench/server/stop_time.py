@@ -28,13 +28,18 @@ def stop_seconds(spgated, extra, state_dir):
            f"--state_dir={state_dir}", *extra]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
-        start = time.monotonic()
+        # readline blocks: a daemon that neither serves nor exits is killed after 10 s,
+        # which ends the read.
+        starting = threading.Timer(10, p.kill)
+        starting.start()
         while True:
             line = p.stderr.readline()
             if "serving" in line:
                 break
-            if not line or time.monotonic() - start > 10:
-                raise RuntimeError(f"{cmd}: no 'serving' line (exit {p.poll()})")
+            if not line:
+                starting.cancel()
+                raise RuntimeError(f"{cmd}: no 'serving' line (exit {p.wait()})")
+        starting.cancel()
         # A blocking wait (Popen.wait with a timeout polls, in steps of up to 50 ms); a
         # timer kills a daemon that does not stop.
         watchdog = threading.Timer(10, p.kill)
