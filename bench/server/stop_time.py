@@ -26,33 +26,33 @@ VARIANTS = {"metrics_on": ["--metrics_listen=127.0.0.1:0"], "metrics_off": ["--m
 def stop_seconds(spgated, extra, state_dir):
     cmd = [spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
            f"--state_dir={state_dir}", *extra]
-    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                         errors="replace")
+    # readline and wait block: a daemon that neither serves nor exits within 10 s, or
+    # does not stop within 10 s of SIGTERM, is killed, which ends the read or the wait.
+    starting = threading.Timer(10, p.kill)
+    stopping = threading.Timer(10, p.kill)
     try:
-        # readline blocks: a daemon that neither serves nor exits is killed after 10 s,
-        # which ends the read.
-        starting = threading.Timer(10, p.kill)
         starting.start()
         while True:
             line = p.stderr.readline()
             if "serving" in line:
                 break
             if not line:
-                starting.cancel()
                 raise RuntimeError(f"{cmd}: no 'serving' line (exit {p.wait()})")
         starting.cancel()
-        # A blocking wait (Popen.wait with a timeout polls, in steps of up to 50 ms); a
-        # timer kills a daemon that does not stop.
-        watchdog = threading.Timer(10, p.kill)
-        watchdog.start()
+        # A blocking wait: Popen.wait with a timeout polls, in steps of up to 50 ms.
+        stopping.start()
         t0 = time.monotonic()
         p.send_signal(signal.SIGTERM)
         rc = p.wait()
         elapsed = time.monotonic() - t0
-        watchdog.cancel()
         if rc != 0:
             raise RuntimeError(f"{cmd}: exit {rc} after SIGTERM")
         return elapsed
     finally:
+        starting.cancel()
+        stopping.cancel()
         if p.poll() is None:
             p.kill()
             p.wait()

@@ -461,16 +461,25 @@ void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGr
                     Summary& total) {
   if (!o.controller.empty()) {
     const absl::Time give_up = absl::Now() + o.flush_timeout;
-    int never_registered = 0, clients = 0;
+    std::vector<GateClient*> later;  // not registered yet: looked at again after the rest
+    int clients = 0;
     for (const auto& g : groups) {
       for (const auto& c : g->clients) {
         ++clients;
         if (c->stats().registrations == 0) {
-          ++never_registered;
+          later.push_back(c.get());
           continue;
         }
         (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
       }
+    }
+    int never_registered = 0;
+    for (GateClient* c : later) {
+      if (c->stats().registrations == 0) {
+        ++never_registered;
+        continue;
+      }
+      (void)c->Flush(std::max(absl::ZeroDuration(), give_up - absl::Now()));
     }
     if (never_registered > 0) {
       std::fprintf(stderr,
