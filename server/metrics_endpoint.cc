@@ -8,9 +8,12 @@
 
 #include <atomic>
 #include <exception>
+#include <memory>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
