@@ -126,17 +126,25 @@ absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
   return absl::OkStatus();
 }
 
-absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
-                            std::string_view whose, std::string_view field) {
+namespace {
+std::string OwnerName(PlanOwner whose) {
+  if (whose.id.empty()) return std::string(whose.kind);
+  return absl::StrFormat("%s %s", whose.kind, whose.id);
+}
+}  // namespace
+
+absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan, PlanOwner whose,
+                            std::string_view field) {
   if (layout == nullptr) {
     if (plan.microbatches.empty()) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: %s registered no layout; its plans carry lengths, not micro-batches", field, whose));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s registered no layout; its plans carry lengths, not micro-batches",
+                        field, OwnerName(whose)));
   }
   if (plan.microbatches.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: %s registered the layout %s; its plans carry one entry per micro-batch", field,
-        whose, FormatJobLayout(*layout)));
+        OwnerName(whose), FormatJobLayout(*layout)));
   }
   if (plan.batch_lengths) {
     return absl::InvalidArgumentError(

@@ -129,6 +129,13 @@ struct MicrobatchPlanInput {
 // their sum over a step fits in 63 bits.
 inline constexpr uint64_t kMaxStepPlanBytes = uint64_t{1} << 40;
 
+// Whose layout a plan is checked against, as an error names it: "job j1" (`kind` "job",
+// `id` "j1") or "this client" (no id). Formatted only for an error.
+struct PlanOwner {
+  std::string_view kind;
+  std::string_view id;
+};
+
 // What CheckPlanShape reads of a plan.
 struct PlanShape {
   bool batch_lengths = false;           // lengths or predicted peaks of the whole batch
@@ -139,10 +146,10 @@ struct PlanShape {
 // Micro-batches need a layout (docs/design.md §12): without one (`layout` null) a plan
 // carries lengths and no micro-batches; with one it is a step plan: no batch lengths or
 // peaks, CheckMicrobatchIds, resident and budget below kMaxStepPlanBytes. INVALID_ARGUMENT
-// naming the field; `whose` names the layout's owner ("job j1", "this client") and `field`
-// the micro-batches ("micro_batches" on the wire, "microbatches" in the client's API).
-absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan,
-                            std::string_view whose, std::string_view field);
+// naming the field; `whose` names the layout's owner and `field` the micro-batches
+// ("micro_batches" on the wire, "microbatches" in the client's API).
+absl::Status CheckPlanShape(const JobLayout* layout, const PlanShape& plan, PlanOwner whose,
+                            std::string_view field);
 
 // A step plan's micro-batch as the policy reads it: its byte counts below
 // kMaxStepPlanBytes and its lengths, if any, valid (ComputeLengthStats). INVALID_ARGUMENT

@@ -178,11 +178,8 @@ absl::Status GateState::CheckStepPlan(const Job& job, const PlanInput& plan) con
                         .microbatches = plan.microbatches,
                         .resident_bytes = plan.resident_bytes,
                         .memory_budget_bytes = plan.memory_budget_bytes};
-  // The job's name is formatted for an error only (a pure check, so the second call gives
-  // the first one's error): a valid plan, nearly every plan, builds no string.
-  const JobLayout* layout = job.layout ? &*job.layout : nullptr;
-  if (CheckPlanShape(layout, shape, "", "micro_batches").ok()) return absl::OkStatus();
-  return CheckPlanShape(layout, shape, absl::StrCat("job ", job.id), "micro_batches");
+  return CheckPlanShape(job.layout ? &*job.layout : nullptr, shape,
+                        {.kind = "job", .id = job.id}, "micro_batches");
 }
 
 std::optional<DecisionRecord> GateState::CpPeerDecided(const Job& job, const Group& g,

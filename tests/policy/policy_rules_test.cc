@@ -296,7 +296,7 @@ TEST(CheckPlanShape, MicrobatchesNeedALayoutAndALayoutNeedsThem) {
       {"a step plan", &layout, {.microbatches = good}, absl::StatusCode::kOk, ""},
   };
   for (const Row& r : rows) {
-    const absl::Status s = CheckPlanShape(r.layout, r.plan, "job j", "mbs");
+    const absl::Status s = CheckPlanShape(r.layout, r.plan, {.kind = "job", .id = "j"}, "mbs");
     EXPECT_EQ(s.code(), r.code) << r.name << ": " << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(r.message)) << r.name;
   }

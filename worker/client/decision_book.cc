@@ -29,7 +29,7 @@ absl::Status MakePlanRecord(const JobLayout* layout, const BatchPlanInput& plan,
                                   .microbatches = plan.microbatches,
                                   .resident_bytes = plan.resident_bytes,
                                   .memory_budget_bytes = rec->budget},
-                                 "this client", "microbatches"));
+                                 {.kind = "this client"}, "microbatches"));
   if (layout == nullptr) {
     ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(plan.lengths));
     rec->microbatches.resize(1);

@@ -174,8 +174,9 @@ class DecisionBook {
   const ScheduledConfig& ConfigFor(int64_t step) const { return policy_.ConfigFor(step); }
 
   // Undecided plans by step (the writer marks what it sent).
-  std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() { return plans_; }
-  const std::map<int64_t, std::shared_ptr<PlanRecord>>& plans() const { return plans_; }
+  using PlanMap = std::map<int64_t, std::shared_ptr<PlanRecord>>;
+  PlanMap& plans() { return plans_; }
+  const PlanMap& plans() const { return plans_; }
   // Spare records and map nodes held (tests).
   size_t spare_records() const { return spares_.records.size(); }
   size_t spare_nodes() const { return spares_.nodes.size(); }
@@ -198,7 +199,6 @@ class DecisionBook {
   Admitted DecideOrAdmit(const PlanRecord& plan, const GateConfig& config,
                          const GateDecision* answer, absl::Time now);
 
-  using PlanMap = std::map<int64_t, std::shared_ptr<PlanRecord>>;
   static constexpr size_t kSpares = 4;
   // A spare keeps its buffers: one whose lengths hold room for more sequences than this
   // (512 KiB of them) is freed instead, so four spares never pin more than 2 MiB.
