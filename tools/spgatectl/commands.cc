@@ -416,6 +416,58 @@ std::optional<std::string> ProcessEnv(absl::string_view name) {
   return std::string(v);
 }
 
+// The global flags (the environment first, so that a flag given overrides it) into
+// `global`, and the command's own flags into `command_flags`: every flag must belong to
+// the command or be global, each at most once, none empty.
+absl::Status SortFlags(const std::vector<RawFlag>& flags, const CommandSpec& spec,
+                       const EnvLookup& env, GlobalOptions* global,
+                       std::vector<RawFlag>* command_flags) {
+  // The environment first, so that a flag given overrides it.
+  if (env) {
+    for (const FlagSpec& f : GlobalFlags()) {
+      if (f.env.empty()) continue;
+      const std::optional<std::string> value = env(f.env);
+      if (!value.has_value() || value->empty()) continue;
+      if (absl::Status s = ApplyGlobalFlag(RawFlag{std::string(f.name), *value}, global); !s.ok()) {
+        return Usage(absl::StrCat("environment variable ", f.env, ": ", s.message()));
+      }
+    }
+  }
+
+  std::vector<absl::string_view> known;
+  for (const FlagSpec& f : GlobalFlags()) known.push_back(f.name);
+  for (const FlagSpec& f : spec.flags) known.push_back(f.name);
+  if (spec.gate_flags) {
+    for (const FieldDescriptor* f : GateFields()) known.push_back(f->name());
+  }
+  for (size_t i = 0; i < flags.size(); ++i) {
+    const RawFlag& f = flags[i];
+    if (std::find(known.begin(), known.end(), f.name) == known.end()) {
+      if (spec.command == Command::kUnpin && f.name == "force") {
+        return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
+      }
+      return Usage(absl::StrCat("unknown flag --", f.name, DidYouMean(f.name, known, "--")));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (flags[j].name == f.name) return Usage(absl::StrCat("--", f.name, " given twice"));
+    }
+    // No flag means "empty"; an empty --job_id= would silently address the global config.
+    if (f.value.empty()) {
+      return Usage(absl::StrCat("--", f.name, ": empty value (leave the flag out instead)"));
+    }
+    if (IsGlobalFlag(f.name)) {
+      if (absl::Status s = ApplyGlobalFlag(f, global); !s.ok()) return s;
+    } else {
+      command_flags->push_back(f);
+    }
+  }
+  if (!global->tls_cert.empty() != !global->tls_key.empty()) {
+    return Usage("--tls_cert and --tls_key go together (a client certificate needs its key; "
+                 "SPGATE_TLS_CERT and SPGATE_TLS_KEY count as the flags)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseCommandLine(const std::vector<std::string>& args, Invocation* out) {
   return ParseCommandLine(args, EnvLookup(), out);
 }
@@ -488,50 +540,9 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, const EnvLoo
   }
   if (!t.error.empty()) return Usage(t.error);
 
-  // The environment first, so that a flag given overrides it.
-  if (env) {
-    for (const FlagSpec& f : GlobalFlags()) {
-      if (f.env.empty()) continue;
-      const std::optional<std::string> value = env(f.env);
-      if (!value.has_value() || value->empty()) continue;
-      if (absl::Status s = ApplyGlobalFlag(RawFlag{std::string(f.name), *value}, &out->global); !s.ok()) {
-        return Usage(absl::StrCat("environment variable ", f.env, ": ", s.message()));
-      }
-    }
-  }
-
-  // Every flag must belong to this command or be global; each at most once.
-  std::vector<absl::string_view> known;
-  for (const FlagSpec& f : GlobalFlags()) known.push_back(f.name);
-  for (const FlagSpec& f : spec->flags) known.push_back(f.name);
-  if (spec->gate_flags) {
-    for (const FieldDescriptor* f : GateFields()) known.push_back(f->name());
-  }
   std::vector<RawFlag> command_flags;
-  for (size_t i = 0; i < t.flags.size(); ++i) {
-    const RawFlag& f = t.flags[i];
-    if (std::find(known.begin(), known.end(), f.name) == known.end()) {
-      if (spec->command == Command::kUnpin && f.name == "force") {
-        return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
-      }
-      return Usage(absl::StrCat("unknown flag --", f.name, DidYouMean(f.name, known, "--")));
-    }
-    for (size_t j = 0; j < i; ++j) {
-      if (t.flags[j].name == f.name) return Usage(absl::StrCat("--", f.name, " given twice"));
-    }
-    // No flag means "empty"; an empty --job_id= would silently address the global config.
-    if (f.value.empty()) {
-      return Usage(absl::StrCat("--", f.name, ": empty value (leave the flag out instead)"));
-    }
-    if (IsGlobalFlag(f.name)) {
-      if (absl::Status s = ApplyGlobalFlag(f, &out->global); !s.ok()) return s;
-    } else {
-      command_flags.push_back(f);
-    }
-  }
-  if (!out->global.tls_cert.empty() != !out->global.tls_key.empty()) {
-    return Usage("--tls_cert and --tls_key go together (a client certificate needs its key; "
-                 "SPGATE_TLS_CERT and SPGATE_TLS_KEY count as the flags)");
+  if (absl::Status s = SortFlags(t.flags, *spec, env, &out->global, &command_flags); !s.ok()) {
+    return s;
   }
 
   const std::vector<std::string> rest(pos.begin() + consumed, pos.end());

@@ -73,6 +73,160 @@ std::string Object(const Map& m, F&& value) {
 
 }  // namespace
 
+namespace {
+
+// One group-step as its TP ranks measured it: the slowest rank's figures.
+struct GroupStep {
+  double time_s = 0;
+  double rs_share = 0;    // reduce-scatter wait / step time
+  double norm_share = 0;  // norm-boundary stall / step time
+  double all_gather_s = 0;
+  double decision_s = 0;
+  uint64_t allocated_bytes = 0;
+  bool consistent = true;  // every rank ran the leader's mode in the leader's step
+};
+
+// Folds the ranks first_rank .. first_rank + tp - 1 of one step into a GroupStep, and
+// their memory and --verify figures into the run's and the stage's maxima.
+GroupStep FoldRanks(const std::vector<std::vector<StepRecord>>& records, int first_rank, int tp,
+                    int64_t i, const std::string& mode, RunSummary::Stage& stage, RunSummary& s) {
+  const StepRecord& lead = records[first_rank][i];
+  GroupStep g;
+  for (int r = 0; r < tp; ++r) {
+    const StepRecord& rec = records[first_rank + r][i];
+    g.consistent = g.consistent && rec.mode == lead.mode && rec.step == lead.step;
+    g.time_s = std::max(g.time_s, rec.step_time_s);
+    g.allocated_bytes = std::max(g.allocated_bytes, rec.device_allocated_bytes);
+    if (rec.step_time_s > 0) {
+      g.rs_share = std::max(g.rs_share, rec.rs_wait_s / rec.step_time_s);
+      g.norm_share = std::max(g.norm_share, rec.norm_stall_s / rec.step_time_s);
+    }
+    g.all_gather_s = std::max(g.all_gather_s, rec.all_gather_s);
+    g.decision_s = std::max(g.decision_s, rec.decision_s);
+    for (const std::string& key : {mode, std::string("all")}) {
+      s.peak_memory_bytes[key] = std::max(s.peak_memory_bytes[key], rec.peak_bytes);
+    }
+    stage.peak_memory_bytes = std::max(stage.peak_memory_bytes, rec.peak_bytes);
+    stage.predicted_peak_memory_bytes =
+        std::max(stage.predicted_peak_memory_bytes, rec.predicted_peak_bytes);
+    s.predicted_peak_memory_bytes[mode] =
+        std::max(s.predicted_peak_memory_bytes[mode], rec.predicted_peak_bytes);
+    if (rec.peak_bytes > 0 && rec.predicted_peak_bytes > 0) {
+      const double err = std::fabs(static_cast<double>(rec.predicted_peak_bytes) -
+                                   static_cast<double>(rec.peak_bytes)) /
+                         static_cast<double>(rec.peak_bytes);
+      s.memory_prediction_max_rel_error = std::max(s.memory_prediction_max_rel_error, err);
+    }
+    if (rec.verify_diff >= 0) {
+      s.verify_max_abs_diff = std::max(s.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
+      stage.verify_max_abs_diff =
+          std::max(stage.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
+    }
+  }
+  return g;
+}
+
+// What the group-steps add up to, before they become the summary's figures. Keyed by
+// mode name (and "all" where the summary has it).
+struct StepSeries {
+  std::map<std::string, std::vector<double>> step_times;
+  std::map<std::string, double> time_sum, cv_sum;
+  std::vector<double> rs_share, ag_tail, norm_ratio, decision_wait;
+  // Step seconds per token, by mode: first steps after a switch, and the others.
+  std::map<std::string, std::vector<double>> per_token_switch, per_token_steady;
+  // Bytes the step took from the device (max over ranks), the same two ways.
+  std::map<std::string, double> alloc_switch, alloc_steady;
+  // The group in progress: its tokens and seconds, by mode.
+  std::map<std::string, double> group_tokens, group_time;
+};
+
+// A replica's step, at its first stage: its tokens, time and decision's source.
+void AddReplicaStep(const std::vector<StepRecord>& leader, int64_t i, const GroupStep& g,
+                    const std::string& mode, StepSeries& acc, RunSummary& s) {
+  const StepRecord& lead = leader[i];
+  if (i > 0 && lead.tokens > 0) {
+    const bool switched = leader[i - 1].mode != lead.mode;
+    auto& bucket = switched ? acc.per_token_switch[mode] : acc.per_token_steady[mode];
+    bucket.push_back(g.time_s / static_cast<double>(lead.tokens));
+    (switched ? acc.alloc_switch : acc.alloc_steady)[mode] +=
+        static_cast<double>(g.allocated_bytes);
+  }
+  s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
+  if (lead.source == static_cast<uint8_t>(StepSource::kFallback) ||
+      lead.source == static_cast<uint8_t>(StepSource::kLocalOnly)) {
+    ++s.local_decisions;
+  }
+  for (const std::string& key : {mode, std::string("all")}) {
+    acc.step_times[key].push_back(g.time_s);
+    acc.time_sum[key] += g.time_s;
+    acc.group_tokens[key] += static_cast<double>(lead.tokens);
+    acc.group_time[key] += g.time_s;
+    s.effective_tokens[key] += lead.tokens;
+    s.padding_tokens[key] += lead.padding_tokens;
+    acc.cv_sum[key] += lead.length_cv;
+    s.steps_by_mode[key] += 1;
+  }
+  if (lead.mode == static_cast<uint8_t>(Mode::kSequenceParallel)) {
+    acc.rs_share.push_back(g.rs_share);
+    acc.ag_tail.push_back(g.all_gather_s);
+    acc.norm_ratio.push_back(g.norm_share);
+  }
+  acc.decision_wait.push_back(g.decision_s);
+  s.leader_decision_wait_max_s = std::max(s.leader_decision_wait_max_s, lead.decision_s);
+}
+
+// Per micro-batch decisions, from each stage's group leaders; then the run's decisions as
+// the sum of its stages'.
+void CountDecisions(const std::vector<std::vector<uint8_t>>& microbatch_decisions, int groups,
+                    int tp, int pp, RunSummary& s) {
+  for (int g = 0; g < groups && !microbatch_decisions.empty(); ++g) {
+    for (uint8_t b : microbatch_decisions[g * tp]) {
+      const Decision d = UnpackModeReason(b).value();  // this run's own PackModeReason bytes
+      s.microbatch_decisions = true;
+      s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(d.mode))]
+                                [std::string(ReasonLabel(d.reason))] += 1;
+    }
+  }
+  for (const RunSummary::Stage& st : s.stages) {
+    for (const auto& [mode, reasons] : st.decisions) {
+      for (const auto& [reason, n] : reasons) s.decisions[mode][reason] += n;
+    }
+  }
+}
+
+// The summary's figures from the series: switch costs, step-time percentiles and means.
+void SummarizeSeries(StepSeries& acc, RunSummary& s) {
+  for (auto& [mode, sw] : acc.per_token_switch) {
+    const auto n = static_cast<int64_t>(sw.size());
+    s.switch_steps[mode] = n;
+    std::vector<double>& steady = acc.per_token_steady[mode];
+    // A ratio needs both sides: a mode that never ran two steps in a row has none.
+    const double steady_median = steady.empty() ? 0.0 : Median(steady);
+    if (steady_median > 0) s.switch_cost_ratio[mode] = Median(sw) / steady_median;
+    s.switch_device_alloc_bytes[mode] = acc.alloc_switch[mode] / static_cast<double>(n);
+    if (!steady.empty()) {
+      s.steady_device_alloc_bytes[mode] =
+          acc.alloc_steady[mode] / static_cast<double>(steady.size());
+    }
+  }
+  for (auto& [key, times] : acc.step_times) {
+    s.step_time_p95_s[key] = P95(times);
+    s.step_time_mean_s[key] = acc.time_sum[key] / times.size();
+    s.mean_length_cv[key] = acc.cv_sum[key] / times.size();
+  }
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return v.empty() ? 0.0 : sum / v.size();
+  };
+  s.rs_wait_share_mean = mean(acc.rs_share);
+  s.all_gather_tail_p95_s = P95(acc.ag_tail);
+  s.norm_stall_ratio_mean = mean(acc.norm_ratio);
+  s.decision_wait_p95_s = P95(acc.decision_wait);
+}
+
+}  // namespace
+
 RunSummary Summarize(const RunDescription& run,
                      const std::vector<std::vector<StepRecord>>& records,
                      const std::vector<RankCounters>& counters,
@@ -86,138 +240,31 @@ RunSummary Summarize(const RunDescription& run,
   for (int st = 0; st < pp; ++st) s.stages[st].stage = st;
   s.steps = records.empty() ? 0 : static_cast<int64_t>(records[0].size());
 
-  std::map<std::string, std::vector<double>> step_times;  // group step times by mode
-  std::map<std::string, double> time_sum;
-  std::map<std::string, double> cv_sum;
-  std::vector<double> rs_share, ag_tail, norm_ratio, decision_wait;
+  StepSeries acc;
   std::map<std::string, double> rate;  // summed over groups
-  // Step seconds per token, by mode: first steps after a switch, and the others.
-  std::map<std::string, std::vector<double>> per_token_switch, per_token_steady;
-  // Bytes the step took from the device (max over ranks), the same two ways.
-  std::map<std::string, double> alloc_switch, alloc_steady;
   for (int g = 0; g < groups; ++g) {
-    std::map<std::string, double> g_tokens, g_time;
+    acc.group_tokens.clear();
+    acc.group_time.clear();
     RunSummary::Stage& stage = s.stages[g % pp];
-    // A replica's tokens and time are counted once, at its first stage.
-    const bool first_stage = g % pp == 0;
+    const std::vector<StepRecord>& leader = records[g * tp];
     for (int64_t i = 0; i < s.steps; ++i) {
-      const StepRecord& lead = records[g * tp][i];
-      const std::string mode = ModeName(lead.mode);
-      double t_max = 0, rs_max = 0, ag_max = 0, ns_max = 0, dec_max = 0;
-      uint64_t alloc_max = 0;
-      bool consistent = true;
-      for (int r = 0; r < tp; ++r) {
-        const StepRecord& rec = records[g * tp + r][i];
-        consistent = consistent && rec.mode == lead.mode && rec.step == lead.step;
-        t_max = std::max(t_max, rec.step_time_s);
-        alloc_max = std::max(alloc_max, rec.device_allocated_bytes);
-        if (rec.step_time_s > 0) {
-          rs_max = std::max(rs_max, rec.rs_wait_s / rec.step_time_s);
-          ns_max = std::max(ns_max, rec.norm_stall_s / rec.step_time_s);
-        }
-        ag_max = std::max(ag_max, rec.all_gather_s);
-        dec_max = std::max(dec_max, rec.decision_s);
-        for (const std::string& key : {mode, std::string("all")}) {
-          s.peak_memory_bytes[key] = std::max(s.peak_memory_bytes[key], rec.peak_bytes);
-        }
-        stage.peak_memory_bytes = std::max(stage.peak_memory_bytes, rec.peak_bytes);
-        stage.predicted_peak_memory_bytes =
-            std::max(stage.predicted_peak_memory_bytes, rec.predicted_peak_bytes);
-        s.predicted_peak_memory_bytes[mode] =
-            std::max(s.predicted_peak_memory_bytes[mode], rec.predicted_peak_bytes);
-        if (rec.peak_bytes > 0 && rec.predicted_peak_bytes > 0) {
-          const double err = std::fabs(static_cast<double>(rec.predicted_peak_bytes) -
-                                       static_cast<double>(rec.peak_bytes)) /
-                             static_cast<double>(rec.peak_bytes);
-          s.memory_prediction_max_rel_error = std::max(s.memory_prediction_max_rel_error, err);
-        }
-        if (rec.verify_diff >= 0) {
-          s.verify_max_abs_diff = std::max(s.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
-          stage.verify_max_abs_diff =
-              std::max(stage.verify_max_abs_diff.value_or(0.0), rec.verify_diff);
-        }
-      }
-      if (!consistent) ++s.consistency_violations;
+      const std::string mode = ModeName(leader[i].mode);
+      const GroupStep step = FoldRanks(records, g * tp, tp, i, mode, stage, s);
+      if (!step.consistent) ++s.consistency_violations;
       if (microbatch_decisions.empty() || microbatch_decisions[g * tp].empty()) {
-        stage.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(lead.reason)))] += 1;
+        stage.decisions[mode][std::string(ReasonLabel(static_cast<Reason>(leader[i].reason)))] +=
+            1;
       }
-      if (!first_stage) continue;
-      if (i > 0 && lead.tokens > 0) {
-        const bool switched = records[g * tp][i - 1].mode != lead.mode;
-        auto& bucket = switched ? per_token_switch[mode] : per_token_steady[mode];
-        bucket.push_back(t_max / static_cast<double>(lead.tokens));
-        (switched ? alloc_switch : alloc_steady)[mode] += static_cast<double>(alloc_max);
-      }
-      s.decision_sources[StepSourceLabel(static_cast<StepSource>(lead.source))] += 1;
-      if (lead.source == static_cast<uint8_t>(StepSource::kFallback) ||
-          lead.source == static_cast<uint8_t>(StepSource::kLocalOnly)) {
-        ++s.local_decisions;
-      }
-      for (const std::string& key : {mode, std::string("all")}) {
-        step_times[key].push_back(t_max);
-        time_sum[key] += t_max;
-        g_tokens[key] += static_cast<double>(lead.tokens);
-        g_time[key] += t_max;
-        s.effective_tokens[key] += lead.tokens;
-        s.padding_tokens[key] += lead.padding_tokens;
-        cv_sum[key] += lead.length_cv;
-        s.steps_by_mode[key] += 1;
-      }
-      if (lead.mode == static_cast<uint8_t>(Mode::kSequenceParallel)) {
-        rs_share.push_back(rs_max);
-        ag_tail.push_back(ag_max);
-        norm_ratio.push_back(ns_max);
-      }
-      decision_wait.push_back(dec_max);
-      s.leader_decision_wait_max_s = std::max(s.leader_decision_wait_max_s, lead.decision_s);
+      // A replica's tokens and time are counted once, at its first stage.
+      if (g % pp == 0) AddReplicaStep(leader, i, step, mode, acc, s);
     }
-    for (const auto& [key, tokens] : g_tokens) {
-      if (g_time[key] > 0) rate[key] += tokens / g_time[key];
+    for (const auto& [key, tokens] : acc.group_tokens) {
+      if (acc.group_time[key] > 0) rate[key] += tokens / acc.group_time[key];
     }
   }
   s.effective_tokens_per_s = rate;
-  // Per micro-batch decisions, from each stage's group leaders.
-  for (int g = 0; g < groups; ++g) {
-    if (microbatch_decisions.empty()) break;
-    const std::vector<uint8_t>& bytes = microbatch_decisions[g * tp];
-    for (uint8_t b : bytes) {
-      const Decision d = UnpackModeReason(b).value();  // this run's own PackModeReason bytes
-      s.microbatch_decisions = true;
-      s.stages[g % pp].decisions[ModeName(static_cast<uint8_t>(d.mode))]
-                                [std::string(ReasonLabel(d.reason))] += 1;
-    }
-  }
-  for (const RunSummary::Stage& st : s.stages) {
-    for (const auto& [mode, reasons] : st.decisions) {
-      for (const auto& [reason, n] : reasons) s.decisions[mode][reason] += n;
-    }
-  }
-  for (auto& [mode, sw] : per_token_switch) {
-    const auto n = static_cast<int64_t>(sw.size());
-    s.switch_steps[mode] = n;
-    std::vector<double>& steady = per_token_steady[mode];
-    // A ratio needs both sides: a mode that never ran two steps in a row has none.
-    const double steady_median = steady.empty() ? 0.0 : Median(steady);
-    if (steady_median > 0) s.switch_cost_ratio[mode] = Median(sw) / steady_median;
-    s.switch_device_alloc_bytes[mode] = alloc_switch[mode] / static_cast<double>(n);
-    if (!steady.empty()) {
-      s.steady_device_alloc_bytes[mode] = alloc_steady[mode] / static_cast<double>(steady.size());
-    }
-  }
-  for (auto& [key, times] : step_times) {
-    s.step_time_p95_s[key] = P95(times);
-    s.step_time_mean_s[key] = time_sum[key] / times.size();
-    s.mean_length_cv[key] = cv_sum[key] / times.size();
-  }
-  auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (double x : v) sum += x;
-    return v.empty() ? 0.0 : sum / v.size();
-  };
-  s.rs_wait_share_mean = mean(rs_share);
-  s.all_gather_tail_p95_s = P95(ag_tail);
-  s.norm_stall_ratio_mean = mean(norm_ratio);
-  s.decision_wait_p95_s = P95(decision_wait);
+  CountDecisions(microbatch_decisions, groups, tp, pp, s);
+  SummarizeSeries(acc, s);
   for (const RankCounters& c : counters) {
     s.telemetry_sent += c.telemetry_sent;
     s.telemetry_acked += c.telemetry_acked;
