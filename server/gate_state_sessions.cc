@@ -522,7 +522,16 @@ absl::StatusOr<int64_t> GateState::Heartbeat(Session& session, const HeartbeatIn
 
 bool GateState::TracksJob(const std::string& job_id) const {
   ReaderMutexLock lock(&mu_);
-  return jobs_.contains(job_id);
+  if (kept_learned_.contains(job_id)) return true;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return false;
+  // A job listed only for its operator settings (configured or pinned before it starts,
+  // or kept after a forget) holds no live state: nothing registered, decided or learned.
+  const Job& job = *it->second;
+  return !job.incarnation.empty() || job.sessions > 0 || !job.groups.empty() ||
+         job.group_steps_decided > 0 || !job.learned.empty() ||
+         std::any_of(job.stage_learned.begin(), job.stage_learned.end(),
+                     [](const ThroughputTable& t) { return !t.empty(); });
 }
 
 int GateState::OnJobForgotten(const std::string& job_id) {

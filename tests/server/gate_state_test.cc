@@ -1572,6 +1572,23 @@ TEST_F(GateStateTest, GroupsWithoutRanksAreDroppedWhenIdle) {
   EXPECT_EQ(job->groups(0).group(), 1);
 }
 
+TEST_F(GateStateTest, AJobPinnedBeforeItStartsHasNoLiveStateToForget) {
+  auto state = Make();
+  ASSERT_THAT(state->PinMode(Pin("ghost", v1::SEQUENCE_PARALLEL, 300)).status(), IsOk());
+  v1::ForgetJobRequest forget;
+  forget.set_job_id("ghost");
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<v1::ForgetJobResponse> out = state->store->ForgetJob(forget, {"alice"});
+    ASSERT_THAT(out.status(), IsOk());
+    EXPECT_FALSE(out->had_live_state()) << "forget " << i;
+    EXPECT_EQ(out->sessions_ended(), 0);
+  }
+  ASSERT_THAT(state->Register(Reg("ghost", 0, 0, 1)).status(), IsOk());
+  absl::StatusOr<v1::ForgetJobResponse> out = state->store->ForgetJob(forget, {"alice"});
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_TRUE(out->had_live_state()) << "a registered rank is live state";
+}
+
 TEST_F(GateStateTest, ForgetJobDropsLiveStateAndOnRequestTheSettingsAudited) {
   const std::string dir = TempDir();
   auto state = Make(dir);
@@ -1607,6 +1624,8 @@ TEST_F(GateStateTest, ForgetJobDropsLiveStateAndOnRequestTheSettingsAudited) {
   forget.set_forget_operator_settings(true);
   out = state->store->ForgetJob(forget, {"alice"});
   ASSERT_THAT(out.status(), IsOk());
+  EXPECT_FALSE(out->had_live_state()) << "listed for its settings only, after the first forget";
+  EXPECT_EQ(out->sessions_ended(), 0);
   EXPECT_TRUE(out->removed_operator_settings());
   EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(state->GetGateConfig("j").status(), StatusIs(absl::StatusCode::kNotFound));
