@@ -1,19 +1,21 @@
 // Command-line conventions shared by the project's binaries. The absl-flags ones
-// (spgated, spgate-sim, spgate-worker) call InitFlagsUsage before absl::ParseCommandLine,
-// so that --help and --helpshort list the flags this project defines, wherever the file
+// (spgated, spgate-sim, spgate-worker) call InitFlagsUsage and parse with ParseFlags, so
+// that --help and --helpshort list the flags this project defines, wherever the file
 // (absl by default lists only a file named after the binary, and printed "No flags
-// matched"), and --version prints VersionLine. spgatectl parses its own command line and
-// prints the same VersionLine.
+// matched"), --version prints VersionLine, and a refused command line exits 2 like every
+// other usage error of ours. spgatectl parses its own command line and prints the same
+// VersionLine.
 //
 // Usage:
 //   spgate::InitFlagsUsage("spgate-sim");
 //   absl::SetProgramUsageMessage("...");
-//   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+//   std::vector<char*> rest = spgate::ParseFlags(argc, argv);
 #ifndef SPGATE_COMMON_CLI_H_
 #define SPGATE_COMMON_CLI_H_
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace spgate {
 
@@ -28,6 +30,19 @@ bool IsProjectFlagFile(std::string_view filename);
 // Sets absl's usage config: --help/--helpshort filters (IsProjectFlagFile), file names
 // relative to the source root, and the --version string. Call once, first in main.
 void InitFlagsUsage(std::string_view program);
+
+// absl::ParseCommandLine with the project's exit statuses. absl ends the process itself
+// when it refuses a flag (unknown, or a value that does not parse: its message names the
+// flag) and after --help, both with status 1 — which our binaries keep for a run that
+// failed. Here a refused command line exits 2 (a usage error), and --help and its kin
+// (--helpfull, --helpshort, --helppackage, --helpon, --helpmatch), --version and
+// --only_check_args exit 0 once the rest of the line is good. Call once, after
+// InitFlagsUsage.
+std::vector<char*> ParseFlags(int argc, char* argv[]);
+
+// Whether `arg` is one of absl's usage flags (--help and kin, --version,
+// --only_check_args; one dash or two, with or without a value).
+bool IsUsageFlag(std::string_view arg);
 
 }  // namespace spgate
 

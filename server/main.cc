@@ -6,12 +6,15 @@
 #include <csignal>
 #include <iostream>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
 #include "common/mutex.h"
@@ -149,46 +152,91 @@ spgate::server::DaemonOptions DaemonOptionsFromFlags() {
   return opts;
 }
 
-// The flags' ranges, checked before a port is bound: what is wrong, naming the flags, or
-// empty when all are in range.
+// A gRPC listen address's shape (host:port, [v6]:port, unix:PATH or unix-abstract:NAME),
+// checked before gRPC would log its own error and refuse it: what is wrong, or empty.
+std::string ListenAddressError(absl::string_view flag, absl::string_view address) {
+  if (address.empty() || absl::StartsWith(address, "unix:") ||
+      absl::StartsWith(address, "unix-abstract:")) {
+    return "";
+  }
+  const size_t colon = address.rfind(':');
+  const absl::string_view port =
+      colon == absl::string_view::npos ? absl::string_view() : address.substr(colon + 1);
+  int value = 0;
+  if (colon == absl::string_view::npos || port.empty() ||
+      port.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(port, &value) || value > 65535) {
+    return absl::StrCat("--", flag, "=", address,
+                        ": not an address to listen on (HOST:PORT with PORT in [0, 65535], "
+                        "[IPv6]:PORT, or unix:PATH)");
+  }
+  return "";
+}
+
+// The flags' ranges, checked before a port is bound: the first flag out of range, with
+// its range and the value given, or empty when all are in range.
 std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
-  if (opts.state.learned_persist_interval < absl::ZeroDuration()) {
-    return "--learned_persist_interval: must be >= 0";
+  using absl::FormatDuration;
+  const spgate::server::StateOptions& st = opts.state;
+  struct Check {
+    const char* flag;
+    bool ok;
+    const char* range;
+    std::string got;
+  };
+  const absl::Duration zero = absl::ZeroDuration();
+  const Check checks[] = {
+      {"learned_persist_interval", st.learned_persist_interval >= zero, ">= 0",
+       FormatDuration(st.learned_persist_interval)},
+      {"forget_after", st.forget_after > zero, "> 0", FormatDuration(st.forget_after)},
+      {"first_message_timeout", opts.first_message_timeout > zero, "> 0",
+       FormatDuration(opts.first_message_timeout)},
+      {"handshake_timeout", opts.handshake_timeout > zero && opts.handshake_timeout <= absl::Hours(1),
+       "in (0, 1h]", FormatDuration(opts.handshake_timeout)},
+      {"max_receive_message_bytes", opts.max_receive_message_bytes >= 1024, ">= 1024",
+       absl::StrCat(opts.max_receive_message_bytes)},
+      {"max_concurrent_streams_per_connection", opts.max_concurrent_streams_per_connection >= 1,
+       ">= 1", absl::StrCat(opts.max_concurrent_streams_per_connection)},
+      {"max_streams", opts.max_streams >= 1, ">= 1", absl::StrCat(opts.max_streams)},
+      {"max_watch_streams", opts.max_watch_streams >= 0, ">= 0",
+       absl::StrCat(opts.max_watch_streams)},
+      {"max_sessions_per_job", st.max_sessions_per_job >= 1, ">= 1",
+       absl::StrCat(st.max_sessions_per_job)},
+      {"max_sequences_per_plan", st.max_sequences_per_plan >= 1 && st.max_sequences_per_plan <= (1 << 20),
+       "in [1, 1048576]", absl::StrCat(st.max_sequences_per_plan)},
+      {"max_plans_per_second", st.max_plans_per_second >= 0, ">= 0 (0: off)",
+       absl::StrCat(st.max_plans_per_second)},
+      {"max_telemetry_per_second", st.max_telemetry_per_second >= 0, ">= 0 (0: off)",
+       absl::StrCat(st.max_telemetry_per_second)},
+      {"min_ping_interval", opts.min_ping_interval_ms >= 0, ">= 0",
+       absl::StrCat(opts.min_ping_interval_ms, "ms")},
+      {"max_ping_strikes", opts.max_ping_strikes >= 0, ">= 0", absl::StrCat(opts.max_ping_strikes)},
+      {"max_plan_lead_steps", st.max_plan_lead_steps >= 1, ">= 1",
+       absl::StrCat(st.max_plan_lead_steps)},
+      {"config_poll_interval", opts.config_poll_interval >= zero, ">= 0 (0 turns polling off)",
+       FormatDuration(opts.config_poll_interval)},
+      {"heartbeat_interval", st.heartbeat_interval > zero, "> 0",
+       FormatDuration(st.heartbeat_interval)},
+      {"stale_after", st.stale_after > zero, "> 0", FormatDuration(st.stale_after)},
+      {"max_jobs", st.max_jobs >= 1, ">= 1", absl::StrCat(st.max_jobs)},
+      {"max_groups_per_job", st.max_groups_per_job >= 1, ">= 1", absl::StrCat(st.max_groups_per_job)},
+      {"decision_cache_steps", st.decision_cache_steps >= 1 && st.decision_cache_steps <= 1'000'000,
+       "in [1, 1000000]", absl::StrCat(st.decision_cache_steps)},
+  };
+  for (const Check& c : checks) {
+    if (!c.ok) return absl::StrCat("--", c.flag, ": must be ", c.range, ", got ", c.got);
   }
-  if (opts.state.forget_after <= absl::ZeroDuration() ||
-      opts.first_message_timeout <= absl::ZeroDuration() ||
-      opts.handshake_timeout <= absl::ZeroDuration() || opts.handshake_timeout > absl::Hours(1) ||
-      opts.max_receive_message_bytes < 1024 ||
-      opts.max_concurrent_streams_per_connection < 1 || opts.max_streams < 1 ||
-      opts.max_watch_streams < 0 || opts.state.max_sessions_per_job < 1 ||
-      opts.state.max_sequences_per_plan < 1 || opts.state.max_sequences_per_plan > (1 << 20) ||
-      !(opts.state.max_plans_per_second >= 0) || !(opts.state.max_telemetry_per_second >= 0) ||
-      opts.min_ping_interval_ms < 0 || opts.max_ping_strikes < 0) {
-    return "a limit flag is out of range: --forget_after > 0, "
-           "--first_message_timeout > 0, --handshake_timeout in (0, 1h], "
-           "--max_receive_message_bytes >= 1024, --max_concurrent_streams_per_connection, "
-           "--max_streams, --max_sessions_per_job >= 1, --max_watch_streams >= 0, "
-           "--max_sequences_per_plan in [1, 1048576], rates >= 0 (0: off), "
-           "--min_ping_interval >= 0, --max_ping_strikes >= 0";
+  for (const auto& [flag, address] : {std::pair{"listen", &opts.listen},
+                                      std::pair{"admin_listen", &opts.admin_listen},
+                                      std::pair{"health_listen", &opts.health_listen}}) {
+    if (std::string error = ListenAddressError(flag, *address); !error.empty()) return error;
   }
-  if (opts.state.max_plan_lead_steps < 1) return "--max_plan_lead_steps must be >= 1";
-  if (opts.config_poll_interval < absl::ZeroDuration()) {
-    return "--config_poll_interval must be >= 0 (0 turns polling off)";
-  }
-  if (opts.state.heartbeat_interval <= absl::ZeroDuration() || opts.state.stale_after <= absl::ZeroDuration()) {
-    return "--heartbeat_interval and --stale_after must be > 0";
-  }
-  if (opts.state.stale_after < 2 * opts.state.heartbeat_interval) {
+  if (st.stale_after < 2 * st.heartbeat_interval) {
     // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).
     return absl::StrCat("--stale_after must be at least twice --heartbeat_interval (an idle "
                         "worker heartbeats every 1.5 intervals), got ",
-                        absl::FormatDuration(opts.state.stale_after), " and ",
-                        absl::FormatDuration(opts.state.heartbeat_interval));
-  }
-  if (opts.state.max_jobs < 1 || opts.state.max_groups_per_job < 1 || opts.state.decision_cache_steps < 1 ||
-      opts.state.decision_cache_steps > 1'000'000) {
-    return "--max_jobs and --max_groups_per_job must be >= 1, "
-           "--decision_cache_steps in [1, 1000000]";
+                        FormatDuration(st.stale_after), " and ",
+                        FormatDuration(st.heartbeat_interval));
   }
   return "";
 }
@@ -218,7 +266,7 @@ int main(int argc, char** argv) {
   spgate::InitFlagsUsage("spgated");
   absl::SetProgramUsageMessage("decides per batch and TP group between sequence "
                                "parallel and tensor-parallel-only execution.");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = spgate::ParseFlags(argc, argv);
   spgate::server::SetLogFormat(absl::GetFlag(FLAGS_log_format));
   if (rest.size() > 1) {
     std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";

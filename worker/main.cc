@@ -20,7 +20,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -360,7 +359,7 @@ int main(int argc, char** argv) {
   spgate::InitFlagsUsage("spgate-worker");
   absl::SetProgramUsageMessage(
       "reference SP / TP-only transformer worker; run under mpirun (see docs/worker.md)");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> rest = spgate::ParseFlags(argc, argv);
   const bool first = IsFirstRank();
   if (rest.size() > 1) {
     return Refuse(absl::StrCat("unexpected argument '", rest[1],

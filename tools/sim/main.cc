@@ -22,7 +22,6 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/internal/parse.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -426,7 +425,7 @@ int main(int argc, char** argv) {
     replay = true;
     args.erase(args.begin() + 1);
   }
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  std::vector<char*> rest = spgate::ParseFlags(static_cast<int>(args.size()), args.data());
   if (rest.size() > 1) {
     std::fprintf(stderr, "spgate-sim: unexpected argument \"%s\" (subcommands: replay)\n", rest[1]);
     return 2;

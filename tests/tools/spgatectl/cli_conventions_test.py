@@ -53,6 +53,44 @@ class HelpAndVersion(unittest.TestCase):
                 self.assertNotIn("No flags matched", text)
                 self.assertIn(flag, text)
 
+    def test_a_refused_flag_exits_2_and_help_exits_0(self):
+        # 1 is a failed run; a flag the flags library refuses is a usage error like ours.
+        for binary, flag in self.cases():
+            if binary == ARGS.spgatectl:
+                continue  # its own parser: test_did_you_mean and the usage errors below
+            name = os.path.basename(binary)
+            with self.subTest(binary=name):
+                r = run([binary, "--no_such_flag=1"])
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("no_such_flag", r.stderr)
+                r = run([binary, f"{flag}"])  # a string flag without its value
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(flag.lstrip("-"), r.stderr)
+                r = run([binary, "--help"])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                r = run([binary, "--help", "--no_such_flag=1"])
+                self.assertEqual(r.returncode, 2, "help does not hide a refused flag")
+        # spgated's own ranges, checked before a port is bound: the flag, its range, the value.
+        for flag, message in (("--max_jobs=-1", "--max_jobs: must be >= 1, got -1"),
+                              ("--decision_cache_steps=0",
+                               "--decision_cache_steps: must be in [1, 1000000], got 0"),
+                              ("--handshake_timeout=2h", "--handshake_timeout: must be in (0, 1h], got 2h")):
+            r = run([ARGS.spgated, flag, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+                     "--metrics_listen="])
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(message, r.stderr)
+        # A listen address of the wrong shape is refused before gRPC logs its own error.
+        r = run([ARGS.spgated, "--listen=127.0.0.1:notaport", "--admin_listen=127.0.0.1:0",
+                 "--metrics_listen="])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--listen=127.0.0.1:notaport: not an address to listen on", r.stderr)
+        self.assertNotIn("chttp2", r.stderr)
+        r = run([ARGS.sim, "--duration=abc"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("duration", r.stderr)
+        r = run([ARGS.sim, "replay", "--no_such_flag=1"])
+        self.assertEqual(r.returncode, 2)
+
     def test_version(self):
         for binary, _ in self.cases():
             with self.subTest(binary=os.path.basename(binary)):
