@@ -52,11 +52,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, bool* missing = nu
   return ss.str();
 }
 
+// `locations`: where each field was read, for a later check's error.
 template <typename Message>
-absl::Status ParseText(const std::string& path, const std::string& text, Message* out) {
+absl::Status ParseText(const std::string& path, const std::string& text, Message* out,
+                       google::protobuf::TextFormat::ParseInfoTree* locations = nullptr) {
   google::protobuf::TextFormat::Parser parser;
   CollectErrors errors;
   parser.RecordErrorsTo(&errors);
+  if (locations != nullptr) parser.WriteLocationsTo(locations);
   if (!parser.ParseFromString(text, out)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a valid ", Message::descriptor()->full_name(), " in text format: ",
@@ -65,11 +68,33 @@ absl::Status ParseText(const std::string& path, const std::string& text, Message
   return absl::OkStatus();
 }
 
+// "line N: " for the first field a validation message names (each names its own field
+// first; a rule between two fields names both) that the file set; empty if none.
+std::string LineOfField(absl::string_view message,
+                        const google::protobuf::TextFormat::ParseInfoTree* locations) {
+  if (locations == nullptr) return "";
+  constexpr absl::string_view kName = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  for (size_t at = message.find_first_of(kName); at != absl::string_view::npos;) {
+    const size_t end = std::min(message.find_first_not_of(kName, at), message.size());
+    const google::protobuf::FieldDescriptor* field =
+        v1::GateConfig::descriptor()->FindFieldByName(std::string(message.substr(at, end - at)));
+    if (field != nullptr) {
+      const google::protobuf::TextFormat::ParseLocation where = locations->GetLocation(field, -1);
+      if (where.line >= 0) return absl::StrCat("line ", where.line + 1, ": ");
+    }
+    at = message.find_first_of(kName, end);
+  }
+  return "";
+}
+
 absl::Status CheckLayered(const std::string& path, const std::string& what,
-                          const v1::GateConfig& layer) {
+                          const v1::GateConfig& layer,
+                          const google::protobuf::TextFormat::ParseInfoTree* locations = nullptr) {
   absl::Status s = ValidateGateConfig(LayerGateConfig(GateConfig{}, layer));
   if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", what, ": ",
+                                                   LineOfField(s.message(), locations),
+                                                   s.message()));
   }
   return absl::OkStatus();
 }
@@ -93,8 +118,11 @@ absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path) {
 absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
                                                    const std::string& text) {
   v1::GateConfig config;
-  if (absl::Status s = ParseText(source, text, &config); !s.ok()) return s;
-  if (absl::Status s = CheckLayered(source, "gate config", config); !s.ok()) return s;
+  google::protobuf::TextFormat::ParseInfoTree locations;
+  if (absl::Status s = ParseText(source, text, &config, &locations); !s.ok()) return s;
+  if (absl::Status s = CheckLayered(source, "gate config", config, &locations); !s.ok()) {
+    return s;
+  }
   return config;
 }
 

@@ -176,6 +176,39 @@ TEST_F(OperatorStoreTest, AReloadedConfigFileSitsUnderTheApiOverrides) {
   EXPECT_EQ(store->GetGateConfig("").SerializeAsString(), reloaded.SerializeAsString());
 }
 
+// The config file's errors name the file, the line and the field: a parse error (the
+// parser's line and column) and a value out of range (the line the field was set on).
+TEST(GateConfigFileTest, ErrorsNameTheFileTheLineAndTheField) {
+  struct Case {
+    const char* text;
+    const char* error;
+  };
+  const Case cases[] = {
+      {"max_length_cv: 0.2\nmax_rs_wait_share: 1.5\n",
+       "gates.textproto: gate config: line 2: max_rs_wait_share must be finite and in (0, 1], "
+       "got 1.5"},
+      {"# tuned\n\nwindow_steps: 0\n",
+       "gates.textproto: gate config: line 3: window_steps must be in [1, 1000000], got 0"},
+      {"max_rs_wait_share: 0.2\nrs_wait_reenable_margin: 0.3\n",
+       "gates.textproto: gate config: line 2: rs_wait_reenable_margin (0.3) must be less than "
+       "max_rs_wait_share (0.2)"},
+      {"max_length_cv: 0.2\nmax_lenght_cv: 0.3\n", "gates.textproto: not a valid"},
+      {"max_length_cv: 0.2\nmax_lenght_cv: 0.3\n", "line 2 column 14"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_THAT(ParseGateConfigText("gates.textproto", c.text),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.error)))
+        << c.text;
+  }
+  // A margin the file left at its default, clashing with the file's threshold, names the
+  // threshold's line.
+  EXPECT_THAT(ParseGateConfigText("g", "window_steps: 10\nmax_rs_wait_share: 0.02\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("g: gate config: line 2: rs_wait_reenable_margin (0.03) must "
+                                 "be less than max_rs_wait_share (0.02)")));
+  EXPECT_THAT(ParseGateConfigText("g", "max_length_cv: 0.3\nwindow_steps: 10\n"), IsOk());
+}
+
 TEST_F(OperatorStoreTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
   const std::string dir = TempDir();
   std::ofstream(StateFilePath(dir)) << "global_overrides { max_length_cv: oops }\n";
