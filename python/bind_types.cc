@@ -318,7 +318,23 @@ void BindTelemetry(py::module_& m) {
       .def_readonly("telemetry_dropped", &client::GateClientStats::telemetry_dropped)
       .def_readonly("last_decided_step", &client::GateClientStats::last_decided_step)
       .def_readonly("session_replaced", &client::GateClientStats::session_replaced)
-      .def_readonly("last_error", &client::GateClientStats::last_error);
+      .def_readonly("last_error", &client::GateClientStats::last_error)
+      // ClientStats(connected=True, registrations=1, ...): every field bound above (the
+      // class's properties, in their order).
+      .def("__repr__", [](py::handle self) {
+        const py::handle property = reinterpret_cast<PyObject*>(&PyProperty_Type);
+        std::string out = "ClientStats(";
+        const char* sep = "";
+        for (py::handle item : py::type::of(self).attr("__dict__").attr("items")()) {
+          const py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
+          if (!py::isinstance(kv[1], property)) continue;
+          const std::string name = kv[0].cast<std::string>();
+          absl::StrAppend(&out, sep, name, "=",
+                          py::repr(self.attr(name.c_str())).cast<std::string>());
+          sep = ", ";
+        }
+        return out + ")";
+      });
 }
 
 }  // namespace spgate::python

@@ -259,6 +259,10 @@ class LocalClientTest(SpgateTestCase):
         self.assertEqual((s.local_decisions, s.daemon_decisions, s.telemetry_reported,
                           s.plans_submitted, s.connected), (3, 0, 1, 3, False))
         self.assertEqual((s.memory_overrides, s.session_replaced), (0, False))
+        # Printed, every field with its value.
+        self.assertTrue(repr(s).startswith("ClientStats(connected=False, registrations=0, "), repr(s))
+        self.assertIn("local_decisions=3, ", repr(s))
+        self.assertTrue(repr(s).endswith("session_replaced=False, last_error='')"), repr(s))
         cfg = c.config_for(0)
         self.assertEqual((cfg["max_length_cv"], cfg["window_steps"], cfg["memory_headroom"]),
                          (0.18, 50, 0.9))
