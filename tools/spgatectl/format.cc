@@ -647,7 +647,7 @@ std::string FieldValueText(const v1::FieldValue& v) {
 std::string ChangesText(const v1::AuditEntry& e) {
   std::vector<std::string> parts;
   for (const v1::FieldChange& c : e.changes()) {
-    parts.push_back(absl::StrCat(c.field(), " ", FieldValueText(c.old_value()), "->",
+    parts.push_back(absl::StrCat(c.field(), " ", FieldValueText(c.old_value()), " -> ",
                                  FieldValueText(c.new_value())));
   }
   return parts.empty() ? "no change" : absl::StrJoin(parts, ", ");

@@ -510,12 +510,12 @@ TEST(FormatHistory, OneRowPerEntryNewestFirst) {
   const std::string table = FormatHistory(history, OutputFormat::kTable);
   EXPECT_THAT(table, HasSubstr("TIME"));
   EXPECT_THAT(table, HasSubstr("PRINCIPAL"));
-  EXPECT_THAT(table, HasSubstr("to version 7: window_steps 10->-"));
+  EXPECT_THAT(table, HasSubstr("to version 7: window_steps 10 -> -"));
   EXPECT_THAT(table, HasSubstr("job llama  CN=ops"));
   EXPECT_THAT(table, HasSubstr("group 2 tp_only until 2023-11-14T23:13:20Z"));
   EXPECT_THAT(table, HasSubstr("group"));
   EXPECT_THAT(table, HasSubstr("removed 1"));
-  EXPECT_THAT(table, HasSubstr("max_length_cv -->0.3"));
+  EXPECT_THAT(table, HasSubstr("max_length_cv - -> 0.3"));
   EXPECT_THAT(table, HasSubstr("older entries: --page_token=4096\n"));
   EXPECT_LT(table.find("RollbackGateConfig"), table.find("UpdateGateConfig"));
   ExpectJsonRoundTrip(history, FormatHistory(history, OutputFormat::kJson));

@@ -557,7 +557,7 @@ TEST_F(SpgatectlE2eTest, ReaderAndAdminRoles) {
   EXPECT_THAT(r.err, StartsWith("spgatectl: gates rollback: PERMISSION_DENIED: "));
   r = Ctl({"gates", "history", as_reader});
   EXPECT_EQ(r.exit_code, 0) << r;
-  EXPECT_THAT(r.out, ContainsRegex("global +alice +UpdateGateConfig +max_length_cv -->0.3"));
+  EXPECT_THAT(r.out, ContainsRegex("global +alice +UpdateGateConfig +max_length_cv - -> 0.3"));
   EXPECT_THAT(ReadAll(dir_ / "state" / "audit.log"), Not(HasSubstr("secret")));
 }
 
@@ -573,7 +573,7 @@ TEST_F(SpgatectlE2eTest, HistoryAndRollback) {
   r = Ctl({"gates", "history"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, ContainsRegex("VERSION +SCOPE +PRINCIPAL +CALL +CHANGE"));
-  EXPECT_THAT(r.out, HasSubstr("max_length_cv 0.3->0.4, window_steps -->10"));
+  EXPECT_THAT(r.out, HasSubstr("max_length_cv 0.3 -> 0.4, window_steps - -> 10"));
   EXPECT_LT(r.out.find("job llama"), r.out.find("global"));  // newest first
 
   r = Ctl({"--output=json", "gates", "history", "--job_id=llama"});
