@@ -26,6 +26,7 @@ namespace {
 using gate_state_internal::Active;
 using gate_state_internal::AsDirective;
 using gate_state_internal::kNoStep;
+using gate_state_internal::RollingValue;
 using gate_state_internal::kPendingSlots;
 using gate_state_internal::ModeWindow;
 using gate_state_internal::PendingStep;
@@ -416,7 +417,7 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
     decision.group = g.index;
     for (const Decision& d : decision.microbatches) g.policy.Adopt(plan.step, d, config.config);
   } else {
-    const double rs_mean = g.policy.rs_wait().mean;
+    const std::optional<double> rs_mean = RollingValue(g.policy.rs_wait());
     // With cp > 1 a stage's CP groups run one decision, so one pin: the unit's first
     // group's (cp_rank 0), whichever peer asks first (docs/design.md §12).
     const int cp = staged ? job.layout->cp : 1;

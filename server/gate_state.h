@@ -96,7 +96,7 @@ struct DecisionRecord {
   Reason reason = Reason::kGatesPassed;
   int64_t config_version = 0;
   double length_cv = 0;
-  double rolling_rs_wait_share = 0;
+  std::optional<double> rolling_rs_wait_share;  // none: no SP step in the group's window
   absl::Time time;
   // PINNED decisions: the pin's end (so a worker's fallback forgets it then) and force.
   std::optional<absl::Time> pin_expire;
@@ -263,7 +263,7 @@ struct GroupView {
   Mode mode = Mode::kSequenceParallel;
   Reason reason = Reason::kGatesPassed;
   int64_t last_step = -1;
-  double rolling_rs_wait_share = 0;
+  std::optional<double> rolling_rs_wait_share;  // none: no SP step in the window
   double all_gather_tail_s = 0;
   double norm_stall_ratio = 0;
   bool rs_wait_fallback = false;

@@ -64,6 +64,12 @@ struct PendingStep {
   std::vector<MicrobatchTelemetryValues> microbatches;
 };
 
+// The rolling wait share a decision and a group's status report: none while the window
+// holds no SP step (a job's start, after every RS_WAIT trip).
+inline std::optional<double> RollingValue(const RsWaitObservation& rs) {
+  return rs.samples > 0 ? std::optional<double>(rs.mean) : std::nullopt;
+}
+
 // A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 224 and
 // the job id's copy (the cache is the largest item of a group, docs/benchmarks.md). The
 // job and group come from the group that holds it; Expand gives back the record exactly
@@ -80,6 +86,7 @@ struct CachedDecision {
   uint8_t mode = 0, reason = 0;
   int8_t band = -1;
   bool pin_forced = false, has_pin_expire = false;
+  bool has_rs_wait = false;  // rolling_rs_wait_share is set: the window had an SP step
 
   static CachedDecision Of(const DecisionRecord& d) {
     CachedDecision c;
@@ -87,7 +94,8 @@ struct CachedDecision {
     c.plan_digest = d.plan_digest;
     c.config_version = d.config_version;
     c.length_cv = d.length_cv;
-    c.rolling_rs_wait_share = d.rolling_rs_wait_share;
+    c.has_rs_wait = d.rolling_rs_wait_share.has_value();
+    c.rolling_rs_wait_share = d.rolling_rs_wait_share.value_or(0.0);
     c.time_ns = absl::ToUnixNanos(d.time);
     c.has_pin_expire = d.pin_expire.has_value();
     c.pin_expire_ns = d.pin_expire ? absl::ToUnixNanos(*d.pin_expire) : 0;
@@ -107,7 +115,7 @@ struct CachedDecision {
     d.reason = static_cast<Reason>(reason);
     d.config_version = config_version;
     d.length_cv = length_cv;
-    d.rolling_rs_wait_share = rolling_rs_wait_share;
+    if (has_rs_wait) d.rolling_rs_wait_share = rolling_rs_wait_share;
     d.time = absl::FromUnixNanos(time_ns);
     if (has_pin_expire) d.pin_expire = absl::FromUnixNanos(pin_expire_ns);
     d.pin_forced = pin_forced;

@@ -14,6 +14,7 @@ namespace spgate::server {
 using gate_state_internal::Active;
 using gate_state_internal::AsDirective;
 using gate_state_internal::ModeWindow;
+using gate_state_internal::RollingValue;
 
 GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
   const absl::Time now = Now();
@@ -40,7 +41,7 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
     out.reason = gate.reason;
     out.last_step = gate.last_step;
   }
-  out.rolling_rs_wait_share = g.policy.rs_wait().mean;
+  out.rolling_rs_wait_share = RollingValue(g.policy.rs_wait());
   out.all_gather_tail_s = g.all_gather.Quantile(0.95);
   out.norm_stall_ratio = g.norm_stall.Mean();
   out.rs_wait_fallback = gate.rs_wait_fallback;
@@ -195,7 +196,7 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   const RsWaitObservation rs = in.rs_wait_share.has_value()
                                    ? RsWaitObservation{*in.rs_wait_share, 1}
                                    : policy->rs_wait();
-  const double rs_mean = rs.mean;
+  const std::optional<double> rs_mean = RollingValue(rs);
   const GateOutcome outcome =
       EvaluatePolicy(in.config, policy->gate(), facts, rs, pin, table, &out.checks);
   for (GatePolicyKind kind : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {

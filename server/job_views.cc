@@ -43,7 +43,7 @@ void ToProto(const GroupView& g, v1::GroupStatus* out) {
     out->set_reason(spgate::ToProto(g.reason));
   }
   out->set_last_step(g.last_step);
-  out->set_rolling_rs_wait_share(g.rolling_rs_wait_share);
+  if (g.rolling_rs_wait_share) out->set_rolling_rs_wait_share(*g.rolling_rs_wait_share);
   out->set_all_gather_tail_s(g.all_gather_tail_s);
   out->set_norm_stall_ratio(g.norm_stall_ratio);
   out->set_rs_wait_fallback(g.rs_wait_fallback);
@@ -211,6 +211,9 @@ v1::ConfigUpdate ToProto(const ConfigPush& push) {
 }
 
 void ToProto(const DecisionRecord& d, v1::Decision* out) {
+  // `out` may be reused: nothing of the last decision may stay (an unset rolling share or
+  // pin end, a plain plan's empty micro-batch list). Clear keeps the buffers.
+  out->Clear();
   out->set_job_id(d.job_id);
   out->set_group(d.group);
   out->set_step(d.step);
@@ -218,11 +221,10 @@ void ToProto(const DecisionRecord& d, v1::Decision* out) {
   out->set_reason(spgate::ToProto(d.reason));
   out->set_config_version(d.config_version);
   out->set_length_cv(d.length_cv);
-  out->set_rolling_rs_wait_share(d.rolling_rs_wait_share);
+  if (d.rolling_rs_wait_share) out->set_rolling_rs_wait_share(*d.rolling_rs_wait_share);
   *out->mutable_decide_time() = ToTimestamp(d.time);
   if (d.pin_expire) *out->mutable_pin_expire_time() = ToTimestamp(*d.pin_expire);
   out->set_pin_forced(d.pin_forced);
-  out->clear_micro_batches();  // `out` may be reused
   for (size_t i = 0; i < d.microbatches.size(); ++i) {
     v1::MicroBatchDecision* m = out->add_micro_batches();
     m->set_id(static_cast<int32_t>(i));

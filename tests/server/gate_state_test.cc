@@ -185,6 +185,8 @@ TEST_F(GateStateTest, RsWaitWindowRollsOverAndTripsTheGate) {
   for (; step < 4; ++step) {
     ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
     EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+    // No rolling value until an SP step is in the window (step 0's telemetry comes later).
+    EXPECT_EQ(d.has_rolling_rs_wait_share(), step > 0) << "step " << step;
     ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, 1.0, 0.1)),
                 IsOk());
   }
@@ -201,6 +203,50 @@ TEST_F(GateStateTest, RsWaitWindowRollsOverAndTripsTheGate) {
   EXPECT_EQ(d.reason(), v1::RS_WAIT);
   auto job = state->GetJob("j");
   EXPECT_TRUE(job->groups(0).rs_wait_fallback());
+}
+
+TEST_F(GateStateTest, AfterATripTheRollingShareIsUnsetNotZero) {
+  v1::GateConfig file;
+  file.set_window_steps(2);
+  auto state = Make("", file);
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(session.status(), IsOk());
+  v1::Decision d;
+  int64_t step = 0;
+  for (; step < 50 && d.reason() != v1::RS_WAIT; ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0,
+                                                      d.mode() == v1::SEQUENCE_PARALLEL ? 0.5 : 0)),
+                IsOk());
+  }
+  ASSERT_EQ(d.reason(), v1::RS_WAIT) << "the trip, by step " << step;
+  EXPECT_NEAR(d.rolling_rs_wait_share(), 0.5, 1e-12) << "the trip's own decision read the window";
+  // The trip emptied the window: the next decision, and the group, report no value (not 0).
+  ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::RS_WAIT);
+  EXPECT_FALSE(d.has_rolling_rs_wait_share()) << d.ShortDebugString();
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_FALSE(job->groups(0).has_rolling_rs_wait_share()) << job->groups(0).ShortDebugString();
+}
+
+// A reused Decision keeps nothing of the last one: a stream writes every answer into the
+// same message.
+TEST(DecisionToProtoTest, AReusedMessageKeepsNothingOfTheLastDecision) {
+  DecisionRecord pinned{.job_id = "j", .step = 1, .mode = Mode::kTensorParallelOnly,
+                        .reason = Reason::kPinned, .rolling_rs_wait_share = 0.3,
+                        .pin_expire = absl::FromUnixSeconds(1900000000), .pin_forced = true};
+  pinned.microbatches = {{Mode::kTensorParallelOnly, Reason::kPinned}};
+  pinned.stage_peak_bytes = 1 << 20;
+  const DecisionRecord plain{.job_id = "j", .step = 2};
+  v1::Decision reused, fresh;
+  ToProto(pinned, &reused);
+  ASSERT_TRUE(reused.has_pin_expire_time());
+  ToProto(plain, &reused);
+  ToProto(plain, &fresh);
+  EXPECT_EQ(reused.SerializeAsString(), fresh.SerializeAsString()) << reused.ShortDebugString();
+  EXPECT_FALSE(reused.has_rolling_rs_wait_share());
 }
 
 TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
@@ -1365,7 +1411,7 @@ TEST_F(GateStateTest, TelemetryIsTakenOnlyForDecidedStepsAndOncePerRank) {
     ASSERT_THAT(state->RecordTelemetry(**rank1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1, 0.9)),
                 IsOk());
   }
-  EXPECT_DOUBLE_EQ(state->GetJob("j")->groups(0).rolling_rs_wait_share(), 0.0)
+  EXPECT_FALSE(state->GetJob("j")->groups(0).has_rolling_rs_wait_share())
       << "the step is not final until every rank reported it";
   for (int64_t s = 1; s <= 120; ++s) {
     auto d = state->state->Decide(**leader, PlanFromProto(Plan("j", 0, s, {500, 500})));

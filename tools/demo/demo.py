@@ -86,8 +86,11 @@ class Demo:
 
     def show(self, decision, note=""):
         self.seen[(self.mode(decision.mode), self.reason(decision.reason))] += 1
+        # Unset while the group's window holds no SP step (after a trip empties it).
+        rs = (f"{decision.rolling_rs_wait_share:4.2f}"
+              if decision.HasField("rolling_rs_wait_share") else "   -")
         print(f"    step {decision.step:2d}  length cv {decision.length_cv:4.2f}  "
-              f"rs_wait {decision.rolling_rs_wait_share:4.2f}  config v{decision.config_version}"
+              f"rs_wait {rs}  config v{decision.config_version}"
               f"  ->  {self.mode(decision.mode):7s} {self.reason(decision.reason):18s} {note}")
 
     def expect(self, decision, reason, what):
@@ -171,7 +174,7 @@ class Demo:
             rolling = d.rolling_rs_wait_share
             if reason == "RS_WAIT" and "RS_WAIT" not in fired:
                 note = f"rolling {rolling:.2f} > {cfg.max_rs_wait_share:.2f}: TP-only"
-            elif reason == "RS_WAIT" and rolling > 0:
+            elif reason == "RS_WAIT" and d.HasField("rolling_rs_wait_share"):
                 note = "the probe did not measure low enough: still TP-only"
             elif reason == "RS_WAIT":
                 note = "TP-only measures no wait share; waiting for a probe"
@@ -233,7 +236,8 @@ class Demo:
         print("    group  ranks  last step  mode     reason              rolling rs_wait  switches")
         for g in job.groups:
             print(f"    {g.group:5d}  {g.ranks_active:5d}  {g.last_step:9d}  {self.mode(g.mode):7s}  "
-                  f"{self.reason(g.reason):18s}  {g.rolling_rs_wait_share:15.2f}  "
+                  f"{self.reason(g.reason):18s}  "
+                  f"{(f'{g.rolling_rs_wait_share:.2f}' if g.HasField('rolling_rs_wait_share') else '-'):>15s}  "
                   f"{g.mode_switches:8d}")
 
     def metrics(self):

@@ -443,7 +443,9 @@ std::string JobGroupsText(const v1::Job& job, absl::Time now) {
       t.AddRow({absl::StrCat(g.group()), absl::StrCat(g.group_size()),
                 absl::StrCat(g.ranks_active()), absl::StrCat(g.ranks_stale()), ModeName(g.mode()),
                 ReasonName(g.reason()), absl::StrCat(g.last_step()),
-                Fixed(g.rolling_rs_wait_share(), 3), Fixed(g.all_gather_tail_s() * 1e3, 2),
+                // "-": no SP step in the window (the job's start, after a trip).
+                g.has_rolling_rs_wait_share() ? Fixed(g.rolling_rs_wait_share(), 3) : "-",
+                Fixed(g.all_gather_tail_s() * 1e3, 2),
                 Fixed(g.norm_stall_ratio(), 3),
                 // The last complete step's slowest rank and its step time (docs/design.md §2).
                 // One token (scripts split on whitespace); "-" before a step or from an older
@@ -632,7 +634,8 @@ std::string FormatDecisionLine(const v1::Decision& d, OutputFormat format) {
   return absl::StrCat(TimeText(d.decide_time(), true), "  job=", d.job_id(), " group=", d.group(),
                       " step=", d.step(), " mode=", ModeName(d.mode()),
                       " reason=", ReasonName(d.reason()), " length_cv=", Fixed(d.length_cv(), 3),
-                      " rs_wait=", Fixed(d.rolling_rs_wait_share(), 3),
+                      " rs_wait=",
+                      d.has_rolling_rs_wait_share() ? Fixed(d.rolling_rs_wait_share(), 3) : "-",
                       " config_version=", d.config_version(), "\n");
 }
 
@@ -723,7 +726,9 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
                                    "memory"
                                  : "on"},
       {"length_cv", Fixed(d.length_cv(), 4)},
-      {"rs_wait_share", absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")},
+      {"rs_wait_share", d.has_rolling_rs_wait_share()
+                            ? absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")
+                            : "- (no SP step in the window)"},
       {"config", absl::StrCat("version ", d.config_version(), "\n",
                               SetFieldsText(r.config_used(), /*per_line=*/4))},
   });

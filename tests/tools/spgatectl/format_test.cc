@@ -280,7 +280,7 @@ TEST(FormatJob, TablesForGroupsModesDecisionsAndPins) {
       "NORM_STALL  SLOWEST    FALLBACK  SWITCHES  PIN\n"
       "    0     4       4      0  sp       gates_passed        600    0.031        1.20       "
       "0.010  r3:0.812s  -                2  -\n"
-      "    1     4       3      1  tp_only  pinned              599    0.000        0.00       "
+      "    1     4       3      1  tp_only  pinned              599        -        0.00       "
       "0.000  -          rs_wait          1  tp_only in 10m\n"
       "\n"
       "MODES (rolling window of group-steps; tokens/s per group; ratios relative to tp_only)\n"
@@ -535,6 +535,12 @@ TEST(FormatDecisionLine, OneLineEach) {
   EXPECT_EQ(json.find('\n'), json.size() - 1) << "one object per line: " << json;
   EXPECT_THAT(json, HasSubstr("\"reason\":\"LENGTH_CV\""));
   ExpectJsonRoundTrip(d, json);
+  // No SP step in the window: "-", not a measured 0.
+  v1::Decision none = d;
+  none.clear_rolling_rs_wait_share();
+  EXPECT_THAT(FormatDecisionLine(none, OutputFormat::kTable), HasSubstr(" rs_wait=- "));
+  none.set_rolling_rs_wait_share(0.0);
+  EXPECT_THAT(FormatDecisionLine(none, OutputFormat::kTable), HasSubstr(" rs_wait=0.000 "));
 }
 
 TEST(FormatEvaluation, DecisionAndReasonChain) {
