@@ -185,6 +185,36 @@ absl::Status ResolveWorkerListen(DaemonOptions& opts) {
   return absl::OkStatus();
 }
 
+// Refuses an admin API open beyond loopback that no admin credential guards: whoever
+// reached it could change the gates and pin modes, and a TP-only pin forced past the
+// memory gate can run a job out of memory. A client CA alone (--tls_client_ca) is no
+// admin credential: it is the worker API's CA too, so every worker's certificate would
+// be an admin's (docs/security.md, "Admin roles and credentials").
+absl::Status CheckAdminListen(const DaemonOptions& opts) {
+  if (!opts.admin_token_file.empty() || !opts.reader_token_file.empty() ||
+      !opts.admin_subjects_file.empty() || IsLoopbackListenAddress(opts.admin_listen)) {
+    return absl::OkStatus();
+  }
+  const std::string who =
+      opts.tls_client_ca.empty()
+          ? "anyone who can reach it"
+          : "every client with a certificate from --tls_client_ca — every worker's too";
+  if (!opts.allow_unauthenticated_admin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--admin_listen=", opts.admin_listen,
+        " is not a loopback address and no admin credential is configured: ", who,
+        " could change the gates and force pins. Give --admin_subjects_file (mTLS) or "
+        "--admin_token_file, keep --admin_listen on 127.0.0.1, or accept this with "
+        "--allow_unauthenticated_admin (docs/security.md)"));
+  }
+  Log(LogLevel::kWarning,
+      absl::StrCat("the admin API on ", opts.admin_listen,
+                   " takes no admin credential (--allow_unauthenticated_admin): ", who,
+                   " may change the gates and force pins"),
+      {{"event", "unauthenticated_admin"}, {"admin_listen", opts.admin_listen}});
+  return absl::OkStatus();
+}
+
 // What identifies one version of the config file. stat() follows symlinks, so a
 // kubelet's `..data` symlink swap or a rename over the file shows as a new inode; the
 // content hash catches an in-place rewrite within the mtime's resolution and lets an
@@ -426,6 +456,7 @@ absl::Status Daemon::Impl::Start() {
                    LoadWorkerAuth(opts.worker_token_file, opts.worker_subjects_file));
   RETURN_IF_ERROR(CheckWorkerTokensAreNotAdminTokens(worker_auth, auth));
   RETURN_IF_ERROR(ResolveWorkerListen(opts));
+  RETURN_IF_ERROR(CheckAdminListen(opts));
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
   metrics = std::make_unique<Metrics>();

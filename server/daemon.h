@@ -55,6 +55,10 @@ struct DaemonOptions {
   std::string worker_token_file;     // NAME:TOKEN JOB_PATTERN[,...] lines, or one bare TOKEN
   std::string worker_subjects_file;  // mTLS identities -> jobs: IDENTITY JOB_PATTERN[,...]
   bool allow_unauthenticated_workers = false;  // a non-loopback `listen` without a credential
+  // A non-loopback admin_listen needs an admin credential (a token file or a subjects
+  // file; a client CA alone is not one: it signs the workers' certificates too) unless
+  // this is set (docs/security.md, "Admin roles and credentials").
+  bool allow_unauthenticated_admin = false;
   // The live state's options: heartbeats, staleness, caches, the job/group/session and
   // rate limits, the plan lead and the clock (injected for tests; empty: absl::Now).
   StateOptions state;

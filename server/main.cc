@@ -64,6 +64,11 @@ ABSL_FLAG(std::string, worker_subjects_file, "",
 ABSL_FLAG(bool, allow_unauthenticated_workers, false,
           "Start with a non-loopback --listen although no worker credential is configured "
           "(anyone who reaches the port can register any job); logs a WARNING");
+ABSL_FLAG(bool, allow_unauthenticated_admin, false,
+          "Start with a non-loopback --admin_listen although no admin credential "
+          "(--admin_token_file, --reader_token_file, --admin_subjects_file) is configured: "
+          "whoever reaches the port, or holds any certificate from --tls_client_ca, may "
+          "change gates and pins; logs a WARNING");
 ABSL_FLAG(int64_t, decision_cache_steps, spgate::server::kDefaultDecisionCacheSteps,
           "Decisions each TP group keeps to answer retried plans idempotently");
 ABSL_FLAG(absl::Duration, learned_persist_interval,
@@ -134,6 +139,7 @@ spgate::server::DaemonOptions DaemonOptionsFromFlags() {
   opts.worker_token_file = absl::GetFlag(FLAGS_worker_token_file);
   opts.worker_subjects_file = absl::GetFlag(FLAGS_worker_subjects_file);
   opts.allow_unauthenticated_workers = absl::GetFlag(FLAGS_allow_unauthenticated_workers);
+  opts.allow_unauthenticated_admin = absl::GetFlag(FLAGS_allow_unauthenticated_admin);
   opts.state.forget_after = absl::GetFlag(FLAGS_forget_after);
   opts.max_receive_message_bytes = absl::GetFlag(FLAGS_max_receive_message_bytes);
   opts.max_concurrent_streams_per_connection =

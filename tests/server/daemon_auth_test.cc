@@ -223,6 +223,37 @@ TEST_F(DaemonAuthTest, AWorkerApiBeyondLoopbackNeedsAWorkerCredential) {
   EXPECT_THAT(Daemon::Start(opts).status(), IsOk());
 }
 
+// The admin API likewise: beyond loopback it needs an admin credential. A client CA alone
+// is none: it signs the workers' certificates too, so every worker would be an admin.
+TEST_F(DaemonAuthTest, AnAdminApiBeyondLoopbackNeedsAnAdminCredential) {
+  MakeCertificates();
+  DaemonOptions plain;
+  plain.admin_listen = "0.0.0.0:0";
+  EXPECT_THAT(Daemon::Start(plain).status(),
+              StatusIs(kInvalid, AllOf(HasSubstr("--admin_listen=0.0.0.0:0 is not a loopback "
+                                                 "address and no admin credential"),
+                                       HasSubstr("anyone who can reach it"),
+                                       HasSubstr("--allow_unauthenticated_admin"))));
+  DaemonOptions tls = Tls();
+  tls.admin_listen = "[::]:0";
+  EXPECT_THAT(Daemon::Start(tls).status(),
+              StatusIs(kInvalid, HasSubstr("every client with a certificate from "
+                                           "--tls_client_ca — every worker's too")));
+  tls.admin_subjects_file = Write(dir_ + "/admins", "admin cn:ops-admin\n");
+  EXPECT_THAT(Daemon::Start(tls).status(), IsOk());
+  plain.admin_token_file = Write(dir_ + "/admin-token", "alice:s3cret-0123\n");
+  EXPECT_THAT(Daemon::Start(plain).status(), IsOk());
+
+  plain.admin_token_file.clear();
+  plain.allow_unauthenticated_admin = true;
+  ::testing::internal::CaptureStderr();
+  auto allowed = Daemon::Start(plain);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(allowed.status(), IsOk());
+  EXPECT_THAT(log, HasSubstr("WARNING: the admin API on 0.0.0.0:0 takes no admin credential "
+                             "(--allow_unauthenticated_admin)"));
+}
+
 // An empty --listen resolves to port 50061: loopback without a worker credential, every
 // interface with one. The port is held here, so the daemon's refusal names the address
 // it chose (and nothing is left listening on the fixed port).
