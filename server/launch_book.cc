@@ -91,7 +91,17 @@ absl::StatusOr<LaunchBook::Claim> LaunchBook::Check(const std::string& job_id,
   // over; the new launch's ranks retry until then (docs/security.md). A launch just read
   // back after a restart holds until its ranks have had the time to come back. The
   // message names nothing the caller did not send.
-  if (!live.incarnation.empty() && (Now() < live.held_until || ranks_heard_from())) {
+  const absl::Time now = Now();
+  if (!live.incarnation.empty() && now < live.held_until) {
+    metrics_.refused_live_incarnation.Increment();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "incarnation: job %s is held by a launch the daemon read back after its restart, "
+        "for %s (its ranks' time to come back); launch \"%s\" is accepted after that if "
+        "none of them is back, in %s at the earliest",
+        job_id, absl::FormatDuration(options_.restored_hold), incarnation,
+        absl::FormatDuration(absl::Ceil(live.held_until - now, absl::Seconds(1)))));
+  }
+  if (!live.incarnation.empty() && ranks_heard_from()) {
     metrics_.refused_live_incarnation.Increment();
     return absl::FailedPreconditionError(absl::StrFormat(
         "incarnation: job %s is held by another launch whose ranks are still running; "

@@ -186,12 +186,17 @@ TEST_F(LaunchBookTest, LeasesSurviveARestartAndARestoredOneHoldsItsJobForAWhile)
               StatusIs(absl::StatusCode::kPermissionDenied));
   EXPECT_THAT(book.Check("j", "launch-A", kDigestA, [] { return false; }).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("replaced")));
-  // No rank of launch-B is known yet, but it holds its job for the restored hold (15 s).
+  // No rank of launch-B is known yet, but it holds its job for the restored hold (15 s),
+  // and the refusal says so (not --stale_after's wait, which the hold outlasts).
   EXPECT_THAT(book.Check("j", "launch-C", kDigestA, [] { return false; }).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("held by another")));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("incarnation: job j is held by a launch the daemon read back "
+                                 "after its restart, for 15s (its ranks' time to come back); "
+                                 "launch \"launch-C\" is accepted after that if none of them "
+                                 "is back, in 15s at the earliest")));
   clock_.Advance(absl::Seconds(14));
   EXPECT_THAT(book.Check("j", "launch-C", kDigestA, [] { return false; }).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition));
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("in 1s at the earliest")));
   clock_.Advance(absl::Seconds(1));
   EXPECT_THAT(book.Check("j", "launch-C", kDigestA, [] { return false; }),
               IsOkAndHolds(LaunchBook::Claim::kStart));
