@@ -8,7 +8,6 @@
 // Start before any port is bound (docs/security.md, docs/operations.md).
 #include "server/daemon.h"
 
-#include <arpa/inet.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -42,6 +41,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "server/gate_state.h"
+#include "server/listen_address.h"
 #include "server/log.h"
 #include "server/operator_store.h"
 #include "common/mutex.h"
@@ -290,30 +290,6 @@ absl::Status CheckStateDirWritable(const std::string& dir) {
 
 }  // namespace
 
-bool IsLoopbackListenAddress(absl::string_view address) {
-  // gRPC's unix sockets are reachable only from this host.
-  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
-    return true;
-  }
-  const size_t colon = address.rfind(':');
-  if (colon == std::string_view::npos) return false;
-  std::string host(address.substr(0, colon));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
-  unsigned char addr[16];
-  if (inet_pton(AF_INET, host.c_str(), addr) == 1) return addr[0] == 127;
-  if (inet_pton(AF_INET6, host.c_str(), addr) == 1) {
-    static constexpr unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0,
-                                                     0, 0, 0, 0, 0, 0, 0, 1};
-    static constexpr unsigned char kMapped4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    return std::equal(addr, addr + 16, kLoopback6) ||
-           (std::equal(addr, addr + 12, kMapped4) && addr[12] == 127);
-  }
-  return false;
-}
-
 class Daemon::Impl {
  public:
   DaemonOptions opts;
@@ -425,7 +401,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
                              static_cast<int>(absl::ToInt64Milliseconds(opts.handshake_timeout)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
-    return absl::UnavailableError(absl::StrCat(flag, "=", address, ": cannot listen there"));
+    const std::string why = WhyCannotListen(address);
+    return absl::UnavailableError(
+        absl::StrCat(flag, "=", address, ": cannot listen there", why.empty() ? "" : ": ", why));
   }
   return server;
 }

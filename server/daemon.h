@@ -17,7 +17,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/defaults.h"
 #include "server/state_options.h"
@@ -72,10 +71,6 @@ struct DaemonOptions {
   int min_ping_interval_ms = kDefaultMinPingIntervalMs;  // pings without data, from clients
   int max_ping_strikes = kDefaultMaxPingStrikes;         // then GOAWAY; 0: never
 };
-
-// Whether a listen address reaches only this host: 127.0.0.0/8, ::1, localhost, or a
-// unix socket. (Exposed for tests.)
-bool IsLoopbackListenAddress(absl::string_view address);
 
 class Daemon {
  public:

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "server/listen_address.h"
 
 namespace spgate::server {
 namespace {
@@ -74,8 +75,12 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Listen(
   try {
     e->exposer_ = std::make_unique<prometheus::Exposer>(listen);
   } catch (const std::exception& ex) {
-    return absl::UnavailableError(
-        absl::StrCat("--metrics_listen=", listen, ": cannot listen there: ", ex.what()));
+    // civetweb's own text ("null context when constructing CivetServer. Possible problem
+    // binding to port.") only when the operating system's reason cannot be found.
+    const std::string why = WhyCannotListen(listen.substr(0, listen.find(',')));
+    return absl::UnavailableError(absl::StrCat("--metrics_listen=", listen,
+                                               ": cannot listen there: ",
+                                               why.empty() ? ex.what() : why));
   }
   e->exposer_->RegisterCollectable(registry);
   const std::vector<int> ports = e->exposer_->GetListeningPorts();

@@ -61,7 +61,8 @@ TEST(MetricsEndpointTest, APortInUseIsRefusedNamingTheFlag) {
   const std::string taken = "127.0.0.1:" + std::to_string((*first)->port());
   EXPECT_THAT(MetricsEndpoint::Listen(taken, registry).status(),
               StatusIs(absl::StatusCode::kUnavailable,
-                       HasSubstr("--metrics_listen=" + taken + ": cannot listen there")));
+                       HasSubstr("--metrics_listen=" + taken +
+                                 ": cannot listen there: Address already in use")));
 }
 
 }  // namespace

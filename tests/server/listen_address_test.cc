@@ -1,0 +1,63 @@
+// Listen addresses (server/listen_address.h): which reach only this host, and why a
+// listen failed. Built into daemon_test.
+#include "server/listen_address.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace spgate::server {
+namespace {
+
+TEST(IsLoopbackListenAddressTest, Table) {
+  const struct {
+    const char* address;
+    bool loopback;
+  } cases[] = {
+      {"127.0.0.1:50061", true},  {"127.9.9.9:1", true},      {"localhost:50061", true},
+      {"LOCALHOST:1", true},      {"[::1]:50061", true},      {"[::ffff:127.0.0.1]:1", true},
+      {"unix:/run/spgated.sock", true},
+      {"0.0.0.0:50061", false},   {"[::]:50061", false},      {":50061", false},
+      {"10.0.3.7:50061", false},  {"128.0.0.1:1", false},     {"spgated:50061", false},
+      {"localhost.evil.example:1", false},                    {"127.0.0.1.nip.io:1", false},
+      {"[::2]:1", false},         {"50061", false},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(IsLoopbackListenAddress(c.address), c.loopback) << c.address;
+  }
+}
+
+// A port held here (listening) is "in use" on its own address, on the wildcard and in the
+// bare-port form; a free one binds; what cannot be tried says nothing.
+TEST(WhyCannotListenTest, NamesTheOperatingSystemsReason) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  for (const std::string& held : {absl::StrCat("127.0.0.1:", port), absl::StrCat("0.0.0.0:", port),
+                                  absl::StrCat("localhost:", port), absl::StrCat(port),
+                                  absl::StrCat(":", port)}) {
+    EXPECT_EQ(WhyCannotListen(held), "Address already in use") << held;
+  }
+  close(fd);
+  EXPECT_EQ(WhyCannotListen(absl::StrCat("127.0.0.1:", port)), "") << "free again";
+  for (const char* untried : {"127.0.0.1:0", "unix:/run/x.sock", "spgated:50061", "127.0.0.1:x"}) {
+    EXPECT_EQ(WhyCannotListen(untried), "") << untried;
+  }
+}
+
+}  // namespace
+}  // namespace spgate::server
