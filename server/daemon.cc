@@ -437,6 +437,14 @@ absl::Status Daemon::Impl::Start() {
   RETURN_IF_ERROR(CheckAdminListen(opts));
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
+  // A path that is there but no directory would be read as one first ("cannot read
+  // DIR/spgated-state.textproto: Not a directory"): say which flag it is.
+  if (struct stat st{}; !opts.state_dir.empty() && ::stat(opts.state_dir.c_str(), &st) == 0 &&
+                        !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state_dir ", opts.state_dir, " is not a directory (give a directory, or a path "
+        "where one can be made)"));
+  }
   metrics = std::make_unique<Metrics>();
   // The persisted state is restored here, before any port reports SERVING.
   StoreOptions store_options;

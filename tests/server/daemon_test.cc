@@ -656,6 +656,16 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
   }
 }
 
+TEST_F(DaemonTest, AStateDirThatIsAFileIsRefusedNamingTheFlag) {
+  const std::string file = TempDir("daemon_test") + "/a-file";
+  std::ofstream(file) << "not a directory\n";
+  DaemonOptions opts;
+  opts.state_dir = file;
+  EXPECT_THAT(Daemon::Start(opts).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--state_dir " + file + " is not a directory")));
+}
+
 TEST_F(DaemonTest, InvalidConfigFileStopsStartupAndBadReloadKeepsRunningConfig) {
   const std::string dir = TempDir("daemon_test");
   const std::string path = dir + "/gates.textproto";
