@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -226,6 +227,20 @@ std::string StatusCodeName(int code) {
 std::string FormatRpcError(absl::string_view command, int code, absl::string_view message) {
   return absl::StrCat("spgatectl: ", command, ": ", StatusCodeName(code), ": ",
                       message.empty() ? "(no message)" : message, "\n");
+}
+
+std::string HandshakeHint(int code, absl::string_view message, bool tls) {
+  if (code != static_cast<int>(absl::StatusCode::kUnavailable) ||
+      !absl::StrContains(message, "Socket closed")) {
+    return "";
+  }
+  return absl::StrCat(
+      "spgatectl: the daemon closed the connection before answering: a TLS port refusing "
+      "this client reads this way — ",
+      tls ? "a client certificate missing (--tls_cert, --tls_key) or not signed by the "
+            "daemon's --tls_client_ca"
+          : "this call was plaintext (no --tls_ca) and the port speaks TLS",
+      " (docs/security.md)\n");
 }
 
 std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat format) {

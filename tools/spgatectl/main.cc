@@ -175,7 +175,9 @@ class Client {
       std::cerr << "spgatectl: " << inv_.name << ": interrupted\n";
       return kExitInterrupted;
     }
-    std::cerr << FormatRpcError(inv_.name, status.error_code(), status.error_message());
+    std::cerr << FormatRpcError(inv_.name, status.error_code(), status.error_message())
+              << HandshakeHint(status.error_code(), status.error_message(),
+                               !inv_.global.tls_ca.empty() || !inv_.global.tls_cert.empty());
     return kExitRpcError;
   }
 

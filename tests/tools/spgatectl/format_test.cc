@@ -522,6 +522,18 @@ TEST(FormatHistory, OneRowPerEntryNewestFirst) {
   EXPECT_EQ(FormatHistory({}, OutputFormat::kTable), "(no audited changes)\n");
 }
 
+TEST(HandshakeHint, OnlyForAConnectionClosedBeforeAnAnswer) {
+  const int unavailable = static_cast<int>(absl::StatusCode::kUnavailable);
+  EXPECT_THAT(HandshakeHint(unavailable, "ipv4:127.0.0.1:50062: Socket closed", false),
+              HasSubstr("this call was plaintext (no --tls_ca) and the port speaks TLS"));
+  EXPECT_THAT(HandshakeHint(unavailable, "ipv4:127.0.0.1:50062: Socket closed", true),
+              HasSubstr("not signed by the daemon's --tls_client_ca"));
+  EXPECT_EQ(HandshakeHint(unavailable, "failed to connect to all addresses", true), "");
+  EXPECT_EQ(HandshakeHint(static_cast<int>(absl::StatusCode::kPermissionDenied),
+                          "Socket closed", true),
+            "");
+}
+
 TEST(FormatDecisionLine, OneLineEach) {
   const auto d = Parse<v1::Decision>(R"pb(
     job_id: "llama" group: 1 step: 42 mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV
