@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "absl/flags/parse.h"
+#include "absl/flags/internal/parse.h"
+#include "absl/flags/internal/usage.h"
+#include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -34,63 +36,40 @@ std::string NormalizeFlagFile(absl::string_view filename) {
   return std::string(filename);
 }
 
-// While ParseFlags runs absl's parser: any exit then is absl's, with the status it should
-// have (absl exits 1 after a refused flag and after --help).
+// While ParseFlags runs absl's parser, any exit is absl refusing a flag (after its message
+// naming it): with status 2 here, where absl exits 1.
 bool parsing = false;
-int parse_exit_status = 2;
 
 void ExitWithParseStatus() {
   if (!parsing) return;
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);
-  _exit(parse_exit_status);
-}
-
-absl::string_view UsageFlagName(std::string_view arg) {
-  absl::string_view a(arg.data(), arg.size());
-  if (!absl::ConsumePrefix(&a, "--") && !absl::ConsumePrefix(&a, "-")) return {};
-  a = a.substr(0, a.find('='));
-  for (absl::string_view name : {"help", "helpfull", "helpshort", "helppackage", "helpon",
-                                 "helpmatch", "version", "only_check_args"}) {
-    if (a == name) return name;
-  }
-  return {};
+  _exit(2);
 }
 
 }  // namespace
 
-bool IsUsageFlag(std::string_view arg) { return !UsageFlagName(arg).empty(); }
-
 std::vector<char*> ParseFlags(int argc, char* argv[]) {
   static const bool registered = std::atexit(ExitWithParseStatus) == 0;
   (void)registered;
-  // First the command line without the usage flags: whatever absl refuses there exits 2.
-  std::vector<char*> checked;
-  bool usage = false, flags_done = false;
-  for (int i = 0; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (i > 0 && !flags_done && IsUsageFlag(arg)) {
-      usage = true;
-      const absl::string_view name = UsageFlagName(arg);
-      // "--helpon NAME": a string flag's value may be the next argument.
-      if ((name == "helpon" || name == "helpmatch") && arg.find('=') == arg.npos) ++i;
-      continue;
-    }
-    flags_done = flags_done || arg == "--";
-    checked.push_back(argv[i]);
-  }
+  // absl::ParseCommandLine is this with kHandleUsage: the usage flags are handled below
+  // instead, so that a refused flag (even a usage flag's own value, --help=maybe) and a
+  // help request end with different statuses. (absl/flags/internal: the project already
+  // reads WasPresentOnCommandLine from there; Abseil 20220623 as Debian ships it.)
   parsing = true;
-  parse_exit_status = 2;
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(checked.size()),
-                                                   checked.data());
-  if (usage) {
-    // The flags are good: the whole line again, for absl to print what was asked and
-    // exit (1 after help in absl, 0 here).
-    parse_exit_status = 0;
-    rest = absl::ParseCommandLine(argc, argv);
-  }
+  std::vector<char*> rest = absl::flags_internal::ParseCommandLineImpl(
+      argc, argv, absl::flags_internal::ArgvListAction::kRemoveParsedArgs,
+      absl::flags_internal::UsageFlagsAction::kIgnoreUsage,
+      absl::flags_internal::OnUndefinedFlag::kAbortIfUndefined);
   parsing = false;
+  // -1: no usage flag; 1 after help (absl's exit status, 0 here); 0 after --version and
+  // --only_check_args.
+  const int usage = absl::flags_internal::HandleUsageFlags(std::cout, absl::ProgramUsageMessage());
+  if (usage != -1) {
+    std::cout.flush();
+    std::exit(usage == 1 ? 0 : usage);
+  }
   return rest;
 }
 

@@ -35,14 +35,10 @@ void InitFlagsUsage(std::string_view program);
 // when it refuses a flag (unknown, or a value that does not parse: its message names the
 // flag) and after --help, both with status 1 — which our binaries keep for a run that
 // failed. Here a refused command line exits 2 (a usage error), and --help and its kin
-// (--helpfull, --helpshort, --helppackage, --helpon, --helpmatch), --version and
-// --only_check_args exit 0 once the rest of the line is good. Call once, after
-// InitFlagsUsage.
+// (--helpfull, --helpshort, --helppackage, --helpon, --helpmatch) exit 0, as --version
+// and --only_check_args do (the latter checks what absl checks: a binary's own range
+// checks run after ParseFlags). Call once, after InitFlagsUsage.
 std::vector<char*> ParseFlags(int argc, char* argv[]);
-
-// Whether `arg` is one of absl's usage flags (--help and kin, --version,
-// --only_check_args; one dash or two, with or without a value).
-bool IsUsageFlag(std::string_view arg);
 
 }  // namespace spgate
 

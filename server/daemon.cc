@@ -65,11 +65,9 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
 
 // "0.0.0.0:50061" -> "127.0.0.1", "[::]:1" -> "[::1]", "host:1" -> "host".
 std::string DialHost(const std::string& listen) {
-  const size_t colon = listen.rfind(':');
-  std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host == "*") return "127.0.0.1";
-  if (host == "[::]") return "[::1]";
-  return host;
+  const ListenParts parts = SplitListenAddress(listen);
+  const std::string host = LocalHostOf(parts);
+  return parts.bracketed ? absl::StrCat("[", host, "]") : host;
 }
 
 // Where an empty --listen puts the worker API (docs/security.md, "Worker credentials").
@@ -190,11 +188,8 @@ absl::Status ResolveWorkerListen(DaemonOptions& opts) {
 // memory gate can run a job out of memory. A client CA alone (--tls_client_ca) is no
 // admin credential: it is the worker API's CA too, so every worker's certificate would
 // be an admin's (docs/security.md, "Admin roles and credentials").
-absl::Status CheckAdminListen(const DaemonOptions& opts) {
-  if (!opts.admin_token_file.empty() || !opts.reader_token_file.empty() ||
-      !opts.admin_subjects_file.empty() || IsLoopbackListenAddress(opts.admin_listen)) {
-    return absl::OkStatus();
-  }
+absl::Status CheckAdminListen(const DaemonOptions& opts, const AdminAuthConfig& auth) {
+  if (auth.configured() || IsLoopbackListenAddress(opts.admin_listen)) return absl::OkStatus();
   const std::string who =
       opts.tls_client_ca.empty()
           ? "anyone who can reach it"
@@ -399,6 +394,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
   // then is closed.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(opts.handshake_timeout)));
+  // gRPC sets SO_REUSEPORT by default: a second daemon on a port in use would start and
+  // the kernel would split the connections between the two, each with its own state.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || *port == 0) {
     const std::string why = WhyCannotListen(address);
@@ -434,7 +432,7 @@ absl::Status Daemon::Impl::Start() {
                    LoadWorkerAuth(opts.worker_token_file, opts.worker_subjects_file));
   RETURN_IF_ERROR(CheckWorkerTokensAreNotAdminTokens(worker_auth, auth));
   RETURN_IF_ERROR(ResolveWorkerListen(opts));
-  RETURN_IF_ERROR(CheckAdminListen(opts));
+  RETURN_IF_ERROR(CheckAdminListen(opts, auth));
   ASSIGN_OR_RETURN(auto creds, Credentials());
 
   // A path that is there but no directory would be read as one first ("cannot read

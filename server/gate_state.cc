@@ -687,7 +687,9 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot, absl::Time now) {
     g.norm_stall.Resize(window);
     g.all_gather.Push(p.all_gather);
     g.norm_stall.Push(p.norm_share);
-    g.metrics->rs_wait_share->Set(g.policy.rs_wait().mean);
+    // A record the window refused (the step before a trip, arriving after it) leaves the
+    // gauge at the value that tripped the gate, not at an empty window's 0.
+    if (g.policy.rs_wait().samples > 0) g.metrics->rs_wait_share->Set(g.policy.rs_wait().mean);
     g.metrics->all_gather_tail->Set(g.all_gather.Quantile(0.95));
     g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
   }

@@ -70,7 +70,7 @@ inline std::optional<double> RollingValue(const RsWaitObservation& rs) {
   return rs.samples > 0 ? std::optional<double>(rs.mean) : std::nullopt;
 }
 
-// A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 224 and
+// A decision as the group's cache keeps it: 72 bytes where a DecisionRecord is 232 and
 // the job id's copy (the cache is the largest item of a group, docs/benchmarks.md). The
 // job and group come from the group that holds it; Expand gives back the record exactly
 // as it was made, so a retry's answer is the same bytes.

@@ -11,24 +11,49 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace spgate::server {
+namespace {
 
-bool IsLoopbackListenAddress(absl::string_view address) {
-  // gRPC's unix sockets are reachable only from this host.
+// The port as a number in [0, 65535], or -1.
+int PortNumber(const ListenParts& p) {
+  int port = -1;
+  if (p.port.empty() || p.port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(p.port, &port) || port > 65535) {
+    return -1;
+  }
+  return port;
+}
+
+}  // namespace
+
+ListenParts SplitListenAddress(absl::string_view address) {
+  ListenParts p;
   if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
-    return true;
+    p.unix = true;
+    return p;
   }
   const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos) return false;
-  std::string host(address.substr(0, colon));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  p.has_colon = colon != absl::string_view::npos;
+  p.host = p.has_colon ? std::string(address.substr(0, colon)) : "";
+  p.port = std::string(p.has_colon ? address.substr(colon + 1) : address);
+  if (p.host.size() >= 2 && p.host.front() == '[' && p.host.back() == ']') {
+    p.host = p.host.substr(1, p.host.size() - 2);
+    p.bracketed = true;
   }
-  if (absl::EqualsIgnoreCase(host, "localhost")) return true;
+  return p;
+}
+
+bool IsLoopbackListenAddress(absl::string_view address) {
+  const ListenParts p = SplitListenAddress(address);
+  // gRPC's unix sockets are reachable only from this host.
+  if (p.unix) return true;
+  if (!p.has_colon) return false;
+  if (absl::EqualsIgnoreCase(p.host, "localhost")) return true;
   unsigned char addr[16];
-  if (inet_pton(AF_INET, host.c_str(), addr) == 1) return addr[0] == 127;
-  if (inet_pton(AF_INET6, host.c_str(), addr) == 1) {
+  if (inet_pton(AF_INET, p.host.c_str(), addr) == 1) return addr[0] == 127;
+  if (inet_pton(AF_INET6, p.host.c_str(), addr) == 1) {
     static constexpr unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0,
                                                      0, 0, 0, 0, 0, 0, 0, 1};
     static constexpr unsigned char kMapped4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
@@ -38,36 +63,51 @@ bool IsLoopbackListenAddress(absl::string_view address) {
   return false;
 }
 
-std::string WhyCannotListen(absl::string_view address) {
-  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
-    return "";
+std::string LocalHostOf(const ListenParts& parts) {
+  if (parts.host == "::") return "::1";
+  if (parts.host.empty() || parts.host == "0.0.0.0" || parts.host == "*") {
+    return parts.bracketed ? "::1" : "127.0.0.1";
   }
-  const size_t colon = address.rfind(':');
-  std::string host = colon == absl::string_view::npos ? "" : std::string(address.substr(0, colon));
-  const absl::string_view port_text =
-      colon == absl::string_view::npos ? address : address.substr(colon + 1);
-  int port = 0;
-  if (!absl::SimpleAtoi(port_text, &port) || port <= 0 || port > 65535) return "";
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host.empty()) host = "0.0.0.0";
-  if (absl::EqualsIgnoreCase(host, "localhost")) host = "127.0.0.1";
-  sockaddr_storage addr{};
-  socklen_t len = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  return parts.host;
+}
+
+bool NumericSocketAddress(const std::string& host, int port, sockaddr_storage* addr,
+                          socklen_t* len) {
+  *addr = {};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(addr);
   if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
     v4->sin_family = AF_INET;
     v4->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v4);
-  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    *len = sizeof(*v4);
+    return true;
+  }
+  if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
     v6->sin6_family = AF_INET6;
     v6->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v6);
-  } else {
-    return "";
+    *len = sizeof(*v6);
+    return true;
   }
+  return false;
+}
+
+std::string ListenAddressShapeError(absl::string_view flag, absl::string_view address) {
+  const ListenParts p = SplitListenAddress(address);
+  if (address.empty() || p.unix || (p.has_colon && PortNumber(p) >= 0)) return "";
+  return absl::StrCat("--", flag, "=", address,
+                      ": not an address to listen on (HOST:PORT with PORT in [0, 65535], "
+                      "[IPv6]:PORT, or unix:PATH)");
+}
+
+std::string WhyCannotListen(absl::string_view address) {
+  const ListenParts p = SplitListenAddress(address);
+  const int port = PortNumber(p);
+  if (p.unix || port <= 0) return "";
+  std::string host = p.host.empty() ? "0.0.0.0" : p.host;
+  if (absl::EqualsIgnoreCase(host, "localhost")) host = "127.0.0.1";
+  sockaddr_storage addr;
+  socklen_t len = 0;
+  if (!NumericSocketAddress(host, port, &addr, &len)) return "";
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return std::strerror(errno);
   // As the servers bind: a port in TIME_WAIT is not "in use".

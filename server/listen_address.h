@@ -1,8 +1,12 @@
 // What the daemon knows about an address it is asked to listen on, before and after it
-// tries: whether only this host can reach it, and why a listen failed. The gRPC servers
-// and the metrics endpoint report a failed listen without the operating system's reason
-// (gRPC logs it on a line of its own; civetweb says "possible problem binding to port").
+// tries: its parts, whether only this host can reach it, where to dial it, and why a
+// listen failed. One reading of "host:port" for the gRPC ports and the metrics port. (The
+// gRPC servers and civetweb report a failed listen without the operating system's
+// reason: gRPC logs it on a line of its own; civetweb says "possible problem binding to
+// port".)
 #pragma once
+
+#include <sys/socket.h>
 
 #include <string>
 
@@ -10,16 +14,42 @@
 
 namespace spgate::server {
 
+// An address split at its last ':' — "host:port", "[v6]:port", or a bare "port" as
+// civetweb takes it (no host) — into the host without its brackets and the port's text.
+// A unix socket ("unix:PATH", "unix-abstract:NAME") is not split: `unix` is set.
+struct ListenParts {
+  std::string host;  // empty: none given (every interface)
+  std::string port;  // as written; may be empty or not a number
+  bool bracketed = false;  // the host was written in brackets (IPv6)
+  bool has_colon = false;  // "host:port" or "[v6]:port", not a bare port
+  bool unix = false;
+};
+ListenParts SplitListenAddress(absl::string_view address);
+
 // Whether a listen address reaches only this host: 127.0.0.0/8, ::1, localhost, or a
 // unix socket.
 bool IsLoopbackListenAddress(absl::string_view address);
 
-// Why a TCP socket cannot be bound to `address` ("host:port", "[v6]:port", or a bare
-// "port" for every IPv4 interface; the host numeric or "localhost"), as the operating
-// system says it ("Address already in use", "Permission denied", "Cannot assign
-// requested address"); empty when the bind succeeds here, or for an address it cannot
-// try (a unix socket, a host name, port 0). Call after a listen failed: a free port may
-// have been taken since.
+// The host a client on this machine reaches a listen address at, without brackets: the
+// loopback address of the family for a wildcard ("", "0.0.0.0", "*", "::"), else the host
+// as written (a name is not resolved).
+std::string LocalHostOf(const ListenParts& parts);
+
+// A numeric host ("127.0.0.1", "::1", no brackets) and a port as a socket address; false
+// for anything else (a name is not resolved).
+bool NumericSocketAddress(const std::string& host, int port, sockaddr_storage* addr,
+                          socklen_t* len);
+
+// Empty when `address` has the shape of a gRPC listen address (HOST:PORT with PORT in
+// [0, 65535], [IPv6]:PORT, unix:PATH, unix-abstract:NAME); else what is wrong, naming
+// `flag` ("listen": "--listen=ADDRESS: ...").
+std::string ListenAddressShapeError(absl::string_view flag, absl::string_view address);
+
+// Why a TCP socket cannot be bound to `address` (a numeric host or "localhost"; a bare
+// port is every IPv4 interface), as the operating system says it ("Address already in
+// use", "Permission denied"); empty when the bind succeeds here, or for an address it
+// cannot try (a unix socket, a host name, port 0). Call after a listen failed: a free
+// port may have been taken since.
 std::string WhyCannotListen(absl::string_view address);
 
 }  // namespace spgate::server

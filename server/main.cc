@@ -11,15 +11,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/cli.h"
 #include "common/mutex.h"
 #include "server/daemon.h"
 #include "server/defaults.h"
+#include "server/listen_address.h"
 #include "server/log.h"
 #include "server/metrics.h"
 
@@ -158,27 +156,6 @@ spgate::server::DaemonOptions DaemonOptionsFromFlags() {
   return opts;
 }
 
-// A gRPC listen address's shape (host:port, [v6]:port, unix:PATH or unix-abstract:NAME),
-// checked before gRPC would log its own error and refuse it: what is wrong, or empty.
-std::string ListenAddressError(absl::string_view flag, absl::string_view address) {
-  if (address.empty() || absl::StartsWith(address, "unix:") ||
-      absl::StartsWith(address, "unix-abstract:")) {
-    return "";
-  }
-  const size_t colon = address.rfind(':');
-  const absl::string_view port =
-      colon == absl::string_view::npos ? absl::string_view() : address.substr(colon + 1);
-  int value = 0;
-  if (colon == absl::string_view::npos || port.empty() ||
-      port.find_first_not_of("0123456789") != absl::string_view::npos ||
-      !absl::SimpleAtoi(port, &value) || value > 65535) {
-    return absl::StrCat("--", flag, "=", address,
-                        ": not an address to listen on (HOST:PORT with PORT in [0, 65535], "
-                        "[IPv6]:PORT, or unix:PATH)");
-  }
-  return "";
-}
-
 // The flags' ranges, checked before a port is bound: the first flag out of range, with
 // its range and the value given, or empty when all are in range.
 std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
@@ -235,7 +212,10 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
   for (const auto& [flag, address] : {std::pair{"listen", &opts.listen},
                                       std::pair{"admin_listen", &opts.admin_listen},
                                       std::pair{"health_listen", &opts.health_listen}}) {
-    if (std::string error = ListenAddressError(flag, *address); !error.empty()) return error;
+    if (std::string error = spgate::server::ListenAddressShapeError(flag, *address);
+        !error.empty()) {
+      return error;
+    }
   }
   if (st.stale_after < 2 * st.heartbeat_interval) {
     // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).

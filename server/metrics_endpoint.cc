@@ -1,7 +1,5 @@
 #include "server/metrics_endpoint.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -29,21 +27,9 @@ namespace {
 // One TCP connection to [host]:port, closed at once; errors are ignored (a missed wake
 // costs only the rest of civetweb's quantum).
 void Knock(const std::string& host, int port) {
-  sockaddr_storage addr{};
+  sockaddr_storage addr;
   socklen_t len = 0;
-  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
-  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
-  if (inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
-    v4->sin_family = AF_INET;
-    v4->sin_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v4);
-  } else if (inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
-    v6->sin6_family = AF_INET6;
-    v6->sin6_port = htons(static_cast<uint16_t>(port));
-    len = sizeof(*v6);
-  } else {
-    return;
-  }
+  if (!NumericSocketAddress(host, port, &addr, &len)) return;
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   // A full accept queue drops the SYN: give up on this knock, the next one retries.
@@ -58,15 +44,7 @@ void Knock(const std::string& host, int port) {
 std::string LocalAddressOf(const std::string& listen_ports) {
   // civetweb takes a comma-separated list; the port reported (and knocked on) is the
   // first entry's.
-  const std::string listen = listen_ports.substr(0, listen_ports.find(','));
-  std::string host;
-  if (!listen.empty() && listen.front() == '[') {
-    host = listen.substr(1, listen.find(']') == std::string::npos ? 0 : listen.find(']') - 1);
-    return host.empty() || host == "::" ? "::1" : host;
-  }
-  const size_t colon = listen.rfind(':');
-  if (colon != std::string::npos) host = listen.substr(0, colon);
-  return host.empty() || host == "0.0.0.0" ? "127.0.0.1" : host;
+  return LocalHostOf(SplitListenAddress(listen_ports.substr(0, listen_ports.find(','))));
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Listen(

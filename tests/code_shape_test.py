@@ -47,7 +47,7 @@ def functions(root, files):
     """(path, name, first line, lines) for every function ctags finds with an end."""
     code = [f for f in files if not f.endswith(".proto")]
     result = subprocess.run(
-        ["ctags", "-x", "--fields=+ne", "--c++-kinds=f", "--python-kinds=fm",
+        ["ctags", "-x", "--fields=+ne", "--kinds-C++=f", "--kinds-CUDA=f", "--kinds-Python=fm",
          "--map-CUDA=+.cu", "--map-CUDA=+.cuh", "--_xformat=%N\t%F\t%n\t%e", "-L", "-"],
         cwd=root, input="\n".join(code), capture_output=True, text=True, check=True)
     out = []
@@ -92,8 +92,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=ROOT)
     args = parser.parse_args()
-    if shutil.which("ctags") is None:
-        print("code_shape_test: ctags not found (make deps installs universal-ctags)")
+    # A missing or other ctags fails the test: `make deps` installs universal-ctags.
+    version = ""
+    if shutil.which("ctags") is not None:
+        version = subprocess.run(["ctags", "--version"], capture_output=True, text=True).stdout
+    if "Universal Ctags" not in version:
+        print("code_shape_test: universal-ctags not found (make deps installs it)")
         return 1
     problems = check(args.root)
     for p in problems:

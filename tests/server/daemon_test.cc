@@ -656,6 +656,24 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
   }
 }
 
+// A second daemon on a port a first one serves is refused with the reason (gRPC would
+// otherwise share the port with SO_REUSEPORT, and the kernel split the workers between
+// two daemons with two states).
+TEST_F(DaemonTest, ASecondDaemonOnAPortInUseIsRefused) {
+  auto first = Daemon::Start(DaemonOptions{});
+  ASSERT_THAT(first.status(), IsOk());
+  for (const bool admin : {false, true}) {
+    DaemonOptions opts;
+    const std::string taken =
+        absl::StrCat("127.0.0.1:", admin ? (*first)->admin_port() : (*first)->worker_port());
+    (admin ? opts.admin_listen : opts.listen) = taken;
+    EXPECT_THAT(Daemon::Start(opts).status(),
+                StatusIs(absl::StatusCode::kUnavailable,
+                         HasSubstr(absl::StrCat(admin ? "--admin_listen=" : "--listen=", taken,
+                                                ": cannot listen there: Address already in use"))));
+  }
+}
+
 TEST_F(DaemonTest, AStateDirThatIsAFileIsRefusedNamingTheFlag) {
   const std::string file = TempDir("daemon_test") + "/a-file";
   std::ofstream(file) << "not a directory\n";

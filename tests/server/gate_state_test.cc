@@ -231,6 +231,31 @@ TEST_F(GateStateTest, AfterATripTheRollingShareIsUnsetNotZero) {
   EXPECT_FALSE(job->groups(0).has_rolling_rs_wait_share()) << job->groups(0).ShortDebugString();
 }
 
+// Plans run ahead of telemetry: the last SP step's record can arrive after the plan that
+// tripped the gate. The window refuses it (it is from before the trip), and the gauge keeps
+// the value that tripped the gate rather than an emptied window's 0.
+TEST_F(GateStateTest, ALateRecordAfterATripLeavesTheGaugeAtTheTrippingValue) {
+  v1::GateConfig file;
+  file.set_window_steps(2);
+  auto state = Make("", file);
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(session.status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {512, 512}), &d), IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {512, 512}), &d), IsOk());
+  ASSERT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+  ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.5)),
+              IsOk());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 2, {512, 512}), &d), IsOk());
+  ASSERT_EQ(d.reason(), v1::RS_WAIT) << "the trip";
+  ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.5)),
+              IsOk());
+  EXPECT_FALSE(state->GetJob("j")->groups(0).has_rolling_rs_wait_share());
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
+              HasSubstr("spgate_rs_wait_share{group=\"0\",job_id=\"j\"} 0.5\n"));
+}
+
 // A reused Decision keeps nothing of the last one: a stream writes every answer into the
 // same message.
 TEST(DecisionToProtoTest, AReusedMessageKeepsNothingOfTheLastDecision) {

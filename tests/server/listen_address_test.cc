@@ -34,6 +34,34 @@ TEST(IsLoopbackListenAddressTest, Table) {
   }
 }
 
+TEST(ListenAddressTest, ShapeAndTheHostALocalClientDials) {
+  const struct {
+    const char* address;
+    bool good;          // a gRPC listen address's shape
+    const char* local;  // LocalHostOf; null: not a TCP address
+  } cases[] = {
+      {"127.0.0.1:50061", true, "127.0.0.1"}, {"0.0.0.0:0", true, "127.0.0.1"},
+      {":50061", true, "127.0.0.1"},          {"*:1", true, "127.0.0.1"},
+      {"[::]:50061", true, "::1"},            {"[::1]:65535", true, "::1"},
+      {"spgated:50061", true, "spgated"},     {"unix:/run/s.sock", true, nullptr},
+      {"127.0.0.1:notaport", false, "127.0.0.1"}, {"127.0.0.1", false, "127.0.0.1"},
+      {"127.0.0.1:70000", false, "127.0.0.1"},    {"127.0.0.1:", false, "127.0.0.1"},
+      {"127.0.0.1:-1", false, "127.0.0.1"},       {"9461", false, "127.0.0.1"},
+  };
+  for (const auto& c : cases) {
+    const std::string error = ListenAddressShapeError("listen", c.address);
+    EXPECT_EQ(error.empty(), c.good) << c.address << ": " << error;
+    if (!c.good) {
+      EXPECT_THAT(error, ::testing::StartsWith(absl::StrCat("--listen=", c.address,
+                                                            ": not an address to listen on")));
+    }
+    if (c.local != nullptr) {
+      EXPECT_EQ(LocalHostOf(SplitListenAddress(c.address)), c.local) << c.address;
+    }
+  }
+  EXPECT_EQ(ListenAddressShapeError("admin_listen", ""), "") << "empty: the flag's default";
+}
+
 // A port held here (listening) is "in use" on its own address, on the wildcard and in the
 // bare-port form; a free one binds; what cannot be tried says nothing.
 TEST(WhyCannotListenTest, NamesTheOperatingSystemsReason) {

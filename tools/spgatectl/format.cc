@@ -230,7 +230,10 @@ std::string FormatRpcError(absl::string_view command, int code, absl::string_vie
 }
 
 std::string HandshakeHint(int code, absl::string_view message, bool tls) {
+  // Not a stream the daemon ended later (a watch when it restarts): a connection it
+  // never answered on.
   if (code != static_cast<int>(absl::StatusCode::kUnavailable) ||
+      !absl::StrContains(message, "failed to connect to all addresses") ||
       !absl::StrContains(message, "Socket closed")) {
     return "";
   }
@@ -239,7 +242,7 @@ std::string HandshakeHint(int code, absl::string_view message, bool tls) {
       "this client reads this way — ",
       tls ? "a client certificate missing (--tls_cert, --tls_key) or not signed by the "
             "daemon's --tls_client_ca"
-          : "this call was plaintext (no --tls_ca) and the port speaks TLS",
+          : "this call was plaintext (no --tls_ca, --tls_cert) and the port speaks TLS",
       " (docs/security.md)\n");
 }
 

@@ -53,10 +53,10 @@ std::string StatusCodeName(int code);
 
 // "spgatectl: <command>: <CODE>: <message>\n" — how a refused call is reported.
 std::string FormatRpcError(absl::string_view command, int code, absl::string_view message);
-// A line after an UNAVAILABLE whose reason is gRPC's "Socket closed": the daemon ended the
-// connection during its handshake, which is what a TLS port refusing this client looks
+// A line after an UNAVAILABLE of a connection that never opened whose last reason is
+// gRPC's "Socket closed": the daemon ended the connection during its handshake, which is what a TLS port refusing this client looks
 // like (no client certificate, one from another CA, plaintext against TLS); empty for
-// anything else. `tls`: whether spgatectl was given --tls_ca or --tls_cert.
+// anything else. `tls`: whether the call spoke TLS (TlsClientOptions::enabled).
 std::string HandshakeHint(int code, absl::string_view message, bool tls);
 
 std::string FormatGateConfig(const v1::VersionedGateConfig& config, OutputFormat format);

@@ -177,7 +177,9 @@ class Client {
     }
     std::cerr << FormatRpcError(inv_.name, status.error_code(), status.error_message())
               << HandshakeHint(status.error_code(), status.error_message(),
-                               !inv_.global.tls_ca.empty() || !inv_.global.tls_cert.empty());
+                               client::TlsClientOptions{.ca = inv_.global.tls_ca,
+                                                        .cert = inv_.global.tls_cert}
+                                   .enabled());
     return kExitRpcError;
   }
 

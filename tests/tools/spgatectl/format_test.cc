@@ -524,11 +524,19 @@ TEST(FormatHistory, OneRowPerEntryNewestFirst) {
 
 TEST(HandshakeHint, OnlyForAConnectionClosedBeforeAnAnswer) {
   const int unavailable = static_cast<int>(absl::StatusCode::kUnavailable);
-  EXPECT_THAT(HandshakeHint(unavailable, "ipv4:127.0.0.1:50062: Socket closed", false),
-              HasSubstr("this call was plaintext (no --tls_ca) and the port speaks TLS"));
-  EXPECT_THAT(HandshakeHint(unavailable, "ipv4:127.0.0.1:50062: Socket closed", true),
+  const std::string refused =
+      "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:50062: "
+      "Socket closed";
+  EXPECT_THAT(HandshakeHint(unavailable, refused, false),
+              HasSubstr("this call was plaintext (no --tls_ca, --tls_cert) and the port speaks TLS"));
+  EXPECT_THAT(HandshakeHint(unavailable, refused, true),
               HasSubstr("not signed by the daemon's --tls_client_ca"));
-  EXPECT_EQ(HandshakeHint(unavailable, "failed to connect to all addresses", true), "");
+  EXPECT_EQ(HandshakeHint(unavailable, "failed to connect to all addresses; last error: "
+                                       "UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", true),
+            "")
+      << "no daemon there";
+  EXPECT_EQ(HandshakeHint(unavailable, "Socket closed", true), "")
+      << "a stream the daemon ended after it had answered (a watch across a restart)";
   EXPECT_EQ(HandshakeHint(static_cast<int>(absl::StatusCode::kPermissionDenied),
                           "Socket closed", true),
             "");
