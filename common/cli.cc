@@ -54,7 +54,7 @@ std::vector<char*> ParseFlags(int argc, char* argv[]) {
   static const bool registered = std::atexit(ExitWithParseStatus) == 0;
   (void)registered;
   // absl::ParseCommandLine is this with kHandleUsage: the usage flags are handled below
-  // instead, so that a refused flag (even a usage flag's own value, --help=maybe) and a
+  // instead, so that a refused flag (also beside a usage flag: --help --bogus) and a
   // help request end with different statuses. (absl/flags/internal: the project already
   // reads WasPresentOnCommandLine from there; Abseil 20220623 as Debian ships it.)
   parsing = true;
