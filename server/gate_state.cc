@@ -26,10 +26,10 @@ namespace {
 using gate_state_internal::Active;
 using gate_state_internal::AsDirective;
 using gate_state_internal::kNoStep;
-using gate_state_internal::RollingValue;
 using gate_state_internal::kPendingSlots;
 using gate_state_internal::ModeWindow;
 using gate_state_internal::PendingStep;
+using gate_state_internal::RollingValue;
 using gate_state_internal::Rank;
 
 // What a cached decision must match to answer a plan: its lengths, in order, and its
@@ -689,7 +689,9 @@ void GateState::FinalizeStep(Job& job, Group& g, int slot, absl::Time now) {
     g.norm_stall.Push(p.norm_share);
     // A record the window refused (the step before a trip, arriving after it) leaves the
     // gauge at the value that tripped the gate, not at an empty window's 0.
-    if (g.policy.rs_wait().samples > 0) g.metrics->rs_wait_share->Set(g.policy.rs_wait().mean);
+    if (const std::optional<double> rs = RollingValue(g.policy.rs_wait())) {
+      g.metrics->rs_wait_share->Set(*rs);
+    }
     g.metrics->all_gather_tail->Set(g.all_gather.Quantile(0.95));
     g.metrics->norm_stall_ratio->Set(g.norm_stall.Mean());
   }

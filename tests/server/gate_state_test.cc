@@ -205,36 +205,11 @@ TEST_F(GateStateTest, RsWaitWindowRollsOverAndTripsTheGate) {
   EXPECT_TRUE(job->groups(0).rs_wait_fallback());
 }
 
-TEST_F(GateStateTest, AfterATripTheRollingShareIsUnsetNotZero) {
-  v1::GateConfig file;
-  file.set_window_steps(2);
-  auto state = Make("", file);
-  auto reg = state->Register(Reg("j", 0, 0, 1));
-  auto session = state->AttachSession(reg->session_id(), std::weak_ptr<SessionSink>());
-  ASSERT_THAT(session.status(), IsOk());
-  v1::Decision d;
-  int64_t step = 0;
-  for (; step < 50 && d.reason() != v1::RS_WAIT; ++step) {
-    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
-    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0,
-                                                      d.mode() == v1::SEQUENCE_PARALLEL ? 0.5 : 0)),
-                IsOk());
-  }
-  ASSERT_EQ(d.reason(), v1::RS_WAIT) << "the trip, by step " << step;
-  EXPECT_NEAR(d.rolling_rs_wait_share(), 0.5, 1e-12) << "the trip's own decision read the window";
-  // The trip emptied the window: the next decision, and the group, report no value (not 0).
-  ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
-  EXPECT_EQ(d.reason(), v1::RS_WAIT);
-  EXPECT_FALSE(d.has_rolling_rs_wait_share()) << d.ShortDebugString();
-  auto job = state->GetJob("j");
-  ASSERT_THAT(job.status(), IsOk());
-  EXPECT_FALSE(job->groups(0).has_rolling_rs_wait_share()) << job->groups(0).ShortDebugString();
-}
-
-// Plans run ahead of telemetry: the last SP step's record can arrive after the plan that
-// tripped the gate. The window refuses it (it is from before the trip), and the gauge keeps
-// the value that tripped the gate rather than an emptied window's 0.
-TEST_F(GateStateTest, ALateRecordAfterATripLeavesTheGaugeAtTheTrippingValue) {
+// After a trip the window is empty: decisions and the group report no rolling share (not
+// a measured-looking 0). Plans run ahead of telemetry, so the last SP step's record can
+// arrive after the plan that tripped the gate; the window refuses it (it is from before
+// the trip), and the gauge keeps the value that tripped the gate.
+TEST_F(GateStateTest, AfterATripTheRollingShareIsUnsetAndTheGaugeKeepsTheTrippingValue) {
   v1::GateConfig file;
   file.set_window_steps(2);
   auto state = Make("", file);
@@ -243,15 +218,22 @@ TEST_F(GateStateTest, ALateRecordAfterATripLeavesTheGaugeAtTheTrippingValue) {
   ASSERT_THAT(session.status(), IsOk());
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {512, 512}), &d), IsOk());
+  EXPECT_FALSE(d.has_rolling_rs_wait_share()) << "no SP step in the window yet";
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {512, 512}), &d), IsOk());
   ASSERT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
   ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.5)),
               IsOk());
   ASSERT_THAT(state->Decide(Plan("j", 0, 2, {512, 512}), &d), IsOk());
   ASSERT_EQ(d.reason(), v1::RS_WAIT) << "the trip";
+  EXPECT_NEAR(d.rolling_rs_wait_share(), 0.5, 1e-12) << "the trip's own decision read the window";
   ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, 1, v1::SEQUENCE_PARALLEL, 1.0, 0.5)),
               IsOk());
-  EXPECT_FALSE(state->GetJob("j")->groups(0).has_rolling_rs_wait_share());
+  ASSERT_THAT(state->Decide(Plan("j", 0, 3, {512, 512}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::RS_WAIT);
+  EXPECT_FALSE(d.has_rolling_rs_wait_share()) << d.ShortDebugString();
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_FALSE(job->groups(0).has_rolling_rs_wait_share()) << job->groups(0).ShortDebugString();
   EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()),
               HasSubstr("spgate_rs_wait_share{group=\"0\",job_id=\"j\"} 0.5\n"));
 }
