@@ -173,12 +173,15 @@ def Overview():
     L.Row("Decisions")
     L.Add(TimeSeries(
         "Decisions by mode and reason",
-        "Per-batch decisions the daemon made, by the mode chosen and the gate that chose it "
-        "(docs/design.md §3). TP-only reasons: length_cv, rs_wait. SP reasons: gates_passed, "
-        "probe, memory_requires_sp, memory_over_budget. pinned: an operator pin.",
+        "Per-batch decisions the daemon made for each job (a step plan's micro-batches one "
+        "each), by the mode chosen and why (docs/design.md §3). TP-only: length_cv, rs_wait. "
+        "SP: gates_passed, memory_requires_sp, memory_over_budget, lengths_unknown, "
+        "sp_required. Either mode: pinned (an operator pin), adaptive (ADAPTIVE departed "
+        "from the gates' choice or held the group's mode), probe (the RS_WAIT fallback's SP "
+        "probe, or ADAPTIVE's exploration of the mode not chosen).",
         "count:decisions/s",
-        [(f"sum by (mode, reason) (rate(spgate_decisions_total{{{j}}}[{RATE}]))",
-          "{{mode}} · {{reason}}")], stack=True), w=12)
+        [(f"sum by (job_id, mode, reason) (rate(spgate_decisions_total{{{j}}}[{RATE}]))",
+          "{{job_id}} · {{mode}} · {{reason}}")], stack=True, links=[JobLink()]), w=12)
     L.Add(TimeSeries(
         "Steps in sequence parallel",
         "Share of each job's decided group-steps that run sequence parallel.",

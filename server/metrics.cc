@@ -229,6 +229,7 @@ Metrics::Metrics()
       config_updates_invalid(config_updates_f.Add({{"result", "invalid"}})),
       config_updates_conflict(config_updates_f.Add({{"result", "conflict"}})),
       config_updates_denied(config_updates_f.Add({{"result", "denied"}})),
+      config_updates_unavailable(config_updates_f.Add({{"result", "unavailable"}})),
       decision_latency(decision_latency_f.Add({}, LatencyBuckets())),
       state_persist_failures(persist_failures_f.Add({})),
       config_last_reload_successful(reload_ok_f.Add({})),

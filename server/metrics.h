@@ -201,6 +201,7 @@ class Metrics {
   prometheus::Counter& config_updates_invalid;
   prometheus::Counter& config_updates_conflict;
   prometheus::Counter& config_updates_denied;
+  prometheus::Counter& config_updates_unavailable;  // the change could not be persisted
   prometheus::Histogram& decision_latency;
   prometheus::Counter& state_persist_failures;
   prometheus::Gauge& config_last_reload_successful;

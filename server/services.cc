@@ -743,8 +743,17 @@ absl::StatusOr<v1::VersionedGateConfig> AdminServiceImpl::ChangeConfig(
 void AdminServiceImpl::CountConfigUpdate(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kOk: metrics_.config_updates_ok.Increment(); break;
-    case absl::StatusCode::kInvalidArgument: metrics_.config_updates_invalid.Increment(); break;
+    // A rollback to a version the audit log does not hold, or one without --state_dir,
+    // is as invalid a request as a value out of range.
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+      metrics_.config_updates_invalid.Increment();
+      break;
     case absl::StatusCode::kAborted: metrics_.config_updates_conflict.Increment(); break;
+    // The state or audit file could not be written (or, for a rollback, the audit log
+    // read): nothing changed. spgate_state_persist_failures_total counts the writes too.
+    case absl::StatusCode::kUnavailable: metrics_.config_updates_unavailable.Increment(); break;
     // A new job scope past --max_jobs.
     case absl::StatusCode::kResourceExhausted:
       metrics_.LimitRefusals(Limit::kJobs).Increment();

@@ -65,7 +65,7 @@ POLICIES = tuple(name.lower() for name, _ in
                  sorted(gate_fields.PolicyValues().items(), key=lambda kv: kv[1]))
 # ADAPTIVE's bands (docs/design.md §11): 8 length-CV bands x 4 token bands.
 BANDS = tuple(f"cv{c}.tok{t}" for c in range(8) for t in range(4))
-CONFIG_UPDATE_RESULTS = ("ok", "invalid", "conflict", "denied")
+CONFIG_UPDATE_RESULTS = ("ok", "invalid", "conflict", "denied", "unavailable")
 LABEL_VALUES = {
     "mode": MODES,
     "reason": REASONS,
