@@ -336,14 +336,34 @@ Evidence DepartureEvidence(const GateConfig& config, const BandEstimate& here, i
 
 namespace {
 
+// The seconds per decision that choosing `mode` pays for the forced runs it brings, at a
+// switch's measured `cost` (docs/design.md §11). A run of decisions forced into the other
+// mode (the memory gate's SP for a batch TP-only cannot fit) costs a group that chose
+// `mode` two switches: the way back lands in `mode`'s own samples (a step enters as it
+// ran), the way in in the forced mode's. So the way in is charged here, once per forced
+// run into the other mode, spread over the decisions the policy chose; choosing the
+// forced mode brings none.
+double ForcedRunSeconds(const GroupGateState& state, Mode mode, double cost) {
+  if (!(cost > 0) || !(state.chosen_weight >= 1)) return 0.0;
+  const double runs = state.forced_runs[mode == Mode::kSequenceParallel ? 1 : 0];
+  return cost * runs / state.chosen_weight;
+}
+
+// What leaving `from` for `to` saves per decision in forced runs' switches.
+double ForcedRunSaving(const GroupGateState& state, Mode from, Mode to, double cost) {
+  return from == to ? 0.0 : ForcedRunSeconds(state, from, cost) - ForcedRunSeconds(state, to, cost);
+}
+
 // Step 3 of EvaluateAdaptive: the incumbent (the gates' decision), or the other mode where
 // the band's evidence or the prior says so. Sets *prior when the prior departed.
+// `forced_saving`: what leaving the incumbent saves per decision in forced runs' switches
+// (ForcedRunSaving), added to the band's evidence.
 Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
                           const ThroughputTable* table, const PriorFit* prior_fit,
                           const BandEstimate& e, const Decision& incumbent,
                           bool recently_changed, const TableFacts& facts,
-                          std::optional<PriorEstimate>* prior, bool* leans,
-                          std::vector<GateCheck>* trace) {
+                          double forced_saving, std::optional<PriorEstimate>* prior,
+                          bool* leans, std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
     Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
@@ -376,6 +396,8 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
         pooled = true;
       }
     }
+    ev.saving_s += forced_saving;
+    ev.bound_s += forced_saving;
     const bool depart = ev.bound_s > 0;
     // Undecided, but the estimates lean to the other mode by more than the margin of this
     // batch's seconds: more of its samples cost nothing expected (ExploreShareOf).
@@ -387,9 +409,10 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
       return absl::StrFormat(
           "band %s: TP-only's learned tokens/s is %.3fx SP's; %s saves %.4g s "
           "on this batch against the gates' %s (TP-only counted 1 + "
-          "adaptive_margin times), %.4g s at 95 %% confidence%s: %s",
+          "adaptive_margin times; %.4g s of it the switches of forced runs), %.4g s at "
+          "95 %% confidence%s: %s",
           BandLabel(band), e.ratio, ModeLabel(other), ev.saving_s, ModeLabel(incumbent.mode),
-          ev.bound_s, pooled ? " with the bands' pool" : "",
+          forced_saving, ev.bound_s, pooled ? " with the bands' pool" : "",
           depart ? ModeLabel(other) : "the gates' choice");
     });
     return depart ? Decision{other, Reason::kAdaptive} : incumbent;
@@ -433,16 +456,19 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
 }
 
 // Step 4 of EvaluateAdaptive, for a choice that would switch the group away from the mode
-// it chose last while a switch's cost is measured: whether the flip cap or the cost holds
-// the group in that mode.
+// it runs while a switch's cost is measured: whether the flip cap or the cost holds the
+// group in that mode.
 bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
                    const BatchFacts& batch, const ThroughputTable* table,
                    const BandEstimate& e, const Decision& incumbent, const Decision& choice,
                    const std::optional<PriorEstimate>& prior, const TableNoise& noise,
                    double cost, std::vector<GateCheck>* trace) {
-  const Mode current = state.chosen_mode;
+  const Mode current = state.mode;
   const bool back_from_probe = state.reason == Reason::kProbe;
-  if (!FlipsAllowed(config, state, 1)) {
+  // The way back from a forced decision is exempt from the cap (the cap is for the
+  // policy's own switches), not from the cost.
+  const bool back_from_forced = IsForcedReason(state.reason);
+  if (!back_from_forced && !FlipsAllowed(config, state, 1)) {
     Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
            [&] {
              return absl::StrFormat(
@@ -466,6 +492,10 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
                                   noise.relative_variance)
                     .bound_s;
     }
+    // Every decision in the move saves the forced runs' switches alike.
+    const double forced = ForcedRunSaving(state, current, choice.mode, cost);
+    s.batch += forced;
+    s.mix_per_step += forced;
     const double over_horizon =
         s.batch + static_cast<double>(kMoveHorizonDecisions - 1) * s.mix_per_step;
     const double excursion = s.batch - 2 * cost;
@@ -525,14 +555,18 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   if (e.known) static_choice = incumbent.mode;
   std::optional<PriorEstimate> prior;  // set when the prior departed
   bool leans = false;
+  const double forced_saving =
+      ForcedRunSaving(state, incumbent.mode, OtherMode(incumbent.mode), cost);
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     recently_changed, facts, &prior, &leans, trace);
+                                     recently_changed, facts, forced_saving, &prior, &leans,
+                                     trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the
-  // policy last chose: a forced decision (pin, memory) in between is exempt, and so is
-  // the way back from it. Nothing is held where the group already runs the choice (after
-  // a forced decision), so a hold never makes a switch. A departure on the band's evidence
+  // group runs, whatever put it there: the way back to the policy's mode after a forced
+  // decision (pin, memory) costs what any switch costs, and pays for it or the group stays
+  // (the cap is for the policy's own switches: a forced one and the way back from it are
+  // exempt). A hold keeps the mode the group runs, so it never makes a switch. A departure on the band's evidence
   // weighs its confident saving, the way back to the incumbent its estimated one, each as
   // an excursion or a move; the prior's departure only as a move (its batch saving is a
   // prediction; the mix's is measured); the gates' choice in a band without evidence obeys
@@ -540,11 +574,10 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // out and back).
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
-  if (cost > 0 && state.has_chosen_mode && choice.mode != current &&
-      !(state.has_decision && choice.mode == state.mode)) {
+  if (cost > 0 && state.has_decision && choice.mode != state.mode) {
     held = HoldForSwitch(config, state, batch, table, e, incumbent, choice, prior, noise, cost,
                          trace);
-    if (held) choice = {current, Reason::kAdaptive};
+    if (held) choice = {state.mode, Reason::kAdaptive};
   }
 
   // 5. Exploration: the mode not chosen, on the kProbeRunSteps steps of the band's period's

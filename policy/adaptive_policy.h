@@ -166,10 +166,12 @@ class ThroughputTable {
   // into a probe run or back from one — is the probe's cost, not the mode's: the step
   // enters less the cost measured before it (MeasuredSwitchCost), and before the table
   // measured any switch, not at all into a cell below the sample floor (its first few
-  // samples would carry the whole cost, and the policy would depart on that bias).
-  // Returns whether it measured a cost.
+  // samples would carry the whole cost, and the policy would depart on that bias). A
+  // `forced` step measures no cost: the memory gate forces a band's largest batches, which
+  // take longer than its mean after a switch or not. Returns whether it measured a cost.
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
-                          double tokens, double seconds, bool exploration = false);
+                          double tokens, double seconds, bool exploration = false,
+                          bool forced = false);
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -429,6 +431,9 @@ struct GroupStepSample {
   bool probe = false;
   bool after_switch = false;  // the group's (stage's) previous one ran the other mode
   bool exploration = false;   // ExplorationSwitch's
+  // Ran in the mode a pin, the memory gate or another forced reason decided
+  // (IsForcedReason): after a switch, its excess is not taken as the switch's cost.
+  bool forced = false;
 };
 // Folds `x` into `table`: after a switch through ObserveAfterSwitch (what it took beyond
 // its estimate is the switch's cost), else through Observe; with `prior`, an SP step's

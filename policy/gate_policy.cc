@@ -128,7 +128,16 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   GroupGateState& s = out.next;
   s = state;
   if (s.has_decision && s.mode != decision.mode) ++s.mode_switches;
-  if (!IsForcedReason(decision.reason)) {
+  // ADAPTIVE's forced runs: a forced decision right after one the policy chose starts one.
+  const bool forced = IsForcedReason(decision.reason);
+  s.chosen_weight *= kForcedRunKeep;
+  for (double& runs : s.forced_runs) runs *= kForcedRunKeep;
+  if (!forced) {
+    s.chosen_weight += 1;
+  } else if (s.has_decision && !IsForcedReason(s.reason)) {
+    s.forced_runs[decision.mode == Mode::kSequenceParallel ? 0 : 1] += 1;
+  }
+  if (!forced) {
     if (s.has_chosen_mode && s.chosen_mode != decision.mode) {
       s.prev_switch_at = s.last_switch_at;
       s.last_switch_at = s.decisions;

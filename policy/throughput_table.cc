@@ -175,7 +175,7 @@ void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, 
 
 bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mode mode,
                                          int64_t step, double tokens, double seconds,
-                                         bool exploration) {
+                                         bool exploration, bool forced) {
   if (!ValidSample(band, step, tokens, seconds)) return false;
   const ThroughputCell& c = cell(band, mode);
   // Measured against an estimate of at least the sample floor's weight only, and not
@@ -183,8 +183,8 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   // the other cell, re-based, took in what changed, which may be the band's slowdown.
   const bool left_before_change =
       c.changed_step < BandChangedStep(band) && ChangedLately(config, *this, band, step);
-  const bool measured =
-      c.weight >= SampleFloor(config) && c.tokens_per_s() > 0 && !left_before_change;
+  const bool measured = !forced && c.weight >= SampleFloor(config) && c.tokens_per_s() > 0 &&
+                        !left_before_change;
   // Exploration's cost as measured before this step, at most half the step (as
   // ObserveCollectives).
   const double cost = exploration ? MeasuredSwitchCost(config, *this, step) : 0.0;
@@ -226,7 +226,7 @@ bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
   bool measured = false;
   if (x.after_switch) {
     measured = table.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,
-                                        x.exploration);
+                                        x.exploration, x.forced);
   } else {
     table.Observe(config, x.band, x.mode, x.step, x.tokens, x.seconds);
   }

@@ -81,7 +81,16 @@ struct GroupGateState {
   Mode chosen_mode = Mode::kSequenceParallel;
   int64_t last_switch_at = std::numeric_limits<int64_t>::min() / 2;
   int64_t prev_switch_at = std::numeric_limits<int64_t>::min() / 2;
+  // ADAPTIVE's forced runs (ForcedRunSeconds, docs/design.md §11): the decisions the policy
+  // chose and the runs of forced decisions that began right after one, by the forced
+  // mode (index: SP 0, TP-only 1), each forgotten by kForcedRunKeep per decision.
+  double chosen_weight = 0;
+  double forced_runs[2] = {0, 0};
 };
+
+// What the forced-run counts keep of their past per decision: 2^(-1/50), a half-life of
+// the 50 decisions a move is judged over (kMoveHorizonDecisions, adaptive_policy.h).
+inline constexpr double kForcedRunKeep = 0.9862327044933592;
 
 // The directive gate 1 evaluates (docs/design.md §3, §12): an operator pin, or a job's
 // feature that needs SP throughout (sp_required: SP, reason SP_REQUIRED). A TP-only pin

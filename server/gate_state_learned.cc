@@ -29,6 +29,12 @@ bool RanProbe(std::optional<Decision> decided, Mode ran) {
   return decided.has_value() && decided->reason == Reason::kProbe && decided->mode == ran;
 }
 
+// Whether a sample that ran `ran` ran the mode a forced reason decided (a pin, the memory
+// gate): its step after a switch measures no switch cost (ObserveAfterSwitch).
+bool RanForced(std::optional<Decision> decided, Mode ran) {
+  return decided.has_value() && IsForcedReason(decided->reason) && decided->mode == ran;
+}
+
 }  // namespace
 
 // The table learns from every step the daemon decided, whatever the policy in force, so
@@ -65,20 +71,21 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                            .seconds = m.compute_s(),
                            .length_cv = band < 0 ? -1 : BandCvMidpoint(config, band),
                            .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s,
-                           .probe = RanProbe(decided, m.mode)});
+                           .probe = RanProbe(decided, m.mode),
+                           .forced = RanForced(decided, m.mode)});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
   } else if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
              d != nullptr && d->band >= 0) {
     // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
+    const Decision decided{static_cast<Mode>(d->mode), static_cast<Reason>(d->reason)};
     samples.push_back({.band = d->band, .mode = p.mode,
                        .tokens = static_cast<double>(p.tokens), .seconds = p.step_time,
                        .length_cv = d->length_cv, .all_gather_s = p.all_gather,
                        .rs_wait_s = p.rs_share * p.step_time,
-                       .probe = RanProbe(Decision{static_cast<Mode>(d->mode),
-                                                  static_cast<Reason>(d->reason)},
-                                         p.mode)});
+                       .probe = RanProbe(decided, p.mode),
+                       .forced = RanForced(decided, p.mode)});
   }
   if (samples.empty()) return;
 

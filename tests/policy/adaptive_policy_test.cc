@@ -248,7 +248,7 @@ TEST(ThroughputTableTest, ExplorationsSwitchesAreChargedToExploration) {
     double rate;  // the cell's after it
   } cases[] = {
       {"a probe's 1.5 s enters as 1.0 s", 1.5, true, 100.0},
-      {"a forced switch's 1.5 s enters as it ran", 1.5, false, 1100 / 11.5},
+      {"a chosen switch's 1.5 s enters as it ran", 1.5, false, 1100 / 11.5},
       {"no more than half the step comes off", 0.6, true, 1100 / 10.3},
   };
   for (const Case& k : cases) {
@@ -261,13 +261,37 @@ TEST(ThroughputTableTest, ExplorationsSwitchesAreChargedToExploration) {
   EXPECT_FALSE(cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/true));
   EXPECT_EQ(cold.cell(1, kSp).weight, 0.0) << "exploration's, before any switch was measured";
   cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/false);
-  EXPECT_DOUBLE_EQ(cold.cell(1, kSp).weight, 1.0) << "a forced switch's enters";
+  EXPECT_DOUBLE_EQ(cold.cell(1, kSp).weight, 1.0) << "a chosen switch's enters";
   for (int i = 0; i < 8; ++i) cold.Observe(c, 2, kTp, 5, 100, 1.0);
   EXPECT_TRUE(cold.ObserveAfterSwitch(c, 2, kTp, 5, 100, 1.0, /*exploration=*/true))
       << "a free switch, measured against a cell at the floor";
   EXPECT_DOUBLE_EQ(cold.cell(2, kTp).weight, 9.0);
   cold.ObserveAfterSwitch(c, 1, kSp, 5, 100, 1.5, /*exploration=*/true);
   EXPECT_DOUBLE_EQ(cold.cell(1, kSp).weight, 2.0) << "a switch was measured: it enters";
+}
+
+// A forced step after a switch (the memory gate's SP for a batch TP-only cannot fit) enters
+// its cell as it ran but measures no switch cost: the gate forces a band's largest batches,
+// which take longer than its mean after a switch or not, and read as a cost where switching
+// is free.
+TEST(ThroughputTableTest, AForcedStepMeasuresNoSwitchCost) {
+  const GateConfig c = HalfLife(1000);  // min_samples 8
+  for (const bool forced : {false, true}) {
+    ThroughputTable t;
+    for (int i = 0; i < 10; ++i) t.Observe(c, 1, kSp, 10, 100, 1.0);  // 100 tokens/s
+    // A batch 20 % slower than the band's mean, right after a switch, switching free.
+    EXPECT_EQ(t.ObserveAfterSwitch(c, 1, kSp, 10, 100, 1.2, /*exploration=*/false, forced),
+              !forced);
+    EXPECT_NEAR(t.SwitchCostSeconds(), forced ? 0.0 : 0.2, 1e-9) << forced;
+    EXPECT_NEAR(t.cell(1, kSp).tokens_per_s(), 1100 / 11.2, 1e-9) << "enters as it ran";
+    EXPECT_EQ(t.switch_cost().last_step, forced ? -1 : 10);
+  }
+  // Through ObserveGroupStep, as the daemon and the simulator feed it.
+  ThroughputTable t;
+  for (int i = 0; i < 10; ++i) t.Observe(c, 1, kSp, 10, 100, 1.0);
+  EXPECT_FALSE(ObserveGroupStep(c, t, {.band = 1, .mode = kSp, .step = 11, .tokens = 100,
+                                       .seconds = 1.2, .after_switch = true, .forced = true}));
+  EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
 }
 
 // One absurd step time (a clock glitch) cannot make the detector inf or NaN, and a tiny
@@ -1041,6 +1065,101 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   out = EvaluateAdaptive(c, probed, Batch(), {}, std::nullopt, &t);
   EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));
   EXPECT_FALSE(out.flip_held);
+}
+
+// The way back to the policy's mode after a forced decision is a switch like any other
+// where a switch's cost is measured: it pays for it (out and back, or as a move) or the
+// group stays in the mode it runs. It stays exempt from the flip cap.
+TEST(EvaluateAdaptiveTest, TheWayBackFromAForcedDecisionPaysTheSwitch) {
+  const GateConfig c = Adaptive();
+  const BatchFacts high_cv = Batch(0.35);  // the gates: TP-only (length_cv)
+  const int band = BandOf(c, high_cv.length_cv, high_cv.tokens);
+  // TP-only 10 % faster: 2.98 s on this batch (TP-only counted 1 + margin times), 0.076 s
+  // a step on the band's mix.
+  const ThroughputTable tp_faster = Learned(band, 100, 110);
+  struct Case {
+    const char* what;
+    double cost;
+    bool cap_spent;
+    Decision want;
+  } cases[] = {
+      {"the saving pays out and back", 1.0, false, {kTp, Reason::kLengthCv}},
+      {"the cap spent: exempt, it pays as a move", 1.0, true, {kTp, Reason::kLengthCv}},
+      {"neither out and back nor over the move", 8.0, false, {kSp, Reason::kAdaptive}},
+  };
+  for (const Case& k : cases) {
+    ThroughputTable t = tp_faster;
+    t.SetSwitchCost({.seconds = 4 * k.cost, .weight = 4, .last_step = kStep - 1});
+    ASSERT_NEAR(MeasuredSwitchCost(c, t, kStep), k.cost, 1e-12) << k.what;
+    GroupGateState s;  // chose TP-only; the memory gate forced SP on the last batch
+    s.has_decision = s.has_chosen_mode = true;
+    s.mode = kSp;
+    s.reason = Reason::kMemoryRequiresSp;
+    s.chosen_mode = kTp;
+    s.decisions = 100;
+    if (k.cap_spent) s.last_switch_at = 99, s.prev_switch_at = 98;
+    std::vector<GateCheck> trace;
+    const GateOutcome out = EvaluateAdaptive(c, s, high_cv, {}, std::nullopt, &t, &trace);
+    EXPECT_EQ(out.decision, k.want) << k.what;
+    EXPECT_EQ(out.flip_held, k.want.mode == kSp) << k.what;
+    if (k.want.mode == kSp) EXPECT_EQ(trace.back().gate, "switch_cost") << k.what;
+  }
+}
+
+// A run of decisions the memory gate forced into SP costs a group that chose TP-only two
+// switches; the way in is charged to TP-only's evidence, per decision the policy chose.
+// Where TP-only's own lead is smaller, ADAPTIVE leaves the gates' TP-only for SP.
+TEST(EvaluateAdaptiveTest, ForcedRunsAreChargedToTheModeTheyInterrupt) {
+  const GateConfig c = Adaptive();
+  const BatchFacts high_cv = Batch(0.35);  // the gates: TP-only (length_cv)
+  const int band = BandOf(c, high_cv.length_cv, high_cv.tokens);
+  ThroughputTable t = Learned(band, 100, 101);  // TP-only 1 % faster: 0.41 s on this batch
+  t.SetSwitchCost({.seconds = 16, .weight = 4, .last_step = kStep - 1});  // 4 s
+  ASSERT_NEAR(MeasuredSwitchCost(c, t, kStep), 4.0, 1e-12);
+  struct Case {
+    const char* what;
+    double forced_sp_runs;  // per 10 decisions the policy chose
+    double forced_tp_runs;
+    Mode want;
+  } cases[] = {
+      {"no forced runs: the gates' TP-only", 0, 0, kTp},
+      {"a forced SP run per 20 decisions: 0.2 s, under TP-only's lead", 0.5, 0, kTp},
+      {"one per 2 decisions: 2 s a decision, SP", 5, 0, kSp},
+      {"forced TP-only runs charge SP, not TP-only", 0, 5, kTp},
+  };
+  for (const Case& k : cases) {
+    GroupGateState s;
+    s.has_decision = s.has_chosen_mode = true;
+    s.mode = s.chosen_mode = kTp;
+    s.reason = Reason::kLengthCv;
+    s.decisions = 100;
+    s.chosen_weight = 10;
+    s.forced_runs[0] = k.forced_sp_runs;
+    s.forced_runs[1] = k.forced_tp_runs;
+    const GateOutcome out = EvaluateAdaptive(c, s, high_cv, {}, std::nullopt, &t);
+    EXPECT_EQ(out.decision.mode, k.want) << k.what;
+    if (k.want == kSp) EXPECT_EQ(out.decision.reason, Reason::kAdaptive) << k.what;
+  }
+}
+
+// The counts the charge reads: each decision forgets kForcedRunKeep of them; a policy's
+// decision adds to the chosen weight, a forced one right after it starts a run (of its
+// mode), a forced one after a forced one continues it.
+TEST(AdvanceGroupStateTest, CountsForcedRuns) {
+  const double k = kForcedRunKeep;
+  ASSERT_NEAR(std::pow(k, static_cast<double>(kMoveHorizonDecisions)), 0.5, 1e-12);
+  const Decision chosen_tp{kTp, Reason::kLengthCv}, forced_sp{kSp, Reason::kMemoryRequiresSp};
+  const std::vector<Decision> run = {forced_sp, chosen_tp, forced_sp, forced_sp,
+                                     chosen_tp, forced_sp, {kSp, Reason::kProbe}, forced_sp};
+  GroupGateState s;
+  for (size_t i = 0; i < run.size(); ++i) {
+    s = AdvanceGroupState(s, static_cast<int64_t>(i), run[i], GatePolicyKind::kAdaptive).next;
+  }
+  // Chosen at 1, 4 and 6 (a probe is the policy's); runs start at 2, 5 and 7 (the first
+  // decision follows none).
+  EXPECT_NEAR(s.chosen_weight, std::pow(k, 6) + std::pow(k, 3) + k, 1e-12);
+  EXPECT_NEAR(s.forced_runs[0], std::pow(k, 5) + std::pow(k, 2) + 1, 1e-12);
+  EXPECT_EQ(s.forced_runs[1], 0.0);
 }
 
 // A move is judged over the bands the lengths still bring: a band they stopped bringing

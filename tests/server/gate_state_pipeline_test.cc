@@ -521,8 +521,9 @@ TEST_F(GateStatePipelineTest, ModesCountMicrobatchesByTheModeEachRan) {
 
 // A stage learns a switch's cost per micro-batch, as a plain group does per step: on
 // stage 0 the micro-batch after a change of the stage's mode (id 2, SP -> TP-only; id 0 of
-// the next step, TP-only -> SP) takes 0.05 s longer, and its table measures that excess;
-// stage 1, the same without the excess, measures none.
+// the next step, TP-only -> SP) takes 0.05 s longer, and its table measures that excess
+// on id 2 (id 0's SP is the memory gate's: a forced step measures no cost); stage 1, the
+// same without the excess, measures none.
 TEST_F(GateStatePipelineTest, AStageLearnsTheSwitchCostFromTheMicrobatchAfterASwitch) {
   constexpr double kExtra[] = {0.05, 0.0};  // by stage
   std::shared_ptr<Session> sessions[2];
@@ -555,9 +556,9 @@ TEST_F(GateStatePipelineTest, AStageLearnsTheSwitchCostFromTheMicrobatchAfterASw
   // The cost is a forgetting mean: its weighted sum over its weight.
   ASSERT_GT(switching.weight(), 0);
   ASSERT_GT(free.weight(), 0);
-  // Below the 0.05 s injected while the cells still hold the first switches' excess
-  // (they enter less the cost learned so far), well above 0.
-  EXPECT_GT(switching.seconds() / switching.weight(), 0.025);
+  // Below the 0.05 s injected — the step after a switch enters its cell as it ran, so
+  // TP-only's estimate holds half the excess (id 2's, beside id 3) — and well above 0.
+  EXPECT_GT(switching.seconds() / switching.weight(), 0.02);
   EXPECT_LT(switching.seconds() / switching.weight(), 0.05 + 1e-9);
   EXPECT_NEAR(free.seconds() / free.weight(), 0, 1e-9);
 }

@@ -100,6 +100,7 @@ struct StepOps {
   std::vector<std::vector<double>> fwd, bwd;   // [stage][m], a switch's cost in fwd
   std::vector<std::vector<char>> switched;     // [stage][m]: after a switch
   std::vector<std::vector<char>> probe;        // [stage][m]: ran as a probe (reason PROBE)
+  std::vector<std::vector<char>> forced;       // [stage][m]: a forced reason (IsForcedReason)
   std::vector<std::vector<char>> exploration;  // [stage][m]: a switch into or back from one
 };
 
@@ -281,10 +282,12 @@ std::vector<Decision> PolicyDecisions(Run& r, const Cell& cell, const ReplicaSte
   return std::move(out.decisions);
 }
 
-// The policy's modes for stage s of replica gi's step k, and which are ADAPTIVE's probes.
+// The policy's modes for stage s of replica gi's step k, which are ADAPTIVE's probes and
+// which a forced reason decided (only a deciding policy's decisions have reasons).
 void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, int64_t k,
-                std::vector<Mode>& modes, std::vector<char>& probes) {
+                std::vector<Mode>& modes, std::vector<char>& probes, std::vector<char>& forced) {
   probes.assign(cell.M, 0);
+  forced.assign(cell.M, 0);
   if (r.kind == Kind::kOracle || r.kind == Kind::kExpectedOracle) {
     const bool clairvoyant = r.kind == Kind::kOracle;
     modes = clairvoyant ? rs.oracle_modes[s] : rs.expected_modes[s];
@@ -303,6 +306,7 @@ void StageModes(Run& r, const Cell& cell, const ReplicaStep& rs, int gi, int s, 
     const Decision& d = decisions[m];
     modes[m] = d.mode;
     probes[m] = d.reason == Reason::kProbe;
+    forced[m] = IsForcedReason(d.reason);
     if (probes[m]) ++r.result.probe_steps;
     if (d.reason == Reason::kMemoryRequiresSp || d.reason == Reason::kMemoryOverBudget) {
       ++r.result.memory_forced_sp;
@@ -319,7 +323,7 @@ void ApplyModes(Run& r, const Cell& cell, const PipelineCostModel& model, const 
   for (int s = 0; s < cell.P; ++s) {
     const size_t unit = static_cast<size_t>(gi) * cell.P + s;
     std::vector<Mode>& modes = x.modes[s];
-    StageModes(r, cell, rs, gi, s, k, modes, x.probe[s]);
+    StageModes(r, cell, rs, gi, s, k, modes, x.probe[s], x.forced[s]);
     for (int m = 0; m < cell.M; ++m) {
       const int i = ModeIndex(modes[m]);
       const bool switched = r.last_mode[unit].has_value() && *r.last_mode[unit] != modes[m];
@@ -377,7 +381,7 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
            .all_gather_s = c.all_gather_s_sp,
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
            .probe = x.probe[s][m] != 0, .after_switch = x.switched[s][m] != 0,
-           .exploration = x.exploration[s][m] != 0});
+           .exploration = x.exploration[s][m] != 0, .forced = x.forced[s][m] != 0});
     }
     r.units[static_cast<size_t>(gi) * cell.P + s].ObserveRsWaitShare(
         k, any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly,
@@ -521,6 +525,7 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
             .bwd = std::vector(P, std::vector<double>(M)),
             .switched = std::vector(P, std::vector<char>(M)),
             .probe = std::vector(P, std::vector<char>(M)),
+            .forced = std::vector(P, std::vector<char>(M)),
             .exploration = std::vector(P, std::vector<char>(M))};
   const std::unique_ptr<ProgressReporter> progress =
       MakeProgress(o, "spgate-sim replay --compare (adaptive)", cell.steps, o.groups);

@@ -656,7 +656,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
                            .all_gather_s = step.group_all_gather_s(),
                            .rs_wait_s = step.group_rs_wait_s(), .probe = probe,
                            .after_switch = switched,
-                           .exploration = ExplorationSwitch(switched, probe, last_probe[gi])});
+                           .exploration = ExplorationSwitch(switched, probe, last_probe[gi]),
+                           .forced = IsForcedReason(ld.decision.reason)});
       }
       last_probe[gi] = probe;
       GateDecision d;
