@@ -415,6 +415,8 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
     // A CP peer's answer: this group runs it and its state advances as if it had decided.
     decision = *peer;
     decision.group = g.index;
+    explored = decision.explored;
+    flips_held = decision.flips_held;
     for (const Decision& d : decision.microbatches) g.policy.Adopt(plan.step, d, config.config);
   } else {
     const std::optional<double> rs_mean = RollingValue(g.policy.rs_wait());
@@ -439,6 +441,8 @@ DecisionRecord GateState::DecideStep(Job& job, Group& g, const PlanInput& plan,
         .time = now,
         .pin_expire = pinned ? std::optional<absl::Time>(pin->expire) : std::nullopt,
         .pin_forced = pinned && pin->force,
+        .explored = explored,
+        .flips_held = flips_held,
         .band = staged ? -1 : out.bands.front(),
         .plan_digest = plan_digest,
         .stage_peak_bytes = out.peak_bytes};

@@ -101,6 +101,9 @@ struct DecisionRecord {
   // PINNED decisions: the pin's end (so a worker's fallback forgets it then) and force.
   std::optional<absl::Time> pin_expire;
   bool pin_forced = false;
+  // ADAPTIVE's exploration decisions and held flips among them, counted in the job's
+  // metrics once per group that runs them (a CP peer adopts the counts with the answer).
+  int explored = 0, flips_held = 0;
   // The batch's band and tokens (docs/design.md §11): the step's telemetry is learned
   // into this band when it arrives.
   int band = -1;

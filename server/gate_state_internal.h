@@ -128,10 +128,12 @@ struct CachedDecision {
 static_assert(sizeof(CachedDecision) == 72);
 
 // A step plan's per-micro-batch answer beside its CachedDecision (same step): a byte per
-// micro-batch (PackModeReason) and the stage's predicted peak.
+// micro-batch (PackModeReason), the stage's predicted peak and ADAPTIVE's counts (a CP
+// peer's answer carries them to the metrics of the group that adopts it).
 struct CachedStepPlan {
   int64_t step = 0;
   uint64_t stage_peak_bytes = 0;
+  int explored = 0, flips_held = 0;
   std::vector<uint8_t> packed;
   // Each micro-batch's band (-1: none), for learning its telemetry when it arrives, and
   // its plan's tokens (-1: not given), the bound on its telemetry's.
@@ -144,6 +146,8 @@ struct CachedStepPlan {
     CachedStepPlan c;
     c.step = d.step;
     c.stage_peak_bytes = d.stage_peak_bytes;
+    c.explored = d.explored;
+    c.flips_held = d.flips_held;
     c.bands = d.microbatch_bands;
     c.tokens = d.microbatch_tokens;
     c.packed.reserve(d.microbatches.size());
@@ -152,6 +156,8 @@ struct CachedStepPlan {
   }
   void ExpandInto(DecisionRecord& d) const {
     d.stage_peak_bytes = stage_peak_bytes;
+    d.explored = explored;
+    d.flips_held = flips_held;
     d.microbatch_tokens = tokens;
     d.microbatches.clear();
     d.microbatches.reserve(packed.size());

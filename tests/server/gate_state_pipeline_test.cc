@@ -242,6 +242,32 @@ TEST_F(GateStatePipelineTest, CpPeersGetOneDecision) {
               StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("CP peer group 0")));
 }
 
+// A CP peer runs its first group's answer, ADAPTIVE's probes among them: the job's
+// exploration counter counts them once per group that runs them, as the decision counter
+// counts the decisions (the alert on the wait gate's fallback share subtracts the one
+// from the other).
+TEST_F(GateStatePipelineTest, CpPeersCountTheExplorationTheyRun) {
+  v1::UpdateGateConfigRequest u;
+  u.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  u.mutable_config()->set_adaptive_explore_share(1.0);  // a band still learning: every step
+  ASSERT_THAT(h_->UpdateGateConfig(u).status(), IsOk());
+  ASSERT_THAT(h_->Register(Reg(0, 0, 2)).status(), IsOk());
+  ASSERT_THAT(h_->Register(Reg(0, 1, 2)).status(), IsOk());
+  int probes = 0;
+  for (int64_t step = 0; step < 8; ++step) {
+    v1::Decision first, peer;
+    ASSERT_THAT(h_->Decide(StepPlan(0, step), &first), IsOk());
+    ASSERT_THAT(h_->Decide(StepPlan(1, step), &peer), IsOk());
+    for (const v1::MicroBatchDecision& m : first.micro_batches()) {
+      probes += m.reason() == v1::PROBE ? 1 : 0;
+    }
+  }
+  ASSERT_GT(probes, 0);
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_THAT(text, HasSubstr(absl::StrCat("spgate_adaptive_exploration_steps_total{job_id=\"pipe\"} ",
+                                           2 * probes)));
+}
+
 // A stage that has not learned a micro-batch's lengths sends none: that micro-batch runs
 // SP, and the reasons reach the decision counters (which the dashboards read).
 TEST_F(GateStatePipelineTest, MicrobatchesWithoutLengthsRunSpAndAreCounted) {
