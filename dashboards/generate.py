@@ -436,8 +436,11 @@ def Job():
     L.Add(TimeSeries(
         "Slowest rank by TP group",
         "rank_in_group of each group's slowest rank (longest step time) in its last complete "
-        "step, as the group's reduced telemetry names it. A rank that stays the slowest is "
-        "a straggler (a slow device, a busy host) that every collective of its group waits for.",
+        "step, as the group's reduced telemetry names it (on a tie, the highest rank). The "
+        "ranks of a group finish each step together, so one step's slowest is noise; a rank "
+        "that stays the slowest over many steps is a straggler (a slow device, a busy host) "
+        "that every collective of its group waits for. spgate-sim reports one step time for "
+        "every rank of a group, so under it this names the group's last rank.",
         "short",
         [(f"max by (group) (spgate_slowest_rank{{{jg}}})", "group {{group}}")]), w=12)
 
