@@ -465,9 +465,10 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
                    double cost, std::vector<GateCheck>* trace) {
   const Mode current = state.mode;
   const bool back_from_probe = state.reason == Reason::kProbe;
-  // The way back from a forced decision is exempt from the cap (the cap is for the
-  // policy's own switches), not from the cost.
-  const bool back_from_forced = IsForcedReason(state.reason);
+  // The way back from a forced decision to the mode the policy chose is exempt from the
+  // cap (the cap is for the policy's own switches), not from the cost.
+  const bool back_from_forced = IsForcedReason(state.reason) && state.has_chosen_mode &&
+                                choice.mode == state.chosen_mode;
   if (!back_from_forced && !FlipsAllowed(config, state, 1)) {
     Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
            [&] {

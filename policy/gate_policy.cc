@@ -138,7 +138,11 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
     s.forced_runs[decision.mode == Mode::kSequenceParallel ? 0 : 1] += 1;
   }
   if (!forced) {
-    if (s.has_chosen_mode && s.chosen_mode != decision.mode) {
+    // A switch the policy chose, for the flip cap. Keeping the mode a forced decision left
+    // the group in (a hold where the way back would not pay) changes the policy's mode
+    // but switches nothing.
+    if (s.has_chosen_mode && s.chosen_mode != decision.mode &&
+        !(s.has_decision && s.mode == decision.mode)) {
       s.prev_switch_at = s.last_switch_at;
       s.last_switch_at = s.decisions;
     }

@@ -74,8 +74,9 @@ struct GroupGateState {
   // ADAPTIVE's flip cap (docs/design.md §11): decisions taken (a step plan's micro-batches
   // count one each); the mode of the last decision the policy chose (not forced by a pin,
   // the memory gate, an SP-required feature or unknown lengths: those are exempt from the
-  // cap, and so is the way back from them); and the decision indices of the last two
-  // switches between the modes it chose.
+  // cap, and so is the way back from them to the mode it chose); and the decision indices
+  // of the last two switches it chose (a chosen decision that keeps the mode a forced one
+  // left the group in switches nothing and is not one).
   int64_t decisions = 0;
   bool has_chosen_mode = false;
   Mode chosen_mode = Mode::kSequenceParallel;

@@ -1102,8 +1102,29 @@ TEST(EvaluateAdaptiveTest, TheWayBackFromAForcedDecisionPaysTheSwitch) {
     const GateOutcome out = EvaluateAdaptive(c, s, high_cv, {}, std::nullopt, &t, &trace);
     EXPECT_EQ(out.decision, k.want) << k.what;
     EXPECT_EQ(out.flip_held, k.want.mode == kSp) << k.what;
-    if (k.want.mode == kSp) EXPECT_EQ(trace.back().gate, "switch_cost") << k.what;
+    if (k.want.mode == kSp) {
+      EXPECT_EQ(trace.back().gate, "switch_cost") << k.what;
+      // The hold keeps SP: the policy's mode now, without a switch for the cap.
+      EXPECT_EQ(out.next.chosen_mode, kSp) << k.what;
+      EXPECT_EQ(out.next.last_switch_at, s.last_switch_at) << k.what;
+      EXPECT_EQ(out.next.prev_switch_at, s.prev_switch_at) << k.what;
+    }
   }
+  // Only the way back to the policy's mode is exempt from the cap: a group that chose SP,
+  // kept in SP by the memory gate, switching to TP-only is the policy's own switch.
+  ThroughputTable t = tp_faster;
+  t.SetSwitchCost({.seconds = 4, .weight = 4, .last_step = kStep - 1});
+  GroupGateState s;
+  s.has_decision = s.has_chosen_mode = true;
+  s.mode = s.chosen_mode = kSp;
+  s.reason = Reason::kMemoryRequiresSp;
+  s.decisions = 100;
+  s.last_switch_at = 99, s.prev_switch_at = 98;
+  std::vector<GateCheck> trace;
+  const GateOutcome out = EvaluateAdaptive(c, s, high_cv, {}, std::nullopt, &t, &trace);
+  EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+  EXPECT_TRUE(out.flip_held);
+  EXPECT_EQ(trace.back().gate, "flip_cap");
 }
 
 // A run of decisions the memory gate forced into SP costs a group that chose TP-only two

@@ -111,6 +111,15 @@ void ExpectSameState(const GroupGateState& a, const GroupGateState& b, int64_t s
   EXPECT_EQ(a.rs_wait_changed_step, b.rs_wait_changed_step) << "step " << step;
   EXPECT_EQ(a.last_sp_step, b.last_sp_step) << "step " << step;
   EXPECT_EQ(a.mode_switches, b.mode_switches) << "step " << step;
+  // ADAPTIVE's: the flip cap's history and the forced-run counts its charge reads.
+  EXPECT_EQ(a.decisions, b.decisions) << "step " << step;
+  EXPECT_EQ(a.has_chosen_mode, b.has_chosen_mode) << "step " << step;
+  EXPECT_EQ(a.chosen_mode, b.chosen_mode) << "step " << step;
+  EXPECT_EQ(a.last_switch_at, b.last_switch_at) << "step " << step;
+  EXPECT_EQ(a.prev_switch_at, b.prev_switch_at) << "step " << step;
+  EXPECT_EQ(a.chosen_weight, b.chosen_weight) << "step " << step;
+  EXPECT_EQ(a.forced_runs[0], b.forced_runs[0]) << "step " << step;
+  EXPECT_EQ(a.forced_runs[1], b.forced_runs[1]) << "step " << step;
 }
 
 // Random batches and wait shares with small probe/dwell/window settings, so every gate
