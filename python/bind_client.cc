@@ -4,10 +4,13 @@
 // incarnation, job id, worker token file) every client uses.
 //
 // Invariant: no call holds the GIL while it may wait - await_decision, flush,
-// wait_until_connected, close and _cxx_step_loop release it.
+// wait_until_connected, close and _cxx_step_loop release it - and none finds the client
+// destroyed under it: each holds it while it runs (Client::Get), and close wakes their
+// waits and destroys it only once they are done (python/bindings.h).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -15,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -35,7 +39,13 @@
 namespace spgate::python {
 namespace {
 
-// tls.<key> of a dict or an object with attributes; "" when absent or None.
+// The keys tls= takes: spgate-worker's --tls_ca / --tls_cert / --tls_key / --tls_server_name.
+constexpr std::array<const char*, 4> kTlsKeys = {"ca", "cert", "key", "server_name"};
+
+std::string TypeName(const py::handle& value) { return Py_TYPE(value.ptr())->tp_name; }
+
+// tls.<key> of a dict or an object with attributes: "" when absent or None, a str, or for
+// the PEM files' paths an os.PathLike; InvalidArgumentError naming tls.<key> otherwise.
 std::string TlsSetting(const py::object& tls, const char* key) {
   py::object value = py::none();
   if (py::isinstance<py::dict>(tls)) {
@@ -44,15 +54,78 @@ std::string TlsSetting(const py::object& tls, const char* key) {
   } else if (py::hasattr(tls, key)) {
     value = tls.attr(key);
   }
-  return value.is_none() ? "" : std::string(py::str(value));
+  if (value.is_none()) return "";
+  const bool path = std::string_view(key) != "server_name";
+  if (path && !py::isinstance<py::str>(value) && py::hasattr(value, "__fspath__")) {
+    value = py::module_::import("os").attr("fspath")(value);
+  }
+  if (!py::isinstance<py::str>(value)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "tls.", key, ": must be ", path ? "a path (str or os.PathLike)" : "a str",
+        " or None, got ", TypeName(value))));
+  }
+  return value.cast<std::string>();
+}
+
+// tls= is a dict of kTlsKeys, or an object with those attributes (and no other public
+// data attributes): a misspelt key must not leave a certificate out in silence.
+void CheckTlsKeys(const py::object& tls) {
+  auto known = [](const std::string& name) {
+    for (const char* k : kTlsKeys) {
+      if (name == k) return true;
+    }
+    return false;
+  };
+  const std::string expected = "ca, cert, key, server_name";
+  py::dict entries;
+  if (py::isinstance<py::dict>(tls)) {
+    entries = tls.cast<py::dict>();
+  } else if (py::isinstance<py::str>(tls) || py::isinstance<py::bytes>(tls) ||
+             PyNumber_Check(tls.ptr()) || py::isinstance<py::sequence>(tls)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "tls: must be None, a dict or an object with attributes ", expected, "; got ",
+        TypeName(tls))));
+  } else {
+    if (py::hasattr(tls, "__dict__")) entries = py::dict(tls.attr("__dict__"));
+    bool any = false;
+    for (const char* k : kTlsKeys) any = any || py::hasattr(tls, k);
+    if (!any) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          "tls: a value of type ", TypeName(tls), " with none of the attributes ", expected)));
+    }
+  }
+  for (auto [name, value] : entries) {
+    if (!py::isinstance<py::str>(name)) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("tls: keys are str (", expected, "), got a ", TypeName(name))));
+    }
+    const std::string n = name.cast<std::string>();
+    if (known(n)) continue;
+    // An object's own machinery (a class's __module__, its methods) is not a setting.
+    const bool machinery = n.empty() || n[0] == '_' || PyCallable_Check(value.ptr()) ||
+                           PyObject_TypeCheck(value.ptr(), &PyStaticMethod_Type) ||
+                           PyObject_TypeCheck(value.ptr(), &PyClassMethod_Type);
+    if (!py::isinstance<py::dict>(tls) && machinery) continue;
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("tls: unknown key \"", n, "\" (it takes ", expected, ")")));
+  }
 }
 
 // tls: None (plaintext), or a dict / object with ca, cert, key (PEM paths) and
 // server_name - spgate-worker's --tls_ca / --tls_cert / --tls_key / --tls_server_name,
 // checked by the same helper (worker/client/tls.h). A tls= without ca or cert still
 // means TLS, trusting the system's roots.
-void ApplyTls(const py::object& tls, GateClientOptions* o) {
-  if (tls.is_none()) return;
+void ApplyTls(const py::object& given, GateClientOptions* o) {
+  if (given.is_none()) return;
+  // Any mapping reads as a dict, a namedtuple by its fields (it is a sequence too).
+  py::object tls = given;
+  if (!py::isinstance<py::dict>(tls) &&
+      py::isinstance(tls, py::module_::import("collections.abc").attr("Mapping"))) {
+    tls = py::dict(tls);
+  } else if (py::isinstance<py::tuple>(tls) && py::hasattr(tls, "_asdict")) {
+    tls = py::dict(tls.attr("_asdict")());
+  }
+  CheckTlsKeys(tls);
   constexpr client::TlsOptionNames kNames = {"tls.ca", "tls.cert", "tls.key", "tls.server_name"};
   const client::TlsClientOptions t{.ca = TlsSetting(tls, "ca"),
                                    .cert = TlsSetting(tls, "cert"),
@@ -68,17 +141,17 @@ void ApplyTls(const py::object& tls, GateClientOptions* o) {
 
 void SubmitPlan(Client& self, const BatchPlan& plan) {
   std::vector<client::MicrobatchPlanInput> mbs;
-  Check(self.Get("submit_plan").SubmitPlan(plan.Input(mbs)));
+  Check(self.Get("submit_plan")->SubmitPlan(plan.Input(mbs)));
 }
 
 GateDecision AwaitDecision(Client& self, int64_t step, std::optional<double> timeout) {
-  GateClient& c = self.Get("await_decision");
+  const std::shared_ptr<GateClient> c = self.Get("await_decision");
   absl::Time deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
-                                               : c.options().decision_deadline);
+                                               : c->options().decision_deadline);
   absl::StatusOr<GateDecision> d;
   {
     py::gil_scoped_release release;
-    d = c.AwaitDecision(step, deadline);
+    d = c->AwaitDecision(step, deadline);
   }
   Check(d.status());
   return *d;
@@ -113,22 +186,28 @@ using PythonType = std::conditional_t<T == client::ClientOptionType::kDuration, 
 // Required in Python although the C++ default is empty: a job must say who it is.
 constexpr std::string_view kRequiredInPython = "job_id";
 
-// py::arg(name) = the table's default (a duration in seconds), or a bare py::arg for the
-// one required keyword.
+// A row's default as Python passes it (a duration in seconds).
+template <size_t I>
+PythonType<PythonRow(I).type> PythonDefault() {
+  constexpr const client::ClientOption& row = PythonRow(I);
+  using Cxx = typename client::ClientOptionCxx<row.type>::type;
+  static const GateClientOptions kDefaults;
+  const Cxx& def = client::ClientOptionRef<Cxx>(kDefaults, row);
+  if constexpr (row.type == client::ClientOptionType::kDuration) {
+    return absl::ToDoubleSeconds(def);
+  } else {
+    return def;
+  }
+}
+
+// py::arg(name) = the table's default, or a bare py::arg for the one required keyword.
 template <size_t I>
 auto PythonArg() {
   constexpr const client::ClientOption& row = PythonRow(I);
   if constexpr (row.name == kRequiredInPython) {
     return py::arg(row.name.data());
   } else {
-    using Cxx = typename client::ClientOptionCxx<row.type>::type;
-    static const GateClientOptions kDefaults;
-    const Cxx& def = client::ClientOptionRef<Cxx>(kDefaults, row);
-    if constexpr (row.type == client::ClientOptionType::kDuration) {
-      return py::arg(row.name.data()) = absl::ToDoubleSeconds(def);
-    } else {
-      return py::arg(row.name.data()) = def;
-    }
+    return py::arg(row.name.data()) = PythonDefault<I>();
   }
 }
 
@@ -143,35 +222,128 @@ void SetFromPython(GateClientOptions& o, PythonType<PythonRow(I).type> value) {
   }
 }
 
+// ---- a call the typed signature refused ---------------------------------------------------
+//
+// pybind11's own TypeError for a call no signature takes ends with "Invoked with: kwargs:"
+// and every value, launch_credential and worker_token among them. Client(...) therefore
+// has a second __init__(*args, **kwargs) that takes the calls the typed one refused: it
+// converts each keyword as pybind11 does (conversions allowed: an int for a float of
+// seconds), so a call it can convert builds the client through the same function, and a
+// call it cannot raises TypeError naming the keyword and the types, never a value.
+
+[[noreturn]] void ClientTypeError(const std::string& message) {
+  throw py::type_error("Client(): " + message);
+}
+
+const char* PythonTypeName(client::ClientOptionType type) {
+  switch (type) {
+    case client::ClientOptionType::kText: return "a str";
+    case client::ClientOptionType::kInt: return "an int (32 bits)";
+    case client::ClientOptionType::kUint64: return "an int >= 0";
+    case client::ClientOptionType::kReal: return "a float";
+    case client::ClientOptionType::kFlag: return "a bool";
+    case client::ClientOptionType::kDuration: return "a number of seconds";
+  }
+  return "?";
+}
+
+// The keywords Client takes besides the table's rows, in signature order.
+constexpr std::array<const char*, 4> kExtraKeywords = {"layout", "coordinates", "sp_required",
+                                                      "tls"};
+
+// Positional arguments, an unknown keyword and a missing job_id, named; then each
+// keyword's value is converted by ClientKeyword.
+void CheckClientCall(const py::args& args, const py::kwargs& kwargs) {
+  std::vector<std::string> names;
+  for (size_t i : kPythonOptions) names.emplace_back(client::kClientOptions[i].name);
+  for (const char* k : kExtraKeywords) names.emplace_back(k);
+  if (!args.empty()) {
+    ClientTypeError(absl::StrCat("takes keyword arguments only (job_id=..., controller=..., ...), "
+                                 "got ", args.size(), " positional"));
+  }
+  for (auto [key, value] : kwargs) {
+    const std::string name = py::str(key);
+    if (std::find(names.begin(), names.end(), name) != names.end()) continue;
+    py::list close = py::module_::import("difflib").attr("get_close_matches")(name, names, 1);
+    ClientTypeError(absl::StrCat("unknown keyword argument '", name, "'",
+                                 close.empty() ? ""
+                                               : absl::StrCat("; did you mean '",
+                                                              close[0].cast<std::string>(), "'?")));
+  }
+  if (!kwargs.contains(std::string(kRequiredInPython))) {
+    ClientTypeError(absl::StrCat("missing the required keyword argument ",
+                                 std::string(kRequiredInPython)));
+  }
+}
+
+// kwargs[name] as T (absent: `def`), or TypeError naming name and `expected`.
+template <typename T>
+T ClientKeyword(const py::kwargs& kwargs, const char* name, const char* expected, T def) {
+  if (!kwargs.contains(name)) return def;
+  py::object value = kwargs[name];
+  try {
+    return value.cast<T>();
+  } catch (const py::cast_error&) {
+    ClientTypeError(absl::StrCat(name, " must be ", expected, ", got ", TypeName(value)));
+  }
+}
+
+template <size_t I>
+PythonType<PythonRow(I).type> ClientRowKeyword(const py::kwargs& kwargs) {
+  constexpr const client::ClientOption& row = PythonRow(I);
+  return ClientKeyword(kwargs, row.name.data(), PythonTypeName(row.type), PythonDefault<I>());
+}
+
 // Client(*, <every Python row of the table>, tls=None): one keyword per row, typed and
-// defaulted by the table, so the signature pybind11 reports is the table's.
+// defaulted by the table, so the signature pybind11 reports is the table's; and the
+// second __init__ above for the calls it refuses.
 template <size_t... I>
 void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
-  cls.def(py::init([](PythonType<PythonRow(I).type>... values,
-                      std::optional<JobLayout> layout, std::optional<StageCoordinates> coordinates,
-                      std::vector<std::string> sp_required, py::object tls) {
-            GateClientOptions o;
-            (SetFromPython<I>(o, std::move(values)), ...);
-            // A pipelined job (docs/design.md §12): checked by GateClient::Create.
-            o.layout = layout;
-            if (coordinates) o.coordinates = *coordinates;
-            if (coordinates && !layout) {
-              Raise(absl::InvalidArgumentError("coordinates: need a layout"));
-            }
-            o.sp_required = std::move(sp_required);
-            // One launch of the job, equal on every rank: given, or the launcher's.
-            if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
-            // Its secret: given (spgate.torch.agree_on_launch), or SPGATE_LAUNCH_CREDENTIAL;
-            // never made here, where it could not reach the other ranks.
-            if (o.launch_credential.empty()) {
-              o.launch_credential = client::LaunchCredentialFromEnvironment();
-            }
-            ApplyTls(tls, &o);
-            return std::make_unique<Client>(std::move(o));
-          }),
-          py::kw_only(), PythonArg<I>()..., py::arg("layout") = py::none(),
+  auto make = [](PythonType<PythonRow(I).type>... values, std::optional<JobLayout> layout,
+                 std::optional<StageCoordinates> coordinates,
+                 std::vector<std::string> sp_required, py::object tls) {
+    GateClientOptions o;
+    (SetFromPython<I>(o, std::move(values)), ...);
+    // A pipelined job (docs/design.md §12): checked by GateClient::Create.
+    o.layout = layout;
+    if (coordinates) o.coordinates = *coordinates;
+    if (coordinates && !layout) {
+      Raise(absl::InvalidArgumentError("coordinates: need a layout"));
+    }
+    o.sp_required = std::move(sp_required);
+    // One launch of the job, equal on every rank: given, or the launcher's.
+    if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
+    // Its secret: given (spgate.torch.agree_on_launch), or SPGATE_LAUNCH_CREDENTIAL;
+    // never made here, where it could not reach the other ranks.
+    if (o.launch_credential.empty()) {
+      o.launch_credential = client::LaunchCredentialFromEnvironment();
+    }
+    ApplyTls(tls, &o);
+    return std::make_unique<Client>(std::move(o));
+  };
+  cls.def(py::init(make), py::kw_only(), PythonArg<I>()..., py::arg("layout") = py::none(),
           py::arg("coordinates") = py::none(),
           py::arg("sp_required") = std::vector<std::string>{}, py::arg("tls") = py::none());
+  cls.def(py::init([make](const py::args& args, const py::kwargs& kwargs) {
+    CheckClientCall(args, kwargs);
+    // Braces: the keywords are converted in signature order, so the first bad one is named.
+    std::tuple<PythonType<PythonRow(I).type>...> values{ClientRowKeyword<I>(kwargs)...};
+    auto layout = ClientKeyword<std::optional<JobLayout>>(kwargs, "layout",
+                                                          "a JobLayout or None", std::nullopt);
+    auto coordinates = ClientKeyword<std::optional<StageCoordinates>>(
+        kwargs, "coordinates", "a StageCoordinates or None", std::nullopt);
+    auto sp_required = ClientKeyword<std::vector<std::string>>(kwargs, "sp_required",
+                                                               "a list of str", {});
+    py::object tls = kwargs.contains("tls") ? py::object(kwargs["tls"]) : py::none();
+    return std::apply(
+        [&](auto&&... v) {
+          return make(std::move(v)..., std::move(layout), coordinates, std::move(sp_required),
+                      std::move(tls));
+        },
+        std::move(values));
+  }),
+          "The keywords above, converted where Python allows (an int for seconds); "
+          "otherwise TypeError naming the keyword and the types, never a value.");
 }
 
 // The C++ path of bench/python/client_step_bench.py, run on the same Client in the same
@@ -180,7 +352,8 @@ void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
 // of step_us and a yield loop until decision n + 1 has arrived.
 py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
                      std::vector<int64_t> lengths, int step_us) {
-  GateClient& c = self.Get("_cxx_step_loop");
+  const std::shared_ptr<GateClient> held = self.Get("_cxx_step_loop");
+  GateClient& c = *held;
   using Clock = std::chrono::steady_clock;
   std::vector<double> submit_ns, await_ns, report_ns;
   int64_t not_from_daemon = 0;
@@ -250,50 +423,53 @@ void BindClient(py::module_& m) {
       .def("submit_plan", &SubmitPlan, py::arg("plan"))
       .def(
           "submit_plan",
-          [](Client& self, int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
-             uint64_t budget) { SubmitPlan(self, BatchPlan{step, std::move(lengths), sp, tp, budget}); },
+          [](Client& self, int64_t step, const Lengths& lengths, uint64_t sp, uint64_t tp,
+             uint64_t budget) {
+            SubmitPlan(self, BatchPlan{step, lengths.Get("lengths"), sp, tp, budget});
+          },
           py::arg("step"), py::arg("lengths"), py::kw_only(),
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)
       .def("await_decision", &AwaitDecision, py::arg("step"), py::arg("timeout") = py::none())
       .def("report_telemetry",
            [](Client& self, const client::StepTelemetryInput& t) {
-             Check(self.Get("report_telemetry").ReportTelemetry(t));
+             Check(self.Get("report_telemetry")->ReportTelemetry(t));
            },
            py::arg("telemetry"))
       .def("observe_group_rs_wait_share",
            [](Client& self, int64_t step, Mode mode, double share) {
-             self.Get("observe_group_rs_wait_share").ObserveGroupRsWaitShare(step, mode, share);
+             Check(self.Get("observe_group_rs_wait_share")
+                       ->ObserveGroupRsWaitShare(step, mode, share));
            },
            py::arg("step"), py::arg("mode"), py::arg("share"))
       .def("flush",
            [](Client& self, double timeout) {
-             GateClient& c = self.Get("flush");
+             const std::shared_ptr<GateClient> c = self.Get("flush");
              absl::Duration d = Seconds(timeout, "timeout");
              absl::Status s;
              {
                py::gil_scoped_release release;
-               s = c.Flush(d);
+               s = c->Flush(d);
              }
              Check(s);
            },
            py::arg("timeout") = 5.0)
       .def("wait_until_connected",
            [](Client& self, double timeout) {
-             GateClient& c = self.Get("wait_until_connected");
+             const std::shared_ptr<GateClient> c = self.Get("wait_until_connected");
              absl::Duration d = Seconds(timeout, "timeout");
              absl::Status s;
              {
                py::gil_scoped_release release;
-               s = c.WaitUntilConnected(d);
+               s = c->WaitUntilConnected(d);
              }
              Check(s);
            },
            py::arg("timeout"))
-      .def("stats", [](Client& self) { return self.Get("stats").stats(); })
+      .def("stats", [](Client& self) { return self.Get("stats")->stats(); })
       .def("config_for",
            [](Client& self, int64_t step) {
-             client::ScheduledConfig sc = self.Get("config_for").ConfigFor(step);
+             client::ScheduledConfig sc = self.Get("config_for")->ConfigFor(step);
              const GateConfig& c = sc.config;
              py::dict d;
              d["version"] = sc.version;
@@ -314,21 +490,21 @@ void BindClient(py::module_& m) {
       .def("take_decision_latencies",
            [](Client& self) {
              std::vector<std::pair<double, double>> out;
-             for (const auto& l : self.Get("take_decision_latencies").TakeDecisionLatencies()) {
+             for (const auto& l : self.Get("take_decision_latencies")->TakeDecisionLatencies()) {
                out.emplace_back(l.total_s, l.queued_s);
              }
              return out;
            })
       .def_property_readonly("is_leader",
-                             [](Client& self) { return self.Get("is_leader").options().rank_in_group == 0; })
-      .def_property_readonly("job_id", [](Client& self) { return self.Get("job_id").options().job_id; })
-      .def_property_readonly("group", [](Client& self) { return self.Get("group").options().group; })
+                             [](Client& self) { return self.Get("is_leader")->options().rank_in_group == 0; })
+      .def_property_readonly("job_id", [](Client& self) { return self.Get("job_id")->options().job_id; })
+      .def_property_readonly("group", [](Client& self) { return self.Get("group")->options().group; })
       .def_property_readonly("rank_in_group",
-                             [](Client& self) { return self.Get("rank_in_group").options().rank_in_group; })
+                             [](Client& self) { return self.Get("rank_in_group")->options().rank_in_group; })
       .def_property_readonly("group_size",
-                             [](Client& self) { return self.Get("group_size").options().group_size; })
+                             [](Client& self) { return self.Get("group_size")->options().group_size; })
       .def_property_readonly("group_session",
-                             [](Client& self) { return self.Get("group_session").options().group_session; })
+                             [](Client& self) { return self.Get("group_session")->options().group_session; })
       .def_property_readonly("closed", &Client::closed)
       .def("close", &Client::Close)
       .def("__enter__", [](py::object self) { return self; })

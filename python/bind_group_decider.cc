@@ -85,9 +85,11 @@ class Decider {
     }
     // This rank's checks alone (no collective): spgate.torch.GroupDecider agrees on every
     // rank's outcome with an all-reduce of its own, its leader's decider made before it.
-    auto d = client::GroupDecider::CreateLocal(client != nullptr ? client->raw() : nullptr,
-                                               rank_in_group, std::move(broadcast_fn),
-                                               std::move(reduce_fn));
+    // The decider keeps the GateClient's address; every call below that can reach it
+    // holds the client (Client::Get) while it runs, and raises once it is closed.
+    std::shared_ptr<GateClient> held = client != nullptr ? client->Get("GroupDecider") : nullptr;
+    auto d = client::GroupDecider::CreateLocal(held.get(), rank_in_group,
+                                               std::move(broadcast_fn), std::move(reduce_fn));
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -96,7 +98,7 @@ class Decider {
 
   void SubmitPlan(const BatchPlan& plan) {
     if (!is_leader()) return;
-    client_->Get("submit_plan");
+    std::shared_ptr<GateClient> held = client_->Get("submit_plan");
     std::vector<client::MicrobatchPlanInput> mbs;
     Check(decider_->SubmitPlan(plan.Input(mbs)));
   }
@@ -104,10 +106,11 @@ class Decider {
   // Collective: the step's decision, and a step plan's per micro-batch (microbatches > 0).
   GateDecision Decide(int64_t step, int microbatches, std::optional<double> timeout) {
     absl::Time deadline = absl::InfiniteFuture();
+    std::shared_ptr<GateClient> held;  // the leader's, until the broadcast is done
     if (is_leader()) {
-      GateClient& c = client_->Get(microbatches > 0 ? "decide_microbatches" : "decide");
+      held = client_->Get(microbatches > 0 ? "decide_microbatches" : "decide");
       deadline = absl::Now() + (timeout ? Seconds(*timeout, "timeout")
-                                        : c.options().decision_deadline);
+                                        : held->options().decision_deadline);
     }
     absl::StatusOr<GateDecision> d;
     {
@@ -121,7 +124,8 @@ class Decider {
   // Collective with a reduce (every rank, every step it reports); else the rank's own
   // client's ReportTelemetry.
   void ReportTelemetry(const client::StepTelemetryInput& t) {
-    if (client_ != nullptr) client_->Get("report_telemetry");  // not closed
+    std::shared_ptr<GateClient> held;  // not closed, and not while this runs
+    if (client_ != nullptr) held = client_->Get("report_telemetry");
     absl::Status s;
     {
       py::gil_scoped_release release;
@@ -153,8 +157,10 @@ void BindGroupDecider(py::module_& m) {
       .def("submit_plan", &Decider::SubmitPlan, py::arg("plan"))
       .def(
           "submit_plan",
-          [](Decider& self, int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
-             uint64_t budget) { self.SubmitPlan(BatchPlan{step, std::move(lengths), sp, tp, budget}); },
+          [](Decider& self, int64_t step, const Lengths& lengths, uint64_t sp, uint64_t tp,
+             uint64_t budget) {
+            self.SubmitPlan(BatchPlan{step, lengths.Get("lengths"), sp, tp, budget});
+          },
           py::arg("step"), py::arg("lengths"), py::kw_only(),
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)

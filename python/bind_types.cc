@@ -157,15 +157,17 @@ void BindLayout(py::module_& m) {
 
 void BindPlans(py::module_& m) {
   py::class_<MicrobatchPlan>(m, "MicrobatchPlan")
-      .def(py::init([](int id, std::vector<int64_t> lengths, uint64_t asp, uint64_t atp,
+      .def(py::init([](int id, const Lengths& lengths, uint64_t asp, uint64_t atp,
                        uint64_t wsp, uint64_t wtp) {
-             return MicrobatchPlan{id, std::move(lengths), asp, atp, wsp, wtp};
+             return MicrobatchPlan{id, lengths.Get("lengths"), asp, atp, wsp, wtp};
            }),
-           py::arg("id"), py::arg("lengths") = std::vector<int64_t>{}, py::kw_only(),
+           py::arg("id"), py::arg("lengths") = Lengths{py::list()}, py::kw_only(),
            py::arg("activation_sp") = 0, py::arg("activation_tp") = 0,
            py::arg("workspace_sp") = 0, py::arg("workspace_tp") = 0)
       .def_readwrite("id", &MicrobatchPlan::id)
-      .def_readwrite("lengths", &MicrobatchPlan::lengths)
+      .def_property(
+          "lengths", [](const MicrobatchPlan& p) { return p.lengths; },
+          [](MicrobatchPlan& p, const Lengths& l) { p.lengths = l.Get("lengths"); })
       .def_readwrite("activation_sp", &MicrobatchPlan::activation_sp)
       .def_readwrite("activation_tp", &MicrobatchPlan::activation_tp)
       .def_readwrite("workspace_sp", &MicrobatchPlan::workspace_sp)
@@ -176,19 +178,21 @@ void BindPlans(py::module_& m) {
       });
 
   py::class_<BatchPlan>(m, "BatchPlan")
-      .def(py::init([](int64_t step, std::vector<int64_t> lengths, uint64_t sp, uint64_t tp,
+      .def(py::init([](int64_t step, const Lengths& lengths, uint64_t sp, uint64_t tp,
                        uint64_t budget, std::vector<MicrobatchPlan> microbatches,
                        uint64_t resident) {
-             return BatchPlan{step, std::move(lengths), sp, tp, budget, std::move(microbatches),
-                              resident};
+             return BatchPlan{step, lengths.Get("lengths"), sp, tp, budget,
+                              std::move(microbatches), resident};
            }),
-           py::arg("step"), py::arg("lengths") = std::vector<int64_t>{},
+           py::arg("step"), py::arg("lengths") = Lengths{py::list()},
            py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
            py::arg("memory_budget_bytes") = 0,
            py::arg("microbatches") = std::vector<MicrobatchPlan>{},
            py::arg("resident_bytes") = 0)
       .def_readwrite("step", &BatchPlan::step)
-      .def_readwrite("lengths", &BatchPlan::lengths)
+      .def_property(
+          "lengths", [](const BatchPlan& p) { return p.lengths; },
+          [](BatchPlan& p, const Lengths& l) { p.lengths = l.Get("lengths"); })
       .def_readwrite("predicted_peak_bytes_sp", &BatchPlan::predicted_peak_bytes_sp)
       .def_readwrite("predicted_peak_bytes_tp", &BatchPlan::predicted_peak_bytes_tp)
       .def_readwrite("memory_budget_bytes", &BatchPlan::memory_budget_bytes)

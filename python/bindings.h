@@ -45,6 +45,15 @@ absl::Duration Seconds(double s, const char* name);
 
 // ---- value types ----------------------------------------------------------------------
 
+// Sequence lengths as Python passes them: any iterable of integers (a list, a tuple, a
+// 1-D integer tensor or array). Get converts them: a bool or a value that is not an
+// integer (5.7, a float tensor's element) is InvalidArgumentError naming its index, never
+// truncated. The signature shows Sequence[int].
+struct Lengths {
+  py::object values;
+  std::vector<int64_t> Get(const char* name) const;
+};
+
 // One micro-batch of a step plan (MicrobatchPlanInput holds a span; this owns its
 // lengths). No lengths: the stage does not know them (SP, LENGTHS_UNKNOWN).
 struct MicrobatchPlan {
@@ -82,31 +91,39 @@ struct BatchPlan {
 
 // ---- the client -------------------------------------------------------------------------
 
+// spgate.Client. A call takes a hold on the GateClient (Get) for as long as it runs, the
+// GIL released or not; close() (from any thread, a callback or a signal handler on the
+// calling thread included) wakes every wait in progress (GateClient::Close) and lets go of
+// its own hold: the GateClient is destroyed by whichever hold goes last — at once when no
+// call is in progress, else when the last one returns — so a call in progress never finds
+// it gone and close() never waits on a call below it on its own stack. client_ is read and
+// written with the GIL held.
 class Client {
  public:
   explicit Client(GateClientOptions options) {
     absl::StatusOr<std::unique_ptr<GateClient>> c = GateClient::Create(std::move(options));
     Check(c.status());
-    client_ = std::move(*c);
+    client_ = std::shared_ptr<GateClient>(std::move(*c));
   }
-
-  GateClient& Get(const char* what) const {
+  // The client for one call: FailedPreconditionError naming `what` once closed.
+  std::shared_ptr<GateClient> Get(const char* what) const {
     if (!client_) {
       Raise(absl::FailedPreconditionError(absl::StrCat(what, ": the client is closed")));
     }
-    return *client_;
+    return client_;
   }
-  GateClient* raw() const { return client_.get(); }
   bool closed() const { return client_ == nullptr; }
 
   void Close() {
-    std::unique_ptr<GateClient> c = std::move(client_);
+    std::shared_ptr<GateClient> c = std::move(client_);
+    if (c == nullptr) return;
     py::gil_scoped_release release;
-    c.reset();
+    c->Close();  // the other threads' waits return now
+    c.reset();   // the last hold destroys it
   }
 
  private:
-  std::unique_ptr<GateClient> client_;
+  std::shared_ptr<GateClient> client_;  // null once closed
 };
 
 // ---- the areas, in the order PYBIND11_MODULE registers them ------------------------------
@@ -122,5 +139,26 @@ void BindGroupDecider(py::module_& m);  // GroupDecider, wire_failure
 void BindIdentity(py::module_& m);   // launch credential, incarnation, worker token file
 
 }  // namespace spgate::python
+
+namespace pybind11::detail {
+
+// Takes any iterable but str and bytes; Lengths::Get checks the elements.
+template <>
+struct type_caster<spgate::python::Lengths> {
+  PYBIND11_TYPE_CASTER(spgate::python::Lengths, const_name("Sequence[int]"));
+  bool load(handle src, bool) {
+    if (!src || PyUnicode_Check(src.ptr()) || PyBytes_Check(src.ptr()) ||
+        !hasattr(src, "__iter__")) {
+      return false;
+    }
+    value.values = reinterpret_borrow<object>(src);
+    return true;
+  }
+  static handle cast(const spgate::python::Lengths& l, return_value_policy, handle) {
+    return l.values.inc_ref();
+  }
+};
+
+}  // namespace pybind11::detail
 
 #endif  // SPGATE_PYTHON_BINDINGS_H_

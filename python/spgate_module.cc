@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +54,39 @@ Errors* errors = nullptr;  // created once in the module init, never freed (like
   exc.attr("message") = message;
   PyErr_SetObject(cls.ptr(), exc.ptr());
   throw py::error_already_set();
+}
+
+std::vector<int64_t> Lengths::Get(const char* name) const {
+  // A mapping would give its keys and a set its own order: neither is a batch's lengths.
+  if (PyAnySet_Check(values.ptr()) ||
+      py::isinstance(values, py::module_::import("collections.abc").attr("Mapping"))) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        name, ": must be a sequence of integers (a list, a tuple, an integer array or "
+        "tensor), got ", Py_TYPE(values.ptr())->tp_name)));
+  }
+  std::vector<int64_t> out;
+  for (py::handle v : values) {
+    // operator.index: integers and what stands for one (numpy's, an integer tensor's
+    // element); a float, even 5.0, is a bug upstream.
+    PyObject* n = PyBool_Check(v.ptr()) ? nullptr : PyNumber_Index(v.ptr());
+    if (n == nullptr) {
+      PyErr_Clear();
+      std::string shown = py::repr(v);
+      if (shown.size() > 40) shown = shown.substr(0, 37) + "...";
+      Raise(absl::InvalidArgumentError(absl::StrCat(name, "[", out.size(),
+                                                    "]: must be an integer, got ",
+                                                    Py_TYPE(v.ptr())->tp_name, " ", shown)));
+    }
+    const long long x = PyLong_AsLongLong(n);
+    Py_DECREF(n);
+    if (x == -1 && PyErr_Occurred()) {
+      PyErr_Clear();
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat(name, "[", out.size(), "]: does not fit in 64 bits")));
+    }
+    out.push_back(x);
+  }
+  return out;
 }
 
 absl::Duration Seconds(double s, const char* name) {

@@ -223,28 +223,19 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   RETURN_IF_ERROR(ValidateIncarnation(r.incarnation));
   RETURN_IF_ERROR(ValidateLaunchCredential(r.launch_credential));
   RETURN_IF_ERROR(ValidateHardwareId(r.hardware_id));
-  if (r.group_size < 1 || r.group_size > options_.max_group_size) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "group_size: must be in [1, %d], got %d", options_.max_group_size, r.group_size));
-  }
+  RETURN_IF_ERROR(ValidateGroupSize(r.group_size, options_.max_group_size));
   if (r.rank_in_group < 0 || r.rank_in_group >= r.group_size) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rank_in_group: must be in [0, group_size=%d), got %d", r.group_size, r.rank_in_group));
   }
-  if (r.global_rank < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("global_rank: must be >= 0, got %d", r.global_rank));
-  }
+  RETURN_IF_ERROR(ValidateGlobalRank(r.global_rank));
   if (r.group_session && r.rank_in_group != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "group_session: only the group's leader (rank_in_group 0) speaks for the group, got "
         "rank_in_group %d",
         r.rank_in_group));
   }
-  if (r.host.size() > kMaxHostLength) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "host: at most %d characters, got %d", kMaxHostLength, r.host.size()));
-  }
+  RETURN_IF_ERROR(ValidateHost(r.host));
   if (r.layout.has_value()) {
     RETURN_IF_ERROR(ValidateJobLayout(*r.layout));
     if (r.layout->groups() > options_.max_groups_per_job) {

@@ -1,4 +1,5 @@
-// Incarnation rules and session tokens (docs/design.md §10).
+// Launch credentials and session tokens (docs/design.md §10); the incarnation rule is
+// common/registration.h's.
 #include "server/identity.h"
 
 #include <openssl/sha.h>
@@ -7,9 +8,6 @@
 #include "common/secure_random.h"
 
 namespace spgate::server {
-namespace {
-constexpr size_t kMaxIncarnationLength = 128;
-}  // namespace
 
 absl::Status ValidateLaunchCredential(std::string_view credential) {
   if (credential.empty()) {
@@ -27,23 +25,6 @@ std::string LaunchCredentialDigest(std::string_view credential) {
   hex.reserve(2 * SHA256_DIGEST_LENGTH);
   for (unsigned char b : digest) absl::StrAppendFormat(&hex, "%02x", b);
   return hex;
-}
-
-absl::Status ValidateIncarnation(std::string_view incarnation) {
-  if (incarnation.empty()) {
-    return absl::InvalidArgumentError(
-        "incarnation: required (one value per launch of the job, the same on every rank)");
-  }
-  if (incarnation.size() > kMaxIncarnationLength) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "incarnation: at most %d characters, got %d", kMaxIncarnationLength, incarnation.size()));
-  }
-  for (char c : incarnation) {
-    if (c < 0x21 || c > 0x7e) {
-      return absl::InvalidArgumentError("incarnation: printable ASCII without spaces only");
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> NewSessionId() { return RandomHex128("session id"); }

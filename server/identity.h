@@ -12,19 +12,21 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "common/job_id.h"
+#include "common/registration.h"
 
 namespace spgate::server {
 
 using ::spgate::kMaxJobIdLength;  // the job id rule: common/job_id.h
 using ::spgate::ValidateJobId;
-// RegisterRequest.host: a DNS name is at most 253 characters.
-inline constexpr size_t kMaxHostLength = 255;
+// Register's fixed field rules, the clients' too: common/registration.h.
+using ::spgate::kMaxHostLength;
+using ::spgate::ValidateGlobalRank;
+using ::spgate::ValidateGroupSize;
+using ::spgate::ValidateHost;
+using ::spgate::ValidateIncarnation;
 // A session token is 32 hex digits (NewSessionId); anything longer is not one.
 inline constexpr size_t kMaxSessionIdLength = 64;
 
-// 1-128 printable ASCII characters without spaces: one value per launch of the job, the
-// same on every rank.
-absl::Status ValidateIncarnation(std::string_view incarnation);
 
 // A launch credential (docs/security.md, "Launch credentials"): 16-128 printable ASCII
 // characters without spaces. The shipped clients send 32 hex digits (128 random bits)

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "common/registration.h"
 #include "server/defaults.h"
 
 namespace spgate::server {
@@ -36,7 +37,7 @@ struct StateOptions {
   int64_t decision_cache_steps = kDefaultDecisionCacheSteps;
   int max_jobs = 1024;
   int max_groups_per_job = kDefaultMaxGroupsPerJob;
-  int max_group_size = 1024;
+  int max_group_size = kMaxGroupSize;  // the clients check the same (common/registration.h)
   // Limits (docs/design.md §10); each refusal is RESOURCE_EXHAUSTED and counted in
   // spgate_limit_refusals_total. A rate <= 0 turns that limit off.
   int max_sessions_per_job = kDefaultMaxSessionsPerJob;

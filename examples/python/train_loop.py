@@ -127,10 +127,18 @@ class InMemoryBroadcast:
     def __init__(self, size):
         self.size = size
         self.cond = threading.Condition()
+        self.failed = False  # a rank failed: nobody waits for it (fail)
         self.calls = [0] * size
         self.slots = {}  # k -> [bytes, receivers left]
         self.reduce_calls = [0] * size
         self.reduce_slots = {}  # k -> [maxima so far, ranks arrived]
+
+    def fail(self):
+        """A rank has failed and will call no more collectives: every wait, now or later,
+        returns an error at once instead of waiting out its timeout for that rank."""
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
 
     def callback_for(self, rank):
         def bcast(buf, size, root, _user):
@@ -141,7 +149,8 @@ class InMemoryBroadcast:
                     self.slots[k] = [ctypes.string_at(buf, size), self.size - 1]
                     self.cond.notify_all()
                     return 0
-                if not self.cond.wait_for(lambda: k in self.slots, timeout=60):
+                if not self.cond.wait_for(lambda: k in self.slots or self.failed, timeout=60) \
+                        or k not in self.slots:
                     return 1
                 data, left = self.slots[k]
                 ctypes.memmove(buf, data, size)
@@ -165,8 +174,8 @@ class InMemoryBroadcast:
                 self.cond.notify_all()
                 if rank != root:
                     return 0  # a contributor does not wait
-                if not self.cond.wait_for(lambda: self.reduce_slots[k][1] == self.size,
-                                          timeout=60):
+                if not self.cond.wait_for(lambda: self.reduce_slots[k][1] == self.size
+                                          or self.failed, timeout=60) or self.failed:
                     return 1
                 for i, v in enumerate(self.reduce_slots.pop(k)[0]):
                     values[i] = v
@@ -191,6 +200,7 @@ def next_batch(rng, tokens_per_batch, bucketed):
 
 
 def rank_main(lib, args, rank, broadcast, plans, results, errors):
+    client_error = None
     try:
         client = ctypes.c_void_p()  # NULL: a follower in the group's session has none
         if rank == 0 or args.per_rank_sessions:
@@ -206,8 +216,15 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
                                  if getattr(args, name))):
                 check(lib, lib.spgate_options_set(opts, key.encode(), value.encode()),
                       "options " + key)
-            check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
-            lib.spgate_options_destroy(opts)
+            try:
+                check(lib, lib.spgate_client_create(opts, ctypes.byref(client)), "client_create")
+            except SpgateError as e:
+                # The decider is still made below, without a client: creating it is
+                # collective, and a leader without one fails every rank of the group at
+                # once (its refusal is broadcast) instead of leaving them waiting.
+                client_error = e
+            finally:
+                lib.spgate_options_destroy(opts)
         # Keep references to the callbacks while the decider lives.
         callback = broadcast.callback_for(rank)
         decider = ctypes.c_void_p()
@@ -219,6 +236,8 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
             check(lib, lib.spgate_decider_create_group(client, rank, callback, reduce_callback,
                                                        None, ctypes.byref(decider)),
                   "decider_create_group")
+        if client_error is not None:
+            raise client_error
         if args.controller and rank == 0:
             # Not required (decisions fall back locally meanwhile); it makes the demo's
             # first steps come from the daemon.
@@ -262,7 +281,22 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
         lib.spgate_decider_destroy(decider)
         lib.spgate_client_destroy(client)  # NULL is fine
     except Exception as e:  # reported by the main thread
-        errors.append("rank %d: %s" % (rank, e))
+        errors.append("rank %d: %s" % (rank, client_error or e))
+        broadcast.fail()  # the other ranks stop waiting for this one
+
+
+def at_least(minimum, kind=int):
+    """An argparse type: a `kind` >= minimum, or a usage error naming the flag."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("not %s: %r" % (
+                "an integer" if kind is int else "a number", text)) from None
+        if not value >= minimum:  # also refuses nan
+            raise argparse.ArgumentTypeError("must be >= %s, got %s" % (minimum, text))
+        return value
+    return parse
 
 
 def main():
@@ -280,11 +314,12 @@ def main():
     p.add_argument("--launch_credential", default=os.environ.get("SPGATE_LAUNCH_CREDENTIAL", ""),
                    help="the launch's secret, 16-128 printable ASCII characters; default: "
                         "SPGATE_LAUNCH_CREDENTIAL, else a new one made here")
-    p.add_argument("--tp", type=int, default=2, help="ranks in the TP group (threads)")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--step_ms", type=float, default=2.0, help="simulated step time")
-    p.add_argument("--deadline_ms", type=int, default=20)
-    p.add_argument("--tokens_per_batch", type=int, default=16384)
+    p.add_argument("--tp", type=at_least(1), default=2, help="ranks in the TP group (threads)")
+    p.add_argument("--steps", type=at_least(1), default=50)
+    p.add_argument("--step_ms", type=at_least(0, float), default=2.0,
+                   help="simulated step time")
+    p.add_argument("--deadline_ms", type=at_least(0), default=20)
+    p.add_argument("--tokens_per_batch", type=at_least(1), default=16384)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--per_rank_sessions", action="store_true",
                    help="a client and a session per rank (group_session \"false\"), each "

@@ -66,6 +66,27 @@ import sys
 import time
 
 
+def at_least(minimum, kind=int, below=None, most=None):
+    """An argparse type: a `kind` >= minimum (and < below, <= most when given), or a usage
+    error that argparse prefixes with the flag."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError("not %s: %r" % (
+                "an integer" if kind is int else "a number", text)) from None
+        bounds = ">= %s" % minimum
+        ok = value >= minimum  # False for nan
+        if below is not None:
+            bounds, ok = bounds + " and < %s" % below, ok and value < below
+        if most is not None:
+            bounds, ok = bounds + " and <= %s" % most, ok and value <= most
+        if not ok:
+            raise argparse.ArgumentTypeError("must be %s, got %s" % (bounds, text))
+        return value
+    return parse
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # --controller, --job_id and --worker_token_file default to the variables spgate's
@@ -81,30 +102,30 @@ def parse_args(argv=None):
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
                         "one made by world rank 0 (spgate.torch.agree_on_launch)")
-    p.add_argument("--world", type=int, default=4,
+    p.add_argument("--world", type=at_least(1), default=4,
                    help="processes (ranks): tp x pp x dp")
-    p.add_argument("--tp", type=int, default=2, help="ranks per TP group")
-    p.add_argument("--pp", type=int, default=1,
+    p.add_argument("--tp", type=at_least(1), default=2, help="ranks per TP group")
+    p.add_argument("--pp", type=at_least(1), default=1,
                    help="pipeline stages (docs/design.md §12); each runs layers / pp blocks")
-    p.add_argument("--microbatches", type=int, default=1,
+    p.add_argument("--microbatches", type=at_least(1), default=1,
                    help="micro-batches per optimizer step (1F1B over the stages); with "
                         "--pp=1 --microbatches=1 the step is one batch, as before")
-    p.add_argument("--memory_budget", type=int, default=0,
+    p.add_argument("--memory_budget", type=at_least(0), default=0,
                    help="bytes: the stages' plans' memory budget for the schedule-aware memory "
                         "gate (pipelined runs; 0: none)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--ffn_hidden", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=128)
-    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--steps", type=at_least(1), default=30)
+    p.add_argument("--layers", type=at_least(1), default=2)
+    p.add_argument("--hidden", type=at_least(1), default=64)
+    p.add_argument("--heads", type=at_least(1), default=4)
+    p.add_argument("--ffn_hidden", type=at_least(1), default=256)
+    p.add_argument("--vocab", type=at_least(1), default=128)
+    p.add_argument("--dropout", type=at_least(0.0, float, below=1.0), default=0.1)
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--tokens_per_batch", type=int, default=1024)
-    p.add_argument("--short", type=int, default=64, help="bimodal lengths: short")
-    p.add_argument("--long", type=int, default=512, help="bimodal lengths: long")
-    p.add_argument("--p_long", type=float, default=0.3)
-    p.add_argument("--decision_deadline_ms", type=float, default=20.0)
+    p.add_argument("--tokens_per_batch", type=at_least(1), default=1024)
+    p.add_argument("--short", type=at_least(1), default=64, help="bimodal lengths: short")
+    p.add_argument("--long", type=at_least(1), default=512, help="bimodal lengths: long")
+    p.add_argument("--p_long", type=at_least(0.0, float, most=1.0), default=0.3)
+    p.add_argument("--decision_deadline_ms", type=at_least(0.0, float), default=20.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--summary_json", default="")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -127,8 +148,8 @@ def parse_args(argv=None):
                         "after NAME:, as every spgate client reads it); sent as "
                         "'authorization: Bearer <token>' (default: SPGATE_WORKER_TOKEN_FILE)")
     args = p.parse_args(argv)
-    if args.pp < 1 or args.microbatches < 1:
-        p.error("--pp and --microbatches must be >= 1")
+    if not args.lr > 0:
+        p.error("argument --lr: must be > 0, got %s" % args.lr)
     if args.world % (args.tp * args.pp):
         p.error("--world must be a multiple of --tp x --pp (world = tp x pp x dp)")
     if args.layers % args.pp:

@@ -11,9 +11,15 @@ in the top-level CMakeLists.txt, the one place it is defined (spgated --version 
 spgate.__version__ come from it too).
 
 The build tree: SPGATE_BUILD_DIR when set (an already configured tree, e.g. `build` after
-`make build`: only what is out of date is rebuilt, so CI installs in seconds), else
-<repo>/build-pip, configured on first use (Release) and reused by later installs.
-SPGATE_BUILD_JOBS caps the compile jobs (default: every core).
+`make build`: only what is out of date is rebuilt, so CI installs in seconds; it must have
+been configured for this interpreter), else one tree per interpreter under <repo>/build-pip
+(build-pip/cpython-311-1a2b3c4d: the cache tag and a digest of the interpreter's path),
+configured on first use (Release) and reused by later installs with the same interpreter.
+One tree per interpreter, because a CMake tree keeps the first interpreter's headers and
+extension suffix in its cache whatever a later -DPython3_EXECUTABLE says; a virtualenv
+counts as the interpreter it was made from (the same headers and ABI), so every
+virtualenv of one Python shares a tree. SPGATE_BUILD_JOBS caps the compile jobs (default:
+every core).
 
 pip (>= 21.3) builds a local directory in place, which this backend needs: it reads the
 repository around python/. docs/pytorch.md, "Install".
@@ -78,28 +84,59 @@ def _cache_value(build_dir: Path, key: str) -> str:
     return ""
 
 
+def _interpreter() -> Path:
+    """The interpreter the extension is built for, symlinks resolved: a virtualenv's base
+    interpreter (the same headers and ABI), else this one."""
+    return Path(getattr(sys, "_base_executable", None) or sys.executable).resolve()
+
+
+def _same_interpreter(configured: str) -> bool:
+    return bool(configured) and Path(configured).resolve() == _interpreter()
+
+
+def _pip_build_dir() -> Path:
+    """This interpreter's tree under <repo>/build-pip."""
+    digest = hashlib.sha256(str(_interpreter()).encode()).hexdigest()[:8]
+    return REPO / "build-pip" / ("%s-%s" % (sys.implementation.cache_tag, digest))
+
+
 def _build_dir() -> Path:
-    """The configured tree to build in (SPGATE_BUILD_DIR's, or <repo>/build-pip)."""
+    """The configured tree to build in (SPGATE_BUILD_DIR's, or this interpreter's under
+    <repo>/build-pip)."""
     given = os.environ.get("SPGATE_BUILD_DIR", "")
     if given:
         build_dir = Path(given).resolve()
         if not (build_dir / "CMakeCache.txt").is_file():
             raise BuildError("SPGATE_BUILD_DIR=%s is not a configured CMake build tree (no "
                              "CMakeCache.txt); unset it to build in %s"
-                             % (given, REPO / "build-pip"))
+                             % (given, _pip_build_dir()))
         if _cache_value(build_dir, "SPGATE_SANITIZE"):
             raise BuildError("SPGATE_BUILD_DIR=%s is a sanitizer build: its extension cannot "
                              "load into an uninstrumented interpreter" % given)
+        configured = _cache_value(build_dir, "Python3_EXECUTABLE")
+        if not _same_interpreter(configured):
+            raise BuildError("SPGATE_BUILD_DIR=%s was configured for the interpreter %s, not "
+                             "this one (%s): its extension would be built against the other's "
+                             "headers; unset SPGATE_BUILD_DIR to build in %s"
+                             % (given, configured or "(none)", _interpreter(), _pip_build_dir()))
         return build_dir
-    build_dir = REPO / "build-pip"
-    if _cache_value(build_dir, "Python3_EXECUTABLE") != sys.executable:
-        cmd = ["cmake", "-S", REPO, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
-               "-DSPGATE_ENABLE_CUDA=OFF", "-DSPGATE_BUILD_TESTS=OFF",
-               "-DSPGATE_BUILD_BENCH=OFF", "-DPython3_EXECUTABLE=" + sys.executable]
-        if not (build_dir / "CMakeCache.txt").is_file() and shutil.which("ninja"):
-            cmd += ["-G", "Ninja"]
+    build_dir = _pip_build_dir()
+    configured = _cache_value(build_dir, "Python3_EXECUTABLE")
+    if not _same_interpreter(configured):
         if shutil.which("cmake") is None:
             raise BuildError("cmake is not installed (`make deps` installs it)")
+        if configured:
+            # Not the interpreter this tree is named for (a copied or edited tree): start
+            # over, since a reconfigure would keep the other one's headers in the cache.
+            _log("%s was configured for %s; configuring it afresh for %s"
+                 % (build_dir, configured, _interpreter()))
+            (build_dir / "CMakeCache.txt").unlink()
+            shutil.rmtree(build_dir / "CMakeFiles", ignore_errors=True)
+        cmd = ["cmake", "-S", REPO, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release",
+               "-DSPGATE_ENABLE_CUDA=OFF", "-DSPGATE_BUILD_TESTS=OFF",
+               "-DSPGATE_BUILD_BENCH=OFF", "-DPython3_EXECUTABLE=%s" % _interpreter()]
+        if shutil.which("ninja"):
+            cmd += ["-G", "Ninja"]
         _run(cmd)
     return build_dir
 

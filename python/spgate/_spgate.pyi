@@ -18,9 +18,11 @@ class DeadlineExceededError(Error): ...
 class UnavailableError(Error): ...
 
 
-# Mode, Reason and DecisionSource are pybind11 enums with py::arithmetic(): a member
-# converts to int (int(), operator.index), compares equal to its int value and orders
-# against ints, but the classes are not enum.Enum / enum.IntEnum subclasses (the class
+# Mode, Reason and DecisionSource are pybind11 enums with py::arithmetic() over C++ enum
+# classes: a member converts to int (int(), operator.index) and hashes as its int, but it
+# equals only members (Mode.SEQUENCE_PARALLEL == 1 is False; compare int(mode) == 1, or
+# with the member) and orders only against members of its own class (Mode.SEQUENCE_PARALLEL
+# < 2 raises TypeError). The classes are not enum.Enum / enum.IntEnum subclasses (the class
 # is not iterable; __members__ maps the names to the members). The bitwise operators
 # pybind11 also adds to arithmetic enums are left out: they mean nothing here.
 class Mode:
@@ -287,8 +289,10 @@ class ClientStats:
     def last_error(self) -> str: ...
 
 
-# tls=: a dict or any object with attributes ca / cert / key (PEM file paths) and
-# server_name. A typing-only alias: there is no TlsOptions in the module.
+# tls=: a dict with the keys ca / cert / key (PEM file paths: str or os.PathLike) and
+# server_name (str), any of them None or left out, or an object with those attributes;
+# another key, or a value of another type, is InvalidArgumentError naming it. A
+# typing-only alias: there is no TlsOptions in the module.
 _TlsOptions = Union[Mapping[str, Optional[str]], Any]
 
 
@@ -305,6 +309,16 @@ class Client:
     every rank ("" reads the launcher's: SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...), and
     `launch_credential` is the launch's secret, also the same on every rank ("" reads
     SPGATE_LAUNCH_CREDENTIAL; spgate.torch.agree_on_launch has rank 0 make one).
+
+    Bad arguments raise at construction, naming the keyword: an unknown keyword or a value
+    of the wrong type TypeError (never showing a value: no secret ends up in a log), a
+    value the client or the daemon would refuse InvalidArgumentError (`controller` not
+    host:port with a port in 1..65535, a Register field by the daemon's rules).
+
+    close() may be called from any thread, a GroupDecider callback or a signal handler: it
+    ends the waits of calls in progress (wait_until_connected and flush raise
+    FailedPreconditionError) without waiting for them; the client is freed when the last
+    of them returns. Every later call raises FailedPreconditionError.
     """
     # The keywords are the rows of the client's option table (worker/client/
     # client_options.h) that Python takes, in its order, then tls;
@@ -323,12 +337,15 @@ class Client:
                  tls: Optional[_TlsOptions] = None) -> None: ...
     @overload
     def submit_plan(self, plan: BatchPlan) -> None: ...
+    # lengths: any iterable of integers; a float or a bool is InvalidArgumentError naming
+    # its index (lengths[3]), never truncated.
     @overload
     def submit_plan(self, step: int, lengths: Sequence[int], *,
                     predicted_peak_bytes_sp: int = 0, predicted_peak_bytes_tp: int = 0,
                     memory_budget_bytes: int = 0) -> None: ...
     def await_decision(self, step: int, timeout: Optional[float] = None) -> GateDecision: ...
     def report_telemetry(self, telemetry: StepTelemetry) -> None: ...
+    # share in [0, 1]; InvalidArgumentError naming it otherwise (NaN included).
     def observe_group_rs_wait_share(self, step: int, mode: Mode, share: float) -> None: ...
     def flush(self, timeout: float = 5.0) -> None: ...
     def wait_until_connected(self, timeout: float) -> None: ...

@@ -7,14 +7,19 @@ decisions, telemetry acknowledged, its /metrics agreeing), TLS/mTLS against a da
 generated certificates, the worker token of a daemon run with --worker_token_file, a missing
 incarnation or launch credential named in the error, the type stubs against the module
 (by introspection), the enums' int behaviour, the GIL released while await_decision,
-wait_until_connected and flush wait, and - against a scripted daemon (fake_gated) - a
-TP-only answer the worker's memory gate forbids running SP, counted and reported, and a
-replaced session never taken back.
+wait_until_connected and flush wait, close() from another thread ending those waits (and
+freeing the client only after them), constructor errors that never show a secret, the
+controller address and Register's fields checked at construction, a Register the daemon
+refuses for a field said at once, lengths that must be integers, and - against a scripted
+daemon (fake_gated) - a TP-only answer the worker's memory gate forbids running SP,
+counted and reported, and a replaced session never taken back.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated FAKE_GATED=build/tests/fake_gated \
      SPGATE_LAUNCH_CREDENTIAL=0123456789abcdef0123456789abcdef python3 tests/python/client_test.py
 """
+import collections
 import os
+import re
 import shutil
 import signal
 import struct
@@ -23,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -127,6 +133,11 @@ class LocalClientTest(SpgateTestCase):
                 self.assertEqual(hash(m), hash(value))
                 self.assertIs(cls.__members__[name], m)
         self.assertLess(Mode.SEQUENCE_PARALLEL, Mode.TENSOR_PARALLEL_ONLY)
+        # Ordered only against members of their own class (what the stubs say).
+        with self.assertRaises(TypeError):
+            Mode.SEQUENCE_PARALLEL < 2
+        with self.assertRaises(TypeError):
+            Mode.SEQUENCE_PARALLEL < Reason.GATES_PASSED
         self.assertEqual({Mode.SEQUENCE_PARALLEL: "x"}.get(Mode(1)), "x")
         self.assertEqual(["", "sp", "tp"][Mode.TENSOR_PARALLEL_ONLY], "tp")
         self.assertNotEqual(Mode.SEQUENCE_PARALLEL, Mode.TENSOR_PARALLEL_ONLY)
@@ -159,7 +170,9 @@ class LocalClientTest(SpgateTestCase):
         def runtime_params(fn):
             """Parameter names of each overload, from pybind11's signature lines."""
             sigs = re.findall(r"^(?:\d+\. )?\w+\((.*)\) -> ", fn.__doc__ or "", re.M)
-            sigs = [s for s in sigs if s != "*args, **kwargs"]
+            # The catch-all __init__(*args, **kwargs) of Client (the calls its typed
+            # signature refuses) and CPython's slot wrappers are no parameters to stub.
+            sigs = [s for s in sigs if not s.endswith("*args, **kwargs")]
             out = []
             for sig in sigs:
                 names = [p.split(":")[0].split("=")[0].strip().lstrip("*") for p in
@@ -292,6 +305,22 @@ class LocalClientTest(SpgateTestCase):
             (dict(tls={"ca": "/nonexistent/ca.pem"}), r"tls\.ca"),
             (dict(tls={"cert": __file__}), r"tls\.cert and tls\.key go together"),
             (dict(tls={"ca": os.devnull}), r"tls\.ca: .* is empty"),
+            (dict(tls={"ca": None, "certificate": "c.pem"}), r'tls: unknown key "certificate"'),
+            (dict(tls="ca.pem"), r"tls: must be None, a dict or an object .*; got str"),
+            (dict(tls=5), r"tls: must be None, a dict .*; got int"),
+            (dict(tls=object()), r"tls: a value of type object with none of the attributes "
+                                 r"ca, cert"),
+            (dict(tls={"ca": 5}), r"tls\.ca: must be a path \(str or os\.PathLike\) or None, "
+                                  r"got int"),
+            (dict(tls={"server_name": b"x"}), r"tls\.server_name: must be a str or None"),
+            # Any mapping reads as a dict, a namedtuple by its fields.
+            (dict(tls=types.MappingProxyType({"certificate": "c.pem"})),
+             r'tls: unknown key "certificate"'),
+            (dict(tls=collections.namedtuple("Tls", "ca")("/nonexistent/ca.pem")), r"tls\.ca"),
+            # Register's fields, by the daemon's rules (common/registration.h).
+            (dict(group_size=2000), r"group_size: must be in \[1, 1024\], got 2000"),
+            (dict(global_rank=-5), r"global_rank: must be >= 0, got -5"),
+            (dict(host="h" * 300), r"host: at most 255 characters, got 300"),
         ]
         for kwargs, pattern in cases:
             with self.subTest(kwargs=kwargs):
@@ -310,10 +339,55 @@ class LocalClientTest(SpgateTestCase):
             self.assertFalse(c.group_session)
         with self.assertRaises(ValueError):  # InvalidArgumentError is a ValueError too
             spgate.Client(job_id="x", group_size=0)
-        with self.assertRaisesRegex(TypeError, "job_id"):
+        with self.assertRaisesRegex(TypeError, "missing the required keyword argument job_id"):
             spgate.Client()
-        with self.assertRaisesRegex(TypeError, "incompatible"):
+        with self.assertRaisesRegex(TypeError, "unknown keyword argument 'no_such_option'"):
             spgate.Client(job_id="x", no_such_option=1)
+        with self.assertRaisesRegex(TypeError, "takes keyword arguments only"):
+            spgate.Client("x")
+        # The table's conversions hold on that path too: an int for seconds, a bool's int.
+        with spgate.Client(job_id="x", decision_deadline=1, rpc_timeout=3) as c:
+            self.assertEqual(c.config_for(0)["window_steps"], 50)
+
+    def test_controller_address_is_checked(self):
+        cred = "0123456789abcdef0123456789abcdef"
+        for controller, pattern in (
+                ("127.0.0.1:85136", r'port must be a number in \[1, 65535\], got "85136"'),
+                (":abc", "no host"), ("127.0.0.1", "no port"), ("127.0.0.1:0", 'got "0"'),
+                ("::1:50061", r"an IPv6 address in brackets: \[::1\]:50061")):
+            with self.subTest(controller=controller):
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                           r'^controller: "%s" is not host:port \(.*%s'
+                                           % (re.escape(controller), pattern)):
+                    spgate.Client(job_id="x", controller=controller, incarnation="launch-1",
+                                  launch_credential=cred)
+        for controller in ("[::1]:50061", "localhost:1", "unix:/tmp/spgated.sock"):
+            with spgate.Client(job_id="x", controller=controller, incarnation="launch-1",
+                               launch_credential=cred):
+                pass
+
+    def test_type_errors_never_show_a_secret(self):
+        """pybind11's own message for a call no signature takes lists every argument's
+        value; Client's names the keyword and the types only (docs/client.md)."""
+        credential, token = spgate.new_launch_credential(), "worker-token-0123456789"
+        base = dict(job_id="x", controller="127.0.0.1:1", incarnation="launch-1",
+                    launch_credential=credential, worker_token=token)
+        for extra, pattern in ((dict(wrker_token="x"), "unknown keyword argument 'wrker_token'; "
+                                                       "did you mean 'worker_token'?"),
+                               (dict(group="1"), r"^Client\(\): group must be an int \(32 bits\), "
+                                                 r"got str$"),
+                               (dict(decision_deadline="soon"),
+                                "decision_deadline must be a number of seconds, got str"),
+                               (dict(memory_budget_bytes=-1), "memory_budget_bytes must be an "
+                                                              "int >= 0, got int"),
+                               (dict(sp_required="fp8"), "sp_required must be a list of str"),
+                               (dict(layout=3), "layout must be a JobLayout or None, got int")):
+            with self.subTest(extra=extra):
+                with self.assertRaisesRegex(TypeError, pattern) as cm:
+                    spgate.Client(**base, **extra)
+                self.assertNotIn(credential, str(cm.exception))
+                self.assertNotIn(token, str(cm.exception))
+                self.assertNotIn("Invoked with", str(cm.exception))
 
     def test_call_errors(self):
         c = spgate.Client(job_id="x")
@@ -323,8 +397,38 @@ class LocalClientTest(SpgateTestCase):
             c.submit_plan(0, [])
         with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "length"):
             c.submit_plan(0, [10, 0])
+        # Lengths are integers: a float or a bool is named, never truncated or taken as 1.
+        for bad, shown in ((["a"], "str 'a'"), ([4096, 5.7], "float 5.7"), ([True], "bool True"),
+                           ([4096.0], "float 4096.0")):
+            with self.subTest(lengths=bad):
+                i = len(bad) - 1
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                           r"lengths\[%d\]: must be an integer, got %s"
+                                           % (i, re.escape(shown))):
+                    c.submit_plan(0, bad)
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3, r"lengths\[%d\]" % i):
+                    spgate.BatchPlan(step=0, lengths=bad)
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3, r"lengths\[%d\]" % i):
+                    spgate.MicrobatchPlan(0, bad)
+        # A mapping (its keys) or a set (its own order) is no batch's lengths.
+        for bad, name in (({4096: 1}, "dict"), ({4096, 512}, "set")):
+            with self.subTest(lengths=name):
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                           "lengths: must be a sequence of integers .*, got "
+                                           + name):
+                    c.submit_plan(0, bad)
+        plan = spgate.BatchPlan(step=0)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, r"lengths\[1\]"):
+            plan.lengths = [1, 2.5]
+        plan.lengths = (n for n in (4096, 4096))  # any iterable of integers
+        self.assertEqual(plan.lengths, [4096, 4096])
         with self.assertRaisesRegex(TypeError, "incompatible"):
-            c.submit_plan(0, ["a"])
+            c.submit_plan(0, "4096")  # a str is not a list of lengths
+        for share in (float("nan"), -0.5, 1.5, float("inf")):
+            with self.subTest(share=share):
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                           "share: must be finite and in \\[0, 1\\]"):
+                    c.observe_group_rs_wait_share(0, Mode.SEQUENCE_PARALLEL, share)
         c.submit_plan(0, UNIFORM)
         with self.assertRaisesCode(spgate.Error, 6, "already submitted"):
             c.submit_plan(0, UNIFORM)
@@ -370,6 +474,41 @@ class LocalClientTest(SpgateTestCase):
             with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
                 call()
         c.close()  # twice is fine
+
+    def test_close_from_another_thread_ends_its_waits(self):
+        """close() while other threads wait in the client (GIL released) ends their waits
+        at once with FailedPreconditionError; the client is freed when the last of them
+        returns (it used to be freed under them)."""
+        for _ in range(3):
+            c = spgate.Client(job_id="x", controller="127.0.0.1:1")  # nothing listens
+            outcomes = {}
+
+            def wait(name, call):
+                t0 = time.monotonic()
+                try:
+                    call()
+                    outcomes[name] = ("returned", time.monotonic() - t0)
+                except BaseException as e:  # noqa: B902 - what it raised is the point
+                    outcomes[name] = (e, time.monotonic() - t0)
+            threads = [threading.Thread(target=wait, args=(name, call)) for name, call in
+                       (("wait_until_connected", lambda: c.wait_until_connected(20)),
+                        ("flush", lambda: c.flush(20)))]
+            for t in threads:
+                t.start()
+            time.sleep(0.3)
+            c.close()
+            self.assertTrue(c.closed)
+            for t in threads:
+                t.join(10)
+                self.assertFalse(t.is_alive())
+            for name, (outcome, seconds) in outcomes.items():
+                with self.subTest(call=name):
+                    self.assertIsInstance(outcome, spgate.FailedPreconditionError, outcome)
+                    self.assertRegex(str(outcome), "the client is closed")
+                    self.assertLess(seconds, 5.0)
+            with self.assertRaisesCode(spgate.FailedPreconditionError, 9,
+                                       "wait_until_connected: the client is closed"):
+                c.wait_until_connected(1)
 
     def test_wire(self):
         d = spgate.GateDecision(step=7, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
@@ -624,6 +763,34 @@ class NativeGroupDeciderTest(SpgateTestCase):
                 spgate.GroupDecider(c, 0, bcast, reduce)
             spgate.GroupDecider(c, 0, bcast)
 
+    def test_close_inside_a_callback_does_not_hang(self):
+        """close() on the thread a GroupDecider call holds the client on (its broadcast
+        callback; a signal handler runs there too) returns at once: the client is freed
+        when that call returns, and the next call says it is closed."""
+        c = spgate.Client(job_id="x", group_size=2)
+        closed_inside = []
+
+        def broadcast(buf, root):
+            c.close()
+            closed_inside.append(c.closed)
+        decider = spgate.GroupDecider(c, 0, broadcast)
+        decider.submit_plan(0, MIXED)
+        done = threading.Event()
+
+        def run():
+            try:
+                decider.decide(0)  # what it returns after the close does not matter here
+            except spgate.Error:
+                pass
+            finally:
+                done.set()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.assertTrue(done.wait(10), "close() inside the broadcast callback hung")
+        self.assertEqual(closed_inside, [True])
+        with self.assertRaisesCode(spgate.FailedPreconditionError, 9, "closed"):
+            decider.submit_plan(1, MIXED)
+
     def test_the_leader_reports_the_groups_maximum(self):
         """Two ranks in one thread: the follower's reduce (a contributor) hands its 112
         bytes over; the leader's reduce takes the element-wise maximum into its buffer, and
@@ -801,6 +968,18 @@ class DaemonClientTest(SpgateTestCase):
                 self.assertGreaterEqual(total, queued, lat)
         self.assertEqual(self.daemon.decisions_total("py-live"),
                          {"sp": {"gates_passed": 3}, "tp_only": {"length_cv": 2}})
+
+    def test_a_register_refused_for_a_field_is_said_at_once(self):
+        # A group past the daemon's --max_groups_per_job (4096): a bound only the daemon
+        # knows, so the client learns it from Register, and its waits say so at once.
+        with spgate.Client(controller=self.daemon.address, job_id="py-refused",
+                           group=5000) as c:
+            t0 = time.monotonic()
+            with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                       r"refused this client's registration .*group: must be "
+                                       r"in \[0, 4096\), got 5000"):
+                c.wait_until_connected(20)
+            self.assertLess(time.monotonic() - t0, 10)
 
     def test_gil_released_while_flush_waits(self):
         c = spgate.Client(controller=self.daemon.address, job_id="py-gil-flush")

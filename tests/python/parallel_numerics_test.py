@@ -241,6 +241,33 @@ class ParallelNumericsTest(unittest.TestCase):
         self.assertEqual((t.padded_tokens, t.rows_local, t.row_offset), (103, 103, 0))
         with self.assertRaisesRegex(ValueError, "lengths"):
             P.PackedBatch.make([3, 0], FakeTP, "sp")
+        # Lengths are integers: a float is named, never truncated (5.7 is not 5).
+        for bad, shown in (([5.7, 3], r"lengths\[0\]: must be an integer, got float 5.7"),
+                           ([3, True], r"lengths\[1\]: must be an integer, got bool True"),
+                           ([torch.tensor(2.5)], r"lengths\[0\]: must be an integer")):
+            with self.subTest(lengths=bad):
+                with self.assertRaisesRegex(ValueError, shown):
+                    P.PackedBatch.make(bad, FakeTP, "sp")
+        b = P.PackedBatch.make(torch.tensor([37, 5]), FakeTP, "tp")  # integer tensors are fine
+        self.assertEqual(b.lengths, [37, 5])
+
+    def test_mode_values(self):
+        # A mode is SP or TP-only, by any of its spellings; anything else is an error,
+        # not TP-only in silence.
+        for sp, modes in ((True, [True, 1, "sp", "SP", "sequence_parallel"]),
+                          (False, [False, 2, "tp", "tp_only", "TENSOR_PARALLEL_ONLY"])):
+            for mode in modes:
+                with self.subTest(mode=mode):
+                    self.assertIs(P.is_sequence_parallel(mode), sp)
+        for mode, error, pattern in (("bogus", ValueError, "'bogus' is not a mode"),
+                                     ("", ValueError, "is not a mode"),
+                                     (7, ValueError, "7 is not a mode"),
+                                     (0, ValueError, "0 is not a mode"),
+                                     (1.0, TypeError, "got float"),
+                                     (None, TypeError, "got NoneType")):
+            with self.subTest(mode=mode):
+                with self.assertRaisesRegex(error, pattern):
+                    P.is_sequence_parallel(mode)
 
     def test_bad_shape_names_the_argument(self):
         class FakeTP:

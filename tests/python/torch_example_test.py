@@ -14,7 +14,9 @@ exits non-zero within seconds, with no step run.
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/torch_example_test.py
 """
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -225,11 +227,20 @@ class TorchExampleTest(unittest.TestCase):
     def test_flag_errors(self):
         train = load_train()
         bad = [["--tls_key=k.pem"], ["--tls_server_name=x"],
-               ["--worker_token_file=/nonexistent/token"], [f"--worker_token_file={os.devnull}"]]
+               ["--worker_token_file=/nonexistent/token"], [f"--worker_token_file={os.devnull}"],
+               # Sizes out of range are usage errors (not a run of nothing that exits 0, a
+               # ZeroDivisionError or an IndexError in the summary).
+               ["--world=0"], ["--world=-4"], ["--tp=0"], ["--pp=0"], ["--steps=0"],
+               ["--steps=-2"], ["--microbatches=0"], ["--dropout=1"], ["--p_long=1.5"],
+               ["--lr=0"], ["--decision_deadline_ms=nan"], ["--tp=two"]]
         for extra in bad:
             with self.subTest(extra=extra):
-                with self.assertRaises(SystemExit):
+                with self.assertRaises(SystemExit) as cm, \
+                        contextlib.redirect_stderr(io.StringIO()) as err:
                     train.parse_args(["--job_id=x", *extra])
+                self.assertEqual(cm.exception.code, 2)
+                flag = extra[0].split("=")[0]
+                self.assertIn(flag, err.getvalue())  # the message names the flag
         a = train.parse_args(["--job_id=x"])
         self.assertIsNone(train.tls_options(a))
         a = train.parse_args(["--job_id=x", "--tls_ca=ca.pem", "--tls_server_name=localhost"])

@@ -10,7 +10,9 @@
 #define SPGATE_WORKER_CLIENT_CHANNEL_H_
 
 #include <memory>
+#include <string_view>
 
+#include "absl/status/status.h"
 #include "worker/client/client_options.h"
 
 namespace grpc {
@@ -25,6 +27,13 @@ namespace spgate::client {
 // one per training pod).
 std::shared_ptr<grpc::Channel> CreateGateChannel(const GateClientOptions& options,
                                                  bool own_connection = false);
+
+// `controller` as a client dials it: host:port with a port in [1, 65535] (an IPv6 address
+// in brackets, [::1]:50061; gRPC's dns:/// prefix allowed), or a unix socket (unix:PATH,
+// unix-abstract:NAME). "" is valid: no daemon. INVALID_ARGUMENT naming controller, and
+// what is wrong, otherwise: gRPC would take "host:85136" as port 19600, and ":abc" or a
+// bare host as port 0, and never say so.
+absl::Status ValidateControllerAddress(std::string_view controller);
 
 }  // namespace spgate::client
 

@@ -34,6 +34,7 @@
 #include "common/hardware_id.h"
 #include "common/job_id.h"
 #include "common/mutex.h"
+#include "common/registration.h"
 #include "grpcpp/grpcpp.h"
 #include "policy/gate_policy.h"
 #include "policy/telemetry.h"
@@ -53,11 +54,13 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
   auto bad = [](std::string msg) { return absl::InvalidArgumentError(std::move(msg)); };
   // The daemon's own rule (common/job_id.h): an id it would refuse fails here, at once.
   if (!o.controller.empty() || !o.job_id.empty()) RETURN_IF_ERROR(ValidateJobId(o.job_id));
+  RETURN_IF_ERROR(ValidateControllerAddress(o.controller));
   if (!o.controller.empty() && o.incarnation.empty()) {
     return bad("incarnation must be set: one value per launch of the job, the same on every "
                "rank (IncarnationFromEnvironment(), or one made by world rank 0 and broadcast)");
   }
   if (!o.controller.empty()) {
+    RETURN_IF_ERROR(ValidateIncarnation(o.incarnation));  // the daemon's rule
     if (o.launch_credential.empty()) {
       return bad("launch_credential must be set: the launch's secret, the same on every rank "
                  "(SPGATE_LAUNCH_CREDENTIAL, or NewLaunchCredential() on world rank 0, "
@@ -66,8 +69,13 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
     RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential));
   }
   RETURN_IF_ERROR(ValidateHardwareId(o.hardware_id));  // the daemon's rule
-  if (o.group < 0) return bad(absl::StrCat("group must be >= 0, got ", o.group));
-  if (o.group_size < 1) return bad(absl::StrCat("group_size must be >= 1, got ", o.group_size));
+  // Register's fields by the daemon's rules (common/registration.h), so that one it would
+  // refuse fails here, naming the field. A group's upper bound is the daemon's
+  // --max_groups_per_job: that refusal of Register reaches WaitUntilConnected at once.
+  if (o.group < 0) return bad(absl::StrCat("group: must be >= 0, got ", o.group));
+  RETURN_IF_ERROR(ValidateGroupSize(o.group_size));
+  RETURN_IF_ERROR(ValidateGlobalRank(o.global_rank));
+  RETURN_IF_ERROR(ValidateHost(o.host));
   if (o.rank_in_group < 0 || o.rank_in_group >= o.group_size) {
     return bad(absl::StrFormat("rank_in_group must be in [0, %d), got %d", o.group_size,
                                o.rank_in_group));
@@ -258,10 +266,21 @@ absl::Status GateClient::Impl::ReportTelemetry(const StepTelemetryInput& t) {
   return absl::OkStatus();
 }
 
-void GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
+absl::Status GateClient::Impl::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
+  // A NaN would make the window's mean NaN, and every comparison with it false: the
+  // RS_WAIT gate would never close again.
+  if (!(share >= 0.0 && share <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("share: must be finite and in [0, 1], got %g", share));
+  }
+  if (mode != Mode::kSequenceParallel && mode != Mode::kTensorParallelOnly) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("mode: not a mode (%d)", static_cast<int>(mode)));
+  }
   spgate::MutexLock lock(&mu_);
   rs_wait_explicit_ = true;
   book_.ObserveRsWaitShare(step, mode, share);
+  return absl::OkStatus();
 }
 
 absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
@@ -275,8 +294,9 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
         session_acked_ >= session_sent_) {
       return absl::OkStatus();
     }
+    if (closing_) return absl::FailedPreconditionError("flush: the client is closed");
     const absl::Time now = absl::Now();
-    if (now >= deadline || closing_) break;
+    if (now >= deadline) break;
     // Ask for an ack of everything written so far; re-ask periodically in case the
     // last ack answered a heartbeat that preceded the last telemetry.
     heartbeat_due_ = true;
@@ -291,9 +311,12 @@ absl::Status GateClient::Impl::Flush(absl::Duration timeout) {
 
 absl::Status GateClient::Impl::RefusedLocked(const char* what) const {
   const std::string message = absl::StrFormat(
-      "%s: the daemon at %s refused this client's credential (%s); %d telemetry records "
-      "still buffered (the client keeps retrying)",
-      what, opts_.controller, stats_.last_error, telemetry_.size());
+      "%s: the daemon at %s refused %s (%s); %d telemetry records still buffered (the "
+      "client keeps retrying)",
+      what, opts_.controller,
+      refused_ == absl::StatusCode::kInvalidArgument ? "this client's registration"
+                                                     : "this client's credential",
+      stats_.last_error, telemetry_.size());
   return absl::Status(refused_, message);
 }
 
@@ -302,10 +325,12 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   spgate::MutexLock lock(&mu_);
   while (!(confirmed_ && StreamOpenLocked())) {
+    if (closing_) return absl::FailedPreconditionError("not connected: the client is closed");
     if (session_replaced_) return SessionReplacedLocked("not connected");
     if (refused_ != absl::StatusCode::kOk) return RefusedLocked("not connected");
     if (cv_.WaitWithDeadline(&mu_, deadline)) {
       if (confirmed_ && StreamOpenLocked()) break;
+      if (closing_) continue;  // said above
       return absl::DeadlineExceededError(absl::StrCat(
           "not connected to ", opts_.controller, " after ", absl::FormatDuration(timeout),
           stats_.last_error.empty() ? "" : "; last error: ", stats_.last_error));
@@ -368,9 +393,10 @@ absl::StatusOr<GateDecision> GateClient::AwaitDecision(int64_t step) {
 absl::Status GateClient::ReportTelemetry(const StepTelemetryInput& telemetry) {
   return impl_->ReportTelemetry(telemetry);
 }
-void GateClient::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
-  impl_->ObserveGroupRsWaitShare(step, mode, share);
+absl::Status GateClient::ObserveGroupRsWaitShare(int64_t step, Mode mode, double share) {
+  return impl_->ObserveGroupRsWaitShare(step, mode, share);
 }
+void GateClient::Close() { impl_->Shutdown(); }
 absl::Status GateClient::Flush(absl::Duration timeout) { return impl_->Flush(timeout); }
 absl::Status GateClient::WaitUntilConnected(absl::Duration timeout) {
   return impl_->WaitUntilConnected(timeout);

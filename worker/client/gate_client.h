@@ -114,21 +114,31 @@ class GateClient {
 
   // Leader: the group's reduce-scatter wait share for an SP step (max over ranks) when
   // the trainer has it; from the first call on, this replaces the leader's own share in
-  // the fallback's rolling window.
-  void ObserveGroupRsWaitShare(int64_t step, Mode mode, double share);
+  // the fallback's rolling window. INVALID_ARGUMENT naming share unless it is in [0, 1]
+  // (a NaN would keep the RS_WAIT gate open for good), or naming mode.
+  absl::Status ObserveGroupRsWaitShare(int64_t step, Mode mode, double share);
 
   // Sends everything queued with a heartbeat and waits until the daemon has
   // acknowledged every telemetry record sent. DEADLINE_EXCEEDED (with the counts) if
   // that does not happen in `timeout`; OK at once without a controller;
-  // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent);
-  // PERMISSION_DENIED or UNAUTHENTICATED at once while the daemon's latest answer refused
-  // this client's credential (docs/client.md).
+  // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent) or
+  // the client is closed; PERMISSION_DENIED or UNAUTHENTICATED at once while the daemon's
+  // latest answer refused this client's credential, INVALID_ARGUMENT while its latest
+  // Register refused a field (docs/client.md).
   absl::Status Flush(absl::Duration timeout);
 
   // Waits until a stream is open and answered (tests, start-up logs). DEADLINE_EXCEEDED;
-  // FAILED_PRECONDITION at once without a controller or once the session was replaced;
-  // PERMISSION_DENIED or UNAUTHENTICATED at once while the credential is refused.
+  // FAILED_PRECONDITION at once without a controller, once the session was replaced or
+  // once the client is closed; PERMISSION_DENIED or UNAUTHENTICATED at once while the
+  // credential is refused, INVALID_ARGUMENT while Register is refused (the daemon's
+  // message, naming the field, is in the error).
   absl::Status WaitUntilConnected(absl::Duration timeout);
+
+  // Ends the connection (as the destructor does) and wakes every wait in progress on
+  // other threads: WaitUntilConnected and Flush return FAILED_PRECONDITION, AwaitDecision
+  // decides locally. The object stays valid until it is destroyed (every later call is
+  // answered locally); destroy it only once no other thread is inside a call. Idempotent.
+  void Close();
 
   // The gate config in force for `step` as this client knows it (the daemon's, once
   // received, honouring effective_from_step): e.g. bucket_target_cv for the trainer's

@@ -44,7 +44,7 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   absl::Status SubmitPlan(const BatchPlanInput& plan);
   absl::StatusOr<GateDecision> AwaitDecision(int64_t step, absl::Time deadline);
   absl::Status ReportTelemetry(const StepTelemetryInput& t);
-  void ObserveGroupRsWaitShare(int64_t step, Mode mode, double share);
+  absl::Status ObserveGroupRsWaitShare(int64_t step, Mode mode, double share);
   absl::Status Flush(absl::Duration timeout);
   absl::Status WaitUntilConnected(absl::Duration timeout);
   GateClientStats stats() const;
@@ -110,8 +110,10 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": this rank's session was replaced (", stats_.last_error, ")"));
   }
-  // Records whether `s` (a Register's or a stream's end) refused this client's credential.
-  void NoteRefusalLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records whether `s` refused this client: its credential (a Register's or a stream's
+  // end), or its registration's fields (a Register's INVALID_ARGUMENT, `register_call`).
+  void NoteRefusalLocked(const grpc::Status& s, bool register_call)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // What Flush and WaitUntilConnected return while refused: the daemon's own code.
   absl::Status RefusedLocked(const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -134,9 +136,10 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   bool session_replaced_ ABSL_GUARDED_BY(mu_) = false;
   // PERMISSION_DENIED or UNAUTHENTICATED while the daemon's latest answer (a Register's,
   // a stream's end) refused this client's credential — the worker token, the client
-  // certificate, the launch credential; else OK. The client still retries with backoff;
-  // any other answer clears it. Flush and WaitUntilConnected return at once while it is
-  // set: nothing is delivered under a credential the daemon refuses.
+  // certificate, the launch credential; INVALID_ARGUMENT while its latest Register refused
+  // a field (a group past --max_groups_per_job, a layout the job's differs from); else OK.
+  // The client still retries with backoff; any other answer clears it. Flush and
+  // WaitUntilConnected return at once while it is set: nothing is delivered meanwhile.
   absl::StatusCode refused_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;
   std::string session_id_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<RegisterCall> register_call_ ABSL_GUARDED_BY(mu_);

@@ -88,11 +88,13 @@ void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
   book_.ScheduleConfig(config, vc.effective_version(), effective_from_step);
 }
 
-void GateClient::Impl::NoteRefusalLocked(const grpc::Status& s) {
+void GateClient::Impl::NoteRefusalLocked(const grpc::Status& s, bool register_call) {
   const grpc::StatusCode code = s.error_code();
   refused_ = code == grpc::StatusCode::PERMISSION_DENIED ? absl::StatusCode::kPermissionDenied
              : code == grpc::StatusCode::UNAUTHENTICATED ? absl::StatusCode::kUnauthenticated
-                                                         : absl::StatusCode::kOk;
+             : code == grpc::StatusCode::INVALID_ARGUMENT && register_call
+                 ? absl::StatusCode::kInvalidArgument
+                 : absl::StatusCode::kOk;
 }
 
 void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
@@ -100,7 +102,7 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
   {
     spgate::MutexLock lock(&mu_);
     if (register_call_ == call) register_call_ = nullptr;
-    NoteRefusalLocked(s);
+    NoteRefusalLocked(s, /*register_call=*/true);
     cv_.SignalAll();
     if (closing_) return;
     if (!s.ok()) {
@@ -262,7 +264,7 @@ void GateClient::Impl::OnStreamDone(ConnectReactor* r, const grpc::Status& statu
   write_in_flight_ = false;
   ++stats_.stream_failures;
   stats_.last_error = absl::StrCat("Connect: ", FromGrpcStatus(status).ToString());
-  NoteRefusalLocked(status);
+  NoteRefusalLocked(status, /*register_call=*/false);
   cv_.SignalAll();
   if (closing_) return;
   if (status.error_code() == grpc::StatusCode::ABORTED) {

@@ -410,8 +410,8 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
 
 absl::Status GroupDecider::SendGroupRecord(StepTelemetryInput group) {
   // The group's wait share for the fallback's window (what ObserveGroupRsWaitShare takes).
-  client_->ObserveGroupRsWaitShare(group.step, group.mode,
-                                   Share(group.rs_wait_s, group.step_time_s));
+  RETURN_IF_ERROR(client_->ObserveGroupRsWaitShare(group.step, group.mode,
+                                                   Share(group.rs_wait_s, group.step_time_s)));
   if (group.ranks <= 1) group.ranks = 0;  // a group of one: the leader's own record
   return client_->ReportTelemetry(group);
 }

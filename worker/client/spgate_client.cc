@@ -367,10 +367,11 @@ spgate_status spgate_client_observe_group_rs_wait(spgate_client* client, int64_t
                                                   int32_t mode, double share) {
   if (client == nullptr) return Null("client");
   if (mode != 1 && mode != 2) {
-    return Report(absl::InvalidArgumentError(absl::StrCat("invalid mode ", mode)));
+    return Report(absl::InvalidArgumentError(
+        absl::StrCat("mode: must be 1 (SP) or 2 (TP-only), got ", mode)));
   }
-  client->client->ObserveGroupRsWaitShare(step, static_cast<spgate::Mode>(mode), share);
-  return Report(absl::OkStatus());
+  return Report(
+      client->client->ObserveGroupRsWaitShare(step, static_cast<spgate::Mode>(mode), share));
 }
 
 spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms) {

@@ -274,12 +274,15 @@ SPGATE_EXPORT spgate_status spgate_client_await_microbatches(
 /* spgate_client_report_step_telemetry with no micro-batches. */
 SPGATE_EXPORT spgate_status spgate_client_report_telemetry(spgate_client* client,
                                                            const spgate_telemetry* telemetry);
+/* GateClient::ObserveGroupRsWaitShare: SPGATE_INVALID_ARGUMENT naming share unless it is
+ * in [0, 1], or naming mode unless it is 1 (SP) or 2 (TP-only). */
 SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* client,
                                                                 int64_t step, int32_t mode,
                                                                 double share);
 /* GateClient::Flush and WaitUntilConnected (docs/client.md): SPGATE_DEADLINE_EXCEEDED when
  * the timeout passes; SPGATE_PERMISSION_DENIED or SPGATE_UNAUTHENTICATED at once while the
- * daemon refuses this client's credential. */
+ * daemon refuses this client's credential, SPGATE_INVALID_ARGUMENT at once while it
+ * refuses a field of its Register (spgate_last_error has the daemon's message). */
 SPGATE_EXPORT spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms);
 SPGATE_EXPORT spgate_status spgate_client_wait_connected(spgate_client* client,
                                                          int64_t timeout_ms);

@@ -571,7 +571,7 @@ class RankRun {
     if (decider_ && o_.tp > 1) {
       double share = mine.rs_wait_s / mine.step_time_s;  // in [0, 1]: both as sent
       RETURN_IF_ERROR(cx_.tp->AllReduceMaxHost(&share, 1));
-      if (leader_) gate_->ObserveGroupRsWaitShare(n, d.mode, share);
+      if (leader_) RETURN_IF_ERROR(gate_->ObserveGroupRsWaitShare(n, d.mode, share));
     }
     if (gate_ && !o_.client.controller.empty()) {
       // Telemetry never blocks; a refusal is a bug worth surfacing.

@@ -45,6 +45,7 @@ rank_in_group) and passes it; report_telemetry then needs no collective.
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -249,7 +250,14 @@ class GroupDecider:
         if isinstance(step_or_plan, spgate.BatchPlan):
             self._native.submit_plan(step_or_plan)
         else:
-            self._native.submit_plan(int(step_or_plan), list(lengths), **memory)
+            # A step of 1.5 is a bug, not step 1; the native call checks the lengths,
+            # naming the element.
+            try:
+                step = operator.index(step_or_plan)
+            except TypeError:
+                raise TypeError("submit_plan: step must be an int or a spgate.BatchPlan, got %s"
+                                % type(step_or_plan).__name__) from None
+            self._native.submit_plan(step, list(lengths), **memory)
 
     def decide(self, step: int, timeout: Optional[float] = None) -> "spgate.GateDecision":
         """Collective. The leader waits for the daemon at most `timeout` seconds (default:

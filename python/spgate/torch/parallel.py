@@ -39,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
@@ -58,13 +59,45 @@ __all__ = [
 ]
 
 
+_SP_NAMES = ("sp", "sequence_parallel")
+_TP_NAMES = ("tp", "tp_only", "tensor_parallel_only")
+
+
 def is_sequence_parallel(mode) -> bool:
-    """True for SP: accepts a bool, spgate.Mode, its int value (1 = SP) or "sp"."""
+    """True for SP, False for TP-only: accepts a bool, spgate.Mode or its int value (1 SP,
+    2 TP-only), or a name ("sp" / "sequence_parallel", "tp" / "tp_only" /
+    "tensor_parallel_only", any case). Anything else is a ValueError (a TypeError for a
+    value of another type): a mode nobody knows must not run TP-only in silence."""
     if isinstance(mode, bool):
         return mode
     if isinstance(mode, str):
-        return mode.lower() in ("sp", "sequence_parallel")
-    return int(mode) == 1
+        name = mode.lower()
+        if name in _SP_NAMES or name in _TP_NAMES:
+            return name in _SP_NAMES
+        raise ValueError("mode: %r is not a mode (%s)" % (mode, ", ".join(_SP_NAMES + _TP_NAMES)))
+    try:
+        value = operator.index(mode)  # spgate.Mode and ints; not 1.0
+    except TypeError:
+        raise TypeError("mode: a bool, spgate.Mode, 1, 2 or a mode's name, got %s"
+                        % type(mode).__name__) from None
+    if value not in (1, 2):
+        raise ValueError("mode: %d is not a mode (1 = SP, 2 = TP-only)" % value)
+    return value == 1
+
+
+def _integer_lengths(lengths: Sequence[int], what: str = "lengths") -> List[int]:
+    """`lengths` as a list of ints; ValueError naming the element for a bool or a value
+    that is not an integer (5.7, a float tensor's element), which int() would truncate."""
+    out = []
+    for i, n in enumerate(lengths):
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            out.append(operator.index(n))
+        except TypeError:
+            raise ValueError("%s[%d]: must be an integer, got %s %r"
+                             % (what, i, type(n).__name__, n)) from None
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,7 +370,7 @@ class PackedBatch:
     @staticmethod
     def make(lengths: Sequence[int], tp: TensorParallel, sequence_parallel,
              dropout_seed: int = 0) -> "PackedBatch":
-        lengths = [int(n) for n in lengths]
+        lengths = _integer_lengths(lengths)
         if not lengths or any(n < 1 for n in lengths):
             raise ValueError("lengths: every sequence needs at least one token, got %r"
                              % (lengths,))

@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 import spgate
 from spgate.torch.group_decider import GroupDecider
+from spgate.torch.parallel import _integer_lengths
 
 __all__ = ["PipelineGrid", "PipelineDecider", "StageLink", "StageBoundaryError", "FORWARD",
            "BACKWARD", "boundary_rows", "stage_input", "stage_output", "run_1f1b"]
@@ -62,7 +63,7 @@ _HEADER = 4  # int64: micro-batch, direction, rows, columns
 def boundary_rows(lengths: Sequence[int], tp: int) -> int:
     """Rows of one TP rank's boundary message for a micro-batch: its tokens padded to a
     multiple of t, divided by t (TransformerStack's BoundaryRows)."""
-    tokens = sum(int(n) for n in lengths)
+    tokens = sum(_integer_lengths(lengths))
     return (tokens + tp - 1) // tp
 
 
@@ -178,7 +179,7 @@ class PipelineDecider:
             for i, ls in enumerate(lengths):
                 if ls is not None:
                     counts[i] = len(ls)
-                    flat.extend(int(n) for n in ls)
+                    flat.extend(_integer_lengths(ls, "lengths[%d]" % i))
             counts[m] = step  # so a replica out of step is caught, not mixed up
         dist.broadcast(counts, src=src, group=self.grid.replica_group)
         if int(counts[m]) != step:

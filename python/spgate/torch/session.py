@@ -64,8 +64,11 @@ from spgate.torch.launch import LaunchIdentity, agree_on_launch
 
 # Register refusals (the daemon's status codes) that no retry can change: raised at once.
 _REFUSED_AT_ONCE = {"INVALID_ARGUMENT": 3, "PERMISSION_DENIED": 7, "UNAUTHENTICATED": 16}
-# The credential refusals, which the client's waits return at once (docs/client.md).
+# The credential refusals (a Register's, or a stream's end).
 _CREDENTIAL_REFUSED = ("PERMISSION_DENIED", "UNAUTHENTICATED")
+# What the client's waits return at once (docs/client.md): those, and a Register refused
+# for a field (INVALID_ARGUMENT, e.g. a group past the daemon's --max_groups_per_job).
+_WAIT_REFUSED = _CREDENTIAL_REFUSED + ("INVALID_ARGUMENT",)
 # Another launch of the job holds it: raised when it still stands at the end of the wait.
 _LAUNCH_CONFLICT = {"FAILED_PRECONDITION": 9}
 _POLL_S = 0.05  # how often the leader looks at the client's last Register answer
@@ -104,10 +107,10 @@ def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
             client.wait_until_connected(wait)
             return None
         except spgate.Error as e:
-            # DEADLINE_EXCEEDED: not yet; a refused credential returns at once with its
-            # code (docs/client.md), and last_error below names the refusal.
+            # DEADLINE_EXCEEDED: not yet; a refused credential or Register returns at once
+            # with its code (docs/client.md), and last_error below names the refusal.
             if not isinstance(e, spgate.DeadlineExceededError):
-                if e.code_name not in _CREDENTIAL_REFUSED:
+                if e.code_name not in _WAIT_REFUSED:
                     raise
                 answered_at_once = True
         last_error = client.stats().last_error

@@ -9,6 +9,7 @@
 #include "worker/client/spgate_client.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -96,6 +97,14 @@ TEST(CApiTest, DeciderDecidesLocallyWithoutAController) {
   EXPECT_EQ(spgate_client_report_telemetry(c, &t), SPGATE_OK);
   t.mode = 9;
   EXPECT_EQ(spgate_client_report_telemetry(c, &t), SPGATE_INVALID_ARGUMENT);
+  // The group's wait share: in [0, 1] (a NaN would keep the RS_WAIT gate open for good).
+  EXPECT_EQ(spgate_client_observe_group_rs_wait(c, 0, SPGATE_MODE_SEQUENCE_PARALLEL, 0.2),
+            SPGATE_OK);
+  EXPECT_EQ(spgate_client_observe_group_rs_wait(c, 0, SPGATE_MODE_SEQUENCE_PARALLEL, NAN),
+            SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("share: must be finite and in [0, 1]"));
+  EXPECT_EQ(spgate_client_observe_group_rs_wait(c, 0, 7, 0.2), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("mode: must be 1 (SP) or 2 (TP-only), got 7"));
   spgate_decider_destroy(d);
   spgate_client_destroy(c);
 }
@@ -798,6 +807,44 @@ std::string RunCommand(const std::string& cmd, int* rc) {
 // The ctypes example's command line with these flags.
 std::string TrainLoop(const std::string& flags) {
   return absl::StrCat(PYTHON3_BIN, " ", TRAIN_LOOP_PY, " --lib ", SPGATE_CLIENT_LIB, " ", flags);
+}
+#endif
+
+#ifdef PYTHON3_BIN
+// Flags out of range are usage errors naming the flag, before anything runs.
+TEST(CApiTest, PythonCtypesExampleRefusesBadFlags) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--tp 0", "argument --tp: must be >= 1, got 0"},
+      {"--tp -1", "argument --tp: must be >= 1, got -1"},
+      {"--steps 0", "argument --steps: must be >= 1, got 0"},
+      {"--deadline_ms -5", "argument --deadline_ms: must be >= 0, got -5"},
+      {"--step_ms nan", "argument --step_ms: must be >= 0, got nan"},
+  };
+  for (const auto& [flags, error] : cases) {
+    SCOPED_TRACE(flags);
+    int rc = 0;
+    const std::string out = RunCommand(TrainLoop(flags), &rc);
+    EXPECT_NE(rc, 0) << out;
+    EXPECT_THAT(out, HasSubstr(error));
+    EXPECT_THAT(out, ::testing::Not(HasSubstr("Traceback")));
+  }
+}
+
+// A leader whose client cannot be created (here: a controller address with no valid port)
+// fails every rank of the group at once: the followers learn it from the decider's
+// collective creation, not by waiting out the in-memory broadcast's 60 s.
+TEST(CApiTest, PythonCtypesExampleLeaderFailureEndsEveryRankAtOnce) {
+  int rc = 0;
+  const absl::Time start = absl::Now();
+  const std::string out =
+      RunCommand(TrainLoop("--controller 127.0.0.1:85136 --tp 3 --steps 5"), &rc);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << out;
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_THAT(out, HasSubstr("rank 0: client_create failed"));
+  EXPECT_THAT(out, HasSubstr("controller: \"127.0.0.1:85136\" is not host:port"));
+  EXPECT_THAT(out, HasSubstr("rank 1: "));
+  EXPECT_THAT(out, HasSubstr("rank 2: "));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("Traceback")));
 }
 #endif
 

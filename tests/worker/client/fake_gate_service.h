@@ -1,9 +1,9 @@
 // A scriptable in-process GateService for the client's protocol tests: it can answer
 // plans (SP, or any mode and reason it is told, even ones the real daemon's memory gate
-// would never give), stay silent (a "black hole" daemon), reject plans, forget sessions,
-// replace them (the stream ends ABORTED, as when another process registered as the same
-// rank), and it records what the client sent. The real daemon is exercised in
-// gate_client_test.cc.
+// would never give), stay silent (a "black hole" daemon), reject plans or every Register,
+// forget sessions, replace them (the stream ends ABORTED, as when another process
+// registered as the same rank), and it records what the client sent. The real daemon is
+// exercised in gate_client_test.cc.
 #ifndef SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 #define SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 
@@ -36,6 +36,9 @@ class FakeGateService final : public v1::GateService::CallbackService {
     int64_t decision_config_version = 42;
     double max_length_cv = 0.18;  // served config
     int64_t heartbeat_ms = 100;
+    // Non-zero: every Register is refused with this gRPC code and message.
+    int register_code = 0;
+    std::string register_message;
   };
 
   void set_script(const Script& s) {
@@ -104,6 +107,12 @@ class FakeGateService final : public v1::GateService::CallbackService {
     spgate::MutexLock l(&mu_);
     credentials_.push_back(req->launch_credential());
     hardware_ids_.push_back(req->hardware_id());
+    if (script_.register_code != 0) {
+      auto* r = ctx->DefaultReactor();
+      r->Finish(grpc::Status(static_cast<grpc::StatusCode>(script_.register_code),
+                             script_.register_message));
+      return r;
+    }
     const std::string id = absl::StrCat("s", ++registrations_);
     valid_.insert(id);
     resp->set_session_id(id);

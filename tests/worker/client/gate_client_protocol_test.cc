@@ -3,8 +3,13 @@
 // forgotten sessions are handled, heartbeats carry local decisions by reason and memory
 // overrides, the telemetry buffer is bounded, every Register carries the launch
 // credential (required with a controller), a daemon's TP-only answer the worker's memory
-// gate forbids runs SP, and a replaced session is never taken back.
+// gate forbids runs SP, a replaced session is never taken back, Close ends other threads'
+// waits, a Register refused for a field ends the waits at once, and Create checks the
+// controller address and Register's fields (by the daemon's rules) and
+// ObserveGroupRsWaitShare the share.
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -396,6 +401,173 @@ TEST(GateClientProtocolTest, AReplacedSessionIsNotTakenBack) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        ::testing::HasSubstr("session was replaced")));
   EXPECT_EQ(server.service().registrations(), 1);
+}
+
+// Close() from another thread ends the waits in progress at once, and the client stays
+// valid for them until it is destroyed (Python's close() relies on it).
+TEST(GateClientProtocolTest, CloseEndsTheWaitsOfOtherThreadsAtOnce) {
+  auto c = MakeClient(Options("127.0.0.1:1"));  // nothing listens: the waits would run out
+  absl::Status connected, flushed;
+  absl::Duration connected_after, flushed_after;
+  const absl::Time start = absl::Now();
+  std::thread waiter([&] {
+    connected = c->WaitUntilConnected(absl::Seconds(20));
+    connected_after = absl::Now() - start;
+  });
+  std::thread flusher([&] {
+    flushed = c->Flush(absl::Seconds(20));
+    flushed_after = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  c->Close();
+  waiter.join();
+  flusher.join();
+  EXPECT_THAT(connected, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                  ::testing::HasSubstr("the client is closed")));
+  EXPECT_THAT(flushed, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                ::testing::HasSubstr("the client is closed")));
+  EXPECT_LT(connected_after, absl::Seconds(5));
+  EXPECT_LT(flushed_after, absl::Seconds(5));
+  // Later calls: answered locally, at once.
+  ASSERT_THAT(c->SubmitPlan({.step = 1, .lengths = kEven}), IsOk());
+  auto d = c->AwaitDecision(1, absl::Now() + absl::Seconds(5));
+  ASSERT_THAT(d.status(), IsOk());
+  EXPECT_EQ(d->source, DecisionSource::kFallback);
+  EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(5)),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  c->Close();  // idempotent
+}
+
+// A Register the daemon refuses for a field (INVALID_ARGUMENT: here a group past its
+// --max_groups_per_job) ends WaitUntilConnected and Flush at once with the daemon's
+// message, as a refused credential does; the client keeps retrying meanwhile.
+TEST(GateClientProtocolTest, ARegisterRefusedForAFieldEndsTheWaitsAtOnce) {
+  FakeGateServer server;
+  FakeGateService::Script script;
+  script.register_code = 3;  // INVALID_ARGUMENT
+  script.register_message = "group: must be in [0, 4096), got 5000";
+  server.service().set_script(script);
+  GateClientOptions o = Options(server.address());
+  o.group = 5000;
+  auto c = MakeClient(o);
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(20)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       ::testing::AllOf(::testing::HasSubstr("refused this client's registration"),
+                                        ::testing::HasSubstr("group: must be in [0, 4096), got 5000"))));
+  EXPECT_THAT(c->Flush(absl::Seconds(20)),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group:")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (server.service().launch_credentials().size() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_GE(server.service().launch_credentials().size(), 2u) << "a refused Register is retried";
+  EXPECT_EQ(server.service().registrations(), 0);
+  // Once the daemon takes it (e.g. restarted with a larger limit), the client connects.
+  server.service().set_script(FakeGateService::Script{});
+  give_up = absl::Now() + absl::Seconds(10);
+  while (!c->stats().connected && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(1)), IsOk());
+}
+
+// The controller address: host:port with a port in [1, 65535], an IPv6 address in
+// brackets, or a unix socket; anything else is refused by Create, naming controller,
+// instead of dialling some other port.
+TEST(GateClientProtocolTest, TheControllerAddressIsChecked) {
+  struct Case {
+    const char* controller;
+    const char* error;  // null: accepted
+  };
+  const Case cases[] = {
+      {"127.0.0.1:50061", nullptr},
+      {"localhost:1", nullptr},
+      {"spgated.train.svc:65535", nullptr},
+      {"[::1]:50061", nullptr},
+      {"dns:///spgated.train.svc:50061", nullptr},
+      {"unix:/run/spgated.sock", nullptr},
+      {"unix-abstract:spgated", nullptr},
+      {"127.0.0.1:85136", "the port must be a number in [1, 65535], got \"85136\""},
+      {"127.0.0.1:0", "got \"0\""},
+      {"127.0.0.1:-1", "got \"-1\""},
+      {"127.0.0.1:", "got \"\""},
+      {":abc", "no host"},
+      {":50061", "no host"},
+      {"127.0.0.1", "no port"},
+      {"[::1]", "no port"},
+      {"::1:50061", "an IPv6 address in brackets"},
+      {"[::1:50061", "an IPv6 address in brackets"},
+      {"host name:50061", "printable ASCII without spaces"},
+      {"unix:", "unix: needs a name"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.controller);
+    absl::StatusOr<std::unique_ptr<GateClient>> client =
+        GateClient::Create(Options(c.controller));
+    if (c.error == nullptr) {
+      EXPECT_THAT(client.status(), IsOk());
+      continue;
+    }
+    EXPECT_THAT(client.status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(::testing::StartsWith("controller: "),
+                                          ::testing::HasSubstr(c.error))));
+  }
+}
+
+// The fields Register carries are held to the daemon's rules at Create
+// (common/registration.h), naming the field, rather than refused by the daemon on every
+// retry while the client waits out its deadline.
+TEST(GateClientProtocolTest, RegisterFieldsFollowTheDaemonsRules) {
+  struct Case {
+    const char* name;
+    void (*set)(GateClientOptions&);
+    const char* error;  // null: accepted
+  };
+  const Case cases[] = {
+      {"global_rank -5", [](GateClientOptions& o) { o.global_rank = -5; },
+       "global_rank: must be >= 0, got -5"},
+      {"host of 300", [](GateClientOptions& o) { o.host = std::string(300, 'h'); },
+       "host: at most 255 characters, got 300"},
+      {"host of 255", [](GateClientOptions& o) { o.host = std::string(255, 'h'); }, nullptr},
+      {"group_size 2000", [](GateClientOptions& o) { o.group_size = 2000; },
+       "group_size: must be in [1, 1024], got 2000"},
+      {"group_size 1024", [](GateClientOptions& o) { o.group_size = 1024; }, nullptr},
+      {"group_size 0", [](GateClientOptions& o) { o.group_size = 0; },
+       "group_size: must be in [1, 1024], got 0"},
+      {"group -1", [](GateClientOptions& o) { o.group = -1; }, "group: must be >= 0, got -1"},
+      {"incarnation with a space", [](GateClientOptions& o) { o.incarnation = "a b"; },
+       "incarnation: printable ASCII without spaces only"},
+      {"incarnation of 129", [](GateClientOptions& o) { o.incarnation = std::string(129, 'i'); },
+       "incarnation: at most 128 characters, got 129"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GateClientOptions o = Options("127.0.0.1:1");
+    c.set(o);
+    absl::StatusOr<std::unique_ptr<GateClient>> client = GateClient::Create(o);
+    if (c.error == nullptr) {
+      EXPECT_THAT(client.status(), IsOk());
+    } else {
+      EXPECT_THAT(client.status(),
+                  StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr(c.error)));
+    }
+  }
+}
+
+// The group's wait share the trainer passes: in [0, 1], or INVALID_ARGUMENT naming share
+// (a NaN would keep the RS_WAIT gate from ever closing again) and nothing is observed.
+TEST(GateClientProtocolTest, AGroupWaitShareOutsideZeroToOneIsRefused) {
+  auto c = MakeClient(Options(""));
+  for (double share : {std::nan(""), -0.1, 1.5, std::numeric_limits<double>::infinity()}) {
+    SCOPED_TRACE(share);
+    EXPECT_THAT(c->ObserveGroupRsWaitShare(1, Mode::kSequenceParallel, share),
+                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("share: ")));
+  }
+  EXPECT_THAT(c->ObserveGroupRsWaitShare(1, static_cast<Mode>(7), 0.5),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("mode: ")));
+  EXPECT_THAT(c->ObserveGroupRsWaitShare(1, Mode::kSequenceParallel, 0.0), IsOk());
+  EXPECT_THAT(c->ObserveGroupRsWaitShare(2, Mode::kSequenceParallel, 1.0), IsOk());
 }
 
 }  // namespace
