@@ -349,9 +349,9 @@ double ForcedRunSeconds(const GroupGateState& state, Mode mode, double cost) {
   return cost * runs / state.chosen_weight;
 }
 
-// What leaving `from` for `to` saves per decision in forced runs' switches.
-double ForcedRunSaving(const GroupGateState& state, Mode from, Mode to, double cost) {
-  return from == to ? 0.0 : ForcedRunSeconds(state, from, cost) - ForcedRunSeconds(state, to, cost);
+// What leaving `from` for the other mode saves per decision in forced runs' switches.
+double ForcedRunSaving(const GroupGateState& state, Mode from, double cost) {
+  return ForcedRunSeconds(state, from, cost) - ForcedRunSeconds(state, OtherMode(from), cost);
 }
 
 // Step 3 of EvaluateAdaptive: the incumbent (the gates' decision), or the other mode where
@@ -494,7 +494,7 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
                     .bound_s;
     }
     // Every decision in the move saves the forced runs' switches alike.
-    const double forced = ForcedRunSaving(state, current, choice.mode, cost);
+    const double forced = ForcedRunSaving(state, current, cost);
     s.batch += forced;
     s.mix_per_step += forced;
     const double over_horizon =
@@ -556,8 +556,7 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   if (e.known) static_choice = incumbent.mode;
   std::optional<PriorEstimate> prior;  // set when the prior departed
   bool leans = false;
-  const double forced_saving =
-      ForcedRunSaving(state, incumbent.mode, OtherMode(incumbent.mode), cost);
+  const double forced_saving = ForcedRunSaving(state, incumbent.mode, cost);
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
                                      recently_changed, facts, forced_saving, &prior, &leans,
                                      trace);
@@ -566,13 +565,13 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // for it; where switching is free, neither binds. A switch is away from the mode the
   // group runs, whatever put it there: the way back to the policy's mode after a forced
   // decision (pin, memory) costs what any switch costs, and pays for it or the group stays
-  // (the cap is for the policy's own switches: a forced one and the way back from it are
-  // exempt). A hold keeps the mode the group runs, so it never makes a switch. A departure on the band's evidence
-  // weighs its confident saving, the way back to the incumbent its estimated one, each as
-  // an excursion or a move; the prior's departure only as a move (its batch saving is a
-  // prediction; the mix's is measured); the gates' choice in a band without evidence obeys
-  // the cap alone; the way back from a probe run is free of the cost (the cap let the run
-  // out and back).
+  // (the cap is for the policy's own switches: a forced one and the way back to the
+  // policy's mode are exempt). A hold keeps the mode the group runs, so it never makes a
+  // switch. A departure on the band's evidence weighs its confident saving, the way back
+  // to the incumbent its estimated one, each as an excursion or a move; the prior's
+  // departure only as a move (its batch saving is a prediction; the mix's is measured);
+  // the gates' choice in a band without evidence obeys the cap alone; the way back from a
+  // probe run is free of the cost (the cap let the run out and back).
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
   if (cost > 0 && state.has_decision && choice.mode != state.mode) {

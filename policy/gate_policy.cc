@@ -128,16 +128,16 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
   GroupGateState& s = out.next;
   s = state;
   if (s.has_decision && s.mode != decision.mode) ++s.mode_switches;
-  // ADAPTIVE's forced runs: a forced decision right after one the policy chose starts one.
-  const bool forced = IsForcedReason(decision.reason);
+  // ADAPTIVE's forced-run counts: a forced decision right after one the policy chose
+  // starts a run.
   s.chosen_weight *= kForcedRunKeep;
   for (double& runs : s.forced_runs) runs *= kForcedRunKeep;
-  if (!forced) {
+  if (IsForcedReason(decision.reason)) {
+    if (s.has_decision && !IsForcedReason(s.reason)) {
+      s.forced_runs[decision.mode == Mode::kSequenceParallel ? 0 : 1] += 1;
+    }
+  } else {
     s.chosen_weight += 1;
-  } else if (s.has_decision && !IsForcedReason(s.reason)) {
-    s.forced_runs[decision.mode == Mode::kSequenceParallel ? 0 : 1] += 1;
-  }
-  if (!forced) {
     // A switch the policy chose, for the flip cap. Keeping the mode a forced decision left
     // the group in (a hold where the way back would not pay) changes the policy's mode
     // but switches nothing.

@@ -65,7 +65,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& flag, const std::st
 
 // "0.0.0.0:50061" -> "127.0.0.1", "[::]:1" -> "[::1]", "host:1" -> "host".
 std::string DialHost(const std::string& listen) {
-  const ListenParts parts = SplitListenAddress(listen);
+  const AddressParts parts = SplitAddress(listen);
   const std::string host = LocalHostOf(parts);
   return parts.bracketed ? absl::StrCat("[", host, "]") : host;
 }

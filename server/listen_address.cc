@@ -14,39 +14,9 @@
 #include "absl/strings/str_cat.h"
 
 namespace spgate::server {
-namespace {
-
-// The port as a number in [0, 65535], or -1.
-int PortNumber(const ListenParts& p) {
-  int port = -1;
-  if (p.port.empty() || p.port.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(p.port, &port) || port > 65535) {
-    return -1;
-  }
-  return port;
-}
-
-}  // namespace
-
-ListenParts SplitListenAddress(absl::string_view address) {
-  ListenParts p;
-  if (absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:")) {
-    p.unix = true;
-    return p;
-  }
-  const size_t colon = address.rfind(':');
-  p.has_colon = colon != absl::string_view::npos;
-  p.host = p.has_colon ? std::string(address.substr(0, colon)) : "";
-  p.port = std::string(p.has_colon ? address.substr(colon + 1) : address);
-  if (p.host.size() >= 2 && p.host.front() == '[' && p.host.back() == ']') {
-    p.host = p.host.substr(1, p.host.size() - 2);
-    p.bracketed = true;
-  }
-  return p;
-}
 
 bool IsLoopbackListenAddress(absl::string_view address) {
-  const ListenParts p = SplitListenAddress(address);
+  const AddressParts p = SplitAddress(address);
   // gRPC's unix sockets are reachable only from this host.
   if (p.unix) return true;
   if (!p.has_colon) return false;
@@ -63,7 +33,7 @@ bool IsLoopbackListenAddress(absl::string_view address) {
   return false;
 }
 
-std::string LocalHostOf(const ListenParts& parts) {
+std::string LocalHostOf(const AddressParts& parts) {
   if (parts.host == "::") return "::1";
   if (parts.host.empty() || parts.host == "0.0.0.0" || parts.host == "*") {
     return parts.bracketed ? "::1" : "127.0.0.1";
@@ -92,7 +62,7 @@ bool NumericSocketAddress(const std::string& host, int port, sockaddr_storage* a
 }
 
 std::string ListenAddressShapeError(absl::string_view flag, absl::string_view address) {
-  const ListenParts p = SplitListenAddress(address);
+  const AddressParts p = SplitAddress(address);
   if (address.empty() || p.unix || (p.has_colon && PortNumber(p) >= 0)) return "";
   return absl::StrCat("--", flag, "=", address,
                       ": not an address to listen on (HOST:PORT with PORT in [0, 65535], "
@@ -100,7 +70,7 @@ std::string ListenAddressShapeError(absl::string_view flag, absl::string_view ad
 }
 
 std::string WhyCannotListen(absl::string_view address) {
-  const ListenParts p = SplitListenAddress(address);
+  const AddressParts p = SplitAddress(address);
   const int port = PortNumber(p);
   if (p.unix || port <= 0) return "";
   std::string host = p.host.empty() ? "0.0.0.0" : p.host;

@@ -1,6 +1,7 @@
 // What the daemon knows about an address it is asked to listen on, before and after it
 // tries: its parts, whether only this host can reach it, where to dial it, and why a
-// listen failed. One reading of "host:port" for the gRPC ports and the metrics port. (The
+// listen failed, for the gRPC ports and the metrics port; an address's parts are
+// common/host_port.h's, the one reading of "host:port" the clients use too. (The
 // gRPC servers and civetweb report a failed listen without the operating system's
 // reason: gRPC logs it on a line of its own; civetweb says "possible problem binding to
 // port".)
@@ -11,20 +12,9 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "common/host_port.h"
 
 namespace spgate::server {
-
-// An address split at its last ':' — "host:port", "[v6]:port", or a bare "port" as
-// civetweb takes it (no host) — into the host without its brackets and the port's text.
-// A unix socket ("unix:PATH", "unix-abstract:NAME") is not split: `unix` is set.
-struct ListenParts {
-  std::string host;  // empty: none given (every interface)
-  std::string port;  // as written; may be empty or not a number
-  bool bracketed = false;  // the host was written in brackets (IPv6)
-  bool has_colon = false;  // "host:port" or "[v6]:port", not a bare port
-  bool unix = false;
-};
-ListenParts SplitListenAddress(absl::string_view address);
 
 // Whether a listen address reaches only this host: 127.0.0.0/8, ::1, localhost, or a
 // unix socket.
@@ -33,7 +23,7 @@ bool IsLoopbackListenAddress(absl::string_view address);
 // The host a client on this machine reaches a listen address at, without brackets: the
 // loopback address of the family for a wildcard ("", "0.0.0.0", "*", "::"), else the host
 // as written (a name is not resolved).
-std::string LocalHostOf(const ListenParts& parts);
+std::string LocalHostOf(const AddressParts& parts);
 
 // A numeric host ("127.0.0.1", "::1", no brackets) and a port as a socket address; false
 // for anything else (a name is not resolved).

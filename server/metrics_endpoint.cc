@@ -44,7 +44,7 @@ void Knock(const std::string& host, int port) {
 std::string LocalAddressOf(const std::string& listen_ports) {
   // civetweb takes a comma-separated list; the port reported (and knocked on) is the
   // first entry's.
-  return LocalHostOf(SplitListenAddress(listen_ports.substr(0, listen_ports.find(','))));
+  return LocalHostOf(SplitAddress(listen_ports.substr(0, listen_ports.find(','))));
 }
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Listen(

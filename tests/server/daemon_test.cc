@@ -116,6 +116,22 @@ class DaemonTest : public ::testing::Test {
     return out;
   }
 
+  absl::Status Rollback(int64_t to_version) {
+    v1::RollbackGateConfigRequest r;
+    r.set_to_version(to_version);
+    v1::VersionedGateConfig out;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    return FromGrpcStatus(admin_->RollbackGateConfig(&ctx, r, &out));
+  }
+
+  // spgate_config_updates_total{result=`result`} as the daemon exports it now.
+  double ConfigUpdates(const std::string& result) {
+    return ::spgate::testing::MetricValue(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
+                                          "spgate_config_updates_total",
+                                          {"result=\"" + result + "\""});
+  }
+
   std::map<std::pair<std::string, int>, std::string> leaders_;  // (job, group) -> session
   std::unique_ptr<Daemon> daemon_;
   std::unique_ptr<v1::GateService::Stub> worker_;
@@ -646,10 +662,7 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
   up.mutable_update_mask()->add_paths("max_length_cv");
   EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnavailable));
   // Counted by its outcome, as every config update is.
-  EXPECT_EQ(::spgate::testing::MetricValue(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
-                                           "spgate_config_updates_total",
-                                           {"result=\"unavailable\""}),
-            1);
+  EXPECT_EQ(ConfigUpdates("unavailable"), 1);
   // A writable directory passes the probe and keeps no trace of it.
   daemon_.reset();
   const std::string dir = TempDir("daemon_test");
@@ -664,28 +677,16 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
 // A rollback the daemon cannot make is an invalid config update, as a value out of range
 // is: every outcome of UpdateGateConfig and RollbackGateConfig is counted.
 TEST_F(DaemonTest, RefusedRollbacksCountAsInvalidConfigUpdates) {
-  const auto rollback = [&](int64_t to_version) {
-    v1::RollbackGateConfigRequest r;
-    r.set_to_version(to_version);
-    v1::VersionedGateConfig out;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(Deadline());
-    return FromGrpcStatus(admin_->RollbackGateConfig(&ctx, r, &out));
-  };
-  const auto invalid = [&] {
-    return ::spgate::testing::MetricValue(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
-                                          "spgate_config_updates_total", {"result=\"invalid\""});
-  };
   Start();  // no --state_dir: no audit log to roll back from
-  EXPECT_THAT(rollback(3),
+  EXPECT_THAT(Rollback(3),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("without --state_dir")));
-  EXPECT_EQ(invalid(), 1);
+  EXPECT_EQ(ConfigUpdates("invalid"), 1);
   daemon_.reset();
   DaemonOptions opts;
   opts.state_dir = TempDir("daemon_test");
   Start(opts);
-  EXPECT_THAT(rollback(3), StatusIs(absl::StatusCode::kNotFound, HasSubstr("version 3")));
-  EXPECT_EQ(invalid(), 1);
+  EXPECT_THAT(Rollback(3), StatusIs(absl::StatusCode::kNotFound, HasSubstr("version 3")));
+  EXPECT_EQ(ConfigUpdates("invalid"), 1);
 }
 
 // A second daemon on a port a first one serves is refused with the reason (gRPC would

@@ -56,7 +56,7 @@ TEST(ListenAddressTest, ShapeAndTheHostALocalClientDials) {
                                                             ": not an address to listen on")));
     }
     if (c.local != nullptr) {
-      EXPECT_EQ(LocalHostOf(SplitListenAddress(c.address)), c.local) << c.address;
+      EXPECT_EQ(LocalHostOf(SplitAddress(c.address)), c.local) << c.address;
     }
   }
   EXPECT_EQ(ListenAddressShapeError("admin_listen", ""), "") << "empty: the flag's default";

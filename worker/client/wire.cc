@@ -4,11 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 #include <string_view>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "common/host_port.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/convert.h"
 #include "worker/client/channel.h"
@@ -36,35 +36,21 @@ absl::Status ValidateControllerAddress(std::string_view controller) {
   for (char c : controller) {
     if (c <= 0x20 || c > 0x7e) return bad("printable ASCII without spaces only");
   }
-  for (std::string_view scheme : {"unix:", "unix-abstract:"}) {
-    if (controller.starts_with(scheme)) {
-      if (controller.size() == scheme.size()) {
-        return bad(absl::StrFormat("%s needs a name", scheme));
-      }
-      return absl::OkStatus();
-    }
-  }
   std::string_view target = controller;
   if (target.starts_with("dns:///")) target.remove_prefix(7);
-  const size_t colon = target.rfind(':');
-  if (colon == std::string_view::npos || target.back() == ']') {
-    return bad("no port: e.g. 127.0.0.1:50061");
+  const AddressParts p = SplitAddress(absl::string_view(target.data(), target.size()));
+  if (p.unix) {
+    const bool named = target != "unix:" && target != "unix-abstract:";
+    return named ? absl::OkStatus() : bad(std::string(target) + " needs a name");
   }
-  const std::string_view host = target.substr(0, colon);
-  const std::string_view port = target.substr(colon + 1);
-  if (host.empty()) return bad("no host: e.g. 127.0.0.1:50061");
+  if (!p.has_colon || target.back() == ']') return bad("no port: e.g. 127.0.0.1:50061");
+  if (p.host.empty()) return bad("no host: e.g. 127.0.0.1:50061");
   // A colon in the host is an IPv6 address's, which gRPC takes only in brackets.
-  const bool bracketed = host.size() >= 3 && host.front() == '[' && host.back() == ']';
-  const std::string_view inner = bracketed ? host.substr(1, host.size() - 2) : host;
-  if (inner.find_first_of(bracketed ? "[]/" : ":[]/") != std::string_view::npos) {
+  if (p.host.find_first_of(p.bracketed ? "[]/" : ":[]/") != std::string::npos) {
     return bad("a host name, an IPv4 address, or an IPv6 address in brackets: [::1]:50061");
   }
-  int number = 0;
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string_view::npos ||
-      std::from_chars(port.data(), port.data() + port.size(), number).ec != std::errc() ||
-      number < 1 || number > 65535) {
-    return bad(absl::StrFormat("the port must be a number in [1, 65535], got \"%s\"", port));
+  if (PortNumber(p) < 1) {
+    return bad(absl::StrFormat("the port must be a number in [1, 65535], got \"%s\"", p.port));
   }
   return absl::OkStatus();
 }
