@@ -644,6 +644,7 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   // A group record is every rank's at once (each value already the largest of its ranks).
   p.reported += group_record ? g.size : 1;
   p.mode = static_cast<Mode>(v.mode);
+  p.fallback = p.fallback || t.fallback;
   if (p.slowest_rank < 0 || v.step_time_s > p.step_time) {
     p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
   }

@@ -224,6 +224,9 @@ struct TelemetryRecord {
   int ranks = 0;
   int slowest_rank = 0;       // group records: the rank with the longest step time
   int peak_memory_rank = 0;   // group records: the rank with the highest peak memory
+  // The step ran the worker's own fallback decision (reason CONTROLLER_UNAVAILABLE), not
+  // the daemon's.
+  bool fallback = false;
   // A step plan's step: one record per micro-batch id (docs/design.md §12).
   std::vector<MicrobatchTelemetryValues> microbatches;
 };

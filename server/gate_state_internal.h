@@ -59,6 +59,7 @@ struct PendingStep {
   int64_t tokens = 0, padding = 0;
   uint64_t peak = 0;
   int slowest_rank = -1, peak_rank = -1;  // rank_in_group of the largest step time, peak
+  bool fallback = false;  // a rank ran its fallback's decision, not the daemon's
   // A step plan's micro-batches (index = id), each value the largest over the ranks so
   // far; empty for plain plans, and released when the step is finalized.
   std::vector<MicrobatchTelemetryValues> microbatches;

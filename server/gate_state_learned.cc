@@ -29,10 +29,14 @@ bool RanProbe(std::optional<Decision> decided, Mode ran) {
   return decided.has_value() && decided->reason == Reason::kProbe && decided->mode == ran;
 }
 
-// Whether a sample that ran `ran` ran the mode a forced reason decided (a pin, the memory
-// gate): its step after a switch measures no switch cost (ObserveAfterSwitch).
-bool RanForced(std::optional<Decision> decided, Mode ran) {
-  return decided.has_value() && IsForcedReason(decided->reason) && decided->mode == ran;
+// Whether a sample that ran `ran` was forced: the mode a forced reason decided (a pin, the
+// memory gate), or SP for a TP-only decision on a step that was not a fallback's — the
+// worker's own memory gate, its only override (docs/design.md §4), runs SP where TP-only
+// does not fit. Its step after a switch measures no switch cost (ObserveAfterSwitch).
+bool RanForced(std::optional<Decision> decided, Mode ran, bool fallback) {
+  if (!decided.has_value()) return false;
+  if (decided->mode == ran) return IsForcedReason(decided->reason);
+  return ran == Mode::kSequenceParallel && !fallback;
 }
 
 }  // namespace
@@ -72,7 +76,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                            .length_cv = band < 0 ? -1 : BandCvMidpoint(config, band),
                            .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s,
                            .probe = RanProbe(decided, m.mode),
-                           .forced = RanForced(decided, m.mode)});
+                           .forced = RanForced(decided, m.mode, p.fallback)});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
@@ -85,7 +89,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                        .length_cv = d->length_cv, .all_gather_s = p.all_gather,
                        .rs_wait_s = p.rs_share * p.step_time,
                        .probe = RanProbe(decided, p.mode),
-                       .forced = RanForced(decided, p.mode)});
+                       .forced = RanForced(decided, p.mode, p.fallback)});
   }
   if (samples.empty()) return;
 

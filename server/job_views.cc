@@ -121,7 +121,8 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
                     .peak_memory_bytes = t.peak_memory_bytes(),
                     .ranks = t.ranks(),
                     .slowest_rank = t.slowest_rank(),
-                    .peak_memory_rank = t.peak_memory_rank()};
+                    .peak_memory_rank = t.peak_memory_rank(),
+                    .fallback = t.reason() == v1::CONTROLLER_UNAVAILABLE};
   r.microbatches.reserve(static_cast<size_t>(t.micro_batches_size()));
   for (const v1::MicroBatchTelemetry& m : t.micro_batches()) {
     // A wire mode that is neither is kept as 0, which the telemetry rules refuse.

@@ -916,6 +916,47 @@ TEST_F(GateStateTest, AStepBackFromAProbeRunIsExplorations) {
   EXPECT_EQ(table.switch_cost().last_step, -1) << "no switch measured";
 }
 
+// A step the worker's own memory gate ran in SP for the daemon's TP-only decision (reason
+// MEMORY_REQUIRES_SP in its record) is forced: the switch into it measures no cost, as a
+// memory-forced decision of the daemon's does not; the same step run by the worker's
+// fallback (CONTROLLER_UNAVAILABLE) measures one. Each group's length CV gets TP-only
+// (LENGTH_CV, a chosen reason) on every step: steps 0-9 ran it, 10-19 SP, 20 TP-only
+// again (a switch with no excess, measured alike), and 21 SP 0.5 s slower.
+TEST_F(GateStateTest, TheWorkersMemoryOverrideMeasuresNoSwitchCost) {
+  auto state = Make();
+  auto learned_cost = [&](const std::string& job, v1::Reason sp_reason) {
+    auto r0 = state->Register(Reg(job, 0, 0, 2));
+    auto r1 = state->Register(Reg(job, 0, 1, 2));
+    auto s0 = state->AttachSession(r0->session_id(), std::make_shared<RecordingSink>());
+    auto s1 = state->AttachSession(r1->session_id(), std::make_shared<RecordingSink>());
+    EXPECT_THAT(s0.status(), IsOk());
+    EXPECT_THAT(s1.status(), IsOk());
+    for (int64_t step = 0; step < 22; ++step) {
+      v1::Decision d;
+      EXPECT_THAT(state->Decide(Plan(job, 0, step, {100, 900}), &d), IsOk()) << step;
+      EXPECT_EQ(std::pair(d.mode(), d.reason()),
+                std::pair(v1::TENSOR_PARALLEL_ONLY, v1::LENGTH_CV)) << step;
+      const bool sp = (step >= 10 && step < 20) || step == 21;
+      for (const auto& s : {*s0, *s1}) {
+        v1::StepTelemetry t = Tel(job, 0, s == *s0 ? 0 : 1, step,
+                                  sp ? v1::SEQUENCE_PARALLEL : v1::TENSOR_PARALLEL_ONLY,
+                                  step == 21 ? 1.5 : 1.0, 0);
+        t.set_reason(sp ? sp_reason : v1::LENGTH_CV);
+        EXPECT_THAT(state->RecordTelemetry(*s, t), IsOk()) << step;
+      }
+    }
+    auto j = state->GetJob(job);
+    EXPECT_THAT(j.status(), IsOk());
+    return j->learned().switch_cost();
+  };
+  const v1::LearnedSwitchCost overridden = learned_cost("o", v1::MEMORY_REQUIRES_SP);
+  const v1::LearnedSwitchCost fallback = learned_cost("f", v1::CONTROLLER_UNAVAILABLE);
+  ASSERT_GT(overridden.weight(), 0) << "step 20's switch back to TP-only is measured";
+  EXPECT_NEAR(overridden.seconds(), 0, 1e-9) << "step 21's excess is not";
+  ASSERT_GT(fallback.weight(), overridden.weight());
+  EXPECT_GT(fallback.seconds() / fallback.weight(), 0.2) << "step 21's 0.5 s excess, measured";
+}
+
 // The daemon learns each (band, mode)'s tokens/s from the group's step time (the max
 // over its ranks) and the batch's tokens, whatever the policy; it sends the table to the
 // group's leader only, when a band's preference changes and at most once per interval;
