@@ -31,6 +31,17 @@ inline constexpr double kMinTelemetrySeconds = 1e-6;
 // docs/design.md §2) converts them back without loss or overflow.
 inline constexpr int64_t kMaxTelemetryCount = (int64_t{1} << 53) - 1;
 
+// A rank's step time outside the collective waits its record reports (reduce-scatter,
+// all-gather, the norm boundary's), never negative. A group's ranks finish a step together
+// at its collectives, so the rank with the most is the one the others waited for: the
+// group's slowest rank (docs/design.md §2). A TP-only step reports no wait (its
+// all-reduces are not in the record), so there it is the step time.
+inline double BusySeconds(double step_time_s, double rs_wait_s, double all_gather_s,
+                          double norm_stall_s) {
+  const double busy = step_time_s - rs_wait_s - all_gather_s - norm_stall_s;
+  return busy > 0 ? busy : 0.0;
+}
+
 // What the checker knows of the step a record reports: its plan's tokens (Σ lengths), so a
 // record claims no more. The daemon takes them from the step's cached decision, the
 // client from its last committed plan; unknown (-1, or no entry) is not checked.

@@ -52,7 +52,7 @@ absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uin
 // C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray, root) fills buf
 // with the root's bytes on the other ranks (24 bytes, and one more per micro-batch of a
 // step plan); and, for the leader's group session, a Python max-reduce: reduce(buf:
-// bytearray of little-endian float64s, 14 and 7 more per micro-batch of a step plan,
+// bytearray of little-endian float64s, 15 and 7 more per micro-batch of a step plan,
 // root) leaves the element-wise maximum over the group in the root's buf. A Python
 // exception in either becomes INTERNAL with the exception's text.
 class Decider {

@@ -645,8 +645,12 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   p.reported += group_record ? g.size : 1;
   p.mode = static_cast<Mode>(v.mode);
   p.fallback = p.fallback || t.fallback;
-  if (p.slowest_rank < 0 || v.step_time_s > p.step_time) {
+  // The slowest rank: the one with the most time outside its collective waits, whom the
+  // others waited for (BusySeconds); a group record names its own.
+  const double busy = BusySeconds(v.step_time_s, v.rs_wait_s, v.all_gather_s, v.norm_stall_s);
+  if (p.slowest_rank < 0 || busy > p.slowest_busy) {
     p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
+    p.slowest_busy = busy;
   }
   if (p.peak_rank < 0 || t.peak_memory_bytes > p.peak) {
     p.peak_rank = group_record ? t.peak_memory_rank : session.rank_in_group;

@@ -222,7 +222,7 @@ struct TelemetryRecord {
   // 0 or 1: the rank's own record; the group's size: the leader's record for the group,
   // each value the largest over its ranks (docs/design.md §2).
   int ranks = 0;
-  int slowest_rank = 0;       // group records: the rank with the longest step time
+  int slowest_rank = 0;       // group records: the slowest rank (BusySeconds)
   int peak_memory_rank = 0;   // group records: the rank with the highest peak memory
   // The step ran the worker's own fallback decision (reason CONTROLLER_UNAVAILABLE), not
   // the daemon's.

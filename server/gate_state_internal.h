@@ -58,7 +58,10 @@ struct PendingStep {
   double step_time = 0, rs_share = 0, all_gather = 0, norm_share = 0;
   int64_t tokens = 0, padding = 0;
   uint64_t peak = 0;
-  int slowest_rank = -1, peak_rank = -1;  // rank_in_group of the largest step time, peak
+  // rank_in_group of the slowest rank (the most BusySeconds, which slowest_busy holds) and
+  // of the highest peak memory.
+  int slowest_rank = -1, peak_rank = -1;
+  double slowest_busy = 0;
   bool fallback = false;  // a rank ran its fallback's decision, not the daemon's
   // A step plan's micro-batches (index = id), each value the largest over the ranks so
   // far; empty for plain plans, and released when the step is finalized.

@@ -93,8 +93,8 @@ Metrics::Metrics()
                        .Help("Rolling p95 of the per-step all-gather time of the slowest rank.")
                        .Register(*registry_)),
       slowest_rank_f(BuildGauge().Name("spgate_slowest_rank")
-                         .Help("rank_in_group of the group's slowest rank (longest step time) "
-                               "in its last complete step.")
+                         .Help("rank_in_group of the group's slowest rank in its last complete "
+                               "step: the most step time outside its collective waits.")
                          .Register(*registry_)),
       stage_peak_f(BuildGauge().Name("spgate_stage_predicted_peak_bytes")
                        .Help("A pipelined job's stage: the largest predicted peak over the "

@@ -270,6 +270,40 @@ TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
   EXPECT_DOUBLE_EQ(job->groups(0).rolling_rs_wait_share(), 0.3);  // max(0.1, 0.3)
 }
 
+// Per-rank sessions: the group's slowest rank is the one the others waited for — the most
+// step time outside its collective waits — not the longest step: a group's ranks end a
+// step together, so their step times differ by noise. Step 0: rank 1's step is the
+// longest by 1 ms but it waited 0.3 s; rank 0 waited 0.05 s. Step 1 (TP-only, no waits
+// reported): the longest step.
+TEST_F(GateStateTest, TheSlowestRankIsTheOneTheOthersWaitedFor) {
+  auto state = Make();
+  auto r0 = state->Register(Reg("j", 0, 0, 2));
+  auto r1 = state->Register(Reg("j", 0, 1, 2));
+  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(s0.status(), IsOk());
+  ASSERT_THAT(s1.status(), IsOk());
+  v1::Decision d;
+  ASSERT_THAT(state->Decide(Plan("j", 0, 0, {500, 500}), &d), IsOk());
+  v1::StepTelemetry waited = Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.001, 0.3);
+  waited.set_all_gather_s(0.1);
+  ASSERT_THAT(state->RecordTelemetry(**s1, waited), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.05)),
+              IsOk());
+  auto job = state->GetJob("j");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->groups(0).slowest_rank(), 0);
+  EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 1.001) << "the group's step time";
+  ASSERT_THAT(state->Decide(Plan("j", 0, 1, {500, 500}), &d), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 1, v1::TENSOR_PARALLEL_ONLY, 1.0, 0)),
+              IsOk());
+  ASSERT_THAT(state->RecordTelemetry(**s1, Tel("j", 0, 1, 1, v1::TENSOR_PARALLEL_ONLY, 1.2, 0)),
+              IsOk());
+  job = state->GetJob("j");
+  EXPECT_EQ(job->groups(0).slowest_rank(), 1);
+  EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 1.2);
+}
+
 // A leader's group session speaks for its group: one session counts the group's ranks,
 // one record (the group's, reduced in the group) completes a step with the group's
 // values, and the slowest and peak-memory ranks it names are the group's.

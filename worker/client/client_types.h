@@ -100,7 +100,8 @@ struct StepTelemetryInput {
   // 0 or 1: this rank's own record. The group's size: the group's record, which only the
   // leader sends (GroupDecider::ReportTelemetry makes it): each value the largest of the
   // group's ranks, rs_wait_s and norm_stall_s the largest rank's share times step_time_s
-  // (docs/design.md §2), with the ranks that had the longest step and the highest peak.
+  // (docs/design.md §2), with the slowest rank (the most step time outside its collective
+  // waits, BusySeconds) and the rank with the highest peak.
   // A group session's client of a group of more than one takes only group records.
   int ranks = 0;
   int slowest_rank = 0;

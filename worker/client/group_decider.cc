@@ -22,11 +22,11 @@ namespace {
 // matters too is also sent negated.
 enum TelemetrySlot : int {
   kStep, kNegStep, kMode, kNegMode, kReason, kNegReason, kRefused,
-  kStepTimeKey,  // step_time_s with the rank in its low bits
-  kRsShare, kAllGather, kNormShare, kTokens, kPadding,
+  kStepTime, kRsShare, kAllGather, kNormShare, kTokens, kPadding,
   kPeakKey,      // peak_memory_bytes with the rank in its low bits
+  kBusyKey,      // BusySeconds with the rank in its low bits: the slowest rank
 };
-static_assert(kPeakKey + 1 == TelemetryWire::kSlots);
+static_assert(kBusyKey + 1 == TelemetryWire::kSlots);
 
 // A rank rides in the low mantissa bits of a non-negative value: for such doubles the
 // bit pattern orders as the value does, so the maximum of the keys is the largest value
@@ -74,13 +74,15 @@ TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bo
   w.v[kRefused] = valid ? 0 : 1;
   if (!valid) return w;  // only the step and the refusal are read
   const int rank = std::clamp(rank_in_group, 0, kMaxTelemetryWireRanks - 1);
-  w.v[kStepTimeKey] = WithRank(t.step_time_s, rank);
+  w.v[kStepTime] = t.step_time_s;
   w.v[kRsShare] = Share(t.rs_wait_s, t.step_time_s);
   w.v[kAllGather] = t.all_gather_s;
   w.v[kNormShare] = Share(t.norm_stall_s, t.step_time_s);
   w.v[kTokens] = static_cast<double>(t.effective_tokens);
   w.v[kPadding] = static_cast<double>(t.padding_tokens);
   w.v[kPeakKey] = WithRank(static_cast<double>(t.peak_memory_bytes), rank);
+  w.v[kBusyKey] = WithRank(
+      BusySeconds(t.step_time_s, t.rs_wait_s, t.all_gather_s, t.norm_stall_s), rank);
   return w;
 }
 
@@ -105,8 +107,9 @@ absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r
         "(modes %g to %g): the group's decision did not reach every rank alike",
         step, -r.v[kNegMode], r.v[kMode]));
   }
-  const auto [step_time, slowest] = SplitRank(r.v[kStepTimeKey]);
+  const double step_time = r.v[kStepTime];
   const auto [peak, peak_rank] = SplitRank(r.v[kPeakKey]);
+  const int slowest = SplitRank(r.v[kBusyKey]).second;
   StepTelemetryInput t;
   t.step = step;
   t.mode = static_cast<Mode>(static_cast<int>(r.v[kMode]));

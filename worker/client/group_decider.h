@@ -72,16 +72,17 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w);
 // of a step plan, mode << 4 | reason (docs/design.md §12); none for a plain plan.
 using BroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
 
-// The in-group telemetry payload (docs/design.md §2): 14 doubles, 112 bytes. Every rank
+// The in-group telemetry payload (docs/design.md §2): 15 doubles, 120 bytes. Every rank
 // packs its own record and the group takes the element-wise maximum, which yields each
-// value's largest over the ranks, with the rank that had the longest step and the
-// highest peak memory carried in the low bits of those two values, and the largest and
-// smallest step, mode and reason (so a group whose ranks disagree is caught).
+// value's largest over the ranks, with the rank of the highest peak memory and the slowest
+// rank (the most time outside collective waits, BusySeconds) carried in the low bits of
+// those two values, and the largest and smallest step, mode and reason (so a group whose
+// ranks disagree is caught).
 struct TelemetryWire {
-  static constexpr int kSlots = 14;
+  static constexpr int kSlots = 15;
   double v[kSlots] = {};
 };
-static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWire) == 112);
+static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWire) == 120);
 // The largest group the payload's rank bits can name.
 inline constexpr int kMaxTelemetryWireRanks = 4096;
 

@@ -192,8 +192,8 @@ typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, voi
 
 /* Element-wise maximum of `count` doubles at `values` over the ranks of the TP group into
  * rank `root`'s `values` (MPI_Reduce with MPI_MAX, or an all-reduce with MAX: the other
- * ranks' values may be left as they were). One call per step's telemetry: count is 14 (the
- * 112-byte in-group payload, TelemetryWire in group_decider.h) plus, after a step plan,
+ * ranks' values may be left as they were). One call per step's telemetry: count is 15 (the
+ * 120-byte in-group payload, TelemetryWire in group_decider.h) plus, after a step plan,
  * 7 per micro-batch; every rank calls with the same count, and only the leader decodes the
  * result. Return 0 on success. */
 typedef int32_t (*spgate_reduce_max_fn)(double* values, size_t count, int32_t root,
@@ -371,7 +371,7 @@ typedef struct spgate_microbatch_telemetry {
  * (refused naming the micro-batch and field). The decider's: after
  * spgate_decider_decide_microbatches with count > 0, with a decider from
  * spgate_decider_create_group, the record and its micro-batches are reduced in one call of
- * `reduce` (14 + 7 x count doubles) and every rank must give them; the rules of
+ * `reduce` (15 + 7 x count doubles) and every rank must give them; the rules of
  * spgate_decider_report_telemetry apply (a refused rank still takes part), and ranks that
  * ran a micro-batch in different modes are SPGATE_INTERNAL on the leader. */
 SPGATE_EXPORT spgate_status spgate_client_report_step_telemetry(

@@ -13,7 +13,7 @@ The GIL is released while the leader waits.
 
 One session per TP group (the Client option group_session, the default): only the
 leader has a Client, and every rank gives its own step telemetry to report_telemetry,
-which takes the element-wise maximum of the group's records (a float64 tensor of 14,
+which takes the element-wise maximum of the group's records (a float64 tensor of 15,
 dist.all_reduce with MAX over the group; on NCCL a device tensor, like the broadcast) into
 the leader, which sends one record per step for the group, with the slowest rank and the
 rank of the highest peak memory. With group_session=False every rank has a Client and a
@@ -54,7 +54,7 @@ import torch.distributed as dist
 import spgate
 
 WIRE_BYTES = 24
-TELEMETRY_WIRE_DOUBLES = 14  # the in-group telemetry payload: 112 bytes
+TELEMETRY_WIRE_DOUBLES = 15  # the in-group telemetry payload: 120 bytes
 MICROBATCH_TELEMETRY_DOUBLES = 7  # and a step plan's, per micro-batch
 
 
@@ -103,7 +103,7 @@ def _make_reduce(group, device: torch.device):
     def reduce(buf: bytearray, root: int) -> None:
         # Called by the C++ decider on the calling thread, with the GIL held. An all-reduce
         # (every rank ends with the maximum; only the root's is read).
-        # 14 values, or a step plan's 14 + 7 per micro-batch; shares buf's memory.
+        # 15 values, or a step plan's 15 + 7 per micro-batch; shares buf's memory.
         host = torch.frombuffer(buf, dtype=torch.float64)
         extra = host.numel() - TELEMETRY_WIRE_DOUBLES
         if extra < 0 or extra % MICROBATCH_TELEMETRY_DOUBLES:
