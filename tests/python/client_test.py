@@ -1,7 +1,7 @@
 """The spgate Python package (spgate._spgate over the C++ client): every call, every error
 path (exception class, status code, the argument named in the message), context-manager
 close, the 24-byte wire, the group's telemetry reduced into the leader over a Python
-reduce (112 bytes) or each rank's own client (group_session=False), a follower's client
+reduce (120 bytes) or each rank's own client (group_session=False), a follower's client
 refused with a controller in a group session, a live spgated on loopback (daemon
 decisions, telemetry acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with
 generated certificates, the worker token of a daemon run with --worker_token_file, a missing
@@ -720,8 +720,8 @@ class ScriptedDaemonTest(SpgateTestCase):
 
 
 def unpack_wire(buf):
-    """The 14 little-endian float64 of a 112-byte telemetry wire."""
-    return list(struct.unpack("<14d", bytes(buf)))
+    """The 15 little-endian float64 of a 120-byte telemetry wire."""
+    return list(struct.unpack("<15d", bytes(buf)))
 
 
 class NativeGroupDeciderTest(SpgateTestCase):
@@ -792,19 +792,19 @@ class NativeGroupDeciderTest(SpgateTestCase):
             decider.submit_plan(1, MIXED)
 
     def test_the_leader_reports_the_groups_maximum(self):
-        """Two ranks in one thread: the follower's reduce (a contributor) hands its 112
+        """Two ranks in one thread: the follower's reduce (a contributor) hands its 120
         bytes over; the leader's reduce takes the element-wise maximum into its buffer, and
         its client queues one record for the group."""
         c = spgate.Client(job_id="x", group_size=2)
         contributed, seen = [], []
 
         def follower_reduce(buf, root):
-            self.assertEqual((len(buf), root), (112, 0))
+            self.assertEqual((len(buf), root), (120, 0))
             contributed.append(unpack_wire(buf))
 
         def leader_reduce(buf, root):
             seen.append(unpack_wire(buf))
-            buf[:] = struct.pack("<14d", *map(max, unpack_wire(buf), contributed.pop(0)))
+            buf[:] = struct.pack("<15d", *map(max, unpack_wire(buf), contributed.pop(0)))
         leader = spgate.GroupDecider(c, 0, lambda buf, root: None, leader_reduce)
         follower = spgate.GroupDecider(None, 1, lambda buf, root: None, follower_reduce)
         sp, ok = Mode.SEQUENCE_PARALLEL, Reason.GATES_PASSED
@@ -840,7 +840,7 @@ class NativeGroupDeciderTest(SpgateTestCase):
             raise RuntimeError("boom")
         with self.assertRaisesCode(spgate.Error, 13, "reduce failed.*boom"):
             spgate.GroupDecider(c, 0, lambda buf, root: None, boom).report_telemetry(t)
-        with self.assertRaisesCode(spgate.Error, 13, "112-byte"):
+        with self.assertRaisesCode(spgate.Error, 13, "120-byte"):
             spgate.GroupDecider(c, 0, lambda buf, root: None,
                                 lambda buf, root: buf.clear()).report_telemetry(t)
         self.assertEqual(c.stats().telemetry_reported, 0)
