@@ -8,4 +8,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 out=${2:-bench/results}
-exec python3 "$root/bench/sim/sp_crossover.py" --sim="$build/bin/spgate-sim" --out="$out"
+# The figure needs matplotlib: SPGATE_PLOT_PYTHON (as spgate-sim --plot), else python3, else
+# Debian's /usr/bin/python3 where python3 (a pyenv one, say) lacks it.
+py=${SPGATE_PLOT_PYTHON:-python3}
+if ! "$py" -c 'import matplotlib' 2>/dev/null && /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
+  py=/usr/bin/python3
+fi
+exec "$py" "$root/bench/sim/sp_crossover.py" --sim="$build/bin/spgate-sim" --out="$out"

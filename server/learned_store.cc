@@ -21,11 +21,11 @@
 #include "common/file_util.h"
 #include "common/hardware_id.h"
 #include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
 #include "policy/forgetting.h"
 #include "proto/convert.h"
+#include "proto/text_format.h"
 #include "server/identity.h"
 #include "server/persistence.h"
 #include "spgate/v1/admin.pb.h"
@@ -57,20 +57,6 @@ uint64_t ChecksumOf(v1::PersistedLearned m) {
   }
   return Fnv1a64(bytes);
 }
-
-class FirstError : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) {
-      first_ = absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message);
-    }
-  }
-  void AddWarning(int, int, const std::string&) override {}
-  const std::string& first() const { return first_; }
-
- private:
-  std::string first_;
-};
 
 // Every double field of `m` (and of its message fields, one level down: a prior's
 // hardware) finite, and non-negative unless listed in `signed_fields`. Reflection, so a
@@ -323,13 +309,7 @@ absl::StatusOr<LearnedRecord> ParseLearned(const std::string& source, const std:
                                   text.size(), MaxLearnedFileBytes(max_stages), max_stages));
   }
   v1::PersistedLearned m;
-  google::protobuf::TextFormat::Parser parser;
-  FirstError errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text, &m)) {
-    return refuse(absl::StrCat("not a spgate.v1.PersistedLearned in text format: ",
-                               errors.first().empty() ? "parse error" : errors.first()));
-  }
+  if (absl::Status s = ParseTextFormat(text, &m); !s.ok()) return refuse(s.message());
   if (absl::Status s = CheckRecord(m, expected_job_id, max_stages); !s.ok()) {
     return refuse(s.message());
   }

@@ -17,25 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/file_util.h"
-#include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
+#include "proto/text_format.h"
 
 namespace spgate::server {
 namespace {
-
-class CollectErrors : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, int column, const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrFormat("line %d column %d: %s", line + 1, column + 1, message);
-  }
-  void AddWarning(int, int, const std::string&) override {}
-  const std::string& first() const { return first_; }
-
- private:
-  std::string first_;
-};
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, bool* missing = nullptr) {
   std::ifstream in(path, std::ios::binary);
@@ -56,14 +44,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, bool* missing = nu
 template <typename Message>
 absl::Status ParseText(const std::string& path, const std::string& text, Message* out,
                        google::protobuf::TextFormat::ParseInfoTree* locations = nullptr) {
-  google::protobuf::TextFormat::Parser parser;
-  CollectErrors errors;
-  parser.RecordErrorsTo(&errors);
-  if (locations != nullptr) parser.WriteLocationsTo(locations);
-  if (!parser.ParseFromString(text, out)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": not a valid ", Message::descriptor()->full_name(), " in text format: ",
-        errors.first().empty() ? "parse error" : errors.first()));
+  if (absl::Status s = ParseTextFormat(text, out, locations); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
   return absl::OkStatus();
 }

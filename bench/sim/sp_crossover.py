@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """SP vs TP-only by sequence length (docs/benchmarks.md, "SP vs TP-only by sequence
 length"): the cost model's tokens/s ratio of SP (LayerNorm in the shard) over TP-only and
-whether each mode's predicted peak fits the device, for one sequence of 2K-128K tokens per
+whether each mode's predicted peak fits the memory gate, for one sequence of 2K-128K tokens per
 micro-batch, TP 4 and 8, on both hardware presets, for a 70B-class shape: hidden 8,192,
 64 heads, 80 layers, one pipeline stage of 10 of them (PP 8) per TP group.
 
@@ -9,8 +9,10 @@ Per point, `spgate-sim replay --compare` with no noise (--jitter=0, no straggler
 memory limit (so both modes run and report their predicted peaks); every sequence has the
 same length, so nothing is drawn and a point does not depend on the seed: one run, not a
 median over seeds (bench_drivers_test checks that two seeds give the same figures). `fits`
-compares each peak with the preset's device memory (policy/hardware/presets.csv). The
-ratio with Megatron's --tp-comm-overlap (--tp_comm_overlap) is reported beside it.
+is the memory gate's rule: each peak at most the preset's device memory
+(policy/hardware/presets.csv) times the gates' default memory_headroom
+(policy/gate_config.h), the share of the device spgate lets a mode use. The ratio with
+Megatron's --tp-comm-overlap (--tp_comm_overlap) is reported beside it.
 
 Writes OUT/sp_crossover.json ({"rows": [{hardware, tp, seq_len,
 sp_over_tp_only_tokens_per_s, tp_only_fits, sp_fits, ...}]}), OUT/sp_crossover.md and,
@@ -22,6 +24,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,15 @@ def device_memory_gib():
     return mem
 
 
+def memory_headroom():
+    """The gates' default memory_headroom, read from the one field table."""
+    with open(os.path.join(ROOT, "policy", "gate_config.h")) as f:
+        m = re.search(r"X\(double, memory_headroom, ([0-9.]+),", f.read())
+    if m is None:
+        sys.exit("sp_crossover.py: no memory_headroom default in policy/gate_config.h")
+    return float(m.group(1))
+
+
 def run_point(sim, hardware, tp, seq, extra=()):
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "out.json")
@@ -59,11 +71,11 @@ def run_point(sim, hardware, tp, seq, extra=()):
             return json.load(f)["compare"]
 
 
-def point(sim, hardware, tp, seq, memory_gib):
+def point(sim, hardware, tp, seq, memory_gib, headroom):
     c = run_point(sim, hardware, tp, seq)
     o = run_point(sim, hardware, tp, seq, ["--tp_comm_overlap"])
     tps = lambda cmp, p: cmp[p]["effective_tokens_per_s"]
-    budget = memory_gib * 2 ** 30
+    budget = memory_gib * 2 ** 30 * headroom
     return {
         "hardware": hardware, "tp": tp, "seq_len": seq,
         "sp_over_tp_only_tokens_per_s": round(tps(c, "sp") / tps(c, "tp_only"), 4),
@@ -73,6 +85,7 @@ def point(sim, hardware, tp, seq, memory_gib):
         "tp_only_peak_gib": round(c["tp_only"]["peak_memory_bytes"] / 2 ** 30, 1),
         "sp_peak_gib": round(c["sp"]["peak_memory_bytes"] / 2 ** 30, 1),
         "device_memory_gib": memory_gib,
+        "memory_headroom": headroom,
     }
 
 
@@ -131,8 +144,9 @@ def main():
     if not seqs or min(seqs) < 1:
         sys.exit("sp_crossover.py: --seq_lens must be positive token counts")
     memory = device_memory_gib()
+    headroom = memory_headroom()
     os.makedirs(args.out, exist_ok=True)
-    rows = [point(args.sim, hw, tp, seq, memory[hw])
+    rows = [point(args.sim, hw, tp, seq, memory[hw], headroom)
             for hw in HARDWARE for tp in TPS for seq in seqs]
     with open(os.path.join(args.out, "sp_crossover.json"), "w") as f:
         json.dump({"rows": rows, "config": {"flags": SHAPE, "steps": STEPS}}, f, indent=2)
@@ -144,8 +158,10 @@ def main():
         try:
             figure(rows, os.path.join(args.out, "sp_crossover.png"))
         except ImportError:
-            print("sp_crossover.py: no matplotlib (apt-get install python3-matplotlib); "
-                  "no figure", file=sys.stderr)
+            sys.exit("sp_crossover.py: %s has no matplotlib (apt-get install "
+                     "python3-matplotlib, or SPGATE_PLOT_PYTHON=a python3 with it); the table "
+                     "is written, the figure is not (--no_figure: no figure asked)"
+                     % sys.executable)
 
 
 if __name__ == "__main__":

@@ -199,11 +199,11 @@ TEST(LearnedStoreTest, RefusesTruncatedAlteredAndOversizedFiles) {
     std::string text;
     const char* what;
   } cases[] = {
-      {"cut mid-message", text.substr(0, text.size() / 2), "not a spgate.v1.PersistedLearned"},
+      {"cut mid-message", text.substr(0, text.size() / 2), "not a valid spgate.v1.PersistedLearned"},
       {"cut at a boundary", cut_clean, "checksum: missing"},
       {"no checksum", text.substr(0, checksum_at), "checksum: missing"},
       {"one digit changed", altered, "does not match the contents"},
-      {"not text format", "\x01\x02garbage{{", "not a spgate.v1.PersistedLearned"},
+      {"not text format", "\x01\x02garbage{{", "not a valid spgate.v1.PersistedLearned"},
       {"empty", "", "format_version: 0"},
       {"oversized", text + std::string(MaxLearnedFileBytes(kStages), ' '), "bytes, more than"},
   };

@@ -136,23 +136,29 @@ absl::StatusOr<ComparePlotter> FindComparePlotter() {
   return absl::NotFoundError(absl::StrCat("--plot: plot_compare.py is in none of ", tried));
 }
 
-absl::Status CheckComparePlot(const std::string& path) {
+absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
   const fs::path out(path);
-  const std::string ext = out.extension().string();
-  if (!(ext == ".png" || ext == ".svg" || ext == ".pdf")) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--plot=", path, ": want a .png, .svg or .pdf file"));
-  }
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--plot=", path, ": folder ", dir.string(), " does not exist"));
+        absl::StrCat("--", flag, "=", path, ": folder ", dir.string(), " does not exist"));
   }
   if (access(dir.c_str(), W_OK) != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--plot=", path, ": folder ", dir.string(), " is not writable"));
+        absl::StrCat("--", flag, "=", path, ": folder ", dir.string(), " is not writable"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckComparePlot(const std::string& path) {
+  const std::string ext = fs::path(path).extension().string();
+  if (!(ext == ".png" || ext == ".svg" || ext == ".pdf")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--plot=", path, ": want a .png, .svg or .pdf file"));
+  }
+  if (absl::Status s = CheckOutputFolder("plot", path); !s.ok()) return s;
   absl::StatusOr<ComparePlotter> p = FindComparePlotter();
   if (!p.ok()) return p.status();
   return ExitStatus(RunProcess({p->python, p->script, "--check"}), *p, "the check");

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "tools/sim/compare.h"
 
 namespace spgate::sim {
@@ -33,6 +34,10 @@ struct ComparePlotter {
   std::string script;
 };
 absl::StatusOr<ComparePlotter> FindComparePlotter();
+
+// That `path`'s folder exists and is writable (nothing for an empty path);
+// INVALID_ARGUMENT names --`flag`. Checked before a run, so a long one does not end in it.
+absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path);
 
 // That `path` is a .png, .svg or .pdf in an existing folder, and that the plotter runs
 // (`plot_compare.py --check`: matplotlib imports). INVALID_ARGUMENT names --plot;

@@ -111,6 +111,23 @@ absl::Status ValidateCostParams(const CostParams& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--collective_latency_us must be a finite number >= 0, got ", p.collective_latency_us));
   }
+  if (!std::isfinite(p.jitter) || p.jitter < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--jitter must be a finite number >= 0, got ", p.jitter));
+  }
+  if (!(p.straggler_prob >= 0 && p.straggler_prob <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--straggler_prob must be in [0, 1], got ", p.straggler_prob));
+  }
+  if (!std::isfinite(p.straggler_slowdown) || p.straggler_slowdown < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--straggler_slowdown must be a finite number >= 0, got ", p.straggler_slowdown));
+  }
+  if (p.straggler_burst_every < 0 || p.straggler_burst_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--straggler_burst_every and --straggler_burst_steps must be >= 0, got ",
+        p.straggler_burst_every, " and ", p.straggler_burst_steps));
+  }
   if (!(p.shard_work_fraction >= 0 && p.shard_work_fraction <= 1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard_work_fraction must be in [0, 1], got ", p.shard_work_fraction));

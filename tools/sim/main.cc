@@ -13,11 +13,13 @@
 // pipeline with --pp/--microbatches (tools/sim/pipeline.h). The cost
 // model and every flag are described in docs/sim.md. Exit status: 0, or 1 when a run
 // saw consistency violations or decision errors, 2 on bad flags.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -26,11 +28,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "google/protobuf/text_format.h"
 #include "common/cli.h"
 #include "common/mutex.h"
 #include "policy/gate_policy.h"
 #include "proto/convert.h"
+#include "proto/text_format.h"
 #include "tools/sim/compare.h"
 #include "tools/sim/compare_plot.h"
 #include "tools/sim/sim.h"
@@ -46,7 +48,8 @@ ABSL_FLAG(std::string, incarnation, "",
           "or a new one");
 ABSL_FLAG(std::string, lengths, "lognormal:mean=4096,sigma=0.8",
           "Length distribution: lognormal:mean=M,sigma=S | bimodal:short=A,long=B,p_long=P | "
-          "uniform:min=A,max=B | file:PATH");
+          "uniform:min=A,max=B | file:PATH | shift:after=N|FIRST|THEN (FIRST's first N "
+          "lengths, then THEN's)");
 ABSL_FLAG(int64_t, tokens_per_batch, 16384, "Tokens per batch (packed sequences)");
 ABSL_FLAG(int64_t, steps, 0, "Steps per group (0: --duration x --steps_per_s)");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(30), "Run length when --steps is 0");
@@ -137,8 +140,8 @@ ABSL_FLAG(bool, sweep, false, "replay: sweep max_length_cv x max_rs_wait_share")
 ABSL_FLAG(std::string, sweep_max_length_cv, "0.05:0.5:0.05", "replay --sweep: lo:hi:step");
 ABSL_FLAG(std::string, sweep_max_rs_wait_share, "0.1:0.4:0.05", "replay --sweep: lo:hi:step");
 ABSL_FLAG(bool, compare, false,
-          "replay: the same batches and noise under sp, tp_only, static, adaptive and the "
-          "per-batch oracle (JSON key compare)");
+          "replay: the same batches and noise under sp, tp_only, static, adaptive, the "
+          "per-batch oracle and the expected-value oracle (JSON key compare)");
 ABSL_FLAG(std::string, compare_series, "", "replay --compare: write tokens/s per window as CSV");
 ABSL_FLAG(std::string, plot, "",
           "replay --compare: draw tokens/s per window and each group's modes into this .png "
@@ -203,6 +206,31 @@ SimOptions OptionsFromFlags() {
   return o;
 }
 
+// Whether the flag was on the command line (CommandLineFlag::IsSpecifiedOnCommandLine is
+// private in the Abseil this builds with; this is what it calls).
+template <typename Flag>
+bool given(const Flag& flag) {
+  return absl::flags_internal::WasPresentOnCommandLine(absl::GetFlagReflectionHandle(flag).Name());
+}
+
+// A TP degree past the preset's largest measured curve uses that curve (HardwarePreset::
+// Curve): the tables measure one node's NVLink, so a group across nodes is modelled as if
+// it were inside one. Said on stderr, once, before the run.
+void WarnBeyondTheCurves(const spgate::sim::CostParams& c) {
+  if (c.flat_link || c.tp <= 1) return;
+  absl::StatusOr<const spgate::HardwarePreset*> hw = spgate::FindHardwarePreset(c.hardware);
+  if (!hw.ok()) return;
+  int largest = 0;
+  for (const auto& [key, curve] : (*hw)->curves) largest = std::max(largest, key.tp);
+  if (c.tp > largest) {
+    std::fprintf(stderr,
+                 "spgate-sim: note: --hardware=%s's collective curves are measured up to %d "
+                 "ranks (one node's NVLink); --tp=%d uses the %d-rank curves, as if the group "
+                 "were inside one node (give --link_gbps for a flat link)\n",
+                 c.hardware.c_str(), largest, c.tp, largest);
+  }
+}
+
 // The --hardware preset's device constants, then each device flag given on the command
 // line over it (an explicit --link_gbps makes the link flat), then the norm boundary.
 absl::Status ApplyHardwareFlags(spgate::sim::CostParams& c) {
@@ -212,11 +240,6 @@ absl::Status ApplyHardwareFlags(spgate::sim::CostParams& c) {
   const bool nvls = c.nvls;
   spgate::sim::ApplyHardwarePreset(**hw, c);
   c.nvls = nvls && (*hw)->nvls;
-  // Whether the flag was on the command line (CommandLineFlag::IsSpecifiedOnCommandLine
-  // is private in the Abseil this builds with; this is what it calls).
-  const auto given = [](const auto& flag) {
-    return absl::flags_internal::WasPresentOnCommandLine(absl::GetFlagReflectionHandle(flag).Name());
-  };
   if (given(FLAGS_device_tflops)) c.device_tflops = absl::GetFlag(FLAGS_device_tflops);
   if (given(FLAGS_mfu)) c.mfu = absl::GetFlag(FLAGS_mfu);
   if (given(FLAGS_attention_tflops)) c.attention_tflops = absl::GetFlag(FLAGS_attention_tflops);
@@ -243,9 +266,8 @@ absl::StatusOr<spgate::GateConfig> LoadConfig(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   spgate::v1::GateConfig layer;
-  if (!google::protobuf::TextFormat::ParseFromString(text.str(), &layer)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--config: ", path, " is not a GateConfig in protobuf text format"));
+  if (absl::Status s = spgate::ParseTextFormat(text.str(), &layer); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--config: ", path, ": ", s.message()));
   }
   spgate::GateConfig c = spgate::LayerGateConfig(spgate::GateConfig{}, layer);
   if (absl::Status s = spgate::ValidateGateConfig(c); !s.ok()) {
@@ -366,6 +388,32 @@ int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
 // The flag checks and parses every run needs, before it starts (so a long replay does not
 // end in a flag error or without its figure). 0, or the exit status after the message.
 int CheckFlags(bool replay, SimOptions& o) {
+  const auto fail = [](absl::string_view message) {
+    std::fprintf(stderr, "spgate-sim: %s\n", std::string(message).c_str());
+    return 2;
+  };
+  if (absl::Status s = spgate::sim::ValidateRunShape(o); !s.ok()) return fail(s.message());
+  const bool compare = replay && absl::GetFlag(FLAGS_compare);
+  // A flag that belongs to a mode not asked for would be ignored without a word.
+  if (!absl::GetFlag(FLAGS_compare_series).empty() && !compare) {
+    return fail("--compare_series belongs to `spgate-sim replay --compare`");
+  }
+  if ((given(FLAGS_sweep_max_length_cv) || given(FLAGS_sweep_max_rs_wait_share)) &&
+      !(replay && absl::GetFlag(FLAGS_sweep))) {
+    return fail("--sweep_max_length_cv and --sweep_max_rs_wait_share belong to "
+                "`spgate-sim replay --sweep`");
+  }
+  if (absl::GetFlag(FLAGS_compare_window) < 0) {
+    return fail(absl::StrCat("--compare_window must be >= 0 steps (0: steps/50), got ",
+                             absl::GetFlag(FLAGS_compare_window)));
+  }
+  // Output files are checked before the run, so a long one does not end in the error.
+  for (const auto& [flag, path] : {std::pair("summary_json", absl::GetFlag(FLAGS_summary_json)),
+                                   std::pair("compare_series", absl::GetFlag(FLAGS_compare_series))}) {
+    if (absl::Status s = spgate::sim::CheckOutputFolder(flag, path); !s.ok()) {
+      return fail(s.message());
+    }
+  }
   if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
     if (!replay || !absl::GetFlag(FLAGS_compare)) {
       std::fprintf(stderr, "spgate-sim: --plot belongs to `spgate-sim replay --compare`\n");
@@ -385,6 +433,7 @@ int CheckFlags(bool replay, SimOptions& o) {
     std::fprintf(stderr, "spgate-sim: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  WarnBeyondTheCurves(o.cost);
   absl::StatusOr<SimOptions::GroupPhase> phase =
       spgate::sim::ParseGroupPhase(absl::GetFlag(FLAGS_group_phase));
   if (!phase.ok()) {
@@ -427,7 +476,10 @@ int main(int argc, char** argv) {
   }
   std::vector<char*> rest = spgate::ParseFlags(static_cast<int>(args.size()), args.data());
   if (rest.size() > 1) {
-    std::fprintf(stderr, "spgate-sim: unexpected argument \"%s\" (subcommands: replay)\n", rest[1]);
+    std::fprintf(stderr,
+                 "spgate-sim: unexpected argument \"%s\" (the one subcommand, replay, comes "
+                 "first: spgate-sim replay --flags...)\n",
+                 rest[1]);
     return 2;
   }
   SimOptions o = OptionsFromFlags();

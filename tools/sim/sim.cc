@@ -150,11 +150,8 @@ absl::Status Validate(const SimOptions& o) {
         "--job_id: required with --controller (or set SPGATE_JOB_ID); the daemon keys "
         "decisions by job");
   }
-  if (o.groups < 1) return absl::InvalidArgumentError("--groups must be >= 1");
-  if (o.cost.tp < 1 || o.cost.tp > 1024) return absl::InvalidArgumentError("--tp must be in [1, 1024]");
+  if (absl::Status s = ValidateRunShape(o); !s.ok()) return s;
   if (!(o.steps_per_s > 0)) return absl::InvalidArgumentError("--steps_per_s must be > 0");
-  if (o.tokens_per_batch < 1) return absl::InvalidArgumentError("--tokens_per_batch must be >= 1");
-  if (o.steps < 0) return absl::InvalidArgumentError("--steps must be >= 0");
   if (o.flush_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--flush_timeout must be >= 0");
   }
@@ -173,6 +170,23 @@ absl::Status Validate(const SimOptions& o) {
 }
 
 }  // namespace
+
+absl::Status ValidateRunShape(const SimOptions& o) {
+  if (o.groups < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--groups must be >= 1, got ", o.groups));
+  }
+  if (o.cost.tp < 1 || o.cost.tp > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be in [1, 1024], got ", o.cost.tp));
+  }
+  if (o.tokens_per_batch < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens_per_batch must be >= 1, got ", o.tokens_per_batch));
+  }
+  if (o.steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 0, got ", o.steps));
+  }
+  return absl::OkStatus();
+}
 
 uint64_t GroupLengthSeed(uint64_t seed, int group) {
   return seed * 1000003 + static_cast<uint64_t>(group);
@@ -494,7 +508,9 @@ void CollectClients(const SimOptions& o, const std::vector<std::unique_ptr<SimGr
       total.plan_queued_s.push_back(l.queued_s);
       total.from_write_s.push_back(l.total_s - l.queued_s);
     }
-    if (!o.controller.empty()) total.sessions += static_cast<int64_t>(g->clients.size());
+    for (const auto& c : g->clients) {  // the sessions the daemon gave: registered clients
+      total.sessions += !o.controller.empty() && c->stats().registrations > 0;
+    }
     for (const auto& c : g->clients) {
       const client::GateClientStats st = c->stats();
       total.telemetry_reported += st.telemetry_reported;

@@ -106,6 +106,10 @@ const char* GroupPhaseName(SimOptions::GroupPhase phase);
 // "1f1b" or "interleaved"; INVALID_ARGUMENT names --schedule.
 absl::StatusOr<PipelineSchedule> ParseSchedule(const std::string& value);
 
+// The run's shape, for every command: --groups >= 1, --tp in [1, 1024], --tokens_per_batch
+// >= 1, --steps >= 0; INVALID_ARGUMENT names the flag and the value.
+absl::Status ValidateRunShape(const SimOptions& options);
+
 // The seed of TP group `group`'s length stream — spgate-worker's (worker/runtime/worker.cc),
 // so for one --seed and --lengths both tools draw the same lengths for the same group.
 uint64_t GroupLengthSeed(uint64_t seed, int group);

@@ -204,7 +204,9 @@ absl::StatusOr<std::unique_ptr<LengthSource>> ParseLengthSource(std::string_view
         !std::isfinite(v)) {
       return Bad(spec, absl::StrCat("'", kv, "' is not NAME=NUMBER"));
     }
-    params[std::string(kv.substr(0, eq))] = v;
+    if (!params.emplace(std::string(kv.substr(0, eq)), v).second) {
+      return Bad(spec, absl::StrCat(kv.substr(0, eq), "= is given twice"));
+    }
   }
   auto take = [&](const char* name, std::optional<double> fallback,
                   double* out) -> absl::Status {

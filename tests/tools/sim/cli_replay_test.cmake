@@ -212,3 +212,44 @@ foreach(case "--regret_window=0;--regret_window must be >= 1"
     endif()
   endforeach()
 endforeach()
+# Every command refuses a bad run shape, noise, pairing or output folder before it runs,
+# naming the flag (it used to crash on --tp=0, run empty on --groups=0 or --steps=-1, name
+# --lengths for --tokens_per_batch, ignore a pairing, and fail on --summary_json after the
+# run); a --config mistake says where it is.
+file(WRITE ${WORK}/bad.textproto "max_length_cv: 0.2\nmax_cv: 0.3\n")
+foreach(case "--tp=0;--tp must be in \\[1, 1024\\], got 0"
+             "--groups=0;--groups must be >= 1, got 0"
+             "--steps=-1;--steps must be >= 0, got -1"
+             "--tokens_per_batch=0;--tokens_per_batch must be >= 1, got 0"
+             "--jitter=-0.1;--jitter must be a finite number >= 0"
+             "--straggler_prob=2;--straggler_prob must be in \\[0, 1\\]"
+             "--straggler_burst_every=-4;--straggler_burst_every and"
+             "--compare_series=${WORK}/x.csv;--compare_series belongs to `spgate-sim replay --compare`"
+             "--sweep_max_length_cv=0.1:0.2:0.05;belong to `spgate-sim replay --sweep`"
+             "--summary_json=${WORK}/none/s.json;--summary_json=.*folder .* does not exist"
+             "--lengths=lognormal:mean=4096,sigma=0.8,sigma=2;sigma= is given twice"
+             "--config=${WORK}/bad.textproto;line 2 column 7: .*no field named \"max_cv\"")
+  list(GET case 0 flag)
+  list(GET case 1 want)
+  execute_process(COMMAND ${SIM} replay --steps=2 ${flag}
+                  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "replay ${flag}: rc ${rc}, ${err}")
+  endif()
+endforeach()
+execute_process(COMMAND ${SIM} replay --compare --steps=2 --compare_window=-3
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--compare_window must be >= 0")
+  message(FATAL_ERROR "--compare_window=-3: rc ${rc}, ${err}")
+endif()
+execute_process(COMMAND ${SIM} --steps=2 replay RESULT_VARIABLE rc ERROR_VARIABLE err
+                OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "replay, comes first")
+  message(FATAL_ERROR "a subcommand after the flags: rc ${rc}, ${err}")
+endif()
+# A TP degree past the preset's measured curves runs, and says which curve it used.
+execute_process(COMMAND ${SIM} replay --steps=2 --groups=1 --tp=16
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "--tp=16 uses the 8-rank curves")
+  message(FATAL_ERROR "--tp=16: rc ${rc}, ${err}")
+endif()

@@ -485,6 +485,7 @@ TEST(SimRunTest, ADaemonThatNeverAnsweredIsNotWaitedForAtTheEnd) {
   absl::StatusOr<Summary> s = RunLive(o);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->local_decisions, Total(*s));
+  EXPECT_EQ(s->sessions, 0) << "no client ever registered";
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
 }
 

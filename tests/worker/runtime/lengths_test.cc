@@ -105,6 +105,7 @@ TEST(LengthSourceTest, BadSpecsNameTheFlagAndTheProblem) {
       {"gaussian:mean=3", "unknown distribution"},
       {"lognormal:mean=4096", "missing sigma"},
       {"lognormal:mean=4096,sigma=0.8,skew=1", "unknown parameter skew"},
+      {"lognormal:mean=4096,sigma=0.8,sigma=2", "sigma= is given twice"},
       {"lognormal:mean=abc,sigma=1", "not NAME=NUMBER"},
       {"bimodal:short=512,long=100,p_long=0.2", "short <= long"},
       {"bimodal:short=512,long=1000,p_long=1.5", "p_long"},
