@@ -291,6 +291,7 @@ class Daemon::Impl {
   std::unique_ptr<Metrics> metrics;
   std::unique_ptr<OperatorStore> store;
   std::unique_ptr<GateState> state;
+  bool state_read_only = false;  // --allow_read_only_state_dir over an unwritable one
   StreamRegistry streams;
   std::unique_ptr<GateServiceImpl> gate_service;
   std::unique_ptr<AdminServiceImpl> admin_service;
@@ -449,12 +450,17 @@ absl::Status Daemon::Impl::Start() {
   store_options.state_dir = opts.state_dir;
   store_options.clock = opts.state.clock;
   store_options.max_job_scopes = opts.state.max_jobs;
-  store_options.on_persist_failure = [m = metrics.get()] { m->state_persist_failures.Increment(); };
+  store_options.on_persist_failure = [m = metrics.get()](absl::string_view what) {
+    m->state_persist_failures.Increment();
+    Log(LogLevel::kWarning, std::string(what), {{"event", "state_persist_failed"}});
+  };
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
   // After Create (which makes the directory), before any port reports SERVING: an
   // unwritable directory would otherwise show up only as UNAVAILABLE on the first change.
-  if (!opts.state_dir.empty() && !opts.allow_read_only_state_dir) {
-    RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
+  if (!opts.state_dir.empty()) {
+    absl::Status writable = CheckStateDirWritable(opts.state_dir);
+    if (!opts.allow_read_only_state_dir) RETURN_IF_ERROR(writable);
+    state_read_only = !writable.ok();  // served read-only: nothing is written, at stop too
   }
   opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
   // The state's own lines (a refused learned-table file, a failed write) in --log_format.
@@ -627,10 +633,12 @@ void Daemon::Shutdown(absl::Duration grace) {
   d.stop_sweeper.Notify();
   if (d.sweeper.joinable()) d.sweeper.join();
   if (d.config_poller.joinable()) d.config_poller.join();
-  if (absl::Status s = d.store->Flush(); !s.ok()) {
-    Log(LogLevel::kError, std::string(s.message()), {{"event", "state_flush_failed"}});
+  if (!d.state_read_only) {  // a read-only state directory was never written
+    if (absl::Status s = d.store->Flush(); !s.ok()) {
+      Log(LogLevel::kError, std::string(s.message()), {{"event", "state_flush_failed"}});
+    }
+    d.state->PersistLearned(/*all=*/true);
   }
-  d.state->PersistLearned(/*all=*/true);
   d.metrics_endpoint.reset();
   Log(LogLevel::kInfo, "stopped", {{"event", "stopped"}});
 }

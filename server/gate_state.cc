@@ -58,7 +58,8 @@ GateState::GateState(StateOptions options, Metrics& metrics, const OperatorSourc
       launches_({.state_dir = options_.state_dir,
                  .restored_hold = options_.restored_launch_hold,
                  .stale_after = options_.stale_after,
-                 .clock = options_.clock},
+                 .clock = options_.clock,
+                 .log = [this](const std::string& line) { LogLine(line); }},
                 metrics) {}
 
 GateState::~GateState() = default;

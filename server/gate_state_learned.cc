@@ -403,8 +403,8 @@ void GateState::PersistLearned(bool all) {
     absl::Status s = SaveLearned(options_.state_dir, r, kMaxPipelineStages);
     if (s.ok()) continue;
     metrics_.state_persist_failures.Increment();
-    LogLine(absl::StrCat("learned tables of job ", r.job_id, " not written (tried again on the "
-                         "next sweep): ", s.message()));
+    LogLine(absl::StrCat("learned tables of job ", r.job_id, " not written (tried again after "
+                         "--learned_persist_interval): ", s.message()));
     MutexLock lock(&mu_);
     if (auto it = jobs_.find(r.job_id);
         it != jobs_.end() && it->second->incarnation == r.incarnation) {

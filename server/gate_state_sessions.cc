@@ -292,8 +292,10 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
   // decisions do not wait for the disk) and granted by the book, then applied.
   MutexLock launch(&launches_.mu());
   std::optional<absl::StatusOr<RegisterResult>> joined;
+  bool created = false;  // the job is this call's: a refused launch takes it away again
   {
     MutexLock lock(&mu_);
+    created = !jobs_.contains(r.job_id);
     ASSIGN_OR_RETURN(Job * job, FindOrCreateJob(r.job_id));
     ASSIGN_OR_RETURN(LaunchBook::Claim claim,
                      launches_.Check(r.job_id, r.incarnation, digest,
@@ -303,7 +305,18 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
     if (claim == LaunchBook::Claim::kJoin) joined = Seat(*job, r, session, &ended);
   }
   if (!joined.has_value()) {
-    RETURN_IF_ERROR(launches_.Take(r.job_id, r.incarnation, digest));
+    if (absl::Status taken = launches_.Take(r.job_id, r.incarnation, digest); !taken.ok()) {
+      // Not written, so not granted: a job this call made must not stay listed (jobs
+      // list, GetJob) as if a launch had started. Nothing else can have joined it: every
+      // launch change holds the book's lock.
+      MutexLock lock(&mu_);
+      if (auto it = jobs_.find(r.job_id); created && it != jobs_.end() &&
+                                          it->second->incarnation.empty() &&
+                                          it->second->groups.empty()) {
+        jobs_.erase(it);
+      }
+      return taken;
+    }
     MutexLock lock(&mu_);
     // Jobs are dropped only under the book's lock (ForgetJob, the idle sweep), so the
     // job is still there; looked up again all the same.

@@ -126,9 +126,8 @@ absl::Status LaunchBook::Take(const std::string& job_id, const std::string& inca
   next.start = Now();
   if (!options_.state_dir.empty()) {
     if (absl::Status s = Write(job_id, &next); !s.ok()) {
-      metrics_.state_persist_failures.Increment();
-      return absl::UnavailableError(absl::StrCat("cannot persist the new launch of job ", job_id,
-                                                 " (nothing changed; retry): ", s.message()));
+      return WriteFailed(absl::StrCat("cannot persist the new launch of job ", job_id,
+                                      " (nothing changed; retry): ", s.message()));
     }
   }
   leases_[job_id] = std::move(next);
@@ -148,8 +147,13 @@ void LaunchBook::Forget(const std::string& job_id) { leases_.erase(job_id); }
 absl::Status LaunchBook::Save() {
   if (options_.state_dir.empty()) return absl::OkStatus();
   absl::Status s = Write("", nullptr);
-  if (!s.ok()) metrics_.state_persist_failures.Increment();
-  return s;
+  return s.ok() ? s : WriteFailed(std::string(s.message()));
+}
+
+absl::Status LaunchBook::WriteFailed(std::string what) {
+  metrics_.state_persist_failures.Increment();
+  if (options_.log) options_.log(what);
+  return absl::UnavailableError(std::move(what));
 }
 
 const LaunchLease* LaunchBook::Find(const std::string& job_id) const {

@@ -63,6 +63,7 @@ class LaunchBook {
     absl::Duration restored_hold = absl::Seconds(15);
     absl::Duration stale_after = absl::Seconds(5);  // named in the refusal's message
     std::function<absl::Time()> clock;              // empty: absl::Now
+    std::function<void(const std::string&)> log;    // a failed write's line; may be empty
   };
   LaunchBook(Options options, Metrics& metrics);
 
@@ -99,7 +100,8 @@ class LaunchBook {
   void Release(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the job's lease and retired launches; Save writes that down.
   void Forget(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes the table as it is (nothing without a state_dir); a failure is counted.
+  // Writes the table as it is (nothing without a state_dir); a failure is counted and
+  // logged.
   absl::Status Save() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The job's lease; nullptr: the book has none.
@@ -111,6 +113,8 @@ class LaunchBook {
   // job_id: as it is). Released leases are not written.
   absl::Status Write(const std::string& job_id, const LaunchLease* next) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed write: counted, logged (Options::log), and UNAVAILABLE with `what`.
+  absl::Status WriteFailed(std::string what);
 
   const Options options_;
   const std::string path_;

@@ -180,6 +180,21 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
   } else {
     l.global_update_time = now;
   }
+  // The audit log outlives a state file moved aside (a corrupt one, as the runbook says):
+  // versions go on after its newest, so one version names one change in the history and
+  // for a rollback. Unreadable: the state file's counter stands (the log's lines are only
+  // read; a torn or foreign line is skipped).
+  if (!store->options_.state_dir.empty()) {
+    if (absl::StatusOr<std::vector<AuditRecord>> audit =
+            ReadAuditLog(AuditLogPath(store->options_.state_dir));
+        audit.ok()) {
+      for (const AuditRecord& r : *audit) {
+        if (r.entry.version() <= kMaxVersionCounter) {
+          l.version_counter = std::max(l.version_counter, r.entry.version());
+        }
+      }
+    }
+  }
   // Only a changed file bumps the version (the state remembers the file last applied).
   const bool file_changed =
       persisted.has_value()
@@ -282,16 +297,14 @@ absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
     const std::string audit_path = AuditLogPath(options_.state_dir);
     absl::StatusOr<AuditAppend> line = AuditAppend::Start(audit_path, entry);
     if (!line.ok()) {
-      if (options_.on_persist_failure) options_.on_persist_failure();
-      return absl::UnavailableError(absl::StrCat("could not persist the change to the audit log ",
-                                                 audit_path, ": ", line.status().message(),
-                                                 "; nothing was changed"));
+      return PersistFailed(absl::StrCat("could not persist the change to the audit log ",
+                                        audit_path, ": ", line.status().message(),
+                                        "; nothing was changed"));
     }
     absl::Status s = SavePersistedState(options_.state_dir, Snapshot(next));
     if (!s.ok()) {
-      if (options_.on_persist_failure) options_.on_persist_failure();
       const absl::Status undo = line->Undo();
-      return absl::UnavailableError(absl::StrCat(
+      return PersistFailed(absl::StrCat(
           "could not persist the change to ", StateFilePath(options_.state_dir), ": ",
           s.message(), "; nothing was changed",
           undo.ok() ? "" : absl::StrCat(" (but ", undo.message(), ")")));
@@ -528,10 +541,12 @@ absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
   // The file is the source of truth here, so the new config applies even if the state
   // file cannot be written; the write keeps the persisted version counter ahead of every
   // version served, and a failure is counted.
-  if (!options_.state_dir.empty() &&
-      !SavePersistedState(options_.state_dir, Snapshot(next)).ok() &&
-      options_.on_persist_failure) {
-    options_.on_persist_failure();
+  if (!options_.state_dir.empty()) {
+    if (absl::Status s = SavePersistedState(options_.state_dir, Snapshot(next)); !s.ok()) {
+      (void)PersistFailed(absl::StrCat("the reloaded --config applies, but its version could "
+                                       "not be written to ", StateFilePath(options_.state_dir),
+                                       ": ", s.message()));
+    }
   }
   {
     MutexLock lock(&data_mu_);
@@ -690,13 +705,17 @@ absl::StatusOr<v1::ForgetJobResponse> OperatorStore::ForgetJob(const v1::ForgetJ
   return out;
 }
 
+absl::Status OperatorStore::PersistFailed(std::string what) const {
+  if (options_.on_persist_failure) options_.on_persist_failure(what);
+  return absl::UnavailableError(std::move(what));
+}
+
 absl::Status OperatorStore::Flush() {
   MutexLock plock(&persist_mu_);
   if (options_.state_dir.empty()) return absl::OkStatus();
   const Layers current = Copy();
   absl::Status s = SavePersistedState(options_.state_dir, Snapshot(current));
-  if (!s.ok()) {
-    if (options_.on_persist_failure) options_.on_persist_failure();
+  if (!s.ok()) {  // the caller reports it (the daemon at shutdown, as an error line)
     return absl::UnavailableError(absl::StrCat("could not write ",
                                                StateFilePath(options_.state_dir), ": ",
                                                s.message()));

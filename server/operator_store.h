@@ -45,7 +45,9 @@ struct StoreOptions {
   std::string state_dir;                // empty: changes are not persisted
   std::function<absl::Time()> clock;    // required
   int max_job_scopes = 1024;            // jobs with their own overrides
-  std::function<void()> on_persist_failure;  // e.g. a metric; may be empty
+  // A write to --state_dir failed (the state file or the audit log): what failed, naming
+  // the file. E.g. a metric and a log line; may be empty.
+  std::function<void(absl::string_view what)> on_persist_failure;
 };
 
 // Who asks for a change, for the audit log: a credential's name or a certificate
@@ -147,6 +149,9 @@ class OperatorStore final : public OperatorSource {
   // validating the layered result; fills the audit entry's scope, changes and version.
   absl::Status SetScopeOverrides(Layers& next, const std::string& job_id,
                                  v1::GateConfig overrides, v1::AuditEntry* entry) const;
+  // A write that failed: told to on_persist_failure (counted, logged), and returned as
+  // UNAVAILABLE with `what` (which names the file).
+  absl::Status PersistFailed(std::string what) const;
   // Append `entry` to the audit log and persist `next`, then make it current and tell
   // the listener. Requires persist_mu_.
   absl::Status Commit(Layers next, const std::string& changed_job, v1::AuditEntry entry,

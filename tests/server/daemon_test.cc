@@ -660,11 +660,17 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
   v1::UpdateGateConfigRequest up;
   up.mutable_config()->set_max_length_cv(0.33);
   up.mutable_update_mask()->add_paths("max_length_cv");
+  ::testing::internal::CaptureStderr();
   EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnavailable));
   // Counted by its outcome, as every config update is.
   EXPECT_EQ(ConfigUpdates("unavailable"), 1);
-  // A writable directory passes the probe and keeps no trace of it.
+  // Its stop writes nothing (no error line); the refused change's failed write was logged.
   daemon_.reset();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, HasSubstr("could not persist the change"));
+  EXPECT_THAT(log, Not(HasSubstr("state_flush_failed")));
+  EXPECT_THAT(log, Not(HasSubstr("could not write")));
+  // A writable directory passes the probe and keeps no trace of it.
   const std::string dir = TempDir("daemon_test");
   opts = {};
   opts.state_dir = dir;

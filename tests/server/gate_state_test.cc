@@ -1442,6 +1442,10 @@ TEST_F(GateStateTest, ANewLaunchThatCannotBePersistedChangesNothing) {
   EXPECT_THAT(state->Register(b).status(),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot persist")));
   EXPECT_EQ(state->GetJob("j")->summary().incarnation(), StateHarness::kIncarnation);
+  // A new job's first launch, refused alike, leaves no job behind to be listed.
+  EXPECT_THAT(state->Register(Reg("new", 0, 0, 1)).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot persist")));
+  EXPECT_THAT(state->GetJob("new").status(), StatusIs(absl::StatusCode::kNotFound));
   std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
 }
 

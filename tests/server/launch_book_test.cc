@@ -38,12 +38,14 @@ class LaunchBookTest : public ::testing::Test {
     return LaunchBook({.state_dir = state_dir,
                        .restored_hold = absl::Seconds(15),
                        .stale_after = absl::Seconds(5),
-                       .clock = [this] { return clock_.Now(); }},
+                       .clock = [this] { return clock_.Now(); },
+                       .log = [this](const std::string& line) { logged_.push_back(line); }},
                       metrics_);
   }
 
   FakeClock clock_;
   Metrics metrics_;
+  std::vector<std::string> logged_;
 };
 
 // What the book holds for "j" before the claim: set up through its own API.
@@ -253,6 +255,12 @@ TEST_F(LaunchBookTest, ALeaseThatCannotBeWrittenIsNotGranted) {
   EXPECT_TRUE(book.Find("j")->retired.empty());
   EXPECT_THAT(book.Save(), Not(IsOk()));
   EXPECT_EQ(metrics_.state_persist_failures.Value(), 2);
+  // Each failed write is logged too, naming the file (the refused Register's caller sees
+  // the error; the daemon's log would otherwise say nothing).
+  ASSERT_EQ(logged_.size(), 2u);
+  EXPECT_THAT(logged_[0], AllOf(HasSubstr("cannot persist the new launch of job j"),
+                                HasSubstr(LaunchesFilePath(dir))));
+  EXPECT_THAT(logged_[1], HasSubstr(LaunchesFilePath(dir)));
 }
 
 TEST_F(LaunchBookTest, WithoutAStateDirNothingIsWrittenOrRead) {

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <vector>
 #include <fstream>
 #include <optional>
 
@@ -126,6 +127,51 @@ TEST_F(OperatorStoreTest, ApiChangesSurviveARestartAndOutrankTheConfigFile) {
   auto job = store->GetGateConfig("job-a");
   EXPECT_DOUBLE_EQ(job.config().memory_headroom(), 0.8);
   EXPECT_DOUBLE_EQ(job.config().max_length_cv(), 0.4);
+}
+
+// The audit log outlives a state file moved aside (a corrupt one, as the runbook says):
+// the next change's version goes on after the log's newest instead of repeating it, so
+// history and rollback name one change per version. A failed write is told to
+// on_persist_failure with the file's name.
+TEST_F(OperatorStoreTest, VersionsGoOnAfterTheAuditLogsNewestWithoutTheStateFile) {
+  const std::string dir = TempDir();
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_window_steps(77);
+  up.mutable_update_mask()->add_paths("window_steps");
+  {
+    auto store = Make(dir);
+    ASSERT_THAT(store->UpdateGateConfig(up, kTest).status(), IsOk());
+    up.mutable_config()->set_window_steps(78);
+    auto second = store->UpdateGateConfig(up, kTest);
+    ASSERT_THAT(second.status(), IsOk());
+    ASSERT_EQ(second->version(), 2);
+  }
+  ASSERT_TRUE(std::filesystem::remove(StateFilePath(dir)));
+  auto store = Make(dir);
+  up.mutable_config()->set_window_steps(79);
+  auto third = store->UpdateGateConfig(up, kTest);
+  ASSERT_THAT(third.status(), IsOk());
+  EXPECT_EQ(third->version(), 3) << "not 1 again";
+
+  // The state file's name taken by a directory: the write fails (as root too), and the
+  // failure names the file to on_persist_failure as in the refusal.
+  std::vector<std::string> failures;
+  StoreOptions o;
+  o.clock = [this] { return clock_.Now(); };
+  o.state_dir = dir;
+  o.on_persist_failure = [&failures](absl::string_view what) {
+    failures.emplace_back(what);
+  };
+  auto failing = OperatorStore::Create(std::move(o), {});
+  ASSERT_THAT(failing.status(), IsOk());
+  ASSERT_TRUE(std::filesystem::remove(StateFilePath(dir)));
+  ASSERT_TRUE(std::filesystem::create_directory(StateFilePath(dir)));
+  up.mutable_config()->set_window_steps(80);
+  EXPECT_THAT((*failing)->UpdateGateConfig(up, kTest),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr(StateFilePath(dir))));
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_THAT(failures[0], AllOf(HasSubstr(StateFilePath(dir)), HasSubstr("nothing was changed")));
 }
 
 // SIGHUP's half in the store: a new --config layer applies under the API's overrides as a

@@ -36,7 +36,9 @@ class StateHarness {
     }
     if (!store_options.clock) store_options.clock = options.clock;
     if (!store_options.on_persist_failure) {
-      store_options.on_persist_failure = [metrics] { metrics->state_persist_failures.Increment(); };
+      store_options.on_persist_failure = [metrics](absl::string_view) {
+        metrics->state_persist_failures.Increment();
+      };
     }
     ASSIGN_OR_RETURN(h->store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
     ASSIGN_OR_RETURN(h->state, GateState::Create(std::move(options), *metrics, h->store.get()));
