@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace spgate::server {
@@ -104,7 +105,8 @@ absl::Status AuditAppend::Undo() {
   return s;
 }
 
-absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path, int64_t before) {
+absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path, int64_t before,
+                                                      int64_t max_bytes) {
   std::vector<AuditRecord> out;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -118,7 +120,7 @@ absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path, i
     return s;
   }
   const int64_t end = before < 0 ? st.st_size : std::min<int64_t>(before, st.st_size);
-  const int64_t start = std::max<int64_t>(0, end - kMaxAuditReadBytes);
+  const int64_t start = std::max<int64_t>(0, end - max_bytes);
   std::string text(static_cast<size_t>(end - start), '\0');
   size_t got = 0;
   while (got < text.size()) {
@@ -148,6 +150,15 @@ absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path, i
     pos = nl + 1;
   }
   return out;
+}
+
+absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path) {
+  for (int64_t window = 64 << 10;; window *= 16) {
+    window = std::min(window, kMaxAuditReadBytes);
+    ASSIGN_OR_RETURN(std::vector<AuditRecord> entries, ReadAuditLog(path, -1, window));
+    if (!entries.empty()) return entries.back().entry.version();
+    if (window == kMaxAuditReadBytes) return 0;
+  }
 }
 
 }  // namespace spgate::server

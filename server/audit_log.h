@@ -54,10 +54,16 @@ struct AuditRecord {
 };
 
 // The entries that start before byte `before` (-1: the end of the file), oldest first,
-// from at most the last kMaxAuditReadBytes before it. A missing file is no entries; a
-// line that does not parse (a torn last line after a crash) is skipped.
+// from at most the last `max_bytes` before it. A missing file is no entries; a line that
+// does not parse (a torn last line after a crash) is skipped.
 absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path,
-                                                      int64_t before = -1);
+                                                      int64_t before = -1,
+                                                      int64_t max_bytes = kMaxAuditReadBytes);
+
+// The newest entry's version (versions only grow down the file): the tail is read in
+// windows of 64 KiB, growing to kMaxAuditReadBytes, until one holds a whole entry. 0 for a
+// missing or empty log.
+absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path);
 
 }  // namespace spgate::server
 

@@ -450,10 +450,13 @@ absl::Status Daemon::Impl::Start() {
   store_options.state_dir = opts.state_dir;
   store_options.clock = opts.state.clock;
   store_options.max_job_scopes = opts.state.max_jobs;
-  store_options.on_persist_failure = [m = metrics.get()](absl::string_view what) {
+  // Every failed write to --state_dir (the state file, audit.log, the launches file, a
+  // learned table): counted and logged once, here, naming the file.
+  const auto persist_failed = [m = metrics.get()](absl::string_view what) {
     m->state_persist_failures.Increment();
     Log(LogLevel::kWarning, std::string(what), {{"event", "state_persist_failed"}});
   };
+  store_options.on_persist_failure = persist_failed;
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
   // After Create (which makes the directory), before any port reports SERVING: an
   // unwritable directory would otherwise show up only as UNAVAILABLE on the first change.
@@ -463,6 +466,8 @@ absl::Status Daemon::Impl::Start() {
     state_read_only = !writable.ok();  // served read-only: nothing is written, at stop too
   }
   opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
+  opts.state.read_only_state_dir = state_read_only;
+  if (!opts.state.on_persist_failure) opts.state.on_persist_failure = persist_failed;
   // The state's own lines (a refused learned-table file, a failed write) in --log_format.
   if (!opts.state.log) {
     opts.state.log = [](const std::string& line) {

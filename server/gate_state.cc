@@ -59,7 +59,8 @@ GateState::GateState(StateOptions options, Metrics& metrics, const OperatorSourc
                  .restored_hold = options_.restored_launch_hold,
                  .stale_after = options_.stale_after,
                  .clock = options_.clock,
-                 .log = [this](const std::string& line) { LogLine(line); }},
+                 .read_only = options_.read_only_state_dir,
+                 .on_write_failure = [this](absl::string_view what) { PersistFailed(what); }},
                 metrics) {}
 
 GateState::~GateState() = default;

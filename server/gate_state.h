@@ -544,6 +544,9 @@ class GateState final : public OperatorListener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LearnedRecord RecordOf(const Job& job) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void LogLine(const std::string& line) const;
+  // A failed write to state_dir, naming the file: StateOptions::on_persist_failure, else
+  // counted and logged here.
+  void PersistFailed(absl::string_view what) const;
   // The table a group's decisions read and its telemetry feeds: its stage's in a job
   // with a layout, else the job's.
   ThroughputTable& LearnedTableOf(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -566,6 +569,7 @@ class GateState final : public OperatorListener {
   struct KeptLearned {
     LearnedRecord record;
     bool dirty = false;
+    absl::Time saved = absl::InfinitePast();  // the last write tried
   };
   absl::flat_hash_map<std::string, KeptLearned> kept_learned_ ABSL_GUARDED_BY(mu_);
   // Held across a learned-table write (PersistLearned) and a removal (OnJobForgotten), so

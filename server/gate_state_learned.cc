@@ -235,6 +235,15 @@ void GateState::CollectLearnedPushes(Job& job, bool force, const std::string* on
 
 namespace spgate::server {
 
+void GateState::PersistFailed(absl::string_view what) const {
+  if (options_.on_persist_failure) {
+    options_.on_persist_failure(what);
+    return;
+  }
+  metrics_.state_persist_failures.Increment();
+  LogLine(std::string(what));
+}
+
 void GateState::LogLine(const std::string& line) const {
   if (options_.log) {
     options_.log(line);
@@ -378,7 +387,7 @@ void GateState::RestampLearnedAt(Job& job, const GateConfig& config, int64_t ste
 }
 
 void GateState::PersistLearned(bool all) {
-  if (options_.state_dir.empty()) return;
+  if (options_.state_dir.empty() || options_.read_only_state_dir) return;
   MutexLock io(&learned_io_mu_);
   std::vector<LearnedRecord> due;
   {
@@ -393,18 +402,20 @@ void GateState::PersistLearned(bool all) {
       job->learned_dirty = false;
       job->learned_saved = now;
     }
-    for (auto& [id, kept] : kept_learned_) {
-      if (!kept.dirty) continue;
+    for (auto& [id, kept] : kept_learned_) {  // a retry waits the interval too
+      if (!kept.dirty || (!all && now - kept.saved < options_.learned_persist_interval)) {
+        continue;
+      }
       due.push_back(kept.record);
       kept.dirty = false;
+      kept.saved = now;
     }
   }
   for (const LearnedRecord& r : due) {
     absl::Status s = SaveLearned(options_.state_dir, r, kMaxPipelineStages);
     if (s.ok()) continue;
-    metrics_.state_persist_failures.Increment();
-    LogLine(absl::StrCat("learned tables of job ", r.job_id, " not written (tried again after "
-                         "--learned_persist_interval): ", s.message()));
+    PersistFailed(absl::StrCat("learned tables of job ", r.job_id, " not written (tried again "
+                               "after --learned_persist_interval): ", s.message()));
     MutexLock lock(&mu_);
     if (auto it = jobs_.find(r.job_id);
         it != jobs_.end() && it->second->incarnation == r.incarnation) {

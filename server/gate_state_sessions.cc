@@ -312,7 +312,8 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
       MutexLock lock(&mu_);
       if (auto it = jobs_.find(r.job_id); created && it != jobs_.end() &&
                                           it->second->incarnation.empty() &&
-                                          it->second->groups.empty()) {
+                                          it->second->groups.empty() &&
+                                          !store_->HasJobScope(r.job_id)) {
         jobs_.erase(it);
       }
       return taken;

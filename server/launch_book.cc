@@ -124,7 +124,7 @@ absl::Status LaunchBook::Take(const std::string& job_id, const std::string& inca
   next.incarnation = incarnation;
   next.credential_digest = digest;
   next.start = Now();
-  if (!options_.state_dir.empty()) {
+  if (!options_.state_dir.empty() && !options_.read_only) {
     if (absl::Status s = Write(job_id, &next); !s.ok()) {
       return WriteFailed(absl::StrCat("cannot persist the new launch of job ", job_id,
                                       " (nothing changed; retry): ", s.message()));
@@ -145,14 +145,13 @@ void LaunchBook::Release(const std::string& job_id) {
 void LaunchBook::Forget(const std::string& job_id) { leases_.erase(job_id); }
 
 absl::Status LaunchBook::Save() {
-  if (options_.state_dir.empty()) return absl::OkStatus();
+  if (options_.state_dir.empty() || options_.read_only) return absl::OkStatus();
   absl::Status s = Write("", nullptr);
   return s.ok() ? s : WriteFailed(std::string(s.message()));
 }
 
 absl::Status LaunchBook::WriteFailed(std::string what) {
-  metrics_.state_persist_failures.Increment();
-  if (options_.log) options_.log(what);
+  if (options_.on_write_failure) options_.on_write_failure(what);
   return absl::UnavailableError(std::move(what));
 }
 

@@ -63,7 +63,11 @@ class LaunchBook {
     absl::Duration restored_hold = absl::Seconds(15);
     absl::Duration stale_after = absl::Seconds(5);  // named in the refusal's message
     std::function<absl::Time()> clock;              // empty: absl::Now
-    std::function<void(const std::string&)> log;    // a failed write's line; may be empty
+    // Read the file, never write it (a read-only state_dir): leases live in memory.
+    bool read_only = false;
+    // A failed write, naming the file: counted and logged by the owner (GateState).
+    // Called with the book's lock held: it must not call back into the book.
+    std::function<void(absl::string_view what)> on_write_failure;
   };
   LaunchBook(Options options, Metrics& metrics);
 
@@ -113,7 +117,7 @@ class LaunchBook {
   // job_id: as it is). Released leases are not written.
   absl::Status Write(const std::string& job_id, const LaunchLease* next) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A failed write: counted, logged (Options::log), and UNAVAILABLE with `what`.
+  // A failed write: told to on_write_failure, and UNAVAILABLE with `what`.
   absl::Status WriteFailed(std::string what);
 
   const Options options_;

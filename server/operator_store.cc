@@ -181,18 +181,14 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
     l.global_update_time = now;
   }
   // The audit log outlives a state file moved aside (a corrupt one, as the runbook says):
-  // versions go on after its newest, so one version names one change in the history and
-  // for a rollback. Unreadable: the state file's counter stands (the log's lines are only
-  // read; a torn or foreign line is skipped).
+  // versions go on after its newest entry's, so one version names one API change in the
+  // history and for a rollback. Only the log's tail is read (NewestAuditVersion). An
+  // unreadable log leaves the state file's counter (its first append will fail, and say
+  // so); a version out of the counter's range is not taken.
   if (!store->options_.state_dir.empty()) {
-    if (absl::StatusOr<std::vector<AuditRecord>> audit =
-            ReadAuditLog(AuditLogPath(store->options_.state_dir));
-        audit.ok()) {
-      for (const AuditRecord& r : *audit) {
-        if (r.entry.version() <= kMaxVersionCounter) {
-          l.version_counter = std::max(l.version_counter, r.entry.version());
-        }
-      }
+    if (absl::StatusOr<int64_t> newest = NewestAuditVersion(AuditLogPath(store->options_.state_dir));
+        newest.ok() && *newest < kMaxVersionCounter) {
+      l.version_counter = std::max(l.version_counter, *newest);
     }
   }
   // Only a changed file bumps the version (the state remembers the file last applied).

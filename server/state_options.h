@@ -24,6 +24,9 @@ struct StateOptions {
   // Where the job launches are persisted (persistence.h, kLaunchesFileName); empty: in
   // memory only, so a restart forgets who owns each job id.
   std::string state_dir;
+  // The state_dir is read, never written (--allow_read_only_state_dir over a directory the
+  // daemon cannot write): launches are granted in memory only, learned tables not saved.
+  bool read_only_state_dir = false;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration stale_after = absl::Seconds(5);
   // After a restart, a launch read back from the launches file holds its job this long
@@ -57,9 +60,13 @@ struct StateOptions {
   // at most once per this interval while it learns, from the sweep thread, and at
   // shutdown; a kill -9 loses at most this much learning (docs/operations.md).
   absl::Duration learned_persist_interval = kDefaultLearnedPersistInterval;
-  // Where the state's own log lines go (refused learned-table files, failed writes);
-  // empty: standard error, prefixed "spgated: ".
+  // Where the state's own log lines go (refused learned-table files); empty: standard
+  // error, prefixed "spgated: ".
   std::function<void(const std::string&)> log;
+  // A failed write to state_dir (the launches file, a learned table), naming the file:
+  // the daemon's one report of every failed write (the operator store's too). Empty:
+  // counted in spgate_state_persist_failures_total and given to `log`.
+  std::function<void(absl::string_view what)> on_persist_failure;
 };
 
 }  // namespace spgate::server

@@ -17,7 +17,7 @@
 // the element-wise max with 7 payloads the other ranks "sent" (made beforehand): what
 // spgate adds on the training thread (pack, combine, decode, queue one group record),
 // without the collective's transfer, which is the communicator's (an MPI_Reduce or
-// all-reduce of 112 bytes; docs/benchmarks.md gives it separately).
+// all-reduce of 120 bytes; docs/benchmarks.md gives it separately).
 // Reports median / p99 / p99.9 per step and ratios to `handoff`, and writes JSON.
 // --variants runs some of the client variants only (`handoff`, the baseline, always runs):
 // bench/client/step_instructions.py counts one variant's instructions under callgrind.

@@ -3,7 +3,7 @@
 // steady_clock and reported for the leader (rank 0) and the slowest rank:
 //   baseline  — MPI_Allreduce(MAX) of one double: what spgate-worker ran before, to hand
 //               the leader the group's reduce-scatter wait share;
-//   group     — GroupDecider::ReportTelemetry with MPI_Allreduce(MAX) of the 14-double
+//   group     — GroupDecider::ReportTelemetry with MPI_Allreduce(MAX) of the 15-double
 //               TelemetryWire: pack, reduce, and on the leader decode the group record,
 //               feed its fallback and queue the record (a local-only client: no daemon,
 //               the queueing is the same code).
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
     std::printf("|---|---:|---:|---:|---:|\n");
     std::printf("| baseline: allreduce of 1 double | %.0f | %.0f | %.0f | 1.00 |\n", mine[0], mine[2],
                 worst_base);
-    std::printf("| group: ReportTelemetry, allreduce of 14 | %.0f | %.0f | %.0f | %.2f |\n", mine[1],
+    std::printf("| group: ReportTelemetry, allreduce of 15 | %.0f | %.0f | %.0f | %.2f |\n", mine[1],
                 mine[3], worst_group, mine[1] / mine[0]);
     if (reported != static_cast<int64_t>(steps) * rounds) {
       std::fprintf(stderr, "expected %lld group records\n",

@@ -377,7 +377,7 @@ class GroupDecider:
     """The C++ GroupDecider over a Python broadcast(buf: bytearray, root: int) that fills
     buf with the root's bytes on the other ranks (24, and one more per micro-batch of a
     step plan), and for the leader's group session a Python reduce(buf: bytearray, root:
-    int) that leaves in the root's buf (little-endian float64s: 14, and 7 more per
+    int) that leaves in the root's buf (little-endian float64s: 15, and 7 more per
     micro-batch of a step plan) the element-wise maximum of every rank's buf
     (spgate.torch.GroupDecider wraps it).
 

@@ -1449,6 +1449,19 @@ TEST_F(GateStateTest, ANewLaunchThatCannotBePersistedChangesNothing) {
   std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
 }
 
+// A read-only state directory (--allow_read_only_state_dir) is read, never written: a new
+// launch is granted in memory where its write would fail, and nothing counts as a failed
+// write.
+TEST_F(GateStateTest, AReadOnlyStateDirGrantsLaunchesInMemory) {
+  const std::string dir = TempDir();
+  std::filesystem::create_directory(LaunchesFilePath(dir));  // any write of it would fail
+  auto state = Make(dir, {}, [](StateOptions& o) { o.read_only_state_dir = true; });
+  ASSERT_THAT(state->Register(Reg("j", 0, 0, 1)).status(), IsOk());
+  EXPECT_EQ(state->GetJob("j")->summary().incarnation(), StateHarness::kIncarnation);
+  EXPECT_EQ(metrics_.state_persist_failures.Value(), 0);
+  EXPECT_TRUE(std::filesystem::is_directory(LaunchesFilePath(dir)));
+}
+
 TEST_F(GateStateTest, ACachedDecisionAnswersOnlyThePlanItWasMadeFor) {
   auto state = Make();
   v1::BatchPlan plan = Plan("j", 0, 0, {4096, 4096});

@@ -39,7 +39,11 @@ class LaunchBookTest : public ::testing::Test {
                        .restored_hold = absl::Seconds(15),
                        .stale_after = absl::Seconds(5),
                        .clock = [this] { return clock_.Now(); },
-                       .log = [this](const std::string& line) { logged_.push_back(line); }},
+                       .on_write_failure =
+                           [this](absl::string_view what) {
+                             metrics_.state_persist_failures.Increment();
+                             logged_.emplace_back(what);
+                           }},
                       metrics_);
   }
 

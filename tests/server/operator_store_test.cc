@@ -27,6 +27,7 @@ namespace spgate::server {
 namespace {
 
 using ::spgate::testing::IsOk;
+using ::spgate::testing::IsOkAndHolds;
 using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -147,6 +148,12 @@ TEST_F(OperatorStoreTest, VersionsGoOnAfterTheAuditLogsNewestWithoutTheStateFile
     ASSERT_THAT(second.status(), IsOk());
     ASSERT_EQ(second->version(), 2);
   }
+  // Only the log's tail is read: its newest entry that parses, past a 200 KiB line that
+  // does not (more than the first 64 KiB window).
+  EXPECT_THAT(NewestAuditVersion(AuditLogPath(dir)), IsOkAndHolds(2));
+  EXPECT_THAT(NewestAuditVersion(AuditLogPath(TempDir())), IsOkAndHolds(0)) << "no log";
+  std::ofstream(AuditLogPath(dir), std::ios::app) << std::string(200 << 10, 'x') << "\n";
+  EXPECT_THAT(NewestAuditVersion(AuditLogPath(dir)), IsOkAndHolds(2));
   ASSERT_TRUE(std::filesystem::remove(StateFilePath(dir)));
   auto store = Make(dir);
   up.mutable_config()->set_window_steps(79);

@@ -292,13 +292,17 @@ absl::Status CheckCreateArguments(GateClient* client, int rank_in_group, bool ha
 }
 
 // The leader's outcome as Create broadcasts it: status code, the group's size, whether the
-// leader has a max-reduce, then its error's message (cut to fit, NUL-terminated).
+// leader has a max-reduce and the doubles of its telemetry payload, then its error's
+// message (cut to fit, NUL-terminated). A build before the payload's size was sent sends 0
+// there.
 struct CreateVerdict {
   int32_t status_code = 0;
   int32_t group_size = 0;
   uint8_t has_reduce = 0;
-  uint8_t padding[7] = {};
+  uint8_t telemetry_slots = 0;
+  uint8_t padding[6] = {};
 };
+static_assert(TelemetryWire::kSlots < 256);
 constexpr size_t kVerdictHead = sizeof(CreateVerdict);
 
 }  // namespace
@@ -330,7 +334,8 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
   if (rank_in_group == 0) {
     v = {.status_code = static_cast<int32_t>(own.code()),
          .group_size = client != nullptr ? client->options().group_size : 0,
-         .has_reduce = has_reduce};
+         .has_reduce = has_reduce,
+         .telemetry_slots = static_cast<uint8_t>(TelemetryWire::kSlots)};
     std::memcpy(bytes.data(), &v, kVerdictHead);
     // An OK status's message may be a null view: copy only what is there.
     const absl::string_view message = own.message();
@@ -356,6 +361,14 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
           "this rank was %s a max-reduce and the leader %s: every rank of a group passes one, "
           "or none",
           has_reduce ? "given" : "not given", v.has_reduce != 0 ? "was" : "was not"));
+    }
+    // Ranks of one build reduce payloads of one size: another size would reduce two
+    // different counts, which the collective does not catch (it hangs or misreads).
+    if (own.ok() && has_reduce && v.telemetry_slots != TelemetryWire::kSlots) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "the group's leader runs another spgate client build (its telemetry payload is %d "
+          "doubles, this rank's %d): every rank of a group must run the same one",
+          v.telemetry_slots, TelemetryWire::kSlots));
     }
   }
   RETURN_IF_ERROR(own);

@@ -254,7 +254,7 @@ int32_t AnyReduceMax(double* values, size_t count, int32_t root, void* user) {
 }
 
 // A step plan's telemetry through the C API: every rank's micro-batch records in the one
-// reduction (14 + 7 x 4 doubles), one record for the group on the leader's client; a rank
+// reduction (15 + 7 x 4 doubles), one record for the group on the leader's client; a rank
 // without them is refused with nobody waiting, and ranks that disagree on a micro-batch's
 // mode are INTERNAL on the leader.
 TEST(CApiTest, StepPlanTelemetryCarriesEveryMicrobatch) {
@@ -440,7 +440,7 @@ struct RankComm {
 };
 
 // A plain plan's decision is the 24-byte head alone (the creation's verdict its 256
-// bytes), its telemetry the 14 doubles alone.
+// bytes), its telemetry the 15 doubles alone.
 int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
   if (size != sizeof(spgate::client::DecisionWire) &&

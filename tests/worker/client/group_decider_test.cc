@@ -2,7 +2,10 @@
 // for byte, including the leader's failures; non-leaders never ask for decisions.
 #include "worker/client/group_decider.h"
 
+#include <algorithm>
+#include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -60,6 +63,33 @@ TEST(DecisionWireTest, RoundTripsAndRejectsGarbage) {
   unknown_source.source = 5;
   EXPECT_THAT(FromWire(unknown_source), StatusIs(absl::StatusCode::kInvalidArgument,
                                                  HasSubstr("source 5")));
+}
+
+// A leader of another client build (its telemetry payload another size; a build from
+// before the size was sent says 0) is refused on the follower, which would otherwise
+// reduce a different count of doubles than the leader in every step's telemetry.
+TEST(GroupDeciderTest, AFollowerRefusesALeaderOfAnotherBuild) {
+  for (const uint8_t slots : {uint8_t{0}, uint8_t{14}, uint8_t{TelemetryWire::kSlots}}) {
+    SCOPED_TRACE(static_cast<int>(slots));
+    // The leader's verdict as the broadcast delivers it: OK, a group of 2, a max-reduce.
+    BroadcastFn leader_said = [slots](std::span<uint8_t> bytes, int root) {
+      EXPECT_EQ(root, 0);
+      std::fill(bytes.begin(), bytes.end(), 0);
+      const int32_t group_size = 2;
+      std::memcpy(bytes.data() + 4, &group_size, sizeof(group_size));
+      bytes[8] = 1;      // has_reduce
+      bytes[9] = slots;  // telemetry_slots
+      return absl::OkStatus();
+    };
+    MaxReduceFn reduce = [](std::span<double>, int) { return absl::OkStatus(); };
+    absl::Status got = GroupDecider::Create(nullptr, 1, leader_said, reduce).status();
+    if (slots == TelemetryWire::kSlots) {
+      EXPECT_THAT(got, IsOk());
+    } else {
+      EXPECT_THAT(got, StatusIs(absl::StatusCode::kFailedPrecondition,
+                                HasSubstr("another spgate client build")));
+    }
+  }
 }
 
 // This rank's own checks (CreateLocal makes no collective; Create makes them first).
@@ -566,7 +596,9 @@ TEST(InMemoryBroadcastTest, ReduceFailsFastWhenTheRanksDisagree) {
       std::vector<double> v(14, 1.0);
       root_status = group.MaxReduce(0, v, 0);
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the root waits first
+    // The root waits first: a loaded machine may start its thread late, and then the
+    // messages name the ranks the other way round.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     std::vector<double> late(c.late_length, 2.0);
     EXPECT_THAT(group.MaxReduce(1, late, c.late_root),
                 StatusIs(absl::StatusCode::kInternal, HasSubstr(c.error)));
