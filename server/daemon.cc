@@ -283,6 +283,15 @@ absl::Status CheckStateDirWritable(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// Every failed write to --state_dir (the state file, audit.log, the launches file, a
+// learned table): counted and logged once, naming the file.
+std::function<void(absl::string_view)> PersistFailureReport(Metrics* m) {
+  return [m](absl::string_view what) {
+    m->state_persist_failures.Increment();
+    Log(LogLevel::kWarning, std::string(what), {{"event", "state_persist_failed"}});
+  };
+}
+
 }  // namespace
 
 class Daemon::Impl {
@@ -450,12 +459,7 @@ absl::Status Daemon::Impl::Start() {
   store_options.state_dir = opts.state_dir;
   store_options.clock = opts.state.clock;
   store_options.max_job_scopes = opts.state.max_jobs;
-  // Every failed write to --state_dir (the state file, audit.log, the launches file, a
-  // learned table): counted and logged once, here, naming the file.
-  const auto persist_failed = [m = metrics.get()](absl::string_view what) {
-    m->state_persist_failures.Increment();
-    Log(LogLevel::kWarning, std::string(what), {{"event", "state_persist_failed"}});
-  };
+  const auto persist_failed = PersistFailureReport(metrics.get());
   store_options.on_persist_failure = persist_failed;
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
   // After Create (which makes the directory), before any port reports SERVING: an
