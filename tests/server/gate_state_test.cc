@@ -58,6 +58,22 @@ class GateStateTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  // Ranks 0 and 1 of group 0 of the two-rank job `job`, registered and attached without a
+  // sink: their sessions (null for one that failed, which the expectations name).
+  static std::vector<std::shared_ptr<Session>> TwoRanks(StateHarness& state,
+                                                        const std::string& job) {
+    std::vector<std::shared_ptr<Session>> out;
+    for (int rank : {0, 1}) {
+      auto r = state.Register(Reg(job, 0, rank, 2));
+      EXPECT_THAT(r.status(), IsOk()) << rank;
+      auto s = r.ok() ? state.AttachSession(r->session_id(), std::weak_ptr<SessionSink>())
+                      : absl::StatusOr<std::shared_ptr<Session>>(r.status());
+      EXPECT_THAT(s.status(), IsOk()) << rank;
+      out.push_back(s.ok() ? *s : nullptr);
+    }
+    return out;
+  }
+
   static v1::RegisterRequest Reg(const std::string& job, int group, int rank, int size) {
     v1::RegisterRequest r;
     r.set_job_id(job);
@@ -258,14 +274,12 @@ TEST(DecisionToProtoTest, AReusedMessageKeepsNothingOfTheLastDecision) {
 
 TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
   auto state = Make();
-  auto r0 = state->Register(Reg("j", 0, 0, 2));
-  auto r1 = state->Register(Reg("j", 0, 1, 2));
-  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
-  auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
+  const auto s = TwoRanks(*state, "j");
+  ASSERT_NE(s[1], nullptr);
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {500, 500}), &d), IsOk());
-  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.2)), IsOk());
-  ASSERT_THAT(state->RecordTelemetry(**s1, Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.3)), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(*s[0], Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 2.0, 0.2)), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(*s[1], Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.3)), IsOk());
   auto job = state->GetJob("j");
   EXPECT_DOUBLE_EQ(job->groups(0).rolling_rs_wait_share(), 0.3);  // max(0.1, 0.3)
 }
@@ -277,27 +291,23 @@ TEST_F(GateStateTest, GroupValueIsTheMaxOverRanks) {
 // reported): the longest step.
 TEST_F(GateStateTest, TheSlowestRankIsTheOneTheOthersWaitedFor) {
   auto state = Make();
-  auto r0 = state->Register(Reg("j", 0, 0, 2));
-  auto r1 = state->Register(Reg("j", 0, 1, 2));
-  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
-  auto s1 = state->AttachSession(r1->session_id(), std::weak_ptr<SessionSink>());
-  ASSERT_THAT(s0.status(), IsOk());
-  ASSERT_THAT(s1.status(), IsOk());
+  const auto s = TwoRanks(*state, "j");
+  ASSERT_NE(s[1], nullptr);
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {500, 500}), &d), IsOk());
   v1::StepTelemetry waited = Tel("j", 0, 1, 0, v1::SEQUENCE_PARALLEL, 1.001, 0.3);
   waited.set_all_gather_s(0.1);
-  ASSERT_THAT(state->RecordTelemetry(**s1, waited), IsOk());
-  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.05)),
+  ASSERT_THAT(state->RecordTelemetry(*s[1], waited), IsOk());
+  ASSERT_THAT(state->RecordTelemetry(*s[0], Tel("j", 0, 0, 0, v1::SEQUENCE_PARALLEL, 1.0, 0.05)),
               IsOk());
   auto job = state->GetJob("j");
   ASSERT_THAT(job.status(), IsOk());
   EXPECT_EQ(job->groups(0).slowest_rank(), 0);
   EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 1.001) << "the group's step time";
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {500, 500}), &d), IsOk());
-  ASSERT_THAT(state->RecordTelemetry(**s0, Tel("j", 0, 0, 1, v1::TENSOR_PARALLEL_ONLY, 1.0, 0)),
+  ASSERT_THAT(state->RecordTelemetry(*s[0], Tel("j", 0, 0, 1, v1::TENSOR_PARALLEL_ONLY, 1.0, 0)),
               IsOk());
-  ASSERT_THAT(state->RecordTelemetry(**s1, Tel("j", 0, 1, 1, v1::TENSOR_PARALLEL_ONLY, 1.2, 0)),
+  ASSERT_THAT(state->RecordTelemetry(*s[1], Tel("j", 0, 1, 1, v1::TENSOR_PARALLEL_ONLY, 1.2, 0)),
               IsOk());
   job = state->GetJob("j");
   EXPECT_EQ(job->groups(0).slowest_rank(), 1);
@@ -915,12 +925,8 @@ TEST_F(GateStateTest, PriorInputsComeFromTheFirstDeclaringRankOfTheLaunch) {
 // TP-only steps did.
 TEST_F(GateStateTest, AStepBackFromAProbeRunIsExplorations) {
   auto state = Make();
-  auto r0 = state->Register(Reg("x", 0, 0, 2));
-  auto r1 = state->Register(Reg("x", 0, 1, 2));
-  auto s0 = state->AttachSession(r0->session_id(), std::make_shared<RecordingSink>());
-  auto s1 = state->AttachSession(r1->session_id(), std::make_shared<RecordingSink>());
-  ASSERT_THAT(s0.status(), IsOk());
-  ASSERT_THAT(s1.status(), IsOk());
+  const auto s = TwoRanks(*state, "x");
+  ASSERT_NE(s[1], nullptr);
   v1::UpdateGateConfigRequest up;
   up.set_job_id("x");
   up.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
@@ -930,8 +936,8 @@ TEST_F(GateStateTest, AStepBackFromAProbeRunIsExplorations) {
     v1::Decision d;
     ASSERT_THAT(state->Decide(Plan("x", 0, step, {500, 500}), &d), IsOk()) << step;
     ran.emplace_back(d.mode(), d.reason());
-    ASSERT_THAT(state->RecordTelemetry(**s0, Tel("x", 0, 0, step, d.mode(), 1.0, 0)), IsOk());
-    ASSERT_THAT(state->RecordTelemetry(**s1, Tel("x", 0, 1, step, d.mode(), 1.0, 0)), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(*s[0], Tel("x", 0, 0, step, d.mode(), 1.0, 0)), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(*s[1], Tel("x", 0, 1, step, d.mode(), 1.0, 0)), IsOk());
   }
   for (int64_t step = 0; step < 4; ++step) {
     EXPECT_EQ(ran[step], std::pair(v1::TENSOR_PARALLEL_ONLY, v1::PROBE)) << step;
@@ -959,24 +965,20 @@ TEST_F(GateStateTest, AStepBackFromAProbeRunIsExplorations) {
 TEST_F(GateStateTest, TheWorkersMemoryOverrideMeasuresNoSwitchCost) {
   auto state = Make();
   auto learned_cost = [&](const std::string& job, v1::Reason sp_reason) {
-    auto r0 = state->Register(Reg(job, 0, 0, 2));
-    auto r1 = state->Register(Reg(job, 0, 1, 2));
-    auto s0 = state->AttachSession(r0->session_id(), std::make_shared<RecordingSink>());
-    auto s1 = state->AttachSession(r1->session_id(), std::make_shared<RecordingSink>());
-    EXPECT_THAT(s0.status(), IsOk());
-    EXPECT_THAT(s1.status(), IsOk());
+    const auto ranks = TwoRanks(*state, job);
     for (int64_t step = 0; step < 22; ++step) {
       v1::Decision d;
       EXPECT_THAT(state->Decide(Plan(job, 0, step, {100, 900}), &d), IsOk()) << step;
       EXPECT_EQ(std::pair(d.mode(), d.reason()),
                 std::pair(v1::TENSOR_PARALLEL_ONLY, v1::LENGTH_CV)) << step;
       const bool sp = (step >= 10 && step < 20) || step == 21;
-      for (const auto& s : {*s0, *s1}) {
-        v1::StepTelemetry t = Tel(job, 0, s == *s0 ? 0 : 1, step,
+      for (int rank : {0, 1}) {
+        if (ranks[rank] == nullptr) return v1::LearnedSwitchCost();  // named by TwoRanks
+        v1::StepTelemetry t = Tel(job, 0, rank, step,
                                   sp ? v1::SEQUENCE_PARALLEL : v1::TENSOR_PARALLEL_ONLY,
                                   step == 21 ? 1.5 : 1.0, 0);
         t.set_reason(sp ? sp_reason : v1::LENGTH_CV);
-        EXPECT_THAT(state->RecordTelemetry(*s, t), IsOk()) << step;
+        EXPECT_THAT(state->RecordTelemetry(*ranks[rank], t), IsOk()) << step;
       }
     }
     auto j = state->GetJob(job);
