@@ -311,7 +311,8 @@ def Overview():
         w=6, h=5)
     L.Add(Stat(
         "Config reload",
-        "Whether every daemon's last --config (re)load succeeded (SIGHUP).",
+        "Whether every daemon's last --config (re)load succeeded (SIGHUP, or the file's "
+        "change seen by its poll).",
         "none",
         [("min(spgate_config_last_reload_successful)", "last reload")],
         mappings=[{"type": "value", "options": {
@@ -319,7 +320,8 @@ def Overview():
             "1": {"text": "ok", "color": "green", "index": 1}}}]), w=4, h=5)
     L.Add(Stat(
         "State persist failures in range",
-        "Failed writes of --state_dir (operator changes not durable).",
+        "Failed writes to --state_dir (state file: admin changes refused; launches file: new "
+        "launches refused; learned tables: lost to a kill -9). The log names the file.",
         "count:failures",
         [("sum(increase(spgate_state_persist_failures_total[$__range]))", "failures")],
         thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
@@ -435,12 +437,12 @@ def Job():
         [(f"max by (group) (spgate_norm_stall_ratio{{{jg}}})", "group {{group}}")]), w=12)
     L.Add(TimeSeries(
         "Slowest rank by TP group",
-        "rank_in_group of each group's slowest rank (longest step time) in its last complete "
-        "step, as the group's reduced telemetry names it (on a tie, the highest rank). The "
-        "ranks of a group finish each step together, so one step's slowest is noise; a rank "
-        "that stays the slowest over many steps is a straggler (a slow device, a busy host) "
-        "that every collective of its group waits for. spgate-sim reports one step time for "
-        "every rank of a group, so under it this names the group's last rank.",
+        "rank_in_group of the rank the others waited for in each group's last complete step: "
+        "the most step time outside its reduce-scatter, all-gather and norm-boundary waits "
+        "(a group's ranks finish a step together, so step times alone do not tell; on a tie, "
+        "the highest rank). A TP-only step reports no wait, so there it is the longest step, "
+        "which is noise; a rank that stays on top over many SP steps is a straggler (a slow "
+        "device, a busy host) that every collective of its group waits for.",
         "short",
         [(f"max by (group) (spgate_slowest_rank{{{jg}}})", "group {{group}}")]), w=12)
 

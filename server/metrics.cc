@@ -153,7 +153,7 @@ Metrics::Metrics()
                            .Help("Version of the effective gate config.")
                            .Register(*registry_)),
       config_updates_f(BuildCounter().Name("spgate_config_updates_total")
-                           .Help("Gate config update requests, by result.")
+                           .Help("Gate config updates and rollbacks, by result.")
                            .Register(*registry_)),
       workers_f(BuildGauge().Name("spgate_workers")
                     .Help("Registered worker ranks by state (stale: no message within "
@@ -163,7 +163,8 @@ Metrics::Metrics()
                              .Help("Time from a batch plan's arrival to its decision being sent.")
                              .Register(*registry_)),
       persist_failures_f(BuildCounter().Name("spgate_state_persist_failures_total")
-                             .Help("Failed writes of the state file in --state_dir.")
+                             .Help("Failed writes to --state_dir: the state file, the launches file, the "
+                                   "learned tables; each is logged naming the file.")
                              .Register(*registry_)),
       reload_ok_f(BuildGauge().Name("spgate_config_last_reload_successful")
                       .Help("1 if the last load of --config succeeded, else 0.")

@@ -46,7 +46,7 @@ TREE = os.path.dirname(os.path.dirname(os.path.abspath(K8S)))  # the repository,
 DASHBOARDS = os.path.join(TREE, "dashboards")
 RULES = os.path.join(TREE, "deploy", "prometheus", "spgate-rules.yml")
 TRAINERS = {"Job": "trainer", "PyTorchJob": "pytorch"}
-JOB_LABELS = {"Job": "batch.kubernetes.io/job-name",
+JOB_LABELS = {"Job": "job-name",
               "PyTorchJob": "training.kubeflow.org/job-name"}
 SPGATE_ENV = ("SPGATE_CONTROLLER", "SPGATE_JOB_ID", "SPGATE_WORKER_TOKEN_FILE")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
