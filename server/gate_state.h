@@ -427,6 +427,8 @@ class GateState final : public OperatorListener {
   GateState(StateOptions options, Metrics& metrics, const OperatorSource* store);
 
   absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A group index Register takes: in [0, --max_groups_per_job).
+  absl::Status CheckGroupIndex(int group) const;
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Job*> FindJob(const std::string& job_id, std::optional<int> group) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

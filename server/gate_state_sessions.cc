@@ -89,14 +89,18 @@ absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& jo
   return raw;
 }
 
+absl::Status GateState::CheckGroupIndex(int group) const {
+  if (group >= 0 && group < options_.max_groups_per_job) return absl::OkStatus();
+  if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "group: must be in [0, %d) (--max_groups_per_job), got %d", options_.max_groups_per_job,
+      group));
+}
+
 absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int group) {
   auto it = job.groups.find(group);
   if (it != job.groups.end()) return it->second.get();
-  if (group < 0 || group >= options_.max_groups_per_job) {
-    if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "group: must be in [0, %d), got %d", options_.max_groups_per_job, group));
-  }
+  RETURN_IF_ERROR(CheckGroupIndex(group));
   auto g = std::make_unique<Group>();
   g->index = group;
   g->schedule = ConfigSchedule(job.op.effective, job.op.effective_version);
@@ -236,6 +240,9 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
         r.rank_in_group));
   }
   RETURN_IF_ERROR(ValidateHost(r.host));
+  // Before the launch book is asked: a new launch's seat can fail for nothing else (its
+  // job starts empty), so a refused rank neither creates the job nor claims the launch.
+  RETURN_IF_ERROR(CheckGroupIndex(r.group));
   if (r.layout.has_value()) {
     RETURN_IF_ERROR(ValidateJobLayout(*r.layout));
     if (r.layout->groups() > options_.max_groups_per_job) {

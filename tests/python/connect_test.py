@@ -9,7 +9,9 @@ live spgated on loopback run with a worker token:
   spgate.Error from connect on both ranks, with the same code, within a few seconds
   (the process group's timeout is 60 s: a rank left in a collective would show); a second
   launch of a job the first still holds raises FAILED_PRECONDITION on both ranks once
-  connect_timeout has passed;
+  connect_timeout has passed; the daemon's admin port as the controller (no worker API)
+  raises UNIMPLEMENTED at once; ranks that name different controllers or jobs, or pass TP
+  groups that do not partition the world, raise INVALID_ARGUMENT naming the world ranks;
 - an unreachable daemon is not a refusal: connect returns after connect_timeout, the
   leader says so once on stderr, and the decisions are the fail-static fallback's;
 - spgate.Client(job_id="bad id!") fails at construction, with or without a controller;
@@ -124,11 +126,25 @@ def environment_main(rank, address, unreachable, token_file):
     return out
 
 
-def rank_main(rank, world, address, unreachable, token_file):
+def rank_main(rank, world, address, unreachable, token_file, admin):
     import spgate.torch
+    import torch.distributed as dist
     out = {}
     out["bad_id"] = _refused(lambda: spgate.torch.connect(
         controller=address, job_id="bad id!", worker_token=TOKEN))
+    # The admin port serves no worker API: refused at once, not waited on as a daemon down.
+    out["admin_port"] = _refused(lambda: spgate.torch.connect(
+        controller=admin, job_id="py-connect-admin", worker_token=TOKEN))
+    # Arguments the ranks disagree on raise on every rank, naming who said what.
+    out["two_controllers"] = _refused(lambda: spgate.torch.connect(
+        controller=address if rank == 0 else unreachable, job_id="py-connect-two",
+        worker_token=TOKEN))
+    out["two_jobs"] = _refused(lambda: spgate.torch.connect(
+        controller=address, job_id="py-connect-%d" % rank, worker_token=TOKEN))
+    both, alone = dist.new_group([0, 1]), [dist.new_group([0]), dist.new_group([1])]
+    out["tp_groups"] = _refused(lambda: spgate.torch.connect(
+        controller=address, job_id="py-connect-tp", worker_token=TOKEN,
+        tp_group=both if rank == 0 else alone[1]))
     out["wrong_token"] = _refused(lambda: spgate.torch.connect(
         controller=address, job_id="py-connect-token", worker_token=TOKEN + "-wrong"))
 
@@ -179,8 +195,9 @@ class ConnectTest(unittest.TestCase):
 
     def test_two_ranks(self):
         unreachable = f"127.0.0.1:{free_port()}"  # nothing listens there
+        admin = f"127.0.0.1:{self.daemon.admin_port}"
         ranks = run_ranks(2, rank_main, self.daemon.address, unreachable, self.token_file,
-                          timeout_s=120)
+                          admin, timeout_s=120)
 
         for rank, out in enumerate(ranks):
             with self.subTest(rank=rank):
@@ -192,6 +209,21 @@ class ConnectTest(unittest.TestCase):
                 self.assertEqual(code, "PERMISSION_DENIED")
                 self.assertIn("worker token", message)
                 self.assertLess(seconds, REFUSAL_BOUND_S)
+                cls, code, message, seconds = out["admin_port"]
+                self.assertEqual(code, "UNIMPLEMENTED")
+                self.assertIn("does not serve spgated's worker API", message)
+                self.assertLess(seconds, REFUSAL_BOUND_S)
+                for case, words in (
+                        ("two_controllers", ["different controllers", "world ranks [0]",
+                                             "world ranks [1]"]),
+                        ("two_jobs", ["different job_ids", "'py-connect-0' (world ranks [0])",
+                                      "'py-connect-1' (world ranks [1])"]),
+                        ("tp_groups", ["disagree on the TP groups", "world ranks [0, 1]"])):
+                    cls, code, message, seconds = out[case]
+                    self.assertEqual(code, "INVALID_ARGUMENT", (case, message))
+                    for word in words:
+                        self.assertIn(word, message, case)
+                    self.assertLess(seconds, REFUSAL_BOUND_S, case)
 
                 self.assertGreaterEqual(out["away_s"], 1.0)
                 self.assertLess(out["away_s"], 1.0 + REFUSAL_BOUND_S)

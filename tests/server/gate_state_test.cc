@@ -1333,6 +1333,32 @@ TEST_F(GateStateTest, ALaunchIsJoinedOnlyWithItsCredential) {
   EXPECT_THAT(text, HasSubstr("spgate_worker_refusals_total{reason=\"launch_credential\"} 2"));
 }
 
+// A rank refused for its group index is refused before the launch book is asked: it
+// neither creates its job (which would count against --max_jobs) nor claims its launch
+// with its credential (which would lock the launch's real ranks out).
+TEST_F(GateStateTest, ARankRefusedForItsGroupCreatesNoJobAndClaimsNoLaunch) {
+  auto state = Make("", {}, [](StateOptions& o) {
+    o.max_jobs = 1;
+    o.max_groups_per_job = 2;
+  });
+  v1::RegisterRequest bad = Reg("j", 5, 0, 2);
+  bad.set_launch_credential("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa");
+  EXPECT_THAT(state->Register(bad).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("group: must be in [0, 2) (--max_groups_per_job), got 5")));
+  EXPECT_THAT(state->GetJob("j").status(), StatusIs(absl::StatusCode::kNotFound));
+  bad.set_job_id("other");
+  EXPECT_THAT(state->Register(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  // The one job the daemon may track, with another credential: the launch is its.
+  v1::RegisterRequest good = Reg("j", 0, 0, 2);
+  good.set_launch_credential("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb");
+  EXPECT_THAT(state->Register(good).status(), IsOk());
+  bad.set_job_id("j");
+  bad.set_launch_credential("bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb");
+  EXPECT_THAT(state->Register(bad).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(state->GetJob("j")->groups_size(), 1);
+}
+
 // Holding a stream open is not holding a job: a launch lets go once its ranks have sent
 // nothing for stale_after (or closed their streams), so a squatter that registered a
 // job id first cannot keep the real launch out. A unary-only launch (no stream) holds

@@ -225,8 +225,15 @@ std::string StatusCodeName(int code) {
 }
 
 std::string FormatRpcError(absl::string_view command, int code, absl::string_view message) {
-  return absl::StrCat("spgatectl: ", command, ": ", StatusCodeName(code), ": ",
-                      message.empty() ? "(no message)" : message, "\n");
+  // UNIMPLEMENTED with no message is gRPC's answer for a service the server lacks: the
+  // address is not spgated's admin API (its worker port, say).
+  const absl::string_view said =
+      !message.empty() ? message
+      : code == static_cast<int>(absl::StatusCode::kUnimplemented)
+          ? "the server has no spgated admin API (spgate.v1.AdminService): is --admin (or "
+            "SPGATE_ADMIN) the daemon's worker or metrics port?"
+          : "(no message)";
+  return absl::StrCat("spgatectl: ", command, ": ", StatusCodeName(code), ": ", said, "\n");
 }
 
 std::string HandshakeHint(int code, absl::string_view message, bool tls) {

@@ -314,8 +314,9 @@ absl::Status GateClient::Impl::RefusedLocked(const char* what) const {
       "%s: the daemon at %s refused %s (%s); %d telemetry records still buffered (the "
       "client keeps retrying)",
       what, opts_.controller,
-      refused_ == absl::StatusCode::kInvalidArgument ? "this client's registration"
-                                                     : "this client's credential",
+      refused_ == absl::StatusCode::kInvalidArgument || refused_ == absl::StatusCode::kUnimplemented
+          ? "this client's registration"
+          : "this client's credential",
       stats_.last_error, telemetry_.size());
   return absl::Status(refused_, message);
 }

@@ -90,10 +90,14 @@ void GateClient::Impl::ApplyConfigLocked(const v1::VersionedGateConfig& vc,
 
 void GateClient::Impl::NoteRefusalLocked(const grpc::Status& s, bool register_call) {
   const grpc::StatusCode code = s.error_code();
+  // A server without the worker API (UNIMPLEMENTED: the admin port, another service)
+  // will not grow one on a retry: refused, as a field the daemon refuses.
   refused_ = code == grpc::StatusCode::PERMISSION_DENIED ? absl::StatusCode::kPermissionDenied
              : code == grpc::StatusCode::UNAUTHENTICATED ? absl::StatusCode::kUnauthenticated
              : code == grpc::StatusCode::INVALID_ARGUMENT && register_call
                  ? absl::StatusCode::kInvalidArgument
+             : code == grpc::StatusCode::UNIMPLEMENTED && register_call
+                 ? absl::StatusCode::kUnimplemented
                  : absl::StatusCode::kOk;
 }
 
@@ -106,7 +110,12 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
     cv_.SignalAll();
     if (closing_) return;
     if (!s.ok()) {
-      stats_.last_error = absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
+      stats_.last_error =
+          s.error_code() == grpc::StatusCode::UNIMPLEMENTED
+              ? absl::StrCat("Register: UNIMPLEMENTED: ", opts_.controller,
+                             " does not serve spgated's worker API (spgate.v1.GateService): "
+                             "the admin or metrics port, or another server?")
+              : absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
       ScheduleReconnectLocked(BackoffLocked());
       return;
     }

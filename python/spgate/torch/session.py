@@ -27,7 +27,8 @@ by hand, in this order, each a collective every rank joins:
 
 A refusal is the daemon's answer to Register that retrying cannot change -
 INVALID_ARGUMENT (a bad job id or option), PERMISSION_DENIED (a wrong worker token or
-credential), UNAUTHENTICATED (none) - and raises as soon as the leader learns it; a launch
+credential), UNAUTHENTICATED (none), UNIMPLEMENTED (the address is a gRPC server without
+the worker API, e.g. spgated's admin port) - and raises as soon as the leader learns it; a launch
 conflict (FAILED_PRECONDITION: another launch of the job still holds it) raises when it
 still stands after `connect_timeout` (a launch that ended in the meantime hands over). A
 daemon that does not answer at all is not a refusal: the leader says so once on stderr and
@@ -63,12 +64,14 @@ from spgate.torch.group_decider import (GroupDecider, _error, _error_for_code, _
 from spgate.torch.launch import LaunchIdentity, agree_on_launch
 
 # Register refusals (the daemon's status codes) that no retry can change: raised at once.
-_REFUSED_AT_ONCE = {"INVALID_ARGUMENT": 3, "PERMISSION_DENIED": 7, "UNAUTHENTICATED": 16}
+_REFUSED_AT_ONCE = {"INVALID_ARGUMENT": 3, "PERMISSION_DENIED": 7, "UNIMPLEMENTED": 12,
+                    "UNAUTHENTICATED": 16}
 # The credential refusals (a Register's, or a stream's end).
 _CREDENTIAL_REFUSED = ("PERMISSION_DENIED", "UNAUTHENTICATED")
-# What the client's waits return at once (docs/client.md): those, and a Register refused
-# for a field (INVALID_ARGUMENT, e.g. a group past the daemon's --max_groups_per_job).
-_WAIT_REFUSED = _CREDENTIAL_REFUSED + ("INVALID_ARGUMENT",)
+# What the client's waits return at once (docs/client.md): those, a Register refused
+# for a field (INVALID_ARGUMENT, e.g. a group past the daemon's --max_groups_per_job) and
+# one answered by a server without the worker API (UNIMPLEMENTED: the admin port).
+_WAIT_REFUSED = _CREDENTIAL_REFUSED + ("INVALID_ARGUMENT", "UNIMPLEMENTED")
 # Another launch of the job holds it: raised when it still stands at the end of the wait.
 _LAUNCH_CONFLICT = {"FAILED_PRECONDITION": 9}
 _POLL_S = 0.05  # how often the leader looks at the client's last Register answer
@@ -177,18 +180,46 @@ def _hardware_id(hardware_id: Optional[str], device: Optional[torch.device]) -> 
     return spgate.default_hardware_id(detected)
 
 
+def _ranks_by(values) -> str:
+    """"'a' (world ranks [0, 2]), 'b' (world ranks [1])": who names which value."""
+    by = {}
+    for r, v in enumerate(values):
+        by.setdefault(v, []).append(r)
+    return ", ".join("%r (world ranks %s)" % (v, rs) for v, rs in sorted(by.items()))
+
+
+def _check_tp_groups(members) -> None:
+    """members[r]: world rank r's TP group, as the world ranks in it. The groups must
+    partition the world: every rank in its own group, every member of it naming the same
+    group - else the decider's collectives over them would wait for ranks that never join
+    (the hang spgate exists to prevent). InvalidArgumentError naming the first rank that
+    disagrees."""
+    for r, group in enumerate(members):
+        if r not in group:
+            raise _invalid("connect: world rank %d passed a tp_group without itself (world "
+                           "ranks %s)" % (r, list(group)))
+        for m in group:
+            if members[m] != group:
+                raise _invalid("connect: the ranks disagree on the TP groups: world rank %d's "
+                               "tp_group is world ranks %s, world rank %d's is %s (every "
+                               "rank of a TP group must pass that group)"
+                               % (r, list(group), m, list(members[m])))
+
+
 def _agree_on_arguments(controller, job_id, tp_group, world):
     """Collective over the world: (controller, job_id, leaders) - this rank's arguments
     (_arguments) and every rank's TP group leader's world rank - once every rank has
     its arguments. Every rank raises when one has none (its own error first), when some
     ranks decide locally and others ask a daemon (they would wait in different
-    collectives), or when they name different jobs."""
+    collectives), when they name different controllers or jobs, or when their TP groups
+    do not partition the world."""
     try:
         mine = ("ok",) + _arguments(controller, job_id)
     except spgate.Error as e:
         mine = _outcome(e)
+    members = tuple(_global_rank(tp_group, i) for i in range(dist.get_world_size(tp_group)))
     everyone = [None] * dist.get_world_size(world)
-    dist.all_gather_object(everyone, (_global_rank(tp_group, 0), mine), group=world)
+    dist.all_gather_object(everyone, (members, mine), group=world)
     _raise_agreed([(None, o) for _, o in everyone], None)
     asking = [r for r, (_, o) in enumerate(everyone) if o[1]]
     if asking and len(asking) < len(everyone):
@@ -196,11 +227,12 @@ def _agree_on_arguments(controller, job_id, tp_group, world):
         raise _invalid("connect: world ranks %s ask spgated at %s and world ranks %s decide "
                        "locally (no controller): every rank needs a controller, or none does"
                        % (asking, everyone[asking[0]][1][1], local))
-    job_ids = sorted({o[2] for _, o in everyone})
-    if asking and len(job_ids) > 1:
-        raise _invalid("connect: the ranks name different jobs (job_id %s): one job, one id"
-                       % ", ".join(repr(j) for j in job_ids))
-    return mine[1], mine[2], [leader for leader, _ in everyone]
+    for field, at in (("controller", 1), ("job_id", 2)):
+        if asking and len({o[at] for _, o in everyone}) > 1:
+            raise _invalid("connect: the ranks name different %ss: %s; one job, one %s"
+                           % (field, _ranks_by([o[at] for _, o in everyone]), field))
+    _check_tp_groups([m for m, _ in everyone])
+    return mine[1], mine[2], [m[0] for m, _ in everyone]
 
 
 def _raise_agreed(outcomes, my_group: Optional[int]) -> None:

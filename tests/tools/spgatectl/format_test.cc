@@ -65,6 +65,9 @@ TEST(FormatRpcError, CommandCodeAndServerMessage) {
   EXPECT_EQ(FormatRpcError("gates set", 3, "max_length_cv: must be in (0, 10], got 11"),
             "spgatectl: gates set: INVALID_ARGUMENT: max_length_cv: must be in (0, 10], got 11\n");
   EXPECT_EQ(FormatRpcError("jobs show", 5, ""), "spgatectl: jobs show: NOT_FOUND: (no message)\n");
+  // A server without the admin API (the worker port): said so, not "(no message)".
+  EXPECT_THAT(FormatRpcError("jobs list", 12, ""),
+              ::testing::HasSubstr("UNIMPLEMENTED: the server has no spgated admin API"));
 }
 
 const char* kJobConfig = R"pb(

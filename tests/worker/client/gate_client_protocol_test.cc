@@ -445,7 +445,7 @@ TEST(GateClientProtocolTest, ARegisterRefusedForAFieldEndsTheWaitsAtOnce) {
   FakeGateServer server;
   FakeGateService::Script script;
   script.register_code = 3;  // INVALID_ARGUMENT
-  script.register_message = "group: must be in [0, 4096), got 5000";
+  script.register_message = "group: must be in [0, 4096) (--max_groups_per_job), got 5000";
   server.service().set_script(script);
   GateClientOptions o = Options(server.address());
   o.group = 5000;
@@ -454,7 +454,7 @@ TEST(GateClientProtocolTest, ARegisterRefusedForAFieldEndsTheWaitsAtOnce) {
   EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(20)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        ::testing::AllOf(::testing::HasSubstr("refused this client's registration"),
-                                        ::testing::HasSubstr("group: must be in [0, 4096), got 5000"))));
+                                        ::testing::HasSubstr("group: must be in [0, 4096) (--max_groups_per_job), got 5000"))));
   EXPECT_THAT(c->Flush(absl::Seconds(20)),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("group:")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -469,6 +469,25 @@ TEST(GateClientProtocolTest, ARegisterRefusedForAFieldEndsTheWaitsAtOnce) {
   give_up = absl::Now() + absl::Seconds(10);
   while (!c->stats().connected && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(1)), IsOk());
+}
+
+// A controller address that reaches a gRPC server without the worker API (spgated's
+// admin port answers Register UNIMPLEMENTED, with no message) is a refusal, not a daemon
+// down: the waits end at once, naming what the address is likely to be.
+TEST(GateClientProtocolTest, AServerWithoutTheWorkerApiEndsTheWaitsAtOnce) {
+  FakeGateServer server;
+  FakeGateService::Script script;
+  script.register_code = 12;  // UNIMPLEMENTED
+  server.service().set_script(script);
+  auto c = MakeClient(Options(server.address()));
+  const absl::Time start = absl::Now();
+  EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(20)),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       ::testing::AllOf(::testing::HasSubstr("refused this client's registration"),
+                                        ::testing::HasSubstr("does not serve spgated's worker API"),
+                                        ::testing::HasSubstr("the admin or metrics port"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(c->stats().last_error, ::testing::StartsWith("Register: UNIMPLEMENTED: "));
 }
 
 // The controller address: host:port with a port in [1, 65535], an IPv6 address in
