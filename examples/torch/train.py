@@ -92,12 +92,12 @@ def parse_args(argv=None):
     # --controller, --job_id and --worker_token_file default to the variables spgate's
     # Kubernetes sidecar sets (docs/deploy.md), as spgate.torch.connect reads them.
     env = os.environ.get
-    p.add_argument("--controller", default=env("SPGATE_CONTROLLER", ""),
-                   help="spgated worker API; empty: local policy only (default: "
-                        "SPGATE_CONTROLLER)")
-    job_env = env("SPGATE_JOB_ID") or env("SLURM_JOB_NAME")  # as connect() reads them
-    p.add_argument("--job_id", default=job_env or None, required=not job_env,
-                   help="default: SPGATE_JOB_ID, else SLURM_JOB_NAME")
+    p.add_argument("--controller", default=None,
+                   help="spgated worker API; --controller= (empty): the local policy only "
+                        "(default: SPGATE_CONTROLLER; an error when neither gives one)")
+    p.add_argument("--job_id", default=None,
+                   help="default: SPGATE_JOB_ID, else SLURM_JOB_NAME; required with a "
+                        "controller")
     p.add_argument("--incarnation", default="",
                    help="this launch of the job, the same on every rank; default: the "
                         "launcher's (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, ...) or a new "
@@ -148,6 +148,17 @@ def parse_args(argv=None):
                         "after NAME:, as every spgate client reads it); sent as "
                         "'authorization: Bearer <token>' (default: SPGATE_WORKER_TOKEN_FILE)")
     args = p.parse_args(argv)
+    # As spgate.torch.connect reads them: no controller at all is an error, not a run that
+    # silently decides every step locally; a local run needs no job id.
+    if args.controller is None:
+        args.controller = env("SPGATE_CONTROLLER", "")
+        if not args.controller:
+            p.error("--controller: required (or set SPGATE_CONTROLLER); --controller= "
+                    "decides every step locally")
+    if args.job_id is None:
+        args.job_id = env("SPGATE_JOB_ID") or env("SLURM_JOB_NAME") or ""
+        if args.controller and not args.job_id:
+            p.error("--job_id: required with a controller (or set SPGATE_JOB_ID)")
     if not args.lr > 0:
         p.error("argument --lr: must be > 0, got %s" % args.lr)
     if args.world % (args.tp * args.pp):

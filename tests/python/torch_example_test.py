@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import unittest.mock as mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -175,7 +176,7 @@ class TorchExampleTest(unittest.TestCase):
         """The new summary keys recomputed from what the ranks logged and from the
         example's own (pure) batch function."""
         train = load_train()
-        args = train.parse_args(["--job_id=x", f"--steps={STEPS}"])
+        args = train.parse_args(["--controller=", "--job_id=x", f"--steps={STEPS}"])
         tokens = {"all": 0}
         switches, steady = {}, set()
         for g, rows in enumerate(group_logs(prefix)):
@@ -237,13 +238,31 @@ class TorchExampleTest(unittest.TestCase):
             with self.subTest(extra=extra):
                 with self.assertRaises(SystemExit) as cm, \
                         contextlib.redirect_stderr(io.StringIO()) as err:
-                    train.parse_args(["--job_id=x", *extra])
+                    train.parse_args(["--controller=", "--job_id=x", *extra])
                 self.assertEqual(cm.exception.code, 2)
                 flag = extra[0].split("=")[0]
                 self.assertIn(flag, err.getvalue())  # the message names the flag
-        a = train.parse_args(["--job_id=x"])
+        a = train.parse_args(["--controller=", "--job_id=x"])
         self.assertIsNone(train.tls_options(a))
-        a = train.parse_args(["--job_id=x", "--tls_ca=ca.pem", "--tls_server_name=localhost"])
+        # No controller at all is a usage error (not a run decided locally in silence);
+        # a local run needs no job id, a run with a controller does.
+        with mock.patch.dict(os.environ):
+            for name in ("SPGATE_CONTROLLER", "SPGATE_JOB_ID", "SLURM_JOB_NAME"):
+                os.environ.pop(name, None)
+            for argv, flag in ((["--job_id=x"], "--controller"),
+                               (["--controller=127.0.0.1:50061"], "--job_id")):
+                with self.subTest(argv=argv):
+                    with self.assertRaises(SystemExit) as cm, \
+                            contextlib.redirect_stderr(io.StringIO()) as err:
+                        train.parse_args(argv)
+                    self.assertEqual(cm.exception.code, 2)
+                    self.assertIn(flag + ": required", err.getvalue())
+            self.assertEqual(train.parse_args(["--controller="]).job_id, "")
+            os.environ["SPGATE_CONTROLLER"] = "127.0.0.1:50061"
+            os.environ["SPGATE_JOB_ID"] = "from-env"
+            a = train.parse_args([])
+            self.assertEqual((a.controller, a.job_id), ("127.0.0.1:50061", "from-env"))
+        a = train.parse_args(["--controller=", "--job_id=x", "--tls_ca=ca.pem", "--tls_server_name=localhost"])
         self.assertEqual(train.tls_options(a), {"ca": "ca.pem", "cert": "", "key": "",
                                                 "server_name": "localhost"})
 
