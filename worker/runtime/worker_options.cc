@@ -7,11 +7,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_id.h"
 #include "common/launch_credential.h"
 #include "common/status_macros.h"
 #include "policy/gate_config.h"
 #include "policy/pipeline_memory.h"
 #include "policy/step_plan.h"
+#include "worker/client/channel.h"
 #include "worker/runtime/lengths.h"
 #include "worker/runtime/model.h"
 
@@ -44,6 +46,17 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         "--job_id: required with --controller (or set SPGATE_JOB_ID, or run under Slurm "
         "with a job name); the daemon keys decisions by job");
+  }
+  // The client's own rules (which Create applies on every rank, after MPI started: a
+  // refusal there aborted the job with a runtime error), named by flag here.
+  if (absl::Status s = client::ValidateControllerAddress(o.client.controller); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", s.message()));
+  }
+  if (!o.client.job_id.empty()) {
+    if (absl::Status s = ValidateJobId(o.client.job_id); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", s.message(), " (--job_id, else SPGATE_JOB_ID or SLURM_JOB_NAME)"));
+    }
   }
   if (!o.client.controller.empty() && !o.client.launch_credential.empty()) {
     RETURN_IF_ERROR(

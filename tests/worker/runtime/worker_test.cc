@@ -35,6 +35,20 @@ TEST(ValidationTest, WorkerOptionsNameTheFlags) {
   EXPECT_THAT(ValidateWorkerOptions(o),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("--microbatches=4097 must be in [1, 4096]")));
+  // The client's rules for the controller and the job id, by flag, before MPI starts (a
+  // runtime error on every rank otherwise).
+  o = WorkerOptions{};
+  o.client.controller = "127.0.0.1:85136";
+  o.client.job_id = "j";
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--controller: \"127.0.0.1:85136\" is not host:port")));
+  o.client.controller = "127.0.0.1:50061";
+  o.client.job_id = "bad!id";
+  EXPECT_THAT(ValidateWorkerOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--job_id: \"bad!id\"")));
+  o.client.job_id = "good-id";
+  EXPECT_OK(ValidateWorkerOptions(o));
 }
 
 // Pipeline stages: the layers split evenly over the stages, the CPU backend, --verify per
