@@ -432,10 +432,20 @@ void BindClient(py::module_& m) {
           py::arg("memory_budget_bytes") = 0)
       .def("await_decision", &AwaitDecision, py::arg("step"), py::arg("timeout") = py::none())
       .def("report_telemetry",
-           [](Client& self, const client::StepTelemetryInput& t) {
+           // A StepTelemetry, or its fields as keywords (as GroupDecider.report_telemetry).
+           [](Client& self, py::object telemetry, py::kwargs fields) {
+             client::StepTelemetryInput t;
+             if (telemetry.is_none()) {
+               t = py::type::of<client::StepTelemetryInput>()(**fields)
+                       .cast<client::StepTelemetryInput>();
+             } else if (py::len(fields) > 0) {
+               throw py::type_error("report_telemetry: a StepTelemetry or keywords, not both");
+             } else {
+               t = telemetry.cast<client::StepTelemetryInput>();
+             }
              Check(self.Get("report_telemetry")->ReportTelemetry(t));
            },
-           py::arg("telemetry"))
+           py::arg("telemetry") = py::none())
       .def("observe_group_rs_wait_share",
            [](Client& self, int64_t step, Mode mode, double share) {
              Check(self.Get("observe_group_rs_wait_share")

@@ -234,7 +234,8 @@ class LocalClientTest(SpgateTestCase):
                     a = f.args
                     names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
                     by_name.setdefault(f.name, []).append(
-                        [n for n in names if n != "self"] + ([a.vararg.arg] if a.vararg else []))
+                        [n for n in names if n != "self"] + ([a.vararg.arg] if a.vararg else [])
+                        + ([a.kwarg.arg] if a.kwarg else []))
                     if len(by_name[f.name]) > 1:
                         self.assertTrue(all(decorated(g, "overload") for g in fns
                                             if g.name == f.name), f"{f.name}: @overload missing")
@@ -461,7 +462,17 @@ class LocalClientTest(SpgateTestCase):
             c.await_decision(0)
         c.report_telemetry(spgate.StepTelemetry(step=0, mode=Mode.TENSOR_PARALLEL_ONLY,
                                                 reason=Reason.LENGTH_CV, step_time_s=0.5))
-        self.assertEqual(c.stats().telemetry_reported, 1)
+        # Or its fields as keywords, as the deciders take them; not both at once.
+        c.report_telemetry(step=1, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
+                           step_time_s=0.5, effective_tokens=64)
+        self.assertEqual(c.stats().telemetry_reported, 2)
+        with self.assertRaisesRegex(TypeError, "not both"):
+            c.report_telemetry(spgate.StepTelemetry(step=2, mode=Mode.TENSOR_PARALLEL_ONLY,
+                                                    reason=Reason.LENGTH_CV, step_time_s=0.5),
+                               step=2)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "step_time"):
+            c.report_telemetry(step=2, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
+                               step_time_s=0)
         c.close()
 
     def test_close_and_context_manager(self):
@@ -977,7 +988,7 @@ class DaemonClientTest(SpgateTestCase):
             t0 = time.monotonic()
             with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
                                        r"refused this client's registration .*group: must be "
-                                       r"in \[0, 4096\), got 5000"):
+                                       r"in \[0, 4096\) \(--max_groups_per_job\), got 5000"):
                 c.wait_until_connected(20)
             self.assertLess(time.monotonic() - t0, 10)
 

@@ -145,6 +145,18 @@ def rank_main(rank, world, address, unreachable, token_file, admin):
     out["tp_groups"] = _refused(lambda: spgate.torch.connect(
         controller=address, job_id="py-connect-tp", worker_token=TOKEN,
         tp_group=both if rank == 0 else alone[1]))
+    # connect's own arguments of the wrong type: TypeError naming them, on every rank.
+    for case, kwargs in (("timeout_type", {"connect_timeout": "5"}),
+                         ("tp_group_type", {"tp_group": [0, 1]})):
+        try:
+            spgate.torch.connect(controller=address, job_id="py-connect-args",
+                                 worker_token=TOKEN, **kwargs)
+            out[case] = None
+        except TypeError as e:
+            out[case] = str(e)
+    out["timeout_value"] = _refused(lambda: spgate.torch.connect(
+        controller=address, job_id="py-connect-args", worker_token=TOKEN,
+        connect_timeout=-1.0))
     out["wrong_token"] = _refused(lambda: spgate.torch.connect(
         controller=address, job_id="py-connect-token", worker_token=TOKEN + "-wrong"))
 
@@ -209,6 +221,10 @@ class ConnectTest(unittest.TestCase):
                 self.assertEqual(code, "PERMISSION_DENIED")
                 self.assertIn("worker token", message)
                 self.assertLess(seconds, REFUSAL_BOUND_S)
+                self.assertIn("connect_timeout must be a number of seconds, got str",
+                              out["timeout_type"] or "")
+                self.assertIn("tp_group must be a torch.distributed process group",
+                              out["tp_group_type"] or "")
                 cls, code, message, seconds = out["admin_port"]
                 self.assertEqual(code, "UNIMPLEMENTED")
                 self.assertIn("does not serve spgated's worker API", message)
@@ -218,7 +234,8 @@ class ConnectTest(unittest.TestCase):
                                              "world ranks [1]"]),
                         ("two_jobs", ["different job_ids", "'py-connect-0' (world ranks [0])",
                                       "'py-connect-1' (world ranks [1])"]),
-                        ("tp_groups", ["disagree on the TP groups", "world ranks [0, 1]"])):
+                        ("tp_groups", ["disagree on the TP groups", "world ranks [0, 1]"]),
+                        ("timeout_value", ["connect_timeout: must be >= 0"])):
                     cls, code, message, seconds = out[case]
                     self.assertEqual(code, "INVALID_ARGUMENT", (case, message))
                     for word in words:

@@ -206,7 +206,22 @@ def _check_tp_groups(members) -> None:
                                % (r, list(group), m, list(members[m])))
 
 
-def _agree_on_arguments(controller, job_id, tp_group, world):
+def _argument_problem(tp_group, connect_timeout) -> Optional[Exception]:
+    """What is wrong with connect's own arguments (a TypeError or InvalidArgumentError
+    naming the argument), raised by every rank after the first gather, else None."""
+    if tp_group is not None and not isinstance(tp_group, dist.ProcessGroup):
+        return TypeError("tp_group must be a torch.distributed process group (new_group) or "
+                         "None, got %s" % type(tp_group).__name__)
+    if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)):
+        return TypeError("connect_timeout must be a number of seconds, got %s"
+                         % type(connect_timeout).__name__)
+    if not 0 <= connect_timeout < float("inf"):
+        return _invalid("connect_timeout: must be >= 0 seconds and finite, got %r"
+                        % connect_timeout)
+    return None
+
+
+def _agree_on_arguments(controller, job_id, tp_group, world, problem=None):
     """Collective over the world: (controller, job_id, leaders) - this rank's arguments
     (_arguments) and every rank's TP group leader's world rank - once every rank has
     its arguments. Every rank raises when one has none (its own error first), when some
@@ -214,10 +229,13 @@ def _agree_on_arguments(controller, job_id, tp_group, world):
     collectives), when they name different controllers or jobs, or when their TP groups
     do not partition the world."""
     try:
+        if problem is not None:
+            raise problem
         mine = ("ok",) + _arguments(controller, job_id)
-    except spgate.Error as e:
+    except (spgate.Error, TypeError) as e:
         mine = _outcome(e)
-    members = tuple(_global_rank(tp_group, i) for i in range(dist.get_world_size(tp_group)))
+    members = ((dist.get_rank(),) if problem is not None else
+               tuple(_global_rank(tp_group, i) for i in range(dist.get_world_size(tp_group))))
     everyone = [None] * dist.get_world_size(world)
     dist.all_gather_object(everyone, (members, mine), group=world)
     _raise_agreed([(None, o) for _, o in everyone], None)
@@ -293,15 +311,16 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
         if reserved in client_options:
             raise TypeError("connect: %s is connect's to set, not a Client option" % reserved)
     world = dist.group.WORLD
-    tp_rank = dist.get_rank(tp_group)
-    tp_size = dist.get_world_size(tp_group)
 
     job_id_variable = None
     if job_id is None:
         job_id_variable = _JOB_ID_ENV if os.environ.get(_JOB_ID_ENV) else "SLURM_JOB_NAME"
     hardware_id_variable = (_HARDWARE_ID_ENV if hardware_id is None
                             and os.environ.get(_HARDWARE_ID_ENV) else None)
-    controller, job_id, leaders = _agree_on_arguments(controller, job_id, tp_group, world)
+    controller, job_id, leaders = _agree_on_arguments(
+        controller, job_id, tp_group, world, _argument_problem(tp_group, connect_timeout))
+    tp_rank = dist.get_rank(tp_group)
+    tp_size = dist.get_world_size(tp_group)
     if group is None:
         group = (grid.group if grid is not None   # else numbered by the leaders' world ranks
                  else sorted(set(leaders)).index(_global_rank(tp_group, 0)))
