@@ -2,6 +2,7 @@
 #include "worker/client/client_options.h"
 
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,15 @@ absl::Status SetClientOptionFromText(GateClientOptions& o, const ClientOption& r
       // Parsed as int64 and narrowed, as the C API always has.
       int64_t v;
       if (!absl::SimpleAtoi(t, &v)) return NotA(row, "an integer", text);
+      // Refused here, by the C API's name, rather than wrapped (a negative byte count
+      // became 2^64 - 5) or refused later by Create under the C++ name.
+      if (row.type != ClientOptionType::kInt && v < 0) {
+        return NotA(row, "a non-negative integer", text);
+      }
+      if (row.type == ClientOptionType::kInt &&
+          (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())) {
+        return NotA(row, "an integer in int's range", text);
+      }
       if (row.type == ClientOptionType::kInt) {
         ClientOptionRef<int>(o, row) = static_cast<int>(v);
       } else if (row.type == ClientOptionType::kUint64) {

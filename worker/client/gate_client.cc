@@ -57,7 +57,9 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
   RETURN_IF_ERROR(ValidateControllerAddress(o.controller));
   if (!o.controller.empty() && o.incarnation.empty()) {
     return bad("incarnation must be set: one value per launch of the job, the same on every "
-               "rank (IncarnationFromEnvironment(), or one made by world rank 0 and broadcast)");
+               "rank: the launcher's run id (SPGATE_INCARNATION, TORCHELASTIC_RUN_ID, Slurm's "
+               "job and step ids), or one world rank 0 makes and broadcasts (C++ "
+               "IncarnationFromEnvironment(); Python spgate.torch.agree_on_launch)");
   }
   if (!o.controller.empty()) {
     RETURN_IF_ERROR(ValidateIncarnation(o.incarnation));  // the daemon's rule

@@ -93,6 +93,11 @@ absl::Status SetOption(spgate::client::GateClientOptions& o,
         "option \"", name, "\" was removed: ADAPTIVE's prior no longer takes declared "
         "hardware (docs/client.md); drop the call"));
   }
+  if (const spgate::client::ClientOption* row = spgate::client::FindClientOption(name)) {
+    // The C++ name of a duration: the C API's carries its unit.
+    return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\": the C API names it \"",
+                                                   spgate::client::CApiOptionName(*row), "\""));
+  }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
 }
 

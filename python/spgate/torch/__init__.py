@@ -8,6 +8,15 @@ pipeline the pipeline stages (the grid, PipelineDecider - a decision per micro-b
 sequence-sharded stage boundary and the 1F1B schedule; docs/design.md §12)."""
 
 
+__all__ = ["connect", "GroupDecider", "PipelineGrid", "PipelineDecider", "StageLink",
+           "StageBoundaryError", "agree_on_launch", "LaunchIdentity"]
+
+
+def __dir__():
+    # The lazy names and the submodules too (tab completion, help()).
+    return sorted(set(globals()) | set(__all__) | {"parallel", "pipeline"})
+
+
 def __getattr__(name):
     # Lazy, so that spgate.torch.parallel works without the native module.
     if name == "connect":

@@ -47,6 +47,16 @@ TEST(CApiTest, ErrorsCarryCodeAndMessage) {
   EXPECT_THAT(spgate_last_error(), HasSubstr("\"link_gbps\" was removed"));
   EXPECT_EQ(spgate_options_set(o, "group_size", "two"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("not an integer"));
+  // The C++ name of a duration points at the C API's; a negative duration or byte count,
+  // or an int out of range, is refused by the C API's name when set.
+  EXPECT_EQ(spgate_options_set(o, "decision_deadline", "5"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("the C API names it \"decision_deadline_ms\""));
+  EXPECT_EQ(spgate_options_set(o, "decision_deadline_ms", "-5"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("decision_deadline_ms: not a non-negative integer"));
+  EXPECT_EQ(spgate_options_set(o, "memory_budget_bytes", "-5"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("memory_budget_bytes: not a non-negative integer"));
+  EXPECT_EQ(spgate_options_set(o, "group_size", "4294967298"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("group_size: not an integer in int's range"));
   ASSERT_EQ(spgate_options_set(o, "group_size", "2"), SPGATE_OK);
   EXPECT_STREQ(spgate_last_error(), "");
   ASSERT_EQ(spgate_options_set(o, "rank_in_group", "2"), SPGATE_OK);
