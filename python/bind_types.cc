@@ -48,10 +48,7 @@ GateDecision FromWireBytes(const py::bytes& b) {
   }
   client::DecisionWire w;
   std::memcpy(&w, s.data(), sizeof(w));
-  if (w.status_code != 0) {
-    Raise(absl::Status(static_cast<absl::StatusCode>(w.status_code),
-                       absl::StrCat("the group leader could not decide step ", w.step)));
-  }
+  if (w.status_code != 0) Raise(client::LeaderFailure(w.status_code, w.step));
   absl::StatusOr<GateDecision> d = client::FromWire(w);
   Check(d.status());
   return *d;

@@ -138,6 +138,17 @@ DecisionWire ToWire(const GateDecision& d) {
   return w;
 }
 
+absl::Status LeaderFailure(int32_t status_code, int64_t step) {
+  const auto code = static_cast<absl::StatusCode>(status_code);
+  return absl::Status(code, absl::StrFormat(
+                                "the group leader could not decide step %d (%s there: the "
+                                "leader's own error says why%s)",
+                                step, absl::StatusCodeToString(code),
+                                code == absl::StatusCode::kFailedPrecondition
+                                    ? ", e.g. no plan submitted for the step"
+                                    : ""));
+}
+
 absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
   auto valid_reason = [](uint8_t r) { return r >= 1 && r < kNumReasons; };
   if ((w.mode != 1 && w.mode != 2) || !valid_reason(w.reason) || !valid_reason(w.policy_reason) ||
@@ -230,10 +241,7 @@ absl::StatusOr<GateDecision> UnpackDecision(std::span<const uint8_t> in, int64_t
         "group's ranks are out of step",
         rank, step, head.step));
   }
-  if (head.status_code != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(head.status_code),
-                        absl::StrFormat("the group leader could not decide step %d", step));
-  }
+  if (head.status_code != 0) return LeaderFailure(head.status_code, step);
   ASSIGN_OR_RETURN(GateDecision d, FromWire(head));
   d.microbatches.reserve(in.size() - kHeadBytes);
   for (uint8_t b : in.subspan(kHeadBytes)) {

@@ -65,6 +65,9 @@ static_assert(std::is_trivially_copyable_v<DecisionWire> && sizeof(DecisionWire)
 DecisionWire ToWire(const GateDecision& d);
 // INVALID_ARGUMENT for a payload that is not a decision (corrupt broadcast).
 absl::StatusOr<GateDecision> FromWire(const DecisionWire& w);
+// What a receiving rank raises for a leader's failure on `step` (the wire carries only its
+// code): that code, saying the leader's own error has the reason.
+absl::Status LeaderFailure(int32_t status_code, int64_t step);
 
 // Broadcasts `bytes` (the same length on every rank) from rank `root` of the group: on the
 // root they are the input, on the other ranks they are overwritten with the root's. A

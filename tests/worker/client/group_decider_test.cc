@@ -339,7 +339,9 @@ TEST(GroupDeciderTest, ACountThatDisagreesWithThePlanFailsEveryRank) {
   EXPECT_THAT(got[0], StatusIs(absl::StatusCode::kFailedPrecondition,
                                HasSubstr("decided for 2 micro-batches, not 0")));
   EXPECT_THAT(got[1], StatusIs(absl::StatusCode::kFailedPrecondition,
-                               HasSubstr("the group leader could not decide step 0")));
+                               HasSubstr("the group leader could not decide step 0 "
+                                         "(FAILED_PRECONDITION there: the leader's own error "
+                                         "says why")));
 }
 
 TEST(TelemetryWireTest, MicrobatchSlotsReduceToTheGroupsRecords) {
