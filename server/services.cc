@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/job_id.h"
 #include "common/status_macros.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
@@ -679,8 +680,10 @@ AdminServiceImpl::AdminServiceImpl(GateState* state, OperatorStore* store, Metri
       "PinMode", [this](Ctx* ctx, const v1::PinModeRequest& r) { return PinMode(ctx, r); });
   AddUnary<v1::UnpinRequest, v1::UnpinResponse>(
       "Unpin", [this](Ctx* ctx, const v1::UnpinRequest& r) { return Unpin(ctx, r); });
-  watch_start_ = [this](Ctx* ctx, const v1::WatchDecisionsRequest&) -> absl::Status {
+  watch_start_ = [this](Ctx* ctx, const v1::WatchDecisionsRequest& r) -> absl::Status {
     RETURN_IF_ERROR(Authorize(ctx, "WatchDecisions").status());
+    // A job id no job can have would wait forever; an unknown one may be about to start.
+    if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
     if (std::optional<Limit> full = streams_->Admit(StreamRegistry::Kind::kWatch)) {
       metrics_.LimitRefusals(*full).Increment();
       return absl::ResourceExhaustedError(

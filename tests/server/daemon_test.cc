@@ -840,6 +840,15 @@ TEST_F(DaemonTest, WatchDecisionsStreamsDecisionsAsMade) {
   ctx.TryCancel();
   driver.join();
   reader->Finish();
+  // A job id no job may have would wait forever: refused at the start.
+  grpc::ClientContext bad_ctx;
+  bad_ctx.set_deadline(Deadline());
+  req.set_job_id("bad/id");
+  auto bad = admin_->WatchDecisions(&bad_ctx, req);
+  EXPECT_FALSE(bad->Read(&d));
+  const grpc::Status st = bad->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("job_id"));
 }
 
 TEST_F(DaemonTest, ShutdownEndsStreamsWithUnavailable) {

@@ -13,6 +13,7 @@
 #include "google/protobuf/descriptor.h"
 #include "policy/gate_config.h"
 #include "common/cli.h"
+#include "common/job_id.h"
 #include "tools/spgatectl/command_table.h"
 #include "tools/spgatectl/flag_values.h"
 
@@ -382,6 +383,11 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       }
       if (!args.empty()) out->watch.set_job_id(args[0]);
       if (job) out->watch.set_job_id(*job);
+      if (!out->watch.job_id().empty()) {
+        if (absl::Status s = ValidateJobId(out->watch.job_id()); !s.ok()) {
+          return Usage(std::string(s.message()));  // the daemon's rule: no stream for it
+        }
+      }
       if (auto c = flags.Get("count")) {
         absl::StatusOr<int64_t> n = ParseInt64Flag("count", *c);
         if (!n.ok()) return n.status();

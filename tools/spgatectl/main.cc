@@ -224,6 +224,20 @@ class Client {
                                                " within ", absl::FormatDuration(inv_.global.timeout)));
       return kExitRpcError;
     }
+    if (const std::string& job = inv_.watch.job_id(); !job.empty()) {
+      // A job the daemon does not know yet (one about to start, or a typo): the stream
+      // waits for its first decision; say so, rather than wait in silence.
+      grpc::ClientContext probe;
+      Prepare(&probe, /*deadline=*/true);
+      v1::GetJobRequest request;
+      request.set_job_id(job);
+      v1::Job unused;
+      if (stub_->GetJob(&probe, request, &unused).error_code() == grpc::StatusCode::NOT_FOUND) {
+        std::cerr << "spgatectl: watch: job " << job
+                  << " is not known to the daemon yet (jobs list shows the ones it knows); "
+                     "waiting for its first decision\n";
+      }
+    }
     grpc::ClientContext ctx;
     Prepare(&ctx, /*deadline=*/false);  // a watch runs until --count or a signal
     Scope scope(interrupter_, &ctx);

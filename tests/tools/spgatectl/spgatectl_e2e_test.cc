@@ -414,9 +414,10 @@ TEST_F(SpgatectlE2eTest, EvalPrintsTheDecisionAndReasonChain) {
 }
 
 TEST_F(SpgatectlE2eTest, WatchCountStopsAfterNDecisions) {
+  int64_t step = 0;
+  Decide("llama", 0, step++);  // a job the daemon knows: nothing said on stderr
   auto watch = Spawn({"watch", "llama", "--count=3"});
   // The watch may subscribe after the first plans; keep deciding until it has seen 3.
-  int64_t step = 0;
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   while (watch->Running() && absl::Now() < deadline) {
     Decide("other", 0, step);  // filtered out by the job argument
@@ -431,6 +432,28 @@ TEST_F(SpgatectlE2eTest, WatchCountStopsAfterNDecisions) {
                             HasSubstr(" reason=gates_passed")));
   }
   EXPECT_THAT(watch->err(), IsEmpty());
+}
+
+// A job the daemon does not know yet is watched (its decisions appear once it starts),
+// and spgatectl says so instead of waiting in silence; a job id no job may have is a
+// usage error, before anything is sent.
+TEST_F(SpgatectlE2eTest, WatchOfAJobNotYetKnownSaysSoAndWaits) {
+  auto watch = Spawn({"watch", "later", "--count=1"});
+  int64_t step = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (watch->err().empty() && watch->Running() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_THAT(watch->err(), HasSubstr("job later is not known to the daemon yet"));
+  while (watch->Running() && absl::Now() < deadline) {
+    Decide("later", 0, step++);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(watch->Wait(absl::Seconds(5)), 0) << watch->err();
+  EXPECT_THAT(watch->out(), HasSubstr("job=later group=0"));
+  CtlResult r = Ctl({"watch", "bad/id", "--count=1"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("job_id: \"bad/id\" may contain only"));
 }
 
 TEST_F(SpgatectlE2eTest, WatchJsonIsOneDecisionPerLine) {
