@@ -276,8 +276,11 @@ Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
     return {Mode::kSequenceParallel, Reason::kProbe};
   }
   Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
-         rs_wait.samples > 0 ? "in RS_WAIT fallback; wait share not below re-enable level"
-                             : "in RS_WAIT fallback; waiting for a probe");
+         rs_wait.samples == 0 ? "in RS_WAIT fallback; waiting for a probe"
+         : rs_wait.mean < reenable_below
+             ? "in RS_WAIT fallback; wait share below the re-enable level, but the last "
+               "switch was less than min_dwell_steps ago"
+             : "in RS_WAIT fallback; wait share not below re-enable level");
   return {Mode::kTensorParallelOnly, Reason::kRsWait};
 }
 

@@ -22,6 +22,7 @@ namespace spgate {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Not;
 using ::testing::DoubleEq;
 using ::testing::ElementsAre;
 using ::testing::Field;
@@ -372,6 +373,14 @@ TEST(GateTraceTest, DwellHoldIsExplained) {
   ASSERT_EQ(trace.size(), 4u);
   EXPECT_THAT(trace[3], CheckWith("rs_wait", "pass", 0.5, 0.22));
   EXPECT_THAT(trace[3].detail, HasSubstr("min_dwell_steps"));
+  // In the fallback, a wait share below the re-enable level held by the dwell says so
+  // (not "not below re-enable level").
+  const GateConfig c;
+  trace.clear();
+  EvaluateGates(c, Fallback(c.min_dwell_steps - 1, 1), Batch(), Rs(0.1), std::nullopt, &trace);
+  ASSERT_EQ(trace.size(), 4u);
+  EXPECT_THAT(trace[3].detail, AllOf(HasSubstr("below the re-enable level"),
+                                     HasSubstr("min_dwell_steps"), Not(HasSubstr("not below"))));
 }
 
 TEST(GateTraceTest, TraceAppends) {
