@@ -55,6 +55,16 @@ inline absl::Status ValidateGroupSize(int group_size, int max_group_size = kMaxG
   return absl::OkStatus();
 }
 
+// A TP group's index: in [0, max_groups), the daemon's --max_groups_per_job.
+// INVALID_ARGUMENT naming group otherwise.
+inline absl::Status ValidateGroupIndex(int group, int max_groups) {
+  if (group < 0 || group >= max_groups) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group: must be in [0, %d) (--max_groups_per_job), got %d", max_groups, group));
+  }
+  return absl::OkStatus();
+}
+
 // A world rank: >= 0. INVALID_ARGUMENT naming global_rank otherwise.
 inline absl::Status ValidateGlobalRank(int global_rank) {
   if (global_rank < 0) {

@@ -101,6 +101,17 @@ absl::Status ValidateSpRequiredFeature(std::string_view name) {
       absl::CEscape(absl::string_view(name.data(), std::min<size_t>(name.size(), 64)))));
 }
 
+absl::Status ValidateSpRequiredFeatures(std::span<const std::string> names) {
+  if (names.size() > static_cast<size_t>(kMaxSpRequiredFeatures)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sp_required: at most %d features, got %d", kMaxSpRequiredFeatures, names.size()));
+  }
+  for (const std::string& name : names) {
+    if (absl::Status s = ValidateSpRequiredFeature(name); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMicrobatchIds(std::span<const int> ids, int microbatches) {
   if (static_cast<int64_t>(ids.size()) > microbatches) {
     return absl::InvalidArgumentError(absl::StrFormat(

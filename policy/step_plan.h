@@ -92,6 +92,9 @@ StageCoordinates CoordinatesOf(const JobLayout& layout, int64_t group);
 // 32 characters from [a-z0-9_]; at most kMaxSpRequiredFeatures per job.
 inline constexpr int kMaxSpRequiredFeatures = 8;
 absl::Status ValidateSpRequiredFeature(std::string_view name);
+// A rank's list: at most kMaxSpRequiredFeatures names, each valid. INVALID_ARGUMENT
+// naming sp_required otherwise.
+absl::Status ValidateSpRequiredFeatures(std::span<const std::string> names);
 
 // One micro-batch of a stage's step plan. lengths_known false: the stage did not learn
 // its lengths in time (it decides SP, reason kLengthsUnknown).

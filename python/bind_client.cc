@@ -436,10 +436,24 @@ void BindClient(py::module_& m) {
            [](Client& self, py::object telemetry, py::kwargs fields) {
              client::StepTelemetryInput t;
              if (telemetry.is_none()) {
-               t = py::type::of<client::StepTelemetryInput>()(**fields)
-                       .cast<client::StepTelemetryInput>();
+               if (py::len(fields) == 0) {
+                 throw py::type_error(
+                     "report_telemetry: a spgate.StepTelemetry or its fields as keywords "
+                     "(step=, mode=, reason=, step_time_s=, ...)");
+               }
+               try {
+                 t = py::type::of<client::StepTelemetryInput>()(**fields)
+                         .cast<client::StepTelemetryInput>();
+               } catch (py::error_already_set& e) {
+                 if (!e.matches(PyExc_TypeError)) throw;
+                 throw py::type_error(absl::StrCat("report_telemetry: ", e.what()));
+               }
              } else if (py::len(fields) > 0) {
                throw py::type_error("report_telemetry: a StepTelemetry or keywords, not both");
+             } else if (!py::isinstance<client::StepTelemetryInput>(telemetry)) {
+               throw py::type_error(absl::StrCat(
+                   "report_telemetry: telemetry must be a spgate.StepTelemetry, got ",
+                   std::string(py::str(py::type::of(telemetry).attr("__name__")))));
              } else {
                t = telemetry.cast<client::StepTelemetryInput>();
              }

@@ -90,11 +90,8 @@ absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& jo
 }
 
 absl::Status GateState::CheckGroupIndex(int group) const {
-  if (group >= 0 && group < options_.max_groups_per_job) return absl::OkStatus();
   if (group >= options_.max_groups_per_job) CountLimit(Limit::kGroupsPerJob);
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "group: must be in [0, %d) (--max_groups_per_job), got %d", options_.max_groups_per_job,
-      group));
+  return ValidateGroupIndex(group, options_.max_groups_per_job);
 }
 
 absl::StatusOr<GateState::Group*> GateState::FindOrCreateGroup(Job& job, int group) {
@@ -240,9 +237,6 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
         r.rank_in_group));
   }
   RETURN_IF_ERROR(ValidateHost(r.host));
-  // Before the launch book is asked: a new launch's seat can fail for nothing else (its
-  // job starts empty), so a refused rank neither creates the job nor claims the launch.
-  RETURN_IF_ERROR(CheckGroupIndex(r.group));
   if (r.layout.has_value()) {
     RETURN_IF_ERROR(ValidateJobLayout(*r.layout));
     if (r.layout->groups() > options_.max_groups_per_job) {
@@ -266,7 +260,11 @@ absl::StatusOr<RegisterResult> GateState::Register(const RegisterInput& r) {
           r.group, r.coordinates.dp_index, r.coordinates.stage, r.coordinates.cp_rank, g));
     }
   }
-  for (const std::string& f : r.sp_required) RETURN_IF_ERROR(ValidateSpRequiredFeature(f));
+  RETURN_IF_ERROR(ValidateSpRequiredFeatures(r.sp_required));
+  // Before the launch book is asked: a new launch's seat can fail for nothing else (its
+  // job starts empty; the sp_required count is checked just above), so a refused rank
+  // neither creates the job nor claims the launch.
+  RETURN_IF_ERROR(CheckGroupIndex(r.group));
   const std::string digest = LaunchCredentialDigest(r.launch_credential);
   auto session = std::make_shared<Session>();
   ASSIGN_OR_RETURN(session->id, NewSessionId());

@@ -21,6 +21,7 @@ using ::spgate::ValidateJobId;
 // Register's fixed field rules, the clients' too: common/registration.h.
 using ::spgate::kMaxHostLength;
 using ::spgate::ValidateGlobalRank;
+using ::spgate::ValidateGroupIndex;
 using ::spgate::ValidateGroupSize;
 using ::spgate::ValidateHost;
 using ::spgate::ValidateIncarnation;

@@ -161,10 +161,6 @@ absl::StatusOr<RegisterInput> RegisterFromProto(const v1::RegisterRequest& r) {
   } else if (r.has_coordinates()) {
     return absl::InvalidArgumentError("coordinates: sent without a layout");
   }
-  if (r.sp_required_size() > kMaxSpRequiredFeatures) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sp_required: at most %d features, got %d", kMaxSpRequiredFeatures, r.sp_required_size()));
-  }
   in.sp_required.assign(r.sp_required().begin(), r.sp_required().end());
   // The model's shape (the learned tables' key). The deprecated `hardware` is ignored.
   const v1::ModelShape& model = r.model();
@@ -280,12 +276,10 @@ namespace {
 // A pin's group as Register would take it: below --max_groups_per_job (a negative one
 // is the store's INVALID_ARGUMENT).
 absl::Status CheckPinGroup(const GateState& state, bool has_group, int group) {
-  const int max = state.options().max_groups_per_job;
-  if (has_group && group >= max) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("group: must be in [0, %d) (--max_groups_per_job), got %d", max, group));
-  }
-  return absl::OkStatus();
+  // (A negative one is the store's INVALID_ARGUMENT, said first.)
+  return has_group && group >= 0
+             ? ValidateGroupIndex(group, state.options().max_groups_per_job)
+             : absl::OkStatus();
 }
 
 }  // namespace

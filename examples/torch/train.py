@@ -51,7 +51,7 @@ sequence-sharded boundary (so stages may run one micro-batch in different modes)
 message's size checked. The decision log gets a row per (step, micro-batch) with its stage,
 the summary `layout`, `stages` and `p2p_size_mismatches` (docs/pytorch.md):
 
-    PYTHONPATH=build/python python3 examples/torch/train.py --job_id=torch-pp --pp=2 \
+    PYTHONPATH=build/python python3 examples/torch/train.py --controller= --job_id=torch-pp --pp=2 \
         --microbatches=4 --steps=10 --summary_json=/tmp/summary.json
 """
 import argparse

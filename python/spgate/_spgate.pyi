@@ -281,9 +281,10 @@ class ClientStats:
     def telemetry_acked(self) -> int: ...
     @property
     def telemetry_dropped(self) -> int: ...
+    # The daemon's last decided step for this group at the last Register (-1: none):
+    # where a restarted rank resumes; not a count of this client's decisions.
     @property
-    def last_decided_step(self) -> int: ...  # the daemon's, for this group, at the last
-    # Register (-1: none): where a restarted rank resumes; not a count of this client's
+    def last_decided_step(self) -> int: ...
     @property
     def session_replaced(self) -> bool: ...  # another process holds this rank's seat
     @property

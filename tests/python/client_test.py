@@ -466,6 +466,10 @@ class LocalClientTest(SpgateTestCase):
         c.report_telemetry(step=1, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
                            step_time_s=0.5, effective_tokens=64)
         self.assertEqual(c.stats().telemetry_reported, 2)
+        for bad, words in (((), "a spgate.StepTelemetry or its fields"),
+                           (({"step": 1},), "telemetry must be a spgate.StepTelemetry, got dict")):
+            with self.assertRaisesRegex(TypeError, "report_telemetry: " + words):
+                c.report_telemetry(*bad)
         with self.assertRaisesRegex(TypeError, "not both"):
             c.report_telemetry(spgate.StepTelemetry(step=2, mode=Mode.TENSOR_PARALLEL_ONLY,
                                                     reason=Reason.LENGTH_CV, step_time_s=0.5),

@@ -424,7 +424,7 @@ class PipelineExampleTest(unittest.TestCase):
 
     def test_two_stages(self):
         steps = 3
-        s, logs = run_example(steps, "--job_id=torch-pp")
+        s, logs = run_example(steps, "--controller=", "--job_id=torch-pp")
         self.assertEqual((s["layout"]["tp"], s["layout"]["pp"], s["layout"]["dp"],
                           s["layout"]["microbatches"], s["layout"]["schedule"]),
                          (2, 2, 1, 4, "1f1b"))

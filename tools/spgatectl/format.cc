@@ -231,7 +231,7 @@ std::string FormatRpcError(absl::string_view command, int code, absl::string_vie
       !message.empty() ? message
       : code == static_cast<int>(absl::StatusCode::kUnimplemented)
           ? "the server has no spgated admin API (spgate.v1.AdminService): is --admin (or "
-            "SPGATE_ADMIN) the daemon's worker or metrics port?"
+            "SPGATE_ADMIN) the daemon's worker or health port (--listen, --health_listen)?"
           : "(no message)";
   return absl::StrCat("spgatectl: ", command, ": ", StatusCodeName(code), ": ", said, "\n");
 }

@@ -237,8 +237,9 @@ const ClientOption* FindCApiOption(std::string_view name);
 
 // Sets the row's member from the C API's text: an integer (a duration in milliseconds),
 // a finite number, true/false, or the text itself. INVALID_ARGUMENT naming the option
-// ("group_size: not an integer: \"two\"") when the text is not one. Ranges are checked
-// by GateClient::Create, not here.
+// ("group_size: not an integer: \"two\"") when the text is not one, or a negative value
+// of an unsigned or duration option, or an int out of range; the options' own ranges are
+// checked by GateClient::Create.
 absl::Status SetClientOptionFromText(GateClientOptions& options, const ClientOption& row,
                                      std::string_view text);
 

@@ -122,11 +122,7 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
           o.group, o.coordinates.dp_index, o.coordinates.stage, o.coordinates.cp_rank, g));
     }
   }
-  if (o.sp_required.size() > static_cast<size_t>(kMaxSpRequiredFeatures)) {
-    return bad(absl::StrFormat("sp_required: at most %d features", kMaxSpRequiredFeatures));
-  }
-  for (const std::string& f : o.sp_required) RETURN_IF_ERROR(ValidateSpRequiredFeature(f));
-  return absl::OkStatus();
+  return ValidateSpRequiredFeatures(o.sp_required);
 }
 
 }  // namespace

@@ -124,14 +124,16 @@ class GateClient {
   // FAILED_PRECONDITION at once once the session was replaced (nothing more is sent) or
   // the client is closed; PERMISSION_DENIED or UNAUTHENTICATED at once while the daemon's
   // latest answer refused this client's credential, INVALID_ARGUMENT while its latest
-  // Register refused a field (docs/client.md).
+  // Register refused a field, UNIMPLEMENTED while the controller has no worker API
+  // (docs/client.md).
   absl::Status Flush(absl::Duration timeout);
 
   // Waits until a stream is open and answered (tests, start-up logs). DEADLINE_EXCEEDED;
   // FAILED_PRECONDITION at once without a controller, once the session was replaced or
   // once the client is closed; PERMISSION_DENIED or UNAUTHENTICATED at once while the
   // credential is refused, INVALID_ARGUMENT while Register is refused (the daemon's
-  // message, naming the field, is in the error).
+  // message, naming the field, is in the error), UNIMPLEMENTED while the controller has
+  // no worker API (its admin or health port).
   absl::Status WaitUntilConnected(absl::Duration timeout);
 
   // Ends the connection (as the destructor does) and wakes every wait in progress on

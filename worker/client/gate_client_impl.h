@@ -137,7 +137,8 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   // PERMISSION_DENIED or UNAUTHENTICATED while the daemon's latest answer (a Register's,
   // a stream's end) refused this client's credential — the worker token, the client
   // certificate, the launch credential; INVALID_ARGUMENT while its latest Register refused
-  // a field (a group past --max_groups_per_job, a layout the job's differs from); else OK.
+  // a field (a group past --max_groups_per_job, a layout the job's differs from);
+  // UNIMPLEMENTED while the controller answered Register without a worker API; else OK.
   // The client still retries with backoff; any other answer clears it. Flush and
   // WaitUntilConnected return at once while it is set: nothing is delivered meanwhile.
   absl::StatusCode refused_ ABSL_GUARDED_BY(mu_) = absl::StatusCode::kOk;

@@ -114,7 +114,8 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
           s.error_code() == grpc::StatusCode::UNIMPLEMENTED
               ? absl::StrCat("Register: UNIMPLEMENTED: ", opts_.controller,
                              " does not serve spgated's worker API (spgate.v1.GateService): "
-                             "the admin or metrics port, or another server?")
+                             "the admin or health port (--admin_listen, --health_listen), or another "
+                             "server?")
               : absl::StrCat("Register: ", FromGrpcStatus(s).ToString());
       ScheduleReconnectLocked(BackoffLocked());
       return;

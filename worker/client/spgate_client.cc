@@ -44,6 +44,7 @@ SPGATE_SAME_CODE(SPGATE_NOT_FOUND, kNotFound);
 SPGATE_SAME_CODE(SPGATE_ALREADY_EXISTS, kAlreadyExists);
 SPGATE_SAME_CODE(SPGATE_PERMISSION_DENIED, kPermissionDenied);
 SPGATE_SAME_CODE(SPGATE_FAILED_PRECONDITION, kFailedPrecondition);
+SPGATE_SAME_CODE(SPGATE_UNIMPLEMENTED, kUnimplemented);
 SPGATE_SAME_CODE(SPGATE_INTERNAL, kInternal);
 SPGATE_SAME_CODE(SPGATE_UNAVAILABLE, kUnavailable);
 SPGATE_SAME_CODE(SPGATE_UNAUTHENTICATED, kUnauthenticated);
@@ -94,9 +95,13 @@ absl::Status SetOption(spgate::client::GateClientOptions& o,
         "hardware (docs/client.md); drop the call"));
   }
   if (const spgate::client::ClientOption* row = spgate::client::FindClientOption(name)) {
-    // The C++ name of a duration: the C API's carries its unit.
-    return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\": the C API names it \"",
-                                                   spgate::client::CApiOptionName(*row), "\""));
+    // A duration's C++ name (the C API's carries its unit), or an option C++ alone sets.
+    return absl::InvalidArgumentError(
+        row->in_c_api()
+            ? absl::StrCat("unknown option \"", name, "\": the C API names it \"",
+                           spgate::client::CApiOptionName(*row), "\"")
+            : absl::StrCat("option \"", name, "\" is not in the C API (GateClientOptions::",
+                           name, " in C++ only)"));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
 }

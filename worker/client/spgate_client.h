@@ -80,6 +80,7 @@ enum {
   SPGATE_ALREADY_EXISTS = 6,
   SPGATE_PERMISSION_DENIED = 7,
   SPGATE_FAILED_PRECONDITION = 9,
+  SPGATE_UNIMPLEMENTED = 12,
   SPGATE_INTERNAL = 13,
   SPGATE_UNAVAILABLE = 14,
   SPGATE_UNAUTHENTICATED = 16
@@ -282,7 +283,8 @@ SPGATE_EXPORT spgate_status spgate_client_observe_group_rs_wait(spgate_client* c
 /* GateClient::Flush and WaitUntilConnected (docs/client.md): SPGATE_DEADLINE_EXCEEDED when
  * the timeout passes; SPGATE_PERMISSION_DENIED or SPGATE_UNAUTHENTICATED at once while the
  * daemon refuses this client's credential, SPGATE_INVALID_ARGUMENT at once while it
- * refuses a field of its Register (spgate_last_error has the daemon's message). */
+ * refuses a field of its Register, SPGATE_UNIMPLEMENTED at once while the controller
+ * address answers without spgated's worker API (spgate_last_error says which). */
 SPGATE_EXPORT spgate_status spgate_client_flush(spgate_client* client, int64_t timeout_ms);
 SPGATE_EXPORT spgate_status spgate_client_wait_connected(spgate_client* client,
                                                          int64_t timeout_ms);

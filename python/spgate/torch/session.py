@@ -49,6 +49,7 @@ Usage:
 """
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import sys
@@ -121,8 +122,11 @@ def _wait_for_session(client: "spgate.Client", controller: str, job_id: str,
         expired = time.monotonic() >= deadline
         if refused and (refused[1] in _REFUSED_AT_ONCE or expired):
             code, code_name, message = refused
-            raise _error_for_code(code, code_name, "spgated at %s refused job %s: %s: %s"
-                                  % (controller, job_id, code_name, message))
+            said = ("no spgated worker API at %s (job %s): %s" % (controller, job_id, message)
+                    if code_name == "UNIMPLEMENTED" else
+                    "spgated at %s refused job %s: %s: %s" % (controller, job_id, code_name,
+                                                              message))
+            raise _error_for_code(code, code_name, said)
         if expired:
             return ("spgate: spgated at %s did not answer job %s in %g s%s; deciding locally "
                     "(fail-static) until it does" % (controller, job_id, timeout,
@@ -209,10 +213,15 @@ def _check_tp_groups(members) -> None:
 def _argument_problem(tp_group, connect_timeout) -> Optional[Exception]:
     """What is wrong with connect's own arguments (a TypeError or InvalidArgumentError
     naming the argument), raised by every rank after the first gather, else None."""
+    non_member = getattr(dist.GroupMember, "NON_GROUP_MEMBER", None)
+    if non_member is not None and tp_group is non_member or (
+            isinstance(tp_group, int) and tp_group == -100):
+        return _invalid("tp_group: this rank is not in the group it passed (new_group gives "
+                        "ranks outside a group a placeholder): pass each rank its own TP group")
     if tp_group is not None and not isinstance(tp_group, dist.ProcessGroup):
         return TypeError("tp_group must be a torch.distributed process group (new_group) or "
                          "None, got %s" % type(tp_group).__name__)
-    if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float)):
+    if isinstance(connect_timeout, bool) or not isinstance(connect_timeout, numbers.Real):
         return TypeError("connect_timeout must be a number of seconds, got %s"
                          % type(connect_timeout).__name__)
     if not 0 <= connect_timeout < float("inf"):
@@ -297,19 +306,26 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
         raise _error(spgate.FailedPreconditionError, 9, "FAILED_PRECONDITION",
                      "connect: torch.distributed is not initialised (call "
                      "init_process_group first)")
+    # What is wrong with the arguments is raised after the first gather, on every rank:
+    # raised here, on one rank, it would leave the others waiting in it.
+    problem = None
     grid = pp_group
     if grid is not None:
         from spgate.torch.pipeline import PipelineDecider, PipelineGrid
         if not isinstance(grid, PipelineGrid):
-            raise TypeError("connect: pp_group must be a spgate.torch.PipelineGrid, got %s"
-                            % type(grid).__name__)
-        if tp_group is not None and tp_group is not grid.tp_group:
-            raise _invalid("tp_group: not the pipeline grid's TP group (pass pp_group alone)")
-        tp_group = grid.tp_group
+            problem = TypeError("pp_group must be a spgate.torch.PipelineGrid, got %s"
+                                % type(grid).__name__)
+        elif tp_group is not None and tp_group is not grid.tp_group:
+            problem = _invalid("tp_group: not the pipeline grid's TP group (pass pp_group "
+                               "alone)")
+        else:
+            tp_group = grid.tp_group
     for reserved in ("job_id", "controller", "rank_in_group", "group_size", "global_rank",
                      "layout", "coordinates"):
-        if reserved in client_options:
-            raise TypeError("connect: %s is connect's to set, not a Client option" % reserved)
+        if problem is None and reserved in client_options:
+            problem = TypeError("%s is connect's to set, not a Client option" % reserved)
+    if problem is None:
+        problem = _argument_problem(tp_group, connect_timeout)
     world = dist.group.WORLD
 
     job_id_variable = None
@@ -317,8 +333,8 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
         job_id_variable = _JOB_ID_ENV if os.environ.get(_JOB_ID_ENV) else "SLURM_JOB_NAME"
     hardware_id_variable = (_HARDWARE_ID_ENV if hardware_id is None
                             and os.environ.get(_HARDWARE_ID_ENV) else None)
-    controller, job_id, leaders = _agree_on_arguments(
-        controller, job_id, tp_group, world, _argument_problem(tp_group, connect_timeout))
+    controller, job_id, leaders = _agree_on_arguments(controller, job_id, tp_group, world,
+                                                      problem)
     tp_rank = dist.get_rank(tp_group)
     tp_size = dist.get_world_size(tp_group)
     if group is None:

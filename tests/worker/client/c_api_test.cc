@@ -51,6 +51,8 @@ TEST(CApiTest, ErrorsCarryCodeAndMessage) {
   // or an int out of range, is refused by the C API's name when set.
   EXPECT_EQ(spgate_options_set(o, "decision_deadline", "5"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("the C API names it \"decision_deadline_ms\""));
+  EXPECT_EQ(spgate_options_set(o, "keepalive_time", "5"), SPGATE_INVALID_ARGUMENT);
+  EXPECT_THAT(spgate_last_error(), HasSubstr("\"keepalive_time\" is not in the C API"));
   EXPECT_EQ(spgate_options_set(o, "decision_deadline_ms", "-5"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("decision_deadline_ms: not a non-negative integer"));
   EXPECT_EQ(spgate_options_set(o, "memory_budget_bytes", "-5"), SPGATE_INVALID_ARGUMENT);

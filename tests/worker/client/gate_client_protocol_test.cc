@@ -485,7 +485,7 @@ TEST(GateClientProtocolTest, AServerWithoutTheWorkerApiEndsTheWaitsAtOnce) {
               StatusIs(absl::StatusCode::kUnimplemented,
                        ::testing::AllOf(::testing::HasSubstr("refused this client's registration"),
                                         ::testing::HasSubstr("does not serve spgated's worker API"),
-                                        ::testing::HasSubstr("the admin or metrics port"))));
+                                        ::testing::HasSubstr("the admin or health port"))));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_THAT(c->stats().last_error, ::testing::StartsWith("Register: UNIMPLEMENTED: "));
 }
