@@ -46,9 +46,13 @@ GroupView GateState::ViewOfGroup(const Job& job, const Group& g) const {
   out.norm_stall_ratio = g.norm_stall.Mean();
   out.rs_wait_fallback = gate.rs_wait_fallback;
   out.mode_switches = gate.mode_switches;
+  // The pin that holds the group: its own, else the job's (its group unset).
   if (auto it = job.op.group_pins.find(g.index);
       it != job.op.group_pins.end() && it->second.expire > now) {
     out.pin = PinView{job.id, g.index, it->second.mode, it->second.expire, it->second.force};
+  } else if (Active(job.op.pin, now)) {
+    out.pin = PinView{job.id, std::nullopt, job.op.pin->mode, job.op.pin->expire,
+                      job.op.pin->force};
   }
   return out;
 }
@@ -172,6 +176,8 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
       policy = &g.policy;
       active = ActivePin(*job, *in.group);
       step = g.policy.gate().has_decision ? g.policy.gate().last_step + 1 : 0;
+    } else if (Active(job->op.pin, Now())) {
+      active = job->op.pin;  // the job's pin holds every group; a group's own needs --group
     }
     // A job's SP-required features rank as gate 1's directive, as in its decisions.
     pin = JobDirective(!job->sp_required.empty(), AsDirective(active));

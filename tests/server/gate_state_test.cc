@@ -590,9 +590,16 @@ TEST_F(GateStateTest, PinsWinAndExpire) {
   ASSERT_THAT(state->Decide(Plan("j", 0, 1, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::PINNED);
   EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
+  // The group's status shows the job's pin that holds it (its group unset).
+  auto held = state->GetJob("j");
+  ASSERT_EQ(held->groups_size(), 1);
+  ASSERT_TRUE(held->groups(0).has_pin());
+  EXPECT_FALSE(held->groups(0).pin().has_group());
+  EXPECT_EQ(held->groups(0).pin().mode(), v1::TENSOR_PARALLEL_ONLY);
   clock_.Advance(absl::Seconds(61));
   ASSERT_THAT(state->Decide(Plan("j", 0, 2, {64}), &d), IsOk());
   EXPECT_EQ(d.reason(), v1::GATES_PASSED);
+  EXPECT_FALSE(state->GetJob("j")->groups(0).has_pin());
 
   pin.mutable_duration()->set_seconds(0);
   EXPECT_THAT(state->PinMode(pin).status(),
@@ -792,6 +799,16 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   auto all = state->EvaluateGates(r);
   ASSERT_THAT(all.status(), IsOk());
   EXPECT_EQ(all->decision().reason(), v1::PROBE);
+  // The job's pin holds every group: a what-if without a group is pinned too.
+  v1::EvaluateGatesRequest plain;
+  plain.set_job_id("j");
+  plain.add_lengths(100);
+  plain.add_lengths(300);
+  ASSERT_THAT(state->PinMode(Pin("j", v1::SEQUENCE_PARALLEL, 60)).status(), IsOk());
+  auto pinned = state->EvaluateGates(plain);
+  ASSERT_THAT(pinned.status(), IsOk());
+  EXPECT_EQ(pinned->decision().reason(), v1::PINNED);
+  EXPECT_EQ(pinned->checks(0).outcome(), "fire");
 }
 
 TEST_F(GateStateTest, IdleJobsAreForgotten) {

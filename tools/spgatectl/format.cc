@@ -481,7 +481,8 @@ std::string JobGroupsText(const v1::Job& job, absl::Time now) {
                 g.rs_wait_fallback() ? "rs_wait" : "-",
                 absl::StrCat(g.mode_switches()),
                 g.has_pin() ? absl::StrCat(ModeName(g.pin().mode()), " ",
-                                           RemainingText(g.pin().expire_time(), now))
+                                           RemainingText(g.pin().expire_time(), now),
+                                           g.pin().has_group() ? "" : " (job)")
                             : "-"});
     }
     absl::StrAppend(&out, t.Render());
