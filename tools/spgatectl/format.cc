@@ -742,15 +742,17 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
   if (format != OutputFormat::kTable) return ToStructured(r, format);
   const v1::Decision& d = r.decision();
   // Without a budget the memory gate cannot run: say so where the decision is read, not
-  // only in its row of the table below.
-  const bool memory_off = std::any_of(r.checks().begin(), r.checks().end(), [](const v1::GateCheck& c) {
-    return c.gate() == "memory" && c.outcome() == "skip";
-  });
+  // only in its row of the table below; a pin that decides first leaves it unconsulted.
+  const auto memory = std::find_if(r.checks().begin(), r.checks().end(),
+                                   [](const v1::GateCheck& c) { return c.gate() == "memory"; });
+  const char* memory_gate =
+      memory == r.checks().end() ? "not consulted: the pin decided first"
+      : memory->outcome() == "skip"
+          ? "off: no --budget, so TP-only was not checked against device memory"
+          : "on";
   std::string out = KeyValues({
       {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
-      {"memory gate", memory_off ? "off: no --budget, so TP-only was not checked against device "
-                                   "memory"
-                                 : "on"},
+      {"memory gate", memory_gate},
       {"length_cv", Fixed(d.length_cv(), 4)},
       {"rs_wait_share", d.has_rolling_rs_wait_share()
                             ? absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")

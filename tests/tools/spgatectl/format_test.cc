@@ -613,6 +613,13 @@ TEST(FormatEvaluation, SaysWhenTheMemoryGateIsOff) {
   EXPECT_THAT(FormatEvaluation(r, OutputFormat::kTable),
               HasSubstr("\nmemory gate    off: no --budget, so TP-only was not checked against "
                         "device memory\n"));
+  // A pin that decided first: the memory gate was not consulted (it said "on").
+  const auto pinned = Parse<v1::EvaluateGatesResponse>(R"pb(
+    decision { mode: SEQUENCE_PARALLEL reason: PINNED }
+    checks { gate: "pin" outcome: "fire" detail: "pinned to sp" }
+  )pb");
+  EXPECT_THAT(FormatEvaluation(pinned, OutputFormat::kTable),
+              HasSubstr("\nmemory gate    not consulted: the pin decided first\n"));
 }
 
 // -o yaml is -o json's document: the same keys in the same order, lists as "- ".
