@@ -414,6 +414,35 @@ py::dict CxxStepLoop(Client& self, int64_t first_step, int warmup, int steps,
   return out;
 }
 
+// Client.report_telemetry: a StepTelemetry, or its fields as keywords (as
+// GroupDecider.report_telemetry); TypeError naming report_telemetry otherwise.
+void ReportTelemetry(Client& self, py::object telemetry, py::kwargs fields) {
+  client::StepTelemetryInput t;
+  if (telemetry.is_none()) {
+    if (py::len(fields) == 0) {
+      throw py::type_error(
+          "report_telemetry: a spgate.StepTelemetry or its fields as keywords "
+          "(step=, mode=, reason=, step_time_s=, ...)");
+    }
+    try {
+      t = py::type::of<client::StepTelemetryInput>()(**fields)
+              .cast<client::StepTelemetryInput>();
+    } catch (py::error_already_set& e) {
+      if (!e.matches(PyExc_TypeError)) throw;
+      throw py::type_error(absl::StrCat("report_telemetry: ", e.what()));
+    }
+  } else if (py::len(fields) > 0) {
+    throw py::type_error("report_telemetry: a StepTelemetry or keywords, not both");
+  } else if (!py::isinstance<client::StepTelemetryInput>(telemetry)) {
+    throw py::type_error(absl::StrCat(
+        "report_telemetry: telemetry must be a spgate.StepTelemetry, got ",
+        std::string(py::str(py::type::of(telemetry).attr("__name__")))));
+  } else {
+    t = telemetry.cast<client::StepTelemetryInput>();
+  }
+  Check(self.Get("report_telemetry")->ReportTelemetry(t));
+}
+
 }  // namespace
 
 void BindClient(py::module_& m) {
@@ -431,35 +460,7 @@ void BindClient(py::module_& m) {
           py::arg("predicted_peak_bytes_sp") = 0, py::arg("predicted_peak_bytes_tp") = 0,
           py::arg("memory_budget_bytes") = 0)
       .def("await_decision", &AwaitDecision, py::arg("step"), py::arg("timeout") = py::none())
-      .def("report_telemetry",
-           // A StepTelemetry, or its fields as keywords (as GroupDecider.report_telemetry).
-           [](Client& self, py::object telemetry, py::kwargs fields) {
-             client::StepTelemetryInput t;
-             if (telemetry.is_none()) {
-               if (py::len(fields) == 0) {
-                 throw py::type_error(
-                     "report_telemetry: a spgate.StepTelemetry or its fields as keywords "
-                     "(step=, mode=, reason=, step_time_s=, ...)");
-               }
-               try {
-                 t = py::type::of<client::StepTelemetryInput>()(**fields)
-                         .cast<client::StepTelemetryInput>();
-               } catch (py::error_already_set& e) {
-                 if (!e.matches(PyExc_TypeError)) throw;
-                 throw py::type_error(absl::StrCat("report_telemetry: ", e.what()));
-               }
-             } else if (py::len(fields) > 0) {
-               throw py::type_error("report_telemetry: a StepTelemetry or keywords, not both");
-             } else if (!py::isinstance<client::StepTelemetryInput>(telemetry)) {
-               throw py::type_error(absl::StrCat(
-                   "report_telemetry: telemetry must be a spgate.StepTelemetry, got ",
-                   std::string(py::str(py::type::of(telemetry).attr("__name__")))));
-             } else {
-               t = telemetry.cast<client::StepTelemetryInput>();
-             }
-             Check(self.Get("report_telemetry")->ReportTelemetry(t));
-           },
-           py::arg("telemetry") = py::none())
+      .def("report_telemetry", &ReportTelemetry, py::arg("telemetry") = py::none())
       .def("observe_group_rs_wait_share",
            [](Client& self, int64_t step, Mode mode, double share) {
              Check(self.Get("observe_group_rs_wait_share")
