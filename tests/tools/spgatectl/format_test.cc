@@ -613,6 +613,16 @@ TEST(FormatEvaluation, SaysWhenTheMemoryGateIsOff) {
   EXPECT_THAT(FormatEvaluation(r, OutputFormat::kTable),
               HasSubstr("\nmemory gate    off: no --budget, so TP-only was not checked against "
                         "device memory\n"));
+  // Values that differ are printed so that they read differently (a firing row read
+  // "fire 0.22 0.22"), bytes exactly when their rounding ties.
+  const auto close = Parse<v1::EvaluateGatesResponse>(R"pb(
+    decision { mode: TENSOR_PARALLEL_ONLY reason: RS_WAIT }
+    checks { gate: "memory" outcome: "pass" observed: 5368709121 threshold: 5368709120 }
+    checks { gate: "rs_wait" outcome: "fire" observed: 0.2200001 threshold: 0.22 }
+  )pb");
+  const std::string text = FormatEvaluation(close, OutputFormat::kTable);
+  EXPECT_THAT(text, HasSubstr("5368709121 B  5368709120 B"));
+  EXPECT_THAT(text, AllOf(HasSubstr(" 0.2200001 "), HasSubstr(" 0.22\n")));
   // A pin that decided first: the memory gate was not consulted (it said "on").
   const auto pinned = Parse<v1::EvaluateGatesResponse>(R"pb(
     decision { mode: SEQUENCE_PARALLEL reason: PINNED }
