@@ -111,7 +111,15 @@ class Client {
             [&](auto* ctx, auto* resp) {
               return stub_->UpdateGateConfig(ctx, inv_.gates_set, resp);
             },
-            [&](const auto& resp) { return FormatGateConfig(resp, fmt); });
+            [&](const auto& resp) {
+              // A job scope is created for any id (a job about to start); a typo too.
+              if (!inv_.gates_set.job_id().empty() && JobUnknown(inv_.gates_set.job_id())) {
+                std::cerr << "spgatectl: gates set: job " << inv_.gates_set.job_id()
+                          << " is not known to the daemon yet (jobs list shows the ones it "
+                             "knows); its scope is kept and applies from its first decision\n";
+              }
+              return FormatGateConfig(resp, fmt);
+            });
       case Command::kJobsList:
         return Unary<v1::ListJobsResponse>(
             [&](auto* ctx, auto* resp) { return stub_->ListJobs(ctx, inv_.jobs_list, resp); },
@@ -217,6 +225,19 @@ class Client {
     }
   }
 
+  // Whether the daemon has no launch of `job` running: GetJob answers NOT_FOUND, or lists
+  // the job for its operator settings alone (any other answer: not known to be so).
+  bool JobUnknown(const std::string& job) {
+    grpc::ClientContext ctx;
+    Prepare(&ctx, /*deadline=*/true);
+    v1::GetJobRequest request;
+    request.set_job_id(job);
+    v1::Job found;
+    const grpc::Status status = stub_->GetJob(&ctx, request, &found);
+    return status.error_code() == grpc::StatusCode::NOT_FOUND ||
+           (status.ok() && found.summary().incarnation().empty());
+  }
+
   int Watch() {
     if (!Connect()) {
       std::cerr << FormatRpcError(inv_.name, grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -224,19 +245,12 @@ class Client {
                                                " within ", absl::FormatDuration(inv_.global.timeout)));
       return kExitRpcError;
     }
-    if (const std::string& job = inv_.watch.job_id(); !job.empty()) {
-      // A job the daemon does not know yet (one about to start, or a typo): the stream
-      // waits for its first decision; say so, rather than wait in silence.
-      grpc::ClientContext probe;
-      Prepare(&probe, /*deadline=*/true);
-      v1::GetJobRequest request;
-      request.set_job_id(job);
-      v1::Job unused;
-      if (stub_->GetJob(&probe, request, &unused).error_code() == grpc::StatusCode::NOT_FOUND) {
-        std::cerr << "spgatectl: watch: job " << job
-                  << " is not known to the daemon yet (jobs list shows the ones it knows); "
-                     "waiting for its first decision\n";
-      }
+    // A job the daemon does not know yet (one about to start, or a typo): the stream
+    // waits for its first decision; say so, rather than wait in silence.
+    if (const std::string& job = inv_.watch.job_id(); !job.empty() && JobUnknown(job)) {
+      std::cerr << "spgatectl: watch: job " << job
+                << " is not known to the daemon yet (jobs list shows the ones it knows); "
+                   "waiting for its first decision\n";
     }
     grpc::ClientContext ctx;
     Prepare(&ctx, /*deadline=*/false);  // a watch runs until --count or a signal

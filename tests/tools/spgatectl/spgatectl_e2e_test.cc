@@ -246,9 +246,16 @@ TEST_F(SpgatectlE2eTest, GatesSetThenGetShowsIt) {
   EXPECT_THAT(r.out, ContainsRegex("window_steps +10  override"));
   EXPECT_THAT(r.out, ContainsRegex("max_rs_wait_share +0.22  inherited"));
 
-  // A job override on top, then --clear removes it (masked but unset).
+  // A job override on top, then --clear removes it (masked but unset). The job has not
+  // run here: its scope is kept, and spgatectl says the daemon does not know it yet (a
+  // typo would look the same); once it runs, nothing is said.
   r = Ctl({"gates", "set", "--job_id=llama", "--max_length_cv=0.5"});
   ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, HasSubstr("job llama is not known to the daemon yet"));
+  Decide("llama", 0, 0);
+  r = Ctl({"gates", "set", "--job_id=llama", "--max_length_cv=0.5"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, IsEmpty());
   r = Ctl({"gates", "get", "--job_id=llama"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr("scope    job llama\n"));
