@@ -298,6 +298,14 @@ absl::Status BuildEval(const CommandFlags& flags, v1::EvaluateGatesRequest* req)
                                   "gate off explicitly)"));
       }
     }
+  } else if (req->memory_budget_bytes() > 0) {
+    for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
+      if (!flags.Get(peak)) {
+        return Usage(absl::StrCat("--budget needs --peak_sp and --peak_tp: the memory gate "
+                                  "compares each mode's predicted peak with it, and a missing "
+                                  "one (--", peak, ") would read 0 and always fit"));
+      }
+    }
   }
   v1::GateConfig layer;
   absl::StatusOr<std::vector<std::string>> set = ApplyGateFlags(flags, &layer);

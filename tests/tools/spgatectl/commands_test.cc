@@ -367,6 +367,10 @@ INSTANTIATE_TEST_SUITE_P(
         // Global flags.
         BadCase{"jobs list --output=xml", "jobs list",
                 "--output: \"xml\" is not a format (want table, json or yaml)"},
+        BadCase{"eval --lengths=1 --budget=80GiB --peak_sp=70GiB", "eval",
+                "--budget needs --peak_sp and --peak_tp: the memory gate compares each mode's "
+                "predicted peak with it, and a missing one (--peak_tp) would read 0 and always "
+                "fit"},
         BadCase{"eval --lengths=1 --peak_tp=79GiB", "eval",
                 "--peak_tp needs --budget: without a budget the memory gate is off and the peaks "
                 "would be ignored (--budget=0 turns the gate off explicitly)"},
