@@ -205,6 +205,16 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
   const std::optional<double> rs_mean = RollingValue(rs);
   const GateOutcome outcome =
       EvaluatePolicy(in.config, policy->gate(), facts, rs, pin, table, &out.checks);
+  // The trace speaks of a live group's window; say where a what-if's value came from.
+  for (GateCheck& c : out.checks) {
+    if (c.gate != "rs_wait") continue;
+    if (in.rs_wait_share.has_value()) {
+      c.detail += " (the wait share given, --rs_wait_share)";
+    } else if (!in.group.has_value()) {
+      c.detail = "no --group or --rs_wait_share: no wait share to test (a group's is its "
+                 "rolling window)";
+    }
+  }
   for (GatePolicyKind kind : {GatePolicyKind::kStatic, GatePolicyKind::kAdaptive}) {
     GateConfig c = in.config;
     c.policy = kind;

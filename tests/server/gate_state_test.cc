@@ -799,6 +799,22 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   auto all = state->EvaluateGates(r);
   ASSERT_THAT(all.status(), IsOk());
   EXPECT_EQ(all->decision().reason(), v1::PROBE);
+  // The wait-share row says where its value came from: none without a group or a given
+  // share, or the share given.
+  v1::EvaluateGatesRequest even;
+  even.set_job_id("j");
+  even.add_lengths(100);
+  even.add_lengths(100);
+  auto no_share = state->EvaluateGates(even);
+  ASSERT_THAT(no_share.status(), IsOk());
+  EXPECT_THAT(no_share->checks(no_share->checks_size() - 1).detail(),
+              HasSubstr("no --group or --rs_wait_share"));
+  even.set_rs_wait_share(0.5);
+  auto given = state->EvaluateGates(even);
+  ASSERT_THAT(given.status(), IsOk());
+  EXPECT_EQ(given->decision().reason(), v1::RS_WAIT);
+  EXPECT_THAT(given->checks(given->checks_size() - 1).detail(),
+              HasSubstr("(the wait share given, --rs_wait_share)"));
   // The job's pin holds every group: a what-if without a group is pinned too.
   v1::EvaluateGatesRequest plain;
   plain.set_job_id("j");
