@@ -770,21 +770,16 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
     const bool no_values = c.outcome() == "skip" || (c.observed() == 0 && c.threshold() == 0);
     // Four significant digits, or as many as it takes to tell an observed value from a
     // threshold it differs from (a firing row read "fire 0.22 0.22"); bytes exact then.
-    const bool differ = c.observed() != c.threshold();
-    const bool memory = c.gate() == "memory";
+    const bool differ = c.observed() != c.threshold(), memory = c.gate() == "memory";
     auto bytes = [](double v) { return FormatBytes(static_cast<uint64_t>(std::max(v, 0.0))); };
     const bool exact_bytes = memory && differ && bytes(c.observed()) == bytes(c.threshold());
     int digits = 4;
-    while (!memory && differ && digits < 17 &&
-           absl::StrFormat("%.*g", digits, c.observed()) ==
-               absl::StrFormat("%.*g", digits, c.threshold())) {
-      ++digits;
-    }
+    auto text = [&digits](double v) { return absl::StrFormat("%.*g", digits, v); };
+    while (!memory && differ && digits < 17 && text(c.observed()) == text(c.threshold())) ++digits;
     auto value = [&](double v) -> std::string {
       if (no_values) return "-";
       if (exact_bytes) return absl::StrCat(static_cast<uint64_t>(std::max(v, 0.0)), " B");
-      if (memory) return bytes(v);
-      return absl::StrFormat("%.*g", digits, v);
+      return memory ? bytes(v) : text(v);
     };
     t.AddRow({c.gate(), c.outcome(), value(c.observed()), value(c.threshold()), c.detail()});
   }
