@@ -95,6 +95,14 @@ class GateStateTest : public ::testing::Test {
     return p;
   }
 
+  // A what-if for job `job`'s batch of `lengths`, no group.
+  static v1::EvaluateGatesRequest Eval(const std::string& job, std::vector<int64_t> lengths) {
+    v1::EvaluateGatesRequest r;
+    r.set_job_id(job);
+    for (int64_t l : lengths) r.add_lengths(l);
+    return r;
+  }
+
   static v1::PinModeRequest Pin(const std::string& job, v1::Mode mode, int64_t seconds) {
     v1::PinModeRequest p;
     p.set_job_id(job);
@@ -776,10 +784,7 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   auto state = Make();
   v1::Decision d;
   ASSERT_THAT(state->Decide(Plan("j", 0, 0, {64}), &d), IsOk());
-  v1::EvaluateGatesRequest r;
-  r.set_job_id("j");
-  r.add_lengths(100);
-  r.add_lengths(300);
+  v1::EvaluateGatesRequest r = Eval("j", {100, 300});
   auto e = state->EvaluateGates(r);
   ASSERT_THAT(e.status(), IsOk());
   EXPECT_EQ(e->decision().reason(), v1::LENGTH_CV);
@@ -801,10 +806,7 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   EXPECT_EQ(all->decision().reason(), v1::PROBE);
   // The wait-share row says where its value came from: none without a group or a given
   // share, or the share given.
-  v1::EvaluateGatesRequest even;
-  even.set_job_id("j");
-  even.add_lengths(100);
-  even.add_lengths(100);
+  v1::EvaluateGatesRequest even = Eval("j", {100, 100});
   auto no_share = state->EvaluateGates(even);
   ASSERT_THAT(no_share.status(), IsOk());
   EXPECT_THAT(no_share->checks(no_share->checks_size() - 1).detail(),
@@ -816,10 +818,7 @@ TEST_F(GateStateTest, EvaluateGatesHasNoSideEffects) {
   EXPECT_THAT(given->checks(given->checks_size() - 1).detail(),
               HasSubstr("(the wait share given, --rs_wait_share)"));
   // The job's pin holds every group: a what-if without a group is pinned too.
-  v1::EvaluateGatesRequest plain;
-  plain.set_job_id("j");
-  plain.add_lengths(100);
-  plain.add_lengths(300);
+  v1::EvaluateGatesRequest plain = Eval("j", {100, 300});
   ASSERT_THAT(state->PinMode(Pin("j", v1::SEQUENCE_PARALLEL, 60)).status(), IsOk());
   auto pinned = state->EvaluateGates(plain);
   ASSERT_THAT(pinned.status(), IsOk());
