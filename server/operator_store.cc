@@ -353,6 +353,10 @@ v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) 
 
 absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::string& job_id,
                                               std::optional<int64_t> expected_version) const {
+  if (expected_version.has_value() && *expected_version < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "expected_version: versions start at 0, got %d", *expected_version));
+  }
   auto it = job_id.empty() ? next.jobs.end() : next.jobs.find(job_id);
   if (!job_id.empty() && it == next.jobs.end() &&
       static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {

@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/history_page.h"
 #include "common/mutex.h"
 #include "policy/types.h"
 #include "spgate/v1/admin.pb.h"
@@ -55,10 +56,6 @@ struct StoreOptions {
 struct AuditContext {
   std::string principal;
 };
-
-// Most entries one ListConfigHistory page returns, and the page size when none is asked.
-inline constexpr int kMaxHistoryPageSize = 500;
-inline constexpr int kDefaultHistoryPageSize = 50;
 
 class OperatorStore final : public OperatorSource {
  public:

@@ -66,6 +66,19 @@ TEST_F(OperatorStoreTest, VersionConflictIsAborted) {
   EXPECT_THAT(store->UpdateGateConfig(up, kTest).status(), StatusIs(absl::StatusCode::kAborted));
 }
 
+// A negative version is no version a scope can be at: a bad argument, not a conflict that
+// "read it again and retry" would resolve.
+TEST_F(OperatorStoreTest, NegativeExpectedVersionIsInvalidNotAConflict) {
+  auto store = Make();
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.3);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  up.set_expected_version(-1);
+  EXPECT_THAT(store->UpdateGateConfig(up, kTest).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("expected_version")));
+  EXPECT_EQ(store->GetGateConfig("").version(), 0);
+}
+
 TEST_F(OperatorStoreTest, InvalidUpdatesNameTheFieldAndChangeNothing) {
   auto store = Make();
   const auto before = store->GetGateConfig("");

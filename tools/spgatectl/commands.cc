@@ -13,6 +13,7 @@
 #include "google/protobuf/descriptor.h"
 #include "policy/gate_config.h"
 #include "common/cli.h"
+#include "common/history_page.h"
 #include "common/job_id.h"
 #include "tools/spgatectl/command_table.h"
 #include "tools/spgatectl/flag_values.h"
@@ -192,7 +193,7 @@ absl::StatusOr<std::vector<std::string>> ApplyGateFlags(const CommandFlags& flag
 absl::Status BuildGatesSet(const CommandFlags& flags, v1::UpdateGateConfigRequest* req) {
   if (auto job = flags.Get("job_id")) req->set_job_id(*job);
   if (auto v = flags.Get("expected_version")) {
-    absl::StatusOr<int64_t> n = ParseInt64Flag("expected_version", *v);
+    absl::StatusOr<int64_t> n = ParseVersionFlag("expected_version", *v);
     if (!n.ok()) return n.status();
     req->set_expected_version(*n);
   }
@@ -331,7 +332,10 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       if (auto l = flags.Get("limit")) {
         absl::StatusOr<int32_t> n = ParseInt32Flag("limit", *l);
         if (!n.ok()) return n.status();
-        if (*n < 1) return Usage(absl::StrCat("--limit: \"", *l, "\" is not at least 1"));
+        if (*n < 1 || *n > kMaxHistoryPageSize) {
+          return Usage(absl::StrCat("--limit: \"", *l, "\" is not in [1, ", kMaxHistoryPageSize,
+                                    "] (default ", kDefaultHistoryPageSize, ")"));
+        }
         out->gates_history.set_page_size(*n);
       }
       return absl::OkStatus();
@@ -341,14 +345,11 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       if (auto job = flags.Get("job_id")) req.set_job_id(*job);
       auto to = flags.Get("to_version");
       if (!to) return Usage("--to_version is required (a version from 'spgatectl gates history')");
-      absl::StatusOr<int64_t> n = ParseInt64Flag("to_version", *to);
+      absl::StatusOr<int64_t> n = ParseVersionFlag("to_version", *to);
       if (!n.ok()) return n.status();
-      if (*n < 0) {
-        return Usage(absl::StrCat("--to_version: \"", *to, "\" is negative (0: the start-up config)"));
-      }
       req.set_to_version(*n);
       if (auto v = flags.Get("expected_version")) {
-        absl::StatusOr<int64_t> e = ParseInt64Flag("expected_version", *v);
+        absl::StatusOr<int64_t> e = ParseVersionFlag("expected_version", *v);
         if (!e.ok()) return e.status();
         req.set_expected_version(*e);
       }

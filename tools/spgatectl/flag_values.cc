@@ -45,6 +45,12 @@ absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view
   return v;
 }
 
+absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value) {
+  absl::StatusOr<int64_t> v = ParseInt64Flag(flag, value);
+  if (v.ok() && *v < 0) return Bad(flag, value, "is negative (0: the start-up config)");
+  return v;
+}
+
 absl::StatusOr<int32_t> ParseInt32Flag(absl::string_view flag, absl::string_view value) {
   int32_t v = 0;
   if (value.empty() || !absl::SimpleAtoi(value, &v)) {

@@ -25,6 +25,10 @@ absl::StatusOr<double> ParseDoubleFlag(absl::string_view flag, absl::string_view
 absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view value);
 absl::StatusOr<int32_t> ParseInt32Flag(absl::string_view flag, absl::string_view value);
 
+// A config version (`gates set/rollback --expected_version`, `--to_version`): an integer,
+// 0 or more (0: the scope's start-up config, before any change through the API).
+absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value);
+
 // A byte count: plain bytes, or a number with a unit: B, KiB, MiB, GiB, TiB (powers of
 // 1024) or KB, MB, GB, TB (powers of 1000). Case-insensitive units; "1.5GiB" is fine.
 absl::StatusOr<uint64_t> ParseBytesFlag(absl::string_view flag, absl::string_view value);

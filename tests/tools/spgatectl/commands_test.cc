@@ -291,7 +291,15 @@ INSTANTIATE_TEST_SUITE_P(
                 "--to_version is required (a version from 'spgatectl gates history')"},
         BadCase{"gates rollback --to_version=-1", "gates rollback",
                 "--to_version: \"-1\" is negative (0: the start-up config)"},
-        BadCase{"gates history --limit=0", "gates history", "--limit: \"0\" is not at least 1"},
+        BadCase{"gates history --limit=0", "gates history",
+                "--limit: \"0\" is not in [1, 500] (default 50)"},
+        // The daemon's page bound, in the flag's words rather than the wire field's.
+        BadCase{"gates history --limit=501", "gates history",
+                "--limit: \"501\" is not in [1, 500] (default 50)"},
+        BadCase{"gates set --max_length_cv=0.3 --expected_version=-1", "gates set",
+                "--expected_version: \"-1\" is negative (0: the start-up config)"},
+        BadCase{"gates rollback --to_version=2 --expected_version=-3", "gates rollback",
+                "--expected_version: \"-3\" is negative (0: the start-up config)"},
         BadCase{"jobs", "jobs", "missing subcommand (one of list, show, forget)"},
         BadCase{"help nope", "", "help: unknown command \"nope\""},
         // Unknown flags, with a suggestion when one is close.
@@ -471,7 +479,9 @@ TEST(ParseCommandLine, CompletionCoversTheCommandTable) {
     EXPECT_EQ(inv.command, Command::kCompletion);
     const std::string& script = inv.help;
     EXPECT_THAT(script, HasSubstr("complete -F _spgatectl spgatectl"));
-    if (shell == "zsh") EXPECT_THAT(script, HasSubstr("bashcompinit"));
+    if (shell == "zsh") {
+      EXPECT_THAT(script, HasSubstr("bashcompinit"));
+    }
     for (const CommandSpec& c : Commands()) {
       EXPECT_THAT(script, HasSubstr(absl::StrCat("\"", c.name, "\"|")));
       for (const FlagSpec& f : c.flags) {
