@@ -17,8 +17,8 @@ namespace {
 // `detail` is a callable that makes the text: it runs only when a trace is wanted, so the
 // decision path (trace null) formats nothing.
 template <typename Detail>
-void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome, double observed,
-            double threshold, Detail&& detail) {
+void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
+            std::optional<double> observed, std::optional<double> threshold, Detail&& detail) {
   if (trace != nullptr) {
     trace->push_back(GateCheck{gate, outcome, observed, threshold, std::string(detail())});
   }
@@ -366,7 +366,8 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
                           bool* leans, std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
-    Record(trace, "adaptive", "skip", 0, static_cast<double>(config.adaptive_explore_boost_steps),
+    Record(trace, "adaptive", "skip", std::nullopt,
+           static_cast<double>(config.adaptive_explore_boost_steps),
            [&] {
              return absl::StrFormat(
                  "band %s: a change was detected within adaptive_explore_boost_steps, "
@@ -613,17 +614,17 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
                                                                : Mode::kTensorParallelOnly;
     const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
     if (probe == choice.mode) {
-      Record(trace, "explore", "pass", static_cast<double>(period), 0,
+      Record(trace, "explore", "pass", static_cast<double>(period), std::nullopt,
              [] { return "exploration step; the mode to measure is the one chosen"; });
     } else if (cost > 0 && !FlipsAllowed(config, state, flips)) {
-      Record(trace, "explore", "skip", static_cast<double>(period), 0, [&] {
+      Record(trace, "explore", "skip", static_cast<double>(period), std::nullopt, [&] {
         return absl::StrFormat(
             "exploration step (%d in %d), but the flip cap has no switch "
             "out and back left",
             kProbeRunSteps, period);
       });
     } else {
-      Record(trace, "explore", "fire", static_cast<double>(period), 0, [&] {
+      Record(trace, "explore", "fire", static_cast<double>(period), std::nullopt, [&] {
         return absl::StrFormat("exploration step (%d in %d): %s runs to be measured",
                                kProbeRunSteps, period, ModeLabel(probe));
       });

@@ -26,7 +26,8 @@ int64_t StepsSince(int64_t step, int64_t since) {
 // The strings are built only when a trace is wanted: the decision path (trace null)
 // must not pay for heap-allocated details it never reads.
 void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
-            double observed, double threshold, const char* detail) {
+            std::optional<double> observed, std::optional<double> threshold,
+            const char* detail) {
   if (trace != nullptr) {
     trace->push_back(GateCheck{gate, outcome, observed, threshold, detail});
   }
@@ -203,7 +204,7 @@ std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchF
              "operator pin to tp_only yields: TP-only would exceed budget x headroom "
              "(pin with force to override)");
     } else {
-      Record(trace, "pin", "fire", 0, 0,
+      Record(trace, "pin", "fire", std::nullopt, std::nullopt,
              pin->sp_required                       ? "a feature of the job needs SP throughout"
              : pin->mode == Mode::kSequenceParallel ? "operator pin to sp"
              : pin->force                           ? "operator pin to tp_only (forced)"
@@ -211,12 +212,12 @@ std::optional<Decision> PinAndMemoryGates(const GateConfig& config, const BatchF
       return Decision{pin->mode, pin->sp_required ? Reason::kSpRequired : Reason::kPinned};
     }
   } else {
-    Record(trace, "pin", "pass", 0, 0, "no pin");
+    Record(trace, "pin", "pass", std::nullopt, std::nullopt, "no pin");
   }
 
   // 2. Memory: never choose TP-only when it would not fit.
   if (!has_budget) {
-    Record(trace, "memory", "skip", 0, 0, "no memory budget in the plan");
+    Record(trace, "memory", "skip", std::nullopt, std::nullopt, "no memory budget in the plan");
   } else if (tp_over) {
     const bool sp_fits = sp <= limit;
     Record(trace, "memory", "fire", tp, limit,
@@ -256,7 +257,8 @@ Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
       Record(trace, "rs_wait", "pass", rs_wait.mean, config.max_rs_wait_share,
              "above threshold, but SP resumed less than min_dwell_steps ago");
     } else {
-      Record(trace, "rs_wait", rs_wait.samples > 0 ? "pass" : "skip", rs_wait.mean,
+      Record(trace, "rs_wait", rs_wait.samples > 0 ? "pass" : "skip",
+             rs_wait.samples > 0 ? std::optional<double>(rs_wait.mean) : std::nullopt,
              config.max_rs_wait_share,
              rs_wait.samples > 0 ? "rolling wait share within max_rs_wait_share"
                                  : "no SP step observed yet");

@@ -47,11 +47,14 @@ absl::StatusOr<LengthStats> ComputeLengthStats(std::span<const int64_t> lengths)
 bool TpOnlyOverBudget(const GateConfig& config, const BatchFacts& batch);
 
 // One line of the reason chain that EvaluateGates can record (used by the what-if API).
+// `observed` and `threshold` are the values the gate compared; a gate that compared none
+// (a pin, a memory gate without a budget, a wait share with no SP step yet) leaves them
+// empty rather than reporting a 0 it never measured.
 struct GateCheck {
   std::string gate;     // pin, memory, length_cv, rs_wait
   std::string outcome;  // pass, fire, skip
-  double observed = 0.0;
-  double threshold = 0.0;
+  std::optional<double> observed;
+  std::optional<double> threshold;
   std::string detail;
 };
 

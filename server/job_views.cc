@@ -332,8 +332,8 @@ absl::StatusOr<v1::EvaluateGatesResponse> EvaluateGatesView(const GateState& sta
     auto* out = resp.add_checks();
     out->set_gate(c.gate);
     out->set_outcome(c.outcome);
-    out->set_observed(c.observed);
-    out->set_threshold(c.threshold);
+    if (c.observed.has_value()) out->set_observed(*c.observed);
+    if (c.threshold.has_value()) out->set_threshold(*c.threshold);
     out->set_detail(c.detail);
   }
   *resp.mutable_config_used() = spgate::ToProto(in.config);

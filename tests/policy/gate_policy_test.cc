@@ -302,6 +302,11 @@ TEST(GateTraceTest, AllPassConsultsEveryGate) {
   EXPECT_THAT(trace, ElementsAre(Check("pin", "pass"), Check("memory", "skip"),
                                  CheckWith("length_cv", "pass", 0.1, 0.18),
                                  CheckWith("rs_wait", "pass", 0.15, 0.22)));
+  // The pin and a budget-less memory gate compared nothing: no values, not zeros.
+  for (int i : {0, 1}) {
+    EXPECT_FALSE(trace[i].observed.has_value()) << trace[i].gate;
+    EXPECT_FALSE(trace[i].threshold.has_value()) << trace[i].gate;
+  }
 }
 
 TEST(GateTraceTest, NoSamplesIsASkip) {
@@ -310,6 +315,9 @@ TEST(GateTraceTest, NoSamplesIsASkip) {
   ASSERT_EQ(trace.size(), 4u);
   EXPECT_THAT(trace[3], Check("rs_wait", "skip"));
   EXPECT_THAT(trace[3].detail, HasSubstr("no SP step"));
+  // No share was observed; the threshold it will be compared with is known.
+  EXPECT_FALSE(trace[3].observed.has_value());
+  EXPECT_EQ(trace[3].threshold, 0.22);
 }
 
 TEST(GateTraceTest, PinStopsTheChain) {

@@ -64,9 +64,9 @@ const std::vector<CommandSpec>& Commands() {
        "show the gate config (global default, or one job's effective config)",
        {{"job_id", "J", "the job's effective config and its overrides (default: global)"}},
        false,
-       "SOURCE is 'override' for a value set at this scope through the API and\n"
-       "'inherited' for one that comes from the scope below (the global config for a\n"
-       "job; the --config file or the built-in defaults for the global scope)."},
+       "SOURCE is 'override' for a value set at this scope through the API; for a job,\n"
+       "'inherited' for one that comes from the global config; for the global scope,\n"
+       "'config file' (the --config file's value) or 'default' (the built-in default's)."},
       {Command::kGatesSet, "gates set",
        "[--job_id=J] [--FIELD=VALUE ...] [--clear=FIELD,...] [--expected_version=N]",
        "change gate thresholds, globally or for one job",

@@ -262,9 +262,21 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
   });
   Table t({{"FIELD"}, {"VALUE", Align::kRight}, {"SOURCE"}});
   const auto* refl = v1::GateConfig::GetReflection();
+  // The global scope inherits from the --config file or the built-in defaults; a value
+  // other than the default's came from the file (one equal to it reads "default").
+  static const v1::GateConfig* const kDefaults = new v1::GateConfig(ToProto(GateConfig{}));
+  auto source = [&](const FieldDescriptor* f) -> const char* {
+    if (refl->HasField(c.overrides(), f)) return "override";
+    if (!c.job_id().empty() || !refl->HasField(c.config(), f)) return "inherited";
+    const bool same = f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE
+                          ? refl->GetDouble(c.config(), f) == refl->GetDouble(*kDefaults, f)
+                      : f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM
+                          ? refl->GetEnumValue(c.config(), f) == refl->GetEnumValue(*kDefaults, f)
+                          : refl->GetInt64(c.config(), f) == refl->GetInt64(*kDefaults, f);
+    return same ? "default" : "config file";
+  };
   for (const FieldDescriptor* f : GateFields()) {
-    t.AddRow({f->name(), GateFieldText(c.config(), f),
-              refl->HasField(c.overrides(), f) ? "override" : "inherited"});
+    t.AddRow({f->name(), GateFieldText(c.config(), f), source(f)});
   }
   return absl::StrCat(out, "\n", t.Render());
 }
@@ -766,8 +778,6 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
            {"THRESHOLD", Align::kRight},
            {"DETAIL"}});
   for (const v1::GateCheck& c : r.checks()) {
-    // A skipped gate measured nothing, and the pin gate has nothing to measure.
-    const bool no_values = c.outcome() == "skip" || (c.observed() == 0 && c.threshold() == 0);
     // Four significant digits, or as many as it takes to tell an observed value from a
     // threshold it differs from (a firing row read "fire 0.22 0.22"); bytes exact then.
     const bool differ = c.observed() != c.threshold(), memory = c.gate() == "memory";
@@ -776,12 +786,14 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
     int digits = 4;
     auto text = [&digits](double v) { return absl::StrFormat("%.*g", digits, v); };
     while (!memory && differ && digits < 17 && text(c.observed()) == text(c.threshold())) ++digits;
-    auto value = [&](double v) -> std::string {
-      if (no_values) return "-";
+    // A value the gate did not compare (a pin, a gate without its input) is absent.
+    auto value = [&](bool has, double v) -> std::string {
+      if (!has) return "-";
       if (exact_bytes) return absl::StrCat(static_cast<uint64_t>(std::max(v, 0.0)), " B");
       return memory ? bytes(v) : text(v);
     };
-    t.AddRow({c.gate(), c.outcome(), value(c.observed()), value(c.threshold()), c.detail()});
+    t.AddRow({c.gate(), c.outcome(), value(c.has_observed(), c.observed()),
+              value(c.has_threshold(), c.threshold()), c.detail()});
   }
   absl::StrAppend(&out, "\n", t.Render());
   if (r.by_policy_size() > 0) {

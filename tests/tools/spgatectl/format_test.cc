@@ -119,6 +119,23 @@ TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
   EXPECT_THAT(out, HasSubstr("max_length_cv                     -  inherited\n"));
 }
 
+// The global scope's values come from an override, the --config file or the built-in
+// defaults: a value other than the default's is the file's ("inherited" said neither).
+TEST(FormatGateConfig, GlobalScopeSaysDefaultOrConfigFile) {
+  v1::VersionedGateConfig c;
+  *c.mutable_config() = ToProto(GateConfig{});
+  c.mutable_config()->set_max_length_cv(0.3);
+  c.mutable_config()->set_window_steps(80);
+  c.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  c.mutable_overrides()->set_window_steps(80);
+  const std::string out = FormatGateConfig(c, OutputFormat::kTable);
+  EXPECT_THAT(out, HasSubstr("max_length_cv                      0.3  config file\n"));
+  EXPECT_THAT(out, HasSubstr("max_rs_wait_share                 0.22  default\n"));
+  EXPECT_THAT(out, HasSubstr("window_steps                        80  override\n"));
+  EXPECT_THAT(out, HasSubstr("policy                        ADAPTIVE  config file\n"));
+  EXPECT_THAT(out, HasSubstr("adaptive_margin                   0.01  default\n"));
+}
+
 TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {
   const auto c = Parse<v1::VersionedGateConfig>(kJobConfig);
   const std::string json = FormatGateConfig(c, OutputFormat::kJson);
@@ -594,7 +611,22 @@ TEST(FormatEvaluation, DecisionAndReasonChain) {
             "memory     pass     70.0 GiB   72.0 GiB  TP-only fits\n"
             "length_cv  fire       0.8612       0.18  length_cv 0.861 > 0.18\n"
             "rs_wait    skip            -          -  not reached\n");
-  ExpectJsonRoundTrip(r, FormatEvaluation(r, OutputFormat::kJson));
+  const std::string json = FormatEvaluation(r, OutputFormat::kJson);
+  ExpectJsonRoundTrip(r, json);
+  // A value a gate did not compare is not a 0 it measured: absent in JSON too (the pin's
+  // and the skipped rs_wait's rows have neither key; memory's and length_cv's have both).
+  EXPECT_THAT(json, HasSubstr("\"detail\": \"no pin\"\n  }"));
+  EXPECT_THAT(json, HasSubstr("\"detail\": \"not reached\"\n  }"));
+  EXPECT_THAT(json, HasSubstr("\"observed\": 0.8612"));
+  // A skipped gate that compared values shows them (they were "-" for every skip).
+  v1::EvaluateGatesResponse held = r;
+  v1::GateCheck* pin = held.mutable_checks(0);
+  pin->set_outcome("skip");
+  pin->set_observed(8e10);
+  pin->set_threshold(7.5e10);
+  pin->set_gate("memory");
+  EXPECT_THAT(FormatEvaluation(held, OutputFormat::kTable),
+              HasSubstr("\nmemory     skip     74.5 GiB   69.8 GiB"));
 }
 
 TEST(FormatPin, SaysWhenTheJobHasNotRegistered) {

@@ -230,8 +230,8 @@ TEST_F(SpgatectlE2eTest, GatesGetShowsTheDefaults) {
   const CtlResult r = Ctl({"gates", "get"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr("scope    global\n"));
-  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.18  inherited"));
-  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  inherited"));
+  EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.18  default"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  default"));
   EXPECT_THAT(r.err, IsEmpty());
 }
 
@@ -244,7 +244,7 @@ TEST_F(SpgatectlE2eTest, GatesSetThenGetShowsIt) {
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.25  override"));
   EXPECT_THAT(r.out, ContainsRegex("window_steps +10  override"));
-  EXPECT_THAT(r.out, ContainsRegex("max_rs_wait_share +0.22  inherited"));
+  EXPECT_THAT(r.out, ContainsRegex("max_rs_wait_share +0.22  default"));
 
   // A job override on top, then --clear removes it (masked but unset). The job has not
   // run here: its scope is kept, and spgatectl says the daemon does not know it yet (a
@@ -274,7 +274,7 @@ TEST_F(SpgatectlE2eTest, InvalidValueIsRefusedWithTheServersMessage) {
   EXPECT_THAT(r.err, HasSubstr("max_rs_wait_share"));
   EXPECT_THAT(r.out, IsEmpty());
   // Nothing changed.
-  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_rs_wait_share +0.22  inherited"));
+  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_rs_wait_share +0.22  default"));
 }
 
 TEST_F(SpgatectlE2eTest, LocalValidationNamesTheFlagAndExitsWithUsage) {
@@ -389,7 +389,7 @@ TEST_F(SpgatectlE2eTest, EvalPrintsTheDecisionAndReasonChain) {
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, StartsWith("decision       sp (gates_passed)\n"));
   EXPECT_THAT(r.out, HasSubstr("max_length_cv=5 "));
-  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_length_cv +0.18  inherited"));
+  EXPECT_THAT(Ctl({"gates", "get"}).out, ContainsRegex("max_length_cv +0.18  default"));
 
   // TP-only would not fit: SP whatever the other gates say.
   r = Ctl({"eval", "--lengths=512,16384", "--budget=80GiB", "--peak_sp=60GiB", "--peak_tp=79GiB"});
@@ -616,7 +616,7 @@ TEST_F(SpgatectlE2eTest, HistoryAndRollback) {
   r = Ctl({"gates", "rollback", absl::StrCat("--to_version=", first)});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.3  override"));
-  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  inherited"));
+  EXPECT_THAT(r.out, ContainsRegex("window_steps +50  default"));
   r = Ctl({"gates", "history", "--limit=1"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("RollbackGateConfig  to version ", first)));
