@@ -98,6 +98,16 @@ const char* NormBoundaryName(NormBoundary b) {
 }
 
 absl::Status ValidateCostParams(const CostParams& p) {
+  // The model's shape: a 0 or a negative one wrapped the memory prediction to 2^64.
+  const std::pair<const char*, int> shape[] = {
+      {"layers", p.layers}, {"hidden", p.hidden}, {"heads", p.heads}};
+  for (const auto& [flag, v] : shape) {
+    if (v < 1) return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", v));
+  }
+  if (p.heads > p.hidden) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--heads must be at most --hidden (", p.hidden, "), got ", p.heads));
+  }
   const std::pair<const char*, double> positive[] = {
       {"device_tflops", p.device_tflops},   {"mfu", p.mfu},
       {"attention_tflops", p.attention_tflops}, {"hbm_gbps", p.hbm_gbps},

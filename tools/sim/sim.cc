@@ -152,6 +152,10 @@ absl::Status Validate(const SimOptions& o) {
   }
   if (absl::Status s = ValidateRunShape(o); !s.ok()) return s;
   if (!(o.steps_per_s > 0)) return absl::InvalidArgumentError("--steps_per_s must be > 0");
+  if (o.deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--deadline must be >= 0, got ", absl::FormatDuration(o.deadline)));
+  }
   if (o.flush_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--flush_timeout must be >= 0");
   }
@@ -184,6 +188,10 @@ absl::Status ValidateRunShape(const SimOptions& o) {
   }
   if (o.steps < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 0, got ", o.steps));
+  }
+  if (o.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0 (0: min(groups, 2 x cores, 16)), got ", o.threads));
   }
   return absl::OkStatus();
 }

@@ -224,6 +224,9 @@ foreach(case "--tp=0;--tp must be in \\[1, 1024\\], got 0"
              "--jitter=-0.1;--jitter must be a finite number >= 0"
              "--straggler_prob=2;--straggler_prob must be in \\[0, 1\\]"
              "--straggler_burst_every=-4;--straggler_burst_every and"
+             "--hidden=-1;--hidden must be >= 1, got -1"
+             "--layers=0;--layers must be >= 1, got 0"
+             "--threads=-1;--threads must be >= 0"
              "--compare_series=${WORK}/x.csv;--compare_series belongs to `spgate-sim replay --compare`"
              "--sweep_max_length_cv=0.1:0.2:0.05;belong to `spgate-sim replay --sweep`"
              "--summary_json=${WORK}/none/s.json;--summary_json=.*folder .* does not exist"
@@ -246,6 +249,12 @@ execute_process(COMMAND ${SIM} --steps=2 replay RESULT_VARIABLE rc ERROR_VARIABL
                 OUTPUT_QUIET)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "replay, comes first")
   message(FATAL_ERROR "a subcommand after the flags: rc ${rc}, ${err}")
+endif()
+# A live run's deadline is its own flag's (it named the client's decision_deadline).
+execute_process(COMMAND ${SIM} --steps=2 --deadline=-1ms RESULT_VARIABLE rc ERROR_VARIABLE err
+                OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--deadline must be >= 0")
+  message(FATAL_ERROR "--deadline=-1ms: rc ${rc}, ${err}")
 endif()
 # A TP degree past the preset's measured curves runs, and says which curve it used.
 execute_process(COMMAND ${SIM} replay --steps=2 --groups=1 --tp=16

@@ -195,6 +195,10 @@ TEST(CostModelTest, PresetsFlatLinkAndValidation) {
       {[](CostParams& c) { c.shard_work_fraction = 2; }, "--shard_work_fraction"},
       {[](CostParams& c) { c.hardware = "b200"; }, "--hardware"},
       {[](CostParams& c) { c.switch_cost_s = -1; }, "--switch_cost_s"},
+      {[](CostParams& c) { c.hidden = -1; }, "--hidden"},
+      {[](CostParams& c) { c.layers = 0; }, "--layers"},
+      {[](CostParams& c) { c.heads = 0; }, "--heads"},
+      {[](CostParams& c) { c.heads = c.hidden + 1; }, "--heads"},
   };
   for (const Case& k : cases) {
     CostParams c = Quiet();
