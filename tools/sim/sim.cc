@@ -176,23 +176,14 @@ absl::Status Validate(const SimOptions& o) {
 }  // namespace
 
 absl::Status ValidateRunShape(const SimOptions& o) {
-  if (o.groups < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--groups must be >= 1, got ", o.groups));
-  }
-  if (o.cost.tp < 1 || o.cost.tp > 1024) {
-    return absl::InvalidArgumentError(absl::StrCat("--tp must be in [1, 1024], got ", o.cost.tp));
-  }
-  if (o.tokens_per_batch < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tokens_per_batch must be >= 1, got ", o.tokens_per_batch));
-  }
-  if (o.steps < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("--steps must be >= 0, got ", o.steps));
-  }
-  if (o.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--threads must be >= 0 (0: min(groups, 2 x cores, 16)), got ", o.threads));
-  }
+  auto bad = [](const char* flag, const char* bound, int64_t v) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", bound, ", got ", v));
+  };
+  if (o.groups < 1) return bad("groups", ">= 1", o.groups);
+  if (o.cost.tp < 1 || o.cost.tp > 1024) return bad("tp", "in [1, 1024]", o.cost.tp);
+  if (o.tokens_per_batch < 1) return bad("tokens_per_batch", ">= 1", o.tokens_per_batch);
+  if (o.steps < 0) return bad("steps", ">= 0", o.steps);
+  if (o.threads < 0) return bad("threads", ">= 0 (0: min(groups, 2 x cores, 16))", o.threads);
   return absl::OkStatus();
 }
 

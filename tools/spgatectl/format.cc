@@ -66,10 +66,9 @@ std::string SetFieldsText(const v1::GateConfig& config, int per_line = 0) {
     if (refl->HasField(config, f)) parts.push_back(absl::StrCat(f->name(), "=", GateFieldText(config, f)));
   }
   if (parts.empty()) return "none";
-  std::string out;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (i > 0) out += (per_line > 0 && i % per_line == 0) ? "\n" : " ";
-    out += parts[i];
+  std::string out = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) {
+    absl::StrAppend(&out, (per_line > 0 && i % per_line == 0) ? "\n" : " ", parts[i]);
   }
   return out;
 }
@@ -111,11 +110,8 @@ std::string Table::Render() const {
     for (size_t c = 0; c < columns_.size(); ++c) {
       const std::string pad(width[c] - cells[c].size(), ' ');
       if (c > 0) out += "  ";
-      if (columns_[c].align == Align::kRight) {
-        absl::StrAppend(&out, pad, cells[c]);
-      } else {
-        absl::StrAppend(&out, cells[c], pad);
-      }
+      const bool right = columns_[c].align == Align::kRight;
+      absl::StrAppend(&out, right ? pad : "", cells[c], right ? "" : pad);
     }
     // Trailing blanks of a left-aligned last column are noise in a terminal and a diff.
     out.erase(out.find_last_not_of(' ') + 1);
@@ -264,15 +260,11 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
   const auto* refl = v1::GateConfig::GetReflection();
   // The global scope inherits from the --config file or the built-in defaults; a value
   // other than the default's came from the file (one equal to it reads "default").
-  static const v1::GateConfig* const kDefaults = new v1::GateConfig(ToProto(GateConfig{}));
+  const GateConfig values = LayerGateConfig(GateConfig{}, c.config());
   auto source = [&](const FieldDescriptor* f) -> const char* {
     if (refl->HasField(c.overrides(), f)) return "override";
     if (!c.job_id().empty() || !refl->HasField(c.config(), f)) return "inherited";
-    const bool same = f->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE
-                          ? refl->GetDouble(c.config(), f) == refl->GetDouble(*kDefaults, f)
-                      : f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM
-                          ? refl->GetEnumValue(c.config(), f) == refl->GetEnumValue(*kDefaults, f)
-                          : refl->GetInt64(c.config(), f) == refl->GetInt64(*kDefaults, f);
+    const bool same = GateFieldValue(values, f->name()) == GateFieldValue(GateConfig{}, f->name());
     return same ? "default" : "config file";
   };
   for (const FieldDescriptor* f : GateFields()) {
@@ -772,10 +764,7 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
       {"config", absl::StrCat("version ", d.config_version(), "\n",
                               SetFieldsText(r.config_used(), /*per_line=*/4))},
   });
-  Table t({{"GATE"},
-           {"OUTCOME"},
-           {"OBSERVED", Align::kRight},
-           {"THRESHOLD", Align::kRight},
+  Table t({{"GATE"}, {"OUTCOME"}, {"OBSERVED", Align::kRight}, {"THRESHOLD", Align::kRight},
            {"DETAIL"}});
   for (const v1::GateCheck& c : r.checks()) {
     // Four significant digits, or as many as it takes to tell an observed value from a
