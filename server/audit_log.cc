@@ -156,8 +156,10 @@ absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path) {
   for (int64_t window = 64 << 10;; window *= 16) {
     window = std::min(window, kMaxAuditReadBytes);
     ASSIGN_OR_RETURN(std::vector<AuditRecord> entries, ReadAuditLog(path, -1, window));
-    if (!entries.empty()) return entries.back().entry.version();
-    if (window == kMaxAuditReadBytes) return 0;
+    // Pins, unpins and forgets carry no version (0): the newest change that has one.
+    int64_t newest = 0;
+    for (const AuditRecord& r : entries) newest = std::max(newest, r.entry.version());
+    if (newest > 0 || window == kMaxAuditReadBytes) return newest;
   }
 }
 

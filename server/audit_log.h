@@ -60,9 +60,10 @@ absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path,
                                                       int64_t before = -1,
                                                       int64_t max_bytes = kMaxAuditReadBytes);
 
-// The newest entry's version (versions only grow down the file): the tail is read in
-// windows of 64 KiB, growing to kMaxAuditReadBytes, until one holds a whole entry. 0 for a
-// missing or empty log.
+// The newest versioned entry's version (versions only grow down the file; pins, unpins and
+// forgets carry none): the tail is read in windows of 64 KiB, growing to
+// kMaxAuditReadBytes, until one holds a versioned entry. 0 for a missing log or one with
+// none.
 absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path);
 
 }  // namespace spgate::server

@@ -160,6 +160,13 @@ TEST_F(OperatorStoreTest, VersionsGoOnAfterTheAuditLogsNewestWithoutTheStateFile
     auto second = store->UpdateGateConfig(up, kTest);
     ASSERT_THAT(second.status(), IsOk());
     ASSERT_EQ(second->version(), 2);
+    // The newest line a pin, which carries no version: the log's newest is still 2 (it
+    // read 0, and versions restarted at 1 beside the old 1 and 2).
+    v1::PinModeRequest pin;
+    pin.set_job_id("j");
+    pin.set_mode(v1::SEQUENCE_PARALLEL);
+    pin.mutable_duration()->set_seconds(600);
+    ASSERT_THAT(store->PinMode(pin, kTest).status(), IsOk());
   }
   // Only the log's tail is read: its newest entry that parses, past a 200 KiB line that
   // does not (more than the first 64 KiB window).
