@@ -26,6 +26,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -461,13 +462,26 @@ absl::Status Daemon::Impl::Start() {
   store_options.max_job_scopes = opts.state.max_jobs;
   const auto persist_failed = PersistFailureReport(metrics.get());
   store_options.on_persist_failure = persist_failed;
-  ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
-  // After Create (which makes the directory), before any port reports SERVING: an
-  // unwritable directory would otherwise show up only as UNAVAILABLE on the first change.
-  if (!opts.state_dir.empty()) {
+  // Before any port reports SERVING: an unwritable directory would otherwise show up only
+  // as UNAVAILABLE on the first change. One that does not exist yet Create makes (or
+  // fails to), and then checks below.
+  std::error_code no_dir;
+  if (!opts.state_dir.empty() && std::filesystem::is_directory(opts.state_dir, no_dir)) {
     absl::Status writable = CheckStateDirWritable(opts.state_dir);
     if (!opts.allow_read_only_state_dir) RETURN_IF_ERROR(writable);
     state_read_only = !writable.ok();  // served read-only: nothing is written, at stop too
+  }
+  store_options.read_only = state_read_only;
+  ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
+  if (!opts.state_dir.empty() && !state_read_only) {
+    RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
+  }
+  if (state_read_only) {
+    Log(LogLevel::kWarning,
+        absl::StrCat("--state_dir ", opts.state_dir, " is not writable: serving it read-only "
+                     "(--allow_read_only_state_dir): its state is loaded, API changes are "
+                     "refused, new launches are kept in memory, learned tables are not saved"),
+        {{"event", "state_read_only"}, {"path", opts.state_dir}});
   }
   opts.state.state_dir = opts.state_dir;  // the launches file lives beside the state file
   opts.state.read_only_state_dir = state_read_only;

@@ -163,8 +163,9 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
       return absl::FailedPreconditionError(absl::StrCat(
           "--state_dir ", options.state_dir, ": cannot create: ", std::strerror(errno)));
     }
-    // Temp files of earlier daemons killed mid-write (docs/design.md §5): never read.
-    RemoveStaleTempFiles(StateFilePath(options.state_dir));
+    // Temp files of earlier daemons killed mid-write (docs/design.md §5): never read, and
+    // left where the directory is served read-only.
+    if (!options.read_only) RemoveStaleTempFiles(StateFilePath(options.state_dir));
     ASSIGN_OR_RETURN(persisted, LoadPersistedState(options.state_dir));
   }
   std::unique_ptr<OperatorStore> store(new OperatorStore(std::move(options)));
@@ -285,6 +286,11 @@ v1::PersistedState OperatorStore::Snapshot(const Layers& l) const {
 absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
                                    v1::AuditEntry entry, const AuditContext& audit,
                                    bool notify_listener) {
+  if (options_.read_only) {
+    return absl::UnavailableError(absl::StrCat(
+        "spgated serves --state_dir ", options_.state_dir,
+        " read-only (--allow_read_only_state_dir): API changes are refused; nothing was changed"));
+  }
   if (!options_.state_dir.empty()) {
     // The audit line first, then the state file; if the state cannot be written the
     // line is taken back, so the log records exactly the changes that were made.
@@ -540,8 +546,8 @@ absl::Status OperatorStore::ReloadConfigFile(const v1::GateConfig& file_layer) {
   next.global_update_time = Now();
   // The file is the source of truth here, so the new config applies even if the state
   // file cannot be written; the write keeps the persisted version counter ahead of every
-  // version served, and a failure is counted.
-  if (!options_.state_dir.empty()) {
+  // version served, and a failure is counted. A read-only state_dir is not written.
+  if (!options_.state_dir.empty() && !options_.read_only) {
     if (absl::Status s = SavePersistedState(options_.state_dir, Snapshot(next)); !s.ok()) {
       (void)PersistFailed(absl::StrCat("the reloaded --config applies, but its version could "
                                        "not be written to ", StateFilePath(options_.state_dir),
@@ -712,7 +718,7 @@ absl::Status OperatorStore::PersistFailed(std::string what) const {
 
 absl::Status OperatorStore::Flush() {
   MutexLock plock(&persist_mu_);
-  if (options_.state_dir.empty()) return absl::OkStatus();
+  if (options_.state_dir.empty() || options_.read_only) return absl::OkStatus();
   const Layers current = Copy();
   absl::Status s = SavePersistedState(options_.state_dir, Snapshot(current));
   if (!s.ok()) {  // the caller reports it (the daemon at shutdown, as an error line)

@@ -49,6 +49,10 @@ struct StoreOptions {
   // A write to --state_dir failed (the state file or the audit log): what failed, naming
   // the file. E.g. a metric and a log line; may be empty.
   std::function<void(absl::string_view what)> on_persist_failure;
+  // The state_dir is loaded and never written (--allow_read_only_state_dir over one that
+  // is not writable): every change is refused with UNAVAILABLE before any write, which is
+  // no persist failure; a reloaded --config applies in memory.
+  bool read_only = false;
 };
 
 // Who asks for a change, for the audit log: a credential's name or a certificate

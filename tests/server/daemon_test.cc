@@ -654,20 +654,26 @@ TEST_F(DaemonTest, UnwritableStateDirStopsStartupUnlessAllowed) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        AllOf(HasSubstr("--state_dir " + opts.state_dir + " is not writable"),
                              HasSubstr("--allow_read_only_state_dir"))));
-  // Allowed on purpose: it serves, and a change is refused as any failed write is.
+  // Allowed on purpose: it serves and says so, and a change is refused before any write
+  // (no audit line appended and cut back), which is no persist failure: the alert on
+  // those stays quiet for a daemon read-only by design.
   opts.allow_read_only_state_dir = true;
+  ::testing::internal::CaptureStderr();
   Start(opts);
   v1::UpdateGateConfigRequest up;
   up.mutable_config()->set_max_length_cv(0.33);
   up.mutable_update_mask()->add_paths("max_length_cv");
-  ::testing::internal::CaptureStderr();
-  EXPECT_THAT(Update(up).status(), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(Update(up).status(),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("read-only")));
   // Counted by its outcome, as every config update is.
   EXPECT_EQ(ConfigUpdates("unavailable"), 1);
-  // Its stop writes nothing (no error line); the refused change's failed write was logged.
+  EXPECT_THAT(::spgate::testing::ScrapeMetrics(daemon_->metrics_port()),
+              HasSubstr("\nspgate_state_persist_failures_total 0\n"));
+  // Its stop writes nothing (no error line).
   daemon_.reset();
   const std::string log = ::testing::internal::GetCapturedStderr();
-  EXPECT_THAT(log, HasSubstr("could not persist the change"));
+  EXPECT_THAT(log, HasSubstr("serving it read-only"));
+  EXPECT_THAT(log, Not(HasSubstr("could not persist")));
   EXPECT_THAT(log, Not(HasSubstr("could not write")));
   // A writable directory passes the probe and keeps no trace of it.
   const std::string dir = TempDir("daemon_test");
