@@ -1,8 +1,11 @@
 // The daemon's log lines; see log.h.
 #include "server/log.h"
 
+#include <grpc/support/log.h>
+
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -85,6 +88,17 @@ std::string AbslUnparseFlag(LogFormat format) {
 }
 
 void SetLogFormat(LogFormat format) { g_format.store(format, std::memory_order_relaxed); }
+
+void RouteGrpcLogs() {
+  gpr_set_log_function([](gpr_log_func_args* args) {
+    const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
+    const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
+    const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError
+                                                                     : LogLevel::kInfo;
+    Log(level, absl::StrCat("grpc (", file, ":", args->line, "): ", args->message),
+        {{"event", "grpc"}, {"file", file}, {"line", args->line}});
+  });
+}
 
 std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,
                           std::string_view message, const std::vector<LogField>& fields) {

@@ -44,6 +44,11 @@ std::string AbslUnparseFlag(LogFormat format);
 // Process-wide; set once at start-up, before the daemon's threads log.
 void SetLogFormat(LogFormat format);
 
+// Sends gRPC's own log lines (a refused TLS handshake, a port in use: those at or above
+// GRPC_VERBOSITY, ERROR by default) through Log, so that --log_format=json is JSON on
+// every line: "grpc (FILE:LINE): MESSAGE", with event "grpc", file and line as fields.
+void RouteGrpcLogs();
+
 // Writes one line to stderr in the current format (a single write, so lines from
 // different threads do not interleave).
 void Log(LogLevel level, std::string_view message, const std::vector<LogField>& fields = {});

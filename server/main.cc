@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
                                "parallel and tensor-parallel-only execution.");
   std::vector<char*> rest = spgate::ParseFlags(argc, argv);
   spgate::server::SetLogFormat(absl::GetFlag(FLAGS_log_format));
+  spgate::server::RouteGrpcLogs();
   if (rest.size() > 1) {
     std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
     return 2;

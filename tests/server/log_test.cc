@@ -4,6 +4,9 @@
 
 #include <string>
 
+#include <grpc/grpc.h>
+#include <grpc/support/log.h>
+
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -52,6 +55,30 @@ TEST(LogLine, JsonParsesWithTheFourKeysAndTypedFields) {
     EXPECT_TRUE(f.at("loopback").bool_value());
     EXPECT_EQ(f.at("path").string_value(), c.parsed);
   }
+}
+
+// gRPC's own lines (a refused handshake, a port in use) go through Log: under
+// --log_format=json every stderr line is one JSON object (they were gRPC's "E1206 ..." text
+// between the objects).
+TEST(LogLine, GrpcLinesAreTheDaemonsLines) {
+  grpc_init();  // reads GRPC_VERBOSITY: gRPC logs nothing before
+  RouteGrpcLogs();
+  SetLogFormat(LogFormat::kJson);
+  ::testing::internal::CaptureStderr();
+  gpr_log("src/core/tsi/ssl_transport_security.cc", 1501, GPR_LOG_SEVERITY_ERROR,
+          "Handshake failed with fatal error %s", "SSL_ERROR_SSL");
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  SetLogFormat(LogFormat::kText);
+  grpc_shutdown();
+  google::protobuf::Struct s;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &s).ok()) << line;
+  EXPECT_EQ(s.fields().at("level").string_value(), "error");
+  EXPECT_EQ(s.fields().at("message").string_value(),
+            "grpc (ssl_transport_security.cc:1501): Handshake failed with fatal error SSL_ERROR_SSL");
+  const auto& f = s.fields().at("fields").struct_value().fields();
+  EXPECT_EQ(f.at("event").string_value(), "grpc");
+  EXPECT_EQ(f.at("file").string_value(), "ssl_transport_security.cc");
+  EXPECT_EQ(f.at("line").number_value(), 1501);
 }
 
 TEST(LogLine, FlagValues) {
