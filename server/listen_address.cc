@@ -11,7 +11,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace spgate::server {
 
@@ -67,6 +69,21 @@ std::string ListenAddressShapeError(absl::string_view flag, absl::string_view ad
   return absl::StrCat("--", flag, "=", address,
                       ": not an address to listen on (HOST:PORT with PORT in [0, 65535], "
                       "[IPv6]:PORT, or unix:PATH)");
+}
+
+std::string MetricsAddressShapeError(absl::string_view address) {
+  if (address.empty()) return "";
+  for (absl::string_view part : absl::StrSplit(address, ',')) {
+    int bare = -1;
+    const bool bare_port = absl::c_all_of(part, [](char c) { return c >= '0' && c <= '9'; }) &&
+                           absl::SimpleAtoi(part, &bare) && bare <= 65535;
+    const AddressParts p = SplitAddress(part);
+    if (bare_port || (!p.unix && p.has_colon && PortNumber(p) >= 0)) continue;
+    return absl::StrCat("--metrics_listen=", address, ": not an address to listen on (HOST:PORT ",
+                        "with PORT in [0, 65535], [IPv6]:PORT or a bare PORT, comma-separated; "
+                        "empty: off)");
+  }
+  return "";
 }
 
 std::string WhyCannotListen(absl::string_view address) {

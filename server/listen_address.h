@@ -35,6 +35,10 @@ bool NumericSocketAddress(const std::string& host, int port, sockaddr_storage* a
 // `flag` ("listen": "--listen=ADDRESS: ...").
 std::string ListenAddressShapeError(absl::string_view flag, absl::string_view address);
 
+// The same for --metrics_listen, which civetweb reads: comma-separated HOST:PORT,
+// [IPv6]:PORT or a bare PORT (every IPv4 interface), no unix sockets; empty is off.
+std::string MetricsAddressShapeError(absl::string_view address);
+
 // Why a TCP socket cannot be bound to `address` (a numeric host or "localhost"; a bare
 // port is every IPv4 interface), as the operating system says it ("Address already in
 // use", "Permission denied"); empty when the bind succeeds here, or for an address it

@@ -25,7 +25,9 @@ ABSL_FLAG(std::string, listen, "",
           "Worker API (spgate.v1.GateService) address; empty: 127.0.0.1:50061 without a worker "
           "credential, 0.0.0.0:50061 with --worker_token_file or --tls_client_ca");
 ABSL_FLAG(std::string, admin_listen, "127.0.0.1:50062", "Admin API (spgate.v1.AdminService) address");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "Prometheus /metrics address; empty: off");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461",
+          "Prometheus /metrics address (HOST:PORT or PORT; the default is every interface); "
+          "empty: off");
 ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
 ABSL_FLAG(std::string, state_dir, "", "Directory for operator changes made through the API");
 ABSL_FLAG(bool, allow_read_only_state_dir, false,
@@ -201,6 +203,8 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
       {"heartbeat_interval", st.heartbeat_interval > zero, "> 0",
        FormatDuration(st.heartbeat_interval)},
       {"stale_after", st.stale_after > zero, "> 0", FormatDuration(st.stale_after)},
+      {"shutdown_grace", absl::GetFlag(FLAGS_shutdown_grace) >= zero, ">= 0",
+       FormatDuration(absl::GetFlag(FLAGS_shutdown_grace))},
       {"max_jobs", st.max_jobs >= 1, ">= 1", absl::StrCat(st.max_jobs)},
       {"max_groups_per_job", st.max_groups_per_job >= 1, ">= 1", absl::StrCat(st.max_groups_per_job)},
       {"decision_cache_steps", st.decision_cache_steps >= 1 && st.decision_cache_steps <= 1'000'000,
@@ -216,6 +220,10 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
         !error.empty()) {
       return error;
     }
+  }
+  if (std::string error = spgate::server::MetricsAddressShapeError(opts.metrics_listen);
+      !error.empty()) {
+    return error;
   }
   if (st.stale_after < 2 * st.heartbeat_interval) {
     // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).

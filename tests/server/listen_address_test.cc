@@ -62,6 +62,22 @@ TEST(ListenAddressTest, ShapeAndTheHostALocalClientDials) {
   EXPECT_EQ(ListenAddressShapeError("admin_listen", ""), "") << "empty: the flag's default";
 }
 
+// --metrics_listen is civetweb's: a bare port and a comma-separated list are fine, a unix
+// socket or a malformed entry is a usage error (it failed at bind time, exit 1, with
+// civetweb's "null context when constructing CivetServer").
+TEST(ListenAddressTest, MetricsAddressShape) {
+  for (const char* good : {"", "0.0.0.0:9461", "9461", "127.0.0.1:0", "[::1]:9461",
+                           "127.0.0.1:9461,[::1]:9461"}) {
+    EXPECT_EQ(MetricsAddressShapeError(good), "") << good;
+  }
+  for (const char* bad : {"foo", "127.0.0.1:notaport", "127.0.0.1:99999", "99999",
+                          "unix:/run/m.sock", "127.0.0.1:9461,", "127.0.0.1"}) {
+    EXPECT_THAT(MetricsAddressShapeError(bad),
+                ::testing::StartsWith(absl::StrCat("--metrics_listen=", bad,
+                                                   ": not an address to listen on")));
+  }
+}
+
 // A port held here (listening) is "in use" on its own address, on the wildcard and in the
 // bare-port form; a free one binds; what cannot be tried says nothing.
 TEST(WhyCannotListenTest, NamesTheOperatingSystemsReason) {

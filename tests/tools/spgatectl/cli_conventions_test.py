@@ -74,7 +74,8 @@ class HelpAndVersion(unittest.TestCase):
         for flag, message in (("--max_jobs=-1", "--max_jobs: must be >= 1, got -1"),
                               ("--decision_cache_steps=0",
                                "--decision_cache_steps: must be in [1, 1000000], got 0"),
-                              ("--handshake_timeout=2h", "--handshake_timeout: must be in (0, 1h], got 2h")):
+                              ("--handshake_timeout=2h", "--handshake_timeout: must be in (0, 1h], got 2h"),
+                              ("--shutdown_grace=-1s", "--shutdown_grace: must be >= 0, got -1s")):
             r = run([ARGS.spgated, flag, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
                      "--metrics_listen="])
             self.assertEqual(r.returncode, 2, r.stderr)
@@ -85,6 +86,11 @@ class HelpAndVersion(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--listen=127.0.0.1:notaport: not an address to listen on", r.stderr)
         self.assertNotIn("chttp2", r.stderr)
+        # civetweb's port too (it failed at bind time, exit 1, "null context ... CivetServer").
+        r = run([ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+                 "--metrics_listen=foo"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--metrics_listen=foo: not an address to listen on", r.stderr)
         r = run([ARGS.sim, "--duration=abc"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("duration", r.stderr)
