@@ -248,8 +248,9 @@ def Overview():
         "Worker requests refused",
         "Worker requests the daemons refused for who sent them, by reason, over all jobs "
         "(the counter has no job_id). launch_credential: a Register without the running "
-        "launch's credential (alert SpgateLaunchCredentialRefusals); undecided_step: a few "
-        "after a daemon pause or restart are normal (docs/metrics.md).",
+        "launch's credential (alert SpgateLaunchCredentialRefusals); worker_credential: a "
+        "call without a worker credential for its job (alert SpgateWorkerCredentialRefusals); "
+        "undecided_step: a few after a daemon pause or restart are normal (docs/metrics.md).",
         "count:refusals/min",
         [(f"sum by (reason) (rate(spgate_worker_refusals_total[{RATE}])) * 60",
           "{{reason}}")]), w=12)

@@ -244,7 +244,8 @@ Metrics::Metrics()
       refused_unknown_session(worker_refusals_f.Add({{"reason", "unknown_session"}})),
       refused_launch_credential(worker_refusals_f.Add({{"reason", "launch_credential"}})),
       refused_plan_mismatch(worker_refusals_f.Add({{"reason", "plan_mismatch"}})),
-      refused_undecided_step(worker_refusals_f.Add({{"reason", "undecided_step"}})) {
+      refused_undecided_step(worker_refusals_f.Add({{"reason", "undecided_step"}})),
+      refused_worker_credential(worker_refusals_f.Add({{"reason", "worker_credential"}})) {
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
   for (size_t i = 0; i < kNumGateFields; ++i) {

@@ -218,6 +218,7 @@ class Metrics {
   prometheus::Counter& refused_launch_credential;  // a wrong credential for a live launch
   prometheus::Counter& refused_plan_mismatch;      // another plan for a decided step
   prometheus::Counter& refused_undecided_step;     // telemetry for a step not decided
+  prometheus::Counter& refused_worker_credential;  // no, an unknown or an out-of-scope one
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};

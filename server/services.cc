@@ -594,13 +594,21 @@ GateServiceImpl::GateServiceImpl(GateState* state, Metrics& metrics, StreamRegis
       });
 }
 
+// A worker call refused for its credential (none, an unknown one, or one whose job
+// patterns do not cover the job) is counted: such a job decides locally on every step, and
+// nothing else on the daemon's side would show it.
+absl::Status GateServiceImpl::CountRefused(absl::Status s) const {
+  if (!s.ok()) metrics_.refused_worker_credential.Increment();
+  return s;
+}
+
 absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx,
                                               std::string_view job_id) const {
-  return AuthorizeWorkerCall(worker_auth_, CallerCredentialsOf(*ctx), job_id);
+  return CountRefused(AuthorizeWorkerCall(worker_auth_, CallerCredentialsOf(*ctx), job_id));
 }
 
 absl::Status GateServiceImpl::AuthenticateWorker(grpc::CallbackServerContext* ctx) const {
-  return server::AuthenticateWorker(worker_auth_, CallerCredentialsOf(*ctx)).status();
+  return CountRefused(server::AuthenticateWorker(worker_auth_, CallerCredentialsOf(*ctx)).status());
 }
 
 absl::StatusOr<v1::RegisterResponse> GateServiceImpl::Register(grpc::CallbackServerContext* ctx,
@@ -623,7 +631,7 @@ RawReactor* GateServiceImpl::Connect(grpc::CallbackServerContext* ctx) {
   return new ConnectReactor(
       state_, metrics_, streams_,
       [this, caller = CallerCredentialsOf(*ctx)](std::string_view job_id) {
-        return AuthorizeWorkerCall(worker_auth_, caller, job_id);
+        return CountRefused(AuthorizeWorkerCall(worker_auth_, caller, job_id));
       });
 }
 

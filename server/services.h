@@ -84,6 +84,8 @@ class GateServiceImpl final : public RawService {
   absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx, std::string_view job_id) const;
   // Only who the caller is (AuthenticateWorker), where the job is not known yet.
   absl::Status AuthenticateWorker(grpc::CallbackServerContext* ctx) const;
+  // `s`, counted in spgate_worker_refusals_total{reason="worker_credential"} if a refusal.
+  absl::Status CountRefused(absl::Status s) const;
 
   GateState* state_;
   Metrics& metrics_;

@@ -43,6 +43,7 @@ REQUIRED_ALERTS = {
     "daemon absent": "SpgateDaemonAbsent",
     "daemon answers the workers' memory gate refused": "SpgateWorkerMemoryOverride",
     "Registers without the launch's credential": "SpgateLaunchCredentialRefusals",
+    "worker calls refused for their credential": "SpgateWorkerCredentialRefusals",
 }
 RECORD_NAME = re.compile(r"^[a-z][a-z_]*:spgate_[a-z0-9_]+:[a-z0-9_]+$")
 PROMETHEUS_RULE = os.path.join(REPO, "deploy", "k8s", "monitoring", "prometheusrule.yaml")

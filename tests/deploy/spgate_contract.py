@@ -79,7 +79,7 @@ LABEL_VALUES = {
 # why a worker request was refused (docs/metrics.md), not which gate decided.
 WORKER_REFUSAL_REASONS = ("stale_incarnation", "live_incarnation", "not_leader",
                           "step_too_far", "unknown_session", "launch_credential",
-                          "plan_mismatch", "undecided_step")
+                          "plan_mismatch", "undecided_step", "worker_credential")
 FAMILY_LABEL_VALUES = {
     "spgate_worker_refusals_total": {"reason": WORKER_REFUSAL_REASONS},
 }

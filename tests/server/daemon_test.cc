@@ -423,6 +423,10 @@ TEST_F(DaemonTest, WorkerTokenGuardsEveryWorkerCall) {
   v1::DaemonMessage in;
   EXPECT_FALSE(stream->Read(&in));
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // Each refusal counted (a job sent to local decisions by its credential showed nowhere).
+  EXPECT_EQ(testing::MetricValue(testing::ScrapeMetrics(daemon_->metrics_port()),
+                                 "spgate_worker_refusals_total", {"reason=\"worker_credential\""}),
+            3);
 }
 
 TEST_F(DaemonTest, AdminErrorsUseTheRightCodes) {
