@@ -109,7 +109,8 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
-    TokenCredential cred{CredentialFileBasename(path), std::string(line), role};
+    TokenCredential cred{CredentialFileBasename(path), std::string(line), role,
+                         absl::StrCat(path, " line ", line_no)};
     if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
       cred.name = std::string(absl::StripAsciiWhitespace(line.substr(0, colon)));
       cred.secret = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
@@ -189,8 +190,8 @@ absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_fil
       for (const TokenCredential& other : auth.tokens) {
         if (other.secret == t.secret) {
           return absl::InvalidArgumentError(absl::StrCat(
-              f.flag, ": ", f.path, ": the token of ", t.name, " is also the token of ",
-              other.name, "; every credential needs its own token"));
+              f.flag, ": ", t.where, ": the token of ", t.name, " is also the token of ",
+              other.name, " (", other.where, "); every credential needs its own token"));
         }
       }
       auth.tokens.push_back(std::move(t));

@@ -40,6 +40,7 @@ struct TokenCredential {
   std::string name;    // the principal
   std::string secret;
   Role role;
+  std::string where;   // "PATH line N": where a start-up error points
 };
 
 struct SubjectCredential {

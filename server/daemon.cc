@@ -199,9 +199,9 @@ absl::Status CheckAdminListen(const DaemonOptions& opts, const AdminAuthConfig& 
     return absl::InvalidArgumentError(absl::StrCat(
         "--admin_listen=", opts.admin_listen,
         " is not a loopback address and no admin credential is configured: ", who,
-        " could change the gates and force pins. Give --admin_subjects_file (mTLS) or "
-        "--admin_token_file, keep --admin_listen on 127.0.0.1, or accept this with "
-        "--allow_unauthenticated_admin (docs/security.md)"));
+        " could change the gates and force pins. Give --admin_token_file, "
+        "--reader_token_file or --admin_subjects_file (mTLS), keep --admin_listen on "
+        "127.0.0.1, or accept this with --allow_unauthenticated_admin (docs/security.md)"));
   }
   Log(LogLevel::kWarning,
       absl::StrCat("the admin API on ", opts.admin_listen,
@@ -421,7 +421,12 @@ absl::Status Daemon::Impl::Start() {
   if (!opts.state.clock) opts.state.clock = [] { return absl::Now(); };
   v1::GateConfig file_layer;
   if (!opts.config_path.empty()) {
-    ASSIGN_OR_RETURN(file_layer, LoadGateConfigFile(opts.config_path));
+    absl::StatusOr<v1::GateConfig> loaded = LoadGateConfigFile(opts.config_path);
+    if (!loaded.ok()) {  // the flag named, as every start-up error does
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("--config: ", loaded.status().message()));
+    }
+    file_layer = *std::move(loaded);
   }
   if (!opts.config_path.empty()) {
     MutexLock lock(&poll_mu);

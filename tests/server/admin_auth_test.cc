@@ -284,8 +284,11 @@ TEST(LoadAdminAuthTest, OneTokenCannotHaveTwoRoles) {
   f = fopen(r.c_str(), "w");
   fputs("ci:same\n", f);
   fclose(f);
+  // Both places named, line by line (the file had no line number).
   EXPECT_THAT(LoadAdminAuth(a, r, "").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("also the token of alice")));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(r + " line 1: the token of ci is also the token of alice (" + a +
+                                 " line 1)")));
   EXPECT_THAT(LoadAdminAuth(dir + "/missing", "", "").status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--admin_token_file")));
 }

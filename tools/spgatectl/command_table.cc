@@ -94,9 +94,9 @@ const std::vector<CommandSpec>& Commands() {
         {"expected_version", "N", "refuse (ABORTED) unless the scope is still at version N"}},
        false,
        "The rollback is itself a new version and is audited. A version of another scope is\n"
-       "INVALID_ARGUMENT; one the audit log does not hold is NOT_FOUND. Version 0 is the\n"
-       "config the daemon started with: every override of the scope removed (the --config\n"
-       "file and the defaults for the global scope; the global config for a job); it needs\n"
+       "INVALID_ARGUMENT; one the audit log does not hold is NOT_FOUND. Version 0 removes\n"
+       "every override of the scope: the global scope is then the --config file as last\n"
+       "loaded (a reload included) over the defaults, a job the global config; it needs\n"
        "no audit log. Needs the admin role."},
       {Command::kJobsList, "jobs list", "", "list the jobs the daemon knows", {}, false, ""},
       {Command::kJobsShow, "jobs show", "JOB",

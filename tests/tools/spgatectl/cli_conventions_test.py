@@ -91,6 +91,16 @@ class HelpAndVersion(unittest.TestCase):
                  "--metrics_listen=foo"])
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--metrics_listen=foo: not an address to listen on", r.stderr)
+        # Two listeners on one address: said before a bind fails with gRPC's dump.
+        r = run([ARGS.spgated, "--listen=127.0.0.1:52999", "--admin_listen=127.0.0.1:52999",
+                 "--metrics_listen="])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--listen and --admin_listen are the same address", r.stderr)
+        # A missing --config names the flag, as every start-up error does (exit 1).
+        r = run([ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+                 "--metrics_listen=", "--config=/nonexistent/gates.textproto"])
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot start: --config: ", r.stderr)
         r = run([ARGS.sim, "--duration=abc"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("duration", r.stderr)
