@@ -321,6 +321,8 @@ class Daemon::Impl {
   bool shut_down ABSL_GUARDED_BY(shutdown_mu) = false;
 
   absl::Status Start();
+  absl::StatusOr<v1::GateConfig> LoadConfigFile();
+  absl::Status RestoreState(v1::GateConfig file_layer);
   absl::StatusOr<std::unique_ptr<grpc::Server>> Serve(
       const std::string& flag, const std::string& address,
       std::shared_ptr<grpc::ServerCredentials> creds, grpc::Service* service, int* port);
@@ -417,40 +419,21 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> Daemon::Impl::Serve(
   return server;
 }
 
-absl::Status Daemon::Impl::Start() {
-  if (!opts.state.clock) opts.state.clock = [] { return absl::Now(); };
-  v1::GateConfig file_layer;
-  if (!opts.config_path.empty()) {
-    absl::StatusOr<v1::GateConfig> loaded = LoadGateConfigFile(opts.config_path);
-    if (!loaded.ok()) {  // the flag named, as every start-up error does
-      return absl::Status(loaded.status().code(),
-                          absl::StrCat("--config: ", loaded.status().message()));
-    }
-    file_layer = *std::move(loaded);
+absl::StatusOr<v1::GateConfig> Daemon::Impl::LoadConfigFile() {
+  if (opts.config_path.empty()) return v1::GateConfig();
+  absl::StatusOr<v1::GateConfig> loaded = LoadGateConfigFile(opts.config_path);
+  if (!loaded.ok()) {  // the flag named, as every start-up error does
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat("--config: ", loaded.status().message()));
   }
-  if (!opts.config_path.empty()) {
-    MutexLock lock(&poll_mu);
-    config_seen = Fingerprint(opts.config_path, /*hash_contents=*/true);
-  }
-  // Flag combinations first: they need no file read to be wrong.
-  if (!opts.admin_subjects_file.empty() && opts.tls_client_ca.empty()) {
-    return absl::InvalidArgumentError(
-        "--admin_subjects_file maps client certificates to roles and needs --tls_client_ca");
-  }
-  if (!opts.worker_subjects_file.empty() && opts.tls_client_ca.empty()) {
-    return absl::InvalidArgumentError(
-        "--worker_subjects_file maps client certificates to job ids and needs --tls_client_ca");
-  }
-  ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(opts.admin_token_file,
-                                                       opts.reader_token_file,
-                                                       opts.admin_subjects_file));
-  ASSIGN_OR_RETURN(WorkerAuthConfig worker_auth,
-                   LoadWorkerAuth(opts.worker_token_file, opts.worker_subjects_file));
-  RETURN_IF_ERROR(CheckWorkerTokensAreNotAdminTokens(worker_auth, auth));
-  RETURN_IF_ERROR(ResolveWorkerListen(opts));
-  RETURN_IF_ERROR(CheckAdminListen(opts, auth));
-  ASSIGN_OR_RETURN(auto creds, Credentials());
+  MutexLock lock(&poll_mu);
+  config_seen = Fingerprint(opts.config_path, /*hash_contents=*/true);
+  return loaded;
+}
 
+// The operator store and the gate state, restored from --state_dir (read-only where
+// allowed and it cannot be written), before any port reports SERVING.
+absl::Status Daemon::Impl::RestoreState(v1::GateConfig file_layer) {
   // A path that is there but no directory would be read as one first ("cannot read
   // DIR/spgated-state.textproto: Not a directory"): say which flag it is.
   if (struct stat st{}; !opts.state_dir.empty() && ::stat(opts.state_dir.c_str(), &st) == 0 &&
@@ -499,6 +482,38 @@ absl::Status Daemon::Impl::Start() {
   }
   ASSIGN_OR_RETURN(state, GateState::Create(opts.state, *metrics, store.get()));
   store->SetListener(state.get());
+  if (!opts.state_dir.empty()) {
+    Log(LogLevel::kInfo,
+        absl::StrCat("restored from ", opts.state_dir, ": global config version: ",
+                     store->GlobalVersion(), ", ", state->RestoredSummary()),
+        {{"event", "state_restored"}, {"path", opts.state_dir}});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::Start() {
+  if (!opts.state.clock) opts.state.clock = [] { return absl::Now(); };
+  ASSIGN_OR_RETURN(v1::GateConfig file_layer, LoadConfigFile());
+  // Flag combinations first: they need no file read to be wrong.
+  if (!opts.admin_subjects_file.empty() && opts.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--admin_subjects_file maps client certificates to roles and needs --tls_client_ca");
+  }
+  if (!opts.worker_subjects_file.empty() && opts.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker_subjects_file maps client certificates to job ids and needs --tls_client_ca");
+  }
+  ASSIGN_OR_RETURN(AdminAuthConfig auth, LoadAdminAuth(opts.admin_token_file,
+                                                       opts.reader_token_file,
+                                                       opts.admin_subjects_file));
+  ASSIGN_OR_RETURN(WorkerAuthConfig worker_auth,
+                   LoadWorkerAuth(opts.worker_token_file, opts.worker_subjects_file));
+  RETURN_IF_ERROR(CheckWorkerTokensAreNotAdminTokens(worker_auth, auth));
+  RETURN_IF_ERROR(ResolveWorkerListen(opts));
+  RETURN_IF_ERROR(CheckAdminListen(opts, auth));
+  ASSIGN_OR_RETURN(auto creds, Credentials());
+
+  RETURN_IF_ERROR(RestoreState(std::move(file_layer)));
 
   streams.SetLimits(opts.max_streams, opts.max_watch_streams);
   gate_service = std::make_unique<GateServiceImpl>(state.get(), *metrics, &streams,

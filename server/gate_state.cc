@@ -74,11 +74,19 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   metrics.SetGlobalThresholds(store->GlobalEffective(), store->GlobalVersion());
   MutexLock launch(&state->launches_.mu());
   MutexLock lock(&state->mu_);
-  for (const std::string& job_id : store->JobsWithOperatorState()) {
+  const std::vector<std::string> scoped = store->JobsWithOperatorState();
+  for (const std::string& job_id : scoped) {
     RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
   }
   RETURN_IF_ERROR(state->RestoreLaunches());
-  state->LoadLearned();  // after the launches: a restored launch gets its tables back
+  // After the launches: a restored launch gets its tables back.
+  const int tables = state->LoadLearned();
+  if (!state->options_.state_dir.empty()) {
+    const auto launches = std::count_if(state->jobs_.begin(), state->jobs_.end(),
+                                        [](const auto& j) { return !j.second->incarnation.empty(); });
+    state->restored_ = absl::StrCat("jobs with settings: ", scoped.size(), ", launches: ",
+                                    launches, ", learned tables: ", tables);
+  }
   return state;
 }
 

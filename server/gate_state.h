@@ -355,6 +355,10 @@ class GateState final : public OperatorListener {
                                                            const OperatorSource* store);
   ~GateState() override;
 
+  // What Create read back from --state_dir, for the daemon's start-up line: "jobs with
+  // settings: N, launches: L, learned tables: T" (empty without a state_dir).
+  const std::string& RestoredSummary() const { return restored_; }
+
   // --- worker API ---
   // Seats a rank in its job's launch (docs/security.md, "Launch credentials"): the first
   // Register of a launch sets its credential, later ones must present it (UNAUTHENTICATED
@@ -537,7 +541,8 @@ class GateState final : public OperatorListener {
   // a launch's tables kept when it ends or its job goes idle; a new launch's first
   // registrant adopting the kept ones when it declares the same (aged, restamped at its
   // first decided step); the record to write.
-  void LoadLearned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns how many learned-table files it read.
+  int LoadLearned() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InstallLearned(Job& job, LearnedRecord record, double age_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StashLearned(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -574,6 +579,7 @@ class GateState final : public OperatorListener {
     absl::Time saved = absl::InfinitePast();  // the last write tried
   };
   absl::flat_hash_map<std::string, KeptLearned> kept_learned_ ABSL_GUARDED_BY(mu_);
+  std::string restored_;  // RestoredSummary, set once by Create
   // Held across a learned-table write (PersistLearned) and a removal (OnJobForgotten), so
   // that a forgotten job's file is never written again after it was removed; taken
   // before mu_, never with the launch book's lock.

@@ -252,10 +252,11 @@ void GateState::LogLine(const std::string& line) const {
   }
 }
 
-void GateState::LoadLearned() {
-  if (options_.state_dir.empty()) return;
+int GateState::LoadLearned() {
+  if (options_.state_dir.empty()) return 0;
   LoadedLearned loaded = LoadLearnedDir(options_.state_dir, kMaxPipelineStages, options_.max_jobs);
   for (const std::string& problem : loaded.problems) LogLine(problem);
+  const int read = static_cast<int>(loaded.records.size());
   for (LearnedRecord& r : loaded.records) {
     auto it = jobs_.find(r.job_id);
     // A launch the launches file restored is the one that learned the tables: they come
@@ -269,6 +270,7 @@ void GateState::LoadLearned() {
       kept_learned_[id] = KeptLearned{std::move(r), /*dirty=*/false};
     }
   }
+  return read;
 }
 
 void GateState::InstallLearned(Job& job, LearnedRecord r, double age_steps) {

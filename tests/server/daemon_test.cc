@@ -623,9 +623,25 @@ TEST_F(DaemonTest, ConfigSurvivesRestart) {
   up.mutable_update_mask()->add_paths("max_length_cv");
   auto set = Update(up);
   ASSERT_THAT(set.status(), IsOk());
+  // A job pinned: its settings come back with it.
+  v1::PinModeRequest pin;
+  pin.set_job_id("kept");
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(600);
+  {
+    v1::Pin out;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->PinMode(&ctx, pin, &out).ok());
+  }
   daemon_->Shutdown(absl::Seconds(1));
   daemon_.reset();
+  // The restart says what it read back (it logged only "serving").
+  ::testing::internal::CaptureStderr();
   Start(opts);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr(absl::StrCat("restored from ", dir, ": global config version: ",
+                                     set->version(), ", jobs with settings: 1, launches: 0, "
+                                     "learned tables: 0")));
   v1::VersionedGateConfig cfg;
   grpc::ClientContext ctx;
   ASSERT_TRUE(admin_->GetGateConfig(&ctx, v1::GetGateConfigRequest(), &cfg).ok());
