@@ -14,6 +14,7 @@
 #include "policy/gate_config.h"
 #include "common/cli.h"
 #include "common/history_page.h"
+#include "common/status_macros.h"
 #include "common/job_id.h"
 #include "tools/spgatectl/command_table.h"
 #include "tools/spgatectl/flag_values.h"
@@ -431,6 +432,21 @@ std::optional<std::string> ProcessEnv(absl::string_view name) {
   return std::string(v);
 }
 
+// OK when `flag` is global or the command's own; else the usage error naming it.
+absl::Status CheckKnownFlag(const RawFlag& flag, const CommandSpec& spec) {
+  std::vector<absl::string_view> known;
+  for (const FlagSpec& f : GlobalFlags()) known.push_back(f.name);
+  for (const FlagSpec& f : spec.flags) known.push_back(f.name);
+  if (spec.gate_flags) {
+    for (const FieldDescriptor* f : GateFields()) known.push_back(f->name());
+  }
+  if (std::find(known.begin(), known.end(), flag.name) != known.end()) return absl::OkStatus();
+  if (spec.command == Command::kUnpin && flag.name == "force") {
+    return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
+  }
+  return Usage(absl::StrCat("unknown flag --", flag.name, DidYouMean(flag.name, known, "--")));
+}
+
 // The global flags (the environment first, so that a flag given overrides it) into
 // `global`, and the command's own flags into `command_flags`: every flag must belong to
 // the command or be global, each at most once, none empty.
@@ -449,20 +465,9 @@ absl::Status SortFlags(const std::vector<RawFlag>& flags, const CommandSpec& spe
     }
   }
 
-  std::vector<absl::string_view> known;
-  for (const FlagSpec& f : GlobalFlags()) known.push_back(f.name);
-  for (const FlagSpec& f : spec.flags) known.push_back(f.name);
-  if (spec.gate_flags) {
-    for (const FieldDescriptor* f : GateFields()) known.push_back(f->name());
-  }
   for (size_t i = 0; i < flags.size(); ++i) {
     const RawFlag& f = flags[i];
-    if (std::find(known.begin(), known.end(), f.name) == known.end()) {
-      if (spec.command == Command::kUnpin && f.name == "force") {
-        return Usage("--force belongs to 'pin --mode=tp'; unpin removes pins and has no --force");
-      }
-      return Usage(absl::StrCat("unknown flag --", f.name, DidYouMean(f.name, known, "--")));
-    }
+    RETURN_IF_ERROR(CheckKnownFlag(f, spec));
     for (size_t j = 0; j < i; ++j) {
       if (flags[j].name == f.name) return Usage(absl::StrCat("--", f.name, " given twice"));
     }
@@ -553,7 +558,11 @@ absl::Status ParseCommandLine(const std::vector<std::string>& args, const EnvLoo
     out->help = CommandHelp(*spec);
     return absl::OkStatus();
   }
-  if (!t.error.empty()) return Usage(t.error);
+  if (!t.error.empty()) {
+    // A flag the command does not have says so, rather than that it lacks a value.
+    for (const RawFlag& f : t.flags) RETURN_IF_ERROR(CheckKnownFlag(f, *spec));
+    return Usage(t.error);
+  }
 
   std::vector<RawFlag> command_flags;
   if (absl::Status s = SortFlags(t.flags, *spec, env, &out->global, &command_flags); !s.ok()) {

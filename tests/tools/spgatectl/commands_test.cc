@@ -306,6 +306,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"gates set --max_lenght_cv=0.2", "gates set",
                 "unknown flag --max_lenght_cv (did you mean --max_length_cv?)"},
         BadCase{"gates get --max_length_cv=0.2", "gates get", "unknown flag --max_length_cv"},
+        // Unknown and without a value: unknown is what is wrong (it said "missing value").
+        BadCase{"jobs list --bogus", "jobs list", "unknown flag --bogus"},
+        BadCase{"jobs show j --timeout", "jobs show", "--timeout: missing value (write --timeout=VALUE)"},
         BadCase{"jobs list --verbose=1", "jobs list", "unknown flag --verbose"},
         BadCase{"pin j --mode=sp --for=1m --gruop=1", "pin",
                 "unknown flag --gruop (did you mean --group?)"},
