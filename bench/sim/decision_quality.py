@@ -192,7 +192,9 @@ PP_CELLS = {
                           "--tokens_per_batch=32768", "--shard_work_fraction=0.9",
                           "--device_memory_gib=141", "--bucketing=false"],
                          "pp 4 x 8, packed 32k-token batches of uniform 64..8000, imbalance-heavy, "
-                         "141 GiB: TP-only is the faster mode on nearly every micro-batch"),
+                         "141 GiB (named for the previous cost model, where TP-only was faster "
+                         "on nearly every micro-batch; on the calibrated one SP is the best "
+                         "fixed choice)"),
 }
 PP_HEAD = ("| cell | sp | tp_only | static | adaptive | oracle gain over best fixed (which) "
            "| adaptive / best fixed | TP-only share per stage: oracle | adaptive | tp_only "

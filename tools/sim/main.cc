@@ -88,18 +88,22 @@ ABSL_FLAG(int, heads, 40, "Attention heads");
 ABSL_FLAG(std::string, hardware, spgate::sim::kDefaultHardware,
           "Hardware preset: h100-sxm or h200-sxm (policy/hardware/; the device flags below "
           "default to its values, an explicit flag overrides)");
-ABSL_FLAG(double, device_tflops, 0, "Peak dense TFLOP/s of a device (default: the preset's)");
-ABSL_FLAG(double, mfu, 0, "Achieved fraction of peak on GEMMs (default: the preset's)");
-ABSL_FLAG(double, attention_tflops, 0, "Achieved attention TFLOP/s (default: the preset's)");
-ABSL_FLAG(double, hbm_gbps, 0, "Achieved device memory bandwidth, GB/s (default: the preset's)");
+ABSL_FLAG(double, device_tflops, 0,
+          "Peak dense TFLOP/s of a device (0, the default: the --hardware preset's)");
+ABSL_FLAG(double, mfu, 0,
+          "Achieved fraction of peak on GEMMs (0, the default: the --hardware preset's)");
+ABSL_FLAG(double, attention_tflops, 0,
+          "Achieved attention TFLOP/s (0, the default: the --hardware preset's)");
+ABSL_FLAG(double, hbm_gbps, 0,
+          "Achieved device memory bandwidth, GB/s (0, the default: the --hardware preset's)");
 ABSL_FLAG(double, link_gbps, 0,
           "Given: every collective is bytes x factor / this GB/s + --collective_latency_us "
           "(a flat link) instead of the preset's measured curves");
 ABSL_FLAG(double, collective_latency_us, 0,
-          "Per-call cost of the flat link, us (default: the preset's)");
+          "Per-call cost of the flat link, us (0, the default: the --hardware preset's)");
 ABSL_FLAG(bool, nvls, true, "NVLink SHARP all-reduce where the preset's curves have it (TP 8)");
 ABSL_FLAG(double, device_memory_gib, 0,
-          "Device memory, GiB (the memory gate's budget; default: the preset's)");
+          "Device memory, GiB (the memory gate's budget; 0, the default: the --hardware preset's)");
 ABSL_FLAG(std::string, norm_boundary, "shard",
           "Where SP runs LayerNorm: shard (inside the sequence shard) or gather (on the "
           "all-gathered sequence, spgate-worker's legacy path)");
