@@ -668,6 +668,9 @@ class Campaign:
         U("UpdateGateConfig/no credential", C.UNAUTHENTICATED, "UpdateGateConfig", md=None)
         U("UpdateGateConfig/stale expected_version", C.ABORTED, "UpdateGateConfig",
           config=GC(max_length_cv=0.2), update_mask=FM("max_length_cv"),
+          expected_version=12345)
+        U("UpdateGateConfig/negative expected_version", C.INVALID_ARGUMENT, "UpdateGateConfig",
+          config=GC(max_length_cv=0.2), update_mask=FM("max_length_cv"),
           expected_version=-12345)
         before = a.call("GetGateConfig", metadata=READER).version
         U("UpdateGateConfig/empty (changes nothing)", OK, "UpdateGateConfig")
