@@ -430,7 +430,8 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
   const PriorEstimate& p = pc.estimate;
   const double need = 1.0 + config.adaptive_margin;
   if (!pc.decides) {
-    Record(trace, "prior", "skip", pc.ratio, need, [&] {
+    Record(trace, "prior", "skip", p.has ? std::optional<double>(pc.ratio) : std::nullopt, need,
+           [&] {
       return p.has ? absl::StrFormat(
                          "predicted SP / TP-only step %.4f is within twice the "
                          "model's error (%.2g %%) of 1 + adaptive_margin; the "

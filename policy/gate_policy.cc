@@ -272,12 +272,15 @@ Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
            "probes measured a wait share below max_rs_wait_share - margin: SP resumes");
     return {Mode::kSequenceParallel, Reason::kGatesPassed};
   }
+  // Right after a trip the window is empty (its samples were discarded): no share to show.
+  const std::optional<double> share =
+      rs_wait.samples > 0 ? std::optional<double>(rs_wait.mean) : std::nullopt;
   if (StepsSince(batch.step, state.last_sp_step) >= config.probe_interval_steps) {
-    Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
+    Record(trace, "rs_wait", "fire", share, reenable_below,
            "in RS_WAIT fallback; probe_interval_steps since the last SP step: probe");
     return {Mode::kSequenceParallel, Reason::kProbe};
   }
-  Record(trace, "rs_wait", "fire", rs_wait.mean, reenable_below,
+  Record(trace, "rs_wait", "fire", share, reenable_below,
          rs_wait.samples == 0 ? "in RS_WAIT fallback; waiting for a probe"
          : rs_wait.mean < reenable_below
              ? "in RS_WAIT fallback; wait share below the re-enable level, but the last "

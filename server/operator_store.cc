@@ -359,10 +359,6 @@ v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) 
 
 absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::string& job_id,
                                               std::optional<int64_t> expected_version) const {
-  if (expected_version.has_value() && *expected_version < 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "expected_version: versions start at 0, got %d", *expected_version));
-  }
   auto it = job_id.empty() ? next.jobs.end() : next.jobs.find(job_id);
   if (!job_id.empty() && it == next.jobs.end() &&
       static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
@@ -384,6 +380,9 @@ absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::st
 absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
     const v1::UpdateGateConfigRequest& r, const AuditContext& audit) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
+  if (r.has_expected_version()) {
+    RETURN_IF_ERROR(ValidateConfigVersion("expected_version", r.expected_version()));
+  }
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
   const bool global = r.job_id().empty();
@@ -413,9 +412,9 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::UpdateGateConfig(
 absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackGateConfig(
     const v1::RollbackGateConfigRequest& r, const AuditContext& audit) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
-  if (r.to_version() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("to_version: must be >= 0 (0: the start-up config), got ", r.to_version()));
+  RETURN_IF_ERROR(ValidateConfigVersion("to_version", r.to_version()));
+  if (r.has_expected_version()) {
+    RETURN_IF_ERROR(ValidateConfigVersion("expected_version", r.expected_version()));
   }
   if (r.to_version() == 0) return RollbackToStart(r, audit);
   if (options_.state_dir.empty()) {
@@ -484,11 +483,7 @@ absl::StatusOr<v1::VersionedGateConfig> OperatorStore::RollbackToStart(
 absl::StatusOr<v1::ListConfigHistoryResponse> OperatorStore::ListConfigHistory(
     const v1::ListConfigHistoryRequest& r) {
   if (!r.job_id().empty()) RETURN_IF_ERROR(ValidateJobId(r.job_id()));
-  if (r.page_size() < 0 || r.page_size() > kMaxHistoryPageSize) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "page_size: must be in [0, %d] (0: %d), got %d", kMaxHistoryPageSize,
-        kDefaultHistoryPageSize, r.page_size()));
-  }
+  RETURN_IF_ERROR(ValidateHistoryPageSize("page_size", r.page_size()));
   int64_t before = -1;
   if (!r.page_token().empty() &&
       (!absl::SimpleAtoi(r.page_token(), &before) || before < 0)) {

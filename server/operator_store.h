@@ -33,7 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/history_page.h"
+#include "common/config_history.h"
 #include "common/mutex.h"
 #include "policy/types.h"
 #include "spgate/v1/admin.pb.h"
@@ -77,7 +77,8 @@ class OperatorStore final : public OperatorSource {
   // Restores the scope's overrides as they were right after r.to_version(), found in the
   // audit log, as a new version. NOT_FOUND: no such audited version; INVALID_ARGUMENT:
   // the version belongs to another scope; FAILED_PRECONDITION: no --state_dir. Version 0
-  // is the scope with no API overrides (the start-up config) and needs no audit log.
+  // is the scope with no API overrides (the --config file as last loaded over the defaults;
+  // a job: the global config) and needs no audit log.
   absl::StatusOr<v1::VersionedGateConfig> RollbackGateConfig(
       const v1::RollbackGateConfigRequest& r, const AuditContext& audit);
   // The audit log, newest first, one bounded page.

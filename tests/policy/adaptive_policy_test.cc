@@ -548,6 +548,13 @@ TEST(EvaluateAdaptiveTest, TooFewSamplesFallBackToTheGates) {
       return g.gate == "prior" && g.outcome == "skip" &&
              g.detail.find("the gates' choice stands") != std::string::npos;
     }));
+    // With no TP-only sample anywhere the prior predicts nothing: no ratio (it read 0).
+    if (n == 0) {
+      const auto prior = std::find_if(trace.begin(), trace.end(),
+                                      [](const GateCheck& g) { return g.gate == "prior"; });
+      ASSERT_NE(prior, trace.end());
+      EXPECT_FALSE(prior->observed.has_value()) << prior->detail;
+    }
     // A band with data elsewhere: still the prior.
     out = EvaluateAdaptive(c, GroupGateState{}, Batch(0.05), {}, std::nullopt, &t);
     EXPECT_EQ(out.decision, (Decision{kSp, Reason::kGatesPassed}));

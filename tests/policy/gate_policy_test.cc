@@ -373,6 +373,14 @@ TEST(GateTraceTest, FallbackShowsTheReenableLevel) {
   ASSERT_EQ(trace.size(), 4u);
   EXPECT_THAT(trace[3], CheckWith("rs_wait", "pass", 0.1, level));
   EXPECT_THAT(trace[3].detail, HasSubstr("SP resumes"));
+
+  // Right after a trip the window is empty: no share observed (it read 0), the level known.
+  trace.clear();
+  EvaluateGates(c, Fallback(100, 100), Batch(), Rs(0, 0), std::nullopt, &trace);
+  ASSERT_EQ(trace.size(), 4u);
+  EXPECT_THAT(trace[3].detail, HasSubstr("waiting for a probe"));
+  EXPECT_FALSE(trace[3].observed.has_value());
+  EXPECT_EQ(trace[3].threshold, level);
 }
 
 TEST(GateTraceTest, DwellHoldIsExplained) {

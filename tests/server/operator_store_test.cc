@@ -555,8 +555,8 @@ TEST_F(OperatorStoreTest, RollbackRestoresTheOverridesOfThatVersion) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--state_dir")));
 }
 
-// Version 0 is the start-up config: the scope's API overrides all gone, the --config
-// file layer kept. Audited when something changed; a scope already there gets no new
+// Version 0 is the scope without API overrides: all of them gone, the --config file layer
+// kept. Audited when something changed; a scope already there gets no new
 // version; it needs no audit log, so it works without --state_dir too.
 TEST_F(OperatorStoreTest, RollbackToZeroIsTheStartUpConfig) {
   v1::GateConfig file;

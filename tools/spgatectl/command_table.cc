@@ -80,7 +80,7 @@ const std::vector<CommandSpec>& Commands() {
       {Command::kGatesHistory, "gates history", "[--job_id=J] [--limit=N] [--page_token=T]",
        "the audit log of operator changes, newest first",
        {{"job_id", "J", "only this job's entries (default: every scope)"},
-        {"limit", "N", "at most N entries (default 50, at most 500)"},
+        {"limit", "N", "at most N entries (0 or none: 50; at most 500)"},
         {"page_token", "T", "continue where the previous page ended"}},
        false,
        "Every config change, rollback, pin and unpin, with who made it (the credential's\n"
@@ -90,7 +90,7 @@ const std::vector<CommandSpec>& Commands() {
        "restore a scope's overrides as they were right after version N",
        {{"job_id", "J", "roll back this job's overrides (default: the global ones)"},
         {"to_version", "N",
-         "a version from 'gates history' of the same scope, or 0: no overrides (the start-up config)"},
+         "a version from 'gates history' of the same scope, or 0: every override removed"},
         {"expected_version", "N", "refuse (ABORTED) unless the scope is still at version N"}},
        false,
        "The rollback is itself a new version and is audited. A version of another scope is\n"

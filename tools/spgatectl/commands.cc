@@ -13,7 +13,7 @@
 #include "google/protobuf/descriptor.h"
 #include "policy/gate_config.h"
 #include "common/cli.h"
-#include "common/history_page.h"
+#include "common/config_history.h"
 #include "common/status_macros.h"
 #include "common/job_id.h"
 #include "tools/spgatectl/command_table.h"
@@ -333,10 +333,7 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       if (auto l = flags.Get("limit")) {
         absl::StatusOr<int32_t> n = ParseInt32Flag("limit", *l);
         if (!n.ok()) return n.status();
-        if (*n < 1 || *n > kMaxHistoryPageSize) {
-          return Usage(absl::StrCat("--limit: \"", *l, "\" is not in [1, ", kMaxHistoryPageSize,
-                                    "] (default ", kDefaultHistoryPageSize, ")"));
-        }
+        RETURN_IF_ERROR(ValidateHistoryPageSize("--limit", *n));  // the daemon's page rule
         out->gates_history.set_page_size(*n);
       }
       return absl::OkStatus();

@@ -13,6 +13,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/config_history.h"
+#include "common/status_macros.h"
 
 namespace spgate::ctl {
 namespace {
@@ -47,7 +49,8 @@ absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view
 
 absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value) {
   absl::StatusOr<int64_t> v = ParseInt64Flag(flag, value);
-  if (v.ok() && *v < 0) return Bad(flag, value, "is negative (0: the start-up config)");
+  if (!v.ok()) return v.status();
+  RETURN_IF_ERROR(ValidateConfigVersion(absl::StrCat("--", flag), *v));
   return v;
 }
 

@@ -26,7 +26,7 @@ absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view
 absl::StatusOr<int32_t> ParseInt32Flag(absl::string_view flag, absl::string_view value);
 
 // A config version (`gates set/rollback --expected_version`, `--to_version`): an integer,
-// 0 or more (0: the scope's start-up config, before any change through the API).
+// 0 or more (ValidateConfigVersion, the daemon's rule).
 absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value);
 
 // A byte count: plain bytes, or a number with a unit: B, KiB, MiB, GiB, TiB (powers of

@@ -769,7 +769,10 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
   for (const v1::GateCheck& c : r.checks()) {
     // Four significant digits, or as many as it takes to tell an observed value from a
     // threshold it differs from (a firing row read "fire 0.22 0.22"); bytes exact then.
-    const bool differ = c.observed() != c.threshold(), memory = c.gate() == "memory";
+    // Bytes: the memory gate's, and a TP-only pin's that yields to it (a pin compares no
+    // other values).
+    const bool differ = c.observed() != c.threshold(),
+               memory = c.gate() == "memory" || c.gate() == "pin";
     auto bytes = [](double v) { return FormatBytes(static_cast<uint64_t>(std::max(v, 0.0))); };
     const bool exact_bytes = memory && differ && bytes(c.observed()) == bytes(c.threshold());
     int digits = 4;

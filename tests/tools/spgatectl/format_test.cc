@@ -618,15 +618,15 @@ TEST(FormatEvaluation, DecisionAndReasonChain) {
   EXPECT_THAT(json, HasSubstr("\"detail\": \"no pin\"\n  }"));
   EXPECT_THAT(json, HasSubstr("\"detail\": \"not reached\"\n  }"));
   EXPECT_THAT(json, HasSubstr("\"observed\": 0.8612"));
-  // A skipped gate that compared values shows them (they were "-" for every skip).
+  // A skipped gate that compared values shows them (they were "-" for every skip): a
+  // TP-only pin yielding to the memory gate compared TP-only's peak with the limit, bytes.
   v1::EvaluateGatesResponse held = r;
   v1::GateCheck* pin = held.mutable_checks(0);
   pin->set_outcome("skip");
   pin->set_observed(8e10);
   pin->set_threshold(7.5e10);
-  pin->set_gate("memory");
   EXPECT_THAT(FormatEvaluation(held, OutputFormat::kTable),
-              HasSubstr("\nmemory     skip     74.5 GiB   69.8 GiB"));
+              HasSubstr("\npin        skip     74.5 GiB   69.8 GiB"));
 }
 
 TEST(FormatPin, SaysWhenTheJobHasNotRegistered) {
