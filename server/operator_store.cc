@@ -235,6 +235,7 @@ v1::VersionedGateConfig OperatorStore::Versioned(const Layers& l, const std::str
   if (job_id.empty()) {
     *out.mutable_config() = ToProto(l.global_effective);
     *out.mutable_overrides() = l.global_overrides;
+    *out.mutable_file_config() = l.file_layer;
     out.set_version(l.global_version);
     out.set_effective_version(l.global_version);
     *out.mutable_update_time() = ToTimestamp(l.global_update_time);

@@ -220,6 +220,10 @@ TEST_F(OperatorStoreTest, AReloadedConfigFileSitsUnderTheApiOverrides) {
   next.set_rs_wait_reenable_margin(0.1);
   ASSERT_THAT(store->ReloadConfigFile(next), IsOk());
   const v1::VersionedGateConfig reloaded = store->GetGateConfig("");
+  // The file's fields as last loaded, for gates get's SOURCE (a job's scope has none).
+  EXPECT_EQ(reloaded.file_config().SerializeAsString(), next.SerializeAsString());
+  EXPECT_EQ(before.file_config().SerializeAsString(), file.SerializeAsString());
+  EXPECT_FALSE(store->GetGateConfig("j").has_file_config());
   EXPECT_GT(reloaded.version(), before.version());
   EXPECT_EQ(store->GlobalVersion(), reloaded.version());
   EXPECT_EQ(reloaded.config().window_steps(), 10);                      // the new file

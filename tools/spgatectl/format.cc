@@ -258,14 +258,12 @@ std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat form
   });
   Table t({{"FIELD"}, {"VALUE", Align::kRight}, {"SOURCE"}});
   const auto* refl = v1::GateConfig::GetReflection();
-  // The global scope inherits from the --config file or the built-in defaults; a value
-  // other than the default's came from the file (one equal to it reads "default").
-  const GateConfig values = LayerGateConfig(GateConfig{}, c.config());
+  // The global scope's other values are the --config file's or the built-in defaults, as
+  // the daemon says (an older one does not: "inherited").
   auto source = [&](const FieldDescriptor* f) -> const char* {
     if (refl->HasField(c.overrides(), f)) return "override";
-    if (!c.job_id().empty() || !refl->HasField(c.config(), f)) return "inherited";
-    const bool same = GateFieldValue(values, f->name()) == GateFieldValue(GateConfig{}, f->name());
-    return same ? "default" : "config file";
+    if (!c.job_id().empty() || !c.has_file_config()) return "inherited";
+    return refl->HasField(c.file_config(), f) ? "config file" : "default";
   };
   for (const FieldDescriptor* f : GateFields()) {
     t.AddRow({f->name(), GateFieldText(c.config(), f), source(f)});
@@ -769,10 +767,9 @@ std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat fo
   for (const v1::GateCheck& c : r.checks()) {
     // Four significant digits, or as many as it takes to tell an observed value from a
     // threshold it differs from (a firing row read "fire 0.22 0.22"); bytes exact then.
-    // Bytes: the memory gate's, and a TP-only pin's that yields to it (a pin compares no
-    // other values).
-    const bool differ = c.observed() != c.threshold(),
-               memory = c.gate() == "memory" || c.gate() == "pin";
+    // Bytes: the memory gate's and a yielding TP-only pin's (a pin compares nothing else).
+    const bool differ = c.observed() != c.threshold();
+    const bool memory = c.gate() == "memory" || c.gate() == "pin";
     auto bytes = [](double v) { return FormatBytes(static_cast<uint64_t>(std::max(v, 0.0))); };
     const bool exact_bytes = memory && differ && bytes(c.observed()) == bytes(c.threshold());
     int digits = 4;

@@ -120,7 +120,8 @@ TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
 }
 
 // The global scope's values come from an override, the --config file or the built-in
-// defaults: a value other than the default's is the file's ("inherited" said neither).
+// defaults, as the daemon's file_config says ("inherited" said neither); a file value
+// equal to the default is still the file's.
 TEST(FormatGateConfig, GlobalScopeSaysDefaultOrConfigFile) {
   v1::VersionedGateConfig c;
   *c.mutable_config() = ToProto(GateConfig{});
@@ -128,12 +129,20 @@ TEST(FormatGateConfig, GlobalScopeSaysDefaultOrConfigFile) {
   c.mutable_config()->set_window_steps(80);
   c.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
   c.mutable_overrides()->set_window_steps(80);
+  c.mutable_file_config()->set_max_length_cv(0.3);
+  c.mutable_file_config()->set_policy(v1::GateConfig::ADAPTIVE);
+  c.mutable_file_config()->set_adaptive_margin(0.01);
   const std::string out = FormatGateConfig(c, OutputFormat::kTable);
   EXPECT_THAT(out, HasSubstr("max_length_cv                      0.3  config file\n"));
   EXPECT_THAT(out, HasSubstr("max_rs_wait_share                 0.22  default\n"));
   EXPECT_THAT(out, HasSubstr("window_steps                        80  override\n"));
   EXPECT_THAT(out, HasSubstr("policy                        ADAPTIVE  config file\n"));
-  EXPECT_THAT(out, HasSubstr("adaptive_margin                   0.01  default\n"));
+  EXPECT_THAT(out, HasSubstr("adaptive_margin                   0.01  config file\n"));
+  EXPECT_THAT(out, HasSubstr("adaptive_min_samples                 8  default\n"));
+  // An older daemon sends no file_config: not guessed.
+  c.clear_file_config();
+  EXPECT_THAT(FormatGateConfig(c, OutputFormat::kTable),
+              HasSubstr("max_length_cv                      0.3  inherited\n"));
 }
 
 TEST(FormatGateConfig, JsonUsesProtoFieldNamesAndParsesBack) {
