@@ -71,9 +71,6 @@ std::string DialHost(const std::string& listen) {
   return parts.bracketed ? absl::StrCat("[", host, "]") : host;
 }
 
-// Where an empty --listen puts the worker API (docs/security.md, "Worker credentials").
-constexpr int kDefaultWorkerPort = 50061;
-
 // OpenSSL's password callback: no passphrase. A key that needs one is refused (gRPC
 // could not use it either) instead of prompting on a terminal.
 int NoPassphrase(char*, int, int, void*) { return 0; }
@@ -155,7 +152,7 @@ absl::Status ResolveWorkerListen(DaemonOptions& opts) {
   if (!opts.tls_client_ca.empty()) credentials.push_back("client certificates (--tls_client_ca)");
   const std::string what = absl::StrJoin(credentials, " and ");
   if (opts.listen.empty()) {
-    opts.listen = absl::StrCat(credentials.empty() ? "127.0.0.1:" : "0.0.0.0:", kDefaultWorkerPort);
+    opts.listen = DefaultWorkerListen(!credentials.empty());
     Log(LogLevel::kInfo,
         credentials.empty()
             ? absl::StrCat("worker API on ", opts.listen,

@@ -8,12 +8,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace spgate::server {
 
@@ -74,14 +75,64 @@ std::string ListenAddressShapeError(absl::string_view flag, absl::string_view ad
 std::string MetricsAddressShapeError(absl::string_view address) {
   if (address.empty()) return "";
   for (absl::string_view part : absl::StrSplit(address, ',')) {
-    int bare = -1;
-    const bool bare_port = absl::c_all_of(part, [](char c) { return c >= '0' && c <= '9'; }) &&
-                           absl::SimpleAtoi(part, &bare) && bare <= 65535;
+    // civetweb's "+PORT": IPv4 and IPv6 on one socket; a bare PORT is SplitAddress's port.
+    if (!absl::StrContains(part, ':')) absl::ConsumePrefix(&part, "+");
     const AddressParts p = SplitAddress(part);
-    if (bare_port || (!p.unix && p.has_colon && PortNumber(p) >= 0)) continue;
+    if (!p.unix && PortNumber(p) >= 0) continue;
     return absl::StrCat("--metrics_listen=", address, ": not an address to listen on (HOST:PORT ",
-                        "with PORT in [0, 65535], [IPv6]:PORT or a bare PORT, comma-separated; "
-                        "empty: off)");
+                        "with PORT in [0, 65535], [IPv6]:PORT, a bare PORT or +PORT (IPv4 and "
+                        "IPv6), comma-separated; empty: off)");
+  }
+  return "";
+}
+
+std::string DefaultWorkerListen(bool has_worker_credential) {
+  return absl::StrCat(has_worker_credential ? "0.0.0.0" : "127.0.0.1", ":", kDefaultWorkerPort);
+}
+
+namespace {
+
+// A listener's socket identity: unix path, or (host, port) with "" for every interface.
+struct Bound {
+  bool unix = false;
+  std::string host;  // unix: the whole address
+  int port = 0;
+};
+
+std::optional<Bound> BoundOf(absl::string_view address) {
+  if (address.empty()) return std::nullopt;
+  address = address.substr(0, address.find(','));  // civetweb's first entry
+  const AddressParts p = SplitAddress(address);
+  if (p.unix) return Bound{true, std::string(address), 0};
+  absl::string_view port_text = p.port;
+  const bool plus = !p.has_colon && absl::ConsumePrefix(&port_text, "+");
+  AddressParts q = p;
+  q.port = std::string(port_text);
+  const int port = PortNumber(q);
+  if (port <= 0) return std::nullopt;  // port 0: a free port each; a bad one is refused first
+  std::string host = plus ? "" : p.host;
+  if (host == "0.0.0.0" || host == "*" || host == "::") host.clear();
+  if (absl::EqualsIgnoreCase(host, "localhost")) host = "127.0.0.1";
+  return Bound{false, host, port};
+}
+
+}  // namespace
+
+std::string SharedListenAddressError(const std::vector<Listener>& listeners) {
+  for (size_t i = 0; i < listeners.size(); ++i) {
+    const std::optional<Bound> a = BoundOf(listeners[i].address);
+    for (size_t j = i + 1; a.has_value() && j < listeners.size(); ++j) {
+      const std::optional<Bound> b = BoundOf(listeners[j].address);
+      if (!b.has_value() || a->unix != b->unix) continue;
+      const bool clash = a->unix ? a->host == b->host
+                                 : a->port == b->port &&
+                                       (a->host == b->host || a->host.empty() || b->host.empty());
+      if (clash) {
+        return absl::StrCat("--", listeners[i].flag, "=", listeners[i].address, " and --",
+                            listeners[j].flag, "=", listeners[j].address,
+                            " would listen on one socket; each needs its own port");
+      }
+    }
   }
   return "";
 }

@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "common/host_port.h"
@@ -36,8 +38,26 @@ bool NumericSocketAddress(const std::string& host, int port, sockaddr_storage* a
 std::string ListenAddressShapeError(absl::string_view flag, absl::string_view address);
 
 // The same for --metrics_listen, which civetweb reads: comma-separated HOST:PORT,
-// [IPv6]:PORT or a bare PORT (every IPv4 interface), no unix sockets; empty is off.
+// [IPv6]:PORT, a bare PORT (every IPv4 interface) or +PORT (IPv4 and IPv6), no unix
+// sockets; empty is off.
 std::string MetricsAddressShapeError(absl::string_view address);
+
+// The worker API's address when --listen is empty: every interface with a worker
+// credential, loopback without one; port kDefaultWorkerPort either way (docs/security.md,
+// "Worker credentials").
+inline constexpr int kDefaultWorkerPort = 50061;
+std::string DefaultWorkerListen(bool has_worker_credential);
+
+// Empty when no two of the (flag, address) listeners would bind one socket; else the usage
+// error naming both flags. Two TCP addresses clash on the same port when their hosts are
+// the same ("localhost" is 127.0.0.1) or either is a wildcard (a bare or +PORT, "",
+// "0.0.0.0", "*", "::"); port 0 (a free port each) and empty addresses never clash; unix
+// sockets clash on the same path.
+struct Listener {
+  absl::string_view flag;  // "listen", "admin_listen", ...
+  absl::string_view address;
+};
+std::string SharedListenAddressError(const std::vector<Listener>& listeners);
 
 // Why a TCP socket cannot be bound to `address` (a numeric host or "localhost"; a bare
 // port is every IPv4 interface), as the operating system says it ("Address already in

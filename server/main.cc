@@ -225,19 +225,17 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
       !error.empty()) {
     return error;
   }
-  // Two listeners on one address (port 0 picks a free port for each): the second bind
-  // failed with "Address already in use" and gRPC's own dump.
-  const std::pair<const char*, const std::string*> listeners[] = {
-      {"listen", &opts.listen}, {"admin_listen", &opts.admin_listen},
-      {"metrics_listen", &opts.metrics_listen}, {"health_listen", &opts.health_listen}};
-  for (size_t i = 0; i < std::size(listeners); ++i) {
-    for (size_t j = i + 1; j < std::size(listeners); ++j) {
-      const std::string& a = *listeners[i].second;
-      if (!a.empty() && a == *listeners[j].second && spgate::SplitAddress(a).port != "0") {
-        return absl::StrCat("--", listeners[i].first, " and --", listeners[j].first,
-                            " are the same address (", a, "); each needs its own port");
-      }
-    }
+  // Two listeners on one socket: the second bind failed with "Address already in use"
+  // and gRPC's own dump. An empty --listen is its default.
+  const std::string worker_listen =
+      opts.listen.empty() ? spgate::server::DefaultWorkerListen(!opts.worker_token_file.empty() ||
+                                                                !opts.tls_client_ca.empty())
+                          : opts.listen;
+  if (std::string error = spgate::server::SharedListenAddressError(
+          {{"listen", worker_listen}, {"admin_listen", opts.admin_listen},
+           {"metrics_listen", opts.metrics_listen}, {"health_listen", opts.health_listen}});
+      !error.empty()) {
+    return error;
   }
   if (st.stale_after < 2 * st.heartbeat_interval) {
     // An idle client sends a heartbeat of its own every 1.5 intervals (docs/api.md).

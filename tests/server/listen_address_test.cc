@@ -62,15 +62,43 @@ TEST(ListenAddressTest, ShapeAndTheHostALocalClientDials) {
   EXPECT_EQ(ListenAddressShapeError("admin_listen", ""), "") << "empty: the flag's default";
 }
 
+// Listeners that would bind one socket are refused before any binds, naming both flags;
+// port 0 and different hosts on one port are fine, a wildcard overlaps every host.
+TEST(ListenAddressTest, SharedListenAddress) {
+  const struct {
+    const char* a;
+    const char* b;
+    bool clash;
+  } cases[] = {
+      {"127.0.0.1:50061", "127.0.0.1:50061", true},  {"127.0.0.1:0", "127.0.0.1:0", false},
+      {"localhost:9461", "127.0.0.1:9461", true},    {"9461", "0.0.0.0:9461", true},
+      {"+9461", "[::1]:9461", true},                 {"0.0.0.0:50062", "10.0.0.5:50062", true},
+      {"[::]:50062", "127.0.0.1:50062", true},       {"10.0.0.4:50062", "10.0.0.5:50062", false},
+      {"127.0.0.1:50061", "127.0.0.1:50062", false}, {"", "", false},
+      {"unix:/run/a.sock", "unix:/run/a.sock", true}, {"unix:/run/a.sock", "unix:/run/b.sock", false},
+      {"127.0.0.1:9461,[::1]:9462", "0.0.0.0:9461", true},
+  };
+  for (const auto& c : cases) {
+    const std::string error = SharedListenAddressError({{"listen", c.a}, {"metrics_listen", c.b}});
+    EXPECT_EQ(!error.empty(), c.clash) << c.a << " / " << c.b << ": " << error;
+    if (c.clash) {
+      EXPECT_EQ(error, absl::StrCat("--listen=", c.a, " and --metrics_listen=", c.b,
+                                    " would listen on one socket; each needs its own port"));
+    }
+  }
+  EXPECT_EQ(DefaultWorkerListen(false), "127.0.0.1:50061");
+  EXPECT_EQ(DefaultWorkerListen(true), "0.0.0.0:50061");
+}
+
 // --metrics_listen is civetweb's: a bare port and a comma-separated list are fine, a unix
 // socket or a malformed entry is a usage error (it failed at bind time, exit 1, with
 // civetweb's "null context when constructing CivetServer").
 TEST(ListenAddressTest, MetricsAddressShape) {
-  for (const char* good : {"", "0.0.0.0:9461", "9461", "127.0.0.1:0", "[::1]:9461",
+  for (const char* good : {"", "0.0.0.0:9461", "9461", "+9461", "127.0.0.1:0", "[::1]:9461",
                            "127.0.0.1:9461,[::1]:9461"}) {
     EXPECT_EQ(MetricsAddressShapeError(good), "") << good;
   }
-  for (const char* bad : {"foo", "127.0.0.1:notaport", "127.0.0.1:99999", "99999",
+  for (const char* bad : {"foo", "127.0.0.1:notaport", "127.0.0.1:99999", "99999", "+",
                           "unix:/run/m.sock", "127.0.0.1:9461,", "127.0.0.1"}) {
     EXPECT_THAT(MetricsAddressShapeError(bad),
                 ::testing::StartsWith(absl::StrCat("--metrics_listen=", bad,

@@ -95,7 +95,8 @@ class HelpAndVersion(unittest.TestCase):
         r = run([ARGS.spgated, "--listen=127.0.0.1:52999", "--admin_listen=127.0.0.1:52999",
                  "--metrics_listen="])
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("--listen and --admin_listen are the same address", r.stderr)
+        self.assertIn("--listen=127.0.0.1:52999 and --admin_listen=127.0.0.1:52999 would listen "
+                      "on one socket", r.stderr)
         # A missing --config names the flag, as every start-up error does (exit 1).
         r = run([ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
                  "--metrics_listen=", "--config=/nonexistent/gates.textproto"])
