@@ -156,9 +156,12 @@ absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path) {
   for (int64_t window = 64 << 10;; window *= 16) {
     window = std::min(window, kMaxAuditReadBytes);
     ASSIGN_OR_RETURN(std::vector<AuditRecord> entries, ReadAuditLog(path, -1, window));
-    // Pins, unpins and forgets carry no version (0): the newest change that has one.
+    // Every entry carries the counter; a log written before it did has pins, unpins and
+    // forgets with no version (0): the newest change that has one.
     int64_t newest = 0;
-    for (const AuditRecord& r : entries) newest = std::max(newest, r.entry.version());
+    for (const AuditRecord& r : entries) {
+      newest = std::max({newest, r.entry.version(), r.entry.version_counter()});
+    }
     if (newest > 0 || window == kMaxAuditReadBytes) return newest;
   }
 }

@@ -60,10 +60,10 @@ absl::StatusOr<std::vector<AuditRecord>> ReadAuditLog(const std::string& path,
                                                       int64_t before = -1,
                                                       int64_t max_bytes = kMaxAuditReadBytes);
 
-// The newest versioned entry's version (versions only grow down the file; pins, unpins and
-// forgets carry none): the tail is read in windows of 64 KiB, growing to
-// kMaxAuditReadBytes, until one holds a versioned entry. 0 for a missing log or one with
-// none.
+// Where versions go on: the newest entry's version_counter (every entry has it), or in a
+// log written before entries carried it, the newest config change's version (pins, unpins
+// and forgets had none). The tail is read in windows of 64 KiB, growing to
+// kMaxAuditReadBytes, until one holds either. 0 for a missing log or one with neither.
 absl::StatusOr<int64_t> NewestAuditVersion(const std::string& path);
 
 }  // namespace spgate::server

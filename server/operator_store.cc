@@ -297,6 +297,7 @@ absl::Status OperatorStore::Commit(Layers next, const std::string& changed_job,
     // line is taken back, so the log records exactly the changes that were made.
     *entry.mutable_time() = ToTimestamp(Now());
     entry.set_principal(audit.principal);
+    entry.set_version_counter(next.version_counter);
     const std::string audit_path = AuditLogPath(options_.state_dir);
     absl::StatusOr<AuditAppend> line = AuditAppend::Start(audit_path, entry);
     if (!line.ok()) {

@@ -160,8 +160,8 @@ TEST_F(OperatorStoreTest, VersionsGoOnAfterTheAuditLogsNewestWithoutTheStateFile
     auto second = store->UpdateGateConfig(up, kTest);
     ASSERT_THAT(second.status(), IsOk());
     ASSERT_EQ(second->version(), 2);
-    // The newest line a pin, which carries no version: the log's newest is still 2 (it
-    // read 0, and versions restarted at 1 beside the old 1 and 2).
+    // The newest line a pin, which takes no version: it carries the counter, 2 (a pin's
+    // line read 0, and versions restarted at 1 beside the old 1 and 2).
     v1::PinModeRequest pin;
     pin.set_job_id("j");
     pin.set_mode(v1::SEQUENCE_PARALLEL);
@@ -171,6 +171,21 @@ TEST_F(OperatorStoreTest, VersionsGoOnAfterTheAuditLogsNewestWithoutTheStateFile
   // Only the log's tail is read: its newest entry that parses, past a 200 KiB line that
   // does not (more than the first 64 KiB window).
   EXPECT_THAT(NewestAuditVersion(AuditLogPath(dir)), IsOkAndHolds(2));
+  {
+    const auto lines = ReadAuditLog(AuditLogPath(dir));
+    ASSERT_THAT(lines.status(), IsOk());
+    ASSERT_EQ(lines->back().entry.rpc(), "PinMode");
+    EXPECT_EQ(lines->back().entry.version_counter(), 2);
+  }
+  {
+    // A log from before entries carried the counter: its newest config change's version.
+    const std::string old_dir = TempDir();
+    std::ofstream old(AuditLogPath(old_dir));
+    old << R"({"rpc":"UpdateGateConfig","version":"5"})" << "\n"
+        << R"({"rpc":"PinMode","jobId":"j"})" << "\n";
+    old.close();
+    EXPECT_THAT(NewestAuditVersion(AuditLogPath(old_dir)), IsOkAndHolds(5));
+  }
   EXPECT_THAT(NewestAuditVersion(AuditLogPath(TempDir())), IsOkAndHolds(0)) << "no log";
   std::ofstream(AuditLogPath(dir), std::ios::app) << std::string(200 << 10, 'x') << "\n";
   EXPECT_THAT(NewestAuditVersion(AuditLogPath(dir)), IsOkAndHolds(2));
