@@ -23,6 +23,7 @@
 #include "spgate/v1/admin.grpc.pb.h"
 #include "spgate/v1/gate.grpc.pb.h"
 #include "tests/server/test_util.h"  // TempDir, ReadAll
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/test_certs.h"
 
@@ -274,6 +275,10 @@ TEST_F(DaemonAuthTest, WorkerTokensAreScopedToJobs) {
               StatusIs(absl::StatusCode::kUnauthenticated, HasSubstr("worker token")));
   EXPECT_THAT(Register(daemon, "llama-7b", "guess"),
               StatusIs(kDenied, HasSubstr("the worker token does not match")));
+  // Every refusal counted, the out-of-scope one included.
+  EXPECT_EQ(testing::MetricValue(testing::ScrapeMetrics(daemon.metrics_port()),
+                                 "spgate_worker_refusals_total", {"reason=\"worker_credential\""}),
+            3);
 }
 
 TEST_F(DaemonAuthTest, CredentialFileMistakesStopStartup) {

@@ -66,6 +66,56 @@ TEST_F(OperatorStoreTest, VersionConflictIsAborted) {
   EXPECT_THAT(store->UpdateGateConfig(up, kTest).status(), StatusIs(absl::StatusCode::kAborted));
 }
 
+// A state directory served read-only (--allow_read_only_state_dir) is loaded and never
+// written: every change is refused before a byte is written (no audit line appended and
+// cut back, no persist failure reported), a reloaded --config applies in memory, and a
+// flush writes nothing.
+TEST_F(OperatorStoreTest, AReadOnlyStateDirRefusesEveryChangeAndWritesNothing) {
+  const std::string dir = TempDir();
+  {
+    auto store = Make(dir);
+    v1::UpdateGateConfigRequest up;
+    up.mutable_config()->set_max_length_cv(0.3);
+    up.mutable_update_mask()->add_paths("max_length_cv");
+    ASSERT_THAT(store->UpdateGateConfig(up, kTest).status(), IsOk());
+  }
+  const std::string state_before = ReadAll(StateFilePath(dir));
+  const std::string audit_before = ReadAll(AuditLogPath(dir));
+  int failures = 0;
+  StoreOptions o;
+  o.clock = [this] { return clock_.Now(); };
+  o.state_dir = dir;
+  o.read_only = true;
+  o.on_persist_failure = [&failures](absl::string_view) { ++failures; };
+  auto created = OperatorStore::Create(std::move(o), {});
+  ASSERT_THAT(created.status(), IsOk());
+  OperatorStore& store = **created;
+  EXPECT_DOUBLE_EQ(store.GetGateConfig("").config().max_length_cv(), 0.3) << "loaded";
+
+  const auto read_only = StatusIs(absl::StatusCode::kUnavailable, HasSubstr("read-only"));
+  v1::UpdateGateConfigRequest up;
+  up.mutable_config()->set_max_length_cv(0.4);
+  up.mutable_update_mask()->add_paths("max_length_cv");
+  EXPECT_THAT(store.UpdateGateConfig(up, kTest).status(), read_only);
+  v1::PinModeRequest pin;
+  pin.set_job_id("j");
+  pin.set_mode(v1::SEQUENCE_PARALLEL);
+  pin.mutable_duration()->set_seconds(600);
+  EXPECT_THAT(store.PinMode(pin, kTest).status(), read_only);
+  v1::RollbackGateConfigRequest rb;
+  rb.set_to_version(0);
+  EXPECT_THAT(store.RollbackGateConfig(rb, kTest).status(), read_only);
+  v1::GateConfig file;
+  file.set_window_steps(10);
+  EXPECT_THAT(store.ReloadConfigFile(file), IsOk());
+  EXPECT_EQ(store.GetGateConfig("").config().window_steps(), 10) << "applies in memory";
+  EXPECT_THAT(store.Flush(), IsOk());
+
+  EXPECT_EQ(failures, 0);
+  EXPECT_EQ(ReadAll(StateFilePath(dir)), state_before);
+  EXPECT_EQ(ReadAll(AuditLogPath(dir)), audit_before);
+}
+
 // A negative version is no version a scope can be at: a bad argument, not a conflict that
 // "read it again and retry" would resolve.
 TEST_F(OperatorStoreTest, NegativeExpectedVersionIsInvalidNotAConflict) {
