@@ -451,16 +451,16 @@ absl::Status Daemon::Impl::RestoreState(v1::GateConfig file_layer) {
   // as UNAVAILABLE on the first change. One that does not exist yet Create makes (or
   // fails to), and then checks below.
   std::error_code no_dir;
-  if (!opts.state_dir.empty() && std::filesystem::is_directory(opts.state_dir, no_dir)) {
+  const bool existed =
+      !opts.state_dir.empty() && std::filesystem::is_directory(opts.state_dir, no_dir);
+  if (existed) {
     absl::Status writable = CheckStateDirWritable(opts.state_dir);
     if (!opts.allow_read_only_state_dir) RETURN_IF_ERROR(writable);
     state_read_only = !writable.ok();  // served read-only: nothing is written, at stop too
   }
   store_options.read_only = state_read_only;
   ASSIGN_OR_RETURN(store, OperatorStore::Create(std::move(store_options), std::move(file_layer)));
-  if (!opts.state_dir.empty() && !state_read_only) {
-    RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
-  }
+  if (!opts.state_dir.empty() && !existed) RETURN_IF_ERROR(CheckStateDirWritable(opts.state_dir));
   if (state_read_only) {
     Log(LogLevel::kWarning,
         absl::StrCat("--state_dir ", opts.state_dir, " is not writable: serving it read-only "

@@ -93,7 +93,9 @@ void RouteGrpcLogs() {
   gpr_set_log_function([](gpr_log_func_args* args) {
     const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
     const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
-    const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kError
+    // A refused handshake or a port in use is gRPC's ERROR: the daemon's warning (it goes
+    // on serving, or says why it cannot start on a line of its own).
+    const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kWarning
                                                                      : LogLevel::kInfo;
     Log(level, absl::StrCat("grpc (", file, ":", args->line, "): ", args->message),
         {{"event", "grpc"}, {"file", file}, {"line", args->line}});

@@ -4,7 +4,6 @@
 // Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config (which is also
 // polled every --config_poll_interval).
 #include <csignal>
-#include <iostream>
 #include <string>
 #include <utility>
 
@@ -275,9 +274,15 @@ int main(int argc, char** argv) {
   std::vector<char*> rest = spgate::ParseFlags(argc, argv);
   spgate::server::SetLogFormat(absl::GetFlag(FLAGS_log_format));
   spgate::server::RouteGrpcLogs();
-  if (rest.size() > 1) {
-    std::cerr << "spgated: unexpected argument '" << rest[1] << "' (flags take the form --name=value)\n";
+  // Usage errors in --log_format too (text: "spgated: ...", as before).
+  auto usage = [](const std::string& error) {
+    spgate::server::Log(spgate::server::LogLevel::kError, error,
+                        {{"event", "usage_error"}, {"error", error}});
     return 2;
+  };
+  if (rest.size() > 1) {
+    return usage(absl::StrCat("unexpected argument '", rest[1],
+                              "' (flags take the form --name=value)"));
   }
 
   // Block the signals before any thread starts so that only sigwait below sees them.
@@ -289,10 +294,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const spgate::server::DaemonOptions opts = DaemonOptionsFromFlags();
-  if (const std::string error = FlagRangeError(opts); !error.empty()) {
-    std::cerr << "spgated: " << error << "\n";
-    return 2;
-  }
+  if (const std::string error = FlagRangeError(opts); !error.empty()) return usage(error);
   auto daemon = spgate::server::Daemon::Start(opts);
   if (!daemon.ok()) {
     spgate::server::Log(spgate::server::LogLevel::kError,

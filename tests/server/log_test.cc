@@ -72,7 +72,7 @@ TEST(LogLine, GrpcLinesAreTheDaemonsLines) {
   grpc_shutdown();
   google::protobuf::Struct s;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(line, &s).ok()) << line;
-  EXPECT_EQ(s.fields().at("level").string_value(), "error");
+  EXPECT_EQ(s.fields().at("level").string_value(), "warning");
   EXPECT_EQ(s.fields().at("message").string_value(),
             "grpc (ssl_transport_security.cc:1501): Handshake failed with fatal error SSL_ERROR_SSL");
   const auto& f = s.fields().at("fields").struct_value().fields();

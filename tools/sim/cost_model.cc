@@ -1,6 +1,7 @@
 // The cost model of docs/sim.md, term by term.
 #include "tools/sim/cost_model.h"
 
+#include <tuple>
 #include <algorithm>
 #include <cmath>
 #include <utility>
@@ -98,11 +99,15 @@ const char* NormBoundaryName(NormBoundary b) {
 }
 
 absl::Status ValidateCostParams(const CostParams& p) {
-  // The model's shape: a 0 or a negative one wrapped the memory prediction to 2^64.
-  const std::pair<const char*, int> shape[] = {
-      {"layers", p.layers}, {"hidden", p.hidden}, {"heads", p.heads}};
-  for (const auto& [flag, v] : shape) {
-    if (v < 1) return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be >= 1, got ", v));
+  // The model's shape, in spgate-worker's bounds: a 0 or a negative one wrapped the memory
+  // prediction to 2^64, a huge one overflows it.
+  const std::tuple<const char*, int, int> shape[] = {
+      {"layers", p.layers, 1024}, {"hidden", p.hidden, 1 << 20}, {"heads", p.heads, 1 << 20}};
+  for (const auto& [flag, v, most] : shape) {
+    if (v < 1 || v > most) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be in [1, ", most, "], got ", v));
+    }
   }
   if (p.heads > p.hidden) {
     return absl::InvalidArgumentError(absl::StrCat(
