@@ -101,7 +101,6 @@ struct Bound {
 
 std::optional<Bound> BoundOf(absl::string_view address) {
   if (address.empty()) return std::nullopt;
-  address = address.substr(0, address.find(','));  // civetweb's first entry
   const AddressParts p = SplitAddress(address);
   if (p.unix) return Bound{true, std::string(address), 0};
   absl::string_view port_text = p.port;
@@ -116,17 +115,30 @@ std::optional<Bound> BoundOf(absl::string_view address) {
   return Bound{false, host, port};
 }
 
+bool Clash(const Bound& a, const Bound& b) {
+  if (a.unix != b.unix) return false;
+  if (a.unix) return a.host == b.host;
+  return a.port == b.port && (a.host == b.host || a.host.empty() || b.host.empty());
+}
+
+// Every socket of a listener: civetweb's --metrics_listen may list several.
+std::vector<Bound> BoundsOf(absl::string_view address) {
+  std::vector<Bound> out;
+  for (absl::string_view part : absl::StrSplit(address, ',')) {
+    if (std::optional<Bound> b = BoundOf(part)) out.push_back(*std::move(b));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string SharedListenAddressError(const std::vector<Listener>& listeners) {
   for (size_t i = 0; i < listeners.size(); ++i) {
-    const std::optional<Bound> a = BoundOf(listeners[i].address);
-    for (size_t j = i + 1; a.has_value() && j < listeners.size(); ++j) {
-      const std::optional<Bound> b = BoundOf(listeners[j].address);
-      if (!b.has_value() || a->unix != b->unix) continue;
-      const bool clash = a->unix ? a->host == b->host
-                                 : a->port == b->port &&
-                                       (a->host == b->host || a->host.empty() || b->host.empty());
+    for (size_t j = i + 1; j < listeners.size(); ++j) {
+      bool clash = false;
+      for (const Bound& a : BoundsOf(listeners[i].address)) {
+        for (const Bound& b : BoundsOf(listeners[j].address)) clash = clash || Clash(a, b);
+      }
       if (clash) {
         return absl::StrCat("--", listeners[i].flag, "=", listeners[i].address, " and --",
                             listeners[j].flag, "=", listeners[j].address,

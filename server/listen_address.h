@@ -52,7 +52,7 @@ std::string DefaultWorkerListen(bool has_worker_credential);
 // error naming both flags. Two TCP addresses clash on the same port when their hosts are
 // the same ("localhost" is 127.0.0.1) or either is a wildcard (a bare or +PORT, "",
 // "0.0.0.0", "*", "::"); port 0 (a free port each) and empty addresses never clash; unix
-// sockets clash on the same path.
+// sockets clash on the same path; every entry of a comma-separated --metrics_listen counts.
 struct Listener {
   absl::string_view flag;  // "listen", "admin_listen", ...
   absl::string_view address;

@@ -77,6 +77,7 @@ TEST(ListenAddressTest, SharedListenAddress) {
       {"127.0.0.1:50061", "127.0.0.1:50062", false}, {"", "", false},
       {"unix:/run/a.sock", "unix:/run/a.sock", true}, {"unix:/run/a.sock", "unix:/run/b.sock", false},
       {"127.0.0.1:9461,[::1]:9462", "0.0.0.0:9461", true},
+      {"127.0.0.1:50062", "127.0.0.1:9461,127.0.0.1:50062", true},
   };
   for (const auto& c : cases) {
     const std::string error = SharedListenAddressError({{"listen", c.a}, {"metrics_listen", c.b}});
