@@ -92,40 +92,53 @@ std::string DefaultWorkerListen(bool has_worker_credential) {
 
 namespace {
 
-// A listener's socket identity: unix path, or (host, port) with "" for every interface.
+// A listener's socket: a unix path, or a port on a host ("" for every interface) in the
+// families it binds. gRPC binds a wildcard ("", "0.0.0.0", "*", "::") and "localhost" on
+// IPv4 and IPv6; civetweb binds a bare PORT or 0.0.0.0:P on IPv4 only, [::]:P on IPv6 only
+// and +P on both.
 struct Bound {
   bool unix = false;
   std::string host;  // unix: the whole address
   int port = 0;
+  bool v4 = true;
+  bool v6 = true;
 };
 
-std::optional<Bound> BoundOf(absl::string_view address) {
-  if (address.empty()) return std::nullopt;
+std::vector<Bound> BoundOf(absl::string_view address, bool civetweb) {
+  if (address.empty()) return {};
   const AddressParts p = SplitAddress(address);
-  if (p.unix) return Bound{true, std::string(address), 0};
+  if (p.unix) return {Bound{true, std::string(address), 0}};
   absl::string_view port_text = p.port;
   const bool plus = !p.has_colon && absl::ConsumePrefix(&port_text, "+");
   AddressParts q = p;
   q.port = std::string(port_text);
   const int port = PortNumber(q);
-  if (port <= 0) return std::nullopt;  // port 0: a free port each; a bad one is refused first
-  std::string host = plus ? "" : p.host;
-  if (host == "0.0.0.0" || host == "*" || host == "::") host.clear();
-  if (absl::EqualsIgnoreCase(host, "localhost")) host = "127.0.0.1";
-  return Bound{false, host, port};
+  if (port <= 0) return {};  // port 0: a free port each; a bad one is refused first
+  const std::string& h = p.host;
+  if (plus) return {Bound{false, "", port, true, true}};
+  if (h.empty() || h == "0.0.0.0" || h == "*") return {Bound{false, "", port, true, !civetweb}};
+  if (h == "::") return {Bound{false, "", port, !civetweb, true}};
+  if (absl::EqualsIgnoreCase(h, "localhost")) {
+    return {Bound{false, "127.0.0.1", port, true, false}, Bound{false, "::1", port, false, true}};
+  }
+  unsigned char addr[16];
+  const bool v4 = inet_pton(AF_INET, h.c_str(), addr) == 1;
+  const bool v6 = inet_pton(AF_INET6, h.c_str(), addr) == 1;
+  return {Bound{false, h, port, v4 || !v6, v6 || !v4}};  // a name: either family
 }
 
 bool Clash(const Bound& a, const Bound& b) {
   if (a.unix != b.unix) return false;
   if (a.unix) return a.host == b.host;
-  return a.port == b.port && (a.host == b.host || a.host.empty() || b.host.empty());
+  return a.port == b.port && ((a.v4 && b.v4) || (a.v6 && b.v6)) &&
+         (a.host == b.host || a.host.empty() || b.host.empty());
 }
 
 // Every socket of a listener: civetweb's --metrics_listen may list several.
-std::vector<Bound> BoundsOf(absl::string_view address) {
+std::vector<Bound> BoundsOf(const Listener& l) {
   std::vector<Bound> out;
-  for (absl::string_view part : absl::StrSplit(address, ',')) {
-    if (std::optional<Bound> b = BoundOf(part)) out.push_back(*std::move(b));
+  for (absl::string_view part : absl::StrSplit(l.address, ',')) {
+    for (Bound& b : BoundOf(part, l.civetweb)) out.push_back(std::move(b));
   }
   return out;
 }
@@ -136,8 +149,8 @@ std::string SharedListenAddressError(const std::vector<Listener>& listeners) {
   for (size_t i = 0; i < listeners.size(); ++i) {
     for (size_t j = i + 1; j < listeners.size(); ++j) {
       bool clash = false;
-      for (const Bound& a : BoundsOf(listeners[i].address)) {
-        for (const Bound& b : BoundsOf(listeners[j].address)) clash = clash || Clash(a, b);
+      for (const Bound& a : BoundsOf(listeners[i])) {
+        for (const Bound& b : BoundsOf(listeners[j])) clash = clash || Clash(a, b);
       }
       if (clash) {
         return absl::StrCat("--", listeners[i].flag, "=", listeners[i].address, " and --",

@@ -49,13 +49,15 @@ inline constexpr int kDefaultWorkerPort = 50061;
 std::string DefaultWorkerListen(bool has_worker_credential);
 
 // Empty when no two of the (flag, address) listeners would bind one socket; else the usage
-// error naming both flags. Two TCP addresses clash on the same port when their hosts are
-// the same ("localhost" is 127.0.0.1) or either is a wildcard (a bare or +PORT, "",
-// "0.0.0.0", "*", "::"); port 0 (a free port each) and empty addresses never clash; unix
-// sockets clash on the same path; every entry of a comma-separated --metrics_listen counts.
+// error naming both flags. Two TCP addresses clash on the same port in a family both bind
+// when their hosts are the same or either is a wildcard: gRPC binds a wildcard and
+// "localhost" on IPv4 and IPv6, civetweb (--metrics_listen, every comma-separated entry) a
+// bare PORT or 0.0.0.0:P on IPv4, [::]:P on IPv6, +PORT on both. Port 0 (a free port each)
+// and empty addresses never clash; unix sockets clash on the same path.
 struct Listener {
   absl::string_view flag;  // "listen", "admin_listen", ...
   absl::string_view address;
+  bool civetweb = false;  // --metrics_listen: civetweb's address families
 };
 std::string SharedListenAddressError(const std::vector<Listener>& listeners);
 

@@ -232,7 +232,8 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
                           : opts.listen;
   if (std::string error = spgate::server::SharedListenAddressError(
           {{"listen", worker_listen}, {"admin_listen", opts.admin_listen},
-           {"metrics_listen", opts.metrics_listen}, {"health_listen", opts.health_listen}});
+           {"metrics_listen", opts.metrics_listen, /*civetweb=*/true},
+           {"health_listen", opts.health_listen}});
       !error.empty()) {
     return error;
   }

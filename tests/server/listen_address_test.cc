@@ -63,30 +63,39 @@ TEST(ListenAddressTest, ShapeAndTheHostALocalClientDials) {
 }
 
 // Listeners that would bind one socket are refused before any binds, naming both flags;
-// port 0 and different hosts on one port are fine, a wildcard overlaps every host.
+// port 0, different hosts on one port and different families are fine: a gRPC wildcard
+// or "localhost" binds IPv4 and IPv6, civetweb's bare or 0.0.0.0 port IPv4, [::] IPv6,
+// +PORT both.
 TEST(ListenAddressTest, SharedListenAddress) {
   const struct {
-    const char* a;
-    const char* b;
+    const char* grpc;     // --listen
+    const char* metrics;  // --metrics_listen (civetweb)
     bool clash;
   } cases[] = {
       {"127.0.0.1:50061", "127.0.0.1:50061", true},  {"127.0.0.1:0", "127.0.0.1:0", false},
-      {"localhost:9461", "127.0.0.1:9461", true},    {"9461", "0.0.0.0:9461", true},
-      {"+9461", "[::1]:9461", true},                 {"0.0.0.0:50062", "10.0.0.5:50062", true},
-      {"[::]:50062", "127.0.0.1:50062", true},       {"10.0.0.4:50062", "10.0.0.5:50062", false},
+      {"localhost:9461", "127.0.0.1:9461", true},    {"localhost:9461", "[::1]:9461", true},
+      {":9461", "9461", true},                       {"[::1]:9461", "+9461", true},
+      {"0.0.0.0:50062", "10.0.0.5:50062", true},     {"[::]:50062", "127.0.0.1:50062", true},
+      {"[::1]:9461", "9461", false},                 {"127.0.0.1:9461", "[::]:9461", false},
+      {"[::1]:9461", "0.0.0.0:9461", false},         {"10.0.0.4:50062", "10.0.0.5:50062", false},
       {"127.0.0.1:50061", "127.0.0.1:50062", false}, {"", "", false},
+      {"spgated:9461", "9461", true},                {"spgated:9461", "[::]:9461", true},
       {"unix:/run/a.sock", "unix:/run/a.sock", true}, {"unix:/run/a.sock", "unix:/run/b.sock", false},
-      {"127.0.0.1:9461,[::1]:9462", "0.0.0.0:9461", true},
+      {"127.0.0.1:9461", "[::1]:9462,0.0.0.0:9461", true},
       {"127.0.0.1:50062", "127.0.0.1:9461,127.0.0.1:50062", true},
   };
   for (const auto& c : cases) {
-    const std::string error = SharedListenAddressError({{"listen", c.a}, {"metrics_listen", c.b}});
-    EXPECT_EQ(!error.empty(), c.clash) << c.a << " / " << c.b << ": " << error;
+    const std::string error =
+        SharedListenAddressError({{"listen", c.grpc}, {"metrics_listen", c.metrics, true}});
+    EXPECT_EQ(!error.empty(), c.clash) << c.grpc << " / " << c.metrics << ": " << error;
     if (c.clash) {
-      EXPECT_EQ(error, absl::StrCat("--listen=", c.a, " and --metrics_listen=", c.b,
+      EXPECT_EQ(error, absl::StrCat("--listen=", c.grpc, " and --metrics_listen=", c.metrics,
                                     " would listen on one socket; each needs its own port"));
     }
   }
+  // Two gRPC listeners: a wildcard binds both families.
+  EXPECT_NE(SharedListenAddressError({{"listen", "0.0.0.0:50061"}, {"admin_listen", "[::1]:50061"}}),
+            "");
   EXPECT_EQ(DefaultWorkerListen(false), "127.0.0.1:50061");
   EXPECT_EQ(DefaultWorkerListen(true), "0.0.0.0:50061");
 }

@@ -1,6 +1,7 @@
 // The cost model of docs/sim.md, term by term.
 #include "tools/sim/cost_model.h"
 
+#include <limits>
 #include <tuple>
 #include <algorithm>
 #include <cmath>
@@ -186,10 +187,15 @@ MemoryPrediction CostModel::PredictMemory(std::span<const int64_t> lengths) cons
   const double norm_whole =
       p_.norm_boundary == NormBoundary::kGather ? 4.0 * b.tokens * h * (1.0 - 1.0 / t) : 0.0;
   const double act_sp = L * (static_cast<double>(b.padded) * h * 34.0 / t + norm_whole + scores);
+  // Byte counts past 2^64 (shapes at the flags' bounds, a sequence without flash
+  // attention) saturate rather than wrap: a cast past the range is undefined.
+  auto bytes = [](double v) {
+    return v >= 0x1p64 ? std::numeric_limits<uint64_t>::max() : static_cast<uint64_t>(v);
+  };
   MemoryPrediction m;
-  m.tp = static_cast<uint64_t>(states + act_tp);
-  m.sp = static_cast<uint64_t>(states + act_sp);
-  m.budget = static_cast<uint64_t>(p_.device_memory_gib * static_cast<double>(1ull << 30));
+  m.tp = bytes(states + act_tp);
+  m.sp = bytes(states + act_sp);
+  m.budget = bytes(p_.device_memory_gib * static_cast<double>(1ull << 30));
   return m;
 }
 

@@ -253,6 +253,17 @@ TEST(CostModelTest, MemoryIsKorthikantisFormula) {
     EXPECT_EQ(m.tp, static_cast<uint64_t>(states + L * (T * h * (10 + 24 / t) + scores)));
     EXPECT_EQ(m.sp, static_cast<uint64_t>(states + L * (T * h * 34 / t + scores)));
   }
+  {
+    // At the shape flags' bounds, without flash attention, the bytes pass 2^64: they
+    // saturate (a cast past the range is undefined; a negative --hidden wrapped).
+    CostParams big = p;
+    big.layers = 1024;
+    big.hidden = 1 << 20;
+    big.heads = 1 << 20;
+    const MemoryPrediction m = CostModel(big).PredictMemory(std::vector<int64_t>{200000});
+    EXPECT_EQ(m.tp, std::numeric_limits<uint64_t>::max());
+    EXPECT_EQ(m.sp, std::numeric_limits<uint64_t>::max());
+  }
 }
 
 TEST(CostModelTest, SpPadsTheBatchToAMultipleOfT) {
