@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
