@@ -102,6 +102,15 @@ class HelpAndVersion(unittest.TestCase):
                  "--metrics_listen=", "--config=/nonexistent/gates.textproto"])
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("cannot start: --config: ", r.stderr)
+        # Under --log_format=json a usage error is one JSON object on stderr, as every line.
+        r = run([ARGS.spgated, "--log_format=json", "--shutdown_grace=-1s",
+                 "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0", "--metrics_listen="])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        lines = [json.loads(line) for line in r.stderr.splitlines() if line.strip()]
+        self.assertEqual([x.get("fields", {}).get("event") for x in lines], ["usage_error"],
+                         r.stderr)
+        self.assertEqual(lines[0]["level"], "error", r.stderr)
+        self.assertEqual(lines[0]["fields"]["error"], "--shutdown_grace: must be >= 0, got -1s")
         r = run([ARGS.sim, "--duration=abc"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("duration", r.stderr)
