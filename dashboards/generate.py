@@ -103,8 +103,9 @@ def TimeSeries(title, description, unit, queries, *, stack=False, minimum=0, max
     }
 
 
-def Stat(title, description, unit, queries, *, mappings=(), thresholds=None, instant=True):
-    return {
+def Stat(title, description, unit, queries, *, mappings=(), thresholds=None, instant=True,
+         decimals=None):
+    stat = {
         "type": "stat", "title": title, "description": description, "datasource": DS,
         "fieldConfig": {"defaults": {
             "unit": unit, "mappings": list(mappings),
@@ -117,6 +118,9 @@ def Stat(title, description, unit, queries, *, mappings=(), thresholds=None, ins
                     "justifyMode": "auto", "orientation": "auto"},
         "targets": Targets(queries, instant=instant),
     }
+    if decimals is not None:
+        stat["fieldConfig"]["defaults"]["decimals"] = decimals
+    return stat
 
 
 def JobLink():
@@ -164,10 +168,18 @@ def Dashboard(uid, title, description, variables, panels, links):
 
 # --- spgate-overview.json: every job, side by side ---------------------------------------
 
+def GateLines(gate, jobs):
+    """Each selected job's value of `gate` (the daemon exports every job's effective value);
+    the global default's only where none of the selected jobs has a series of its own
+    (`_default` is excluded from the jobs' side, which the All value `.+` would match)."""
+    return (f'max by (job_id) (spgate_gate_threshold{{gate="{gate}",{jobs},job_id!="_default"}})'
+            f' or on () max by (job_id) (spgate_gate_threshold{{gate="{gate}",job_id="_default"}})')
+
+
 def Overview():
     j = 'job_id=~"$job_id"'
     jg = 'job_id=~"$job_id",group=~"$group"'
-    thr = 'job_id=~"$job_id|_default"'  # per-job gate values and the global default
+    thr = 'job_id=~"$job_id|_default"'  # per-job config versions and the global default
     L = Layout()
 
     L.Row("Decisions")
@@ -193,9 +205,12 @@ def Overview():
         "Local fallback decisions",
         "Decisions group leaders made with their local policy because the daemon's answer "
         "missed the step deadline or the daemon was unreachable (reported after reconnect), "
-        "by the reason the local policy gave.",
+        "by the reason the local policy gave. Only rates above 0 are drawn (every reason's "
+        "counter exists from the start at 0): empty while no leader decides locally, and a "
+        "gap is 0.",
         "count:decisions/s",
-        [(f"sum by (job_id, reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
+        [(f"sum by (job_id, reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))"
+          " > 0",
           "{{job_id}} · {{reason}}")], links=[JobLink()]), w=6)
 
     L.Row("Throughput and step time")
@@ -225,12 +240,12 @@ def Overview():
         overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
     L.Add(TimeSeries(
         "Peak memory / budget",
-        "Peak memory as a share of the budget, per mode; the dashed line is the "
+        "Peak memory as a share of the budget, per mode; the dashed line is each job's "
         "memory_headroom gate: TP-only above it is not allowed (MEMORY_REQUIRES_SP).",
         "percentunit",
         [(f"max by (job_id, mode) (spgate_peak_memory_bytes{{{j}}}) / on (job_id) group_left () "
           f"(max by (job_id) (spgate_memory_budget_bytes{{{j}}}) > 0)", "{{job_id}} · {{mode}}"),
-         (f'max by (job_id) (spgate_gate_threshold{{gate="memory_headroom",{thr}}})',
+         (GateLines("memory_headroom", j),
           "{{job_id}} · memory_headroom")],
         overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
 
@@ -262,7 +277,7 @@ def Overview():
         "ranks). Above max_rs_wait_share (dashed) the group falls back to TP-only.",
         "percentunit",
         [(f"max by (job_id, group) (spgate_rs_wait_share{{{jg}}})", "{{job_id}} · group {{group}}"),
-         (f'max by (job_id) (spgate_gate_threshold{{gate="max_rs_wait_share",{thr}}})',
+         (GateLines("max_rs_wait_share", j),
           "{{job_id}} · max_rs_wait_share")],
         overrides=[ThresholdLine("B")], links=[JobLink()]), w=8)
     L.Add(TimeSeries(
@@ -306,9 +321,11 @@ def Overview():
           "p99")]), w=8)
     L.Add(Stat(
         "Config updates in range",
-        "Admin API gate updates over the dashboard's time range, by result.",
+        "Admin API gate updates over the dashboard's time range, by result (rounded: "
+        "increase() extrapolates to the range's edges).",
         "count:updates",
-        [("sum by (result) (increase(spgate_config_updates_total[$__range]))", "{{result}}")]),
+        [("round(sum by (result) (increase(spgate_config_updates_total[$__range])))",
+          "{{result}}")], decimals=0),
         w=6, h=5)
     L.Add(Stat(
         "Config reload",
@@ -324,7 +341,8 @@ def Overview():
         "Failed writes to --state_dir (state file: admin changes refused; launches file: new "
         "launches refused; learned tables: lost to a kill -9). The log names the file.",
         "count:failures",
-        [("sum(increase(spgate_state_persist_failures_total[$__range]))", "failures")],
+        [("round(sum(increase(spgate_state_persist_failures_total[$__range])))", "failures")],
+        decimals=0,
         thresholds={"mode": "absolute", "steps": [{"color": "green", "value": None},
                                                   {"color": "red", "value": 1}]}), w=4, h=5)
     L.Add(Stat(
@@ -522,8 +540,10 @@ def Job():
     L.Add(TimeSeries(
         "Estimated gain over the static gates",
         "Over the batches a band decided: learned throughput of ADAPTIVE's choices over "
-        "that of the static gates' choices for the same batches (1 = no gain; 0 = no band "
-        "has decided yet; an estimate from the learned table).",
+        "that of the static gates' choices for the same batches (1 = no gain; an estimate "
+        "from the learned table). 0 for a job whose policy is STATIC (it makes no ADAPTIVE "
+        "decisions; one switched from ADAPTIVE keeps its last value) and for an ADAPTIVE job "
+        "before any band decided.",
         "suffix:x",
         [(f"max(spgate_adaptive_gain_ratio{{{j}}})", "gain")], minimum=None), w=6)
     L.Add(TimeSeries(
@@ -559,8 +579,11 @@ def Job():
     L.Add(TimeSeries(
         "Learned switch cost",
         "Seconds the first step after a mode switch took beyond its band's estimate, "
-        "learned from the job's telemetry; a switch must save more than this over the next "
-        "adaptive_flip_interval_steps decisions.",
+        "learned from the job's telemetry. Where it is measured, a switch must pay it back: "
+        "as an excursion out and back (this batch's saving at least twice the cost) or as a "
+        "move over a fixed 50 decisions (this batch's saving plus 49 steps of the band mix's; "
+        "docs/design.md §11). adaptive_flip_interval_steps is the flip cap's window, not "
+        "this horizon.",
         "s",
         [(f"max(spgate_adaptive_switch_cost_seconds{{{j}}})", "switch cost")]), w=12)
 
@@ -576,9 +599,10 @@ def Job():
     L.Add(TimeSeries(
         "Local fallback decisions",
         "Decisions made by the workers' local policy (daemon late or unreachable), by the "
-        "reason the local policy gave.",
+        "reason the local policy gave. Only rates above 0 are drawn (every reason's counter "
+        "exists from the start at 0): empty while no leader decides locally, and a gap is 0.",
         "count:decisions/s",
-        [(f"sum by (reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}]))",
+        [(f"sum by (reason) (rate(spgate_worker_local_decisions_total{{{j}}}[{RATE}])) > 0",
           "{{reason}}")]), w=6)
     L.Add(TimeSeries(
         "Memory overrides",
