@@ -170,6 +170,15 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   int64_t session_acked_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t closed_sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t closed_acked_ ABSL_GUARDED_BY(mu_) = 0;
+  // Local decisions and memory overrides a daemon has counted. A heartbeat reports the
+  // book's counts less `reported_base_`, what the daemon of an earlier session
+  // acknowledged, so that a new session (a daemon restarted, a session replaced) counts
+  // only what it has not: the daemon adds each session's increase from 0. Each heartbeat
+  // written on the stream leaves its counts in `unacked_heartbeats_`; the ack that
+  // answers it (one a heartbeat, in order) moves them to `acked_counts_`.
+  HeartbeatCounts reported_base_ ABSL_GUARDED_BY(mu_);
+  HeartbeatCounts acked_counts_ ABSL_GUARDED_BY(mu_);
+  std::deque<HeartbeatCounts> unacked_heartbeats_ ABSL_GUARDED_BY(mu_);
   GateClientStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

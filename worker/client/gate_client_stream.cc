@@ -123,6 +123,8 @@ void GateClient::Impl::OnRegisterDone(const std::shared_ptr<RegisterCall>& call,
     const v1::RegisterResponse& r = call->resp;
     session_id_ = r.session_id();
     session_sent_ = session_acked_ = 0;
+    reported_base_ = acked_counts_;  // the new session counts from what a daemon has
+    unacked_heartbeats_.clear();
     ++stats_.registrations;
     stats_.last_decided_step = r.last_decided_step();
     if (r.has_heartbeat_interval()) {
@@ -142,6 +144,10 @@ void GateClient::Impl::StartStream() {
   reactor_ = r;
   ++stream_id_;
   ++stats_.streams_opened;
+  // The heartbeats a broken stream left unanswered may or may not have been counted: the
+  // next session starts from the last one that was (at most one heartbeat's increase
+  // counted twice, never one lost).
+  unacked_heartbeats_.clear();
   stream_dead_ = false;
   confirmed_ = false;
   hold_released_ = false;
@@ -225,6 +231,10 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
   }
   if (msg.has_ack()) {
     session_acked_ = std::max(session_acked_, msg.ack().telemetry_received());
+    if (!unacked_heartbeats_.empty()) {  // the oldest heartbeat on this stream is counted
+      acked_counts_ = unacked_heartbeats_.front();
+      unacked_heartbeats_.pop_front();
+    }
   }
   cv_.SignalAll();
 }
@@ -345,8 +355,15 @@ Outgoing GateClient::Impl::GatherLocked() {
     last_heartbeat_ = now;
     out.heartbeat = true;
     heartbeat_due_ = false;
-    out.local_decisions = book_.counters().local_decisions_by_reason;
-    out.memory_overrides = book_.counters().memory_overrides;
+    const HeartbeatCounts now_counts{book_.counters().local_decisions_by_reason,
+                                     book_.counters().memory_overrides};
+    for (int r = 0; r < kNumReasons; ++r) {
+      out.counts.local_decisions[r] =
+          std::max<int64_t>(0, now_counts.local_decisions[r] - reported_base_.local_decisions[r]);
+    }
+    out.counts.memory_overrides =
+        std::max<int64_t>(0, now_counts.memory_overrides - reported_base_.memory_overrides);
+    unacked_heartbeats_.push_back(now_counts);
     out.telemetry_sent = session_sent_;
   }
   return out;

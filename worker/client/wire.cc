@@ -174,13 +174,13 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
   if (out.heartbeat) {
     v1::Heartbeat* hb = msg->mutable_heartbeat();
     for (int r = 1; r < kNumReasons; ++r) {
-      if (out.local_decisions[r] == 0) continue;
+      if (out.counts.local_decisions[r] == 0) continue;
       v1::LocalDecisionCount* c = hb->add_local_decisions();
       c->set_reason(static_cast<v1::Reason>(r));
-      c->set_count(out.local_decisions[r]);
+      c->set_count(out.counts.local_decisions[r]);
     }
     hb->set_telemetry_sent(out.telemetry_sent);
-    hb->set_memory_overrides(out.memory_overrides);
+    hb->set_memory_overrides(out.counts.memory_overrides);
   }
 }
 

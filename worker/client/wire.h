@@ -23,6 +23,13 @@
 namespace spgate::client {
 
 // What one WorkerMessage carries, gathered under the client's lock.
+// A heartbeat's counters: the local policy's decisions by reason and the memory gate's
+// overrides, cumulative over the worker process (DecisionBook's counters).
+struct HeartbeatCounts {
+  std::array<int64_t, kNumReasons> local_decisions{};
+  int64_t memory_overrides = 0;
+};
+
 struct Outgoing {
   std::string session_id;  // first message of a stream only
   // The book's records, taken over (not copied) under the lock; read-only from here on,
@@ -30,8 +37,9 @@ struct Outgoing {
   std::vector<std::shared_ptr<const PlanRecord>> plans;
   std::vector<StepTelemetryInput> telemetry;
   bool heartbeat = false;
-  std::array<int64_t, kNumReasons> local_decisions{};
-  int64_t memory_overrides = 0;  // cumulative, like local_decisions
+  // Since what an earlier session's daemon acknowledged (GateClient's reported base):
+  // cumulative over this session, as the daemon counts them.
+  HeartbeatCounts counts;
   int64_t telemetry_sent = 0;
   bool empty() const {
     return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;

@@ -197,6 +197,51 @@ TEST(GateClientProtocolTest, HeartbeatsReportLocalDecisionsByReason) {
   EXPECT_EQ(c->stats().local_decisions_by_reason[static_cast<int>(Reason::kLengthCv)], 3);
 }
 
+// A restarted daemon (a new session, its counters from 0) is told the decisions made
+// since the last heartbeat the old one acknowledged, not the worker's whole history: it
+// counted 3 + 3 + 2 when the counts ran from the process's start.
+TEST(GateClientProtocolTest, ANewSessionCountsOnlyWhatNoDaemonAcknowledged) {
+  FakeGateServer server;
+  FakeGateService::Script s;
+  s.answer_plans = false;  // every plan decided locally
+  s.heartbeat_ms = 50;
+  server.service().set_script(s);
+  auto c = MakeClient(Options(server.address()));
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  auto decide_locally = [&](int64_t from, int64_t to) {
+    for (int64_t step = from; step <= to; ++step) {
+      ASSERT_THAT(c->SubmitPlan({.step = step, .lengths = kMixed}), IsOk());
+      ASSERT_THAT(c->AwaitDecision(step, absl::Now()).status(), IsOk());
+    }
+  };
+  auto wait_for_count = [&](int64_t want) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    while (server.service().last_local_decisions()[v1::LENGTH_CV] != want &&
+           absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return server.service().last_local_decisions()[v1::LENGTH_CV];
+  };
+  decide_locally(1, 3);
+  ASSERT_EQ(wait_for_count(3), 3);
+  absl::SleepFor(absl::Milliseconds(200));  // the ack of that heartbeat reaches the client
+  server.service().ForgetSessions();
+  server.service().KillStreams();
+  decide_locally(4, 5);  // while the daemon is away
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (server.service().registrations() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(server.service().registrations(), 2);
+  ASSERT_THAT(c->WaitUntilConnected(absl::Seconds(10)), IsOk());
+  EXPECT_EQ(wait_for_count(2), 2);
+  absl::SleepFor(absl::Milliseconds(200));  // later heartbeats of the session say the same
+  EXPECT_EQ(server.service().last_local_decisions()[v1::LENGTH_CV], 2);
+  decide_locally(6, 6);
+  EXPECT_EQ(wait_for_count(3), 3);  // within a session the count is cumulative
+  EXPECT_EQ(c->stats().local_decisions_by_reason[static_cast<int>(Reason::kLengthCv)], 6);
+}
+
 TEST(GateClientProtocolTest, TelemetryIsAcknowledgedAfterFlush) {
   FakeGateServer server;
   auto c = MakeClient(Options(server.address()));
