@@ -7,7 +7,8 @@
 # Usage: bench/adaptive_incumbent.sh [BUILD_DIR] [OUTDIR]
 # Environment: STEPS (4000), SIM_GROUPS (8), SWITCH_COSTS (0,0.01), SETS (grid,pp,stress,unseen),
 # SEEDS ("11 12 13 14 15"), HARDWARE (h100-sxm; the simulator's preset for every cell),
-# CELLS (all; or '|'-separated cell names, e.g. "heavy_stragglers", to rerun a few).
+# CELLS (all; or '|'-separated cell names, e.g. "heavy_stragglers", to rerun a few),
+# CONFIG (none; a GateConfig text file every run takes, e.g. other ADAPTIVE settings).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
@@ -15,4 +16,4 @@ out=${2:-bench/results}
 exec python3 "$root/bench/sim/adaptive_incumbent.py" --sim="$build/bin/spgate-sim" --out="$out" \
   --steps="${STEPS:-4000}" --groups="${SIM_GROUPS:-8}" --switch_costs="${SWITCH_COSTS:-0,0.01}" \
   --sets="${SETS:-grid,pp,stress,unseen}" --seeds="${SEEDS:-11 12 13 14 15}" \
-  --hardware="${HARDWARE:-h100-sxm}" --cells="${CELLS:-}"
+  --hardware="${HARDWARE:-h100-sxm}" --cells="${CELLS:-}" --config="${CONFIG:-}"

@@ -19,10 +19,11 @@ ranges ("figures_min", "figures_max") and every seed's command and figures.
 Usage: adaptive_incumbent.py --sim=BUILD/bin/spgate-sim --out=DIR [--steps=N] [--groups=G]
                              [--switch_costs=0,0.01] [--sets=grid,pp,stress,unseen]
                              [--seeds='11 12 13 14 15'] [--hardware=h100-sxm|h200-sxm]
-                             [--cells='NAME|NAME']
+                             [--cells='NAME|NAME'] [--config=FILE]
 --hardware is passed to every cell (the simulator's preset; a regime's explicit flags,
 such as slow_links' --link_gbps, still override it). --cells reruns only the cells named
-(as the table names them); the outputs then say which.
+(as the table names them); the outputs then say which. --config is a GateConfig text file
+(spgate-sim --config) every run takes, e.g. other ADAPTIVE settings.
 """
 import argparse
 import json
@@ -169,6 +170,9 @@ def main():
     ap.add_argument("--sets", default="grid,pp,stress,unseen")
     ap.add_argument("--seeds", default=dq.DEFAULT_SEEDS)
     ap.add_argument("--hardware", default="h100-sxm")
+    ap.add_argument("--config", default="",
+                    help="a GateConfig in protobuf text format (spgate-sim --config) for every "
+                         "run, e.g. other ADAPTIVE settings; the outputs name it")
     ap.add_argument("--cells", default="",
                     help="only these cells of the sets, '|'-separated names as the table gives "
                          "them (e.g. 'heavy_stragglers|bucketed lognormal stragglers')")
@@ -179,6 +183,11 @@ def main():
     unknown = only - {name for _, name, *_ in cell_sets(a.steps, sets)}
     if unknown:
         sys.exit("--cells: no cell named %s in the sets %s" % (", ".join(sorted(unknown)), a.sets))
+    config_flags = []
+    if a.config:
+        if not os.path.isfile(a.config):
+            sys.exit("--config: no file %s" % a.config)
+        config_flags = ["--config=" + os.path.abspath(a.config)]
     os.makedirs(a.out, exist_ok=True)
     rows, results = [], []
     for cost in (float(c) for c in a.switch_costs.split(",")):
@@ -186,7 +195,8 @@ def main():
         for s, name, flags, steps, window, stationary in cell_sets(a.steps, sets):
             if only and name not in only:
                 continue
-            runs = dq.run_seeds(a.sim, flags + ["--hardware=" + a.hardware], steps, a.groups,
+            runs = dq.run_seeds(a.sim, flags + ["--hardware=" + a.hardware] + config_flags,
+                                steps, a.groups,
                                 seeds, regret_window=window)
             sp, miss, seed_misses = check([r["compare"] for r in runs], cost, stationary)
             rows.append(row(s, name, cost, sp, miss, seed_misses))
@@ -206,12 +216,15 @@ def main():
           "%d groups x %d steps a cell (PP: steps / micro-batches optimizer steps), %s, targets "
           "checked on the medians; hardware preset %s; measured at %s.%s"
           % (a.groups, a.steps, seeds_text, a.hardware, at,
-             " Only the cells %s." % ", ".join(sorted(only)) if only else ""), "",
+             " Only the cells %s." % ", ".join(sorted(only)) if only else "")
+          + (" Config %s: %s." % (a.config, open(a.config).read().strip().replace("\n", "; "))
+             if a.config else ""), "",
           HEAD] + rows + [line for l in summary for line in ("", l)]
     with open(os.path.join(a.out, "adaptive_incumbent.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(a.out, "adaptive_incumbent.json"), "w") as f:
         json.dump({"commit": at, "hardware": a.hardware, "steps": a.steps, "groups": a.groups,
+                   "config": open(a.config).read() if a.config else "",
                    "seeds": seeds, "only_cells": sorted(only),
                    "cells": results}, f, indent=1)
     print("\n".join(summary))
