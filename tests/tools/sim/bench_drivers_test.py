@@ -435,6 +435,31 @@ class SeededDriversTest(unittest.TestCase):
         worst = min(s["figures"]["vs_static"] for c in result["cells"] for s in c["seeds"])
         self.assertIn("worst single seed %.4f" % worst, md)
 
+    def test_adaptive_incumbent_config(self):
+        # --config reaches every run and the outputs name it; another exploration share
+        # changes what ADAPTIVE explores on the same batches.
+        with tempfile.TemporaryDirectory() as tmp:
+            config = os.path.join(tmp, "floor.txt")
+            with open(config, "w") as f:
+                f.write("adaptive_explore_share: 0.1\n")
+            args = ["adaptive_incumbent.py", "--sets=stress", "--cells=jitter_10pct",
+                    "--switch_costs=0", "--steps=400", "--groups=1", "--seeds=11"]
+            base, _ = self.run_driver(adaptive_incumbent.main, args, "adaptive_incumbent.json",
+                                      "adaptive_incumbent.md")
+            result, md = self.run_driver(adaptive_incumbent.main, args + ["--config=" + config],
+                                         "adaptive_incumbent.json", "adaptive_incumbent.md")
+            self.assertEqual(base["config"], "")
+            self.assertEqual(result["config"], "adaptive_explore_share: 0.1\n")
+            self.assertIn("--config=" + config, result["cells"][0]["seeds"][0]["command"])
+            self.assertIn("adaptive_explore_share: 0.1.", md)
+            self.assertGreater(result["cells"][0]["figures"]["explore"],
+                               base["cells"][0]["figures"]["explore"])
+            missing = os.path.join(tmp, "missing.txt")
+            with self.assertRaisesRegex(SystemExit, "--config: no file " + missing):
+                run_main(adaptive_incumbent.main,
+                         args[:1] + [f"--sim={SIM}", f"--out={tmp}", "--config=" + missing]
+                         + args[1:])
+
 
 class SpCrossoverSeedTest(unittest.TestCase):
     def test_no_seed_dependence(self):
