@@ -1,8 +1,11 @@
 // The gate field table's helpers and validation; see gate_config.h.
 #include "policy/gate_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <system_error>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -10,6 +13,16 @@
 #include "absl/strings/str_format.h"
 
 namespace spgate {
+
+namespace {
+// A value as its shortest text that reads back to it: an out-of-range 10.000001 must not
+// print as the in-range "10" (%g keeps six digits).
+std::string Exactly(double v) {
+  char buf[32];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
+  return r.ec == std::errc() ? std::string(buf, r.ptr) : absl::StrFormat("%.17g", v);
+}
+}  // namespace
 
 const GateField* FindGateField(std::string_view name) {
   for (const GateField& f : kGateFields) {
@@ -42,7 +55,7 @@ double GateFieldValue(const GateConfig& config, const GateField& field) {
 std::string GateFieldText(const GateConfig& config, const GateField& field) {
   if (field.is_choice()) return std::string(GatePolicyName(config.*field.choice));
   if (field.is_count()) return absl::StrCat(config.*field.count);
-  return absl::StrCat(config.*field.real);
+  return Exactly(config.*field.real);  // reads back to the same value
 }
 
 absl::Status SetGateFieldFromText(GateConfig& config, const GateField& field,
@@ -107,8 +120,8 @@ absl::Status CheckGateField(const GateConfig& config, const GateField& field) {
   const double v = config.*field.real;
   const double upper = field.range == GateFieldRange::kCv ? 10.0 : 1.0;
   if (!std::isfinite(v) || v <= 0.0 || v > upper) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s must be finite and in (0, %g], got %g", field.name, upper, v));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s must be finite and in (0, %g], got %s", field.name, upper, Exactly(v)));
   }
   return absl::OkStatus();
 }
@@ -121,8 +134,8 @@ absl::Status ValidateGateConfig(const GateConfig& c) {
   // the RS_WAIT fallback could never return to SP.
   if (c.rs_wait_reenable_margin >= c.max_rs_wait_share) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "rs_wait_reenable_margin (%g) must be less than max_rs_wait_share (%g)",
-        c.rs_wait_reenable_margin, c.max_rs_wait_share));
+        "rs_wait_reenable_margin (%s) must be less than max_rs_wait_share (%s)",
+        Exactly(c.rs_wait_reenable_margin), Exactly(c.max_rs_wait_share)));
   }
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include "policy/gate_policy.h"
 
 #include <cmath>
+#include <concepts>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,16 @@ void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome
             const char* detail) {
   if (trace != nullptr) {
     trace->push_back(GateCheck{gate, outcome, observed, threshold, detail});
+  }
+}
+
+// ... and a detail made by a callable, run only when a trace is wanted.
+template <typename Detail>
+  requires std::invocable<Detail>
+void Record(std::vector<GateCheck>* trace, const char* gate, const char* outcome,
+            std::optional<double> observed, std::optional<double> threshold, Detail&& detail) {
+  if (trace != nullptr) {
+    trace->push_back(GateCheck{gate, outcome, observed, threshold, std::string(detail())});
   }
 }
 
@@ -257,11 +268,13 @@ Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
       Record(trace, "rs_wait", "pass", rs_wait.mean, config.max_rs_wait_share,
              "above threshold, but SP resumed less than min_dwell_steps ago");
     } else {
-      Record(trace, "rs_wait", rs_wait.samples > 0 ? "pass" : "skip",
-             rs_wait.samples > 0 ? std::optional<double>(rs_wait.mean) : std::nullopt,
-             config.max_rs_wait_share,
-             rs_wait.samples > 0 ? "rolling wait share within max_rs_wait_share"
-                                 : "no SP step observed yet");
+      // Nothing compared without a sample: neither value is shown.
+      const bool compared = rs_wait.samples > 0;
+      Record(trace, "rs_wait", compared ? "pass" : "skip",
+             compared ? std::optional<double>(rs_wait.mean) : std::nullopt,
+             compared ? std::optional<double>(config.max_rs_wait_share) : std::nullopt,
+             compared ? "rolling wait share within max_rs_wait_share"
+                      : "no SP step observed yet");
     }
     return {Mode::kSequenceParallel, Reason::kGatesPassed};
   }
@@ -280,9 +293,17 @@ Decision ThresholdGates(const GateConfig& config, const GroupGateState& state,
            "in RS_WAIT fallback; probe_interval_steps since the last SP step: probe");
     return {Mode::kSequenceParallel, Reason::kProbe};
   }
+  if (rs_wait.samples == 0) {  // nothing to compare until the probe
+    Record(trace, "rs_wait", "fire", std::nullopt, std::nullopt, [&] {
+      return absl::StrFormat(
+          "in RS_WAIT fallback; waiting for a probe (due at step %d: probe_interval_steps "
+          "after the last SP step; sooner if a config raises max_rs_wait_share - margin)",
+          state.last_sp_step + config.probe_interval_steps);
+    });
+    return {Mode::kTensorParallelOnly, Reason::kRsWait};
+  }
   Record(trace, "rs_wait", "fire", share, reenable_below,
-         rs_wait.samples == 0 ? "in RS_WAIT fallback; waiting for a probe"
-         : rs_wait.mean < reenable_below
+         rs_wait.mean < reenable_below
              ? "in RS_WAIT fallback; wait share below the re-enable level, but the last "
                "switch was less than min_dwell_steps ago"
              : "in RS_WAIT fallback; wait share not below re-enable level");

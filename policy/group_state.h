@@ -24,6 +24,7 @@
 #ifndef SPGATE_POLICY_GROUP_STATE_H_
 #define SPGATE_POLICY_GROUP_STATE_H_
 
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -43,7 +44,7 @@ class GroupPolicyState {
   GateOutcome Decide(const GateConfig& config, const BatchFacts& batch,
                      std::optional<PinDirective> pin, const ThroughputTable* table = nullptr,
                      std::vector<GateCheck>* trace = nullptr) {
-    window_.Resize(config.window_steps);
+    Prepare(config);
     GateOutcome out = EvaluatePolicy(config, gate_, batch, rs_wait(), pin, table, trace);
     Apply(out);
     return out;
@@ -53,15 +54,15 @@ class GroupPolicyState {
   GateOutcome Peek(const GateConfig& config, const BatchFacts& batch,
                    std::optional<PinDirective> pin, const ThroughputTable* table = nullptr,
                    std::vector<GateCheck>* trace = nullptr) const {
-    RollingWindow w = window_;
-    w.Resize(config.window_steps);
-    return EvaluatePolicy(config, gate_, batch, {w.Mean(), w.size()}, pin, table, trace);
+    GroupPolicyState peek = *this;
+    peek.Prepare(config);
+    return EvaluatePolicy(config, peek.gate_, batch, peek.rs_wait(), pin, table, trace);
   }
 
   // Advances the state with a decision made elsewhere for `step` under `config`, exactly
   // as Decide would have advanced it had it made that decision.
   void Adopt(int64_t step, Decision decision, const GateConfig& config) {
-    window_.Resize(config.window_steps);
+    Prepare(config);
     Apply(AdvanceGroupState(gate_, step, decision, config.policy));
   }
 
@@ -73,9 +74,21 @@ class GroupPolicyState {
     window_.Push(share);
   }
 
-  // Sizes the wait-share window for `config` before the state is read without Decide (a
-  // step plan's micro-batches: EvaluatePolicy, then Adopt), as Decide does first.
-  void Prepare(const GateConfig& config) { window_.Resize(config.window_steps); }
+  // Readies the state for a decision under `config`, as Decide, Peek and Adopt do first
+  // and a step plan's micro-batches (EvaluatePolicy, then Adopt) do before they read it:
+  // sizes the wait-share window, and where the config raised the wait share SP resumes
+  // below (max_rs_wait_share - rs_wait_reenable_margin) while the group is in the RS_WAIT
+  // fallback, makes its probe due at once: a group that tripped under the old level
+  // measures whether it passes the new one now, not probe_interval_steps after its last
+  // SP step (docs/design.md §3).
+  void Prepare(const GateConfig& config) {
+    window_.Resize(config.window_steps);
+    const double resume_below = config.max_rs_wait_share - config.rs_wait_reenable_margin;
+    if (gate_.rs_wait_fallback && resume_below > resume_below_) {
+      gate_.last_sp_step = GroupGateState{}.last_sp_step;  // never: the probe is due
+    }
+    resume_below_ = resume_below;
+  }
 
   const GroupGateState& gate() const { return gate_; }
   RsWaitObservation rs_wait() const { return {window_.Mean(), window_.size()}; }
@@ -88,6 +101,8 @@ class GroupPolicyState {
 
   GroupGateState gate_;
   RollingWindow window_;
+  // The resume level of the config the state last decided under (Prepare); NaN: none yet.
+  double resume_below_ = std::numeric_limits<double>::quiet_NaN();
 };
 
 }  // namespace spgate

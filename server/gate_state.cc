@@ -276,6 +276,13 @@ absl::StatusOr<DecisionRecord> GateState::Decide(const Session& session, const P
   return decision;
 }
 
+absl::Status GateState::CheckSequences(size_t sequences) const {
+  if (static_cast<int64_t>(sequences) <= options_.max_sequences_per_plan) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "lengths: %d sequences in one plan, more than %d (--max_sequences_per_plan)", sequences,
+      options_.max_sequences_per_plan));
+}
+
 absl::Status GateState::CheckPlan(const Session& session, const PlanInput& plan) {
   if (plan.job_id != session.job_id || plan.group != session.group) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -297,11 +304,9 @@ absl::Status GateState::CheckPlan(const Session& session, const PlanInput& plan)
   }
   size_t sequences = plan.lengths.size();
   for (const MicrobatchPlanInput& m : plan.microbatches) sequences += m.lengths.size();
-  if (static_cast<int64_t>(sequences) > options_.max_sequences_per_plan) {
+  if (absl::Status s = CheckSequences(sequences); !s.ok()) {
     CountLimit(Limit::kSequencesPerPlan);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "lengths: %d sequences in one plan, more than %d (--max_sequences_per_plan)",
-        sequences, options_.max_sequences_per_plan));
+    return s;
   }
   MutexLock limiter(&session.limiter_mu);
   if (!session.plan_tokens.TryTake(Now())) {

@@ -476,6 +476,9 @@ class GateState final : public OperatorListener {
   // group-step, and an absl::Now() cost ~80 ns on the 2-core CI VM (11 reads a plain
   // step's plan and record took before, 4 now).
   absl::Status CheckPlan(const Session& session, const PlanInput& plan);
+  // --max_sequences_per_plan: a plan (or an eval's batch) of `sequences` over it is
+  // RESOURCE_EXHAUSTED, in one wording for both.
+  absl::Status CheckSequences(size_t sequences) const;
   absl::Status CheckStepWindow(const Group& group, const PlanInput& plan, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One decide path for every layout (a plain plan is a job without a layout's one

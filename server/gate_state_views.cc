@@ -150,6 +150,9 @@ absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
 }
 
 absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
+  // A batch the daemon would refuse as a plan is refused here too: its group would decide
+  // it locally, and a decision shown for it would not be the daemon's.
+  RETURN_IF_ERROR(CheckSequences(in.lengths.size()));
   ASSIGN_OR_RETURN(const LengthStats stats, ComputeLengthStats(in.lengths));
   if (in.rs_wait_share.has_value() &&
       (!std::isfinite(*in.rs_wait_share) || *in.rs_wait_share < 0 || *in.rs_wait_share > 1)) {
@@ -199,12 +202,16 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
                          .predicted_peak_bytes_tp = in.predicted_peak_bytes_tp,
                          .memory_budget_bytes = in.memory_budget_bytes};
   WhatIfResult out;
+  // The group's state as its next decision under the config asked about would read it
+  // (a raised resume level makes a tripped group's probe due: GroupPolicyState::Prepare).
+  GroupPolicyState prepared = *policy;
+  prepared.Prepare(in.config);
   const RsWaitObservation rs = in.rs_wait_share.has_value()
                                    ? RsWaitObservation{*in.rs_wait_share, 1}
-                                   : policy->rs_wait();
+                                   : prepared.rs_wait();
   const std::optional<double> rs_mean = RollingValue(rs);
   const GateOutcome outcome =
-      EvaluatePolicy(in.config, policy->gate(), facts, rs, pin, table, &out.checks);
+      EvaluatePolicy(in.config, prepared.gate(), facts, rs, pin, table, &out.checks);
   // The trace speaks of a live group's window; say where a what-if's value came from.
   for (GateCheck& c : out.checks) {
     if (c.gate != "rs_wait") continue;
@@ -219,7 +226,7 @@ absl::StatusOr<WhatIfResult> GateState::WhatIf(const WhatIfInput& in) const {
     GateConfig c = in.config;
     c.policy = kind;
     out.by_policy.emplace_back(
-        kind, EvaluatePolicy(c, policy->gate(), facts, rs, pin, table, nullptr).decision);
+        kind, EvaluatePolicy(c, prepared.gate(), facts, rs, pin, table, nullptr).decision);
   }
   out.decision = DecisionRecord{.job_id = in.job_id,
                                 .group = in.group.value_or(0),

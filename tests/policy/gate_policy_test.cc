@@ -315,9 +315,9 @@ TEST(GateTraceTest, NoSamplesIsASkip) {
   ASSERT_EQ(trace.size(), 4u);
   EXPECT_THAT(trace[3], Check("rs_wait", "skip"));
   EXPECT_THAT(trace[3].detail, HasSubstr("no SP step"));
-  // No share was observed; the threshold it will be compared with is known.
+  // No share was observed, so nothing was compared: neither value is shown.
   EXPECT_FALSE(trace[3].observed.has_value());
-  EXPECT_EQ(trace[3].threshold, 0.22);
+  EXPECT_FALSE(trace[3].threshold.has_value());
 }
 
 TEST(GateTraceTest, PinStopsTheChain) {
@@ -374,13 +374,14 @@ TEST(GateTraceTest, FallbackShowsTheReenableLevel) {
   EXPECT_THAT(trace[3], CheckWith("rs_wait", "pass", 0.1, level));
   EXPECT_THAT(trace[3].detail, HasSubstr("SP resumes"));
 
-  // Right after a trip the window is empty: no share observed (it read 0), the level known.
+  // Right after a trip the window is empty: nothing compared (no value shown), and the
+  // sentence names the step the probe is due.
   trace.clear();
   EvaluateGates(c, Fallback(100, 100), Batch(), Rs(0, 0), std::nullopt, &trace);
   ASSERT_EQ(trace.size(), 4u);
-  EXPECT_THAT(trace[3].detail, HasSubstr("waiting for a probe"));
+  EXPECT_THAT(trace[3].detail, HasSubstr("waiting for a probe (due at step"));
   EXPECT_FALSE(trace[3].observed.has_value());
-  EXPECT_EQ(trace[3].threshold, level);
+  EXPECT_FALSE(trace[3].threshold.has_value());
 }
 
 TEST(GateTraceTest, DwellHoldIsExplained) {

@@ -3,6 +3,8 @@
 // telemetry checks. Table-driven, pure.
 #include "policy/group_state.h"
 
+#include <algorithm>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/config_schedule.h"
@@ -107,6 +109,83 @@ TEST(GroupPolicyStateTest, PeekChangesNothing) {
   EXPECT_EQ(peek.decision.reason, Reason::kRsWait);
   EXPECT_FALSE(g.gate().has_decision);
   EXPECT_EQ(g.rs_wait().samples, 1);
+}
+
+// A group in the RS_WAIT fallback waits probe_interval_steps after its last SP step to
+// measure again. A config that raises the level SP resumes below (max_rs_wait_share -
+// margin) makes the probe due at its next decision, by Decide, Peek and Adopt alike; one
+// that lowers it, or changes another field, does not.
+TEST(GroupPolicyStateTest, ARaisedResumeLevelMakesTheProbeDue) {
+  struct Case {
+    const char* name;
+    double max_rs_wait_share, margin, max_length_cv;
+    Reason want;
+  };
+  const GateConfig before;  // 0.22 - 0.05 by default
+  const Case cases[] = {
+      {"threshold raised", 0.5, before.rs_wait_reenable_margin, before.max_length_cv,
+       Reason::kProbe},
+      {"margin narrowed", before.max_rs_wait_share, 0.01, before.max_length_cv,
+       Reason::kProbe},
+      {"threshold lowered", 0.2, before.rs_wait_reenable_margin, before.max_length_cv,
+       Reason::kRsWait},
+      {"another field", before.max_rs_wait_share, before.rs_wait_reenable_margin, 1.5,
+       Reason::kRsWait},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GateConfig after = before;
+    after.max_rs_wait_share = c.max_rs_wait_share;
+    after.rs_wait_reenable_margin = c.margin;
+    after.max_length_cv = c.max_length_cv;
+    ASSERT_THAT(ValidateGateConfig(after), IsOk());
+    GroupPolicyState decided;
+    for (int64_t s = 0; s < 3; ++s) {  // SP steps whose wait shares come in late, high
+      ASSERT_EQ(decided.Decide(before, BatchFacts{.step = s}, std::nullopt).decision.mode,
+                Mode::kSequenceParallel);
+    }
+    for (int64_t s = 0; s < 3; ++s) {
+      decided.ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.3, before.window_steps);
+    }
+    ASSERT_EQ(decided.Decide(before, BatchFacts{.step = 3}, std::nullopt).decision.reason,
+              Reason::kRsWait);  // tripped: the window is empty until a probe
+    ASSERT_EQ(decided.Decide(before, BatchFacts{.step = 4}, std::nullopt).decision.reason,
+              Reason::kRsWait);
+    GroupPolicyState adopted = decided;
+    std::vector<GateCheck> trace;
+    EXPECT_EQ(decided.Peek(after, BatchFacts{.step = 5}, std::nullopt, nullptr, &trace)
+                  .decision.reason,
+              c.want);
+    const GateOutcome out = decided.Decide(after, BatchFacts{.step = 5}, std::nullopt);
+    EXPECT_EQ(out.decision.reason, c.want);
+    adopted.Adopt(5, out.decision, after);
+    EXPECT_EQ(adopted.gate().last_sp_step, decided.gate().last_sp_step);
+    // Due once: the next decision under the same config waits for the interval again.
+    if (c.want == Reason::kProbe) {
+      EXPECT_EQ(decided.Decide(after, BatchFacts{.step = 6}, std::nullopt).decision.reason,
+                Reason::kRsWait);
+    }
+  }
+}
+
+// While a tripped group waits, the trace names the step its probe is due and shows no
+// value: nothing was compared.
+TEST(GroupPolicyStateTest, WaitingForAProbeShowsNoValues) {
+  GateConfig c;
+  GroupPolicyState g;
+  for (int64_t s = 0; s < 3; ++s) g.Decide(c, BatchFacts{.step = s}, std::nullopt);
+  for (int64_t s = 0; s < 3; ++s) {
+    g.ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.3, c.window_steps);
+  }
+  g.Decide(c, BatchFacts{.step = 3}, std::nullopt);  // trips; step 2 was the last SP step
+  std::vector<GateCheck> trace;
+  g.Peek(c, BatchFacts{.step = 4}, std::nullopt, nullptr, &trace);
+  const auto rs = std::find_if(trace.begin(), trace.end(),
+                               [](const GateCheck& x) { return x.gate == "rs_wait"; });
+  ASSERT_NE(rs, trace.end());
+  EXPECT_FALSE(rs->observed.has_value());
+  EXPECT_FALSE(rs->threshold.has_value());
+  EXPECT_THAT(rs->detail, HasSubstr("waiting for a probe (due at step 202"));
 }
 
 TEST(ConfigScheduleTest, LookupPruneAndReplace) {

@@ -178,6 +178,18 @@ TEST(ValidateGateConfigTest, MessageCarriesTheRejectedValue) {
   EXPECT_THAT(ValidateGateConfig(c),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("memory_headroom"), HasSubstr("nan"))));
+  // In full: a value just past a bound must not print as the bound (%g's six digits).
+  c = GateConfig{};
+  c.max_length_cv = 10.000001;
+  EXPECT_THAT(ValidateGateConfig(c),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 10.000001")));
+  c = GateConfig{};
+  c.max_rs_wait_share = 0.22;
+  c.rs_wait_reenable_margin = 0.2200001;
+  EXPECT_THAT(ValidateGateConfig(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("rs_wait_reenable_margin (0.2200001) must be less than "
+                                 "max_rs_wait_share (0.22)")));
 }
 
 // Several bad fields: the first in field order is named, so a client fixing errors one

@@ -533,6 +533,51 @@ TEST_F(GateStateTest, ConfigChangeAppliesFromEffectiveFromStep) {
   EXPECT_EQ(d.config_version(), updated->effective_version());
 }
 
+// A group tripped into the RS_WAIT fallback waits probe_interval_steps for its probe.
+// An operator raising max_rs_wait_share makes the probe due from the step the change takes
+// effect, and the group resumes SP once the probe's share is below the new level.
+TEST_F(GateStateTest, RaisingTheWaitThresholdProbesATrippedGroupAtOnce) {
+  auto state = Make();
+  auto reg = state->Register(Reg("j", 0, 0, 1));
+  auto sink = std::make_shared<RecordingSink>();
+  auto session = state->AttachSession(reg->session_id(), sink);
+  ASSERT_THAT(session.status(), IsOk());
+  v1::Decision d;
+  int64_t step = 0;
+  for (; d.reason() != v1::RS_WAIT && step < 10; ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0, 0.3)),
+                IsOk());
+  }
+  ASSERT_EQ(d.reason(), v1::RS_WAIT) << "tripped at 0.3 > 0.22";
+  for (int i = 0; i < 5; ++i, ++step) {  // waiting: the probe is 200 steps away
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    ASSERT_EQ(d.reason(), v1::RS_WAIT) << "step " << step;
+  }
+  v1::UpdateGateConfigRequest up;
+  up.set_job_id("j");
+  up.mutable_config()->set_max_rs_wait_share(0.5);
+  up.mutable_update_mask()->add_paths("max_rs_wait_share");
+  ASSERT_THAT(state->UpdateGateConfig(up).status(), IsOk());
+  ASSERT_EQ(sink->updates.size(), 1u);
+  const int64_t from = sink->updates[0].effective_from_step();
+  for (; step < from; ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+    EXPECT_EQ(d.reason(), v1::RS_WAIT) << "step " << step << " is before the change";
+  }
+  ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+  EXPECT_EQ(d.reason(), v1::PROBE) << "the first step under the raised level probes";
+  ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0, 0.3)),
+              IsOk());
+  ++step;
+  // The dwell (min_dwell_steps since the trip) passes, then the probe's 0.3 < 0.5 - 0.05.
+  for (int i = 0; i < 20 && d.reason() != v1::GATES_PASSED; ++i, ++step) {
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
+  }
+  EXPECT_EQ(d.reason(), v1::GATES_PASSED);
+  EXPECT_EQ(d.mode(), v1::SEQUENCE_PARALLEL);
+}
+
 TEST_F(GateStateTest, UnknownJobIsNotFound) {
   auto state = Make();
   EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
@@ -1681,6 +1726,14 @@ TEST_F(GateStateTest, PlansWithTooManySequencesAreRefusedBeforeTheyAreRead) {
                        HasSubstr("--max_sequences_per_plan")));
   EXPECT_EQ(LimitCount(metrics_, Limit::kSequencesPerPlan), 1);
   EXPECT_EQ(state->GetJob("j")->summary().steps_decided(), 1) << "nothing decided";
+  // eval refuses the batch as the daemon would refuse the plan (not counted: no plan).
+  const std::vector<int64_t> five = {64, 64, 64, 64, 64};
+  EXPECT_THAT(state->state->WhatIf({.lengths = five}).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("5 sequences in one plan, more than 4 (--max_sequences_per_plan)")));
+  const std::vector<int64_t> four = {64, 64, 64, 64};
+  EXPECT_THAT(state->state->WhatIf({.lengths = four}).status(), IsOk());
+  EXPECT_EQ(LimitCount(metrics_, Limit::kSequencesPerPlan), 1);
 }
 
 TEST_F(GateStateTest, PlansAndTelemetryAreRateLimitedPerSession) {
