@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "common/job_id.h"
 #include "common/status_macros.h"
 #include "policy/exploration.h"
 #include "server/gate_state.h"
@@ -88,7 +89,7 @@ std::vector<JobSummaryView> GateState::ListJobs() const {
 }
 
 absl::StatusOr<JobView> GateState::GetJob(const std::string& job_id) const {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id: required");
+  RETURN_IF_ERROR(ValidateJobId(job_id));  // a malformed id is not merely unknown
   ReaderMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const Job* found, FindJob(job_id, std::nullopt));
   const Job& job = *found;

@@ -581,6 +581,11 @@ TEST_F(GateStateTest, RaisingTheWaitThresholdProbesATrippedGroupAtOnce) {
 TEST_F(GateStateTest, UnknownJobIsNotFound) {
   auto state = Make();
   EXPECT_THAT(state->GetJob("ghost").status(), StatusIs(absl::StatusCode::kNotFound, HasSubstr("ghost")));
+  // A malformed id is INVALID_ARGUMENT, as on every other call, not "unknown".
+  EXPECT_THAT(state->GetJob("bad id").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+  EXPECT_THAT(state->GetJob(std::string(129, 'a')).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
   EXPECT_THAT(state->GetGateConfig("ghost").status(), StatusIs(absl::StatusCode::kNotFound));
   v1::UnpinRequest unpin;
   unpin.set_job_id("ghost");
