@@ -958,6 +958,12 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
       << "a local decision carries the local policy's reason";
   EXPECT_THAT(text, HasSubstr("spgate_gate_threshold{gate=\"max_length_cv\",job_id=\"_default\"} 0.18"));
   EXPECT_THAT(text, HasSubstr("spgate_workers{job_id=\"job1\",state=\"active\"} 1"));
+  // Step-time buckets ten a decade, neighbours at most 4/3 apart (metrics.md).
+  for (const char* le : {"0.1", "0.125", "0.15", "0.2", "12.5", "100"}) {
+    EXPECT_THAT(text, HasSubstr(absl::StrCat(
+        "spgate_step_duration_seconds_bucket{job_id=\"job1\",mode=\"sp\",le=\"", le, "\"}")))
+        << le;
+  }
   // Every limit's series exists from the start, at 0.
   for (int i = 0; i < kNumLimits; ++i) {
     EXPECT_THAT(text, HasSubstr(absl::StrCat("spgate_limit_refusals_total{limit=\"",
