@@ -233,10 +233,12 @@ def Overview():
     L.Add(TimeSeries(
         "Peak memory against budget",
         "Peak device memory per mode (max over ranks and daemons) and the device budget "
-        "the workers report (dashed).",
+        "the workers report (dashed). 0 is not drawn: a mode that has not run, or a job whose "
+        "workers have not reported since the daemon started.",
         "bytes",
-        [(f"max by (job_id, mode) (spgate_peak_memory_bytes{{{j}}})", "{{job_id}} · peak {{mode}}"),
-         (f"max by (job_id) (spgate_memory_budget_bytes{{{j}}})", "{{job_id}} · budget")],
+        [(f"max by (job_id, mode) (spgate_peak_memory_bytes{{{j}}}) > 0",
+          "{{job_id}} · peak {{mode}}"),
+         (f"max by (job_id) (spgate_memory_budget_bytes{{{j}}}) > 0", "{{job_id}} · budget")],
         overrides=[ThresholdLine("B")], links=[JobLink()]), w=12)
     L.Add(TimeSeries(
         "Peak memory / budget",
@@ -492,11 +494,12 @@ def Job():
     L.Add(TimeSeries(
         "Peak memory by mode against budget",
         "Peak device memory per mode, the budget (red) and budget x memory_headroom "
-        "(yellow), the line TP-only may not cross.",
+        "(yellow), the line TP-only may not cross. 0 is not drawn: a mode that has not run, "
+        "or workers that have not reported since the daemon started.",
         "bytes",
-        [(f"max by (mode) (spgate_peak_memory_bytes{{{j}}})", "peak · {{mode}}"),
-         (f"max(spgate_memory_budget_bytes{{{j}}})", "budget"),
-         (f'max(spgate_memory_budget_bytes{{{j}}}) * {EffectiveGate("memory_headroom")}',
+        [(f"max by (mode) (spgate_peak_memory_bytes{{{j}}}) > 0", "peak · {{mode}}"),
+         (f"max(spgate_memory_budget_bytes{{{j}}}) > 0", "budget"),
+         (f'(max(spgate_memory_budget_bytes{{{j}}}) > 0) * {EffectiveGate("memory_headroom")}',
           "budget x memory_headroom")],
         overrides=ModeOverrides() + [ThresholdLine("B"), ThresholdLine("C", "yellow")]), w=24)
 
@@ -509,7 +512,7 @@ def Job():
         "they reach budget x memory_headroom (yellow) first and run SP there.",
         "bytes",
         [(f"max by (stage) (spgate_stage_predicted_peak_bytes{{{j}}})", "stage {{stage}}"),
-         (f'max(spgate_memory_budget_bytes{{{j}}}) * {EffectiveGate("memory_headroom")}',
+         (f'(max(spgate_memory_budget_bytes{{{j}}}) > 0) * {EffectiveGate("memory_headroom")}',
           "budget x memory_headroom")],
         overrides=[ThresholdLine("B", "yellow")]), w=12)
     L.Add(TimeSeries(
@@ -542,8 +545,8 @@ def Job():
         "Over the batches a band decided: learned throughput of ADAPTIVE's choices over "
         "that of the static gates' choices for the same batches (1 = no gain; an estimate "
         "from the learned table). 0 for a job whose policy is STATIC (it makes no ADAPTIVE "
-        "decisions; one switched from ADAPTIVE keeps its last value) and for an ADAPTIVE job "
-        "before any band decided.",
+        "decisions; one switched from ADAPTIVE keeps its last value), for an ADAPTIVE job "
+        "before any band decided, and after a daemon restart until the job decides again.",
         "suffix:x",
         [(f"max(spgate_adaptive_gain_ratio{{{j}}})", "gain")], minimum=None), w=6)
     L.Add(TimeSeries(
