@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -284,6 +285,16 @@ T ClientKeyword(const py::kwargs& kwargs, const char* name, const char* expected
   try {
     return value.cast<T>();
   } catch (const py::cast_error&) {
+    // An int outside the option's range has the right type: InvalidArgumentError showing
+    // the value (no int option is a secret), not a TypeError that says it got an int.
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (PyLong_Check(value.ptr()) && !PyBool_Check(value.ptr())) {
+        Raise(absl::InvalidArgumentError(absl::StrCat(
+            name, ": ", std::string(py::str(value)), " is out of the ",
+            std::is_signed_v<T> ? "" : "unsigned ", sizeof(T) * 8, "-bit range [",
+            std::numeric_limits<T>::min(), ", ", std::numeric_limits<T>::max(), "]")));
+      }
+    }
     ClientTypeError(absl::StrCat(name, " must be ", expected, ", got ", TypeName(value)));
   }
 }
@@ -314,9 +325,15 @@ void DefClientInit(py::class_<Client>& cls, std::index_sequence<I...>) {
     // One launch of the job, equal on every rank: given, or the launcher's.
     if (o.incarnation.empty()) o.incarnation = client::IncarnationFromEnvironment();
     // Its secret: given (spgate.torch.agree_on_launch), or SPGATE_LAUNCH_CREDENTIAL;
-    // never made here, where it could not reach the other ranks.
+    // never made here, where it could not reach the other ranks. A bad one from the
+    // variable is named by the variable, as spgate-worker names it.
     if (o.launch_credential.empty()) {
       o.launch_credential = client::LaunchCredentialFromEnvironment();
+      if (!o.controller.empty() && !o.launch_credential.empty()) {
+        Check(CheckLaunchCredential(o.launch_credential,
+                                    "environment variable SPGATE_LAUNCH_CREDENTIAL: "
+                                    "launch_credential"));
+      }
     }
     ApplyTls(tls, &o);
     return std::make_unique<Client>(std::move(o));

@@ -12,9 +12,10 @@ Per step, as docs/design.md §4 asks: the leader submits the plan for step n+1 w
 "runs", every rank calls decide(n) (the leader asks the daemon, everyone receives the
 leader's answer), runs the step in that mode, logs it, and reports telemetry: every rank
 gives its record to spgate_decider_report_telemetry, which reduces the group's records
-(each value's maximum) into the leader, which sends one record for the group. The
-decision never takes longer than the deadline: without a daemon (or with --controller
-empty) the local policy decides.
+(each value's maximum) into the leader, which sends one record for the group. The leader
+waits for the daemon's answer at most the deadline (--deadline_ms; on a loaded host,
+scheduling can add a few ms before the local decision runs): without a daemon (or with
+--controller empty) the local policy decides.
 
     python3 examples/python/train_loop.py --lib build/lib/libspgate_client.so \
         --controller 127.0.0.1:50061 --tp 2 --steps 100
@@ -29,7 +30,13 @@ ranks here are threads of one process, the whole "job", so that is world rank 0 
 and every rank receiving it. (A flag is visible to other users in `ps`; prefer the
 variable.)
 
-Prints a JSON summary; exits 1 if ranks of the group ever ran different modes.
+Prints a JSON summary; exits 1 if ranks of the group ever ran different modes, 2 on a
+usage error or when spgated refuses the client (a worker token or launch credential it
+does not accept, a Register field, an address without its worker API: the reason on
+stderr, before any step). A daemon that does not answer is no error: the leader waits at
+most 5 s for it before the first step and says so on stderr, every step falls back to the
+local policy, and at the end each client waits at most 5 s to flush its telemetry (the
+records it could not deliver are said on stderr).
 """
 import argparse
 import ctypes
@@ -71,6 +78,11 @@ BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_size_t
 REDUCE_MAX_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(ctypes.c_double), ctypes.c_size_t,
                                  ctypes.c_int32, ctypes.c_void_p)
 SP, TP_ONLY = 1, 2
+# What spgate_client_wait_connected returns at once when the daemon answered no
+# (spgate_client.h): SPGATE_INVALID_ARGUMENT (a Register field), SPGATE_PERMISSION_DENIED
+# and SPGATE_UNAUTHENTICATED (the credential), SPGATE_UNIMPLEMENTED (no worker API there).
+REFUSED = (3, 7, 12, 16)
+CONNECT_TIMEOUT_MS = FLUSH_TIMEOUT_MS = 5000
 # C API options and flags of this script, named as spgate-worker's TLS flags.
 TLS_OPTIONS = ("tls_ca", "tls_cert", "tls_key", "tls_server_name")
 
@@ -240,8 +252,17 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
             raise client_error
         if args.controller and rank == 0:
             # Not required (decisions fall back locally meanwhile); it makes the demo's
-            # first steps come from the daemon.
-            lib.spgate_client_wait_connected(client, 5000)
+            # first steps come from the daemon. A refusal ends the run before any step
+            # (exit 2, like a bad flag: retrying cannot change it); a daemon that does not
+            # answer is said once, as spgate-worker says it, and the steps fall back.
+            status = lib.spgate_client_wait_connected(client, CONNECT_TIMEOUT_MS)
+            if status in REFUSED:
+                check(lib, status, "wait_connected")
+            if status != 0:
+                print("rank %d: %s not connected (waited at most %g s: %s); deciding locally "
+                      "until it answers" % (rank, args.controller, CONNECT_TIMEOUT_MS / 1000,
+                                            lib.spgate_last_error().decode()),
+                      file=sys.stderr, flush=True)
 
         def submit(step):
             lengths = plans[step]
@@ -274,7 +295,10 @@ def rank_main(lib, args, rank, broadcast, plans, results, errors):
         stats = None
         if client:
             if args.controller:
-                flushed = lib.spgate_client_flush(client, 5000)
+                flushed = lib.spgate_client_flush(client, FLUSH_TIMEOUT_MS)
+                if flushed != 0:  # the records it could not deliver, and why
+                    print("rank %d: %s" % (rank, lib.spgate_last_error().decode()),
+                          file=sys.stderr, flush=True)
             stats = Stats()
             check(lib, lib.spgate_client_get_stats(client, ctypes.byref(stats)), "get_stats")
         results[rank] = {"log": log, "stats": stats, "flushed": flushed == 0}

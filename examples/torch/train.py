@@ -21,13 +21,15 @@ sequence parallel (SP) or TP-only (docs/design.md §4):
     memory, norm-boundary stalls) are present but empty (docs/pytorch.md).
 
 Start it with torch.multiprocessing (this script spawns the ranks itself): Debian 12's
-torchrun (torch 1.13) fails on Python 3.11, so `python3 train.py ...` is the way to run it
-(all ranks on this machine: run_rank rendezvouses at tcp://127.0.0.1, so mpirun and
-multi-node runs are not supported as written; a job started by its own launcher runs
-run_rank's body after init_process_group(init_method="env://"), docs/pytorch.md).
+torchrun (torch 1.13) fails on Python 3.11, so `/usr/bin/python3 train.py ...` is the way
+to run it - Debian's interpreter, the one python3-torch is installed for (a `python3` first
+on PATH may be another one, without torch: docs/pytorch.md). All ranks run on this
+machine: run_rank rendezvouses at tcp://127.0.0.1, so mpirun and multi-node runs are not
+supported as written; a job started by its own launcher runs run_rank's body after
+init_process_group(init_method="env://"), docs/pytorch.md.
 
-    PYTHONPATH=build/python python3 examples/torch/train.py --controller=127.0.0.1:50061 \
-        --job_id=torch-demo --steps=30 --summary_json=/tmp/summary.json
+    PYTHONPATH=build/python /usr/bin/python3 examples/torch/train.py \
+        --controller=127.0.0.1:50061 --job_id=torch-demo --steps=30 --summary_json=/tmp/summary.json
 
 Against a daemon with TLS and a worker token, add spgate-worker's TLS flags and the token
 file: --tls_ca=ca.pem [--tls_cert=worker.pem --tls_key=worker.key] [--tls_server_name=...]
@@ -40,7 +42,11 @@ one) reach every rank over the job's own process group, as under torchrun or sru
 
 Batches are packed variable-length sequences from a bimodal length mix, so some batches
 pass the length-CV gate (SP) and others do not (TP-only). Exits 1 on a consistency
-violation.
+violation or a failed rank; 2 on a usage error - a bad flag or model shape, refused before
+any rank starts - or when spgated refuses the job (each rank says why, before any step).
+A daemon that does not answer is no error: the leaders wait at most 5 s for it at the
+start (connect_timeout), every step falls back to the local policy, and at the end each
+leader waits at most 10 s to flush its telemetry.
 
 Pipelined (docs/design.md §12; spgate.torch.pipeline): --pp=P --microbatches=M runs P
 stages of layers / P blocks each, world = tp x pp x dp. The replica's first stage's leader
@@ -51,8 +57,8 @@ sequence-sharded boundary (so stages may run one micro-batch in different modes)
 message's size checked. The decision log gets a row per (step, micro-batch) with its stage,
 the summary `layout`, `stages` and `p2p_size_mismatches` (docs/pytorch.md):
 
-    PYTHONPATH=build/python python3 examples/torch/train.py --controller= --job_id=torch-pp --pp=2 \
-        --microbatches=4 --steps=10 --summary_json=/tmp/summary.json
+    PYTHONPATH=build/python /usr/bin/python3 examples/torch/train.py --controller= \
+        --job_id=torch-pp --pp=2 --microbatches=4 --steps=10 --summary_json=/tmp/summary.json
 """
 import argparse
 import datetime
@@ -165,6 +171,12 @@ def parse_args(argv=None):
         p.error("--world must be a multiple of --tp x --pp (world = tp x pp x dp)")
     if args.layers % args.pp:
         p.error("--layers must be a multiple of --pp (each stage runs layers / pp blocks)")
+    # The model's shape by the layers' own rule, refused here as spgate-worker refuses it
+    # (exit 2 naming the flag), not by every rank's traceback once the ranks have started.
+    from spgate.torch.parallel import block_shape_problems
+    for name, value, by, divisor in block_shape_problems(args.hidden, args.heads,
+                                                         args.ffn_hidden, args.tp)[:1]:
+        p.error(f"--{name}={value} is not divisible by --{by}={divisor}")
     if (args.tls_key or args.tls_server_name) and not (args.tls_ca or args.tls_cert):
         p.error("--tls_key and --tls_server_name need --tls_ca or --tls_cert (TLS is off "
                 "without them)")
@@ -853,12 +865,16 @@ def main(argv=None):
         port = s.getsockname()[1]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    context = mp.start_processes(run_rank, args=(args.world, args, port), nprocs=args.world,
+                                 join=False, start_method="spawn")
     try:
-        mp.start_processes(run_rank, args=(args.world, args, port), nprocs=args.world,
-                           join=True, start_method="spawn")
-    except mp.ProcessExitedException as e:
+        while not context.join():
+            pass
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as e:
         print(f"train.py: {e}", file=sys.stderr)
-        return 1
+        # A rank that exited 2 was refused (connect: the job id, token or launch) or
+        # misconfigured: the run's status is 2, as for a bad flag; any other failure 1.
+        return 2 if any(p.exitcode == 2 for p in context.processes) else 1
     return 0
 
 

@@ -315,7 +315,8 @@ class Client:
     Bad arguments raise at construction, naming the keyword: an unknown keyword or a value
     of the wrong type TypeError (never showing a value: no secret ends up in a log), a
     value the client or the daemon would refuse InvalidArgumentError (`controller` not
-    host:port with a port in 1..65535, a Register field by the daemon's rules).
+    host:port with a port in 1..65535, a Register field by the daemon's rules, an int
+    outside its option's range: "group: 1099511627776 is out of the 32-bit range [...]").
 
     close() may be called from any thread, a GroupDecider callback or a signal handler: it
     ends the waits of calls in progress (wait_until_connected and flush raise

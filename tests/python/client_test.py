@@ -8,7 +8,8 @@ generated certificates, the worker token of a daemon run with --worker_token_fil
 incarnation or launch credential named in the error, the type stubs against the module
 (by introspection), the enums' int behaviour, the GIL released while await_decision,
 wait_until_connected and flush wait, close() from another thread ending those waits (and
-freeing the client only after them), constructor errors that never show a secret, the
+freeing the client only after them), constructor errors that never show a secret (an int
+out of its option's range shown with the range), a bad SPGATE_LAUNCH_CREDENTIAL named, the
 controller address and Register's fields checked at construction, a Register the daemon
 refuses for a field said at once, lengths that must be integers, and - against a scripted
 daemon (fake_gated) - a TP-only answer the worker's memory gate forbids running SP,
@@ -379,8 +380,6 @@ class LocalClientTest(SpgateTestCase):
                                                  r"got str$"),
                                (dict(decision_deadline="soon"),
                                 "decision_deadline must be a number of seconds, got str"),
-                               (dict(memory_budget_bytes=-1), "memory_budget_bytes must be an "
-                                                              "int >= 0, got int"),
                                (dict(sp_required="fp8"), "sp_required must be a list of str"),
                                (dict(layout=3), "layout must be a JobLayout or None, got int")):
             with self.subTest(extra=extra):
@@ -389,6 +388,24 @@ class LocalClientTest(SpgateTestCase):
                 self.assertNotIn(credential, str(cm.exception))
                 self.assertNotIn(token, str(cm.exception))
                 self.assertNotIn("Invoked with", str(cm.exception))
+
+    def test_an_int_out_of_range_is_shown(self):
+        """An int of the right type but outside its option's range is not a TypeError that
+        says it got an int: InvalidArgumentError naming the keyword and the range, with
+        the value (no int option is a secret)."""
+        base = dict(job_id="x", controller="127.0.0.1:1", incarnation="launch-1",
+                    launch_credential=spgate.new_launch_credential())
+        for extra, pattern in (
+                (dict(group=2**40), r"^group: 1099511627776 is out of the 32-bit range "
+                                    r"\[-2147483648, 2147483647\]$"),
+                (dict(global_rank=-2**31 - 1), r"^global_rank: -2147483649 is out of the "
+                                               r"32-bit range"),
+                (dict(memory_budget_bytes=-1), r"^memory_budget_bytes: -1 is out of the "
+                                               r"unsigned 64-bit range \[0, 18446744073709551615\]$"),
+                (dict(memory_budget_bytes=2**64), r"^memory_budget_bytes: 18446744073709551616 ")):
+            with self.subTest(extra=extra):
+                with self.assertRaisesCode(spgate.InvalidArgumentError, 3, pattern):
+                    spgate.Client(**base, **extra)
 
     def test_call_errors(self):
         c = spgate.Client(job_id="x")
@@ -625,6 +642,16 @@ class LaunchCredentialTest(SpgateTestCase):
             os.environ["SPGATE_LAUNCH_CREDENTIAL"] = "from-the-wrapper-0123"
             self.assertEqual(spgate.launch_credential_from_environment(), "from-the-wrapper-0123")
             spgate.Client(**args).close()
+            # A bad one from the environment is named by its variable (as spgate-worker
+            # names it), never shown; one passed wins over it.
+            os.environ["SPGATE_LAUNCH_CREDENTIAL"] = "short"
+            with self.assertRaisesCode(spgate.InvalidArgumentError, 3,
+                                       r"^environment variable SPGATE_LAUNCH_CREDENTIAL: "
+                                       r"launch_credential: must be 16 to 128 characters, "
+                                       r"got 5$"):
+                spgate.Client(**args)
+            spgate.Client(launch_credential=spgate.new_launch_credential(), **args).close()
+            spgate.Client(job_id="py-cred").close()  # no controller: not read
         finally:
             if saved is None:
                 os.environ.pop("SPGATE_LAUNCH_CREDENTIAL", None)

@@ -18,9 +18,10 @@ live spgated on loopback run with a worker token:
 - the environment the Kubernetes sidecar sets (SPGATE_CONTROLLER, SPGATE_JOB_ID,
   SPGATE_WORKER_TOKEN_FILE) stands in for the arguments: connect() with none gets the
   daemon's decisions; arguments given win over variables that would fail; a missing
-  controller or job id, a token file that cannot be read, a bad SPGATE_JOB_ID or
-  SPGATE_HARDWARE_ID, and a variable only one rank has raise on both ranks naming the
-  variable; the hardware id is the argument, else SPGATE_HARDWARE_ID, else detected.
+  controller or job id, a token file that cannot be read, a bad SPGATE_JOB_ID,
+  SPGATE_HARDWARE_ID or SPGATE_LAUNCH_CREDENTIAL, and a variable only one rank has raise
+  on both ranks naming the variable; the hardware id is the argument, else
+  SPGATE_HARDWARE_ID, else detected.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/connect_test.py
 (ctest runs it against the pip-installed package: tests/python/CMakeLists.txt).
@@ -115,6 +116,13 @@ def environment_main(rank, address, unreachable, token_file):
         out["unreadable_token"] = _refused(lambda: spgate.torch.connect())
     with _environment(**dict(sidecar, SPGATE_JOB_ID="bad id!")):
         out["bad_job_id"] = _refused(lambda: spgate.torch.connect())
+    # A launch credential rank 0 read from SPGATE_LAUNCH_CREDENTIAL that the rule refuses:
+    # the variable is named, its value never shown; a credential passed wins over it.
+    with _environment(**dict(sidecar, SPGATE_LAUNCH_CREDENTIAL="short")):
+        out["bad_credential"] = _refused(lambda: spgate.torch.connect())
+        out["credential_given"] = _decide(spgate.torch.connect(
+            job_id="py-connect-cred", launch_credential=spgate.new_launch_credential(),
+            decision_deadline=5.0), 1)
     # The hardware id: a variable the rule refuses is named; the argument wins over it.
     with _environment(**dict(sidecar, SPGATE_HARDWARE_ID="h" * 200)):
         out["bad_hardware_id"] = _refused(lambda: spgate.torch.connect())
@@ -277,6 +285,7 @@ class ConnectTest(unittest.TestCase):
                 self.assertEqual(out["explicit"][0][1], "DAEMON")
                 self.assertEqual(out["explicit_local"][0][1], "LOCAL_ONLY")
                 self.assertEqual(out["hardware_id_given"][0][1], "DAEMON")
+                self.assertEqual(out["credential_given"][0][1], "DAEMON")
                 for case, words in (
                         ("no_controller", ["controller=", "SPGATE_CONTROLLER"]),
                         ("no_job_id", ["job_id=", "SPGATE_JOB_ID"]),
@@ -284,6 +293,9 @@ class ConnectTest(unittest.TestCase):
                         ("bad_job_id", ["SPGATE_JOB_ID", "bad id!"]),
                         ("bad_hardware_id", ["environment variable SPGATE_HARDWARE_ID: "
                                              "hardware_id: at most 128 characters"]),
+                        ("bad_credential", ["environment variable SPGATE_LAUNCH_CREDENTIAL: "
+                                            "launch_credential: must be 16 to 128 "
+                                            "characters, got 5"]),
                         ("one_rank", ["world rank 1" if rank == 0 else "no controller",
                                       "SPGATE_CONTROLLER"])):
                     self.assertIsNotNone(out[case], case)

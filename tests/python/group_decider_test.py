@@ -12,7 +12,8 @@ wait at once, when its stream breaks.) One group session against a live spgated:
 daemon accepts one telemetry record per step for a group of 4, not one per rank, and its
 GroupStatus names the slowest rank and the rank with the highest peak memory.
 spgate.torch.agree_on_launch: every rank gets world rank 0's incarnation and credential,
-whatever its own environment says, and a new launch gets a new credential.
+whatever its own environment says, and a new launch gets a new credential; the
+LaunchIdentity's repr and str never show the credential.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/group_decider_test.py
 """
@@ -245,7 +246,7 @@ def launch_rank(rank, world):
     again = agree_on_launch()
     os.environ["SPGATE_LAUNCH_CREDENTIAL"] = f"wrapper-credential-of-rank-{rank}"
     given = agree_on_launch(incarnation=f"given-by-rank-{rank}")
-    return [tuple(made), tuple(again), tuple(given)]
+    return [tuple(made), tuple(again), tuple(given), repr(made), str(given)]
 
 
 class GroupDeciderTest(unittest.TestCase):
@@ -253,12 +254,32 @@ class GroupDeciderTest(unittest.TestCase):
         results = run_ranks(3, launch_rank)
         for rank, r in enumerate(results[1:], start=1):
             self.assertEqual(r, results[0], f"rank {rank} has another launch identity")
-        made, again, given = results[0]
+        made, again, given, made_repr, given_str = results[0]
         self.assertEqual(made[0], "env-of-rank-0")
+        # What a trainer logs of it shows the incarnation, never the secret.
+        self.assertEqual(made_repr, "LaunchIdentity(incarnation='env-of-rank-0', "
+                                    "launch_credential='<hidden>')")
+        self.assertNotIn(made[1], made_repr)
+        self.assertNotIn("wrapper-credential", given_str)
+        self.assertIn("'<hidden>'", given_str)
         self.assertRegex(made[1], r"^[0-9a-f]{32}$")
         self.assertEqual(again[0], "env-of-rank-0")
         self.assertNotEqual(again[1], made[1], "a new launch needs a new credential")
         self.assertEqual(given, ("given-by-rank-0", "wrapper-credential-of-rank-0"))
+
+    def test_launch_identity_hides_the_credential(self):
+        from spgate.torch import LaunchIdentity
+        secret = "0123456789abcdef-secret"
+        launch = LaunchIdentity("run-7", secret)
+        for shown in (repr(launch), str(launch), "%s" % (launch,), repr([launch])):
+            self.assertNotIn(secret, shown)
+            self.assertIn("launch_credential='<hidden>'", shown)
+            self.assertIn("incarnation='run-7'", shown)
+        # Still the NamedTuple it was: the fields, unpacking and equality hold the value.
+        incarnation, credential = launch
+        self.assertEqual((incarnation, credential, launch.launch_credential),
+                         ("run-7", secret, secret))
+        self.assertEqual(launch, ("run-7", secret))
 
     def test_agree_on_launch_needs_torch_distributed(self):
         from spgate.torch import agree_on_launch

@@ -9,7 +9,8 @@ decision logs and the example's own batch function. The example's --worker_token
 --tls_* flags against a daemon with mTLS and a worker token: the right token gets the
 daemon's decisions, a wrong or missing one is refused (PERMISSION_DENIED /
 UNAUTHENTICATED): spgate.torch.connect raises on both ranks, each says so, and the run
-exits non-zero within seconds, with no step run.
+exits 2 within seconds, with no step run; a model shape the layers refuse exits 2 naming
+the flag before any rank starts.
 
 Run: PYTHONPATH=build/python SPGATED=build/bin/spgated python3 tests/python/torch_example_test.py
 """
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 import unittest
 import unittest.mock as mock
 
@@ -225,6 +227,32 @@ class TorchExampleTest(unittest.TestCase):
         self.assertEqual(violations([rec(0, "sp"), rec(2, "sp")]), 1)       # step differs
         self.assertEqual(violations([rec(1, "sp"), rec(0, "sp")]), 2)
 
+    def test_exit_status(self):
+        """main(): 2 when a rank exited 2 (spgated refused the job: a usage error), 1 when
+        a rank failed otherwise (a consistency violation, a traceback, a signal)."""
+        import torch.multiprocessing as mp
+        train = load_train()
+
+        class Context:  # start_processes(join=False)'s, with these exit codes
+            def __init__(self, codes):
+                self.processes = [types.SimpleNamespace(exitcode=c) for c in codes]
+
+            def join(self):
+                failed = [i for i, p in enumerate(self.processes) if p.exitcode]
+                if not failed:
+                    return True
+                code = self.processes[failed[0]].exitcode
+                if code == "raised":
+                    raise mp.ProcessRaisedException("Traceback ...", failed[0], 1)
+                raise mp.ProcessExitedException("process %d terminated with exit code %s"
+                                                % (failed[0], code), failed[0], 1, code)
+        for codes, status in (([0, 0], 0), ([2, 2], 2), ([0, 2], 2), ([-15, 2], 2),
+                              ([1, 0], 1), ([0, -9], 1), (["raised", 0], 1)):
+            with self.subTest(codes=codes), \
+                    mock.patch.object(mp, "start_processes", lambda *a, **k: Context(codes)), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                self.assertEqual(train.main(["--controller="]), status)
+
     def test_flag_errors(self):
         train = load_train()
         bad = [["--tls_key=k.pem"], ["--tls_server_name=x"],
@@ -233,7 +261,10 @@ class TorchExampleTest(unittest.TestCase):
                # ZeroDivisionError or an IndexError in the summary).
                ["--world=0"], ["--world=-4"], ["--tp=0"], ["--pp=0"], ["--steps=0"],
                ["--steps=-2"], ["--microbatches=0"], ["--dropout=1"], ["--p_long=1.5"],
-               ["--lr=0"], ["--decision_deadline_ms=nan"], ["--tp=two"]]
+               ["--lr=0"], ["--decision_deadline_ms=nan"], ["--tp=two"],
+               # A model shape the layers refuse, before any rank starts (spgate-worker's
+               # refusal): heads and ffn_hidden by the TP size, hidden by heads.
+               ["--heads=3"], ["--ffn_hidden=255"], ["--hidden=66"], ["--heads=6", "--tp=4"]]
         for extra in bad:
             with self.subTest(extra=extra):
                 with self.assertRaises(SystemExit) as cm, \
@@ -242,6 +273,9 @@ class TorchExampleTest(unittest.TestCase):
                 self.assertEqual(cm.exception.code, 2)
                 flag = extra[0].split("=")[0]
                 self.assertIn(flag, err.getvalue())  # the message names the flag
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+            train.parse_args(["--controller=", "--heads=3"])
+        self.assertIn("--heads=3 is not divisible by --tp=2", err.getvalue())
         a = train.parse_args(["--controller=", "--job_id=x"])
         self.assertIsNone(train.tls_options(a))
         # No controller at all is a usage error (not a run decided locally in silence);
@@ -298,7 +332,8 @@ class TorchExampleSecurityTest(unittest.TestCase):
         run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              timeout=180)
         if refused:
-            self.assertNotEqual(run.returncode, 0, run.stdout[-4000:])
+            # 2, as a usage error: not 1, a consistency violation's or a failed rank's.
+            self.assertEqual(run.returncode, 2, run.stdout[-4000:])
             self.assertFalse(os.path.exists(summary))
             return None, run.stdout
         self.assertEqual(run.returncode, 0, run.stdout[-4000:])

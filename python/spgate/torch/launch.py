@@ -40,6 +40,12 @@ class LaunchIdentity(NamedTuple):
     incarnation: str
     launch_credential: str
 
+    def __repr__(self) -> str:
+        # The credential is the launch's secret: a trainer that logs what it got back
+        # must not leak it (str() is this too). The field itself holds the value.
+        return "LaunchIdentity(incarnation=%r, launch_credential='<hidden>')" % (
+            self.incarnation,)
+
 
 def _decide(incarnation: str, launch_credential: str):
     try:

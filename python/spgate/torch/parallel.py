@@ -55,7 +55,7 @@ __all__ = [
     "replicated", "is_sequence_parallel", "gather_full", "varlen_causal_attention",
     "CopyToTensorParallel", "ReduceFromTensorParallel", "GatherFromSequenceParallel",
     "ReduceScatterToSequenceParallel", "ColumnParallelLinearSP", "ScaleGrad",
-    "ParallelGPTStage",
+    "ParallelGPTStage", "block_shape_problems",
 ]
 
 
@@ -515,6 +515,17 @@ def _full_block_params(hidden, ffn_hidden, seed, layer, dtype=torch.float32):
     }
 
 
+def block_shape_problems(hidden: int, heads: int, ffn_hidden: int, tp_size: int):
+    """What a block's shape needs over tp_size ranks - heads and ffn_hidden divisible by
+    the TP size, hidden by heads - as (name, value, divisor's name, divisor) for each
+    that fails, in that order; empty when the shape fits. ParallelTransformerBlock
+    refuses a shape with any; a trainer can refuse its flags before starting ranks
+    (examples/torch/train.py). Sizes below 1 are the caller's to refuse first."""
+    return [(name, value, by, divisor) for name, value, by, divisor in (
+        ("heads", heads, "tp", tp_size), ("ffn_hidden", ffn_hidden, "tp", tp_size),
+        ("hidden", hidden, "heads", heads)) if divisor >= 1 and value % divisor]
+
+
 class ParallelTransformerBlock(nn.Module):
     """One pre-LN GPT block (the C++ reference's model.h):
         h = x + dropout(attn_proj(attention(qkv(LN1(x)))))    qkv column-, proj row-parallel
@@ -529,7 +540,7 @@ class ParallelTransformerBlock(nn.Module):
         for name, value in (("hidden", hidden), ("heads", heads), ("ffn_hidden", ffn_hidden)):
             if value < 1:
                 raise ValueError("%s must be >= 1, got %d" % (name, value))
-        if heads % t or ffn_hidden % t or hidden % heads:
+        if block_shape_problems(hidden, heads, ffn_hidden, t):
             raise ValueError("heads (%d) and ffn_hidden (%d) must divide by the TP size %d, "
                              "and hidden (%d) by heads" % (heads, ffn_hidden, t, hidden))
         self.tp, self.hidden, self.heads, self.dropout = tp, hidden, heads, dropout

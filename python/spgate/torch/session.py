@@ -83,6 +83,7 @@ _CONTROLLER_ENV = "SPGATE_CONTROLLER"
 _JOB_ID_ENV = "SPGATE_JOB_ID"  # else Slurm's SLURM_JOB_NAME (spgate.job_id_from_environment)
 _WORKER_TOKEN_FILE_ENV = "SPGATE_WORKER_TOKEN_FILE"
 _HARDWARE_ID_ENV = "SPGATE_HARDWARE_ID"  # spgate.default_hardware_id reads it
+_LAUNCH_CREDENTIAL_ENV = "SPGATE_LAUNCH_CREDENTIAL"  # world rank 0's, in agree_on_launch
 
 
 def _refusal(last_error: str):
@@ -342,6 +343,12 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
                  else sorted(set(leaders)).index(_global_rank(tp_group, 0)))
     launch = (agree_on_launch(incarnation, launch_credential) if controller
               else LaunchIdentity(incarnation, launch_credential))
+    # Not passed, and the value of this rank's SPGATE_LAUNCH_CREDENTIAL: rank 0 read it
+    # there, so an error about it names the variable (as spgate-worker's does).
+    credential_variable = (_LAUNCH_CREDENTIAL_ENV if not launch_credential
+                           and launch.launch_credential
+                           and launch.launch_credential == os.environ.get(_LAUNCH_CREDENTIAL_ENV)
+                           else None)
 
     client, outcome, warning = None, None, None
     if tp_rank == 0 or not client_options.get("group_session", True):
@@ -365,7 +372,8 @@ def connect(controller: Optional[str] = None, job_id: Optional[str] = None, tp_g
         except (spgate.Error, TypeError) as e:
             outcome = _outcome(e)
             for variable, field in ((job_id_variable, "job_id:"),
-                                    (hardware_id_variable, "hardware_id:")):
+                                    (hardware_id_variable, "hardware_id:"),
+                                    (credential_variable, "launch_credential:")):
                 if variable and outcome[3].startswith(field):  # the rule, on its value
                     outcome = outcome[:3] + ("environment variable %s: %s"
                                              % (variable, outcome[3]),)
