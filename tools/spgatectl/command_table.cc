@@ -103,10 +103,11 @@ const std::vector<CommandSpec>& Commands() {
        "one job: groups, per-mode comparison, decision counts, pins", {}, false,
        "The per-mode table compares the modes over the rolling window, relative to\n"
        "TP-only (the table of docs/design.md §1 computed from live observations)."},
-      {Command::kJobsForget, "jobs forget", "JOB [--operator_settings=true]",
+      {Command::kJobsForget, "jobs forget", "JOB [--operator_settings]",
        "drop a job's live state (and, with the flag, its overrides and pins)",
-       {{"operator_settings", "true|false",
-         "also drop the job's config overrides and pins (default false)"}},
+       {{"operator_settings", "",
+         "also drop the job's config overrides and pins (=true|false also works; default "
+         "false)"}},
        false,
        "The job's groups, decision caches, rolling windows and worker sessions go; its\n"
        "workers' next calls get NOT_FOUND and they register again. Audited; needs the\n"
@@ -147,9 +148,9 @@ const std::vector<CommandSpec>& Commands() {
         {"peak_tp", "BYTES", "predicted peak memory under TP-only"}},
        true,
        "Nothing changes on the daemon. GateConfig flags are layered over the live config\n"
-       "for this evaluation only. Without --budget the memory gate is off, and the output\n"
-       "says so; --peak_sp or --peak_tp without --budget is a usage error (they would be\n"
-       "ignored).\n"
+       "for this evaluation only. Without --budget (or with --budget=0) the memory gate is\n"
+       "off, and the output says so; --peak_sp or --peak_tp without a budget is a usage\n"
+       "error (they would be ignored).\n"
        "Example: spgatectl eval --lengths=512,4096,16384 --rs_wait_share=0.3 --max_length_cv=1"},
       {Command::kCompletion, "completion", "bash|zsh",
        "print a shell completion script", {}, false,

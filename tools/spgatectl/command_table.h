@@ -17,7 +17,8 @@ namespace spgate::ctl {
 
 struct FlagSpec {
   absl::string_view name;
-  absl::string_view value;  // placeholder in help: "J", "DURATION"; empty: a bare flag
+  absl::string_view value;  // placeholder in help: "J", "DURATION"; empty: a boolean flag,
+                            // true when given bare ("--force"), or =true / =false
   absl::string_view help;
   absl::string_view env = "";  // global flags: the environment variable that sets it
 };

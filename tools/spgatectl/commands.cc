@@ -24,8 +24,16 @@ namespace {
 
 using google::protobuf::FieldDescriptor;
 
-// Flags that are true when given bare ("--force"); "--force=false" is accepted too.
-constexpr absl::string_view kBareFlags[] = {"force"};
+// A flag the command table declares without a value ("--force", "--operator_settings"):
+// a boolean, true when given bare; "=true" / "=false" are accepted too (ParseBoolFlag).
+bool IsBareFlag(absl::string_view name) {
+  for (const CommandSpec& c : Commands()) {
+    for (const FlagSpec& f : c.flags) {
+      if (f.name == name && f.value.empty()) return true;
+    }
+  }
+  return false;
+}
 
 // One flag as written on the command line.
 struct RawFlag {
@@ -77,8 +85,7 @@ Tokens Tokenize(const std::vector<std::string>& args) {
     }
     if (eq != absl::string_view::npos) {
       flag.value = std::string(body.substr(eq + 1));
-    } else if (std::find(std::begin(kBareFlags), std::end(kBareFlags), flag.name) !=
-               std::end(kBareFlags)) {
+    } else if (IsBareFlag(flag.name)) {
       flag.value = "true";  // never takes the next argument: "pin --force JOB" keeps JOB
     } else if (i + 1 < args.size() && !absl::StartsWith(args[i + 1], "--")) {
       flag.value = args[++i];  // "--flag value"
@@ -238,15 +245,13 @@ absl::Status BuildPin(const std::vector<std::string>& args, const CommandFlags& 
   if (!m.ok()) return m.status();
   req->set_mode(*m);
   if (auto force = flags.Get("force")) {
-    if (*force == "true" || *force == "1") {
-      if (*m != v1::TENSOR_PARALLEL_ONLY) {
-        return Usage("--force applies only to --mode=tp (it lets a TP-only pin override the "
-                     "memory gate); an SP pin always fits");
-      }
-      req->set_force(true);
-    } else if (*force != "false" && *force != "0") {
-      return Usage(absl::StrCat("--force: \"", *force, "\" is not true or false"));
+    absl::StatusOr<bool> on = ParseBoolFlag("force", *force);
+    if (!on.ok()) return on.status();
+    if (*on && *m != v1::TENSOR_PARALLEL_ONLY) {
+      return Usage("--force applies only to --mode=tp (it lets a TP-only pin override the "
+                   "memory gate); an SP pin always fits");
     }
+    req->set_force(*on);
   }
   auto duration = flags.Get("for");
   if (!duration) return Usage("--for is required (how long the pin lasts, e.g. --for=10m)");
@@ -298,6 +303,15 @@ absl::Status BuildEval(const CommandFlags& flags, v1::EvaluateGatesRequest* req)
         return Usage(absl::StrCat("--", peak, " needs --budget: without a budget the memory gate "
                                   "is off and the peaks would be ignored (--budget=0 turns the "
                                   "gate off explicitly)"));
+      }
+    }
+  } else if (req->memory_budget_bytes() == 0) {
+    // --budget=0 turns the gate off: a peak given with it would be ignored as silently.
+    for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
+      if (flags.Get(peak)) {
+        return Usage(absl::StrCat("--", peak, " with --budget=0: the memory gate is off and the "
+                                  "peaks would be ignored (give a budget, or leave the peaks "
+                                  "out)"));
       }
     }
   } else if (req->memory_budget_bytes() > 0) {
@@ -363,11 +377,9 @@ absl::Status BuildRequest(const CommandSpec& spec, const std::vector<std::string
       if (absl::Status s = CheckPositionals(args, 1, 1, "JOB"); !s.ok()) return s;
       out->jobs_forget.set_job_id(args[0]);
       if (auto v = flags.Get("operator_settings")) {
-        if (*v == "true" || *v == "1") {
-          out->jobs_forget.set_forget_operator_settings(true);
-        } else if (*v != "false" && *v != "0") {
-          return Usage(absl::StrCat("--operator_settings: \"", *v, "\" is not true or false"));
-        }
+        absl::StatusOr<bool> on = ParseBoolFlag("operator_settings", *v);
+        if (!on.ok()) return on.status();
+        out->jobs_forget.set_forget_operator_settings(*on);
       }
       return absl::OkStatus();
     case Command::kPin:

@@ -47,6 +47,12 @@ absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view
   return v;
 }
 
+absl::StatusOr<bool> ParseBoolFlag(absl::string_view flag, absl::string_view value) {
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  return Bad(flag, value, "is not true or false");
+}
+
 absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value) {
   absl::StatusOr<int64_t> v = ParseInt64Flag(flag, value);
   if (!v.ok()) return v.status();

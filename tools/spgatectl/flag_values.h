@@ -25,6 +25,10 @@ absl::StatusOr<double> ParseDoubleFlag(absl::string_view flag, absl::string_view
 absl::StatusOr<int64_t> ParseInt64Flag(absl::string_view flag, absl::string_view value);
 absl::StatusOr<int32_t> ParseInt32Flag(absl::string_view flag, absl::string_view value);
 
+// A boolean flag's value: "true" / "1" or "false" / "0". A bare flag ("--force") reads
+// "true" (the command table declares it without a value).
+absl::StatusOr<bool> ParseBoolFlag(absl::string_view flag, absl::string_view value);
+
 // A config version (`gates set/rollback --expected_version`, `--to_version`): an integer,
 // 0 or more (ValidateConfigVersion, the daemon's rule).
 absl::StatusOr<int64_t> ParseVersionFlag(absl::string_view flag, absl::string_view value);

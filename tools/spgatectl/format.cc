@@ -57,9 +57,9 @@ std::string GateFieldText(const v1::GateConfig& config, const FieldDescriptor* f
   return absl::StrCat(refl->GetInt64(config, field));
 }
 
-// "max_length_cv=0.2 window_steps=10" for the fields set in `config`, `per_line` to a
-// line (0: all on one).
-std::string SetFieldsText(const v1::GateConfig& config, int per_line = 0) {
+}  // namespace
+
+std::string SetFieldsText(const v1::GateConfig& config, int per_line) {
   std::vector<std::string> parts;
   const auto* refl = v1::GateConfig::GetReflection();
   for (const FieldDescriptor* f : GateFields()) {
@@ -73,7 +73,6 @@ std::string SetFieldsText(const v1::GateConfig& config, int per_line = 0) {
   return out;
 }
 
-// Two-column "key  value" block; a value's further lines are indented under its first.
 std::string KeyValues(const std::vector<std::pair<std::string, std::string>>& rows) {
   size_t width = 0;
   for (const auto& [k, v] : rows) width = std::max(width, k.size());
@@ -85,6 +84,8 @@ std::string KeyValues(const std::vector<std::pair<std::string, std::string>>& ro
   }
   return out;
 }
+
+namespace {
 
 std::string PinTarget(const v1::Pin& pin) {
   return pin.has_group() ? absl::StrCat("group ", pin.group()) : "all groups";
@@ -740,61 +741,22 @@ std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFo
   return out;
 }
 
-std::string FormatEvaluation(const v1::EvaluateGatesResponse& r, OutputFormat format) {
-  if (format != OutputFormat::kTable) return ToStructured(r, format);
-  const v1::Decision& d = r.decision();
-  // Without a budget the memory gate cannot run: say so where the decision is read, not
-  // only in its row of the table below; a pin that decides first leaves it unconsulted.
-  const auto memory = std::find_if(r.checks().begin(), r.checks().end(),
-                                   [](const v1::GateCheck& c) { return c.gate() == "memory"; });
-  const char* memory_gate =
-      memory == r.checks().end() ? "not consulted: the pin decided first"
-      : memory->outcome() == "skip"
-          ? "off: no --budget, so TP-only was not checked against device memory"
-          : "on";
-  std::string out = KeyValues({
-      {"decision", absl::StrCat(ModeName(d.mode()), " (", ReasonName(d.reason()), ")")},
-      {"memory gate", memory_gate},
-      {"length_cv", Fixed(d.length_cv(), 4)},
-      {"rs_wait_share", d.has_rolling_rs_wait_share()
-                            ? absl::StrCat(Fixed(d.rolling_rs_wait_share(), 4), " (rolling)")
-                            : "- (no SP step in the window)"},
-      {"config", absl::StrCat("version ", d.config_version(), "\n",
-                              SetFieldsText(r.config_used(), /*per_line=*/4))},
-  });
-  Table t({{"GATE"}, {"OUTCOME"}, {"OBSERVED", Align::kRight}, {"THRESHOLD", Align::kRight},
-           {"DETAIL"}});
-  for (const v1::GateCheck& c : r.checks()) {
-    // Four significant digits, or as many as it takes to tell an observed value from a
-    // threshold it differs from (a firing row read "fire 0.22 0.22"); bytes exact then.
-    // Bytes: the memory gate's and a yielding TP-only pin's (a pin compares nothing else).
-    const bool differ = c.observed() != c.threshold();
-    const bool memory = c.gate() == "memory" || c.gate() == "pin";
-    auto bytes = [](double v) { return FormatBytes(static_cast<uint64_t>(std::max(v, 0.0))); };
-    const bool exact_bytes = memory && differ && bytes(c.observed()) == bytes(c.threshold());
-    int digits = 4;
-    auto text = [&digits](double v) { return absl::StrFormat("%.*g", digits, v); };
-    while (!memory && differ && digits < 17 && text(c.observed()) == text(c.threshold())) ++digits;
-    // A value the gate did not compare (a pin, a gate without its input) is absent.
-    auto value = [&](bool has, double v) -> std::string {
-      if (!has) return "-";
-      if (exact_bytes) return absl::StrCat(static_cast<uint64_t>(std::max(v, 0.0)), " B");
-      return memory ? bytes(v) : text(v);
-    };
-    t.AddRow({c.gate(), c.outcome(), value(c.has_observed(), c.observed()),
-              value(c.has_threshold(), c.threshold()), c.detail()});
+std::string JobPresenceNote(absl::string_view command, absl::string_view job,
+                            JobPresence presence, absl::string_view then) {
+  switch (presence) {
+    case JobPresence::kUnknown:
+      return absl::StrCat("spgatectl: ", command, ": job ", job,
+                          " is not known to the daemon yet (jobs list shows the ones it knows); ",
+                          then, "\n");
+    case JobPresence::kNoLaunch:
+      return absl::StrCat("spgatectl: ", command, ": no launch of job ", job,
+                          " is running (jobs list shows it for its overrides or pins alone); ",
+                          then, "\n");
+    case JobPresence::kRunning:
+    case JobPresence::kUnsure:
+      break;
   }
-  absl::StrAppend(&out, "\n", t.Render());
-  if (r.by_policy_size() > 0) {
-    absl::StrAppend(&out, "\nPOLICIES (the same batch under each)\n");
-    Table p({{"POLICY"}, {"MODE"}, {"REASON"}});
-    for (const v1::PolicyDecision& d : r.by_policy()) {
-      p.AddRow({v1::GateConfig::Policy_Name(d.policy()), ModeName(d.mode()),
-                ReasonName(d.reason())});
-    }
-    absl::StrAppend(&out, p.Render());
-  }
-  return out;
+  return "";
 }
 
 }  // namespace spgate::ctl

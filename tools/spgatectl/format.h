@@ -87,8 +87,29 @@ std::string FormatDecisionLine(const v1::Decision& decision, OutputFormat format
 // older entries exist, the --page_token to ask for them.
 std::string FormatHistory(const v1::ListConfigHistoryResponse& history, OutputFormat format);
 // The decision, the reason chain and, when the daemon sent them, the same batch under
-// each policy.
+// each policy (format_eval.cc).
 std::string FormatEvaluation(const v1::EvaluateGatesResponse& response, OutputFormat format);
+// A value a gate compared with `other` (its threshold, or the value it was compared
+// with): four significant digits, or as many as tell it from `other` when they differ,
+// so that a firing row never reads "fire 0.22 0.22". The eval table and the head above
+// it both print through it.
+std::string ComparedText(double value, double other);
+
+// Where the daemon stands with a job, as GetJob tells: a launch of it runs; it is listed
+// for its operator settings alone (overrides or pins set ahead of a launch, or kept after
+// a forget); it is unknown (NOT_FOUND); or the lookup failed (nothing to say).
+enum class JobPresence { kRunning, kNoLaunch, kUnknown, kUnsure };
+// The stderr line of `command` (gates set, gates rollback, watch) about a job no launch
+// of which runs, so that a mistyped job id shows; `then` says what becomes of the
+// request. "" for kRunning and kUnsure.
+std::string JobPresenceNote(absl::string_view command, absl::string_view job,
+                            JobPresence presence, absl::string_view then);
+
+// Shared by the formatters: "max_length_cv=0.2 window_steps=10" for the fields set in
+// `config`, `per_line` to a line (0: all on one); and a two-column "key  value" block,
+// a value's further lines indented under its first.
+std::string SetFieldsText(const v1::GateConfig& config, int per_line = 0);
+std::string KeyValues(const std::vector<std::pair<std::string, std::string>>& rows);
 
 }  // namespace spgate::ctl
 

@@ -106,20 +106,17 @@ class Client {
         return Unary<v1::VersionedGateConfig>(
             [&](auto* ctx, auto* resp) { return stub_->GetGateConfig(ctx, inv_.gates_get, resp); },
             [&](const auto& resp) { return FormatGateConfig(resp, fmt); });
-      case Command::kGatesSet:
+      case Command::kGatesSet: {
+        const JobPresence before = ScopePresence(inv_.gates_set.job_id());
         return Unary<v1::VersionedGateConfig>(
             [&](auto* ctx, auto* resp) {
               return stub_->UpdateGateConfig(ctx, inv_.gates_set, resp);
             },
             [&](const auto& resp) {
-              // A job scope is created for any id (a job about to start); a typo too.
-              if (!inv_.gates_set.job_id().empty() && JobUnknown(inv_.gates_set.job_id())) {
-                std::cerr << "spgatectl: gates set: job " << inv_.gates_set.job_id()
-                          << " is not known to the daemon yet (jobs list shows the ones it "
-                             "knows); its scope is kept and applies from its first decision\n";
-              }
+              std::cerr << ScopeNote(inv_.gates_set.job_id(), before);
               return FormatGateConfig(resp, fmt);
             });
+      }
       case Command::kJobsList:
         return Unary<v1::ListJobsResponse>(
             [&](auto* ctx, auto* resp) { return stub_->ListJobs(ctx, inv_.jobs_list, resp); },
@@ -156,12 +153,17 @@ class Client {
               return stub_->ListConfigHistory(ctx, inv_.gates_history, resp);
             },
             [&](const auto& resp) { return FormatHistory(resp, fmt); });
-      case Command::kGatesRollback:
+      case Command::kGatesRollback: {
+        const JobPresence before = ScopePresence(inv_.gates_rollback.job_id());
         return Unary<v1::VersionedGateConfig>(
             [&](auto* ctx, auto* resp) {
               return stub_->RollbackGateConfig(ctx, inv_.gates_rollback, resp);
             },
-            [&](const auto& resp) { return FormatGateConfig(resp, fmt); });
+            [&](const auto& resp) {
+              std::cerr << ScopeNote(inv_.gates_rollback.job_id(), before);
+              return FormatGateConfig(resp, fmt);
+            });
+      }
       case Command::kWatch:
         return Watch();
       case Command::kHelp:
@@ -225,17 +227,32 @@ class Client {
     }
   }
 
-  // Whether the daemon has no launch of `job` running: GetJob answers NOT_FOUND, or lists
-  // the job for its operator settings alone (any other answer: not known to be so).
-  bool JobUnknown(const std::string& job) {
+  // Where the daemon stands with `job` (GetJob): NOT_FOUND is kUnknown, a job listed with
+  // no launch's incarnation (its operator settings alone) kNoLaunch; another error kUnsure.
+  JobPresence Presence(const std::string& job) {
     grpc::ClientContext ctx;
     Prepare(&ctx, /*deadline=*/true);
     v1::GetJobRequest request;
     request.set_job_id(job);
     v1::Job found;
     const grpc::Status status = stub_->GetJob(&ctx, request, &found);
-    return status.error_code() == grpc::StatusCode::NOT_FOUND ||
-           (status.ok() && found.summary().incarnation().empty());
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) return JobPresence::kUnknown;
+    if (!status.ok()) return JobPresence::kUnsure;
+    return found.summary().incarnation().empty() ? JobPresence::kNoLaunch
+                                                 : JobPresence::kRunning;
+  }
+
+  // gates set and gates rollback of a job scope: a scope is kept for any job id (a job
+  // about to start), a typo too. The job is looked up before the call, since the call's
+  // overrides list it; ScopeNote says, once the call succeeded, that no launch of it runs.
+  JobPresence ScopePresence(const std::string& job) {
+    return job.empty() ? JobPresence::kRunning : Presence(job);
+  }
+  std::string ScopeNote(const std::string& job, JobPresence before) {
+    return JobPresenceNote(inv_.name, job, before,
+                           inv_.command == Command::kGatesRollback
+                               ? "the config shown applies from its first decision"
+                               : "its scope is kept and applies from its first decision");
   }
 
   int Watch() {
@@ -247,10 +264,8 @@ class Client {
     }
     // A job the daemon does not know yet (one about to start, or a typo): the stream
     // waits for its first decision; say so, rather than wait in silence.
-    if (const std::string& job = inv_.watch.job_id(); !job.empty() && JobUnknown(job)) {
-      std::cerr << "spgatectl: watch: job " << job
-                << " is not known to the daemon yet (jobs list shows the ones it knows); "
-                   "waiting for its first decision\n";
+    if (const std::string& job = inv_.watch.job_id(); !job.empty()) {
+      std::cerr << JobPresenceNote(inv_.name, job, Presence(job), "waiting for its first decision");
     }
     grpc::ClientContext ctx;
     Prepare(&ctx, /*deadline=*/false);  // a watch runs until --count or a signal

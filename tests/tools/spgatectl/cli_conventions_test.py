@@ -5,8 +5,10 @@
   --version prints the project's version;
 * against one live spgated (loopback, port 0, --log_format=json): spgatectl -o json and
   -o yaml parse to the same document, SPGATE_ADMIN and its precedence under --admin,
-  did-you-mean, `completion bash` driven as bash would, a pin before its job registers,
-  rollback to version 0, eval saying the memory gate is off;
+  did-you-mean, `completion bash` driven as bash would, a pin before its job registers
+  (gates set then saying no launch of it runs; jobs forget --operator_settings, bare),
+  rollback to version 0, eval saying the memory gate is off (and refusing peaks with
+  --budget=0);
 * every line the daemon logged is one JSON object with time, level, message and fields.
 
 Usage: cli_conventions_test.py --version=V --spgated=BIN --spgatectl=BIN --sim=BIN [--worker=BIN]
@@ -221,6 +223,16 @@ class LiveDaemon(unittest.TestCase):
         r = self.ctl("-o", "json", "jobs", "show", "not-yet")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(json.loads(r.stdout)["pins"]), 1)
+        # Listed for its pin, with no launch: gates set says that, not "not known".
+        r = self.ctl("gates", "set", "--job_id=not-yet", "--max_length_cv=0.31")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("gates set: no launch of job not-yet is running", r.stderr)
+        # A boolean flag works bare, as pin --force does, and drops the pin and override.
+        r = self.ctl("jobs", "forget", "--operator_settings", "not-yet")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.ctl("jobs", "show", "not-yet")
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertIn("NOT_FOUND", r.stderr)
         r = self.ctl("gates", "set", "--max_length_cv=0.4")
         self.assertEqual(r.returncode, 0, r.stderr)
         r = self.ctl("-o", "json", "gates", "rollback", "--to_version=0")
@@ -236,6 +248,9 @@ class LiveDaemon(unittest.TestCase):
         r = self.ctl("eval", "--lengths=4096,4096", "--peak_tp=79GiB")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--peak_tp needs --budget", r.stderr)
+        r = self.ctl("eval", "--lengths=8192,8192", "--budget=0", "--peak_tp=5")
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("--peak_tp with --budget=0", r.stderr)
 
     def test_zz_log_lines_are_json(self):
         # Named to run last: the other tests' calls have been logged by now.

@@ -135,11 +135,19 @@ INSTANTIATE_TEST_SUITE_P(
         GoodCase{"jobs forget llama", Command::kJobsForget, "jobs forget", "job_id: \"llama\""},
         GoodCase{"jobs forget llama --operator_settings=true", Command::kJobsForget,
                  "jobs forget", "job_id: \"llama\" forget_operator_settings: true"},
+        // Every boolean flag is true bare, as --force is, and never swallows JOB.
+        GoodCase{"jobs forget llama --operator_settings", Command::kJobsForget,
+                 "jobs forget", "job_id: \"llama\" forget_operator_settings: true"},
+        GoodCase{"jobs forget --operator_settings llama", Command::kJobsForget,
+                 "jobs forget", "job_id: \"llama\" forget_operator_settings: true"},
+        GoodCase{"jobs forget llama --operator_settings=false", Command::kJobsForget,
+                 "jobs forget", "job_id: \"llama\""},
         GoodCase{"unpin llama --group=0", Command::kUnpin, "unpin", "job_id: \"llama\" group: 0"},
         GoodCase{"watch", Command::kWatch, "watch", ""},
         GoodCase{"watch llama --count=3", Command::kWatch, "watch", "job_id: \"llama\""},
         GoodCase{"watch --job_id=llama", Command::kWatch, "watch", "job_id: \"llama\""},
         GoodCase{"eval --lengths=512,4096", Command::kEval, "eval", "lengths: 512 lengths: 4096"},
+        GoodCase{"eval --lengths=512 --budget=0", Command::kEval, "eval", "lengths: 512"},
         GoodCase{"eval --lengths=100 --rs_wait_share=0.3 --job_id=j --group=2 --budget=80GiB "
                  "--peak_sp=1KiB --peak_tp=2048 --max_length_cv=1 --probe_interval_steps=5",
                  Command::kEval, "eval",
@@ -214,6 +222,7 @@ INSTANTIATE_TEST_SUITE_P(
         HelpCase{"pin -h",
                  "Usage: spgatectl pin JOB [--group=G] --mode=sp|tp --for=DURATION [--force]"},
         HelpCase{"jobs show --help", "Usage: spgatectl jobs show JOB"},
+        HelpCase{"jobs forget --help", "Usage: spgatectl jobs forget JOB [--operator_settings]"},
         HelpCase{"watch --help", "Usage: spgatectl watch [JOB] [--count=N]"},
         // --help wins over errors elsewhere on the line.
         HelpCase{"eval --lengths=abc --help",
@@ -385,6 +394,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"eval --lengths=1 --peak_tp=79GiB", "eval",
                 "--peak_tp needs --budget: without a budget the memory gate is off and the peaks "
                 "would be ignored (--budget=0 turns the gate off explicitly)"},
+        // --budget=0 turns the gate off too: a peak with it would be as silently ignored.
+        BadCase{"eval --lengths=8192,8192 --budget=0 --peak_tp=5", "eval",
+                "--peak_tp with --budget=0: the memory gate is off and the peaks would be "
+                "ignored (give a budget, or leave the peaks out)"},
+        BadCase{"eval --lengths=1 --budget=0GiB --peak_sp=1 --peak_tp=1", "eval",
+                "--peak_sp with --budget=0: the memory gate is off and the peaks would be "
+                "ignored (give a budget, or leave the peaks out)"},
         BadCase{"jobs list --timeout=0s", "jobs list", "--timeout: \"0s\" is not positive"},
         BadCase{"jobs list --timeout=5", "jobs list",
                 "--timeout: \"5\" is not a duration (e.g. 30s, 10m, 1h30m, 2d)"},

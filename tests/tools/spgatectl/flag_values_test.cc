@@ -43,6 +43,20 @@ TEST(ParseInt64Flag, AcceptsIntegersOnly) {
   }
 }
 
+// One rule for every boolean flag (--force, --operator_settings); a bare one reads "true".
+TEST(ParseBoolFlag, TrueFalseOneZero) {
+  EXPECT_THAT(ParseBoolFlag("force", "true"), IsOkAndHolds(true));
+  EXPECT_THAT(ParseBoolFlag("force", "1"), IsOkAndHolds(true));
+  EXPECT_THAT(ParseBoolFlag("operator_settings", "false"), IsOkAndHolds(false));
+  EXPECT_THAT(ParseBoolFlag("operator_settings", "0"), IsOkAndHolds(false));
+  for (const char* bad : {"", "yes", "TRUE", "2"}) {
+    EXPECT_THAT(ParseBoolFlag("operator_settings", bad),
+                StatusIs(kInvalid, absl::StrCat("--operator_settings: \"", bad,
+                                                "\" is not true or false")))
+        << bad;
+  }
+}
+
 TEST(ParseInt32Flag, RefusesOutOfRange) {
   EXPECT_THAT(ParseInt32Flag("group", "7"), IsOkAndHolds(7));
   EXPECT_THAT(ParseInt32Flag("group", "4294967296"),

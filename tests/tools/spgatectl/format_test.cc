@@ -592,52 +592,6 @@ TEST(FormatDecisionLine, OneLineEach) {
   EXPECT_THAT(FormatDecisionLine(none, OutputFormat::kTable), HasSubstr(" rs_wait=0.000 "));
 }
 
-TEST(FormatEvaluation, DecisionAndReasonChain) {
-  const auto r = Parse<v1::EvaluateGatesResponse>(R"pb(
-    decision { mode: TENSOR_PARALLEL_ONLY reason: LENGTH_CV length_cv: 0.8612
-               rolling_rs_wait_share: 0.3 config_version: 3 }
-    checks { gate: "pin" outcome: "pass" detail: "no pin" }
-    checks { gate: "memory" outcome: "pass" observed: 75161927680 threshold: 77309411328
-             detail: "TP-only fits" }
-    checks { gate: "length_cv" outcome: "fire" observed: 0.8612 threshold: 0.18
-             detail: "length_cv 0.861 > 0.18" }
-    checks { gate: "rs_wait" outcome: "skip" detail: "not reached" }
-    config_used { max_length_cv: 0.18 max_rs_wait_share: 0.22 bucket_target_cv: 0.15
-                  rs_wait_reenable_margin: 0.03 window_steps: 50 }
-  )pb");
-  EXPECT_EQ(FormatEvaluation(r, OutputFormat::kTable),
-            "decision       tp_only (length_cv)\n"
-            "memory gate    on\n"
-            "length_cv      0.8612\n"
-            "rs_wait_share  0.3000 (rolling)\n"
-            "config         version 3\n"
-            "               max_length_cv=0.18 max_rs_wait_share=0.22 bucket_target_cv=0.15 "
-            "rs_wait_reenable_margin=0.03\n"
-            "               window_steps=50\n"
-            "\n"
-            "GATE       OUTCOME  OBSERVED  THRESHOLD  DETAIL\n"
-            "pin        pass            -          -  no pin\n"
-            "memory     pass     70.0 GiB   72.0 GiB  TP-only fits\n"
-            "length_cv  fire       0.8612       0.18  length_cv 0.861 > 0.18\n"
-            "rs_wait    skip            -          -  not reached\n");
-  const std::string json = FormatEvaluation(r, OutputFormat::kJson);
-  ExpectJsonRoundTrip(r, json);
-  // A value a gate did not compare is not a 0 it measured: absent in JSON too (the pin's
-  // and the skipped rs_wait's rows have neither key; memory's and length_cv's have both).
-  EXPECT_THAT(json, HasSubstr("\"detail\": \"no pin\"\n  }"));
-  EXPECT_THAT(json, HasSubstr("\"detail\": \"not reached\"\n  }"));
-  EXPECT_THAT(json, HasSubstr("\"observed\": 0.8612"));
-  // A skipped gate that compared values shows them (they were "-" for every skip): a
-  // TP-only pin yielding to the memory gate compared TP-only's peak with the limit, bytes.
-  v1::EvaluateGatesResponse held = r;
-  v1::GateCheck* pin = held.mutable_checks(0);
-  pin->set_outcome("skip");
-  pin->set_observed(8e10);
-  pin->set_threshold(7.5e10);
-  EXPECT_THAT(FormatEvaluation(held, OutputFormat::kTable),
-              HasSubstr("\npin        skip     74.5 GiB   69.8 GiB"));
-}
-
 TEST(FormatPin, SaysWhenTheJobHasNotRegistered) {
   const auto pin = Parse<v1::Pin>(R"pb(job_id: "later" mode: SEQUENCE_PARALLEL pending: true
                                        expire_time { seconds: 1700000000 })pb");
@@ -645,32 +599,19 @@ TEST(FormatPin, SaysWhenTheJobHasNotRegistered) {
               HasSubstr(")\njob later is not registered yet: the pin applies from its first decision\n"));
 }
 
-// No budget: the memory gate was skipped, and the head says so next to the decision.
-TEST(FormatEvaluation, SaysWhenTheMemoryGateIsOff) {
-  const auto r = Parse<v1::EvaluateGatesResponse>(R"pb(
-    decision { mode: SEQUENCE_PARALLEL reason: GATES_PASSED }
-    checks { gate: "memory" outcome: "skip" detail: "no memory budget in the plan" }
-  )pb");
-  EXPECT_THAT(FormatEvaluation(r, OutputFormat::kTable),
-              HasSubstr("\nmemory gate    off: no --budget, so TP-only was not checked against "
-                        "device memory\n"));
-  // Values that differ are printed so that they read differently (a firing row read
-  // "fire 0.22 0.22"), bytes exactly when their rounding ties.
-  const auto close = Parse<v1::EvaluateGatesResponse>(R"pb(
-    decision { mode: TENSOR_PARALLEL_ONLY reason: RS_WAIT }
-    checks { gate: "memory" outcome: "pass" observed: 5368709121 threshold: 5368709120 }
-    checks { gate: "rs_wait" outcome: "fire" observed: 0.2200001 threshold: 0.22 }
-  )pb");
-  const std::string text = FormatEvaluation(close, OutputFormat::kTable);
-  EXPECT_THAT(text, HasSubstr("5368709121 B  5368709120 B"));
-  EXPECT_THAT(text, AllOf(HasSubstr(" 0.2200001 "), HasSubstr(" 0.22\n")));
-  // A pin that decided first: the memory gate was not consulted (it said "on").
-  const auto pinned = Parse<v1::EvaluateGatesResponse>(R"pb(
-    decision { mode: SEQUENCE_PARALLEL reason: PINNED }
-    checks { gate: "pin" outcome: "fire" detail: "pinned to sp" }
-  )pb");
-  EXPECT_THAT(FormatEvaluation(pinned, OutputFormat::kTable),
-              HasSubstr("\nmemory gate    not consulted: the pin decided first\n"));
+// gates set / gates rollback / watch of a job no launch of which runs: NOT_FOUND and a
+// job listed for its operator settings alone read differently; a running one, nothing.
+TEST(JobPresenceNote, UnknownAndListedWithoutALaunchDiffer) {
+  constexpr absl::string_view kThen = "its scope is kept and applies from its first decision";
+  EXPECT_EQ(JobPresenceNote("gates set", "nope", JobPresence::kUnknown, kThen),
+            "spgatectl: gates set: job nope is not known to the daemon yet (jobs list shows the "
+            "ones it knows); its scope is kept and applies from its first decision\n");
+  EXPECT_EQ(JobPresenceNote("gates rollback", "llama", JobPresence::kNoLaunch, kThen),
+            "spgatectl: gates rollback: no launch of job llama is running (jobs list shows it "
+            "for its overrides or pins alone); its scope is kept and applies from its first "
+            "decision\n");
+  EXPECT_EQ(JobPresenceNote("watch", "llama", JobPresence::kRunning, "waiting"), "");
+  EXPECT_EQ(JobPresenceNote("watch", "llama", JobPresence::kUnsure, "waiting"), "");
 }
 
 // -o yaml is -o json's document: the same keys in the same order, lists as "- ".

@@ -248,10 +248,20 @@ TEST_F(SpgatectlE2eTest, GatesSetThenGetShowsIt) {
 
   // A job override on top, then --clear removes it (masked but unset). The job has not
   // run here: its scope is kept, and spgatectl says the daemon does not know it yet (a
-  // typo would look the same); once it runs, nothing is said.
+  // typo would look the same). Its override lists it (jobs list), with no launch: a
+  // second change says that instead. Once it runs, nothing is said.
   r = Ctl({"gates", "set", "--job_id=llama", "--max_length_cv=0.5"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_THAT(r.err, HasSubstr("job llama is not known to the daemon yet"));
+  EXPECT_THAT(r.err, HasSubstr("gates set: job llama is not known to the daemon yet"));
+  r = Ctl({"jobs", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ContainsRegex("\nllama "));
+  r = Ctl({"gates", "set", "--job_id=llama", "--window_steps=20"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("gates set: no launch of job llama is running"),
+                           Not(HasSubstr("not known"))));
+  r = Ctl({"gates", "set", "--job_id=llama", "--clear=window_steps"});
+  ASSERT_EQ(r.exit_code, 0) << r;
   Decide("llama", 0, 0);
   r = Ctl({"gates", "set", "--job_id=llama", "--max_length_cv=0.5"});
   ASSERT_EQ(r.exit_code, 0) << r;
@@ -265,6 +275,23 @@ TEST_F(SpgatectlE2eTest, GatesSetThenGetShowsIt) {
   r = Ctl({"gates", "set", "--job_id=llama", "--clear=max_length_cv"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, ContainsRegex("max_length_cv +0.25  inherited"));
+}
+
+// gates rollback of a job scope warns as gates set does (a mistyped id answers "as it
+// is" for version 0); the exit status stays 0.
+TEST_F(SpgatectlE2eTest, RollbackOfAnUnknownJobSaysSo) {
+  CtlResult r = Ctl({"gates", "rollback", "--job_id=nope", "--to_version=0"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("scope    job nope\n"));
+  EXPECT_THAT(r.err, HasSubstr("spgatectl: gates rollback: job nope is not known to the daemon "
+                               "yet (jobs list shows the ones it knows)"));
+  Decide("llama", 0, 0);
+  r = Ctl({"gates", "rollback", "--job_id=llama", "--to_version=0"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, IsEmpty());
+  r = Ctl({"gates", "rollback", "--to_version=0"});  // the global scope: no job to look up
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, IsEmpty());
 }
 
 TEST_F(SpgatectlE2eTest, InvalidValueIsRefusedWithTheServersMessage) {
