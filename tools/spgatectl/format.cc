@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/handshake_hint.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "policy/adaptive_policy.h"
@@ -236,18 +237,10 @@ std::string FormatRpcError(absl::string_view command, int code, absl::string_vie
 std::string HandshakeHint(int code, absl::string_view message, bool tls) {
   // Not a stream the daemon ended later (a watch when it restarts): a connection it
   // never answered on.
-  if (code != static_cast<int>(absl::StatusCode::kUnavailable) ||
-      !absl::StrContains(message, "failed to connect to all addresses") ||
-      !absl::StrContains(message, "Socket closed")) {
-    return "";
-  }
-  return absl::StrCat(
-      "spgatectl: the daemon closed the connection before answering: a TLS port refusing "
-      "this client reads this way — ",
-      tls ? "a client certificate missing (--tls_cert, --tls_key) or not signed by the "
-            "daemon's --tls_client_ca"
-          : "this call was plaintext (no --tls_ca, --tls_cert) and the port speaks TLS",
-      " (docs/security.md)\n");
+  if (code != static_cast<int>(absl::StatusCode::kUnavailable)) return "";
+  const std::string hint =
+      TlsRefusalHint(std::string_view(message.data(), message.size()), tls, "--");
+  return hint.empty() ? "" : absl::StrCat("spgatectl: ", hint, "\n");
 }
 
 std::string FormatGateConfig(const v1::VersionedGateConfig& c, OutputFormat format) {

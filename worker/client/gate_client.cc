@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/handshake_hint.h"
 #include "common/hardware_id.h"
 #include "common/job_id.h"
 #include "common/mutex.h"
@@ -330,9 +331,14 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
     if (cv_.WaitWithDeadline(&mu_, deadline)) {
       if (confirmed_ && StreamOpenLocked()) break;
       if (closing_) continue;  // said above
+      // A TLS port refusing this client (plaintext, no or another CA's certificate)
+      // reads as a closed socket: say so, naming the C API's and Python's options (the
+      // credentials do not say whether they are TLS: both causes are named).
+      const std::string hint = TlsRefusalHint(stats_.last_error, std::nullopt, "");
       return absl::DeadlineExceededError(absl::StrCat(
           "not connected to ", opts_.controller, " after ", absl::FormatDuration(timeout),
-          stats_.last_error.empty() ? "" : "; last error: ", stats_.last_error));
+          stats_.last_error.empty() ? "" : "; last error: ", stats_.last_error,
+          hint.empty() ? "" : "; ", hint));
     }
   }
   return absl::OkStatus();

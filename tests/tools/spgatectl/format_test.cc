@@ -557,7 +557,7 @@ TEST(HandshakeHint, OnlyForAConnectionClosedBeforeAnAnswer) {
       "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:50062: "
       "Socket closed";
   EXPECT_THAT(HandshakeHint(unavailable, refused, false),
-              HasSubstr("this call was plaintext (no --tls_ca, --tls_cert) and the port speaks TLS"));
+              HasSubstr("this client spoke plaintext (no --tls_ca, --tls_cert) and the port speaks TLS"));
   EXPECT_THAT(HandshakeHint(unavailable, refused, true),
               HasSubstr("not signed by the daemon's --tls_client_ca"));
   EXPECT_EQ(HandshakeHint(unavailable, "failed to connect to all addresses; last error: "

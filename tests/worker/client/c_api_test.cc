@@ -936,6 +936,7 @@ class CApiTlsTest : public ::testing::Test {
     spgate_decision d{};
     if (c == nullptr) return d;
     connected_ = spgate_client_wait_connected(c, 1500);
+    if (connected_ != SPGATE_OK) connected_error_ = spgate_last_error();
     const int64_t lengths[] = {4096, 4000, 4100};
     EXPECT_EQ(spgate_client_submit_plan(c, 0, lengths, 3, 0, 0, 0), SPGATE_OK);
     EXPECT_EQ(spgate_client_await_decision(c, 0, 2000000, &d), SPGATE_OK) << spgate_last_error();
@@ -946,6 +947,7 @@ class CApiTlsTest : public ::testing::Test {
   std::string dir_;
   std::unique_ptr<spgate::server::Daemon> daemon_;
   spgate_status connected_ = SPGATE_OK;
+  std::string connected_error_;
 };
 
 TEST_F(CApiTlsTest, MutualTlsGetsTheDaemonsDecision) {
@@ -961,8 +963,21 @@ TEST_F(CApiTlsTest, WithoutAClientCertificateTheClientDecidesLocally) {
   const spgate_decision d =
       DecideOnce({{"tls_ca", dir_ + "/ca.pem"}, {"tls_server_name", "localhost"}});
   EXPECT_EQ(connected_, SPGATE_DEADLINE_EXCEEDED);
+  // gRPC says "Socket closed"; the error says what that usually means (both causes: the
+  // client library cannot tell TLS credentials from plaintext ones).
+  EXPECT_THAT(connected_error_, HasSubstr("a client certificate missing (tls_cert, tls_key) or "
+                                          "not signed by the daemon's --tls_client_ca"));
   EXPECT_EQ(d.source, SPGATE_SOURCE_FALLBACK);
   EXPECT_EQ(d.reason, SPGATE_REASON_CONTROLLER_UNAVAILABLE);
+}
+
+TEST_F(CApiTlsTest, APlaintextClientIsToldThePortSpeaksTls) {
+  const spgate_decision d = DecideOnce({});
+  EXPECT_EQ(connected_, SPGATE_DEADLINE_EXCEEDED);
+  EXPECT_THAT(connected_error_,
+              HasSubstr("this client spoke plaintext (no tls_ca, tls_cert) and the port "
+                        "speaks TLS"));
+  EXPECT_EQ(d.source, SPGATE_SOURCE_FALLBACK);
 }
 
 #ifdef PYTHON3_BIN
