@@ -14,15 +14,11 @@
 
 namespace spgate {
 
-namespace {
-// A value as its shortest text that reads back to it: an out-of-range 10.000001 must not
-// print as the in-range "10" (%g keeps six digits).
-std::string Exactly(double v) {
+std::string ShortestText(double v) {
   char buf[32];
   const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
   return r.ec == std::errc() ? std::string(buf, r.ptr) : absl::StrFormat("%.17g", v);
 }
-}  // namespace
 
 const GateField* FindGateField(std::string_view name) {
   for (const GateField& f : kGateFields) {
@@ -55,7 +51,7 @@ double GateFieldValue(const GateConfig& config, const GateField& field) {
 std::string GateFieldText(const GateConfig& config, const GateField& field) {
   if (field.is_choice()) return std::string(GatePolicyName(config.*field.choice));
   if (field.is_count()) return absl::StrCat(config.*field.count);
-  return Exactly(config.*field.real);  // reads back to the same value
+  return ShortestText(config.*field.real);  // reads back to the same value
 }
 
 absl::Status SetGateFieldFromText(GateConfig& config, const GateField& field,
@@ -121,7 +117,7 @@ absl::Status CheckGateField(const GateConfig& config, const GateField& field) {
   const double upper = field.range == GateFieldRange::kCv ? 10.0 : 1.0;
   if (!std::isfinite(v) || v <= 0.0 || v > upper) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "%s must be finite and in (0, %g], got %s", field.name, upper, Exactly(v)));
+        "%s must be finite and in (0, %g], got %s", field.name, upper, ShortestText(v)));
   }
   return absl::OkStatus();
 }
@@ -135,7 +131,7 @@ absl::Status ValidateGateConfig(const GateConfig& c) {
   if (c.rs_wait_reenable_margin >= c.max_rs_wait_share) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "rs_wait_reenable_margin (%s) must be less than max_rs_wait_share (%s)",
-        Exactly(c.rs_wait_reenable_margin), Exactly(c.max_rs_wait_share)));
+        ShortestText(c.rs_wait_reenable_margin), ShortestText(c.max_rs_wait_share)));
   }
   return absl::OkStatus();
 }

@@ -154,6 +154,10 @@ const GateField* FindGateField(std::string_view name);
 // is its enum value).
 double GateFieldValue(const GateConfig& config, const GateField& field);
 
+// A value as its shortest text that reads back to it: an out-of-range 10.000001 must not
+// print as the in-range "10", nor 0.2200001 as 0.22 (six digits, %g's and StrCat's).
+std::string ShortestText(double v);
+
 // The value as text: "0.18", "50", "ADAPTIVE".
 std::string GateFieldText(const GateConfig& config, const GateField& field);
 

@@ -20,9 +20,9 @@ Histogram::BucketBoundaries CvBuckets() {
   return {0.02, 0.05, 0.1, 0.15, 0.18, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0};
 }
 // Step times from 5 ms to 100 s, ten edges a decade (1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8):
-// neighbours at most 4/3 apart, so a p95 read from them tells steps 10-20 % apart (the
-// gap between the modes that matters), which a 1-2.5-5 ladder did not (two modes whose
-// steps averaged 0.122 s and 0.158 s both read a p95 of 0.24 s).
+// neighbours at most 4/3 apart, so a quantile is read to within one such bucket (the
+// 1-2.5-5 ladder's were up to 2.5x wide: two modes whose steps averaged 0.122 s and
+// 0.158 s both read a p95 of 0.24 s). 44 buckets a job and mode.
 Histogram::BucketBoundaries StepBuckets() {
   return {0.005, 0.006, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06,
           0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1, 1.25, 1.5, 2,

@@ -125,6 +125,7 @@ class ConnectReactor final : public RawReactor,
           state_->Heartbeat(*session_, HeartbeatFromProto(in_.heartbeat()));
       if (acked.ok()) {
         out.mutable_ack()->set_telemetry_received(*acked);
+        out.mutable_ack()->set_heartbeat_seq(in_.heartbeat().seq());
       } else {
         ended = acked.status();
       }

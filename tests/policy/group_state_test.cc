@@ -121,7 +121,7 @@ TEST(GroupPolicyStateTest, ARaisedResumeLevelMakesTheProbeDue) {
     double max_rs_wait_share, margin, max_length_cv;
     Reason want;
   };
-  const GateConfig before;  // 0.22 - 0.05 by default
+  const GateConfig before;  // 0.22 - 0.03 by default
   const Case cases[] = {
       {"threshold raised", 0.5, before.rs_wait_reenable_margin, before.max_length_cv,
        Reason::kProbe},
@@ -166,6 +166,32 @@ TEST(GroupPolicyStateTest, ARaisedResumeLevelMakesTheProbeDue) {
                 Reason::kRsWait);
     }
   }
+}
+
+// Adopt goes through the same rule: a tripped group that adopts a decision made elsewhere
+// under a raised level (here the length-CV gate's TP-only, which runs no SP) probes at
+// its next decision, as the group that decided it does.
+TEST(GroupPolicyStateTest, AdoptingUnderARaisedLevelMakesTheProbeDueToo) {
+  const GateConfig before;
+  GateConfig after = before;
+  after.max_rs_wait_share = 0.5;
+  GroupPolicyState decided;
+  for (int64_t s = 0; s < 3; ++s) decided.Decide(before, BatchFacts{.step = s}, std::nullopt);
+  for (int64_t s = 0; s < 3; ++s) {
+    decided.ObserveRsWaitShare(s, Mode::kSequenceParallel, 0.3, before.window_steps);
+  }
+  ASSERT_EQ(decided.Decide(before, BatchFacts{.step = 3}, std::nullopt).decision.reason,
+            Reason::kRsWait);
+  GroupPolicyState adopted = decided;
+  const BatchFacts uneven{.step = 4, .length_cv = 5.0};  // over max_length_cv: TP-only
+  const GateOutcome out = decided.Decide(after, uneven, std::nullopt);
+  ASSERT_EQ(out.decision.reason, Reason::kLengthCv);
+  adopted.Adopt(4, out.decision, after);
+  EXPECT_EQ(adopted.gate().last_sp_step, decided.gate().last_sp_step);
+  EXPECT_EQ(adopted.Decide(after, BatchFacts{.step = 5}, std::nullopt).decision.reason,
+            Reason::kProbe);
+  EXPECT_EQ(decided.Decide(after, BatchFacts{.step = 5}, std::nullopt).decision.reason,
+            Reason::kProbe);
 }
 
 // While a tripped group waits, the trace names the step its probe is due and shows no

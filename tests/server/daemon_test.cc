@@ -930,9 +930,11 @@ TEST_F(DaemonTest, EveryMetricFamilyIsExportedAndPromtoolIsSilent) {
   auto* local = msg.mutable_heartbeat()->add_local_decisions();
   local->set_reason(v1::GATES_PASSED);
   local->set_count(2);
+  msg.mutable_heartbeat()->set_seq(7);
   ASSERT_TRUE(stream->Write(msg));
   v1::DaemonMessage in;
   ASSERT_TRUE(stream->Read(&in));
+  EXPECT_EQ(in.ack().heartbeat_seq(), 7) << "the ack names the heartbeat it answers";
   daemon_->Sweep();
   const std::string text = ::spgate::testing::ScrapeMetrics(daemon_->metrics_port());
   for (const char* family :

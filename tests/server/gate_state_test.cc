@@ -570,7 +570,7 @@ TEST_F(GateStateTest, RaisingTheWaitThresholdProbesATrippedGroupAtOnce) {
   ASSERT_THAT(state->RecordTelemetry(**session, Tel("j", 0, 0, step, d.mode(), 1.0, 0.3)),
               IsOk());
   ++step;
-  // The dwell (min_dwell_steps since the trip) passes, then the probe's 0.3 < 0.5 - 0.05.
+  // The dwell (min_dwell_steps since the trip) passes, then the probe's 0.3 < 0.5 - 0.03.
   for (int i = 0; i < 20 && d.reason() != v1::GATES_PASSED; ++i, ++step) {
     ASSERT_THAT(state->Decide(Plan("j", 0, step, {512, 512}), &d), IsOk());
   }

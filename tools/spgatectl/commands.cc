@@ -297,24 +297,20 @@ absl::Status BuildEval(const CommandFlags& flags, v1::EvaluateGatesRequest* req)
       (req->*b.set)(*bytes);
     }
   }
-  if (!flags.Get("budget")) {
+  if (req->memory_budget_bytes() == 0) {
+    // No budget, or --budget=0: the memory gate is off, and a peak given would be ignored.
+    const bool given = flags.Get("budget").has_value();
     for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
       if (flags.Get(peak)) {
-        return Usage(absl::StrCat("--", peak, " needs --budget: without a budget the memory gate "
-                                  "is off and the peaks would be ignored (--budget=0 turns the "
-                                  "gate off explicitly)"));
+        return Usage(given ? absl::StrCat("--", peak, " with --budget=0: the memory gate is off "
+                                          "and the peaks would be ignored (give a budget, or "
+                                          "leave the peaks out)")
+                           : absl::StrCat("--", peak, " needs --budget: without a budget the "
+                                          "memory gate is off and the peaks would be ignored "
+                                          "(--budget=0 turns the gate off explicitly)"));
       }
     }
-  } else if (req->memory_budget_bytes() == 0) {
-    // --budget=0 turns the gate off: a peak given with it would be ignored as silently.
-    for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
-      if (flags.Get(peak)) {
-        return Usage(absl::StrCat("--", peak, " with --budget=0: the memory gate is off and the "
-                                  "peaks would be ignored (give a budget, or leave the peaks "
-                                  "out)"));
-      }
-    }
-  } else if (req->memory_budget_bytes() > 0) {
+  } else {
     for (absl::string_view peak : {"peak_sp", "peak_tp"}) {
       if (!flags.Get(peak)) {
         return Usage(absl::StrCat("--budget needs --peak_sp and --peak_tp: the memory gate "

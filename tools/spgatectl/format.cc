@@ -53,7 +53,7 @@ std::string GateFieldText(const v1::GateConfig& config, const FieldDescriptor* f
     return refl->GetEnum(config, field)->name();
   }
   if (field->cpp_type() == FieldDescriptor::CPPTYPE_DOUBLE) {
-    return absl::StrCat(refl->GetDouble(config, field));
+    return ShortestText(refl->GetDouble(config, field));  // as the daemon's messages
   }
   return absl::StrCat(refl->GetInt64(config, field));
 }
@@ -665,7 +665,7 @@ namespace {
 
 std::string FieldValueText(const v1::FieldValue& v) {
   if (!v.set()) return "-";
-  return v.name().empty() ? absl::StrCat(v.value()) : v.name();
+  return v.name().empty() ? ShortestText(v.value()) : v.name();
 }
 
 // "max_length_cv 0.18->0.3, window_steps -->10" ('-': no override at this scope).

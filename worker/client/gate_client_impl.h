@@ -172,13 +172,20 @@ class GateClient::Impl : public std::enable_shared_from_this<GateClient::Impl> {
   int64_t closed_acked_ ABSL_GUARDED_BY(mu_) = 0;
   // Local decisions and memory overrides a daemon has counted. A heartbeat reports the
   // book's counts less `reported_base_`, what the daemon of an earlier session
-  // acknowledged, so that a new session (a daemon restarted, a session replaced) counts
-  // only what it has not: the daemon adds each session's increase from 0. Each heartbeat
-  // written on the stream leaves its counts in `unacked_heartbeats_`; the ack that
-  // answers it (one a heartbeat, in order) moves them to `acked_counts_`.
+  // acknowledged, so that a new session (a daemon restarted, or one that forgot the
+  // session) counts only what it has not: the daemon adds each session's increase from 0.
+  // Each heartbeat written on the stream leaves its counts in `unacked_heartbeats_`
+  // under its seq; an ack names the newest heartbeat it answers (acks queued behind a
+  // daemon's write are merged), which moves that one's counts to `acked_counts_` and
+  // drops it and every one before it.
+  struct SentHeartbeat {
+    int64_t seq = 0;
+    HeartbeatCounts counts;
+  };
   HeartbeatCounts reported_base_ ABSL_GUARDED_BY(mu_);
   HeartbeatCounts acked_counts_ ABSL_GUARDED_BY(mu_);
-  std::deque<HeartbeatCounts> unacked_heartbeats_ ABSL_GUARDED_BY(mu_);
+  std::deque<SentHeartbeat> unacked_heartbeats_ ABSL_GUARDED_BY(mu_);
+  int64_t heartbeat_seq_ ABSL_GUARDED_BY(mu_) = 0;  // the stream's heartbeats so far
   GateClientStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -145,9 +145,10 @@ void GateClient::Impl::StartStream() {
   ++stream_id_;
   ++stats_.streams_opened;
   // The heartbeats a broken stream left unanswered may or may not have been counted: the
-  // next session starts from the last one that was (at most one heartbeat's increase
-  // counted twice, never one lost).
+  // next session starts from the last one answered (what they added may be counted
+  // again, never lost).
   unacked_heartbeats_.clear();
+  heartbeat_seq_ = 0;
   stream_dead_ = false;
   confirmed_ = false;
   hold_released_ = false;
@@ -231,8 +232,13 @@ void GateClient::Impl::OnDaemonMessage(ConnectReactor* r, const v1::DaemonMessag
   }
   if (msg.has_ack()) {
     session_acked_ = std::max(session_acked_, msg.ack().telemetry_received());
-    if (!unacked_heartbeats_.empty()) {  // the oldest heartbeat on this stream is counted
-      acked_counts_ = unacked_heartbeats_.front();
+    // The heartbeats it answers are counted: up to the seq it names (a daemon before
+    // Heartbeat.seq names none: then the oldest, one ack a heartbeat).
+    const int64_t answered = msg.ack().heartbeat_seq() > 0 ? msg.ack().heartbeat_seq()
+                             : unacked_heartbeats_.empty() ? 0
+                                                           : unacked_heartbeats_.front().seq;
+    while (!unacked_heartbeats_.empty() && unacked_heartbeats_.front().seq <= answered) {
+      acked_counts_ = unacked_heartbeats_.front().counts;
       unacked_heartbeats_.pop_front();
     }
   }
@@ -363,7 +369,8 @@ Outgoing GateClient::Impl::GatherLocked() {
     }
     out.counts.memory_overrides =
         std::max<int64_t>(0, now_counts.memory_overrides - reported_base_.memory_overrides);
-    unacked_heartbeats_.push_back(now_counts);
+    out.heartbeat_seq = ++heartbeat_seq_;
+    unacked_heartbeats_.push_back({out.heartbeat_seq, now_counts});
     out.telemetry_sent = session_sent_;
   }
   return out;

@@ -180,6 +180,7 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
       c->set_count(out.counts.local_decisions[r]);
     }
     hb->set_telemetry_sent(out.telemetry_sent);
+    hb->set_seq(out.heartbeat_seq);
     hb->set_memory_overrides(out.counts.memory_overrides);
   }
 }

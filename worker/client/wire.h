@@ -22,7 +22,6 @@
 
 namespace spgate::client {
 
-// What one WorkerMessage carries, gathered under the client's lock.
 // A heartbeat's counters: the local policy's decisions by reason and the memory gate's
 // overrides, cumulative over the worker process (DecisionBook's counters).
 struct HeartbeatCounts {
@@ -30,6 +29,7 @@ struct HeartbeatCounts {
   int64_t memory_overrides = 0;
 };
 
+// What one WorkerMessage carries, gathered under the client's lock.
 struct Outgoing {
   std::string session_id;  // first message of a stream only
   // The book's records, taken over (not copied) under the lock; read-only from here on,
@@ -40,6 +40,7 @@ struct Outgoing {
   // Since what an earlier session's daemon acknowledged (GateClient's reported base):
   // cumulative over this session, as the daemon counts them.
   HeartbeatCounts counts;
+  int64_t heartbeat_seq = 0;  // this stream's heartbeat count, from 1 (Heartbeat.seq)
   int64_t telemetry_sent = 0;
   bool empty() const {
     return session_id.empty() && plans.empty() && telemetry.empty() && !heartbeat;

@@ -119,6 +119,22 @@ TEST(FormatGateConfig, GlobalScopeNeverUpdated) {
   EXPECT_THAT(out, HasSubstr("max_length_cv                     -  inherited\n"));
 }
 
+// A value in full, as the daemon's messages print it: 0.2200001 is not the default 0.22.
+TEST(FormatGateConfig, ValuesInFull) {
+  v1::VersionedGateConfig c;
+  c.mutable_config()->set_max_rs_wait_share(0.2200001);
+  EXPECT_THAT(FormatGateConfig(c, OutputFormat::kTable), HasSubstr("0.2200001"));
+  v1::ListConfigHistoryResponse history;
+  v1::AuditEntry* e = history.add_entries();
+  v1::FieldChange* f = e->add_changes();
+  f->set_field("max_rs_wait_share");
+  f->mutable_old_value()->set_set(true);
+  f->mutable_old_value()->set_value(0.22);
+  f->mutable_new_value()->set_set(true);
+  f->mutable_new_value()->set_value(0.2200001);
+  EXPECT_THAT(FormatHistory(history, OutputFormat::kTable), HasSubstr("max_rs_wait_share 0.22 -> 0.2200001"));
+}
+
 // The global scope's values come from an override, the --config file or the built-in
 // defaults, as the daemon's file_config says ("inherited" said neither); a file value
 // equal to the default is still the file's.

@@ -7,6 +7,7 @@
 #ifndef SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 #define SPGATE_TESTS_WORKER_FAKE_GATE_SERVICE_H_
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <memory>
@@ -33,6 +34,9 @@ class FakeGateService final : public v1::GateService::CallbackService {
     bool answer_pin_forced = false;
     int reject_code = 3;          // ... with this code (3: INVALID_ARGUMENT)
     bool ack_heartbeats = true;
+    // Answers every ack_every-th heartbeat, naming it (Heartbeat.seq): the acks of the
+    // ones between merged into it, as the daemon merges acks queued behind a write.
+    int ack_every = 1;
     int64_t decision_config_version = 42;
     double max_length_cv = 0.18;  // served config
     int64_t heartbeat_ms = 100;
@@ -196,8 +200,9 @@ class FakeGateService final : public v1::GateService::CallbackService {
             svc_->last_local_[c.reason()] = c.count();
           }
           svc_->last_memory_overrides_ = in_.heartbeat().memory_overrides();
-          if (s.ack_heartbeats) {
+          if (s.ack_heartbeats && ++heartbeats_ % std::max(s.ack_every, 1) == 0) {
             out.mutable_ack()->set_telemetry_received(received_);
+            out.mutable_ack()->set_heartbeat_seq(in_.heartbeat().seq());
             send = true;
           }
         }
@@ -253,6 +258,7 @@ class FakeGateService final : public v1::GateService::CallbackService {
     v1::WorkerMessage in_;
     bool attached_ = false;
     int64_t received_ = 0;
+    int64_t heartbeats_ = 0;  // heartbeats read on this stream
     spgate::Mutex mu_;
     bool writing_ = false;
     bool finish_requested_ = false;
