@@ -8,6 +8,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "tests/tools/spgatectl/proto_test_util.h"
 #include "tools/spgatectl/format.h"
 
 namespace spgate::ctl {
@@ -17,20 +18,8 @@ using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 
-template <typename T>
-T Parse(const std::string& text) {
-  T m;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &m)) << text;
-  return m;
-}
-
-template <typename T>
-void ExpectJsonRoundTrip(const T& message, const std::string& json) {
-  T back;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message, back))
-      << message.DebugString() << "\nvs\n" << back.DebugString();
-}
+using ::spgate::ctl::testing::ExpectJsonRoundTrip;
+using ::spgate::ctl::testing::Parse;
 
 TEST(ComparedText, FourDigitsOrAsManyAsTellTheValuesApart) {
   EXPECT_EQ(ComparedText(0.7354, 0.18), "0.7354");

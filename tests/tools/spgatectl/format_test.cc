@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "policy/adaptive_policy.h"
 #include "proto/convert.h"
+#include "tests/tools/spgatectl/proto_test_util.h"
 
 namespace spgate::ctl {
 namespace {
@@ -20,20 +21,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-template <typename T>
-T Parse(const std::string& text) {
-  T m;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &m)) << text;
-  return m;
-}
-
-template <typename T>
-void ExpectJsonRoundTrip(const T& message, const std::string& json) {
-  T back;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &back).ok()) << json;
-  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(message, back))
-      << message.DebugString() << "\nvs\n" << back.DebugString();
-}
+using ::spgate::ctl::testing::ExpectJsonRoundTrip;
+using ::spgate::ctl::testing::Parse;
 
 const absl::Time kNow = absl::FromUnixSeconds(1700000000);  // 2023-11-14T22:13:20Z
 
