@@ -39,6 +39,16 @@ TEST(ParseTextFormatTest, EachMistakeIsNamedWithItsPlace) {
       {"max_length_cv: high\n", "line 1 column"},
       {"max_length_cv 0.2 {\n", "line 1 column"},
       {"max_length_cv: 0.2\nmax_length_cv: 0.3\n", "line 2 column"},  // set twice
+      // An unknown enum value is named where it stands, not where the next token does
+      // (the tokenizer has read past it: the next line, or its next field).
+      {"max_length_cv: 0.2\npolicy: BOGUS\nmax_length_cv: 0.3\n",
+       "line 2 column 9: Unknown enumeration value of \"BOGUS\" for field \"policy\""},
+      {"policy: BOGUS\n\n\n", "line 1 column 9: Unknown enumeration value"},
+      {"policy: BOGUS", "line 1 column 9: Unknown enumeration value"},
+      {"policy: BOGUS max_length_cv: 0.3", "line 1 column 9: Unknown enumeration value"},
+      {"\tpolicy:\tBOGUS\n", "line 1 column 17: Unknown enumeration value"},
+      // The value spelt as the next field's name: the value's place, not the field's.
+      {"policy: max_length_cv\nmax_length_cv: 0.3\n", "line 1 column 9: Unknown enumeration"},
   };
   for (const Case& c : cases) {
     v1::GateConfig out;
