@@ -113,16 +113,22 @@ std::vector<Bound> BoundOf(absl::string_view address, bool civetweb) {
   q.port = std::string(port_text);
   const int port = PortNumber(q);
   if (port <= 0) return {};  // port 0: a free port each; a bad one is refused first
-  const std::string& h = p.host;
   if (plus) return {Bound{false, "", port, true, true}};
+  // An IPv6 literal in its one spelling ("0:0::1" and "::1" are one address; "::0" is "::").
+  std::string h = p.host;
+  in6_addr a6;
+  const bool v6 = inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+  if (v6) {
+    char text[INET6_ADDRSTRLEN];
+    if (inet_ntop(AF_INET6, &a6, text, sizeof(text)) != nullptr) h = text;
+  }
   if (h.empty() || h == "0.0.0.0" || h == "*") return {Bound{false, "", port, true, !civetweb}};
   if (h == "::") return {Bound{false, "", port, !civetweb, true}};
   if (absl::EqualsIgnoreCase(h, "localhost")) {
     return {Bound{false, "127.0.0.1", port, true, false}, Bound{false, "::1", port, false, true}};
   }
-  unsigned char addr[16];
-  const bool v4 = inet_pton(AF_INET, h.c_str(), addr) == 1;
-  const bool v6 = inet_pton(AF_INET6, h.c_str(), addr) == 1;
+  in_addr a4;
+  const bool v4 = inet_pton(AF_INET, h.c_str(), &a4) == 1;
   return {Bound{false, h, port, v4 || !v6, v6 || !v4}};  // a name: either family
 }
 

@@ -83,6 +83,10 @@ TEST(ListenAddressTest, SharedListenAddress) {
       {"unix:/run/a.sock", "unix:/run/a.sock", true}, {"unix:/run/a.sock", "unix:/run/b.sock", false},
       {"127.0.0.1:9461", "[::1]:9462,0.0.0.0:9461", true},
       {"127.0.0.1:50062", "127.0.0.1:9461,127.0.0.1:50062", true},
+      // An IPv6 address however spelt: one address, and "::0" the wildcard.
+      {"[0:0:0:0:0:0:0:1]:9461", "[::1]:9461", true}, {"[::0001]:9461", "[::1]:9461", true},
+      {"[0::0]:9461", "127.0.0.1:9461", true},        {"[FE80::1]:9461", "[fe80::1]:9461", true},
+      {"[0:0:0:0:0:0:0:1]:9461", "[::2]:9461", false},
   };
   for (const auto& c : cases) {
     const std::string error =
