@@ -26,7 +26,7 @@ constexpr FlagSpec kGlobalFlags[] = {
     {"tls_key", "FILE", "PEM private key of --tls_cert", "SPGATE_TLS_KEY"},
     {"tls_server_name", "NAME", "name to check in the daemon's certificate (default: host of --admin)",
      "SPGATE_TLS_SERVER_NAME"},
-    {"timeout", "DURATION", "deadline of every call (default 5s; watch: time to connect)",
+    {"timeout", "DURATION", "the command's deadline, all its calls (default 5s; watch: time to connect)",
      "SPGATE_TIMEOUT"},
     {"output", "table|json|yaml",
      "-o for short: table (default), json (proto field names; one object per line for watch) "

@@ -46,7 +46,7 @@ struct GlobalOptions {
   std::string tls_cert;         // client certificate for mTLS (needs tls_key)
   std::string tls_key;
   std::string tls_server_name;  // overrides the name checked against the server cert
-  absl::Duration timeout = absl::Seconds(5);  // deadline of every unary call
+  absl::Duration timeout = absl::Seconds(5);  // the command's deadline: all its unary calls
   OutputFormat output = OutputFormat::kTable;
 
   bool UseTls() const { return !tls_ca.empty() || !tls_cert.empty(); }

@@ -97,7 +97,8 @@ class Client {
         token_(std::move(token)),
         channel_(std::move(channel)),
         stub_(v1::AdminService::NewStub(channel_)),
-        interrupter_(interrupter) {}
+        interrupter_(interrupter),
+        deadline_(absl::Now() + inv.global.timeout) {}
 
   int Run() {
     const OutputFormat fmt = inv_.global.output;
@@ -175,8 +176,11 @@ class Client {
   }
 
  private:
+  // The command's calls share one --timeout: a job scope's lookup before `gates set` and
+  // the call itself end by the same deadline (against an address that never answers, the
+  // command waits --timeout, not twice that).
   void Prepare(grpc::ClientContext* ctx, bool deadline) {
-    if (deadline) ctx->set_deadline(absl::ToChronoTime(absl::Now() + inv_.global.timeout));
+    if (deadline) ctx->set_deadline(absl::ToChronoTime(deadline_));
     if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
   }
 
@@ -235,7 +239,11 @@ class Client {
     v1::GetJobRequest request;
     request.set_job_id(job);
     v1::Job found;
-    const grpc::Status status = stub_->GetJob(&ctx, request, &found);
+    grpc::Status status;
+    {
+      Scope scope(interrupter_, &ctx);
+      status = stub_->GetJob(&ctx, request, &found);
+    }
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) return JobPresence::kUnknown;
     if (!status.ok()) return JobPresence::kUnsure;
     return found.summary().incarnation().empty() ? JobPresence::kNoLaunch
@@ -296,6 +304,7 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AdminService::Stub> stub_;
   Interrupter* interrupter_;
+  const absl::Time deadline_;  // of every unary call (Prepare)
 };
 
 int UsageError(const Invocation& inv, absl::string_view message) {
