@@ -89,21 +89,25 @@ absl::Status SetOption(spgate::client::GateClientOptions& o,
   if (const spgate::GateField* f = spgate::FindGateField(name)) {
     return spgate::SetGateFieldFromText(o.initial_config, *f, value);  // "adaptive" too
   }
+  // A name it does not take, in one shape: option "NAME": why (a value's error is the
+  // option's name and what is wrong with the value, as above).
+  auto refused = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("option \"", name, "\": ", why));
+  };
   if (name == "link_gbps" || name == "link_latency_us") {  // documented until 0.1.0
-    return absl::InvalidArgumentError(absl::StrCat(
-        "option \"", name, "\" was removed: ADAPTIVE's prior no longer takes declared "
-        "hardware (docs/client.md); drop the call"));
+    return refused(
+        "removed: ADAPTIVE's prior no longer takes declared hardware (docs/client.md); drop "
+        "the call");
   }
   if (const spgate::client::ClientOption* row = spgate::client::FindClientOption(name)) {
     // A duration's C++ name (the C API's carries its unit), or an option C++ alone sets.
-    return absl::InvalidArgumentError(
-        row->in_c_api()
-            ? absl::StrCat("unknown option \"", name, "\": the C API names it \"",
-                           spgate::client::CApiOptionName(*row), "\"")
-            : absl::StrCat("option \"", name, "\" is not in the C API (GateClientOptions::",
-                           name, " in C++ only)"));
+    return refused(row->in_c_api()
+                       ? absl::StrCat("unknown; the C API names it \"",
+                                      spgate::client::CApiOptionName(*row), "\"")
+                       : absl::StrCat("not in the C API (GateClientOptions::", name,
+                                      ", C++ only)"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown option \"", name, "\""));
+  return refused("unknown (docs/client.md, \"Options worth knowing\", lists them)");
 }
 
 absl::Time Deadline(spgate::client::GateClient* client, int64_t timeout_us) {

@@ -41,18 +41,18 @@ using ::testing::HasSubstr;
 TEST(CApiTest, ErrorsCarryCodeAndMessage) {
   spgate_options* o = spgate_options_create();
   EXPECT_EQ(spgate_options_set(o, "no_such_option", "1"), SPGATE_INVALID_ARGUMENT);
-  EXPECT_THAT(spgate_last_error(), HasSubstr("unknown option \"no_such_option\""));
+  EXPECT_THAT(spgate_last_error(), HasSubstr("option \"no_such_option\": unknown"));
   // A removed option says so, not "unknown".
   EXPECT_EQ(spgate_options_set(o, "link_gbps", "450"), SPGATE_INVALID_ARGUMENT);
-  EXPECT_THAT(spgate_last_error(), HasSubstr("\"link_gbps\" was removed"));
+  EXPECT_THAT(spgate_last_error(), HasSubstr("option \"link_gbps\": removed"));
   EXPECT_EQ(spgate_options_set(o, "group_size", "two"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("not an integer"));
   // The C++ name of a duration points at the C API's; a negative duration or byte count,
   // or an int out of range, is refused by the C API's name when set.
   EXPECT_EQ(spgate_options_set(o, "decision_deadline", "5"), SPGATE_INVALID_ARGUMENT);
-  EXPECT_THAT(spgate_last_error(), HasSubstr("the C API names it \"decision_deadline_ms\""));
+  EXPECT_THAT(spgate_last_error(), HasSubstr("option \"decision_deadline\": unknown; the C API names it \"decision_deadline_ms\""));
   EXPECT_EQ(spgate_options_set(o, "keepalive_time", "5"), SPGATE_INVALID_ARGUMENT);
-  EXPECT_THAT(spgate_last_error(), HasSubstr("\"keepalive_time\" is not in the C API"));
+  EXPECT_THAT(spgate_last_error(), HasSubstr("option \"keepalive_time\": not in the C API"));
   EXPECT_EQ(spgate_options_set(o, "decision_deadline_ms", "-5"), SPGATE_INVALID_ARGUMENT);
   EXPECT_THAT(spgate_last_error(), HasSubstr("decision_deadline_ms: not a non-negative integer"));
   EXPECT_EQ(spgate_options_set(o, "memory_budget_bytes", "-5"), SPGATE_INVALID_ARGUMENT);
