@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Renders deploy/k8s (base, every overlay, the TLS component on the per-job overlay) and
-checks what a cluster would reject or silently get wrong.
+"""Renders deploy/k8s (base, every overlay, the TLS component on the per-job overlay, and
+docs/deploy.md's own Job on the per-job overlay) and checks what a cluster would reject or
+silently get wrong.
 
 Rendering: tests/deploy/kustomize_render.py always; `kubectl kustomize` as well when
 kubectl is installed, and then both renderings must be identical.
@@ -36,7 +37,10 @@ Per shape: native sidecar (initContainer, restartPolicy Always) in the base; an 
 container plus a shared process namespace in legacy-sidecar; no sidecar, a Service whose
 selector and targetPort match the Deployment, and a NetworkPolicy letting the trainers
 in, in per-job-daemon; TLS flags whose files are mounted in the TLS composition, on
-spgated and on the trainer.
+spgated and on the trainer; in docs/deploy.md's "Your own job" example (its
+kustomization as the doc shows it, over a Job of the base's shape without spgate's pod
+label), the example Job gone, the overlay's other resources unchanged, and the own Job
+given the job id and let through the NetworkPolicy.
 """
 import os
 import re
@@ -50,6 +54,7 @@ import kustomize_render  # noqa: E402
 import yaml  # noqa: E402  (kustomize_render reported a missing python3-yaml)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEPLOY_DOC = os.path.join(REPO, "docs", "deploy.md")
 # SPGATE_K8S_DIR: check another tree (the mutation self-test uses it).
 K8S = os.environ.get("SPGATE_K8S_DIR", os.path.join(REPO, "deploy", "k8s"))
 GATES = os.path.join(K8S, "components", "sidecar", "gates.textproto")
@@ -408,6 +413,55 @@ def Check(name, resources, gates_text):
     return daemons, trainers
 
 
+def CheckNetworkPolicy(name, resources, daemons, job):
+    """The NetworkPolicy lets `job`'s pods reach the worker API and leaves metrics open."""
+    nps = Find(resources, "NetworkPolicy")
+    if not nps:
+        Fail(name, "no NetworkPolicy rendered")
+    for np in nps:
+        listen = Port(daemons[0][3]["listen"]) if daemons else None
+        trainer_labels = job["spec"]["template"].get("metadata", {}).get("labels") or {}
+        allowed = any(
+            listen in [p.get("port") for p in rule.get("ports", [])]
+            and any(Selects(f.get("podSelector", {}).get("matchLabels"), trainer_labels)
+                    for f in rule.get("from", []))
+            for rule in np["spec"].get("ingress", []))
+        if not allowed:
+            Fail(name, "the NetworkPolicy does not let the trainer pods reach the worker API")
+        metrics_open = any(9461 in [p.get("port") for p in rule.get("ports", [])] and not rule.get("from")
+                           for rule in np["spec"].get("ingress", []))
+        if not metrics_open:
+            Fail(name, "the NetworkPolicy must leave the metrics port open to Prometheus")
+
+
+def CheckOwnJob(renders):
+    """docs/deploy.md's own Job on the per-job overlay: the example Job deleted, the
+    daemon's side as the overlay renders it, and the own Job dialling it (Check above
+    followed its --controller to the Service and its worker token to its Secret)."""
+    name = "per-job-daemon+own-job"
+    own, per_job = renders[name], renders["per-job-daemon"]
+    d, trainers = own["checked"]
+    jobs = Find(own["resources"], "Job")
+    if [j["metadata"]["name"] for j in jobs] != [OWN_JOB]:
+        Fail(name, f"exactly the own Job {OWN_JOB} expected, got {[j['metadata']['name'] for j in jobs]}")
+        return
+    daemon_side = {Key(r): r for r in own["resources"] if r["kind"] != "Job"}
+    expected = {Key(r): r for r in per_job["resources"] if r["kind"] != "Job"}
+    if daemon_side != expected:
+        Fail(name, "the overlay's Deployment, Service, NetworkPolicy, ConfigMap and PodMonitor "
+                   "differ from the per-job-daemon rendering")
+    spec = jobs[0]["spec"]["template"]["spec"]
+    if any(c["name"] == SIDECAR for _, c in AllContainers(spec)):
+        Fail(name, "the own Job runs spgated")
+    if not trainers:
+        Fail(name, "no trainer rendered")
+    for where, c, _, _ in trainers:
+        env = {e["name"]: e for e in c.get("env") or []}
+        if "SPGATE_JOB_ID" not in env:
+            Fail(where, "the own Job's trainer has no SPGATE_JOB_ID")
+    CheckNetworkPolicy(name, own["resources"], d, jobs[0])
+
+
 def CheckShapes(renders):
     base = renders["base"]
     d, _ = base["checked"]
@@ -464,20 +518,8 @@ def CheckShapes(renders):
         job_flags.pop(flag, None)
     if base_flags != job_flags:
         Fail("per-job-daemon", f"spgated flags differ from the sidecar's: {base_flags} vs {job_flags}")
-    for np in Find(per_job["resources"], "NetworkPolicy"):
-        listen = Port(d[0][3]["listen"]) if d else None
-        trainer_labels = job["spec"]["template"]["metadata"]["labels"]
-        allowed = any(
-            listen in [p.get("port") for p in rule.get("ports", [])]
-            and any(Selects(f.get("podSelector", {}).get("matchLabels"), trainer_labels)
-                    for f in rule.get("from", []))
-            for rule in np["spec"].get("ingress", []))
-        if not allowed:
-            Fail("per-job-daemon", "the NetworkPolicy does not let the trainer pods reach the worker API")
-        metrics_open = any(9461 in [p.get("port") for p in rule.get("ports", [])] and not rule.get("from")
-                           for rule in np["spec"].get("ingress", []))
-        if not metrics_open:
-            Fail("per-job-daemon", "the NetworkPolicy must leave the metrics port open to Prometheus")
+    CheckNetworkPolicy("per-job-daemon", per_job["resources"], d, job)
+    CheckOwnJob(renders)
 
     tls = renders["per-job-daemon+tls"]
     d, trainers = tls["checked"]
@@ -500,6 +542,44 @@ def CheckShapes(renders):
                 Fail(where, "TLS flags on a trainer without the TLS component")
 
 
+OWN_JOB = None  # the own Job's name, as docs/deploy.md's example names it
+
+
+def OwnJobFromDoc(tmp):
+    """docs/deploy.md's "Your own job" kustomization, written as the doc shows it next to
+    a copy of deploy/k8s at the relative path it names, over a Job of the base's shape
+    (the name its patch gives, without the pod label its patch must add)."""
+    global OWN_JOB
+    with open(DEPLOY_DOC, encoding="utf-8") as f:
+        blocks = re.findall(r"^```yaml\n(.*?)^```", f.read(), re.S | re.M)
+    found = [b for b in blocks if "overlays/per-job-daemon" in b and "$patch: delete" in b]
+    if len(found) != 1:
+        raise RuntimeError(f"{DEPLOY_DOC}: expected one yaml block with the per-job overlay and "
+                           f"a `$patch: delete`, found {len(found)}")
+    kust = yaml.safe_load(found[0])
+    overlay = next(r for r in kust["resources"] if r.endswith("overlays/per-job-daemon"))
+    job_file = next(r for r in kust["resources"] if r.endswith(".yaml"))
+    patches = [yaml.safe_load(p["patch"]) for p in kust.get("patches", [])]
+    own = next(p for p in patches if p.get("kind") == "Job" and "$patch" not in p)
+    OWN_JOB = own["metadata"]["name"]
+    root = os.path.join(tmp, "own-job")
+    here = os.path.join(root, "my-training")
+    k8s = os.path.normpath(os.path.join(here, overlay, "..", ".."))
+    shutil.copytree(K8S, k8s)
+    with open(os.path.join(K8S, "base", "job.yaml"), encoding="utf-8") as f:
+        job = yaml.safe_load(f)
+    job["metadata"] = {"name": OWN_JOB}
+    job["spec"]["template"]["metadata"]["labels"].pop("app.kubernetes.io/part-of", None)
+    for c in job["spec"]["template"]["spec"]["containers"]:  # your image: no `images:` here
+        c["image"] = "ghcr.io/spgate/spgate:0.1.0"
+    os.makedirs(here)
+    with open(os.path.join(here, job_file), "w", encoding="utf-8") as f:
+        yaml.safe_dump(job, f)
+    with open(os.path.join(here, "kustomization.yaml"), "w", encoding="utf-8") as f:
+        f.write(found[0])
+    return here
+
+
 def RenderAll(tmp):
     targets = {
         "base": os.path.join(K8S, "base"),
@@ -516,6 +596,7 @@ def RenderAll(tmp):
         f.write("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
                 "resources:\n  - ../per-job-daemon\ncomponents:\n  - ../../components/tls\n")
     targets["per-job-daemon+tls"] = compose
+    targets["per-job-daemon+own-job"] = OwnJobFromDoc(tmp)
     for parent in ("overlays", "examples"):
         for overlay in sorted(os.listdir(os.path.join(K8S, parent))):
             if overlay not in targets:
@@ -546,7 +627,12 @@ def main():
     renders = {}
     compared = []
     with tempfile.TemporaryDirectory(prefix="spgate-k8s-") as tmp:
-        for name, path in RenderAll(tmp).items():
+        try:
+            targets = RenderAll(tmp)
+        except (RuntimeError, OSError, KeyError, StopIteration, yaml.YAMLError) as e:
+            print(f"FAIL: composing the renderings: {e!r}")
+            return 1
+        for name, path in targets.items():
             try:
                 resources = kustomize_render.Build(path)
             except kustomize_render.KustomizeError as e:
@@ -566,7 +652,7 @@ def main():
                 compared.append(name)
             renders[name] = {"resources": resources,
                              "checked": Check(name, resources, gates_text)}
-    if len(renders) == 5 and not failures:
+    if len(renders) == len(targets) and not failures:
         CheckShapes(renders)
     if failures:
         print(f"FAIL: {len(failures)} problem(s)")

@@ -19,11 +19,12 @@ implements exactly, and refuses loudly everything else:
 Strategic merge follows Kubernetes' patch strategy for the fields it knows: containers,
 initContainers, volumes, env, imagePullSecrets by `name`, volumeMounts by `mountPath`,
 container ports by `containerPort`, Service ports by `port` (patched elements first,
-then the rest, as kustomize orders them); other lists are replaced;
-`null` deletes a key; `$patch: delete` removes a list element; `$patch: replace`
-replaces a map. Any other `$` directive is an error. Kustomize knows the merge keys of
-built-in kinds only: a strategic merge into any other kind (a custom resource such as a
-PyTorchJob) replaces every list it names, and so does this renderer.
+then the rest, as kustomize orders them); other lists are replaced; `null` deletes a
+key; `$patch: delete` removes a list element, or, at the top of a patch, every resource
+the patch selects; `$patch: replace` replaces a map. Any other `$` directive is an
+error. Kustomize knows the merge keys of built-in kinds only: a strategic merge into any
+other kind (a custom resource such as a PyTorchJob) replaces every list it names, and so
+does this renderer.
 
 Usage: kustomize_render.py DIR   -> multi-document YAML on stdout (exit 1 on error)
 """
@@ -360,6 +361,10 @@ def ApplyPatch(resources, entry, directory):
     selected = [i for i, r in enumerate(resources) if _matches(r, target)]
     if not selected and "target" not in entry:  # kustomize: "no resource matches"
         raise KustomizeError(f"{directory}: patch target {target} matches nothing")
+    if patch.get("$patch") == "delete":  # the whole resource goes
+        for i in reversed(selected):
+            del resources[i]
+        return
     for i in selected:
         body = copy.deepcopy(patch)
         if "target" in entry:  # a targeted patch does not rename what it patches

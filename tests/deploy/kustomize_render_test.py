@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Unit tests of kustomize_render.py: strategic merge and JSON 6902 semantics (lists of a
 custom resource replaced), target selection (label selectors), generators, images,
-replacements, local configuration, and the loud refusal of everything it does not
-implement. When kubectl is installed, the strategic-merge list-order cases and a
-kustomization using every feature the sidecar Component relies on are also rendered by
-`kubectl kustomize` and must agree.
+replacements, local configuration, resources deleted by a patch, and the loud refusal of
+everything it does not implement. When kubectl is installed, the strategic-merge
+list-order cases, the resource deletions and a kustomization using every feature the
+sidecar Component relies on are also rendered by `kubectl kustomize` and must agree.
 """
 import copy
 import os
@@ -34,6 +34,21 @@ LIST_ORDER_CASES = [
 def Deployment(containers):
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
             "spec": {"template": {"spec": {"containers": containers}}}}
+
+
+# `$patch: delete` at the top of a strategic merge patch: the resources it selects go
+# (by its own kind and name, or by its target).
+DELETE_RESOURCES = "---\n".join(yaml.safe_dump(d) for d in (
+    dict(Deployment([]), metadata={"name": "x", "labels": {"a": "1"}}),
+    dict(Deployment([]), metadata={"name": "y", "labels": {"a": "1"}}),
+    dict(Deployment([]), metadata={"name": "z"}),
+    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}}))
+_DELETE = "$patch: delete\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: %s}\n"
+DELETE_CASES = [
+    ([{"patch": _DELETE % "x"}], [("Deployment", "y"), ("Deployment", "z"), ("Service", "x")]),
+    ([{"target": {"kind": "Deployment", "labelSelector": "a=1"}, "patch": _DELETE % "any"}],
+     [("Deployment", "z"), ("Service", "x")]),
+]
 
 
 def PatchFor(spec):
@@ -146,6 +161,14 @@ class BuildTest(unittest.TestCase):
         images = [c["image"] for c in out["Deployment"]["spec"]["template"]["spec"]["containers"]]
         self.assertEqual(images, ["reg/img:2", "other"])
         self.assertEqual(out["Deployment"]["metadata"]["labels"], {"c": "1"})
+
+    def test_delete_directive_removes_resources(self):
+        self.Write("r.yaml", DELETE_RESOURCES)
+        for patches, want in DELETE_CASES:
+            with self.subTest(patches=patches):
+                self.Write("kustomization.yaml", {"resources": ["r.yaml"], "patches": patches})
+                got = sorted((r["kind"], r["metadata"]["name"]) for r in kr.Build(self.dir))
+                self.assertEqual(got, want)
 
     def test_refuses_what_it_does_not_implement(self):
         self.Write("r.yaml", Deployment([]))
@@ -353,6 +376,19 @@ class AgreesWithKubectlTest(unittest.TestCase):
                 theirs = yaml.safe_load(r.stdout)
                 mine = kr.Build(d)[0]
                 self.assertEqual(mine, theirs)
+
+    def test_delete_directive(self):
+        for patches, _ in DELETE_CASES:
+            with self.subTest(patches=patches), tempfile.TemporaryDirectory() as d:
+                with open(os.path.join(d, "r.yaml"), "w") as f:
+                    f.write(DELETE_RESOURCES)
+                with open(os.path.join(d, "kustomization.yaml"), "w") as f:
+                    yaml.safe_dump({"resources": ["r.yaml"], "patches": patches}, f)
+                r = subprocess.run([KUBECTL, "kustomize", d], capture_output=True, text=True,
+                                   timeout=60, check=True)
+                key = lambda x: (x["kind"], x["metadata"]["name"])  # noqa: E731
+                theirs = sorted((x for x in yaml.safe_load_all(r.stdout) if x), key=key)
+                self.assertEqual(sorted(kr.Build(d), key=key), theirs)
 
     def test_feature_tree(self):
         with tempfile.TemporaryDirectory() as d:
