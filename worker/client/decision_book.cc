@@ -249,7 +249,12 @@ GateDecision DecisionBook::Commit(int64_t step, absl::Time now) {
     d = {.step = step, .source = local_source_, .config_version = sc.version,
          .stage_peak_bytes = run.stage_peak_bytes};
     ++counters_.local_decisions;
-    ++counters_.local_decisions_by_reason[static_cast<int>(decisions_.front().reason)];
+    // By reason, each decision (a step plan's: each micro-batch's), as the daemon counts
+    // its own (spgate_decisions_total): the heartbeat's counts are what the local share
+    // of a job's decisions is computed from.
+    for (const Decision& m : decisions_) {
+      ++counters_.local_decisions_by_reason[static_cast<int>(m.reason)];
+    }
   }
   d.mode = decisions_.front().mode;
   d.policy_reason = decisions_.front().reason;

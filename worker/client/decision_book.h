@@ -87,7 +87,9 @@ struct DecisionBookCounters {
   // Commits whose daemon answer (TP-only) the memory gate forbade; SP ran instead. Every
   // commit is exactly one of daemon, local, memory override.
   int64_t memory_overrides = 0;
-  std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
+  // The local policy's decisions by reason: one per plain plan, one per micro-batch of a
+  // step plan (so a step plan's local commit adds its micro-batches here, 1 above).
+  std::array<int64_t, kNumReasons> local_decisions_by_reason{};
 };
 
 // `plan` as a record (the one shape above) for a client with `layout` (null: none, plain

@@ -69,7 +69,8 @@ struct GateClientStats {
   int64_t late_decisions = 0;      // daemon answers that came after a local decision
   int64_t local_decisions = 0;     // fallback + local-only decisions
   int64_t memory_overrides = 0;    // daemon TP-only answers the memory gate forbade (SP ran)
-  std::array<int64_t, kNumReasons> local_decisions_by_reason{};  // by policy reason
+  // By policy reason, per decision: a step plan's local commit counts each micro-batch.
+  std::array<int64_t, kNumReasons> local_decisions_by_reason{};
   int64_t config_updates = 0;
   int64_t learned_tables = 0;      // ADAPTIVE learned tables received (the fallback's)
   int64_t telemetry_reported = 0;  // ReportTelemetry calls accepted

@@ -541,6 +541,16 @@ TEST(DecisionBookStepPlanTest, TheStageGateOverridesADaemonTpOnlyAnswerThatDoesN
   EXPECT_EQ(local.reason, Reason::kControllerUnavailable);
   ASSERT_EQ(local.microbatches.size(), 4u);
   EXPECT_EQ(local.microbatches[0], (Decision{Mode::kSequenceParallel, Reason::kMemoryRequiresSp}));
+  // One local commit; by reason, one per micro-batch decided, as the daemon counts its
+  // decisions (spgate_decisions_total), so the local share compares like with like.
+  EXPECT_EQ(book.counters().local_decisions, 1);
+  std::array<int64_t, kNumReasons> by_reason{};
+  for (const Decision& m : local.microbatches) ++by_reason[static_cast<int>(m.reason)];
+  EXPECT_EQ(book.counters().local_decisions_by_reason, by_reason);
+  EXPECT_EQ(by_reason[static_cast<int>(Reason::kMemoryRequiresSp)] +
+                by_reason[static_cast<int>(Reason::kLengthCv)] +
+                by_reason[static_cast<int>(Reason::kGatesPassed)],
+            4);
 }
 
 TEST(DecisionBookStepPlanTest, AnAnswerForAnotherNumberOfMicrobatchesIsDecidedLocally) {
