@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/bearer_token.h"
+#include "common/status_macros.h"
 
 namespace spgate::server {
 
@@ -18,6 +20,23 @@ bool IsValidCredentialName(absl::string_view name) {
     if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '@' && c != '-') return false;
   }
   return true;
+}
+
+absl::Status CheckBareTokenName(absl::string_view where, const std::string& path) {
+  const std::string name = CredentialFileBasename(path);
+  if (IsValidCredentialName(name)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ": a bare token is named after its file, and \"", name,
+      "\" is not [A-Za-z0-9._@-]+ (a name with ':' would read as a certificate's): rename "
+      "the file or write NAME:TOKEN"));
+}
+
+absl::Status CheckPrincipalName(absl::string_view where, absl::string_view name) {
+  if (name != kAnonymousPrincipal) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      where, ": the name ", kAnonymousPrincipal,
+      " is the audit log's for a call without a credential (a daemon with none configured); "
+      "choose another"));
 }
 
 absl::StatusOr<std::string> ReadCredentialFile(const std::string& flag, const std::string& path) {
@@ -64,7 +83,7 @@ std::optional<CallKind> AdminCallKind(absl::string_view method) {
 
 absl::StatusOr<Principal> AuthorizeAdminCall(const AdminAuthConfig& auth,
                                              const CallerCredentials& caller, CallKind kind) {
-  if (!auth.configured()) return Principal{"anonymous", Role::kAdmin};
+  if (!auth.configured()) return Principal{std::string(kAnonymousPrincipal), Role::kAdmin};
   std::optional<Principal> who;
   absl::StatusOr<std::optional<absl::string_view>> token = BearerToken(caller);
   if (!token.ok()) return token.status();
@@ -105,10 +124,11 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
                                                             const std::string& text, Role role) {
   std::vector<TokenCredential> out;
   int line_no = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(text), '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
+    const std::string where = absl::StrCat(flag, ": ", path, " line ", line_no);
     TokenCredential cred{CredentialFileBasename(path), std::string(line), role,
                          absl::StrCat(path, " line ", line_no)};
     if (const size_t colon = line.find(':'); colon != absl::string_view::npos) {
@@ -116,13 +136,20 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
       cred.secret = std::string(absl::StripAsciiWhitespace(line.substr(colon + 1)));
       if (!IsValidCredentialName(cred.name)) {
         return absl::InvalidArgumentError(absl::StrCat(
-            flag, ": ", path, " line ", line_no,
-            ": the name before ':' must be [A-Za-z0-9._@-]+ (the line is NAME:TOKEN)"));
+            where, ": the name before ':' must be [A-Za-z0-9._@-]+ (the line is NAME:TOKEN)"));
       }
+    } else {
+      RETURN_IF_ERROR(CheckBareTokenName(where, path));
     }
-    if (cred.secret.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, ": ", path, " line ", line_no, ": empty token"));
+    // A token no client can send (a space, a control byte, UTF-8) is a mistake in the file.
+    RETURN_IF_ERROR(CheckBearerToken(cred.secret, where));
+    RETURN_IF_ERROR(CheckPrincipalName(where, cred.name));
+    for (const TokenCredential& other : out) {
+      if (other.name == cred.name) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, ": the name ", cred.name, " is also on ", other.where,
+            "; every credential needs its own name (the audit log tells them apart by it)"));
+      }
     }
     out.push_back(std::move(cred));
   }
@@ -188,6 +215,12 @@ absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_fil
     if (!tokens.ok()) return tokens.status();
     for (TokenCredential& t : *tokens) {
       for (const TokenCredential& other : auth.tokens) {
+        if (other.name == t.name) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              f.flag, ": ", t.where, ": the name ", t.name, " is also on ", other.where,
+              " (", other.role == Role::kAdmin ? "--admin_token_file" : "--reader_token_file",
+              "); give each principal one name and one role"));
+        }
         if (other.secret == t.secret) {
           return absl::InvalidArgumentError(absl::StrCat(
               f.flag, ": ", t.where, ": the token of ", t.name, " is also the token of ",

@@ -85,6 +85,13 @@ absl::StatusOr<std::vector<SubjectCredential>> ParseSubjectsFile(const std::stri
 // [A-Za-z0-9._@-]{1,128}; a file that cannot be read is FAILED_PRECONDITION naming the
 // flag and the file; a bare token is named after its file's basename.
 bool IsValidCredentialName(absl::string_view name);
+// The principal of every call where no credential is configured (open mode), in the audit
+// log and in errors; no credential may take the name.
+inline constexpr absl::string_view kAnonymousPrincipal = "anonymous";
+// INVALID_ARGUMENT at `where` when a bare token's file basename (its principal) is not a
+// valid name, or when `name` is kAnonymousPrincipal.
+absl::Status CheckBareTokenName(absl::string_view where, const std::string& path);
+absl::Status CheckPrincipalName(absl::string_view where, absl::string_view name);
 absl::StatusOr<std::string> ReadCredentialFile(const std::string& flag, const std::string& path);
 std::string CredentialFileBasename(const std::string& path);
 

@@ -27,10 +27,17 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
 
 absl::StatusOr<std::optional<absl::string_view>> BearerToken(const CallerCredentials& caller) {
   if (!caller.authorization.has_value()) return std::optional<absl::string_view>();
+  if (caller.authorization_repeated) {
+    return absl::PermissionDeniedError(
+        "the authorization metadata was sent more than once; send one 'Bearer <token>'");
+  }
   absl::string_view value = *caller.authorization;
-  if (!absl::ConsumePrefix(&value, "Bearer ")) {
+  // The scheme is case-insensitive (RFC 7235 §2.1); the token is not.
+  constexpr absl::string_view kScheme = "Bearer ";
+  if (!absl::StartsWithIgnoreCase(value, kScheme)) {
     return absl::PermissionDeniedError("the authorization metadata is not 'Bearer <token>'");
   }
+  value.remove_prefix(kScheme.size());
   return std::optional<absl::string_view>(value);
 }
 
@@ -39,6 +46,7 @@ CallerCredentials CallerCredentialsOf(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   if (auto it = md.find("authorization"); it != md.end()) {
     caller.authorization = std::string(it->second.data(), it->second.size());
+    caller.authorization_repeated = md.count("authorization") > 1;
   }
   const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr) return caller;

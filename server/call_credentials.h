@@ -34,6 +34,7 @@ namespace spgate::server {
 // (Every member has an initializer, so designated initializers may name only some.)
 struct CallerCredentials {
   std::optional<std::string> authorization{};  // the "authorization" metadata, verbatim
+  bool authorization_repeated = false;          // sent more than once: which one is meant?
   // The client certificate of an mTLS connection, already verified by the TLS layer
   // against --tls_client_ca, as gRPC's auth context reports it. Empty without one.
   bool has_certificate = false;

@@ -134,9 +134,10 @@ absl::Status CheckWorkerTokensAreNotAdminTokens(const WorkerAuthConfig& workers,
     for (const TokenCredential& a : admins.tokens) {
       if (w.secret == a.secret) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "--worker_token_file: the token of ", w.name, " is also the token of ", a.name,
-            " in ", a.role == Role::kAdmin ? "--admin_token_file" : "--reader_token_file",
-            "; workers and operators need their own tokens"));
+            "--worker_token_file: ", w.where, ": the token of ", w.name,
+            " is also the token of ", a.name, " in ",
+            a.role == Role::kAdmin ? "--admin_token_file" : "--reader_token_file", " (",
+            a.where, "); workers and operators need their own tokens"));
       }
     }
   }

@@ -604,8 +604,10 @@ absl::Status GateServiceImpl::CountRefused(absl::Status s) const {
 }
 
 absl::Status GateServiceImpl::AuthorizeWorker(grpc::CallbackServerContext* ctx,
-                                              std::string_view job_id) const {
-  return CountRefused(AuthorizeWorkerCall(worker_auth_, CallerCredentialsOf(*ctx), job_id));
+                                              std::string_view job_id,
+                                              JobNamedBy named_by) const {
+  return CountRefused(
+      AuthorizeWorkerCall(worker_auth_, CallerCredentialsOf(*ctx), job_id, named_by));
 }
 
 absl::Status GateServiceImpl::AuthenticateWorker(grpc::CallbackServerContext* ctx) const {
@@ -632,7 +634,8 @@ RawReactor* GateServiceImpl::Connect(grpc::CallbackServerContext* ctx) {
   return new ConnectReactor(
       state_, metrics_, streams_,
       [this, caller = CallerCredentialsOf(*ctx)](std::string_view job_id) {
-        return CountRefused(AuthorizeWorkerCall(worker_auth_, caller, job_id));
+        return CountRefused(
+            AuthorizeWorkerCall(worker_auth_, caller, job_id, JobNamedBy::kSession));
       });
 }
 
@@ -643,7 +646,7 @@ absl::StatusOr<v1::Decision> GateServiceImpl::Decide(grpc::CallbackServerContext
   if (!r.has_plan()) return absl::InvalidArgumentError("plan: required (the batch plan to decide)");
   const auto start = Clock::now();
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, state_->FindSession(r.session_id()));
-  RETURN_IF_ERROR(AuthorizeWorker(ctx, session->job_id));
+  RETURN_IF_ERROR(AuthorizeWorker(ctx, session->job_id, JobNamedBy::kSession));
   ASSIGN_OR_RETURN(DecisionRecord d, state_->Decide(*session, PlanFromProto(r.plan())));
   v1::Decision out;
   ToProto(d, &out);

@@ -81,7 +81,8 @@ class GateServiceImpl final : public RawService {
                                       const v1::DecideRequest& request);
   // The caller's credentials (CallerCredentialsOf) judged by AuthorizeWorkerCall for
   // `job_id`, the job the call acts for.
-  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx, std::string_view job_id) const;
+  absl::Status AuthorizeWorker(grpc::CallbackServerContext* ctx, std::string_view job_id,
+                               JobNamedBy named_by = JobNamedBy::kCaller) const;
   // Only who the caller is (AuthenticateWorker), where the job is not known yet.
   absl::Status AuthenticateWorker(grpc::CallbackServerContext* ctx) const;
   // `s`, counted in spgate_worker_refusals_total{reason="worker_credential"} if a refusal.

@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/bearer_token.h"
+#include "common/status_macros.h"
 #include "server/admin_auth.h"
 
 namespace spgate::server {
@@ -66,7 +68,7 @@ bool JobScope::Covers(std::string_view job_id) const {
 
 absl::StatusOr<WorkerGrant> AuthenticateWorker(const WorkerAuthConfig& auth,
                                                const CallerCredentials& caller) {
-  if (!auth.configured()) return WorkerGrant{"anonymous", "", JobScope{{"*"}}};
+  if (!auth.configured()) return WorkerGrant{std::string(kAnonymousPrincipal), "", JobScope{{"*"}}};
   absl::StatusOr<std::optional<absl::string_view>> token = BearerToken(caller);
   if (!token.ok()) return token.status();
   if (token->has_value()) {
@@ -99,18 +101,20 @@ absl::StatusOr<WorkerGrant> AuthenticateWorker(const WorkerAuthConfig& auth,
                             : absl::StrCat(", or a client certificate listed in ", kSubjectsFlag)));
 }
 
-absl::Status CheckWorkerJob(const WorkerGrant& grant, std::string_view job_id) {
+absl::Status CheckWorkerJob(const WorkerGrant& grant, std::string_view job_id,
+                            JobNamedBy named_by) {
   if (grant.jobs.Covers(job_id)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
-      "the worker credential \"", grant.name, "\" (", grant.source, ") may not act for job ",
-      QuotedJobId(job_id)));
+      "the worker credential \"", grant.name, "\" (", grant.source, ") may not act for ",
+      named_by == JobNamedBy::kCaller ? absl::StrCat("job ", QuotedJobId(job_id))
+                                      : std::string("the job of this session")));
 }
 
 absl::Status AuthorizeWorkerCall(const WorkerAuthConfig& auth, const CallerCredentials& caller,
-                                 std::string_view job_id) {
+                                 std::string_view job_id, JobNamedBy named_by) {
   absl::StatusOr<WorkerGrant> grant = AuthenticateWorker(auth, caller);
   if (!grant.ok()) return grant.status();
-  return CheckWorkerJob(*grant, job_id);
+  return CheckWorkerJob(*grant, job_id, named_by);
 }
 
 absl::StatusOr<std::vector<WorkerToken>> ParseWorkerTokenFile(const std::string& path,
@@ -118,11 +122,12 @@ absl::StatusOr<std::vector<WorkerToken>> ParseWorkerTokenFile(const std::string&
   std::vector<WorkerToken> out;
   std::map<std::string, int> line_of_name;
   int line_no = 0, bare_line = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(text), '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     const std::string where = absl::StrCat(kTokenFlag, ": ", path, " line ", line_no, ": ");
+    const std::string at = absl::StrCat(kTokenFlag, ": ", path, " line ", line_no);
     const size_t space = line.find_first_of(" \t");
     const absl::string_view credential = line.substr(0, space);
     const absl::string_view patterns =
@@ -137,6 +142,7 @@ absl::StatusOr<std::vector<WorkerToken>> ParseWorkerTokenFile(const std::string&
                    "JOB_PATTERN[,JOB_PATTERN...])"));
       }
       if (t.secret.empty()) return absl::InvalidArgumentError(absl::StrCat(where, "empty token"));
+      RETURN_IF_ERROR(CheckPrincipalName(at, t.name));
       if (patterns.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, "no job patterns after ", t.name,
@@ -151,13 +157,23 @@ absl::StatusOr<std::vector<WorkerToken>> ParseWorkerTokenFile(const std::string&
             "; every credential needs its own name"));
       }
     } else {
+      if (absl::StrContains(patterns.substr(0, patterns.find_first_of(" \t")), ':')) {
+        // "te am:TOKEN llama-*": a name with a space, not a bare token with patterns.
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, "the name before ':' must be [A-Za-z0-9._@-]+, no spaces (the line is "
+                   "NAME:TOKEN JOB_PATTERN[,JOB_PATTERN...])"));
+      }
       if (!patterns.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             where, "a credential with job patterns needs a name: NAME:TOKEN JOB_PATTERN[,...]"));
       }
+      RETURN_IF_ERROR(CheckBareTokenName(at, path));
       t = WorkerToken{CredentialFileBasename(path), std::string(credential), JobScope{{"*"}}};
       bare_line = line_no;
     }
+    // A token no client can send (a control byte, UTF-8) is a mistake in the file.
+    RETURN_IF_ERROR(CheckBearerToken(t.secret, at));
+    t.where = absl::StrCat(path, " line ", line_no);
     for (const WorkerToken& other : out) {
       if (other.secret == t.secret) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -47,6 +47,7 @@ struct WorkerToken {
   std::string name;    // the principal: NAME, or the file's basename for a bare token
   std::string secret;
   JobScope jobs;       // a bare token: {"*"}
+  std::string where;   // "PATH line N": where a start-up error points
 };
 
 struct WorkerSubject {
@@ -70,11 +71,17 @@ struct WorkerGrant {
 // Who the caller is; the errors of AuthorizeWorkerCall but the job's.
 absl::StatusOr<WorkerGrant> AuthenticateWorker(const WorkerAuthConfig& auth,
                                                const CallerCredentials& caller);
-// PERMISSION_DENIED naming `job_id` and grant.name when grant.jobs does not cover it.
-absl::Status CheckWorkerJob(const WorkerGrant& grant, std::string_view job_id);
+// Where a call's job id came from: the request named it, or the session the request
+// named did (a caller holding another's session id must not learn that session's job).
+enum class JobNamedBy { kCaller, kSession };
+// PERMISSION_DENIED naming grant.name, and `job_id` when the caller named it, when
+// grant.jobs does not cover it.
+absl::Status CheckWorkerJob(const WorkerGrant& grant, std::string_view job_id,
+                            JobNamedBy named_by = JobNamedBy::kCaller);
 // Both: the one call a worker RPC makes once it knows its job id.
 absl::Status AuthorizeWorkerCall(const WorkerAuthConfig& auth, const CallerCredentials& caller,
-                                 std::string_view job_id);
+                                 std::string_view job_id,
+                                 JobNamedBy named_by = JobNamedBy::kCaller);
 
 // --worker_token_file: one credential per non-empty line, `NAME:TOKEN
 // JOB_PATTERN[,JOB_PATTERN...]`; '#' starts a comment line. A file whose only credential

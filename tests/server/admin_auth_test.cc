@@ -97,6 +97,14 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"wrong_token_mutation", true, Bearer("nope"), kMutation, kDenied, ""},
         Case{"prefix_of_token", true, Bearer("admin-secre"), kMutation, kDenied, ""},
         Case{"not_bearer", true, {.authorization = "Basic admin-secret"}, kRead, kDenied, ""},
+        // The scheme is case-insensitive (RFC 7235), the token not; two headers are one too
+        // many (which is meant?).
+        Case{"bearer_lower_case", true, {.authorization = "bearer admin-secret"}, kMutation,
+             kOk, "alice"},
+        Case{"token_case_matters", true, Bearer("ADMIN-SECRET"), kRead, kDenied, ""},
+        Case{"authorization_twice", true,
+             {.authorization = "Bearer admin-secret", .authorization_repeated = true}, kRead,
+             kDenied, ""},
         // A wrong token is refused even with an admin certificate.
         Case{"wrong_token_good_cert", true,
              [] {
@@ -224,6 +232,33 @@ TEST(TokenFileTest, RefusalsNameTheFlagFileAndLine) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("/t line 2")));
   EXPECT_THAT(ParseTokenFile("--admin_token_file", "/t", "alice:\n", Role::kAdmin).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1: empty token")));
+  // A token no client can send in a header (gRPC aborted the client, printing it), a name
+  // twice (the audit log could not tell them apart), the open mode's principal, a bare
+  // token whose file name reads as a certificate's principal: each refused at start-up,
+  // naming the line and never the token.
+  const struct {
+    const char* path;
+    std::string text;
+    const char* message;
+  } refused[] = {
+      {"/t", std::string("alice:LEAK\x01ME\n"), "/t line 1: the token's character 5 is byte 0x01"},
+      {"/t", "LEAK ME\n", "/t line 1: the token's character 5 is byte 0x20"},
+      {"/t", "alice:LEAK-1\nalice:LEAK-2\n", "/t line 2: the name alice is also on /t line 1"},
+      {"/t", "anonymous:LEAK\n", "line 1: the name anonymous is the audit log's"},
+      {"/d/subject:CN=ops-admin,O=ml", "LEAK\n", "a bare token is named after its file, and "
+                                                   "\"subject:CN=ops-admin,O=ml\" is not"},
+  };
+  for (const auto& c : refused) {
+    const absl::Status s = ParseTokenFile("--admin_token_file", c.path, c.text, Role::kAdmin).status();
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message))) << c.text;
+    EXPECT_THAT(s.message(), Not(HasSubstr("LEAK"))) << c.text;
+  }
+  // A byte order mark an editor wrote is not part of the first line.
+  auto marked = ParseTokenFile("--admin_token_file", "/t", "\xef\xbb\xbf" "alice:s3cret\n",
+                               Role::kAdmin);
+  ASSERT_THAT(marked.status(), IsOk());
+  EXPECT_EQ((*marked)[0].name, "alice");
+  EXPECT_EQ((*marked)[0].secret, "s3cret");
 }
 
 TEST(SubjectsFileTest, RolesAndTypedIdentities) {
@@ -289,6 +324,17 @@ TEST(LoadAdminAuthTest, OneTokenCannotHaveTwoRoles) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(r + " line 1: the token of ci is also the token of alice (" + a +
                                  " line 1)")));
+  // One name in both files: one principal with two roles, refused naming both places.
+  f = fopen(a.c_str(), "w");
+  fputs("alice:one\n", f);
+  fclose(f);
+  f = fopen(r.c_str(), "w");
+  fputs("alice:two\n", f);
+  fclose(f);
+  EXPECT_THAT(LoadAdminAuth(a, r, "").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr(r + " line 1: the name alice is also on " + a +
+                                 " line 1 (--admin_token_file)")));
   EXPECT_THAT(LoadAdminAuth(dir + "/missing", "", "").status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("--admin_token_file")));
 }

@@ -132,6 +132,12 @@ TEST(AuthorizeWorkerTest, RefusalNamesNeitherTheSecretNorTheJobsTheCredentialCov
   const absl::Status h = AuthorizeWorkerCall(Configured(), Bearer("secret-a"), hostile);
   EXPECT_THAT(h, StatusIs(kDenied, HasSubstr("x\\n")));
   EXPECT_LT(h.message().size(), 300u);
+  // A job the caller did not name (its session's, a session id held by another tenant's
+  // credential) is not named back.
+  const absl::Status session =
+      AuthorizeWorkerCall(Configured(), Bearer("secret-a"), "gpt-2", JobNamedBy::kSession);
+  EXPECT_THAT(session, StatusIs(kDenied, HasSubstr("may not act for the job of this session")));
+  EXPECT_THAT(session.message(), Not(HasSubstr("gpt-2")));
 }
 
 TEST(AuthorizeWorkerTest, CertificatesCountOnlyWithASubjectsFile) {
@@ -213,12 +219,28 @@ TEST(WorkerTokenFileTest, RefusalsNameTheFlagFileAndLineNeverTheToken) {
       {"a: x\n", "line 1: empty token"},
       {"a:tok-a llama/*\n", "line 1: job pattern \"llama/*\" may hold only job-id characters"},
       {"a:tok-a llama-*,,gpt\n", "line 1: an empty job pattern"},
+      // A token no client can send in a header (gRPC aborted the client, printing it).
+      {"a:tok-\x01" "a x\n", "line 1: the token's character 5 is byte 0x01"},
+      {"te am:tok-a llama-*\n", "line 1: the name before ':' must be [A-Za-z0-9._@-]+, no spaces"},
+      {"anonymous:tok-a x\n", "line 1: the name anonymous is the audit log's"},
   };
   for (const auto& c : cases) {
     const absl::Status s = ParseWorkerTokenFile("/t", c.text).status();
     EXPECT_THAT(s, StatusIs(kInvalid, HasSubstr(c.message))) << c.text;
     EXPECT_THAT(s.message(), Not(HasSubstr("tok-"))) << c.text;
   }
+}
+
+// A byte order mark an editor wrote is not part of the first line; a bare token's file
+// name, its principal, must be a name (one with ':' reads as a certificate's).
+TEST(WorkerTokenFileTest, AByteOrderMarkIsNotTextAndABareTokensFileIsAName) {
+  auto marked = ParseWorkerTokenFile("/t", "\xef\xbb\xbf" "a:tok-a llama-*\n");
+  ASSERT_THAT(marked.status(), IsOk());
+  EXPECT_EQ((*marked)[0].name, "a");
+  EXPECT_EQ((*marked)[0].where, "/t line 1");
+  const absl::Status s = ParseWorkerTokenFile("/d/uri:spiffe", "tok-a\n").status();
+  EXPECT_THAT(s, StatusIs(kInvalid, HasSubstr("a bare token is named after its file")));
+  EXPECT_THAT(s.message(), Not(HasSubstr("tok-")));
 }
 
 TEST(WorkerSubjectsFileTest, TypedIdentitiesWithPatterns) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/bearer_token.h"
 #include "common/config_history.h"
 #include "common/status_macros.h"
 
@@ -197,7 +198,7 @@ std::string FormatBytes(uint64_t bytes) {
 }
 
 absl::StatusOr<std::string> TokenFromFileText(absl::string_view path, absl::string_view text) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(text), '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     if (const size_t colon = line.find(':'); colon != absl::string_view::npos && colon > 0) {
@@ -208,6 +209,9 @@ absl::StatusOr<std::string> TokenFromFileText(absl::string_view path, absl::stri
       if (is_name) line = absl::StripAsciiWhitespace(line.substr(colon + 1));
     }
     if (line.empty()) break;
+    // A byte a header cannot carry (a space, a control character, UTF-8) would abort the
+    // call in gRPC, printing the token: refused here, without it.
+    RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("--token_file: \"", path, "\"")));
     return std::string(line);
   }
   return absl::InvalidArgumentError(absl::StrCat("--token_file: \"", path, "\" holds no token"));

@@ -55,7 +55,8 @@ absl::StatusOr<std::vector<std::string>> ParseGateFieldListFlag(absl::string_vie
 
 // The bearer token in a --token_file's text: its first line that is neither empty nor a
 // '#' comment, without a leading "NAME:" (NAME of [A-Za-z0-9._@-]), so the daemon's
-// token-file lines work as they are (docs/security.md). Empty: INVALID_ARGUMENT.
+// token-file lines work as they are (docs/security.md); a leading UTF-8 byte order mark is
+// not text. Empty, or a byte a header cannot carry (CheckBearerToken): INVALID_ARGUMENT.
 absl::StatusOr<std::string> TokenFromFileText(absl::string_view path, absl::string_view text);
 
 // Human byte count for tables: "512 B", "1.5 KiB", "79.2 GiB".

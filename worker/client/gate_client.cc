@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/bearer_token.h"
 #include "common/handshake_hint.h"
 #include "common/hardware_id.h"
 #include "common/job_id.h"
@@ -71,6 +72,9 @@ absl::Status ValidateOptions(const GateClientOptions& o) {
     }
     RETURN_IF_ERROR(CheckLaunchCredential(o.launch_credential));
   }
+  // A token a header cannot carry would abort the process at the first call (gRPC's
+  // check), printing it: refused here instead, without it.
+  if (!o.worker_token.empty()) RETURN_IF_ERROR(CheckBearerToken(o.worker_token, "worker_token"));
   RETURN_IF_ERROR(ValidateHardwareId(o.hardware_id));  // the daemon's rule
   // Register's fields by the daemon's rules (common/registration.h), so that one it would
   // refuse fails here, naming the field. A group's upper bound is the daemon's

@@ -8,6 +8,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/bearer_token.h"
+#include "common/status_macros.h"
 #include "grpcpp/security/credentials.h"
 
 namespace spgate::client {
@@ -63,7 +65,8 @@ absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path, const c
   std::stringstream text;
   text << in.rdbuf();
   if (!in) return absl::InvalidArgumentError(absl::StrCat(name, ": cannot read \"", path, "\""));
-  for (absl::string_view line : absl::StrSplit(text.str(), '\n')) {
+  const std::string whole = text.str();
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(whole), '\n')) {
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
     // The credential is the first field; job patterns may follow (the daemon's).
@@ -76,6 +79,8 @@ absl::StatusOr<std::string> ReadWorkerTokenFile(const std::string& path, const c
       return absl::InvalidArgumentError(
           absl::StrCat(name, ": \"", path, "\": the first credential line has an empty token"));
     }
+    // A byte a header cannot carry: refused here, not by gRPC's abort at the first call.
+    RETURN_IF_ERROR(CheckBearerToken(token, absl::StrCat(name, ": \"", path, "\"")));
     return std::string(token);
   }
   return absl::InvalidArgumentError(absl::StrCat(name, ": \"", path, "\" is empty"));

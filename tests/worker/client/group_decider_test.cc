@@ -670,6 +670,15 @@ TEST(GateClientLocalTest, OptionsAreValidated) {
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                               HasSubstr("rank_in_group")));
   o.rank_in_group = 0;
+  // A token no header can carry: refused before any call (gRPC aborted the process at the
+  // first one, printing the header), without the token in the message.
+  o.worker_token = std::string("LEAK\x01ME", 7);
+  const auto bad_token = GateClient::Create(o);
+  EXPECT_THAT(bad_token.status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("worker_token: the token's character 5 is byte 0x01")));
+  EXPECT_THAT(bad_token.status().message(), ::testing::Not(HasSubstr("LEAK")));
+  o.worker_token = "";
   o.initial_config.window_steps = 0;
   EXPECT_THAT(GateClient::Create(o), StatusIs(absl::StatusCode::kInvalidArgument,
                                               HasSubstr("window_steps")));

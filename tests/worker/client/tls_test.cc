@@ -124,6 +124,15 @@ TEST_F(TlsTest, WorkerTokenFileInTheScopedFormatSendsTheFirstToken) {
   std::ofstream(dir_ / "comments") << "# nothing but comments\n\n";
   EXPECT_THAT(ReadWorkerTokenFile(P("comments")),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is empty")));
+  // A byte order mark an editor wrote is not text; a byte no header can carry is refused
+  // (gRPC aborted the process at the first call, printing the token), naming the file.
+  std::ofstream(dir_ / "marked") << "\xef\xbb\xbftenant-a:tok-a llama-*\n";
+  EXPECT_THAT(ReadWorkerTokenFile(P("marked")), IsOkAndHolds("tok-a"));
+  std::ofstream(dir_ / "control") << "tenant-a:LEAK\x01ME llama-*\n";
+  const absl::StatusOr<std::string> control = ReadWorkerTokenFile(P("control"));
+  EXPECT_THAT(control, StatusIs(absl::StatusCode::kInvalidArgument,
+                                HasSubstr("\": the token's character 5 is byte 0x01")));
+  EXPECT_THAT(control.status().message(), ::testing::Not(HasSubstr("LEAK")));
   std::ofstream(dir_ / "no-token") << "tenant-a: llama-*\n";
   EXPECT_THAT(ReadWorkerTokenFile(P("no-token")),
               StatusIs(absl::StatusCode::kInvalidArgument,
