@@ -3,12 +3,15 @@
 
 #include <grpc/support/log.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
 
+#include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace spgate::server {
@@ -89,16 +92,47 @@ std::string AbslUnparseFlag(LogFormat format) {
 
 void SetLogFormat(LogFormat format) { g_format.store(format, std::memory_order_relaxed); }
 
+GrpcLogLimit::Verdict GrpcLogLimit::Admit(const std::string& site, absl::Time now) {
+  auto [it, fresh] = sites_.try_emplace(site);
+  Bucket& b = it->second;
+  if (fresh) b.last = now;
+  const double refilled = absl::FDivDuration(std::max(now - b.last, absl::ZeroDuration()), kRefill);
+  b.tokens = std::min(kBurst, b.tokens + refilled);
+  b.last = std::max(b.last, now);
+  if (b.tokens < 1) {
+    ++b.held_back;
+    return {};
+  }
+  b.tokens -= 1;
+  const Verdict out{true, b.held_back};
+  b.held_back = 0;
+  return out;
+}
+
 void RouteGrpcLogs() {
   gpr_set_log_function([](gpr_log_func_args* args) {
+    static absl::Mutex mu(absl::kConstInit);
+    static GrpcLogLimit* const limit = new GrpcLogLimit();
     const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
     const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
+    GrpcLogLimit::Verdict v;
+    {
+      absl::MutexLock lock(&mu);
+      v = limit->Admit(absl::StrCat(file, ":", args->line), absl::Now());
+    }
+    if (!v.emit) return;
     // A refused handshake or a port in use is gRPC's ERROR: the daemon's warning (it goes
     // on serving, or says why it cannot start on a line of its own).
     const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kWarning
                                                                      : LogLevel::kInfo;
-    Log(level, absl::StrCat("grpc (", file, ":", args->line, "): ", args->message),
-        {{"event", "grpc"}, {"file", file}, {"line", args->line}});
+    std::vector<LogField> fields = {{"event", "grpc"}, {"file", file}, {"line", args->line}};
+    std::string held;
+    if (v.held_back > 0) {
+      held = absl::StrCat(" (", v.held_back, " more from here not logged since the last)");
+      fields.emplace_back("held_back", v.held_back);
+    }
+    Log(level, absl::StrCat("grpc (", file, ":", args->line, "): ", args->message, held),
+        fields);
   });
 }
 

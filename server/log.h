@@ -12,6 +12,7 @@
 #define SPGATE_SERVER_LOG_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,7 +48,33 @@ void SetLogFormat(LogFormat format);
 // Sends gRPC's own log lines (a refused TLS handshake, a port in use: those at or above
 // GRPC_VERBOSITY, ERROR by default) through Log, so that --log_format=json is JSON on
 // every line: "grpc (FILE:LINE): MESSAGE", with event "grpc", file and line as fields.
+// Each of gRPC's log sites is held to GrpcLogLimit's rate: any peer can make a refused
+// handshake, and one line each let it write the daemon's log as fast as it connects.
 void RouteGrpcLogs();
+
+// A token bucket per log site (gRPC's FILE:LINE): kBurst lines at once, then one every
+// kRefill. Admit says whether a line at `site` goes out now and, when it does, how many
+// lines of that site were held back since the last one that went out (the line says so).
+// Not thread-safe: RouteGrpcLogs serialises it.
+class GrpcLogLimit {
+ public:
+  static constexpr double kBurst = 10;
+  static constexpr absl::Duration kRefill = absl::Seconds(6);  // 10 a minute, sustained
+
+  struct Verdict {
+    bool emit = false;
+    int64_t held_back = 0;  // lines of this site not written since its last one
+  };
+  Verdict Admit(const std::string& site, absl::Time now);
+
+ private:
+  struct Bucket {
+    double tokens = kBurst;
+    absl::Time last;
+    int64_t held_back = 0;
+  };
+  std::map<std::string, Bucket> sites_;  // gRPC's log sites: a few dozen at most
+};
 
 // Writes one line to stderr in the current format (a single write, so lines from
 // different threads do not interleave).

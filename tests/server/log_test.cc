@@ -2,6 +2,8 @@
 // time, level, message and typed fields, whatever bytes the message holds.
 #include "server/log.h"
 
+#include <algorithm>
+
 #include <string>
 
 #include <grpc/grpc.h>
@@ -79,6 +81,48 @@ TEST(LogLine, GrpcLinesAreTheDaemonsLines) {
   EXPECT_EQ(f.at("event").string_value(), "grpc");
   EXPECT_EQ(f.at("file").string_value(), "ssl_transport_security.cc");
   EXPECT_EQ(f.at("line").number_value(), 1501);
+}
+
+// Any peer can make a refused handshake: a site's lines are held to a burst of 10 and one
+// every 6 s after it, and the next line out says how many were held back. Sites are apart.
+TEST(GrpcLogLimitTest, ABurstThenOneEverySixSecondsPerSite) {
+  GrpcLogLimit limit;
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  const std::string handshake = "ssl_transport_security.cc:1501";
+  for (int i = 0; i < 10; ++i) {
+    const GrpcLogLimit::Verdict v = limit.Admit(handshake, t0);
+    EXPECT_TRUE(v.emit) << i;
+    EXPECT_EQ(v.held_back, 0) << i;
+  }
+  for (int i = 0; i < 290; ++i) EXPECT_FALSE(limit.Admit(handshake, t0).emit) << i;
+  EXPECT_TRUE(limit.Admit("chttp2_server.cc:1033", t0).emit) << "another site: its own bucket";
+  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(5)).emit);
+  const GrpcLogLimit::Verdict next = limit.Admit(handshake, t0 + absl::Seconds(6));
+  EXPECT_TRUE(next.emit);
+  EXPECT_EQ(next.held_back, 291);
+  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(7)).emit);
+  // Quiet for a minute: the burst is back, and the count starts again.
+  const GrpcLogLimit::Verdict later = limit.Admit(handshake, t0 + absl::Seconds(70));
+  EXPECT_TRUE(later.emit);
+  EXPECT_EQ(later.held_back, 1);
+  for (int i = 1; i < 10; ++i) EXPECT_TRUE(limit.Admit(handshake, t0 + absl::Seconds(70)).emit);
+  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(70)).emit);
+  // A clock that steps back refills nothing and breaks nothing.
+  EXPECT_FALSE(limit.Admit(handshake, t0).emit);
+}
+
+// Through gRPC's log function: 300 refused handshakes write 10 lines, not 300.
+TEST(LogLine, GrpcLinesAreHeldToTheirRate) {
+  grpc_init();
+  RouteGrpcLogs();
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 300; ++i) {
+    gpr_log("src/core/tsi/ssl_transport_security.cc", 4242, GPR_LOG_SEVERITY_ERROR,
+            "Handshake failed with fatal error %s", "SSL_ERROR_SSL");
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  grpc_shutdown();
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 10) << out;
 }
 
 TEST(LogLine, FlagValues) {
