@@ -59,11 +59,16 @@ head -9 "$tmp/decisions.rank0.csv" | awk -F, '{ printf "   %-5s %-8s %-24s %s\n"
 
 echo
 echo "== a pipelined job: 4 ranks (tp=2 x pp=2), 1F1B over 4 micro-batches a step"
-echo "   every micro-batch 64+64+512 tokens (length CV 0.94: TP-only wanted), one memory budget"
+# The length CV as the gate computes it (population standard deviation / mean), from
+# the same lengths the micro-batches are made of.
+pipe_lengths=(64 64 512)
+cv=$(/usr/bin/env python3 -c 'import statistics as s, sys; l = [int(a) for a in sys.argv[1:]]
+print(f"{s.pstdev(l) / s.mean(l):.2f}")' "${pipe_lengths[@]}")
+echo "   every micro-batch $(IFS=+; echo "${pipe_lengths[*]}") tokens (length CV $cv: TP-only wanted), one memory budget"
 # The budget: what the first stage holds with all its micro-batches SP (it holds two at
 # once), or the last stage TP-only (it holds one) if more - measured by two short forced
 # runs. Under it the first stage must run SP and the last may run TP-only (docs/design.md §12).
-printf '64\n64\n512\n' > "$tmp/pipe_lengths.txt"
+printf '%s\n' "${pipe_lengths[@]}" > "$tmp/pipe_lengths.txt"
 pipe=(--backend=cpu --tp=2 --pp=2 --microbatches=4 --layers=2 --hidden=64 --heads=4
       --ffn_hidden=128 --tokens_per_batch=640 --lengths="file:$tmp/pipe_lengths.txt" --seed=7)
 for m in sp tp; do

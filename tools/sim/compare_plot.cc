@@ -173,8 +173,10 @@ absl::Status WriteComparePlot(const CompareResult& r, const std::string& path) {
   const fs::path modes = tmp->path() / "modes.csv";
   if (absl::Status s = WriteText(series, CompareSeriesCsv(r)); !s.ok()) return s;
   if (absl::Status s = WriteText(modes, CompareModesCsv(r)); !s.ok()) return s;
-  std::string title = absl::StrFormat("spgate-sim replay --compare: %d %s x %d steps", r.groups,
-                                      r.pipelined() ? "replicas" : "groups", r.steps);
+  std::string title =
+      absl::StrFormat("spgate-sim replay --compare: %s x %s",
+                      CountText(r.groups, r.pipelined() ? "replica" : "group"),
+                      CountText(r.steps, "step"));
   if (r.pipelined()) {
     absl::StrAppendFormat(&title, ", pp=%d vp=%d microbatches=%d %s", r.pp, r.vp,
                           r.microbatches, r.schedule);

@@ -17,14 +17,14 @@ namespace {
 std::string RegretTable(const CompareResult& r) {
   const WindowedRegret& w = r.policies.empty() ? WindowedRegret{} : r.policies.front().regret;
   std::string out = absl::StrFormat(
-      "\nRegret per window of %d steps against the oracle and the expected-value oracle "
-      "(1 - tokens/s / oracle's; %d windows, "
+      "\nRegret per window of %s against the oracle and the expected-value oracle "
+      "(1 - tokens/s / oracle's; %s, "
       "sliding by one step); %s; switch cost %g s\n"
       "| policy | window regret %% median | p95 | worst | vs expected oracle: median | p95 | "
       "x best fixed, worst window | x best fixed, lowest window | oracle agreement | "
       "flips / 1000 %s | explore %% |\n"
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-      w.window, w.windows,
+      CountText(w.window, "step"), CountText(w.windows, "window"),
       r.pipelined() ? "agreement, flips and exploration per (stage, micro-batch) decision"
                     : "agreement, flips and exploration per group-step",
       r.switch_cost_s, r.pipelined() ? "decisions" : "steps");
@@ -89,13 +89,14 @@ std::string PerStage(const PolicyResult& p, F f) {
 
 std::string PipelineTable(const CompareResult& r) {
   std::string out = absl::StrFormat(
-      "%d pipeline replicas x %d steps, pp=%d vp=%d microbatches=%d schedule=%s, limit %.2f GiB; "
+      "%s x %s, pp=%d vp=%d microbatches=%d schedule=%s, limit %.2f GiB; "
       "same micro-batches and noise for every policy\n"
       "| policy | effective tokens/s | x oracle | x best fixed | step p95 s | bubble | "
       "TP-only share per stage | peak GiB per stage | steps over limit | memory-forced SP | "
       "p2p MiB/step sharded (native) | switches | probe |\n"
       "|---|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|---:|\n",
-      r.groups, r.steps, r.pp, r.vp, r.microbatches, r.schedule,
+      CountText(r.groups, "pipeline replica"), CountText(r.steps, "step"), r.pp, r.vp,
+      r.microbatches, r.schedule,
       static_cast<double>(r.memory_limit_bytes) / (1ull << 30));
   for (const PolicyResult& p : r.policies) {
     int64_t over = 0;
@@ -152,11 +153,11 @@ std::string PipelineJson(const CompareResult& r) {
 std::string CompareTable(const CompareResult& r) {
   if (r.pipelined()) return PipelineTable(r);
   std::string out = absl::StrFormat(
-      "%d groups x %d steps, same batches and noise for every policy\n"
+      "%s x %s, same batches and noise for every policy\n"
       "| policy | effective tokens/s | x oracle | step p95 s | peak GiB | SP steps | "
       "TP-only steps | switches | probe steps |\n"
       "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-      r.groups, r.steps);
+      CountText(r.groups, "group"), CountText(r.steps, "step"));
   for (const PolicyResult& p : r.policies) {
     absl::StrAppendFormat(&out, "| %s | %.0f | %.4f | %.4f | %.2f | %d | %d | %d | %d |\n", p.name,
                           p.effective_tokens_per_s, p.ratio_to_oracle, p.step_time_p95_s,

@@ -145,7 +145,9 @@ struct MemoryPrediction {
 // INVALID_ARGUMENT naming --switch_cost_s unless it is finite and >= 0.
 absl::Status ValidateSwitchCost(const CostParams& params);
 // INVALID_ARGUMENT naming the flag for a device constant that is not finite and > 0
-// (--mfu also <= 1), a --shard_work_fraction outside [0, 1], or, without --link_gbps,
+// (--mfu also <= 1), a --shard_work_fraction outside [0, 1], a --hidden not divisible by
+// --heads (or, without flash attention, --heads not divisible by --tp), straggler bursts
+// given by one of their two flags or as long as their period, or, without --link_gbps,
 // a --hardware whose curves do not serve --tp (NOT_FOUND names it); includes
 // ValidateSwitchCost.
 absl::Status ValidateCostParams(const CostParams& params);

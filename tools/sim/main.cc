@@ -84,7 +84,9 @@ ABSL_FLAG(bool, group_session, true,
 // Cost model (docs/sim.md).
 ABSL_FLAG(int, layers, 8, "Transformer layers on a rank (default: one of 5 pipeline stages of a 13B model)");
 ABSL_FLAG(int, hidden, 5120, "Hidden size");
-ABSL_FLAG(int, heads, 40, "Attention heads");
+ABSL_FLAG(int, heads, 40,
+          "Attention heads: a divisor of --hidden, and for a shape Megatron can run a "
+          "multiple of --tp");
 ABSL_FLAG(std::string, hardware, spgate::sim::kDefaultHardware,
           "Hardware preset: h100-sxm or h200-sxm (policy/hardware/; the device flags below "
           "default to its values, an explicit flag overrides)");
@@ -122,7 +124,8 @@ ABSL_FLAG(double, straggler_prob, 0.0, "Per-rank per-step probability of a slow 
 ABSL_FLAG(double, straggler_slowdown, 0.5, "Extra relative time of a slow rank");
 ABSL_FLAG(int64_t, straggler_burst_every, 0,
           "Stragglers only in bursts: a burst starts every this many steps (0: always)");
-ABSL_FLAG(int64_t, straggler_burst_steps, 0, "Length of each straggler burst, in steps");
+ABSL_FLAG(int64_t, straggler_burst_steps, 0,
+          "Length of each straggler burst, in steps (with --straggler_burst_every, below it)");
 ABSL_FLAG(bool, adaptive_prior, true,
           "ADAPTIVE's physics prior decides bands without samples (false: the static gates "
           "do, as before it existed)");
@@ -135,7 +138,8 @@ ABSL_FLAG(int, microbatches, 1, "replay --compare: micro-batches per optimizer s
 ABSL_FLAG(int, vp, 1,
           "replay --compare: model chunks per stage (>= 2 with --schedule=interleaved)");
 ABSL_FLAG(std::string, schedule, "1f1b",
-          "replay --compare: pipeline schedule, 1f1b or interleaved");
+          "replay --compare: pipeline schedule, 1f1b or interleaved (printed as "
+          "interleaved_1f1b)");
 ABSL_FLAG(int, vocab, 51200, "Vocabulary (the first stage's embedding, the last's output layer)");
 ABSL_FLAG(double, p2p_gbps, 50, "Stage-to-stage bandwidth per rank, GB/s");
 // replay.
@@ -235,6 +239,18 @@ void WarnBeyondTheCurves(const spgate::sim::CostParams& c) {
   }
 }
 
+// Heads that do not split over the TP ranks (ValidateCostParams refuses them where the
+// model counts heads per rank, without flash attention): with flash attention no term of
+// the model reads the head count, so the run goes on, said on stderr, once.
+void WarnHeadsNotSplit(const spgate::sim::CostParams& c) {
+  if (!c.flash_attention || c.heads % c.tp == 0) return;
+  std::fprintf(stderr,
+               "spgate-sim: note: --heads=%d is not divisible by --tp=%d: Megatron's TP could "
+               "not split the heads; with flash attention no term of the cost model reads "
+               "them, so the run goes on (give --heads a multiple of --tp for a real shape)\n",
+               c.heads, c.tp);
+}
+
 // The --hardware preset's device constants, then each device flag given on the command
 // line over it (an explicit --link_gbps makes the link flat), then the norm boundary.
 absl::Status ApplyHardwareFlags(spgate::sim::CostParams& c) {
@@ -281,10 +297,11 @@ absl::StatusOr<spgate::GateConfig> LoadConfig(const std::string& path) {
 }
 
 void PrintHuman(const spgate::sim::Summary& s) {
-  std::fprintf(stderr,
-               "spgate-sim %s: %d groups x %d ranks, %lld steps each, %.1f s wall, %d threads\n",
-               s.command.c_str(), s.groups, s.tp, static_cast<long long>(s.steps), s.wall_s,
-               s.threads);
+  using spgate::sim::CountText;
+  std::fprintf(stderr, "spgate-sim %s: %s x %s, %s each, %.2f s wall, %s\n", s.command.c_str(),
+               CountText(s.groups, "group").c_str(), CountText(s.tp, "rank").c_str(),
+               CountText(s.steps, "step").c_str(), s.wall_s,
+               CountText(s.threads, "thread").c_str());
   for (const auto& [mode, reasons] : s.decisions) {
     for (const auto& [reason, n] : reasons) {
       std::fprintf(stderr, "  %-8s %-24s %lld\n", mode.c_str(), reason.c_str(),
@@ -316,7 +333,11 @@ void PrintHuman(const spgate::sim::Summary& s) {
   if (!s.first_error.empty()) std::fprintf(stderr, "  first error: %s\n", s.first_error.c_str());
 }
 
-int Emit(const spgate::sim::Summary& s) {
+// `started`: when the command's work began (after the flag checks); the summary's wall_s
+// runs from there to here, so it covers a replay's --sweep and --compare (and --plot), and
+// a live run's connecting and final flush, as a reader timing the command counts them.
+int Emit(spgate::sim::Summary& s, absl::Time started) {
+  s.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
   PrintHuman(s);
   const std::string json = s.ToJson();
   const std::string path = absl::GetFlag(FLAGS_summary_json);
@@ -362,7 +383,7 @@ int CompareOutputs(const spgate::sim::CompareResult& r, spgate::sim::Summary& s)
 
 // `replay --compare` of a pipeline: the summary's top-level keys are the static policy's
 // (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
-int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
+int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config, absl::Time started) {
   absl::StatusOr<spgate::sim::CompareResult> r =
       spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window),
                            absl::GetFlag(FLAGS_regret_window));
@@ -386,7 +407,7 @@ int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config) {
   s.all.step_times = st.step_times;
   s.all.peak_memory = st.peak_memory_bytes;
   if (int rc = CompareOutputs(*r, s); rc != 0) return rc;
-  return Emit(s);
+  return Emit(s, started);
 }
 
 // The flag checks and parses every run needs, before it starts (so a long replay does not
@@ -438,6 +459,7 @@ int CheckFlags(bool replay, SimOptions& o) {
     return 2;
   }
   WarnBeyondTheCurves(o.cost);
+  WarnHeadsNotSplit(o.cost);
   absl::StatusOr<SimOptions::GroupPhase> phase =
       spgate::sim::ParseGroupPhase(absl::GetFlag(FLAGS_group_phase));
   if (!phase.ok()) {
@@ -488,6 +510,7 @@ int main(int argc, char** argv) {
   }
   SimOptions o = OptionsFromFlags();
   if (int rc = CheckFlags(replay, o); rc != 0) return rc;
+  const absl::Time started = absl::Now();
   if (!replay) {
     if (!absl::GetFlag(FLAGS_config).empty() || absl::GetFlag(FLAGS_sweep) ||
         absl::GetFlag(FLAGS_compare)) {
@@ -500,14 +523,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "spgate-sim: %s\n", s.status().ToString().c_str());
       return 2;
     }
-    return Emit(*s);
+    return Emit(*s, started);
   }
   absl::StatusOr<spgate::GateConfig> config = LoadConfig(absl::GetFlag(FLAGS_config));
   if (!config.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", config.status().ToString().c_str());
     return 2;
   }
-  if (o.pipelined()) return ReplayPipeline(o, *config);
+  if (o.pipelined()) return ReplayPipeline(o, *config, started);
   absl::StatusOr<spgate::sim::Summary> s = spgate::sim::Replay(o, *config);
   if (!s.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", s.status().ToString().c_str());
@@ -541,5 +564,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "\n%s\n", spgate::sim::CompareTable(*r).c_str());
     if (int rc = CompareOutputs(*r, *s); rc != 0) return rc;
   }
-  return Emit(*s);
+  return Emit(*s, started);
 }

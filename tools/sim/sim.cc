@@ -2,20 +2,25 @@
 #include "tools/sim/sim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/hardware_id.h"
 #include "policy/adaptive_policy.h"
+#include "policy/gate_config.h"
 #include "policy/gate_policy.h"
+#include "policy/step_plan.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/identity.h"
 #include "worker/client/group_decider.h"
@@ -217,9 +222,13 @@ absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value)
 
 absl::StatusOr<PipelineSchedule> ParseSchedule(const std::string& value) {
   if (value == "1f1b") return PipelineSchedule::k1F1B;
-  if (value == "interleaved") return PipelineSchedule::kInterleaved1F1B;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--schedule=", value, ": want 1f1b or interleaved"));
+  // The output names it by the policy's ScheduleName, which reads back too.
+  if (value == "interleaved" || value == ScheduleName(PipelineSchedule::kInterleaved1F1B)) {
+    return PipelineSchedule::kInterleaved1F1B;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--schedule=", value, ": want 1f1b or interleaved (interleaved_1f1b, the name the "
+      "output uses)"));
 }
 
 const char* GroupPhaseName(SimOptions::GroupPhase phase) {
@@ -253,6 +262,7 @@ struct LiveIdentity {
   std::string launch_credential;
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string worker_token;
+  std::string hardware_id;  // SPGATE_HARDWARE_ID, else SimulatedHardwareId
 };
 
 // The options checked and the shared files read once (refused naming --tls_* and
@@ -281,6 +291,12 @@ absl::StatusOr<LiveIdentity> PrepareLive(const SimOptions& o) {
         !s.ok()) {
       return s;
     }
+    // The simulated hardware, not the host's CPU (the client library's default): it keys
+    // the learned tables. SPGATE_HARDWARE_ID wins, as it does for spgate-worker.
+    id.hardware_id = client::DefaultHardwareId(SimulatedHardwareId(o.cost));
+    if (absl::Status s = ValidateHardwareId(id.hardware_id, "SPGATE_HARDWARE_ID"); !s.ok()) {
+      return s;
+    }
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::TlsChannelCredentials(o.tls, client::kTlsFlagNames);
@@ -303,6 +319,7 @@ GateClientOptions GroupClientOptions(const SimOptions& o, const CostModel& model
   base.job_id = o.job_id;
   base.incarnation = id.incarnation;
   base.launch_credential = id.launch_credential;
+  base.hardware_id = id.hardware_id;
   base.group = gi;
   base.group_size = o.cost.tp;
   base.model = {o.cost.layers, o.cost.hidden, o.cost.heads, 4 * o.cost.hidden};
@@ -367,7 +384,10 @@ void WaitForDaemon(const SimOptions& o, const std::vector<std::unique_ptr<SimGro
     return absl::OkStatus();
   }();
   if (!connected.ok()) {
-    std::fprintf(stderr, "spgate-sim: %s (continuing)\n", connected.ToString().c_str());
+    std::fprintf(stderr,
+                 "spgate-sim: not every stream connected within --connect_timeout=%s; "
+                 "continuing, a leader without a stream decides locally: %s\n",
+                 absl::FormatDuration(o.connect_timeout).c_str(), connected.ToString().c_str());
   }
 }
 
@@ -536,6 +556,7 @@ std::unique_ptr<ProgressReporter> MakeProgress(const SimOptions& o, std::string 
 }
 
 absl::StatusOr<Summary> RunLive(const SimOptions& o) {
+  const absl::Time started = absl::Now();
   absl::StatusOr<LiveIdentity> id = PrepareLive(o);
   if (!id.ok()) return id.status();
   const CostModel model(o.cost);
@@ -555,7 +576,6 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   const std::unique_ptr<ProgressReporter> progress = MakeProgress(o, "spgate-sim", steps, o.groups);
   const std::vector<Summary> partial =
       DriveGroups(o, model, groups, W, steps, clock, progress.get());
-  const absl::Time finished = absl::Now();
   if (progress) progress->Finish();
 
   Summary total;
@@ -569,7 +589,9 @@ absl::StatusOr<Summary> RunLive(const SimOptions& o) {
   total.tp = o.cost.tp;
   total.threads = W;
   total.group_phase = GroupPhaseName(o.group_phase);
-  total.wall_s = absl::ToDoubleSeconds(finished - clock.start);
+  // The whole run: connecting (a refused stream waits --connect_timeout), the steps and
+  // the final flush, as a reader timing the command would count it.
+  total.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
   return total;
 }
 
@@ -609,6 +631,36 @@ absl::StatusOr<int64_t> ReplaySteps(const SimOptions& o, const GateConfig& confi
 PriorInputs DeclaredPriorInputs(const SimOptions& o) {
   if (!o.adaptive_prior) return {};
   return PriorInputs{.tp = o.cost.tp, .hidden = o.cost.hidden, .layers = o.cost.layers};
+}
+
+std::string SimulatedHardwareId(const CostParams& c) {
+  std::string id = absl::StrCat("sim:", c.hardware);
+  absl::StatusOr<const HardwarePreset*> preset = FindHardwarePreset(c.hardware);
+  if (preset.ok()) {
+    const HardwarePreset& p = **preset;
+    const std::tuple<const char*, double, double> constants[] = {
+        {"device_tflops", c.device_tflops, p.device_tflops},
+        {"mfu", c.mfu, p.gemm_mfu},
+        {"attention_tflops", c.attention_tflops, p.attention_tflops},
+        {"hbm_gbps", c.hbm_gbps, p.hbm_gbps},
+        {"device_memory_gib", c.device_memory_gib, p.device_memory_gib},
+        {"collective_latency_us", c.collective_latency_us, p.collective_latency_us}};
+    for (const auto& [flag, value, preset_value] : constants) {
+      if (value != preset_value) absl::StrAppend(&id, " ", flag, "=", ShortestText(value));
+    }
+    if (c.nvls != p.nvls) absl::StrAppend(&id, " nvls=", c.nvls ? "true" : "false");
+  }
+  // A flat link is another network model than the preset's curves, whatever its speed.
+  if (c.flat_link) absl::StrAppend(&id, " link_gbps=", ShortestText(c.link_gbps));
+  if (id.size() <= kMaxHardwareIdLength) return id;
+  // Cut after a whole constant, the whole kept apart by its hash (FNV-1a: the same in
+  // every build, so a relaunch with the same flags finds its table).
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char ch : id) hash = (hash ^ ch) * 0x100000001b3ull;
+  const std::string tail = absl::StrFormat(" #%016x", hash);
+  std::string head = id.substr(0, kMaxHardwareIdLength - tail.size() + 1);
+  if (const size_t space = head.rfind(' '); space != std::string::npos) head.resize(space);
+  return head.substr(0, kMaxHardwareIdLength - tail.size()) + tail;
 }
 
 absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
@@ -702,6 +754,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
 absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::string& value) {
   std::vector<std::string> parts = absl::StrSplit(value, ':');
   SweepAxis a;
+  a.flag = absl::StrCat("--", flag, "=", value);
   if (parts.size() != 3 || !absl::SimpleAtod(parts[0], &a.lo) ||
       !absl::SimpleAtod(parts[1], &a.hi) || !absl::SimpleAtod(parts[2], &a.step) ||
       !(a.step > 0) || a.hi < a.lo || (a.hi - a.lo) / a.step > 1000) {
@@ -711,26 +764,80 @@ absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::str
   return a;
 }
 
+absl::StatusOr<SweepValues> SweepAxisValues(const SweepAxis& axis, const GateConfig& base,
+                                            double GateConfig::*field) {
+  struct Skipped {
+    size_t index;
+    double value;
+    std::string why;
+  };
+  SweepValues out;
+  std::vector<Skipped> skipped;
+  size_t n = 0;
+  for (double x = axis.lo; x <= axis.hi + axis.step / 2; x += axis.step, ++n) {
+    GateConfig c = base;
+    c.*field = std::round(x * 1e6) / 1e6;
+    // The axes are independent: a value's validity does not depend on the other axis's.
+    if (absl::Status s = ValidateGateConfig(c); !s.ok()) {
+      skipped.push_back({n, c.*field, std::string(s.message())});
+    } else {
+      out.values.push_back(c.*field);
+    }
+  }
+  // Skipped values come in runs at either end of the axis; each run's reason is its value
+  // nearest the valid ones (the tightest statement of the bound), or the last one when
+  // none is valid.
+  std::vector<std::string> runs;
+  for (size_t i = 0; i < skipped.size();) {
+    size_t j = i;
+    while (j + 1 < skipped.size() && skipped[j + 1].index == skipped[j].index + 1) ++j;
+    const bool low_end = skipped[i].index == 0 && !out.values.empty();
+    const std::string& why = (low_end || out.values.empty() ? skipped[j] : skipped[i]).why;
+    std::vector<std::string> values;
+    for (size_t k = i; k <= j; ++k) {
+      if (j - i + 1 > 6 && k > i + 1 && k < j) {  // first two, "...", last
+        if (k == i + 2) values.push_back("...");
+        continue;
+      }
+      values.push_back(ShortestText(skipped[k].value));
+    }
+    runs.push_back(absl::StrCat(absl::StrJoin(values, ", "), " (", why, ")"));
+    i = j + 1;
+  }
+  if (out.values.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        axis.flag, ": no value on the grid is valid with the rest of the config: ",
+        absl::StrJoin(runs, "; ")));
+  }
+  if (!runs.empty()) {
+    out.skipped = absl::StrCat(axis.flag, ": skipping ", absl::StrJoin(runs, "; "));
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& o, const GateConfig& base,
                                               const SweepAxis& cv, const SweepAxis& rs) {
+  absl::StatusOr<SweepValues> cvs = SweepAxisValues(cv, base, &GateConfig::max_length_cv);
+  if (!cvs.ok()) return cvs.status();
+  absl::StatusOr<SweepValues> rss = SweepAxisValues(rs, base, &GateConfig::max_rs_wait_share);
+  if (!rss.ok()) return rss.status();
+  for (const SweepValues* axis : {&*cvs, &*rss}) {
+    if (!axis->skipped.empty()) {
+      std::fprintf(stderr, "spgate-sim: note: %s\n", axis->skipped.c_str());
+    }
+  }
   std::vector<SweepPoint> points;
   // A line per grid point, not per step of each point's replay.
   SimOptions quiet = o;
   quiet.progress = false;
-  const std::unique_ptr<ProgressReporter> progress = MakeProgress(
-      o, "spgate-sim replay --sweep (grid points)",
-      (static_cast<int64_t>((cv.hi - cv.lo) / cv.step + 1.5)) *
-          static_cast<int64_t>((rs.hi - rs.lo) / rs.step + 1.5),
-      1);
-  for (double x = cv.lo; x <= cv.hi + cv.step / 2; x += cv.step) {
-    for (double y = rs.lo; y <= rs.hi + rs.step / 2; y += rs.step) {
+  const std::unique_ptr<ProgressReporter> progress =
+      MakeProgress(o, "spgate-sim replay --sweep (grid points)",
+                   static_cast<int64_t>(cvs->values.size() * rss->values.size()), 1);
+  for (double x : cvs->values) {
+    for (double y : rss->values) {
       GateConfig c = base;
-      c.max_length_cv = std::round(x * 1e6) / 1e6;
-      c.max_rs_wait_share = std::round(y * 1e6) / 1e6;
-      if (!ValidateGateConfig(c).ok()) {  // e.g. share <= re-enable margin
-        if (progress) progress->Add({.parts = 1});
-        continue;
-      }
+      c.max_length_cv = x;
+      c.max_rs_wait_share = y;
       absl::StatusOr<Summary> s = Replay(quiet, c);
       if (!s.ok()) return s.status();
       if (progress) {
@@ -741,7 +848,6 @@ absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& o, const GateCon
     }
   }
   if (progress) progress->Finish();
-  if (points.empty()) return absl::InvalidArgumentError("the sweep grid has no valid config");
   std::stable_sort(points.begin(), points.end(), [](const SweepPoint& a, const SweepPoint& b) {
     const double ta = a.summary.all.time_s > 0 ? a.summary.all.tokens / a.summary.all.time_s : 0;
     const double tb = b.summary.all.time_s > 0 ? b.summary.all.tokens / b.summary.all.time_s : 0;

@@ -103,7 +103,8 @@ std::vector<absl::Duration> GroupPhases(const SimOptions& options);
 absl::StatusOr<SimOptions::GroupPhase> ParseGroupPhase(const std::string& value);
 const char* GroupPhaseName(SimOptions::GroupPhase phase);
 
-// "1f1b" or "interleaved"; INVALID_ARGUMENT names --schedule.
+// "1f1b", or "interleaved" (also its canonical name, "interleaved_1f1b": policy's
+// ScheduleName, what the output prints); INVALID_ARGUMENT names --schedule.
 absl::StatusOr<PipelineSchedule> ParseSchedule(const std::string& value);
 
 // The run's shape, for every command: --groups >= 1, --tp in [1, 1024], --tokens_per_batch
@@ -134,6 +135,15 @@ void ShowDueSamples(const GateConfig& config, ThroughputTable& table,
 // What the simulated worker declares at Register: its model shape (tp, hidden, layers).
 PriorInputs DeclaredPriorInputs(const SimOptions& options);
 
+// The hardware id the simulated ranks declare at Register (RegisterRequest.hardware_id, a
+// key of ADAPTIVE's persisted learned tables), unless SPGATE_HARDWARE_ID is set: "sim:" and
+// the --hardware preset, then every device constant that differs from the preset's as
+// flag=value, and a flat --link_gbps always ("sim:h200-sxm mfu=0.5 hbm_gbps=3000"), so runs
+// of one job under different simulated hardware never share a table. Longer than 128
+// characters, it is cut after a whole constant and ends in a hash of the whole. The host's
+// CPU, which the client library would declare, is not what the steps were costed on.
+std::string SimulatedHardwareId(const CostParams& cost);
+
 // The seed of group `group`'s cost-model noise in replay (and --compare).
 uint64_t GroupNoiseSeed(uint64_t seed, int group);
 // Steps per group that replay runs: --steps, else once through a file trace, else 1,000.
@@ -150,16 +160,30 @@ absl::StatusOr<Summary> Replay(const SimOptions& options, const GateConfig& conf
 
 struct SweepAxis {
   double lo = 0, hi = 0, step = 0;  // inclusive range
+  std::string flag;                 // "--sweep_max_length_cv=0.05:0.5:0.05", for messages
 };
 // "lo:hi:step". INVALID_ARGUMENT names the flag.
 absl::StatusOr<SweepAxis> ParseSweepAxis(const std::string& flag, const std::string& value);
+
+// One axis of the sweep's grid: lo, lo + step, ... up to hi (rounded to 1e-6), keeping the
+// values that make a valid config with `base`'s other fields (`field`: the axis's gate
+// field). The others are skipped, and `skipped` says which and why (empty when none is):
+// e.g. a max_rs_wait_share at or below rs_wait_reenable_margin. INVALID_ARGUMENT naming the
+// axis's flag and the reason when no value is valid.
+struct SweepValues {
+  std::vector<double> values;
+  std::string skipped;
+};
+absl::StatusOr<SweepValues> SweepAxisValues(const SweepAxis& axis, const GateConfig& base,
+                                            double GateConfig::*field);
 
 struct SweepPoint {
   GateConfig config;
   Summary summary;
 };
-// Every valid (max_length_cv, max_rs_wait_share) on the grid, other fields from `base`,
-// replayed over the same batches and the same noise. Sorted by effective tokens/s.
+// Every valid (max_length_cv, max_rs_wait_share) on the grid (SweepAxisValues of each
+// axis; the skipped values are said on stderr), other fields from `base`, replayed over
+// the same batches and the same noise. Sorted by effective tokens/s.
 absl::StatusOr<std::vector<SweepPoint>> Sweep(const SimOptions& options, const GateConfig& base,
                                               const SweepAxis& length_cv,
                                               const SweepAxis& rs_wait);

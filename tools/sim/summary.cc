@@ -17,6 +17,10 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::clamp<size_t>(rank, 1, v.size()) - 1];  // nearest rank, like RollingWindow
 }
 
+std::string CountText(int64_t n, const std::string& noun) {
+  return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
+}
+
 void ModeTotals::Add(const GroupStep& s) {
   ++steps;
   tokens += static_cast<double>(s.effective_tokens);

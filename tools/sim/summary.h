@@ -36,6 +36,8 @@ struct Summary {
   int tp = 0;
   int threads = 0;
   std::string group_phase;  // run: random | aligned
+  // Wall seconds of the work summarised: RunLive's from its start through the final
+  // flush, Replay's loop; spgate-sim sets the whole command's (a sweep, a comparison).
   double wall_s = 0;
   std::map<std::string, std::map<std::string, int64_t>> decisions;  // mode -> reason -> n
   // daemon/fallback/local/memory_override
@@ -72,6 +74,8 @@ struct Summary {
 };
 
 double Percentile(std::vector<double> v, double q);
+// "1 group", "4 groups": a count and its noun (a plain -s plural) for the human lines.
+std::string CountText(int64_t n, const std::string& noun);
 std::string GateConfigJson(const GateConfig& c, int64_t version);
 
 }  // namespace spgate::sim

@@ -12,7 +12,8 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_server_name, "",
           "Name to check in the daemon's certificate (default: the host of --controller)");
 ABSL_FLAG(std::string, worker_token_file, "",
-          "File holding the worker token of a spgated run with --worker_token_file (sent as "
+          "File holding the worker token of a spgated run with --worker_token_file: its "
+          "first credential line, TOKEN or NAME:TOKEN [JOB_PATTERNS] (only TOKEN is sent, as "
           "'authorization: Bearer <token>'; surrounding whitespace is stripped)");
 
 namespace spgate::client {

@@ -146,9 +146,15 @@ string(JSON steps GET "${json}" steps)
 if(NOT steps EQUAL 30)
   message(FATAL_ERROR "steps: ${steps}")
 endif()
+# wall_s is the command's (a pipeline's read 0.000: it was never set).
+string(JSON wall GET "${json}" wall_s)
+if(NOT wall GREATER 0)
+  message(FATAL_ERROR "a pipeline's wall_s: ${wall}")
+endif()
 foreach(case "--pp=0;--pp: must be in" "--microbatches=0;--microbatches: must be in"
              "--vp=2;--vp: the 1F1B schedule" "--schedule=zb;--schedule=zb: want 1f1b or interleaved"
-             "--schedule=interleaved;--vp: the interleaved schedule needs at least 2")
+             "--schedule=interleaved;--vp: the interleaved schedule needs at least 2"
+             "--schedule=interleaved_1f1b;--vp: the interleaved schedule needs at least 2")
   list(GET case 0 flag)
   list(GET case 1 want)
   execute_process(COMMAND ${SIM} replay --compare --steps=2 --pp=2 --microbatches=4 ${flag}
@@ -227,6 +233,9 @@ foreach(case "--tp=0;--tp must be in \\[1, 1024\\], got 0"
              "--hidden=-1;--hidden must be in \\[1, 1048576\\], got -1"
              "--layers=0;--layers must be in \\[1, 1024\\], got 0"
              "--layers=5000;--layers must be in \\[1, 1024\\], got 5000"
+             "--heads=3;--hidden=5120 is not divisible by --heads=3"
+             "--straggler_burst_steps=5;--straggler_burst_steps=5 needs --straggler_burst_every"
+             "--straggler_burst_every=10;--straggler_burst_every=10 needs --straggler_burst_steps"
              "--threads=-1;--threads must be >= 0"
              "--compare_series=${WORK}/x.csv;--compare_series belongs to `spgate-sim replay --compare`"
              "--sweep_max_length_cv=0.1:0.2:0.05;belong to `spgate-sim replay --sweep`"
@@ -262,4 +271,48 @@ execute_process(COMMAND ${SIM} replay --steps=2 --groups=1 --tp=16
                 RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
 if(NOT rc EQUAL 0 OR NOT err MATCHES "--tp=16 uses the 8-rank curves")
   message(FATAL_ERROR "--tp=16: rc ${rc}, ${err}")
+endif()
+# Shapes and bursts that cannot be meant exit 2 naming the flags (they ran as if given
+# otherwise); heads that do not split over the ranks run with flash attention, which reads
+# no head count, and say so.
+foreach(case "--heads=20 --flash_attention=false;--heads=20 is not divisible by --tp=8"
+             "--straggler_burst_steps=20 --straggler_burst_every=10;--straggler_burst_steps=20 must be less than --straggler_burst_every=10")
+  list(GET case 0 flags)
+  list(GET case 1 want)
+  separate_arguments(flags)
+  execute_process(COMMAND ${SIM} replay --steps=2 ${flags}
+                  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "${want}")
+    message(FATAL_ERROR "replay ${flags}: rc ${rc}, ${err}")
+  endif()
+endforeach()
+execute_process(COMMAND ${SIM} replay --steps=1 --groups=1 --heads=20
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES "note: --heads=20 is not divisible by --tp=8")
+  message(FATAL_ERROR "--heads=20 with flash attention: rc ${rc}, ${err}")
+endif()
+# The human line counts in the singular where it is one.
+if(NOT err MATCHES "spgate-sim replay: 1 group x 8 ranks, 1 step each, [0-9.]+ s wall, 1 thread\n")
+  message(FATAL_ERROR "the summary line: ${err}")
+endif()
+# A sweep says which grid values it skipped and why; an axis left with none exits 2 naming
+# its flag (it was "the sweep grid has no valid config").
+execute_process(
+  COMMAND ${SIM} replay --steps=5 --groups=1 --sweep --sweep_max_length_cv=0.2:0.2:0.1
+          --sweep_max_rs_wait_share=0.01:0.05:0.01 --summary_json=${WORK}/sweep_skip.json
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0 OR NOT err MATCHES
+   "note: --sweep_max_rs_wait_share=0.01:0.05:0.01: skipping 0.01, 0.02, 0.03 \\(rs_wait_reenable_margin \\(0.03\\) must be less than max_rs_wait_share")
+  message(FATAL_ERROR "a sweep with skipped values: rc ${rc}, ${err}")
+endif()
+file(READ ${WORK}/sweep_skip.json json)
+string(JSON n LENGTH "${json}" sweep)
+if(NOT n EQUAL 2)
+  message(FATAL_ERROR "the sweep ran ${n} points, want 2 (max_rs_wait_share 0.04, 0.05)")
+endif()
+execute_process(
+  COMMAND ${SIM} replay --steps=5 --groups=1 --sweep --sweep_max_rs_wait_share=0.01:0.02:0.01
+  RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--sweep_max_rs_wait_share=0.01:0.02:0.01: no value on the grid")
+  message(FATAL_ERROR "a sweep axis without a valid value: rc ${rc}, ${err}")
 endif()

@@ -199,6 +199,29 @@ TEST(CostModelTest, PresetsFlatLinkAndValidation) {
       {[](CostParams& c) { c.layers = 0; }, "--layers"},
       {[](CostParams& c) { c.heads = 0; }, "--heads"},
       {[](CostParams& c) { c.heads = c.hidden + 1; }, "--heads"},
+      // Shapes that cannot be meant: a head of 5120 / 3 values; without flash attention,
+      // 20 heads over 8 ranks (the score memory counts 2.5 heads a rank).
+      {[](CostParams& c) { c.heads = 3; }, "--hidden=5120 is not divisible by --heads=3"},
+      {[](CostParams& c) {
+         c.heads = 20;
+         c.flash_attention = false;
+       },
+       "--heads=20 is not divisible by --tp=8"},
+      // Bursts need both flags and a burst shorter than its period (else they were ignored).
+      {[](CostParams& c) { c.straggler_burst_steps = 5; },
+       "--straggler_burst_steps=5 needs --straggler_burst_every"},
+      {[](CostParams& c) { c.straggler_burst_every = 10; },
+       "--straggler_burst_every=10 needs --straggler_burst_steps"},
+      {[](CostParams& c) {
+         c.straggler_burst_every = 10;
+         c.straggler_burst_steps = 20;
+       },
+       "--straggler_burst_steps=20 must be less than --straggler_burst_every=10"},
+      {[](CostParams& c) {
+         c.straggler_burst_every = 10;
+         c.straggler_burst_steps = 10;
+       },
+       "--straggler_burst_steps=10 must be less than"},
   };
   for (const Case& k : cases) {
     CostParams c = Quiet();
@@ -207,6 +230,15 @@ TEST(CostModelTest, PresetsFlatLinkAndValidation) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << k.flag;
     EXPECT_NE(s.message().find(k.flag), std::string::npos) << s;
   }
+  // With flash attention no term reads the head count: 20 heads at TP 8 run (spgate-sim
+  // notes it), as do bursts of 9 steps in 10.
+  CostParams heads = Quiet();
+  heads.heads = 20;
+  EXPECT_TRUE(ValidateCostParams(heads).ok());
+  CostParams bursts = Quiet();
+  bursts.straggler_burst_every = 10;
+  bursts.straggler_burst_steps = 9;
+  EXPECT_TRUE(ValidateCostParams(bursts).ok());
 }
 
 // A switch costs --switch_cost_s on the step it happens on: not on a group's first step,

@@ -418,6 +418,9 @@ TEST(CompareCellTest, FlagsAreCheckedNamingTheFlag) {
   EXPECT_THAT(ParseSchedule("zb"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--schedule")));
   EXPECT_THAT(ParseSchedule("interleaved"), IsOkAndHolds(PipelineSchedule::kInterleaved1F1B));
+  // The name the output prints reads back.
+  EXPECT_THAT(ParseSchedule("interleaved_1f1b"),
+              IsOkAndHolds(PipelineSchedule::kInterleaved1F1B));
 }
 
 TEST(CompareCellTest, InterleavedRuns) {

@@ -1,17 +1,23 @@
 // spgate-sim end to end: the live driver (local-only, and against a real in-process
 // daemon) keeps every group consistent and loses no telemetry; against a scripted daemon
 // that answers TP-only whatever the memory, every simulated leader runs SP instead and the
-// summary counts it, and all ranks of a run share one new launch credential; replay is
-// deterministic and exercises every gate; the sweep ranks configs on common random numbers.
+// summary counts it, and all ranks of a run share one new launch credential and declare the
+// simulated hardware; replay is deterministic and exercises every gate; the sweep ranks
+// configs on common random numbers and says which grid values it skipped.
 #include "tools/sim/sim.h"
 #include "tools/sim/compare.h"
 
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "common/hardware_id.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/gate_config.h"
+#include "policy/hardware.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/client/fake_gate_service.h"
 #include "worker/runtime/batching.h"
@@ -28,6 +34,8 @@ namespace {
 using ::spgate::testing::IsOk;
 using ::spgate::testing::IsOkAndHolds;
 using ::spgate::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::Each;
 using ::testing::HasSubstr;
 
 SimOptions Small() {
@@ -180,6 +188,106 @@ TEST(SimRunTest, SimulatedLeadersRefuseATpOnlyAnswerThatDoesNotFit) {
   const std::vector<std::string> both = server.service().launch_credentials();
   ASSERT_GT(both.size(), first.size());
   EXPECT_NE(both.back(), first[0]) << "a new run is a new launch with a new credential";
+}
+
+// SPGATE_HARDWARE_ID set to `value` (unset: nullopt) for a scope, as it was after.
+class ScopedHardwareIdEnv {
+ public:
+  explicit ScopedHardwareIdEnv(std::optional<std::string> value) {
+    if (const char* v = std::getenv(kName)) saved_ = v;
+    if (value.has_value()) {
+      setenv(kName, value->c_str(), 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+  ~ScopedHardwareIdEnv() {
+    if (saved_.has_value()) {
+      setenv(kName, saved_->c_str(), 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+
+ private:
+  static constexpr char kName[] = "SPGATE_HARDWARE_ID";
+  std::optional<std::string> saved_;
+};
+
+// The hardware id keys ADAPTIVE's persisted learned tables, so it names what the steps
+// were costed on: the preset, then each constant that differs from it (a flat link
+// always). Runs of one job under two presets, or two sets of constants, never share one.
+TEST(SimHardwareIdTest, NamesThePresetAndEveryConstantThatDiffersFromIt) {
+  CostParams c;
+  EXPECT_EQ(SimulatedHardwareId(c), "sim:h100-sxm");
+  absl::StatusOr<const HardwarePreset*> h200 = FindHardwarePreset("h200-sxm");
+  ASSERT_THAT(h200.status(), IsOk());
+  ApplyHardwarePreset(**h200, c);
+  EXPECT_EQ(SimulatedHardwareId(c), "sim:h200-sxm");
+  c.mfu = (*h200)->gemm_mfu;  // given, but the preset's value: the same hardware
+  EXPECT_EQ(SimulatedHardwareId(c), "sim:h200-sxm");
+  c.mfu = 0.5;
+  c.hbm_gbps = 3000;
+  c.nvls = false;
+  EXPECT_EQ(SimulatedHardwareId(c), "sim:h200-sxm mfu=0.5 hbm_gbps=3000 nvls=false");
+  c.flat_link = true;  // at the preset's speed: still another network model
+  EXPECT_EQ(SimulatedHardwareId(c),
+            absl::StrCat("sim:h200-sxm mfu=0.5 hbm_gbps=3000 nvls=false link_gbps=",
+                         ShortestText((*h200)->link_gbps)));
+  // Every constant changed: past 128 characters, cut after a whole constant and told apart
+  // by a hash of the whole (these two differ only in the last constant, past the cut).
+  CostParams a;
+  a.device_tflops = 1000.5;
+  a.mfu = 0.61234567;
+  a.attention_tflops = 300.25;
+  a.hbm_gbps = 3000.5;
+  a.device_memory_gib = 96.5;
+  a.collective_latency_us = 20.125;
+  a.nvls = false;
+  a.flat_link = true;
+  a.link_gbps = 400.5;
+  CostParams b = a;
+  b.link_gbps = 400.25;
+  const std::string ida = SimulatedHardwareId(a), idb = SimulatedHardwareId(b);
+  EXPECT_LE(ida.size(), 128u);
+  EXPECT_THAT(ValidateHardwareId(ida), IsOk());
+  EXPECT_THAT(ida, HasSubstr("sim:h100-sxm device_tflops=1000.5 mfu=0.61234567 "));
+  EXPECT_THAT(ida, ::testing::MatchesRegex(".*[0-9] #[0-9a-f]{16}"));
+  EXPECT_NE(ida, idb);
+  EXPECT_EQ(ida, SimulatedHardwareId(a)) << "the same flags, the same table";
+}
+
+// What the simulated ranks send at Register: the simulated hardware, not the host's CPU;
+// SPGATE_HARDWARE_ID still wins, as for every client.
+TEST(SimRunTest, RanksDeclareTheSimulatedHardware) {
+  client::testing::FakeGateServer server;
+  SimOptions o = Small();
+  o.controller = server.address();
+  o.job_id = "sim-hardware";
+  o.groups = 2;
+  o.steps = 2;
+  o.deadline = absl::Milliseconds(500);
+  absl::StatusOr<const HardwarePreset*> h200 = FindHardwarePreset("h200-sxm");
+  ASSERT_THAT(h200.status(), IsOk());
+  ApplyHardwarePreset(**h200, o.cost);
+  {
+    ScopedHardwareIdEnv env(std::nullopt);
+    ASSERT_THAT(RunLive(o).status(), IsOk());
+  }
+  std::vector<std::string> ids = server.service().hardware_ids();
+  ASSERT_EQ(ids.size(), 2u) << "one group session per group";
+  EXPECT_THAT(ids, Each(std::string("sim:h200-sxm")));
+  {
+    ScopedHardwareIdEnv env("NVIDIA H200 sm_90 140GiB");
+    ASSERT_THAT(RunLive(o).status(), IsOk());
+  }
+  ids = server.service().hardware_ids();
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_EQ(ids[2], "NVIDIA H200 sm_90 140GiB");
+  EXPECT_EQ(ids[3], "NVIDIA H200 sm_90 140GiB");
+  ScopedHardwareIdEnv bad("bad\x01id");
+  EXPECT_THAT(RunLive(o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                   HasSubstr("SPGATE_HARDWARE_ID: only printable ASCII")));
 }
 
 #ifdef SPGATE_HAVE_SERVER
@@ -470,6 +578,46 @@ TEST(SimSweepTest, RanksConfigsByThroughput) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--sweep_max_length_cv")));
 }
 
+// Grid values that make no valid config are skipped, and the sweep says which and why;
+// an axis with none left is refused naming its flag (it was "the sweep grid has no valid
+// config", naming neither).
+TEST(SimSweepTest, SaysWhichValuesItSkipsAndWhy) {
+  absl::StatusOr<SweepAxis> rs = ParseSweepAxis("sweep_max_rs_wait_share", "0.01:0.05:0.01");
+  ASSERT_THAT(rs.status(), IsOk());
+  absl::StatusOr<SweepValues> v =
+      SweepAxisValues(*rs, GateConfig{}, &GateConfig::max_rs_wait_share);
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_THAT(v->values, ElementsAre(0.04, 0.05));
+  EXPECT_EQ(v->skipped,
+            "--sweep_max_rs_wait_share=0.01:0.05:0.01: skipping 0.01, 0.02, 0.03 "
+            "(rs_wait_reenable_margin (0.03) must be less than max_rs_wait_share (0.03))");
+  // Both ends of an axis, each with its own reason; a long run is shortened.
+  absl::StatusOr<SweepAxis> cv = ParseSweepAxis("sweep_max_length_cv", "-1:20:1");
+  ASSERT_THAT(cv.status(), IsOk());
+  v = SweepAxisValues(*cv, GateConfig{}, &GateConfig::max_length_cv);
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_EQ(v->values.size(), 10u);
+  EXPECT_EQ(v->skipped,
+            "--sweep_max_length_cv=-1:20:1: skipping -1, 0 (max_length_cv must be finite and "
+            "in (0, 10], got 0); 11, 12, ..., 20 (max_length_cv must be finite and in (0, 10], "
+            "got 11)");
+  absl::StatusOr<SweepAxis> ok = ParseSweepAxis("sweep_max_length_cv", "0.1:0.2:0.1");
+  ASSERT_THAT(ok.status(), IsOk());
+  v = SweepAxisValues(*ok, GateConfig{}, &GateConfig::max_length_cv);
+  ASSERT_THAT(v.status(), IsOk());
+  EXPECT_EQ(v->skipped, "");
+  absl::StatusOr<SweepAxis> none = ParseSweepAxis("sweep_max_rs_wait_share", "0.01:0.02:0.01");
+  ASSERT_THAT(none.status(), IsOk());
+  SimOptions o = Small();
+  o.steps = 5;
+  EXPECT_THAT(Sweep(o, GateConfig{}, *ok, *none),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--sweep_max_rs_wait_share=0.01:0.02:0.01: no value on the grid "
+                                 "is valid with the rest of the config: 0.01, 0.02 "
+                                 "(rs_wait_reenable_margin (0.03) must be less than "
+                                 "max_rs_wait_share (0.02))")));
+}
+
 // A daemon that never answers: every step falls back, and the end of the run does not
 // wait --flush_timeout for it (it waited 30 s after a run of a fraction of a second).
 TEST(SimRunTest, ADaemonThatNeverAnsweredIsNotWaitedForAtTheEnd) {
@@ -487,6 +635,9 @@ TEST(SimRunTest, ADaemonThatNeverAnsweredIsNotWaitedForAtTheEnd) {
   EXPECT_EQ(s->local_decisions, Total(*s));
   EXPECT_EQ(s->sessions, 0) << "no client ever registered";
   EXPECT_LT(absl::Now() - start, absl::Seconds(15));
+  // wall_s is the run's, the wait for the daemon included (it counted from the first tick).
+  EXPECT_GE(s->wall_s, 0.2);
+  EXPECT_LE(s->wall_s, absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 TEST(SimRunTest, RejectsBadOptions) {
