@@ -192,6 +192,11 @@ Metrics::Metrics()
                                   "plan too far ahead of its group, another plan for a decided "
                                   "step, telemetry for an undecided step, an unknown session.")
                             .Register(*registry_)),
+      admin_refusals_f(BuildCounter().Name("spgate_admin_refusals_total")
+                           .Help("Admin API calls refused for their sender: without a "
+                                 "credential (unauthenticated), or with one that matches none "
+                                 "or whose role is too low for the call (denied).")
+                           .Register(*registry_)),
       gate_policy_f(BuildGauge().Name("spgate_gate_policy")
                         .Help("1 for the policy in force (static, adaptive), else 0; "
                               "job_id=\"_default\" is the global default.")
@@ -251,7 +256,9 @@ Metrics::Metrics()
       refused_launch_credential(worker_refusals_f.Add({{"reason", "launch_credential"}})),
       refused_plan_mismatch(worker_refusals_f.Add({{"reason", "plan_mismatch"}})),
       refused_undecided_step(worker_refusals_f.Add({{"reason", "undecided_step"}})),
-      refused_worker_credential(worker_refusals_f.Add({{"reason", "worker_credential"}})) {
+      refused_worker_credential(worker_refusals_f.Add({{"reason", "worker_credential"}})),
+      admin_unauthenticated(admin_refusals_f.Add({{"reason", "unauthenticated"}})),
+      admin_denied(admin_refusals_f.Add({{"reason", "denied"}})) {
   build_info_f.Add({{"version", std::string(SpgateVersion())}}).Set(1);
   config_last_reload_successful.Set(1);
   for (size_t i = 0; i < kNumGateFields; ++i) {

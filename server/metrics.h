@@ -187,6 +187,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& telemetry_f;
   prometheus::Family<prometheus::Counter>& watch_dropped_f;
   prometheus::Family<prometheus::Counter>& worker_refusals_f;
+  prometheus::Family<prometheus::Counter>& admin_refusals_f;
   prometheus::Family<prometheus::Gauge>& gate_policy_f;
   prometheus::Family<prometheus::Gauge>& adaptive_rate_f;
   prometheus::Family<prometheus::Gauge>& adaptive_samples_f;
@@ -219,6 +220,10 @@ class Metrics {
   prometheus::Counter& refused_plan_mismatch;      // another plan for a decided step
   prometheus::Counter& refused_undecided_step;     // telemetry for a step not decided
   prometheus::Counter& refused_worker_credential;  // no, an unknown or an out-of-scope one
+  // Admin calls refused for who sent them: without a credential (UNAUTHENTICATED), or with
+  // one that matches nothing, or whose role is too low for the call (PERMISSION_DENIED).
+  prometheus::Counter& admin_unauthenticated;
+  prometheus::Counter& admin_denied;
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};

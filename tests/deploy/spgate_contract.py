@@ -48,6 +48,7 @@ METRICS = {
     "spgate_adaptive_switch_cost_seconds": ("gauge", ("job_id",)),
     "spgate_hardware_id_mismatches_total": ("counter", ("job_id",)),
     "spgate_worker_refusals_total": ("counter", ("reason",)),
+    "spgate_admin_refusals_total": ("counter", ("reason",)),
 }
 
 # Closed label value sets (docs/design.md §6 enums, lower-cased; docs/design.md §7).
@@ -80,8 +81,11 @@ LABEL_VALUES = {
 WORKER_REFUSAL_REASONS = ("stale_incarnation", "live_incarnation", "not_leader",
                           "step_too_far", "unknown_session", "launch_credential",
                           "plan_mismatch", "undecided_step", "worker_credential")
+# spgate_admin_refusals_total's: an admin call without a credential, or denied.
+ADMIN_REFUSAL_REASONS = ("unauthenticated", "denied")
 FAMILY_LABEL_VALUES = {
     "spgate_worker_refusals_total": {"reason": WORKER_REFUSAL_REASONS},
+    "spgate_admin_refusals_total": {"reason": ADMIN_REFUSAL_REASONS},
 }
 GLOBAL_JOB_ID = "_default"  # spgate_gate_threshold / spgate_config_version global scope
 

@@ -589,6 +589,14 @@ TEST_F(DaemonTest, AdminRolesOnEveryRpc) {
   EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_config_updates_total",
                                            {"result=\"denied\""}),
             6);  // UpdateGateConfig and RollbackGateConfig, three refused callers each
+  // Every refused admin call, by why: 11 calls without a credential; 11 with a wrong
+  // token and the reader's 5 mutations denied.
+  EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_admin_refusals_total",
+                                           {"reason=\"unauthenticated\""}),
+            11);
+  EXPECT_EQ(::spgate::testing::MetricValue(metrics, "spgate_admin_refusals_total",
+                                           {"reason=\"denied\""}),
+            16);
   std::ifstream in(opts.state_dir + "/audit.log");
   std::stringstream ss;
   ss << in.rdbuf();
