@@ -9,9 +9,9 @@ absl::Status CheckBearerToken(absl::string_view token, absl::string_view where) 
   if (token.empty()) return absl::InvalidArgumentError(absl::StrFormat("%s: empty token", where));
   for (size_t i = 0; i < token.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(token[i]);
-    if (c < 0x21 || c > 0x7e) {
+    if (c < 0x20 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: the token's character %d is byte 0x%02x, not visible ASCII (0x21-0x7e): a "
+          "%s: the token's character %d is byte 0x%02x, not printable ASCII (0x20-0x7e): a "
           "token travels in a header, where no other byte can go (the token is not shown)",
           where, i + 1, c));
     }

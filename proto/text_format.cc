@@ -1,17 +1,23 @@
 // ParseTextFormat: see text_format.h.
 #include "proto/text_format.h"
 
-#include <algorithm>
-#include <cctype>
 #include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace spgate {
 namespace {
+
+// Swallows what the second pass over a text (EnumValuePlace) finds: the parser reported it.
+class NoErrors : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int, int, const std::string&) override {}
+  void AddWarning(int, int, const std::string&) override {}
+};
 
 // Keeps the first error; the parser stops at it.
 class FirstError : public google::protobuf::io::ErrorCollector {
@@ -38,8 +44,9 @@ class FirstError : public google::protobuf::io::ErrorCollector {
 
 // Where the parser's error points for an unknown enum value: the tokenizer has already
 // read past the value, so the error names the next token's place (the next line's start
-// when the value ends its line). The place of the value itself: its last whole-word
-// occurrence before the reported place, 0-based; the reported place where none is found.
+// when the value ends its line). The place of the value itself: the last token spelling it
+// before the reported place, read with the parser's own tokenizer (so a comment that
+// mentions the value is not taken for it); the reported place where there is none.
 std::pair<int, int> EnumValuePlace(const std::string& text, const FirstError& e) {
   constexpr std::string_view kPrefix = "Unknown enumeration value of \"";
   const std::string& m = e.message();
@@ -47,31 +54,17 @@ std::pair<int, int> EnumValuePlace(const std::string& text, const FirstError& e)
   const size_t end = m.find('"', kPrefix.size());
   if (end == std::string::npos || end == kPrefix.size()) return {e.line(), e.column()};
   const std::string value = m.substr(kPrefix.size(), end - kPrefix.size());
-  // The reported place as an offset (columns count tabs as the tokenizer does: to the next
-  // multiple of 8; an offset past a tab-free line's end is clamped to it).
-  size_t at = 0;
-  for (int line = 0; line < e.line() && at < text.size(); ++at) {
-    if (text[at] == '\n') ++line;
+  google::protobuf::io::ArrayInputStream input(text.data(), static_cast<int>(text.size()));
+  NoErrors quiet;
+  google::protobuf::io::Tokenizer tokens(&input, &quiet);
+  tokens.set_comment_style(google::protobuf::io::Tokenizer::SH_COMMENT_STYLE);
+  std::pair<int, int> place = {e.line(), e.column()};
+  while (tokens.Next()) {
+    const google::protobuf::io::Tokenizer::Token& t = tokens.current();
+    if (std::pair(t.line, t.column) >= std::pair(e.line(), e.column())) break;
+    if (t.text == value) place = {t.line, t.column};
   }
-  for (int column = 0; at < text.size() && text[at] != '\n' && column < e.column(); ++at) {
-    column = text[at] == '\t' ? (column / 8 + 1) * 8 : column + 1;
-  }
-  auto word = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; };
-  if (at == 0) return {e.line(), e.column()};
-  for (size_t pos = text.rfind(value, at - 1); pos != std::string::npos;
-       pos = pos == 0 ? std::string::npos : text.rfind(value, pos - 1)) {
-    const size_t after = pos + value.size();
-    if ((pos > 0 && word(text[pos - 1])) || (after < text.size() && word(text[after]))) continue;
-    const auto before = text.begin() + static_cast<std::ptrdiff_t>(pos);
-    const int line = static_cast<int>(std::count(text.begin(), before, '\n'));
-    int column = 0;
-    for (auto i = std::find(std::make_reverse_iterator(before), text.rend(), '\n').base();
-         i != before; ++i) {
-      column = *i == '\t' ? (column / 8 + 1) * 8 : column + 1;
-    }
-    return {line, column};
-  }
-  return {e.line(), e.column()};
+  return place;
 }
 
 }  // namespace

@@ -24,11 +24,12 @@ bool IsValidCredentialName(absl::string_view name) {
 
 absl::Status CheckBareTokenName(absl::string_view where, const std::string& path) {
   const std::string name = CredentialFileBasename(path);
-  if (IsValidCredentialName(name)) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPrincipalName(where, name));
+  if (!absl::StrContains(name, ':')) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       where, ": a bare token is named after its file, and \"", name,
-      "\" is not [A-Za-z0-9._@-]+ (a name with ':' would read as a certificate's): rename "
-      "the file or write NAME:TOKEN"));
+      "\" holds ':', as a certificate's principal does (subject:..., uri:...): rename the "
+      "file or write NAME:TOKEN"));
 }
 
 absl::Status CheckPrincipalName(absl::string_view where, absl::string_view name) {
@@ -140,17 +141,13 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
       }
     } else {
       RETURN_IF_ERROR(CheckBareTokenName(where, path));
+      cred.bare = true;
     }
-    // A token no client can send (a space, a control byte, UTF-8) is a mistake in the file.
+    // A token no client can send (a control byte, UTF-8) is a mistake in the file.
     RETURN_IF_ERROR(CheckBearerToken(cred.secret, where));
     RETURN_IF_ERROR(CheckPrincipalName(where, cred.name));
-    for (const TokenCredential& other : out) {
-      if (other.name == cred.name) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": the name ", cred.name, " is also on ", other.where,
-            "; every credential needs its own name (the audit log tells them apart by it)"));
-      }
-    }
+    // One name on two lines of a file is one principal with two tokens (a rotation's
+    // overlap): fine.
     out.push_back(std::move(cred));
   }
   if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
@@ -161,7 +158,7 @@ absl::StatusOr<std::vector<SubjectCredential>> ParseSubjectsFile(const std::stri
                                                                  const std::string& text) {
   std::vector<SubjectCredential> out;
   int line_no = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(text), '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;
@@ -215,7 +212,9 @@ absl::StatusOr<AdminAuthConfig> LoadAdminAuth(const std::string& admin_token_fil
     if (!tokens.ok()) return tokens.status();
     for (TokenCredential& t : *tokens) {
       for (const TokenCredential& other : auth.tokens) {
-        if (other.name == t.name) {
+        // One NAME given in both files would be one principal with two roles; bare tokens
+        // are named after their files, and two files may share a basename.
+        if (other.name == t.name && !other.bare && !t.bare) {
           return absl::InvalidArgumentError(absl::StrCat(
               f.flag, ": ", t.where, ": the name ", t.name, " is also on ", other.where,
               " (", other.role == Role::kAdmin ? "--admin_token_file" : "--reader_token_file",

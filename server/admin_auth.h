@@ -41,6 +41,7 @@ struct TokenCredential {
   std::string secret;
   Role role;
   std::string where;   // "PATH line N": where a start-up error points
+  bool bare = false;   // a bare TOKEN line: named after its file
 };
 
 struct SubjectCredential {
@@ -88,8 +89,8 @@ bool IsValidCredentialName(absl::string_view name);
 // The principal of every call where no credential is configured (open mode), in the audit
 // log and in errors; no credential may take the name.
 inline constexpr absl::string_view kAnonymousPrincipal = "anonymous";
-// INVALID_ARGUMENT at `where` when a bare token's file basename (its principal) is not a
-// valid name, or when `name` is kAnonymousPrincipal.
+// INVALID_ARGUMENT at `where` when a bare token's file basename (its principal) holds ':'
+// (a certificate principal's mark) or is kAnonymousPrincipal, or when `name` is.
 absl::Status CheckBareTokenName(absl::string_view where, const std::string& path);
 absl::Status CheckPrincipalName(absl::string_view where, absl::string_view name);
 absl::StatusOr<std::string> ReadCredentialFile(const std::string& flag, const std::string& path);

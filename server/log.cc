@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "absl/base/const_init.h"
 #include "absl/strings/str_cat.h"
@@ -92,39 +93,33 @@ std::string AbslUnparseFlag(LogFormat format) {
 
 void SetLogFormat(LogFormat format) { g_format.store(format, std::memory_order_relaxed); }
 
-GrpcLogLimit::Verdict GrpcLogLimit::Admit(const std::string& site, absl::Time now) {
-  auto [it, fresh] = sites_.try_emplace(site);
-  Bucket& b = it->second;
-  if (fresh) b.last = now;
-  const double refilled = absl::FDivDuration(std::max(now - b.last, absl::ZeroDuration()), kRefill);
-  b.tokens = std::min(kBurst, b.tokens + refilled);
-  b.last = std::max(b.last, now);
-  if (b.tokens < 1) {
-    ++b.held_back;
+GrpcLogLimit::Verdict GrpcLogLimit::Admit(const char* file, int line, absl::Time now) {
+  auto [it, fresh] = sites_.try_emplace({file, line});
+  Site& site = it->second;
+  if (fresh) site.bucket = TokenBucket(1.0 / absl::ToDoubleSeconds(kRefill), kBurst, now);
+  if (!site.bucket.TryTake(now)) {
+    ++site.held_back;
     return {};
   }
-  b.tokens -= 1;
-  const Verdict out{true, b.held_back};
-  b.held_back = 0;
-  return out;
+  return {true, std::exchange(site.held_back, 0)};
 }
 
 void RouteGrpcLogs() {
   gpr_set_log_function([](gpr_log_func_args* args) {
-    static absl::Mutex mu(absl::kConstInit);
+    ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
     static GrpcLogLimit* const limit = new GrpcLogLimit();
-    const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
-    const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
-    GrpcLogLimit::Verdict v;
-    {
+    const bool error = args->severity == GPR_LOG_SEVERITY_ERROR;
+    GrpcLogLimit::Verdict v{true, 0};
+    if (error) {
       absl::MutexLock lock(&mu);
-      v = limit->Admit(absl::StrCat(file, ":", args->line), absl::Now());
+      v = limit->Admit(args->file, args->line, absl::Now());
     }
     if (!v.emit) return;
+    const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
+    const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
     // A refused handshake or a port in use is gRPC's ERROR: the daemon's warning (it goes
     // on serving, or says why it cannot start on a line of its own).
-    const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR ? LogLevel::kWarning
-                                                                     : LogLevel::kInfo;
+    const LogLevel level = error ? LogLevel::kWarning : LogLevel::kInfo;
     std::vector<LogField> fields = {{"event", "grpc"}, {"file", file}, {"line", args->line}};
     std::string held;
     if (v.held_back > 0) {

@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "server/token_bucket.h"
 
 namespace spgate::server {
 
@@ -48,14 +50,17 @@ void SetLogFormat(LogFormat format);
 // Sends gRPC's own log lines (a refused TLS handshake, a port in use: those at or above
 // GRPC_VERBOSITY, ERROR by default) through Log, so that --log_format=json is JSON on
 // every line: "grpc (FILE:LINE): MESSAGE", with event "grpc", file and line as fields.
-// Each of gRPC's log sites is held to GrpcLogLimit's rate: any peer can make a refused
-// handshake, and one line each let it write the daemon's log as fast as it connects.
+// gRPC's ERROR lines are held to GrpcLogLimit's rate per log site: any peer can make a
+// refused handshake, and one line each let it write the daemon's log as fast as it
+// connects. Lines below ERROR (GRPC_VERBOSITY=INFO/DEBUG, GRPC_TRACE) are not held: an
+// operator asked for them.
 void RouteGrpcLogs();
 
 // A token bucket per log site (gRPC's FILE:LINE): kBurst lines at once, then one every
-// kRefill. Admit says whether a line at `site` goes out now and, when it does, how many
-// lines of that site were held back since the last one that went out (the line says so).
-// Not thread-safe: RouteGrpcLogs serialises it.
+// kRefill. Admit says whether a line at (`file`, `line`) goes out now and, when it does,
+// how many lines of that site were held back since the last one that went out (the line
+// says so). `file` is gRPC's __FILE__, a literal: the key is its address, no copy. Not
+// thread-safe: RouteGrpcLogs serialises it.
 class GrpcLogLimit {
  public:
   static constexpr double kBurst = 10;
@@ -65,15 +70,14 @@ class GrpcLogLimit {
     bool emit = false;
     int64_t held_back = 0;  // lines of this site not written since its last one
   };
-  Verdict Admit(const std::string& site, absl::Time now);
+  Verdict Admit(const char* file, int line, absl::Time now);
 
  private:
-  struct Bucket {
-    double tokens = kBurst;
-    absl::Time last;
+  struct Site {
+    TokenBucket bucket;
     int64_t held_back = 0;
   };
-  std::map<std::string, Bucket> sites_;  // gRPC's log sites: a few dozen at most
+  std::map<std::pair<const char*, int>, Site> sites_;  // gRPC's log sites: a few dozen
 };
 
 // Writes one line to stderr in the current format (a single write, so lines from

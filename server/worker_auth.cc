@@ -200,7 +200,7 @@ absl::StatusOr<std::vector<WorkerSubject>> ParseWorkerSubjectsFile(const std::st
                                                                    const std::string& text) {
   std::vector<WorkerSubject> out;
   int line_no = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+  for (absl::string_view line : absl::StrSplit(WithoutByteOrderMark(text), '\n')) {
     ++line_no;
     line = absl::StripAsciiWhitespace(line);
     if (line.empty() || line[0] == '#') continue;

@@ -49,6 +49,10 @@ TEST(ParseTextFormatTest, EachMistakeIsNamedWithItsPlace) {
       {"\tpolicy:\tBOGUS\n", "line 1 column 17: Unknown enumeration value"},
       // The value spelt as the next field's name: the value's place, not the field's.
       {"policy: max_length_cv\nmax_length_cv: 0.3\n", "line 1 column 9: Unknown enumeration"},
+      // A comment that mentions the value is not the value.
+      {"policy: BOGUS\n# BOGUS was the old value\nmax_length_cv: 0.3\n",
+       "line 1 column 9: Unknown enumeration"},
+      {"policy: BOGUS  # not BOGUS\nmax_length_cv: 0.3\n", "line 1 column 9: Unknown enumeration"},
   };
   for (const Case& c : cases) {
     v1::GateConfig out;

@@ -88,41 +88,55 @@ TEST(LogLine, GrpcLinesAreTheDaemonsLines) {
 TEST(GrpcLogLimitTest, ABurstThenOneEverySixSecondsPerSite) {
   GrpcLogLimit limit;
   const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
-  const std::string handshake = "ssl_transport_security.cc:1501";
+  const char* const kTsi = "src/core/tsi/ssl_transport_security.cc";
   for (int i = 0; i < 10; ++i) {
-    const GrpcLogLimit::Verdict v = limit.Admit(handshake, t0);
+    const GrpcLogLimit::Verdict v = limit.Admit(kTsi, 1501, t0);
     EXPECT_TRUE(v.emit) << i;
     EXPECT_EQ(v.held_back, 0) << i;
   }
-  for (int i = 0; i < 290; ++i) EXPECT_FALSE(limit.Admit(handshake, t0).emit) << i;
-  EXPECT_TRUE(limit.Admit("chttp2_server.cc:1033", t0).emit) << "another site: its own bucket";
-  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(5)).emit);
-  const GrpcLogLimit::Verdict next = limit.Admit(handshake, t0 + absl::Seconds(6));
+  for (int i = 0; i < 290; ++i) EXPECT_FALSE(limit.Admit(kTsi, 1501, t0).emit) << i;
+  EXPECT_TRUE(limit.Admit(kTsi, 1502, t0).emit) << "another line: its own bucket";
+  EXPECT_FALSE(limit.Admit(kTsi, 1501, t0 + absl::Seconds(5)).emit);
+  // (A hair past 6 s: the bucket's refill is a rate, in floating point.)
+  const GrpcLogLimit::Verdict next =
+      limit.Admit(kTsi, 1501, t0 + absl::Seconds(6) + absl::Milliseconds(10));
   EXPECT_TRUE(next.emit);
   EXPECT_EQ(next.held_back, 291);
-  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(7)).emit);
+  EXPECT_FALSE(limit.Admit(kTsi, 1501, t0 + absl::Seconds(7)).emit);
   // Quiet for a minute: the burst is back, and the count starts again.
-  const GrpcLogLimit::Verdict later = limit.Admit(handshake, t0 + absl::Seconds(70));
+  const GrpcLogLimit::Verdict later = limit.Admit(kTsi, 1501, t0 + absl::Seconds(70));
   EXPECT_TRUE(later.emit);
   EXPECT_EQ(later.held_back, 1);
-  for (int i = 1; i < 10; ++i) EXPECT_TRUE(limit.Admit(handshake, t0 + absl::Seconds(70)).emit);
-  EXPECT_FALSE(limit.Admit(handshake, t0 + absl::Seconds(70)).emit);
+  for (int i = 1; i < 10; ++i) EXPECT_TRUE(limit.Admit(kTsi, 1501, t0 + absl::Seconds(70)).emit);
+  EXPECT_FALSE(limit.Admit(kTsi, 1501, t0 + absl::Seconds(70)).emit);
   // A clock that steps back refills nothing and breaks nothing.
-  EXPECT_FALSE(limit.Admit(handshake, t0).emit);
+  EXPECT_FALSE(limit.Admit(kTsi, 1501, t0).emit);
 }
 
-// Through gRPC's log function: 300 refused handshakes write 10 lines, not 300.
-TEST(LogLine, GrpcLinesAreHeldToTheirRate) {
+// Through gRPC's log function: 300 refused handshakes write 10 lines, not 300; lines below
+// ERROR (an operator's GRPC_VERBOSITY or GRPC_TRACE) are not held. The line numbers are
+// new on every run of the test (the limiter is the process's: --gtest_repeat).
+TEST(LogLine, GrpcErrorLinesAreHeldToTheirRate) {
+  static int run = 0;
+  const int line = 5000 + 2 * run++;
   grpc_init();
   RouteGrpcLogs();
   ::testing::internal::CaptureStderr();
   for (int i = 0; i < 300; ++i) {
-    gpr_log("src/core/tsi/ssl_transport_security.cc", 4242, GPR_LOG_SEVERITY_ERROR,
+    gpr_log("src/core/tsi/ssl_transport_security.cc", line, GPR_LOG_SEVERITY_ERROR,
             "Handshake failed with fatal error %s", "SSL_ERROR_SSL");
   }
-  const std::string out = ::testing::internal::GetCapturedStderr();
+  const std::string errors = ::testing::internal::GetCapturedStderr();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_DEBUG);
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 30; ++i) {
+    gpr_log("src/core/lib/surface/call.cc", line + 1, GPR_LOG_SEVERITY_INFO, "trace %d", i);
+  }
+  const std::string infos = ::testing::internal::GetCapturedStderr();
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
   grpc_shutdown();
-  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 10) << out;
+  EXPECT_EQ(std::count(errors.begin(), errors.end(), '\n'), 10) << errors;
+  EXPECT_EQ(std::count(infos.begin(), infos.end(), '\n'), 30) << infos;
 }
 
 TEST(LogLine, FlagValues) {

@@ -256,6 +256,10 @@ TEST(WorkerSubjectsFileTest, TypedIdentitiesWithPatterns) {
   EXPECT_EQ((*s)[2].identity.name(), "subject:CN=Trainer B,O=ml");
   EXPECT_TRUE((*s)[2].identity.Matches(
       {.has_certificate = true, .subject = "CN=Trainer B,O=ml", .common_name = "Trainer B"}));
+  // A byte order mark an editor wrote is not part of the first identity.
+  auto marked = ParseWorkerSubjectsFile("/s", "\xef\xbb\xbf" "cn:trainer-a llama-*\n");
+  ASSERT_THAT(marked.status(), IsOk());
+  EXPECT_EQ((*marked)[0].identity.name(), "cn:trainer-a");
 }
 
 TEST(WorkerSubjectsFileTest, RefusalsNameTheFlagFileLineAndFix) {

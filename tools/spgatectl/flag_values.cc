@@ -209,8 +209,8 @@ absl::StatusOr<std::string> TokenFromFileText(absl::string_view path, absl::stri
       if (is_name) line = absl::StripAsciiWhitespace(line.substr(colon + 1));
     }
     if (line.empty()) break;
-    // A byte a header cannot carry (a space, a control character, UTF-8) would abort the
-    // call in gRPC, printing the token: refused here, without it.
+    // A byte a header cannot carry (a control character, UTF-8) would abort the call in
+    // gRPC, printing the token: refused here, without it.
     RETURN_IF_ERROR(CheckBearerToken(line, absl::StrCat("--token_file: \"", path, "\"")));
     return std::string(line);
   }
