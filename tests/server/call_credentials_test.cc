@@ -167,8 +167,16 @@ TEST(CertIdentityTest, EachKindMatchesOnlyItsField) {
 TEST(CallerCredentialsTest, BearerToken) {
   EXPECT_FALSE(BearerToken({})->has_value());
   EXPECT_EQ(**BearerToken({.authorization = "Bearer abc"}), "abc");
-  EXPECT_THAT(BearerToken({.authorization = "bearer abc"}).status(),
+  // The scheme in any case (RFC 7235); another scheme, or the header twice, is refused.
+  EXPECT_EQ(**BearerToken({.authorization = "bearer abc"}), "abc");
+  EXPECT_EQ(**BearerToken({.authorization = "BEARER abc"}), "abc");
+  EXPECT_THAT(BearerToken({.authorization = "Basic abc"}).status(),
               StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(BearerToken({.authorization = "Bearerabc"}).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied));
+  EXPECT_THAT(
+      BearerToken({.authorization = "Bearer abc", .authorization_repeated = true}).status(),
+      StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("more than once")));
   EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
   EXPECT_FALSE(ConstantTimeEquals("abc", "ab"));

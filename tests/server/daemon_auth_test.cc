@@ -292,8 +292,8 @@ TEST_F(DaemonAuthTest, CredentialFileMistakesStopStartup) {
   opts.admin_token_file = Write(dir_ + "/admin-tokens", "alice:shared-0123\n");
   const absl::Status shared = Daemon::Start(opts).status();
   EXPECT_THAT(shared,
-              StatusIs(kInvalid, HasSubstr("--worker_token_file: the token of tenant-a is "
-                                           "also the token of alice in --admin_token_file")));
+              StatusIs(kInvalid, HasSubstr("worker-tokens line 1: the token of tenant-a is "
+                                           "also the token of alice in --admin_token_file (")));
   EXPECT_THAT(shared.message(), Not(HasSubstr("shared-0123")));
   opts = {};
   opts.worker_token_file =
