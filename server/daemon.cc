@@ -602,7 +602,13 @@ std::string Daemon::admin_address() const {
 
 absl::Status Daemon::ReloadConfig() {
   if (impl_->opts.config_path.empty()) {
-    return absl::FailedPreconditionError("no --config file to reload");
+    // Said, as every reload is: a SIGHUP that changed nothing in silence reads as one
+    // that reloaded.
+    const std::string why = "no --config file to reload: the daemon was started without "
+                            "--config; the config stays as it is";
+    Log(LogLevel::kWarning, absl::StrCat("config reload skipped: ", why),
+        {{"event", "config_reload_skipped"}, {"error", why}});
+    return absl::FailedPreconditionError(why);
   }
   {
     // A SIGHUP reload counts as having seen this version of the file.

@@ -87,7 +87,8 @@ class Daemon {
   std::string admin_address() const;
 
   // Re-reads the config file (SIGHUP). On error the running config stays and
-  // spgate_config_last_reload_successful is set to 0.
+  // spgate_config_last_reload_successful is set to 0. Without --config: FAILED_PRECONDITION,
+  // logged as a warning (event config_reload_skipped); the gauge stays.
   absl::Status ReloadConfig();
 
   // Reloads the config file if its identity (device, inode, mtime, size) and contents

@@ -74,11 +74,22 @@ absl::StatusOr<std::unique_ptr<GateState>> GateState::Create(StateOptions option
   metrics.SetGlobalThresholds(store->GlobalEffective(), store->GlobalVersion());
   MutexLock launch(&state->launches_.mu());
   MutexLock lock(&state->mu_);
+  // Everything persisted comes back, past --max_jobs too (the flag lowered since, or
+  // jobs the store admitted while others registered): a daemon that refused to start
+  // over its own state would only restart until someone edited the files.
   const std::vector<std::string> scoped = store->JobsWithOperatorState();
   for (const std::string& job_id : scoped) {
-    RETURN_IF_ERROR(state->FindOrCreateJob(job_id).status());
+    RETURN_IF_ERROR(state->FindOrCreateJob(job_id, /*over_max_jobs=*/true).status());
   }
   RETURN_IF_ERROR(state->RestoreLaunches());
+  if (const int tracked = static_cast<int>(state->jobs_.size());
+      tracked > state->options_.max_jobs) {
+    state->LogLine(absl::StrFormat(
+        "restored %d jobs, more than --max_jobs=%d: every one is kept, and a new job (a "
+        "Register, a job scope of UpdateGateConfig or PinMode) is refused until fewer jobs "
+        "than that are tracked (spgatectl jobs forget, or a larger --max_jobs)",
+        tracked, state->options_.max_jobs));
+  }
   // After the launches: a restored launch gets its tables back.
   const int tables = state->LoadLearned();
   if (!state->options_.state_dir.empty()) {
@@ -140,9 +151,10 @@ void GateState::OnOperatorChange(const std::string& job_id) {
     } else if (auto it = jobs_.find(job_id); it != jobs_.end()) {
       RefreshJob(*it->second, &pushes);
     } else if (store_->HasJobScope(job_id)) {
-      // Operators may configure a job before it starts: list it from now on. When the
-      // daemon tracks too many jobs already, the settings still apply once it registers.
-      (void)FindOrCreateJob(job_id);
+      // Operators may configure a job before it starts: list it from now on. The store
+      // admitted the scope under --max_jobs (AdmitJobScope) and wrote it; a Register that
+      // took the last place meanwhile does not leave it untracked.
+      (void)FindOrCreateJob(job_id, /*over_max_jobs=*/true);
     }
   }
   for (auto& [sink, push] : pushes) sink->PushConfig(push);

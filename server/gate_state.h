@@ -409,6 +409,9 @@ class GateState final : public OperatorListener {
   // still has operator settings stays listed, with no live state. Returns the sessions
   // ended.
   int OnJobForgotten(const std::string& job_id) override;
+  // OperatorListener: a new job scope is one more job tracked, so it is refused, as a
+  // new job's Register is, once --max_jobs jobs are tracked and this is not one of them.
+  absl::Status AdmitJobScope(const std::string& job_id) const override;
 
   // Staleness, pin expiry, forgetting idle ranks, groups and jobs, worker gauges.
   void Sweep();
@@ -430,7 +433,13 @@ class GateState final : public OperatorListener {
  private:
   GateState(StateOptions options, Metrics& metrics, const OperatorSource* store);
 
-  absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job not tracked yet is refused past --max_jobs, unless `over_max_jobs`: a job the
+  // state directory or the operator store already holds (restored at Create, or a scope
+  // the store admitted and wrote), which must be tracked whatever the count.
+  absl::StatusOr<Job*> FindOrCreateJob(const std::string& job_id, bool over_max_jobs = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED for a new job once --max_jobs jobs are tracked, else OK.
+  absl::Status CheckJobLimit(const std::string& job_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A group index Register takes: in [0, --max_groups_per_job).
   absl::Status CheckGroupIndex(int group) const;
   absl::StatusOr<Group*> FindOrCreateGroup(Job& job, int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -59,7 +59,7 @@ int64_t CumulativeIncrease(int64_t count, int64_t& seen) {
 absl::Status GateState::RestoreLaunches() {
   ASSIGN_OR_RETURN(std::vector<LaunchBook::Restored> restored, launches_.Restore());
   for (const LaunchBook::Restored& l : restored) {
-    absl::StatusOr<Job*> job = FindOrCreateJob(l.job_id);
+    absl::StatusOr<Job*> job = FindOrCreateJob(l.job_id, /*over_max_jobs=*/true);
     if (!job.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat(launches_.path(), ": job ", l.job_id, ": ", job.status().message()));
@@ -69,14 +69,30 @@ absl::Status GateState::RestoreLaunches() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id) {
+absl::Status GateState::CheckJobLimit(const std::string& job_id) const {
+  if (static_cast<int>(jobs_.size()) < options_.max_jobs) return absl::OkStatus();
+  // The count may be past the flag: a restart restores every job it persisted.
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("job %s: the daemon already tracks %d job%s (--max_jobs=%d)", job_id,
+                      jobs_.size(), jobs_.size() == 1 ? "" : "s", options_.max_jobs));
+}
+
+absl::Status GateState::AdmitJobScope(const std::string& job_id) const {
+  // Not counted here: the admin service counts the store's refusal.
+  ReaderMutexLock lock(&mu_);
+  if (jobs_.contains(job_id)) return absl::OkStatus();
+  return CheckJobLimit(job_id);
+}
+
+absl::StatusOr<GateState::Job*> GateState::FindOrCreateJob(const std::string& job_id,
+                                                           bool over_max_jobs) {
   auto it = jobs_.find(job_id);
   if (it != jobs_.end()) return it->second.get();
   RETURN_IF_ERROR(ValidateJobId(job_id));
-  if (static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+  if (absl::Status limit = over_max_jobs ? absl::OkStatus() : CheckJobLimit(job_id);
+      !limit.ok()) {
     CountLimit(Limit::kJobs);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already tracks %d jobs (--max_jobs)", job_id, options_.max_jobs));
+    return limit;
   }
   auto job = std::make_unique<Job>();
   job->id = job_id;
@@ -552,7 +568,7 @@ int GateState::OnJobForgotten(const std::string& job_id) {
     ended = EraseSessions([&](const Session& s) { return s.job_id == job_id; });
     jobs_.erase(job_id);  // its groups, caches, windows and metric series with it
     // Settings that stay keep the job listed (as for a job configured before it starts).
-    if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id);
+    if (store_->HasJobScope(job_id)) (void)FindOrCreateJob(job_id, /*over_max_jobs=*/true);
     launches_.Forget(job_id);
     kept_learned_.erase(job_id);
   }

@@ -35,6 +35,34 @@ namespace {
 
 constexpr char kSuffix[] = ".textproto";
 
+// A refused file's copies: <file>.corrupt, then <file>.corrupt.1 ... .corrupt.<N-1>.
+constexpr int kMaxCorruptCopies = 100;
+
+// Renames a refused file to the first free one of its .corrupt names, never over an
+// earlier copy: each is the evidence of one refusal (the rename(2) alone would replace
+// the first). Only this start-up touches the directory now, so a name free at the lstat
+// is free at the rename. Says what it did: "renamed to P.corrupt.2 (...)", or "left in
+// place (...)" and why.
+std::string SetAsideCorrupt(const std::string& path) {
+  for (int n = 0; n < kMaxCorruptCopies; ++n) {
+    const std::string aside =
+        n == 0 ? absl::StrCat(path, ".corrupt") : absl::StrCat(path, ".corrupt.", n);
+    struct stat st {};
+    if (::lstat(aside.c_str(), &st) == 0) continue;
+    if (errno != ENOENT || std::rename(path.c_str(), aside.c_str()) != 0) {
+      return absl::StrCat("left in place (cannot rename it to ", aside, ": ",
+                          std::strerror(errno), ")");
+    }
+    if (n == 0) return absl::StrCat("renamed to ", aside);
+    return absl::StrCat("renamed to ", aside, " (", path, ".corrupt",
+                        n == 1 ? ", from an earlier refusal, is kept)"
+                               : absl::StrCat(" through .corrupt.", n - 1,
+                                              ", from earlier refusals, are kept)"));
+  }
+  return absl::StrCat("left in place (", path, ".corrupt through .corrupt.",
+                      kMaxCorruptCopies - 1, " are taken: remove the ones you have looked at)");
+}
+
 uint64_t Fnv1a64(const std::string& bytes) {
   uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char c : bytes) {
@@ -391,12 +419,9 @@ LoadedLearned LoadLearnedDir(const std::string& state_dir, int max_stages, int m
       out.records.push_back(*std::move(r));
       continue;
     }
-    const std::string aside = absl::StrCat(path, ".corrupt");
-    const bool moved = std::rename(path.c_str(), aside.c_str()) == 0;
-    out.problems.push_back(absl::StrCat(
-        "refused learned tables: ", r.status().message(), "; ",
-        moved ? absl::StrCat("renamed to ", aside) : std::string("left in place"), "; job ",
-        job_id, " starts cold"));
+    out.problems.push_back(absl::StrCat("refused learned tables: ", r.status().message(), "; ",
+                                        SetAsideCorrupt(path), "; job ", job_id,
+                                        " starts cold"));
   }
   std::sort(out.records.begin(), out.records.end(),
             [](const LearnedRecord& a, const LearnedRecord& b) {

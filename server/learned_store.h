@@ -7,8 +7,8 @@
 // A file is refused — never half-loaded — when it does not parse, is larger than a job's
 // tables can be, names another format version or table shape, fails its checksum (a
 // truncated or altered file), or holds a value out of range; the error names the file and
-// the field. LoadLearnedDir renames a refused file aside (<file>.corrupt) and its job
-// starts cold.
+// the field. LoadLearnedDir renames a refused file aside (<file>.corrupt, or .corrupt.N
+// when earlier refusals' copies hold the names before) and its job starts cold.
 //
 // A later launch of the job starts from the previous launch's tables only when it
 // declares the same layout, group size, model shape and hardware id (LearnedKey; a file
@@ -104,8 +104,9 @@ struct LoadedLearned {
   std::vector<std::string> problems;
 };
 // Reads every job's file under <state_dir>/learned/ (none: nothing), removing the temp
-// files of writers that died (RemoveStaleTempFiles). A refused file is renamed to
-// <file>.corrupt (left in place when it cannot be) and reported.
+// files of writers that died (RemoveStaleTempFiles). A refused file is renamed to the
+// first free one of <file>.corrupt, <file>.corrupt.1, ... (never over an earlier copy;
+// left in place when it cannot be) and reported.
 LoadedLearned LoadLearnedDir(const std::string& state_dir, int max_stages, int max_records);
 
 // The table with every weight decayed over `steps` more steps at the config's half-life

@@ -85,6 +85,25 @@ std::string MetricsAddressShapeError(absl::string_view address) {
   return "";
 }
 
+std::string MetricsAddressFamilyError(absl::string_view address, bool civetweb_has_ipv6) {
+  if (address.empty() || civetweb_has_ipv6) return "";
+  for (absl::string_view part : absl::StrSplit(address, ',')) {
+    absl::string_view port = part;
+    const bool plus = !absl::StrContains(part, ':') && absl::ConsumePrefix(&port, "+");
+    const AddressParts p = SplitAddress(part);
+    in6_addr v6;
+    const bool ipv6 = plus || p.bracketed || inet_pton(AF_INET6, p.host.c_str(), &v6) == 1;
+    if (!ipv6) continue;
+    if (!plus) port = p.port;
+    return absl::StrCat("--metrics_listen=", address, ": ", part,
+                        " listens on IPv6, but the civetweb library spgated serves /metrics "
+                        "with was built without IPv6: give an IPv4 address instead (127.0.0.1:",
+                        port, ", 0.0.0.0:", port, ", or ", port,
+                        " for every IPv4 interface), or a civetweb built with USE_IPV6");
+  }
+  return "";
+}
+
 std::string DefaultWorkerListen(bool has_worker_credential) {
   return absl::StrCat(has_worker_credential ? "0.0.0.0" : "127.0.0.1", ":", kDefaultWorkerPort);
 }

@@ -42,6 +42,13 @@ std::string ListenAddressShapeError(absl::string_view flag, absl::string_view ad
 // sockets; empty is off.
 std::string MetricsAddressShapeError(absl::string_view address);
 
+// Empty when civetweb can bind every entry of --metrics_listen (of a good shape); else
+// the usage error for the first entry that needs IPv6 ([IPv6]:PORT, +PORT) while the
+// civetweb the daemon links was built without it (`civetweb_has_ipv6`,
+// MetricsEndpointHasIpv6; Debian 12's lacks it), which would otherwise fail at bind time
+// with civetweb's "null context when constructing CivetServer".
+std::string MetricsAddressFamilyError(absl::string_view address, bool civetweb_has_ipv6);
+
 // The worker API's address when --listen is empty: every interface with a worker
 // credential, loopback without one; port kDefaultWorkerPort either way (docs/security.md,
 // "Worker credentials").

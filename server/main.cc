@@ -4,9 +4,14 @@
 // Signals: SIGTERM/SIGINT drain and stop; SIGHUP re-reads --config (which is also
 // polled every --config_poll_interval).
 #include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/base/config.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
@@ -19,6 +24,7 @@
 #include "server/listen_address.h"
 #include "server/log.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 
 ABSL_FLAG(std::string, listen, "",
           "Worker API (spgate.v1.GateService) address; empty: 127.0.0.1:50061 without a worker "
@@ -26,7 +32,8 @@ ABSL_FLAG(std::string, listen, "",
 ABSL_FLAG(std::string, admin_listen, "127.0.0.1:50062", "Admin API (spgate.v1.AdminService) address");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461",
           "Prometheus /metrics address (HOST:PORT or PORT; the default is every interface); "
-          "empty: off");
+          "[IPv6]:PORT and +PORT only where civetweb was built with IPv6 (Debian 12's is "
+          "not); empty: off");
 ABSL_FLAG(std::string, health_listen, "", "Plaintext gRPC health-only address; empty: off");
 ABSL_FLAG(std::string, state_dir, "", "Directory for operator changes made through the API");
 ABSL_FLAG(bool, allow_read_only_state_dir, false,
@@ -224,6 +231,11 @@ std::string FlagRangeError(const spgate::server::DaemonOptions& opts) {
       !error.empty()) {
     return error;
   }
+  if (std::string error = spgate::server::MetricsAddressFamilyError(
+          opts.metrics_listen, spgate::server::MetricsEndpointHasIpv6());
+      !error.empty()) {
+    return error;
+  }
   // Two listeners on one socket: the second bind failed with "Address already in use"
   // and gRPC's own dump. An empty --listen is its default.
   const std::string worker_listen =
@@ -265,14 +277,62 @@ int ServeUntilSignalled(spgate::server::Daemon& daemon, const sigset_t& signals)
   }
 }
 
+// absl refuses a flag (unknown, a value that does not parse, a --fromenv variable that
+// is not set) with "ERROR: ..." on std::cerr and exits from inside its parser, before
+// --log_format is known. So while the flags are parsed std::cerr writes to a buffer, and
+// absl's hook for fatal usage errors (below) keeps each message; at the first it registers
+// LogFlagErrors to run at exit. Registered after the handler ParseFlags registered
+// (common/cli.h: it ends the process with status 2), it runs before it, when every flag
+// that parsed, --log_format too, holds its value. Never freed: std::cerr may point into
+// the buffer until the process ends.
+struct FlagErrors {
+  std::stringbuf buffer;
+  std::streambuf* cerr = nullptr;  // std::cerr's own buffer while parsing; null otherwise
+  std::vector<std::string> messages;
+};
+FlagErrors* const flag_errors = new FlagErrors();
+
+void LogFlagErrors() {
+  std::cerr.rdbuf(flag_errors->cerr);
+  flag_errors->cerr = nullptr;
+  const spgate::server::LogFormat format = absl::GetFlag(FLAGS_log_format);
+  if (format == spgate::server::LogFormat::kText) {
+    std::cerr << flag_errors->buffer.str() << std::flush;  // absl's lines, as they were
+    return;
+  }
+  spgate::server::SetLogFormat(format);
+  for (const std::string& message : flag_errors->messages) {
+    spgate::server::Log(spgate::server::LogLevel::kError, message,
+                        {{"event", "usage_error"}, {"error", message}});
+  }
+}
+
+std::vector<char*> ParseFlagsIntoTheLog(int argc, char** argv) {
+  flag_errors->cerr = std::cerr.rdbuf(&flag_errors->buffer);
+  std::vector<char*> rest = spgate::ParseFlags(argc, argv);
+  // Parsed: whatever else absl wrote goes out as it was.
+  std::cerr.rdbuf(flag_errors->cerr);
+  flag_errors->cerr = nullptr;
+  std::cerr << flag_errors->buffer.str() << std::flush;
+  return rest;
+}
+
 }  // namespace
+
+// absl/flags/usage_config.h: called for each fatal usage error, right after absl wrote it
+// to std::cerr and before it exits (a weak symbol of absl's, which this one replaces).
+extern "C" void ABSL_INTERNAL_C_SYMBOL(AbslInternalReportFatalUsageError)(absl::string_view msg) {
+  if (flag_errors->cerr == nullptr) return;  // not while ParseFlagsIntoTheLog parses
+  if (flag_errors->messages.empty()) std::atexit(LogFlagErrors);
+  flag_errors->messages.emplace_back(msg);
+}
 
 int main(int argc, char** argv) {
   spgate::DisableMutexDeadlockDetection();
   spgate::InitFlagsUsage("spgated");
   absl::SetProgramUsageMessage("decides per batch and TP group between sequence "
                                "parallel and tensor-parallel-only execution.");
-  std::vector<char*> rest = spgate::ParseFlags(argc, argv);
+  std::vector<char*> rest = ParseFlagsIntoTheLog(argc, argv);
   spgate::server::SetLogFormat(absl::GetFlag(FLAGS_log_format));
   spgate::server::RouteGrpcLogs();
   // Usage errors in --log_format too (text: "spgated: ...", as before).

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "civetweb.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -41,6 +42,11 @@ void Knock(const std::string& host, int port) {
 
 }  // namespace
 
+bool MetricsEndpointHasIpv6() {
+  constexpr unsigned kIpv6 = 8;  // civetweb.h, mg_check_feature: "support IPv6"
+  return mg_check_feature(kIpv6) != 0;
+}
+
 std::string LocalAddressOf(const std::string& listen_ports) {
   // civetweb takes a comma-separated list; the port reported (and knocked on) is the
   // first entry's.
@@ -49,6 +55,10 @@ std::string LocalAddressOf(const std::string& listen_ports) {
 
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Listen(
     const std::string& listen, std::shared_ptr<prometheus::Registry> registry) {
+  if (std::string error = MetricsAddressFamilyError(listen, MetricsEndpointHasIpv6());
+      !error.empty()) {
+    return absl::InvalidArgumentError(error);
+  }
   std::unique_ptr<MetricsEndpoint> e(new MetricsEndpoint());
   try {
     e->exposer_ = std::make_unique<prometheus::Exposer>(listen);

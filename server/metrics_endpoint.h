@@ -23,7 +23,8 @@ namespace spgate::server {
 class MetricsEndpoint {
  public:
   // Serves `registry` on `listen` ("host:port", "[v6]:port" or "port"; port 0 picks one).
-  // UNAVAILABLE naming the address when it cannot listen there.
+  // UNAVAILABLE naming the address when it cannot listen there; INVALID_ARGUMENT for an
+  // IPv6 entry civetweb was built without (MetricsAddressFamilyError).
   static absl::StatusOr<std::unique_ptr<MetricsEndpoint>> Listen(
       const std::string& listen, std::shared_ptr<prometheus::Registry> registry);
   ~MetricsEndpoint();
@@ -39,6 +40,10 @@ class MetricsEndpoint {
   std::string wake_host_;  // where the destructor connects to end civetweb's poll
   int port_ = 0;
 };
+
+// Whether the civetweb library /metrics is served with can listen on IPv6 (built with
+// USE_IPV6; Debian 12's is not), for MetricsAddressFamilyError before anything binds.
+bool MetricsEndpointHasIpv6();
 
 // The address a connection to a server listening on `listen` goes to: its host, or the
 // loopback address of its family for a wildcard ("0.0.0.0", "::", none given). A host

@@ -174,8 +174,8 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
   if (persisted.has_value()) {
     absl::StatusOr<Layers> loaded = FromPersisted(*persisted, now);
     if (!loaded.ok()) {
-      return absl::DataLossError(absl::StrCat(StateFilePath(store->options_.state_dir), ": ",
-                                              loaded.status().message()));
+      return CorruptStateFile(absl::StrCat(StateFilePath(store->options_.state_dir), ": ",
+                                           loaded.status().message()));
     }
     l = *std::move(loaded);
   } else {
@@ -211,6 +211,18 @@ absl::StatusOr<std::unique_ptr<OperatorStore>> OperatorStore::Create(StoreOption
   if (absl::Status v = ValidateJobs(l, l.global_effective); !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "persisted job overrides are invalid under the current --config: ", v.message()));
+  }
+  // The bump is written before the daemon serves, as a SIGHUP reload's is: kept only in
+  // memory, a kill -9 would leave the old file and counter behind, and the next start
+  // would give the next file the same version, so one version would name two configs.
+  // As for a reload, the file applies even if the write fails (counted and logged).
+  if (file_changed && !store->options_.state_dir.empty() && !store->options_.read_only) {
+    if (absl::Status s = SavePersistedState(store->options_.state_dir, store->Snapshot(l));
+        !s.ok()) {
+      (void)store->PersistFailed(absl::StrCat(
+          "the changed --config applies, but its version could not be written to ",
+          StateFilePath(store->options_.state_dir), ": ", s.message()));
+    }
   }
   MutexLock lock(&store->data_mu_);
   store->layers_ = std::move(l);
@@ -362,12 +374,7 @@ v1::VersionedGateConfig OperatorStore::GetGateConfig(const std::string& job_id) 
 absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::string& job_id,
                                               std::optional<int64_t> expected_version) const {
   auto it = job_id.empty() ? next.jobs.end() : next.jobs.find(job_id);
-  if (!job_id.empty() && it == next.jobs.end() &&
-      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", job_id,
-        options_.max_job_scopes));
-  }
+  if (!job_id.empty()) RETURN_IF_ERROR(AdmitJobScope(next, job_id));
   const int64_t scope_version =
       job_id.empty() ? next.global_version : (it == next.jobs.end() ? 0 : it->second.version);
   if (expected_version.has_value() && *expected_version != scope_version) {
@@ -375,6 +382,22 @@ absl::Status OperatorStore::CheckScopeWritable(const Layers& next, const std::st
         "version conflict: expected_version %d, but %s is at version %d; read it again "
         "and retry",
         *expected_version, ScopeName(job_id), scope_version));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OperatorStore::AdmitJobScope(const Layers& next, const std::string& job_id) const {
+  // The live state lists every job scope as a job, so its count is the one --max_jobs
+  // bounds; counting scopes here as well would cap settings-only jobs apart from live
+  // ones, and a restart, which restores both into one pool, could then find more jobs
+  // than the flag allows. It is asked for a scope this store holds too: one left with
+  // only an expired pin is no longer tracked, and setting it again adds a job.
+  if (listener_ != nullptr) return listener_->AdmitJobScope(job_id);
+  if (!next.jobs.contains(job_id) &&
+      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", job_id,
+        options_.max_job_scopes));
   }
   return absl::OkStatus();
 }
@@ -601,12 +624,7 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
   RETURN_IF_ERROR(ValidatePinRequest(r));
   MutexLock plock(&persist_mu_);
   Layers next = Copy();
-  if (!next.jobs.contains(r.job_id()) &&
-      static_cast<int>(next.jobs.size()) >= options_.max_job_scopes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "job %s: the daemon already holds settings for %d jobs (--max_jobs)", r.job_id(),
-        options_.max_job_scopes));
-  }
+  RETURN_IF_ERROR(AdmitJobScope(next, r.job_id()));
   const absl::Duration d =
       absl::Seconds(r.duration().seconds()) + absl::Nanoseconds(r.duration().nanos());
   const PinState state{FromProto(r.mode()), Now() + d,

@@ -45,7 +45,10 @@ namespace spgate::server {
 struct StoreOptions {
   std::string state_dir;                // empty: changes are not persisted
   std::function<absl::Time()> clock;    // required
-  int max_job_scopes = 1024;            // jobs with their own overrides
+  // Jobs with their own scope, for a store without a listener; with one, the listener's
+  // AdmitJobScope decides (the daemon's --max_jobs counts live and settings-only jobs
+  // as one pool).
+  int max_job_scopes = 1024;
   // A write to --state_dir failed (the state file or the audit log): what failed, naming
   // the file. E.g. a metric and a log line; may be empty.
   std::function<void(absl::string_view what)> on_persist_failure;
@@ -166,6 +169,10 @@ class OperatorStore final : public OperatorSource {
   // caller's expected version (ABORTED on a mismatch).
   absl::Status CheckScopeWritable(const Layers& next, const std::string& job_id,
                                   std::optional<int64_t> expected_version) const;
+  // A change to the scope of job `job_id` may add a job (RESOURCE_EXHAUSTED naming
+  // --max_jobs): the listener's AdmitJobScope, or, without a listener, max_job_scopes
+  // for a scope `next` does not hold yet.
+  absl::Status AdmitJobScope(const Layers& next, const std::string& job_id) const;
 
   const StoreOptions options_;
   OperatorListener* listener_ = nullptr;

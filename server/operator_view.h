@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "policy/types.h"
 
@@ -60,6 +61,13 @@ class OperatorListener {
   // after the change is persisted); returns what was dropped, e.g. sessions ended.
   virtual bool TracksJob(const std::string& job_id) const { return false; }
   virtual int OnJobForgotten(const std::string& job_id) { return 0; }
+  // Whether the scope of `job_id` may be set (a config change, rollback or pin):
+  // --max_jobs bounds the jobs the listener tracks, live or listed for their settings
+  // alike, so the store asks before it writes (RESOURCE_EXHAUSTED naming the flag when
+  // the listener tracks that many and not this job). Called with persist_mu_ held.
+  virtual absl::Status AdmitJobScope(const std::string& job_id) const {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace spgate::server

@@ -108,6 +108,11 @@ absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
   return config;
 }
 
+absl::Status CorruptStateFile(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(
+      "corrupt state file ", what, " (fix or move the file; it is never replaced by defaults)"));
+}
+
 absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& dir) {
   const std::string path = StateFilePath(dir);
   bool missing = false;
@@ -116,21 +121,17 @@ absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::
   if (missing) return std::optional<v1::PersistedState>();
   v1::PersistedState state;
   if (absl::Status s = ParseText(path, *text, &state); !s.ok()) {
-    return absl::DataLossError(absl::StrCat("corrupt state file ", s.message(),
-                                            " (fix or move the file; it is never replaced "
-                                            "by defaults)"));
+    return CorruptStateFile(s.message());
   }
   if (absl::Status s = CheckLayered(path, "global_overrides", state.global_overrides()); !s.ok()) {
-    return absl::DataLossError(absl::StrCat("corrupt state file ", s.message()));
+    return CorruptStateFile(s.message());
   }
   for (const auto& job : state.jobs()) {
     v1::GateConfig layered = state.global_overrides();
     layered.MergeFrom(job.overrides());
-    if (job.job_id().empty()) {
-      return absl::DataLossError(absl::StrCat("corrupt state file ", path, ": a job has no job_id"));
-    }
+    if (job.job_id().empty()) return CorruptStateFile(absl::StrCat(path, ": a job has no job_id"));
     if (absl::Status s = CheckLayered(path, absl::StrCat("job ", job.job_id()), layered); !s.ok()) {
-      return absl::DataLossError(absl::StrCat("corrupt state file ", s.message()));
+      return CorruptStateFile(s.message());
     }
   }
   return std::optional<v1::PersistedState>(std::move(state));

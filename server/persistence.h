@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "spgate/v1/admin.pb.h"
 
 namespace spgate::server {
@@ -31,8 +32,12 @@ absl::StatusOr<v1::GateConfig> LoadGateConfigFile(const std::string& path);
 absl::StatusOr<v1::GateConfig> ParseGateConfigText(const std::string& source,
                                                    const std::string& text);
 
-// nullopt when the state file does not exist yet.
+// nullopt when the state file does not exist yet; a file that does not parse or holds a
+// value out of range is CorruptStateFile.
 absl::StatusOr<std::optional<v1::PersistedState>> LoadPersistedState(const std::string& state_dir);
+// DATA_LOSS for a state file the daemon refuses, `what` naming the file and the field:
+// "corrupt state file WHAT (fix or move the file; ...)", the operator's two ways out.
+absl::Status CorruptStateFile(absl::string_view what);
 
 absl::Status SavePersistedState(const std::string& state_dir, const v1::PersistedState& state);
 

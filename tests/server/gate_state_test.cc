@@ -1441,6 +1441,94 @@ TEST_F(GateStateTest, ARankRefusedForItsGroupCreatesNoJobAndClaimsNoLaunch) {
   EXPECT_EQ(state->GetJob("j")->groups_size(), 1);
 }
 
+// --max_jobs is one pool: a job scope made through the admin API (a setting or a pin for
+// a job that is not running) is a tracked job as a registered one is, so it is refused
+// once the daemon tracks that many, and a restart, which restores both kinds, finds no
+// more jobs than ran before it.
+TEST_F(GateStateTest, MaxJobsCountsSettingsOnlyJobsWithLiveOnesAndARestartAgrees) {
+  const std::string dir = TempDir();
+  const auto two_jobs = [](StateOptions& o) { o.max_jobs = 2; };
+  const auto set_cv = [](const std::string& job) {
+    v1::UpdateGateConfigRequest up;
+    up.set_job_id(job);
+    up.mutable_config()->set_max_length_cv(0.3);
+    up.mutable_update_mask()->add_paths("max_length_cv");
+    return up;
+  };
+  {
+    auto state = Make(dir, {}, two_jobs);
+    ASSERT_THAT(state->Register(Reg("ja", 0, 0, 1)).status(), IsOk());
+    ASSERT_THAT(state->Register(Reg("jb", 0, 0, 1)).status(), IsOk());
+    const auto full = StatusIs(absl::StatusCode::kResourceExhausted,
+                               HasSubstr("job jd: the daemon already tracks 2 jobs (--max_jobs=2)"));
+    EXPECT_THAT(state->UpdateGateConfig(set_cv("jd")).status(), full);
+    EXPECT_THAT(state->PinMode(Pin("jd", v1::TENSOR_PARALLEL_ONLY, 600)).status(), full);
+    EXPECT_THAT(state->GetGateConfig("jd").status(), StatusIs(absl::StatusCode::kNotFound));
+    // The jobs it tracks take settings and pins as ever.
+    EXPECT_THAT(state->UpdateGateConfig(set_cv("ja")).status(), IsOk());
+    EXPECT_THAT(state->PinMode(Pin("jb", v1::SEQUENCE_PARALLEL, 600)).status(), IsOk());
+    EXPECT_THAT(state->Register(Reg("jc", 0, 0, 1)).status(),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("--max_jobs")));
+  }
+  auto restarted = Make(dir, {}, two_jobs);
+  ASSERT_NE(restarted, nullptr);
+  EXPECT_EQ(restarted->ListJobs().jobs_size(), 2);
+}
+
+// A job listed only for a pin that expired is forgotten once idle; pinning it again adds
+// a job like any new one, so it is refused while the daemon tracks --max_jobs others.
+TEST_F(GateStateTest, SettingAForgottenJobsScopeAgainCountsAsANewJob) {
+  auto state = Make("", {}, [](StateOptions& o) { o.max_jobs = 1; });
+  ASSERT_THAT(state->PinMode(Pin("p", v1::SEQUENCE_PARALLEL, 1)).status(), IsOk());
+  clock_.Advance(absl::Minutes(11));  // the pin ran out, and the job idled past forget_after
+  state->Sweep();
+  EXPECT_THAT(state->GetJob("p").status(), StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_THAT(state->Register(Reg("ja", 0, 0, 1)).status(), IsOk());
+  EXPECT_THAT(state->PinMode(Pin("p", v1::SEQUENCE_PARALLEL, 600)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("job p: the daemon already tracks 1 job (--max_jobs=1)")));
+  EXPECT_EQ(state->ListJobs().jobs_size(), 1);
+}
+
+// A daemon comes back with everything it persisted even past --max_jobs (lowered since):
+// a warning names the count and the flag, and new jobs are refused until fewer are
+// tracked. (Refusing to start would restart it in a loop, over its own files.)
+TEST_F(GateStateTest, ARestartPastMaxJobsRestoresEveryJobAndRefusesNewOnesUntilUnder) {
+  const std::string dir = TempDir();
+  {
+    auto state = Make(dir, {}, [](StateOptions& o) { o.max_jobs = 3; });
+    ASSERT_THAT(state->Register(Reg("ja", 0, 0, 1)).status(), IsOk());
+    ASSERT_THAT(state->Register(Reg("jb", 0, 0, 1)).status(), IsOk());
+    ASSERT_THAT(state->PinMode(Pin("jd", v1::TENSOR_PARALLEL_ONLY, 3600)).status(), IsOk());
+  }
+  std::vector<std::string> log;
+  auto state = Make(dir, {}, [&log](StateOptions& o) {
+    o.max_jobs = 2;
+    o.log = [&log](const std::string& line) { log.push_back(line); };
+  });
+  ASSERT_NE(state, nullptr);
+  EXPECT_EQ(state->ListJobs().jobs_size(), 3);
+  EXPECT_EQ(state->GetJob("ja")->summary().incarnation(), StateHarness::kIncarnation);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_THAT(log[0], AllOf(HasSubstr("restored 3 jobs, more than --max_jobs=2"),
+                            HasSubstr("refused until fewer jobs than that are tracked")));
+  const auto over = StatusIs(absl::StatusCode::kResourceExhausted,
+                             HasSubstr("already tracks 3 jobs (--max_jobs=2)"));
+  EXPECT_THAT(state->Register(Reg("je", 0, 0, 1)).status(), over);
+  EXPECT_THAT(state->PinMode(Pin("jf", v1::SEQUENCE_PARALLEL, 600)).status(), over);
+  EXPECT_THAT(state->PinMode(Pin("jd", v1::SEQUENCE_PARALLEL, 600)).status(), IsOk())
+      << "a job it tracks";
+  v1::ForgetJobRequest forget;
+  forget.set_job_id("jd");
+  forget.set_forget_operator_settings(true);
+  ASSERT_THAT(state->store->ForgetJob(forget, {"ops"}).status(), IsOk());
+  EXPECT_THAT(state->Register(Reg("je", 0, 0, 1)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("tracks 2 jobs")));
+  forget.set_job_id("jb");
+  ASSERT_THAT(state->store->ForgetJob(forget, {"ops"}).status(), IsOk());
+  EXPECT_THAT(state->Register(Reg("je", 0, 0, 1)).status(), IsOk());
+}
+
 // Holding a stream open is not holding a job: a launch lets go once its ranks have sent
 // nothing for stale_after (or closed their streams), so a squatter that registered a
 // job id first cannot keep the real launch out. A unary-only launch (no stream) holds

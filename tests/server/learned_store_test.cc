@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -31,6 +32,7 @@ using ::spgate::testing::IsOk;
 using ::spgate::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kStages = 16;
 
@@ -230,6 +232,22 @@ TEST(LearnedStoreTest, LoadSetsARefusedFileAsideAndKeepsTheOthers) {
   EXPECT_FALSE(std::filesystem::exists(bad));
   EXPECT_TRUE(std::filesystem::exists(bad + ".corrupt"));
   EXPECT_FALSE(std::filesystem::exists(LearnedFilePath(dir, "x") + ".tmp.999999999"));
+  // A second and a third refusal keep the copies before them: each is the evidence of one.
+  for (int n = 1; n <= 2; ++n) {
+    std::ofstream(bad) << "format_version: 1\njob_id: \"broken\"\n# refusal " << n << "\n";
+    const LoadedLearned again = LoadLearnedDir(dir, kStages, 8);
+    ASSERT_EQ(again.problems.size(), 1u);
+    const std::string kept =
+        n == 1 ? absl::StrCat("(", bad, ".corrupt, from an earlier refusal, is kept)")
+               : absl::StrCat("(", bad, ".corrupt through .corrupt.1, from earlier refusals, "
+                              "are kept)");
+    EXPECT_THAT(again.problems[0],
+                AllOf(HasSubstr(absl::StrCat("renamed to ", bad, ".corrupt.", n, " ", kept)),
+                      HasSubstr("job broken starts cold")));
+    EXPECT_FALSE(std::filesystem::exists(bad));
+    EXPECT_THAT(ReadAll(absl::StrCat(bad, ".corrupt.", n)), HasSubstr(absl::StrCat("refusal ", n)));
+  }
+  EXPECT_THAT(ReadAll(bad + ".corrupt"), Not(HasSubstr("refusal")));
   // At most max_records, the newest folds kept.
   LearnedRecord newer = PlainRecord();
   newer.job_id = "newer";

@@ -120,6 +120,32 @@ TEST(ListenAddressTest, MetricsAddressShape) {
   }
 }
 
+// An IPv6 entry where civetweb was built without IPv6 (Debian 12's; mg_check_feature(8)
+// is 0) is a usage error naming the flag, the entry, the cause and the IPv4 forms to use
+// instead; it failed at bind time with "null context when constructing CivetServer".
+TEST(ListenAddressTest, MetricsAddressNeedingIpv6WhereCivetwebHasNone) {
+  for (const char* v4 : {"", "0.0.0.0:9461", "9461", "127.0.0.1:0", "metrics.local:9461"}) {
+    EXPECT_EQ(MetricsAddressFamilyError(v4, /*civetweb_has_ipv6=*/false), "") << v4;
+  }
+  const struct {
+    const char* address;
+    const char* entry;
+    const char* port;
+  } v6[] = {{"[::1]:9461", "[::1]:9461", "9461"},
+            {"+9461", "+9461", "9461"},
+            {"[::]:0", "[::]:0", "0"},
+            {"127.0.0.1:9461,[fd00::7]:9462", "[fd00::7]:9462", "9462"}};
+  for (const auto& c : v6) {
+    EXPECT_EQ(MetricsAddressFamilyError(c.address, /*civetweb_has_ipv6=*/true), "") << c.address;
+    EXPECT_EQ(MetricsAddressFamilyError(c.address, /*civetweb_has_ipv6=*/false),
+              absl::StrCat("--metrics_listen=", c.address, ": ", c.entry,
+                           " listens on IPv6, but the civetweb library spgated serves /metrics "
+                           "with was built without IPv6: give an IPv4 address instead "
+                           "(127.0.0.1:", c.port, ", 0.0.0.0:", c.port, ", or ", c.port,
+                           " for every IPv4 interface), or a civetweb built with USE_IPV6"));
+  }
+}
+
 // A port held here (listening) is "in use" on its own address, on the wildcard and in the
 // bare-port form; a free one binds; what cannot be tried says nothing.
 TEST(WhyCannotListenTest, NamesTheOperatingSystemsReason) {

@@ -1,11 +1,13 @@
 // The /metrics endpoint alone (server/metrics_endpoint.h): where its stop connects, that
-// the stop does not wait out civetweb's poll, and a port it cannot take. Built into
-// daemon_test (one binary linking the daemon's library).
+// the stop does not wait out civetweb's poll, a port it cannot take, and an IPv6 address
+// a civetweb without IPv6 cannot serve. Built into daemon_test (one binary linking the
+// daemon's library).
 #include "server/metrics_endpoint.h"
 
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -63,6 +65,20 @@ TEST(MetricsEndpointTest, APortInUseIsRefusedNamingTheFlag) {
               StatusIs(absl::StatusCode::kUnavailable,
                        HasSubstr("--metrics_listen=" + taken +
                                  ": cannot listen there: Address already in use")));
+}
+
+// Where civetweb was built without IPv6 (Debian 12's), an IPv6 address is refused before
+// civetweb tries it, naming the flag and the cause; it failed with civetweb's "null
+// context when constructing CivetServer. Possible problem binding to port."
+TEST(MetricsEndpointTest, AnIpv6AddressCivetwebCannotServeIsRefusedNamingTheCause) {
+  if (MetricsEndpointHasIpv6()) GTEST_SKIP() << "this civetweb was built with IPv6";
+  auto registry = std::make_shared<prometheus::Registry>();
+  for (const std::string listen : {"[::1]:0", "+0"}) {
+    EXPECT_THAT(MetricsEndpoint::Listen(listen, registry).status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("--metrics_listen=", listen, ": ", listen,
+                                                " listens on IPv6, but the civetweb library"))));
+  }
 }
 
 }  // namespace

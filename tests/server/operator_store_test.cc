@@ -369,6 +369,51 @@ TEST_F(OperatorStoreTest, CorruptStateFileIsAStartupErrorNamingTheFile) {
       << "version_counter: 9223372036854775807\nfile_layer { window_steps: 10 }\n";
   EXPECT_THAT(OperatorStore::Create(o, {}).status(),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("version_counter")));
+  // Every refusal names the file and says what to do, whichever check refused it.
+  const std::string hint = " (fix or move the file; it is never replaced by defaults)";
+  for (const std::string text :
+       {"global_overrides { max_length_cv: oops }\n", "global_overrides { max_length_cv: -1 }\n",
+        "version_counter: -3\n", "jobs { overrides { window_steps: 10 } }\n",
+        "pins { job_id: \"a b\" mode: SEQUENCE_PARALLEL expire_time { seconds: 4000000000 } }\n"}) {
+    std::ofstream(StateFilePath(dir), std::ios::trunc) << text;
+    EXPECT_THAT(OperatorStore::Create(o, {}).status(),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         AllOf(HasSubstr("corrupt state file " + StateFilePath(dir)),
+                               HasSubstr(hint))))
+        << text;
+  }
+  std::ofstream(StateFilePath(dir), std::ios::trunc) << "version_counter: -3\n";
+  EXPECT_THAT(OperatorStore::Create(o, {}).status(),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       HasSubstr(": version_counter -3 out of range [0, 4611686018427387904]" +
+                                 hint)));
+}
+
+// A changed --config file takes a new version at start-up, written before the store is
+// used: a daemon killed (-9) right after would otherwise come back with the old counter
+// and give the next file the version the first one was served under.
+TEST_F(OperatorStoreTest, AChangedConfigFilesVersionIsWrittenAtStartUp) {
+  const std::string dir = TempDir();
+  v1::GateConfig a, b;
+  a.set_max_length_cv(0.25);
+  b.set_max_length_cv(0.35);
+  std::vector<std::pair<v1::GateConfig, double>> starts = {{a, 0.25}, {b, 0.35}, {a, 0.25}};
+  int64_t last = 0;
+  for (const auto& [file, cv] : starts) {
+    // Each store dropped without a change or a Flush: what a kill -9 leaves.
+    auto store = Make(dir, file);
+    ASSERT_NE(store, nullptr);
+    const v1::VersionedGateConfig served = store->GetGateConfig("");
+    EXPECT_DOUBLE_EQ(served.config().max_length_cv(), cv);
+    EXPECT_GT(served.version(), last) << "one version, one config";
+    last = served.version();
+  }
+  EXPECT_EQ(last, 3);
+  // An unchanged file keeps its version, and writes nothing.
+  const std::string written = ReadAll(StateFilePath(dir));
+  auto store = Make(dir, a);
+  EXPECT_EQ(store->GetGateConfig("").version(), 3);
+  EXPECT_EQ(ReadAll(StateFilePath(dir)), written);
 }
 
 TEST_F(OperatorStoreTest, StartUpRemovesTempFilesOfDeadWritersOnly) {

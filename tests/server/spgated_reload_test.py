@@ -4,11 +4,13 @@
 invalid one keeps the running config and sets spgate_config_last_reload_successful to 0,
 and the next valid one sets it back to 1. Without any signal, --config_poll_interval
 notices a file renamed over the config (as the kubelet and most tools replace files) and
-applies the same rules.
+applies the same rules. Without --config a SIGHUP logs one line saying there is nothing to
+reload.
 
 Usage: spgated_reload_test.py --spgated=BIN
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -187,6 +189,44 @@ class PollReloadTest(ReloadHarness):
         self.assertEqual(self.wait_for(self.reload_ok, 1), 1, "".join(self.log))
         self.assertEqual(self.threshold(), 0.45)
         self.assertTrue(any("changed on disk" in l for l in self.log), "".join(self.log))
+
+
+class SighupWithoutConfigTest(unittest.TestCase):
+    """Without --config a SIGHUP has nothing to reload: one line says so, in either log
+    format, as a reload's own line would say what it did."""
+
+    def sighup_line(self, log_format):
+        proc = subprocess.Popen(
+            [ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+             "--metrics_listen=", f"--log_format={log_format}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            lines = []
+            for line in proc.stderr:
+                lines.append(line)
+                if "serving" in line:
+                    break
+            self.assertTrue(lines and "serving" in lines[-1], "".join(lines))
+            proc.send_signal(signal.SIGHUP)
+            proc.send_signal(signal.SIGTERM)  # handled after the SIGHUP: sigwait takes both
+            rest = proc.stderr.read()
+            self.assertEqual(proc.wait(timeout=15), 0, rest)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        skipped = [l for l in rest.splitlines() if "config reload" in l]
+        self.assertEqual(len(skipped), 1, rest)
+        return skipped[0]
+
+    def test_a_sighup_without_config_says_there_is_nothing_to_reload(self):
+        self.assertEqual(self.sighup_line("text"),
+                         "spgated: WARNING: config reload skipped: no --config file to reload: "
+                         "the daemon was started without --config; the config stays as it is")
+        line = json.loads(self.sighup_line("json"))
+        self.assertEqual(line["level"], "warning")
+        self.assertEqual(line["fields"]["event"], "config_reload_skipped")
+        self.assertIn("no --config file to reload", line["message"])
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ const std::vector<CommandSpec>& Commands() {
         {"force", "", "with --mode=tp: TP-only even where it would not fit the memory budget"}},
        false,
        "A TP-only pin yields to the memory gate: a batch that would not fit TP-only runs SP\n"
-       "(docs/design.md §3). --force takes that safety away for this pin; the audit log and\n"
+       "(docs/design.md §3); pin says so on stderr when that gate held a pinned group at\n"
+       "its last decision. --force takes that safety away for this pin; the audit log and\n"
        "'gates history' record that it was forced. An SP pin cannot be forced.\n"
        "A job (or group) that has not registered yet can be pinned: the pin is kept and\n"
        "applies from its first decision, if it has not expired by then."},

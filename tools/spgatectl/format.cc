@@ -752,4 +752,29 @@ std::string JobPresenceNote(absl::string_view command, absl::string_view job,
   return "";
 }
 
+std::string MemoryGateNote(absl::string_view command, const v1::PinModeRequest& pin,
+                           const v1::Job& job) {
+  if (pin.mode() != v1::TENSOR_PARALLEL_ONLY || pin.force()) return "";
+  int held = 0, pinned = 0;
+  v1::Reason reason = v1::REASON_UNSPECIFIED;
+  for (const v1::GroupStatus& g : job.groups()) {
+    if (pin.has_group() && g.group() != pin.group()) continue;
+    ++pinned;
+    if (g.reason() == v1::MEMORY_REQUIRES_SP || g.reason() == v1::MEMORY_OVER_BUDGET) {
+      ++held;
+      reason = g.reason();
+    }
+  }
+  if (held == 0) return "";
+  const std::string which = pin.has_group() ? absl::StrCat("group ", pin.group())
+                            : pinned == 1     ? std::string("its group")
+                            : held == pinned  ? absl::StrCat("all ", pinned, " groups")
+                                              : absl::StrCat(held, " of ", pinned, " groups");
+  return absl::StrCat("spgatectl: ", command, ": job ", pin.job_id(), ": the memory gate held ",
+                      which,
+                      " in SP at the last decision (", ReasonName(reason),
+                      "): a TP-only pin yields to it while TP-only does not fit; --force "
+                      "overrides it (audited)\n");
+}
+
 }  // namespace spgate::ctl

@@ -105,6 +105,14 @@ enum class JobPresence { kRunning, kNoLaunch, kUnknown, kUnsure };
 std::string JobPresenceNote(absl::string_view command, absl::string_view job,
                             JobPresence presence, absl::string_view then);
 
+// After `pin` (an unforced TP-only pin) succeeded: the stderr line of `command` when the
+// memory gate held a pinned group in SP at its last decision (its reason in `job`,
+// GetJob's answer: memory_requires_sp or memory_over_budget). Such a pin yields to that
+// gate while TP-only does not fit, so its decisions keep the memory reason; the line
+// names --force. "" otherwise (an SP or forced pin, no such group).
+std::string MemoryGateNote(absl::string_view command, const v1::PinModeRequest& pin,
+                           const v1::Job& job);
+
 // Shared by the formatters: "max_length_cv=0.2 window_steps=10" for the fields set in
 // `config`, `per_line` to a line (0: all on one); and a two-column "key  value" block,
 // a value's further lines indented under its first.

@@ -139,7 +139,12 @@ class Client {
       case Command::kPin:
         return Unary<v1::Pin>(
             [&](auto* ctx, auto* resp) { return stub_->PinMode(ctx, inv_.pin, resp); },
-            [&](const auto& resp) { return FormatPin(resp, fmt, absl::Now()); });
+            [&](const auto& resp) {
+              if (!resp.pending()) {
+                std::cerr << MemoryGateNote(inv_.name, inv_.pin, LookUpJob(inv_.pin));
+              }
+              return FormatPin(resp, fmt, absl::Now());
+            });
       case Command::kUnpin:
         return Unary<v1::UnpinResponse>(
             [&](auto* ctx, auto* resp) { return stub_->Unpin(ctx, inv_.unpin, resp); },
@@ -248,6 +253,25 @@ class Client {
     if (!status.ok()) return JobPresence::kUnsure;
     return found.summary().incarnation().empty() ? JobPresence::kNoLaunch
                                                  : JobPresence::kRunning;
+  }
+
+  // After an unforced TP-only pin, the job as GetJob shows it: whether the memory gate
+  // holds its groups in SP, which the pin's answer cannot say (MemoryGateNote). Empty
+  // for any other pin, and when the lookup fails: the pin stands, the note is a hint.
+  v1::Job LookUpJob(const v1::PinModeRequest& pin) {
+    v1::Job found;
+    if (pin.mode() != v1::TENSOR_PARALLEL_ONLY || pin.force()) return found;
+    grpc::ClientContext ctx;
+    Prepare(&ctx, /*deadline=*/true);
+    v1::GetJobRequest request;
+    request.set_job_id(pin.job_id());
+    grpc::Status status;
+    {
+      Scope scope(interrupter_, &ctx);
+      status = stub_->GetJob(&ctx, request, &found);
+    }
+    if (!status.ok()) found.Clear();
+    return found;
   }
 
   // gates set and gates rollback of a job scope: a scope is kept for any job id (a job

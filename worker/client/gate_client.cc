@@ -339,8 +339,12 @@ absl::Status GateClient::Impl::WaitUntilConnected(absl::Duration timeout) {
       // reads as a closed socket: say so, naming the C API's and Python's options (the
       // credentials do not say whether they are TLS: both causes are named).
       const std::string hint = TlsRefusalHint(stats_.last_error, std::nullopt, "");
+      // To the millisecond: a timeout computed from a deadline or a float (1.99999988s)
+      // reads as the round number it stands for.
+      const absl::Duration waited =
+          absl::Floor(timeout + absl::Microseconds(500), absl::Milliseconds(1));
       return absl::DeadlineExceededError(absl::StrCat(
-          "not connected to ", opts_.controller, " after ", absl::FormatDuration(timeout),
+          "not connected to ", opts_.controller, " after ", absl::FormatDuration(waited),
           stats_.last_error.empty() ? "" : "; last error: ", stats_.last_error,
           hint.empty() ? "" : "; ", hint));
     }

@@ -2,7 +2,8 @@
 """The command-line conventions of every binary, through the real binaries:
 
 * --help of spgated, spgatectl, spgate-sim and spgate-worker lists flags of its own, and
-  --version prints the project's version;
+  --version prints the project's version; a refused flag exits 2 (spgated's, the flag
+  library's own too, as JSON under --log_format=json);
 * against one live spgated (loopback, port 0, --log_format=json): spgatectl -o json and
   -o yaml parse to the same document, SPGATE_ADMIN and its precedence under --admin,
   did-you-mean, `completion bash` driven as bash would, a pin before its job registers
@@ -14,6 +15,7 @@
 Usage: cli_conventions_test.py --version=V --spgated=BIN --spgatectl=BIN --sim=BIN [--worker=BIN]
 """
 import argparse
+import ctypes
 import json
 import os
 import re
@@ -37,6 +39,14 @@ def run(cmd, env=None, timeout=30):
             del full[k]
     full.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full)
+
+
+def civetweb_has_ipv6():
+    """mg_check_feature(8) of the civetweb spgated links (prometheus-cpp's /metrics)."""
+    try:
+        return bool(ctypes.CDLL("libcivetweb.so.1").mg_check_feature(8))
+    except OSError:
+        return True  # no system civetweb to ask: the check below is skipped
 
 
 class HelpAndVersion(unittest.TestCase):
@@ -113,6 +123,36 @@ class HelpAndVersion(unittest.TestCase):
                          r.stderr)
         self.assertEqual(lines[0]["level"], "error", r.stderr)
         self.assertEqual(lines[0]["fields"]["error"], "--shutdown_grace: must be >= 0, got -1s")
+        # So are the flags library's own refusals, wherever --log_format stands (absl
+        # reports them before it may have read it): one object each, exit 2.
+        for args in (["--log_format=json", "--max_jobs=abc", "--bogus=1"],
+                     ["--max_jobs=abc", "--bogus=1", "--log_format=json"]):
+            r = run([ARGS.spgated] + args)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            lines = [json.loads(line) for line in r.stderr.splitlines() if line.strip()]
+            self.assertEqual([x["fields"]["event"] for x in lines], ["usage_error"] * 2, r.stderr)
+            self.assertEqual({x["level"] for x in lines}, {"error"}, r.stderr)
+            self.assertEqual(sorted(x["fields"]["error"] for x in lines),
+                             ["Illegal value 'abc' specified for flag 'max_jobs'",
+                              "Unknown command line flag 'bogus'"], r.stderr)
+        r = run([ARGS.spgated, "--log_format=json", "--fromenv=max_jobs"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(json.loads(r.stderr)["fields"]["error"],
+                         "FLAGS_max_jobs not found in environment", r.stderr)
+        # In text they read as the flags library writes them.
+        r = run([ARGS.spgated, "--max_jobs=abc"])
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertEqual(r.stderr, "ERROR: Illegal value 'abc' specified for flag 'max_jobs'\n")
+        # An IPv6 --metrics_listen where civetweb was built without IPv6 (Debian 12's): said
+        # before anything binds (it was exit 1, "null context when constructing CivetServer").
+        if not civetweb_has_ipv6():
+            r = run([ARGS.spgated, "--listen=127.0.0.1:0", "--admin_listen=127.0.0.1:0",
+                     "--metrics_listen=[::1]:0"])
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--metrics_listen=[::1]:0: [::1]:0 listens on IPv6, but the civetweb "
+                          "library spgated serves /metrics with was built without IPv6: give an "
+                          "IPv4 address instead (127.0.0.1:0, ", r.stderr)
+            self.assertNotIn("CivetServer", r.stderr)
         r = run([ARGS.sim, "--duration=abc"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("duration", r.stderr)

@@ -133,6 +133,13 @@ std::ostream& operator<<(std::ostream& os, const CtlResult& r) {
   return os << "exit " << r.exit_code << "\n--- stdout\n" << r.out << "--- stderr\n" << r.err;
 }
 
+// A plan's memory facts (all 0: the memory gate is off for it).
+struct PlanMemory {
+  uint64_t budget = 0;
+  uint64_t peak_sp = 0;
+  uint64_t peak_tp = 0;
+};
+
 class SpgatectlE2eTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -181,7 +188,8 @@ class SpgatectlE2eTest : public ::testing::Test {
 
   // One plan through GateService.Decide, as the group's leader (registered once).
   v1::Decision Decide(const std::string& job, int group, int64_t step,
-                      std::vector<int64_t> lengths = {4096, 4096, 4096, 4096}) {
+                      std::vector<int64_t> lengths = {4096, 4096, 4096, 4096},
+                      PlanMemory memory = {}) {
     std::string& session = leaders_[{job, group}];
     if (session.empty()) {
       v1::RegisterRequest r;
@@ -204,6 +212,9 @@ class SpgatectlE2eTest : public ::testing::Test {
     req.mutable_plan()->set_group(group);
     req.mutable_plan()->set_step(step);
     for (int64_t l : lengths) req.mutable_plan()->add_lengths(l);
+    req.mutable_plan()->set_memory_budget_bytes(memory.budget);
+    req.mutable_plan()->set_predicted_peak_bytes_sp(memory.peak_sp);
+    req.mutable_plan()->set_predicted_peak_bytes_tp(memory.peak_tp);
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
     v1::Decision d;
@@ -376,6 +387,7 @@ TEST_F(SpgatectlE2eTest, PinAndUnpin) {
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_THAT(r.out, StartsWith("pinned job llama all groups to tp_only until "));
   EXPECT_THAT(r.out, HasSubstr("(in 9m5"));
+  EXPECT_THAT(r.err, IsEmpty()) << "no memory gate holds the job";
 
   v1::Decision d = Decide("llama", 0, 1);
   EXPECT_EQ(d.mode(), v1::TENSOR_PARALLEL_ONLY);
@@ -399,6 +411,38 @@ TEST_F(SpgatectlE2eTest, PinAndUnpin) {
   r = Ctl({"--output=json", "unpin", "llama", "--group=0"});
   ASSERT_EQ(r.exit_code, 0) << r;
   EXPECT_EQ(ParseJson<v1::UnpinResponse>(r.out).removed(), 0);
+}
+
+// An unforced TP-only pin yields to the memory gate; on a job that gate holds in SP the
+// pin's decisions keep the memory reason, so pin says so on stderr and names --force.
+TEST_F(SpgatectlE2eTest, ATpPinOnAJobTheMemoryGateHoldsSaysItYieldsAndNamesForce) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  const PlanMemory tight{.budget = 80 * kGiB, .peak_sp = 60 * kGiB, .peak_tp = 90 * kGiB};
+  const std::vector<int64_t> lengths = {4096, 4096, 4096, 4096};
+  ASSERT_EQ(Decide("llama", 0, 0, lengths, tight).reason(), v1::MEMORY_REQUIRES_SP);
+  ASSERT_EQ(Decide("llama", 1, 0, lengths).reason(), v1::GATES_PASSED);
+  CtlResult r = Ctl({"pin", "llama", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("pinned job llama all groups to tp_only until "));
+  EXPECT_EQ(r.err, "spgatectl: pin: job llama: the memory gate held 1 of 2 groups in SP at the "
+                   "last decision (memory_requires_sp): a TP-only pin yields to it while "
+                   "TP-only does not fit; --force overrides it (audited)\n");
+  EXPECT_EQ(Decide("llama", 0, 1, lengths, tight).reason(), v1::MEMORY_REQUIRES_SP);
+  r = Ctl({"pin", "llama", "--group=0", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, HasSubstr("the memory gate held group 0 in SP"));
+  r = Ctl({"pin", "llama", "--group=1", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, IsEmpty()) << "group 1 is not held";
+  // Forced, the pin takes TP-only past the gate: nothing to say.
+  r = Ctl({"pin", "llama", "--group=0", "--mode=tp", "--for=10m", "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, IsEmpty());
+  EXPECT_EQ(Decide("llama", 0, 2, lengths, tight).reason(), v1::PINNED);
+  // JSON output keeps stdout one document; the note is on stderr.
+  r = Ctl({"--output=json", "pin", "llama", "--mode=tp", "--for=10m"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(ParseJson<v1::Pin>(r.out).mode(), v1::TENSOR_PARALLEL_ONLY);
 }
 
 TEST_F(SpgatectlE2eTest, EvalPrintsTheDecisionAndReasonChain) {

@@ -4,9 +4,9 @@
 // overrides, the telemetry buffer is bounded, every Register carries the launch
 // credential (required with a controller), a daemon's TP-only answer the worker's memory
 // gate forbids runs SP, a replaced session is never taken back, Close ends other threads'
-// waits, a Register refused for a field ends the waits at once, and Create checks the
-// controller address and Register's fields (by the daemon's rules) and
-// ObserveGroupRsWaitShare the share.
+// waits, a Register refused for a field ends the waits at once, a wait that runs out
+// says how long to the millisecond, and Create checks the controller address and
+// Register's fields (by the daemon's rules) and ObserveGroupRsWaitShare the share.
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -488,6 +488,15 @@ TEST(GateClientProtocolTest, CloseEndsTheWaitsOfOtherThreadsAtOnce) {
   EXPECT_THAT(c->WaitUntilConnected(absl::Seconds(5)),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   c->Close();  // idempotent
+}
+
+// A wait that ran out names the address and how long it waited, to the millisecond: a
+// timeout computed from a deadline (give_up - now) or a float read "1.99999988s".
+TEST(GateClientProtocolTest, AWaitThatRunsOutSaysHowLongInMilliseconds) {
+  auto c = MakeClient(Options("127.0.0.1:1"));  // nothing listens
+  EXPECT_THAT(c->WaitUntilConnected(absl::Milliseconds(300) - absl::Nanoseconds(120)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       ::testing::StartsWith("not connected to 127.0.0.1:1 after 300ms; ")));
 }
 
 // A Register the daemon refuses for a field (INVALID_ARGUMENT: here a group past its
