@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "policy/adaptive_policy.h"
 #include "policy/types.h"
 #include "prometheus/counter.h"
@@ -224,6 +225,13 @@ class Metrics {
   // one that matches nothing, or whose role is too low for the call (PERMISSION_DENIED).
   prometheus::Counter& admin_unauthenticated;
   prometheus::Counter& admin_denied;
+  // Counts an admin call's refusal by its code (UNAUTHENTICATED, PERMISSION_DENIED; others
+  // are not refusals for who sent it), as the workers' are counted: a guessed token or a
+  // reader probing changes is otherwise seen nowhere (the audit log records only changes).
+  void CountAdminRefusal(absl::StatusCode code) {
+    if (code == absl::StatusCode::kUnauthenticated) admin_unauthenticated.Increment();
+    if (code == absl::StatusCode::kPermissionDenied) admin_denied.Increment();
+  }
 
  private:
   std::array<prometheus::Gauge*, kNumGateFields> global_thresholds_{};

@@ -740,13 +740,7 @@ absl::StatusOr<Principal> AdminServiceImpl::Authorize(grpc::CallbackServerContex
     return absl::InternalError(absl::StrCat(method, " has no entry in AdminCallKind"));
   }
   absl::StatusOr<Principal> who = AuthorizeAdminCall(auth_, CallerCredentialsOf(*ctx), *kind);
-  // Counted, as the workers' refusals are: a guessed token or a reader probing changes is
-  // otherwise seen nowhere (the audit log records only what changed).
-  if (who.status().code() == absl::StatusCode::kUnauthenticated) {
-    metrics_.admin_unauthenticated.Increment();
-  } else if (who.status().code() == absl::StatusCode::kPermissionDenied) {
-    metrics_.admin_denied.Increment();
-  }
+  metrics_.CountAdminRefusal(who.status().code());
   return who;
 }
 

@@ -35,6 +35,10 @@ NOT_SOURCE = {
 
 # Units with no test of their own: unit path -> (the test that covers it, why).
 EXCEPTIONS = {
+    # tools/sim/sweep: the replay sweep, split out of sim.cc for its length; its tests are
+    # sim.cc's (SimSweepTest) and the CLI's sweep cases.
+    "tools/sim/sweep.cc": ("tests/tools/sim/sim_test.cc",
+                           "the sweep replays through sim.cc's Replay; tested with it"),
     # policy/band_pool: tested beside the ADAPTIVE policy that consults it, with the same
     # noisy-table helpers.
     "policy/band_pool.cc": ("tests/policy/adaptive_policy_test.cc",
