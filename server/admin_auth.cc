@@ -139,13 +139,13 @@ absl::StatusOr<std::vector<TokenCredential>> ParseTokenFile(const std::string& f
         return absl::InvalidArgumentError(absl::StrCat(
             where, ": the name before ':' must be [A-Za-z0-9._@-]+ (the line is NAME:TOKEN)"));
       }
+      RETURN_IF_ERROR(CheckPrincipalName(where, cred.name));
     } else {
       RETURN_IF_ERROR(CheckBareTokenName(where, path));
       cred.bare = true;
     }
     // A token no client can send (a control byte, UTF-8) is a mistake in the file.
     RETURN_IF_ERROR(CheckBearerToken(cred.secret, where));
-    RETURN_IF_ERROR(CheckPrincipalName(where, cred.name));
     // One name on two lines of a file is one principal with two tokens (a rotation's
     // overlap): fine.
     out.push_back(std::move(cred));

@@ -325,24 +325,16 @@ TEST(SubjectsFileTest, UntypedOrAmbiguousIdentitiesAreRefusedWithTheFix) {
 TEST(LoadAdminAuthTest, OneTokenCannotHaveTwoRoles) {
   const std::string dir = ::testing::TempDir();
   const std::string a = dir + "/admin_auth_test_a", r = dir + "/admin_auth_test_r";
-  FILE* f = fopen(a.c_str(), "w");
-  fputs("alice:same\n", f);
-  fclose(f);
-  f = fopen(r.c_str(), "w");
-  fputs("ci:same\n", f);
-  fclose(f);
+  std::ofstream(a) << "alice:same\n";
+  std::ofstream(r) << "ci:same\n";
   // Both places named, line by line (the file had no line number).
   EXPECT_THAT(LoadAdminAuth(a, r, "").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(r + " line 1: the token of ci is also the token of alice (" + a +
                                  " line 1)")));
   // One name in both files: one principal with two roles, refused naming both places.
-  f = fopen(a.c_str(), "w");
-  fputs("alice:one\n", f);
-  fclose(f);
-  f = fopen(r.c_str(), "w");
-  fputs("alice:two\n", f);
-  fclose(f);
+  std::ofstream(a) << "alice:one\n";
+  std::ofstream(r) << "alice:two\n";
   EXPECT_THAT(LoadAdminAuth(a, r, "").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr(r + " line 1: the name alice is also on " + a +
