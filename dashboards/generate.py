@@ -570,15 +570,18 @@ def Job():
         "Switches, held flips and changes",
         "Per 1,000 decisions: mode switches, decisions where ADAPTIVE held the group's mode "
         "(the flip cap, adaptive_flip_interval_steps, had no switch left or the switch "
-        "would not pay its learned cost), and changes detected in the learned table (each "
-        "raises a band's exploration).",
+        "would not pay its learned cost), changes detected in the learned table (each "
+        "raises a band's exploration), and steps not learned because a straggler delayed "
+        "them (adaptive_straggler_share; near 1,000 means a rank slow on every step).",
         "short",
         [(f"1000 * sum(rate(spgate_mode_switches_total{{{j}}}[{RATE}]))"
           f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "switches"),
          (f"1000 * sum(rate(spgate_adaptive_flips_held_total{{{j}}}[{RATE}]))"
           f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "held"),
          (f"1000 * sum(rate(spgate_adaptive_changes_total{{{j}}}[{RATE}]))"
-          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "changes")]), w=12)
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "changes"),
+         (f"1000 * sum(rate(spgate_adaptive_straggler_steps_total{{{j}}}[{RATE}]))"
+          f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "straggler steps")]), w=12)
     L.Add(TimeSeries(
         "Learned switch cost",
         "Seconds the first step after a mode switch took beyond its band's estimate, "

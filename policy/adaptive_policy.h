@@ -122,6 +122,12 @@ struct ThroughputCell {
   // read from the drift made the running mode look faster by that gap. In
   // [kSecondsDriftMin, kSecondsDriftMax]: each sample's term is bounded so.
   double seconds_drift = 0;
+  // The fast mean (the drift's rate) of the recent steps' straggler delays over their
+  // seconds (GroupStepSample::straggler_s), each step's taken at most
+  // adaptive_straggler_share above the mean; < 0: no step's delay known yet. What the
+  // mode's ranks spread by as a rule (its own imbalance, jitter), which a straggler's
+  // step exceeds (ObserveStraggler).
+  double straggler_share = -1;
 
   double tokens_per_s() const { return seconds > 0 ? tokens / seconds : 0.0; }
   friend bool operator==(const ThroughputCell&, const ThroughputCell&) = default;
@@ -144,6 +150,8 @@ struct CellView {
   // change detector's noise, corrected for its start at 0); 0 before a second sample.
   double relative_variance = 0;
 };
+
+struct GroupStepSample;  // below
 
 // The learned table of one job: kBands × 2 cells. Small (a few hundred bytes) and
 // copyable; the daemon pools every group's steps into one, and sends a copy to workers.
@@ -172,6 +180,16 @@ class ThroughputTable {
   bool ObserveAfterSwitch(const GateConfig& config, int band, Mode mode, int64_t step,
                           double tokens, double seconds, bool exploration = false,
                           bool forced = false);
+
+  // Whether a straggler delayed the step `x` (docs/design.md §11, "Straggler steps"):
+  // its delay's share of its seconds is above its cell's straggler_share by more than
+  // adaptive_straggler_share. A rank slowed for reasons of its own (a throttled GPU, a
+  // noisy neighbour) slows either mode alike, and one such step in a cell moves its
+  // estimate by more than the modes differ; ranks whose work differs by design (a mode's
+  // own imbalance) spread every step of the cell, which its straggler_share holds. Folds
+  // the step's share into straggler_share (the first known one sets it). A delay not
+  // known (< 0) is no straggler and moves nothing.
+  bool ObserveStraggler(const GateConfig& config, const GroupStepSample& x);
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -434,14 +452,40 @@ struct GroupStepSample {
   // Ran in the mode a pin, the memory gate or another forced reason decided
   // (IsForcedReason): after a switch, its excess is not taken as the switch's cost.
   bool forced = false;
+  // The seconds its slowest rank was busy beyond its median rank (StragglerSeconds); < 0:
+  // not known (StragglerSignal). Over adaptive_straggler_share of `seconds`, the table
+  // does not learn the step (StragglerStep).
+  double straggler_s = -1;
 };
-// Folds `x` into `table`: after a switch through ObserveAfterSwitch (what it took beyond
-// its estimate is the switch's cost), else through Observe; with `prior`, an SP step's
-// collectives also feed the physics prior (ObserveCollectives, which skips an unknown
-// CV). The daemon and the simulator feed their tables through this one rule. Returns
-// whether it measured a switch's cost.
+
+
+// Whether a job's telemetry times the collectives a straggler's delay is read from, in
+// both modes (SP's reduce-scatter, TP-only's all-reduce). A worker that times only SP's
+// waits shows SP's straggler steps and hides TP-only's: leaving out the former alone
+// would make SP read fast. So once a step of either mode arrives untimed, no step's delay
+// counts any more. The daemon keeps one per job, the simulator one per run.
+class StragglerSignal {
+ public:
+  // A step that ran `mode`, whose record timed that mode's collectives (`timed`), with
+  // straggler delay `straggler_s`: the delay while every step so far was timed, else -1.
+  double Known(Mode mode, bool timed, double straggler_s) {
+    if (!timed) untimed_[mode == Mode::kTensorParallelOnly ? 1 : 0] = true;
+    return untimed_[0] || untimed_[1] ? -1.0 : straggler_s;
+  }
+  bool off() const { return untimed_[0] || untimed_[1]; }
+
+ private:
+  bool untimed_[2] = {false, false};
+};
+
+// Folds `x` into `table` — of a straggler's step (ObserveStraggler; `*straggler` says)
+// only its delay, of an unknown band nothing: after a switch through ObserveAfterSwitch
+// (what it took beyond its estimate is the switch's cost), else through Observe; with
+// `prior`, an SP step's collectives also feed the physics prior (ObserveCollectives,
+// which skips an unknown CV). The daemon and the simulator feed their tables through this
+// one rule. Returns whether it measured a switch's cost.
 bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
-                      const GroupStepSample& x, bool prior = true);
+                      const GroupStepSample& x, bool prior = true, bool* straggler = nullptr);
 
 // The decisions a move to the other mode is judged over (step 4 above).
 inline constexpr int64_t kMoveHorizonDecisions = 50;

@@ -87,7 +87,10 @@ enum class GateFieldRange : uint8_t {
     "ADAPTIVE, where a switch's cost is measured (above adaptive_margin of a step and "     \
     "1.645 standard errors): a group switches mode at most twice in any 2x this many "      \
     "decisions unless a pin or the memory gate forces it; where switching is free it does " \
-    "not bind")
+    "not bind")                                                                            \
+  X(double, adaptive_straggler_share, 0.10, kShare,                                        \
+    "ADAPTIVE: a step whose slowest rank was busy beyond its median rank by more than this " \
+    "share of the step is not learned (1: every step is)")
 
 // The gate thresholds, every field with its default.
 struct GateConfig {

@@ -1,6 +1,7 @@
 // Step telemetry range rules; see telemetry.h.
 #include "policy/telemetry.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -59,6 +60,14 @@ absl::Status CheckRate(int64_t microbatch, absl::string_view name, int64_t token
 
 }  // namespace
 
+double StragglerSeconds(std::span<double> busy) {
+  if (busy.size() < 2) return 0.0;
+  const auto median = busy.begin() + static_cast<std::ptrdiff_t>(busy.size() / 2);
+  std::nth_element(busy.begin(), median, busy.end());
+  const double slowest = *std::max_element(median, busy.end());
+  return std::max(0.0, slowest - *median);
+}
+
 absl::Status ValidateStepTelemetry(const StepTelemetryValues& t, const TelemetryBounds& bounds) {
   if (t.step < 0 || t.step > kMaxTelemetryCount) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -75,7 +84,9 @@ absl::Status ValidateStepTelemetry(const StepTelemetryValues& t, const Telemetry
   }
   for (auto [name, v] : {std::pair{"rs_wait_s", t.rs_wait_s},
                          std::pair{"all_gather_s", t.all_gather_s},
-                         std::pair{"norm_stall_s", t.norm_stall_s}}) {
+                         std::pair{"norm_stall_s", t.norm_stall_s},
+                         std::pair{"all_reduce_s", t.all_reduce_s},
+                         std::pair{"straggler_s", t.straggler_s}}) {
     if (!std::isfinite(v) || v < 0 || v > t.step_time_s) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "telemetry.%s: must be finite, >= 0 and at most step_time_s %g, got %g", name,
@@ -120,7 +131,9 @@ absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValu
     for (auto [name, v] : {std::pair{"forward_s", m.forward_s},
                            std::pair{"backward_s", m.backward_s},
                            std::pair{"rs_wait_s", m.rs_wait_s},
-                           std::pair{"all_gather_s", m.all_gather_s}}) {
+                           std::pair{"all_gather_s", m.all_gather_s},
+                           std::pair{"all_reduce_s", m.all_reduce_s},
+                           std::pair{"straggler_s", m.straggler_s}}) {
       if (!std::isfinite(v) || v < 0) {
         return absl::InvalidArgumentError(
             absl::StrFormat("%s: must be finite and >= 0, got %g", FieldName(m.id, name), v));
@@ -133,7 +146,8 @@ absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValu
           kMinTelemetrySeconds, compute));
     }
     for (auto [name, v] :
-         {std::pair{"rs_wait_s", m.rs_wait_s}, std::pair{"all_gather_s", m.all_gather_s}}) {
+         {std::pair{"rs_wait_s", m.rs_wait_s}, std::pair{"all_gather_s", m.all_gather_s},
+          std::pair{"all_reduce_s", m.all_reduce_s}, std::pair{"straggler_s", m.straggler_s}}) {
       if (v > compute) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "%s: %g is more than the micro-batch's forward_s + backward_s %g",

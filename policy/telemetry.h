@@ -32,15 +32,24 @@ inline constexpr double kMinTelemetrySeconds = 1e-6;
 inline constexpr int64_t kMaxTelemetryCount = (int64_t{1} << 53) - 1;
 
 // A rank's step time outside the collective waits its record reports (reduce-scatter,
-// all-gather, the norm boundary's), never negative. A group's ranks finish a step together
-// at its collectives, so the rank with the most is the one the others waited for: the
-// group's slowest rank (docs/design.md §2). A TP-only step reports no wait (its
-// all-reduces are not in the record), so there it is the step time.
+// all-gather, the norm boundary's, all-reduce), never negative. A group's ranks finish a
+// step together at its collectives, so the rank with the most is the one the others waited
+// for: the group's slowest rank (docs/design.md §2). A worker that does not time its
+// all-reduces (TP-only's) reports none, and a TP-only step's busy time is then its step time.
 inline double BusySeconds(double step_time_s, double rs_wait_s, double all_gather_s,
-                          double norm_stall_s) {
-  const double busy = step_time_s - rs_wait_s - all_gather_s - norm_stall_s;
+                          double norm_stall_s, double all_reduce_s = 0) {
+  const double busy = step_time_s - rs_wait_s - all_gather_s - norm_stall_s - all_reduce_s;
   return busy > 0 ? busy : 0.0;
 }
+
+// A step's straggler delay (docs/design.md §2): the seconds its slowest rank was busy
+// beyond its median rank (the upper median of an even count), from the ranks' BusySeconds.
+// 0 for fewer than two ranks. Reorders `busy`.
+double StragglerSeconds(std::span<double> busy);
+// The most busy times a step's micro-batches' straggler delays are taken from (micro-batches
+// × ranks: 64 micro-batches of a TP-8 group, 32 KiB): beyond, the daemon and a group's
+// leader keep none, and the micro-batches' delays are not measured.
+inline constexpr size_t kMaxStragglerBusyValues = 4096;
 
 // What the checker knows of the step a record reports: its plan's tokens (Σ lengths), so a
 // record claims no more. The daemon takes them from the step's cached decision, the
@@ -59,10 +68,13 @@ struct StepTelemetryValues {
   double norm_stall_s = 0;
   int64_t effective_tokens = 0;
   int64_t padding_tokens = 0;
+  double all_reduce_s = 0;
+  double straggler_s = 0;  // a group record's StragglerSeconds
 };
 
 // step in [0, kMaxTelemetryCount], a known mode, step_time_s finite and >=
-// kMinTelemetrySeconds, the three waits finite, >= 0 and at most step_time_s, token counts
+// kMinTelemetrySeconds, the four waits and straggler_s finite, >= 0 and each at most
+// step_time_s, token counts
 // in [0, kMaxTelemetryCount], effective_tokens at most bounds.plan_tokens (when known) and
 // effective_tokens / step_time_s finite. INVALID_ARGUMENT naming the first field that
 // breaks its rule.
@@ -81,6 +93,8 @@ struct MicrobatchTelemetryValues {
   double rs_wait_s = 0;   // of forward_s + backward_s, inside reduce-scatter calls
   double all_gather_s = 0;
   int64_t effective_tokens = 0;
+  double all_reduce_s = 0;  // of forward_s + backward_s, inside all-reduce calls
+  double straggler_s = 0;   // a group record's: StragglerSeconds of the ranks' compute
 
   double compute_s() const { return forward_s + backward_s; }
   friend bool operator==(const MicrobatchTelemetryValues&,
@@ -89,8 +103,8 @@ struct MicrobatchTelemetryValues {
 
 // A step's micro-batch records: empty, or one per id 0 .. microbatches-1 in any order
 // (CheckMicrobatchIds's rule; `microbatches` 0: the ids are not checked), each with a known
-// mode, the four times finite and >= 0 with forward_s + backward_s >= kMinTelemetrySeconds
-// and each wait at most that sum, tokens in [0, kMaxTelemetryCount] and at most
+// mode, the six times finite and >= 0 with forward_s + backward_s >= kMinTelemetrySeconds
+// and each wait (and straggler_s) at most that sum, tokens in [0, kMaxTelemetryCount] and at most
 // bounds.microbatch_tokens[id] (when known), and tokens / (forward_s + backward_s) finite.
 // INVALID_ARGUMENT naming the micro-batch and the field.
 absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,

@@ -106,8 +106,10 @@ void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, 
   const ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
   if (c.last_step < 0) {
     const int64_t changed = c.changed_step;
+    const double straggler_share = c.straggler_share;  // ObserveStraggler's, kept apart
     c = ThroughputCell{tokens, seconds, 1.0, step};
     c.changed_step = changed;
+    c.straggler_share = straggler_share;
     newest_step_ = std::max(newest_step_, step);
     return;
   }
@@ -220,9 +222,24 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
   return measured;
 }
 
+bool ThroughputTable::ObserveStraggler(const GateConfig& config, const GroupStepSample& x) {
+  if (!ValidBand(x.band) || !(x.straggler_s >= 0) || !(x.seconds > 0) ||
+      !std::isfinite(x.straggler_s / x.seconds)) {
+    return false;
+  }
+  ThroughputCell& c = cells_[Index(x.band, x.mode)];
+  const double share = std::min(x.straggler_s / x.seconds, 1.0);
+  if (c.straggler_share < 0) c.straggler_share = std::min(share, config.adaptive_straggler_share);
+  const double bound = c.straggler_share + config.adaptive_straggler_share;
+  c.straggler_share += kDriftRate * (std::min(share, bound) - c.straggler_share);
+  return share > bound;
+}
+
 bool ObserveGroupStep(const GateConfig& config, ThroughputTable& table,
-                      const GroupStepSample& x, bool prior) {
-  if (x.band < 0) return false;
+                      const GroupStepSample& x, bool prior, bool* straggler) {
+  const bool slowed = x.band >= 0 && table.ObserveStraggler(config, x);
+  if (straggler != nullptr) *straggler = slowed;
+  if (x.band < 0 || slowed) return false;
   bool measured = false;
   if (x.after_switch) {
     measured = table.ObserveAfterSwitch(config, x.band, x.mode, x.step, x.tokens, x.seconds,

@@ -135,6 +135,7 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
       if (c.changed_step >= 0) w->set_changed_step(c.changed_step);
       w->set_beyond(c.beyond);
       w->set_seconds_drift(c.seconds_drift);
+      if (c.straggler_share >= 0) w->set_straggler_share(c.straggler_share);
     }
   }
   for (int band = 0; band < kBands; ++band) {
@@ -189,7 +190,9 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
         !std::isfinite(w.drift()) || !(w.seconds_drift() >= kSecondsDriftMin) ||
         !(w.seconds_drift() <= kSecondsDriftMax) ||
         w.beyond() <= -kChangeConfirmSamples ||
-        w.beyond() >= kChangeConfirmSamples) {
+        w.beyond() >= kChangeConfirmSamples ||
+        (w.has_straggler_share() &&
+         !(w.straggler_share() >= 0 && w.straggler_share() <= 1))) {
       continue;
     }
     out.SetCell(w.band(), FromProto(w.mode()),
@@ -197,7 +200,8 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
                                w.noise(),
                                w.has_changed_step() ? std::max<int64_t>(-1, w.changed_step())
                                                     : -1,
-                               w.beyond(), w.seconds_drift()});
+                               w.beyond(), w.seconds_drift(),
+                               w.has_straggler_share() ? w.straggler_share() : -1.0});
   }
   for (const v1::LearnedPair& w : table.pairs()) {
     // Sums of positive seconds: both positive wherever the weight is.

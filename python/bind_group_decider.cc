@@ -52,12 +52,15 @@ absl::Status CallWithBytes(const py::object& fn, const char* what, std::span<uin
 // C++ GroupDecider over a Python broadcast: broadcast(buf: bytearray, root) fills buf
 // with the root's bytes on the other ranks (24 bytes, and one more per micro-batch of a
 // step plan); and, for the leader's group session, a Python max-reduce: reduce(buf:
-// bytearray of little-endian float64s, 15 and 7 more per micro-batch of a step plan,
-// root) leaves the element-wise maximum over the group in the root's buf. A Python
+// bytearray of little-endian float64s: 16, 8 more per micro-batch of a step plan, and
+// the ranks' busy times, group_size and, within 4,096 in all, group_size per micro-batch;
+// root) leaves the element-wise maximum over the group in the root's buf. `group_size`
+// (0: the client's) is needed by a follower without a Client that reduces. A Python
 // exception in either becomes INTERNAL with the exception's text.
 class Decider {
  public:
-  Decider(Client* client, int rank_in_group, py::object broadcast, py::object reduce)
+  Decider(Client* client, int rank_in_group, py::object broadcast, py::object reduce,
+          int group_size)
       : client_(client), broadcast_(std::move(broadcast)), reduce_(std::move(reduce)) {
     if (!PyCallable_Check(broadcast_.ptr())) {
       Raise(absl::InvalidArgumentError("broadcast must be callable(buf, root)"));
@@ -89,7 +92,8 @@ class Decider {
     // holds the client (Client::Get) while it runs, and raises once it is closed.
     std::shared_ptr<GateClient> held = client != nullptr ? client->Get("GroupDecider") : nullptr;
     auto d = client::GroupDecider::CreateLocal(held.get(), rank_in_group,
-                                               std::move(broadcast_fn), std::move(reduce_fn));
+                                               std::move(broadcast_fn), std::move(reduce_fn),
+                                               group_size);
     Check(d.status());
     decider_ = std::move(*d);
   }
@@ -146,13 +150,14 @@ class Decider {
 void BindGroupDecider(py::module_& m) {
   py::class_<Decider>(m, "GroupDecider")
       .def(py::init([](py::object client, int rank_in_group, py::object broadcast,
-                       py::object reduce) {
+                       py::object reduce, int group_size) {
              Client* c = client.is_none() ? nullptr : client.cast<Client*>();
              return std::make_unique<Decider>(c, rank_in_group, std::move(broadcast),
-                                              std::move(reduce));
+                                              std::move(reduce), group_size);
            }),
            py::arg("client"), py::arg("rank_in_group"), py::arg("broadcast"),
-           py::arg("reduce") = py::none(), py::keep_alive<1, 2>())
+           py::arg("reduce") = py::none(), py::kw_only(), py::arg("group_size") = 0,
+           py::keep_alive<1, 2>())
       .def_property_readonly("is_leader", &Decider::is_leader)
       .def("submit_plan", &Decider::SubmitPlan, py::arg("plan"))
       .def(
@@ -177,18 +182,21 @@ void BindGroupDecider(py::module_& m) {
           "report_telemetry",
           [](Decider& self, int64_t step, Mode mode, Reason reason, double step_time_s,
              double rs_wait_s, double all_gather_s, double norm_stall_s,
-             int64_t effective_tokens, int64_t padding_tokens, uint64_t peak_memory_bytes) {
+             int64_t effective_tokens, int64_t padding_tokens, uint64_t peak_memory_bytes,
+             double all_reduce_s) {
             self.ReportTelemetry({.step = step, .mode = mode, .reason = reason,
                                   .step_time_s = step_time_s, .rs_wait_s = rs_wait_s,
                                   .all_gather_s = all_gather_s, .norm_stall_s = norm_stall_s,
                                   .effective_tokens = effective_tokens,
                                   .padding_tokens = padding_tokens,
-                                  .peak_memory_bytes = peak_memory_bytes});
+                                  .peak_memory_bytes = peak_memory_bytes,
+                                  .all_reduce_s = all_reduce_s});
           },
           py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
           py::kw_only(), py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
           py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
-          py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0);
+          py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0,
+          py::arg("all_reduce_s") = 0.0);
 
   m.def("wire_failure",
         [](int64_t step, int code) {

@@ -248,18 +248,19 @@ void BindDecisions(py::module_& m) {
 void BindTelemetry(py::module_& m) {
   py::class_<MicrobatchTelemetryValues>(m, "MicrobatchTelemetry")
       .def(py::init([](int id, Mode mode, double forward_s, double backward_s, double rs_wait_s,
-                       double all_gather_s, int64_t effective_tokens) {
+                       double all_gather_s, int64_t effective_tokens, double all_reduce_s) {
              return MicrobatchTelemetryValues{.id = id,
                                               .mode = mode,
                                               .forward_s = forward_s,
                                               .backward_s = backward_s,
                                               .rs_wait_s = rs_wait_s,
                                               .all_gather_s = all_gather_s,
-                                              .effective_tokens = effective_tokens};
+                                              .effective_tokens = effective_tokens,
+                                              .all_reduce_s = all_reduce_s};
            }),
            py::arg("id"), py::arg("mode"), py::arg("forward_s"), py::arg("backward_s"),
            py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
-           py::arg("effective_tokens") = 0)
+           py::arg("effective_tokens") = 0, py::arg("all_reduce_s") = 0.0)
       .def_readwrite("id", &MicrobatchTelemetryValues::id)
       .def_readwrite("mode", &MicrobatchTelemetryValues::mode)
       .def_readwrite("forward_s", &MicrobatchTelemetryValues::forward_s)
@@ -267,6 +268,7 @@ void BindTelemetry(py::module_& m) {
       .def_readwrite("rs_wait_s", &MicrobatchTelemetryValues::rs_wait_s)
       .def_readwrite("all_gather_s", &MicrobatchTelemetryValues::all_gather_s)
       .def_readwrite("effective_tokens", &MicrobatchTelemetryValues::effective_tokens)
+      .def_readwrite("all_reduce_s", &MicrobatchTelemetryValues::all_reduce_s)
       .def("__eq__", [](const MicrobatchTelemetryValues& a, const MicrobatchTelemetryValues& b) {
         return a == b;
       });
@@ -275,10 +277,11 @@ void BindTelemetry(py::module_& m) {
       .def(py::init([](int64_t step, Mode mode, Reason reason, double step_time_s, double rs_wait_s,
                        double all_gather_s, double norm_stall_s, int64_t effective_tokens,
                        int64_t padding_tokens, uint64_t peak_memory_bytes,
-                       std::vector<MicrobatchTelemetryValues> microbatches) {
+                       std::vector<MicrobatchTelemetryValues> microbatches,
+                       double all_reduce_s) {
              client::StepTelemetryInput t{step, mode, reason, step_time_s, rs_wait_s,
                                           all_gather_s, norm_stall_s, effective_tokens,
-                                          padding_tokens, peak_memory_bytes};
+                                          padding_tokens, peak_memory_bytes, all_reduce_s};
              t.microbatches = std::move(microbatches);
              return t;
            }),
@@ -286,7 +289,8 @@ void BindTelemetry(py::module_& m) {
            py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,
            py::arg("norm_stall_s") = 0.0, py::arg("effective_tokens") = 0,
            py::arg("padding_tokens") = 0, py::arg("peak_memory_bytes") = 0,
-           py::arg("microbatches") = std::vector<MicrobatchTelemetryValues>{})
+           py::arg("microbatches") = std::vector<MicrobatchTelemetryValues>{},
+           py::arg("all_reduce_s") = 0.0)
       .def_readwrite("microbatches", &client::StepTelemetryInput::microbatches)
       .def_readwrite("step", &client::StepTelemetryInput::step)
       .def_readwrite("mode", &client::StepTelemetryInput::mode)
@@ -297,7 +301,8 @@ void BindTelemetry(py::module_& m) {
       .def_readwrite("norm_stall_s", &client::StepTelemetryInput::norm_stall_s)
       .def_readwrite("effective_tokens", &client::StepTelemetryInput::effective_tokens)
       .def_readwrite("padding_tokens", &client::StepTelemetryInput::padding_tokens)
-      .def_readwrite("peak_memory_bytes", &client::StepTelemetryInput::peak_memory_bytes);
+      .def_readwrite("peak_memory_bytes", &client::StepTelemetryInput::peak_memory_bytes)
+      .def_readwrite("all_reduce_s", &client::StepTelemetryInput::all_reduce_s);
 
   py::class_<client::GateClientStats>(m, "ClientStats")
       .def_readonly("connected", &client::GateClientStats::connected)

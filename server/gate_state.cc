@@ -674,7 +674,11 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   p.fallback = p.fallback || t.fallback;
   // The slowest rank: the one with the most time outside its collective waits, whom the
   // others waited for (BusySeconds); a group record names its own.
-  const double busy = BusySeconds(v.step_time_s, v.rs_wait_s, v.all_gather_s, v.norm_stall_s);
+  const double busy = BusySeconds(v.step_time_s, v.rs_wait_s, v.all_gather_s, v.norm_stall_s,
+                                  v.all_reduce_s);
+  if (group_record) p.straggler = v.straggler_s;
+  if (!group_record) p.busy.push_back(busy);  // the delay's (StragglerSeconds)
+  p.all_reduce = std::max(p.all_reduce, v.all_reduce_s);
   if (p.slowest_rank < 0 || busy > p.slowest_busy) {
     p.slowest_rank = group_record ? t.slowest_rank : session.rank_in_group;
     p.slowest_busy = busy;
@@ -690,17 +694,7 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   p.padding = std::max(p.padding, v.padding_tokens);
   p.peak = std::max(p.peak, t.peak_memory_bytes);
   if (!t.microbatches.empty()) {
-    if (p.microbatches.empty()) p.microbatches.resize(t.microbatches.size());
-    for (const MicrobatchTelemetryValues& m : t.microbatches) {
-      MicrobatchTelemetryValues& a = p.microbatches[static_cast<size_t>(m.id)];
-      a.id = m.id;
-      a.mode = m.mode;
-      a.forward_s = std::max(a.forward_s, m.forward_s);
-      a.backward_s = std::max(a.backward_s, m.backward_s);
-      a.rs_wait_s = std::max(a.rs_wait_s, m.rs_wait_s);
-      a.all_gather_s = std::max(a.all_gather_s, m.all_gather_s);
-      a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
-    }
+    p.FoldMicrobatches(t.microbatches, group_record, static_cast<size_t>(g.size));
   }
   if (p.reported >= g.size) FinalizeStep(job, g, slot, now);
 }

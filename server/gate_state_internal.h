@@ -13,8 +13,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <span>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "policy/config_schedule.h"
@@ -66,7 +68,21 @@ struct PendingStep {
   // A step plan's micro-batches (index = id), each value the largest over the ranks so
   // far; empty for plain plans, and released when the step is finalized.
   std::vector<MicrobatchTelemetryValues> microbatches;
+  // The step's straggler delay (StragglerSeconds): a group record's own, or the ranks'
+  // BusySeconds as their records arrive; per micro-batch, [id * group size + arrival],
+  // while that is within kMaxStragglerBusyValues (beyond, the micro-batches' is not known).
+  double all_reduce = 0;  // the largest all_reduce_s: TP-only's collectives were timed
+  double straggler = -1;
+  absl::InlinedVector<double, 8> busy;
+  std::vector<double> microbatch_busy;
+
+  // Folds a record's micro-batches in: each value the largest so far; a group record's
+  // delays as sent, a rank's compute (BusySeconds) into the column of its busy time, the
+  // newest in `busy` (gate_state_learned.cc).
+  void FoldMicrobatches(std::span<const MicrobatchTelemetryValues> records, bool group_record,
+                        size_t group_size);
 };
+
 
 // The rolling wait share a decision and a group's status report: none while the window
 // holds no SP step (a job's start, after every RS_WAIT trip).
@@ -328,6 +344,7 @@ struct GateState::Job {
   // The ADAPTIVE policy's learned table, pooled over the groups (docs/design.md §11),
   // the band edges it was learned with, and what was last told to the leaders.
   ThroughputTable learned;
+  StragglerSignal stragglers;  // whether its telemetry times both modes' collectives
   double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
   int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
   gate_state_internal::LearnedTold learned_told;

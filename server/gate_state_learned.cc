@@ -9,6 +9,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,7 +40,38 @@ bool RanForced(std::optional<Decision> decided, Mode ran, bool fallback) {
   return ran == Mode::kSequenceParallel && !fallback;
 }
 
+// Whether a record timed the collectives a straggler's delay is read from in `mode`: SP's
+// reduce-scatter, TP-only's all-reduce (StragglerSignal).
+bool TimedCollectives(Mode mode, double rs_wait, double all_reduce) {
+  return mode == Mode::kTensorParallelOnly ? all_reduce > 0 : rs_wait > 0;
+}
+
 }  // namespace
+
+void gate_state_internal::PendingStep::FoldMicrobatches(
+    std::span<const MicrobatchTelemetryValues> records, bool group_record, size_t group_size) {
+  if (microbatches.empty()) microbatches.resize(records.size());
+  const bool keep_busy = !group_record && !busy.empty() &&
+                         records.size() * group_size <= kMaxStragglerBusyValues;
+  const size_t column = busy.size() - 1;  // this record's step busy time, just kept
+  if (keep_busy && microbatch_busy.empty()) microbatch_busy.assign(records.size() * group_size, 0);
+  for (const MicrobatchTelemetryValues& m : records) {
+    MicrobatchTelemetryValues& a = microbatches[static_cast<size_t>(m.id)];
+    a.id = m.id;
+    a.mode = m.mode;
+    a.forward_s = std::max(a.forward_s, m.forward_s);
+    a.backward_s = std::max(a.backward_s, m.backward_s);
+    a.rs_wait_s = std::max(a.rs_wait_s, m.rs_wait_s);
+    a.all_gather_s = std::max(a.all_gather_s, m.all_gather_s);
+    a.all_reduce_s = std::max(a.all_reduce_s, m.all_reduce_s);
+    a.effective_tokens = std::max(a.effective_tokens, m.effective_tokens);
+    if (group_record) a.straggler_s = m.straggler_s;
+    if (keep_busy && column < group_size) {
+      microbatch_busy[static_cast<size_t>(m.id) * group_size + column] =
+          BusySeconds(m.compute_s(), m.rs_wait_s, m.all_gather_s, 0, m.all_reduce_s);
+    }
+  }
+}
 
 // The table learns from every step the daemon decided, whatever the policy in force, so
 // switching a job to ADAPTIVE starts from what STATIC ran. One path for both layouts: a
@@ -65,9 +97,16 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
       stage = CoordinatesOf(*job.layout, g.index).stage;
       table = &job.stage_learned[static_cast<size_t>(stage)];
       samples.reserve(p.microbatches.size());
+      const size_t size = static_cast<size_t>(g.size), ranks = std::min(p.busy.size(), size);
       for (const MicrobatchTelemetryValues& m : p.microbatches) {  // by id (FoldTelemetry)
         const auto id = static_cast<size_t>(m.id);
         const int band = plan->bands[id];
+        double delay = m.straggler_s;  // a group record's
+        if (!p.microbatch_busy.empty()) {
+          delay = StragglerSeconds(std::span<double>(p.microbatch_busy).subspan(id * size, ranks));
+        } else if (!p.busy.empty()) {
+          delay = -1;  // rank records past kMaxStragglerBusyValues: not known
+        }
         const std::optional<Decision> decided =
             id < plan->packed.size() ? UnpackModeReason(plan->packed[id]) : std::nullopt;
         samples.push_back({.band = band, .mode = m.mode,
@@ -76,10 +115,14 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                            .length_cv = band < 0 ? -1 : BandCvMidpoint(config, band),
                            .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s,
                            .probe = RanProbe(decided, m.mode),
-                           .forced = RanForced(decided, m.mode, p.fallback)});
+                           .forced = RanForced(decided, m.mode, p.fallback),
+                           .straggler_s = job.stragglers.Known(
+                               m.mode, TimedCollectives(m.mode, m.rs_wait_s, m.all_reduce_s),
+                               delay)});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
+    std::vector<double>().swap(p.microbatch_busy);
   } else if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
              d != nullptr && d->band >= 0) {
     // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
@@ -89,7 +132,10 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                        .length_cv = d->length_cv, .all_gather_s = p.all_gather,
                        .rs_wait_s = p.rs_share * p.step_time,
                        .probe = RanProbe(decided, p.mode),
-                       .forced = RanForced(decided, p.mode, p.fallback)});
+                       .forced = RanForced(decided, p.mode, p.fallback),
+                       .straggler_s = job.stragglers.Known(
+                           p.mode, TimedCollectives(p.mode, p.rs_share, p.all_reduce),
+                           p.straggler >= 0 ? p.straggler : StragglerSeconds(p.busy))});
   }
   if (samples.empty()) return;
 
@@ -108,10 +154,12 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
     previous = x.mode;
     previous_probe = x.probe;
     if (x.band < 0) continue;
-    if (ObserveGroupStep(config, *table, x) && stage < 0) {
+    bool straggler = false;
+    if (ObserveGroupStep(config, *table, x, /*prior=*/true, &straggler) && stage < 0) {
       // The job's gauge is the plain table's; a stage's cost shows in GetJob's tables.
       job.metrics->adaptive_switch_cost->Set(table->SwitchCostSeconds());
     }
+    if (straggler) job.metrics->adaptive_straggler_steps->Increment();
     // A cell exploration's step did not enter (ObserveAfterSwitch) may still be empty.
     if (table->cell(x.band, x.mode).last_step < 0) continue;
     touched |= uint64_t{1} << (x.band * 2 + (x.mode == Mode::kTensorParallelOnly ? 1 : 0));

@@ -117,7 +117,9 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
                                .all_gather_s = t.all_gather_s(),
                                .norm_stall_s = t.norm_stall_s(),
                                .effective_tokens = t.effective_tokens(),
-                               .padding_tokens = t.padding_tokens()},
+                               .padding_tokens = t.padding_tokens(),
+                               .all_reduce_s = t.all_reduce_s(),
+                               .straggler_s = t.straggler_s()},
                     .peak_memory_bytes = t.peak_memory_bytes(),
                     .ranks = t.ranks(),
                     .slowest_rank = t.slowest_rank(),
@@ -133,7 +135,9 @@ TelemetryRecord TelemetryFromProto(const v1::StepTelemetry& t) {
                               .backward_s = m.backward_s(),
                               .rs_wait_s = m.rs_wait_s(),
                               .all_gather_s = m.all_gather_s(),
-                              .effective_tokens = m.effective_tokens()});
+                              .effective_tokens = m.effective_tokens(),
+                              .all_reduce_s = m.all_reduce_s(),
+                              .straggler_s = m.straggler_s()});
   }
   return r;
 }

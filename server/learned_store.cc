@@ -149,6 +149,11 @@ absl::Status CheckTable(const v1::LearnedTable& t, const std::string& path) {
                                                         at, c.seconds_drift(), kSecondsDriftMin,
                                                         kSecondsDriftMax));
     }
+    // Not NaN: a comparison with NaN is false.
+    if (c.has_straggler_share() && !(c.straggler_share() >= 0 && c.straggler_share() <= 1)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s.straggler_share: %g, not in [0, 1]",
+                                                        at, c.straggler_share()));
+    }
   }
   std::set<int> paired;
   for (int i = 0; i < t.pairs_size(); ++i) {

@@ -229,6 +229,12 @@ Metrics::Metrics()
                                    "recent tokens/s off its estimate, a band back after a "
                                    "half-life): each raises exploration in the band.")
                              .Register(*registry_)),
+      adaptive_straggler_steps_f(
+          BuildCounter().Name("spgate_adaptive_straggler_steps_total")
+              .Help("Steps (a step plan's micro-batches) ADAPTIVE's table did not learn "
+                    "from: the slowest rank was busy beyond the median rank by more than "
+                    "adaptive_straggler_share of the step.")
+              .Register(*registry_)),
       switch_cost_f(BuildGauge().Name("spgate_adaptive_switch_cost_seconds")
                         .Help("Learned seconds the first step after a mode switch takes beyond "
                               "its band's estimate; ADAPTIVE's switches must save more.")
@@ -314,6 +320,7 @@ JobMetrics::JobMetrics(Metrics& m, const std::string& job_id) : m_(m), job_id_(j
   adaptive_gain = &m.adaptive_gain_f.Add({{"job_id", job_id}});
   flips_held = &m.flips_held_f.Add({{"job_id", job_id}});
   adaptive_changes = &m.adaptive_changes_f.Add({{"job_id", job_id}});
+  adaptive_straggler_steps = &m.adaptive_straggler_steps_f.Add({{"job_id", job_id}});
   adaptive_switch_cost = &m.switch_cost_f.Add({{"job_id", job_id}});
   config_version_ = &m.config_version_f.Add({{"job_id", job_id}});
   // Counters whose label set is known up front start at 0, so rate() over them is 0
@@ -356,6 +363,7 @@ JobMetrics::~JobMetrics() {
   m_.adaptive_gain_f.Remove(adaptive_gain);
   m_.flips_held_f.Remove(flips_held);
   m_.adaptive_changes_f.Remove(adaptive_changes);
+  m_.adaptive_straggler_steps_f.Remove(adaptive_straggler_steps);
   m_.switch_cost_f.Remove(adaptive_switch_cost);
   RemoveLearned();
   m_.config_version_f.Remove(config_version_);

@@ -98,6 +98,7 @@ class JobMetrics {
   prometheus::Gauge* adaptive_gain;
   prometheus::Counter* flips_held;
   prometheus::Counter* adaptive_changes;
+  prometheus::Counter* adaptive_straggler_steps;
   prometheus::Gauge* adaptive_switch_cost;
   // Daemon answers the job's workers did not run: their own memory gate forbade TP-only
   // for the plan answered (docs/security.md, "Memory is checked on both sides").
@@ -196,6 +197,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& adaptive_gain_f;
   prometheus::Family<prometheus::Counter>& flips_held_f;
   prometheus::Family<prometheus::Counter>& adaptive_changes_f;
+  prometheus::Family<prometheus::Counter>& adaptive_straggler_steps_f;
   prometheus::Family<prometheus::Gauge>& switch_cost_f;
   prometheus::Family<prometheus::Counter>& limit_refusals_f;
 

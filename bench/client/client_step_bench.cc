@@ -44,6 +44,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/mutex.h"
+#include "policy/telemetry.h"
 #include "server/daemon.h"
 #include "worker/client/gate_client.h"
 #include "worker/client/group_decider.h"
@@ -225,14 +226,16 @@ Result RunClient(const std::string& name, const std::string& controller,
   int64_t others_step = -1;
   spgate::Mode others_mode = spgate::Mode::kSequenceParallel;
   std::vector<spgate::client::TelemetryWire> others(static_cast<size_t>(group_size - 1));
+  std::vector<double> others_busy(others.size());
   if (group_size > 1) {
     auto d = spgate::client::GroupDecider::Create(
         &c, 0, [](std::span<uint8_t>, int) { return absl::OkStatus(); },
         [&](std::span<double> w, int) {
-          for (const auto& x : others) {
-            for (int i = 0; i < spgate::client::TelemetryWire::kSlots; ++i) {
-              w[i] = std::max(w[i], x.v[i]);
-            }
+          constexpr int kHead = spgate::client::TelemetryWire::kSlots;
+          for (size_t k = 0; k < others.size(); ++k) {
+            for (int i = 0; i < kHead; ++i) w[i] = std::max(w[i], others[k].v[i]);
+            // Rank k + 1's busy time in its slot after the payload (StragglerSlots).
+            w[kHead + k + 1] = std::max(w[kHead + k + 1], others_busy[k]);
           }
           return absl::OkStatus();
         });
@@ -256,6 +259,8 @@ Result RunClient(const std::string& name, const std::string& controller,
       StepTelemetryInput t = Telemetry(step, mode, reason, lengths);
       t.step_time_s *= 1.0 + 0.01 * k;
       others[static_cast<size_t>(k - 1)] = spgate::client::ToTelemetryWire(t, k);
+      others_busy[static_cast<size_t>(k - 1)] =
+          spgate::BusySeconds(t.step_time_s, t.rs_wait_s, t.all_gather_s, t.norm_stall_s);
     }
   };
   Loop(

@@ -3,10 +3,11 @@
 // steady_clock and reported for the leader (rank 0) and the slowest rank:
 //   baseline  — MPI_Allreduce(MAX) of one double: what spgate-worker ran before, to hand
 //               the leader the group's reduce-scatter wait share;
-//   group     — GroupDecider::ReportTelemetry with MPI_Allreduce(MAX) of the 15-double
-//               TelemetryWire: pack, reduce, and on the leader decode the group record,
-//               feed its fallback and queue the record (a local-only client: no daemon,
-//               the queueing is the same code).
+//   group     — GroupDecider::ReportTelemetry with MPI_Allreduce(MAX) of the 16-double
+//               TelemetryWire and the ranks' busy times (one double a rank): pack, reduce,
+//               and on the leader decode the group record and its straggler delay, feed
+//               its fallback and queue the record (a local-only client: no daemon, the
+//               queueing is the same code).
 // The variants alternate in rounds so machine noise hits both; ratios are to baseline.
 //
 //   mpirun -np 8 --oversubscribe build/bench/group_reduce_bench --steps=2000 --rounds=5

@@ -219,9 +219,10 @@ class MicrobatchTelemetry:
     rs_wait_s: float
     all_gather_s: float
     effective_tokens: int
+    all_reduce_s: float  # inside all-reduce calls (TP-only's): the straggler rule reads it
     def __init__(self, id: int, mode: Mode, forward_s: float, backward_s: float,
                  rs_wait_s: float = 0.0, all_gather_s: float = 0.0,
-                 effective_tokens: int = 0) -> None: ...
+                 effective_tokens: int = 0, all_reduce_s: float = 0.0) -> None: ...
     def __eq__(self, other: object) -> bool: ...
     __hash__: ClassVar[None]  # type: ignore[assignment]
 
@@ -238,11 +239,15 @@ class StepTelemetry:
     padding_tokens: int
     peak_memory_bytes: int
     microbatches: List[MicrobatchTelemetry]
+    # Inside all-reduce calls (TP-only's): with the waits above, what a rank's busy time
+    # leaves out, so ADAPTIVE's straggler rule sees TP-only's stragglers (docs/design.md §11).
+    all_reduce_s: float
     def __init__(self, step: int, mode: Mode, reason: Reason, step_time_s: float,
                  rs_wait_s: float = 0.0, all_gather_s: float = 0.0, norm_stall_s: float = 0.0,
                  effective_tokens: int = 0, padding_tokens: int = 0,
                  peak_memory_bytes: int = 0,
-                 microbatches: Sequence[MicrobatchTelemetry] = ...) -> None: ...
+                 microbatches: Sequence[MicrobatchTelemetry] = ...,
+                 all_reduce_s: float = 0.0) -> None: ...
 
 
 class ClientStats:
@@ -384,9 +389,10 @@ class GroupDecider:
     """The C++ GroupDecider over a Python broadcast(buf: bytearray, root: int) that fills
     buf with the root's bytes on the other ranks (24, and one more per micro-batch of a
     step plan), and for the leader's group session a Python reduce(buf: bytearray, root:
-    int) that leaves in the root's buf (little-endian float64s: 15, and 7 more per
-    micro-batch of a step plan) the element-wise maximum of every rank's buf
-    (spgate.torch.GroupDecider wraps it).
+    int) that leaves in the root's buf (little-endian float64s: 16, 8 more per micro-batch
+    of a step plan, then the ranks' busy times: group_size, and group_size per micro-batch
+    while micro-batches x group_size is at most 4,096) the element-wise maximum of every
+    rank's buf (spgate.torch.GroupDecider wraps it).
 
     `client`: required on rank 0; None elsewhere in a group session; each rank's own
     Client with per-rank sessions (group_session=False), and then no `reduce`. `reduce`
@@ -394,7 +400,10 @@ class GroupDecider:
     and a controller."""
     def __init__(self, client: Optional[Client], rank_in_group: int,
                  broadcast: Callable[[bytearray, int], None],
-                 reduce: Optional[Callable[[bytearray, int], None]] = None) -> None: ...
+                 reduce: Optional[Callable[[bytearray, int], None]] = None, *,
+                 group_size: int = 0) -> None: ...
+    # group_size: the group's ranks (0: the client's group_size); a rank with `reduce`
+    # and no Client must pass it.
     @property
     def is_leader(self) -> bool: ...
     @overload
@@ -418,7 +427,8 @@ class GroupDecider:
     def report_telemetry(self, step: int, mode: Mode, reason: Reason, step_time_s: float, *,
                          rs_wait_s: float = 0.0, all_gather_s: float = 0.0,
                          norm_stall_s: float = 0.0, effective_tokens: int = 0,
-                         padding_tokens: int = 0, peak_memory_bytes: int = 0) -> None: ...
+                         padding_tokens: int = 0, peak_memory_bytes: int = 0,
+                         all_reduce_s: float = 0.0) -> None: ...
 
 
 def wire_failure(step: int, code: int) -> bytes: ...

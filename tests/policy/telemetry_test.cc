@@ -70,6 +70,12 @@ TEST(TelemetryBoundsTest, StepRecordWithinItsPlanAndFloor) {
             "telemetry.rs_wait_s: must be finite, >= 0 and at most step_time_s 0.5, got 0.6"},
            {with([](auto& v) { v.all_gather_s = 0.51; }), -1, "telemetry.all_gather_s"},
            {with([](auto& v) { v.norm_stall_s = 1; }), -1, "telemetry.norm_stall_s"},
+           {with([](auto& v) { v.all_reduce_s = 0.7; }), -1,
+            "telemetry.all_reduce_s: must be finite, >= 0 and at most step_time_s 0.5, got 0.7"},
+           {with([](auto& v) { v.all_reduce_s = -0.1; }), -1, "telemetry.all_reduce_s"},
+           {with([](auto& v) { v.straggler_s = NAN; }), -1, "telemetry.straggler_s"},
+           {with([](auto& v) { v.straggler_s = 0.6; }), -1,
+            "telemetry.straggler_s: must be finite, >= 0 and at most step_time_s 0.5, got 0.6"},
        }) {
     EXPECT_THAT(ValidateStepTelemetry(c.v, {.plan_tokens = c.plan_tokens}),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
@@ -134,10 +140,43 @@ TEST(TelemetryBoundsTest, MicrobatchRecordWithinItsPlanAndCompute) {
             "forward_s + backward_s 0.3"},
            {with([](auto& v) { v.all_gather_s = 1; }),
             "telemetry.micro_batches[id 1].all_gather_s"},
+           {with([](auto& v) { v.all_reduce_s = 0.31; }),
+            "telemetry.micro_batches[id 1].all_reduce_s: 0.31 is more than the micro-batch's "
+            "forward_s + backward_s 0.3"},
+           {with([](auto& v) { v.all_reduce_s = -1; }),
+            "telemetry.micro_batches[id 1].all_reduce_s: must be finite and >= 0"},
+           {with([](auto& v) { v.straggler_s = INFINITY; }),
+            "telemetry.micro_batches[id 1].straggler_s: must be finite and >= 0"},
+           {with([](auto& v) { v.straggler_s = 0.4; }),
+            "telemetry.micro_batches[id 1].straggler_s: 0.4 is more than"},
        }) {
     EXPECT_THAT(ValidateMicrobatchTelemetry(std::vector{a, c.v}, 2, bounds),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.message)))
         << c.message;
+  }
+}
+
+// A rank's busy time leaves out every collective its record times, TP-only's all-reduce
+// included; a step's straggler delay is the slowest rank's lead over the median rank.
+TEST(StragglerSecondsTest, SlowestRankOverTheMedian) {
+  EXPECT_DOUBLE_EQ(BusySeconds(1.0, 0.1, 0.2, 0.05, 0.15), 0.5);
+  EXPECT_DOUBLE_EQ(BusySeconds(1.0, 0.5, 0.5, 0.5, 0.5), 0.0) << "never negative";
+  struct Case {
+    std::vector<double> busy;
+    double want;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, 0.0},
+           {{0.7}, 0.0},                      // one rank: no one to lag behind
+           {{0.5, 0.8}, 0.0},                 // two: the upper median is the slowest
+           {{0.5, 0.5, 0.5, 0.5}, 0.0},       // balanced
+           {{0.5, 0.9, 0.5, 0.5}, 0.4},       // one straggler among four
+           {{0.9, 0.5, 0.6, 0.5, 0.4}, 0.4},  // odd count: the median is 0.5
+           {{1.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.2}, 0.7},  // two slow ranks of eight
+           {{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8}, 0.3},  // a steady spread
+       }) {
+    std::vector<double> busy = c.busy;
+    EXPECT_DOUBLE_EQ(StragglerSeconds(busy), c.want) << ::testing::PrintToString(c.busy);
   }
 }
 

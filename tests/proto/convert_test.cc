@@ -426,6 +426,11 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   ASSERT_TRUE(t.ObserveAfterSwitch(c, 3, Mode::kSequenceParallel, 150, 1000, 1.25));
   t.Observe(c, 3, Mode::kTensorParallelOnly, 151, 1100, 1.0);
   ASSERT_EQ(t.pair(3).last_step, 151) << "a probe paired with SP's level";
+  // A cell's usual straggler share (and a cell without one, -1).
+  t.ObserveStraggler(c, {.band = 3, .mode = Mode::kSequenceParallel, .step = 152,
+                         .tokens = 1000, .seconds = 1.0, .straggler_s = 0.04});
+  ASSERT_EQ(t.cell(3, Mode::kSequenceParallel).straggler_share, 0.04);
+  ASSERT_EQ(t.cell(3, Mode::kTensorParallelOnly).straggler_share, -1);
   t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, 100 + i, 1000 * (i + 1),
@@ -484,6 +489,14 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   *wild_drift = *good;
   wild_drift->set_band(5);
   wild_drift->set_seconds_drift(kSecondsDriftMax + 1);
+  v1::LearnedCell* wild_share = w.add_cells();  // a share of a step is in [0, 1]
+  *wild_share = *good;
+  wild_share->set_band(6);
+  wild_share->set_straggler_share(1.5);
+  v1::LearnedCell* nan_share = w.add_cells();
+  *nan_share = *good;
+  nan_share->set_band(7);
+  nan_share->set_straggler_share(std::nan(""));
   w.mutable_switch_cost()->set_seconds(0.5);
   w.mutable_switch_cost()->set_weight(-2);
   w.mutable_switch_cost()->set_last_step(5);
@@ -496,6 +509,9 @@ TEST(LearnedTableTest, DropsBadCellsAndBadSwitchCosts) {
   EXPECT_EQ(t.pair(2).last_step, -1);
   EXPECT_EQ(t.pair(3).last_step, -1);
   EXPECT_EQ(t.cell(5, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.cell(6, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.cell(7, Mode::kSequenceParallel).last_step, -1);
+  EXPECT_EQ(t.cell(1, Mode::kSequenceParallel).straggler_share, -1) << "unset: none known";
   EXPECT_EQ(t.switch_cost().last_step, -1);
   EXPECT_EQ(t.SwitchCostSeconds(), 0.0);
   // The prior: a negative sum drops the sums, a negative shape the declared inputs; the

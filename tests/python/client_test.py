@@ -1,7 +1,7 @@
 """The spgate Python package (spgate._spgate over the C++ client): every call, every error
 path (exception class, status code, the argument named in the message), context-manager
 close, the 24-byte wire, the group's telemetry reduced into the leader over a Python
-reduce (120 bytes) or each rank's own client (group_session=False), a follower's client
+reduce (128 bytes and the ranks' busy times) or each rank's own client (group_session=False), a follower's client
 refused with a controller in a group session, a live spgated on loopback (daemon
 decisions, telemetry acknowledged, its /metrics agreeing), TLS/mTLS against a daemon with
 generated certificates, the worker token of a daemon run with --worker_token_file, a missing
@@ -288,8 +288,9 @@ class LocalClientTest(SpgateTestCase):
                           "adaptive_min_samples": 8, "adaptive_margin": 0.01,
                           "adaptive_explore_share": 0.03, "adaptive_explore_floor": 0.0025,
                           "adaptive_change_threshold": 0.05, "adaptive_explore_boost_steps": 200,
-                          "adaptive_flip_interval_steps": 50})
-        self.assertEqual(len(cfg), 2 + 19, sorted(cfg))  # version, effective_from_step + fields
+                          "adaptive_flip_interval_steps": 50,
+                          "adaptive_straggler_share": 0.1})
+        self.assertEqual(len(cfg), 2 + 20, sorted(cfg))  # version, effective_from_step + fields
         self.assertEqual(c.take_decision_latencies(), [])
         c.close()
 
@@ -481,8 +482,14 @@ class LocalClientTest(SpgateTestCase):
                                                 reason=Reason.LENGTH_CV, step_time_s=0.5))
         # Or its fields as keywords, as the deciders take them; not both at once.
         c.report_telemetry(step=1, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
-                           step_time_s=0.5, effective_tokens=64)
+                           step_time_s=0.5, effective_tokens=64, all_reduce_s=0.1)
         self.assertEqual(c.stats().telemetry_reported, 2)
+        self.assertEqual(spgate.StepTelemetry(step=1, mode=Mode.TENSOR_PARALLEL_ONLY,
+                                              reason=Reason.LENGTH_CV, step_time_s=0.5,
+                                              all_reduce_s=0.2).all_reduce_s, 0.2)
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "telemetry.all_reduce_s"):
+            c.report_telemetry(step=2, mode=Mode.TENSOR_PARALLEL_ONLY, reason=Reason.LENGTH_CV,
+                               step_time_s=0.5, all_reduce_s=0.6)
         for bad, words in (((), "a spgate.StepTelemetry or its fields"),
                            (({"step": 1},), "telemetry must be a spgate.StepTelemetry, got dict")):
             with self.assertRaisesRegex(TypeError, "report_telemetry: " + words):
@@ -762,8 +769,9 @@ class ScriptedDaemonTest(SpgateTestCase):
 
 
 def unpack_wire(buf):
-    """The 15 little-endian float64 of a 120-byte telemetry wire."""
-    return list(struct.unpack("<15d", bytes(buf)))
+    """The little-endian float64s of a telemetry wire: 16 (128 bytes), then the ranks' busy
+    times."""
+    return list(struct.unpack("<%dd" % (len(buf) // 8), bytes(buf)))
 
 
 class NativeGroupDeciderTest(SpgateTestCase):
@@ -834,28 +842,41 @@ class NativeGroupDeciderTest(SpgateTestCase):
             decider.submit_plan(1, MIXED)
 
     def test_the_leader_reports_the_groups_maximum(self):
-        """Two ranks in one thread: the follower's reduce (a contributor) hands its 120
-        bytes over; the leader's reduce takes the element-wise maximum into its buffer, and
-        its client queues one record for the group."""
+        """Two ranks in one thread: the follower's reduce (a contributor) hands its 144
+        bytes over (the 128-byte record and both ranks' busy times, its own in its slot);
+        the leader's reduce takes the element-wise maximum into its buffer, and its client
+        queues one record for the group."""
         c = spgate.Client(job_id="x", group_size=2)
-        contributed, seen = [], []
+        contributed, seen, busy = [], [], []
 
         def follower_reduce(buf, root):
-            self.assertEqual((len(buf), root), (120, 0))
+            self.assertEqual((len(buf), root), (144, 0))
             contributed.append(unpack_wire(buf))
+            busy.append(contributed[-1][16:])  # the leader's slot 0, its own in slot 1
 
         def leader_reduce(buf, root):
             seen.append(unpack_wire(buf))
-            buf[:] = struct.pack("<15d", *map(max, unpack_wire(buf), contributed.pop(0)))
+            buf[:] = struct.pack("<18d", *map(max, unpack_wire(buf), contributed.pop(0)))
         leader = spgate.GroupDecider(c, 0, lambda buf, root: None, leader_reduce)
-        follower = spgate.GroupDecider(None, 1, lambda buf, root: None, follower_reduce)
+        # A follower without a Client names the group's size (its slot among the busy times).
+        with self.assertRaisesCode(spgate.InvalidArgumentError, 3, "group_size: a rank that "
+                                   "reduces"):
+            spgate.GroupDecider(None, 1, lambda buf, root: None, follower_reduce)
+        follower = spgate.GroupDecider(None, 1, lambda buf, root: None, follower_reduce,
+                                       group_size=2)
         sp, ok = Mode.SEQUENCE_PARALLEL, Reason.GATES_PASSED
         follower.report_telemetry(spgate.StepTelemetry(step=3, mode=sp, reason=ok,
-                                                       step_time_s=0.5, peak_memory_bytes=7))
+                                                       step_time_s=0.5, peak_memory_bytes=7,
+                                                       rs_wait_s=0.1))
         leader.report_telemetry(step=3, mode=sp, reason=ok, step_time_s=0.2,
                                 peak_memory_bytes=9)
         self.assertEqual(len(seen), 1)
         self.assertEqual(seen[0][0], 3.0)  # the step comes first
+        self.assertEqual(len(seen[0]), 18)
+        self.assertEqual(seen[0][16:], [0.2, 0.0])  # the leader's own, before the maximum
+        self.assertEqual(len(busy), 1)
+        self.assertEqual(busy[0][0], 0.0)
+        self.assertAlmostEqual(busy[0][1], 0.4)  # the follower's busy time: 0.5 - 0.1
         self.assertEqual(c.stats().telemetry_reported, 1)
         # Ranks that ran different modes: the leader refuses the group's record.
         follower.report_telemetry(spgate.StepTelemetry(
@@ -882,7 +903,7 @@ class NativeGroupDeciderTest(SpgateTestCase):
             raise RuntimeError("boom")
         with self.assertRaisesCode(spgate.Error, 13, "reduce failed.*boom"):
             spgate.GroupDecider(c, 0, lambda buf, root: None, boom).report_telemetry(t)
-        with self.assertRaisesCode(spgate.Error, 13, "120-byte"):
+        with self.assertRaisesCode(spgate.Error, 13, "144-byte"):
             spgate.GroupDecider(c, 0, lambda buf, root: None,
                                 lambda buf, root: buf.clear()).report_telemetry(t)
         self.assertEqual(c.stats().telemetry_reported, 0)

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -320,6 +321,88 @@ TEST_F(GateStateTest, TheSlowestRankIsTheOneTheOthersWaitedFor) {
   job = state->GetJob("j");
   EXPECT_EQ(job->groups(0).slowest_rank(), 1);
   EXPECT_DOUBLE_EQ(job->groups(0).slowest_step_time_s(), 1.2);
+}
+
+// A straggler's step (docs/design.md §11, "Straggler steps") from per-rank records: the
+// daemon reads each rank's busy time (step time less its timed collectives) and the step's
+// delay (the slowest rank's lead over the median rank). Four ranks, SP steps of 1 s where
+// the ranks are busy 0.88-0.90 s; step 6 takes 1.4 s with rank 2 busy 1.3 s: not learned,
+// counted. Once a TP-only step arrives without its all-reduce time, delays are no longer
+// known for the job, and the same straggler's step is learned.
+TEST_F(GateStateTest, AStragglersStepFromRankRecordsIsNotLearned) {
+  auto state = Make();
+  std::vector<std::shared_ptr<Session>> s;
+  for (int rank = 0; rank < 4; ++rank) {
+    auto r = state->Register(Reg("j", 0, rank, 4));
+    ASSERT_THAT(r.status(), IsOk());
+    auto a = state->AttachSession(r->session_id(), std::weak_ptr<SessionSink>());
+    ASSERT_THAT(a.status(), IsOk());
+    s.push_back(*a);
+  }
+  auto run = [&](int64_t step, v1::Mode mode, double step_s, std::vector<double> waits,
+                 double all_reduce_s = 0) {
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk()) << step;
+    for (int rank = 0; rank < 4; ++rank) {
+      v1::StepTelemetry t = Tel("j", 0, rank, step, mode, step_s,
+                                mode == v1::SEQUENCE_PARALLEL ? waits[rank] : 0);
+      t.set_all_reduce_s(all_reduce_s);
+      ASSERT_THAT(state->RecordTelemetry(*s[rank], t), IsOk()) << step << " " << rank;
+    }
+  };
+  const GateConfig c;
+  const int band = BandOf(c, 0.0, 1000);
+  auto sp_weight = [&] {
+    return spgate::FromProto(state->GetJob("j")->learned())
+        .cell(band, Mode::kSequenceParallel).weight;
+  };
+  auto counted = [&](int n) {
+    return HasSubstr(absl::StrCat("spgate_adaptive_straggler_steps_total{job_id=\"j\"} ", n));
+  };
+  for (int64_t step = 0; step < 6; ++step) {
+    run(step, v1::SEQUENCE_PARALLEL, 1.0, {0.10, 0.11, 0.12, 0.10});
+  }
+  const double clean = sp_weight();
+  EXPECT_GT(clean, 5.9);
+  run(6, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
+  EXPECT_EQ(sp_weight(), clean) << "the straggler's step is not learned";
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()), counted(1));
+  run(7, v1::SEQUENCE_PARALLEL, 1.0, {0.10, 0.11, 0.12, 0.10});
+  EXPECT_GT(sp_weight(), clean) << "the next clean step is";
+
+  run(8, v1::TENSOR_PARALLEL_ONLY, 0.9, {}, /*all_reduce_s=*/0);  // untimed: the rule is off
+  const double before = sp_weight();
+  run(9, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
+  EXPECT_GT(sp_weight(), before);
+  EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()), counted(1));
+}
+
+// A group record carries its leader's delay (GroupDecider gathers the ranks' busy times):
+// the daemon takes it as sent, per step and per micro-batch alike.
+TEST_F(GateStateTest, AGroupRecordsStragglerDelayIsTakenAsSent) {
+  auto state = Make();
+  v1::RegisterRequest leader = Reg("j", 0, 0, 4);
+  leader.set_group_session(true);
+  auto r0 = state->Register(leader);
+  ASSERT_THAT(r0.status(), IsOk());
+  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  ASSERT_THAT(s0.status(), IsOk());
+  const int band = BandOf(GateConfig{}, 0.0, 1000);
+  auto weight = [&] {
+    return spgate::FromProto(state->GetJob("j")->learned())
+        .cell(band, Mode::kSequenceParallel).weight;
+  };
+  for (int64_t step = 0; step < 6; ++step) {
+    v1::Decision d;
+    ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk());
+    v1::StepTelemetry t = Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, step == 5 ? 1.5 : 1.0,
+                              0.1);
+    t.set_ranks(4);
+    t.set_straggler_s(step == 5 ? 0.5 : 0.01);
+    ASSERT_THAT(state->RecordTelemetry(**s0, t), IsOk());
+    if (step == 4) EXPECT_GT(weight(), 4.9);
+  }
+  EXPECT_LT(weight(), 5.1) << "step 5 (a third of it a straggler's) is not learned";
 }
 
 // A leader's group session speaks for its group: one session counts the group's ranks,

@@ -42,6 +42,7 @@ struct Run {
   std::vector<GroupPolicyState> units;         // [replica × pp + stage]
   std::vector<ThroughputTable> tables;         // [stage]
   std::vector<std::deque<GroupStepSample>> pending;  // [stage]: not yet visible
+  StragglerSignal stragglers;
   std::vector<std::optional<Mode>> last_mode;  // [unit]
   std::vector<char> last_probe;                // [unit]: its last micro-batch was a probe
   std::vector<int64_t> stage_tp, stage_decisions;
@@ -121,6 +122,7 @@ StageMicrobatchCost WholeStepCost(const CostModel& model, std::span<const int64_
   c.memory = {.activation_sp = mem.sp - resident, .activation_tp = mem.tp - resident};
   c.tokens = sp.effective_tokens;
   c.padded_tokens = runtime::SpPaddedTokens(c.tokens, tp);
+  c.straggler_s = {sp.straggler_s(), tpo.straggler_s()};
   return c;
 }
 
@@ -381,7 +383,10 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
            .all_gather_s = c.all_gather_s_sp,
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
            .probe = x.probe[s][m] != 0, .after_switch = x.switched[s][m] != 0,
-           .exploration = x.exploration[s][m] != 0, .forced = x.forced[s][m] != 0});
+           .exploration = x.exploration[s][m] != 0, .forced = x.forced[s][m] != 0,
+           // every collective is timed here (StragglerSignal, as the daemon's)
+           .straggler_s = r.stragglers.Known(x.modes[s][m], true,
+                                             c.straggler_s[ModeIndex(x.modes[s][m])])});
     }
     r.units[static_cast<size_t>(gi) * cell.P + s].ObserveRsWaitShare(
         k, any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly,

@@ -5,9 +5,12 @@
 #include <tuple>
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "policy/telemetry.h"
 #include "worker/runtime/batching.h"
 
 namespace spgate::sim {
@@ -296,6 +299,12 @@ StepTerms CostModel::Terms(double T, double sum_sq, Mode mode) const {
   return x;
 }
 
+double GroupStep::straggler_s() const {
+  absl::InlinedVector<double, 16> busy;
+  for (const RankStep& r : ranks) busy.push_back(r.busy_s);
+  return StragglerSeconds(std::span<double>(busy.data(), busy.size()));
+}
+
 GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19937_64& rng,
                           int64_t step) const {
   const int t = p_.tp;
@@ -335,6 +344,8 @@ GroupStep CostModel::Step(std::span<const int64_t> lengths, Mode mode, std::mt19
       r.rs_wait_s = x.reduce_scatter_s + (slowest - r.busy_s);
       r.all_gather_s = x.all_gather_s;
       r.norm_stall_s = x.norm_gather_s;
+    } else {
+      r.all_reduce_s = x.all_reduce_s + (slowest - r.busy_s);
     }
     out.group_rs_wait_share = std::max(out.group_rs_wait_share, r.rs_wait_s / out.step_time_s);
   }

@@ -115,6 +115,7 @@ struct RankStep {
   double rs_wait_s = 0;     // inside reduce-scatter calls (transfer + waiting for peers)
   double all_gather_s = 0;  // the layers' all-gathers (not the norm boundary's)
   double norm_stall_s = 0;  // collectives that exist only because LayerNorm left the shard
+  double all_reduce_s = 0;  // inside all-reduce calls (TP-only: transfer + waiting for peers)
   double busy_s = 0;        // this rank's own work
 };
 
@@ -135,6 +136,8 @@ struct GroupStep {
     return s;
   }
   double group_rs_wait_s() const { return group_rs_wait_share * step_time_s; }
+  // The slowest rank's busy time beyond the median rank's (StragglerSeconds).
+  double straggler_s() const;
 };
 
 struct MemoryPrediction {

@@ -113,6 +113,7 @@ StageMicrobatchCost PipelineCostModel::Cost(int stage, std::span<const int64_t> 
   c.rs_wait_share_sp = layer_step[0].group_rs_wait_share;
   c.all_gather_s_sp = layer_step[0].group_all_gather_s();
   c.memory = Memory(stage, lengths);
+  c.straggler_s = {layer_step[0].straggler_s(), layer_step[1].straggler_s()};
   const double t = p_.tp, h = p_.hidden, V = p_.vocab;
   const double flops = p_.device_tflops * 1e12 * p_.mfu;
   const double hbm = p_.hbm_gbps * 1e9;

@@ -55,6 +55,7 @@ struct StageMicrobatchCost {
   MicrobatchMemory memory;             // per model chunk, as DecideStagePlan takes it
   int64_t tokens = 0;                  // effective tokens
   int64_t padded_tokens = 0;           // padded to a multiple of t (the sharded rows)
+  std::array<double, 2> straggler_s{};  // [ModeIndex]: the layers' (GroupStep::straggler_s)
 };
 
 // Per-stage costs. The transformer layers of a stage are CostModel's (--layers per

@@ -123,7 +123,8 @@ void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
          .norm_stall_s = step.ranks[r].norm_stall_s,
          .effective_tokens = step.effective_tokens,
          .padding_tokens = step.padding_tokens,
-         .peak_memory_bytes = step.peak_memory_bytes});
+         .peak_memory_bytes = step.peak_memory_bytes,
+         .all_reduce_s = step.ranks[r].all_reduce_s});
     if (!s.ok()) {
       ++sum.telemetry_errors;
       if (sum.first_error.empty()) {

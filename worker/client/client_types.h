@@ -97,6 +97,12 @@ struct StepTelemetryInput {
   int64_t effective_tokens = 0;
   int64_t padding_tokens = 0;
   uint64_t peak_memory_bytes = 0;
+  // Inside all-reduce calls (TP-only's): with the waits above, what a rank's busy time
+  // (BusySeconds) leaves out, so that its straggler rule can see TP-only's stragglers.
+  double all_reduce_s = 0;
+  // A group record's: the slowest rank's busy time less the median rank's
+  // (StragglerSeconds; GroupDecider fills it). A rank's own record leaves it 0.
+  double straggler_s = 0;
   // 0 or 1: this rank's own record. The group's size: the group's record, which only the
   // leader sends (GroupDecider::ReportTelemetry makes it): each value the largest of the
   // group's ranks, rs_wait_s and norm_stall_s the largest rank's share times step_time_s
@@ -122,7 +128,9 @@ inline StepTelemetryValues TelemetryValues(const StepTelemetryInput& t) {
           .all_gather_s = t.all_gather_s,
           .norm_stall_s = t.norm_stall_s,
           .effective_tokens = t.effective_tokens,
-          .padding_tokens = t.padding_tokens};
+          .padding_tokens = t.padding_tokens,
+          .all_reduce_s = t.all_reduce_s,
+          .straggler_s = t.straggler_s};
 }
 
 }  // namespace spgate::client

@@ -22,7 +22,7 @@ namespace {
 // matters too is also sent negated.
 enum TelemetrySlot : int {
   kStep, kNegStep, kMode, kNegMode, kReason, kNegReason, kRefused,
-  kStepTime, kRsShare, kAllGather, kNormShare, kTokens, kPadding,
+  kStepTime, kRsShare, kAllGather, kNormShare, kAllReduceShare, kTokens, kPadding,
   kPeakKey,      // peak_memory_bytes with the rank in its low bits
   kBusyKey,      // BusySeconds with the rank in its low bits: the slowest rank
 };
@@ -78,11 +78,13 @@ TelemetryWire ToTelemetryWire(const StepTelemetryInput& t, int rank_in_group, bo
   w.v[kRsShare] = Share(t.rs_wait_s, t.step_time_s);
   w.v[kAllGather] = t.all_gather_s;
   w.v[kNormShare] = Share(t.norm_stall_s, t.step_time_s);
+  w.v[kAllReduceShare] = Share(t.all_reduce_s, t.step_time_s);
   w.v[kTokens] = static_cast<double>(t.effective_tokens);
   w.v[kPadding] = static_cast<double>(t.padding_tokens);
   w.v[kPeakKey] = WithRank(static_cast<double>(t.peak_memory_bytes), rank);
   w.v[kBusyKey] = WithRank(
-      BusySeconds(t.step_time_s, t.rs_wait_s, t.all_gather_s, t.norm_stall_s), rank);
+      BusySeconds(t.step_time_s, t.rs_wait_s, t.all_gather_s, t.norm_stall_s, t.all_reduce_s),
+      rank);
   return w;
 }
 
@@ -118,6 +120,7 @@ absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r
   t.rs_wait_s = r.v[kRsShare] * step_time;
   t.all_gather_s = r.v[kAllGather];
   t.norm_stall_s = r.v[kNormShare] * step_time;
+  t.all_reduce_s = r.v[kAllReduceShare] * step_time;
   t.effective_tokens = static_cast<int64_t>(r.v[kTokens]);
   t.padding_tokens = static_cast<int64_t>(r.v[kPadding]);
   t.peak_memory_bytes = static_cast<uint64_t>(std::round(peak));
@@ -169,7 +172,7 @@ absl::StatusOr<GateDecision> FromWire(const DecisionWire& w) {
 }
 
 // Per micro-batch id: mode, 3 - mode (the maximum of each catches ranks that ran it in
-// different modes), forward, backward, reduce-scatter, all-gather, tokens.
+// different modes), forward, backward, reduce-scatter, all-gather, tokens, all-reduce.
 void PackMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
                              std::span<double> slots) {
   std::fill(slots.begin(), slots.end(), 0.0);
@@ -182,6 +185,37 @@ void PackMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
     v[4] = m.rs_wait_s;
     v[5] = m.all_gather_s;
     v[6] = static_cast<double>(m.effective_tokens);
+    v[7] = m.all_reduce_s;
+  }
+}
+
+size_t StragglerSlots(int group_size, int microbatches) {
+  const auto n = static_cast<size_t>(std::max(group_size, 0));
+  const size_t per_microbatch = static_cast<size_t>(std::max(microbatches, 0)) * n;
+  return n + (per_microbatch <= kMaxStragglerBusyValues ? per_microbatch : 0);
+}
+
+void PackStragglerSlots(const StepTelemetryInput& t, int rank_in_group, int group_size,
+                        std::span<double> slots) {
+  std::fill(slots.begin(), slots.end(), 0.0);
+  const auto n = static_cast<size_t>(group_size), rank = static_cast<size_t>(rank_in_group);
+  if (rank >= n || slots.size() < n) return;
+  slots[rank] = BusySeconds(t.step_time_s, t.rs_wait_s, t.all_gather_s, t.norm_stall_s,
+                            t.all_reduce_s);
+  if (slots.size() < n * (1 + t.microbatches.size())) return;  // past the bound: none
+  for (const MicrobatchTelemetryValues& m : t.microbatches) {
+    slots[n * (1 + static_cast<size_t>(m.id)) + rank] =
+        BusySeconds(m.compute_s(), m.rs_wait_s, m.all_gather_s, 0, m.all_reduce_s);
+  }
+}
+
+void StragglersFromReduced(std::span<double> slots, int group_size, StepTelemetryInput& group) {
+  const auto n = static_cast<size_t>(group_size);
+  if (n == 0 || slots.size() < n) return;
+  group.straggler_s = StragglerSeconds(slots.first(n));
+  if (slots.size() < n * (1 + group.microbatches.size())) return;
+  for (MicrobatchTelemetryValues& m : group.microbatches) {
+    m.straggler_s = StragglerSeconds(slots.subspan(n * (1 + static_cast<size_t>(m.id)), n));
   }
 }
 
@@ -204,7 +238,8 @@ absl::StatusOr<std::vector<MicrobatchTelemetryValues>> MicrobatchesFromReduced(
                                     .backward_s = v[3],
                                     .rs_wait_s = v[4],
                                     .all_gather_s = v[5],
-                                    .effective_tokens = static_cast<int64_t>(v[6])};
+                                    .effective_tokens = static_cast<int64_t>(v[6]),
+                                    .all_reduce_s = v[7]};
   }
   return out;
 }
@@ -318,11 +353,21 @@ constexpr size_t kVerdictHead = sizeof(CreateVerdict);
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::CreateLocal(GateClient* client,
                                                                         int rank_in_group,
                                                                         BroadcastFn broadcast,
-                                                                        MaxReduceFn reduce) {
+                                                                        MaxReduceFn reduce,
+                                                                        int group_size) {
   if (!broadcast) return absl::InvalidArgumentError("broadcast function is empty");
   RETURN_IF_ERROR(CheckCreateArguments(client, rank_in_group, static_cast<bool>(reduce)));
-  return std::unique_ptr<GroupDecider>(
-      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
+  if (group_size == 0 && client != nullptr) group_size = client->options().group_size;
+  if (reduce && (group_size < 1 || group_size > kMaxTelemetryWireRanks ||
+                 rank_in_group >= group_size)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group_size: a rank that reduces the group's telemetry needs the group's size, in "
+        "[rank_in_group + 1, %d] (here %d; 0 takes the client's, and this rank has none), "
+        "got %d",
+        kMaxTelemetryWireRanks, rank_in_group + 1, group_size));
+  }
+  return std::unique_ptr<GroupDecider>(new GroupDecider(
+      client, rank_in_group, group_size, std::move(broadcast), std::move(reduce)));
 }
 
 absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* client,
@@ -380,8 +425,8 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::Create(GateClient* c
     }
   }
   RETURN_IF_ERROR(own);
-  return std::unique_ptr<GroupDecider>(
-      new GroupDecider(client, rank_in_group, std::move(broadcast), std::move(reduce)));
+  return std::unique_ptr<GroupDecider>(new GroupDecider(
+      client, rank_in_group, v.group_size, std::move(broadcast), std::move(reduce)));
 }
 
 absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
@@ -414,11 +459,16 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
         "micro-batch records");
   }
   constexpr int kHead = TelemetryWire::kSlots;
-  reduce_buffer_.assign(static_cast<size_t>(kHead + kMicrobatchTelemetrySlots * m), 0.0);
+  const size_t records = static_cast<size_t>(kMicrobatchTelemetrySlots) * static_cast<size_t>(m);
+  reduce_buffer_.assign(kHead + records + StragglerSlots(group_size_, m), 0.0);
   const TelemetryWire head = ToTelemetryWire(t, rank_in_group_, valid.ok());
   std::copy(std::begin(head.v), std::end(head.v), reduce_buffer_.begin());
-  const std::span<double> tail = std::span<double>(reduce_buffer_).subspan(kHead);
-  if (valid.ok()) PackMicrobatchTelemetry(t.microbatches, tail);
+  const std::span<double> tail = std::span<double>(reduce_buffer_).subspan(kHead, records);
+  const std::span<double> busy = std::span<double>(reduce_buffer_).subspan(kHead + records);
+  if (valid.ok()) {
+    PackMicrobatchTelemetry(t.microbatches, tail);
+    PackStragglerSlots(t, rank_in_group_, group_size_, busy);
+  }
   if (absl::Status s = reduce_(std::span<double>(reduce_buffer_), 0); !s.ok()) return s;
   if (!valid.ok() || !is_leader()) return valid;
   TelemetryWire reduced;
@@ -429,6 +479,7 @@ absl::Status GroupDecider::ReportTelemetry(const StepTelemetryInput& t) {
   if (m > 0) {
     ASSIGN_OR_RETURN(group->microbatches, MicrobatchesFromReduced(tail, m, group->step));
   }
+  StragglersFromReduced(busy, group_size_, *group);
   return SendGroupRecord(*std::move(group));
 }
 

@@ -75,17 +75,17 @@ absl::Status LeaderFailure(int32_t status_code, int64_t step);
 // of a step plan, mode << 4 | reason (docs/design.md §12); none for a plain plan.
 using BroadcastFn = std::function<absl::Status(std::span<uint8_t> bytes, int root)>;
 
-// The in-group telemetry payload (docs/design.md §2): 15 doubles, 120 bytes. Every rank
+// The in-group telemetry payload (docs/design.md §2): 16 doubles, 128 bytes. Every rank
 // packs its own record and the group takes the element-wise maximum, which yields each
 // value's largest over the ranks, with the rank of the highest peak memory and the slowest
 // rank (the most time outside collective waits, BusySeconds) carried in the low bits of
 // those two values, and the largest and smallest step, mode and reason (so a group whose
 // ranks disagree is caught).
 struct TelemetryWire {
-  static constexpr int kSlots = 15;
+  static constexpr int kSlots = 16;
   double v[kSlots] = {};
 };
-static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWire) == 120);
+static_assert(std::is_trivially_copyable_v<TelemetryWire> && sizeof(TelemetryWire) == 128);
 // The largest group the payload's rank bits can name.
 inline constexpr int kMaxTelemetryWireRanks = 4096;
 
@@ -103,9 +103,20 @@ absl::StatusOr<StepTelemetryInput> GroupTelemetryFromWire(const TelemetryWire& r
 // `root`'s (MPI_Reduce with MPI_MAX over values.size() doubles, or an all-reduce: the other
 // ranks' may be left as they were). A step's telemetry travels in it: the TelemetryWire's
 // slots, then kMicrobatchTelemetrySlots per micro-batch of a step plan (docs/design.md
-// §12), none for a plain plan, in one collective.
+// §12), none for a plain plan, then the ranks' busy times (StragglerSlots), in one
+// collective.
 using MaxReduceFn = std::function<absl::Status(std::span<double> values, int root)>;
-inline constexpr int kMicrobatchTelemetrySlots = 7;
+inline constexpr int kMicrobatchTelemetrySlots = 8;
+
+// After the micro-batch records, each rank's busy time (BusySeconds) in its own slot, the
+// others 0, so that the maximum is every rank's: `group_size` slots for the step, then as
+// many per micro-batch while micro-batches × ranks is within kMaxStragglerBusyValues. The
+// leader takes the group's straggler delays (StragglerSeconds) from them.
+size_t StragglerSlots(int group_size, int microbatches);
+void PackStragglerSlots(const StepTelemetryInput& t, int rank_in_group, int group_size,
+                        std::span<double> slots);
+// Sets `group`'s straggler_s, and its micro-batches' where their slots were sent.
+void StragglersFromReduced(std::span<double> slots, int group_size, StepTelemetryInput& group);
 
 // A rank's micro-batch records (valid: ids in [0, slots.size() / kMicrobatchTelemetrySlots))
 // as reduction slots, at slot id × kMicrobatchTelemetrySlots.
@@ -142,10 +153,13 @@ class GroupDecider {
   // This rank's checks alone, without the collective: for a caller that agrees on every
   // rank's outcome with a collective of its own (spgate.torch.GroupDecider all-reduces
   // every rank's refusal before its followers make theirs).
+  // `group_size`: the group's ranks, which a rank with `reduce` must know (its telemetry
+  // gathers every rank's busy time); 0 takes the client's group_size.
   static absl::StatusOr<std::unique_ptr<GroupDecider>> CreateLocal(GateClient* client,
                                                                    int rank_in_group,
                                                                    BroadcastFn broadcast,
-                                                                   MaxReduceFn reduce = {});
+                                                                   MaxReduceFn reduce = {},
+                                                                   int group_size = 0);
   static constexpr size_t kCreateVerdictBytes = 256;
 
   bool is_leader() const { return rank_in_group_ == 0; }
@@ -183,9 +197,11 @@ class GroupDecider {
   absl::Status ReportTelemetry(const StepTelemetryInput& telemetry);
 
  private:
-  GroupDecider(GateClient* client, int rank_in_group, BroadcastFn broadcast, MaxReduceFn reduce)
+  GroupDecider(GateClient* client, int rank_in_group, int group_size, BroadcastFn broadcast,
+               MaxReduceFn reduce)
       : client_(client),
         rank_in_group_(rank_in_group),
+        group_size_(group_size),
         broadcast_(std::move(broadcast)),
         reduce_(std::move(reduce)) {}
 
@@ -194,6 +210,9 @@ class GroupDecider {
 
   GateClient* client_;
   int rank_in_group_;
+  // The group's ranks: each has a slot in the reduction for its busy times, from which
+  // the leader takes the group's straggler delays (StragglerSeconds).
+  int group_size_;
   BroadcastFn broadcast_;
   MaxReduceFn reduce_;
   // The micro-batches per step the last Decide was called with (every rank passes the

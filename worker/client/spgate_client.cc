@@ -214,6 +214,7 @@ spgate::client::StepTelemetryInput Telemetry(const spgate_telemetry& t) {
   in.effective_tokens = t.effective_tokens;
   in.padding_tokens = t.padding_tokens;
   in.peak_memory_bytes = t.peak_memory_bytes;
+  in.all_reduce_s = t.all_reduce_s;
   return in;
 }
 
@@ -233,7 +234,8 @@ spgate::client::StepTelemetryInput StepTelemetry(const spgate_telemetry& t,
          .backward_s = m.backward_s,
          .rs_wait_s = m.rs_wait_s,
          .all_gather_s = m.all_gather_s,
-         .effective_tokens = m.effective_tokens});
+         .effective_tokens = m.effective_tokens,
+         .all_reduce_s = m.all_reduce_s});
   }
   return in;
 }

@@ -132,6 +132,9 @@ typedef struct spgate_telemetry {
   int64_t effective_tokens;
   int64_t padding_tokens;
   uint64_t peak_memory_bytes;
+  /* Inside all-reduce calls (TP-only's): the straggler rule (docs/design.md §11) reads a
+   * TP-only step's stragglers from it; leave it 0 and the rule stays off for the job. */
+  double all_reduce_s;
 } spgate_telemetry;
 
 typedef struct spgate_client_stats {
@@ -193,10 +196,11 @@ typedef int32_t (*spgate_broadcast_fn)(void* buf, size_t size, int32_t root, voi
 
 /* Element-wise maximum of `count` doubles at `values` over the ranks of the TP group into
  * rank `root`'s `values` (MPI_Reduce with MPI_MAX, or an all-reduce with MAX: the other
- * ranks' values may be left as they were). One call per step's telemetry: count is 15 (the
- * 120-byte in-group payload, TelemetryWire in group_decider.h) plus, after a step plan,
- * 7 per micro-batch; every rank calls with the same count, and only the leader decodes the
- * result. Return 0 on success. */
+ * ranks' values may be left as they were). One call per step's telemetry: count is 16 (the
+ * 128-byte in-group payload, TelemetryWire in group_decider.h) plus, after a step plan,
+ * 8 per micro-batch, then one per rank of the group (its busy time) and, while
+ * micro-batches x ranks is at most 4,096, one per rank per micro-batch; every rank calls
+ * with the same count, and only the leader decodes the result. Return 0 on success. */
 typedef int32_t (*spgate_reduce_max_fn)(double* values, size_t count, int32_t root,
                                         void* user_data);
 
@@ -366,6 +370,7 @@ typedef struct spgate_microbatch_telemetry {
   double rs_wait_s;
   double all_gather_s;
   int64_t effective_tokens;
+  double all_reduce_s; /* of those, inside all-reduce calls */
 } spgate_microbatch_telemetry;
 
 /* A step plan's step: the record and one entry per micro-batch id of the layout (`count`

@@ -154,10 +154,12 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
     st->set_effective_tokens(t.effective_tokens);
     st->set_padding_tokens(t.padding_tokens);
     st->set_peak_memory_bytes(t.peak_memory_bytes);
+    st->set_all_reduce_s(t.all_reduce_s);
     if (t.ranks > 1) {
       st->set_ranks(t.ranks);
       st->set_slowest_rank(t.slowest_rank);
       st->set_peak_memory_rank(t.peak_memory_rank);
+      st->set_straggler_s(t.straggler_s);
     }
     st->mutable_micro_batches()->Reserve(static_cast<int>(t.microbatches.size()));
     for (const MicrobatchTelemetryValues& m : t.microbatches) {
@@ -169,6 +171,8 @@ void BuildWorkerMessage(const GateClientOptions& o, const Outgoing& out, v1::Wor
       mb->set_rs_wait_s(m.rs_wait_s);
       mb->set_all_gather_s(m.all_gather_s);
       mb->set_effective_tokens(m.effective_tokens);
+      mb->set_all_reduce_s(m.all_reduce_s);
+      if (t.ranks > 1) mb->set_straggler_s(m.straggler_s);
     }
   }
   if (out.heartbeat) {

@@ -116,12 +116,14 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
   std::fill(times.begin(), times.end(), MicrobatchTimes{});
   // Adds the time since `start` and the collectives' since `before` to micro-batch i.
   const CollectiveStats& tp = stack.tp_stats();
-  auto account = [&](int i, bool forward, Clock::time_point start, double rs0, double ag0) {
+  auto account = [&](int i, bool forward, Clock::time_point start, double rs0, double ag0,
+                     double ar0) {
     if (times.empty()) return;
     MicrobatchTimes& t = times[static_cast<size_t>(i)];
     (forward ? t.forward_s : t.backward_s) += Since(start);
     t.rs_wait_s += tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer) - rs0;
     t.all_gather_s += tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer) - ag0;
+    t.all_reduce_s += tp.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer) - ar0;
   };
   if (layout.vp != 1) {
     return absl::UnimplementedError(
@@ -144,8 +146,9 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
       const auto start = Clock::now();
       const double rs0 = tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
       const double ag0 = tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
+      const double ar0 = tp.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer);
       ASSIGN_OR_RETURN(held[i], stack.Forward(mb, modes[i], input, last ? nullptr : &output));
-      account(i, /*forward=*/true, start, rs0, ag0);
+      account(i, /*forward=*/true, start, rs0, ag0, ar0);
       if (!last) RETURN_IF_ERROR(link.Send(StageLink::Direction::kForward, i, std::move(output)));
     } else {
       if (held[i] == nullptr) {
@@ -160,8 +163,9 @@ absl::Status RunStageStep(TransformerStack& stack, StageLink& link, const Pipeli
       const auto start = Clock::now();
       const double rs0 = tp.Seconds(CollectiveOp::kReduceScatter, CollectivePurpose::kLayer);
       const double ag0 = tp.Seconds(CollectiveOp::kAllGather, CollectivePurpose::kLayer);
+      const double ar0 = tp.Seconds(CollectiveOp::kAllReduce, CollectivePurpose::kLayer);
       RETURN_IF_ERROR(stack.Backward(*held[i], grad, first ? nullptr : &input_grad));
-      account(i, /*forward=*/false, start, rs0, ag0);
+      account(i, /*forward=*/false, start, rs0, ag0, ar0);
       held[i].reset();  // its activations go back to the arena
       if (!first) {
         RETURN_IF_ERROR(link.Send(StageLink::Direction::kBackward, i, std::move(input_grad)));

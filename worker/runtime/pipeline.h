@@ -68,12 +68,14 @@ class StageLink {
 
 // One micro-batch's compute on a stage in one step (docs/design.md §12): the wall time of
 // its forward and its backward calls — p2p waits and the bubble excluded, its TP
-// collectives included — and of those, the time in layer reduce-scatters and all-gathers.
+// collectives included — and of those, the time in layer reduce-scatters, all-gathers and
+// all-reduces.
 struct MicrobatchTimes {
   double forward_s = 0;
   double backward_s = 0;
   double rs_wait_s = 0;
   double all_gather_s = 0;
+  double all_reduce_s = 0;
 };
 
 // One optimizer step of stage `stage`: StageSchedule(layout, stage)'s forwards and

@@ -532,7 +532,8 @@ class RankRun {
                         .backward_s = backward_s,
                         .rs_wait_s = std::min(times[i].rs_wait_s, compute_s),
                         .all_gather_s = std::min(times[i].all_gather_s, compute_s),
-                        .effective_tokens = batches[i].tokens});
+                        .effective_tokens = batches[i].tokens,
+                        .all_reduce_s = std::min(times[i].all_reduce_s, compute_s)});
     }
     return per_mb;
   }
@@ -549,7 +550,8 @@ class RankRun {
                                     .norm_stall_s = std::min(rec.norm_stall_s, step_s),
                                     .effective_tokens = rec.tokens,
                                     .padding_tokens = rec.padding_tokens,
-                                    .peak_memory_bytes = rec.peak_bytes};
+                                    .peak_memory_bytes = rec.peak_bytes,
+                                    .all_reduce_s = std::min(rec.all_reduce_s, step_s)};
     // Only a step plan's step (a decision with micro-batches) has micro-batch records.
     if (decider_ && auto_mode()) mine.microbatches = std::move(microbatches);
     if (decider_ && o_.client.group_session) {

@@ -54,8 +54,17 @@ import torch.distributed as dist
 import spgate
 
 WIRE_BYTES = 24
-TELEMETRY_WIRE_DOUBLES = 15  # the in-group telemetry payload: 120 bytes
-MICROBATCH_TELEMETRY_DOUBLES = 7  # and a step plan's, per micro-batch
+TELEMETRY_WIRE_DOUBLES = 16  # the in-group telemetry payload: 128 bytes
+MICROBATCH_TELEMETRY_DOUBLES = 8  # and a step plan's, per micro-batch
+# Then the ranks' busy times: one per rank, and one per rank per micro-batch while
+# micro-batches x ranks is at most this (the group's straggler delays, docs/design.md §2).
+MAX_STRAGGLER_BUSY_VALUES = 4096
+
+
+def _telemetry_doubles(microbatches: int, ranks: int) -> int:
+    busy = ranks + (microbatches * ranks
+                    if microbatches * ranks <= MAX_STRAGGLER_BUSY_VALUES else 0)
+    return TELEMETRY_WIRE_DOUBLES + MICROBATCH_TELEMETRY_DOUBLES * microbatches + busy
 
 
 def _global_rank(group, group_rank: int) -> int:
@@ -100,16 +109,21 @@ def _make_broadcast(group, device: torch.device):
 
 
 def _make_reduce(group, device: torch.device):
+    ranks = dist.get_world_size(group)
+
     def reduce(buf: bytearray, root: int) -> None:
         # Called by the C++ decider on the calling thread, with the GIL held. An all-reduce
         # (every rank ends with the maximum; only the root's is read).
-        # 15 values, or a step plan's 15 + 7 per micro-batch; shares buf's memory.
+        # _telemetry_doubles(micro-batches, ranks) values; shares buf's memory.
         host = torch.frombuffer(buf, dtype=torch.float64)
-        extra = host.numel() - TELEMETRY_WIRE_DOUBLES
-        if extra < 0 or extra % MICROBATCH_TELEMETRY_DOUBLES:
-            raise ValueError("reduce: expected %d doubles and %d per micro-batch, got %d"
-                             % (TELEMETRY_WIRE_DOUBLES, MICROBATCH_TELEMETRY_DOUBLES,
-                                host.numel()))
+        n = host.numel()
+        if not any(_telemetry_doubles(m, ranks) == n
+                   for m in range(max(0, (n - TELEMETRY_WIRE_DOUBLES)
+                                      // MICROBATCH_TELEMETRY_DOUBLES) + 1)):
+            raise ValueError(
+                "reduce: expected %d doubles, %d per micro-batch and the %d ranks' busy "
+                "times, got %d" % (TELEMETRY_WIRE_DOUBLES, MICROBATCH_TELEMETRY_DOUBLES,
+                                   ranks, n))
         if device.type == "cpu":
             dist.all_reduce(host, op=dist.ReduceOp.MAX, group=group)
             return
@@ -185,7 +199,8 @@ class GroupDecider:
             own_session = None if client is None else client.group_session
             if self.rank == 0:
                 self._native = spgate.GroupDecider(client, 0, broadcast,
-                                                   reduce if own_session else None)
+                                                   reduce if own_session else None,
+                                                   group_size=self.size)
         except spgate.Error as e:
             refused = e
         # Every rank's: [the leader's group_session, 1 + the highest rank that refused, a
@@ -221,7 +236,8 @@ class GroupDecider:
                 % (not self.group_session, self.group_session))
         if self.rank != 0:
             self._native = spgate.GroupDecider(client, self.rank, broadcast,
-                                               reduce if self.group_session else None)
+                                               reduce if self.group_session else None,
+                                               group_size=self.size)
 
     @property
     def is_leader(self) -> bool:
@@ -276,7 +292,9 @@ class GroupDecider:
                          **fields) -> None:
         """This rank's own measurements of a step it ran: a spgate.StepTelemetry, or its
         fields as keywords (step, mode, reason, step_time_s, rs_wait_s, all_gather_s,
-        norm_stall_s, effective_tokens, padding_tokens, peak_memory_bytes, microbatches).
+        norm_stall_s, effective_tokens, padding_tokens, peak_memory_bytes, microbatches,
+        all_reduce_s: the time inside TP-only's all-reduces, which ADAPTIVE's straggler rule
+        needs to see TP-only's stragglers, docs/design.md §11).
 
         After decide_microbatches (a step plan), every rank gives `microbatches`: one
         spgate.MicrobatchTelemetry per micro-batch id (its compute on this stage, p2p waits

@@ -342,7 +342,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "adaptive_cv_band_width, adaptive_tokens_band_base, adaptive_half_life_steps, "
                 "adaptive_min_samples, adaptive_margin, adaptive_explore_share, "
                 "adaptive_explore_floor, adaptive_change_threshold, adaptive_explore_boost_steps, "
-                "adaptive_flip_interval_steps)"},
+                "adaptive_flip_interval_steps, adaptive_straggler_share)"},
         BadCase{"gates set --policy=dynamic", "gates set",
                 "--policy: \"dynamic\" is not a policy (STATIC or ADAPTIVE)"},
         BadCase{"gates set --clear=max_length_cv --max_length_cv=0.3", "gates set",

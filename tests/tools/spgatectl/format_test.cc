@@ -98,7 +98,8 @@ TEST(FormatGateConfig, TableShowsValuesAndWhereTheyComeFrom) {
             "adaptive_explore_floor               -  inherited\n"
             "adaptive_change_threshold            -  inherited\n"
             "adaptive_explore_boost_steps         -  inherited\n"
-            "adaptive_flip_interval_steps         -  inherited\n");
+            "adaptive_flip_interval_steps         -  inherited\n"
+            "adaptive_straggler_share             -  inherited\n");
 }
 
 TEST(FormatGateConfig, GlobalScopeNeverUpdated) {

@@ -266,7 +266,8 @@ int32_t AnyReduceMax(double* values, size_t count, int32_t root, void* user) {
 }
 
 // A step plan's telemetry through the C API: every rank's micro-batch records in the one
-// reduction (15 + 7 x 4 doubles), one record for the group on the leader's client; a rank
+// reduction (16 + 8 x 4 doubles and the two ranks' busy times, 2 + 2 x 4), one record for
+// the group on the leader's client; a rank
 // without them is refused with nobody waiting, and ranks that disagree on a micro-batch's
 // mode are INTERNAL on the leader.
 TEST(CApiTest, StepPlanTelemetryCarriesEveryMicrobatch) {
@@ -452,7 +453,7 @@ struct RankComm {
 };
 
 // A plain plan's decision is the 24-byte head alone (the creation's verdict its 256
-// bytes), its telemetry the 15 doubles alone.
+// bytes), its telemetry the 16 doubles and the group's busy times (one a rank) alone.
 int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
   if (size != sizeof(spgate::client::DecisionWire) &&
@@ -463,13 +464,14 @@ int32_t GroupBroadcast(void* buf, size_t size, int32_t root, void* user) {
   return c->group->Broadcast(c->rank, bytes, root).ok() ? 0 : 2;
 }
 
+constexpr int kGroupSize = 4;
+
 int32_t GroupReduceMax(double* values, size_t count, int32_t root, void* user) {
   const auto* c = static_cast<const RankComm*>(user);
-  if (count != spgate::client::TelemetryWire::kSlots) return 1;
+  if (count != spgate::client::TelemetryWire::kSlots + kGroupSize) return 1;
   return c->group->MaxReduce(c->rank, std::span<double>(values, count), root).ok() ? 0 : 2;
 }
 
-constexpr int kGroupSize = 4;
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
 // Rank r's measurements of step n: rank 2 is the slowest, rank 1 has the highest peak,

@@ -485,6 +485,62 @@ TEST(TelemetryWireTest, TheMaxOfTheRanksIsTheGroupsRecord) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("was refused")));
 }
 
+// The ranks' busy times travel in their own slots (each rank's, the others 0), so the
+// maximum is every rank's, and the leader takes the group's straggler delays from them:
+// the slowest rank's busy time less the median rank's (docs/design.md §2), per step and,
+// within kMaxStragglerBusyValues, per micro-batch; TP-only's all-reduce counts as a wait.
+TEST(TelemetryWireTest, StragglerSlotsGiveTheGroupsDelays) {
+  constexpr int kRanks = 4;
+  EXPECT_EQ(StragglerSlots(kRanks, 0), 4u);
+  EXPECT_EQ(StragglerSlots(kRanks, 2), 12u);
+  EXPECT_EQ(StragglerSlots(8, 512), 8u + 4096u) << "at the bound";
+  EXPECT_EQ(StragglerSlots(8, 513), 8u) << "past it: the step's alone";
+  // TP-only steps of 1 s; rank 2 busy 1.0 s (no all-reduce wait), the others 0.6 s.
+  std::vector<double> reduced(StragglerSlots(kRanks, 2), 0.0);
+  for (int rank = 0; rank < kRanks; ++rank) {
+    StepTelemetryInput t{.step = 3, .mode = Mode::kTensorParallelOnly, .step_time_s = 1.0,
+                         .all_reduce_s = rank == 2 ? 0.0 : 0.4};
+    for (int id = 0; id < 2; ++id) {
+      t.microbatches.push_back({.id = id, .mode = Mode::kTensorParallelOnly, .forward_s = 0.2,
+                                .backward_s = 0.3,
+                                .all_reduce_s = id == 1 && rank == 0 ? 0.0 : 0.1});
+    }
+    std::vector<double> mine(reduced.size(), -1.0);
+    PackStragglerSlots(t, rank, kRanks, mine);
+    for (size_t i = 0; i < mine.size(); ++i) reduced[i] = std::max(reduced[i], mine[i]);
+  }
+  StepTelemetryInput group{.microbatches = {{.id = 0}, {.id = 1}}};
+  StragglersFromReduced(reduced, kRanks, group);
+  EXPECT_NEAR(group.straggler_s, 0.4, 1e-12);
+  EXPECT_NEAR(group.microbatches[0].straggler_s, 0.0, 1e-12) << "every rank alike";
+  EXPECT_NEAR(group.microbatches[1].straggler_s, 0.1, 1e-12) << "rank 0 waited for none";
+  // Past the bound no micro-batch slots were sent: their delays stay unmeasured (0).
+  std::vector<double> step_only(kRanks, 0.7);
+  StepTelemetryInput big{.microbatches = {{.id = 0, .straggler_s = 0}}};
+  StragglersFromReduced(step_only, kRanks, big);
+  EXPECT_EQ(big.straggler_s, 0.0);
+  EXPECT_EQ(big.microbatches[0].straggler_s, 0.0);
+}
+
+// A rank that reduces must know the group's size (its slot among the busy times): the
+// client's, or the one CreateLocal is given.
+TEST(GroupDeciderTest, CreateLocalNeedsTheGroupsSizeToReduce) {
+  InMemoryBroadcast group(4, absl::Seconds(1));
+  EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 2, group.ForRank(2), group.ReduceForRank(2)),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("group_size: a rank that reduces the group's telemetry needs "
+                                 "the group's size, in [rank_in_group + 1, 4096] (here 3")));
+  EXPECT_THAT(
+      GroupDecider::CreateLocal(nullptr, 2, group.ForRank(2), group.ReduceForRank(2), 2),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("got 2")));
+  EXPECT_THAT(
+      GroupDecider::CreateLocal(nullptr, 2, group.ForRank(2), group.ReduceForRank(2), 4)
+          .status(),
+      IsOk());
+  EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 2, group.ForRank(2)).status(), IsOk())
+      << "no reduction: no size needed";
+}
+
 // Ranks are threads. The leader's (local-only) client gets one record a step for the group,
 // and its fallback the group's wait share; a rank's bad record fails that rank and the
 // leader, nobody waits forever, and the next step goes on.
