@@ -133,8 +133,8 @@ int main(int argc, char** argv) {
     std::printf("|---|---:|---:|---:|---:|\n");
     std::printf("| baseline: allreduce of 1 double | %.0f | %.0f | %.0f | 1.00 |\n", mine[0], mine[2],
                 worst_base);
-    std::printf("| group: ReportTelemetry, allreduce of 15 | %.0f | %.0f | %.0f | %.2f |\n", mine[1],
-                mine[3], worst_group, mine[1] / mine[0]);
+    std::printf("| group: ReportTelemetry, allreduce of %d | %.0f | %.0f | %.0f | %.2f |\n",
+                TelemetryWire::kSlots + size, mine[1], mine[3], worst_group, mine[1] / mine[0]);
     if (reported != static_cast<int64_t>(steps) * rounds) {
       std::fprintf(stderr, "expected %lld group records\n",
                    static_cast<long long>(steps) * rounds);

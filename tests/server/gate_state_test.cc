@@ -12,7 +12,9 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,7 @@
 #include "prometheus/text_serializer.h"
 #include "proto/convert.h"
 #include "server/audit_log.h"
+#include "server/gate_state_internal.h"
 #include "server/identity.h"
 #include "server/persistence.h"
 #include "tests/server/state_harness.h"
@@ -375,6 +378,45 @@ TEST_F(GateStateTest, AStragglersStepFromRankRecordsIsNotLearned) {
   run(9, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
   EXPECT_GT(sp_weight(), before);
   EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()), counted(1));
+}
+
+// A step plan's rank records: each rank's compute per micro-batch lands in its own column
+// (its arrival's, as its step busy time), so each micro-batch's delay is its ranks'
+// StragglerSeconds; a group record's delays are taken as sent, and micro-batches × ranks
+// past kMaxStragglerBusyValues keep no busy times.
+TEST(PendingStepTest, MicrobatchBusyTimesByRank) {
+  gate_state_internal::PendingStep p;
+  constexpr size_t kRanks = 4;
+  for (size_t rank = 0; rank < kRanks; ++rank) {
+    std::vector<MicrobatchTelemetryValues> mbs;
+    for (int id = 0; id < 2; ++id) {
+      // Micro-batch 1: rank 3 computes 0.5 s where the others compute 0.3 s and wait
+      // 0.2 s in TP-only's all-reduce.
+      const bool slow = id == 1 && rank == 3;
+      mbs.push_back({.id = id, .mode = Mode::kTensorParallelOnly, .forward_s = 0.2,
+                     .backward_s = 0.3, .effective_tokens = 10,
+                     .all_reduce_s = id == 1 && !slow ? 0.2 : 0.0});
+    }
+    p.busy.push_back(0.5);  // the step's, kept first (FoldTelemetry)
+    p.FoldMicrobatches(mbs, /*group_record=*/false, kRanks);
+  }
+  ASSERT_EQ(p.microbatch_busy.size(), 2 * kRanks);
+  EXPECT_EQ(StragglerSeconds(std::span<double>(p.microbatch_busy).subspan(0, kRanks)), 0.0);
+  EXPECT_NEAR(StragglerSeconds(std::span<double>(p.microbatch_busy).subspan(kRanks, kRanks)),
+              0.2, 1e-12);
+  EXPECT_DOUBLE_EQ(p.microbatches[1].all_reduce_s, 0.2) << "the largest over the ranks";
+
+  gate_state_internal::PendingStep group;
+  group.FoldMicrobatches(std::vector<MicrobatchTelemetryValues>{{.id = 0, .straggler_s = 0.3}},
+                         /*group_record=*/true, kRanks);
+  EXPECT_EQ(group.microbatches[0].straggler_s, 0.3);
+  EXPECT_TRUE(group.microbatch_busy.empty());
+
+  gate_state_internal::PendingStep wide;
+  wide.busy.push_back(1.0);
+  wide.FoldMicrobatches(std::vector<MicrobatchTelemetryValues>(2, {.id = 0}), false,
+                        kMaxStragglerBusyValues);
+  EXPECT_TRUE(wide.microbatch_busy.empty()) << "2 x 4096 values: past the bound";
 }
 
 // A group record carries its leader's delay (GroupDecider gathers the ranks' busy times):
