@@ -572,7 +572,8 @@ def Job():
         "(the flip cap, adaptive_flip_interval_steps, had no switch left or the switch "
         "would not pay its learned cost), changes detected in the learned table (each "
         "raises a band's exploration), and steps not learned because a straggler delayed "
-        "them (adaptive_straggler_share; near 1,000 means a rank slow on every step).",
+        "them (adaptive_straggler_share; about 1,000 / groups means one group has a rank "
+        "slow on every step).",
         "short",
         [(f"1000 * sum(rate(spgate_mode_switches_total{{{j}}}[{RATE}]))"
           f" / sum(rate(spgate_decisions_total{{{j}}}[{RATE}]))", "switches"),

@@ -181,15 +181,32 @@ class ThroughputTable {
                           double tokens, double seconds, bool exploration = false,
                           bool forced = false);
 
-  // Whether a straggler delayed the step `x` (docs/design.md §11, "Straggler steps"):
-  // its delay's share of its seconds is above its cell's straggler_share by more than
-  // adaptive_straggler_share. A rank slowed for reasons of its own (a throttled GPU, a
+  // Whether a straggler delayed the step `x` (docs/design.md §11, "Straggler steps"),
+  // while StragglersKnown: its delay's share of its seconds is above its cell's
+  // straggler_share by more than adaptive_straggler_share. A rank slowed for reasons of its own (a throttled GPU, a
   // noisy neighbour) slows either mode alike, and one such step in a cell moves its
   // estimate by more than the modes differ; ranks whose work differs by design (a mode's
   // own imbalance) spread every step of the cell, which its straggler_share holds. Folds
   // the step's share into straggler_share (the first known one sets it). A delay not
   // known (< 0) is no straggler and moves nothing.
   bool ObserveStraggler(const GateConfig& config, const GroupStepSample& x);
+  // Whether the job's telemetry times the collectives a straggler's delay is read from in
+  // both modes: a step of each mode has come timed (GroupStepSample::timed), and none
+  // untimed. A worker that times SP's waits but not TP-only's all-reduces shows SP's
+  // straggler steps and hides TP-only's; leaving out SP's alone would make SP read fast,
+  // so one untimed step turns the rule off for the table's life. Persisted with it.
+  bool StragglersKnown() const {
+    return !stragglers_.untimed && stragglers_.timed[0] && stragglers_.timed[1];
+  }
+  // The simulator times every collective from its first step: the rule is on at once.
+  void MarkCollectivesTimed() { stragglers_.timed = {true, true}; }
+  struct StragglerTiming {
+    std::array<bool, 2> timed{};  // [SP, TP-only]: a step of the mode came timed
+    bool untimed = false;         // a step came untimed
+    friend bool operator==(const StragglerTiming&, const StragglerTiming&) = default;
+  };
+  const StragglerTiming& straggler_timing() const { return stragglers_; }
+  void SetStragglerTiming(const StragglerTiming& t) { stragglers_ = t; }
 
   // The cell's estimate, its weight decayed to `step` (never below adaptive_min_samples
   // once it had them).
@@ -262,6 +279,7 @@ class ThroughputTable {
   PriorSums prior_sums_;
   int64_t newest_step_ = -1;
   int64_t changes_ = 0;
+  StragglerTiming stragglers_;
 };
 
 // What one band's learned estimates say at a step, written once for the policy (step 3
@@ -453,30 +471,13 @@ struct GroupStepSample {
   // (IsForcedReason): after a switch, its excess is not taken as the switch's cost.
   bool forced = false;
   // The seconds its slowest rank was busy beyond its median rank (StragglerSeconds); < 0:
-  // not known (StragglerSignal). Over adaptive_straggler_share of `seconds`, the table
-  // does not learn the step (StragglerStep).
+  // not known. A straggler's step (ThroughputTable::ObserveStraggler) is not learned.
   double straggler_s = -1;
+  // Its record timed its mode's collective (SP's reduce-scatter, TP-only's all-reduce),
+  // which the straggler rule needs in both modes (ThroughputTable::StragglersKnown).
+  bool timed = false;
 };
 
-
-// Whether a job's telemetry times the collectives a straggler's delay is read from, in
-// both modes (SP's reduce-scatter, TP-only's all-reduce). A worker that times only SP's
-// waits shows SP's straggler steps and hides TP-only's: leaving out the former alone
-// would make SP read fast. So once a step of either mode arrives untimed, no step's delay
-// counts any more. The daemon keeps one per job, the simulator one per run.
-class StragglerSignal {
- public:
-  // A step that ran `mode`, whose record timed that mode's collectives (`timed`), with
-  // straggler delay `straggler_s`: the delay while every step so far was timed, else -1.
-  double Known(Mode mode, bool timed, double straggler_s) {
-    if (!timed) untimed_[mode == Mode::kTensorParallelOnly ? 1 : 0] = true;
-    return untimed_[0] || untimed_[1] ? -1.0 : straggler_s;
-  }
-  bool off() const { return untimed_[0] || untimed_[1]; }
-
- private:
-  bool untimed_[2] = {false, false};
-};
 
 // Folds `x` into `table` — of a straggler's step (ObserveStraggler; `*straggler` says)
 // only its delay, of an unknown band nothing: after a switch through ObserveAfterSwitch

@@ -223,7 +223,13 @@ bool ThroughputTable::ObserveAfterSwitch(const GateConfig& config, int band, Mod
 }
 
 bool ThroughputTable::ObserveStraggler(const GateConfig& config, const GroupStepSample& x) {
-  if (!ValidBand(x.band) || !(x.straggler_s >= 0) || !(x.seconds > 0) ||
+  if (!ValidBand(x.band)) return false;
+  if (x.timed) {
+    stragglers_.timed[x.mode == Mode::kTensorParallelOnly ? 1 : 0] = true;
+  } else {
+    stragglers_.untimed = true;
+  }
+  if (!StragglersKnown() || !(x.straggler_s >= 0) || !(x.seconds > 0) ||
       !std::isfinite(x.straggler_s / x.seconds)) {
     return false;
   }

@@ -156,6 +156,10 @@ v1::LearnedTable ToProto(const ThroughputTable& table) {
     w->set_last_step(s.last_step);
   }
   out.set_changes(table.changes());
+  const ThroughputTable::StragglerTiming& timing = table.straggler_timing();
+  out.set_straggler_timed_sp(timing.timed[0]);
+  out.set_straggler_timed_tp(timing.timed[1]);
+  out.set_straggler_untimed(timing.untimed);
   const PriorInputs& in = table.prior_inputs();
   const PriorSums& ps = table.prior_sums();
   if (in != PriorInputs{} || ps.last_step >= 0) {
@@ -222,6 +226,8 @@ ThroughputTable FromProto(const v1::LearnedTable& table) {
     out.SetSwitchCost(SwitchCostCell{s.seconds(), s.weight(), s.last_step()});
   }
   out.SetChanges(std::max<int64_t>(0, table.changes()));
+  out.SetStragglerTiming({.timed = {table.straggler_timed_sp(), table.straggler_timed_tp()},
+                          .untimed = table.straggler_untimed()});
   if (table.has_prior()) {
     const v1::LearnedPrior& w = table.prior();
     const auto ok = [](double x) { return std::isfinite(x) && x >= 0; };

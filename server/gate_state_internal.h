@@ -75,6 +75,8 @@ struct PendingStep {
   double straggler = -1;
   absl::InlinedVector<double, 8> busy;
   std::vector<double> microbatch_busy;
+  size_t busy_stride = 0;         // microbatch_busy's ranks per micro-batch (the group's size)
+  size_t microbatch_columns = 0;  // rank records whose micro-batches it holds
 
   // Folds a record's micro-batches in: each value the largest so far; a group record's
   // delays as sent, a rank's compute (BusySeconds) into the column of its busy time, the
@@ -344,7 +346,6 @@ struct GateState::Job {
   // The ADAPTIVE policy's learned table, pooled over the groups (docs/design.md §11),
   // the band edges it was learned with, and what was last told to the leaders.
   ThroughputTable learned;
-  StragglerSignal stragglers;  // whether its telemetry times both modes' collectives
   double learned_cv_band_width = GateConfig{}.adaptive_cv_band_width;
   int64_t learned_tokens_band_base = GateConfig{}.adaptive_tokens_band_base;
   gate_state_internal::LearnedTold learned_told;

@@ -41,7 +41,7 @@ bool RanForced(std::optional<Decision> decided, Mode ran, bool fallback) {
 }
 
 // Whether a record timed the collectives a straggler's delay is read from in `mode`: SP's
-// reduce-scatter, TP-only's all-reduce (StragglerSignal).
+// reduce-scatter, TP-only's all-reduce (ThroughputTable::StragglersKnown).
 bool TimedCollectives(Mode mode, double rs_wait, double all_reduce) {
   return mode == Mode::kTensorParallelOnly ? all_reduce > 0 : rs_wait > 0;
 }
@@ -51,10 +51,16 @@ bool TimedCollectives(Mode mode, double rs_wait, double all_reduce) {
 void gate_state_internal::PendingStep::FoldMicrobatches(
     std::span<const MicrobatchTelemetryValues> records, bool group_record, size_t group_size) {
   if (microbatches.empty()) microbatches.resize(records.size());
+  // A group whose size changed with a step pending (a re-seated rank) keeps no more.
   const bool keep_busy = !group_record && !busy.empty() &&
-                         records.size() * group_size <= kMaxStragglerBusyValues;
-  const size_t column = busy.size() - 1;  // this record's step busy time, just kept
-  if (keep_busy && microbatch_busy.empty()) microbatch_busy.assign(records.size() * group_size, 0);
+                         records.size() * group_size <= kMaxStragglerBusyValues &&
+                         (microbatch_busy.empty() || busy_stride == group_size);
+  const size_t column = microbatch_columns;
+  if (keep_busy && microbatch_busy.empty()) {
+    microbatch_busy.assign(records.size() * group_size, 0);
+    busy_stride = group_size;
+  }
+  if (keep_busy && column < group_size) ++microbatch_columns;
   for (const MicrobatchTelemetryValues& m : records) {
     MicrobatchTelemetryValues& a = microbatches[static_cast<size_t>(m.id)];
     a.id = m.id;
@@ -97,15 +103,19 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
       stage = CoordinatesOf(*job.layout, g.index).stage;
       table = &job.stage_learned[static_cast<size_t>(stage)];
       samples.reserve(p.microbatches.size());
-      const size_t size = static_cast<size_t>(g.size), ranks = std::min(p.busy.size(), size);
+      // Rank records: a micro-batch's delay is known once every rank's compute is in.
+      const size_t stride = p.busy_stride;
+      const bool every_rank = stride == static_cast<size_t>(g.size) &&
+                              p.microbatch_columns == stride &&
+                              p.microbatch_busy.size() >= p.microbatches.size() * stride;
       for (const MicrobatchTelemetryValues& m : p.microbatches) {  // by id (FoldTelemetry)
         const auto id = static_cast<size_t>(m.id);
         const int band = plan->bands[id];
         double delay = m.straggler_s;  // a group record's
-        if (!p.microbatch_busy.empty()) {
-          delay = StragglerSeconds(std::span<double>(p.microbatch_busy).subspan(id * size, ranks));
-        } else if (!p.busy.empty()) {
-          delay = -1;  // rank records past kMaxStragglerBusyValues: not known
+        if (!p.busy.empty()) {
+          delay = every_rank ? StragglerSeconds(std::span<double>(p.microbatch_busy)
+                                                    .subspan(id * stride, stride))
+                             : -1;  // a rank missing, or past kMaxStragglerBusyValues
         }
         const std::optional<Decision> decided =
             id < plan->packed.size() ? UnpackModeReason(plan->packed[id]) : std::nullopt;
@@ -116,13 +126,13 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                            .all_gather_s = m.all_gather_s, .rs_wait_s = m.rs_wait_s,
                            .probe = RanProbe(decided, m.mode),
                            .forced = RanForced(decided, m.mode, p.fallback),
-                           .straggler_s = job.stragglers.Known(
-                               m.mode, TimedCollectives(m.mode, m.rs_wait_s, m.all_reduce_s),
-                               delay)});
+                           .straggler_s = delay,
+                           .timed = TimedCollectives(m.mode, m.rs_wait_s, m.all_reduce_s)});
       }
     }
     std::vector<MicrobatchTelemetryValues>().swap(p.microbatches);  // the slot's bytes go
     std::vector<double>().swap(p.microbatch_busy);
+    p.microbatch_columns = 0;
   } else if (const gate_state_internal::CachedDecision* d = g.Cached(p.step);
              d != nullptr && d->band >= 0) {
     // The group record's all-gather seconds and its largest wait share (docs/design.md §2).
@@ -133,9 +143,12 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
                        .rs_wait_s = p.rs_share * p.step_time,
                        .probe = RanProbe(decided, p.mode),
                        .forced = RanForced(decided, p.mode, p.fallback),
-                       .straggler_s = job.stragglers.Known(
-                           p.mode, TimedCollectives(p.mode, p.rs_share, p.all_reduce),
-                           p.straggler >= 0 ? p.straggler : StragglerSeconds(p.busy))});
+                       // rank records: known once every rank's is in
+                       .straggler_s = p.straggler >= 0 ? p.straggler
+                                      : p.busy.size() == static_cast<size_t>(g.size)
+                                          ? StragglerSeconds(p.busy)
+                                          : -1,
+                       .timed = TimedCollectives(p.mode, p.rs_share, p.all_reduce)});
   }
   if (samples.empty()) return;
 

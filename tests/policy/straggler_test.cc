@@ -25,14 +25,21 @@ GateConfig Config() {
 
 GroupStepSample Step(int64_t step, double seconds, double straggler_s, Mode mode = kSp) {
   return {.band = 3, .mode = mode, .step = step, .tokens = 1000, .seconds = seconds,
-          .straggler_s = straggler_s};
+          .straggler_s = straggler_s, .timed = true};
+}
+
+// A table whose job has timed both modes' collectives (as the simulator's from its start).
+ThroughputTable Timed() {
+  ThroughputTable t = Timed();
+  t.MarkCollectivesTimed();
+  return t;
 }
 
 // Clean steps of 1 s (2 % lag) with a straggler's step of 1.5 s (a rank half as fast
 // again) among them: the straggler's step enters nothing but its lag, the rest are learned.
 TEST(StragglerStepTest, AStragglersStepIsNotLearned) {
   const GateConfig c = Config();
-  ThroughputTable t;
+  ThroughputTable t = Timed();
   for (int64_t k = 0; k < 6; ++k) {
     bool straggler = true;
     ObserveGroupStep(c, t, Step(k, 1.0, 0.02), true, &straggler);
@@ -63,7 +70,7 @@ TEST(StragglerStepTest, AStragglersStepIsNotLearned) {
 // and a straggler's on top of it is still caught.
 TEST(StragglerStepTest, AModesOwnSpreadIsLearned) {
   const GateConfig c = Config();
-  ThroughputTable t;
+  ThroughputTable t = Timed();
   int not_learned = 0;
   for (int64_t k = 0; k < 40; ++k) {
     bool straggler = false;
@@ -91,14 +98,14 @@ TEST(StragglerStepTest, Bounds) {
            {0.1, 0.5, true},
            {0.1, 0.17, false},  // 0.113 of the step: within 0.02 + 0.1
            {0.1, 0.19, true},   // 0.127
-           {0.1, -1, false},    // not known (StragglerSignal)
+           {0.1, -1, false},    // not known
            {0.2, 0.5, true},    // 0.33 > 0.22
            {0.4, 0.5, false},
            {1.0, 1.5, false},   // no share exceeds 1 + the usual share
        }) {
     GateConfig c = Config();
     c.adaptive_straggler_share = k.share;
-    ThroughputTable t;
+    ThroughputTable t = Timed();
     for (int64_t s = 0; s < 6; ++s) ObserveGroupStep(c, t, Step(s, 1.0, 0.02));
     bool straggler = !k.want;
     ObserveGroupStep(c, t, Step(6, 1.5, k.straggler_s), true, &straggler);
@@ -111,7 +118,7 @@ TEST(StragglerStepTest, Bounds) {
 // learned_store_test check the wire) and survives the cell's first sample.
 TEST(StragglerStepTest, UsualShareIsKeptByTheCellsFirstSample) {
   const GateConfig c = Config();
-  ThroughputTable t;
+  ThroughputTable t = Timed();
   // A first step that is a straggler's counts at most the bound as the usual share, and
   // is then judged against it: not learned.
   bool straggler = false;
@@ -127,20 +134,38 @@ TEST(StragglerStepTest, UsualShareIsKeptByTheCellsFirstSample) {
   EXPECT_EQ(t.cell(3, kTp).straggler_share, -1) << "no delay known yet";
 }
 
-// Both modes' collectives timed: every delay counts. A step of either mode untimed (a
-// worker that does not time TP-only's all-reduces): none from then on.
-TEST(StragglerSignalTest, OffOnceAModeIsUntimed) {
-  StragglerSignal s;
-  EXPECT_EQ(s.Known(kSp, true, 0.3), 0.3);
-  EXPECT_EQ(s.Known(kTp, true, 0.2), 0.2);
-  EXPECT_FALSE(s.off());
-  EXPECT_EQ(s.Known(kTp, false, 0.0), -1);
-  EXPECT_TRUE(s.off());
-  EXPECT_EQ(s.Known(kSp, true, 0.3), -1) << "SP's delays alone would make SP read fast";
+// The rule counts delays once steps of both modes have come timed, and never again after
+// a step of either came untimed (a worker that does not time TP-only's all-reduces: SP's
+// stragglers alone would be left out, and SP would read fast). A new table learns every
+// step until then; the state persists with the table (convert_test).
+TEST(StragglersKnownTest, OnceBothModesAreTimedAndNoneUntimed) {
+  const GateConfig c = Config();
+  ThroughputTable t;
+  EXPECT_FALSE(t.StragglersKnown());
+  bool straggler = true;
+  for (int64_t k = 0; k < 6; ++k) ObserveGroupStep(c, t, Step(k, 1.0, 0.02));
+  ObserveGroupStep(c, t, Step(6, 1.5, 0.5), true, &straggler);
+  EXPECT_FALSE(straggler) << "TP-only not yet seen timed: learned";
+  EXPECT_EQ(t.cell(3, kSp).last_step, 6);
+  ObserveGroupStep(c, t, Step(7, 1.0, 0.02, kTp));
+  EXPECT_TRUE(t.StragglersKnown());
+  ObserveGroupStep(c, t, Step(8, 1.0, 0.02));
+  ObserveGroupStep(c, t, Step(9, 1.5, 0.5), true, &straggler);
+  EXPECT_TRUE(straggler);
+  GroupStepSample untimed = Step(10, 1.0, 0.0, kTp);
+  untimed.timed = false;
+  ObserveGroupStep(c, t, untimed);
+  EXPECT_FALSE(t.StragglersKnown());
+  ObserveGroupStep(c, t, Step(11, 1.5, 0.5), true, &straggler);
+  EXPECT_FALSE(straggler) << "off for good";
+  EXPECT_EQ(t.cell(3, kSp).last_step, 11);
 
-  StragglerSignal sp_only;
-  EXPECT_EQ(sp_only.Known(kSp, false, 0.0), -1);
-  EXPECT_EQ(sp_only.Known(kTp, true, 0.4), -1);
+  ThroughputTable sp_untimed;
+  GroupStepSample first = Step(0, 1.0, 0.0);
+  first.timed = false;
+  ObserveGroupStep(c, sp_untimed, first);
+  ObserveGroupStep(c, sp_untimed, Step(1, 1.0, 0.0, kTp));
+  EXPECT_FALSE(sp_untimed.StragglersKnown());
 }
 
 }  // namespace

@@ -427,16 +427,19 @@ TEST(LearnedTableTest, RoundTripsEveryField) {
   t.Observe(c, 3, Mode::kTensorParallelOnly, 151, 1100, 1.0);
   ASSERT_EQ(t.pair(3).last_step, 151) << "a probe paired with SP's level";
   // A cell's usual straggler share (and a cell without one, -1).
+  t.MarkCollectivesTimed();
   t.ObserveStraggler(c, {.band = 3, .mode = Mode::kSequenceParallel, .step = 152,
-                         .tokens = 1000, .seconds = 1.0, .straggler_s = 0.04});
+                         .tokens = 1000, .seconds = 1.0, .straggler_s = 0.04, .timed = true});
   ASSERT_EQ(t.cell(3, Mode::kSequenceParallel).straggler_share, 0.04);
   ASSERT_EQ(t.cell(3, Mode::kTensorParallelOnly).straggler_share, -1);
+  t.SetStragglerTiming({.timed = {true, false}, .untimed = true});
   t.SetPriorInputs(PriorInputs{8, 5120, 8});
   for (int i = 0; i < 5; ++i) {
     ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, 100 + i, 1000 * (i + 1),
                                      0.1 * i, 1.0, 0.1, 0.2 + 0.01 * i));
   }
   const ThroughputTable back = FromProto(ToProto(t));
+  EXPECT_EQ(back.straggler_timing(), t.straggler_timing());
   EXPECT_EQ(back.prior_inputs(), t.prior_inputs());
   EXPECT_EQ(back.prior_sums(), t.prior_sums());
   EXPECT_EQ(back.prior_sums().last_step, 104);

@@ -362,22 +362,27 @@ TEST_F(GateStateTest, AStragglersStepFromRankRecordsIsNotLearned) {
   auto counted = [&](int n) {
     return HasSubstr(absl::StrCat("spgate_adaptive_straggler_steps_total{job_id=\"j\"} ", n));
   };
-  for (int64_t step = 0; step < 6; ++step) {
+  // Before a TP-only step came timed the rule is not on: a straggler's SP step is learned.
+  run(0, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
+  EXPECT_GT(sp_weight(), 0.9);
+  run(1, v1::TENSOR_PARALLEL_ONLY, 0.9, {}, /*all_reduce_s=*/0.1);  // timed: now it is
+  for (int64_t step = 2; step < 8; ++step) {
     run(step, v1::SEQUENCE_PARALLEL, 1.0, {0.10, 0.11, 0.12, 0.10});
   }
   const double clean = sp_weight();
-  EXPECT_GT(clean, 5.9);
-  run(6, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
+  EXPECT_GT(clean, 6.9);
+  run(8, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
   EXPECT_EQ(sp_weight(), clean) << "the straggler's step is not learned";
   EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()), counted(1));
-  run(7, v1::SEQUENCE_PARALLEL, 1.0, {0.10, 0.11, 0.12, 0.10});
+  run(9, v1::SEQUENCE_PARALLEL, 1.0, {0.10, 0.11, 0.12, 0.10});
   EXPECT_GT(sp_weight(), clean) << "the next clean step is";
 
-  run(8, v1::TENSOR_PARALLEL_ONLY, 0.9, {}, /*all_reduce_s=*/0);  // untimed: the rule is off
+  run(10, v1::TENSOR_PARALLEL_ONLY, 0.9, {}, /*all_reduce_s=*/0);  // untimed: the rule is off
   const double before = sp_weight();
-  run(9, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
+  run(11, v1::SEQUENCE_PARALLEL, 1.4, {0.5, 0.5, 0.1, 0.5});
   EXPECT_GT(sp_weight(), before);
   EXPECT_THAT(prometheus::TextSerializer().Serialize(metrics_.registry()->Collect()), counted(1));
+  EXPECT_TRUE(state->GetJob("j")->learned().straggler_untimed()) << "persisted with the table";
 }
 
 // A step plan's rank records: each rank's compute per micro-batch lands in its own column
@@ -434,17 +439,20 @@ TEST_F(GateStateTest, AGroupRecordsStragglerDelayIsTakenAsSent) {
     return spgate::FromProto(state->GetJob("j")->learned())
         .cell(band, Mode::kSequenceParallel).weight;
   };
-  for (int64_t step = 0; step < 6; ++step) {
+  for (int64_t step = 0; step < 7; ++step) {
     v1::Decision d;
     ASSERT_THAT(state->Decide(Plan("j", 0, step, {500, 500}), &d), IsOk());
-    v1::StepTelemetry t = Tel("j", 0, 0, step, v1::SEQUENCE_PARALLEL, step == 5 ? 1.5 : 1.0,
-                              0.1);
+    // Step 0 runs TP-only with its all-reduces timed (the rule needs both modes timed).
+    v1::StepTelemetry t = Tel("j", 0, 0, step, step == 0 ? v1::TENSOR_PARALLEL_ONLY
+                                                         : v1::SEQUENCE_PARALLEL,
+                              step == 6 ? 1.5 : 1.0, step == 0 ? 0 : 0.1);
+    t.set_all_reduce_s(step == 0 ? 0.1 : 0);
     t.set_ranks(4);
-    t.set_straggler_s(step == 5 ? 0.5 : 0.01);
+    t.set_straggler_s(step == 6 ? 0.5 : 0.01);
     ASSERT_THAT(state->RecordTelemetry(**s0, t), IsOk());
-    if (step == 4) EXPECT_GT(weight(), 4.9);
+    if (step == 5) EXPECT_GT(weight(), 4.9);
   }
-  EXPECT_LT(weight(), 5.1) << "step 5 (a third of it a straggler's) is not learned";
+  EXPECT_LT(weight(), 5.1) << "step 6 (a third of it a straggler's) is not learned";
 }
 
 // A leader's group session speaks for its group: one session counts the group's ranks,

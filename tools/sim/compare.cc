@@ -42,7 +42,6 @@ struct Run {
   std::vector<GroupPolicyState> units;         // [replica × pp + stage]
   std::vector<ThroughputTable> tables;         // [stage]
   std::vector<std::deque<GroupStepSample>> pending;  // [stage]: not yet visible
-  StragglerSignal stragglers;
   std::vector<std::optional<Mode>> last_mode;  // [unit]
   std::vector<char> last_probe;                // [unit]: its last micro-batch was a probe
   std::vector<int64_t> stage_tp, stage_decisions;
@@ -172,7 +171,10 @@ std::vector<Run> MakeRuns(const SimOptions& o, const GateConfig& config, int P) 
     r.window_tp.assign(o.groups, 0);
     r.window_decisions.assign(o.groups, 0);
     r.tables.resize(P);
-    for (ThroughputTable& t : r.tables) t.SetPriorInputs(DeclaredPriorInputs(o));
+    for (ThroughputTable& t : r.tables) {
+      t.SetPriorInputs(DeclaredPriorInputs(o));
+      t.MarkCollectivesTimed();  // every rank's collectives are timed here
+    }
     r.pending.resize(P);
     r.last_mode.resize(units);
     r.last_probe.assign(units, 0);
@@ -384,9 +386,7 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
            .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
            .probe = x.probe[s][m] != 0, .after_switch = x.switched[s][m] != 0,
            .exploration = x.exploration[s][m] != 0, .forced = x.forced[s][m] != 0,
-           // every collective is timed here (StragglerSignal, as the daemon's)
-           .straggler_s = r.stragglers.Known(x.modes[s][m], true,
-                                             c.straggler_s[ModeIndex(x.modes[s][m])])});
+           .straggler_s = c.straggler_s[ModeIndex(x.modes[s][m])], .timed = true});
     }
     r.units[static_cast<size_t>(gi) * cell.P + s].ObserveRsWaitShare(
         k, any_sp ? Mode::kSequenceParallel : Mode::kTensorParallelOnly,

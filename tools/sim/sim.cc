@@ -692,6 +692,7 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
   const bool adaptive = config.policy == GatePolicyKind::kAdaptive;
   ThroughputTable learned;
   learned.SetPriorInputs(DeclaredPriorInputs(o));
+  learned.MarkCollectivesTimed();  // every rank's collectives are timed here
   std::deque<GroupStepSample> pending;
   const std::unique_ptr<ProgressReporter> progress =
       MakeProgress(o, "spgate-sim replay", steps, o.groups, /*check_every=*/64);
@@ -725,7 +726,8 @@ absl::StatusOr<Summary> Replay(const SimOptions& o, const GateConfig& config) {
                            .rs_wait_s = step.group_rs_wait_s(), .probe = probe,
                            .after_switch = switched,
                            .exploration = ExplorationSwitch(switched, probe, last_probe[gi]),
-                           .forced = IsForcedReason(ld.decision.reason)});
+                           .forced = IsForcedReason(ld.decision.reason),
+                           .straggler_s = step.straggler_s(), .timed = true});
       }
       last_probe[gi] = probe;
       GateDecision d;

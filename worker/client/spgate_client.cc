@@ -441,7 +441,7 @@ spgate_status spgate_decider_create_group(spgate_client* client, int32_t rank_in
     return absl::OkStatus();
   };
   spgate::client::MaxReduceFn reduce_fn;  // empty: per-rank sessions
-  if (reduce != nullptr) {  // 15 doubles, and 7 per micro-batch after a step plan
+  if (reduce != nullptr) {  // 16 doubles, 8 per micro-batch, the ranks' busy times (StragglerSlots)
     reduce_fn = [reduce, user_data](std::span<double> v, int root) -> absl::Status {
       const int32_t rc = reduce(v.data(), v.size(), root, user_data);
       if (rc != 0) return absl::InternalError(absl::StrCat("reduce callback returned ", rc));

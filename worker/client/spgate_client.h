@@ -378,7 +378,8 @@ typedef struct spgate_microbatch_telemetry {
  * (refused naming the micro-batch and field). The decider's: after
  * spgate_decider_decide_microbatches with count > 0, with a decider from
  * spgate_decider_create_group, the record and its micro-batches are reduced in one call of
- * `reduce` (15 + 7 x count doubles) and every rank must give them; the rules of
+ * `reduce` (16 + 8 x count doubles, then the ranks' busy times: one a rank and, while
+ * count x ranks is at most 4,096, one a rank per micro-batch) and every rank must give them; the rules of
  * spgate_decider_report_telemetry apply (a refused rank still takes part), and ranks that
  * ran a micro-batch in different modes are SPGATE_INTERNAL on the leader. */
 SPGATE_EXPORT spgate_status spgate_client_report_step_telemetry(

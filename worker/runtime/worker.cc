@@ -287,7 +287,8 @@ class RankRun {
 
   // With --mode=auto every rank takes the leader's decision through a GroupDecider; in a
   // group session it also carries each step's telemetry to the leader (one max-reduction
-  // of 120 bytes over the TP group, the collective that already carried the wait share).
+  // of 128 bytes and a double a rank over the TP group, the collective that already carried
+  // the wait share).
   absl::Status CreateDecider() {
     if (!auto_mode() && (o_.client.controller.empty() || !o_.client.group_session)) {
       return absl::OkStatus();

@@ -514,12 +514,13 @@ TEST(TelemetryWireTest, StragglerSlotsGiveTheGroupsDelays) {
   EXPECT_NEAR(group.straggler_s, 0.4, 1e-12);
   EXPECT_NEAR(group.microbatches[0].straggler_s, 0.0, 1e-12) << "every rank alike";
   EXPECT_NEAR(group.microbatches[1].straggler_s, 0.1, 1e-12) << "rank 0 waited for none";
-  // Past the bound no micro-batch slots were sent: their delays stay unmeasured (0).
-  std::vector<double> step_only(kRanks, 0.7);
-  StepTelemetryInput big{.microbatches = {{.id = 0, .straggler_s = 0}}};
+  // Past the bound no micro-batch slots were sent: the step's delay is measured, the
+  // micro-batches' are left as they were (0 on the wire: not measured).
+  std::vector<double> step_only = {0.5, 0.9, 0.5, 0.5};
+  StepTelemetryInput big{.microbatches = {{.id = 0, .straggler_s = 0.123}}};
   StragglersFromReduced(step_only, kRanks, big);
-  EXPECT_EQ(big.straggler_s, 0.0);
-  EXPECT_EQ(big.microbatches[0].straggler_s, 0.0);
+  EXPECT_NEAR(big.straggler_s, 0.4, 1e-12);
+  EXPECT_EQ(big.microbatches[0].straggler_s, 0.123);
 }
 
 // A rank that reduces must know the group's size (its slot among the busy times): the
