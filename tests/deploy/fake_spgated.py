@@ -192,6 +192,11 @@ class Exposition:
         for job in JOBS:
             sample("spgate_adaptive_changes_total",
                    math.floor(0.001 * t) if job == JOBS[0] else 0, job_id=job)
+        family("spgate_adaptive_straggler_steps_total", "counter",
+               "Steps ADAPTIVE did not learn: a straggler delayed them.")
+        for job in JOBS:
+            sample("spgate_adaptive_straggler_steps_total",
+                   math.floor(0.01 * t) if job == JOBS[0] else 0, job_id=job)
         family("spgate_adaptive_switch_cost_seconds", "gauge", "Learned cost of a switch.")
         for job in JOBS:
             sample("spgate_adaptive_switch_cost_seconds", 0.04 if job == JOBS[0] else 0,

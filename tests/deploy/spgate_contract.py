@@ -45,6 +45,7 @@ METRICS = {
     "spgate_adaptive_gain_ratio": ("gauge", ("job_id",)),
     "spgate_adaptive_flips_held_total": ("counter", ("job_id",)),
     "spgate_adaptive_changes_total": ("counter", ("job_id",)),
+    "spgate_adaptive_straggler_steps_total": ("counter", ("job_id",)),
     "spgate_adaptive_switch_cost_seconds": ("gauge", ("job_id",)),
     "spgate_hardware_id_mismatches_total": ("counter", ("job_id",)),
     "spgate_worker_refusals_total": ("counter", ("reason",)),

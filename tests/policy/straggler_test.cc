@@ -30,7 +30,7 @@ GroupStepSample Step(int64_t step, double seconds, double straggler_s, Mode mode
 
 // A table whose job has timed both modes' collectives (as the simulator's from its start).
 ThroughputTable Timed() {
-  ThroughputTable t = Timed();
+  ThroughputTable t;
   t.MarkCollectivesTimed();
   return t;
 }
