@@ -357,6 +357,12 @@ absl::StatusOr<std::unique_ptr<GroupDecider>> GroupDecider::CreateLocal(GateClie
                                                                         int group_size) {
   if (!broadcast) return absl::InvalidArgumentError("broadcast function is empty");
   RETURN_IF_ERROR(CheckCreateArguments(client, rank_in_group, static_cast<bool>(reduce)));
+  if (client != nullptr && group_size != 0 && group_size != client->options().group_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "group_size: %d, but the client's group_size is %d (each rank's slot among the "
+        "group's busy times follows it: every rank must give the same)",
+        group_size, client->options().group_size));
+  }
   if (group_size == 0 && client != nullptr) group_size = client->options().group_size;
   if (reduce && (group_size < 1 || group_size > kMaxTelemetryWireRanks ||
                  rank_in_group >= group_size)) {

@@ -117,9 +117,11 @@ def _make_reduce(group, device: torch.device):
         # _telemetry_doubles(micro-batches, ranks) values; shares buf's memory.
         host = torch.frombuffer(buf, dtype=torch.float64)
         n = host.numel()
-        if not any(_telemetry_doubles(m, ranks) == n
-                   for m in range(max(0, (n - TELEMETRY_WIRE_DOUBLES)
-                                      // MICROBATCH_TELEMETRY_DOUBLES) + 1)):
+        # The micro-batch count, with and without their busy slots (past the bound).
+        rest = n - TELEMETRY_WIRE_DOUBLES - ranks
+        counts = (rest // (MICROBATCH_TELEMETRY_DOUBLES + ranks),
+                  rest // MICROBATCH_TELEMETRY_DOUBLES)
+        if rest < 0 or not any(_telemetry_doubles(m, ranks) == n for m in counts):
             raise ValueError(
                 "reduce: expected %d doubles, %d per micro-batch and the %d ranks' busy "
                 "times, got %d" % (TELEMETRY_WIRE_DOUBLES, MICROBATCH_TELEMETRY_DOUBLES,

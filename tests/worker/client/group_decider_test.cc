@@ -540,6 +540,15 @@ TEST(GroupDeciderTest, CreateLocalNeedsTheGroupsSizeToReduce) {
       IsOk());
   EXPECT_THAT(GroupDecider::CreateLocal(nullptr, 2, group.ForRank(2)).status(), IsOk())
       << "no reduction: no size needed";
+  auto client = LocalClient(0, 4);
+  EXPECT_THAT(GroupDecider::CreateLocal(client.get(), 0, group.ForRank(0),
+                                        group.ReduceForRank(0), 8),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("group_size: 8, but the client's group_size is 4")));
+  EXPECT_THAT(GroupDecider::CreateLocal(client.get(), 0, group.ForRank(0),
+                                        group.ReduceForRank(0), 4)
+                  .status(),
+              IsOk());
 }
 
 // Ranks are threads. The leader's (local-only) client gets one record a step for the group,
