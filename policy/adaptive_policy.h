@@ -183,12 +183,13 @@ class ThroughputTable {
 
   // Whether a straggler delayed the step `x` (docs/design.md §11, "Straggler steps"),
   // while StragglersKnown: its delay's share of its seconds is above its cell's
-  // straggler_share by more than adaptive_straggler_share. A rank slowed for reasons of its own (a throttled GPU, a
-  // noisy neighbour) slows either mode alike, and one such step in a cell moves its
-  // estimate by more than the modes differ; ranks whose work differs by design (a mode's
-  // own imbalance) spread every step of the cell, which its straggler_share holds. Folds
-  // the step's share into straggler_share (the first known one sets it). A delay not
-  // known (< 0) is no straggler and moves nothing.
+  // straggler_share by more than adaptive_straggler_share. A rank slowed for reasons of
+  // its own (a throttled GPU, a noisy neighbour) slows either mode alike, and one such
+  // step in a cell moves its estimate by more than the modes differ; ranks whose work
+  // differs by design (a mode's own imbalance) spread every step of the cell, which its
+  // straggler_share comes to hold. Folds the step's share into straggler_share (a cell's
+  // first known share counts at most the bound). A delay not known (< 0) is no straggler
+  // and moves nothing.
   bool ObserveStraggler(const GateConfig& config, const GroupStepSample& x);
   // Whether the job's telemetry times the collectives a straggler's delay is read from in
   // both modes: a step of each mode has come timed (GroupStepSample::timed), and none
@@ -477,7 +478,6 @@ struct GroupStepSample {
   // which the straggler rule needs in both modes (ThroughputTable::StragglersKnown).
   bool timed = false;
 };
-
 
 // Folds `x` into `table` — of a straggler's step (ObserveStraggler; `*straggler` says)
 // only its delay, of an unknown band nothing: after a switch through ObserveAfterSwitch

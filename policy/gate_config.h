@@ -90,7 +90,7 @@ enum class GateFieldRange : uint8_t {
     "not bind")                                                                            \
   X(double, adaptive_straggler_share, 0.10, kShare,                                        \
     "ADAPTIVE: a step whose slowest rank was busy beyond its median rank by more than this " \
-    "share of the step is not learned (1: every step is)")
+    "share of the step, above its cell's usual share, is not learned (1: every step is)")
 
 // The gate thresholds, every field with its default.
 struct GateConfig {

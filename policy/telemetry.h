@@ -104,8 +104,9 @@ struct MicrobatchTelemetryValues {
 // A step's micro-batch records: empty, or one per id 0 .. microbatches-1 in any order
 // (CheckMicrobatchIds's rule; `microbatches` 0: the ids are not checked), each with a known
 // mode, the six times finite and >= 0 with forward_s + backward_s >= kMinTelemetrySeconds
-// and each wait (and straggler_s) at most that sum, tokens in [0, kMaxTelemetryCount] and at most
-// bounds.microbatch_tokens[id] (when known), and tokens / (forward_s + backward_s) finite.
+// and each wait (and straggler_s) at most that sum, tokens in [0, kMaxTelemetryCount] and
+// at most bounds.microbatch_tokens[id] (when known), and tokens / (forward_s + backward_s)
+// finite.
 // INVALID_ARGUMENT naming the micro-batch and the field.
 absl::Status ValidateMicrobatchTelemetry(std::span<const MicrobatchTelemetryValues> records,
                                          int microbatches, const TelemetryBounds& bounds = {});
