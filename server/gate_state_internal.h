@@ -75,7 +75,6 @@ struct PendingStep {
   double straggler = -1;
   absl::InlinedVector<double, 8> busy;
   std::vector<double> microbatch_busy;
-  size_t busy_stride = 0;         // microbatch_busy's ranks per micro-batch (the group's size)
   size_t microbatch_columns = 0;  // rank records whose micro-batches it holds
 
   // Folds a record's micro-batches in: each value the largest so far; a group record's
@@ -83,6 +82,10 @@ struct PendingStep {
   // newest in `busy` (gate_state_learned.cc).
   void FoldMicrobatches(std::span<const MicrobatchTelemetryValues> records, bool group_record,
                         size_t group_size);
+  // microbatch_busy's ranks per micro-batch: the group's size when it was filled; 0 empty.
+  size_t BusyStride() const {
+    return microbatches.empty() ? 0 : microbatch_busy.size() / microbatches.size();
+  }
 };
 
 

@@ -54,12 +54,9 @@ void gate_state_internal::PendingStep::FoldMicrobatches(
   // A group whose size changed with a step pending (a re-seated rank) keeps no more.
   const bool keep_busy = !group_record && !busy.empty() &&
                          records.size() * group_size <= kMaxStragglerBusyValues &&
-                         (microbatch_busy.empty() || busy_stride == group_size);
+                         (microbatch_busy.empty() || BusyStride() == group_size);
   const size_t column = microbatch_columns;
-  if (keep_busy && microbatch_busy.empty()) {
-    microbatch_busy.assign(records.size() * group_size, 0);
-    busy_stride = group_size;
-  }
+  if (keep_busy && microbatch_busy.empty()) microbatch_busy.assign(records.size() * group_size, 0);
   if (keep_busy && column < group_size) ++microbatch_columns;
   for (const MicrobatchTelemetryValues& m : records) {
     MicrobatchTelemetryValues& a = microbatches[static_cast<size_t>(m.id)];
@@ -104,7 +101,7 @@ void GateState::LearnFromStep(Job& job, Group& g, int slot, absl::Time now) {
       table = &job.stage_learned[static_cast<size_t>(stage)];
       samples.reserve(p.microbatches.size());
       // Rank records: a micro-batch's delay is known once every rank's compute is in.
-      const size_t stride = p.busy_stride;
+      const size_t stride = p.BusyStride();
       const bool every_rank = stride == static_cast<size_t>(g.size) &&
                               p.microbatch_columns == stride &&
                               p.microbatch_busy.size() >= p.microbatches.size() * stride;

@@ -66,9 +66,15 @@ class GateStateTest : public ::testing::Test {
   // sink: their sessions (null for one that failed, which the expectations name).
   static std::vector<std::shared_ptr<Session>> TwoRanks(StateHarness& state,
                                                         const std::string& job) {
+    return Ranks(state, job, 2);
+  }
+
+  // Group 0's `size` ranks, each with its own session (null where one failed).
+  static std::vector<std::shared_ptr<Session>> Ranks(StateHarness& state,
+                                                     const std::string& job, int size) {
     std::vector<std::shared_ptr<Session>> out;
-    for (int rank : {0, 1}) {
-      auto r = state.Register(Reg(job, 0, rank, 2));
+    for (int rank = 0; rank < size; ++rank) {
+      auto r = state.Register(Reg(job, 0, rank, size));
       EXPECT_THAT(r.status(), IsOk()) << rank;
       auto s = r.ok() ? state.AttachSession(r->session_id(), std::weak_ptr<SessionSink>())
                       : absl::StatusOr<std::shared_ptr<Session>>(r.status());
@@ -76,6 +82,17 @@ class GateStateTest : public ::testing::Test {
       out.push_back(s.ok() ? *s : nullptr);
     }
     return out;
+  }
+
+  // Group 0's leader's group session for its `size` ranks.
+  static absl::StatusOr<std::shared_ptr<Session>> LeaderSession(StateHarness& state,
+                                                               const std::string& job,
+                                                               int size) {
+    v1::RegisterRequest leader = Reg(job, 0, 0, size);
+    leader.set_group_session(true);
+    auto r = state.Register(leader);
+    if (!r.ok()) return r.status();
+    return state.AttachSession(r->session_id(), std::weak_ptr<SessionSink>());
   }
 
   static v1::RegisterRequest Reg(const std::string& job, int group, int rank, int size) {
@@ -334,14 +351,8 @@ TEST_F(GateStateTest, TheSlowestRankIsTheOneTheOthersWaitedFor) {
 // known for the job, and the same straggler's step is learned.
 TEST_F(GateStateTest, AStragglersStepFromRankRecordsIsNotLearned) {
   auto state = Make();
-  std::vector<std::shared_ptr<Session>> s;
-  for (int rank = 0; rank < 4; ++rank) {
-    auto r = state->Register(Reg("j", 0, rank, 4));
-    ASSERT_THAT(r.status(), IsOk());
-    auto a = state->AttachSession(r->session_id(), std::weak_ptr<SessionSink>());
-    ASSERT_THAT(a.status(), IsOk());
-    s.push_back(*a);
-  }
+  const std::vector<std::shared_ptr<Session>> s = Ranks(*state, "j", 4);
+  ASSERT_NE(s[3], nullptr);
   auto run = [&](int64_t step, v1::Mode mode, double step_s, std::vector<double> waits,
                  double all_reduce_s = 0) {
     v1::Decision d;
@@ -428,11 +439,7 @@ TEST(PendingStepTest, MicrobatchBusyTimesByRank) {
 // the daemon takes it as sent, per step and per micro-batch alike.
 TEST_F(GateStateTest, AGroupRecordsStragglerDelayIsTakenAsSent) {
   auto state = Make();
-  v1::RegisterRequest leader = Reg("j", 0, 0, 4);
-  leader.set_group_session(true);
-  auto r0 = state->Register(leader);
-  ASSERT_THAT(r0.status(), IsOk());
-  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  auto s0 = LeaderSession(*state, "j", 4);
   ASSERT_THAT(s0.status(), IsOk());
   const int band = BandOf(GateConfig{}, 0.0, 1000);
   auto weight = [&] {
@@ -465,11 +472,7 @@ TEST_F(GateStateTest, AGroupSessionsRecordIsTheWholeGroupsStep) {
   EXPECT_THAT(state->Register(follower).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("only the group's leader (rank_in_group 0)")));
-  v1::RegisterRequest leader = Reg("j", 0, 0, 4);
-  leader.set_group_session(true);
-  auto r0 = state->Register(leader);
-  ASSERT_THAT(r0.status(), IsOk());
-  auto s0 = state->AttachSession(r0->session_id(), std::weak_ptr<SessionSink>());
+  auto s0 = LeaderSession(*state, "j", 4);
   ASSERT_THAT(s0.status(), IsOk());
   state->Sweep();
   auto job = state->GetJob("j");
