@@ -97,10 +97,10 @@ void ReadStaleCellThroughPairs(const ThroughputTable& table, int band, double va
 
 // After a change detected lately the pairs, all measured since (a change voids them), are
 // the band's evidence: the cell the change re-based stands on its recent samples, and the
-// other, which the change left as it was (mostly weight from before it), is read through
-// them. Where the change re-based both, both stand. (Where the change is the other cell's
-// alone, that cell is right and reading it through the pairs costs only precision, which
-// its variance says.)
+// other, which the change did not re-base (mostly weight from before it, at most moved by
+// the re-based cell's factor), is read through them. Where the change re-based both, both
+// stand. (Where the change is the other cell's alone, that cell is right and reading it
+// through the pairs costs only precision, which its variance says.)
 void ReadChangedBandThroughPairs(const ThroughputTable& table, int band, BandEstimate& e) {
   const int64_t changed = table.BandChangedStep(band);
   const bool sp_rebased = table.cell(band, Mode::kSequenceParallel).changed_step == changed;
@@ -355,7 +355,9 @@ double ForcedRunSaving(const GroupGateState& state, Mode from, double cost) {
 }
 
 // Step 3 of EvaluateAdaptive: the incumbent (the gates' decision), or the other mode where
-// the band's evidence or the prior says so. Sets *prior when the prior departed.
+// the band's evidence or the prior says so. Sets *prior when the prior departed, and
+// *predicted whenever it predicted the batch (a band without evidence): what a switch to
+// the gates' choice is weighed by where a switch's cost is measured (HoldForSwitch).
 // `forced_saving`: what leaving the incumbent saves per decision in forced runs' switches
 // (ForcedRunSaving), added to the band's evidence.
 Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int band,
@@ -363,7 +365,8 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
                           const BandEstimate& e, const Decision& incumbent,
                           bool recently_changed, const TableFacts& facts,
                           double forced_saving, std::optional<PriorEstimate>* prior,
-                          bool* leans, std::vector<GateCheck>* trace) {
+                          std::optional<PriorEstimate>* predicted, bool* leans,
+                          std::vector<GateCheck>* trace) {
   const Mode other = OtherMode(incumbent.mode);
   if (e.known && recently_changed) {
     Record(trace, "adaptive", "skip", std::nullopt,
@@ -428,6 +431,7 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
   const PriorChoice pc =
       ChoosePrior(config, prior_fit != nullptr ? *prior_fit : FitPriorOf(config, table), batch);
   const PriorEstimate& p = pc.estimate;
+  if (p.has) *predicted = p;
   const double need = 1.0 + config.adaptive_margin;
   if (!pc.decides) {
     Record(trace, "prior", "skip", p.has ? std::optional<double>(pc.ratio) : std::nullopt, need,
@@ -459,11 +463,13 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
 
 // Step 4 of EvaluateAdaptive, for a choice that would switch the group away from the mode
 // it runs while a switch's cost is measured: whether the flip cap or the cost holds the
-// group in that mode.
+// group in that mode. `prior`: set when the prior departed; `predicted`: the prior's
+// prediction for a batch in a band without evidence, whether or not it departed.
 bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
                    const BatchFacts& batch, const ThroughputTable* table,
                    const BandEstimate& e, const Decision& incumbent, const Decision& choice,
-                   const std::optional<PriorEstimate>& prior, const TableNoise& noise,
+                   const std::optional<PriorEstimate>& prior,
+                   const std::optional<PriorEstimate>& predicted, const TableNoise& noise,
                    double cost, std::vector<GateCheck>* trace) {
   const Mode current = state.mode;
   const bool back_from_probe = state.reason == Reason::kProbe;
@@ -481,12 +487,17 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
            });
     return true;
   }
-  if (table != nullptr && (e.known || prior.has_value()) && !back_from_probe) {
+  // In a band without evidence the choice is the prior's departure or the gates' choice;
+  // either is weighed by the prior's predicted saving where it predicts the batch, and
+  // the gates' choice without a prediction obeys the cap alone.
+  if (table != nullptr && (e.known || predicted.has_value()) && !back_from_probe) {
     SwitchSaving s = SwitchSavingOf(config, *table, current, choice.mode, batch, e);
-    if (prior.has_value()) {
-      // The prior's batch saving; a switch on a prediction must pay as a move (the
-      // band mix's measured saving over the horizon), never as an excursion.
-      const double sp = prior->sp_s, tp = prior->tp_s * (1.0 + config.adaptive_margin);
+    if (!e.known) {
+      // The prior's batch saving. A switch the prior made must pay as a move (the band
+      // mix's measured saving over the horizon), never as an excursion; the way to the
+      // gates' choice weighs it as the way back to the incumbent in a known band weighs
+      // its estimated saving.
+      const double sp = predicted->sp_s, tp = predicted->tp_s * (1.0 + config.adaptive_margin);
       s.batch = current == Mode::kSequenceParallel ? sp - tp : tp - sp;
     } else if (choice.mode != incumbent.mode) {
       // The band's own confident saving. A departure the bands' pool made has its own
@@ -510,7 +521,7 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
             "switching to %s saves %.4g s on this batch%s and %.4g s a "
             "step on the mix: neither pays a switch's measured cost %.4g s "
             "(out and back, or over %d decisions): %s holds",
-            ModeLabel(choice.mode), s.batch, prior.has_value() ? " (predicted)" : "",
+            ModeLabel(choice.mode), s.batch, e.known ? "" : " (predicted)",
             s.mix_per_step, cost, kMoveHorizonDecisions, ModeLabel(current));
       });
       return true;
@@ -541,9 +552,10 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   if (std::optional<Decision> d = PinAndMemoryGates(config, batch, pin, trace)) return finish(*d);
 
   // 3. The incumbent, the gates' decision; the other mode only on evidence. A change
-  // detected in the band re-based one mode's estimate on a few recent samples and left the
-  // other's from before it: for adaptive_explore_boost_steps (or, switching free, until the
-  // pairs since it have the floor's weight) they are no evidence (Relearning).
+  // detected in the band re-based one mode's estimate on a few recent samples; the other's
+  // is from before it (at most moved by the same factor): for adaptive_explore_boost_steps
+  // (or, switching free, until the pairs since it have the floor's weight) they are no
+  // evidence (Relearning).
   // The table's noise: what a step spreads by, for the switch cost and the evidence (no
   // cell's spread is taken below the job's mean: stragglers hit every cell alike, and a
   // cell whose recent samples missed them would look surer than it is).
@@ -556,12 +568,13 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
       table != nullptr && Relearning(config, *table, band, batch.step, e);
   const Decision incumbent = ThresholdGates(config, state, batch, rs_wait, trace);
   if (e.known) static_choice = incumbent.mode;
-  std::optional<PriorEstimate> prior;  // set when the prior departed
+  std::optional<PriorEstimate> prior;      // set when the prior departed
+  std::optional<PriorEstimate> predicted;  // set when the prior predicted the batch
   bool leans = false;
   const double forced_saving = ForcedRunSaving(state, incumbent.mode, cost);
   Decision choice = DepartOnEvidence(config, batch, band, table, prior_fit, e, incumbent,
-                                     recently_changed, facts, forced_saving, &prior, &leans,
-                                     trace);
+                                     recently_changed, facts, forced_saving, &prior,
+                                     &predicted, &leans, trace);
 
   // 4. Where a switch's cost is measured, a switch must be allowed by the flip cap and pay
   // for it; where switching is free, neither binds. A switch is away from the mode the
@@ -572,13 +585,14 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // switch. A departure on the band's evidence weighs its confident saving, the way back
   // to the incumbent its estimated one, each as an excursion or a move; the prior's
   // departure only as a move (its batch saving is a prediction; the mix's is measured);
-  // the gates' choice in a band without evidence obeys the cap alone; the way back from a
-  // probe run is free of the cost (the cap let the run out and back).
+  // the gates' choice in a band without evidence the prior's predicted saving, as an
+  // excursion or a move, and the cap alone where the prior has no prediction; the way back
+  // from a probe run is free of the cost (the cap let the run out and back).
   const Mode current = state.chosen_mode;
   const Mode wanted = choice.mode;
   if (cost > 0 && state.has_decision && choice.mode != state.mode) {
-    held = HoldForSwitch(config, state, batch, table, e, incumbent, choice, prior, noise, cost,
-                         trace);
+    held = HoldForSwitch(config, state, batch, table, e, incumbent, choice, prior, predicted,
+                         noise, cost, trace);
     if (held) choice = {state.mode, Reason::kAdaptive};
   }
 

@@ -26,9 +26,10 @@
 //      (at most two switches in any 2 × adaptive_flip_interval_steps decisions) and pay
 //      for c, as an excursion (this batch's saving ≥ 2c, the way out and back, when the
 //      cap leaves both) or as a move (this batch's saving plus kMoveHorizonDecisions − 1
-//      steps of the band mix's ≥ c); otherwise the group holds its mode (reason
-//      ADAPTIVE, flip_held). Where switching is free nothing holds and the cap does not
-//      bind: the group runs step 3's choice;
+//      steps of the band mix's ≥ c; in a band without evidence the batch's saving is the
+//      prior's prediction, and the gates' choice there without one obeys the cap alone);
+//      otherwise the group holds its mode (reason ADAPTIVE, flip_held). Where switching
+//      is free nothing holds and the cap does not bind: the group runs step 3's choice;
 //   5. exploration: on kProbeRunSteps consecutive steps of every
 //      ceil(kProbeRunSteps/share) (a probe run: two switches buy four samples; where in
 //      its period a run falls, a hash of the period's number picks) the band's mode not
@@ -48,9 +49,10 @@
 // cell that had adaptive_min_samples never falls below that weight (an estimate never
 // rests on one or two stale steps). Each cell watches its samples' residuals: when the
 // recent ones sit more than adaptive_change_threshold (and beyond their own noise) from
-// the estimate, the cell is re-based on them (the other mode's left as it was) and the
-// band marked changed; a band that sees a sample after a half-life without one is marked
-// changed too. Either voids the band's paired evidence (paired_evidence.h).
+// the estimate, the cell is re-based on them (the other mode's, where it is stale, moved
+// by the same factor, once between its own samples) and the band marked changed; a band
+// that sees a sample after a half-life without one is marked changed too. Either voids
+// the band's paired evidence (paired_evidence.h).
 //
 // Usage:
 //   spgate::ThroughputTable table;                       // one per job, pooled
@@ -326,8 +328,8 @@ bool ChangedLately(const GateConfig& config, const ThroughputTable& table, int b
                    int64_t step);
 // Whether the band's estimates `e` (its EstimateBand) are no evidence at `step`: a change
 // was detected lately and the pairs measured since have not yet adaptive_min_samples'
-// weight. A change re-bases one mode's cell on a few recent samples and leaves the other's
-// from before it.
+// weight. A change re-bases one mode's cell on a few recent samples; the other's is from
+// before it (moved by the same factor where it was stale).
 bool Relearning(const GateConfig& config, const ThroughputTable& table, int band, int64_t step,
                 const BandEstimate& e);
 

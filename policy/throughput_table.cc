@@ -103,7 +103,7 @@ void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, 
   const int64_t h = config.adaptive_half_life_steps;
   const double floor = SampleFloor(config);
   ThroughputCell& c = cells_[Index(band, mode)];
-  const ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
+  ThroughputCell& o = cells_[Index(band, OtherMode(mode))];
   if (c.last_step < 0) {
     const int64_t changed = c.changed_step;
     const double straggler_share = c.straggler_share;  // ObserveStraggler's, kept apart
@@ -139,15 +139,24 @@ void ThroughputTable::FoldSample(const GateConfig& config, int band, Mode mode, 
     c.beyond = !over ? 0 : c.beyond * side > 0 ? c.beyond + side : side;
     if (std::abs(c.beyond) >= kChangeConfirmSamples) {
       // Re-base the cell on the recent samples, at the floor's weight, and explore. The
-      // other mode's estimate is left as it was: the band's estimates are no evidence for a
-      // departure until the boosted exploration has measured both again, or the pairs since
-      // speak (Relearning).
-      // (Moving it by the same factor, the change taken as common to both modes, let the
-      // running mode's detections ratchet the other's estimate: where stragglers make drops
-      // more frequent than rises, it sank step after step with no sample of its own.)
+      // band's estimates are no evidence for a departure until the boosted exploration has
+      // measured both again, or the pairs since speak (Relearning).
       // Re-based through the seconds, so a cell's mean tokens per step (the band mix's
       // weights in SwitchSavingOf) stay what they were.
       const double factor = std::max(1.0 + c.drift, 1e-3);
+      // A stale other mode's estimate moves by the same factor, the change taken as the
+      // band's (its length mix moved, a node slowed): left as it was, it read the change as
+      // a gap between the modes when the window ended (docs/design.md §11, "Change
+      // detection"). Stale: no sample within kPairGapSteps (a cell sampled that lately
+      // follows the band by its own detector). Only a cell with a sample at or after the
+      // band's last change mark moves: one whose newest sample is older was moved at that
+      // change (or left, at a mark for a band back after a half-life), so the running
+      // mode's detections cannot ratchet it. (A new launch that inherits the table
+      // restamps its cells' newest steps, which allows one more move.)
+      if (o.weight > 0 && step - o.last_step > kPairGapSteps &&
+          o.last_step >= BandChangedStep(band)) {
+        o.seconds /= factor;
+      }
       const double mean_tokens = c.tokens / c.weight;
       c.weight = floor;
       c.tokens = mean_tokens * floor;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -191,19 +192,25 @@ TEST(EstimatePriorTest, AnswersOnlyWithEveryInputItNeeds) {
 // other mode than the gates' (TP-only only when ahead by more than the margin), it departs
 // from them, reason ADAPTIVE; where they agree the gates' decision stands; the trace shows
 // the terms. The table's Clear keeps what the job declared.
-TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
+// ADAPTIVE with no probes in the way; the gates run SP on every batch (max_length_cv 2).
+GateConfig PolicyConfig() {
   GateConfig c;
   c.policy = GatePolicyKind::kAdaptive;
-  c.max_length_cv = 2.0;  // the gates run SP on every batch here
+  c.max_length_cv = 2.0;
   c.adaptive_min_samples = 8;
-  c.adaptive_explore_share = 0;  // no probes in the way
+  c.adaptive_explore_share = 0;
   c.adaptive_explore_floor = 0;
   c.adaptive_cv_band_width = 0.05;
   c.adaptive_tokens_band_base = 8192;
+  return c;
+}
+
+// Three measured bands (CV bands 3-5 at 16,384 tokens), the modes as the model says, and,
+// with `collectives`, 60 SP steps' collective telemetry for the prior (without it the
+// prior has no base rate and predicts nothing).
+ThroughputTable MeasuredBands(const GateConfig& c, bool collectives) {
   ThroughputTable t;
-  const PriorInputs in = Shape();
-  t.SetPriorInputs(in);
-  // Three measured bands (CV bands 3-5 at 16,384 tokens), the modes as the model says.
+  t.SetPriorInputs(Shape());
   for (int cv_band : {3, 4, 5}) {
     const PriorBandSample b = Band(16384, (cv_band + 0.5) * 0.05);
     const int band = BandOf(c, (cv_band + 0.5) * 0.05, 16384);
@@ -212,12 +219,19 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
       t.Observe(c, band, Mode::kTensorParallelOnly, 50 + i, b.tokens, b.tp_s);
     }
   }
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; collectives && i < 60; ++i) {
     const double tokens = 8192.0 * (1 + i % 4), cv = 0.1 * (i % 5);
     const double seconds = SpSeconds(tokens, cv), ag = kLambda + kPerToken * tokens;
-    ASSERT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, i, tokens, cv, seconds, ag,
+    EXPECT_TRUE(t.ObserveCollectives(c, Mode::kSequenceParallel, i, tokens, cv, seconds, ag,
                                      ag + (0.02 + kWait * cv) * seconds));
   }
+  return t;
+}
+
+TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
+  const GateConfig c = PolicyConfig();
+  const PriorInputs in = Shape();
+  ThroughputTable t = MeasuredBands(c, /*collectives=*/true);
   // TP-only steps carry no reduce-scatter: ignored.
   EXPECT_FALSE(t.ObserveCollectives(c, Mode::kTensorParallelOnly, 61, 100, 0.1, 1, 0, 0));
   // ε (fitted) is 0.3 µs a token, 7.5 % of ρ₀, λ 0.5 % of the step; the imbalance is
@@ -274,6 +288,75 @@ TEST(EstimatePriorTest, DecidesUnmeasuredBandsInThePolicy) {
   t.Clear();
   EXPECT_EQ(t.prior_inputs(), in);
   EXPECT_EQ(t.prior_sums(), PriorSums{});
+}
+
+// Where a switch's cost is measured, the gates' choice in a band without evidence is a
+// switch like the way back to the incumbent in a known band: it must pay for the cost with
+// the prior's predicted saving, out and back or as a move over the measured mix. A group
+// the measured bands hold in SP is not switched for one batch whose modes the prior
+// cannot tell apart; switching free, or where the prior predicts nothing, it is.
+TEST(EstimatePriorTest, TheGatesChoiceInAnUnmeasuredBandPaysForASwitch) {
+  GateConfig c = PolicyConfig();
+  c.max_length_cv = 0.5;  // the gates: TP-only above a CV of 0.5, which no measured band has
+  const ThroughputTable t = MeasuredBands(c, /*collectives=*/true);
+  const SwitchCostCell cost{.seconds = 0.004, .weight = 4, .last_step = 99};
+  ThroughputTable costly = t;
+  costly.SetSwitchCost(cost);
+  const double switch_s = MeasuredSwitchCost(c, costly, 100);
+  ASSERT_GT(switch_s, 0.0);
+  // Batches in the unmeasured top CV band whose predicted modes are within twice the
+  // prior's error of 1 + margin (the prior does not decide), by what a switch from SP to
+  // the gates' TP-only saves on them at the prediction (TP-only counted 1 + margin times):
+  // nothing (SP predicted faster), or less than the way out and back. (More is out of
+  // reach here: the error is 0.5 %, so such a saving is under 1 % of the step, and a cost
+  // is measured only above the 1 % margin of the mean step.)
+  std::optional<BatchFacts> lean_sp, small;
+  const PriorFit fit = FitPriorOf(c, &t);
+  for (int i = 0; i < 200; ++i) {
+    const BatchFacts b{.step = 100, .length_cv = 0.55 + 0.005 * i, .tokens = 16384};
+    const PriorChoice pc = ChoosePrior(c, fit, b);
+    if (!pc.estimate.has || pc.decides) continue;
+    const double saving = pc.estimate.sp_s - pc.estimate.tp_s * (1 + c.adaptive_margin);
+    std::optional<BatchFacts>* slot = saving < 0 ? &lean_sp : &small;
+    if (!slot->has_value() && saving < 2 * switch_s) *slot = b;
+  }
+  ASSERT_TRUE(lean_sp && small);
+  ASSERT_FALSE(EstimateBand(c, &t, BandOf(c, lean_sp->length_cv, lean_sp->tokens), 100).known);
+  GroupGateState sp_group;  // runs SP, chosen by the policy; no recent switch
+  sp_group.has_decision = sp_group.has_chosen_mode = true;
+  sp_group.decisions = 1000;
+  const Decision gates{Mode::kTensorParallelOnly, Reason::kLengthCv};
+  const Decision hold{Mode::kSequenceParallel, Reason::kAdaptive};
+  struct Case {
+    const char* what;
+    const ThroughputTable* table;
+    BatchFacts batch;
+    Decision want;
+  } cases[] = {
+      {"switching free: the gates' choice", &t, *lean_sp, gates},
+      {"a cost, SP predicted faster: SP holds", &costly, *lean_sp, hold},
+      {"a cost, TP-only predicted faster by less than two switches: SP holds", &costly,
+       *small, hold},
+  };
+  for (const Case& k : cases) {
+    std::vector<GateCheck> trace;
+    const GateOutcome out = EvaluateAdaptive(c, sp_group, k.batch, {}, std::nullopt, k.table,
+                                             &trace);
+    EXPECT_EQ(out.decision, k.want) << k.what;
+    EXPECT_EQ(out.flip_held, k.want == hold) << k.what;
+    const auto weighed = std::find_if(trace.begin(), trace.end(),
+                                      [](const GateCheck& g) { return g.gate == "switch_cost"; });
+    EXPECT_EQ(weighed != trace.end(), k.want == hold) << k.what;
+    if (weighed != trace.end()) EXPECT_THAT(weighed->detail, HasSubstr("(predicted)")) << k.what;
+  }
+  // The same cost where the prior predicts nothing (no SP collectives): the cap alone.
+  ThroughputTable blind = MeasuredBands(c, /*collectives=*/false);
+  blind.SetSwitchCost(cost);
+  ASSERT_GT(MeasuredSwitchCost(c, blind, 100), 0.0);
+  ASSERT_FALSE(ChoosePrior(c, FitPriorOf(c, &blind), *lean_sp).estimate.has);
+  const GateOutcome out = EvaluateAdaptive(c, sp_group, *lean_sp, {}, std::nullopt, &blind);
+  EXPECT_EQ(out.decision, gates);
+  EXPECT_FALSE(out.flip_held);
 }
 
 // ChoosePrior: a predicted SP / TP-only ratio within twice the fit's error of
