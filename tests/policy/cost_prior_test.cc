@@ -347,7 +347,9 @@ TEST(EstimatePriorTest, TheGatesChoiceInAnUnmeasuredBandPaysForASwitch) {
     const auto weighed = std::find_if(trace.begin(), trace.end(),
                                       [](const GateCheck& g) { return g.gate == "switch_cost"; });
     EXPECT_EQ(weighed != trace.end(), k.want == hold) << k.what;
-    if (weighed != trace.end()) EXPECT_THAT(weighed->detail, HasSubstr("(predicted)")) << k.what;
+    if (weighed != trace.end()) {
+      EXPECT_THAT(weighed->detail, HasSubstr("(predicted)")) << k.what;
+    }
   }
   // The same cost where the prior predicts nothing (no SP collectives): the cap alone.
   ThroughputTable blind = MeasuredBands(c, /*collectives=*/false);
