@@ -467,7 +467,8 @@ TEST(ThroughputTableTest, ASlowdownOfBothModesIsNoSwitchCost) {
 // Within adaptive_explore_boost_steps of a change detected in the band, a cell the change
 // left from before it measures no switch: the re-based cell took in what changed (a long
 // slowdown of the whole band re-bases the running mode, whose level is then 1 again), the
-// other at most by the re-based cell's factor. The cell the change re-based measures, and so does the other after.
+// other at most by the re-based cell's factor. The cell the change re-based measures, and
+// so does the other after.
 TEST(ThroughputTableTest, ACellFromBeforeTheBandsChangeMeasuresNoSwitch) {
   const GateConfig c = HalfLife(1000);  // boost 200 steps
   ThroughputTable t;
@@ -1120,6 +1121,7 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   EXPECT_FALSE(out.flip_held);
   // An unknown band (CV 0.35: the gates say TP-only) with a large learned cost and no
   // prediction (no SP collectives for the prior): the cap allows the switch, so it happens.
+  ASSERT_FALSE(PriorOf(c, &t, Batch(0.35)).has);
   GroupGateState sp;
   sp.has_decision = sp.has_chosen_mode = true;
   sp.mode = sp.chosen_mode = kSp;
