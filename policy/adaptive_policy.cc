@@ -462,31 +462,35 @@ Decision DepartOnEvidence(const GateConfig& config, const BatchFacts& batch, int
 }
 
 // Step 4 of EvaluateAdaptive, for a choice that would switch the group away from the mode
-// it runs while a switch's cost is measured: whether the flip cap or the cost holds the
-// group in that mode. `prior`: set when the prior departed; `predicted`: the prior's
-// prediction for a batch in a band without evidence, whether or not it departed.
-bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
-                   const BatchFacts& batch, const ThroughputTable* table,
-                   const BandEstimate& e, const Decision& incumbent, const Decision& choice,
-                   const std::optional<PriorEstimate>& prior,
-                   const std::optional<PriorEstimate>& predicted, const TableNoise& noise,
-                   double cost, std::vector<GateCheck>* trace) {
-  const Mode current = state.mode;
-  const bool back_from_probe = state.reason == Reason::kProbe;
+// it runs while a switch's cost is measured: whether the flip cap holds the group in it.
+bool CapHolds(const GateConfig& config, const GroupGateState& state, const Decision& choice,
+              double cost, std::vector<GateCheck>* trace) {
   // The way back from a forced decision to the mode the policy chose is exempt from the
   // cap (the cap is for the policy's own switches), not from the cost.
   const bool back_from_forced = IsForcedReason(state.reason) && state.has_chosen_mode &&
                                 choice.mode == state.chosen_mode;
-  if (!back_from_forced && !FlipsAllowed(config, state, 1)) {
-    Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
-           [&] {
-             return absl::StrFormat(
-                 "a switch costs %.4g s (measured) and two switches came within "
-                 "the last %d decisions: %s holds",
-                 cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(current));
-           });
-    return true;
-  }
+  if (back_from_forced || FlipsAllowed(config, state, 1)) return false;
+  Record(trace, "flip_cap", "fire", 2, static_cast<double>(config.adaptive_flip_interval_steps),
+         [&] {
+           return absl::StrFormat(
+               "a switch costs %.4g s (measured) and two switches came within "
+               "the last %d decisions: %s holds",
+               cost, 2 * config.adaptive_flip_interval_steps, ModeLabel(state.mode));
+         });
+  return true;
+}
+
+// Step 4's other half: whether the switch from the mode the group runs (state.mode) to
+// `choice` fails to pay for its measured `cost`. `prior`: set when the prior departed;
+// `predicted`: the prior's prediction for a batch in a band without evidence, whether or
+// not it departed.
+bool CostHolds(const GateConfig& config, const GroupGateState& state, const BatchFacts& batch,
+               const ThroughputTable* table, const BandEstimate& e, const Decision& incumbent,
+               const Decision& choice, const std::optional<PriorEstimate>& prior,
+               const std::optional<PriorEstimate>& predicted, const TableNoise& noise,
+               double cost, std::vector<GateCheck>* trace) {
+  const Mode current = state.mode;
+  const bool back_from_probe = state.reason == Reason::kProbe;
   // In a band without evidence the choice is the prior's departure or the gates' choice;
   // either is weighed by the prior's predicted saving where it predicts the batch, and
   // the gates' choice without a prediction obeys the cap alone.
@@ -528,6 +532,108 @@ bool HoldForSwitch(const GateConfig& config, const GroupGateState& state,
     }
   }
   return false;
+}
+
+// Step 4 after a probe run: whether the group goes back to the mode it ran before the run
+// (state.probe_from; docs/design.md §11, "A probe run is an excursion"). It does where
+// the run ended in the mode it measured, that mode is the gates' choice in a band without
+// evidence (nothing learned, or re-learning after a change; the prior did not depart),
+// and the switch to it from the mode the run left does not pay (CostHolds, as if the
+// group still ran that mode): the run was to measure, and without evidence the group's
+// mode would otherwise be set by when a probe fell. Where the band's evidence chose the
+// mode the run ended in, the group stays: that switch is paid, and going back would be
+// one more.
+bool ProbeRunReturns(const GateConfig& config, const GroupGateState& state,
+                     const BatchFacts& batch, const ThroughputTable* table,
+                     const BandEstimate& e, bool recently_changed, const Decision& incumbent,
+                     const Decision& choice, const std::optional<PriorEstimate>& prior,
+                     const std::optional<PriorEstimate>& predicted, const TableNoise& noise,
+                     double cost, std::vector<GateCheck>* trace) {
+  if (!state.has_decision || state.reason != Reason::kProbe || choice.mode != state.mode ||
+      state.probe_from == state.mode || choice.mode != incumbent.mode || prior.has_value() ||
+      (e.known && !recently_changed)) {
+    return false;
+  }
+  GroupGateState left = state;
+  left.mode = state.probe_from;
+  left.reason = Reason::kAdaptive;
+  if (!CostHolds(config, left, batch, table, e, incumbent, choice, prior, predicted, noise, cost,
+                 trace)) {
+    return false;
+  }
+  Record(trace, "probe_return", "fire", std::nullopt, std::nullopt, [&] {
+    return absl::StrFormat(
+        "the probe run measured %s, the gates' choice in a band without evidence; a switch "
+        "from %s, which the run left, would not pay: back to %s",
+        ModeLabel(state.mode), ModeLabel(state.probe_from), ModeLabel(state.probe_from));
+  });
+  return true;
+}
+
+// Step 5 of EvaluateAdaptive: the mode the step's probe run measures, where the step is in
+// one and measures a mode other than `chosen` (step 4's choice); records the check.
+// Exploration measures the mode not chosen, on the kProbeRunSteps steps of the band's
+// period's probe run, if the cap (where it binds) leaves the flips out and back. Where
+// switching is free, a band whose estimates lean undecided to the mode not chosen explores
+// at the full share (its samples cost nothing expected), and one re-learning after a change
+// runs its first run at once (the pairs it measures end the re-learning). Where a cost is
+// measured neither: each run pays it twice, and pairs do not end a re-learning. (Only a
+// step in a probe run of either share, or of a band re-learning, can explore: the band's
+// share, a pass over the table for a band still learning, is taken on those alone.)
+std::optional<Mode> ExploreStep(const GateConfig& config, const GroupGateState& state,
+                                const ThroughputTable* table, int band, int64_t step,
+                                const BandEstimate& e, bool recently_changed, bool leans,
+                                bool free, bool held, Mode wanted, Mode chosen,
+                                std::vector<GateCheck>* trace) {
+  const bool relearn_now = recently_changed && free;
+  int64_t period = 0, offset = 0;
+  if (MayExplore(config, step) || relearn_now) {
+    const double share = ExploreShareOf(config, table, band, step, e, leans && free);
+    period = ExplorePeriod(share);
+    offset = ExploreOffset(config, share, relearn_now ? table->BandChangedStep(band) : -1);
+  }
+  if (!(period > 0 && InProbeRun(step, period, offset))) return std::nullopt;
+  // The mode not chosen before any hold (`wanted`: a held group already runs the other),
+  // but a held group's the mode it is kept off where that mode's estimate in the band
+  // predates the band's last change: the hold weighs a guess, and only a run replaces it.
+  // While the band learns, its less-sampled mode at the run's start. A run in progress
+  // goes on in its mode while the band learns, and where a switch's cost is measured (its
+  // switches are paid; choosing the mode anew on every step switched the group on each
+  // one, and a switch before any was measured teaches nothing: ObserveAfterSwitch). A step
+  // plan's micro-batches share their step: the first of a step goes on with the previous
+  // step's probe run, the others take the mode anew each.
+  const bool kept_off_stale = held && e.known && table != nullptr &&
+                              table->cell(band, wanted).last_step < table->BandChangedStep(band);
+  const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
+                           state.last_step == step - 1 && !StartsProbeRun(step, period, offset);
+  const bool learning = !e.known && e.sp.samples != e.tp.samples;
+  const Mode probe = run_goes_on && (learning || !free) ? state.mode
+                     : !learning ? (kept_off_stale ? wanted : OtherMode(wanted))
+                     : e.sp.samples < e.tp.samples ? Mode::kSequenceParallel
+                                                   : Mode::kTensorParallelOnly;
+  const int flips = state.has_chosen_mode && probe != state.chosen_mode ? 2 : 0;
+  if (probe == chosen) {
+    Record(trace, "explore", "pass", static_cast<double>(period), std::nullopt,
+           [] { return "exploration step; the mode to measure is the one chosen"; });
+    return std::nullopt;
+  }
+  if (!free && !FlipsAllowed(config, state, flips)) {
+    Record(trace, "explore", "skip", static_cast<double>(period), std::nullopt, [&] {
+      return absl::StrFormat(
+          "exploration step (%d in %d), but the flip cap has no switch out and back left",
+          kProbeRunSteps, period);
+    });
+    return std::nullopt;
+  }
+  Record(trace, "explore", "fire", static_cast<double>(period), std::nullopt, [&] {
+    return absl::StrFormat("exploration step (%d in %d): %s runs to be measured%s",
+                           kProbeRunSteps, period, ModeLabel(probe),
+                           kept_off_stale && probe == wanted
+                               ? " (the mode the group is held off: its estimate "
+                                 "predates the band's last change)"
+                               : "");
+  });
+  return probe;
 }
 
 }  // namespace
@@ -587,66 +693,36 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // departure only as a move (its batch saving is a prediction; the mix's is measured);
   // the gates' choice in a band without evidence the prior's predicted saving, as an
   // excursion or a move, and the cap alone where the prior has no prediction; the way back
-  // from a probe run is free of the cost (the cap let the run out and back).
-  const Mode current = state.chosen_mode;
+  // from a probe run is free of the cost (the cap let the run out and back), and a run
+  // that ended in the gates' choice of a band without evidence goes back to the mode it
+  // left unless the switch from that mode pays (ProbeRunReturns).
+  const bool free = !(cost > 0);
+  std::vector<GateCheck> way_back;
   const Mode wanted = choice.mode;
-  if (cost > 0 && state.has_decision && choice.mode != state.mode) {
-    held = HoldForSwitch(config, state, batch, table, e, incumbent, choice, prior, predicted,
-                         noise, cost, trace);
+  if (!free && state.has_decision && choice.mode != state.mode) {
+    held = CapHolds(config, state, choice, cost, trace) ||
+           CostHolds(config, state, batch, table, e, incumbent, choice, prior, predicted, noise,
+                     cost, trace);
     if (held) choice = {state.mode, Reason::kAdaptive};
+  } else if (!free && ProbeRunReturns(config, state, batch, table, e, recently_changed,
+                                      incumbent, choice, prior, predicted, noise, cost,
+                                      trace != nullptr ? &way_back : nullptr)) {
+    // (Its trace joins the rest unless step 5 goes on with the run.)
+    choice = {state.probe_from, Reason::kAdaptive};
   }
 
-  // 5. Exploration: the mode not chosen, on the kProbeRunSteps steps of the band's period's
-  // probe run, if the cap (where it binds) leaves the flips out and back. Where switching
-  // is free, a band whose estimates lean undecided to the mode not chosen explores at the
-  // full share (its samples cost nothing expected), and one re-learning after a change
-  // runs its first run at once (the pairs it measures end the re-learning). Where a cost
-  // is measured neither: each run pays it twice, and pairs do not end a re-learning.
-  // (Only a step in a probe run of either share, or of a band re-learning, can explore: the
-  // band's share, a pass over the table for a band still learning, is taken on those alone.)
-  const bool free = !(cost > 0);
-  const bool relearn_now = recently_changed && free;
-  int64_t period = 0, offset = 0;
-  if (MayExplore(config, batch.step) || relearn_now) {
-    const double share = ExploreShareOf(config, table, band, batch.step, e, leans && free);
-    period = ExplorePeriod(share);
-    offset = ExploreOffset(config, share, relearn_now ? table->BandChangedStep(band) : -1);
+  // 5. Exploration (ExploreStep), which a probe run's later steps go on with.
+  const size_t explore_at = trace != nullptr ? trace->size() : 0;
+  if (const std::optional<Mode> probe = ExploreStep(config, state, table, band, batch.step, e,
+                                                    recently_changed, leans, free, held, wanted,
+                                                    choice.mode, trace)) {
+    choice = {*probe, Reason::kProbe};
+    explored = true;
+    held = false;
   }
-  if (period > 0 && InProbeRun(batch.step, period, offset)) {
-    // The mode not chosen (before any hold: a held group already runs it); while the band
-    // learns, its less-sampled mode at the run's start, kept for the run's later steps
-    // (choosing it again on every step switched the group on each one, and a switch before
-    // any was measured teaches nothing: ObserveAfterSwitch). A step plan's micro-batches
-    // share their step: the first of a step goes on with the previous step's probe run,
-    // the others take the less-sampled mode each.
-    const Mode other = OtherMode(wanted);
-    const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
-                             state.last_step == batch.step - 1 &&
-                             !StartsProbeRun(batch.step, period, offset);
-    const Mode probe = e.known || e.sp.samples == e.tp.samples ? other
-                       : run_goes_on                           ? state.mode
-                       : e.sp.samples < e.tp.samples           ? Mode::kSequenceParallel
-                                                               : Mode::kTensorParallelOnly;
-    const int flips = state.has_chosen_mode && probe != current ? 2 : 0;
-    if (probe == choice.mode) {
-      Record(trace, "explore", "pass", static_cast<double>(period), std::nullopt,
-             [] { return "exploration step; the mode to measure is the one chosen"; });
-    } else if (cost > 0 && !FlipsAllowed(config, state, flips)) {
-      Record(trace, "explore", "skip", static_cast<double>(period), std::nullopt, [&] {
-        return absl::StrFormat(
-            "exploration step (%d in %d), but the flip cap has no switch "
-            "out and back left",
-            kProbeRunSteps, period);
-      });
-    } else {
-      Record(trace, "explore", "fire", static_cast<double>(period), std::nullopt, [&] {
-        return absl::StrFormat("exploration step (%d in %d): %s runs to be measured",
-                               kProbeRunSteps, period, ModeLabel(probe));
-      });
-      choice = {probe, Reason::kProbe};
-      explored = true;
-      held = false;
-    }
+  if (trace != nullptr && !explored) {
+    trace->insert(trace->begin() + static_cast<std::ptrdiff_t>(explore_at), way_back.begin(),
+                  way_back.end());
   }
   return finish(choice);
 }

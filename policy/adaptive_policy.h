@@ -28,13 +28,17 @@
 //      cap leaves both) or as a move (this batch's saving plus kMoveHorizonDecisions − 1
 //      steps of the band mix's ≥ c; in a band without evidence the batch's saving is the
 //      prior's prediction, and the gates' choice there without one obeys the cap alone);
-//      otherwise the group holds its mode (reason ADAPTIVE, flip_held). Where switching
-//      is free nothing holds and the cap does not bind: the group runs step 3's choice;
+//      otherwise the group holds its mode (reason ADAPTIVE, flip_held). After a probe run
+//      that ended in the mode it measured where that mode is the gates' choice in a band
+//      without evidence, the group goes back to the mode the run left unless the switch
+//      from that mode pays (a probe run is an excursion). Where switching is free nothing
+//      holds and the cap does not bind: the group runs step 3's choice;
 //   5. exploration: on kProbeRunSteps consecutive steps of every
 //      ceil(kProbeRunSteps/share) (a probe run: two switches buy four samples; where in
 //      its period a run falls, a hash of the period's number picks) the band's mode not
 //      chosen runs instead (reason PROBE), if the cap (where it binds) leaves the flips
-//      out and back. The share is adaptive_explore_share while the band learns (too few
+//      out and back; a held group's, the mode it is kept off where that mode's estimate
+//      in the band predates the band's last change. The share is adaptive_explore_share while the band learns (too few
 //      samples) and carries kLearnMinTraffic of the recent batches, where switching is
 //      free while it is known, carries that share and is undecided with its estimates
 //      leaning to the mode not chosen (step 3 did not depart, yet by its measure of a

@@ -161,6 +161,10 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
     s.has_chosen_mode = true;
     s.chosen_mode = decision.mode;
   }
+  // A probe run's first decision keeps the mode it leaves; its later ones keep that.
+  if (decision.reason == Reason::kProbe && !(s.has_decision && s.reason == Reason::kProbe)) {
+    s.probe_from = s.has_decision ? s.mode : decision.mode;
+  }
   ++s.decisions;
   s.has_decision = true;
   s.last_step = step;

@@ -87,6 +87,10 @@ struct GroupGateState {
   // mode (index: SP 0, TP-only 1), each forgotten by kForcedRunKeep per decision.
   double chosen_weight = 0;
   double forced_runs[2] = {0, 0};
+  // ADAPTIVE's probe run is an excursion (docs/design.md §11): the mode the group ran when
+  // the run in progress (reason kProbe) began, which its way back returns to unless a switch
+  // from it pays.
+  Mode probe_from = Mode::kSequenceParallel;
 };
 
 // What the forced-run counts keep of their past per decision: 2^(-1/50), a half-life of

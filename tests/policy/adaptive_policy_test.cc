@@ -1139,6 +1139,146 @@ TEST(EvaluateAdaptiveTest, HoldsNeverSwitchOrStrand) {
   EXPECT_FALSE(out.flip_held);
 }
 
+// A held group's probe run and its way back (design.md §11, "A probe run is an
+// excursion"). The band at CV 0.35, where the gates say TP-only: learned in both modes,
+// TP-only 3 % ahead (not beyond the margin), then SP alone, 20 % slower, until its cell
+// detects the change; TP-only's cell is from before it (moved by SP's factor). A switch
+// costs 100 s, measured in another band: a switch to TP-only never pays, so a group on SP
+// is held there.
+struct HeldBand {
+  GateConfig c = Adaptive();
+  int band = BandOf(Adaptive(), 0.35, 4096);
+  ThroughputTable t;
+  int64_t changed = -1;  // the band's change; -1: no change (SP never slowed)
+};
+
+HeldBand HeldOffStaleTpOnly(bool change) {
+  HeldBand h;
+  const int costly = BandOf(h.c, 0.05, 4096);
+  for (int64_t s = 0; s < 300; ++s) {
+    h.t.Observe(h.c, h.band, kSp, s, 4096, 4096 / 100.0);
+    h.t.Observe(h.c, h.band, kTp, s, 4096, 4096 / 103.0);
+    h.t.Observe(h.c, costly, kSp, s, 4096, 4096 / 100.0);
+  }
+  h.t.ObserveAfterSwitch(h.c, costly, kSp, 300, 4096, 4096 / 100.0 + 100);
+  for (int64_t s = 301; s < 340 && h.t.BandChangedStep(h.band) < 0; ++s) {
+    h.t.Observe(h.c, h.band, kSp, s, 4096, 4096 / (change ? 80.0 : 100.0));
+  }
+  h.changed = h.t.BandChangedStep(h.band);
+  return h;
+}
+
+// The first step at or after `from` that starts one of the band's probe runs where a
+// switch's cost is measured (no lean, no re-learning run at once).
+int64_t NextProbeRun(const HeldBand& h, int64_t from) {
+  for (int64_t s = from; s < from + 5000; ++s) {
+    const double share = ShareOf(h.c, &h.t, h.band, s);
+    const int64_t period = ExplorePeriod(share);
+    if (MayExplore(h.c, s) && period > 0 && StartsProbeRun(s, period, ExploreOffset(h.c, share)))
+      return s;
+  }
+  return -1;
+}
+
+GroupGateState OnSp(int64_t last_step) {
+  GroupGateState s;
+  s.has_decision = s.has_chosen_mode = true;
+  s.mode = s.chosen_mode = kSp;
+  s.reason = Reason::kAdaptive;
+  s.decisions = 500;
+  s.last_step = last_step;
+  return s;
+}
+
+bool HasCheck(const std::vector<GateCheck>& trace, const char* gate, const char* text = "") {
+  return std::any_of(trace.begin(), trace.end(), [&](const GateCheck& g) {
+    return g.gate == gate && g.outcome == "fire" && g.detail.find(text) != std::string::npos;
+  });
+}
+
+TEST(EvaluateAdaptiveTest, AHeldGroupProbesTheModeItIsKeptOffWhereItsEstimateIsStale) {
+  for (const bool change : {true, false}) {
+    SCOPED_TRACE(change ? "TP-only's estimate from before the band's change"
+                        : "no change: TP-only's estimate is the band's");
+    const HeldBand h = HeldOffStaleTpOnly(change);
+    ASSERT_EQ(h.changed >= 0, change);
+    ASSERT_GT(MeasuredSwitchCost(h.c, h.t, 400), 50.0);
+    ASSERT_TRUE(EstimateBand(h.c, &h.t, h.band, 400).known);
+    ASSERT_EQ(h.t.cell(h.band, kTp).last_step < h.t.BandChangedStep(h.band), change);
+    // Outside a probe run the group is held on SP either way.
+    const int64_t run = NextProbeRun(h, 400);
+    ASSERT_GT(run, 401);
+    GateOutcome out = EvaluateAdaptive(h.c, OnSp(run - 2), Batch(0.35, 4096, run - 1), {},
+                                       std::nullopt, &h.t);
+    ASSERT_FALSE(StartsProbeRun(run - 1, ExplorePeriod(ShareOf(h.c, &h.t, h.band, run - 1)),
+                                ExploreOffset(h.c, ShareOf(h.c, &h.t, h.band, run - 1))));
+    EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+    EXPECT_TRUE(out.flip_held);
+    // In the run: TP-only is measured only where its estimate is a guess; otherwise the
+    // mode not chosen before the hold is SP, which the group runs.
+    std::vector<GateCheck> trace;
+    out = EvaluateAdaptive(h.c, OnSp(run - 1), Batch(0.35, 4096, run), {}, std::nullopt, &h.t,
+                           &trace);
+    EXPECT_EQ(out.decision, change ? (Decision{kTp, Reason::kProbe})
+                                   : (Decision{kSp, Reason::kAdaptive}));
+    EXPECT_EQ(out.explored, change);
+    EXPECT_EQ(HasCheck(trace, "explore", "held off"), change);
+    if (!change) continue;
+    // The run's later steps go on in TP-only (a step's own choice would be TP-only too).
+    GroupGateState probing = AdvanceGroupState(OnSp(run - 1), run, out.decision,
+                                               GatePolicyKind::kAdaptive)
+                                 .next;
+    EXPECT_EQ(probing.probe_from, kSp);
+    trace.clear();
+    out = EvaluateAdaptive(h.c, probing, Batch(0.35, 4096, run + 1), {}, std::nullopt, &h.t,
+                           &trace);
+    EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe}));
+    EXPECT_FALSE(HasCheck(trace, "probe_return")) << "the run has not ended";
+  }
+}
+
+TEST(EvaluateAdaptiveTest, AProbeRunInABandWithoutEvidenceGoesBackToTheModeItLeft) {
+  struct Case {
+    const char* what;
+    bool change;     // the band re-learns after a change: no evidence, the gates' TP-only
+    double cost_s;   // the switch cost measured (0: switching free)
+    Mode from;       // the mode the run left
+    Decision want;
+  } cases[] = {
+      {"re-learning: the switch from SP does not pay, back to SP", true, 100, kSp,
+       {kSp, Reason::kAdaptive}},
+      {"the band's evidence stands: TP-only stays", false, 100, kSp,
+       {kTp, Reason::kLengthCv}},
+      {"switching free: TP-only stays", true, 0, kSp, {kTp, Reason::kLengthCv}},
+      {"the run left TP-only: it ended where it began", true, 100, kTp,
+       {kTp, Reason::kLengthCv}},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.what);
+    HeldBand h = HeldOffStaleTpOnly(k.change);
+    if (k.cost_s == 0) h.t.SetSwitchCost(SwitchCostCell{});
+    ASSERT_EQ(MeasuredSwitchCost(h.c, h.t, 400) > 0, k.cost_s > 0);
+    ASSERT_EQ(Relearning(h.c, h.t, h.band, h.changed + 5,
+                         EstimateBand(h.c, &h.t, h.band, h.changed + 5)),
+              k.change);
+    // A run of TP-only from `from` that ended on the step before: the next step is the
+    // gates' TP-only (CV 0.35) and in no run.
+    const int64_t step = (k.change ? h.changed : 340) + 5;
+    GroupGateState s = OnSp(step - 1);
+    s.mode = s.chosen_mode = kTp;
+    s.reason = Reason::kProbe;
+    s.probe_from = k.from;
+    const double share = ShareOf(h.c, &h.t, h.band, step);
+    ASSERT_FALSE(InProbeRun(step, ExplorePeriod(share), ExploreOffset(h.c, share)));
+    std::vector<GateCheck> trace;
+    const GateOutcome out =
+        EvaluateAdaptive(h.c, s, Batch(0.35, 4096, step), {}, std::nullopt, &h.t, &trace);
+    EXPECT_EQ(out.decision, k.want);
+    EXPECT_EQ(HasCheck(trace, "probe_return"), k.want.mode == kSp);
+    EXPECT_FALSE(out.flip_held) << "a way back is no hold";
+  }
+}
+
 // The way back to the policy's mode after a forced decision is a switch like any other
 // where a switch's cost is measured: it pays for it (out and back, or as a move) or the
 // group stays in the mode it runs. It stays exempt from the flip cap.
@@ -1258,6 +1398,23 @@ TEST(AdvanceGroupStateTest, CountsForcedRuns) {
 // A move is judged over the bands the lengths still bring: a band they stopped bringing
 // leaves the mix within a few kMoveHorizonDecisions, not half-lives; and a band whose change
 // was detected lately counts in the mix's weight but saves nothing.
+// A probe run keeps the mode it left (the first decision of a run), through its steps.
+TEST(AdvanceGroupStateTest, AProbeRunKeepsTheModeItLeft) {
+  const auto advance = [](const GroupGateState& s, int64_t step, Decision d) {
+    return AdvanceGroupState(s, step, d, GatePolicyKind::kAdaptive).next;
+  };
+  GroupGateState s = advance(GroupGateState{}, 1, {kTp, Reason::kProbe});
+  EXPECT_EQ(s.probe_from, kTp) << "a group's first decision left no mode";
+  s = advance(s, 2, {kSp, Reason::kAdaptive});
+  s = advance(s, 3, {kTp, Reason::kProbe});
+  EXPECT_EQ(s.probe_from, kSp);
+  s = advance(s, 4, {kTp, Reason::kProbe});
+  EXPECT_EQ(s.probe_from, kSp) << "the run's later steps keep it";
+  s = advance(s, 5, {kTp, Reason::kAdaptive});
+  s = advance(s, 6, {kSp, Reason::kProbe});
+  EXPECT_EQ(s.probe_from, kTp) << "a new run from TP-only";
+}
+
 TEST(SwitchSavingTest, TheMixIsTheBandsTheLengthsStillBring) {
   const GateConfig c = HalfLife(2000);
   ThroughputTable t;

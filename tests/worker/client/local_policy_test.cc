@@ -120,6 +120,7 @@ void ExpectSameState(const GroupGateState& a, const GroupGateState& b, int64_t s
   EXPECT_EQ(a.chosen_weight, b.chosen_weight) << "step " << step;
   EXPECT_EQ(a.forced_runs[0], b.forced_runs[0]) << "step " << step;
   EXPECT_EQ(a.forced_runs[1], b.forced_runs[1]) << "step " << step;
+  EXPECT_EQ(a.probe_from, b.probe_from) << "step " << step;
 }
 
 // Random batches and wait shares with small probe/dwell/window settings, so every gate
