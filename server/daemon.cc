@@ -542,6 +542,7 @@ absl::Status Daemon::Impl::Start() {
       state->Sweep();
       state->PersistLearned(/*all=*/false);  // rate-limited per job, off the decision path
       streams.ExpireSilent(absl::Now() - opts.first_message_timeout, *metrics);
+      FlushHeldGrpcLogs(absl::Now());
     }
   });
   if (!opts.config_path.empty() && opts.config_poll_interval > absl::ZeroDuration()) {
@@ -687,6 +688,7 @@ void Daemon::Shutdown(absl::Duration grace) {
     d.state->PersistLearned(/*all=*/true);
   }
   d.metrics_endpoint.reset();
+  FlushHeldGrpcLogs(absl::InfiniteFuture());  // gRPC's lines held back and not yet said
   Log(LogLevel::kInfo, "stopped", {{"event", "stopped"}});
 }
 

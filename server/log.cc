@@ -99,36 +99,76 @@ GrpcLogLimit::Verdict GrpcLogLimit::Admit(const char* file, int line, absl::Time
   if (fresh) site.bucket = TokenBucket(1.0 / absl::ToDoubleSeconds(kRefill), kBurst, now);
   if (!site.bucket.TryTake(now)) {
     ++site.held_back;
+    site.last_held = now;
     return {};
   }
   return {true, std::exchange(site.held_back, 0)};
 }
 
+std::vector<GrpcLogLimit::Quiet> GrpcLogLimit::TakeQuiet(absl::Time now) {
+  std::vector<Quiet> quiet;
+  for (auto& [key, site] : sites_) {
+    if (site.held_back > 0 && now - site.last_held >= kRefill) {
+      quiet.push_back({key.first, key.second, std::exchange(site.held_back, 0)});
+    }
+  }
+  return quiet;
+}
+
+namespace {
+
+// RouteGrpcLogs' limiter and its lock, shared with FlushHeldGrpcLogs.
+ABSL_CONST_INIT absl::Mutex g_grpc_limit_mu(absl::kConstInit);
+GrpcLogLimit& GrpcLimit() {
+  static GrpcLogLimit* const limit = new GrpcLogLimit();
+  return *limit;
+}
+
+// One of gRPC's lines as the daemon writes it: "grpc (FILE:LINE): MESSAGE", FILE the
+// source file's name without its directory.
+void LogGrpc(LogLevel level, const char* path, int line, std::string_view message,
+             int64_t held_back) {
+  const char* slash = path == nullptr ? nullptr : std::strrchr(path, '/');
+  const std::string file = slash != nullptr ? slash + 1 : (path ? path : "");
+  std::vector<LogField> fields = {{"event", "grpc"}, {"file", file}, {"line", line}};
+  if (held_back > 0) fields.emplace_back("held_back", held_back);
+  Log(level,
+      absl::StrCat("grpc (", file, ":", line, "): ", absl::string_view(message.data(), message.size())),
+      fields);
+}
+
+}  // namespace
+
 void RouteGrpcLogs() {
   gpr_set_log_function([](gpr_log_func_args* args) {
-    ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
-    static GrpcLogLimit* const limit = new GrpcLogLimit();
     const bool error = args->severity == GPR_LOG_SEVERITY_ERROR;
     GrpcLogLimit::Verdict v{true, 0};
     if (error) {
-      absl::MutexLock lock(&mu);
-      v = limit->Admit(args->file, args->line, absl::Now());
+      absl::MutexLock lock(&g_grpc_limit_mu);
+      v = GrpcLimit().Admit(args->file, args->line, absl::Now());
     }
     if (!v.emit) return;
-    const char* slash = args->file == nullptr ? nullptr : std::strrchr(args->file, '/');
-    const std::string file = slash != nullptr ? slash + 1 : (args->file ? args->file : "");
     // A refused handshake or a port in use is gRPC's ERROR: the daemon's warning (it goes
     // on serving, or says why it cannot start on a line of its own).
-    const LogLevel level = error ? LogLevel::kWarning : LogLevel::kInfo;
-    std::vector<LogField> fields = {{"event", "grpc"}, {"file", file}, {"line", args->line}};
-    std::string held;
-    if (v.held_back > 0) {
-      held = absl::StrCat(" (", v.held_back, " more from here not logged since the last)");
-      fields.emplace_back("held_back", v.held_back);
-    }
-    Log(level, absl::StrCat("grpc (", file, ":", args->line, "): ", args->message, held),
-        fields);
+    const std::string held =
+        v.held_back > 0
+            ? absl::StrCat(" (", v.held_back, " more from here not logged since the last)")
+            : "";
+    LogGrpc(error ? LogLevel::kWarning : LogLevel::kInfo, args->file, args->line,
+            absl::StrCat(args->message, held), v.held_back);
   });
+}
+
+void FlushHeldGrpcLogs(absl::Time now) {
+  std::vector<GrpcLogLimit::Quiet> quiet;
+  {
+    absl::MutexLock lock(&g_grpc_limit_mu);
+    quiet = GrpcLimit().TakeQuiet(now);
+  }
+  for (const GrpcLogLimit::Quiet& q : quiet) {
+    LogGrpc(LogLevel::kWarning, q.file, q.line,
+            absl::StrCat(q.held_back, " more from here not logged; none since"), q.held_back);
+  }
 }
 
 std::string FormatLogLine(LogFormat format, absl::Time time, LogLevel level,

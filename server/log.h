@@ -56,6 +56,12 @@ void SetLogFormat(LogFormat format);
 // operator asked for them.
 void RouteGrpcLogs();
 
+// Writes, for each gRPC log site that has gone quiet with lines held back (GrpcLogLimit::
+// TakeQuiet at `now`), one line saying how many: a flood that stops has no next line to
+// carry its count. The daemon calls it from its housekeeping timer and, with
+// absl::InfiniteFuture(), at shutdown.
+void FlushHeldGrpcLogs(absl::Time now);
+
 // A token bucket per log site (gRPC's FILE:LINE): kBurst lines at once, then one every
 // kRefill. Admit says whether a line at (`file`, `line`) goes out now and, when it does,
 // how many lines of that site were held back since the last one that went out (the line
@@ -72,10 +78,21 @@ class GrpcLogLimit {
   };
   Verdict Admit(const char* file, int line, absl::Time now);
 
+  // The sites whose held lines no later line of theirs will report: some held back and
+  // none of theirs for kRefill at `now` (a line after that goes out and says so itself).
+  // Their counts are taken: a later line of the site starts from 0.
+  struct Quiet {
+    const char* file = nullptr;
+    int line = 0;
+    int64_t held_back = 0;
+  };
+  std::vector<Quiet> TakeQuiet(absl::Time now);
+
  private:
   struct Site {
     TokenBucket bucket;
     int64_t held_back = 0;
+    absl::Time last_held;  // the newest line held back
   };
   std::map<std::pair<const char*, int>, Site> sites_;  // gRPC's log sites: a few dozen
 };

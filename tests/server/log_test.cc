@@ -5,10 +5,13 @@
 #include <algorithm>
 
 #include <string>
+#include <vector>
 
 #include <grpc/grpc.h>
 #include <grpc/support/log.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -81,6 +84,57 @@ TEST(LogLine, GrpcLinesAreTheDaemonsLines) {
   EXPECT_EQ(f.at("event").string_value(), "grpc");
   EXPECT_EQ(f.at("file").string_value(), "ssl_transport_security.cc");
   EXPECT_EQ(f.at("line").number_value(), 1501);
+}
+
+// A flood that stops has no next line to say how many were held back: once a site has
+// held none for 6 s its count is taken, once, and FlushHeldGrpcLogs writes it as the
+// site's line.
+TEST(GrpcLogLimitTest, AFloodThatStopsIsCountedOnceQuiet) {
+  GrpcLogLimit limit;
+  const absl::Time t0 = absl::FromUnixSeconds(1'000'000);
+  const char* const kTsi = "src/core/tsi/ssl_transport_security.cc";
+  for (int i = 0; i < 300; ++i) limit.Admit(kTsi, 1501, t0 + absl::Milliseconds(i));
+  EXPECT_TRUE(limit.Admit(kTsi, 1502, t0).emit) << "a site with nothing held back";
+  const absl::Time last = t0 + absl::Milliseconds(299);
+  EXPECT_TRUE(limit.TakeQuiet(last + absl::Seconds(5)).empty())
+      << "a line of the site now would go out and say it";
+  const std::vector<GrpcLogLimit::Quiet> quiet = limit.TakeQuiet(last + absl::Seconds(6));
+  ASSERT_EQ(quiet.size(), 1u);
+  EXPECT_EQ(quiet[0].file, kTsi);
+  EXPECT_EQ(quiet[0].line, 1501);
+  EXPECT_EQ(quiet[0].held_back, 290);
+  EXPECT_TRUE(limit.TakeQuiet(last + absl::Seconds(60)).empty()) << "said once";
+  const GrpcLogLimit::Verdict next = limit.Admit(kTsi, 1501, last + absl::Seconds(61));
+  EXPECT_TRUE(next.emit);
+  EXPECT_EQ(next.held_back, 0) << "already said";
+}
+
+TEST(LogLine, HeldGrpcLinesAreSaidWhenTheSiteGoesQuiet) {
+  grpc_init();
+  RouteGrpcLogs();
+  // A site of its own (the limiter is the process's; what other tests held back is said
+  // first, out of the way): its burst, then one held back.
+  ::testing::internal::CaptureStderr();
+  FlushHeldGrpcLogs(absl::InfiniteFuture());
+  (void)::testing::internal::GetCapturedStderr();
+  ::testing::internal::CaptureStderr();
+  static int line = 7000;  // a fresh site each run (the limiter outlives a test)
+  ++line;
+  for (int i = 0; i < 11; ++i) {
+    gpr_log("src/core/lib/iomgr/tcp_server.cc", line, GPR_LOG_SEVERITY_ERROR, "flood");
+  }
+  const std::string burst = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(std::count(burst.begin(), burst.end(), '\n'), 10) << burst;
+  ::testing::internal::CaptureStderr();
+  FlushHeldGrpcLogs(absl::Now());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "not quiet yet";
+  ::testing::internal::CaptureStderr();
+  FlushHeldGrpcLogs(absl::InfiniteFuture());
+  FlushHeldGrpcLogs(absl::InfiniteFuture());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            absl::StrCat("spgated: WARNING: grpc (tcp_server.cc:", line,
+                         "): 1 more from here not logged; none since\n"));
+  grpc_shutdown();
 }
 
 // Any peer can make a refused handshake: a site's lines are held to a burst of 10 and one
