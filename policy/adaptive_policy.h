@@ -31,15 +31,17 @@
 //      otherwise the group holds its mode (reason ADAPTIVE, flip_held). After a probe run
 //      that ended in the mode it measured where that mode is the gates' choice in a band
 //      without evidence, the group goes back to the mode the run left unless the switch
-//      from that mode pays (a probe run is an excursion). Where switching is free nothing
+//      from that mode pays or the cap has no switch left (a probe run is an excursion;
+//      the gates' own wait-share probe is a run of one step). Where switching is free nothing
 //      holds and the cap does not bind: the group runs step 3's choice;
 //   5. exploration: on kProbeRunSteps consecutive steps of every
 //      ceil(kProbeRunSteps/share) (a probe run: two switches buy four samples; where in
 //      its period a run falls, a hash of the period's number picks) the band's mode not
 //      chosen runs instead (reason PROBE), if the cap (where it binds) leaves the flips
 //      out and back; a held group's, the mode it is kept off where that mode's estimate
-//      in the band predates the band's last change. The share is adaptive_explore_share while the band learns (too few
-//      samples) and carries kLearnMinTraffic of the recent batches, where switching is
+//      in the band predates the band's last change. The share is adaptive_explore_share
+//      while the band learns (too few samples) and carries kLearnMinTraffic of the
+//      recent batches, where switching is
 //      free while it is known, carries that share and is undecided with its estimates
 //      leaning to the mode not chosen (step 3 did not depart, yet by its measure of a
 //      saving, which counts TP-only's seconds 1 + adaptive_margin times, that mode saves

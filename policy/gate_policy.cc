@@ -161,9 +161,14 @@ GateOutcome AdvanceGroupState(const GroupGateState& state, int64_t step, Decisio
     s.has_chosen_mode = true;
     s.chosen_mode = decision.mode;
   }
-  // A probe run's first decision keeps the mode it leaves; its later ones keep that.
-  if (decision.reason == Reason::kProbe && !(s.has_decision && s.reason == Reason::kProbe)) {
-    s.probe_from = s.has_decision ? s.mode : decision.mode;
+  // A probe run's first decision keeps the mode it leaves (after a forced decision, the
+  // mode the policy had chosen: a run does not go back to a pin's or the memory gate's
+  // mode); its later ones keep that.
+  if (decision.reason == Reason::kProbe &&
+      !(state.has_decision && state.reason == Reason::kProbe)) {
+    s.probe_from = !state.has_decision ? decision.mode
+                   : IsForcedReason(state.reason) && state.has_chosen_mode ? state.chosen_mode
+                                                                           : state.mode;
   }
   ++s.decisions;
   s.has_decision = true;

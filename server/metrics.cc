@@ -210,9 +210,9 @@ Metrics::Metrics()
                              .Help("Forgetting-weighted samples behind each learned estimate.")
                              .Register(*registry_)),
       exploration_f(BuildCounter().Name("spgate_adaptive_exploration_steps_total")
-                        .Help("ADAPTIVE decisions that ran the mode not chosen to measure "
-                              "it (reason probe): group-steps, and a step plan's "
-                              "micro-batches.")
+                        .Help("ADAPTIVE decisions that ran a mode to measure it (reason "
+                              "probe): the mode not chosen, or a held group's mode it is "
+                              "kept off; group-steps, and a step plan's micro-batches.")
                         .Register(*registry_)),
       adaptive_gain_f(BuildGauge().Name("spgate_adaptive_gain_ratio")
                           .Help("Learned throughput of the ADAPTIVE choices over that of the "

@@ -1152,12 +1152,12 @@ struct HeldBand {
   int64_t changed = -1;  // the band's change; -1: no change (SP never slowed)
 };
 
-HeldBand HeldOffStaleTpOnly(bool change) {
+HeldBand HeldOffStaleTpOnly(bool change, double tp_rate = 103) {
   HeldBand h;
   const int costly = BandOf(h.c, 0.05, 4096);
   for (int64_t s = 0; s < 300; ++s) {
     h.t.Observe(h.c, h.band, kSp, s, 4096, 4096 / 100.0);
-    h.t.Observe(h.c, h.band, kTp, s, 4096, 4096 / 103.0);
+    h.t.Observe(h.c, h.band, kTp, s, 4096, 4096 / tp_rate);
     h.t.Observe(h.c, costly, kSp, s, 4096, 4096 / 100.0);
   }
   h.t.ObserveAfterSwitch(h.c, costly, kSp, 300, 4096, 4096 / 100.0 + 100);
@@ -1205,13 +1205,14 @@ TEST(EvaluateAdaptiveTest, AHeldGroupProbesTheModeItIsKeptOffWhereItsEstimateIsS
     ASSERT_GT(MeasuredSwitchCost(h.c, h.t, 400), 50.0);
     ASSERT_TRUE(EstimateBand(h.c, &h.t, h.band, 400).known);
     ASSERT_EQ(h.t.cell(h.band, kTp).last_step < h.t.BandChangedStep(h.band), change);
+    // The band's next probe run after the change (re-learning: the full share's period).
+    const int64_t run = NextProbeRun(h, change ? h.changed + 2 : 400);
+    ASSERT_GT(run, (change ? h.changed : 400) + 2);
+    const double share = ShareOf(h.c, &h.t, h.band, run);
+    ASSERT_FALSE(InProbeRun(run - 1, ExplorePeriod(share), ExploreOffset(h.c, share)));
     // Outside a probe run the group is held on SP either way.
-    const int64_t run = NextProbeRun(h, 400);
-    ASSERT_GT(run, 401);
     GateOutcome out = EvaluateAdaptive(h.c, OnSp(run - 2), Batch(0.35, 4096, run - 1), {},
                                        std::nullopt, &h.t);
-    ASSERT_FALSE(StartsProbeRun(run - 1, ExplorePeriod(ShareOf(h.c, &h.t, h.band, run - 1)),
-                                ExploreOffset(h.c, ShareOf(h.c, &h.t, h.band, run - 1))));
     EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
     EXPECT_TRUE(out.flip_held);
     // In the run: TP-only is measured only where its estimate is a guess; otherwise the
@@ -1224,16 +1225,32 @@ TEST(EvaluateAdaptiveTest, AHeldGroupProbesTheModeItIsKeptOffWhereItsEstimateIsS
     EXPECT_EQ(out.explored, change);
     EXPECT_EQ(HasCheck(trace, "explore", "held off"), change);
     if (!change) continue;
-    // The run's later steps go on in TP-only (a step's own choice would be TP-only too).
-    GroupGateState probing = AdvanceGroupState(OnSp(run - 1), run, out.decision,
-                                               GatePolicyKind::kAdaptive)
-                                 .next;
-    EXPECT_EQ(probing.probe_from, kSp);
+    GroupGateState s = AdvanceGroupState(OnSp(run - 1), run, out.decision,
+                                         GatePolicyKind::kAdaptive)
+                           .next;
+    EXPECT_EQ(s.probe_from, kSp);
+    // A step plan's later micro-batch of the same step goes on with the run.
+    out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, run), {}, std::nullopt, &h.t);
+    EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe})) << "a later micro-batch";
+    // The run's later steps go on in TP-only, still a probe run although TP-only is the
+    // gates' choice too; nothing goes back before the run's end.
+    for (int64_t k = run + 1; k < run + kProbeRunSteps; ++k) {
+      trace.clear();
+      out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, k), {}, std::nullopt, &h.t, &trace);
+      EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe})) << "step " << k;
+      EXPECT_FALSE(HasCheck(trace, "probe_return")) << "step " << k;
+      s = out.next;
+    }
+    EXPECT_EQ(s.probe_from, kSp);
+    // The run over, in a band still re-learning (no evidence: the gates' TP-only), the
+    // switch from SP to TP-only still would not pay: back to SP.
+    const int64_t after = run + kProbeRunSteps;
+    ASSERT_TRUE(Relearning(h.c, h.t, h.band, after, EstimateBand(h.c, &h.t, h.band, after)));
+    ASSERT_FALSE(InProbeRun(after, ExplorePeriod(share), ExploreOffset(h.c, share)));
     trace.clear();
-    out = EvaluateAdaptive(h.c, probing, Batch(0.35, 4096, run + 1), {}, std::nullopt, &h.t,
-                           &trace);
-    EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe}));
-    EXPECT_FALSE(HasCheck(trace, "probe_return")) << "the run has not ended";
+    out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, after), {}, std::nullopt, &h.t, &trace);
+    EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive}));
+    EXPECT_TRUE(HasCheck(trace, "probe_return", "back to sp"));
   }
 }
 
@@ -1243,31 +1260,39 @@ TEST(EvaluateAdaptiveTest, AProbeRunInABandWithoutEvidenceGoesBackToTheModeItLef
     bool change;     // the band re-learns after a change: no evidence, the gates' TP-only
     double cost_s;   // the switch cost measured (0: switching free)
     Mode from;       // the mode the run left
+    bool cap_spent;  // the run's switch and one before it within the cap's window
+    double tp_rate;  // TP-only's rate before the change (SP's: 100)
     Decision want;
   } cases[] = {
-      {"re-learning: the switch from SP does not pay, back to SP", true, 100, kSp,
+      {"re-learning: the switch from SP does not pay, back to SP", true, 100, kSp, false, 103,
        {kSp, Reason::kAdaptive}},
-      {"the band's evidence stands: TP-only stays", false, 100, kSp,
+      {"the band's evidence stands: TP-only stays", false, 100, kSp, false, 103,
        {kTp, Reason::kLengthCv}},
-      {"switching free: TP-only stays", true, 0, kSp, {kTp, Reason::kLengthCv}},
-      {"the run left TP-only: it ended where it began", true, 100, kTp,
+      // TP-only slower than SP: a switch to it from SP would not pay even free.
+      {"switching free: TP-only stays", true, 0, kSp, false, 97, {kTp, Reason::kLengthCv}},
+      {"the run left TP-only: it ended where it began", true, 100, kTp, false, 103,
+       {kTp, Reason::kLengthCv}},
+      {"the cap has no switch back left: TP-only stays", true, 100, kSp, true, 103,
        {kTp, Reason::kLengthCv}},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(k.what);
-    HeldBand h = HeldOffStaleTpOnly(k.change);
+    HeldBand h = HeldOffStaleTpOnly(k.change, k.tp_rate);
     if (k.cost_s == 0) h.t.SetSwitchCost(SwitchCostCell{});
     ASSERT_EQ(MeasuredSwitchCost(h.c, h.t, 400) > 0, k.cost_s > 0);
-    ASSERT_EQ(Relearning(h.c, h.t, h.band, h.changed + 5,
-                         EstimateBand(h.c, &h.t, h.band, h.changed + 5)),
-              k.change);
     // A run of TP-only from `from` that ended on the step before: the next step is the
     // gates' TP-only (CV 0.35) and in no run.
     const int64_t step = (k.change ? h.changed : 340) + 5;
+    ASSERT_EQ(Relearning(h.c, h.t, h.band, step, EstimateBand(h.c, &h.t, h.band, step)),
+              k.change);
     GroupGateState s = OnSp(step - 1);
     s.mode = s.chosen_mode = kTp;
     s.reason = Reason::kProbe;
     s.probe_from = k.from;
+    if (k.cap_spent) {
+      s.last_switch_at = s.decisions - 4;
+      s.prev_switch_at = s.decisions - 20;
+    }
     const double share = ShareOf(h.c, &h.t, h.band, step);
     ASSERT_FALSE(InProbeRun(step, ExplorePeriod(share), ExploreOffset(h.c, share)));
     std::vector<GateCheck> trace;
@@ -1395,9 +1420,6 @@ TEST(AdvanceGroupStateTest, CountsForcedRuns) {
   EXPECT_EQ(s.forced_runs[1], 0.0);
 }
 
-// A move is judged over the bands the lengths still bring: a band they stopped bringing
-// leaves the mix within a few kMoveHorizonDecisions, not half-lives; and a band whose change
-// was detected lately counts in the mix's weight but saves nothing.
 // A probe run keeps the mode it left (the first decision of a run), through its steps.
 TEST(AdvanceGroupStateTest, AProbeRunKeepsTheModeItLeft) {
   const auto advance = [](const GroupGateState& s, int64_t step, Decision d) {
@@ -1413,8 +1435,17 @@ TEST(AdvanceGroupStateTest, AProbeRunKeepsTheModeItLeft) {
   s = advance(s, 5, {kTp, Reason::kAdaptive});
   s = advance(s, 6, {kSp, Reason::kProbe});
   EXPECT_EQ(s.probe_from, kTp) << "a new run from TP-only";
+  // After a forced decision, the mode the policy had chosen: a run does not go back to
+  // the memory gate's mode.
+  s = advance(s, 7, {kTp, Reason::kAdaptive});
+  s = advance(s, 8, {kSp, Reason::kMemoryRequiresSp});
+  s = advance(s, 9, {kSp, Reason::kProbe});
+  EXPECT_EQ(s.probe_from, kTp);
 }
 
+// A move is judged over the bands the lengths still bring: a band they stopped bringing
+// leaves the mix within a few kMoveHorizonDecisions, not half-lives; and a band whose change
+// was detected lately counts in the mix's weight but saves nothing.
 TEST(SwitchSavingTest, TheMixIsTheBandsTheLengthsStillBring) {
   const GateConfig c = HalfLife(2000);
   ThroughputTable t;
