@@ -534,15 +534,17 @@ bool CostHolds(const GateConfig& config, const GroupGateState& state, const Batc
   return false;
 }
 
-// Step 4 after a probe run that has ended: whether the group goes back to the mode it ran
-// before the run (state.probe_from; docs/design.md §11, "A probe run is an excursion").
-// It does where the run ended in the mode it measured, that mode is the gates' choice in
-// a band without evidence (nothing learned, or re-learning after a change; the prior did
-// not depart), the switch to it from the mode the run left does not pay (CostHolds, as if
-// the group still ran that mode) and the cap leaves the switch back: the run was to
-// measure, and without evidence the group's mode would otherwise be set by when a probe
-// fell. Where the band's evidence chose the mode the run ended in, the group stays: that
-// switch is paid, and going back would be one more.
+// Step 4 after a probe decision: whether the group goes back to the mode it ran before the
+// run (state.probe_from; docs/design.md §11, "A probe run is an excursion"). It does where
+// the group runs the mode the run measured, that mode is the gates' choice in a band
+// without evidence (nothing learned, or re-learning after a change; the prior did not
+// depart), the switch to it from the mode the run left does not pay (CostHolds, as if the
+// group still ran that mode) and the cap leaves the switch back: the run was to measure,
+// and without evidence the group's mode would otherwise be set by when a probe fell. Where
+// the band's evidence chose the mode the run ran, the group stays: that switch is paid,
+// and going back would be one more. Within the run this sets the way back that step 5's
+// probe overrides (the run goes on); so a step plan's held run covers its step's first
+// micro-batch, the later ones go back.
 bool ProbeRunReturns(const GateConfig& config, const GroupGateState& state,
                      const BatchFacts& batch, const ThroughputTable* table,
                      const BandEstimate& e, bool recently_changed, const Decision& incumbent,
@@ -570,44 +572,6 @@ bool ProbeRunReturns(const GateConfig& config, const GroupGateState& state,
   return true;
 }
 
-// Step 5's schedule: the band's probe runs at its exploration share (period 0: none), and
-// whether the step is in one and goes on with the group's run in progress.
-struct ProbeSchedule {
-  int64_t period = 0;
-  int64_t offset = 0;
-  bool now = false;      // the step is in one of the band's probe runs
-  // The group's probe run goes on at this decision: the step after the run's last one, in
-  // the same run.
-  bool goes_on = false;
-  // The run in progress measures the mode step 3 chose, away from the mode it left, and
-  // that choice is the gates' in a band without evidence (a held group's run of the mode
-  // it is kept off), where a switch's cost is measured: it goes on as a run through its
-  // steps and a step plan's later micro-batches, and its way back is weighed at its end
-  // (ProbeRunReturns).
-  bool excursion = false;
-};
-
-ProbeSchedule ProbeScheduleOf(const GateConfig& config, const ThroughputTable* table,
-                              const GroupGateState& state, int band, int64_t step,
-                              const BandEstimate& e, bool recently_changed, bool leans,
-                              bool free, Mode wanted, bool gates_without_evidence) {
-  ProbeSchedule run;
-  const bool relearn_now = recently_changed && free;
-  if (MayExplore(config, step) || relearn_now) {
-    const double share = ExploreShareOf(config, table, band, step, e, leans && free);
-    run.period = ExplorePeriod(share);
-    run.offset = ExploreOffset(config, share, relearn_now ? table->BandChangedStep(band) : -1);
-  }
-  run.now = run.period > 0 && InProbeRun(step, run.period, run.offset);
-  const bool probing = state.has_decision && state.reason == Reason::kProbe;
-  const bool next = state.last_step == step - 1 && !StartsProbeRun(step, run.period, run.offset);
-  run.goes_on = run.now && probing && next;
-  run.excursion = run.now && probing && !free && gates_without_evidence &&
-                  state.mode == wanted && state.probe_from != wanted &&
-                  (next || state.last_step == step);
-  return run;
-}
-
 // Step 5 of EvaluateAdaptive: the mode the step's probe run measures, where the step is in
 // one and measures a mode other than `chosen` (step 4's choice); records the check.
 // Exploration measures the mode not chosen, on the kProbeRunSteps steps of the band's
@@ -619,11 +583,18 @@ ProbeSchedule ProbeScheduleOf(const GateConfig& config, const ThroughputTable* t
 // step in a probe run of either share, or of a band re-learning, can explore: the band's
 // share, a pass over the table for a band still learning, is taken on those alone.)
 std::optional<Mode> ExploreStep(const GateConfig& config, const GroupGateState& state,
-                                const ThroughputTable* table, int band, const BandEstimate& e,
-                                const ProbeSchedule& run, bool free, bool held, Mode wanted,
-                                Mode chosen, std::vector<GateCheck>* trace) {
-  if (!run.now) return std::nullopt;
-  const int64_t period = run.period;
+                                const ThroughputTable* table, int band, int64_t step,
+                                const BandEstimate& e, bool recently_changed, bool leans,
+                                bool free, bool held, Mode wanted, Mode chosen,
+                                std::vector<GateCheck>* trace) {
+  const bool relearn_now = recently_changed && free;
+  int64_t period = 0, offset = 0;
+  if (MayExplore(config, step) || relearn_now) {
+    const double share = ExploreShareOf(config, table, band, step, e, leans && free);
+    period = ExplorePeriod(share);
+    offset = ExploreOffset(config, share, relearn_now ? table->BandChangedStep(band) : -1);
+  }
+  if (!(period > 0 && InProbeRun(step, period, offset))) return std::nullopt;
   // The mode not chosen before any hold (`wanted`: a held group already runs the other),
   // but a held group's the mode it is kept off where that mode's estimate in the band
   // predates the band's last change: the hold weighs a guess, and only a run replaces it.
@@ -632,19 +603,18 @@ std::optional<Mode> ExploreStep(const GateConfig& config, const GroupGateState& 
   // switches are paid; choosing the mode anew on every step switched the group on each
   // one, and a switch before any was measured teaches nothing: ObserveAfterSwitch). A step
   // plan's micro-batches share their step: the first of a step goes on with the previous
-  // step's probe run, the others take the mode anew each (an excursion's go on with it:
-  // ProbeSchedule::excursion).
+  // step's probe run, the others take the mode anew each.
   const bool kept_off_stale = held && e.known && table != nullptr &&
                               table->cell(band, wanted).last_step < table->BandChangedStep(band);
+  const bool run_goes_on = state.has_decision && state.reason == Reason::kProbe &&
+                           state.last_step == step - 1 && !StartsProbeRun(step, period, offset);
   const bool learning = !e.known && e.sp.samples != e.tp.samples;
-  const Mode probe = (run.goes_on && (learning || !free)) || run.excursion ? state.mode
+  const Mode probe = run_goes_on && (learning || !free) ? state.mode
                      : !learning ? (kept_off_stale ? wanted : OtherMode(wanted))
                      : e.sp.samples < e.tp.samples ? Mode::kSequenceParallel
                                                    : Mode::kTensorParallelOnly;
   const int flips = state.has_chosen_mode && probe != state.chosen_mode ? 2 : 0;
-  // An excursion's run is still a run in the mode now chosen: its end is where the way
-  // back is weighed (ProbeRunReturns).
-  if (probe == chosen && !run.excursion) {
+  if (probe == chosen) {
     Record(trace, "explore", "pass", static_cast<double>(period), std::nullopt,
            [] { return "exploration step; the mode to measure is the one chosen"; });
     return std::nullopt;
@@ -728,33 +698,33 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // from a probe run is free of the cost (the cap let the run out and back), and a run
   // that ended in the gates' choice of a band without evidence goes back to the mode it
   // left unless the switch from that mode pays (ProbeRunReturns).
-  // Step 5's schedule first: a probe run that goes on has not ended.
   const bool free = !(cost > 0);
+  std::vector<GateCheck> way_back;
   const Mode wanted = choice.mode;
-  const bool gates_without_evidence =
-      choice.mode == incumbent.mode && !prior.has_value() && (!e.known || recently_changed);
-  const ProbeSchedule run = ProbeScheduleOf(config, table, state, band, batch.step, e,
-                                            recently_changed, leans, free, wanted,
-                                            gates_without_evidence);
-  const bool run_ended = state.reason == Reason::kProbe && state.last_step < batch.step &&
-                         !run.goes_on && !run.excursion;
   if (!free && state.has_decision && choice.mode != state.mode) {
     held = CapHolds(config, state, choice, cost, trace) ||
            CostHolds(config, state, batch, table, e, incumbent, choice, prior, predicted, noise,
                      cost, trace);
     if (held) choice = {state.mode, Reason::kAdaptive};
-  } else if (!free && run_ended &&
-             ProbeRunReturns(config, state, batch, table, e, recently_changed, incumbent,
-                             choice, prior, predicted, noise, cost, trace)) {
+  } else if (!free && ProbeRunReturns(config, state, batch, table, e, recently_changed,
+                                      incumbent, choice, prior, predicted, noise, cost,
+                                      trace != nullptr ? &way_back : nullptr)) {
+    // (Its trace joins the rest unless step 5 probes: a run that goes on, or a new one.)
     choice = {state.probe_from, Reason::kAdaptive};
   }
 
-  // 5. Exploration (ExploreStep).
-  if (const std::optional<Mode> probe =
-          ExploreStep(config, state, table, band, e, run, free, held, wanted, choice.mode, trace)) {
+  // 5. Exploration (ExploreStep), which a probe run's later steps go on with.
+  const size_t explore_at = trace != nullptr ? trace->size() : 0;
+  if (const std::optional<Mode> probe = ExploreStep(config, state, table, band, batch.step, e,
+                                                    recently_changed, leans, free, held, wanted,
+                                                    choice.mode, trace)) {
     choice = {*probe, Reason::kProbe};
     explored = true;
     held = false;
+  }
+  if (trace != nullptr && !explored) {
+    trace->insert(trace->begin() + static_cast<std::ptrdiff_t>(explore_at), way_back.begin(),
+                  way_back.end());
   }
   return finish(choice);
 }

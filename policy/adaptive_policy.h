@@ -28,12 +28,12 @@
 //      cap leaves both) or as a move (this batch's saving plus kMoveHorizonDecisions − 1
 //      steps of the band mix's ≥ c; in a band without evidence the batch's saving is the
 //      prior's prediction, and the gates' choice there without one obeys the cap alone);
-//      otherwise the group holds its mode (reason ADAPTIVE, flip_held). After a probe run
-//      that ended in the mode it measured where that mode is the gates' choice in a band
-//      without evidence, the group goes back to the mode the run left unless the switch
-//      from that mode pays or the cap has no switch left (a probe run is an excursion;
-//      the gates' own wait-share probe is a run of one step). Where switching is free nothing
-//      holds and the cap does not bind: the group runs step 3's choice;
+//      otherwise the group holds its mode (reason ADAPTIVE, flip_held). After a probe
+//      run in the mode that is the gates' choice in a band without evidence, the group
+//      goes back to the mode the run left unless the switch from that mode pays or the cap
+//      has no switch left (a probe run is an excursion; the gates' own wait-share probe
+//      is a run of one step). Where switching is free nothing holds and the cap does not
+//      bind: the group runs step 3's choice;
 //   5. exploration: on kProbeRunSteps consecutive steps of every
 //      ceil(kProbeRunSteps/share) (a probe run: two switches buy four samples; where in
 //      its period a run falls, a hash of the period's number picks) the band's mode not

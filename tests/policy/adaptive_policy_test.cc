@@ -1229,11 +1229,14 @@ TEST(EvaluateAdaptiveTest, AHeldGroupProbesTheModeItIsKeptOffWhereItsEstimateIsS
                                          GatePolicyKind::kAdaptive)
                            .next;
     EXPECT_EQ(s.probe_from, kSp);
-    // A step plan's later micro-batch of the same step goes on with the run.
-    out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, run), {}, std::nullopt, &h.t);
-    EXPECT_EQ(out.decision, (Decision{kTp, Reason::kProbe})) << "a later micro-batch";
+    // A step plan's later micro-batch of the same step goes back (the run covers its
+    // step's first micro-batch; design.md §11).
+    trace.clear();
+    out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, run), {}, std::nullopt, &h.t, &trace);
+    EXPECT_EQ(out.decision, (Decision{kSp, Reason::kAdaptive})) << "a later micro-batch";
+    EXPECT_TRUE(HasCheck(trace, "probe_return", "back to sp"));
     // The run's later steps go on in TP-only, still a probe run although TP-only is the
-    // gates' choice too; nothing goes back before the run's end.
+    // gates' choice too (the way back each sets, the run overrides and its trace drops).
     for (int64_t k = run + 1; k < run + kProbeRunSteps; ++k) {
       trace.clear();
       out = EvaluateAdaptive(h.c, s, Batch(0.35, 4096, k), {}, std::nullopt, &h.t, &trace);
