@@ -5,12 +5,17 @@
 #include <algorithm>
 
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <grpc/grpc.h>
 #include <grpc/support/log.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
@@ -135,6 +140,54 @@ TEST(LogLine, HeldGrpcLinesAreSaidWhenTheSiteGoesQuiet) {
             absl::StrCat("spgated: WARNING: grpc (tcp_server.cc:", line,
                          "): 1 more from here not logged; none since\n"));
   grpc_shutdown();
+}
+
+// The housekeeping thread flushes beside gRPC's threads logging: every line of a site is
+// written or counted once, by a later line of the site or by a flush.
+TEST(LogLine, EveryHeldLineIsCountedOnceBesideAFlushingThread) {
+  grpc_init();
+  RouteGrpcLogs();
+  static int base = 9000;  // fresh sites each run (the limiter outlives a test)
+  base += 10;
+  constexpr int kThreads = 4, kLines = 300;
+  ::testing::internal::CaptureStderr();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < kLines; ++i) {
+        gpr_log("src/core/lib/surface/server.cc", base + t, GPR_LOG_SEVERITY_ERROR, "flood");
+      }
+    });
+  }
+  std::thread flusher([] {
+    for (int i = 0; i < 200; ++i) FlushHeldGrpcLogs(absl::InfiniteFuture());
+  });
+  for (std::thread& th : threads) th.join();
+  flusher.join();
+  FlushHeldGrpcLogs(absl::InfiniteFuture());
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  grpc_shutdown();
+  for (int t = 0; t < kThreads; ++t) {
+    const std::string site = absl::StrCat("grpc (server.cc:", base + t, "): ");
+    int64_t accounted = 0;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      if (!absl::StartsWith(line, absl::StrCat("spgated: WARNING: ", site))) continue;
+      line.remove_prefix(absl::string_view("spgated: WARNING: ").size() + site.size());
+      int64_t n = 0;
+      if (absl::StartsWith(line, "flood")) {
+        ++accounted;  // a line written, and the held ones it says
+        const size_t open = line.find(" (");
+        if (open != absl::string_view::npos) {
+          ASSERT_TRUE(absl::SimpleAtoi(line.substr(open + 2, line.find(' ', open + 2) - open - 2), &n))
+              << line;
+        }
+      } else {
+        ASSERT_TRUE(absl::SimpleAtoi(line.substr(0, line.find(' ')), &n)) << line;  // a flush
+      }
+      accounted += n;
+    }
+    EXPECT_EQ(accounted, kLines) << site;
+  }
 }
 
 // Any peer can make a refused handshake: a site's lines are held to a burst of 10 and one
