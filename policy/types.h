@@ -88,8 +88,8 @@ struct GroupGateState {
   double chosen_weight = 0;
   double forced_runs[2] = {0, 0};
   // ADAPTIVE's probe run is an excursion (docs/design.md §11): the mode the group ran when
-  // the run in progress (reason kProbe) began, which its way back returns to unless a switch
-  // from it pays.
+  // the run in progress (reason kProbe) began (after a forced decision, the mode the policy
+  // had chosen), which its way back returns to unless a switch from it pays.
   Mode probe_from = Mode::kSequenceParallel;
 };
 
