@@ -550,7 +550,7 @@ bool ProbeRunReturns(const GateConfig& config, const GroupGateState& state,
                      const BandEstimate& e, bool recently_changed, const Decision& incumbent,
                      const Decision& choice, const std::optional<PriorEstimate>& prior,
                      const std::optional<PriorEstimate>& predicted, const TableNoise& noise,
-                     double cost, std::vector<GateCheck>* trace) {
+                     double cost) {
   if (!state.has_decision || state.reason != Reason::kProbe || choice.mode != state.mode ||
       state.probe_from == state.mode || choice.mode != incumbent.mode || prior.has_value() ||
       (e.known && !recently_changed) || !FlipsAllowed(config, state, 1)) {
@@ -559,17 +559,8 @@ bool ProbeRunReturns(const GateConfig& config, const GroupGateState& state,
   GroupGateState left = state;
   left.mode = state.probe_from;
   left.reason = Reason::kAdaptive;
-  if (!CostHolds(config, left, batch, table, e, incumbent, choice, prior, predicted, noise, cost,
-                 nullptr)) {
-    return false;
-  }
-  Record(trace, "probe_return", "fire", std::nullopt, cost, [&] {
-    return absl::StrFormat(
-        "the probe run measured %s, the gates' choice in a band without evidence; a switch "
-        "to it from %s, which the run left, would not pay the measured %.4g s: back to %s",
-        ModeLabel(state.mode), ModeLabel(state.probe_from), cost, ModeLabel(state.probe_from));
-  });
-  return true;
+  return CostHolds(config, left, batch, table, e, incumbent, choice, prior, predicted, noise,
+                   cost, nullptr);
 }
 
 // Step 5 of EvaluateAdaptive: the mode the step's probe run measures, where the step is in
@@ -699,22 +690,20 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
   // that ended in the gates' choice of a band without evidence goes back to the mode it
   // left unless the switch from that mode pays (ProbeRunReturns).
   const bool free = !(cost > 0);
-  std::vector<GateCheck> way_back;
   const Mode wanted = choice.mode;
+  bool back = false;  // the way back from a probe run (ProbeRunReturns)
   if (!free && state.has_decision && choice.mode != state.mode) {
     held = CapHolds(config, state, choice, cost, trace) ||
            CostHolds(config, state, batch, table, e, incumbent, choice, prior, predicted, noise,
                      cost, trace);
     if (held) choice = {state.mode, Reason::kAdaptive};
   } else if (!free && ProbeRunReturns(config, state, batch, table, e, recently_changed,
-                                      incumbent, choice, prior, predicted, noise, cost,
-                                      trace != nullptr ? &way_back : nullptr)) {
-    // (Its trace joins the rest unless step 5 probes: a run that goes on, or a new one.)
+                                      incumbent, choice, prior, predicted, noise, cost)) {
+    back = true;
     choice = {state.probe_from, Reason::kAdaptive};
   }
 
   // 5. Exploration (ExploreStep), which a probe run's later steps go on with.
-  const size_t explore_at = trace != nullptr ? trace->size() : 0;
   if (const std::optional<Mode> probe = ExploreStep(config, state, table, band, batch.step, e,
                                                     recently_changed, leans, free, held, wanted,
                                                     choice.mode, trace)) {
@@ -722,9 +711,15 @@ GateOutcome EvaluateAdaptive(const GateConfig& config, const GroupGateState& sta
     explored = true;
     held = false;
   }
-  if (trace != nullptr && !explored) {
-    trace->insert(trace->begin() + static_cast<std::ptrdiff_t>(explore_at), way_back.begin(),
-                  way_back.end());
+  // The way back is traced where it decided: a run that goes on, or a new one, overrides it.
+  if (back && !explored) {
+    Record(trace, "probe_return", "fire", std::nullopt, cost, [&] {
+      return absl::StrFormat(
+          "the probe run measured %s, the gates' choice in a band without evidence; a "
+          "switch to it from %s, which the run left, would not pay the measured %.4g s: "
+          "back to %s",
+          ModeLabel(state.mode), ModeLabel(state.probe_from), cost, ModeLabel(state.probe_from));
+    });
   }
   return finish(choice);
 }
