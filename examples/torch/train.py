@@ -24,9 +24,9 @@ Start it with torch.multiprocessing (this script spawns the ranks itself): Debia
 torchrun (torch 1.13) fails on Python 3.11, so `/usr/bin/python3 train.py ...` is the way
 to run it - Debian's interpreter, the one python3-torch is installed for (a `python3` first
 on PATH may be another one, without torch: docs/pytorch.md). All ranks run on this
-machine: run_rank rendezvouses at tcp://127.0.0.1, so mpirun and multi-node runs are not
-supported as written; a job started by its own launcher runs run_rank's body after
-init_process_group(init_method="env://"), docs/pytorch.md.
+machine: the ranks rendezvous at a store main() serves on 127.0.0.1 (join_ranks), so mpirun
+and multi-node runs are not supported as written; a job started by its own launcher runs
+run_rank's body after init_process_group(init_method="env://"), docs/pytorch.md.
 
     PYTHONPATH=build/python /usr/bin/python3 examples/torch/train.py \
         --controller=127.0.0.1:50061 --job_id=torch-demo --steps=30 --summary_json=/tmp/summary.json
@@ -66,7 +66,6 @@ import json
 import math
 import os
 import random
-import socket
 import statistics
 import sys
 import time
@@ -281,6 +280,15 @@ def pipelined(args):
     return args.pp > 1 or args.microbatches > 1
 
 
+def join_ranks(rank, world, port):
+    """The rank's gloo process group, met at the store main() serves on 127.0.0.1:port."""
+    import torch.distributed as dist
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    timeout = datetime.timedelta(seconds=120)
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 def run_rank(rank, world, args, port):
     if pipelined(args):
         return run_pipeline_rank(rank, world, args, port)
@@ -290,9 +298,7 @@ def run_rank(rank, world, args, port):
     from spgate.torch import parallel as P
 
     torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    join_ranks(rank, world, port)
     tp_size, groups = args.tp, world // args.tp
     group, tp_rank = rank // tp_size, rank % tp_size
     # Every rank creates every group, in the same order (torch.distributed's rule).
@@ -468,9 +474,7 @@ def run_pipeline_rank(rank, world, args, port):
     from spgate.torch import pipeline as PL
 
     torch.set_num_threads(1)
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    join_ranks(rank, world, port)
     grid = PL.PipelineGrid(tp=args.tp, pp=args.pp, microbatches=args.microbatches)
     m = args.microbatches
     decider = connect(args, rank, pp_group=grid)  # the stage's PipelineDecider
@@ -859,10 +863,14 @@ def summarize(args, world, per_rank):
 
 def main(argv=None):
     args = parse_args(argv)
+    import torch.distributed as dist
     import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # The ranks meet at a store this process serves, on a port the kernel chose and that
+    # stays bound while they run: a port found free here and bound by a rank seconds later
+    # (after it imports torch) can be taken in between by another program.
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=120),
+                          wait_for_workers=False)
+    port = store.port
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     context = mp.start_processes(run_rank, args=(args.world, args, port), nprocs=args.world,

@@ -22,8 +22,9 @@ def free_port() -> int:
 def _entry(rank, world, port, fn, args, out_dir):
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         result = fn(rank, world, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -42,8 +43,14 @@ def _entry(rank, world, port, fn, args, out_dir):
 def run_ranks(world: int, fn, *args, timeout_s: float = 240):
     """Runs fn(rank, world, *args) on `world` gloo ranks; returns [result of rank r]."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # The ranks meet at a store served from here, on a port the kernel chose and that stays
+    # bound until they are done. A port found free here and bound later by rank 0 (seconds
+    # later: the spawned rank imports torch first) can be taken in between by a test running
+    # beside this one ("Address already in use" at rendezvous, once in CI).
+    store = dist.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="spgate-py-") as out_dir:
-        ctx = mp.start_processes(_entry, args=(world, free_port(), fn, args, out_dir),
+        ctx = mp.start_processes(_entry, args=(world, store.port, fn, args, out_dir),
                                  nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not ctx.join(timeout=1):
