@@ -131,6 +131,7 @@ StageMemoryGate::StageMemoryGate(std::span<const PipelineOp> ops, uint64_t resid
     : memory_(memory), resident_(resident), limit_(limit_bytes) {
   modes_.assign(memory.size(), Mode::kSequenceParallel);
   level_ = Levels(ops, resident, memory, modes_);
+  all_sp_level_ = level_;
   all_sp_peak_ = Peak(level_, resident);
   // Where each micro-batch's chunks run forward and backward, so that trying TP-only for
   // one touches only the ops between its first forward and its last backward: the gate
@@ -158,6 +159,11 @@ uint64_t StageMemoryLimit(uint64_t budget_bytes, const GateConfig& config) {
 bool StageMemoryGate::all_sp_fits() const { return limit_ == 0 || all_sp_peak_ <= limit_; }
 
 uint64_t StageMemoryGate::peak_bytes() const { return Peak(level_, resident_); }
+
+void StageMemoryGate::Reset() {
+  std::fill(modes_.begin(), modes_.end(), Mode::kSequenceParallel);
+  std::copy(all_sp_level_.begin(), all_sp_level_.end(), level_.begin());
+}
 
 bool StageMemoryGate::TryTpOnly(int microbatch, bool force) {
   const size_t i = static_cast<size_t>(microbatch);
@@ -203,6 +209,13 @@ Decision StageMemoryGate::Admit(int microbatch, Decision wanted, bool pin_forced
 }
 
 int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions, bool pin_forced) {
+  if (gate.all_sp_fits()) {
+    for (size_t i = 0; i < decisions.size(); ++i) {
+      if (decisions[i].mode == Mode::kTensorParallelOnly) gate.TryTpOnly(static_cast<int>(i), true);
+    }
+    if (gate.fits()) return 0;
+    gate.Reset();
+  }
   int overridden = 0;
   for (size_t i = 0; i < decisions.size(); ++i) {
     const Decision d = gate.Admit(static_cast<int>(i), decisions[i], pin_forced);

@@ -116,19 +116,27 @@ class StageMemoryGate {
   Decision Admit(int microbatch, Decision wanted, bool pin_forced = false);
   const std::vector<Mode>& modes() const { return modes_; }
   uint64_t peak_bytes() const;  // with the modes set so far
+  // peak_bytes() within the limit.
+  bool fits() const { return limit_ == 0 || peak_bytes() <= limit_; }
+  // Every micro-batch SP again, as constructed (no allocation).
+  void Reset();
 
  private:
   std::span<const MicrobatchMemory> memory_;
   uint64_t resident_ = 0, limit_ = 0, all_sp_peak_ = 0;
   std::vector<Mode> modes_;
   std::vector<uint64_t> level_;  // per op: resident + held + workspace
+  std::vector<uint64_t> all_sp_level_;  // level_ with every micro-batch SP
   std::vector<std::vector<std::pair<size_t, size_t>>> spans_;  // per micro-batch: (fwd, bwd) ops
   std::vector<int64_t> delta_;
 };
 
-// Admit over a step's decisions (index = micro-batch id), in id order, in place: the
-// override loop of a step whose modes were decided elsewhere (the worker's commit of the
-// daemon's answer, the simulator's fixed TP-only choice). Returns how many it made SP.
+// The gate over a step's decisions (index = micro-batch id) decided elsewhere (the worker's
+// commit of the daemon's answer, the simulator's fixed TP-only choice), in place, on a gate
+// with every micro-batch SP: the TP-only decisions as a whole where they fit together
+// (a plan whose TP-only micro-batches were chosen by gain, DecideStagePlan, fits as a whole
+// where a prefix of it in id order may not: a micro-batch whose TP-only workspace is below
+// SP's), else Admit over them in id order. Returns how many it made SP.
 int ApplyStageMemoryGate(StageMemoryGate& gate, std::span<Decision> decisions,
                          bool pin_forced = false);
 

@@ -193,6 +193,105 @@ absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(const MicrobatchPlanInput& m
   return f;
 }
 
+namespace {
+
+// What DecideStagePlan's passes share: the plan, the stage's limit, the policy's inputs,
+// and (after a first pass the gate could not hold) which micro-batches the gate lets run
+// TP-only.
+struct StagePass {
+  const GateConfig& config;
+  const StagePlanFacts& plan;
+  int microbatches = 0;
+  uint64_t limit = 0;
+  std::optional<PinDirective> directive;
+  bool pin_forced = false;
+  bool sp_required = false;
+  bool plan_only = false;
+  const ThroughputTable* learned = nullptr;
+  const PriorFit* prior_fit = nullptr;
+  // Empty: the gate admits in id order (StageMemoryGate::Admit). Else [id]: whether the
+  // micro-batch runs TP-only if the policy answers so (the set fits as a whole, not each
+  // prefix of it in id order); a TP-only answer for one that may not runs SP, as the gate
+  // would have it.
+  std::vector<char> admit;
+};
+
+// One micro-batch the policy answered TP-only, as the gate ranks it: forced pins first,
+// then those whose gain the learned table estimates (seconds), then the rest by the
+// length-CV gate's own measure, CV × tokens; ties in id order.
+struct TpOnlyWish {
+  int tier = 0;
+  double gain = 0;
+  int id = 0;
+};
+
+TpOnlyWish WishOf(const StagePass& p, const MicrobatchFacts& f, int id, int band, bool forced) {
+  if (forced) return {2, 0, id};
+  const double tokens = static_cast<double>(f.tokens);
+  if (p.config.policy == GatePolicyKind::kAdaptive && p.learned != nullptr && band >= 0) {
+    const int64_t step = p.plan.step;
+    const double sp = p.learned->At(p.config, band, Mode::kSequenceParallel, step).tokens_per_s;
+    const double tp = p.learned->At(p.config, band, Mode::kTensorParallelOnly, step).tokens_per_s;
+    if (sp > 0 && tp > 0) return {1, tokens / sp - tokens / tp, id};
+  }
+  return {0, f.length_cv * tokens, id};
+}
+
+// One pass over the plan's micro-batches in id order, advancing `group` once each; the
+// TP-only micro-batches the policy asked for are appended to `wishes` (when not null).
+StagePlanOutcome DecidePass(const StagePass& p, StageMemoryGate& gate, GroupPolicyState& group,
+                            std::vector<TpOnlyWish>* wishes) {
+  const int m = p.microbatches;
+  gate.Reset();
+  StagePlanOutcome out;
+  out.decisions.resize(static_cast<size_t>(m));
+  out.bands.assign(static_cast<size_t>(m), -1);
+  static_assert(kBands <= 127, "a band fits in an int8_t");
+  out.over_budget = !gate.all_sp_fits();
+  const RsWaitObservation no_samples;
+  for (int id = 0; id < m; ++id) {
+    const MicrobatchFacts& f = p.plan.microbatches[id];
+    Decision d;
+    if (f.lengths_known) {
+      out.bands[id] = static_cast<int8_t>(BandOf(p.config, f.length_cv, f.tokens));
+    }
+    // Unknown lengths run SP, unless the directive is an SP-required feature: it outranks
+    // them as it does a pin.
+    if (!f.lengths_known && !p.sp_required) {
+      d = {Mode::kSequenceParallel, Reason::kLengthsUnknown};
+    } else {
+      // The single-batch memory gate is off (no budget in the facts): the stage's gate
+      // below is the memory gate of a step plan.
+      BatchFacts facts{.step = p.plan.step, .length_cv = f.length_cv, .tokens = f.tokens};
+      const GateOutcome wanted =
+          EvaluatePolicy(p.config, group.gate(), facts, p.plan_only ? no_samples : group.rs_wait(),
+                         p.directive, p.learned, nullptr, p.prior_fit);
+      const bool tp = wanted.decision.mode == Mode::kTensorParallelOnly;
+      const bool forced = p.pin_forced && wanted.decision.reason == Reason::kPinned;
+      if (!tp || forced || p.admit.empty()) {
+        d = gate.Admit(id, wanted.decision, p.pin_forced);
+      } else if (p.admit[id]) {
+        gate.TryTpOnly(id, /*force=*/true);  // the set fits; DecideStagePlan checks the peak
+        d = wanted.decision;
+      } else {
+        d = {Mode::kSequenceParallel,
+             gate.all_sp_fits() ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
+      }
+      if (tp && wishes != nullptr) {
+        wishes->push_back(WishOf(p, f, id, out.bands[id], forced));
+      }
+      if (wanted.explored && d == wanted.decision) ++out.explored;
+      if (wanted.flip_held && d == wanted.decision) ++out.flips_held;
+    }
+    group.Adopt(p.plan.step, d, p.config);
+    out.decisions[id] = d;
+  }
+  out.peak_bytes = gate.peak_bytes();
+  return out;
+}
+
+}  // namespace
+
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,
                                  const JobLayout& layout, const StagePlanFacts& plan,
                                  std::optional<PinDirective> pin, const ThroughputTable* table,
@@ -202,46 +301,53 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   std::vector<PipelineOp> ops = StageSchedule(layout.pipeline(), plan.stage).value();
   std::vector<MicrobatchMemory> memory(static_cast<size_t>(m));
   for (const MicrobatchFacts& f : plan.microbatches) memory[f.id] = f.memory;
-  StageMemoryGate gate(ops, plan.resident_bytes, memory,
-                       StageMemoryLimit(plan.memory_budget_bytes, config));
-  const std::optional<PinDirective> directive = JobDirective(sp_required, pin);
-
-  group.Prepare(config);
-  StagePlanOutcome out;
-  out.decisions.resize(static_cast<size_t>(m));
-  out.bands.assign(static_cast<size_t>(m), -1);
-  static_assert(kBands <= 127, "a band fits in an int8_t");
-  out.over_budget = !gate.all_sp_fits();
-  const RsWaitObservation no_samples;
-  // The prior's fit, once for the plan's micro-batches (up to 4,096 of them).
   const ThroughputTable* learned = options.plan_only ? nullptr : table;
+  // The prior's fit, once for the plan's micro-batches (up to 4,096 of them).
   const PriorFit prior_fit = config.policy == GatePolicyKind::kAdaptive && learned != nullptr
                                  ? FitPriorOf(config, learned)
                                  : PriorFit{};
-  for (int id = 0; id < m; ++id) {
-    const MicrobatchFacts& f = plan.microbatches[id];
-    Decision d;
-    if (f.lengths_known) out.bands[id] = static_cast<int8_t>(BandOf(config, f.length_cv, f.tokens));
-    // Unknown lengths run SP, unless the directive is an SP-required feature: it outranks
-    // them as it does a pin.
-    if (!f.lengths_known && !sp_required) {
-      d = {Mode::kSequenceParallel, Reason::kLengthsUnknown};
-    } else {
-      // The single-batch memory gate is off (no budget in the facts): the stage's gate
-      // below is the memory gate of a step plan.
-      BatchFacts facts{.step = plan.step, .length_cv = f.length_cv, .tokens = f.tokens};
-      const GateOutcome wanted =
-          EvaluatePolicy(config, group.gate(), facts, options.plan_only ? no_samples : group.rs_wait(),
-                         directive, learned, nullptr, &prior_fit);
-      d = gate.Admit(id, wanted.decision, pin.has_value() && pin->force);
-      if (wanted.explored && d == wanted.decision) ++out.explored;
-      if (wanted.flip_held && d == wanted.decision) ++out.flips_held;
-    }
-    group.Adopt(plan.step, d, config);
-    out.decisions[id] = d;
+  StagePass pass{.config = config, .plan = plan, .microbatches = m,
+                 .limit = StageMemoryLimit(plan.memory_budget_bytes, config),
+                 .directive = JobDirective(sp_required, pin),
+                 .pin_forced = pin.has_value() && pin->force, .sp_required = sp_required,
+                 .plan_only = options.plan_only, .learned = learned, .prior_fit = &prior_fit,
+                 .admit = {}};
+  StageMemoryGate gate(ops, plan.resident_bytes, memory, pass.limit);
+  group.Prepare(config);
+  if (pass.limit == 0 || m == 1) return DecidePass(pass, gate, group, nullptr);
+  // The gate in id order first. Where it could not hold every micro-batch the policy
+  // wanted TP-only, those expected to gain most get it, as many as fit together
+  // (docs/design.md §12): the plan is decided again from the group as it was, with the
+  // gate admitting that set.
+  const GroupPolicyState before = group;
+  std::vector<TpOnlyWish> wishes;
+  StagePlanOutcome first = DecidePass(pass, gate, group, &wishes);
+  const auto tp_only = [&](int id) {
+    return first.decisions[id].mode == Mode::kTensorParallelOnly;
+  };
+  if (std::all_of(wishes.begin(), wishes.end(),
+                  [&](const TpOnlyWish& w) { return tp_only(w.id); })) {
+    return first;
   }
-  out.peak_bytes = gate.peak_bytes();
-  return out;
+  std::stable_sort(wishes.begin(), wishes.end(), [](const TpOnlyWish& a, const TpOnlyWish& b) {
+    return a.tier != b.tier ? a.tier > b.tier : a.gain > b.gain;
+  });
+  gate.Reset();
+  pass.admit.assign(static_cast<size_t>(m), 0);
+  bool same = true;
+  for (const TpOnlyWish& w : wishes) {
+    pass.admit[w.id] = gate.TryTpOnly(w.id, /*force=*/w.tier == 2);
+    same = same && (pass.admit[w.id] != 0) == tp_only(w.id);
+  }
+  if (same) return first;
+  group = before;
+  StagePlanOutcome ranked = DecidePass(pass, gate, group, nullptr);
+  // The policy answered as in the first pass, or the set still fits: never a peak above
+  // the limit (or above the first pass's, where a forced pin went over it).
+  if (ranked.peak_bytes <= std::max(pass.limit, first.peak_bytes)) return ranked;
+  group = before;
+  pass.admit.clear();
+  return DecidePass(pass, gate, group, nullptr);
 }
 
 }  // namespace spgate

@@ -11,7 +11,8 @@
 // order, each advancing the group's policy state once at the optimizer step (so
 // probe_interval_steps, min_dwell_steps and window_steps keep counting optimizer steps,
 // and "the group's last decided step" means the same with and without step plans); the
-// memory gate is the schedule-aware one (pipeline_memory.h), over the stage's whole step.
+// memory gate is the schedule-aware one (pipeline_memory.h), over the stage's whole step,
+// and where it cannot hold every TP-only micro-batch it admits those expected to gain most.
 //
 // Usage:
 //   JobLayout layout{.tp = 2, .pp = 4, .microbatches = 8};
@@ -185,7 +186,11 @@ struct StagePlanOptions {
 // directive, JobDirective, before pins and unknown lengths: a TP-only step would break it);
 // else a micro-batch without lengths runs SP (kLengthsUnknown); else the policy's answer
 // under the pin, and a TP-only answer then passes the stage's schedule-aware memory gate
-// over the whole step (StageMemoryGate::Admit) unless it is a forced pin. Preconditions:
+// over the whole step (StageMemoryGate::Admit) unless it is a forced pin. Where the gate
+// cannot hold every TP-only answer, the micro-batches expected to gain most get it, as
+// many as fit together (ADAPTIVE's learned estimates, else CV x tokens; forced pins first,
+// ties in id order): the plan is decided again from `group` as it was, with that set
+// (docs/design.md §12); `group` advances once either way. Preconditions:
 // ValidateJobLayout(layout), plan.stage in [0, pp), CheckMicrobatchIds, plan.step after the
 // group's last decided step, the byte counts below kMaxStepPlanBytes each.
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,

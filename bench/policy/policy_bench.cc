@@ -23,6 +23,8 @@
 #include "policy/adaptive_policy.h"
 #include "policy/exploration.h"
 #include "policy/gate_policy.h"
+#include "policy/group_state.h"
+#include "policy/step_plan.h"
 #include "policy/telemetry.h"
 
 namespace spgate {
@@ -372,6 +374,55 @@ void BM_ValidateTelemetry(benchmark::State& state) {
   }
 }
 
+// One stage's step plan under ADAPTIVE (DecideStagePlan, as the daemon and the worker's
+// fallback run it): stage 0 of pp 4, `microbatches` micro-batches whose CVs cycle through
+// four learned bands, every band's TP-only ahead, and a budget that holds TP-only for
+// about half of them: the gate refuses some, so the plan is decided a second time with
+// the micro-batches expected to gain most admitted first. Checked before timing: both
+// modes run and the peak is within the budget.
+void BM_DecideStagePlan(benchmark::State& state) {
+  const int m = static_cast<int>(state.range(0));
+  GateConfig config;
+  config.policy = GatePolicyKind::kAdaptive;
+  config.memory_headroom = 1.0;
+  const double cvs[] = {0.12, 0.22, 0.32, 0.42};
+  ThroughputTable table;
+  for (int i = 0; i < 4; ++i) {
+    const int band = BandOf(config, cvs[i], 16384);
+    for (int k = 0; k < 20; ++k) {
+      table.Observe(config, band, Mode::kSequenceParallel, 1000 + k, 1000, 1.0);
+      table.Observe(config, band, Mode::kTensorParallelOnly, 1000 + k, 1100 + 100 * i, 1.0);
+    }
+  }
+  const JobLayout layout{.tp = 8, .pp = 4, .microbatches = m};
+  std::vector<MicrobatchFacts> mbs(static_cast<size_t>(m));
+  for (int i = 0; i < m; ++i) {
+    mbs[i] = {.id = i, .length_cv = cvs[(i * 7) % 4], .tokens = 16384,
+              .memory = {.activation_sp = 10, .activation_tp = 20}};
+  }
+  // Stage 0 holds 4 micro-batches (pp 4): all SP is 140, all TP-only 180.
+  StagePlanFacts plan{.step = 1021, .stage = 0, .resident_bytes = 100,
+                      .memory_budget_bytes = 160, .microbatches = mbs};
+  GroupPolicyState group;
+  {
+    GroupPolicyState check = group;
+    const StagePlanOutcome out = DecideStagePlan(check, config, layout, plan, {}, &table, false);
+    const auto tp =
+        std::count_if(out.decisions.begin(), out.decisions.end(),
+                      [](const Decision& d) { return d.mode == Mode::kTensorParallelOnly; });
+    if (tp == 0 || tp == m || out.peak_bytes > 160) {
+      state.SkipWithError("expected some micro-batches TP-only, some refused, within the budget");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    StagePlanOutcome out = DecideStagePlan(group, config, layout, plan, {}, &table, false);
+    benchmark::DoNotOptimize(out.decisions.data());
+    ++plan.step;
+  }
+  state.SetItemsProcessed(state.iterations() * m);
+}
+
 BENCHMARK(BM_SumLengths)->Apply(Sizes);
 BENCHMARK(BM_ComputeLengthStats)->Apply(Sizes);
 BENCHMARK(BM_EvaluateGates);
@@ -380,6 +431,7 @@ BENCHMARK(BM_EvaluateAdaptivePrior);
 BENCHMARK(BM_EvaluateAdaptivePooled);
 BENCHMARK(BM_Decision)->Apply(Sizes);
 BENCHMARK(BM_DecisionWithTrace)->Arg(1000)->ArgName("seqs");
+BENCHMARK(BM_DecideStagePlan)->Arg(8)->Arg(64)->ArgName("microbatches");
 BENCHMARK(BM_ValidateTelemetry)->Arg(0)->Arg(8)->Arg(64)->ArgName("microbatches");
 
 }  // namespace

@@ -367,5 +367,36 @@ TEST(StageMemoryGateTest, HandComputedLimitOnTheBackward) {
   }
 }
 
+// Stage 0 of pp 2 with two micro-batches runs F0 F1 B0 B1. Micro-batch 1's TP-only
+// workspace is below its SP one (10 against 40), so with both TP-only the peak is 150,
+// under the limit of 160, while micro-batch 0 TP-only alone peaks at 170 (at F1, beside 1's
+// SP workspace). Over the whole set the commit keeps both; the id-order gate would have
+// refused 0. By hand: all SP 110 / 160 / 120 / 150; 0 TP-only 120 / 170 / 130 / 150; both
+// 120 / 150 / 140 / 130.
+TEST(StageMemoryGateTest, ASetThatFitsAsAWholeIsKeptWhereItsIdOrderPrefixDoesNot) {
+  const std::vector<PipelineOp> ops = Ops({.pp = 2, .microbatches = 2}, 0);
+  const std::vector<MicrobatchMemory> mem = {
+      {.activation_sp = 10, .activation_tp = 20},
+      {.activation_sp = 10, .activation_tp = 20, .workspace_sp = 40, .workspace_tp = 10}};
+  const std::vector<Mode> both(2, Mode::kTensorParallelOnly);
+  EXPECT_EQ(StagePeakBytes(ops, 100, mem, both), 150u);
+  EXPECT_EQ(StagePeakBytes(ops, 100, mem, std::vector<Mode>{Mode::kTensorParallelOnly,
+                                                            Mode::kSequenceParallel}),
+            170u);
+  const Verdict whole = Gate(ops, 100, mem, both, 160);
+  EXPECT_EQ(whole.modes, both);
+  EXPECT_EQ(whole.peak_bytes, 150u);
+  EXPECT_THAT(whole.reasons, ::testing::Each(Reason::kGatesPassed));
+
+  StageMemoryGate gate(ops, 100, mem, 160);
+  EXPECT_FALSE(gate.TryTpOnly(0)) << "alone, in id order: 170";
+  EXPECT_TRUE(gate.TryTpOnly(1));
+  EXPECT_TRUE(gate.TryTpOnly(0)) << "beside 1's TP-only: 150";
+  EXPECT_TRUE(gate.fits());
+  gate.Reset();
+  EXPECT_EQ(gate.modes(), std::vector<Mode>(2, Mode::kSequenceParallel));
+  EXPECT_EQ(gate.peak_bytes(), 160u);
+}
+
 }  // namespace
 }  // namespace spgate

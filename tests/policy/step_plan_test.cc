@@ -1,6 +1,7 @@
 // Job layouts and step plans: the layout's checks name their field, micro-batch ids are
 // checked by id, and DecideStagePlan applies the schedule-aware memory gate over a stage's
-// whole step (the first of four stages runs SP where the last runs TP-only), honours
+// whole step (the first of four stages runs SP where the last runs TP-only; where it holds
+// only some TP-only micro-batches, those expected to gain most), honours
 // SP-required jobs and unknown lengths, and decides the CP ranks' groups alike from the
 // plan alone.
 #include "policy/step_plan.h"
@@ -143,8 +144,8 @@ TEST(StepPlan, FirstStageRunsSpWhereTheLastRunsTpOnly) {
 }
 
 // Stage 1 of 4 holds 3 micro-batches: with a budget of 150 two of them may be TP-only
-// (100 + 20 + 20 + 10 = 150), in micro-batch order.
-TEST(StepPlan, MemoryGateAdmitsTpOnlyInMicrobatchOrder) {
+// (100 + 20 + 20 + 10 = 150); micro-batches alike, in micro-batch order.
+TEST(StepPlan, MemoryGateBreaksTiesInMicrobatchOrder) {
   const JobLayout l{.pp = 4, .microbatches = 4};
   const auto mbs = Uniform(4, 1.0, {.activation_sp = 10, .activation_tp = 20});
   GroupPolicyState group;
@@ -155,6 +156,102 @@ TEST(StepPlan, MemoryGateAdmitsTpOnlyInMicrobatchOrder) {
                                            Mode::kSequenceParallel, Mode::kTensorParallelOnly}));
   EXPECT_EQ(out.decisions[2].reason, Reason::kMemoryRequiresSp);
   EXPECT_EQ(out.peak_bytes, 150u);
+}
+
+// The same stage, where micro-batches 2 and 3 are the longer-tailed (CV 2.0 against 1.0):
+// STATIC has no throughput estimate, so the gate ranks by the length-CV gate's own measure
+// (CV x tokens) and gives them TP-only first, then micro-batch 0 (never in flight with 3);
+// id order would have run 0, 1 and 3 TP-only. The plan is decided twice, the group's state
+// once: four decisions, and the switches of the modes it ran.
+TEST(StepPlan, MemoryGateGivesTpOnlyToTheLongestTailedFirst) {
+  const JobLayout l{.pp = 4, .microbatches = 4};
+  auto mbs = Uniform(4, 1.0, {.activation_sp = 10, .activation_tp = 20});
+  mbs[2].length_cv = mbs[3].length_cv = 2.0;
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 0, .stage = 1, .resident_bytes = 100,
+                            .memory_budget_bytes = 150, .microbatches = mbs};
+  const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  const Decision refused{Mode::kSequenceParallel, Reason::kMemoryRequiresSp};
+  const Decision tp{Mode::kTensorParallelOnly, Reason::kLengthCv};
+  EXPECT_EQ(out.decisions, (std::vector<Decision>{tp, refused, tp, tp}));
+  EXPECT_EQ(out.peak_bytes, 150u);
+  EXPECT_EQ(group.gate().decisions, 4);
+  EXPECT_EQ(group.gate().mode_switches, 2);
+  EXPECT_EQ(group.gate().mode, Mode::kTensorParallelOnly);
+
+  // Larger micro-batches gain more at one CV: the 8,192-token ones go first, and fill
+  // every point where three are held.
+  auto sized = Uniform(4, 1.0, {.activation_sp = 10, .activation_tp = 20});
+  sized[1].tokens = sized[2].tokens = 8192;
+  GroupPolicyState g2;
+  const StagePlanFacts plan2{.step = 0, .stage = 1, .resident_bytes = 100,
+                             .memory_budget_bytes = 150, .microbatches = sized};
+  EXPECT_EQ(Modes(DecideStagePlan(g2, Config(), l, plan2, {}, nullptr, false)),
+            (std::vector<Mode>{Mode::kSequenceParallel, Mode::kTensorParallelOnly,
+                               Mode::kTensorParallelOnly, Mode::kSequenceParallel}));
+}
+
+// ADAPTIVE ranks by its learned estimates, not by CV: in the band of micro-batches 1 and 2
+// (CV 0.12) TP-only takes half of SP's time, in that of 0 and 3 (CV 0.32, the longer tail)
+// 90 %. Both bands want TP-only; 1 and 2 gain most and fill the stage.
+TEST(StepPlan, AdaptiveGivesTpOnlyWhereItsEstimatesGainMost) {
+  const JobLayout l{.pp = 4, .microbatches = 4};
+  GateConfig c = Config();
+  c.policy = GatePolicyKind::kAdaptive;
+  c.max_length_cv = 0.1;  // the gates' choice is TP-only in both bands
+  c.adaptive_explore_share = 0;
+  c.adaptive_explore_floor = 0;
+  auto mbs = Uniform(4, 0.12, {.activation_sp = 10, .activation_tp = 20});
+  mbs[0].length_cv = mbs[3].length_cv = 0.32;
+  const int big = BandOf(c, 0.12, 4096), small = BandOf(c, 0.32, 4096);
+  ASSERT_NE(big, small);
+  ThroughputTable table;
+  for (int64_t s = 100; s < 150; ++s) {
+    table.Observe(c, big, Mode::kSequenceParallel, s, 1000, 2.0);
+    table.Observe(c, big, Mode::kTensorParallelOnly, s, 1000, 1.0);
+    table.Observe(c, small, Mode::kSequenceParallel, s, 1000, 1.0);
+    table.Observe(c, small, Mode::kTensorParallelOnly, s, 1000, 0.9);
+  }
+  const StagePlanFacts plan{.step = 150, .stage = 1, .resident_bytes = 100,
+                            .memory_budget_bytes = 150, .microbatches = mbs};
+  GroupPolicyState group;
+  const StagePlanOutcome out = DecideStagePlan(group, c, l, plan, {}, &table, false);
+  EXPECT_EQ(Modes(out), (std::vector<Mode>{Mode::kSequenceParallel, Mode::kTensorParallelOnly,
+                                           Mode::kTensorParallelOnly, Mode::kSequenceParallel}));
+  EXPECT_EQ(out.decisions[0].reason, Reason::kMemoryRequiresSp);
+  EXPECT_EQ(out.decisions[3].reason, Reason::kMemoryRequiresSp);
+  EXPECT_EQ(out.peak_bytes, 150u);
+  // Without the table the same plan ranks by CV x tokens: 0 and 3, then 1.
+  GroupPolicyState cold;
+  EXPECT_EQ(Modes(DecideStagePlan(cold, c, l, plan, {}, nullptr, false)),
+            (std::vector<Mode>{Mode::kTensorParallelOnly, Mode::kTensorParallelOnly,
+                               Mode::kSequenceParallel, Mode::kTensorParallelOnly}));
+}
+
+// A plan decided by gain passes the client's commit as it is: stage 0 of pp 2 runs F0 F1
+// B0 B1, and micro-batch 1's TP-only workspace is below its SP one, so both TP-only peak
+// at 150 (limit 160) while 0 alone peaks at 170 (pipeline_memory_test.cc works them out).
+// 1 is the longer-tailed, so it goes first, and then 0 fits beside it; the commit
+// (ApplyStageMemoryGate) keeps both.
+TEST(StepPlan, APlanDecidedByGainPassesTheClientsCommit) {
+  const JobLayout l{.pp = 2, .microbatches = 2};
+  std::vector<MicrobatchFacts> mbs = {
+      {.id = 0, .length_cv = 1.0, .tokens = 4096,
+       .memory = {.activation_sp = 10, .activation_tp = 20}},
+      {.id = 1, .length_cv = 2.0, .tokens = 4096,
+       .memory = {.activation_sp = 10, .activation_tp = 20, .workspace_sp = 40,
+                  .workspace_tp = 10}}};
+  GroupPolicyState group;
+  const StagePlanFacts plan{.step = 0, .stage = 0, .resident_bytes = 100,
+                            .memory_budget_bytes = 160, .microbatches = mbs};
+  StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  EXPECT_THAT(out.decisions, Each(Decision{Mode::kTensorParallelOnly, Reason::kLengthCv}));
+  EXPECT_EQ(out.peak_bytes, 150u);
+  const std::vector<PipelineOp> ops = StageSchedule(l.pipeline(), 0).value();
+  const std::vector<MicrobatchMemory> memory = {mbs[0].memory, mbs[1].memory};
+  StageMemoryGate commit(ops, 100, memory, 160);
+  EXPECT_EQ(ApplyStageMemoryGate(commit, out.decisions), 0) << "no memory_override";
+  EXPECT_EQ(commit.peak_bytes(), 150u);
 }
 
 TEST(StepPlan, OverBudgetRunsEverythingSp) {
