@@ -320,8 +320,12 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   // (docs/design.md §12): the plan is decided again from the group as it was, with the
   // gate admitting that set.
   const GroupPolicyState before = group;
+  // Where ADAPTIVE measured a switch's cost, the gate keeps id order: a ranking interleaves
+  // TP-only and SP micro-batches, and the switches it adds are not in the gain.
+  const bool rank = !(config.policy == GatePolicyKind::kAdaptive && learned != nullptr &&
+                      MeasuredSwitchCost(config, *learned, plan.step) > 0);
   std::vector<TpOnlyWish> wishes;
-  StagePlanOutcome first = DecidePass(pass, gate, group, &wishes);
+  StagePlanOutcome first = DecidePass(pass, gate, group, rank ? &wishes : nullptr);
   const auto tp_only = [&](int id) {
     return first.decisions[id].mode == Mode::kTensorParallelOnly;
   };

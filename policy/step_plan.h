@@ -189,8 +189,9 @@ struct StagePlanOptions {
 // over the whole step (StageMemoryGate::Admit) unless it is a forced pin. Where the gate
 // cannot hold every TP-only answer, the micro-batches expected to gain most get it, as
 // many as fit together (ADAPTIVE's learned estimates, else CV x tokens; forced pins first,
-// ties in id order): the plan is decided again from `group` as it was, with that set
-// (docs/design.md §12); `group` advances once either way. Preconditions:
+// ties in id order; id order where ADAPTIVE measured a switch's cost): the plan is decided
+// again from `group` as it was, with that set (docs/design.md §12); `group` advances once
+// either way. Preconditions:
 // ValidateJobLayout(layout), plan.stage in [0, pp), CheckMicrobatchIds, plan.step after the
 // group's last decided step, the byte counts below kMaxStepPlanBytes each.
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,

@@ -193,7 +193,8 @@ TEST(StepPlan, MemoryGateGivesTpOnlyToTheLongestTailedFirst) {
 
 // ADAPTIVE ranks by its learned estimates, not by CV: in the band of micro-batches 1 and 2
 // (CV 0.12) TP-only takes half of SP's time, in that of 0 and 3 (CV 0.32, the longer tail)
-// 90 %. Both bands want TP-only; 1 and 2 gain most and fill the stage.
+// 90 %. Both bands want TP-only; 1 and 2 gain most and fill the stage. With a measured
+// switch cost, id order.
 TEST(StepPlan, AdaptiveGivesTpOnlyWhereItsEstimatesGainMost) {
   const JobLayout l{.pp = 4, .microbatches = 4};
   GateConfig c = Config();
@@ -226,6 +227,18 @@ TEST(StepPlan, AdaptiveGivesTpOnlyWhereItsEstimatesGainMost) {
   EXPECT_EQ(Modes(DecideStagePlan(cold, c, l, plan, {}, nullptr, false)),
             (std::vector<Mode>{Mode::kTensorParallelOnly, Mode::kTensorParallelOnly,
                                Mode::kSequenceParallel, Mode::kTensorParallelOnly}));
+  // Where the table has measured a switch's cost (0.1 s, against steps of about 1 s), the
+  // gate keeps id order: a ranking would interleave the modes, and its switches are not in
+  // the gain.
+  ASSERT_EQ(MeasuredSwitchCost(c, table, plan.step), 0);
+  table.SetSwitchCost(SwitchCostCell{.seconds = 0.1 * 20, .weight = 20, .last_step = 149});
+  ASSERT_GT(MeasuredSwitchCost(c, table, plan.step), 0);
+  GroupPolicyState costly;
+  const StagePlanOutcome in_order = DecideStagePlan(costly, c, l, plan, {}, &table, false);
+  EXPECT_EQ(Modes(in_order), (std::vector<Mode>{Mode::kTensorParallelOnly,
+                                                Mode::kTensorParallelOnly,
+                                                Mode::kSequenceParallel,
+                                                Mode::kTensorParallelOnly}));
 }
 
 // A plan decided by gain passes the client's commit as it is: stage 0 of pp 2 runs F0 F1
