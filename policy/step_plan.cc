@@ -195,9 +195,14 @@ absl::StatusOr<MicrobatchFacts> SummarizeMicrobatch(const MicrobatchPlanInput& m
 
 namespace {
 
+// How the gate treats a TP-only answer after a first pass it could not hold: not ranked
+// (an answer the first pass did not give: Admit, as in id order), ranked out (runs SP, as
+// the gate would have it), or ranked in (runs TP-only: the ranked set fits as a whole,
+// not each prefix of it in id order).
+enum class Admission : uint8_t { kUnranked, kRefused, kAdmitted };
+
 // What DecideStagePlan's passes share: the plan, the stage's limit, the policy's inputs,
-// and (after a first pass the gate could not hold) which micro-batches the gate lets run
-// TP-only.
+// and (after a first pass the gate could not hold) each micro-batch's Admission.
 struct StagePass {
   const GateConfig& config;
   const StagePlanFacts& plan;
@@ -209,40 +214,46 @@ struct StagePass {
   bool plan_only = false;
   const ThroughputTable* learned = nullptr;
   const PriorFit* prior_fit = nullptr;
-  // Empty: the gate admits in id order (StageMemoryGate::Admit). Else [id]: whether the
-  // micro-batch runs TP-only if the policy answers so (the set fits as a whole, not each
-  // prefix of it in id order); a TP-only answer for one that may not runs SP, as the gate
-  // would have it.
-  std::vector<char> admit;
+  std::vector<Admission> admit;  // empty: the gate in id order
 };
 
-// One micro-batch the policy answered TP-only, as the gate ranks it: forced pins first,
-// then those whose gain the learned table estimates (seconds), then the rest by the
-// length-CV gate's own measure, CV × tokens; ties in id order.
+// A micro-batch the policy answered TP-only in the first pass, and how the gate ranks it:
+// forced pins first, then ADAPTIVE's exploration (a probe refused for memory would not
+// measure the band), then those whose gain the learned table estimates (seconds saved),
+// then the rest by the length-CV gate's own measure, CV × tokens; ties in id order.
 struct TpOnlyWish {
+  int id = 0;
+  bool forced = false;
+  bool explored = false;
   int tier = 0;
   double gain = 0;
-  int id = 0;
 };
 
-TpOnlyWish WishOf(const StagePass& p, const MicrobatchFacts& f, int id, int band, bool forced) {
-  if (forced) return {2, 0, id};
+void RankWish(const StagePass& p, const StagePlanOutcome& first, TpOnlyWish& w) {
+  const MicrobatchFacts& f = p.plan.microbatches[w.id];
+  const int band = first.bands[w.id];
   const double tokens = static_cast<double>(f.tokens);
+  w.tier = w.forced ? 3 : w.explored ? 2 : 0;
+  if (w.tier > 0) return;
   if (p.config.policy == GatePolicyKind::kAdaptive && p.learned != nullptr && band >= 0) {
     const int64_t step = p.plan.step;
     const double sp = p.learned->At(p.config, band, Mode::kSequenceParallel, step).tokens_per_s;
     const double tp = p.learned->At(p.config, band, Mode::kTensorParallelOnly, step).tokens_per_s;
-    if (sp > 0 && tp > 0) return {1, tokens / sp - tokens / tp, id};
+    if (sp > 0 && tp > 0) {
+      w.tier = 1;
+      w.gain = tokens / sp - tokens / tp;
+      return;
+    }
   }
-  return {0, f.length_cv * tokens, id};
+  w.gain = f.length_cv * tokens;
 }
 
-// One pass over the plan's micro-batches in id order, advancing `group` once each; the
-// TP-only micro-batches the policy asked for are appended to `wishes` (when not null).
+// One pass over the plan's micro-batches in id order on a gate with every micro-batch SP,
+// advancing `group` once each; the TP-only answers are appended to `wishes` (when not
+// null).
 StagePlanOutcome DecidePass(const StagePass& p, StageMemoryGate& gate, GroupPolicyState& group,
                             std::vector<TpOnlyWish>* wishes) {
   const int m = p.microbatches;
-  gate.Reset();
   StagePlanOutcome out;
   out.decisions.resize(static_cast<size_t>(m));
   out.bands.assign(static_cast<size_t>(m), -1);
@@ -268,9 +279,10 @@ StagePlanOutcome DecidePass(const StagePass& p, StageMemoryGate& gate, GroupPoli
                          p.directive, p.learned, nullptr, p.prior_fit);
       const bool tp = wanted.decision.mode == Mode::kTensorParallelOnly;
       const bool forced = p.pin_forced && wanted.decision.reason == Reason::kPinned;
-      if (!tp || forced || p.admit.empty()) {
+      const Admission a = p.admit.empty() ? Admission::kUnranked : p.admit[id];
+      if (!tp || forced || a == Admission::kUnranked) {
         d = gate.Admit(id, wanted.decision, p.pin_forced);
-      } else if (p.admit[id]) {
+      } else if (a == Admission::kAdmitted) {
         gate.TryTpOnly(id, /*force=*/true);  // the set fits; DecideStagePlan checks the peak
         d = wanted.decision;
       } else {
@@ -278,7 +290,7 @@ StagePlanOutcome DecidePass(const StagePass& p, StageMemoryGate& gate, GroupPoli
              gate.all_sp_fits() ? Reason::kMemoryRequiresSp : Reason::kMemoryOverBudget};
       }
       if (tp && wishes != nullptr) {
-        wishes->push_back(WishOf(p, f, id, out.bands[id], forced));
+        wishes->push_back({.id = id, .forced = forced, .explored = wanted.explored});
       }
       if (wanted.explored && d == wanted.decision) ++out.explored;
       if (wanted.flip_held && d == wanted.decision) ++out.flips_held;
@@ -320,12 +332,9 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
   // (docs/design.md §12): the plan is decided again from the group as it was, with the
   // gate admitting that set.
   const GroupPolicyState before = group;
-  // Where ADAPTIVE measured a switch's cost, the gate keeps id order: a ranking interleaves
-  // TP-only and SP micro-batches, and the switches it adds are not in the gain.
-  const bool rank = !(config.policy == GatePolicyKind::kAdaptive && learned != nullptr &&
-                      MeasuredSwitchCost(config, *learned, plan.step) > 0);
   std::vector<TpOnlyWish> wishes;
-  StagePlanOutcome first = DecidePass(pass, gate, group, rank ? &wishes : nullptr);
+  wishes.reserve(static_cast<size_t>(m));
+  StagePlanOutcome first = DecidePass(pass, gate, group, &wishes);
   const auto tp_only = [&](int id) {
     return first.decisions[id].mode == Mode::kTensorParallelOnly;
   };
@@ -333,25 +342,36 @@ StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& conf
                   [&](const TpOnlyWish& w) { return tp_only(w.id); })) {
     return first;
   }
-  std::stable_sort(wishes.begin(), wishes.end(), [](const TpOnlyWish& a, const TpOnlyWish& b) {
-    return a.tier != b.tier ? a.tier > b.tier : a.gain > b.gain;
+  // Where ADAPTIVE measured a switch's cost, the gate keeps id order: a ranking interleaves
+  // TP-only and SP micro-batches, and the switches it adds are not in the gain.
+  if (config.policy == GatePolicyKind::kAdaptive && learned != nullptr &&
+      MeasuredSwitchCost(config, *learned, plan.step) > 0) {
+    return first;
+  }
+  for (TpOnlyWish& w : wishes) RankWish(pass, first, w);
+  std::sort(wishes.begin(), wishes.end(), [](const TpOnlyWish& a, const TpOnlyWish& b) {
+    if (a.tier != b.tier) return a.tier > b.tier;
+    if (a.gain != b.gain) return a.gain > b.gain;
+    return a.id < b.id;
   });
   gate.Reset();
-  pass.admit.assign(static_cast<size_t>(m), 0);
+  pass.admit.assign(static_cast<size_t>(m), Admission::kUnranked);
   bool same = true;
   for (const TpOnlyWish& w : wishes) {
-    pass.admit[w.id] = gate.TryTpOnly(w.id, /*force=*/w.tier == 2);
-    same = same && (pass.admit[w.id] != 0) == tp_only(w.id);
+    const bool in = gate.TryTpOnly(w.id, /*force=*/w.forced);
+    pass.admit[w.id] = in ? Admission::kAdmitted : Admission::kRefused;
+    same = same && in == tp_only(w.id);
   }
   if (same) return first;
   group = before;
+  gate.Reset();
   StagePlanOutcome ranked = DecidePass(pass, gate, group, nullptr);
   // The policy answered as in the first pass, or the set still fits: never a peak above
   // the limit (or above the first pass's, where a forced pin went over it).
   if (ranked.peak_bytes <= std::max(pass.limit, first.peak_bytes)) return ranked;
   group = before;
+  gate.Reset();
   pass.admit.clear();
   return DecidePass(pass, gate, group, nullptr);
 }
-
 }  // namespace spgate

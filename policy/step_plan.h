@@ -188,8 +188,9 @@ struct StagePlanOptions {
 // under the pin, and a TP-only answer then passes the stage's schedule-aware memory gate
 // over the whole step (StageMemoryGate::Admit) unless it is a forced pin. Where the gate
 // cannot hold every TP-only answer, the micro-batches expected to gain most get it, as
-// many as fit together (ADAPTIVE's learned estimates, else CV x tokens; forced pins first,
-// ties in id order; id order where ADAPTIVE measured a switch's cost): the plan is decided
+// many as fit together (forced pins, then ADAPTIVE's exploration, then its learned
+// estimates, else CV x tokens; ties in id order; id order where ADAPTIVE measured a
+// switch's cost): the plan is decided
 // again from `group` as it was, with that set (docs/design.md §12); `group` advances once
 // either way. Preconditions:
 // ValidateJobLayout(layout), plan.stage in [0, pp), CheckMicrobatchIds, plan.step after the

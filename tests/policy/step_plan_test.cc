@@ -222,11 +222,17 @@ TEST(StepPlan, AdaptiveGivesTpOnlyWhereItsEstimatesGainMost) {
   EXPECT_EQ(out.decisions[0].reason, Reason::kMemoryRequiresSp);
   EXPECT_EQ(out.decisions[3].reason, Reason::kMemoryRequiresSp);
   EXPECT_EQ(out.peak_bytes, 150u);
-  // Without the table the same plan ranks by CV x tokens: 0 and 3, then 1.
+  // Without the table ADAPTIVE ranks by CV x tokens, as STATIC: where 2 and 3 are the
+  // longer-tailed, 2 and 3, then 0 (id order would give 0, 1 and 3).
+  auto tailed = mbs;
+  tailed[0].length_cv = 0.12;
+  tailed[2].length_cv = tailed[3].length_cv = 0.32;
+  const StagePlanFacts tailed_plan{.step = 150, .stage = 1, .resident_bytes = 100,
+                                   .memory_budget_bytes = 150, .microbatches = tailed};
   GroupPolicyState cold;
-  EXPECT_EQ(Modes(DecideStagePlan(cold, c, l, plan, {}, nullptr, false)),
-            (std::vector<Mode>{Mode::kTensorParallelOnly, Mode::kTensorParallelOnly,
-                               Mode::kSequenceParallel, Mode::kTensorParallelOnly}));
+  EXPECT_EQ(Modes(DecideStagePlan(cold, c, l, tailed_plan, {}, nullptr, false)),
+            (std::vector<Mode>{Mode::kTensorParallelOnly, Mode::kSequenceParallel,
+                               Mode::kTensorParallelOnly, Mode::kTensorParallelOnly}));
   // Where the table has measured a switch's cost (0.1 s, against steps of about 1 s), the
   // gate keeps id order: a ranking would interleave the modes, and its switches are not in
   // the gain.

@@ -238,8 +238,9 @@ absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
   return absl::OkStatus();
 }
 
-// The fixed choices' modes for one stage's step: SP, or TP-only while the stage's memory
-// gate lets it (in id order). Returns the micro-batches the gate made SP.
+// The fixed choices' modes for one stage's step: SP, or TP-only where the stage's memory
+// gate lets it (every micro-batch where the step fits so, else in id order:
+// ApplyStageMemoryGate). Returns the micro-batches the gate made SP.
 int64_t FixedStageModes(Kind kind, std::span<const PipelineOp> ops, uint64_t resident,
                         std::span<const MicrobatchMemory> memory, uint64_t limit,
                         std::vector<Mode>& modes) {
