@@ -273,6 +273,36 @@ TEST(StepPlan, APlanDecidedByGainPassesTheClientsCommit) {
   EXPECT_EQ(commit.peak_bytes(), 150u);
 }
 
+// The second pass's answers can differ from the first's, and then the plan never goes
+// over the limit. A STATIC group in the wait-share fallback with a probe due: stage 1 of 4
+// holds 3 micro-batches, the budget of 140 one TP-only among any 3. First pass, in id
+// order: 0 TP-only (CV 0.6 > 0.5), 1 the probe (SP), 2 and 3 TP-only (the fallback's
+// RS_WAIT), 2 refused (0 and 2 together are 150). Ranked by CV x tokens, 2 and 3 (100,000
+// tokens each) come before 0, so the set is {2}. Decided again: 0 runs SP for memory, so
+// 1's probe is no longer due and 1 answers TP-only, an answer the first pass did not
+// give: the gate admits it in id order, and with 2 that is 150 > 140. That pass is not
+// returned; the first pass's decisions are, and the group's state advanced once by them.
+TEST(StepPlan, ASecondPassThatWouldNotFitFallsBackToIdOrder) {
+  const JobLayout l{.pp = 4, .microbatches = 4};
+  auto mbs = Uniform(4, 0.1, {.activation_sp = 10, .activation_tp = 20});
+  mbs[0].length_cv = 0.6;
+  mbs[2].tokens = mbs[3].tokens = 100000;
+  GroupPolicyState group;
+  group.Adopt(0, {Mode::kTensorParallelOnly, Reason::kRsWait}, Config());
+  ASSERT_TRUE(group.gate().rs_wait_fallback);
+  const StagePlanFacts plan{.step = 1, .stage = 1, .resident_bytes = 100,
+                            .memory_budget_bytes = 140, .microbatches = mbs};
+  const StagePlanOutcome out = DecideStagePlan(group, Config(), l, plan, {}, nullptr, false);
+  EXPECT_EQ(out.decisions, (std::vector<Decision>{
+                               {Mode::kTensorParallelOnly, Reason::kLengthCv},
+                               {Mode::kSequenceParallel, Reason::kProbe},
+                               {Mode::kSequenceParallel, Reason::kMemoryRequiresSp},
+                               {Mode::kTensorParallelOnly, Reason::kRsWait}}));
+  EXPECT_EQ(out.peak_bytes, 140u);
+  EXPECT_EQ(group.gate().decisions, 5);  // the fallback's step and the plan's four
+  EXPECT_EQ(group.gate().last_sp_step, 1);
+}
+
 TEST(StepPlan, OverBudgetRunsEverythingSp) {
   const JobLayout l{.pp = 2, .microbatches = 2};
   const auto mbs = Uniform(2, 1.0, {.activation_sp = 10, .activation_tp = 20});
