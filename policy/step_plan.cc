@@ -2,6 +2,7 @@
 #include "policy/step_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/escaping.h"
@@ -239,9 +240,10 @@ void RankWish(const StagePass& p, const StagePlanOutcome& first, TpOnlyWish& w) 
     const int64_t step = p.plan.step;
     const double sp = p.learned->At(p.config, band, Mode::kSequenceParallel, step).tokens_per_s;
     const double tp = p.learned->At(p.config, band, Mode::kTensorParallelOnly, step).tokens_per_s;
-    if (sp > 0 && tp > 0) {
+    const double gain = tokens / sp - tokens / tp;
+    if (sp > 0 && tp > 0 && std::isfinite(gain)) {  // a NaN would break the ranking's order
       w.tier = 1;
-      w.gain = tokens / sp - tokens / tp;
+      w.gain = gain;
       return;
     }
   }

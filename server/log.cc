@@ -132,9 +132,8 @@ void LogGrpc(LogLevel level, const char* path, int line, std::string_view messag
   const std::string file = slash != nullptr ? slash + 1 : (path ? path : "");
   std::vector<LogField> fields = {{"event", "grpc"}, {"file", file}, {"line", line}};
   if (held_back > 0) fields.emplace_back("held_back", held_back);
-  Log(level,
-      absl::StrCat("grpc (", file, ":", line, "): ", absl::string_view(message.data(), message.size())),
-      fields);
+  const absl::string_view text(message.data(), message.size());
+  Log(level, absl::StrCat("grpc (", file, ":", line, "): ", text), fields);
 }
 
 }  // namespace

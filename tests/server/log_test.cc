@@ -178,8 +178,8 @@ TEST(LogLine, EveryHeldLineIsCountedOnceBesideAFlushingThread) {
         ++accounted;  // a line written, and the held ones it says
         const size_t open = line.find(" (");
         if (open != absl::string_view::npos) {
-          ASSERT_TRUE(absl::SimpleAtoi(line.substr(open + 2, line.find(' ', open + 2) - open - 2), &n))
-              << line;
+          const absl::string_view count = line.substr(open + 2, line.find(' ', open + 2) - open - 2);
+          ASSERT_TRUE(absl::SimpleAtoi(count, &n)) << line;
         }
       } else {
         ASSERT_TRUE(absl::SimpleAtoi(line.substr(0, line.find(' ')), &n)) << line;  // a flush
