@@ -71,21 +71,33 @@ class Prometheus:
         self.log_path = os.path.join(workdir, "prometheus.log")
         self.proc = None
 
-    def Start(self, timeout=30):
-        log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [self.binary, f"--config.file={self.config_path}",
-             f"--storage.tsdb.path={os.path.join(self.workdir, 'data')}",
-             f"--web.listen-address=127.0.0.1:{self.port}",
-             "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            WaitFor("Prometheus /-/ready",
-                    lambda: self._alive() and "Ready" in HttpGet(self.url + "/-/ready"), timeout)
-        except TimeoutError:
-            self.Stop()
-            raise RuntimeError("Prometheus did not become ready:\n" + self.LogTail())
-        return self
+    def Start(self, timeout=30, attempts=3):
+        """Starts Prometheus and waits until it is ready. Its listen address cannot be port
+        0 (it would not say which port it got), so the port is picked here and free a
+        moment before; one that a test beside this one took in between ("address already
+        in use") is picked again, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            with open(self.log_path, "w") as log:
+                self.proc = subprocess.Popen(
+                    [self.binary, f"--config.file={self.config_path}",
+                     f"--storage.tsdb.path={os.path.join(self.workdir, 'data')}",
+                     f"--web.listen-address=127.0.0.1:{self.port}",
+                     "--storage.tsdb.retention.time=1h", "--log.level=warn"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            try:
+                WaitFor("Prometheus /-/ready",
+                        lambda: self._alive() and "Ready" in HttpGet(self.url + "/-/ready"),
+                        timeout)
+                return self
+            except RuntimeError:
+                if attempt == attempts or "address already in use" not in self.LogTail():
+                    raise
+                self.port = FreePort()
+                self.url = f"http://127.0.0.1:{self.port}"
+            except TimeoutError:
+                self.Stop()
+                raise RuntimeError("Prometheus did not become ready:\n" + self.LogTail())
+        raise AssertionError("unreachable")
 
     def _alive(self):
         if self.proc.poll() is not None:

@@ -45,7 +45,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -87,22 +86,23 @@ def mentions(text, value):
     return re.search(re.escape(f"{value:g}") + r"(?![0-9])", text) is not None
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The ports spgated logs once it serves (port 0 lets the kernel pick them at the first start).
+SERVING = re.compile(r"serving: worker API on port (\d+), admin API on port (\d+), "
+                     r"metrics on port (\d+)")
 
 
 data_lines = proc_util.data_lines
 
 
 class Daemon:
-    """spgated on fixed loopback ports and a fixed state dir, so that a restart is the
-    same daemon to its clients."""
+    """spgated on loopback ports the kernel picks at its first start, kept for every
+    restart, and a fixed state dir, so that a restart is the same daemon to its clients.
+    (A port picked here and bound later by the daemon could be taken in between by a test
+    running beside this one.)"""
 
     def __init__(self, spgated, state_dir, log_dir):
         self.spgated, self.state_dir, self.log_dir = spgated, state_dir, log_dir
-        self.port, self.admin_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.port = self.admin_port = self.metrics_port = 0
         self.proc = None
         self.starts = 0
         self.past_lives = ""  # the metrics of every killed daemon, scraped before the kill
@@ -122,7 +122,9 @@ class Daemon:
         while time.monotonic() < deadline:
             with open(log) as f:
                 text = f.read()
-            if "serving: worker API on port" in text:
+            serving = SERVING.search(text)
+            if serving:
+                self.port, self.admin_port, self.metrics_port = map(int, serving.groups())
                 return time.monotonic()
             if self.proc.poll() is not None:
                 raise CampaignError(f"spgated exited {self.proc.returncode} at start:\n{text}")

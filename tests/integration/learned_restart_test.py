@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -113,12 +112,7 @@ def main():
     config = os.path.join(tmp, "gates.txtpb")
     with open(config, "w") as f:
         f.write(f"policy: ADAPTIVE\nadaptive_explore_floor: {FLOOR_SHARE}\n")
-    # The restarted daemon must be where warm's clients reconnect: the same worker port.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    daemon_args = [f"--listen=127.0.0.1:{port}", "--learned_persist_interval=0s",
-                   "--stale_after=2s"]
+    daemon_args = ["--learned_persist_interval=0s", "--stale_after=2s"]
     failures, procs = [], []
     daemon = control = None
     try:
@@ -155,8 +149,12 @@ def main():
         file_cells = {(int(b), m) for b, m in re.findall(
             r"cells \{\s*band: (\d+)\s*mode: (\w+)", text.split("\nstage_tables")[0])}
         file_cells |= {(0, m) for m in re.findall(r"cells \{\s*mode: (\w+)", text)}
-        daemon = sr.SpgatedProcess(args.spgated, state_dir=state, config=config,
-                                   extra_args=daemon_args).start()
+        # The restarted daemon must be where warm's clients reconnect: the worker port the
+        # kernel gave the first one (a port picked here and bound later could be taken in
+        # between by a test running beside this one).
+        daemon = sr.SpgatedProcess(
+            args.spgated, state_dir=state, config=config,
+            extra_args=daemon_args + [f"--listen=127.0.0.1:{daemon.worker_port}"]).start()
         warm_watch = watch(args, daemon, "warm", WINDOW)
         procs.append(warm_watch)
         after_restart = show(args, daemon, "warm")
