@@ -157,13 +157,14 @@ def grid_args(with_seeds=False):
 # Cells picked for a large oracle gain over the best fixed policy, where the target
 # "capture at least half of a >= 3 % gap" can apply: from a hand search over TP size,
 # shard work fraction, link speed, jitter, stragglers, flash attention and batch size,
-# with heavier-tailed traces than the grid's (docs/benchmarks.md). All packed.
+# with heavier-tailed traces than the grid's (docs/benchmarks.md). All packed. The TP 16
+# cells give 64 heads, a count 16 ranks can split (hidden 5,120: 80 values a head).
 STRESS = {
-    "tp16_imbalance": (["--lengths=lognormal:mean=4096,sigma=1.2", "--tp=16",
+    "tp16_imbalance": (["--lengths=lognormal:mean=4096,sigma=1.2", "--tp=16", "--heads=64",
                         "--shard_work_fraction=0.9"],
                        "lognormal sigma 1.2, TP 16, imbalance-heavy"),
     "tp16_imbalance_long_tail": (["--lengths=bimodal:short=1024,long=24000,p_long=0.15",
-                                  "--tp=16", "--shard_work_fraction=0.9",
+                                  "--tp=16", "--heads=64", "--shard_work_fraction=0.9",
                                   "--tokens_per_batch=32768"],
                                  "bimodal 1024 / 24000 (15 % long), TP 16, imbalance-heavy, 32k-token batches"),
     "jitter_10pct": (["--lengths=lognormal:mean=4096,sigma=1.2", "--jitter=0.1"],
