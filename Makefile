@@ -19,7 +19,8 @@ DEB_BUILD_PACKAGES := build-essential cmake pkg-config python3 \
   libabsl-dev prometheus-cpp-dev libssl-dev libopenblas-dev
 DEB_TEST_PACKAGES := git ca-certificates libgtest-dev libgmock-dev libbenchmark-dev \
   libopenmpi-dev openmpi-bin prometheus python3-grpcio python3-protobuf python3-yaml \
-  openssl python3-torch pybind11-dev python3-dev python3-matplotlib python3-venv python3-pip systemd \
+  openssl python3-torch pybind11-dev python3-dev python3-matplotlib python3-numpy python3-venv \
+  python3-pip systemd \
   universal-ctags
 DEB_DEMO_PACKAGES := curl
 DEB_IMAGE_PACKAGES := podman runc netavark aardvark-dns iptables uidmap debootstrap

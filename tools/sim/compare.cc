@@ -202,8 +202,8 @@ void ShowSamples(Run& r, int64_t k, bool adaptive_prior) {
 // counted).
 absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
                              const PipelineCostModel& expected, runtime::BatchBuilder& batches,
-                             std::mt19937_64* rngs, double target_cv, int64_t k,
-                             ReplicaStep& rs) {
+                             std::mt19937_64* rngs, double target_cv, int64_t k, int gi,
+                             const BatchSink& sink, ReplicaStep& rs) {
   std::mt19937_64 quiet(0);  // the noise-free model draws nothing that matters
   const int boundaries = cell.P > 1 ? cell.P * cell.layout.vp - 1 : 0;
   rs.tokens = 0;
@@ -221,6 +221,13 @@ absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
           cell.pipelined ? expected.Cost(s, lengths, quiet, k)
                          : WholeStepCost(expected.layers(), lengths, quiet, k, cell.layout.tp);
       rs.memory[s][m] = rs.costs[s][m].memory;
+      if (sink) {
+        const StageMicrobatchCost& e = rs.expected_costs[s][m];
+        const StageMicrobatchCost& d = rs.costs[s][m];
+        sink({.group = gi, .step = k, .stage = s, .microbatch = m, .stats = *st,
+              .expected_s = {e.forward_s[0] + e.backward_s[0], e.forward_s[1] + e.backward_s[1]},
+              .drawn_s = {d.forward_s[0] + d.backward_s[0], d.forward_s[1] + d.backward_s[1]}});
+      }
     }
     const int64_t padded = rs.costs[0][m].padded_tokens;
     rs.p2p[m] = model.BoundarySeconds(padded);
@@ -496,7 +503,7 @@ CompareResult Finish(const Cell& cell, int groups, std::vector<Run>& runs) {
 // costs each in both modes from one noise draw, and the five policies decide per (stage,
 // micro-batch) on them (compare.h).
 absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig& config,
-                                          int64_t series_window) {
+                                          int64_t series_window, const BatchSink& sink) {
   if (absl::Status s = ValidateGateConfig(config); !s.ok()) return s;
   absl::StatusOr<JobLayout> layout = PipelineLayoutOf(o);
   if (!layout.ok()) return layout.status();
@@ -545,7 +552,7 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
     }
     for (int gi = 0; gi < o.groups; ++gi) {
       if (absl::Status s = DrawReplicaStep(cell, model, expected, *batches[gi], &rngs[gi * P],
-                                           config.bucket_target_cv, k, rs);
+                                           config.bucket_target_cv, k, gi, sink, rs);
           !s.ok()) {
         return s;
       }
@@ -578,13 +585,14 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
 }  // namespace
 
 absl::StatusOr<CompareResult> Compare(const SimOptions& o, const GateConfig& config,
-                                      int64_t series_window, int64_t regret_window) {
+                                      int64_t series_window, int64_t regret_window,
+                                      const BatchSink& batches) {
   if (regret_window < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--regret_window must be >= 1 step, got ", regret_window));
   }
   if (absl::Status s = ValidateSwitchCost(o.cost); !s.ok()) return s;
-  absl::StatusOr<CompareResult> r = CompareCell(o, config, series_window);
+  absl::StatusOr<CompareResult> r = CompareCell(o, config, series_window, batches);
   if (!r.ok()) return r.status();
   r->switch_cost_s = o.cost.switch_cost_s;
   if (absl::Status s = FinishCompare(*r, regret_window); !s.ok()) return s;

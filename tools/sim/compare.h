@@ -37,12 +37,15 @@
 #ifndef SPGATE_TOOLS_SIM_COMPARE_H_
 #define SPGATE_TOOLS_SIM_COMPARE_H_
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "policy/gate_policy.h"
 #include "policy/types.h"
 #include "tools/sim/regret.h"
 #include "tools/sim/sim.h"
@@ -126,9 +129,26 @@ struct CompareResult {
 // `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1);
 // `regret_window` steps per regret window (INVALID_ARGUMENT naming --regret_window below
 // 1; --switch_cost_s is checked too).
+// One micro-batch on one stage of one replica's step (a cell without a pipeline: stage 0,
+// micro-batch 0, the group's whole step): the length statistics its plan carries and both
+// modes' seconds, noise-free (what the expected-value oracle compares) and drawn (what the
+// oracle compares and every policy runs). --compare_batches writes them (CompareBatchesCsv).
+struct BatchRecord {
+  int group = 0;
+  int64_t step = 0;
+  int stage = 0, microbatch = 0;
+  LengthStats stats;
+  std::array<double, 2> expected_s{};  // [sp, tp_only]: forward + backward on the stage
+  std::array<double, 2> drawn_s{};     // [sp, tp_only]
+};
+using BatchSink = std::function<void(const BatchRecord&)>;
+
+// `batches`, when given, gets every record as it is drawn (in step, group, micro-batch,
+// stage order), so a run of any length holds none of them.
 absl::StatusOr<CompareResult> Compare(const SimOptions& options, const GateConfig& config,
                                       int64_t series_window = 0,
-                                      int64_t regret_window = kDefaultRegretWindow);
+                                      int64_t regret_window = kDefaultRegretWindow,
+                                      const BatchSink& batches = nullptr);
 
 // The derived fields of every policy (regret, expected_regret, oracle_agreement,
 // flips_per_1000_steps, explore_share) from its counts and step_seconds; the oracle is the
@@ -141,6 +161,9 @@ absl::Status FinishCompare(CompareResult& result, int64_t regret_window);
 std::string CompareTable(const CompareResult& result);  // markdown
 std::string CompareJson(const CompareResult& result);   // the value of the "compare" key
 std::string CompareSeriesCsv(const CompareResult& result);  // step,sp,tp_only,...
+// --compare_batches's header line and one record's line (kBatchCsvHeader's columns).
+extern const char kBatchCsvHeader[];
+std::string CompareBatchesCsvRow(const BatchRecord& record);
 // The per-group modes (group_tp_share) and the plot: tools/sim/compare_plot.h.
 
 }  // namespace spgate::sim

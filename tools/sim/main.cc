@@ -151,6 +151,9 @@ ABSL_FLAG(bool, compare, false,
           "replay: the same batches and noise under sp, tp_only, static, adaptive, the "
           "per-batch oracle and the expected-value oracle (JSON key compare)");
 ABSL_FLAG(std::string, compare_series, "", "replay --compare: write tokens/s per window as CSV");
+ABSL_FLAG(std::string, compare_batches, "",
+          "replay --compare: write every (group, step, stage, micro-batch)'s length statistics "
+          "and both modes' seconds, noise-free and drawn, as CSV");
 ABSL_FLAG(std::string, plot, "",
           "replay --compare: draw tokens/s per window and each group's modes into this .png "
           "(.svg, .pdf) with python3-matplotlib (tools/sim/plot_compare.py)");
@@ -381,12 +384,32 @@ int CompareOutputs(const spgate::sim::CompareResult& r, spgate::sim::Summary& s)
   return Plot(r);
 }
 
+// Compare with the flags' windows, writing --compare_batches as the batches are drawn.
+absl::StatusOr<spgate::sim::CompareResult> RunCompare(const SimOptions& o,
+                                                      const spgate::GateConfig& config) {
+  const std::string path = absl::GetFlag(FLAGS_compare_batches);
+  std::ofstream out;
+  spgate::sim::BatchSink sink;
+  if (!path.empty()) {
+    out.open(path);
+    out << spgate::sim::kBatchCsvHeader;
+    sink = [&out](const spgate::sim::BatchRecord& b) {
+      out << spgate::sim::CompareBatchesCsvRow(b);
+    };
+  }
+  absl::StatusOr<spgate::sim::CompareResult> r =
+      spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window),
+                           absl::GetFlag(FLAGS_regret_window), sink);
+  if (r.ok() && !path.empty() && !(out.flush())) {
+    return absl::InternalError(absl::StrCat("cannot write --compare_batches=", path));
+  }
+  return r;
+}
+
 // `replay --compare` of a pipeline: the summary's top-level keys are the static policy's
 // (what plain replay reports without a pipeline), decisions per (stage, micro-batch).
 int ReplayPipeline(const SimOptions& o, const spgate::GateConfig& config, absl::Time started) {
-  absl::StatusOr<spgate::sim::CompareResult> r =
-      spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window),
-                           absl::GetFlag(FLAGS_regret_window));
+  absl::StatusOr<spgate::sim::CompareResult> r = RunCompare(o, config);
   if (!r.ok()) {
     std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
     return 2;
@@ -420,8 +443,12 @@ int CheckFlags(bool replay, SimOptions& o) {
   if (absl::Status s = spgate::sim::ValidateRunShape(o); !s.ok()) return fail(s.message());
   const bool compare = replay && absl::GetFlag(FLAGS_compare);
   // A flag that belongs to a mode not asked for would be ignored without a word.
-  if (!absl::GetFlag(FLAGS_compare_series).empty() && !compare) {
-    return fail("--compare_series belongs to `spgate-sim replay --compare`");
+  for (const auto& [flag, value] :
+       {std::pair("compare_series", absl::GetFlag(FLAGS_compare_series)),
+        std::pair("compare_batches", absl::GetFlag(FLAGS_compare_batches))}) {
+    if (!value.empty() && !compare) {
+      return fail(absl::StrCat("--", flag, " belongs to `spgate-sim replay --compare`"));
+    }
   }
   if ((given(FLAGS_sweep_max_length_cv) || given(FLAGS_sweep_max_rs_wait_share)) &&
       !(replay && absl::GetFlag(FLAGS_sweep))) {
@@ -433,8 +460,10 @@ int CheckFlags(bool replay, SimOptions& o) {
                              absl::GetFlag(FLAGS_compare_window)));
   }
   // Output files are checked before the run, so a long one does not end in the error.
-  for (const auto& [flag, path] : {std::pair("summary_json", absl::GetFlag(FLAGS_summary_json)),
-                                   std::pair("compare_series", absl::GetFlag(FLAGS_compare_series))}) {
+  for (const auto& [flag, path] :
+       {std::pair("summary_json", absl::GetFlag(FLAGS_summary_json)),
+        std::pair("compare_series", absl::GetFlag(FLAGS_compare_series)),
+        std::pair("compare_batches", absl::GetFlag(FLAGS_compare_batches))}) {
     if (absl::Status s = spgate::sim::CheckOutputFolder(flag, path); !s.ok()) {
       return fail(s.message());
     }
@@ -554,9 +583,7 @@ int main(int argc, char** argv) {
     s->extra_json["sweep"] = spgate::sim::SweepJson(*points, o.groups);
   }
   if (absl::GetFlag(FLAGS_compare)) {
-    absl::StatusOr<spgate::sim::CompareResult> r =
-        spgate::sim::Compare(o, *config, absl::GetFlag(FLAGS_compare_window),
-                             absl::GetFlag(FLAGS_regret_window));
+    absl::StatusOr<spgate::sim::CompareResult> r = RunCompare(o, *config);
     if (!r.ok()) {
       std::fprintf(stderr, "spgate-sim: %s\n", r.status().ToString().c_str());
       return 2;

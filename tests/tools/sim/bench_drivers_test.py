@@ -4,8 +4,9 @@ paired statistics and report (bench/worker/replay_table.py), the decision-qualit
 targets per cell (bench/sim/decision_quality.py), the ADAPTIVE ablation over the
 decision-quality grid (bench/sim/adaptive_ablation.py), on a short grid; the medians and
 ranges over seeds (bench/sim/seeds.py) the seeded drivers report, on short runs of
-decision_quality.py and adaptive_incumbent.py; and that SP vs TP-only by sequence length
-(bench/sim/sp_crossover.py) does not depend on the seed.
+decision_quality.py and adaptive_incumbent.py; that SP vs TP-only by sequence length
+(bench/sim/sp_crossover.py) does not depend on the seed; and the chooser that reads only a
+plan's length statistics (bench/sim/stats_reference.py) on a made-up cell and a short run.
 
 Usage: bench_drivers_test.py --sim=BUILD/bin/spgate-sim
 """
@@ -28,6 +29,7 @@ import adaptive_incumbent  # noqa: E402
 import replay_table  # noqa: E402
 import seeds  # noqa: E402
 import sp_crossover  # noqa: E402
+import stats_reference  # noqa: E402
 
 SIM = None
 
@@ -467,6 +469,70 @@ class SpCrossoverSeedTest(unittest.TestCase):
         base = sp_crossover.run_point(SIM, "h200-sxm", 8, 4096)
         other = sp_crossover.run_point(SIM, "h200-sxm", 8, 4096, ["--seed=7"])
         self.assertEqual(base, other)
+
+
+class StatsReferenceTest(unittest.TestCase):
+    @staticmethod
+    def batches(n=4000):
+        """Made-up batches whose faster mode follows the longest sequence alone (TP-only
+        above 3,000 tokens), with CV and tokens drawn apart from it."""
+        import numpy as np
+        rng = np.random.default_rng(5)
+        mx = rng.integers(500, 6000, n).astype(float)
+        sp = np.full(n, 1.0)
+        tp = np.where(mx > 3000, 0.9, 1.1)
+        return {"group": np.zeros(n), "step": np.arange(n, dtype=float),
+                "stage": np.zeros(n), "microbatch": np.zeros(n),
+                "sequences": rng.integers(2, 12, n).astype(float),
+                "tokens": rng.integers(8000, 16384, n).astype(float), "max_length": mx,
+                "length_cv": rng.uniform(0.2, 1.2, n), "sp_expected_s": sp,
+                "tp_only_expected_s": tp, "sp_s": sp * 1.01, "tp_only_s": tp * 1.01}
+
+    def test_a_chooser_finds_the_statistic_that_decides(self):
+        b = self.batches()
+        truth = b["sp_expected_s"] > b["tp_only_expected_s"]
+        by_max = stats_reference.knn_choice(b, ["max_length"])
+        by_cv = stats_reference.knn_choice(b, ["length_cv", "tokens"])
+        self.assertGreater((by_max == truth).mean(), 0.98)
+        self.assertLess((by_cv == truth).mean(), 0.7)
+
+    def test_figures_and_the_check_against_the_sim(self):
+        b = self.batches()
+        eo = stats_reference.throughput(b, b["sp_expected_s"] > b["tp_only_expected_s"])
+        sp = stats_reference.throughput(b, b["sp_s"] < 0)
+        tp = stats_reference.throughput(b, b["sp_s"] > 0)
+        cmp = {"sp": {"effective_tokens_per_s": 8 * sp}, "tp_only": {"effective_tokens_per_s": 8 * tp},
+               "static": {"effective_tokens_per_s": 8 * tp},
+               "adaptive": {"effective_tokens_per_s": 8 * eo, "expected_regret_window_median": 0.0},
+               "expected_oracle": {"effective_tokens_per_s": 8 * eo}}
+        f = stats_reference.measure(b, cmp)
+        self.assertAlmostEqual(f["sp"], 100 * (1 - sp / eo))
+        self.assertAlmostEqual(f["adaptive"], 0.0)
+        self.assertLess(f["longest sequence"], 0.1)
+        self.assertGreater(f["cv, tokens (ADAPTIVE's band axes)"], 1.0)
+        cmp["sp"]["effective_tokens_per_s"] *= 1.01  # not this run's SP
+        with self.assertRaisesRegex(ValueError, "sp over expected_oracle"):
+            stats_reference.measure(b, cmp)
+
+    def test_short_run(self):
+        with tempfile.TemporaryDirectory() as out:
+            run_main(stats_reference.main,
+                     ["stats_reference.py", f"--sim={SIM}", f"--out={out}", "--steps=300",
+                      "--groups=2", "--seeds=11 12", "--cells=megatron lognormal imbalance_heavy"])
+            with open(os.path.join(out, "stats_reference.json")) as f:
+                result = json.load(f)
+            with open(os.path.join(out, "stats_reference.md")) as f:
+                md = f.read()
+        (cell,) = result["cells"]
+        self.assertEqual([r["seed"] for r in cell["runs"]], [11, 12])
+        self.assertIn("--compare_batches=", cell["runs"][0]["command"])
+        for key in stats_reference.COLUMNS:
+            vals = [r["figures"][key] for r in cell["runs"]]
+            self.assertAlmostEqual(cell["median"][key], statistics.median(vals), places=5)
+        self.assertIn("| megatron lognormal imbalance_heavy | ", md)
+        with self.assertRaisesRegex(SystemExit, "--cells: unknown"):
+            run_main(stats_reference.main, ["stats_reference.py", f"--sim={SIM}",
+                                            "--out=/tmp", "--cells=nope"])
 
 
 if __name__ == "__main__":

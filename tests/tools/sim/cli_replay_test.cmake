@@ -62,7 +62,7 @@ endforeach()
 execute_process(
   COMMAND ${SIM} replay --lengths=bimodal:short=256,long=8000,p_long=0.4 --bucketing=false
           --steps=200 --groups=2 --compare --compare_series=${WORK}/series.csv
-          --summary_json=${WORK}/compare.json
+          --compare_batches=${WORK}/batches.csv --summary_json=${WORK}/compare.json
   RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
 if(NOT rc EQUAL 0 OR NOT err MATCHES "\\| oracle \\|")
   message(FATAL_ERROR "spgate-sim replay --compare failed (${rc}):\n${err}")
@@ -85,6 +85,20 @@ file(STRINGS ${WORK}/series.csv series)
 list(GET series 0 header)
 if(NOT header STREQUAL "step,sp,tp_only,static,adaptive,oracle,expected_oracle")
   message(FATAL_ERROR "series.csv header: ${header}")
+endif()
+# --compare_batches: a header and one row per group-step (200 x 2).
+file(STRINGS ${WORK}/batches.csv batches)
+list(LENGTH batches rows)
+list(GET batches 0 header)
+if(NOT header STREQUAL "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,sp_expected_s,tp_only_expected_s,sp_s,tp_only_s"
+   OR NOT rows EQUAL 401)
+  message(FATAL_ERROR "batches.csv: ${rows} lines, header ${header}")
+endif()
+# --compare_batches's folder is checked before the run.
+execute_process(COMMAND ${SIM} replay --steps=2 --compare --compare_batches=${WORK}/none/b.csv
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--compare_batches=.*folder .* does not exist")
+  message(FATAL_ERROR "--compare_batches into a missing folder: rc ${rc}, ${err}")
 endif()
 # --compare belongs to replay.
 execute_process(COMMAND ${SIM} --compare RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
@@ -238,6 +252,7 @@ foreach(case "--tp=0;--tp must be in \\[1, 1024\\], got 0"
              "--straggler_burst_every=10;--straggler_burst_every=10 needs --straggler_burst_steps"
              "--threads=-1;--threads must be >= 0"
              "--compare_series=${WORK}/x.csv;--compare_series belongs to `spgate-sim replay --compare`"
+             "--compare_batches=${WORK}/x.csv;--compare_batches belongs to `spgate-sim replay --compare`"
              "--sweep_max_length_cv=0.1:0.2:0.05;belong to `spgate-sim replay --sweep`"
              "--summary_json=${WORK}/none/s.json;--summary_json=.*folder .* does not exist"
              "--lengths=lognormal:mean=4096,sigma=0.8,sigma=2;sigma= is given twice"

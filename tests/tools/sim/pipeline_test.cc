@@ -273,6 +273,64 @@ TEST(CompareCellTest, OracleBoundsEveryPolicyWithoutALimit) {
   EXPECT_THAT(CompareTable(*r), HasSubstr("| TP-only share per stage |"));
 }
 
+// --compare_batches's records: one per (replica, step, stage, micro-batch), the batch's
+// statistics and both modes' seconds, which are what the oracles compare (no memory limit
+// here, so each oracle runs TP-only exactly where its seconds say TP-only is faster), and
+// recording them changes nothing. A cell without a pipeline records its whole steps.
+TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
+  for (const bool pipelined : {true, false}) {
+    SCOPED_TRACE(pipelined ? "pipeline" : "whole steps");
+    SimOptions o = Pipelined();
+    if (!pipelined) o.pp = o.microbatches = 1;
+    o.cost.device_memory_gib = 1000;
+    o.cost.shard_work_fraction = 0.5;  // the modes trade places (as above)
+    std::vector<BatchRecord> records;
+    absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0, kDefaultRegretWindow,
+                                              [&](const BatchRecord& b) { records.push_back(b); });
+    ASSERT_THAT(r.status(), IsOk());
+    const int per_step = o.pp * o.microbatches;
+    ASSERT_EQ(records.size(), static_cast<size_t>(o.groups * o.steps * per_step));
+    int64_t expected_tp = 0, drawn_tp = 0;
+    double tokens = 0, sp_seconds = 0;
+    for (size_t i = 0; i < records.size(); ++i) {
+      const BatchRecord& b = records[i];
+      // In step, then replica, then micro-batch, then stage order.
+      EXPECT_EQ(b.step, static_cast<int64_t>(i) / (o.groups * per_step));
+      EXPECT_EQ(b.group, static_cast<int>(i / per_step) % o.groups);
+      EXPECT_EQ(b.microbatch, static_cast<int>(i % per_step) / o.pp);
+      EXPECT_EQ(b.stage, static_cast<int>(i % o.pp));
+      expected_tp += b.expected_s[0] > b.expected_s[1];
+      drawn_tp += b.drawn_s[0] > b.drawn_s[1];
+      if (b.stage == 0) tokens += static_cast<double>(b.stats.tokens);
+      sp_seconds += b.drawn_s[0];
+      EXPECT_GT(b.stats.max_length, 0);
+      EXPECT_NE(b.expected_s[0], b.drawn_s[0]) << "the drawn seconds carry the noise";
+    }
+    EXPECT_EQ(r->Find("expected_oracle")->tp_steps, expected_tp);
+    EXPECT_EQ(r->Find("oracle")->tp_steps, drawn_tp);
+    EXPECT_GT(drawn_tp, 0);
+    EXPECT_LT(drawn_tp, static_cast<int64_t>(records.size()));
+    EXPECT_DOUBLE_EQ(r->Find("sp")->tokens, tokens);
+    // A whole step's time is its SP seconds; a pipeline's adds the bubble and p2p.
+    if (!pipelined) {
+      EXPECT_NEAR(r->Find("sp")->time_s, sp_seconds, 1e-9 * sp_seconds);
+    }
+    absl::StatusOr<CompareResult> without = Compare(o, GateConfig{}, 0);
+    ASSERT_THAT(without.status(), IsOk());
+    EXPECT_EQ(CompareJson(*without), CompareJson(*r));
+  }
+  // The CSV: a row per record, the header's columns.
+  BatchRecord b{.group = 1, .step = 7, .stage = 2, .microbatch = 3,
+                .stats = {.sequences = 2, .tokens = 300, .max_length = 200, .mean = 150,
+                          .cv = 1.0 / 3},
+                .expected_s = {0.5, 0.25},
+                .drawn_s = {0.75, 0.125}};
+  EXPECT_EQ(std::string(kBatchCsvHeader),
+            "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,sp_expected_s,"
+            "tp_only_expected_s,sp_s,tp_only_s\n");
+  EXPECT_EQ(CompareBatchesCsvRow(b), "1,7,2,3,2,300,200,0.333333,0.5,0.25,0.75,0.125\n");
+}
+
 TEST(CompareCellTest, EarlyStagesStaySpWhereLateOnesFit) {
   // Stage 0 of 4 holds four micro-batches at once, stage 3 one: with this budget TP-only
   // fits the late stages, not the early ones (and it is the faster mode on most of these
