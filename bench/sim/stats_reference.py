@@ -12,7 +12,9 @@ k-nearest-neighbour vote over batches of the other half of the run (two folds, s
 step: the first half's batches decide the second's and the other way round), reading
 one set of statistics, each batch labelled with its faster mode under the noise-free
 costs (a label no deployed policy has: the figure estimates what those statistics
-determine, not what a learner reaches). Every choice runs on the drawn (noisy) seconds,
+determine, not what a learner reaches). Beside them, the best a policy that runs one mode
+per ADAPTIVE band (the CSV's `band`) over the run could do, each band's mode picked with
+hindsight from its noise-free seconds. Every choice runs on the drawn (noisy) seconds,
 as the sim's policies do; regret is 1 − its effective tokens/s over the expected-value
 oracle's, over the whole run. The sim's own whole-run figures for the gates and ADAPTIVE
 stand beside it, and the script checks its recomputed fixed choices and expected oracle
@@ -31,8 +33,9 @@ import tempfile
 
 try:
     import numpy as np
-except ImportError:
-    sys.exit("stats_reference.py needs numpy (Debian's python3-numpy; make deps installs it)")
+except ImportError:  # main() says so; importing the module for its names still works
+    np = None
+NEEDS_NUMPY = "stats_reference.py needs numpy (Debian's python3-numpy; make deps installs it)"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import adaptive_incumbent as ai  # noqa: E402
@@ -45,6 +48,9 @@ FEATURES = {
     "every statistic": ["sequences", "tokens", "max_length", "length_cv"],
 }
 NEIGHBOURS = 25
+COLUMNS_CSV = ["group", "step", "stage", "microbatch", "sequences", "tokens", "max_length",
+               "length_cv", "band", "sp_expected_s", "tp_only_expected_s", "sp_s", "tp_only_s"]
+BAND_HINDSIGHT = "one mode per ADAPTIVE band (hindsight)"
 
 
 def cells():
@@ -55,12 +61,18 @@ def cells():
 
 
 def load_batches(path):
-    """The CSV's columns as float arrays."""
+    """The CSV's columns (--compare_batches's) as float arrays."""
     with open(path) as f:
-        rows = list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        if reader.fieldnames != COLUMNS_CSV:
+            raise ValueError(f"{path}: columns {reader.fieldnames}, want {COLUMNS_CSV}")
+        rows = list(reader)
     if not rows:
         raise ValueError(f"{path}: no batches")
-    return {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+    try:
+        return {k: np.array([float(r[k]) for r in rows]) for k in COLUMNS_CSV}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a number in a row: {e}") from None
 
 
 def throughput(b, tp_only):
@@ -74,6 +86,9 @@ def knn_choice(b, features, k=NEIGHBOURS):
     x = np.column_stack([b[f] for f in features])
     faster = (b["sp_expected_s"] - b["tp_only_expected_s"]) > 0
     first = b["step"] < np.median(b["step"])
+    if min(first.sum(), (~first).sum()) <= k:
+        raise ValueError(f"{len(faster)} batches: each half of the run needs more than {k} "
+                         "(give more --steps or --groups)")
     choice = np.zeros(len(faster), bool)
     for train, test in ((first, ~first), (~first, first)):
         mu, sd = x[train].mean(0), x[train].std(0)
@@ -85,6 +100,16 @@ def knn_choice(b, features, k=NEIGHBOURS):
             d = (q * q).sum(1)[:, None] + (a * a).sum(1)[None, :] - 2 * q @ a.T
             near = np.argpartition(d, k, axis=1)[:, :k]
             choice[idx[lo:lo + 512]] = labels[near].mean(1) > 0.5
+    return choice
+
+
+def band_hindsight(b):
+    """TP-only in every batch of a band whose noise-free seconds TP-only saves over the run."""
+    saving = b["sp_expected_s"] - b["tp_only_expected_s"]
+    choice = np.zeros(len(saving), bool)
+    for band in np.unique(b["band"]):
+        in_band = b["band"] == band
+        choice[in_band] = saving[in_band].sum() > 0
     return choice
 
 
@@ -107,6 +132,9 @@ def measure(b, cmp):
            for p in ("sp", "tp_only", "static", "adaptive")}
     out["adaptive_window_median"] = 100 * cmp["adaptive"]["expected_regret_window_median"]
     out["tp_only_share_expected_oracle"] = float(expected.mean())
+    ad = cmp["adaptive"]
+    out["tp_only_share_adaptive"] = ad["tp_only_steps"] / (ad["tp_only_steps"] + ad["sp_steps"])
+    out[BAND_HINDSIGHT] = 100 * (1 - throughput(b, band_hindsight(b)) / eo)
     for label, feats in FEATURES.items():
         out[label] = 100 * (1 - throughput(b, knn_choice(b, feats)) / eo)
     return out
@@ -123,12 +151,12 @@ def run_cell(sim, flags, seed, steps, groups, hardware, tmp):
     return cmd, measure(load_batches(path), json.loads(run.stdout)["compare"])
 
 
-COLUMNS = ["sp", "tp_only", "static", "adaptive", *FEATURES]
+COLUMNS = ["sp", "tp_only", "static", "adaptive", BAND_HINDSIGHT, *FEATURES]
 
 
 def report(result):
-    head = ["cell", "TP-only share (expected oracle)",
-            *[f"{c} %" for c in ("SP", "TP-only", "static gates", "ADAPTIVE")],
+    head = ["cell", "TP-only share: expected oracle / ADAPTIVE",
+            *[f"{c} %" for c in ("SP", "TP-only", "static gates", "ADAPTIVE", BAND_HINDSIGHT)],
             *[f"statistics: {c} %" for c in FEATURES]]
     md = [f"Regret against the expected-value oracle over the run, median over seeds "
           f"{', '.join(map(str, result['seeds']))} (range); {result['steps']} steps × "
@@ -136,7 +164,8 @@ def report(result):
           "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for c in result["cells"]:
         spread = seedlib.Spread([r["figures"] for r in c["runs"]])
-        cols = [c["name"], spread.fmt("tp_only_share_expected_oracle", "%.3f")]
+        cols = [c["name"], spread.fmt("tp_only_share_expected_oracle", "%.3f") + " / "
+                + spread.fmt("tp_only_share_adaptive", "%.3f")]
         cols += [spread.fmt(k, "%.2f") for k in COLUMNS]
         md.append("| " + " | ".join(cols) + " |")
     return "\n".join(md) + "\n"
@@ -152,6 +181,8 @@ def main():
     ap.add_argument("--seeds", default=ai.dq.DEFAULT_SEEDS)
     ap.add_argument("--cells", default="", help="|-separated cell names (default: all)")
     a = ap.parse_args()
+    if np is None:
+        sys.exit(NEEDS_NUMPY)
     seeds = seedlib.parse(a.seeds)
     chosen = cells()
     if a.cells:

@@ -72,10 +72,11 @@ class Prometheus:
         self.proc = None
 
     def Start(self, timeout=30, attempts=3):
-        """Starts Prometheus and waits until it is ready. Its listen address cannot be port
-        0 (it would not say which port it got), so the port is picked here and free a
-        moment before; one that a test beside this one took in between ("address already
-        in use") is picked again, up to `attempts` times."""
+        """Starts Prometheus and waits until it is ready: this one, whose storage path is
+        ours (another test's Prometheus on the port would answer too). Its listen address
+        cannot be port 0 (it would not say which port it got), so the port is picked here
+        and free a moment before; one that a test beside this one took in between ("address
+        already in use") is picked again, up to `attempts` times."""
         for attempt in range(1, attempts + 1):
             with open(self.log_path, "w") as log:
                 self.proc = subprocess.Popen(
@@ -86,8 +87,8 @@ class Prometheus:
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
                 WaitFor("Prometheus /-/ready",
-                        lambda: self._alive() and "Ready" in HttpGet(self.url + "/-/ready"),
-                        timeout)
+                        lambda: self._alive() and "Ready" in HttpGet(self.url + "/-/ready")
+                        and self._ours(), timeout)
                 return self
             except RuntimeError:
                 if attempt == attempts or "address already in use" not in self.LogTail():
@@ -98,6 +99,11 @@ class Prometheus:
                 self.Stop()
                 raise RuntimeError("Prometheus did not become ready:\n" + self.LogTail())
         raise AssertionError("unreachable")
+
+    def _ours(self):
+        """Whether the server on self.port is the one started here (its storage path)."""
+        flags = json.loads(HttpGet(self.url + "/api/v1/status/flags"))["data"]
+        return flags.get("storage.tsdb.path") == os.path.join(self.workdir, "data")
 
     def _alive(self):
         if self.proc.poll() is not None:

@@ -88,7 +88,7 @@ def mentions(text, value):
 
 # The ports spgated logs once it serves (port 0 lets the kernel pick them at the first start).
 SERVING = re.compile(r"serving: worker API on port (\d+), admin API on port (\d+), "
-                     r"metrics on port (\d+)")
+                     r"metrics on port (\d+)(?=\D)")  # the whole number, not a half-written line
 
 
 data_lines = proc_util.data_lines

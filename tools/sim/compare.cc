@@ -515,6 +515,13 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
   if (!cell_or.ok()) return cell_or.status();
   const Cell& cell = *cell_or;
   const int P = cell.P, M = cell.M;
+  const BatchSink banded =
+      sink ? BatchSink([&](const BatchRecord& b) {
+               BatchRecord with = b;
+               with.band = BandOf(config, b.stats.cv, b.stats.tokens);
+               sink(with);
+             })
+           : BatchSink();
   std::vector<std::unique_ptr<runtime::BatchBuilder>> batches;
   std::vector<std::mt19937_64> rngs;  // [replica × pp + stage]
   for (int gi = 0; gi < o.groups; ++gi) {
@@ -552,7 +559,7 @@ absl::StatusOr<CompareResult> CompareCell(const SimOptions& o, const GateConfig&
     }
     for (int gi = 0; gi < o.groups; ++gi) {
       if (absl::Status s = DrawReplicaStep(cell, model, expected, *batches[gi], &rngs[gi * P],
-                                           config.bucket_target_cv, k, gi, sink, rs);
+                                           config.bucket_target_cv, k, gi, banded, rs);
           !s.ok()) {
         return s;
       }

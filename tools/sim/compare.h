@@ -125,24 +125,26 @@ struct CompareResult {
   const PolicyResult* Find(const std::string& name) const;
 };
 
-// `config` is the static policy's; the adaptive one is the same with policy ADAPTIVE.
-// `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1);
-// `regret_window` steps per regret window (INVALID_ARGUMENT naming --regret_window below
-// 1; --switch_cost_s is checked too).
 // One micro-batch on one stage of one replica's step (a cell without a pipeline: stage 0,
-// micro-batch 0, the group's whole step): the length statistics its plan carries and both
-// modes' seconds, noise-free (what the expected-value oracle compares) and drawn (what the
-// oracle compares and every policy runs). --compare_batches writes them (CompareBatchesCsv).
+// micro-batch 0, the group's whole step): the length statistics its plan carries, its
+// ADAPTIVE band and both modes' seconds, noise-free (what the expected-value oracle
+// compares) and drawn (what the oracle compares and every policy runs). --compare_batches
+// writes them (CompareBatchesCsvRow).
 struct BatchRecord {
   int group = 0;
   int64_t step = 0;
   int stage = 0, microbatch = 0;
   LengthStats stats;
+  int band = 0;                        // BandOf(the run's config, stats.cv, stats.tokens)
   std::array<double, 2> expected_s{};  // [sp, tp_only]: forward + backward on the stage
   std::array<double, 2> drawn_s{};     // [sp, tp_only]
 };
 using BatchSink = std::function<void(const BatchRecord&)>;
 
+// `config` is the static policy's; the adaptive one is the same with policy ADAPTIVE.
+// `series_window` steps per point of the tokens/s series (0: steps / 50, at least 1);
+// `regret_window` steps per regret window (INVALID_ARGUMENT naming --regret_window below
+// 1; --switch_cost_s is checked too).
 // `batches`, when given, gets every record as it is drawn (in step, group, micro-batch,
 // stage order), so a run of any length holds none of them.
 absl::StatusOr<CompareResult> Compare(const SimOptions& options, const GateConfig& config,

@@ -197,14 +197,14 @@ std::string CompareSeriesCsv(const CompareResult& r) {
 }
 
 const char kBatchCsvHeader[] =
-    "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,sp_expected_s,"
+    "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,band,sp_expected_s,"
     "tp_only_expected_s,sp_s,tp_only_s\n";
 
 std::string CompareBatchesCsvRow(const BatchRecord& b) {
-  return absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%.6g,%.9g,%.9g,%.9g,%.9g\n", b.group, b.step,
-                         b.stage, b.microbatch, b.stats.sequences, b.stats.tokens,
-                         b.stats.max_length, b.stats.cv, b.expected_s[0], b.expected_s[1],
-                         b.drawn_s[0], b.drawn_s[1]);
+  return absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%.6g,%d,%.9g,%.9g,%.9g,%.9g\n", b.group,
+                         b.step, b.stage, b.microbatch, b.stats.sequences, b.stats.tokens,
+                         b.stats.max_length, b.stats.cv, b.band, b.expected_s[0],
+                         b.expected_s[1], b.drawn_s[0], b.drawn_s[1]);
 }
 
 }  // namespace spgate::sim

@@ -14,7 +14,9 @@
 // model and every flag are described in docs/sim.md. Exit status: 0, or 1 when a run
 // saw consistency violations or decision errors, 2 on bad flags.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -392,6 +394,10 @@ absl::StatusOr<spgate::sim::CompareResult> RunCompare(const SimOptions& o,
   spgate::sim::BatchSink sink;
   if (!path.empty()) {
     out.open(path);
+    if (!out) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot open --compare_batches=", path, ": ", std::strerror(errno)));
+    }
     out << spgate::sim::kBatchCsvHeader;
     sink = [&out](const spgate::sim::BatchRecord& b) {
       out << spgate::sim::CompareBatchesCsvRow(b);

@@ -472,6 +472,11 @@ class SpCrossoverSeedTest(unittest.TestCase):
 
 
 class StatsReferenceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if stats_reference.np is None:  # make deps installs it: a failure, not a skip
+            raise AssertionError(stats_reference.NEEDS_NUMPY)
+
     @staticmethod
     def batches(n=4000):
         """Made-up batches whose faster mode follows the longest sequence alone (TP-only
@@ -485,7 +490,8 @@ class StatsReferenceTest(unittest.TestCase):
                 "stage": np.zeros(n), "microbatch": np.zeros(n),
                 "sequences": rng.integers(2, 12, n).astype(float),
                 "tokens": rng.integers(8000, 16384, n).astype(float), "max_length": mx,
-                "length_cv": rng.uniform(0.2, 1.2, n), "sp_expected_s": sp,
+                "length_cv": rng.uniform(0.2, 1.2, n), "band": np.floor((mx + 500) / 1000),
+                "sp_expected_s": sp,
                 "tp_only_expected_s": tp, "sp_s": sp * 1.01, "tp_only_s": tp * 1.01}
 
     def test_a_chooser_finds_the_statistic_that_decides(self):
@@ -495,24 +501,46 @@ class StatsReferenceTest(unittest.TestCase):
         by_cv = stats_reference.knn_choice(b, ["length_cv", "tokens"])
         self.assertGreater((by_max == truth).mean(), 0.98)
         self.assertLess((by_cv == truth).mean(), 0.7)
+        # Bands of 1,000 tokens of the longest sequence, one across 3,000: one mode per
+        # band is wrong on part of it; bands on CV cannot tell the batches apart.
+        by_band = stats_reference.band_hindsight(b)
+        self.assertTrue(0.8 < (by_band == truth).mean() < 0.99)
+        b["band"] = stats_reference.np.floor(b["length_cv"] * 5)
+        self.assertLess((stats_reference.band_hindsight(b) == truth).mean(), 0.7)
+        with self.assertRaisesRegex(ValueError, "each half of the run needs more than 25"):
+            stats_reference.knn_choice({k: v[:50] for k, v in b.items()}, ["max_length"])
 
     def test_figures_and_the_check_against_the_sim(self):
         b = self.batches()
         eo = stats_reference.throughput(b, b["sp_expected_s"] > b["tp_only_expected_s"])
         sp = stats_reference.throughput(b, b["sp_s"] < 0)
         tp = stats_reference.throughput(b, b["sp_s"] > 0)
-        cmp = {"sp": {"effective_tokens_per_s": 8 * sp}, "tp_only": {"effective_tokens_per_s": 8 * tp},
+        cmp = {"sp": {"effective_tokens_per_s": 8 * sp},
+               "tp_only": {"effective_tokens_per_s": 8 * tp},
                "static": {"effective_tokens_per_s": 8 * tp},
-               "adaptive": {"effective_tokens_per_s": 8 * eo, "expected_regret_window_median": 0.0},
+               "adaptive": {"effective_tokens_per_s": 8 * eo, "expected_regret_window_median": 0.0,
+                            "tp_only_steps": 3, "sp_steps": 1},
                "expected_oracle": {"effective_tokens_per_s": 8 * eo}}
         f = stats_reference.measure(b, cmp)
         self.assertAlmostEqual(f["sp"], 100 * (1 - sp / eo))
-        self.assertAlmostEqual(f["adaptive"], 0.0)
+        self.assertAlmostEqual(f["tp_only_share_adaptive"], 0.75)
         self.assertLess(f["longest sequence"], 0.1)
         self.assertGreater(f["cv, tokens (ADAPTIVE's band axes)"], 1.0)
         cmp["sp"]["effective_tokens_per_s"] *= 1.01  # not this run's SP
         with self.assertRaisesRegex(ValueError, "sp over expected_oracle"):
             stats_reference.measure(b, cmp)
+
+    def test_a_csv_that_is_not_the_sims_is_refused_naming_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "b.csv")
+            with open(path, "w") as f:
+                f.write("group,step\n0,1\n")
+            with self.assertRaisesRegex(ValueError, f"{path}: columns \\['group', 'step'\\]"):
+                stats_reference.load_batches(path)
+            with open(path, "w") as f:
+                f.write(",".join(stats_reference.COLUMNS_CSV) + "\n" + "x," * 12 + "1\n")
+            with self.assertRaisesRegex(ValueError, f"{path}: not a number"):
+                stats_reference.load_batches(path)
 
     def test_short_run(self):
         with tempfile.TemporaryDirectory() as out:

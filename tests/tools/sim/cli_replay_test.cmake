@@ -90,9 +90,15 @@ endif()
 file(STRINGS ${WORK}/batches.csv batches)
 list(LENGTH batches rows)
 list(GET batches 0 header)
-if(NOT header STREQUAL "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,sp_expected_s,tp_only_expected_s,sp_s,tp_only_s"
+if(NOT header STREQUAL "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,band,sp_expected_s,tp_only_expected_s,sp_s,tp_only_s"
    OR NOT rows EQUAL 401)
   message(FATAL_ERROR "batches.csv: ${rows} lines, header ${header}")
+endif()
+# --compare_batches: a file that cannot be opened (here a folder) stops the run at once.
+execute_process(COMMAND ${SIM} replay --steps=2 --compare --compare_batches=${WORK}
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "cannot open --compare_batches=.*: Is a directory")
+  message(FATAL_ERROR "--compare_batches into a folder: rc ${rc}, ${err}")
 endif()
 # --compare_batches's folder is checked before the run.
 execute_process(COMMAND ${SIM} replay --steps=2 --compare --compare_batches=${WORK}/none/b.csv

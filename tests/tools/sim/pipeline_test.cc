@@ -15,6 +15,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "policy/adaptive_policy.h"
 #include "tests/testing/status_matchers.h"
 #include "tools/sim/compare.h"
 
@@ -304,6 +305,7 @@ TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
       if (b.stage == 0) tokens += static_cast<double>(b.stats.tokens);
       sp_seconds += b.drawn_s[0];
       EXPECT_GT(b.stats.max_length, 0);
+      EXPECT_EQ(b.band, BandOf(GateConfig{}, b.stats.cv, b.stats.tokens));
       EXPECT_NE(b.expected_s[0], b.drawn_s[0]) << "the drawn seconds carry the noise";
     }
     EXPECT_EQ(r->Find("expected_oracle")->tp_steps, expected_tp);
@@ -323,12 +325,13 @@ TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
   BatchRecord b{.group = 1, .step = 7, .stage = 2, .microbatch = 3,
                 .stats = {.sequences = 2, .tokens = 300, .max_length = 200, .mean = 150,
                           .cv = 1.0 / 3},
+                .band = 24,
                 .expected_s = {0.5, 0.25},
                 .drawn_s = {0.75, 0.125}};
   EXPECT_EQ(std::string(kBatchCsvHeader),
-            "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,sp_expected_s,"
-            "tp_only_expected_s,sp_s,tp_only_s\n");
-  EXPECT_EQ(CompareBatchesCsvRow(b), "1,7,2,3,2,300,200,0.333333,0.5,0.25,0.75,0.125\n");
+            "group,step,stage,microbatch,sequences,tokens,max_length,length_cv,band,"
+            "sp_expected_s,tp_only_expected_s,sp_s,tp_only_s\n");
+  EXPECT_EQ(CompareBatchesCsvRow(b), "1,7,2,3,2,300,200,0.333333,24,0.5,0.25,0.75,0.125\n");
 }
 
 TEST(CompareCellTest, EarlyStagesStaySpWhereLateOnesFit) {
