@@ -141,6 +141,10 @@ absl::Status CheckOutputFolder(absl::string_view flag, const std::string& path) 
   const fs::path out(path);
   const fs::path dir = out.has_parent_path() ? out.parent_path() : fs::path(".");
   std::error_code ec;
+  if (fs::is_directory(out, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, " is a folder; give a file's path"));
+  }
   if (!fs::is_directory(dir, ec)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, "=", path, ": folder ", dir.string(), " does not exist"));

@@ -406,8 +406,9 @@ absl::StatusOr<spgate::sim::CompareResult> RunCompare(const SimOptions& o,
   absl::StatusOr<spgate::sim::CompareResult> r =
       spgate::sim::Compare(o, config, absl::GetFlag(FLAGS_compare_window),
                            absl::GetFlag(FLAGS_regret_window), sink);
-  if (r.ok() && !path.empty() && !(out.flush())) {
-    return absl::InternalError(absl::StrCat("cannot write --compare_batches=", path));
+  if (r.ok() && !path.empty() && !out.flush()) {
+    return absl::InternalError(
+        absl::StrCat("cannot write --compare_batches=", path, ": ", std::strerror(errno)));
   }
   return r;
 }

@@ -507,6 +507,13 @@ class StatsReferenceTest(unittest.TestCase):
         self.assertTrue(0.8 < (by_band == truth).mean() < 0.99)
         b["band"] = stats_reference.np.floor(b["length_cv"] * 5)
         self.assertLess((stats_reference.band_hindsight(b) == truth).mean(), 0.7)
+        # One mode per band is chosen on the drawn seconds, which the regret is scored on:
+        # where the noise makes TP-only slower than its noise-free seconds say, SP.
+        b["band"] = stats_reference.np.zeros(len(truth))
+        b["tp_only_s"] = b["tp_only_expected_s"] * 1.2
+        self.assertFalse(stats_reference.band_hindsight(b).any())
+        b["tp_only_s"] = b["tp_only_expected_s"] * 0.95
+        self.assertTrue(stats_reference.band_hindsight(b).all())
         with self.assertRaisesRegex(ValueError, "each half of the run needs more than 25"):
             stats_reference.knn_choice({k: v[:50] for k, v in b.items()}, ["max_length"])
 
@@ -524,6 +531,9 @@ class StatsReferenceTest(unittest.TestCase):
         f = stats_reference.measure(b, cmp)
         self.assertAlmostEqual(f["sp"], 100 * (1 - sp / eo))
         self.assertAlmostEqual(f["tp_only_share_adaptive"], 0.75)
+        by_band = stats_reference.throughput(b, stats_reference.band_hindsight(b))
+        self.assertAlmostEqual(f[stats_reference.BAND_HINDSIGHT], 100 * (1 - by_band / eo))
+        self.assertGreater(f[stats_reference.BAND_HINDSIGHT], 0.5)  # one band across 3,000
         self.assertLess(f["longest sequence"], 0.1)
         self.assertGreater(f["cv, tokens (ADAPTIVE's band axes)"], 1.0)
         cmp["sp"]["effective_tokens_per_s"] *= 1.01  # not this run's SP

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -285,13 +286,17 @@ TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
     if (!pipelined) o.pp = o.microbatches = 1;
     o.cost.device_memory_gib = 1000;
     o.cost.shard_work_fraction = 0.5;  // the modes trade places (as above)
+    GateConfig config;  // bands other than the defaults': the run's config sets them
+    config.adaptive_cv_band_width = 0.2;
+    config.adaptive_tokens_band_base = 4096;
     std::vector<BatchRecord> records;
-    absl::StatusOr<CompareResult> r = Compare(o, GateConfig{}, 0, kDefaultRegretWindow,
+    absl::StatusOr<CompareResult> r = Compare(o, config, 0, kDefaultRegretWindow,
                                               [&](const BatchRecord& b) { records.push_back(b); });
     ASSERT_THAT(r.status(), IsOk());
     const int per_step = o.pp * o.microbatches;
     ASSERT_EQ(records.size(), static_cast<size_t>(o.groups * o.steps * per_step));
     int64_t expected_tp = 0, drawn_tp = 0;
+    std::set<int> bands;
     double tokens = 0, sp_seconds = 0;
     for (size_t i = 0; i < records.size(); ++i) {
       const BatchRecord& b = records[i];
@@ -305,11 +310,13 @@ TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
       if (b.stage == 0) tokens += static_cast<double>(b.stats.tokens);
       sp_seconds += b.drawn_s[0];
       EXPECT_GT(b.stats.max_length, 0);
-      EXPECT_EQ(b.band, BandOf(GateConfig{}, b.stats.cv, b.stats.tokens));
+      EXPECT_EQ(b.band, BandOf(config, b.stats.cv, b.stats.tokens));
+      bands.insert(b.band);
       EXPECT_NE(b.expected_s[0], b.drawn_s[0]) << "the drawn seconds carry the noise";
     }
     EXPECT_EQ(r->Find("expected_oracle")->tp_steps, expected_tp);
     EXPECT_EQ(r->Find("oracle")->tp_steps, drawn_tp);
+    EXPECT_GT(bands.size(), 2u);
     EXPECT_GT(drawn_tp, 0);
     EXPECT_LT(drawn_tp, static_cast<int64_t>(records.size()));
     EXPECT_DOUBLE_EQ(r->Find("sp")->tokens, tokens);
@@ -317,7 +324,7 @@ TEST(CompareCellTest, BatchRecordsAreWhatTheOraclesCompare) {
     if (!pipelined) {
       EXPECT_NEAR(r->Find("sp")->time_s, sp_seconds, 1e-9 * sp_seconds);
     }
-    absl::StatusOr<CompareResult> without = Compare(o, GateConfig{}, 0);
+    absl::StatusOr<CompareResult> without = Compare(o, config, 0);
     ASSERT_THAT(without.status(), IsOk());
     EXPECT_EQ(CompareJson(*without), CompareJson(*r));
   }
