@@ -43,8 +43,8 @@ try:
 except ImportError as e:
     print(f"FAILED: needs PyTorch (make deps installs python3-torch) and spgate's native module ({e})")
     sys.exit(1)
-from daemon_util import Daemon  # noqa: E402
-from dist_util import free_port, run_ranks  # noqa: E402
+from daemon_util import Daemon, refused_address  # noqa: E402
+from dist_util import run_ranks  # noqa: E402
 
 TOKEN = "py-connect-token"
 LENGTHS = [512, 512, 256, 768]
@@ -214,10 +214,10 @@ class ConnectTest(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def test_two_ranks(self):
-        unreachable = f"127.0.0.1:{free_port()}"  # nothing listens there
         admin = f"127.0.0.1:{self.daemon.admin_port}"
-        ranks = run_ranks(2, rank_main, self.daemon.address, unreachable, self.token_file,
-                          admin, timeout_s=120)
+        with refused_address() as unreachable:
+            ranks = run_ranks(2, rank_main, self.daemon.address, unreachable, self.token_file,
+                              admin, timeout_s=120)
 
         for rank, out in enumerate(ranks):
             with self.subTest(rank=rank):

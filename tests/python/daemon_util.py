@@ -1,9 +1,11 @@
 """Start a real spgated on loopback with port 0 for the Python tests (it logs the ports it
 bound), scrape its /metrics, and stop it."""
+import contextlib
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +16,16 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "testing"))
 import proc_util  # noqa: E402
+
+
+@contextlib.contextmanager
+def refused_address():
+    """'127.0.0.1:PORT' where nothing listens for as long as the `with` lasts: the port is
+    bound here and never listened on, so a connection is refused and no test beside this
+    one can start a server there (a port only picked free could be taken meanwhile)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 def default_spgated():

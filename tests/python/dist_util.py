@@ -4,19 +4,12 @@ rank returns."""
 import datetime
 import gc
 import os
-import socket
 import tempfile
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank, world, port, fn, args, out_dir):

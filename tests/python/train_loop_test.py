@@ -12,7 +12,6 @@ Run: SPGATED=build/bin/spgated SPGATE_CLIENT_LIB=build/lib/libspgate_client.so \
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,17 +20,11 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from daemon_util import Daemon  # noqa: E402
+from daemon_util import Daemon, refused_address  # noqa: E402
 
 TRAIN_LOOP = os.path.join(HERE, "..", "..", "examples", "python", "train_loop.py")
 LIB = os.environ.get("SPGATE_CLIENT_LIB") or os.path.join(HERE, "..", "..", "build", "lib",
                                                            "libspgate_client.so")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_loop(*flags):
@@ -67,9 +60,9 @@ class TrainLoopTest(unittest.TestCase):
         self.assertEqual(decided, {})
 
     def test_a_daemon_that_does_not_answer_is_said_and_the_steps_fall_back(self):
-        address = f"127.0.0.1:{free_port()}"  # nothing listens there
-        rc, out, err, seconds = train_loop("--controller", address, "--job_id",
-                                           "train-loop-away", "--tp", "2", "--steps", "4")
+        with refused_address() as address:
+            rc, out, err, seconds = train_loop("--controller", address, "--job_id",
+                                               "train-loop-away", "--tp", "2", "--steps", "4")
         self.assertEqual(rc, 0, out + err)
         summary = json.loads(out)
         self.assertEqual(summary["local_decisions"], 4)
