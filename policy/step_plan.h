@@ -190,9 +190,8 @@ struct StagePlanOptions {
 // cannot hold every TP-only answer, the micro-batches expected to gain most get it, as
 // many as fit together (forced pins, then ADAPTIVE's exploration, then its learned
 // estimates, else CV x tokens; ties in id order; id order where ADAPTIVE measured a
-// switch's cost): the plan is decided
-// again from `group` as it was, with that set (docs/design.md §12); `group` advances once
-// either way. Preconditions:
+// switch's cost): the plan is decided again from `group` as it was, with that set
+// (docs/design.md §12); `group` advances once either way. Preconditions:
 // ValidateJobLayout(layout), plan.stage in [0, pp), CheckMicrobatchIds, plan.step after the
 // group's last decided step, the byte counts below kMaxStepPlanBytes each.
 StagePlanOutcome DecideStagePlan(GroupPolicyState& group, const GateConfig& config,

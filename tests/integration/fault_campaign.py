@@ -55,6 +55,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "testing"))
 import proc_util  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tools", "demo"))
+import spgate_reflect as sr  # noqa: E402
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OPENBLAS_NUM_THREADS="1")
@@ -84,11 +88,6 @@ def check(cond, what):
 def mentions(text, value):
     """Whether `text` holds `value` as a whole number (0.1001 is not in 0.10012)."""
     return re.search(re.escape(f"{value:g}") + r"(?![0-9])", text) is not None
-
-
-# The ports spgated logs once it serves (port 0 lets the kernel pick them at the first start).
-SERVING = re.compile(r"serving: worker API on port (\d+), admin API on port (\d+), "
-                     r"metrics on port (\d+)(?=\D)")  # the whole number, not a half-written line
 
 
 data_lines = proc_util.data_lines
@@ -122,9 +121,11 @@ class Daemon:
         while time.monotonic() < deadline:
             with open(log) as f:
                 text = f.read()
-            serving = SERVING.search(text)
+            # The ports it serves on (port 0: the kernel's pick at the first start), read
+            # from whole lines only (the file is being written).
+            serving = sr.SERVING_LINE.search(text[:text.rfind("\n") + 1])
             if serving:
-                self.port, self.admin_port, self.metrics_port = map(int, serving.groups())
+                self.port, self.admin_port, self.metrics_port = map(int, serving.groups()[:3])
                 return time.monotonic()
             if self.proc.poll() is not None:
                 raise CampaignError(f"spgated exited {self.proc.returncode} at start:\n{text}")

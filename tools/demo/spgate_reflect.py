@@ -300,8 +300,8 @@ def connect(address, service_name, timeout=5.0):
 
 # Metrics and the health-only port are each optional (an empty flag turns one off, and the
 # line then names it after "; off:").
-_SERVING = re.compile(r"spgated: serving: worker API on port (\d+), admin API on port (\d+)"
-                      r"(?:, metrics on port (\d+))?(?:, health on port (\d+))?")
+SERVING_LINE = re.compile(r"spgated: serving: worker API on port (\d+), admin API on port "
+                          r"(\d+)(?:, metrics on port (\d+))?(?:, health on port (\d+))?")
 
 
 def _die_with_parent():
@@ -347,7 +347,7 @@ class SpgatedProcess:
         for line in iter(self.proc.stderr.readline, ""):
             with self._lines_lock:
                 self._lines.append(line)
-            m = _SERVING.search(line)
+            m = SERVING_LINE.search(line)
             if m:
                 self.worker_port, self.admin_port = int(m.group(1)), int(m.group(2))
                 self.metrics_port = int(m.group(3)) if m.group(3) else None

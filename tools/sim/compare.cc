@@ -224,9 +224,10 @@ absl::Status DrawReplicaStep(const Cell& cell, const PipelineCostModel& model,
       if (sink) {
         const StageMicrobatchCost& e = rs.expected_costs[s][m];
         const StageMicrobatchCost& d = rs.costs[s][m];
+        constexpr Mode kSp = Mode::kSequenceParallel, kTp = Mode::kTensorParallelOnly;
         sink({.group = gi, .step = k, .stage = s, .microbatch = m, .stats = *st,
-              .expected_s = {e.forward_s[0] + e.backward_s[0], e.forward_s[1] + e.backward_s[1]},
-              .drawn_s = {d.forward_s[0] + d.backward_s[0], d.forward_s[1] + d.backward_s[1]}});
+              .expected_s = {StageSeconds(e, kSp), StageSeconds(e, kTp)},
+              .drawn_s = {StageSeconds(d, kSp), StageSeconds(d, kTp)}});
       }
     }
     const int64_t padded = rs.costs[0][m].padded_tokens;
@@ -391,7 +392,7 @@ void Learn(Run& r, const Cell& cell, const ReplicaStep& rs, const StepOps& x, in
            // as the daemon knows it (Cell::cv_from_band)
            .length_cv = cell.pipelined ? BandCvMidpoint(r.config, band) : rs.stats[m].cv,
            .all_gather_s = c.all_gather_s_sp,
-           .rs_wait_s = c.rs_wait_share_sp * (c.forward_s[0] + c.backward_s[0]),
+           .rs_wait_s = c.rs_wait_share_sp * StageSeconds(c, Mode::kSequenceParallel),
            .probe = x.probe[s][m] != 0, .after_switch = x.switched[s][m] != 0,
            .exploration = x.exploration[s][m] != 0, .forced = x.forced[s][m] != 0,
            .straggler_s = c.straggler_s[ModeIndex(x.modes[s][m])], .timed = true});

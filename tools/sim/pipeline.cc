@@ -269,8 +269,8 @@ int64_t OracleStageModes(std::span<const PipelineOp> ops, uint64_t resident,
   // TP-only where it is faster, the biggest savings first (ties by id) while they fit.
   std::vector<std::pair<double, int>> saving;
   for (int m = 0; m < M; ++m) {
-    const double s = costs[m].forward_s[0] + costs[m].backward_s[0] - costs[m].forward_s[1] -
-                     costs[m].backward_s[1];
+    const double s = StageSeconds(costs[m], Mode::kSequenceParallel) -
+                     StageSeconds(costs[m], Mode::kTensorParallelOnly);
     if (s > 0) saving.push_back({-s, m});
   }
   std::sort(saving.begin(), saving.end());

@@ -58,6 +58,12 @@ struct StageMicrobatchCost {
   std::array<double, 2> straggler_s{};  // [ModeIndex]: the layers' (GroupStep::straggler_s)
 };
 
+// A micro-batch's forward and backward on its stage in `mode`.
+inline double StageSeconds(const StageMicrobatchCost& c, Mode mode) {
+  const int i = ModeIndex(mode);
+  return c.forward_s[i] + c.backward_s[i];
+}
+
 // Per-stage costs. The transformer layers of a stage are CostModel's (--layers per
 // stage, so a pp-stage model has pp × layers); the first stage adds the vocabulary-
 // parallel embedding, the last the output layer and the cross-entropy loss (--vocab),
