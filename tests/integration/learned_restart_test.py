@@ -17,6 +17,7 @@ anyway (the 4-step run in every 1,000 steps of the floor the jobs set, bands sti
 seldom seen) is not the restart's cost; the figures printed say how much of it there was.
 
 Run: /usr/bin/python3 learned_restart_test.py --spgated=BIN --sim=BIN --spgatectl=BIN
+(`--seed` picks the jobs' length stream; bench/learned_restart.sh runs it over five.)
 Loopback only; bounded in time; every process is killed on exit.
 """
 import argparse
@@ -67,7 +68,7 @@ def sim(args, daemon, job, steps, tmp, summary=None):
     return subprocess.Popen(
         [args.sim, f"--controller={daemon.worker_address}", f"--job_id={job}",
          f"--incarnation={job}-launch", "--groups=1", "--tp=2", f"--steps={steps}",
-         f"--steps_per_s={RATE}", "--deadline=100ms", "--seed=7",
+         f"--steps_per_s={RATE}", "--deadline=100ms", f"--seed={args.seed}",
          f"--summary_json={os.path.join(tmp, (summary or job) + '.json')}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -105,6 +106,8 @@ def main():
     p.add_argument("--warm_steps", type=int, default=3000)
     p.add_argument("--kill_at_step", type=int, default=1500)
     p.add_argument("--max_ratio", type=float, default=0.10)
+    p.add_argument("--seed", type=int, default=7, help="the jobs' length stream")
+    p.add_argument("--json_out", default="", help="also write the figures printed here")
     args = p.parse_args()
     faulthandler.dump_traceback_later(100, exit=True)
     tmp = tempfile.mkdtemp(prefix="spgate-learned-")
@@ -191,6 +194,9 @@ def main():
                   "ratio_to_cold_beyond_never_restarted":
                       round(beyond / max(len(cold_probes), 1), 3)}
         print(json.dumps(result, indent=2))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump(result, f, indent=2)
         if not cold_probes:
             failures.append("the cold start explored no step: nothing to compare with")
         if beyond > args.max_ratio * len(cold_probes):

@@ -462,6 +462,107 @@ TEST_F(LearnedStateTest, StageTablesComeBackWithTheirLaunch) {
   EXPECT_EQ(job->learned().cells_size(), 0);
 }
 
+// The same through the daemon's own write: a pipelined job learns each stage from its
+// micro-batches (SP the faster on stage 0, TP-only on stage 1), the sweep's write puts
+// both stages' tables on disk, and after a kill and a restart on the directory GetJob has
+// them exactly, each where it was.
+TEST_F(LearnedStateTest, StageTablesTheDaemonWroteComeBackAfterAKill) {
+  const std::string dir = TempDir();
+  constexpr int kMicro = 2;
+  v1::Job before;
+  {
+    auto h = Make(dir);
+    v1::UpdateGateConfigRequest up;
+    up.set_job_id("p");
+    up.mutable_config()->set_policy(v1::GateConfig::ADAPTIVE);
+    up.mutable_config()->set_adaptive_min_samples(4);
+    ASSERT_THAT(h->UpdateGateConfig(up).status(), IsOk());
+    std::shared_ptr<Session> sessions[2];
+    for (int stage : {0, 1}) {
+      v1::RegisterRequest r;
+      r.set_job_id("p");
+      r.set_incarnation("launch-1");
+      r.set_group(stage);
+      r.set_group_size(2);
+      r.set_global_rank(2 * stage);
+      r.set_group_session(true);
+      r.mutable_model()->set_hidden(1024);
+      r.mutable_model()->set_layers(4);
+      spgate::ToProto(JobLayout{.tp = 2, .pp = 2, .dp = 1, .microbatches = kMicro},
+                      r.mutable_layout());
+      r.mutable_coordinates()->set_stage(stage);
+      auto reg = h->Register(r);
+      ASSERT_THAT(reg.status(), IsOk());
+      auto s = h->state->FindSession(reg->session_id());
+      ASSERT_THAT(s.status(), IsOk());
+      sessions[stage] = *s;
+    }
+    for (int64_t step = 0; step < 40; ++step) {
+      for (int stage : {0, 1}) {
+        v1::BatchPlan p;
+        p.set_job_id("p");
+        p.set_group(stage);
+        p.set_step(step);
+        for (int id = 0; id < kMicro; ++id) {
+          v1::MicroBatchPlan* m = p.add_micro_batches();
+          m->set_id(id);
+          for (int64_t l : {100, 300}) m->add_lengths(l);
+        }
+        v1::Decision d;
+        ASSERT_THAT(h->Decide(p, &d), IsOk());
+        ASSERT_EQ(d.micro_batches_size(), kMicro);
+        v1::StepTelemetry t;
+        t.set_job_id("p");
+        t.set_group(stage);
+        t.set_step(step);
+        t.set_mode(v1::SEQUENCE_PARALLEL);
+        t.set_effective_tokens(400 * kMicro);
+        t.set_ranks(2);
+        double seconds = 0;
+        for (const v1::MicroBatchDecision& md : d.micro_batches()) {
+          const bool sp = md.mode() == v1::SEQUENCE_PARALLEL;
+          const double s = (sp == (stage == 0)) ? 0.1 : 0.2;  // the stage's faster mode
+          v1::MicroBatchTelemetry* m = t.add_micro_batches();
+          m->set_id(md.id());
+          m->set_mode(md.mode());
+          m->set_forward_s(s / 3);
+          m->set_backward_s(s * 2 / 3);
+          m->set_effective_tokens(400);
+          seconds += s;
+        }
+        t.set_step_time_s(seconds);
+        ASSERT_THAT(h->RecordTelemetry(*sessions[stage], t), IsOk());
+      }
+      clock_.Advance(absl::Seconds(1));
+    }
+    h->state->PersistLearned(/*all=*/false);  // the job's first write: due at once
+    before = *h->GetJob("p");
+  }  // killed: nothing more written
+  ASSERT_EQ(before.stage_learned_size(), 2);
+  for (int stage : {0, 1}) {
+    const ThroughputTable t = spgate::FromProto(before.stage_learned(stage));
+    bool both = false;
+    for (int band = 0; band < kBands; ++band) {
+      both = both || (t.cell(band, Mode::kSequenceParallel).weight > 0 &&
+                      t.cell(band, Mode::kTensorParallelOnly).weight > 0);
+    }
+    EXPECT_TRUE(both) << "stage " << stage << " measured both modes in a band";
+  }
+  EXPECT_NE(before.stage_learned(0).SerializeAsString(),
+            before.stage_learned(1).SerializeAsString());
+  auto h = Make(dir);
+  auto job = h->GetJob("p");
+  ASSERT_THAT(job.status(), IsOk());
+  EXPECT_EQ(job->layout().pp(), 2);
+  ASSERT_EQ(job->stage_learned_size(), 2);
+  for (int stage : {0, 1}) {
+    EXPECT_EQ(job->stage_learned(stage).SerializeAsString(),
+              before.stage_learned(stage).SerializeAsString())
+        << "stage " << stage;
+  }
+  EXPECT_TRUE(log_.empty()) << log_.front();
+}
+
 // The hardware id is part of the key: a relaunch on other hardware starts cold, one on
 // the same hardware adopts the tables (an empty id matching an empty one is the test
 // above: its launches declare none, as older clients).
