@@ -7,7 +7,9 @@ CMAKE_FLAGS ?=
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 # Debian 12 packages, by purpose. `make deps` installs them all (a developer's machine,
-# CI); the image's build stage runs `make deps-build` and gets only the first list.
+# CI); `make build` and `make demo` install all but the image's (`deps-dev`), `make test`
+# those too (its image test needs them); the image's build stage runs `make deps-build`
+# and gets only the first list.
 #   build: compiling spgated, spgatectl and spgate-sim (the image's build stage);
 #   test:  the rest of the tree (worker runtime, Python module, benchmarks) and the suite
 #          (which installs the Python package with pip into a virtualenv and tests that);
@@ -27,7 +29,7 @@ DEB_IMAGE_PACKAGES := podman runc netavark aardvark-dns iptables uidmap debootst
 DEB_PACKAGES := $(DEB_BUILD_PACKAGES) $(DEB_TEST_PACKAGES) $(DEB_DEMO_PACKAGES) \
   $(DEB_IMAGE_PACKAGES)
 
-.PHONY: all deps deps-build deps-image image build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
+.PHONY: all deps deps-build deps-dev deps-image image build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
 
 all: build
 
@@ -48,16 +50,20 @@ deps:
 deps-build:
 	$(call install_missing,$(DEB_BUILD_PACKAGES))
 
+deps-dev:
+	$(call install_missing,$(DEB_BUILD_PACKAGES) $(DEB_TEST_PACKAGES) $(DEB_DEMO_PACKAGES))
+
 deps-image:
 	$(call install_missing,$(DEB_IMAGE_PACKAGES))
 
 $(BUILD_DIR)/CMakeCache.txt:
 	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS)
 
-build: deps $(BUILD_DIR)/CMakeCache.txt
+build: deps-dev $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 test: build
+	@$(MAKE) --no-print-directory deps-image   # after deps-dev: one apt-get at a time
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # Sanitizer builds of the suite (separate build trees, no CUDA, no benchmarks).
