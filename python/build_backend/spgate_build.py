@@ -11,7 +11,7 @@ in the top-level CMakeLists.txt, the one place it is defined (spgated --version 
 spgate.__version__ come from it too).
 
 The build tree: SPGATE_BUILD_DIR when set (an already configured tree, e.g. `build` after
-`make build`: only what is out of date is rebuilt, so CI installs in seconds; it must have
+`make build`; a relative path is the repository root's: only what is out of date is rebuilt, so CI installs in seconds; it must have
 been configured for this interpreter), else one tree per interpreter under <repo>/build-pip
 (build-pip/cpython-311-1a2b3c4d: the cache tag and a digest of the interpreter's path),
 configured on first use (Release) and reused by later installs with the same interpreter.
@@ -105,11 +105,14 @@ def _build_dir() -> Path:
     <repo>/build-pip)."""
     given = os.environ.get("SPGATE_BUILD_DIR", "")
     if given:
-        build_dir = Path(given).resolve()
+        # pip runs this hook in python/, not where pip was called: a relative path is the
+        # repository root's (`SPGATE_BUILD_DIR=build pip install ./python` from the root).
+        build_dir = Path(given)
+        build_dir = (build_dir if build_dir.is_absolute() else REPO / build_dir).resolve()
         if not (build_dir / "CMakeCache.txt").is_file():
-            raise BuildError("SPGATE_BUILD_DIR=%s is not a configured CMake build tree (no "
-                             "CMakeCache.txt); unset it to build in %s"
-                             % (given, _pip_build_dir()))
+            raise BuildError("SPGATE_BUILD_DIR=%s (%s) is not a configured CMake build tree "
+                             "(no CMakeCache.txt); unset it to build in %s"
+                             % (given, build_dir, _pip_build_dir()))
         if _cache_value(build_dir, "SPGATE_SANITIZE"):
             raise BuildError("SPGATE_BUILD_DIR=%s is a sanitizer build: its extension cannot "
                              "load into an uninstrumented interpreter" % given)

@@ -8,6 +8,7 @@ not run: the backend's command runner is replaced by one that records the comman
 Run: python3 tests/python/build_backend_test.py
 """
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -84,6 +85,26 @@ class BuildTreeTest(unittest.TestCase):
             with self.assertRaisesRegex(spgate_build.BuildError,
                                         "configured for the interpreter /opt/b/bin/python3, "
                                         "not this one \\(/opt/a/bin/python3\\)"):
+                spgate_build._build_dir()
+            self.configure(given, "/opt/a/bin/python3")
+            self.assertEqual(spgate_build._build_dir(), given.resolve())
+        self.assertEqual(self.commands, [])
+
+    def test_a_relative_spgate_build_dir_is_the_repository_roots(self):
+        # pip calls the backend in python/, so a path relative to the working directory
+        # would name python/build; the user wrote it from the repository root.
+        given = self.repo / "build"
+        elsewhere = Path(tempfile.mkdtemp(prefix="spgate-build-cwd-"))
+        self.addCleanup(shutil.rmtree, elsewhere, True)
+        self.configure(elsewhere / "build", "/opt/a/bin/python3")  # a decoy beside the cwd
+        cwd = os.getcwd()
+        os.chdir(elsewhere)
+        self.addCleanup(os.chdir, cwd)
+        with self.interpreter("/opt/a/bin/python3"), \
+                mock.patch.dict(os.environ, {"SPGATE_BUILD_DIR": "build"}):
+            with self.assertRaisesRegex(spgate_build.BuildError,
+                                        re.escape("SPGATE_BUILD_DIR=build (%s) is not a "
+                                                  "configured" % given.resolve())):
                 spgate_build._build_dir()
             self.configure(given, "/opt/a/bin/python3")
             self.assertEqual(spgate_build._build_dir(), given.resolve())

@@ -540,16 +540,19 @@ TEST_F(LearnedStateTest, StageTablesTheDaemonWroteComeBackAfterAKill) {
   }  // killed: nothing more written
   ASSERT_EQ(before.stage_learned_size(), 2);
   for (int stage : {0, 1}) {
+    // Each stage's table is its own: where it measured both modes, its faster one leads.
     const ThroughputTable t = spgate::FromProto(before.stage_learned(stage));
-    bool both = false;
+    int both = 0;
     for (int band = 0; band < kBands; ++band) {
-      both = both || (t.cell(band, Mode::kSequenceParallel).weight > 0 &&
-                      t.cell(band, Mode::kTensorParallelOnly).weight > 0);
+      const ThroughputCell& sp = t.cell(band, Mode::kSequenceParallel);
+      const ThroughputCell& tp = t.cell(band, Mode::kTensorParallelOnly);
+      if (sp.weight <= 0 || tp.weight <= 0) continue;
+      ++both;
+      EXPECT_EQ(sp.tokens_per_s() > tp.tokens_per_s(), stage == 0)
+          << "stage " << stage << " band " << band;
     }
-    EXPECT_TRUE(both) << "stage " << stage << " measured both modes in a band";
+    EXPECT_GT(both, 0) << "stage " << stage << " measured both modes in a band";
   }
-  EXPECT_NE(before.stage_learned(0).SerializeAsString(),
-            before.stage_learned(1).SerializeAsString());
   auto h = Make(dir);
   auto job = h->GetJob("p");
   ASSERT_THAT(job.status(), IsOk());
