@@ -29,7 +29,8 @@ DEB_IMAGE_PACKAGES := podman runc netavark aardvark-dns iptables uidmap debootst
 DEB_PACKAGES := $(DEB_BUILD_PACKAGES) $(DEB_TEST_PACKAGES) $(DEB_DEMO_PACKAGES) \
   $(DEB_IMAGE_PACKAGES)
 
-.PHONY: all deps deps-build deps-dev deps-image image build test test-asan test-asan-mpi test-tsan demo torch-demo bench clean
+.PHONY: all deps deps-build deps-dev deps-image image build test test-asan test-asan-mpi \
+  test-tsan demo torch-demo bench clean
 
 all: build
 
