@@ -630,8 +630,8 @@ absl::StatusOr<v1::Pin> OperatorStore::PinMode(const v1::PinModeRequest& r,
   const PinState state{FromProto(r.mode()), Now() + d,
                        r.force() && r.mode() == v1::TENSOR_PARALLEL_ONLY};
   JobScope& scope = next.jobs[r.job_id()];
-  const std::optional<int> group =
-      r.has_group() ? std::optional<int>(r.group()) : std::nullopt;
+  std::optional<int> group;
+  if (r.has_group()) group = r.group();
   // The pin this one replaces, for the audit entry's old value; an expired one is gone.
   std::optional<PinState> replaced;
   if (group) {

@@ -95,7 +95,14 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       const auto t1 = Clock::now();
-      if (rank == 0) client->ObserveGroupRsWaitShare(step, spgate::Mode::kSequenceParallel, share);
+      if (rank == 0) {
+        const absl::Status s =
+            client->ObserveGroupRsWaitShare(step, spgate::Mode::kSequenceParallel, share);
+        if (!s.ok()) {
+          std::fprintf(stderr, "wait share: %s\n", s.ToString().c_str());
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+      }
       base_ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
     }
     MPI_Barrier(MPI_COMM_WORLD);

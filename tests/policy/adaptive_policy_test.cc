@@ -1399,7 +1399,9 @@ TEST(EvaluateAdaptiveTest, ForcedRunsAreChargedToTheModeTheyInterrupt) {
     s.forced_runs[1] = k.forced_tp_runs;
     const GateOutcome out = EvaluateAdaptive(c, s, high_cv, {}, std::nullopt, &t);
     EXPECT_EQ(out.decision.mode, k.want) << k.what;
-    if (k.want == kSp) EXPECT_EQ(out.decision.reason, Reason::kAdaptive) << k.what;
+    if (k.want == kSp) {
+      EXPECT_EQ(out.decision.reason, Reason::kAdaptive) << k.what;
+    }
   }
 }
 

@@ -200,7 +200,7 @@ TEST_F(GateStateTest, HeartbeatsKeepRanksActiveAndSilenceMakesThemStale) {
   auto s0 = state->AttachSession(r0->session_id(), sink);
   ASSERT_THAT(s0.status(), IsOk());
   clock_.Advance(absl::Seconds(4));
-  state->Heartbeat(**s0, v1::Heartbeat());
+  ASSERT_THAT(state->Heartbeat(**s0, v1::Heartbeat()).status(), IsOk());
   clock_.Advance(absl::Seconds(2));  // rank 1 silent for 6 s, rank 0 for 2 s
   state->Sweep();
   auto job = state->GetJob("j");
@@ -457,7 +457,9 @@ TEST_F(GateStateTest, AGroupRecordsStragglerDelayIsTakenAsSent) {
     t.set_ranks(4);
     t.set_straggler_s(step == 6 ? 0.5 : 0.01);
     ASSERT_THAT(state->RecordTelemetry(**s0, t), IsOk());
-    if (step == 5) EXPECT_GT(weight(), 4.9);
+    if (step == 5) {
+      EXPECT_GT(weight(), 4.9);
+    }
   }
   EXPECT_LT(weight(), 5.1) << "step 6 (a third of it a straggler's) is not learned";
 }
@@ -892,10 +894,10 @@ TEST_F(GateStateTest, LocalDecisionsAreCountedOnceFromCumulativeHeartbeats) {
   auto* c = hb.add_local_decisions();
   c->set_reason(v1::LENGTH_CV);
   c->set_count(3);
-  state->Heartbeat(**session, hb);
+  ASSERT_THAT(state->Heartbeat(**session, hb).status(), IsOk());
   c->set_count(5);
-  state->Heartbeat(**session, hb);
-  state->Heartbeat(**session, hb);  // repeated: no increase
+  ASSERT_THAT(state->Heartbeat(**session, hb).status(), IsOk());
+  ASSERT_THAT(state->Heartbeat(**session, hb).status(), IsOk());  // repeated: no increase
   EXPECT_EQ(state->GetJob("j")->local_decisions(), 5);
 }
 

@@ -135,7 +135,15 @@ void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
   }
   // A group session's leader has the group's share from the reduction already.
   if (!o.group_session && o.leader_group_rs_wait) {
-    g.clients[0]->ObserveGroupRsWaitShare(k, g.ran.seen[0].mode, step.group_rs_wait_share);
+    const absl::Status s =
+        g.clients[0]->ObserveGroupRsWaitShare(k, g.ran.seen[0].mode, step.group_rs_wait_share);
+    if (!s.ok()) {
+      ++sum.telemetry_errors;
+      if (sum.first_error.empty()) {
+        sum.first_error =
+            absl::StrFormat("group %d step %d wait share: %s", g.index, k, s.ToString());
+      }
+    }
   }
 }
 

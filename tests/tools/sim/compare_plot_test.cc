@@ -38,8 +38,12 @@ TEST(CompareModesTest, SharesPerWindowAndGroupAddUpToTheDecisions) {
     for (size_t w = 0; w < window_steps.size(); ++w) {
       ASSERT_EQ(p.group_tp_share[w].size(), 3u) << p.name;
       for (float share : p.group_tp_share[w]) {
-        if (p.name == "sp") EXPECT_EQ(share, 0.0f);
-        if (p.name == "tp_only") EXPECT_EQ(share, 1.0f);
+        if (p.name == "sp") {
+          EXPECT_EQ(share, 0.0f);
+        }
+        if (p.name == "tp_only") {
+          EXPECT_EQ(share, 1.0f);
+        }
         tp += share * static_cast<double>(window_steps[w]);
       }
     }
