@@ -8,6 +8,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include "absl/container/inlined_vector.h"
@@ -663,7 +664,10 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
   if (p.step != v.step) {
     if (p.step > v.step) return;  // older than the aggregation window
     if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot, now);
-    p = PendingStep{};
+    // Made afresh in place: a move-assigned PendingStep{} moves its InlinedVector, which
+    // GCC 12 reports as a read of uninitialised storage (-Wmaybe-uninitialized).
+    std::destroy_at(&p);
+    std::construct_at(&p);
     p.step = v.step;
   } else if (p.finalized) {
     return;  // every rank already reported; a duplicate
