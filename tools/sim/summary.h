@@ -47,7 +47,7 @@ struct Summary {
   std::map<std::string, int64_t> local_by_reason;  // by the gate that decided
   int64_t consistency_violations = 0;
   int64_t decide_errors = 0;
-  int64_t telemetry_errors = 0;  // ReportTelemetry refusals (a rank's or the group's)
+  int64_t telemetry_errors = 0;  // refusals: ReportTelemetry (a rank's, the group's), a wait share
   std::string first_error;
   // Sessions at the daemon: one per group (the leader's group session), or one per rank
   // with --group_session=false; 0 without a daemon.
