@@ -279,11 +279,18 @@ void BindTelemetry(py::module_& m) {
                        int64_t padding_tokens, uint64_t peak_memory_bytes,
                        std::vector<MicrobatchTelemetryValues> microbatches,
                        double all_reduce_s) {
-             client::StepTelemetryInput t{step, mode, reason, step_time_s, rs_wait_s,
-                                          all_gather_s, norm_stall_s, effective_tokens,
-                                          padding_tokens, peak_memory_bytes, all_reduce_s};
-             t.microbatches = std::move(microbatches);
-             return t;
+             return client::StepTelemetryInput{.step = step,
+                                               .mode = mode,
+                                               .reason = reason,
+                                               .step_time_s = step_time_s,
+                                               .rs_wait_s = rs_wait_s,
+                                               .all_gather_s = all_gather_s,
+                                               .norm_stall_s = norm_stall_s,
+                                               .effective_tokens = effective_tokens,
+                                               .padding_tokens = padding_tokens,
+                                               .peak_memory_bytes = peak_memory_bytes,
+                                               .all_reduce_s = all_reduce_s,
+                                               .microbatches = std::move(microbatches)};
            }),
            py::arg("step"), py::arg("mode"), py::arg("reason"), py::arg("step_time_s"),
            py::arg("rs_wait_s") = 0.0, py::arg("all_gather_s") = 0.0,

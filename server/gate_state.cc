@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/hash/hash.h"
@@ -666,6 +667,8 @@ void GateState::FoldTelemetry(Job& job, Group& g, const Session& session,
     if (p.step != kNoStep && !p.finalized) FinalizeStep(job, g, slot, now);
     // Made afresh in place: a move-assigned PendingStep{} moves its InlinedVector, which
     // GCC 12 reports as a read of uninitialised storage (-Wmaybe-uninitialized).
+    static_assert(std::is_nothrow_default_constructible_v<PendingStep>,
+                  "a throw between destroy_at and construct_at would leave no object");
     std::destroy_at(&p);
     std::construct_at(&p);
     p.step = v.step;

@@ -322,6 +322,7 @@ TEST(SimRunTest, AgainstTheDaemonNoTelemetryIsLost) {
   EXPECT_EQ(s->consistency_violations, 0);
   EXPECT_EQ(s->sessions, 6 * 4);
   EXPECT_EQ(s->telemetry_reported, 6 * 4 * 60);
+  EXPECT_EQ(s->telemetry_errors, 0) << s->first_error;  // the leaders' wait shares too
   EXPECT_EQ(s->telemetry_acked, s->telemetry_reported) << "lost telemetry";
   (*daemon)->Shutdown(absl::Seconds(2));
 }
