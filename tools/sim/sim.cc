@@ -112,6 +112,15 @@ void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
   const int64_t k = g.ran.step;
   const GroupStep& step = g.ran.result;
   g.ran.step = -1;
+  // A refused record counts in telemetry_errors; the first one is named.
+  auto refused = [&](const absl::Status& s, int rank, const char* what) {
+    if (s.ok()) return;
+    ++sum.telemetry_errors;
+    if (sum.first_error.empty()) {
+      sum.first_error =
+          absl::StrFormat("group %d rank %d step %d %s: %s", g.index, rank, k, what, s.ToString());
+    }
+  };
   for (int r = static_cast<int>(g.deciders.size()) - 1; r >= 0; --r) {
     const absl::Status s = g.deciders[r]->ReportTelemetry(
         {.step = k,
@@ -125,25 +134,13 @@ void ReportStep(SimGroup& g, const SimOptions& o, Summary& sum) {
          .padding_tokens = step.padding_tokens,
          .peak_memory_bytes = step.peak_memory_bytes,
          .all_reduce_s = step.ranks[r].all_reduce_s});
-    if (!s.ok()) {
-      ++sum.telemetry_errors;
-      if (sum.first_error.empty()) {
-        sum.first_error = absl::StrFormat("group %d rank %d step %d telemetry: %s", g.index, r,
-                                          k, s.ToString());
-      }
-    }
+    refused(s, r, "telemetry");
   }
   // A group session's leader has the group's share from the reduction already.
   if (!o.group_session && o.leader_group_rs_wait) {
-    const absl::Status s =
-        g.clients[0]->ObserveGroupRsWaitShare(k, g.ran.seen[0].mode, step.group_rs_wait_share);
-    if (!s.ok()) {
-      ++sum.telemetry_errors;
-      if (sum.first_error.empty()) {
-        sum.first_error =
-            absl::StrFormat("group %d step %d wait share: %s", g.index, k, s.ToString());
-      }
-    }
+    refused(g.clients[0]->ObserveGroupRsWaitShare(k, g.ran.seen[0].mode,
+                                                   step.group_rs_wait_share),
+            0, "wait share");
   }
 }
 
